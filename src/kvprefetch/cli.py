@@ -1,0 +1,70 @@
+"""The ``kvprefetch`` command line: parses options, calls the library, renders the result.
+Nothing here (or in what it imports at start-up) touches CUDA, so ``--help`` works anywhere."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import KvprefetchError
+
+# name -> "module:attribute" of a click command; imported only when that command runs, so a
+# missing optional dependency of one command never breaks --help or the others.
+COMMANDS: dict[str, str] = {
+    "fetch": "kvprefetch.commands.sources:fetch",
+    "apply": "kvprefetch.commands.sources:apply",
+    "diff-upstream": "kvprefetch.commands.sources:diff_upstream",
+    "export-header": "kvprefetch.commands.sources:export_header",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        cmd: click.Command = getattr(importlib.import_module(module), attr)
+        return cmd
+
+    def invoke(self, ctx: click.Context) -> Any:
+        debug = bool(ctx.params.get("debug"))
+        try:
+            return super().invoke(ctx)
+        except KvprefetchError as exc:
+            if debug:
+                raise
+            click.echo(f"error: {exc.message}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kvprefetch")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+def main(debug: bool) -> None:
+    """Carry an asynchronous KV-cache L2 prefetch into vLLM v0.10.2's PagedAttention decode
+    kernel, build stock and patched side by side, and prove what each one runs.
+
+    \b
+    Typical flow:
+      kvprefetch fetch                 # two pristine trees: baseline, patched
+      kvprefetch apply                 # patch the 'patched' tree
+      kvprefetch build --kernels-only  # compile both trees' real attention kernels
+      kvprefetch verify-kernel         # which .so loads, UBLKPF in SASS, bitwise outputs
+    """
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

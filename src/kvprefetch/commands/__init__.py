@@ -1,0 +1,1 @@
+"""Click commands, one module per command family. Each module stays thin over the library."""

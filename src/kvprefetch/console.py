@@ -1,0 +1,73 @@
+"""Output helpers shared by the commands: JSON emission, timed steps with ✓/✕, and tables.
+Color only on a TTY and never with NO_COLOR (rich handles both)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+
+def _default(o: Any) -> Any:
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return dataclasses.asdict(o)
+    if isinstance(o, Path):
+        return str(o)
+    if isinstance(o, Enum):
+        return o.value
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(obj, default=_default, indent=2, sort_keys=False)
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(to_json(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _color() -> bool:
+    return sys.stderr.isatty() and "NO_COLOR" not in os.environ
+
+
+def info(msg: str) -> None:
+    """Progress and notices go to stderr so that stdout stays clean for --json."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def step(label: str) -> Iterator[None]:
+    """A timed step: prints ``✓ label (1.2 s)`` or ``✕ label (1.2 s)``."""
+    t0 = time.monotonic()
+    ok, bad = ("\x1b[32m✓\x1b[0m", "\x1b[31m✕\x1b[0m") if _color() else ("✓", "✕")
+    try:
+        yield
+    except BaseException:
+        info(f"{bad} {label} ({time.monotonic() - t0:.1f} s)")
+        raise
+    info(f"{ok} {label} ({time.monotonic() - t0:.1f} s)")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
+    """Render a table to stdout with rich (plain text when not a TTY)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, show_lines=False)
+    for h in headers:
+        t.add_column(str(h))
+    for r in rows:
+        t.add_row(*(str(c) for c in r))
+    Console(no_color="NO_COLOR" in os.environ, width=max(100, 160)).print(t)

@@ -1,0 +1,79 @@
+"""The error hierarchy. Every failure the kit reports is a ``KvprefetchError`` whose message
+says the cause and then "To fix: ..."; each family has its own process exit code."""
+
+from __future__ import annotations
+
+
+class KvprefetchError(Exception):
+    """Base class. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+    def __init__(self, cause: str, fix: str | None = None) -> None:
+        self.cause = cause
+        self.fix = fix
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        return f"{self.cause}\nTo fix: {self.fix}" if self.fix else self.cause
+
+
+class ConfigError(KvprefetchError):
+    """Bad options or an unsuitable machine (arch, toolkit, environment variables)."""
+
+    exit_code = 2
+
+
+class FetchError(KvprefetchError):
+    """Getting or checking the vLLM sources failed."""
+
+    exit_code = 3
+
+
+class PatchError(KvprefetchError):
+    """The patch cannot be applied, or a tree is not in the state we expect."""
+
+    exit_code = 4
+
+
+class BuildError(KvprefetchError):
+    """A build step failed."""
+
+    exit_code = 5
+
+
+class VerifyError(KvprefetchError):
+    """A verification check failed (wrong binary, missing instruction, different outputs)."""
+
+    exit_code = 6
+
+
+class BenchError(KvprefetchError):
+    """A benchmark could not run or produced results that cannot be trusted."""
+
+    exit_code = 7
+
+
+class LockError(KvprefetchError):
+    """Another kvprefetch process holds the lock on a tree or build."""
+
+    exit_code = 8
+
+
+class CommandError(KvprefetchError):
+    """A subprocess failed. Carries the command, exit code, log path and the last lines."""
+
+    exit_code = 5
+
+    def __init__(self, argv: list[str], returncode: int, log: str | None, tail: str,
+                 fix: str | None = None) -> None:
+        self.argv = argv
+        self.returncode = returncode
+        self.log = log
+        self.tail = tail
+        where = f" (full log: {log})" if log else ""
+        cause = f"command failed with exit code {returncode}{where}: {' '.join(argv)}"
+        if tail:
+            cause += "\n--- last lines ---\n" + tail
+        super().__init__(cause, fix or "read the log above; rerun with --debug for a traceback")
