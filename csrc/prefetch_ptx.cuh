@@ -1,0 +1,89 @@
+// kvprefetch: asynchronous L2 prefetch of the next KV-cache block for vLLM v0.10.2's
+// PagedAttention decode kernel (csrc/attention/attention_kernels.cuh).
+//
+// In that kernel warp w walks the sequence's blocks w, w+NUM_WARPS, ... and loads each
+// block only when its iteration starts, paying the full global-load latency in the open
+// (the address comes from block_table, a pointer chase no hardware prefetcher follows).
+// While the warp computes on block_idx, one lane asks the bulk-copy engine to pull the
+// block the *same warp* touches next, block_table[block_idx + NUM_WARPS], toward L2.
+//
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+
+namespace kvprefetch {
+
+// One (block, kv-head) chunk of the K or V cache is contiguous in both of vLLM's layouts:
+//   K [num_blocks, kv_heads, HEAD/x, BLOCK, x]   V [num_blocks, kv_heads, HEAD, BLOCK]
+// so it is HEAD_SIZE * BLOCK_SIZE * sizeof(cache_t) bytes: 256 B .. 32 KiB over vLLM's
+// instantiations, not the fixed 4096 B of the original patch (right only for 128 x 16 x 2 B).
+template <int HEAD_SIZE, int BLOCK_SIZE, typename cache_t>
+struct KvChunk {
+  static constexpr uint32_t kBytes =
+      static_cast<uint32_t>(HEAD_SIZE) * BLOCK_SIZE * sizeof(cache_t);
+  // cp.async.bulk.prefetch: size a multiple of 16 B, at most 1 MiB - 16 (PTX ISA 8.0).
+  static_assert(kBytes % 16 == 0, "bulk prefetch size must be a multiple of 16 bytes");
+  static_assert(kBytes <= 1048560, "bulk prefetch size must be at most 1 MiB - 16");
+};
+
+// True where the bulk L2 prefetch assembles: sm_90 and newer, PTX ISA 8.0 (CUDA >= 12.0).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && !defined(USE_ROCM)
+  #define KVPREFETCH_HAS_BULK_PREFETCH 1
+#else
+  #define KVPREFETCH_HAS_BULK_PREFETCH 0
+#endif
+
+// Ask for BYTES starting at `src` (16-byte aligned) to be brought into L2. A hint only: no
+// completion, no register or shared-memory effect, so results are bitwise unchanged.
+// On pre-Hopper targets it compiles to nothing, so a TORCH_CUDA_ARCH_LIST such as
+// "8.0;9.0a" still builds; the sm_80 kernels are then exactly stock.
+template <uint32_t BYTES>
+__device__ __forceinline__ void l2_prefetch_bulk(const void* src) {
+#if KVPREFETCH_HAS_BULK_PREFETCH
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "n"(BYTES)
+               : "memory");
+#else
+  (void)src;
+#endif
+}
+
+// Called by every lane of a warp at the top of its iteration over `block_idx`, right after
+// the kernel read block_table[block_idx]. `cache` is k_cache or v_cache; `head_offset` is
+// kv_head_idx * kv_head_stride. DISTANCE is the warp's stride, NUM_WARPS.
+//  - "No next block" is decided by the index, never by the block number: physical block 0
+//    is a real block in vLLM V0 (the original patch's sentinel 0 skipped it).
+//  - The bound is end_block_idx (this partition's end), not the block count, so v2
+//    partitions prefetch too, and block_table is never read past the sequence's row.
+//  - Block numbers widen to int64 before the multiply, as vLLM does for its own loads.
+template <int HEAD_SIZE, int BLOCK_SIZE, int DISTANCE, typename cache_t>
+__device__ __forceinline__ void prefetch_next_block(
+    const cache_t* __restrict__ cache, const int* __restrict__ block_table,
+    const int block_idx, const int end_block_idx, const int64_t kv_block_stride,
+    const int64_t head_offset, const int lane) {
+#if KVPREFETCH_HAS_BULK_PREFETCH
+  const int next_idx = block_idx + DISTANCE;
+  if (lane == 0 && next_idx < end_block_idx) {
+    const int64_t next_block = static_cast<int64_t>(block_table[next_idx]);
+    l2_prefetch_bulk<KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes>(
+        cache + next_block * kv_block_stride + head_offset);
+  }
+#else
+  (void)cache; (void)block_table; (void)block_idx; (void)end_block_idx;
+  (void)kv_block_stride; (void)head_offset; (void)lane;
+#endif
+}
+
+// The original patch's mechanism, kept for faithful reproduction (`--variant seed`):
+// a fixed 4096 B, the address masked to 16 B, and next block number 0 meaning "none".
+// Only the architecture guard is ours, so the seed variant also builds for sm_80.
+__device__ __forceinline__ void seed_prefetch_4096(const void* src) {
+#if KVPREFETCH_HAS_BULK_PREFETCH
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], 4096;" ::"l"(
+      reinterpret_cast<unsigned long>(src) & 0xFFFFFFFFFFFFFFF0UL));
+#else
+  (void)src;
+#endif
+}
+
+}  // namespace kvprefetch

@@ -1,0 +1,50 @@
+"""sha256 helpers and the per-tree file inventory used to tell a pristine tree from a
+modified one."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+# Things a build or an editable install legitimately adds inside a tree; they are not
+# "local modifications" of the sources.
+_IGNORED_DIRS = {".git", "build", ".deps", "__pycache__", ".eggs"}
+_IGNORED_SUFFIXES = (".so", ".pyc", ".o")
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def inventory(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every source file under ``root`` (build outputs skipped)."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames
+                             if d not in _IGNORED_DIRS and not d.endswith(".egg-info"))
+        for name in sorted(filenames):
+            if name.endswith(_IGNORED_SUFFIXES) or name == "_version.py":
+                continue
+            p = Path(dirpath, name)
+            if p.is_symlink() or not p.is_file():
+                continue
+            out[p.relative_to(root).as_posix()] = sha256_file(p)
+    return out
+
+
+def differences(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
+    """Human-readable list of what differs: ``M path``, ``A path`` (added), ``D path``."""
+    diffs = [f"M {p}" for p in sorted(recorded.keys() & current.keys())
+             if recorded[p] != current[p]]
+    diffs += [f"D {p}" for p in sorted(recorded.keys() - current.keys())]
+    diffs += [f"A {p}" for p in sorted(current.keys() - recorded.keys())]
+    return diffs

@@ -1,0 +1,211 @@
+"""``apply``, ``diff-upstream`` and ``export-header``: the patch as data.
+
+The patch is our own ``csrc/prefetch_ptx.cuh`` (copied next to the header) plus the unified
+diffs in ``patches/v0.10.2/<variant>/``. ``apply`` only ever moves a tree from pristine to
+"exactly this patch"; anything else is refused with the tree left byte-identical."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import upstream
+from .errors import ConfigError, PatchError
+from .hashing import inventory, sha256_bytes, sha256_file
+from .locks import locked
+from .runner import run
+from .workdir import Workdir
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    tree: str
+    path: Path
+    variant: str
+    action: str  # applied | already-applied | would-apply
+    patch_sha256: str
+    files: list[str]
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    path: str
+    added: int
+    removed: int
+    diff: str
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    tree: str
+    variant: str | None
+    files: list[FileDiff]
+
+    @property
+    def additive(self) -> bool:
+        return all(f.removed == 0 for f in self.files)
+
+
+def patch_sha256(variant: str) -> str:
+    """One hash over the helper header and the variant's diffs: the patch's identity."""
+    parts = [upstream.prefetch_header().read_bytes()]
+    parts += [p.read_bytes() for p in upstream.patch_files(variant)]
+    return sha256_bytes(b"\0".join(parts))
+
+
+def _git_apply(tree: Path, patches: list[Path], *args: str) -> bool:
+    # GIT_CEILING_DIRECTORIES stops git from discovering an enclosing repository (the work
+    # directory may live inside one), so paths in the patch stay relative to the tree.
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tree.parent))
+    res = run(["git", "apply", *args, *map(str, patches)], cwd=tree, env=env, echo=False,
+              check=False)
+    return res.returncode == 0
+
+
+def _variant_files(variant: str) -> list[Path]:
+    if variant not in upstream.VARIANTS:
+        raise ConfigError(f"unknown variant {variant!r}",
+                          f"use one of: {', '.join(upstream.VARIANTS)}")
+    files = upstream.patch_files(variant)
+    if not files:
+        raise PatchError(f"no patch files for variant {variant}",
+                         "reinstall kvprefetch from a complete checkout")
+    return files
+
+
+def carried_variant(tree: Path) -> str | None:
+    """Which variant (if any) the tree's header carries exactly; None when pristine."""
+    header = tree / upstream.ATTENTION_HEADER
+    if sha256_file(header) == upstream.ATTENTION_HEADER_SHA256:
+        return None
+    for v in upstream.VARIANTS:
+        with tempfile.TemporaryDirectory() as td:
+            copy = Path(td) / "t"
+            (copy / upstream.ATTENTION_HEADER).parent.mkdir(parents=True)
+            shutil.copy2(header, copy / upstream.ATTENTION_HEADER)
+            if _git_apply(copy, _variant_files(v), "--reverse") and \
+                    sha256_file(copy / upstream.ATTENTION_HEADER) == upstream.ATTENTION_HEADER_SHA256:
+                return v
+    return "unknown"
+
+
+def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None = None,
+                dry_run: bool = False) -> ApplyResult:
+    wd = Workdir(workdir)
+    name = tree_name or upstream.DEFAULT_TREE_FOR_VARIANT[variant]
+    if name == "baseline":
+        raise ConfigError("refusing to patch the 'baseline' tree: it is the stock reference",
+                          "patch 'patched' (or 'seed'), e.g. kvprefetch apply --tree patched")
+    patches = _variant_files(variant)
+    tree = wd.tree(name)
+    state = wd.read_state(name)
+    if not tree.is_dir() or state is None:
+        hint = " --with-seed" if name == upstream.SEED_TREE else ""
+        raise PatchError(f"there is no kvprefetch tree named {name!r} in {workdir}",
+                         f"run `kvprefetch fetch{hint}` first, or pass --tree patched")
+    digest = patch_sha256(variant)
+    ours = upstream.prefetch_header()
+    in_tree = tree / upstream.PREFETCH_HEADER_IN_TREE
+    files = [upstream.ATTENTION_HEADER, upstream.PREFETCH_HEADER_IN_TREE]
+    with locked(wd.tree(name).with_suffix(".lock"), f"the tree {name}"):
+        carried = carried_variant(tree)
+        header_ok = in_tree.is_file() and sha256_file(in_tree) == sha256_file(ours)
+        if carried == variant and header_ok:
+            return ApplyResult(name, tree, variant, "already-applied", digest, files)
+        if carried is not None and carried != variant:
+            what = "an unknown modification" if carried == "unknown" else f"the {carried} variant"
+            raise PatchError(
+                f"{tree / upstream.ATTENTION_HEADER} carries {what}, not pristine v0.10.2 "
+                f"(sha256 {sha256_file(tree / upstream.ATTENTION_HEADER)}); the tree was left "
+                "untouched",
+                f"restore it with `kvprefetch fetch --force`, then `kvprefetch apply --variant {variant}`")
+        recorded_header = (state.get("applied") or {}).get("header_sha256")
+        if carried == variant and in_tree.is_file() and sha256_file(in_tree) != recorded_header:
+            raise PatchError(f"{in_tree} was edited by hand (it differs from what kvprefetch "
+                             "installed); the tree was left untouched",
+                             "restore it with `kvprefetch fetch --force`, then apply again")
+        if dry_run:
+            return ApplyResult(name, tree, variant, "would-apply", digest, files)
+        if carried is None:
+            if not _git_apply(tree, patches, "--check"):
+                raise PatchError(f"the {variant} patch does not apply to {tree}",
+                                 "restore the tree with `kvprefetch fetch --force`")
+            _git_apply(tree, patches)
+        tmp = in_tree.with_name(f".{in_tree.name}.tmp-{os.getpid()}")
+        shutil.copyfile(ours, tmp)
+        os.replace(tmp, in_tree)
+        state["applied"] = {"variant": variant, "patch_sha256": digest,
+                            "header_sha256": sha256_file(in_tree),
+                            "attention_sha256": sha256_file(tree / upstream.ATTENTION_HEADER)}
+        state["inventory"] = inventory(tree)
+        wd.write_state(name, state)
+    return ApplyResult(name, tree, variant, "applied", digest, files)
+
+
+def _file_diff(rel: str, old: str | None, new: str) -> FileDiff:
+    a = old.splitlines(keepends=True) if old is not None else []
+    b = new.splitlines(keepends=True)
+    lines = list(difflib.unified_diff(a, b, fromfile="/dev/null" if old is None else f"a/{rel}",
+                                      tofile=f"b/{rel}"))
+    added = sum(1 for ln in lines if ln.startswith("+") and not ln.startswith("+++"))
+    removed = sum(1 for ln in lines if ln.startswith("-") and not ln.startswith("---"))
+    text = "".join(ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n" for ln in lines)
+    return FileDiff(rel, added, removed, text)
+
+
+def pristine_header_text(wd: Workdir) -> str:
+    """The pristine header, from the kept pristine source or the baseline tree, verified."""
+    for cand in (wd.pristine / "sdist", wd.pristine / "git", wd.tree("baseline")):
+        p = cand / upstream.ATTENTION_HEADER
+        if p.is_file() and sha256_file(p) == upstream.ATTENTION_HEADER_SHA256:
+            return p.read_text()
+    raise PatchError(f"no pristine v0.10.2 {upstream.ATTENTION_HEADER} under {wd.root}",
+                     "run `kvprefetch fetch` first")
+
+
+def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
+    wd = Workdir(workdir)
+    tree = wd.tree(tree_name)
+    if not (tree / upstream.ATTENTION_HEADER).is_file():
+        raise PatchError(f"there is no tree {tree_name!r} in {workdir}", "run `kvprefetch fetch` first")
+    state = wd.read_state(tree_name) or {}
+    files = [_file_diff(upstream.ATTENTION_HEADER, pristine_header_text(wd),
+                        (tree / upstream.ATTENTION_HEADER).read_text())]
+    helper = tree / upstream.PREFETCH_HEADER_IN_TREE
+    if helper.is_file():
+        files.append(_file_diff(upstream.PREFETCH_HEADER_IN_TREE, None, helper.read_text()))
+    variant = (state.get("applied") or {}).get("variant")
+    return DiffResult(tree_name, variant, [f for f in files if f.diff])
+
+
+def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Path:
+    """Write the seed-style single-file drop-in ``attention_kernels.cuh``: pristine upstream,
+    the variant's diff applied, and our helper inlined in place of its #include."""
+    wd = Workdir(workdir)
+    pristine = pristine_header_text(wd)
+    with tempfile.TemporaryDirectory() as td:
+        t = Path(td) / "t"
+        (t / upstream.ATTENTION_HEADER).parent.mkdir(parents=True)
+        (t / upstream.ATTENTION_HEADER).write_text(pristine)
+        if not _git_apply(t, _variant_files(variant)):
+            raise PatchError(f"the {variant} patch does not apply to pristine v0.10.2",
+                             "reinstall kvprefetch from a clean checkout")
+        text = (t / upstream.ATTENTION_HEADER).read_text()
+    helper = upstream.prefetch_header().read_text().replace("#pragma once\n", "")
+    marker = '#include "prefetch_ptx.cuh"'
+    out_lines = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(marker):
+            out_lines.append(f"// ---- begin kvprefetch csrc/prefetch_ptx.cuh (inlined) ----\n"
+                             f"{helper}// ---- end kvprefetch csrc/prefetch_ptx.cuh ----\n")
+        else:
+            out_lines.append(line)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(out_lines))
+    os.replace(tmp, output)
+    return output

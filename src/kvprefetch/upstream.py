@@ -1,0 +1,55 @@
+"""What we pin about upstream vLLM v0.10.2, and where the kit's own patch files live.
+
+Every number here was read off the real release: the PyPI sdist's sha256, the commit that
+the sdist's ``vllm/_version.py`` records (``g26b999c71``), and the sha256 of the pristine
+``csrc/attention/attention_kernels.cuh``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+VLLM_VERSION = "0.10.2"
+GIT_TAG = "v0.10.2"
+DEFAULT_REPO_URL = "https://github.com/vllm-project/vllm.git"
+# The abbreviated commit id that vLLM's own sdist records for the tag (vllm/_version.py,
+# ``__commit_id__ = 'g26b999c71'``). A tag that resolves elsewhere is refused; the content
+# check below (pristine header sha256) backs it up.
+GIT_COMMIT_PREFIX = "26b999c71"
+
+SDIST_NAME = f"vllm-{VLLM_VERSION}.tar.gz"
+SDIST_SHA256 = "57608f44cf61f5d80fb182c98e06e524cb2925bb528258a7b247c8e43a52d13e"
+SDIST_SIZE = 10908356
+SDIST_TOPDIR = f"vllm-{VLLM_VERSION}"
+DEFAULT_INDEX_URL = "https://pypi.org/simple"
+
+ATTENTION_HEADER = "csrc/attention/attention_kernels.cuh"
+ATTENTION_HEADER_SHA256 = "7d3dba04d33d49dfcd7fc532cae5951a6ed1187ec5ef2ce969bfcaa37aeffb96"
+# Where ``apply`` puts our helper inside a tree (next to the header that includes it).
+PREFETCH_HEADER_IN_TREE = "csrc/attention/prefetch_ptx.cuh"
+# The only sources that include attention_kernels.cuh; both are in vLLM's _C extension.
+PAGED_ATTENTION_SOURCES = ("csrc/attention/paged_attention_v1.cu",
+                           "csrc/attention/paged_attention_v2.cu")
+
+TREE_NAMES = ("baseline", "patched")
+SEED_TREE = "seed"
+VARIANTS = ("prefetch", "seed")
+DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "seed": SEED_TREE}
+
+
+def kit_root() -> Path:
+    """The directory holding ``csrc/`` and ``patches/``: the repository checkout, or the
+    copy shipped inside the installed package (``kvprefetch/data``)."""
+    here = Path(__file__).resolve().parent
+    for cand in (here / "data", here.parent.parent):
+        if (cand / "csrc" / "prefetch_ptx.cuh").is_file() and (cand / "patches").is_dir():
+            return cand
+    raise FileNotFoundError("kvprefetch's csrc/prefetch_ptx.cuh and patches/ were not found")
+
+
+def prefetch_header() -> Path:
+    return kit_root() / "csrc" / "prefetch_ptx.cuh"
+
+
+def patch_files(variant: str) -> list[Path]:
+    d = kit_root() / "patches" / f"v{VLLM_VERSION}" / variant
+    return sorted(d.glob("*.patch"))
