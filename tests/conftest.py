@@ -1,0 +1,100 @@
+"""Shared test fixtures and the ``gpu`` marker skip.
+
+``gpu``-marked tests are skipped, with the reason, where torch is missing or sees no CUDA
+device. torch is imported only when at least one collected test carries the marker, so the
+fast unit tests never pay for it."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import warnings
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+
+@lru_cache(maxsize=1)
+def _gpu_unavailable_reason() -> str | None:
+    """None when a CUDA GPU is usable from this interpreter, else why not."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return f"torch is not installed in {sys.executable}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Failed to initialize NumPy" on import
+            import torch
+    except Exception as exc:  # a broken torch install is a reason to skip, not to crash
+        return f"torch failed to import: {exc}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if not torch.cuda.is_available():
+                return (f"no CUDA GPU visible to torch {torch.__version__} "
+                        "(torch.cuda.is_available() is False)")
+    except Exception as exc:
+        return f"torch.cuda.is_available() failed: {exc}"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    reason = _gpu_unavailable_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs an NVIDIA GPU: {reason}")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+# Variables that steer CUDA discovery or break interpreter isolation; tests that build child
+# environments start from a copy of os.environ without them.
+_STEERING_VARS = ("CUDA_HOME", "CUDA_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP",
+                  "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
+                  "VLLM_USE_PRECOMPILED", "VLLM_PRECOMPILED_WHEEL_LOCATION")
+
+
+@pytest.fixture
+def base_environ() -> dict[str, str]:
+    """A copy of this process's environment without CUDA/Python/vLLM steering variables."""
+    return {k: v for k, v in os.environ.items() if k not in _STEERING_VARS}
+
+
+@pytest.fixture
+def make_fake_tool(tmp_path: Path) -> Callable[[str, str], Path]:
+    """Write an executable ``<tmp>/fakebin/<name>`` that prints ``text`` and exits 0.
+
+    Only for toolkits that do not exist on the test machine (e.g. CUDA 12.6 when the machine
+    has 13.0); every test that uses it says why the real tool is impossible there."""
+
+    def make(name: str, text: str) -> Path:
+        bindir = tmp_path / "fakebin"
+        bindir.mkdir(exist_ok=True)
+        tool = bindir / name
+        body = "".join(f"echo '{line}'\n" for line in text.splitlines())
+        tool.write_text(f"#!/bin/sh\n{body}exit 0\n")
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        return tool
+
+    return make
+
+
+# What `nvcc --version` prints on a CUDA 12.6 Update 3 toolkit.
+NVCC_12_6_TEXT = """nvcc: NVIDIA (R) Cuda compiler driver
+Copyright (c) 2005-2024 NVIDIA Corporation
+Built on Tue_Oct_29_23:50:19_PDT_2024
+Cuda compilation tools, release 12.6, V12.6.85
+Build cuda_12.6.r12.6/compiler.35059454_0"""
+
+
+@pytest.fixture
+def nvcc_12_6_text() -> str:
+    return NVCC_12_6_TEXT
