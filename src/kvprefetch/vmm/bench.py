@@ -1,0 +1,344 @@
+"""The H200 measurements for the VMM cache: decode attention over the virtually contiguous cache
+against the same kernel over an ordinary ``cudaMalloc``'d tensor, and the device copy bandwidth
+that gives the HBM floor. Step latency with and without the worker is in ``steplat.py``; ``main``
+runs both and writes one JSON file (``python -m kvprefetch.vmm.bench --out FILE``).
+
+Method (research/ and the device notes): both variants run in one process, interleaved round by
+round with the order alternating; each sample is one CUDA-graph replay of ``layers`` SDPA calls,
+each over a different layer's K/V so the bytes read per replay exceed the L2 ``l2_factor`` times;
+CUDA events time ``reps`` replays; the median over rounds and the spread (min..max over median)
+are reported. Inputs are random normal, never zeros; the two variants hold the same values, so
+their outputs must be bitwise equal (checked).
+
+The kernel is ``torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)`` with
+one query token per sequence, ``q [B, Hq, 1, D]`` and ``k, v [B, Hkv, S, D]`` as views of the cache
+(``[B, S, H, D]`` transposed). Which backend torch picks is read from ``torch._fused_sdp_choice``.
+
+``paged_decode(batch, context) -> ms`` is an optional hook for vLLM's paged kernel (stock or
+patched), added by the ops loader: its time and the VMM/paged ratio become extra columns."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .layout import KVCacheSpec, Layout, make_geometry
+
+DEFAULT_BATCHES = (1, 8, 32, 64, 128)
+DEFAULT_CONTEXTS = (512, 1024, 4096, 16384)
+L2_BYTES_IF_UNKNOWN = 60 * 1024 * 1024
+GRANULARITY_ASSUMED_FOR_PLANNING = 2 * 1024 * 1024  # only for --dry-run estimates
+
+PagedDecode = Callable[[int, int], float]
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    q_heads: int = 32          # Llama-3.1-8B
+    kv_heads: int = 8
+    head_dim: int = 128
+    dtype: str = "float16"
+    batches: tuple[int, ...] = DEFAULT_BATCHES
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    l2_factor: float = 4.0
+    max_layers: int = 128
+    rounds: int = 9
+    sample_ms: float = 4.0     # target time of one timed sample
+    memory_fraction: float = 0.35  # of free device memory one shape may use (both variants)
+
+
+@dataclass(frozen=True)
+class ShapePlan:
+    batch: int
+    context: int
+    layers: int                # layers rotated per replay
+    kv_bytes_per_call: int     # K + V bytes one SDPA call reads
+    bytes_per_variant: int     # device memory one variant holds (page-rounded for VMM)
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    batch: int
+    context: int
+    layers: int
+    kv_bytes_per_call: int
+    backend: str
+    vmm_ms: float
+    malloc_ms: float
+    vmm_spread: float          # (max - min) / median over rounds
+    malloc_spread: float
+    ratio: float               # vmm / malloc (1.0 = identical)
+    within_3pct: bool
+    vmm_gbps: float
+    malloc_gbps: float
+    vmm_frac_copy_bw: float
+    malloc_frac_copy_bw: float
+    bitwise_equal: bool
+    paged_ms: float | None = None
+    vmm_over_paged: float | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+
+def layers_to_rotate(bytes_per_layer: int, l2_bytes: int, l2_factor: float, max_layers: int) -> int:
+    """How many layers one replay walks so that it reads at least ``l2_factor`` x L2."""
+    need = math.ceil(l2_factor * l2_bytes / max(1, bytes_per_layer))
+    return max(1, min(max_layers, need))
+
+
+def plan_shapes(cfg: DecodeConfig, l2_bytes: int, free_bytes: int | None,
+                page_size: int = GRANULARITY_ASSUMED_FOR_PLANNING) -> tuple[list[ShapePlan],
+                                                                            list[str]]:
+    """The shapes to run and why any were trimmed (memory)."""
+    plans: list[ShapePlan] = []
+    trimmed: list[str] = []
+    for b in cfg.batches:
+        for s in cfg.contexts:
+            spec = KVCacheSpec(num_layers=1, num_kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+                               max_batch=b, max_context=s, dtype=cfg.dtype)
+            g = make_geometry(spec, page_size)
+            kv_bytes = 2 * b * s * g.token_bytes
+            layers = layers_to_rotate(kv_bytes, l2_bytes, cfg.l2_factor, cfg.max_layers)
+            per_variant = layers * 2 * g.tensor_bytes
+            if free_bytes is not None and 2 * per_variant > cfg.memory_fraction * free_bytes:
+                trimmed.append(f"B={b} S={s}: needs {2 * per_variant / 2**30:.1f} GiB, more than "
+                               f"{cfg.memory_fraction:.0%} of {free_bytes / 2**30:.0f} GiB free")
+                continue
+            plans.append(ShapePlan(b, s, layers, kv_bytes, per_variant))
+    return plans, trimmed
+
+
+def summarize(samples: Sequence[float]) -> tuple[float, float]:
+    """(median, (max - min) / median)."""
+    med = statistics.median(samples)
+    return med, (max(samples) - min(samples)) / med if med else math.nan
+
+
+# ---- GPU parts (torch imported inside) --------------------------------------------------------
+def device_facts() -> dict[str, Any]:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+    free, total = torch.cuda.mem_get_info()
+    return {"name": props.name, "sm_count": props.multi_processor_count,
+            "capability": f"{props.major}.{props.minor}", "l2_bytes": l2 or L2_BYTES_IF_UNKNOWN,
+            "l2_reported": bool(l2), "free_bytes": free, "total_bytes": total,
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def measure_copy_bandwidth(nbytes: int = 1 << 31, iters: int = 10) -> dict[str, float]:
+    """Device-to-device copy, counting bytes read plus bytes written (GB/s, 1e9)."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    med, spread = summarize(times)
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"bytes": nbytes, "median_ms": med, "spread": spread,
+            "gbps": 2 * nbytes / (med * 1e-3) / 1e9}
+
+
+def sdpa_backend(q: Any, k: Any, v: Any) -> str:
+    import torch
+
+    try:
+        choice = int(torch._fused_sdp_choice(q, k, v, enable_gqa=True))
+    except Exception as exc:  # a private API: report why it could not say
+        return f"unknown ({type(exc).__name__})"
+    try:
+        from torch.nn.attention import SDPBackend
+
+        return str(SDPBackend(choice).name)
+    except Exception:
+        return f"backend #{choice}"
+
+
+def _graph_of(fn: Callable[[], Any]) -> tuple[Any, Any]:
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
+def time_interleaved(graphs: dict[str, Any], calls_per_replay: int, rounds: int,
+                     sample_ms: float) -> dict[str, list[float]]:
+    """ms per call for each graph, sampled round by round, order alternating."""
+    import torch
+
+    names = list(graphs)
+    for g in graphs.values():
+        g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    graphs[names[0]].replay()
+    b.record()
+    b.synchronize()
+    est = max(a.elapsed_time(b), 1e-3)
+    reps = max(3, min(500, math.ceil(sample_ms / est)))
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for n in order:
+            a.record()
+            for _ in range(reps):
+                graphs[n].replay()
+            b.record()
+            b.synchronize()
+            out[n].append(a.elapsed_time(b) / (reps * calls_per_replay))
+    return out
+
+
+def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
+                     paged_decode: PagedDecode | None = None) -> DecodeResult:
+    import torch
+    import torch.nn.functional as F
+
+    from .cache import VirtualKVCache
+
+    b, s, layers = plan.batch, plan.context, plan.layers
+    dtype = getattr(torch, cfg.dtype)
+    spec = KVCacheSpec(num_layers=layers, num_kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+                       max_batch=b, max_context=s, dtype=cfg.dtype, layout=Layout.PER_LAYER)
+    cache = VirtualKVCache(spec, async_mapping=False, eager_groups=0)
+    try:
+        slots = [cache.alloc_reqid() for _ in range(b)]
+        cache.step({slot: s for slot in slots})
+        g = cache.geometry
+        vk = [cache.key(layer) for layer in range(layers)]
+        vv = [cache.value(layer) for layer in range(layers)]
+        mk = [torch.empty_strided(g.shape, g.strides_elems, dtype=dtype, device="cuda")
+              for _ in range(layers)]
+        mv = [torch.empty_strided(g.shape, g.strides_elems, dtype=dtype, device="cuda")
+              for _ in range(layers)]
+        for t_vmm, t_mal in zip(vk + vv, mk + mv):
+            t_vmm.normal_()
+            t_mal.copy_(t_vmm)
+        q = torch.randn(b, cfg.q_heads, 1, cfg.head_dim, dtype=dtype, device="cuda")
+
+        def attend(ks: list[Any], vs: list[Any]) -> Callable[[], Any]:
+            def fn() -> Any:
+                return [F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
+                                                       enable_gqa=True)
+                        for k, v in zip(ks, vs)]
+            return fn
+
+        backend = sdpa_backend(q, vk[0].transpose(1, 2), vv[0].transpose(1, 2))
+        g_vmm, out_vmm = _graph_of(attend(vk, vv))
+        g_mal, out_mal = _graph_of(attend(mk, mv))
+        samples = time_interleaved({"vmm": g_vmm, "malloc": g_mal}, layers, cfg.rounds,
+                                   cfg.sample_ms)
+        torch.cuda.synchronize()
+        equal = all(torch.equal(x, y) for x, y in zip(out_vmm, out_mal))
+        vmm_ms, vmm_spread = summarize(samples["vmm"])
+        mal_ms, mal_spread = summarize(samples["malloc"])
+        paged_ms = paged_decode(b, s) if paged_decode is not None else None
+        del g_vmm, g_mal, out_vmm, out_mal, vk, vv, mk, mv, q
+        torch.cuda.synchronize()
+    finally:
+        cache.teardown()
+        torch.cuda.empty_cache()
+
+    def gbps(ms: float) -> float:
+        return plan.kv_bytes_per_call / (ms * 1e-3) / 1e9
+
+    ratio = vmm_ms / mal_ms
+    return DecodeResult(
+        batch=b, context=s, layers=layers, kv_bytes_per_call=plan.kv_bytes_per_call,
+        backend=backend, vmm_ms=vmm_ms, malloc_ms=mal_ms, vmm_spread=vmm_spread,
+        malloc_spread=mal_spread, ratio=ratio, within_3pct=abs(ratio - 1.0) <= 0.03,
+        vmm_gbps=gbps(vmm_ms), malloc_gbps=gbps(mal_ms),
+        vmm_frac_copy_bw=gbps(vmm_ms) / copy_gbps, malloc_frac_copy_bw=gbps(mal_ms) / copy_gbps,
+        bitwise_equal=equal, paged_ms=paged_ms,
+        vmm_over_paged=(vmm_ms / paged_ms) if paged_ms else None, samples=samples,
+    )
+
+
+def run_decode(cfg: DecodeConfig, paged_decode: PagedDecode | None = None,
+               say: Callable[[str], None] = print) -> dict[str, Any]:
+    import torch
+
+    facts = device_facts()
+    copy = measure_copy_bandwidth()
+    say(f"copy bandwidth {copy['gbps']:.0f} GB/s (read+write), L2 {facts['l2_bytes'] >> 20} MiB")
+    free, _ = torch.cuda.mem_get_info()
+    plans, trimmed = plan_shapes(cfg, facts["l2_bytes"], free)
+    for t in trimmed:
+        say(f"trimmed {t}")
+    results = []
+    for p in plans:
+        r = run_decode_shape(cfg, p, copy["gbps"], paged_decode)
+        results.append(r)
+        say(f"B={r.batch:4d} S={r.context:6d} L={r.layers:3d} {r.backend:20s} "
+            f"vmm {r.vmm_ms * 1e3:9.1f} us  malloc {r.malloc_ms * 1e3:9.1f} us  "
+            f"ratio {r.ratio:.4f}  {r.vmm_frac_copy_bw:6.1%} of copy bw  equal={r.bitwise_equal}")
+    return {"config": asdict(cfg), "device": facts, "copy_bandwidth": copy, "trimmed": trimmed,
+            "results": [asdict(r) for r in results]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+    import time
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)))
+    ap.add_argument("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)))
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--skip-steps", action="store_true")
+    args = ap.parse_args(argv)
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                              "argv": list(sys.argv)}
+    from .driver import bindings_version
+
+    report["cuda_bindings"] = bindings_version()
+
+    def write() -> None:
+        with open(args.out, "w") as fh:
+            json.dump(report, fh, indent=1, default=str)
+
+    if not args.skip_steps:
+        from .steplat import run_step_latency_suite
+
+        report["step_latency"] = run_step_latency_suite(say=say)
+        write()
+    if not args.skip_decode:
+        cfg = DecodeConfig(batches=tuple(int(x) for x in args.batches.split(",")),
+                           contexts=tuple(int(x) for x in args.contexts.split(",")),
+                           rounds=args.rounds)
+        report["decode"] = run_decode(cfg, say=say)
+    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
