@@ -28,7 +28,7 @@ def _gpu_unavailable_reason() -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Failed to initialize NumPy" on import
             import torch
-    except Exception as exc:  # a broken torch install is a reason to skip, not to crash
+    except Exception as exc:  # noqa: BLE001 -- a broken torch install means skip, not crash
         return f"torch failed to import: {exc}"
     try:
         with warnings.catch_warnings():
@@ -36,7 +36,7 @@ def _gpu_unavailable_reason() -> str | None:
             if not torch.cuda.is_available():
                 return (f"no CUDA GPU visible to torch {torch.__version__} "
                         "(torch.cuda.is_available() is False)")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- same: report it as the skip reason
         return f"torch.cuda.is_available() failed: {exc}"
     return None
 

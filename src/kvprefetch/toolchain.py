@@ -380,12 +380,11 @@ def find_cuobjdump(env: Mapping[str, str] | None = None, *,
     if cuobjdump is None:
         return None
     nv_on_path = which("nvdisasm", env)
+    nvdisasm: Path | None = Path(nv_on_path) if nv_on_path else None
     for cand in [cuobjdump.parent / "nvdisasm"] + [b / "nvdisasm" for b in wheel_bins]:
         if cand.is_file() and os.access(cand, os.X_OK):
             nvdisasm = cand
             break
-    else:
-        nvdisasm = Path(nv_on_path) if nv_on_path else None
     prepend: tuple[Path, ...] = ()
     if nvdisasm is not None and (nv_on_path is None or
                                  os.path.realpath(nv_on_path) != os.path.realpath(nvdisasm)):

@@ -1,0 +1,48 @@
+"""CLI: ``kvprefetch doctor`` (thin over kvprefetch.doctor): the build preflight as a table or
+JSON; exits non-zero when any check fails."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .common import json_option, workdir_option
+
+_MARK = {"ok": "✓", "warn": "!", "fail": "✕", "skip": "-"}
+
+
+@click.command()
+@click.option("--arch", default="9.0a", show_default=True,
+              help="CUDA archs to build for (TORCH_CUDA_ARCH_LIST syntax: 9.0a, '8.0;9.0a').")
+@click.option("--mode", type=click.Choice(["full", "kernels-only"]), default="full",
+              show_default=True, help="Which build to check for.")
+@click.option("--kernels-only", "kernels_only", is_flag=True, help="Same as --mode kernels-only.")
+@click.option("--deps-dir", type=click.Path(path_type=Path), default=None,
+              help="Local clones of vLLM's FetchContent dependencies: the network is not needed.")
+@workdir_option
+@json_option
+def doctor(arch: str, mode: str, kernels_only: bool, deps_dir: Path | None, workdir: Path,
+           as_json: bool) -> None:
+    """Check this machine for building both trees: nvcc and a real compile of the prefetch
+    instruction, CUDA_HOME, gcc, cmake, disk, memory, git and network, conda, and the GPU."""
+    from ..console import emit_json, table
+    from ..doctor import run_doctor
+
+    mode = "kernels-only" if kernels_only else mode
+    report = run_doctor(arch, workdir=workdir, mode=mode,  # type: ignore[arg-type]
+                        need_network=False if deps_dir is not None else None)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        rows = [(f"{_MARK[c.status]} {c.status}", c.name, c.detail, c.fix or "")
+                for c in report.checks]
+        table(["status", "check", "detail", "to fix"], rows,
+              title=f"kvprefetch doctor: {mode}, --arch {arch}")
+        failed = len(report.failures)
+        click.echo("all checks passed" if report.ok else f"{failed} check(s) failed", err=True)
+    if not report.ok:
+        from ..errors import ConfigError
+
+        sys.exit(ConfigError.exit_code)

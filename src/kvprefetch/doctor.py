@@ -1,0 +1,431 @@
+"""The preflight (``kvprefetch doctor``, also run by ``build``): checks the machine against what a
+full or kernels-only build of both trees needs, and explains every failure with "To fix: ...".
+
+Each check is a small function returning ``Check`` rows; ``run_doctor`` collects them into a
+frozen ``DoctorReport``. What touches the outside world (free disk, memory, network, the GPU
+query, where toolkits may live) is a field of ``DoctorProbes`` so tests can simulate a full
+disk or an unreachable GitHub; everything else runs the real tools through the runner,
+including a real nvcc compile of the bulk-prefetch instruction."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .envs import find_conda, refuse_precompiled
+from .errors import ConfigError, KvprefetchError
+from .runner import run, which
+from .toolchain import (
+    DEFAULT_CUDA_ROOTS,
+    GIB_PER_NVCC_JOB,
+    CudaArch,
+    check_nvcc_for_arch,
+    cuda_home,
+    default_jobs,
+    find_cuobjdump,
+    find_nvcc,
+    fmt_version,
+    gencode_flags,
+    host_resources,
+    nvcc_gpu_archs,
+    nvcc_version,
+    parse_arch_list,
+    vllm_c_archs,
+)
+
+Status = Literal["ok", "warn", "fail", "skip"]
+Mode = Literal["full", "kernels-only"]
+GIB = 2**30
+
+# Disk estimates. Full: two unpacked trees with their CMake build dirs and FetchContent deps
+# (~12 GB each with CUTLASS/FA/FlashMLA objects), two envs with torch 2.8.0 + CUDA wheels
+# (~6 GB each) and a shared ccache (~5 GB). Kernels-only: two paged-attention extensions with
+# their object files (~0.5 GB), the trees' csrc and two small envs that inherit torch.
+DISK_ESTIMATE_GB: dict[str, float] = {"full": 40.0, "kernels-only": 3.0}
+CMAKE_MIN = (3, 26, 1)  # vLLM 0.10.2 requirements/build.txt: cmake>=3.26.1
+DEPS_VARS = ("VLLM_CUTLASS_SRC_DIR", "VLLM_FLASH_ATTN_SRC_DIR", "FLASH_MLA_SRC_DIR")
+GITHUB_URL = "https://github.com/"
+
+# A tiny kernel with the instruction the patch adds, behind the same kind of guard, so every arch
+# of the user's list must assemble (sm_90: UBLKPF.L2; older: prefetch.global.L2 -> CCTL).
+PROBE_CU = r"""
+__global__ void kvprefetch_probe(const char* p, unsigned n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(n) : "memory");
+#elif defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+#endif
+}
+"""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str | None = None
+
+
+def _disk_free(path: Path) -> int:
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def check_url(url: str = GITHUB_URL, *, timeout: float = 5.0,
+              environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """(reachable, detail): one HEAD request, through the proxies of ``environ``; any HTTP
+    answer, even an error status, means the host is reachable."""
+    environ = os.environ if environ is None else environ
+    proxies = {k.lower()[:-6]: v for k, v in environ.items()
+               if k.lower() in ("http_proxy", "https_proxy") and v}
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler(proxies))
+    t0 = time.monotonic()
+    try:
+        with opener.open(urllib.request.Request(url, method="HEAD"), timeout=timeout) as resp:
+            code = resp.status
+    except urllib.error.HTTPError as exc:
+        code = exc.code
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, f"{url} unreachable: {reason}"
+    return True, f"{url} answered HTTP {code} in {time.monotonic() - t0:.1f} s"
+
+
+def _query_gpus(environ: Mapping[str, str]) -> list[tuple[str, str]] | None:
+    """[(compute_cap, name)] from nvidia-smi; None when there is no nvidia-smi."""
+    if which("nvidia-smi", environ) is None:
+        return None
+    done = run(["nvidia-smi", "--query-gpu=compute_cap,name", "--format=csv,noheader"],
+               env=environ, echo=False, check=False, timeout=30)
+    if done.returncode != 0:
+        return []
+    rows = []
+    for line in done.output.splitlines():
+        parts = [p.strip() for p in line.split(",", 1)]
+        if len(parts) == 2 and re.fullmatch(r"\d+\.\d+", parts[0]):
+            rows.append((parts[0], parts[1]))
+    return rows
+
+
+@dataclass(frozen=True)
+class DoctorProbes:
+    """The outside world, injectable for tests."""
+
+    disk_free: Callable[[Path], int] = _disk_free
+    disk_estimate_gb: Mapping[str, float] = field(default_factory=lambda: dict(DISK_ESTIMATE_GB))
+    resources: Callable[[], tuple[int, float]] = host_resources
+    network: Callable[[Mapping[str, str]], tuple[bool, str]] = (
+        lambda env: check_url(GITHUB_URL, timeout=5.0, environ=env))
+    gpus: Callable[[Mapping[str, str]], list[tuple[str, str]] | None] = _query_gpus
+    cuda_roots: Sequence[Path] = DEFAULT_CUDA_ROOTS
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    mode: str
+    arch_list: str
+    checks: tuple[Check, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def failures(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.status == "fail")
+
+    def check(self, name: str) -> Check:
+        return next(c for c in self.checks if c.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "mode": self.mode, "arch_list": self.arch_list,
+                "checks": [c.__dict__ for c in self.checks]}
+
+    def raise_if_failed(self) -> None:
+        """ConfigError listing each failing check's cause, then each one's fix."""
+        bad = self.failures
+        if not bad:
+            return
+        cause = f"preflight ({self.mode}, --arch {self.arch_list}) found {len(bad)} problem(s):"
+        cause += "".join(f"\n  - {c.name}: {c.detail}" for c in bad)
+        fix = "".join(f"\n  - {c.name}: {c.fix or 'see above'}" for c in bad)
+        raise ConfigError(cause, fix)
+
+
+# --------------------------------------------------------------------------- the checks
+
+def _check_nvcc(archs: Sequence[CudaArch], environ: Mapping[str, str], mode: Mode,
+                probes: DoctorProbes) -> tuple[list[Check], Path | None, tuple[int, int, int] | None]:
+    checks: list[Check] = []
+    nvcc = find_nvcc(environ, fallback_roots=probes.cuda_roots)
+    if nvcc is None:
+        explicit = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
+        if explicit:
+            where = f"CUDA_HOME/CUDA_PATH={explicit} has no bin/nvcc"
+        else:
+            roots = "".join(f", {r}/bin" for r in probes.cuda_roots)
+            where = f"nvcc not found (looked on PATH{roots})"
+        return [Check("nvcc", "fail", where,
+                      "install a CUDA toolkit >= 12.8 and set CUDA_HOME to it (or put its "
+                      "bin/ on PATH)")], None, None
+    try:
+        version = nvcc_version(nvcc, environ)
+        warns = check_nvcc_for_arch(version, archs, nvcc_gpu_archs(nvcc, environ))
+    except KvprefetchError as exc:
+        return [Check("nvcc", "fail", f"{nvcc}: {exc.cause}", exc.fix)], nvcc, None
+    detail = f"{nvcc} (CUDA {fmt_version(version)})"
+    if mode == "full" and version[0] != 12:
+        warns += (f"torch 2.8.0, which vLLM 0.10.2 pins, is built for CUDA 12.8; a full "
+                  f"build with CUDA {version[0]} is not what vLLM tests"),
+    if warns:
+        checks.append(Check("nvcc", "warn", detail + "; " + " ".join(warns),
+                            "install CUDA 12.8 and set CUDA_HOME to it"))
+    else:
+        checks.append(Check("nvcc", "ok", detail))
+    return checks, nvcc, version
+
+
+def _check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int, int],
+                   environ: Mapping[str, str]) -> Check:
+    """Compile PROBE_CU for the gencode flags the paged-attention TUs get; count UBLKPF."""
+    try:
+        flags = gencode_flags(archs, cuda_version=version)
+    except ConfigError as exc:
+        return Check("nvcc-compile", "fail", exc.cause, exc.fix)
+    with tempfile.TemporaryDirectory(prefix="kvprefetch-doctor-") as tmp:
+        src, obj = Path(tmp) / "probe.cu", Path(tmp) / "probe.o"
+        src.write_text(PROBE_CU)
+        t0 = time.monotonic()
+        done = run([str(nvcc), "-c", *flags, "-o", str(obj), str(src)], env=environ,
+                   echo=False, check=False, timeout=300)
+        took = time.monotonic() - t0
+        targets = ", ".join(f.rsplit("code=", 1)[1] for f in flags)
+        if done.returncode != 0:
+            return Check("nvcc-compile", "fail",
+                         f"nvcc could not compile the prefetch probe for {targets}: "
+                         + done.output.strip()[-500:],
+                         "use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass")
+        detail = f"compiled the prefetch probe for {targets} in {took:.1f} s"
+        hopper = any(a.has_bulk_prefetch for a in vllm_c_archs(archs, version))
+        if not hopper:
+            return Check("nvcc-compile", "warn",
+                         detail + "; no arch >= 9.0 in the list, so the patch compiles only to "
+                         "the pre-Hopper prefetch.global.L2",
+                         "add 9.0a to --arch to get cp.async.bulk.prefetch (UBLKPF)")
+        tools = find_cuobjdump(environ)
+        if tools is None:
+            return Check("nvcc-compile", "ok", detail + " (no cuobjdump to read the SASS)")
+        sass = run([str(tools.cuobjdump), "-sass", str(obj)], env=tools.environ(environ),
+                   echo=False, check=False, timeout=120)
+        n = sass.output.count("UBLKPF")
+        if sass.returncode != 0 or n == 0:
+            return Check("nvcc-compile", "fail",
+                         detail + f", but the sm_90 SASS holds no UBLKPF ({tools.cuobjdump} "
+                         f"exit {sass.returncode})",
+                         "check that cuobjdump and nvdisasm come from a CUDA >= 12.0 toolkit")
+        return Check("nvcc-compile", "ok", detail + f"; SASS holds {n} UBLKPF.L2")
+
+
+def _check_cuda_home(environ: Mapping[str, str], probes: DoctorProbes) -> Check:
+    explicit = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
+    home = cuda_home(environ, fallback_roots=probes.cuda_roots)
+    if explicit:
+        ok = home is not None and (home / "bin" / "nvcc").is_file()
+        return Check("cuda-home", "ok" if ok else "fail", f"CUDA_HOME={explicit}",
+                     None if ok else "point CUDA_HOME at a CUDA toolkit root (with bin/nvcc)")
+    if home is None:
+        return Check("cuda-home", "fail", "CUDA_HOME is not set and no toolkit was found",
+                     "install CUDA >= 12.8 and export CUDA_HOME=/usr/local/cuda-12.8")
+    # torch guesses CUDA_HOME as dirname(dirname(which nvcc)) without resolving links.
+    guess = which("nvcc", environ)
+    torch_guess = Path(guess).parent.parent if guess else home
+    if torch_guess != home:
+        return Check("cuda-home", "warn",
+                     f"CUDA_HOME is not set; the toolkit is {home}, but torch would guess "
+                     f"{torch_guess} from {guess}", f"export CUDA_HOME={home}")
+    return Check("cuda-home", "ok", f"not set; toolkit found at {home}")
+
+
+def _tool_version(argv: list[str], environ: Mapping[str, str]) -> tuple[int, ...] | None:
+    done = run(argv, env=environ, echo=False, check=False, timeout=60)
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", done.output)
+    if done.returncode != 0 or m is None:
+        return None
+    return tuple(int(x) for x in m.groups(default="0"))
+
+
+def _check_gcc(environ: Mapping[str, str]) -> Check:
+    if which("g++", environ) is None or which("gcc", environ) is None:
+        return Check("gcc", "fail", "gcc/g++ not found on PATH (nvcc needs a host compiler)",
+                     "install gcc and g++ >= 10 (e.g. apt-get install build-essential)")
+    v = _tool_version(["gcc", "-dumpfullversion", "-dumpversion"], environ)
+    if v is None:
+        return Check("gcc", "fail", "`gcc -dumpfullversion` failed", "reinstall gcc")
+    if v[0] < 10:
+        return Check("gcc", "warn", f"gcc {fmt_version(v)}: torch >= 2.10 headers need C++20",
+                     "install gcc >= 10")
+    return Check("gcc", "ok", f"gcc {fmt_version(v)}")
+
+
+def _check_cmake(environ: Mapping[str, str]) -> Check:
+    fix = 'pip install "cmake>=3.26.1" (into the build environment)'
+    if which("cmake", environ) is None:
+        return Check("cmake", "fail", "cmake not found on PATH", fix)
+    v = _tool_version(["cmake", "--version"], environ)
+    if v is None or v < CMAKE_MIN:
+        shown = fmt_version(v) if v else "unknown"
+        return Check("cmake", "fail", f"cmake {shown} < 3.26.1, which vLLM 0.10.2 requires", fix)
+    return Check("cmake", "ok", f"cmake {fmt_version(v)}")
+
+
+def _check_disk(workdir: Path, mode: Mode, probes: DoctorProbes) -> Check:
+    need = probes.disk_estimate_gb[mode]
+    free = probes.disk_free(workdir) / GIB
+    detail = f"{free:.1f} GiB free at {workdir}, a {mode} build needs about {need:.0f} GiB"
+    fix = f"free space or pass --workdir on a disk with at least {need:.0f} GiB free"
+    if free < need:
+        return Check("disk", "fail", detail, fix)
+    if free < 1.5 * need:
+        return Check("disk", "warn", detail + " (little headroom)", fix)
+    return Check("disk", "ok", detail)
+
+
+def _check_memory(archs: Sequence[CudaArch], probes: DoctorProbes) -> Check:
+    cores, mem = probes.resources()
+    jobs, threads = default_jobs(cores, mem, n_archs=max(1, len(archs)))
+    detail = (f"{cores} cores, {mem:.1f} GiB available: MAX_JOBS={jobs} NVCC_THREADS={threads} "
+              f"({GIB_PER_NVCC_JOB} GiB per compile job)")
+    if mem < GIB_PER_NVCC_JOB:
+        return Check("memory", "warn", detail + "; even one job may run out of memory",
+                     "close other programs or add swap; --jobs 1")
+    return Check("memory", "ok", detail)
+
+
+def _check_git_network(environ: Mapping[str, str], mode: Mode, need_network: bool | None,
+                       probes: DoctorProbes) -> list[Check]:
+    checks = []
+    if which("git", environ) is None:
+        checks.append(Check("git", "fail" if mode == "full" else "warn", "git not found on PATH",
+                            "install git (CMake's FetchContent clones CUTLASS, "
+                            "vllm-flash-attn and FlashMLA with it)"))
+    else:
+        v = _tool_version(["git", "--version"], environ)
+        checks.append(Check("git", "ok", f"git {fmt_version(v) if v else '?'}"))
+    deps = {v: environ.get(v, "") for v in DEPS_VARS}
+    missing_dirs = [f"{k}={d}" for k, d in deps.items() if d and not Path(d).is_dir()]
+    if missing_dirs:
+        checks.append(Check("deps-dirs", "fail", f"not a directory: {', '.join(missing_dirs)}",
+                            "point them at recursive clones of the FetchContent dependencies"))
+    if need_network is None:
+        need_network = mode == "full" and not all(deps.values())
+    if not need_network:
+        why = ("local dependency clones given" if mode == "full" else
+               "kernels-only builds need no download")
+        checks.append(Check("network", "skip", f"not needed: {why}"))
+        return checks
+    reachable, detail = probes.network(environ)
+    if reachable:
+        checks.append(Check("network", "ok", detail))
+    else:
+        checks.append(Check(
+            "network", "fail", detail + "; CMake FetchContent clones CUTLASS v4.0.0, "
+            "vllm-flash-attn ee4d25bd and FlashMLA a757314c from GitHub during a full build",
+            "make github.com reachable (or set https_proxy), or give local recursive clones: "
+            "--deps-dir DIR, or VLLM_CUTLASS_SRC_DIR, VLLM_FLASH_ATTN_SRC_DIR and "
+            "FLASH_MLA_SRC_DIR; or build with --kernels-only"))
+    return checks
+
+
+def _check_conda(environ: Mapping[str, str]) -> Check:
+    exe = find_conda(environ)
+    if exe is None:
+        return Check("conda", "skip", "not found; environments will use venv (or uv)")
+    return Check("conda", "ok", f"{exe} (used with --env-backend conda)")
+
+
+def _check_gpu(archs: Sequence[CudaArch], environ: Mapping[str, str],
+               version: tuple[int, int, int] | None, probes: DoctorProbes) -> Check:
+    gpus = probes.gpus(environ)
+    if gpus is None:
+        return Check("gpu", "skip", "no GPU (nvidia-smi not found); building only")
+    if not gpus:
+        return Check("gpu", "skip", "nvidia-smi lists no GPU")
+    built = vllm_c_archs(archs, version)
+    notes: list[str] = []
+    status: Status = "ok"
+    for cap, name in gpus:
+        major, minor = (int(x) for x in cap.split("."))
+        runs = [a for a in built if a.major == major and a.minor <= minor]
+        if not runs:
+            status = "warn"
+            notes.append(f"{name} is sm_{major}{minor}, but --arch builds "
+                         f"{', '.join('sm_' + a.sm for a in built) or 'nothing'} for it")
+        elif major >= 9 and not any(a.has_bulk_prefetch for a in runs):
+            status = "warn"
+            notes.append(f"{name} ({cap}) runs code without the bulk prefetch")
+        else:
+            notes.append(f"{name} ({cap}) runs sm_{runs[-1].sm}")
+    fix = None if status == "ok" else (
+        f"add {gpus[0][0]} (9.0a for Hopper) to --arch to run the build on this machine's GPU")
+    return Check("gpu", status, "; ".join(notes), fix)
+
+
+def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | None = None,
+               workdir: str | os.PathLike[str] = ".", need_network: bool | None = None,
+               mode: Mode = "full", probes: DoctorProbes | None = None) -> DoctorReport:
+    """Run every check for building ``arch_list`` in ``mode`` with the environment ``env``
+    (default os.environ; pass the build environment's environ()). ``need_network`` None means:
+    needed for a full build unless all three FetchContent source dirs are set."""
+    if mode not in ("full", "kernels-only"):
+        raise ConfigError(f"unknown doctor mode {mode!r}", "use 'full' or 'kernels-only'")
+    environ = dict(os.environ if env is None else env)
+    probes = probes or DoctorProbes()
+    wd = Path(workdir)
+    checks: list[Check] = []
+    if isinstance(arch_list, str):
+        label = arch_list
+        try:
+            archs: Sequence[CudaArch] = parse_arch_list(arch_list)
+            checks.append(Check("arch", "ok", f"{arch_list} -> _C paged attention built for " +
+                                ", ".join("sm_" + a.sm for a in vllm_c_archs(archs))))
+        except ConfigError as exc:
+            archs = ()
+            checks.append(Check("arch", "fail", exc.cause, exc.fix))
+    else:
+        archs = tuple(arch_list)
+        label = ";".join(a.spec for a in archs)
+        checks.append(Check("arch", "ok", label))
+    try:
+        refuse_precompiled(environ)
+        checks.append(Check("precompiled", "ok", "VLLM_USE_PRECOMPILED and "
+                            "VLLM_PRECOMPILED_WHEEL_LOCATION are unset"))
+    except ConfigError as exc:
+        checks.append(Check("precompiled", "fail", exc.cause, exc.fix))
+    nvcc_checks, nvcc, version = _check_nvcc(archs, environ, mode, probes)
+    checks += nvcc_checks
+    if nvcc is not None and version is not None and archs:
+        checks.append(_check_compile(nvcc, archs, version, environ))
+    else:
+        checks.append(Check("nvcc-compile", "skip", "no usable nvcc or arch list"))
+    checks.append(_check_cuda_home(environ, probes))
+    checks.append(_check_gcc(environ))
+    checks.append(_check_cmake(environ) if mode == "full" else
+                  Check("cmake", "skip", "kernels-only builds do not use cmake"))
+    checks.append(_check_disk(wd, mode, probes))
+    checks.append(_check_memory(archs, probes))
+    checks += _check_git_network(environ, mode, need_network, probes)
+    checks.append(_check_conda(environ))
+    checks.append(_check_gpu(archs, environ, version, probes))
+    return DoctorReport(mode, label, tuple(checks))

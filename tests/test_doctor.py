@@ -1,0 +1,249 @@
+"""Tests for kvprefetch.doctor and the ``doctor`` command: real nvcc compiles, real tools and a
+real local HTTP server; fakes only for what this machine cannot have (a CUDA 12.6 toolkit, a
+GPU, a full disk, an unreachable GitHub when it happens to be reachable)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvprefetch.commands.doctor import doctor
+from kvprefetch.doctor import GIB, DoctorProbes, check_url, run_doctor
+from kvprefetch.errors import ConfigError
+from kvprefetch.runner import run, which
+from kvprefetch.toolchain import find_cuobjdump, find_nvcc
+
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="no nvcc on this machine")
+
+
+def offline(_env: Mapping[str, str]) -> tuple[bool, str]:
+    return False, "simulated: github.com unreachable"
+
+
+def never_called(_env: Mapping[str, str]) -> tuple[bool, str]:
+    raise AssertionError("the network must not be probed here")
+
+
+@needs_nvcc
+def test_kernels_only_preflight_passes_with_real_nvcc(tmp_path: Path,
+                                                       base_environ: dict[str, str]) -> None:
+    rep = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="kernels-only",
+                     probes=DoctorProbes(network=never_called))
+    assert rep.ok, [c for c in rep.checks if c.status == "fail"]
+    nvcc, comp = rep.check("nvcc"), rep.check("nvcc-compile")
+    assert nvcc.status in ("ok", "warn")
+    assert comp.status == "ok" and "sm_90" in comp.detail
+    if find_cuobjdump(base_environ) is not None:
+        assert re.search(r"SASS holds [1-9]\d* UBLKPF", comp.detail)
+    assert rep.check("cmake").status == "skip"
+    assert rep.check("network").status == "skip"
+    rep.raise_if_failed()  # does not raise
+
+
+@needs_nvcc
+def test_mixed_arch_list_compiles_both_guard_paths(tmp_path: Path,
+                                                   base_environ: dict[str, str]) -> None:
+    rep = run_doctor("8.0;9.0a", env=base_environ, workdir=tmp_path, mode="kernels-only")
+    comp = rep.check("nvcc-compile")
+    assert comp.status == "ok", comp
+    assert "sm_80" in comp.detail and "sm_90" in comp.detail
+
+
+@needs_nvcc
+def test_pre_hopper_only_warns(tmp_path: Path, base_environ: dict[str, str]) -> None:
+    comp = run_doctor("8.0", env=base_environ, workdir=tmp_path,
+                      mode="kernels-only").check("nvcc-compile")
+    assert comp.status == "warn" and "9.0a" in (comp.fix or "")
+
+
+def test_fake_cuda_12_6_nvcc_is_refused(tmp_path: Path, base_environ: dict[str, str],
+                                        make_fake_tool, nvcc_12_6_text: str) -> None:  # type: ignore[no-untyped-def]
+    """A fake nvcc: there is no real CUDA 12.6 toolkit on this machine (it has 13.0)."""
+    fake = make_fake_tool("nvcc", nvcc_12_6_text)
+    env = dict(base_environ, PATH=f"{fake.parent}{os.pathsep}{base_environ['PATH']}")
+    rep = run_doctor("9.0a", env=env, workdir=tmp_path, mode="kernels-only")
+    nvcc = rep.check("nvcc")
+    assert nvcc.status == "fail"
+    assert "12.6" in nvcc.detail and "ptxas" in nvcc.detail and str(fake) in nvcc.detail
+    assert rep.check("nvcc-compile").status == "skip"
+    with pytest.raises(ConfigError) as exc:
+        rep.raise_if_failed()
+    msg = exc.value.message
+    assert "ptxas" in msg and "To fix:" in msg and "12.8" in msg.split("To fix:")[1]
+
+
+def test_no_nvcc_is_a_clear_failure(tmp_path: Path, base_environ: dict[str, str]) -> None:
+    # PATH keeps the host compiler and git but no nvcc; /usr/local/cuda exists on this machine,
+    # so the fallback toolkit roots are emptied to model one without any CUDA toolkit.
+    path = os.pathsep.join(d for d in ("/usr/bin", "/bin")
+                           if not Path(d, "nvcc").exists())
+    env = dict(base_environ, PATH=path)
+    rep = run_doctor("9.0a", env=env, workdir=tmp_path, mode="kernels-only",
+                     probes=DoctorProbes(cuda_roots=()))
+    nvcc = rep.check("nvcc")
+    assert nvcc.status == "fail" and "nvcc not found" in nvcc.detail
+    assert "CUDA_HOME" in (nvcc.fix or "")
+    assert rep.check("cuda-home").status == "fail"
+    with pytest.raises(ConfigError) as exc:
+        rep.raise_if_failed()
+    assert "nvcc" in exc.value.cause and "To fix:" in exc.value.message
+
+
+def test_precompiled_is_refused(tmp_path: Path, base_environ: dict[str, str]) -> None:
+    env = dict(base_environ, VLLM_USE_PRECOMPILED="1")
+    rep = run_doctor("9.0a", env=env, workdir=tmp_path, mode="kernels-only")
+    assert rep.check("precompiled").status == "fail"
+    with pytest.raises(ConfigError) as exc:
+        rep.raise_if_failed()
+    assert "VLLM_USE_PRECOMPILED=1" in exc.value.cause and "unset" in (exc.value.fix or "")
+
+
+def test_bad_arch_fails_with_fix(tmp_path: Path, base_environ: dict[str, str]) -> None:
+    rep = run_doctor("9.0x", env=base_environ, workdir=tmp_path, mode="kernels-only")
+    arch = rep.check("arch")
+    assert arch.status == "fail" and "'9.0x'" in arch.detail and "9.0a" in (arch.fix or "")
+    assert rep.check("nvcc-compile").status == "skip"
+
+
+def test_simulated_full_disk(tmp_path: Path, base_environ: dict[str, str]) -> None:
+    rep = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="kernels-only",
+                     probes=DoctorProbes(disk_free=lambda p: 1 * GIB))
+    disk = rep.check("disk")
+    assert disk.status == "fail" and "1.0 GiB free" in disk.detail
+    assert "--workdir" in (disk.fix or "")
+    with pytest.raises(ConfigError, match="disk"):
+        rep.raise_if_failed()
+
+
+def test_real_free_space_against_a_larger_estimate(tmp_path: Path,
+                                                   base_environ: dict[str, str]) -> None:
+    """The real free-space query against an estimate 1000 GiB above what this disk has."""
+    import shutil
+
+    free_gib = shutil.disk_usage(tmp_path).free / GIB
+    probes = DoctorProbes(disk_estimate_gb={"full": free_gib + 1000, "kernels-only": 0.001})
+    work = tmp_path / "not" / "yet" / "made"  # measured at its nearest existing parent
+    assert run_doctor("9.0a", env=base_environ, workdir=work, mode="full", probes=probes,
+                      need_network=False).check("disk").status == "fail"
+    assert run_doctor("9.0a", env=base_environ, workdir=work, mode="kernels-only",
+                      probes=probes).check("disk").status == "ok"
+
+
+def test_full_mode_without_network_names_offline_options(tmp_path: Path,
+                                                          base_environ: dict[str, str]) -> None:
+    rep = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="full",
+                     probes=DoctorProbes(network=offline))
+    net = rep.check("network")
+    assert net.status == "fail"
+    for name in ("--deps-dir", "VLLM_CUTLASS_SRC_DIR", "VLLM_FLASH_ATTN_SRC_DIR",
+                 "FLASH_MLA_SRC_DIR"):
+        assert name in (net.fix or "")
+    assert not rep.ok
+
+
+def test_full_mode_with_local_deps_needs_no_network(tmp_path: Path,
+                                                    base_environ: dict[str, str]) -> None:
+    env = dict(base_environ)
+    for var in ("VLLM_CUTLASS_SRC_DIR", "VLLM_FLASH_ATTN_SRC_DIR", "FLASH_MLA_SRC_DIR"):
+        (tmp_path / var).mkdir()
+        env[var] = str(tmp_path / var)
+    rep = run_doctor("9.0a", env=env, workdir=tmp_path, mode="full",
+                     probes=DoctorProbes(network=never_called))
+    assert rep.check("network").status == "skip"
+    env["FLASH_MLA_SRC_DIR"] = str(tmp_path / "missing")
+    rep = run_doctor("9.0a", env=env, workdir=tmp_path, mode="full",
+                     probes=DoctorProbes(network=offline))
+    assert rep.check("deps-dirs").status == "fail"
+
+
+def test_cmake_version_gate_with_real_cmake(tmp_path: Path, base_environ: dict[str, str]) -> None:
+    if which("cmake", base_environ) is None:
+        pytest.skip("no cmake here")
+    out = run(["cmake", "--version"], env=base_environ, echo=False).output
+    m = re.search(r"cmake version (\d+)\.(\d+)\.(\d+)", out)
+    assert m is not None
+    real = tuple(int(x) for x in m.groups())
+    check = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="full",
+                       need_network=False).check("cmake")
+    if real >= (3, 26, 1):
+        assert check.status == "ok"
+    else:
+        assert check.status == "fail" and 'pip install "cmake>=3.26.1"' in (check.fix or "")
+        assert ".".join(map(str, real)) in check.detail
+
+
+@pytest.mark.parametrize("smi_line, status", [
+    ("9.0, NVIDIA H200", "ok"),
+    ("8.0, NVIDIA A100-SXM4-80GB", "warn"),
+])
+def test_gpu_compute_capability(tmp_path: Path, base_environ: dict[str, str], make_fake_tool,  # type: ignore[no-untyped-def]
+                                smi_line: str, status: str) -> None:
+    """A fake nvidia-smi: this machine has no GPU. The parsing and comparison are real."""
+    fake = make_fake_tool("nvidia-smi", smi_line)
+    env = dict(base_environ, PATH=f"{fake.parent}{os.pathsep}{base_environ['PATH']}")
+    gpu = run_doctor("9.0a", env=env, workdir=tmp_path, mode="kernels-only").check("gpu")
+    assert gpu.status == status, gpu
+    assert smi_line.split(", ")[1] in gpu.detail
+
+
+def test_no_gpu_is_skipped(tmp_path: Path, base_environ: dict[str, str]) -> None:
+    if which("nvidia-smi", base_environ):
+        pytest.skip("this machine has nvidia-smi")
+    gpu = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="kernels-only").check("gpu")
+    assert gpu.status == "skip" and "no GPU" in gpu.detail
+
+
+@pytest.fixture
+def local_http() -> Iterator[str]:
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_check_url_real_server_and_closed_port(local_http: str) -> None:
+    ok, detail = check_url(local_http, timeout=5, environ={})
+    assert ok and "HTTP" in detail
+    with socket.socket() as s:  # a port that nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ok, detail = check_url(f"http://127.0.0.1:{port}/", timeout=2, environ={})
+    assert not ok and "unreachable" in detail
+
+
+@needs_nvcc
+def test_doctor_command_json(tmp_path: Path, base_environ: dict[str, str]) -> None:
+    runner = CliRunner()
+    res = runner.invoke(doctor, ["--kernels-only", "--json", "--workdir", str(tmp_path)],
+                        env={k: None for k in ("VLLM_USE_PRECOMPILED", "PYTHONPATH")})
+    data = json.loads(res.stdout)
+    assert data["mode"] == "kernels-only" and data["arch_list"] == "9.0a"
+    assert {c["name"] for c in data["checks"]} >= {"nvcc", "nvcc-compile", "disk", "gpu"}
+    assert (res.exit_code == 0) == data["ok"]
+    bad = runner.invoke(doctor, ["--kernels-only", "--json", "--workdir", str(tmp_path)],
+                        env={"VLLM_USE_PRECOMPILED": "1"})
+    data = json.loads(bad.stdout)
+    assert bad.exit_code == ConfigError.exit_code and data["ok"] is False
+    assert [c["name"] for c in data["checks"] if c["status"] == "fail"] == ["precompiled"]
+
+
+@needs_nvcc
+def test_doctor_command_table(tmp_path: Path) -> None:
+    res = CliRunner().invoke(doctor, ["--kernels-only", "--workdir", str(tmp_path)],
+                             env={"VLLM_USE_PRECOMPILED": "1"})
+    assert res.exit_code == ConfigError.exit_code
+    assert "precompiled" in res.stdout and "nvcc-compile" in res.stdout
