@@ -1,0 +1,276 @@
+"""``bench e2e``: ``vllm bench throughput`` in each full-build environment, through the V0 engine
+and the XFORMERS backend (``VLLM_USE_V1=0``, ``VLLM_ATTENTION_BACKEND=XFORMERS``), so decode goes
+through ``PagedAttention.forward_decode`` and the paged_attention kernels. Without those two
+variables vLLM 0.10.2 runs V1, which never calls the patched kernel (research notes section 3).
+
+Nothing is downloaded: the model is a Llama-3.1-8B-shaped ``config.json`` written by
+``write_model_dir`` with ``--load-format dummy`` (random weights), and a word-level tokenizer
+generated beside it (one token per id, the model's full vocabulary, so any sampled id decodes).
+``--tokenizer PATH`` uses a real local tokenizer instead.
+
+The sweep: for each ``--max-num-seqs``, ``repeats`` runs per environment, the environments'
+order alternating between repeats. It refuses to run unless ``verify-kernel`` passed for those
+environments (``<workdir>/verify/report.json`` with ``"passed": true``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import BenchError
+from .kernel import summarize
+
+# meta-llama/Llama-3.1-8B config.json (the attention and model shape the seed benchmarked).
+LLAMA_31_8B_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+    "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 128256,
+}
+SPECIAL_TOKENS = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128002: "<unk>"}
+E2E_ENV = {"VLLM_USE_V1": "0", "VLLM_ATTENTION_BACKEND": "XFORMERS"}
+# Stripped from the child: they break isolation or silently swap in other binaries.
+STRIP_ENV = ("PYTHONPATH", "PYTHONHOME", "VLLM_USE_PRECOMPILED", "VLLM_PRECOMPILED_WHEEL_LOCATION",
+             "VIRTUAL_ENV", "CONDA_PREFIX")
+
+
+def tokenizer_json(vocab_size: int) -> dict[str, Any]:
+    """A word-level tokenizer: id ``i`` is the word ``t<i>``, whitespace-split, so decoding a
+    random id sequence and encoding it again gives the same ids (what vLLM's random dataset
+    does, datasets.py ``generate_token_sequence``)."""
+    vocab = {SPECIAL_TOKENS.get(i, f"t{i}"): i for i in range(vocab_size)}
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}
+                         for i, s in sorted(SPECIAL_TOKENS.items()) if i < vocab_size],
+        "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": SPECIAL_TOKENS[128002]
+                  if vocab_size > 128002 else "t0"},
+    }
+
+
+def write_model_dir(dest: Path, config: Mapping[str, Any] = LLAMA_31_8B_CONFIG) -> Path:
+    """Write ``config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and
+    ``generation_config.json`` (files rewritten only when their content changes)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    vocab = int(config["vocab_size"])
+    unk = SPECIAL_TOKENS[128002] if vocab > 128002 else "t0"
+    files = {
+        "config.json": dict(config),
+        "tokenizer.json": tokenizer_json(vocab),
+        "tokenizer_config.json": {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": SPECIAL_TOKENS[128000] if vocab > 128000 else None,
+            "eos_token": SPECIAL_TOKENS[128001] if vocab > 128001 else None,
+            "unk_token": unk, "model_max_length": int(config.get("max_position_embeddings", 8192)),
+            "clean_up_tokenization_spaces": False,
+        },
+        "generation_config.json": {"bos_token_id": config.get("bos_token_id"),
+                                   "eos_token_id": config.get("eos_token_id")},
+    }
+    for name, content in files.items():
+        text = json.dumps(content, indent=1 if name != "tokenizer.json" else None) + "\n"
+        path = dest / name
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+    return dest
+
+
+@dataclass(frozen=True)
+class E2EEnv:
+    name: str
+    python: Path
+
+
+@dataclass(frozen=True)
+class E2EPlan:
+    envs: tuple[E2EEnv, ...]
+    model_dir: Path
+    out_dir: Path
+    tokenizer: Path | None = None
+    max_num_seqs: tuple[int, ...] = (8, 32, 128)
+    repeats: int = 3
+    input_len: int = 512
+    output_len: int = 512
+    prompts_per_seq: int = 2
+    min_prompts: int = 8
+    dtype: str = "float16"
+    max_model_len: int | None = None
+    extra_args: tuple[str, ...] = field(default=())
+
+    def num_prompts(self, max_num_seqs: int) -> int:
+        return max(self.min_prompts, self.prompts_per_seq * max_num_seqs)
+
+
+@dataclass(frozen=True)
+class E2ERun:
+    env: E2EEnv
+    max_num_seqs: int
+    repeat: int
+    json_path: Path
+    argv: tuple[str, ...]
+
+
+def e2e_environ(base: Mapping[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if k not in STRIP_ENV}
+    env.update(E2E_ENV)
+    return env
+
+
+def throughput_argv(plan: E2EPlan, env: E2EEnv, max_num_seqs: int, json_path: Path) -> list[str]:
+    argv = [str(env.python), "-m", "vllm.entrypoints.cli.main", "bench", "throughput",
+            "--model", str(plan.model_dir), "--tokenizer", str(plan.tokenizer or plan.model_dir),
+            "--load-format", "dummy", "--dataset-name", "random",
+            "--input-len", str(plan.input_len), "--output-len", str(plan.output_len),
+            "--num-prompts", str(plan.num_prompts(max_num_seqs)),
+            "--max-num-seqs", str(max_num_seqs), "--dtype", plan.dtype, "--seed", "0",
+            "--output-json", str(json_path)]
+    if plan.max_model_len:
+        argv += ["--max-model-len", str(plan.max_model_len)]
+    return argv + list(plan.extra_args)
+
+
+def plan_runs(plan: E2EPlan) -> list[E2ERun]:
+    """Every run in execution order: per max-num-seqs, per repeat, all envs, the order of the
+    envs reversed on every other repeat (ABBA) so drift does not favour one env."""
+    runs = []
+    for m in plan.max_num_seqs:
+        for r in range(plan.repeats):
+            order = list(plan.envs) if r % 2 == 0 else list(reversed(plan.envs))
+            for env in order:
+                path = plan.out_dir / "runs" / f"{env.name}-seqs{m}-r{r}.json"
+                runs.append(E2ERun(env, m, r, path, tuple(throughput_argv(plan, env, m, path))))
+    return runs
+
+
+def verified_envs(report: Mapping[str, Any]) -> dict[str, str | None]:
+    """Names (and pythons, where recorded) of the envs a verify report covers."""
+    envs = report.get("envs") or {}
+    out: dict[str, str | None] = {}
+    if isinstance(envs, Mapping):
+        for name, info in envs.items():
+            out[str(name)] = info.get("python") if isinstance(info, Mapping) else None
+    else:
+        for e in envs:
+            if isinstance(e, Mapping):
+                name = e.get("name") or e.get("tree")
+                if name:
+                    out[str(name)] = e.get("python")
+            else:
+                out[str(e)] = None
+    return out
+
+
+def require_verified(report_path: Path, env_names: Sequence[str]) -> dict[str, str | None]:
+    """Refuse unless ``report_path`` says verify-kernel passed for every one of ``env_names``."""
+    fix = "run `kvprefetch verify-kernel` for these environments and fix what it reports"
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BenchError(f"no verify-kernel report at {report_path}", fix) from None
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"cannot read the verify-kernel report {report_path}: {exc}", fix) from exc
+    if report.get("passed") is not True:
+        raise BenchError(f"the verify-kernel report {report_path} does not say passed", fix)
+    covered = verified_envs(report)
+    missing = [n for n in env_names if n not in covered]
+    if missing:
+        raise BenchError(f"verify-kernel did not check environment(s) {', '.join(missing)} "
+                         f"(it covers: {', '.join(covered) or 'none'})", fix)
+    return covered
+
+
+def parse_env_specs(specs: Sequence[str], verified: Mapping[str, str | None]) -> tuple[E2EEnv, ...]:
+    """``NAME=PYTHON`` options; without any, the envs (with pythons) the verify report lists."""
+    envs: list[E2EEnv] = []
+    for spec in specs:
+        name, sep, py = spec.partition("=")
+        if not sep or not name or not py:
+            raise BenchError(f"--env '{spec}' is not NAME=PYTHON",
+                             "e.g. --env baseline=kvprefetch-work/envs/baseline/bin/python")
+        envs.append(E2EEnv(name, Path(py)))
+    if not envs:
+        envs = [E2EEnv(n, Path(p)) for n, p in verified.items() if p]
+    if len(envs) < 2:
+        raise BenchError("bench e2e needs two environments (baseline first)",
+                         "pass --env baseline=PYTHON --env patched=PYTHON")
+    return tuple(envs)
+
+
+def collect(results: Sequence[tuple[E2ERun, Mapping[str, Any]]], plan: E2EPlan) -> list[dict[str, Any]]:
+    """One row per max-num-seqs: per env the median (and spread) of tokens/s and output
+    tokens/s over repeats, and each env's speedup over the first env, paired per repeat."""
+    rows = []
+    base = plan.envs[0].name
+    for m in plan.max_num_seqs:
+        per_env: dict[str, dict[int, Mapping[str, Any]]] = {}
+        for run, res in results:
+            if run.max_num_seqs == m:
+                per_env.setdefault(run.env.name, {})[run.repeat] = res
+        row: dict[str, Any] = {"max_num_seqs": m, "num_prompts": plan.num_prompts(m), "envs": {}}
+        for env in plan.envs:
+            reps = per_env.get(env.name, {})
+            if not reps:
+                continue
+            tps = [float(r["tokens_per_second"]) for r in reps.values()]
+            out_tps = [float(r["num_requests"]) * plan.output_len / float(r["elapsed_time"])
+                       for r in reps.values()]
+            entry: dict[str, Any] = {"tokens_per_second": vars(summarize(tps)),
+                                     "output_tokens_per_second": vars(summarize(out_tps))}
+            if env.name != base and base in per_env:
+                common = sorted(set(reps) & set(per_env[base]))
+                ratios = [float(reps[i]["tokens_per_second"])
+                          / float(per_env[base][i]["tokens_per_second"]) for i in common]
+                entry["speedup"] = vars(summarize(ratios)) if ratios else None
+            row["envs"][env.name] = entry
+        rows.append(row)
+    return rows
+
+
+def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
+            command: Sequence[str] = ()) -> dict[str, Any]:
+    """Execute the plan (each run from a neutral working directory) and build the document."""
+    from ..runner import run
+
+    say = progress or (lambda m: None)
+    env = e2e_environ(os.environ)
+    results = []
+    runs = plan_runs(plan)
+    for i, r in enumerate(runs, 1):
+        r.json_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        run(list(r.argv), env=env, cwd=r.json_path.parent,
+            log=r.json_path.with_suffix(".log"))
+        res = json.loads(r.json_path.read_text(encoding="utf-8"))
+        results.append((r, res))
+        say(f"[{i}/{len(runs)}] {r.env.name} max-num-seqs {r.max_num_seqs} repeat {r.repeat}: "
+            f"{float(res['tokens_per_second']):.0f} tok/s ({time.monotonic() - t0:.0f} s)")
+    return {
+        "kind": "e2e", "schema": 1,
+        "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "baseline": plan.envs[0].name,
+                 "envs": [{"name": e.name, "python": str(e.python)} for e in plan.envs],
+                 "environment": E2E_ENV, "input_len": plan.input_len,
+                 "output_len": plan.output_len, "repeats": plan.repeats,
+                 "model_dir": str(plan.model_dir), "dtype": plan.dtype,
+                 "example_argv": list(runs[0].argv) if runs else [], "command": list(command)},
+        "rows": collect(results, plan),
+        "runs": [{"env": r.env.name, "max_num_seqs": r.max_num_seqs, "repeat": r.repeat,
+                  **{k: res.get(k) for k in ("elapsed_time", "num_requests", "total_num_tokens",
+                                             "requests_per_second", "tokens_per_second")}}
+                 for r, res in results],
+    }

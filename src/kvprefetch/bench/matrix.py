@@ -1,0 +1,201 @@
+"""What ``bench kernel`` and ``bench ncu`` run: model presets for the attention shape, and the
+matrix of batch size x context length x block size x dtype x KV-cache dtype x cache mode.
+
+The presets are real models' attention shapes, read from their Hugging Face ``config.json``
+(num_attention_heads, num_key_value_heads, head_dim or hidden_size / heads, num_hidden_layers).
+The kernel for each shape is vLLM's own v1/v2 choice unless ``force`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from ..kvinputs import AttnShape, canonical_dtype
+from ..ops import KV_CACHE_DTYPE_ALIASES, choose_kernel
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    num_layers: int
+    source: str
+
+
+PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
+    # GQA 4:1, d=128: the shape of the issue's targets and of the seed's e2e runs.
+    ModelPreset("llama-3.1-8b", 32, 8, 128, 32, "meta-llama/Llama-3.1-8B config.json"),
+    # MHA, d=128.
+    ModelPreset("llama-2-7b", 32, 32, 128, 32, "meta-llama/Llama-2-7b-hf config.json"),
+    # MQA, d=256 (head_dim 256 with hidden_size 2048).
+    ModelPreset("gemma-2b", 8, 1, 256, 18, "google/gemma-2b config.json"),
+    # GQA 8:1, d=64 (hidden_size 2048 / 32 heads).
+    ModelPreset("tinyllama-1.1b", 32, 4, 64, 22, "TinyLlama/TinyLlama-1.1B-Chat-v1.0 config.json"),
+)}
+
+DEFAULT_PRESETS = ("llama-3.1-8b",)
+DEFAULT_BATCHES = (1, 8, 32, 64, 128)
+DEFAULT_CONTEXTS = (512, 1024, 4096, 16384, 32768)
+DEFAULT_BLOCK_SIZES = (16,)
+DEFAULT_DTYPES = ("float16",)
+DEFAULT_KV_CACHE_DTYPES = ("auto",)
+MODES = ("cold", "hot")
+
+
+def parse_size(text: str) -> int:
+    """``512`` -> 512, ``1k`` -> 1024, ``32K`` -> 32768."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kK]?)\s*", text)
+    if m is None:
+        raise ConfigError(f"'{text}' is not a size", "write sizes like 512, 1k or 32k")
+    n = int(m.group(1)) * (1024 if m.group(2) else 1)
+    if n <= 0:
+        raise ConfigError(f"size '{text}' must be positive", "write sizes like 512, 1k or 32k")
+    return n
+
+
+def parse_sizes(values: Iterable[str] | str) -> tuple[int, ...]:
+    """Comma-separated and/or repeated sizes, order kept, duplicates dropped."""
+    items = [values] if isinstance(values, str) else list(values)
+    out: list[int] = []
+    for item in items:
+        for part in item.split(","):
+            if part.strip():
+                n = parse_size(part)
+                if n not in out:
+                    out.append(n)
+    return tuple(out)
+
+
+def format_size(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    """One point of the matrix: a preset's attention shape at one batch and context."""
+
+    preset: str
+    attn: AttnShape
+    kernel: str
+    forced: bool = False
+
+    @property
+    def label(self) -> str:
+        a = self.attn
+        kv = "" if a.kv_cache_dtype == "auto" else f"/{a.kv_cache_dtype}"
+        return (f"{self.preset} b{a.num_seqs} ctx{format_size(a.max_seq_len)} "
+                f"blk{a.block_size} {a.dtype}{kv} {self.kernel}")
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.attn
+        return {"preset": self.preset, "batch": a.num_seqs, "context": a.max_seq_len,
+                "num_heads": a.num_heads, "num_kv_heads": a.num_kv_heads,
+                "head_size": a.head_size, "block_size": a.block_size, "dtype": a.dtype,
+                "kv_cache_dtype": a.kv_cache_dtype, "kernel": self.kernel,
+                "kernel_forced": self.forced}
+
+
+@dataclass(frozen=True)
+class BenchMatrix:
+    presets: tuple[str, ...] = DEFAULT_PRESETS
+    batches: tuple[int, ...] = DEFAULT_BATCHES
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
+    dtypes: tuple[str, ...] = DEFAULT_DTYPES
+    kv_cache_dtypes: tuple[str, ...] = DEFAULT_KV_CACHE_DTYPES
+    force: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for p in self.presets:
+            if p not in PRESETS:
+                raise ConfigError(f"unknown model preset '{p}'",
+                                  f"use one of: {', '.join(PRESETS)}")
+        for b in self.block_sizes:
+            if b not in (8, 16, 32):
+                raise ConfigError(f"block size {b} is not instantiated by vLLM 0.10.2",
+                                  "use 8, 16 or 32 (paged_attention_v1.cu L144-158)")
+        for d in self.dtypes:
+            canonical_dtype(d)
+        for k in self.kv_cache_dtypes:
+            if k not in KV_CACHE_DTYPE_ALIASES:
+                raise ConfigError(f"unknown KV-cache dtype '{k}'",
+                                  f"use one of: {', '.join(KV_CACHE_DTYPE_ALIASES)}")
+        if self.force not in (None, "v1", "v2"):
+            raise ConfigError(f"--force-kernel must be v1 or v2, not '{self.force}'",
+                              "leave it out to use vLLM's own choice")
+        if not (self.presets and self.batches and self.contexts and self.block_sizes
+                and self.dtypes and self.kv_cache_dtypes):
+            raise ConfigError("the benchmark matrix is empty", "give at least one value per axis")
+
+    def shapes(self) -> list[BenchShape]:
+        """Every point, presets outermost, then dtype, KV dtype, block, batch, context."""
+        out: list[BenchShape] = []
+        for name in self.presets:
+            p = PRESETS[name]
+            for dtype in self.dtypes:
+                for kv in self.kv_cache_dtypes:
+                    for block in self.block_sizes:
+                        for batch in self.batches:
+                            for ctx in self.contexts:
+                                attn = AttnShape(num_seqs=batch, num_heads=p.num_heads,
+                                                 num_kv_heads=p.num_kv_heads,
+                                                 head_size=p.head_size, block_size=block,
+                                                 max_seq_len=ctx, dtype=canonical_dtype(dtype),
+                                                 kv_cache_dtype=kv)
+                                kernel = self.force or choose_kernel(ctx, batch, p.num_heads)
+                                out.append(BenchShape(name, attn, kernel, self.force is not None))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"presets": list(self.presets), "batches": list(self.batches),
+                "contexts": list(self.contexts), "block_sizes": list(self.block_sizes),
+                "dtypes": [canonical_dtype(d) for d in self.dtypes],
+                "kv_cache_dtypes": list(self.kv_cache_dtypes), "force": self.force}
+
+
+def build_matrix(presets: Sequence[str] = (), batches: Sequence[str] = (),
+                 contexts: Sequence[str] = (), block_sizes: Sequence[str] = (),
+                 dtypes: Sequence[str] = (), kv_cache_dtypes: Sequence[str] = (),
+                 force: str | None = None) -> BenchMatrix:
+    """A matrix from CLI strings; an empty axis takes its default."""
+    def split(values: Sequence[str]) -> tuple[str, ...]:
+        return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
+
+    return BenchMatrix(
+        presets=split(presets) or DEFAULT_PRESETS,
+        batches=parse_sizes(batches) if batches else DEFAULT_BATCHES,
+        contexts=parse_sizes(contexts) if contexts else DEFAULT_CONTEXTS,
+        block_sizes=parse_sizes(block_sizes) if block_sizes else DEFAULT_BLOCK_SIZES,
+        dtypes=tuple(canonical_dtype(d) for d in split(dtypes)) or DEFAULT_DTYPES,
+        kv_cache_dtypes=split(kv_cache_dtypes) or DEFAULT_KV_CACHE_DTYPES,
+        force=force,
+    )
+
+
+def parse_shape_spec(text: str) -> tuple[int, int]:
+    """``8x16k`` -> (batch 8, context 16384)."""
+    batch, sep, ctx = text.lower().partition("x")
+    if not sep:
+        raise ConfigError(f"shape '{text}' is not BATCHxCONTEXT", "write shapes like 1x4k or 64x1k")
+    return parse_size(batch), parse_size(ctx)
+
+
+def shapes_from_specs(specs: Sequence[str], preset: str = "llama-3.1-8b", block_size: int = 16,
+                      dtype: str = "float16", kv_cache_dtype: str = "auto",
+                      force: str | None = None) -> list[BenchShape]:
+    """Individual shapes (``bench ncu``) rather than a cross product."""
+    out = []
+    for spec in specs:
+        batch, ctx = parse_shape_spec(spec)
+        m = BenchMatrix(presets=(preset,), batches=(batch,), contexts=(ctx,),
+                        block_sizes=(block_size,), dtypes=(canonical_dtype(dtype),),
+                        kv_cache_dtypes=(kv_cache_dtype,), force=force)
+        out.extend(m.shapes())
+    return out

@@ -1,0 +1,334 @@
+"""``bench ncu``: the seed's Nsight Compute attribution recipe, per variant, and its parsing.
+
+The recipe (seed section 6.3/10.2): application replay (kernel replay's memory snapshots ran a
+host out of RAM), ``--cache-control all`` (cold caches before every profiled kernel),
+``--clock-control none`` (measure the clocks as they are), kernel filter ``regex:paged_attention``,
+``--launch-skip``/``--launch-count``, the five metrics below, CSV output.
+
+The profiled program is this module's own target (``python -m kvprefetch.bench.ncu``): it loads
+ONE variant's library and runs ``skip + count`` eager decode calls of one shape on inputs drawn
+from a fixed seed, so every application-replay pass sees identical launches.
+
+Parsing is pure: ``parse_ncu_csv`` reads either ``--page raw`` (one row per kernel, one column per
+metric, then a units row) or ``--page details`` (one row per metric) output, with ncu's
+``==PROF==`` lines and the target's own stdout around it; ``aggregate`` averages per kernel
+family; ``deltas`` compares variants with the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import BenchError
+
+METRICS = (
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum",
+    "lts__t_sector_op_read_hit_rate.pct",
+    "smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+)
+SHORT = {
+    "gpu__time_duration.sum": "time",
+    "dram__bytes_read.sum": "dram_read",
+    "lts__t_sector_op_read_hit_rate.pct": "l2_hit",
+    "smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct": "long_sb_stall",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_throughput",
+}
+# Percentages compare as differences in points; times and bytes as ratios.
+PERCENT_METRICS = frozenset(m for m in METRICS if m.endswith(".pct")
+                            or "pct_of_peak" in m)
+KERNEL_REGEX = "regex:paged_attention"
+# With --print-units base, times are in ns and bytes in bytes; other units are normalised here.
+_UNIT_SCALE = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
+               "second": 1e9, "s": 1e9, "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9,
+               "kibyte": 1024.0, "mibyte": 1024.0 ** 2, "gibyte": 1024.0 ** 3}
+
+
+@dataclass(frozen=True)
+class NcuOptions:
+    launch_skip: int = 20
+    launch_count: int = 10
+    metrics: tuple[str, ...] = METRICS
+    kernel_regex: str = KERNEL_REGEX
+    ncu: str = "ncu"
+
+
+def ncu_command(target: Sequence[str], csv_path: Path, opts: NcuOptions = NcuOptions()) -> list[str]:
+    """The full ncu argv wrapping ``target`` (a python command line)."""
+    return [
+        opts.ncu, "--replay-mode", "application", "--cache-control", "all",
+        "--clock-control", "none", "--target-processes", "all",
+        "-k", opts.kernel_regex, "--launch-skip", str(opts.launch_skip),
+        "--launch-count", str(opts.launch_count), "--metrics", ",".join(opts.metrics),
+        "--csv", "--page", "raw", "--print-units", "base", "--log-file", str(csv_path),
+        *target,
+    ]
+
+
+def target_command(python: str, so_path: Path, namespace: str, shape: dict[str, Any],
+                   launches: int, seed: int = 0) -> list[str]:
+    """``python -m kvprefetch.bench.ncu`` with one variant and one shape."""
+    return [python, "-m", "kvprefetch.bench.ncu", "--so", str(so_path), "--namespace", namespace,
+            "--batch", str(shape["batch"]), "--context", str(shape["context"]),
+            "--num-heads", str(shape["num_heads"]), "--num-kv-heads", str(shape["num_kv_heads"]),
+            "--head-size", str(shape["head_size"]), "--block-size", str(shape["block_size"]),
+            "--dtype", shape["dtype"], "--kv-cache-dtype", shape["kv_cache_dtype"],
+            "--kernel", shape["kernel"], "--launches", str(launches), "--seed", str(seed)]
+
+
+def launches_needed(kernel: str, opts: NcuOptions) -> int:
+    """Decode calls the target must make so ncu sees ``skip + count`` matching launches (v2 is
+    two matching kernels per call: the partitioned kernel and its reduce), plus a margin."""
+    per_call = 2 if kernel == "v2" else 1
+    return -(-(opts.launch_skip + opts.launch_count) // per_call) + 2
+
+
+# ----------------------------------------------------------------------------- parsing
+
+IDENTITY_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context",
+                    "Stream", "Block Size", "Grid Size", "Device", "CC")
+
+
+def parse_number(text: str) -> float | None:
+    """``"1,234.5"`` -> 1234.5; ``"n/a"``, empty -> None."""
+    t = text.strip().replace(",", "")
+    if not t or t.lower() in ("n/a", "nan", "-"):
+        return None
+    try:
+        return float(t)
+    except ValueError:
+        return None
+
+
+def _scaled(value: float | None, unit: str) -> float | None:
+    if value is None:
+        return None
+    return value * _UNIT_SCALE.get(unit.strip().lower(), 1.0)
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    id: int
+    kernel: str
+    grid: str
+    block: str
+    metrics: tuple[tuple[str, float | None], ...]
+
+    def get(self, metric: str) -> float | None:
+        return dict(self.metrics).get(metric)
+
+
+def _csv_rows(text: str) -> list[list[str]]:
+    """The CSV part of ncu's output: from the header line (starting ``"ID",``) on, skipping
+    ``==PROF==``/``==WARNING==`` lines and anything the target printed before it."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID","Process ID"')), None)
+    if start is None:
+        raise BenchError("no ncu CSV table in the output (no '\"ID\",\"Process ID\"' header)",
+                         "check the ncu log: the kernel regex matched nothing, or profiling "
+                         "is not permitted (ERR_NVGPUCTRPERM)")
+    body = [ln for ln in lines[start:] if ln.startswith('"')]
+    return list(csv.reader(io.StringIO("\n".join(body))))
+
+
+def parse_ncu_csv(text: str) -> list[KernelLaunch]:
+    """Every profiled launch with its metrics, in launch order."""
+    rows = _csv_rows(text)
+    header, data = rows[0], rows[1:]
+    col = {name: i for i, name in enumerate(header)}
+    launches: dict[int, dict[str, Any]] = {}
+    if "Metric Name" in col:  # --page details: one row per (launch, metric)
+        for r in data:
+            lid = int(r[col["ID"]])
+            entry = launches.setdefault(lid, {"kernel": r[col["Kernel Name"]],
+                                              "grid": r[col["Grid Size"]],
+                                              "block": r[col["Block Size"]], "metrics": {}})
+            entry["metrics"][r[col["Metric Name"]]] = _scaled(parse_number(r[col["Metric Value"]]),
+                                                              r[col["Metric Unit"]])
+    else:  # --page raw: header of metric names, then a units row, then one row per launch
+        metric_cols = [(i, h) for i, h in enumerate(header) if h not in IDENTITY_COLUMNS]
+        units = data[0] if data and not data[0][col["ID"]].strip().isdigit() else None
+        for r in data[1:] if units is not None else data:
+            lid = int(r[col["ID"]])
+            launches[lid] = {
+                "kernel": r[col["Kernel Name"]], "grid": r[col.get("Grid Size", 0)],
+                "block": r[col.get("Block Size", 0)],
+                "metrics": {h: _scaled(parse_number(r[i]), units[i] if units else "")
+                            for i, h in metric_cols},
+            }
+    return [KernelLaunch(lid, e["kernel"], e["grid"], e["block"], tuple(e["metrics"].items()))
+            for lid, e in sorted(launches.items())]
+
+
+_FAMILY = re.compile(r"(paged_attention_v[12](?:_reduce)?_kernel)")
+
+
+def kernel_family(name: str) -> str:
+    """``void vllm::paged_attention_v2_kernel<...>(...)`` -> ``paged_attention_v2_kernel``."""
+    m = _FAMILY.search(name)
+    return m.group(1) if m else name.split("(")[0].split("<")[0].split()[-1]
+
+
+@dataclass(frozen=True)
+class KernelSummary:
+    family: str
+    launches: int
+    mean: tuple[tuple[str, float], ...]
+
+    def get(self, metric: str) -> float | None:
+        return dict(self.mean).get(metric)
+
+
+def aggregate(launches: Sequence[KernelLaunch]) -> list[KernelSummary]:
+    """Mean of each metric per kernel family (launches where ncu gave no value are left out)."""
+    groups: dict[str, list[KernelLaunch]] = {}
+    for k in launches:
+        groups.setdefault(kernel_family(k.kernel), []).append(k)
+    out = []
+    for fam, ks in groups.items():
+        names: list[str] = []
+        for k in ks:
+            names.extend(m for m, _ in k.metrics if m not in names)
+        mean = []
+        for m in names:
+            vals = [v for v in (k.get(m) for k in ks) if v is not None]
+            if vals:
+                mean.append((m, sum(vals) / len(vals)))
+        out.append(KernelSummary(fam, len(ks), tuple(mean)))
+    return sorted(out, key=lambda s: s.family)
+
+
+def deltas(baseline: Sequence[KernelSummary], variant: Sequence[KernelSummary]) -> list[dict[str, Any]]:
+    """Per kernel family present in both: for each metric, baseline, variant and the change
+    (ratio variant/baseline for time and bytes, difference in points for percentages), plus the
+    speedup baseline_time / variant_time."""
+    base = {s.family: s for s in baseline}
+    rows = []
+    for v in variant:
+        b = base.get(v.family)
+        if b is None:
+            continue
+        row: dict[str, Any] = {"kernel": v.family, "launches": [b.launches, v.launches]}
+        for m in METRICS:
+            bv, vv = b.get(m), v.get(m)
+            entry: dict[str, Any] = {"baseline": bv, "variant": vv, "change": None}
+            if bv is not None and vv is not None:
+                if m in PERCENT_METRICS:
+                    entry["change"] = vv - bv
+                elif bv:
+                    entry["change"] = vv / bv
+            row[SHORT[m]] = entry
+        tb, tv = b.get("gpu__time_duration.sum"), v.get("gpu__time_duration.sum")
+        row["speedup"] = tb / tv if tb and tv else None
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def summary_dict(s: KernelSummary) -> dict[str, Any]:
+    return {"kernel": s.family, "launches": s.launches,
+            **{SHORT.get(m, m): v for m, v in s.mean}}
+
+
+def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
+                  opts: NcuOptions = NcuOptions(), python: str | None = None,
+                  progress: Any = None, command: Sequence[str] = ()) -> dict[str, Any]:
+    """Profile every (shape, variant) with ncu and parse the results. ``builds`` are
+    ``ops.BuiltOps`` (baseline first); ``shapes`` are ``matrix.BenchShape``. The raw CSV of each
+    run is kept under ``out_dir`` as ``ncu-<shape#>-<tree>.csv``."""
+    import time
+
+    from ..runner import run, which
+
+    if which(opts.ncu) is None and not Path(opts.ncu).is_file():
+        raise BenchError(f"'{opts.ncu}' (Nsight Compute) is not on PATH",
+                         "install Nsight Compute or pass --ncu /path/to/ncu")
+    py = python or sys.executable
+    out_dir.mkdir(parents=True, exist_ok=True)
+    say = progress or (lambda m: None)
+    doc_shapes = []
+    for si, shape in enumerate(shapes, 1):
+        sd = shape.to_dict()
+        per_variant: dict[str, list[KernelSummary]] = {}
+        csvs: dict[str, str] = {}
+        for b in builds:
+            csv_path = out_dir / f"ncu-{si}-{b.tree}.csv"
+            target = target_command(py, b.so_path, b.namespace, sd,
+                                    launches_needed(shape.kernel, opts))
+            t0 = time.monotonic()
+            run(ncu_command(target, csv_path, opts), log=out_dir / f"ncu-{si}-{b.tree}.log")
+            text = csv_path.read_text(encoding="utf-8", errors="replace")
+            per_variant[b.tree] = aggregate(parse_ncu_csv(text))
+            csvs[b.tree] = csv_path.name
+            say(f"[{si}/{len(shapes)}] {shape.label} {b.tree}: "
+                + ", ".join(f"{s.family} {((s.get(METRICS[0]) or 0) / 1e3):.1f} us"
+                            for s in per_variant[b.tree])
+                + f" ({time.monotonic() - t0:.0f} s)")
+        base = builds[0].tree
+        doc_shapes.append({
+            **sd, "label": shape.label, "csv": csvs,
+            "variants": {t: [summary_dict(s) for s in v] for t, v in per_variant.items()},
+            "deltas": {t: deltas(per_variant[base], v) for t, v in per_variant.items()
+                       if t != base},
+        })
+    return {"kind": "ncu", "schema": 1,
+            "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "baseline": builds[0].tree, "variants": [b.tree for b in builds],
+                     "options": {"launch_skip": opts.launch_skip,
+                                 "launch_count": opts.launch_count,
+                                 "metrics": list(opts.metrics), "kernel_regex": opts.kernel_regex},
+                     "ncu_example": ncu_command(["<target>"], Path("<csv>"), opts),
+                     "command": list(command)},
+            "shapes": doc_shapes}
+
+
+# ----------------------------------------------------------------------------- target
+
+
+def target_main(argv: Sequence[str] | None = None) -> int:
+    """The profiled program: one variant, one shape, ``--launches`` eager decode calls."""
+    p = argparse.ArgumentParser(prog="python -m kvprefetch.bench.ncu")
+    p.add_argument("--so", type=Path, required=True)
+    p.add_argument("--namespace", required=True)
+    for name in ("batch", "context", "num-heads", "num-kv-heads", "head-size", "block-size",
+                 "launches"):
+        p.add_argument(f"--{name}", type=int, required=True)
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--kernel", choices=("v1", "v2"), required=True)
+    p.add_argument("--seed", type=int, default=0)
+    ns = p.parse_args(argv)
+
+    import torch
+
+    from ..kvinputs import AttnShape, make_inputs
+    from ..ops import forward_decode, load_library, v2_workspace
+
+    ops = load_library(ns.so, ns.namespace)
+    shape = AttnShape(num_seqs=ns.batch, num_heads=ns.num_heads, num_kv_heads=ns.num_kv_heads,
+                      head_size=ns.head_size, block_size=ns.block_size, max_seq_len=ns.context,
+                      dtype=ns.dtype, kv_cache_dtype=ns.kv_cache_dtype)
+    inputs = make_inputs(shape, device="cuda", seed=ns.seed)
+    out = torch.empty_like(inputs.query)
+    ws = v2_workspace(shape.num_seqs, shape.num_heads, shape.head_size, shape.max_seq_len,
+                      out.dtype, out.device) if ns.kernel == "v2" else None
+    for _ in range(ns.launches):
+        forward_decode(ops, inputs.args(), force=ns.kernel, out=out, workspace=ws)
+    torch.cuda.synchronize()
+    print(f"kvprefetch ncu target: {ns.launches} {ns.kernel} calls of {ns.namespace}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(target_main())

@@ -1,0 +1,363 @@
+"""Rendering any benchmark or identity JSON document (``kind``: kernel, ncu, e2e, identity) as
+markdown and as a PNG plot. Markdown is pure string building; matplotlib is imported lazily (and
+with the Agg backend) only when a plot is asked for."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import BenchError
+
+KINDS = ("kernel", "ncu", "e2e", "identity")
+
+
+def load_document(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"cannot read {path}: {exc}", "pass a JSON file written by kvprefetch "
+                         "bench or verify") from exc
+    if not isinstance(doc, dict) or doc.get("kind") not in KINDS:
+        raise BenchError(f"{path} is not a kvprefetch result (kind must be one of "
+                         f"{', '.join(KINDS)})", "pass a JSON file written by kvprefetch bench")
+    return doc
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    vals = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def _ctx(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return out
+
+
+# ----------------------------------------------------------------------------- kernel
+
+
+def kernel_groups(doc: dict[str, Any]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+    """Results grouped by (mode, preset, dtype, kv_cache_dtype, block_size), in file order."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in doc["results"]:
+        key = (r["mode"], r["preset"], r["dtype"], r["kv_cache_dtype"], str(r["block_size"]))
+        groups.setdefault(key, []).append(r)
+    return groups
+
+
+def kernel_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per group and variant: geometric-mean speedup, worst and best shape, shapes slower than
+    stock (median < 1) and shapes slower beyond the spread (max of per-round ratios < 1)."""
+    base = doc["meta"]["baseline"]
+    out = []
+    for key, rows in kernel_groups(doc).items():
+        names = [v["name"] for v in doc["meta"]["variants"] if v["name"] != base]
+        for name in names:
+            sp = [(r, r["variants"][name]["speedup"]) for r in rows
+                  if not r.get("error") and name in r["variants"]]
+            meds = [s["median"] for _, s in sp if s]
+            if not meds:
+                continue
+            worst = min(sp, key=lambda t: t[1]["median"])
+            best = max(sp, key=lambda t: t[1]["median"])
+            out.append({
+                "mode": key[0], "preset": key[1], "dtype": key[2], "kv_cache_dtype": key[3],
+                "block_size": int(key[4]), "variant": name, "shapes": len(meds),
+                "geomean_speedup": geomean(meds),
+                "worst": {"batch": worst[0]["batch"], "context": worst[0]["context"],
+                          "speedup": worst[1]["median"]},
+                "best": {"batch": best[0]["batch"], "context": best[0]["context"],
+                         "speedup": best[1]["median"]},
+                "slower_median": sum(1 for m in meds if m < 1.0),
+                "slower_beyond_spread": sum(1 for _, s in sp if s["max"] < 1.0),
+                "all_bitwise_equal": all(r.get("bitwise_equal") for r, _ in sp),
+            })
+    return out
+
+
+def kernel_markdown(doc: dict[str, Any]) -> str:
+    meta = doc["meta"]
+    dev = meta["device"]
+    base = meta["baseline"]
+    names = [v["name"] for v in meta["variants"] if v["name"] != base]
+    lines = [f"# bench kernel: {', '.join(names)} vs {base}", "",
+             f"- device: {dev['name']} ({dev.get('sm_count')} SMs, L2 "
+             f"{dev['l2_bytes'] / 2**20:.0f} MiB), torch {dev.get('torch')}, CUDA {dev.get('cuda')}",
+             f"- copy bandwidth (read+write, same run): {meta['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s",
+             f"- started {meta['started']}, {meta.get('seconds', '?')} s"]
+    for v in meta["variants"]:
+        lines.append(f"- {v['name']}: `{v.get('so_sha256', 'in-process')}`")
+    if meta.get("command"):
+        lines.append(f"- command: `{' '.join(meta['command'])}`")
+    lines += ["", "Time is per decode call (one layer). Speedup = stock time / variant time, paired "
+              "per round: median [min-max] over rounds. BW = fewest bytes moved / median time, as "
+              "a fraction of the copy bandwidth.", "", "## Summary", ""]
+    summ = kernel_summary(doc)
+    lines += _table(
+        ["mode", "preset", "dtype", "block", "variant", "shapes", "geomean speedup", "worst",
+         "best", "slower (median)", "slower beyond spread", "bitwise equal"],
+        [[s["mode"], s["preset"], s["dtype"] + ("" if s["kv_cache_dtype"] == "auto"
+                                               else "/" + s["kv_cache_dtype"]),
+          s["block_size"], s["variant"], s["shapes"], f"{s['geomean_speedup']:.3f}x",
+          f"{s['worst']['speedup']:.3f}x (b{s['worst']['batch']} {_ctx(s['worst']['context'])})",
+          f"{s['best']['speedup']:.3f}x (b{s['best']['batch']} {_ctx(s['best']['context'])})",
+          s["slower_median"], s["slower_beyond_spread"], "yes" if s["all_bitwise_equal"] else "NO"]
+         for s in summ])
+    for key, rows in kernel_groups(doc).items():
+        mode, preset, dtype, kv, block = key
+        lines += ["", f"## {preset}, {dtype}{'' if kv == 'auto' else '/' + kv}, block {block}, "
+                  f"{mode}", ""]
+        headers = ["batch", "context", "kernel", "layers", f"{base} us [p25-p75]", f"{base} BW"]
+        for n in names:
+            headers += [f"{n} speedup [min-max]", f"{n} BW"]
+        headers.append("bitwise equal")
+        table_rows = []
+        for r in rows:
+            if r.get("error"):
+                table_rows.append([r["batch"], _ctx(r["context"]), r["kernel"], "-",
+                                   f"skipped: {r['error']}"] + [""] * (2 * len(names) + 2))
+                continue
+            b = r["variants"][base]
+            cells = [r["batch"], _ctx(r["context"]), r["kernel"] + ("*" if r["kernel_forced"]
+                                                                    else ""),
+                     r["plan"]["layers"] if r.get("plan") else "-",
+                     f"{b['time_us']['median']:.1f} [{b['time_us']['p25']:.1f}-"
+                     f"{b['time_us']['p75']:.1f}]", f"{b['bw_fraction']:.0%}"]
+            for n in names:
+                v = r["variants"].get(n)
+                s = v and v["speedup"]
+                cells += [f"{s['median']:.3f} [{s['min']:.3f}-{s['max']:.3f}]" if s else "-",
+                          f"{v['bw_fraction']:.0%}" if v else "-"]
+            cells.append("yes" if r.get("bitwise_equal") else "NO")
+            table_rows.append(cells)
+        lines += _table(headers, table_rows)
+    lines += ["", "`*` = kernel forced with --force-kernel; otherwise vLLM's own v1/v2 choice."]
+    return "\n".join(lines) + "\n"
+
+
+def kernel_png(doc: dict[str, Any], path: Path) -> Path:
+    """Speedup heatmaps (batch x context), one row per group, one column per variant."""
+    plt = _pyplot()
+    from matplotlib.colors import TwoSlopeNorm
+
+    base = doc["meta"]["baseline"]
+    names = [v["name"] for v in doc["meta"]["variants"] if v["name"] != base]
+    groups = [(k, rs) for k, rs in kernel_groups(doc).items()]
+    fig, axes = plt.subplots(len(groups), len(names), squeeze=False,
+                             figsize=(4.8 * len(names), 3.8 * len(groups)))
+    for gi, (key, rows) in enumerate(groups):
+        batches = sorted({r["batch"] for r in rows})
+        ctxs = sorted({r["context"] for r in rows})
+        for vi, name in enumerate(names):
+            ax = axes[gi][vi]
+            grid = [[math.nan] * len(ctxs) for _ in batches]
+            for r in rows:
+                s = (r["variants"].get(name) or {}).get("speedup") if not r.get("error") else None
+                if s:
+                    grid[batches.index(r["batch"])][ctxs.index(r["context"])] = s["median"]
+            vals = [v for row in grid for v in row if not math.isnan(v)] or [1.0]
+            span = max(0.05, max(abs(v - 1.0) for v in vals))
+            im = ax.imshow(grid, cmap="RdYlGn", aspect="auto",
+                           norm=TwoSlopeNorm(vcenter=1.0, vmin=1.0 - span, vmax=1.0 + span))
+            for i in range(len(batches)):
+                for j in range(len(ctxs)):
+                    if not math.isnan(grid[i][j]):
+                        ax.text(j, i, f"{grid[i][j]:.2f}", ha="center", va="center", fontsize=8)
+            ax.set_xticks(range(len(ctxs)), [_ctx(c) for c in ctxs])
+            ax.set_yticks(range(len(batches)), [str(b) for b in batches])
+            ax.set_xlabel("context")
+            ax.set_ylabel("batch")
+            ax.set_title(f"{name} / {base}\n{key[1]} {key[2]} blk{key[4]} {key[0]}", fontsize=9)
+            fig.colorbar(im, ax=ax, fraction=0.046)
+    return _save(fig, path)
+
+
+# ----------------------------------------------------------------------------- ncu
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def ncu_markdown(doc: dict[str, Any]) -> str:
+    meta = doc["meta"]
+    o = meta["options"]
+    lines = [f"# bench ncu: {', '.join(meta['variants'])}", "",
+             f"- recipe: application replay, --cache-control all, --clock-control none, "
+             f"-k {o['kernel_regex']}, --launch-skip {o['launch_skip']}, --launch-count "
+             f"{o['launch_count']}", f"- started {meta['started']}", ""]
+    for s in doc["shapes"]:
+        lines += [f"## {s['label']}", ""]
+        rows = []
+        for variant, summaries in s["variants"].items():
+            for k in summaries:
+                d = next((x for x in s["deltas"].get(variant, []) if x["kernel"] == k["kernel"]),
+                         None)
+                rows.append([
+                    k["kernel"], variant, k["launches"],
+                    _fmt(k.get("time") and k["time"] / 1e3, ".2f"),
+                    _fmt(d and d["speedup"], ".3f"),
+                    _fmt(k.get("dram_read") and k["dram_read"] / 1e6, ".2f"),
+                    _fmt(d and d["dram_read"]["change"], ".3f"),
+                    _fmt(k.get("l2_hit"), ".1f"), _fmt(d and d["l2_hit"]["change"], "+.1f"),
+                    _fmt(k.get("long_sb_stall"), ".1f"),
+                    _fmt(d and d["long_sb_stall"]["change"], "+.1f"),
+                    _fmt(k.get("sm_throughput"), ".1f"),
+                ])
+        lines += _table(["kernel", "variant", "launches", "time us", "speedup", "DRAM read MB",
+                         "DRAM ratio", "L2 hit %", "L2 hit Δpt", "long-sb stall %",
+                         "stall Δpt", "SM throughput %"], rows)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def ncu_png(doc: dict[str, Any], path: Path) -> Path:
+    plt = _pyplot()
+    labels, series = [], {}  # type: ignore[var-annotated]
+    for s in doc["shapes"]:
+        for variant, rows in s["deltas"].items():
+            for d in rows:
+                lab = f"{s['label']}\n{d['kernel']}"
+                if lab not in labels:
+                    labels.append(lab)
+                series.setdefault(variant, {})[lab] = d["speedup"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(labels)), 4))
+    width = 0.8 / max(1, len(series))
+    for i, (variant, vals) in enumerate(series.items()):
+        ax.bar([x + i * width for x in range(len(labels))],
+               [vals.get(lab) or 0 for lab in labels], width, label=variant)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(labels))], labels,
+                  fontsize=6)
+    ax.set_ylabel("ncu time speedup vs baseline")
+    ax.legend()
+    return _save(fig, path)
+
+
+# ----------------------------------------------------------------------------- e2e
+
+
+def e2e_markdown(doc: dict[str, Any]) -> str:
+    meta = doc["meta"]
+    lines = [f"# bench e2e: vllm bench throughput, {meta['input_len']} in / {meta['output_len']} "
+             f"out, {meta['repeats']} repeats", "",
+             f"- environment: {', '.join(f'{k}={v}' for k, v in meta['environment'].items())}",
+             f"- model: {meta['model_dir']} (--load-format dummy), dtype {meta['dtype']}",
+             f"- started {meta['started']}", ""]
+    rows = []
+    for r in doc["rows"]:
+        for env, e in r["envs"].items():
+            t, o, sp = e["tokens_per_second"], e["output_tokens_per_second"], e.get("speedup")
+            rows.append([r["max_num_seqs"], r["num_prompts"], env,
+                         f"{t['median']:.0f} [{t['min']:.0f}-{t['max']:.0f}]",
+                         f"{o['median']:.0f}",
+                         f"{sp['median']:.3f} [{sp['min']:.3f}-{sp['max']:.3f}]" if sp else "-"])
+    lines += _table(["max-num-seqs", "prompts", "env", "tokens/s median [min-max]",
+                     "output tokens/s", "speedup [min-max]"], rows)
+    return "\n".join(lines) + "\n"
+
+
+def e2e_png(doc: dict[str, Any], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    envs = [e["name"] for e in doc["meta"]["envs"]]
+    for env in envs:
+        xs = [r["max_num_seqs"] for r in doc["rows"] if env in r["envs"]]
+        ys = [r["envs"][env]["tokens_per_second"]["median"] for r in doc["rows"]
+              if env in r["envs"]]
+        ax.plot(xs, ys, marker="o", label=env)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("--max-num-seqs")
+    ax.set_ylabel("tokens/s (median)")
+    ax.legend()
+    return _save(fig, path)
+
+
+# ----------------------------------------------------------------------------- identity
+
+
+def identity_markdown(doc: dict[str, Any]) -> str:
+    lines = [f"# numerical identity: {doc['status']}", "",
+             f"- variants: {', '.join(doc['variants'])} on {doc['device']}",
+             f"- checked {doc['checked']}, failed {doc['failed']}, not checked "
+             f"{doc['not_checked']}"]
+    if doc.get("reason"):
+        lines.append(f"- reason: {doc['reason']}")
+    for dt, e in doc.get("max_rel_err", {}).items():
+        lines.append(f"- worst relative error {dt}: {e:.2e} (tolerance "
+                     f"{doc['tolerances'].get(dt, float('nan')):.0e})")
+    lines.append("")
+    lines += _table(["case", "kernel", "vLLM picks", "status", "bitwise equal", "rel err", "notes"],
+                    [[r["label"], r["kernel"], r["vllm_choice"], r["status"],
+                      {True: "yes", False: "NO", None: "-"}[r["bitwise_equal"]],
+                      ", ".join(f"{k} {v:.1e}" for k, v in r["rel_err"].items()),
+                      "; ".join(r["problems"])] for r in doc["rows"]])
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+_MARKDOWN = {"kernel": kernel_markdown, "ncu": ncu_markdown, "e2e": e2e_markdown,
+             "identity": identity_markdown}
+_PNG = {"kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png}
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    return _MARKDOWN[doc["kind"]](doc)
+
+
+def render_png(doc: dict[str, Any], path: Path) -> Path | None:
+    """The plot for this kind (None for kinds without one, e.g. identity)."""
+    fn = _PNG.get(doc["kind"])
+    return fn(doc, path) if fn else None
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise BenchError("matplotlib is needed for the PNG plots",
+                         "pip install 'kvprefetch[plot]' (or pass --formats json,md)") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,
+                  formats: Sequence[str] = ("json", "md", "png")) -> list[Path]:
+    """Write ``<name>.json``, ``<name>.md`` and ``<name>.png`` (as asked) under ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    if "json" in formats:
+        p = out_dir / f"{name}.json"
+        p.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        written.append(p)
+    if "md" in formats:
+        p = out_dir / f"{name}.md"
+        p.write_text(render_markdown(doc), encoding="utf-8")
+        written.append(p)
+    if "png" in formats:
+        png = render_png(doc, out_dir / f"{name}.png")
+        if png is not None:
+            written.append(png)
+    return written

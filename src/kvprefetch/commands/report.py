@@ -1,0 +1,42 @@
+"""``kvprefetch report FILE...``: render bench (kernel, ncu, e2e) and identity JSON files as
+markdown and PNG. No GPU and no torch needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..console import emit_json, info
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write <stem>.md/.png here [default: beside each JSON file].")
+@click.option("--formats", default="md,png", show_default=True, help="Which of md, png to write.")
+@click.option("--print", "print_md", is_flag=True, help="Also print the markdown to stdout.")
+@click.option("--json", "as_json", is_flag=True, help="Print the written paths as JSON.")
+def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bool,
+           as_json: bool) -> None:
+    """Render kvprefetch result files (bench kernel/ncu/e2e, numerical identity) into markdown
+    tables and plots (speedup heatmap over batch x context for bench kernel)."""
+    from ..bench.report import load_document, render_markdown, write_outputs
+
+    fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
+    bad = [f for f in fmts if f not in ("md", "png")]
+    if bad:
+        raise click.BadParameter(f"unknown format(s) {', '.join(bad)}; use md, png",
+                                 param_hint="--formats")
+    written: dict[str, list[str]] = {}
+    for path in files:
+        doc = load_document(path)
+        paths = write_outputs(doc, out or path.parent, path.stem, fmts)
+        written[str(path)] = [str(p) for p in paths]
+        if print_md:
+            click.echo(render_markdown(doc))
+        if not as_json:
+            info(f"{path}: wrote " + (", ".join(written[str(path)]) or "nothing"))
+    if as_json:
+        emit_json(written)

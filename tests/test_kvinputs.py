@@ -1,0 +1,168 @@
+"""kvprefetch.kvinputs and kvprefetch.reference: vLLM's paged layouts, random block tables, the
+cold-mode layer count, and the float64 reference (checked against attention computed from
+contiguous K/V that this test scatters into the paged layout itself)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvprefetch.bench.matrix import PRESETS, BenchMatrix
+from kvprefetch.errors import BenchError
+from kvprefetch.kvinputs import (AttnShape, cache_bytes_per_layer, kv_bytes_read, layers_for_cold,
+                                 make_inputs, min_bytes_moved)
+
+H200_L2_AS_TORCH_REPORTS = 60 * 1000 * 1000  # KINDS.md: "PyTorch reported ... 60 MB of L2"
+
+
+def _l2_sizes() -> list[int]:
+    sizes = [50 * 2**20, H200_L2_AS_TORCH_REPORTS, 40 * 2**20, 96 * 2**20]
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            sizes.append(int(torch.cuda.get_device_properties(0).L2_cache_size))
+    except (ImportError, AttributeError):
+        pass
+    return sizes
+
+
+@pytest.mark.parametrize("l2", _l2_sizes())
+@pytest.mark.parametrize("factor", [1.0, 2.0, 4.0])
+def test_cold_layers_exceed_l2_for_every_default_shape(l2: int, factor: float) -> None:
+    shapes = BenchMatrix(presets=tuple(PRESETS), kv_cache_dtypes=("auto", "fp8")).shapes()
+    for s in shapes:
+        per_layer = kv_bytes_read(s.attn)
+        n = layers_for_cold(l2, per_layer, factor)
+        assert n * per_layer >= factor * l2, s.label
+        # and it is the fewest that do (so cold mode does not waste memory)
+        assert n == 1 or (n - 1) * per_layer < factor * l2, s.label
+
+
+def test_layers_for_cold_edges() -> None:
+    assert layers_for_cold(50 * 2**20, 2 * 2**20, 4.0) == 100
+    assert layers_for_cold(50 * 2**20, 17 * 2**30, 4.0) == 1
+    with pytest.raises(ValueError):
+        layers_for_cold(0, 10)
+    with pytest.raises(ValueError):
+        layers_for_cold(10, 10, factor=0.5)
+
+
+def test_byte_counts_for_llama_8b() -> None:
+    # 32 blocks of 16 tokens x 8 kv heads x (128*16*2 B) for K and again for V.
+    s = AttnShape(num_seqs=1, num_heads=32, num_kv_heads=8, head_size=128, block_size=16,
+                  max_seq_len=512)
+    assert s.chunk_bytes == 4096 and s.x == 8
+    assert kv_bytes_read(s) == 2 * 32 * 8 * 4096
+    assert min_bytes_moved(s) == kv_bytes_read(s) + 2 * 32 * 128 * 2
+    assert kv_bytes_read(s, [17]) == 2 * 2 * 8 * 4096  # whole blocks are read
+    fp8 = AttnShape(1, 32, 8, 128, 16, 512, "bfloat16", "fp8")
+    assert fp8.x == 16 and fp8.chunk_bytes == 2048
+    assert cache_bytes_per_layer(s, 2.0) == 2 * kv_bytes_read(s)
+
+
+def test_shape_validation() -> None:
+    with pytest.raises(BenchError):
+        AttnShape(1, 30, 8, 128, 16, 512)
+    with pytest.raises(BenchError):
+        AttnShape(1, 32, 8, 128, 16, 0)
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8", "fp8_e5m2"])
+def test_make_inputs_layouts_and_block_tables(kv: str) -> None:
+    import torch
+
+    s = AttnShape(num_seqs=5, num_heads=8, num_kv_heads=2, head_size=64, block_size=16,
+                  max_seq_len=300, dtype="bfloat16", kv_cache_dtype=kv)
+    inp = make_inputs(s, device="cpu", seed=7, layers=3, ragged=True, pool_factor=2.0)
+    x = 8 if kv == "auto" else 16
+    assert inp.layers == 3
+    for k, v in zip(inp.key_caches, inp.value_caches):
+        assert tuple(k.shape) == (inp.num_blocks, 2, 64 // x, 16, x)
+        assert tuple(v.shape) == (inp.num_blocks, 2, 64, 16)
+        assert k.dtype == (torch.bfloat16 if kv == "auto" else torch.uint8)
+        assert k.stride(0) == 2 * 64 * 16 and k.stride(1) == 64 * 16  # kv_block/head strides
+    assert inp.seq_lens.dtype == torch.int32 and inp.block_tables.dtype == torch.int32
+    lens = inp.seq_lens_list
+    assert lens[0] == 300 and all(1 <= n <= 300 for n in lens)
+    assert tuple(inp.block_tables.shape) == (5, math.ceil(300 / 16))
+    used = []
+    for i, n in enumerate(lens):
+        nb = -(-n // 16)
+        used += inp.block_tables[i, :nb].tolist()
+        assert inp.block_tables[i, nb:].eq(0).all()  # V0 pads with block 0
+    assert len(set(used)) == len(used)  # drawn without replacement
+    assert all(0 <= b < inp.num_blocks for b in used)
+    assert inp.num_blocks == 2 * len(used)
+    if kv != "auto":
+        assert float(inp.k_scale) != 1.0 and float(inp.v_scale) != 1.0
+        assert inp.k_scale.dtype == torch.float32
+    # Different layers hold different data; the same seed gives the same inputs.
+    assert not torch.equal(inp.key_caches[0], inp.key_caches[1])
+    again = make_inputs(s, device="cpu", seed=7, layers=3, ragged=True, pool_factor=2.0)
+    assert torch.equal(again.block_tables, inp.block_tables)
+    assert torch.equal(again.key_caches[2], inp.key_caches[2])
+
+
+def _scatter(k_seq, v_seq, blocks, key_cache, value_cache, x: int) -> None:
+    """Write contiguous [n, kvh, D] keys/values into the paged layout, token by token."""
+    bs = value_cache.shape[3]
+    for t in range(k_seq.shape[0]):
+        blk, off = int(blocks[t // bs]), t % bs
+        for h in range(k_seq.shape[1]):
+            for d in range(k_seq.shape[2]):
+                key_cache[blk, h, d // x, off, d % x] = k_seq[t, h, d]
+                value_cache[blk, h, d, off] = v_seq[t, h, d]
+
+
+@pytest.mark.parametrize(("kv", "group"), [("auto", 2), ("fp8", 4), ("fp8_e5m2", 1)])
+def test_reference_matches_attention_on_contiguous_kv(kv: str, group: int) -> None:
+    import torch
+
+    from kvprefetch.kvinputs import fp8_torch_dtype
+    from kvprefetch.reference import reference_decode
+
+    kvh, d, bs = 2, 16, 8
+    s = AttnShape(num_seqs=2, num_heads=kvh * group, num_kv_heads=kvh, head_size=d,
+                  block_size=bs, max_seq_len=21, dtype="float32", kv_cache_dtype=kv)
+    inp = make_inputs(s, device="cpu", seed=11, ragged=True)
+    g = torch.Generator().manual_seed(5)
+    key_cache = torch.zeros_like(inp.key_caches[0])
+    value_cache = torch.zeros_like(inp.value_caches[0])
+    contiguous = []
+    for i, n in enumerate(inp.seq_lens_list):
+        k = torch.randn(n, kvh, d, generator=g)
+        v = torch.randn(n, kvh, d, generator=g)
+        if kv != "auto":  # store fp8 bits; the true values are bits * scale
+            kq = (k / inp.k_scale).to(fp8_torch_dtype(kv))
+            vq = (v / inp.v_scale).to(fp8_torch_dtype(kv))
+            k = kq.double() * inp.k_scale.double()
+            v = vq.double() * inp.v_scale.double()
+            _scatter(kq.view(torch.uint8), vq.view(torch.uint8), inp.block_tables[i], key_cache,
+                     value_cache, s.x)
+        else:
+            _scatter(k, v, inp.block_tables[i], key_cache, value_cache, s.x)
+        contiguous.append((k.double(), v.double()))
+    args = inp.args()
+    args = type(args)(**{**args.__dict__, "key_cache": key_cache, "value_cache": value_cache})
+    ref = reference_decode(args)
+    q = inp.query.double()
+    for i, (k, v) in enumerate(contiguous):
+        for h in range(s.num_heads):
+            kh, vh = k[:, h // group], v[:, h // group]
+            w = torch.softmax(kh @ q[i, h] * inp.scale, dim=0)
+            assert torch.allclose(ref[i, h], w @ vh, rtol=1e-10, atol=1e-12)
+
+
+def test_relative_error_and_nan() -> None:
+    import torch
+
+    from kvprefetch.reference import relative_error
+
+    ref = torch.ones(10, dtype=torch.float64)
+    assert relative_error(ref, ref) == 0.0
+    assert relative_error(ref * 1.01, ref) == pytest.approx(0.01)
+    bad = ref.clone()
+    bad[3] = float("nan")
+    assert math.isnan(relative_error(bad, ref))

@@ -1,0 +1,221 @@
+"""kvprefetch.ops: manifests on disk, schema checks, vLLM's v1/v2 rule and forward_decode.
+
+No GPU here, so the compiled ops are stood in for by ops registered in-process with vLLM's exact
+schemas (``reference.register_reference_ops`` or a recording implementation); everything between
+``torch.ops.<ns>`` and the caller is the real code."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from kvprefetch import ops
+from kvprefetch.errors import BenchError
+
+VLLM = Path("/work/cache/vllm-0.10.2")
+
+
+@pytest.mark.parametrize(
+    ("max_seq_len", "num_seqs", "num_heads", "expected"),
+    [
+        (512, 1, 32, "v1"),      # one partition
+        (513, 1, 32, "v2"),      # two partitions, little parallel work
+        (513, 16, 32, "v2"),     # 16*32 = 512 is not > 512
+        (513, 17, 32, "v1"),     # 17*32 = 544 > 512
+        (8192, 128, 32, "v1"),   # at the v1 limit with lots of work
+        (8193, 128, 32, "v2"),   # over 8192: always v2
+        (8193, 1, 1, "v2"),
+        (1, 1, 1, "v1"),
+    ],
+)
+def test_choose_kernel_matches_vllm_rule(max_seq_len: int, num_seqs: int, num_heads: int,
+                                         expected: str) -> None:
+    assert ops.choose_kernel(max_seq_len, num_seqs, num_heads) == expected
+
+
+@pytest.mark.skipif(not (VLLM / "vllm/attention/ops/paged_attn.py").is_file(),
+                    reason="the vLLM 0.10.2 sdist is not unpacked at /work/cache/vllm-0.10.2")
+def test_choose_kernel_agrees_with_vllm_source_expression() -> None:
+    """Evaluate vLLM's own ``use_v1 = (...)`` expression over a grid and compare."""
+    src = (VLLM / "vllm/attention/ops/paged_attn.py").read_text()
+    part = int(re.search(r"^_PARTITION_SIZE = (\d+)", src, re.M).group(1))
+    expr = re.search(r"use_v1 = (\(.*?\))\n", src, re.S).group(1)
+    assert part == ops.PARTITION_SIZE
+    for max_seq_len, num_seqs, num_heads in itertools.product(
+            (1, 511, 512, 513, 1024, 1025, 4096, 8191, 8192, 8193, 16384, 32768),
+            (1, 2, 8, 15, 16, 17, 64, 128, 256), (1, 8, 32, 64)):
+        max_num_partitions = (max_seq_len + part - 1) // part
+        use_v1 = eval(expr, {}, {"max_seq_len": max_seq_len, "max_num_partitions":
+                                 max_num_partitions, "num_seqs": num_seqs, "num_heads": num_heads})
+        assert ops.choose_kernel(max_seq_len, num_seqs, num_heads) == ("v1" if use_v1 else "v2")
+
+
+@pytest.mark.skipif(not (VLLM / "csrc/torch_bindings.cpp").is_file(),
+                    reason="the vLLM 0.10.2 sdist is not unpacked at /work/cache/vllm-0.10.2")
+def test_schemas_are_vllms() -> None:
+    src = (VLLM / "csrc/torch_bindings.cpp").read_text()
+    for name, expected in (("paged_attention_v1", ops.V1_SCHEMA_ARGS),
+                           ("paged_attention_v2", ops.V2_SCHEMA_ARGS)):
+        m = re.search(r'ops\.def\(\s*"' + name + r'\((.*?)\) -> \(\)"\);', src, re.S)
+        text = "".join(re.findall(r'"(.*?)"', '"' + m.group(1) + '"'))
+        schema = f"{name}({text}) -> ()"
+        assert ops.schema_mismatch(schema, expected) is None
+
+
+def test_parse_schema_args_normalises_torch_alias_annotations() -> None:
+    printed = "ns::op(Tensor(a!) out, Tensor($0! -> ) tmp, Tensor? x, str s, int n) -> ()"
+    assert ops.parse_schema_args(printed) == [("Tensor!", "out"), ("Tensor!", "tmp"),
+                                              ("Tensor?", "x"), ("str", "s"), ("int", "n")]
+    assert ops.schema_mismatch(printed, [("Tensor!", "out")]) == "expected 1 arguments, found 5"
+    assert ops.schema_mismatch(printed, ops.V1_SCHEMA_ARGS) == (
+        "argument 1: expected 'Tensor query', found 'Tensor! tmp'")
+
+
+def _manifest(root: Path, tree: str, key: str, *, so: bool = True, **extra: object) -> Path:
+    d = root / "build" / tree / key
+    d.mkdir(parents=True)
+    so_name = f"kvprefetch_{tree}_C.so"
+    if so:
+        (d / so_name).write_bytes(b"not really a shared library " + tree.encode())
+    data = {"tree": tree, "variant": "prefetch" if tree == "patched" else tree,
+            "namespace": f"kvprefetch_{tree}", "so_path": so_name, "so_sha256": "0" * 64,
+            "head_sizes": [64, 128, 256], "block_sizes": [16, 32], "kv_dtypes": ["auto", "fp8"]}
+    data.update(extra)
+    (d / "manifest.json").write_text(json.dumps(data))
+    return d / "manifest.json"
+
+
+def test_find_builds_orders_trees_and_takes_newest(tmp_path: Path) -> None:
+    old = _manifest(tmp_path, "patched", "aaa")
+    new = _manifest(tmp_path, "patched", "bbb")
+    os.utime(old, (1_000_000, 1_000_000))
+    _manifest(tmp_path, "seed", "ccc")
+    _manifest(tmp_path, "baseline", "ddd")
+    _manifest(tmp_path, "extra", "eee", so=False)           # library missing: skipped
+    full = tmp_path / "build" / "full" / "fff"
+    full.mkdir(parents=True)
+    (full / "manifest.json").write_text(json.dumps({"tree": "full", "so_sha256": {}}))
+    builds = ops.find_builds(tmp_path)
+    assert [b.tree for b in builds] == ["baseline", "patched", "seed"]
+    assert builds[1].manifest_path == new
+    assert builds[1].so_path == new.parent / "kvprefetch_patched_C.so"
+    assert [b.tree for b in ops.find_builds(tmp_path, ["seed", "baseline"])] == ["baseline", "seed"]
+    assert ops.find_builds(tmp_path / "nowhere") == []
+
+
+def test_manifest_supports_uses_kv_dtype_aliases(tmp_path: Path) -> None:
+    b = ops.read_manifest(_manifest(tmp_path, "baseline", "k", kv_dtypes=["fp8_e4m3"],
+                                    dtypes=["float16"]))
+    assert b.supports(128, 16, "fp8") and b.supports(128, 16, "fp8_e4m3", "float16")
+    assert not b.supports(128, 16, "auto")
+    assert not b.supports(128, 16, "fp8", "bfloat16")
+    assert not b.supports(96, 16, "fp8") and not b.supports(128, 8, "fp8")
+
+
+def test_read_manifest_reports_missing_keys(tmp_path: Path) -> None:
+    p = tmp_path / "manifest.json"
+    p.write_text(json.dumps({"tree": "baseline"}))
+    with pytest.raises(BenchError, match="lacks variant, namespace"):
+        ops.read_manifest(p)
+
+
+def test_load_build_refuses_a_library_whose_hash_changed(tmp_path: Path) -> None:
+    b = ops.read_manifest(_manifest(tmp_path, "baseline", "k"))
+    with pytest.raises(BenchError, match="manifest says"):
+        ops.load_build(b)
+
+
+def test_load_library_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(BenchError, match="does not exist"):
+        ops.load_library(tmp_path / "nope.so", "kvprefetch_nope")
+
+
+def test_ops_from_namespace_checks_schema() -> None:
+    import torch
+
+    lib = torch.library.Library("kvp_test_badschema", "DEF")
+    lib.define("paged_attention_v1(Tensor! out, Tensor query) -> ()")
+    lib.define(ops.V2_SCHEMA)
+    with pytest.raises(BenchError, match="does not have vLLM 0.10.2's schema"):
+        ops.ops_from_namespace("kvp_test_badschema")
+    with pytest.raises(BenchError, match="has no paged_attention_v1"):
+        ops.ops_from_namespace("kvp_test_nothing_registered")
+
+
+class _Recorder:
+    """A stand-in kernel (no GPU here) that records what vLLM's calling code passed."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+
+    def register(self, namespace: str):
+        import torch
+
+        lib = torch.library.Library(namespace, "DEF")
+        lib.define(ops.V1_SCHEMA)
+        lib.define(ops.V2_SCHEMA)
+
+        def v1(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+               block_size, max_seq_len, alibi, kv_dtype, k_scale, v_scale, *rest):
+            self.calls.append(("v1", {"block_size": block_size, "max_seq_len": max_seq_len,
+                                      "rest": rest}))
+            out.fill_(1.0)
+
+        def v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
+               scale, block_tables, seq_lens, block_size, max_seq_len, alibi, kv_dtype, k_scale,
+               v_scale, *rest):
+            self.calls.append(("v2", {"exp_sums": tuple(exp_sums.shape),
+                                      "exp_dtype": exp_sums.dtype, "tmp": tuple(tmp_out.shape),
+                                      "tmp_dtype": tmp_out.dtype, "rest": rest}))
+            out.fill_(2.0)
+
+        lib.impl("paged_attention_v1", v1, "CPU")
+        lib.impl("paged_attention_v2", v2, "CPU")
+        return lib
+
+
+def test_forward_decode_mirrors_vllm_dispatch_and_v2_workspace() -> None:
+    import torch
+
+    from kvprefetch.kvinputs import AttnShape, make_inputs
+
+    rec = _Recorder()
+    _lib = rec.register("kvp_test_recorder")
+    p = ops.ops_from_namespace("kvp_test_recorder", name="rec")
+    shape = AttnShape(num_seqs=2, num_heads=8, num_kv_heads=2, head_size=64, block_size=16,
+                      max_seq_len=1500, dtype="bfloat16")
+    inputs = make_inputs(shape, device="cpu", seed=1)
+    out, kernel = ops.forward_decode(p, inputs.args())
+    assert kernel == "v2" and bool((out == 2.0).all())
+    name, seen = rec.calls[-1]
+    assert name == "v2"
+    assert seen["exp_sums"] == (2, 8, 3) and seen["exp_dtype"] == torch.float32
+    assert seen["tmp"] == (2, 8, 3, 64) and seen["tmp_dtype"] == torch.bfloat16
+    assert seen["rest"] == (0, 0, 0, 64, 0)  # tp_rank and block-sparse args as vLLM passes them
+    out, kernel = ops.forward_decode(p, inputs.args(), force="v1")
+    assert kernel == "v1" and rec.calls[-1][1]["block_size"] == 16
+    assert rec.calls[-1][1]["max_seq_len"] == 1500
+    with pytest.raises(BenchError):
+        ops.forward_decode(p, inputs.args(), force="v3")
+
+
+def test_forward_decode_with_reference_ops_matches_reference() -> None:
+    import torch
+
+    from kvprefetch.kvinputs import AttnShape, make_inputs
+    from kvprefetch.reference import reference_decode, register_reference_ops
+
+    _lib = register_reference_ops("kvp_test_reference_fd")
+    p = ops.ops_from_namespace("kvp_test_reference_fd")
+    shape = AttnShape(num_seqs=3, num_heads=4, num_kv_heads=4, head_size=64, block_size=32,
+                      max_seq_len=700, dtype="float32")
+    inputs = make_inputs(shape, device="cpu", seed=3, ragged=True)
+    ref = reference_decode(inputs.args())
+    for force in ("v1", "v2"):
+        out, _ = ops.forward_decode(p, inputs.args(), force=force)
+        assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-6)
