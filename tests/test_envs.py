@@ -74,11 +74,21 @@ def test_system_site_packages_inherits_creator(tmp_path: Path, base_environ: dic
     assert os.path.realpath(prefix) == os.path.realpath(env.path)
     import click
     assert os.path.realpath(click_file) == os.path.realpath(click.__file__)
+    # The creator's scripts (pip's ninja, cmake) stay reachable, last on PATH, even when the
+    # creator is an activated venv whose bin environ() drops as a foreign prefix.
+    import sys
+    import sysconfig
+    scripts = sysconfig.get_paths()["scripts"]
+    parent = dict(base_environ, VIRTUAL_ENV=sys.prefix,
+                  PATH=os.pathsep.join([scripts, base_environ["PATH"]]))
+    path = env.environ(parent)["PATH"].split(os.pathsep)
+    assert path[0] == str(env.bin_dir) and path[-1] == scripts and path.count(scripts) == 1
     # Without it, the same import fails: the env really is isolated by default.
     iso = VenvEnv(tmp_path / "iso", with_pip=False).create()
     done = run([str(iso.python), "-c", "import click"], env=iso.environ(base_environ),
                echo=False, check=False)
     assert done.returncode != 0
+    assert scripts not in iso.environ(parent)["PATH"].split(os.pathsep)
 
 
 def test_reuse_same_kind_and_refuse_other_kind(tmp_path: Path) -> None:

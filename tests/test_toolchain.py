@@ -180,7 +180,7 @@ def test_fake_cuda_12_6_nvcc_refused(make_fake_tool, nvcc_12_6_text: str,  # typ
     fake = make_fake_tool("nvcc", nvcc_12_6_text)
     env = dict(base_environ, PATH=f"{fake.parent}{os.pathsep}{base_environ['PATH']}")
     nvcc = find_nvcc(env)
-    assert nvcc == fake
+    assert nvcc is not None and nvcc == fake
     version = nvcc_version(nvcc, env)
     assert version == (12, 6, 85)
     with pytest.raises(ConfigError) as exc:

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from . import __version__
 from .errors import ConfigError
@@ -52,7 +52,8 @@ _PROBE = ("import json, sys, sysconfig; print(json.dumps({'prefix': sys.prefix, 
           "'base_prefix': sys.base_prefix, 'executable': sys.executable, "
           "'version': '%d.%d.%d' % sys.version_info[:3], "
           "'purelib': sysconfig.get_paths()['purelib'], "
-          "'platlib': sysconfig.get_paths()['platlib']}))")
+          "'platlib': sysconfig.get_paths()['platlib'], "
+          "'scripts': sysconfig.get_paths()['scripts']}))")
 
 
 def refuse_precompiled(environ: Mapping[str, str] | None = None) -> None:
@@ -80,6 +81,9 @@ def _drop_path_entries(path_value: str, prefixes: Sequence[str]) -> list[str]:
             if e and os.path.realpath(e) not in bins]
 
 
+E = TypeVar("E", bound="Env")
+
+
 class Env(abc.ABC):
     """One isolated Python environment at ``path``. Subclasses set ``kind`` and implement
     ``_build`` (make the env at a given directory) and ``_activate`` (the backend's variables)."""
@@ -94,6 +98,7 @@ class Env(abc.ABC):
         self.path = Path(os.path.abspath(path))
         self.log = Path(log) if log is not None else None
         self._info: dict[str, Any] | None = None
+        self._path_tail: list[str] = []  # recorded in the marker by _build, used by environ()
 
     # ------------------------------------------------------------------ layout
     @property
@@ -153,7 +158,11 @@ class Env(abc.ABC):
         entries = _drop_path_entries(env.get("PATH", os.defpath),
                                      [p for p in foreign if p and Path(p) != self.path])
         own = str(self.bin_dir)
-        env["PATH"] = os.pathsep.join([own] + [e for e in entries if e != own])
+        # An env that inherits its creator's packages also needs the creator's scripts (ninja,
+        # cmake from pip) even when that creator's VIRTUAL_ENV was just dropped: they go last.
+        marker = self.read_marker() or {}
+        tail = [t for t in marker.get("path_tail", []) if t not in entries and t != own]
+        env["PATH"] = os.pathsep.join([own] + [e for e in entries if e != own] + tail)
         env["PYTHONNOUSERSITE"] = "1"
         env.update(self._activate())
         return env
@@ -190,7 +199,7 @@ class Env(abc.ABC):
             )
 
     # ------------------------------------------------------------------ creation
-    def create(self, *, force: bool = False) -> Env:
+    def create(self: E, *, force: bool = False) -> E:  # noqa: PYI019 (typing.Self is 3.11+)
         """Create the env, or reuse an existing one of the same kind and options. ``force``
         replaces an existing kvprefetch env (of any kind). Holds the env's lock throughout."""
         with locked(self.lock_path, f"environment {self.path}"):
@@ -263,6 +272,7 @@ class Env(abc.ABC):
             "kind": self.kind, "state": "ready", "creator": f"kvprefetch {__version__}",
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "options": self.options(), "python_version": self.info()["version"],
+            "path_tail": self._path_tail,
         }
         tmp = self.marker_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n")
@@ -324,6 +334,8 @@ class VenvEnv(Env):
             argv.append("--system-site-packages")
         self._run(argv + [str(target)], env={k: v for k, v in os.environ.items()
                                              if k not in ISOLATION_STRIP + VENV_VARS})
+        if base:
+            self._path_tail = [base["scripts"]]
         if base and in_venv:
             # The new env's site-packages lives at the same relative spot as the base's.
             rel = os.path.relpath(base["purelib"], base["prefix"])
