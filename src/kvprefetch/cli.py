@@ -19,6 +19,9 @@ COMMANDS: dict[str, str] = {
     "apply": "kvprefetch.commands.sources:apply",
     "diff-upstream": "kvprefetch.commands.sources:diff_upstream",
     "export-header": "kvprefetch.commands.sources:export_header",
+    "build": "kvprefetch.commands.build:build",
+    "clean": "kvprefetch.commands.build:clean",
+    "doctor": "kvprefetch.commands.doctor:doctor",
 }
 
 

@@ -96,6 +96,9 @@ def run(
             proc.kill()
             proc.wait()
             raise
+        finally:
+            if proc.stdout is not None:
+                proc.stdout.close()
     finally:
         if logf:
             logf.close()

@@ -1,0 +1,148 @@
+"""CLI: build (plan, preflight, execute, summarise) and clean."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from ..console import emit_json, info, table
+from .common import dry_run_option, json_option, workdir_option
+
+
+def _resolve_mode(mode: str, archs: tuple, workdir: Path) -> tuple[str, str | None]:
+    """auto -> full where a CUDA >= 12.8 toolkit, a GPU and the network exist, else
+    kernels-only. Returns (mode, why)."""
+    if mode != "auto":
+        return mode, None
+    from ..doctor import run_doctor
+
+    rep = run_doctor(archs, env=dict(os.environ), workdir=workdir, need_network=True, mode="full")
+    failing = [c for c in rep.checks if c.status == "fail"]
+    gpu = [c for c in rep.checks if c.name == "gpu" and c.status == "ok"]
+    if not failing and gpu:
+        return "full", None
+    why = "; ".join(f"{c.name}: {c.detail}" for c in failing) or "no GPU found"
+    return "kernels-only", why
+
+
+@click.command()
+@workdir_option
+@click.option("--arch", default="9.0a", show_default=True,
+              help="TORCH_CUDA_ARCH_LIST syntax, e.g. 9.0a or '8.0;9.0a'.")
+@click.option("--mode", type=click.Choice(["auto", "full", "kernels-only"]), default="auto",
+              show_default=True,
+              help="full: pip-build all of vLLM per tree (hours, needs CUDA >= 12.8 and the "
+                   "network or --deps-dir). kernels-only: compile each tree's real paged "
+                   "attention into a small extension (minutes, no GPU needed). auto: full where "
+                   "a toolkit, GPU and network exist.")
+@click.option("--kernels-only", "kernels_only", is_flag=True, help="Same as --mode kernels-only.")
+@click.option("--trees", default=None, help="Comma-separated trees (default: baseline,patched[,seed]).")
+@click.option("--env-backend", type=click.Choice(["venv", "uv", "conda"]), default="venv",
+              show_default=True)
+@click.option("--jobs", type=int, default=None, help="MAX_JOBS (default: sized from cores and memory).")
+@click.option("--nvcc-threads", type=int, default=None)
+@click.option("--head-sizes", default=None, help="Kernels-only: e.g. 128 or 64,128,256 (default: all 9).")
+@click.option("--block-sizes", default=None, help="Kernels-only: subset of 8,16,32 (default: all).")
+@click.option("--kv-dtypes", default=None,
+              help="Kernels-only: subset of fp16,bf16,fp32,fp8,fp8_e5m2 (default: all).")
+@click.option("--torch-from", default=None, metavar="PYTHON",
+              help="Kernels-only: the interpreter whose torch the envs inherit (default: this one).")
+@click.option("--no-editable", is_flag=True, help="Full mode: pip install . instead of -e .")
+@click.option("--deps-dir", type=click.Path(path_type=Path), default=None,
+              help="Full mode: local recursive clones cutlass/, flash-attention/, FlashMLA/.")
+@click.option("--skip-doctor", is_flag=True, help="Do not run the preflight checks.")
+@click.option("--force", is_flag=True, help="Rebuild even when the manifest matches.")
+@dry_run_option
+@json_option
+def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | None,
+          env_backend: str, jobs: int | None, nvcc_threads: int | None, head_sizes: str | None,
+          block_sizes: str | None, kv_dtypes: str | None, torch_from: str | None,
+          no_editable: bool, deps_dir: Path | None, skip_doctor: bool, force: bool,
+          dry_run: bool, as_json: bool) -> None:
+    """Build the baseline and patched trees, each into its own environment."""
+    from ..buildplan import default_trees, make_plan, render_plan
+    from ..builder import execute
+    from ..envs import refuse_precompiled
+    from ..errors import BuildError
+    from ..selection import parse_selection
+    from ..toolchain import cuda_home, default_jobs, find_nvcc, host_resources, nvcc_version, parse_arch_list
+    from ..workdir import Workdir
+
+    refuse_precompiled(os.environ)
+    archs = parse_arch_list(arch)
+    sel = parse_selection(head_sizes, block_sizes, kv_dtypes)
+    mode = "kernels-only" if kernels_only else mode
+    mode, why = _resolve_mode(mode, archs, workdir)
+    if why:
+        info(f"notice: building kernels-only ({why})")
+    wd = Workdir(workdir.resolve())
+    names = tuple(t for t in trees.split(",") if t) if trees else default_trees(wd)
+    cores, mem = host_resources()
+    dj, dt = default_jobs(cores, mem)
+    jobs = jobs or dj
+    nvcc_threads = nvcc_threads or dt
+    nvcc = find_nvcc(dict(os.environ))
+    nv = nvcc_version(nvcc) if nvcc else None
+    home = cuda_home(dict(os.environ))
+    if not skip_doctor:
+        from ..doctor import run_doctor
+
+        rep = run_doctor(archs, env=dict(os.environ), workdir=workdir,
+                         need_network=(mode == "full" and deps_dir is None), mode=mode)
+        if not dry_run:
+            rep.raise_if_failed()
+    tinfo = None
+    if mode == "kernels-only" and nvcc is not None:
+        from ..kernels_build import probe_torch
+
+        tinfo = probe_torch(torch_from or sys.executable, dict(os.environ))
+    per_tree = max(1, jobs // max(1, len(names))) if mode == "kernels-only" else jobs
+    ccache = None
+    if mode == "full":
+        from ..runner import which
+        ccache = which("ccache") or which("sccache")
+    plan = make_plan(workdir=workdir, mode=mode, archs=archs, trees=names, env_backend=env_backend,
+                     jobs=per_tree, nvcc_threads=nvcc_threads, selection=sel, torch_from=torch_from,
+                     nvcc=str(nvcc) if nvcc else None, nvcc_version=nv,
+                     cuda_home=str(home) if home else None, torch_info=tinfo,
+                     editable=not no_editable, deps_dir=deps_dir, ccache=ccache)
+    if dry_run:
+        if as_json:
+            emit_json(plan)
+        else:
+            click.echo(render_plan(plan))
+        return
+    info(render_plan(plan))
+    outcomes = execute(plan, torch_from=torch_from, force=force)
+    if as_json:
+        emit_json({"plan": plan, "outcomes": outcomes})
+    else:
+        table(["tree", "status", "seconds", "library", "log"],
+              [[o.tree, o.status, o.seconds, o.so or "-", o.log_dir] for o in outcomes],
+              title="kvprefetch build")
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        raise BuildError("build failed for " + ", ".join(o.tree for o in failed) + ":\n"
+                         + "\n".join(f"[{o.tree}] {o.error}" for o in failed),
+                         "fix the cause above and rerun the same command: finished work is kept")
+
+
+@click.command()
+@workdir_option
+@click.option("--what", type=click.Choice(["builds", "envs", "trees", "all"]), default="builds",
+              show_default=True)
+@dry_run_option
+@json_option
+def clean(workdir: Path, what: str, dry_run: bool, as_json: bool) -> None:
+    """Remove only what kvprefetch created and tagged in --workdir."""
+    from ..cleaning import clean as do_clean
+
+    removed = do_clean(workdir, what, dry_run=dry_run)
+    if as_json:
+        emit_json({"removed": removed, "dry_run": dry_run})
+    else:
+        for r in removed:
+            click.echo(("would remove " if dry_run else "removed ") + r)
