@@ -10,8 +10,14 @@ import pytest
 
 from kvprefetch.bench.matrix import PRESETS, BenchMatrix
 from kvprefetch.errors import BenchError
-from kvprefetch.kvinputs import (AttnShape, cache_bytes_per_layer, kv_bytes_read, layers_for_cold,
-                                 make_inputs, min_bytes_moved)
+from kvprefetch.kvinputs import (
+    AttnShape,
+    cache_bytes_per_layer,
+    kv_bytes_read,
+    layers_for_cold,
+    make_inputs,
+    min_bytes_moved,
+)
 
 H200_L2_AS_TORCH_REPORTS = 60 * 1000 * 1000  # KINDS.md: "PyTorch reported ... 60 MB of L2"
 

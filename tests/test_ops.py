@@ -43,8 +43,8 @@ def test_choose_kernel_matches_vllm_rule(max_seq_len: int, num_seqs: int, num_he
 def test_choose_kernel_agrees_with_vllm_source_expression() -> None:
     """Evaluate vLLM's own ``use_v1 = (...)`` expression over a grid and compare."""
     src = (VLLM / "vllm/attention/ops/paged_attn.py").read_text()
-    part = int(re.search(r"^_PARTITION_SIZE = (\d+)", src, re.M).group(1))
-    expr = re.search(r"use_v1 = (\(.*?\))\n", src, re.S).group(1)
+    part = int(re.search(r"^_PARTITION_SIZE = (\d+)", src, re.MULTILINE).group(1))
+    expr = re.search(r"use_v1 = (\(.*?\))\n", src, re.DOTALL).group(1)
     assert part == ops.PARTITION_SIZE
     for max_seq_len, num_seqs, num_heads in itertools.product(
             (1, 511, 512, 513, 1024, 1025, 4096, 8191, 8192, 8193, 16384, 32768),
@@ -61,7 +61,7 @@ def test_schemas_are_vllms() -> None:
     src = (VLLM / "csrc/torch_bindings.cpp").read_text()
     for name, expected in (("paged_attention_v1", ops.V1_SCHEMA_ARGS),
                            ("paged_attention_v2", ops.V2_SCHEMA_ARGS)):
-        m = re.search(r'ops\.def\(\s*"' + name + r'\((.*?)\) -> \(\)"\);', src, re.S)
+        m = re.search(r'ops\.def\(\s*"' + name + r'\((.*?)\) -> \(\)"\);', src, re.DOTALL)
         text = "".join(re.findall(r'"(.*?)"', '"' + m.group(1) + '"'))
         schema = f"{name}({text}) -> ()"
         assert ops.schema_mismatch(schema, expected) is None
@@ -84,7 +84,8 @@ def _manifest(root: Path, tree: str, key: str, *, so: bool = True, **extra: obje
         (d / so_name).write_bytes(b"not really a shared library " + tree.encode())
     data = {"tree": tree, "variant": "prefetch" if tree == "patched" else tree,
             "namespace": f"kvprefetch_{tree}", "so_path": so_name, "so_sha256": "0" * 64,
-            "head_sizes": [64, 128, 256], "block_sizes": [16, 32], "kv_dtypes": ["auto", "fp8"]}
+            "head_sizes": [64, 128, 256], "block_sizes": [16, 32],
+            "kv_dtypes": ["fp16", "bf16", "fp8"]}
     data.update(extra)
     (d / "manifest.json").write_text(json.dumps(data))
     return d / "manifest.json"
@@ -108,13 +109,20 @@ def test_find_builds_orders_trees_and_takes_newest(tmp_path: Path) -> None:
     assert ops.find_builds(tmp_path / "nowhere") == []
 
 
-def test_manifest_supports_uses_kv_dtype_aliases(tmp_path: Path) -> None:
-    b = ops.read_manifest(_manifest(tmp_path, "baseline", "k", kv_dtypes=["fp8_e4m3"],
-                                    dtypes=["float16"]))
-    assert b.supports(128, 16, "fp8") and b.supports(128, 16, "fp8_e4m3", "float16")
-    assert not b.supports(128, 16, "auto")
+def test_manifest_supports_reads_the_build_selection_vocabulary(tmp_path: Path) -> None:
+    # kvprefetch.selection: fp16/bf16/fp32 = that query dtype with an auto cache; fp8 = an fp8
+    # cache for each selected query dtype (fp16 and bf16 when none is selected).
+    b = ops.read_manifest(_manifest(tmp_path, "baseline", "k", kv_dtypes=["fp16", "fp8"]))
+    assert b.supports(128, 16, "auto", "float16")
+    assert b.supports(128, 16, "fp8", "float16") and b.supports(128, 16, "fp8_e4m3")
+    assert not b.supports(128, 16, "auto", "bfloat16")
     assert not b.supports(128, 16, "fp8", "bfloat16")
+    assert not b.supports(128, 16, "fp8_e5m2")
     assert not b.supports(96, 16, "fp8") and not b.supports(128, 8, "fp8")
+    only_fp8 = ops.compiled_combos(["fp8_e4m3"])
+    assert only_fp8 == {("float16", "fp8_e4m3"), ("bfloat16", "fp8_e4m3")}
+    full = ops.compiled_combos(["fp16", "bf16", "fp32", "fp8", "fp8_e5m2"])
+    assert len(full) == 9  # vLLM's 9 (query, cache) pairs
 
 
 def test_read_manifest_reports_missing_keys(tmp_path: Path) -> None:

@@ -196,9 +196,9 @@ def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers
     table = torch.zeros((shape.num_seqs, nb_seq), dtype=torch.int32)
     at = 0
     for i, n in enumerate(lens_list):
-        k = -(-n // shape.block_size)
-        table[i, :k] = perm[at:at + k].to(torch.int32)
-        at += k
+        nb = -(-n // shape.block_size)
+        table[i, :nb] = perm[at:at + nb].to(torch.int32)
+        at += nb
     cache_dt = dt if shape.kv_cache_dtype == "auto" else torch.uint8
     if shape.kv_cache_dtype == "auto":
         k_scale_v, v_scale_v = 1.0, 1.0

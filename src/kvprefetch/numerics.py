@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BenchError, ConfigError, VerifyError
-from .kvinputs import AttnShape, make_inputs, torch_dtype
+from .kvinputs import AttnShape, make_inputs
 from .ops import PagedOps, choose_kernel, forward_decode, load_builds, v2_workspace
 from .reference import reference_decode, relative_error
 
@@ -187,7 +187,7 @@ def check_case(ops: Sequence[PagedOps], case: IdentityCase, *, device: Any, seed
     for kernel in ("v1", "v2"):
         problems: list[str] = []
         errs: list[tuple[str, float]] = []
-        outs = []
+        outs: list[Any] = []
         for o in ops:
             try:
                 out = _run_variant(o, inputs, kernel)
@@ -272,8 +272,8 @@ def run_identity(workdir: Path, *, trees: Sequence[str] | None = None, seed: int
 
 
 def format_report(report: IdentityReport) -> str:
-    lines = [f"numerical identity: {report.status.upper()}  variants={','.join(report.variants)}"
-             f"  device={report.device}"]
+    lines = [(f"numerical identity: {report.status.upper()}  variants={','.join(report.variants)}"
+             f"  device={report.device}")]
     if report.reason:
         lines.append(f"  reason: {report.reason}")
     d = report.to_dict()

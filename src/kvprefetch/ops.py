@@ -68,7 +68,7 @@ def parse_schema_args(schema: str) -> list[tuple[str, str]]:
     """``ns::op(Tensor(a!) out, Tensor? x, int n) -> ()`` -> ``[("Tensor!", "out"), ...]``.
     torch prints mutation as an alias annotation (``Tensor(a!)``, or ``Tensor($0! -> )`` for a
     schema declared with a bare ``Tensor!``); vLLM writes ``Tensor!``."""
-    m = re.search(r"\((.*)\)\s*->", schema, re.S)
+    m = re.search(r"\((.*)\)\s*->", schema, re.DOTALL)
     if m is None:
         raise ValueError(f"not an operator schema: {schema!r}")
     out: list[tuple[str, str]] = []
@@ -103,6 +103,27 @@ def canonical_kv_dtype(kv_cache_dtype: str) -> str:
         ) from None
 
 
+_QUERY_TOKENS = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+def compiled_combos(kv_dtypes: Iterable[str]) -> frozenset[tuple[str, str]]:
+    """The (query dtype, canonical kv_cache_dtype) pairs a build's ``kv_dtypes`` stand for, in
+    the build's vocabulary (kvprefetch.selection): ``fp16``/``bf16``/``fp32`` = that query dtype
+    with an ``auto`` cache; ``fp8`` (= ``fp8_e4m3``) and ``fp8_e5m2`` = an fp8 cache for each
+    selected query dtype (fp16 and bf16 when none is selected). ``auto`` in the list means an
+    ``auto`` cache for every query dtype."""
+    toks = {"fp8" if k == "fp8_e4m3" else k for k in kv_dtypes}
+    queries = [q for t, q in _QUERY_TOKENS.items() if t in toks] or ["float16", "bfloat16"]
+    out = {(q, "auto") for t, q in _QUERY_TOKENS.items() if t in toks}
+    if "auto" in toks:
+        out |= {(q, "auto") for q in _QUERY_TOKENS.values()}
+    if "fp8" in toks:
+        out |= {(q, "fp8_e4m3") for q in queries}
+    if "fp8_e5m2" in toks:
+        out |= {(q, "fp8_e5m2") for q in queries}
+    return frozenset(out)
+
+
 @dataclass(frozen=True)
 class BuiltOps:
     """One kernels-only build on disk, as its manifest.json describes it."""
@@ -116,22 +137,20 @@ class BuiltOps:
     block_sizes: tuple[int, ...]
     kv_dtypes: tuple[str, ...]
     manifest_path: Path
-    # Optional in the manifest: query/output dtypes compiled (default: all three vLLM has).
-    dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
 
     def supports(self, head_size: int, block_size: int, kv_cache_dtype: str,
                  dtype: str | None = None) -> bool:
-        kv = {KV_CACHE_DTYPE_ALIASES.get(k, k) for k in self.kv_dtypes}
-        return (head_size in self.head_sizes and block_size in self.block_sizes
-                and KV_CACHE_DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype) in kv
-                and (dtype is None or dtype in self.dtypes))
+        """Whether this build instantiates the kernel for that shape and dtype pair."""
+        kv = KV_CACHE_DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
+        combos = compiled_combos(self.kv_dtypes)
+        dtype_ok = any(k == kv and (dtype is None or q == dtype) for q, k in combos)
+        return head_size in self.head_sizes and block_size in self.block_sizes and dtype_ok
 
     def to_dict(self) -> dict[str, Any]:
         return {"tree": self.tree, "variant": self.variant, "namespace": self.namespace,
                 "so_path": str(self.so_path), "so_sha256": self.so_sha256,
                 "head_sizes": list(self.head_sizes), "block_sizes": list(self.block_sizes),
-                "kv_dtypes": list(self.kv_dtypes), "dtypes": list(self.dtypes),
-                "manifest_path": str(self.manifest_path)}
+                "kv_dtypes": list(self.kv_dtypes), "manifest_path": str(self.manifest_path)}
 
 
 MANIFEST_KEYS = ("tree", "variant", "namespace", "so_path", "so_sha256", "head_sizes",
@@ -152,14 +171,12 @@ def read_manifest(path: Path) -> BuiltOps:
     so = Path(data["so_path"])
     if not so.is_absolute():
         so = Path(path).parent / so
-    dtypes = tuple(str(d) for d in data.get("dtypes") or ("float16", "bfloat16", "float32"))
     return BuiltOps(
         tree=str(data["tree"]), variant=str(data["variant"]), namespace=str(data["namespace"]),
         so_path=so, so_sha256=str(data["so_sha256"]),
         head_sizes=tuple(int(h) for h in data["head_sizes"]),
         block_sizes=tuple(int(b) for b in data["block_sizes"]),
         kv_dtypes=tuple(str(k) for k in data["kv_dtypes"]), manifest_path=Path(path),
-        dtypes=dtypes,
     )
 
 

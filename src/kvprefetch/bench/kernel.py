@@ -21,6 +21,7 @@ the H200 through ``scripts/device/bench.sh``.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +39,7 @@ DEFAULT_L2_BYTES_IF_UNKNOWN = 50 * 1024 * 1024  # H100/H200 L2, only if torch ca
 @dataclass(frozen=True)
 class KernelBenchConfig:
     mode: str = "cold"
-    rounds: int = 15
+    rounds: int = 21
     target_sample_ms: float = 3.0     # each timed sample lasts at least this long
     target_replay_ms: float = 1.0     # a graph holds enough calls to last about this long
     min_launches: int = 8             # ... but at least this many (unless one call is long)
@@ -203,13 +204,76 @@ def measure_copy_bandwidth(nbytes: int = 1 << 31, iters: int = 10) -> float:
     return 2 * nbytes / summarize(times).median
 
 
+class _CudaBackend:
+    """CUDA graphs and CUDA events: what every reported number comes from."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = "cuda"
+
+    def free_bytes(self) -> int:
+        return int(self.torch.cuda.mem_get_info()[0])
+
+    def capture(self, step: Callable[[], None]) -> Callable[[], None]:
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()  # eager warm-up: surfaces launch errors before capture
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        g.replay()
+        return g.replay  # the bound method keeps the graph alive
+
+    def sync(self) -> None:
+        self.torch.cuda.synchronize()
+
+    def time_s(self, fn: Callable[[], None]) -> float:
+        start = self.torch.cuda.Event(enable_timing=True)
+        end = self.torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) * 1e-3
+
+
+class _HostBackend:
+    """Eager calls and the host clock, for running the same control flow on CPU in the unit
+    tests (with in-process reference ops). Its times are meaningless and never reported."""
+
+    device = "cpu"
+
+    def free_bytes(self) -> int:
+        return 1 << 40
+
+    def capture(self, step: Callable[[], None]) -> Callable[[], None]:
+        step()
+        return step
+
+    def sync(self) -> None:
+        pass
+
+    def time_s(self, fn: Callable[[], None]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
 def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchConfig,
-                l2_bytes: int, copy_bw: float) -> ShapeResult:
-    """Time every variant on one shape (see the module docstring)."""
+                l2_bytes: int, copy_bw: float, device: str = "cuda") -> ShapeResult:
+    """Time every variant on one shape (see the module docstring). ``device="cpu"`` runs the same
+    steps eagerly with the host clock; only the unit tests use it."""
     import torch
 
     from ..numerics import bytes_equal
 
+    be: Any = _CudaBackend() if device == "cuda" else _HostBackend()
     a = shape.attn
     lacking = [o.name for o in ops if not o.supports(a.head_size, a.block_size,
                                                      a.kv_cache_dtype, a.dtype)]
@@ -219,14 +283,14 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
                            f"instantiation not in build(s): {', '.join(lacking)}")
     per_layer = cache_bytes_per_layer(a, config.pool_factor)
     plan = plan_launches(bytes_moved, per_layer, l2_bytes, copy_bw, config)
-    free, _ = torch.cuda.mem_get_info()
+    free = be.free_bytes()
     if plan.layers * per_layer > config.memory_fraction * free:
         return ShapeResult(shape, config.mode, plan, bytes_moved, (), None,
                            f"needs {plan.layers * per_layer / 2**30:.1f} GiB of KV cache, "
                            f"{free / 2**30:.1f} GiB free")
-    inputs = make_inputs(a, device="cuda", seed=config.seed, layers=plan.layers,
+    inputs = make_inputs(a, device=be.device, seed=config.seed, layers=plan.layers,
                          pool_factor=config.pool_factor)
-    graphs, outs = [], []
+    replays, outs = [], []
     for o in ops:
         o_outs = [torch.full_like(inputs.query, float("nan")) for _ in range(plan.launches)]
         ws = None
@@ -239,49 +303,33 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
                 forward_decode(o, inputs.args(i % plan.layers), force=shape.kernel,
                                out=o_outs[i], workspace=ws)
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()  # eager warm-up: surfaces launch errors before capture
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
-        g.replay()
-        graphs.append(g)
+        replays.append(be.capture(step))
         outs.append(o_outs)
-    torch.cuda.synchronize()
+    be.sync()
 
     names = [o.name for o in ops]
     samples: dict[str, list[float]] = {n: [] for n in names}
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
     for r in range(config.rounds):
         order = list(range(len(ops)))
-        order = order[r % len(order):] + order[:r % len(order)]
+        order = order[r % len(order):] + order[:r % len(order)]  # rotate who goes first
         for vi in order:
-            start.record()
-            for _ in range(plan.replays):
-                graphs[vi].replay()
-            end.record()
-            end.synchronize()
-            samples[names[vi]].append(
-                start.elapsed_time(end) * 1e3 / (plan.replays * plan.launches))
+            def sample(replay: Callable[[], None] = replays[vi]) -> None:
+                for _ in range(plan.replays):
+                    replay()
+            seconds = be.time_s(sample)
+            samples[names[vi]].append(seconds * 1e6 / (plan.replays * plan.launches))
 
     # Identity in the same run: poison, replay once, compare bytes with the baseline's.
     for o_outs in outs:
         for t in o_outs:
             t.fill_(float("nan"))
-    for g in graphs:
-        g.replay()
-    torch.cuda.synchronize()
+    for replay in replays:
+        replay()
+    be.sync()
     nan_free = {n: not any(bool(torch.isnan(t).any()) for t in o_outs)
                 for n, o_outs in zip(names, outs)}
     equal = {n: all(bytes_equal(x, y) for x, y in zip(outs[0], o_outs))
              for n, o_outs in zip(names[1:], outs[1:])}
-    del graphs, outs, inputs
-    torch.cuda.empty_cache()
     return build_results(shape, config.mode, plan, bytes_moved, names, samples, copy_bw,
                          equal, nan_free)
 
@@ -337,6 +385,9 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
                 torch.cuda.synchronize()
                 r = ShapeResult(shape, config.mode, None, 0, (), None,
                                 f"error: {str(exc).splitlines()[0]}")
+            # Free this shape's caches and graph pools before the next (up to 17 GB each).
+            gc.collect()
+            torch.cuda.empty_cache()
             results.append(r)
             say(progress_line(i, total, r, time.monotonic() - t0))
     return {

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..kvinputs import AttnShape, canonical_dtype
+from ..kvinputs import DTYPE_ALIASES, AttnShape, canonical_dtype
 from ..ops import KV_CACHE_DTYPE_ALIASES, choose_kernel
 
 
@@ -122,7 +122,8 @@ class BenchMatrix:
                 raise ConfigError(f"block size {b} is not instantiated by vLLM 0.10.2",
                                   "use 8, 16 or 32 (paged_attention_v1.cu L144-158)")
         for d in self.dtypes:
-            canonical_dtype(d)
+            if d not in DTYPE_ALIASES:
+                raise ConfigError(f"unknown dtype '{d}'", "use float16, bfloat16 or float32")
         for k in self.kv_cache_dtypes:
             if k not in KV_CACHE_DTYPE_ALIASES:
                 raise ConfigError(f"unknown KV-cache dtype '{k}'",
@@ -173,7 +174,7 @@ def build_matrix(presets: Sequence[str] = (), batches: Sequence[str] = (),
         batches=parse_sizes(batches) if batches else DEFAULT_BATCHES,
         contexts=parse_sizes(contexts) if contexts else DEFAULT_CONTEXTS,
         block_sizes=parse_sizes(block_sizes) if block_sizes else DEFAULT_BLOCK_SIZES,
-        dtypes=tuple(canonical_dtype(d) for d in split(dtypes)) or DEFAULT_DTYPES,
+        dtypes=tuple(DTYPE_ALIASES.get(d, d) for d in split(dtypes)) or DEFAULT_DTYPES,
         kv_cache_dtypes=split(kv_cache_dtypes) or DEFAULT_KV_CACHE_DTYPES,
         force=force,
     )

@@ -90,17 +90,17 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
     base = meta["baseline"]
     names = [v["name"] for v in meta["variants"] if v["name"] != base]
     lines = [f"# bench kernel: {', '.join(names)} vs {base}", "",
-             f"- device: {dev['name']} ({dev.get('sm_count')} SMs, L2 "
-             f"{dev['l2_bytes'] / 2**20:.0f} MiB), torch {dev.get('torch')}, CUDA {dev.get('cuda')}",
+             (f"- device: {dev['name']} ({dev.get('sm_count')} SMs, L2 "
+             f"{dev['l2_bytes'] / 2**20:.0f} MiB), torch {dev.get('torch')}, CUDA {dev.get('cuda')}"),
              f"- copy bandwidth (read+write, same run): {meta['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s",
              f"- started {meta['started']}, {meta.get('seconds', '?')} s"]
     for v in meta["variants"]:
         lines.append(f"- {v['name']}: `{v.get('so_sha256', 'in-process')}`")
     if meta.get("command"):
         lines.append(f"- command: `{' '.join(meta['command'])}`")
-    lines += ["", "Time is per decode call (one layer). Speedup = stock time / variant time, paired "
+    lines += ["", ("Time is per decode call (one layer). Speedup = stock time / variant time, paired "
               "per round: median [min-max] over rounds. BW = fewest bytes moved / median time, as "
-              "a fraction of the copy bandwidth.", "", "## Summary", ""]
+              "a fraction of the copy bandwidth."), "", "## Summary", ""]
     summ = kernel_summary(doc)
     lines += _table(
         ["mode", "preset", "dtype", "block", "variant", "shapes", "geomean speedup", "worst",
@@ -114,8 +114,8 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
          for s in summ])
     for key, rows in kernel_groups(doc).items():
         mode, preset, dtype, kv, block = key
-        lines += ["", f"## {preset}, {dtype}{'' if kv == 'auto' else '/' + kv}, block {block}, "
-                  f"{mode}", ""]
+        lines += ["", (f"## {preset}, {dtype}{'' if kv == 'auto' else '/' + kv}, block {block}, "
+                  f"{mode}"), ""]
         headers = ["batch", "context", "kernel", "layers", f"{base} us [p25-p75]", f"{base} BW"]
         for n in names:
             headers += [f"{n} speedup [min-max]", f"{n} BW"]
@@ -130,8 +130,8 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
             cells = [r["batch"], _ctx(r["context"]), r["kernel"] + ("*" if r["kernel_forced"]
                                                                     else ""),
                      r["plan"]["layers"] if r.get("plan") else "-",
-                     f"{b['time_us']['median']:.1f} [{b['time_us']['p25']:.1f}-"
-                     f"{b['time_us']['p75']:.1f}]", f"{b['bw_fraction']:.0%}"]
+                     (f"{b['time_us']['median']:.1f} [{b['time_us']['p25']:.1f}-"
+                     f"{b['time_us']['p75']:.1f}]"), f"{b['bw_fraction']:.0%}"]
             for n in names:
                 v = r["variants"].get(n)
                 s = v and v["speedup"]
@@ -192,9 +192,9 @@ def ncu_markdown(doc: dict[str, Any]) -> str:
     meta = doc["meta"]
     o = meta["options"]
     lines = [f"# bench ncu: {', '.join(meta['variants'])}", "",
-             f"- recipe: application replay, --cache-control all, --clock-control none, "
+             (f"- recipe: application replay, --cache-control all, --clock-control none, "
              f"-k {o['kernel_regex']}, --launch-skip {o['launch_skip']}, --launch-count "
-             f"{o['launch_count']}", f"- started {meta['started']}", ""]
+             f"{o['launch_count']}"), f"- started {meta['started']}", ""]
     for s in doc["shapes"]:
         lines += [f"## {s['label']}", ""]
         rows = []
@@ -248,8 +248,8 @@ def ncu_png(doc: dict[str, Any], path: Path) -> Path:
 
 def e2e_markdown(doc: dict[str, Any]) -> str:
     meta = doc["meta"]
-    lines = [f"# bench e2e: vllm bench throughput, {meta['input_len']} in / {meta['output_len']} "
-             f"out, {meta['repeats']} repeats", "",
+    lines = [(f"# bench e2e: vllm bench throughput, {meta['input_len']} in / {meta['output_len']} "
+             f"out, {meta['repeats']} repeats"), "",
              f"- environment: {', '.join(f'{k}={v}' for k, v in meta['environment'].items())}",
              f"- model: {meta['model_dir']} (--load-format dummy), dtype {meta['dtype']}",
              f"- started {meta['started']}", ""]
@@ -288,8 +288,8 @@ def e2e_png(doc: dict[str, Any], path: Path) -> Path:
 def identity_markdown(doc: dict[str, Any]) -> str:
     lines = [f"# numerical identity: {doc['status']}", "",
              f"- variants: {', '.join(doc['variants'])} on {doc['device']}",
-             f"- checked {doc['checked']}, failed {doc['failed']}, not checked "
-             f"{doc['not_checked']}"]
+             (f"- checked {doc['checked']}, failed {doc['failed']}, not checked "
+             f"{doc['not_checked']}")]
     if doc.get("reason"):
         lines.append(f"- reason: {doc['reason']}")
     for dt, e in doc.get("max_rel_err", {}).items():

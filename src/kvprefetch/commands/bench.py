@@ -71,7 +71,7 @@ def bench() -> None:
               help="Force v1 or v2 instead of vLLM's own choice.")
 @click.option("--mode", multiple=True, type=click.Choice(["cold", "hot"]),
               help="cold [default]: KV rotated over enough layers to exceed L2; hot: one layer.")
-@click.option("--rounds", type=int, default=15, show_default=True)
+@click.option("--rounds", type=int, default=21, show_default=True)
 @click.option("--sample-ms", type=float, default=3.0, show_default=True,
               help="Minimum duration of one timed sample.")
 @click.option("--l2-factor", type=float, default=4.0, show_default=True,
@@ -109,17 +109,18 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...],
     out_dir = out or workdir / "bench"
     builds = find_builds(workdir, trees or None)
     shapes = matrix.shapes()
+    outputs = [str(out_dir / f"{name}.{f}") for f in fmts]
     plan = {"matrix": matrix.to_dict(), "modes": [c.mode for c in configs],
             "rounds": rounds, "shapes": len(shapes) * len(configs),
             "variants": [b.to_dict() for b in builds],
-            "outputs": [str(out_dir / f"{name}.{f}") for f in fmts]}
+            "outputs": outputs}
     if dry_run:
         if as_json:
             emit_json({**plan, "shape_list": [s.to_dict() for s in shapes]})
             return
         info(f"would time {plan['shapes']} shape(s) x {len(builds)} variant(s) "
              f"({', '.join(b.tree for b in builds) or 'no builds found'}); outputs: "
-             + ", ".join(plan["outputs"]))
+             + ", ".join(outputs))
         table(["preset", "batch", "context", "block", "dtype", "kv", "kernel"],
               [[s.preset, s.attn.num_seqs, s.attn.max_seq_len, s.attn.block_size, s.attn.dtype,
                 s.attn.kv_cache_dtype, s.kernel] for s in shapes])
@@ -261,8 +262,14 @@ def e2e(workdir: Path, env_specs: tuple[str, ...], max_num_seqs: str, repeats: i
     """`vllm bench throughput` in each full-build environment with VLLM_USE_V1=0 and
     VLLM_ATTENTION_BACKEND=XFORMERS, random dataset, dummy weights; sweeps --max-num-seqs,
     alternates the environments, repeats. Refuses unless verify-kernel passed for them."""
-    from ..bench.e2e import (E2EPlan, parse_env_specs, plan_runs, require_verified,
-                             verified_envs, write_model_dir)
+    from ..bench.e2e import (
+        E2EPlan,
+        parse_env_specs,
+        plan_runs,
+        require_verified,
+        verified_envs,
+        write_model_dir,
+    )
     from ..bench.matrix import parse_sizes
 
     report_path = verify_report or workdir / "verify" / "report.json"
@@ -318,5 +325,23 @@ def e2e(workdir: Path, env_specs: tuple[str, ...], max_num_seqs: str, repeats: i
     info("wrote " + ", ".join(str(p) for p in paths))
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m kvprefetch.commands.bench` on the GPU box
-    bench()
+def _main() -> int:
+    """``python -m kvprefetch.commands.bench ...`` (scripts/device/bench.sh): errors as the CLI
+    prints them (cause + fix, family exit code), without a traceback."""
+    from ..errors import KvprefetchError
+
+    try:
+        bench.main(standalone_mode=False)
+    except KvprefetchError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        return exc.exit_code
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised by scripts/device/bench.sh
+    sys.exit(_main())

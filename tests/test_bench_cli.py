@@ -1,0 +1,125 @@
+"""The `bench` click group: options, plans (--dry-run/--json) and refusals. Nothing here needs a
+GPU: --dry-run never loads a library, and the refusals happen before any GPU work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvprefetch.commands.bench import bench
+from kvprefetch.errors import BenchError, ConfigError
+
+
+def _invoke(args: list[str]):
+    return CliRunner().invoke(bench, args, catch_exceptions=True)
+
+
+def _fake_builds(workdir: Path) -> None:
+    for tree in ("baseline", "patched", "seed"):
+        d = workdir / "build" / tree / "k1"
+        d.mkdir(parents=True)
+        (d / f"kvprefetch_{tree}_C.so").write_bytes(b"x")
+        (d / "manifest.json").write_text(json.dumps({
+            "tree": tree, "variant": tree, "namespace": f"kvprefetch_{tree}",
+            "so_path": f"kvprefetch_{tree}_C.so", "so_sha256": "0", "head_sizes": [128],
+            "block_sizes": [16], "kv_dtypes": ["fp16"]}))
+
+
+@pytest.mark.parametrize("sub", [[], ["kernel"], ["ncu"], ["e2e"]])
+def test_help(sub: list[str]) -> None:
+    res = _invoke(sub + ["--help"])
+    assert res.exit_code == 0 and "Usage" in res.output
+
+
+def test_kernel_dry_run_json_default_matrix(tmp_path: Path) -> None:
+    _fake_builds(tmp_path)
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    assert plan["shapes"] == 25 and plan["modes"] == ["cold"]
+    assert [v["tree"] for v in plan["variants"]] == ["baseline", "patched", "seed"]
+    assert plan["outputs"][0].endswith("bench/kernel.json")
+    assert {s["batch"] for s in plan["shape_list"]} == {1, 8, 32, 64, 128}
+
+
+def test_kernel_dry_run_options(tmp_path: Path) -> None:
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--json",
+                   "--preset", "gemma-2b", "--batch", "1,8", "--context", "1k", "--dtype", "bf16",
+                   "--kv-cache-dtype", "fp8", "--force-kernel", "v2", "--mode", "cold",
+                   "--mode", "hot", "--variant", "baseline"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    assert plan["shapes"] == 4 and plan["modes"] == ["cold", "hot"]
+    s = plan["shape_list"][0]
+    assert (s["num_heads"], s["num_kv_heads"], s["head_size"]) == (8, 1, 256)
+    assert s["kernel"] == "v2" and s["kernel_forced"] and s["dtype"] == "bfloat16"
+    assert plan["variants"] == []
+
+
+def test_kernel_text_dry_run_lists_shapes(tmp_path: Path) -> None:
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--batch", "1",
+                   "--context", "512"])
+    assert res.exit_code == 0, res.output
+    assert "no builds found" in res.stderr and "llama-3.1-8b" in res.stdout
+
+
+def test_kernel_bad_options(tmp_path: Path) -> None:
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--batch", "1m"])
+    assert isinstance(res.exception, ConfigError)
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--formats", "json,pdf"])
+    assert res.exit_code == 2 and "unknown format" in res.output
+    res = _invoke(["kernel", "--workdir", str(tmp_path)])
+    assert isinstance(res.exception, BenchError) and "no kernels-only builds" in str(res.exception)
+
+
+def test_list_presets() -> None:
+    res = _invoke(["kernel", "--list-presets"])
+    assert res.exit_code == 0 and "tinyllama-1.1b" in res.output
+
+
+def test_ncu_dry_run_commands(tmp_path: Path) -> None:
+    _fake_builds(tmp_path)
+    res = _invoke(["ncu", "--workdir", str(tmp_path), "--dry-run", "--json", "--variant",
+                   "baseline", "--variant", "patched", "--shape", "1x4k", "--launch-skip",
+                   "200", "--launch-count", "40"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert len(doc["commands"]) == 2
+    cmd = doc["commands"][1]
+    assert cmd[0] == "ncu" and "kvprefetch_patched" in cmd
+    assert cmd[cmd.index("--launch-skip") + 1] == "200"
+    assert cmd[cmd.index("--replay-mode") + 1] == "application"
+    res = _invoke(["ncu", "--workdir", str(tmp_path), "--variant", "baseline"])
+    assert isinstance(res.exception, BenchError)
+
+
+def test_e2e_refuses_without_a_passed_verify_report(tmp_path: Path) -> None:
+    res = _invoke(["e2e", "--workdir", str(tmp_path), "--env", "baseline=/b/python",
+                   "--env", "patched=/p/python"])
+    assert isinstance(res.exception, BenchError)
+    assert "no verify-kernel report" in str(res.exception)
+    (tmp_path / "verify").mkdir()
+    (tmp_path / "verify" / "report.json").write_text(json.dumps({"passed": False, "envs": []}))
+    res = _invoke(["e2e", "--workdir", str(tmp_path), "--env", "baseline=/b/python",
+                   "--env", "patched=/p/python"])
+    assert "does not say passed" in str(res.exception)
+
+
+def test_e2e_dry_run(tmp_path: Path) -> None:
+    (tmp_path / "verify").mkdir()
+    (tmp_path / "verify" / "report.json").write_text(json.dumps(
+        {"passed": True, "envs": {"baseline": {"python": "/b/python"},
+                                  "patched": {"python": "/p/python"}}}))
+    res = _invoke(["e2e", "--workdir", str(tmp_path), "--dry-run", "--json",
+                   "--max-num-seqs", "8,64", "--repeats", "2"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["refusal"] is None and len(doc["runs"]) == 2 * 2 * 2
+    assert doc["environment"] == {"VLLM_USE_V1": "0", "VLLM_ATTENTION_BACKEND": "XFORMERS"}
+    assert doc["runs"][0][0] == "/b/python" and doc["runs"][2][0] == "/p/python"  # ABBA
+    res = _invoke(["e2e", "--workdir", str(tmp_path / "none"), "--dry-run", "--env",
+                   "baseline=/b", "--env", "patched=/p"])
+    assert res.exit_code == 0 and "would refuse" in res.stderr
