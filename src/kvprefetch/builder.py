@@ -135,13 +135,13 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
                 "kept and the build resumes")
         out.steps.append({"step": "compile", "seconds": round(time.monotonic() - step_t, 1)})
         so_sha = sha256_file(so)
-        build_json = {"tree": tp.tree, "variant": tp.variant, "namespace": tp.namespace,
+        build_json = {"tree": tp.tree, "variant": tp.variant or "stock", "namespace": tp.namespace,
                       "key": tp.key, "so_sha256": so_sha, "build_so": str(so),
                       "patch_sha256": tp.patch_sha256, **plan.selection}
         site = env_obj.site_packages()
         installed = install_into_env(site, so, build_json)
         manifest = {
-            "kvprefetch": __version__, "mode": plan.mode, "tree": tp.tree, "variant": tp.variant,
+            "kvprefetch": __version__, "mode": plan.mode, "tree": tp.tree, "variant": tp.variant or "stock",
             "namespace": tp.namespace, "key": tp.key,
             "so_path": str(installed), "so_sha256": sha256_file(installed),
             "build_so_path": str(so),
@@ -199,7 +199,7 @@ def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
                              f"read the logs in {logs}")
         outputs = [{"path": str(p), "sha256": sha256_file(p)} for p in so_files]
         write_json_atomic(bdir / "manifest.json", {
-            "kvprefetch": __version__, "mode": plan.mode, "tree": tp.tree, "variant": tp.variant,
+            "kvprefetch": __version__, "mode": plan.mode, "tree": tp.tree, "variant": tp.variant or "stock",
             "key": tp.key, "so_path": str(c[0]), "so_sha256": sha256_file(c[0]),
             "inputs": {"source_tree": tp.source_tree, "source_sha256": tp.source_sha256,
                        "patch_sha256": tp.patch_sha256, "arch_list": plan.arch_list,

@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "build": "kvprefetch.commands.build:build",
     "clean": "kvprefetch.commands.build:clean",
     "doctor": "kvprefetch.commands.doctor:doctor",
+    "verify-kernel": "kvprefetch.commands.verify:verify_kernel",
 }
 
 

@@ -1,0 +1,136 @@
+"""Reading ``cuobjdump -sass`` output: which paged-attention kernels a library contains, per
+SASS arch, and how many ``UBLKPF`` (the bulk L2 prefetch, ``cp.async.bulk.prefetch.L2``) each
+one issues. Pure functions over text, tested on saved samples.
+
+vLLM's _C ships SASS only (code=sm_90, no PTX), so the machine code is the only place to look.
+Counting is per function, never over the whole file: other CUTLASS/cute code in a full _C
+could contain bulk prefetches of its own."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+_ARCH = re.compile(r"^\s*arch = (sm_\d+a?)")
+_FUNC = re.compile(r"^\s*Function : (\S+)")
+_PREFETCH = re.compile(r"\bUBLKPF\b")
+_LINE_PREFETCH = re.compile(r"\bCCTL\.E\.PF2\b")
+_KERNEL = re.compile(
+    r"paged_attention_(?P<version>v[12])_kernelI"
+    r"(?P<scalar>13__nv_bfloat16|t|f)(?P<cache>S\d*_|13__nv_bfloat16|t|f|h)"
+    r"Li(?P<head>\d+)ELi(?P<block>\d+)ELi(?P<threads>\d+)E"
+    r"LNS_\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELb(?P<sparse>[01])E")
+_SCALAR = {"t": "fp16", "f": "fp32", "13__nv_bfloat16": "bf16"}
+_KV = {"0": "auto", "1": "fp8_e4m3", "2": "fp8_e5m2"}
+
+
+@dataclass(frozen=True)
+class KernelSass:
+    arch: str            # sm_90
+    name: str            # mangled
+    version: str         # v1 | v2
+    dtype: str           # fp16 | bf16 | fp32 (query / compute dtype)
+    kv_cache: str        # auto | fp8_e4m3 | fp8_e5m2
+    head_size: int
+    block_size: int
+    block_sparse: bool
+    ublkpf: int          # bulk L2 prefetch instructions in this function
+    line_prefetch: int   # CCTL.E.PF2 (prefetch.global.L2) instructions
+
+    @property
+    def shape_key(self) -> tuple[str, int, int, str, str]:
+        return (self.arch, self.head_size, self.block_size, self.dtype, self.kv_cache)
+
+
+def decode_kernel_name(mangled: str) -> dict[str, object] | None:
+    """Template arguments of a mangled paged_attention_v{1,2}_kernel name, or None."""
+    m = _KERNEL.search(mangled)
+    if m is None:
+        return None
+    return {"version": m["version"], "dtype": _SCALAR[m["scalar"]],
+            "kv_cache": _KV.get(m["kv"], m["kv"]), "head_size": int(m["head"]),
+            "block_size": int(m["block"]), "block_sparse": m["sparse"] == "1"}
+
+
+def parse_sass(text: str) -> list[KernelSass]:
+    """Every paged_attention_v1/v2 kernel in ``text`` with its arch and prefetch counts."""
+    out: list[KernelSass] = []
+    arch = "?"
+    name: str | None = None
+    counts = [0, 0]
+
+    def flush() -> None:
+        if name is None:
+            return
+        meta = decode_kernel_name(name)
+        if meta is not None:
+            out.append(KernelSass(arch=arch, name=name, ublkpf=counts[0],
+                                  line_prefetch=counts[1], **meta))  # type: ignore[arg-type]
+
+    for line in text.splitlines():
+        m = _ARCH.match(line)
+        if m:
+            flush()
+            name, arch, counts = None, m.group(1), [0, 0]
+            continue
+        m = _FUNC.match(line)
+        if m:
+            flush()
+            name, counts = m.group(1), [0, 0]
+            continue
+        if name is not None:
+            if _PREFETCH.search(line):
+                counts[0] += 1
+            elif _LINE_PREFETCH.search(line):
+                counts[1] += 1
+    flush()
+    return out
+
+
+def arch_number(arch: str) -> int:
+    m = re.match(r"sm_(\d+)", arch)
+    return int(m.group(1)) if m else 0
+
+
+@dataclass(frozen=True)
+class SassVerdict:
+    ok: bool
+    kernels: int
+    with_prefetch: int
+    problems: tuple[str, ...]
+
+
+def judge(kernels: Iterable[KernelSass], *, patched: bool, sites: int = 2) -> SassVerdict:
+    """Baseline: no UBLKPF anywhere. Patched: at least ``sites`` (one K site, one V site) in
+    every sm_90+ instantiation, and none in pre-Hopper cubins, whose kernels must still exist."""
+    ks = list(kernels)
+    problems: list[str] = []
+    if not ks:
+        problems.append("no paged_attention_v1/v2 kernels found in the SASS")
+    for k in ks:
+        hopper = arch_number(k.arch) >= 90
+        label = (f"{k.arch} {k.version} head={k.head_size} block={k.block_size} {k.dtype}"
+                 f"/{k.kv_cache}{' sparse' if k.block_sparse else ''}")
+        if not patched and k.ublkpf:
+            problems.append(f"{label}: {k.ublkpf} UBLKPF in the baseline (expected 0)")
+        if patched and hopper and k.ublkpf < sites:
+            problems.append(f"{label}: {k.ublkpf} UBLKPF (expected >= {sites}: K and V sites)")
+        if patched and not hopper and k.ublkpf:
+            problems.append(f"{label}: UBLKPF in a pre-Hopper cubin")
+    return SassVerdict(not problems, len(ks), sum(1 for k in ks if k.ublkpf), tuple(problems))
+
+
+def summarise(kernels: Iterable[KernelSass]) -> list[dict[str, object]]:
+    """Compact table rows by (arch, head size, block size, dtype, kv cache): kernel count and
+    min/max UBLKPF over the v1/v2 x sparse instantiations of that shape."""
+    groups: dict[tuple[str, int, int, str, str], list[KernelSass]] = {}
+    for k in kernels:
+        groups.setdefault(k.shape_key, []).append(k)
+    rows = []
+    for key in sorted(groups):
+        g = groups[key]
+        rows.append({"arch": key[0], "head_size": key[1], "block_size": key[2], "dtype": key[3],
+                     "kv_cache": key[4], "kernels": len(g),
+                     "ublkpf_min": min(k.ublkpf for k in g), "ublkpf_max": max(k.ublkpf for k in g)})
+    return rows

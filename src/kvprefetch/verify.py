@@ -1,0 +1,222 @@
+"""``verify-kernel``: am I really comparing stock against patched?
+
+For each tree's environment: which library its own python loads (probe, /proc/self/maps,
+sha256 against the build manifest), how many UBLKPF each paged-attention instantiation has
+in that library's SASS, and -- where a GPU is present -- whether the builds' outputs are
+bitwise equal. Every check is ``pass``, ``fail`` or ``not checked``; only checks that ran
+can pass, and the verdict passes only when every check that ran passed."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import VerifyError
+from .hashing import sha256_file
+from .runner import run
+from .sass import judge, parse_sass, summarise
+from .workdir import Workdir, write_json_atomic
+
+PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    tree: str
+    status: str
+    detail: str
+
+
+@dataclass
+class VerifyReport:
+    workdir: str
+    checks: list[Check] = field(default_factory=list)
+    envs: dict[str, Any] = field(default_factory=dict)
+    sass: dict[str, Any] = field(default_factory=dict)
+    gpu: dict[str, Any] | None = None
+
+    @property
+    def passed(self) -> bool:
+        ran = [c for c in self.checks if c.status != NOT_CHECKED]
+        return bool(ran) and all(c.status == PASS for c in ran)
+
+    def add(self, name: str, tree: str, ok: bool | None, detail: str) -> None:
+        status = NOT_CHECKED if ok is None else (PASS if ok else FAIL)
+        self.checks.append(Check(name, tree, status, detail))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "workdir": self.workdir,
+                "checks": [c.__dict__ for c in self.checks], "envs": self.envs,
+                "sass": self.sass, "gpu": self.gpu}
+
+
+def newest_manifests(wd: Workdir) -> dict[str, dict[str, Any]]:
+    """tree -> the newest build manifest (kernels-only or full) of that tree."""
+    out: dict[str, tuple[float, dict[str, Any]]] = {}
+    for p in wd.root.glob("build/*/*/manifest.json"):
+        try:
+            m = json.loads(p.read_text())
+        except ValueError:
+            continue
+        t = p.stat().st_mtime
+        if m.get("tree") and (m["tree"] not in out or t > out[m["tree"]][0]):
+            out[m["tree"]] = (t, m)
+    return {k: v for k, (_, v) in sorted(out.items())}
+
+
+def _inside(path: str | None, roots: list[str]) -> bool:
+    if not path:
+        return False
+    rp = os.path.realpath(path)
+    return any(rp == os.path.realpath(r) or rp.startswith(os.path.realpath(r) + os.sep)
+               for r in roots)
+
+
+def probe_env(python: str, env_path: str, what: str) -> dict[str, Any]:
+    """Run the provenance probe with the env's own python from an empty temp directory."""
+    from .envs import ISOLATION_STRIP
+
+    script = Path(__file__).resolve().parent / "probe" / "provenance.py"
+    environ = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP}
+    environ["PYTHONNOUSERSITE"] = "1"
+    with tempfile.TemporaryDirectory(prefix="kvprefetch-probe-") as cwd:
+        res = run([python, str(script), what], env=environ, cwd=cwd, echo=False, check=False)
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("{")]
+    if res.returncode != 0 or not lines:
+        return {"errors": [f"probe exited {res.returncode}: {res.output.strip()[-600:]}"]}
+    data: dict[str, Any] = json.loads(lines[-1])
+    return data
+
+
+def check_provenance(rep: VerifyReport, tree: str, manifest: dict[str, Any], probe: dict[str, Any],
+                     tree_path: str) -> str | None:
+    """Record the provenance checks for one tree; return the loaded library path."""
+    env_path = manifest.get("env", {}).get("path", "")
+    kernels = manifest.get("mode") == "kernels-only"
+    loaded_info = probe.get("kernels") if kernels else probe.get("vllm")
+    loaded = (loaded_info or {}).get("so_file" if kernels else "c_file")
+    rep.add("interpreter inside its env", tree, _inside(probe.get("prefix"), [env_path]),
+            f"sys.prefix={probe.get('prefix')} env={env_path}")
+    if not loaded:
+        rep.add("loads its library", tree, False,
+                "nothing loaded: " + "; ".join(probe.get("errors", [])))
+        return None
+    mapped = loaded in probe.get("mapped", [])
+    rep.add("loads its own library", tree, _inside(loaded, [env_path, tree_path]) and mapped,
+            f"{loaded} ({'mapped' if mapped else 'NOT in /proc/self/maps'})")
+    sha = (loaded_info or {}).get("so_sha256" if kernels else "c_sha256")
+    rep.add("library matches the build manifest", tree, sha == manifest.get("so_sha256"),
+            f"loaded sha256 {str(sha)[:16]}… manifest {str(manifest.get('so_sha256'))[:16]}…")
+    if kernels:
+        compiled = (loaded_info or {}).get("compiled_build_info") or {}
+        rep.add("library was compiled from this tree", tree,
+                compiled.get("tree") == tree and compiled.get("key") == manifest.get("key"),
+                f"baked-in build info: tree={compiled.get('tree')} key={compiled.get('key')}")
+    return str(loaded)
+
+
+def check_sass(rep: VerifyReport, tree: str, so: str, patched: bool) -> None:
+    from .toolchain import find_cuobjdump
+
+    tools = find_cuobjdump(dict(os.environ))
+    if tools is None:
+        rep.add("UBLKPF in SASS", tree, None,
+                "cuobjdump not found (install the CUDA toolkit, or `pip install "
+                "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`)")
+        return
+    res = run([str(tools.cuobjdump), "-sass", so], env=tools.environ(dict(os.environ)),
+              echo=False, check=False)
+    if res.returncode != 0:
+        rep.add("UBLKPF in SASS", tree, False, f"cuobjdump failed: {res.output.strip()[-300:]}")
+        return
+    kernels = parse_sass(res.output)
+    verdict = judge(kernels, patched=patched)
+    rep.sass[tree] = {"library": so, "patched": patched, "kernels": verdict.kernels,
+                      "with_prefetch": verdict.with_prefetch, "problems": list(verdict.problems),
+                      "table": summarise(kernels)}
+    expect = "≥2 UBLKPF (K and V) in every sm_90+ kernel" if patched else "0 UBLKPF everywhere"
+    detail = f"{verdict.kernels} kernels, {verdict.with_prefetch} with UBLKPF; expected {expect}"
+    if verdict.problems:
+        detail += "; " + "; ".join(verdict.problems[:5])
+    rep.add("UBLKPF in SASS", tree, verdict.ok, detail)
+
+
+def check_gpu(rep: VerifyReport, workdir: Path, trees: list[str], no_gpu: bool) -> None:
+    if no_gpu:
+        rep.add("bitwise-equal outputs on the GPU", "all", None, "skipped (--no-gpu)")
+        return
+    with tempfile.TemporaryDirectory() as td:
+        out = Path(td) / "identity.json"
+        argv = [sys.executable, "-m", "kvprefetch.numerics", "--workdir", str(workdir),
+                "--json", str(out)]
+        for t in trees:
+            argv += ["--tree", t]
+        res = run(argv, echo=False, check=False)
+        data = json.loads(out.read_text()) if out.is_file() else None
+    if data is None:
+        rep.add("bitwise-equal outputs on the GPU", "all", False,
+                f"the identity check crashed (exit {res.returncode}): {res.output.strip()[-400:]}")
+        return
+    rep.gpu = data
+    status = data.get("status")
+    if status == "not checked":
+        rep.add("bitwise-equal outputs on the GPU", "all", None, data.get("reason") or "no GPU")
+        return
+    rep.add("bitwise-equal outputs on the GPU", "all", status == "passed",
+            f"{data.get('checked')} cases checked, {data.get('failed')} failed, "
+            f"{data.get('not_checked')} not compiled in; device {data.get('device')}")
+
+
+def check_hot_path(rep: VerifyReport, manifests: dict[str, dict[str, Any]]) -> None:
+    full = [t for t, m in manifests.items() if m.get("mode") == "full"]
+    if not full:
+        rep.add("V0 + XFORMERS dispatch reaches paged_attention", "all", None,
+                "kernels-only builds have no vLLM engine; run it with full builds")
+    else:
+        rep.add("V0 + XFORMERS dispatch reaches paged_attention", "all", None,
+                "needs a GPU and full builds: run `kvprefetch bench e2e`, which sets "
+                "VLLM_USE_V1=0 VLLM_ATTENTION_BACKEND=XFORMERS")
+    if os.environ.get("VLLM_USE_V1", "") != "0" or os.environ.get("VLLM_ATTENTION_BACKEND") != "XFORMERS":
+        rep.envs["warning"] = ("without VLLM_USE_V1=0 and VLLM_ATTENTION_BACKEND=XFORMERS a vLLM run "
+                               "never calls paged_attention_v1/v2: the patched kernel would be bypassed")
+
+
+def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = False) -> VerifyReport:
+    wd = Workdir(workdir.resolve())
+    manifests = newest_manifests(wd)
+    if trees:
+        manifests = {t: m for t, m in manifests.items() if t in trees}
+    if "baseline" not in manifests or len(manifests) < 2:
+        raise VerifyError(f"verify-kernel needs built baseline and patched trees; found builds "
+                          f"for {sorted(manifests) or 'none'} in {wd.root}",
+                          "run `kvprefetch build` (or `kvprefetch build --kernels-only`) first")
+    rep = VerifyReport(str(wd.root))
+    loaded: dict[str, tuple[str, str]] = {}
+    for tree, m in manifests.items():
+        env = m.get("env", {})
+        python = env.get("python") or str(Path(env.get("path", "")) / "bin" / "python")
+        probe = probe_env(python, env.get("path", ""),
+                          "kernels" if m.get("mode") == "kernels-only" else "vllm")
+        rep.envs[tree] = probe
+        so = check_provenance(rep, tree, m, probe, str(wd.tree(tree)))
+        if so:
+            loaded[tree] = (os.path.realpath(so), sha256_file(so))
+            check_sass(rep, tree, so, patched=tree != "baseline")
+        else:
+            rep.add("UBLKPF in SASS", tree, None, "no library was loaded")
+    files = [v[0] for v in loaded.values()]
+    shas = [v[1] for v in loaded.values()]
+    if len(loaded) >= 2:
+        rep.add("environments load different libraries", "all",
+                len(set(files)) == len(files) and len(set(shas)) == len(shas),
+                "; ".join(f"{t}: {f} ({s[:12]}…)" for t, (f, s) in loaded.items()))
+    check_gpu(rep, wd.root, list(manifests), no_gpu)
+    check_hot_path(rep, manifests)
+    write_json_atomic(wd.root / "verify" / "report.json", rep.to_dict())
+    return rep
