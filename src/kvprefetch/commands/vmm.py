@@ -52,7 +52,8 @@ def selftest(driver_name: str, ops: int, seed: int, layout: str, sync_mapping: b
              as_json: bool) -> None:
     """Random alloc/step/free ops (with preemption on out-of-memory); checks every step's pages
     and that teardown leaves nothing mapped, created or reserved."""
-    from ..vmm import KVCacheSpec, Layout, VirtualKVCache, VmmError
+    from ..vmm import KVCacheSpec, Layout, VmmError
+    from ..vmm.cache import VirtualKVCache
     from ..vmm.selftest import run_stress
 
     spec = KVCacheSpec(num_layers=2, num_kv_heads=8, head_dim=128, max_batch=8,

@@ -27,11 +27,11 @@ __all__ = [
     "CacheGeometry",
     "KVCacheSpec",
     "Layout",
+    "VirtualKVCache",
     "VmmDriverError",
     "VmmError",
     "VmmOutOfMemory",
     "VmmUsageError",
-    "VirtualKVCache",
 ]
 
 

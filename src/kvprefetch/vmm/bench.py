@@ -156,13 +156,13 @@ def sdpa_backend(q: Any, k: Any, v: Any) -> str:
 
     try:
         choice = int(torch._fused_sdp_choice(q, k, v, enable_gqa=True))
-    except Exception as exc:  # a private API: report why it could not say
+    except Exception as exc:  # noqa: BLE001 - a private API: report why it could not say
         return f"unknown ({type(exc).__name__})"
     try:
         from torch.nn.attention import SDPBackend
 
         return str(SDPBackend(choice).name)
-    except Exception:
+    except (ImportError, ValueError):
         return f"backend #{choice}"
 
 
@@ -254,7 +254,7 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
         vmm_ms, vmm_spread = summarize(samples["vmm"])
         mal_ms, mal_spread = summarize(samples["malloc"])
         paged_ms = paged_decode(b, s) if paged_decode is not None else None
-        del g_vmm, g_mal, out_vmm, out_mal, vk, vv, mk, mv, q
+        del g_vmm, g_mal, out_vmm, out_mal, vk, vv, mk, mv
         torch.cuda.synchronize()
     finally:
         cache.teardown()
@@ -297,6 +297,33 @@ def run_decode(cfg: DecodeConfig, paged_decode: PagedDecode | None = None,
             "results": [asdict(r) for r in results]}
 
 
+def render_summary(report: dict[str, Any]) -> str:
+    """A short plain-text table of a bench report (what the device run prints last)."""
+    lines = []
+    for r in report.get("step_latency", []):
+        lines.append(f"step {r['layout']:14s} {r['mode']:5s} compute {r['compute_ms']:4.1f} ms: "
+                     f"crossing {r['cross_us_median']:9.1f} us, {r['cross_us_per_page']:6.2f} "
+                     f"us/page, {r['cross_us_per_layer']:7.2f} us/layer, wait "
+                     f"{r['wait_us_median']:8.1f} us")
+    dec = report.get("decode")
+    if dec:
+        lines.append(f"copy bandwidth {dec['copy_bandwidth']['gbps']:.0f} GB/s; "
+                     f"device {dec['device']['name']}")
+        lines.append(f"{'B':>4} {'S':>6} {'L':>3} {'backend':18s} {'vmm us':>9} {'malloc us':>9} "
+                     f"{'ratio':>7} {'spread v/m':>11} {'%copy':>6} eq")
+        for r in dec["results"]:
+            lines.append(f"{r['batch']:4d} {r['context']:6d} {r['layers']:3d} {r['backend']:18s} "
+                         f"{r['vmm_ms'] * 1e3:9.1f} {r['malloc_ms'] * 1e3:9.1f} "
+                         f"{r['ratio']:7.4f} {r['vmm_spread']:5.3f}/{r['malloc_spread']:5.3f} "
+                         f"{r['vmm_frac_copy_bw']:6.1%} {'y' if r['bitwise_equal'] else 'N'}")
+        ratios = [r["ratio"] for r in dec["results"]]
+        if ratios:
+            lines.append(f"ratio vmm/malloc: min {min(ratios):.4f} median "
+                         f"{statistics.median(ratios):.4f} max {max(ratios):.4f}; within 3%: "
+                         f"{sum(abs(x - 1) <= 0.03 for x in ratios)}/{len(ratios)}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import json
@@ -337,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["decode"] = run_decode(cfg, say=say)
     report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     write()
+    print(render_summary(report), flush=True)
     return 0
 
 

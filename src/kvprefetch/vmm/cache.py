@@ -115,7 +115,7 @@ class VirtualKVCache:
             self._worker = MappingWorker(self._worker_init)
 
     # ---- context manager ---------------------------------------------------------------------
-    def __enter__(self) -> VirtualKVCache:
+    def __enter__(self) -> VirtualKVCache:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -300,9 +300,10 @@ class VirtualKVCache:
                                    and self._created >= self._budget_pages)
                 try:
                     if over_budget:
+                        pages = self._budget_pages or 0
                         raise VmmOutOfMemory(
-                            f"the physical budget of {self._budget_pages} pages "
-                            f"({self._budget_pages * self.geometry.page_size} B) is used up")
+                            f"the physical budget of {pages} pages "
+                            f"({pages * self.geometry.page_size} B) is used up")
                     t0 = time.perf_counter()
                     h = self._driver.create(self.geometry.page_size)
                     self.hist["create"].record(time.perf_counter() - t0)
@@ -328,12 +329,12 @@ class VirtualKVCache:
         for group in range(start, target):
             try:
                 hs = self._take_handles(g.n_tensors, protect=slot, reclaim=reclaim)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - collected or re-raised
                 err = exc
                 break
             try:
                 self._map_group(slot, group, hs)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - collected or re-raised
                 with self._lock:
                     self._pool.extend(hs)
                 err = exc
@@ -342,7 +343,7 @@ class VirtualKVCache:
         if done:
             try:
                 self._set_access(slot, start, start + len(done))
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - collected or re-raised
                 for i in reversed(range(len(done))):
                     self._unmap_group(slot, start + i, done[i])
                 done = []
@@ -507,7 +508,7 @@ class VirtualKVCache:
         self._driver.bind_thread()
         try:
             self._driver.synchronize()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - collected or re-raised
             errors.append(f"synchronize: {exc}")
         page = self.geometry.page_size
         with self._lock:
@@ -521,25 +522,25 @@ class VirtualKVCache:
                     self._driver.unmap(self._va[t] + off, page)
                     self.counters["pages_unmapped"] += 1
                     released.append(h)
-                except BaseException as exc:
+                except BaseException as exc:  # noqa: BLE001 - collected or re-raised
                     errors.append(f"unmap slot {slot} group {group} tensor {t}: {exc}")
         for h in released + self._pool:
             try:
                 self._driver.release(h)
                 self._created -= 1
                 self.counters["pages_released"] += 1
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - collected or re-raised
                 errors.append(f"release {h}: {exc}")
         self._pool = []
         for va in self._va:
             try:
                 self._driver.free_va(va, self.geometry.tensor_bytes)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - collected or re-raised
                 errors.append(f"free range {va:#x}: {exc}")
         self._va = []
         try:
             self._driver.close()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - collected or re-raised
             errors.append(f"close: {exc}")
         if errors:
             raise VmmError("teardown of the VMM cache hit errors:\n  " + "\n  ".join(errors),

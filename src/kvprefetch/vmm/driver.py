@@ -58,6 +58,20 @@ def bindings_version() -> str:
         return "absent"
 
 
+def allocation_structs(d: Any, device: int) -> tuple[Any, list[Any]]:
+    """The allocation properties (pinned device memory on ``device``) and the one access
+    descriptor (read-write for that device) every create and set-access call uses."""
+    prop = d.CUmemAllocationProp()
+    prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = device
+    desc = d.CUmemAccessDesc()
+    desc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = device
+    desc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return prop, [desc]
+
+
 class CudaVmmDriver:
     """The CUDA driver, on one device's primary context (the one PyTorch's runtime uses)."""
 
@@ -79,17 +93,7 @@ class CudaVmmDriver:
         # Retain the primary context (released in close()); torch's runtime uses the same one.
         self._ctx = self._call("cuDevicePrimaryCtxRetain", self._dev)
         self._closed = False
-        d = self._d
-        prop = d.CUmemAllocationProp()
-        prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = device
-        self._prop = prop
-        desc = d.CUmemAccessDesc()
-        desc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        desc.location.id = device
-        desc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        self._access = [desc]
+        self._prop, self._access = allocation_structs(self._d, device)
         self.bind_thread()
 
     # ---- plumbing ----------------------------------------------------------------------------
@@ -111,7 +115,7 @@ class CudaVmmDriver:
             name = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
             r = self._d.cuGetErrorString(err)
             text = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
-        except Exception:  # the error names are a courtesy; never mask the real error
+        except Exception:  # noqa: BLE001,S110 - names are a courtesy; never mask the error
             pass
         if code == int(self._d.CUresult.CUDA_ERROR_OUT_OF_MEMORY):
             return VmmOutOfMemory(

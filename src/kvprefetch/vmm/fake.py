@@ -49,7 +49,12 @@ class FakeVmmDriver:
         self.sync_count = 0
         self.closed = False
         self._busy_thread: int | None = None
-        self.fail_next: dict[str, int] = {}         # call name -> CUresult code to fail with once
+        self._inject: dict[str, list[int]] = {}     # call -> [calls to let through, CUresult]
+
+    def inject(self, call: str, code: int, after: int = 0) -> None:
+        """Make the ``after``-th next ``call`` (0 = the very next) fail with ``code``
+        (2 = out of memory, anything else a driver error)."""
+        self._inject[call] = [after, code]
 
     # ---- strictness helpers ------------------------------------------------------------------
     def _enter(self, call: str) -> None:
@@ -63,7 +68,14 @@ class FakeVmmDriver:
                                      "thread: the cache's mapping protocol is broken")
             self._busy_thread = me
             self.calls.append(call)
-        code = self.fail_next.pop(call, None)
+        code = None
+        plan = self._inject.get(call)
+        if plan is not None:
+            if plan[0] == 0:
+                code = plan[1]
+                del self._inject[call]
+            else:
+                plan[0] -= 1
         if code is not None:
             self._leave()
             if code == 2:

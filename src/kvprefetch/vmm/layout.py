@@ -67,7 +67,11 @@ class KVCacheSpec:
         if self.dtype not in DTYPE_BYTES:
             raise VmmUsageError(f"unsupported KV dtype {self.dtype!r}",
                                 f"use one of {', '.join(sorted(DTYPE_BYTES))}")
-        object.__setattr__(self, "layout", Layout(self.layout))
+        try:
+            object.__setattr__(self, "layout", Layout(self.layout))
+        except ValueError:
+            raise VmmUsageError(f"unknown layout {self.layout!r}",
+                                f"use one of {', '.join(x.value for x in Layout)}") from None
 
     @property
     def dtype_bytes(self) -> int:

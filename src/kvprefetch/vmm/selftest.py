@@ -59,7 +59,7 @@ def run_stress(cache: VirtualKVCache, ops: int, seed: int = 0, *, max_prompt: in
     serial = steps = admitted = finished = preempted = ooms = max_active = max_tokens = 0
     for op in range(ops):
         r = rng.random()
-        target = dict(lens)
+        target: dict[int, int] | None = dict(lens)
         if (r < 0.2 or not lens) and len(lens) < cache.spec.max_batch:
             slot = cache.alloc_reqid()
             lens[slot] = 0
@@ -75,34 +75,36 @@ def run_stress(cache: VirtualKVCache, ops: int, seed: int = 0, *, max_prompt: in
             del lens[slot], request[slot]
             order.remove(slot)
             finished += 1
-            continue
+            target = None
         elif r < 0.45:
             slot = rng.choice(sorted(lens))
+            target = dict(lens)
             target[slot] = min(s_max, lens[slot] + rng.randint(1, max(1, s_max // 8)))
         else:
             target = {slot: min(s_max, n + 1) for slot, n in lens.items()}
-        while True:
-            try:
-                cache.step(target)
-                break
-            except VmmOutOfMemory:
-                ooms += 1
-                victim = order.pop()
-                cache.free_reqid(victim)
-                del lens[victim], request[victim]
-                target.pop(victim, None)
-                preempted += 1
-                if not lens:
+        if target is not None:
+            while True:
+                try:
+                    cache.step(target)
                     break
-        steps += 1
-        changed = {slot: (request[slot], lens[slot], n) for slot, n in target.items()
-                   if slot in lens and n != lens[slot]}
-        for slot, n in target.items():
-            if slot in lens:
-                lens[slot] = n
+                except VmmOutOfMemory:
+                    ooms += 1
+                    victim = order.pop()
+                    cache.free_reqid(victim)
+                    del lens[victim], request[victim]
+                    target.pop(victim, None)
+                    preempted += 1
+                    if not lens:
+                        break
+            steps += 1
+            changed = {slot: (request[slot], lens[slot], n) for slot, n in target.items()
+                       if slot in lens and n != lens[slot]}
+            for slot, n in target.items():
+                if slot in lens:
+                    lens[slot] = n
+            if on_step is not None and changed:
+                on_step(changed)
         check_invariants(cache, lens)
-        if on_step is not None and changed:
-            on_step(changed)
         if on_check is not None and (op + 1) % check_every == 0:
             on_check()
         max_active = max(max_active, len(lens))

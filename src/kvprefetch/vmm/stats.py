@@ -28,7 +28,7 @@ def bucket_of(us: float) -> int:
     """Bucket ``k`` holds values in ``[2**(k-1), 2**k)`` µs; bucket 0 holds everything below 1 µs."""
     if us < 1.0:
         return 0
-    return int(math.floor(math.log2(us))) + 1
+    return math.floor(math.log2(us)) + 1
 
 
 @dataclass(frozen=True)

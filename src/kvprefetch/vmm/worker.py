@@ -79,7 +79,7 @@ class MappingWorker:
         self.thread_ident = threading.get_ident()
         try:
             self._init()
-        except BaseException as exc:  # reported to the constructor
+        except BaseException as exc:  # noqa: BLE001 - reported to the constructor
             self._init_error = exc
             self._started.set()
             return
@@ -94,7 +94,7 @@ class MappingWorker:
             error: BaseException | None = None
             try:
                 job()
-            except BaseException as exc:  # handed to the next wait()
+            except BaseException as exc:  # noqa: BLE001 - handed to the next wait()
                 error = exc
             with self._cond:
                 self._error = error

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The one script the VMM work runs on the H200 (device tool), from the repository root:
+#   bash scripts/device/vmm.sh
+# It runs every kvprefetch.vmm test (CPU and gpu-marked) and the VMM benchmark (step latency with
+# and without the mapping worker; SDPA decode over the VMM cache vs cudaMalloc), and writes
+# env.txt, pytest-vmm.log, pytest-vmm.xml, vmm-bench.json and bench.log under $OUT.
+# Code runs from the tree (PYTHONPATH=src); nothing is installed.
+set -uo pipefail
+OUT=${OUT:-/tmp/vmm-out}
+mkdir -p "$OUT"
+export PYTHONPATH=src PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem \
+    --format=csv
+  python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+  python3 -c 'import cuda.bindings as cb; print("cuda-bindings", cb.__version__)'
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+timeout 240 python3 -m pytest tests/test_vmm_layout.py tests/test_vmm_slots.py \
+  tests/test_vmm_stats.py tests/test_vmm_worker.py tests/test_vmm_tensors.py \
+  tests/test_vmm_driver.py tests/test_vmm_cache_fake.py tests/test_vmm_cli.py \
+  tests/test_vmm_gpu.py -v -rs -s -p no:cacheprovider --junitxml="$OUT/pytest-vmm.xml" \
+  > "$OUT/pytest-vmm.log" 2>&1
+echo "pytest rc=$?" | tee -a "$OUT/pytest-vmm.log"
+grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/pytest-vmm.log" | grep -E "gpu|passed|failed|FAILED|ERROR" | tail -40
+
+timeout 150 python3 -m kvprefetch.vmm.bench --out "$OUT/vmm-bench.json" > "$OUT/bench.log" 2>&1
+echo "bench rc=$?" | tee -a "$OUT/bench.log"
+tail -45 "$OUT/bench.log"
