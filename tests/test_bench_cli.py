@@ -123,3 +123,36 @@ def test_e2e_dry_run(tmp_path: Path) -> None:
     res = _invoke(["e2e", "--workdir", str(tmp_path / "none"), "--dry-run", "--env",
                    "baseline=/b", "--env", "patched=/p"])
     assert res.exit_code == 0 and "would refuse" in res.stderr
+
+
+def test_command_modules_do_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, kvprefetch.commands.bench, kvprefetch.commands.report, "
+            "kvprefetch.bench.matrix, kvprefetch.bench.report, kvprefetch.bench.ncu, "
+            "kvprefetch.bench.e2e, kvprefetch.bench.kernel, kvprefetch.numerics, kvprefetch.ops; "
+            "assert 'torch' not in sys.modules, 'torch imported at import time'")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_lazy_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entries the lead adds to cli.COMMANDS resolve and run --help."""
+    from kvprefetch import cli
+
+    monkeypatch.setitem(cli.COMMANDS, "bench", "kvprefetch.commands.bench:bench")
+    monkeypatch.setitem(cli.COMMANDS, "report", "kvprefetch.commands.report:report")
+    for args in (["bench", "--help"], ["bench", "kernel", "--help"], ["report", "--help"]):
+        res = CliRunner().invoke(cli.main, args)
+        assert res.exit_code == 0, res.output
+
+
+def test_module_entry_point_reports_errors_without_traceback(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "kvprefetch.commands.bench", "kernel",
+                          "--workdir", str(tmp_path)], capture_output=True, text=True)
+    assert res.returncode == BenchError.exit_code
+    assert "error: no kernels-only builds" in res.stderr and "Traceback" not in res.stderr

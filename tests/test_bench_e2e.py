@@ -79,6 +79,8 @@ def test_plan_runs_alternates_envs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("envs", [["baseline", "patched"],
+                                  {"baseline": {"executable": "/b"}, "patched": {"executable": "/p"},
+                                   "warning": "without VLLM_USE_V1=0 ..."},
                                   {"baseline": {"python": "/b"}, "patched": {"python": "/p"}},
                                   [{"name": "baseline"}, {"tree": "patched"}]])
 def test_require_verified_accepts_report_shapes(tmp_path: Path, envs) -> None:
@@ -86,6 +88,8 @@ def test_require_verified_accepts_report_shapes(tmp_path: Path, envs) -> None:
     p.write_text(json.dumps({"passed": True, "envs": envs}))
     covered = e2e.require_verified(p, ["baseline", "patched"])
     assert set(covered) == {"baseline", "patched"}
+    if isinstance(envs, dict):
+        assert covered == {"baseline": "/b", "patched": "/p"}
 
 
 @pytest.mark.parametrize(("report", "match"), [
@@ -142,6 +146,9 @@ assert os.environ["VLLM_ATTENTION_BACKEND"] == "XFORMERS"
 assert "PYTHONPATH" not in os.environ
 assert not os.path.isdir("vllm"), "a ./vllm folder would shadow the install"
 a = sys.argv[1:]
+if a[:1] == ["-c"]:  # the "can it import vllm" check
+    print("0.10.2")
+    sys.exit(0)
 seqs = int(a[a.index("--max-num-seqs") + 1])
 fast = 1.25 if "/p/" in sys.argv[0] else 1.0
 res = json.load(open({str(SAMPLES / "vllm_throughput.json")!r}))
@@ -152,7 +159,6 @@ json.dump(res, open(a[a.index("--output-json") + 1], "w"))
     return path
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # runner pipe leak
 def test_run_e2e_with_stand_in_envs(tmp_path: Path) -> None:
     plan = _plan(tmp_path, max_num_seqs=(1, 4), repeats=2)
     for env in plan.envs:
@@ -165,3 +171,14 @@ def test_run_e2e_with_stand_in_envs(tmp_path: Path) -> None:
         4 * 1587.98)
     assert doc["meta"]["environment"] == {"VLLM_USE_V1": "0",
                                           "VLLM_ATTENTION_BACKEND": "XFORMERS"}
+    assert doc["meta"]["envs"][0]["vllm"] == "0.10.2"
+
+
+def test_run_e2e_refuses_an_env_without_vllm(tmp_path: Path) -> None:
+    """A kernels-only env (no vLLM) is caught before any benchmark starts."""
+    plan = _plan(tmp_path)
+    for env in plan.envs:
+        env.python.parent.mkdir(parents=True)
+        env.python.symlink_to(sys.executable)  # this python has no vllm
+    with pytest.raises(BenchError, match="cannot import vllm"):
+        e2e.run_e2e(plan)

@@ -124,12 +124,6 @@ print("==PROF== Disconnected")
     return script
 
 
-# runner.run leaves the child's stdout pipe open (ResourceWarning, an unraisable exception under
-# filterwarnings=error); reported to the runner's owner. Remove this mark once it closes it.
-RUNNER_PIPE_LEAK = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
-
-@RUNNER_PIPE_LEAK
 def test_run_ncu_bench_with_a_stand_in_ncu(tmp_path: Path) -> None:
     from kvprefetch.ops import BuiltOps
 

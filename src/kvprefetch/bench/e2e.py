@@ -158,12 +158,15 @@ def plan_runs(plan: E2EPlan) -> list[E2ERun]:
 
 
 def verified_envs(report: Mapping[str, Any]) -> dict[str, str | None]:
-    """Names (and pythons, where recorded) of the envs a verify report covers."""
+    """Names (and pythons, where recorded) of the envs a verify report covers. verify-kernel
+    writes ``envs`` as tree -> provenance probe (``executable``), plus non-env notes such as a
+    ``warning`` string, which are skipped; lists of names or of ``{name|tree, python}`` work too."""
     envs = report.get("envs") or {}
     out: dict[str, str | None] = {}
     if isinstance(envs, Mapping):
         for name, info in envs.items():
-            out[str(name)] = info.get("python") if isinstance(info, Mapping) else None
+            if isinstance(info, Mapping):
+                out[str(name)] = info.get("python") or info.get("executable")
     else:
         for e in envs:
             if isinstance(e, Mapping):
@@ -241,6 +244,23 @@ def collect(results: Sequence[tuple[E2ERun, Mapping[str, Any]]], plan: E2EPlan) 
     return rows
 
 
+def check_envs_have_vllm(envs: Sequence[E2EEnv], cwd: Path) -> dict[str, str]:
+    """Each env's python must import vllm (from a neutral cwd); returns name -> vLLM version."""
+    from ..runner import run
+
+    versions = {}
+    for env in envs:
+        res = run([str(env.python), "-c", "import vllm; print(vllm.__version__)"], cwd=cwd,
+                  env=e2e_environ(os.environ), echo=False, check=False)
+        if res.returncode != 0:
+            raise BenchError(f"{env.name}: {env.python} cannot import vllm: "
+                             f"{res.output.strip().splitlines()[-1:] or ''}",
+                             "bench e2e needs full builds (`kvprefetch build`, not "
+                             "--kernels-only); pass --env NAME=PYTHON of those environments")
+        versions[env.name] = res.output.strip().splitlines()[-1]
+    return versions
+
+
 def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
             command: Sequence[str] = ()) -> dict[str, Any]:
     """Execute the plan (each run from a neutral working directory) and build the document."""
@@ -248,6 +268,8 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
 
     say = progress or (lambda m: None)
     env = e2e_environ(os.environ)
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    versions = check_envs_have_vllm(plan.envs, plan.out_dir)
     results = []
     runs = plan_runs(plan)
     for i, r in enumerate(runs, 1):
@@ -263,7 +285,8 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
         "kind": "e2e", "schema": 1,
         "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "baseline": plan.envs[0].name,
-                 "envs": [{"name": e.name, "python": str(e.python)} for e in plan.envs],
+                 "envs": [{"name": e.name, "python": str(e.python),
+                           "vllm": versions.get(e.name)} for e in plan.envs],
                  "environment": E2E_ENV, "input_len": plan.input_len,
                  "output_len": plan.output_len, "repeats": plan.repeats,
                  "model_dir": str(plan.model_dir), "dtype": plan.dtype,
