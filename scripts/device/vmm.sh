@@ -18,14 +18,11 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-timeout 240 python3 -m pytest tests/test_vmm_layout.py tests/test_vmm_slots.py \
-  tests/test_vmm_stats.py tests/test_vmm_worker.py tests/test_vmm_tensors.py \
-  tests/test_vmm_driver.py tests/test_vmm_cache_fake.py tests/test_vmm_cli.py \
-  tests/test_vmm_gpu.py -v -rs -s -p no:cacheprovider --junitxml="$OUT/pytest-vmm.xml" \
-  > "$OUT/pytest-vmm.log" 2>&1
+timeout 200 python3 -m pytest tests/test_vmm_*.py -v -rs -s -p no:cacheprovider \
+  --junitxml="$OUT/pytest-vmm.xml" > "$OUT/pytest-vmm.log" 2>&1
 echo "pytest rc=$?" | tee -a "$OUT/pytest-vmm.log"
 grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/pytest-vmm.log" | grep -E "gpu|passed|failed|FAILED|ERROR" | tail -40
 
-timeout 150 python3 -m kvprefetch.vmm.bench --out "$OUT/vmm-bench.json" > "$OUT/bench.log" 2>&1
+timeout 170 python3 -m kvprefetch.vmm.bench --out "$OUT/vmm-bench.json" > "$OUT/bench.log" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/bench.log"
 tail -45 "$OUT/bench.log"

@@ -276,7 +276,10 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
 
 
 def run_decode(cfg: DecodeConfig, paged_decode: PagedDecode | None = None,
-               say: Callable[[str], None] = print) -> dict[str, Any]:
+               say: Callable[[str], None] = print,
+               partial: dict[str, Any] | None = None) -> dict[str, Any]:
+    """All shapes. ``partial`` (if given) receives the results so far under "decode", so a
+    failure in a late shape keeps the early ones."""
     import torch
 
     facts = device_facts()
@@ -286,10 +289,15 @@ def run_decode(cfg: DecodeConfig, paged_decode: PagedDecode | None = None,
     plans, trimmed = plan_shapes(cfg, facts["l2_bytes"], free)
     for t in trimmed:
         say(f"trimmed {t}")
-    results = []
+    results: list[DecodeResult] = []
+    if partial is not None:
+        partial["decode"] = {"config": asdict(cfg), "device": facts, "copy_bandwidth": copy,
+                             "trimmed": trimmed, "results": [], "partial": True}
     for p in plans:
         r = run_decode_shape(cfg, p, copy["gbps"], paged_decode)
         results.append(r)
+        if partial is not None:
+            partial["decode"]["results"].append(asdict(r))
         say(f"B={r.batch:4d} S={r.context:6d} L={r.layers:3d} {r.backend:20s} "
             f"vmm {r.vmm_ms * 1e3:9.1f} us  malloc {r.malloc_ms * 1e3:9.1f} us  "
             f"ratio {r.ratio:.4f}  {r.vmm_frac_copy_bw:6.1%} of copy bw  equal={r.bitwise_equal}")
@@ -301,10 +309,12 @@ def render_summary(report: dict[str, Any]) -> str:
     """A short plain-text table of a bench report (what the device run prints last)."""
     lines = []
     for r in report.get("step_latency", []):
+        drv = r.get("driver_us", {})
+        p50 = " ".join(f"{k} {v['p50_us']:.1f}" for k, v in drv.items() if k != "worker_job")
         lines.append(f"step {r['layout']:14s} {r['mode']:5s} compute {r['compute_ms']:4.1f} ms: "
                      f"crossing {r['cross_us_median']:9.1f} us, {r['cross_us_per_page']:6.2f} "
                      f"us/page, {r['cross_us_per_layer']:7.2f} us/layer, wait "
-                     f"{r['wait_us_median']:8.1f} us")
+                     f"{r['wait_us_median']:8.1f} us; driver p50 us: {p50}")
     dec = report.get("decode")
     if dec:
         lines.append(f"copy bandwidth {dec['copy_bandwidth']['gbps']:.0f} GB/s; "
@@ -352,20 +362,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.out, "w") as fh:
             json.dump(report, fh, indent=1, default=str)
 
+    failed = []
     if not args.skip_steps:
         from .steplat import run_step_latency_suite
 
-        report["step_latency"] = run_step_latency_suite(say=say)
+        try:
+            report["step_latency"] = run_step_latency_suite(say=say)
+        except Exception as exc:  # noqa: BLE001 - recorded; the decode part still runs
+            import traceback
+
+            report["step_latency_error"] = traceback.format_exc()
+            failed.append(f"step latency: {exc}")
         write()
     if not args.skip_decode:
         cfg = DecodeConfig(batches=tuple(int(x) for x in args.batches.split(",")),
                            contexts=tuple(int(x) for x in args.contexts.split(",")),
                            rounds=args.rounds)
-        report["decode"] = run_decode(cfg, say=say)
+        try:
+            report["decode"] = run_decode(cfg, say=say, partial=report)
+        except Exception as exc:  # noqa: BLE001 - recorded with what was measured so far
+            import traceback
+
+            report["decode_error"] = traceback.format_exc()
+            failed.append(f"decode: {exc}")
     report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     write()
     print(render_summary(report), flush=True)
-    return 0
+    for f in failed:
+        print(f"FAILED {f}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

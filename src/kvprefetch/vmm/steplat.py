@@ -115,8 +115,8 @@ def run_step_latency_suite(compute_ms: float = 8.0,
                            say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     out = []
     runs = [(Layout.PER_LAYER, False, compute_ms), (Layout.PER_LAYER, True, compute_ms),
-            (Layout.PER_LAYER, True, 0.0), (Layout.TENSOR_SLICING, False, compute_ms),
-            (Layout.TENSOR_SLICING, True, compute_ms)]
+            (Layout.PER_LAYER, True, 0.0), (Layout.PER_LAYER, True, 3 * compute_ms),
+            (Layout.TENSOR_SLICING, False, compute_ms), (Layout.TENSOR_SLICING, True, compute_ms)]
     for layout, mode, cms in runs:
         r = run_step_latency(layout, mode, cms)
         out.append(asdict(r))
