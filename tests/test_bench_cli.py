@@ -73,6 +73,10 @@ def test_kernel_bad_options(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "unknown format" in res.output
     res = _invoke(["kernel", "--workdir", str(tmp_path)])
     assert isinstance(res.exception, BenchError) and "no kernels-only builds" in str(res.exception)
+    _fake_builds(tmp_path)
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--variant", "patched", "--variant",
+                   "seed"])
+    assert isinstance(res.exception, BenchError) and "baseline" in str(res.exception)
 
 
 def test_list_presets() -> None:
@@ -133,7 +137,7 @@ def test_command_modules_do_not_import_torch() -> None:
             "kvprefetch.bench.matrix, kvprefetch.bench.report, kvprefetch.bench.ncu, "
             "kvprefetch.bench.e2e, kvprefetch.bench.kernel, kvprefetch.numerics, kvprefetch.ops; "
             "assert 'torch' not in sys.modules, 'torch imported at import time'")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
 
 
@@ -153,6 +157,6 @@ def test_module_entry_point_reports_errors_without_traceback(tmp_path: Path) -> 
     import sys
 
     res = subprocess.run([sys.executable, "-m", "kvprefetch.commands.bench", "kernel",
-                          "--workdir", str(tmp_path)], capture_output=True, text=True)
+                          "--workdir", str(tmp_path)], capture_output=True, text=True, check=False)
     assert res.returncode == BenchError.exit_code
     assert "error: no kernels-only builds" in res.stderr and "Traceback" not in res.stderr

@@ -115,6 +115,8 @@ def test_e2e_markdown_and_identity_markdown(tmp_path: Path) -> None:
            "rows": e2e.collect(res, plan)}
     md = report.render_markdown(doc)
     assert "VLLM_USE_V1=0" in md and "1.800 [1.800-1.800]" in md
+    if __import__("importlib").util.find_spec("matplotlib"):
+        assert report.render_png(doc, tmp_path / "e.png").read_bytes()[:8] == PNG_MAGIC
     from kvprefetch.numerics import not_checked
 
     idoc = not_checked("no CUDA device").to_dict()

@@ -48,6 +48,13 @@ def variant_option(f: F) -> F:
                              "baseline first).")(f)
 
 
+def _require_baseline_first(trees: list[str]) -> None:
+    """Speedups and bitwise equality are relative to the stock build; never to another variant."""
+    if not trees or trees[0] != "baseline":
+        raise BenchError(f"the stock 'baseline' build is not among {trees}",
+                         "build it (`kvprefetch build --kernels-only`) and include it in --variant")
+
+
 @click.group()
 def bench() -> None:
     """Benchmark stock vs patched decode attention (kernel, ncu) and vLLM end to end (e2e)."""
@@ -132,6 +139,7 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...],
     if not builds:
         raise BenchError(f"no kernels-only builds under {workdir / 'build'}",
                          "run `kvprefetch build --kernels-only` on this machine first")
+    _require_baseline_first([b.tree for b in builds])
     ops = [load_build(b) for b in builds]
     doc = run_kernel_bench(ops, matrix, configs, progress=info, command=sys.argv)
     paths = write_outputs(doc, out_dir, name, fmts)
@@ -205,6 +213,7 @@ def ncu(workdir: Path, trees: tuple[str, ...], shape_specs: tuple[str, ...], pre
     if len(builds) < 2:
         raise BenchError(f"need the baseline and a variant, found {[b.tree for b in builds]}",
                          "run `kvprefetch build --kernels-only` first")
+    _require_baseline_first([b.tree for b in builds])
     from ..bench.report import write_outputs
 
     doc = run_ncu_bench(builds, shapes, out_dir, opts, progress=info, command=sys.argv)
