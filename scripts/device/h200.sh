@@ -38,5 +38,5 @@ if [ "$WHAT" = all ] && [ -f scripts/device/bench.sh ]; then
 fi
 cp "$W"/build/*/*/manifest.json "$R/" 2>/dev/null
 for t in baseline patched seed; do cp "$W/build/$t"/*/manifest.json "$R/manifest-$t.json" 2>/dev/null; done
-tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$R"
 log "done"
+tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$R"

@@ -23,6 +23,9 @@ COMMANDS: dict[str, str] = {
     "clean": "kvprefetch.commands.build:clean",
     "doctor": "kvprefetch.commands.doctor:doctor",
     "verify-kernel": "kvprefetch.commands.verify:verify_kernel",
+    "bench": "kvprefetch.commands.bench:bench",
+    "report": "kvprefetch.commands.report:report",
+    "vmm": "kvprefetch.commands.vmm:vmm",
 }
 
 
