@@ -1,0 +1,42 @@
+// A tiny stand-in for vLLM's paged_attention_v1_kernel, used only to make a REAL two-arch
+// (sm_80 + sm_90) SASS sample for tests/test_sass.py. It is our own code: the template is
+// declared with vLLM's parameter list so the mangled name decodes like the real kernels', and
+// it calls kvprefetch's csrc/prefetch_ptx.cuh at a "K" and a "V" site exactly as the patch
+// does. On sm_90 each site becomes one UBLKPF.L2; on sm_80 the helper compiles to nothing.
+//
+// How it is compiled and disassembled: see README.md next to this file.
+#include <cstdint>
+#include "prefetch_ptx.cuh"
+
+namespace vllm {
+enum class Fp8KVCacheDataType { kAuto = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
+
+template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
+          Fp8KVCacheDataType KV_DTYPE, bool IS_BLOCK_SPARSE>
+__global__ void paged_attention_v1_kernel(scalar_t* __restrict__ out,
+                                          const cache_t* __restrict__ k_cache,
+                                          const cache_t* __restrict__ v_cache,
+                                          const int* __restrict__ block_table, int num_blocks,
+                                          int64_t kv_block_stride, int64_t kv_head_stride) {
+  constexpr int NUM_WARPS = NUM_THREADS / 32;
+  const int warp_idx = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t head_offset = blockIdx.x * kv_head_stride;
+  float acc = 0.f;
+  for (int block_idx = warp_idx; block_idx < num_blocks; block_idx += NUM_WARPS) {
+    kvprefetch::prefetch_next_block<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
+        k_cache, block_table, block_idx, num_blocks, kv_block_stride, head_offset, lane);
+    acc += static_cast<float>(k_cache[block_table[block_idx] * kv_block_stride + lane]);
+  }
+  for (int block_idx = warp_idx; block_idx < num_blocks; block_idx += NUM_WARPS) {
+    kvprefetch::prefetch_next_block<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
+        v_cache, block_table, block_idx, num_blocks, kv_block_stride, head_offset, lane);
+    acc += static_cast<float>(v_cache[block_table[block_idx] * kv_block_stride + lane]);
+  }
+  out[blockIdx.x * blockDim.x + threadIdx.x] = static_cast<scalar_t>(acc);
+}
+
+template __global__ void paged_attention_v1_kernel<float, float, 128, 16, 128,
+                                                   Fp8KVCacheDataType::kAuto, false>(
+    float*, const float*, const float*, const int*, int, int64_t, int64_t);
+}  // namespace vllm
