@@ -63,12 +63,17 @@ def test_render_summary_of_a_full_report() -> None:
         batch=8, context=4096, layers=2, kv_bytes_per_call=128 * MiB, backend="FLASH_ATTENTION",
         vmm_ms=0.0401, malloc_ms=0.0400, vmm_spread=0.01, malloc_spread=0.02, ratio=1.0025,
         within_3pct=True, vmm_gbps=3300.0, malloc_gbps=3310.0, vmm_frac_copy_bw=0.77,
-        malloc_frac_copy_bw=0.78, bitwise_equal=True,
+        malloc_frac_copy_bw=0.78, bitwise_equal=True, default_deterministic=True,
+        ref_rel_err=2.5e-4, vmm_frac_read_bw=0.71, flash_ratio=1.001, flash_bitwise_equal=True,
     )
     report = {"step_latency": [asdict(step)],
-              "decode": {"copy_bandwidth": {"gbps": 4300.0}, "device": {"name": "NVIDIA H200"},
+              "decode": {"copy_bandwidth": {"gbps": 4300.0, "read_gbps": 4650.0},
+                         "device": {"name": "NVIDIA H200"},
                          "results": [asdict(dec)]}}
     text = render_summary(report)
     assert "crossing    5000.0 us" in text and "39.06 us/page" in text and "map 4.0" in text
     assert "FLASH_ATTENTION" in text and "1.0025" in text and "77.0%" in text
-    assert "within 3%: 1/1" in text
+    assert "within 3%: 1/1" in text and "read-only 4650 GB/s" in text
+    row = next(line for line in text.splitlines() if "FLASH_ATTENTION" in line and "4096" in line)
+    assert row.split()[-6:] == ["71.0%", "y", "y", "2.5e-04", "1.0010", "y"]
+    assert "forced FLASH_ATTENTION ratio vmm/malloc: min 1.0010" in text

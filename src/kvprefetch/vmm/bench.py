@@ -76,7 +76,17 @@ class DecodeResult:
     malloc_gbps: float
     vmm_frac_copy_bw: float
     malloc_frac_copy_bw: float
-    bitwise_equal: bool
+    bitwise_equal: bool        # default backend: vmm output == malloc output, bit for bit
+    default_deterministic: bool | None = None  # malloc graph replayed twice: same bits?
+    max_abs_diff: float | None = None          # default backend, vmm vs malloc
+    ref_rel_err: float | None = None           # vmm output vs float64 reference (2 sequences)
+    vmm_frac_read_bw: float | None = None
+    flash_vmm_ms: float | None = None          # the same comparison forced onto FLASH_ATTENTION
+    flash_malloc_ms: float | None = None
+    flash_ratio: float | None = None
+    flash_bitwise_equal: bool | None = None
+    flash_ref_rel_err: float | None = None
+    flash_error: str | None = None
     paged_ms: float | None = None
     vmm_over_paged: float | None = None
     samples: dict[str, list[float]] = field(default_factory=dict)
@@ -130,7 +140,8 @@ def device_facts() -> dict[str, Any]:
 
 
 def measure_copy_bandwidth(nbytes: int = 1 << 31, iters: int = 10) -> dict[str, float]:
-    """Device-to-device copy, counting bytes read plus bytes written (GB/s, 1e9)."""
+    """Device-to-device copy, counting bytes read plus bytes written (GB/s, 1e9), and a
+    read-only pass (``sum``) over the same bytes."""
     import torch
 
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
@@ -145,10 +156,26 @@ def measure_copy_bandwidth(nbytes: int = 1 << 31, iters: int = 10) -> dict[str, 
         b.synchronize()
         times.append(a.elapsed_time(b))
     med, spread = summarize(times)
-    del src, dst
+    del dst
+    # Read-only floor: a sum over the same bytes as float16 (decode attention mostly reads).
+    x = src.view(torch.float16)
+    x.normal_()
+    x.sum()
+    rtimes = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        x.sum()
+        b.record()
+        b.synchronize()
+        rtimes.append(a.elapsed_time(b))
+    rmed, rspread = summarize(rtimes)
+    del src, x
     torch.cuda.empty_cache()
     return {"bytes": nbytes, "median_ms": med, "spread": spread,
-            "gbps": 2 * nbytes / (med * 1e-3) / 1e9}
+            "gbps": 2 * nbytes / (med * 1e-3) / 1e9,
+            "read_median_ms": rmed, "read_spread": rspread,
+            "read_gbps": nbytes / (rmed * 1e-3) / 1e9}
 
 
 def sdpa_backend(q: Any, k: Any, v: Any) -> str:
@@ -210,10 +237,24 @@ def time_interleaved(graphs: dict[str, Any], calls_per_replay: int, rounds: int,
     return out
 
 
+def _reference_rel_err(q: Any, k: Any, v: Any, out: Any, n: int) -> float:
+    """‖out − exact‖/‖exact‖ over the first ``n`` sequences, exact in float64 (GQA expanded)."""
+    import torch
+
+    group = q.shape[1] // k.shape[2]
+    kk = k[:n].transpose(1, 2).double().repeat_interleave(group, dim=1)
+    vv = v[:n].transpose(1, 2).double().repeat_interleave(group, dim=1)
+    w = torch.softmax(q[:n].double() @ kk.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
+    exact = w @ vv
+    return float((out[:n].double() - exact).norm() / exact.norm())
+
+
 def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
-                     paged_decode: PagedDecode | None = None) -> DecodeResult:
+                     paged_decode: PagedDecode | None = None,
+                     read_gbps: float | None = None) -> DecodeResult:
     import torch
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from .cache import VirtualKVCache
 
@@ -222,6 +263,7 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
     spec = KVCacheSpec(num_layers=layers, num_kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
                        max_batch=b, max_context=s, dtype=cfg.dtype, layout=Layout.PER_LAYER)
     cache = VirtualKVCache(spec, async_mapping=False, eager_groups=0)
+    flash: dict[str, Any] = {}
     try:
         slots = [cache.alloc_reqid() for _ in range(b)]
         cache.step({slot: s for slot in slots})
@@ -237,24 +279,57 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
             t_mal.copy_(t_vmm)
         q = torch.randn(b, cfg.q_heads, 1, cfg.head_dim, dtype=dtype, device="cuda")
 
-        def attend(ks: list[Any], vs: list[Any]) -> Callable[[], Any]:
-            def fn() -> Any:
+        def attend(ks: list[Any], vs: list[Any], forced: Any = None) -> Callable[[], Any]:
+            def calls() -> Any:
                 return [F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
                                                        enable_gqa=True)
                         for k, v in zip(ks, vs)]
+
+            def fn() -> Any:
+                if forced is None:
+                    return calls()
+                with sdpa_kernel([forced]):
+                    return calls()
             return fn
 
         backend = sdpa_backend(q, vk[0].transpose(1, 2), vv[0].transpose(1, 2))
-        g_vmm, out_vmm = _graph_of(attend(vk, vv))
-        g_mal, out_mal = _graph_of(attend(mk, mv))
-        samples = time_interleaved({"vmm": g_vmm, "malloc": g_mal}, layers, cfg.rounds,
-                                   cfg.sample_ms)
+        graphs: dict[str, Any] = {}
+        outs: dict[str, Any] = {}
+        graphs["vmm"], outs["vmm"] = _graph_of(attend(vk, vv))
+        graphs["malloc"], outs["malloc"] = _graph_of(attend(mk, mv))
+        try:
+            graphs["vmm_flash"], outs["vmm_flash"] = _graph_of(
+                attend(vk, vv, SDPBackend.FLASH_ATTENTION))
+            graphs["malloc_flash"], outs["malloc_flash"] = _graph_of(
+                attend(mk, mv, SDPBackend.FLASH_ATTENTION))
+        except RuntimeError as exc:  # flash not eligible here: keep the default comparison
+            flash["flash_error"] = str(exc).splitlines()[0][:300]
+            graphs.pop("vmm_flash", None)
+            outs.pop("vmm_flash", None)
+        samples = time_interleaved(graphs, layers, cfg.rounds, cfg.sample_ms)
         torch.cuda.synchronize()
-        equal = all(torch.equal(x, y) for x, y in zip(out_vmm, out_mal))
+        pairs = list(zip(outs["vmm"], outs["malloc"]))
+        equal = all(torch.equal(x, y) for x, y in pairs)
+        max_abs = max(float((x.float() - y.float()).abs().max()) for x, y in pairs)
+        n_ref = min(b, 2)
+        ref_err = _reference_rel_err(q, vk[0], vv[0], outs["vmm"][0], n_ref)
+        snap = [o.clone() for o in outs["malloc"]]
+        graphs["malloc"].replay()
+        torch.cuda.synchronize()
+        deterministic = all(torch.equal(x, y) for x, y in zip(snap, outs["malloc"]))
         vmm_ms, vmm_spread = summarize(samples["vmm"])
         mal_ms, mal_spread = summarize(samples["malloc"])
+        if "vmm_flash" in graphs:
+            fv, _ = summarize(samples["vmm_flash"])
+            fm, _ = summarize(samples["malloc_flash"])
+            flash.update(
+                flash_vmm_ms=fv, flash_malloc_ms=fm, flash_ratio=fv / fm,
+                flash_bitwise_equal=all(torch.equal(x, y) for x, y in
+                                        zip(outs["vmm_flash"], outs["malloc_flash"])),
+                flash_ref_rel_err=_reference_rel_err(q, vk[0], vv[0], outs["vmm_flash"][0],
+                                                     n_ref))
         paged_ms = paged_decode(b, s) if paged_decode is not None else None
-        del g_vmm, g_mal, out_vmm, out_mal, vk, vv, mk, mv
+        del graphs, outs, snap, pairs, vk, vv, mk, mv
         torch.cuda.synchronize()
     finally:
         cache.teardown()
@@ -270,8 +345,11 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
         malloc_spread=mal_spread, ratio=ratio, within_3pct=abs(ratio - 1.0) <= 0.03,
         vmm_gbps=gbps(vmm_ms), malloc_gbps=gbps(mal_ms),
         vmm_frac_copy_bw=gbps(vmm_ms) / copy_gbps, malloc_frac_copy_bw=gbps(mal_ms) / copy_gbps,
-        bitwise_equal=equal, paged_ms=paged_ms,
-        vmm_over_paged=(vmm_ms / paged_ms) if paged_ms else None, samples=samples,
+        bitwise_equal=equal, default_deterministic=deterministic, max_abs_diff=max_abs,
+        ref_rel_err=ref_err,
+        vmm_frac_read_bw=gbps(vmm_ms) / read_gbps if read_gbps else None,
+        paged_ms=paged_ms, vmm_over_paged=(vmm_ms / paged_ms) if paged_ms else None,
+        samples=samples, **flash,
     )
 
 
@@ -284,7 +362,8 @@ def run_decode(cfg: DecodeConfig, paged_decode: PagedDecode | None = None,
 
     facts = device_facts()
     copy = measure_copy_bandwidth()
-    say(f"copy bandwidth {copy['gbps']:.0f} GB/s (read+write), L2 {facts['l2_bytes'] >> 20} MiB")
+    say(f"copy bandwidth {copy['gbps']:.0f} GB/s (read+write), read-only "
+        f"{copy['read_gbps']:.0f} GB/s, L2 {facts['l2_bytes'] >> 20} MiB")
     free, _ = torch.cuda.mem_get_info()
     plans, trimmed = plan_shapes(cfg, facts["l2_bytes"], free)
     for t in trimmed:
@@ -294,13 +373,15 @@ def run_decode(cfg: DecodeConfig, paged_decode: PagedDecode | None = None,
         partial["decode"] = {"config": asdict(cfg), "device": facts, "copy_bandwidth": copy,
                              "trimmed": trimmed, "results": [], "partial": True}
     for p in plans:
-        r = run_decode_shape(cfg, p, copy["gbps"], paged_decode)
+        r = run_decode_shape(cfg, p, copy["gbps"], paged_decode, copy["read_gbps"])
         results.append(r)
         if partial is not None:
             partial["decode"]["results"].append(asdict(r))
         say(f"B={r.batch:4d} S={r.context:6d} L={r.layers:3d} {r.backend:20s} "
             f"vmm {r.vmm_ms * 1e3:9.1f} us  malloc {r.malloc_ms * 1e3:9.1f} us  "
-            f"ratio {r.ratio:.4f}  {r.vmm_frac_copy_bw:6.1%} of copy bw  equal={r.bitwise_equal}")
+            f"ratio {r.ratio:.4f}  {r.vmm_frac_copy_bw:6.1%} of copy bw  equal={r.bitwise_equal}"
+            f" det={r.default_deterministic} flash ratio {r.flash_ratio} "
+            f"flash equal={r.flash_bitwise_equal} ref err {r.ref_rel_err:.1e}")
     return {"config": asdict(cfg), "device": facts, "copy_bandwidth": copy, "trimmed": trimmed,
             "results": [asdict(r) for r in results]}
 
@@ -317,20 +398,39 @@ def render_summary(report: dict[str, Any]) -> str:
                      f"{r['wait_us_median']:8.1f} us; driver p50 us: {p50}")
     dec = report.get("decode")
     if dec:
-        lines.append(f"copy bandwidth {dec['copy_bandwidth']['gbps']:.0f} GB/s; "
-                     f"device {dec['device']['name']}")
-        lines.append(f"{'B':>4} {'S':>6} {'L':>3} {'backend':18s} {'vmm us':>9} {'malloc us':>9} "
-                     f"{'ratio':>7} {'spread v/m':>11} {'%copy':>6} eq")
+        cb = dec["copy_bandwidth"]
+        lines.append(f"copy bandwidth {cb['gbps']:.0f} GB/s (read+write), read-only "
+                     f"{cb.get('read_gbps', math.nan):.0f} GB/s; device {dec['device']['name']}")
+        lines.append(f"{'B':>4} {'S':>6} {'L':>3} {'backend':16s} {'vmm us':>8} {'malloc us':>9} "
+                     f"{'ratio':>6} {'spread v/m':>11} {'%copy':>6} {'%read':>6} eq det "
+                     f"{'ref err':>7} {'flash r':>7} feq")
+
+        def yn(v: Any) -> str:
+            return "-" if v is None else ("y" if v else "N")
+
         for r in dec["results"]:
-            lines.append(f"{r['batch']:4d} {r['context']:6d} {r['layers']:3d} {r['backend']:18s} "
-                         f"{r['vmm_ms'] * 1e3:9.1f} {r['malloc_ms'] * 1e3:9.1f} "
-                         f"{r['ratio']:7.4f} {r['vmm_spread']:5.3f}/{r['malloc_spread']:5.3f} "
-                         f"{r['vmm_frac_copy_bw']:6.1%} {'y' if r['bitwise_equal'] else 'N'}")
+            fr = r.get("flash_ratio")
+            rd = r.get("vmm_frac_read_bw")
+            lines.append(f"{r['batch']:4d} {r['context']:6d} {r['layers']:3d} "
+                         f"{r['backend'][:16]:16s} {r['vmm_ms'] * 1e3:8.1f} "
+                         f"{r['malloc_ms'] * 1e3:9.1f} {r['ratio']:6.4f} "
+                         f"{r['vmm_spread']:5.3f}/{r['malloc_spread']:5.3f} "
+                         f"{r['vmm_frac_copy_bw']:6.1%} "
+                         f"{'-' if rd is None else format(rd, '6.1%'):>6} "
+                         f"{yn(r['bitwise_equal']):>2} {yn(r.get('default_deterministic')):>3} "
+                         f"{r.get('ref_rel_err') or math.nan:7.1e} "
+                         f"{'-' if fr is None else format(fr, '7.4f'):>7} "
+                         f"{yn(r.get('flash_bitwise_equal')):>3}")
         ratios = [r["ratio"] for r in dec["results"]]
         if ratios:
             lines.append(f"ratio vmm/malloc: min {min(ratios):.4f} median "
                          f"{statistics.median(ratios):.4f} max {max(ratios):.4f}; within 3%: "
                          f"{sum(abs(x - 1) <= 0.03 for x in ratios)}/{len(ratios)}")
+        fratios = [r["flash_ratio"] for r in dec["results"] if r.get("flash_ratio")]
+        if fratios:
+            lines.append(f"forced FLASH_ATTENTION ratio vmm/malloc: min {min(fratios):.4f} "
+                         f"max {max(fratios):.4f}; within 3%: "
+                         f"{sum(abs(x - 1) <= 0.03 for x in fratios)}/{len(fratios)}")
     return "\n".join(lines)
 
 
