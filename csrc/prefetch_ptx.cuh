@@ -10,7 +10,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#ifndef USE_ROCM
+  #include <cuda_runtime.h>
+#endif
 
 namespace kvprefetch {
 
@@ -48,31 +56,120 @@ __device__ __forceinline__ void l2_prefetch_bulk(const void* src) {
 #endif
 }
 
+// ---- Tuning (compile-time defaults; each can be overridden with -D) ---------------------
+// How many of this warp's iterations ahead to prefetch. 1 = the next block it reads
+// (block_idx + NUM_WARPS). D > 1: on the warp's first iteration lanes 1..D request the next
+// D blocks, and every later iteration keeps the window D iterations ahead.
+#ifndef KVPREFETCH_DISTANCE
+  #define KVPREFETCH_DISTANCE 1
+#endif
+// The `auto` rule: prefetch only when the launch is latency-bound, i.e. the grid is not
+// partitioned (v1, or v2 with one partition) and has at most this many CTAs per SM. Larger
+// grids already keep the memory system busy, and there the prefetch measured slower on the
+// H200 (docs/prefetch-tuning.md).
+#ifndef KVPREFETCH_AUTO_MAX_CTAS_PER_SM
+  #define KVPREFETCH_AUTO_MAX_CTAS_PER_SM 2
+#endif
+// 0 = off, 1 = on (every launch), 2 = auto. The runtime switch KVPREFETCH=off|on|auto
+// overrides it without a rebuild (read once per process, see sync_runtime_mode below).
+#ifndef KVPREFETCH_DEFAULT_MODE
+  #define KVPREFETCH_DEFAULT_MODE 2
+#endif
+
+namespace {
+// One copy per translation unit (non-relocatable device code), written at most once per
+// device by that unit's launcher before its first eager launch.
+__constant__ int kvprefetch_mode = KVPREFETCH_DEFAULT_MODE;
+}  // namespace
+
+// Whether this launch prefetches. Uniform over the CTA and computed from what every thread
+// knows (grid shape, the SM count in %nsmid), so gating costs a few uniform instructions.
+__device__ __forceinline__ bool prefetch_enabled() {
+#if KVPREFETCH_HAS_BULK_PREFETCH
+  const int mode = kvprefetch_mode;
+  if (mode != 2) return mode == 1;
+  unsigned int nsm;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+  const unsigned int ctas = gridDim.x * gridDim.y;
+  return gridDim.z == 1 && ctas <= KVPREFETCH_AUTO_MAX_CTAS_PER_SM * nsm;
+#else
+  return false;
+#endif
+}
+
 // Called by every lane of a warp at the top of its iteration over `block_idx`, right after
 // the kernel read block_table[block_idx]. `cache` is k_cache or v_cache; `head_offset` is
-// kv_head_idx * kv_head_stride. DISTANCE is the warp's stride, NUM_WARPS.
+// kv_head_idx * kv_head_stride; STRIDE is the warp's step through the blocks, NUM_WARPS.
 //  - "No next block" is decided by the index, never by the block number: physical block 0
 //    is a real block in vLLM V0 (the original patch's sentinel 0 skipped it).
 //  - The bound is end_block_idx (this partition's end), not the block count, so v2
 //    partitions prefetch too, and block_table is never read past the sequence's row.
 //  - Block numbers widen to int64 before the multiply, as vLLM does for its own loads.
-template <int HEAD_SIZE, int BLOCK_SIZE, int DISTANCE, typename cache_t>
+template <int HEAD_SIZE, int BLOCK_SIZE, int STRIDE, typename cache_t>
 __device__ __forceinline__ void prefetch_next_block(
     const cache_t* __restrict__ cache, const int* __restrict__ block_table,
-    const int block_idx, const int end_block_idx, const int64_t kv_block_stride,
-    const int64_t head_offset, const int lane) {
+    const int block_idx, const int start_block_idx, const int end_block_idx,
+    const int64_t kv_block_stride, const int64_t head_offset, const int lane) {
 #if KVPREFETCH_HAS_BULK_PREFETCH
-  const int next_idx = block_idx + DISTANCE;
-  if (lane == 0 && next_idx < end_block_idx) {
+  constexpr int D = KVPREFETCH_DISTANCE;
+  static_assert(D >= 1 && D < 32, "KVPREFETCH_DISTANCE must be in [1, 31]");
+  if (!prefetch_enabled()) return;
+  // First iteration of this warp: lanes 1..D cover the next D blocks. Later: lane 0 keeps
+  // the window D iterations ahead (block_idx + D*STRIDE).
+  const bool first = block_idx - start_block_idx < STRIDE;
+  const int ahead = first ? lane : (lane == 0 ? D : 0);
+  const int next_idx = block_idx + ahead * STRIDE;
+  if (ahead >= 1 && ahead <= D && next_idx < end_block_idx) {
     const int64_t next_block = static_cast<int64_t>(block_table[next_idx]);
     l2_prefetch_bulk<KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes>(
         cache + next_block * kv_block_stride + head_offset);
   }
 #else
-  (void)cache; (void)block_table; (void)block_idx; (void)end_block_idx;
-  (void)kv_block_stride; (void)head_offset; (void)lane;
+  (void)cache; (void)block_table; (void)block_idx; (void)start_block_idx;
+  (void)end_block_idx; (void)kv_block_stride; (void)head_offset; (void)lane;
 #endif
 }
+
+// Host side, called by each launcher (paged_attention_v{1,2}.cu) before it launches: applies
+// KVPREFETCH=off|on|auto from the environment, read once per process. Nothing is written when
+// it asks for the compiled-in default, or while the stream is being captured into a CUDA graph
+// (vLLM's warm-up runs eagerly first, so the setting is in place before capture).
+#if !defined(USE_ROCM)
+namespace {
+inline int kvprefetch_host_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("KVPREFETCH");
+    if (v == nullptr || *v == '\0') return KVPREFETCH_DEFAULT_MODE;
+    const std::string s(v);
+    if (s == "off" || s == "0") return 0;
+    if (s == "on" || s == "1") return 1;
+    if (s == "auto") return 2;
+    std::fprintf(stderr, "kvprefetch: ignoring KVPREFETCH=%s (use off, on or auto)\n", v);
+    return KVPREFETCH_DEFAULT_MODE;
+  }();
+  return mode;
+}
+std::atomic<unsigned long long> kvprefetch_devices_set{0};
+
+inline void sync_runtime_mode(cudaStream_t stream) {
+  static const int mode = kvprefetch_host_mode();
+  if (mode == KVPREFETCH_DEFAULT_MODE) return;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) return;
+  const unsigned long long bit = 1ull << dev;
+  if (kvprefetch_devices_set.load() & bit) return;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess ||
+      capturing != cudaStreamCaptureStatusNone) {
+    return;
+  }
+  if (cudaMemcpyToSymbolAsync(kvprefetch_mode, &mode, sizeof(int), 0,
+                              cudaMemcpyHostToDevice, stream) == cudaSuccess) {
+    kvprefetch_devices_set.fetch_or(bit);
+  }
+}
+}  // namespace
+#endif
 
 // The original patch's mechanism, kept for faithful reproduction (`--variant seed`):
 // a fixed 4096 B, the address masked to 16 B, and next block number 0 meaning "none".

@@ -112,7 +112,7 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
                                  "patch_sha256": tp.patch_sha256, "key": tp.key})
         nvcc_flags, cxx_flags, link_flags = compile_flags(
             tinfo, Path(cuda_home), list(plan.gencode), tp.namespace,
-            Path(tp.source_tree) / "csrc", build_info)
+            Path(tp.source_tree) / "csrc", build_info, tp.defines)
         srcs = kernel_sources(Path(tp.source_tree), sel, bdir)
         so = bdir / f"{tp.namespace}_C.so"
         cxx = os.environ.get("CXX", "g++")
@@ -151,6 +151,7 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
                        "patch_sha256": tp.patch_sha256, "arch_list": plan.arch_list,
                        "gencode": list(plan.gencode),
                        "sources": {str(s): sha256_file(s) for s in srcs},
+                       "defines": list(tp.defines),
                        "nvcc_flags": nvcc_flags, "link_flags": link_flags},
             "toolchain": {**plan.toolchain, "torch": tinfo.torch_version,
                           "torch_cuda": tinfo.torch_cuda, "cxx_std": tinfo.cxx_std,

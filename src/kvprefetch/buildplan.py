@@ -50,6 +50,7 @@ class TreePlan:
     log_dir: str
     key: str
     namespace: str
+    defines: tuple[str, ...]
     env_set: dict[str, str]
     env_unset: tuple[str, ...]
     steps: tuple[Step, ...]
@@ -101,9 +102,11 @@ def tree_variant(wd: Workdir, tree: str) -> tuple[dict[str, Any], str | None, st
 
 
 def default_trees(wd: Workdir) -> tuple[str, ...]:
-    trees = [t for t in upstream.TREE_NAMES]
-    if wd.read_state(upstream.SEED_TREE) and (wd.read_state(upstream.SEED_TREE) or {}).get("applied"):
-        trees.append(upstream.SEED_TREE)
+    """baseline and patched, then every other tree that carries a patch (seed, extra trees)."""
+    trees = list(upstream.TREE_NAMES)
+    for name in wd.existing_trees():
+        if name not in trees and (wd.read_state(name) or {}).get("applied"):
+            trees.append(name)
     return tuple(trees)
 
 
@@ -142,6 +145,8 @@ def render_plan(plan: BuildPlan) -> str:
                    f"source={t.source_sha256[:16]} key={t.key}")
         out.append(f"  tree: {t.source_tree}")
         out.append(f"  env:  {t.env_backend} {t.env_path} (python {t.python})")
+        if t.defines:
+            out.append("  defines: " + " ".join(f"-D{d}" for d in t.defines))
         out.append(f"  logs: {t.log_dir}")
         out.append("  environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in t.env_set.items())
                    + "   unset: " + " ".join(t.env_unset))
@@ -157,7 +162,8 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
               env_backend: str, jobs: int, nvcc_threads: int, selection: Selection,
               torch_from: str | None, nvcc: str | None, nvcc_version: tuple[int, int, int] | None,
               cuda_home: str | None, torch_info: Any | None, editable: bool = True,
-              deps_dir: Path | None = None, ccache: str | None = None) -> BuildPlan:
+              deps_dir: Path | None = None, ccache: str | None = None,
+              tree_defines: dict[str, tuple[str, ...]] | None = None) -> BuildPlan:
     """Compute the plan. ``torch_info`` (kernels-only) is the probe of the torch the envs will
     use, so the compile commands in the plan are the exact ones that will run."""
     if mode not in MODES:
@@ -185,7 +191,8 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
             tree_plans.append(_kernels_tree_plan(wd, tree, variant, patch, state, src_hash,
                                                  env_backend, env_path, py, namespace, env_set,
                                                  gencode, selection, torch_from, nvcc, nvcc_version,
-                                                 cuda_home, torch_info, jobs))
+                                                 cuda_home, torch_info, jobs,
+                                                 (tree_defines or {}).get(tree, ())))
         else:
             tree_plans.append(_full_tree_plan(wd, tree, variant, patch, src_hash, env_backend,
                                               env_path, py, namespace, env_set, arch_list,
@@ -199,7 +206,7 @@ def _kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str |
                        py: str, namespace: str, env_set: dict[str, str], gencode: tuple[str, ...],
                        selection: Selection, torch_from: str | None, nvcc: str | None,
                        nvcc_version: Any, cuda_home: str | None, torch_info: Any,
-                       jobs: int) -> TreePlan:
+                       jobs: int, defines: tuple[str, ...] = ()) -> TreePlan:
     from .kernels_build import compile_flags, probe_script
     from .upstream import kit_root
 
@@ -209,7 +216,7 @@ def _kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str |
         "ops_cpp": hashlib.sha256(ops_cpp.read_bytes()).hexdigest(),
         "gencode": gencode, "selection": selection.to_dict(), "namespace": namespace,
         "torch": getattr(torch_info, "torch_version", None), "nvcc": nvcc_version,
-        "env_backend": env_backend,
+        "env_backend": env_backend, "defines": list(defines),
     })
     bdir = wd.build_root(tree) / key
     so = bdir / f"{namespace}_C.so"
@@ -218,7 +225,7 @@ def _kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str |
         build_info = json.dumps({"tree": tree, "variant": variant, "patch_sha256": patch,
                                  "key": key})
         nvcc_flags, _, _ = compile_flags(torch_info, Path(cuda_home), list(gencode), namespace,
-                                         wd.tree(tree) / "csrc", build_info)
+                                         wd.tree(tree) / "csrc", build_info, defines)
     base_py = torch_from or kit_python()
     steps = (
         Step("create-env", (base_py, "-m", "venv", "--without-pip", str(env_path))
@@ -234,7 +241,7 @@ def _kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str |
         Step("manifest", (), f"write {bdir / 'manifest.json'}"),
     )
     return TreePlan(tree, variant, str(wd.tree(tree)), src_hash, patch, env_backend, str(env_path),
-                    py, str(bdir), str(bdir / "logs"), key, namespace, env_set,
+                    py, str(bdir), str(bdir / "logs"), key, namespace, defines, env_set,
                     UNSET_FOR_BUILD, steps, (str(so), str(bdir / "manifest.json")))
 
 
@@ -277,7 +284,7 @@ def _full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | No
     steps.append(Step("manifest", (), f"hash every vllm/*.so into {bdir / 'manifest.json'}"))
     so = (src / "vllm" / "_C.abi3.so") if editable else Path(f"{env_path}/lib/…/site-packages/vllm/_C.abi3.so")
     return TreePlan(tree, variant, str(src), src_hash, patch, env_backend, str(env_path), py,
-                    str(bdir), str(bdir / "logs"), key, namespace, env_set, UNSET_FOR_BUILD,
+                    str(bdir), str(bdir / "logs"), key, namespace, (), env_set, UNSET_FOR_BUILD,
                     tuple(steps), (str(so), str(bdir / "manifest.json")))
 
 

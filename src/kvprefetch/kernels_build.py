@@ -81,14 +81,16 @@ def namespace_for(tree: str) -> str:
 
 
 def compile_flags(info: TorchInfo, cuda_home: Path, gencode: list[str], namespace: str,
-                  tree_csrc: Path, build_info: str) -> tuple[list[str], list[str], list[str]]:
-    """(nvcc flags, c++ flags, link flags)."""
+                  tree_csrc: Path, build_info: str, defines: tuple[str, ...] = ()
+                  ) -> tuple[list[str], list[str], list[str]]:
+    """(nvcc flags, c++ flags, link flags). ``defines`` (``NAME=VALUE``) are this tree's own
+    extra -D settings, e.g. the prefetch helper's tuning macros."""
     includes = [f"-I{tree_csrc / 'attention'}", f"-I{tree_csrc}"]
     includes += [f"-I{p}" for p in info.include_paths if p not in ("/usr/local/include",)]
     if not (cuda_home / "include" / "cublas_v2.h").is_file():
         includes += [f"-I{p}" for p in info.nvidia_include_paths]
     defs = [f"-DKVPREFETCH_NAMESPACE={namespace}", f"-DTORCH_EXTENSION_NAME={namespace}",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(info.cxx11_abi)}"]
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(info.cxx11_abi)}", *(f"-D{d}" for d in defines)]
     common = [f for f in info.common_nvcc_flags if f not in _DROP_FLAGS]
     nvcc = (["-std=" + info.cxx_std, "-O2", "-DNDEBUG", "-DENABLE_FP8", *common, *gencode,
              "-Xcompiler=-fPIC", *defs, *includes])

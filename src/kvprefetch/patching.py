@@ -77,20 +77,39 @@ def _variant_files(variant: str) -> list[Path]:
     return files
 
 
+def _pristine_files(tree: Path, paths: list[str]) -> bool:
+    return all((tree / p).is_file() and
+               sha256_file(tree / p) == upstream.PRISTINE_SHA256[p] for p in paths)
+
+
 def carried_variant(tree: Path) -> str | None:
-    """Which variant (if any) the tree's header carries exactly; None when pristine."""
-    header = tree / upstream.ATTENTION_HEADER
-    if sha256_file(header) == upstream.ATTENTION_HEADER_SHA256:
+    """Which variant (if any) the tree's patched files carry exactly; None when all of them
+    are pristine; "unknown" for anything else."""
+    every = upstream.all_patched_paths()
+    if _pristine_files(tree, every):
         return None
     for v in upstream.VARIANTS:
+        own = upstream.patched_paths(v)
+        others = [p for p in every if p not in own]
+        if not _pristine_files(tree, others):
+            continue
         with tempfile.TemporaryDirectory() as td:
             copy = Path(td) / "t"
-            (copy / upstream.ATTENTION_HEADER).parent.mkdir(parents=True)
-            shutil.copy2(header, copy / upstream.ATTENTION_HEADER)
-            if _git_apply(copy, _variant_files(v), "--reverse") and \
-                    sha256_file(copy / upstream.ATTENTION_HEADER) == upstream.ATTENTION_HEADER_SHA256:
-                return v
+            for rel in own:
+                if not (tree / rel).is_file():
+                    break
+                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(tree / rel, copy / rel)
+            else:
+                if _git_apply(copy, _variant_files(v), "--reverse") and _pristine_files(copy, own):
+                    return v
     return "unknown"
+
+
+def _describe(tree: Path) -> str:
+    return ", ".join(f"{p} (sha256 {sha256_file(tree / p)[:16]}…)"
+                     for p in upstream.all_patched_paths()
+                     if (tree / p).is_file() and sha256_file(tree / p) != upstream.PRISTINE_SHA256[p])
 
 
 def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None = None,
@@ -110,7 +129,7 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
     digest = patch_sha256(variant)
     ours = upstream.prefetch_header()
     in_tree = tree / upstream.PREFETCH_HEADER_IN_TREE
-    files = [upstream.ATTENTION_HEADER, upstream.PREFETCH_HEADER_IN_TREE]
+    files = upstream.patched_paths(variant) + [upstream.PREFETCH_HEADER_IN_TREE]
     with locked(wd.tree(name).with_suffix(".lock"), f"the tree {name}"):
         carried = carried_variant(tree)
         header_ok = in_tree.is_file() and sha256_file(in_tree) == sha256_file(ours)
@@ -119,9 +138,8 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
         if carried is not None and carried != variant:
             what = "an unknown modification" if carried == "unknown" else f"the {carried} variant"
             raise PatchError(
-                f"{tree / upstream.ATTENTION_HEADER} carries {what}, not pristine v0.10.2 "
-                f"(sha256 {sha256_file(tree / upstream.ATTENTION_HEADER)}); the tree was left "
-                "untouched",
+                f"{tree} carries {what}, not pristine v0.10.2, in: {_describe(tree)}; the tree "
+                "was left untouched",
                 f"restore it with `kvprefetch fetch --force`, then `kvprefetch apply --variant {variant}`")
         recorded_header = (state.get("applied") or {}).get("header_sha256")
         if carried == variant and in_tree.is_file() and sha256_file(in_tree) != recorded_header:
@@ -140,7 +158,8 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
         os.replace(tmp, in_tree)
         state["applied"] = {"variant": variant, "patch_sha256": digest,
                             "header_sha256": sha256_file(in_tree),
-                            "attention_sha256": sha256_file(tree / upstream.ATTENTION_HEADER)}
+                            "files": {p: sha256_file(tree / p)
+                                      for p in upstream.patched_paths(variant)}}
         state["inventory"] = inventory(tree)
         wd.write_state(name, state)
     return ApplyResult(name, tree, variant, "applied", digest, files)
@@ -157,14 +176,13 @@ def _file_diff(rel: str, old: str | None, new: str) -> FileDiff:
     return FileDiff(rel, added, removed, text)
 
 
-def pristine_header_text(wd: Workdir) -> str:
-    """The pristine header, from the kept pristine source or the baseline tree, verified."""
+def pristine_text(wd: Workdir, rel: str = upstream.ATTENTION_HEADER) -> str:
+    """A pristine upstream file, from the kept pristine source or the baseline tree, verified."""
     for cand in (wd.pristine / "sdist", wd.pristine / "git", wd.tree("baseline")):
-        p = cand / upstream.ATTENTION_HEADER
-        if p.is_file() and sha256_file(p) == upstream.ATTENTION_HEADER_SHA256:
+        p = cand / rel
+        if p.is_file() and sha256_file(p) == upstream.PRISTINE_SHA256[rel]:
             return p.read_text()
-    raise PatchError(f"no pristine v0.10.2 {upstream.ATTENTION_HEADER} under {wd.root}",
-                     "run `kvprefetch fetch` first")
+    raise PatchError(f"no pristine v0.10.2 {rel} under {wd.root}", "run `kvprefetch fetch` first")
 
 
 def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
@@ -173,8 +191,8 @@ def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
     if not (tree / upstream.ATTENTION_HEADER).is_file():
         raise PatchError(f"there is no tree {tree_name!r} in {workdir}", "run `kvprefetch fetch` first")
     state = wd.read_state(tree_name) or {}
-    files = [_file_diff(upstream.ATTENTION_HEADER, pristine_header_text(wd),
-                        (tree / upstream.ATTENTION_HEADER).read_text())]
+    files = [_file_diff(rel, pristine_text(wd, rel), (tree / rel).read_text())
+             for rel in upstream.all_patched_paths() if (tree / rel).is_file()]
     helper = tree / upstream.PREFETCH_HEADER_IN_TREE
     if helper.is_file():
         files.append(_file_diff(upstream.PREFETCH_HEADER_IN_TREE, None, helper.read_text()))
@@ -184,14 +202,17 @@ def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
 
 def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Path:
     """Write the seed-style single-file drop-in ``attention_kernels.cuh``: pristine upstream,
-    the variant's diff applied, and our helper inlined in place of its #include."""
+    the variant's header diff applied, and our helper inlined in place of its #include.
+    A single header cannot carry the launchers' one-line hook, so in a drop-in build the
+    runtime switch KVPREFETCH is not read: the compiled-in default mode (auto) applies."""
     wd = Workdir(workdir)
-    pristine = pristine_header_text(wd)
+    header_patches = [p for p in _variant_files(variant)
+                      if p.name == Path(upstream.ATTENTION_HEADER).name + ".patch"]
     with tempfile.TemporaryDirectory() as td:
         t = Path(td) / "t"
         (t / upstream.ATTENTION_HEADER).parent.mkdir(parents=True)
-        (t / upstream.ATTENTION_HEADER).write_text(pristine)
-        if not _git_apply(t, _variant_files(variant)):
+        (t / upstream.ATTENTION_HEADER).write_text(pristine_text(wd))
+        if not _git_apply(t, header_patches):
             raise PatchError(f"the {variant} patch does not apply to pristine v0.10.2",
                              "reinstall kvprefetch from a clean checkout")
         text = (t / upstream.ATTENTION_HEADER).read_text()

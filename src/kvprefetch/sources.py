@@ -45,16 +45,17 @@ class FetchResult:
 
 
 def _check_pristine_header(root: Path, what: str) -> None:
-    header = root / upstream.ATTENTION_HEADER
-    if not header.is_file():
+    """Every file the patches touch must be byte-identical to the v0.10.2 release."""
+    if not (root / upstream.ATTENTION_HEADER).is_file():
         raise FetchError(f"{what} has no {upstream.ATTENTION_HEADER}; it is not a vLLM source tree",
                          "point --source at a vLLM v0.10.2 clone, mirror or unpacked sdist")
-    actual = sha256_file(header)
-    if actual != upstream.ATTENTION_HEADER_SHA256:
-        raise FetchError(
-            f"{what}: {upstream.ATTENTION_HEADER} has sha256 {actual}, not pristine v0.10.2's "
-            f"{upstream.ATTENTION_HEADER_SHA256} (upstream drifted, or the source is modified)",
-            "use the v0.10.2 release itself: --source sdist, or a clone at tag v0.10.2")
+    for rel, pinned in upstream.PRISTINE_SHA256.items():
+        actual = sha256_file(root / rel) if (root / rel).is_file() else "missing"
+        if actual != pinned:
+            raise FetchError(
+                f"{what}: {rel} has sha256 {actual}, not pristine v0.10.2's {pinned} "
+                "(upstream drifted, or the source is modified)",
+                "use the v0.10.2 release itself: --source sdist, or a clone at tag v0.10.2")
 
 
 def _unpack_sdist(sdist: Path, dest: Path) -> None:

@@ -24,6 +24,14 @@ DEFAULT_INDEX_URL = "https://pypi.org/simple"
 
 ATTENTION_HEADER = "csrc/attention/attention_kernels.cuh"
 ATTENTION_HEADER_SHA256 = "7d3dba04d33d49dfcd7fc532cae5951a6ed1187ec5ef2ce969bfcaa37aeffb96"
+# sha256 of every upstream file a kvprefetch patch may touch, as released in v0.10.2.
+PRISTINE_SHA256 = {
+    ATTENTION_HEADER: ATTENTION_HEADER_SHA256,
+    "csrc/attention/paged_attention_v1.cu":
+        "58e8dbfaa49bfb2a2ab2797c7d8e02a9b924a947e3f7ac0ea2211e6bdcb44629",
+    "csrc/attention/paged_attention_v2.cu":
+        "4faadf7672b1e12d5444899549f965c4cf83250ae0b7d9263b42f46fadb7ddcc",
+}
 # Where ``apply`` puts our helper inside a tree (next to the header that includes it).
 PREFETCH_HEADER_IN_TREE = "csrc/attention/prefetch_ptx.cuh"
 # The only sources that include attention_kernels.cuh; both are in vLLM's _C extension.
@@ -53,3 +61,17 @@ def prefetch_header() -> Path:
 def patch_files(variant: str) -> list[Path]:
     d = kit_root() / "patches" / f"v{VLLM_VERSION}" / variant
     return sorted(d.glob("*.patch"))
+
+
+def patched_paths(variant: str) -> list[str]:
+    """The upstream files (relative paths) that a variant's diffs modify."""
+    out = []
+    for p in patch_files(variant):
+        for line in p.read_text().splitlines():
+            if line.startswith("+++ b/"):
+                out.append(line[len("+++ b/"):].strip())
+    return sorted(set(out))
+
+
+def all_patched_paths() -> list[str]:
+    return sorted({f for v in VARIANTS for f in patched_paths(v)})

@@ -53,6 +53,9 @@ def _resolve_mode(mode: str, archs: tuple, workdir: Path) -> tuple[str, str | No
 @click.option("--no-editable", is_flag=True, help="Full mode: pip install . instead of -e .")
 @click.option("--deps-dir", type=click.Path(path_type=Path), default=None,
               help="Full mode: local recursive clones cutlass/, flash-attention/, FlashMLA/.")
+@click.option("--tree-define", "tree_defines", multiple=True, metavar="TREE:NAME=VALUE",
+              help="Kernels-only: an extra -D for one tree's sources, e.g. "
+                   "exp_d2:KVPREFETCH_DISTANCE=2 (see csrc/prefetch_ptx.cuh). Repeatable.")
 @click.option("--skip-doctor", is_flag=True, help="Do not run the preflight checks.")
 @click.option("--force", is_flag=True, help="Rebuild even when the manifest matches.")
 @dry_run_option
@@ -60,7 +63,8 @@ def _resolve_mode(mode: str, archs: tuple, workdir: Path) -> tuple[str, str | No
 def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | None,
           env_backend: str, jobs: int | None, nvcc_threads: int | None, head_sizes: str | None,
           block_sizes: str | None, kv_dtypes: str | None, torch_from: str | None,
-          no_editable: bool, deps_dir: Path | None, skip_doctor: bool, force: bool,
+          no_editable: bool, deps_dir: Path | None, tree_defines: tuple[str, ...],
+          skip_doctor: bool, force: bool,
           dry_run: bool, as_json: bool) -> None:
     """Build the baseline and patched trees, each into its own environment."""
     from ..buildplan import default_trees, make_plan, render_plan
@@ -72,6 +76,14 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
     from ..workdir import Workdir
 
     refuse_precompiled(os.environ)
+    per_tree_defines: dict[str, tuple[str, ...]] = {}
+    for td in tree_defines:
+        tree_name, sep, define = td.partition(":")
+        if not sep or not define or "=" not in define and not define.isidentifier():
+            from ..errors import ConfigError
+            raise ConfigError(f"--tree-define {td!r} is not TREE:NAME=VALUE",
+                              "e.g. --tree-define exp_d2:KVPREFETCH_DISTANCE=2")
+        per_tree_defines[tree_name] = per_tree_defines.get(tree_name, ()) + (define,)
     archs = parse_arch_list(arch)
     sel = parse_selection(head_sizes, block_sizes, kv_dtypes)
     mode = "kernels-only" if kernels_only else mode
@@ -108,7 +120,8 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
                      jobs=per_tree, nvcc_threads=nvcc_threads, selection=sel, torch_from=torch_from,
                      nvcc=str(nvcc) if nvcc else None, nvcc_version=nv,
                      cuda_home=str(home) if home else None, torch_info=tinfo,
-                     editable=not no_editable, deps_dir=deps_dir, ccache=ccache)
+                     editable=not no_editable, deps_dir=deps_dir, ccache=ccache,
+                     tree_defines=per_tree_defines)
     if dry_run:
         if as_json:
             emit_json(plan)

@@ -22,6 +22,9 @@ from .common import dry_run_option, json_option, workdir_option
 @click.option("--index-url", default=None,
               help="Package index for the sdist (default: PIP_INDEX_URL / pip config / PyPI).")
 @click.option("--with-seed", is_flag=True, help="Also make a third tree, 'seed', for the seed variant.")
+@click.option("--extra-tree", "extra_trees", multiple=True, metavar="NAME",
+              help="Also make tree NAME (e.g. to build a prefetch variant with other -D settings "
+                   "next to 'patched' and compare them in one process). Repeatable.")
 @click.option("--allow-commit", default=None, metavar="SHA",
               help="Accept this commit for tag v0.10.2 (a trusted mirror that rewrote history).")
 @click.option("--force", is_flag=True,
@@ -29,11 +32,18 @@ from .common import dry_run_option, json_option, workdir_option
 @dry_run_option
 @json_option
 def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with_seed: bool,
-          allow_commit: str | None, force: bool, dry_run: bool, as_json: bool) -> None:
+          extra_trees: tuple[str, ...], allow_commit: str | None, force: bool, dry_run: bool, as_json: bool) -> None:
     """Make independent vLLM v0.10.2 trees 'baseline' and 'patched' under --workdir."""
     from ..sources import fetch_trees
 
-    names = upstream.TREE_NAMES + ((upstream.SEED_TREE,) if with_seed else ())
+    from ..errors import ConfigError
+
+    bad = [t for t in extra_trees if not t.isidentifier() or t in upstream.TREE_NAMES]
+    if bad:
+        raise ConfigError(f"--extra-tree {', '.join(bad)}: tree names must be identifiers other "
+                          "than baseline/patched", "pick a name such as exp_d2")
+    names = (upstream.TREE_NAMES + ((upstream.SEED_TREE,) if with_seed else ())
+             + tuple(t for t in extra_trees if t != upstream.SEED_TREE or not with_seed))
     with step(f"fetch vLLM {upstream.VLLM_VERSION} ({source})"):
         res = fetch_trees(workdir, source=source, repo_url=repo_url, index_url=index_url,
                           names=names, force=force, dry_run=dry_run, allow_commit=allow_commit)
