@@ -98,3 +98,279 @@ Build cuda_12.6.r12.6/compiler.35059454_0"""
 @pytest.fixture
 def nvcc_12_6_text() -> str:
     return NVCC_12_6_TEXT
+
+
+# --------------------------------------------------------------------------- fixtures for the
+# sources / patch / build / verify tests: the real vLLM 0.10.2 sdist, fetched work directories,
+# a local git repository tagged v0.10.2, and one real kernels-only build of both trees.
+
+from typing import Any  # noqa: E402 -- appended section, kept apart from the fixtures above
+
+SDIST_CACHE_ENV = "KVPREFETCH_TEST_CACHE"
+# Only a local time saver: on the development machine the sdist already sits here. CI is a
+# fresh machine without it, so there the session fixture downloads the sdist for real.
+_LOCAL_SDIST_COPY = Path("/work/cache/vllm-0.10.2.tar.gz")
+
+
+def kvprefetch_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+                   timeout: float | None = 600) -> Any:
+    """Run ``python -m kvprefetch ARGS`` through the kit's own runner; never raises on a
+    non-zero exit (tests look at ``returncode`` and ``output``: stdout and stderr merged)."""
+    from kvprefetch.runner import run
+
+    return run([sys.executable, "-m", "kvprefetch", *args], cwd=cwd, env=env, echo=False,
+               check=False, timeout=timeout)
+
+
+def kvprefetch_cli_split(*args: str, env: dict[str, str] | None = None,
+                         timeout: float = 600) -> Any:
+    """Like kvprefetch_cli but with stdout and stderr apart (for --json parsing and checking
+    that notices go to stderr). Uses subprocess directly because the runner merges the two."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def tree_bytes(root: Path) -> dict[str, str]:
+    """sha256 of EVERY file and symlink target under ``root`` (nothing skipped), for
+    "byte-identical afterwards" checks; unlike kvprefetch.hashing.inventory it includes state,
+    locks, build outputs and dot-files."""
+    import hashlib
+
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if Path(dirpath, d).is_symlink()]):
+            p = Path(dirpath, name)
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                out[rel] = "-> " + os.readlink(p)
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+        for d in dirnames:
+            if not any(Path(dirpath, d).iterdir()):
+                out[Path(dirpath, d).relative_to(root).as_posix() + "/"] = "empty dir"
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The verified vllm-0.10.2.tar.gz, downloaded at most once per test run.
+
+    Cache: $KVPREFETCH_TEST_CACHE if set, else a pytest temp dir. When the cache is empty it is
+    fetched for real by kvprefetch.download.ensure_sdist (PIP_INDEX_URL / pip config / PyPI,
+    sha256-checked); the only shortcut is seeding it from the development machine's copy."""
+    import shutil
+
+    from kvprefetch import upstream
+    from kvprefetch.download import ensure_sdist
+
+    cache_env = os.environ.get(SDIST_CACHE_ENV)
+    cache = Path(cache_env) if cache_env else tmp_path_factory.mktemp("sdist-cache")
+    cache.mkdir(parents=True, exist_ok=True)
+    if not (cache / upstream.SDIST_NAME).exists() and _LOCAL_SDIST_COPY.is_file():
+        shutil.copyfile(_LOCAL_SDIST_COPY, cache / upstream.SDIST_NAME)
+    return ensure_sdist(cache)
+
+
+def seed_downloads(workdir: Path, sdist: Path) -> None:
+    """Put a copy of the cached sdist where ``fetch --source sdist`` looks first, so the test
+    exercises the real verify + unpack path without a second download."""
+    import shutil
+
+    (workdir / "downloads").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(sdist, workdir / "downloads" / sdist.name)
+
+
+@pytest.fixture(scope="session")
+def fetched_template(tmp_path_factory: pytest.TempPathFactory, vllm_sdist: Path) -> Path:
+    """A work directory made ONCE by the real `fetch --source sdist` path (sha256 check, unpack,
+    pristine-header check, two independent trees) -- copied, never modified, by the tests."""
+    from kvprefetch.sources import fetch_trees
+
+    wd = tmp_path_factory.mktemp("fetched") / "work"
+    seed_downloads(wd, vllm_sdist)
+    fetch_trees(wd, source="sdist", names=("baseline", "patched", "seed"))
+    return wd
+
+
+@pytest.fixture
+def fetched_workdir(tmp_path: Path, fetched_template: Path) -> Path:
+    """A private copy of the fetched work directory (trees baseline, patched, seed)."""
+    import shutil
+
+    dest = tmp_path / "work"
+    shutil.copytree(fetched_template, dest, symlinks=True)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def vllm_git_repo(tmp_path_factory: pytest.TempPathFactory, fetched_template: Path) -> tuple[Path, str]:
+    """A real local git repository made from the unpacked sdist and tagged v0.10.2 (with
+    GitPython). Its tag commit is necessarily not upstream's 26b999c71. Returns (path, sha)."""
+    import shutil
+
+    import git
+
+    path = tmp_path_factory.mktemp("vllm-git") / "vllm"
+    shutil.copytree(fetched_template / "pristine" / "sdist", path, symlinks=True)
+    repo = git.Repo.init(path)
+    who = {"GIT_AUTHOR_NAME": "kvprefetch tests", "GIT_AUTHOR_EMAIL": "tests@kvprefetch.invalid",
+           "GIT_COMMITTER_NAME": "kvprefetch tests",
+           "GIT_COMMITTER_EMAIL": "tests@kvprefetch.invalid",
+           "GIT_AUTHOR_DATE": "2025-09-13T00:00:00Z", "GIT_COMMITTER_DATE": "2025-09-13T00:00:00Z"}
+    with repo.git.custom_environment(**who):
+        repo.git.add("-A", "-f")
+        repo.git.commit("-q", "-m", "vLLM 0.10.2 from the PyPI sdist", "--no-gpg-sign")
+        repo.git.tag("v0.10.2")
+    sha = repo.head.commit.hexsha
+    repo.close()
+    return path, sha
+
+
+# The one real kernels-only build of the test run: narrowed instantiation set (4 kernels per
+# launcher source), baseline + patched, compiled for sm_90 with the machine's nvcc.
+NARROW_BUILD_ARGS = ("--kernels-only", "--arch", "9.0a", "--head-sizes", "128",
+                     "--block-sizes", "16", "--kv-dtypes", "fp16,bf16")
+KILL_AFTER_COMPILING_S = 240.0
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Live processes in session ``sid`` (the build we started with start_new_session)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat_text = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat_text.rsplit(")", 1)[1].split()
+        if int(fields[3]) == sid and fields[0] != "Z":  # fields[3] = session id
+            pids.append(int(d.name))
+    return pids
+
+
+def _kill_session(sid: int) -> int:
+    """SIGKILL every process of the session we started (by pid, never by name). Returns how
+    many processes were still alive outside the build's own process group when it was killed."""
+    import signal
+    import time
+
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    time.sleep(0.2)
+    # ninja starts each compiler in its own process group, so killing ours leaves them running
+    # (they would finish and rename their .o); a machine losing power or a terminal closing
+    # takes them too, so take them here: every process of the session, by pid.
+    leftovers = _session_pids(sid)
+    for pid in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 30
+    while _session_pids(sid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return len(leftovers)
+
+
+class KernelsBuild:
+    """What the session's real build did, step by step, for test_kernels_build / test_verify."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.argv: list[str] = []
+        self.interrupted: dict[str, Any] = {}
+        self.after_kill: dict[str, Any] = {}
+        self.resumed: dict[str, Any] = {}
+        self.third: dict[str, Any] = {}
+
+
+def _objects(workdir: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime_ns for p in sorted(workdir.glob("build/*/*/*.o"))}
+
+
+@pytest.fixture(scope="session")
+def kernels_build(tmp_path_factory: pytest.TempPathFactory, fetched_template: Path) -> KernelsBuild:
+    """fetch (sdist) -> apply -> `kvprefetch build --kernels-only ...` for real, through the CLI
+    in a subprocess: the first run is killed (SIGKILL to its whole session) once an object exists
+    (the first launcher's .cuda.o; killing then loses only the object in progress, and leaves a
+    finished one for the rerun to keep) or, at the latest, after 240 s of compiling. The same
+    command is then rerun to completion, and a third time (which must find everything up to
+    date)."""
+    import shutil
+    import subprocess
+    import time
+
+    from kvprefetch.sources import tree_modifications
+    from kvprefetch.workdir import Workdir
+
+    wd = tmp_path_factory.mktemp("kernels-build") / "work"
+    shutil.copytree(fetched_template, wd, symlinks=True)
+    shutil.rmtree(wd / "trees" / "seed")
+    (wd / "state" / "seed.json").unlink()
+    res = kvprefetch_cli("apply", "--workdir", str(wd))
+    assert res.returncode == 0, res.output
+    kb = KernelsBuild(wd)
+    env = {k: v for k, v in os.environ.items() if k not in _STEERING_VARS}
+    kb.argv = [sys.executable, "-m", "kvprefetch", "build", "--workdir", str(wd),
+               *NARROW_BUILD_ARGS]
+
+    # 1. start, then kill mid-compile
+    log1 = wd.parent / "run1.log"
+    t0 = time.monotonic()
+    with open(log1, "w") as lf:
+        proc = subprocess.Popen(kb.argv, stdout=lf, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        compiling_since = None
+        reason = "timeout"
+        while proc.poll() is None and time.monotonic() - t0 < 900:
+            if compiling_since is None and list(wd.glob("build/*/*/logs/*compile.log")):
+                compiling_since = time.monotonic()
+            if list(wd.glob("build/*/*/*.o")):
+                reason = "an object file exists"
+                break
+            if compiling_since is not None and time.monotonic() - compiling_since > KILL_AFTER_COMPILING_S:
+                reason = f"{KILL_AFTER_COMPILING_S:.0f} s of compiling"
+                break
+            time.sleep(0.5)
+        finished_by_itself = proc.poll() is not None
+        orphans = _kill_session(proc.pid)
+        rc = proc.wait()
+    kb.interrupted = {"returncode": rc, "finished_by_itself": finished_by_itself,
+                      "reason": reason, "seconds": round(time.monotonic() - t0, 1),
+                      "compiling_seconds": (round(time.monotonic() - compiling_since, 1)
+                                            if compiling_since else None),
+                      "orphaned_processes": orphans, "objects": _objects(wd),
+                      "log": log1.read_text()}
+
+    # 2. state right after the kill: trees untouched, envs usable
+    wdo = Workdir(wd)
+    kb.after_kill["tree_modifications"] = {t: tree_modifications(wdo, t)
+                                           for t in ("baseline", "patched")}
+    pys = {}
+    for t in ("baseline", "patched"):
+        py = wd / "envs" / t / "bin" / "python"
+        r = subprocess.run([str(py), "-c", "import sys; print(sys.prefix)"], capture_output=True,
+                           text=True, env=env, cwd="/", check=False) if py.exists() else None
+        pys[t] = {"exists": py.exists(), "returncode": r.returncode if r else None,
+                  "prefix": r.stdout.strip() if r else None}
+    kb.after_kill["env_python"] = pys
+    kb.after_kill["manifests"] = sorted(str(p) for p in wd.glob("build/*/*/manifest.json"))
+
+    # 3. the same command again: resumes and completes
+    t1 = time.monotonic()
+    r2 = subprocess.run(kb.argv, capture_output=True, text=True, env=env, timeout=1500, check=False)
+    kb.resumed = {"returncode": r2.returncode, "stdout": r2.stdout, "stderr": r2.stderr,
+                  "seconds": round(time.monotonic() - t1, 1), "objects": _objects(wd)}
+
+    # 4. and once more: everything up to date, nothing recompiled
+    t2 = time.monotonic()
+    r3 = subprocess.run(kb.argv, capture_output=True, text=True, env=env, timeout=600, check=False)
+    kb.third = {"returncode": r3.returncode, "stdout": r3.stdout, "stderr": r3.stderr,
+                "seconds": round(time.monotonic() - t2, 1), "objects": _objects(wd)}
+    return kb

@@ -25,12 +25,12 @@ __global__ void paged_attention_v1_kernel(scalar_t* __restrict__ out,
   float acc = 0.f;
   for (int block_idx = warp_idx; block_idx < num_blocks; block_idx += NUM_WARPS) {
     kvprefetch::prefetch_next_block<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
-        k_cache, block_table, block_idx, num_blocks, kv_block_stride, head_offset, lane);
+        k_cache, block_table, block_idx, warp_idx, num_blocks, kv_block_stride, head_offset, lane);
     acc += static_cast<float>(k_cache[block_table[block_idx] * kv_block_stride + lane]);
   }
   for (int block_idx = warp_idx; block_idx < num_blocks; block_idx += NUM_WARPS) {
     kvprefetch::prefetch_next_block<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
-        v_cache, block_table, block_idx, num_blocks, kv_block_stride, head_offset, lane);
+        v_cache, block_table, block_idx, warp_idx, num_blocks, kv_block_stride, head_offset, lane);
     acc += static_cast<float>(v_cache[block_table[block_idx] * kv_block_stride + lane]);
   }
   out[blockIdx.x * blockDim.x + threadIdx.x] = static_cast<scalar_t>(acc);

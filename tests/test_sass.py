@@ -1,0 +1,176 @@
+"""kvprefetch.sass (parse_sass / judge / summarise) on SAVED real cuobjdump output.
+
+The samples in tests/samples/sass/ are verbatim lines of real ``cuobjdump -sass`` listings,
+filtered by tests/samples/sass/filter_sass.py; README.md there says exactly how each was made:
+  * kw_baseline.sass / kw_patched.sass: a real kernels-only build of both vLLM 0.10.2 trees for
+    sm_90 (head 128, block 16, fp16+bf16: 4 kernels per launcher, v1 and v2);
+  * tiny_sm80_sm90.sass: a small kernel of ours named like vLLM's template that calls
+    csrc/prefetch_ptx.cuh, compiled for sm_80 AND sm_90 -- a pre-Hopper cubin next to a Hopper one.
+Where a test needs a case no real build can produce (UBLKPF in an sm_80 cubin, a patched
+kernel that lost a site), it edits a copy of a real sample in the test and says so."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvprefetch.runner import run
+from kvprefetch.sass import decode_kernel_name, judge, parse_sass, summarise
+from kvprefetch.toolchain import find_cuobjdump, find_nvcc
+
+SAMPLES = Path(__file__).parent / "samples" / "sass"
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+
+# What the narrowed build instantiates: (version, dtype, sparse) x head 128 x block 16.
+EXPECTED = {(v, d, s) for v in ("v1", "v2") for d in ("fp16", "bf16") for s in (False, True)}
+
+
+def _sample(name: str) -> str:
+    return (SAMPLES / name).read_text()
+
+
+def test_filter_keeps_only_verbatim_lines() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("filter_sass", SAMPLES / "filter_sass.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = _sample("kw_patched.sass")
+    assert mod.filter_sass(text) == text  # the samples are fixed points of the filter
+
+
+def test_baseline_sample_has_every_kernel_and_no_prefetch() -> None:
+    kernels = parse_sass(_sample("kw_baseline.sass"))
+    assert {(k.version, k.dtype, k.block_sparse) for k in kernels} == EXPECTED
+    assert len(kernels) == 8  # v2's reduce kernels are not paged_attention_v2_kernel
+    assert all(k.arch == "sm_90" and k.head_size == 128 and k.block_size == 16
+               and k.kv_cache == "auto" for k in kernels)
+    assert [k.ublkpf for k in kernels] == [0] * 8
+    verdict = judge(kernels, patched=False)
+    assert verdict.ok and verdict.problems == () and verdict.with_prefetch == 0
+    # judged as if it were the patched build, the stock build fails on every kernel
+    as_patched = judge(kernels, patched=True)
+    assert not as_patched.ok and len(as_patched.problems) == 8
+
+
+def test_patched_sample_has_k_and_v_sites_in_every_kernel() -> None:
+    kernels = parse_sass(_sample("kw_patched.sass"))
+    assert {(k.version, k.dtype, k.block_sparse) for k in kernels} == EXPECTED
+    assert all(k.ublkpf >= 2 for k in kernels), [(k.name, k.ublkpf) for k in kernels]
+    # counted per function: the sample's UBLKPF lines all belong to these 8 kernels
+    assert sum(k.ublkpf for k in kernels) == _sample("kw_patched.sass").count("UBLKPF")
+    verdict = judge(kernels, patched=True)
+    assert verdict.ok and verdict.kernels == 8 and verdict.with_prefetch == 8
+    wrong_way = judge(kernels, patched=False)
+    assert not wrong_way.ok
+    assert all("UBLKPF in the baseline (expected 0)" in p for p in wrong_way.problems)
+
+
+def test_a_patched_kernel_missing_one_site_is_named() -> None:
+    """Hand-edited copy of the real patched sample: the second UBLKPF line of the sparse bf16
+    v2 kernel is deleted, as if the V-site prefetch had been optimised away."""
+    lines = _sample("kw_patched.sass").splitlines()
+    start = next(i for i, ln in enumerate(lines)
+                 if "Function : " in ln and "paged_attention_v2_kernelI13__nv_bfloat16" in ln
+                 and "Lb1E" in ln)
+    sites = [i for i in range(start + 1, len(lines)) if "UBLKPF" in lines[i]][:2]
+    assert "Function" not in "".join(lines[start + 1:sites[1]])  # both in that function
+    del lines[sites[1]]
+    verdict = judge(parse_sass("\n".join(lines)), patched=True)
+    assert not verdict.ok
+    assert verdict.problems == (
+        "sm_90 v2 head=128 block=16 bf16/auto sparse: 1 UBLKPF (expected >= 2: K and V sites)",)
+
+
+def test_no_kernels_at_all_is_a_problem() -> None:
+    verdict = judge(parse_sass("arch = sm_90\n\tcode for sm_90\n"), patched=False)
+    assert not verdict.ok and "no paged_attention_v1/v2 kernels" in verdict.problems[0]
+
+
+def test_summarise_table_rows() -> None:
+    rows = summarise(parse_sass(_sample("kw_patched.sass")))
+    assert [(r["arch"], r["head_size"], r["block_size"], r["dtype"], r["kv_cache"], r["kernels"])
+            for r in rows] == [("sm_90", 128, 16, "bf16", "auto", 4),
+                               ("sm_90", 128, 16, "fp16", "auto", 4)]
+    assert all(r["ublkpf_min"] >= 2 for r in rows)
+    base = summarise(parse_sass(_sample("kw_baseline.sass")))
+    assert all(r["ublkpf_max"] == 0 for r in base) and len(base) == 2
+
+
+def test_decode_kernel_names() -> None:
+    names = re.findall(r"Function : (\S+)", _sample("kw_patched.sass"))
+    decoded = [decode_kernel_name(n) for n in names]
+    assert sum(d is not None for d in decoded) == 8
+    assert [n for n, d in zip(names, decoded) if d is None] == [
+        n for n in names if "reduce_kernel" in n]
+    # fp8 cache, fp32 and the other head sizes: names built the way the compiler mangles them
+    # (checked against vLLM's template parameter order), as no saved sample has them
+    assert decode_kernel_name("_ZN4vllm25paged_attention_v1_kernelIthLi256ELi32ELi128E"
+                              "LNS_18Fp8KVCacheDataTypeE1ELb0EEEvPT_") == {
+        "version": "v1", "dtype": "fp16", "kv_cache": "fp8_e4m3", "head_size": 256,
+        "block_size": 32, "block_sparse": False}
+    assert decode_kernel_name("_ZN4vllm25paged_attention_v2_kernelIffLi64ELi8ELi128E"
+                              "LNS_18Fp8KVCacheDataTypeE0ELb1ELi512EEEvPfS3_") == {
+        "version": "v2", "dtype": "fp32", "kv_cache": "auto", "head_size": 64,
+        "block_size": 8, "block_sparse": True}
+    assert decode_kernel_name("_ZN4vllm32paged_attention_v2_reduce_kernelIfLi128ELi128E") is None
+
+
+def test_pre_hopper_cubin_keeps_its_kernel_without_prefetch() -> None:
+    kernels = parse_sass(_sample("tiny_sm80_sm90.sass"))
+    by_arch = {k.arch: k for k in kernels}
+    assert set(by_arch) == {"sm_80", "sm_90"}
+    assert by_arch["sm_80"].ublkpf == 0  # the helper compiles to nothing before Hopper
+    assert by_arch["sm_90"].ublkpf >= 2
+    verdict = judge(kernels, patched=True)
+    assert verdict.ok and verdict.kernels == 2 and verdict.with_prefetch == 1
+
+
+def test_ublkpf_in_a_pre_hopper_cubin_is_a_problem() -> None:
+    """Hand-edited copy of the real tiny sample: one UBLKPF line of its sm_90 kernel is
+    inserted into the sm_80 kernel (sm_80 cannot assemble it, so no real build has this)."""
+    lines = _sample("tiny_sm80_sm90.sass").splitlines()
+    ublkpf = next(ln for ln in lines if "UBLKPF" in ln)
+    sm80_func = next(i for i, ln in enumerate(lines) if "Function :" in ln)
+    assert "sm_80" in "".join(lines[:sm80_func])
+    lines.insert(sm80_func + 2, ublkpf)
+    verdict = judge(parse_sass("\n".join(lines)), patched=True)
+    assert not verdict.ok
+    assert verdict.problems == ("sm_80 v1 head=128 block=16 fp32/auto: UBLKPF in a pre-Hopper cubin",)
+
+
+def test_tiny_sample_is_reproducible_with_the_real_toolchain(tmp_path: Path) -> None:
+    """Recompile tests/samples/sass/tiny_prefetch.cu against the CURRENT csrc/prefetch_ptx.cuh
+    with the machine's nvcc and disassemble it: the helper still compiles for both archs and
+    the live listing judges like the saved one."""
+    nvcc = find_nvcc()
+    tools = find_cuobjdump()
+    assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
+    assert tools is not None, "cuobjdump is needed (pip install nvidia-cuda-cuobjdump)"
+    fatbin = tmp_path / "tiny.fatbin"
+    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", "-gencode=arch=compute_80,code=sm_80",
+         "-gencode=arch=compute_90,code=sm_90", "-fatbin", "-o", str(fatbin),
+         str(SAMPLES / "tiny_prefetch.cu")], echo=False)
+    import os
+
+    sass = run([str(tools.cuobjdump), "-sass", str(fatbin)], env=tools.environ(dict(os.environ)),
+               echo=False).output
+    live = {k.arch: k.ublkpf for k in parse_sass(sass)}
+    saved = {k.arch: k.ublkpf for k in parse_sass(_sample("tiny_sm80_sm90.sass"))}
+    assert live["sm_80"] == saved["sm_80"] == 0
+    assert live["sm_90"] >= 2 and saved["sm_90"] >= 2
+    assert judge(parse_sass(sass), patched=True).ok
+
+
+@pytest.mark.parametrize("name", ["kw_baseline.sass", "kw_patched.sass", "tiny_sm80_sm90.sass"])
+def test_samples_are_small_and_real(name: str) -> None:
+    text = _sample(name)
+    assert len(text) < 20_000
+    assert text.startswith("arch = sm_")
+    # every instruction line carries cuobjdump's address and encoding columns
+    for ln in text.splitlines():
+        if ln.strip().startswith("/*"):
+            assert re.match(r"^\s*/\*[0-9a-f]{4}\*/\s+\S.*;\s+/\* 0x[0-9a-f]{16} \*/$", ln), ln
