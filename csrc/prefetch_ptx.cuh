@@ -46,11 +46,17 @@ struct KvChunk {
 // completion, no register or shared-memory effect, so results are bitwise unchanged.
 // On pre-Hopper targets it compiles to nothing, so a TORCH_CUDA_ARCH_LIST such as
 // "8.0;9.0a" still builds; the sm_80 kernels are then exactly stock.
+//
+// No "memory" clobber: a prefetch has no memory semantics the compiler must order around, and
+// a clobber pins every load of the iteration behind it. Measured on the H200: with the clobber
+// the patched kernel ran ~10-16% slower than stock even where the prefetch was switched off.
 template <uint32_t BYTES>
 __device__ __forceinline__ void l2_prefetch_bulk(const void* src) {
-#if KVPREFETCH_HAS_BULK_PREFETCH
+#if KVPREFETCH_HAS_BULK_PREFETCH && defined(KVPREFETCH_ASM_MEMORY_CLOBBER)
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "n"(BYTES)
                : "memory");
+#elif KVPREFETCH_HAS_BULK_PREFETCH
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "n"(BYTES));
 #else
   (void)src;
 #endif
