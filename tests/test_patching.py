@@ -1,0 +1,240 @@
+"""`kvprefetch apply`, `diff-upstream` and `export-header` on the REAL vLLM 0.10.2 sources
+(trees made by the real sdist fetch, see the ``fetched_workdir`` fixture)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from pathlib import Path
+
+from kvprefetch import upstream
+from kvprefetch.errors import ConfigError, PatchError
+from kvprefetch.hashing import sha256_file
+from kvprefetch.patching import apply_patch, carried_variant, patch_sha256
+from kvprefetch.sources import tree_modifications
+from kvprefetch.workdir import Workdir
+
+from conftest import kvprefetch_cli_split, tree_bytes
+
+HELPER = Path(__file__).resolve().parent.parent / "csrc" / "prefetch_ptx.cuh"
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
+
+
+def cli(*args: str):  # noqa: ANN201
+    return kvprefetch_cli_split(*args, env=_env())
+
+
+def _patch_files_touched(variant: str) -> list[str]:
+    """The upstream paths the variant's diffs name (read from the .patch files themselves)."""
+    out = set()
+    for p in upstream.patch_files(variant):
+        for line in p.read_text().splitlines():
+            if line.startswith("+++ b/"):
+                out.add(line[len("+++ b/"):].strip())
+    return sorted(out)
+
+
+def _bytes(workdir: Path) -> dict[str, str]:
+    """Every file of the work directory, byte for byte, except the (empty) lock files that
+    `apply` takes next to a tree even when it then refuses or only dry-runs."""
+    return {k: v for k, v in tree_bytes(workdir).items() if not k.endswith(".lock")}
+
+
+def _plus_lines(variant: str) -> int:
+    return sum(1 for p in upstream.patch_files(variant) for ln in p.read_text().splitlines()
+               if ln.startswith("+") and not ln.startswith("+++"))
+
+
+def test_apply_to_the_real_header_then_reapply_is_a_no_op(fetched_workdir: Path) -> None:
+    wd = Workdir(fetched_workdir)
+    tree = wd.tree("patched")
+    pristine_inv = tree_bytes(tree)
+    res = cli("apply", "--workdir", str(fetched_workdir), "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["tree"] == "patched" and data["variant"] == "prefetch"
+    assert data["action"] == "applied" and data["patch_sha256"] == patch_sha256("prefetch")
+    touched = _patch_files_touched("prefetch")
+    assert upstream.ATTENTION_HEADER in touched
+    assert sorted(data["files"]) == sorted(touched + [upstream.PREFETCH_HEADER_IN_TREE])
+
+    header = (tree / upstream.ATTENTION_HEADER).read_text()
+    assert sha256_file(tree / upstream.ATTENTION_HEADER) != upstream.ATTENTION_HEADER_SHA256
+    assert '#include "prefetch_ptx.cuh"' in header
+    assert header.count("kvprefetch::prefetch_next_block<") == 2  # the K site and the V site
+    assert (tree / upstream.PREFETCH_HEADER_IN_TREE).read_bytes() == HELPER.read_bytes()
+    assert carried_variant(tree) == "prefetch"
+    # only the patched files and the helper changed; everything else is byte-identical
+    after = tree_bytes(tree)
+    changed = sorted(k for k in after if after.get(k) != pristine_inv.get(k))
+    assert changed == sorted(touched + [upstream.PREFETCH_HEADER_IN_TREE])
+    state = wd.read_state("patched")
+    assert state is not None and state["applied"]["variant"] == "prefetch"
+    assert state["applied"]["patch_sha256"] == patch_sha256("prefetch")
+    assert tree_modifications(wd, "patched") == []  # the record follows the tree
+    # baseline untouched
+    assert sha256_file(wd.tree("baseline") / upstream.ATTENTION_HEADER) == \
+        upstream.ATTENTION_HEADER_SHA256
+
+    before = _bytes(fetched_workdir)
+    res = cli("apply", "--workdir", str(fetched_workdir), "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["action"] == "already-applied"
+    assert _bytes(fetched_workdir) == before
+
+
+def test_a_header_with_one_changed_line_is_refused_untouched(fetched_workdir: Path) -> None:
+    header = fetched_workdir / "trees" / "patched" / upstream.ATTENTION_HEADER
+    lines = header.read_text().splitlines(keepends=True)
+    i = next(n for n, ln in enumerate(lines) if "physical_block_number" in ln)
+    lines[i] = lines[i].replace("physical_block_number", "physical_block_number ", 1)
+    header.write_text("".join(lines))
+    before = _bytes(fetched_workdir)
+    res = cli("apply", "--workdir", str(fetched_workdir))
+    assert res.returncode == PatchError.exit_code
+    assert "an unknown modification" in res.stderr and upstream.ATTENTION_HEADER in res.stderr
+    assert "left untouched" in res.stderr and "To fix:" in res.stderr
+    assert _bytes(fetched_workdir) == before  # full inventory: trees, state, pristine, downloads
+
+
+def test_the_other_variant_is_refused_on_a_patched_tree(fetched_workdir: Path) -> None:
+    apply_patch(fetched_workdir, "prefetch")
+    before = _bytes(fetched_workdir)
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "seed", "--tree", "patched")
+    assert res.returncode == PatchError.exit_code
+    assert "carries the prefetch variant" in res.stderr and "To fix:" in res.stderr
+    assert _bytes(fetched_workdir) == before
+
+
+def test_seed_variant_applies_to_the_seed_tree(fetched_workdir: Path) -> None:
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "seed", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert (data["tree"], data["variant"], data["action"]) == ("seed", "seed", "applied")
+    tree = fetched_workdir / "trees" / "seed"
+    assert carried_variant(tree) == "seed"
+    header = (tree / upstream.ATTENTION_HEADER).read_text()
+    assert "seed_prefetch_4096" in header
+    assert "prefetch_next_block" not in header
+    # the other two trees are untouched
+    for name in ("baseline", "patched"):
+        assert carried_variant(fetched_workdir / "trees" / name) is None
+    # and the prefetch variant on the same seed tree is now refused
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "prefetch", "--tree", "seed")
+    assert res.returncode == PatchError.exit_code and "carries the seed variant" in res.stderr
+
+
+def test_baseline_is_never_patched(fetched_workdir: Path) -> None:
+    before = tree_bytes(fetched_workdir)
+    res = cli("apply", "--workdir", str(fetched_workdir), "--tree", "baseline")
+    assert res.returncode == ConfigError.exit_code
+    assert "stock reference" in res.stderr and "To fix:" in res.stderr
+    assert tree_bytes(fetched_workdir) == before
+
+
+def test_apply_dry_run_json(fetched_workdir: Path) -> None:
+    before = _bytes(fetched_workdir)
+    res = cli("apply", "--workdir", str(fetched_workdir), "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["action"] == "would-apply" and data["patch_sha256"] == patch_sha256("prefetch")
+    assert _bytes(fetched_workdir) == before
+
+
+def test_apply_without_a_tree_says_to_fetch(tmp_path: Path) -> None:
+    res = cli("apply", "--workdir", str(tmp_path / "nothing"))
+    assert res.returncode == PatchError.exit_code
+    assert "To fix: run `kvprefetch fetch`" in res.stderr
+
+
+# --------------------------------------------------------------------------- diff-upstream
+
+
+def test_diff_upstream_check_passes_on_our_patch(fetched_workdir: Path) -> None:
+    apply_patch(fetched_workdir, "prefetch")
+    res = cli("diff-upstream", "--workdir", str(fetched_workdir), "--check")
+    assert res.returncode == 0, res.stderr
+    assert "check passed: the patch only adds lines" in res.stderr
+    assert f"+++ b/{upstream.ATTENTION_HEADER}" in res.stdout
+    assert "kvprefetch::prefetch_next_block" in res.stdout
+
+    res = cli("diff-upstream", "--workdir", str(fetched_workdir), "--json")
+    data = json.loads(res.stdout)
+    assert data["additive"] is True and data["variant"] == "prefetch"
+    files = {f["path"]: f for f in data["files"]}
+    assert set(files) == set(_patch_files_touched("prefetch")) | {upstream.PREFETCH_HEADER_IN_TREE}
+    assert all(f["removed"] == 0 for f in files.values())
+    # the diff against pristine adds exactly the patch's '+' lines (plus the whole helper)
+    assert sum(f["added"] for p, f in files.items()
+               if p != upstream.PREFETCH_HEADER_IN_TREE) == _plus_lines("prefetch")
+    assert files[upstream.PREFETCH_HEADER_IN_TREE]["added"] == \
+        len(HELPER.read_text().splitlines())
+
+    res = cli("diff-upstream", "--workdir", str(fetched_workdir), "--stat")
+    assert f"{upstream.ATTENTION_HEADER}: +" in res.stdout and " -0" in res.stdout
+
+
+def test_diff_upstream_check_fails_on_a_destructive_change(fetched_workdir: Path) -> None:
+    """A patched tree in which one upstream line was also edited: the diff now has a '-' line."""
+    apply_patch(fetched_workdir, "prefetch")
+    header = fetched_workdir / "trees" / "patched" / upstream.ATTENTION_HEADER
+    text = header.read_text()
+    assert '#include "attention_utils.cuh"' in text
+    header.write_text(text.replace('#include "attention_utils.cuh"',
+                                   '#include "attention_utils_v2.cuh"', 1))
+    res = cli("diff-upstream", "--workdir", str(fetched_workdir), "--check")
+    assert res.returncode == 1
+    assert "check FAILED" in res.stderr and f"{upstream.ATTENTION_HEADER} (-1)" in res.stderr
+    assert "To fix:" in res.stderr
+    assert '-#include "attention_utils.cuh"' in res.stdout
+    data = json.loads(cli("diff-upstream", "--workdir", str(fetched_workdir), "--json").stdout)
+    assert data["additive"] is False
+
+
+def test_diff_upstream_check_fails_on_a_pristine_tree(fetched_workdir: Path) -> None:
+    res = cli("diff-upstream", "--workdir", str(fetched_workdir), "--check")
+    assert res.returncode == 1 and "pristine" in res.stderr
+    assert res.stdout == ""
+
+
+# --------------------------------------------------------------------------- export-header
+
+
+def test_export_header_is_pristine_plus_added_lines_with_the_helper_inlined(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out" / "attention_kernels.cuh"
+    res = cli("export-header", "--workdir", str(fetched_workdir), "-o", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["output"] == str(out) and data["sha256"] == sha256_file(out)
+    text = out.read_text()
+    assert '#include "prefetch_ptx.cuh"' not in text
+    assert "namespace kvprefetch {" in text
+    assert "begin kvprefetch csrc/prefetch_ptx.cuh (inlined)" in text
+    # every line of our helper (except #pragma once) is in it, in order
+    helper = [ln for ln in HELPER.read_text().splitlines() if ln != "#pragma once"]
+    body = text.splitlines()
+    start = body.index(helper[0])
+    assert body[start:start + len(helper)] == helper
+    # pristine + only added lines
+    pristine = (fetched_workdir / "pristine" / "sdist" / upstream.ATTENTION_HEADER).read_text()
+    diff = list(difflib.unified_diff(pristine.splitlines(), text.splitlines(), lineterm=""))
+    removed = [ln for ln in diff if ln.startswith("-") and not ln.startswith("---")]
+    added = [ln for ln in diff if ln.startswith("+") and not ln.startswith("+++")]
+    assert removed == [] and len(added) > len(helper)
+    # and nothing was written into the work directory's trees
+    assert carried_variant(fetched_workdir / "trees" / "patched") is None
+
+
+def test_export_header_seed_variant(fetched_workdir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "seed.cuh"
+    res = cli("export-header", "--workdir", str(fetched_workdir), "-o", str(out),
+              "--variant", "seed")
+    assert res.returncode == 0, res.stderr
+    assert str(out) in res.stdout
+    text = out.read_text()
+    assert "seed_prefetch_4096" in text.split("end kvprefetch csrc/prefetch_ptx.cuh")[1]

@@ -1,0 +1,175 @@
+"""`kvprefetch verify-kernel --no-gpu` on the REAL kernels-only builds of both trees (the session
+fixture ``kernels_build``, shared with test_kernels_build): each env's own python loads its own
+library, the SASS has UBLKPF in every patched sm_90 kernel and none in the baseline, the GPU
+check is "not checked" (never passed) -- and deliberately crossed setups are caught.
+
+The crossed setups are made in place inside try/finally blocks that restore the patched env
+byte for byte (copying the work directory is not an option: venv interpreters are symlinks and
+the envs' .pth files hold absolute paths)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvprefetch.errors import VerifyError
+from kvprefetch.hashing import sha256_file
+from kvprefetch.selection import Selection
+
+from conftest import kvprefetch_cli_split, tree_bytes
+
+pytestmark = pytest.mark.slow  # needs the session's real build (minutes, once per run)
+
+TREES = ("baseline", "patched")
+KERNELS = 2 * Selection((128,), (16,), ("fp16", "bf16")).kernel_count()  # v1 + v2 launchers
+
+
+def _verify(workdir: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    env = {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
+    res = kvprefetch_cli_split("verify-kernel", "--workdir", str(workdir), "--no-gpu", *extra,
+                               env=env)
+    data = json.loads(res.stdout) if "--json" in extra else {}
+    return res.returncode, data, res.stdout + res.stderr
+
+
+def _manifest(workdir: Path, tree: str) -> dict[str, Any]:
+    (path,) = workdir.glob(f"build/{tree}/*/manifest.json")
+    m: dict[str, Any] = json.loads(path.read_text())
+    return m
+
+
+def _checks(data: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(c["name"], c["tree"]): c for c in data["checks"]}
+
+
+@pytest.fixture(scope="module")
+def built(kernels_build) -> Path:  # noqa: ANN001
+    assert kernels_build.resumed["returncode"] == 0, kernels_build.resumed["stderr"][-3000:]
+    return kernels_build.workdir.resolve()
+
+
+@pytest.fixture(scope="module")
+def verified(built: Path) -> tuple[int, dict[str, Any], str]:
+    return _verify(built, "--json")
+
+
+def test_verify_passes_with_the_gpu_check_not_checked(built: Path,
+                                                      verified: tuple[int, dict, str]) -> None:
+    rc, data, out = verified
+    assert rc == 0, out[-4000:]
+    assert data["passed"] is True
+    checks = _checks(data)
+    for tree in TREES:
+        for name in ("interpreter inside its env", "loads its own library",
+                     "library matches the build manifest", "library was compiled from this tree",
+                     "UBLKPF in SASS"):
+            assert checks[(name, tree)]["status"] == "pass", checks[(name, tree)]
+    assert checks[("environments load different libraries", "all")]["status"] == "pass"
+    gpu = checks[("bitwise-equal outputs on the GPU", "all")]
+    assert gpu["status"] == "not checked" and "--no-gpu" in gpu["detail"]
+    assert {c["status"] for c in data["checks"]} == {"pass", "not checked"}
+    # the report on disk is the same verdict
+    on_disk = json.loads((built / "verify" / "report.json").read_text())
+    assert on_disk["passed"] is True and on_disk["checks"] == data["checks"]
+
+
+def test_each_env_loads_its_own_library(built: Path, verified: tuple[int, dict, str]) -> None:
+    _, data, _ = verified
+    loaded = {}
+    for tree in TREES:
+        probe = data["envs"][tree]
+        m = _manifest(built, tree)
+        env_dir = built / "envs" / tree
+        assert probe["prefix"] == str(env_dir)
+        assert not probe["cwd"].startswith(str(built))  # probed from a neutral directory
+        k = probe["kernels"]
+        assert k["so_file"] == os.path.realpath(m["so_path"])
+        assert Path(k["so_file"]).is_relative_to(env_dir)
+        assert k["so_sha256"] == m["so_sha256"] == sha256_file(k["so_file"])
+        assert k["so_file"] in probe["mapped"]  # really mapped into the process
+        assert k["namespace"] == f"kvprefetch_{tree}"
+        assert k["compiled_build_info"]["tree"] == tree
+        assert k["compiled_build_info"]["key"] == m["key"]
+        assert sorted(k["ops"]) == ["paged_attention_v1", "paged_attention_v2"]
+        assert any("libtorch" in p for p in probe["mapped"])
+        loaded[tree] = (k["so_file"], k["so_sha256"])
+    assert loaded["baseline"][0] != loaded["patched"][0]
+    assert loaded["baseline"][1] != loaded["patched"][1]
+
+
+def test_sass_ublkpf_counts(verified: tuple[int, dict, str]) -> None:
+    _, data, _ = verified
+    base, patched = data["sass"]["baseline"], data["sass"]["patched"]
+    assert base["kernels"] == patched["kernels"] == KERNELS
+    assert base["with_prefetch"] == 0 and base["problems"] == []
+    assert all(r["ublkpf_max"] == 0 for r in base["table"])
+    assert patched["with_prefetch"] == KERNELS and patched["problems"] == []
+    assert all(r["ublkpf_min"] >= 2 and r["arch"] == "sm_90" for r in patched["table"])
+    assert {(r["head_size"], r["block_size"], r["dtype"]) for r in patched["table"]} == {
+        (128, 16, "fp16"), (128, 16, "bf16")}
+
+
+def test_text_verdict_lists_not_checked(built: Path) -> None:
+    rc, _, out = _verify(built)
+    assert rc == 0
+    assert "PASSED" in out and "NOT CHECKED" in out
+    assert "UBLKPF min" in out
+
+
+@contextmanager
+def _restored(env_dir: Path) -> Iterator[None]:
+    """Snapshot ``env_dir`` (a real copy kept aside), and put it back byte for byte after."""
+    before = tree_bytes(env_dir)
+    saved = env_dir.parent.parent / f".saved-{env_dir.name}"
+    shutil.rmtree(saved, ignore_errors=True)
+    shutil.copytree(env_dir, saved, symlinks=True)
+    try:
+        yield
+    finally:
+        shutil.rmtree(env_dir)
+        shutil.copytree(saved, env_dir, symlinks=True)
+        shutil.rmtree(saved)
+        assert tree_bytes(env_dir) == before
+
+
+def test_patched_env_pointed_at_the_baseline_library_is_caught(built: Path) -> None:
+    """The patched env's kvprefetch_kernels package replaced by a copy of the baseline env's
+    (what two editable installs sharing files do): verify fails, naming what is wrong."""
+    pkg = {t: Path(_manifest(built, t)["so_path"]).parent for t in TREES}
+    with _restored(built / "envs" / "patched"):
+        shutil.rmtree(pkg["patched"])
+        shutil.copytree(pkg["baseline"], pkg["patched"])
+        rc, data, out = _verify(built, "--json")
+    assert rc == VerifyError.exit_code, out[-3000:]
+    assert data["passed"] is False
+    checks = _checks(data)
+    failed = {k for k, c in checks.items() if c["status"] == "fail"}
+    assert ("library matches the build manifest", "patched") in failed
+    assert ("library was compiled from this tree", "patched") in failed
+    assert "tree=baseline" in checks[("library was compiled from this tree", "patched")]["detail"]
+    assert ("UBLKPF in SASS", "patched") in failed
+    assert "0 UBLKPF (expected >= 2" in checks[("UBLKPF in SASS", "patched")]["detail"]
+    assert ("environments load different libraries", "all") in failed  # same bytes twice
+    assert not any(t == "baseline" for _, t in failed)  # the baseline itself is fine
+
+
+def test_both_envs_sharing_one_library_file_is_caught(built: Path) -> None:
+    """The patched env's _C.so is a symlink to the baseline env's: one file loaded twice."""
+    so = {t: Path(_manifest(built, t)["so_path"]) for t in TREES}
+    with _restored(built / "envs" / "patched"):
+        so["patched"].unlink()
+        so["patched"].symlink_to(so["baseline"])
+        rc, data, out = _verify(built, "--json")
+    assert rc == VerifyError.exit_code, out[-3000:]
+    checks = _checks(data)
+    shared = checks[("environments load different libraries", "all")]
+    assert shared["status"] == "fail"
+    assert shared["detail"].count(str(so["baseline"])) == 2  # both resolve to the same file
+    assert checks[("loads its own library", "patched")]["status"] == "fail"
