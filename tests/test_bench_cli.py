@@ -160,3 +160,17 @@ def test_module_entry_point_reports_errors_without_traceback(tmp_path: Path) -> 
                           "--workdir", str(tmp_path)], capture_output=True, text=True, check=False)
     assert res.returncode == BenchError.exit_code
     assert "error: no kernels-only builds" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_kernel_matrix_issue6_and_context_help(tmp_path: Path) -> None:
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--json", "--matrix",
+                   "issue6"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    assert plan["shapes"] == 20 and plan["matrix"]["name"] == "issue6"
+    assert {s["context"] for s in plan["shape_list"]} == {512, 1024, 4096, 16384}
+    helptext = " ".join(_invoke(["kernel", "--help"]).output.split())
+    assert "512,1k,4k,16k,32k for --matrix default" in helptext
+    assert "512,1k,4k,16k for --matrix issue6" in helptext
+    assert _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--matrix", "x"]) \
+        .exit_code != 0

@@ -43,6 +43,7 @@ def test_cold_plan_exceeds_l2_and_fills_the_sample(shape) -> None:
     plan = k.plan_launches(moved, per_layer, L2, COPY_BW, cfg)
     assert plan.layers * per_layer >= cfg.l2_factor * L2
     assert plan.launches >= plan.layers          # every layer is visited each replay
+    assert plan.launches % plan.layers == 0      # ... equally often, no early wrap-around
     est = plan.est_launch_us * 1e-6
     assert plan.replays * plan.launches * est >= cfg.target_sample_ms * 1e-3 * 0.999
     # the sample is not padded far beyond its target (keeps the default run within budget)
@@ -107,7 +108,9 @@ def test_build_results_and_progress_line() -> None:
                          {"patched": False}, {"baseline": True, "patched": True})
     assert r2.bitwise_equal is False and "OUTPUTS DIFFER" in k.progress_line(1, 1, r2, 0.1)
     skipped = k.ShapeResult(s, "cold", None, 0, (), None, "instantiation not in build(s): seed")
-    assert "skipped" in k.progress_line(1, 1, skipped, 0.0)
+    assert skipped.status == "skipped" and r.status == "measured"
+    assert "skipped (instantiation" in k.progress_line(1, 1, skipped, 0.0)
+    assert skipped.to_dict()["status"] == "skipped"
     assert math.isclose(k.quantile([1.0, 3.0], 0.5), 2.0)
 
 
@@ -179,3 +182,173 @@ def test_bench_shape_skips_missing_instantiations(tmp_path) -> None:
     shape = shapes_from_specs(["1x100"], preset="tinyllama-1.1b")[0]
     r = k.bench_shape([base, seed], shape, k.KernelBenchConfig(), 2**20, COPY_BW, device="cpu")
     assert r.error == "instantiation not in build(s): seed" and r.variants == ()
+
+
+def test_launches_are_whole_passes_over_the_layers() -> None:
+    """3 layers and a short call: 8 calls would visit layer 0 and 1 three times and layer 2 twice,
+    and the replay boundary would put layer 0 one call after layer 1 (under the L2 factor)."""
+    per_layer = math.ceil(4 * L2 / 3)
+    plan = k.plan_launches(1000, per_layer, L2, COPY_BW, k.KernelBenchConfig(mode="cold"))
+    assert plan.layers == 3 and plan.launches == 9
+
+
+def test_shape_result_status_rules() -> None:
+    s = BenchMatrix().shapes()[0]
+    assert k.ShapeResult(s, "cold", None, 0, (), None, "boom", "failed").status == "failed"
+    with pytest.raises(ValueError):
+        k.ShapeResult(s, "cold", None, 0, (), None, "", "skipped")  # a skip needs its reason
+    with pytest.raises(ValueError):
+        k.ShapeResult(s, "cold", None, 0, (), None, "x", "measured")
+    with pytest.raises(ValueError):
+        k.ShapeResult(s, "cold", None, 0, (), None, "x", "lost")
+
+
+class _GraphModel(k.HostBackend):
+    """A CPU model of what a CUDA graph is, because no CUDA graph can be captured on this machine:
+    capture records the ops the step issues, holding their tensors only by weak reference (a CUDA
+    graph holds raw pointers, no references), and keeps no reference to the step; a replay
+    re-issues exactly those ops on exactly those tensors and fails, as a real replay faults with
+    an illegal memory access, if one of them has been freed since the capture."""
+
+    def capture(self, step):
+        import weakref
+
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        calls: list = []
+
+        class Record(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                calls.append((func, [weakref.ref(a) if isinstance(a, torch.Tensor) else a
+                                     for a in args], kwargs or {}))
+                return func(*args, **(kwargs or {}))
+
+        with Record():
+            step()
+
+        def replay() -> None:
+            for func, refs, kwargs in calls:
+                args = [a() if isinstance(a, weakref.ref) else a for a in refs]
+                if any(a is None and isinstance(r, weakref.ref) for a, r in zip(args, refs)):
+                    raise RuntimeError(f"illegal memory access: {func} replays a freed tensor")
+                func(*args, **kwargs)
+
+        return replay
+
+
+def test_graphs_keep_every_tensor_they_address_alive() -> None:
+    """The H200 crash at b32 ctx32k (v2): a variant's v2 workspace was held only by its step's
+    closure, freed when the next variant's step replaced it, and unmapped by the next capture's
+    empty_cache while the first graph still wrote to it. Three variants, v2, graph semantics."""
+    from kvprefetch.bench.matrix import shapes_from_specs
+
+    shape = shapes_from_specs(["2x600"], preset="tinyllama-1.1b", force="v2")[0]
+    variants = [_reference_ops("kvp_bk_a", "baseline"), _reference_ops("kvp_bk_b", "patched"),
+                _reference_ops("kvp_bk_c", "seed")]
+    cfg = k.KernelBenchConfig(mode="cold", rounds=3, target_sample_ms=0.0, min_launches=2)
+    r = k.bench_shape(variants, shape, cfg, l2_bytes=2**20, copy_bw=COPY_BW, device="cpu",
+                      backend=_GraphModel())
+    assert r.status == "measured" and r.bitwise_equal is True
+    assert all(v.time_us.n == 3 and v.nan_free for v in r.variants)
+
+
+class _SmallDevice(k.HostBackend):
+    def free_bytes(self) -> int:
+        return 16 * 2**20
+
+
+def _no_allocation(*args, **kwargs):
+    raise AssertionError("inputs were allocated for a shape that must be skipped")
+
+
+def test_shape_over_free_memory_is_skipped_before_allocating(monkeypatch) -> None:
+    from kvprefetch.bench.matrix import shapes_from_specs
+
+    monkeypatch.setattr(k, "make_inputs", _no_allocation)
+    shape = shapes_from_specs(["8x4k"], preset="tinyllama-1.1b")[0]  # 32 MiB of KV per layer
+    base = _reference_ops("kvp_bk_a", "baseline")
+    r = k.bench_shape([base, _reference_ops("kvp_bk_b", "patched")], shape,
+                      k.KernelBenchConfig(mode="hot"), 2**20, COPY_BW, device="cpu",
+                      backend=_SmallDevice())
+    assert r.status == "skipped" and r.variants == ()
+    assert "GiB of device memory" in r.error and "0.02 GiB free" in r.error
+    assert r.to_dict()["status"] == "skipped" and r.to_dict()["error"] == r.error
+
+
+def test_shape_beyond_a_vllm_launch_limit_is_skipped(monkeypatch) -> None:
+    """v1 forced at 64k tokens needs 256 KiB of shared memory per block; vLLM's launcher cannot
+    launch it on any current GPU, so the bench must not either."""
+    from kvprefetch.bench.limits import VLLM_LIMIT_PREFIX
+    from kvprefetch.bench.matrix import shapes_from_specs
+
+    monkeypatch.setattr(k, "make_inputs", _no_allocation)
+    shape = shapes_from_specs(["1x64k"], preset="tinyllama-1.1b", force="v1")[0]
+    base = _reference_ops("kvp_bk_a", "baseline")
+    r = k.bench_shape([base, _reference_ops("kvp_bk_b", "patched")], shape,
+                      k.KernelBenchConfig(mode="hot"), 2**20, COPY_BW, device="cpu")
+    assert r.status == "skipped"
+    assert r.error.startswith(VLLM_LIMIT_PREFIX) and "262144 B of shared memory" in r.error
+
+
+def _results_loop(fail_at: int, problem: str):
+    from kvprefetch.bench.matrix import shapes_from_specs
+
+    shapes = shapes_from_specs(["1x1k", "8x1k", "32x1k", "64x1k"])
+    released: list[str] = []
+    lines: list[str] = []
+
+    def measure(shape, config):
+        if shape is shapes[fail_at]:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+        plan = k.LaunchPlan(1, 8, 1, 1, 1.0)
+        return k.build_results(shape, config.mode, plan, 1000, ["baseline", "patched"],
+                               {"baseline": [2.0] * 3, "patched": [1.0] * 3}, COPY_BW,
+                               {"patched": True}, {"baseline": True, "patched": True})
+
+    results, aborted = k.run_shapes(shapes, [k.KernelBenchConfig()], measure, lambda: problem,
+                                    lambda: released.append("x"), lines.append)
+    return shapes, results, aborted, released, lines
+
+
+def test_run_stops_after_an_error_that_kills_the_context() -> None:
+    shapes, results, aborted, released, lines = _results_loop(1, "illegal memory access")
+    assert [r.status for r in results] == ["measured", "failed", "not run", "not run"]
+    assert results[1].error == "error: CUDA error: an illegal memory access was encountered"
+    assert aborted == f"{shapes[1].label} cold: illegal memory access"
+    assert "earlier error" in results[2].error and aborted in results[3].error
+    assert len(released) == 2                     # nothing more touches the dead context
+    assert len(lines) == 4 and lines[3].startswith("[4/4]") and "not run" in lines[3]
+    nm = k.not_measured(results)
+    assert [(d["label"], d["status"]) for d in nm] == [(shapes[1].label, "failed"),
+                                                       (shapes[2].label, "not run"),
+                                                       (shapes[3].label, "not run")]
+
+
+def test_run_continues_after_an_error_the_context_survives() -> None:
+    _, results, aborted, released, _ = _results_loop(1, "")
+    assert [r.status for r in results] == ["measured", "failed", "measured", "measured"]
+    assert aborted == "" and len(released) == 4
+
+
+@pytest.mark.gpu
+def test_three_variants_v2_with_a_large_workspace_on_the_gpu() -> None:
+    """The shape that crashed on the H200 (b32 ctx32k, v2: a 16 MiB tmp_out per variant, which the
+    caching allocator gives its own segment, so a freed one is unmapped by the next capture).
+    Needs kernels-only builds under $KVPREFETCH_WORKDIR (default kvprefetch-work)."""
+    import os
+    from pathlib import Path
+
+    from kvprefetch.bench.matrix import shapes_from_specs
+    from kvprefetch.ops import find_builds, load_build
+
+    builds = find_builds(Path(os.environ.get("KVPREFETCH_WORKDIR", "kvprefetch-work")))
+    if len(builds) < 2 or builds[0].tree != "baseline":
+        pytest.skip(f"needs the baseline and a variant built; found {[b.tree for b in builds]}")
+    ops = [load_build(b) for b in builds]
+    shape = shapes_from_specs(["32x32k"])[0]
+    facts = k.device_facts()
+    r = k.bench_shape(ops, shape, k.KernelBenchConfig(rounds=3, target_sample_ms=0.5),
+                      facts["l2_bytes"], copy_bw=4e12)
+    assert shape.kernel == "v2" and r.status == "measured", r.error
+    assert r.bitwise_equal is True

@@ -80,3 +80,23 @@ def test_shapes_from_specs() -> None:
     assert "ctx4k" in shapes[0].label
     with pytest.raises(ConfigError):
         m.parse_shape_spec("4k")
+
+
+def test_named_matrix_issue6() -> None:
+    mx = m.build_matrix(matrix="issue6")
+    shapes = mx.shapes()
+    assert len(shapes) == 20
+    assert {s.attn.num_seqs for s in shapes} == {1, 8, 32, 64, 128}
+    assert {s.attn.max_seq_len for s in shapes} == {512, 1024, 4096, 16384}
+    assert mx.to_dict()["name"] == "issue6"
+    assert m.build_matrix().to_dict()["name"] == "default"
+    assert m.build_matrix().shapes() == m.BenchMatrix().shapes()
+
+
+def test_named_matrix_axes_can_be_overridden() -> None:
+    mx = m.build_matrix(contexts=["1k"], matrix="issue6")
+    assert mx.contexts == (1024,) and mx.batches == (1, 8, 32, 64, 128)
+    assert mx.name == "issue6+"
+    with pytest.raises(ConfigError, match="unknown matrix"):
+        m.build_matrix(matrix="issue7")
+    assert "issue6: batch 1,8,32,64,128 x context 512,1k,4k,16k" in m.describe_named_matrices()

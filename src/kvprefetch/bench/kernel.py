@@ -4,8 +4,15 @@ Method, per shape of the matrix:
 1. One random input set (vLLM's layouts, random block tables) shared by every variant. In cold
    mode it has ``layers_for_cold`` layers' caches so that one pass over them reads more than
    ``l2_factor`` times the L2 (read from the device); in hot mode one layer is read again and again.
-2. Per variant, one CUDA graph of ``launches`` decode calls (layer ``i % layers`` for call ``i``),
-   each the exact vLLM ``forward_decode`` (v1 or v2 by vLLM's rule unless forced).
+   Before allocating, the shape is checked against vLLM's own launch limits and against free
+   device memory (``limits.py``); a shape that fails is skipped with its reason in the JSON.
+2. Per variant, one CUDA graph of ``launches`` decode calls (layer ``i % layers`` for call ``i``;
+   ``launches`` is a multiple of ``layers``, so every replay visits every layer equally often and
+   the rotation never wraps early), each the exact vLLM ``forward_decode`` (v1 or v2 by vLLM's
+   rule unless forced). A CUDA graph holds raw device pointers: every tensor a graph's kernels
+   address (inputs, outputs, the v2 workspace) is kept alive with the graph until the shape is
+   done. (Each ``torch.cuda.graph`` capture calls ``empty_cache``, which hands any freed block
+   back to the driver; a graph replaying into it faults with an illegal memory access.)
 3. ``rounds`` rounds; in each, every variant (in a rotated order) replays its graph enough times
    to fill ``target_sample_ms``, timed with CUDA events. A sample is the time per decode call.
 4. Per variant: median and spread (quartiles, min/max) of the per-round samples; speedup as the
@@ -14,6 +21,9 @@ Method, per shape of the matrix:
    device-to-device copy measured at the start of the same run.
 5. Outputs are poisoned with NaN, every graph is replayed once more, and each variant's outputs
    must equal the baseline's bit for bit.
+6. Graphs and tensors are dropped and the allocator's cache emptied before the next shape. A CUDA
+   error poisons the whole context (illegal address, ...), so after one the run stops: the
+   remaining shapes are recorded as not run and the partial document is still returned.
 
 The pure parts (statistics, launch planning, result rows) are unit-tested; the GPU part runs on
 the H200 through ``scripts/device/bench.sh``.
@@ -31,9 +41,9 @@ from typing import Any
 from ..errors import BenchError
 from ..kvinputs import cache_bytes_per_layer, layers_for_cold, make_inputs, min_bytes_moved
 from ..ops import PagedOps, forward_decode, v2_workspace
+from .device import CudaBackend, HostBackend, device_facts, measure_copy_bandwidth
+from .limits import memory_refusal, shape_memory, vllm_kernel_limit
 from .matrix import BenchMatrix, BenchShape
-
-DEFAULT_L2_BYTES_IF_UNKNOWN = 50 * 1024 * 1024  # H100/H200 L2, only if torch cannot say
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,7 @@ def plan_launches(bytes_moved: int, bytes_per_layer: int, l2_bytes: int, copy_bw
     est = max(bytes_moved / (0.7 * copy_bw), 3e-6)
     by_time = math.ceil(config.target_replay_ms * 1e-3 / est)
     launches = max(layers, min(config.min_launches, by_time), 1)
+    launches = -(-launches // layers) * layers  # whole passes: each layer visited equally often
     replays = max(1, math.ceil(config.target_sample_ms * 1e-3 / (launches * est)))
     return LaunchPlan(layers, launches, replays, bytes_per_layer, est * 1e6)
 
@@ -127,8 +138,16 @@ class VariantResult:
     nan_free: bool
 
 
+STATUSES = ("measured", "skipped", "failed", "not run")
+
+
 @dataclass(frozen=True)
 class ShapeResult:
+    """One shape in one mode. ``status`` is measured, skipped (decided before allocating
+    anything: missing instantiation, a vLLM launch limit, not enough memory), failed (an error
+    while running it) or not run (an earlier CUDA error left the context unusable); ``error`` is
+    the reason for every status but measured."""
+
     shape: BenchShape
     mode: str
     plan: LaunchPlan | None
@@ -136,11 +155,20 @@ class ShapeResult:
     variants: tuple[VariantResult, ...]
     bitwise_equal: bool | None
     error: str = ""
+    status: str = ""  # "" = measured without an error, skipped with one
+
+    def __post_init__(self) -> None:
+        if not self.status:
+            object.__setattr__(self, "status", "skipped" if self.error else "measured")
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, not {self.status!r}")
+        if (self.status == "measured") == bool(self.error):
+            raise ValueError("a measured shape has no error; any other status needs its reason")
 
     def to_dict(self) -> dict[str, Any]:
         d = self.shape.to_dict()
         d.update(label=self.shape.label, mode=self.mode, bytes_moved=self.bytes_moved,
-                 bitwise_equal=self.bitwise_equal, error=self.error)
+                 bitwise_equal=self.bitwise_equal, status=self.status, error=self.error)
         d["plan"] = asdict(self.plan) if self.plan else None
         d["variants"] = {
             v.name: {"time_us": asdict(v.time_us),
@@ -170,174 +198,101 @@ def build_results(shape: BenchShape, mode: str, plan: LaunchPlan, bytes_moved: i
 # ----------------------------------------------------------------------------- GPU part
 
 
-def device_facts(device: Any = None) -> dict[str, Any]:
-    import torch
+@dataclass(frozen=True)
+class _VariantRun:
+    """One variant's captured graph and everything its kernels write to (kept alive together)."""
 
-    dev = torch.device(device or "cuda")
-    props = torch.cuda.get_device_properties(dev)
-    l2 = int(getattr(props, "L2_cache_size", 0) or 0)
-    return {"name": props.name, "sm_count": props.multi_processor_count,
-            "capability": f"{props.major}.{props.minor}",
-            "l2_bytes": l2 or DEFAULT_L2_BYTES_IF_UNKNOWN, "l2_reported": bool(l2),
-            "total_memory": props.total_memory, "torch": torch.__version__,
-            "cuda": torch.version.cuda}
+    name: str
+    replay: Callable[[], None]
+    outs: tuple[Any, ...]
+    workspace: tuple[Any, Any, Any] | None
 
 
-def measure_copy_bandwidth(nbytes: int = 1 << 31, iters: int = 10) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
-    import torch
-
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        b.copy_(a)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e-3)
-    del a, b
-    torch.cuda.empty_cache()
-    return 2 * nbytes / summarize(times).median
-
-
-class _CudaBackend:
-    """CUDA graphs and CUDA events: what every reported number comes from."""
-
-    def __init__(self) -> None:
-        import torch
-
-        self.torch = torch
-        self.device = "cuda"
-
-    def free_bytes(self) -> int:
-        return int(self.torch.cuda.mem_get_info()[0])
-
-    def capture(self, step: Callable[[], None]) -> Callable[[], None]:
-        torch = self.torch
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()  # eager warm-up: surfaces launch errors before capture
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
-        g.replay()
-        return g.replay  # the bound method keeps the graph alive
-
-    def sync(self) -> None:
-        self.torch.cuda.synchronize()
-
-    def time_s(self, fn: Callable[[], None]) -> float:
-        start = self.torch.cuda.Event(enable_timing=True)
-        end = self.torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end)) * 1e-3
-
-
-class _HostBackend:
-    """Eager calls and the host clock, for running the same control flow on CPU in the unit
-    tests (with in-process reference ops). Its times are meaningless and never reported."""
-
-    device = "cpu"
-
-    def free_bytes(self) -> int:
-        return 1 << 40
-
-    def capture(self, step: Callable[[], None]) -> Callable[[], None]:
-        step()
-        return step
-
-    def sync(self) -> None:
-        pass
-
-    def time_s(self, fn: Callable[[], None]) -> float:
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+def check_shape(shape: BenchShape, ops: Sequence[PagedOps], config: KernelBenchConfig,
+                plan: LaunchPlan, free_bytes: int, smem_optin_bytes: int) -> str:
+    """"" when the shape can run, else why it is skipped: an instantiation missing from a build,
+    a launch vLLM 0.10.2 itself cannot make, or not enough free device memory."""
+    a = shape.attn
+    lacking = [o.name for o in ops if not o.supports(a.head_size, a.block_size,
+                                                     a.kv_cache_dtype, a.dtype)]
+    if lacking:
+        return f"instantiation not in build(s): {', '.join(lacking)}"
+    limit = vllm_kernel_limit(a, shape.kernel, smem_optin_bytes)
+    if limit:
+        return limit
+    need = shape_memory(a, shape.kernel, plan.layers, plan.launches, len(ops), config.pool_factor)
+    return memory_refusal(need, free_bytes, config.memory_fraction)
 
 
 def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchConfig,
-                l2_bytes: int, copy_bw: float, device: str = "cuda") -> ShapeResult:
+                l2_bytes: int, copy_bw: float, device: str = "cuda",
+                backend: Any = None) -> ShapeResult:
     """Time every variant on one shape (see the module docstring). ``device="cpu"`` runs the same
-    steps eagerly with the host clock; only the unit tests use it."""
+    steps eagerly with the host clock; only the unit tests use it (and ``backend``, to model a
+    CUDA graph's pointer semantics on CPU)."""
     import torch
 
     from ..numerics import bytes_equal
 
-    be: Any = _CudaBackend() if device == "cuda" else _HostBackend()
+    be: Any = backend or (CudaBackend() if device == "cuda" else HostBackend())
     a = shape.attn
-    lacking = [o.name for o in ops if not o.supports(a.head_size, a.block_size,
-                                                     a.kv_cache_dtype, a.dtype)]
     bytes_moved = min_bytes_moved(a)
-    if lacking:
-        return ShapeResult(shape, config.mode, None, bytes_moved, (), None,
-                           f"instantiation not in build(s): {', '.join(lacking)}")
     per_layer = cache_bytes_per_layer(a, config.pool_factor)
-    plan = plan_launches(bytes_moved, per_layer, l2_bytes, copy_bw, config)
-    free = be.free_bytes()
-    if plan.layers * per_layer > config.memory_fraction * free:
-        return ShapeResult(shape, config.mode, plan, bytes_moved, (), None,
-                           f"needs {plan.layers * per_layer / 2**30:.1f} GiB of KV cache, "
-                           f"{free / 2**30:.1f} GiB free")
+    try:
+        plan = plan_launches(bytes_moved, per_layer, l2_bytes, copy_bw, config)
+    except BenchError as exc:
+        return ShapeResult(shape, config.mode, None, bytes_moved, (), None, exc.cause, "skipped")
+    reason = check_shape(shape, ops, config, plan, be.free_bytes(), be.smem_optin_bytes())
+    if reason:
+        return ShapeResult(shape, config.mode, plan, bytes_moved, (), None, reason, "skipped")
     inputs = make_inputs(a, device=be.device, seed=config.seed, layers=plan.layers,
                          pool_factor=config.pool_factor)
-    replays, outs = [], []
+    runs: list[_VariantRun] = []
     for o in ops:
-        o_outs = [torch.full_like(inputs.query, float("nan")) for _ in range(plan.launches)]
+        o_outs = tuple(torch.full_like(inputs.query, float("nan")) for _ in range(plan.launches))
         ws = None
         if shape.kernel == "v2":
             ws = v2_workspace(a.num_seqs, a.num_heads, a.head_size, a.max_seq_len,
                               inputs.query.dtype, inputs.query.device)
 
-        def step(o: PagedOps = o, o_outs: list[Any] = o_outs, ws: Any = ws) -> None:
+        def step(o: PagedOps = o, o_outs: tuple[Any, ...] = o_outs, ws: Any = ws) -> None:
             for i in range(plan.launches):
                 forward_decode(o, inputs.args(i % plan.layers), force=shape.kernel,
                                out=o_outs[i], workspace=ws)
 
-        replays.append(be.capture(step))
-        outs.append(o_outs)
+        runs.append(_VariantRun(o.name, be.capture(step), o_outs, ws))
     be.sync()
 
-    names = [o.name for o in ops]
+    names = [r.name for r in runs]
     samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(config.rounds):
-        order = list(range(len(ops)))
-        order = order[r % len(order):] + order[:r % len(order)]  # rotate who goes first
+    for rnd in range(config.rounds):
+        order = list(range(len(runs)))
+        order = order[rnd % len(order):] + order[:rnd % len(order)]  # rotate who goes first
         for vi in order:
-            def sample(replay: Callable[[], None] = replays[vi]) -> None:
+            def sample(replay: Callable[[], None] = runs[vi].replay) -> None:
                 for _ in range(plan.replays):
                     replay()
             seconds = be.time_s(sample)
             samples[names[vi]].append(seconds * 1e6 / (plan.replays * plan.launches))
 
     # Identity in the same run: poison, replay once, compare bytes with the baseline's.
-    for o_outs in outs:
-        for t in o_outs:
+    for run in runs:
+        for t in run.outs:
             t.fill_(float("nan"))
-    for replay in replays:
-        replay()
+    for run in runs:
+        run.replay()
     be.sync()
-    nan_free = {n: not any(bool(torch.isnan(t).any()) for t in o_outs)
-                for n, o_outs in zip(names, outs)}
-    equal = {n: all(bytes_equal(x, y) for x, y in zip(outs[0], o_outs))
-             for n, o_outs in zip(names[1:], outs[1:])}
+    nan_free = {r.name: not any(bool(torch.isnan(t).any()) for t in r.outs) for r in runs}
+    equal = {r.name: all(bytes_equal(x, y) for x, y in zip(runs[0].outs, r.outs))
+             for r in runs[1:]}
     return build_results(shape, config.mode, plan, bytes_moved, names, samples, copy_bw,
                          equal, nan_free)
 
 
 def progress_line(i: int, n: int, r: ShapeResult, seconds: float) -> str:
     head = f"[{i}/{n}] {r.shape.label} {r.mode}"
-    if r.error:
-        return f"{head}: skipped ({r.error})"
+    if r.status != "measured":
+        return f"{head}: {r.status} ({r.error})"
     assert r.plan is not None
     parts = [f"L={r.plan.layers} calls={r.plan.launches}x{r.plan.replays}"]
     for v in r.variants:
@@ -350,12 +305,69 @@ def progress_line(i: int, n: int, r: ShapeResult, seconds: float) -> str:
     return f"{head}: " + " | ".join(parts) + f" ({seconds:.1f} s)"
 
 
+def _cuda_context_problem() -> str:
+    """"" when the CUDA context still works after an error, else why not. Errors such as an
+    illegal address are sticky: every later CUDA call fails with them."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.empty(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0]
+    return ""
+
+
+def _release_cuda_memory() -> None:
+    """Drop the finished shape's graphs and tensors and hand the cached blocks back, so the next
+    shape's memory check sees the device's real free memory."""
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def run_shapes(shapes: Sequence[BenchShape], configs: Sequence[KernelBenchConfig],
+               measure: Callable[[BenchShape, KernelBenchConfig], ShapeResult],
+               context_problem: Callable[[], str], release: Callable[[], None],
+               say: Callable[[str], None]) -> tuple[list[ShapeResult], str]:
+    """Every shape in every mode, in order. An exception while measuring a shape marks it failed;
+    if the device context is unusable afterwards (``context_problem`` says why), the rest are
+    marked not run instead of being attempted. Returns the results and the abort reason ("" if
+    none). ``release`` runs after every shape, failed or not."""
+    results: list[ShapeResult] = []
+    todo = [(c, s) for c in configs for s in shapes]
+    aborted = ""
+    for i, (config, shape) in enumerate(todo, 1):
+        t0 = time.monotonic()
+        if aborted:
+            r = ShapeResult(shape, config.mode, None, 0, (), None,
+                            f"CUDA context unusable after an earlier error: {aborted}", "not run")
+        else:
+            try:
+                r = measure(shape, config)
+            except RuntimeError as exc:  # CUDA errors, torch.OutOfMemoryError
+                r = ShapeResult(shape, config.mode, None, 0, (), None,
+                                f"error: {str(exc).splitlines()[0]}", "failed")
+            if r.status == "failed":
+                problem = context_problem()
+                if problem:
+                    aborted = f"{shape.label} {config.mode}: {problem}"
+            release()
+        results.append(r)
+        say(progress_line(i, len(todo), r, time.monotonic() - t0))
+    return results, aborted
+
+
 def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
                      configs: Sequence[KernelBenchConfig],
                      progress: Callable[[str], None] | None = None,
                      command: Sequence[str] = ()) -> dict[str, Any]:
     """The whole run: copy bandwidth first, then every shape in every mode. Returns the JSON
-    document (``kind: kernel``) that ``report`` renders."""
+    document (``kind: kernel``) that ``report`` renders; skipped, failed and not-run shapes are in
+    ``results`` with their ``status`` and reason, and listed in ``meta.not_measured``."""
     import torch
 
     if not torch.cuda.is_available():
@@ -370,26 +382,13 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
     copy_bw = measure_copy_bandwidth(configs[0].copy_bytes)
     say(f"device {facts['name']}: L2 {facts['l2_bytes'] / 2**20:.0f} MiB, copy bandwidth "
         f"{copy_bw / 1e12:.2f} TB/s (read+write)")
-    shapes = matrix.shapes()
-    total = len(shapes) * len(configs)
-    results = []
     t_all = time.monotonic()
-    i = 0
-    for config in configs:
-        for shape in shapes:
-            i += 1
-            t0 = time.monotonic()
-            try:
-                r = bench_shape(ops, shape, config, facts["l2_bytes"], copy_bw)
-            except RuntimeError as exc:  # a CUDA/launch error on one shape; keep the others
-                torch.cuda.synchronize()
-                r = ShapeResult(shape, config.mode, None, 0, (), None,
-                                f"error: {str(exc).splitlines()[0]}")
-            # Free this shape's caches and graph pools before the next (up to 17 GB each).
-            gc.collect()
-            torch.cuda.empty_cache()
-            results.append(r)
-            say(progress_line(i, total, r, time.monotonic() - t0))
+
+    def measure(shape: BenchShape, config: KernelBenchConfig) -> ShapeResult:
+        return bench_shape(ops, shape, config, facts["l2_bytes"], copy_bw)
+
+    results, aborted = run_shapes(matrix.shapes(), configs, measure, _cuda_context_problem,
+                                  _release_cuda_memory, say)
     return {
         "kind": "kernel", "schema": 1,
         "meta": {
@@ -400,7 +399,14 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
                           **({"so_sha256": o.build.so_sha256, "so_path": str(o.build.so_path)}
                              if o.build else {})} for o in ops],
             "configs": [asdict(c) for c in configs], "matrix": matrix.to_dict(),
-            "command": list(command),
+            "command": list(command), "aborted": aborted,
+            "not_measured": not_measured(results),
         },
         "results": [r.to_dict() for r in results],
     }
+
+
+def not_measured(results: Sequence[ShapeResult]) -> list[dict[str, str]]:
+    """The shapes without numbers, each with its status and reason (for ``meta``)."""
+    return [{"label": r.shape.label, "mode": r.mode, "status": r.status, "reason": r.error}
+            for r in results if r.status != "measured"]

@@ -42,6 +42,12 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
 DEFAULT_PRESETS = ("llama-3.1-8b",)
 DEFAULT_BATCHES = (1, 8, 32, 64, 128)
 DEFAULT_CONTEXTS = (512, 1024, 4096, 16384, 32768)
+# Named batch x context grids for --matrix; --batch / --context override either axis.
+NAMED_MATRICES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "default": (DEFAULT_BATCHES, DEFAULT_CONTEXTS),
+    # issue 6's target matrix: the decode shapes the acceptance numbers are quoted for.
+    "issue6": ((1, 8, 32, 64, 128), (512, 1024, 4096, 16384)),
+}
 DEFAULT_BLOCK_SIZES = (16,)
 DEFAULT_DTYPES = ("float16",)
 DEFAULT_KV_CACHE_DTYPES = ("auto",)
@@ -110,6 +116,7 @@ class BenchMatrix:
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
     kv_cache_dtypes: tuple[str, ...] = DEFAULT_KV_CACHE_DTYPES
     force: str | None = None
+    name: str = "custom"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -155,7 +162,7 @@ class BenchMatrix:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"presets": list(self.presets), "batches": list(self.batches),
+        return {"name": self.name, "presets": list(self.presets), "batches": list(self.batches),
                 "contexts": list(self.contexts), "block_sizes": list(self.block_sizes),
                 "dtypes": [canonical_dtype(d) for d in self.dtypes],
                 "kv_cache_dtypes": list(self.kv_cache_dtypes), "force": self.force}
@@ -164,20 +171,32 @@ class BenchMatrix:
 def build_matrix(presets: Sequence[str] = (), batches: Sequence[str] = (),
                  contexts: Sequence[str] = (), block_sizes: Sequence[str] = (),
                  dtypes: Sequence[str] = (), kv_cache_dtypes: Sequence[str] = (),
-                 force: str | None = None) -> BenchMatrix:
-    """A matrix from CLI strings; an empty axis takes its default."""
+                 force: str | None = None, matrix: str = "default") -> BenchMatrix:
+    """A matrix from CLI strings. Batch and context come from the named ``matrix`` unless given;
+    every other empty axis takes its default. The name is recorded, with "+" when an axis of the
+    named grid was overridden."""
     def split(values: Sequence[str]) -> tuple[str, ...]:
         return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
 
+    if matrix not in NAMED_MATRICES:
+        raise ConfigError(f"unknown matrix '{matrix}'", f"use one of: {', '.join(NAMED_MATRICES)}")
+    named_batches, named_contexts = NAMED_MATRICES[matrix]
     return BenchMatrix(
         presets=split(presets) or DEFAULT_PRESETS,
-        batches=parse_sizes(batches) if batches else DEFAULT_BATCHES,
-        contexts=parse_sizes(contexts) if contexts else DEFAULT_CONTEXTS,
+        batches=parse_sizes(batches) if batches else named_batches,
+        contexts=parse_sizes(contexts) if contexts else named_contexts,
         block_sizes=parse_sizes(block_sizes) if block_sizes else DEFAULT_BLOCK_SIZES,
         dtypes=tuple(DTYPE_ALIASES.get(d, d) for d in split(dtypes)) or DEFAULT_DTYPES,
         kv_cache_dtypes=split(kv_cache_dtypes) or DEFAULT_KV_CACHE_DTYPES,
-        force=force,
+        force=force, name=matrix + ("+" if batches or contexts else ""),
     )
+
+
+def describe_named_matrices() -> str:
+    """``default: batch 1,8,32,64,128 x context 512,1k,4k,16k,32k; issue6: ...`` (CLI help)."""
+    return "; ".join(f"{n}: batch {','.join(map(str, b))} x context "
+                     f"{','.join(format_size(c) for c in cs)}"
+                     for n, (b, cs) in NAMED_MATRICES.items())
 
 
 def parse_shape_spec(text: str) -> tuple[int, int]:

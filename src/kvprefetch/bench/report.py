@@ -98,6 +98,13 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
         lines.append(f"- {v['name']}: `{v.get('so_sha256', 'in-process')}`")
     if meta.get("command"):
         lines.append(f"- command: `{' '.join(meta['command'])}`")
+    if (meta.get("matrix") or {}).get("name"):
+        lines.append(f"- matrix: {meta['matrix']['name']}")
+    if meta.get("aborted"):
+        lines.append(f"- **run stopped early**, CUDA context lost at {meta['aborted']}")
+    if meta.get("not_measured"):
+        lines.append(f"- not measured: {len(meta['not_measured'])} shape(s); status and reason in "
+                     "the tables below")
     lines += ["", ("Time is per decode call (one layer). Speedup = stock time / variant time, paired "
               "per round: median [min-max] over rounds. BW = fewest bytes moved / median time, as "
               "a fraction of the copy bandwidth."), "", "## Summary", ""]
@@ -122,9 +129,10 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
         headers.append("bitwise equal")
         table_rows = []
         for r in rows:
-            if r.get("error"):
+            if r.get("error"):  # status is absent in documents from before it existed
                 table_rows.append([r["batch"], _ctx(r["context"]), r["kernel"], "-",
-                                   f"skipped: {r['error']}"] + [""] * (2 * len(names) + 2))
+                                   f"{r.get('status', 'skipped')}: {r['error']}"]
+                                  + [""] * (2 * len(names) + 2))
                 continue
             b = r["variants"][base]
             cells = [r["batch"], _ctx(r["context"]), r["kernel"] + ("*" if r["kernel_forced"]

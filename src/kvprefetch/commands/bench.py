@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ..bench.matrix import DEFAULT_CONTEXTS, NAMED_MATRICES, describe_named_matrices, format_size
 from ..console import emit_json, info, table
 from ..errors import BenchError
 from .common import dry_run_option, json_option, workdir_option
@@ -68,9 +69,17 @@ def bench() -> None:
 @variant_option
 @click.option("--preset", multiple=True, help="Model preset(s) for the attention shape "
               "[default: llama-3.1-8b]; see --list-presets.")
-@click.option("--batch", multiple=True, help="Batch sizes, e.g. 1,8,32,64,128 [default].")
-@click.option("--context", multiple=True, help="Context lengths, e.g. 512,1k,4k,16k,32k "
-              "[default].")
+@click.option("--matrix", "matrix_name", type=click.Choice(list(NAMED_MATRICES)),
+              default="default", show_default=True,
+              help=f"Named batch x context grid ({describe_named_matrices()}); --batch and "
+                   "--context override its axes.")
+@click.option("--batch", multiple=True, help="Batch sizes, e.g. 1,8,32 [default: the --matrix's "
+              "batches, 1,8,32,64,128].")
+@click.option("--context", multiple=True, help="Context lengths in tokens, e.g. 512,1k,16k (k = "
+              "1024) [default: the --matrix's contexts, "
+              f"{','.join(format_size(c) for c in DEFAULT_CONTEXTS)} for --matrix default, "
+              f"{','.join(format_size(c) for c in NAMED_MATRICES['issue6'][1])} for --matrix "
+              "issue6].")
 @click.option("--block-size", multiple=True, help="Block sizes: 16 [default], 8, 32.")
 @click.option("--dtype", multiple=True, help="float16 [default], bfloat16, float32.")
 @click.option("--kv-cache-dtype", multiple=True, help="auto [default], fp8, fp8_e5m2.")
@@ -90,7 +99,7 @@ def bench() -> None:
 @output_options("kernel")
 @dry_run_option
 @json_option
-def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...],
+def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matrix_name: str,
            batch: tuple[str, ...], context: tuple[str, ...], block_size: tuple[str, ...],
            dtype: tuple[str, ...], kv_cache_dtype: tuple[str, ...], force_kernel: str | None,
            mode: tuple[str, ...], rounds: int, sample_ms: float, l2_factor: float,
@@ -98,7 +107,8 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...],
            formats: str, dry_run: bool, as_json: bool) -> None:
     """Time every kernels-only build in ONE process over a matrix of shapes (CUDA graphs,
     variants interleaved over rounds), check bitwise identity in the same run, and write
-    <name>.json, .md and a speedup heatmap .png."""
+    <name>.json, .md and a speedup heatmap .png. Shapes that vLLM's launcher cannot run or that
+    do not fit in free device memory are skipped and recorded with the reason."""
     from ..bench.kernel import KernelBenchConfig
     from ..bench.matrix import PRESETS, build_matrix
     from ..ops import find_builds
@@ -108,7 +118,8 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...],
               [[p.name, p.num_heads, p.num_kv_heads, p.head_size, p.num_layers, p.source]
                for p in PRESETS.values()])
         return
-    matrix = build_matrix(preset, batch, context, block_size, dtype, kv_cache_dtype, force_kernel)
+    matrix = build_matrix(preset, batch, context, block_size, dtype, kv_cache_dtype, force_kernel,
+                          matrix=matrix_name)
     configs = [KernelBenchConfig(mode=m, rounds=rounds, target_sample_ms=sample_ms,
                                  l2_factor=l2_factor, pool_factor=pool_factor, seed=seed)
                for m in (mode or ("cold",))]
@@ -152,10 +163,17 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...],
             f"{s['worst']['speedup']:.3f}x (b{s['worst']['batch']} ctx{s['worst']['context']})",
             s["slower_median"], "yes" if s["all_bitwise_equal"] else "NO"]
            for s in kernel_summary(doc)], title="bench kernel")
+    for r in doc["meta"]["not_measured"]:
+        info(f"{r['status']}: {r['label']} {r['mode']}: {r['reason']}")
     info("wrote " + ", ".join(str(p) for p in paths))
-    if not all(r.get("bitwise_equal") for r in doc["results"] if not r.get("error")):
+    if not all(r.get("bitwise_equal") for r in doc["results"] if r["status"] == "measured"):
         raise BenchError("some variant's outputs differ from the baseline's (see the table)",
                          "a prefetch must not change results; run `kvprefetch verify-kernel`")
+    if doc["meta"]["aborted"]:
+        raise BenchError(f"the run stopped early, the CUDA context died at {doc['meta']['aborted']}"
+                         f" (partial results in {paths[0] if paths else out_dir})",
+                         "look at that shape alone (`--batch B --context C`) with "
+                         "compute-sanitizer; the shapes after it were not run")
 
 
 # ----------------------------------------------------------------------------- ncu
