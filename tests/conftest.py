@@ -104,7 +104,7 @@ def nvcc_12_6_text() -> str:
 # sources / patch / build / verify tests: the real vLLM 0.10.2 sdist, fetched work directories,
 # a local git repository tagged v0.10.2, and one real kernels-only build of both trees.
 
-from typing import Any  # noqa: E402 -- appended section, kept apart from the fixtures above
+from typing import Any  # appended section: kept apart from the fixtures above
 
 SDIST_CACHE_ENV = "KVPREFETCH_TEST_CACHE"
 # Only a local time saver: on the development machine the sdist already sits here. CI is a
@@ -123,12 +123,12 @@ def kvprefetch_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | No
 
 
 def kvprefetch_cli_split(*args: str, env: dict[str, str] | None = None,
-                         timeout: float = 600) -> Any:
+                         timeout: float = 600, cwd: Path | None = None) -> Any:
     """Like kvprefetch_cli but with stdout and stderr apart (for --json parsing and checking
     that notices go to stderr). Uses subprocess directly because the runner merges the two."""
     import subprocess
 
-    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 

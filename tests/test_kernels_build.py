@@ -16,14 +16,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import NARROW_BUILD_ARGS, kvprefetch_cli_split, tree_bytes
 
 from kvprefetch.hashing import sha256_file
 from kvprefetch.patching import apply_patch, patch_sha256
 from kvprefetch.selection import Selection
 from kvprefetch.sources import tree_modifications
 from kvprefetch.workdir import Workdir
-
-from conftest import NARROW_BUILD_ARGS, kvprefetch_cli, kvprefetch_cli_split, tree_bytes
 
 TREES = ("baseline", "patched")
 NARROW = Selection((128,), (16,), ("fp16", "bf16"))
@@ -287,9 +286,9 @@ def test_rerun_completes_with_manifests_and_own_libraries(kernels_build) -> None
         shas[tree] = m["so_sha256"]
         # the env's own python imports its own package (not the other env's)
         py = wd / "envs" / tree / "bin" / "python"
-        out = subprocess.run([str(py), "-c", "import kvprefetch_kernels as k, sys; "
-                              "print(k.SO_PATH); print(sys.prefix)"], capture_output=True,
-                             text=True, cwd="/", check=True).stdout.split()
+        code = "import kvprefetch_kernels as k, sys; print(k.SO_PATH); print(sys.prefix)"
+        out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd="/",
+                             check=True).stdout.split()
         assert out == [str(installed), str(wd / "envs" / tree)]
     assert shas["baseline"] != shas["patched"]
     # the build never touched the sources

@@ -8,14 +8,14 @@ import json
 import os
 from pathlib import Path
 
+from conftest import kvprefetch_cli_split, tree_bytes
+
 from kvprefetch import upstream
 from kvprefetch.errors import ConfigError, PatchError
 from kvprefetch.hashing import sha256_file
 from kvprefetch.patching import apply_patch, carried_variant, patch_sha256
 from kvprefetch.sources import tree_modifications
 from kvprefetch.workdir import Workdir
-
-from conftest import kvprefetch_cli_split, tree_bytes
 
 HELPER = Path(__file__).resolve().parent.parent / "csrc" / "prefetch_ptx.cuh"
 
@@ -24,7 +24,7 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
 
 
-def cli(*args: str):  # noqa: ANN201
+def cli(*args: str):
     return kvprefetch_cli_split(*args, env=_env())
 
 

@@ -8,13 +8,18 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import kvprefetch_cli_split
 
 from kvprefetch import upstream
 from kvprefetch.errors import BuildError, ConfigError
-from kvprefetch.selection import (BLOCK_SIZES, HEAD_SIZES, KV_DTYPES, Selection, narrow_source,
-                                  parse_selection)
-
-from conftest import kvprefetch_cli_split
+from kvprefetch.selection import (
+    BLOCK_SIZES,
+    HEAD_SIZES,
+    KV_DTYPES,
+    Selection,
+    narrow_source,
+    parse_selection,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,7 @@ def upstream_dispatch(fetched_template: Path) -> str:
 
 def _counts(text: str, version: int) -> tuple[int, int]:
     """(head-size arms, block-size arms) that the launcher source still instantiates."""
-    heads = len(re.findall(rf"^\s*LAUNCH_PAGED_ATTENTION_V{version}\(\d+\);", text, re.M))
+    heads = len(re.findall(rf"^\s*LAUNCH_PAGED_ATTENTION_V{version}\(\d+\);", text, re.MULTILINE))
     blocks = len(re.findall(rf"CALL_V{version}_LAUNCHER_SPARSITY\(T, CACHE_T, \d+, KV_DTYPE\)", text))
     return heads, blocks
 
@@ -124,7 +129,7 @@ def test_unknown_head_size_on_the_cli_is_exit_2(tmp_path: Path) -> None:
 def test_a_drifted_source_is_a_build_error(sources: dict[int, str]) -> None:
     """Upstream drift, simulated on the real v1 launcher: the `case 64:` arm is gone."""
     drifted = re.sub(r"^\s*case 64:\n\s*LAUNCH_PAGED_ATTENTION_V1\(64\);\n\s*break;\n", "",
-                     sources[1], flags=re.M)
+                     sources[1], flags=re.MULTILINE)
     assert drifted != sources[1]
     sel = parse_selection("128", "16", "fp16")
     with pytest.raises(BuildError) as exc:
@@ -145,6 +150,6 @@ def test_selecting_an_arm_the_drifted_source_lacks_is_a_build_error(
     only. Narrowing must refuse; otherwise the build compiles a launcher with no head-size
     case at all (zero kernels) and the op fails only at run time with "Unsupported head size"."""
     drifted = re.sub(r"^\s*case 64:\n\s*LAUNCH_PAGED_ATTENTION_V1\(64\);\n\s*break;\n", "",
-                     sources[1], flags=re.M)
+                     sources[1], flags=re.MULTILINE)
     with pytest.raises(BuildError, match="head size 64"):
         narrow_source(drifted, 1, parse_selection("64", "16", "fp16"))

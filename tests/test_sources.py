@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import kvprefetch_cli_split, seed_downloads, tree_bytes
 
 from kvprefetch import upstream
 from kvprefetch.download import configured_index_url, ensure_sdist
@@ -21,8 +22,6 @@ from kvprefetch.errors import FetchError
 from kvprefetch.hashing import inventory, sha256_file
 from kvprefetch.sources import fetch_trees, tree_modifications
 from kvprefetch.workdir import Workdir
-
-from conftest import kvprefetch_cli_split, seed_downloads, tree_bytes
 
 SDIST_TREES = ("baseline", "patched")
 
@@ -120,7 +119,7 @@ def test_tampered_local_sdist_path_is_refused(tmp_path: Path, vllm_sdist: Path) 
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 

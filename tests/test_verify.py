@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import kvprefetch_cli_split, tree_bytes
 
 from kvprefetch.errors import VerifyError
 from kvprefetch.hashing import sha256_file
 from kvprefetch.selection import Selection
-
-from conftest import kvprefetch_cli_split, tree_bytes
 
 pytestmark = pytest.mark.slow  # needs the session's real build (minutes, once per run)
 
@@ -50,7 +49,7 @@ def _checks(data: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def built(kernels_build) -> Path:  # noqa: ANN001
+def built(kernels_build) -> Path:
     assert kernels_build.resumed["returncode"] == 0, kernels_build.resumed["stderr"][-3000:]
     return kernels_build.workdir.resolve()
 
