@@ -47,19 +47,31 @@ struct KvChunk {
 // On pre-Hopper targets it compiles to nothing, so a TORCH_CUDA_ARCH_LIST such as
 // "8.0;9.0a" still builds; the sm_80 kernels are then exactly stock.
 //
-// No "memory" clobber: a prefetch has no memory semantics the compiler must order around, and
-// a clobber pins every load of the iteration behind it. Measured on the H200: with the clobber
-// the patched kernel ran ~10-16% slower than stock even where the prefetch was switched off.
+// Why the asm is NOT volatile, takes an integer and returns a token: an `asm volatile`, or any
+// asm that receives a pointer derived from k_cache/v_cache, makes NVVM assume the cache may be
+// written, and it then drops the read-only path for every K/V load of the kernel
+// (LDG.E.64.CONSTANT becomes LDG.E.64 in SASS). On the H200 that alone made the kernel 10-16%
+// slower than stock, even with the prefetch switched off. A non-volatile asm with an output
+// and an integer address is side-effect free to the compiler; its output (always 0) is folded
+// into a token that the kernel "uses" in a never-taken shared-memory store (consume_token), so
+// the asm is kept.
 template <uint32_t BYTES>
-__device__ __forceinline__ void l2_prefetch_bulk(const void* src) {
-#if KVPREFETCH_HAS_BULK_PREFETCH && defined(KVPREFETCH_ASM_MEMORY_CLOBBER)
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "n"(BYTES)
-               : "memory");
-#elif KVPREFETCH_HAS_BULK_PREFETCH
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "n"(BYTES));
+__device__ __forceinline__ unsigned l2_prefetch_bulk(const void* src) {
+  unsigned token = 0;
+#if KVPREFETCH_HAS_BULK_PREFETCH
+  const unsigned long long addr = reinterpret_cast<unsigned long long>(src);
+  asm("cp.async.bulk.prefetch.L2.global [%1], %2;\n\tmov.u32 %0, 0;"
+      : "=r"(token) : "l"(addr), "n"(BYTES));
 #else
   (void)src;
 #endif
+  return token;
+}
+
+// Keeps the prefetches alive (see l2_prefetch_bulk): a store that never happens, to shared
+// memory, which cannot alias the KV cache.
+__device__ __forceinline__ void consume_token(const unsigned token, float* shared_scratch) {
+  if (token == 0x5eedu) shared_scratch[0] = 0.f;
 }
 
 // ---- Tuning (compile-time defaults; each can be overridden with -D) ---------------------
@@ -104,7 +116,7 @@ __device__ __forceinline__ bool prefetch_enabled() {
 }
 
 // Called by every lane of a warp at the top of its iteration over `block_idx`, right after
-// the kernel read block_table[block_idx]. `cache` is k_cache or v_cache; `head_offset` is
+// the kernel read block_table[block_idx]; returns a token for consume_token. `cache` is k_cache or v_cache; `head_offset` is
 // kv_head_idx * kv_head_stride; STRIDE is the warp's step through the blocks, NUM_WARPS.
 //  - "No next block" is decided by the index, never by the block number: physical block 0
 //    is a real block in vLLM V0 (the original patch's sentinel 0 skipped it).
@@ -112,14 +124,14 @@ __device__ __forceinline__ bool prefetch_enabled() {
 //    partitions prefetch too, and block_table is never read past the sequence's row.
 //  - Block numbers widen to int64 before the multiply, as vLLM does for its own loads.
 template <int HEAD_SIZE, int BLOCK_SIZE, int STRIDE, typename cache_t>
-__device__ __forceinline__ void prefetch_next_block(
+__device__ __forceinline__ unsigned prefetch_next_block(
     const cache_t* __restrict__ cache, const int* __restrict__ block_table,
     const int block_idx, const int start_block_idx, const int end_block_idx,
     const int64_t kv_block_stride, const int64_t head_offset, const int lane) {
 #if KVPREFETCH_HAS_BULK_PREFETCH
   constexpr int D = KVPREFETCH_DISTANCE;
   static_assert(D >= 1 && D < 32, "KVPREFETCH_DISTANCE must be in [1, 31]");
-  if (!prefetch_enabled()) return;
+  if (!prefetch_enabled()) return 0;
   // First iteration of this warp: lanes 1..D cover the next D blocks. Later: lane 0 keeps
   // the window D iterations ahead (block_idx + D*STRIDE).
   const bool first = block_idx - start_block_idx < STRIDE;
@@ -127,12 +139,14 @@ __device__ __forceinline__ void prefetch_next_block(
   const int next_idx = block_idx + ahead * STRIDE;
   if (ahead >= 1 && ahead <= D && next_idx < end_block_idx) {
     const int64_t next_block = static_cast<int64_t>(block_table[next_idx]);
-    l2_prefetch_bulk<KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes>(
+    return l2_prefetch_bulk<KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes>(
         cache + next_block * kv_block_stride + head_offset);
   }
+  return 0;
 #else
   (void)cache; (void)block_table; (void)block_idx; (void)start_block_idx;
   (void)end_block_idx; (void)kv_block_stride; (void)head_offset; (void)lane;
+  return 0;
 #endif
 }
 
@@ -173,6 +187,90 @@ inline void sync_runtime_mode(cudaStream_t stream) {
                               cudaMemcpyHostToDevice, stream) == cudaSuccess) {
     kvprefetch_devices_set.fetch_or(bit);
   }
+}
+}  // namespace
+#endif
+
+// ---- The `launch` variant: an L2 prefetch kernel issued by the launcher --------------------
+// Any in-kernel prefetch of a k_cache/v_cache-derived address captures the pointer, and NVVM
+// then stops proving the cache read-only: every K/V load of the attention kernel loses the
+// read-only path (LDG.E.64.CONSTANT -> LDG.E.64), ~10-16% slower on bandwidth-heavy shapes
+// whether or not the prefetch runs. The `launch` variant leaves the attention kernels
+// byte-identical to stock and, right before them on the same stream, launches this small
+// kernel: one CTA per (kv head, sequence) whose threads fire one bulk L2 prefetch per K and V
+// chunk of that sequence, then exit. The prefetches are fire-and-forget, so the kernel ends at
+// once and the bytes stream into L2 while the attention kernel starts.
+template <typename cache_t>
+__global__ void kv_l2_prefetch_kernel(const cache_t* __restrict__ k_cache,
+                                      const cache_t* __restrict__ v_cache,
+                                      const int* __restrict__ block_tables,
+                                      const int* __restrict__ seq_lens,
+                                      const int block_size, const int max_num_blocks_per_seq,
+                                      const int64_t kv_block_stride,
+                                      const int64_t kv_head_stride, const uint32_t chunk_bytes) {
+#if KVPREFETCH_HAS_BULK_PREFETCH
+  const int head = blockIdx.x;
+  const int seq = blockIdx.y;
+  const int num_blocks = (seq_lens[seq] + block_size - 1) / block_size;
+  const int* table = block_tables + static_cast<int64_t>(seq) * max_num_blocks_per_seq;
+  for (int b = threadIdx.x; b < num_blocks; b += blockDim.x) {
+    const int64_t offset = static_cast<int64_t>(table[b]) * kv_block_stride + head * kv_head_stride;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_cache + offset),
+                 "r"(chunk_bytes));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_cache + offset),
+                 "r"(chunk_bytes));
+  }
+#endif
+}
+
+#if !defined(USE_ROCM)
+namespace {
+struct DeviceFacts {
+  int cc_major = 0;
+  int l2_bytes = 0;
+};
+inline DeviceFacts device_facts(int dev) {
+  static DeviceFacts cache[64];
+  static std::atomic<unsigned long long> known{0};
+  if (dev < 0 || dev >= 64) return DeviceFacts{};
+  if (!(known.load() & (1ull << dev))) {
+    DeviceFacts f;
+    cudaDeviceGetAttribute(&f.cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, dev);
+    cache[dev] = f;
+    known.fetch_or(1ull << dev);
+  }
+  return cache[dev];
+}
+
+// The launch-time decision. `auto` prefetches when the whole KV working set of this decode
+// step (an upper bound: num_seqs x max_seq_len tokens, K and V) fits in half of L2: then the
+// step is latency-bound and the bytes are still in L2 when the attention kernel reads them.
+// Larger steps already stream at a good fraction of HBM bandwidth, and prefetching them
+// would only evict what the attention kernel is about to use. KVPREFETCH=on|off overrides.
+inline bool l2_prefetch_wanted(int dev, int mode, long long kv_bytes) {
+  if (mode == 0) return false;
+  const DeviceFacts f = device_facts(dev);
+  if (f.cc_major < 9) return false;  // no bulk prefetch before Hopper
+  return mode == 1 || kv_bytes <= static_cast<long long>(f.l2_bytes) / 2;
+}
+
+template <typename cache_t, int BLOCK_SIZE>
+inline void launch_l2_prefetch(cudaStream_t stream, const cache_t* k_cache,
+                               const cache_t* v_cache, const int* block_tables,
+                               const int* seq_lens, int num_seqs, int num_kv_heads,
+                               int head_size, int max_num_blocks_per_seq, int max_seq_len,
+                               int kv_block_stride, int kv_head_stride) {
+  const uint32_t chunk = static_cast<uint32_t>(head_size) * BLOCK_SIZE * sizeof(cache_t);
+  const long long blocks = (static_cast<long long>(max_seq_len) + BLOCK_SIZE - 1) / BLOCK_SIZE;
+  const long long kv_bytes = 2ll * num_seqs * num_kv_heads * blocks * chunk;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return;
+  if (!l2_prefetch_wanted(dev, kvprefetch_host_mode(), kv_bytes)) return;
+  if (chunk % 16 != 0 || chunk > 1048560u) return;
+  kv_l2_prefetch_kernel<cache_t><<<dim3(num_kv_heads, num_seqs), 128, 0, stream>>>(
+      k_cache, v_cache, block_tables, seq_lens, BLOCK_SIZE, max_num_blocks_per_seq,
+      kv_block_stride, kv_head_stride, chunk);
 }
 }  // namespace
 #endif

@@ -101,11 +101,43 @@ class SassVerdict:
     problems: tuple[str, ...]
 
 
-def judge(kernels: Iterable[KernelSass], *, patched: bool, sites: int = 2) -> SassVerdict:
-    """Baseline: no UBLKPF anywhere. Patched: at least ``sites`` (one K site, one V site) in
+def function_bodies(text: str) -> dict[tuple[str, str], str]:
+    """(arch, mangled name) -> the function's SASS with addresses stripped, for comparing the
+    same kernel across two libraries instruction by instruction."""
+    out: dict[tuple[str, str], list[str]] = {}
+    arch, name = "?", None
+    for line in text.splitlines():
+        m = _ARCH.match(line)
+        if m:
+            arch, name = m.group(1), None
+            continue
+        m = _FUNC.match(line)
+        if m:
+            name = m.group(1)
+            out[(arch, name)] = []
+            continue
+        if name is not None and "/*" in line:
+            instr = re.sub(r"/\*[0-9a-fx]+\*/", "", line).split(";")[0].strip()
+            if instr:
+                out[(arch, name)].append(instr)
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def prefetch_kernels(text: str) -> dict[tuple[str, str], int]:
+    """UBLKPF count of each kvprefetch L2 prefetch kernel (the `launch` variant)."""
+    return {k: body.count("UBLKPF") for k, body in function_bodies(text).items()
+            if "kv_l2_prefetch_kernel" in k[1]}
+
+
+def judge(kernels: Iterable[KernelSass], *, patched: bool, sites: int = 2,
+          in_kernel: bool = True) -> SassVerdict:
+    """Baseline (or an ``in_kernel=False`` variant, whose attention kernels are stock): no UBLKPF
+    in any attention kernel. In-kernel variants: at least ``sites`` (one K site, one V site) in
     every sm_90+ instantiation, and none in pre-Hopper cubins, whose kernels must still exist."""
     ks = list(kernels)
     problems: list[str] = []
+    if not in_kernel:
+        patched = False
     if not ks:
         problems.append("no paged_attention_v1/v2 kernels found in the SASS")
     for k in ks:

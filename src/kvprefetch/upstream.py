@@ -40,8 +40,13 @@ PAGED_ATTENTION_SOURCES = ("csrc/attention/paged_attention_v1.cu",
 
 TREE_NAMES = ("baseline", "patched")
 SEED_TREE = "seed"
-VARIANTS = ("prefetch", "seed")
-DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "seed": SEED_TREE}
+# prefetch: our corrected in-kernel per-block prefetch (K and V sites of the attention kernel).
+# launch:   attention kernels untouched; the launcher issues a small L2 prefetch kernel first.
+# seed:     the paper's mechanism as its reproduction describes it.
+VARIANTS = ("prefetch", "launch", "seed")
+# Variants whose attention kernels must carry the bulk prefetch (checked in SASS).
+IN_KERNEL_VARIANTS = ("prefetch", "seed")
+DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "seed": SEED_TREE}
 
 
 def kit_root() -> Path:

@@ -19,7 +19,8 @@ from typing import Any
 from .errors import VerifyError
 from .hashing import sha256_file
 from .runner import run
-from .sass import judge, parse_sass, summarise
+from .sass import function_bodies, judge, parse_sass, prefetch_kernels, summarise
+from .upstream import IN_KERNEL_VARIANTS
 from .workdir import Workdir, write_json_atomic
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
@@ -121,7 +122,7 @@ def check_provenance(rep: VerifyReport, tree: str, manifest: dict[str, Any], pro
     return str(loaded)
 
 
-def check_sass(rep: VerifyReport, tree: str, so: str, patched: bool) -> None:
+def disassemble(rep: VerifyReport, tree: str, so: str) -> str | None:
     from .toolchain import find_cuobjdump
 
     tools = find_cuobjdump(dict(os.environ))
@@ -129,22 +130,59 @@ def check_sass(rep: VerifyReport, tree: str, so: str, patched: bool) -> None:
         rep.add("UBLKPF in SASS", tree, None,
                 "cuobjdump not found (install the CUDA toolkit, or `pip install "
                 "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`)")
-        return
+        return None
     res = run([str(tools.cuobjdump), "-sass", so], env=tools.environ(dict(os.environ)),
               echo=False, check=False)
     if res.returncode != 0:
         rep.add("UBLKPF in SASS", tree, False, f"cuobjdump failed: {res.output.strip()[-300:]}")
-        return
-    kernels = parse_sass(res.output)
-    verdict = judge(kernels, patched=patched)
-    rep.sass[tree] = {"library": so, "patched": patched, "kernels": verdict.kernels,
+        return None
+    return res.output
+
+
+def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
+               text: str | None = None) -> str | None:
+    """Count UBLKPF per instantiation and judge it against the variant; returns the SASS."""
+    text = text if text is not None else disassemble(rep, tree, so)
+    if text is None:
+        return None
+    patched = variant is not None and variant != "stock"
+    in_kernel = variant in IN_KERNEL_VARIANTS
+    kernels = parse_sass(text)
+    verdict = judge(kernels, patched=patched, in_kernel=in_kernel)
+    rep.sass[tree] = {"library": so, "variant": variant or "stock", "kernels": verdict.kernels,
                       "with_prefetch": verdict.with_prefetch, "problems": list(verdict.problems),
                       "table": summarise(kernels)}
-    expect = "≥2 UBLKPF (K and V) in every sm_90+ kernel" if patched else "0 UBLKPF everywhere"
+    if patched and in_kernel:
+        expect = "≥2 UBLKPF (K and V) in every sm_90+ kernel"
+    else:
+        expect = "0 UBLKPF in every attention kernel"
     detail = f"{verdict.kernels} kernels, {verdict.with_prefetch} with UBLKPF; expected {expect}"
     if verdict.problems:
         detail += "; " + "; ".join(verdict.problems[:5])
     rep.add("UBLKPF in SASS", tree, verdict.ok, detail)
+    if patched and not in_kernel:
+        pk = prefetch_kernels(text)
+        hopper = {k: n for k, n in pk.items() if k[0] >= "sm_90"}
+        rep.sass[tree]["prefetch_kernels"] = {f"{a} {n}": c for (a, n), c in pk.items()}
+        rep.add("L2 prefetch kernel carries UBLKPF", tree,
+                bool(hopper) and all(n >= 2 for n in hopper.values()),
+                f"{len(hopper)} sm_90+ kv_l2_prefetch_kernel instantiation(s), UBLKPF "
+                f"{sorted(set(hopper.values())) or 'none'} (expected >= 2: K and V)")
+    return text
+
+
+def check_identical_attention(rep: VerifyReport, tree: str, text: str, baseline: str) -> None:
+    """The `launch` variant promises attention kernels byte-identical to stock: compare every
+    paged_attention kernel's SASS with the baseline library's, instruction by instruction."""
+    mine = {k: v for k, v in function_bodies(text).items() if "paged_attention" in k[1]}
+    base = {k: v for k, v in function_bodies(baseline).items() if "paged_attention" in k[1]}
+    common = sorted(mine.keys() & base.keys())
+    differing = [k[1][:60] for k in common if mine[k] != base[k]]
+    ok = bool(common) and not differing and mine.keys() == base.keys()
+    rep.add("attention kernels identical to stock", tree, ok,
+            f"{len(common)} kernels compared, {len(differing)} differ"
+            + (f" (e.g. {differing[0]}…)" if differing else "")
+            + ("" if mine.keys() == base.keys() else "; the instantiation sets differ"))
 
 
 def check_gpu(rep: VerifyReport, workdir: Path, trees: list[str], no_gpu: bool) -> None:
@@ -198,6 +236,7 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
                           "run `kvprefetch build` (or `kvprefetch build --kernels-only`) first")
     rep = VerifyReport(str(wd.root))
     loaded: dict[str, tuple[str, str]] = {}
+    sass_text: dict[str, str] = {}
     for tree, m in manifests.items():
         env = m.get("env", {})
         python = env.get("python") or str(Path(env.get("path", "")) / "bin" / "python")
@@ -207,9 +246,16 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
         so = check_provenance(rep, tree, m, probe, str(wd.tree(tree)))
         if so:
             loaded[tree] = (os.path.realpath(so), sha256_file(so))
-            check_sass(rep, tree, so, patched=tree != "baseline")
+            variant = None if tree == "baseline" else str(m.get("variant") or "prefetch")
+            text = check_sass(rep, tree, so, variant)
+            if text is not None:
+                sass_text[tree] = text
         else:
             rep.add("UBLKPF in SASS", tree, None, "no library was loaded")
+    for tree, m in manifests.items():
+        if m.get("variant") not in (None, "stock", *IN_KERNEL_VARIANTS) and tree in sass_text \
+                and "baseline" in sass_text:
+            check_identical_attention(rep, tree, sass_text[tree], sass_text["baseline"])
     files = [v[0] for v in loaded.values()]
     shas = [v[1] for v in loaded.values()]
     if len(loaded) >= 2:
