@@ -267,8 +267,10 @@ def test_rerun_completes_with_manifests_and_own_libraries(kernels_build) -> None
         m = json.loads(manifests[0].read_text())
         assert m["tree"] == tree and m["mode"] == "kernels-only"
         assert m["variant"] == ("stock" if tree == "baseline" else "prefetch")
-        assert m["inputs"]["patch_sha256"] == (None if tree == "baseline"
-                                               else patch_sha256("prefetch"))
+        # the patch the tree carries, as `apply` recorded it (csrc/ may have moved on since)
+        applied = (Workdir(wd).read_state(tree) or {}).get("applied") or {}
+        assert m["inputs"]["patch_sha256"] == applied.get("patch_sha256")
+        assert (m["inputs"]["patch_sha256"] is None) == (tree == "baseline")
         assert m["inputs"]["gencode"] == [SM90]
         assert (m["head_sizes"], m["block_sizes"], m["kv_dtypes"]) == ([128], [16], ["fp16", "bf16"])
         assert m["env"]["path"] == str(wd / "envs" / tree)
@@ -310,10 +312,17 @@ def test_third_run_is_up_to_date_without_recompiling(kernels_build) -> None:
 @pytest.mark.slow
 def test_build_objects_resumed_not_restarted(kernels_build) -> None:
     """Objects finished before the kill are kept (same mtime) by the rerun; none is half-written."""
-    before = kernels_build.interrupted["objects"]
-    if not before:
-        pytest.skip("the kill landed before any object was finished: nothing to keep")
+    i = kernels_build.interrupted
+    before = i["objects"]
+    if i["reason"] != "every tree has a finished object":
+        pytest.skip(f"the kill landed before every tree had a finished object ({i['reason']})")
+    assert {Path(p).parts[-3] for p in before} == set(TREES)
     after = kernels_build.resumed["objects"]
     for path, mtime in before.items():
         assert after.get(path) == mtime, f"{path} was rebuilt after the kill"
+    # ninja ran only what was left: fewer than the 4 edges (v1, v2, ops, link) per tree
+    progress = re.findall(r"\[(baseline|patched)\] \[\d+/(\d+)\] compiling",
+                          kernels_build.resumed["stderr"])
+    assert {t for t, _ in progress} == set(TREES)
+    assert all(int(total) < 4 for _, total in progress), progress
     assert not list(kernels_build.workdir.glob("build/*/*/*.tmp"))

@@ -22,18 +22,25 @@ __global__ void paged_attention_v1_kernel(scalar_t* __restrict__ out,
   const int warp_idx = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t head_offset = blockIdx.x * kv_head_stride;
+  __shared__ float scratch[NUM_THREADS];
+  unsigned token = 0;  // the helper's asm is kept only if its token is consumed
   float acc = 0.f;
   for (int block_idx = warp_idx; block_idx < num_blocks; block_idx += NUM_WARPS) {
-    kvprefetch::prefetch_next_block<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
+    token |= kvprefetch::prefetch_next_block<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
         k_cache, block_table, block_idx, warp_idx, num_blocks, kv_block_stride, head_offset, lane);
     acc += static_cast<float>(k_cache[block_table[block_idx] * kv_block_stride + lane]);
   }
   for (int block_idx = warp_idx; block_idx < num_blocks; block_idx += NUM_WARPS) {
-    kvprefetch::prefetch_next_block<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
+    token |= kvprefetch::prefetch_next_block<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
         v_cache, block_table, block_idx, warp_idx, num_blocks, kv_block_stride, head_offset, lane);
     acc += static_cast<float>(v_cache[block_table[block_idx] * kv_block_stride + lane]);
   }
-  out[blockIdx.x * blockDim.x + threadIdx.x] = static_cast<scalar_t>(acc);
+  // Like vLLM's `logits`, the scratch is shared memory the kernel really uses; a store-only
+  // array would be deleted, and with it the token, the asm and every UBLKPF.
+  scratch[threadIdx.x] = acc;
+  kvprefetch::consume_token(token, scratch);
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = static_cast<scalar_t>(scratch[NUM_THREADS - 1 - threadIdx.x]);
 }
 
 template __global__ void paged_attention_v1_kernel<float, float, 128, 16, 128,
