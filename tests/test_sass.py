@@ -174,3 +174,36 @@ def test_samples_are_small_and_real(name: str) -> None:
     for ln in text.splitlines():
         if ln.strip().startswith("/*"):
             assert re.match(r"^\s*/\*[0-9a-f]{4}\*/\s+\S.*;\s+/\* 0x[0-9a-f]{16} \*/$", ln), ln
+
+
+def _compile_and_disassemble(tmp_path: Path, source: Path, *gencode: str) -> str:
+    import os
+
+    nvcc, tools = find_nvcc(), find_cuobjdump()
+    assert nvcc is not None and tools is not None
+    fatbin = tmp_path / (source.stem + ".fatbin")
+    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *gencode, "-fatbin", "-o", str(fatbin),
+         str(source)], echo=False)
+    return run([str(tools.cuobjdump), "-sass", str(fatbin)],
+               env=tools.environ(dict(os.environ)), echo=False).output
+
+
+@pytest.mark.parametrize("archs", [("90", "100"), ("100",)])
+def test_launch_variant_prefetch_kernel_counts_on_hopper_and_newer(tmp_path: Path,
+                                                                    archs: tuple[str, ...]) -> None:
+    """verify's check for the `launch` variant on a REAL compile of kvprefetch's
+    kv_l2_prefetch_kernel for sm_90 and sm_100 (Blackwell, also "sm_90+"), then sm_100 alone
+    (a user building with --arch 10.0)."""
+    from kvprefetch.sass import prefetch_kernels
+    from kvprefetch.verify import VerifyReport, check_sass
+
+    sass = _compile_and_disassemble(tmp_path, SAMPLES / "l2_prefetch_kernel.cu",
+                                    *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs))
+    counts = prefetch_kernels(sass)
+    assert sorted(a for a, _ in counts) == sorted(f"sm_{a}" for a in archs)
+    assert all(n == 2 for n in counts.values())  # one K and one V prefetch per block
+    rep = VerifyReport("unused")
+    check_sass(rep, "launch", "l2_prefetch_kernel.fatbin", "launch", text=sass)
+    (check,) = [c for c in rep.checks if c.name == "L2 prefetch kernel carries UBLKPF"]
+    assert check.status == "pass", check.detail
+    assert check.detail.startswith(f"{len(archs)} sm_90+ kv_l2_prefetch_kernel instantiation(s)")
