@@ -128,3 +128,22 @@ def test_clean_builds_is_the_default(fetched_workdir: Path) -> None:
     assert res.stdout.strip() == f"removed {fetched_workdir / 'build' / 'baseline'}"
     assert not (fetched_workdir / "build" / "baseline").exists()
     assert (fetched_workdir / "trees" / "baseline").is_dir()
+
+
+def test_clean_does_not_pull_a_build_from_under_a_running_build(fetched_workdir: Path) -> None:
+    """A build holds build/<tree>/.lock while ninja runs; `clean --what builds` must not delete
+    that directory under it (the lock is held here by this test, with fcntl, as the build would)."""
+    import fcntl
+
+    bdir = fetched_workdir / "build" / "patched" / "0123456789abcdef"
+    bdir.mkdir(parents=True)
+    (bdir / "paged_attention_v1.cuda.o").write_bytes(b"half a build")
+    fd = os.open(fetched_workdir / "build" / "patched" / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        res = kvprefetch_cli_split("clean", "--workdir", str(fetched_workdir), env=_env())
+    finally:
+        os.close(fd)
+    assert (bdir / "paged_attention_v1.cuda.o").is_file(), res.stdout + res.stderr
+    assert res.returncode != 0 and "To fix" in res.stderr

@@ -345,3 +345,17 @@ def test_source_directory_with_a_modified_header_is_refused(tmp_path: Path,
         fetch_trees(tmp_path / "work", source=str(mirror))
     assert "not pristine v0.10.2" in exc.value.cause
     assert not (tmp_path / "work" / "trees").exists()
+
+
+def test_dry_run_reports_what_force_would_replace(fetched_workdir: Path) -> None:
+    """`fetch --dry-run --force` must say which trees the real run would replace (the result
+    type documents a "would-replace" action), not "unchanged"."""
+    edited = fetched_workdir / "trees" / "baseline" / "setup.py"
+    edited.write_text(edited.read_text() + "# local\n")
+    before = tree_bytes(fetched_workdir)
+    res = kvprefetch_cli_split("fetch", "--workdir", str(fetched_workdir), "--source", "sdist",
+                               "--dry-run", "--force", "--json", env=_env())
+    assert res.returncode == 0, res.stderr
+    actions = {t["name"]: t["action"] for t in json.loads(res.stdout)["trees"]}
+    assert tree_bytes(fetched_workdir) == before
+    assert actions == {"baseline": "would-replace", "patched": "unchanged"}
