@@ -9,8 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(bash scripts/setup-venv.sh sass,plot)
 K="$VENV/bin/kvprefetch"
-"$K" fetch --with-seed
+"$K" fetch --with-seed --extra-tree launch
 "$K" apply --variant prefetch
+"$K" apply --variant launch
 "$K" apply --variant seed
 "$K" diff-upstream --check --stat
 "$K" build --arch "${KVPREFETCH_ARCH:-9.0a}" "$@"
