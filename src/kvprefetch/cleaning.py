@@ -5,6 +5,7 @@ outside the work directory is touched."""
 from __future__ import annotations
 
 import shutil
+from contextlib import ExitStack
 from pathlib import Path
 
 from .errors import ConfigError
@@ -29,7 +30,15 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False) -> list
         targets += [p for p in (wd.root / "state").glob("*.json")]
         targets += [p for p in (wd.root / "pristine", wd.root / "backup") if p.exists()]
     removed = []
-    with locked(wd.lock, f"the work directory {workdir}"):
+    with ExitStack() as stack:
+        stack.enter_context(locked(wd.lock, f"the work directory {workdir}"))
+        # A build holds build/<tree>/.lock while it compiles, an env creation its env lock:
+        # take them too, so nothing is pulled from under a running build (LockError if held).
+        for t in targets:
+            if t.parent == wd.root / "build":
+                stack.enter_context(locked(t / ".lock", f"the {t.name} build"))
+            elif t.parent == wd.root / "envs":
+                stack.enter_context(locked(t.parent / f".{t.name}.lock", f"environment {t}"))
         for t in targets:
             removed.append(str(t))
             if dry_run:

@@ -93,6 +93,15 @@ def _drop(pattern: str, text: str, expected: int, what: str) -> str:
     return new
 
 
+def _expect(pattern: str, text: str, what: str) -> str:
+    n = len(re.findall(pattern, text, flags=re.MULTILINE))
+    if n != 1:
+        raise BuildError(f"narrowing {what}: expected its case arm once in the launcher source, "
+                         f"found {n}; the upstream source is not the v0.10.2 one we know",
+                         "fetch pristine trees (kvprefetch fetch --force)")
+    return text
+
+
 def _dispatch_macro(sel: Selection) -> str:
     arms = []
     for q, cache, kv in sel.combos():
@@ -117,13 +126,16 @@ def _dispatch_macro(sel: Selection) -> str:
 def narrow_source(text: str, version: int, sel: Selection) -> str:
     """Return the launcher source ``paged_attention_v{version}.cu`` narrowed to ``sel``."""
     for h in HEAD_SIZES:
-        if h not in sel.head_sizes:
-            text = _drop(rf"^\s*case {h}:\n\s*LAUNCH_PAGED_ATTENTION_V{version}\({h}\);\n\s*break;\n",
-                         text, 1, f"head size {h}")
+        arm = rf"^\s*case {h}:\n\s*LAUNCH_PAGED_ATTENTION_V{version}\({h}\);\n\s*break;\n"
+        # A selected arm must be there too: without it the launcher would compile no kernel for
+        # that size and fail only at run time with "Unsupported head size".
+        text = _drop(arm, text, 1, f"head size {h}") if h not in sel.head_sizes \
+            else _expect(arm, text, f"head size {h}")
     for b in BLOCK_SIZES:
-        if b not in sel.block_sizes:
-            text = _drop(rf"^\s*case {b}:\s*\\\n\s*CALL_V{version}_LAUNCHER_SPARSITY\(T, CACHE_T, {b}, "
-                         rf"KV_DTYPE\);\s*\\\n\s*break;\s*\\\n", text, 1, f"block size {b}")
+        arm = (rf"^\s*case {b}:\s*\\\n\s*CALL_V{version}_LAUNCHER_SPARSITY\(T, CACHE_T, {b}, "
+               rf"KV_DTYPE\);\s*\\\n\s*break;\s*\\\n")
+        text = _drop(arm, text, 1, f"block size {b}") if b not in sel.block_sizes \
+            else _expect(arm, text, f"block size {b}")
     anchor = f"void paged_attention_v{version}("
     if text.count(anchor) != 1:
         raise BuildError(f"narrowing: `{anchor}` not found exactly once in the launcher source",

@@ -179,8 +179,13 @@ def fetch_trees(workdir: Path, *, source: str = "auto", repo_url: str = upstream
                 allow_commit: str | None = None) -> FetchResult:
     wd = Workdir(workdir)
     if dry_run:
-        trees = [TreeResult(n, wd.tree(n), "unchanged" if wd.read_state(n) else "would-create")
-                 for n in names]
+        def planned(n: str) -> str:
+            if not wd.tree(n).exists():
+                return "would-create"
+            if not tree_modifications(wd, n):
+                return "unchanged"
+            return "would-replace" if force else "refused (local modifications; --force)"
+        trees = [TreeResult(n, wd.tree(n), planned(n)) for n in names]
         return FetchResult(workdir, source, repo_url if source in ("auto", "git") else source,
                            None, trees, [], dry_run=True)
     wd.ensure()

@@ -19,7 +19,7 @@ from typing import Any
 from .errors import VerifyError
 from .hashing import sha256_file
 from .runner import run
-from .sass import function_bodies, judge, parse_sass, prefetch_kernels, summarise
+from .sass import arch_number, function_bodies, judge, parse_sass, prefetch_kernels, summarise
 from .upstream import IN_KERNEL_VARIANTS
 from .workdir import Workdir, write_json_atomic
 
@@ -162,7 +162,7 @@ def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
     rep.add("UBLKPF in SASS", tree, verdict.ok, detail)
     if patched and not in_kernel:
         pk = prefetch_kernels(text)
-        hopper = {k: n for k, n in pk.items() if k[0] >= "sm_90"}
+        hopper = {k: n for k, n in pk.items() if arch_number(k[0]) >= 90}
         rep.sass[tree]["prefetch_kernels"] = {f"{a} {n}": c for (a, n), c in pk.items()}
         rep.add("L2 prefetch kernel carries UBLKPF", tree,
                 bool(hopper) and all(n >= 2 for n in hopper.values()),
