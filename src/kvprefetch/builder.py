@@ -58,6 +58,17 @@ def manifest_matches(tp: TreePlan) -> dict[str, Any] | None:
     return m
 
 
+def _skip_if_up_to_date(tp: TreePlan, force: bool, out: TreeOutcome) -> bool:
+    """Fill ``out`` and return True when the tree's manifest matches the plan's key."""
+    existing = None if force else manifest_matches(tp)
+    if existing is None:
+        return False
+    out.status, out.so, out.so_sha256 = "up-to-date", existing["so_path"], existing["so_sha256"]
+    _say(tp.tree, f"up to date (manifest {Path(tp.build_dir) / 'manifest.json'} matches key "
+                  f"{tp.key})")
+    return True
+
+
 def _env_for(tp: TreePlan, plan: BuildPlan, torch_from: str | None) -> Any:
     from .envs import make_env
 
@@ -78,8 +89,14 @@ def _child_env(env_obj: Any, tp: TreePlan) -> dict[str, str]:
 
 def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
                        force: bool) -> TreeOutcome:
-    from .kernels_build import (compile_flags, install_into_env, kernel_sources, ninja_text,
-                                probe_torch, write_if_changed)
+    from .kernels_build import (
+        compile_flags,
+        install_into_env,
+        kernel_sources,
+        ninja_text,
+        probe_torch,
+        write_if_changed,
+    )
     from .selection import Selection
     from .upstream import kit_root
 
@@ -88,11 +105,7 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
     logs = Path(tp.log_dir)
     t0 = time.monotonic()
     with locked(bdir.parent / ".lock", f"the {tp.tree} build"):
-        existing = None if force else manifest_matches(tp)
-        if existing is not None:
-            out.status, out.so = "up-to-date", existing["so_path"]
-            out.so_sha256 = existing["so_sha256"]
-            _say(tp.tree, f"up to date (manifest {bdir / 'manifest.json'} matches key {tp.key})")
+        if _skip_if_up_to_date(tp, force, out):
             return out
         logs.mkdir(parents=True, exist_ok=True)
         _say(tp.tree, f"creating environment {tp.env_path}")
@@ -176,9 +189,7 @@ def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
     logs = Path(tp.log_dir)
     t0 = time.monotonic()
     with locked(bdir.parent / ".lock", f"the {tp.tree} build"):
-        existing = None if force else manifest_matches(tp)
-        if existing is not None:
-            out.status, out.so, out.so_sha256 = "up-to-date", existing["so_path"], existing["so_sha256"]
+        if _skip_if_up_to_date(tp, force, out):
             return out
         logs.mkdir(parents=True, exist_ok=True)
         env_obj = _env_for(tp, plan, None)

@@ -264,8 +264,8 @@ def _full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | No
                      "env_backend": env_backend})
     bdir = wd.build_root(tree) / key
     pip = (py, "-m", "pip")
-    install = (*pip, "install", "--no-build-isolation", "-v")
-    install += ("-e", ".") if editable else (".",)
+    install: tuple[str, ...] = (*pip, "install", "--no-build-isolation", "-v")
+    install = (*install, *(("-e", ".") if editable else (".",)))
     steps = [
         Step("create-env", (), f"{env_backend} environment at {env_path} (Python "
              f"{sys.version_info.major}.{sys.version_info.minor})"),

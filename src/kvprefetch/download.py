@@ -41,7 +41,7 @@ def configured_index_url(environ: dict[str, str] | None = None) -> str:
     try:
         out = run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
                   env=env, echo=False, check=False).output.strip()
-    except Exception:  # pip missing or broken: the default index is still a good answer
+    except Exception:  # noqa: BLE001 -- pip missing or broken: the default index still works
         out = ""
     if out.startswith(("http://", "https://", "file://")):
         return out.splitlines()[0].rstrip("/")

@@ -128,8 +128,8 @@ def ninja_text(*, nvcc: Path, cxx: str, cu_sources: list[Path], cpp_source: Path
         f"link_flags = {_ninja_list(link_flags)}",
         "",
         "rule nvcc",
-        "  command = $nvcc --generate-dependencies-with-compile --dependency-output $out.d "
-        "$nvcc_flags -c $in -o $out.tmp && mv -f $out.tmp $out",
+        ("  command = $nvcc --generate-dependencies-with-compile --dependency-output $out.d "
+         "$nvcc_flags -c $in -o $out.tmp && mv -f $out.tmp $out"),
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = nvcc $in",

@@ -69,7 +69,7 @@ def run(
         log_path.parent.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=25)
     chunks: list[str] = []
-    logf = open(log_path, "a", encoding="utf-8") if log_path else None
+    logf = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115 -- closed below
     try:
         if logf:
             logf.write(f"+ {quote(args)}\n")

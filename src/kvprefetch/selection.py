@@ -37,7 +37,8 @@ class Selection:
     def combos(self) -> list[tuple[str, str, str]]:
         """(query dtype, cache dtype, kv_cache_dtype string) pairs compiled in."""
         queries = [d for d in ("fp16", "bf16", "fp32") if d in self.kv_dtypes] or ["fp16", "bf16"]
-        out = [(d, d, "auto") for d in ("fp16", "bf16", "fp32") if d in self.kv_dtypes]
+        out: list[tuple[str, str, str]] = [(d, d, "auto") for d in ("fp16", "bf16", "fp32")
+                                           if d in self.kv_dtypes]
         for fp8 in ("fp8", "fp8_e5m2"):
             if fp8 in self.kv_dtypes:
                 out += [(q, "fp8_e4m3" if fp8 == "fp8" else "fp8_e5m2", fp8) for q in queries]
@@ -70,7 +71,7 @@ def _ints(text: str | None, allowed: tuple[int, ...], what: str) -> tuple[int, .
 
 def parse_selection(head_sizes: str | None, block_sizes: str | None,
                     kv_dtypes: str | None) -> Selection:
-    kv = KV_DTYPES
+    kv: tuple[str, ...] = KV_DTYPES
     if kv_dtypes:
         toks = tuple(dict.fromkeys(t.replace("fp8_e4m3", "fp8") for t in
                                    re.split(r"[,\s]+", kv_dtypes.strip()) if t))

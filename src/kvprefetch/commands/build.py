@@ -67,12 +67,19 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
           skip_doctor: bool, force: bool,
           dry_run: bool, as_json: bool) -> None:
     """Build the baseline and patched trees, each into its own environment."""
-    from ..buildplan import default_trees, make_plan, render_plan
     from ..builder import execute
+    from ..buildplan import default_trees, make_plan, render_plan
     from ..envs import refuse_precompiled
     from ..errors import BuildError
     from ..selection import parse_selection
-    from ..toolchain import cuda_home, default_jobs, find_nvcc, host_resources, nvcc_version, parse_arch_list
+    from ..toolchain import (
+        cuda_home,
+        default_jobs,
+        find_nvcc,
+        host_resources,
+        nvcc_version,
+        parse_arch_list,
+    )
     from ..workdir import Workdir
 
     refuse_precompiled(os.environ)
@@ -103,7 +110,8 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
         from ..doctor import run_doctor
 
         rep = run_doctor(archs, env=dict(os.environ), workdir=workdir,
-                         need_network=(mode == "full" and deps_dir is None), mode=mode)
+                         need_network=(mode == "full" and deps_dir is None),
+                         mode="full" if mode == "full" else "kernels-only")
         if not dry_run:
             rep.raise_if_failed()
     tinfo = None

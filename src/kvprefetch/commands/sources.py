@@ -34,9 +34,8 @@ from .common import dry_run_option, json_option, workdir_option
 def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with_seed: bool,
           extra_trees: tuple[str, ...], allow_commit: str | None, force: bool, dry_run: bool, as_json: bool) -> None:
     """Make independent vLLM v0.10.2 trees 'baseline' and 'patched' under --workdir."""
-    from ..sources import fetch_trees
-
     from ..errors import ConfigError
+    from ..sources import fetch_trees
 
     bad = [t for t in extra_trees if not t.isidentifier() or t in upstream.TREE_NAMES]
     if bad:

@@ -39,22 +39,23 @@ def interesting(path):
             or "/vllm/" in path or "/kvprefetch_kernels/" in path)
 
 
-report = {"executable": sys.executable, "prefix": sys.prefix, "cwd": os.getcwd(),
-          "version": sys.version.split()[0], "vllm": None, "kernels": None, "errors": []}
+errors: list = []
+report: dict = {"executable": sys.executable, "prefix": sys.prefix, "cwd": os.getcwd(),
+          "version": sys.version.split()[0], "vllm": None, "kernels": None, "errors": errors}
 
 what = sys.argv[1] if len(sys.argv) > 1 else "auto"
 
 if what in ("auto", "vllm"):
     try:
-        import vllm  # noqa: F401
+        import vllm
         import vllm._C as vc
 
         report["vllm"] = {"version": getattr(vllm, "__version__", None),
                           "package_file": os.path.realpath(vllm.__file__),
                           "c_file": os.path.realpath(vc.__file__),
                           "c_sha256": sha256(os.path.realpath(vc.__file__))}
-    except Exception as exc:  # report, do not crash: the host decides what is required
-        report["errors"].append("vllm: %s: %s" % (type(exc).__name__, exc))
+    except Exception as exc:  # noqa: BLE001 -- report, never crash: the host decides
+        errors.append(f"vllm: {type(exc).__name__}: {exc}")
 
 if what in ("auto", "kernels"):
     try:
@@ -65,15 +66,15 @@ if what in ("auto", "kernels"):
         info = None
         try:
             info = json.loads(ns.build_info())
-        except Exception as exc:
-            report["errors"].append("build_info: %s" % exc)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"build_info: {exc}")
         report["kernels"] = {"package_file": os.path.realpath(kk.__file__), "so_file": so,
                              "so_sha256": sha256(so), "namespace": kk.NAMESPACE,
                              "build": kk.BUILD, "compiled_build_info": info,
                              "ops": [op for op in ("paged_attention_v1", "paged_attention_v2")
                                      if hasattr(ns, op)]}
-    except Exception as exc:
-        report["errors"].append("kvprefetch_kernels: %s: %s" % (type(exc).__name__, exc))
+    except Exception as exc:  # noqa: BLE001
+        errors.append(f"kvprefetch_kernels: {type(exc).__name__}: {exc}")
 
 report["mapped"] = [p for p in mapped_files() if interesting(p)]
 print(json.dumps(report))
