@@ -184,18 +184,29 @@ def fetched_template(tmp_path_factory: pytest.TempPathFactory, vllm_sdist: Path)
 
     wd = tmp_path_factory.mktemp("fetched") / "work"
     seed_downloads(wd, vllm_sdist)
-    fetch_trees(wd, source="sdist", names=("baseline", "patched", "seed"))
+    fetch_trees(wd, source="sdist")
     return wd
+
+
+def copy_workdir(template: Path, dest: Path) -> Path:
+    """A private copy of a fetched work directory. The trees, state and everything a test may
+    edit are real copies; pristine/ and downloads/, which no test writes into (they are only
+    read, or removed whole by `clean`), are hard links to save copying ~3000 files per test."""
+    import shutil
+
+    shared = ("pristine", "downloads")
+    shutil.copytree(template, dest, symlinks=True,
+                    ignore=lambda d, names: [n for n in names if Path(d) == template and n in shared])
+    for name in shared:
+        if (template / name).is_dir():
+            shutil.copytree(template / name, dest / name, symlinks=True, copy_function=os.link)
+    return dest
 
 
 @pytest.fixture
 def fetched_workdir(tmp_path: Path, fetched_template: Path) -> Path:
-    """A private copy of the fetched work directory (trees baseline, patched, seed)."""
-    import shutil
-
-    dest = tmp_path / "work"
-    shutil.copytree(fetched_template, dest, symlinks=True)
-    return dest
+    """A private copy of the fetched work directory (trees baseline and patched)."""
+    return copy_workdir(fetched_template, tmp_path / "work")
 
 
 @pytest.fixture(scope="session")
@@ -307,8 +318,6 @@ def kernels_build(tmp_path_factory: pytest.TempPathFactory, fetched_template: Pa
 
     wd = tmp_path_factory.mktemp("kernels-build") / "work"
     shutil.copytree(fetched_template, wd, symlinks=True)
-    shutil.rmtree(wd / "trees" / "seed")
-    (wd / "state" / "seed.json").unlink()
     res = kvprefetch_cli("apply", "--workdir", str(wd))
     assert res.returncode == 0, res.output
     kb = KernelsBuild(wd)

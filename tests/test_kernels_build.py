@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import NARROW_BUILD_ARGS, kvprefetch_cli_split, tree_bytes
+from conftest import NARROW_BUILD_ARGS, copy_workdir, kvprefetch_cli_split, tree_bytes
 
 from kvprefetch.hashing import sha256_file
 from kvprefetch.patching import apply_patch, patch_sha256
@@ -29,8 +29,18 @@ NARROW = Selection((128,), (16,), ("fp16", "bf16"))
 SM90 = "-gencode=arch=compute_90,code=sm_90"
 
 
+@pytest.fixture(scope="module")
+def applied_workdir(tmp_path_factory: pytest.TempPathFactory, fetched_template: Path) -> Path:
+    """One fetched + applied work directory shared by the plan and refusal tests below: each
+    of them proves it changed nothing (byte inventory before/after), so sharing is safe."""
+    wd = tmp_path_factory.mktemp("applied") / "work"
+    copy_workdir(fetched_template, wd)
+    apply_patch(wd, "prefetch")
+    return wd
+
+
 @pytest.fixture
-def applied_workdir(fetched_workdir: Path) -> Path:
+def private_applied_workdir(fetched_workdir: Path) -> Path:
     apply_patch(fetched_workdir, "prefetch")
     return fetched_workdir
 
@@ -178,7 +188,7 @@ def test_full_mode_refused_by_the_preflight_with_nothing_written(applied_workdir
     assert res.stderr.lstrip().startswith("error: preflight"), res.stderr
     assert "To fix" in res.stderr
     assert not (applied_workdir / "envs").exists()
-    assert not (applied_workdir / "build").exists()
+    assert not list(applied_workdir.glob("build/*/*"))
     assert tree_bytes(applied_workdir) == before
 
 
@@ -206,20 +216,21 @@ def test_precompiled_vllm_is_refused(applied_workdir: Path, var: str, value: str
     assert tree_bytes(applied_workdir) == before
 
 
-def test_concurrent_build_of_the_same_tree_is_refused(applied_workdir: Path) -> None:
+def test_concurrent_build_of_the_same_tree_is_refused(private_applied_workdir: Path) -> None:
     """Another process (this test, through fcntl) holds the trees' build locks: the build
     refuses, naming the holder, and creates no environment and compiles nothing."""
     fds = []
     try:
         for tree in TREES:
-            lock = applied_workdir / "build" / tree / ".lock"
+            lock = private_applied_workdir / "build" / tree / ".lock"
             lock.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             fds.append(fd)
-        res = kvprefetch_cli_split("build", "--workdir", str(applied_workdir), "--skip-doctor",
-                                   *NARROW_BUILD_ARGS, env=_clean_env(), timeout=300)
+        res = kvprefetch_cli_split("build", "--workdir", str(private_applied_workdir),
+                                   "--skip-doctor", *NARROW_BUILD_ARGS, env=_clean_env(),
+                                   timeout=300)
     finally:
         for fd in fds:
             os.close(fd)
@@ -228,8 +239,8 @@ def test_concurrent_build_of_the_same_tree_is_refused(applied_workdir: Path) -> 
         assert (f"another kvprefetch process (pid {os.getpid()}) is already working on the "
                 f"{tree} build") in res.stderr, res.stderr
     assert "To fix" in res.stderr
-    assert not (applied_workdir / "envs").exists()
-    assert not list(applied_workdir.glob("build/*/*/*.o"))
+    assert not (private_applied_workdir / "envs").exists()
+    assert not list(private_applied_workdir.glob("build/*/*/*.o"))
 
 
 # --------------------------------------------------------------------------- the real build

@@ -8,7 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from conftest import kvprefetch_cli_split, tree_bytes
+import pytest
+from conftest import copy_workdir, kvprefetch_cli_split, tree_bytes
 
 from kvprefetch import upstream
 from kvprefetch.errors import ConfigError, PatchError
@@ -36,6 +37,15 @@ def _patch_files_touched(variant: str) -> list[str]:
             if line.startswith("+++ b/"):
                 out.add(line[len("+++ b/"):].strip())
     return sorted(out)
+
+
+@pytest.fixture(scope="module")
+def shared_fetched(tmp_path_factory: pytest.TempPathFactory, fetched_template: Path) -> Path:
+    """A fetched work directory shared by the tests below that must not change it (each one
+    proves that with a byte inventory, or writes only outside it)."""
+    wd = tmp_path_factory.mktemp("shared") / "work"
+    copy_workdir(fetched_template, wd)
+    return wd
 
 
 def _bytes(workdir: Path) -> dict[str, str]:
@@ -111,6 +121,11 @@ def test_the_other_variant_is_refused_on_a_patched_tree(fetched_workdir: Path) -
 
 
 def test_seed_variant_applies_to_the_seed_tree(fetched_workdir: Path) -> None:
+    res = cli("fetch", "--workdir", str(fetched_workdir), "--with-seed", "--source", "sdist",
+              "--json")
+    assert res.returncode == 0, res.stderr
+    assert [t["action"] for t in json.loads(res.stdout)["trees"]] == ["unchanged", "unchanged",
+                                                                      "created"]
     res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "seed", "--json")
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
@@ -128,21 +143,21 @@ def test_seed_variant_applies_to_the_seed_tree(fetched_workdir: Path) -> None:
     assert res.returncode == PatchError.exit_code and "carries the seed variant" in res.stderr
 
 
-def test_baseline_is_never_patched(fetched_workdir: Path) -> None:
-    before = tree_bytes(fetched_workdir)
-    res = cli("apply", "--workdir", str(fetched_workdir), "--tree", "baseline")
+def test_baseline_is_never_patched(shared_fetched: Path) -> None:
+    before = tree_bytes(shared_fetched)
+    res = cli("apply", "--workdir", str(shared_fetched), "--tree", "baseline")
     assert res.returncode == ConfigError.exit_code
     assert "stock reference" in res.stderr and "To fix:" in res.stderr
-    assert tree_bytes(fetched_workdir) == before
+    assert tree_bytes(shared_fetched) == before
 
 
-def test_apply_dry_run_json(fetched_workdir: Path) -> None:
-    before = _bytes(fetched_workdir)
-    res = cli("apply", "--workdir", str(fetched_workdir), "--dry-run", "--json")
+def test_apply_dry_run_json(shared_fetched: Path) -> None:
+    before = _bytes(shared_fetched)
+    res = cli("apply", "--workdir", str(shared_fetched), "--dry-run", "--json")
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert data["action"] == "would-apply" and data["patch_sha256"] == patch_sha256("prefetch")
-    assert _bytes(fetched_workdir) == before
+    assert _bytes(shared_fetched) == before
 
 
 def test_apply_without_a_tree_says_to_fetch(tmp_path: Path) -> None:
@@ -195,8 +210,8 @@ def test_diff_upstream_check_fails_on_a_destructive_change(fetched_workdir: Path
     assert data["additive"] is False
 
 
-def test_diff_upstream_check_fails_on_a_pristine_tree(fetched_workdir: Path) -> None:
-    res = cli("diff-upstream", "--workdir", str(fetched_workdir), "--check")
+def test_diff_upstream_check_fails_on_a_pristine_tree(shared_fetched: Path) -> None:
+    res = cli("diff-upstream", "--workdir", str(shared_fetched), "--check")
     assert res.returncode == 1 and "pristine" in res.stderr
     assert res.stdout == ""
 
@@ -205,9 +220,9 @@ def test_diff_upstream_check_fails_on_a_pristine_tree(fetched_workdir: Path) -> 
 
 
 def test_export_header_is_pristine_plus_added_lines_with_the_helper_inlined(
-        fetched_workdir: Path, tmp_path: Path) -> None:
+        shared_fetched: Path, tmp_path: Path) -> None:
     out = tmp_path / "out" / "attention_kernels.cuh"
-    res = cli("export-header", "--workdir", str(fetched_workdir), "-o", str(out), "--json")
+    res = cli("export-header", "--workdir", str(shared_fetched), "-o", str(out), "--json")
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert data["output"] == str(out) and data["sha256"] == sha256_file(out)
@@ -221,18 +236,18 @@ def test_export_header_is_pristine_plus_added_lines_with_the_helper_inlined(
     start = body.index(helper[0])
     assert body[start:start + len(helper)] == helper
     # pristine + only added lines
-    pristine = (fetched_workdir / "pristine" / "sdist" / upstream.ATTENTION_HEADER).read_text()
+    pristine = (shared_fetched / "pristine" / "sdist" / upstream.ATTENTION_HEADER).read_text()
     diff = list(difflib.unified_diff(pristine.splitlines(), text.splitlines(), lineterm=""))
     removed = [ln for ln in diff if ln.startswith("-") and not ln.startswith("---")]
     added = [ln for ln in diff if ln.startswith("+") and not ln.startswith("+++")]
     assert removed == [] and len(added) > len(helper)
     # and nothing was written into the work directory's trees
-    assert carried_variant(fetched_workdir / "trees" / "patched") is None
+    assert carried_variant(shared_fetched / "trees" / "patched") is None
 
 
-def test_export_header_seed_variant(fetched_workdir: Path, tmp_path: Path) -> None:
+def test_export_header_seed_variant(shared_fetched: Path, tmp_path: Path) -> None:
     out = tmp_path / "seed.cuh"
-    res = cli("export-header", "--workdir", str(fetched_workdir), "-o", str(out),
+    res = cli("export-header", "--workdir", str(shared_fetched), "-o", str(out),
               "--variant", "seed")
     assert res.returncode == 0, res.stderr
     assert str(out) in res.stdout

@@ -49,7 +49,7 @@ def test_sdist_fetch_verifies_and_unpacks_two_independent_trees(fetched_template
     assert (fetched_template / ".kvprefetch-workdir").is_file()
     ref = inventory(pristine)
     assert len(ref) > 1000  # the whole sdist, not just csrc/
-    for name in ("baseline", "patched", "seed"):
+    for name in ("baseline", "patched"):
         tree = wd.tree(name)
         assert inventory(tree) == ref
         state = wd.read_state(name)
@@ -59,9 +59,9 @@ def test_sdist_fetch_verifies_and_unpacks_two_independent_trees(fetched_template
         assert tree_modifications(wd, name) == []
     # each tree is its own copy: no file shares an inode with the other tree or the pristine copy
     rel = upstream.ATTENTION_HEADER
-    inodes = {(wd.tree(n) / rel).stat().st_ino for n in ("baseline", "patched", "seed")}
+    inodes = {(wd.tree(n) / rel).stat().st_ino for n in ("baseline", "patched")}
     inodes.add((pristine / rel).stat().st_ino)
-    assert len(inodes) == 4
+    assert len(inodes) == 3
     for dirpath, _, files in os.walk(wd.tree("patched")):
         for f in files:
             p = Path(dirpath, f)
@@ -276,11 +276,11 @@ def test_source_git_does_not_fall_back(tmp_path: Path, vllm_sdist: Path) -> None
 def test_refetch_is_idempotent(fetched_workdir: Path) -> None:
     before = tree_bytes(fetched_workdir)
     res = kvprefetch_cli_split("fetch", "--workdir", str(fetched_workdir), "--source", "sdist",
-                               "--with-seed", "--json", env=_env())
+                               "--json", env=_env())
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert [(t["name"], t["action"]) for t in data["trees"]] == [
-        ("baseline", "unchanged"), ("patched", "unchanged"), ("seed", "unchanged")]
+        ("baseline", "unchanged"), ("patched", "unchanged")]
     assert tree_bytes(fetched_workdir) == before
 
 
