@@ -287,11 +287,14 @@ def test_refetch_is_idempotent(fetched_workdir: Path) -> None:
 def test_local_modification_is_refused_without_force(fetched_workdir: Path) -> None:
     edited = fetched_workdir / "trees" / "baseline" / "vllm" / "envs.py"
     edited.write_text(edited.read_text() + "# my local experiment\n")
+    (fetched_workdir / "trees" / "patched" / "setup.py").unlink()
+    (fetched_workdir / "trees" / "patched" / "csrc" / "mine.cu").write_text("// mine\n")
     before = tree_bytes(fetched_workdir)
     res = kvprefetch_cli_split("fetch", "--workdir", str(fetched_workdir), "--source", "sdist",
                                env=_env())
     assert res.returncode == 4
     assert "baseline: M vllm/envs.py" in res.stderr
+    assert "patched: D setup.py, A csrc/mine.cu" in res.stderr
     assert "To fix:" in res.stderr and "--force" in res.stderr
     assert tree_bytes(fetched_workdir) == before  # byte-identical, state included
 
