@@ -3,19 +3,23 @@
 - ``vmm selftest``: a randomized alloc/step/free run with invariant checks that must end with
   nothing leaked; ``--driver fake`` runs it without a GPU against the strict in-memory driver.
 - ``vmm bench``: on a GPU, step latency with and without the mapping worker, and decode
-  attention (torch SDPA) over the VMM cache vs a cudaMalloc'd tensor, as one JSON report.
+  attention (torch SDPA) over the VMM cache vs a cudaMalloc'd tensor, as one JSON report; with
+  ``--paged-workdir`` also vLLM's paged decode of every kernels-only build there (stock and
+  patched) on the same shapes, in the same process and run.
 
 Thin over ``kvprefetch.vmm``; torch and cuda-python are imported only when a command runs."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ..console import emit_json, info, step, table
+from ..errors import BenchError
 from .common import dry_run_option, json_option
 
 
@@ -102,33 +106,57 @@ def selftest(driver_name: str, ops: int, seed: int, layout: str, sync_mapping: b
 @click.option("--rounds", default=9, show_default=True, help="Interleaved timing rounds.")
 @click.option("--skip-steps", is_flag=True, help="Skip the step-latency part.")
 @click.option("--skip-decode", is_flag=True, help="Skip the decode-attention comparison.")
+@click.option("--paged-workdir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="A workdir with kernels-only builds (kvprefetch build --kernels-only, on this "
+                   "machine): also time vLLM's paged decode of each build (stock first) on the "
+                   "same shapes. Default: the paged columns say 'not measured'.")
 @dry_run_option
 @json_option
 def bench(out: Path, batches: str, contexts: str, rounds: int, skip_steps: bool,
-          skip_decode: bool, dry_run: bool, as_json: bool) -> None:
+          skip_decode: bool, paged_workdir: Path | None, dry_run: bool, as_json: bool) -> None:
     """Step latency with/without the worker, and SDPA decode over the VMM cache vs cudaMalloc
-    (Llama-3.1-8B attention: 32 q heads, 8 kv heads, d=128, fp16). Needs a GPU."""
+    (Llama-3.1-8B attention: 32 q heads, 8 kv heads, d=128, fp16), optionally against vLLM's
+    paged kernel of each build under --paged-workdir. Needs a GPU."""
+    from ..ops import find_builds
     from ..vmm.bench import L2_BYTES_IF_UNKNOWN, DecodeConfig, main, plan_shapes
+    from ..vmm.paged import NO_WORKDIR, PAGED_BLOCK_SIZE, check_paged_builds, paged_shape
 
     cfg = DecodeConfig(batches=_sizes(batches), contexts=_sizes(contexts), rounds=rounds)
+    builds = []
+    if paged_workdir is not None:  # fail here, before any GPU work, when the builds are missing
+        builds = find_builds(paged_workdir)
+        check_paged_builds(builds, paged_workdir)
     if dry_run:
         plans, _ = plan_shapes(cfg, L2_BYTES_IF_UNKNOWN, None)
+        kernels = [paged_shape(cfg, p.batch, p.context).kernel for p in plans]
         plan = {"out": str(out), "steps": not skip_steps, "decode": not skip_decode,
-                "shapes": plans, "assumed_l2_bytes": L2_BYTES_IF_UNKNOWN}
+                "shapes": [dict(asdict(p), paged_kernel=k) for p, k in zip(plans, kernels)],
+                "assumed_l2_bytes": L2_BYTES_IF_UNKNOWN,
+                "paged": ({"workdir": str(paged_workdir), "block_size": PAGED_BLOCK_SIZE,
+                           "builds": [b.to_dict() for b in builds]}
+                          if builds else {"builds": [], "not_measured": NO_WORKDIR})}
         if as_json:
             emit_json(plan)
             return
-        table(["batch", "context", "layers rotated", "KV bytes/call", "GiB per variant"],
+        table(["batch", "context", "layers rotated", "KV bytes/call", "GiB per variant",
+               "paged kernel"],
               [[p.batch, p.context, p.layers, p.kv_bytes_per_call,
-                f"{p.bytes_per_variant / 2**30:.2f}"] for p in plans],
+                f"{p.bytes_per_variant / 2**30:.2f}", k if builds else "not measured"]
+               for p, k in zip(plans, kernels)],
               title="vmm bench plan (dry run)")
+        for b in builds:
+            info(f"paged build {b.tree}: {b.so_path} (sha256 {b.so_sha256[:16]})")
         return
     argv = ["--out", str(out), "--batches", ",".join(map(str, cfg.batches)),
             "--contexts", ",".join(map(str, cfg.contexts)), "--rounds", str(rounds)]
     argv += ["--skip-steps"] if skip_steps else []
     argv += ["--skip-decode"] if skip_decode else []
+    argv += ["--paged-workdir", str(paged_workdir)] if paged_workdir is not None else []
     with step("vmm bench"):
-        main(argv)
+        rc = main(argv)
     info(f"report written to {out}")
     if as_json:
         sys.stdout.write(out.read_text() + "\n")
+    if rc:
+        raise BenchError("a part of vmm bench failed (the FAILED lines above)",
+                         f"read the tracebacks recorded in {out} (*_error keys)")

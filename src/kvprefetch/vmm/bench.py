@@ -14,8 +14,12 @@ The kernel is ``torch.nn.functional.scaled_dot_product_attention(q, k, v, enable
 one query token per sequence, ``q [B, Hq, 1, D]`` and ``k, v [B, Hkv, S, D]`` as views of the cache
 (``[B, S, H, D]`` transposed). Which backend torch picks is read from ``torch._fused_sdp_choice``.
 
-``paged_decode(batch, context) -> ms`` is an optional hook for vLLM's paged kernel (stock or
-patched), added by the ops loader: its time and the VMM/paged ratio become extra columns."""
+``paged_decode(batch, context) -> PagedTiming`` is the hook for vLLM's paged kernel: with
+``--paged-workdir DIR`` every kernels-only build under DIR (stock and patched) is loaded into this
+process and timed on the same attention shape by ``paged.py`` (bench kernel's procedure), right
+after the shape's SDPA timing; per shape the report then has each build's time, VMM/paged ratio,
+fraction of the copy bandwidth and the bitwise check across builds. Without it the paged columns
+say "not measured"."""
 
 from __future__ import annotations
 
@@ -23,16 +27,20 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .layout import KVCacheSpec, Layout, make_geometry
+
+if TYPE_CHECKING:
+    from ..ops import PagedOps
+    from .paged import PagedTiming
 
 DEFAULT_BATCHES = (1, 8, 32, 64, 128)
 DEFAULT_CONTEXTS = (512, 1024, 4096, 16384)
 L2_BYTES_IF_UNKNOWN = 60 * 1024 * 1024
 GRANULARITY_ASSUMED_FOR_PLANNING = 2 * 1024 * 1024  # only for --dry-run estimates
 
-PagedDecode = Callable[[int, int], float]
+PagedDecode = Callable[[int, int], "PagedTiming"]
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,16 @@ class DecodeResult:
     flash_bitwise_equal: bool | None = None
     flash_ref_rel_err: float | None = None
     flash_error: str | None = None
-    paged_ms: float | None = None
-    vmm_over_paged: float | None = None
+    paged_status: str = "not measured"         # else bench kernel's: measured, skipped, failed
+    paged_error: str = ""
+    paged_kernel: str | None = None            # vLLM's v1/v2 choice for the shape
+    paged_layers: int | None = None
+    paged_ms: float | None = None              # the baseline (stock) build
+    paged_spread: float | None = None
+    vmm_over_paged: float | None = None        # vmm_ms / paged_ms (baseline)
+    paged_frac_copy_bw: float | None = None    # K+V read once / paged_ms / copy bandwidth
+    paged_bitwise_equal: bool | None = None    # every build's outputs == baseline's, bit for bit
+    paged_builds: dict[str, dict[str, Any]] = field(default_factory=dict)  # per build, as above
     samples: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -140,42 +156,33 @@ def device_facts() -> dict[str, Any]:
 
 
 def measure_copy_bandwidth(nbytes: int = 1 << 31, iters: int = 10) -> dict[str, float]:
-    """Device-to-device copy, counting bytes read plus bytes written (GB/s, 1e9), and a
-    read-only pass (``sum``) over the same bytes."""
+    """The copy figure of ``bench kernel`` (``bench.device.measure_copy_bandwidth``: device to
+    device, bytes read plus bytes written, median of ``iters``), in GB/s (1e9), and a read-only
+    pass (``sum`` over the same bytes as float16, since decode attention mostly reads)."""
     import torch
 
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    med, spread = summarize(times)
-    del dst
-    # Read-only floor: a sum over the same bytes as float16 (decode attention mostly reads).
-    x = src.view(torch.float16)
-    x.normal_()
-    x.sum()
-    rtimes = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        x.sum()
-        b.record()
-        b.synchronize()
-        rtimes.append(a.elapsed_time(b))
-    rmed, rspread = summarize(rtimes)
-    del src, x
+    from ..bench.device import measure_copy_bandwidth as copy_bytes_per_s
+
+    bps = copy_bytes_per_s(nbytes, iters)
+    x = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
+    rmed, rspread = _read_ms(x, iters)
+    del x
     torch.cuda.empty_cache()
-    return {"bytes": nbytes, "median_ms": med, "spread": spread,
-            "gbps": 2 * nbytes / (med * 1e-3) / 1e9,
+    return {"bytes": nbytes, "median_ms": 2 * nbytes / bps * 1e3, "gbps": bps / 1e9,
             "read_median_ms": rmed, "read_spread": rspread,
             "read_gbps": nbytes / (rmed * 1e-3) / 1e9}
+
+
+def _read_ms(x: Any, iters: int) -> tuple[float, float]:
+    """Median and spread (ms) of ``x.sum()``, timed as bench kernel times (CUDA events)."""
+    from ..bench.device import CudaBackend
+
+    def read() -> None:
+        x.sum()
+
+    read()
+    be = CudaBackend()
+    return summarize([be.time_s(read) * 1e3 for _ in range(iters)])
 
 
 def sdpa_backend(q: Any, k: Any, v: Any) -> str:
@@ -328,12 +335,16 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
                                         zip(outs["vmm_flash"], outs["malloc_flash"])),
                 flash_ref_rel_err=_reference_rel_err(q, vk[0], vv[0], outs["vmm_flash"][0],
                                                      n_ref))
-        paged_ms = paged_decode(b, s) if paged_decode is not None else None
         del graphs, outs, snap, pairs, vk, vv, mk, mv
         torch.cuda.synchronize()
     finally:
         cache.teardown()
         torch.cuda.empty_cache()
+    from .paged import paged_fields
+
+    # After the VMM cache and the cudaMalloc copies are gone: the paged inputs get their memory.
+    paged = paged_fields(paged_decode(b, s) if paged_decode is not None else None,
+                         vmm_ms, plan.kv_bytes_per_call, copy_gbps)
 
     def gbps(ms: float) -> float:
         return plan.kv_bytes_per_call / (ms * 1e-3) / 1e9
@@ -348,22 +359,30 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
         bitwise_equal=equal, default_deterministic=deterministic, max_abs_diff=max_abs,
         ref_rel_err=ref_err,
         vmm_frac_read_bw=gbps(vmm_ms) / read_gbps if read_gbps else None,
-        paged_ms=paged_ms, vmm_over_paged=(vmm_ms / paged_ms) if paged_ms else None,
-        samples=samples, **flash,
+        samples=samples, **flash, **paged,
     )
 
 
-def run_decode(cfg: DecodeConfig, paged_decode: PagedDecode | None = None,
+def run_decode(cfg: DecodeConfig, paged_ops: Sequence[PagedOps] = (),
                say: Callable[[str], None] = print,
-               partial: dict[str, Any] | None = None) -> dict[str, Any]:
-    """All shapes. ``partial`` (if given) receives the results so far under "decode", so a
-    failure in a late shape keeps the early ones."""
+               partial: dict[str, Any] | None = None,
+               checkpoint: Callable[[], None] | None = None) -> dict[str, Any]:
+    """All shapes; with ``paged_ops`` (baseline first) vLLM's paged decode of each build too.
+    ``partial`` (if given) receives the results so far under "decode", and ``checkpoint`` runs
+    after every shape (main writes the JSON there), so a failure or a kill in a late shape keeps
+    the early ones."""
     import torch
+
+    from .paged import NO_WORKDIR, PAGED_BLOCK_SIZE, describe_builds, make_paged_decode
 
     facts = device_facts()
     copy = measure_copy_bandwidth()
     say(f"copy bandwidth {copy['gbps']:.0f} GB/s (read+write), read-only "
         f"{copy['read_gbps']:.0f} GB/s, L2 {facts['l2_bytes'] >> 20} MiB")
+    paged_decode = (make_paged_decode(paged_ops, cfg, facts["l2_bytes"], copy["gbps"] * 1e9,
+                                      say=say) if paged_ops else None)
+    paged = ({"builds": describe_builds(paged_ops), "block_size": PAGED_BLOCK_SIZE}
+             if paged_ops else {"builds": [], "not_measured": NO_WORKDIR})
     free, _ = torch.cuda.mem_get_info()
     plans, trimmed = plan_shapes(cfg, facts["l2_bytes"], free)
     for t in trimmed:
@@ -371,19 +390,24 @@ def run_decode(cfg: DecodeConfig, paged_decode: PagedDecode | None = None,
     results: list[DecodeResult] = []
     if partial is not None:
         partial["decode"] = {"config": asdict(cfg), "device": facts, "copy_bandwidth": copy,
-                             "trimmed": trimmed, "results": [], "partial": True}
+                             "paged": paged, "trimmed": trimmed, "results": [], "partial": True}
     for p in plans:
         r = run_decode_shape(cfg, p, copy["gbps"], paged_decode, copy["read_gbps"])
         results.append(r)
         if partial is not None:
             partial["decode"]["results"].append(asdict(r))
+        if checkpoint is not None:
+            checkpoint()
         say(f"B={r.batch:4d} S={r.context:6d} L={r.layers:3d} {r.backend:20s} "
             f"vmm {r.vmm_ms * 1e3:9.1f} us  malloc {r.malloc_ms * 1e3:9.1f} us  "
             f"ratio {r.ratio:.4f}  {r.vmm_frac_copy_bw:6.1%} of copy bw  equal={r.bitwise_equal}"
             f" det={r.default_deterministic} flash ratio {r.flash_ratio} "
-            f"flash equal={r.flash_bitwise_equal} ref err {r.ref_rel_err:.1e}")
-    return {"config": asdict(cfg), "device": facts, "copy_bandwidth": copy, "trimmed": trimmed,
-            "results": [asdict(r) for r in results]}
+            f"flash equal={r.flash_bitwise_equal} ref err {r.ref_rel_err:.1e} paged "
+            + (f"{r.paged_ms * 1e3:.1f} us vmm/paged {r.vmm_over_paged:.3f} equal="
+               f"{r.paged_bitwise_equal}" if r.paged_ms and r.vmm_over_paged
+               else f"{r.paged_status} {r.paged_error}"))
+    return {"config": asdict(cfg), "device": facts, "copy_bandwidth": copy, "paged": paged,
+            "trimmed": trimmed, "results": [asdict(r) for r in results]}
 
 
 def render_summary(report: dict[str, Any]) -> str:
@@ -431,6 +455,9 @@ def render_summary(report: dict[str, Any]) -> str:
             lines.append(f"forced FLASH_ATTENTION ratio vmm/malloc: min {min(fratios):.4f} "
                          f"max {max(fratios):.4f}; within 3%: "
                          f"{sum(abs(x - 1) <= 0.03 for x in fratios)}/{len(fratios)}")
+        from .paged import render_paged_lines
+
+        lines += render_paged_lines(dec)
     return "\n".join(lines)
 
 
@@ -447,6 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-steps", action="store_true")
+    ap.add_argument("--paged-workdir", default=None,
+                    help="time vLLM's paged decode of every kernels-only build under it too")
     args = ap.parse_args(argv)
 
     def say(msg: str) -> None:
@@ -478,8 +507,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = DecodeConfig(batches=tuple(int(x) for x in args.batches.split(",")),
                            contexts=tuple(int(x) for x in args.contexts.split(",")),
                            rounds=args.rounds)
+        paged_ops: list[PagedOps] = []
+        if args.paged_workdir:
+            from .paged import load_paged_ops
+
+            try:
+                paged_ops = load_paged_ops(args.paged_workdir)
+                say("paged builds: " + ", ".join(f"{o.name} ({o.namespace})" for o in paged_ops))
+            except Exception as exc:  # noqa: BLE001 - recorded; SDPA over VMM still runs
+                report["paged_load_error"] = str(exc)
+                failed.append(f"paged builds: {exc}")
         try:
-            report["decode"] = run_decode(cfg, say=say, partial=report)
+            report["decode"] = run_decode(cfg, paged_ops, say=say, partial=report,
+                                          checkpoint=write)
         except Exception as exc:  # noqa: BLE001 - recorded with what was measured so far
             import traceback
 
