@@ -5,6 +5,15 @@
 # and without the mapping worker; SDPA decode over the VMM cache vs cudaMalloc), and writes
 # env.txt, pytest-vmm.log, pytest-vmm.xml, vmm-bench.json and bench.log under $OUT.
 # Code runs from the tree (PYTHONPATH=src); nothing is installed.
+#
+# The comparison against vLLM's paged kernel (stock and patched) is NOT run here: it needs
+# kernels-only builds made on the device first. scripts/device/vmm-vs-paged.sh does all of it in
+# one device call (carry .carry/ for the sdist):
+#   kvprefetch fetch --workdir W --source .carry/vllm-0.10.2.tar.gz
+#   kvprefetch apply --workdir W --variant prefetch
+#   kvprefetch build --workdir W --kernels-only --head-sizes 128 --block-sizes 16 --kv-dtypes fp16
+#   kvprefetch vmm bench --skip-steps --paged-workdir W --out $OUT/vmm-vs-paged.json
+# (docs/vmm.md, "Against vLLM's paged kernel").
 set -uo pipefail
 OUT=${OUT:-/tmp/vmm-out}
 mkdir -p "$OUT"

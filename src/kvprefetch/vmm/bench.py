@@ -487,9 +487,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     report["cuda_bindings"] = bindings_version()
 
-    def write() -> None:
-        with open(args.out, "w") as fh:
+    def write() -> None:  # atomic: a run killed mid-write keeps the previous checkpoint
+        import os
+
+        tmp = f"{args.out}.tmp"
+        with open(tmp, "w") as fh:
             json.dump(report, fh, indent=1, default=str)
+        os.replace(tmp, args.out)
 
     failed = []
     if not args.skip_steps:
