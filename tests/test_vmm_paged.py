@@ -113,6 +113,18 @@ def test_hook_records_a_shape_a_build_cannot_run() -> None:
     assert r.paged_ms is None and r.vmm_over_paged is None and r.paged_builds == {}
 
 
+def test_hook_records_a_build_that_raises_and_lets_the_run_go_on() -> None:
+    base = _reference_ops("kvp_vp_base", "baseline")
+
+    def broken(*_args: Any) -> None:
+        raise BenchError("kernel launch refused", "rebuild")
+
+    bad = ops.PagedOps(name="patched", namespace="x", v1=broken, v2=broken)
+    t = P.make_paged_decode([base, bad], CFG, L2, 4.3e12, device="cpu")(1, 40)
+    assert t.status == "failed" and "kernel launch refused" in t.error and t.builds == ()
+    assert P.paged_fields(t, 0.5, 1000, 4000.0)["paged_status"] == "failed"
+
+
 def test_paged_fields_give_every_builds_ratio_and_bandwidth_fraction() -> None:
     builds = [_reference_ops("kvp_vp_base", "baseline"), _reference_ops("kvp_vp_pat", "patched")]
     t = P.make_paged_decode(builds, CFG, L2, 4.3e12, device="cpu")(2, 64)

@@ -145,8 +145,11 @@ def make_paged_decode(ops: Sequence[PagedOps], cfg: DecodeConfig, l2_bytes: int,
             return bench_shape(ops, s, c, l2_bytes, copy_bytes_per_s, device=device,
                                backend=backend)
 
-        results, _ = run_shapes([shape], [kcfg], measure, context_problem, release,
-                                say or (lambda _m: None))
+        try:
+            results, _ = run_shapes([shape], [kcfg], measure, context_problem, release,
+                                    say or (lambda _m: None))
+        except BenchError as exc:  # run_shapes records RuntimeErrors; keep the SDPA numbers too
+            return PagedTiming("failed", exc.message, shape.label, shape.kernel, None, (), None)
         return timing_from_result(results[0])
 
     return paged_decode
