@@ -238,6 +238,6 @@ def execute(plan: BuildPlan, *, torch_from: str | None = None, force: bool = Fal
             o.error = exc.message
             return o
 
-    workers = len(plan.trees) if plan.mode == "kernels-only" else 1
+    workers = plan.parallel_trees if plan.mode == "kernels-only" else 1
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return list(pool.map(one, plan.trees))

@@ -69,6 +69,9 @@ class BuildPlan:
     toolchain: dict[str, Any]
     trees: tuple[TreePlan, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # How many trees build at once; jobs is per tree, so parallel_trees * jobs <= MAX_JOBS and
+    # the memory bound behind MAX_JOBS (one heavy nvcc per job) holds.
+    parallel_trees: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,7 +135,8 @@ def render_plan(plan: BuildPlan) -> str:
     import shlex
 
     out = [f"mode: {plan.mode}   arch: {plan.arch_list} -> {' '.join(plan.gencode)}",
-           f"jobs: MAX_JOBS={plan.jobs} NVCC_THREADS={plan.nvcc_threads}   workdir: {plan.workdir}"]
+           f"jobs: MAX_JOBS={plan.jobs} per tree, {plan.parallel_trees} tree(s) at a time, "
+           f"NVCC_THREADS={plan.nvcc_threads}   workdir: {plan.workdir}"]
     if plan.mode == "kernels-only":
         out.append(f"instantiations: {json.dumps(plan.selection)}")
     for k, v in plan.toolchain.items():
@@ -163,7 +167,8 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
               torch_from: str | None, nvcc: str | None, nvcc_version: tuple[int, int, int] | None,
               cuda_home: str | None, torch_info: Any | None, editable: bool = True,
               deps_dir: Path | None = None, ccache: str | None = None,
-              tree_defines: dict[str, tuple[str, ...]] | None = None) -> BuildPlan:
+              tree_defines: dict[str, tuple[str, ...]] | None = None,
+              parallel_trees: int = 1) -> BuildPlan:
     """Compute the plan. ``torch_info`` (kernels-only) is the probe of the torch the envs will
     use, so the compile commands in the plan are the exact ones that will run."""
     if mode not in MODES:
@@ -198,7 +203,8 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
                                               env_path, py, namespace, env_set, arch_list,
                                               editable, deps_dir, ccache, nvcc_version))
     return BuildPlan(mode, str(wd.root), arch_list, gencode, jobs, nvcc_threads,
-                     selection.to_dict(), toolchain, tuple(tree_plans), tuple(notes))
+                     selection.to_dict(), toolchain, tuple(tree_plans), tuple(notes),
+                     parallel_trees)
 
 
 def _kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,

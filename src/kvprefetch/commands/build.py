@@ -119,7 +119,10 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
         from ..kernels_build import probe_torch
 
         tinfo = probe_torch(torch_from or sys.executable, dict(os.environ))
-    per_tree = max(1, jobs // max(1, len(names))) if mode == "kernels-only" else jobs
+    # Kernels-only: trees build side by side, but never more compile jobs in total than MAX_JOBS
+    # (each nvcc of a full launcher source needs several GB).
+    parallel = max(1, min(len(names), jobs)) if mode == "kernels-only" else 1
+    per_tree = max(1, jobs // parallel)
     ccache = None
     if mode == "full":
         from ..runner import which
@@ -129,7 +132,7 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
                      nvcc=str(nvcc) if nvcc else None, nvcc_version=nv,
                      cuda_home=str(home) if home else None, torch_info=tinfo,
                      editable=not no_editable, deps_dir=deps_dir, ccache=ccache,
-                     tree_defines=per_tree_defines)
+                     tree_defines=per_tree_defines, parallel_trees=parallel)
     if dry_run:
         if as_json:
             emit_json(plan)
