@@ -237,7 +237,7 @@ def vllm_git_repo(tmp_path_factory: pytest.TempPathFactory, fetched_template: Pa
 # launcher source), baseline + patched, compiled for sm_90 with the machine's nvcc.
 NARROW_BUILD_ARGS = ("--kernels-only", "--arch", "9.0a", "--head-sizes", "128",
                      "--block-sizes", "16", "--kv-dtypes", "fp16,bf16")
-KILL_AFTER_COMPILING_S = 240.0
+KILL_AFTER_COMPILING_S = 480.0
 OBJECT_SETTLE_S = 5.0
 
 
@@ -305,7 +305,7 @@ def kernels_build(tmp_path_factory: pytest.TempPathFactory, fetched_template: Pa
     in a subprocess: the first run is killed (SIGKILL to its whole session) once an object exists
     in every tree (the first launcher's .cuda.o, given a few seconds for ninja to record it;
     killing then loses only the object in progress and leaves finished ones for the rerun to
-    keep) or, at the latest, after 240 s of compiling. The same
+    keep) or, at the latest, after 480 s of compiling (a safety net for a loaded machine). The same
     command is then rerun to completion, and a third time (which must find everything up to
     date)."""
     import json
