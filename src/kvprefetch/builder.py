@@ -35,6 +35,7 @@ class TreeOutcome:
     so: str | None = None
     so_sha256: str | None = None
     error: str | None = None
+    error_kind: str | None = None     # the KvprefetchError class name, e.g. LockError
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -235,7 +236,7 @@ def execute(plan: BuildPlan, *, torch_from: str | None = None, force: bool = Fal
             return build_full_tree(tp, plan, force)
         except KvprefetchError as exc:
             o = TreeOutcome(tp.tree, "failed", round(time.monotonic() - t0, 1), tp.log_dir)
-            o.error = exc.message
+            o.error, o.error_kind = exc.message, type(exc).__name__
             return o
 
     workers = plan.parallel_trees if plan.mode == "kernels-only" else 1

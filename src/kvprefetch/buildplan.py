@@ -135,8 +135,8 @@ def render_plan(plan: BuildPlan) -> str:
     import shlex
 
     out = [f"mode: {plan.mode}   arch: {plan.arch_list} -> {' '.join(plan.gencode)}",
-           f"jobs: MAX_JOBS={plan.jobs} per tree, {plan.parallel_trees} tree(s) at a time, "
-           f"NVCC_THREADS={plan.nvcc_threads}   workdir: {plan.workdir}"]
+           (f"jobs: MAX_JOBS={plan.jobs} per tree, {plan.parallel_trees} tree(s) at a time, "
+            f"NVCC_THREADS={plan.nvcc_threads}   workdir: {plan.workdir}")]
     if plan.mode == "kernels-only":
         out.append(f"instantiations: {json.dumps(plan.selection)}")
     for k, v in plan.toolchain.items():

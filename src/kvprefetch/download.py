@@ -133,6 +133,7 @@ def ensure_sdist(downloads: Path, index_url: str | None = None) -> Path:
                     while chunk := resp.read(1 << 20):
                         out.write(chunk)
         verify_sdist(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp made it 0600; the cache may be shared
         os.replace(tmp, target)
     except (urllib.error.URLError, OSError) as exc:
         raise FetchError(f"download of {found.url} failed: {exc}",

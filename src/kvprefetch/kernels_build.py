@@ -128,20 +128,22 @@ def ninja_text(*, nvcc: Path, cxx: str, cu_sources: list[Path], cpp_source: Path
         f"link_flags = {_ninja_list(link_flags)}",
         "",
         "rule nvcc",
+        # $$$$ is the shell's pid: a compile left running by a killed build can never write
+        # the temp file of the rerun that replaces it.
         ("  command = $nvcc --generate-dependencies-with-compile --dependency-output $out.d "
-         "$nvcc_flags -c $in -o $out.tmp && mv -f $out.tmp $out"),
+         "$nvcc_flags -c $in -o $out.$$$$.tmp && mv -f $out.$$$$.tmp $out"),
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = nvcc $in",
         "",
         "rule cxx",
-        "  command = $cxx -MMD -MF $out.d $cxx_flags -c $in -o $out.tmp && mv -f $out.tmp $out",
+        "  command = $cxx -MMD -MF $out.d $cxx_flags -c $in -o $out.$$$$.tmp && mv -f $out.$$$$.tmp $out",
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = c++ $in",
         "",
         "rule link",
-        "  command = $cxx $in $link_flags -o $out.tmp && mv -f $out.tmp $out",
+        "  command = $cxx $in $link_flags -o $out.$$$$.tmp && mv -f $out.$$$$.tmp $out",
         "  description = link $out",
         "",
     ]

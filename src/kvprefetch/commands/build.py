@@ -148,6 +148,11 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
               [[o.tree, o.status, o.seconds, o.so or "-", o.log_dir] for o in outcomes],
               title="kvprefetch build")
     failed = [o for o in outcomes if o.status == "failed"]
+    if failed and all(o.error_kind == "LockError" for o in failed):
+        from ..errors import LockError
+        raise LockError("\n".join(f"[{o.tree}] {(o.error or '').split(chr(10) + 'To fix:')[0]}"
+                                  for o in failed),
+                        "wait for the other build to finish; the lock is released when it exits")
     if failed:
         raise BuildError("build failed for " + ", ".join(o.tree for o in failed) + ":\n"
                          + "\n".join(f"[{o.tree}] {o.error}" for o in failed),
