@@ -253,3 +253,26 @@ def test_export_header_seed_variant(shared_fetched: Path, tmp_path: Path) -> Non
     assert str(out) in res.stdout
     text = out.read_text()
     assert "seed_prefetch_4096" in text.split("end kvprefetch csrc/prefetch_ptx.cuh")[1]
+
+
+def test_default_relative_workdir_inside_a_git_checkout_really_patches(
+        tmp_path: Path, fetched_workdir: Path) -> None:
+    """The README's flow: `kvprefetch fetch/apply` with the default, RELATIVE work directory
+    ./kvprefetch-work inside a git checkout (the kit's own clone). git apply run there finds the
+    enclosing checkout unless the ceiling is absolute, and then silently skips every path
+    outside it while still exiting 0 -- found by running scripts/main.sh in a fresh clone."""
+    import subprocess
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    copy_workdir(fetched_workdir, checkout / "kvprefetch-work")
+    env = {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
+    res = kvprefetch_cli_split("apply", "--json", env=env, cwd=checkout)
+    assert res.returncode == 0, res.stderr
+    header = checkout / "kvprefetch-work" / "trees" / "patched" / "csrc" / "attention" / \
+        "attention_kernels.cuh"
+    assert "kvprefetch::prefetch_next_block" in header.read_text()
+    res = kvprefetch_cli_split("diff-upstream", "--check", "--stat", env=env, cwd=checkout)
+    assert res.returncode == 0, res.stderr
+    assert "csrc/attention/attention_kernels.cuh: +" in res.stdout

@@ -60,7 +60,10 @@ def patch_sha256(variant: str) -> str:
 def _git_apply(tree: Path, patches: list[Path], *args: str) -> bool:
     # GIT_CEILING_DIRECTORIES stops git from discovering an enclosing repository (the work
     # directory may live inside one), so paths in the patch stay relative to the tree.
-    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tree.parent))
+    # The ceiling must be absolute (git ignores relative entries): with the default relative
+    # work directory inside a checkout, git would otherwise find the checkout and silently skip
+    # every path outside it, "applying" nothing.
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tree.resolve().parent))
     res = run(["git", "apply", *args, *map(str, patches)], cwd=tree, env=env, echo=False,
               check=False)
     return res.returncode == 0
@@ -153,6 +156,12 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                 raise PatchError(f"the {variant} patch does not apply to {tree}",
                                  "restore the tree with `kvprefetch fetch --force`")
             _git_apply(tree, patches)
+            now = carried_variant(tree)
+            if now != variant:
+                raise PatchError(f"git apply reported success but {tree} does not carry the "
+                                 f"{variant} patch afterwards (found: {now or 'pristine'})",
+                                 "report this; meanwhile restore the tree with "
+                                 "`kvprefetch fetch --force`")
         tmp = in_tree.with_name(f".{in_tree.name}.tmp-{os.getpid()}")
         shutil.copyfile(ours, tmp)
         os.replace(tmp, in_tree)
