@@ -101,6 +101,11 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
         if not res.files:
             click.echo(f"check: tree {tree_name!r} is pristine (no patch applied)", err=True)
             sys.exit(1)
+        if not res.additive:
+            bad = ", ".join(f"{f.path} (-{f.removed})" for f in res.files if f.removed)
+            click.echo(f"check FAILED: the patch removes or changes upstream lines in {bad}\n"
+                       "To fix: express the change as added lines only", err=True)
+            sys.exit(1)
         from ..patching import carried_variant
         from ..workdir import Workdir
 
@@ -109,11 +114,6 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
             click.echo(f"check FAILED: tree {tree_name!r} is recorded as carrying the "
                        f"{res.variant} patch but its files carry {carried or 'no patch'}\n"
                        "To fix: `kvprefetch fetch --force`, then `kvprefetch apply`", err=True)
-            sys.exit(1)
-        if not res.additive:
-            bad = ", ".join(f"{f.path} (-{f.removed})" for f in res.files if f.removed)
-            click.echo(f"check FAILED: the patch removes or changes upstream lines in {bad}\n"
-                       "To fix: express the change as added lines only", err=True)
             sys.exit(1)
         click.echo("check passed: the patch only adds lines", err=True)
 
