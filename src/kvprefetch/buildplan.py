@@ -125,11 +125,6 @@ def _env_set_common(arch_list: str, jobs: int, nvcc_threads: int, cuda_home: str
     return env
 
 
-def plan_summary_rows(plan: BuildPlan) -> list[list[str]]:
-    return [[t.tree, t.variant or "stock", t.env_backend, t.env_path, t.key, str(len(t.steps))]
-            for t in plan.trees]
-
-
 def render_plan(plan: BuildPlan) -> str:
     """The human-readable plan with every command and variable (what --dry-run prints)."""
     import shlex
