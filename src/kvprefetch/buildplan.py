@@ -17,6 +17,7 @@ from typing import Any
 
 from . import __version__, upstream
 from .errors import ConfigError
+from .kernels_build import namespace_for
 from .selection import Selection
 from .toolchain import CudaArch, format_arch_list, gencode_flags
 from .workdir import Workdir
@@ -185,7 +186,7 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
         src_hash = source_hash(state)
         env_path = wd.env(tree)
         py = str(env_path / "bin" / "python")
-        namespace = "kvprefetch_" + tree
+        namespace = namespace_for(tree)
         env_set = _env_set_common(arch_list, jobs, nvcc_threads, cuda_home)
         if mode == "kernels-only":
             tree_plans.append(_kernels_tree_plan(wd, tree, variant, patch, state, src_hash,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import BenchError
@@ -235,5 +235,3 @@ def cache_bytes_per_layer(shape: AttnShape, pool_factor: float = 1.0) -> int:
     return 2 * max(needed, math.ceil(needed * pool_factor)) * shape.num_kv_heads * shape.chunk_bytes
 
 
-def with_seq_len(shape: AttnShape, max_seq_len: int) -> AttnShape:
-    return replace(shape, max_seq_len=max_seq_len)

@@ -93,16 +93,6 @@ def schema_mismatch(schema: str, expected: Sequence[tuple[str, str]]) -> str | N
     return f"expected {len(expected)} arguments, found {len(got)}"
 
 
-def canonical_kv_dtype(kv_cache_dtype: str) -> str:
-    try:
-        return KV_CACHE_DTYPE_ALIASES[kv_cache_dtype]
-    except KeyError:
-        raise BenchError(
-            f"unsupported kv_cache_dtype '{kv_cache_dtype}'",
-            f"use one of {', '.join(KV_CACHE_DTYPE_ALIASES)} (vLLM's DISPATCH_BY_KV_CACHE_DTYPE)",
-        ) from None
-
-
 _QUERY_TOKENS = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
