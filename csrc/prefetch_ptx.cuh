@@ -14,7 +14,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #ifndef USE_ROCM
   #include <cuda_runtime.h>
@@ -47,14 +49,11 @@ struct KvChunk {
 // On pre-Hopper targets it compiles to nothing, so a TORCH_CUDA_ARCH_LIST such as
 // "8.0;9.0a" still builds; the sm_80 kernels are then exactly stock.
 //
-// Why the asm is NOT volatile, takes an integer and returns a token: an `asm volatile`, or any
-// asm that receives a pointer derived from k_cache/v_cache, makes NVVM assume the cache may be
-// written, and it then drops the read-only path for every K/V load of the kernel
-// (LDG.E.64.CONSTANT becomes LDG.E.64 in SASS). On the H200 that alone made the kernel 10-16%
-// slower than stock, even with the prefetch switched off. A non-volatile asm with an output
-// and an integer address is side-effect free to the compiler; its output (always 0) is folded
-// into a token that the kernel "uses" in a never-taken shared-memory store (consume_token), so
-// the asm is kept.
+// Why the asm is NOT volatile and returns a token: an `asm volatile` is a memory side effect
+// to NVVM. A non-volatile asm with an output is side-effect free to the compiler; its output
+// (always 0) is folded into a token that the kernel "uses" in a never-taken shared-memory store
+// (consume_token), so the asm is kept. The address it is given must not be derived from the
+// kernel's k_cache/v_cache arguments either: see prefetch_bases below.
 template <uint32_t BYTES>
 __device__ __forceinline__ unsigned l2_prefetch_bulk(const void* src) {
   unsigned token = 0;
@@ -115,9 +114,75 @@ __device__ __forceinline__ bool prefetch_enabled() {
 #endif
 }
 
+// ---- The prefetch base: the cache address, without capturing the cache pointer -----------
+// Any use of a k_cache/v_cache-derived address in an asm operand (or a ptrtoint) *captures* the
+// kernel argument. NVVM then can no longer prove the cache read-only and drops the read-only
+// path for every K/V load of the kernel: in the v1 kernel for head 128, block 16, fp16, 21
+// `LDG.E.64.CONSTANT` loads become 5 `.CONSTANT` + 16 plain `LDG.E.64`, 10-18% slower on the
+// H200 on bandwidth-bound shapes, prefetch on or off (docs/prefetch-tuning.md).
+//
+// So the prefetches take their base addresses from a small device table instead: each launcher
+// registers the cache tensors it is called with (before_launch, host side, once per tensor),
+// and each warp finds its cache in the table by *comparing pointers*, which is not a capture.
+// The table's entry is numerically the same address, but to the compiler it is a value loaded
+// from unrelated memory, so k_cache and v_cache stay read-only (verify-kernel checks the
+// `.CONSTANT` loads against stock). A cache that is not in the table (table full, first launch
+// inside a CUDA graph capture) gets no prefetch: the kernel is then exactly as fast as stock.
+#ifndef KVPREFETCH_BASE_SLOTS
+  #define KVPREFETCH_BASE_SLOTS 512
+#endif
+static_assert(KVPREFETCH_BASE_SLOTS % 32 == 0 && KVPREFETCH_BASE_SLOTS > 0,
+              "KVPREFETCH_BASE_SLOTS must be a positive multiple of 32");
+
+namespace {
+// One table per translation unit, like kvprefetch_mode; written only by register_base.
+__device__ const void* kvprefetch_bases[KVPREFETCH_BASE_SLOTS];
+}  // namespace
+
+// The table's copies of k_cache and v_cache, or nullptr for each when this launch does not
+// prefetch (prefetch_enabled) or that cache is not registered. Must be called by all 32 lanes
+// of the warp together: each lane compares KVPREFETCH_BASE_SLOTS/32 entries (their loads in
+// flight together) against both pointers, then one ballot per cache.
+template <typename T>
+struct PrefetchBases {
+  const T* k = nullptr;
+  const T* v = nullptr;
+};
+
+template <typename T>
+__device__ __forceinline__ const T* table_entry(const int hit) {
+  const unsigned found = __ballot_sync(0xffffffffu, hit >= 0);
+  if (found == 0u) return nullptr;
+  const int slot = __shfl_sync(0xffffffffu, hit, __ffs(found) - 1);
+  return static_cast<const T*>(kvprefetch_bases[slot]);
+}
+
+template <typename T>
+__device__ __forceinline__ PrefetchBases<T> prefetch_bases(const T* k_cache, const T* v_cache,
+                                                           const int lane) {
+  PrefetchBases<T> bases;
+#if KVPREFETCH_HAS_BULK_PREFETCH
+  if (!prefetch_enabled()) return bases;
+  int k_hit = -1, v_hit = -1;
+  #pragma unroll
+  for (int i = 0; i < KVPREFETCH_BASE_SLOTS / 32; ++i) {
+    const int slot = i * 32 + lane;
+    const void* entry = kvprefetch_bases[slot];
+    if (entry == static_cast<const void*>(k_cache)) k_hit = slot;
+    if (entry == static_cast<const void*>(v_cache)) v_hit = slot;
+  }
+  bases.k = table_entry<T>(k_hit);
+  bases.v = table_entry<T>(v_hit);
+#else
+  (void)k_cache; (void)v_cache; (void)lane;
+#endif
+  return bases;
+}
+
 // Called by every lane of a warp at the top of its iteration over `block_idx`, right after
-// the kernel read block_table[block_idx]; returns a token for consume_token. `cache` is k_cache or v_cache; `head_offset` is
-// kv_head_idx * kv_head_stride; STRIDE is the warp's step through the blocks, NUM_WARPS.
+// the kernel read block_table[block_idx]; returns a token for consume_token. `cache` is
+// prefetch_bases(...).k or .v, nullptr for "no prefetch this launch";
+// `head_offset` is kv_head_idx * kv_head_stride; STRIDE is the warp's step, NUM_WARPS.
 //  - "No next block" is decided by the index, never by the block number: physical block 0
 //    is a real block in vLLM V0 (the original patch's sentinel 0 skipped it).
 //  - The bound is end_block_idx (this partition's end), not the block count, so v2
@@ -131,7 +196,7 @@ __device__ __forceinline__ unsigned prefetch_next_block(
 #if KVPREFETCH_HAS_BULK_PREFETCH
   constexpr int D = KVPREFETCH_DISTANCE;
   static_assert(D >= 1 && D < 32, "KVPREFETCH_DISTANCE must be in [1, 31]");
-  if (!prefetch_enabled()) return 0;
+  if (cache == nullptr) return 0;
   // First iteration of this warp: lanes 1..D cover the next D blocks. Later: lane 0 keeps
   // the window D iterations ahead (block_idx + D*STRIDE).
   const bool first = block_idx - start_block_idx < STRIDE;
@@ -186,7 +251,77 @@ inline void sync_runtime_mode(cudaStream_t stream) {
   if (cudaMemcpyToSymbolAsync(kvprefetch_mode, &mode, sizeof(int), 0,
                               cudaMemcpyHostToDevice, stream) == cudaSuccess) {
     kvprefetch_devices_set.fetch_or(bit);
+  } else {
+    (void)cudaGetLastError();  // ours: do not leave it for the next launch check
   }
+}
+
+struct DeviceFacts {
+  int cc_major = 0;
+  int l2_bytes = 0;
+};
+inline DeviceFacts device_facts(int dev) {
+  static DeviceFacts cache[64];
+  static std::atomic<unsigned long long> known{0};
+  if (dev < 0 || dev >= 64) return DeviceFacts{};
+  if (!(known.load() & (1ull << dev))) {
+    DeviceFacts f;
+    cudaDeviceGetAttribute(&f.cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, dev);
+    cache[dev] = f;
+    known.fetch_or(1ull << dev);
+  }
+  return cache[dev];
+}
+
+// The host half of prefetch_bases: which cache tensors this translation unit's table holds, per
+// device. A new tensor takes the next slot round-robin (the oldest entry is overwritten: it is
+// only ever used when it equals the kernel's own pointer, so a stale entry is harmless) and is
+// written with one 8-byte copy on the launch stream, ordered before the kernel that needs it.
+// vLLM calls each layer's cache with the same tensors every step, so after the first decode
+// step (eager, before any CUDA graph capture) nothing more is copied.
+struct BaseRegistry {
+  std::mutex mu;
+  std::unordered_map<const void*, int> slot_of;
+  const void* slots[KVPREFETCH_BASE_SLOTS] = {};  // also the copies' host source
+  int next = 0;
+};
+
+inline void register_base(cudaStream_t stream, int dev, const void* ptr) {
+  static BaseRegistry registries[64];
+  if (ptr == nullptr || dev < 0 || dev >= 64) return;
+  BaseRegistry& r = registries[dev];
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.slot_of.count(ptr) != 0) return;
+  const int slot = r.next;
+  if (r.slots[slot] != nullptr) r.slot_of.erase(r.slots[slot]);
+  r.slots[slot] = ptr;
+  if (cudaMemcpyToSymbolAsync(kvprefetch_bases, &r.slots[slot], sizeof(void*),
+                              slot * sizeof(void*), cudaMemcpyHostToDevice,
+                              stream) != cudaSuccess) {
+    (void)cudaGetLastError();  // ours; this cache simply gets no prefetch
+    r.slots[slot] = nullptr;
+    return;
+  }
+  r.slot_of.emplace(ptr, slot);
+  r.next = (slot + 1) % KVPREFETCH_BASE_SLOTS;
+}
+
+// Called by each in-kernel launcher (paged_attention_v{1,2}.cu) right before its launch:
+// applies KVPREFETCH once, then registers the two cache tensors for prefetch_bases. Nothing is
+// registered when KVPREFETCH=off, before Hopper, or while the stream is being captured.
+inline void before_launch(cudaStream_t stream, const void* k_cache, const void* v_cache) {
+  sync_runtime_mode(stream);
+  if (kvprefetch_host_mode() == 0) return;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || device_facts(dev).cc_major < 9) return;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess ||
+      capturing != cudaStreamCaptureStatusNone) {
+    return;
+  }
+  register_base(stream, dev, k_cache);
+  register_base(stream, dev, v_cache);
 }
 }  // namespace
 #endif
@@ -225,23 +360,6 @@ __global__ void kv_l2_prefetch_kernel(const cache_t* __restrict__ k_cache,
 
 #if !defined(USE_ROCM)
 namespace {
-struct DeviceFacts {
-  int cc_major = 0;
-  int l2_bytes = 0;
-};
-inline DeviceFacts device_facts(int dev) {
-  static DeviceFacts cache[64];
-  static std::atomic<unsigned long long> known{0};
-  if (dev < 0 || dev >= 64) return DeviceFacts{};
-  if (!(known.load() & (1ull << dev))) {
-    DeviceFacts f;
-    cudaDeviceGetAttribute(&f.cc_major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, dev);
-    cache[dev] = f;
-    known.fetch_or(1ull << dev);
-  }
-  return cache[dev];
-}
 
 // The launch-time decision. `auto` prefetches when the whole KV working set of this decode
 // step (an upper bound: num_seqs x max_seq_len tokens, K and V) is at most 1/8 of L2

@@ -71,6 +71,12 @@ def test_verify_passes_with_the_gpu_check_not_checked(built: Path,
                      "UBLKPF in SASS"):
             assert checks[(name, tree)]["status"] == "pass", checks[(name, tree)]
     assert checks[("environments load different libraries", "all")]["status"] == "pass"
+    # the prefetch's asm must not cost the K/V loads their read-only path (.CONSTANT loads)
+    ro = checks[("K/V loads keep the read-only path", "patched")]
+    assert ro["status"] == "pass", ro
+    counts = data["sass"]["patched"]["readonly_loads"]
+    assert counts["kernels"] == KERNELS and counts["kernels_with_fewer"] == 0
+    assert counts["total"] == counts["stock_total"] > 0
     gpu = checks[("bitwise-equal outputs on the GPU", "all")]
     assert gpu["status"] == "not checked" and "--no-gpu" in gpu["detail"]
     assert {c["status"] for c in data["checks"]} == {"pass", "not checked"}

@@ -129,6 +129,17 @@ def prefetch_kernels(text: str) -> dict[tuple[str, str], int]:
             if "kv_l2_prefetch_kernel" in k[1]}
 
 
+_READONLY_LOAD = re.compile(r"\bLDG\.[A-Z0-9.]*CONSTANT\b")
+
+
+def readonly_loads(text: str) -> dict[tuple[str, str], int]:
+    """Read-only-path global loads (``LDG….CONSTANT``, PTX ``ld.global.nc``) per paged-attention
+    kernel. NVVM emits them only while it can prove the KV cache is never written during the
+    kernel; an asm that captures the cache pointer loses them (docs/prefetch-tuning.md)."""
+    return {k: len(_READONLY_LOAD.findall(body)) for k, body in function_bodies(text).items()
+            if "paged_attention" in k[1]}
+
+
 def judge(kernels: Iterable[KernelSass], *, patched: bool, sites: int = 2,
           in_kernel: bool = True) -> SassVerdict:
     """Baseline (or an ``in_kernel=False`` variant, whose attention kernels are stock): no UBLKPF
