@@ -1,11 +1,13 @@
-// kvprefetch: asynchronous L2 prefetch of the next KV-cache block for vLLM v0.10.2's
+// kvprefetch: asynchronous L2 prefetch of the KV-cache blocks for vLLM v0.10.2's
 // PagedAttention decode kernel (csrc/attention/attention_kernels.cuh).
 //
-// In that kernel warp w walks the sequence's blocks w, w+NUM_WARPS, ... and loads each
-// block only when its iteration starts, paying the full global-load latency in the open
-// (the address comes from block_table, a pointer chase no hardware prefetcher follows).
-// While the warp computes on block_idx, one lane asks the bulk-copy engine to pull the
-// block the *same warp* touches next, block_table[block_idx + NUM_WARPS], toward L2.
+// In that kernel warp w walks the blocks w, w+NUM_WARPS, ... of its sequence (or of its v2
+// partition) and loads each block only when its iteration starts, paying the full global-load
+// latency in the open: the address comes from block_table, a pointer chase no hardware
+// prefetcher follows. Here, before the loop starts, the warp's 32 lanes ask the bulk-copy
+// engine for the K and V chunks of the blocks this warp will walk, so they stream into L2
+// while the warp works through the first ones. Nothing is added inside the loop: any code
+// there changes how NVVM schedules the loop's K/V loads (docs/prefetch-tuning.md).
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -74,16 +76,15 @@ __device__ __forceinline__ void consume_token(const unsigned token, float* share
 }
 
 // ---- Tuning (compile-time defaults; each can be overridden with -D) ---------------------
-// How many of this warp's iterations ahead to prefetch. 1 = the next block it reads
-// (block_idx + NUM_WARPS). D > 1: on the warp's first iteration lanes 1..D request the next
-// D blocks, and every later iteration keeps the window D iterations ahead.
-#ifndef KVPREFETCH_DISTANCE
-  #define KVPREFETCH_DISTANCE 1
+// How many blocks each warp requests before its loop: 32 per round (one per lane), at most
+// this many rounds. 4 rounds = 128 blocks per warp, 512 per CTA: a whole v2 partition, and the
+// first 8192 tokens of a v1 sequence at block size 16.
+#ifndef KVPREFETCH_PROLOGUE_ROUNDS
+  #define KVPREFETCH_PROLOGUE_ROUNDS 4
 #endif
-// The `auto` rule: prefetch only when the launch is latency-bound, i.e. the grid is not
-// partitioned (v1, or v2 with one partition) and has at most this many CTAs per SM. Larger
-// grids already keep the memory system busy, and there the prefetch measured slower on the
-// H200 (docs/prefetch-tuning.md).
+// The `auto` rule: prefetch only when the launch is latency-bound, i.e. its grid (heads x
+// sequences x partitions) has at most this many CTAs per SM. Larger grids already keep the
+// memory system busy (docs/prefetch-tuning.md has the H200 data).
 #ifndef KVPREFETCH_AUTO_MAX_CTAS_PER_SM
   #define KVPREFETCH_AUTO_MAX_CTAS_PER_SM 2
 #endif
@@ -107,8 +108,8 @@ __device__ __forceinline__ bool prefetch_enabled() {
   if (mode != 2) return mode == 1;
   unsigned int nsm;
   asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-  const unsigned int ctas = gridDim.x * gridDim.y;
-  return gridDim.z == 1 && ctas <= KVPREFETCH_AUTO_MAX_CTAS_PER_SM * nsm;
+  const unsigned int ctas = gridDim.x * gridDim.y * gridDim.z;
+  return ctas <= KVPREFETCH_AUTO_MAX_CTAS_PER_SM * nsm;
 #else
   return false;
 #endif
@@ -118,8 +119,7 @@ __device__ __forceinline__ bool prefetch_enabled() {
 // Any use of a k_cache/v_cache-derived address in an asm operand (or a ptrtoint) *captures* the
 // kernel argument. NVVM then can no longer prove the cache read-only and drops the read-only
 // path for every K/V load of the kernel: in the v1 kernel for head 128, block 16, fp16, 21
-// `LDG.E.64.CONSTANT` loads become 5 `.CONSTANT` + 16 plain `LDG.E.64`, 10-18% slower on the
-// H200 on bandwidth-bound shapes, prefetch on or off (docs/prefetch-tuning.md).
+// `LDG.E.64.CONSTANT` loads become 5 `.CONSTANT` + 16 plain `LDG.E.64` (docs/prefetch-tuning.md).
 //
 // So the prefetches take their base addresses from a small device table instead: each launcher
 // registers the cache tensors it is called with (before_launch, host side, once per tensor),
@@ -179,40 +179,59 @@ __device__ __forceinline__ PrefetchBases<T> prefetch_bases(const T* k_cache, con
   return bases;
 }
 
-// Called by every lane of a warp at the top of its iteration over `block_idx`, right after
-// the kernel read block_table[block_idx]; returns a token for consume_token. `cache` is
-// prefetch_bases(...).k or .v, nullptr for "no prefetch this launch";
-// `head_offset` is kv_head_idx * kv_head_stride; STRIDE is the warp's step, NUM_WARPS.
-//  - "No next block" is decided by the index, never by the block number: physical block 0
-//    is a real block in vLLM V0 (the original patch's sentinel 0 skipped it).
-//  - The bound is end_block_idx (this partition's end), not the block count, so v2
-//    partitions prefetch too, and block_table is never read past the sequence's row.
+// Called by all 32 lanes of a warp right before its loop over the blocks first_block_idx,
+// first_block_idx + STRIDE, ... < end_block_idx (STRIDE = NUM_WARPS); `bases` from
+// prefetch_bases, `head_offset` = kv_head_idx * kv_head_stride. Lane l requests the K and the
+// V chunk of the warp's blocks l, l+32, ... (KVPREFETCH_PROLOGUE_ROUNDS rounds at most);
+// returns a token for consume_token.
+//  - The bound is end_block_idx (this partition's end), an index: block_table is never read
+//    past the sequence's row, and physical block 0 is prefetched like any other (the original
+//    patch's "next block 0 = none" sentinel skipped a real block).
 //  - Block numbers widen to int64 before the multiply, as vLLM does for its own loads.
 template <int HEAD_SIZE, int BLOCK_SIZE, int STRIDE, typename cache_t>
-__device__ __forceinline__ unsigned prefetch_next_block(
-    const cache_t* __restrict__ cache, const int* __restrict__ block_table,
-    const int block_idx, const int start_block_idx, const int end_block_idx,
-    const int64_t kv_block_stride, const int64_t head_offset, const int lane) {
+__device__ __forceinline__ unsigned prefetch_warp_blocks(
+    const PrefetchBases<cache_t> bases, const int* __restrict__ block_table,
+    const int first_block_idx, const int end_block_idx, const int64_t kv_block_stride,
+    const int64_t head_offset, const int lane) {
+  unsigned token = 0;
 #if KVPREFETCH_HAS_BULK_PREFETCH
-  constexpr int D = KVPREFETCH_DISTANCE;
-  static_assert(D >= 1 && D < 32, "KVPREFETCH_DISTANCE must be in [1, 31]");
-  if (cache == nullptr) return 0;
-  // First iteration of this warp: lanes 1..D cover the next D blocks. Later: lane 0 keeps
-  // the window D iterations ahead (block_idx + D*STRIDE).
-  const bool first = block_idx - start_block_idx < STRIDE;
-  const int ahead = first ? lane : (lane == 0 ? D : 0);
-  const int next_idx = block_idx + ahead * STRIDE;
-  if (ahead >= 1 && ahead <= D && next_idx < end_block_idx) {
-    const int64_t next_block = static_cast<int64_t>(block_table[next_idx]);
-    return l2_prefetch_bulk<KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes>(
-        cache + next_block * kv_block_stride + head_offset);
+  static_assert(KVPREFETCH_PROLOGUE_ROUNDS >= 1, "KVPREFETCH_PROLOGUE_ROUNDS must be >= 1");
+  constexpr uint32_t kBytes = KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes;
+  if (bases.k == nullptr && bases.v == nullptr) return 0;
+  #pragma unroll 1
+  for (int round = 0; round < KVPREFETCH_PROLOGUE_ROUNDS; ++round) {
+    const int idx = first_block_idx + (round * 32 + lane) * STRIDE;
+    if (idx >= end_block_idx) break;
+    const int64_t offset =
+        static_cast<int64_t>(block_table[idx]) * kv_block_stride + head_offset;
+    if (bases.k != nullptr) token |= l2_prefetch_bulk<kBytes>(bases.k + offset);
+    if (bases.v != nullptr) token |= l2_prefetch_bulk<kBytes>(bases.v + offset);
   }
-  return 0;
 #else
-  (void)cache; (void)block_table; (void)block_idx; (void)start_block_idx;
-  (void)end_block_idx; (void)kv_block_stride; (void)head_offset; (void)lane;
-  return 0;
+  (void)bases; (void)block_table; (void)first_block_idx; (void)end_block_idx;
+  (void)kv_block_stride; (void)head_offset; (void)lane;
 #endif
+  return token;
+}
+
+// What the patch calls: prefetch_bases + prefetch_warp_blocks. -DKVPREFETCH_PROLOGUE_NOINLINE=1
+// makes it a real call (an experiment on how the prologue affects the loop's schedule).
+#ifndef KVPREFETCH_PROLOGUE_NOINLINE
+  #define KVPREFETCH_PROLOGUE_NOINLINE 0
+#endif
+#if KVPREFETCH_PROLOGUE_NOINLINE
+  #define KVPREFETCH_PROLOGUE_ATTR __noinline__
+#else
+  #define KVPREFETCH_PROLOGUE_ATTR __forceinline__
+#endif
+template <int HEAD_SIZE, int BLOCK_SIZE, int STRIDE, typename cache_t>
+__device__ KVPREFETCH_PROLOGUE_ATTR unsigned prefetch_prologue(
+    const cache_t* k_cache, const cache_t* v_cache, const int* __restrict__ block_table,
+    const int first_block_idx, const int end_block_idx, const int64_t kv_block_stride,
+    const int64_t head_offset, const int lane) {
+  return prefetch_warp_blocks<HEAD_SIZE, BLOCK_SIZE, STRIDE>(
+      prefetch_bases(k_cache, v_cache, lane), block_table, first_block_idx, end_block_idx,
+      kv_block_stride, head_offset, lane);
 }
 
 // Host side, called by each launcher (paged_attention_v{1,2}.cu) before it launches: applies

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Issue 6 on the H200, in ONE device call: stock vs the in-kernel prefetch with table-based
-# bases (auto gate, always on, always on at distance 2) vs the launch variant vs the paper's
-# seed, built here kernels-only from the carried sdist, verified, then timed by `bench kernel`
+# Issue 6 on the H200, in ONE device call: stock vs the in-kernel prologue prefetch (auto gate;
+# always on; auto with the prologue as a real call) vs the launch variant vs the paper's seed, built here kernels-only from the carried sdist, verified, then timed by `bench kernel`
 # in one process (cold, the default matrix) twice, plus KVPREFETCH=off on four shapes.
 #   device tool: run(command="bash scripts/device/prefetch-ab.sh", carry=[".carry"], timeout_s=590)
 #   Optional: SEL="--head-sizes 128 --block-sizes 16 --kv-dtypes fp16" (the default, narrow),
@@ -31,8 +30,8 @@ cat "$R/env.txt" | tee -a "$R/run.log"
 [ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
 
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --with-seed \
-  --extra-tree launch --extra-tree inkernel_on --extra-tree inkernel_d2 || exit 3
-for t in patched inkernel_on inkernel_d2; do
+  --extra-tree launch --extra-tree pro_on --extra-tree pro_call || exit 3
+for t in patched pro_on pro_call; do
   step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4
 done
 step 30 "${K[@]}" apply --workdir "$W" --variant launch --tree launch || exit 4
@@ -40,9 +39,8 @@ step 30 "${K[@]}" apply --workdir "$W" --variant seed || exit 4
 step 30 "${K[@]}" diff-upstream --workdir "$W" --check --stat || exit 4
 # shellcheck disable=SC2086
 step 300 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 $SEL \
-  --tree-define inkernel_on:KVPREFETCH_DEFAULT_MODE=1 \
-  --tree-define inkernel_d2:KVPREFETCH_DEFAULT_MODE=1 \
-  --tree-define inkernel_d2:KVPREFETCH_DISTANCE=2 || exit 5
+  --tree-define pro_on:KVPREFETCH_DEFAULT_MODE=1 \
+  --tree-define pro_call:KVPREFETCH_PROLOGUE_NOINLINE=1 || exit 5
 step 200 "${K[@]}" verify-kernel --workdir "$W"
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
 step 120 "${B[@]}" kernel --workdir "$W" --mode cold --matrix default --out "$R" \
@@ -50,7 +48,7 @@ step 120 "${B[@]}" kernel --workdir "$W" --mode cold --matrix default --out "$R"
 step 120 "${B[@]}" kernel --workdir "$W" --mode cold --matrix default --out "$R" \
   --name kernel-cold-2 --formats json,md
 step 60 env KVPREFETCH=off "${B[@]}" kernel --workdir "$W" --mode cold --batch 1,8 \
-  --context 512,4k --variant baseline --variant patched --variant inkernel_on \
+  --context 512,4k,16k --variant baseline --variant patched --variant pro_call \
   --out "$R" --name switch-off --formats json,md
 if [ -n "${EXTRA_BENCH:-}" ]; then
   # shellcheck disable=SC2086
