@@ -4,10 +4,15 @@
 // In that kernel warp w walks the blocks w, w+NUM_WARPS, ... of its sequence (or of its v2
 // partition) and loads each block only when its iteration starts, paying the full global-load
 // latency in the open: the address comes from block_table, a pointer chase no hardware
-// prefetcher follows. Here, before the loop starts, the warp's 32 lanes ask the bulk-copy
-// engine for the K and V chunks of the blocks this warp will walk, so they stream into L2
-// while the warp works through the first ones. Nothing is added inside the loop: any code
-// there changes how NVVM schedules the loop's K/V loads (docs/prefetch-tuning.md).
+// prefetcher follows. kvprefetch's `prefetch` variant:
+//  - v2 (partitioned) kernel: before the loop starts, the warp's 32 lanes ask the bulk-copy
+//    engine for the K and V chunks of the blocks this warp will walk (prefetch_prologue), so
+//    they stream into L2 while the warp works through the first ones. Nothing is added inside
+//    the loop: code there changes how NVVM schedules the loop's K/V loads.
+//  - v1 kernel: untouched (instruction-identical to stock; verify-kernel checks it). On the
+//    H200 every in-kernel addition we tried made NVVM compile v1's loop 2-3x slower, while v2
+//    compiled faster (docs/prefetch-tuning.md). Its launcher instead fires kv_l2_prefetch_kernel
+//    (below) before small steps.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -83,10 +88,11 @@ __device__ __forceinline__ void consume_token(const unsigned token, float* share
   #define KVPREFETCH_PROLOGUE_ROUNDS 4
 #endif
 // The `auto` rule: prefetch only when the launch is latency-bound, i.e. its grid (heads x
-// sequences x partitions) has at most this many CTAs per SM. Larger grids already keep the
-// memory system busy (docs/prefetch-tuning.md has the H200 data).
-#ifndef KVPREFETCH_AUTO_MAX_CTAS_PER_SM
-  #define KVPREFETCH_AUTO_MAX_CTAS_PER_SM 2
+// sequences x partitions) has at most this many CTAs, as a percentage of the SM count. Larger
+// grids already keep the memory system busy, and there the prefetch measured slower on the
+// H200 (docs/prefetch-tuning.md has the data behind the default).
+#ifndef KVPREFETCH_AUTO_MAX_CTAS_PCT
+  #define KVPREFETCH_AUTO_MAX_CTAS_PCT 100
 #endif
 // 0 = off, 1 = on (every launch), 2 = auto. The runtime switch KVPREFETCH=off|on|auto
 // overrides it without a rebuild (read once per process, see sync_runtime_mode below).
@@ -109,7 +115,7 @@ __device__ __forceinline__ bool prefetch_enabled() {
   unsigned int nsm;
   asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
   const unsigned int ctas = gridDim.x * gridDim.y * gridDim.z;
-  return ctas <= KVPREFETCH_AUTO_MAX_CTAS_PER_SM * nsm;
+  return 100u * ctas <= KVPREFETCH_AUTO_MAX_CTAS_PCT * nsm;
 #else
   return false;
 #endif

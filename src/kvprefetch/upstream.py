@@ -46,6 +46,13 @@ SEED_TREE = "seed"
 VARIANTS = ("prefetch", "launch", "seed")
 # Variants whose attention kernels must carry the bulk prefetch (checked in SASS).
 IN_KERNEL_VARIANTS = ("prefetch", "seed")
+# The paged_attention kernels each variant puts a bulk prefetch into (by kernel version); its
+# other attention kernels must stay instruction-identical to stock. `prefetch` leaves v1 alone
+# (docs/prefetch-tuning.md: any in-kernel addition made NVVM compile v1 2-3x slower).
+PREFETCH_KERNEL_VERSIONS: dict[str, tuple[str, ...]] = {
+    "prefetch": ("v2",), "seed": ("v1", "v2"), "launch": ()}
+# Variants whose v1 launcher fires kvprefetch's kv_l2_prefetch_kernel before small steps.
+LAUNCHER_PREFETCH_VARIANTS = ("prefetch", "launch")
 DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "seed": SEED_TREE}
 
 

@@ -19,9 +19,9 @@ from typing import Any
 from .errors import VerifyError
 from .hashing import sha256_file
 from .runner import run
-from .sass import (arch_number, function_bodies, judge, parse_sass, prefetch_kernels,
-                   readonly_loads, summarise)
-from .upstream import IN_KERNEL_VARIANTS
+from .sass import (arch_number, decode_kernel_name, function_bodies, judge, parse_sass,
+                   prefetch_kernels, readonly_loads, summarise)
+from .upstream import LAUNCHER_PREFETCH_VARIANTS, PREFETCH_KERNEL_VERSIONS
 from .workdir import Workdir, write_json_atomic
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
@@ -140,6 +140,13 @@ def disassemble(rep: VerifyReport, tree: str, so: str) -> str | None:
     return res.output
 
 
+def prefetch_versions(variant: str | None) -> tuple[str, ...]:
+    """The paged_attention kernel versions ``variant`` puts a prefetch into (none for stock)."""
+    if variant is None or variant == "stock":
+        return ()
+    return PREFETCH_KERNEL_VERSIONS.get(variant, ("v1", "v2"))
+
+
 def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
                text: str | None = None) -> str | None:
     """Count UBLKPF per instantiation and judge it against the variant; returns the SASS."""
@@ -147,21 +154,22 @@ def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
     if text is None:
         return None
     patched = variant is not None and variant != "stock"
-    in_kernel = variant in IN_KERNEL_VARIANTS
+    versions = prefetch_versions(variant)
     kernels = parse_sass(text)
-    verdict = judge(kernels, patched=patched, in_kernel=in_kernel)
+    verdict = judge(kernels, patched=patched, versions=versions)
     rep.sass[tree] = {"library": so, "variant": variant or "stock", "kernels": verdict.kernels,
                       "with_prefetch": verdict.with_prefetch, "problems": list(verdict.problems),
-                      "table": summarise(kernels)}
-    if patched and in_kernel:
-        expect = "≥2 UBLKPF (K and V) in every sm_90+ kernel"
+                      "prefetch_versions": list(versions), "table": summarise(kernels)}
+    if versions:
+        expect = (f"≥2 UBLKPF (K and V) in every sm_90+ {'/'.join(versions)} kernel"
+                  + ("" if set(versions) == {"v1", "v2"} else ", 0 in the others"))
     else:
         expect = "0 UBLKPF in every attention kernel"
     detail = f"{verdict.kernels} kernels, {verdict.with_prefetch} with UBLKPF; expected {expect}"
     if verdict.problems:
         detail += "; " + "; ".join(verdict.problems[:5])
     rep.add("UBLKPF in SASS", tree, verdict.ok, detail)
-    if patched and not in_kernel:
+    if variant in LAUNCHER_PREFETCH_VARIANTS:
         pk = prefetch_kernels(text)
         hopper = {k: n for k, n in pk.items() if arch_number(k[0]) >= 90}
         rep.sass[tree]["prefetch_kernels"] = {f"{a} {n}": c for (a, n), c in pk.items()}
@@ -172,33 +180,48 @@ def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
     return text
 
 
-def check_identical_attention(rep: VerifyReport, tree: str, text: str, baseline: str) -> None:
-    """The `launch` variant promises attention kernels byte-identical to stock: compare every
-    paged_attention kernel's SASS with the baseline library's, instruction by instruction."""
-    mine = {k: v for k, v in function_bodies(text).items() if "paged_attention" in k[1]}
-    base = {k: v for k, v in function_bodies(baseline).items() if "paged_attention" in k[1]}
+def _attention_bodies(text: str, versions: tuple[str, ...]) -> dict[tuple[str, str], str]:
+    out = {}
+    for k, body in function_bodies(text).items():
+        meta = decode_kernel_name(k[1])
+        if meta is not None and meta["version"] in versions:
+            out[k] = body
+    return out
+
+
+def check_identical_attention(rep: VerifyReport, tree: str, text: str, baseline: str,
+                              versions: tuple[str, ...] = ("v1", "v2")) -> None:
+    """The attention kernels a variant leaves alone (all of them for `launch`, v1 for
+    `prefetch`) must be instruction-identical to stock: compare each one's SASS with the
+    baseline library's, instruction by instruction."""
+    mine = _attention_bodies(text, versions)
+    base = _attention_bodies(baseline, versions)
     common = sorted(mine.keys() & base.keys())
     differing = [k[1][:60] for k in common if mine[k] != base[k]]
     ok = bool(common) and not differing and mine.keys() == base.keys()
     rep.add("attention kernels identical to stock", tree, ok,
-            f"{len(common)} kernels compared, {len(differing)} differ"
+            f"{'/'.join(versions)}: {len(common)} kernels compared, {len(differing)} differ"
             + (f" (e.g. {differing[0]}…)" if differing else "")
             + ("" if mine.keys() == base.keys() else "; the instantiation sets differ"))
 
 
 def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
                         baseline: str) -> None:
-    """An in-kernel prefetch must not cost the K/V loads their read-only path: per kernel, as
-    many ``LDG….CONSTANT`` as stock. Required of ``prefetch``; for ``seed`` (the paper's asm,
-    which captures the cache pointer) the loss is reported, not failed."""
-    mine, base = readonly_loads(text), readonly_loads(baseline)
+    """An in-kernel prefetch must not cost the K/V loads their read-only path: per kernel it
+    prefetches in, as many ``LDG….CONSTANT`` as stock. Required of ``prefetch``; for ``seed``
+    (the paper's asm, which captures the cache pointer) the loss is reported, not failed."""
+    versions = prefetch_versions(variant)
+    keep = {k for k in function_bodies(text)
+            if (meta := decode_kernel_name(k[1])) is not None and meta["version"] in versions}
+    mine = {k: n for k, n in readonly_loads(text).items() if k in keep}
+    base = readonly_loads(baseline)
     common = sorted(mine.keys() & base.keys())
     lost = [k for k in common if mine[k] < base[k]]
     rep.sass.setdefault(tree, {})["readonly_loads"] = {
         "kernels": len(common), "kernels_with_fewer": len(lost),
         "stock_total": sum(base[k] for k in common), "total": sum(mine[k] for k in common)}
-    detail = (f"{len(common)} kernels compared; read-only (.CONSTANT) loads "
-              f"{sum(mine[k] for k in common)} vs stock {sum(base[k] for k in common)}; "
+    detail = (f"{len(common)} {'/'.join(versions)} kernels compared; read-only (.CONSTANT) "
+              f"loads {sum(mine[k] for k in common)} vs stock {sum(base[k] for k in common)}; "
               f"{len(lost)} kernels have fewer"
               + (f" (e.g. {lost[0][1][:60]}…: {mine[lost[0]]} vs {base[lost[0]]})" if lost else ""))
     if variant == "seed":
@@ -278,11 +301,13 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
     for tree, m in manifests.items():
         if tree == "baseline" or tree not in sass_text or "baseline" not in sass_text:
             continue
-        if m.get("variant") not in (None, "stock", *IN_KERNEL_VARIANTS):
-            check_identical_attention(rep, tree, sass_text[tree], sass_text["baseline"])
-        else:
-            check_readonly_path(rep, tree, str(m.get("variant") or "prefetch"), sass_text[tree],
-                                sass_text["baseline"])
+        variant = str(m.get("variant") or "prefetch")
+        versions = prefetch_versions(variant)
+        untouched = tuple(v for v in ("v1", "v2") if v not in versions)
+        if untouched:
+            check_identical_attention(rep, tree, sass_text[tree], sass_text["baseline"], untouched)
+        if versions:
+            check_readonly_path(rep, tree, variant, sass_text[tree], sass_text["baseline"])
     files = [v[0] for v in loaded.values()]
     shas = [v[1] for v in loaded.values()]
     if len(loaded) >= 2:

@@ -1,8 +1,8 @@
 // A tiny stand-in for vLLM's paged_attention_v1_kernel, used only to make a REAL two-arch
 // (sm_80 + sm_90) SASS sample for tests/test_sass.py. It is our own code: the template is
 // declared with vLLM's parameter list so the mangled name decodes like the real kernels', and
-// it calls kvprefetch's csrc/prefetch_ptx.cuh at a "K" and a "V" site exactly as the patch
-// does. On sm_90 each site becomes one UBLKPF.L2; on sm_80 the helper compiles to nothing.
+// it calls kvprefetch's csrc/prefetch_ptx.cuh prologue exactly as the patch does. On sm_90 its
+// K and V requests become UBLKPF.L2; on sm_80 the helper compiles to nothing.
 //
 // How it is compiled and disassembled: see README.md next to this file.
 #include <cstdint>
@@ -23,16 +23,12 @@ __global__ void paged_attention_v1_kernel(scalar_t* __restrict__ out,
   const int lane = threadIdx.x % 32;
   const int64_t head_offset = blockIdx.x * kv_head_stride;
   __shared__ float scratch[NUM_THREADS];
-  unsigned token = 0;  // the helper's asm is kept only if its token is consumed
+  // The prologue, as the patch calls it: the warp's lanes request its K and V blocks.
+  const unsigned token = kvprefetch::prefetch_prologue<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
+      k_cache, v_cache, block_table, warp_idx, num_blocks, kv_block_stride, head_offset, lane);
   float acc = 0.f;
   for (int block_idx = warp_idx; block_idx < num_blocks; block_idx += NUM_WARPS) {
-    token |= kvprefetch::prefetch_next_block<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
-        k_cache, block_table, block_idx, warp_idx, num_blocks, kv_block_stride, head_offset, lane);
     acc += static_cast<float>(k_cache[block_table[block_idx] * kv_block_stride + lane]);
-  }
-  for (int block_idx = warp_idx; block_idx < num_blocks; block_idx += NUM_WARPS) {
-    token |= kvprefetch::prefetch_next_block<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
-        v_cache, block_table, block_idx, warp_idx, num_blocks, kv_block_stride, head_offset, lane);
     acc += static_cast<float>(v_cache[block_table[block_idx] * kv_block_stride + lane]);
   }
   // Like vLLM's `logits`, the scratch is shared memory the kernel really uses; a store-only
