@@ -5,14 +5,15 @@
 // partition) and loads each block only when its iteration starts, paying the full global-load
 // latency in the open: the address comes from block_table, a pointer chase no hardware
 // prefetcher follows. kvprefetch's `prefetch` variant:
-//  - v2 (partitioned) kernel: before the loop starts, the warp's 32 lanes ask the bulk-copy
+//  - v2 (partitioned) kernels with fp16/bf16 caches and head size >= 128 (prologue_compiled):
+//    before the loop starts, the warp's 32 lanes ask the bulk-copy
 //    engine for the K and V chunks of the blocks this warp will walk (prefetch_prologue), so
 //    they stream into L2 while the warp works through the first ones. Nothing is added inside
 //    the loop: code there changes how NVVM schedules the loop's K/V loads.
-//  - v1 kernel: untouched (instruction-identical to stock; verify-kernel checks it). On the
-//    H200 every in-kernel addition we tried made NVVM compile v1's loop 2-3x slower, while v2
-//    compiled faster (docs/prefetch-tuning.md). Its launcher instead fires kv_l2_prefetch_kernel
-//    (below) before small steps.
+//  - every other kernel, v1 included: untouched (instruction-identical to stock; verify-kernel
+//    checks it). On the H200 every in-kernel addition we tried made NVVM compile v1's loop 2-3x
+//    slower, while v2 compiled faster (docs/prefetch-tuning.md). The v1 launcher instead fires
+//    kv_l2_prefetch_kernel (below) before small steps.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -220,6 +221,20 @@ __device__ __forceinline__ unsigned prefetch_warp_blocks(
   return token;
 }
 
+// Which kernel instantiations carry the prologue at all (a compile-time rule; every other
+// instantiation compiles exactly as stock, which verify-kernel checks). Adding the prologue
+// changes how NVVM schedules the whole kernel, independently of whether it prefetches at run
+// time. Measured on the H200 with the prologue compiled in but switched off
+// (docs/prefetch-tuning.md): v2 kernels for 16-bit caches and head size >= 128 ran 1.03-1.27x
+// faster than stock; v1 kernels 1.7-2.8x slower; fp8-cache v2 kernels 2-4% slower; the head-64
+// v2 kernel 2.6% slower on one shape. Keep kPrologueMinHeadSize in sync with
+// kvprefetch.upstream.PROLOGUE_MIN_HEAD_SIZE (verify-kernel's expectation).
+constexpr int kPrologueMinHeadSize = 128;
+template <int HEAD_SIZE>
+constexpr bool prologue_compiled(const bool partitioned, const bool fp16_or_bf16_cache) {
+  return partitioned && fp16_or_bf16_cache && HEAD_SIZE >= kPrologueMinHeadSize;
+}
+
 // What the patch calls: prefetch_bases + prefetch_warp_blocks. -DKVPREFETCH_PROLOGUE_NOINLINE=1
 // makes it a real call (an experiment on how the prologue affects the loop's schedule).
 #ifndef KVPREFETCH_PROLOGUE_NOINLINE
@@ -387,14 +402,14 @@ __global__ void kv_l2_prefetch_kernel(const cache_t* __restrict__ k_cache,
 namespace {
 
 // The launch-time decision. `auto` prefetches when the whole KV working set of this decode
-// step (an upper bound: num_seqs x max_seq_len tokens, K and V) is at most 1/8 of L2
-// (7.5 MB on the H200): then the step is latency-bound and the prefetched bytes land before
-// the attention kernel's warps reach them. Measured on the H200 (docs/prefetch-tuning.md):
-// 2 MB and 4 MB steps ran 1.09x and 1.12x faster; 16 MB steps ran 0.85-0.93x (the prefetch
-// competes with the kernel's own first loads); larger steps gain nothing. KVPREFETCH=on|off
-// overrides; KVPREFETCH_AUTO_L2_DIVISOR changes the 1/8 at compile time.
+// step (an upper bound: num_seqs x max_seq_len tokens, K and V) is at most 1/4 of L2
+// (15 MB on the H200): then the step is latency-bound and the prefetched bytes land before
+// the attention kernel's warps reach them. Measured on the H200 (docs/prefetch-tuning.md),
+// v1 steps: 2, 4 and 8.4 MB ran 1.08x, 1.09x and 1.10x faster with it; 16.8 MB steps ran
+// 0.93x (the prefetch competes with the kernel's own first loads). KVPREFETCH=on|off
+// overrides; KVPREFETCH_AUTO_L2_DIVISOR changes the 1/4 at compile time.
 #ifndef KVPREFETCH_AUTO_L2_DIVISOR
-  #define KVPREFETCH_AUTO_L2_DIVISOR 8
+  #define KVPREFETCH_AUTO_L2_DIVISOR 4
 #endif
 inline bool l2_prefetch_wanted(int dev, int mode, long long kv_bytes) {
   if (mode == 0) return false;

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Issue 6 on the H200, in ONE device call (about 8 minutes): stock vs kvprefetch's `prefetch`
-# variant (v2 prologue prefetch, v1 untouched + launcher-side L2 prefetch) with its auto rule,
-# forced on, compiled off, and a tighter auto threshold; the `launch` variant; the paper's
-# `seed`. All built here kernels-only from the carried sdist, verified, then timed by `bench
-# kernel` in one process per table: the default matrix, a calibration grid for the auto rule,
-# the other presets (MHA, d=64, d=256), bf16 and fp8 KV caches, and KVPREFETCH=off.
+# Issue 6 on the H200, in ONE device call (about 7 minutes): stock vs kvprefetch's `prefetch`
+# variant (prologue prefetch in the v2 kernels it measured faster in, every other kernel
+# stock, launcher-side L2 prefetch before small v1 steps) with its auto rule and compiled off
+# (pro_off: what the code change alone does); the `launch` variant; the paper's `seed`. All
+# built here kernels-only from the carried sdist, verified, then timed by `bench kernel` in
+# one process per table: the default matrix, the other presets (MHA, d=64, d=256), bf16 and
+# fp8 KV caches, and KVPREFETCH=off. CALIBRATE=1 adds pro_on/pro_half and the auto-rule grid.
 #   device tool: run(command="bash scripts/device/prefetch-ab.sh", carry=[".carry"], timeout_s=590)
 # Everything lands in $OUT/results.tgz (logs, env, verify report, bench JSON/MD/PNG).
 set -uo pipefail
@@ -12,6 +13,7 @@ OUT=${OUT:-/tmp/prefetch-ab-out}
 W=${KVPREFETCH_WORKDIR:-/tmp/kvf-ab}
 R=$OUT/results; mkdir -p "$R"
 BUDGET_S=${BUDGET_S:-570}
+CAL=${CALIBRATE:-0}
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
   KVPREFETCH_WORKDIR="$W"
 K=(python3 -m kvprefetch)
@@ -31,24 +33,26 @@ trap finish EXIT
 cat "$R/env.txt" | tee -a "$R/run.log"
 [ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
 
+EXTRA=(pro_off); [ "$CAL" = 1 ] && EXTRA+=(pro_on pro_half)
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --with-seed \
-  --extra-tree launch --extra-tree pro_on --extra-tree pro_off --extra-tree pro_half || exit 3
-for t in patched pro_on pro_off pro_half; do
+  --extra-tree launch $(printf -- '--extra-tree %s ' "${EXTRA[@]}") || exit 3
+for t in patched "${EXTRA[@]}"; do
   step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4
 done
 step 30 "${K[@]}" apply --workdir "$W" --variant launch --tree launch || exit 4
 step 30 "${K[@]}" apply --workdir "$W" --variant seed || exit 4
 step 30 "${K[@]}" diff-upstream --workdir "$W" --check --stat || exit 4
+DEFS=(--tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0)
+[ "$CAL" = 1 ] && DEFS+=(--tree-define pro_on:KVPREFETCH_DEFAULT_MODE=1
+                         --tree-define pro_half:KVPREFETCH_AUTO_MAX_CTAS_PCT=50)
 step 300 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 \
-  --head-sizes 64,128,256 --block-sizes 16 --kv-dtypes fp16,bf16,fp8 \
-  --tree-define pro_on:KVPREFETCH_DEFAULT_MODE=1 \
-  --tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0 \
-  --tree-define pro_half:KVPREFETCH_AUTO_MAX_CTAS_PCT=50 || exit 5
+  --head-sizes 64,128,256 --block-sizes 16 --kv-dtypes fp16,bf16,fp8 "${DEFS[@]}" || exit 5
 step 200 "${K[@]}" verify-kernel --workdir "$W"
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
 step 150 "${B[@]}" --matrix default --name kernel-cold --formats json,md,png
-step 60 "${B[@]}" --batch 1,2,4 --context 512,1k,2k,4k --variant baseline --variant patched \
-  --variant pro_on --variant pro_off --variant pro_half --name calibrate --formats json,md
+[ "$CAL" = 1 ] && step 60 "${B[@]}" --batch 1,2,4 --context 512,1k,2k,4k --variant baseline \
+  --variant patched --variant pro_on --variant pro_off --variant pro_half --name calibrate \
+  --formats json,md
 S=(--batch 1,8,64 --context 512,4k,16k --variant baseline --variant patched --variant launch --variant seed)
 for p in llama-2-7b tinyllama-1.1b gemma-2b; do
   [ "$(left)" -gt 70 ] && step 60 "${B[@]}" --preset "$p" "${S[@]}" --name "preset-$p" --formats json,md

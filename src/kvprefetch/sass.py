@@ -9,7 +9,7 @@ could contain bulk prefetches of its own."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 _ARCH = re.compile(r"^\s*arch = (sm_\d+a?)")
@@ -141,26 +141,26 @@ def readonly_loads(text: str) -> dict[tuple[str, str], int]:
 
 
 def judge(kernels: Iterable[KernelSass], *, patched: bool, sites: int = 2,
-          versions: Iterable[str] = ("v1", "v2")) -> SassVerdict:
+          expects: Callable[[KernelSass], bool] | None = None) -> SassVerdict:
     """Baseline: no UBLKPF in any attention kernel. A patched variant: at least ``sites`` (one K
-    site, one V site) in every sm_90+ instantiation of the kernel ``versions`` it prefetches in,
-    none in its other attention kernels (``versions=()``: the `launch` variant), and none in
-    pre-Hopper cubins, whose kernels must still exist."""
+    site, one V site) in every sm_90+ instantiation ``expects`` selects (default: all of them),
+    none in its other attention kernels (``expects`` always False: the `launch` variant), and
+    none in pre-Hopper cubins, whose kernels must still exist."""
     ks = list(kernels)
-    wanted = frozenset(versions) if patched else frozenset()
     problems: list[str] = []
     if not ks:
         problems.append("no paged_attention_v1/v2 kernels found in the SASS")
     for k in ks:
         hopper = arch_number(k.arch) >= 90
+        wanted = patched and (expects is None or expects(k))
         label = (f"{k.arch} {k.version} head={k.head_size} block={k.block_size} {k.dtype}"
                  f"/{k.kv_cache}{' sparse' if k.block_sparse else ''}")
-        if k.version not in wanted and k.ublkpf:
-            where = "the baseline" if not patched else f"a {k.version} kernel this variant leaves stock"
+        if not wanted and k.ublkpf:
+            where = "the baseline" if not patched else "a kernel this variant leaves stock"
             problems.append(f"{label}: {k.ublkpf} UBLKPF in {where} (expected 0)")
-        if k.version in wanted and hopper and k.ublkpf < sites:
+        if wanted and hopper and k.ublkpf < sites:
             problems.append(f"{label}: {k.ublkpf} UBLKPF (expected >= {sites}: K and V sites)")
-        if k.version in wanted and not hopper and k.ublkpf:
+        if wanted and not hopper and k.ublkpf:
             problems.append(f"{label}: UBLKPF in a pre-Hopper cubin")
     return SassVerdict(not problems, len(ks), sum(1 for k in ks if k.ublkpf), tuple(problems))
 

@@ -46,11 +46,21 @@ SEED_TREE = "seed"
 VARIANTS = ("prefetch", "launch", "seed")
 # Variants whose attention kernels must carry the bulk prefetch (checked in SASS).
 IN_KERNEL_VARIANTS = ("prefetch", "seed")
-# The paged_attention kernels each variant puts a bulk prefetch into (by kernel version); its
-# other attention kernels must stay instruction-identical to stock. `prefetch` leaves v1 alone
-# (docs/prefetch-tuning.md: any in-kernel addition made NVVM compile v1 2-3x slower).
-PREFETCH_KERNEL_VERSIONS: dict[str, tuple[str, ...]] = {
-    "prefetch": ("v2",), "seed": ("v1", "v2"), "launch": ()}
+# csrc/prefetch_ptx.cuh's kPrologueMinHeadSize: `prefetch` compiles its prologue only into v2
+# kernels with fp16/bf16 caches and at least this head size (docs/prefetch-tuning.md).
+PROLOGUE_MIN_HEAD_SIZE = 128
+
+
+def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: int) -> bool:
+    """Whether ``variant`` puts a bulk prefetch into this paged_attention instantiation; its
+    other attention kernels must stay instruction-identical to stock (verify-kernel)."""
+    if variant in (None, "stock", "launch"):
+        return False
+    if variant == "prefetch":
+        return version == "v2" and kv_cache == "auto" and head_size >= PROLOGUE_MIN_HEAD_SIZE
+    return True  # seed, and any in-kernel variant of the paper's shape: every kernel
+
+
 # Variants whose v1 launcher fires kvprefetch's kv_l2_prefetch_kernel before small steps.
 LAUNCHER_PREFETCH_VARIANTS = ("prefetch", "launch")
 DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "seed": SEED_TREE}

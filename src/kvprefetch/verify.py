@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,9 @@ from typing import Any
 from .errors import VerifyError
 from .hashing import sha256_file
 from .runner import run
-from .sass import (arch_number, decode_kernel_name, function_bodies, judge, parse_sass,
-                   prefetch_kernels, readonly_loads, summarise)
-from .upstream import LAUNCHER_PREFETCH_VARIANTS, PREFETCH_KERNEL_VERSIONS
+from .sass import (KernelSass, arch_number, decode_kernel_name, function_bodies, judge,
+                   parse_sass, prefetch_kernels, readonly_loads, summarise)
+from .upstream import LAUNCHER_PREFETCH_VARIANTS, prefetches_in
 from .workdir import Workdir, write_json_atomic
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
@@ -140,11 +141,17 @@ def disassemble(rep: VerifyReport, tree: str, so: str) -> str | None:
     return res.output
 
 
-def prefetch_versions(variant: str | None) -> tuple[str, ...]:
-    """The paged_attention kernel versions ``variant`` puts a prefetch into (none for stock)."""
-    if variant is None or variant == "stock":
-        return ()
-    return PREFETCH_KERNEL_VERSIONS.get(variant, ("v1", "v2"))
+def _expects(variant: str | None) -> Callable[[KernelSass], bool]:
+    return lambda k: prefetches_in(variant, k.version, k.kv_cache, k.head_size)
+
+
+def _kernel_selected(name: str, variant: str | None, prefetching: bool) -> bool:
+    meta = decode_kernel_name(name)
+    if meta is None:
+        return False
+    wants = prefetches_in(variant, str(meta["version"]), str(meta["kv_cache"]),
+                          int(meta["head_size"]))  # type: ignore[call-overload]
+    return wants == prefetching
 
 
 def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
@@ -154,17 +161,20 @@ def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
     if text is None:
         return None
     patched = variant is not None and variant != "stock"
-    versions = prefetch_versions(variant)
     kernels = parse_sass(text)
-    verdict = judge(kernels, patched=patched, versions=versions)
+    verdict = judge(kernels, patched=patched, expects=_expects(variant))
+    chosen = [k for k in kernels if patched and prefetches_in(variant, k.version, k.kv_cache,
+                                                              k.head_size)]
     rep.sass[tree] = {"library": so, "variant": variant or "stock", "kernels": verdict.kernels,
                       "with_prefetch": verdict.with_prefetch, "problems": list(verdict.problems),
-                      "prefetch_versions": list(versions), "table": summarise(kernels)}
-    if versions:
-        expect = (f"≥2 UBLKPF (K and V) in every sm_90+ {'/'.join(versions)} kernel"
-                  + ("" if set(versions) == {"v1", "v2"} else ", 0 in the others"))
-    else:
+                      "prefetching_kernels": len(chosen), "table": summarise(kernels)}
+    if not patched or not chosen and variant == "launch":
         expect = "0 UBLKPF in every attention kernel"
+    elif len(chosen) == len(kernels):
+        expect = "≥2 UBLKPF (K and V) in every sm_90+ kernel"
+    else:
+        expect = (f"≥2 UBLKPF (K and V) in the {len(chosen)} sm_90+ kernels this variant "
+                  f"prefetches in, 0 in the other {len(kernels) - len(chosen)}")
     detail = f"{verdict.kernels} kernels, {verdict.with_prefetch} with UBLKPF; expected {expect}"
     if verdict.problems:
         detail += "; " + "; ".join(verdict.problems[:5])
@@ -180,27 +190,19 @@ def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
     return text
 
 
-def _attention_bodies(text: str, versions: tuple[str, ...]) -> dict[tuple[str, str], str]:
-    out = {}
-    for k, body in function_bodies(text).items():
-        meta = decode_kernel_name(k[1])
-        if meta is not None and meta["version"] in versions:
-            out[k] = body
-    return out
-
-
 def check_identical_attention(rep: VerifyReport, tree: str, text: str, baseline: str,
-                              versions: tuple[str, ...] = ("v1", "v2")) -> None:
-    """The attention kernels a variant leaves alone (all of them for `launch`, v1 for
-    `prefetch`) must be instruction-identical to stock: compare each one's SASS with the
-    baseline library's, instruction by instruction."""
-    mine = _attention_bodies(text, versions)
-    base = _attention_bodies(baseline, versions)
+                              variant: str | None = "launch") -> None:
+    """The attention kernels a variant leaves alone (all of them for `launch`; all but the
+    prologue kernels for `prefetch`) must be instruction-identical to stock: compare each one's
+    SASS with the baseline library's, instruction by instruction."""
+    mine = {k: v for k, v in function_bodies(text).items() if _kernel_selected(k[1], variant, False)}
+    base = {k: v for k, v in function_bodies(baseline).items()
+            if _kernel_selected(k[1], variant, False)}
     common = sorted(mine.keys() & base.keys())
     differing = [k[1][:60] for k in common if mine[k] != base[k]]
     ok = bool(common) and not differing and mine.keys() == base.keys()
     rep.add("attention kernels identical to stock", tree, ok,
-            f"{'/'.join(versions)}: {len(common)} kernels compared, {len(differing)} differ"
+            f"the {len(common)} kernels {variant} leaves stock compared, {len(differing)} differ"
             + (f" (e.g. {differing[0]}…)" if differing else "")
             + ("" if mine.keys() == base.keys() else "; the instantiation sets differ"))
 
@@ -210,9 +212,7 @@ def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
     """An in-kernel prefetch must not cost the K/V loads their read-only path: per kernel it
     prefetches in, as many ``LDG….CONSTANT`` as stock. Required of ``prefetch``; for ``seed``
     (the paper's asm, which captures the cache pointer) the loss is reported, not failed."""
-    versions = prefetch_versions(variant)
-    keep = {k for k in function_bodies(text)
-            if (meta := decode_kernel_name(k[1])) is not None and meta["version"] in versions}
+    keep = {k for k in function_bodies(text) if _kernel_selected(k[1], variant, True)}
     mine = {k: n for k, n in readonly_loads(text).items() if k in keep}
     base = readonly_loads(baseline)
     common = sorted(mine.keys() & base.keys())
@@ -220,7 +220,7 @@ def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
     rep.sass.setdefault(tree, {})["readonly_loads"] = {
         "kernels": len(common), "kernels_with_fewer": len(lost),
         "stock_total": sum(base[k] for k in common), "total": sum(mine[k] for k in common)}
-    detail = (f"{len(common)} {'/'.join(versions)} kernels compared; read-only (.CONSTANT) "
+    detail = (f"{len(common)} prefetching kernels compared; read-only (.CONSTANT) "
               f"loads {sum(mine[k] for k in common)} vs stock {sum(base[k] for k in common)}; "
               f"{len(lost)} kernels have fewer"
               + (f" (e.g. {lost[0][1][:60]}…: {mine[lost[0]]} vs {base[lost[0]]})" if lost else ""))
@@ -302,11 +302,10 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
         if tree == "baseline" or tree not in sass_text or "baseline" not in sass_text:
             continue
         variant = str(m.get("variant") or "prefetch")
-        versions = prefetch_versions(variant)
-        untouched = tuple(v for v in ("v1", "v2") if v not in versions)
-        if untouched:
-            check_identical_attention(rep, tree, sass_text[tree], sass_text["baseline"], untouched)
-        if versions:
+        names = [k[1] for k in function_bodies(sass_text[tree])]
+        if any(_kernel_selected(n, variant, False) for n in names):
+            check_identical_attention(rep, tree, sass_text[tree], sass_text["baseline"], variant)
+        if any(_kernel_selected(n, variant, True) for n in names):
             check_readonly_path(rep, tree, variant, sass_text[tree], sass_text["baseline"])
     files = [v[0] for v in loaded.values()]
     shas = [v[1] for v in loaded.values()]
