@@ -75,7 +75,7 @@ def test_apply_to_the_real_header_then_reapply_is_a_no_op(fetched_workdir: Path)
     header = (tree / upstream.ATTENTION_HEADER).read_text()
     assert sha256_file(tree / upstream.ATTENTION_HEADER) != upstream.ATTENTION_HEADER_SHA256
     assert '#include "prefetch_ptx.cuh"' in header
-    assert header.count("kvprefetch::prefetch_next_block<") == 2  # the K site and the V site
+    assert header.count("kvprefetch::prefetch_prologue<") == 1  # one site, before the block loop
     assert (tree / upstream.PREFETCH_HEADER_IN_TREE).read_bytes() == HELPER.read_bytes()
     assert carried_variant(tree) == "prefetch"
     # only the patched files and the helper changed; everything else is byte-identical
@@ -134,7 +134,7 @@ def test_seed_variant_applies_to_the_seed_tree(fetched_workdir: Path) -> None:
     assert carried_variant(tree) == "seed"
     header = (tree / upstream.ATTENTION_HEADER).read_text()
     assert "seed_prefetch_4096" in header
-    assert "prefetch_next_block" not in header
+    assert "prefetch_prologue" not in header
     # the other two trees are untouched
     for name in ("baseline", "patched"):
         assert carried_variant(fetched_workdir / "trees" / name) is None
@@ -175,7 +175,7 @@ def test_diff_upstream_check_passes_on_our_patch(fetched_workdir: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "check passed: the patch only adds lines" in res.stderr
     assert f"+++ b/{upstream.ATTENTION_HEADER}" in res.stdout
-    assert "kvprefetch::prefetch_next_block" in res.stdout
+    assert "kvprefetch::prefetch_prologue" in res.stdout
 
     res = cli("diff-upstream", "--workdir", str(fetched_workdir), "--json")
     data = json.loads(res.stdout)
@@ -272,7 +272,7 @@ def test_default_relative_workdir_inside_a_git_checkout_really_patches(
     assert res.returncode == 0, res.stderr
     header = checkout / "kvprefetch-work" / "trees" / "patched" / "csrc" / "attention" / \
         "attention_kernels.cuh"
-    assert "kvprefetch::prefetch_next_block" in header.read_text()
+    assert "kvprefetch::prefetch_prologue" in header.read_text()
     res = kvprefetch_cli_split("diff-upstream", "--check", "--stat", env=env, cwd=checkout)
     assert res.returncode == 0, res.stderr
     assert "csrc/attention/attention_kernels.cuh: +" in res.stdout

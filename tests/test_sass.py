@@ -207,3 +207,63 @@ def test_launch_variant_prefetch_kernel_counts_on_hopper_and_newer(tmp_path: Pat
     (check,) = [c for c in rep.checks if c.name == "L2 prefetch kernel carries UBLKPF"]
     assert check.status == "pass", check.detail
     assert check.detail.startswith(f"{len(archs)} sm_90+ kv_l2_prefetch_kernel instantiation(s)")
+
+
+def test_prefetch_rule_is_the_headers() -> None:
+    """verify-kernel's expectation (upstream.prefetches_in) mirrors the compile-time rule in
+    csrc/prefetch_ptx.cuh (prologue_compiled): v2, 16-bit cache, head >= kPrologueMinHeadSize."""
+    from kvprefetch import upstream
+
+    header = (CSRC / "prefetch_ptx.cuh").read_text()
+    m = re.search(r"constexpr int kPrologueMinHeadSize = (\d+);", header)
+    assert m is not None and int(m.group(1)) == upstream.PROLOGUE_MIN_HEAD_SIZE
+    assert "partitioned && fp16_or_bf16_cache && HEAD_SIZE >= kPrologueMinHeadSize" in header
+    rule = upstream.prefetches_in
+    assert rule("prefetch", "v2", "auto", 128) and rule("prefetch", "v2", "auto", 256)
+    assert not rule("prefetch", "v1", "auto", 128)
+    assert not rule("prefetch", "v2", "fp8_e4m3", 128) and not rule("prefetch", "v2", "auto", 64)
+    assert rule("seed", "v1", "fp8_e5m2", 64)
+    assert not rule("launch", "v2", "auto", 128) and not rule(None, "v2", "auto", 128)
+
+
+def test_old_everywhere_patch_fails_the_prefetch_rule() -> None:
+    """The saved patched sample (a build where every kernel carried the prefetch) judged by the
+    `prefetch` variant's rule: its v1 kernels should have been left stock, and are named."""
+    from kvprefetch import upstream
+
+    kernels = parse_sass(_sample("kw_patched.sass"))
+    verdict = judge(kernels, patched=True, expects=lambda k: upstream.prefetches_in(
+        "prefetch", k.version, k.kv_cache, k.head_size))
+    assert not verdict.ok
+    assert len(verdict.problems) == sum(1 for k in kernels if k.version == "v1") == 4
+    assert all(" v1 " in p and "a kernel this variant leaves stock" in p for p in verdict.problems)
+
+
+def _fake_listing(loads: dict[str, int]) -> str:
+    """A listing in cuobjdump's layout (arch line, Function line, addressed instructions)."""
+    lines = ["\tarch = sm_90", "\tcode for sm_90"]
+    for name, n in loads.items():
+        lines.append(f"\t\tFunction : {name}")
+        for i in range(n):
+            lines.append(f"        /*{i * 16:04x}*/                   LDG.E.64.CONSTANT R4, "
+                         f"desc[UR4][R2.64] ;                 /* 0x000 */")
+        lines.append(f"        /*{n * 16:04x}*/                   LDG.E.64 R6, desc[UR4][R2.64] ;")
+    return "\n".join(lines) + "\n"
+
+
+def test_readonly_check_fails_when_loads_lose_the_read_only_path() -> None:
+    """check_readonly_path compares LDG….CONSTANT per prefetching kernel against stock: a
+    `prefetch` build that lost them fails, naming the kernel; a seed build is reported only."""
+    from kvprefetch.verify import VerifyReport, check_readonly_path
+
+    v2 = ("_ZN4vllm25paged_attention_v2_kernelIttLi128ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0ELb0"
+          "ELi512EEEvPfS2_PT_PKS3_PKT0_S9_ifPKiSB_iPKfiiiSD_SD_iiiii")
+    stock, lost, kept = (_fake_listing({v2: n}) for n in (21, 5, 21))
+    rep = VerifyReport("unused")
+    check_readonly_path(rep, "patched", "prefetch", lost, stock)
+    check_readonly_path(rep, "ok", "prefetch", kept, stock)
+    check_readonly_path(rep, "seed", "seed", lost, stock)
+    status = {c.tree: c for c in rep.checks}
+    assert status["patched"].status == "fail" and ": 5 vs 21" in status["patched"].detail
+    assert status["ok"].status == "pass"
+    assert status["seed"].status == "not checked" and "1 kernels have fewer" in status["seed"].detail
