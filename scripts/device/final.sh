@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Historical: made docs/results/2026-11-29-h200-final with the in-loop design (commit 1386bd7).
+# The current design is measured by scripts/device/prefetch-ab.sh.
 # The committed H200 run for issues 5 and 6: stock, the paper's seed variant, kvprefetch's
 # in-kernel prefetch and its launcher-side `launch` prefetch (auto and forced on), all built on
 # the H200 from the pinned sdist (kernels-only), verified (provenance, SASS, bitwise identity),

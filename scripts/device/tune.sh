@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Historical: made docs/results/2026-11-29-h200-tune-1 with the in-loop design (commit in that
+# README). Its KVPREFETCH_DISTANCE knob no longer exists; to reproduce, check out that commit.
 # Issue-6 tuning experiment on the H200: stock vs several prefetch configurations, all built
 # from the same pinned sources (kernels-only, Llama-3.1-8B shape: head 128, block 16, fp16)
 # and timed in ONE process by `bench kernel` (cold L2), outputs checked bitwise in the same run.

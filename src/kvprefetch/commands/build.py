@@ -55,7 +55,7 @@ def _resolve_mode(mode: str, archs: tuple, workdir: Path) -> tuple[str, str | No
               help="Full mode: local recursive clones cutlass/, flash-attention/, FlashMLA/.")
 @click.option("--tree-define", "tree_defines", multiple=True, metavar="TREE:NAME=VALUE",
               help="Kernels-only: an extra -D for one tree's sources, e.g. "
-                   "exp_d2:KVPREFETCH_DISTANCE=2 (see csrc/prefetch_ptx.cuh). Repeatable.")
+                   "pro_off:KVPREFETCH_DEFAULT_MODE=0 (see csrc/prefetch_ptx.cuh). Repeatable.")
 @click.option("--skip-doctor", is_flag=True, help="Do not run the preflight checks.")
 @click.option("--force", is_flag=True, help="Rebuild even when the manifest matches.")
 @dry_run_option
@@ -89,7 +89,7 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
         if not sep or not define or "=" not in define and not define.isidentifier():
             from ..errors import ConfigError
             raise ConfigError(f"--tree-define {td!r} is not TREE:NAME=VALUE",
-                              "e.g. --tree-define exp_d2:KVPREFETCH_DISTANCE=2")
+                              "e.g. --tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0")
         per_tree_defines[tree_name] = per_tree_defines.get(tree_name, ()) + (define,)
     archs = parse_arch_list(arch)
     sel = parse_selection(head_sizes, block_sizes, kv_dtypes)
