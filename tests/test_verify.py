@@ -82,7 +82,8 @@ def test_verify_passes_with_the_gpu_check_not_checked(built: Path,
     same = checks[("attention kernels identical to stock", "patched")]
     assert same["status"] == "pass", same
     assert same["detail"].startswith(f"the {KERNELS - PREFETCHING} kernels prefetch leaves stock")
-    assert counts["total"] == counts["stock_total"] > 0
+    # the prologue's own block_table reads add a few; none of stock's are lost
+    assert counts["total"] >= counts["stock_total"] > 0
     gpu = checks[("bitwise-equal outputs on the GPU", "all")]
     assert gpu["status"] == "not checked" and "--no-gpu" in gpu["detail"]
     assert {c["status"] for c in data["checks"]} == {"pass", "not checked"}
