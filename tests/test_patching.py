@@ -241,6 +241,8 @@ def test_export_header_is_pristine_plus_added_lines_with_the_helper_inlined(
     removed = [ln for ln in diff if ln.startswith("-") and not ln.startswith("---")]
     added = [ln for ln in diff if ln.startswith("+") and not ln.startswith("+++")]
     assert removed == [] and len(added) > len(helper)
+    # the prefetch variant's header alone does not prefetch: the JSON says what else it needs
+    assert "paged_attention_v{1,2}.cu.patch" in data["caveat"]
     # and nothing was written into the work directory's trees
     assert carried_variant(shared_fetched / "trees" / "patched") is None
 
@@ -251,6 +253,7 @@ def test_export_header_seed_variant(shared_fetched: Path, tmp_path: Path) -> Non
               "--variant", "seed")
     assert res.returncode == 0, res.stderr
     assert str(out) in res.stdout
+    assert "note:" not in res.stderr  # the seed's drop-in header is complete on its own
     text = out.read_text()
     assert "seed_prefetch_4096" in text.split("end kvprefetch csrc/prefetch_ptx.cuh")[1]
 

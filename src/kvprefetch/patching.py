@@ -209,11 +209,23 @@ def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
     return DiffResult(tree_name, variant, [f for f in files if f.diff])
 
 
+def drop_in_caveat(variant: str) -> str | None:
+    """What a drop-in header alone does not do for ``variant`` (None: it is complete)."""
+    if variant == "prefetch":
+        return ("the header alone compiles the v2 prologue, but only the launchers' hooks fill "
+                "its address table, fire the v1 L2 prefetch and read KVPREFETCH: without "
+                "patches/v0.10.2/prefetch/paged_attention_v{1,2}.cu.patch nothing is prefetched "
+                "(use `kvprefetch apply` for the whole variant)")
+    if variant == "launch":
+        return ("the launch variant changes only the launchers; its header is stock. Apply "
+                "patches/v0.10.2/launch/*.patch (or `kvprefetch apply --variant launch`)")
+    return None
+
+
 def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Path:
     """Write the seed-style single-file drop-in ``attention_kernels.cuh``: pristine upstream,
     the variant's header diff applied, and our helper inlined in place of its #include.
-    A single header cannot carry the launchers' one-line hook, so in a drop-in build the
-    runtime switch KVPREFETCH is not read: the compiled-in default mode (auto) applies."""
+    A single header cannot carry the launchers' hooks (see ``drop_in_caveat``)."""
     wd = Workdir(workdir)
     header_patches = [p for p in _variant_files(variant)
                       if p.name == Path(upstream.ATTENTION_HEADER).name + ".patch"]

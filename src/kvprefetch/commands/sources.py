@@ -127,10 +127,15 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
 def export_header(workdir: Path, output: Path, variant: str, as_json: bool) -> None:
     """Write the seed-style single-file drop-in attention_kernels.cuh (generated, not committed)."""
     from ..hashing import sha256_file
+    from ..patching import drop_in_caveat
     from ..patching import export_header as write
 
     path = write(workdir, output, variant)
+    caveat = drop_in_caveat(variant)
     if as_json:
-        emit_json({"output": str(path), "variant": variant, "sha256": sha256_file(path)})
+        emit_json({"output": str(path), "variant": variant, "sha256": sha256_file(path),
+                   "caveat": caveat})
     else:
         click.echo(f"wrote {path} ({variant}); drop it in as vllm/csrc/attention/attention_kernels.cuh")
+        if caveat:
+            click.echo(f"note: {caveat}", err=True)
