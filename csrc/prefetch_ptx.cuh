@@ -276,6 +276,14 @@ inline int kvprefetch_host_mode() {
 }
 std::atomic<unsigned long long> kvprefetch_devices_set{0};
 
+// Whether `stream` is being captured into a CUDA graph (or cannot tell): nothing may be
+// copied on it then, since the copy would become a graph node replayed with every step.
+inline bool capturing_or_unknown(cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &capturing) != cudaSuccess ||
+         capturing != cudaStreamCaptureStatusNone;
+}
+
 inline void sync_runtime_mode(cudaStream_t stream) {
   static const int mode = kvprefetch_host_mode();
   if (mode == KVPREFETCH_DEFAULT_MODE) return;
@@ -283,11 +291,7 @@ inline void sync_runtime_mode(cudaStream_t stream) {
   if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) return;
   const unsigned long long bit = 1ull << dev;
   if (kvprefetch_devices_set.load() & bit) return;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess ||
-      capturing != cudaStreamCaptureStatusNone) {
-    return;
-  }
+  if (capturing_or_unknown(stream)) return;
   if (cudaMemcpyToSymbolAsync(kvprefetch_mode, &mode, sizeof(int), 0,
                               cudaMemcpyHostToDevice, stream) == cudaSuccess) {
     kvprefetch_devices_set.fetch_or(bit);
@@ -355,11 +359,7 @@ inline void before_launch(cudaStream_t stream, const void* k_cache, const void* 
   if (kvprefetch_host_mode() == 0) return;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || device_facts(dev).cc_major < 9) return;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess ||
-      capturing != cudaStreamCaptureStatusNone) {
-    return;
-  }
+  if (capturing_or_unknown(stream)) return;
   register_base(stream, dev, k_cache);
   register_base(stream, dev, v_cache);
 }

@@ -44,8 +44,6 @@ SEED_TREE = "seed"
 # launch:   attention kernels untouched; the launcher issues a small L2 prefetch kernel first.
 # seed:     the paper's mechanism as its reproduction describes it.
 VARIANTS = ("prefetch", "launch", "seed")
-# Variants whose attention kernels must carry the bulk prefetch (checked in SASS).
-IN_KERNEL_VARIANTS = ("prefetch", "seed")
 # csrc/prefetch_ptx.cuh's kPrologueMinHeadSize: `prefetch` compiles its prologue only into v2
 # kernels with fp16/bf16 caches and at least this head size (docs/prefetch-tuning.md).
 PROLOGUE_MIN_HEAD_SIZE = 128
