@@ -143,6 +143,32 @@ def test_seed_variant_applies_to_the_seed_tree(fetched_workdir: Path) -> None:
     assert res.returncode == PatchError.exit_code and "carries the seed variant" in res.stderr
 
 
+def test_control_variant_is_stock_rebuilt_in_an_extra_tree(fetched_workdir: Path) -> None:
+    """The A/A reference: an extra tree whose diffs add only comments to the launchers."""
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "control")
+    assert res.returncode == PatchError.exit_code
+    assert "fetch --extra-tree control" in res.stderr  # the fix names the missing tree
+    res = cli("fetch", "--workdir", str(fetched_workdir), "--extra-tree", "control", "--source",
+              "sdist", "--json")
+    assert res.returncode == 0, res.stderr
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "control", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert (data["tree"], data["variant"], data["action"]) == ("control", "control", "applied")
+    tree = fetched_workdir / "trees" / "control"
+    assert carried_variant(tree) == "control"
+    added = [ln[1:] for p in upstream.patch_files("control") for ln in p.read_text().splitlines()
+             if ln.startswith("+") and not ln.startswith("+++")]
+    assert len(added) == 2 and all(a.startswith("// kvprefetch control") for a in added)
+    assert not upstream.prefetches_in("control", "v2", "auto", 128)
+    res = cli("diff-upstream", "--workdir", str(fetched_workdir), "--tree", "control", "--check",
+              "--json")
+    assert res.returncode == 0, res.stderr
+    files = {f["path"]: f for f in json.loads(res.stdout)["files"]}
+    assert set(files) - {upstream.PREFETCH_HEADER_IN_TREE} == set(_patch_files_touched("control"))
+    assert upstream.ATTENTION_HEADER not in files  # the kernels' source is stock's
+
+
 def test_baseline_is_never_patched(shared_fetched: Path) -> None:
     before = tree_bytes(shared_fetched)
     res = cli("apply", "--workdir", str(shared_fetched), "--tree", "baseline")

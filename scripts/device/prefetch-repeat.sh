@@ -4,11 +4,12 @@
 # shapes whose KV fits the L2, and do the GPU-marked tests pass on the real builds.
 #   device tool: run(command="bash scripts/device/prefetch-repeat.sh", carry=[".carry"], timeout_s=590)
 # Steps: fetch the carried sdist into baseline, patched, pro_off (prefetch compiled off: the code
-# change alone) and seed -> apply -> diff-upstream --check -> kernels-only build (head 64/128/256,
+# change alone), seed and control -> apply -> diff-upstream --check -> kernels-only build (head 64/128/256,
 # block 16, fp16/bf16/fp8 caches) -> verify-kernel -> pytest -m gpu -> `bench kernel` on the
 # issue's matrix REPEATS times, each run its own process -> cold and hot in one process on the
-# batch 1 and 8 shapes (hot: one layer replayed, so its KV stays in the L2 where it fits).
-# Combine locally: kvprefetch report --repeats <the repeat JSONs>.
+# small shapes (hot: one layer replayed, so its KV stays in the L2 where it fits; the report's
+# "L2-resident bound"). The `control` tree is stock rebuilt (an A/A reference in every run).
+# Combine locally: kvprefetch report --repeats repeats <the repeat JSONs>.
 # Everything lands in $OUT/results.tgz.
 set -uo pipefail
 OUT=${OUT:-/tmp/prefetch-repeat-out}
@@ -19,10 +20,10 @@ REPEATS=${REPEATS:-3}
 LOG=$R/run.log
 source "$(dirname "$0")/lib.sh"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
-  KVPREFETCH_WORKDIR="$W"
+  KVPREFETCH_WORKDIR="$W" KVPREFETCH_PAGED_WORKDIR="$W"
 K=(python3 -m kvprefetch)
 B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R")
-V=(--variant baseline --variant patched --variant pro_off --variant seed)
+V=(--variant baseline --variant patched --variant pro_off --variant seed --variant control)
 finish() { log "done"; tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$R"; }
 trap finish EXIT
 device_env > "$R/env.txt" 2>&1
@@ -30,11 +31,12 @@ tee -a "$LOG" < "$R/env.txt"
 [ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
 
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --with-seed \
-  --extra-tree pro_off || exit 3
+  --extra-tree pro_off --extra-tree control || exit 3
 for t in patched pro_off; do
   step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4
 done
 step 30 "${K[@]}" apply --workdir "$W" --variant seed || exit 4
+step 30 "${K[@]}" apply --workdir "$W" --variant control || exit 4
 step 30 "${K[@]}" diff-upstream --workdir "$W" --check --stat || exit 4
 step 300 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 \
   --head-sizes 64,128,256 --block-sizes 16 --kv-dtypes fp16,bf16,fp8 \
@@ -48,6 +50,6 @@ for i in $(seq 1 "$REPEATS"); do
     --context 512,1k,4k,16k "${V[@]}" \
     --name "repeat-$i" --formats json,md
 done
-[ "$(left)" -gt 30 ] && step 60 "${B[@]}" --mode cold --mode hot --batch 1,8 \
-  --context 512,1k,4k "${V[@]}" --name l2-ceiling --formats json,md
+[ "$(left)" -gt 40 ] && step 100 "${B[@]}" --mode cold --mode hot --batch 1,2,4,8,16 \
+  --context 512,1k,2k,4k "${V[@]}" --name l2-bound --formats json,md
 grep -A8 "^## Summary" "$R"/*.md 2>/dev/null | grep "| cold\|| hot" | cut -c1-200

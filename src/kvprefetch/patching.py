@@ -126,7 +126,8 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
     tree = wd.tree(name)
     state = wd.read_state(name)
     if not tree.is_dir() or state is None:
-        hint = " --with-seed" if name == upstream.SEED_TREE else ""
+        hint = (" --with-seed" if name == upstream.SEED_TREE
+                else "" if name in upstream.TREE_NAMES else f" --extra-tree {name}")
         raise PatchError(f"there is no kvprefetch tree named {name!r} in {workdir}",
                          f"run `kvprefetch fetch{hint}` first, or pass --tree patched")
     digest = patch_sha256(variant)
@@ -219,6 +220,9 @@ def drop_in_caveat(variant: str) -> str | None:
     if variant == "launch":
         return ("the launch variant changes only the launchers; its header is stock. Apply "
                 "patches/v0.10.2/launch/*.patch (or `kvprefetch apply --variant launch`)")
+    if variant == "control":
+        return ("the control variant is stock (its diffs add one comment to each launcher); "
+                "its header is stock. Use `kvprefetch apply --variant control` for the A/A tree")
     return None
 
 

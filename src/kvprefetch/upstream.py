@@ -43,7 +43,9 @@ SEED_TREE = "seed"
 # prefetch: our corrected in-kernel per-block prefetch (K and V sites of the attention kernel).
 # launch:   attention kernels untouched; the launcher issues a small L2 prefetch kernel first.
 # seed:     the paper's mechanism as its reproduction describes it.
-VARIANTS = ("prefetch", "launch", "seed")
+# control:  stock, rebuilt through the same pipeline (its diffs add one comment to each
+#           launcher): the A/A reference that shows the benchmark's resolution.
+VARIANTS = ("prefetch", "launch", "seed", "control")
 # csrc/prefetch_ptx.cuh's kPrologueMinHeadSize: `prefetch` compiles its prologue only into v2
 # kernels with fp16/bf16 caches and at least this head size (docs/prefetch-tuning.md).
 PROLOGUE_MIN_HEAD_SIZE = 128
@@ -52,7 +54,7 @@ PROLOGUE_MIN_HEAD_SIZE = 128
 def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: int) -> bool:
     """Whether ``variant`` puts a bulk prefetch into this paged_attention instantiation; its
     other attention kernels must stay instruction-identical to stock (verify-kernel)."""
-    if variant in (None, "stock", "launch"):
+    if variant in (None, "stock", "launch", "control"):
         return False
     if variant == "prefetch":
         return version == "v2" and kv_cache == "auto" and head_size >= PROLOGUE_MIN_HEAD_SIZE
@@ -61,7 +63,8 @@ def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: i
 
 # Variants whose v1 launcher fires kvprefetch's kv_l2_prefetch_kernel before small steps.
 LAUNCHER_PREFETCH_VARIANTS = ("prefetch", "launch")
-DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "seed": SEED_TREE}
+DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "seed": SEED_TREE,
+                            "control": "control"}
 
 
 def kit_root() -> Path:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import BenchError
 
-KINDS = ("kernel", "ncu", "e2e", "identity")
+KINDS = ("kernel", "ncu", "e2e", "identity", "repeats")
 
 
 def load_document(path: Path) -> dict[str, Any]:
@@ -148,8 +148,54 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
             cells.append("yes" if r.get("bitwise_equal") else "NO")
             table_rows.append(cells)
         lines += _table(headers, table_rows)
+    ceiling = l2_ceiling(doc)
+    if ceiling:
+        lines += ["", "## L2-resident bound (cold vs hot)", "",
+                  ("Where one layer's KV fits the L2, hot mode replays it with every KV load an L2 "
+                   "hit: the most any L2 prefetch could give. `stock cold/hot` bounds a prefetch "
+                   "added to stock's code; `stock cold / <variant> hot` bounds that variant's code "
+                   "(its code generation included) with a perfect prefetch."), ""]
+        lines += _table(["preset", "batch", "context", "kernel", "KV per layer", "stock cold us",
+                         "stock hot us", "stock cold/hot"]
+                        + [f"stock cold / {n} hot" for n in names],
+                        [[c["preset"], c["batch"], _ctx(c["context"]), c["kernel"],
+                          f"{c['bytes_per_layer'] / 2**20:.0f} MiB", f"{c['cold_us']:.1f}",
+                          f"{c['hot_us']:.1f}", f"{c['bound']:.3f}x"]
+                         + [f"{c['variant_bound'][n]:.3f}x" if n in c["variant_bound"] else "-"
+                            for n in names] for c in ceiling])
     lines += ["", "`*` = kernel forced with --force-kernel; otherwise vLLM's own v1/v2 choice."]
     return "\n".join(lines) + "\n"
+
+
+def l2_ceiling(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Shapes measured both cold and hot whose one-layer KV fits the L2: stock's cold/hot time
+    ratio (the most an L2 prefetch could give stock's code) and, per variant, stock cold over
+    that variant's hot time."""
+    base = doc["meta"]["baseline"]
+    l2 = doc["meta"]["device"]["l2_bytes"]
+    hot = {}
+    for r in doc["results"]:
+        if r["mode"] == "hot" and not r.get("error"):
+            hot[(r["preset"], r["dtype"], r["kv_cache_dtype"], r["block_size"], r["batch"],
+                 r["context"], r["kernel"])] = r
+    out = []
+    for r in doc["results"]:
+        key = (r["preset"], r["dtype"], r["kv_cache_dtype"], r["block_size"], r["batch"],
+               r["context"], r["kernel"])
+        h = hot.get(key)
+        if r["mode"] != "cold" or r.get("error") or h is None or not r.get("plan"):
+            continue
+        per_layer = r["plan"]["bytes_per_layer"]
+        if per_layer > l2:
+            continue
+        cold_us = r["variants"][base]["time_us"]["median"]
+        hot_us = h["variants"][base]["time_us"]["median"]
+        out.append({"preset": r["preset"], "batch": r["batch"], "context": r["context"],
+                    "kernel": r["kernel"], "bytes_per_layer": per_layer, "cold_us": cold_us,
+                    "hot_us": hot_us, "bound": cold_us / hot_us,
+                    "variant_bound": {n: cold_us / v["time_us"]["median"]
+                                      for n, v in h["variants"].items() if n != base}})
+    return out
 
 
 def kernel_png(doc: dict[str, Any], path: Path) -> Path:
@@ -314,8 +360,14 @@ def identity_markdown(doc: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- dispatch
 
+def _repeats_markdown(doc: dict[str, Any]) -> str:
+    from .repeats import repeats_markdown  # repeats imports this module
+
+    return repeats_markdown(doc)
+
+
 _MARKDOWN = {"kernel": kernel_markdown, "ncu": ncu_markdown, "e2e": e2e_markdown,
-             "identity": identity_markdown}
+             "identity": identity_markdown, "repeats": _repeats_markdown}
 _PNG = {"kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png}
 
 

@@ -17,11 +17,16 @@ from ..console import emit_json, info
               help="Write <stem>.md/.png here [default: beside each JSON file].")
 @click.option("--formats", default="md,png", show_default=True, help="Which of md, png to write.")
 @click.option("--print", "print_md", is_flag=True, help="Also print the markdown to stdout.")
+@click.option("--repeats", "repeats_name", default=None, metavar="NAME",
+              help="Read the FILES as repeated bench kernel runs of the same shapes and write "
+                   "one combined NAME.json/.md: per shape each run's median speedup, whether a "
+                   "variant is slower than stock (or than the `control` variant) in every run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the written paths as JSON.")
 def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bool,
-           as_json: bool) -> None:
+           repeats_name: str | None, as_json: bool) -> None:
     """Render kvprefetch result files (bench kernel/ncu/e2e, numerical identity) into markdown
-    tables and plots (speedup heatmap over batch x context for bench kernel)."""
+    tables and plots (speedup heatmap over batch x context for bench kernel); with --repeats,
+    combine repeated bench kernel runs into one document."""
     from ..bench.report import load_document, render_markdown, write_outputs
 
     fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
@@ -29,6 +34,19 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     if bad:
         raise click.BadParameter(f"unknown format(s) {', '.join(bad)}; use md, png",
                                  param_hint="--formats")
+    if repeats_name is not None:
+        from ..bench.repeats import combine
+
+        doc = combine([load_document(p) for p in files], sources=[p.name for p in files])
+        paths = write_outputs(doc, out or files[0].parent, repeats_name,
+                              ("json",) + tuple(f for f in fmts if f == "md"))
+        if print_md:
+            click.echo(render_markdown(doc))
+        if as_json:
+            emit_json({"repeats": [str(p) for p in paths]})
+        else:
+            info("wrote " + ", ".join(str(p) for p in paths))
+        return
     written: dict[str, list[str]] = {}
     for path in files:
         doc = load_document(path)

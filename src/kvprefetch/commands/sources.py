@@ -60,9 +60,10 @@ def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with
 @click.command()
 @workdir_option
 @click.option("--variant", type=click.Choice(upstream.VARIANTS), default="prefetch", show_default=True,
-              help="prefetch: kvprefetch's corrected patch; seed: the paper's mechanism as described.")
+              help="prefetch: kvprefetch's patch; launch: launcher-side L2 prefetch only; seed: "
+                   "the paper's mechanism as described; control: stock rebuilt (A/A reference).")
 @click.option("--tree", "tree_name", default=None,
-              help="Tree to patch (default: 'patched' for prefetch, 'seed' for seed).")
+              help="Tree to patch (default: 'patched' for prefetch, else the variant's name).")
 @dry_run_option
 @json_option
 def apply(workdir: Path, variant: str, tree_name: str | None, dry_run: bool, as_json: bool) -> None:
