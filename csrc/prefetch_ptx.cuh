@@ -101,6 +101,18 @@ __device__ __forceinline__ void consume_token(const unsigned token, float* share
   #define KVPREFETCH_DEFAULT_MODE 2
 #endif
 
+// A translation unit whose kernels never carry the prologue (the `prefetch` variant's v1
+// launcher, both of the `launch` variant's) defines KVPREFETCH_LAUNCHER_ONLY before this header
+// is first included. It then gets none of the prologue's device state (the __constant__ mode,
+// the base table) and none of the functions that use it: its module holds stock's kernels plus
+// kv_l2_prefetch_kernel, and nothing else. (With that state in the module, instruction-
+// identical v1 kernels measured ~0.6% slower than stock on small steps on the H200;
+// docs/prefetch-tuning.md.)
+#ifndef KVPREFETCH_LAUNCHER_ONLY
+  #define KVPREFETCH_LAUNCHER_ONLY 0
+#endif
+
+#if !KVPREFETCH_LAUNCHER_ONLY
 namespace {
 // One copy per translation unit (non-relocatable device code), written at most once per
 // device by that unit's launcher before its first eager launch.
@@ -121,6 +133,7 @@ __device__ __forceinline__ bool prefetch_enabled() {
   return false;
 #endif
 }
+#endif  // !KVPREFETCH_LAUNCHER_ONLY
 
 // ---- The prefetch base: the cache address, without capturing the cache pointer -----------
 // Any use of a k_cache/v_cache-derived address in an asm operand (or a ptrtoint) *captures* the
@@ -141,6 +154,14 @@ __device__ __forceinline__ bool prefetch_enabled() {
 static_assert(KVPREFETCH_BASE_SLOTS % 32 == 0 && KVPREFETCH_BASE_SLOTS > 0,
               "KVPREFETCH_BASE_SLOTS must be a positive multiple of 32");
 
+// The table's copies of k_cache and v_cache (see prefetch_bases).
+template <typename T>
+struct PrefetchBases {
+  const T* k = nullptr;
+  const T* v = nullptr;
+};
+
+#if !KVPREFETCH_LAUNCHER_ONLY
 namespace {
 // One table per translation unit, like kvprefetch_mode; written only by register_base.
 __device__ const void* kvprefetch_bases[KVPREFETCH_BASE_SLOTS];
@@ -150,12 +171,6 @@ __device__ const void* kvprefetch_bases[KVPREFETCH_BASE_SLOTS];
 // prefetch (prefetch_enabled) or that cache is not registered. Must be called by all 32 lanes
 // of the warp together: each lane compares KVPREFETCH_BASE_SLOTS/32 entries (their loads in
 // flight together) against both pointers, then one ballot per cache.
-template <typename T>
-struct PrefetchBases {
-  const T* k = nullptr;
-  const T* v = nullptr;
-};
-
 template <typename T>
 __device__ __forceinline__ const T* table_entry(const int hit) {
   const unsigned found = __ballot_sync(0xffffffffu, hit >= 0);
@@ -185,6 +200,7 @@ __device__ __forceinline__ PrefetchBases<T> prefetch_bases(const T* k_cache, con
 #endif
   return bases;
 }
+#endif  // !KVPREFETCH_LAUNCHER_ONLY
 
 // Called by all 32 lanes of a warp right before its loop over the blocks first_block_idx,
 // first_block_idx + STRIDE, ... < end_block_idx (STRIDE = NUM_WARPS); `bases` from
@@ -249,11 +265,16 @@ template <int HEAD_SIZE, int BLOCK_SIZE, int STRIDE, typename cache_t>
 __device__ KVPREFETCH_PROLOGUE_ATTR unsigned prefetch_prologue(
     const cache_t* k_cache, const cache_t* v_cache, const int* __restrict__ block_table,
     const int first_block_idx, const int end_block_idx, const int64_t kv_block_stride,
-    const int64_t head_offset, const int lane) {
+    const int64_t head_offset, const int lane)
+#if KVPREFETCH_LAUNCHER_ONLY
+    ;  // declared for the kernel's discarded `if constexpr` branch; never instantiated here
+#else
+{
   return prefetch_warp_blocks<HEAD_SIZE, BLOCK_SIZE, STRIDE>(
       prefetch_bases(k_cache, v_cache, lane), block_table, first_block_idx, end_block_idx,
       kv_block_stride, head_offset, lane);
 }
+#endif
 
 // Host side, called by each launcher (paged_attention_v{1,2}.cu) before it launches: applies
 // KVPREFETCH=off|on|auto from the environment, read once per process. Nothing is written when
@@ -274,7 +295,6 @@ inline int kvprefetch_host_mode() {
   }();
   return mode;
 }
-std::atomic<unsigned long long> kvprefetch_devices_set{0};
 
 // Whether `stream` is being captured into a CUDA graph (or cannot tell): nothing may be
 // copied on it then, since the copy would become a graph node replayed with every step.
@@ -283,6 +303,9 @@ inline bool capturing_or_unknown(cudaStream_t stream) {
   return cudaStreamIsCapturing(stream, &capturing) != cudaSuccess ||
          capturing != cudaStreamCaptureStatusNone;
 }
+
+#if !KVPREFETCH_LAUNCHER_ONLY
+std::atomic<unsigned long long> kvprefetch_devices_set{0};
 
 inline void sync_runtime_mode(cudaStream_t stream) {
   static const int mode = kvprefetch_host_mode();
@@ -299,6 +322,7 @@ inline void sync_runtime_mode(cudaStream_t stream) {
     (void)cudaGetLastError();  // ours: do not leave it for the next launch check
   }
 }
+#endif  // !KVPREFETCH_LAUNCHER_ONLY
 
 struct DeviceFacts {
   int cc_major = 0;
@@ -318,6 +342,7 @@ inline DeviceFacts device_facts(int dev) {
   return cache[dev];
 }
 
+#if !KVPREFETCH_LAUNCHER_ONLY
 // The host half of prefetch_bases: which cache tensors this translation unit's table holds, per
 // device. A new tensor takes the next slot round-robin (the oldest entry is overwritten: it is
 // only ever used when it equals the kernel's own pointer, so a stale entry is harmless) and is
@@ -363,6 +388,7 @@ inline void before_launch(cudaStream_t stream, const void* k_cache, const void* 
   register_base(stream, dev, k_cache);
   register_base(stream, dev, v_cache);
 }
+#endif  // !KVPREFETCH_LAUNCHER_ONLY
 }  // namespace
 #endif
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Issue 6's evidence beyond one run, in ONE device call (about 8 minutes): is `prefetch` slower
-# than stock anywhere over REPEATED runs, what is the most an L2 prefetch could give at the
-# shapes whose KV fits the L2, and do the GPU-marked tests pass on the real builds.
+# Issue 6's evidence beyond one run, in ONE device call (about 9 minutes): is `prefetch` slower
+# than stock anywhere over REPEATED runs (against an A/A control), does it hold in the other
+# presets and cache dtypes, what is the most an L2 prefetch could give at the shapes whose KV
+# fits the L2, and do the GPU-marked tests pass on the real builds.
 #   device tool: run(command="bash scripts/device/prefetch-repeat.sh", carry=[".carry"], timeout_s=590)
 # Steps: fetch the carried sdist into baseline, patched, pro_off (prefetch compiled off: the code
-# change alone), seed and control -> apply -> diff-upstream --check -> kernels-only build (head 64/128/256,
+# change alone), launch, seed and control -> apply -> diff-upstream --check -> kernels-only build (head 64/128/256,
 # block 16, fp16/bf16/fp8 caches) -> verify-kernel -> pytest -m gpu -> `bench kernel` on the
-# issue's matrix REPEATS times, each run its own process -> cold and hot in one process on the
-# small shapes (hot: one layer replayed, so its KV stays in the L2 where it fits; the report's
+# issue's matrix REPEATS times, each run its own process -> the other presets (MHA, d=64,
+# d=256), bf16 and fp8 caches, once each -> cold and hot in one process on the small shapes (hot: one layer replayed, so its KV stays in the L2 where it fits; the report's
 # "L2-resident bound"). The `control` tree is stock rebuilt (an A/A reference in every run).
 # Combine locally: kvprefetch report --repeats repeats <the repeat JSONs>.
 # Everything lands in $OUT/results.tgz.
@@ -15,7 +16,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/prefetch-repeat-out}
 W=${KVPREFETCH_WORKDIR:-/tmp/kvf-rep}
 R=$OUT/results; mkdir -p "$R"
-BUDGET_S=${BUDGET_S:-560}
+BUDGET_S=${BUDGET_S:-570}
 REPEATS=${REPEATS:-3}
 LOG=$R/run.log
 source "$(dirname "$0")/lib.sh"
@@ -23,7 +24,8 @@ export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COL
   KVPREFETCH_WORKDIR="$W" KVPREFETCH_PAGED_WORKDIR="$W"
 K=(python3 -m kvprefetch)
 B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R")
-V=(--variant baseline --variant patched --variant pro_off --variant seed --variant control)
+V=(--variant baseline --variant patched --variant pro_off --variant launch --variant seed
+   --variant control)
 finish() { log "done"; tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$R"; }
 trap finish EXIT
 device_env > "$R/env.txt" 2>&1
@@ -31,12 +33,13 @@ tee -a "$LOG" < "$R/env.txt"
 [ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
 
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --with-seed \
-  --extra-tree pro_off --extra-tree control || exit 3
+  --extra-tree pro_off --extra-tree launch --extra-tree control || exit 3
 for t in patched pro_off; do
   step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4
 done
-step 30 "${K[@]}" apply --workdir "$W" --variant seed || exit 4
-step 30 "${K[@]}" apply --workdir "$W" --variant control || exit 4
+for v in launch seed control; do
+  step 30 "${K[@]}" apply --workdir "$W" --variant "$v" || exit 4
+done
 step 30 "${K[@]}" diff-upstream --workdir "$W" --check --stat || exit 4
 step 300 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 \
   --head-sizes 64,128,256 --block-sizes 16 --kv-dtypes fp16,bf16,fp8 \
@@ -48,8 +51,17 @@ step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/tes
 for i in $(seq 1 "$REPEATS"); do
   [ "$(left)" -gt 60 ] && step 90 "${B[@]}" --mode cold --batch 1,8,32,64,128 \
     --context 512,1k,4k,16k "${V[@]}" \
-    --name "repeat-$i" --formats json,md
+    --name "repeat-$i" --formats "json,md$([ "$i" = 1 ] && echo ,png)"
 done
-[ "$(left)" -gt 40 ] && step 100 "${B[@]}" --mode cold --mode hot --batch 1,2,4,8,16 \
+S=(--batch 1,8,64 --context 512,4k,16k "${V[@]}")
+for p in llama-2-7b tinyllama-1.1b gemma-2b; do
+  [ "$(left)" -gt 80 ] && step 60 "${B[@]}" --mode cold --preset "$p" "${S[@]}" \
+    --name "preset-$p" --formats json,md
+done
+[ "$(left)" -gt 70 ] && step 50 "${B[@]}" --mode cold --dtype bfloat16 "${S[@]}" \
+  --name dtype-bf16 --formats json,md
+[ "$(left)" -gt 70 ] && step 50 "${B[@]}" --mode cold --kv-cache-dtype fp8 "${S[@]}" \
+  --name kv-fp8 --formats json,md
+[ "$(left)" -gt 60 ] && step 100 "${B[@]}" --mode cold --mode hot --batch 1,2,4,8,16 \
   --context 512,1k,2k,4k "${V[@]}" --name l2-bound --formats json,md
 grep -A8 "^## Summary" "$R"/*.md 2>/dev/null | grep "| cold\|| hot" | cut -c1-200
