@@ -293,11 +293,20 @@ def test_sdpa_reads_the_vmm_cache_like_an_ordinary_tensor(torch: Any) -> None:
         mk.copy_(k)
         mv.copy_(v)
         q = torch.randn(b, hq, 1, d, dtype=torch.float16, device="cuda")
-        out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
-                                             enable_gqa=True)
-        ref = F.scaled_dot_product_attention(q, mk.transpose(1, 2), mv.transpose(1, 2),
-                                             enable_gqa=True)
-        assert torch.equal(out, ref)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def sdpa(kk: Any, vv: Any) -> Any:
+            return F.scaled_dot_product_attention(q, kk.transpose(1, 2), vv.transpose(1, 2),
+                                                  enable_gqa=True)
+
+        # The fused backend PyTorch picks (cuDNN on the H200) does not promise the same bits
+        # from call to call (there the two calls differed in one run of three), so bitwise
+        # equality is asked of the math backend, whose reduction order is fixed, and the fused
+        # one must agree to fp16 rounding.
+        with sdpa_kernel(SDPBackend.MATH):
+            assert torch.equal(sdpa(k, v), sdpa(mk, mv))
+        out, ref = sdpa(k, v), sdpa(mk, mv)
+        torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
         # and both are right: float64 reference with the KV heads repeated
         kk = k.transpose(1, 2).double().repeat_interleave(hq // hkv, dim=1)
         vv = v.transpose(1, 2).double().repeat_interleave(hq // hkv, dim=1)
