@@ -112,11 +112,21 @@ __device__ __forceinline__ void consume_token(const unsigned token, float* share
   #define KVPREFETCH_LAUNCHER_ONLY 0
 #endif
 
+// Experiment (docs/prefetch-tuning.md): -DKVPREFETCH_MODE_IN_GLOBAL=1 keeps the mode in global
+// memory instead of a __constant__, so the module has no user constant bank.
+#ifndef KVPREFETCH_MODE_IN_GLOBAL
+  #define KVPREFETCH_MODE_IN_GLOBAL 0
+#endif
+
 #if !KVPREFETCH_LAUNCHER_ONLY
 namespace {
 // One copy per translation unit (non-relocatable device code), written at most once per
 // device by that unit's launcher before its first eager launch.
+#if KVPREFETCH_MODE_IN_GLOBAL
+__device__ int kvprefetch_mode = KVPREFETCH_DEFAULT_MODE;
+#else
 __constant__ int kvprefetch_mode = KVPREFETCH_DEFAULT_MODE;
+#endif
 }  // namespace
 
 // Whether this launch prefetches. Uniform over the CTA and computed from what every thread
