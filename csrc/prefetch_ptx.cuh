@@ -106,16 +106,19 @@ __device__ __forceinline__ void consume_token(const unsigned token, float* share
 // is first included. It then gets none of the prologue's device state (the __constant__ mode,
 // the base table) and none of the functions that use it: its module holds stock's kernels plus
 // kv_l2_prefetch_kernel, and nothing else. (With that state in the module, instruction-
-// identical v1 kernels measured ~0.6% slower than stock on small steps on the H200;
-// docs/prefetch-tuning.md.)
+// identical v1 kernels measured ~0.6% slower than stock on small steps on the H200, in every
+// run; docs/prefetch-tuning.md.)
 #ifndef KVPREFETCH_LAUNCHER_ONLY
   #define KVPREFETCH_LAUNCHER_ONLY 0
 #endif
 
-// Experiment (docs/prefetch-tuning.md): -DKVPREFETCH_MODE_IN_GLOBAL=1 keeps the mode in global
-// memory instead of a __constant__, so the module has no user constant bank.
+// The mode lives in global memory, not in a __constant__: a user constant bank in the module
+// made every kernel launched from it ~0.5-1% slower on short steps on the H200, the
+// instruction-identical ones included, and the prologue kernels too (docs/prefetch-tuning.md,
+// docs/results/2026-11-29-h200-prefetch-explore/4-module-state). -DKVPREFETCH_MODE_IN_GLOBAL=0
+// puts it back in a __constant__ to reproduce that.
 #ifndef KVPREFETCH_MODE_IN_GLOBAL
-  #define KVPREFETCH_MODE_IN_GLOBAL 0
+  #define KVPREFETCH_MODE_IN_GLOBAL 1
 #endif
 
 #if !KVPREFETCH_LAUNCHER_ONLY

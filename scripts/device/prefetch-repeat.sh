@@ -4,6 +4,8 @@
 # presets and cache dtypes, what is the most an L2 prefetch could give at the shapes whose KV
 # fits the L2, and do the GPU-marked tests pass on the real builds.
 #   device tool: run(command="bash scripts/device/prefetch-repeat.sh", carry=[".carry"], timeout_s=590)
+# QUICK=1 (about 4 minutes): stock, prefetch and the control only, one run of each table, no
+# pytest and no L2-resident bound.
 # Steps: fetch the carried sdist into baseline, patched, pro_off (prefetch compiled off: the code
 # change alone), launch, seed and control -> apply -> diff-upstream --check -> kernels-only build (head 64/128/256,
 # block 16, fp16/bf16/fp8 caches) -> verify-kernel -> pytest -m gpu -> `bench kernel` on the
@@ -17,7 +19,8 @@ OUT=${OUT:-/tmp/prefetch-repeat-out}
 W=${KVPREFETCH_WORKDIR:-/tmp/kvf-rep}
 R=$OUT/results; mkdir -p "$R"
 BUDGET_S=${BUDGET_S:-570}
-REPEATS=${REPEATS:-3}
+QUICK=${QUICK:-0}
+REPEATS=${REPEATS:-3}; [ "$QUICK" = 1 ] && REPEATS=1
 LOG=$R/run.log
 source "$(dirname "$0")/lib.sh"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
@@ -26,42 +29,49 @@ K=(python3 -m kvprefetch)
 B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R")
 V=(--variant baseline --variant patched --variant pro_off --variant launch --variant seed
    --variant control)
-finish() { log "done"; tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$R"; }
+FETCH=(--with-seed --extra-tree pro_off --extra-tree launch --extra-tree control)
+APPLY=(launch seed control)
+if [ "$QUICK" = 1 ]; then
+  V=(--variant baseline --variant patched --variant control); FETCH=(--extra-tree control)
+  APPLY=(control)
+fi
+pack() { tar -C "$OUT" -czf "$OUT/results.tgz.tmp" results && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
+finish() { log "done"; pack && rm -rf "$R"; }
+bench() { step "$@"; local rc=$?; pack; return "$rc"; }
 trap finish EXIT
 device_env > "$R/env.txt" 2>&1
 tee -a "$LOG" < "$R/env.txt"
 [ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
 
-step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --with-seed \
-  --extra-tree pro_off --extra-tree launch --extra-tree control || exit 3
+step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${FETCH[@]}" || exit 3
 for t in patched pro_off; do
-  step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4
+  [ -d "$W/trees/$t" ] && { step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4; }
 done
-for v in launch seed control; do
+for v in "${APPLY[@]}"; do
   step 30 "${K[@]}" apply --workdir "$W" --variant "$v" || exit 4
 done
 step 30 "${K[@]}" diff-upstream --workdir "$W" --check --stat || exit 4
 step 300 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 \
   --head-sizes 64,128,256 --block-sizes 16 --kv-dtypes fp16,bf16,fp8 \
-  --tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0 || exit 5
+  $([ -d "$W/trees/pro_off" ] && echo --tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0) || exit 5
 step 200 "${K[@]}" verify-kernel --workdir "$W"
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
-step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/test_vmm_gpu.py \
+[ "$QUICK" = 1 ] || step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/test_vmm_gpu.py \
   tests/test_vmm_paged.py tests/test_bench_kernel.py
 for i in $(seq 1 "$REPEATS"); do
-  [ "$(left)" -gt 60 ] && step 90 "${B[@]}" --mode cold --batch 1,8,32,64,128 \
+  [ "$(left)" -gt 60 ] && bench 90 "${B[@]}" --mode cold --batch 1,8,32,64,128 \
     --context 512,1k,4k,16k "${V[@]}" \
     --name "repeat-$i" --formats "json,md$([ "$i" = 1 ] && echo ,png)"
 done
 S=(--batch 1,8,64 --context 512,4k,16k "${V[@]}")
 for p in llama-2-7b tinyllama-1.1b gemma-2b; do
-  [ "$(left)" -gt 80 ] && step 60 "${B[@]}" --mode cold --preset "$p" "${S[@]}" \
+  [ "$(left)" -gt 80 ] && bench 60 "${B[@]}" --mode cold --preset "$p" "${S[@]}" \
     --name "preset-$p" --formats json,md
 done
-[ "$(left)" -gt 70 ] && step 50 "${B[@]}" --mode cold --dtype bfloat16 "${S[@]}" \
+[ "$(left)" -gt 70 ] && bench 50 "${B[@]}" --mode cold --dtype bfloat16 "${S[@]}" \
   --name dtype-bf16 --formats json,md
-[ "$(left)" -gt 70 ] && step 50 "${B[@]}" --mode cold --kv-cache-dtype fp8 "${S[@]}" \
+[ "$(left)" -gt 70 ] && bench 50 "${B[@]}" --mode cold --kv-cache-dtype fp8 "${S[@]}" \
   --name kv-fp8 --formats json,md
-[ "$(left)" -gt 60 ] && step 100 "${B[@]}" --mode cold --mode hot --batch 1,2,4,8,16 \
-  --context 512,1k,2k,4k "${V[@]}" --name l2-bound --formats json,md
+[ "$QUICK" = 1 ] || { [ "$(left)" -gt 60 ] && bench 100 "${B[@]}" --mode cold --mode hot --batch 1,2,4,8,16 \
+  --context 512,1k,2k,4k "${V[@]}" --name l2-bound --formats json,md; }
 grep -A8 "^## Summary" "$R"/*.md 2>/dev/null | grep "| cold\|| hot" | cut -c1-200
