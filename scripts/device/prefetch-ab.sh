@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Issue 6 on the H200, in ONE device call (about 7 minutes): stock vs kvprefetch's `prefetch`
+# Issue 6 on the H200, in ONE device call (about 7 minutes; scripts/device/prefetch-repeat.sh
+# supersedes it with repeated runs and an A/A control, this one made the runs under
+# docs/results/2026-11-29-h200-prefetch-final and -explore/1-3): stock vs kvprefetch's `prefetch`
 # variant (prologue prefetch in the v2 kernels it measured faster in, every other kernel
 # stock, launcher-side L2 prefetch before small v1 steps) with its auto rule and compiled off
 # (pro_off: what the code change alone does); the `launch` variant; the paper's `seed`. All
@@ -18,19 +20,12 @@ export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COL
   KVPREFETCH_WORKDIR="$W"
 K=(python3 -m kvprefetch)
 B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --mode cold --out "$R")
-log() { echo "== $(date -u +%H:%M:%S) +${SECONDS}s $*" | tee -a "$R/run.log"; }
-step() { local limit=$1; shift; log "+ $*"; timeout "$limit" "$@" 2>&1 | tee -a "$R/run.log";
-         local rc=${PIPESTATUS[0]}; log "exit $rc"; return "$rc"; }
-left() { echo $((BUDGET_S - SECONDS)); }
+LOG=$R/run.log
+source "$(dirname "$0")/lib.sh"
 finish() { log "done"; tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$R"; }
 trap finish EXIT
-{
-  date -u +%Y-%m-%dT%H:%M:%SZ
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-  python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
-  git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head -20
-} > "$R/env.txt" 2>&1
-cat "$R/env.txt" | tee -a "$R/run.log"
+device_env > "$R/env.txt" 2>&1
+tee -a "$LOG" < "$R/env.txt"
 [ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
 
 EXTRA=(pro_off); [ "$CAL" = 1 ] && EXTRA+=(pro_on pro_half)
