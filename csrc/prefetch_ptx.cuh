@@ -103,11 +103,11 @@ __device__ __forceinline__ void consume_token(const unsigned token, float* share
 
 // A translation unit whose kernels never carry the prologue (the `prefetch` variant's v1
 // launcher, both of the `launch` variant's) defines KVPREFETCH_LAUNCHER_ONLY before this header
-// is first included. It then gets none of the prologue's device state (the __constant__ mode,
-// the base table) and none of the functions that use it: its module holds stock's kernels plus
-// kv_l2_prefetch_kernel, and nothing else. (With that state in the module, instruction-
-// identical v1 kernels measured ~0.6% slower than stock on small steps on the H200, in every
-// run; docs/prefetch-tuning.md.)
+// is first included. It then gets none of the prologue's device state (the mode, the base
+// table) and none of the functions that use it: its module holds stock's kernels plus
+// kv_l2_prefetch_kernel, and nothing else. (With that state in the module, the mode then in a
+// __constant__, instruction-identical v1 kernels measured ~0.6% slower than stock on small
+// steps on the H200, in every run; docs/prefetch-tuning.md.)
 #ifndef KVPREFETCH_LAUNCHER_ONLY
   #define KVPREFETCH_LAUNCHER_ONLY 0
 #endif
