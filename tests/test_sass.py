@@ -267,3 +267,53 @@ def test_readonly_check_fails_when_loads_lose_the_read_only_path() -> None:
     assert status["patched"].status == "fail" and ": 5 vs 21" in status["patched"].detail
     assert status["ok"].status == "pass"
     assert status["seed"].status == "not checked" and "1 kernels have fewer" in status["seed"].detail
+
+
+def _compile_elf(tmp_path: Path, source: Path, *defines: str) -> str:
+    import os
+
+    nvcc, tools = find_nvcc(), find_cuobjdump()
+    assert nvcc is not None and tools is not None
+    fatbin = tmp_path / f"{source.stem}{len(defines)}{abs(hash(defines))}.fatbin"
+    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *defines,
+         "-gencode=arch=compute_90,code=sm_90", "-fatbin", "-o", str(fatbin), str(source)],
+        echo=False)
+    return run([str(tools.cuobjdump), "-elf", str(fatbin)],
+               env=tools.environ(dict(os.environ)), echo=False).output
+
+
+def test_module_check_on_real_compiles_of_the_header(tmp_path: Path) -> None:
+    """verify's module check on REAL nvcc compiles of the current csrc/prefetch_ptx.cuh: the
+    prologue's state (address table and mode) only beside a kernel the variant prefetches in,
+    and no user __constant__ bank. Each rule broken once, as the H200 measured it slower:
+    a v1 kernel beside the state under `prefetch`'s rule, the mode in a __constant__
+    (-DKVPREFETCH_MODE_IN_GLOBAL=0), the launcher-only unit without KVPREFETCH_LAUNCHER_ONLY."""
+    from kvprefetch.cubin import parse_elf
+    from kvprefetch.verify import MODULE_CHECK, VerifyReport, check_module_state
+
+    def verdict(elf: str, variant: str) -> tuple[str, str]:
+        rep = VerifyReport("unused")
+        check_module_state(rep, "t", variant, elf, "")  # stock: no module, no constant bank
+        (c,) = [c for c in rep.checks if c.name == MODULE_CHECK]
+        return c.status, c.detail
+
+    tiny = _compile_elf(tmp_path, SAMPLES / "tiny_prefetch.cu")
+    (m,) = parse_elf(tiny)
+    assert m.arch == "sm_90" and m.holds_state and not m.constant_bank
+    assert any("paged_attention_v1_kernel" in k for k in m.kernels)
+    assert verdict(tiny, "seed")[0] == "pass"          # seed prefetches in every kernel
+    status, detail = verdict(tiny, "prefetch")         # prefetch's rule: never in v1
+    assert status == "fail" and "without a kernel that prefetches (sm_90: v1 head 128)" in detail
+
+    const = _compile_elf(tmp_path, SAMPLES / "tiny_prefetch.cu", "-DKVPREFETCH_MODE_IN_GLOBAL=0")
+    assert parse_elf(const)[0].constant_bank
+    status, detail = verdict(const, "seed")
+    assert status == "fail" and "a user __constant__ bank in 1 (stock: 0)" in detail
+
+    lean = _compile_elf(tmp_path, SAMPLES / "l2_prefetch_kernel.cu", "-DKVPREFETCH_LAUNCHER_ONLY=1")
+    (m,) = parse_elf(lean)
+    assert not m.holds_state and not m.constant_bank
+    assert verdict(lean, "launch")[0] == "pass"
+    full = _compile_elf(tmp_path, SAMPLES / "l2_prefetch_kernel.cu")
+    status, detail = verdict(full, "launch")
+    assert status == "fail" and "(sm_90: no attention kernel)" in detail

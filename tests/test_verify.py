@@ -84,6 +84,10 @@ def test_verify_passes_with_the_gpu_check_not_checked(built: Path,
     assert same["detail"].startswith(f"the {KERNELS - PREFETCHING} kernels prefetch leaves stock")
     # the prologue's own block_table reads add a few; none of stock's are lost
     assert counts["total"] >= counts["stock_total"] > 0
+    # the v1 unit holds no prologue state; the v2 unit's sits beside its prologue kernels
+    mod = checks[("modules hold only what their kernels use", "patched")]
+    assert mod["status"] == "pass", mod
+    assert "a user __constant__ bank in 0 (stock: 0); prologue state in 1" in mod["detail"]
     gpu = checks[("bitwise-equal outputs on the GPU", "all")]
     assert gpu["status"] == "not checked" and "--no-gpu" in gpu["detail"]
     assert {c["status"] for c in data["checks"]} == {"pass", "not checked"}

@@ -22,6 +22,7 @@ from .hashing import sha256_file
 from .runner import run
 from .sass import (KernelSass, arch_number, decode_kernel_name, function_bodies, judge,
                    parse_sass, prefetch_kernels, readonly_loads, summarise)
+from .cubin import parse_elf
 from .upstream import LAUNCHER_PREFETCH_VARIANTS, prefetches_in
 from .workdir import Workdir, write_json_atomic
 
@@ -124,19 +125,21 @@ def check_provenance(rep: VerifyReport, tree: str, manifest: dict[str, Any], pro
     return str(loaded)
 
 
-def disassemble(rep: VerifyReport, tree: str, so: str) -> str | None:
+def disassemble(rep: VerifyReport, tree: str, so: str, what: str = "-sass",
+                check: str = "UBLKPF in SASS") -> str | None:
+    """``cuobjdump <what> <so>``; when it cannot run, ``check`` is recorded with the reason."""
     from .toolchain import find_cuobjdump
 
     tools = find_cuobjdump(dict(os.environ))
     if tools is None:
-        rep.add("UBLKPF in SASS", tree, None,
+        rep.add(check, tree, None,
                 "cuobjdump not found (install the CUDA toolkit, or `pip install "
                 "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`)")
         return None
-    res = run([str(tools.cuobjdump), "-sass", so], env=tools.environ(dict(os.environ)),
+    res = run([str(tools.cuobjdump), what, so], env=tools.environ(dict(os.environ)),
               echo=False, check=False)
     if res.returncode != 0:
-        rep.add("UBLKPF in SASS", tree, False, f"cuobjdump failed: {res.output.strip()[-300:]}")
+        rep.add(check, tree, False, f"cuobjdump failed: {res.output.strip()[-300:]}")
         return None
     return res.output
 
@@ -205,6 +208,30 @@ def check_identical_attention(rep: VerifyReport, tree: str, text: str, baseline:
             f"the {len(common)} kernels {variant} leaves stock compared, {len(differing)} differ"
             + (f" (e.g. {differing[0]}…)" if differing else "")
             + ("" if mine.keys() == base.keys() else "; the instantiation sets differ"))
+
+
+MODULE_CHECK = "modules hold only what their kernels use"
+
+
+def check_module_state(rep: VerifyReport, tree: str, variant: str, elf: str,
+                       baseline_elf: str) -> None:
+    """What a module holds besides its kernels (``cubin.py``): no more modules with a user
+    ``__constant__`` bank than stock has, and the prologue's device state only in modules with
+    a kernel the variant prefetches in. Instruction-identical kernels measured slower on the
+    H200 in modules that broke either rule."""
+    mine, base = parse_elf(elf), parse_elf(baseline_elf)
+    banks = sum(m.constant_bank for m in mine)
+    stock_banks = sum(m.constant_bank for m in base)
+    stray = [m for m in mine if m.holds_state
+             and not any(_kernel_selected(k, variant, True) for k in m.kernels)]
+    detail = (f"{len(mine)} modules; a user __constant__ bank in {banks} (stock: {stock_banks}); "
+              f"prologue state in {sum(m.holds_state for m in mine)}")
+    if stray:
+        kinds = sorted({f"{meta['version']} head {meta['head_size']}" for m in stray
+                        for meta in map(decode_kernel_name, m.kernels) if meta})
+        detail += (f", {len(stray)} of them without a kernel that prefetches ({stray[0].arch}: "
+                   f"{', '.join(kinds) or 'no attention kernel'})")
+    rep.add(MODULE_CHECK, tree, bool(mine) and banks <= stock_banks and not stray, detail)
 
 
 def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
@@ -282,6 +309,7 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
     rep = VerifyReport(str(wd.root))
     loaded: dict[str, tuple[str, str]] = {}
     sass_text: dict[str, str] = {}
+    elf_text: dict[str, str] = {}
     for tree, m in manifests.items():
         env = m.get("env", {})
         python = env.get("python") or str(Path(env.get("path", "")) / "bin" / "python")
@@ -295,6 +323,9 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
             text = check_sass(rep, tree, so, variant)
             if text is not None:
                 sass_text[tree] = text
+            elf = disassemble(rep, tree, so, "-elf", MODULE_CHECK)
+            if elf is not None:
+                elf_text[tree] = elf
         else:
             rep.add("UBLKPF in SASS", tree, None, "no library was loaded")
     for tree, m in manifests.items():
@@ -306,6 +337,8 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
             check_identical_attention(rep, tree, sass_text[tree], sass_text["baseline"], variant)
         if counted["prefetching_kernels"] > 0:
             check_readonly_path(rep, tree, variant, sass_text[tree], sass_text["baseline"])
+        if tree in elf_text and "baseline" in elf_text:
+            check_module_state(rep, tree, variant, elf_text[tree], elf_text["baseline"])
     files = [v[0] for v in loaded.values()]
     shas = [v[1] for v in loaded.values()]
     if len(loaded) >= 2:
