@@ -274,7 +274,8 @@ def _compile_elf(tmp_path: Path, source: Path, *defines: str) -> str:
 
     nvcc, tools = find_nvcc(), find_cuobjdump()
     assert nvcc is not None and tools is not None
-    fatbin = tmp_path / f"{source.stem}{len(defines)}{abs(hash(defines))}.fatbin"
+    tag = "".join("-" + d.removeprefix("-D").replace("=", "") for d in defines)
+    fatbin = tmp_path / f"{source.stem}{tag}.fatbin"
     run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *defines,
          "-gencode=arch=compute_90,code=sm_90", "-fatbin", "-o", str(fatbin), str(source)],
         echo=False)
