@@ -19,14 +19,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import BenchError
-from .report import geomean
+from .report import _ctx, _table, geomean, shape_key
 
 SCHEMA = 1
 
 
 def _shape_key(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["mode"], r["preset"], r["dtype"], r["kv_cache_dtype"], r["block_size"],
-            r["batch"], r["context"], r["kernel"])
+    return (r["mode"], *shape_key(r))
 
 
 def _runs_table(docs: Sequence[dict[str, Any]]) -> tuple[list[str], list[tuple[Any, ...]],
@@ -103,8 +102,6 @@ def combine(docs: Sequence[dict[str, Any]], control: str | None = "control",
 
 
 def repeats_markdown(doc: dict[str, Any]) -> str:
-    from .report import _ctx, _table
-
     meta = doc["meta"]
     ctl = meta.get("control")
     n_runs = meta["runs"]

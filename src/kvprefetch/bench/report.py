@@ -167,22 +167,22 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def shape_key(r: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies a result row's shape, whatever its mode."""
+    return (r["preset"], r["dtype"], r["kv_cache_dtype"], r["block_size"], r["batch"],
+            r["context"], r["kernel"])
+
+
 def l2_ceiling(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Shapes measured both cold and hot whose one-layer KV fits the L2: stock's cold/hot time
     ratio (the most an L2 prefetch could give stock's code) and, per variant, stock cold over
     that variant's hot time."""
     base = doc["meta"]["baseline"]
     l2 = doc["meta"]["device"]["l2_bytes"]
-    hot = {}
-    for r in doc["results"]:
-        if r["mode"] == "hot" and not r.get("error"):
-            hot[(r["preset"], r["dtype"], r["kv_cache_dtype"], r["block_size"], r["batch"],
-                 r["context"], r["kernel"])] = r
+    hot = {shape_key(r): r for r in doc["results"] if r["mode"] == "hot" and not r.get("error")}
     out = []
     for r in doc["results"]:
-        key = (r["preset"], r["dtype"], r["kv_cache_dtype"], r["block_size"], r["batch"],
-               r["context"], r["kernel"])
-        h = hot.get(key)
+        h = hot.get(shape_key(r))
         if r["mode"] != "cold" or r.get("error") or h is None or not r.get("plan"):
             continue
         per_layer = r["plan"]["bytes_per_layer"]

@@ -20,7 +20,8 @@ from ..console import emit_json, info
 @click.option("--repeats", "repeats_name", default=None, metavar="NAME",
               help="Read the FILES as repeated bench kernel runs of the same shapes and write "
                    "one combined NAME.json/.md: per shape each run's median speedup, whether a "
-                   "variant is slower than stock (or than the `control` variant) in every run.")
+                   "variant is slower than stock in every run, and beyond the A/A band of the "
+                   "`control` variant when the runs carry one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the written paths as JSON.")
 def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bool,
            repeats_name: str | None, as_json: bool) -> None:
