@@ -136,7 +136,7 @@ def _reference_ops(namespace: str, name: str, transform=None):
     return ops.ops_from_namespace(namespace, name=name)
 
 
-@pytest.mark.parametrize("mode", ["cold", "hot"])
+@pytest.mark.parametrize("mode", ["cold", "hot", "aliased"])
 def test_bench_shape_control_flow_on_cpu(mode: str) -> None:
     """The whole per-shape procedure (inputs, per-variant replays, rotated rounds, poisoning,
     bitwise comparison, result row) with eager calls instead of CUDA graphs."""
@@ -147,8 +147,11 @@ def test_bench_shape_control_flow_on_cpu(mode: str) -> None:
     cfg = k.KernelBenchConfig(mode=mode, rounds=3, target_sample_ms=0.0, min_launches=2)
     r = k.bench_shape(variants, shape, cfg, l2_bytes=2 * 2**20, copy_bw=COPY_BW, device="cpu")
     assert r.error == "" and r.plan is not None
-    expected_layers = 1 if mode == "hot" else math.ceil(4 * 2 * 2**20 / r.plan.bytes_per_layer)
+    expected_layers = 1 if mode != "cold" else math.ceil(4 * 2 * 2**20 / r.plan.bytes_per_layer)
     assert r.plan.layers == expected_layers
+    # tinyllama: 4 kv heads x 2 KiB chunks; 2 x 38 blocks needed, a quarter of the 2 MiB L2 holds 32
+    per_block = 2 * 4 * 2048
+    assert r.plan.bytes_per_layer == (32 if mode == "aliased" else 76) * per_block
     assert r.plan.launches >= r.plan.layers
     assert [v.name for v in r.variants] == ["baseline", "patched"]
     assert all(v.time_us.n == 3 for v in r.variants)

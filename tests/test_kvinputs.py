@@ -12,6 +12,7 @@ from kvprefetch.bench.matrix import PRESETS, BenchMatrix
 from kvprefetch.errors import BenchError
 from kvprefetch.kvinputs import (
     AttnShape,
+    alias_pool_blocks,
     cache_bytes_per_layer,
     kv_bytes_read,
     layers_for_cold,
@@ -109,6 +110,35 @@ def test_make_inputs_layouts_and_block_tables(kv: str) -> None:
     again = make_inputs(s, device="cpu", seed=7, layers=3, ragged=True, pool_factor=2.0)
     assert torch.equal(again.block_tables, inp.block_tables)
     assert torch.equal(again.key_caches[2], inp.key_caches[2])
+
+
+def test_aliased_tables_point_into_a_pool_that_fits_the_l2() -> None:
+    """Aliased mode: the pool is the blocks that fit the L2 fraction; the table references every
+    pool block equally often (permutations of the pool back to back), and the caches hold only
+    the pool. A pool at least as large as the batch's need changes nothing."""
+    import collections
+
+    s = AttnShape(num_seqs=3, num_heads=8, num_kv_heads=2, head_size=64, block_size=16,
+                  max_seq_len=1000)  # 63 blocks per sequence, 189 needed; a block = 8 KiB
+    assert alias_pool_blocks(s, 2**20, 0.25) == 2**18 // (2 * 2 * 2048) == 32
+    assert alias_pool_blocks(s, 2**10, 0.25) == 1  # never an empty pool
+    with pytest.raises(ValueError):
+        alias_pool_blocks(s, 2**20, 0.0)
+    inp = make_inputs(s, device="cpu", seed=3, alias_blocks=32)
+    assert inp.num_blocks == 32 and inp.key_caches[0].shape[0] == 32
+    assert cache_bytes_per_layer(s, 1.0, 32) == 2 * 32 * 2 * 2048
+    counts = collections.Counter(inp.block_tables.flatten().tolist())
+    assert set(counts) == set(range(32))
+    assert max(counts.values()) - min(counts.values()) <= 1  # 189 = 5 x 32 + 29
+    first = inp.block_tables.flatten()[:32].tolist()
+    assert sorted(first) == list(range(32))  # one whole permutation before any repeat
+    same = make_inputs(s, device="cpu", seed=3, alias_blocks=1000)
+    plain = make_inputs(s, device="cpu", seed=3)
+    assert same.num_blocks == plain.num_blocks == 189
+    assert same.block_tables.equal(plain.block_tables)
+    assert cache_bytes_per_layer(s, 1.0, 1000) == cache_bytes_per_layer(s)
+    with pytest.raises(ValueError):
+        make_inputs(s, device="cpu", alias_blocks=-1)
 
 
 def _scatter(k_seq, v_seq, blocks, key_cache, value_cache, x: int) -> None:

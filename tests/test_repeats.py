@@ -32,7 +32,7 @@ def run_doc(ratio: Callable[[str, int, int], float], modes: tuple[str, ...] = ("
     for mode in modes:
         for s in BenchMatrix(batches=(1, 64), contexts=(512, 16384)).shapes():
             b, c = s.attn.num_seqs, s.attn.max_seq_len
-            base = [t * (hot_factor if mode == "hot" else 1.0) for t in (20.0, 20.2, 20.4)]
+            base = [t * (1.0 if mode == "cold" else hot_factor) for t in (20.0, 20.2, 20.4)]
             samples = {n: [t / (1.0 if n == "baseline" else ratio(n, b, c)) for t in base]
                        for n in NAMES}
             plan = k.LaunchPlan(layers=1, launches=8, replays=3,
@@ -137,6 +137,22 @@ def test_l2_bound_only_where_one_layer_fits_the_l2() -> None:
     assert rows[0]["bound"] == pytest.approx(1.5)
     assert rows[0]["variant_bound"]["patched"] == pytest.approx(1.65)
     md = report.render_markdown(doc)
-    assert "## L2-resident bound (cold vs hot)" in md and "| 1.500x | 1.650x |" in md
+    assert "## L2-resident bound" in md and "| hot | 20.2 | 13.5 | 1.500x | 1.650x |" in md
+    assert "| hot | 2 | 1.500x | 1.650x | 1.500x |" in md  # geomean over the two shapes
     # a cold-only document has no such section
     assert "L2-resident bound" not in report.render_markdown(run_doc(lambda n, b, c: 1.0))
+
+
+def test_aliased_bound_at_every_shape_and_after_hot() -> None:
+    """Aliased mode gives a bound at every shape, whatever its size; hot rows come first and
+    only where one layer fits. Each resident mode gets its own geometric mean."""
+    doc = run_doc(lambda n, b, c: 1.1 if n == "patched" else 1.0,
+                  modes=("cold", "hot", "aliased"),
+                  per_layer=lambda b, c: (4 if c == 512 else 256) * 2**20, hot_factor=1 / 1.25)
+    rows = report.l2_ceiling(doc)
+    assert [(r["resident"], r["batch"], r["context"]) for r in rows] == [
+        ("hot", 1, 512), ("hot", 64, 512), ("aliased", 1, 512), ("aliased", 1, 16384),
+        ("aliased", 64, 512), ("aliased", 64, 16384)]
+    assert all(r["bound"] == pytest.approx(1.25) for r in rows)
+    md = report.render_markdown(doc)
+    assert "| aliased | 4 | 1.250x | 1.375x | 1.250x |" in md

@@ -9,10 +9,15 @@ An fp8 KV cache is stored as uint8 (e4m3 or e5m2 bits) and dequantised with the 
 Block tables are drawn without replacement from a pool of physical blocks, like vLLM's block
 allocator hands out blocks; padding entries are 0, as V0's ``make_tensor_with_pad`` writes.
 
-Two cache modes for timing:
+Three cache modes for timing:
 - cold: ``layers_for_cold`` layers' caches, rotated, so the bytes read between two visits of one
   layer exceed the L2 by a safety factor, like a real decode step through a model's layers;
-- hot: one layer read again and again (an upper bound on what L2 residency gives).
+- hot: one layer read again and again (an upper bound on what L2 residency gives, where one
+  layer's KV fits the L2);
+- aliased: one layer whose block tables point into a pool of physical blocks that fits a
+  fraction of the L2 (``alias_pool_blocks``), so the kernel runs its exact instruction stream
+  over the same number of blocks with every KV load an L2 hit, at any batch and context. The
+  data differ from cold's (sequences share blocks), so only the timing is comparable.
 
 torch is imported inside functions only.
 """
@@ -165,18 +170,31 @@ def _fill_cache(t: Any, shape: AttnShape, scale: float, gen: Any) -> None:
         part.copy_((tmp / scale).to(fp8_torch_dtype(shape.kv_cache_dtype)).view(torch.uint8))
 
 
+def alias_pool_blocks(shape: AttnShape, l2_bytes: int, fraction: float = 0.25) -> int:
+    """How many physical blocks (K and V, every kv head) fit in ``fraction`` of the L2: the pool
+    the aliased mode's block tables point into (at least 1)."""
+    if l2_bytes <= 0 or not 0.0 < fraction <= 1.0:
+        raise ValueError("l2_bytes must be positive and fraction in (0, 1]")
+    return max(1, int(fraction * l2_bytes) // (2 * shape.num_kv_heads * shape.chunk_bytes))
+
+
 def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers: int = 1,
-                ragged: bool = False, pool_factor: float = 1.0) -> DecodeInputs:
+                ragged: bool = False, pool_factor: float = 1.0,
+                alias_blocks: int = 0) -> DecodeInputs:
     """Fresh random inputs. ``ragged`` draws each sequence's length in ``[1, max_seq_len]`` (the
     first sequence always has ``max_seq_len``); otherwise every sequence has ``max_seq_len``.
     The pool holds ``ceil(needed * pool_factor)`` blocks; the block table is a random draw
-    without replacement from it."""
+    without replacement from it. ``alias_blocks`` > 0 caps the pool at that many blocks: the
+    table is then a sequence of random permutations of the pool (every block referenced equally
+    often, blocks shared between and within sequences)."""
     import torch
 
     if layers < 1:
         raise ValueError("layers must be >= 1")
     if pool_factor < 1.0:
         raise ValueError("pool_factor must be >= 1 (every sequence needs its own blocks)")
+    if alias_blocks < 0:
+        raise ValueError("alias_blocks must be >= 0 (0 = no aliasing)")
     dev = torch.device(device)
     gen = torch.Generator(device=dev)
     gen.manual_seed(seed)
@@ -192,7 +210,13 @@ def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers
     lens_list = tuple(int(n) for n in lens.tolist())
     needed = sum(-(-n // shape.block_size) for n in lens_list)
     num_blocks = max(needed, math.ceil(needed * pool_factor))
-    perm = torch.randperm(num_blocks, generator=cpu_gen)[:needed]
+    if 0 < alias_blocks < needed:
+        num_blocks = alias_blocks
+        rounds = -(-needed // num_blocks)
+        perm = torch.cat([torch.randperm(num_blocks, generator=cpu_gen)
+                          for _ in range(rounds)])[:needed]
+    else:
+        perm = torch.randperm(num_blocks, generator=cpu_gen)[:needed]
     table = torch.zeros((shape.num_seqs, nb_seq), dtype=torch.int32)
     at = 0
     for i, n in enumerate(lens_list):
@@ -229,9 +253,14 @@ def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers
     )
 
 
-def cache_bytes_per_layer(shape: AttnShape, pool_factor: float = 1.0) -> int:
-    """Bytes of K plus V allocated for one layer with uniform sequence lengths."""
+def cache_bytes_per_layer(shape: AttnShape, pool_factor: float = 1.0,
+                          alias_blocks: int = 0) -> int:
+    """Bytes of K plus V allocated for one layer with uniform sequence lengths (``make_inputs``'s
+    pool, ``alias_blocks`` included)."""
     needed = shape.num_seqs * shape.blocks_per_seq
-    return 2 * max(needed, math.ceil(needed * pool_factor)) * shape.num_kv_heads * shape.chunk_bytes
+    blocks = max(needed, math.ceil(needed * pool_factor))
+    if 0 < alias_blocks < needed:
+        blocks = alias_blocks
+    return 2 * blocks * shape.num_kv_heads * shape.chunk_bytes
 
 

@@ -3,7 +3,9 @@
 Method, per shape of the matrix:
 1. One random input set (vLLM's layouts, random block tables) shared by every variant. In cold
    mode it has ``layers_for_cold`` layers' caches so that one pass over them reads more than
-   ``l2_factor`` times the L2 (read from the device); in hot mode one layer is read again and again.
+   ``l2_factor`` times the L2 (read from the device); in hot mode one layer is read again and again;
+   in aliased mode one layer whose block tables point into a pool of ``alias_l2_fraction`` of the
+   L2, so every KV load is an L2 hit at any batch and context (the L2-resident bound).
    Before allocating, the shape is checked against vLLM's own launch limits and against free
    device memory (``limits.py``); a shape that fails is skipped with its reason in the JSON.
 2. Per variant, one CUDA graph of ``launches`` decode calls (layer ``i % layers`` for call ``i``;
@@ -39,11 +41,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import BenchError
-from ..kvinputs import cache_bytes_per_layer, layers_for_cold, make_inputs, min_bytes_moved
+from ..kvinputs import (alias_pool_blocks, cache_bytes_per_layer, layers_for_cold, make_inputs,
+                        min_bytes_moved)
 from ..ops import PagedOps, forward_decode, v2_workspace
 from .device import CudaBackend, HostBackend, device_facts, measure_copy_bandwidth
 from .limits import memory_refusal, shape_memory, vllm_kernel_limit
-from .matrix import BenchMatrix, BenchShape
+from .matrix import MODES, BenchMatrix, BenchShape
 
 
 @dataclass(frozen=True)
@@ -56,13 +59,18 @@ class KernelBenchConfig:
     max_layers: int = 2048
     l2_factor: float = 4.0
     pool_factor: float = 1.0
+    alias_l2_fraction: float = 0.25   # aliased mode: the block pool's size, of the L2
     seed: int = 0
     copy_bytes: int = 1 << 31
     memory_fraction: float = 0.85     # of free device memory the caches may take
 
     def __post_init__(self) -> None:
-        if self.mode not in ("cold", "hot"):
-            raise BenchError(f"mode must be cold or hot, not '{self.mode}'", "pass --mode cold|hot")
+        if self.mode not in MODES:
+            raise BenchError(f"mode must be one of {', '.join(MODES)}, not '{self.mode}'",
+                             "pass --mode cold|hot|aliased")
+        if not 0.0 < self.alias_l2_fraction <= 1.0:
+            raise BenchError(f"alias_l2_fraction {self.alias_l2_fraction} is not in (0, 1]",
+                             "pass a fraction of the L2 such as 0.25")
         if self.rounds < 3:
             raise BenchError("fewer than 3 rounds give no spread", "pass --rounds 3 or more")
 
@@ -113,7 +121,7 @@ def plan_launches(bytes_moved: int, bytes_per_layer: int, l2_bytes: int, copy_bw
                   config: KernelBenchConfig) -> LaunchPlan:
     """How many layers to rotate and how many calls a graph and a sample hold. A call is assumed
     to run at 70% of the copy bandwidth (only for sizing; never reported)."""
-    if config.mode == "hot":
+    if config.mode in ("hot", "aliased"):
         layers = 1
     else:
         layers = layers_for_cold(l2_bytes, bytes_per_layer, config.l2_factor)
@@ -209,7 +217,8 @@ class _VariantRun:
 
 
 def check_shape(shape: BenchShape, ops: Sequence[PagedOps], config: KernelBenchConfig,
-                plan: LaunchPlan, free_bytes: int, smem_optin_bytes: int) -> str:
+                plan: LaunchPlan, free_bytes: int, smem_optin_bytes: int,
+                alias_blocks: int = 0) -> str:
     """"" when the shape can run, else why it is skipped: an instantiation missing from a build,
     a launch vLLM 0.10.2 itself cannot make, or not enough free device memory."""
     a = shape.attn
@@ -220,7 +229,8 @@ def check_shape(shape: BenchShape, ops: Sequence[PagedOps], config: KernelBenchC
     limit = vllm_kernel_limit(a, shape.kernel, smem_optin_bytes)
     if limit:
         return limit
-    need = shape_memory(a, shape.kernel, plan.layers, plan.launches, len(ops), config.pool_factor)
+    need = shape_memory(a, shape.kernel, plan.layers, plan.launches, len(ops), config.pool_factor,
+                        alias_blocks)
     return memory_refusal(need, free_bytes, config.memory_fraction)
 
 
@@ -237,16 +247,18 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
     be: Any = backend or (CudaBackend() if device == "cuda" else HostBackend())
     a = shape.attn
     bytes_moved = min_bytes_moved(a)
-    per_layer = cache_bytes_per_layer(a, config.pool_factor)
+    alias = (alias_pool_blocks(a, l2_bytes, config.alias_l2_fraction)
+             if config.mode == "aliased" else 0)
+    per_layer = cache_bytes_per_layer(a, config.pool_factor, alias)
     try:
         plan = plan_launches(bytes_moved, per_layer, l2_bytes, copy_bw, config)
     except BenchError as exc:
         return ShapeResult(shape, config.mode, None, bytes_moved, (), None, exc.cause, "skipped")
-    reason = check_shape(shape, ops, config, plan, be.free_bytes(), be.smem_optin_bytes())
+    reason = check_shape(shape, ops, config, plan, be.free_bytes(), be.smem_optin_bytes(), alias)
     if reason:
         return ShapeResult(shape, config.mode, plan, bytes_moved, (), None, reason, "skipped")
     inputs = make_inputs(a, device=be.device, seed=config.seed, layers=plan.layers,
-                         pool_factor=config.pool_factor)
+                         pool_factor=config.pool_factor, alias_blocks=alias)
     runs: list[_VariantRun] = []
     for o in ops:
         o_outs = tuple(torch.full_like(inputs.query, float("nan")) for _ in range(plan.launches))

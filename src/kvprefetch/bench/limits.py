@@ -97,10 +97,10 @@ def v2_workspace_bytes(attn: AttnShape) -> int:
 
 
 def shape_memory(attn: AttnShape, kernel: str, layers: int, launches: int, variants: int,
-                 pool_factor: float = 1.0) -> MemoryNeed:
+                 pool_factor: float = 1.0, alias_blocks: int = 0) -> MemoryNeed:
     q = attn.num_seqs * attn.num_heads * attn.head_size * DTYPE_BYTES[attn.dtype]
     return MemoryNeed(
-        caches=layers * cache_bytes_per_layer(attn, pool_factor),
+        caches=layers * cache_bytes_per_layer(attn, pool_factor, alias_blocks),
         outputs=variants * launches * q,
         workspaces=variants * v2_workspace_bytes(attn) if kernel == "v2" else 0,
         inputs=q + attn.num_seqs * attn.blocks_per_seq * 4 + attn.num_seqs * 4 + 8,

@@ -51,7 +51,7 @@ NAMED_MATRICES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 DEFAULT_BLOCK_SIZES = (16,)
 DEFAULT_DTYPES = ("float16",)
 DEFAULT_KV_CACHE_DTYPES = ("auto",)
-MODES = ("cold", "hot")
+MODES = ("cold", "hot", "aliased")  # bench kernel's cache modes (kvinputs.py describes them)
 
 
 def parse_size(text: str) -> int:

@@ -150,19 +150,28 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
         lines += _table(headers, table_rows)
     ceiling = l2_ceiling(doc)
     if ceiling:
-        lines += ["", "## L2-resident bound (cold vs hot)", "",
-                  ("Where one layer's KV fits the L2, hot mode replays it with every KV load an L2 "
-                   "hit: the most any L2 prefetch could give. `stock cold/hot` bounds a prefetch "
-                   "added to stock's code; `stock cold / <variant> hot` bounds that variant's code "
-                   "(its code generation included) with a perfect prefetch."), ""]
-        lines += _table(["preset", "batch", "context", "kernel", "KV per layer", "stock cold us",
-                         "stock hot us", "stock cold/hot"]
-                        + [f"stock cold / {n} hot" for n in names],
+        lines += ["", "## L2-resident bound", "",
+                  ("The same shape with every KV load an L2 hit: the most any L2 prefetch could "
+                   "give. `hot` replays one layer (only where that layer's KV fits the L2); "
+                   "`aliased` points the block tables into a pool of a quarter of the L2 (any "
+                   "shape; its BW above is of bytes read from the L2). `stock cold/resident` "
+                   "bounds a prefetch added to stock's code; `stock cold / <variant> resident` "
+                   "bounds that variant's code (its code generation included) with a perfect "
+                   "prefetch."), ""]
+        lines += _table(["preset", "batch", "context", "kernel", "KV per layer", "resident",
+                         "stock cold us", "stock resident us", "stock cold/resident"]
+                        + [f"stock cold / {n} resident" for n in names],
                         [[c["preset"], c["batch"], _ctx(c["context"]), c["kernel"],
-                          f"{c['bytes_per_layer'] / 2**20:.0f} MiB", f"{c['cold_us']:.1f}",
-                          f"{c['hot_us']:.1f}", f"{c['bound']:.3f}x"]
+                          f"{c['bytes_per_layer'] / 2**20:.0f} MiB", c["resident"],
+                          f"{c['cold_us']:.1f}", f"{c['resident_us']:.1f}", f"{c['bound']:.3f}x"]
                          + [f"{c['variant_bound'][n]:.3f}x" if n in c["variant_bound"] else "-"
                             for n in names] for c in ceiling])
+        lines += ["", "Geometric mean of the bound over the shapes above, per resident mode:", ""]
+        lines += _table(["resident", "shapes", "stock cold/resident"]
+                        + [f"stock cold / {n} resident" for n in names],
+                        [[m, len(cs), f"{geomean(c['bound'] for c in cs):.3f}x"]
+                         + [_geomean_cell([c["variant_bound"].get(n) for c in cs]) for n in names]
+                         for m, cs in _by_resident(ceiling).items()])
     lines += ["", "`*` = kernel forced with --force-kernel; otherwise vLLM's own v1/v2 choice."]
     return "\n".join(lines) + "\n"
 
@@ -173,29 +182,49 @@ def shape_key(r: dict[str, Any]) -> tuple[Any, ...]:
             r["context"], r["kernel"])
 
 
+RESIDENT_MODES = ("hot", "aliased")
+
+
 def l2_ceiling(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Shapes measured both cold and hot whose one-layer KV fits the L2: stock's cold/hot time
-    ratio (the most an L2 prefetch could give stock's code) and, per variant, stock cold over
-    that variant's hot time."""
+    """Each shape measured cold and in a resident mode (hot where its one-layer KV fits the L2;
+    aliased at any size): stock's cold/resident time ratio (the most an L2 prefetch could give
+    stock's code) and, per variant, stock cold over that variant's resident time. One row per
+    (shape, resident mode), hot first."""
     base = doc["meta"]["baseline"]
     l2 = doc["meta"]["device"]["l2_bytes"]
-    hot = {shape_key(r): r for r in doc["results"] if r["mode"] == "hot" and not r.get("error")}
+    resident = {(r["mode"], shape_key(r)): r for r in doc["results"]
+                if r["mode"] in RESIDENT_MODES and not r.get("error")}
     out = []
-    for r in doc["results"]:
-        h = hot.get(shape_key(r))
-        if r["mode"] != "cold" or r.get("error") or h is None or not r.get("plan"):
-            continue
-        per_layer = r["plan"]["bytes_per_layer"]
-        if per_layer > l2:
-            continue
-        cold_us = r["variants"][base]["time_us"]["median"]
-        hot_us = h["variants"][base]["time_us"]["median"]
-        out.append({"preset": r["preset"], "batch": r["batch"], "context": r["context"],
-                    "kernel": r["kernel"], "bytes_per_layer": per_layer, "cold_us": cold_us,
-                    "hot_us": hot_us, "bound": cold_us / hot_us,
-                    "variant_bound": {n: cold_us / v["time_us"]["median"]
-                                      for n, v in h["variants"].items() if n != base}})
+    for mode in RESIDENT_MODES:
+        for r in doc["results"]:
+            h = resident.get((mode, shape_key(r)))
+            if r["mode"] != "cold" or r.get("error") or h is None or not r.get("plan"):
+                continue
+            per_layer = r["plan"]["bytes_per_layer"]
+            if mode == "hot" and per_layer > l2:
+                continue
+            cold_us = r["variants"][base]["time_us"]["median"]
+            res_us = h["variants"][base]["time_us"]["median"]
+            out.append({"preset": r["preset"], "batch": r["batch"], "context": r["context"],
+                        "kernel": r["kernel"], "bytes_per_layer": per_layer, "resident": mode,
+                        "cold_us": cold_us, "resident_us": res_us, "bound": cold_us / res_us,
+                        "variant_bound": {n: cold_us / v["time_us"]["median"]
+                                          for n, v in h["variants"].items() if n != base}})
     return out
+
+
+def _by_resident(ceiling: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in ceiling:
+        groups.setdefault(c["resident"], []).append(c)
+    return groups
+
+
+def _geomean_cell(values: list[float | None]) -> str:
+    """The geometric mean when every shape has a value, else '-'."""
+    if not values or any(v is None for v in values):
+        return "-"
+    return f"{geomean(v for v in values if v is not None):.3f}x"
 
 
 def kernel_png(doc: dict[str, Any], path: Path) -> Path:

@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 import click
 
-from ..bench.matrix import DEFAULT_CONTEXTS, NAMED_MATRICES, describe_named_matrices, format_size
+from ..bench.matrix import (DEFAULT_CONTEXTS, MODES, NAMED_MATRICES, describe_named_matrices,
+                            format_size)
 from ..console import emit_json, info, table
 from ..errors import BenchError
 from .common import dry_run_option, json_option, workdir_option
@@ -85,8 +86,10 @@ def bench() -> None:
 @click.option("--kv-cache-dtype", multiple=True, help="auto [default], fp8, fp8_e5m2.")
 @click.option("--force-kernel", type=click.Choice(["v1", "v2"]), default=None,
               help="Force v1 or v2 instead of vLLM's own choice.")
-@click.option("--mode", multiple=True, type=click.Choice(["cold", "hot"]),
-              help="cold [default]: KV rotated over enough layers to exceed L2; hot: one layer.")
+@click.option("--mode", multiple=True, type=click.Choice(list(MODES)),
+              help="cold [default]: KV rotated over enough layers to exceed L2; hot: one layer; "
+              "aliased: one layer whose block tables point into a pool of --alias-l2-fraction "
+              "of the L2 (every KV load an L2 hit at any shape: the L2-resident bound).")
 @click.option("--rounds", type=int, default=21, show_default=True)
 @click.option("--sample-ms", type=float, default=3.0, show_default=True,
               help="Minimum duration of one timed sample.")
@@ -94,6 +97,8 @@ def bench() -> None:
               help="Cold mode: bytes per pass over the layers >= this times the L2.")
 @click.option("--pool-factor", type=float, default=1.0, show_default=True,
               help="KV pool size over the blocks the batch needs (block tables are drawn from it).")
+@click.option("--alias-l2-fraction", type=float, default=0.25, show_default=True,
+              help="Aliased mode: the block pool's size as a fraction of the L2.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--list-presets", is_flag=True, help="List the model presets and exit.")
 @output_options("kernel")
@@ -103,8 +108,8 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
            batch: tuple[str, ...], context: tuple[str, ...], block_size: tuple[str, ...],
            dtype: tuple[str, ...], kv_cache_dtype: tuple[str, ...], force_kernel: str | None,
            mode: tuple[str, ...], rounds: int, sample_ms: float, l2_factor: float,
-           pool_factor: float, seed: int, list_presets: bool, out: Path | None, name: str,
-           formats: str, dry_run: bool, as_json: bool) -> None:
+           pool_factor: float, alias_l2_fraction: float, seed: int, list_presets: bool,
+           out: Path | None, name: str, formats: str, dry_run: bool, as_json: bool) -> None:
     """Time every kernels-only build in ONE process over a matrix of shapes (CUDA graphs,
     variants interleaved over rounds), check bitwise identity in the same run, and write
     <name>.json, .md and a speedup heatmap .png. Shapes that vLLM's launcher cannot run or that
@@ -121,7 +126,8 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
     matrix = build_matrix(preset, batch, context, block_size, dtype, kv_cache_dtype, force_kernel,
                           matrix=matrix_name)
     configs = [KernelBenchConfig(mode=m, rounds=rounds, target_sample_ms=sample_ms,
-                                 l2_factor=l2_factor, pool_factor=pool_factor, seed=seed)
+                                 l2_factor=l2_factor, pool_factor=pool_factor,
+                                 alias_l2_fraction=alias_l2_fraction, seed=seed)
                for m in (mode or ("cold",))]
     fmts = _formats(formats)
     out_dir = out or workdir / "bench"
