@@ -95,6 +95,16 @@ __device__ __forceinline__ void consume_token(const unsigned token, float* share
 #ifndef KVPREFETCH_AUTO_MAX_CTAS_PCT
   #define KVPREFETCH_AUTO_MAX_CTAS_PCT 100
 #endif
+// Which CTAs of a GQA group (the num_heads / num_kv_heads query heads that read the same kv
+// head, adjacent in blockIdx.x, so they run together) issue the prologue's prefetches:
+// 0 = each CTA requests all of its blocks (the group's requests are then repeated
+// num_queries_per_kv times); 1 = only the group's first CTA; 2 = the group's CTAs split the
+// blocks, each requesting every num_queries_per_kv-th.
+#ifndef KVPREFETCH_GQA_SHARE
+  #define KVPREFETCH_GQA_SHARE 0
+#endif
+static_assert(KVPREFETCH_GQA_SHARE >= 0 && KVPREFETCH_GQA_SHARE <= 2,
+              "KVPREFETCH_GQA_SHARE must be 0, 1 or 2");
 // 0 = off, 1 = on (every launch), 2 = auto. The runtime switch KVPREFETCH=off|on|auto
 // overrides it without a rebuild (read once per process, see sync_runtime_mode below).
 #ifndef KVPREFETCH_DEFAULT_MODE
@@ -218,8 +228,9 @@ __device__ __forceinline__ PrefetchBases<T> prefetch_bases(const T* k_cache, con
 // Called by all 32 lanes of a warp right before its loop over the blocks first_block_idx,
 // first_block_idx + STRIDE, ... < end_block_idx (STRIDE = NUM_WARPS); `bases` from
 // prefetch_bases, `head_offset` = kv_head_idx * kv_head_stride. Lane l requests the K and the
-// V chunk of the warp's blocks l, l+32, ... (KVPREFETCH_PROLOGUE_ROUNDS rounds at most);
-// returns a token for consume_token.
+// V chunk of the warp's blocks l, l+32, ... (KVPREFETCH_PROLOGUE_ROUNDS rounds at most), of
+// those the ones this CTA's place in its GQA group (`group_rank` of `group_size`) gives it
+// (KVPREFETCH_GQA_SHARE); returns a token for consume_token.
 //  - The bound is end_block_idx (this partition's end), an index: block_table is never read
 //    past the sequence's row, and physical block 0 is prefetched like any other (the original
 //    patch's "next block 0 = none" sentinel skipped a real block).
@@ -228,7 +239,7 @@ template <int HEAD_SIZE, int BLOCK_SIZE, int STRIDE, typename cache_t>
 __device__ __forceinline__ unsigned prefetch_warp_blocks(
     const PrefetchBases<cache_t> bases, const int* __restrict__ block_table,
     const int first_block_idx, const int end_block_idx, const int64_t kv_block_stride,
-    const int64_t head_offset, const int lane) {
+    const int64_t head_offset, const int lane, const int group_rank, const int group_size) {
   unsigned token = 0;
 #if KVPREFETCH_HAS_BULK_PREFETCH
   static_assert(KVPREFETCH_PROLOGUE_ROUNDS >= 1, "KVPREFETCH_PROLOGUE_ROUNDS must be >= 1");
@@ -236,8 +247,10 @@ __device__ __forceinline__ unsigned prefetch_warp_blocks(
   if (bases.k == nullptr && bases.v == nullptr) return 0;
   #pragma unroll 1
   for (int round = 0; round < KVPREFETCH_PROLOGUE_ROUNDS; ++round) {
-    const int idx = first_block_idx + (round * 32 + lane) * STRIDE;
+    const int k = round * 32 + lane;
+    const int idx = first_block_idx + k * STRIDE;
     if (idx >= end_block_idx) break;
+    if (KVPREFETCH_GQA_SHARE == 2 && k % group_size != group_rank) continue;
     const int64_t offset =
         static_cast<int64_t>(block_table[idx]) * kv_block_stride + head_offset;
     if (bases.k != nullptr) token |= l2_prefetch_bulk<kBytes>(bases.k + offset);
@@ -245,7 +258,7 @@ __device__ __forceinline__ unsigned prefetch_warp_blocks(
   }
 #else
   (void)bases; (void)block_table; (void)first_block_idx; (void)end_block_idx;
-  (void)kv_block_stride; (void)head_offset; (void)lane;
+  (void)kv_block_stride; (void)head_offset; (void)lane; (void)group_rank; (void)group_size;
 #endif
   return token;
 }
@@ -278,14 +291,15 @@ template <int HEAD_SIZE, int BLOCK_SIZE, int STRIDE, typename cache_t>
 __device__ KVPREFETCH_PROLOGUE_ATTR unsigned prefetch_prologue(
     const cache_t* k_cache, const cache_t* v_cache, const int* __restrict__ block_table,
     const int first_block_idx, const int end_block_idx, const int64_t kv_block_stride,
-    const int64_t head_offset, const int lane)
+    const int64_t head_offset, const int lane, const int group_rank, const int group_size)
 #if KVPREFETCH_LAUNCHER_ONLY
     ;  // declared for the kernel's discarded `if constexpr` branch; never instantiated here
 #else
 {
+  if (KVPREFETCH_GQA_SHARE == 1 && group_rank != 0) return 0;
   return prefetch_warp_blocks<HEAD_SIZE, BLOCK_SIZE, STRIDE>(
       prefetch_bases(k_cache, v_cache, lane), block_table, first_block_idx, end_block_idx,
-      kv_block_stride, head_offset, lane);
+      kv_block_stride, head_offset, lane, group_rank, group_size);
 }
 #endif
 
