@@ -8,7 +8,8 @@
 //  - v2 (partitioned) kernels with fp16/bf16 caches and head size >= 128 (prologue_compiled):
 //    before the loop starts, the warp's 32 lanes ask the bulk-copy
 //    engine for the K and V chunks of the blocks this warp will walk (prefetch_prologue), so
-//    they stream into L2 while the warp works through the first ones. Nothing is added inside
+//    they stream into L2 while the warp works through the first ones. Only the first CTA of
+//    each GQA group asks (its neighbours read the same kv head). Nothing is added inside
 //    the loop: code there changes how NVVM schedules the loop's K/V loads.
 //  - every other kernel, v1 included: untouched (instruction-identical to stock; verify-kernel
 //    checks it). On the H200 every in-kernel addition we tried made NVVM compile v1's loop 2-3x
@@ -89,19 +90,26 @@ __device__ __forceinline__ void consume_token(const unsigned token, float* share
   #define KVPREFETCH_PROLOGUE_ROUNDS 4
 #endif
 // The `auto` rule: prefetch only when the launch is latency-bound, i.e. its grid (heads x
-// sequences x partitions) has at most this many CTAs, as a percentage of the SM count. Larger
-// grids already keep the memory system busy, and there the prefetch measured slower on the
-// H200 (docs/prefetch-tuning.md has the data behind the default).
+// sequences x partitions) has at most KVPREFETCH_AUTO_MAX_CTAS_PCT CTAs and at most
+// KVPREFETCH_AUTO_MAX_ISSUING_PCT CTAs that issue requests (KVPREFETCH_GQA_SHARE), each as a
+// percentage of the SM count. Larger grids already keep the memory system busy, and there the
+// prefetch measured slower on the H200 (docs/prefetch-tuning.md has the data behind both).
 #ifndef KVPREFETCH_AUTO_MAX_CTAS_PCT
-  #define KVPREFETCH_AUTO_MAX_CTAS_PCT 100
+  #define KVPREFETCH_AUTO_MAX_CTAS_PCT 200
+#endif
+#ifndef KVPREFETCH_AUTO_MAX_ISSUING_PCT
+  #define KVPREFETCH_AUTO_MAX_ISSUING_PCT 100
 #endif
 // Which CTAs of a GQA group (the num_heads / num_kv_heads query heads that read the same kv
 // head, adjacent in blockIdx.x, so they run together) issue the prologue's prefetches:
-// 0 = each CTA requests all of its blocks (the group's requests are then repeated
-// num_queries_per_kv times); 1 = only the group's first CTA; 2 = the group's CTAs split the
-// blocks, each requesting every num_queries_per_kv-th.
+// 1 = only the group's first CTA (the default: the others find the chunks on their way into
+// L2); 0 = each CTA requests all of its blocks (the group's requests are then repeated
+// num_queries_per_kv times); 2 = the group's CTAs split the blocks, each requesting every
+// num_queries_per_kv-th. On the H200 (Llama-3.1-8B, 4 query heads per kv head, prefetch forced
+// on) 1 ran 5-30% faster than 0 on every v2 grid, and 0-9% faster than 2 (docs/prefetch-tuning.md,
+// docs/results/2026-11-29-h200-prefetch-explore/5-gqa-share).
 #ifndef KVPREFETCH_GQA_SHARE
-  #define KVPREFETCH_GQA_SHARE 0
+  #define KVPREFETCH_GQA_SHARE 1
 #endif
 static_assert(KVPREFETCH_GQA_SHARE >= 0 && KVPREFETCH_GQA_SHARE <= 2,
               "KVPREFETCH_GQA_SHARE must be 0, 1 or 2");
@@ -143,16 +151,21 @@ __constant__ int kvprefetch_mode = KVPREFETCH_DEFAULT_MODE;
 }  // namespace
 
 // Whether this launch prefetches. Uniform over the CTA and computed from what every thread
-// knows (grid shape, the SM count in %nsmid), so gating costs a few uniform instructions.
-__device__ __forceinline__ bool prefetch_enabled() {
+// knows (grid shape, the SM count in %nsmid, `group_size` = query heads per kv head), so
+// gating costs a few uniform instructions.
+__device__ __forceinline__ bool prefetch_enabled(const int group_size) {
 #if KVPREFETCH_HAS_BULK_PREFETCH
   const int mode = kvprefetch_mode;
   if (mode != 2) return mode == 1;
   unsigned int nsm;
   asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
   const unsigned int ctas = gridDim.x * gridDim.y * gridDim.z;
-  return 100u * ctas <= KVPREFETCH_AUTO_MAX_CTAS_PCT * nsm;
+  const unsigned int issuing =
+      KVPREFETCH_GQA_SHARE == 1 ? ctas / static_cast<unsigned int>(group_size) : ctas;
+  return 100u * ctas <= KVPREFETCH_AUTO_MAX_CTAS_PCT * nsm &&
+         100u * issuing <= KVPREFETCH_AUTO_MAX_ISSUING_PCT * nsm;
 #else
+  (void)group_size;
   return false;
 #endif
 }
@@ -204,10 +217,10 @@ __device__ __forceinline__ const T* table_entry(const int hit) {
 
 template <typename T>
 __device__ __forceinline__ PrefetchBases<T> prefetch_bases(const T* k_cache, const T* v_cache,
-                                                           const int lane) {
+                                                           const int lane, const int group_size) {
   PrefetchBases<T> bases;
 #if KVPREFETCH_HAS_BULK_PREFETCH
-  if (!prefetch_enabled()) return bases;
+  if (!prefetch_enabled(group_size)) return bases;
   int k_hit = -1, v_hit = -1;
   #pragma unroll
   for (int i = 0; i < KVPREFETCH_BASE_SLOTS / 32; ++i) {
@@ -219,7 +232,7 @@ __device__ __forceinline__ PrefetchBases<T> prefetch_bases(const T* k_cache, con
   bases.k = table_entry<T>(k_hit);
   bases.v = table_entry<T>(v_hit);
 #else
-  (void)k_cache; (void)v_cache; (void)lane;
+  (void)k_cache; (void)v_cache; (void)lane; (void)group_size;
 #endif
   return bases;
 }
@@ -298,8 +311,8 @@ __device__ KVPREFETCH_PROLOGUE_ATTR unsigned prefetch_prologue(
 {
   if (KVPREFETCH_GQA_SHARE == 1 && group_rank != 0) return 0;
   return prefetch_warp_blocks<HEAD_SIZE, BLOCK_SIZE, STRIDE>(
-      prefetch_bases(k_cache, v_cache, lane), block_table, first_block_idx, end_block_idx,
-      kv_block_stride, head_offset, lane, group_rank, group_size);
+      prefetch_bases(k_cache, v_cache, lane, group_size), block_table, first_block_idx,
+      end_block_idx, kv_block_stride, head_offset, lane, group_rank, group_size);
 }
 #endif
 

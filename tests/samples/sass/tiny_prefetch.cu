@@ -25,7 +25,8 @@ __global__ void paged_attention_v1_kernel(scalar_t* __restrict__ out,
   __shared__ float scratch[NUM_THREADS];
   // The prologue, as the patch calls it: the warp's lanes request its K and V blocks.
   const unsigned token = kvprefetch::prefetch_prologue<HEAD_SIZE, BLOCK_SIZE, NUM_WARPS>(
-      k_cache, v_cache, block_table, warp_idx, num_blocks, kv_block_stride, head_offset, lane);
+      k_cache, v_cache, block_table, warp_idx, num_blocks, kv_block_stride, head_offset, lane,
+      /*group_rank=*/0, /*group_size=*/1);
   float acc = 0.f;
   for (int block_idx = warp_idx; block_idx < num_blocks; block_idx += NUM_WARPS) {
     acc += static_cast<float>(k_cache[block_table[block_idx] * kv_block_stride + lane]);
