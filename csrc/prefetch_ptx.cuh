@@ -485,22 +485,103 @@ inline bool l2_prefetch_wanted(int dev, int mode, long long kv_bytes) {
          kv_bytes <= static_cast<long long>(f.l2_bytes) / KVPREFETCH_AUTO_L2_DIVISOR;
 }
 
+// Where the launcher's prefetch kernel runs. 0: on the launch stream, so the attention kernel
+// waits for it (a few microseconds of launch gap). 1: on a side stream forked from the launch
+// stream, so the attention kernel starts at once and the two overlap; the launcher's
+// L2PrefetchJoin joins the side stream back after the attention launch, which CUDA-graph capture
+// requires and which keeps every later use of the inputs ordered after the prefetch kernel.
+#ifndef KVPREFETCH_LAUNCH_OVERLAP
+  #define KVPREFETCH_LAUNCH_OVERLAP 0
+#endif
+
+// Joins the prefetch kernel's side stream back into the launch stream when it goes out of
+// scope; the launchers keep it alive until after their attention launch. Empty (does nothing)
+// when the prefetch ran on the launch stream or did not run.
+class [[nodiscard]] L2PrefetchJoin {
+ public:
+  L2PrefetchJoin() = default;
+  L2PrefetchJoin(cudaStream_t stream, cudaEvent_t done) : stream_(stream), done_(done) {}
+  L2PrefetchJoin(const L2PrefetchJoin&) = delete;
+  L2PrefetchJoin& operator=(const L2PrefetchJoin&) = delete;
+  L2PrefetchJoin(L2PrefetchJoin&& other) noexcept : stream_(other.stream_), done_(other.done_) {
+    other.done_ = nullptr;
+  }
+  L2PrefetchJoin& operator=(L2PrefetchJoin&&) = delete;
+  ~L2PrefetchJoin() {
+    if (done_ != nullptr && cudaStreamWaitEvent(stream_, done_, 0) != cudaSuccess) {
+      (void)cudaGetLastError();  // ours: do not leave it for the next launch check
+    }
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+};
+
+// One side stream and its fork/join events per device and host thread, created on first use
+// outside a CUDA-graph capture (vLLM's eager warm-up) and kept for the process's life. nullptr
+// when they do not exist yet during a capture, or could not be created: the prefetch then runs
+// on the launch stream.
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t done = nullptr;
+  bool ready = false;
+  bool failed = false;
+};
+inline SideStream* side_stream(int dev, cudaStream_t launch_stream) {
+  thread_local SideStream sides[64];
+  if (dev < 0 || dev >= 64) return nullptr;
+  SideStream& s = sides[dev];
+  if (s.ready) return &s;
+  if (s.failed || capturing_or_unknown(launch_stream)) return nullptr;
+  if (cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming) != cudaSuccess) {
+    (void)cudaGetLastError();
+    s.failed = true;
+    return nullptr;
+  }
+  s.ready = true;
+  return &s;
+}
+
+// Fires kv_l2_prefetch_kernel for this step when l2_prefetch_wanted says so. The caller keeps
+// the returned join alive until after its attention launch (see KVPREFETCH_LAUNCH_OVERLAP).
 template <typename cache_t, int BLOCK_SIZE>
-inline void launch_l2_prefetch(cudaStream_t stream, const cache_t* k_cache,
-                               const cache_t* v_cache, const int* block_tables,
-                               const int* seq_lens, int num_seqs, int num_kv_heads,
-                               int head_size, int max_num_blocks_per_seq, int max_seq_len,
-                               int kv_block_stride, int kv_head_stride) {
+inline L2PrefetchJoin launch_l2_prefetch(cudaStream_t stream, const cache_t* k_cache,
+                                         const cache_t* v_cache, const int* block_tables,
+                                         const int* seq_lens, int num_seqs, int num_kv_heads,
+                                         int head_size, int max_num_blocks_per_seq,
+                                         int max_seq_len, int kv_block_stride,
+                                         int kv_head_stride) {
   const uint32_t chunk = static_cast<uint32_t>(head_size) * BLOCK_SIZE * sizeof(cache_t);
   const long long blocks = (static_cast<long long>(max_seq_len) + BLOCK_SIZE - 1) / BLOCK_SIZE;
   const long long kv_bytes = 2ll * num_seqs * num_kv_heads * blocks * chunk;
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return;
-  if (!l2_prefetch_wanted(dev, kvprefetch_host_mode(), kv_bytes)) return;
-  if (chunk % 16 != 0 || chunk > 1048560u) return;
-  kv_l2_prefetch_kernel<cache_t><<<dim3(num_kv_heads, num_seqs), 128, 0, stream>>>(
+  if (cudaGetDevice(&dev) != cudaSuccess) return {};
+  if (!l2_prefetch_wanted(dev, kvprefetch_host_mode(), kv_bytes)) return {};
+  if (chunk % 16 != 0 || chunk > 1048560u) return {};
+  const dim3 grid(num_kv_heads, num_seqs);
+#if KVPREFETCH_LAUNCH_OVERLAP
+  if (SideStream* side = side_stream(dev, stream)) {
+    if (cudaEventRecord(side->fork, stream) == cudaSuccess &&
+        cudaStreamWaitEvent(side->stream, side->fork, 0) == cudaSuccess) {
+      kv_l2_prefetch_kernel<cache_t><<<grid, 128, 0, side->stream>>>(
+          k_cache, v_cache, block_tables, seq_lens, BLOCK_SIZE, max_num_blocks_per_seq,
+          kv_block_stride, kv_head_stride, chunk);
+      if (cudaEventRecord(side->done, side->stream) == cudaSuccess) {
+        return L2PrefetchJoin(stream, side->done);
+      }
+    }
+    (void)cudaGetLastError();
+    return {};
+  }
+#endif
+  kv_l2_prefetch_kernel<cache_t><<<grid, 128, 0, stream>>>(
       k_cache, v_cache, block_tables, seq_lens, BLOCK_SIZE, max_num_blocks_per_seq,
       kv_block_stride, kv_head_stride, chunk);
+  return {};
 }
 }  // namespace
 #endif
