@@ -14,7 +14,8 @@
 //  - every other kernel, v1 included: untouched (instruction-identical to stock; verify-kernel
 //    checks it). On the H200 every in-kernel addition we tried made NVVM compile v1's loop 2-3x
 //    slower, while v2 compiled faster (docs/prefetch-tuning.md). The v1 launcher instead fires
-//    kv_l2_prefetch_kernel (below) before small steps.
+//    kv_l2_prefetch_kernel (below) for small steps, on a side stream beside the attention
+//    kernel.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -468,14 +469,15 @@ __global__ void kv_l2_prefetch_kernel(const cache_t* __restrict__ k_cache,
 namespace {
 
 // The launch-time decision. `auto` prefetches when the whole KV working set of this decode
-// step (an upper bound: num_seqs x max_seq_len tokens, K and V) is at most 1/4 of L2
-// (15 MB on the H200): then the step is latency-bound and the prefetched bytes land before
-// the attention kernel's warps reach them. Measured on the H200 (docs/prefetch-tuning.md),
-// v1 steps: 2, 4 and 8.4 MB ran 1.08x, 1.09x and 1.10x faster with it; 16.8 MB steps ran
-// 0.93x (the prefetch competes with the kernel's own first loads). KVPREFETCH=on|off
-// overrides; KVPREFETCH_AUTO_L2_DIVISOR changes the 1/4 at compile time.
+// step (an upper bound: num_seqs x max_seq_len tokens, K and V) is at most 1/2 of L2
+// (30 MB on the H200): then the step is latency-bound and the prefetched bytes land before
+// the attention kernel's warps reach them. Measured on the H200 with the prefetch kernel
+// overlapping the attention kernel (KVPREFETCH_LAUNCH_OVERLAP, docs/prefetch-tuning.md), v1
+// steps: 2, 4 and 8.4 MB ran 1.33x, 1.34x and 1.36x faster; 16.8 MB 1.12x; 33.6 MB 0.955x
+// (the prefetch competes with the kernel's own loads); larger ones 0.84-0.90x. KVPREFETCH=on|off
+// overrides; KVPREFETCH_AUTO_L2_DIVISOR changes the 1/2 at compile time.
 #ifndef KVPREFETCH_AUTO_L2_DIVISOR
-  #define KVPREFETCH_AUTO_L2_DIVISOR 4
+  #define KVPREFETCH_AUTO_L2_DIVISOR 2
 #endif
 inline bool l2_prefetch_wanted(int dev, int mode, long long kv_bytes) {
   if (mode == 0) return false;
@@ -485,13 +487,15 @@ inline bool l2_prefetch_wanted(int dev, int mode, long long kv_bytes) {
          kv_bytes <= static_cast<long long>(f.l2_bytes) / KVPREFETCH_AUTO_L2_DIVISOR;
 }
 
-// Where the launcher's prefetch kernel runs. 0: on the launch stream, so the attention kernel
-// waits for it (a few microseconds of launch gap). 1: on a side stream forked from the launch
-// stream, so the attention kernel starts at once and the two overlap; the launcher's
+// Where the launcher's prefetch kernel runs. 1 (default): on a side stream forked from the
+// launch stream, so the attention kernel starts at once and the two overlap; the launcher's
 // L2PrefetchJoin joins the side stream back after the attention launch, which CUDA-graph capture
 // requires and which keeps every later use of the inputs ordered after the prefetch kernel.
+// 0: on the launch stream, so the attention kernel waits for it. On the H200 (CUDA graphs) the
+// serial launch cost 2-3 us per step: b1 x 512 ran 1.10x faster with it, 1.33x with the overlap
+// (docs/results/2026-11-29-h200-prefetch-explore/6-launch-overlap).
 #ifndef KVPREFETCH_LAUNCH_OVERLAP
-  #define KVPREFETCH_LAUNCH_OVERLAP 0
+  #define KVPREFETCH_LAUNCH_OVERLAP 1
 #endif
 
 // Joins the prefetch kernel's side stream back into the launch stream when it goes out of

@@ -4,8 +4,8 @@
 # presets and cache dtypes, what is the most an L2 prefetch could give at the shapes whose KV
 # fits the L2, and do the GPU-marked tests pass on the real builds.
 #   device tool: run(command="bash scripts/device/prefetch-repeat.sh", carry=[".carry"], timeout_s=590)
-# QUICK=1 (about 4 minutes): stock, prefetch and the control only, one run of each table, no
-# pytest and no L2-resident bound.
+# QUICK=1 (about 4 minutes): stock, prefetch, launch and the control only, one run of each
+# table, no L2-resident bound.
 # Steps: fetch the carried sdist into baseline, patched, pro_off (prefetch compiled off: the code
 # change alone), launch, seed and control -> apply -> diff-upstream --check -> kernels-only build (head 64/128/256,
 # block 16, fp16/bf16/fp8 caches) -> verify-kernel -> pytest -m gpu -> `bench kernel` on the
@@ -32,8 +32,8 @@ V=(--variant baseline --variant patched --variant pro_off --variant launch --var
 FETCH=(--with-seed --extra-tree pro_off --extra-tree launch --extra-tree control)
 APPLY=(launch seed control)
 if [ "$QUICK" = 1 ]; then
-  V=(--variant baseline --variant patched --variant control); FETCH=(--extra-tree control)
-  APPLY=(control)
+  V=(--variant baseline --variant patched --variant launch --variant control)
+  FETCH=(--extra-tree launch --extra-tree control); APPLY=(launch control)
 fi
 pack() { tar -C "$OUT" -czf "$OUT/results.tgz.tmp" results && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
 finish() { log "done"; pack && rm -rf "$R"; }
@@ -56,7 +56,7 @@ step 300 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 \
   $([ -d "$W/trees/pro_off" ] && echo --tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0) || exit 5
 step 200 "${K[@]}" verify-kernel --workdir "$W"
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
-[ "$QUICK" = 1 ] || step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/test_vmm_gpu.py \
+step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/test_vmm_gpu.py \
   tests/test_vmm_paged.py tests/test_bench_kernel.py
 for i in $(seq 1 "$REPEATS"); do
   [ "$(left)" -gt 60 ] && bench 90 "${B[@]}" --mode cold --batch 1,8,32,64,128 \
