@@ -318,3 +318,31 @@ def test_module_check_on_real_compiles_of_the_header(tmp_path: Path) -> None:
     full = _compile_elf(tmp_path, SAMPLES / "l2_prefetch_kernel.cu")
     status, detail = verdict(full, "launch")
     assert status == "fail" and "(sm_90: no attention kernel)" in detail
+
+
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_launcher_prefetch_runs_beside_or_before_the_attention_launch(tmp_path: Path,
+                                                                      overlap: int) -> None:
+    """A REAL nvcc compile of a launcher shaped like the patched v1 launcher (it keeps the
+    L2PrefetchJoin until after its launch). With KVPREFETCH_LAUNCH_OVERLAP=1 (the default) the
+    object forks a side stream and joins it back (stream and event calls); with 0 it launches
+    in line and needs none of them. The GPU behaviour is measured on the H200 (bench kernel,
+    graphs and eager), not here."""
+    import shutil
+
+    nvcc = find_nvcc()
+    nm = shutil.which("nm")
+    assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
+    assert nm is not None, "nm (binutils) is needed"
+    obj = tmp_path / f"launcher{overlap}.o"
+    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", "-gencode=arch=compute_90,code=sm_90",
+         f"-DKVPREFETCH_LAUNCH_OVERLAP={overlap}", "-c", "-o", str(obj),
+         str(SAMPLES / "launcher_overlap.cu")], echo=False)
+    undefined = set(run([nm, "-u", "--format=just-symbols", str(obj)], echo=False).output.split())
+    side_stream_calls = {"cudaStreamCreateWithFlags", "cudaEventCreateWithFlags",
+                         "cudaEventRecord", "cudaStreamWaitEvent"}
+    assert "cudaDeviceGetAttribute" in undefined  # the launch-time decision is compiled in
+    if overlap:
+        assert side_stream_calls <= undefined
+    else:
+        assert not side_stream_calls & undefined
