@@ -25,12 +25,7 @@ K=(python3 -m kvprefetch)
 B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R" --mode cold)
 V=(--variant baseline --variant patched --variant control --variant on --variant lead_on
    --variant split_on)
-pack() { tar -C "$OUT" -czf "$OUT/results.tgz.tmp" results && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
-finish() { log "done"; pack && rm -rf "$R"; }
-trap finish EXIT
-device_env > "$R/env.txt" 2>&1
-tee -a "$LOG" < "$R/env.txt"
-[ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
+begin_run
 
 step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz \
   --extra-tree control --extra-tree on --extra-tree lead_on --extra-tree split_on || exit 3

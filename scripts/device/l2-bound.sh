@@ -23,13 +23,7 @@ export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COL
 K=(python3 -m kvprefetch)
 B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R")
 V=(--variant baseline --variant patched --variant control)
-pack() { tar -C "$OUT" -czf "$OUT/results.tgz.tmp" results && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
-finish() { log "done"; pack && rm -rf "$R"; }
-bench() { step "$@"; local rc=$?; pack; return "$rc"; }
-trap finish EXIT
-device_env > "$R/env.txt" 2>&1
-tee -a "$LOG" < "$R/env.txt"
-[ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
+begin_run
 
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --extra-tree control || exit 3
 step 30 "${K[@]}" apply --workdir "$W" --variant prefetch || exit 4

@@ -12,3 +12,17 @@ device_env() {   # what the results were measured on, for env.txt
   nvcc --version | tail -2 | head -1
   git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head -20
 }
+# The results folder's life (needs OUT, R = $OUT/results, LOG): pack() writes $OUT/results.tgz
+# atomically (what the device tool brings back; call it after each table so a cut-short run
+# still returns what it measured); bench() is step() followed by pack(); begin_run() records the
+# device in env.txt, packs and removes the folder on exit, and stops (exit 2) unless the pinned
+# sdist was carried into .carry/.
+pack() { tar -C "$OUT" -czf "$OUT/results.tgz.tmp" results && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
+bench() { step "$@"; local rc=$?; pack; return "$rc"; }
+finish() { log "done"; pack && rm -rf "$R"; }
+begin_run() {
+  trap finish EXIT
+  device_env > "$R/env.txt" 2>&1
+  tee -a "$LOG" < "$R/env.txt"
+  [ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
+}

@@ -35,13 +35,7 @@ if [ "$QUICK" = 1 ]; then
   V=(--variant baseline --variant patched --variant launch --variant control)
   FETCH=(--extra-tree launch --extra-tree control); APPLY=(launch control)
 fi
-pack() { tar -C "$OUT" -czf "$OUT/results.tgz.tmp" results && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
-finish() { log "done"; pack && rm -rf "$R"; }
-bench() { step "$@"; local rc=$?; pack; return "$rc"; }
-trap finish EXIT
-device_env > "$R/env.txt" 2>&1
-tee -a "$LOG" < "$R/env.txt"
-[ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
+begin_run
 
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${FETCH[@]}" || exit 3
 for t in patched pro_off; do
