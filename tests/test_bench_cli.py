@@ -59,6 +59,18 @@ def test_kernel_dry_run_options(tmp_path: Path) -> None:
     assert plan["variants"] == []
 
 
+def test_kernel_aliased_mode_and_its_pool_fraction(tmp_path: Path) -> None:
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--json", "--mode", "cold",
+                   "--mode", "aliased", "--alias-l2-fraction", "0.5", "--batch", "1",
+                   "--context", "512"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["modes"] == ["cold", "aliased"]
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--mode", "aliased",
+                   "--alias-l2-fraction", "0"])
+    assert isinstance(res.exception, BenchError) and "alias_l2_fraction" in str(res.exception)
+    assert "fraction of the L2" in res.exception.fix
+
+
 def test_kernel_text_dry_run_lists_shapes(tmp_path: Path) -> None:
     res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--batch", "1",
                    "--context", "512"])
