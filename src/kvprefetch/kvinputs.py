@@ -178,6 +178,14 @@ def alias_pool_blocks(shape: AttnShape, l2_bytes: int, fraction: float = 0.25) -
     return max(1, int(fraction * l2_bytes) // (2 * shape.num_kv_heads * shape.chunk_bytes))
 
 
+def pool_blocks(needed: int, pool_factor: float = 1.0, alias_blocks: int = 0) -> int:
+    """Physical blocks in one layer's pool: ``ceil(needed * pool_factor)`` (at least ``needed``),
+    or ``alias_blocks`` when that is positive and fewer than ``needed`` (the aliased mode)."""
+    if 0 < alias_blocks < needed:
+        return alias_blocks
+    return max(needed, math.ceil(needed * pool_factor))
+
+
 def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers: int = 1,
                 ragged: bool = False, pool_factor: float = 1.0,
                 alias_blocks: int = 0) -> DecodeInputs:
@@ -209,9 +217,8 @@ def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers
         lens = torch.full((shape.num_seqs,), shape.max_seq_len, dtype=torch.int64)
     lens_list = tuple(int(n) for n in lens.tolist())
     needed = sum(-(-n // shape.block_size) for n in lens_list)
-    num_blocks = max(needed, math.ceil(needed * pool_factor))
-    if 0 < alias_blocks < needed:
-        num_blocks = alias_blocks
+    num_blocks = pool_blocks(needed, pool_factor, alias_blocks)
+    if num_blocks < needed:  # aliased: back-to-back permutations of the pool
         rounds = -(-needed // num_blocks)
         perm = torch.cat([torch.randperm(num_blocks, generator=cpu_gen)
                           for _ in range(rounds)])[:needed]
@@ -257,10 +264,7 @@ def cache_bytes_per_layer(shape: AttnShape, pool_factor: float = 1.0,
                           alias_blocks: int = 0) -> int:
     """Bytes of K plus V allocated for one layer with uniform sequence lengths (``make_inputs``'s
     pool, ``alias_blocks`` included)."""
-    needed = shape.num_seqs * shape.blocks_per_seq
-    blocks = max(needed, math.ceil(needed * pool_factor))
-    if 0 < alias_blocks < needed:
-        blocks = alias_blocks
+    blocks = pool_blocks(shape.num_seqs * shape.blocks_per_seq, pool_factor, alias_blocks)
     return 2 * blocks * shape.num_kv_heads * shape.chunk_bytes
 
 

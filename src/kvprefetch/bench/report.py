@@ -153,8 +153,9 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
         lines += ["", "## L2-resident bound", "",
                   ("The same shape with every KV load an L2 hit: the most any L2 prefetch could "
                    "give. `hot` replays one layer (only where that layer's KV fits the L2); "
-                   "`aliased` points the block tables into a pool of a quarter of the L2 (any "
-                   "shape; its BW above is of bytes read from the L2). `stock cold/resident` "
+                   "`aliased` points the block tables into a pool that fits "
+                   "`--alias-l2-fraction` of the L2, 0.25 by default (any shape; its BW above "
+                   "is of bytes read from the L2). `stock cold/resident` "
                    "bounds a prefetch added to stock's code; `stock cold / <variant> resident` "
                    "bounds that variant's code (its code generation included) with a perfect "
                    "prefetch."), ""]
