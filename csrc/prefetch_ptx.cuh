@@ -20,6 +20,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -286,9 +287,13 @@ __device__ __forceinline__ unsigned prefetch_warp_blocks(
 // v2 kernel 2.6% slower on one shape. Keep kPrologueMinHeadSize in sync with
 // kvprefetch.upstream.PROLOGUE_MIN_HEAD_SIZE (verify-kernel's expectation).
 constexpr int kPrologueMinHeadSize = 128;
+constexpr bool prologue_rule(const int head_size, const bool partitioned,
+                             const bool fp16_or_bf16_cache) {
+  return partitioned && fp16_or_bf16_cache && head_size >= kPrologueMinHeadSize;
+}
 template <int HEAD_SIZE>
 constexpr bool prologue_compiled(const bool partitioned, const bool fp16_or_bf16_cache) {
-  return partitioned && fp16_or_bf16_cache && HEAD_SIZE >= kPrologueMinHeadSize;
+  return prologue_rule(HEAD_SIZE, partitioned, fp16_or_bf16_cache);
 }
 
 // What the patch calls: prefetch_bases + prefetch_warp_blocks. -DKVPREFETCH_PROLOGUE_NOINLINE=1
@@ -438,10 +443,21 @@ inline void before_launch(cudaStream_t stream, const void* k_cache, const void* 
 // then stops proving the cache read-only: every K/V load of the attention kernel loses the
 // read-only path (LDG.E.64.CONSTANT -> LDG.E.64), ~10-16% slower on bandwidth-heavy shapes
 // whether or not the prefetch runs. The `launch` variant leaves the attention kernels
-// byte-identical to stock and, right before them on the same stream, launches this small
-// kernel: one CTA per (kv head, sequence) whose threads fire one bulk L2 prefetch per K and V
-// chunk of that sequence, then exit. The prefetches are fire-and-forget, so the kernel ends at
-// once and the bytes stream into L2 while the attention kernel starts.
+// byte-identical to stock and, beside them (see KVPREFETCH_LAUNCH_OVERLAP), launches this small
+// kernel: one CTA per (kv head, sequence, run of `blocks_per_cta` blocks) whose threads fire one
+// bulk L2 prefetch per K and V chunk of those blocks, then exit. The prefetches are
+// fire-and-forget, so the bytes stream into L2 while the attention kernel runs.
+//
+// Why runs of blocks and not one CTA per (kv head, sequence): an SM's bulk-copy engine takes
+// the requests of its CTAs one after another, so one CTA asking for a whole long sequence
+// takes longer to issue than the attention step itself. With one kv head (Gemma-2B) and
+// 16k tokens, one CTA issued 2048 requests of 8 KiB and the step ran 0.51x stock on the H200;
+// KVPREFETCH_L2_BLOCKS_PER_CTA spreads them over the SMs (docs/prefetch-tuning.md).
+#ifndef KVPREFETCH_L2_BLOCKS_PER_CTA
+  #define KVPREFETCH_L2_BLOCKS_PER_CTA 16
+#endif
+static_assert(KVPREFETCH_L2_BLOCKS_PER_CTA >= 0,
+              "KVPREFETCH_L2_BLOCKS_PER_CTA must be >= 0 (0: one CTA per kv head and sequence)");
 template <typename cache_t>
 __global__ void kv_l2_prefetch_kernel(const cache_t* __restrict__ k_cache,
                                       const cache_t* __restrict__ v_cache,
@@ -449,13 +465,16 @@ __global__ void kv_l2_prefetch_kernel(const cache_t* __restrict__ k_cache,
                                       const int* __restrict__ seq_lens,
                                       const int block_size, const int max_num_blocks_per_seq,
                                       const int64_t kv_block_stride,
-                                      const int64_t kv_head_stride, const uint32_t chunk_bytes) {
+                                      const int64_t kv_head_stride, const uint32_t chunk_bytes,
+                                      const int blocks_per_cta) {
 #if KVPREFETCH_HAS_BULK_PREFETCH
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
-  const int num_blocks = (seq_lens[seq] + block_size - 1) / block_size;
+  const int first = blockIdx.z * blocks_per_cta;
+  const int num_blocks = min((seq_lens[seq] + block_size - 1) / block_size,
+                             first + blocks_per_cta);
   const int* table = block_tables + static_cast<int64_t>(seq) * max_num_blocks_per_seq;
-  for (int b = threadIdx.x; b < num_blocks; b += blockDim.x) {
+  for (int b = first + threadIdx.x; b < num_blocks; b += blockDim.x) {
     const int64_t offset = static_cast<int64_t>(table[b]) * kv_block_stride + head * kv_head_stride;
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_cache + offset),
                  "r"(chunk_bytes));
@@ -562,30 +581,66 @@ inline L2PrefetchJoin launch_l2_prefetch(cudaStream_t stream, const cache_t* k_c
   const uint32_t chunk = static_cast<uint32_t>(head_size) * BLOCK_SIZE * sizeof(cache_t);
   const long long blocks = (static_cast<long long>(max_seq_len) + BLOCK_SIZE - 1) / BLOCK_SIZE;
   const long long kv_bytes = 2ll * num_seqs * num_kv_heads * blocks * chunk;
+  if (num_seqs <= 0 || num_kv_heads <= 0 || blocks <= 0) return {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return {};
   if (!l2_prefetch_wanted(dev, kvprefetch_host_mode(), kv_bytes)) return {};
   if (chunk % 16 != 0 || chunk > 1048560u) return {};
-  const dim3 grid(num_kv_heads, num_seqs);
+  // Runs of KVPREFETCH_L2_BLOCKS_PER_CTA blocks (0: the whole sequence), longer where the
+  // grid's z would pass its limit; a warp per run of up to 32 blocks, 4 warps beyond.
+  constexpr long long kMaxZ = 65535;
+  const long long per_cta =
+      KVPREFETCH_L2_BLOCKS_PER_CTA == 0
+          ? std::max(blocks, 1ll)
+          : std::max<long long>(KVPREFETCH_L2_BLOCKS_PER_CTA, (blocks + kMaxZ - 1) / kMaxZ);
+  const dim3 grid(num_kv_heads, num_seqs, static_cast<unsigned>((blocks + per_cta - 1) / per_cta));
+  const int threads = per_cta <= 32 ? 32 : 128;
+  cudaStream_t prefetch_stream = stream;
+  SideStream* side = nullptr;
 #if KVPREFETCH_LAUNCH_OVERLAP
-  if (SideStream* side = side_stream(dev, stream)) {
-    if (cudaEventRecord(side->fork, stream) == cudaSuccess &&
-        cudaStreamWaitEvent(side->stream, side->fork, 0) == cudaSuccess) {
-      kv_l2_prefetch_kernel<cache_t><<<grid, 128, 0, side->stream>>>(
-          k_cache, v_cache, block_tables, seq_lens, BLOCK_SIZE, max_num_blocks_per_seq,
-          kv_block_stride, kv_head_stride, chunk);
-      if (cudaEventRecord(side->done, side->stream) == cudaSuccess) {
-        return L2PrefetchJoin(stream, side->done);
-      }
+  side = side_stream(dev, stream);
+  if (side != nullptr) {
+    if (cudaEventRecord(side->fork, stream) != cudaSuccess ||
+        cudaStreamWaitEvent(side->stream, side->fork, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {};
     }
+    prefetch_stream = side->stream;
+  }
+#endif
+  kv_l2_prefetch_kernel<cache_t><<<grid, threads, 0, prefetch_stream>>>(
+      k_cache, v_cache, block_tables, seq_lens, BLOCK_SIZE, max_num_blocks_per_seq,
+      kv_block_stride, kv_head_stride, chunk, static_cast<int>(per_cta));
+  if (side == nullptr) return {};
+  if (cudaEventRecord(side->done, side->stream) != cudaSuccess) {
     (void)cudaGetLastError();
     return {};
   }
+  return L2PrefetchJoin(stream, side->done);
+}
+
+// The `prefetch` variant's v2 launcher: the v2 kernels compiled without the prologue (fp8
+// caches, head sizes below kPrologueMinHeadSize) get the launcher's L2 prefetch instead, under
+// the same `auto` rule as v1; those with it get nothing here. -DKVPREFETCH_V2_L2_KERNEL=0
+// leaves every v2 step to the prologue alone (the design before this; docs/prefetch-tuning.md).
+#ifndef KVPREFETCH_V2_L2_KERNEL
+  #define KVPREFETCH_V2_L2_KERNEL 1
 #endif
-  kv_l2_prefetch_kernel<cache_t><<<grid, 128, 0, stream>>>(
-      k_cache, v_cache, block_tables, seq_lens, BLOCK_SIZE, max_num_blocks_per_seq,
-      kv_block_stride, kv_head_stride, chunk);
-  return {};
+template <typename cache_t, int BLOCK_SIZE>
+inline L2PrefetchJoin launch_l2_prefetch_unless_prologue(
+    const bool fp16_or_bf16_cache, cudaStream_t stream, const cache_t* k_cache,
+    const cache_t* v_cache, const int* block_tables, const int* seq_lens, int num_seqs,
+    int num_kv_heads, int head_size, int max_num_blocks_per_seq, int max_seq_len,
+    int kv_block_stride, int kv_head_stride) {
+  if constexpr (KVPREFETCH_V2_L2_KERNEL == 0) {  // not even instantiated: the module as before
+    return {};
+  } else {
+    if (prologue_rule(head_size, true, fp16_or_bf16_cache)) return {};
+    return launch_l2_prefetch<cache_t, BLOCK_SIZE>(stream, k_cache, v_cache, block_tables,
+                                                   seq_lens, num_seqs, num_kv_heads, head_size,
+                                                   max_num_blocks_per_seq, max_seq_len,
+                                                   kv_block_stride, kv_head_stride);
+  }
 }
 }  // namespace
 #endif

@@ -217,7 +217,7 @@ def test_prefetch_rule_is_the_headers() -> None:
     header = (CSRC / "prefetch_ptx.cuh").read_text()
     m = re.search(r"constexpr int kPrologueMinHeadSize = (\d+);", header)
     assert m is not None and int(m.group(1)) == upstream.PROLOGUE_MIN_HEAD_SIZE
-    assert "partitioned && fp16_or_bf16_cache && HEAD_SIZE >= kPrologueMinHeadSize" in header
+    assert "partitioned && fp16_or_bf16_cache && head_size >= kPrologueMinHeadSize" in header
     rule = upstream.prefetches_in
     assert rule("prefetch", "v2", "auto", 128) and rule("prefetch", "v2", "auto", 256)
     assert not rule("prefetch", "v1", "auto", 128)
@@ -346,3 +346,23 @@ def test_launcher_prefetch_runs_beside_or_before_the_attention_launch(tmp_path: 
         assert side_stream_calls <= undefined
     else:
         assert not side_stream_calls & undefined
+
+
+@pytest.mark.parametrize("enabled", [0, 1])
+def test_v2_launcher_prefetch_kernel_only_when_enabled(tmp_path: Path, enabled: int) -> None:
+    """A REAL nvcc compile of a launcher shaped like the `prefetch` variant's v2 launcher, for a
+    16-bit and an fp8 cache: with KVPREFETCH_V2_L2_KERNEL=1 (the default) the device code holds
+    kv_l2_prefetch_kernel for both cache types, each with its K and V UBLKPF (which head sizes
+    fire it is decided at run time, by prologue_rule); with 0 it holds none, the v2 module as
+    before the change. Whether it helps is measured on the H200 (docs/prefetch-tuning.md)."""
+    from kvprefetch.sass import prefetch_kernels
+
+    sass = _compile_and_disassemble(tmp_path, SAMPLES / "v2_launcher.cu",
+                                    "-gencode=arch=compute_90,code=sm_90",
+                                    f"-DKVPREFETCH_V2_L2_KERNEL={enabled}")
+    counts = prefetch_kernels(sass)
+    if enabled:
+        assert len(counts) == 2 and all(n == 2 for n in counts.values()), counts
+        assert any("IhE" in name for _, name in counts) and any("ItE" in name for _, name in counts)
+    else:
+        assert counts == {}

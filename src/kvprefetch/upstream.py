@@ -61,7 +61,8 @@ def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: i
     return True  # seed, and any in-kernel variant of the paper's shape: every kernel
 
 
-# Variants whose v1 launcher fires kvprefetch's kv_l2_prefetch_kernel before small steps.
+# Variants whose launchers fire kvprefetch's kv_l2_prefetch_kernel beside small steps (`prefetch`:
+# the v1 launcher, and the v2 launcher for the kernels without the prologue; `launch`: both).
 LAUNCHER_PREFETCH_VARIANTS = ("prefetch", "launch")
 DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "seed": SEED_TREE,
                             "control": "control"}

@@ -5,4 +5,4 @@
 
 template __global__ void kvprefetch::kv_l2_prefetch_kernel<uint16_t>(
     const uint16_t*, const uint16_t*, const int*, const int*, int, int, int64_t, int64_t,
-    uint32_t);
+    uint32_t, int);
