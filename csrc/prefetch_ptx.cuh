@@ -451,10 +451,13 @@ inline void before_launch(cudaStream_t stream, const void* k_cache, const void* 
 // Why runs of blocks and not one CTA per (kv head, sequence): an SM's bulk-copy engine takes
 // the requests of its CTAs one after another, so one CTA asking for a whole long sequence
 // takes longer to issue than the attention step itself. With one kv head (Gemma-2B) and
-// 16k tokens, one CTA issued 2048 requests of 8 KiB and the step ran 0.51x stock on the H200;
-// KVPREFETCH_L2_BLOCKS_PER_CTA spreads them over the SMs (docs/prefetch-tuning.md).
+// 16k tokens, one CTA issued 2048 requests of 8 KiB and the step ran 0.52x stock on the H200.
+// Shorter runs cost too: every CTA of this kernel delays the attention kernel's, so runs of 16
+// blocks ran b8 x 512 1.08x (runs of 64: 1.14x) and runs of 4 0.98x. 64 blocks (1024 tokens at
+// block size 16) leaves every step up to 1k tokens as before and spreads longer sequences
+// (docs/prefetch-tuning.md, docs/results/2026-11-29-h200-prefetch-explore/7-l2-kernel-split).
 #ifndef KVPREFETCH_L2_BLOCKS_PER_CTA
-  #define KVPREFETCH_L2_BLOCKS_PER_CTA 16
+  #define KVPREFETCH_L2_BLOCKS_PER_CTA 64
 #endif
 static_assert(KVPREFETCH_L2_BLOCKS_PER_CTA >= 0,
               "KVPREFETCH_L2_BLOCKS_PER_CTA must be >= 0 (0: one CTA per kv head and sequence)");
