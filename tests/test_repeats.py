@@ -125,6 +125,11 @@ def test_report_repeats_command_writes_one_document(tmp_path: Path) -> None:
     assert bad.returncode == BenchError.exit_code
     assert "at least two" in bad.stderr and "To fix:" in bad.stderr
     assert not (files[0].parent / "x.json").exists()
+    # a path as NAME is refused before anything is combined or written (it used to crash)
+    pathy = CliRunner().invoke(report_cmd, ["--repeats", str(tmp_path / "sub" / "r"),
+                                            *map(str, files)])
+    assert pathy.exit_code == 2 and "without folders" in pathy.output and "--out" in pathy.output
+    assert not (tmp_path / "sub").exists()
 
 
 def test_l2_bound_only_where_one_layer_fits_the_l2() -> None:

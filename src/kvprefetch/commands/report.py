@@ -38,6 +38,11 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     if repeats_name is not None:
         from ..bench.repeats import combine
 
+        if not repeats_name or Path(repeats_name).name != repeats_name or repeats_name in (".", ".."):
+            raise click.BadParameter(
+                f"{repeats_name!r} is a path; give a file name without folders (e.g. repeats) "
+                "and the folder with --out", param_hint="--repeats")
+
         doc = combine([load_document(p) for p in files], sources=[p.name for p in files])
         paths = write_outputs(doc, out or files[0].parent, repeats_name,
                               ("json",) + tuple(f for f in fmts if f == "md"))
