@@ -625,10 +625,13 @@ inline L2PrefetchJoin launch_l2_prefetch(cudaStream_t stream, const cache_t* k_c
 // The `prefetch` variant's v2 launcher: the v2 kernels compiled without the prologue (fp8
 // caches, head sizes below kPrologueMinHeadSize) get the launcher's L2 prefetch instead, under
 // the same `auto` rule as v1; those with it get nothing here. -DKVPREFETCH_V2_L2_KERNEL=0
-// leaves every v2 step to the prologue alone (the design before this; docs/prefetch-tuning.md).
+// leaves every v2 step to the prologue alone (the design before this); =2 fires it before the
+// prologue kernels too, both then prefetching (an experiment; docs/prefetch-tuning.md).
 #ifndef KVPREFETCH_V2_L2_KERNEL
   #define KVPREFETCH_V2_L2_KERNEL 1
 #endif
+static_assert(KVPREFETCH_V2_L2_KERNEL >= 0 && KVPREFETCH_V2_L2_KERNEL <= 2,
+              "KVPREFETCH_V2_L2_KERNEL must be 0, 1 or 2");
 template <typename cache_t, int BLOCK_SIZE>
 inline L2PrefetchJoin launch_l2_prefetch_unless_prologue(
     const bool fp16_or_bf16_cache, cudaStream_t stream, const cache_t* k_cache,
@@ -638,7 +641,9 @@ inline L2PrefetchJoin launch_l2_prefetch_unless_prologue(
   if constexpr (KVPREFETCH_V2_L2_KERNEL == 0) {  // not even instantiated: the module as before
     return {};
   } else {
-    if (prologue_rule(head_size, true, fp16_or_bf16_cache)) return {};
+    if (KVPREFETCH_V2_L2_KERNEL == 1 && prologue_rule(head_size, true, fp16_or_bf16_cache)) {
+      return {};
+    }
     return launch_l2_prefetch<cache_t, BLOCK_SIZE>(stream, k_cache, v_cache, block_tables,
                                                    seq_lens, num_seqs, num_kv_heads, head_size,
                                                    max_num_blocks_per_seq, max_seq_len,
