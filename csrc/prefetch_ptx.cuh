@@ -572,6 +572,30 @@ inline SideStream* side_stream(int dev, cudaStream_t launch_stream) {
   return &s;
 }
 
+// How kv_l2_prefetch_kernel covers a sequence of up to `blocks` blocks: runs of
+// KVPREFETCH_L2_BLOCKS_PER_CTA blocks (0: the whole sequence), longer where the grid's z would
+// pass its limit (65535), one CTA each; a warp per run of up to 32 blocks, 4 warps beyond.
+// Host-only arithmetic (tests/test_sass.py compiles tests/samples/sass/l2_prefetch_runs.cu
+// with nvcc and runs it on the CPU).
+struct L2PrefetchRuns {
+  unsigned ctas = 0;       // gridDim.z
+  int blocks_per_cta = 0;  // the kernel's blocks_per_cta
+  int threads = 0;         // blockDim.x
+};
+inline L2PrefetchRuns l2_prefetch_runs(const long long blocks) {
+  constexpr long long kMaxZ = 65535;
+  if (blocks <= 0) return {};
+  const long long per_cta =
+      KVPREFETCH_L2_BLOCKS_PER_CTA == 0
+          ? blocks
+          : std::max<long long>(KVPREFETCH_L2_BLOCKS_PER_CTA, (blocks + kMaxZ - 1) / kMaxZ);
+  L2PrefetchRuns r;
+  r.ctas = static_cast<unsigned>((blocks + per_cta - 1) / per_cta);
+  r.blocks_per_cta = static_cast<int>(per_cta);
+  r.threads = per_cta <= 32 ? 32 : 128;
+  return r;
+}
+
 // Fires kv_l2_prefetch_kernel for this step when l2_prefetch_wanted says so. The caller keeps
 // the returned join alive until after its attention launch (see KVPREFETCH_LAUNCH_OVERLAP).
 template <typename cache_t, int BLOCK_SIZE>
@@ -589,15 +613,8 @@ inline L2PrefetchJoin launch_l2_prefetch(cudaStream_t stream, const cache_t* k_c
   if (cudaGetDevice(&dev) != cudaSuccess) return {};
   if (!l2_prefetch_wanted(dev, kvprefetch_host_mode(), kv_bytes)) return {};
   if (chunk % 16 != 0 || chunk > 1048560u) return {};
-  // Runs of KVPREFETCH_L2_BLOCKS_PER_CTA blocks (0: the whole sequence), longer where the
-  // grid's z would pass its limit; a warp per run of up to 32 blocks, 4 warps beyond.
-  constexpr long long kMaxZ = 65535;
-  const long long per_cta =
-      KVPREFETCH_L2_BLOCKS_PER_CTA == 0
-          ? std::max(blocks, 1ll)
-          : std::max<long long>(KVPREFETCH_L2_BLOCKS_PER_CTA, (blocks + kMaxZ - 1) / kMaxZ);
-  const dim3 grid(num_kv_heads, num_seqs, static_cast<unsigned>((blocks + per_cta - 1) / per_cta));
-  const int threads = per_cta <= 32 ? 32 : 128;
+  const L2PrefetchRuns runs = l2_prefetch_runs(blocks);
+  const dim3 grid(num_kv_heads, num_seqs, runs.ctas);
   cudaStream_t prefetch_stream = stream;
   SideStream* side = nullptr;
 #if KVPREFETCH_LAUNCH_OVERLAP
@@ -611,9 +628,9 @@ inline L2PrefetchJoin launch_l2_prefetch(cudaStream_t stream, const cache_t* k_c
     prefetch_stream = side->stream;
   }
 #endif
-  kv_l2_prefetch_kernel<cache_t><<<grid, threads, 0, prefetch_stream>>>(
+  kv_l2_prefetch_kernel<cache_t><<<grid, runs.threads, 0, prefetch_stream>>>(
       k_cache, v_cache, block_tables, seq_lens, BLOCK_SIZE, max_num_blocks_per_seq,
-      kv_block_stride, kv_head_stride, chunk, static_cast<int>(per_cta));
+      kv_block_stride, kv_head_stride, chunk, runs.blocks_per_cta);
   if (side == nullptr) return {};
   if (cudaEventRecord(side->done, side->stream) != cudaSuccess) {
     (void)cudaGetLastError();

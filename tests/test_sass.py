@@ -366,3 +366,32 @@ def test_v2_launcher_prefetch_kernel_only_when_enabled(tmp_path: Path, enabled: 
         assert any("IhE" in name for _, name in counts) and any("ItE" in name for _, name in counts)
     else:
         assert counts == {}
+
+
+@pytest.mark.parametrize("per_cta", [None, 16, 0])
+def test_l2_prefetch_runs_cover_every_block_once(tmp_path: Path, per_cta: int | None) -> None:
+    """The launcher's grid for kv_l2_prefetch_kernel (l2_prefetch_runs in the REAL header,
+    compiled by nvcc and run on the CPU): runs of 64 blocks by default (16 and 0 = the whole
+    sequence by -D), so that every block of a sequence is in exactly one CTA's run, z stays
+    within CUDA's 65535, and an empty step launches nothing."""
+    nvcc = find_nvcc()
+    assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
+    exe = tmp_path / "runs"
+    defines = [] if per_cta is None else [f"-DKVPREFETCH_L2_BLOCKS_PER_CTA={per_cta}"]
+    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *defines, "-o", str(exe),
+         str(SAMPLES / "l2_prefetch_runs.cu")], echo=False)
+    counts = [0, 1, 5, 16, 17, 32, 33, 64, 65, 1024, 8192, 65535 * 64, 65535 * 64 + 1, 10**7]
+    out = run([str(exe), *map(str, counts)], echo=False).output.split("\n")
+    rows = {int(b): (int(z), int(n), int(t)) for b, z, n, t in
+            (line.split() for line in out if line.strip())}
+    assert sorted(rows) == sorted(counts)
+    assert rows[0] == (0, 0, 0)
+    for blocks in counts[1:]:
+        ctas, n, threads = rows[blocks]
+        assert 1 <= ctas <= 65535 and (ctas - 1) * n < blocks <= ctas * n, (blocks, rows[blocks])
+        assert threads == (32 if n <= 32 else 128)
+    expect = {None: {1024: (16, 64, 128), 64: (1, 64, 128), 65: (2, 64, 128),
+                     65535 * 64 + 1: (64527, 65, 128)},
+              16: {1024: (64, 16, 32), 17: (2, 16, 32)},
+              0: {1024: (1, 1024, 128), 5: (1, 5, 32)}}[per_cta]
+    assert {b: rows[b] for b in expect} == expect
