@@ -13,19 +13,12 @@
 # switch), cold, all six in one process.
 #   device tool: run(command="bash scripts/device/gqa-share.sh", carry=[".carry"], timeout_s=420)
 set -uo pipefail
-OUT=${OUT:-/tmp/gqa-share-out}
-W=${KVPREFETCH_WORKDIR:-/tmp/kvf-gqa}
-R=$OUT/results; mkdir -p "$R"
 BUDGET_S=${BUDGET_S:-380}
-LOG=$R/run.log
 source "$(dirname "$0")/lib.sh"
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
-  KVPREFETCH_WORKDIR="$W"
-K=(python3 -m kvprefetch)
-B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R" --mode cold)
+begin_run gqa-share
+B+=(--mode cold)
 V=(--variant baseline --variant patched --variant control --variant on --variant lead_on
    --variant split_on)
-begin_run
 
 step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz \
   --extra-tree control --extra-tree on --extra-tree lead_on --extra-tree split_on || exit 3

@@ -12,18 +12,10 @@
 # The report's "L2-resident bound" section has the per-shape bound and its geometric mean.
 # Everything lands in $OUT/results.tgz.
 set -uo pipefail
-OUT=${OUT:-/tmp/l2-bound-out}
-W=${KVPREFETCH_WORKDIR:-/tmp/kvf-l2}
-R=$OUT/results; mkdir -p "$R"
 BUDGET_S=${BUDGET_S:-570}
-LOG=$R/run.log
 source "$(dirname "$0")/lib.sh"
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
-  KVPREFETCH_WORKDIR="$W" KVPREFETCH_PAGED_WORKDIR="$W"
-K=(python3 -m kvprefetch)
-B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R")
+begin_run l2-bound
 V=(--variant baseline --variant patched --variant control)
-begin_run
 
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --extra-tree control || exit 3
 step 30 "${K[@]}" apply --workdir "$W" --variant prefetch || exit 4

@@ -13,19 +13,11 @@
 # fp8 cache at batch 1/8/64 x 512/4k/16k.
 #   device tool: run(command="bash scripts/device/l2-kernel-split.sh", carry=[".carry"], timeout_s=590)
 set -uo pipefail
-OUT=${OUT:-/tmp/l2-kernel-split-out}
-W=${KVPREFETCH_WORKDIR:-/tmp/kvf-split}
-R=$OUT/results; mkdir -p "$R"
 BUDGET_S=${BUDGET_S:-560}
-LOG=$R/run.log
 source "$(dirname "$0")/lib.sh"
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
-  KVPREFETCH_WORKDIR="$W"
-K=(python3 -m kvprefetch)
-B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R")
+begin_run l2-kernel-split
 V=(--variant baseline --variant patched --variant control --variant pf_old --variant pf_b4
    --variant pf_b64 --variant launch --variant launch_old)
-begin_run
 
 step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --extra-tree control \
   --extra-tree pf_old --extra-tree pf_b4 --extra-tree pf_b64 --extra-tree launch \

@@ -13,19 +13,11 @@
 # Timed: the issue's matrix cold; batch 1..16 x context 512..4k cold and hot.
 #   device tool: run(command="bash scripts/device/launch-overlap.sh", carry=[".carry"], timeout_s=420)
 set -uo pipefail
-OUT=${OUT:-/tmp/launch-overlap-out}
-W=${KVPREFETCH_WORKDIR:-/tmp/kvf-ovl}
-R=$OUT/results; mkdir -p "$R"
 BUDGET_S=${BUDGET_S:-380}
-LOG=$R/run.log
 source "$(dirname "$0")/lib.sh"
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
-  KVPREFETCH_WORKDIR="$W"
-K=(python3 -m kvprefetch)
-B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R")
+begin_run launch-overlap
 V=(--variant baseline --variant patched --variant control --variant ovl --variant ovl_l2
    --variant ovl_on)
-begin_run
 
 step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz \
   --extra-tree control --extra-tree ovl --extra-tree ovl_l2 --extra-tree ovl_on || exit 3

@@ -1,6 +1,6 @@
 # Shared by the device scripts: a log with timestamps and seconds since start, a step runner
 # with a time limit that keeps the step's exit code, and the seconds left of BUDGET_S.
-# Source it after setting LOG (the log file) and BUDGET_S.
+# Source it after setting BUDGET_S, then call begin_run NAME (below).
 log() { echo "== $(date -u +%H:%M:%S) +${SECONDS}s $*" | tee -a "$LOG"; }
 step() { local limit=$1; shift; log "+ $*"; timeout "$limit" "$@" 2>&1 | tee -a "$LOG";
          local rc=${PIPESTATUS[0]}; log "exit $rc"; return "$rc"; }
@@ -12,15 +12,27 @@ device_env() {   # what the results were measured on, for env.txt
   nvcc --version | tail -2 | head -1
   git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head -20
 }
-# The results folder's life (needs OUT, R = $OUT/results, LOG): pack() writes $OUT/results.tgz
-# atomically (what the device tool brings back; call it after each table so a cut-short run
-# still returns what it measured); bench() is step() followed by pack(); begin_run() records the
-# device in env.txt, packs and removes the folder on exit, and stops (exit 2) unless the pinned
-# sdist was carried into .carry/.
+# The results folder's life: pack() writes $OUT/results.tgz atomically (what the device tool
+# brings back; call it after each table so a cut-short run still returns what it measured);
+# bench() is step() followed by pack(); finish() packs and removes the folder.
 pack() { tar -C "$OUT" -czf "$OUT/results.tgz.tmp" results && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
 bench() { step "$@"; local rc=$?; pack; return "$rc"; }
 finish() { log "done"; pack && rm -rf "$R"; }
+# begin_run NAME: the run's folders and commands, then its preamble. Sets OUT (default
+# /tmp/NAME-out; the device tool sets it), W (the work dir: KVPREFETCH_WORKDIR or
+# /tmp/kvf-NAME), R = $OUT/results, LOG, K (the kvprefetch CLI) and B (`bench kernel` writing
+# into R), exports what the CLI reads, records the device in env.txt, packs and removes R on
+# exit, and stops (exit 2) unless the pinned sdist was carried into .carry/.
 begin_run() {
+  local name=$1
+  OUT=${OUT:-/tmp/$name-out}
+  W=${KVPREFETCH_WORKDIR:-/tmp/kvf-$name}
+  R=$OUT/results; mkdir -p "$R"
+  LOG=$R/run.log
+  export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
+    KVPREFETCH_WORKDIR="$W" KVPREFETCH_PAGED_WORKDIR="$W"
+  K=(python3 -m kvprefetch)
+  B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R")
   trap finish EXIT
   device_env > "$R/env.txt" 2>&1
   tee -a "$LOG" < "$R/env.txt"

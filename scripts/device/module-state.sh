@@ -10,22 +10,11 @@
 # the mode changes their code generation).
 #   device tool: run(command="bash scripts/device/module-state.sh", carry=[".carry"], timeout_s=400)
 set -uo pipefail
-OUT=${OUT:-/tmp/module-state-out}
-W=${KVPREFETCH_WORKDIR:-/tmp/kvf-ms}
-R=$OUT/results; mkdir -p "$R"
 BUDGET_S=${BUDGET_S:-330}
-LOG=$R/run.log
 source "$(dirname "$0")/lib.sh"
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
-  KVPREFETCH_WORKDIR="$W"
-K=(python3 -m kvprefetch)
-B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R" --mode cold)
+begin_run module-state
+B+=(--mode cold)
 V=(--variant baseline --variant patched --variant mode_const --variant control)
-finish() { log "done"; tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$R"; }
-trap finish EXIT
-device_env > "$R/env.txt" 2>&1
-tee -a "$LOG" < "$R/env.txt"
-[ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
 
 step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz \
   --extra-tree mode_const --extra-tree control || exit 3

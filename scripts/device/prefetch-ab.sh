@@ -11,22 +11,11 @@
 #   device tool: run(command="bash scripts/device/prefetch-ab.sh", carry=[".carry"], timeout_s=590)
 # Everything lands in $OUT/results.tgz (logs, env, verify report, bench JSON/MD/PNG).
 set -uo pipefail
-OUT=${OUT:-/tmp/prefetch-ab-out}
-W=${KVPREFETCH_WORKDIR:-/tmp/kvf-ab}
-R=$OUT/results; mkdir -p "$R"
 BUDGET_S=${BUDGET_S:-570}
 CAL=${CALIBRATE:-0}
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
-  KVPREFETCH_WORKDIR="$W"
-K=(python3 -m kvprefetch)
-B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --mode cold --out "$R")
-LOG=$R/run.log
 source "$(dirname "$0")/lib.sh"
-finish() { log "done"; tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$R"; }
-trap finish EXIT
-device_env > "$R/env.txt" 2>&1
-tee -a "$LOG" < "$R/env.txt"
-[ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
+begin_run prefetch-ab
+B+=(--mode cold)
 
 EXTRA=(pro_off); [ "$CAL" = 1 ] && EXTRA+=(pro_on pro_half)
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --with-seed \

@@ -15,18 +15,11 @@
 # Combine locally: kvprefetch report --repeats repeats <the repeat JSONs>.
 # Everything lands in $OUT/results.tgz.
 set -uo pipefail
-OUT=${OUT:-/tmp/prefetch-repeat-out}
-W=${KVPREFETCH_WORKDIR:-/tmp/kvf-rep}
-R=$OUT/results; mkdir -p "$R"
 BUDGET_S=${BUDGET_S:-570}
 QUICK=${QUICK:-0}
 REPEATS=${REPEATS:-3}; [ "$QUICK" = 1 ] && REPEATS=1
-LOG=$R/run.log
 source "$(dirname "$0")/lib.sh"
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
-  KVPREFETCH_WORKDIR="$W" KVPREFETCH_PAGED_WORKDIR="$W"
-K=(python3 -m kvprefetch)
-B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R")
+begin_run prefetch-repeat
 V=(--variant baseline --variant patched --variant pro_off --variant launch --variant seed
    --variant control)
 FETCH=(--with-seed --extra-tree pro_off --extra-tree launch --extra-tree control)
@@ -35,7 +28,6 @@ if [ "$QUICK" = 1 ]; then
   V=(--variant baseline --variant patched --variant launch --variant control)
   FETCH=(--extra-tree launch --extra-tree control); APPLY=(launch control)
 fi
-begin_run
 
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${FETCH[@]}" || exit 3
 for t in patched pro_off; do

@@ -10,18 +10,10 @@
 # batch 1/8/64 x 512/4k/16k.
 #   device tool: run(command="bash scripts/device/v2-both.sh", carry=[".carry"], timeout_s=420)
 set -uo pipefail
-OUT=${OUT:-/tmp/v2-both-out}
-W=${KVPREFETCH_WORKDIR:-/tmp/kvf-both}
-R=$OUT/results; mkdir -p "$R"
 BUDGET_S=${BUDGET_S:-390}
-LOG=$R/run.log
 source "$(dirname "$0")/lib.sh"
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
-  KVPREFETCH_WORKDIR="$W"
-K=(python3 -m kvprefetch)
-B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R")
+begin_run v2-both
 V=(--variant baseline --variant patched --variant v2all --variant launch --variant control)
-begin_run
 
 step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --extra-tree control \
   --extra-tree v2all --extra-tree launch || exit 3

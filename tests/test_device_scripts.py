@@ -1,0 +1,43 @@
+"""The H200 scripts' shared preamble (scripts/device/lib.sh, begin_run), run for real with bash
+on this machine: every script that uses it must stop with exit 2 and a message naming the fix
+when the pinned sdist was not carried, and still hand back a results.tgz with the device record
+and the log (what the device tool brings back). Their GPU steps run only on the H200."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+DEVICE = Path(__file__).resolve().parent.parent / "scripts" / "device"
+USERS = sorted(p.name for p in DEVICE.glob("*.sh")
+               if p.name != "lib.sh" and "\nbegin_run " in p.read_text())
+
+
+def test_the_scripts_that_share_the_preamble_are_found() -> None:
+    assert {"prefetch-repeat.sh", "l2-bound.sh", "v2-both.sh"} <= set(USERS)
+
+
+@pytest.mark.parametrize("script", USERS)
+def test_missing_sdist_stops_with_the_fix_and_returns_the_log(tmp_path: Path, script: str) -> None:
+    bash = shutil.which("bash")
+    assert bash is not None
+    root = tmp_path / "checkout"  # a checkout without .carry/
+    shutil.copytree(DEVICE, root / "scripts" / "device")
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "KVPREFETCH_WORKDIR": str(tmp_path / "work")}
+    res = subprocess.run([bash, f"scripts/device/{script}"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "missing .carry/vllm-0.10.2.tar.gz (carry it)" in res.stdout
+    assert not (out / "results").exists()  # packed, then removed
+    with tarfile.open(out / "results.tgz") as tgz:
+        names = set(tgz.getnames())
+        assert {"results/env.txt", "results/run.log"} <= names
+        log = tgz.extractfile("results/run.log").read().decode()  # type: ignore[union-attr]
+    assert "missing .carry" in log and log.rstrip().endswith("done")
+    assert not (tmp_path / "work").exists()  # nothing was fetched or built
