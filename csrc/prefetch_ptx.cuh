@@ -13,9 +13,9 @@
 //    the loop: code there changes how NVVM schedules the loop's K/V loads.
 //  - every other kernel, v1 included: untouched (instruction-identical to stock; verify-kernel
 //    checks it). On the H200 every in-kernel addition we tried made NVVM compile v1's loop 2-3x
-//    slower, while v2 compiled faster (docs/prefetch-tuning.md). The v1 launcher instead fires
-//    kv_l2_prefetch_kernel (below) for small steps, on a side stream beside the attention
-//    kernel.
+//    slower, while v2 compiled faster (docs/prefetch-tuning.md). For small steps their
+//    launchers (v1, and v2 for the kernels without the prologue) instead fire
+//    kv_l2_prefetch_kernel (below), on a side stream beside the attention kernel.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
