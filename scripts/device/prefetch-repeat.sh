@@ -5,7 +5,7 @@
 # fits the L2, and do the GPU-marked tests pass on the real builds.
 #   device tool: run(command="bash scripts/device/prefetch-repeat.sh", carry=[".carry"], timeout_s=590)
 # QUICK=1 (about 4 minutes): stock, prefetch, launch and the control only, one run of each
-# table, no L2-resident bound.
+# table (REPEATS=N: N runs of the matrix), no L2-resident bound.
 # Steps: fetch the carried sdist into baseline, patched, pro_off (prefetch compiled off: the code
 # change alone), launch, seed and control -> apply -> diff-upstream --check -> kernels-only build (head 64/128/256,
 # block 16, fp16/bf16/fp8 caches) -> verify-kernel -> pytest -m gpu -> `bench kernel` on the
@@ -17,7 +17,7 @@
 set -uo pipefail
 BUDGET_S=${BUDGET_S:-570}
 QUICK=${QUICK:-0}
-REPEATS=${REPEATS:-3}; [ "$QUICK" = 1 ] && REPEATS=1
+if [ "$QUICK" = 1 ]; then REPEATS=${REPEATS:-1}; else REPEATS=${REPEATS:-3}; fi
 source "$(dirname "$0")/lib.sh"
 begin_run prefetch-repeat
 V=(--variant baseline --variant patched --variant pro_off --variant launch --variant seed
