@@ -41,3 +41,21 @@ def test_missing_sdist_stops_with_the_fix_and_returns_the_log(tmp_path: Path, sc
         log = tgz.extractfile("results/run.log").read().decode()  # type: ignore[union-attr]
     assert "missing .carry" in log and log.rstrip().endswith("done")
     assert not (tmp_path / "work").exists()  # nothing was fetched or built
+
+
+def test_summarize_prints_the_tables_or_says_none_was_measured(tmp_path: Path) -> None:
+    """lib.sh's last step: the summary rows of the tables, or exit 6 naming BUDGET_S when the
+    budget let no table run (a run cut short used to end with grep's bare exit 1)."""
+    bash = shutil.which("bash")
+    assert bash is not None
+    results = tmp_path / "results"
+    results.mkdir()
+    script = (f'source "{DEVICE / "lib.sh"}"; R="{results}"; LOG="{tmp_path / "run.log"}"; '
+              "BUDGET_S=235; summarize")
+    none = subprocess.run([bash, "-c", script], capture_output=True, text=True, check=False)
+    assert none.returncode == 6
+    assert "no table measured: BUDGET_S=235" in none.stdout and "raise it" in none.stdout
+    (results / "matrix.md").write_text("# bench\n\n## Summary\n\n| mode | variant |\n"
+                                       "| cold | patched | 1.124x |\n")
+    one = subprocess.run([bash, "-c", script], capture_output=True, text=True, check=False)
+    assert one.returncode == 0 and "| cold | patched | 1.124x |" in one.stdout

@@ -38,4 +38,4 @@ cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
   "${V[@]}" --name matrix --formats json,md; pack; }
 [ "$(left)" -gt 60 ] && { step 80 "${B[@]}" --batch 1,2,4,8,16 --context 1k,2k,4k "${V[@]}" \
   --name small --formats json,md; pack; }
-grep -A10 "^## Summary" "$R"/*.md 2>/dev/null | grep "| cold" | cut -c1-200
+summarize

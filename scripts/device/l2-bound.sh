@@ -29,4 +29,5 @@ cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
   --batch 1,8,32,64,128 --context 512,1k,4k,16k "${V[@]}" --name matrix-aliased --formats json,md
 [ "$(left)" -gt 60 ] && bench 120 "${B[@]}" --mode cold --mode hot --mode aliased \
   --batch 1,2,4,8,16 --context 512,1k,2k,4k "${V[@]}" --name small-hot-aliased --formats json,md
-grep -A12 "^Geometric mean of the bound" "$R"/*.md 2>/dev/null | cut -c1-200
+summarize
+grep -A12 "^Geometric mean of the bound" "$R"/*.md | cut -c1-200

@@ -48,4 +48,4 @@ done
   --name kv-fp8 --formats json,md
 [ "$(left)" -gt 60 ] && bench 90 "${B[@]}" --mode cold --batch 1,2,4,8,16 \
   --context 512,1k,2k,4k "${V[@]}" --name small --formats json,md
-grep -A10 "^## Summary" "$R"/*.md 2>/dev/null | grep "| cold" | cut -c1-220
+summarize

@@ -37,4 +37,4 @@ cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
   --context 512,1k,4k,16k "${V[@]}" --name matrix --formats json,md; pack; }
 [ "$(left)" -gt 60 ] && { step 100 "${B[@]}" --mode cold --mode hot --batch 1,2,4,8,16 \
   --context 512,1k,2k,4k "${V[@]}" --name small --formats json,md; pack; }
-grep -A10 "^## Summary" "$R"/*.md 2>/dev/null | grep "| cold\|| hot" | cut -c1-200
+summarize

@@ -38,3 +38,12 @@ begin_run() {
   tee -a "$LOG" < "$R/env.txt"
   [ -f .carry/vllm-0.10.2.tar.gz ] || { log "missing .carry/vllm-0.10.2.tar.gz (carry it)"; exit 2; }
 }
+# A script's last step: the summary rows of every table it measured; where the time budget let
+# none run (a slow build), it says so and exits 6 instead of ending quietly.
+summarize() {
+  if ! ls "$R"/*.md > /dev/null 2>&1; then
+    log "no table measured: BUDGET_S=$BUDGET_S left too little after the build (raise it)"
+    exit 6
+  fi
+  grep -A10 "^## Summary" "$R"/*.md | grep "| cold\|| hot" | cut -c1-220
+}

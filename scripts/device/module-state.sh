@@ -31,4 +31,4 @@ S=(--batch 1,8 --context 1k,4k,16k "${V[@]}")
 [ "$(left)" -gt 50 ] && step 50 "${B[@]}" --kv-cache-dtype fp8 "${S[@]}" --name kv-fp8 \
   --formats json,md
 [ "$(left)" -gt 40 ] && step 50 "${B[@]}" "${S[@]}" --name llama-fp16 --formats json,md
-grep -A8 "^## Summary" "$R"/*.md 2>/dev/null | grep "| cold" | cut -c1-200
+summarize

@@ -45,4 +45,4 @@ done
 [ "$(left)" -gt 60 ] && step 50 "${B[@]}" --kv-cache-dtype fp8 "${S[@]}" --name kv-fp8 --formats json,md
 [ "$(left)" -gt 30 ] && step 30 env KVPREFETCH=off "${B[@]}" --batch 1,8 --context 1k,4k \
   --variant baseline --variant patched --variant pro_off --name switch-off --formats json,md
-grep -A10 "^## Summary" "$R"/*.md 2>/dev/null | grep "| cold" | cut -c1-200
+summarize

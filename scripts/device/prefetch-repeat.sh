@@ -60,4 +60,4 @@ done
   --name kv-fp8 --formats json,md
 [ "$QUICK" = 1 ] || { [ "$(left)" -gt 60 ] && bench 100 "${B[@]}" --mode cold --mode hot --batch 1,2,4,8,16 \
   --context 512,1k,2k,4k "${V[@]}" --name l2-bound --formats json,md; }
-grep -A8 "^## Summary" "$R"/*.md 2>/dev/null | grep "| cold\|| hot" | cut -c1-200
+summarize

@@ -35,4 +35,4 @@ S=(--batch 1,8,64 --context 512,4k,16k "${V[@]}")
   --name preset-gemma-2b --formats json,md
 [ "$(left)" -gt 45 ] && bench 45 "${B[@]}" --mode cold --dtype bfloat16 "${S[@]}" \
   --name dtype-bf16 --formats json,md
-grep -A10 "^## Summary" "$R"/*.md 2>/dev/null | grep "| cold" | cut -c1-220
+summarize
