@@ -38,7 +38,7 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     if repeats_name is not None:
         from ..bench.repeats import combine
 
-        if not repeats_name or Path(repeats_name).name != repeats_name or repeats_name in (".", ".."):
+        if repeats_name in ("", ".", "..") or Path(repeats_name).name != repeats_name:
             raise click.BadParameter(
                 f"{repeats_name!r} is a path; give a file name without folders (e.g. repeats) "
                 "and the folder with --out", param_hint="--repeats")
