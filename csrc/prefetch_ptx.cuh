@@ -5,17 +5,19 @@
 // partition) and loads each block only when its iteration starts, paying the full global-load
 // latency in the open: the address comes from block_table, a pointer chase no hardware
 // prefetcher follows. kvprefetch's `prefetch` variant:
-//  - v2 (partitioned) kernels with fp16/bf16 caches and head size >= 128 (prologue_compiled):
-//    before the loop starts, the warp's 32 lanes ask the bulk-copy
-//    engine for the K and V chunks of the blocks this warp will walk (prefetch_prologue), so
-//    they stream into L2 while the warp works through the first ones. Only the first CTA of
-//    each GQA group asks (its neighbours read the same kv head). Nothing is added inside
-//    the loop: code there changes how NVVM schedules the loop's K/V loads.
-//  - every other kernel, v1 included: untouched (instruction-identical to stock; verify-kernel
-//    checks it). On the H200 every in-kernel addition we tried made NVVM compile v1's loop 2-3x
-//    slower, while v2 compiled faster (docs/prefetch-tuning.md). For small steps their
-//    launchers (v1, and v2 for the kernels without the prologue) instead fire
-//    kv_l2_prefetch_kernel (below), on a side stream beside the attention kernel.
+//  - both launchers (v1 and v2), for steps whose KV is at most L2/2, fire kv_l2_prefetch_kernel
+//    (below) on a side stream beside the attention kernel: one bulk L2 prefetch per K and V
+//    chunk of the step, issued while the attention kernel's warps start on their first blocks.
+//  - v2 (partitioned) kernels with fp16/bf16 caches and head size >= 128 (prologue_compiled)
+//    also carry an in-kernel prologue (prefetch_prologue): before the loop, the warp's lanes ask
+//    the bulk-copy engine for the K and V chunks of the blocks the warp will walk. In `auto` it
+//    does not run (KVPREFETCH_AUTO_MAX_CTAS_PCT = 0): on the H200 the launcher's kernel beat it
+//    at every grid where it used to run (docs/prefetch-tuning.md, row 25). It stays compiled in
+//    because its presence makes NVVM schedule those kernels' loops 1.2-1.3x faster than stock's,
+//    and it runs with KVPREFETCH=on. Nothing is added inside the loop: code there changes how
+//    NVVM schedules the loop's K/V loads.
+//  - every other kernel, v1 included, is instruction-identical to stock (verify-kernel checks
+//    it): on the H200 every in-kernel addition we tried made NVVM compile v1's loop 2-3x slower.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -91,13 +93,17 @@ __device__ __forceinline__ void consume_token(const unsigned token, float* share
 #ifndef KVPREFETCH_PROLOGUE_ROUNDS
   #define KVPREFETCH_PROLOGUE_ROUNDS 4
 #endif
-// The `auto` rule: prefetch only when the launch is latency-bound, i.e. its grid (heads x
-// sequences x partitions) has at most KVPREFETCH_AUTO_MAX_CTAS_PCT CTAs and at most
+// The prologue's `auto` rule: it prefetches only when the grid (heads x sequences x
+// partitions) has at most KVPREFETCH_AUTO_MAX_CTAS_PCT CTAs and at most
 // KVPREFETCH_AUTO_MAX_ISSUING_PCT CTAs that issue requests (KVPREFETCH_GQA_SHARE), each as a
-// percentage of the SM count. Larger grids already keep the memory system busy, and there the
-// prefetch measured slower on the H200 (docs/prefetch-tuning.md has the data behind both).
+// percentage of the SM count. The default 0 means never: with the launcher's prefetch kernel
+// before these kernels too (KVPREFETCH_V2_L2_KERNEL=2), the H200 measured the launcher alone
+// faster than the prologue, and than both, at every grid where the prologue used to run
+// (64-256 CTAs: Llama-3.1-8B fp16 b1 x 1k 1.49 -> 1.58x, b1 x 4k 1.27 -> 1.44x; Gemma-2B
+// b1 x 16k 1.16 -> 1.22x; docs/prefetch-tuning.md row 25). -DKVPREFETCH_AUTO_MAX_CTAS_PCT=200
+// brings back the earlier rule (at most 2 CTAs and 1 requesting CTA per SM, rows 10, 18, 19).
 #ifndef KVPREFETCH_AUTO_MAX_CTAS_PCT
-  #define KVPREFETCH_AUTO_MAX_CTAS_PCT 200
+  #define KVPREFETCH_AUTO_MAX_CTAS_PCT 0
 #endif
 #ifndef KVPREFETCH_AUTO_MAX_ISSUING_PCT
   #define KVPREFETCH_AUTO_MAX_ISSUING_PCT 100
@@ -422,12 +428,14 @@ inline void register_base(cudaStream_t stream, int dev, const void* ptr) {
   r.next = (slot + 1) % KVPREFETCH_BASE_SLOTS;
 }
 
-// Called by each in-kernel launcher (paged_attention_v{1,2}.cu) right before its launch:
-// applies KVPREFETCH once, then registers the two cache tensors for prefetch_bases. Nothing is
-// registered when KVPREFETCH=off, before Hopper, or while the stream is being captured.
+// Called by the v2 launcher (paged_attention_v2.cu) right before its launch: applies
+// KVPREFETCH once, then registers the two cache tensors for prefetch_bases. Nothing is
+// registered when the prologue cannot run (KVPREFETCH=off, or `auto` with the default
+// KVPREFETCH_AUTO_MAX_CTAS_PCT of 0), before Hopper, or while the stream is being captured.
 inline void before_launch(cudaStream_t stream, const void* k_cache, const void* v_cache) {
   sync_runtime_mode(stream);
-  if (kvprefetch_host_mode() == 0) return;
+  const int mode = kvprefetch_host_mode();
+  if (mode == 0 || (mode == 2 && KVPREFETCH_AUTO_MAX_CTAS_PCT == 0)) return;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || device_facts(dev).cc_major < 9) return;
   if (capturing_or_unknown(stream)) return;
@@ -639,18 +647,18 @@ inline L2PrefetchJoin launch_l2_prefetch(cudaStream_t stream, const cache_t* k_c
   return L2PrefetchJoin(stream, side->done);
 }
 
-// The `prefetch` variant's v2 launcher: the v2 kernels compiled without the prologue (fp8
-// caches, head sizes below kPrologueMinHeadSize) get the launcher's L2 prefetch instead, under
-// the same `auto` rule as v1; those with it get nothing here. -DKVPREFETCH_V2_L2_KERNEL=0
-// leaves every v2 step to the prologue alone (the design before this); =2 fires it before the
-// prologue kernels too, both then prefetching (an experiment; docs/prefetch-tuning.md).
+// The `prefetch` variant's v2 launcher fires the launcher's L2 prefetch kernel under the same
+// `auto` rule as v1 (steps <= L2/2). KVPREFETCH_V2_L2_KERNEL: 2 (default) before every v2
+// kernel; 1 only before those compiled without the prologue (fp8 caches, head sizes below
+// kPrologueMinHeadSize), the others left to the prologue (the design of rows 22-23 in
+// docs/prefetch-tuning.md); 0 never (not even instantiated: the v2 module of row 21).
 #ifndef KVPREFETCH_V2_L2_KERNEL
-  #define KVPREFETCH_V2_L2_KERNEL 1
+  #define KVPREFETCH_V2_L2_KERNEL 2
 #endif
 static_assert(KVPREFETCH_V2_L2_KERNEL >= 0 && KVPREFETCH_V2_L2_KERNEL <= 2,
               "KVPREFETCH_V2_L2_KERNEL must be 0, 1 or 2");
 template <typename cache_t, int BLOCK_SIZE>
-inline L2PrefetchJoin launch_l2_prefetch_unless_prologue(
+inline L2PrefetchJoin launch_l2_prefetch_v2(
     const bool fp16_or_bf16_cache, cudaStream_t stream, const cache_t* k_cache,
     const cache_t* v_cache, const int* block_tables, const int* seq_lens, int num_seqs,
     int num_kv_heads, int head_size, int max_num_blocks_per_seq, int max_seq_len,

@@ -348,13 +348,14 @@ def test_launcher_prefetch_runs_beside_or_before_the_attention_launch(tmp_path: 
         assert not side_stream_calls & undefined
 
 
-@pytest.mark.parametrize("enabled", [0, 1])
+@pytest.mark.parametrize("enabled", [0, 1, 2])
 def test_v2_launcher_prefetch_kernel_only_when_enabled(tmp_path: Path, enabled: int) -> None:
     """A REAL nvcc compile of a launcher shaped like the `prefetch` variant's v2 launcher, for a
-    16-bit and an fp8 cache: with KVPREFETCH_V2_L2_KERNEL=1 (the default) the device code holds
-    kv_l2_prefetch_kernel for both cache types, each with its K and V UBLKPF (which head sizes
-    fire it is decided at run time, by prologue_rule); with 0 it holds none, the v2 module as
-    before the change. Whether it helps is measured on the H200 (docs/prefetch-tuning.md)."""
+    16-bit and an fp8 cache: with KVPREFETCH_V2_L2_KERNEL=2 (the default: before every v2
+    kernel) and 1 (only before those without the prologue, decided at run time by
+    prologue_rule) the device code holds kv_l2_prefetch_kernel for both cache types, each with
+    its K and V UBLKPF; with 0 it holds none, the v2 module of the design before it. Which
+    setting is faster is measured on the H200 (docs/prefetch-tuning.md)."""
     from kvprefetch.sass import prefetch_kernels
 
     sass = _compile_and_disassemble(tmp_path, SAMPLES / "v2_launcher.cu",

@@ -1,0 +1,76 @@
+"""GPU test of the shipped `auto` rule on the REAL `prefetch` build: its launchers fire
+kv_l2_prefetch_kernel beside the attention kernel on steps whose KV is at most L2/2 (v1, and v2
+whether or not the kernel carries the prologue) and not on larger steps; stock never launches
+it. Seen through torch.profiler's list of the kernels that ran. Needs kernels-only builds of
+`baseline` and `patched` made on this machine (`kvprefetch build --kernels-only`), found through
+the build manifests under $KVPREFETCH_WORKDIR (default kvprefetch-work)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+WORKDIR = Path(os.environ.get("KVPREFETCH_WORKDIR", "kvprefetch-work"))
+PREFETCH_KERNEL = "kv_l2_prefetch_kernel"
+
+
+@pytest.fixture(scope="module")
+def stock_and_patched():
+    import torch
+
+    from kvprefetch.ops import find_builds, load_build
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if os.environ.get("KVPREFETCH", "auto") != "auto":
+        pytest.skip("tests the `auto` rule; KVPREFETCH is set to something else")
+    builds = {b.tree: b for b in find_builds(WORKDIR, ["baseline", "patched"])}
+    if set(builds) != {"baseline", "patched"}:
+        pytest.skip(f"needs kernels-only builds of baseline and patched under "
+                    f"{WORKDIR / 'build'}; found {sorted(builds) or 'none'}")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the bulk L2 prefetch needs sm_90 (no prefetch kernel is launched before)")
+    return load_build(builds["baseline"]), load_build(builds["patched"])
+
+
+def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str) -> tuple[str, list[str]]:
+    """(v1|v2, names of the CUDA kernels one decode call ran), after one warm-up call."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from kvprefetch.bench.matrix import shapes_from_specs
+    from kvprefetch.kvinputs import make_inputs
+    from kvprefetch.ops import forward_decode
+
+    shape = shapes_from_specs([spec], dtype=dtype, kv_cache_dtype=kv_cache_dtype)[0].attn
+    if not ops.supports(shape.head_size, shape.block_size, shape.kv_cache_dtype, shape.dtype):
+        pytest.skip(f"{spec} {dtype}/{kv_cache_dtype} is not instantiated in {ops.name}")
+    args = make_inputs(shape).args()
+    forward_decode(ops, args)  # the first call applies the mode and creates the side stream
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _, kernel = forward_decode(ops, args)
+        torch.cuda.synchronize()
+    return kernel, [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+@pytest.mark.parametrize(("spec", "dtype", "kv", "kernel", "fires"), [
+    ("1x512", "float16", "auto", "v1", True),     # 2 MB
+    ("1x4k", "float16", "auto", "v2", True),      # 16.8 MB, a kernel with the prologue
+    ("1x4k", "float16", "fp8", "v2", True),       # 8.4 MB, a kernel without it
+    ("8x4k", "float16", "auto", "v2", False),     # 134 MB > L2/2
+    ("32x1k", "float16", "auto", "v1", False),    # 134 MB
+])
+def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str, dtype: str,
+                                                   kv: str, kernel: str, fires: bool) -> None:
+    stock, patched = stock_and_patched
+    ran, names = _kernels_launched(patched, spec, dtype, kv)
+    assert ran == kernel
+    assert any("paged_attention" in n for n in names), names
+    assert any(PREFETCH_KERNEL in n for n in names) == fires, names
+    _, stock_names = _kernels_launched(stock, spec, dtype, kv)
+    assert not any(PREFETCH_KERNEL in n for n in stock_names), stock_names
