@@ -39,7 +39,7 @@ SMALL=(--batch 1,2,4,8,16 --context 512,1k,2k,4k "${V[@]}")
   --formats json,md
 [ "$(left)" -gt 50 ] && bench 60 "${B[@]}" --mode cold --dtype bfloat16 "${SMALL[@]}" \
   --name small-bf16 --formats json,md
-[ "$(left)" -gt 50 ] && bench 60 "${B[@]}" --mode cold --preset gemma-2b --batch 1,2,4,8 \
+[ "$(left)" -gt 50 ] && bench 90 "${B[@]}" --mode cold --preset gemma-2b --batch 1,2,4,8 \
   --context 1k,2k,4k,8k,16k "${V[@]}" --name gemma-2b --formats json,md
 [ "$(left)" -gt 45 ] && bench 50 "${B[@]}" --mode cold --preset llama-2-7b --batch 1,2,4 \
   --context 512,1k,2k,4k "${V[@]}" --name llama-2-7b --formats json,md
