@@ -176,8 +176,8 @@ def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
     elif len(chosen) == len(kernels):
         expect = "≥2 UBLKPF (K and V) in every sm_90+ kernel"
     else:
-        expect = (f"≥2 UBLKPF (K and V) in the {len(chosen)} sm_90+ kernels this variant "
-                  f"prefetches in, 0 in the other {len(kernels) - len(chosen)}")
+        expect = (f"≥2 UBLKPF (K and V) in the {len(chosen)} sm_90+ kernels that carry this "
+                  f"variant's in-kernel prefetch, 0 in the other {len(kernels) - len(chosen)}")
     detail = f"{verdict.kernels} kernels, {verdict.with_prefetch} with UBLKPF; expected {expect}"
     if verdict.problems:
         detail += "; " + "; ".join(verdict.problems[:5])
