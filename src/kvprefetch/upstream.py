@@ -61,8 +61,8 @@ def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: i
     return True  # seed, and any in-kernel variant of the paper's shape: every kernel
 
 
-# Variants whose launchers fire kvprefetch's kv_l2_prefetch_kernel beside small steps (`prefetch`:
-# the v1 launcher, and the v2 launcher for the kernels without the prologue; `launch`: both).
+# Variants whose launchers (v1 and v2) fire kvprefetch's kv_l2_prefetch_kernel beside small
+# steps; `prefetch` fires it before every v2 kernel too (KVPREFETCH_V2_L2_KERNEL=2).
 LAUNCHER_PREFETCH_VARIANTS = ("prefetch", "launch")
 DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "seed": SEED_TREE,
                             "control": "control"}
