@@ -138,6 +138,44 @@ static_assert(KVPREFETCH_GQA_SHARE >= 0 && KVPREFETCH_GQA_SHARE <= 2,
   #define KVPREFETCH_LAUNCHER_ONLY 0
 #endif
 
+// __launch_bounds__ for vLLM's paged_attention_v1_kernel / paged_attention_v2_kernel: the patch
+// puts KVPREFETCH_KERNEL_BOUNDS(false) before the v1 declaration and (true) before the v2 one.
+// (0, 0) is no bound at all (nvcc 13.0 emits a byte-identical cubin), so every instantiation the
+// rule leaves alone compiles exactly as stock. Why bounds: ptxas schedules stock's K loop with
+// only some of a block's K loads issued before the first FMA that consumes one (7 of 16 in the
+// head-128 fp16 v1 kernel), so each block costs about two memory round trips; with
+// minBlocksPerMultiprocessor = 4 it issues all 16 first (125 registers, 4 CTAs per SM instead of
+// 5). The rule and its data: min_blocks() below, docs/prefetch-tuning.md.
+// -DKVPREFETCH_V1_MIN_BLOCKS=N / -DKVPREFETCH_V2_MIN_BLOCKS=N override the rule for every v1 / v2
+// instantiation (0 = none; -1, the default, = the rule).
+#ifndef KVPREFETCH_V1_MIN_BLOCKS
+  #define KVPREFETCH_V1_MIN_BLOCKS -1
+#endif
+#ifndef KVPREFETCH_V2_MIN_BLOCKS
+  #define KVPREFETCH_V2_MIN_BLOCKS -1
+#endif
+template <int HEAD_SIZE, int BLOCK_SIZE, int CACHE_BYTES, bool AUTO_DTYPE>
+constexpr int min_blocks(const bool partitioned) {
+  const int forced = partitioned ? KVPREFETCH_V2_MIN_BLOCKS : KVPREFETCH_V1_MIN_BLOCKS;
+  if (forced >= 0) return forced;
+  return 0;
+}
+constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm) {
+  return min_blocks_per_sm > 0 ? num_threads : 0;
+}
+#ifdef USE_ROCM
+  #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)
+#else
+  #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)                                             \
+    __launch_bounds__(                                                                      \
+        kvprefetch::bounded_threads(                                                        \
+            NUM_THREADS,                                                                    \
+            kvprefetch::min_blocks<HEAD_SIZE, BLOCK_SIZE, int(sizeof(cache_t)),             \
+                                   KV_DTYPE == vllm::Fp8KVCacheDataType::kAuto>(PARTITIONED)), \
+        kvprefetch::min_blocks<HEAD_SIZE, BLOCK_SIZE, int(sizeof(cache_t)),                 \
+                               KV_DTYPE == vllm::Fp8KVCacheDataType::kAuto>(PARTITIONED))
+#endif
+
 // The mode lives in global memory, not in a __constant__: a user constant bank in the module
 // made every kernel launched from it ~0.5-1% slower on short steps on the H200, the
 // instruction-identical ones included, and the prologue kernels too (docs/prefetch-tuning.md,
@@ -292,7 +330,10 @@ __device__ __forceinline__ unsigned prefetch_warp_blocks(
 // faster than stock; v1 kernels 1.7-2.8x slower; fp8-cache v2 kernels 2-4% slower; the head-64
 // v2 kernel 2.6% slower on one shape. Keep kPrologueMinHeadSize in sync with
 // kvprefetch.upstream.PROLOGUE_MIN_HEAD_SIZE (verify-kernel's expectation).
-constexpr int kPrologueMinHeadSize = 128;
+#ifndef KVPREFETCH_PROLOGUE_MIN_HEAD_SIZE
+  #define KVPREFETCH_PROLOGUE_MIN_HEAD_SIZE 128
+#endif
+constexpr int kPrologueMinHeadSize = KVPREFETCH_PROLOGUE_MIN_HEAD_SIZE;
 constexpr bool prologue_rule(const int head_size, const bool partitioned,
                              const bool fp16_or_bf16_cache) {
   return partitioned && fp16_or_bf16_cache && head_size >= kPrologueMinHeadSize;
