@@ -140,13 +140,26 @@ static_assert(KVPREFETCH_GQA_SHARE >= 0 && KVPREFETCH_GQA_SHARE <= 2,
 
 // __launch_bounds__ for vLLM's paged_attention_v1_kernel / paged_attention_v2_kernel: the patch
 // puts KVPREFETCH_KERNEL_BOUNDS(false) before the v1 declaration and (true) before the v2 one.
-// (0, 0) is no bound at all (nvcc 13.0 emits a byte-identical cubin), so every instantiation the
-// rule leaves alone compiles exactly as stock. Why bounds: ptxas schedules stock's K loop with
-// only some of a block's K loads issued before the first FMA that consumes one (7 of 16 in the
-// head-128 fp16 v1 kernel), so each block costs about two memory round trips; with
-// minBlocksPerMultiprocessor = 4 it issues all 16 first (125 registers, 4 CTAs per SM instead of
-// 5). The rule and its data: min_blocks() below, docs/prefetch-tuning.md.
-// -DKVPREFETCH_V1_MIN_BLOCKS=N / -DKVPREFETCH_V2_MIN_BLOCKS=N override the rule for every v1 / v2
+// __launch_bounds__(0, 0) is no bound at all (nvcc 13.0 emits a byte-identical cubin), so every
+// instantiation the rule leaves alone compiles exactly as stock; verify-kernel checks that.
+//
+// Why bounds: ptxas schedules stock's K loop with only some of a block's K loads issued before
+// the first FMA that consumes one (head 128, fp16: 7 of 16 in v1, 2 of 16 in v2; head 64: 2 of
+// 8), so each block costs about two memory round trips. Given minBlocksPerMultiprocessor it
+// schedules differently: head 128 at N=4 issues all 16 first (125 registers, 4 CTAs per SM
+// instead of 5), head 64 at N=6 all 8 (80 instead of 55 registers), head 256 at N=3 16 of 32.
+// The v2 kernels that carry the prologue get the all-loads-first schedule from it at 94
+// registers, which measured faster than any bound, so v2 has none.
+//
+// The rule: v1, block size 16, 16-bit caches, N = 6 / 4 / 3 for head size 64 / 128 / 256;
+// everything else 0 (stock). Measured on the H200 (docs/prefetch-tuning.md rows 27-28): the
+// chosen N was the best of N = 3..6 per preset and dtype overall; a wrong N costs up to 3x (head
+// 128 at N=6, head 256 at N=5), so configurations nobody measured stay stock. fp8 caches are
+// left out although head 128 gained (1.05 -> 1.09x): a bounded fp8 kernel changed the code of
+// an unbounded fp8 kernel in the same translation unit (head 256, block-sparse; NVVM shares
+// the fp8 conversion helpers between them), and every kernel the rule leaves alone must stay
+// instruction-identical to stock. Keep in sync with kvprefetch.upstream.V1_MIN_BLOCKS.
+// -DKVPREFETCH_V1_MIN_BLOCKS=N / -DKVPREFETCH_V2_MIN_BLOCKS=N override it for every v1 / v2
 // instantiation (0 = none; -1, the default, = the rule).
 #ifndef KVPREFETCH_V1_MIN_BLOCKS
   #define KVPREFETCH_V1_MIN_BLOCKS -1
@@ -154,11 +167,17 @@ static_assert(KVPREFETCH_GQA_SHARE >= 0 && KVPREFETCH_GQA_SHARE <= 2,
 #ifndef KVPREFETCH_V2_MIN_BLOCKS
   #define KVPREFETCH_V2_MIN_BLOCKS -1
 #endif
-template <int HEAD_SIZE, int BLOCK_SIZE, int CACHE_BYTES, bool AUTO_DTYPE>
+constexpr int min_blocks_rule(const bool partitioned, const int head_size, const int block_size,
+                              const int cache_bytes, const int kv_dtype) {
+  if (partitioned || block_size != 16) return 0;
+  if (kv_dtype != 0 || cache_bytes != 2) return 0;  // only fp16 / bf16 caches
+  return head_size == 64 ? 6 : head_size == 128 ? 4 : head_size == 256 ? 3 : 0;
+}
+template <int HEAD_SIZE, int BLOCK_SIZE, int CACHE_BYTES, int KV_DTYPE>
 constexpr int min_blocks(const bool partitioned) {
   const int forced = partitioned ? KVPREFETCH_V2_MIN_BLOCKS : KVPREFETCH_V1_MIN_BLOCKS;
-  if (forced >= 0) return forced;
-  return 0;
+  return forced >= 0 ? forced
+                     : min_blocks_rule(partitioned, HEAD_SIZE, BLOCK_SIZE, CACHE_BYTES, KV_DTYPE);
 }
 constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm) {
   return min_blocks_per_sm > 0 ? num_threads : 0;
@@ -166,14 +185,13 @@ constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm
 #ifdef USE_ROCM
   #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)
 #else
-  #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)                                             \
-    __launch_bounds__(                                                                      \
-        kvprefetch::bounded_threads(                                                        \
-            NUM_THREADS,                                                                    \
-            kvprefetch::min_blocks<HEAD_SIZE, BLOCK_SIZE, int(sizeof(cache_t)),             \
-                                   KV_DTYPE == vllm::Fp8KVCacheDataType::kAuto>(PARTITIONED)), \
-        kvprefetch::min_blocks<HEAD_SIZE, BLOCK_SIZE, int(sizeof(cache_t)),                 \
-                               KV_DTYPE == vllm::Fp8KVCacheDataType::kAuto>(PARTITIONED))
+  #define KVPREFETCH_MIN_BLOCKS_OF(PARTITIONED)                                     \
+    kvprefetch::min_blocks<HEAD_SIZE, BLOCK_SIZE, int(sizeof(cache_t)), int(KV_DTYPE)>( \
+        PARTITIONED)
+  #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)                                           \
+    __launch_bounds__(                                                                    \
+        kvprefetch::bounded_threads(NUM_THREADS, KVPREFETCH_MIN_BLOCKS_OF(PARTITIONED)), \
+        KVPREFETCH_MIN_BLOCKS_OF(PARTITIONED))
 #endif
 
 // The mode lives in global memory, not in a __constant__: a user constant bank in the module

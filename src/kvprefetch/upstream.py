@@ -61,6 +61,30 @@ def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: i
     return True  # seed, and any in-kernel variant of the paper's shape: every kernel
 
 
+# csrc/prefetch_ptx.cuh's min_blocks_rule: `prefetch` declares the v1 kernels with fp16/bf16
+# caches and block size 16 __launch_bounds__(128, N), N keyed by head size; every other
+# instantiation has no bound and must stay instruction-identical to stock
+# (docs/prefetch-tuning.md rows 27-28).
+V1_MIN_BLOCKS = {64: 6, 128: 4, 256: 3}
+
+
+def min_blocks(variant: str | None, version: str, kv_cache: str, head_size: int,
+               block_size: int, dtype: str) -> int:
+    """The minBlocksPerMultiprocessor ``variant`` declares for this instantiation (0: none)."""
+    if (variant != "prefetch" or version != "v1" or block_size != 16 or kv_cache != "auto"
+            or dtype not in ("fp16", "bf16")):
+        return 0
+    return V1_MIN_BLOCKS.get(head_size, 0)
+
+
+def changes_kernel(variant: str | None, version: str, kv_cache: str, head_size: int,
+                   block_size: int, dtype: str) -> bool:
+    """Whether ``variant`` compiles this instantiation differently from stock (a prefetch in it,
+    or a launch bound); the others must be instruction-identical to stock."""
+    return (prefetches_in(variant, version, kv_cache, head_size)
+            or min_blocks(variant, version, kv_cache, head_size, block_size, dtype) > 0)
+
+
 # Variants whose launchers (v1 and v2) fire kvprefetch's kv_l2_prefetch_kernel beside small
 # steps; `prefetch` fires it before every v2 kernel too (KVPREFETCH_V2_L2_KERNEL=2).
 LAUNCHER_PREFETCH_VARIANTS = ("prefetch", "launch")

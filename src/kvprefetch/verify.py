@@ -23,7 +23,7 @@ from .runner import run
 from .sass import (KernelSass, arch_number, decode_kernel_name, function_bodies, judge,
                    parse_sass, prefetch_kernels, readonly_loads, summarise)
 from .cubin import parse_elf
-from .upstream import LAUNCHER_PREFETCH_VARIANTS, prefetches_in
+from .upstream import LAUNCHER_PREFETCH_VARIANTS, changes_kernel, prefetches_in
 from .workdir import Workdir, write_json_atomic
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
@@ -149,12 +149,25 @@ def _expects(variant: str | None) -> Callable[[KernelSass], bool]:
 
 
 def _kernel_selected(name: str, variant: str | None, prefetching: bool) -> bool:
+    """Whether the variant puts its in-kernel prefetch into kernel ``name`` (== prefetching)."""
     meta = decode_kernel_name(name)
     if meta is None:
         return False
     wants = prefetches_in(variant, str(meta["version"]), str(meta["kv_cache"]),
                           int(meta["head_size"]))  # type: ignore[call-overload]
     return wants == prefetching
+
+
+def _kernel_changed(name: str, variant: str | None, changed: bool) -> bool:
+    """Whether the variant compiles kernel ``name`` differently from stock (a prefetch in it or
+    a launch bound; == changed)."""
+    meta = decode_kernel_name(name)
+    if meta is None:
+        return False
+    wants = changes_kernel(variant, str(meta["version"]), str(meta["kv_cache"]),
+                           int(meta["head_size"]), int(meta["block_size"]),  # type: ignore[call-overload]
+                           str(meta["dtype"]))
+    return wants == changed
 
 
 def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
@@ -196,17 +209,24 @@ def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
 def check_identical_attention(rep: VerifyReport, tree: str, text: str, baseline: str,
                               variant: str | None = "launch") -> None:
     """The attention kernels a variant leaves alone (all of them for `launch`; all but the
-    prologue kernels for `prefetch`) must be instruction-identical to stock: compare each one's
-    SASS with the baseline library's, instruction by instruction."""
-    mine = {k: v for k, v in function_bodies(text).items() if _kernel_selected(k[1], variant, False)}
-    base = {k: v for k, v in function_bodies(baseline).items()
-            if _kernel_selected(k[1], variant, False)}
+    prologue kernels and the launch-bounded v1 kernels for `prefetch`) must be
+    instruction-identical to stock: compare each one's SASS with the baseline library's,
+    instruction by instruction. The kernels it changes must differ (else the change did not
+    take effect: a bound that did not reach the kernel, say)."""
+    bodies, base_bodies = function_bodies(text), function_bodies(baseline)
+    mine = {k: v for k, v in bodies.items() if _kernel_changed(k[1], variant, False)}
+    base = {k: v for k, v in base_bodies.items() if _kernel_changed(k[1], variant, False)}
     common = sorted(mine.keys() & base.keys())
     differing = [k[1][:60] for k in common if mine[k] != base[k]]
-    ok = bool(common) and not differing and mine.keys() == base.keys()
+    changed = sorted(k for k in bodies.keys() & base_bodies.keys()
+                     if _kernel_changed(k[1], variant, True))
+    unchanged = [k[1][:60] for k in changed if bodies[k] == base_bodies[k]]
+    ok = bool(common or changed) and not differing and not unchanged and mine.keys() == base.keys()
     rep.add("attention kernels identical to stock", tree, ok,
             f"the {len(common)} kernels {variant} leaves stock compared, {len(differing)} differ"
             + (f" (e.g. {differing[0]}…)" if differing else "")
+            + f"; of the {len(changed)} it changes, {len(unchanged)} identical to stock"
+            + (f" (e.g. {unchanged[0]}…)" if unchanged else "")
             + ("" if mine.keys() == base.keys() else "; the instantiation sets differ"))
 
 
@@ -236,17 +256,17 @@ def check_module_state(rep: VerifyReport, tree: str, variant: str, elf: str,
 
 def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
                         baseline: str) -> None:
-    """An in-kernel prefetch must not cost the K/V loads their read-only path: per kernel it
-    prefetches in, as many ``LDG….CONSTANT`` as stock. Required of ``prefetch``; for ``seed``
+    """An in-kernel prefetch or a launch bound must not cost the K/V loads their read-only
+    path: per kernel the variant changes, as many ``LDG….CONSTANT`` as stock. Required of ``prefetch``; for ``seed``
     (the paper's asm, which captures the cache pointer) the loss is reported, not failed."""
-    mine = {k: n for k, n in readonly_loads(text).items() if _kernel_selected(k[1], variant, True)}
+    mine = {k: n for k, n in readonly_loads(text).items() if _kernel_changed(k[1], variant, True)}
     base = readonly_loads(baseline)
     common = sorted(mine.keys() & base.keys())
     lost = [k for k in common if mine[k] < base[k]]
     rep.sass.setdefault(tree, {})["readonly_loads"] = {
         "kernels": len(common), "kernels_with_fewer": len(lost),
         "stock_total": sum(base[k] for k in common), "total": sum(mine[k] for k in common)}
-    detail = (f"{len(common)} prefetching kernels compared; read-only (.CONSTANT) "
+    detail = (f"{len(common)} changed kernels compared; read-only (.CONSTANT) "
               f"loads {sum(mine[k] for k in common)} vs stock {sum(base[k] for k in common)}; "
               f"{len(lost)} kernels have fewer"
               + (f" (e.g. {lost[0][1][:60]}…: {mine[lost[0]]} vs {base[lost[0]]})" if lost else ""))
