@@ -10,7 +10,7 @@
 # change alone), launch, seed and control -> apply -> diff-upstream --check -> kernels-only build (head 64/128/256,
 # block 16, fp16/bf16/fp8 caches) -> verify-kernel -> pytest -m gpu -> `bench kernel` on the
 # issue's matrix REPEATS times, each run its own process -> the other presets (MHA, d=64,
-# d=256), bf16 and fp8 caches, once each -> cold and hot in one process on the small shapes (hot: one layer replayed, so its KV stays in the L2 where it fits; the report's
+# d=256), bf16 and fp8 caches, bf16 for d=64/d=256, once each -> cold and hot in one process on the small shapes (hot: one layer replayed, so its KV stays in the L2 where it fits; the report's
 # "L2-resident bound"). The `control` tree is stock rebuilt (an A/A reference in every run).
 # Combine locally: kvprefetch report --repeats repeats <the repeat JSONs>.
 # Everything lands in $OUT/results.tgz.
@@ -58,6 +58,11 @@ done
   --name dtype-bf16 --formats json,md
 [ "$(left)" -gt 70 ] && bench 50 "${B[@]}" --mode cold --kv-cache-dtype fp8 "${S[@]}" \
   --name kv-fp8 --formats json,md
+# bf16 for the presets whose v1 kernels carry a launch bound measured in fp16 only (head 64, 256)
+for p in tinyllama-1.1b gemma-2b; do
+  [ "$(left)" -gt 110 ] && bench 50 "${B[@]}" --mode cold --preset "$p" --dtype bfloat16 "${S[@]}" \
+    --name "preset-$p-bf16" --formats json,md
+done
 [ "$QUICK" = 1 ] || { [ "$(left)" -gt 60 ] && bench 100 "${B[@]}" --mode cold --mode hot --batch 1,2,4,8,16 \
   --context 512,1k,2k,4k "${V[@]}" --name l2-bound --formats json,md; }
 summarize
