@@ -8,16 +8,19 @@
 //  - both launchers (v1 and v2), for steps whose KV is at most L2/2, fire kv_l2_prefetch_kernel
 //    (below) on a side stream beside the attention kernel: one bulk L2 prefetch per K and V
 //    chunk of the step, issued while the attention kernel's warps start on their first blocks.
-//  - v2 (partitioned) kernels with fp16/bf16 caches and head size >= 128 (prologue_compiled)
-//    also carry an in-kernel prologue (prefetch_prologue): before the loop, the warp's lanes ask
-//    the bulk-copy engine for the K and V chunks of the blocks the warp will walk. In `auto` it
-//    does not run (KVPREFETCH_AUTO_MAX_CTAS_PCT = 0): on the H200 the launcher's kernel beat it
-//    at every grid where it used to run (docs/prefetch-tuning.md, row 25). It stays compiled in
-//    because its presence makes NVVM schedule those kernels' loops 1.2-1.3x faster than stock's,
-//    and it runs with KVPREFETCH=on. Nothing is added inside the loop: code there changes how
-//    NVVM schedules the loop's K/V loads.
-//  - every other kernel, v1 included, is instruction-identical to stock (verify-kernel checks
-//    it): on the H200 every in-kernel addition we tried made NVVM compile v1's loop 2-3x slower.
+//  - v2 (partitioned) kernels with fp16 caches and head size >= 128 or bf16 caches and head 128
+//    (prologue_compiled) also carry an in-kernel prologue (prefetch_prologue): before the loop,
+//    the warp's lanes ask the bulk-copy engine for the K and V chunks of the blocks the warp
+//    will walk. In `auto` it does not run (KVPREFETCH_AUTO_MAX_CTAS_PCT = 0): on the H200 the
+//    launcher's kernel beat it at every grid where it used to run (docs/prefetch-tuning.md,
+//    row 25). It stays compiled in because with it ptxas issues all 16 K loads of a block
+//    before their first use (stock: 2 of 16), which made those kernels 1.2-1.3x faster, and it
+//    runs with KVPREFETCH=on. Nothing is added inside the loop.
+//  - v1 kernels with fp16/bf16 caches, block size 16 and head size 64/128/256 are declared
+//    __launch_bounds__(128, 6/4/3) (KVPREFETCH_KERNEL_BOUNDS, min_blocks_rule): the same effect
+//    on v1's K loop (7 of 16 K loads before their first use in stock, all 16 with the bound),
+//    1.1-1.8x on the H200.
+//  - every other kernel is instruction-identical to stock (verify-kernel checks it).
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -29,6 +32,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #ifndef USE_ROCM
@@ -346,19 +350,33 @@ __device__ __forceinline__ unsigned prefetch_warp_blocks(
 // time. Measured on the H200 with the prologue compiled in but switched off
 // (docs/prefetch-tuning.md): v2 kernels for 16-bit caches and head size >= 128 ran 1.03-1.27x
 // faster than stock; v1 kernels 1.7-2.8x slower; fp8-cache v2 kernels 2-4% slower; the head-64
-// v2 kernel 2.6% slower on one shape. Keep kPrologueMinHeadSize in sync with
-// kvprefetch.upstream.PROLOGUE_MIN_HEAD_SIZE (verify-kernel's expectation).
+// v2 kernel 2.6% slower on one shape; bf16 head 256 (Gemma-2B) 1.2-1.4% slower at batch 8-64
+// (row 29), so bf16 caches get it only up to head 128, and fp32 caches (never measured) not at
+// all. Keep kPrologueMinHeadSize and the rule in sync with kvprefetch.upstream.prefetches_in
+// (verify-kernel's expectation).
 #ifndef KVPREFETCH_PROLOGUE_MIN_HEAD_SIZE
   #define KVPREFETCH_PROLOGUE_MIN_HEAD_SIZE 128
 #endif
 constexpr int kPrologueMinHeadSize = KVPREFETCH_PROLOGUE_MIN_HEAD_SIZE;
-constexpr bool prologue_rule(const int head_size, const bool partitioned,
-                             const bool fp16_or_bf16_cache) {
-  return partitioned && fp16_or_bf16_cache && head_size >= kPrologueMinHeadSize;
+constexpr bool prologue_rule(const int head_size, const bool partitioned, const bool fp16_cache,
+                             const bool bf16_cache) {
+  return partitioned && head_size >= kPrologueMinHeadSize &&
+         (fp16_cache || (bf16_cache && head_size <= 128));
 }
-template <int HEAD_SIZE>
-constexpr bool prologue_compiled(const bool partitioned, const bool fp16_or_bf16_cache) {
-  return prologue_rule(HEAD_SIZE, partitioned, fp16_or_bf16_cache);
+// auto_dtype: the cache holds the query's dtype (KV_DTYPE == kAuto); a 16-bit cache_t is then
+// fp16 (vLLM's uint16_t) or bf16 (__nv_bfloat16).
+template <typename cache_t>
+constexpr bool fp16_cache(const bool auto_dtype) {
+  return auto_dtype && std::is_same_v<cache_t, uint16_t>;
+}
+template <typename cache_t>
+constexpr bool bf16_cache(const bool auto_dtype) {
+  return auto_dtype && sizeof(cache_t) == 2 && !std::is_same_v<cache_t, uint16_t>;
+}
+template <int HEAD_SIZE, typename cache_t>
+constexpr bool prologue_compiled(const bool partitioned, const bool auto_dtype) {
+  return prologue_rule(HEAD_SIZE, partitioned, fp16_cache<cache_t>(auto_dtype),
+                       bf16_cache<cache_t>(auto_dtype));
 }
 
 // What the patch calls: prefetch_bases + prefetch_warp_blocks. -DKVPREFETCH_PROLOGUE_NOINLINE=1
@@ -718,14 +736,16 @@ static_assert(KVPREFETCH_V2_L2_KERNEL >= 0 && KVPREFETCH_V2_L2_KERNEL <= 2,
               "KVPREFETCH_V2_L2_KERNEL must be 0, 1 or 2");
 template <typename cache_t, int BLOCK_SIZE>
 inline L2PrefetchJoin launch_l2_prefetch_v2(
-    const bool fp16_or_bf16_cache, cudaStream_t stream, const cache_t* k_cache,
+    const bool auto_dtype, cudaStream_t stream, const cache_t* k_cache,
     const cache_t* v_cache, const int* block_tables, const int* seq_lens, int num_seqs,
     int num_kv_heads, int head_size, int max_num_blocks_per_seq, int max_seq_len,
     int kv_block_stride, int kv_head_stride) {
   if constexpr (KVPREFETCH_V2_L2_KERNEL == 0) {  // not even instantiated: the module as before
     return {};
   } else {
-    if (KVPREFETCH_V2_L2_KERNEL == 1 && prologue_rule(head_size, true, fp16_or_bf16_cache)) {
+    if (KVPREFETCH_V2_L2_KERNEL == 1 &&
+        prologue_rule(head_size, true, fp16_cache<cache_t>(auto_dtype),
+                      bf16_cache<cache_t>(auto_dtype))) {
       return {};
     }
     return launch_l2_prefetch<cache_t, BLOCK_SIZE>(stream, k_cache, v_cache, block_tables,

@@ -46,18 +46,22 @@ SEED_TREE = "seed"
 # control:  stock, rebuilt through the same pipeline (its diffs add one comment to each
 #           launcher): the A/A reference that shows the benchmark's resolution.
 VARIANTS = ("prefetch", "launch", "seed", "control")
-# csrc/prefetch_ptx.cuh's kPrologueMinHeadSize: `prefetch` compiles its prologue only into v2
-# kernels with fp16/bf16 caches and at least this head size (docs/prefetch-tuning.md).
+# csrc/prefetch_ptx.cuh's kPrologueMinHeadSize and prologue_rule: `prefetch` compiles its
+# prologue only into v2 kernels with fp16 caches and at least this head size, or bf16 caches
+# and head size 128 (docs/prefetch-tuning.md).
 PROLOGUE_MIN_HEAD_SIZE = 128
 
 
-def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: int) -> bool:
-    """Whether ``variant`` puts a bulk prefetch into this paged_attention instantiation; its
-    other attention kernels must stay instruction-identical to stock (verify-kernel)."""
+def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: int,
+                  dtype: str) -> bool:
+    """Whether ``variant`` puts a bulk prefetch into this paged_attention instantiation
+    (``dtype``: the query's, fp16 | bf16 | fp32); its other attention kernels must stay
+    instruction-identical to stock unless a launch bound changes them (verify-kernel)."""
     if variant in (None, "stock", "launch", "control"):
         return False
     if variant == "prefetch":
-        return version == "v2" and kv_cache == "auto" and head_size >= PROLOGUE_MIN_HEAD_SIZE
+        return (version == "v2" and kv_cache == "auto" and head_size >= PROLOGUE_MIN_HEAD_SIZE
+                and (dtype == "fp16" or (dtype == "bf16" and head_size <= 128)))
     return True  # seed, and any in-kernel variant of the paper's shape: every kernel
 
 
@@ -81,7 +85,7 @@ def changes_kernel(variant: str | None, version: str, kv_cache: str, head_size: 
                    block_size: int, dtype: str) -> bool:
     """Whether ``variant`` compiles this instantiation differently from stock (a prefetch in it,
     or a launch bound); the others must be instruction-identical to stock."""
-    return (prefetches_in(variant, version, kv_cache, head_size)
+    return (prefetches_in(variant, version, kv_cache, head_size, dtype)
             or min_blocks(variant, version, kv_cache, head_size, block_size, dtype) > 0)
 
 

@@ -145,7 +145,7 @@ def disassemble(rep: VerifyReport, tree: str, so: str, what: str = "-sass",
 
 
 def _expects(variant: str | None) -> Callable[[KernelSass], bool]:
-    return lambda k: prefetches_in(variant, k.version, k.kv_cache, k.head_size)
+    return lambda k: prefetches_in(variant, k.version, k.kv_cache, k.head_size, k.dtype)
 
 
 def _kernel_selected(name: str, variant: str | None, prefetching: bool) -> bool:
@@ -154,7 +154,7 @@ def _kernel_selected(name: str, variant: str | None, prefetching: bool) -> bool:
     if meta is None:
         return False
     wants = prefetches_in(variant, str(meta["version"]), str(meta["kv_cache"]),
-                          int(meta["head_size"]))  # type: ignore[call-overload]
+                          int(meta["head_size"]), str(meta["dtype"]))  # type: ignore[call-overload]
     return wants == prefetching
 
 
@@ -165,7 +165,8 @@ def _kernel_changed(name: str, variant: str | None, changed: bool) -> bool:
     if meta is None:
         return False
     wants = changes_kernel(variant, str(meta["version"]), str(meta["kv_cache"]),
-                           int(meta["head_size"]), int(meta["block_size"]),  # type: ignore[call-overload]
+                           int(meta["head_size"]),  # type: ignore[call-overload]
+                           int(meta["block_size"]),  # type: ignore[call-overload]
                            str(meta["dtype"]))
     return wants == changed
 
@@ -257,8 +258,9 @@ def check_module_state(rep: VerifyReport, tree: str, variant: str, elf: str,
 def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
                         baseline: str) -> None:
     """An in-kernel prefetch or a launch bound must not cost the K/V loads their read-only
-    path: per kernel the variant changes, as many ``LDG….CONSTANT`` as stock. Required of ``prefetch``; for ``seed``
-    (the paper's asm, which captures the cache pointer) the loss is reported, not failed."""
+    path: per kernel the variant changes, as many ``LDG….CONSTANT`` as stock. Required of
+    ``prefetch``; for ``seed`` (the paper's asm, which captures the cache pointer) the loss is
+    reported, not failed."""
     mine = {k: n for k, n in readonly_loads(text).items() if _kernel_changed(k[1], variant, True)}
     base = readonly_loads(baseline)
     common = sorted(mine.keys() & base.keys())

@@ -1,26 +1,30 @@
-// Prints the launch bound csrc/prefetch_ptx.cuh declares for every paged_attention instantiation
-// vLLM v0.10.2 compiles (kvprefetch::min_blocks, the compile-time rule behind
-// KVPREFETCH_KERNEL_BOUNDS): one line per instantiation, "version head block cache_bytes
-// kv_dtype min_blocks". Host code only: it runs on a machine without a GPU. tests/test_sass.py
+// Prints what csrc/prefetch_ptx.cuh compiles into every paged_attention instantiation vLLM
+// v0.10.2 builds: the launch bound (kvprefetch::min_blocks, behind KVPREFETCH_KERNEL_BOUNDS) and
+// whether the prologue is compiled in (kvprefetch::prologue_compiled). One line per
+// instantiation: "version head block cache kv_dtype min_blocks prologue", cache one of fp16,
+// bf16, fp32, u8. Host code only: it runs on a machine without a GPU. tests/test_sass.py
 // compiles it with nvcc, with and without -DKVPREFETCH_V1_MIN_BLOCKS, and compares the table
-// with kvprefetch.upstream.min_blocks (what verify-kernel expects).
+// with kvprefetch.upstream.min_blocks / prefetches_in (what verify-kernel expects).
 #define KVPREFETCH_LAUNCHER_ONLY 1
 #include <cstdio>
+#include <cuda_bf16.h>
 #include "prefetch_ptx.cuh"
 
-template <int HEAD, int BLOCK, int BYTES, int KV>
-void row() {
-  std::printf("v1 %d %d %d %d %d\n", HEAD, BLOCK, BYTES, KV,
-              kvprefetch::min_blocks<HEAD, BLOCK, BYTES, KV>(false));
-  std::printf("v2 %d %d %d %d %d\n", HEAD, BLOCK, BYTES, KV,
-              kvprefetch::min_blocks<HEAD, BLOCK, BYTES, KV>(true));
+template <int HEAD, int BLOCK, typename cache_t, int KV>
+void row(const char* cache) {
+  for (const bool partitioned : {false, true}) {
+    std::printf("%s %d %d %s %d %d %d\n", partitioned ? "v2" : "v1", HEAD, BLOCK, cache, KV,
+                kvprefetch::min_blocks<HEAD, BLOCK, int(sizeof(cache_t)), KV>(partitioned),
+                int(kvprefetch::prologue_compiled<HEAD, cache_t>(partitioned, KV == 0)));
+  }
 }
 template <int HEAD, int BLOCK>
 void caches() {
-  row<HEAD, BLOCK, 2, 0>();  // fp16 / bf16 cache
-  row<HEAD, BLOCK, 4, 0>();  // fp32 cache
-  row<HEAD, BLOCK, 1, 1>();  // fp8 e4m3
-  row<HEAD, BLOCK, 1, 2>();  // fp8 e5m2
+  row<HEAD, BLOCK, uint16_t, 0>("fp16");
+  row<HEAD, BLOCK, __nv_bfloat16, 0>("bf16");
+  row<HEAD, BLOCK, float, 0>("fp32");
+  row<HEAD, BLOCK, uint8_t, 1>("u8");  // fp8 e4m3
+  row<HEAD, BLOCK, uint8_t, 2>("u8");  // fp8 e5m2
 }
 template <int HEAD>
 void blocks() {
