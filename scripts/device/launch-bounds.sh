@@ -8,7 +8,7 @@
 # (136/124 registers: 3/4 CTAs per SM instead of 5), with N=5 10 of 16 (96 registers).
 # Trees (head 128, block 16, fp16 cache), all but baseline/control the shipped `prefetch`
 # patch with different -D:
-#   baseline; control (A/A: stock rebuilt); patched (shipped);
+#   baseline; control (A/A: stock rebuilt); patched (shipped then: no bounds);
 #   lb4 (KVPREFETCH_MIN_BLOCKS=4, the prologue still compiled into v2);
 #   lb3np, lb4np, lb5np (MIN_BLOCKS=3/4/5, no prologue anywhere: PROLOGUE_MIN_HEAD_SIZE=1024).
 # Every variant keeps the launcher's L2 prefetch kernel (auto).
@@ -27,13 +27,16 @@ for t in patched lb4 lb3np lb4np lb5np; do
   step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4
 done
 step 30 "${K[@]}" apply --workdir "$W" --variant control || exit 4
+# N on every v1 and v2 kernel. (Run 11 itself was measured with the first spelling of this hook,
+# -DKVPREFETCH_MIN_BLOCKS=N for both; `patched` then had no bounds: today's is
+# KVPREFETCH_V1_MIN_BLOCKS=0.)
+lb() { echo --tree-define "$1:KVPREFETCH_V1_MIN_BLOCKS=$2" --tree-define "$1:KVPREFETCH_V2_MIN_BLOCKS=$2"; }
 step 240 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 128 \
   --block-sizes 16 --kv-dtypes fp16 \
   --trees baseline,control,patched,lb4,lb3np,lb4np,lb5np \
-  --tree-define lb4:KVPREFETCH_MIN_BLOCKS=4 \
-  --tree-define lb3np:KVPREFETCH_MIN_BLOCKS=3 --tree-define lb3np:$NP \
-  --tree-define lb4np:KVPREFETCH_MIN_BLOCKS=4 --tree-define lb4np:$NP \
-  --tree-define lb5np:KVPREFETCH_MIN_BLOCKS=5 --tree-define lb5np:$NP || exit 5
+  --tree-define patched:KVPREFETCH_V1_MIN_BLOCKS=0 $(lb lb4 4) \
+  $(lb lb3np 3) --tree-define lb3np:$NP $(lb lb4np 4) --tree-define lb4np:$NP \
+  $(lb lb5np 5) --tree-define lb5np:$NP || exit 5
 [ "$(left)" -gt 50 ] && bench 90 "${B[@]}" --mode cold --batch 1,8,32,64,128 \
   --context 512,1k,4k,16k "${V[@]}" --name matrix --formats json,md
 [ "$(left)" -gt 50 ] && bench 90 "${B[@]}" --mode cold --mode hot --batch 1,2,4,8,16 \
