@@ -400,3 +400,45 @@ def test_l2_prefetch_runs_cover_every_block_once(tmp_path: Path, per_cta: int | 
               16: {1024: (64, 16, 32), 17: (2, 16, 32)},
               0: {1024: (1, 1024, 128), 5: (1, 5, 32)}}[per_cta]
     assert {b: rows[b] for b in expect} == expect
+
+
+def _listing(kernels: dict[tuple[str, str], list[str]]) -> str:
+    """A cuobjdump-shaped listing: per (arch, mangled name) its instructions."""
+    lines: list[str] = []
+    for arch in sorted({a for a, _ in kernels}):
+        lines += [f"\tarch = {arch}", f"\tcode for {arch}"]
+        for (a, name), body in kernels.items():
+            if a != arch:
+                continue
+            lines.append(f"\t\tFunction : {name}")
+            lines += [f"        /*{i * 16:04x}*/                   {ins} ;"
+                      for i, ins in enumerate(body)]
+    return "\n".join(lines) + "\n"
+
+
+_V1 = ("_ZN4vllm25paged_attention_v1_kernelIttLi{h}ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0ELb0EE"
+       "EvPT_PKS2_PKT0_S8_ifPKiSA_iPKfiiiSC_SC_iiiii")
+
+
+@pytest.mark.parametrize(("bounded_body", "stock_body", "ok", "detail"), [
+    (["LDG.E.64.CONSTANT R4", "FFMA R1"], ["EXIT"], True,
+     "the 1 kernels prefetch leaves stock compared, 0 differ; of the 1 it changes, 0 identical"),
+    (["EXIT"], ["EXIT"], False, "of the 1 it changes, 1 identical to stock"),
+    (["LDG.E.64.CONSTANT R4", "FFMA R1"], ["NOP"], False,
+     "the 1 kernels prefetch leaves stock compared, 1 differ"),
+])
+def test_identical_check_judges_left_and_changed_kernels(bounded_body: list[str],
+                                                         stock_body: list[str], ok: bool,
+                                                         detail: str) -> None:
+    """check_identical_attention with the `prefetch` rules: the head-96 v1 kernel (no bound)
+    must equal stock's instruction by instruction, the head-128 v1 kernel (bounded) must
+    differ from stock's; a bound that did not reach its kernel fails like a changed stock one."""
+    from kvprefetch.verify import VerifyReport, check_identical_attention
+
+    base = {("sm_90", _V1.format(h=128)): ["EXIT"], ("sm_90", _V1.format(h=96)): ["EXIT"]}
+    mine = {("sm_90", _V1.format(h=128)): bounded_body, ("sm_90", _V1.format(h=96)): stock_body}
+    rep = VerifyReport("unused")
+    check_identical_attention(rep, "patched", _listing(mine), _listing(base), "prefetch")
+    (check,) = rep.checks
+    assert (check.status == "pass") is ok, check.detail
+    assert detail in check.detail

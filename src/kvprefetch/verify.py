@@ -212,15 +212,16 @@ def check_identical_attention(rep: VerifyReport, tree: str, text: str, baseline:
     """The attention kernels a variant leaves alone (all of them for `launch`; all but the
     prologue kernels and the launch-bounded v1 kernels for `prefetch`) must be
     instruction-identical to stock: compare each one's SASS with the baseline library's,
-    instruction by instruction. The kernels it changes must differ (else the change did not
-    take effect: a bound that did not reach the kernel, say)."""
+    instruction by instruction. The sm_90+ kernels it changes must differ (else the change did
+    not take effect: a bound that did not reach the kernel, say; before sm_90 the prologue
+    compiles to nothing, so a kernel there may equal stock's)."""
     bodies, base_bodies = function_bodies(text), function_bodies(baseline)
     mine = {k: v for k, v in bodies.items() if _kernel_changed(k[1], variant, False)}
     base = {k: v for k, v in base_bodies.items() if _kernel_changed(k[1], variant, False)}
     common = sorted(mine.keys() & base.keys())
     differing = [k[1][:60] for k in common if mine[k] != base[k]]
     changed = sorted(k for k in bodies.keys() & base_bodies.keys()
-                     if _kernel_changed(k[1], variant, True))
+                     if _kernel_changed(k[1], variant, True) and arch_number(k[0]) >= 90)
     unchanged = [k[1][:60] for k in changed if bodies[k] == base_bodies[k]]
     ok = bool(common or changed) and not differing and not unchanged and mine.keys() == base.keys()
     rep.add("attention kernels identical to stock", tree, ok,
