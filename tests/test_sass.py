@@ -402,6 +402,31 @@ def test_l2_prefetch_runs_cover_every_block_once(tmp_path: Path, per_cta: int | 
     assert {b: rows[b] for b in expect} == expect
 
 
+@pytest.mark.parametrize(("head", "plain", "ok"), [(96, False, True), (128, False, True),
+                                                    (128, True, False), (96, True, True)])
+def test_launch_bounds_check_on_real_compiles(tmp_path: Path, head: int, plain: bool,
+                                              ok: bool) -> None:
+    """verify's launch-bounds check on REAL sm_90 compiles of a kernel declared as the patch
+    declares vLLM's v1 kernel (bounded_kernel.cu): the bound is read from the module
+    (EIATTR_MAX_THREADS) and must be there exactly where upstream.min_blocks puts one; the
+    head-128 kernel compiled without the bound line (stock) fails the `prefetch` rule."""
+    from kvprefetch.cubin import parse_elf
+    from kvprefetch.verify import BOUNDS_CHECK, VerifyReport, check_launch_bounds
+
+    elf = _compile_elf(tmp_path, SAMPLES / "bounded_kernel.cu", f"-DSAMPLE_HEAD={head}",
+                       *(["-DSAMPLE_PLAIN"] if plain else []))
+    (mod,) = parse_elf(elf)
+    (kernel,) = mod.kernels
+    assert decode_kernel_name(kernel) is not None  # read as vLLM's v1 kernel
+    assert dict(mod.max_threads).get(kernel) == (128 if head == 128 and not plain else None)
+    rep = VerifyReport("unused")
+    check_launch_bounds(rep, "patched", "prefetch", elf)
+    (check,) = [c for c in rep.checks if c.name == BOUNDS_CHECK]
+    assert (check.status == "pass") is ok, check.detail
+    if not ok:
+        assert "v1 head 128 block 16 fp16/auto: no bound, expected 128" in check.detail
+
+
 def _listing(kernels: dict[tuple[str, str], list[str]]) -> str:
     """A cuobjdump-shaped listing: per (arch, mangled name) its instructions."""
     lines: list[str] = []

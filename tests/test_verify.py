@@ -88,6 +88,10 @@ def test_verify_passes_with_the_gpu_check_not_checked(built: Path,
                                      "identical to stock"), same
     # the prologue's own block_table reads add a few; none of stock's are lost
     assert counts["total"] >= counts["stock_total"] > 0
+    # the launch bound is in the binary: on the two fp16 v1 kernels, on nothing else
+    bounds = checks[("launch bounds where the rule puts them", "patched")]
+    assert bounds["status"] == "pass", bounds
+    assert bounds["detail"].startswith(f"{KERNELS} attention kernels, 2 declared __launch_bounds__")
     # the v1 unit holds no prologue state; the v2 unit's sits beside its prologue kernels
     mod = checks[("modules hold only what their kernels use", "patched")]
     assert mod["status"] == "pass", mod

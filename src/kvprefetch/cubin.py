@@ -1,6 +1,7 @@
 """Reading ``cuobjdump -elf`` output: per device module (one cubin per translation unit and
-architecture), the kernels it holds, whether it has a user ``__constant__`` bank, and which of
-kvprefetch's device-state symbols (the prologue's address table and mode) it defines.
+architecture), the kernels it holds, whether it has a user ``__constant__`` bank, which of
+kvprefetch's device-state symbols (the prologue's address table and mode) it defines, and which
+kernels were declared with ``__launch_bounds__`` (their ``EIATTR_MAX_THREADS``).
 
 Why verify-kernel looks at this and not only at the kernels' instructions: on the H200, kernels
 whose SASS was identical to stock ran 0.5-1% slower on short steps when their module also held a
@@ -19,6 +20,8 @@ _ARCH = re.compile(r"^arch = (sm_\d+\w*)\s*$", re.M)
 _KERNEL = re.compile(r"\s\.text\.(\S+)\s*$", re.M)          # section names; not .rela.text.
 _CONST_BANK = re.compile(r"\s\.nv\.constant3\s*$", re.M)      # user __constant__ variables
 _STATE = re.compile(r"\S*kvprefetch_(?:bases|mode)E\b")      # the prologue's device state
+_INFO = re.compile(r"^\.nv\.info\.(\S+)\s*$", re.M)            # a kernel's attribute section
+_MAX_THREADS = re.compile(r"EIATTR_MAX_THREADS\s*\n\s*Format:[^\n]*\n\s*Value:\s*(0x[0-9a-f]+)")
 
 
 @dataclass(frozen=True)
@@ -27,10 +30,26 @@ class Module:
     kernels: tuple[str, ...]         # mangled names
     constant_bank: bool
     state_symbols: tuple[str, ...]   # mangled names of kvprefetch_bases / kvprefetch_mode
+    # (kernel, x of its __launch_bounds__ maxThreadsPerBlock) for the kernels declared with one
+    max_threads: tuple[tuple[str, int], ...] = ()
 
     @property
     def holds_state(self) -> bool:
         return bool(self.state_symbols)
+
+
+def _max_threads(chunk: str) -> tuple[tuple[str, int], ...]:
+    """Per ``.nv.info.<kernel>`` section (up to the next top-level line), its EIATTR_MAX_THREADS."""
+    heads = list(_INFO.finditer(chunk))
+    out = []
+    for i, head in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(chunk)
+        nxt = re.search(r"^\.", chunk[head.end():end], re.M)
+        body = chunk[head.end(): head.end() + nxt.start()] if nxt else chunk[head.end():end]
+        m = _MAX_THREADS.search(body)
+        if m:
+            out.append((head.group(1), int(m.group(1), 16)))
+    return tuple(sorted(out))
 
 
 def parse_elf(text: str) -> list[Module]:
@@ -42,5 +61,6 @@ def parse_elf(text: str) -> list[Module]:
         out.append(Module(arch.group(1) if arch else "?",
                           tuple(sorted(set(_KERNEL.findall(chunk)))),
                           bool(_CONST_BANK.search(chunk)),
-                          tuple(sorted(set(_STATE.findall(chunk))))))
+                          tuple(sorted(set(_STATE.findall(chunk)))),
+                          _max_threads(chunk)))
     return out

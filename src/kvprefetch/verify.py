@@ -23,7 +23,7 @@ from .runner import run
 from .sass import (KernelSass, arch_number, decode_kernel_name, function_bodies, judge,
                    parse_sass, prefetch_kernels, readonly_loads, summarise)
 from .cubin import parse_elf
-from .upstream import LAUNCHER_PREFETCH_VARIANTS, changes_kernel, prefetches_in
+from .upstream import LAUNCHER_PREFETCH_VARIANTS, changes_kernel, min_blocks, prefetches_in
 from .workdir import Workdir, write_json_atomic
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
@@ -256,6 +256,39 @@ def check_module_state(rep: VerifyReport, tree: str, variant: str, elf: str,
     rep.add(MODULE_CHECK, tree, bool(mine) and banks <= stock_banks and not stray, detail)
 
 
+BOUNDS_CHECK = "launch bounds where the rule puts them"
+VLLM_NUM_THREADS = 128  # paged_attention_v1/v2 launch 128 threads per CTA
+
+
+def check_launch_bounds(rep: VerifyReport, tree: str, variant: str, elf: str) -> None:
+    """Every attention kernel the variant's rule bounds (upstream.min_blocks) carries
+    ``__launch_bounds__(128, …)`` in its module (``EIATTR_MAX_THREADS`` = 128 in
+    ``cuobjdump -elf``), and no other attention kernel carries any: the bound reached the
+    binary, and only where it was measured."""
+    seen, bounded, wrong = 0, 0, []
+    for mod in parse_elf(elf):
+        declared = dict(mod.max_threads)
+        for name in mod.kernels:
+            meta = decode_kernel_name(name)
+            if meta is None:
+                continue
+            seen += 1
+            want = min_blocks(variant, str(meta["version"]), str(meta["kv_cache"]),
+                              int(meta["head_size"]),  # type: ignore[call-overload]
+                              int(meta["block_size"]),  # type: ignore[call-overload]
+                              str(meta["dtype"])) > 0
+            got = declared.get(name)
+            bounded += got is not None
+            if got != (VLLM_NUM_THREADS if want else None):
+                wrong.append(f"{mod.arch} {meta['version']} head {meta['head_size']} block "
+                             f"{meta['block_size']} {meta['dtype']}/{meta['kv_cache']}: "
+                             f"{'bound ' + str(got) if got is not None else 'no bound'}, "
+                             f"expected {'128' if want else 'none'}")
+    detail = (f"{seen} attention kernels, {bounded} declared __launch_bounds__; "
+              f"{len(wrong)} not as the rule says" + (f" ({wrong[0]})" if wrong else ""))
+    rep.add(BOUNDS_CHECK, tree, seen > 0 and not wrong, detail)
+
+
 def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
                         baseline: str) -> None:
     """An in-kernel prefetch or a launch bound must not cost the K/V loads their read-only
@@ -355,13 +388,12 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
         if tree == "baseline" or tree not in sass_text or "baseline" not in sass_text:
             continue
         variant = str(m.get("variant") or "prefetch")
-        counted = rep.sass[tree]  # check_sass above judged this tree's kernels by that rule
-        if counted["prefetching_kernels"] < counted["kernels"]:
-            check_identical_attention(rep, tree, sass_text[tree], sass_text["baseline"], variant)
-        if counted["prefetching_kernels"] > 0:
+        check_identical_attention(rep, tree, sass_text[tree], sass_text["baseline"], variant)
+        if any(_kernel_changed(k[1], variant, True) for k in function_bodies(sass_text[tree])):
             check_readonly_path(rep, tree, variant, sass_text[tree], sass_text["baseline"])
         if tree in elf_text and "baseline" in elf_text:
             check_module_state(rep, tree, variant, elf_text[tree], elf_text["baseline"])
+            check_launch_bounds(rep, tree, variant, elf_text[tree])
     files = [v[0] for v in loaded.values()]
     shas = [v[1] for v in loaded.values()]
     if len(loaded) >= 2:
