@@ -9,7 +9,7 @@
 # Trees (head 128, block 16, fp16 cache), all but baseline/control the shipped `prefetch`
 # patch with different -D:
 #   baseline; control (A/A: stock rebuilt); patched (shipped then: no bounds);
-#   lb4 (KVPREFETCH_MIN_BLOCKS=4, the prologue still compiled into v2);
+#   lb4 (N=4 on every v1 and v2 kernel, the prologue still compiled into v2);
 #   lb3np, lb4np, lb5np (MIN_BLOCKS=3/4/5, no prologue anywhere: PROLOGUE_MIN_HEAD_SIZE=1024).
 # Every variant keeps the launcher's L2 prefetch kernel (auto).
 # Timed: the matrix cold, batch 1..16 x context 512..4k cold and hot.
