@@ -219,7 +219,8 @@ def test_prefetch_rule_cases() -> None:
     assert m is not None and int(m.group(1)) == upstream.PROLOGUE_MIN_HEAD_SIZE
     rule = upstream.prefetches_in
     assert rule("prefetch", "v2", "auto", 128, "fp16")
-    assert rule("prefetch", "v2", "auto", 256, "fp16") and rule("prefetch", "v2", "auto", 128, "bf16")
+    assert rule("prefetch", "v2", "auto", 256, "fp16")
+    assert rule("prefetch", "v2", "auto", 128, "bf16")
     assert not rule("prefetch", "v2", "auto", 256, "bf16")
     assert not rule("prefetch", "v2", "auto", 128, "fp32")
     assert not rule("prefetch", "v1", "auto", 128, "fp16")
@@ -243,16 +244,24 @@ def test_old_everywhere_patch_fails_the_prefetch_rule() -> None:
     assert all(" v1 " in p and "a kernel this variant leaves stock" in p for p in verdict.problems)
 
 
-def _fake_listing(loads: dict[str, int]) -> str:
-    """A listing in cuobjdump's layout (arch line, Function line, addressed instructions)."""
-    lines = ["\tarch = sm_90", "\tcode for sm_90"]
-    for name, n in loads.items():
-        lines.append(f"\t\tFunction : {name}")
-        for i in range(n):
-            lines.append(f"        /*{i * 16:04x}*/                   LDG.E.64.CONSTANT R4, "
-                         f"desc[UR4][R2.64] ;                 /* 0x000 */")
-        lines.append(f"        /*{n * 16:04x}*/                   LDG.E.64 R6, desc[UR4][R2.64] ;")
+def _listing(kernels: dict[tuple[str, str], list[str]]) -> str:
+    """A cuobjdump-shaped listing: per (arch, mangled name) its instructions."""
+    lines: list[str] = []
+    for arch in sorted({a for a, _ in kernels}):
+        lines += [f"\tarch = {arch}", f"\tcode for {arch}"]
+        for (a, name), body in kernels.items():
+            if a != arch:
+                continue
+            lines.append(f"\t\tFunction : {name}")
+            lines += [f"        /*{i * 16:04x}*/                   {ins} ;"
+                      for i, ins in enumerate(body)]
     return "\n".join(lines) + "\n"
+
+
+def _fake_listing(loads: dict[str, int]) -> str:
+    """An sm_90 listing (``_listing``): per kernel ``n`` read-only K/V loads and one plain load."""
+    return _listing({("sm_90", name): ["LDG.E.64.CONSTANT R4, desc[UR4][R2.64]"] * n
+                     + ["LDG.E.64 R6, desc[UR4][R2.64]"] for name, n in loads.items()})
 
 
 def test_readonly_check_fails_when_loads_lose_the_read_only_path() -> None:
@@ -425,20 +434,6 @@ def test_launch_bounds_check_on_real_compiles(tmp_path: Path, head: int, plain: 
     assert (check.status == "pass") is ok, check.detail
     if not ok:
         assert "v1 head 128 block 16 fp16/auto: no bound, expected 128" in check.detail
-
-
-def _listing(kernels: dict[tuple[str, str], list[str]]) -> str:
-    """A cuobjdump-shaped listing: per (arch, mangled name) its instructions."""
-    lines: list[str] = []
-    for arch in sorted({a for a, _ in kernels}):
-        lines += [f"\tarch = {arch}", f"\tcode for {arch}"]
-        for (a, name), body in kernels.items():
-            if a != arch:
-                continue
-            lines.append(f"\t\tFunction : {name}")
-            lines += [f"        /*{i * 16:04x}*/                   {ins} ;"
-                      for i, ins in enumerate(body)]
-    return "\n".join(lines) + "\n"
 
 
 _V1 = ("_ZN4vllm25paged_attention_v1_kernelIttLi{h}ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0ELb0EE"

@@ -148,27 +148,30 @@ def _expects(variant: str | None) -> Callable[[KernelSass], bool]:
     return lambda k: prefetches_in(variant, k.version, k.kv_cache, k.head_size, k.dtype)
 
 
-def _kernel_selected(name: str, variant: str | None, prefetching: bool) -> bool:
-    """Whether the variant puts its in-kernel prefetch into kernel ``name`` (== prefetching)."""
+def _rules(name: str, variant: str | None) -> tuple[bool, int, bool] | None:
+    """What the variant's rules do to the paged_attention kernel ``name``: (in-kernel prefetch,
+    launch-bound minBlocks, changed from stock at all); None for any other function."""
     meta = decode_kernel_name(name)
     if meta is None:
-        return False
-    wants = prefetches_in(variant, str(meta["version"]), str(meta["kv_cache"]),
-                          int(meta["head_size"]), str(meta["dtype"]))  # type: ignore[call-overload]
-    return wants == prefetching
+        return None
+    version, kv_cache, dtype = str(meta["version"]), str(meta["kv_cache"]), str(meta["dtype"])
+    head, block = int(meta["head_size"]), int(meta["block_size"])  # type: ignore[call-overload]
+    return (prefetches_in(variant, version, kv_cache, head, dtype),
+            min_blocks(variant, version, kv_cache, head, block, dtype),
+            changes_kernel(variant, version, kv_cache, head, block, dtype))
+
+
+def _kernel_selected(name: str, variant: str | None, prefetching: bool) -> bool:
+    """Whether the variant puts its in-kernel prefetch into kernel ``name`` (== prefetching)."""
+    rules = _rules(name, variant)
+    return rules is not None and rules[0] == prefetching
 
 
 def _kernel_changed(name: str, variant: str | None, changed: bool) -> bool:
     """Whether the variant compiles kernel ``name`` differently from stock (a prefetch in it or
     a launch bound; == changed)."""
-    meta = decode_kernel_name(name)
-    if meta is None:
-        return False
-    wants = changes_kernel(variant, str(meta["version"]), str(meta["kv_cache"]),
-                           int(meta["head_size"]),  # type: ignore[call-overload]
-                           int(meta["block_size"]),  # type: ignore[call-overload]
-                           str(meta["dtype"]))
-    return wants == changed
+    rules = _rules(name, variant)
+    return rules is not None and rules[2] == changed
 
 
 def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
@@ -269,14 +272,11 @@ def check_launch_bounds(rep: VerifyReport, tree: str, variant: str, elf: str) ->
     for mod in parse_elf(elf):
         declared = dict(mod.max_threads)
         for name in mod.kernels:
-            meta = decode_kernel_name(name)
-            if meta is None:
+            rules, meta = _rules(name, variant), decode_kernel_name(name)
+            if rules is None or meta is None:
                 continue
             seen += 1
-            want = min_blocks(variant, str(meta["version"]), str(meta["kv_cache"]),
-                              int(meta["head_size"]),  # type: ignore[call-overload]
-                              int(meta["block_size"]),  # type: ignore[call-overload]
-                              str(meta["dtype"])) > 0
+            want = rules[1] > 0
             got = declared.get(name)
             bounded += got is not None
             if got != (VLLM_NUM_THREADS if want else None):
