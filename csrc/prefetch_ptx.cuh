@@ -198,59 +198,6 @@ constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm
         KVPREFETCH_MIN_BLOCKS_OF(PARTITIONED))
 #endif
 
-// ---- GQA groups: the query heads of one kv head in one CTA ----------------------------------
-// vLLM's kernels run one CTA per (query head, sequence, partition), so the num_heads /
-// num_kv_heads CTAs of a GQA group each read the same K and V from L2: 4x the L2-to-SM traffic
-// of the KV bytes for Llama-3.1-8B, the limit on large steps (with every KV load an L2 hit
-// stock runs only 1.09-1.2x faster there, docs/results/2026-11-29-h200-l2-bound). The patch
-// gives vLLM's paged_attention_kernel a GROUP parameter: a CTA of GROUP * NUM_THREADS threads
-// whose NUM_THREADS-thread slices each compute one query head of the group exactly as the stock
-// kernel's CTA does (same lanes, same warps' blocks, same reductions in the same order, its own
-// slice of shared memory), so the outputs are bitwise those of stock, while the slices' loads
-// of the same K/V addresses meet in the SM's L1. GROUP = 1 is vLLM's kernel unchanged: every
-// helper below is then the stock expression.
-template <int GROUP, int NUM_THREADS>
-__device__ __forceinline__ int group_member() {
-  if constexpr (GROUP == 1) return 0;
-  else return threadIdx.x / NUM_THREADS;
-}
-template <int GROUP, int NUM_THREADS>
-__device__ __forceinline__ int group_thread() {
-  if constexpr (GROUP == 1) return threadIdx.x;
-  else return threadIdx.x % NUM_THREADS;
-}
-template <int GROUP, int NUM_THREADS>
-__device__ __forceinline__ int group_head() {
-  if constexpr (GROUP == 1) return blockIdx.x;
-  else return blockIdx.x * GROUP + group_member<GROUP, NUM_THREADS>();
-}
-// The byte offset of this slice's part of the dynamic shared memory (the launcher allocates
-// GROUP times stock's size).
-template <int GROUP, int NUM_THREADS>
-__device__ __forceinline__ int group_smem_offset() {
-  if constexpr (GROUP == 1) {
-    return 0;
-  } else {
-    unsigned bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
-    return group_member<GROUP, NUM_THREADS>() * static_cast<int>(bytes / GROUP);
-  }
-}
-// Which instantiations get a grouped twin, and its GROUP: head 128, block 16, fp16/bf16
-// caches, not block-sparse (the configurations measured; everything else has no twin and
-// launches exactly as before). Keep in sync with kvprefetch.upstream.grouped_size.
-// -DKVPREFETCH_GROUP_SIZE=0 compiles no twin at all.
-#ifndef KVPREFETCH_GROUP_SIZE
-  #define KVPREFETCH_GROUP_SIZE 4
-#endif
-constexpr int grouped_rule(const int head_size, const int block_size, const int cache_bytes,
-                           const int kv_dtype, const bool block_sparse) {
-  return (KVPREFETCH_GROUP_SIZE > 1 && !block_sparse && block_size == 16 && cache_bytes == 2 &&
-          kv_dtype == 0 && head_size == 128)
-             ? KVPREFETCH_GROUP_SIZE
-             : 1;
-}
-
 // The mode lives in global memory, not in a __constant__: a user constant bank in the module
 // made every kernel launched from it ~0.5-1% slower on short steps on the H200, the
 // instruction-identical ones included, and the prologue kernels too (docs/prefetch-tuning.md,
@@ -509,8 +456,6 @@ inline void sync_runtime_mode(cudaStream_t stream) {
 struct DeviceFacts {
   int cc_major = 0;
   int l2_bytes = 0;
-  int sm_count = 0;
-  int max_smem_optin = 0;
 };
 inline DeviceFacts device_facts(int dev) {
   static DeviceFacts cache[64];
@@ -520,52 +465,10 @@ inline DeviceFacts device_facts(int dev) {
     DeviceFacts f;
     cudaDeviceGetAttribute(&f.cc_major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, dev);
-    cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, dev);
-    cudaDeviceGetAttribute(&f.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     cache[dev] = f;
     known.fetch_or(1ull << dev);
   }
   return cache[dev];
-}
-
-// Host side of the GQA groups: whether this launch runs the grouped twin. KVPREFETCH_GQA=
-// off|on|auto (read once per process; default KVPREFETCH_GQA_DEFAULT_MODE, 2 = auto). A launch
-// can be grouped when the group divides the query heads per kv head and GROUP times stock's
-// shared memory fits; `auto` then groups grids of at least KVPREFETCH_GROUPED_MIN_CTAS_PCT
-// stock CTAs as a percentage of the SM count (small grids need every CTA they have to spread
-// the loads over the SMs).
-#ifndef KVPREFETCH_GQA_DEFAULT_MODE
-  #define KVPREFETCH_GQA_DEFAULT_MODE 2
-#endif
-#ifndef KVPREFETCH_GROUPED_MIN_CTAS_PCT
-  #define KVPREFETCH_GROUPED_MIN_CTAS_PCT 400
-#endif
-inline int grouped_host_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("KVPREFETCH_GQA");
-    if (v == nullptr || *v == '\0') return KVPREFETCH_GQA_DEFAULT_MODE;
-    const std::string s(v);
-    if (s == "off" || s == "0") return 0;
-    if (s == "on" || s == "1") return 1;
-    if (s == "auto") return 2;
-    std::fprintf(stderr, "kvprefetch: ignoring KVPREFETCH_GQA=%s (use off, on or auto)\n", v);
-    return KVPREFETCH_GQA_DEFAULT_MODE;
-  }();
-  return mode;
-}
-inline bool grouped_wanted(const int group, const dim3 grid, const int num_kv_heads,
-                           const int shared_mem_bytes) {
-  const int mode = grouped_host_mode();
-  if (mode == 0 || group <= 1 || num_kv_heads <= 0) return false;
-  const int heads = static_cast<int>(grid.x);
-  if (heads % num_kv_heads != 0 || (heads / num_kv_heads) % group != 0) return false;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  const DeviceFacts f = device_facts(dev);
-  if (static_cast<long long>(group) * shared_mem_bytes > f.max_smem_optin) return false;
-  if (mode == 1) return true;
-  const long long ctas = static_cast<long long>(grid.x) * grid.y * grid.z;
-  return 100LL * ctas >= static_cast<long long>(KVPREFETCH_GROUPED_MIN_CTAS_PCT) * f.sm_count;
 }
 
 #if !KVPREFETCH_LAUNCHER_ONLY

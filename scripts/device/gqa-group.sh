@@ -12,7 +12,12 @@
 # Timed: the issue's matrix cold (fp16), batch 1..16 x context 512..16k cold (where a
 # threshold would fall), bf16 batch 1/8/64 x 512/4k/16k cold. Every output bitwise vs stock.
 #   device tool: run(command="bash scripts/device/gqa-group.sh", carry=[".carry"], timeout_s=560)
+# Run 16 measured it at 21697a3; the grouped twin was removed after it (slower on every fp16
+# shape, docs/prefetch-tuning.md row 30), so rerun it from a checkout of 21697a3.
 set -uo pipefail
+grep -q grouped_rule csrc/prefetch_ptx.cuh || {
+  echo "gqa-group.sh: this checkout has no grouped twin (removed after run 16);" \
+       "run it from 'git checkout 21697a3'" >&2; exit 2; }
 BUDGET_S=${BUDGET_S:-540}
 source "$(dirname "$0")/lib.sh"
 begin_run gqa-group
