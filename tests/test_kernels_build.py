@@ -216,6 +216,33 @@ def test_precompiled_vllm_is_refused(applied_workdir: Path, var: str, value: str
     assert tree_bytes(applied_workdir) == before
 
 
+@pytest.mark.parametrize("tree", ["patched", "baseline"])
+def test_tree_edited_after_apply_is_refused_with_the_edit_kept(private_applied_workdir: Path,
+                                                                tree: str) -> None:
+    """A hand edit to a tree's sources after fetch/apply would be compiled under the recorded
+    sources' key and labelled with them: the build names the file and the fix, and leaves the
+    edit and everything else in place; undoing the edit makes the same build plannable."""
+    header = private_applied_workdir / "trees" / tree / "csrc/attention/attention_kernels.cuh"
+    original = header.read_bytes()
+    header.write_bytes(original + b"// a local experiment\n")
+    before = tree_bytes(private_applied_workdir)
+    res = kvprefetch_cli_split("build", "--workdir", str(private_applied_workdir), "--dry-run",
+                               *NARROW_BUILD_ARGS, env=_clean_env())
+    assert res.returncode == 2, res.stderr
+    lines = _error_lines(res.stderr)
+    assert lines[0] == (f"error: the {tree!r} tree was edited after kvprefetch recorded it "
+                        "(M csrc/attention/attention_kernels.cuh): its build would be labelled "
+                        "with sources it does not hold"), res.stderr
+    assert lines[1].startswith("To fix: restore it with `kvprefetch fetch --force`")
+    reapply = "`kvprefetch apply --variant prefetch --tree patched`"
+    assert (reapply in lines[1]) == (tree == "patched")
+    assert tree_bytes(private_applied_workdir) == before
+    header.write_bytes(original)
+    ok = kvprefetch_cli_split("build", "--workdir", str(private_applied_workdir), "--dry-run",
+                              *NARROW_BUILD_ARGS, env=_clean_env())
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_concurrent_build_of_the_same_tree_is_refused(private_applied_workdir: Path) -> None:
     """Another process (this test, through fcntl) holds the trees' build locks: the build
     refuses, naming the holder, and creates no environment and compiles nothing."""

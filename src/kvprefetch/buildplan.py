@@ -17,6 +17,7 @@ from typing import Any
 
 from . import __version__, upstream
 from .errors import ConfigError
+from .hashing import differences, inventory, sha256_file
 from .kernels_build import namespace_for
 from .selection import Selection
 from .toolchain import CudaArch, format_arch_list, gencode_flags
@@ -78,13 +79,33 @@ class BuildPlan:
         return asdict(self)
 
 
+# What a build compiles from a tree: its sources and build files.
+_SOURCE_DIRS = ("csrc", "cmake", "requirements")
+_SOURCE_FILES = ("CMakeLists.txt", "setup.py", "pyproject.toml")
+
+
+def _compiled(path: str) -> bool:
+    return path.startswith(tuple(f"{d}/" for d in _SOURCE_DIRS)) or path in _SOURCE_FILES
+
+
 def source_hash(state: dict[str, Any]) -> str:
     """Identity of what a build compiles from a tree: the recorded csrc/ and build files."""
     inv = state.get("inventory", {})
-    keep = sorted((p, h) for p, h in inv.items()
-                  if p.startswith(("csrc/", "cmake/", "requirements/"))
-                  or p in ("CMakeLists.txt", "setup.py", "pyproject.toml"))
+    keep = sorted((p, h) for p, h in inv.items() if _compiled(p))
     return hashlib.sha256(json.dumps(keep).encode()).hexdigest()
+
+
+def modified_sources(tree: Path, state: dict[str, Any]) -> list[str]:
+    """The compiled files of ``tree`` that differ from what fetch/apply recorded (``M path``)
+    or are gone (``D path``). Added files are not counted: a full build generates sources into
+    csrc/ (vLLM's Marlin kernels), and a new file is only compiled through a changed one."""
+    recorded = {p: h for p, h in state.get("inventory", {}).items() if _compiled(p)}
+    current: dict[str, str] = {}
+    for d in _SOURCE_DIRS:
+        if (tree / d).is_dir():
+            current.update({f"{d}/{p}": h for p, h in inventory(tree / d).items()})
+    current.update({f: sha256_file(tree / f) for f in _SOURCE_FILES if (tree / f).is_file()})
+    return [d for d in differences(recorded, current) if not d.startswith("A ")]
 
 
 def build_key(parts: dict[str, Any]) -> str:
@@ -102,6 +123,19 @@ def tree_variant(wd: Workdir, tree: str) -> tuple[dict[str, Any], str | None, st
                           "against stock", f"run `kvprefetch apply --tree {tree}` first")
     if tree == "baseline" and applied:
         raise ConfigError("the baseline tree carries a patch", "run `kvprefetch fetch --force`")
+    changed = modified_sources(wd.tree(tree), state)
+    if changed:
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        shown = ", ".join(changed[:4]) + more
+        restore = "`kvprefetch fetch --force`"
+        if tree != "baseline":
+            restore += (f", then `kvprefetch apply --variant {applied.get('variant', 'prefetch')}"
+                        f" --tree {tree}`")
+        raise ConfigError(
+            f"the {tree!r} tree was edited after kvprefetch recorded it ({shown}): its build "
+            "would be labelled with sources it does not hold",
+            f"restore it with {restore} (the edited tree is moved to backup/); try a change as "
+            "a -D with `build --tree-define` or as a variant's diff in patches/")
     return state, applied.get("variant"), applied.get("patch_sha256")
 
 
