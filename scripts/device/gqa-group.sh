@@ -15,12 +15,12 @@
 # Run 16 measured it at 21697a3; the grouped twin was removed after it (slower on every fp16
 # shape, docs/prefetch-tuning.md row 30), so rerun it from a checkout of 21697a3.
 set -uo pipefail
-grep -q grouped_rule csrc/prefetch_ptx.cuh || {
-  echo "gqa-group.sh: this checkout has no grouped twin (removed after run 16);" \
-       "run it from 'git checkout 21697a3'" >&2; exit 2; }
 BUDGET_S=${BUDGET_S:-540}
 source "$(dirname "$0")/lib.sh"
 begin_run gqa-group
+grep -q grouped_rule csrc/prefetch_ptx.cuh || {
+  log "this checkout has no grouped twin (removed after run 16): run it from 'git checkout 21697a3'"
+  exit 2; }
 V=(--variant baseline --variant control --variant grp_off --variant grp_on --variant patched)
 step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --extra-tree control \
   --extra-tree grp_off --extra-tree grp_on || exit 3
