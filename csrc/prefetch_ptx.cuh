@@ -456,6 +456,8 @@ inline void sync_runtime_mode(cudaStream_t stream) {
 struct DeviceFacts {
   int cc_major = 0;
   int l2_bytes = 0;
+  int sm_count = 0;
+  int max_smem_optin = 0;  // bytes of dynamic shared memory a CTA may opt into
 };
 inline DeviceFacts device_facts(int dev) {
   static DeviceFacts cache[64];
@@ -465,6 +467,8 @@ inline DeviceFacts device_facts(int dev) {
     DeviceFacts f;
     cudaDeviceGetAttribute(&f.cc_major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, dev);
+    cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&f.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     cache[dev] = f;
     known.fetch_or(1ull << dev);
   }

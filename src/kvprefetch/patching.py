@@ -52,7 +52,7 @@ class DiffResult:
 
 def patch_sha256(variant: str) -> str:
     """One hash over the helper header and the variant's diffs: the patch's identity."""
-    parts = [upstream.prefetch_header().read_bytes()]
+    parts = [src.read_bytes() for src, _ in upstream.kit_headers()]
     parts += [p.read_bytes() for p in upstream.patch_files(variant)]
     return sha256_bytes(b"\0".join(parts))
 
@@ -131,12 +131,12 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
         raise PatchError(f"there is no kvprefetch tree named {name!r} in {workdir}",
                          f"run `kvprefetch fetch{hint}` first, or pass --tree patched")
     digest = patch_sha256(variant)
-    ours = upstream.prefetch_header()
-    in_tree = tree / upstream.PREFETCH_HEADER_IN_TREE
-    files = upstream.patched_paths(variant) + [upstream.PREFETCH_HEADER_IN_TREE]
+    headers = [(src, tree / rel) for src, rel in upstream.kit_headers()]
+    files = upstream.patched_paths(variant) + list(upstream.KIT_HEADERS_IN_TREE)
     with locked(wd.tree(name).with_suffix(".lock"), f"the tree {name}"):
         carried = carried_variant(tree)
-        header_ok = in_tree.is_file() and sha256_file(in_tree) == sha256_file(ours)
+        header_ok = all(dst.is_file() and sha256_file(dst) == sha256_file(src)
+                        for src, dst in headers)
         if carried == variant and header_ok:
             return ApplyResult(name, tree, variant, "already-applied", digest, files)
         if carried is not None and carried != variant:
@@ -145,11 +145,15 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                 f"{tree} carries {what}, not pristine v0.10.2, in: {_describe(tree)}; the tree "
                 "was left untouched",
                 f"restore it with `kvprefetch fetch --force`, then `kvprefetch apply --variant {variant}`")
-        recorded_header = (state.get("applied") or {}).get("header_sha256")
-        if carried == variant and in_tree.is_file() and sha256_file(in_tree) != recorded_header:
-            raise PatchError(f"{in_tree} was edited by hand (it differs from what kvprefetch "
-                             "installed); the tree was left untouched",
-                             "restore it with `kvprefetch fetch --force`, then apply again")
+        applied = state.get("applied") or {}
+        recorded = applied.get("headers") or {  # a record from before there were two headers
+            upstream.PREFETCH_HEADER_IN_TREE: applied.get("header_sha256")}
+        for _, dst in headers:
+            rel = dst.relative_to(tree).as_posix()
+            if carried == variant and dst.is_file() and sha256_file(dst) != recorded.get(rel):
+                raise PatchError(f"{dst} was edited by hand (it differs from what kvprefetch "
+                                 "installed); the tree was left untouched",
+                                 "restore it with `kvprefetch fetch --force`, then apply again")
         if dry_run:
             return ApplyResult(name, tree, variant, "would-apply", digest, files)
         if carried is None:
@@ -163,11 +167,13 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                                  f"{variant} patch afterwards (found: {now or 'pristine'})",
                                  "report this; meanwhile restore the tree with "
                                  "`kvprefetch fetch --force`")
-        tmp = in_tree.with_name(f".{in_tree.name}.tmp-{os.getpid()}")
-        shutil.copyfile(ours, tmp)
-        os.replace(tmp, in_tree)
+        for src, dst in headers:
+            tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
         state["applied"] = {"variant": variant, "patch_sha256": digest,
-                            "header_sha256": sha256_file(in_tree),
+                            "headers": {dst.relative_to(tree).as_posix(): sha256_file(dst)
+                                        for _, dst in headers},
                             "files": {p: sha256_file(tree / p)
                                       for p in upstream.patched_paths(variant)}}
         state["inventory"] = inventory(tree)
@@ -203,9 +209,9 @@ def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
     state = wd.read_state(tree_name) or {}
     files = [_file_diff(rel, pristine_text(wd, rel), (tree / rel).read_text())
              for rel in upstream.all_patched_paths() if (tree / rel).is_file()]
-    helper = tree / upstream.PREFETCH_HEADER_IN_TREE
-    if helper.is_file():
-        files.append(_file_diff(upstream.PREFETCH_HEADER_IN_TREE, None, helper.read_text()))
+    for rel in upstream.KIT_HEADERS_IN_TREE:
+        if (tree / rel).is_file():
+            files.append(_file_diff(rel, None, (tree / rel).read_text()))
     variant = (state.get("applied") or {}).get("variant")
     return DiffResult(tree_name, variant, [f for f in files if f.diff])
 

@@ -34,6 +34,10 @@ PRISTINE_SHA256 = {
 }
 # Where ``apply`` puts our helper inside a tree (next to the header that includes it).
 PREFETCH_HEADER_IN_TREE = "csrc/attention/prefetch_ptx.cuh"
+# Our own headers, which `apply` installs next to vLLM's attention sources in every variant's
+# tree: the prefetch (prefetch_ptx.cuh) and the GQA-grouped twin kernel (gqa_grouped.cuh).
+KIT_HEADERS = ("prefetch_ptx.cuh", "gqa_grouped.cuh")
+KIT_HEADERS_IN_TREE = tuple(f"csrc/attention/{h}" for h in KIT_HEADERS)
 # The only sources that include attention_kernels.cuh; both are in vLLM's _C extension.
 PAGED_ATTENTION_SOURCES = ("csrc/attention/paged_attention_v1.cu",
                            "csrc/attention/paged_attention_v2.cu")
@@ -108,6 +112,11 @@ def kit_root() -> Path:
 
 def prefetch_header() -> Path:
     return kit_root() / "csrc" / "prefetch_ptx.cuh"
+
+
+def kit_headers() -> list[tuple[Path, str]]:
+    """(our file, its path in a tree) for each of KIT_HEADERS."""
+    return [(kit_root() / "csrc" / h, t) for h, t in zip(KIT_HEADERS, KIT_HEADERS_IN_TREE)]
 
 
 def patch_files(variant: str) -> list[Path]:
