@@ -38,20 +38,13 @@
 #include "prefetch_ptx.cuh"
 
 namespace kvprefetch {
+// Everything here has internal linkage: each tree's library is loaded into one benchmark
+// process, and a function-local static of an inline function with external linkage (the
+// KVPREFETCH_GQA mode) is unified across libraries by the dynamic loader (STB_GNU_UNIQUE),
+// so one tree's compiled-in default would silently apply to all (seen on the H200).
+namespace {
 
-// ---- Which instantiations get a grouped twin, and its G --------------------------------------
-// Keep in sync with kvprefetch.upstream.GQA_GROUP / gqa_group_size. -DKVPREFETCH_GQA_GROUP=0
-// compiles no twin at all.
-#ifndef KVPREFETCH_GQA_GROUP
-  #define KVPREFETCH_GQA_GROUP 4
-#endif
-constexpr int grouped_rule(const int head_size, const int block_size, const int cache_bytes,
-                           const int kv_dtype, const bool block_sparse) {
-  return (KVPREFETCH_GQA_GROUP > 1 && !block_sparse && block_size == 16 && cache_bytes == 2 &&
-          kv_dtype == 0 && head_size == 128)
-             ? KVPREFETCH_GQA_GROUP
-             : 1;
-}
+// Which instantiations get a twin, and its G: kvprefetch::grouped_rule (prefetch_ptx.cuh).
 
 constexpr int cmax(const int a, const int b) { return a > b ? a : b; }
 constexpr int cmin(const int a, const int b) { return a < b ? a : b; }
@@ -458,4 +451,5 @@ bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_me
 }
 #endif  // !USE_ROCM
 
+}  // namespace
 }  // namespace kvprefetch

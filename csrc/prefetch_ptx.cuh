@@ -186,6 +186,20 @@ constexpr int min_blocks(const bool partitioned) {
 constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm) {
   return min_blocks_per_sm > 0 ? num_threads : 0;
 }
+// Which of vLLM's instantiations get a GQA-grouped twin (csrc/gqa_grouped.cuh), and its G
+// (query heads per CTA; 1 = none): head 128, block 16, fp16/bf16 caches, not block-sparse, the
+// configurations measured (docs/prefetch-tuning.md). Keep in sync with
+// kvprefetch.upstream.gqa_group. -DKVPREFETCH_GQA_GROUP=0 compiles no twin at all.
+#ifndef KVPREFETCH_GQA_GROUP
+  #define KVPREFETCH_GQA_GROUP 4
+#endif
+constexpr int grouped_rule(const int head_size, const int block_size, const int cache_bytes,
+                           const int kv_dtype, const bool block_sparse) {
+  return (KVPREFETCH_GQA_GROUP > 1 && !block_sparse && block_size == 16 && cache_bytes == 2 &&
+          kv_dtype == 0 && head_size == 128)
+             ? KVPREFETCH_GQA_GROUP
+             : 1;
+}
 #ifdef USE_ROCM
   #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)
 #else

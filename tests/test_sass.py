@@ -462,3 +462,53 @@ def test_identical_check_judges_left_and_changed_kernels(bounded_body: list[str]
     (check,) = rep.checks
     assert (check.status == "pass") is ok, check.detail
     assert detail in check.detail
+
+
+def _header_rules(tmp_path: Path, *defines: str) -> list[list[str]]:
+    """Compile tests/samples/sass/min_blocks_rule.cu (host code) against the CURRENT
+    csrc/prefetch_ptx.cuh with ``defines`` and run it: one row per instantiation vLLM builds."""
+    nvcc = find_nvcc()
+    assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
+    exe = tmp_path / "rules"
+    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *defines, "-o", str(exe),
+         str(SAMPLES / "min_blocks_rule.cu")], echo=False)
+    return [ln.split() for ln in run([str(exe)], echo=False).output.splitlines() if ln.strip()]
+
+
+_CACHE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32", "u8": "fp16"}
+_KV_CACHE = {"0": "auto", "1": "fp8_e4m3", "2": "fp8_e5m2"}
+
+
+def test_header_rules_match_what_verify_expects(tmp_path: Path) -> None:
+    """The header's constexpr rules (launch bound, prologue, GQA twin), compiled by nvcc and run
+    on the CPU, agree with their Python mirrors in kvprefetch.upstream for every one of the 270
+    instantiations vLLM 0.10.2 builds (9 head sizes x 3 block sizes x 5 caches x v1/v2): what
+    verify-kernel expects of a binary is what the header compiles. (fp8 caches are listed with
+    an fp16 query; the rules do not depend on the query type there.)"""
+    from kvprefetch import upstream
+    rows = _header_rules(tmp_path)
+    assert len(rows) == 270
+    seen = {"bounded": 0, "prologue": 0, "twin": 0}
+    for version, head, block, cache, kv, bound, prologue, group in rows:
+        dtype, kv_cache = _CACHE_DTYPE[cache], _KV_CACHE[kv]
+        h, b = int(head), int(block)
+        want = (upstream.min_blocks("prefetch", version, kv_cache, h, b, dtype),
+                upstream.prefetches_in("prefetch", version, kv_cache, h, dtype),
+                upstream.gqa_group("prefetch", kv_cache, h, b, dtype))
+        assert (int(bound), prologue == "1", int(group)) == want, (version, head, block, cache, kv)
+        seen["bounded"] += int(bound) > 0
+        seen["prologue"] += prologue == "1"
+        seen["twin"] += int(group) > 1
+    # v1: 3 heads x 2 caches bounded; v2 prologue: fp16 heads 128/192/256 + bf16 head 128,
+    # each at 3 block sizes; the twin: head 128, block 16, fp16 and bf16, v1 and v2.
+    assert seen == {"bounded": 6, "prologue": 12, "twin": 4}
+
+
+def test_header_rule_overrides_reach_every_instantiation(tmp_path: Path) -> None:
+    """-DKVPREFETCH_V1_MIN_BLOCKS=5 bounds every v1 kernel and no v2 one; -DKVPREFETCH_GQA_GROUP=0
+    compiles no twin; the prologue rule is untouched by either."""
+    rows = _header_rules(tmp_path, "-DKVPREFETCH_V1_MIN_BLOCKS=5", "-DKVPREFETCH_GQA_GROUP=0")
+    assert {r[5] for r in rows if r[0] == "v1"} == {"5"}
+    assert {r[5] for r in rows if r[0] == "v2"} == {"0"}
+    assert {r[7] for r in rows} == {"1"}
+    assert sum(r[6] == "1" for r in rows) == 12

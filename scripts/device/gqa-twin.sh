@@ -9,7 +9,10 @@
 #   never launched: the design before); gqa_on (=1: every launch the twin can take);
 #   patched (auto: grids of at least KVPREFETCH_GQA_MIN_CTAS_PCT stock CTAs per 100 SMs).
 # Timed, cold, every output bitwise vs stock: the matrix (fp16), batch 1..16 x
-# 512..16k (where the threshold falls), bf16 batch 1/8/64 x 512/4k/16k; then verify-kernel.
+# 512..16k and 16..48 x 512..4k (where the threshold falls), bf16 batch 1/8/64 x 512/4k/16k;
+# then verify-kernel (its GPU identity check once more with the twin forced on).
+# Run 18 ran this before the twin's host code had internal linkage: the three trees then
+# shared one KVPREFETCH_GQA mode in the benchmark process (gqa_off/gqa_on measured as auto).
 #   device tool: run(command="bash scripts/device/gqa-twin.sh", carry=[".carry"], timeout_s=570)
 set -uo pipefail
 BUDGET_S=${BUDGET_S:-550}
@@ -30,6 +33,8 @@ step 240 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 12
   --context 512,1k,4k,16k "${V[@]}" --name matrix --formats json,md
 [ "$(left)" -gt 60 ] && bench 90 "${B[@]}" --mode cold --batch 1,2,4,8,16 \
   --context 512,1k,2k,4k,16k "${V[@]}" --name small --formats json,md
+[ "$(left)" -gt 60 ] && bench 80 "${B[@]}" --mode cold --batch 16,24,32,48 \
+  --context 512,1k,2k,4k "${V[@]}" --name mid --formats json,md
 [ "$(left)" -gt 50 ] && bench 80 "${B[@]}" --mode cold --batch 1,8,64 --context 512,4k,16k \
   --dtype bfloat16 "${V[@]}" --name bf16 --formats json,md
 [ "$(left)" -gt 40 ] && { step 90 "${K[@]}" verify-kernel --workdir "$W" \

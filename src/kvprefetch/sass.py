@@ -21,6 +21,12 @@ _KERNEL = re.compile(
     r"(?P<scalar>13__nv_bfloat16|t|f)(?P<cache>S\d*_|13__nv_bfloat16|t|f|h)"
     r"Li(?P<head>\d+)ELi(?P<block>\d+)ELi(?P<threads>\d+)E"
     r"LNS_\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELb(?P<sparse>[01])E")
+# kvprefetch's GQA-grouped twin (csrc/gqa_grouped.cuh): PARTITION_SIZE 0 is v1, then G.
+_TWIN = re.compile(
+    r"gqa_decode_kernelI"
+    r"(?P<scalar>13__nv_bfloat16|t|f)(?P<cache>S\d*_|13__nv_bfloat16|t|f|h)"
+    r"Li(?P<head>\d+)ELi(?P<block>\d+)ELi(?P<threads>\d+)E"
+    r"LN4vllm\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELi(?P<partition>\d+)ELi(?P<group>\d+)E")
 _SCALAR = {"t": "fp16", "f": "fp32", "13__nv_bfloat16": "bf16"}
 _KV = {"0": "auto", "1": "fp8_e4m3", "2": "fp8_e5m2"}
 
@@ -51,6 +57,16 @@ def decode_kernel_name(mangled: str) -> dict[str, object] | None:
     return {"version": m["version"], "dtype": _SCALAR[m["scalar"]],
             "kv_cache": _KV.get(m["kv"], m["kv"]), "head_size": int(m["head"]),
             "block_size": int(m["block"]), "block_sparse": m["sparse"] == "1"}
+
+
+def decode_twin_name(mangled: str) -> dict[str, object] | None:
+    """Template arguments of a mangled kvprefetch gqa_decode_kernel name, or None."""
+    m = _TWIN.search(mangled)
+    if m is None:
+        return None
+    return {"version": "v1" if m["partition"] == "0" else "v2", "dtype": _SCALAR[m["scalar"]],
+            "kv_cache": _KV.get(m["kv"], m["kv"]), "head_size": int(m["head"]),
+            "block_size": int(m["block"]), "group": int(m["group"])}
 
 
 def parse_sass(text: str) -> list[KernelSass]:
@@ -130,6 +146,7 @@ def prefetch_kernels(text: str) -> dict[tuple[str, str], int]:
 
 
 _READONLY_LOAD = re.compile(r"\bLDG\.[A-Z0-9.]*CONSTANT\b")
+_ANY_LOAD = re.compile(r"\bLDG\.[A-Z0-9.]*")
 
 
 def readonly_loads(text: str) -> dict[tuple[str, str], int]:
@@ -178,3 +195,15 @@ def summarise(kernels: Iterable[KernelSass]) -> list[dict[str, object]]:
                      "kv_cache": key[4], "kernels": len(g),
                      "ublkpf_min": min(k.ublkpf for k in g), "ublkpf_max": max(k.ublkpf for k in g)})
     return rows
+
+
+def twin_kernels(text: str) -> dict[tuple[str, str], tuple[dict[str, object], int, int]]:
+    """(arch, mangled name) -> (template arguments, global loads, read-only global loads) of
+    each GQA-grouped twin in ``text``."""
+    out = {}
+    for key, body in function_bodies(text).items():
+        meta = decode_twin_name(key[1])
+        if meta is not None:
+            out[key] = (meta, len(_ANY_LOAD.findall(body)), len(_READONLY_LOAD.findall(body)))
+    return out
+

@@ -21,9 +21,10 @@ from .errors import VerifyError
 from .hashing import sha256_file
 from .runner import run
 from .sass import (KernelSass, arch_number, decode_kernel_name, function_bodies, judge,
-                   parse_sass, prefetch_kernels, readonly_loads, summarise)
+                   parse_sass, prefetch_kernels, readonly_loads, summarise, twin_kernels)
 from .cubin import parse_elf
-from .upstream import LAUNCHER_PREFETCH_VARIANTS, changes_kernel, min_blocks, prefetches_in
+from .upstream import (LAUNCHER_PREFETCH_VARIANTS, changes_kernel, gqa_group, min_blocks,
+                       prefetches_in)
 from .workdir import Workdir, write_json_atomic
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
@@ -44,6 +45,7 @@ class VerifyReport:
     envs: dict[str, Any] = field(default_factory=dict)
     sass: dict[str, Any] = field(default_factory=dict)
     gpu: dict[str, Any] | None = None
+    gpu_twin: dict[str, Any] | None = None  # the identity run with KVPREFETCH_GQA=on
 
     @property
     def passed(self) -> bool:
@@ -57,7 +59,7 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "workdir": self.workdir,
                 "checks": [c.__dict__ for c in self.checks], "envs": self.envs,
-                "sass": self.sass, "gpu": self.gpu}
+                "sass": self.sass, "gpu": self.gpu, "gpu_twin": self.gpu_twin}
 
 
 def newest_manifests(wd: Workdir) -> dict[str, dict[str, Any]]:
@@ -313,28 +315,64 @@ def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
     rep.add("K/V loads keep the read-only path", tree, bool(common) and not lost, detail)
 
 
-def check_gpu(rep: VerifyReport, workdir: Path, trees: list[str], no_gpu: bool) -> None:
-    if no_gpu:
-        rep.add("bitwise-equal outputs on the GPU", "all", None, "skipped (--no-gpu)")
-        return
+TWIN_CHECK = "GQA twin where the rule puts it"
+
+
+def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None, text: str) -> None:
+    """The GQA-grouped twin (csrc/gqa_grouped.cuh) is compiled exactly beside the attention
+    instantiations upstream.gqa_group names, with that group size, and nowhere else; and every
+    global load in it takes the read-only path (``LDG….CONSTANT``), as stock's K/V loads do."""
+    want = {(k.arch, k.version, k.dtype, k.kv_cache, k.head_size, k.block_size, g)
+            for k in parse_sass(text) if not k.block_sparse
+            for g in [gqa_group(variant, k.kv_cache, k.head_size, k.block_size, k.dtype)] if g > 1}
+    twins = twin_kernels(text)
+    have = {(a, m["version"], m["dtype"], m["kv_cache"], m["head_size"], m["block_size"],
+             m["group"]) for (a, _), (m, _, _) in twins.items()}
+    plain = [n for (_, n), (_, loads, ro) in twins.items() if loads != ro]
+    rep.sass.setdefault(tree, {})["gqa_twins"] = len(twins)
+    detail = (f"{len(twins)} twin kernels, {len(want)} expected; "
+              f"{len(have - want)} unexpected, {len(want - have)} missing; "
+              f"{len(plain)} with a global load off the read-only path")
+    rep.add(TWIN_CHECK, tree, have == want and not plain, detail)
+
+
+def _identity_run(workdir: Path, trees: list[str], extra_env: dict[str, str] | None
+                  ) -> tuple[dict[str, Any] | None, str]:
     with tempfile.TemporaryDirectory() as td:
         out = Path(td) / "identity.json"
         argv = [sys.executable, "-m", "kvprefetch.numerics", "--workdir", str(workdir),
                 "--json", str(out)]
         for t in trees:
             argv += ["--tree", t]
-        res = run(argv, echo=False, check=False)
+        env = {**os.environ, **extra_env} if extra_env else None
+        res = run(argv, env=env, echo=False, check=False)
         data = json.loads(out.read_text()) if out.is_file() else None
-    if data is None:
-        rep.add("bitwise-equal outputs on the GPU", "all", False,
-                f"the identity check crashed (exit {res.returncode}): {res.output.strip()[-400:]}")
+    return data, f"exit {res.returncode}: {res.output.strip()[-400:]}"
+
+
+def check_gpu(rep: VerifyReport, workdir: Path, trees: list[str], no_gpu: bool,
+              twin_forced: bool = False) -> None:
+    """Bitwise-equal outputs across the builds (kvprefetch.numerics). ``twin_forced``: a second
+    pass with KVPREFETCH_GQA=on, so the launchers run the GQA-grouped twin for every case it
+    can take (in `auto` the small identity cases never reach it)."""
+    name = ("bitwise-equal outputs on the GPU, GQA twin forced on (KVPREFETCH_GQA=on)"
+            if twin_forced else "bitwise-equal outputs on the GPU")
+    if no_gpu:
+        rep.add(name, "all", None, "skipped (--no-gpu)")
         return
-    rep.gpu = data
+    data, crash = _identity_run(workdir, trees, {"KVPREFETCH_GQA": "on"} if twin_forced else None)
+    if data is None:
+        rep.add(name, "all", False, f"the identity check crashed ({crash})")
+        return
+    if twin_forced:
+        rep.gpu_twin = data
+    else:
+        rep.gpu = data
     status = data.get("status")
     if status == "not checked":
-        rep.add("bitwise-equal outputs on the GPU", "all", None, data.get("reason") or "no GPU")
+        rep.add(name, "all", None, data.get("reason") or "no GPU")
         return
-    rep.add("bitwise-equal outputs on the GPU", "all", status == "passed",
+    rep.add(name, "all", status == "passed",
             f"{data.get('checked')} cases checked, {data.get('failed')} failed, "
             f"{data.get('not_checked')} not compiled in; device {data.get('device')}")
 
@@ -394,6 +432,7 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
         if tree in elf_text and "baseline" in elf_text:
             check_module_state(rep, tree, variant, elf_text[tree], elf_text["baseline"])
             check_launch_bounds(rep, tree, variant, elf_text[tree])
+        check_gqa_twin(rep, tree, variant, sass_text[tree])
     files = [v[0] for v in loaded.values()]
     shas = [v[1] for v in loaded.values()]
     if len(loaded) >= 2:
@@ -401,6 +440,8 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
                 len(set(files)) == len(files) and len(set(shas)) == len(shas),
                 "; ".join(f"{t}: {f} ({s[:12]}…)" for t, (f, s) in loaded.items()))
     check_gpu(rep, wd.root, list(manifests), no_gpu)
+    if any(rep.sass.get(t, {}).get("gqa_twins") for t in manifests):
+        check_gpu(rep, wd.root, list(manifests), no_gpu, twin_forced=True)
     check_hot_path(rep, manifests)
     write_json_atomic(wd.root / "verify" / "report.json", rep.to_dict())
     return rep
