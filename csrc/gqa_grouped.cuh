@@ -20,12 +20,12 @@
 // CTA reads each K/V chunk once instead of G times; it holds G heads' logits in shared memory
 // (G times stock's size) and G heads' accumulators in registers.
 //
-// Where. Compiled for what grouped_rule names (head 128, block 16, fp16/bf16 caches, no block
-// sparsity) and launched by the launchers (launch_grouped_v1/_v2, from one line the patch adds
-// before each launcher's `switch (head_size)`) when the model's query heads per kv head are a
-// multiple of G and, in `auto`, the grid is large (grouped_wanted): small grids need every CTA
-// they have. KVPREFETCH_GQA=off|on|auto at run time. vLLM's kernels are untouched; this header
-// is included by the two launchers after attention_kernels.cuh.
+// Where. Compiled for what grouped_size names (head 128, block 16, fp16 caches, bf16 in v2, no
+// block sparsity) and launched by the launchers (launch_grouped_v1/_v2, from one line the
+// patch adds before each launcher's `switch (head_size)`) when the model's query heads per kv
+// head are a multiple of G and, in `auto`, the grid is large (gqa_wanted): small grids need
+// every CTA they have. KVPREFETCH_GQA=off|on|auto at run time. vLLM's kernels are untouched;
+// this header is included by the two launchers after attention_kernels.cuh.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -44,7 +44,7 @@ namespace kvprefetch {
 // so one tree's compiled-in default would silently apply to all (seen on the H200).
 namespace {
 
-// Which instantiations get a twin, and its G: kvprefetch::grouped_rule (prefetch_ptx.cuh).
+// Which instantiations get a twin, and its G: kvprefetch::grouped_size (prefetch_ptx.cuh).
 
 constexpr int cmax(const int a, const int b) { return a > b ? a : b; }
 constexpr int cmin(const int a, const int b) { return a < b ? a : b; }
@@ -329,12 +329,15 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_decode_kernel(
 // KVPREFETCH_GQA=off|on|auto (read once per process; default KVPREFETCH_GQA_DEFAULT_MODE,
 // 2 = auto). A launch can be grouped when G divides the query heads per kv head and G times
 // stock's shared memory fits the device; `auto` groups grids of at least
-// KVPREFETCH_GQA_MIN_CTAS_PCT stock CTAs as a percentage of the SM count.
+// KVPREFETCH_GQA_MIN_CTAS_PCT stock CTAs as a percentage of the SM count. Calibrated on the
+// H200 (Llama-3.1-8B fp16, exploration run 19): at 3.9 stock CTAs per SM the twin ran
+// 0.81-0.90x of stock (the `prefetch` kernels without it: 1.10-1.19x), at 5.8 per SM 1.29-1.37x
+// (without: 1.15-1.18x), from 7.8 per SM on 1.28-1.91x; 500 (5 per SM) lies between.
 #ifndef KVPREFETCH_GQA_DEFAULT_MODE
   #define KVPREFETCH_GQA_DEFAULT_MODE 2
 #endif
 #ifndef KVPREFETCH_GQA_MIN_CTAS_PCT
-  #define KVPREFETCH_GQA_MIN_CTAS_PCT 800
+  #define KVPREFETCH_GQA_MIN_CTAS_PCT 500
 #endif
 #if !defined(USE_ROCM)
 inline int gqa_host_mode() {
@@ -390,8 +393,8 @@ template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_T
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G>
 void launch_gqa_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid,
                        const int shared_mem_size, const cudaStream_t stream) {
-  const auto kernel =
-      gqa_decode_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G>;
+  const auto kernel = gqa_decode_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
+                                        KV_DTYPE, PARTITION_SIZE, G>;
   const int smem = G * shared_mem_size;
   if (smem > 48 * 1024) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -407,8 +410,8 @@ template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType
           bool IS_BLOCK_SPARSE, int NUM_THREADS>
 bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_mem_size,
                        const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
-  constexpr int G = grouped_rule(128, BLOCK_SIZE, int(sizeof(CACHE_T)), int(KV_DTYPE),
-                                 IS_BLOCK_SPARSE);
+  constexpr int G =
+      grouped_size<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(false);
   if constexpr (G <= 1) {
     return false;
   } else {
@@ -431,8 +434,8 @@ bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_me
                        const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a, T* out,
                        const dim3 reduce_grid, const int reduce_shared_mem_size,
                        const int max_num_partitions) {
-  constexpr int G = grouped_rule(128, BLOCK_SIZE, int(sizeof(CACHE_T)), int(KV_DTYPE),
-                                 IS_BLOCK_SPARSE);
+  constexpr int G =
+      grouped_size<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(true);
   if constexpr (G <= 1) {
     return false;
   } else {

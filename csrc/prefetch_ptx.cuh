@@ -187,18 +187,26 @@ constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm
   return min_blocks_per_sm > 0 ? num_threads : 0;
 }
 // Which of vLLM's instantiations get a GQA-grouped twin (csrc/gqa_grouped.cuh), and its G
-// (query heads per CTA; 1 = none): head 128, block 16, fp16/bf16 caches, not block-sparse, the
-// configurations measured (docs/prefetch-tuning.md). Keep in sync with
+// (query heads per CTA; 1 = none): head 128, block 16, not block-sparse, fp16 caches in v1 and
+// v2, bf16 caches in v2 only (bf16 v1 ran faster as the launch-bounded stock kernel: b64 x 4k
+// 1.72x vs the twin's 1.54x, docs/prefetch-tuning.md). Keep in sync with
 // kvprefetch.upstream.gqa_group. -DKVPREFETCH_GQA_GROUP=0 compiles no twin at all.
 #ifndef KVPREFETCH_GQA_GROUP
   #define KVPREFETCH_GQA_GROUP 4
 #endif
-constexpr int grouped_rule(const int head_size, const int block_size, const int cache_bytes,
-                           const int kv_dtype, const bool block_sparse) {
-  return (KVPREFETCH_GQA_GROUP > 1 && !block_sparse && block_size == 16 && cache_bytes == 2 &&
-          kv_dtype == 0 && head_size == 128)
+constexpr int grouped_rule(const bool partitioned, const int head_size, const int block_size,
+                           const bool fp16_cache, const bool bf16_cache, const bool block_sparse) {
+  const bool cache_ok = fp16_cache || (bf16_cache && partitioned);
+  return (KVPREFETCH_GQA_GROUP > 1 && cache_ok && !block_sparse && block_size == 16 &&
+          head_size == 128)
              ? KVPREFETCH_GQA_GROUP
              : 1;
+}
+template <int HEAD_SIZE, int BLOCK_SIZE, typename cache_t, int KV_DTYPE, bool BLOCK_SPARSE>
+constexpr int grouped_size(const bool partitioned) {
+  constexpr bool fp16 = std::is_same_v<cache_t, uint16_t>;  // bf16: the other 2-byte cache
+  return grouped_rule(partitioned, HEAD_SIZE, BLOCK_SIZE, KV_DTYPE == 0 && fp16,
+                      KV_DTYPE == 0 && sizeof(cache_t) == 2 && !fp16, BLOCK_SPARSE);
 }
 #ifdef USE_ROCM
   #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)

@@ -70,18 +70,19 @@ def test_apply_to_the_real_header_then_reapply_is_a_no_op(fetched_workdir: Path)
     assert data["action"] == "applied" and data["patch_sha256"] == patch_sha256("prefetch")
     touched = _patch_files_touched("prefetch")
     assert upstream.ATTENTION_HEADER in touched
-    assert sorted(data["files"]) == sorted(touched + [upstream.PREFETCH_HEADER_IN_TREE])
+    assert sorted(data["files"]) == sorted(touched + list(upstream.KIT_HEADERS_IN_TREE))
 
     header = (tree / upstream.ATTENTION_HEADER).read_text()
     assert sha256_file(tree / upstream.ATTENTION_HEADER) != upstream.ATTENTION_HEADER_SHA256
     assert '#include "prefetch_ptx.cuh"' in header
     assert header.count("kvprefetch::prefetch_prologue<") == 1  # one site, before the block loop
-    assert (tree / upstream.PREFETCH_HEADER_IN_TREE).read_bytes() == HELPER.read_bytes()
+    for ours, in_tree in upstream.kit_headers():  # both of the kit's headers, byte for byte
+        assert (tree / in_tree).read_bytes() == ours.read_bytes()
     assert carried_variant(tree) == "prefetch"
-    # only the patched files and the helper changed; everything else is byte-identical
+    # only the patched files and the kit's headers changed; everything else is byte-identical
     after = tree_bytes(tree)
     changed = sorted(k for k in after if after.get(k) != pristine_inv.get(k))
-    assert changed == sorted(touched + [upstream.PREFETCH_HEADER_IN_TREE])
+    assert changed == sorted(touched + list(upstream.KIT_HEADERS_IN_TREE))
     state = wd.read_state("patched")
     assert state is not None and state["applied"]["variant"] == "prefetch"
     assert state["applied"]["patch_sha256"] == patch_sha256("prefetch")
@@ -165,7 +166,7 @@ def test_control_variant_is_stock_rebuilt_in_an_extra_tree(fetched_workdir: Path
               "--json")
     assert res.returncode == 0, res.stderr
     files = {f["path"]: f for f in json.loads(res.stdout)["files"]}
-    assert set(files) - {upstream.PREFETCH_HEADER_IN_TREE} == set(_patch_files_touched("control"))
+    assert set(files) - set(upstream.KIT_HEADERS_IN_TREE) == set(_patch_files_touched("control"))
     assert upstream.ATTENTION_HEADER not in files  # the kernels' source is stock's
 
 
@@ -207,13 +208,13 @@ def test_diff_upstream_check_passes_on_our_patch(fetched_workdir: Path) -> None:
     data = json.loads(res.stdout)
     assert data["additive"] is True and data["variant"] == "prefetch"
     files = {f["path"]: f for f in data["files"]}
-    assert set(files) == set(_patch_files_touched("prefetch")) | {upstream.PREFETCH_HEADER_IN_TREE}
+    assert set(files) == set(_patch_files_touched("prefetch")) | set(upstream.KIT_HEADERS_IN_TREE)
     assert all(f["removed"] == 0 for f in files.values())
-    # the diff against pristine adds exactly the patch's '+' lines (plus the whole helper)
+    # the diff against pristine adds exactly the patch's '+' lines (plus the kit's headers whole)
     assert sum(f["added"] for p, f in files.items()
-               if p != upstream.PREFETCH_HEADER_IN_TREE) == _plus_lines("prefetch")
-    assert files[upstream.PREFETCH_HEADER_IN_TREE]["added"] == \
-        len(HELPER.read_text().splitlines())
+               if p not in upstream.KIT_HEADERS_IN_TREE) == _plus_lines("prefetch")
+    for ours, in_tree in upstream.kit_headers():
+        assert files[in_tree]["added"] == len(ours.read_text().splitlines())
 
     res = cli("diff-upstream", "--workdir", str(fetched_workdir), "--stat")
     assert f"{upstream.ATTENTION_HEADER}: +" in res.stdout and " -0" in res.stdout

@@ -6,8 +6,8 @@
 #   device tool: run(command="bash scripts/device/prefetch-repeat.sh", carry=[".carry"], timeout_s=590)
 # QUICK=1 (about 4 minutes): stock, prefetch, launch and the control only, one run of each
 # table (REPEATS=N: N runs of the matrix), no L2-resident bound.
-# Steps: fetch the carried sdist into baseline, patched, pro_off (prefetch compiled off: the code
-# change alone), launch, seed and control -> apply -> diff-upstream --check -> kernels-only build (head 64/128/256,
+# Steps: fetch the carried sdist into baseline, patched, gqa_off (the same patch with the
+# GQA-grouped twin never launched: KVPREFETCH_GQA_DEFAULT_MODE=0), launch, seed and control -> apply -> diff-upstream --check -> kernels-only build (head 64/128/256,
 # block 16, fp16/bf16/fp8 caches) -> verify-kernel -> pytest -m gpu -> `bench kernel` on the
 # issue's matrix REPEATS times, each run its own process -> the other presets (MHA, d=64,
 # d=256), bf16 and fp8 caches, bf16 for d=64/d=256, once each -> cold and hot in one process on the small shapes (hot: one layer replayed, so its KV stays in the L2 where it fits; the report's
@@ -20,9 +20,9 @@ QUICK=${QUICK:-0}
 if [ "$QUICK" = 1 ]; then REPEATS=${REPEATS:-1}; else REPEATS=${REPEATS:-3}; fi
 source "$(dirname "$0")/lib.sh"
 begin_run prefetch-repeat
-V=(--variant baseline --variant patched --variant pro_off --variant launch --variant seed
+V=(--variant baseline --variant patched --variant gqa_off --variant launch --variant seed
    --variant control)
-FETCH=(--with-seed --extra-tree pro_off --extra-tree launch --extra-tree control)
+FETCH=(--with-seed --extra-tree gqa_off --extra-tree launch --extra-tree control)
 APPLY=(launch seed control)
 if [ "$QUICK" = 1 ]; then
   V=(--variant baseline --variant patched --variant launch --variant control)
@@ -30,7 +30,7 @@ if [ "$QUICK" = 1 ]; then
 fi
 
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${FETCH[@]}" || exit 3
-for t in patched pro_off; do
+for t in patched gqa_off; do
   [ -d "$W/trees/$t" ] && { step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4; }
 done
 for v in "${APPLY[@]}"; do
@@ -39,7 +39,7 @@ done
 step 30 "${K[@]}" diff-upstream --workdir "$W" --check --stat || exit 4
 step 300 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 \
   --head-sizes 64,128,256 --block-sizes 16 --kv-dtypes fp16,bf16,fp8 \
-  $([ -d "$W/trees/pro_off" ] && echo --tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0) || exit 5
+  $([ -d "$W/trees/gqa_off" ] && echo --tree-define gqa_off:KVPREFETCH_GQA_DEFAULT_MODE=0) || exit 5
 step 200 "${K[@]}" verify-kernel --workdir "$W"
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
 step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/test_vmm_gpu.py \

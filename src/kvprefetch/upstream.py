@@ -93,18 +93,19 @@ def changes_kernel(variant: str | None, version: str, kv_cache: str, head_size: 
             or min_blocks(variant, version, kv_cache, head_size, block_size, dtype) > 0)
 
 
-# csrc/prefetch_ptx.cuh's grouped_rule: `prefetch` compiles a GQA-grouped twin of the v1 and v2
-# kernels with head size 128, block size 16 and fp16/bf16 caches (csrc/gqa_grouped.cuh:
-# kvprefetch::gqa_decode_kernel, GQA_GROUP query heads per CTA), which its launchers run on
-# large grids; vLLM's own kernels are left as they are.
+# csrc/prefetch_ptx.cuh's grouped_rule: `prefetch` compiles a GQA-grouped twin
+# (csrc/gqa_grouped.cuh: kvprefetch::gqa_decode_kernel, GQA_GROUP query heads per CTA) of the
+# kernels with head size 128, block size 16, not block-sparse, and fp16 caches (v1 and v2) or
+# bf16 caches (v2 only); its launchers run it on large grids. vLLM's own kernels are unchanged.
 GQA_GROUP = 4
 
 
-def gqa_group(variant: str | None, kv_cache: str, head_size: int, block_size: int, dtype: str,
-              block_sparse: bool = False) -> int:
-    """Query heads per CTA of the twin ``variant`` compiles for this instantiation (1: none)."""
-    if (variant != "prefetch" or block_sparse or kv_cache != "auto" or block_size != 16
-            or dtype not in ("fp16", "bf16") or head_size != 128):
+def gqa_group(variant: str | None, version: str, kv_cache: str, head_size: int, block_size: int,
+              dtype: str, block_sparse: bool = False) -> int:
+    """Query heads per CTA of the twin ``variant`` compiles beside this instantiation (1: none)."""
+    cache_ok = dtype == "fp16" or (dtype == "bf16" and version == "v2")
+    if (variant != "prefetch" or not cache_ok or block_sparse or kv_cache != "auto"
+            or block_size != 16 or head_size != 128):
         return 1
     return GQA_GROUP
 

@@ -324,7 +324,8 @@ def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None, text: str)
     global load in it takes the read-only path (``LDG….CONSTANT``), as stock's K/V loads do."""
     want = {(k.arch, k.version, k.dtype, k.kv_cache, k.head_size, k.block_size, g)
             for k in parse_sass(text) if not k.block_sparse
-            for g in [gqa_group(variant, k.kv_cache, k.head_size, k.block_size, k.dtype)] if g > 1}
+            for g in [gqa_group(variant, k.version, k.kv_cache, k.head_size, k.block_size,
+                                k.dtype)] if g > 1}
     twins = twin_kernels(text)
     have = {(a, m["version"], m["dtype"], m["kv_cache"], m["head_size"], m["block_size"],
              m["group"]) for (a, _), (m, _, _) in twins.items()}

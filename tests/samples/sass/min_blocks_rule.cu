@@ -1,7 +1,7 @@
 // Prints what csrc/prefetch_ptx.cuh compiles into every paged_attention instantiation vLLM
 // v0.10.2 builds: the launch bound (kvprefetch::min_blocks, behind KVPREFETCH_KERNEL_BOUNDS),
 // whether the prologue is compiled in (kvprefetch::prologue_compiled) and the G of the
-// GQA-grouped twin (kvprefetch::grouped_rule; 1 = none; block-sparse kernels never have one).
+// GQA-grouped twin (kvprefetch::grouped_size; 1 = none; block-sparse kernels never have one).
 // One line per instantiation: "version head block cache kv_dtype min_blocks prologue group",
 // cache one of fp16, bf16, fp32, u8. Host code only: it runs on a machine without a GPU.
 // tests/test_sass.py compiles it with nvcc, with and without overrides, and compares the table
@@ -17,7 +17,7 @@ void row(const char* cache) {
     std::printf("%s %d %d %s %d %d %d %d\n", partitioned ? "v2" : "v1", HEAD, BLOCK, cache, KV,
                 kvprefetch::min_blocks<HEAD, BLOCK, int(sizeof(cache_t)), KV>(partitioned),
                 int(kvprefetch::prologue_compiled<HEAD, cache_t>(partitioned, KV == 0)),
-                kvprefetch::grouped_rule(HEAD, BLOCK, int(sizeof(cache_t)), KV, false));
+                kvprefetch::grouped_size<HEAD, BLOCK, cache_t, KV, false>(partitioned));
   }
 }
 template <int HEAD, int BLOCK>
