@@ -58,22 +58,30 @@ def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str) -> tuple[
     return kernel, [e.name for e in prof.events() if e.device_type.name == "CUDA"]
 
 
+TWIN_KERNEL = "gqa_decode_kernel"
+
+
 # torch.profiler warns (once per process) that each profiling cycle clears its events; this
 # test reads them inside the cycle, and the suite turns warnings into errors.
 @pytest.mark.filterwarnings("ignore:.*Profiler clears events")
-@pytest.mark.parametrize(("spec", "dtype", "kv", "kernel", "fires"), [
-    ("1x512", "float16", "auto", "v1", True),     # 2 MB
-    ("1x4k", "float16", "auto", "v2", True),      # 16.8 MB, a kernel with the prologue
-    ("1x4k", "float16", "fp8", "v2", True),       # 8.4 MB, a kernel without it
-    ("8x4k", "float16", "auto", "v2", False),     # 134 MB > L2/2
-    ("32x1k", "float16", "auto", "v1", False),    # 134 MB
+@pytest.mark.parametrize(("spec", "dtype", "kv", "kernel", "fires", "twin"), [
+    ("1x512", "float16", "auto", "v1", True, False),   # 2 MB, 32 CTAs
+    ("1x4k", "float16", "auto", "v2", True, False),    # 16.8 MB, a kernel with the prologue
+    ("1x4k", "float16", "fp8", "v2", True, False),     # 8.4 MB, a kernel without it
+    ("8x4k", "float16", "auto", "v2", False, True),    # 134 MB > L2/2; 2048 stock CTAs
+    ("32x1k", "float16", "auto", "v1", False, True),   # 134 MB; 1024 stock CTAs
 ])
 def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str, dtype: str,
-                                                   kv: str, kernel: str, fires: bool) -> None:
+                                                   kv: str, kernel: str, fires: bool,
+                                                   twin: bool) -> None:
+    """The launcher's prefetch kernel runs beside small steps only, and in `auto` the
+    GQA-grouped twin replaces vLLM's kernel on large grids (>= 5 stock CTAs per SM on the
+    H200's 132 SMs) and nowhere else; stock runs neither."""
     stock, patched = stock_and_patched
     ran, names = _kernels_launched(patched, spec, dtype, kv)
     assert ran == kernel
-    assert any("paged_attention" in n for n in names), names
+    assert any(TWIN_KERNEL in n for n in names) == twin, names
+    assert any("paged_attention" in n and "reduce" not in n for n in names) == (not twin), names
     assert any(PREFETCH_KERNEL in n for n in names) == fires, names
     _, stock_names = _kernels_launched(stock, spec, dtype, kv)
-    assert not any(PREFETCH_KERNEL in n for n in stock_names), stock_names
+    assert not any(PREFETCH_KERNEL in n or TWIN_KERNEL in n for n in stock_names), stock_names
