@@ -512,3 +512,60 @@ def test_header_rule_overrides_reach_every_instantiation(tmp_path: Path) -> None
     assert {r[5] for r in rows if r[0] == "v2"} == {"0"}
     assert {r[7] for r in rows} == {"1"}
     assert sum(r[6] == "1" for r in rows) == 12
+
+
+# Real mangled names (nvcc 13.0, sm_90) of vLLM's kernels and of kvprefetch's GQA twin, which
+# lives in an anonymous namespace (internal linkage, see csrc/gqa_grouped.cuh).
+_V1_FP16 = ("_ZN4vllm25paged_attention_v1_kernelIttLi128ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0E"
+            "Lb0EEEvPT_PKS3_PKT0_S9_ifPKiSB_iPKfiiiSD_SD_iiiii")
+_V2_BF16 = ("_ZN4vllm25paged_attention_v2_kernelI13__nv_bfloat16S1_Li128ELi16ELi128ELNS_18Fp8KV"
+            "CacheDataTypeE0ELb0ELi512EEEvPfS3_PT_PKS4_PKT0_SA_ifPKiSC_iPKfiiiSE_SE_iiiii")
+_V1_BF16 = ("_ZN4vllm25paged_attention_v1_kernelI13__nv_bfloat16S1_Li128ELi16ELi128ELNS_18Fp8KV"
+            "CacheDataTypeE0ELb0EEEvPT_PKS3_PKT0_S9_ifPKiSB_iPKfiiiSD_SD_iiiii")
+_TWIN_V1_FP16 = ("_ZN10kvprefetch54_GLOBAL__N__93237207_21_paged_attention_v1_cu_d115ef7d17gqa_"
+                 "decode_kernelIttLi128ELi16ELi128ELN4vllm18Fp8KVCacheDataTypeE0ELi0ELi4EEEvPfS4_"
+                 "PT_PKS5_PKT0_SB_ifPKiSD_iPKfiiii")
+_TWIN_V2_BF16 = ("_ZN10kvprefetch54_GLOBAL__N__8196dde9_21_paged_attention_v2_cu_fcde414e17gqa_"
+                 "decode_kernelI13__nv_bfloat16S2_Li128ELi16ELi128ELN4vllm18Fp8KVCacheDataTypeE0E"
+                 "Li512ELi4EEEvPfS5_PT_PKS6_PKT0_SC_ifPKiSE_iPKfiiii")
+# Not compiled by the rule (bf16 v1 has no twin): the v2 name with v1's PARTITION_SIZE.
+_TWIN_V1_BF16 = _TWIN_V2_BF16.replace("ELi512ELi4E", "ELi0ELi4E")
+
+
+def test_decode_twin_names() -> None:
+    from kvprefetch.sass import decode_twin_name
+    assert decode_twin_name(_TWIN_V1_FP16) == {
+        "version": "v1", "dtype": "fp16", "kv_cache": "auto", "head_size": 128,
+        "block_size": 16, "group": 4}
+    assert decode_twin_name(_TWIN_V2_BF16)["version"] == "v2"  # type: ignore[index]
+    assert decode_twin_name(_TWIN_V2_BF16)["dtype"] == "bf16"  # type: ignore[index]
+    assert decode_twin_name(_V1_FP16) is None
+
+
+def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
+    """check_gqa_twin: a `prefetch` build must hold the twin beside the fp16 v1 and bf16 v2
+    kernels (upstream.gqa_group) and nowhere else, each twin's global loads all read-only;
+    stock holds none. A missing twin, an extra one (bf16 v1) and a plain load each fail."""
+    from kvprefetch.verify import VerifyReport, check_gqa_twin
+
+    ro = ["LDG.E.64.CONSTANT R4, desc[UR4][R2.64]"] * 3
+    base = {("sm_90", _V1_FP16): ro, ("sm_90", _V2_BF16): ro, ("sm_90", _V1_BF16): ro}
+    good = _listing({**base, ("sm_90", _TWIN_V1_FP16): ro, ("sm_90", _TWIN_V2_BF16): ro})
+    missing = _listing({**base, ("sm_90", _TWIN_V1_FP16): ro})
+    extra = _listing({**base, ("sm_90", _TWIN_V1_FP16): ro, ("sm_90", _TWIN_V2_BF16): ro,
+                      ("sm_90", _TWIN_V1_BF16): ro})
+    plain = _listing({**base, ("sm_90", _TWIN_V1_FP16): ro + ["LDG.E.64 R6, desc[UR4][R2.64]"],
+                      ("sm_90", _TWIN_V2_BF16): ro})
+    rep = VerifyReport("unused")
+    for tree, text in (("good", good), ("missing", missing), ("extra", extra), ("plain", plain)):
+        check_gqa_twin(rep, tree, "prefetch", text)
+    check_gqa_twin(rep, "stock", None, _listing(base))
+    check_gqa_twin(rep, "stock_with_twin", None, good)
+    status = {c.tree: c for c in rep.checks}
+    assert status["good"].status == "pass", status["good"].detail
+    assert status["stock"].status == "pass"
+    assert "1 missing" in status["missing"].detail and status["missing"].status == "fail"
+    assert "1 unexpected" in status["extra"].detail and status["extra"].status == "fail"
+    assert "1 with a global load off" in status["plain"].detail
+    assert status["plain"].status == "fail"
+    assert status["stock_with_twin"].status == "fail"
