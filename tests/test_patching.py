@@ -112,6 +112,20 @@ def test_a_header_with_one_changed_line_is_refused_untouched(fetched_workdir: Pa
     assert _bytes(fetched_workdir) == before  # full inventory: trees, state, pristine, downloads
 
 
+@pytest.mark.parametrize("rel", upstream.KIT_HEADERS_IN_TREE)
+def test_a_hand_edited_kit_header_is_refused_untouched(fetched_workdir: Path, rel: str) -> None:
+    """Re-applying over a tree whose copy of one of the kit's headers was edited would
+    silently overwrite the edit: apply refuses, naming the file, and changes nothing."""
+    apply_patch(fetched_workdir, "prefetch")
+    installed = fetched_workdir / "trees" / "patched" / rel
+    installed.write_text(installed.read_text() + "// a local experiment\n")
+    before = _bytes(fetched_workdir)
+    res = cli("apply", "--workdir", str(fetched_workdir))
+    assert res.returncode == PatchError.exit_code
+    assert f"{installed} was edited by hand" in res.stderr and "To fix:" in res.stderr
+    assert _bytes(fetched_workdir) == before
+
+
 def test_the_other_variant_is_refused_on_a_patched_tree(fetched_workdir: Path) -> None:
     apply_patch(fetched_workdir, "prefetch")
     before = _bytes(fetched_workdir)
