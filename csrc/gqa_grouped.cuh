@@ -341,22 +341,14 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_decode_kernel(
 #endif
 #if !defined(USE_ROCM)
 inline int gqa_host_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("KVPREFETCH_GQA");
-    if (v == nullptr || *v == '\0') return KVPREFETCH_GQA_DEFAULT_MODE;
-    const std::string s(v);
-    if (s == "off" || s == "0") return 0;
-    if (s == "on" || s == "1") return 1;
-    if (s == "auto") return 2;
-    std::fprintf(stderr, "kvprefetch: ignoring KVPREFETCH_GQA=%s (use off, on or auto)\n", v);
-    return KVPREFETCH_GQA_DEFAULT_MODE;
-  }();
+  static const int mode = env_mode("KVPREFETCH_GQA", KVPREFETCH_GQA_DEFAULT_MODE);
   return mode;
 }
 
-inline bool gqa_wanted(const int group, const int num_heads, const int num_kv_heads,
-                       const long long stock_ctas, const long long smem_bytes) {
+inline bool gqa_wanted(const int group, const dim3 grid, const int num_kv_heads,
+                       const int shared_mem_bytes) {
   const int mode = gqa_host_mode();
+  const int num_heads = static_cast<int>(grid.x);
   if (mode == 0 || group <= 1 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
       (num_heads / num_kv_heads) % group != 0) {
     return false;
@@ -364,7 +356,8 @@ inline bool gqa_wanted(const int group, const int num_heads, const int num_kv_he
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
   const DeviceFacts f = device_facts(dev);
-  if (group * smem_bytes > f.max_smem_optin) return false;
+  if (static_cast<long long>(group) * shared_mem_bytes > f.max_smem_optin) return false;
+  const long long stock_ctas = static_cast<long long>(grid.x) * grid.y * grid.z;
   return mode == 1 ||
          100LL * stock_ctas >= static_cast<long long>(KVPREFETCH_GQA_MIN_CTAS_PCT) * f.sm_count;
 }
@@ -415,11 +408,7 @@ bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_me
   if constexpr (G <= 1) {
     return false;
   } else {
-    if (head_size != 128) return false;
-    const long long ctas = static_cast<long long>(grid.x) * grid.y * grid.z;
-    if (!gqa_wanted(G, static_cast<int>(grid.x), a.num_kv_heads, ctas, shared_mem_size)) {
-      return false;
-    }
+    if (head_size != 128 || !gqa_wanted(G, grid, a.num_kv_heads, shared_mem_size)) return false;
     launch_gqa_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, 0, G>(
         a, grid, shared_mem_size, stream);
     return true;
@@ -439,11 +428,7 @@ bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_me
   if constexpr (G <= 1) {
     return false;
   } else {
-    if (head_size != 128) return false;
-    const long long ctas = static_cast<long long>(grid.x) * grid.y * grid.z;
-    if (!gqa_wanted(G, static_cast<int>(grid.x), a.num_kv_heads, ctas, shared_mem_size)) {
-      return false;
-    }
+    if (head_size != 128 || !gqa_wanted(G, grid, a.num_kv_heads, shared_mem_size)) return false;
     launch_gqa_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G>(
         a, grid, shared_mem_size, stream);
     vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>

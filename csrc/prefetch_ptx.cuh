@@ -433,17 +433,21 @@ __device__ KVPREFETCH_PROLOGUE_ATTR unsigned prefetch_prologue(
 // (vLLM's warm-up runs eagerly first, so the setting is in place before capture).
 #if !defined(USE_ROCM)
 namespace {
+// off|on|auto (or 0|1|2) from the environment variable `name`; `fallback` when it is unset,
+// empty or unknown (the last with a note on stderr).
+inline int env_mode(const char* name, const int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  const std::string s(v);
+  if (s == "off" || s == "0") return 0;
+  if (s == "on" || s == "1") return 1;
+  if (s == "auto" || s == "2") return 2;
+  std::fprintf(stderr, "kvprefetch: ignoring %s=%s (use off, on or auto)\n", name, v);
+  return fallback;
+}
+
 inline int kvprefetch_host_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("KVPREFETCH");
-    if (v == nullptr || *v == '\0') return KVPREFETCH_DEFAULT_MODE;
-    const std::string s(v);
-    if (s == "off" || s == "0") return 0;
-    if (s == "on" || s == "1") return 1;
-    if (s == "auto") return 2;
-    std::fprintf(stderr, "kvprefetch: ignoring KVPREFETCH=%s (use off, on or auto)\n", v);
-    return KVPREFETCH_DEFAULT_MODE;
-  }();
+  static const int mode = env_mode("KVPREFETCH", KVPREFETCH_DEFAULT_MODE);
   return mode;
 }
 

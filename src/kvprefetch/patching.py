@@ -220,9 +220,10 @@ def drop_in_caveat(variant: str) -> str | None:
     """What a drop-in header alone does not do for ``variant`` (None: it is complete)."""
     if variant == "prefetch":
         return ("the header alone compiles the v2 prologue, but only the launchers' hooks fill "
-                "its address table, fire the v1 L2 prefetch and read KVPREFETCH: without "
+                "its address table, fire the v1 L2 prefetch, read KVPREFETCH and launch the "
+                "GQA-grouped twin (csrc/gqa_grouped.cuh): without "
                 "patches/v0.10.2/prefetch/paged_attention_v{1,2}.cu.patch nothing is prefetched "
-                "(use `kvprefetch apply` for the whole variant)")
+                "and no twin runs (use `kvprefetch apply` for the whole variant)")
     if variant == "launch":
         return ("the launch variant changes only the launchers; its header is stock. Apply "
                 "patches/v0.10.2/launch/*.patch (or `kvprefetch apply --variant launch`)")
