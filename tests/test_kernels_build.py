@@ -238,6 +238,10 @@ def test_tree_edited_after_apply_is_refused_with_the_edit_kept(private_applied_w
     assert (reapply in lines[1]) == (tree == "patched")
     assert tree_bytes(private_applied_workdir) == before
     header.write_bytes(original)
+    # A file added under csrc/ is not counted (a full build generates Marlin sources there, and
+    # a new file is compiled only through a changed one): the same build is plannable.
+    added = private_applied_workdir / "trees" / tree / "csrc" / "generated_by_a_build.cu"
+    added.write_text("// generated\n")
     ok = kvprefetch_cli_split("build", "--workdir", str(private_applied_workdir), "--dry-run",
                               *NARROW_BUILD_ARGS, env=_clean_env())
     assert ok.returncode == 0, ok.stderr
