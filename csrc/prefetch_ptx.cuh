@@ -21,6 +21,9 @@
 //    on v1's K loop (7 of 16 K loads before their first use in stock, all 16 with the bound),
 //    1.01-1.8x on the H200 (3.2x on TinyLlama's smallest steps).
 //  - every other kernel is instruction-identical to stock (verify-kernel checks it).
+//  - not a prefetch, and not in this header: on grids of >= 5 CTAs per SM the launchers run a
+//    GQA-grouped twin of the kernel instead (csrc/gqa_grouped.cuh; which instantiations have
+//    one: grouped_rule below), bitwise equal to vLLM's kernels.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
