@@ -16,19 +16,23 @@ _ARCH = re.compile(r"^\s*arch = (sm_\d+a?)")
 _FUNC = re.compile(r"^\s*Function : (\S+)")
 _PREFETCH = re.compile(r"\bUBLKPF\b")
 _LINE_PREFETCH = re.compile(r"\bCCTL\.E\.PF2\b")
-_KERNEL = re.compile(
-    r"paged_attention_(?P<version>v[12])_kernelI"
-    r"(?P<scalar>13__nv_bfloat16|t|f)(?P<cache>S\d*_|13__nv_bfloat16|t|f|h)"
-    r"Li(?P<head>\d+)ELi(?P<block>\d+)ELi(?P<threads>\d+)E"
-    r"LNS_\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELb(?P<sparse>[01])E")
+# The template arguments both kernels share: scalar_t, cache_t, HEAD_SIZE, BLOCK_SIZE,
+# NUM_THREADS, then the start of KV_DTYPE (its namespace is spelled per kernel).
+_SHAPE_ARGS = (r"(?P<scalar>13__nv_bfloat16|t|f)(?P<cache>S\d*_|13__nv_bfloat16|t|f|h)"
+               r"Li(?P<head>\d+)ELi(?P<block>\d+)ELi(?P<threads>\d+)E")
+_KERNEL = re.compile(r"paged_attention_(?P<version>v[12])_kernelI" + _SHAPE_ARGS
+                     + r"LNS_\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELb(?P<sparse>[01])E")
 # kvprefetch's GQA-grouped twin (csrc/gqa_grouped.cuh): PARTITION_SIZE 0 is v1, then G.
-_TWIN = re.compile(
-    r"gqa_decode_kernelI"
-    r"(?P<scalar>13__nv_bfloat16|t|f)(?P<cache>S\d*_|13__nv_bfloat16|t|f|h)"
-    r"Li(?P<head>\d+)ELi(?P<block>\d+)ELi(?P<threads>\d+)E"
-    r"LN4vllm\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELi(?P<partition>\d+)ELi(?P<group>\d+)E")
+_TWIN = re.compile(r"gqa_decode_kernelI" + _SHAPE_ARGS
+                   + r"LN4vllm\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELi(?P<partition>\d+)"
+                   r"ELi(?P<group>\d+)E")
 _SCALAR = {"t": "fp16", "f": "fp32", "13__nv_bfloat16": "bf16"}
 _KV = {"0": "auto", "1": "fp8_e4m3", "2": "fp8_e5m2"}
+
+
+def _shape(m: re.Match[str]) -> dict[str, object]:
+    return {"dtype": _SCALAR[m["scalar"]], "kv_cache": _KV.get(m["kv"], m["kv"]),
+            "head_size": int(m["head"]), "block_size": int(m["block"])}
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,7 @@ def decode_kernel_name(mangled: str) -> dict[str, object] | None:
     m = _KERNEL.search(mangled)
     if m is None:
         return None
-    return {"version": m["version"], "dtype": _SCALAR[m["scalar"]],
-            "kv_cache": _KV.get(m["kv"], m["kv"]), "head_size": int(m["head"]),
-            "block_size": int(m["block"]), "block_sparse": m["sparse"] == "1"}
+    return {"version": m["version"], **_shape(m), "block_sparse": m["sparse"] == "1"}
 
 
 def decode_twin_name(mangled: str) -> dict[str, object] | None:
@@ -64,9 +66,8 @@ def decode_twin_name(mangled: str) -> dict[str, object] | None:
     m = _TWIN.search(mangled)
     if m is None:
         return None
-    return {"version": "v1" if m["partition"] == "0" else "v2", "dtype": _SCALAR[m["scalar"]],
-            "kv_cache": _KV.get(m["kv"], m["kv"]), "head_size": int(m["head"]),
-            "block_size": int(m["block"]), "group": int(m["group"])}
+    return {"version": "v1" if m["partition"] == "0" else "v2", **_shape(m),
+            "group": int(m["group"])}
 
 
 def parse_sass(text: str) -> list[KernelSass]:
