@@ -8,8 +8,10 @@ could contain bulk prefetches of its own."""
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from dataclasses import dataclass
 
 _ARCH = re.compile(r"^\s*arch = (sm_\d+a?)")
@@ -118,9 +120,13 @@ class SassVerdict:
     problems: tuple[str, ...]
 
 
-def function_bodies(text: str) -> dict[tuple[str, str], str]:
+@functools.lru_cache(maxsize=2)
+def function_bodies(text: str) -> Mapping[tuple[str, str], str]:
     """(arch, mangled name) -> the function's SASS with addresses stripped, for comparing the
-    same kernel across two libraries instruction by instruction."""
+    same kernel across two libraries instruction by instruction. verify-kernel asks this of the
+    same listings many times (every check, and the baseline's for every tree; head 128 alone in
+    three dtypes is a 10 MB listing), so the result is kept, read-only, for the last two listings:
+    the tree being checked and the baseline it is compared with."""
     out: dict[tuple[str, str], list[str]] = {}
     arch, name = "?", None
     for line in text.splitlines():
@@ -137,7 +143,7 @@ def function_bodies(text: str) -> dict[tuple[str, str], str]:
             instr = re.sub(r"/\*[0-9a-fx]+\*/", "", line).split(";")[0].strip()
             if instr:
                 out[(arch, name)].append(instr)
-    return {k: "\n".join(v) for k, v in out.items()}
+    return MappingProxyType({k: "\n".join(v) for k, v in out.items()})
 
 
 def prefetch_kernels(text: str) -> dict[tuple[str, str], int]:
