@@ -205,12 +205,6 @@ constexpr int grouped_rule(const bool partitioned, const int head_size, const in
              ? KVPREFETCH_GQA_GROUP
              : 1;
 }
-template <int HEAD_SIZE, int BLOCK_SIZE, typename cache_t, int KV_DTYPE, bool BLOCK_SPARSE>
-constexpr int grouped_size(const bool partitioned) {
-  constexpr bool fp16 = std::is_same_v<cache_t, uint16_t>;  // bf16: the other 2-byte cache
-  return grouped_rule(partitioned, HEAD_SIZE, BLOCK_SIZE, KV_DTYPE == 0 && fp16,
-                      KV_DTYPE == 0 && sizeof(cache_t) == 2 && !fp16, BLOCK_SPARSE);
-}
 #ifdef USE_ROCM
   #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)
 #else
@@ -397,6 +391,12 @@ constexpr bool fp16_cache(const bool auto_dtype) {
 template <typename cache_t>
 constexpr bool bf16_cache(const bool auto_dtype) {
   return auto_dtype && sizeof(cache_t) == 2 && !std::is_same_v<cache_t, uint16_t>;
+}
+// The G of this instantiation's GQA-grouped twin (grouped_rule above; 1 = none).
+template <int HEAD_SIZE, int BLOCK_SIZE, typename cache_t, int KV_DTYPE, bool BLOCK_SPARSE>
+constexpr int grouped_size(const bool partitioned) {
+  return grouped_rule(partitioned, HEAD_SIZE, BLOCK_SIZE, fp16_cache<cache_t>(KV_DTYPE == 0),
+                      bf16_cache<cache_t>(KV_DTYPE == 0), BLOCK_SPARSE);
 }
 template <int HEAD_SIZE, typename cache_t>
 constexpr bool prologue_compiled(const bool partitioned, const bool auto_dtype) {
