@@ -50,12 +50,35 @@ constexpr int cmax(const int a, const int b) { return a > b ? a : b; }
 constexpr int cmin(const int a, const int b) { return a < b ? a : b; }
 constexpr int cdiv(const int a, const int b) { return (a + b - 1) / b; }
 
+// The physical numbers of one warp's blocks first, first + stride, ... (< end): 32 at a time,
+// one load per lane, handed out by shuffle. Stock reads each from block_table right before
+// loading the block's K (and again before its V): a dependent global load on every iteration
+// of the warp's chain. k must be warp-uniform and all 32 lanes must call.
+// -DKVPREFETCH_TWIN_HOIST=0 reads each number right before its block, as stock (exploration).
+#ifndef KVPREFETCH_TWIN_HOIST
+  #define KVPREFETCH_TWIN_HOIST 1
+#endif
+struct WarpBlockNumbers {
+  const int* table;
+  int first, stride, end, lane;
+  int held = 0, chunk = -1;
+  __device__ __forceinline__ int64_t operator()(const int k) {
+    if (!KVPREFETCH_TWIN_HOIST) return static_cast<int64_t>(table[first + k * stride]);
+    if (k / 32 != chunk) {
+      chunk = k / 32;
+      const int idx = first + (chunk * 32 + lane) * stride;
+      held = idx < end ? table[idx] : 0;
+    }
+    return static_cast<int64_t>(__shfl_sync(0xffffffffu, held, k % 32));
+  }
+};
+
 // Grid: (num_heads / G, num_seqs, max_num_partitions); PARTITION_SIZE 0 is v1. `logits_stride`:
 // floats of dynamic shared memory per head (stock's shared_mem_size / 4). The comments name
 // the step of vLLM's paged_attention_kernel each part mirrors.
 template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G>
-__global__ void __launch_bounds__(NUM_THREADS) gqa_decode_kernel(
+          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
+__global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     float* __restrict__ exp_sums, float* __restrict__ max_logits, scalar_t* __restrict__ out,
     const scalar_t* __restrict__ q, const cache_t* __restrict__ k_cache,
     const cache_t* __restrict__ v_cache, const int num_kv_heads, const float scale,
@@ -86,7 +109,11 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_decode_kernel(
   constexpr int THREAD_GROUP_SIZE = cmax(WARP / BLOCK_SIZE, 1);
   constexpr int NUM_THREAD_GROUPS = NUM_THREADS / THREAD_GROUP_SIZE;
   constexpr int NUM_TOKENS_PER_THREAD_GROUP = cdiv(BLOCK_SIZE, WARP);
+  // Stock's layout is NUM_THREADS threads (NUM_WARPS warps); the CTA has S times as many.
+  // Warp w (< NUM_WARPS * S) stands in for stock's warp w % NUM_WARPS: see the V pass.
   constexpr int NUM_WARPS = NUM_THREADS / WARP;
+  constexpr int CTA_WARPS = NUM_WARPS * S;
+  static_assert(S >= 1 && CTA_WARPS <= WARP, "S: 1 .. 32 / NUM_WARPS");
   const int thread_idx = threadIdx.x;
   const int warp_idx = thread_idx / WARP;
   const int lane = thread_idx % WARP;
@@ -126,17 +153,21 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_decode_kernel(
   // Logits: head g's at shared_mem + g * logits_stride floats, later its output scratch.
   extern __shared__ char shared_mem[];
   float* const logits0 = reinterpret_cast<float*>(shared_mem);
-  __shared__ float red_smem[G][2 * NUM_WARPS];
+  __shared__ float red_smem[G][2 * CTA_WARPS];
 
-  // K pass: each warp loads a block's keys once and scores them against every head.
+  // K pass: each warp loads a block's keys once and scores them against every head. A token's
+  // score does not depend on which warp computes it, so the CTA's CTA_WARPS warps share the
+  // blocks (the maximum below is exact in any order).
   constexpr int x = 16 / sizeof(cache_t);
   float qk_max[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) qk_max[g] = -FLT_MAX;
-  const int* block_table = block_tables + seq_idx * max_num_blocks_per_seq;
-  for (int block_idx = start_block_idx + warp_idx; block_idx < end_block_idx;
-       block_idx += NUM_WARPS) {
-    const int64_t physical_block_number = static_cast<int64_t>(block_table[block_idx]);
+  // This warp's blocks, in both passes: start_block_idx + warp_idx + k * CTA_WARPS.
+  WarpBlockNumbers block_number{block_tables + seq_idx * max_num_blocks_per_seq,
+                                start_block_idx + warp_idx, CTA_WARPS, end_block_idx, lane};
+  for (int block_idx = start_block_idx + warp_idx, k = 0; block_idx < end_block_idx;
+       block_idx += CTA_WARPS, ++k) {
+    const int64_t physical_block_number = block_number(k);
     for (int i = 0; i < NUM_TOKENS_PER_THREAD_GROUP; i++) {
       const int physical_block_offset = (thread_group_idx + i * WARP) % BLOCK_SIZE;
       const int token_idx = block_idx * BLOCK_SIZE + physical_block_offset;
@@ -176,32 +207,36 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_decode_kernel(
   __syncthreads();
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    qk_max[g] = lane < NUM_WARPS ? red_smem[g][lane] : -FLT_MAX;
+    qk_max[g] = lane < CTA_WARPS ? red_smem[g][lane] : -FLT_MAX;
 #pragma unroll
-    for (int mask = NUM_WARPS / 2; mask >= 1; mask /= 2) {
+    for (int mask = CTA_WARPS / 2; mask >= 1; mask /= 2) {
       qk_max[g] = fmaxf(qk_max[g], VLLM_SHFL_XOR_SYNC(qk_max[g], mask));
     }
     qk_max[g] = VLLM_SHFL_SYNC(qk_max[g], 0);
   }
 
-  // Softmax, per head (as stock; vllm::block_sum over the same 128-thread layout).
+  // Softmax, per head (as stock; vllm::block_sum over the same 128-thread layout: the first
+  // NUM_THREADS threads sum what stock's do, the others add nothing and block_sum reads only
+  // the first NUM_WARPS warps' sums).
   float exp_sum[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     float* logits = logits0 + g * logits_stride;
     exp_sum[g] = 0.f;
-    for (int i = thread_idx; i < num_tokens; i += NUM_THREADS) {
-      float val = __expf(logits[i] - qk_max[g]);
-      logits[i] = val;
-      exp_sum[g] += val;
+    if (thread_idx < NUM_THREADS) {
+      for (int i = thread_idx; i < num_tokens; i += NUM_THREADS) {
+        float val = __expf(logits[i] - qk_max[g]);
+        logits[i] = val;
+        exp_sum[g] += val;
+      }
     }
-    exp_sum[g] = vllm::block_sum<NUM_WARPS>(&red_smem[g][NUM_WARPS], exp_sum[g]);
+    exp_sum[g] = vllm::block_sum<NUM_WARPS>(&red_smem[g][CTA_WARPS], exp_sum[g]);
   }
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     float* logits = logits0 + g * logits_stride;
     const float inv_sum = __fdividef(1.f, exp_sum[g] + 1e-6f);
-    for (int i = thread_idx; i < num_tokens; i += NUM_THREADS) {
+    for (int i = thread_idx; i < num_tokens; i += NUM_THREADS * S) {
       logits[i] *= inv_sum;
     }
   }
@@ -216,7 +251,11 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_decode_kernel(
     }
   }
 
-  // V pass: each warp loads a block's values once and accumulates every head.
+  // V pass: each warp loads a block's values once and accumulates every head. Stock's warp w
+  // adds its blocks w, w + NUM_WARPS, ... in that order, and a float sum is only bitwise the
+  // same in the same order: so with S > 1 the CTA's warps take CTA_WARPS blocks per round, warp
+  // w < NUM_WARPS adds its own block's products, then those of the blocks w + k * NUM_WARPS
+  // (k = 1 .. S-1) that warps w + k * NUM_WARPS computed and left in shared memory.
   constexpr int V_VEC_SIZE = cmin(16 / int(sizeof(scalar_t)), BLOCK_SIZE);
   using V_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
   using L_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
@@ -232,9 +271,10 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_decode_kernel(
   }
   scalar_t zero_value;
   vllm::zero(zero_value);
-  for (int block_idx = start_block_idx + warp_idx; block_idx < end_block_idx;
-       block_idx += NUM_WARPS) {
-    const int64_t physical_block_number = static_cast<int64_t>(block_table[block_idx]);
+  // One block's products (vllm::dot of the logits and a V vector) for every head and row,
+  // handed to use(g, i, product) in stock's order.
+  const auto block_products = [&](const int block_idx, const int64_t physical_block_number,
+                                  auto&& use) {
     const int physical_block_offset = (lane % NUM_V_VECS_PER_ROW) * V_VEC_SIZE;
     const int token_idx = block_idx * BLOCK_SIZE + physical_block_offset;
     L_vec logits_vec[G];
@@ -261,8 +301,51 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_decode_kernel(
           }
         }
 #pragma unroll
-        for (int g = 0; g < G; ++g) accs[g][i] += vllm::dot(logits_vec[g], v_vec);
+        for (int g = 0; g < G; ++g) use(g, i, vllm::dot(logits_vec[g], v_vec));
       }
+    }
+  };
+  const auto add = [&](const int g, const int i, const float product) { accs[g][i] += product; };
+  if constexpr (S == 1) {
+    for (int block_idx = start_block_idx + warp_idx, k = 0; block_idx < end_block_idx;
+         block_idx += NUM_WARPS, ++k) {
+      block_products(block_idx, block_number(k), add);
+    }
+  } else {
+    // Warp w >= NUM_WARPS's products: G * NUM_ROWS_PER_THREAD * WARP floats after the logits.
+    constexpr int SLOT = G * NUM_ROWS_PER_THREAD * WARP;
+    float* const products = logits0 + G * logits_stride;
+    const auto slot_of = [&](const int warp, const int g, const int i) {
+      return products + (warp - NUM_WARPS) * SLOT + (g * NUM_ROWS_PER_THREAD + i) * WARP + lane;
+    };
+    for (int first = start_block_idx, k = 0; first < end_block_idx; first += CTA_WARPS, ++k) {
+      const int block_idx = first + warp_idx;
+      if (block_idx < end_block_idx) {
+        if (warp_idx < NUM_WARPS) {
+          block_products(block_idx, block_number(k), add);
+        } else {
+          block_products(block_idx, block_number(k),
+                         [&](const int g, const int i, const float product) {
+                           *slot_of(warp_idx, g, i) = product;
+                         });
+        }
+      }
+      __syncthreads();
+      if (warp_idx < NUM_WARPS) {
+#pragma unroll
+        for (int k = 1; k < S; ++k) {
+          if (block_idx + k * NUM_WARPS >= end_block_idx) break;
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+#pragma unroll
+            for (int i = 0; i < NUM_ROWS_PER_THREAD; i++) {
+              const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
+              if (row_idx < HEAD_SIZE) accs[g][i] += *slot_of(warp_idx + k * NUM_WARPS, g, i);
+            }
+          }
+        }
+      }
+      __syncthreads();
     }
   }
 
@@ -325,41 +408,87 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_decode_kernel(
   }
 }
 
-// ---- Host side: whether a launch runs the twin, and the launch ----------------------------
-// KVPREFETCH_GQA=off|on|auto (read once per process; default KVPREFETCH_GQA_DEFAULT_MODE,
-// 2 = auto). A launch can be grouped when G divides the query heads per kv head and G times
-// stock's shared memory fits the device; `auto` groups grids of at least
-// KVPREFETCH_GQA_MIN_CTAS_PCT stock CTAs as a percentage of the SM count. Calibrated on the
-// H200 (Llama-3.1-8B fp16, exploration run 19): at 3.9 stock CTAs per SM the twin ran
-// 0.81-0.90x of stock (the `prefetch` kernels without it: 1.10-1.19x), at 5.8 per SM 1.29-1.37x
-// (without: 1.15-1.18x), from 7.8 per SM on 1.28-1.91x; 500 (5 per SM) lies between.
+// ---- Host side: whether a launch runs a twin, which one, and the launch -------------------
+// Beside each instantiation grouped_size names, four twins: G query heads per CTA and S times
+// stock's threads, (G, S) = 4x1, 4x2, 2x2, 2x4. Few CTAs want short chains (large S, and G = 2
+// to keep more CTAs); many want the L2 traffic cut by G = 4 and, at the most, one CTA of
+// stock's size per group. `auto` picks by the grid's stock CTAs per SM (kTwins' min_ctas_pct,
+// from the largest grids down). Calibrated on the H200 (Llama-3.1-8B fp16; exploration runs
+// 19 and 21): 2x4 ran best up to 1 stock CTA per SM (b1-b4 x 512-2k: 1.68-1.76x), 2x2 at 2-4
+// (1.23-1.51x), 4x2 at 7.8 (1.38-1.53x), 4x1 from 15.5 on (1.73-1.90x, but b64 x 4k v1 1.29x
+// where 4x2 ran 1.51x).
+// KVPREFETCH_GQA=off|auto|on|4x1|4x2|2x2|2x4 (read once per process; default
+// KVPREFETCH_GQA_DEFAULT_MODE: -1 off, -2 auto, else an index into kTwins; `on` is 4x1): a
+// named twin runs at every launch it can take. A launch can take a twin when its G divides the
+// query heads per kv head and its shared memory fits the device; otherwise vLLM's kernel runs.
+struct TwinShape {
+  int g, s;          // query heads per CTA, threads per CTA / stock's
+  int min_ctas_pct;  // `auto`: for grids of at least this many stock CTAs per 100 SMs
+  const char* name;
+};
+constexpr TwinShape kTwins[] = {{4, 1, 1000, "4x1"}, {4, 2, 500, "4x2"}, {2, 2, 150, "2x2"},
+                                {2, 4, 0, "2x4"}};
+constexpr int kNumTwins = static_cast<int>(sizeof(kTwins) / sizeof(kTwins[0]));
+constexpr int kTwinOff = -1, kTwinAuto = -2;
 #ifndef KVPREFETCH_GQA_DEFAULT_MODE
-  #define KVPREFETCH_GQA_DEFAULT_MODE 2
+  #define KVPREFETCH_GQA_DEFAULT_MODE -2
 #endif
-#ifndef KVPREFETCH_GQA_MIN_CTAS_PCT
-  #define KVPREFETCH_GQA_MIN_CTAS_PCT 500
-#endif
+static_assert(KVPREFETCH_GQA_DEFAULT_MODE >= kTwinAuto && KVPREFETCH_GQA_DEFAULT_MODE < kNumTwins,
+              "KVPREFETCH_GQA_DEFAULT_MODE: -1 off, -2 auto, or an index into kTwins");
+
+// Floats of shared memory the twin (G, S) needs beyond G times stock's: the V products that
+// warps >= NUM_WARPS hand to their stock warp (the kernel's V pass).
+template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int G, int S>
+constexpr int products_floats() {
+  constexpr int v_vec_size = cmin(16 / int(sizeof(scalar_t)), BLOCK_SIZE);
+  constexpr int rows_per_iter = 32 / (BLOCK_SIZE / v_vec_size);
+  return (S - 1) * (NUM_THREADS / 32) * G * cdiv(HEAD_SIZE, rows_per_iter) * 32;
+}
+
 #if !defined(USE_ROCM)
-inline int gqa_host_mode() {
-  static const int mode = env_mode("KVPREFETCH_GQA", KVPREFETCH_GQA_DEFAULT_MODE);
+inline int twin_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("KVPREFETCH_GQA");
+    if (v == nullptr || *v == '\0') return KVPREFETCH_GQA_DEFAULT_MODE;
+    const std::string s(v);
+    if (s == "off") return kTwinOff;
+    if (s == "auto") return kTwinAuto;
+    if (s == "on") return 0;
+    for (int i = 0; i < kNumTwins; ++i) {
+      if (s == kTwins[i].name) return i;
+    }
+    std::fprintf(stderr,
+                 "kvprefetch: ignoring KVPREFETCH_GQA=%s (use off, auto, on, 4x1, 4x2, 2x2 or "
+                 "2x4)\n", v);
+    return KVPREFETCH_GQA_DEFAULT_MODE;
+  }();
   return mode;
 }
 
-inline bool gqa_wanted(const int group, const dim3 grid, const int num_kv_heads,
-                       const int shared_mem_bytes) {
-  const int mode = gqa_host_mode();
+// Which twin (an index into kTwins) this launch runs, or -1 for vLLM's kernel. `smem(i)`: the
+// shared memory twin i needs, in bytes.
+template <typename SmemOf>
+inline int twin_for(const dim3 grid, const int num_kv_heads, const SmemOf& smem) {
+  const int mode = twin_mode();
   const int num_heads = static_cast<int>(grid.x);
-  if (mode == 0 || group <= 1 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
-      (num_heads / num_kv_heads) % group != 0) {
-    return false;
-  }
+  if (mode == kTwinOff || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return -1;
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaGetDevice(&dev) != cudaSuccess) return -1;
   const DeviceFacts f = device_facts(dev);
-  if (static_cast<long long>(group) * shared_mem_bytes > f.max_smem_optin) return false;
-  const long long stock_ctas = static_cast<long long>(grid.x) * grid.y * grid.z;
-  return mode == 1 ||
-         100LL * stock_ctas >= static_cast<long long>(KVPREFETCH_GQA_MIN_CTAS_PCT) * f.sm_count;
+  const long long pct = 100LL * grid.x * grid.y * grid.z / std::max(f.sm_count, 1);
+  int pick = mode;
+  if (mode == kTwinAuto) {
+    pick = kNumTwins - 1;
+    for (int i = 0; i < kNumTwins; ++i) {
+      if (pct >= kTwins[i].min_ctas_pct) {
+        pick = i;
+        break;
+      }
+    }
+  }
+  const bool fits = (num_heads / num_kv_heads) % kTwins[pick].g == 0 &&
+                    smem(pick) <= static_cast<long long>(f.max_smem_optin);
+  return fits ? pick : -1;
 }
 
 // Everything the launchers pass, by the names they use.
@@ -382,40 +511,85 @@ struct GqaArgs {
   int kv_head_stride;
 };
 
-template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G>
-void launch_gqa_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid,
-                       const int shared_mem_size, const cudaStream_t stream) {
-  const auto kernel = gqa_decode_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
-                                        KV_DTYPE, PARTITION_SIZE, G>;
-  const int smem = G * shared_mem_size;
+// The (G, S) twin's shared memory in bytes, given stock's.
+template <typename T, int BLOCK_SIZE, int NUM_THREADS, int G, int S>
+constexpr long long twin_smem(const int shared_mem_size) {
+  return G * static_cast<long long>(shared_mem_size) +
+         4LL * products_floats<T, 128, BLOCK_SIZE, NUM_THREADS, G, S>();
+}
+
+template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
+          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
+void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
+                 const cudaStream_t stream) {
+  const auto kernel =
+      gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S>;
+  const int smem = static_cast<int>(twin_smem<T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size));
   if (smem > 48 * 1024) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
-  kernel<<<dim3(stock_grid.x / G, stock_grid.y, stock_grid.z), NUM_THREADS, smem, stream>>>(
+  kernel<<<dim3(stock_grid.x / G, stock_grid.y, stock_grid.z), NUM_THREADS * S, smem, stream>>>(
       a.exp_sums, a.max_logits, a.out, a.q, a.k_cache, a.v_cache, a.num_kv_heads, a.scale,
       a.block_tables, a.seq_lens, a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride,
       a.kv_block_stride, a.kv_head_stride, shared_mem_size / static_cast<int>(sizeof(float)));
 }
 
-// The v1 launcher's added line: true when it launched the twin (the launcher then returns).
+// Twin i of kTwins, at run time: its shared memory, and its launch.
+template <typename T, int BLOCK_SIZE, int NUM_THREADS, int I = 0>
+long long twin_smem_at(const int i, const int shared_mem_size) {
+  if constexpr (I < kNumTwins) {
+    return i == I ? twin_smem<T, BLOCK_SIZE, NUM_THREADS, kTwins[I].g, kTwins[I].s>(
+                        shared_mem_size)
+                  : twin_smem_at<T, BLOCK_SIZE, NUM_THREADS, I + 1>(i, shared_mem_size);
+  } else {
+    return 0;
+  }
+}
+template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
+          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int I = 0>
+void launch_twin_at(const int i, const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid,
+                    const int shared_mem_size, const cudaStream_t stream) {
+  if constexpr (I < kNumTwins) {
+    if (i != I) {
+      launch_twin_at<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, I + 1>(
+          i, a, stock_grid, shared_mem_size, stream);
+      return;
+    }
+    launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, kTwins[I].g,
+                kTwins[I].s>(a, stock_grid, shared_mem_size, stream);
+  }
+}
+
+// Runs the twin twin_for picks, if any; true when it did. PARTITION_SIZE 0 is v1.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
-          bool IS_BLOCK_SPARSE, int NUM_THREADS>
-bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_mem_size,
-                       const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
-  constexpr int G =
-      grouped_size<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(false);
-  if constexpr (G <= 1) {
+          bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
+bool launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
+                      const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
+  if constexpr (grouped_size<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
+                    PARTITION_SIZE > 0) <= 1) {
     return false;
   } else {
-    if (head_size != 128 || !gqa_wanted(G, grid, a.num_kv_heads, shared_mem_size)) return false;
-    launch_gqa_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, 0, G>(
-        a, grid, shared_mem_size, stream);
+    if (head_size != 128) return false;
+    const int i = twin_for(grid, a.num_kv_heads, [&](const int j) {
+      return twin_smem_at<T, BLOCK_SIZE, NUM_THREADS>(j, shared_mem_size);
+    });
+    if (i < 0) return false;
+    launch_twin_at<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE>(
+        i, a, grid, shared_mem_size, stream);
     return true;
   }
 }
 
-// The v2 launcher's added line: the twin, then vLLM's own reduce kernel, as the launcher's
+// The v1 launcher's added line: true when it launched a twin (the launcher then returns).
+template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
+          bool IS_BLOCK_SPARSE, int NUM_THREADS>
+bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_mem_size,
+                       const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
+  return launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS, 0>(
+      head_size, grid, shared_mem_size, stream, a);
+}
+
+// The v2 launcher's added line: a twin, then vLLM's own reduce kernel, as the launcher's
 // macro would have launched it.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
           bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
@@ -423,19 +597,14 @@ bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_me
                        const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a, T* out,
                        const dim3 reduce_grid, const int reduce_shared_mem_size,
                        const int max_num_partitions) {
-  constexpr int G =
-      grouped_size<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(true);
-  if constexpr (G <= 1) {
+  if (!launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS,
+                        PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a)) {
     return false;
-  } else {
-    if (head_size != 128 || !gqa_wanted(G, grid, a.num_kv_heads, shared_mem_size)) return false;
-    launch_gqa_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G>(
-        a, grid, shared_mem_size, stream);
-    vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>
-        <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
-            out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
-    return true;
   }
+  vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>
+      <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
+          out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
+  return true;
 }
 #endif  // !USE_ROCM
 
