@@ -32,6 +32,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <cstring>
 
 // vLLM's attention_kernels.cuh (no include guard) must come first: the launchers include this
 // header right after it.
@@ -54,6 +55,35 @@ constexpr int cdiv(const int a, const int b) { return (a + b - 1) / b; }
 // one load per lane, handed out by shuffle. Stock reads each from block_table right before
 // loading the block's K (and again before its V): a dependent global load on every iteration
 // of the warp's chain. k must be warp-uniform and all 32 lanes must call.
+// A K or V vector through the read-only path, stated (ld.global.nc): with the L2 prefetch
+// below the kernel takes cache addresses into asm, and NVVM would no longer infer .nc itself.
+template <typename V>
+__device__ __forceinline__ V load_ro(const V* p) {
+  static_assert(sizeof(V) == 8 || sizeof(V) == 16, "8- or 16-byte vectors");
+  V v;
+  if constexpr (sizeof(V) == 16) {
+    const uint4 r = __ldg(reinterpret_cast<const uint4*>(p));
+    memcpy(&v, &r, sizeof(v));
+  } else {
+    const uint2 r = __ldg(reinterpret_cast<const uint2*>(p));
+    memcpy(&v, &r, sizeof(v));
+  }
+  return v;
+}
+
+// Which twins ask L2 for their warps' blocks before the K pass: 0 none, 1 the V chunks, 2 the K
+// and the V chunks; only twins of S > 1 (small grids), the first 32 blocks of each warp.
+#ifndef KVPREFETCH_TWIN_PREFETCH
+  #define KVPREFETCH_TWIN_PREFETCH 0
+#endif
+__device__ __forceinline__ void l2_prefetch_chunk(const void* p, const unsigned bytes) {
+#if KVPREFETCH_HAS_BULK_PREFETCH
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
+#else
+  (void)p; (void)bytes;
+#endif
+}
+
 // -DKVPREFETCH_TWIN_HOIST=0 reads each number right before its block, as stock (exploration).
 #ifndef KVPREFETCH_TWIN_HOIST
   #define KVPREFETCH_TWIN_HOIST 1
@@ -165,6 +195,16 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   // This warp's blocks, in both passes: start_block_idx + warp_idx + k * CTA_WARPS.
   WarpBlockNumbers block_number{block_tables + seq_idx * max_num_blocks_per_seq,
                                 start_block_idx + warp_idx, CTA_WARPS, end_block_idx, lane};
+  if constexpr (S > 1 && KVPREFETCH_TWIN_PREFETCH > 0) {
+    const int idx = start_block_idx + warp_idx + lane * CTA_WARPS;
+    if (idx < end_block_idx) {
+      const int64_t at = static_cast<int64_t>(block_number.table[idx]) * kv_block_stride +
+                         kv_head_idx * kv_head_stride;
+      constexpr unsigned kBytes = KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes;
+      l2_prefetch_chunk(v_cache + at, kBytes);
+      if (KVPREFETCH_TWIN_PREFETCH > 1) l2_prefetch_chunk(k_cache + at, kBytes);
+    }
+  }
   for (int block_idx = start_block_idx + warp_idx, k = 0; block_idx < end_block_idx;
        block_idx += CTA_WARPS, ++k) {
     const int64_t physical_block_number = block_number(k);
@@ -179,7 +219,8 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
         const int vec_idx = thread_group_offset + j * THREAD_GROUP_SIZE;
         const int offset1 = (vec_idx * VEC_SIZE) / x;
         const int offset2 = (vec_idx * VEC_SIZE) % x;
-        k_vecs[j] = *reinterpret_cast<const K_vec*>(k_ptr + offset1 * BLOCK_SIZE * x + offset2);
+        k_vecs[j] = load_ro(reinterpret_cast<const K_vec*>(k_ptr + offset1 * BLOCK_SIZE * x +
+                                                             offset2));
       }
 #pragma unroll
       for (int g = 0; g < G; ++g) {
@@ -291,7 +332,7 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
       const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
       if (row_idx < HEAD_SIZE) {
         const int offset = row_idx * BLOCK_SIZE + physical_block_offset;
-        V_vec v_vec = *reinterpret_cast<const V_vec*>(v_ptr + offset);
+        V_vec v_vec = load_ro(reinterpret_cast<const V_vec*>(v_ptr + offset));
         if (block_idx == num_seq_blocks - 1) {
           // Tokens past the context may hold NaNs: zeroed, as stock does.
           scalar_t* v_vec_ptr = reinterpret_cast<scalar_t*>(&v_vec);
@@ -426,8 +467,14 @@ struct TwinShape {
   int min_ctas_pct;  // `auto`: for grids of at least this many stock CTAs per 100 SMs
   const char* name;
 };
-constexpr TwinShape kTwins[] = {{4, 1, 1000, "4x1"}, {4, 2, 500, "4x2"}, {2, 2, 150, "2x2"},
-                                {2, 4, 0, "2x4"}};
+// -DKVPREFETCH_TWIN_SMALL_G=1: the two small-grid twins with G = 1 (1x2, 1x4; exploration).
+#ifndef KVPREFETCH_TWIN_SMALL_G
+  #define KVPREFETCH_TWIN_SMALL_G 2
+#endif
+constexpr TwinShape kTwins[] = {{4, 1, 1000, "4x1"},
+                                {4, 2, 500, "4x2"},
+                                {KVPREFETCH_TWIN_SMALL_G, 2, 150, "2x2"},
+                                {KVPREFETCH_TWIN_SMALL_G, 4, 0, "2x4"}};
 constexpr int kNumTwins = static_cast<int>(sizeof(kTwins) / sizeof(kTwins[0]));
 constexpr int kTwinOff = -1, kTwinAuto = -2;
 #ifndef KVPREFETCH_GQA_DEFAULT_MODE
