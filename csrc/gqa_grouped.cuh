@@ -1,5 +1,5 @@
-// kvprefetch: a GQA-grouped twin of vLLM v0.10.2's paged attention decode kernel, for large
-// steps, with outputs bitwise equal to vLLM's own kernels.
+// kvprefetch: GQA-grouped twins of vLLM v0.10.2's paged attention decode kernel, with outputs
+// bitwise equal to vLLM's own kernels.
 //
 // Why. vLLM's kernels run one CTA per (query head, sequence[, partition]), so the
 // num_heads / num_kv_heads query heads of a GQA group each read the same K and V: for
@@ -10,22 +10,25 @@
 // (docs/results/2026-11-30-h200-prefetch-explore/17-ncu-limits, 2026-11-29-h200-l2-bound).
 // Sharing the loads through L1 instead (4 stock CTAs in one, exploration run 16) lost.
 //
-// What. One CTA of NUM_THREADS threads per (GQA group of G query heads, sequence[, partition]):
-// each warp loads a block's K (then V) once and computes all G heads with it. For every head
-// the arithmetic is vLLM's, operation for operation: the same thread group and lane compute
-// the same token's dot product with the same vllm::Qk_dot, the same warp walks the same
-// blocks in the same order, the softmax, the max/sum reductions (vllm::block_sum) and the
-// cross-warp output reduction run in the same order over the same 128-thread layout, so each
-// head's output is bitwise the stock kernel's (bench kernel and verify-kernel check it). The
-// CTA reads each K/V chunk once instead of G times; it holds G heads' logits in shared memory
-// (G times stock's size) and G heads' accumulators in registers.
+// What. One CTA of S x NUM_THREADS threads per (GQA group of G query heads, sequence[,
+// partition]): each warp loads a block's K (then V) once and computes all G heads with it. For
+// every head the arithmetic is vLLM's, operation for operation: the same thread group and lane
+// compute the same token's dot product with the same vllm::Qk_dot; the softmax and its max/sum
+// reductions (vllm::block_sum) run over stock's 128-thread layout; stock's warp w adds the V
+// products of its blocks w, w + 4, ... in that order (with S > 1 the CTA's other warps compute
+// some of those products and hand them over in shared memory), and the cross-warp output
+// reduction is stock's. So each head's output is bitwise the stock kernel's (bench kernel and
+// verify-kernel check it). G > 1 reads each K/V chunk once instead of G times (large steps
+// wait on the L2-to-SM path); S > 1 cuts each warp's chain of blocks S times (small grids wait
+// on it: at b8 x 512 each of stock's 7.8 warps per SM walks 8 blocks one after the other).
 //
-// Where. Compiled for what grouped_size names (head 128, block 16, fp16 caches, bf16 in v2, no
-// block sparsity) and launched by the launchers (launch_grouped_v1/_v2, from one line the
-// patch adds before each launcher's `switch (head_size)`) when the model's query heads per kv
-// head are a multiple of G and, in `auto`, the grid is large (gqa_wanted): small grids need
-// every CTA they have. KVPREFETCH_GQA=off|on|auto at run time. vLLM's kernels are untouched;
-// this header is included by the two launchers after attention_kernels.cuh.
+// Where. Four twins, (G, S) = 4x1, 4x2, 2x2, 2x4 (kTwins, prefetch_ptx.cuh), compiled beside
+// the instantiations twin_rule names (head 128, block 16, fp16 caches, bf16 in v2, no block
+// sparsity) and launched by the launchers (launch_grouped_v1/_v2, from one line the patch adds
+// before each launcher's `switch (head_size)`) when the model's query heads per kv head are a
+// multiple of G; `auto` picks the twin by the grid's stock CTAs per SM (auto_twin).
+// KVPREFETCH_GQA=off|auto|on|4x1|4x2|2x2|2x4 at run time. vLLM's kernels are untouched; this
+// header is included by the two launchers after attention_kernels.cuh.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -45,16 +48,10 @@ namespace kvprefetch {
 // so one tree's compiled-in default would silently apply to all (seen on the H200).
 namespace {
 
-// Which instantiations get a twin, and its G: kvprefetch::grouped_size (prefetch_ptx.cuh).
-
 constexpr int cmax(const int a, const int b) { return a > b ? a : b; }
 constexpr int cmin(const int a, const int b) { return a < b ? a : b; }
 constexpr int cdiv(const int a, const int b) { return (a + b - 1) / b; }
 
-// The physical numbers of one warp's blocks first, first + stride, ... (< end): 32 at a time,
-// one load per lane, handed out by shuffle. Stock reads each from block_table right before
-// loading the block's K (and again before its V): a dependent global load on every iteration
-// of the warp's chain. k must be warp-uniform and all 32 lanes must call.
 // A K or V vector through the read-only path, stated (ld.global.nc): with the L2 prefetch
 // below the kernel takes cache addresses into asm, and NVVM would no longer infer .nc itself.
 template <typename V>
@@ -71,8 +68,10 @@ __device__ __forceinline__ V load_ro(const V* p) {
   return v;
 }
 
-// Which twins ask L2 for their warps' blocks before the K pass: 0 none, 1 the V chunks, 2 the K
-// and the V chunks; only twins of S > 1 (small grids), the first 32 blocks of each warp.
+// Which twins ask L2 for their warps' blocks before the K pass: 0 none (the default), 1 the V
+// chunks, 2 the K and the V chunks; only twins of S > 1 (small grids), the first 32 blocks of
+// each warp. Slower on the H200 wherever it ran (exploration run 23: matrix 1.614x -> 1.566x
+// with 1, 1.522x with 2; b8 x 1k 1.29x -> 1.17x / 1.08x); kept as a switch to reproduce that.
 #ifndef KVPREFETCH_TWIN_PREFETCH
   #define KVPREFETCH_TWIN_PREFETCH 0
 #endif
@@ -84,7 +83,13 @@ __device__ __forceinline__ void l2_prefetch_chunk(const void* p, const unsigned 
 #endif
 }
 
-// -DKVPREFETCH_TWIN_HOIST=0 reads each number right before its block, as stock (exploration).
+// The physical numbers of one warp's blocks first, first + stride, ... (< end): 32 at a time,
+// one load per lane, handed out by shuffle. Stock reads each from block_table right before
+// loading the block's K (and again before its V): a dependent global load on every iteration
+// of the warp's chain. k must be warp-uniform and all 32 lanes must call.
+// -DKVPREFETCH_TWIN_HOIST=0 reads each number right before its block, as stock (exploration
+// run 22: matrix 1.638x either way; with the hoist the small grids ran 1-1.4% and b64 x 4k
+// (v1) 7% faster, the large v2 steps 1-1.5% slower).
 #ifndef KVPREFETCH_TWIN_HOIST
   #define KVPREFETCH_TWIN_HOIST 1
 #endif
@@ -450,38 +455,22 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
 }
 
 // ---- Host side: whether a launch runs a twin, which one, and the launch -------------------
-// Beside each instantiation grouped_size names, four twins: G query heads per CTA and S times
-// stock's threads, (G, S) = 4x1, 4x2, 2x2, 2x4. Few CTAs want short chains (large S, and G = 2
-// to keep more CTAs); many want the L2 traffic cut by G = 4 and, at the most, one CTA of
-// stock's size per group. `auto` picks by the grid's stock CTAs per SM (kTwins' min_ctas_pct,
-// from the largest grids down). Calibrated on the H200 (Llama-3.1-8B fp16; exploration runs
-// 19 and 21): 2x4 ran best up to 1 stock CTA per SM (b1-b4 x 512-2k: 1.68-1.76x), 2x2 at 2-4
-// (1.23-1.51x), 4x2 at 7.8 (1.38-1.53x), 4x1 from 15.5 on (1.73-1.90x, but b64 x 4k v1 1.29x
-// where 4x2 ran 1.51x).
-// KVPREFETCH_GQA=off|auto|on|4x1|4x2|2x2|2x4 (read once per process; default
-// KVPREFETCH_GQA_DEFAULT_MODE: -1 off, -2 auto, else an index into kTwins; `on` is 4x1): a
-// named twin runs at every launch it can take. A launch can take a twin when its G divides the
-// query heads per kv head and its shared memory fits the device; otherwise vLLM's kernel runs.
-struct TwinShape {
-  int g, s;          // query heads per CTA, threads per CTA / stock's
-  int min_ctas_pct;  // `auto`: for grids of at least this many stock CTAs per 100 SMs
-  const char* name;
-};
-// -DKVPREFETCH_TWIN_SMALL_G=1: the two small-grid twins with G = 1 (1x2, 1x4; exploration).
-#ifndef KVPREFETCH_TWIN_SMALL_G
-  #define KVPREFETCH_TWIN_SMALL_G 2
-#endif
-constexpr TwinShape kTwins[] = {{4, 1, 1000, "4x1"},
-                                {4, 2, 500, "4x2"},
-                                {KVPREFETCH_TWIN_SMALL_G, 2, 150, "2x2"},
-                                {KVPREFETCH_TWIN_SMALL_G, 4, 0, "2x4"}};
-constexpr int kNumTwins = static_cast<int>(sizeof(kTwins) / sizeof(kTwins[0]));
-constexpr int kTwinOff = -1, kTwinAuto = -2;
+// The four twins and `auto`'s rule: kTwins and auto_twin (prefetch_ptx.cuh).
+// KVPREFETCH_GQA=off|auto|on|4x1|4x2|2x2|2x4, read once per process (`on` is 4x1, the one twin
+// of earlier versions); a named twin runs at every launch it can take. The default:
+// -DKVPREFETCH_GQA_DEFAULT_MODE=0 off, 1 on, 2 auto (the default), 3 + i twin i. A launch can
+// take a twin when its G divides the query heads per kv head and its shared memory fits the
+// device; otherwise vLLM's kernel runs.
 #ifndef KVPREFETCH_GQA_DEFAULT_MODE
-  #define KVPREFETCH_GQA_DEFAULT_MODE -2
+  #define KVPREFETCH_GQA_DEFAULT_MODE 2
 #endif
-static_assert(KVPREFETCH_GQA_DEFAULT_MODE >= kTwinAuto && KVPREFETCH_GQA_DEFAULT_MODE < kNumTwins,
-              "KVPREFETCH_GQA_DEFAULT_MODE: -1 off, -2 auto, or an index into kTwins");
+static_assert(KVPREFETCH_GQA_DEFAULT_MODE >= 0 && KVPREFETCH_GQA_DEFAULT_MODE < 3 + kNumTwins,
+              "KVPREFETCH_GQA_DEFAULT_MODE: 0 off, 1 on, 2 auto, 3 + i twin i");
+constexpr int kTwinOff = -1, kTwinAuto = -2;
+constexpr int twin_mode_of(const int default_mode) {
+  return default_mode == 0 ? kTwinOff : default_mode == 1 ? 0 : default_mode == 2 ? kTwinAuto
+                                                                                  : default_mode - 3;
+}
 
 // Floats of shared memory the twin (G, S) needs beyond G times stock's: the V products that
 // warps >= NUM_WARPS hand to their stock warp (the kernel's V pass).
@@ -493,10 +482,12 @@ constexpr int products_floats() {
 }
 
 #if !defined(USE_ROCM)
+// kTwinOff, kTwinAuto or the index of the twin to run.
 inline int twin_mode() {
   static const int mode = [] {
+    constexpr int fallback = twin_mode_of(KVPREFETCH_GQA_DEFAULT_MODE);
     const char* v = std::getenv("KVPREFETCH_GQA");
-    if (v == nullptr || *v == '\0') return KVPREFETCH_GQA_DEFAULT_MODE;
+    if (v == nullptr || *v == '\0') return fallback;
     const std::string s(v);
     if (s == "off") return kTwinOff;
     if (s == "auto") return kTwinAuto;
@@ -507,7 +498,7 @@ inline int twin_mode() {
     std::fprintf(stderr,
                  "kvprefetch: ignoring KVPREFETCH_GQA=%s (use off, auto, on, 4x1, 4x2, 2x2 or "
                  "2x4)\n", v);
-    return KVPREFETCH_GQA_DEFAULT_MODE;
+    return fallback;
   }();
   return mode;
 }
@@ -523,16 +514,7 @@ inline int twin_for(const dim3 grid, const int num_kv_heads, const SmemOf& smem)
   if (cudaGetDevice(&dev) != cudaSuccess) return -1;
   const DeviceFacts f = device_facts(dev);
   const long long pct = 100LL * grid.x * grid.y * grid.z / std::max(f.sm_count, 1);
-  int pick = mode;
-  if (mode == kTwinAuto) {
-    pick = kNumTwins - 1;
-    for (int i = 0; i < kNumTwins; ++i) {
-      if (pct >= kTwins[i].min_ctas_pct) {
-        pick = i;
-        break;
-      }
-    }
-  }
+  const int pick = mode == kTwinAuto ? auto_twin(pct) : mode;
   const bool fits = (num_heads / num_kv_heads) % kTwins[pick].g == 0 &&
                     smem(pick) <= static_cast<long long>(f.max_smem_optin);
   return fits ? pick : -1;
@@ -612,8 +594,8 @@ template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType
           bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
 bool launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
                       const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
-  if constexpr (grouped_size<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
-                    PARTITION_SIZE > 0) <= 1) {
+  if constexpr (!has_twins<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
+                    PARTITION_SIZE > 0)) {
     return false;
   } else {
     if (head_size != 128) return false;

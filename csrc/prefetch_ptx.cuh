@@ -21,9 +21,10 @@
 //    on v1's K loop (7 of 16 K loads before their first use in stock, all 16 with the bound),
 //    1.01-1.8x on the H200 (3.2x on TinyLlama's smallest steps).
 //  - every other kernel is instruction-identical to stock (verify-kernel checks it).
-//  - not a prefetch, and not in this header: on grids of >= 5 CTAs per SM the launchers run a
-//    GQA-grouped twin of the kernel instead (csrc/gqa_grouped.cuh; which instantiations have
-//    one: grouped_rule below), bitwise equal to vLLM's kernels.
+//  - not a prefetch, and not in this header: where vLLM's launchers would run a head-128,
+//    block-16 kernel for a GQA model, they run one of four GQA-grouped twins of it instead
+//    (csrc/gqa_grouped.cuh; which instantiations have them: twin_rule below, which twin a grid
+//    gets: auto_twin), bitwise equal to vLLM's kernels.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -189,21 +190,48 @@ constexpr int min_blocks(const bool partitioned) {
 constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm) {
   return min_blocks_per_sm > 0 ? num_threads : 0;
 }
-// Which of vLLM's instantiations get a GQA-grouped twin (csrc/gqa_grouped.cuh), and its G
-// (query heads per CTA; 1 = none): head 128, block 16, not block-sparse, fp16 caches in v1 and
-// v2, bf16 caches in v2 only (bf16 v1 ran faster as the launch-bounded stock kernel: b64 x 4k
-// 1.72x vs the twin's 1.54x, docs/prefetch-tuning.md). Keep in sync with
-// kvprefetch.upstream.gqa_group. -DKVPREFETCH_GQA_GROUP=0 compiles no twin at all.
-#ifndef KVPREFETCH_GQA_GROUP
-  #define KVPREFETCH_GQA_GROUP 4
+// Which of vLLM's instantiations get the GQA-grouped twins (csrc/gqa_grouped.cuh): head 128,
+// block 16, not block-sparse, fp16 caches in v1 and v2, bf16 caches in v2 only (bf16 v1 ran
+// faster as the launch-bounded stock kernel: b64 x 4k 1.72x vs the twin's 1.54x,
+// docs/prefetch-tuning.md). Keep in sync with kvprefetch.upstream.twin_shapes.
+// -DKVPREFETCH_GQA_TWINS=0 compiles no twin at all.
+#ifndef KVPREFETCH_GQA_TWINS
+  #define KVPREFETCH_GQA_TWINS 1
 #endif
-constexpr int grouped_rule(const bool partitioned, const int head_size, const int block_size,
-                           const bool fp16_cache, const bool bf16_cache, const bool block_sparse) {
+constexpr bool twin_rule(const bool partitioned, const int head_size, const int block_size,
+                         const bool fp16_cache, const bool bf16_cache, const bool block_sparse) {
   const bool cache_ok = fp16_cache || (bf16_cache && partitioned);
-  return (KVPREFETCH_GQA_GROUP > 1 && cache_ok && !block_sparse && block_size == 16 &&
-          head_size == 128)
-             ? KVPREFETCH_GQA_GROUP
-             : 1;
+  return KVPREFETCH_GQA_TWINS != 0 && cache_ok && !block_sparse && block_size == 16 &&
+         head_size == 128;
+}
+// The twins compiled beside each instantiation twin_rule names: G query heads per CTA and S
+// times stock's threads per CTA. Few CTAs want short chains (large S, and G = 2 to keep more
+// CTAs); many want the L2 traffic cut by G = 4 and at most one CTA of stock's size per group.
+// `auto` runs the first twin whose min_ctas_pct the grid reaches, in stock CTAs per 100 SMs
+// (auto_twin). Calibrated on the H200 (Llama-3.1-8B fp16; exploration runs 19 and 21-23,
+// docs/prefetch-tuning.md rows 35-38): up to 1 stock CTA per SM 2x4 ran best (b1-b4 x 512-2k,
+// 1.73-1.82x), at 1.9-3.9 per SM 2x2 (1.31-1.51x), at 7.8 per SM 4x2 (1.39-1.56x), from 15.5
+// per SM on 4x1 (1.73-1.91x; but b64 x 4k in v1 1.38x, where 4x2 ran 1.55x).
+// Keep in sync with kvprefetch.upstream.TWIN_SHAPES.
+struct TwinShape {
+  int g, s;          // query heads per CTA; threads per CTA over stock's
+  int min_ctas_pct;  // `auto`: grids of at least this many stock CTAs per 100 SMs
+  const char* name;  // KVPREFETCH_GQA=<name> runs it at every launch it can take
+};
+// -DKVPREFETCH_TWIN_SMALL_G=1: the two small-grid twins with G = 1 (exploration run 23).
+#ifndef KVPREFETCH_TWIN_SMALL_G
+  #define KVPREFETCH_TWIN_SMALL_G 2
+#endif
+constexpr TwinShape kTwins[] = {{4, 1, 1000, "4x1"},
+                                {4, 2, 500, "4x2"},
+                                {KVPREFETCH_TWIN_SMALL_G, 2, 150, "2x2"},
+                                {KVPREFETCH_TWIN_SMALL_G, 4, 0, "2x4"}};
+constexpr int kNumTwins = static_cast<int>(sizeof(kTwins) / sizeof(kTwins[0]));
+constexpr int auto_twin(const long long ctas_pct) {
+  for (int i = 0; i < kNumTwins; ++i) {
+    if (ctas_pct >= kTwins[i].min_ctas_pct) return i;
+  }
+  return kNumTwins - 1;
 }
 #ifdef USE_ROCM
   #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)
@@ -392,11 +420,11 @@ template <typename cache_t>
 constexpr bool bf16_cache(const bool auto_dtype) {
   return auto_dtype && sizeof(cache_t) == 2 && !std::is_same_v<cache_t, uint16_t>;
 }
-// The G of this instantiation's GQA-grouped twin (grouped_rule above; 1 = none).
+// Whether this instantiation has the GQA-grouped twins beside it (twin_rule above).
 template <int HEAD_SIZE, int BLOCK_SIZE, typename cache_t, int KV_DTYPE, bool BLOCK_SPARSE>
-constexpr int grouped_size(const bool partitioned) {
-  return grouped_rule(partitioned, HEAD_SIZE, BLOCK_SIZE, fp16_cache<cache_t>(KV_DTYPE == 0),
-                      bf16_cache<cache_t>(KV_DTYPE == 0), BLOCK_SPARSE);
+constexpr bool has_twins(const bool partitioned) {
+  return twin_rule(partitioned, HEAD_SIZE, BLOCK_SIZE, fp16_cache<cache_t>(KV_DTYPE == 0),
+                   bf16_cache<cache_t>(KV_DTYPE == 0), BLOCK_SPARSE);
 }
 template <int HEAD_SIZE, typename cache_t>
 constexpr bool prologue_compiled(const bool partitioned, const bool auto_dtype) {

@@ -480,37 +480,50 @@ _KV_CACHE = {"0": "auto", "1": "fp8_e4m3", "2": "fp8_e5m2"}
 
 
 def test_header_rules_match_what_verify_expects(tmp_path: Path) -> None:
-    """The header's constexpr rules (launch bound, prologue, GQA twin), compiled by nvcc and run
+    """The header's constexpr rules (launch bound, prologue, GQA twins), compiled by nvcc and run
     on the CPU, agree with their Python mirrors in kvprefetch.upstream for every one of the 270
     instantiations vLLM 0.10.2 builds (9 head sizes x 3 block sizes x 5 caches x v1/v2): what
     verify-kernel expects of a binary is what the header compiles. (fp8 caches are listed with
-    an fp16 query; the rules do not depend on the query type there.)"""
+    an fp16 query; the rules do not depend on the query type there.) The twins' table and
+    `auto`'s pick agree with upstream.TWIN_SHAPES / auto_twin too."""
     from kvprefetch import upstream
     rows = _header_rules(tmp_path)
-    assert len(rows) == 270
-    seen = {"bounded": 0, "prologue": 0, "twin": 0}
-    for version, head, block, cache, kv, bound, prologue, group in rows:
+    kernels = [r for r in rows if r[0] in ("v1", "v2")]
+    assert len(kernels) == 270
+    seen = {"bounded": 0, "prologue": 0, "twins": 0}
+    for version, head, block, cache, kv, bound, prologue, twins in kernels:
         dtype, kv_cache = _CACHE_DTYPE[cache], _KV_CACHE[kv]
         h, b = int(head), int(block)
         want = (upstream.min_blocks("prefetch", version, kv_cache, h, b, dtype),
                 upstream.prefetches_in("prefetch", version, kv_cache, h, dtype),
-                upstream.gqa_group("prefetch", version, kv_cache, h, b, dtype))
-        assert (int(bound), prologue == "1", int(group)) == want, (version, head, block, cache, kv)
+                bool(upstream.twin_shapes("prefetch", version, kv_cache, h, b, dtype)))
+        assert (int(bound), prologue == "1", twins == "1") == want, (version, head, block, cache)
         seen["bounded"] += int(bound) > 0
         seen["prologue"] += prologue == "1"
-        seen["twin"] += int(group) > 1
+        seen["twins"] += twins == "1"
     # v1: 3 heads x 2 caches bounded; v2 prologue: fp16 heads 128/192/256 + bf16 head 128,
-    # each at 3 block sizes; the twin: head 128, block 16: fp16 v1 and v2, bf16 v2.
-    assert seen == {"bounded": 6, "prologue": 12, "twin": 3}
+    # each at 3 block sizes; the twins: head 128, block 16: fp16 v1 and v2, bf16 v2.
+    assert seen == {"bounded": 6, "prologue": 12, "twins": 3}
+    table = [(int(g), int(s), int(lo)) for _, g, s, lo, _ in (r for r in rows if r[0] == "twin")]
+    assert tuple(table) == upstream.TWIN_SHAPES
+    assert [r[4] for r in rows if r[0] == "twin"] == [f"{g}x{s}" for g, s, _ in table]
+    picks = [(int(p), table[int(i)][:2]) for _, p, i in (r for r in rows if r[0] == "auto")]
+    assert len(picks) == 121
+    assert all(got == upstream.auto_twin(p) for p, got in picks)
+    # every twin is somebody's pick: 2x4 below 1.5 CTAs per SM ... 4x1 from 10 per SM on
+    assert {got for _, got in picks} == {(g, s) for g, s, _ in upstream.TWIN_SHAPES}
+    assert upstream.auto_twin(100) == (2, 4) and upstream.auto_twin(388) == (2, 2)
+    assert upstream.auto_twin(776) == (4, 2) and upstream.auto_twin(1551) == (4, 1)
 
 
 def test_header_rule_overrides_reach_every_instantiation(tmp_path: Path) -> None:
-    """-DKVPREFETCH_V1_MIN_BLOCKS=5 bounds every v1 kernel and no v2 one; -DKVPREFETCH_GQA_GROUP=0
+    """-DKVPREFETCH_V1_MIN_BLOCKS=5 bounds every v1 kernel and no v2 one; -DKVPREFETCH_GQA_TWINS=0
     compiles no twin; the prologue rule is untouched by either."""
-    rows = _header_rules(tmp_path, "-DKVPREFETCH_V1_MIN_BLOCKS=5", "-DKVPREFETCH_GQA_GROUP=0")
+    rows = [r for r in _header_rules(tmp_path, "-DKVPREFETCH_V1_MIN_BLOCKS=5",
+                                     "-DKVPREFETCH_GQA_TWINS=0") if r[0] in ("v1", "v2")]
     assert {r[5] for r in rows if r[0] == "v1"} == {"5"}
     assert {r[5] for r in rows if r[0] == "v2"} == {"0"}
-    assert {r[7] for r in rows} == {"1"}
+    assert {r[7] for r in rows} == {"0"}
     assert sum(r[6] == "1" for r in rows) == 12
 
 
@@ -522,40 +535,49 @@ _V2_BF16 = ("_ZN4vllm25paged_attention_v2_kernelI13__nv_bfloat16S1_Li128ELi16ELi
             "CacheDataTypeE0ELb0ELi512EEEvPfS3_PT_PKS4_PKT0_SA_ifPKiSC_iPKfiiiSE_SE_iiiii")
 _V1_BF16 = ("_ZN4vllm25paged_attention_v1_kernelI13__nv_bfloat16S1_Li128ELi16ELi128ELNS_18Fp8KV"
             "CacheDataTypeE0ELb0EEEvPT_PKS3_PKT0_S9_ifPKiSB_iPKfiiiSD_SD_iiiii")
-_TWIN_V1_FP16 = ("_ZN10kvprefetch54_GLOBAL__N__93237207_21_paged_attention_v1_cu_d115ef7d17gqa_"
-                 "decode_kernelIttLi128ELi16ELi128ELN4vllm18Fp8KVCacheDataTypeE0ELi0ELi4EEEvPfS4_"
-                 "PT_PKS5_PKT0_SB_ifPKiSD_iPKfiiii")
+_TWIN_V1_FP16 = ("_ZN10kvprefetch54_GLOBAL__N__c0c0872e_21_paged_attention_v1_cu_d115ef7d17gqa_"
+                 "decode_kernelIttLi128ELi16ELi128ELN4vllm18Fp8KVCacheDataTypeE0ELi0ELi4ELi1EEEvPf"
+                 "S4_PT_PKS5_PKT0_SB_ifPKiSD_iPKfiiii")
 _TWIN_V2_BF16 = ("_ZN10kvprefetch54_GLOBAL__N__8196dde9_21_paged_attention_v2_cu_fcde414e17gqa_"
                  "decode_kernelI13__nv_bfloat16S2_Li128ELi16ELi128ELN4vllm18Fp8KVCacheDataTypeE0E"
-                 "Li512ELi4EEEvPfS5_PT_PKS6_PKT0_SC_ifPKiSE_iPKfiiii")
+                 "Li512ELi4ELi1EEEvPfS5_PT_PKS6_PKT0_SC_ifPKiSE_iPKfiiii")
 # Not compiled by the rule (bf16 v1 has no twin): the v2 name with v1's PARTITION_SIZE.
 _TWIN_V1_BF16 = _TWIN_V2_BF16.replace("ELi512ELi4E", "ELi0ELi4E")
+
+
+def _all_twins(name_4x1: str) -> list[str]:
+    """The four twins' names (4x1, 4x2, 2x2, 2x4) for one instantiation, from its 4x1 name."""
+    return [name_4x1.replace("ELi4ELi1EEEvPf", f"ELi{g}ELi{s}EEEvPf") for g, s in
+            ((4, 1), (4, 2), (2, 2), (2, 4))]
 
 
 def test_decode_twin_names() -> None:
     from kvprefetch.sass import decode_twin_name
     assert decode_twin_name(_TWIN_V1_FP16) == {
         "version": "v1", "dtype": "fp16", "kv_cache": "auto", "head_size": 128,
-        "block_size": 16, "group": 4}
+        "block_size": 16, "group": 4, "split": 1}
     assert decode_twin_name(_TWIN_V2_BF16)["version"] == "v2"  # type: ignore[index]
     assert decode_twin_name(_TWIN_V2_BF16)["dtype"] == "bf16"  # type: ignore[index]
+    assert [(m["group"], m["split"]) for m in map(decode_twin_name, _all_twins(_TWIN_V2_BF16))
+            if m is not None] == [(4, 1), (4, 2), (2, 2), (2, 4)]
     assert decode_twin_name(_V1_FP16) is None
 
 
 def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
-    """check_gqa_twin: a `prefetch` build must hold the twin beside the fp16 v1 and bf16 v2
-    kernels (upstream.gqa_group) and nowhere else, each twin's global loads all read-only;
+    """check_gqa_twin: a `prefetch` build must hold the four twins beside the fp16 v1 and bf16
+    v2 kernels (upstream.twin_shapes) and nowhere else, each twin's global loads all read-only;
     stock holds none. A missing twin, an extra one (bf16 v1) and a plain load each fail."""
     from kvprefetch.verify import VerifyReport, check_gqa_twin
 
     ro = ["LDG.E.64.CONSTANT R4, desc[UR4][R2.64]"] * 3
     base = {("sm_90", _V1_FP16): ro, ("sm_90", _V2_BF16): ro, ("sm_90", _V1_BF16): ro}
-    good = _listing({**base, ("sm_90", _TWIN_V1_FP16): ro, ("sm_90", _TWIN_V2_BF16): ro})
-    missing = _listing({**base, ("sm_90", _TWIN_V1_FP16): ro})
-    extra = _listing({**base, ("sm_90", _TWIN_V1_FP16): ro, ("sm_90", _TWIN_V2_BF16): ro,
-                      ("sm_90", _TWIN_V1_BF16): ro})
-    plain = _listing({**base, ("sm_90", _TWIN_V1_FP16): ro + ["LDG.E.64 R6, desc[UR4][R2.64]"],
-                      ("sm_90", _TWIN_V2_BF16): ro})
+    twins = {("sm_90", n): ro for n in _all_twins(_TWIN_V1_FP16) + _all_twins(_TWIN_V2_BF16)}
+    good = _listing({**base, **twins})
+    missing = _listing({**base, **{k: v for k, v in twins.items() if "ELi2ELi4E" not in k[1]
+                                   or "v2_cu" in k[1]}})
+    extra = _listing({**base, **twins, ("sm_90", _TWIN_V1_BF16): ro})
+    plain = _listing({**base, **twins,
+                      ("sm_90", _TWIN_V1_FP16): ro + ["LDG.E.64 R6, desc[UR4][R2.64]"]})
     rep = VerifyReport("unused")
     for tree, text in (("good", good), ("missing", missing), ("extra", extra), ("plain", plain)):
         check_gqa_twin(rep, tree, "prefetch", text)

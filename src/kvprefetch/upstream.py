@@ -93,21 +93,29 @@ def changes_kernel(variant: str | None, version: str, kv_cache: str, head_size: 
             or min_blocks(variant, version, kv_cache, head_size, block_size, dtype) > 0)
 
 
-# csrc/prefetch_ptx.cuh's grouped_rule: `prefetch` compiles a GQA-grouped twin
-# (csrc/gqa_grouped.cuh: kvprefetch::gqa_decode_kernel, GQA_GROUP query heads per CTA) of the
-# kernels with head size 128, block size 16, not block-sparse, and fp16 caches (v1 and v2) or
-# bf16 caches (v2 only); its launchers run it on large grids. vLLM's own kernels are unchanged.
-GQA_GROUP = 4
+# csrc/prefetch_ptx.cuh's twin_rule and kTwins: `prefetch` compiles four GQA-grouped twins
+# (csrc/gqa_grouped.cuh: kvprefetch::gqa_decode_kernel with G query heads and S times stock's
+# threads per CTA) beside the kernels with head size 128, block size 16, not block-sparse, and
+# fp16 caches (v1 and v2) or bf16 caches (v2 only); the launchers run one of them instead of
+# vLLM's kernel. vLLM's own kernels are unchanged. (G, S, min_ctas_pct): `auto` runs the first
+# twin whose min_ctas_pct the grid reaches, in stock CTAs per 100 SMs.
+TWIN_SHAPES = ((4, 1, 1000), (4, 2, 500), (2, 2, 150), (2, 4, 0))
 
 
-def gqa_group(variant: str | None, version: str, kv_cache: str, head_size: int, block_size: int,
-              dtype: str, block_sparse: bool = False) -> int:
-    """Query heads per CTA of the twin ``variant`` compiles beside this instantiation (1: none)."""
+def twin_shapes(variant: str | None, version: str, kv_cache: str, head_size: int,
+                block_size: int, dtype: str, block_sparse: bool = False
+                ) -> tuple[tuple[int, int], ...]:
+    """(G, S) of each twin ``variant`` compiles beside this instantiation (none: empty)."""
     cache_ok = dtype == "fp16" or (dtype == "bf16" and version == "v2")
     if (variant != "prefetch" or not cache_ok or block_sparse or kv_cache != "auto"
             or block_size != 16 or head_size != 128):
-        return 1
-    return GQA_GROUP
+        return ()
+    return tuple((g, s) for g, s, _ in TWIN_SHAPES)
+
+
+def auto_twin(ctas_pct: int) -> tuple[int, int]:
+    """(G, S) of the twin `auto` runs for a grid of ``ctas_pct`` stock CTAs per 100 SMs."""
+    return next(((g, s) for g, s, lo in TWIN_SHAPES if ctas_pct >= lo), TWIN_SHAPES[-1][:2])
 
 
 # Variants whose launchers (v1 and v2) fire kvprefetch's kv_l2_prefetch_kernel beside small

@@ -23,8 +23,8 @@ from .runner import run
 from .sass import (KernelSass, arch_number, decode_kernel_name, function_bodies, judge,
                    parse_sass, prefetch_kernels, readonly_loads, summarise, twin_kernels)
 from .cubin import parse_elf
-from .upstream import (LAUNCHER_PREFETCH_VARIANTS, changes_kernel, gqa_group, min_blocks,
-                       prefetches_in)
+from .upstream import (LAUNCHER_PREFETCH_VARIANTS, TWIN_SHAPES, changes_kernel, min_blocks,
+                       prefetches_in, twin_shapes)
 from .workdir import Workdir, write_json_atomic
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
@@ -45,7 +45,8 @@ class VerifyReport:
     envs: dict[str, Any] = field(default_factory=dict)
     sass: dict[str, Any] = field(default_factory=dict)
     gpu: dict[str, Any] | None = None
-    gpu_twin: dict[str, Any] | None = None  # the identity run with KVPREFETCH_GQA=on
+    # the identity runs with one twin forced (KVPREFETCH_GQA=<GxS>), by twin
+    gpu_twins: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -59,7 +60,7 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "workdir": self.workdir,
                 "checks": [c.__dict__ for c in self.checks], "envs": self.envs,
-                "sass": self.sass, "gpu": self.gpu, "gpu_twin": self.gpu_twin}
+                "sass": self.sass, "gpu": self.gpu, "gpu_twins": self.gpu_twins}
 
 
 def newest_manifests(wd: Workdir) -> dict[str, dict[str, Any]]:
@@ -315,20 +316,20 @@ def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
     rep.add("K/V loads keep the read-only path", tree, bool(common) and not lost, detail)
 
 
-TWIN_CHECK = "GQA twin where the rule puts it"
+TWIN_CHECK = "GQA twins where the rule puts them"
 
 
 def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None, text: str) -> None:
-    """The GQA-grouped twin (csrc/gqa_grouped.cuh) is compiled exactly beside the attention
-    instantiations upstream.gqa_group names, with that group size, and nowhere else; and every
-    global load in it takes the read-only path (``LDG….CONSTANT``), as stock's K/V loads do."""
-    want = {(k.arch, k.version, k.dtype, k.kv_cache, k.head_size, k.block_size, g)
+    """The GQA-grouped twins (csrc/gqa_grouped.cuh) are compiled exactly beside the attention
+    instantiations upstream.twin_shapes names, with those (G, S), and nowhere else; and every
+    global load in them takes the read-only path (``LDG….CONSTANT``), as stock's K/V loads do."""
+    want = {(k.arch, k.version, k.dtype, k.kv_cache, k.head_size, k.block_size, g, s)
             for k in parse_sass(text) if not k.block_sparse
-            for g in [gqa_group(variant, k.version, k.kv_cache, k.head_size, k.block_size,
-                                k.dtype)] if g > 1}
+            for g, s in twin_shapes(variant, k.version, k.kv_cache, k.head_size, k.block_size,
+                                    k.dtype)}
     twins = twin_kernels(text)
     have = {(a, m["version"], m["dtype"], m["kv_cache"], m["head_size"], m["block_size"],
-             m["group"]) for (a, _), (m, _, _) in twins.items()}
+             m["group"], m["split"]) for (a, _), (m, _, _) in twins.items()}
     plain = [n for (_, n), (_, loads, ro) in twins.items() if loads != ro]
     rep.sass.setdefault(tree, {})["gqa_twins"] = len(twins)
     detail = (f"{len(twins)} twin kernels, {len(want)} expected; "
@@ -352,21 +353,21 @@ def _identity_run(workdir: Path, trees: list[str], extra_env: dict[str, str] | N
 
 
 def check_gpu(rep: VerifyReport, workdir: Path, trees: list[str], no_gpu: bool,
-              twin_forced: bool = False) -> None:
-    """Bitwise-equal outputs across the builds (kvprefetch.numerics). ``twin_forced``: a second
-    pass with KVPREFETCH_GQA=on, so the launchers run the GQA-grouped twin for every case it
-    can take (in `auto` the small identity cases never reach it)."""
-    name = ("bitwise-equal outputs on the GPU, GQA twin forced on (KVPREFETCH_GQA=on)"
-            if twin_forced else "bitwise-equal outputs on the GPU")
+              twin: str | None = None) -> None:
+    """Bitwise-equal outputs across the builds (kvprefetch.numerics). ``twin`` (e.g. "2x2"):
+    a pass with KVPREFETCH_GQA=<twin>, so the launchers run that GQA-grouped twin for every case
+    it can take (in `auto` each identity case reaches only the twin its grid picks)."""
+    name = (f"bitwise-equal outputs on the GPU, twin {twin} forced (KVPREFETCH_GQA={twin})"
+            if twin else "bitwise-equal outputs on the GPU")
     if no_gpu:
         rep.add(name, "all", None, "skipped (--no-gpu)")
         return
-    data, crash = _identity_run(workdir, trees, {"KVPREFETCH_GQA": "on"} if twin_forced else None)
+    data, crash = _identity_run(workdir, trees, {"KVPREFETCH_GQA": twin} if twin else None)
     if data is None:
         rep.add(name, "all", False, f"the identity check crashed ({crash})")
         return
-    if twin_forced:
-        rep.gpu_twin = data
+    if twin:
+        rep.gpu_twins[twin] = data
     else:
         rep.gpu = data
     status = data.get("status")
@@ -442,7 +443,8 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
                 "; ".join(f"{t}: {f} ({s[:12]}…)" for t, (f, s) in loaded.items()))
     check_gpu(rep, wd.root, list(manifests), no_gpu)
     if any(rep.sass.get(t, {}).get("gqa_twins") for t in manifests):
-        check_gpu(rep, wd.root, list(manifests), no_gpu, twin_forced=True)
+        for g, s, _ in TWIN_SHAPES:
+            check_gpu(rep, wd.root, list(manifests), no_gpu, twin=f"{g}x{s}")
     check_hot_path(rep, manifests)
     write_json_atomic(wd.root / "verify" / "report.json", rep.to_dict())
     return rep

@@ -8,6 +8,7 @@ the build manifests under $KVPREFETCH_WORKDIR (default kvprefetch-work)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -59,29 +60,44 @@ def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str) -> tuple[
 
 
 TWIN_KERNEL = "gqa_decode_kernel"
+# torch.profiler's (demangled) name ends in the twin's template arguments ..., G, S>(...).
+TWIN_SHAPE = re.compile(r"gqa_decode_kernel<.*, (\d+), (\d+)>\(")
+
+
+def _twins_ran(names: list[str]) -> list[str]:
+    return [f"{m[1]}x{m[2]}" for n in names for m in [TWIN_SHAPE.search(n)] if m is not None]
 
 
 # torch.profiler warns (once per process) that each profiling cycle clears its events; this
 # test reads them inside the cycle, and the suite turns warnings into errors.
 @pytest.mark.filterwarnings("ignore:.*Profiler clears events")
 @pytest.mark.parametrize(("spec", "dtype", "kv", "kernel", "fires", "twin"), [
-    ("1x512", "float16", "auto", "v1", True, False),   # 2 MB, 32 CTAs
-    ("1x4k", "float16", "auto", "v2", True, False),    # 16.8 MB, a kernel with the prologue
-    ("1x4k", "float16", "fp8", "v2", True, False),     # 8.4 MB, a kernel without it
-    ("8x4k", "float16", "auto", "v2", False, True),    # 134 MB > L2/2; 2048 stock CTAs
-    ("32x1k", "float16", "auto", "v1", False, True),   # 134 MB; 1024 stock CTAs
+    ("1x512", "float16", "auto", "v1", True, "2x4"),  # 2 MB, 32 CTAs (0.24 per SM)
+    ("1x4k", "float16", "auto", "v2", True, "2x2"),   # 16.8 MB, 256 CTAs
+    ("1x4k", "float16", "fp8", "v2", True, None),     # 8.4 MB; fp8 caches have no twin
+    ("8x4k", "float16", "auto", "v2", False, "4x1"),  # 134 MB > L2/2; 2048 stock CTAs
+    ("32x1k", "float16", "auto", "v1", False, "4x2"),  # 134 MB; 1024 stock CTAs
 ])
 def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str, dtype: str,
                                                    kv: str, kernel: str, fires: bool,
-                                                   twin: bool) -> None:
-    """The launcher's prefetch kernel runs beside small steps only, and in `auto` the
-    GQA-grouped twin replaces vLLM's kernel on large grids (>= 5 stock CTAs per SM on the
-    H200's 132 SMs) and nowhere else; stock runs neither."""
+                                                   twin: str | None) -> None:
+    """The launcher's prefetch kernel runs beside small steps only, and in `auto` one of the
+    GQA-grouped twins replaces vLLM's kernel, the one kvprefetch.upstream.auto_twin names for
+    the grid's stock CTAs per SM (on the H200's 132 SMs); stock runs neither."""
+    import torch
+
+    from kvprefetch import upstream
     stock, patched = stock_and_patched
     ran, names = _kernels_launched(patched, spec, dtype, kv)
     assert ran == kernel
-    assert any(TWIN_KERNEL in n for n in names) == twin, names
+    assert _twins_ran(names) == ([twin] if twin else []), names
     assert any("paged_attention" in n and "reduce" not in n for n in names) == (not twin), names
+    if twin and torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        batch, ctx = (int(x[:-1]) * 1024 if x.endswith("k") else int(x)
+                      for x in spec.split("x"))
+        ctas = 32 * batch * (1 if kernel == "v1" else -(-ctx // 512))  # 32 query heads
+        g, s = upstream.auto_twin(100 * ctas // 132)
+        assert twin == f"{g}x{s}"
     assert any(PREFETCH_KERNEL in n for n in names) == fires, names
     _, stock_names = _kernels_launched(stock, spec, dtype, kv)
     assert not any(PREFETCH_KERNEL in n or TWIN_KERNEL in n for n in stock_names), stock_names

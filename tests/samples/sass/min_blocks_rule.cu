@@ -1,11 +1,13 @@
 // Prints what csrc/prefetch_ptx.cuh compiles into every paged_attention instantiation vLLM
 // v0.10.2 builds: the launch bound (kvprefetch::min_blocks, behind KVPREFETCH_KERNEL_BOUNDS),
-// whether the prologue is compiled in (kvprefetch::prologue_compiled) and the G of the
-// GQA-grouped twin (kvprefetch::grouped_size; 1 = none; block-sparse kernels never have one).
-// One line per instantiation: "version head block cache kv_dtype min_blocks prologue group",
-// cache one of fp16, bf16, fp32, u8. Host code only: it runs on a machine without a GPU.
-// tests/test_sass.py compiles it with nvcc, with and without overrides, and compares the table
-// with kvprefetch.upstream.min_blocks / prefetches_in / gqa_group (what verify-kernel expects).
+// whether the prologue is compiled in (kvprefetch::prologue_compiled) and whether the
+// GQA-grouped twins are (kvprefetch::has_twins; block-sparse kernels never have them).
+// One line per instantiation: "version head block cache kv_dtype min_blocks prologue twins",
+// cache one of fp16, bf16, fp32, u8. Then the twins, "twin G S min_ctas_pct name" each, and
+// `auto`'s pick for a range of grids, "auto ctas_pct index". Host code only: it runs on a
+// machine without a GPU. tests/test_sass.py compiles it with nvcc, with and without overrides,
+// and compares the tables with kvprefetch.upstream.min_blocks / prefetches_in / twin_shapes /
+// TWIN_SHAPES / auto_twin (what verify-kernel expects, and what the docs describe).
 #define KVPREFETCH_LAUNCHER_ONLY 1
 #include <cstdio>
 #include <cuda_bf16.h>
@@ -17,7 +19,7 @@ void row(const char* cache) {
     std::printf("%s %d %d %s %d %d %d %d\n", partitioned ? "v2" : "v1", HEAD, BLOCK, cache, KV,
                 kvprefetch::min_blocks<HEAD, BLOCK, int(sizeof(cache_t)), KV>(partitioned),
                 int(kvprefetch::prologue_compiled<HEAD, cache_t>(partitioned, KV == 0)),
-                kvprefetch::grouped_size<HEAD, BLOCK, cache_t, KV, false>(partitioned));
+                int(kvprefetch::has_twins<HEAD, BLOCK, cache_t, KV, false>(partitioned)));
   }
 }
 template <int HEAD, int BLOCK>
@@ -38,5 +40,11 @@ void blocks() {
 int main() {
   blocks<32>(); blocks<64>(); blocks<80>(); blocks<96>(); blocks<112>();
   blocks<120>(); blocks<128>(); blocks<192>(); blocks<256>();
+  for (const kvprefetch::TwinShape& t : kvprefetch::kTwins) {
+    std::printf("twin %d %d %d %s\n", t.g, t.s, t.min_ctas_pct, t.name);
+  }
+  for (long long pct = 0; pct <= 3000; pct += 25) {
+    std::printf("auto %lld %d\n", pct, kvprefetch::auto_twin(pct));
+  }
   return 0;
 }
