@@ -7,7 +7,8 @@
 # block 16, fp16 + bf16 caches), all but baseline/control the `prefetch` patch:
 #   baseline; control (A/A); gqa_off (KVPREFETCH_GQA_DEFAULT_MODE=0: the twin compiled in,
 #   never launched: the design before); gqa_on (=1: every launch the twin can take);
-#   patched (auto: grids of at least KVPREFETCH_GQA_MIN_CTAS_PCT stock CTAs per 100 SMs).
+#   patched (auto; in runs 18-19 grids of at least 8 / 5 stock CTAs per SM, since bc68998 the
+#   four-twin rule, so at HEAD gqa_on is the 4x1 twin forced and patched the shipped design).
 # Timed, cold, every output bitwise vs stock: the matrix (fp16), batch 1..16 x
 # 512..16k and 16..48 x 512..4k (where the threshold falls), bf16 batch 1/8/64 x 512/4k/16k;
 # then verify-kernel (its GPU identity check once more with the twin forced on).
