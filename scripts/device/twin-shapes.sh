@@ -18,19 +18,6 @@ FORCED=(f41 f42 f22 f24)
 EXTRA=(nohoist l2all "${FORCED[@]}")
 D=(--tree-define nohoist:KVPREFETCH_TWIN_HOIST=0 --tree-define l2all:KVPREFETCH_AUTO_L2_DIVISOR=1)
 for i in "${!FORCED[@]}"; do D+=(--tree-define "${FORCED[$i]}:KVPREFETCH_GQA_DEFAULT_MODE=$((i + 3))"); done
-V=(--variant baseline --variant patched); X=()
-for t in "${EXTRA[@]}"; do V+=(--variant "$t"); X+=(--extra-tree "$t"); done
-step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${X[@]}" || exit 3
-for t in patched "${EXTRA[@]}"; do
-  step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4
-done
-T=$(IFS=,; echo "baseline,patched,${EXTRA[*]}")
-step 300 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 128 \
-  --block-sizes 16 --kv-dtypes fp16,bf16 --trees "$T" "${D[@]}" || exit 5
-[ "$(left)" -gt 60 ] && bench 120 "${B[@]}" --mode cold --batch 1,2,4,8,16 \
-  --context 512,1k,2k,4k,16k "${V[@]}" --name small --formats json,md
-[ "$(left)" -gt 60 ] && bench 110 "${B[@]}" --mode cold --batch 1,8,32,64,128 \
-  --context 512,1k,4k,16k "${V[@]}" --name matrix --formats json,md
-[ "$(left)" -gt 40 ] && bench 70 "${B[@]}" --mode cold --batch 1,8 --context 512,1k,4k,16k \
-  --dtype bfloat16 "${V[@]}" --name bf16 --formats json,md
+explore_build 300 "${EXTRA[@]}" -- "${D[@]}"
+twin_tables
 summarize

@@ -101,3 +101,43 @@ def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str,
     assert any(PREFETCH_KERNEL in n for n in names) == fires, names
     _, stock_names = _kernels_launched(stock, spec, dtype, kv)
     assert not any(PREFETCH_KERNEL in n or TWIN_KERNEL in n for n in stock_names), stock_names
+
+
+# KVPREFETCH_GQA is read once per process, so each setting runs in its own interpreter, which
+# prints the twins one decode call ran (the helpers above, imported from this file).
+_FORCED_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from kvprefetch.ops import find_builds, load_build
+import test_launcher_prefetch as t
+patched = load_build(find_builds(Path(sys.argv[2]), ["patched"])[0])
+_, names = t._kernels_launched(patched, sys.argv[3], "float16", "auto")
+print(json.dumps(t._twins_ran(names)))
+"""
+
+
+@pytest.mark.parametrize(("setting", "spec", "ran"), [
+    ("off", "1x512", []),         # vLLM's kernel
+    ("on", "1x512", ["4x1"]),     # `on` is 4x1, on a grid where auto picks 2x4
+    ("4x2", "1x512", ["4x2"]),
+    ("2x2", "8x4k", ["2x2"]),     # auto would pick 4x1 there
+    ("2x4", "32x1k", ["2x4"]),
+    ("bogus", "1x512", ["2x4"]),  # ignored with a note on stderr: the default, auto
+])
+def test_kvprefetch_gqa_forces_the_named_twin(stock_and_patched, setting: str, spec: str,
+                                             ran: list[str]) -> None:
+    """KVPREFETCH_GQA=off|on|4x1|4x2|2x2|2x4 runs that twin (or none) at a launch it can take,
+    whatever `auto` would pick; an unknown value is ignored with a message naming the values."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KVPREFETCH_GQA": setting}
+    res = subprocess.run([sys.executable, "-c", _FORCED_PROBE, str(Path(__file__).parent),
+                          str(WORKDIR), spec], env=env, capture_output=True, text=True,
+                         check=False, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == ran
+    if setting == "bogus":
+        assert "ignoring KVPREFETCH_GQA=bogus (use off, auto, on, 4x1" in res.stderr
