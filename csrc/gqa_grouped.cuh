@@ -379,14 +379,14 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
       __syncthreads();
       if (warp_idx < NUM_WARPS) {
 #pragma unroll
-        for (int k = 1; k < S; ++k) {
-          if (block_idx + k * NUM_WARPS >= end_block_idx) break;
+        for (int h = 1; h < S; ++h) {
+          if (block_idx + h * NUM_WARPS >= end_block_idx) break;
 #pragma unroll
           for (int g = 0; g < G; ++g) {
 #pragma unroll
             for (int i = 0; i < NUM_ROWS_PER_THREAD; i++) {
               const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
-              if (row_idx < HEAD_SIZE) accs[g][i] += *slot_of(warp_idx + k * NUM_WARPS, g, i);
+              if (row_idx < HEAD_SIZE) accs[g][i] += *slot_of(warp_idx + h * NUM_WARPS, g, i);
             }
           }
         }
@@ -468,8 +468,10 @@ static_assert(KVPREFETCH_GQA_DEFAULT_MODE >= 0 && KVPREFETCH_GQA_DEFAULT_MODE < 
               "KVPREFETCH_GQA_DEFAULT_MODE: 0 off, 1 on, 2 auto, 3 + i twin i");
 constexpr int kTwinOff = -1, kTwinAuto = -2;
 constexpr int twin_mode_of(const int default_mode) {
-  return default_mode == 0 ? kTwinOff : default_mode == 1 ? 0 : default_mode == 2 ? kTwinAuto
-                                                                                  : default_mode - 3;
+  if (default_mode == 0) return kTwinOff;
+  if (default_mode == 1) return 0;  // on: 4x1
+  if (default_mode == 2) return kTwinAuto;
+  return default_mode - 3;
 }
 
 // Floats of shared memory the twin (G, S) needs beyond G times stock's: the V products that

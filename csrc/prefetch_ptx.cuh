@@ -209,9 +209,10 @@ constexpr bool twin_rule(const bool partitioned, const int head_size, const int 
 // CTAs); many want the L2 traffic cut by G = 4 and at most one CTA of stock's size per group.
 // `auto` runs the first twin whose min_ctas_pct the grid reaches, in stock CTAs per 100 SMs
 // (auto_twin). Calibrated on the H200 (Llama-3.1-8B fp16; exploration runs 19 and 21-23,
-// docs/prefetch-tuning.md rows 35-38): up to 1 stock CTA per SM 2x4 ran best (b1-b4 x 512-2k,
-// 1.73-1.82x), at 1.9-3.9 per SM 2x2 (1.31-1.51x), at 7.8 per SM 4x2 (1.39-1.56x), from 15.5
-// per SM on 4x1 (1.73-1.91x; but b64 x 4k in v1 1.38x, where 4x2 ran 1.55x).
+// docs/prefetch-tuning.md rows 35-38): the rule picked the fastest of the four at every shape of
+// run 22's fp16 tables but one: up to 1 stock CTA per SM 2x4 (b1-b4 x 512-2k, 1.73-1.81x), at
+// 1.9-3.9 per SM 2x2 (1.23-1.52x), at 7.8 per SM 4x2 (1.39-1.56x), from 15.5 per SM on 4x1
+// (1.73-1.91x; the exception, b64 x 4k in v1: 4x1 1.38x, 4x2 1.55x).
 // Keep in sync with kvprefetch.upstream.TWIN_SHAPES.
 struct TwinShape {
   int g, s;          // query heads per CTA; threads per CTA over stock's

@@ -9,7 +9,8 @@
 #   tp2nol2 (tp2 with KVPREFETCH_DEFAULT_MODE=0: no launcher prefetch, no prologue).
 # Timed, cold, every output bitwise vs stock: batch 1..16 x 512..16k, the issue's matrix,
 # bf16 batch 1/8 x 512..16k.
-#   device tool: run(command="bash scripts/device/twin-prefetch.sh", carry=[".carry"], timeout_s=590)
+#   device tool: run(command="bash scripts/device/twin-prefetch.sh", carry=[".carry"],
+#                    timeout_s=590)
 set -uo pipefail
 BUDGET_S=${BUDGET_S:-570}
 source "$(dirname "$0")/lib.sh"

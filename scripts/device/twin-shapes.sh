@@ -17,7 +17,9 @@ begin_run twin-shapes
 FORCED=(f41 f42 f22 f24)
 EXTRA=(nohoist l2all "${FORCED[@]}")
 D=(--tree-define nohoist:KVPREFETCH_TWIN_HOIST=0 --tree-define l2all:KVPREFETCH_AUTO_L2_DIVISOR=1)
-for i in "${!FORCED[@]}"; do D+=(--tree-define "${FORCED[$i]}:KVPREFETCH_GQA_DEFAULT_MODE=$((i + 3))"); done
+for i in "${!FORCED[@]}"; do
+  D+=(--tree-define "${FORCED[$i]}:KVPREFETCH_GQA_DEFAULT_MODE=$((i + 3))")
+done
 explore_build 300 "${EXTRA[@]}" -- "${D[@]}"
 twin_tables
 summarize
