@@ -466,7 +466,6 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
 #endif
 static_assert(KVPREFETCH_GQA_DEFAULT_MODE >= 0 && KVPREFETCH_GQA_DEFAULT_MODE < 3 + kNumTwins,
               "KVPREFETCH_GQA_DEFAULT_MODE: 0 off, 1 on, 2 auto, 3 + i twin i");
-constexpr int kTwinOff = -1, kTwinAuto = -2;
 constexpr int twin_mode_of(const int default_mode) {
   if (default_mode == 0) return kTwinOff;
   if (default_mode == 1) return 0;  // on: 4x1
@@ -487,26 +486,21 @@ constexpr int products_floats() {
 // kTwinOff, kTwinAuto or the index of the twin to run.
 inline int twin_mode() {
   static const int mode = [] {
-    constexpr int fallback = twin_mode_of(KVPREFETCH_GQA_DEFAULT_MODE);
     const char* v = std::getenv("KVPREFETCH_GQA");
-    if (v == nullptr || *v == '\0') return fallback;
-    const std::string s(v);
-    if (s == "off") return kTwinOff;
-    if (s == "auto") return kTwinAuto;
-    if (s == "on") return 0;
-    for (int i = 0; i < kNumTwins; ++i) {
-      if (s == kTwins[i].name) return i;
+    bool unknown = false;
+    const int m = twin_mode_from(v, twin_mode_of(KVPREFETCH_GQA_DEFAULT_MODE), &unknown);
+    if (unknown) {
+      std::fprintf(stderr,
+                   "kvprefetch: ignoring KVPREFETCH_GQA=%s (use off, auto, on, 4x1, 4x2, 2x2 or "
+                   "2x4)\n", v);
     }
-    std::fprintf(stderr,
-                 "kvprefetch: ignoring KVPREFETCH_GQA=%s (use off, auto, on, 4x1, 4x2, 2x2 or "
-                 "2x4)\n", v);
-    return fallback;
+    return m;
   }();
   return mode;
 }
 
-// Which twin (an index into kTwins) this launch runs, or -1 for vLLM's kernel. `smem(i)`: the
-// shared memory twin i needs, in bytes.
+// Which twin (an index into kTwins) this launch runs, or -1 for vLLM's kernel (twin_pick, with
+// this device's SM count and shared memory). `smem(i)`: the shared memory twin i needs, bytes.
 template <typename SmemOf>
 inline int twin_for(const dim3 grid, const int num_kv_heads, const SmemOf& smem) {
   const int mode = twin_mode();
@@ -515,11 +509,10 @@ inline int twin_for(const dim3 grid, const int num_kv_heads, const SmemOf& smem)
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return -1;
   const DeviceFacts f = device_facts(dev);
-  const long long pct = 100LL * grid.x * grid.y * grid.z / std::max(f.sm_count, 1);
-  const int pick = mode == kTwinAuto ? auto_twin(pct) : mode;
-  const bool fits = (num_heads / num_kv_heads) % kTwins[pick].g == 0 &&
-                    smem(pick) <= static_cast<long long>(f.max_smem_optin);
-  return fits ? pick : -1;
+  long long bytes[kNumTwins];
+  for (int i = 0; i < kNumTwins; ++i) bytes[i] = smem(i);
+  return twin_pick(mode, 100LL * grid.x * grid.y * grid.z / std::max(f.sm_count, 1),
+                   num_heads / num_kv_heads, bytes, f.max_smem_optin);
 }
 
 // Everything the launchers pass, by the names they use.

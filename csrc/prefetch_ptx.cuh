@@ -234,6 +234,34 @@ constexpr int auto_twin(const long long ctas_pct) {
   }
   return kNumTwins - 1;
 }
+// The twins' modes: off, auto, or the index of the twin every launch runs where it can.
+constexpr int kTwinOff = -1, kTwinAuto = -2;
+// KVPREFETCH_GQA's value `v` as a mode: off, auto, on (4x1) or a twin's name; `fallback` when
+// it is unset or empty, and when it is unknown (then *unknown is set).
+inline int twin_mode_from(const char* v, const int fallback, bool* unknown) {
+  *unknown = false;
+  if (v == nullptr || *v == '\0') return fallback;
+  const std::string s(v);
+  if (s == "off") return kTwinOff;
+  if (s == "auto") return kTwinAuto;
+  if (s == "on") return 0;
+  for (int i = 0; i < kNumTwins; ++i) {
+    if (s == kTwins[i].name) return i;
+  }
+  *unknown = true;
+  return fallback;
+}
+// Which twin (an index into kTwins) a launch runs, or -1 for vLLM's kernel: the mode's twin, in
+// `auto` auto_twin's, if its G divides `per_kv` (query heads per kv head) and its shared memory
+// `smem[i]` (bytes; 0: not compiled) fits `max_smem`. Host code (twin_for in gqa_grouped.cuh
+// asks the device; tests/samples/sass/min_blocks_rule.cu runs this on the CPU).
+inline int twin_pick(const int mode, const long long ctas_pct, const int per_kv,
+                     const long long* smem, const long long max_smem) {
+  if (mode == kTwinOff || per_kv <= 0 || mode >= kNumTwins) return -1;
+  const int i = mode == kTwinAuto ? auto_twin(ctas_pct) : mode;
+  if (i < 0) return -1;
+  return per_kv % kTwins[i].g == 0 && smem[i] > 0 && smem[i] <= max_smem ? i : -1;
+}
 #ifdef USE_ROCM
   #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)
 #else

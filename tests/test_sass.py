@@ -516,6 +516,33 @@ def test_header_rules_match_what_verify_expects(tmp_path: Path) -> None:
     assert upstream.auto_twin(776) == (4, 2) and upstream.auto_twin(1551) == (4, 1)
 
 
+def test_twin_mode_and_pick_on_the_cpu(tmp_path: Path) -> None:
+    """The launchers' host rule, compiled from the header and run on the CPU: KVPREFETCH_GQA's
+    values (unset/empty: the default; on = 4x1; case matters, unknown values fall back and are
+    reported), and which twin a launch gets by mode, grid, GQA ratio and shared memory: the
+    mode's twin (in auto, upstream.auto_twin's) only where its G divides the query heads per kv
+    head and its shared memory fits, else none (-1: vLLM's kernel)."""
+    from kvprefetch import upstream
+    rows = _header_rules(tmp_path)
+    modes = {r[1]: (int(r[2]), r[3] == "1") for r in rows if r[0] == "mode"}
+    assert modes == {"-": (99, False), "''": (99, False), "off": (-1, False),
+                     "auto": (-2, False), "on": (0, False), "4x1": (0, False), "4x2": (1, False),
+                     "2x2": (2, False), "2x4": (3, False), "ON": (99, True), "3x3": (99, True)}
+    picks = [tuple(map(int, r[1:])) for r in rows if r[0] == "pick"]
+    assert len(picks) == 6 * 4 * 4 * 2
+    shapes = [(g, s) for g, s, _ in upstream.TWIN_SHAPES]
+    for mode, pct, per_kv, limit, got in picks:
+        want = -1
+        if mode != -1:
+            i = shapes.index(upstream.auto_twin(pct)) if mode == -2 else mode
+            if per_kv % shapes[i][0] == 0 and (i + 1) * 10000 <= limit:
+                want = i
+        assert got == want, (mode, pct, per_kv, limit)
+    # MHA never gets a twin; a 2:1 model only the G = 2 ones
+    assert {got for m, _, kv, _, got in picks if kv == 1} == {-1}
+    assert {got for m, _, kv, _, got in picks if kv == 2} == {-1, 2, 3}
+
+
 def test_header_rule_overrides_reach_every_instantiation(tmp_path: Path) -> None:
     """-DKVPREFETCH_V1_MIN_BLOCKS=5 bounds every v1 kernel and no v2 one; -DKVPREFETCH_GQA_TWINS=0
     compiles no twin; the prologue rule is untouched by either."""

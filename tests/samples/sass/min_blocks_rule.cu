@@ -3,8 +3,9 @@
 // whether the prologue is compiled in (kvprefetch::prologue_compiled) and whether the
 // GQA-grouped twins are (kvprefetch::has_twins; block-sparse kernels never have them).
 // One line per instantiation: "version head block cache kv_dtype min_blocks prologue twins",
-// cache one of fp16, bf16, fp32, u8. Then the twins, "twin G S min_ctas_pct name" each, and
-// `auto`'s pick for a range of grids, "auto ctas_pct index". Host code only: it runs on a
+// cache one of fp16, bf16, fp32, u8. Then the twins, "twin G S min_ctas_pct name" each,
+// `auto`'s pick for a range of grids, "auto ctas_pct index", KVPREFETCH_GQA's parsing and
+// twin_pick's answers (the lines "mode ..." and "pick ..."). Host code only: it runs on a
 // machine without a GPU. tests/test_sass.py compiles it with nvcc, with and without overrides,
 // and compares the tables with kvprefetch.upstream.min_blocks / prefetches_in / twin_shapes /
 // TWIN_SHAPES / auto_twin (what verify-kernel expects, and what the docs describe).
@@ -45,6 +46,25 @@ int main() {
   }
   for (long long pct = 0; pct <= 3000; pct += 25) {
     std::printf("auto %lld %d\n", pct, kvprefetch::auto_twin(pct));
+  }
+  // KVPREFETCH_GQA's values as modes (fallback 99), "mode VALUE MODE UNKNOWN"; "-" = unset.
+  for (const char* v : {"-", "", "off", "auto", "on", "4x1", "4x2", "2x2", "2x4", "ON", "3x3"}) {
+    bool unknown = false;
+    const int m = kvprefetch::twin_mode_from(v[0] == '-' ? nullptr : v, 99, &unknown);
+    std::printf("mode %s %d %d\n", v[0] ? v : "''", m, int(unknown));
+  }
+  // twin_pick: "pick MODE CTAS_PCT PER_KV SMEM_LIMIT TWIN" over modes, grids, GQA ratios, limits;
+  // twin i needs (i + 1) * 10000 bytes of shared memory.
+  const long long smem[] = {10000, 20000, 30000, 40000};
+  for (const int mode : {kvprefetch::kTwinOff, kvprefetch::kTwinAuto, 0, 1, 2, 3}) {
+    for (const long long pct : {24, 194, 776, 1551}) {
+      for (const int per_kv : {1, 2, 4, 8}) {
+        for (const long long limit : {25000LL, 232448LL}) {
+          std::printf("pick %d %lld %d %lld %d\n", mode, pct, per_kv, limit,
+                      kvprefetch::twin_pick(mode, pct, per_kv, smem, limit));
+        }
+      }
+    }
   }
   return 0;
 }
