@@ -203,3 +203,41 @@ def test_both_envs_sharing_one_library_file_is_caught(built: Path) -> None:
     assert shared["status"] == "fail"
     assert shared["detail"].count(str(so["baseline"])) == 2  # both resolve to the same file
     assert checks[("loads its own library", "patched")]["status"] == "fail"
+
+
+def test_gpu_identity_runs_once_per_forced_twin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_gpu runs kvprefetch.numerics with KVPREFETCH_GQA set to the named twin, keeps each
+    pass's data under that twin, and turns a failed, crashed or GPU-less pass into FAIL / FAIL /
+    not checked. The identity run itself needs a GPU and built trees, so it is replaced here by
+    a recorder (the H200 runs the real one: docs/results/.../24-twins/verify.json)."""
+    from kvprefetch import verify as v
+    from kvprefetch.upstream import TWIN_SHAPES
+
+    seen: list[dict[str, str] | None] = []
+    answers = {None: {"status": "passed", "checked": 98, "failed": 0},
+               "4x2": {"status": "failed", "checked": 98, "failed": 3},
+               "2x2": None, "2x4": {"status": "not checked", "reason": "no GPU"}}
+
+    def fake_identity_run(workdir, trees, extra_env):
+        seen.append(extra_env)
+        twin = (extra_env or {}).get("KVPREFETCH_GQA")
+        data = answers.get(twin, {"status": "passed", "checked": 98, "failed": 0})
+        return data, "exit 1: boom"
+
+    monkeypatch.setattr(v, "_identity_run", fake_identity_run)
+    rep = v.VerifyReport("unused")
+    v.check_gpu(rep, Path("unused"), ["baseline", "patched"], no_gpu=False)
+    for g, s, _ in TWIN_SHAPES:
+        v.check_gpu(rep, Path("unused"), ["baseline", "patched"], no_gpu=False, twin=f"{g}x{s}")
+    assert seen == [None] + [{"KVPREFETCH_GQA": f"{g}x{s}"} for g, s, _ in TWIN_SHAPES]
+    status = {c.name: c.status for c in rep.checks}
+    assert status == {
+        "bitwise-equal outputs on the GPU": "pass",
+        "bitwise-equal outputs on the GPU, twin 4x1 forced (KVPREFETCH_GQA=4x1)": "pass",
+        "bitwise-equal outputs on the GPU, twin 4x2 forced (KVPREFETCH_GQA=4x2)": "fail",
+        "bitwise-equal outputs on the GPU, twin 2x2 forced (KVPREFETCH_GQA=2x2)": "fail",
+        "bitwise-equal outputs on the GPU, twin 2x4 forced (KVPREFETCH_GQA=2x4)": "not checked"}
+    assert "crashed (exit 1: boom)" in rep.checks[3].detail
+    assert set(rep.gpu_twins) == {"4x1", "4x2", "2x4"} and rep.gpu is not None
+    assert rep.to_dict()["gpu_twins"]["4x2"]["failed"] == 3
+    assert not rep.passed
