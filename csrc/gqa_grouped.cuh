@@ -36,6 +36,7 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 // vLLM's attention_kernels.cuh (no include guard) must come first: the launchers include this
 // header right after it.
@@ -75,12 +76,17 @@ __device__ __forceinline__ V load_ro(const V* p) {
 #ifndef KVPREFETCH_TWIN_PREFETCH
   #define KVPREFETCH_TWIN_PREFETCH 0
 #endif
-__device__ __forceinline__ void l2_prefetch_chunk(const void* p, const unsigned bytes) {
-#if KVPREFETCH_HAS_BULK_PREFETCH
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
-#else
-  (void)p; (void)bytes;
-#endif
+
+// The V pass's layout (stock's): V_VEC_SIZE elements per vector, a block row in
+// BLOCK_SIZE / V_VEC_SIZE lanes, so each lane accumulates this many of the HEAD_SIZE rows. The
+// kernel's registers and the shared memory the host gives the twins both follow from it.
+template <typename scalar_t, int BLOCK_SIZE>
+constexpr int v_vec_size() {
+  return cmin(16 / int(sizeof(scalar_t)), BLOCK_SIZE);
+}
+template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE>
+constexpr int v_rows_per_thread() {
+  return cdiv(HEAD_SIZE, 32 / (BLOCK_SIZE / v_vec_size<scalar_t, BLOCK_SIZE>()));
 }
 
 // The physical numbers of one warp's blocks first, first + stride, ... (< end): 32 at a time,
@@ -206,8 +212,8 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
       const int64_t at = static_cast<int64_t>(block_number.table[idx]) * kv_block_stride +
                          kv_head_idx * kv_head_stride;
       constexpr unsigned kBytes = KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes;
-      l2_prefetch_chunk(v_cache + at, kBytes);
-      if (KVPREFETCH_TWIN_PREFETCH > 1) l2_prefetch_chunk(k_cache + at, kBytes);
+      l2_prefetch_bytes(v_cache + at, kBytes);
+      if (KVPREFETCH_TWIN_PREFETCH > 1) l2_prefetch_bytes(k_cache + at, kBytes);
     }
   }
   for (int block_idx = start_block_idx + warp_idx, k = 0; block_idx < end_block_idx;
@@ -302,13 +308,13 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   // same in the same order: so with S > 1 the CTA's warps take CTA_WARPS blocks per round, warp
   // w < NUM_WARPS adds its own block's products, then those of the blocks w + k * NUM_WARPS
   // (k = 1 .. S-1) that warps w + k * NUM_WARPS computed and left in shared memory.
-  constexpr int V_VEC_SIZE = cmin(16 / int(sizeof(scalar_t)), BLOCK_SIZE);
+  constexpr int V_VEC_SIZE = v_vec_size<scalar_t, BLOCK_SIZE>();
   using V_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
   using L_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
   using Float_L_vec = typename vllm::FloatVec<L_vec>::Type;
   constexpr int NUM_V_VECS_PER_ROW = BLOCK_SIZE / V_VEC_SIZE;
   constexpr int NUM_ROWS_PER_ITER = WARP / NUM_V_VECS_PER_ROW;
-  constexpr int NUM_ROWS_PER_THREAD = cdiv(HEAD_SIZE, NUM_ROWS_PER_ITER);
+  constexpr int NUM_ROWS_PER_THREAD = v_rows_per_thread<scalar_t, HEAD_SIZE, BLOCK_SIZE>();
   float accs[G][NUM_ROWS_PER_THREAD];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -477,9 +483,8 @@ constexpr int twin_mode_of(const int default_mode) {
 // warps >= NUM_WARPS hand to their stock warp (the kernel's V pass).
 template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int G, int S>
 constexpr int products_floats() {
-  constexpr int v_vec_size = cmin(16 / int(sizeof(scalar_t)), BLOCK_SIZE);
-  constexpr int rows_per_iter = 32 / (BLOCK_SIZE / v_vec_size);
-  return (S - 1) * (NUM_THREADS / 32) * G * cdiv(HEAD_SIZE, rows_per_iter) * 32;
+  return (S - 1) * (NUM_THREADS / 32) * G * v_rows_per_thread<scalar_t, HEAD_SIZE, BLOCK_SIZE>() *
+         32;
 }
 
 #if !defined(USE_ROCM)
@@ -558,30 +563,14 @@ void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int 
       a.kv_block_stride, a.kv_head_stride, shared_mem_size / static_cast<int>(sizeof(float)));
 }
 
-// Twin i of kTwins, at run time: its shared memory, and its launch.
-template <typename T, int BLOCK_SIZE, int NUM_THREADS, int I = 0>
-long long twin_smem_at(const int i, const int shared_mem_size) {
-  if constexpr (I < kNumTwins) {
-    return i == I ? twin_smem<T, BLOCK_SIZE, NUM_THREADS, kTwins[I].g, kTwins[I].s>(
-                        shared_mem_size)
-                  : twin_smem_at<T, BLOCK_SIZE, NUM_THREADS, I + 1>(i, shared_mem_size);
-  } else {
-    return 0;
+// Calls f(std::integral_constant<int, i>{}) for twin i of kTwins, so that f can name the
+// twin's G and S as template arguments (kTwins[decltype(t)::value]); returns what f returns.
+template <int I = 0, typename F>
+auto with_twin(const int i, F&& f) {
+  if constexpr (I + 1 < kNumTwins) {
+    if (i != I) return with_twin<I + 1>(i, f);
   }
-}
-template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int I = 0>
-void launch_twin_at(const int i, const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid,
-                    const int shared_mem_size, const cudaStream_t stream) {
-  if constexpr (I < kNumTwins) {
-    if (i != I) {
-      launch_twin_at<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, I + 1>(
-          i, a, stock_grid, shared_mem_size, stream);
-      return;
-    }
-    launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, kTwins[I].g,
-                kTwins[I].s>(a, stock_grid, shared_mem_size, stream);
-  }
+  return f(std::integral_constant<int, I>{});
 }
 
 // Runs the twin twin_for picks, if any; true when it did. PARTITION_SIZE 0 is v1.
@@ -595,11 +584,17 @@ bool launch_some_twin(const int head_size, const dim3 grid, const int shared_mem
   } else {
     if (head_size != 128) return false;
     const int i = twin_for(grid, a.num_kv_heads, [&](const int j) {
-      return twin_smem_at<T, BLOCK_SIZE, NUM_THREADS>(j, shared_mem_size);
+      return with_twin(j, [&](auto t) {
+        constexpr TwinShape twin = kTwins[decltype(t)::value];
+        return twin_smem<T, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(shared_mem_size);
+      });
     });
     if (i < 0) return false;
-    launch_twin_at<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE>(
-        i, a, grid, shared_mem_size, stream);
+    with_twin(i, [&](auto t) {
+      constexpr TwinShape twin = kTwins[decltype(t)::value];
+      launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, twin.g,
+                  twin.s>(a, grid, shared_mem_size, stream);
+    });
     return true;
   }
 }

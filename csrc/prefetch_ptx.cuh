@@ -88,6 +88,17 @@ __device__ __forceinline__ unsigned l2_prefetch_bulk(const void* src) {
   return token;
 }
 
+// The same request with a run-time size, as a memory side effect (`asm volatile`): for kernels
+// that need nothing else of the compiler, kv_l2_prefetch_kernel below and the GQA twins'
+// KVPREFETCH_TWIN_PREFETCH (csrc/gqa_grouped.cuh). Compiles to nothing before sm_90.
+__device__ __forceinline__ void l2_prefetch_bytes(const void* src, const uint32_t bytes) {
+#if KVPREFETCH_HAS_BULK_PREFETCH
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes));
+#else
+  (void)src; (void)bytes;
+#endif
+}
+
 // Keeps the prefetches alive (see l2_prefetch_bulk): a store that never happens, to shared
 // memory, which cannot alias the KV cache.
 __device__ __forceinline__ void consume_token(const unsigned token, float* shared_scratch) {
@@ -654,10 +665,8 @@ __global__ void kv_l2_prefetch_kernel(const cache_t* __restrict__ k_cache,
   const int* table = block_tables + static_cast<int64_t>(seq) * max_num_blocks_per_seq;
   for (int b = first + threadIdx.x; b < num_blocks; b += blockDim.x) {
     const int64_t offset = static_cast<int64_t>(table[b]) * kv_block_stride + head * kv_head_stride;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_cache + offset),
-                 "r"(chunk_bytes));
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_cache + offset),
-                 "r"(chunk_bytes));
+    l2_prefetch_bytes(k_cache + offset, chunk_bytes);
+    l2_prefetch_bytes(v_cache + offset, chunk_bytes);
   }
 #endif
 }
