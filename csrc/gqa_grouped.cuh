@@ -76,6 +76,11 @@ __device__ __forceinline__ V load_ro(const V* p) {
 #ifndef KVPREFETCH_TWIN_PREFETCH
   #define KVPREFETCH_TWIN_PREFETCH 0
 #endif
+// Twins of B > 1 (kTwins) request their first B V blocks per warp right after the K pass,
+// before the softmax; 0: at the start of the V pass.
+#ifndef KVPREFETCH_TWIN_EARLY_V
+  #define KVPREFETCH_TWIN_EARLY_V 1
+#endif
 
 // The V pass's layout (stock's): V_VEC_SIZE elements per vector, a block row in
 // BLOCK_SIZE / V_VEC_SIZE lanes, so each lane accumulates this many of the HEAD_SIZE rows. The
@@ -155,6 +160,9 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   constexpr int NUM_WARPS = NUM_THREADS / WARP;
   constexpr int CTA_WARPS = NUM_WARPS * S;
   static_assert(S >= 1 && CTA_WARPS <= WARP, "S: 1 .. 32 / NUM_WARPS");
+  // Blocks each warp loads at once, in the K pass and in the V pass (kTwins).
+  constexpr int B = twin_batch(G, S);
+  static_assert(B >= 1, "B: at least one block at a time");
   const int thread_idx = threadIdx.x;
   const int warp_idx = thread_idx / WARP;
   const int lane = thread_idx % WARP;
@@ -216,36 +224,88 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
       if (KVPREFETCH_TWIN_PREFETCH > 1) l2_prefetch_bytes(k_cache + at, kBytes);
     }
   }
-  for (int block_idx = start_block_idx + warp_idx, k = 0; block_idx < end_block_idx;
-       block_idx += CTA_WARPS, ++k) {
-    const int64_t physical_block_number = block_number(k);
-    for (int i = 0; i < NUM_TOKENS_PER_THREAD_GROUP; i++) {
-      const int physical_block_offset = (thread_group_idx + i * WARP) % BLOCK_SIZE;
-      const int token_idx = block_idx * BLOCK_SIZE + physical_block_offset;
-      K_vec k_vecs[NUM_VECS_PER_THREAD];
+  // B blocks at a time: every K load of the warp's next B blocks is issued before the first
+  // dot product waits on one (a warp's blocks cost one memory round trip per B, not per block).
+  for (int first = start_block_idx + warp_idx, k0 = 0; first < end_block_idx;
+       first += B * CTA_WARPS, k0 += B) {
+    K_vec k_vecs[B][NUM_TOKENS_PER_THREAD_GROUP][NUM_VECS_PER_THREAD];
 #pragma unroll
-      for (int j = 0; j < NUM_VECS_PER_THREAD; j++) {
-        const cache_t* k_ptr = k_cache + physical_block_number * kv_block_stride +
-                               kv_head_idx * kv_head_stride + physical_block_offset * x;
-        const int vec_idx = thread_group_offset + j * THREAD_GROUP_SIZE;
-        const int offset1 = (vec_idx * VEC_SIZE) / x;
-        const int offset2 = (vec_idx * VEC_SIZE) % x;
-        k_vecs[j] = load_ro(reinterpret_cast<const K_vec*>(k_ptr + offset1 * BLOCK_SIZE * x +
-                                                             offset2));
+    for (int b = 0; b < B; ++b) {
+      if (first + b * CTA_WARPS >= end_block_idx) break;  // warp-uniform
+      const int64_t physical_block_number = block_number(k0 + b);
+#pragma unroll
+      for (int i = 0; i < NUM_TOKENS_PER_THREAD_GROUP; i++) {
+        const int physical_block_offset = (thread_group_idx + i * WARP) % BLOCK_SIZE;
+#pragma unroll
+        for (int j = 0; j < NUM_VECS_PER_THREAD; j++) {
+          const cache_t* k_ptr = k_cache + physical_block_number * kv_block_stride +
+                                 kv_head_idx * kv_head_stride + physical_block_offset * x;
+          const int vec_idx = thread_group_offset + j * THREAD_GROUP_SIZE;
+          const int offset1 = (vec_idx * VEC_SIZE) / x;
+          const int offset2 = (vec_idx * VEC_SIZE) % x;
+          k_vecs[b][i][j] = load_ro(
+              reinterpret_cast<const K_vec*>(k_ptr + offset1 * BLOCK_SIZE * x + offset2));
+        }
       }
+    }
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float qk = scale * vllm::Qk_dot<scalar_t, THREAD_GROUP_SIZE>::dot(
-                               q_vecs[g][thread_group_offset], k_vecs);
-        qk += (alibi_slope[g] != 0) ? alibi_slope[g] * (token_idx - seq_len + 1) : 0;
-        if (thread_group_offset == 0) {
-          const bool mask = token_idx >= seq_len;
-          logits0[g * logits_stride + token_idx - start_token_idx] = mask ? 0.f : qk;
-          qk_max[g] = mask ? qk_max[g] : fmaxf(qk_max[g], qk);
+    for (int b = 0; b < B; ++b) {
+      const int block_idx = first + b * CTA_WARPS;
+      if (block_idx >= end_block_idx) break;
+#pragma unroll
+      for (int i = 0; i < NUM_TOKENS_PER_THREAD_GROUP; i++) {
+        const int physical_block_offset = (thread_group_idx + i * WARP) % BLOCK_SIZE;
+        const int token_idx = block_idx * BLOCK_SIZE + physical_block_offset;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          float qk = scale * vllm::Qk_dot<scalar_t, THREAD_GROUP_SIZE>::dot(
+                                 q_vecs[g][thread_group_offset], k_vecs[b][i]);
+          qk += (alibi_slope[g] != 0) ? alibi_slope[g] * (token_idx - seq_len + 1) : 0;
+          if (thread_group_offset == 0) {
+            const bool mask = token_idx >= seq_len;
+            logits0[g * logits_stride + token_idx - start_token_idx] = mask ? 0.f : qk;
+            qk_max[g] = mask ? qk_max[g] : fmaxf(qk_max[g], qk);
+          }
         }
       }
     }
   }
+
+  // V pass: each warp loads a block's values once and accumulates every head. Stock's warp w
+  // adds its blocks w, w + NUM_WARPS, ... in that order, and a float sum is only bitwise the
+  // same in the same order: so with S > 1 the CTA's warps take CTA_WARPS blocks per round, warp
+  // w < NUM_WARPS adds its own block's products, then those of the blocks w + k * NUM_WARPS
+  // (k = 1 .. S-1) that warps w + k * NUM_WARPS computed and left in shared memory. The V
+  // vectors of B rounds are loaded at once; with B > 1 the first B are requested before the
+  // softmax (they do not depend on it).
+  constexpr int V_VEC_SIZE = v_vec_size<scalar_t, BLOCK_SIZE>();
+  using V_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
+  using L_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
+  using Float_L_vec = typename vllm::FloatVec<L_vec>::Type;
+  constexpr int NUM_V_VECS_PER_ROW = BLOCK_SIZE / V_VEC_SIZE;
+  constexpr int NUM_ROWS_PER_ITER = WARP / NUM_V_VECS_PER_ROW;
+  constexpr int NUM_ROWS_PER_THREAD = v_rows_per_thread<scalar_t, HEAD_SIZE, BLOCK_SIZE>();
+  // Round k's block of this warp: start_block_idx + k * CTA_WARPS + warp_idx (with S == 1 the
+  // same as stock's warp_idx + k * NUM_WARPS).
+  V_vec v_vecs[B][NUM_ROWS_PER_THREAD];
+  const auto load_v = [&](const int k0) {
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      if (start_block_idx + (k0 + b) * CTA_WARPS + warp_idx >= end_block_idx) break;
+      const cache_t* v_ptr = v_cache + block_number(k0 + b) * kv_block_stride +
+                             kv_head_idx * kv_head_stride;
+      const int physical_block_offset = (lane % NUM_V_VECS_PER_ROW) * V_VEC_SIZE;
+#pragma unroll
+      for (int i = 0; i < NUM_ROWS_PER_THREAD; i++) {
+        const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
+        if (row_idx < HEAD_SIZE) {
+          v_vecs[b][i] = load_ro(reinterpret_cast<const V_vec*>(
+              v_ptr + row_idx * BLOCK_SIZE + physical_block_offset));
+        }
+      }
+    }
+  };
+  if constexpr (B > 1 && KVPREFETCH_TWIN_EARLY_V) load_v(0);
 
   // Max over the CTA, per head (as stock).
 #pragma unroll
@@ -303,18 +363,6 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     }
   }
 
-  // V pass: each warp loads a block's values once and accumulates every head. Stock's warp w
-  // adds its blocks w, w + NUM_WARPS, ... in that order, and a float sum is only bitwise the
-  // same in the same order: so with S > 1 the CTA's warps take CTA_WARPS blocks per round, warp
-  // w < NUM_WARPS adds its own block's products, then those of the blocks w + k * NUM_WARPS
-  // (k = 1 .. S-1) that warps w + k * NUM_WARPS computed and left in shared memory.
-  constexpr int V_VEC_SIZE = v_vec_size<scalar_t, BLOCK_SIZE>();
-  using V_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
-  using L_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
-  using Float_L_vec = typename vllm::FloatVec<L_vec>::Type;
-  constexpr int NUM_V_VECS_PER_ROW = BLOCK_SIZE / V_VEC_SIZE;
-  constexpr int NUM_ROWS_PER_ITER = WARP / NUM_V_VECS_PER_ROW;
-  constexpr int NUM_ROWS_PER_THREAD = v_rows_per_thread<scalar_t, HEAD_SIZE, BLOCK_SIZE>();
   float accs[G][NUM_ROWS_PER_THREAD];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -324,8 +372,8 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   scalar_t zero_value;
   vllm::zero(zero_value);
   // One block's products (vllm::dot of the logits and a V vector) for every head and row,
-  // handed to use(g, i, product) in stock's order.
-  const auto block_products = [&](const int block_idx, const int64_t physical_block_number,
+  // handed to use(g, i, product) in stock's order; `v`: the block's V vectors (load_v).
+  const auto block_products = [&](const int block_idx, const V_vec* v,
                                   auto&& use) {
     const int physical_block_offset = (lane % NUM_V_VECS_PER_ROW) * V_VEC_SIZE;
     const int token_idx = block_idx * BLOCK_SIZE + physical_block_offset;
@@ -336,14 +384,11 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
                                           logits0 + g * logits_stride + token_idx -
                                           start_token_idx));
     }
-    const cache_t* v_ptr =
-        v_cache + physical_block_number * kv_block_stride + kv_head_idx * kv_head_stride;
 #pragma unroll
     for (int i = 0; i < NUM_ROWS_PER_THREAD; i++) {
       const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
       if (row_idx < HEAD_SIZE) {
-        const int offset = row_idx * BLOCK_SIZE + physical_block_offset;
-        V_vec v_vec = load_ro(reinterpret_cast<const V_vec*>(v_ptr + offset));
+        V_vec v_vec = v[i];
         if (block_idx == num_seq_blocks - 1) {
           // Tokens past the context may hold NaNs: zeroed, as stock does.
           scalar_t* v_vec_ptr = reinterpret_cast<scalar_t*>(&v_vec);
@@ -358,46 +403,50 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     }
   };
   const auto add = [&](const int g, const int i, const float product) { accs[g][i] += product; };
-  if constexpr (S == 1) {
-    for (int block_idx = start_block_idx + warp_idx, k = 0; block_idx < end_block_idx;
-         block_idx += NUM_WARPS, ++k) {
-      block_products(block_idx, block_number(k), add);
-    }
-  } else {
-    // Warp w >= NUM_WARPS's products: G * NUM_ROWS_PER_THREAD * WARP floats after the logits.
-    constexpr int SLOT = G * NUM_ROWS_PER_THREAD * WARP;
-    float* const products = logits0 + G * logits_stride;
-    const auto slot_of = [&](const int warp, const int g, const int i) {
-      return products + (warp - NUM_WARPS) * SLOT + (g * NUM_ROWS_PER_THREAD + i) * WARP + lane;
-    };
-    for (int first = start_block_idx, k = 0; first < end_block_idx; first += CTA_WARPS, ++k) {
+  // Warp w >= NUM_WARPS's products (S > 1): G * NUM_ROWS_PER_THREAD * WARP floats each, after
+  // the logits.
+  constexpr int SLOT = G * NUM_ROWS_PER_THREAD * WARP;
+  float* const products = logits0 + G * logits_stride;
+  const auto slot_of = [&](const int warp, const int g, const int i) {
+    return products + (warp - NUM_WARPS) * SLOT + (g * NUM_ROWS_PER_THREAD + i) * WARP + lane;
+  };
+  for (int k0 = 0; start_block_idx + k0 * CTA_WARPS < end_block_idx; k0 += B) {
+    if (B == 1 || !KVPREFETCH_TWIN_EARLY_V || k0 > 0) load_v(k0);
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const int first = start_block_idx + (k0 + b) * CTA_WARPS;
+      if (first >= end_block_idx) break;  // CTA-uniform
       const int block_idx = first + warp_idx;
-      if (block_idx < end_block_idx) {
-        if (warp_idx < NUM_WARPS) {
-          block_products(block_idx, block_number(k), add);
-        } else {
-          block_products(block_idx, block_number(k),
-                         [&](const int g, const int i, const float product) {
-                           *slot_of(warp_idx, g, i) = product;
-                         });
+      if constexpr (S == 1) {
+        if (block_idx < end_block_idx) block_products(block_idx, v_vecs[b], add);
+      } else {
+        if (block_idx < end_block_idx) {
+          if (warp_idx < NUM_WARPS) {
+            block_products(block_idx, v_vecs[b], add);
+          } else {
+            block_products(block_idx, v_vecs[b],
+                           [&](const int g, const int i, const float product) {
+                             *slot_of(warp_idx, g, i) = product;
+                           });
+          }
         }
-      }
-      __syncthreads();
-      if (warp_idx < NUM_WARPS) {
+        __syncthreads();
+        if (warp_idx < NUM_WARPS) {
 #pragma unroll
-        for (int h = 1; h < S; ++h) {
-          if (block_idx + h * NUM_WARPS >= end_block_idx) break;
+          for (int h = 1; h < S; ++h) {
+            if (block_idx + h * NUM_WARPS >= end_block_idx) break;
 #pragma unroll
-          for (int g = 0; g < G; ++g) {
+            for (int g = 0; g < G; ++g) {
 #pragma unroll
-            for (int i = 0; i < NUM_ROWS_PER_THREAD; i++) {
-              const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
-              if (row_idx < HEAD_SIZE) accs[g][i] += *slot_of(warp_idx + h * NUM_WARPS, g, i);
+              for (int i = 0; i < NUM_ROWS_PER_THREAD; i++) {
+                const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
+                if (row_idx < HEAD_SIZE) accs[g][i] += *slot_of(warp_idx + h * NUM_WARPS, g, i);
+              }
             }
           }
         }
+        __syncthreads();
       }
-      __syncthreads();
     }
   }
 
