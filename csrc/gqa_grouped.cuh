@@ -42,6 +42,8 @@
 // header right after it.
 #include "prefetch_ptx.cuh"
 
+#include <cooperative_groups.h>
+
 namespace kvprefetch {
 // Everything here has internal linkage: each tree's library is loaded into one benchmark
 // process, and a function-local static of an inline function with external linkage (the
@@ -81,6 +83,17 @@ __device__ __forceinline__ V load_ro(const V* p) {
 #ifndef KVPREFETCH_TWIN_EARLY_V
   #define KVPREFETCH_TWIN_EARLY_V 1
 #endif
+// v2 twins launched for at most this many partitions per sequence (0: never) do vLLM's
+// reduction themselves, as a thread-block cluster over a sequence's partitions, instead of
+// leaving it to vLLM's reduce kernel (one launch less, the partial outputs never leave the
+// SMs). A cluster holds at most kMaxFusedPartitions CTAs (the portable cluster size).
+#ifndef KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS
+  #define KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS 0
+#endif
+constexpr int kMaxFusedPartitions = 8;
+static_assert(KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS >= 0 &&
+                  KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS <= kMaxFusedPartitions,
+              "KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS: 0 .. 8");
 
 // The V pass's layout (stock's): V_VEC_SIZE elements per vector, a block row in
 // BLOCK_SIZE / V_VEC_SIZE lanes, so each lane accumulates this many of the HEAD_SIZE rows. The
@@ -131,7 +144,7 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
     const int max_num_blocks_per_seq, const float* __restrict__ alibi_slopes,
     const int q_stride, const int kv_block_stride, const int kv_head_stride,
-    const int logits_stride) {
+    const int logits_stride, scalar_t* __restrict__ final_out) {
   static_assert(KV_DTYPE == vllm::Fp8KVCacheDataType::kAuto, "16-bit caches only");
   using vllm::Vec;
   constexpr bool USE_PARTITIONING = PARTITION_SIZE > 0;
@@ -141,7 +154,16 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   const int partition_idx = blockIdx.z;
   const int max_num_partitions = gridDim.z;
   const int seq_len = seq_lens[seq_idx];
-  if (USE_PARTITIONING && partition_idx * PARTITION_SIZE >= seq_len) return;
+  // v2 with final_out: the grid's partitions of a (group, sequence) form one thread-block
+  // cluster, and partition 0 does vLLM's reduction from the others' shared memory (the tail).
+  const bool fused = USE_PARTITIONING && final_out != nullptr;
+  if (USE_PARTITIONING && partition_idx * PARTITION_SIZE >= seq_len) {
+    if (fused) {  // nothing to compute, but the cluster's two barriers are for all its CTAs
+      cooperative_groups::this_cluster().sync();
+      cooperative_groups::this_cluster().sync();
+    }
+    return;
+  }
   const int num_seq_blocks = cdiv(seq_len, BLOCK_SIZE);
   const int num_blocks_per_partition =
       USE_PARTITIONING ? PARTITION_SIZE / BLOCK_SIZE : num_seq_blocks;
@@ -353,13 +375,21 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     }
   }
   __syncthreads();
+  // This partition's max logit and exp sum per head (the reduction's inputs): for vLLM's
+  // reduce kernel in global memory, for the cluster's partition 0 in shared memory.
+  __shared__ float part_max[G], part_sum[G];
   if (USE_PARTITIONING && thread_idx == 0) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const int at = seq_idx * num_heads * max_num_partitions +
                      (first_head + g) * max_num_partitions + partition_idx;
-      max_logits[at] = qk_max[g];
-      exp_sums[at] = exp_sum[g];
+      if (fused) {
+        part_max[g] = qk_max[g];
+        part_sum[g] = exp_sum[g];
+      } else {
+        max_logits[at] = qk_max[g];
+        exp_sums[at] = exp_sum[g];
+      }
     }
   }
 
@@ -492,12 +522,16 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     }
     __syncthreads();
   }
+  // This partition's output per head, rounded to scalar_t as vLLM's kernel writes it (to
+  // tmp_out for the reduce kernel; fused: to shared memory for partition 0).
+  __shared__ scalar_t part_out[USE_PARTITIONING ? G : 1][HEAD_SIZE];
   if (warp_idx == 0) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      scalar_t* out_ptr = out + seq_idx * num_heads * max_num_partitions * HEAD_SIZE +
-                          (first_head + g) * max_num_partitions * HEAD_SIZE +
-                          partition_idx * HEAD_SIZE;
+      scalar_t* out_ptr = fused ? part_out[g]
+                                : out + seq_idx * num_heads * max_num_partitions * HEAD_SIZE +
+                                      (first_head + g) * max_num_partitions * HEAD_SIZE +
+                                      partition_idx * HEAD_SIZE;
 #pragma unroll
       for (int r = 0; r < NUM_ROWS_PER_THREAD; r++) {
         const int row_idx = lane / NUM_V_VECS_PER_ROW + r * NUM_ROWS_PER_ITER;
@@ -507,6 +541,79 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
       }
     }
   }
+  if (!fused) return;
+
+  // Fused v2 reduction: vllm::paged_attention_v2_reduce_kernel's arithmetic, step for step, per
+  // head, over stock's 128-thread layout (the other threads only join the barriers), reading
+  // each partition's part_max / part_sum / part_out from its CTA's shared memory.
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every partition's results are in its shared memory
+  if (partition_idx == 0) {
+    const int num_partitions = cdiv(seq_len, PARTITION_SIZE);
+    // vLLM's reduce kernel's dynamic shared memory (2 * max_num_partitions floats; the
+    // launcher fuses at most kMaxFusedPartitions).
+    __shared__ float shared_max_logits[kMaxFusedPartitions];
+    __shared__ float shared_exp_sums[kMaxFusedPartitions];
+#pragma unroll 1
+    for (int g = 0; g < G; ++g) {
+      scalar_t* out_ptr =
+          final_out + seq_idx * num_heads * HEAD_SIZE + (first_head + g) * HEAD_SIZE;
+      if (num_partitions == 1) {
+        // As vLLM: no reduction, the partition's output is copied.
+        for (int i = thread_idx; i < HEAD_SIZE; i += NUM_THREADS * S) {
+          out_ptr[i] = part_out[g][i];
+        }
+        continue;
+      }
+      float max_logit = -FLT_MAX;
+      if (thread_idx < NUM_THREADS) {
+        for (int i = thread_idx; i < num_partitions; i += NUM_THREADS) {
+          const float l = cluster.map_shared_rank(part_max, i)[g];
+          shared_max_logits[i] = l;
+          max_logit = fmaxf(max_logit, l);
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int mask = WARP / 2; mask >= 1; mask /= 2) {
+        max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
+      }
+      if (lane == 0) red_smem[g][warp_idx] = max_logit;
+      __syncthreads();
+      max_logit = lane < NUM_WARPS ? red_smem[g][lane] : -FLT_MAX;
+#pragma unroll
+      for (int mask = NUM_WARPS / 2; mask >= 1; mask /= 2) {
+        max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
+      }
+      max_logit = VLLM_SHFL_SYNC(max_logit, 0);
+      float global_exp_sum = 0.0f;
+      if (thread_idx < NUM_THREADS) {
+        for (int i = thread_idx; i < num_partitions; i += NUM_THREADS) {
+          float l = shared_max_logits[i];
+          float rescaled_exp_sum =
+              cluster.map_shared_rank(part_sum, i)[g] * expf(l - max_logit);
+          global_exp_sum += rescaled_exp_sum;
+          shared_exp_sums[i] = rescaled_exp_sum;
+        }
+      }
+      __syncthreads();
+      global_exp_sum = vllm::block_sum<NUM_WARPS>(&red_smem[g][CTA_WARPS], global_exp_sum);
+      const float inv_global_exp_sum = __fdividef(1.0f, global_exp_sum + 1e-6f);
+      if (thread_idx < NUM_THREADS) {
+        for (int i = thread_idx; i < HEAD_SIZE; i += NUM_THREADS) {
+          float acc = 0.0f;
+          for (int j = 0; j < num_partitions; ++j) {
+            acc += vllm::to_float(cluster.map_shared_rank(&part_out[g][0], j)[i]) *
+                   shared_exp_sums[j] * inv_global_exp_sum;
+          }
+          vllm::from_float(out_ptr[i], acc);
+        }
+      }
+      __syncthreads();  // shared_max_logits / shared_exp_sums / red_smem: the next head's
+    }
+  }
+  cluster.sync();  // partition 0 has read the others' shared memory: now they may exit
 }
 
 // ---- Host side: whether a launch runs a twin, which one, and the launch -------------------
@@ -596,20 +703,42 @@ constexpr long long twin_smem(const int shared_mem_size) {
          4LL * products_floats<T, 128, BLOCK_SIZE, NUM_THREADS, G, S>();
 }
 
+// Launches the (G, S) twin; with `final_out` (v2 only) as a cluster over each sequence's
+// partitions that also does vLLM's reduction into final_out. False when the launch was refused.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
-void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
-                 const cudaStream_t stream) {
+bool launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
+                 const cudaStream_t stream, T* const final_out = nullptr) {
   const auto kernel =
       gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S>;
   const int smem = static_cast<int>(twin_smem<T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size));
   if (smem > 48 * 1024) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
-  kernel<<<dim3(stock_grid.x / G, stock_grid.y, stock_grid.z), NUM_THREADS * S, smem, stream>>>(
-      a.exp_sums, a.max_logits, a.out, a.q, a.k_cache, a.v_cache, a.num_kv_heads, a.scale,
-      a.block_tables, a.seq_lens, a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride,
-      a.kv_block_stride, a.kv_head_stride, shared_mem_size / static_cast<int>(sizeof(float)));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(stock_grid.x / G, stock_grid.y, stock_grid.z);
+  config.blockDim = dim3(NUM_THREADS * S);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  if (final_out != nullptr) {
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = 1;
+    cluster[0].val.clusterDim.y = 1;
+    cluster[0].val.clusterDim.z = stock_grid.z;
+    config.attrs = cluster;
+    config.numAttrs = 1;
+  }
+  const cudaError_t err = cudaLaunchKernelEx(
+      &config, kernel, a.exp_sums, a.max_logits, a.out, a.q, a.k_cache, a.v_cache,
+      a.num_kv_heads, a.scale, a.block_tables, a.seq_lens, a.max_num_blocks_per_seq,
+      a.alibi_slopes, a.q_stride, a.kv_block_stride, a.kv_head_stride,
+      shared_mem_size / static_cast<int>(sizeof(float)), final_out);
+  if (err != cudaSuccess && final_out != nullptr) {
+    cudaGetLastError();  // a refused cluster launch is not the caller's error
+    return false;
+  }
+  return true;
 }
 
 // Calls f(std::integral_constant<int, i>{}) for twin i of kTwins, so that f can name the
@@ -622,29 +751,39 @@ auto with_twin(const int i, F&& f) {
   return f(std::integral_constant<int, I>{});
 }
 
-// Runs the twin twin_for picks, if any; true when it did. PARTITION_SIZE 0 is v1.
+// What launch_some_twin did.
+enum class TwinLaunch { kNone, kTwin, kFused };
+
+// Runs the twin twin_for picks, if any. PARTITION_SIZE 0 is v1. With `final_out` (v2) and at
+// most KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS partitions, the twin also does vLLM's reduction
+// (kFused); if the device refuses that cluster launch, the plain twin runs (kTwin).
 template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
           bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
-bool launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
-                      const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
+TwinLaunch launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
+                            const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a,
+                            T* const final_out = nullptr) {
   if constexpr (!has_twins<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
                     PARTITION_SIZE > 0)) {
-    return false;
+    return TwinLaunch::kNone;
   } else {
-    if (head_size != 128) return false;
+    if (head_size != 128) return TwinLaunch::kNone;
     const int i = twin_for(grid, a.num_kv_heads, [&](const int j) {
       return with_twin(j, [&](auto t) {
         constexpr TwinShape twin = kTwins[decltype(t)::value];
         return twin_smem<T, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(shared_mem_size);
       });
     });
-    if (i < 0) return false;
-    with_twin(i, [&](auto t) {
+    if (i < 0) return TwinLaunch::kNone;
+    const bool fuse = PARTITION_SIZE > 0 && final_out != nullptr &&
+                      static_cast<int>(grid.z) <= KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS;
+    return with_twin(i, [&](auto t) {
       constexpr TwinShape twin = kTwins[decltype(t)::value];
-      launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, twin.g,
-                  twin.s>(a, grid, shared_mem_size, stream);
+      constexpr auto launch = launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
+                                          PARTITION_SIZE, twin.g, twin.s>;
+      if (fuse && launch(a, grid, shared_mem_size, stream, final_out)) return TwinLaunch::kFused;
+      launch(a, grid, shared_mem_size, stream, nullptr);
+      return TwinLaunch::kTwin;
     });
-    return true;
   }
 }
 
@@ -654,24 +793,26 @@ template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType
 bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_mem_size,
                        const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
   return launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS, 0>(
-      head_size, grid, shared_mem_size, stream, a);
+             head_size, grid, shared_mem_size, stream, a) != TwinLaunch::kNone;
 }
 
-// The v2 launcher's added line: a twin, then vLLM's own reduce kernel, as the launcher's
-// macro would have launched it.
+// The v2 launcher's added line: a twin, then vLLM's own reduce kernel as the launcher's macro
+// would have launched it, unless the twin did the reduction itself.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
           bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
 bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_mem_size,
                        const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a, T* out,
                        const dim3 reduce_grid, const int reduce_shared_mem_size,
                        const int max_num_partitions) {
-  if (!launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS,
-                        PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a)) {
-    return false;
+  const TwinLaunch ran =
+      launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS,
+                       PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a, out);
+  if (ran == TwinLaunch::kNone) return false;
+  if (ran == TwinLaunch::kTwin) {
+    vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>
+        <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
+            out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
   }
-  vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>
-      <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
-          out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
   return true;
 }
 #endif  // !USE_ROCM
