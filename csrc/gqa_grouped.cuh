@@ -42,8 +42,6 @@
 // header right after it.
 #include "prefetch_ptx.cuh"
 
-#include <cooperative_groups.h>
-
 namespace kvprefetch {
 // Everything here has internal linkage: each tree's library is loaded into one benchmark
 // process, and a function-local static of an inline function with external linkage (the
@@ -78,22 +76,6 @@ __device__ __forceinline__ V load_ro(const V* p) {
 #ifndef KVPREFETCH_TWIN_PREFETCH
   #define KVPREFETCH_TWIN_PREFETCH 0
 #endif
-// Twins of B > 1 (kTwins) request their first B V blocks per warp right after the K pass,
-// before the softmax; 0: at the start of the V pass.
-#ifndef KVPREFETCH_TWIN_EARLY_V
-  #define KVPREFETCH_TWIN_EARLY_V 1
-#endif
-// v2 twins launched for at most this many partitions per sequence (0: never) do vLLM's
-// reduction themselves, as a thread-block cluster over a sequence's partitions, instead of
-// leaving it to vLLM's reduce kernel (one launch less, the partial outputs never leave the
-// SMs). A cluster holds at most kMaxFusedPartitions CTAs (the portable cluster size).
-#ifndef KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS
-  #define KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS 0
-#endif
-constexpr int kMaxFusedPartitions = 8;
-static_assert(KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS >= 0 &&
-                  KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS <= kMaxFusedPartitions,
-              "KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS: 0 .. 8");
 
 // The V pass's layout (stock's): V_VEC_SIZE elements per vector, a block row in
 // BLOCK_SIZE / V_VEC_SIZE lanes, so each lane accumulates this many of the HEAD_SIZE rows. The
@@ -144,7 +126,7 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
     const int max_num_blocks_per_seq, const float* __restrict__ alibi_slopes,
     const int q_stride, const int kv_block_stride, const int kv_head_stride,
-    const int logits_stride, scalar_t* __restrict__ final_out) {
+    const int logits_stride) {
   static_assert(KV_DTYPE == vllm::Fp8KVCacheDataType::kAuto, "16-bit caches only");
   using vllm::Vec;
   constexpr bool USE_PARTITIONING = PARTITION_SIZE > 0;
@@ -154,16 +136,7 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   const int partition_idx = blockIdx.z;
   const int max_num_partitions = gridDim.z;
   const int seq_len = seq_lens[seq_idx];
-  // v2 with final_out: the grid's partitions of a (group, sequence) form one thread-block
-  // cluster, and partition 0 does vLLM's reduction from the others' shared memory (the tail).
-  const bool fused = USE_PARTITIONING && final_out != nullptr;
-  if (USE_PARTITIONING && partition_idx * PARTITION_SIZE >= seq_len) {
-    if (fused) {  // nothing to compute, but the cluster's two barriers are for all its CTAs
-      cooperative_groups::this_cluster().sync();
-      cooperative_groups::this_cluster().sync();
-    }
-    return;
-  }
+  if (USE_PARTITIONING && partition_idx * PARTITION_SIZE >= seq_len) return;
   const int num_seq_blocks = cdiv(seq_len, BLOCK_SIZE);
   const int num_blocks_per_partition =
       USE_PARTITIONING ? PARTITION_SIZE / BLOCK_SIZE : num_seq_blocks;
@@ -182,9 +155,6 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   constexpr int NUM_WARPS = NUM_THREADS / WARP;
   constexpr int CTA_WARPS = NUM_WARPS * S;
   static_assert(S >= 1 && CTA_WARPS <= WARP, "S: 1 .. 32 / NUM_WARPS");
-  // Blocks each warp loads at once, in the K pass and in the V pass (kTwins).
-  constexpr int B = twin_batch(G, S);
-  static_assert(B >= 1, "B: at least one block at a time");
   const int thread_idx = threadIdx.x;
   const int warp_idx = thread_idx / WARP;
   const int lane = thread_idx % WARP;
@@ -246,88 +216,36 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
       if (KVPREFETCH_TWIN_PREFETCH > 1) l2_prefetch_bytes(k_cache + at, kBytes);
     }
   }
-  // B blocks at a time: every K load of the warp's next B blocks is issued before the first
-  // dot product waits on one (a warp's blocks cost one memory round trip per B, not per block).
-  for (int first = start_block_idx + warp_idx, k0 = 0; first < end_block_idx;
-       first += B * CTA_WARPS, k0 += B) {
-    K_vec k_vecs[B][NUM_TOKENS_PER_THREAD_GROUP][NUM_VECS_PER_THREAD];
+  for (int block_idx = start_block_idx + warp_idx, k = 0; block_idx < end_block_idx;
+       block_idx += CTA_WARPS, ++k) {
+    const int64_t physical_block_number = block_number(k);
+    for (int i = 0; i < NUM_TOKENS_PER_THREAD_GROUP; i++) {
+      const int physical_block_offset = (thread_group_idx + i * WARP) % BLOCK_SIZE;
+      const int token_idx = block_idx * BLOCK_SIZE + physical_block_offset;
+      K_vec k_vecs[NUM_VECS_PER_THREAD];
 #pragma unroll
-    for (int b = 0; b < B; ++b) {
-      if (first + b * CTA_WARPS >= end_block_idx) break;  // warp-uniform
-      const int64_t physical_block_number = block_number(k0 + b);
-#pragma unroll
-      for (int i = 0; i < NUM_TOKENS_PER_THREAD_GROUP; i++) {
-        const int physical_block_offset = (thread_group_idx + i * WARP) % BLOCK_SIZE;
-#pragma unroll
-        for (int j = 0; j < NUM_VECS_PER_THREAD; j++) {
-          const cache_t* k_ptr = k_cache + physical_block_number * kv_block_stride +
-                                 kv_head_idx * kv_head_stride + physical_block_offset * x;
-          const int vec_idx = thread_group_offset + j * THREAD_GROUP_SIZE;
-          const int offset1 = (vec_idx * VEC_SIZE) / x;
-          const int offset2 = (vec_idx * VEC_SIZE) % x;
-          k_vecs[b][i][j] = load_ro(
-              reinterpret_cast<const K_vec*>(k_ptr + offset1 * BLOCK_SIZE * x + offset2));
-        }
+      for (int j = 0; j < NUM_VECS_PER_THREAD; j++) {
+        const cache_t* k_ptr = k_cache + physical_block_number * kv_block_stride +
+                               kv_head_idx * kv_head_stride + physical_block_offset * x;
+        const int vec_idx = thread_group_offset + j * THREAD_GROUP_SIZE;
+        const int offset1 = (vec_idx * VEC_SIZE) / x;
+        const int offset2 = (vec_idx * VEC_SIZE) % x;
+        k_vecs[j] = load_ro(reinterpret_cast<const K_vec*>(k_ptr + offset1 * BLOCK_SIZE * x +
+                                                             offset2));
       }
-    }
 #pragma unroll
-    for (int b = 0; b < B; ++b) {
-      const int block_idx = first + b * CTA_WARPS;
-      if (block_idx >= end_block_idx) break;
-#pragma unroll
-      for (int i = 0; i < NUM_TOKENS_PER_THREAD_GROUP; i++) {
-        const int physical_block_offset = (thread_group_idx + i * WARP) % BLOCK_SIZE;
-        const int token_idx = block_idx * BLOCK_SIZE + physical_block_offset;
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          float qk = scale * vllm::Qk_dot<scalar_t, THREAD_GROUP_SIZE>::dot(
-                                 q_vecs[g][thread_group_offset], k_vecs[b][i]);
-          qk += (alibi_slope[g] != 0) ? alibi_slope[g] * (token_idx - seq_len + 1) : 0;
-          if (thread_group_offset == 0) {
-            const bool mask = token_idx >= seq_len;
-            logits0[g * logits_stride + token_idx - start_token_idx] = mask ? 0.f : qk;
-            qk_max[g] = mask ? qk_max[g] : fmaxf(qk_max[g], qk);
-          }
+      for (int g = 0; g < G; ++g) {
+        float qk = scale * vllm::Qk_dot<scalar_t, THREAD_GROUP_SIZE>::dot(
+                               q_vecs[g][thread_group_offset], k_vecs);
+        qk += (alibi_slope[g] != 0) ? alibi_slope[g] * (token_idx - seq_len + 1) : 0;
+        if (thread_group_offset == 0) {
+          const bool mask = token_idx >= seq_len;
+          logits0[g * logits_stride + token_idx - start_token_idx] = mask ? 0.f : qk;
+          qk_max[g] = mask ? qk_max[g] : fmaxf(qk_max[g], qk);
         }
       }
     }
   }
-
-  // V pass: each warp loads a block's values once and accumulates every head. Stock's warp w
-  // adds its blocks w, w + NUM_WARPS, ... in that order, and a float sum is only bitwise the
-  // same in the same order: so with S > 1 the CTA's warps take CTA_WARPS blocks per round, warp
-  // w < NUM_WARPS adds its own block's products, then those of the blocks w + k * NUM_WARPS
-  // (k = 1 .. S-1) that warps w + k * NUM_WARPS computed and left in shared memory. The V
-  // vectors of B rounds are loaded at once; with B > 1 the first B are requested before the
-  // softmax (they do not depend on it).
-  constexpr int V_VEC_SIZE = v_vec_size<scalar_t, BLOCK_SIZE>();
-  using V_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
-  using L_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
-  using Float_L_vec = typename vllm::FloatVec<L_vec>::Type;
-  constexpr int NUM_V_VECS_PER_ROW = BLOCK_SIZE / V_VEC_SIZE;
-  constexpr int NUM_ROWS_PER_ITER = WARP / NUM_V_VECS_PER_ROW;
-  constexpr int NUM_ROWS_PER_THREAD = v_rows_per_thread<scalar_t, HEAD_SIZE, BLOCK_SIZE>();
-  // Round k's block of this warp: start_block_idx + k * CTA_WARPS + warp_idx (with S == 1 the
-  // same as stock's warp_idx + k * NUM_WARPS).
-  V_vec v_vecs[B][NUM_ROWS_PER_THREAD];
-  const auto load_v = [&](const int k0) {
-#pragma unroll
-    for (int b = 0; b < B; ++b) {
-      if (start_block_idx + (k0 + b) * CTA_WARPS + warp_idx >= end_block_idx) break;
-      const cache_t* v_ptr = v_cache + block_number(k0 + b) * kv_block_stride +
-                             kv_head_idx * kv_head_stride;
-      const int physical_block_offset = (lane % NUM_V_VECS_PER_ROW) * V_VEC_SIZE;
-#pragma unroll
-      for (int i = 0; i < NUM_ROWS_PER_THREAD; i++) {
-        const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
-        if (row_idx < HEAD_SIZE) {
-          v_vecs[b][i] = load_ro(reinterpret_cast<const V_vec*>(
-              v_ptr + row_idx * BLOCK_SIZE + physical_block_offset));
-        }
-      }
-    }
-  };
-  if constexpr (B > 1 && KVPREFETCH_TWIN_EARLY_V) load_v(0);
 
   // Max over the CTA, per head (as stock).
 #pragma unroll
@@ -375,24 +293,28 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     }
   }
   __syncthreads();
-  // This partition's max logit and exp sum per head (the reduction's inputs): for vLLM's
-  // reduce kernel in global memory, for the cluster's partition 0 in shared memory.
-  __shared__ float part_max[G], part_sum[G];
   if (USE_PARTITIONING && thread_idx == 0) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const int at = seq_idx * num_heads * max_num_partitions +
                      (first_head + g) * max_num_partitions + partition_idx;
-      if (fused) {
-        part_max[g] = qk_max[g];
-        part_sum[g] = exp_sum[g];
-      } else {
-        max_logits[at] = qk_max[g];
-        exp_sums[at] = exp_sum[g];
-      }
+      max_logits[at] = qk_max[g];
+      exp_sums[at] = exp_sum[g];
     }
   }
 
+  // V pass: each warp loads a block's values once and accumulates every head. Stock's warp w
+  // adds its blocks w, w + NUM_WARPS, ... in that order, and a float sum is only bitwise the
+  // same in the same order: so with S > 1 the CTA's warps take CTA_WARPS blocks per round, warp
+  // w < NUM_WARPS adds its own block's products, then those of the blocks w + k * NUM_WARPS
+  // (k = 1 .. S-1) that warps w + k * NUM_WARPS computed and left in shared memory.
+  constexpr int V_VEC_SIZE = v_vec_size<scalar_t, BLOCK_SIZE>();
+  using V_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
+  using L_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
+  using Float_L_vec = typename vllm::FloatVec<L_vec>::Type;
+  constexpr int NUM_V_VECS_PER_ROW = BLOCK_SIZE / V_VEC_SIZE;
+  constexpr int NUM_ROWS_PER_ITER = WARP / NUM_V_VECS_PER_ROW;
+  constexpr int NUM_ROWS_PER_THREAD = v_rows_per_thread<scalar_t, HEAD_SIZE, BLOCK_SIZE>();
   float accs[G][NUM_ROWS_PER_THREAD];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -402,8 +324,8 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   scalar_t zero_value;
   vllm::zero(zero_value);
   // One block's products (vllm::dot of the logits and a V vector) for every head and row,
-  // handed to use(g, i, product) in stock's order; `v`: the block's V vectors (load_v).
-  const auto block_products = [&](const int block_idx, const V_vec* v,
+  // handed to use(g, i, product) in stock's order.
+  const auto block_products = [&](const int block_idx, const int64_t physical_block_number,
                                   auto&& use) {
     const int physical_block_offset = (lane % NUM_V_VECS_PER_ROW) * V_VEC_SIZE;
     const int token_idx = block_idx * BLOCK_SIZE + physical_block_offset;
@@ -414,11 +336,14 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
                                           logits0 + g * logits_stride + token_idx -
                                           start_token_idx));
     }
+    const cache_t* v_ptr =
+        v_cache + physical_block_number * kv_block_stride + kv_head_idx * kv_head_stride;
 #pragma unroll
     for (int i = 0; i < NUM_ROWS_PER_THREAD; i++) {
       const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
       if (row_idx < HEAD_SIZE) {
-        V_vec v_vec = v[i];
+        const int offset = row_idx * BLOCK_SIZE + physical_block_offset;
+        V_vec v_vec = load_ro(reinterpret_cast<const V_vec*>(v_ptr + offset));
         if (block_idx == num_seq_blocks - 1) {
           // Tokens past the context may hold NaNs: zeroed, as stock does.
           scalar_t* v_vec_ptr = reinterpret_cast<scalar_t*>(&v_vec);
@@ -433,50 +358,46 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     }
   };
   const auto add = [&](const int g, const int i, const float product) { accs[g][i] += product; };
-  // Warp w >= NUM_WARPS's products (S > 1): G * NUM_ROWS_PER_THREAD * WARP floats each, after
-  // the logits.
-  constexpr int SLOT = G * NUM_ROWS_PER_THREAD * WARP;
-  float* const products = logits0 + G * logits_stride;
-  const auto slot_of = [&](const int warp, const int g, const int i) {
-    return products + (warp - NUM_WARPS) * SLOT + (g * NUM_ROWS_PER_THREAD + i) * WARP + lane;
-  };
-  for (int k0 = 0; start_block_idx + k0 * CTA_WARPS < end_block_idx; k0 += B) {
-    if (B == 1 || !KVPREFETCH_TWIN_EARLY_V || k0 > 0) load_v(k0);
-#pragma unroll
-    for (int b = 0; b < B; ++b) {
-      const int first = start_block_idx + (k0 + b) * CTA_WARPS;
-      if (first >= end_block_idx) break;  // CTA-uniform
+  if constexpr (S == 1) {
+    for (int block_idx = start_block_idx + warp_idx, k = 0; block_idx < end_block_idx;
+         block_idx += NUM_WARPS, ++k) {
+      block_products(block_idx, block_number(k), add);
+    }
+  } else {
+    // Warp w >= NUM_WARPS's products: G * NUM_ROWS_PER_THREAD * WARP floats after the logits.
+    constexpr int SLOT = G * NUM_ROWS_PER_THREAD * WARP;
+    float* const products = logits0 + G * logits_stride;
+    const auto slot_of = [&](const int warp, const int g, const int i) {
+      return products + (warp - NUM_WARPS) * SLOT + (g * NUM_ROWS_PER_THREAD + i) * WARP + lane;
+    };
+    for (int first = start_block_idx, k = 0; first < end_block_idx; first += CTA_WARPS, ++k) {
       const int block_idx = first + warp_idx;
-      if constexpr (S == 1) {
-        if (block_idx < end_block_idx) block_products(block_idx, v_vecs[b], add);
-      } else {
-        if (block_idx < end_block_idx) {
-          if (warp_idx < NUM_WARPS) {
-            block_products(block_idx, v_vecs[b], add);
-          } else {
-            block_products(block_idx, v_vecs[b],
-                           [&](const int g, const int i, const float product) {
-                             *slot_of(warp_idx, g, i) = product;
-                           });
-          }
-        }
-        __syncthreads();
+      if (block_idx < end_block_idx) {
         if (warp_idx < NUM_WARPS) {
+          block_products(block_idx, block_number(k), add);
+        } else {
+          block_products(block_idx, block_number(k),
+                         [&](const int g, const int i, const float product) {
+                           *slot_of(warp_idx, g, i) = product;
+                         });
+        }
+      }
+      __syncthreads();
+      if (warp_idx < NUM_WARPS) {
 #pragma unroll
-          for (int h = 1; h < S; ++h) {
-            if (block_idx + h * NUM_WARPS >= end_block_idx) break;
+        for (int h = 1; h < S; ++h) {
+          if (block_idx + h * NUM_WARPS >= end_block_idx) break;
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
+          for (int g = 0; g < G; ++g) {
 #pragma unroll
-              for (int i = 0; i < NUM_ROWS_PER_THREAD; i++) {
-                const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
-                if (row_idx < HEAD_SIZE) accs[g][i] += *slot_of(warp_idx + h * NUM_WARPS, g, i);
-              }
+            for (int i = 0; i < NUM_ROWS_PER_THREAD; i++) {
+              const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
+              if (row_idx < HEAD_SIZE) accs[g][i] += *slot_of(warp_idx + h * NUM_WARPS, g, i);
             }
           }
         }
-        __syncthreads();
       }
+      __syncthreads();
     }
   }
 
@@ -522,16 +443,12 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     }
     __syncthreads();
   }
-  // This partition's output per head, rounded to scalar_t as vLLM's kernel writes it (to
-  // tmp_out for the reduce kernel; fused: to shared memory for partition 0).
-  __shared__ scalar_t part_out[USE_PARTITIONING ? G : 1][HEAD_SIZE];
   if (warp_idx == 0) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      scalar_t* out_ptr = fused ? part_out[g]
-                                : out + seq_idx * num_heads * max_num_partitions * HEAD_SIZE +
-                                      (first_head + g) * max_num_partitions * HEAD_SIZE +
-                                      partition_idx * HEAD_SIZE;
+      scalar_t* out_ptr = out + seq_idx * num_heads * max_num_partitions * HEAD_SIZE +
+                          (first_head + g) * max_num_partitions * HEAD_SIZE +
+                          partition_idx * HEAD_SIZE;
 #pragma unroll
       for (int r = 0; r < NUM_ROWS_PER_THREAD; r++) {
         const int row_idx = lane / NUM_V_VECS_PER_ROW + r * NUM_ROWS_PER_ITER;
@@ -541,79 +458,6 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
       }
     }
   }
-  if (!fused) return;
-
-  // Fused v2 reduction: vllm::paged_attention_v2_reduce_kernel's arithmetic, step for step, per
-  // head, over stock's 128-thread layout (the other threads only join the barriers), reading
-  // each partition's part_max / part_sum / part_out from its CTA's shared memory.
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every partition's results are in its shared memory
-  if (partition_idx == 0) {
-    const int num_partitions = cdiv(seq_len, PARTITION_SIZE);
-    // vLLM's reduce kernel's dynamic shared memory (2 * max_num_partitions floats; the
-    // launcher fuses at most kMaxFusedPartitions).
-    __shared__ float shared_max_logits[kMaxFusedPartitions];
-    __shared__ float shared_exp_sums[kMaxFusedPartitions];
-#pragma unroll 1
-    for (int g = 0; g < G; ++g) {
-      scalar_t* out_ptr =
-          final_out + seq_idx * num_heads * HEAD_SIZE + (first_head + g) * HEAD_SIZE;
-      if (num_partitions == 1) {
-        // As vLLM: no reduction, the partition's output is copied.
-        for (int i = thread_idx; i < HEAD_SIZE; i += NUM_THREADS * S) {
-          out_ptr[i] = part_out[g][i];
-        }
-        continue;
-      }
-      float max_logit = -FLT_MAX;
-      if (thread_idx < NUM_THREADS) {
-        for (int i = thread_idx; i < num_partitions; i += NUM_THREADS) {
-          const float l = cluster.map_shared_rank(part_max, i)[g];
-          shared_max_logits[i] = l;
-          max_logit = fmaxf(max_logit, l);
-        }
-      }
-      __syncthreads();
-#pragma unroll
-      for (int mask = WARP / 2; mask >= 1; mask /= 2) {
-        max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
-      }
-      if (lane == 0) red_smem[g][warp_idx] = max_logit;
-      __syncthreads();
-      max_logit = lane < NUM_WARPS ? red_smem[g][lane] : -FLT_MAX;
-#pragma unroll
-      for (int mask = NUM_WARPS / 2; mask >= 1; mask /= 2) {
-        max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
-      }
-      max_logit = VLLM_SHFL_SYNC(max_logit, 0);
-      float global_exp_sum = 0.0f;
-      if (thread_idx < NUM_THREADS) {
-        for (int i = thread_idx; i < num_partitions; i += NUM_THREADS) {
-          float l = shared_max_logits[i];
-          float rescaled_exp_sum =
-              cluster.map_shared_rank(part_sum, i)[g] * expf(l - max_logit);
-          global_exp_sum += rescaled_exp_sum;
-          shared_exp_sums[i] = rescaled_exp_sum;
-        }
-      }
-      __syncthreads();
-      global_exp_sum = vllm::block_sum<NUM_WARPS>(&red_smem[g][CTA_WARPS], global_exp_sum);
-      const float inv_global_exp_sum = __fdividef(1.0f, global_exp_sum + 1e-6f);
-      if (thread_idx < NUM_THREADS) {
-        for (int i = thread_idx; i < HEAD_SIZE; i += NUM_THREADS) {
-          float acc = 0.0f;
-          for (int j = 0; j < num_partitions; ++j) {
-            acc += vllm::to_float(cluster.map_shared_rank(&part_out[g][0], j)[i]) *
-                   shared_exp_sums[j] * inv_global_exp_sum;
-          }
-          vllm::from_float(out_ptr[i], acc);
-        }
-      }
-      __syncthreads();  // shared_max_logits / shared_exp_sums / red_smem: the next head's
-    }
-  }
-  cluster.sync();  // partition 0 has read the others' shared memory: now they may exit
 }
 
 // ---- Host side: whether a launch runs a twin, which one, and the launch -------------------
@@ -703,42 +547,20 @@ constexpr long long twin_smem(const int shared_mem_size) {
          4LL * products_floats<T, 128, BLOCK_SIZE, NUM_THREADS, G, S>();
 }
 
-// Launches the (G, S) twin; with `final_out` (v2 only) as a cluster over each sequence's
-// partitions that also does vLLM's reduction into final_out. False when the launch was refused.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
-bool launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
-                 const cudaStream_t stream, T* const final_out = nullptr) {
+void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
+                 const cudaStream_t stream) {
   const auto kernel =
       gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S>;
   const int smem = static_cast<int>(twin_smem<T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size));
   if (smem > 48 * 1024) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(stock_grid.x / G, stock_grid.y, stock_grid.z);
-  config.blockDim = dim3(NUM_THREADS * S);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  if (final_out != nullptr) {
-    cluster[0].id = cudaLaunchAttributeClusterDimension;
-    cluster[0].val.clusterDim.x = 1;
-    cluster[0].val.clusterDim.y = 1;
-    cluster[0].val.clusterDim.z = stock_grid.z;
-    config.attrs = cluster;
-    config.numAttrs = 1;
-  }
-  const cudaError_t err = cudaLaunchKernelEx(
-      &config, kernel, a.exp_sums, a.max_logits, a.out, a.q, a.k_cache, a.v_cache,
-      a.num_kv_heads, a.scale, a.block_tables, a.seq_lens, a.max_num_blocks_per_seq,
-      a.alibi_slopes, a.q_stride, a.kv_block_stride, a.kv_head_stride,
-      shared_mem_size / static_cast<int>(sizeof(float)), final_out);
-  if (err != cudaSuccess && final_out != nullptr) {
-    cudaGetLastError();  // a refused cluster launch is not the caller's error
-    return false;
-  }
-  return true;
+  kernel<<<dim3(stock_grid.x / G, stock_grid.y, stock_grid.z), NUM_THREADS * S, smem, stream>>>(
+      a.exp_sums, a.max_logits, a.out, a.q, a.k_cache, a.v_cache, a.num_kv_heads, a.scale,
+      a.block_tables, a.seq_lens, a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride,
+      a.kv_block_stride, a.kv_head_stride, shared_mem_size / static_cast<int>(sizeof(float)));
 }
 
 // Calls f(std::integral_constant<int, i>{}) for twin i of kTwins, so that f can name the
@@ -751,39 +573,29 @@ auto with_twin(const int i, F&& f) {
   return f(std::integral_constant<int, I>{});
 }
 
-// What launch_some_twin did.
-enum class TwinLaunch { kNone, kTwin, kFused };
-
-// Runs the twin twin_for picks, if any. PARTITION_SIZE 0 is v1. With `final_out` (v2) and at
-// most KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS partitions, the twin also does vLLM's reduction
-// (kFused); if the device refuses that cluster launch, the plain twin runs (kTwin).
+// Runs the twin twin_for picks, if any; true when it did. PARTITION_SIZE 0 is v1.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
           bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
-TwinLaunch launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
-                            const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a,
-                            T* const final_out = nullptr) {
+bool launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
+                      const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
   if constexpr (!has_twins<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
                     PARTITION_SIZE > 0)) {
-    return TwinLaunch::kNone;
+    return false;
   } else {
-    if (head_size != 128) return TwinLaunch::kNone;
+    if (head_size != 128) return false;
     const int i = twin_for(grid, a.num_kv_heads, [&](const int j) {
       return with_twin(j, [&](auto t) {
         constexpr TwinShape twin = kTwins[decltype(t)::value];
         return twin_smem<T, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(shared_mem_size);
       });
     });
-    if (i < 0) return TwinLaunch::kNone;
-    const bool fuse = PARTITION_SIZE > 0 && final_out != nullptr &&
-                      static_cast<int>(grid.z) <= KVPREFETCH_TWIN_FUSE_MAX_PARTITIONS;
-    return with_twin(i, [&](auto t) {
+    if (i < 0) return false;
+    with_twin(i, [&](auto t) {
       constexpr TwinShape twin = kTwins[decltype(t)::value];
-      constexpr auto launch = launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
-                                          PARTITION_SIZE, twin.g, twin.s>;
-      if (fuse && launch(a, grid, shared_mem_size, stream, final_out)) return TwinLaunch::kFused;
-      launch(a, grid, shared_mem_size, stream, nullptr);
-      return TwinLaunch::kTwin;
+      launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, twin.g,
+                  twin.s>(a, grid, shared_mem_size, stream);
     });
+    return true;
   }
 }
 
@@ -793,26 +605,24 @@ template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType
 bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_mem_size,
                        const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
   return launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS, 0>(
-             head_size, grid, shared_mem_size, stream, a) != TwinLaunch::kNone;
+      head_size, grid, shared_mem_size, stream, a);
 }
 
-// The v2 launcher's added line: a twin, then vLLM's own reduce kernel as the launcher's macro
-// would have launched it, unless the twin did the reduction itself.
+// The v2 launcher's added line: a twin, then vLLM's own reduce kernel, as the launcher's
+// macro would have launched it.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
           bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
 bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_mem_size,
                        const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a, T* out,
                        const dim3 reduce_grid, const int reduce_shared_mem_size,
                        const int max_num_partitions) {
-  const TwinLaunch ran =
-      launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS,
-                       PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a, out);
-  if (ran == TwinLaunch::kNone) return false;
-  if (ran == TwinLaunch::kTwin) {
-    vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>
-        <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
-            out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
+  if (!launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS,
+                        PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a)) {
+    return false;
   }
+  vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>
+      <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
+          out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
   return true;
 }
 #endif  // !USE_ROCM

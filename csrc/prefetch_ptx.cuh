@@ -227,7 +227,6 @@ constexpr bool twin_rule(const bool partitioned, const int head_size, const int 
 // Keep in sync with kvprefetch.upstream.TWIN_SHAPES.
 struct TwinShape {
   int g, s;          // query heads per CTA; threads per CTA over stock's
-  int b;             // blocks each warp loads at once (its K, then its V) before using them
   int min_ctas_pct;  // `auto`: grids of at least this many stock CTAs per 100 SMs
   const char* name;  // KVPREFETCH_GQA=<name> runs it at every launch it can take
 };
@@ -235,32 +234,11 @@ struct TwinShape {
 #ifndef KVPREFETCH_TWIN_SMALL_G
   #define KVPREFETCH_TWIN_SMALL_G 2
 #endif
-// Blocks per warp loaded at once, per twin: -DKVPREFETCH_TWIN_BATCH_<name>=B.
-#ifndef KVPREFETCH_TWIN_BATCH_4X1
-  #define KVPREFETCH_TWIN_BATCH_4X1 1
-#endif
-#ifndef KVPREFETCH_TWIN_BATCH_4X2
-  #define KVPREFETCH_TWIN_BATCH_4X2 1
-#endif
-#ifndef KVPREFETCH_TWIN_BATCH_2X2
-  #define KVPREFETCH_TWIN_BATCH_2X2 1
-#endif
-#ifndef KVPREFETCH_TWIN_BATCH_2X4
-  #define KVPREFETCH_TWIN_BATCH_2X4 1
-#endif
-constexpr TwinShape kTwins[] = {
-    {4, 1, KVPREFETCH_TWIN_BATCH_4X1, 1000, "4x1"},
-    {4, 2, KVPREFETCH_TWIN_BATCH_4X2, 500, "4x2"},
-    {KVPREFETCH_TWIN_SMALL_G, 2, KVPREFETCH_TWIN_BATCH_2X2, 150, "2x2"},
-    {KVPREFETCH_TWIN_SMALL_G, 4, KVPREFETCH_TWIN_BATCH_2X4, 0, "2x4"}};
+constexpr TwinShape kTwins[] = {{4, 1, 1000, "4x1"},
+                                {4, 2, 500, "4x2"},
+                                {KVPREFETCH_TWIN_SMALL_G, 2, 150, "2x2"},
+                                {KVPREFETCH_TWIN_SMALL_G, 4, 0, "2x4"}};
 constexpr int kNumTwins = static_cast<int>(sizeof(kTwins) / sizeof(kTwins[0]));
-// The twin (g, s)'s blocks per warp loaded at once (the kernel's B; 1 if no such twin).
-constexpr int twin_batch(const int g, const int s) {
-  for (int i = 0; i < kNumTwins; ++i) {
-    if (kTwins[i].g == g && kTwins[i].s == s) return kTwins[i].b;
-  }
-  return 1;
-}
 constexpr int auto_twin(const long long ctas_pct) {
   for (int i = 0; i < kNumTwins; ++i) {
     if (ctas_pct >= kTwins[i].min_ctas_pct) return i;

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The GPU-marked tests on real builds, in ONE device call (about 3 minutes): fetch the carried
+# The GPU-marked tests on real builds, in ONE device call (about 5 minutes): fetch the carried
 # sdist into baseline, patched and launch, apply, kernels-only build (head 128, block 16, fp16,
 # bf16 and fp8 caches: what the tests use), verify-kernel, then `pytest -m gpu` on the tests
 # that need a GPU (they find the builds through KVPREFETCH_WORKDIR).
-#   device tool: run(command="bash scripts/device/gpu-tests.sh", carry=[".carry"], timeout_s=300)
+#   device tool: run(command="bash scripts/device/gpu-tests.sh", carry=[".carry"], timeout_s=450)
 set -uo pipefail
-BUDGET_S=${BUDGET_S:-280}
+BUDGET_S=${BUDGET_S:-420}
 source "$(dirname "$0")/lib.sh"
 begin_run gpu-tests
 
@@ -15,7 +15,7 @@ step 30 "${K[@]}" apply --workdir "$W" --variant prefetch || exit 4
 step 30 "${K[@]}" apply --workdir "$W" --variant launch || exit 4
 step 150 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 128 \
   --block-sizes 16 --kv-dtypes fp16,bf16,fp8 || exit 5
-step 90 "${K[@]}" verify-kernel --workdir "$W"
+step 180 "${K[@]}" verify-kernel --workdir "$W"
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
 step 120 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu \
   tests/test_vmm_gpu.py tests/test_vmm_paged.py tests/test_bench_kernel.py 2>&1 \
