@@ -77,6 +77,24 @@ __device__ __forceinline__ V load_ro(const V* p) {
   #define KVPREFETCH_TWIN_PREFETCH 0
 #endif
 
+// Programmatic dependent launch (Hopper): with KVPREFETCH_TWIN_PDL the twins (1), and in v2
+// also the reduction after them (2: kvprefetch's reduce kernel, below, instead of vLLM's), are
+// launched with cudaLaunchAttributeProgrammaticStreamSerialization. Each CTA first lets the
+// stream's next kernel start launching (its CTAs then wait in pdl_start for this grid), then
+// waits until the stream's previous kernel has completed and its writes are visible, before
+// it touches global memory: the order of every memory access is the stream's, only the
+// launch latency overlaps the previous kernel's tail. Without the launch attribute both
+// instructions do nothing.
+#ifndef KVPREFETCH_TWIN_PDL
+  #define KVPREFETCH_TWIN_PDL 0
+#endif
+__device__ __forceinline__ void pdl_start() {
+#if KVPREFETCH_TWIN_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // The V pass's layout (stock's): V_VEC_SIZE elements per vector, a block row in
 // BLOCK_SIZE / V_VEC_SIZE lanes, so each lane accumulates this many of the HEAD_SIZE rows. The
 // kernel's registers and the shared memory the host gives the twins both follow from it.
@@ -128,6 +146,7 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     const int q_stride, const int kv_block_stride, const int kv_head_stride,
     const int logits_stride) {
   static_assert(KV_DTYPE == vllm::Fp8KVCacheDataType::kAuto, "16-bit caches only");
+  pdl_start();  // before any global memory access
   using vllm::Vec;
   constexpr bool USE_PARTITIONING = PARTITION_SIZE > 0;
   constexpr int WARP = 32;
@@ -460,6 +479,80 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   }
 }
 
+// vLLM's v2 reduction after a twin, for KVPREFETCH_TWIN_PDL=2: the arithmetic of
+// vllm::paged_attention_v2_reduce_kernel in the same order over the same 128-thread layout (a
+// head's output is the partitions' outputs, as the twin rounded them into tmp_out, weighted by
+// their exp sums rescaled to the largest max logit), preceded by pdl_start. One CTA per
+// (head, sequence); 2 * max_num_partitions floats of dynamic shared memory.
+template <typename scalar_t, int HEAD_SIZE, int NUM_THREADS, int PARTITION_SIZE>
+__global__ void __launch_bounds__(NUM_THREADS) gqa_reduce_kernel(
+    scalar_t* __restrict__ out, const float* __restrict__ exp_sums,
+    const float* __restrict__ max_logits, const scalar_t* __restrict__ tmp_out,
+    const int* __restrict__ seq_lens, const int max_num_partitions) {
+  pdl_start();  // before any global memory access
+  constexpr int WARP = 32;
+  constexpr int NUM_WARPS = NUM_THREADS / WARP;
+  const int num_heads = gridDim.x;
+  const int head_idx = blockIdx.x;
+  const int seq_idx = blockIdx.y;
+  const int seq_len = seq_lens[seq_idx];
+  const int num_partitions = cdiv(seq_len, PARTITION_SIZE);
+  const int first = seq_idx * num_heads * max_num_partitions + head_idx * max_num_partitions;
+  const scalar_t* tmp_out_ptr = tmp_out + static_cast<int64_t>(first) * HEAD_SIZE;
+  scalar_t* out_ptr = out + seq_idx * num_heads * HEAD_SIZE + head_idx * HEAD_SIZE;
+  if (num_partitions == 1) {  // one partition: its output as it is
+    for (int i = threadIdx.x; i < HEAD_SIZE; i += blockDim.x) out_ptr[i] = tmp_out_ptr[i];
+    return;
+  }
+  const int warp_idx = threadIdx.x / WARP;
+  const int lane = threadIdx.x % WARP;
+  extern __shared__ char shared_mem[];
+  __shared__ float red_smem[2 * NUM_WARPS];
+  // The largest max logit over the partitions.
+  float* shared_max_logits = reinterpret_cast<float*>(shared_mem);
+  float max_logit = -FLT_MAX;
+  for (int i = threadIdx.x; i < num_partitions; i += blockDim.x) {
+    const float l = max_logits[first + i];
+    shared_max_logits[i] = l;
+    max_logit = fmaxf(max_logit, l);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int mask = WARP / 2; mask >= 1; mask /= 2) {
+    max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
+  }
+  if (lane == 0) red_smem[warp_idx] = max_logit;
+  __syncthreads();
+  max_logit = lane < NUM_WARPS ? red_smem[lane] : -FLT_MAX;
+#pragma unroll
+  for (int mask = NUM_WARPS / 2; mask >= 1; mask /= 2) {
+    max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
+  }
+  max_logit = VLLM_SHFL_SYNC(max_logit, 0);
+  // Each partition's exp sum rescaled to it, and their total.
+  float* shared_exp_sums = reinterpret_cast<float*>(shared_mem + sizeof(float) * num_partitions);
+  float global_exp_sum = 0.0f;
+  for (int i = threadIdx.x; i < num_partitions; i += blockDim.x) {
+    float l = shared_max_logits[i];
+    float rescaled_exp_sum = exp_sums[first + i] * expf(l - max_logit);
+    global_exp_sum += rescaled_exp_sum;
+    shared_exp_sums[i] = rescaled_exp_sum;
+  }
+  __syncthreads();
+  global_exp_sum = vllm::block_sum<NUM_WARPS>(&red_smem[NUM_WARPS], global_exp_sum);
+  const float inv_global_exp_sum = __fdividef(1.0f, global_exp_sum + 1e-6f);
+  // The weighted sum of the partitions' outputs.
+#pragma unroll
+  for (int i = threadIdx.x; i < HEAD_SIZE; i += NUM_THREADS) {
+    float acc = 0.0f;
+    for (int j = 0; j < num_partitions; ++j) {
+      acc += vllm::to_float(tmp_out_ptr[j * HEAD_SIZE + i]) * shared_exp_sums[j] *
+             inv_global_exp_sum;
+    }
+    vllm::from_float(out_ptr[i], acc);
+  }
+}
+
 // ---- Host side: whether a launch runs a twin, which one, and the launch -------------------
 // The four twins and `auto`'s rule: kTwins and auto_twin (prefetch_ptx.cuh).
 // KVPREFETCH_GQA=off|auto|on|4x1|4x2|2x2|2x4, read once per process (`on` is 4x1, the one twin
@@ -540,6 +633,30 @@ struct GqaArgs {
   int kv_head_stride;
 };
 
+// Launches kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
+// serialization when `pdl` (see pdl_start); if the launch with it is refused, without.
+template <typename... KernelArgs, typename... Args>
+void launch_pdl(void (*kernel)(KernelArgs...), const dim3 grid, const dim3 block, const int smem,
+                const cudaStream_t stream, const bool pdl, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  if (cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...) == cudaSuccess ||
+      !pdl) {
+    return;
+  }
+  cudaGetLastError();  // refused with the attribute: launch as vLLM would
+  config.numAttrs = 0;
+  cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...);
+}
+
 // The (G, S) twin's shared memory in bytes, given stock's.
 template <typename T, int BLOCK_SIZE, int NUM_THREADS, int G, int S>
 constexpr long long twin_smem(const int shared_mem_size) {
@@ -557,10 +674,11 @@ void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int 
   if (smem > 48 * 1024) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
-  kernel<<<dim3(stock_grid.x / G, stock_grid.y, stock_grid.z), NUM_THREADS * S, smem, stream>>>(
-      a.exp_sums, a.max_logits, a.out, a.q, a.k_cache, a.v_cache, a.num_kv_heads, a.scale,
-      a.block_tables, a.seq_lens, a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride,
-      a.kv_block_stride, a.kv_head_stride, shared_mem_size / static_cast<int>(sizeof(float)));
+  launch_pdl(kernel, dim3(stock_grid.x / G, stock_grid.y, stock_grid.z), dim3(NUM_THREADS * S),
+             smem, stream, KVPREFETCH_TWIN_PDL >= 1, a.exp_sums, a.max_logits, a.out, a.q,
+             a.k_cache, a.v_cache, a.num_kv_heads, a.scale, a.block_tables, a.seq_lens,
+             a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride, a.kv_block_stride,
+             a.kv_head_stride, shared_mem_size / static_cast<int>(sizeof(float)));
 }
 
 // Calls f(std::integral_constant<int, i>{}) for twin i of kTwins, so that f can name the
@@ -620,9 +738,15 @@ bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_me
                         PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a)) {
     return false;
   }
-  vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>
-      <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
-          out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
+  if constexpr (KVPREFETCH_TWIN_PDL >= 2) {
+    launch_pdl(gqa_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>, reduce_grid,
+               dim3(NUM_THREADS), reduce_shared_mem_size, stream, true, out, a.exp_sums,
+               a.max_logits, a.out, a.seq_lens, max_num_partitions);
+  } else {
+    vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>
+        <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
+            out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
+  }
   return true;
 }
 #endif  // !USE_ROCM
