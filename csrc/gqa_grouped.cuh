@@ -77,16 +77,19 @@ __device__ __forceinline__ V load_ro(const V* p) {
   #define KVPREFETCH_TWIN_PREFETCH 0
 #endif
 
-// Programmatic dependent launch (Hopper): with KVPREFETCH_TWIN_PDL the twins (1), and in v2
-// also the reduction after them (2: kvprefetch's reduce kernel, below, instead of vLLM's), are
-// launched with cudaLaunchAttributeProgrammaticStreamSerialization. Each CTA first lets the
-// stream's next kernel start launching (its CTAs then wait in pdl_start for this grid), then
-// waits until the stream's previous kernel has completed and its writes are visible, before
-// it touches global memory: the order of every memory access is the stream's, only the
-// launch latency overlaps the previous kernel's tail. Without the launch attribute both
-// instructions do nothing.
+// Programmatic dependent launch (Hopper, compute capability 9+): the twins (KVPREFETCH_TWIN_PDL
+// >= 1), and in v2 the reduction after them (2, the default: kvprefetch's reduce kernel below,
+// where pdl_reduce_after says so), are launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization. Each of their CTAs first lets the
+// stream's next kernel start launching (that kernel's CTAs wait for this grid only if they
+// wait for it themselves: griddepcontrol.wait; kernels launched without the attribute are not
+// affected), then waits until the stream's previous kernel has completed and its writes are
+// visible, before it touches global memory. So every memory access keeps the stream's order;
+// only the launch and the grid's ramp-up overlap the previous kernel's tail. On the H200 this
+// took b8 x 512 from 1.33x to 1.43x and b1 x 1k from 1.76x to 1.99x (exploration run 30,
+// docs/prefetch-tuning.md row 42). 0: launched as vLLM launches its kernels.
 #ifndef KVPREFETCH_TWIN_PDL
-  #define KVPREFETCH_TWIN_PDL 0
+  #define KVPREFETCH_TWIN_PDL 2
 #endif
 __device__ __forceinline__ void pdl_start() {
 #if KVPREFETCH_TWIN_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -667,7 +670,7 @@ constexpr long long twin_smem(const int shared_mem_size) {
 template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
 void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
-                 const cudaStream_t stream) {
+                 const cudaStream_t stream, const bool pdl) {
   const auto kernel =
       gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S>;
   const int smem = static_cast<int>(twin_smem<T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size));
@@ -675,7 +678,7 @@ void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int 
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
   launch_pdl(kernel, dim3(stock_grid.x / G, stock_grid.y, stock_grid.z), dim3(NUM_THREADS * S),
-             smem, stream, KVPREFETCH_TWIN_PDL >= 1, a.exp_sums, a.max_logits, a.out, a.q,
+             smem, stream, pdl, a.exp_sums, a.max_logits, a.out, a.q,
              a.k_cache, a.v_cache, a.num_kv_heads, a.scale, a.block_tables, a.seq_lens,
              a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride, a.kv_block_stride,
              a.kv_head_stride, shared_mem_size / static_cast<int>(sizeof(float)));
@@ -691,29 +694,37 @@ auto with_twin(const int i, F&& f) {
   return f(std::integral_constant<int, I>{});
 }
 
-// Runs the twin twin_for picks, if any; true when it did. PARTITION_SIZE 0 is v1.
+// Whether this device takes programmatic dependent launches (Hopper on) and the build asks for
+// them (KVPREFETCH_TWIN_PDL).
+inline bool pdl_here() {
+  if (KVPREFETCH_TWIN_PDL == 0) return false;
+  int dev = 0;
+  return cudaGetDevice(&dev) == cudaSuccess && device_facts(dev).cc_major >= 9;
+}
+
+// Runs the twin twin_for picks, if any: its index in kTwins, or -1. PARTITION_SIZE 0 is v1.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
           bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
-bool launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
-                      const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
+int launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
+                     const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
   if constexpr (!has_twins<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
                     PARTITION_SIZE > 0)) {
-    return false;
+    return -1;
   } else {
-    if (head_size != 128) return false;
+    if (head_size != 128) return -1;
     const int i = twin_for(grid, a.num_kv_heads, [&](const int j) {
       return with_twin(j, [&](auto t) {
         constexpr TwinShape twin = kTwins[decltype(t)::value];
         return twin_smem<T, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(shared_mem_size);
       });
     });
-    if (i < 0) return false;
+    if (i < 0) return -1;
     with_twin(i, [&](auto t) {
       constexpr TwinShape twin = kTwins[decltype(t)::value];
       launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, twin.g,
-                  twin.s>(a, grid, shared_mem_size, stream);
+                  twin.s>(a, grid, shared_mem_size, stream, pdl_here());
     });
-    return true;
+    return i;
   }
 }
 
@@ -723,30 +734,45 @@ template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType
 bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_mem_size,
                        const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
   return launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS, 0>(
-      head_size, grid, shared_mem_size, stream, a);
+             head_size, grid, shared_mem_size, stream, a) >= 0;
 }
 
-// The v2 launcher's added line: a twin, then vLLM's own reduce kernel, as the launcher's
-// macro would have launched it.
+// Which reduce kernel follows a v2 twin of `twin_ctas` CTAs under KVPREFETCH_TWIN_PDL=2:
+// kvprefetch's (launched as a programmatic dependent) unless the twin's grid takes between half
+// of the SMs and all of them, where vLLM's ran faster after it (exploration run 30, H200: with
+// kvprefetch's reduce the 2x2 twin's 128-CTA grids at b1 x 4k, b2 x 2k, b4 x 1k ran
+// 1.43-1.49x, with vLLM's 1.55-1.56x; at 16-64 CTAs and from 256 kvprefetch's won:
+// b1 x 1k 1.75x -> 1.99x, b8 x 1k 1.28x -> 1.33x).
+constexpr bool pdl_reduce_after(const long long twin_ctas, const int sm_count) {
+  return KVPREFETCH_TWIN_PDL >= 2 && !(2 * twin_ctas > sm_count && twin_ctas <= sm_count);
+}
+
+// The v2 launcher's added line: a twin, then the reduction: vLLM's reduce kernel as the
+// launcher's macro would have launched it, or with KVPREFETCH_TWIN_PDL=2 kvprefetch's where
+// pdl_reduce_after says so.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
           bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
 bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_mem_size,
                        const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a, T* out,
                        const dim3 reduce_grid, const int reduce_shared_mem_size,
                        const int max_num_partitions) {
-  if (!launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS,
-                        PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a)) {
-    return false;
-  }
+  const int i = launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS,
+                                 PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a);
+  if (i < 0) return false;
   if constexpr (KVPREFETCH_TWIN_PDL >= 2) {
-    launch_pdl(gqa_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>, reduce_grid,
-               dim3(NUM_THREADS), reduce_shared_mem_size, stream, true, out, a.exp_sums,
-               a.max_logits, a.out, a.seq_lens, max_num_partitions);
-  } else {
-    vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>
-        <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
-            out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
+    int dev = 0;
+    const long long twin_ctas = 1LL * grid.x / kTwins[i].g * grid.y * grid.z;
+    if (pdl_here() && cudaGetDevice(&dev) == cudaSuccess &&
+        pdl_reduce_after(twin_ctas, device_facts(dev).sm_count)) {
+      launch_pdl(gqa_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>, reduce_grid,
+                 dim3(NUM_THREADS), reduce_shared_mem_size, stream, true, out, a.exp_sums,
+                 a.max_logits, a.out, a.seq_lens, max_num_partitions);
+      return true;
+    }
   }
+  vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>
+      <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
+          out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
   return true;
 }
 #endif  // !USE_ROCM
