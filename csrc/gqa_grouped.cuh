@@ -77,19 +77,24 @@ __device__ __forceinline__ V load_ro(const V* p) {
   #define KVPREFETCH_TWIN_PREFETCH 0
 #endif
 
-// Programmatic dependent launch (Hopper, compute capability 9+): the twins (KVPREFETCH_TWIN_PDL
-// >= 1), and in v2 the reduction after them (2, the default: kvprefetch's reduce kernel below,
-// where pdl_reduce_after says so), are launched with
+// Programmatic dependent launch (Hopper, compute capability 9+), an exploration switch, OFF:
+// with KVPREFETCH_TWIN_PDL the twins (>= 1), and in v2 the reduction after them (2:
+// kvprefetch's reduce kernel below, where pdl_reduce_after says so), are launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization. Each of their CTAs first lets the
 // stream's next kernel start launching (that kernel's CTAs wait for this grid only if they
-// wait for it themselves: griddepcontrol.wait; kernels launched without the attribute are not
-// affected), then waits until the stream's previous kernel has completed and its writes are
-// visible, before it touches global memory. So every memory access keeps the stream's order;
-// only the launch and the grid's ramp-up overlap the previous kernel's tail. On the H200 this
-// took b8 x 512 from 1.33x to 1.43x and b1 x 1k from 1.76x to 1.99x (exploration run 30,
-// docs/prefetch-tuning.md row 42). 0: launched as vLLM launches its kernels.
+// wait for it themselves: griddepcontrol.wait), then waits until the stream's previous kernel
+// has completed and its writes are visible (pdl_start), meaning to touch global memory only
+// after that. On the H200 this took b8 x 512 from 1.33x to 1.45x and the issue matrix from
+// 1.61x to 1.68x (exploration run 30, repeat run 31; docs/prefetch-tuning.md rows 42-43).
+// Why it is off: the wait orders only what ptxas must order. The twins read seq_lens, the
+// block tables, q and the caches through the read-only path (ld.global.nc), whose data must
+// not change while the kernel runs; with an early launch the previous kernel is still running,
+// and ptxas (nvcc 13.0) did move one such load (seq_lens) above the wait in 1 of the 14
+// kernels. verify-kernel checks the order in the SASS ("twins wait for the previous kernel
+// before touching memory") and fails such a build. Making it safe needs those loads coherent
+// or dependent on the wait, and a new measurement. 0: launched as vLLM launches its kernels.
 #ifndef KVPREFETCH_TWIN_PDL
-  #define KVPREFETCH_TWIN_PDL 2
+  #define KVPREFETCH_TWIN_PDL 0
 #endif
 __device__ __forceinline__ void pdl_start() {
 #if KVPREFETCH_TWIN_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -618,3 +618,46 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     assert "1 with a global load off" in status["plain"].detail
     assert status["plain"].status == "fail"
     assert status["stock_with_twin"].status == "fail"
+
+
+def test_pdl_order_on_a_real_compile(tmp_path: Path) -> None:
+    """pdl_waits on a REAL sm_90 compile (tests/samples/sass/pdl_order.cu): nvcc 13.0 emits
+    griddepcontrol.wait as ACQBULK, and the check tells a kernel that waits before its first
+    global load from one that loads first and from one that never waits."""
+    from kvprefetch.sass import pdl_waits
+    from kvprefetch.verify import PDL_CHECK, VerifyReport, check_pdl_order
+
+    sass = _compile_and_disassemble(tmp_path, SAMPLES / "pdl_order.cu",
+                                    "-gencode=arch=compute_90,code=sm_90")
+    got = {name: v for (_, name), v in pdl_waits(sass).items()}
+    by_kind = {k: v for k in ("waits_first", "loads_first", "never_waits")
+               for n, v in got.items() if k in n}
+    assert by_kind == {"waits_first": (True, True), "loads_first": (True, False),
+                       "never_waits": (False, False)}, got
+    rep = VerifyReport("unused")
+    check_pdl_order(rep, "patched", sass)
+    (row,) = [c for c in rep.checks if c.name == PDL_CHECK]
+    assert row.status == "fail" and "3 twin/reduce kernels, 2 launched" in row.detail
+    assert "1 touch global memory before waiting" in row.detail
+
+
+def test_pdl_check_passes_when_every_wait_comes_first() -> None:
+    """check_pdl_order: twins that wait (ACQBULK) before their first global instruction pass,
+    predicated or not; a store before the wait fails; a tree without twins gets no row."""
+    from kvprefetch.verify import PDL_CHECK, VerifyReport, check_pdl_order
+
+    first = ["S2R R0, SR_TID.X", "ACQBULK", "@P0 LDG.E.64.CONSTANT R4, desc[UR4][R2.64]",
+             "STG.E desc[UR4][R6.64], R4"]
+    store_first = ["STG.E desc[UR4][R6.64], R4", "ACQBULK",
+                   "LDG.E.64.CONSTANT R4, desc[UR4][R2.64]"]
+    twins = _all_twins(_TWIN_V1_FP16)
+    rep = VerifyReport("unused")
+    check_pdl_order(rep, "good", _listing({("sm_90", n): first for n in twins}))
+    check_pdl_order(rep, "bad", _listing({("sm_90", n): first for n in twins[1:]}
+                                         | {("sm_90", twins[0]): store_first}))
+    check_pdl_order(rep, "stock", _listing({("sm_90", _V1_FP16): first}))
+    status = {c.tree: c for c in rep.checks if c.name == PDL_CHECK}
+    assert status["good"].status == "pass", status["good"].detail
+    assert "4 launched as programmatic dependents" in status["good"].detail
+    assert status["bad"].status == "fail" and "1 touch global memory" in status["bad"].detail
+    assert "stock" not in status

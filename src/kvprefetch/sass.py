@@ -152,6 +152,37 @@ def prefetch_kernels(text: str) -> dict[tuple[str, str], int]:
             if "kv_l2_prefetch_kernel" in k[1]}
 
 
+# SASS opcodes that read or write global memory (or its caches): what a programmatic dependent
+# must not issue before its ACQBULK (PTX griddepcontrol.wait).
+_GLOBAL_OPS = frozenset({"LDG", "STG", "LD", "ST", "ATOM", "ATOMG", "RED", "REDG", "LDGSTS",
+                         "UBLKPF", "UBLKCP", "CCTL"})
+
+
+def _opcode(instr: str) -> str:
+    """The opcode of one instruction (``@!P0 LDG.E.64 R4, ...`` -> ``LDG``)."""
+    words = instr.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
+def pdl_waits(text: str) -> dict[tuple[str, str], tuple[bool, bool]]:
+    """(arch, mangled name) -> (waits, waits first) for each of kvprefetch's GQA twins and
+    reduce kernels (csrc/gqa_grouped.cuh) in ``text``: whether the function waits for the
+    stream's previous kernel (``ACQBULK``, PTX ``griddepcontrol.wait``: it is launched as a
+    programmatic dependent), and whether that wait comes before its first instruction that
+    touches global memory, so that the launch overlap never reorders a memory access."""
+    out = {}
+    for key, body in function_bodies(text).items():
+        if "gqa_decode_kernel" not in key[1] and "gqa_reduce_kernel" not in key[1]:
+            continue
+        ops = [_opcode(i) for i in body.splitlines()]
+        wait = ops.index("ACQBULK") if "ACQBULK" in ops else None
+        first_access = next((n for n, op in enumerate(ops) if op in _GLOBAL_OPS), len(ops))
+        out[key] = (wait is not None, wait is not None and wait < first_access)
+    return out
+
+
 _READONLY_LOAD = re.compile(r"\bLDG\.[A-Z0-9.]*CONSTANT\b")
 _ANY_LOAD = re.compile(r"\bLDG\.[A-Z0-9.]*")
 

@@ -21,7 +21,8 @@ from .errors import VerifyError
 from .hashing import sha256_file
 from .runner import run
 from .sass import (KernelSass, arch_number, decode_kernel_name, function_bodies, judge,
-                   parse_sass, prefetch_kernels, readonly_loads, summarise, twin_kernels)
+                   parse_sass, pdl_waits, prefetch_kernels, readonly_loads, summarise,
+                   twin_kernels)
 from .cubin import parse_elf
 from .upstream import (LAUNCHER_PREFETCH_VARIANTS, TWIN_SHAPES, changes_kernel, min_blocks,
                        prefetches_in, twin_shapes)
@@ -338,6 +339,26 @@ def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None, text: str)
     rep.add(TWIN_CHECK, tree, have == want and not plain, detail)
 
 
+PDL_CHECK = "twins wait for the previous kernel before touching memory"
+
+
+def check_pdl_order(rep: VerifyReport, tree: str, text: str) -> None:
+    """kvprefetch's twins and reduce kernels launched as programmatic dependents (ACQBULK in
+    their SASS) wait for the stream's previous kernel before their first global memory
+    instruction: what makes their early launch safe (csrc/gqa_grouped.cuh, pdl_start). Trees
+    without such kernels get no row."""
+    got = pdl_waits(text)
+    if not got:
+        return
+    waiting = sum(1 for w, _ in got.values() if w)
+    early = sorted(n for (_, n), (w, first) in got.items() if w and not first)
+    rep.sass.setdefault(tree, {})["pdl_kernels"] = waiting
+    detail = (f"{len(got)} twin/reduce kernels, {waiting} launched as programmatic dependents "
+              f"(ACQBULK); {len(early)} touch global memory before waiting"
+              + (f" (e.g. {early[0][:60]}…)" if early else ""))
+    rep.add(PDL_CHECK, tree, not early, detail)
+
+
 def _identity_run(workdir: Path, trees: list[str], extra_env: dict[str, str] | None
                   ) -> tuple[dict[str, Any] | None, str]:
     with tempfile.TemporaryDirectory() as td:
@@ -435,6 +456,7 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
             check_module_state(rep, tree, variant, elf_text[tree], elf_text["baseline"])
             check_launch_bounds(rep, tree, variant, elf_text[tree])
         check_gqa_twin(rep, tree, variant, sass_text[tree])
+        check_pdl_order(rep, tree, sass_text[tree])
     files = [v[0] for v in loaded.values()]
     shas = [v[1] for v in loaded.values()]
     if len(loaded) >= 2:
