@@ -86,13 +86,14 @@ __device__ __forceinline__ V load_ro(const V* p) {
 // has completed and its writes are visible (pdl_start), meaning to touch global memory only
 // after that. On the H200 this took b8 x 512 from 1.33x to 1.45x and the issue matrix from
 // 1.61x to 1.68x (exploration run 30, repeat run 31; docs/prefetch-tuning.md rows 42-43).
-// Why it is off: the wait orders only what ptxas must order. The twins read seq_lens, the
-// block tables, q and the caches through the read-only path (ld.global.nc), whose data must
-// not change while the kernel runs; with an early launch the previous kernel is still running,
-// and ptxas (nvcc 13.0) did move one such load (seq_lens) above the wait in 1 of the 14
-// kernels. verify-kernel checks the order in the SASS ("twins wait for the previous kernel
-// before touching memory") and fails such a build. Making it safe needs those loads coherent
-// or dependent on the wait, and a new measurement. 0: launched as vLLM launches its kernels.
+// Why it is off: the wait orders only what ptxas must order. Those runs read seq_lens, the
+// block tables and q through the read-only path (ld.global.nc), whose data must not change
+// while the kernel runs; with an early launch the previous kernel may still be running, and
+// ptxas (nvcc 13.0) moved one such load (seq_lens) above the wait in 1 of the 14 kernels.
+// verify-kernel now checks the order in the SASS ("twins wait for the previous kernel before
+// touching memory"), and with KVPREFETCH_TWIN_PDL those loads are coherent (load_dep), which
+// passes it; that code has not been timed yet (its schedule differs from runs 30-31's), so the
+// default stays 0: launched as vLLM launches its kernels, SASS identical to repeat run 24's.
 #ifndef KVPREFETCH_TWIN_PDL
   #define KVPREFETCH_TWIN_PDL 0
 #endif
@@ -101,6 +102,38 @@ __device__ __forceinline__ void pdl_start() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// A load of data an earlier kernel may have written: seq_lens, the block tables, q, the alibi
+// slopes, the reduction's inputs. In a programmatic dependent launch (KVPREFETCH_TWIN_PDL) it
+// must stay after pdl_start's wait in the SASS: a coherent load (ld.global.cg, SASS
+// LDG.E.STRONG.GPU) does, and the K/V loads, whose addresses come from the block tables,
+// follow it; a read-only one (ld.global.nc, which nvcc infers from const __restrict__) promises
+// data that does not change while the kernel runs, and ptxas moved one above the wait
+// (docs/prefetch-tuning.md row 43). Without KVPREFETCH_TWIN_PDL: a plain load, as vLLM's code.
+template <typename T>
+__device__ __forceinline__ T load_dep(const T* p) {
+  if constexpr (KVPREFETCH_TWIN_PDL == 0) {
+    return *p;
+  } else {
+    static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16,
+                  "2-, 4-, 8- or 16-byte values");
+    T v;
+    if constexpr (sizeof(T) == 2) {
+      const unsigned short r = __ldcg(reinterpret_cast<const unsigned short*>(p));
+      memcpy(&v, &r, sizeof(v));
+    } else if constexpr (sizeof(T) == 4) {
+      const unsigned int r = __ldcg(reinterpret_cast<const unsigned int*>(p));
+      memcpy(&v, &r, sizeof(v));
+    } else if constexpr (sizeof(T) == 8) {
+      const uint2 r = __ldcg(reinterpret_cast<const uint2*>(p));
+      memcpy(&v, &r, sizeof(v));
+    } else {
+      const uint4 r = __ldcg(reinterpret_cast<const uint4*>(p));
+      memcpy(&v, &r, sizeof(v));
+    }
+    return v;
+  }
 }
 
 // The V pass's layout (stock's): V_VEC_SIZE elements per vector, a block row in
@@ -130,11 +163,11 @@ struct WarpBlockNumbers {
   int first, stride, end, lane;
   int held = 0, chunk = -1;
   __device__ __forceinline__ int64_t operator()(const int k) {
-    if (!KVPREFETCH_TWIN_HOIST) return static_cast<int64_t>(table[first + k * stride]);
+    if (!KVPREFETCH_TWIN_HOIST) return static_cast<int64_t>(load_dep(table + first + k * stride));
     if (k / 32 != chunk) {
       chunk = k / 32;
       const int idx = first + (chunk * 32 + lane) * stride;
-      held = idx < end ? table[idx] : 0;
+      held = idx < end ? load_dep(table + idx) : 0;
     }
     return static_cast<int64_t>(__shfl_sync(0xffffffffu, held, k % 32));
   }
@@ -162,7 +195,7 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   const int seq_idx = blockIdx.y;
   const int partition_idx = blockIdx.z;
   const int max_num_partitions = gridDim.z;
-  const int seq_len = seq_lens[seq_idx];
+  const int seq_len = load_dep(seq_lens + seq_idx);
   if (USE_PARTITIONING && partition_idx * PARTITION_SIZE >= seq_len) return;
   const int num_seq_blocks = cdiv(seq_len, BLOCK_SIZE);
   const int num_blocks_per_partition =
@@ -194,7 +227,7 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   float alibi_slope[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    alibi_slope[g] = alibi_slopes == nullptr ? 0.f : alibi_slopes[first_head + g];
+    alibi_slope[g] = alibi_slopes == nullptr ? 0.f : load_dep(alibi_slopes + first_head + g);
   }
 
   // Query vectors in shared memory, one set per head (as stock's q_vecs).
@@ -213,7 +246,7 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
     for (int i = thread_group_idx; i < NUM_VECS_PER_THREAD; i += NUM_THREAD_GROUPS) {
       const int vec_idx = thread_group_offset + i * THREAD_GROUP_SIZE;
       q_vecs[g][thread_group_offset][i] =
-          *reinterpret_cast<const Q_vec*>(q_ptr + vec_idx * VEC_SIZE);
+          load_dep(reinterpret_cast<const Q_vec*>(q_ptr + vec_idx * VEC_SIZE));
     }
   }
   __syncthreads();
@@ -236,8 +269,8 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   if constexpr (S > 1 && KVPREFETCH_TWIN_PREFETCH > 0) {
     const int idx = start_block_idx + warp_idx + lane * CTA_WARPS;
     if (idx < end_block_idx) {
-      const int64_t at = static_cast<int64_t>(block_number.table[idx]) * kv_block_stride +
-                         kv_head_idx * kv_head_stride;
+      const int64_t block = load_dep(block_number.table + idx);
+      const int64_t at = block * kv_block_stride + kv_head_idx * kv_head_stride;
       constexpr unsigned kBytes = KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes;
       l2_prefetch_bytes(v_cache + at, kBytes);
       if (KVPREFETCH_TWIN_PREFETCH > 1) l2_prefetch_bytes(k_cache + at, kBytes);
@@ -503,13 +536,15 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_reduce_kernel(
   const int num_heads = gridDim.x;
   const int head_idx = blockIdx.x;
   const int seq_idx = blockIdx.y;
-  const int seq_len = seq_lens[seq_idx];
+  const int seq_len = load_dep(seq_lens + seq_idx);
   const int num_partitions = cdiv(seq_len, PARTITION_SIZE);
   const int first = seq_idx * num_heads * max_num_partitions + head_idx * max_num_partitions;
   const scalar_t* tmp_out_ptr = tmp_out + static_cast<int64_t>(first) * HEAD_SIZE;
   scalar_t* out_ptr = out + seq_idx * num_heads * HEAD_SIZE + head_idx * HEAD_SIZE;
   if (num_partitions == 1) {  // one partition: its output as it is
-    for (int i = threadIdx.x; i < HEAD_SIZE; i += blockDim.x) out_ptr[i] = tmp_out_ptr[i];
+    for (int i = threadIdx.x; i < HEAD_SIZE; i += blockDim.x) {
+      out_ptr[i] = load_dep(tmp_out_ptr + i);
+    }
     return;
   }
   const int warp_idx = threadIdx.x / WARP;
@@ -520,7 +555,7 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_reduce_kernel(
   float* shared_max_logits = reinterpret_cast<float*>(shared_mem);
   float max_logit = -FLT_MAX;
   for (int i = threadIdx.x; i < num_partitions; i += blockDim.x) {
-    const float l = max_logits[first + i];
+    const float l = load_dep(max_logits + first + i);
     shared_max_logits[i] = l;
     max_logit = fmaxf(max_logit, l);
   }
@@ -542,7 +577,7 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_reduce_kernel(
   float global_exp_sum = 0.0f;
   for (int i = threadIdx.x; i < num_partitions; i += blockDim.x) {
     float l = shared_max_logits[i];
-    float rescaled_exp_sum = exp_sums[first + i] * expf(l - max_logit);
+    float rescaled_exp_sum = load_dep(exp_sums + first + i) * expf(l - max_logit);
     global_exp_sum += rescaled_exp_sum;
     shared_exp_sums[i] = rescaled_exp_sum;
   }
@@ -554,7 +589,7 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_reduce_kernel(
   for (int i = threadIdx.x; i < HEAD_SIZE; i += NUM_THREADS) {
     float acc = 0.0f;
     for (int j = 0; j < num_partitions; ++j) {
-      acc += vllm::to_float(tmp_out_ptr[j * HEAD_SIZE + i]) * shared_exp_sums[j] *
+      acc += vllm::to_float(load_dep(tmp_out_ptr + j * HEAD_SIZE + i)) * shared_exp_sums[j] *
              inv_global_exp_sum;
     }
     vllm::from_float(out_ptr[i], acc);

@@ -661,3 +661,24 @@ def test_pdl_check_passes_when_every_wait_comes_first() -> None:
     assert "4 launched as programmatic dependents" in status["good"].detail
     assert status["bad"].status == "fail" and "1 touch global memory" in status["bad"].detail
     assert "stock" not in status
+
+
+def test_twin_check_accepts_coherent_loads_not_plain_ones() -> None:
+    """check_gqa_twin: a twin built as a programmatic dependent reads seq_lens, block tables and
+    q coherently (LDG….STRONG.GPU, kept after its wait) beside its read-only K/V loads: that
+    passes; a plain LDG (neither read-only nor coherent) still fails."""
+    from kvprefetch.verify import VerifyReport, check_gqa_twin
+
+    ro = ["LDG.E.64.CONSTANT R4, desc[UR4][R2.64]"] * 3
+    coherent = ["ACQBULK", "LDG.E.STRONG.GPU R0, desc[UR6][R2.64]"] + ro
+    base = {("sm_90", _V1_FP16): ro, ("sm_90", _V2_BF16): ro, ("sm_90", _V1_BF16): ro}
+    names = _all_twins(_TWIN_V1_FP16) + _all_twins(_TWIN_V2_BF16)
+    rep = VerifyReport("unused")
+    check_gqa_twin(rep, "pdl", "prefetch", _listing({**base, **{("sm_90", n): coherent
+                                                                for n in names}}))
+    plain = {("sm_90", n): coherent for n in names} | {
+        ("sm_90", names[0]): coherent + ["LDG.E R6, desc[UR4][R2.64]"]}
+    check_gqa_twin(rep, "plain", "prefetch", _listing({**base, **plain}))
+    status = {c.tree: c for c in rep.checks}
+    assert status["pdl"].status == "pass", status["pdl"].detail
+    assert status["plain"].status == "fail" and "1 with a global load off" in status["plain"].detail
