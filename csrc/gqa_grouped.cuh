@@ -53,20 +53,34 @@ constexpr int cmax(const int a, const int b) { return a > b ? a : b; }
 constexpr int cmin(const int a, const int b) { return a < b ? a : b; }
 constexpr int cdiv(const int a, const int b) { return (a + b - 1) / b; }
 
+// A 2-, 4-, 8- or 16-byte value loaded as one word of its size: coherently through L2
+// (ld.global.cg) or through the read-only path (ld.global.nc).
+template <bool COHERENT, typename V>
+__device__ __forceinline__ V load_as_word(const V* p) {
+  static_assert(sizeof(V) == 2 || sizeof(V) == 4 || sizeof(V) == 8 || sizeof(V) == 16,
+                "2-, 4-, 8- or 16-byte values");
+  using Word = std::conditional_t<
+      sizeof(V) == 2, unsigned short,
+      std::conditional_t<sizeof(V) == 4, unsigned int,
+                         std::conditional_t<sizeof(V) == 8, uint2, uint4>>>;
+  const Word* w = reinterpret_cast<const Word*>(p);
+  Word r;
+  if constexpr (COHERENT) {
+    r = __ldcg(w);
+  } else {
+    r = __ldg(w);
+  }
+  V v;
+  memcpy(&v, &r, sizeof(v));
+  return v;
+}
+
 // A K or V vector through the read-only path, stated (ld.global.nc): with the L2 prefetch
 // below the kernel takes cache addresses into asm, and NVVM would no longer infer .nc itself.
 template <typename V>
 __device__ __forceinline__ V load_ro(const V* p) {
   static_assert(sizeof(V) == 8 || sizeof(V) == 16, "8- or 16-byte vectors");
-  V v;
-  if constexpr (sizeof(V) == 16) {
-    const uint4 r = __ldg(reinterpret_cast<const uint4*>(p));
-    memcpy(&v, &r, sizeof(v));
-  } else {
-    const uint2 r = __ldg(reinterpret_cast<const uint2*>(p));
-    memcpy(&v, &r, sizeof(v));
-  }
-  return v;
+  return load_as_word<false>(p);
 }
 
 // Which twins ask L2 for their warps' blocks before the K pass: 0 none (the default), 1 the V
@@ -116,23 +130,7 @@ __device__ __forceinline__ T load_dep(const T* p) {
   if constexpr (KVPREFETCH_TWIN_PDL == 0) {
     return *p;
   } else {
-    static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16,
-                  "2-, 4-, 8- or 16-byte values");
-    T v;
-    if constexpr (sizeof(T) == 2) {
-      const unsigned short r = __ldcg(reinterpret_cast<const unsigned short*>(p));
-      memcpy(&v, &r, sizeof(v));
-    } else if constexpr (sizeof(T) == 4) {
-      const unsigned int r = __ldcg(reinterpret_cast<const unsigned int*>(p));
-      memcpy(&v, &r, sizeof(v));
-    } else if constexpr (sizeof(T) == 8) {
-      const uint2 r = __ldcg(reinterpret_cast<const uint2*>(p));
-      memcpy(&v, &r, sizeof(v));
-    } else {
-      const uint4 r = __ldcg(reinterpret_cast<const uint4*>(p));
-      memcpy(&v, &r, sizeof(v));
-    }
-    return v;
+    return load_as_word<true>(p);
   }
 }
 
@@ -802,8 +800,8 @@ bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_me
   if constexpr (KVPREFETCH_TWIN_PDL >= 2) {
     int dev = 0;
     const long long twin_ctas = 1LL * grid.x / kTwins[i].g * grid.y * grid.z;
-    if (pdl_here() && cudaGetDevice(&dev) == cudaSuccess &&
-        pdl_reduce_after(twin_ctas, device_facts(dev).sm_count)) {
+    const DeviceFacts f = cudaGetDevice(&dev) == cudaSuccess ? device_facts(dev) : DeviceFacts{};
+    if (f.cc_major >= 9 && pdl_reduce_after(twin_ctas, f.sm_count)) {  // pdl_here(), facts read once
       launch_pdl(gqa_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>, reduce_grid,
                  dim3(NUM_THREADS), reduce_shared_mem_size, stream, true, out, a.exp_sums,
                  a.max_logits, a.out, a.seq_lens, max_num_partitions);
