@@ -53,9 +53,10 @@ constexpr int cmax(const int a, const int b) { return a > b ? a : b; }
 constexpr int cmin(const int a, const int b) { return a < b ? a : b; }
 constexpr int cdiv(const int a, const int b) { return (a + b - 1) / b; }
 
-// A 2-, 4-, 8- or 16-byte value loaded as one word of its size: coherently through L2
-// (ld.global.cg) or through the read-only path (ld.global.nc).
-template <bool COHERENT, typename V>
+// A 2-, 4-, 8- or 16-byte value loaded as one word of its size: an ordinary cached load
+// (ld.global.ca, SASS LDG.E.STRONG.SM), which stays after griddepcontrol.wait, or through the
+// read-only path (ld.global.nc), which ptxas may move above it.
+template <bool ORDERED, typename V>
 __device__ __forceinline__ V load_as_word(const V* p) {
   static_assert(sizeof(V) == 2 || sizeof(V) == 4 || sizeof(V) == 8 || sizeof(V) == 16,
                 "2-, 4-, 8- or 16-byte values");
@@ -65,8 +66,8 @@ __device__ __forceinline__ V load_as_word(const V* p) {
                          std::conditional_t<sizeof(V) == 8, uint2, uint4>>>;
   const Word* w = reinterpret_cast<const Word*>(p);
   Word r;
-  if constexpr (COHERENT) {
-    r = __ldcg(w);
+  if constexpr (ORDERED) {
+    r = __ldca(w);
   } else {
     r = __ldg(w);
   }
@@ -105,9 +106,11 @@ __device__ __forceinline__ V load_ro(const V* p) {
 // while the kernel runs; with an early launch the previous kernel may still be running, and
 // ptxas (nvcc 13.0) moved one such load (seq_lens) above the wait in 1 of the 14 kernels.
 // verify-kernel now checks the order in the SASS ("twins wait for the previous kernel before
-// touching memory"), and with KVPREFETCH_TWIN_PDL those loads are coherent (load_dep), which
-// passes it; that code has not been timed yet (its schedule differs from runs 30-31's), so the
-// default stays 0: launched as vLLM launches its kernels, SASS identical to repeat run 24's.
+// touching memory"), and with KVPREFETCH_TWIN_PDL those loads are ordinary cached loads
+// (load_dep), which passes it. Coherent L2 loads (ld.global.cg) passed it too but cost b8 x
+// 512 its gain (1.20x, repeat run 32: every block-table read went to L2); the cached loads
+// are timed in repeat run 33. Until then the default stays 0: launched as vLLM launches its
+// kernels, SASS identical to repeat run 24's.
 #ifndef KVPREFETCH_TWIN_PDL
   #define KVPREFETCH_TWIN_PDL 0
 #endif
@@ -120,11 +123,12 @@ __device__ __forceinline__ void pdl_start() {
 
 // A load of data an earlier kernel may have written: seq_lens, the block tables, q, the alibi
 // slopes, the reduction's inputs. In a programmatic dependent launch (KVPREFETCH_TWIN_PDL) it
-// must stay after pdl_start's wait in the SASS: a coherent load (ld.global.cg, SASS
-// LDG.E.STRONG.GPU) does, and the K/V loads, whose addresses come from the block tables,
-// follow it; a read-only one (ld.global.nc, which nvcc infers from const __restrict__) promises
-// data that does not change while the kernel runs, and ptxas moved one above the wait
-// (docs/prefetch-tuning.md row 43). Without KVPREFETCH_TWIN_PDL: a plain load, as vLLM's code.
+// must stay after pdl_start's wait in the SASS: an ordinary cached load (ld.global.ca, SASS
+// LDG.E.STRONG.SM) does, as does a coherent one (ld.global.cg, LDG.E.STRONG.GPU, which skips
+// L1 and was slower: repeat run 32), and the K/V loads, whose addresses come from the block
+// tables, follow it; a read-only one (ld.global.nc, which nvcc infers from const __restrict__)
+// promises data that does not change while the kernel runs, and ptxas moved one above the
+// wait (docs/prefetch-tuning.md row 43). Without KVPREFETCH_TWIN_PDL: a plain load, as vLLM's.
 template <typename T>
 __device__ __forceinline__ T load_dep(const T* p) {
   if constexpr (KVPREFETCH_TWIN_PDL == 0) {

@@ -663,14 +663,16 @@ def test_pdl_check_passes_when_every_wait_comes_first() -> None:
     assert "stock" not in status
 
 
-def test_twin_check_accepts_coherent_loads_not_plain_ones() -> None:
+def test_twin_check_accepts_ordered_loads_not_plain_ones() -> None:
     """check_gqa_twin: a twin built as a programmatic dependent reads seq_lens, block tables and
-    q coherently (LDG….STRONG.GPU, kept after its wait) beside its read-only K/V loads: that
-    passes; a plain LDG (neither read-only nor coherent) still fails."""
+    q with strong loads (LDG….STRONG.SM from ld.global.ca, as load_dep emits, or
+    LDG….STRONG.GPU from ld.global.cg; kept after its wait) beside its read-only K/V loads: that
+    passes; a plain weak LDG (neither read-only nor strong) still fails."""
     from kvprefetch.verify import VerifyReport, check_gqa_twin
 
     ro = ["LDG.E.64.CONSTANT R4, desc[UR4][R2.64]"] * 3
-    coherent = ["ACQBULK", "LDG.E.STRONG.GPU R0, desc[UR6][R2.64]"] + ro
+    coherent = ["ACQBULK", "LDG.E.STRONG.SM R0, desc[UR6][R2.64]",
+                "LDG.E.64.STRONG.GPU R8, desc[UR6][R2.64]"] + ro
     base = {("sm_90", _V1_FP16): ro, ("sm_90", _V2_BF16): ro, ("sm_90", _V1_BF16): ro}
     names = _all_twins(_TWIN_V1_FP16) + _all_twins(_TWIN_V2_BF16)
     rep = VerifyReport("unused")

@@ -235,20 +235,21 @@ def summarise(kernels: Iterable[KernelSass]) -> list[dict[str, object]]:
     return rows
 
 
-_COHERENT_LOAD = re.compile(r"\bLDG\.[A-Z0-9.]*STRONG\.GPU\b")
+_ORDERED_LOAD = re.compile(r"\bLDG\.[A-Z0-9.]*STRONG\.(?:SM|GPU)\b")
 
 
 def twin_kernels(text: str) -> dict[tuple[str, str], tuple[dict[str, object], int, int]]:
     """(arch, mangled name) -> (template arguments, global loads, global loads that are
-    read-only or coherent) of each GQA-grouped twin in ``text``. Read-only
+    read-only or ordered) of each GQA-grouped twin in ``text``. Read-only
     (``LDG….CONSTANT``): the K/V loads, and every load of a twin launched as vLLM launches its
-    kernels; coherent (``LDG….STRONG.GPU``, PTX ``ld.global.cg``): a twin launched as a
-    programmatic dependent reads what an earlier kernel may write that way (load_dep)."""
+    kernels; ordered (strong: ``LDG….STRONG.SM``, PTX ``ld.global.ca``, or ``….STRONG.GPU``,
+    ``ld.global.cg``): a twin launched as a programmatic dependent reads what an earlier kernel
+    may write that way (load_dep), so that the loads stay after its wait."""
     out = {}
     for key, body in function_bodies(text).items():
         meta = decode_twin_name(key[1])
         if meta is not None:
             out[key] = (meta, len(_ANY_LOAD.findall(body)),
-                        len(_READONLY_LOAD.findall(body)) + len(_COHERENT_LOAD.findall(body)))
+                        len(_READONLY_LOAD.findall(body)) + len(_ORDERED_LOAD.findall(body)))
     return out
 

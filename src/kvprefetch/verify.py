@@ -324,8 +324,9 @@ def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None, text: str)
     """The GQA-grouped twins (csrc/gqa_grouped.cuh) are compiled exactly beside the attention
     instantiations upstream.twin_shapes names, with those (G, S), and nowhere else; and every
     global load in them takes the read-only path (``LDG….CONSTANT``), as stock's K/V loads do,
-    or, in a twin built to launch as a programmatic dependent, is coherent (``LDG….STRONG.GPU``:
-    the loads of what an earlier kernel may write, kept after the wait; see check_pdl_order)."""
+    or, in a twin built to launch as a programmatic dependent, is ordered (strong,
+    ``LDG….STRONG.SM`` or ``….STRONG.GPU``: the loads of what an earlier kernel may write, kept
+    after the wait; see check_pdl_order)."""
     want = {(k.arch, k.version, k.dtype, k.kv_cache, k.head_size, k.block_size, g, s)
             for k in parse_sass(text) if not k.block_sparse
             for g, s in twin_shapes(variant, k.version, k.kv_cache, k.head_size, k.block_size,
@@ -337,7 +338,7 @@ def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None, text: str)
     rep.sass.setdefault(tree, {})["gqa_twins"] = len(twins)
     detail = (f"{len(twins)} twin kernels, {len(want)} expected; "
               f"{len(have - want)} unexpected, {len(want - have)} missing; "
-              f"{len(plain)} with a global load off the read-only or coherent path")
+              f"{len(plain)} with a global load off the read-only or ordered path")
     rep.add(TWIN_CHECK, tree, have == want and not plain, detail)
 
 
