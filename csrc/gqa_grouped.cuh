@@ -138,6 +138,20 @@ __device__ __forceinline__ T load_dep(const T* p) {
   }
 }
 
+// A block-table entry. Under KVPREFETCH_TWIN_PDL through the read-only path (ld.global.nc):
+// every such load is guarded by the warp's token range, which comes from seq_lens (load_dep),
+// so it cannot issue before the wait (verify-kernel's order check confirms it per kernel);
+// ordered loads here cost b8 x 512 its gain (repeat runs 32-33: 1.20x against 1.34x without
+// programmatic launch). Without KVPREFETCH_TWIN_PDL: a plain load, as vLLM's code.
+template <typename T>
+__device__ __forceinline__ T load_table(const T* p) {
+  if constexpr (KVPREFETCH_TWIN_PDL == 0) {
+    return *p;
+  } else {
+    return load_as_word<false>(p);
+  }
+}
+
 // The V pass's layout (stock's): V_VEC_SIZE elements per vector, a block row in
 // BLOCK_SIZE / V_VEC_SIZE lanes, so each lane accumulates this many of the HEAD_SIZE rows. The
 // kernel's registers and the shared memory the host gives the twins both follow from it.
@@ -165,11 +179,11 @@ struct WarpBlockNumbers {
   int first, stride, end, lane;
   int held = 0, chunk = -1;
   __device__ __forceinline__ int64_t operator()(const int k) {
-    if (!KVPREFETCH_TWIN_HOIST) return static_cast<int64_t>(load_dep(table + first + k * stride));
+    if (!KVPREFETCH_TWIN_HOIST) return static_cast<int64_t>(load_table(table + first + k * stride));
     if (k / 32 != chunk) {
       chunk = k / 32;
       const int idx = first + (chunk * 32 + lane) * stride;
-      held = idx < end ? load_dep(table + idx) : 0;
+      held = idx < end ? load_table(table + idx) : 0;
     }
     return static_cast<int64_t>(__shfl_sync(0xffffffffu, held, k % 32));
   }
@@ -271,7 +285,7 @@ __global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
   if constexpr (S > 1 && KVPREFETCH_TWIN_PREFETCH > 0) {
     const int idx = start_block_idx + warp_idx + lane * CTA_WARPS;
     if (idx < end_block_idx) {
-      const int64_t block = load_dep(block_number.table + idx);
+      const int64_t block = load_table(block_number.table + idx);
       const int64_t at = block * kv_block_stride + kv_head_idx * kv_head_stride;
       constexpr unsigned kBytes = KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes;
       l2_prefetch_bytes(v_cache + at, kBytes);
