@@ -107,10 +107,11 @@ __device__ __forceinline__ V load_ro(const V* p) {
 // ptxas (nvcc 13.0) moved one such load (seq_lens) above the wait in 1 of the 14 kernels.
 // verify-kernel now checks the order in the SASS ("twins wait for the previous kernel before
 // touching memory"), and with KVPREFETCH_TWIN_PDL those loads are ordinary cached loads
-// (load_dep), which passes it. Coherent L2 loads (ld.global.cg) passed it too but cost b8 x
-// 512 its gain (1.20x, repeat run 32: every block-table read went to L2); the cached loads
-// are timed in repeat run 33. Until then the default stays 0: launched as vLLM launches its
-// kernels, SASS identical to repeat run 24's.
+// (load_dep, block-table entries load_table), which passes it. Timed so (repeat runs 32-34)
+// the early launch still gained at batch 1 but lost 10% at b8 x 512, where the 2x2 twin had
+// grown to 139 registers, one CTA per SM (KVPREFETCH_TWIN_BOUNDS below bounds it now; not
+// yet timed). So the default stays 0: launched as vLLM launches its kernels, SASS identical
+// to repeat run 24's.
 #ifndef KVPREFETCH_TWIN_PDL
   #define KVPREFETCH_TWIN_PDL 0
 #endif
@@ -189,12 +190,28 @@ struct WarpBlockNumbers {
   }
 };
 
+// The twins' launch bounds. Launched as programmatic dependents, the next layer's CTAs are
+// placed while this layer's still run and wait there, which helps only where two fit: under
+// KVPREFETCH_TWIN_PDL the 256-thread twins (S = 2) are bounded to two CTAs per SM, <= 128
+// registers. Without the bound the 2x2 v1 twin took 139 registers and b8 x 512 ran 1.22x with
+// the early launch against 1.35x without it (repeat runs 32-34); run 31's build had it at 128
+// by chance (24 bytes spilled) and ran 1.45x. 128-thread twins fit twice at any count ptxas
+// picks, 512-thread ones (S = 4) fill an SM at 128 either way. Without KVPREFETCH_TWIN_PDL the
+// bounds are stock's form, the thread count alone (minimum CTAs left out, not given as 1: ptxas
+// allocates differently then), so the default build's SASS stays repeat run 24's.
+#if KVPREFETCH_TWIN_PDL
+  #define KVPREFETCH_TWIN_BOUNDS(THREADS) \
+    __launch_bounds__(THREADS, (THREADS) > 128 && (THREADS) <= 256 ? 2 : 1)
+#else
+  #define KVPREFETCH_TWIN_BOUNDS(THREADS) __launch_bounds__(THREADS)
+#endif
+
 // Grid: (num_heads / G, num_seqs, max_num_partitions); PARTITION_SIZE 0 is v1. `logits_stride`:
 // floats of dynamic shared memory per head (stock's shared_mem_size / 4). The comments name
 // the step of vLLM's paged_attention_kernel each part mirrors.
 template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
-__global__ void __launch_bounds__(NUM_THREADS * S) gqa_decode_kernel(
+__global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     float* __restrict__ exp_sums, float* __restrict__ max_logits, scalar_t* __restrict__ out,
     const scalar_t* __restrict__ q, const cache_t* __restrict__ k_cache,
     const cache_t* __restrict__ v_cache, const int num_kv_heads, const float scale,
@@ -819,7 +836,8 @@ bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_me
     int dev = 0;
     const long long twin_ctas = 1LL * grid.x / kTwins[i].g * grid.y * grid.z;
     const DeviceFacts f = cudaGetDevice(&dev) == cudaSuccess ? device_facts(dev) : DeviceFacts{};
-    if (f.cc_major >= 9 && pdl_reduce_after(twin_ctas, f.sm_count)) {  // pdl_here(), facts read once
+    // pdl_here(), with the device facts read once
+    if (f.cc_major >= 9 && pdl_reduce_after(twin_ctas, f.sm_count)) {
       launch_pdl(gqa_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>, reduce_grid,
                  dim3(NUM_THREADS), reduce_shared_mem_size, stream, true, out, a.exp_sums,
                  a.max_logits, a.out, a.seq_lens, max_num_partitions);

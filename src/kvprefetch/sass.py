@@ -126,7 +126,10 @@ def function_bodies(text: str) -> Mapping[tuple[str, str], str]:
     same kernel across two libraries instruction by instruction. verify-kernel asks this of the
     same listings many times (every check, and the baseline's for every tree; head 128 alone in
     three dtypes is a 10 MB listing), so the result is kept, read-only, for the last two listings:
-    the tree being checked and the baseline it is compared with."""
+    the tree being checked and the baseline it is compared with. cuobjdump prints each
+    instruction's second encoding word (``/* 0x… */``, which holds its scheduling control bits:
+    stalls, yields, barriers) on a line of its own; those lines are kept, so two kernels compare
+    equal only if their schedules do too, and no opcode check matches them."""
     out: dict[tuple[str, str], list[str]] = {}
     arch, name = "?", None
     for line in text.splitlines():

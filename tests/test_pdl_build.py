@@ -1,0 +1,85 @@
+"""The exploration switch `-DKVPREFETCH_TWIN_PDL=2` (csrc/gqa_grouped.cuh: the GQA twins and
+kvprefetch's reduce kernel launched as programmatic dependents), built for REAL: fetch (sdist)
+-> apply -> `kvprefetch build --kernels-only --tree-define patched:KVPREFETCH_TWIN_PDL=2` ->
+`verify-kernel --no-gpu` and `cuobjdump -res-usage`. The switch is off by default and has not
+been timed in this form; what it must keep whenever someone turns it on is checked here:
+
+- every twin and reduce kernel waits (ACQBULK) before its first global memory instruction (an
+  early-launched kernel that read q, seq_lens or a block table before the wait could see the
+  previous kernel's data half written; ptxas did move such a load once: tuning doc row 43);
+- the 256-thread twins fit twice per SM (<= 128 registers), so that the next layer's CTAs can be
+  placed beside the running ones (the H200 lost 10% at b8 x 512 without it: row 44).
+
+Nothing here runs a kernel (no GPU on this machine): the machine code is the evidence."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from conftest import copy_workdir, kvprefetch_cli, kvprefetch_cli_split
+
+from kvprefetch.runner import run
+from kvprefetch.sass import decode_twin_name
+from kvprefetch.toolchain import find_cuobjdump
+
+pytestmark = pytest.mark.slow  # one real kernels-only build of two trees (minutes)
+
+BUILD = ("--kernels-only", "--arch", "9.0a", "--head-sizes", "128", "--block-sizes", "16",
+         "--kv-dtypes", "fp16", "--tree-define", "patched:KVPREFETCH_TWIN_PDL=2")
+# fp16, head 128, block 16: the four twins of v1 and of v2, and v2's reduce kernel.
+PDL_KERNELS = 4 + 4 + 1
+PDL_CHECK = "twins wait for the previous kernel before touching memory"
+_FUNC = re.compile(r"Function (\S+):")
+_REG = re.compile(r"REG:(\d+)")
+
+
+@pytest.fixture(scope="module")
+def pdl_built(tmp_path_factory: pytest.TempPathFactory, fetched_template: Path) -> Path:
+    wd = copy_workdir(fetched_template, tmp_path_factory.mktemp("pdl-build") / "work")
+    res = kvprefetch_cli("apply", "--workdir", str(wd))
+    assert res.returncode == 0, res.output
+    res = kvprefetch_cli("build", "--workdir", str(wd), *BUILD, timeout=1500)
+    assert res.returncode == 0, res.output[-3000:]
+    return wd
+
+
+def test_every_twin_and_reduce_kernel_waits_before_touching_memory(pdl_built: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
+    res = kvprefetch_cli_split("verify-kernel", "--workdir", str(pdl_built), "--no-gpu",
+                               "--json", env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    checks = {(c["name"], c["tree"]): c for c in json.loads(res.stdout)["checks"]}
+    order = checks[(PDL_CHECK, "patched")]
+    assert order["status"] == "pass", order["detail"]
+    assert f"{PDL_KERNELS} launched as programmatic dependents" in order["detail"]
+    assert "0 touch global memory before waiting" in order["detail"]
+    assert (PDL_CHECK, "baseline") not in checks  # stock has no twins
+
+
+def test_256_thread_twins_fit_twice_per_sm(pdl_built: Path) -> None:
+    (manifest,) = pdl_built.glob("build/patched/*/manifest.json")
+    assert json.loads(manifest.read_text())["inputs"]["defines"] == ["KVPREFETCH_TWIN_PDL=2"]
+    lib = Path(json.loads(manifest.read_text())["build_so_path"])
+    tools = find_cuobjdump()
+    assert tools is not None, "cuobjdump is needed (verify-kernel needs it too)"
+    out = run([str(tools.cuobjdump), "-res-usage", str(lib)], env=tools.environ(), echo=False,
+              capture=True).output
+    regs: dict[tuple[bool, int, int], int] = {}  # (v2?, G, S) -> registers
+    name = None
+    for line in out.splitlines():
+        if m := _FUNC.search(line):
+            name = m.group(1)
+        elif name and (m := _REG.search(line)):
+            meta = decode_twin_name(name)
+            if meta is not None:
+                key = (meta["version"] == "v2", meta["group"], meta["split"])
+                regs[key] = int(m.group(1))
+            name = None
+    assert len(regs) == 8, regs  # 4 twins x (v1, v2)
+    wide = {k: r for k, r in regs.items() if 128 * k[2] == 256}
+    assert len(wide) == 4, regs  # 4x2 and 2x2, v1 and v2
+    assert all(r <= 128 for r in wide.values()), wide
