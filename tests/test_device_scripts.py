@@ -59,3 +59,43 @@ def test_summarize_prints_the_tables_or_says_none_was_measured(tmp_path: Path) -
                                        "| cold | patched | 1.124x |\n")
     one = subprocess.run([bash, "-c", script], capture_output=True, text=True, check=False)
     assert one.returncode == 0 and "| cold | patched | 1.124x |" in one.stdout
+
+
+def test_device_record_names_the_files_that_ran(tmp_path: Path) -> None:
+    """env.txt's `tree` line: the git tree id of the checkout's files as copied (tracked and
+    untracked, not ignored), in a REAL git repository. Clean, it is the commit's own tree; with
+    an edit and a new file on top, it is the tree a commit of exactly those files gets; the
+    repository's index and status are left as they were."""
+    bash, git = shutil.which("bash"), shutil.which("git")
+    assert bash is not None and git is not None
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def g(*args: str) -> str:
+        return subprocess.run([git, "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t",
+                               *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    def tree_line() -> str:
+        res = subprocess.run([bash, "-c", f'source "{DEVICE / "lib.sh"}"; device_env'], cwd=repo,
+                             capture_output=True, text=True, check=False)
+        (line,) = [ln for ln in res.stdout.splitlines() if ln.startswith("tree ")]
+        return line.split()[1]
+
+    g("init", "-q")
+    (repo / ".gitignore").write_text("ignored/\n")
+    (repo / "a.txt").write_text("a\n")
+    g("add", "-A")
+    g("commit", "-qm", "a")
+    assert tree_line() == g("rev-parse", "HEAD^{tree}")
+
+    (repo / "a.txt").write_text("a, edited\n")
+    (repo / "b.txt").write_text("b\n")
+    (repo / "ignored").mkdir()
+    (repo / "ignored" / "big.bin").write_text("not part of the record\n")
+    status = g("status", "--porcelain")
+    got = tree_line()
+    assert got != g("rev-parse", "HEAD^{tree}")
+    assert g("status", "--porcelain") == status  # the index was not touched
+    g("add", "-A")
+    g("commit", "-qm", "b")
+    assert got == g("rev-parse", "HEAD^{tree}")

@@ -11,6 +11,17 @@ device_env() {   # what the results were measured on, for env.txt
   python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
   nvcc --version | tail -2 | head -1
   git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head -20
+  local tree; tree=$(worktree_id) && echo "tree $tree (the files as copied; a commit with" \
+    "these files has it as \`git rev-parse COMMIT^{tree}\`)"
+}
+# The git tree id of the checkout's files as they are, tracked and untracked (not ignored),
+# written through a scratch index so git's own index is untouched. The device copy's commit is
+# the session's first, with later edits on top; this id names the files that actually ran.
+worktree_id() {
+  local idx rc; idx=$(mktemp) || return 1
+  cp "$(git rev-parse --git-path index 2>/dev/null)" "$idx" 2>/dev/null || : > "$idx"
+  GIT_INDEX_FILE=$idx git add -A . > /dev/null 2>&1 && GIT_INDEX_FILE=$idx git write-tree
+  rc=$?; rm -f "$idx"; return "$rc"
 }
 # The results folder's life: pack() writes $OUT/results.tgz atomically (what the device tool
 # brings back; call it after each table so a cut-short run still returns what it measured);

@@ -31,7 +31,7 @@ if [ "$QUICK" = 1 ]; then
 fi
 # PDL=1: one more tree, `pdl`, the `prefetch` patch built with -DKVPREFETCH_TWIN_PDL=2 (the
 # twins launched as programmatic dependents; off by default until timed, see
-# docs/prefetch-tuning.md rows 42-43), timed and verified beside `patched`.
+# docs/prefetch-tuning.md rows 42-44), timed and verified beside `patched`.
 PDL=${PDL:-0}
 PDL_DEF=()
 if [ "$PDL" = 1 ]; then
