@@ -125,9 +125,9 @@ __device__ __forceinline__ void pdl_start() {
 // A load of data an earlier kernel may have written: seq_lens, the block tables, q, the alibi
 // slopes, the reduction's inputs. In a programmatic dependent launch (KVPREFETCH_TWIN_PDL) it
 // must stay after pdl_start's wait in the SASS: an ordinary cached load (ld.global.ca, SASS
-// LDG.E.STRONG.SM) does, as does a coherent one (ld.global.cg, LDG.E.STRONG.GPU, which skips
-// L1 and was slower: repeat run 32), and the K/V loads, whose addresses come from the block
-// tables, follow it; a read-only one (ld.global.nc, which nvcc infers from const __restrict__)
+// LDG.E.STRONG.SM) does, as does a coherent one (ld.global.cg, LDG.E.STRONG.GPU; repeat runs
+// 32-33 timed both the same), and the K/V loads, whose addresses come from the block tables,
+// follow it; a read-only one (ld.global.nc, which nvcc infers from const __restrict__)
 // promises data that does not change while the kernel runs, and ptxas moved one above the
 // wait (docs/prefetch-tuning.md row 43). Without KVPREFETCH_TWIN_PDL: a plain load, as vLLM's.
 template <typename T>
@@ -139,11 +139,12 @@ __device__ __forceinline__ T load_dep(const T* p) {
   }
 }
 
-// A block-table entry. Under KVPREFETCH_TWIN_PDL through the read-only path (ld.global.nc):
-// every such load is guarded by the warp's token range, which comes from seq_lens (load_dep),
-// so it cannot issue before the wait (verify-kernel's order check confirms it per kernel);
-// ordered loads here cost b8 x 512 its gain (repeat runs 32-33: 1.20x against 1.34x without
-// programmatic launch). Without KVPREFETCH_TWIN_PDL: a plain load, as vLLM's code.
+// A block-table entry. Under KVPREFETCH_TWIN_PDL through the read-only path (ld.global.nc), as
+// stock reads it: every such load is guarded by the warp's token range, which comes from
+// seq_lens (load_dep), so it cannot issue before the wait (verify-kernel's order check
+// confirms it per kernel). Ordered loads here timed the same (repeat runs 33-34: b8 x 512
+// 1.20x and 1.22x, the loss there being the registers; see KVPREFETCH_TWIN_BOUNDS). Without
+// KVPREFETCH_TWIN_PDL: a plain load, as vLLM's code.
 template <typename T>
 __device__ __forceinline__ T load_table(const T* p) {
   if constexpr (KVPREFETCH_TWIN_PDL == 0) {
