@@ -5,9 +5,12 @@ and the log (what the device tool brings back). Their GPU steps run only on the 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -99,3 +102,33 @@ def test_device_record_names_the_files_that_ran(tmp_path: Path) -> None:
     g("add", "-A")
     g("commit", "-qm", "b")
     assert got == g("rev-parse", "HEAD^{tree}")
+
+
+def test_res_usage_records_each_trees_registers(tmp_path: Path) -> None:
+    """lib.sh's res_usage on a REAL object: nvcc compiles a sample kernel for sm_90, a build
+    manifest names it as a tree's library, and the results get that tree's
+    `cuobjdump -res-usage` (registers per kernel) -- the fact behind tuning doc row 44."""
+    from kvprefetch.toolchain import find_nvcc
+
+    bash, nvcc = shutil.which("bash"), find_nvcc()
+    assert bash is not None and nvcc is not None
+    sample = Path(__file__).resolve().parent / "samples" / "sass" / "pdl_order.cu"
+    obj = tmp_path / "pdl_order.o"
+    subprocess.run([str(nvcc), "-std=c++17", "-O2", "-gencode=arch=compute_90,code=sm_90", "-c",
+                    "-o", str(obj), str(sample)], check=True, capture_output=True)
+    build = tmp_path / "work" / "build" / "pdl" / "0123abcd"
+    build.mkdir(parents=True)
+    (build / "manifest.json").write_text(json.dumps({"build_so_path": str(obj)}))
+    results = tmp_path / "results"
+    results.mkdir()
+    src = Path(__file__).resolve().parent.parent / "src"
+    # lib.sh's python3 is the device's (torch, the nvidia wheels); here, this test's own
+    env = {**os.environ, "PYTHONPATH": str(src),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    script = (f'source "{DEVICE / "lib.sh"}"; W="{tmp_path / "work"}"; R="{results}"; '
+              f'LOG="{tmp_path / "run.log"}"; res_usage')
+    res = subprocess.run([bash, "-c", script], env=env, capture_output=True, text=True,
+                         check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = (results / "res-usage-pdl.txt").read_text()
+    assert "Function" in text and re.search(r"REG:\d+", text), text

@@ -20,6 +20,7 @@ done
 step 200 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 128,256 \
   --block-sizes 16 --kv-dtypes fp16,bf16 || exit 5
 step 120 "${K[@]}" verify-kernel --workdir "$W"
+res_usage
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
 step 100 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/test_vmm_gpu.py \
   tests/test_vmm_paged.py tests/test_bench_kernel.py

@@ -23,6 +23,20 @@ worktree_id() {
   GIT_INDEX_FILE=$idx git add -A . > /dev/null 2>&1 && GIT_INDEX_FILE=$idx git write-tree
   rc=$?; rm -f "$idx"; return "$rc"
 }
+# res_usage: registers, stack and shared memory of every kernel in each built tree's library
+# (`cuobjdump -res-usage`), one file per tree in the results: what decides how many CTAs fit an
+# SM, which an early launch needs (docs/prefetch-tuning.md row 44).
+res_usage() {
+  local m t so tool
+  tool=$(python3 -c 'from kvprefetch.toolchain import find_cuobjdump as f; t = f()
+print(t.cuobjdump if t else "cuobjdump")' 2>/dev/null) || tool=cuobjdump
+  for m in "$W"/build/*/*/manifest.json; do
+    [ -f "$m" ] || continue
+    t=$(basename "$(dirname "$(dirname "$m")")")
+    so=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["build_so_path"])' "$m")
+    "$tool" -res-usage "$so" > "$R/res-usage-$t.txt" 2>&1 || log "res-usage of $t failed"
+  done
+}
 # The results folder's life: pack() writes $OUT/results.tgz atomically (what the device tool
 # brings back; call it after each table so a cut-short run still returns what it measured);
 # bench() is step() followed by pack(); finish() packs and removes the folder.

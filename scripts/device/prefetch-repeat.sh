@@ -52,6 +52,7 @@ step 300 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 \
   $([ -d "$W/trees/gqa_off" ] && echo --tree-define gqa_off:KVPREFETCH_GQA_DEFAULT_MODE=0) \
   "${PDL_DEF[@]}" || exit 5
 step 200 "${K[@]}" verify-kernel --workdir "$W"
+res_usage
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
 step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/test_vmm_gpu.py \
   tests/test_vmm_paged.py tests/test_bench_kernel.py
