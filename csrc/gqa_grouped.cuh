@@ -107,7 +107,7 @@ __device__ __forceinline__ V load_ro(const V* p) {
 // ptxas (nvcc 13.0) moved one such load (seq_lens) above the wait in 1 of the 14 kernels.
 // verify-kernel now checks the order in the SASS ("twins wait for the previous kernel before
 // touching memory"), and with KVPREFETCH_TWIN_PDL those loads are ordinary cached loads
-// (load_dep, block-table entries load_table), which passes it. Timed so (repeat runs 32-34)
+// (load_dep), which passes it. Timed so (repeat runs 32-34)
 // the early launch still gained at batch 1 but lost 10% at b8 x 512, where the 2x2 twin had
 // grown to 139 registers, one CTA per SM (KVPREFETCH_TWIN_BOUNDS below bounds it now; not
 // yet timed). So the default stays 0: launched as vLLM launches its kernels, SASS identical
@@ -129,28 +129,17 @@ __device__ __forceinline__ void pdl_start() {
 // 32-33 timed both the same), and the K/V loads, whose addresses come from the block tables,
 // follow it; a read-only one (ld.global.nc, which nvcc infers from const __restrict__)
 // promises data that does not change while the kernel runs, and ptxas moved one above the
-// wait (docs/prefetch-tuning.md row 43). Without KVPREFETCH_TWIN_PDL: a plain load, as vLLM's.
-template <typename T>
+// wait (docs/prefetch-tuning.md row 43). ORDERED = false keeps the read-only path under
+// KVPREFETCH_TWIN_PDL for a load that cannot issue before the wait anyway: the block-table
+// entries, each guarded by the warp's token range, which comes from seq_lens (verify-kernel's
+// order check confirms it per kernel; ordered loads there timed the same, repeat runs 33-34).
+// Without KVPREFETCH_TWIN_PDL: a plain load, as vLLM's code.
+template <bool ORDERED = true, typename T>
 __device__ __forceinline__ T load_dep(const T* p) {
   if constexpr (KVPREFETCH_TWIN_PDL == 0) {
     return *p;
   } else {
-    return load_as_word<true>(p);
-  }
-}
-
-// A block-table entry. Under KVPREFETCH_TWIN_PDL through the read-only path (ld.global.nc), as
-// stock reads it: every such load is guarded by the warp's token range, which comes from
-// seq_lens (load_dep), so it cannot issue before the wait (verify-kernel's order check
-// confirms it per kernel). Ordered loads here timed the same (repeat runs 33-34: b8 x 512
-// 1.20x and 1.22x, the loss there being the registers; see KVPREFETCH_TWIN_BOUNDS). Without
-// KVPREFETCH_TWIN_PDL: a plain load, as vLLM's code.
-template <typename T>
-__device__ __forceinline__ T load_table(const T* p) {
-  if constexpr (KVPREFETCH_TWIN_PDL == 0) {
-    return *p;
-  } else {
-    return load_as_word<false>(p);
+    return load_as_word<ORDERED>(p);
   }
 }
 
@@ -181,11 +170,13 @@ struct WarpBlockNumbers {
   int first, stride, end, lane;
   int held = 0, chunk = -1;
   __device__ __forceinline__ int64_t operator()(const int k) {
-    if (!KVPREFETCH_TWIN_HOIST) return static_cast<int64_t>(load_table(table + first + k * stride));
+    if (!KVPREFETCH_TWIN_HOIST) {
+      return static_cast<int64_t>(load_dep<false>(table + first + k * stride));
+    }
     if (k / 32 != chunk) {
       chunk = k / 32;
       const int idx = first + (chunk * 32 + lane) * stride;
-      held = idx < end ? load_table(table + idx) : 0;
+      held = idx < end ? load_dep<false>(table + idx) : 0;
     }
     return static_cast<int64_t>(__shfl_sync(0xffffffffu, held, k % 32));
   }
@@ -303,7 +294,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   if constexpr (S > 1 && KVPREFETCH_TWIN_PREFETCH > 0) {
     const int idx = start_block_idx + warp_idx + lane * CTA_WARPS;
     if (idx < end_block_idx) {
-      const int64_t block = load_table(block_number.table + idx);
+      const int64_t block = load_dep<false>(block_number.table + idx);
       const int64_t at = block * kv_block_stride + kv_head_idx * kv_head_stride;
       constexpr unsigned kBytes = KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes;
       l2_prefetch_bytes(v_cache + at, kBytes);

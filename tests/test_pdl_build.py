@@ -62,8 +62,9 @@ def test_every_twin_and_reduce_kernel_waits_before_touching_memory(pdl_built: Pa
 
 def test_256_thread_twins_fit_twice_per_sm(pdl_built: Path) -> None:
     (manifest,) = pdl_built.glob("build/patched/*/manifest.json")
-    assert json.loads(manifest.read_text())["inputs"]["defines"] == ["KVPREFETCH_TWIN_PDL=2"]
-    lib = Path(json.loads(manifest.read_text())["build_so_path"])
+    built = json.loads(manifest.read_text())
+    assert built["inputs"]["defines"] == ["KVPREFETCH_TWIN_PDL=2"]
+    lib = Path(built["build_so_path"])
     tools = find_cuobjdump()
     assert tools is not None, "cuobjdump is needed (verify-kernel needs it too)"
     out = run([str(tools.cuobjdump), "-res-usage", str(lib)], env=tools.environ(), echo=False,
