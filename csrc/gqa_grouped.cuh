@@ -183,17 +183,17 @@ struct WarpBlockNumbers {
 };
 
 // The twins' launch bounds. Launched as programmatic dependents, the next layer's CTAs are
-// placed while this layer's still run and wait there, which helps only where two fit: under
-// KVPREFETCH_TWIN_PDL the 256-thread twins (S = 2) are bounded to two CTAs per SM, <= 128
-// registers. Without the bound the 2x2 v1 twin took 139 registers and b8 x 512 ran 1.22x with
-// the early launch against 1.35x without it (repeat runs 32-34); run 31's build had it at 128
-// by chance (24 bytes spilled) and ran 1.45x. 128-thread twins fit twice at any count ptxas
-// picks, 512-thread ones (S = 4) fill an SM at 128 either way. Without KVPREFETCH_TWIN_PDL the
-// bounds are stock's form, the thread count alone (minimum CTAs left out, not given as 1: ptxas
-// allocates differently then), so the default build's SASS stays repeat run 24's.
+// placed while this layer's still run and wait there, which helps only where they fit: under
+// KVPREFETCH_TWIN_PDL every twin is bounded to <= 128 registers (512 / THREADS CTAs per SM:
+// four of 128 threads, two of 256, one of 512), the count ptxas picks for most of them
+// unbounded. Repeat runs 32-34: the 2x2 v1 twin took 139 registers there, and b8 x 512 ran 1.22x
+// with the early launch against 1.35x without it. Repeat run 35: a minimum of 1 for the
+// 128-thread twins (4x1) let ptxas take 179-185 registers, two CTAs per SM where there had been
+// four, and the large batches lost up to 30%. Without KVPREFETCH_TWIN_PDL the bounds are
+// stock's form, the thread count alone (minimum CTAs left out, not given as 1: ptxas allocates
+// differently then), so the default build's SASS stays repeat run 24's.
 #if KVPREFETCH_TWIN_PDL
-  #define KVPREFETCH_TWIN_BOUNDS(THREADS) \
-    __launch_bounds__(THREADS, (THREADS) > 128 && (THREADS) <= 256 ? 2 : 1)
+  #define KVPREFETCH_TWIN_BOUNDS(THREADS) __launch_bounds__(THREADS, 512 / (THREADS))
 #else
   #define KVPREFETCH_TWIN_BOUNDS(THREADS) __launch_bounds__(THREADS)
 #endif
