@@ -92,28 +92,23 @@ __device__ __forceinline__ V load_ro(const V* p) {
   #define KVPREFETCH_TWIN_PREFETCH 0
 #endif
 
-// Programmatic dependent launch (Hopper, compute capability 9+), an exploration switch, OFF:
-// with KVPREFETCH_TWIN_PDL the twins (>= 1), and in v2 the reduction after them (2:
-// kvprefetch's reduce kernel below, where pdl_reduce_after says so), are launched with
+// Programmatic dependent launch (Hopper, compute capability 9+), ON by default (2): the twins
+// (KVPREFETCH_TWIN_PDL >= 1), and in v2 the reduction after them (2: kvprefetch's reduce kernel
+// below, where pdl_reduce_after says so), are launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization. Each of their CTAs first lets the
 // stream's next kernel start launching (that kernel's CTAs wait for this grid only if they
 // wait for it themselves: griddepcontrol.wait), then waits until the stream's previous kernel
-// has completed and its writes are visible (pdl_start), meaning to touch global memory only
-// after that. On the H200 this took b8 x 512 from 1.33x to 1.45x and the issue matrix from
-// 1.61x to 1.68x (exploration run 30, repeat run 31; docs/prefetch-tuning.md rows 42-43).
-// Why it is off: the wait orders only what ptxas must order. Those runs read seq_lens, the
-// block tables and q through the read-only path (ld.global.nc), whose data must not change
-// while the kernel runs; with an early launch the previous kernel may still be running, and
-// ptxas (nvcc 13.0) moved one such load (seq_lens) above the wait in 1 of the 14 kernels.
-// verify-kernel now checks the order in the SASS ("twins wait for the previous kernel before
-// touching memory"), and with KVPREFETCH_TWIN_PDL those loads are ordinary cached loads
-// (load_dep), which passes it. Timed so (repeat runs 32-34)
-// the early launch still gained at batch 1 but lost 10% at b8 x 512, where the 2x2 twin had
-// grown to 139 registers, one CTA per SM (KVPREFETCH_TWIN_BOUNDS below bounds it now; not
-// yet timed). So the default stays 0: launched as vLLM launches its kernels, SASS identical
-// to repeat run 24's.
+// has completed and its writes are visible (pdl_start), before it touches global memory: what
+// an earlier kernel may write (seq_lens, q, alibi, the reduction's inputs) is loaded so that
+// ptxas keeps it after the wait (load_dep), and verify-kernel checks the order in each
+// kernel's SASS ("twins wait for the previous kernel before touching memory"). So only the
+// launch and the grid's ramp-up overlap the previous kernel's tail. On the H200 (repeat run 36,
+// docs/prefetch-tuning.md row 46; rows 42-45 for how it got there) the issue matrix went from
+// 1.639x to 1.658x, batch 1 gained 4-11% (b1 x 1k 1.80x -> 1.99x), four large-batch shapes lost
+// 0.3-1.2%, b8 x 512 and b8 x 1k ran the same; bitwise equal everywhere. 0: the twins launched
+// as vLLM launches its kernels (repeat run 24's design, SASS identical to its build).
 #ifndef KVPREFETCH_TWIN_PDL
-  #define KVPREFETCH_TWIN_PDL 0
+  #define KVPREFETCH_TWIN_PDL 2
 #endif
 __device__ __forceinline__ void pdl_start() {
 #if KVPREFETCH_TWIN_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

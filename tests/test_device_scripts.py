@@ -46,6 +46,29 @@ def test_missing_sdist_stops_with_the_fix_and_returns_the_log(tmp_path: Path, sc
     assert not (tmp_path / "work").exists()  # nothing was fetched or built
 
 
+@pytest.mark.parametrize("nopdl", ["0", "1"])
+def test_nopdl_tree_adds_the_tree_its_variant_and_its_define(nopdl: str) -> None:
+    """lib.sh's nopdl_tree (prefetch-repeat.sh and default-matrix.sh): NOPDL=1 times the design
+    without programmatic dependent launch beside the default, as one more tree built with
+    KVPREFETCH_TWIN_PDL=0; without it nothing is added and the build gets no define."""
+    bash = shutil.which("bash")
+    assert bash is not None
+    script = (f'source "{DEVICE / "lib.sh"}"; V=(--variant baseline); FETCH=(--with-seed); '
+              "nopdl_tree; printf '%s\\n' \"${V[*]}\" \"${FETCH[*]}\" \"${NOPDL_DEF[*]}\"")
+    res = subprocess.run([bash, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "NOPDL": nopdl})
+    v, fetch, define = res.stdout.split("\n")[:3]
+    if nopdl == "1":
+        assert v == "--variant baseline --variant nopdl"
+        assert fetch == "--with-seed --extra-tree nopdl"
+        assert define == "--tree-define nopdl:KVPREFETCH_TWIN_PDL=0"
+    else:
+        assert (v, fetch, define) == ("--variant baseline", "--with-seed", "")
+    for script_name in ("prefetch-repeat.sh", "default-matrix.sh"):
+        text = (DEVICE / script_name).read_text()
+        assert "nopdl_tree" in text and '"${NOPDL_DEF[@]}"' in text, script_name
+
+
 def test_summarize_prints_the_tables_or_says_none_was_measured(tmp_path: Path) -> None:
     """lib.sh's last step: the summary rows of the tables, or exit 6 naming BUDGET_S when the
     budget let no table run (a run cut short used to end with grep's bare exit 1)."""
