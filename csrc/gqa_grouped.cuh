@@ -184,9 +184,9 @@ struct WarpBlockNumbers {
 // unbounded. Repeat runs 32-34: the 2x2 v1 twin took 139 registers there, and b8 x 512 ran 1.22x
 // with the early launch against 1.35x without it. Repeat run 35: a minimum of 1 for the
 // 128-thread twins (4x1) let ptxas take 179-185 registers, two CTAs per SM where there had been
-// four, and the large batches lost up to 30%. Without KVPREFETCH_TWIN_PDL the bounds are
+// four, and the large batches lost up to 30%. With KVPREFETCH_TWIN_PDL=0 the bounds are
 // stock's form, the thread count alone (minimum CTAs left out, not given as 1: ptxas allocates
-// differently then), so the default build's SASS stays repeat run 24's.
+// differently then), so that build's SASS stays repeat run 24's.
 #if KVPREFETCH_TWIN_PDL
   #define KVPREFETCH_TWIN_BOUNDS(THREADS) __launch_bounds__(THREADS, 512 / (THREADS))
 #else
