@@ -104,9 +104,10 @@ __device__ __forceinline__ V load_ro(const V* p) {
 // kernel's SASS ("twins wait for the previous kernel before touching memory"). So only the
 // launch and the grid's ramp-up overlap the previous kernel's tail. On the H200 (repeat run 36,
 // docs/prefetch-tuning.md row 46; rows 42-45 for how it got there) the issue matrix went from
-// 1.639x to 1.658x, batch 1 gained 4-11% (b1 x 1k 1.80x -> 1.99x), four large-batch shapes lost
-// 0.3-1.2%, b8 x 512 and b8 x 1k ran the same; bitwise equal everywhere. 0: the twins launched
-// as vLLM launches its kernels (repeat run 24's design, SASS identical to its build).
+// 1.639x to 1.658x, batch 1 gained 3-11% (b1 x 1k 1.80x -> 1.99x; b1 x 4k lost 0.9%), four
+// large-batch shapes lost 0.3-1.2%, b8 x 512 and b8 x 1k ran the same; bitwise equal
+// everywhere. 0: the twins launched as vLLM launches its kernels (repeat run 24's design, SASS
+// identical to its build).
 #ifndef KVPREFETCH_TWIN_PDL
   #define KVPREFETCH_TWIN_PDL 2
 #endif
