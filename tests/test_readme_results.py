@@ -1,0 +1,107 @@
+"""The README's H200 results table is the committed raw JSON, not numbers typed in by hand.
+
+Each row of the table under "Results on the H200" names a shape; its columns from run 36
+(`prefetch` per run, `without PDL`, `launch`, `control`, and stock's time in the median run)
+must be what `kvprefetch report --repeats` wrote into
+docs/results/2026-11-30-h200-prefetch-repeat/36-pdl-bounds-128/repeats.json, rounded as
+printed. The other columns (`no twin`, `seed`: run 24; the L2-resident bound) are checked
+against their own runs' JSON where those runs measured them.
+
+Run 36 timed the shipped kernels as its `pdl` tree and the design without PDL as `patched`
+(README: the new default build's SASS equals that tree's)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from kvprefetch import upstream
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results" / "2026-11-30-h200-prefetch-repeat"
+ROW = re.compile(r"^\| (\d+) × (\S+) \((v[12])\) \| ([\d.]+) \| (\w+) \| ([\d. ]+) \| ([\d.]+) \| "
+                 r"([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$")
+GEOMEAN = re.compile(r"^\| \*\*geomean, 20 shapes\*\* \| \| \| \*\*([\d. ]+)\*\* \| ([\d.]+) \| "
+                     r"([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$")
+
+
+def _table() -> tuple[dict[tuple[int, str], re.Match[str]], re.Match[str]]:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Results on the H200"):text.index("How to read it")]
+    rows = {(int(m[1]), m[2]): m for line in section.splitlines() if (m := ROW.match(line))}
+    (geo,) = [m for line in section.splitlines() if (m := GEOMEAN.match(line))]
+    return rows, geo
+
+
+def _ctx(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens >= 1024 else str(tokens)
+
+
+def _shapes(path: Path) -> dict[tuple[int, str], dict]:
+    return {(r["batch"], _ctx(r["context"])): r for r in json.loads(path.read_text())["results"]}
+
+
+def test_every_shape_of_the_issue_matrix_is_in_the_table() -> None:
+    rows, _ = _table()
+    assert set(rows) == set(_shapes(RESULTS / "36-pdl-bounds-128" / "repeats.json"))
+    assert len(rows) == 20
+
+
+def test_run_36_columns_are_its_json() -> None:
+    rows, geo = _table()
+    data = json.loads((RESULTS / "36-pdl-bounds-128" / "repeats.json").read_text())
+    shapes = _shapes(RESULTS / "36-pdl-bounds-128" / "repeats.json")
+    for key, m in rows.items():
+        r, v = shapes[key], shapes[key]["variants"]
+        assert m[3] == r["kernel"], key
+        assert m[4] == f"{sorted(r['baseline_us'])[1]:.1f}", key  # stock: the median run
+        assert m[6].split() == [f"{x:.3f}" for x in v["pdl"]["run_medians"]], key
+        assert [m[7], m[9], m[10]] == [f"{v[n]['median']:.3f}"
+                                       for n in ("patched", "launch", "control")], key
+    summary = {s["variant"]: s for s in data["summary"]}
+    assert geo[1].split() == [f"{x:.3f}" for x in summary["pdl"]["geomean_per_run"]]
+    assert [geo[2], geo[4], geo[5]] == [f"{summary[n]['geomean_of_medians']:.3f}"
+                                        for n in ("patched", "launch", "control")]
+
+
+def test_twin_column_is_the_rule_on_the_h200() -> None:
+    """`twin (auto)`: what kvprefetch.upstream.auto_twin (the mirror of the launcher's rule)
+    picks on 132 SMs for the shape's stock grid: 32 query heads x batch x v2's partitions of 512
+    tokens. The GPU test test_launcher_prefetch checks that the H200 ran exactly that twin."""
+    rows, _ = _table()
+    for (batch, ctx), m in rows.items():
+        tokens = int(ctx[:-1]) * 1024 if ctx.endswith("k") else int(ctx)
+        ctas = 32 * batch * (1 if m[3] == "v1" else -(-tokens // 512))
+        g, s = upstream.auto_twin(100 * ctas // 132)
+        assert m[5] == f"{g}x{s}", (batch, ctx)
+
+
+def test_run_24_columns_are_its_json() -> None:
+    """`no twin` was run 24's `gqa_off` tree and `seed` its `seed` tree (median of 3 runs)."""
+    rows, geo = _table()
+    data = json.loads((RESULTS / "24-twins" / "repeats.json").read_text())
+    shapes = _shapes(RESULTS / "24-twins" / "repeats.json")
+    for key, m in rows.items():
+        v = shapes[key]["variants"]
+        assert m[3] == shapes[key]["kernel"], key
+        assert [m[8], m[11]] == [f"{v[n]['median']:.3f}" for n in ("gqa_off", "seed")], key
+    summary = {s["variant"]: s for s in data["summary"]}
+    assert [geo[3], geo[6]] == [f"{summary[n]['geomean_of_medians']:.3f}"
+                                for n in ("gqa_off", "seed")]
+
+
+def test_l2_resident_bound_is_its_json() -> None:
+    """The last column: stock cold / stock `--mode aliased` (every KV load an L2 hit), median
+    times from docs/results/2026-11-29-h200-l2-bound/matrix-aliased.json; geomean over 20."""
+    rows, geo = _table()
+    runs = json.loads((ROOT / "docs" / "results" / "2026-11-29-h200-l2-bound" /
+                       "matrix-aliased.json").read_text())["results"]
+    stock = {(r["batch"], _ctx(r["context"]), r["mode"]):
+             r["variants"]["baseline"]["time_us"]["median"] for r in runs}
+    bounds = {key: stock[(*key, "cold")] / stock[(*key, "aliased")] for key in rows}
+    for key, m in rows.items():
+        assert m[12] == f"{bounds[key]:.2f}", key
+    geomean = math.exp(sum(math.log(b) for b in bounds.values()) / len(bounds))
+    assert geo[7] == f"{geomean:.2f}"
