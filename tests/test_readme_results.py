@@ -39,20 +39,24 @@ def _ctx(tokens: int) -> str:
     return f"{tokens // 1024}k" if tokens >= 1024 else str(tokens)
 
 
-def _shapes(path: Path) -> dict[tuple[int, str], dict]:
-    return {(r["batch"], _ctx(r["context"])): r for r in json.loads(path.read_text())["results"]}
+def _shapes(data: dict) -> dict[tuple[int, str], dict]:
+    return {(r["batch"], _ctx(r["context"])): r for r in data["results"]}
+
+
+def _repeats(run: str) -> dict:
+    return json.loads((RESULTS / run / "repeats.json").read_text())
 
 
 def test_every_shape_of_the_issue_matrix_is_in_the_table() -> None:
     rows, _ = _table()
-    assert set(rows) == set(_shapes(RESULTS / "36-pdl-bounds-128" / "repeats.json"))
+    assert set(rows) == set(_shapes(_repeats("36-pdl-bounds-128")))
     assert len(rows) == 20
 
 
 def test_run_36_columns_are_its_json() -> None:
     rows, geo = _table()
-    data = json.loads((RESULTS / "36-pdl-bounds-128" / "repeats.json").read_text())
-    shapes = _shapes(RESULTS / "36-pdl-bounds-128" / "repeats.json")
+    data = _repeats("36-pdl-bounds-128")
+    shapes = _shapes(data)
     for key, m in rows.items():
         r, v = shapes[key], shapes[key]["variants"]
         assert m[3] == r["kernel"], key
@@ -81,8 +85,8 @@ def test_twin_column_is_the_rule_on_the_h200() -> None:
 def test_run_24_columns_are_its_json() -> None:
     """`no twin` was run 24's `gqa_off` tree and `seed` its `seed` tree (median of 3 runs)."""
     rows, geo = _table()
-    data = json.loads((RESULTS / "24-twins" / "repeats.json").read_text())
-    shapes = _shapes(RESULTS / "24-twins" / "repeats.json")
+    data = _repeats("24-twins")
+    shapes = _shapes(data)
     for key, m in rows.items():
         v = shapes[key]["variants"]
         assert m[3] == shapes[key]["kernel"], key
