@@ -151,6 +151,95 @@ constexpr int v_rows_per_thread() {
   return cdiv(HEAD_SIZE, 32 / (BLOCK_SIZE / v_vec_size<scalar_t, BLOCK_SIZE>()));
 }
 
+// Floats of shared memory the twin (G, S) needs beyond G times stock's: the V products that
+// warps >= NUM_WARPS hand to their stock warp (the kernel's V pass).
+template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int G, int S>
+constexpr int products_floats() {
+  return (S - 1) * (NUM_THREADS / 32) * G * v_rows_per_thread<scalar_t, HEAD_SIZE, BLOCK_SIZE>() *
+         32;
+}
+
+// Staging (KVPREFETCH_TWIN_STAGE = slots per warp, default 2; 0 compiles none): the S = 2 twins
+// (2x2, 4x2) copy each warp's K and V chunks, one (block, kv head) chunk of HEAD_SIZE *
+// BLOCK_SIZE cache elements per copy, from global into a ring of slots of shared memory with
+// Hopper's asynchronous bulk copy (cp.async.bulk, completion counted on one mbarrier per
+// slot), and compute from there. A warp's chunks are its blocks' K, then the same blocks' V,
+// in the order the passes use them; a slot is refilled with the chunk `stages` ahead as soon
+// as the warp is done with it, so the next chunk is in flight while the warp computes (and its
+// first V chunks during the softmax) without holding it in registers. The arithmetic is
+// unchanged: the same vectors, read from shared memory instead of global, go through the same
+// operations (bench kernel and verify-kernel check the outputs bitwise). The host launches the
+// staged instantiation where two slots per warp fit beside the CTAs an SM holds
+// (stage_count), else the unstaged one. H200, exploration runs 39-40
+// (docs/prefetch-tuning.md rows 47-48): two slots ran b8 x 512 1.35x -> 1.51x, b8 x 1k 1.28x
+// -> 1.36x, b32 x 512/1k 1.40/1.49x -> 1.58/1.79x, b1 x 16k 1.49x -> 1.68x, bf16 b8 x 1k 1.46x
+// -> 1.75x; more slots ran slower (b8 x 512 1.36x at up to 4, 1.31x at up to 8), one slot (no
+// overlap) far slower (b32 x 4k 1.56x -> 1.28x), and the S = 4 twin (2x4) 1-4% slower staged.
+// A kernel holding both paths behind a run-time test spilled and lost all of it (run 40).
+#ifndef KVPREFETCH_TWIN_STAGE
+  #define KVPREFETCH_TWIN_STAGE 2
+#endif
+template <int S>
+constexpr bool staged() {
+  return KVPREFETCH_TWIN_STAGE > 0 && S == 2;
+}
+constexpr long long round_up(const long long v, const long long to) {
+  return (v + to - 1) / to * to;
+}
+// Dynamic shared memory of a staged twin: `before` bytes (the logits and V products), then
+// one 8-byte mbarrier per slot and warp (room for the most slots), then each warp's ring.
+constexpr long long stage_bars_at(const long long before) { return round_up(before, 128); }
+constexpr long long stage_ring_at(const long long before, const int cta_warps) {
+  return stage_bars_at(before) + round_up(8LL * cta_warps * cmax(KVPREFETCH_TWIN_STAGE, 1), 128);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void stage_init(const uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void stage_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// One lane: copy `bytes` from global `src` into shared `dst`, completing on mbarrier `bar`.
+// The proxy fence orders the warp's earlier generic reads of the slot before the async copy's
+// writes (the caller synchronises the warp first).
+__device__ __forceinline__ void stage_copy(const uint32_t dst, const void* src,
+                                           const uint32_t bytes, const uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#else
+  (void)dst; (void)src; (void)bytes; (void)bar;
+#endif
+}
+// Every lane: wait until the copy into the slot of mbarrier `bar` for phase `parity` is done.
+__device__ __forceinline__ void stage_wait(const uint32_t bar, const uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+#else
+  (void)bar; (void)parity;
+#endif
+}
+
 // The physical numbers of one warp's blocks first, first + stride, ... (< end): 32 at a time,
 // one load per lane, handed out by shuffle. Stock reads each from block_table right before
 // loading the block's K (and again before its V): a dependent global load on every iteration
@@ -178,6 +267,40 @@ struct WarpBlockNumbers {
   }
 };
 
+// One warp's staging ring (KVPREFETCH_TWIN_STAGE): its chunks c = 0 .. 2n - 1 are the K of its
+// n blocks, then their V; chunk c goes to slot c % stages. issue and release are warp-collective
+// (the block numbers are handed out by shuffle); lane 0 issues the copy.
+template <typename cache_t, int CHUNK>
+struct WarpStage {
+  char* ring;     // this warp's slots
+  uint32_t bars;  // shared address of this warp's first mbarrier
+  int stages, n, lane;
+  const cache_t* k;  // this kv head's K and V at block 0
+  const cache_t* v;
+  int64_t block_stride;
+  WarpBlockNumbers numbers;
+  __device__ __forceinline__ void issue(const int c) {
+    if (c >= 2 * n) return;
+    const int64_t block = numbers(c < n ? c : c - n);
+    if (lane == 0) {
+      const int slot = c % stages;
+      stage_copy(smem_addr(ring + slot * CHUNK), (c < n ? k : v) + block * block_stride, CHUNK,
+                 bars + 8 * slot);
+    }
+  }
+  // The chunk c, once it has landed.
+  __device__ __forceinline__ const cache_t* wait(const int c) const {
+    const int slot = c % stages;
+    stage_wait(bars + 8 * slot, (c / stages) & 1);
+    return reinterpret_cast<const cache_t*>(ring + slot * CHUNK);
+  }
+  // The warp is done with chunk c: its slot takes chunk c + stages.
+  __device__ __forceinline__ void release(const int c) {
+    __syncwarp();
+    issue(c + stages);
+  }
+};
+
 // The twins' launch bounds. Launched as programmatic dependents, the next layer's CTAs are
 // placed while this layer's still run and wait there, which helps only where they fit: under
 // KVPREFETCH_TWIN_PDL every twin is bounded to <= 128 registers (512 / THREADS CTAs per SM:
@@ -198,7 +321,7 @@ struct WarpBlockNumbers {
 // floats of dynamic shared memory per head (stock's shared_mem_size / 4). The comments name
 // the step of vLLM's paged_attention_kernel each part mirrors.
 template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
+          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED>
 __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     float* __restrict__ exp_sums, float* __restrict__ max_logits, scalar_t* __restrict__ out,
     const scalar_t* __restrict__ q, const cache_t* __restrict__ k_cache,
@@ -245,6 +368,38 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   const int first_head = blockIdx.x * G;
   const int num_queries_per_kv = num_heads / num_kv_heads;
   const int kv_head_idx = first_head / num_queries_per_kv;
+  // Staging (KVPREFETCH_TWIN_STAGE): the ring's layout from the dynamic shared memory the host
+  // gave, then each warp's first `stages` chunks requested before the query is read.
+  constexpr int CHUNK = HEAD_SIZE * BLOCK_SIZE * int(sizeof(cache_t));
+  [[maybe_unused]] WarpStage<cache_t, CHUNK> stage{};
+  static_assert(!STAGED || staged<S>(), "staged: the S = 2 twins, KVPREFETCH_TWIN_STAGE > 0");
+  if constexpr (STAGED) {
+    extern __shared__ char stage_mem[];
+    const long long before =
+        G * 4LL * logits_stride +
+        4LL * products_floats<scalar_t, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, G, S>();
+    uint32_t dynamic_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+    const int ring_at = static_cast<int>(stage_ring_at(before, CTA_WARPS));
+    const int ring_bytes = static_cast<int>(dynamic_bytes) - ring_at;
+    stage.stages = cmin(cmax(ring_bytes / (CTA_WARPS * CHUNK), 1), KVPREFETCH_TWIN_STAGE);
+    stage.ring = stage_mem + ring_at + warp_idx * stage.stages * CHUNK;
+    stage.bars =
+        smem_addr(stage_mem + stage_bars_at(before)) + 8 * warp_idx * KVPREFETCH_TWIN_STAGE;
+    stage.n = cmax(cdiv(end_block_idx - start_block_idx - warp_idx, CTA_WARPS), 0);
+    stage.lane = lane;
+    stage.k = k_cache + kv_head_idx * kv_head_stride;
+    stage.v = v_cache + kv_head_idx * kv_head_stride;
+    stage.block_stride = kv_block_stride;
+    stage.numbers = {block_tables + seq_idx * max_num_blocks_per_seq, start_block_idx + warp_idx,
+                     CTA_WARPS, end_block_idx, lane};
+    if (lane == 0) {
+      for (int slot = 0; slot < stage.stages; ++slot) stage_init(stage.bars + 8 * slot);
+      stage_init_fence();
+    }
+    __syncwarp();
+    for (int c = 0; c < stage.stages; ++c) stage.issue(c);
+  }
   float alibi_slope[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -299,20 +454,32 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   }
   for (int block_idx = start_block_idx + warp_idx, k = 0; block_idx < end_block_idx;
        block_idx += CTA_WARPS, ++k) {
-    const int64_t physical_block_number = block_number(k);
+    // Staged: the block's K chunk in this warp's ring; else its physical number, as stock.
+    [[maybe_unused]] const cache_t* staged_chunk = nullptr;
+    [[maybe_unused]] int64_t physical_block_number = 0;
+    if constexpr (STAGED) {
+      staged_chunk = stage.wait(k);
+    } else {
+      physical_block_number = block_number(k);
+    }
     for (int i = 0; i < NUM_TOKENS_PER_THREAD_GROUP; i++) {
       const int physical_block_offset = (thread_group_idx + i * WARP) % BLOCK_SIZE;
       const int token_idx = block_idx * BLOCK_SIZE + physical_block_offset;
       K_vec k_vecs[NUM_VECS_PER_THREAD];
 #pragma unroll
       for (int j = 0; j < NUM_VECS_PER_THREAD; j++) {
-        const cache_t* k_ptr = k_cache + physical_block_number * kv_block_stride +
-                               kv_head_idx * kv_head_stride + physical_block_offset * x;
         const int vec_idx = thread_group_offset + j * THREAD_GROUP_SIZE;
         const int offset1 = (vec_idx * VEC_SIZE) / x;
         const int offset2 = (vec_idx * VEC_SIZE) % x;
-        k_vecs[j] = load_ro(reinterpret_cast<const K_vec*>(k_ptr + offset1 * BLOCK_SIZE * x +
-                                                             offset2));
+        if constexpr (STAGED) {
+          k_vecs[j] = *reinterpret_cast<const K_vec*>(
+              staged_chunk + physical_block_offset * x + offset1 * BLOCK_SIZE * x + offset2);
+        } else {
+          const cache_t* k_ptr = k_cache + physical_block_number * kv_block_stride +
+                                 kv_head_idx * kv_head_stride + physical_block_offset * x;
+          k_vecs[j] = load_ro(reinterpret_cast<const K_vec*>(k_ptr + offset1 * BLOCK_SIZE * x +
+                                                               offset2));
+        }
       }
 #pragma unroll
       for (int g = 0; g < G; ++g) {
@@ -326,6 +493,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
         }
       }
     }
+    if constexpr (STAGED) stage.release(k);
   }
 
   // Max over the CTA, per head (as stock).
@@ -406,8 +574,9 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   vllm::zero(zero_value);
   // One block's products (vllm::dot of the logits and a V vector) for every head and row,
   // handed to use(g, i, product) in stock's order.
+  // `staged_chunk`: the block's V chunk in this warp's ring (staged twins), else unused.
   const auto block_products = [&](const int block_idx, const int64_t physical_block_number,
-                                  auto&& use) {
+                                  [[maybe_unused]] const cache_t* staged_chunk, auto&& use) {
     const int physical_block_offset = (lane % NUM_V_VECS_PER_ROW) * V_VEC_SIZE;
     const int token_idx = block_idx * BLOCK_SIZE + physical_block_offset;
     L_vec logits_vec[G];
@@ -418,13 +587,20 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
                                           start_token_idx));
     }
     const cache_t* v_ptr =
-        v_cache + physical_block_number * kv_block_stride + kv_head_idx * kv_head_stride;
+        STAGED ? staged_chunk
+               : v_cache + physical_block_number * kv_block_stride +
+                     kv_head_idx * kv_head_stride;
 #pragma unroll
     for (int i = 0; i < NUM_ROWS_PER_THREAD; i++) {
       const int row_idx = lane / NUM_V_VECS_PER_ROW + i * NUM_ROWS_PER_ITER;
       if (row_idx < HEAD_SIZE) {
         const int offset = row_idx * BLOCK_SIZE + physical_block_offset;
-        V_vec v_vec = load_ro(reinterpret_cast<const V_vec*>(v_ptr + offset));
+        V_vec v_vec;
+        if constexpr (STAGED) {
+          v_vec = *reinterpret_cast<const V_vec*>(v_ptr + offset);
+        } else {
+          v_vec = load_ro(reinterpret_cast<const V_vec*>(v_ptr + offset));
+        }
         if (block_idx == num_seq_blocks - 1) {
           // Tokens past the context may hold NaNs: zeroed, as stock does.
           scalar_t* v_vec_ptr = reinterpret_cast<scalar_t*>(&v_vec);
@@ -442,7 +618,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   if constexpr (S == 1) {
     for (int block_idx = start_block_idx + warp_idx, k = 0; block_idx < end_block_idx;
          block_idx += NUM_WARPS, ++k) {
-      block_products(block_idx, block_number(k), add);
+      block_products(block_idx, block_number(k), nullptr, add);
     }
   } else {
     // Warp w >= NUM_WARPS's products: G * NUM_ROWS_PER_THREAD * WARP floats after the logits.
@@ -454,10 +630,21 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     for (int first = start_block_idx, k = 0; first < end_block_idx; first += CTA_WARPS, ++k) {
       const int block_idx = first + warp_idx;
       if (block_idx < end_block_idx) {
-        if (warp_idx < NUM_WARPS) {
-          block_products(block_idx, block_number(k), add);
+        if constexpr (STAGED) {
+          const cache_t* staged_chunk = stage.wait(stage.n + k);
+          if (warp_idx < NUM_WARPS) {
+            block_products(block_idx, 0, staged_chunk, add);
+          } else {
+            block_products(block_idx, 0, staged_chunk,
+                           [&](const int g, const int i, const float product) {
+                             *slot_of(warp_idx, g, i) = product;
+                           });
+          }
+          stage.release(stage.n + k);
+        } else if (warp_idx < NUM_WARPS) {
+          block_products(block_idx, block_number(k), nullptr, add);
         } else {
-          block_products(block_idx, block_number(k),
+          block_products(block_idx, block_number(k), nullptr,
                          [&](const int g, const int i, const float product) {
                            *slot_of(warp_idx, g, i) = product;
                          });
@@ -636,14 +823,6 @@ constexpr int twin_mode_of(const int default_mode) {
   return default_mode - 3;
 }
 
-// Floats of shared memory the twin (G, S) needs beyond G times stock's: the V products that
-// warps >= NUM_WARPS hand to their stock warp (the kernel's V pass).
-template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int G, int S>
-constexpr int products_floats() {
-  return (S - 1) * (NUM_THREADS / 32) * G * v_rows_per_thread<scalar_t, HEAD_SIZE, BLOCK_SIZE>() *
-         32;
-}
-
 #if !defined(USE_ROCM)
 // kTwinOff, kTwinAuto or the index of the twin to run.
 inline int twin_mode() {
@@ -662,15 +841,13 @@ inline int twin_mode() {
 }
 
 // Which twin (an index into kTwins) this launch runs, or -1 for vLLM's kernel (twin_pick, with
-// this device's SM count and shared memory). `smem(i)`: the shared memory twin i needs, bytes.
+// the device's SM count and shared memory). `smem(i)`: the shared memory twin i needs, bytes.
 template <typename SmemOf>
-inline int twin_for(const dim3 grid, const int num_kv_heads, const SmemOf& smem) {
+inline int twin_for(const dim3 grid, const int num_kv_heads, const DeviceFacts& f,
+                    const SmemOf& smem) {
   const int mode = twin_mode();
   const int num_heads = static_cast<int>(grid.x);
   if (mode == kTwinOff || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return -1;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return -1;
-  const DeviceFacts f = device_facts(dev);
   long long bytes[kNumTwins];
   for (int i = 0; i < kNumTwins; ++i) bytes[i] = smem(i);
   return twin_pick(mode, 100LL * grid.x * grid.y * grid.z / std::max(f.sm_count, 1),
@@ -697,6 +874,10 @@ struct GqaArgs {
   int kv_head_stride;
 };
 
+// Whether the build asks for programmatic dependent launches (KVPREFETCH_TWIN_PDL) and the
+// device takes them (Hopper on).
+inline bool pdl_on(const DeviceFacts& f) { return KVPREFETCH_TWIN_PDL != 0 && f.cc_major >= 9; }
+
 // Launches kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
 // serialization when `pdl` (see pdl_start); if the launch with it is refused, without.
 template <typename... KernelArgs, typename... Args>
@@ -721,28 +902,90 @@ void launch_pdl(void (*kernel)(KernelArgs...), const dim3 grid, const dim3 block
   cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...);
 }
 
-// The (G, S) twin's shared memory in bytes, given stock's.
-template <typename T, int BLOCK_SIZE, int NUM_THREADS, int G, int S>
-constexpr long long twin_smem(const int shared_mem_size) {
-  return G * static_cast<long long>(shared_mem_size) +
-         4LL * products_floats<T, 128, BLOCK_SIZE, NUM_THREADS, G, S>();
+// The (G, S) twin's shared memory in bytes, given stock's; a staged twin's with `stages` slots
+// per warp (the kernel derives the count back from it).
+template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS, int G, int S>
+constexpr long long twin_smem(const int shared_mem_size, const int stages = 0) {
+  const long long before = G * static_cast<long long>(shared_mem_size) +
+                           4LL * products_floats<T, 128, BLOCK_SIZE, NUM_THREADS, G, S>();
+  if constexpr (staged<S>()) {
+    constexpr int CTA_WARPS = NUM_THREADS * S / 32;
+    if (stages > 0) {
+      return stage_ring_at(before, CTA_WARPS) +
+             1LL * stages * CTA_WARPS * 128 * BLOCK_SIZE * static_cast<int>(sizeof(CACHE_T));
+    }
+  }
+  return before;
 }
 
+// Slots per warp for a staged twin: as many as the shared memory of one SM leaves each of the
+// CTAs it holds at once (the grid's CTAs per SM, up to what the launch bound lets run: 512
+// threads), at most the warp's 2 x ceil(blocks / warps) chunks and KVPREFETCH_TWIN_STAGE; 0
+// (the twin loads from global, unstaged) where fewer than two fit: with one slot a warp
+// would wait for every chunk in turn. `fixed`: the CTA's dynamic shared memory besides the
+// ring; 1 KiB per CTA is the system's, 2 KiB are left for the static part.
+inline int stage_count(const long long ctas, const DeviceFacts& f, const long long fixed,
+                       const int cta_warps, const int chunk_bytes, const int blocks_per_cta) {
+  const long long per_sm = std::max(f.sm_count, 1);
+  const long long resident =
+      std::max(1LL, std::min((ctas + per_sm - 1) / per_sm, 16LL / cta_warps));
+  const long long room =
+      (f.smem_per_sm / resident - 1024 - 2048 - fixed) / (1LL * cta_warps * chunk_bytes);
+  const long long need = 2LL * cdiv(std::max(blocks_per_cta, 1), cta_warps);
+  const long long slots = std::min({room, need, static_cast<long long>(KVPREFETCH_TWIN_STAGE)});
+  return slots >= 2 ? static_cast<int>(slots) : 0;
+}
+
+// Launches one instantiation of the (G, S) twin with `smem` bytes of dynamic shared memory.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
-void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
-                 const cudaStream_t stream, const bool pdl) {
-  const auto kernel =
-      gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S>;
-  const int smem = static_cast<int>(twin_smem<T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size));
+          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED>
+void launch_twin_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int smem,
+                        const int shared_mem_size, const cudaStream_t stream,
+                        const DeviceFacts& f) {
+  const auto kernel = gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
+                                        PARTITION_SIZE, G, S, STAGED>;
+  if constexpr (STAGED) {
+    // Shared memory before L1 (the kernels' L1 hit rate is about 1%), so that the CTAs the
+    // rings were sized for fit on one SM.
+    cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
+  }
   if (smem > 48 * 1024) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
-  launch_pdl(kernel, dim3(stock_grid.x / G, stock_grid.y, stock_grid.z), dim3(NUM_THREADS * S),
-             smem, stream, pdl, a.exp_sums, a.max_logits, a.out, a.q,
-             a.k_cache, a.v_cache, a.num_kv_heads, a.scale, a.block_tables, a.seq_lens,
-             a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride, a.kv_block_stride,
-             a.kv_head_stride, shared_mem_size / static_cast<int>(sizeof(float)));
+  launch_pdl(kernel, grid, dim3(NUM_THREADS * S), smem, stream, pdl_on(f), a.exp_sums,
+             a.max_logits, a.out, a.q, a.k_cache, a.v_cache, a.num_kv_heads, a.scale,
+             a.block_tables, a.seq_lens, a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride,
+             a.kv_block_stride, a.kv_head_stride,
+             shared_mem_size / static_cast<int>(sizeof(float)));
+}
+
+// The (G, S) twin for a stock grid: staged where it is compiled and two slots per warp fit
+// (stage_count), else loading from global.
+template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
+          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
+void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
+                 const cudaStream_t stream, const DeviceFacts& f) {
+  const dim3 grid(stock_grid.x / G, stock_grid.y, stock_grid.z);
+  const long long fixed = twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
+  if constexpr (staged<S>()) {
+    const int stages = stage_count(1LL * grid.x * grid.y * grid.z, f, fixed,
+                                   NUM_THREADS * S / 32,
+                                   128 * BLOCK_SIZE * static_cast<int>(sizeof(CACHE_T)),
+                                   PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE
+                                                      : a.max_num_blocks_per_seq);
+    if (stages > 0) {
+      launch_twin_kernel<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S,
+                         true>(
+          a, grid,
+          static_cast<int>(
+              twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size, stages)),
+          shared_mem_size, stream, f);
+      return;
+    }
+  }
+  launch_twin_kernel<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S, false>(
+      a, grid, static_cast<int>(fixed), shared_mem_size, stream, f);
 }
 
 // Calls f(std::integral_constant<int, i>{}) for twin i of kTwins, so that f can name the
@@ -755,35 +998,32 @@ auto with_twin(const int i, F&& f) {
   return f(std::integral_constant<int, I>{});
 }
 
-// Whether this device takes programmatic dependent launches (Hopper on) and the build asks for
-// them (KVPREFETCH_TWIN_PDL).
-inline bool pdl_here() {
-  if (KVPREFETCH_TWIN_PDL == 0) return false;
-  int dev = 0;
-  return cudaGetDevice(&dev) == cudaSuccess && device_facts(dev).cc_major >= 9;
-}
 
 // Runs the twin twin_for picks, if any: its index in kTwins, or -1. PARTITION_SIZE 0 is v1.
+// `f`: the current device's facts, read here once per launch where a twin may run (the v2
+// launcher's reduction uses them too).
 template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
           bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
 int launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
-                     const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
+                     const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a, DeviceFacts& f) {
   if constexpr (!has_twins<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
                     PARTITION_SIZE > 0)) {
     return -1;
   } else {
-    if (head_size != 128) return -1;
-    const int i = twin_for(grid, a.num_kv_heads, [&](const int j) {
+    int dev = 0;
+    if (head_size != 128 || cudaGetDevice(&dev) != cudaSuccess) return -1;
+    f = device_facts(dev);
+    const int i = twin_for(grid, a.num_kv_heads, f, [&](const int j) {
       return with_twin(j, [&](auto t) {
         constexpr TwinShape twin = kTwins[decltype(t)::value];
-        return twin_smem<T, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(shared_mem_size);
+        return twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(shared_mem_size);
       });
     });
     if (i < 0) return -1;
     with_twin(i, [&](auto t) {
       constexpr TwinShape twin = kTwins[decltype(t)::value];
       launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, twin.g,
-                  twin.s>(a, grid, shared_mem_size, stream, pdl_here());
+                  twin.s>(a, grid, shared_mem_size, stream, f);
     });
     return i;
   }
@@ -794,8 +1034,9 @@ template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType
           bool IS_BLOCK_SPARSE, int NUM_THREADS>
 bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_mem_size,
                        const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
+  DeviceFacts f;
   return launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS, 0>(
-             head_size, grid, shared_mem_size, stream, a) >= 0;
+             head_size, grid, shared_mem_size, stream, a, f) >= 0;
 }
 
 // Which reduce kernel follows a v2 twin of `twin_ctas` CTAs under KVPREFETCH_TWIN_PDL=2:
@@ -817,15 +1058,13 @@ bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_me
                        const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a, T* out,
                        const dim3 reduce_grid, const int reduce_shared_mem_size,
                        const int max_num_partitions) {
+  DeviceFacts f;
   const int i = launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS,
-                                 PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a);
+                                 PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a, f);
   if (i < 0) return false;
   if constexpr (KVPREFETCH_TWIN_PDL >= 2) {
-    int dev = 0;
     const long long twin_ctas = 1LL * grid.x / kTwins[i].g * grid.y * grid.z;
-    const DeviceFacts f = cudaGetDevice(&dev) == cudaSuccess ? device_facts(dev) : DeviceFacts{};
-    // pdl_here(), with the device facts read once
-    if (f.cc_major >= 9 && pdl_reduce_after(twin_ctas, f.sm_count)) {
+    if (pdl_on(f) && pdl_reduce_after(twin_ctas, f.sm_count)) {
       launch_pdl(gqa_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>, reduce_grid,
                  dim3(NUM_THREADS), reduce_shared_mem_size, stream, true, out, a.exp_sums,
                  a.max_logits, a.out, a.seq_lens, max_num_partitions);

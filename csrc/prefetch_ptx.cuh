@@ -234,8 +234,12 @@ struct TwinShape {
 #ifndef KVPREFETCH_TWIN_SMALL_G
   #define KVPREFETCH_TWIN_SMALL_G 2
 #endif
+// -DKVPREFETCH_TWIN_4X2_PCT=N: `auto` runs 4x2 from N stock CTAs per 100 SMs (exploration).
+#ifndef KVPREFETCH_TWIN_4X2_PCT
+  #define KVPREFETCH_TWIN_4X2_PCT 500
+#endif
 constexpr TwinShape kTwins[] = {{4, 1, 1000, "4x1"},
-                                {4, 2, 500, "4x2"},
+                                {4, 2, KVPREFETCH_TWIN_4X2_PCT, "4x2"},
                                 {KVPREFETCH_TWIN_SMALL_G, 2, 150, "2x2"},
                                 {KVPREFETCH_TWIN_SMALL_G, 4, 0, "2x4"}};
 constexpr int kNumTwins = static_cast<int>(sizeof(kTwins) / sizeof(kTwins[0]));
@@ -555,6 +559,7 @@ struct DeviceFacts {
   int l2_bytes = 0;
   int sm_count = 0;
   int max_smem_optin = 0;  // bytes of dynamic shared memory a CTA may opt into
+  int smem_per_sm = 0;     // bytes of shared memory of one SM
 };
 inline DeviceFacts device_facts(int dev) {
   static DeviceFacts cache[64];
@@ -566,6 +571,7 @@ inline DeviceFacts device_facts(int dev) {
     cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, dev);
     cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, dev);
     cudaDeviceGetAttribute(&f.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cudaDeviceGetAttribute(&f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
     cache[dev] = f;
     known.fetch_or(1ull << dev);
   }

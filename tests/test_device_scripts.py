@@ -46,27 +46,31 @@ def test_missing_sdist_stops_with_the_fix_and_returns_the_log(tmp_path: Path, sc
     assert not (tmp_path / "work").exists()  # nothing was fetched or built
 
 
-@pytest.mark.parametrize("nopdl", ["0", "1"])
-def test_nopdl_tree_adds_the_tree_its_variant_and_its_define(nopdl: str) -> None:
-    """lib.sh's nopdl_tree (prefetch-repeat.sh and default-matrix.sh): NOPDL=1 times the design
-    without programmatic dependent launch beside the default, as one more tree built with
-    KVPREFETCH_TWIN_PDL=0; without it nothing is added and the build gets no define."""
+@pytest.mark.parametrize(("nopdl", "nostage"), [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")])
+def test_alt_trees_add_each_tree_its_variant_and_its_define(nopdl: str, nostage: str) -> None:
+    """lib.sh's alt_trees (prefetch-repeat.sh and default-matrix.sh): NOPDL=1 times the design
+    without programmatic dependent launch beside the default, NOSTAGE=1 the design without the
+    twins' shared-memory ring, each as one more tree built with its one define; without them
+    nothing is added and the build gets no define."""
     bash = shutil.which("bash")
     assert bash is not None
     script = (f'source "{DEVICE / "lib.sh"}"; V=(--variant baseline); FETCH=(--with-seed); '
-              "nopdl_tree; printf '%s\\n' \"${V[*]}\" \"${FETCH[*]}\" \"${NOPDL_DEF[*]}\"")
+              "alt_trees; printf '%s\\n' \"${V[*]}\" \"${FETCH[*]}\" \"${ALT_DEF[*]}\"")
     res = subprocess.run([bash, "-c", script], capture_output=True, text=True, check=True,
-                         env={**os.environ, "NOPDL": nopdl})
+                         env={**os.environ, "NOPDL": nopdl, "NOSTAGE": nostage})
     v, fetch, define = res.stdout.split("\n")[:3]
-    if nopdl == "1":
-        assert v == "--variant baseline --variant nopdl"
-        assert fetch == "--with-seed --extra-tree nopdl"
-        assert define == "--tree-define nopdl:KVPREFETCH_TWIN_PDL=0"
-    else:
-        assert (v, fetch, define) == ("--variant baseline", "--with-seed", "")
+    want_v, want_fetch, want_def = ["--variant baseline"], ["--with-seed"], []
+    for on, tree, macro in ((nopdl, "nopdl", "KVPREFETCH_TWIN_PDL=0"),
+                            (nostage, "nostage", "KVPREFETCH_TWIN_STAGE=0")):
+        if on == "1":
+            want_v.append(f"--variant {tree}")
+            want_fetch.append(f"--extra-tree {tree}")
+            want_def.append(f"--tree-define {tree}:{macro}")
+    assert (v, fetch, define) == (" ".join(want_v), " ".join(want_fetch), " ".join(want_def))
     for script_name in ("prefetch-repeat.sh", "default-matrix.sh"):
         text = (DEVICE / script_name).read_text()
-        assert "nopdl_tree" in text and '"${NOPDL_DEF[@]}"' in text, script_name
+        assert "alt_trees" in text and '"${ALT_DEF[@]}"' in text, script_name
+        assert "nopdl nostage" in text, script_name  # both trees get the patch applied
 
 
 def test_summarize_prints_the_tables_or_says_none_was_measured(tmp_path: Path) -> None:

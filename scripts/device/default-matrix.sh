@@ -4,8 +4,8 @@
 # `control`, in ONE device call (about 6 minutes): fetch the carried sdist, apply, kernels-only
 # build (head 128/256, block 16, fp16/bf16), verify-kernel, the GPU-marked tests, one cold table
 # with its heatmap, then Gemma-2B (head 256) in bf16 and fp16, whose v2 kernels' prologue rule
-# changed in row 29 of docs/prefetch-tuning.md. NOPDL=1 adds a `nopdl` tree (lib.sh's
-# nopdl_tree: the twins launched as vLLM launches its kernels).
+# changed in row 29 of docs/prefetch-tuning.md. NOPDL=1 and NOSTAGE=1 add the designs before
+# programmatic dependent launch and before the shared-memory ring (lib.sh's alt_trees).
 #   device tool: run(command="bash scripts/device/default-matrix.sh", carry=[".carry"], timeout_s=560)
 set -uo pipefail
 BUDGET_S=${BUDGET_S:-530}
@@ -13,15 +13,17 @@ source "$(dirname "$0")/lib.sh"
 begin_run default-matrix
 V=(--variant baseline --variant patched --variant seed --variant control)
 FETCH=(--with-seed --extra-tree control)
-nopdl_tree
+alt_trees
 
 step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${FETCH[@]}" || exit 3
 for v in prefetch seed control; do
   step 30 "${K[@]}" apply --workdir "$W" --variant "$v" || exit 4
 done
-[ -d "$W/trees/nopdl" ] && { step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree nopdl || exit 4; }
+for t in nopdl nostage; do
+  [ -d "$W/trees/$t" ] && { step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4; }
+done
 step 200 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 128,256 \
-  --block-sizes 16 --kv-dtypes fp16,bf16 "${NOPDL_DEF[@]}" || exit 5
+  --block-sizes 16 --kv-dtypes fp16,bf16 "${ALT_DEF[@]}" || exit 5
 step 120 "${K[@]}" verify-kernel --workdir "$W"
 res_usage
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null

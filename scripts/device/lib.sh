@@ -37,17 +37,22 @@ print(t.cuobjdump if t else "cuobjdump")' 2>/dev/null) || tool=cuobjdump
     "$tool" -res-usage "$so" > "$R/res-usage-$t.txt" 2>&1 || log "res-usage of $t failed"
   done
 }
-# nopdl_tree: with NOPDL=1, one more tree, `nopdl`, the `prefetch` patch built with
-# -DKVPREFETCH_TWIN_PDL=0 (the twins launched as vLLM launches its kernels, not as
-# programmatic dependents: repeat run 24's design; docs/prefetch-tuning.md rows 42-46), to be
-# timed and verified beside `patched`. Appends to V and FETCH; sets NOPDL_DEF, the build's
-# --tree-define flags (none without NOPDL=1).
-nopdl_tree() {
-  NOPDL_DEF=()
-  [ "${NOPDL:-0}" = 1 ] || return 0
-  V+=(--variant nopdl); FETCH+=(--extra-tree nopdl)
-  NOPDL_DEF=(--tree-define nopdl:KVPREFETCH_TWIN_PDL=0)
+# Designs timed beside the default, each one more tree with the `prefetch` patch built with one
+# define, added when its switch is 1 (appends to V and FETCH, and the build's --tree-define
+# flags to ALT_DEF; nothing without the switch):
+#   NOPDL=1   -> `nopdl`, KVPREFETCH_TWIN_PDL=0: the twins launched as vLLM launches its
+#                kernels, not as programmatic dependents (repeat run 24's design;
+#                docs/prefetch-tuning.md rows 42-46);
+#   NOSTAGE=1 -> `nostage`, KVPREFETCH_TWIN_STAGE=0: the twins load K and V from global, no
+#                shared-memory ring (repeat run 36's design; rows 47-49).
+ALT_DEF=()
+alt_tree() {  # SWITCH TREE DEFINE
+  [ "${!1:-0}" = 1 ] || return 0
+  V+=(--variant "$2"); FETCH+=(--extra-tree "$2")
+  ALT_DEF+=(--tree-define "$2:$3")
 }
+alt_trees() { ALT_DEF=(); alt_tree NOPDL nopdl KVPREFETCH_TWIN_PDL=0
+              alt_tree NOSTAGE nostage KVPREFETCH_TWIN_STAGE=0; }
 # The results folder's life: pack() writes $OUT/results.tgz atomically (what the device tool
 # brings back; call it after each table so a cut-short run still returns what it measured);
 # bench() is step() followed by pack(); finish() packs and removes the folder.
