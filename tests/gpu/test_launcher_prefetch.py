@@ -60,12 +60,18 @@ def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str) -> tuple[
 
 
 TWIN_KERNEL = "gqa_decode_kernel"
-# torch.profiler's (demangled) name ends in the twin's template arguments ..., G, S>(...).
-TWIN_SHAPE = re.compile(r"gqa_decode_kernel<.*, (\d+), (\d+)>\(")
+# torch.profiler's (demangled) name ends in the twin's template arguments ..., G, S, STAGED>(...).
+TWIN_SHAPE = re.compile(r"gqa_decode_kernel<.*, (\d+), (\d+), (true|false)>\(")
+# The twins with a shared-memory ring (csrc/gqa_grouped.cuh, KVPREFETCH_TWIN_STAGE): S = 2.
+STAGED_TWINS = ("4x2", "2x2")
 
 
 def _twins_ran(names: list[str]) -> list[str]:
     return [f"{m[1]}x{m[2]}" for n in names for m in [TWIN_SHAPE.search(n)] if m is not None]
+
+
+def _staged_ran(names: list[str]) -> list[bool]:
+    return [m[3] == "true" for n in names for m in [TWIN_SHAPE.search(n)] if m is not None]
 
 
 # torch.profiler warns (once per process) that each profiling cycle clears its events; this
@@ -91,6 +97,8 @@ def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str,
     ran, names = _kernels_launched(patched, spec, dtype, kv)
     assert ran == kernel
     assert _twins_ran(names) == ([twin] if twin else []), names
+    # every staged twin here gets its two slots per warp (none is a v1 step of long context)
+    assert _staged_ran(names) == ([twin in STAGED_TWINS] if twin else []), names
     assert any("paged_attention" in n and "reduce" not in n for n in names) == (not twin), names
     if twin and torch.cuda.get_device_properties(0).multi_processor_count == 132:
         batch, ctx = (int(x[:-1]) * 1024 if x.endswith("k") else int(x)
