@@ -27,8 +27,10 @@
 // sparsity) and launched by the launchers (launch_grouped_v1/_v2, from one line the patch adds
 // before each launcher's `switch (head_size)`) when the model's query heads per kv head are a
 // multiple of G; `auto` picks the twin by the grid's stock CTAs per SM (auto_twin).
-// KVPREFETCH_GQA=off|auto|on|4x1|4x2|2x2|2x4 at run time. vLLM's kernels are untouched; this
-// header is included by the two launchers after attention_kernels.cuh.
+// KVPREFETCH_GQA=off|auto|on|4x1|4x2|2x2|2x4 at run time. The S = 2 twins (2x2, 4x2) also come
+// staged: each warp's next K/V block is copied into a shared-memory ring with Hopper's bulk
+// copy (KVPREFETCH_TWIN_STAGE, below). vLLM's kernels are untouched; this header is included by
+// the two launchers after attention_kernels.cuh.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -171,14 +173,13 @@ constexpr int products_floats() {
 // operations (bench kernel and verify-kernel check the outputs bitwise). The host launches the
 // staged instantiation where two slots per warp fit beside the CTAs an SM holds
 // (stage_count), else the unstaged one. H200, exploration runs 39-40
-// (docs/prefetch-tuning.md rows 47-48): two slots ran b8 x 512 1.35x -> 1.51x, b8 x 1k 1.28x
+// (docs/prefetch-tuning.md rows 47-49): two slots ran b8 x 512 1.35x -> 1.51x, b8 x 1k 1.28x
 // -> 1.36x, b32 x 512/1k 1.40/1.49x -> 1.58/1.79x, b1 x 16k 1.49x -> 1.68x, bf16 b8 x 1k 1.46x
 // -> 1.75x; more slots ran slower (b8 x 512 1.36x at up to 4, 1.31x at up to 8), one slot (no
 // overlap) far slower (b32 x 4k 1.56x -> 1.28x), and the S = 4 twin (2x4) 1-4% slower staged.
-// A kernel holding both paths behind a run-time test spilled and lost all of it (run 40).
-#ifndef KVPREFETCH_TWIN_STAGE
-  #define KVPREFETCH_TWIN_STAGE 2
-#endif
+// A kernel holding both paths behind a run-time test spilled and lost all of it (run 40), so the
+// staged and unstaged paths are two instantiations (the STAGED template argument).
+// (KVPREFETCH_TWIN_STAGE and the host's stage_count: prefetch_ptx.cuh.)
 template <int S>
 constexpr bool staged() {
   return KVPREFETCH_TWIN_STAGE > 0 && S == 2;
@@ -918,24 +919,6 @@ constexpr long long twin_smem(const int shared_mem_size, const int stages = 0) {
   return before;
 }
 
-// Slots per warp for a staged twin: as many as the shared memory of one SM leaves each of the
-// CTAs it holds at once (the grid's CTAs per SM, up to what the launch bound lets run: 512
-// threads), at most the warp's 2 x ceil(blocks / warps) chunks and KVPREFETCH_TWIN_STAGE; 0
-// (the twin loads from global, unstaged) where fewer than two fit: with one slot a warp
-// would wait for every chunk in turn. `fixed`: the CTA's dynamic shared memory besides the
-// ring; 1 KiB per CTA is the system's, 2 KiB are left for the static part.
-inline int stage_count(const long long ctas, const DeviceFacts& f, const long long fixed,
-                       const int cta_warps, const int chunk_bytes, const int blocks_per_cta) {
-  const long long per_sm = std::max(f.sm_count, 1);
-  const long long resident =
-      std::max(1LL, std::min((ctas + per_sm - 1) / per_sm, 16LL / cta_warps));
-  const long long room =
-      (f.smem_per_sm / resident - 1024 - 2048 - fixed) / (1LL * cta_warps * chunk_bytes);
-  const long long need = 2LL * cdiv(std::max(blocks_per_cta, 1), cta_warps);
-  const long long slots = std::min({room, need, static_cast<long long>(KVPREFETCH_TWIN_STAGE)});
-  return slots >= 2 ? static_cast<int>(slots) : 0;
-}
-
 // Launches one instantiation of the (G, S) twin with `smem` bytes of dynamic shared memory.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED>
@@ -969,8 +952,8 @@ void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int 
   const dim3 grid(stock_grid.x / G, stock_grid.y, stock_grid.z);
   const long long fixed = twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
   if constexpr (staged<S>()) {
-    const int stages = stage_count(1LL * grid.x * grid.y * grid.z, f, fixed,
-                                   NUM_THREADS * S / 32,
+    const int stages = stage_count(1LL * grid.x * grid.y * grid.z, f.sm_count, f.smem_per_sm,
+                                   fixed, NUM_THREADS * S / 32,
                                    128 * BLOCK_SIZE * static_cast<int>(sizeof(CACHE_T)),
                                    PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE
                                                       : a.max_num_blocks_per_seq);

@@ -277,6 +277,35 @@ inline int twin_pick(const int mode, const long long ctas_pct, const int per_kv,
   if (i < 0) return -1;
   return per_kv % kTwins[i].g == 0 && smem[i] > 0 && smem[i] <= max_smem ? i : -1;
 }
+// Slots per warp of the S = 2 twins' shared-memory ring (csrc/gqa_grouped.cuh, "Staging"):
+// 2 by default; 0 compiles no staged twin.
+#ifndef KVPREFETCH_TWIN_STAGE
+  #define KVPREFETCH_TWIN_STAGE 2
+#endif
+// Slots per warp a staged twin's launch gets: as many as the shared memory of one SM
+// (`smem_per_sm` bytes) leaves each of the CTAs it holds at once (the grid's `ctas` per SM,
+// up to what the twins' launch bound lets run: 16 warps), at most the warp's 2 x ceil(blocks /
+// warps) chunks (K and V) and KVPREFETCH_TWIN_STAGE; 0 (the launcher then runs the unstaged
+// twin) where fewer than two fit: with one slot a warp would wait for every chunk in turn
+// (docs/prefetch-tuning.md row 47). `fixed`: the CTA's dynamic shared memory besides the ring;
+// per CTA 1 KiB is the system's and 3 KiB are kept for the static part (at most 2.3 KiB in
+// the twins), the mbarriers and the ring's alignment. Host code
+// (tests/samples/sass/min_blocks_rule.cu runs it on the CPU).
+inline int stage_count(const long long ctas, const int sm_count, const long long smem_per_sm,
+                       const long long fixed, const int cta_warps, const int chunk_bytes,
+                       const int blocks_per_cta) {
+  const long long sms = sm_count > 1 ? sm_count : 1;
+  const long long per_sm = (ctas + sms - 1) / sms;
+  const long long fit = 16 / cta_warps;
+  const long long resident = per_sm < 1 ? 1 : (per_sm < fit ? per_sm : fit);
+  const long long room =
+      (smem_per_sm / resident - 1024 - 3072 - fixed) / (1LL * cta_warps * chunk_bytes);
+  const long long blocks = blocks_per_cta > 1 ? blocks_per_cta : 1;
+  const long long need = 2 * ((blocks + cta_warps - 1) / cta_warps);
+  long long slots = room < need ? room : need;
+  if (slots > KVPREFETCH_TWIN_STAGE) slots = KVPREFETCH_TWIN_STAGE;
+  return slots >= 2 ? static_cast<int>(slots) : 0;
+}
 #ifdef USE_ROCM
   #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)
 #else

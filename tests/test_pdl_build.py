@@ -7,7 +7,8 @@ What the early launch needs from the machine code, checked on what ships:
 - every twin and reduce kernel waits (ACQBULK) before its first global memory instruction (an
   early-launched kernel that read q, seq_lens or a block table before the wait could see the
   previous kernel's data half written; ptxas did move such a load once: tuning doc row 43);
-- every twin stays at <= 128 registers (four 128-thread CTAs per SM, two of 256), so that the
+- every twin, staged (the S = 2 twins' shared-memory ring) or not, stays at <= 128 registers
+  (four 128-thread CTAs per SM, two of 256), so that the
   next layer's CTAs can be placed beside the running ones: the H200 lost 10% at b8 x 512 with
   the 2x2 twin at 139 (row 44), and up to 30% at batch 64-128 with the 4x1 twin at 179-185
   (row 45).
@@ -32,8 +33,9 @@ pytestmark = pytest.mark.slow  # one real kernels-only build of two trees (minut
 
 BUILD = ("--kernels-only", "--arch", "9.0a", "--head-sizes", "128", "--block-sizes", "16",
          "--kv-dtypes", "fp16")
-# fp16, head 128, block 16: the four twins of v1 and of v2, and v2's reduce kernel.
-PDL_KERNELS = 4 + 4 + 1
+# fp16, head 128, block 16: the four twins of v1 and of v2, the staged instantiations of their
+# S = 2 twins (2x2, 4x2: the shared-memory ring), and v2's reduce kernel.
+PDL_KERNELS = (4 + 2) * 2 + 1
 PDL_CHECK = "twins wait for the previous kernel before touching memory"
 _FUNC = re.compile(r"Function (\S+):")
 _REG = re.compile(r"REG:(\d+)")
@@ -71,7 +73,7 @@ def test_twins_stay_at_128_registers(pdl_built: Path) -> None:
     assert tools is not None, "cuobjdump is needed (verify-kernel needs it too)"
     out = run([str(tools.cuobjdump), "-res-usage", str(lib)], env=tools.environ(), echo=False,
               capture=True).output
-    regs: dict[tuple[bool, int, int], int] = {}  # (v2?, G, S) -> registers
+    regs: dict[tuple[bool, int, int, bool], int] = {}  # (v2?, G, S, staged) -> registers
     name = None
     for line in out.splitlines():
         if m := _FUNC.search(line):
@@ -79,8 +81,10 @@ def test_twins_stay_at_128_registers(pdl_built: Path) -> None:
         elif name and (m := _REG.search(line)):
             meta = decode_twin_name(name)
             if meta is not None:
-                key = (meta["version"] == "v2", meta["group"], meta["split"])
+                key = (meta["version"] == "v2", meta["group"], meta["split"], meta["staged"])
                 regs[key] = int(m.group(1))
             name = None
-    assert len(regs) == 8, regs  # 4 twins x (v1, v2)
+    assert len(regs) == 12, regs  # (4 twins + 2 staged) x (v1, v2)
+    assert sorted((g, s) for (_, g, s, staged) in regs if staged) == [(2, 2), (2, 2), (4, 2),
+                                                                       (4, 2)], regs
     assert all(r <= 128 for r in regs.values()), regs

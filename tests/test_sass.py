@@ -543,6 +543,32 @@ def test_twin_mode_and_pick_on_the_cpu(tmp_path: Path) -> None:
     assert {got for m, _, kv, _, got in picks if kv == 2} == {-1, 2, 3}
 
 
+def test_stage_count_on_the_cpu(tmp_path: Path) -> None:
+    """The staged twins' ring (csrc/prefetch_ptx.cuh stage_count), compiled from the header and
+    run on the CPU, agrees with its mirror upstream.stage_count at every input of the sample
+    (grids, shared memory besides the ring, warps and blocks per CTA, two devices); and on the
+    H200 (132 SMs, 228 KiB each) the launcher stages exactly where repeat run 41 measured the
+    ring's gains (b8 x 512, b8 x 1k, b1 x 4k, b1 x 16k, b32 x 512/1k) and not at b32 x 4k (v1:
+    a 4k context's logits for 4 heads leave no room for two slots beside a second CTA), where
+    run 39 measured one slot 18% slower."""
+    from kvprefetch import upstream
+    rows = [r for r in _header_rules(tmp_path) if r[0] == "stage"]
+    assert len(rows) == 2 * 5 * 5 * 2 * 5
+    for _, ctas, sms, per_sm, fixed, warps, chunk, blocks, got in rows:
+        want = upstream.stage_count(int(ctas), int(sms), int(per_sm), int(fixed), int(warps),
+                                    int(chunk), int(blocks))
+        assert int(got) == want, (ctas, sms, per_sm, fixed, warps, blocks)
+    assert {int(r[-1]) for r in rows} == {0, 2}  # 2 slots at most, never 1
+    slots = {(b, c): upstream.twin_stage_slots(b, c, k, *upstream.auto_twin(p))
+             for b, c, k, p in ((8, 512, "v1", 193), (8, 1024, "v2", 387), (1, 4096, "v2", 193),
+                                (1, 16384, "v2", 775), (32, 512, "v1", 775),
+                                (32, 1024, "v1", 775), (32, 4096, "v1", 775),
+                                (1, 1024, "v2", 48), (64, 512, "v1", 1551))}
+    assert slots == {(8, 512): 2, (8, 1024): 2, (1, 4096): 2, (1, 16384): 2, (32, 512): 2,
+                     (32, 1024): 2, (32, 4096): 0, (1, 1024): 0, (64, 512): 0}, slots
+    # b1 x 1k runs 2x4 and b64 x 512 runs 4x1: neither is staged (S != 2)
+
+
 def test_header_rule_overrides_reach_every_instantiation(tmp_path: Path) -> None:
     """-DKVPREFETCH_V1_MIN_BLOCKS=5 bounds every v1 kernel and no v2 one; -DKVPREFETCH_GQA_TWINS=0
     compiles no twin; the prologue rule is untouched by either."""
@@ -582,7 +608,13 @@ def test_decode_twin_names() -> None:
     from kvprefetch.sass import decode_twin_name
     assert decode_twin_name(_TWIN_V1_FP16) == {
         "version": "v1", "dtype": "fp16", "kv_cache": "auto", "head_size": 128,
-        "block_size": 16, "group": 4, "split": 1}
+        "block_size": 16, "group": 4, "split": 1, "staged": False}
+    # since the shared-memory ring the names end in STAGED (Lb0E / Lb1E)
+    staged = _TWIN_V1_FP16.replace("ELi4ELi1EEEvPf", "ELi2ELi2ELb1EEEvPf")
+    assert decode_twin_name(staged)["staged"] is True  # type: ignore[index]
+    assert decode_twin_name(staged)["split"] == 2  # type: ignore[index]
+    unstaged = _TWIN_V1_FP16.replace("ELi4ELi1EEEvPf", "ELi4ELi1ELb0EEEvPf")
+    assert decode_twin_name(unstaged) == decode_twin_name(_TWIN_V1_FP16)
     assert decode_twin_name(_TWIN_V2_BF16)["version"] == "v2"  # type: ignore[index]
     assert decode_twin_name(_TWIN_V2_BF16)["dtype"] == "bf16"  # type: ignore[index]
     assert [(m["group"], m["split"]) for m in map(decode_twin_name, _all_twins(_TWIN_V2_BF16))
@@ -605,8 +637,18 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     extra = _listing({**base, **twins, ("sm_90", _TWIN_V1_BF16): ro})
     plain = _listing({**base, **twins,
                       ("sm_90", _TWIN_V1_FP16): ro + ["LDG.E.64 R6, desc[UR4][R2.64]"]})
+    # the ring (csrc/gqa_grouped.cuh): the S = 2 twins also compiled staged; a staged 2x4 is
+    # off the rule, and so is a staged twin without its unstaged instantiation
+    ring = {("sm_90", n.replace("EEEvPf", "ELb1EEEvPf")): ro for n in
+            _all_twins(_TWIN_V1_FP16) + _all_twins(_TWIN_V2_BF16) if "ELi2EEEvPf" in n}
+    assert len(ring) == 4
+    staged = _listing({**base, **twins, **ring})
+    stray = _listing({**base, **twins, **ring, ("sm_90", _all_twins(_TWIN_V1_FP16)[3].replace(
+        "EEEvPf", "ELb1EEEvPf")): ro})
+    alone = _listing({**base, **ring})
     rep = VerifyReport("unused")
-    for tree, text in (("good", good), ("missing", missing), ("extra", extra), ("plain", plain)):
+    for tree, text in (("good", good), ("missing", missing), ("extra", extra), ("plain", plain),
+                       ("staged", staged), ("stray", stray), ("alone", alone)):
         check_gqa_twin(rep, tree, "prefetch", text)
     check_gqa_twin(rep, "stock", None, _listing(base))
     check_gqa_twin(rep, "stock_with_twin", None, good)
@@ -618,6 +660,11 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     assert "1 with a global load off" in status["plain"].detail
     assert status["plain"].status == "fail"
     assert status["stock_with_twin"].status == "fail"
+    assert status["staged"].status == "pass", status["staged"].detail
+    assert "(4 staged)" in status["staged"].detail
+    assert "1 staged off the rule" in status["stray"].detail
+    assert status["stray"].status == "fail"
+    assert status["alone"].status == "fail" and "missing" in status["alone"].detail
 
 
 def test_pdl_order_on_a_real_compile(tmp_path: Path) -> None:

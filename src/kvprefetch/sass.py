@@ -24,10 +24,11 @@ _SHAPE_ARGS = (r"(?P<scalar>13__nv_bfloat16|t|f)(?P<cache>S\d*_|13__nv_bfloat16|
                r"Li(?P<head>\d+)ELi(?P<block>\d+)ELi(?P<threads>\d+)E")
 _KERNEL = re.compile(r"paged_attention_(?P<version>v[12])_kernelI" + _SHAPE_ARGS
                      + r"LNS_\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELb(?P<sparse>[01])E")
-# kvprefetch's GQA-grouped twins (csrc/gqa_grouped.cuh): PARTITION_SIZE 0 is v1, then G, S.
+# kvprefetch's GQA-grouped twins (csrc/gqa_grouped.cuh): PARTITION_SIZE 0 is v1, then G, S,
+# and (since the shared-memory ring) STAGED.
 _TWIN = re.compile(r"gqa_decode_kernelI" + _SHAPE_ARGS
                    + r"LN4vllm\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELi(?P<partition>\d+)"
-                   r"ELi(?P<group>\d+)ELi(?P<split>\d+)E")
+                   r"ELi(?P<group>\d+)ELi(?P<split>\d+)E(?:Lb(?P<staged>[01])E)?")
 _SCALAR = {"t": "fp16", "f": "fp32", "13__nv_bfloat16": "bf16"}
 _KV = {"0": "auto", "1": "fp8_e4m3", "2": "fp8_e5m2"}
 
@@ -69,7 +70,7 @@ def decode_twin_name(mangled: str) -> dict[str, object] | None:
     if m is None:
         return None
     return {"version": "v1" if m["partition"] == "0" else "v2", **_shape(m),
-            "group": int(m["group"]), "split": int(m["split"])}
+            "group": int(m["group"]), "split": int(m["split"]), "staged": m["staged"] == "1"}
 
 
 def parse_sass(text: str) -> list[KernelSass]:

@@ -100,6 +100,45 @@ def changes_kernel(variant: str | None, version: str, kv_cache: str, head_size: 
 # vLLM's kernel. vLLM's own kernels are unchanged. (G, S, min_ctas_pct): `auto` runs the first
 # twin whose min_ctas_pct the grid reaches, in stock CTAs per 100 SMs.
 TWIN_SHAPES = ((4, 1, 1000), (4, 2, 500), (2, 2, 150), (2, 4, 0))
+# csrc/gqa_grouped.cuh's staged<S>: the twins of these S are also compiled staged (a
+# shared-memory ring per warp, KVPREFETCH_TWIN_STAGE > 0, the default), beside their unstaged
+# instantiation, which the launcher runs where two ring slots per warp do not fit.
+STAGED_SPLITS = (2,)
+STAGE_SLOTS = 2  # KVPREFETCH_TWIN_STAGE: slots per warp of the ring
+
+
+def stage_count(ctas: int, sm_count: int, smem_per_sm: int, fixed: int, cta_warps: int,
+                chunk_bytes: int, blocks_per_cta: int, max_slots: int = STAGE_SLOTS) -> int:
+    """csrc/prefetch_ptx.cuh's stage_count: ring slots per warp a staged twin's launch gets (0:
+    the launcher runs the unstaged twin). Per CTA the SM's shared memory over the CTAs it holds
+    at once (the grid's per SM, at most 16 warps' worth), less 1 KiB (the system's), 3 KiB
+    (static, mbarriers, alignment) and `fixed` (the twin's other dynamic shared memory); at
+    most 2 x ceil(blocks / warps) chunks and `max_slots`; fewer than two is 0."""
+    per_sm = -(-ctas // max(sm_count, 1))
+    resident = max(1, min(per_sm, 16 // cta_warps))
+    room = (smem_per_sm // resident - 1024 - 3072 - fixed) // (cta_warps * chunk_bytes)
+    need = 2 * -(-max(blocks_per_cta, 1) // cta_warps)
+    slots = min(room, need, max_slots)
+    return slots if slots >= 2 else 0
+
+
+def twin_stage_slots(batch: int, context: int, kernel: str, group: int, split: int,
+                     sm_count: int = 132, smem_per_sm: int = 233472) -> int:
+    """Ring slots the launcher gives twin (group, split) on a Llama-3.1-8B decode step (32 query
+    heads, 8 kv heads, head 128, block 16, fp16, every sequence `context` tokens), by the
+    launchers' sizes: stock's shared memory (v1: the padded context's logits; v2: a partition's,
+    or the output scratch if larger) G times, plus the V products of the warps beyond stock's
+    (csrc/gqa_grouped.cuh products_floats). Defaults: the H200."""
+    if split not in STAGED_SPLITS:
+        return 0
+    blocks = -(-context // 16)
+    logits = (blocks * 16 if kernel == "v1" else 512) * 4
+    stock_smem = max(logits, (4 // 2) * 128 * 4)
+    products = (split - 1) * 4 * group * 8 * 32 * 4  # floats -> bytes
+    partitions = 1 if kernel == "v1" else -(-context // 512)
+    ctas = 32 // group * batch * partitions
+    return stage_count(ctas, sm_count, smem_per_sm, group * stock_smem + products, 4 * split,
+                       128 * 16 * 2, blocks if kernel == "v1" else 512 // 16)
 
 
 def twin_shapes(variant: str | None, version: str, kv_cache: str, head_size: int,

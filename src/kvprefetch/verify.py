@@ -24,8 +24,8 @@ from .sass import (KernelSass, arch_number, decode_kernel_name, function_bodies,
                    parse_sass, pdl_waits, prefetch_kernels, readonly_loads, summarise,
                    twin_kernels)
 from .cubin import parse_elf
-from .upstream import (LAUNCHER_PREFETCH_VARIANTS, TWIN_SHAPES, changes_kernel, min_blocks,
-                       prefetches_in, twin_shapes)
+from .upstream import (LAUNCHER_PREFETCH_VARIANTS, STAGED_SPLITS, TWIN_SHAPES, changes_kernel,
+                       min_blocks, prefetches_in, twin_shapes)
 from .workdir import Workdir, write_json_atomic
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
@@ -332,14 +332,20 @@ def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None, text: str)
             for g, s in twin_shapes(variant, k.version, k.kv_cache, k.head_size, k.block_size,
                                     k.dtype)}
     twins = twin_kernels(text)
-    have = {(a, m["version"], m["dtype"], m["kv_cache"], m["head_size"], m["block_size"],
-             m["group"], m["split"]) for (a, _), (m, _, _) in twins.items()}
+    have = {staged: {(a, m["version"], m["dtype"], m["kv_cache"], m["head_size"],
+                      m["block_size"], m["group"], m["split"])
+                     for (a, _), (m, _, _) in twins.items() if m["staged"] == staged}
+            for staged in (False, True)}
+    # A staged twin (its S in STAGED_SPLITS; a build with KVPREFETCH_TWIN_STAGE=0 has none)
+    # only beside its unstaged instantiation.
+    stray = {w for w in have[True] if w not in want or w[-1] not in STAGED_SPLITS}
     plain = [n for (_, n), (_, loads, ro) in twins.items() if loads != ro]
     rep.sass.setdefault(tree, {})["gqa_twins"] = len(twins)
-    detail = (f"{len(twins)} twin kernels, {len(want)} expected; "
-              f"{len(have - want)} unexpected, {len(want - have)} missing; "
+    detail = (f"{len(twins)} twin kernels ({len(have[True])} staged), {len(want)} expected "
+              f"unstaged; {len(have[False] - want)} unexpected, {len(want - have[False])} "
+              f"missing, {len(stray)} staged off the rule; "
               f"{len(plain)} with a global load off the read-only or ordered path")
-    rep.add(TWIN_CHECK, tree, have == want and not plain, detail)
+    rep.add(TWIN_CHECK, tree, have[False] == want and not stray and not plain, detail)
 
 
 PDL_CHECK = "twins wait for the previous kernel before touching memory"

@@ -5,7 +5,8 @@
 // One line per instantiation: "version head block cache kv_dtype min_blocks prologue twins",
 // cache one of fp16, bf16, fp32, u8. Then the twins, "twin G S min_ctas_pct name" each,
 // `auto`'s pick for a range of grids, "auto ctas_pct index", KVPREFETCH_GQA's parsing and
-// twin_pick's answers (the lines "mode ..." and "pick ..."). Host code only: it runs on a
+// twin_pick's answers (the lines "mode ..." and "pick ...") and the staged twins' ring slots
+// (stage_count, "stage ..."). Host code only: it runs on a
 // machine without a GPU. tests/test_sass.py compiles it with nvcc, with and without overrides,
 // and compares the tables with kvprefetch.upstream.min_blocks / prefetches_in / twin_shapes /
 // TWIN_SHAPES / auto_twin (what verify-kernel expects, and what the docs describe).
@@ -62,6 +63,23 @@ int main() {
         for (const long long limit : {25000LL, 232448LL}) {
           std::printf("pick %d %lld %d %lld %d\n", mode, pct, per_kv, limit,
                       kvprefetch::twin_pick(mode, pct, per_kv, smem, limit));
+        }
+      }
+    }
+  }
+  // stage_count: "stage CTAS SM_COUNT SMEM_PER_SM FIXED CTA_WARPS CHUNK BLOCKS SLOTS" over grids,
+  // shared memory besides the ring, warps per CTA and blocks per CTA (the H200: 132 SMs,
+  // 233472 bytes each; a smaller part: 32 SMs, 101376 bytes).
+  for (const int sms : {132, 32}) {
+    const long long per_sm = sms == 132 ? 233472 : 101376;
+    for (const long long ctas : {64LL, 128LL, 256LL, 512LL, 1024LL}) {
+      for (const long long fixed : {4096LL, 12288LL, 24576LL, 40960LL, 81920LL}) {
+        for (const int warps : {8, 16}) {
+          for (const int blocks : {1, 8, 32, 64, 256}) {
+            std::printf("stage %lld %d %lld %lld %d %d %d %d\n", ctas, sms, per_sm, fixed,
+                        warps, 4096, blocks,
+                        kvprefetch::stage_count(ctas, sms, per_sm, fixed, warps, 4096, blocks));
+          }
         }
       }
     }
