@@ -375,6 +375,9 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   [[maybe_unused]] WarpStage<cache_t, CHUNK> stage{};
   static_assert(!STAGED || staged<S>(), "staged: the S = 2 twins, KVPREFETCH_TWIN_STAGE > 0");
   if constexpr (STAGED) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap();  // no bulk copy before sm_90; the host never launches a staged twin there
+#endif
     extern __shared__ char stage_mem[];
     const long long before =
         G * 4LL * logits_stride +
@@ -952,11 +955,14 @@ void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int 
   const dim3 grid(stock_grid.x / G, stock_grid.y, stock_grid.z);
   const long long fixed = twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
   if constexpr (staged<S>()) {
-    const int stages = stage_count(1LL * grid.x * grid.y * grid.z, f.sm_count, f.smem_per_sm,
-                                   fixed, NUM_THREADS * S / 32,
-                                   128 * BLOCK_SIZE * static_cast<int>(sizeof(CACHE_T)),
-                                   PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE
-                                                      : a.max_num_blocks_per_seq);
+    // The bulk copy and its mbarriers are Hopper's (sm_90 on): before it, never staged.
+    const int stages =
+        f.cc_major < 9 ? 0
+                       : stage_count(1LL * grid.x * grid.y * grid.z, f.sm_count, f.smem_per_sm,
+                                     fixed, NUM_THREADS * S / 32,
+                                     128 * BLOCK_SIZE * static_cast<int>(sizeof(CACHE_T)),
+                                     PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE
+                                                        : a.max_num_blocks_per_seq);
     if (stages > 0) {
       launch_twin_kernel<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S,
                          true>(
