@@ -188,6 +188,13 @@ def fetched_template(tmp_path_factory: pytest.TempPathFactory, vllm_sdist: Path)
     return wd
 
 
+@pytest.fixture(scope="session")
+def vllm_tree(fetched_template: Path) -> Path:
+    """vLLM 0.10.2's own sources as `fetch --source sdist` unpacked them (the session's
+    `baseline` tree: read, never modified), for tests that compare with vLLM's code."""
+    return fetched_template / "trees" / "baseline"
+
+
 def copy_workdir(template: Path, dest: Path) -> Path:
     """A private copy of a fetched work directory. The trees, state and everything a test may
     edit are real copies; pristine/ and downloads/, which no test writes into (they are only

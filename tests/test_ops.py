@@ -17,7 +17,6 @@ import pytest
 from kvprefetch import ops
 from kvprefetch.errors import BenchError
 
-VLLM = Path("/work/cache/vllm-0.10.2")
 
 
 @pytest.mark.parametrize(
@@ -38,11 +37,10 @@ def test_choose_kernel_matches_vllm_rule(max_seq_len: int, num_seqs: int, num_he
     assert ops.choose_kernel(max_seq_len, num_seqs, num_heads) == expected
 
 
-@pytest.mark.skipif(not (VLLM / "vllm/attention/ops/paged_attn.py").is_file(),
-                    reason="the vLLM 0.10.2 sdist is not unpacked at /work/cache/vllm-0.10.2")
-def test_choose_kernel_agrees_with_vllm_source_expression() -> None:
-    """Evaluate vLLM's own ``use_v1 = (...)`` expression over a grid and compare."""
-    src = (VLLM / "vllm/attention/ops/paged_attn.py").read_text()
+def test_choose_kernel_agrees_with_vllm_source_expression(vllm_tree: Path) -> None:
+    """Evaluate vLLM's own ``use_v1 = (...)`` expression (from the real 0.10.2 sdist) over a
+    grid and compare."""
+    src = (vllm_tree / "vllm/attention/ops/paged_attn.py").read_text()
     part = int(re.search(r"^_PARTITION_SIZE = (\d+)", src, re.MULTILINE).group(1))
     expr = re.search(r"use_v1 = (\(.*?\))\n", src, re.DOTALL).group(1)
     assert part == ops.PARTITION_SIZE
@@ -55,10 +53,8 @@ def test_choose_kernel_agrees_with_vllm_source_expression() -> None:
         assert ops.choose_kernel(max_seq_len, num_seqs, num_heads) == ("v1" if use_v1 else "v2")
 
 
-@pytest.mark.skipif(not (VLLM / "csrc/torch_bindings.cpp").is_file(),
-                    reason="the vLLM 0.10.2 sdist is not unpacked at /work/cache/vllm-0.10.2")
-def test_schemas_are_vllms() -> None:
-    src = (VLLM / "csrc/torch_bindings.cpp").read_text()
+def test_schemas_are_vllms(vllm_tree: Path) -> None:
+    src = (vllm_tree / "csrc/torch_bindings.cpp").read_text()
     for name, expected in (("paged_attention_v1", ops.V1_SCHEMA_ARGS),
                            ("paged_attention_v2", ops.V2_SCHEMA_ARGS)):
         m = re.search(r'ops\.def\(\s*"' + name + r'\((.*?)\) -> \(\)"\);', src, re.DOTALL)
