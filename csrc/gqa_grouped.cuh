@@ -161,6 +161,15 @@ constexpr int products_floats() {
          32;
 }
 
+// Dynamic shared memory of the twin (G, S) before any staging ring, in bytes: G times stock's
+// (`stock_bytes`: each head's logits, later its output scratch), then the V products of the
+// warps beyond stock's. The host sizes the launch with it, a staged kernel finds its ring after it.
+template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int G, int S>
+constexpr long long twin_smem_before(const long long stock_bytes) {
+  return G * stock_bytes +
+         4LL * products_floats<scalar_t, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, G, S>();
+}
+
 // Staging (KVPREFETCH_TWIN_STAGE = slots per warp, default 2; 0 compiles none): the S = 2 twins
 // (2x2, 4x2) copy each warp's K and V chunks, one (block, kv head) chunk of HEAD_SIZE *
 // BLOCK_SIZE cache elements per copy, from global into a ring of slots of shared memory with
@@ -379,9 +388,8 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     __trap();  // no bulk copy before sm_90; the host never launches a staged twin there
 #endif
     extern __shared__ char stage_mem[];
-    const long long before =
-        G * 4LL * logits_stride +
-        4LL * products_floats<scalar_t, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, G, S>();
+    const long long before = twin_smem_before<scalar_t, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, G, S>(
+        4LL * logits_stride);
     uint32_t dynamic_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
     const int ring_at = static_cast<int>(stage_ring_at(before, CTA_WARPS));
@@ -910,8 +918,8 @@ void launch_pdl(void (*kernel)(KernelArgs...), const dim3 grid, const dim3 block
 // per warp (the kernel derives the count back from it).
 template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS, int G, int S>
 constexpr long long twin_smem(const int shared_mem_size, const int stages = 0) {
-  const long long before = G * static_cast<long long>(shared_mem_size) +
-                           4LL * products_floats<T, 128, BLOCK_SIZE, NUM_THREADS, G, S>();
+  const long long before =
+      twin_smem_before<T, 128, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
   if constexpr (staged<S>()) {
     constexpr int CTA_WARPS = NUM_THREADS * S / 32;
     if (stages > 0) {
