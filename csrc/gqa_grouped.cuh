@@ -38,6 +38,7 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 
 // vLLM's attention_kernels.cuh (no include guard) must come first: the launchers include this
@@ -189,9 +190,14 @@ constexpr long long twin_smem_before(const long long stock_bytes) {
 // A kernel holding both paths behind a run-time test spilled and lost all of it (run 40), so the
 // staged and unstaged paths are two instantiations (the STAGED template argument).
 // (KVPREFETCH_TWIN_STAGE and the host's stage_count: prefetch_ptx.cuh.)
-template <int S>
+// -DKVPREFETCH_TWIN_STAGE_4X4=0: the 4x4 twin (KVPREFETCH_TWIN_4X4_PCT) unstaged (exploration).
+#ifndef KVPREFETCH_TWIN_STAGE_4X4
+  #define KVPREFETCH_TWIN_STAGE_4X4 1
+#endif
+template <int G, int S>
 constexpr bool staged() {
-  return KVPREFETCH_TWIN_STAGE > 0 && S == 2;
+  return KVPREFETCH_TWIN_STAGE > 0 &&
+         (S == 2 || (G == 4 && S == 4 && KVPREFETCH_TWIN_STAGE_4X4 != 0));
 }
 constexpr long long round_up(const long long v, const long long to) {
   return (v + to - 1) / to * to;
@@ -327,11 +333,197 @@ struct WarpStage {
   #define KVPREFETCH_TWIN_BOUNDS(THREADS) __launch_bounds__(THREADS)
 #endif
 
+// v2's reduction inside the twin (KVPREFETCH_TWIN_FUSE, on by default): the CTA of a (sequence,
+// head group) that finishes its partition last reduces the group's G heads over the sequence's
+// partitions, with the arithmetic of vllm::paged_attention_v2_reduce_kernel in the same order
+// over the same 128-thread layout (one 128-thread group of the CTA per head; the max logit,
+// then the rescaled exp sums and their vllm::block_sum, then each output element summed over
+// the partitions in order), reading what the other CTAs left in tmp_out, max_logits and
+// exp_sums through L2. "Last" is counted on one counter per (sequence, head group) after a
+// fence (the pattern of CUDA's threadFenceReduction sample); the last CTA sets it back to 0 for
+// the next launch, which the kernel boundary (or griddepcontrol.wait) orders after it. The host
+// gives each stream its own counters (fuse_slot). Saves the reduce kernel's launch and the
+// wait for the whole grid before it: exploration run 46 (2026-11-30-h200-prefetch-explore/
+// 46-twin-reduce) measured b8 x 1k 20.3 us with the reduction, 17.8 us with none at all. What
+// the last CTA reads first it requests at once (one trip to L2 in the common case). A
+// single-partition sequence's output is its partition's, copied (as vLLM's reduce kernel).
+// Where it runs: KVPREFETCH_TWIN_FUSE and fusable, below.
+template <typename T>
+__device__ __forceinline__ T load_l2(const T* p) {  // ld.global.cg: another CTA's write
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "2- or 4-byte values");
+  using Word = std::conditional_t<sizeof(T) == 2, unsigned short, unsigned int>;
+  const Word w = __ldcg(reinterpret_cast<const Word*>(p));
+  T v;
+  memcpy(&v, &w, sizeof(v));
+  return v;
+}
+// The reduction inside the v2 twins (reduce_in_twin), where fuse_slot gives the launch counters:
+// 1 (the default) at the grids after which kvprefetch's reduce kernel would not run
+// (pdl_reduce_after: more than half and at most all of the SMs' count of CTAs), 2 at every grid
+// of a fusable twin, 0 never (a reduce kernel after every v2 twin: the design before, SASS
+// identical). Exploration run 49 (H200): the 2x2 twin's 128-CTA grids ran 1.54x -> 1.69x
+// (b1 x 4k), 1.52x -> 1.64x (b4 x 1k) with 1; 2 also fused its 256-CTA grids, where
+// kvprefetch's reduce kernel runs as a programmatic dependent and was faster (b8 x 1k 1.36x ->
+// 1.34x, bf16 1.75x -> 1.71x).
+#ifndef KVPREFETCH_TWIN_FUSE
+  #define KVPREFETCH_TWIN_FUSE 1
+#endif
+// Counts this CTA's arrival: the counter's value before, with release (this CTA's writes, which
+// the barrier before made thread 0's) and acquire (the writes of the CTAs counted before it)
+// at GPU scope, as CUTLASS's GenericBarrier arrives.
+__device__ __forceinline__ unsigned int arrive(unsigned int* counter) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  unsigned int old;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;"
+               : "=r"(old) : "l"(counter) : "memory");
+  return old;
+#else
+  __threadfence();
+  const unsigned int old = atomicAdd(counter, 1u);
+  __threadfence();
+  return old;
+#endif
+}
+// The twins that reduce inside: the 2x2 twin in v2. Exploration run 47 (every v2 twin fused, a
+// first form that fenced in every thread and took three trips to L2 in the last CTA) measured
+// it faster only there: b1 x 4k, b2 x 2k, b4 x 1k +8% (vLLM's reduce kernel ran after these
+// 128-CTA grids); the 2x4 twin's few CTAs lost up to 4% (b1 x 1k; there kvprefetch's reduce
+// kernel waits beside them on idle SMs), the 4x2 and 4x1 twins' grids of many CTAs up to 10%
+// (b1 x 16k, b8 x 16k). (That build's unfused kernels also compiled differently: the runs since
+// compile the fused code as its own instantiation, FUSED.)
+template <int G, int S, int PARTITION_SIZE>
+constexpr bool fusable() {
+  return KVPREFETCH_TWIN_FUSE != 0 && PARTITION_SIZE > 0 && G == 2 && S == 2;
+}
+template <typename scalar_t, int HEAD_SIZE, int NUM_THREADS, int PARTITION_SIZE, int G,
+          int CTA_WARPS>
+__device__ __forceinline__ void reduce_in_twin(
+    scalar_t* __restrict__ out, const float* exp_sums, const float* max_logits,
+    const scalar_t* tmp_out, unsigned int* counter, const int num_partitions, const int seq_idx,
+    const int first_head, const int num_heads, const int max_num_partitions,
+    float* __restrict__ scratch, const int scratch_stride, float* __restrict__ red) {
+  constexpr int WARP = 32;
+  constexpr int NUM_WARPS = NUM_THREADS / WARP;
+  constexpr int GROUPS = CTA_WARPS / NUM_WARPS;  // heads reduced at once
+  const int group = threadIdx.x / NUM_THREADS;
+  const int t = threadIdx.x % NUM_THREADS;
+  const int warp = t / WARP;
+  const int lane = t % WARP;
+  const int64_t seq_first = static_cast<int64_t>(seq_idx) * num_heads;
+  __shared__ unsigned int is_last;
+  __syncthreads();  // every thread's writes of this partition, before thread 0's release
+  if (threadIdx.x == 0) {
+    is_last = num_partitions == 1 || arrive(counter) == unsigned(num_partitions - 1);
+    if (is_last && num_partitions > 1) *counter = 0u;  // for the next launch
+  }
+  __syncthreads();  // the other partitions' writes, acquired by thread 0, for every thread
+  if (!is_last) return;
+  static_assert(HEAD_SIZE <= NUM_THREADS, "one output element per thread of a 128-thread group");
+  constexpr int BATCH = 8;  // partitions' outputs loaded at once per thread
+  for (int g0 = 0; g0 < G; g0 += GROUPS) {
+    const int g = g0 + group;
+    const bool active = g < G;  // whole 128-thread groups
+    const int head = first_head + (active ? g : 0);
+    const int64_t at = (seq_first + head) * max_num_partitions;  // (seq, head, partition 0)
+    const scalar_t* tmp_out_ptr = tmp_out + at * HEAD_SIZE;
+    scalar_t* out_ptr = out + (seq_first + head) * HEAD_SIZE;
+    if (num_partitions == 1) {
+      if (active && t < HEAD_SIZE) out_ptr[t] = load_l2(tmp_out_ptr + t);
+      continue;
+    }
+    // Everything this thread reads first, requested at once (one trip to L2 when the sequence
+    // has at most NUM_THREADS partitions and BATCH of them): its partition's max logit and exp
+    // sum, and its output element of the first BATCH partitions. The arithmetic below is
+    // vLLM's, in vLLM's order, whichever load a value came from.
+    const bool first_part = active && t < num_partitions;
+    const float max_logit0 = first_part ? load_l2(max_logits + at + t) : -FLT_MAX;
+    const float exp_sum0 = first_part ? load_l2(exp_sums + at + t) : 0.0f;
+    scalar_t part[BATCH];
+#pragma unroll
+    for (int j = 0; j < BATCH; ++j) {
+      if (active && t < HEAD_SIZE && j < num_partitions) {
+        part[j] = load_l2(tmp_out_ptr + j * HEAD_SIZE + t);
+      }
+    }
+    float* shared_max_logits = scratch + (active ? g : 0) * scratch_stride;
+    float* shared_exp_sums = shared_max_logits + num_partitions;
+    float* red_smem = red + (active ? g : 0) * 2 * CTA_WARPS;
+    float max_logit = -FLT_MAX;
+    if (active) {
+      for (int i = t; i < num_partitions; i += NUM_THREADS) {
+        const float l = i == t ? max_logit0 : load_l2(max_logits + at + i);
+        shared_max_logits[i] = l;
+        max_logit = fmaxf(max_logit, l);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int mask = WARP / 2; mask >= 1; mask /= 2) {
+      max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
+    }
+    if (active && lane == 0) red_smem[warp] = max_logit;
+    __syncthreads();
+    max_logit = lane < NUM_WARPS ? red_smem[lane] : -FLT_MAX;
+#pragma unroll
+    for (int mask = NUM_WARPS / 2; mask >= 1; mask /= 2) {
+      max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
+    }
+    max_logit = VLLM_SHFL_SYNC(max_logit, 0);
+    float global_exp_sum = 0.0f;
+    if (active) {
+      for (int i = t; i < num_partitions; i += NUM_THREADS) {
+        float l = shared_max_logits[i];
+        float rescaled_exp_sum =
+            (i == t ? exp_sum0 : load_l2(exp_sums + at + i)) * expf(l - max_logit);
+        global_exp_sum += rescaled_exp_sum;
+        shared_exp_sums[i] = rescaled_exp_sum;
+      }
+    }
+    __syncthreads();
+    // vllm::block_sum<NUM_WARPS> over this group's warps (its own rows of red_smem).
+#pragma unroll
+    for (int mask = WARP / 2; mask >= 1; mask /= 2) {
+      global_exp_sum += VLLM_SHFL_XOR_SYNC(global_exp_sum, mask);
+    }
+    if (active && lane == 0) red_smem[NUM_WARPS + warp] = global_exp_sum;
+    __syncthreads();
+    if (lane < NUM_WARPS) global_exp_sum = red_smem[NUM_WARPS + lane];
+#pragma unroll
+    for (int mask = NUM_WARPS / 2; mask >= 1; mask /= 2) {
+      global_exp_sum += VLLM_SHFL_XOR_SYNC(global_exp_sum, mask);
+    }
+    global_exp_sum = VLLM_SHFL_SYNC(global_exp_sum, 0);
+    const float inv_global_exp_sum = __fdividef(1.0f, global_exp_sum + 1e-6f);
+    if (active && t < HEAD_SIZE) {
+      // vLLM's sum over the partitions in order.
+      float acc = 0.0f;
+      for (int j0 = 0; j0 < num_partitions; j0 += BATCH) {
+        if (j0 > 0) {
+#pragma unroll
+          for (int j = 0; j < BATCH; ++j) {
+            if (j0 + j < num_partitions) {
+              part[j] = load_l2(tmp_out_ptr + (j0 + j) * HEAD_SIZE + t);
+            }
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < BATCH; ++j) {
+          if (j0 + j < num_partitions) {
+            acc += vllm::to_float(part[j]) * shared_exp_sums[j0 + j] * inv_global_exp_sum;
+          }
+        }
+      }
+      vllm::from_float(out_ptr[t], acc);
+    }
+  }
+}
+
 // Grid: (num_heads / G, num_seqs, max_num_partitions); PARTITION_SIZE 0 is v1. `logits_stride`:
 // floats of dynamic shared memory per head (stock's shared_mem_size / 4). The comments name
 // the step of vLLM's paged_attention_kernel each part mirrors.
 template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED>
+          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED,
+          bool FUSED = false>
 __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     float* __restrict__ exp_sums, float* __restrict__ max_logits, scalar_t* __restrict__ out,
     const scalar_t* __restrict__ q, const cache_t* __restrict__ k_cache,
@@ -339,7 +531,8 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
     const int max_num_blocks_per_seq, const float* __restrict__ alibi_slopes,
     const int q_stride, const int kv_block_stride, const int kv_head_stride,
-    const int logits_stride) {
+    const int logits_stride, unsigned int* __restrict__ fuse_counters,
+    scalar_t* __restrict__ fused_out) {
   static_assert(KV_DTYPE == vllm::Fp8KVCacheDataType::kAuto, "16-bit caches only");
   pdl_start();  // before any global memory access
   using vllm::Vec;
@@ -382,7 +575,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   // gave, then each warp's first `stages` chunks requested before the query is read.
   constexpr int CHUNK = HEAD_SIZE * BLOCK_SIZE * int(sizeof(cache_t));
   [[maybe_unused]] WarpStage<cache_t, CHUNK> stage{};
-  static_assert(!STAGED || staged<S>(), "staged: the S = 2 twins, KVPREFETCH_TWIN_STAGE > 0");
+  static_assert(!STAGED || staged<G, S>(), "staged: see staged(), KVPREFETCH_TWIN_STAGE > 0");
   if constexpr (STAGED) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     __trap();  // no bulk copy before sm_90; the host never launches a staged twin there
@@ -738,6 +931,13 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
       }
     }
   }
+  static_assert(!FUSED || fusable<G, S, PARTITION_SIZE>(), "fused: see fusable()");
+  if constexpr (FUSED) {
+    reduce_in_twin<scalar_t, HEAD_SIZE, NUM_THREADS, PARTITION_SIZE, G, CTA_WARPS>(
+        fused_out, exp_sums, max_logits, out, fuse_counters + seq_idx * gridDim.x + blockIdx.x,
+        cdiv(seq_len, PARTITION_SIZE), seq_idx, first_head, num_heads, max_num_partitions,
+        logits0, logits_stride, &red_smem[0][0]);
+  }
 }
 
 // vLLM's v2 reduction after a twin, for KVPREFETCH_TWIN_PDL=2: the arithmetic of
@@ -884,6 +1084,10 @@ struct GqaArgs {
   int q_stride;
   int kv_block_stride;
   int kv_head_stride;
+  // v2 with the reduction in the twin (KVPREFETCH_TWIN_FUSE): this stream's counters and the
+  // final output; nullptr otherwise.
+  unsigned int* fuse_counters = nullptr;
+  T* fused_out = nullptr;
 };
 
 // Whether the build asks for programmatic dependent launches (KVPREFETCH_TWIN_PDL) and the
@@ -920,7 +1124,7 @@ template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS, int G, 
 constexpr long long twin_smem(const int shared_mem_size, const int stages = 0) {
   const long long before =
       twin_smem_before<T, 128, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
-  if constexpr (staged<S>()) {
+  if constexpr (staged<G, S>()) {
     constexpr int CTA_WARPS = NUM_THREADS * S / 32;
     if (stages > 0) {
       return stage_ring_at(before, CTA_WARPS) +
@@ -930,14 +1134,35 @@ constexpr long long twin_smem(const int shared_mem_size, const int stages = 0) {
   return before;
 }
 
-// Launches one instantiation of the (G, S) twin with `smem` bytes of dynamic shared memory.
-template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED>
-void launch_twin_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int smem,
-                        const int shared_mem_size, const cudaStream_t stream,
-                        const DeviceFacts& f) {
-  const auto kernel = gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
-                                        PARTITION_SIZE, G, S, STAGED>;
+// Which reduce kernel follows a v2 twin of `twin_ctas` CTAs under KVPREFETCH_TWIN_PDL=2:
+// kvprefetch's (launched as a programmatic dependent) unless the twin's grid takes between half
+// of the SMs and all of them, where vLLM's ran faster after it (exploration run 30, H200: with
+// kvprefetch's reduce the 2x2 twin's 128-CTA grids at b1 x 4k, b2 x 2k, b4 x 1k ran
+// 1.43-1.49x, with vLLM's 1.55-1.56x; at 16-64 CTAs and from 256 kvprefetch's won:
+// b1 x 1k 1.75x -> 1.99x, b8 x 1k 1.28x -> 1.33x).
+// -DKVPREFETCH_PDL_REDUCE_MID=1: kvprefetch's after those grids too (exploration run 45).
+#ifndef KVPREFETCH_PDL_REDUCE_MID
+  #define KVPREFETCH_PDL_REDUCE_MID 0
+#endif
+constexpr bool pdl_reduce_after(const long long twin_ctas, const int sm_count) {
+  return KVPREFETCH_TWIN_PDL >= 2 &&
+         (KVPREFETCH_PDL_REDUCE_MID || !(2 * twin_ctas > sm_count && twin_ctas <= sm_count));
+}
+
+// Whether a fusable twin's launch of `twin_ctas` CTAs with counters reduces inside
+// (KVPREFETCH_TWIN_FUSE; the host decides, launch_twin_kernel and launch_grouped_v2 agree).
+constexpr bool twin_reduces(const bool fusable_twin, const bool counters,
+                            const long long twin_ctas, const int sm_count) {
+  return fusable_twin && counters &&
+         (KVPREFETCH_TWIN_FUSE >= 2 || !pdl_reduce_after(twin_ctas, sm_count));
+}
+
+// Launches twin kernel `kernel` (a staged one when STAGED) with `smem` bytes of dynamic shared
+// memory.
+template <auto kernel, bool STAGED, typename T, typename CACHE_T>
+void launch_twin_kernel_as(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int threads,
+                           const int smem, const int shared_mem_size, const cudaStream_t stream,
+                           const DeviceFacts& f) {
   if constexpr (STAGED) {
     // Shared memory before L1 (the kernels' L1 hit rate is about 1%), so that the CTAs the
     // rings were sized for fit on one SM.
@@ -947,11 +1172,31 @@ void launch_twin_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int
   if (smem > 48 * 1024) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
-  launch_pdl(kernel, grid, dim3(NUM_THREADS * S), smem, stream, pdl_on(f), a.exp_sums,
+  launch_pdl(kernel, grid, dim3(threads), smem, stream, pdl_on(f), a.exp_sums,
              a.max_logits, a.out, a.q, a.k_cache, a.v_cache, a.num_kv_heads, a.scale,
              a.block_tables, a.seq_lens, a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride,
              a.kv_block_stride, a.kv_head_stride,
-             shared_mem_size / static_cast<int>(sizeof(float)));
+             shared_mem_size / static_cast<int>(sizeof(float)), a.fuse_counters, a.fused_out);
+}
+
+// Launches one instantiation of the (G, S) twin with `smem` bytes of dynamic shared memory.
+template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
+          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED>
+void launch_twin_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int smem,
+                        const int shared_mem_size, const cudaStream_t stream,
+                        const DeviceFacts& f) {
+  if constexpr (fusable<G, S, PARTITION_SIZE>()) {
+    if (twin_reduces(true, a.fuse_counters != nullptr, 1LL * grid.x * grid.y * grid.z,
+                     f.sm_count)) {
+      launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS,
+                                              KV_DTYPE, PARTITION_SIZE, G, S, STAGED, true>,
+                            STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, stream, f);
+      return;
+    }
+  }
+  launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
+                                          PARTITION_SIZE, G, S, STAGED>,
+                        STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, stream, f);
 }
 
 // The (G, S) twin for a stock grid: staged where it is compiled and two slots per warp fit
@@ -962,7 +1207,7 @@ void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int 
                  const cudaStream_t stream, const DeviceFacts& f) {
   const dim3 grid(stock_grid.x / G, stock_grid.y, stock_grid.z);
   const long long fixed = twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
-  if constexpr (staged<S>()) {
+  if constexpr (staged<G, S>()) {
     // The bulk copy and its mbarriers are Hopper's (sm_90 on): before it, never staged.
     const int stages =
         f.cc_major < 9 ? 0
@@ -1036,31 +1281,87 @@ bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_me
              head_size, grid, shared_mem_size, stream, a, f) >= 0;
 }
 
-// Which reduce kernel follows a v2 twin of `twin_ctas` CTAs under KVPREFETCH_TWIN_PDL=2:
-// kvprefetch's (launched as a programmatic dependent) unless the twin's grid takes between half
-// of the SMs and all of them, where vLLM's ran faster after it (exploration run 30, H200: with
-// kvprefetch's reduce the 2x2 twin's 128-CTA grids at b1 x 4k, b2 x 2k, b4 x 1k ran
-// 1.43-1.49x, with vLLM's 1.55-1.56x; at 16-64 CTAs and from 256 kvprefetch's won:
-// b1 x 1k 1.75x -> 1.99x, b8 x 1k 1.28x -> 1.33x).
-constexpr bool pdl_reduce_after(const long long twin_ctas, const int sm_count) {
-  return KVPREFETCH_TWIN_PDL >= 2 && !(2 * twin_ctas > sm_count && twin_ctas <= sm_count);
+
+// Counters: kFuseSlots streams per device at once, each (sequence, head group) pairs up to
+// kFuseCounters per launch; zero when the module loads, and every launch leaves them zero.
+constexpr int kFuseSlots = 8;
+constexpr int kFuseCounters = 8192;
+template <int N>
+__device__ unsigned int fuse_counters[N];
+// This stream's counters on device `dev`, or nullptr (the launch then runs a reduce kernel):
+// each stream holds a slot of its own from its first launch on, so launches that may run at
+// the same time (other streams) never share counters, while one stream's launches run in turn
+// (a kernel boundary, or griddepcontrol.wait, orders each after the last CTA's reset). A CUDA
+// graph keeps the slot of the stream it was captured on: replaying the same graph on two
+// streams at once would race here as it would on its tmp_out. Streams past kFuseSlots, and
+// the per-thread default stream (one handle for many streams), get none.
+// (A template, so that only the v2 launcher's unit, which calls it, holds the counters.)
+template <int N = kFuseSlots * kFuseCounters>
+unsigned int* fuse_slot(const int dev, const cudaStream_t stream) {
+  if (dev < 0 || dev >= 64 || stream == cudaStreamPerThread) return nullptr;
+  static std::mutex lock;
+  static unsigned int* base[64] = {};
+  static cudaStream_t owner[64][kFuseSlots] = {};
+  static bool held[64][kFuseSlots] = {};
+  const std::lock_guard<std::mutex> guard(lock);
+  if (base[dev] == nullptr) {
+    void* p = nullptr;
+    if (cudaGetSymbolAddress(&p, fuse_counters<N>) != cudaSuccess) {
+      cudaGetLastError();  // leave no error behind for the caller's check
+      return nullptr;
+    }
+    base[dev] = static_cast<unsigned int*>(p);
+  }
+  for (int s = 0; s < kFuseSlots; ++s) {
+    if (held[dev][s] && owner[dev][s] == stream) return base[dev] + s * kFuseCounters;
+  }
+  for (int s = 0; s < kFuseSlots; ++s) {
+    if (!held[dev][s]) {
+      held[dev][s] = true;
+      owner[dev][s] = stream;
+      return base[dev] + s * kFuseCounters;
+    }
+  }
+  return nullptr;
 }
 
-// The v2 launcher's added line: a twin, then the reduction: vLLM's reduce kernel as the
-// launcher's macro would have launched it, or with KVPREFETCH_TWIN_PDL=2 kvprefetch's where
-// pdl_reduce_after says so.
+// The v2 launcher's added line: a twin that reduces the partitions itself (KVPREFETCH_TWIN_FUSE,
+// where the launch fits: counters for its (sequence, head group) pairs, and room for 2 floats
+// per partition in each head's logits), else a twin, then the reduction: vLLM's reduce kernel
+// as the launcher's macro would have launched it, or with KVPREFETCH_TWIN_PDL=2 kvprefetch's
+// where pdl_reduce_after says so.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
           bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
 bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_mem_size,
-                       const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a, T* out,
+                       const cudaStream_t stream, const GqaArgs<T, CACHE_T>& args, T* out,
                        const dim3 reduce_grid, const int reduce_shared_mem_size,
                        const int max_num_partitions) {
   DeviceFacts f;
+  GqaArgs<T, CACHE_T> a = args;
+  int dev = 0;
+  if (KVPREFETCH_TWIN_FUSE && 2LL * max_num_partitions * sizeof(float) <= shared_mem_size &&
+      1LL * grid.x * grid.y <= kFuseCounters && cudaGetDevice(&dev) == cudaSuccess) {
+    // grid.x: stock's heads, so this bounds the (sequence, head group) pairs of every twin.
+    a.fuse_counters = fuse_slot(dev, stream);
+    a.fused_out = a.fuse_counters != nullptr ? out : nullptr;
+  }
   const int i = launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS,
                                  PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a, f);
   if (i < 0) return false;
+  const long long twin_ctas = 1LL * grid.x / kTwins[i].g * grid.y * grid.z;
+  const bool fusable_twin = with_twin(i, [](auto t) {
+    constexpr TwinShape twin = kTwins[decltype(t)::value];
+    return fusable<twin.g, twin.s, PARTITION_SIZE>();
+  });
+  if (twin_reduces(fusable_twin, a.fuse_counters != nullptr, twin_ctas, f.sm_count)) {
+    return true;  // the twin reduced
+  }
+  // -DKVPREFETCH_EXPLORE_SKIP_REDUCE=1: no reduction at all (WRONG outputs; exploration run 46
+  // times what a reduction inside the twin could at most save).
+#if defined(KVPREFETCH_EXPLORE_SKIP_REDUCE) && KVPREFETCH_EXPLORE_SKIP_REDUCE
+  if (max_num_partitions > 0) return true;
+#endif
   if constexpr (KVPREFETCH_TWIN_PDL >= 2) {
-    const long long twin_ctas = 1LL * grid.x / kTwins[i].g * grid.y * grid.z;
     if (pdl_on(f) && pdl_reduce_after(twin_ctas, f.sm_count)) {
       launch_pdl(gqa_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>, reduce_grid,
                  dim3(NUM_THREADS), reduce_shared_mem_size, stream, true, out, a.exp_sums,

@@ -238,8 +238,16 @@ struct TwinShape {
 #ifndef KVPREFETCH_TWIN_4X2_PCT
   #define KVPREFETCH_TWIN_4X2_PCT 500
 #endif
+// -DKVPREFETCH_TWIN_4X4_PCT=N (N > 0): a fifth twin, 4x4 (G = 4, 16 warps), that `auto` runs
+// from N stock CTAs per 100 SMs up to 4x2's (exploration run 45); 0 (the default) compiles none.
+#ifndef KVPREFETCH_TWIN_4X4_PCT
+  #define KVPREFETCH_TWIN_4X4_PCT 0
+#endif
 constexpr TwinShape kTwins[] = {{4, 1, 1000, "4x1"},
                                 {4, 2, KVPREFETCH_TWIN_4X2_PCT, "4x2"},
+#if KVPREFETCH_TWIN_4X4_PCT > 0
+                                {4, 4, KVPREFETCH_TWIN_4X4_PCT, "4x4"},
+#endif
                                 {KVPREFETCH_TWIN_SMALL_G, 2, 150, "2x2"},
                                 {KVPREFETCH_TWIN_SMALL_G, 4, 0, "2x4"}};
 constexpr int kNumTwins = static_cast<int>(sizeof(kTwins) / sizeof(kTwins[0]));

@@ -608,7 +608,11 @@ def test_decode_twin_names() -> None:
     from kvprefetch.sass import decode_twin_name
     assert decode_twin_name(_TWIN_V1_FP16) == {
         "version": "v1", "dtype": "fp16", "kv_cache": "auto", "head_size": 128,
-        "block_size": 16, "group": 4, "split": 1, "staged": False}
+        "block_size": 16, "group": 4, "split": 1, "staged": False, "fused": False}
+    # since v2's reduction in the twin, FUSED (Lb0E / Lb1E) follows STAGED
+    fused = _TWIN_V2_BF16.replace("ELi4ELi1EEEvPf", "ELi2ELi2ELb1ELb1EEEvPf")
+    assert decode_twin_name(fused)["fused"] is True  # type: ignore[index]
+    assert decode_twin_name(fused)["staged"] is True  # type: ignore[index]
     # since the shared-memory ring the names end in STAGED (Lb0E / Lb1E)
     staged = _TWIN_V1_FP16.replace("ELi4ELi1EEEvPf", "ELi2ELi2ELb1EEEvPf")
     assert decode_twin_name(staged)["staged"] is True  # type: ignore[index]
@@ -646,9 +650,22 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     stray = _listing({**base, **twins, **ring, ("sm_90", _all_twins(_TWIN_V1_FP16)[3].replace(
         "EEEvPf", "ELb1EEEvPf")): ro})
     alone = _listing({**base, **ring})
+    # v2's reduction in the twin: the v2 2x2 twin also compiled FUSED (staged and not, with
+    # ordered loads: another CTA's writes, read through L2); a fused v1 twin or a fused 4x2 is
+    # off the rule
+    strong = ro + ["LDG.E.STRONG.GPU R8, desc[UR4][R2.64]"]
+    fuse = {("sm_90", n.replace("EEEvPf", f"ELb{st}ELb1EEEvPf")): strong
+            for n in _all_twins(_TWIN_V2_BF16) if "ELi2ELi2EEEvPf" in n for st in (0, 1)}
+    assert len(fuse) == 2
+    fused = _listing({**base, **twins, **ring, **fuse})
+    v1_fused = _listing({**base, **twins, **ring, **fuse, ("sm_90", _all_twins(
+        _TWIN_V1_FP16)[2].replace("EEEvPf", "ELb0ELb1EEEvPf")): strong})
+    fused_4x2 = _listing({**base, **twins, **ring, **fuse, ("sm_90", _all_twins(
+        _TWIN_V2_BF16)[1].replace("EEEvPf", "ELb0ELb1EEEvPf")): strong})
     rep = VerifyReport("unused")
     for tree, text in (("good", good), ("missing", missing), ("extra", extra), ("plain", plain),
-                       ("staged", staged), ("stray", stray), ("alone", alone)):
+                       ("staged", staged), ("stray", stray), ("alone", alone),
+                       ("fused", fused), ("v1_fused", v1_fused), ("fused_4x2", fused_4x2)):
         check_gqa_twin(rep, tree, "prefetch", text)
     check_gqa_twin(rep, "stock", None, _listing(base))
     check_gqa_twin(rep, "stock_with_twin", None, good)
@@ -661,10 +678,15 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     assert status["plain"].status == "fail"
     assert status["stock_with_twin"].status == "fail"
     assert status["staged"].status == "pass", status["staged"].detail
-    assert "(4 staged)" in status["staged"].detail
-    assert "1 staged off the rule" in status["stray"].detail
+    assert "(4 staged, 0 fused)" in status["staged"].detail
+    assert "1 staged or fused off the rule" in status["stray"].detail
     assert status["stray"].status == "fail"
     assert status["alone"].status == "fail" and "missing" in status["alone"].detail
+    assert status["fused"].status == "pass", status["fused"].detail
+    assert "14 twin kernels (4 staged, 1 fused)" in status["fused"].detail
+    for tree in ("v1_fused", "fused_4x2"):
+        assert status[tree].status == "fail"
+        assert "1 staged or fused off the rule" in status[tree].detail, status[tree].detail
 
 
 def test_pdl_order_on_a_real_compile(tmp_path: Path) -> None:

@@ -44,7 +44,9 @@ print(t.cuobjdump if t else "cuobjdump")' 2>/dev/null) || tool=cuobjdump
 #                kernels, not as programmatic dependents (repeat run 24's design;
 #                docs/prefetch-tuning.md rows 42-46);
 #   NOSTAGE=1 -> `nostage`, KVPREFETCH_TWIN_STAGE=0: the twins load K and V from global, no
-#                shared-memory ring (repeat run 36's design; rows 47-49).
+#                shared-memory ring (repeat run 36's design; rows 47-49);
+#   NOFUSE=1  -> `nofuse`, KVPREFETCH_TWIN_FUSE=0: a reduce kernel after every v2 twin, none
+#                inside (repeat run 41's design, SASS identical; rows 51-53).
 ALT_DEF=()
 alt_tree() {  # SWITCH TREE DEFINE
   [ "${!1:-0}" = 1 ] || return 0
@@ -52,7 +54,8 @@ alt_tree() {  # SWITCH TREE DEFINE
   ALT_DEF+=(--tree-define "$2:$3")
 }
 alt_trees() { ALT_DEF=(); alt_tree NOPDL nopdl KVPREFETCH_TWIN_PDL=0
-              alt_tree NOSTAGE nostage KVPREFETCH_TWIN_STAGE=0; }
+              alt_tree NOSTAGE nostage KVPREFETCH_TWIN_STAGE=0
+              alt_tree NOFUSE nofuse KVPREFETCH_TWIN_FUSE=0; }
 # The results folder's life: pack() writes $OUT/results.tgz atomically (what the device tool
 # brings back; call it after each table so a cut-short run still returns what it measured);
 # bench() is step() followed by pack(); finish() packs and removes the folder.

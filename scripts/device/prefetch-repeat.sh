@@ -4,8 +4,9 @@
 # presets and cache dtypes, what is the most an L2 prefetch could give at the shapes whose KV
 # fits the L2, and do the GPU-marked tests pass on the real builds.
 #   device tool: run(command="bash scripts/device/prefetch-repeat.sh", carry=[".carry"], timeout_s=590)
-# NOPDL=1 and NOSTAGE=1 add the designs before programmatic dependent launch and before the
-# twins' shared-memory ring, each as one more tree (lib.sh's alt_trees).
+# NOPDL=1, NOSTAGE=1 and NOFUSE=1 add the designs before programmatic dependent launch, before
+# the twins' shared-memory ring and before v2's reduction in the twin, each as one more tree
+# (lib.sh's alt_trees).
 # QUICK=1 (about 4 minutes): stock, prefetch, launch and the control only, one run of each
 # table (REPEATS=N: N runs of the matrix), no L2-resident bound.
 # Steps: fetch the carried sdist into baseline, patched, gqa_off (the same patch with the
@@ -30,10 +31,10 @@ if [ "$QUICK" = 1 ]; then
   V=(--variant baseline --variant patched --variant launch --variant control)
   FETCH=(--extra-tree launch --extra-tree control); APPLY=(launch control)
 fi
-alt_trees  # NOPDL=1, NOSTAGE=1 (lib.sh)
+alt_trees  # NOPDL=1, NOSTAGE=1, NOFUSE=1 (lib.sh)
 
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${FETCH[@]}" || exit 3
-for t in patched gqa_off nopdl nostage; do
+for t in patched gqa_off nopdl nostage nofuse; do
   [ -d "$W/trees/$t" ] && { step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4; }
 done
 for v in "${APPLY[@]}"; do

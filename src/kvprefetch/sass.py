@@ -25,10 +25,11 @@ _SHAPE_ARGS = (r"(?P<scalar>13__nv_bfloat16|t|f)(?P<cache>S\d*_|13__nv_bfloat16|
 _KERNEL = re.compile(r"paged_attention_(?P<version>v[12])_kernelI" + _SHAPE_ARGS
                      + r"LNS_\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELb(?P<sparse>[01])E")
 # kvprefetch's GQA-grouped twins (csrc/gqa_grouped.cuh): PARTITION_SIZE 0 is v1, then G, S,
-# and (since the shared-memory ring) STAGED.
+# and (since the shared-memory ring) STAGED, and (since v2's reduction in the twin) FUSED.
 _TWIN = re.compile(r"gqa_decode_kernelI" + _SHAPE_ARGS
                    + r"LN4vllm\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELi(?P<partition>\d+)"
-                   r"ELi(?P<group>\d+)ELi(?P<split>\d+)E(?:Lb(?P<staged>[01])E)?")
+                   r"ELi(?P<group>\d+)ELi(?P<split>\d+)E(?:Lb(?P<staged>[01])E)?"
+                   r"(?:Lb(?P<fused>[01])E)?")
 _SCALAR = {"t": "fp16", "f": "fp32", "13__nv_bfloat16": "bf16"}
 _KV = {"0": "auto", "1": "fp8_e4m3", "2": "fp8_e5m2"}
 
@@ -70,7 +71,8 @@ def decode_twin_name(mangled: str) -> dict[str, object] | None:
     if m is None:
         return None
     return {"version": "v1" if m["partition"] == "0" else "v2", **_shape(m),
-            "group": int(m["group"]), "split": int(m["split"]), "staged": m["staged"] == "1"}
+            "group": int(m["group"]), "split": int(m["split"]), "staged": m["staged"] == "1",
+            "fused": m["fused"] == "1"}
 
 
 def parse_sass(text: str) -> list[KernelSass]:

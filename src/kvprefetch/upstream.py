@@ -105,6 +105,19 @@ TWIN_SHAPES = ((4, 1, 1000), (4, 2, 500), (2, 2, 150), (2, 4, 0))
 # instantiation, which the launcher runs where two ring slots per warp do not fit.
 STAGED_SPLITS = (2,)
 STAGE_SLOTS = 2  # KVPREFETCH_TWIN_STAGE: slots per warp of the ring
+# csrc/gqa_grouped.cuh's fusable: the v2 twins of these (G, S) are also compiled FUSED (the CTA
+# of a (sequence, head group) that finishes last does v2's reduction, KVPREFETCH_TWIN_FUSE),
+# beside their plain instantiation.
+FUSED_TWINS = ((2, 2),)
+
+
+def twin_reduces(kernel: str, group: int, split: int, twin_ctas: int, sm_count: int) -> bool:
+    """csrc/gqa_grouped.cuh's twin_reduces under the default KVPREFETCH_TWIN_FUSE=1: a v2 twin
+    in FUSED_TWINS does the reduction itself on grids of more than half and at most all of the
+    SMs' count of CTAs (the grids after which kvprefetch's own reduce kernel would not run,
+    pdl_reduce_after); elsewhere a reduce kernel follows it."""
+    return (kernel == "v2" and (group, split) in FUSED_TWINS
+            and 2 * twin_ctas > sm_count and twin_ctas <= sm_count)
 
 
 def stage_count(ctas: int, sm_count: int, smem_per_sm: int, fixed: int, cta_warps: int,

@@ -24,7 +24,8 @@ from .sass import (KernelSass, arch_number, decode_kernel_name, function_bodies,
                    parse_sass, pdl_waits, prefetch_kernels, readonly_loads, summarise,
                    twin_kernels)
 from .cubin import parse_elf
-from .upstream import (LAUNCHER_PREFETCH_VARIANTS, STAGED_SPLITS, TWIN_SHAPES, changes_kernel,
+from .upstream import (FUSED_TWINS, LAUNCHER_PREFETCH_VARIANTS, STAGED_SPLITS, TWIN_SHAPES,
+                       changes_kernel,
                        min_blocks, prefetches_in, twin_shapes)
 from .workdir import Workdir, write_json_atomic
 
@@ -332,20 +333,23 @@ def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None, text: str)
             for g, s in twin_shapes(variant, k.version, k.kv_cache, k.head_size, k.block_size,
                                     k.dtype)}
     twins = twin_kernels(text)
-    have = {staged: {(a, m["version"], m["dtype"], m["kv_cache"], m["head_size"],
-                      m["block_size"], m["group"], m["split"])
-                     for (a, _), (m, _, _) in twins.items() if m["staged"] == staged}
-            for staged in (False, True)}
-    # A staged twin (its S in STAGED_SPLITS; a build with KVPREFETCH_TWIN_STAGE=0 has none)
-    # only beside its unstaged instantiation.
-    stray = {w for w in have[True] if w not in want or w[-1] not in STAGED_SPLITS}
+    def shapes(keep) -> set[tuple]:
+        return {(a, m["version"], m["dtype"], m["kv_cache"], m["head_size"], m["block_size"],
+                 m["group"], m["split"]) for (a, _), (m, _, _) in twins.items() if keep(m)}
+    plain_twins = shapes(lambda m: not m["staged"] and not m["fused"])
+    staged, fused = shapes(lambda m: m["staged"]), shapes(lambda m: m["fused"])
+    # A staged twin (its S in STAGED_SPLITS; a build with KVPREFETCH_TWIN_STAGE=0 has none) and
+    # a fused one (a v2 twin in FUSED_TWINS; none with KVPREFETCH_TWIN_FUSE=0) only beside the
+    # plain instantiation.
+    stray = ({w for w in staged if w not in want or w[-1] not in STAGED_SPLITS}
+             | {w for w in fused if w not in want or w[1] != "v2" or w[-2:] not in FUSED_TWINS})
     plain = [n for (_, n), (_, loads, ro) in twins.items() if loads != ro]
     rep.sass.setdefault(tree, {})["gqa_twins"] = len(twins)
-    detail = (f"{len(twins)} twin kernels ({len(have[True])} staged), {len(want)} expected "
-              f"unstaged; {len(have[False] - want)} unexpected, {len(want - have[False])} "
-              f"missing, {len(stray)} staged off the rule; "
+    detail = (f"{len(twins)} twin kernels ({len(staged)} staged, {len(fused)} fused), "
+              f"{len(want)} expected plain; {len(plain_twins - want)} unexpected, "
+              f"{len(want - plain_twins)} missing, {len(stray)} staged or fused off the rule; "
               f"{len(plain)} with a global load off the read-only or ordered path")
-    rep.add(TWIN_CHECK, tree, have[False] == want and not stray and not plain, detail)
+    rep.add(TWIN_CHECK, tree, plain_twins == want and not stray and not plain, detail)
 
 
 PDL_CHECK = "twins wait for the previous kernel before touching memory"

@@ -60,8 +60,10 @@ def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str) -> tuple[
 
 
 TWIN_KERNEL = "gqa_decode_kernel"
-# torch.profiler's (demangled) name ends in the twin's template arguments ..., G, S, STAGED>(...).
-TWIN_SHAPE = re.compile(r"gqa_decode_kernel<.*, (\d+), (\d+), (true|false)>\(")
+REDUCE_KERNEL = "reduce_kernel"  # vLLM's paged_attention_v2_reduce_kernel or kvprefetch's
+# torch.profiler's (demangled) name ends in the twin's template arguments ..., G, S, STAGED,
+# FUSED>(...) (FUSED: v2's reduction inside the twin; true only in the v2 2x2 twin).
+TWIN_SHAPE = re.compile(r"gqa_decode_kernel<.*, (\d+), (\d+), (true|false)(?:, (true|false))?>\(")
 # The twins with a shared-memory ring (csrc/gqa_grouped.cuh, KVPREFETCH_TWIN_STAGE): S = 2.
 STAGED_TWINS = ("4x2", "2x2")
 
@@ -72,6 +74,10 @@ def _twins_ran(names: list[str]) -> list[str]:
 
 def _staged_ran(names: list[str]) -> list[bool]:
     return [m[3] == "true" for n in names for m in [TWIN_SHAPE.search(n)] if m is not None]
+
+
+def _fused_ran(names: list[str]) -> list[bool]:
+    return [m[4] == "true" for n in names for m in [TWIN_SHAPE.search(n)] if m is not None]
 
 
 # torch.profiler warns (once per process) that each profiling cycle clears its events; this
@@ -100,12 +106,17 @@ def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str,
     # every staged twin here gets its two slots per warp (none is a v1 step of long context)
     assert _staged_ran(names) == ([twin in STAGED_TWINS] if twin else []), names
     assert any("paged_attention" in n and "reduce" not in n for n in names) == (not twin), names
-    if twin and torch.cuda.get_device_properties(0).multi_processor_count == 132:
-        batch, ctx = (int(x[:-1]) * 1024 if x.endswith("k") else int(x)
-                      for x in spec.split("x"))
-        ctas = 32 * batch * (1 if kernel == "v1" else -(-ctx // 512))  # 32 query heads
+    batch, ctx = (int(x[:-1]) * 1024 if x.endswith("k") else int(x) for x in spec.split("x"))
+    ctas = 32 * batch * (1 if kernel == "v1" else -(-ctx // 512))  # 32 query heads
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if twin and sms == 132:
         g, s = upstream.auto_twin(100 * ctas // 132)
         assert twin == f"{g}x{s}"
+    # v2's reduction: inside the twin where upstream.twin_reduces says so, else a reduce kernel
+    fused = bool(twin) and upstream.twin_reduces(kernel, *map(int, twin.split("x")),
+                                                 ctas // int(twin.split("x")[0]), sms)
+    assert _fused_ran(names) == ([fused] if twin else []), names
+    assert any(REDUCE_KERNEL in n for n in names) == (kernel == "v2" and not fused), names
     assert any(PREFETCH_KERNEL in n for n in names) == fires, names
     _, stock_names = _kernels_launched(stock, spec, dtype, kv)
     assert not any(PREFETCH_KERNEL in n or TWIN_KERNEL in n for n in stock_names), stock_names
@@ -149,3 +160,42 @@ def test_kvprefetch_gqa_forces_the_named_twin(stock_and_patched, setting: str, s
     assert json.loads(res.stdout.strip().splitlines()[-1]) == ran
     if setting == "bogus":
         assert "ignoring KVPREFETCH_GQA=bogus (use off, auto, on, 4x1" in res.stderr
+
+
+def test_reduction_inside_the_twin_on_two_streams_at_once(stock_and_patched) -> None:
+    """v2's reduction inside the 2x2 twin (csrc/gqa_grouped.cuh, reduce_in_twin): on a grid where
+    the launcher runs it (b4 x 1k: 128 twin CTAs; on the H200's 132 SMs the rule's range), with
+    ragged sequences (some of one partition, whose output is copied), two streams run it at the
+    same time, each on its own inputs, eight launches per stream per round, over five rounds:
+    every output is bitwise stock's. Each stream counts its CTAs' arrivals on counters of its
+    own (fuse_slot); the test checks the outputs under concurrent use, it cannot force the two
+    streams' kernels to overlap."""
+    import torch
+
+    from kvprefetch import upstream
+    from kvprefetch.bench.matrix import shapes_from_specs
+    from kvprefetch.kvinputs import make_inputs
+    from kvprefetch.ops import forward_decode
+
+    stock, patched = stock_and_patched
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not upstream.twin_reduces("v2", 2, 2, 128, sms):
+        pytest.skip(f"a 128-CTA 2x2 grid does not reduce inside the twin on {sms} SMs")
+    ran, names = _kernels_launched(patched, "4x1k", "float16", "auto")
+    assert ran == "v2" and _twins_ran(names) == ["2x2"] and _fused_ran(names) == [True], names
+    shape = shapes_from_specs(["4x1k"], dtype="float16", kv_cache_dtype="auto")[0].attn
+    inputs = [make_inputs(shape, seed=seed, ragged=True) for seed in (1, 2, 3)]
+    assert any(n <= 512 for i in inputs for n in i.seq_lens_list)  # a one-partition sequence
+    want = [forward_decode(stock, i.args())[0].clone() for i in inputs]
+    streams = [torch.cuda.Stream() for _ in inputs]
+    torch.cuda.synchronize()
+    for _ in range(5):
+        outs: list[list] = [[] for _ in inputs]
+        for _ in range(8):
+            for k, (st, i) in enumerate(zip(streams, inputs)):
+                with torch.cuda.stream(st):
+                    outs[k].append(forward_decode(patched, i.args())[0])
+        torch.cuda.synchronize()
+        for k, w in enumerate(want):
+            for o in outs[k]:
+                assert torch.equal(o.view(torch.int16), w.view(torch.int16))
