@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Exploration, ONE device call (about 6 minutes): v2's reduction inside the twins. Run 46
+# (`46-twin-reduce/`) timed b8 x 1k at 20.3 us with the reduction after the twin and 17.8 us
+# with none at all (wrong outputs, an upper bound): the reduce kernel and the wait for the
+# whole twin grid before it are 12% of that step. Here the CTA of each (sequence, head group)
+# that finishes last reduces the group's heads itself (reduce_in_twin; the 2x2 twin in v2;
+# counters per stream). Runs 47-48 timed earlier forms of it (every v2 twin fused; 2x2 only,
+# three L2 round trips in the last CTA); this is run 49's (one round trip).
+# Trees (head 128, block 16, fp16 + bf16): baseline; patched (the `prefetch` patch:
+# KVPREFETCH_TWIN_FUSE=2, the 2x2 twin reduces at every v2 grid); fuse1 (=1: only at the grids
+# after which kvprefetch's reduce kernel would not run, 66-132 CTAs on the H200); nofuse (=0:
+# the reduce kernel after every v2 twin, as shipped before; SASS identical to it).
+#  1. verify-kernel (baseline vs patched: SASS checks and the GPU identity cases; VERIFY=0
+#     skips it).
+#  2. Timed, cold, every output bitwise vs stock: batch 1..16 x 512..16k, the issue's matrix,
+#     bf16 batch 1/8.
+#   device tool: run(command="bash scripts/device/twin-fuse.sh", carry=[".carry"],
+#                    timeout_s=560)
+set -uo pipefail
+BUDGET_S=${BUDGET_S:-540}
+source "$(dirname "$0")/lib.sh"
+begin_run twin-fuse
+explore_build 200 nofuse fuse1 -- --tree-define nofuse:KVPREFETCH_TWIN_FUSE=0 \
+  --tree-define fuse1:KVPREFETCH_TWIN_FUSE=1
+res_usage
+[ "${VERIFY:-1}" = 1 ] && step 150 "${K[@]}" verify-kernel --workdir "$W"
+cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
+pack
+twin_tables
+summarize
