@@ -111,9 +111,7 @@ __device__ __forceinline__ V load_ro(const V* p) {
 // large-batch shapes lost 0.3-1.2%, b8 x 512 and b8 x 1k ran the same; bitwise equal
 // everywhere. 0: the twins launched as vLLM launches its kernels (repeat run 24's design, SASS
 // identical to its build).
-#ifndef KVPREFETCH_TWIN_PDL
-  #define KVPREFETCH_TWIN_PDL 2
-#endif
+// (KVPREFETCH_TWIN_PDL's default is set in prefetch_ptx.cuh, beside the host rules using it.)
 __device__ __forceinline__ void pdl_start() {
 #if KVPREFETCH_TWIN_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -339,14 +337,15 @@ struct WarpStage {
 // over the same 128-thread layout (one 128-thread group of the CTA per head; the max logit,
 // then the rescaled exp sums and their vllm::block_sum, then each output element summed over
 // the partitions in order), reading what the other CTAs left in tmp_out, max_logits and
-// exp_sums through L2. "Last" is counted on one counter per (sequence, head group) after a
-// fence (the pattern of CUDA's threadFenceReduction sample); the last CTA sets it back to 0 for
-// the next launch, which the kernel boundary (or griddepcontrol.wait) orders after it. The host
-// gives each stream its own counters (fuse_slot). Saves the reduce kernel's launch and the
-// wait for the whole grid before it: exploration run 46 (2026-11-30-h200-prefetch-explore/
-// 46-twin-reduce) measured b8 x 1k 20.3 us with the reduction, 17.8 us with none at all. What
+// exp_sums through L2. "Last" is counted on one counter per (sequence, head group) by one
+// thread after a barrier, with an acquire-release atomic (arrive, below); the last CTA sets it
+// back to 0 for the next launch, which the kernel boundary (or griddepcontrol.wait) orders after
+// it. The host gives each stream its own counters (fuse_slot). Saves the reduce kernel's launch
+// and the wait for the whole grid before it: exploration run 46 (2026-11-30-h200-prefetch-
+// explore/46-twin-reduce) measured b8 x 1k 20.3 us with the reduction, 17.8 us with none. What
 // the last CTA reads first it requests at once (one trip to L2 in the common case). A
-// single-partition sequence's output is its partition's, copied (as vLLM's reduce kernel).
+// single-partition sequence's output is its partition's, copied (as vLLM's reduce kernel); a
+// sequence of no tokens gets 0, as there (the kernel's first lines).
 // Where it runs: KVPREFETCH_TWIN_FUSE and fusable, below.
 template <typename T>
 __device__ __forceinline__ T load_l2(const T* p) {  // ld.global.cg: another CTA's write
@@ -357,17 +356,7 @@ __device__ __forceinline__ T load_l2(const T* p) {  // ld.global.cg: another CTA
   memcpy(&v, &w, sizeof(v));
   return v;
 }
-// The reduction inside the v2 twins (reduce_in_twin), where fuse_slot gives the launch counters:
-// 1 (the default) at the grids after which kvprefetch's reduce kernel would not run
-// (pdl_reduce_after: more than half and at most all of the SMs' count of CTAs), 2 at every grid
-// of a fusable twin, 0 never (a reduce kernel after every v2 twin: the design before, SASS
-// identical). Exploration run 49 (H200): the 2x2 twin's 128-CTA grids ran 1.54x -> 1.69x
-// (b1 x 4k), 1.52x -> 1.64x (b4 x 1k) with 1; 2 also fused its 256-CTA grids, where
-// kvprefetch's reduce kernel runs as a programmatic dependent and was faster (b8 x 1k 1.36x ->
-// 1.34x, bf16 1.75x -> 1.71x).
-#ifndef KVPREFETCH_TWIN_FUSE
-  #define KVPREFETCH_TWIN_FUSE 1
-#endif
+// KVPREFETCH_TWIN_FUSE, where the v2 twins reduce themselves: prefetch_ptx.cuh.
 // Counts this CTA's arrival: the counter's value before, with release (this CTA's writes, which
 // the barrier before made thread 0's) and acquire (the writes of the CTAs counted before it)
 // at GPU scope, as CUTLASS's GenericBarrier arrives.
@@ -543,7 +532,20 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   const int partition_idx = blockIdx.z;
   const int max_num_partitions = gridDim.z;
   const int seq_len = load_dep(seq_lens + seq_idx);
-  if (USE_PARTITIONING && partition_idx * PARTITION_SIZE >= seq_len) return;
+  if (USE_PARTITIONING && partition_idx * PARTITION_SIZE >= seq_len) {
+    if constexpr (FUSED) {
+      // A sequence of no tokens has no partition to reduce, and no CTA of it gets further:
+      // write what vLLM's reduce kernel writes for it, 0 (its sum over no partitions).
+      if (seq_len <= 0 && partition_idx == 0) {
+        const int64_t first = (static_cast<int64_t>(seq_idx) * gridDim.x * G + blockIdx.x * G) *
+                              HEAD_SIZE;
+        for (int i = threadIdx.x; i < G * HEAD_SIZE; i += blockDim.x) {
+          vllm::from_float(fused_out[first + i], 0.0f);
+        }
+      }
+    }
+    return;
+  }
   const int num_seq_blocks = cdiv(seq_len, BLOCK_SIZE);
   const int num_blocks_per_partition =
       USE_PARTITIONING ? PARTITION_SIZE / BLOCK_SIZE : num_seq_blocks;
@@ -1134,28 +1136,7 @@ constexpr long long twin_smem(const int shared_mem_size, const int stages = 0) {
   return before;
 }
 
-// Which reduce kernel follows a v2 twin of `twin_ctas` CTAs under KVPREFETCH_TWIN_PDL=2:
-// kvprefetch's (launched as a programmatic dependent) unless the twin's grid takes between half
-// of the SMs and all of them, where vLLM's ran faster after it (exploration run 30, H200: with
-// kvprefetch's reduce the 2x2 twin's 128-CTA grids at b1 x 4k, b2 x 2k, b4 x 1k ran
-// 1.43-1.49x, with vLLM's 1.55-1.56x; at 16-64 CTAs and from 256 kvprefetch's won:
-// b1 x 1k 1.75x -> 1.99x, b8 x 1k 1.28x -> 1.33x).
-// -DKVPREFETCH_PDL_REDUCE_MID=1: kvprefetch's after those grids too (exploration run 45).
-#ifndef KVPREFETCH_PDL_REDUCE_MID
-  #define KVPREFETCH_PDL_REDUCE_MID 0
-#endif
-constexpr bool pdl_reduce_after(const long long twin_ctas, const int sm_count) {
-  return KVPREFETCH_TWIN_PDL >= 2 &&
-         (KVPREFETCH_PDL_REDUCE_MID || !(2 * twin_ctas > sm_count && twin_ctas <= sm_count));
-}
-
-// Whether a fusable twin's launch of `twin_ctas` CTAs with counters reduces inside
-// (KVPREFETCH_TWIN_FUSE; the host decides, launch_twin_kernel and launch_grouped_v2 agree).
-constexpr bool twin_reduces(const bool fusable_twin, const bool counters,
-                            const long long twin_ctas, const int sm_count) {
-  return fusable_twin && counters &&
-         (KVPREFETCH_TWIN_FUSE >= 2 || !pdl_reduce_after(twin_ctas, sm_count));
-}
+// pdl_reduce_after and twin_reduces, which reduce kernel follows a v2 twin: prefetch_ptx.cuh.
 
 // Launches twin kernel `kernel` (a staged one when STAGED) with `smem` bytes of dynamic shared
 // memory.
@@ -1301,8 +1282,7 @@ unsigned int* fuse_slot(const int dev, const cudaStream_t stream) {
   if (dev < 0 || dev >= 64 || stream == cudaStreamPerThread) return nullptr;
   static std::mutex lock;
   static unsigned int* base[64] = {};
-  static cudaStream_t owner[64][kFuseSlots] = {};
-  static bool held[64][kFuseSlots] = {};
+  static StreamSlots<kFuseSlots> slots[64];
   const std::lock_guard<std::mutex> guard(lock);
   if (base[dev] == nullptr) {
     void* p = nullptr;
@@ -1312,17 +1292,8 @@ unsigned int* fuse_slot(const int dev, const cudaStream_t stream) {
     }
     base[dev] = static_cast<unsigned int*>(p);
   }
-  for (int s = 0; s < kFuseSlots; ++s) {
-    if (held[dev][s] && owner[dev][s] == stream) return base[dev] + s * kFuseCounters;
-  }
-  for (int s = 0; s < kFuseSlots; ++s) {
-    if (!held[dev][s]) {
-      held[dev][s] = true;
-      owner[dev][s] = stream;
-      return base[dev] + s * kFuseCounters;
-    }
-  }
-  return nullptr;
+  const int slot = slots[dev].take(static_cast<const void*>(stream));
+  return slot < 0 ? nullptr : base[dev] + slot * kFuseCounters;
 }
 
 // The v2 launcher's added line: a twin that reduces the partitions itself (KVPREFETCH_TWIN_FUSE,

@@ -314,6 +314,69 @@ inline int stage_count(const long long ctas, const int sm_count, const long long
   if (slots > KVPREFETCH_TWIN_STAGE) slots = KVPREFETCH_TWIN_STAGE;
   return slots >= 2 ? static_cast<int>(slots) : 0;
 }
+
+// The twins' programmatic dependent launch (csrc/gqa_grouped.cuh says what it does; default 2)
+// and v2's reduction inside the twin (KVPREFETCH_TWIN_FUSE, below), set here for the host
+// rules that read them (tests/samples/sass/min_blocks_rule.cu runs those on the CPU).
+#ifndef KVPREFETCH_TWIN_PDL
+  #define KVPREFETCH_TWIN_PDL 2
+#endif
+// The reduction inside the v2 twins (reduce_in_twin), where fuse_slot gives the launch counters:
+// 1 (the default) at the grids after which kvprefetch's reduce kernel would not run
+// (pdl_reduce_after: more than half and at most all of the SMs' count of CTAs), 2 at every grid
+// of a fusable twin, 0 never (a reduce kernel after every v2 twin: the design before, SASS
+// identical). Exploration run 49 (H200): the 2x2 twin's 128-CTA grids ran 1.54x -> 1.69x
+// (b1 x 4k), 1.52x -> 1.64x (b4 x 1k) with 1; 2 also fused its 256-CTA grids, where
+// kvprefetch's reduce kernel runs as a programmatic dependent and was faster (b8 x 1k 1.36x ->
+// 1.34x, bf16 1.75x -> 1.71x).
+#ifndef KVPREFETCH_TWIN_FUSE
+  #define KVPREFETCH_TWIN_FUSE 1
+#endif
+
+// Which reduce kernel follows a v2 twin of `twin_ctas` CTAs under KVPREFETCH_TWIN_PDL=2:
+// kvprefetch's (launched as a programmatic dependent) unless the twin's grid takes between half
+// of the SMs and all of them, where vLLM's ran faster after it (exploration run 30, H200: with
+// kvprefetch's reduce the 2x2 twin's 128-CTA grids at b1 x 4k, b2 x 2k, b4 x 1k ran
+// 1.43-1.49x, with vLLM's 1.55-1.56x; at 16-64 CTAs and from 256 kvprefetch's won:
+// b1 x 1k 1.75x -> 1.99x, b8 x 1k 1.28x -> 1.33x).
+// -DKVPREFETCH_PDL_REDUCE_MID=1: kvprefetch's after those grids too (exploration run 45).
+#ifndef KVPREFETCH_PDL_REDUCE_MID
+  #define KVPREFETCH_PDL_REDUCE_MID 0
+#endif
+constexpr bool pdl_reduce_after(const long long twin_ctas, const int sm_count) {
+  return KVPREFETCH_TWIN_PDL >= 2 &&
+         (KVPREFETCH_PDL_REDUCE_MID || !(2 * twin_ctas > sm_count && twin_ctas <= sm_count));
+}
+
+// Whether a fusable twin's launch of `twin_ctas` CTAs with counters reduces inside
+// (KVPREFETCH_TWIN_FUSE; the host decides, launch_twin_kernel and launch_grouped_v2 agree).
+constexpr bool twin_reduces(const bool fusable_twin, const bool counters,
+                            const long long twin_ctas, const int sm_count) {
+  return KVPREFETCH_TWIN_FUSE != 0 && fusable_twin && counters &&
+         (KVPREFETCH_TWIN_FUSE >= 2 || !pdl_reduce_after(twin_ctas, sm_count));
+}
+
+// Which of N slots a stream holds (csrc/gqa_grouped.cuh's fuse_slot keeps one per device,
+// under its lock): the slot it took at its first call, else the first free one, else -1 (the
+// launch then takes no counters). `stream` is the handle as a pointer. Host code.
+template <int N>
+struct StreamSlots {
+  const void* owner[N] = {};
+  bool held[N] = {};
+  int take(const void* stream) {
+    for (int s = 0; s < N; ++s) {
+      if (held[s] && owner[s] == stream) return s;
+    }
+    for (int s = 0; s < N; ++s) {
+      if (!held[s]) {
+        held[s] = true;
+        owner[s] = stream;
+        return s;
+      }
+    }
+    return -1;
+  }
+};
 #ifdef USE_ROCM
   #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)
 #else

@@ -7,7 +7,8 @@ What the early launch needs from the machine code, checked on what ships:
 - every twin and reduce kernel waits (ACQBULK) before its first global memory instruction (an
   early-launched kernel that read q, seq_lens or a block table before the wait could see the
   previous kernel's data half written; ptxas did move such a load once: tuning doc row 43);
-- every twin, staged (the S = 2 twins' shared-memory ring) or not, stays at <= 128 registers
+- every twin, staged (the S = 2 twins' shared-memory ring) or not, fused (v2's reduction in
+  the 2x2 twin) or not, stays at <= 128 registers
   (four 128-thread CTAs per SM, two of 256), so that the
   next layer's CTAs can be placed beside the running ones: the H200 lost 10% at b8 x 512 with
   the 2x2 twin at 139 (row 44), and up to 30% at batch 64-128 with the 4x1 twin at 179-185
@@ -34,8 +35,9 @@ pytestmark = pytest.mark.slow  # one real kernels-only build of two trees (minut
 BUILD = ("--kernels-only", "--arch", "9.0a", "--head-sizes", "128", "--block-sizes", "16",
          "--kv-dtypes", "fp16")
 # fp16, head 128, block 16: the four twins of v1 and of v2, the staged instantiations of their
-# S = 2 twins (2x2, 4x2: the shared-memory ring), and v2's reduce kernel.
-PDL_KERNELS = (4 + 2) * 2 + 1
+# S = 2 twins (2x2, 4x2: the shared-memory ring), the v2 2x2 twin's fused instantiations (v2's
+# reduction inside the twin, staged and not), and v2's reduce kernel.
+PDL_KERNELS = (4 + 2) * 2 + 2 + 1
 PDL_CHECK = "twins wait for the previous kernel before touching memory"
 _FUNC = re.compile(r"Function (\S+):")
 _REG = re.compile(r"REG:(\d+)")
@@ -73,7 +75,7 @@ def test_twins_stay_at_128_registers(pdl_built: Path) -> None:
     assert tools is not None, "cuobjdump is needed (verify-kernel needs it too)"
     out = run([str(tools.cuobjdump), "-res-usage", str(lib)], env=tools.environ(), echo=False,
               capture=True).output
-    regs: dict[tuple[bool, int, int, bool], int] = {}  # (v2?, G, S, staged) -> registers
+    regs: dict[tuple[bool, int, int, bool, bool], int] = {}  # (v2?, G, S, staged, fused) -> regs
     name = None
     for line in out.splitlines():
         if m := _FUNC.search(line):
@@ -81,10 +83,13 @@ def test_twins_stay_at_128_registers(pdl_built: Path) -> None:
         elif name and (m := _REG.search(line)):
             meta = decode_twin_name(name)
             if meta is not None:
-                key = (meta["version"] == "v2", meta["group"], meta["split"], meta["staged"])
+                key = (meta["version"] == "v2", meta["group"], meta["split"], meta["staged"],
+                       meta["fused"])
                 regs[key] = int(m.group(1))
             name = None
-    assert len(regs) == 12, regs  # (4 twins + 2 staged) x (v1, v2)
-    assert sorted((g, s) for (_, g, s, staged) in regs if staged) == [(2, 2), (2, 2), (4, 2),
-                                                                       (4, 2)], regs
+    assert len(regs) == 14, regs  # (4 twins + 2 staged) x (v1, v2) + 2 fused
+    assert sorted((g, s) for (_, g, s, staged, fused) in regs if staged and not fused) == [
+        (2, 2), (2, 2), (4, 2), (4, 2)], regs
+    assert sorted((v2, g, s, staged) for (v2, g, s, staged, fused) in regs if fused) == [
+        (True, 2, 2, False), (True, 2, 2, True)], regs
     assert all(r <= 128 for r in regs.values()), regs

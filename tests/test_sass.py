@@ -569,6 +569,40 @@ def test_stage_count_on_the_cpu(tmp_path: Path) -> None:
     # b1 x 1k runs 2x4 and b64 x 512 runs 4x1: neither is staged (S != 2)
 
 
+def test_which_reduction_follows_a_v2_twin_on_the_cpu(tmp_path: Path) -> None:
+    """The v2 launcher's reduction rules (csrc/prefetch_ptx.cuh), compiled from the header and
+    run on the CPU: pdl_reduce_after (kvprefetch's early-launched reduce kernel except after
+    grids of more than half and at most all of the SMs' count of CTAs) and twin_reduces (a
+    fusable twin with counters reduces itself exactly on those grids, under the default
+    KVPREFETCH_TWIN_FUSE=1) agree with upstream.twin_reduces at every grid of the sample; without
+    counters, or for a twin that is not fusable, never. On the H200's 132 SMs: 67-132 CTAs."""
+    from kvprefetch import upstream
+    rows = _header_rules(tmp_path)
+    reduce = [tuple(map(int, r[1:])) for r in rows if r[0] == "reduce"]
+    assert len(reduce) == 3 * 15
+    for ctas, sms, pdl, fused in reduce:
+        assert fused == upstream.twin_reduces("v2", 2, 2, ctas, sms), (ctas, sms)
+        assert pdl == (not fused), (ctas, sms)  # one of the two, never both
+        assert not upstream.twin_reduces("v1", 2, 2, ctas, sms)
+        assert not upstream.twin_reduces("v2", 4, 2, ctas, sms)
+    assert {c for c, s, _, f in reduce if s == 132 and f} == {67, 100, 114, 115, 128, 132}
+    assert {int(r[3]) + int(r[4]) for r in rows if r[0] == "reduce-off"} == {0}
+    fuse2 = [r for r in _header_rules(tmp_path, "-DKVPREFETCH_TWIN_FUSE=2") if r[0] == "reduce"]
+    assert {r[4] for r in fuse2} == {"1"}  # =2: every grid of a fusable twin
+    fuse0 = [r for r in _header_rules(tmp_path, "-DKVPREFETCH_TWIN_FUSE=0") if r[0] == "reduce"]
+    assert {r[4] for r in fuse0} == {"0"}
+
+
+def test_stream_slots_on_the_cpu(tmp_path: Path) -> None:
+    """StreamSlots (the fused twins' per-stream counters, csrc/gqa_grouped.cuh fuse_slot): each
+    stream keeps the slot it took first, eight streams get eight different slots, a ninth and
+    tenth get none (-1: their launches run a reduce kernel instead)."""
+    rows = [r for r in _header_rules(tmp_path) if r[0] == "slot"]
+    got = [(int(k), int(v)) for _, k, v in rows]
+    assert got == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, -1),
+                   (9, -1), (0, 0), (5, 5), (8, -1)]
+
+
 def test_header_rule_overrides_reach_every_instantiation(tmp_path: Path) -> None:
     """-DKVPREFETCH_V1_MIN_BLOCKS=5 bounds every v1 kernel and no v2 one; -DKVPREFETCH_GQA_TWINS=0
     compiles no twin; the prologue rule is untouched by either."""

@@ -199,3 +199,31 @@ def test_reduction_inside_the_twin_on_two_streams_at_once(stock_and_patched) -> 
         for k, w in enumerate(want):
             for o in outs[k]:
                 assert torch.equal(o.view(torch.int16), w.view(torch.int16))
+
+
+def test_reduction_inside_the_twin_writes_stock_zeros_for_an_empty_sequence(
+        stock_and_patched) -> None:
+    """A sequence of no tokens (seq_len 0, e.g. a padded slot of a captured batch) has no
+    partition for the fused 2x2 twin to reduce; vLLM's reduce kernel writes 0 for it, and so
+    must the twin (csrc/gqa_grouped.cuh: the kernel's first lines). Its row and every other row
+    bitwise stock's, on a step where the twin reduces (b4 x 1k, 128 twin CTAs)."""
+    import torch
+
+    from kvprefetch import upstream
+    from kvprefetch.bench.matrix import shapes_from_specs
+    from kvprefetch.kvinputs import make_inputs
+    from kvprefetch.ops import forward_decode
+
+    stock, patched = stock_and_patched
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not upstream.twin_reduces("v2", 2, 2, 128, sms):
+        pytest.skip(f"a 128-CTA 2x2 grid does not reduce inside the twin on {sms} SMs")
+    shape = shapes_from_specs(["4x1k"], dtype="float16", kv_cache_dtype="auto")[0].attn
+    inputs = make_inputs(shape, seed=4)
+    inputs.seq_lens[2] = 0
+    args = inputs.args()
+    want = forward_decode(stock, args)[0]
+    got = forward_decode(patched, args)[0]
+    torch.cuda.synchronize()
+    assert torch.count_nonzero(want[2]).item() == 0  # stock: zeros for the empty sequence
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -6,7 +6,9 @@
 // cache one of fp16, bf16, fp32, u8. Then the twins, "twin G S min_ctas_pct name" each,
 // `auto`'s pick for a range of grids, "auto ctas_pct index", KVPREFETCH_GQA's parsing and
 // twin_pick's answers (the lines "mode ..." and "pick ...") and the staged twins' ring slots
-// (stage_count, "stage ..."). Host code only: it runs on a
+// (stage_count, "stage ..."), then which reduction follows a v2 twin ("reduce ...":
+// pdl_reduce_after, twin_reduces) and the per-stream counter slots ("slot ...": StreamSlots).
+// Host code only: it runs on a
 // machine without a GPU. tests/test_sass.py compiles it with nvcc, with and without overrides,
 // and compares the tables with kvprefetch.upstream.min_blocks / prefetches_in / twin_shapes /
 // TWIN_SHAPES / auto_twin (what verify-kernel expects, and what the docs describe).
@@ -83,6 +85,25 @@ int main() {
         }
       }
     }
+  }
+  // "reduce TWIN_CTAS SM_COUNT PDL_REDUCE TWIN_REDUCES" (twin_reduces for a fusable twin with
+  // counters; "reduce-off ..." without counters and for a twin that is not fusable).
+  for (const int sms : {132, 114, 16}) {
+    for (const long long ctas : {8LL, 32LL, 57LL, 58LL, 65LL, 66LL, 67LL, 100LL, 114LL, 115LL,
+                                 128LL, 132LL, 133LL, 256LL, 1024LL}) {
+      std::printf("reduce %lld %d %d %d\n", ctas, sms,
+                  int(kvprefetch::pdl_reduce_after(ctas, sms)),
+                  int(kvprefetch::twin_reduces(true, true, ctas, sms)));
+      std::printf("reduce-off %lld %d %d %d\n", ctas, sms,
+                  int(kvprefetch::twin_reduces(true, false, ctas, sms)),
+                  int(kvprefetch::twin_reduces(false, true, ctas, sms)));
+    }
+  }
+  // "slot KEY SLOT": StreamSlots<8>.take over ten streams, then two of them again.
+  kvprefetch::StreamSlots<8> slots;
+  static char streams[10];
+  for (const int k : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 5, 8}) {
+    std::printf("slot %d %d\n", k, slots.take(&streams[k]));
   }
   return 0;
 }
