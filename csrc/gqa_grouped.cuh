@@ -1274,8 +1274,9 @@ __device__ unsigned int fuse_counters[N];
 // the same time (other streams) never share counters, while one stream's launches run in turn
 // (a kernel boundary, or griddepcontrol.wait, orders each after the last CTA's reset). A CUDA
 // graph keeps the slot of the stream it was captured on: replaying the same graph on two
-// streams at once would race here as it would on its tmp_out. Streams past kFuseSlots, and
-// the per-thread default stream (one handle for many streams), get none.
+// streams at once would race here as it would on its tmp_out, and so would a stream destroyed
+// while its launches still run if a new stream got its handle at once. Streams past
+// kFuseSlots, and the per-thread default stream (one handle for many streams), get none.
 // (A template, so that only the v2 launcher's unit, which calls it, holds the counters.)
 template <int N = kFuseSlots * kFuseCounters>
 unsigned int* fuse_slot(const int dev, const cudaStream_t stream) {
