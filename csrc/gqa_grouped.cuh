@@ -384,6 +384,27 @@ template <int G, int S, int PARTITION_SIZE>
 constexpr bool fusable() {
   return KVPREFETCH_TWIN_FUSE != 0 && PARTITION_SIZE > 0 && G == 2 && S == 2;
 }
+// vllm::paged_attention_v2_reduce_kernel's largest max logit over a 128-thread group (its
+// NUM_WARPS warps): each warp's by butterfly, lane 0 leaves it in red[warp] (when `write`; a
+// group with no head this round leaves nothing), then the group's by butterfly over red, every
+// lane given lane 0's. Every thread of the CTA calls it (it holds a barrier).
+template <int NUM_WARPS>
+__device__ __forceinline__ float reduce_max_logit(float max_logit, float* red, const int warp,
+                                                  const int lane, const bool write) {
+  constexpr int WARP = 32;
+#pragma unroll
+  for (int mask = WARP / 2; mask >= 1; mask /= 2) {
+    max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
+  }
+  if (write && lane == 0) red[warp] = max_logit;
+  __syncthreads();
+  max_logit = lane < NUM_WARPS ? red[lane] : -FLT_MAX;
+#pragma unroll
+  for (int mask = NUM_WARPS / 2; mask >= 1; mask /= 2) {
+    max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
+  }
+  return VLLM_SHFL_SYNC(max_logit, 0);
+}
 template <typename scalar_t, int HEAD_SIZE, int NUM_THREADS, int PARTITION_SIZE, int G,
           int CTA_WARPS>
 __device__ __forceinline__ void reduce_in_twin(
@@ -446,18 +467,7 @@ __device__ __forceinline__ void reduce_in_twin(
       }
     }
     __syncthreads();
-#pragma unroll
-    for (int mask = WARP / 2; mask >= 1; mask /= 2) {
-      max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
-    }
-    if (active && lane == 0) red_smem[warp] = max_logit;
-    __syncthreads();
-    max_logit = lane < NUM_WARPS ? red_smem[lane] : -FLT_MAX;
-#pragma unroll
-    for (int mask = NUM_WARPS / 2; mask >= 1; mask /= 2) {
-      max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
-    }
-    max_logit = VLLM_SHFL_SYNC(max_logit, 0);
+    max_logit = reduce_max_logit<NUM_WARPS>(max_logit, red_smem, warp, lane, active);
     float global_exp_sum = 0.0f;
     if (active) {
       for (int i = t; i < num_partitions; i += NUM_THREADS) {
@@ -982,18 +992,7 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_reduce_kernel(
     max_logit = fmaxf(max_logit, l);
   }
   __syncthreads();
-#pragma unroll
-  for (int mask = WARP / 2; mask >= 1; mask /= 2) {
-    max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
-  }
-  if (lane == 0) red_smem[warp_idx] = max_logit;
-  __syncthreads();
-  max_logit = lane < NUM_WARPS ? red_smem[lane] : -FLT_MAX;
-#pragma unroll
-  for (int mask = NUM_WARPS / 2; mask >= 1; mask /= 2) {
-    max_logit = fmaxf(max_logit, VLLM_SHFL_XOR_SYNC(max_logit, mask));
-  }
-  max_logit = VLLM_SHFL_SYNC(max_logit, 0);
+  max_logit = reduce_max_logit<NUM_WARPS>(max_logit, red_smem, warp_idx, lane, true);
   // Each partition's exp sum rescaled to it, and their total.
   float* shared_exp_sums = reinterpret_cast<float*>(shared_mem + sizeof(float) * num_partitions);
   float global_exp_sum = 0.0f;
