@@ -1085,9 +1085,8 @@ struct GqaArgs {
   int q_stride;
   int kv_block_stride;
   int kv_head_stride;
-  // v2 with the reduction in the twin (KVPREFETCH_TWIN_FUSE): this stream's counters and the
-  // final output; nullptr otherwise.
-  unsigned int* fuse_counters = nullptr;
+  // v2 where the reduction may run in the twin (KVPREFETCH_TWIN_FUSE; launch_grouped_v2 says
+  // where): the final output; nullptr otherwise.
   T* fused_out = nullptr;
 };
 
@@ -1137,131 +1136,6 @@ constexpr long long twin_smem(const int shared_mem_size, const int stages = 0) {
 
 // pdl_reduce_after and twin_reduces, which reduce kernel follows a v2 twin: prefetch_ptx.cuh.
 
-// Launches twin kernel `kernel` (a staged one when STAGED) with `smem` bytes of dynamic shared
-// memory.
-template <auto kernel, bool STAGED, typename T, typename CACHE_T>
-void launch_twin_kernel_as(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int threads,
-                           const int smem, const int shared_mem_size, const cudaStream_t stream,
-                           const DeviceFacts& f) {
-  if constexpr (STAGED) {
-    // Shared memory before L1 (the kernels' L1 hit rate is about 1%), so that the CTAs the
-    // rings were sized for fit on one SM.
-    cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                         cudaSharedmemCarveoutMaxShared);
-  }
-  if (smem > 48 * 1024) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  }
-  launch_pdl(kernel, grid, dim3(threads), smem, stream, pdl_on(f), a.exp_sums,
-             a.max_logits, a.out, a.q, a.k_cache, a.v_cache, a.num_kv_heads, a.scale,
-             a.block_tables, a.seq_lens, a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride,
-             a.kv_block_stride, a.kv_head_stride,
-             shared_mem_size / static_cast<int>(sizeof(float)), a.fuse_counters, a.fused_out);
-}
-
-// Launches one instantiation of the (G, S) twin with `smem` bytes of dynamic shared memory.
-template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED>
-void launch_twin_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int smem,
-                        const int shared_mem_size, const cudaStream_t stream,
-                        const DeviceFacts& f) {
-  if constexpr (fusable<G, S, PARTITION_SIZE>()) {
-    if (twin_reduces(true, a.fuse_counters != nullptr, 1LL * grid.x * grid.y * grid.z,
-                     f.sm_count)) {
-      launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS,
-                                              KV_DTYPE, PARTITION_SIZE, G, S, STAGED, true>,
-                            STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, stream, f);
-      return;
-    }
-  }
-  launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
-                                          PARTITION_SIZE, G, S, STAGED>,
-                        STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, stream, f);
-}
-
-// The (G, S) twin for a stock grid: staged where it is compiled and two slots per warp fit
-// (stage_count), else loading from global.
-template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
-void launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
-                 const cudaStream_t stream, const DeviceFacts& f) {
-  const dim3 grid(stock_grid.x / G, stock_grid.y, stock_grid.z);
-  const long long fixed = twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
-  if constexpr (staged<G, S>()) {
-    // The bulk copy and its mbarriers are Hopper's (sm_90 on): before it, never staged.
-    const int stages =
-        f.cc_major < 9 ? 0
-                       : stage_count(1LL * grid.x * grid.y * grid.z, f.sm_count, f.smem_per_sm,
-                                     fixed, NUM_THREADS * S / 32,
-                                     128 * BLOCK_SIZE * static_cast<int>(sizeof(CACHE_T)),
-                                     PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE
-                                                        : a.max_num_blocks_per_seq);
-    if (stages > 0) {
-      launch_twin_kernel<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S,
-                         true>(
-          a, grid,
-          static_cast<int>(
-              twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size, stages)),
-          shared_mem_size, stream, f);
-      return;
-    }
-  }
-  launch_twin_kernel<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S, false>(
-      a, grid, static_cast<int>(fixed), shared_mem_size, stream, f);
-}
-
-// Calls f(std::integral_constant<int, i>{}) for twin i of kTwins, so that f can name the
-// twin's G and S as template arguments (kTwins[decltype(t)::value]); returns what f returns.
-template <int I = 0, typename F>
-auto with_twin(const int i, F&& f) {
-  if constexpr (I + 1 < kNumTwins) {
-    if (i != I) return with_twin<I + 1>(i, f);
-  }
-  return f(std::integral_constant<int, I>{});
-}
-
-
-// Runs the twin twin_for picks, if any: its index in kTwins, or -1. PARTITION_SIZE 0 is v1.
-// `f`: the current device's facts, read here once per launch where a twin may run (the v2
-// launcher's reduction uses them too).
-template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
-          bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
-int launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
-                     const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a, DeviceFacts& f) {
-  if constexpr (!has_twins<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
-                    PARTITION_SIZE > 0)) {
-    return -1;
-  } else {
-    int dev = 0;
-    if (head_size != 128 || cudaGetDevice(&dev) != cudaSuccess) return -1;
-    f = device_facts(dev);
-    const int i = twin_for(grid, a.num_kv_heads, f, [&](const int j) {
-      return with_twin(j, [&](auto t) {
-        constexpr TwinShape twin = kTwins[decltype(t)::value];
-        return twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(shared_mem_size);
-      });
-    });
-    if (i < 0) return -1;
-    with_twin(i, [&](auto t) {
-      constexpr TwinShape twin = kTwins[decltype(t)::value];
-      launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, twin.g,
-                  twin.s>(a, grid, shared_mem_size, stream, f);
-    });
-    return i;
-  }
-}
-
-// The v1 launcher's added line: true when it launched a twin (the launcher then returns).
-template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
-          bool IS_BLOCK_SPARSE, int NUM_THREADS>
-bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_mem_size,
-                       const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
-  DeviceFacts f;
-  return launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS, 0>(
-             head_size, grid, shared_mem_size, stream, a, f) >= 0;
-}
-
-
 // Counters: kFuseSlots streams per device at once, each (sequence, head group) pairs up to
 // kFuseCounters per launch; zero when the module loads, and every launch leaves them zero.
 constexpr int kFuseSlots = 8;
@@ -1296,11 +1170,145 @@ unsigned int* fuse_slot(const int dev, const cudaStream_t stream) {
   return slot < 0 ? nullptr : base[dev] + slot * kFuseCounters;
 }
 
+// Launches twin kernel `kernel` (a staged one when STAGED) with `smem` bytes of dynamic shared
+// memory.
+// `counters`: a fused twin's (fuse_slot), else nullptr.
+template <auto kernel, bool STAGED, typename T, typename CACHE_T>
+void launch_twin_kernel_as(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int threads,
+                           const int smem, const int shared_mem_size, const cudaStream_t stream,
+                           const DeviceFacts& f, unsigned int* counters = nullptr) {
+  if constexpr (STAGED) {
+    // Shared memory before L1 (the kernels' L1 hit rate is about 1%), so that the CTAs the
+    // rings were sized for fit on one SM.
+    cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
+  }
+  if (smem > 48 * 1024) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  }
+  launch_pdl(kernel, grid, dim3(threads), smem, stream, pdl_on(f), a.exp_sums,
+             a.max_logits, a.out, a.q, a.k_cache, a.v_cache, a.num_kv_heads, a.scale,
+             a.block_tables, a.seq_lens, a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride,
+             a.kv_block_stride, a.kv_head_stride,
+             shared_mem_size / static_cast<int>(sizeof(float)), counters, a.fused_out);
+}
+
+// Launches one instantiation of the (G, S) twin with `smem` bytes of dynamic shared memory: the
+// fused one where the launch may fuse (a.fused_out), twin_reduces says so for its grid and the
+// stream gets counters (fuse_slot). True when the twin does the reduction.
+template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
+          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED>
+bool launch_twin_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int smem,
+                        const int shared_mem_size, const cudaStream_t stream,
+                        const DeviceFacts& f) {
+  if constexpr (fusable<G, S, PARTITION_SIZE>()) {
+    unsigned int* const counters =
+        twin_reduces(true, a.fused_out != nullptr, 1LL * grid.x * grid.y * grid.z, f.sm_count)
+            ? fuse_slot(f.device, stream)
+            : nullptr;
+    if (counters != nullptr) {
+      launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS,
+                                              KV_DTYPE, PARTITION_SIZE, G, S, STAGED, true>,
+                            STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, stream, f,
+                                    counters);
+      return true;
+    }
+  }
+  launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
+                                          PARTITION_SIZE, G, S, STAGED>,
+                        STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, stream, f);
+  return false;
+}
+
+// The (G, S) twin for a stock grid: staged where it is compiled and two slots per warp fit
+// (stage_count), else loading from global. True when the twin does v2's reduction.
+template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
+          vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
+bool launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
+                 const cudaStream_t stream, const DeviceFacts& f) {
+  const dim3 grid(stock_grid.x / G, stock_grid.y, stock_grid.z);
+  const long long fixed = twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
+  if constexpr (staged<G, S>()) {
+    // The bulk copy and its mbarriers are Hopper's (sm_90 on): before it, never staged.
+    const int stages =
+        f.cc_major < 9 ? 0
+                       : stage_count(1LL * grid.x * grid.y * grid.z, f.sm_count, f.smem_per_sm,
+                                     fixed, NUM_THREADS * S / 32,
+                                     128 * BLOCK_SIZE * static_cast<int>(sizeof(CACHE_T)),
+                                     PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE
+                                                        : a.max_num_blocks_per_seq);
+    if (stages > 0) {
+      return launch_twin_kernel<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE,
+                                G, S, true>(
+          a, grid,
+          static_cast<int>(
+              twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size, stages)),
+          shared_mem_size, stream, f);
+    }
+  }
+  return launch_twin_kernel<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S,
+                            false>(a, grid, static_cast<int>(fixed), shared_mem_size, stream, f);
+}
+
+// Calls f(std::integral_constant<int, i>{}) for twin i of kTwins, so that f can name the
+// twin's G and S as template arguments (kTwins[decltype(t)::value]); returns what f returns.
+template <int I = 0, typename F>
+auto with_twin(const int i, F&& f) {
+  if constexpr (I + 1 < kNumTwins) {
+    if (i != I) return with_twin<I + 1>(i, f);
+  }
+  return f(std::integral_constant<int, I>{});
+}
+
+
+// Runs the twin twin_for picks, if any: its index in kTwins, or -1. PARTITION_SIZE 0 is v1.
+// `f`: the current device's facts, read here once per launch where a twin may run (the v2
+// launcher's reduction uses them too); `reduced`: whether the twin did v2's reduction.
+template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
+          bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
+int launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
+                     const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a, DeviceFacts& f,
+                     bool& reduced) {
+  if constexpr (!has_twins<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
+                    PARTITION_SIZE > 0)) {
+    return -1;
+  } else {
+    int dev = 0;
+    if (head_size != 128 || cudaGetDevice(&dev) != cudaSuccess) return -1;
+    f = device_facts(dev);
+    const int i = twin_for(grid, a.num_kv_heads, f, [&](const int j) {
+      return with_twin(j, [&](auto t) {
+        constexpr TwinShape twin = kTwins[decltype(t)::value];
+        return twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(shared_mem_size);
+      });
+    });
+    if (i < 0) return -1;
+    reduced = with_twin(i, [&](auto t) {
+      constexpr TwinShape twin = kTwins[decltype(t)::value];
+      return launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, twin.g,
+                         twin.s>(a, grid, shared_mem_size, stream, f);
+    });
+    return i;
+  }
+}
+
+// The v1 launcher's added line: true when it launched a twin (the launcher then returns).
+template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
+          bool IS_BLOCK_SPARSE, int NUM_THREADS>
+bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_mem_size,
+                       const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
+  DeviceFacts f;
+  bool reduced = false;  // v1 has no reduction
+  return launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS, 0>(
+             head_size, grid, shared_mem_size, stream, a, f, reduced) >= 0;
+}
+
+
 // The v2 launcher's added line: a twin that reduces the partitions itself (KVPREFETCH_TWIN_FUSE,
 // where the launch fits: counters for its (sequence, head group) pairs, and room for 2 floats
-// per partition in each head's logits), else a twin, then the reduction: vLLM's reduce kernel
-// as the launcher's macro would have launched it, or with KVPREFETCH_TWIN_PDL=2 kvprefetch's
-// where pdl_reduce_after says so.
+// per partition in each head's logits; launch_twin_kernel decides the rest), else a twin, then
+// the reduction: vLLM's reduce kernel as the launcher's macro would have launched it, or with
+// KVPREFETCH_TWIN_PDL=2 kvprefetch's where pdl_reduce_after says so.
 template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
           bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
 bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_mem_size,
@@ -1309,24 +1317,18 @@ bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_me
                        const int max_num_partitions) {
   DeviceFacts f;
   GqaArgs<T, CACHE_T> a = args;
-  int dev = 0;
   if (KVPREFETCH_TWIN_FUSE && 2LL * max_num_partitions * sizeof(float) <= shared_mem_size &&
-      1LL * grid.x * grid.y <= kFuseCounters && cudaGetDevice(&dev) == cudaSuccess) {
+      1LL * grid.x * grid.y <= kFuseCounters) {
     // grid.x: stock's heads, so this bounds the (sequence, head group) pairs of every twin.
-    a.fuse_counters = fuse_slot(dev, stream);
-    a.fused_out = a.fuse_counters != nullptr ? out : nullptr;
+    a.fused_out = out;
   }
+  bool reduced = false;
   const int i = launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS,
-                                 PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a, f);
+                                 PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a, f,
+                                                 reduced);
   if (i < 0) return false;
+  if (reduced) return true;
   const long long twin_ctas = 1LL * grid.x / kTwins[i].g * grid.y * grid.z;
-  const bool fusable_twin = with_twin(i, [](auto t) {
-    constexpr TwinShape twin = kTwins[decltype(t)::value];
-    return fusable<twin.g, twin.s, PARTITION_SIZE>();
-  });
-  if (twin_reduces(fusable_twin, a.fuse_counters != nullptr, twin_ctas, f.sm_count)) {
-    return true;  // the twin reduced
-  }
   // -DKVPREFETCH_EXPLORE_SKIP_REDUCE=1: no reduction at all (WRONG outputs; exploration run 46
   // times what a reduction inside the twin could at most save).
 #if defined(KVPREFETCH_EXPLORE_SKIP_REDUCE) && KVPREFETCH_EXPLORE_SKIP_REDUCE

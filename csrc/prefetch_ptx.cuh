@@ -348,11 +348,12 @@ constexpr bool pdl_reduce_after(const long long twin_ctas, const int sm_count) {
          (KVPREFETCH_PDL_REDUCE_MID || !(2 * twin_ctas > sm_count && twin_ctas <= sm_count));
 }
 
-// Whether a fusable twin's launch of `twin_ctas` CTAs with counters reduces inside
-// (KVPREFETCH_TWIN_FUSE; the host decides, launch_twin_kernel and launch_grouped_v2 agree).
-constexpr bool twin_reduces(const bool fusable_twin, const bool counters,
+// Whether a fusable twin's launch of `twin_ctas` CTAs reduces inside (KVPREFETCH_TWIN_FUSE),
+// where the launch may (`allowed`: the v2 launcher found room for it) and its stream then gets
+// counters (csrc/gqa_grouped.cuh, launch_twin_kernel).
+constexpr bool twin_reduces(const bool fusable_twin, const bool allowed,
                             const long long twin_ctas, const int sm_count) {
-  return KVPREFETCH_TWIN_FUSE != 0 && fusable_twin && counters &&
+  return KVPREFETCH_TWIN_FUSE != 0 && fusable_twin && allowed &&
          (KVPREFETCH_TWIN_FUSE >= 2 || !pdl_reduce_after(twin_ctas, sm_count));
 }
 
@@ -660,6 +661,7 @@ struct DeviceFacts {
   int sm_count = 0;
   int max_smem_optin = 0;  // bytes of dynamic shared memory a CTA may opt into
   int smem_per_sm = 0;     // bytes of shared memory of one SM
+  int device = -1;         // the device these are of
 };
 inline DeviceFacts device_facts(int dev) {
   static DeviceFacts cache[64];
@@ -672,6 +674,7 @@ inline DeviceFacts device_facts(int dev) {
     cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, dev);
     cudaDeviceGetAttribute(&f.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     cudaDeviceGetAttribute(&f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    f.device = dev;
     cache[dev] = f;
     known.fetch_or(1ull << dev);
   }

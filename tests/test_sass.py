@@ -573,9 +573,10 @@ def test_which_reduction_follows_a_v2_twin_on_the_cpu(tmp_path: Path) -> None:
     """The v2 launcher's reduction rules (csrc/prefetch_ptx.cuh), compiled from the header and
     run on the CPU: pdl_reduce_after (kvprefetch's early-launched reduce kernel except after
     grids of more than half and at most all of the SMs' count of CTAs) and twin_reduces (a
-    fusable twin with counters reduces itself exactly on those grids, under the default
-    KVPREFETCH_TWIN_FUSE=1) agree with upstream.twin_reduces at every grid of the sample; without
-    counters, or for a twin that is not fusable, never. On the H200's 132 SMs: 67-132 CTAs."""
+    fusable twin reduces itself exactly on those grids where the launcher allows it, under the
+    default KVPREFETCH_TWIN_FUSE=1) agree with upstream.twin_reduces at every grid of the
+    sample; where not allowed, or for a twin that is not fusable, never. On the H200's 132 SMs:
+    67-132 CTAs."""
     from kvprefetch import upstream
     rows = _header_rules(tmp_path)
     reduce = [tuple(map(int, r[1:])) for r in rows if r[0] == "reduce"]

@@ -25,8 +25,7 @@ from .sass import (KernelSass, arch_number, decode_kernel_name, function_bodies,
                    twin_kernels)
 from .cubin import parse_elf
 from .upstream import (FUSED_TWINS, LAUNCHER_PREFETCH_VARIANTS, STAGED_SPLITS, TWIN_SHAPES,
-                       changes_kernel,
-                       min_blocks, prefetches_in, twin_shapes)
+                       changes_kernel, min_blocks, prefetches_in, twin_shapes)
 from .workdir import Workdir, write_json_atomic
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"

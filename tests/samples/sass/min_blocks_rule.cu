@@ -86,8 +86,8 @@ int main() {
       }
     }
   }
-  // "reduce TWIN_CTAS SM_COUNT PDL_REDUCE TWIN_REDUCES" (twin_reduces for a fusable twin with
-  // counters; "reduce-off ..." without counters and for a twin that is not fusable).
+  // "reduce TWIN_CTAS SM_COUNT PDL_REDUCE TWIN_REDUCES" (twin_reduces for a fusable twin where
+  // the launcher allows it; "reduce-off ..." where it does not, and for a twin not fusable).
   for (const int sms : {132, 114, 16}) {
     for (const long long ctas : {8LL, 32LL, 57LL, 58LL, 65LL, 66LL, 67LL, 100LL, 114LL, 115LL,
                                  128LL, 132LL, 133LL, 256LL, 1024LL}) {
