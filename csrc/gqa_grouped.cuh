@@ -119,6 +119,46 @@ __device__ __forceinline__ void pdl_start() {
 #endif
 }
 
+// Exploration (KVPREFETCH_TWIN_EARLY = chunks per warp, 0 = none, the default): between
+// griddepcontrol.launch_dependents and griddepcontrol.wait, while the stream's previous kernel
+// still runs, each warp asks L2 for the first KVPREFETCH_TWIN_EARLY chunks it will read (its
+// blocks' K, then their V, in the order the passes use them). Only L2 prefetches: L2 is where
+// every later write lands, so nothing stale can reach the warps; the block numbers and seq_len
+// for the addresses are read with relaxed gpu-scope loads (no data race) and only steer the
+// prefetch (EXPLORATION: not clamped to the cache's blocks).
+#ifndef KVPREFETCH_TWIN_EARLY
+  #define KVPREFETCH_TWIN_EARLY 0
+#endif
+__device__ __forceinline__ int load_relaxed(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+template <int BLOCK_SIZE, int PARTITION_SIZE, int CTA_WARPS, int CHUNK, typename cache_t>
+__device__ __forceinline__ void early_l2_prefetch(
+    const int* block_tables, const int* seq_lens, const int max_num_blocks_per_seq,
+    const cache_t* k, const cache_t* v, const int kv_block_stride) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int seq_len = load_relaxed(seq_lens + blockIdx.y);
+  const int seq_blocks = seq_len <= 0 ? 0 : (seq_len + BLOCK_SIZE - 1) / BLOCK_SIZE;
+  const int blocks = seq_blocks < max_num_blocks_per_seq ? seq_blocks : max_num_blocks_per_seq;
+  const int per = PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE : blocks;
+  const int start = PARTITION_SIZE > 0 ? static_cast<int>(blockIdx.z) * per : 0;
+  const int end = start + per < blocks ? start + per : blocks;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int n = end - start - warp > 0 ? (end - start - warp + CTA_WARPS - 1) / CTA_WARPS : 0;
+  const int chunks = 2 * n < KVPREFETCH_TWIN_EARLY ? 2 * n : KVPREFETCH_TWIN_EARLY;
+  const int* table = block_tables + static_cast<int64_t>(blockIdx.y) * max_num_blocks_per_seq;
+  for (int c = static_cast<int>(threadIdx.x) % 32; c < chunks; c += 32) {
+    const int kk = c < n ? c : c - n;
+    const int block = load_relaxed(table + start + warp + kk * CTA_WARPS);
+    if (block >= 0) {
+      l2_prefetch_bytes((c < n ? k : v) + static_cast<int64_t>(block) * kv_block_stride, CHUNK);
+    }
+  }
+#endif
+}
+
 // A load of data an earlier kernel may have written: seq_lens, the block tables, q, the alibi
 // slopes, the reduction's inputs. In a programmatic dependent launch (KVPREFETCH_TWIN_PDL) it
 // must stay after pdl_start's wait in the SASS: an ordinary cached load (ld.global.ca, SASS
@@ -533,7 +573,20 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     const int logits_stride, unsigned int* __restrict__ fuse_counters,
     scalar_t* __restrict__ fused_out) {
   static_assert(KV_DTYPE == vllm::Fp8KVCacheDataType::kAuto, "16-bit caches only");
+#if KVPREFETCH_TWIN_EARLY > 0 && KVPREFETCH_TWIN_PDL && defined(__CUDA_ARCH__) && \
+    __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  {
+    const int kv_head = static_cast<int>(blockIdx.x) * G / (gridDim.x * G / num_kv_heads);
+    early_l2_prefetch<BLOCK_SIZE, PARTITION_SIZE, NUM_THREADS * S / 32,
+                      HEAD_SIZE * BLOCK_SIZE * int(sizeof(cache_t))>(
+        block_tables, seq_lens, max_num_blocks_per_seq, k_cache + kv_head * kv_head_stride,
+        v_cache + kv_head * kv_head_stride, kv_block_stride);
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#else
   pdl_start();  // before any global memory access
+#endif
   using vllm::Vec;
   constexpr bool USE_PARTITIONING = PARTITION_SIZE > 0;
   constexpr int WARP = 32;
