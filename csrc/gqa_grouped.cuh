@@ -129,6 +129,9 @@ __device__ __forceinline__ void pdl_start() {
 #ifndef KVPREFETCH_TWIN_EARLY
   #define KVPREFETCH_TWIN_EARLY 0
 #endif
+#ifndef KVPREFETCH_TWIN_TABLE_FIRST
+  #define KVPREFETCH_TWIN_TABLE_FIRST 0
+#endif
 __device__ __forceinline__ int load_relaxed(const int* p) {
   int v;
   asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -587,6 +590,27 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
 #else
   pdl_start();  // before any global memory access
 #endif
+  // Exploration (KVPREFETCH_TWIN_TABLE_FIRST): each lane's first block number loaded beside
+  // seq_len instead of after it (bounded by the table's row, not by the sequence), so the
+  // first copies wait on one L2 round trip after the wait, not two.
+  [[maybe_unused]] int first_held = 0;
+  if constexpr (KVPREFETCH_TWIN_TABLE_FIRST && KVPREFETCH_TWIN_HOIST) {
+    const int idx = (PARTITION_SIZE > 0 ? static_cast<int>(blockIdx.z) *
+                                              (PARTITION_SIZE / BLOCK_SIZE) : 0) +
+                    static_cast<int>(threadIdx.x) / 32 +
+                    static_cast<int>(threadIdx.x) % 32 * (NUM_THREADS * S / 32);
+    if (idx < max_num_blocks_per_seq) {
+      // asm volatile: issued here, not sunk below the early exit that waits for seq_len.
+      asm volatile("ld.global.ca.b32 %0, [%1];"
+                   : "=r"(first_held)
+                   : "l"(block_tables + static_cast<int64_t>(blockIdx.y) *
+                                            max_num_blocks_per_seq + idx));
+    }
+    // A store that never happens, before the early exit below: ptxas would otherwise sink the
+    // load past that exit, behind seq_len's round trip.
+    __shared__ int first_sink;
+    if (first_held == 0x5eed5eed) *static_cast<volatile int*>(&first_sink) = 0;
+  }
   using vllm::Vec;
   constexpr bool USE_PARTITIONING = PARTITION_SIZE > 0;
   constexpr int WARP = 32;
@@ -663,6 +687,10 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     stage.block_stride = kv_block_stride;
     stage.numbers = {block_tables + seq_idx * max_num_blocks_per_seq, start_block_idx + warp_idx,
                      CTA_WARPS, end_block_idx, lane};
+    if constexpr (KVPREFETCH_TWIN_TABLE_FIRST && KVPREFETCH_TWIN_HOIST) {
+      stage.numbers.held = first_held;
+      stage.numbers.chunk = 0;
+    }
     if (lane == 0) {
       for (int slot = 0; slot < stage.stages; ++slot) stage_init(stage.bars + 8 * slot);
       stage_init_fence();
@@ -712,6 +740,10 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   // This warp's blocks, in both passes: start_block_idx + warp_idx + k * CTA_WARPS.
   WarpBlockNumbers block_number{block_tables + seq_idx * max_num_blocks_per_seq,
                                 start_block_idx + warp_idx, CTA_WARPS, end_block_idx, lane};
+  if constexpr (KVPREFETCH_TWIN_TABLE_FIRST && KVPREFETCH_TWIN_HOIST) {
+    block_number.held = first_held;
+    block_number.chunk = 0;
+  }
   if constexpr (S > 1 && KVPREFETCH_TWIN_PREFETCH > 0) {
     const int idx = start_block_idx + warp_idx + lane * CTA_WARPS;
     if (idx < end_block_idx) {
