@@ -132,6 +132,11 @@ __device__ __forceinline__ void pdl_start() {
 #ifndef KVPREFETCH_TWIN_TABLE_FIRST
   #define KVPREFETCH_TWIN_TABLE_FIRST 0
 #endif
+// Exploration (KVPREFETCH_TWIN_STAGE_SPLIT=1): a staged warp requests only its first chunk
+// before the query load and its barrier, the rest of its ring after them.
+#ifndef KVPREFETCH_TWIN_STAGE_SPLIT
+  #define KVPREFETCH_TWIN_STAGE_SPLIT 0
+#endif
 __device__ __forceinline__ int load_relaxed(const int* p) {
   int v;
   asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -696,7 +701,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
       stage_init_fence();
     }
     __syncwarp();
-    for (int c = 0; c < stage.stages; ++c) stage.issue(c);
+    for (int c = 0; c < (KVPREFETCH_TWIN_STAGE_SPLIT ? 1 : stage.stages); ++c) stage.issue(c);
   }
   float alibi_slope[G];
 #pragma unroll
@@ -724,6 +729,9 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     }
   }
   __syncthreads();
+  if constexpr (STAGED && KVPREFETCH_TWIN_STAGE_SPLIT) {
+    for (int c = 1; c < stage.stages; ++c) stage.issue(c);
+  }
 
   // Logits: head g's at shared_mem + g * logits_stride floats, later its output scratch.
   extern __shared__ char shared_mem[];
