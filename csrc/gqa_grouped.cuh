@@ -129,14 +129,28 @@ __device__ __forceinline__ void pdl_start() {
 #ifndef KVPREFETCH_TWIN_EARLY
   #define KVPREFETCH_TWIN_EARLY 0
 #endif
+// H200, exploration runs 52-53: a CTA's start is on the critical path of the small steps, but
+// not as "sooner is better": the prefetches above cost b8 x 1k 4-21%, and loading each lane's
+// first block number beside seq_len (KVPREFETCH_TWIN_TABLE_FIRST=1, so the first bulk copies
+// leave one L2 round trip sooner) made the 2x2 twin's 256-CTA grids 5-6% SLOWER (b8 x 1k
+// 1.37x -> 1.30x) and changed nothing elsewhere. Both stay as off switches to reproduce that.
 #ifndef KVPREFETCH_TWIN_TABLE_FIRST
   #define KVPREFETCH_TWIN_TABLE_FIRST 0
 #endif
-// Exploration (KVPREFETCH_TWIN_STAGE_SPLIT=1): a staged warp requests only its first chunk
-// before the query load and its barrier, the rest of its ring after them.
+
+// The staged warps' first requests (KVPREFETCH_TWIN_STAGE_SPLIT, 1 by default): each warp asks
+// for its first chunk before the query load and the barrier after it, and for the rest of its
+// ring (the second chunk) after them, instead of for its whole ring at once; 0: whole ring at
+// once (the kernels of repeat run 51, `ec95c35`). Every warp of every CTA starting its ring in
+// the same instant is a burst (b8 x 1k: 2 slots x 8 warps x 256 CTAs, 16 MB) that the first
+// chunks wait behind. H200, exploration run 54 (2026-11-30-h200-prefetch-explore/54-twin-split):
+// b8 x 1k 1.372x -> 1.426x, b8 x 512 1.53x -> 1.63x, b16 x 512 1.28x -> 1.35x, b1 x 16k
+// 1.72x -> 1.80x, the issue matrix 1.718x -> 1.740x, bf16 b8 x 1k 1.78x -> 1.84x; no shape of
+// 53 slower beyond 0.4%; bitwise equal everywhere. Only the staged kernels change.
 #ifndef KVPREFETCH_TWIN_STAGE_SPLIT
-  #define KVPREFETCH_TWIN_STAGE_SPLIT 0
+  #define KVPREFETCH_TWIN_STAGE_SPLIT 1
 #endif
+
 __device__ __forceinline__ int load_relaxed(const int* p) {
   int v;
   asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");

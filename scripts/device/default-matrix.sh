@@ -19,7 +19,7 @@ step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${FET
 for v in prefetch seed control; do
   step 30 "${K[@]}" apply --workdir "$W" --variant "$v" || exit 4
 done
-for t in nopdl nostage; do
+for t in nopdl nostage nofuse nosplit; do
   [ -d "$W/trees/$t" ] && { step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4; }
 done
 step 200 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 128,256 \

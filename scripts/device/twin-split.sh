@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Exploration, ONE device call (about 3 minutes). Exploration run 57 (twin-table.sh): loading
+# Exploration, ONE device call (about 3 minutes). Exploration run 53 (twin-table.sh): loading
 # the first block numbers beside seq_len, which starts each warp's first bulk copies one L2
 # round trip sooner, was 5-6% SLOWER exactly on the 2x2 twin's 256-CTA grids (b8 x 1k,
 # b4 x 2k, b16 x 512) and the same elsewhere. If the cause is the burst of every warp's ring
 # requested at once (2 slots x 8 warps x 256 CTAs = 16 MB), spreading the requests should help:
 # `split` (KVPREFETCH_TWIN_STAGE_SPLIT=1) requests each warp's first chunk before the query
-# load and its barrier and the second after them; `tblsplit` adds run 57's change.
+# load and its barrier and the second after them; `tblsplit` adds run 53's change.
 # Trees (head 128, block 16, fp16 + bf16): baseline; patched (the shipped `prefetch`); split;
 # tblsplit. Timed, cold, every output bitwise vs stock: batch 1..16 x 512..16k, the issue's
 # matrix, bf16 batch 1/8.

@@ -2,7 +2,7 @@
 # Exploration, ONE device call (about 3 minutes): the twins' first block numbers loaded beside
 # seq_len (KVPREFETCH_TWIN_TABLE_FIRST=1: each lane's first entry, bounded by the table's row,
 # issued right after griddepcontrol.wait) instead of after it, so a warp's first bulk copies
-# wait on one L2 round trip after the wait instead of two. Exploration run 56 (twin-early.sh)
+# wait on one L2 round trip after the wait instead of two. Exploration run 52 (twin-early.sh)
 # showed the start of each CTA on the critical path of the small steps: work added before the
 # wait (two dependent loads, then L2 prefetches) cost b8 x 1k 4%.
 # Trees (head 128, block 16, fp16 + bf16): baseline; patched (the shipped `prefetch`); tbl.
