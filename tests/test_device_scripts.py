@@ -46,23 +46,32 @@ def test_missing_sdist_stops_with_the_fix_and_returns_the_log(tmp_path: Path, sc
     assert not (tmp_path / "work").exists()  # nothing was fetched or built
 
 
-@pytest.mark.parametrize(("nopdl", "nostage"), [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")])
-def test_alt_trees_add_each_tree_its_variant_and_its_define(nopdl: str, nostage: str) -> None:
-    """lib.sh's alt_trees (prefetch-repeat.sh and default-matrix.sh): NOPDL=1 times the design
-    without programmatic dependent launch beside the default, NOSTAGE=1 the design without the
-    twins' shared-memory ring, each as one more tree built with its one define; without them
-    nothing is added and the build gets no define."""
+ALT_TREES = (("NOPDL", "nopdl", "KVPREFETCH_TWIN_PDL=0"),
+             ("NOSTAGE", "nostage", "KVPREFETCH_TWIN_STAGE=0"),
+             ("NOFUSE", "nofuse", "KVPREFETCH_TWIN_FUSE=0"),
+             ("NOSPLIT", "nosplit", "KVPREFETCH_TWIN_STAGE_SPLIT=0"))
+
+
+@pytest.mark.parametrize("on", [(), ("NOPDL",), ("NOSTAGE",), ("NOFUSE",), ("NOSPLIT",),
+                                ("NOPDL", "NOSPLIT"), ("NOPDL", "NOSTAGE", "NOFUSE", "NOSPLIT")])
+def test_alt_trees_add_each_tree_its_variant_and_its_define(on: tuple[str, ...]) -> None:
+    """lib.sh's alt_trees (prefetch-repeat.sh and default-matrix.sh): each switch set to 1 times
+    one earlier design beside the default (NOPDL=1 without programmatic dependent launch,
+    NOSTAGE=1 without the twins' shared-memory ring, NOFUSE=1 without v2's reduction in the
+    twin, NOSPLIT=1 with each staged warp's ring requested at once), each as one more tree built
+    with its one define; without them nothing is added and the build gets no define."""
     bash = shutil.which("bash")
     assert bash is not None
     script = (f'source "{DEVICE / "lib.sh"}"; V=(--variant baseline); FETCH=(--with-seed); '
               "alt_trees; printf '%s\\n' \"${V[*]}\" \"${FETCH[*]}\" \"${ALT_DEF[*]}\"")
+    env = {k: v for k, v in os.environ.items() if k not in {s for s, _, _ in ALT_TREES}}
+    env.update({switch: "1" for switch in on})
     res = subprocess.run([bash, "-c", script], capture_output=True, text=True, check=True,
-                         env={**os.environ, "NOPDL": nopdl, "NOSTAGE": nostage})
+                         env=env)
     v, fetch, define = res.stdout.split("\n")[:3]
     want_v, want_fetch, want_def = ["--variant baseline"], ["--with-seed"], []
-    for on, tree, macro in ((nopdl, "nopdl", "KVPREFETCH_TWIN_PDL=0"),
-                            (nostage, "nostage", "KVPREFETCH_TWIN_STAGE=0")):
-        if on == "1":
+    for switch, tree, macro in ALT_TREES:
+        if switch in on:
             want_v.append(f"--variant {tree}")
             want_fetch.append(f"--extra-tree {tree}")
             want_def.append(f"--tree-define {tree}:{macro}")
@@ -70,7 +79,8 @@ def test_alt_trees_add_each_tree_its_variant_and_its_define(nopdl: str, nostage:
     for script_name in ("prefetch-repeat.sh", "default-matrix.sh"):
         text = (DEVICE / script_name).read_text()
         assert "alt_trees" in text and '"${ALT_DEF[@]}"' in text, script_name
-        assert "nopdl nostage" in text, script_name  # both trees get the patch applied
+        # every alternative tree gets the patch applied
+        assert "nopdl nostage nofuse nosplit" in text, script_name
 
 
 def test_summarize_prints_the_tables_or_says_none_was_measured(tmp_path: Path) -> None:

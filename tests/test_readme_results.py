@@ -1,14 +1,14 @@
 """The README's H200 results table is the committed raw JSON, not numbers typed in by hand.
 
-Each row of the table under "Results on the H200" names a shape; its columns from run 50
-(`prefetch` per run, `reduce kernel after the twin`, `launch`, `control`, and stock's time in the
-median run) must be what `kvprefetch report --repeats` wrote into
-docs/results/2026-11-30-h200-prefetch-repeat/50-twin-fuse/repeats.json, rounded as printed.
+Each row of the table under "Results on the H200" names a shape; its columns from run 55
+(`prefetch` per run, `whole ring at once`, `launch`, `control`, and stock's time in the median
+run) must be what `kvprefetch report --repeats` wrote into
+docs/results/2026-11-30-h200-prefetch-repeat/55-twin-split/repeats.json, rounded as printed.
 The other columns (`no twin`, `seed`: run 24; the L2-resident bound) are checked against their
 own runs' JSON where those runs measured them.
 
-Run 50 timed the shipped build as `patched` and the design with a reduce kernel after every v2
-twin (-DKVPREFETCH_TWIN_FUSE=0) as `nofuse`."""
+Run 55 timed the shipped build as `patched` and the design whose staged warps request their
+whole ring at once (-DKVPREFETCH_TWIN_STAGE_SPLIT=0, repeat run 51's kernels) as `nosplit`."""
 
 from __future__ import annotations
 
@@ -49,13 +49,13 @@ def _repeats(run: str) -> dict:
 
 def test_every_shape_of_the_issue_matrix_is_in_the_table() -> None:
     rows, _ = _table()
-    assert set(rows) == set(_shapes(_repeats("50-twin-fuse")))
+    assert set(rows) == set(_shapes(_repeats("55-twin-split")))
     assert len(rows) == 20
 
 
-def test_run_50_columns_are_its_json() -> None:
+def test_run_55_columns_are_its_json() -> None:
     rows, geo = _table()
-    data = _repeats("50-twin-fuse")
+    data = _repeats("55-twin-split")
     shapes = _shapes(data)
     for key, m in rows.items():
         r, v = shapes[key], shapes[key]["variants"]
@@ -63,11 +63,11 @@ def test_run_50_columns_are_its_json() -> None:
         assert m[4] == f"{sorted(r['baseline_us'])[1]:.1f}", key  # stock: the median run
         assert m[6].split() == [f"{x:.3f}" for x in v["patched"]["run_medians"]], key
         assert [m[7], m[9], m[10]] == [f"{v[n]['median']:.3f}"
-                                       for n in ("nofuse", "launch", "control")], key
+                                       for n in ("nosplit", "launch", "control")], key
     summary = {s["variant"]: s for s in data["summary"]}
     assert geo[1].split() == [f"{x:.3f}" for x in summary["patched"]["geomean_per_run"]]
     assert [geo[2], geo[4], geo[5]] == [f"{summary[n]['geomean_of_medians']:.3f}"
-                                        for n in ("nofuse", "launch", "control")]
+                                        for n in ("nosplit", "launch", "control")]
 
 
 def test_twin_column_is_the_rule_on_the_h200() -> None:
