@@ -12,7 +12,11 @@ What the early launch needs from the machine code, checked on what ships:
   (four 128-thread CTAs per SM, two of 256), so that the
   next layer's CTAs can be placed beside the running ones: the H200 lost 10% at b8 x 512 with
   the 2x2 twin at 139 (row 44), and up to 30% at batch 64-128 with the 4x1 twin at 179-185
-  (row 45).
+  (row 45);
+- every staged twin requests its ring in two steps (KVPREFETCH_TWIN_STAGE_SPLIT=1): a bulk copy
+  before the query's barrier and one after it, before the first wait on a slot; requested at
+  once, the copies the warps need first waited in a 16 MB burst (b8 x 1k 1.37x instead of
+  1.42x, rows 58-59).
 
 Nothing here runs a kernel (no GPU on this machine): the machine code is the evidence."""
 
@@ -27,7 +31,7 @@ import pytest
 from conftest import copy_workdir, kvprefetch_cli, kvprefetch_cli_split
 
 from kvprefetch.runner import run
-from kvprefetch.sass import decode_twin_name
+from kvprefetch.sass import decode_twin_name, function_bodies
 from kvprefetch.toolchain import find_cuobjdump
 
 pytestmark = pytest.mark.slow  # one real kernels-only build of two trees (minutes)
@@ -41,6 +45,8 @@ PDL_KERNELS = (4 + 2) * 2 + 2 + 1
 PDL_CHECK = "twins wait for the previous kernel before touching memory"
 _FUNC = re.compile(r"Function (\S+):")
 _REG = re.compile(r"REG:(\d+)")
+# A bulk copy into a ring slot, a CTA barrier, a wait on a slot's mbarrier (try_wait).
+_RING_OPS = re.compile(r"^(UBLKCP|BAR\.SYNC|SYNCS\.PHASECHK)")
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +99,29 @@ def test_twins_stay_at_128_registers(pdl_built: Path) -> None:
     assert sorted((v2, g, s, staged) for (v2, g, s, staged, fused) in regs if fused) == [
         (True, 2, 2, False), (True, 2, 2, True)], regs
     assert all(r <= 128 for r in regs.values()), regs
+
+
+def _built_lib(wd: Path) -> Path:
+    (manifest,) = wd.glob("build/patched/*/manifest.json")
+    return Path(json.loads(manifest.read_text())["build_so_path"])
+
+
+def test_staged_twins_request_their_ring_in_two_steps(pdl_built: Path) -> None:
+    """Each staged twin (the S = 2 twins' shared-memory ring) copies a warp's first chunk before
+    the query's barrier (the kernel's first BAR.SYNC) and its second after that barrier, before
+    the first wait on a slot. With KVPREFETCH_TWIN_STAGE_SPLIT=0 (both before the query load)
+    no copy lies between the barrier and that wait (checked on a local build of both)."""
+    tools = find_cuobjdump()
+    assert tools is not None, "cuobjdump is needed (verify-kernel needs it too)"
+    text = run([str(tools.cuobjdump), "-sass", str(_built_lib(pdl_built))],
+               env=tools.environ(), echo=False, capture=True).output
+    staged = {name: body for (_, name), body in function_bodies(text).items()
+              if (meta := decode_twin_name(name)) is not None and meta["staged"]}
+    assert len(staged) == 5, sorted(staged)  # (2x2, 4x2) x (v1, v2) + the fused v2 2x2
+    for name, body in staged.items():
+        ops = [m.group(1) for line in body.splitlines() if (m := _RING_OPS.match(line))]
+        barrier, first_wait = ops.index("BAR.SYNC"), ops.index("SYNCS.PHASECHK")
+        assert barrier < first_wait, name
+        assert "UBLKCP" in ops[:barrier], name  # the first chunk, before the query's barrier
+        assert "UBLKCP" in ops[barrier + 1:first_wait], name  # the second, after it
+
