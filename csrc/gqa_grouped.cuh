@@ -119,24 +119,12 @@ __device__ __forceinline__ void pdl_start() {
 #endif
 }
 
-// Exploration (KVPREFETCH_TWIN_EARLY = chunks per warp, 0 = none, the default): between
-// griddepcontrol.launch_dependents and griddepcontrol.wait, while the stream's previous kernel
-// still runs, each warp asks L2 for the first KVPREFETCH_TWIN_EARLY chunks it will read (its
-// blocks' K, then their V, in the order the passes use them). Only L2 prefetches: L2 is where
-// every later write lands, so nothing stale can reach the warps; the block numbers and seq_len
-// for the addresses are read with relaxed gpu-scope loads (no data race) and only steer the
-// prefetch (EXPLORATION: not clamped to the cache's blocks).
-#ifndef KVPREFETCH_TWIN_EARLY
-  #define KVPREFETCH_TWIN_EARLY 0
-#endif
-// H200, exploration runs 52-53: a CTA's start is on the critical path of the small steps, but
-// not as "sooner is better": the prefetches above cost b8 x 1k 4-21%, and loading each lane's
-// first block number beside seq_len (KVPREFETCH_TWIN_TABLE_FIRST=1, so the first bulk copies
-// leave one L2 round trip sooner) made the 2x2 twin's 256-CTA grids 5-6% SLOWER (b8 x 1k
-// 1.37x -> 1.30x) and changed nothing elsewhere. Both stay as off switches to reproduce that.
-#ifndef KVPREFETCH_TWIN_TABLE_FIRST
-  #define KVPREFETCH_TWIN_TABLE_FIRST 0
-#endif
+// A CTA's start is on the critical path of the small steps, but not as "sooner is better"
+// (H200, exploration runs 52-53, docs/prefetch-tuning.md rows 57-58): L2 prefetches of each
+// warp's first chunks between griddepcontrol.launch_dependents and .wait cost b8 x 1k 4-21%
+// (`c71f022`, KVPREFETCH_TWIN_EARLY), and loading each lane's first block number beside
+// seq_len, so that the first bulk copies leave one L2 round trip sooner, made the 2x2 twin's
+// 256-CTA grids 5-6% slower (`8a9d375`, KVPREFETCH_TWIN_TABLE_FIRST). Both were removed after.
 
 // The staged warps' first requests (KVPREFETCH_TWIN_STAGE_SPLIT, 1 by default): each warp asks
 // for its first chunk before the query load and the barrier after it, and for the rest of its
@@ -150,36 +138,6 @@ __device__ __forceinline__ void pdl_start() {
 #ifndef KVPREFETCH_TWIN_STAGE_SPLIT
   #define KVPREFETCH_TWIN_STAGE_SPLIT 1
 #endif
-
-__device__ __forceinline__ int load_relaxed(const int* p) {
-  int v;
-  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-template <int BLOCK_SIZE, int PARTITION_SIZE, int CTA_WARPS, int CHUNK, typename cache_t>
-__device__ __forceinline__ void early_l2_prefetch(
-    const int* block_tables, const int* seq_lens, const int max_num_blocks_per_seq,
-    const cache_t* k, const cache_t* v, const int kv_block_stride) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int seq_len = load_relaxed(seq_lens + blockIdx.y);
-  const int seq_blocks = seq_len <= 0 ? 0 : (seq_len + BLOCK_SIZE - 1) / BLOCK_SIZE;
-  const int blocks = seq_blocks < max_num_blocks_per_seq ? seq_blocks : max_num_blocks_per_seq;
-  const int per = PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE : blocks;
-  const int start = PARTITION_SIZE > 0 ? static_cast<int>(blockIdx.z) * per : 0;
-  const int end = start + per < blocks ? start + per : blocks;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int n = end - start - warp > 0 ? (end - start - warp + CTA_WARPS - 1) / CTA_WARPS : 0;
-  const int chunks = 2 * n < KVPREFETCH_TWIN_EARLY ? 2 * n : KVPREFETCH_TWIN_EARLY;
-  const int* table = block_tables + static_cast<int64_t>(blockIdx.y) * max_num_blocks_per_seq;
-  for (int c = static_cast<int>(threadIdx.x) % 32; c < chunks; c += 32) {
-    const int kk = c < n ? c : c - n;
-    const int block = load_relaxed(table + start + warp + kk * CTA_WARPS);
-    if (block >= 0) {
-      l2_prefetch_bytes((c < n ? k : v) + static_cast<int64_t>(block) * kv_block_stride, CHUNK);
-    }
-  }
-#endif
-}
 
 // A load of data an earlier kernel may have written: seq_lens, the block tables, q, the alibi
 // slopes, the reduction's inputs. In a programmatic dependent launch (KVPREFETCH_TWIN_PDL) it
@@ -595,41 +553,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     const int logits_stride, unsigned int* __restrict__ fuse_counters,
     scalar_t* __restrict__ fused_out) {
   static_assert(KV_DTYPE == vllm::Fp8KVCacheDataType::kAuto, "16-bit caches only");
-#if KVPREFETCH_TWIN_EARLY > 0 && KVPREFETCH_TWIN_PDL && defined(__CUDA_ARCH__) && \
-    __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  {
-    const int kv_head = static_cast<int>(blockIdx.x) * G / (gridDim.x * G / num_kv_heads);
-    early_l2_prefetch<BLOCK_SIZE, PARTITION_SIZE, NUM_THREADS * S / 32,
-                      HEAD_SIZE * BLOCK_SIZE * int(sizeof(cache_t))>(
-        block_tables, seq_lens, max_num_blocks_per_seq, k_cache + kv_head * kv_head_stride,
-        v_cache + kv_head * kv_head_stride, kv_block_stride);
-  }
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#else
   pdl_start();  // before any global memory access
-#endif
-  // Exploration (KVPREFETCH_TWIN_TABLE_FIRST): each lane's first block number loaded beside
-  // seq_len instead of after it (bounded by the table's row, not by the sequence), so the
-  // first copies wait on one L2 round trip after the wait, not two.
-  [[maybe_unused]] int first_held = 0;
-  if constexpr (KVPREFETCH_TWIN_TABLE_FIRST && KVPREFETCH_TWIN_HOIST) {
-    const int idx = (PARTITION_SIZE > 0 ? static_cast<int>(blockIdx.z) *
-                                              (PARTITION_SIZE / BLOCK_SIZE) : 0) +
-                    static_cast<int>(threadIdx.x) / 32 +
-                    static_cast<int>(threadIdx.x) % 32 * (NUM_THREADS * S / 32);
-    if (idx < max_num_blocks_per_seq) {
-      // asm volatile: issued here, not sunk below the early exit that waits for seq_len.
-      asm volatile("ld.global.ca.b32 %0, [%1];"
-                   : "=r"(first_held)
-                   : "l"(block_tables + static_cast<int64_t>(blockIdx.y) *
-                                            max_num_blocks_per_seq + idx));
-    }
-    // A store that never happens, before the early exit below: ptxas would otherwise sink the
-    // load past that exit, behind seq_len's round trip.
-    __shared__ int first_sink;
-    if (first_held == 0x5eed5eed) *static_cast<volatile int*>(&first_sink) = 0;
-  }
   using vllm::Vec;
   constexpr bool USE_PARTITIONING = PARTITION_SIZE > 0;
   constexpr int WARP = 32;
@@ -706,10 +630,6 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     stage.block_stride = kv_block_stride;
     stage.numbers = {block_tables + seq_idx * max_num_blocks_per_seq, start_block_idx + warp_idx,
                      CTA_WARPS, end_block_idx, lane};
-    if constexpr (KVPREFETCH_TWIN_TABLE_FIRST && KVPREFETCH_TWIN_HOIST) {
-      stage.numbers.held = first_held;
-      stage.numbers.chunk = 0;
-    }
     if (lane == 0) {
       for (int slot = 0; slot < stage.stages; ++slot) stage_init(stage.bars + 8 * slot);
       stage_init_fence();
@@ -743,7 +663,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     }
   }
   __syncthreads();
-  if constexpr (STAGED && KVPREFETCH_TWIN_STAGE_SPLIT) {
+  if constexpr (STAGED && KVPREFETCH_TWIN_STAGE_SPLIT) {  // the rest of each warp's ring
     for (int c = 1; c < stage.stages; ++c) stage.issue(c);
   }
 
@@ -762,10 +682,6 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   // This warp's blocks, in both passes: start_block_idx + warp_idx + k * CTA_WARPS.
   WarpBlockNumbers block_number{block_tables + seq_idx * max_num_blocks_per_seq,
                                 start_block_idx + warp_idx, CTA_WARPS, end_block_idx, lane};
-  if constexpr (KVPREFETCH_TWIN_TABLE_FIRST && KVPREFETCH_TWIN_HOIST) {
-    block_number.held = first_held;
-    block_number.chunk = 0;
-  }
   if constexpr (S > 1 && KVPREFETCH_TWIN_PREFETCH > 0) {
     const int idx = start_block_idx + warp_idx + lane * CTA_WARPS;
     if (idx < end_block_idx) {
