@@ -56,10 +56,13 @@ constexpr int cmax(const int a, const int b) { return a > b ? a : b; }
 constexpr int cmin(const int a, const int b) { return a < b ? a : b; }
 constexpr int cdiv(const int a, const int b) { return (a + b - 1) / b; }
 
-// A 2-, 4-, 8- or 16-byte value loaded as one word of its size: an ordinary cached load
-// (ld.global.ca, SASS LDG.E.STRONG.SM), which stays after griddepcontrol.wait, or through the
-// read-only path (ld.global.nc), which ptxas may move above it.
-template <bool ORDERED, typename V>
+// How load_as_word loads: an ordinary cached load (ld.global.ca, SASS LDG.E.STRONG.SM), which
+// stays after griddepcontrol.wait; through the read-only path (ld.global.nc), which ptxas may
+// move above it; or from L2 only (ld.global.cg), for what another CTA of the grid wrote.
+enum class Via { kCached, kReadOnly, kL2 };
+
+// A 2-, 4-, 8- or 16-byte value loaded as one word of its size, `VIA` as above.
+template <Via VIA, typename V>
 __device__ __forceinline__ V load_as_word(const V* p) {
   static_assert(sizeof(V) == 2 || sizeof(V) == 4 || sizeof(V) == 8 || sizeof(V) == 16,
                 "2-, 4-, 8- or 16-byte values");
@@ -69,10 +72,12 @@ __device__ __forceinline__ V load_as_word(const V* p) {
                          std::conditional_t<sizeof(V) == 8, uint2, uint4>>>;
   const Word* w = reinterpret_cast<const Word*>(p);
   Word r;
-  if constexpr (ORDERED) {
+  if constexpr (VIA == Via::kCached) {
     r = __ldca(w);
-  } else {
+  } else if constexpr (VIA == Via::kReadOnly) {
     r = __ldg(w);
+  } else {
+    r = __ldcg(w);
   }
   V v;
   memcpy(&v, &r, sizeof(v));
@@ -84,7 +89,7 @@ __device__ __forceinline__ V load_as_word(const V* p) {
 template <typename V>
 __device__ __forceinline__ V load_ro(const V* p) {
   static_assert(sizeof(V) == 8 || sizeof(V) == 16, "8- or 16-byte vectors");
-  return load_as_word<false>(p);
+  return load_as_word<Via::kReadOnly>(p);
 }
 
 // Which twins ask L2 for their warps' blocks before the K pass: 0 none (the default), 1 the V
@@ -156,7 +161,7 @@ __device__ __forceinline__ T load_dep(const T* p) {
   if constexpr (KVPREFETCH_TWIN_PDL == 0) {
     return *p;
   } else {
-    return load_as_word<ORDERED>(p);
+    return load_as_word<ORDERED ? Via::kCached : Via::kReadOnly>(p);
   }
 }
 
@@ -370,11 +375,7 @@ struct WarpStage {
 template <typename T>
 __device__ __forceinline__ T load_l2(const T* p) {  // ld.global.cg: another CTA's write
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "2- or 4-byte values");
-  using Word = std::conditional_t<sizeof(T) == 2, unsigned short, unsigned int>;
-  const Word w = __ldcg(reinterpret_cast<const Word*>(p));
-  T v;
-  memcpy(&v, &w, sizeof(v));
-  return v;
+  return load_as_word<Via::kL2>(p);
 }
 // KVPREFETCH_TWIN_FUSE, where the v2 twins reduce themselves: prefetch_ptx.cuh.
 // Counts this CTA's arrival: the counter's value before, with release (this CTA's writes, which
