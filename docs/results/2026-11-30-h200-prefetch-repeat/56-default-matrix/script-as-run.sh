@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `bench kernel`'s full default matrix (batch 1,8,32,64,128 x context 512,1k,4k,16k,32k: issue
+# 6's matrix plus 32k) for stock, the shipped `prefetch`, the paper's `seed` and the A/A
+# `control`, in ONE device call (about 6 minutes): fetch the carried sdist, apply, kernels-only
+# build (head 128/256, block 16, fp16/bf16), verify-kernel, the GPU-marked tests, one cold table
+# with its heatmap, then Gemma-2B (head 256) in bf16 and fp16, whose v2 kernels' prologue rule
+# changed in row 29 of docs/prefetch-tuning.md. NOPDL=1, NOSTAGE=1, NOFUSE=1 and NOSPLIT=1 add
+# the designs before programmatic dependent launch, the shared-memory ring, v2's reduction in
+# the twin and the ring's split first requests (lib.sh's alt_trees).
+#   device tool: run(command="bash scripts/device/default-matrix.sh", carry=[".carry"], timeout_s=560)
+set -uo pipefail
+BUDGET_S=${BUDGET_S:-530}
+source "$(dirname "$0")/lib.sh"
+begin_run default-matrix
+V=(--variant baseline --variant patched --variant seed --variant control)
+FETCH=(--with-seed --extra-tree control)
+alt_trees
+
+step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${FETCH[@]}" || exit 3
+for v in prefetch seed control; do
+  step 30 "${K[@]}" apply --workdir "$W" --variant "$v" || exit 4
+done
+for t in nopdl nostage nofuse nosplit; do
+  [ -d "$W/trees/$t" ] && { step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4; }
+done
+step 200 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 128,256 \
+  --block-sizes 16 --kv-dtypes fp16,bf16 "${ALT_DEF[@]}" || exit 5
+step 120 "${K[@]}" verify-kernel --workdir "$W"
+res_usage
+cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
+step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/test_vmm_gpu.py \
+  tests/test_vmm_paged.py tests/test_bench_kernel.py
+[ "$(left)" -gt 60 ] && bench 120 "${B[@]}" --mode cold --matrix default "${V[@]}" \
+  --name default-matrix --formats json,md,png
+G=(--preset gemma-2b --batch 1,8,64 --context 512,4k,16k "${V[@]}" --formats json,md)
+[ "$(left)" -gt 35 ] && bench 45 "${B[@]}" --mode cold --dtype bfloat16 "${G[@]}" \
+  --name gemma-2b-bf16
+[ "$(left)" -gt 35 ] && bench 45 "${B[@]}" --mode cold "${G[@]}" --name gemma-2b-fp16
+summarize
