@@ -937,45 +937,30 @@ inline L2PrefetchJoin launch_l2_prefetch(cudaStream_t stream, const cache_t* k_c
 // kernel; 1 only before those compiled without the prologue (fp8 caches, head sizes below
 // kPrologueMinHeadSize), the others left to the prologue (the design of rows 22-23 in
 // docs/prefetch-tuning.md); 0 never (not even instantiated: the v2 module of row 21).
+// Tried and not kept (exploration run 57, the code at e1d0b17): no launcher kernel before an
+// fp16 cache's v2 grid of 4 or more stock CTAs per SM. TinyLlama fp16 (head 64, no twin) loses
+// 0.7-0.9% only on grids of 1024 CTAs (b1 x 16k, b2 x 8k, b4 x 4k), one nearly full wave of
+// vLLM's kernel (62 registers: 8 CTAs per SM, 1056 on the H200), and gains 1.06-1.13x on 768
+// and 1536; the limit gave those gains away (geomean of 18 shapes 1.119 -> 1.099). A rule for
+// nearly full single waves needs that kernel's occupancy, which the launcher can query only
+// inside vLLM's head-size switch (narrowed per build), after this call.
 #ifndef KVPREFETCH_V2_L2_KERNEL
   #define KVPREFETCH_V2_L2_KERNEL 2
 #endif
 static_assert(KVPREFETCH_V2_L2_KERNEL >= 0 && KVPREFETCH_V2_L2_KERNEL <= 2,
               "KVPREFETCH_V2_L2_KERNEL must be 0, 1 or 2");
-// In `auto`, not before a v2 step of an fp16 cache whose stock grid has this many CTAs per SM
-// or more (0: no limit, the design before). Only small heads with many query heads per kv head
-// (TinyLlama: head 64, 8 per kv head) reach such grids under the L2/2 limit; every 16-bit cache
-// of head 128 or 256 with 8 query heads per kv head stays below 3.7 CTAs per SM there. vLLM's
-// fp16 v2 kernel there already keeps enough loads in flight: TinyLlama fp16 b1 x 16k (1024
-// CTAs, 7.8 per SM) ran 0.991-0.997 in seven of eight repeat runs with the launcher's kernel,
-// where bf16, whose stock kernel is slower, gains 1.16x from it (docs/prefetch-tuning.md).
-#ifndef KVPREFETCH_V2_L2_FP16_MAX_CTAS_PER_SM
-  #define KVPREFETCH_V2_L2_FP16_MAX_CTAS_PER_SM 4
-#endif
-constexpr bool l2_before_v2_rule(const int mode, const bool fp16, const long long stock_ctas,
-                                 const int sm_count) {
-  return !(mode == 2 && fp16 && KVPREFETCH_V2_L2_FP16_MAX_CTAS_PER_SM > 0 && sm_count > 0 &&
-           stock_ctas >= static_cast<long long>(KVPREFETCH_V2_L2_FP16_MAX_CTAS_PER_SM) * sm_count);
-}
 template <typename cache_t, int BLOCK_SIZE>
 inline L2PrefetchJoin launch_l2_prefetch_v2(
     const bool auto_dtype, cudaStream_t stream, const cache_t* k_cache,
     const cache_t* v_cache, const int* block_tables, const int* seq_lens, int num_seqs,
     int num_kv_heads, int head_size, int max_num_blocks_per_seq, int max_seq_len,
-    int kv_block_stride, int kv_head_stride, const dim3 stock_grid) {
+    int kv_block_stride, int kv_head_stride) {
   if constexpr (KVPREFETCH_V2_L2_KERNEL == 0) {  // not even instantiated: the module as before
     return {};
   } else {
     if (KVPREFETCH_V2_L2_KERNEL == 1 &&
         prologue_rule(head_size, true, fp16_cache<cache_t>(auto_dtype),
                       bf16_cache<cache_t>(auto_dtype))) {
-      return {};
-    }
-    int dev = 0;
-    const long long ctas = 1ll * stock_grid.x * stock_grid.y * stock_grid.z;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        !l2_before_v2_rule(kvprefetch_host_mode(), fp16_cache<cache_t>(auto_dtype), ctas,
-                           device_facts(dev).sm_count)) {
       return {};
     }
     return launch_l2_prefetch<cache_t, BLOCK_SIZE>(stream, k_cache, v_cache, block_tables,

@@ -49,19 +49,16 @@ def test_missing_sdist_stops_with_the_fix_and_returns_the_log(tmp_path: Path, sc
 ALT_TREES = (("NOPDL", "nopdl", "KVPREFETCH_TWIN_PDL=0"),
              ("NOSTAGE", "nostage", "KVPREFETCH_TWIN_STAGE=0"),
              ("NOFUSE", "nofuse", "KVPREFETCH_TWIN_FUSE=0"),
-             ("NOSPLIT", "nosplit", "KVPREFETCH_TWIN_STAGE_SPLIT=0"),
-             ("NOLIMIT", "nolimit", "KVPREFETCH_V2_L2_FP16_MAX_CTAS_PER_SM=0"))
+             ("NOSPLIT", "nosplit", "KVPREFETCH_TWIN_STAGE_SPLIT=0"))
 
 
 @pytest.mark.parametrize("on", [(), ("NOPDL",), ("NOSTAGE",), ("NOFUSE",), ("NOSPLIT",),
-                                ("NOLIMIT",), ("NOPDL", "NOSPLIT"),
-                                ("NOPDL", "NOSTAGE", "NOFUSE", "NOSPLIT", "NOLIMIT")])
+                                ("NOPDL", "NOSPLIT"), ("NOPDL", "NOSTAGE", "NOFUSE", "NOSPLIT")])
 def test_alt_trees_add_each_tree_its_variant_and_its_define(on: tuple[str, ...]) -> None:
     """lib.sh's alt_trees (prefetch-repeat.sh and default-matrix.sh): each switch set to 1 times
     one earlier design beside the default (NOPDL=1 without programmatic dependent launch,
     NOSTAGE=1 without the twins' shared-memory ring, NOFUSE=1 without v2's reduction in the
-    twin, NOSPLIT=1 with each staged warp's ring requested at once, NOLIMIT=1 with the
-    launcher's prefetch kernel before fp16 v2 grids of any size), each as one more tree built
+    twin, NOSPLIT=1 with each staged warp's ring requested at once), each as one more tree built
     with its one define; without them nothing is added and the build gets no define."""
     bash = shutil.which("bash")
     assert bash is not None
@@ -83,7 +80,7 @@ def test_alt_trees_add_each_tree_its_variant_and_its_define(on: tuple[str, ...])
         text = (DEVICE / script_name).read_text()
         assert "alt_trees" in text and '"${ALT_DEF[@]}"' in text, script_name
         # every alternative tree gets the patch applied
-        assert "nopdl nostage nofuse nosplit nolimit" in text, script_name
+        assert "nopdl nostage nofuse nosplit" in text, script_name
 
 
 def test_summarize_prints_the_tables_or_says_none_was_measured(tmp_path: Path) -> None:

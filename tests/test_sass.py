@@ -411,38 +411,6 @@ def test_l2_prefetch_runs_cover_every_block_once(tmp_path: Path, per_cta: int | 
     assert {b: rows[b] for b in expect} == expect
 
 
-@pytest.mark.parametrize("limit", [None, 0, 8])
-def test_l2_kernel_before_v2_skips_busy_fp16_grids_in_auto(tmp_path: Path,
-                                                           limit: int | None) -> None:
-    """The v2 launcher's rule for the launcher's prefetch kernel (l2_before_v2_rule in the REAL
-    header, compiled by nvcc and run on the CPU): in `auto` (mode 2) it is not fired before an
-    fp16 cache's v2 grid of 4 or more stock CTAs per SM by default (8 and 0 = no limit by -D);
-    bf16 and fp8 caches (fp16 = 0), `on` (1) and grids below the limit keep it, and a device
-    of unknown SM count (0) never loses it."""
-    nvcc = find_nvcc()
-    assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
-    exe = tmp_path / "rule"
-    defines = [] if limit is None else [f"-DKVPREFETCH_V2_L2_FP16_MAX_CTAS_PER_SM={limit}"]
-    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *defines, "-o", str(exe),
-         str(SAMPLES / "l2_before_v2.cu")], echo=False)
-    # (mode, fp16, stock CTAs, SMs): TinyLlama fp16 b1 x 4k/8k/16k on 132 SMs (256, 512, 1024
-    # CTAs), the same grid in bf16, forced on, on an unknown device, and twice the limit.
-    cases = [(2, 1, 256, 132), (2, 1, 512, 132), (2, 1, 527, 132), (2, 1, 528, 132),
-             (2, 1, 1024, 132), (2, 0, 1024, 132), (1, 1, 1024, 132), (2, 1, 1024, 0),
-             (2, 1, 1056, 132)]
-    out = run([str(exe), *(str(x) for c in cases for x in c)], echo=False).output.split()
-    fires = dict(zip(cases, (x == "1" for x in out)))
-    per_sm = 4 if limit is None else limit
-    assert len(fires) == len(cases)
-    for (mode, fp16, ctas, sms), got in fires.items():
-        skipped = mode == 2 and fp16 == 1 and per_sm > 0 and sms > 0 and ctas >= per_sm * sms
-        assert got == (not skipped), ((mode, fp16, ctas, sms), got)
-    # the default's boundary where it is meant to be, and what each setting keeps
-    assert [fires[c] for c in cases[:4]] == ([True, True, True, False] if limit is None else
-                                             [True] * 4)
-    assert fires[(2, 1, 1056, 132)] == (limit == 0)
-
-
 @pytest.mark.parametrize(("head", "plain", "ok"), [(96, False, True), (128, False, True),
                                                     (128, True, False), (96, True, True)])
 def test_launch_bounds_check_on_real_compiles(tmp_path: Path, head: int, plain: bool,

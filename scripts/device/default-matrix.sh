@@ -4,10 +4,9 @@
 # `control`, in ONE device call (about 6 minutes): fetch the carried sdist, apply, kernels-only
 # build (head 128/256, block 16, fp16/bf16), verify-kernel, the GPU-marked tests, one cold table
 # with its heatmap, then Gemma-2B (head 256) in bf16 and fp16, whose v2 kernels' prologue rule
-# changed in row 29 of docs/prefetch-tuning.md. NOPDL=1, NOSTAGE=1, NOFUSE=1, NOSPLIT=1 and
-# NOLIMIT=1 add the designs before programmatic dependent launch, the shared-memory ring, v2's
-# reduction in the twin, the ring's split first requests and the launcher's fp16 v2 grid limit
-# (lib.sh's alt_trees).
+# changed in row 29 of docs/prefetch-tuning.md. NOPDL=1, NOSTAGE=1, NOFUSE=1 and NOSPLIT=1 add
+# the designs before programmatic dependent launch, the shared-memory ring, v2's reduction in
+# the twin and the ring's split first requests (lib.sh's alt_trees).
 #   device tool: run(command="bash scripts/device/default-matrix.sh", carry=[".carry"], timeout_s=560)
 set -uo pipefail
 BUDGET_S=${BUDGET_S:-530}
@@ -21,7 +20,7 @@ step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${FET
 for v in prefetch seed control; do
   step 30 "${K[@]}" apply --workdir "$W" --variant "$v" || exit 4
 done
-for t in nopdl nostage nofuse nosplit nolimit; do
+for t in nopdl nostage nofuse nosplit; do
   [ -d "$W/trees/$t" ] && { step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4; }
 done
 step 200 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 128,256 \

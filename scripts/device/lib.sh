@@ -49,8 +49,6 @@ print(t.cuobjdump if t else "cuobjdump")' 2>/dev/null) || tool=cuobjdump
 #                inside (repeat run 41's design, SASS identical; rows 51-53).
 #   NOSPLIT=1 -> `nosplit`, KVPREFETCH_TWIN_STAGE_SPLIT=0: each staged warp's whole ring
 #                requested at once (the design of repeat run 51, `ec95c35`).
-#   NOLIMIT=1 -> `nolimit`, KVPREFETCH_V2_L2_FP16_MAX_CTAS_PER_SM=0: the launcher's prefetch
-#                kernel before fp16 v2 grids of any CTAs per SM (the design of `da2676f`).
 ALT_DEF=()
 alt_tree() {  # SWITCH TREE DEFINE
   [ "${!1:-0}" = 1 ] || return 0
@@ -60,8 +58,7 @@ alt_tree() {  # SWITCH TREE DEFINE
 alt_trees() { ALT_DEF=(); alt_tree NOPDL nopdl KVPREFETCH_TWIN_PDL=0
               alt_tree NOSTAGE nostage KVPREFETCH_TWIN_STAGE=0
               alt_tree NOFUSE nofuse KVPREFETCH_TWIN_FUSE=0
-              alt_tree NOSPLIT nosplit KVPREFETCH_TWIN_STAGE_SPLIT=0
-              alt_tree NOLIMIT nolimit KVPREFETCH_V2_L2_FP16_MAX_CTAS_PER_SM=0; }
+              alt_tree NOSPLIT nosplit KVPREFETCH_TWIN_STAGE_SPLIT=0; }
 # The results folder's life: pack() writes $OUT/results.tgz atomically (what the device tool
 # brings back; call it after each table so a cut-short run still returns what it measured);
 # bench() is step() followed by pack(); finish() packs and removes the folder.

@@ -4,10 +4,9 @@
 # presets and cache dtypes, what is the most an L2 prefetch could give at the shapes whose KV
 # fits the L2, and do the GPU-marked tests pass on the real builds.
 #   device tool: run(command="bash scripts/device/prefetch-repeat.sh", carry=[".carry"], timeout_s=590)
-# NOPDL=1, NOSTAGE=1, NOFUSE=1, NOSPLIT=1 and NOLIMIT=1 add the designs before programmatic
-# dependent launch, before the twins' shared-memory ring, before v2's reduction in the twin,
-# before the ring's split first requests and before the fp16 v2 grid limit of the launcher's
-# prefetch kernel, each as one more tree (lib.sh's alt_trees).
+# NOPDL=1, NOSTAGE=1, NOFUSE=1 and NOSPLIT=1 add the designs before programmatic dependent
+# launch, before the twins' shared-memory ring, before v2's reduction in the twin and before
+# the ring's split first requests, each as one more tree (lib.sh's alt_trees).
 # QUICK=1 (about 4 minutes): stock, prefetch, launch and the control only, one run of each
 # table (REPEATS=N: N runs of the matrix), no L2-resident bound.
 # Steps: fetch the carried sdist into baseline, patched, gqa_off (the same patch with the
@@ -35,7 +34,7 @@ fi
 alt_trees  # NOPDL=1, NOSTAGE=1, NOFUSE=1 (lib.sh)
 
 step 120 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${FETCH[@]}" || exit 3
-for t in patched gqa_off nopdl nostage nofuse nosplit nolimit; do
+for t in patched gqa_off nopdl nostage nofuse nosplit; do
   [ -d "$W/trees/$t" ] && { step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4; }
 done
 for v in "${APPLY[@]}"; do

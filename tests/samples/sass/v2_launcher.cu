@@ -14,8 +14,7 @@ void launcher(cudaStream_t stream, const CACHE_T* k_cache, const CACHE_T* v_cach
   const auto kvprefetch_l2 = kvprefetch::launch_l2_prefetch_v2<CACHE_T, BLOCK_SIZE>(
       FP16_OR_BF16_CACHE, stream, k_cache, v_cache, block_tables, seq_lens, /*num_seqs=*/1,
       /*num_kv_heads=*/8, head_size, /*max_num_blocks_per_seq=*/256, /*max_seq_len=*/4096,
-      /*kv_block_stride=*/8 * head_size * BLOCK_SIZE, /*kv_head_stride=*/head_size * BLOCK_SIZE,
-      /*stock_grid=*/dim3(32, 1, 8));
+      /*kv_block_stride=*/8 * head_size * BLOCK_SIZE, /*kv_head_stride=*/head_size * BLOCK_SIZE);
   attention_stand_in<<<1, 32, 0, stream>>>(out);
 }
 
