@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Exploration, ONE device call (about 3 minutes). Exploration run 53 (twin-table.sh at
-# `8a9d375`): loading
-# the first block numbers beside seq_len, which starts each warp's first bulk copies one L2
-# round trip sooner, was 5-6% SLOWER exactly on the 2x2 twin's 256-CTA grids (b8 x 1k,
-# b4 x 2k, b16 x 512) and the same elsewhere. If the cause is the burst of every warp's ring
+# `8a9d375`): loading the first block numbers beside seq_len, which starts each warp's first
+# bulk copies one L2 round trip sooner, was 5-6% SLOWER exactly on the 2x2 twin's 256-CTA grids
+# (b8 x 1k, b4 x 2k, b16 x 512) and the same elsewhere. If the cause is the burst of every warp's ring
 # requested at once (2 slots x 8 warps x 256 CTAs = 16 MB), spreading the requests should help:
 # `split` (KVPREFETCH_TWIN_STAGE_SPLIT=1) requests each warp's first chunk before the query
 # load and its barrier and the second after them. Run 54 (at `11b457c`) also timed `tblsplit`,
