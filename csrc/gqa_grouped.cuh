@@ -1087,8 +1087,8 @@ inline int twin_for(const dim3 grid, const int num_kv_heads, const DeviceFacts& 
   if (mode == kTwinOff || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return -1;
   long long bytes[kNumTwins];
   for (int i = 0; i < kNumTwins; ++i) bytes[i] = smem(i);
-  return twin_pick(mode, 100LL * grid.x * grid.y * grid.z / std::max(f.sm_count, 1),
-                   num_heads / num_kv_heads, bytes, f.max_smem_optin);
+  return twin_pick(mode, 1LL * grid.x * grid.y * grid.z, f.sm_count, num_heads / num_kv_heads,
+                   bytes, f.max_smem_optin, f.smem_per_sm);
 }
 
 // Everything the launchers pass, by the names they use.
@@ -1207,7 +1207,11 @@ void launch_twin_kernel_as(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const 
     cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                          cudaSharedmemCarveoutMaxShared);
   }
-  if (smem > 48 * 1024) {
+  // A CTA's static and dynamic shared memory together may pass 48 KiB only with the opt-in;
+  // the twins' static part is at most 3 KiB (a launch of 48 KiB dynamic, the 4x1 twin's at a
+  // 3072-token v1 context, failed with "invalid argument" when only the dynamic part was
+  // compared with 48 KiB).
+  if (smem + 3072 > 48 * 1024) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
   launch_pdl(kernel, grid, dim3(threads), smem, stream, pdl_on(f), a.exp_sums,

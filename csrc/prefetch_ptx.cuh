@@ -274,16 +274,62 @@ inline int twin_mode_from(const char* v, const int fallback, bool* unknown) {
   *unknown = true;
   return fallback;
 }
-// Which twin (an index into kTwins) a launch runs, or -1 for vLLM's kernel: the mode's twin, in
-// `auto` auto_twin's, if its G divides `per_kv` (query heads per kv head) and its shared memory
-// `smem[i]` (bytes; 0: not compiled) fits `max_smem`. Host code (twin_for in gqa_grouped.cuh
-// asks the device; tests/samples/sass/min_blocks_rule.cu runs this on the CPU).
-inline int twin_pick(const int mode, const long long ctas_pct, const int per_kv,
-                     const long long* smem, const long long max_smem) {
+// CTAs of twin i that its launch bound keeps resident on one SM: every twin is bounded to
+// 512 threads' worth of 128 registers (KVPREFETCH_TWIN_BOUNDS, gqa_grouped.cuh), so four
+// 128-thread CTAs (S = 1), two of 256 (S = 2), one of 512 (S = 4).
+constexpr int twin_bound_ctas(const int i) { return 4 / kTwins[i].s; }
+// CTAs of `smem` bytes of dynamic shared memory that one SM of `smem_per_sm` bytes holds: per
+// CTA 1 KiB is the system's and up to 3 KiB the kernel's static part (the same allowance as
+// stage_count's).
+inline long long smem_ctas(const long long smem_per_sm, const long long smem) {
+  return smem_per_sm / (smem + 1024 + 3072);
+}
+// Whether twin i, given `smem` bytes of dynamic shared memory, keeps a second CTA beside each
+// CTA on an SM where its grid of `twin_ctas` CTAs has one to give it (and its launch bound
+// allows two). Why two: a twin's CTA is a pipeline of phases with CTA-wide barriers between
+// them (the K pass, the softmax's max and sum over all its warps, the V pass, the cross-warp
+// output reduction), and while one CTA waits at a barrier or drains a phase, its SM issues
+// loads only for the CTAs beside it. A v1 twin keeps G heads' logits for the whole context
+// in shared memory (4 G bytes per token: 128 KiB for 4 heads at 8192 tokens), so at long
+// contexts shared memory leaves a lone CTA per SM, and the twin's G-fold cut of the L2-to-SM
+// traffic no longer pays. Measured on the H200 (docs/results/2026-12-01-h200-long-context,
+// Llama-3.1-8B v1, each twin forced): one CTA per SM ran 0.70-0.82x stock (4x1 at 8k) and
+// 0.88-1.04x (4x2 at 6k-8k, 8 warps in the one CTA), two or more 1.13-1.66x (4x1 at 3k-6k
+// with 2-4 CTAs of 4 warps, 4x2 at 3k-4k and 2x2 at 3k-8k with 2), whatever the warps per SM.
+inline bool keeps_occupancy(const int i, const long long twin_ctas, const int sm_count,
+                            const long long smem, const long long smem_per_sm) {
+  const long long sms = sm_count > 0 ? sm_count : 1;
+  const long long per_sm = (twin_ctas + sms - 1) / sms;
+  const long long need = std::min<long long>({per_sm, twin_bound_ctas(i), 2});
+  return smem_ctas(smem_per_sm, smem) >= need;
+}
+// Which twin (an index into kTwins) a launch of `stock_ctas` stock CTAs on `sm_count` SMs runs,
+// or -1 for vLLM's kernel. A twin can run where its G divides `per_kv` (query heads per kv
+// head) and its shared memory `smem[i]` (bytes; 0: not compiled) fits `max_smem`. A forced
+// mode runs its twin wherever it can. `auto` takes auto_twin's pick, if its G divides per_kv
+// (else vLLM's kernel), and where the pick does not keep two CTAs per SM (keeps_occupancy, on
+// SMs of `smem_per_sm` bytes) the next twin of kTwins that can run and does: the twins are in
+// order of shrinking logits per CTA (4 heads, then 2), so a long context moves to a twin of
+// fewer heads per CTA, and past the last to vLLM's kernel. Host code
+// (twin_for in gqa_grouped.cuh asks the device; tests/samples/sass/min_blocks_rule.cu runs this
+// on the CPU).
+inline int twin_pick(const int mode, const long long stock_ctas, const int sm_count,
+                     const int per_kv, const long long* smem, const long long max_smem,
+                     const long long smem_per_sm) {
   if (mode == kTwinOff || per_kv <= 0 || mode >= kNumTwins) return -1;
-  const int i = mode == kTwinAuto ? auto_twin(ctas_pct) : mode;
-  if (i < 0) return -1;
-  return per_kv % kTwins[i].g == 0 && smem[i] > 0 && smem[i] <= max_smem ? i : -1;
+  const long long sms = sm_count > 0 ? sm_count : 1;
+  const auto fits = [&](const int j) {
+    return per_kv % kTwins[j].g == 0 && smem[j] > 0 && smem[j] <= max_smem;
+  };
+  if (mode != kTwinAuto) return mode >= 0 && fits(mode) ? mode : -1;
+  const int first = auto_twin(100LL * stock_ctas / sms);
+  if (per_kv % kTwins[first].g != 0) return -1;
+  for (int j = first; j < kNumTwins; ++j) {
+    if (fits(j) && keeps_occupancy(j, stock_ctas / kTwins[j].g, sm_count, smem[j], smem_per_sm)) {
+      return j;
+    }
+  }
+  return -1;
 }
 // Slots per warp of the S = 2 twins' shared-memory ring (csrc/gqa_grouped.cuh, "Staging"):
 // 2 by default; 0 compiles no staged twin.

@@ -519,28 +519,62 @@ def test_header_rules_match_what_verify_expects(tmp_path: Path) -> None:
 def test_twin_mode_and_pick_on_the_cpu(tmp_path: Path) -> None:
     """The launchers' host rule, compiled from the header and run on the CPU: KVPREFETCH_GQA's
     values (unset/empty: the default; on = 4x1; case matters, unknown values fall back and are
-    reported), and which twin a launch gets by mode, grid, GQA ratio and shared memory: the
-    mode's twin (in auto, upstream.auto_twin's) only where its G divides the query heads per kv
-    head and its shared memory fits, else none (-1: vLLM's kernel)."""
+    reported), and which twin a decode step gets by mode, model, batch and context on the H200:
+    a forced mode's twin wherever its G divides the query heads per kv head and its shared
+    memory fits; in auto what upstream.twin_pick (the mirror) says, at every step of the
+    sample."""
     from kvprefetch import upstream
     rows = _header_rules(tmp_path)
     modes = {r[1]: (int(r[2]), r[3] == "1") for r in rows if r[0] == "mode"}
     assert modes == {"-": (99, False), "''": (99, False), "off": (-1, False),
                      "auto": (-2, False), "on": (0, False), "4x1": (0, False), "4x2": (1, False),
                      "2x2": (2, False), "2x4": (3, False), "ON": (99, True), "3x3": (99, True)}
-    picks = [tuple(map(int, r[1:])) for r in rows if r[0] == "pick"]
-    assert len(picks) == 6 * 4 * 4 * 2
+    picks = [r[1:] for r in rows if r[0] == "pick"]
+    assert picks, "the rule program printed no picks"
     shapes = [(g, s) for g, s, _ in upstream.TWIN_SHAPES]
-    for mode, pct, per_kv, limit, got in picks:
-        want = -1
-        if mode != -1:
-            i = shapes.index(upstream.auto_twin(pct)) if mode == -2 else mode
-            if per_kv % shapes[i][0] == 0 and (i + 1) * 10000 <= limit:
-                want = i
-        assert got == want, (mode, pct, per_kv, limit)
-    # MHA never gets a twin; a 2:1 model only the G = 2 ones
-    assert {got for m, _, kv, _, got in picks if kv == 1} == {-1}
-    assert {got for m, _, kv, _, got in picks if kv == 2} == {-1, 2, 3}
+    seen: dict[str, set[int]] = {}
+    for mode_s, heads_s, kv_s, batch_s, ctx_s, kernel, got_s in picks:
+        mode, heads, kv, batch, ctx, got = map(int, (mode_s, heads_s, kv_s, batch_s, ctx_s,
+                                                    got_s))
+        per_kv = heads // kv
+        if mode == -1:
+            want = -1
+        elif mode == -2:
+            pick = upstream.twin_pick(heads, kv, batch, ctx, kernel)
+            want = -1 if pick is None else shapes.index(pick)
+        else:
+            g, s = shapes[mode]
+            fits = upstream.twin_smem(g, s, ctx, kernel) <= upstream.H200_MAX_SMEM
+            want = mode if per_kv % g == 0 and fits else -1
+        assert got == want, (mode, heads, kv, batch, ctx, kernel)
+        if mode == -2:
+            seen.setdefault(f"{kernel} {per_kv}", set()).add(got)
+    # MHA and 7:1 never get a twin in auto; 4:1 and 8:1 get every twin somewhere
+    assert seen["v1 1"] == seen["v2 1"] == seen["v1 7"] == {-1}
+    assert seen["v1 4"] | seen["v2 4"] == {0, 1, 2, 3}
+    assert seen["v1 8"] | seen["v2 8"] == {0, 1, 2, 3}
+
+
+def test_auto_keeps_two_twin_ctas_per_sm() -> None:
+    """`auto` runs a twin only where an SM holds two of its CTAs, unless its grid or its launch
+    bound gives an SM only one (upstream.twin_pick, the mirror of the launcher's rule): on the
+    H200 a Llama-3.1-8B v1 step moves from 4x1 (a 4-head CTA's logits need 16 bytes per token)
+    to 2x2 past 7040 tokens, and from 4x2 (a grid of 1.5-10 stock CTAs per SM) to 2x2 past 6016;
+    every v2 step (a partition's logits only) keeps auto_twin's pick."""
+    from kvprefetch import upstream
+    pick = upstream.twin_pick
+    assert [pick(32, 8, 128, c, "v1") for c in (2048, 4096, 7040, 7056, 8192)] == [
+        (4, 1), (4, 1), (4, 1), (2, 2), (2, 2)]
+    assert [pick(32, 8, 32, c, "v1") for c in (2048, 6016, 6032, 8192)] == [
+        (4, 2), (4, 2), (2, 2), (2, 2)]
+    # a grid of no more CTAs than SMs needs one per SM; the 4x1 twin's 8k footprint fits one
+    smem_8k = upstream.twin_smem(4, 1, 8192, "v1")
+    assert upstream.keeps_occupancy(1, 132, 132, smem_8k, upstream.H200_SMEM_PER_SM)
+    assert not upstream.keeps_occupancy(1, 133, 132, smem_8k, upstream.H200_SMEM_PER_SM)
+    for batch in (1, 8, 32, 64, 128, 256):
+        for ctx in (512, 4096, 16384, 32768):
+            pct = 100 * 32 * batch * -(-ctx // 512) // 132
+            assert pick(32, 8, batch, ctx, "v2") == upstream.auto_twin(pct), (batch, ctx)
 
 
 def test_stage_count_on_the_cpu(tmp_path: Path) -> None:

@@ -166,8 +166,58 @@ def twin_shapes(variant: str | None, version: str, kv_cache: str, head_size: int
 
 
 def auto_twin(ctas_pct: int) -> tuple[int, int]:
-    """(G, S) of the twin `auto` runs for a grid of ``ctas_pct`` stock CTAs per 100 SMs."""
+    """(G, S) of the twin `auto` takes first for a grid of ``ctas_pct`` stock CTAs per 100 SMs
+    (twin_pick may move on from it, below)."""
     return next(((g, s) for g, s, lo in TWIN_SHAPES if ctas_pct >= lo), TWIN_SHAPES[-1][:2])
+
+
+# The H200's SM count and shared memory per SM (cudaDevAttrMaxSharedMemoryPerMultiprocessor),
+# and the most dynamic shared memory a CTA may opt into.
+H200_SMS, H200_SMEM_PER_SM, H200_MAX_SMEM = 132, 233472, 232448
+
+
+def keeps_occupancy(split: int, twin_ctas: int, sm_count: int, smem: int,
+                    smem_per_sm: int) -> bool:
+    """csrc/prefetch_ptx.cuh's keeps_occupancy: an SM holds two CTAs of ``smem`` bytes of
+    dynamic shared memory (plus 4 KiB each: the system's and the static part) wherever the
+    twin's grid has two per SM to give it and its launch bound (4 / S CTAs per SM) allows two;
+    else one."""
+    per_sm = -(-twin_ctas // max(sm_count, 1))
+    return smem_per_sm // (smem + 1024 + 3072) >= min(per_sm, 4 // split, 2)
+
+
+def twin_smem(group: int, split: int, context: int, kernel: str) -> int:
+    """Dynamic shared memory (bytes) of twin (group, split), unstaged, for a head-128, block-16,
+    fp16/bf16 step whose longest sequence has ``context`` tokens: G times stock's (v1: the
+    padded context's logits; v2: a partition's, or the output scratch if larger) plus the V
+    products of the warps beyond stock's (csrc/gqa_grouped.cuh twin_smem_before)."""
+    logits = (-(-context // 16) * 16 if kernel == "v1" else 512) * 4
+    stock_smem = max(logits, (4 // 2) * 128 * 4)
+    return group * stock_smem + (split - 1) * 4 * group * 8 * 32 * 4
+
+
+def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kernel: str,
+              sm_count: int = H200_SMS, smem_per_sm: int = H200_SMEM_PER_SM,
+              max_smem: int = H200_MAX_SMEM) -> tuple[int, int] | None:
+    """csrc/prefetch_ptx.cuh's twin_pick in `auto` for a decode step of a head-128, block-16
+    model (every sequence ``context`` tokens): auto_twin's pick if its G divides the query heads
+    per kv head (else None, vLLM's kernel), moving on to the next twin of TWIN_SHAPES that can
+    run and keeps two CTAs per SM wherever the pick does not; None past the last."""
+    if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        return None
+    per_kv = num_heads // num_kv_heads
+    partitions = 1 if kernel == "v1" else -(-context // 512)
+    stock_ctas = num_heads * batch * partitions
+    first = auto_twin(100 * stock_ctas // max(sm_count, 1))
+    if per_kv % first[0]:
+        return None
+    shapes = [(g, s) for g, s, _ in TWIN_SHAPES]
+    for g, s in shapes[shapes.index(first):]:
+        smem = twin_smem(g, s, context, kernel)
+        if (per_kv % g == 0 and smem <= max_smem
+                and keeps_occupancy(s, stock_ctas // g, sm_count, smem, smem_per_sm)):
+            return g, s
+    return None
 
 
 # Variants whose launchers (v1 and v2) fire kvprefetch's kv_l2_prefetch_kernel beside small

@@ -31,6 +31,12 @@ class ModelPreset:
 PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
     # GQA 4:1, d=128: the shape of the issue's targets and of the seed's e2e runs.
     ModelPreset("llama-3.1-8b", 32, 8, 128, 32, "meta-llama/Llama-3.1-8B config.json"),
+    # GQA 7:1, d=128 (hidden_size 3584 / 28 heads): no twin's G divides 7.
+    ModelPreset("qwen2.5-7b", 28, 4, 128, 28, "Qwen/Qwen2.5-7B config.json"),
+    # Llama-3-70B (64 query heads, 8 kv heads, d=128, 80 layers) at tensor-parallel 8: what one
+    # GPU's attention sees, 8 query heads over 1 kv head.
+    ModelPreset("llama-3-70b-tp8", 8, 1, 128, 80,
+                "meta-llama/Meta-Llama-3-70B config.json, heads / 8"),
     # MHA, d=128.
     ModelPreset("llama-2-7b", 32, 32, 128, 32, "meta-llama/Llama-2-7b-hf config.json"),
     # MQA, d=256 (head_dim 256 with hidden_size 2048).
@@ -40,13 +46,19 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
 )}
 
 DEFAULT_PRESETS = ("llama-3.1-8b",)
+# A batch x context grid; a named matrix is the union of one or more of them.
+Grid = tuple[tuple[int, ...], tuple[int, ...]]
 DEFAULT_BATCHES = (1, 8, 32, 64, 128)
 DEFAULT_CONTEXTS = (512, 1024, 4096, 16384, 32768)
-# Named batch x context grids for --matrix; --batch / --context override either axis.
-NAMED_MATRICES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
-    "default": (DEFAULT_BATCHES, DEFAULT_CONTEXTS),
+# v1 steps of long context (vLLM runs v1 up to 8192 tokens once num_seqs x heads > 512): where
+# a twin's shared memory grows with the context (issue 31). Batch 16 runs v2 for 32 heads.
+LONG_V1_GRID: Grid = ((16, 32, 64, 96, 128, 256), (6144, 8192))
+NAMED_MATRICES: dict[str, tuple[Grid, ...]] = {
+    "default": ((DEFAULT_BATCHES, DEFAULT_CONTEXTS), LONG_V1_GRID),
     # issue 6's target matrix: the decode shapes the acceptance numbers are quoted for.
-    "issue6": ((1, 8, 32, 64, 128), (512, 1024, 4096, 16384)),
+    "issue6": (((1, 8, 32, 64, 128), (512, 1024, 4096, 16384)),),
+    # issue 31's table: the v1 steps of long context where the twins had lost.
+    "issue31": (((64,), (2048, 4096, 6000, 8192)), ((32, 128), (8192,)), ((96,), (8000,))),
 }
 DEFAULT_BLOCK_SIZES = (16,)
 DEFAULT_DTYPES = ("float16",)
@@ -118,6 +130,8 @@ class BenchMatrix:
     force: str | None = None
     name: str = "custom"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # Further batch x context grids whose points join the first one's (a named matrix's union).
+    extra_grids: tuple[Grid, ...] = ()
 
     def __post_init__(self) -> None:
         for p in self.presets:
@@ -142,30 +156,37 @@ class BenchMatrix:
                 and self.dtypes and self.kv_cache_dtypes):
             raise ConfigError("the benchmark matrix is empty", "give at least one value per axis")
 
+    def points(self) -> list[tuple[int, int]]:
+        """(batch, context) of every grid, the first grid's first, each point once."""
+        out: list[tuple[int, int]] = []
+        for batches, contexts in ((self.batches, self.contexts), *self.extra_grids):
+            out.extend((b, c) for b in batches for c in contexts if (b, c) not in out)
+        return out
+
     def shapes(self) -> list[BenchShape]:
-        """Every point, presets outermost, then dtype, KV dtype, block, batch, context."""
+        """Every point, presets outermost, then dtype, KV dtype, block, then (batch, context)."""
         out: list[BenchShape] = []
         for name in self.presets:
             p = PRESETS[name]
             for dtype in self.dtypes:
                 for kv in self.kv_cache_dtypes:
                     for block in self.block_sizes:
-                        for batch in self.batches:
-                            for ctx in self.contexts:
-                                attn = AttnShape(num_seqs=batch, num_heads=p.num_heads,
-                                                 num_kv_heads=p.num_kv_heads,
-                                                 head_size=p.head_size, block_size=block,
-                                                 max_seq_len=ctx, dtype=canonical_dtype(dtype),
-                                                 kv_cache_dtype=kv)
-                                kernel = self.force or choose_kernel(ctx, batch, p.num_heads)
-                                out.append(BenchShape(name, attn, kernel, self.force is not None))
+                        for batch, ctx in self.points():
+                            attn = AttnShape(num_seqs=batch, num_heads=p.num_heads,
+                                             num_kv_heads=p.num_kv_heads,
+                                             head_size=p.head_size, block_size=block,
+                                             max_seq_len=ctx, dtype=canonical_dtype(dtype),
+                                             kv_cache_dtype=kv)
+                            kernel = self.force or choose_kernel(ctx, batch, p.num_heads)
+                            out.append(BenchShape(name, attn, kernel, self.force is not None))
         return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "presets": list(self.presets), "batches": list(self.batches),
                 "contexts": list(self.contexts), "block_sizes": list(self.block_sizes),
                 "dtypes": [canonical_dtype(d) for d in self.dtypes],
-                "kv_cache_dtypes": list(self.kv_cache_dtypes), "force": self.force}
+                "kv_cache_dtypes": list(self.kv_cache_dtypes), "force": self.force,
+                "extra_grids": [[list(b), list(c)] for b, c in self.extra_grids]}
 
 
 def build_matrix(presets: Sequence[str] = (), batches: Sequence[str] = (),
@@ -180,7 +201,8 @@ def build_matrix(presets: Sequence[str] = (), batches: Sequence[str] = (),
 
     if matrix not in NAMED_MATRICES:
         raise ConfigError(f"unknown matrix '{matrix}'", f"use one of: {', '.join(NAMED_MATRICES)}")
-    named_batches, named_contexts = NAMED_MATRICES[matrix]
+    (named_batches, named_contexts), *named_extra = NAMED_MATRICES[matrix]
+    overridden = bool(batches or contexts)
     return BenchMatrix(
         presets=split(presets) or DEFAULT_PRESETS,
         batches=parse_sizes(batches) if batches else named_batches,
@@ -188,15 +210,24 @@ def build_matrix(presets: Sequence[str] = (), batches: Sequence[str] = (),
         block_sizes=parse_sizes(block_sizes) if block_sizes else DEFAULT_BLOCK_SIZES,
         dtypes=tuple(DTYPE_ALIASES.get(d, d) for d in split(dtypes)) or DEFAULT_DTYPES,
         kv_cache_dtypes=split(kv_cache_dtypes) or DEFAULT_KV_CACHE_DTYPES,
-        force=force, name=matrix + ("+" if batches or contexts else ""),
+        force=force, name=matrix + ("+" if overridden else ""),
+        # an overridden axis replaces the named matrix: its further grids go with it
+        extra_grids=() if overridden else tuple(named_extra),
     )
 
 
+def describe_grid(grid: Grid) -> str:
+    """``batch 1,8 x context 512,1k``."""
+    batches, contexts = grid
+    return (f"batch {','.join(map(str, batches))} x context "
+            f"{','.join(format_size(c) for c in contexts)}")
+
+
 def describe_named_matrices() -> str:
-    """``default: batch 1,8,32,64,128 x context 512,1k,4k,16k,32k; issue6: ...`` (CLI help)."""
-    return "; ".join(f"{n}: batch {','.join(map(str, b))} x context "
-                     f"{','.join(format_size(c) for c in cs)}"
-                     for n, (b, cs) in NAMED_MATRICES.items())
+    """``default: batch 1,8,32,64,128 x context 512,1k,4k,16k,32k + batch ...; issue6: ...``
+    (CLI help)."""
+    return "; ".join(f"{n}: {' + '.join(describe_grid(g) for g in grids)}"
+                     for n, grids in NAMED_MATRICES.items())
 
 
 def parse_shape_spec(text: str) -> tuple[int, int]:

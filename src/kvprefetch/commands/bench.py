@@ -72,14 +72,14 @@ def bench() -> None:
               "[default: llama-3.1-8b]; see --list-presets.")
 @click.option("--matrix", "matrix_name", type=click.Choice(list(NAMED_MATRICES)),
               default="default", show_default=True,
-              help=f"Named batch x context grid ({describe_named_matrices()}); --batch and "
-                   "--context override its axes.")
+              help=f"Named union of batch x context grids ({describe_named_matrices()}); "
+                   "--batch and --context override its first grid's axes and drop the rest.")
 @click.option("--batch", multiple=True, help="Batch sizes, e.g. 1,8,32 [default: the --matrix's "
               "batches, 1,8,32,64,128].")
 @click.option("--context", multiple=True, help="Context lengths in tokens, e.g. 512,1k,16k (k = "
               "1024) [default: the --matrix's contexts, "
               f"{','.join(format_size(c) for c in DEFAULT_CONTEXTS)} for --matrix default, "
-              f"{','.join(format_size(c) for c in NAMED_MATRICES['issue6'][1])} for --matrix "
+              f"{','.join(format_size(c) for c in NAMED_MATRICES['issue6'][0][1])} for --matrix "
               "issue6].")
 @click.option("--block-size", multiple=True, help="Block sizes: 16 [default], 8, 32.")
 @click.option("--dtype", multiple=True, help="float16 [default], bfloat16, float32.")

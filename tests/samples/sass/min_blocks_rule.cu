@@ -14,6 +14,7 @@
 // TWIN_SHAPES / auto_twin (what verify-kernel expects, and what the docs describe).
 #define KVPREFETCH_LAUNCHER_ONLY 1
 #include <cstdio>
+#include <utility>
 #include <cuda_bf16.h>
 #include "prefetch_ptx.cuh"
 
@@ -56,15 +57,30 @@ int main() {
     const int m = kvprefetch::twin_mode_from(v[0] == '-' ? nullptr : v, 99, &unknown);
     std::printf("mode %s %d %d\n", v[0] ? v : "''", m, int(unknown));
   }
-  // twin_pick: "pick MODE CTAS_PCT PER_KV SMEM_LIMIT TWIN" over modes, grids, GQA ratios, limits;
-  // twin i needs (i + 1) * 10000 bytes of shared memory.
-  const long long smem[] = {10000, 20000, 30000, 40000};
+  // twin_pick: "pick MODE HEADS KV_HEADS BATCH CONTEXT KERNEL TWIN" over modes and decode steps
+  // of head-128, block-16 models on the H200 (132 SMs, 233472 bytes of shared memory each, at
+  // most 232448 per CTA), each twin's shared memory as the launchers size it: G times stock's
+  // (v1: the padded context's logits; v2: a partition's, at least the output scratch) plus the
+  // V products of the warps beyond stock's (gqa_grouped.cuh twin_smem_before).
   for (const int mode : {kvprefetch::kTwinOff, kvprefetch::kTwinAuto, 0, 1, 2, 3}) {
-    for (const long long pct : {24, 194, 776, 1551}) {
-      for (const int per_kv : {1, 2, 4, 8}) {
-        for (const long long limit : {25000LL, 232448LL}) {
-          std::printf("pick %d %lld %d %lld %d\n", mode, pct, per_kv, limit,
-                      kvprefetch::twin_pick(mode, pct, per_kv, smem, limit));
+    for (const auto& m : {std::pair{32, 32}, std::pair{32, 16}, std::pair{32, 8},
+                          std::pair{8, 1}, std::pair{28, 4}}) {
+      for (const int batch : {1, 8, 32, 64, 96, 128, 256}) {
+        for (const int context : {512, 2048, 3072, 4096, 6016, 6032, 7040, 7056, 8192}) {
+          for (const bool v2 : {false, true}) {
+            const long long logits = v2 ? 512 * 4 : (context + 15) / 16 * 16 * 4;
+            const long long stock = logits > 1024 ? logits : 1024;
+            long long smem[kvprefetch::kNumTwins];
+            for (int i = 0; i < kvprefetch::kNumTwins; ++i) {
+              const kvprefetch::TwinShape& t = kvprefetch::kTwins[i];
+              smem[i] = t.g * stock + 4LL * (t.s - 1) * 4 * t.g * 8 * 32;
+            }
+            const long long ctas = 1LL * m.first * batch * (v2 ? (context + 511) / 512 : 1);
+            std::printf("pick %d %d %d %d %d %s %d\n", mode, m.first, m.second, batch, context,
+                        v2 ? "v2" : "v1",
+                        kvprefetch::twin_pick(mode, ctas, 132, m.first / m.second, smem,
+                                              232448, 233472));
+          }
         }
       }
     }
