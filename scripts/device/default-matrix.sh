@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `bench kernel`'s full default matrix (batch 1,8,32,64,128 x context 512,1k,4k,16k,32k: issue
-# 6's matrix plus 32k) for stock, the shipped `prefetch`, the paper's `seed` and the A/A
+# 6's matrix plus 32k; and batch 16,32,64,96,128,256 x context 6k,8k, the v1 steps of long
+# context of issue 31) for stock, the shipped `prefetch`, the paper's `seed` and the A/A
 # `control`, in ONE device call (about 6 minutes): fetch the carried sdist, apply, kernels-only
 # build (head 128/256, block 16, fp16/bf16), verify-kernel, the GPU-marked tests, one cold table
 # with its heatmap, then Gemma-2B (head 256) in bf16 and fp16, whose v2 kernels' prologue rule
@@ -30,7 +31,7 @@ res_usage
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
 step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/test_vmm_gpu.py \
   tests/test_vmm_paged.py tests/test_bench_kernel.py
-[ "$(left)" -gt 60 ] && bench 120 "${B[@]}" --mode cold --matrix default "${V[@]}" \
+[ "$(left)" -gt 60 ] && bench 180 "${B[@]}" --mode cold --matrix default "${V[@]}" \
   --name default-matrix --formats json,md,png
 G=(--preset gemma-2b --batch 1,8,64 --context 512,4k,16k "${V[@]}" --formats json,md)
 [ "$(left)" -gt 35 ] && bench 45 "${B[@]}" --mode cold --dtype bfloat16 "${G[@]}" \
