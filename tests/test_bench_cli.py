@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from kvprefetch.bench.matrix import build_matrix
 from click.testing import CliRunner
 
 from kvprefetch.commands.bench import bench
@@ -39,10 +41,10 @@ def test_kernel_dry_run_json_default_matrix(tmp_path: Path) -> None:
     res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--json"])
     assert res.exit_code == 0, res.output
     plan = json.loads(res.stdout)
-    assert plan["shapes"] == 25 and plan["modes"] == ["cold"]
+    assert plan["shapes"] == len(build_matrix().shapes()) and plan["modes"] == ["cold"]
     assert [v["tree"] for v in plan["variants"]] == ["baseline", "patched", "seed"]
     assert plan["outputs"][0].endswith("bench/kernel.json")
-    assert {s["batch"] for s in plan["shape_list"]} == {1, 8, 32, 64, 128}
+    assert {s["batch"] for s in plan["shape_list"]} == {1, 8, 16, 32, 64, 96, 128, 256}
 
 
 def test_kernel_dry_run_options(tmp_path: Path) -> None:

@@ -90,7 +90,32 @@ def test_named_matrix_issue6() -> None:
     assert {s.attn.max_seq_len for s in shapes} == {512, 1024, 4096, 16384}
     assert mx.to_dict()["name"] == "issue6"
     assert m.build_matrix().to_dict()["name"] == "default"
-    assert m.build_matrix().shapes() == m.BenchMatrix().shapes()
+
+
+def test_default_matrix_has_long_v1_steps() -> None:
+    """The default matrix is the 5 x 5 grid plus v1 steps of long context (issue 31): batch
+    16-256 at 6k and 8k, each point once; vLLM runs v1 there from batch 32 on (32 query heads),
+    v2 at batch 16."""
+    mx = m.build_matrix()
+    shapes = mx.shapes()
+    points = [(s.attn.num_seqs, s.attn.max_seq_len) for s in shapes]
+    assert len(points) == len(set(points))
+    assert set(points) == ({(b, c) for b in m.DEFAULT_BATCHES for c in m.DEFAULT_CONTEXTS}
+                           | {(b, c) for b in (16, 32, 64, 96, 128, 256) for c in (6144, 8192)})
+    kernels = {(s.attn.num_seqs, s.attn.max_seq_len): s.kernel for s in shapes}
+    assert {kernels[(b, 8192)] for b in (32, 64, 96, 128, 256)} == {"v1"}
+    assert kernels[(16, 8192)] == "v2"
+    assert mx.to_dict()["extra_grids"] == [[[16, 32, 64, 96, 128, 256], [6144, 8192]]]
+    # overriding an axis replaces the named union with one grid
+    assert len(m.build_matrix(batches=["1"]).shapes()) == len(m.DEFAULT_CONTEXTS)
+
+
+def test_issue31_matrix_is_the_issues_rows() -> None:
+    points = [(s.attn.num_seqs, s.attn.max_seq_len, s.kernel)
+              for s in m.build_matrix(matrix="issue31").shapes()]
+    assert sorted(points) == sorted([(64, 2048, "v1"), (64, 4096, "v1"), (64, 6000, "v1"),
+                                     (32, 8192, "v1"), (64, 8192, "v1"), (96, 8000, "v1"),
+                                     (128, 8192, "v1")])
 
 
 def test_named_matrix_axes_can_be_overridden() -> None:

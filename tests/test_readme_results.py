@@ -71,15 +71,14 @@ def test_run_55_columns_are_its_json() -> None:
 
 
 def test_twin_column_is_the_rule_on_the_h200() -> None:
-    """`twin (auto)`: what kvprefetch.upstream.auto_twin (the mirror of the launcher's rule)
-    picks on 132 SMs for the shape's stock grid: 32 query heads x batch x v2's partitions of 512
-    tokens. The GPU test test_launcher_prefetch checks that the H200 ran exactly that twin."""
+    """`twin (auto)`: what kvprefetch.upstream.twin_pick (the mirror of the launcher's rule)
+    picks on the H200 for the shape (Llama-3.1-8B: 32 query heads over 8 kv heads). The GPU test
+    test_launcher_prefetch checks that the H200 ran exactly that twin."""
     rows, _ = _table()
     for (batch, ctx), m in rows.items():
         tokens = int(ctx[:-1]) * 1024 if ctx.endswith("k") else int(ctx)
-        ctas = 32 * batch * (1 if m[3] == "v1" else -(-tokens // 512))
-        g, s = upstream.auto_twin(100 * ctas // 132)
-        assert m[5] == f"{g}x{s}", (batch, ctx)
+        pick = upstream.twin_pick(32, 8, batch, tokens, m[3])
+        assert pick is not None and m[5] == f"{pick[0]}x{pick[1]}", (batch, ctx)
 
 
 def test_run_24_columns_are_its_json() -> None:

@@ -94,8 +94,8 @@ def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str,
                                                    kv: str, kernel: str, fires: bool,
                                                    twin: str | None) -> None:
     """The launcher's prefetch kernel runs beside small steps only, and in `auto` one of the
-    GQA-grouped twins replaces vLLM's kernel, the one kvprefetch.upstream.auto_twin names for
-    the grid's stock CTAs per SM (on the H200's 132 SMs); stock runs neither."""
+    GQA-grouped twins replaces vLLM's kernel, the one kvprefetch.upstream.twin_pick names for
+    the step on the H200; stock runs neither."""
     import torch
 
     from kvprefetch import upstream
@@ -110,8 +110,8 @@ def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str,
     ctas = 32 * batch * (1 if kernel == "v1" else -(-ctx // 512))  # 32 query heads
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if twin and sms == 132:
-        g, s = upstream.auto_twin(100 * ctas // 132)
-        assert twin == f"{g}x{s}"
+        pick = upstream.twin_pick(32, 8, batch, ctx, kernel)
+        assert pick is not None and twin == f"{pick[0]}x{pick[1]}"
     # v2's reduction: inside the twin where upstream.twin_reduces says so, else a reduce kernel
     fused = bool(twin) and upstream.twin_reduces(kernel, *map(int, twin.split("x")),
                                                  ctas // int(twin.split("x")[0]), sms)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -451,3 +452,41 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,
         if png is not None:
             written.append(png)
     return written
+
+
+# ----------------------------------------------------------------------------- README blocks
+
+# A block of a markdown file (the README) that `kvprefetch report --readme` regenerates from a
+# committed bench kernel JSON: `<!-- report PATH KIND -->`, the lines, `<!-- /report -->`. PATH
+# is relative to the markdown file's folder; KIND is `summary` (the summary table) or `shapes`
+# (the per-shape table; one preset, dtype and block size).
+README_BLOCK = re.compile(r"(<!-- report (\S+) (summary|shapes) -->\n)(.*?)(<!-- /report -->)",
+                          re.DOTALL)
+
+
+def report_block(doc: dict[str, Any], kind: str) -> str:
+    """The lines of ``kernel_markdown(doc)`` a README block of ``kind`` shows."""
+    md = kernel_markdown(doc).splitlines()
+    head = "| mode |" if kind == "summary" else "| batch |"
+    start = next((i for i, line in enumerate(md) if line.startswith(head)), None)
+    if start is None:
+        raise BenchError(f"the result has no {kind} table",
+                         "point the README block at a `bench kernel` result JSON")
+    end = start
+    while end < len(md) and md[end].startswith("|"):
+        end += 1
+    return "\n".join(md[start:end]) + "\n"
+
+
+def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
+    """``text`` with every report block regenerated from its JSON (relative to ``root``), and
+    the paths of the blocks whose lines changed."""
+    changed: list[str] = []
+
+    def fill(m: re.Match[str]) -> str:
+        body = report_block(load_document(root / m[2]), m[3])
+        if body != m[4]:
+            changed.append(m[2])
+        return m[1] + body + m[5]
+
+    return README_BLOCK.sub(fill, text), changed

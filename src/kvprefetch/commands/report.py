@@ -11,7 +11,7 @@ from ..console import emit_json, info
 
 
 @click.command()
-@click.argument("files", nargs=-1, required=True,
+@click.argument("files", nargs=-1,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write <stem>.md/.png here [default: beside each JSON file].")
@@ -22,13 +22,26 @@ from ..console import emit_json, info
                    "one combined NAME.json/.md: per shape each run's median speedup, whether a "
                    "variant is slower than stock in every run, and beyond the A/A band of the "
                    "`control` variant when the runs carry one.")
+@click.option("--readme", "readme", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Regenerate the report blocks of this markdown file "
+              "(`<!-- report RESULT.json summary|shapes -->` ... `<!-- /report -->`) from their "
+              "committed JSON, in place.")
+@click.option("--check", is_flag=True,
+              help="With --readme: change nothing; exit 1 if any block differs from its JSON.")
 @click.option("--json", "as_json", is_flag=True, help="Print the written paths as JSON.")
 def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bool,
-           repeats_name: str | None, as_json: bool) -> None:
+           repeats_name: str | None, readme: Path | None, check: bool, as_json: bool) -> None:
     """Render kvprefetch result files (bench kernel/ncu/e2e, numerical identity) into markdown
     tables and plots (speedup heatmap over batch x context for bench kernel); with --repeats,
-    combine repeated bench kernel runs into one document."""
+    combine repeated bench kernel runs into one document; with --readme, regenerate a markdown
+    file's report blocks from the JSON they name."""
     from ..bench.report import load_document, render_markdown, write_outputs
+
+    if readme is not None:
+        _refresh_readme(readme, check, as_json)
+        return
+    if not files:
+        raise click.UsageError("give result FILES to render, or --readme MARKDOWN")
 
     fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
     bad = [f for f in fmts if f not in ("md", "png")]
@@ -64,3 +77,24 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
             info(f"{path}: wrote " + (", ".join(written[str(path)]) or "nothing"))
     if as_json:
         emit_json(written)
+
+
+def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
+    from ..bench.report import refresh_blocks
+    from ..errors import BenchError
+
+    text = readme.read_text()
+    new, changed = refresh_blocks(text, readme.parent)
+    if as_json:
+        emit_json({"readme": str(readme), "changed": changed, "checked": check})
+    if check:
+        if changed:
+            raise BenchError(f"{readme}: report blocks differ from their JSON: {', '.join(changed)}",
+                             f"run `kvprefetch report --readme {readme}` and commit the result")
+        if not as_json:
+            info(f"{readme}: every report block matches its JSON")
+        return
+    if new != text:
+        readme.write_text(new)
+    if not as_json:
+        info(f"{readme}: " + (f"regenerated {', '.join(changed)}" if changed else "up to date"))
