@@ -12,8 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
+from .decode_report import decode_markdown, decode_png
+from .render import ctx as _ctx
+from .render import geomean
+from .render import md_table as _table
+from .render import pyplot as _pyplot
+from .render import save_figure as _save
 
-KINDS = ("kernel", "ncu", "e2e", "identity", "repeats")
+KINDS = ("kernel", "ncu", "e2e", "identity", "repeats", "decode")
 
 
 def load_document(path: Path) -> dict[str, Any]:
@@ -28,19 +34,6 @@ def load_document(path: Path) -> dict[str, Any]:
     return doc
 
 
-def geomean(values: Iterable[float]) -> float | None:
-    vals = [v for v in values if v and v > 0]
-    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
-
-
-def _ctx(n: int) -> str:
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return out
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -398,8 +391,9 @@ def _repeats_markdown(doc: dict[str, Any]) -> str:
 
 
 _MARKDOWN = {"kernel": kernel_markdown, "ncu": ncu_markdown, "e2e": e2e_markdown,
-             "identity": identity_markdown, "repeats": _repeats_markdown}
-_PNG = {"kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png}
+             "identity": identity_markdown, "repeats": _repeats_markdown,
+             "decode": decode_markdown}
+_PNG = {"kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png, "decode": decode_png}
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
@@ -410,28 +404,6 @@ def render_png(doc: dict[str, Any], path: Path) -> Path | None:
     """The plot for this kind (None for kinds without one, e.g. identity)."""
     fn = _PNG.get(doc["kind"])
     return fn(doc, path) if fn else None
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise BenchError("matplotlib is needed for the PNG plots",
-                         "pip install 'kvprefetch[plot]' (or pass --formats json,md)") from exc
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,

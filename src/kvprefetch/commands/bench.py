@@ -1,4 +1,4 @@
-"""``kvprefetch bench kernel|ncu|e2e``: thin click layer over ``kvprefetch.bench``.
+"""``kvprefetch bench kernel|ncu|e2e|decode``: thin click layer over ``kvprefetch.bench``.
 
 Every subcommand resolves its options into a plan first; ``--dry-run`` prints (or with ``--json``
 emits) that plan and touches no GPU. Nothing here imports torch at import time.
@@ -378,3 +378,113 @@ def _main() -> int:
 
 if __name__ == "__main__":  # pragma: no cover - exercised by scripts/device/bench.sh
     sys.exit(_main())
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+@bench.command()
+@workdir_option
+@variant_option
+@click.option("--preset", default="llama-3.1-8b", show_default=True,
+              help="Model: llama-3.1-8b, qwen2.5-7b or llama-3-70b-tp8 (one GPU of 8, 8 layers).")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False,
+                                                         path_type=Path), default=None,
+              help="A Hugging Face config.json instead of --preset.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --config: tensor-parallel ways (one GPU's heads, intermediate, vocab).")
+@click.option("--layers", type=click.IntRange(min=1), default=None,
+              help="Run only this many layers [default: the model's].")
+@click.option("--dtype", type=click.Choice(["float16", "bfloat16"]), default=None,
+              help="Weights, activations and KV cache [default: float16 for presets, the "
+                   "config's torch_dtype for --config].")
+@click.option("--batch", multiple=True, help="Batch sizes of the fixed points, e.g. 1,8,32,128.")
+@click.option("--context", multiple=True,
+              help="Context lengths of the fixed points, e.g. 1k,8k,32k (k = 1024).")
+@click.option("--steps", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Decode steps timed per fixed point.")
+@click.option("--serve", "serve_dist", type=click.Choice(["fixed", "uniform", "longtail"]),
+              default=None, help="Also a continuous-batching trace with lengths from this "
+              "distribution (seeded): --requests requests, at most the largest --batch at once.")
+@click.option("--requests", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--prompt-len", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option("--output-len", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--max-model-len", type=click.IntRange(min=16), default=36864, show_default=True,
+              help="Longest sequence; block tables hold this many tokens.")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Interleaved rounds per workload.")
+@click.option("--eager", is_flag=True, help="Every step eager, as vLLM's enforce_eager.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@output_options("decode")
+@dry_run_option
+@json_option
+def decode(workdir: Path, trees: tuple[str, ...], preset: str, config_path: Path | None, tp: int,
+           layers: int | None, dtype: str | None, batch: tuple[str, ...],
+           context: tuple[str, ...], steps: int, serve_dist: str | None, requests: int,
+           prompt_len: int, output_len: int, max_model_len: int, repeats: int, eager: bool,
+           seed: int, out: Path | None, name: str, formats: str, dry_run: bool,
+           as_json: bool) -> None:
+    """Whole-model decode throughput: every layer of a real model architecture at its true
+    shapes (random weights, nothing downloaded) through each tree's paged attention, in ONE
+    process, CUDA graphs per batch bucket as vLLM V0 captures them; fixed batch x context points
+    and a continuous-batching serving trace. Reports tokens/s, step latency and attention's
+    share per tree, ratios over interleaved rounds, and checks every step's logits bitwise."""
+    from ..bench.decode import DecodeBenchConfig, Workload
+    from ..bench.decode_model import load_config
+    from ..bench.decode_model import preset as model_preset
+    from ..bench.decode_serve import LengthDist
+    from ..bench.matrix import parse_sizes
+    from ..ops import find_builds
+
+    model = (load_config(config_path, tp=tp, layers=layers, dtype=dtype) if config_path
+             else model_preset(preset, dtype=dtype, layers=layers))
+    batches = parse_sizes(batch) if batch else (1, 8, 32, 128)
+    contexts = parse_sizes(context) if context else (1024, 8192, 32768)
+    if max(contexts) + steps > max_model_len:
+        raise click.BadParameter(f"context {max(contexts)} + {steps} steps exceeds "
+                                 f"--max-model-len {max_model_len}", param_hint="--context")
+    works = [Workload(batch=b, context=c, steps=steps) for b in batches for c in contexts]
+    if serve_dist:
+        works.append(Workload(batch=max(batches), requests=requests, dist=LengthDist(
+            serve_dist, prompt_len, output_len, max_model_len, seed)))
+    cfg = DecodeBenchConfig(repeats=repeats, eager=eager, max_model_len=max_model_len, seed=seed)
+    fmts = _formats(formats)
+    out_dir = out or workdir / "bench"
+    builds = find_builds(workdir, trees or None)
+    plan = {"model": model.to_dict(), "workloads": [w.to_dict() for w in works],
+            "config": cfg.__dict__, "trees": [b.tree for b in builds],
+            "outputs": [str(out_dir / f"{name}.{f}") for f in fmts]}
+    if dry_run:
+        if as_json:
+            emit_json(plan)
+            return
+        info(f"would run {model.name} ({model.layers} layers, {model.weight_bytes() / 2**30:.1f} "
+             f"GiB of weights) over {len(works)} workload(s) for "
+             f"{', '.join(plan['trees']) or 'no builds found'}; outputs: "
+             + ", ".join(plan["outputs"]))
+        table(["workload", "steps"], [[w.label, w.steps if w.dist is None else "trace"]
+                                      for w in works])
+        return
+    from ..bench.decode import run_decode_bench
+    from ..bench.decode_report import decode_summary
+    from ..bench.report import write_outputs
+    from ..ops import load_build
+
+    if not builds:
+        raise BenchError(f"no kernels-only builds under {workdir / 'build'}",
+                         "run `kvprefetch build --kernels-only` on this machine first")
+    _require_baseline_first([b.tree for b in builds])
+    doc = run_decode_bench([load_build(b) for b in builds], model, works, cfg,
+                           command=sys.argv, progress=info)
+    paths = write_outputs(doc, out_dir, name, fmts)
+    if as_json:
+        emit_json(doc)
+        return
+    table(["tree", "workloads", "geomean ratio", "worst", "bitwise equal"],
+          [[s["tree"], s["workloads"], f"{s['geomean']:.3f}x",
+            f"{s['worst'][0]:.3f}x ({s['worst'][1]})", "yes" if s["bitwise_equal"] else "NO"]
+           for s in decode_summary(doc)], title="bench decode")
+    info("wrote " + ", ".join(str(p) for p in paths))
+    if not all(s["bitwise_equal"] for s in decode_summary(doc)):
+        raise BenchError("some tree's logits differ from the baseline's (see the table)",
+                         "the kernels must not change results; run `kvprefetch verify-kernel`")

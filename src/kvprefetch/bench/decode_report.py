@@ -1,0 +1,108 @@
+"""Markdown and PNG of a ``bench decode`` result: per workload each tree's decode tokens/s, its
+ratio to stock (median and range over interleaved rounds), step latency, attention's share of
+the step's kernel time, and whether every step's logits matched stock's bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .render import geomean, md_table, pyplot, save_figure
+
+
+def decode_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per non-baseline tree: workloads measured, geomean ratio, worst and best ratio (with
+    their workload), and whether every workload was bitwise equal."""
+    base = doc["meta"]["baseline"]
+    rows = [r for r in doc["results"] if r.get("status") == "ok"]
+    out = []
+    for tree in doc["meta"]["trees"]:
+        if tree == base:
+            continue
+        pts = [(r["trees"][tree]["ratio"]["median"], r["label"]) for r in rows
+               if tree in r["trees"]]
+        if not pts:
+            continue
+        out.append({"tree": tree, "workloads": len(pts), "geomean": geomean(p for p, _ in pts),
+                    "worst": min(pts), "best": max(pts),
+                    "bitwise_equal": all(r["trees"][tree]["bitwise_equal"] for r in rows
+                                         if tree in r["trees"])})
+    return out
+
+
+def decode_markdown(doc: dict[str, Any]) -> str:
+    meta = doc["meta"]
+    m, cfg, dev = meta["model"], meta["config"], meta["device"]
+    base = meta["baseline"]
+    others = [t for t in meta["trees"] if t != base]
+    lines = [f"# bench decode: {m['name']}, {', '.join(others)} vs {base}", "",
+             f"- device: {dev['name']} ({dev.get('sm_count')} SMs), torch {dev.get('torch')}, "
+             f"CUDA {dev.get('cuda')}",
+             f"- model: {m['name']} ({m['source']}): {m['layers']} layers, hidden {m['hidden']}, "
+             f"{m['num_heads']} query / {m['num_kv_heads']} kv heads of {m['head_dim']}, "
+             f"intermediate {m['intermediate']}, vocab {m['vocab']}, {m['dtype']}, random weights",
+             f"- steps: {'eager (enforce_eager)' if cfg['eager'] else 'CUDA graphs per batch bucket, captured with max_seq_len 8192 (vLLM V0); longer or larger steps eager'}",
+             f"- {cfg['repeats']} interleaved rounds; started {meta['started']}, "
+             f"{meta.get('seconds', '?')} s"]
+    if meta.get("command"):
+        lines.append(f"- command: `{' '.join(meta['command'])}`")
+    lines += ["", ("Tokens/s = decode tokens (padding excluded) / summed step time (CUDA events, "
+                   "input copy + step). Ratio = stock time / tree time per round: median "
+                   "[min-max]. Attention = attention kernels' share of the step's kernel time. "
+                   "Bitwise: every step's logits equal stock's in every round."), "",
+              "## Summary", ""]
+    lines += md_table(
+        ["tree", "workloads", "geomean ratio", "worst", "best", "bitwise equal"],
+        [[s["tree"], s["workloads"], f"{s['geomean']:.3f}x",
+          f"{s['worst'][0]:.3f}x ({s['worst'][1]})", f"{s['best'][0]:.3f}x ({s['best'][1]})",
+          "yes" if s["bitwise_equal"] else "NO"] for s in decode_summary(doc)])
+    lines += ["", "## Workloads", ""]
+    head = ["workload", "steps (v1/v2, graph)", f"{base} tok/s", f"{base} p50/p99 ms",
+            f"{base} attention"]
+    for t in others:
+        head += [f"{t} tok/s", f"{t} ratio [min-max]", f"{t} p50/p99 ms", f"{t} attention",
+                 "bitwise"]
+    rows = []
+    for r in doc["results"]:
+        if r.get("status") != "ok":
+            rows.append([r["label"], r.get("reason", r.get("status"))] + [""] * (len(head) - 2))
+            continue
+        k = r["kernels"]
+        row = [r["label"], f"{r['steps_run']} ({k['v1']}/{k['v2']}, {r['graph_steps']})"]
+        for t in [base, *others]:
+            e = r["trees"][t]
+            share = "-" if e["attention_share"] is None else f"{100 * e['attention_share']:.0f}%"
+            lat = f"{e['step_ms']['p50']:.2f}/{e['step_ms']['p99']:.2f}"
+            if t == base:
+                row += [f"{e['tokens_per_s']:.0f}", lat, share]
+            else:
+                q = e["ratio"]
+                row += [f"{e['tokens_per_s']:.0f}",
+                        f"{q['median']:.3f} [{q['min']:.3f}-{q['max']:.3f}]", lat, share,
+                        "yes" if e["bitwise_equal"] else "NO"]
+        rows.append(row)
+    lines += md_table(head, rows)
+    return "\n".join(lines) + "\n"
+
+
+def decode_png(doc: dict[str, Any], path: Path) -> Path:
+    plt = pyplot()
+    base = doc["meta"]["baseline"]
+    others = [t for t in doc["meta"]["trees"] if t != base]
+    rows = [r for r in doc["results"] if r.get("status") == "ok"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4))
+    width = 0.8 / max(len(others), 1)
+    for i, t in enumerate(others):
+        xs = [j + i * width for j in range(len(rows))]
+        ys = [r["trees"][t]["ratio"]["median"] for r in rows]
+        lo = [y - r["trees"][t]["ratio"]["min"] for y, r in zip(ys, rows)]
+        hi = [r["trees"][t]["ratio"]["max"] - y for y, r in zip(ys, rows)]
+        ax.bar(xs, ys, width, yerr=[lo, hi], label=t)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))],
+                  [r["label"].replace("serve ", "serve\n") for r in rows], rotation=30,
+                  ha="right", fontsize=7)
+    ax.set_ylabel(f"decode tokens/s over {base}")
+    ax.set_title(f"bench decode: {doc['meta']['model']['name']}")
+    ax.legend()
+    return save_figure(fig, path)

@@ -1,0 +1,49 @@
+"""Small pieces every result renderer shares: a markdown table, a geometric mean, context
+lengths as written in tables, and matplotlib (imported lazily; PNGs only with the `plot` extra)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import BenchError
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    vals = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def ctx(n: int) -> str:
+    """``4096`` -> ``4k``; other lengths as they are."""
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise BenchError("matplotlib is needed for the PNG plots",
+                         "pip install 'kvprefetch[plot]' (or pass --formats json,md)") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
