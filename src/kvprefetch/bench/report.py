@@ -429,21 +429,23 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,
 # ----------------------------------------------------------------------------- README blocks
 
 # A block of a markdown file (the README) that `kvprefetch report --readme` regenerates from a
-# committed bench kernel JSON: `<!-- report PATH KIND -->`, the lines, `<!-- /report -->`. PATH
-# is relative to the markdown file's folder; KIND is `summary` (the summary table) or `shapes`
-# (the per-shape table; one preset, dtype and block size).
+# committed result JSON: `<!-- report PATH KIND -->`, the lines, `<!-- /report -->`. PATH is
+# relative to the markdown file's folder; KIND is `summary` (the summary table) or `shapes` (the
+# per-shape table of a `bench kernel` result, one preset, dtype and block size; the per-workload
+# table of a `bench decode` result).
 README_BLOCK = re.compile(r"(<!-- report (\S+) (summary|shapes) -->\n)(.*?)(<!-- /report -->)",
                           re.DOTALL)
+_BLOCK_HEADS = {"summary": ("| mode |", "| tree |"), "shapes": ("| batch |", "| workload |")}
 
 
 def report_block(doc: dict[str, Any], kind: str) -> str:
-    """The lines of ``kernel_markdown(doc)`` a README block of ``kind`` shows."""
-    md = kernel_markdown(doc).splitlines()
-    head = "| mode |" if kind == "summary" else "| batch |"
-    start = next((i for i, line in enumerate(md) if line.startswith(head)), None)
+    """The lines of the result's markdown (``render_markdown``) a README block of ``kind``
+    shows."""
+    md = render_markdown(doc).splitlines()
+    start = next((i for i, line in enumerate(md) if line.startswith(_BLOCK_HEADS[kind])), None)
     if start is None:
         raise BenchError(f"the result has no {kind} table",
-                         "point the README block at a `bench kernel` result JSON")
+                         "point the README block at a `bench kernel` or `bench decode` result")
     end = start
     while end < len(md) and md[end].startswith("|"):
         end += 1
