@@ -80,6 +80,7 @@ class DecodeBenchConfig:
     warmup_steps: int = 2       # untimed steps per tree before its first timed round
     eager: bool = False
     max_model_len: int = 32768
+    max_seq_len_to_capture: int = MAX_SEQ_LEN_TO_CAPTURE  # vLLM's knob (default 8192)
     block_size: int = 16
     seed: int = 0
     profile_steps: int = 3
@@ -233,7 +234,7 @@ def run_workload(model: Decoder, trees: Sequence[PagedOps], work: Workload,
     import torch
 
     mc = model.cfg
-    capture_len = min(MAX_SEQ_LEN_TO_CAPTURE, cfg.max_model_len)
+    capture_len = min(cfg.max_seq_len_to_capture, cfg.max_model_len)
     buckets = capture_sizes(max(s.batch for s in steps))
     max_blocks = -(-cfg.max_model_len // cfg.block_size)
     scratch = model.k_caches[0].shape[0] - 1

@@ -41,7 +41,10 @@ def decode_markdown(doc: dict[str, Any]) -> str:
              f"- model: {m['name']} ({m['source']}): {m['layers']} layers, hidden {m['hidden']}, "
              f"{m['num_heads']} query / {m['num_kv_heads']} kv heads of {m['head_dim']}, "
              f"intermediate {m['intermediate']}, vocab {m['vocab']}, {m['dtype']}, random weights",
-             f"- steps: {'eager (enforce_eager)' if cfg['eager'] else 'CUDA graphs per batch bucket, captured with max_seq_len 8192 (vLLM V0); longer or larger steps eager'}",
+             "- steps: " + ("eager (enforce_eager)" if cfg["eager"] else
+                            "CUDA graphs per batch bucket, captured with max_seq_len "
+                            f"{cfg.get('max_seq_len_to_capture', 8192)} (vLLM V0); steps with "
+                            "a longer sequence or a larger batch eager"),
              f"- {cfg['repeats']} interleaved rounds; started {meta['started']}, "
              f"{meta.get('seconds', '?')} s"]
     if meta.get("command"):

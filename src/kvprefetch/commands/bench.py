@@ -414,6 +414,9 @@ if __name__ == "__main__":  # pragma: no cover - exercised by scripts/device/ben
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
               help="Interleaved rounds per workload.")
 @click.option("--eager", is_flag=True, help="Every step eager, as vLLM's enforce_eager.")
+@click.option("--max-seq-len-to-capture", type=click.IntRange(min=1), default=8192,
+              show_default=True, help="vLLM's knob: graphs are captured with this max_seq_len; "
+              "steps holding a longer sequence run eagerly.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @output_options("decode")
 @dry_run_option
@@ -422,7 +425,7 @@ def decode(workdir: Path, trees: tuple[str, ...], preset: str, config_path: Path
            layers: int | None, dtype: str | None, batch: tuple[str, ...],
            context: tuple[str, ...], steps: int, serve_dist: str | None, requests: int,
            prompt_len: int, output_len: int, max_model_len: int, repeats: int, eager: bool,
-           seed: int, out: Path | None, name: str, formats: str, dry_run: bool,
+           max_seq_len_to_capture: int, seed: int, out: Path | None, name: str, formats: str, dry_run: bool,
            as_json: bool) -> None:
     """Whole-model decode throughput: every layer of a real model architecture at its true
     shapes (random weights, nothing downloaded) through each tree's paged attention, in ONE
@@ -447,7 +450,8 @@ def decode(workdir: Path, trees: tuple[str, ...], preset: str, config_path: Path
     if serve_dist:
         works.append(Workload(batch=max(batches), requests=requests, dist=LengthDist(
             serve_dist, prompt_len, output_len, max_model_len, seed)))
-    cfg = DecodeBenchConfig(repeats=repeats, eager=eager, max_model_len=max_model_len, seed=seed)
+    cfg = DecodeBenchConfig(repeats=repeats, eager=eager, max_model_len=max_model_len,
+                            max_seq_len_to_capture=max_seq_len_to_capture, seed=seed)
     fmts = _formats(formats)
     out_dir = out or workdir / "bench"
     builds = find_builds(workdir, trees or None)
