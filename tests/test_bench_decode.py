@@ -91,7 +91,7 @@ def test_graph_or_eager_as_vllm_decides() -> None:
     assert step_mode(ok, sizes, True, 8192) is None
     inputs = StepInputs([ok, short], sizes, False, 8192, scratch=9, block_size=16,
                         max_blocks=8, vocab=50, device="cpu", seed=0)
-    tokens, positions, slots, seq_lens, tables = inputs.items[0]
+    tokens, _, slots, seq_lens, tables = inputs.items[0]
     assert tokens.shape == (4,) and seq_lens.tolist() == [100, 800, 8, 1]  # one padded row
     assert slots.tolist()[-1] == 9 * 16 and tables[3].tolist() == [0] * 8
     assert inputs.items[1][0].shape == (2,)  # eager: no padding
@@ -215,7 +215,7 @@ class _HostEvent:
 
         self.t = time.perf_counter()
 
-    def elapsed_time(self, end: "_HostEvent") -> float:
+    def elapsed_time(self, end: _HostEvent) -> float:
         return (end.t - self.t) * 1e3
 
 

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_launcher_prefetch import WORKDIR, _kernels_launched, _twins_ran
 
 pytestmark = pytest.mark.gpu

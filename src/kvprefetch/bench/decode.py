@@ -35,11 +35,21 @@ from typing import Any
 from ..errors import BenchError
 from ..ops import PagedOps, choose_kernel
 from .decode_model import Decoder, DecoderConfig
-from .decode_serve import (MAX_SEQ_LEN_TO_CAPTURE, BlockAllocator, LengthDist, Scheduler, Step,
-                           blocks_needed, capture_sizes, graph_bucket)
+from .decode_serve import (
+    MAX_SEQ_LEN_TO_CAPTURE,
+    BlockAllocator,
+    LengthDist,
+    Scheduler,
+    Step,
+    blocks_needed,
+    capture_sizes,
+    graph_bucket,
+)
 from .kernel import quantile, summarize
 
 ATTENTION_KERNELS = ("paged_attention", "gqa_decode", "kv_l2_prefetch", "reduce_kernel")
+# One step's device inputs: tokens, positions, slots, sequence lengths, block tables.
+Inputs = tuple[Any, Any, Any, Any, Any]
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,7 @@ class StepInputs:
         self.batches = [s.batch for s in steps]
         self.max_lens = [s.max_seq_len for s in steps]
         g = torch.Generator(device="cpu").manual_seed(seed)
-        self.items = []
+        self.items: list[Inputs] = []
         for s, rows in zip(steps, self.rows):
             pad = rows - s.batch
             tokens = torch.randint(0, vocab, (rows,), generator=g, dtype=torch.int64)
@@ -141,8 +151,8 @@ class StepInputs:
             tables = torch.zeros((rows, max_blocks), dtype=torch.int32)
             for i, row in enumerate(s.block_tables):
                 tables[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
-            self.items.append(tuple(t.to(device) for t in (tokens, positions, slots, seq_lens,
-                                                         tables)))
+            self.items.append((tokens.to(device), positions.to(device), slots.to(device),
+                               seq_lens.to(device), tables.to(device)))
 
 
 class TreeRunner:
@@ -152,9 +162,9 @@ class TreeRunner:
                  device: Any) -> None:
         self.model, self.ops, self.capture_len = model, ops, capture_len
         self.max_blocks, self.device = max_blocks, device
-        self.graphs: dict[int, tuple[Any, tuple[Any, ...], Any]] = {}
+        self.graphs: dict[int, tuple[Any, Inputs, Any]] = {}
 
-    def _static(self, rows: int) -> tuple[Any, ...]:
+    def _static(self, rows: int) -> Inputs:
         import torch
 
         d = self.device
@@ -165,7 +175,7 @@ class TreeRunner:
                 torch.ones(rows, dtype=torch.int32, device=d),
                 torch.zeros((rows, self.max_blocks), dtype=torch.int32, device=d))
 
-    def graph(self, rows: int) -> tuple[Any, tuple[Any, ...], Any]:
+    def graph(self, rows: int) -> tuple[Any, Inputs, Any]:
         """The captured step of ``rows`` rows: (graph, its static inputs, its logits)."""
         import torch
 
@@ -185,7 +195,7 @@ class TreeRunner:
         self.graphs[rows] = (graph, static, logits)
         return self.graphs[rows]
 
-    def run(self, inputs: tuple[Any, ...], mode: int | None, max_len: int) -> Any:
+    def run(self, inputs: Inputs, mode: int | None, max_len: int) -> Any:
         """One step; returns the logits (padded rows included)."""
         if mode is None:
             return self.model.step(self.ops, *inputs, max_seq_len=max_len)

@@ -249,7 +249,6 @@ class Decoder:
              block_tables: Any, max_seq_len: int, attn_out: Any = None,
              workspace: Any = None) -> Any:
         """Logits ``[batch, vocab]`` of one decode step through ``ops``' paged attention."""
-        import torch
         import torch.nn.functional as F
 
         from ..ops import DecodeArgs, forward_decode

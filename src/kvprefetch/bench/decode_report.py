@@ -36,17 +36,18 @@ def decode_markdown(doc: dict[str, Any]) -> str:
     base = meta["baseline"]
     others = [t for t in meta["trees"] if t != base]
     lines = [f"# bench decode: {m['name']}, {', '.join(others)} vs {base}", "",
-             f"- device: {dev['name']} ({dev.get('sm_count')} SMs), torch {dev.get('torch')}, "
-             f"CUDA {dev.get('cuda')}",
-             f"- model: {m['name']} ({m['source']}): {m['layers']} layers, hidden {m['hidden']}, "
-             f"{m['num_heads']} query / {m['num_kv_heads']} kv heads of {m['head_dim']}, "
-             f"intermediate {m['intermediate']}, vocab {m['vocab']}, {m['dtype']}, random weights",
+             (f"- device: {dev['name']} ({dev.get('sm_count')} SMs), torch {dev.get('torch')}, "
+              f"CUDA {dev.get('cuda')}"),
+             (f"- model: {m['name']} ({m['source']}): {m['layers']} layers, hidden "
+              f"{m['hidden']}, {m['num_heads']} query / {m['num_kv_heads']} kv heads of "
+              f"{m['head_dim']}, intermediate {m['intermediate']}, vocab {m['vocab']}, "
+              f"{m['dtype']}, random weights"),
              "- steps: " + ("eager (enforce_eager)" if cfg["eager"] else
                             "CUDA graphs per batch bucket, captured with max_seq_len "
                             f"{cfg.get('max_seq_len_to_capture', 8192)} (vLLM V0); steps with "
                             "a longer sequence or a larger batch eager"),
-             f"- {cfg['repeats']} interleaved rounds; started {meta['started']}, "
-             f"{meta.get('seconds', '?')} s"]
+             (f"- {cfg['repeats']} interleaved rounds; started {meta['started']}, "
+              f"{meta.get('seconds', '?')} s")]
     if meta.get("command"):
         lines.append(f"- command: `{' '.join(meta['command'])}`")
     lines += ["", ("Tokens/s = decode tokens (padding excluded) / summed step time (CUDA events, "

@@ -13,8 +13,13 @@ from typing import Any, TypeVar
 
 import click
 
-from ..bench.matrix import (DEFAULT_CONTEXTS, MODES, NAMED_MATRICES, describe_named_matrices,
-                            format_size)
+from ..bench.matrix import (
+    DEFAULT_CONTEXTS,
+    MODES,
+    NAMED_MATRICES,
+    describe_named_matrices,
+    format_size,
+)
 from ..console import emit_json, info, table
 from ..errors import BenchError
 from .common import dry_run_option, json_option, workdir_option
@@ -455,7 +460,7 @@ def decode(workdir: Path, trees: tuple[str, ...], preset: str, config_path: Path
     fmts = _formats(formats)
     out_dir = out or workdir / "bench"
     builds = find_builds(workdir, trees or None)
-    plan = {"model": model.to_dict(), "workloads": [w.to_dict() for w in works],
+    plan: dict[str, Any] = {"model": model.to_dict(), "workloads": [w.to_dict() for w in works],
             "config": cfg.__dict__, "trees": [b.tree for b in builds],
             "outputs": [str(out_dir / f"{name}.{f}") for f in fmts]}
     if dry_run:
