@@ -118,7 +118,7 @@ def test_clean_removes_only_what_kvprefetch_created(fetched_workdir: Path) -> No
 
     res = kvprefetch_cli_split("clean", "--workdir", str(wd), "--what", "all", env=_env())
     assert res.returncode == 0, res.stderr
-    assert not (wd / "trees" / "baseline").exists() and not (wd / "pristine").exists()
+    assert not (wd / "trees" / "baseline").exists() and not (wd / "pristine" / "sdist").exists()
     assert not (wd / "build" / "baseline").exists()
     assert (wd / "build" / "patched" / "0123456789abcdef" / "x.o").read_bytes() == b"obj"
     assert (wd / "envs" / "mine" / "keep.txt").read_text() == "keep"
