@@ -77,6 +77,10 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,
             if link is not None:
                 res.kept.append(Kept(str(path), f"{link} is a symlink; clean never follows one"))
                 continue
+            if (kind == "state") != path.is_file():
+                res.kept.append(Kept(str(path), "not what kvprefetch made there (a "
+                                                f"{'directory' if path.is_dir() else 'file'})"))
+                continue
             if kind == "backup" and not discard_edits:
                 res.kept.append(Kept(str(path), "a tree `fetch --force` moved aside with your "
                                                 "edits; --discard-edits removes it"))

@@ -89,8 +89,8 @@ def _unpack_sdist(wd: Workdir, sdist: Path, dest: Path) -> None:
                              "delete the download and fetch again")
         digest = check_full_source(top, f"the sdist {sdist.name}")
         _replace_owned(wd, dest)
+        ownership.record(wd.root, dest, "pristine", digest=digest)  # before it exists
         os.rename(top, dest)
-        ownership.record(wd.root, dest, "pristine", digest=digest)
 
 
 def _replace_owned(wd: Workdir, dest: Path) -> None:
@@ -158,8 +158,8 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
     _check_pristine_header(tmp, f"the clone of {url}")
     digest = manifest_digest(source_manifest(tmp, skip=(".git",)))
     _replace_owned(wd, dest)
+    ownership.record(wd.root, dest, "pristine", digest=digest, commit=commit)  # before it exists
     os.rename(tmp, dest)
-    ownership.record(wd.root, dest, "pristine", digest=digest, commit=commit)
     return commit
 
 
