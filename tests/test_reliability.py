@@ -560,7 +560,9 @@ def test_a_partial_or_mislabelled_source_directory_is_refused(tmp_path: Path,
 
 def test_an_edited_pristine_copy_is_not_copied_into_new_trees(fetched_workdir: Path) -> None:
     setup = fetched_workdir / "pristine" / "sdist" / "setup.py"
-    setup.write_text(setup.read_text() + "# poisoned\n")
+    text = setup.read_text()
+    setup.unlink()  # pristine/ is hard-linked to the session's template: write a new file
+    setup.write_text(text + "# poisoned\n")
     res = cli("fetch", "--workdir", str(fetched_workdir), "--source", "sdist",
               "--extra-tree", "exp")
     refused(res, FetchError.exit_code, "was changed after kvprefetch verified it")
