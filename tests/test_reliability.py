@@ -227,9 +227,12 @@ def test_a_corrupt_state_file_is_one_clear_error_and_repair_recovers(
         res = cli(*args[:1], "--workdir", str(work), *args[1:])
         refused(res, code, f"the state file {sp}", "--repair")
     assert tree_bytes(work / "trees") == trees_before
-    # clean still works: it keeps what it cannot judge, removes builds
+    # clean still works: builds, and trees judged by the ownership record's content hash
     res = cli("clean", "--workdir", str(work), "--what", "builds")
     assert res.returncode == 0, res.stderr
+    res = cli("clean", "--workdir", str(work), "--what", "trees", "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    assert str(work / "trees" / "patched") in json.loads(res.stdout)["removed"]
     if kind == "directory":
         res = cli("fetch", "--workdir", str(work), "--source", "sdist", "--repair")
         refused(res, FetchError.exit_code, f"{sp} is not a regular file")
