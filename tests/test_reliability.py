@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import _kill_session, copy_workdir, kvprefetch_cli_split, seed_downloads, tree_bytes
 
-from kvprefetch import ownership, upstream
+from kvprefetch import upstream
 from kvprefetch.errors import ConfigError, FetchError, LockError, PatchError
 from kvprefetch.locks import locked
 from kvprefetch.runner import run
@@ -109,6 +109,8 @@ def test_clean_never_deletes_through_a_symlinked_state_dir(fetched_workdir: Path
 def test_a_symlink_inside_a_kit_build_dir_is_unlinked_not_followed(
         fetched_workdir: Path, outside: Path) -> None:
     wd = fetched_workdir
+    from kvprefetch import ownership
+
     bdir = wd / "build" / "patched"
     bdir.mkdir(parents=True)
     ownership.record(wd, bdir, "build")  # as the builder records the directory it builds in
@@ -273,6 +275,8 @@ def test_a_directory_in_place_of_a_lock_is_a_lock_error(fetched_workdir: Path) -
 
 
 def test_a_corrupt_ownership_record_stops_clean_with_a_message(fetched_workdir: Path) -> None:
+    from kvprefetch import ownership
+
     (fetched_workdir / ownership.OWNED_FILE).write_text("[1, 2")
     before = tree_bytes(fetched_workdir / "trees")
     res = cli("clean", "--workdir", str(fetched_workdir), "--what", "all")
