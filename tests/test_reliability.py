@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,6 @@ from conftest import _kill_session, copy_workdir, kvprefetch_cli_split, seed_dow
 
 from kvprefetch import upstream
 from kvprefetch.errors import ConfigError, FetchError, LockError, PatchError
-from kvprefetch.locks import locked
 from kvprefetch.runner import run
 from kvprefetch.sources import tree_modifications
 from kvprefetch.workdir import Workdir
@@ -375,14 +375,15 @@ def _start(*args: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def _kill_after(proc: subprocess.Popen, delay: float, when: Path | None = None) -> bool:
-    """SIGKILL the run (its whole session) after ``delay`` s, or as soon as ``when`` exists;
+def _kill_after(proc: subprocess.Popen, delay: float,
+                when: Callable[[], bool] | None = None) -> bool:
+    """SIGKILL the run (its whole session) after ``delay`` s, or as soon as ``when()`` is true;
     True when it was still running."""
     t0 = time.monotonic()
     while proc.poll() is None and time.monotonic() - t0 < (delay if when is None else 60):
-        if when is not None and when.exists():
+        if when is not None and when():
             break
-        time.sleep(0.005)
+        time.sleep(0.002)
     alive = proc.poll() is None
     _kill_session(proc.pid)
     proc.wait()
@@ -403,18 +404,33 @@ def _consistent(work: Path, applied: bool) -> None:
 
 
 # delays cover python's start, the checks, staging and the renames of one apply (~1 s here);
-# the two file-triggered kills land exactly in staging and in the commit phase
+# the triggered kills land exactly when its staging starts, when its journal is written, and
+# right after the first file of the tree changed (the window that used to leave a stuck tree)
 APPLY_KILLS = [("delay", 0.4), ("delay", 0.7), ("delay", 1.0), ("delay", 1.3),
-               ("stage", ".patched.apply"), ("journal", ".patched.apply/journal.json")]
+               ("stage", ".patched.apply"), ("journal", ".patched.apply/journal.json"),
+               ("first-write", upstream.ATTENTION_HEADER)]
 
 
 @pytest.mark.parametrize("how,at", APPLY_KILLS, ids=[f"{h}-{a}" for h, a in APPLY_KILLS])
 def test_sigkill_during_apply_then_rerun(how: str, at: float | str, tmp_path: Path,
                                          fetched_template: Path, outside: Path) -> None:
     work = _fresh(tmp_path, fetched_template)
+    tree = work / "trees" / "patched"
+    first = (tree / upstream.ATTENTION_HEADER).stat()
     proc = _start("apply", "--workdir", str(work))
-    when = None if how == "delay" else work / "trees" / str(at)
-    _kill_after(proc, float(at) if how == "delay" else 0, when)
+    if how == "delay":
+        _kill_after(proc, float(at))
+    elif how == "first-write":
+        def changed() -> bool:
+            try:
+                st = (tree / str(at)).stat()
+            except FileNotFoundError:
+                return True
+            return (st.st_ino, st.st_mtime_ns, st.st_size) != \
+                (first.st_ino, first.st_mtime_ns, first.st_size)
+        assert _kill_after(proc, 0, changed), "apply finished before it was killed"
+    else:
+        _kill_after(proc, 0, (tree.parent / str(at)).exists)
     # whatever the kill interrupted, every command agrees about the tree afterwards
     res = cli("apply", "--workdir", str(work), "--json")
     assert res.returncode == 0, res.stderr
@@ -481,16 +497,43 @@ def test_sigkill_during_build_leaves_trees_and_locks_usable(
 # --------------------------------------------------------------------------- weak points
 
 
-def test_one_lock_per_tree_is_shared_by_every_command(fetched_workdir: Path) -> None:
+def _flock_holders() -> set[int]:
+    """Pids holding a flock (from /proc/locks)."""
+    out = set()
+    for line in Path("/proc/locks").read_text().splitlines():
+        f = line.split()
+        if len(f) > 4 and f[1] == "FLOCK" and f[4].isdigit():
+            out.add(int(f[4]))
+    return out
+
+
+def test_apply_fetch_clean_and_build_share_the_tree_lock(fetched_workdir: Path) -> None:
+    """A real `apply` is stopped (SIGSTOP) right after it took its first lock; fetch --force,
+    clean and build must then be refused, not move or delete the tree under it."""
     wd = Workdir(fetched_workdir)
+    edited = wd.tree("patched") / "setup.py"
+    edited.write_text(edited.read_text() + "# mine\n")
     before = tree_bytes(fetched_workdir / "trees")
-    with locked(wd.tree_lock("patched"), "the tree patched (held by this test, as apply would)"):
-        for args in (("apply",), ("fetch", "--source", "sdist", "--force"),
-                     ("clean", "--what", "trees"),
+    proc = _start("apply", "--workdir", str(fetched_workdir))
+    try:
+        t0 = time.monotonic()
+        while proc.pid not in _flock_holders() and time.monotonic() - t0 < 30 \
+                and proc.poll() is None:
+            time.sleep(0.001)
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert proc.poll() is None, "apply finished before it could be stopped"
+        for args in (("fetch", "--source", "sdist", "--force"), ("clean", "--what", "trees"),
                      ("build", "--kernels-only", "--skip-doctor", "--trees", "patched")):
             res = cli(args[0], "--workdir", str(fetched_workdir), *args[1:])
-            refused(res, LockError.exit_code, str(wd.tree_lock("patched")))
-    assert tree_bytes(fetched_workdir / "trees") == before
+            refused(res, LockError.exit_code, f"pid {proc.pid}")
+        assert tree_bytes(fetched_workdir / "trees") == before
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.wait(timeout=60)
+    assert "# mine" in edited.read_text()  # apply refused the edited tree; nothing lost
+    assert cli("fetch", "--workdir", str(fetched_workdir), "--source", "sdist",
+               "--force").returncode == 0
+    assert cli("apply", "--workdir", str(fetched_workdir)).returncode == 0
 
 
 def test_clean_keeps_backups_and_edited_trees_without_discard_edits(
@@ -579,16 +622,3 @@ def test_an_edited_pristine_copy_is_not_copied_into_new_trees(fetched_workdir: P
               "--extra-tree", "exp")
     assert res.returncode == 0, res.stderr
     assert "# poisoned" not in (fetched_workdir / "trees" / "exp" / "setup.py").read_text()
-
-
-def test_a_racing_fetch_force_gets_a_lock_error(fetched_workdir: Path) -> None:
-    """Two `fetch --force` at once: the second is refused with the holder's pid."""
-    wd = Workdir(fetched_workdir)
-    edited = wd.tree("baseline") / "setup.py"
-    edited.write_text(edited.read_text() + "# mine\n")
-    with locked(wd.lock, "the work directory (held by this test, as a running fetch would)"):
-        res = cli("fetch", "--workdir", str(fetched_workdir), "--source", "sdist", "--force")
-    refused(res, LockError.exit_code, f"pid {os.getpid()}")
-    assert "# mine" in edited.read_text()
-    assert cli("fetch", "--workdir", str(fetched_workdir), "--source", "sdist",
-               "--force").returncode == 0
