@@ -405,10 +405,11 @@ def _consistent(work: Path, applied: bool) -> None:
 
 # delays cover python's start, the checks, staging and the renames of one apply (~1 s here);
 # the triggered kills land exactly when its staging starts, when its journal is written, and
-# right after the first file of the tree changed (the window that used to leave a stuck tree)
+# right after the first file of the tree changed, and right after the kit's header appeared
+# (patched files written, state not yet: the window that used to leave a stuck tree)
 APPLY_KILLS = [("delay", 0.4), ("delay", 0.7), ("delay", 1.0), ("delay", 1.3),
                ("stage", ".patched.apply"), ("journal", ".patched.apply/journal.json"),
-               ("first-write", upstream.ATTENTION_HEADER)]
+               ("first-write", upstream.ATTENTION_HEADER), ("kit-header", KIT_HEADER)]
 
 
 @pytest.mark.parametrize("how,at", APPLY_KILLS, ids=[f"{h}-{a}" for h, a in APPLY_KILLS])
@@ -429,6 +430,8 @@ def test_sigkill_during_apply_then_rerun(how: str, at: float | str, tmp_path: Pa
             return (st.st_ino, st.st_mtime_ns, st.st_size) != \
                 (first.st_ino, first.st_mtime_ns, first.st_size)
         assert _kill_after(proc, 0, changed), "apply finished before it was killed"
+    elif how == "kit-header":
+        assert _kill_after(proc, 0, (tree / str(at)).exists), "apply finished before the kill"
     else:
         _kill_after(proc, 0, (tree.parent / str(at)).exists)
     # whatever the kill interrupted, every command agrees about the tree afterwards
