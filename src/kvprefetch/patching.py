@@ -176,9 +176,14 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                   and f"A {rel}" not in diffs]
         if diffs:
             raise _refuse_differences(tree, variant, applied, diffs)
+        headers_only = False
         if applied is not None:
             if applied["variant"] == variant and applied["patch_sha256"] == digest:
                 return ApplyResult(name, tree, variant, "already-applied", digest, files)
+            # The kit's own headers changed since (csrc/*.cuh), its diffs did not: the tree's
+            # patched files still reverse-apply to pristine. Install the new headers.
+            headers_only = applied["variant"] == variant and carried_variant(tree) == variant
+        if applied is not None and not headers_only:
             what = (f"the {applied['variant']} variant" if applied["variant"] != variant
                     else f"another version of the {variant} patch (sha256 "
                          f"{applied['patch_sha256'][:16]}…)")
@@ -190,20 +195,22 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
             return ApplyResult(name, tree, variant, "would-apply", digest, files)
         with tempfile.TemporaryDirectory(prefix="kvprefetch-apply-") as td:
             work = Path(td) / "t"
-            for rel in own:
+            for rel in [] if headers_only else own:
                 (work / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(tree / rel, work / rel)
-            if not _git_apply(work, patches, "--check") or not _git_apply(work, patches):
+            if not headers_only and (not _git_apply(work, patches, "--check")
+                                     or not _git_apply(work, patches)):
                 raise PatchError(f"the {variant} patch does not apply to {tree}",
                                  "restore the tree with `kvprefetch fetch --force`")
-            if not _git_apply(work, patches, "--reverse", "--check"):
+            if not headers_only and not _git_apply(work, patches, "--reverse", "--check"):
                 raise PatchError(f"git apply of the {variant} patch reported success but the "
                                  "result does not carry the patch",
                                  "report this; the tree was left untouched")
             for src, rel in upstream.kit_headers():
                 (work / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, work / rel)
-            changes = {rel: work / rel for rel in files}
+            changes = {rel: work / rel for rel in
+                       (upstream.KIT_HEADERS_IN_TREE if headers_only else files)}
             new_inventory = dict(recorded)
             new_inventory.update({rel: sha256_file(p) for rel, p in changes.items()})
             new_state = dict(state)
