@@ -114,6 +114,10 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
                     done = recover(wd, n)
                 if done:
                     info(f"notice: {done}")
+    from ..buildplan import tree_variant
+
+    for n in names:  # a missing, unpatched or corrupt tree fails here, before torch is probed
+        tree_variant(wd, n)
     cores, mem = host_resources()
     dj, dt = default_jobs(cores, mem)
     jobs = jobs or dj
