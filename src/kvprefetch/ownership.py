@@ -49,7 +49,7 @@ def entries(root: Path) -> dict[str, dict[str, Any]]:
             raise ValueError("not kvprefetch's ownership record")
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigError(f"the ownership record {p} is corrupt ({exc})",
-                          f"move it away; `kvprefetch fetch --repair` records the trees again "
+                          "move it away; `kvprefetch fetch --repair` records the trees again "
                           "(until then clean removes nothing)") from None
     out: dict[str, dict[str, Any]] = data["paths"]
     return out

@@ -45,8 +45,8 @@ def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with
     from ..sources import check_allow_commit, check_repo_url, fetch_trees
     from ..workdir import check_tree_name
 
-    for t in extra_trees:
-        check_tree_name(t, "--extra-tree")
+    for extra in extra_trees:
+        check_tree_name(extra, "--extra-tree")
     bad = [t for t in extra_trees if t in upstream.TREE_NAMES]
     if bad:
         raise ConfigError(f"--extra-tree {', '.join(bad)}: tree names must be identifiers other "
