@@ -134,9 +134,10 @@ def test_fetch_refuses_a_non_empty_directory_it_did_not_create(tmp_path: Path, v
         (home / rel).parent.mkdir(parents=True, exist_ok=True)
         (home / rel).write_text(f"user file {rel}\n")
     before = tree_bytes(home)
-    res = cli("fetch", "--workdir", str(home), "--source", str(vllm_sdist))
-    refused(res, ConfigError.exit_code, f"--workdir {home} is not empty", "--adopt")
-    assert tree_bytes(home) == before
+    for dry in ((), ("--dry-run",)):
+        res = cli("fetch", "--workdir", str(home), "--source", str(vllm_sdist), *dry)
+        refused(res, ConfigError.exit_code, f"--workdir {home} is not empty", "--adopt")
+        assert tree_bytes(home) == before
 
     res = cli("fetch", "--workdir", str(home), "--source", str(vllm_sdist), "--adopt")
     assert res.returncode == 0, res.stderr

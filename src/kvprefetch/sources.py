@@ -258,6 +258,8 @@ def fetch_trees(workdir: Path, *, source: str = "auto", repo_url: str = upstream
     check_allow_commit(allow_commit)
     check_repo_url(repo_url)
     if dry_run:
+        wd.check_adoptable(adopt)
+
         def planned(n: str) -> str:
             if not wd.tree(n).exists():
                 return "would-create"

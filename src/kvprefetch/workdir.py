@@ -78,6 +78,15 @@ class Workdir:
     def ensure(self, adopt: bool = False) -> None:
         """Create the work directory, or accept an existing one: a kvprefetch work directory,
         an empty directory, or (``adopt``) a non-empty one the user hands over."""
+        self.check_adoptable(adopt)
+        self.root.mkdir(parents=True, exist_ok=True)
+        tag = self.root / TAG_FILE
+        if not self.is_tagged():
+            tag.write_text("created by kvprefetch; `kvprefetch clean` removes only what "
+                           ".kvprefetch-owned.json lists\n")
+
+    def check_adoptable(self, adopt: bool = False) -> None:
+        """Refuse (ConfigError) a --workdir the kit must not take over; writes nothing."""
         if self.root.is_symlink() and not self.root.exists():
             raise ConfigError(f"--workdir {self.root} is a dangling symlink",
                               "point --workdir at a directory")
@@ -92,11 +101,6 @@ class Workdir:
                 f"(no {TAG_FILE}); kvprefetch will not take it over as its work directory",
                 "pass a new or empty --workdir, or add --adopt to use this one (kvprefetch then "
                 "only ever removes what it creates there; your files are kept)")
-        self.root.mkdir(parents=True, exist_ok=True)
-        tag = self.root / TAG_FILE
-        if not self.is_tagged():
-            tag.write_text("created by kvprefetch; `kvprefetch clean` removes only what "
-                           f"{'.kvprefetch-owned.json'} lists\n")
 
     def read_state(self, name: str) -> dict[str, Any] | None:
         """The tree's state record, checked; None when there is none. A corrupt or foreign
