@@ -51,9 +51,10 @@ def refused(res: subprocess.CompletedProcess, code: int, *needles: str) -> None:
         assert n in text, (n, text)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def outside(tmp_path: Path) -> Iterator[Path]:
-    """A directory outside every work directory, full of files; it must never change."""
+    """A directory outside every work directory, full of files; it must never change (every
+    test here checks it; the symlink tests point into it)."""
     d = tmp_path / "outside"
     (d / "patched" / "deep").mkdir(parents=True)
     (d / "patched" / "deep" / "thesis.tex").write_text("three years of work\n")
