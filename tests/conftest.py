@@ -169,9 +169,14 @@ def vllm_sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def seed_downloads(workdir: Path, sdist: Path) -> None:
     """Put a copy of the cached sdist where ``fetch --source sdist`` looks first, so the test
-    exercises the real verify + unpack path without a second download."""
+    exercises the real verify + unpack path without a second download. The directory is
+    tagged as a kvprefetch work directory, as an earlier `fetch` that downloaded the sdist
+    would have left it: fetch refuses to take over a non-empty directory it did not create."""
     import shutil
 
+    from kvprefetch.workdir import Workdir
+
+    Workdir(workdir).ensure()
     (workdir / "downloads").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(sdist, workdir / "downloads" / sdist.name)
 

@@ -80,8 +80,21 @@ def test_version() -> None:
 # --------------------------------------------------------------------------- clean
 
 
-def test_clean_removes_only_tagged_kvprefetch_directories(fetched_workdir: Path) -> None:
+def _record_build(workdir: Path, tree: str) -> Path:
+    """A build directory recorded as the kit's own, exactly as the builder records it when it
+    starts a build (builder._tree_locks); compiling one for real is test_kernels_build's job."""
+    from kvprefetch import ownership
+
+    bdir = workdir / "build" / tree
+    bdir.mkdir(parents=True, exist_ok=True)
+    ownership.record(workdir, bdir, "build")
+    return bdir
+
+
+def test_clean_removes_only_what_kvprefetch_created(fetched_workdir: Path) -> None:
     wd = fetched_workdir
+    (_record_build(wd, "baseline") / "0123456789abcdef").mkdir()
+    # a folder under build/ that kvprefetch did not make: kept (issue 26)
     (wd / "build" / "patched" / "0123456789abcdef").mkdir(parents=True)
     (wd / "build" / "patched" / "0123456789abcdef" / "x.o").write_bytes(b"obj")
     (wd / "envs" / "mine").mkdir(parents=True)  # no kvprefetch marker: not ours
@@ -95,17 +108,19 @@ def test_clean_removes_only_tagged_kvprefetch_directories(fetched_workdir: Path)
     data = json.loads(res.stdout)
     assert data["dry_run"] is True
     rel = sorted(str(Path(p).relative_to(wd)) for p in data["removed"])
-    assert rel == sorted(["build/patched", "trees/baseline", "trees/patched",
+    assert rel == sorted(["build/baseline", "trees/baseline", "trees/patched",
                           "state/baseline.json", "state/patched.json",
-                          "pristine"])
-    # a dry run changes nothing (clean may leave the empty lock files it took)
-    assert {k: v for k, v in tree_bytes(wd).items() if not k.endswith(".lock")} == \
-        {k: v for k, v in before.items() if not k.endswith(".lock")}
+                          "pristine/sdist"])
+    kept = {str(Path(k["path"]).relative_to(wd)): k["reason"] for k in data["kept"]}
+    assert kept["build/patched"] == "not created by kvprefetch"
+    assert kept["envs/mine"] == "not created by kvprefetch"
+    assert tree_bytes(wd) == before  # a dry run changes nothing, and takes no lock
 
     res = kvprefetch_cli_split("clean", "--workdir", str(wd), "--what", "all", env=_env())
     assert res.returncode == 0, res.stderr
-    assert not (wd / "trees" / "baseline").exists() and not (wd / "pristine").exists()
-    assert not (wd / "build" / "patched").exists()
+    assert not (wd / "trees" / "baseline").exists() and not (wd / "pristine" / "sdist").exists()
+    assert not (wd / "build" / "baseline").exists()
+    assert (wd / "build" / "patched" / "0123456789abcdef" / "x.o").read_bytes() == b"obj"
     assert (wd / "envs" / "mine" / "keep.txt").read_text() == "keep"
     assert (wd / "notes.md").is_file()
     assert sha256_file(wd / "downloads" / upstream.SDIST_NAME) == upstream.SDIST_SHA256
@@ -123,8 +138,7 @@ def test_clean_refuses_a_directory_kvprefetch_did_not_create(tmp_path: Path) -> 
 
 
 def test_clean_builds_is_the_default(fetched_workdir: Path) -> None:
-    b = fetched_workdir / "build" / "baseline" / "k1"
-    b.mkdir(parents=True)
+    (_record_build(fetched_workdir, "baseline") / "k1").mkdir()
     res = kvprefetch_cli_split("clean", "--workdir", str(fetched_workdir), env=_env())
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == f"removed {fetched_workdir / 'build' / 'baseline'}"
@@ -137,8 +151,8 @@ def test_clean_does_not_pull_a_build_from_under_a_running_build(fetched_workdir:
     that directory under it (the lock is held here by this test, with fcntl, as the build would)."""
     import fcntl
 
-    bdir = fetched_workdir / "build" / "patched" / "0123456789abcdef"
-    bdir.mkdir(parents=True)
+    bdir = _record_build(fetched_workdir, "patched") / "0123456789abcdef"
+    bdir.mkdir()
     (bdir / "paged_attention_v1.cuda.o").write_bytes(b"half a build")
     fd = os.open(fetched_workdir / "build" / "patched" / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:

@@ -320,3 +320,29 @@ def test_default_relative_workdir_inside_a_git_checkout_really_patches(
     res = kvprefetch_cli_split("diff-upstream", "--check", "--stat", env=env, cwd=checkout)
     assert res.returncode == 0, res.stderr
     assert "csrc/attention/attention_kernels.cuh: +" in res.stdout
+
+
+def test_new_kit_headers_are_installed_into_an_applied_tree(
+        fetched_workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When only the kit's own headers changed since a tree was patched (csrc/*.cuh edited in
+    this checkout; the diffs the same), apply installs the new headers, through the same staged
+    commit, and leaves the patched upstream files alone. The repository's csrc/ is not edited:
+    kit_headers is pointed at a copy with one more line, which is what an edit would look like."""
+    apply_patch(fetched_workdir, "prefetch")
+    wd = Workdir(fetched_workdir)
+    tree = wd.tree("patched")
+    patched_before = {rel: sha256_file(tree / rel) for rel in upstream.patched_paths("prefetch")}
+    newer = []
+    for src, rel in upstream.kit_headers():
+        copy = tmp_path / "csrc" / src.name
+        copy.parent.mkdir(exist_ok=True)
+        copy.write_text(src.read_text() + "// a newer kit header\n")
+        newer.append((copy, rel))
+    monkeypatch.setattr(upstream, "kit_headers", lambda: newer)
+    res = apply_patch(fetched_workdir, "prefetch")
+    assert res.action == "applied" and res.patch_sha256 == patch_sha256("prefetch")
+    for copy, rel in newer:
+        assert (tree / rel).read_bytes() == copy.read_bytes()
+    assert {rel: sha256_file(tree / rel) for rel in patched_before} == patched_before
+    assert tree_modifications(wd, "patched") == []
+    assert apply_patch(fetched_workdir, "prefetch").action == "already-applied"

@@ -9,19 +9,21 @@ import os
 import platform
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, ownership
 from .buildplan import BuildPlan, TreePlan
 from .console import info
 from .errors import BuildError, KvprefetchError
 from .hashing import sha256_file
 from .locks import locked
 from .runner import run
-from .workdir import write_json_atomic
+from .workdir import Workdir, write_json_atomic
 
 _print_lock = threading.Lock()
 
@@ -45,18 +47,35 @@ def _say(tree: str, msg: str) -> None:
 
 
 def manifest_matches(tp: TreePlan) -> dict[str, Any] | None:
-    """The existing manifest when it records this exact key and its outputs are intact."""
+    """The existing manifest when it records this exact key and its outputs are intact (a
+    corrupt manifest matches nothing: the build runs again and rewrites it)."""
     mpath = Path(tp.build_dir) / "manifest.json"
     if not mpath.is_file():
         return None
-    m: dict[str, Any] = json.loads(mpath.read_text())
-    if m.get("key") != tp.key:
-        return None
-    for out in m.get("outputs", []):
-        p = Path(out["path"])
-        if not p.is_file() or sha256_file(p) != out["sha256"]:
+    try:
+        m: dict[str, Any] = json.loads(mpath.read_text())
+        if not isinstance(m, dict) or m.get("key") != tp.key:
             return None
+        for out in m.get("outputs", []):
+            p = Path(out["path"])
+            if not p.is_file() or sha256_file(p) != out["sha256"]:
+                return None
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        return None
     return m
+
+
+@contextmanager
+def _tree_locks(tp: TreePlan, plan: BuildPlan) -> Iterator[None]:
+    """The tree's own lock (shared with fetch, apply and clean: nobody changes the sources
+    being compiled) and the build's lock; build/<tree> is recorded as the kit's own."""
+    wd = Workdir(Path(plan.workdir))
+    bdir = Path(tp.build_dir)
+    with locked(wd.tree_lock(tp.tree), f"the tree {tp.tree}"), \
+            locked(bdir.parent / ".lock", f"the {tp.tree} build"):
+        if ownership.owned(wd.root, bdir.parent) is None:
+            ownership.record(wd.root, bdir.parent, "build")
+        yield
 
 
 def _skip_if_up_to_date(tp: TreePlan, force: bool, out: TreeOutcome) -> bool:
@@ -105,7 +124,7 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
     bdir = Path(tp.build_dir)
     logs = Path(tp.log_dir)
     t0 = time.monotonic()
-    with locked(bdir.parent / ".lock", f"the {tp.tree} build"):
+    with _tree_locks(tp, plan):
         if _skip_if_up_to_date(tp, force, out):
             return out
         logs.mkdir(parents=True, exist_ok=True)
@@ -189,7 +208,7 @@ def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
     bdir = Path(tp.build_dir)
     logs = Path(tp.log_dir)
     t0 = time.monotonic()
-    with locked(bdir.parent / ".lock", f"the {tp.tree} build"):
+    with _tree_locks(tp, plan):
         if _skip_if_up_to_date(tp, force, out):
             return out
         logs.mkdir(parents=True, exist_ok=True)

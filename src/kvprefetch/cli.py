@@ -29,6 +29,15 @@ COMMANDS: dict[str, str] = {
 }
 
 
+def _os_error_family(command: str | None) -> type[KvprefetchError]:
+    from . import errors
+
+    return {"fetch": errors.FetchError, "apply": errors.PatchError,
+            "diff-upstream": errors.PatchError, "export-header": errors.PatchError,
+            "build": errors.BuildError, "verify-kernel": errors.VerifyError,
+            "bench": errors.BenchError}.get(command or "", errors.ConfigError)
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -50,6 +59,18 @@ class LazyGroup(click.Group):
                 raise
             click.echo(f"error: {exc.message}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            # Anything the library did not map itself (a full disk, a read-only work
+            # directory): still one message with a fix, in the family of the command.
+            if debug:
+                raise
+            from .oserrors import describe
+
+            family = _os_error_family(ctx.invoked_subcommand)
+            cause, fix = describe(exc)
+            err = family(f"{ctx.invoked_subcommand or 'kvprefetch'} failed: {cause}", fix)
+            click.echo(f"error: {err.message}", err=True)
+            sys.exit(err.exit_code)
         except KeyboardInterrupt:
             if debug:
                 raise

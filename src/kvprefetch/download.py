@@ -112,6 +112,17 @@ def verify_sdist(path: Path) -> None:
                          "run the command again to download a fresh copy")
 
 
+def _remove_dead_downloads(downloads: Path) -> None:
+    """Partial downloads of killed runs (``.download-<pid>-*`` of a pid that is gone)."""
+    from .ownership import pid_alive
+
+    for p in downloads.glob(".download-*-*"):
+        pid = p.name.split("-")[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)) \
+                and p.is_file() and not p.is_symlink():
+            p.unlink()
+
+
 def ensure_sdist(downloads: Path, index_url: str | None = None) -> Path:
     """Return the path of a verified sdist in ``downloads``, downloading it if needed."""
     target = downloads / upstream.SDIST_NAME
@@ -120,7 +131,8 @@ def ensure_sdist(downloads: Path, index_url: str | None = None) -> Path:
         return target
     found = locate_sdist(index_url or configured_index_url())
     downloads.mkdir(parents=True, exist_ok=True)
-    fd, tmpname = tempfile.mkstemp(prefix=".download-", dir=downloads)
+    _remove_dead_downloads(downloads)
+    fd, tmpname = tempfile.mkstemp(prefix=f".download-{os.getpid()}-", dir=downloads)
     tmp = Path(tmpname)
     try:
         with os.fdopen(fd, "wb") as out:

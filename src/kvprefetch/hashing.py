@@ -48,3 +48,28 @@ def differences(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
     diffs += [f"D {p}" for p in sorted(recorded.keys() - current.keys())]
     diffs += [f"A {p}" for p in sorted(current.keys() - recorded.keys())]
     return diffs
+
+
+def source_manifest(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Relative path -> sha256 of EVERY file under ``root`` (a symlink: ``-> target``), nothing
+    skipped but the top-level names in ``skip``: what a source must match in full."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if here == root:
+            dirnames[:] = [d for d in dirnames if d not in skip]
+            filenames = [f for f in filenames if f not in skip]
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if (here / d).is_symlink()]):
+            p = here / name
+            key = p.relative_to(root).as_posix()
+            out[key] = "-> " + os.readlink(p) if p.is_symlink() else sha256_file(p)
+    return out
+
+
+def manifest_digest(manifest: dict[str, str]) -> str:
+    """One sha256 over a manifest (sorted ``path\\0hash\\n`` lines): a whole source's identity."""
+    h = hashlib.sha256()
+    for path, digest in sorted(manifest.items()):
+        h.update(f"{path}\0{digest}\n".encode())
+    return h.hexdigest()

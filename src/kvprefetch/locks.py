@@ -1,9 +1,11 @@
 """Advisory file locks (fcntl.flock) so two kvprefetch processes never work on the same
 tree, environment or build at once. The holder's pid is written into the lock file so the
-refusal can name it."""
+refusal can name it. A lock is never taken through a symlink: a lock file, or the directory
+holding it, that is a symlink is refused (it could point outside the work directory)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -13,14 +15,30 @@ from pathlib import Path
 from .errors import LockError
 
 
+def _refuse(lock_path: Path, why: str) -> LockError:
+    return LockError(f"cannot take the lock {lock_path}: {why}",
+                     f"remove or move away {lock_path} (kvprefetch creates it as an empty "
+                     "file), then rerun")
+
+
 @contextmanager
-def locked(lock_path: Path, what: str) -> Iterator[None]:
-    """Hold an exclusive, non-blocking lock on ``lock_path`` for the duration."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` for the duration (non-blocking unless ``wait``)."""
+    parent = lock_path.parent
+    if parent.is_symlink():
+        raise _refuse(lock_path, f"{parent} is a symlink")
+    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except IsADirectoryError:
+        raise _refuse(lock_path, "it is a directory") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse(lock_path, "it is a symlink") from None
+        raise
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             raise LockError(

@@ -13,12 +13,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import upstream
+from . import ownership, treetxn, upstream
 from .errors import ConfigError, PatchError
-from .hashing import inventory, sha256_bytes, sha256_file
+from .hashing import differences, inventory, sha256_bytes, sha256_file
 from .locks import locked
+from .oserrors import mapped
 from .runner import run
-from .workdir import Workdir
+from .workdir import Workdir, check_tree_name
 
 
 @dataclass(frozen=True)
@@ -115,69 +116,118 @@ def _describe(tree: Path) -> str:
                      if (tree / p).is_file() and sha256_file(tree / p) != upstream.PRISTINE_SHA256[p])
 
 
+def _refuse_differences(tree: Path, variant: str, applied: dict | None,
+                        diffs: list[str]) -> PatchError:
+    """Why a tree that differs from the kit's record is refused (nothing was changed)."""
+    shown = ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
+    fix = ("keep your changes elsewhere, then `kvprefetch fetch --force` (the tree is moved to "
+           f"backup/, not deleted) and `kvprefetch apply --variant {variant}`")
+    kit = {f"M {h}" for h in upstream.KIT_HEADERS_IN_TREE}
+    if applied is not None and set(diffs) <= kit:
+        edited = ", ".join(str(tree / d[2:]) for d in diffs)
+        return PatchError(f"{edited} was edited by hand (it differs from what kvprefetch "
+                          "installed); the tree was left untouched", fix)
+    carried = carried_variant(tree)
+    what = ("an unknown modification" if carried in (None, "unknown")
+            else f"the {carried} variant with other changes")
+    expected = ("pristine v0.10.2" if applied is None
+                else f"v0.10.2 with exactly the {applied['variant']} patch")
+    return PatchError(f"{tree} carries {what}, not {expected}: these files differ from what "
+                      f"kvprefetch recorded: {shown}; apply only ever adds exactly the patch, "
+                      "so the tree was left untouched", fix)
+
+
 def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None = None,
                 dry_run: bool = False) -> ApplyResult:
+    """Move a tree from pristine to "exactly this patch". The tree must match the kit's record
+    byte for byte (no edits, no added files: a file the patch adds is never overwritten); the
+    patched files are made on copies, staged, and renamed into place with the new state, or
+    not at all (treetxn)."""
     wd = Workdir(workdir)
-    name = tree_name or upstream.DEFAULT_TREE_FOR_VARIANT[variant]
+    name = check_tree_name(tree_name or upstream.DEFAULT_TREE_FOR_VARIANT[variant])
     if name == "baseline":
         raise ConfigError("refusing to patch the 'baseline' tree: it is the stock reference",
                           "patch 'patched' (or 'seed'), e.g. kvprefetch apply --tree patched")
     patches = _variant_files(variant)
     tree = wd.tree(name)
-    state = wd.read_state(name)
-    if not tree.is_dir() or state is None:
-        hint = (" --with-seed" if name == upstream.SEED_TREE
-                else "" if name in upstream.TREE_NAMES else f" --extra-tree {name}")
-        raise PatchError(f"there is no kvprefetch tree named {name!r} in {workdir}",
+    hint = (" --with-seed" if name == upstream.SEED_TREE
+            else "" if name in upstream.TREE_NAMES else f" --extra-tree {name}")
+    missing = PatchError(f"there is no kvprefetch tree named {name!r} in {workdir}",
                          f"run `kvprefetch fetch{hint}` first, or pass --tree patched")
+    if not tree.is_dir() or tree.is_symlink():
+        raise missing
     digest = patch_sha256(variant)
-    headers = [(src, tree / rel) for src, rel in upstream.kit_headers()]
-    files = upstream.patched_paths(variant) + list(upstream.KIT_HEADERS_IN_TREE)
-    with locked(wd.tree(name).with_suffix(".lock"), f"the tree {name}"):
-        carried = carried_variant(tree)
-        header_ok = all(dst.is_file() and sha256_file(dst) == sha256_file(src)
-                        for src, dst in headers)
-        if carried == variant and header_ok:
-            return ApplyResult(name, tree, variant, "already-applied", digest, files)
-        if carried is not None and carried != variant:
-            what = "an unknown modification" if carried == "unknown" else f"the {carried} variant"
-            raise PatchError(
-                f"{tree} carries {what}, not pristine v0.10.2, in: {_describe(tree)}; the tree "
-                "was left untouched",
-                f"restore it with `kvprefetch fetch --force`, then `kvprefetch apply --variant {variant}`")
-        applied = state.get("applied") or {}
-        recorded = applied.get("headers") or {  # a record from before there were two headers
-            upstream.PREFETCH_HEADER_IN_TREE: applied.get("header_sha256")}
-        for _, dst in headers:
-            rel = dst.relative_to(tree).as_posix()
-            if carried == variant and dst.is_file() and sha256_file(dst) != recorded.get(rel):
-                raise PatchError(f"{dst} was edited by hand (it differs from what kvprefetch "
-                                 "installed); the tree was left untouched",
-                                 "restore it with `kvprefetch fetch --force`, then apply again")
+    own = upstream.patched_paths(variant)
+    files = own + list(upstream.KIT_HEADERS_IN_TREE)
+    with locked(wd.tree_lock(name), f"the tree {name}"), mapped(PatchError, f"apply to {tree}"):
+        if treetxn.stage_dir(wd, name).exists() and dry_run:
+            raise PatchError(f"an apply to {name!r} was interrupted and awaits recovery",
+                             "run `kvprefetch apply` without --dry-run (it recovers first)")
+        if not dry_run:
+            treetxn.recover(wd, name)
+        state = wd.read_state(name)
+        if state is None:
+            raise missing
+        applied = state.get("applied")
+        recorded: dict[str, str] = state["inventory"]
+        diffs = differences(recorded, inventory(tree))
+        diffs += [f"A {rel} (a symlink or special file)" for rel in upstream.KIT_HEADERS_IN_TREE
+                  if applied is None and os.path.lexists(tree / rel) and rel not in recorded
+                  and f"A {rel}" not in diffs]
+        if diffs:
+            raise _refuse_differences(tree, variant, applied, diffs)
+        headers_only = False
+        if applied is not None:
+            if applied["variant"] == variant and applied["patch_sha256"] == digest:
+                return ApplyResult(name, tree, variant, "already-applied", digest, files)
+            # The kit's own headers changed since (csrc/*.cuh), its diffs did not: the tree's
+            # patched files still reverse-apply to pristine. Install the new headers.
+            headers_only = applied["variant"] == variant and carried_variant(tree) == variant
+        if applied is not None and not headers_only:
+            what = (f"the {applied['variant']} variant" if applied["variant"] != variant
+                    else f"another version of the {variant} patch (sha256 "
+                         f"{applied['patch_sha256'][:16]}…)")
+            raise PatchError(f"{tree} carries {what}, not pristine v0.10.2, in: "
+                             f"{_describe(tree) or 'the kit headers'}; the tree was left untouched",
+                             "restore it with `kvprefetch fetch --force`, then "
+                             f"`kvprefetch apply --variant {variant}`")
         if dry_run:
             return ApplyResult(name, tree, variant, "would-apply", digest, files)
-        if carried is None:
-            if not _git_apply(tree, patches, "--check"):
+        with tempfile.TemporaryDirectory(prefix="kvprefetch-apply-") as td:
+            work = Path(td) / "t"
+            for rel in [] if headers_only else own:
+                (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(tree / rel, work / rel)
+            if not headers_only and (not _git_apply(work, patches, "--check")
+                                     or not _git_apply(work, patches)):
                 raise PatchError(f"the {variant} patch does not apply to {tree}",
                                  "restore the tree with `kvprefetch fetch --force`")
-            _git_apply(tree, patches)
-            now = carried_variant(tree)
-            if now != variant:
-                raise PatchError(f"git apply reported success but {tree} does not carry the "
-                                 f"{variant} patch afterwards (found: {now or 'pristine'})",
-                                 "report this; meanwhile restore the tree with "
-                                 "`kvprefetch fetch --force`")
-        for src, dst in headers:
-            tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
-        state["applied"] = {"variant": variant, "patch_sha256": digest,
-                            "headers": {dst.relative_to(tree).as_posix(): sha256_file(dst)
-                                        for _, dst in headers},
-                            "files": {p: sha256_file(tree / p)
-                                      for p in upstream.patched_paths(variant)}}
-        state["inventory"] = inventory(tree)
-        wd.write_state(name, state)
+            if not headers_only and not _git_apply(work, patches, "--reverse", "--check"):
+                raise PatchError(f"git apply of the {variant} patch reported success but the "
+                                 "result does not carry the patch",
+                                 "report this; the tree was left untouched")
+            for src, rel in upstream.kit_headers():
+                (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, work / rel)
+            changes = {rel: work / rel for rel in
+                       (upstream.KIT_HEADERS_IN_TREE if headers_only else files)}
+            new_inventory = dict(recorded)
+            new_inventory.update({rel: sha256_file(p) for rel, p in changes.items()})
+            new_state = dict(state)
+            new_state["applied"] = {
+                "variant": variant, "patch_sha256": digest,
+                "headers": {rel: new_inventory[rel] for rel in upstream.KIT_HEADERS_IN_TREE},
+                "files": {rel: new_inventory[rel] for rel in own}}
+            new_state["inventory"] = new_inventory
+
+            def verify() -> None:
+                now = differences(new_inventory, inventory(tree))
+                if now:
+                    raise PatchError(f"{tree} changed while apply ran ({', '.join(now[:4])}); "
+                                     "the apply was rolled back", "rerun `kvprefetch apply`")
+
+            treetxn.commit(wd, name, changes, new_state, verify)
+        ownership.record(wd.root, tree, "tree", digest=ownership.inventory_digest(new_inventory))
     return ApplyResult(name, tree, variant, "applied", digest, files)
 
 
@@ -203,7 +253,7 @@ def pristine_text(wd: Workdir, rel: str = upstream.ATTENTION_HEADER) -> str:
 
 def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
     wd = Workdir(workdir)
-    tree = wd.tree(tree_name)
+    tree = wd.tree(check_tree_name(tree_name))
     if not (tree / upstream.ATTENTION_HEADER).is_file():
         raise PatchError(f"there is no tree {tree_name!r} in {workdir}", "run `kvprefetch fetch` first")
     state = wd.read_state(tree_name) or {}

@@ -20,6 +20,11 @@ SDIST_NAME = f"vllm-{VLLM_VERSION}.tar.gz"
 SDIST_SHA256 = "57608f44cf61f5d80fb182c98e06e524cb2925bb528258a7b247c8e43a52d13e"
 SDIST_SIZE = 10908356
 SDIST_TOPDIR = f"vllm-{VLLM_VERSION}"
+# The unpacked sdist in full: hashing.manifest_digest(hashing.source_manifest(<its top dir>)),
+# i.e. one sha256 over every file's path and sha256 (3063 files). A local --source directory
+# and the kept pristine copy must match it exactly, not only the files the patches touch.
+SDIST_SOURCE_FILES = 3063
+SDIST_SOURCE_SHA256 = "c51956bd5a813de0f576c044fff0c8460efcabbbd4aee2dbb30b2016aeda76c0"
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
 
 ATTENTION_HEADER = "csrc/attention/attention_kernels.cuh"

@@ -42,8 +42,9 @@ def _resolve_mode(mode: str, archs: tuple, workdir: Path) -> tuple[str, str | No
 @click.option("--trees", default=None, help="Comma-separated trees (default: baseline,patched[,seed]).")
 @click.option("--env-backend", type=click.Choice(["venv", "uv", "conda"]), default="venv",
               show_default=True)
-@click.option("--jobs", type=int, default=None, help="MAX_JOBS (default: sized from cores and memory).")
-@click.option("--nvcc-threads", type=int, default=None)
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="MAX_JOBS (default: sized from cores and memory).")
+@click.option("--nvcc-threads", type=click.IntRange(min=1), default=None)
 @click.option("--head-sizes", default=None, help="Kernels-only: e.g. 128 or 64,128,256 (default: all 9).")
 @click.option("--block-sizes", default=None, help="Kernels-only: subset of 8,16,32 (default: all).")
 @click.option("--kv-dtypes", default=None,
@@ -98,7 +99,25 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
     if why:
         info(f"notice: building kernels-only ({why})")
     wd = Workdir(workdir.resolve())
-    names = tuple(t for t in trees.split(",") if t) if trees else default_trees(wd)
+    from ..workdir import check_tree_name
+
+    names = tuple(check_tree_name(t, "--trees") for t in trees.split(",") if t) if trees \
+        else default_trees(wd)
+    if not dry_run:
+        # an apply killed half-way is rolled back (or completed) before the plan reads the tree
+        from ..locks import locked
+        from ..treetxn import recover
+
+        for n in names:
+            if wd.tree(n).is_dir():
+                with locked(wd.tree_lock(n), f"the tree {n}"):
+                    done = recover(wd, n)
+                if done:
+                    info(f"notice: {done}")
+    from ..buildplan import tree_variant
+
+    for n in names:  # a missing, unpatched or corrupt tree fails here, before torch is probed
+        tree_variant(wd, n)
     cores, mem = host_resources()
     dj, dt = default_jobs(cores, mem)
     jobs = jobs or dj
@@ -163,15 +182,20 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
 @workdir_option
 @click.option("--what", type=click.Choice(["builds", "envs", "trees", "all"]), default="builds",
               show_default=True)
+@click.option("--discard-edits", is_flag=True,
+              help="Also remove trees edited since kvprefetch made them, and backup/ (where "
+                   "fetch --force keeps edited trees). Without it they are kept and listed.")
 @dry_run_option
 @json_option
-def clean(workdir: Path, what: str, dry_run: bool, as_json: bool) -> None:
-    """Remove only what kvprefetch created and tagged in --workdir."""
+def clean(workdir: Path, what: str, discard_edits: bool, dry_run: bool, as_json: bool) -> None:
+    """Remove only what kvprefetch created in --workdir (never through a symlink)."""
     from ..cleaning import clean as do_clean
 
-    removed = do_clean(workdir, what, dry_run=dry_run)
+    res = do_clean(workdir, what, dry_run=dry_run, discard_edits=discard_edits)
     if as_json:
-        emit_json({"removed": removed, "dry_run": dry_run})
+        emit_json({"removed": res.removed, "kept": res.kept, "dry_run": dry_run})
     else:
-        for r in removed:
+        for r in res.removed:
             click.echo(("would remove " if dry_run else "removed ") + r)
+        for k in res.kept:
+            click.echo(f"kept {k.path}: {k.reason}", err=True)

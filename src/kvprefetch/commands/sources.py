@@ -29,23 +29,36 @@ from .common import dry_run_option, json_option, workdir_option
               help="Accept this commit for tag v0.10.2 (a trusted mirror that rewrote history).")
 @click.option("--force", is_flag=True,
               help="Replace trees that carry local modifications (the old ones go to backup/).")
+@click.option("--adopt", is_flag=True,
+              help="Use a non-empty --workdir that kvprefetch did not create (its files are "
+                   "kept: kvprefetch only removes what it creates).")
+@click.option("--repair", is_flag=True,
+              help="Rebuild corrupt or missing state records from the trees' content (an edit "
+                   "stays reported as an edit).")
 @dry_run_option
 @json_option
 def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with_seed: bool,
-          extra_trees: tuple[str, ...], allow_commit: str | None, force: bool, dry_run: bool, as_json: bool) -> None:
+          extra_trees: tuple[str, ...], allow_commit: str | None, force: bool, adopt: bool,
+          repair: bool, dry_run: bool, as_json: bool) -> None:
     """Make independent vLLM v0.10.2 trees 'baseline' and 'patched' under --workdir."""
     from ..errors import ConfigError
-    from ..sources import fetch_trees
+    from ..sources import check_allow_commit, check_repo_url, fetch_trees
+    from ..workdir import check_tree_name
 
-    bad = [t for t in extra_trees if not t.isidentifier() or t in upstream.TREE_NAMES]
+    for extra in extra_trees:
+        check_tree_name(extra, "--extra-tree")
+    bad = [t for t in extra_trees if t in upstream.TREE_NAMES]
     if bad:
         raise ConfigError(f"--extra-tree {', '.join(bad)}: tree names must be identifiers other "
                           "than baseline/patched", "pick a name such as exp_d2")
+    check_allow_commit(allow_commit)
+    check_repo_url(repo_url)
     names = (upstream.TREE_NAMES + ((upstream.SEED_TREE,) if with_seed else ())
              + tuple(t for t in extra_trees if t != upstream.SEED_TREE or not with_seed))
     with step(f"fetch vLLM {upstream.VLLM_VERSION} ({source})"):
         res = fetch_trees(workdir, source=source, repo_url=repo_url, index_url=index_url,
-                          names=names, force=force, dry_run=dry_run, allow_commit=allow_commit)
+                          names=names, force=force, dry_run=dry_run, allow_commit=allow_commit,
+                          adopt=adopt, repair=repair)
     for n in res.notices:
         info(f"notice: {n}")
     if as_json:
@@ -108,8 +121,16 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
                        "To fix: express the change as added lines only", err=True)
             sys.exit(1)
         from ..patching import carried_variant
+        from ..sources import tree_modifications
         from ..workdir import Workdir
 
+        changed = tree_modifications(Workdir(workdir), tree_name)
+        if changed:
+            click.echo(f"check FAILED: tree {tree_name!r} differs from what kvprefetch recorded "
+                       f"(pristine v0.10.2 plus exactly the patch) in: {', '.join(changed[:8])}\n"
+                       "To fix: `kvprefetch fetch --force` (the tree is moved to backup/), then "
+                       "`kvprefetch apply`", err=True)
+            sys.exit(1)
         carried = carried_variant(Workdir(workdir).tree(tree_name))
         if res.variant is not None and carried != res.variant:
             click.echo(f"check FAILED: tree {tree_name!r} is recorded as carrying the "
