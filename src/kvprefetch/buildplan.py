@@ -23,7 +23,7 @@ from .selection import Selection
 from .toolchain import CudaArch, format_arch_list, gencode_flags
 from .workdir import Workdir
 
-MODES = ("full", "kernels-only")
+MODES = ("full", "kernels-only", "overlay")
 
 # Variables that silently swap binaries or break isolation: never passed to a build.
 UNSET_FOR_BUILD = ("PYTHONPATH", "PYTHONHOME", "VLLM_USE_PRECOMPILED",
@@ -86,6 +86,11 @@ _SOURCE_FILES = ("CMakeLists.txt", "setup.py", "pyproject.toml")
 
 def _compiled(path: str) -> bool:
     return path.startswith(tuple(f"{d}/" for d in _SOURCE_DIRS)) or path in _SOURCE_FILES
+
+
+def mode_compiles_kernels(mode: str) -> bool:
+    """kernels-only and overlay compile the trees' attention sources themselves (narrowable)."""
+    return mode in ("kernels-only", "overlay")
 
 
 def source_hash(state: dict[str, Any]) -> str:
@@ -198,7 +203,7 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
               cuda_home: str | None, torch_info: Any | None, editable: bool = True,
               deps_dir: Path | None = None, ccache: str | None = None,
               tree_defines: dict[str, tuple[str, ...]] | None = None,
-              parallel_trees: int = 1) -> BuildPlan:
+              parallel_trees: int = 1, overlay: Any | None = None) -> BuildPlan:
     """Compute the plan. ``torch_info`` (kernels-only) is the probe of the torch the envs will
     use, so the compile commands in the plan are the exact ones that will run."""
     if mode not in MODES:
@@ -222,7 +227,14 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
         py = str(env_path / "bin" / "python")
         namespace = namespace_for(tree)
         env_set = _env_set_common(arch_list, jobs, nvcc_threads, cuda_home)
-        if mode == "kernels-only":
+        if mode == "overlay":
+            from .overlay.build import overlay_tree_plan
+
+            tree_plans.append(overlay_tree_plan(wd, tree, variant, patch, state, src_hash,
+                                                env_backend, env_path, py, namespace, env_set,
+                                                gencode, selection, jobs, overlay,
+                                                (tree_defines or {}).get(tree, ())))
+        elif mode == "kernels-only":
             tree_plans.append(_kernels_tree_plan(wd, tree, variant, patch, state, src_hash,
                                                  env_backend, env_path, py, namespace, env_set,
                                                  gencode, selection, torch_from, nvcc, nvcc_version,
