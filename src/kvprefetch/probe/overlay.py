@@ -58,7 +58,9 @@ def cuda_kernel_site(torch, op):
     for line in dump.splitlines():
         if line.startswith("CUDA:"):
             site = line[len("CUDA: registered at "):].split(" :: ")[0]
-            return {"registered_at": site}
+            file, _, lineno = site.rpartition(":")
+            return {"registered_at": file if lineno.isdigit() else site,
+                    "line": int(lineno) if lineno.isdigit() else None}
     return {"registered_at": None}
 
 
@@ -126,6 +128,13 @@ def inspect(label):
         rep["errors"].append(f"entry points: {type(exc).__name__}: {exc}")
     import torch
 
+    # vLLM's engine and workers import vllm._custom_ops (and with it vllm._C) before they
+    # load plugins; so does the probe, then reads the dispatcher as vLLM left it.
+    try:
+        import vllm._C  # noqa: F401
+        import vllm._custom_ops  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        rep["errors"].append(f"import vllm._C: {type(exc).__name__}: {exc}")
     rep["before_plugins"] = {op: cuda_kernel_site(torch, op) for op in OPS}
     collect = _Collect()
     logging.getLogger("vllm.plugins").addHandler(collect)
