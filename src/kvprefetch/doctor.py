@@ -330,7 +330,8 @@ def _check_cmake(environ: Mapping[str, str]) -> Check:
 def _check_disk(workdir: Path, mode: Mode, probes: DoctorProbes) -> Check:
     need = probes.disk_estimate_gb[mode]
     free = probes.disk_free(workdir) / GIB
-    detail = f"{free:.1f} GiB free at {workdir}, a {mode} build needs about {need:.0f} GiB"
+    article = "an" if mode == "overlay" else "a"
+    detail = f"{free:.1f} GiB free at {workdir}, {article} {mode} build needs about {need:.0f} GiB"
     fix = f"free space or pass --workdir on a disk with at least {need:.0f} GiB free"
     if free < need:
         return Check("disk", "fail", detail, fix)

@@ -50,7 +50,14 @@ def register():
         if not os.path.isfile(library):
             raise FileNotFoundError(f"the kernel library {library} does not exist")
         torch.ops.load_library(library)
-        ns = getattr(torch.ops, cfg["namespace"])
+        # The op namespace is the library's own (its build.json, written beside it by the
+        # build), so the routing always goes to the library the config names.
+        namespace = cfg["namespace"]
+        record = os.path.join(os.path.dirname(library), "build.json")
+        if os.path.isfile(record):
+            with open(record) as f:
+                namespace = json.load(f).get("namespace", namespace)
+        ns = getattr(torch.ops, namespace)
         STATE["route"] = json.loads(ns.route_into_vllm())
         STATE["routed"] = True
     except Exception as exc:

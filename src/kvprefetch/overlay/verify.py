@@ -74,6 +74,11 @@ def routing_problems(tree: str, manifest: dict[str, Any], probe: dict[str, Any])
             probe.get("plugin_import_error"), *probe.get("plugin_log_errors", []),
             state.get("error"), "" if state else "the plugin never ran"]))
         problems.append(f"the kvprefetch plugin failed to load or route in {tree}'s env: {why}")
+        named = (state.get("config") or {}).get("library")
+        if named and _real(named) != _real(manifest.get("so_path")):
+            problems.append(f"{tree}'s plugin names the library {named}, but this "
+                            f"environment's tree is {tree!r}: its library is "
+                            f"{manifest.get('so_path')}")
     lib = probe.get("routed_library") or {}
     want_path, want_sha = _real(manifest.get("so_path")), manifest.get("so_sha256")
     built = lib.get("build_info") or {}
