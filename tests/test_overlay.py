@@ -148,6 +148,24 @@ def test_verify_passes_with_routing_proven_in_each_env(overlay: dict[str, Any]) 
             "not checked"
 
 
+def test_bench_e2e_runs_vllm_bench_throughput_in_the_verified_envs(
+        overlay: dict[str, Any]) -> None:
+    """After verify passed, `bench e2e` plans `vllm bench throughput` (V0 + XFORMERS, dummy
+    weights) with each overlay env's own python. Only the plan: running it needs a GPU."""
+    wd, env = overlay["workdir"], overlay["env"]
+    res = kvprefetch_cli_split("bench", "e2e", "--workdir", str(wd), "--dry-run", "--json",
+                               "--max-num-seqs", "8", "--repeats", "1", env=env)
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert plan["refusal"] is None
+    assert plan["environment"] == {"VLLM_USE_V1": "0", "VLLM_ATTENTION_BACKEND": "XFORMERS"}
+    pythons = {run[0] for run in plan["runs"]}
+    assert pythons == {_manifest(wd, t)["env"]["python"] for t in TREES}
+    for run in plan["runs"]:
+        assert run[1:5] == ["-m", "vllm.entrypoints.cli.main", "bench", "throughput"]
+        assert run[run.index("--load-format") + 1] == "dummy"
+
+
 def _overlay_json(wd: Path, tree: str) -> Path:
     env = Path(_manifest(wd, tree)["env"]["path"])
     return next(env.glob("lib/python*/site-packages/kvprefetch_overlay/overlay.json"))
@@ -181,17 +199,27 @@ def test_crossed_plugin_fails_verify_and_gates_bench(overlay: dict[str, Any]) ->
 
 def test_broken_plugin_fails_verify(overlay: dict[str, Any]) -> None:
     """A plugin whose module cannot be imported: vLLM only logs that (and would serve its stock
-    kernels), so verify must fail, naming the failure."""
-    wd, env = overlay["workdir"], overlay["env"]
+    kernels), so verify's routing check must fail, naming the failure. (Checked with verify's
+    own probe and verdict on the patched env alone; the full command is exercised above.)"""
+    from kvprefetch.overlay.driverstub import driver_loadable, ensure_stub
+    from kvprefetch.overlay.verify import probe_overlay, routing_problems
+
+    wd = overlay["workdir"]
+    m = _manifest(wd, "patched")
     init = _overlay_json(wd, "patched").with_name("__init__.py")
     saved = init.read_bytes()
+    stub = None
+    if not driver_loadable():
+        site = Path(m["so_path"]).parent.parent
+        stub, _ = ensure_stub(next(site.glob("vllm/_C*.so")), wd / "verify" / "driver-stub")
     try:
         init.write_text(saved.decode() + "\nraise ImportError('deliberately broken')\n")
-        v = kvprefetch_cli_split("verify-kernel", "--workdir", str(wd), "--json", env=env,
-                                 timeout=1200)
-        assert v.returncode == 6, v.stdout[-3000:]
-        row = _checks(v.stdout)[(ROUTE, "patched")]
-        assert row["status"] == "fail" and "failed to load" in row["detail"]
-        assert "deliberately broken" in row["detail"]
+        probe = probe_overlay(m["env"]["python"], child=False, stub_dir=stub)
+        problems = routing_problems("patched", m, probe)
+        assert any("failed to load" in p and "deliberately broken" in p for p in problems), \
+            problems
+        # what vLLM was left with: its own kernels
+        assert all("torch_bindings.cpp" in s["registered_at"]
+                   for s in probe["dispatch"].values())
     finally:
         init.write_bytes(saved)
