@@ -202,8 +202,14 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
                        overlay: OverlayOptions | None) -> Any:
     from ..builder import TreeOutcome, _child_env, _say, _skip_if_up_to_date
     from ..hashing import sha256_file
-    from ..kernels_build import (compile_flags, install_into_env, kernel_sources, ninja_text,
-                                 probe_torch, write_if_changed)
+    from ..kernels_build import (
+        compile_flags,
+        install_into_env,
+        kernel_sources,
+        ninja_text,
+        probe_torch,
+        write_if_changed,
+    )
     from ..locks import locked
     from ..selection import Selection
     from ..upstream import kit_root

@@ -40,8 +40,8 @@ def plugin_files(config: dict[str, Any]) -> dict[str, bytes]:
             "tree's compiled kernels\n"
             "License: Apache-2.0\n").encode(),
         f"{info}/WHEEL": (
-            "Wheel-Version: 1.0\nGenerator: kvprefetch\nRoot-Is-Purelib: true\n"
-            "Tag: py3-none-any\n").encode(),
+            b"Wheel-Version: 1.0\nGenerator: kvprefetch\nRoot-Is-Purelib: true\n"
+            b"Tag: py3-none-any\n"),
         f"{info}/entry_points.txt": (
             f"[{ENTRY_GROUP}]\n{ENTRY_NAME} = {PACKAGE}:register\n").encode(),
         f"{info}/top_level.txt": f"{PACKAGE}\n".encode(),

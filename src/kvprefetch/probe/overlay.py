@@ -122,8 +122,8 @@ def inspect(label):
             try:
                 dist = mine[0].dist
                 rep["entry_point_dist"] = f"{dist.metadata['Name']} {dist.version}" if dist else None
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception as exc:  # noqa: BLE001
+                rep["errors"].append(f"entry point distribution: {exc}")
     except Exception as exc:  # noqa: BLE001
         rep["errors"].append(f"entry points: {type(exc).__name__}: {exc}")
     import torch
@@ -131,8 +131,8 @@ def inspect(label):
     # vLLM's engine and workers import vllm._custom_ops (and with it vllm._C) before they
     # load plugins; so does the probe, then reads the dispatcher as vLLM left it.
     try:
-        import vllm._C  # noqa: F401
-        import vllm._custom_ops  # noqa: F401
+        import vllm._C
+        import vllm._custom_ops
     except Exception as exc:  # noqa: BLE001
         rep["errors"].append(f"import vllm._C: {type(exc).__name__}: {exc}")
     rep["before_plugins"] = {op: cuda_kernel_site(torch, op) for op in OPS}
