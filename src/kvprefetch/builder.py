@@ -198,6 +198,13 @@ def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
         child = _child_env(env_obj, tp)
         stats = ""
         for i, s in enumerate(tp.steps, 1):
+            if s.name == "unpack-deps":
+                from .deps import unpack_archives
+
+                _say(tp.tree, s.description)
+                unpack_archives(Path(str(s.cwd)),
+                                Path(tp.env_set["VLLM_CUTLASS_SRC_DIR"]).parent)
+                continue
             if not s.argv:
                 continue
             _say(tp.tree, f"{s.name}: {s.description}")

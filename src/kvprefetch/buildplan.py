@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -305,8 +304,16 @@ def _full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | No
         env_set["CCACHE_DIR"] = str(wd.root / "ccache")
         env_set["CCACHE_NOHASHDIR"] = "true"
         env_set["CCACHE_BASEDIR"] = str(wd.root / "trees")
+    unpack: list[Step] = []
     if deps_dir is not None:
-        env_set.update(deps_env(deps_dir))
+        from .deps import find_archives
+
+        env_set.update(deps_env(deps_dir, wd.root / "deps"))
+        if find_archives(deps_dir, wd.root / "deps"):
+            # an internal step; its cwd names the archives' directory
+            unpack.append(Step("unpack-deps", (), f"check {deps_dir}/SHA256SUMS and unpack the "
+                               f"archives into {wd.root / 'deps'} (once)",
+                               cwd=str(deps_dir.resolve())))
     key = build_key({"mode": "full", "tree": tree, "source": src_hash, "patch": patch,
                      "arch": arch_list, "editable": editable, "nvcc": nvcc_version,
                      "env_backend": env_backend})
@@ -315,6 +322,7 @@ def _full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | No
     install: tuple[str, ...] = (*pip, "install", "--no-build-isolation", "-v")
     install = (*install, *(("-e", ".") if editable else (".",)))
     steps = [
+        *unpack,
         Step("create-env", (), f"{env_backend} environment at {env_path} (Python "
              f"{sys.version_info.major}.{sys.version_info.minor})"),
         Step("build-requirements", (*pip, "install", "-r", "requirements/build.txt"),
@@ -336,25 +344,10 @@ def _full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | No
                     tuple(steps), (str(so), str(bdir / "manifest.json")))
 
 
-DEPS_VARS = {"cutlass": "VLLM_CUTLASS_SRC_DIR", "flash-attention": "VLLM_FLASH_ATTN_SRC_DIR",
-             "FlashMLA": "FLASH_MLA_SRC_DIR"}
+def deps_env(deps_dir: Path, unpack_root: Path | None = None) -> dict[str, str]:
+    """--deps-dir D: recursive clones D/cutlass (v4.0.0), D/flash-attention (ee4d25bd) and
+    D/FlashMLA (a757314c), or the hash-listed archives of shared/deps/ (unpacked under
+    ``unpack_root`` by the plan's unpack-deps step); CMake then skips its downloads."""
+    from .deps import deps_env as _deps_env
 
-
-def deps_env(deps_dir: Path) -> dict[str, str]:
-    """--deps-dir D expects recursive clones D/cutlass (v4.0.0), D/flash-attention (ee4d25bd)
-    and D/FlashMLA (a757314c); CMake then skips its FetchContent downloads."""
-    out = {}
-    missing = []
-    for name, var in DEPS_VARS.items():
-        p = deps_dir / name
-        if p.is_dir():
-            out[var] = str(p.resolve())
-        elif os.environ.get(var):
-            out[var] = os.environ[var]
-        else:
-            missing.append(f"{p} ({var})")
-    if missing:
-        raise ConfigError("--deps-dir is missing: " + ", ".join(missing),
-                          "clone them recursively there: cutlass at v4.0.0, "
-                          "vllm-project/flash-attention at ee4d25bd, vllm-project/FlashMLA at a757314c")
-    return out
+    return _deps_env(deps_dir, unpack_root or deps_dir.parent / "deps-unpacked")
