@@ -140,3 +140,37 @@ def test_routing_verdict() -> None:
     assert any("VLLM_PLUGINS" in p for p in routing_problems("patched", MANIFEST, filtered))
     missed = dict(good, hits=[1, 2])
     assert any("did not all reach" in p for p in routing_problems("patched", MANIFEST, missed))
+
+
+def test_doctor_names_the_toolkit_libraries_a_full_configure_needs(
+        tmp_path: Path, base_environ: dict[str, str]) -> None:
+    """A full build's configure needs libcuda.so (a driver or the toolkit's stub) and
+    libnvrtc.so. Checked on a toolkit-shaped directory with and without them (the files'
+    presence is all the check reads), and on this machine's real toolkit."""
+    from kvprefetch.doctor import DoctorProbes, _check_cuda_libs
+
+    home = tmp_path / "cuda"
+    (home / "lib64" / "stubs").mkdir(parents=True)
+    env = dict(base_environ, CUDA_HOME=str(home))
+    bad = _check_cuda_libs(env, DoctorProbes())
+    assert bad.status == "fail" and "libcuda.so" in bad.detail and "libnvrtc.so" in bad.detail
+    assert "cuda-driver-dev" in (bad.fix or "") and "nvrtc" in (bad.fix or "")
+    (home / "lib64" / "stubs" / "libcuda.so").write_bytes(b"")
+    (home / "lib64" / "libnvrtc.so").write_bytes(b"")
+    assert _check_cuda_libs(env, DoctorProbes()).status == "ok"
+    real = _check_cuda_libs(base_environ, DoctorProbes())
+    assert real.status in ("ok", "fail", "skip")
+
+
+def test_doctor_overlay_mode_reports_the_toolkit(tmp_path: Path,
+                                                 base_environ: dict[str, str]) -> None:
+    from kvprefetch.doctor import DoctorProbes, run_doctor
+
+    probes = DoctorProbes(index=lambda url, env: (True, f"{url} answered HTTP 200"))
+    rep = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="overlay", probes=probes,
+                     allow_cuda_mismatch=True)
+    names = [c.name for c in rep.checks]
+    assert "toolkit" in names and "package-index" in names and "network" not in names
+    tk = rep.check("toolkit")
+    if tk.status != "skip":
+        assert "nvcc" in tk.detail and ("major version" in tk.detail or "mismatch" in tk.detail)

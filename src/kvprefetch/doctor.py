@@ -204,6 +204,28 @@ def _check_nvcc(archs: Sequence[CudaArch], environ: Mapping[str, str], mode: Mod
     return checks, nvcc, version
 
 
+def _check_cuda_libs(environ: Mapping[str, str], probes: DoctorProbes) -> Check:
+    """A full build's CMake links _C against CUDA::cuda_driver (libcuda.so, from the toolkit's
+    stubs/ on a machine without a driver) and finds CUDA_nvrtc_LIBRARY; a toolkit without them
+    stops the configure (shared/deps/README.md records this machine's case)."""
+    home = cuda_home(environ, fallback_roots=probes.cuda_roots)
+    if home is None:
+        return Check("cuda-libs", "skip", "no toolkit found (see cuda-home)")
+    libdirs = [home / "lib64", home / "lib64" / "stubs",
+               home / "targets" / "x86_64-linux" / "lib",
+               home / "targets" / "x86_64-linux" / "lib" / "stubs"]
+    missing = [name for name in ("libcuda.so", "libnvrtc.so")
+               if not any((d / name).exists() for d in libdirs)]
+    if not missing:
+        return Check("cuda-libs", "ok", f"libcuda.so (driver or stub) and libnvrtc.so in {home}")
+    return Check("cuda-libs", "fail",
+                 f"{home} has no {' and no '.join(missing)} (looked in lib64/, lib64/stubs/ and "
+                 "targets/x86_64-linux/lib/): vLLM's CMake links _C against CUDA::cuda_driver "
+                 "and looks up CUDA_nvrtc_LIBRARY, so the configure stops",
+                 "install the toolkit's driver stub and NVRTC (apt: cuda-driver-dev-12-8 and "
+                 "cuda-nvrtc-dev-12-8, or NVIDIA's full runfile toolkit)")
+
+
 def _check_overlay_toolkit(environ: Mapping[str, str], cuda_home_opt: str | None,
                            allow_mismatch: bool) -> tuple[Check, Path | None,
                                                           tuple[int, int, int] | None]:
@@ -467,6 +489,8 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
         checks.append(Check("nvcc-compile", "skip", "no usable nvcc or arch list"))
     if mode != "overlay":
         checks.append(_check_cuda_home(environ, probes))
+    if mode == "full":
+        checks.append(_check_cuda_libs(environ, probes))
     checks.append(_check_gcc(environ))
     checks.append(_check_cmake(environ) if mode == "full" else
                   Check("cmake", "skip", f"{mode} builds do not use cmake"))
