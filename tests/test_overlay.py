@@ -106,6 +106,8 @@ def test_build_installs_vllm_and_the_plugin(overlay: dict[str, Any]) -> None:
             "--allow-cuda-mismatch" not in overlay["argv"])
         assert m["toolchain"]["cudart"].endswith("libcudart.so.12")
         env = Path(m["env"]["path"])
+        # beside the kernels-only env envs/<tree>, so either mode can follow the other
+        assert env == wd / "envs" / f"{tree}-vllm"
         assert Path(m["so_path"]).is_relative_to(env)
         eps = list(env.glob("lib/python*/site-packages/kvprefetch_vllm_overlay-*.dist-info/"
                             "entry_points.txt"))

@@ -98,6 +98,7 @@ def overlay_tree_plan(wd: Any, tree: str, variant: str | None, patch: str | None
         "ops_cpp": _sha(csrc / "kvprefetch_ops.cpp"), "route_cpp": _sha(csrc / ROUTE_CPP),
         "plugin": _sha(TEMPLATE), "gencode": gencode, "selection": selection.to_dict(),
         "namespace": namespace, "pins": PINS, "env_backend": env_backend,
+        "env_path": str(env_path),
         "defines": list(defines), "cuda_home": opts.cuda_home,
         "allow_cuda_mismatch": opts.allow_cuda_mismatch,
     })
