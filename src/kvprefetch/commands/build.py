@@ -43,8 +43,9 @@ def _resolve_mode(mode: str, archs: tuple, workdir: Path) -> tuple[str, str | No
                    "kernels-only.")
 @click.option("--kernels-only", "kernels_only", is_flag=True, help="Same as --mode kernels-only.")
 @click.option("--trees", default=None, help="Comma-separated trees (default: baseline,patched[,seed]).")
-@click.option("--env-backend", type=click.Choice(["venv", "uv", "conda"]), default="venv",
-              show_default=True)
+@click.option("--env-backend", type=click.Choice(["venv", "uv", "conda"]), default=None,
+              help="Environment kind [default: uv for --mode overlay where uv is found (it "
+                   "hard-links the second env's 9.7 GB of wheels from its cache), else venv].")
 @click.option("--jobs", type=int, default=None, help="MAX_JOBS (default: sized from cores and memory).")
 @click.option("--nvcc-threads", type=int, default=None)
 @click.option("--head-sizes", default=None, help="Kernels-only: e.g. 128 or 64,128,256 (default: all 9).")
@@ -70,7 +71,7 @@ def _resolve_mode(mode: str, archs: tuple, workdir: Path) -> tuple[str, str | No
 @dry_run_option
 @json_option
 def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | None,
-          env_backend: str, jobs: int | None, nvcc_threads: int | None, head_sizes: str | None,
+          env_backend: str | None, jobs: int | None, nvcc_threads: int | None, head_sizes: str | None,
           block_sizes: str | None, kv_dtypes: str | None, torch_from: str | None,
           no_editable: bool, deps_dir: Path | None, tree_defines: tuple[str, ...],
           cuda_home: str | None, allow_cuda_mismatch: bool, skip_doctor: bool, force: bool,
@@ -134,6 +135,10 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
     parallel = max(1, min(len(names), jobs)) if mode in ("kernels-only", "overlay") else 1
     per_tree = max(1, jobs // parallel)
     overlay = None
+    if env_backend is None:
+        from ..overlay.build import find_uv
+
+        env_backend = "uv" if mode == "overlay" and find_uv() else "venv"
     if mode == "overlay":
         from ..overlay.build import OverlayOptions, find_uv
 
