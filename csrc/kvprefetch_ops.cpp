@@ -45,7 +45,11 @@ void paged_attention_v2(
 // A JSON string baked in at compile time: tree, variant, patch hash, instantiation set.
 static std::string build_info() { return KVPREFETCH_BUILD_INFO; }
 
-TORCH_LIBRARY(KVPREFETCH_NAMESPACE, ops) {
+// TORCH_LIBRARY stringizes its namespace argument without expanding it in torch < 2.10 (2.8:
+// `#ns`), which would register the ops under the literal name "KVPREFETCH_NAMESPACE"; one more
+// macro level expands it first (vLLM's TORCH_LIBRARY_EXPAND does the same).
+#define KVPREFETCH_TORCH_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+KVPREFETCH_TORCH_LIBRARY(KVPREFETCH_NAMESPACE, ops) {
   ops.def(
       "paged_attention_v1("
       "    Tensor! out, Tensor query, Tensor key_cache,"

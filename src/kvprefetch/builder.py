@@ -217,6 +217,13 @@ def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
         child = _child_env(env_obj, tp)
         stats = ""
         for i, s in enumerate(tp.steps, 1):
+            if s.name == "unpack-deps":
+                from .deps import unpack_archives
+
+                _say(tp.tree, s.description)
+                unpack_archives(Path(str(s.cwd)),
+                                Path(tp.env_set["VLLM_CUTLASS_SRC_DIR"]).parent)
+                continue
             if not s.argv:
                 continue
             _say(tp.tree, f"{s.name}: {s.description}")
@@ -244,7 +251,8 @@ def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
     return out
 
 
-def execute(plan: BuildPlan, *, torch_from: str | None = None, force: bool = False) -> list[TreeOutcome]:
+def execute(plan: BuildPlan, *, torch_from: str | None = None, force: bool = False,
+            overlay: Any | None = None) -> list[TreeOutcome]:
     """Build every tree of the plan; failures are collected, not raised mid-way, so one tree's
     error never leaves the other half-built without a report."""
     def one(tp: TreePlan) -> TreeOutcome:
@@ -252,12 +260,16 @@ def execute(plan: BuildPlan, *, torch_from: str | None = None, force: bool = Fal
         try:
             if plan.mode == "kernels-only":
                 return build_kernels_tree(tp, plan, torch_from, force)
+            if plan.mode == "overlay":
+                from .overlay.build import build_overlay_tree
+
+                return build_overlay_tree(tp, plan, force, overlay)
             return build_full_tree(tp, plan, force)
         except KvprefetchError as exc:
             o = TreeOutcome(tp.tree, "failed", round(time.monotonic() - t0, 1), tp.log_dir)
             o.error, o.error_kind = exc.message, type(exc).__name__
             return o
 
-    workers = plan.parallel_trees if plan.mode == "kernels-only" else 1
+    workers = plan.parallel_trees if plan.mode in ("kernels-only", "overlay") else 1
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return list(pool.map(one, plan.trees))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from .selection import Selection
 from .toolchain import CudaArch, format_arch_list, gencode_flags
 from .workdir import Workdir
 
-MODES = ("full", "kernels-only")
+MODES = ("full", "kernels-only", "overlay")
 
 # Variables that silently swap binaries or break isolation: never passed to a build.
 UNSET_FOR_BUILD = ("PYTHONPATH", "PYTHONHOME", "VLLM_USE_PRECOMPILED",
@@ -86,6 +85,11 @@ _SOURCE_FILES = ("CMakeLists.txt", "setup.py", "pyproject.toml")
 
 def _compiled(path: str) -> bool:
     return path.startswith(tuple(f"{d}/" for d in _SOURCE_DIRS)) or path in _SOURCE_FILES
+
+
+def mode_compiles_kernels(mode: str) -> bool:
+    """kernels-only and overlay compile the trees' attention sources themselves (narrowable)."""
+    return mode in ("kernels-only", "overlay")
 
 
 def source_hash(state: dict[str, Any]) -> str:
@@ -198,7 +202,7 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
               cuda_home: str | None, torch_info: Any | None, editable: bool = True,
               deps_dir: Path | None = None, ccache: str | None = None,
               tree_defines: dict[str, tuple[str, ...]] | None = None,
-              parallel_trees: int = 1) -> BuildPlan:
+              parallel_trees: int = 1, overlay: Any | None = None) -> BuildPlan:
     """Compute the plan. ``torch_info`` (kernels-only) is the probe of the torch the envs will
     use, so the compile commands in the plan are the exact ones that will run."""
     if mode not in MODES:
@@ -218,11 +222,20 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
     for tree in trees:
         state, variant, patch = tree_variant(wd, tree)
         src_hash = source_hash(state)
-        env_path = wd.env(tree)
+        # An overlay env (vLLM installed) lives beside the kernels-only one, not in its place:
+        # the two kinds differ in options, and either mode may be built after the other.
+        env_path = wd.env(f"{tree}-vllm" if mode == "overlay" else tree)
         py = str(env_path / "bin" / "python")
         namespace = namespace_for(tree)
         env_set = _env_set_common(arch_list, jobs, nvcc_threads, cuda_home)
-        if mode == "kernels-only":
+        if mode == "overlay":
+            from .overlay.build import overlay_tree_plan
+
+            tree_plans.append(overlay_tree_plan(wd, tree, variant, patch, state, src_hash,
+                                                env_backend, env_path, py, namespace, env_set,
+                                                gencode, selection, jobs, overlay,
+                                                (tree_defines or {}).get(tree, ())))
+        elif mode == "kernels-only":
             tree_plans.append(_kernels_tree_plan(wd, tree, variant, patch, state, src_hash,
                                                  env_backend, env_path, py, namespace, env_set,
                                                  gencode, selection, torch_from, nvcc, nvcc_version,
@@ -293,8 +306,16 @@ def _full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | No
         env_set["CCACHE_DIR"] = str(wd.root / "ccache")
         env_set["CCACHE_NOHASHDIR"] = "true"
         env_set["CCACHE_BASEDIR"] = str(wd.root / "trees")
+    unpack: list[Step] = []
     if deps_dir is not None:
-        env_set.update(deps_env(deps_dir))
+        from .deps import find_archives
+
+        env_set.update(deps_env(deps_dir, wd.root / "deps"))
+        if find_archives(deps_dir, wd.root / "deps"):
+            # an internal step; its cwd names the archives' directory
+            unpack.append(Step("unpack-deps", (), f"check {deps_dir}/SHA256SUMS and unpack the "
+                               f"archives into {wd.root / 'deps'} (once)",
+                               cwd=str(deps_dir.resolve())))
     key = build_key({"mode": "full", "tree": tree, "source": src_hash, "patch": patch,
                      "arch": arch_list, "editable": editable, "nvcc": nvcc_version,
                      "env_backend": env_backend})
@@ -303,6 +324,7 @@ def _full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | No
     install: tuple[str, ...] = (*pip, "install", "--no-build-isolation", "-v")
     install = (*install, *(("-e", ".") if editable else (".",)))
     steps = [
+        *unpack,
         Step("create-env", (), f"{env_backend} environment at {env_path} (Python "
              f"{sys.version_info.major}.{sys.version_info.minor})"),
         Step("build-requirements", (*pip, "install", "-r", "requirements/build.txt"),
@@ -324,25 +346,10 @@ def _full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | No
                     tuple(steps), (str(so), str(bdir / "manifest.json")))
 
 
-DEPS_VARS = {"cutlass": "VLLM_CUTLASS_SRC_DIR", "flash-attention": "VLLM_FLASH_ATTN_SRC_DIR",
-             "FlashMLA": "FLASH_MLA_SRC_DIR"}
+def deps_env(deps_dir: Path, unpack_root: Path | None = None) -> dict[str, str]:
+    """--deps-dir D: recursive clones D/cutlass (v4.0.0), D/flash-attention (ee4d25bd) and
+    D/FlashMLA (a757314c), or the hash-listed archives of shared/deps/ (unpacked under
+    ``unpack_root`` by the plan's unpack-deps step); CMake then skips its downloads."""
+    from .deps import deps_env as _deps_env
 
-
-def deps_env(deps_dir: Path) -> dict[str, str]:
-    """--deps-dir D expects recursive clones D/cutlass (v4.0.0), D/flash-attention (ee4d25bd)
-    and D/FlashMLA (a757314c); CMake then skips its FetchContent downloads."""
-    out = {}
-    missing = []
-    for name, var in DEPS_VARS.items():
-        p = deps_dir / name
-        if p.is_dir():
-            out[var] = str(p.resolve())
-        elif os.environ.get(var):
-            out[var] = os.environ[var]
-        else:
-            missing.append(f"{p} ({var})")
-    if missing:
-        raise ConfigError("--deps-dir is missing: " + ", ".join(missing),
-                          "clone them recursively there: cutlass at v4.0.0, "
-                          "vllm-project/flash-attention at ee4d25bd, vllm-project/FlashMLA at a757314c")
-    return out
+    return _deps_env(deps_dir, unpack_root or deps_dir.parent / "deps-unpacked")

@@ -43,14 +43,19 @@ from .toolchain import (
 )
 
 Status = Literal["ok", "warn", "fail", "skip"]
-Mode = Literal["full", "kernels-only"]
+Mode = Literal["full", "kernels-only", "overlay"]
 GIB = 2**30
 
 # Disk estimates. Full: two unpacked trees with their CMake build dirs and FetchContent deps
 # (~12 GB each with CUTLASS/FA/FlashMLA objects), two envs with torch 2.8.0 + CUDA wheels
 # (~6 GB each) and a shared ccache (~5 GB). Kernels-only: two paged-attention extensions with
 # their object files (~0.5 GB), the trees' csrc and two small envs that inherit torch.
-DISK_ESTIMATE_GB: dict[str, float] = {"full": 40.0, "kernels-only": 3.0}
+# Overlay: one released vLLM 0.10.2 install per environment (9.7 GB each with pip; uv hard-links
+# the second from its cache) plus the two small libraries.
+DISK_ESTIMATE_GB: dict[str, float] = {"full": 40.0, "kernels-only": 3.0, "overlay": 22.0}
+# torch 2.8.0, which vLLM 0.10.2 pins, is built for CUDA 12.8: the overlay compiles against it.
+OVERLAY_TORCH_CUDA = "12.8"
+DEFAULT_INDEX = "https://pypi.org/simple/"
 CMAKE_MIN = (3, 26, 1)  # vLLM 0.10.2 requirements/build.txt: cmake>=3.26.1
 DEPS_VARS = ("VLLM_CUTLASS_SRC_DIR", "VLLM_FLASH_ATTN_SRC_DIR", "FLASH_MLA_SRC_DIR")
 GITHUB_URL = "https://github.com/"
@@ -129,6 +134,8 @@ class DoctorProbes:
     network: Callable[[Mapping[str, str]], tuple[bool, str]] = (
         lambda env: check_url(GITHUB_URL, timeout=5.0, environ=env))
     gpus: Callable[[Mapping[str, str]], list[tuple[str, str]] | None] = _query_gpus
+    index: Callable[[str, Mapping[str, str]], tuple[bool, str]] = (
+        lambda url, env: check_url(url, timeout=10.0, environ=env))
     cuda_roots: Sequence[Path] = DEFAULT_CUDA_ROOTS
 
 
@@ -195,6 +202,58 @@ def _check_nvcc(archs: Sequence[CudaArch], environ: Mapping[str, str], mode: Mod
     else:
         checks.append(Check("nvcc", "ok", detail))
     return checks, nvcc, version
+
+
+def _check_cuda_libs(environ: Mapping[str, str], probes: DoctorProbes) -> Check:
+    """A full build's CMake links _C against CUDA::cuda_driver (libcuda.so, from the toolkit's
+    stubs/ on a machine without a driver) and finds CUDA_nvrtc_LIBRARY; a toolkit without them
+    stops the configure (shared/deps/README.md records this machine's case)."""
+    home = cuda_home(environ, fallback_roots=probes.cuda_roots)
+    if home is None:
+        return Check("cuda-libs", "skip", "no toolkit found (see cuda-home)")
+    libdirs = [home / "lib64", home / "lib64" / "stubs",
+               home / "targets" / "x86_64-linux" / "lib",
+               home / "targets" / "x86_64-linux" / "lib" / "stubs"]
+    missing = [name for name in ("libcuda.so", "libnvrtc.so")
+               if not any((d / name).exists() for d in libdirs)]
+    if not missing:
+        return Check("cuda-libs", "ok", f"libcuda.so (driver or stub) and libnvrtc.so in {home}")
+    return Check("cuda-libs", "fail",
+                 f"{home} has no {' and no '.join(missing)} (looked in lib64/, lib64/stubs/ and "
+                 "targets/x86_64-linux/lib/): vLLM's CMake links _C against CUDA::cuda_driver "
+                 "and looks up CUDA_nvrtc_LIBRARY, so the configure stops",
+                 "install the toolkit's driver stub and NVRTC (apt: cuda-driver-dev-12-8 and "
+                 "cuda-nvrtc-dev-12-8, or NVIDIA's full runfile toolkit)")
+
+
+def _check_overlay_toolkit(environ: Mapping[str, str], cuda_home_opt: str | None,
+                           allow_mismatch: bool) -> tuple[Check, Path | None,
+                                                          tuple[int, int, int] | None]:
+    """Which toolkit an overlay build would compile with, and why (overlay.toolkit)."""
+    from .overlay.toolkit import choose_toolkit
+
+    try:
+        tk = choose_toolkit(OVERLAY_TORCH_CUDA, environ, explicit=cuda_home_opt,
+                            allow_mismatch=allow_mismatch)
+    except KvprefetchError as exc:
+        return Check("toolkit", "fail", exc.cause, exc.fix), None, None
+    detail = f"{tk.nvcc} (CUDA {fmt_version(tk.version)}): {tk.why}"
+    if not tk.matches:
+        return (Check("toolkit", "warn", detail,
+                      "install a CUDA 12.8 toolkit and pass --cuda-home to match torch 2.8.0"),
+                Path(tk.nvcc), tk.version)
+    return Check("toolkit", "ok", detail), Path(tk.nvcc), tk.version
+
+
+def _check_index(environ: Mapping[str, str], probes: DoctorProbes) -> Check:
+    """An overlay build installs vllm==0.10.2, torch==2.8.0 and xformers from the index."""
+    url = environ.get("UV_INDEX_URL") or environ.get("PIP_INDEX_URL") or DEFAULT_INDEX
+    reachable, detail = probes.index(url, environ)
+    if reachable:
+        return Check("package-index", "ok", detail)
+    return Check("package-index", "fail", detail + "; the overlay installs vllm==0.10.2, "
+                 "torch==2.8.0 and xformers==0.0.32.post1 from it",
+                 "make the index reachable, or point PIP_INDEX_URL / UV_INDEX_URL at a mirror")
 
 
 def _check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int, int],
@@ -293,7 +352,8 @@ def _check_cmake(environ: Mapping[str, str]) -> Check:
 def _check_disk(workdir: Path, mode: Mode, probes: DoctorProbes) -> Check:
     need = probes.disk_estimate_gb[mode]
     free = probes.disk_free(workdir) / GIB
-    detail = f"{free:.1f} GiB free at {workdir}, a {mode} build needs about {need:.0f} GiB"
+    article = "an" if mode == "overlay" else "a"
+    detail = f"{free:.1f} GiB free at {workdir}, {article} {mode} build needs about {need:.0f} GiB"
     fix = f"free space or pass --workdir on a disk with at least {need:.0f} GiB free"
     if free < need:
         return Check("disk", "fail", detail, fix)
@@ -384,12 +444,15 @@ def _check_gpu(archs: Sequence[CudaArch], environ: Mapping[str, str],
 
 def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | None = None,
                workdir: str | os.PathLike[str] = ".", need_network: bool | None = None,
-               mode: Mode = "full", probes: DoctorProbes | None = None) -> DoctorReport:
+               mode: Mode = "full", probes: DoctorProbes | None = None,
+               cuda_home_opt: str | None = None, allow_cuda_mismatch: bool = False
+               ) -> DoctorReport:
     """Run every check for building ``arch_list`` in ``mode`` with the environment ``env``
     (default os.environ; pass the build environment's environ()). ``need_network`` None means:
     needed for a full build unless all three FetchContent source dirs are set."""
-    if mode not in ("full", "kernels-only"):
-        raise ConfigError(f"unknown doctor mode {mode!r}", "use 'full' or 'kernels-only'")
+    if mode not in ("full", "kernels-only", "overlay"):
+        raise ConfigError(f"unknown doctor mode {mode!r}",
+                          "use 'full', 'kernels-only' or 'overlay'")
     environ = dict(os.environ if env is None else env)
     probes = probes or DoctorProbes()
     wd = Path(workdir)
@@ -413,19 +476,30 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
                             "VLLM_PRECOMPILED_WHEEL_LOCATION are unset"))
     except ConfigError as exc:
         checks.append(Check("precompiled", "fail", exc.cause, exc.fix))
-    nvcc_checks, nvcc, version = _check_nvcc(archs, environ, mode, probes)
-    checks += nvcc_checks
+    if mode == "overlay":
+        tk_check, nvcc, version = _check_overlay_toolkit(environ, cuda_home_opt,
+                                                         allow_cuda_mismatch)
+        checks.append(tk_check)
+    else:
+        nvcc_checks, nvcc, version = _check_nvcc(archs, environ, mode, probes)
+        checks += nvcc_checks
     if nvcc is not None and version is not None and archs:
         checks.append(_check_compile(nvcc, archs, version, environ))
     else:
         checks.append(Check("nvcc-compile", "skip", "no usable nvcc or arch list"))
-    checks.append(_check_cuda_home(environ, probes))
+    if mode != "overlay":
+        checks.append(_check_cuda_home(environ, probes))
+    if mode == "full":
+        checks.append(_check_cuda_libs(environ, probes))
     checks.append(_check_gcc(environ))
     checks.append(_check_cmake(environ) if mode == "full" else
-                  Check("cmake", "skip", "kernels-only builds do not use cmake"))
+                  Check("cmake", "skip", f"{mode} builds do not use cmake"))
     checks.append(_check_disk(wd, mode, probes))
     checks.append(_check_memory(archs, probes))
-    checks += _check_git_network(environ, mode, need_network, probes)
+    if mode == "overlay":
+        checks.append(_check_index(environ, probes))
+    else:
+        checks += _check_git_network(environ, mode, need_network, probes)
     checks.append(_check_conda(environ))
     checks.append(_check_gpu(archs, environ, version, probes))
     return DoctorReport(mode, label, tuple(checks))

@@ -116,8 +116,9 @@ def _ninja_list(flags: list[str]) -> str:
 
 def ninja_text(*, nvcc: Path, cxx: str, cu_sources: list[Path], cpp_source: Path,
                nvcc_flags: list[str], cxx_flags: list[str], link_flags: list[str],
-               output: Path) -> str:
-    """The build.ninja for one tree. Objects and the library are written to a temp name and
+               output: Path, extra_cpp_sources: tuple[Path, ...] = ()) -> str:
+    """The build.ninja for one tree (``extra_cpp_sources``: more host sources for the
+    library, e.g. the overlay's csrc/kvprefetch_route.cpp). Objects and the library are written to a temp name and
     renamed, so an interrupted build never leaves a truncated output that looks up to date."""
     lines = [
         "ninja_required_version = 1.3",
@@ -152,8 +153,9 @@ def ninja_text(*, nvcc: Path, cxx: str, cu_sources: list[Path], cpp_source: Path
         obj = f"{src.stem}.cuda.o"
         objs.append(obj)
         lines.append(f"build {obj}: nvcc {_esc(str(src))}")
-    lines.append(f"build kvprefetch_ops.o: cxx {_esc(str(cpp_source))}")
-    objs.append("kvprefetch_ops.o")
+    for cpp in (cpp_source, *extra_cpp_sources):
+        lines.append(f"build {cpp.stem}.o: cxx {_esc(str(cpp))}")
+        objs.append(f"{cpp.stem}.o")
     lines.append(f"build {_esc(output.name)}: link {' '.join(objs)}")
     lines.append(f"default {_esc(output.name)}")
     return "\n".join(lines) + "\n"

@@ -48,6 +48,8 @@ class VerifyReport:
     gpu: dict[str, Any] | None = None
     # the identity runs with one twin forced (KVPREFETCH_GQA=<GxS>), by twin
     gpu_twins: dict[str, Any] = field(default_factory=dict)
+    # overlay environments: tree -> the overlay probes (routing on, off) and the driver stub
+    overlay: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -61,7 +63,8 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "workdir": self.workdir,
                 "checks": [c.__dict__ for c in self.checks], "envs": self.envs,
-                "sass": self.sass, "gpu": self.gpu, "gpu_twins": self.gpu_twins}
+                "sass": self.sass, "gpu": self.gpu, "gpu_twins": self.gpu_twins,
+                "overlay": self.overlay}
 
 
 def newest_manifests(wd: Workdir) -> dict[str, dict[str, Any]]:
@@ -106,7 +109,7 @@ def check_provenance(rep: VerifyReport, tree: str, manifest: dict[str, Any], pro
                      tree_path: str) -> str | None:
     """Record the provenance checks for one tree; return the loaded library path."""
     env_path = manifest.get("env", {}).get("path", "")
-    kernels = manifest.get("mode") == "kernels-only"
+    kernels = manifest.get("mode") in ("kernels-only", "overlay")
     loaded_info = probe.get("kernels") if kernels else probe.get("vllm")
     loaded = (loaded_info or {}).get("so_file" if kernels else "c_file")
     rep.add("interpreter inside its env", tree, _inside(probe.get("prefix"), [env_path]),
@@ -413,17 +416,33 @@ def check_gpu(rep: VerifyReport, workdir: Path, trees: list[str], no_gpu: bool,
 
 
 def check_hot_path(rep: VerifyReport, manifests: dict[str, dict[str, Any]]) -> None:
-    full = [t for t, m in manifests.items() if m.get("mode") == "full"]
+    full = [t for t, m in manifests.items() if m.get("mode") in ("full", "overlay")]
     if not full:
         rep.add("V0 + XFORMERS dispatch reaches paged_attention", "all", None,
                 "kernels-only builds have no vLLM engine; run it with full builds")
     else:
         rep.add("V0 + XFORMERS dispatch reaches paged_attention", "all", None,
-                "needs a GPU and full builds: run `kvprefetch bench e2e`, which sets "
+                "needs a GPU and full or overlay builds: run `kvprefetch bench e2e`, which sets "
                 "VLLM_USE_V1=0 VLLM_ATTENTION_BACKEND=XFORMERS")
     if os.environ.get("VLLM_USE_V1", "") != "0" or os.environ.get("VLLM_ATTENTION_BACKEND") != "XFORMERS":
         rep.envs["warning"] = ("without VLLM_USE_V1=0 and VLLM_ATTENTION_BACKEND=XFORMERS a vLLM run "
                                "never calls paged_attention_v1/v2: the patched kernel would be bypassed")
+
+
+def _driver_stub(wd: Workdir, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """None where an NVIDIA driver is loadable; else the no-device libcuda.so.1 built for the
+    driver imports of the env's vllm/_C.abi3.so (overlay.driverstub)."""
+    from .overlay.driverstub import driver_loadable, ensure_stub
+
+    if driver_loadable():
+        return None
+    site = Path(manifest.get("so_path", "")).parent.parent
+    vllm_c = next(iter(sorted(site.glob("vllm/_C*.so"))), None)
+    if vllm_c is None:
+        raise VerifyError(f"no vllm/_C*.so in {site} (the overlay env of "
+                          f"{manifest.get('tree')})", "rerun `kvprefetch build --mode overlay`")
+    d, symbols = ensure_stub(vllm_c, wd.root / "verify" / "driver-stub")
+    return {"dir": str(d), "symbols": symbols, "for": str(vllm_c)}
 
 
 def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = False) -> VerifyReport:
@@ -443,7 +462,7 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
         env = m.get("env", {})
         python = env.get("python") or str(Path(env.get("path", "")) / "bin" / "python")
         probe = probe_env(python, env.get("path", ""),
-                          "kernels" if m.get("mode") == "kernels-only" else "vllm")
+                          "kernels" if m.get("mode") in ("kernels-only", "overlay") else "vllm")
         rep.envs[tree] = probe
         so = check_provenance(rep, tree, m, probe, str(wd.tree(tree)))
         if so:
@@ -469,14 +488,28 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
             check_launch_bounds(rep, tree, variant, elf_text[tree])
         check_gqa_twin(rep, tree, variant, sass_text[tree])
         check_pdl_order(rep, tree, sass_text[tree])
+    overlay_trees = [t for t, m in manifests.items() if m.get("mode") == "overlay"]
+    if overlay_trees:
+        from .overlay.verify import check_overlay
+
+        stub = _driver_stub(wd, manifests[overlay_trees[0]])
+        for tree in overlay_trees:
+            check_overlay(rep, tree, manifests[tree], stub)
     files = [v[0] for v in loaded.values()]
     shas = [v[1] for v in loaded.values()]
     if len(loaded) >= 2:
         rep.add("environments load different libraries", "all",
                 len(set(files)) == len(files) and len(set(shas)) == len(shas),
                 "; ".join(f"{t}: {f} ({s[:12]}…)" for t, (f, s) in loaded.items()))
-    check_gpu(rep, wd.root, list(manifests), no_gpu)
-    if any(rep.sass.get(t, {}).get("gqa_twins") for t in manifests):
+    if overlay_trees:
+        # The overlay libraries are built against the environments' torch 2.8.0 and cannot
+        # load into this (the kit's) interpreter, where the identity check runs.
+        rep.add("bitwise-equal outputs on the GPU", "all", None,
+                "not run for overlay environments (their libraries are built against the "
+                "envs' torch 2.8.0); run it on kernels-only builds, or `kvprefetch bench e2e`")
+    else:
+        check_gpu(rep, wd.root, list(manifests), no_gpu)
+    if not overlay_trees and any(rep.sass.get(t, {}).get("gqa_twins") for t in manifests):
         for g, s, _ in TWIN_SHAPES:
             check_gpu(rep, wd.root, list(manifests), no_gpu, twin=f"{g}x{s}")
     check_hot_path(rep, manifests)

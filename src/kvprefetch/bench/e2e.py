@@ -1,4 +1,4 @@
-"""``bench e2e``: ``vllm bench throughput`` in each full-build environment, through the V0 engine
+"""``bench e2e``: ``vllm bench throughput`` in each overlay or full-build environment, through the V0 engine
 and the XFORMERS backend (``VLLM_USE_V1=0``, ``VLLM_ATTENTION_BACKEND=XFORMERS``), so decode goes
 through ``PagedAttention.forward_decode`` and the paged_attention kernels. Without those two
 variables vLLM 0.10.2 runs V1, which never calls the patched kernel (research notes section 3).
@@ -255,8 +255,9 @@ def check_envs_have_vllm(envs: Sequence[E2EEnv], cwd: Path) -> dict[str, str]:
         if res.returncode != 0:
             raise BenchError(f"{env.name}: {env.python} cannot import vllm: "
                              f"{res.output.strip().splitlines()[-1:] or ''}",
-                             "bench e2e needs full builds (`kvprefetch build`, not "
-                             "--kernels-only); pass --env NAME=PYTHON of those environments")
+                             "bench e2e needs environments with vLLM: `kvprefetch build --mode "
+                             "overlay` (or a full build), not --kernels-only; pass --env "
+                             "NAME=PYTHON of those environments")
         versions[env.name] = res.output.strip().splitlines()[-1]
     return versions
 
@@ -267,6 +268,10 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
     from ..runner import run
 
     say = progress or (lambda m: None)
+    if os.environ.get("KVPREFETCH_OVERLAY", "").strip().lower() in ("off", "0", "false", "no"):
+        raise BenchError("KVPREFETCH_OVERLAY is off: every overlay environment would run vLLM's "
+                         "own kernels, so the A/B would compare stock with stock",
+                         "unset KVPREFETCH_OVERLAY (it is for an A/B inside one environment)")
     env = e2e_environ(os.environ)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     versions = check_envs_have_vllm(plan.envs, plan.out_dir)

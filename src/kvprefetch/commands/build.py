@@ -32,16 +32,20 @@ def _resolve_mode(mode: str, archs: tuple, workdir: Path) -> tuple[str, str | No
 @workdir_option
 @click.option("--arch", default="9.0a", show_default=True,
               help="TORCH_CUDA_ARCH_LIST syntax, e.g. 9.0a or '8.0;9.0a'.")
-@click.option("--mode", type=click.Choice(["auto", "full", "kernels-only"]), default="auto",
-              show_default=True,
-              help="full: pip-build all of vLLM per tree (hours, needs CUDA >= 12.8 and the "
-                   "network or --deps-dir). kernels-only: compile each tree's real paged "
-                   "attention into a small extension (minutes, no GPU needed). auto: full where "
-                   "a toolkit, GPU and network exist.")
+@click.option("--mode", type=click.Choice(["auto", "full", "kernels-only", "overlay"]),
+              default="auto", show_default=True,
+              help="overlay (recommended for serving): the released vllm==0.10.2 wheel per "
+                   "tree plus the tree's compiled attention kernels, routed in by a vLLM plugin "
+                   "(minutes). full: pip-build all of vLLM per tree (hours, needs CUDA >= 12.8 "
+                   "and the network or --deps-dir). kernels-only: compile each tree's real paged "
+                   "attention into a small extension for kvprefetch's own benchmarks (minutes, "
+                   "no GPU needed). auto: full where a toolkit, GPU and network exist, else "
+                   "kernels-only.")
 @click.option("--kernels-only", "kernels_only", is_flag=True, help="Same as --mode kernels-only.")
 @click.option("--trees", default=None, help="Comma-separated trees (default: baseline,patched[,seed]).")
-@click.option("--env-backend", type=click.Choice(["venv", "uv", "conda"]), default="venv",
-              show_default=True)
+@click.option("--env-backend", type=click.Choice(["venv", "uv", "conda"]), default=None,
+              help="Environment kind [default: uv for --mode overlay where uv is found (it "
+                   "hard-links the second env's 9.7 GB of wheels from its cache), else venv].")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="MAX_JOBS (default: sized from cores and memory).")
 @click.option("--nvcc-threads", type=click.IntRange(min=1), default=None)
@@ -57,15 +61,21 @@ def _resolve_mode(mode: str, archs: tuple, workdir: Path) -> tuple[str, str | No
 @click.option("--tree-define", "tree_defines", multiple=True, metavar="TREE:NAME=VALUE",
               help="Kernels-only: an extra -D for one tree's sources, e.g. "
                    "pro_off:KVPREFETCH_DEFAULT_MODE=0 (see csrc/prefetch_ptx.cuh). Repeatable.")
+@click.option("--cuda-home", default=None, metavar="DIR",
+              help="Overlay: the CUDA 12.x toolkit to compile with (default: CUDA_HOME, nvcc "
+                   "on PATH, /usr/local/cuda-12*).")
+@click.option("--allow-cuda-mismatch", is_flag=True,
+              help="Overlay: compile with a toolkit whose major version differs from torch "
+                   "2.8.0's CUDA 12.8 when no CUDA 12 toolkit exists (recorded and reported).")
 @click.option("--skip-doctor", is_flag=True, help="Do not run the preflight checks.")
 @click.option("--force", is_flag=True, help="Rebuild even when the manifest matches.")
 @dry_run_option
 @json_option
 def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | None,
-          env_backend: str, jobs: int | None, nvcc_threads: int | None, head_sizes: str | None,
+          env_backend: str | None, jobs: int | None, nvcc_threads: int | None, head_sizes: str | None,
           block_sizes: str | None, kv_dtypes: str | None, torch_from: str | None,
           no_editable: bool, deps_dir: Path | None, tree_defines: tuple[str, ...],
-          skip_doctor: bool, force: bool,
+          cuda_home: str | None, allow_cuda_mismatch: bool, skip_doctor: bool, force: bool,
           dry_run: bool, as_json: bool) -> None:
     """Build the baseline and patched trees, each into its own environment."""
     from ..builder import execute
@@ -73,8 +83,8 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
     from ..envs import refuse_precompiled
     from ..errors import BuildError
     from ..selection import parse_selection
+    from ..toolchain import cuda_home as find_cuda_home
     from ..toolchain import (
-        cuda_home,
         default_jobs,
         find_nvcc,
         host_resources,
@@ -124,13 +134,14 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
     nvcc_threads = nvcc_threads or dt
     nvcc = find_nvcc(dict(os.environ))
     nv = nvcc_version(nvcc) if nvcc else None
-    home = cuda_home(dict(os.environ))
+    home = find_cuda_home(dict(os.environ))
     if not skip_doctor:
         from ..doctor import run_doctor
 
         rep = run_doctor(archs, env=dict(os.environ), workdir=workdir,
                          need_network=(mode == "full" and deps_dir is None),
-                         mode="full" if mode == "full" else "kernels-only")
+                         mode=mode,  # type: ignore[arg-type]
+                         cuda_home_opt=cuda_home, allow_cuda_mismatch=allow_cuda_mismatch)
         if not dry_run:
             rep.raise_if_failed()
     tinfo = None
@@ -140,8 +151,19 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
         tinfo = probe_torch(torch_from or sys.executable, dict(os.environ))
     # Kernels-only: trees build side by side, but never more compile jobs in total than MAX_JOBS
     # (each nvcc of a full launcher source needs several GB).
-    parallel = max(1, min(len(names), jobs)) if mode == "kernels-only" else 1
+    parallel = max(1, min(len(names), jobs)) if mode in ("kernels-only", "overlay") else 1
     per_tree = max(1, jobs // parallel)
+    overlay = None
+    if env_backend is None:
+        from ..overlay.build import find_uv
+
+        env_backend = "uv" if mode == "overlay" and find_uv() else "venv"
+    if mode == "overlay":
+        from ..overlay.build import OverlayOptions, find_uv
+
+        overlay = OverlayOptions(cuda_home=cuda_home, allow_cuda_mismatch=allow_cuda_mismatch,
+                                 uv=find_uv() if env_backend == "uv" else None,
+                                 index_url=os.environ.get("PIP_INDEX_URL") or None)
     ccache = None
     if mode == "full":
         from ..runner import which
@@ -151,7 +173,7 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
                      nvcc=str(nvcc) if nvcc else None, nvcc_version=nv,
                      cuda_home=str(home) if home else None, torch_info=tinfo,
                      editable=not no_editable, deps_dir=deps_dir, ccache=ccache,
-                     tree_defines=per_tree_defines, parallel_trees=parallel)
+                     tree_defines=per_tree_defines, parallel_trees=parallel, overlay=overlay)
     if dry_run:
         if as_json:
             emit_json(plan)
@@ -159,7 +181,7 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
             click.echo(render_plan(plan))
         return
     info(render_plan(plan))
-    outcomes = execute(plan, torch_from=torch_from, force=force)
+    outcomes = execute(plan, torch_from=torch_from, force=force, overlay=overlay)
     if as_json:
         emit_json({"plan": plan, "outcomes": outcomes})
     else:

@@ -16,15 +16,18 @@ _MARK = {"ok": "✓", "warn": "!", "fail": "✕", "skip": "-"}
 @click.command()
 @click.option("--arch", default="9.0a", show_default=True,
               help="CUDA archs to build for (TORCH_CUDA_ARCH_LIST syntax: 9.0a, '8.0;9.0a').")
-@click.option("--mode", type=click.Choice(["full", "kernels-only"]), default="full",
+@click.option("--mode", type=click.Choice(["full", "kernels-only", "overlay"]), default="full",
               show_default=True, help="Which build to check for.")
+@click.option("--cuda-home", default=None, help="Overlay: the CUDA 12.x toolkit to compile with.")
+@click.option("--allow-cuda-mismatch", is_flag=True,
+              help="Overlay: accept a toolkit whose major version differs from torch's CUDA.")
 @click.option("--kernels-only", "kernels_only", is_flag=True, help="Same as --mode kernels-only.")
 @click.option("--deps-dir", type=click.Path(path_type=Path), default=None,
               help="Local clones of vLLM's FetchContent dependencies: the network is not needed.")
 @workdir_option
 @json_option
-def doctor(arch: str, mode: str, kernels_only: bool, deps_dir: Path | None, workdir: Path,
-           as_json: bool) -> None:
+def doctor(arch: str, mode: str, cuda_home: str | None, allow_cuda_mismatch: bool,
+           kernels_only: bool, deps_dir: Path | None, workdir: Path, as_json: bool) -> None:
     """Check this machine for building both trees: nvcc and a real compile of the prefetch
     instruction, CUDA_HOME, gcc, cmake, disk, memory, git and network, conda, and the GPU."""
     from ..console import emit_json, table
@@ -32,7 +35,8 @@ def doctor(arch: str, mode: str, kernels_only: bool, deps_dir: Path | None, work
 
     mode = "kernels-only" if kernels_only else mode
     report = run_doctor(arch, workdir=workdir, mode=mode,  # type: ignore[arg-type]
-                        need_network=False if deps_dir is not None else None)
+                        need_network=False if deps_dir is not None else None,
+                        cuda_home_opt=cuda_home, allow_cuda_mismatch=allow_cuda_mismatch)
     if as_json:
         emit_json(report.to_dict())
     else:

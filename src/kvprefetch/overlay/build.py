@@ -1,0 +1,343 @@
+"""One tree's overlay build: its plan (``overlay_tree_plan``, part of the frozen ``BuildPlan``)
+and its execution (``build_overlay_tree``).
+
+Steps, per tree, in the tree's own environment (venv, uv or conda):
+
+1. create the environment;
+2. install the released ``vllm==0.10.2`` with its pins ``torch==2.8.0`` and
+   ``xformers==0.0.32.post1`` from the package index (pip, or ``uv pip``: uv hard-links from
+   its cache, so the second environment costs seconds);
+3. read the environment's torch (include/library paths, ABI, CUDA version);
+4. choose the CUDA toolkit (``toolkit.choose_toolkit``: torch's CUDA major, else refused unless
+   ``--allow-cuda-mismatch``);
+5. compile the tree's real ``paged_attention_v1.cu``/``v2.cu`` (narrowable as in kernels-only),
+   ``csrc/kvprefetch_ops.cpp`` and ``csrc/kvprefetch_route.cpp`` into one library, linked
+   against the environment's own ``libcudart.so.12`` (the one torch loads);
+6. install it as ``kvprefetch_kernels`` and the plugin wheel (``plugin.py``) that routes vLLM's
+   ops to it;
+7. write ``manifest.json`` (mode ``overlay``): library sha256, toolkit and why, installed
+   versions of vllm/torch/xformers, the plugin's config."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import BuildError
+from ..runner import run, which
+
+VLLM_PIN = "vllm==0.10.2"
+TORCH_PIN = "torch==2.8.0"
+XFORMERS_PIN = "xformers==0.0.32.post1"
+PINS = (VLLM_PIN, TORCH_PIN, XFORMERS_PIN)
+TORCH_VERSION = "2.8.0"
+ROUTE_CPP = "kvprefetch_route.cpp"
+
+
+@dataclass(frozen=True)
+class OverlayOptions:
+    """What the overlay steps need beyond the common plan fields."""
+
+    cuda_home: str | None = None       # --cuda-home
+    allow_cuda_mismatch: bool = False  # --allow-cuda-mismatch
+    uv: str | None = None              # the uv executable (uv backend)
+    index_url: str | None = None       # PIP_INDEX_URL, passed to uv as UV_INDEX_URL
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cuda_home": self.cuda_home, "allow_cuda_mismatch": self.allow_cuda_mismatch,
+                "uv": self.uv, "index_url": self.index_url}
+
+
+def find_uv() -> str | None:
+    """uv on PATH, else beside this interpreter (``pip install uv`` into the kit's venv)."""
+    found = which("uv")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "uv"
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def install_argv(backend: str, python: str, uv: str | None, *packages: str,
+                 extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The command installing ``packages`` into the env whose interpreter is ``python``."""
+    if backend == "uv":
+        if not uv:
+            from ..errors import ConfigError
+            raise ConfigError("the uv backend was asked for, but uv was not found",
+                              "`pip install uv` (into the kit's environment) or use "
+                              "--env-backend venv")
+        return (uv, "pip", "install", "--python", python, *extra, *packages)
+    return (python, "-m", "pip", "install", *extra, *packages)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def overlay_tree_plan(wd: Any, tree: str, variant: str | None, patch: str | None,
+                      state: dict[str, Any], src_hash: str, env_backend: str, env_path: Path,
+                      py: str, namespace: str, env_set: dict[str, str],
+                      gencode: tuple[str, ...], selection: Any, jobs: int,
+                      overlay: OverlayOptions | None, defines: tuple[str, ...] = ()) -> Any:
+    from ..buildplan import UNSET_FOR_BUILD, Step, TreePlan, build_key
+    from ..upstream import kit_root
+    from .plugin import TEMPLATE
+
+    opts = overlay or OverlayOptions()
+    csrc = kit_root() / "csrc"
+    key = build_key({
+        "mode": "overlay", "tree": tree, "source": src_hash, "patch": patch,
+        "ops_cpp": _sha(csrc / "kvprefetch_ops.cpp"), "route_cpp": _sha(csrc / ROUTE_CPP),
+        "plugin": _sha(TEMPLATE), "gencode": gencode, "selection": selection.to_dict(),
+        "namespace": namespace, "pins": PINS, "env_backend": env_backend,
+        "env_path": str(env_path),
+        "defines": list(defines), "cuda_home": opts.cuda_home,
+        "allow_cuda_mismatch": opts.allow_cuda_mismatch,
+    })
+    bdir = wd.build_root(tree) / key
+    so = bdir / f"{namespace}_C.so"
+    whl = bdir / "plugin" / "kvprefetch_vllm_overlay-0.1.0-py3-none-any.whl"
+    env_set = dict(env_set)
+    env_set.pop("CUDA_HOME", None)  # set per environment once the toolkit is chosen
+    if env_backend == "uv" and opts.index_url:
+        env_set["UV_INDEX_URL"] = opts.index_url
+    steps = (
+        Step("create-env", (), f"{env_backend} environment at {env_path} (Python "
+             f"{sys.version_info.major}.{sys.version_info.minor}"
+             + (")" if env_backend == "uv" else ", with pip)")),
+        Step("install-vllm", install_argv(env_backend, py, opts.uv, *PINS),
+             "the released vLLM wheel with its pinned torch (CUDA 12.8) and xformers"),
+        Step("probe-torch", (py, str(Path(__file__).resolve().parent.parent / "probe"
+                                     / "torch_info.py")),
+             "read the env's torch include/library paths, ABI and CUDA version", cwd="/"),
+        Step("choose-toolkit", (), "a CUDA toolkit with torch's CUDA major version ("
+             + (f"--cuda-home {opts.cuda_home}" if opts.cuda_home else
+                "--cuda-home, CUDA_HOME, nvcc on PATH, /usr/local/cuda-*")
+             + ("; --allow-cuda-mismatch" if opts.allow_cuda_mismatch else "") + ")"),
+        Step("write-sources", (), "narrowed launcher copies + build.ninja in the build dir"
+             if not selection.full else "build.ninja in the build dir (full instantiation set)"),
+        Step("compile", ("ninja", "-C", str(bdir), "-j", str(jobs)),
+             f"nvcc with the env's torch flags: the tree's paged_attention_v1/v2.cu, "
+             f"kvprefetch_ops.cpp and {ROUTE_CPP} -> {so.name}"),
+        Step("install-kernels", (), f"copy {so.name} into {env_path}/…/site-packages/"
+             "kvprefetch_kernels/"),
+        Step("install-plugin", install_argv(env_backend, py, opts.uv, str(whl),
+                                            extra=_plugin_install_flags(env_backend)),
+             "the kvprefetch_overlay plugin (entry point vllm.general_plugins: kvprefetch)"),
+        Step("manifest", (), f"write {bdir / 'manifest.json'}"),
+    )
+    return TreePlan(tree, variant, str(wd.tree(tree)), src_hash, patch, env_backend,
+                    str(env_path), py, str(bdir), str(bdir / "logs"), key, namespace, defines,
+                    env_set, UNSET_FOR_BUILD, steps, (str(so), str(whl),
+                                                      str(bdir / "manifest.json")))
+
+
+def _plugin_install_flags(backend: str) -> tuple[str, ...]:
+    if backend == "uv":
+        return ("--no-deps", "--offline", "--reinstall")
+    return ("--no-deps", "--no-index", "--force-reinstall")
+
+
+def _make_env(tp: Any, opts: OverlayOptions) -> Any:
+    from ..envs import make_env
+
+    log = str(Path(tp.log_dir) / "01-create-env.log")
+    if tp.env_backend == "uv":
+        return make_env("uv", tp.env_path, python=sys.executable, uv=opts.uv, log=log)
+    if tp.env_backend == "conda":
+        v = sys.version_info
+        return make_env("conda", tp.env_path, python=f"{v.major}.{v.minor}", log=log)
+    return make_env("venv", tp.env_path, python=sys.executable, with_pip=True, log=log)
+
+
+def _env_cudart(site: Path) -> Path | None:
+    p = site / "nvidia" / "cuda_runtime" / "lib" / "libcudart.so.12"
+    return p if p.is_file() else None
+
+
+def link_against(link_flags: list[str], cudart: Path | None, cuda_home: Path) -> list[str]:
+    """Link the env's own libcudart.so.12 (the one its torch loads) instead of the toolkit's
+    ``-lcudart``, which for a toolkit of another major version would name libcudart.so.13."""
+    if cudart is None:
+        return link_flags
+    drop = {"-lcudart", f"-L{cuda_home / 'lib64'}"}
+    return [f for f in link_flags if f not in drop] + [str(cudart),
+                                                       f"-Wl,-rpath,{cudart.parent}"]
+
+
+def cudart_imports(nm_output: str) -> dict[str, str]:
+    """``symbol -> version`` of the cudart symbols a library imports, from ``nm -D
+    --undefined-only`` (lines like ``U cudaGetLastError@libcudart.so.12``)."""
+    out = {}
+    for line in nm_output.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "U":
+            name, _, ver = parts[1].partition("@")
+            if name.startswith(("cuda", "__cuda")):
+                out[name] = ver.lstrip("@")
+    return out
+
+
+def _installed_versions(python: str, env: dict[str, str], log: Path) -> dict[str, str]:
+    code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
+            "('vllm', 'torch', 'xformers')}))")
+    res = run([python, "-c", code], env=env, log=log, echo=False, check=False, cwd="/")
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("{")]
+    if res.returncode != 0 or not lines:
+        raise BuildError(f"{python} does not have vllm, torch and xformers installed:\n"
+                         + res.output.strip()[-600:],
+                         f"read {log}; rerun the build (the install step resumes)")
+    versions: dict[str, str] = json.loads(lines[-1])
+    return versions
+
+
+def build_overlay_tree(tp: Any, plan: Any, force: bool,
+                       overlay: OverlayOptions | None) -> Any:
+    from ..builder import TreeOutcome, _child_env, _say, _skip_if_up_to_date
+    from ..hashing import sha256_file
+    from ..kernels_build import (
+        compile_flags,
+        install_into_env,
+        kernel_sources,
+        ninja_text,
+        probe_torch,
+        write_if_changed,
+    )
+    from ..locks import locked
+    from ..selection import Selection
+    from ..upstream import kit_root
+    from ..workdir import write_json_atomic
+    from .plugin import ENTRY_GROUP, ENTRY_NAME, write_plugin_wheel
+    from .toolkit import choose_toolkit
+
+    opts = overlay or OverlayOptions()
+    out = TreeOutcome(tp.tree, log_dir=tp.log_dir)
+    bdir, logs = Path(tp.build_dir), Path(tp.log_dir)
+    t0 = time.monotonic()
+    timings: list[dict[str, Any]] = []
+
+    def timed(name: str, t: float) -> None:
+        timings.append({"step": name, "seconds": round(time.monotonic() - t, 1)})
+
+    with locked(bdir.parent / ".lock", f"the {tp.tree} build"):
+        if _skip_if_up_to_date(tp, force, out):
+            return out
+        logs.mkdir(parents=True, exist_ok=True)
+        t = time.monotonic()
+        _say(tp.tree, f"creating environment {tp.env_path}")
+        env_obj = _make_env(tp, opts)
+        env_obj.create()
+        child = _child_env(env_obj, tp)
+        timed("create-env", t)
+        t = time.monotonic()
+        _say(tp.tree, "installing " + " ".join(PINS))
+        run(list(tp.steps[1].argv), env=child, log=logs / "02-install-vllm.log",
+            fix=f"read {logs / '02-install-vllm.log'}; check that the package index is "
+                "reachable (PIP_INDEX_URL / UV_INDEX_URL) and rerun")
+        versions = _installed_versions(str(env_obj.python), child, logs / "02-install-vllm.log")
+        timed("install-vllm", t)
+        tinfo = probe_torch(str(env_obj.python), child, log=logs / "03-probe-torch.log")
+        if tinfo.torch_version.split("+")[0] != TORCH_VERSION or not tinfo.torch_cuda:
+            raise BuildError(f"the environment's torch is {tinfo.torch_version} (CUDA "
+                             f"{tinfo.torch_cuda}), not the {TORCH_VERSION} CUDA build vLLM "
+                             "0.10.2 pins", f"remove {tp.env_path} and rerun the build")
+        tk = choose_toolkit(tinfo.torch_cuda, child, explicit=opts.cuda_home,
+                            allow_mismatch=opts.allow_cuda_mismatch)
+        _say(tp.tree, f"toolkit: {tk.why}")
+        # torch's own extension builds put $CUDA_HOME/include first: read the paths again
+        # with it set, so the compiler and the CUDA headers come from the same toolkit.
+        child["CUDA_HOME"] = tk.cuda_home
+        tinfo = probe_torch(str(env_obj.python), child, log=logs / "04-probe-torch.log")
+        sel = Selection(tuple(plan.selection["head_sizes"]), tuple(plan.selection["block_sizes"]),
+                        tuple(plan.selection["kv_dtypes"]))
+        build_info = json.dumps({"tree": tp.tree, "variant": tp.variant,
+                                 "patch_sha256": tp.patch_sha256, "key": tp.key})
+        cuda_home = Path(tk.cuda_home)
+        nvcc_flags, cxx_flags, link_flags = compile_flags(
+            tinfo, cuda_home, list(plan.gencode), tp.namespace, Path(tp.source_tree) / "csrc",
+            build_info, tp.defines)
+        site = env_obj.site_packages()
+        cudart = _env_cudart(site)
+        link_flags = link_against(link_flags, cudart, cuda_home)
+        srcs = kernel_sources(Path(tp.source_tree), sel, bdir)
+        so = bdir / f"{tp.namespace}_C.so"
+        csrc = kit_root() / "csrc"
+        write_if_changed(bdir / "build.ninja", ninja_text(
+            nvcc=Path(tk.nvcc), cxx=os.environ.get("CXX", "g++"), cu_sources=srcs,
+            cpp_source=csrc / "kvprefetch_ops.cpp", nvcc_flags=nvcc_flags, cxx_flags=cxx_flags,
+            link_flags=link_flags, output=so, extra_cpp_sources=(csrc / ROUTE_CPP,)))
+        last = [0.0]
+
+        def progress(n: int, total: int) -> None:
+            now = time.monotonic()
+            if now - last[0] > 2 or n == total:
+                last[0] = now
+                _say(tp.tree, f"[{n}/{total}] compiling ({now - t0:.0f} s)")
+
+        t = time.monotonic()
+        run(list(tp.steps[5].argv), env=child, log=logs / "06-compile.log", on_progress=progress,
+            fix=f"read {logs / '06-compile.log'}; fix the cause and rerun: finished objects are "
+                "kept and the build resumes")
+        timed("compile", t)
+        imports = cudart_imports(run(["nm", "-D", "--undefined-only", str(so)], echo=False,
+                                     log=logs / "06-compile.log").output)
+        foreign = sorted(f"{s}@{v}" for s, v in imports.items()
+                         if cudart is not None and v != "libcudart.so.12")
+        if foreign:
+            raise BuildError(f"{so} imports CUDA runtime symbols from another libcudart than "
+                             f"the environment's libcudart.so.12: {', '.join(foreign[:5])}",
+                             "report this; build with a CUDA 12.x toolkit (--cuda-home)")
+        so_sha = sha256_file(so)
+        build_json = {"tree": tp.tree, "variant": tp.variant or "stock",
+                      "namespace": tp.namespace, "key": tp.key, "so_sha256": so_sha,
+                      "build_so": str(so), "patch_sha256": tp.patch_sha256, "mode": "overlay",
+                      **plan.selection}
+        installed = install_into_env(site, so, build_json)
+        config = {"tree": tp.tree, "variant": tp.variant or "stock", "namespace": tp.namespace,
+                  "library": str(installed), "so_sha256": sha256_file(installed),
+                  "key": tp.key}
+        whl = write_plugin_wheel(bdir / "plugin", config)
+        run(list(tp.steps[7].argv), env=child, log=logs / "08-install-plugin.log")
+        manifest = {
+            "kvprefetch": __version__, "mode": "overlay", "tree": tp.tree,
+            "variant": tp.variant or "stock", "namespace": tp.namespace, "key": tp.key,
+            "so_path": str(installed), "so_sha256": sha256_file(installed),
+            "build_so_path": str(so),
+            "head_sizes": plan.selection["head_sizes"], "block_sizes": plan.selection["block_sizes"],
+            "kv_dtypes": plan.selection["kv_dtypes"], "selection": plan.selection,
+            "inputs": {"source_tree": tp.source_tree, "source_sha256": tp.source_sha256,
+                       "patch_sha256": tp.patch_sha256, "arch_list": plan.arch_list,
+                       "gencode": list(plan.gencode),
+                       "sources": {str(s): sha256_file(s) for s in srcs},
+                       "defines": list(tp.defines), "nvcc_flags": nvcc_flags,
+                       "link_flags": link_flags},
+            "toolchain": {**plan.toolchain, **tk.to_dict(), "torch": tinfo.torch_version,
+                          "torch_cuda": tinfo.torch_cuda, "cxx_std": tinfo.cxx_std,
+                          "cudart": str(cudart) if cudart else None,
+                          "cudart_imports": len(imports), "env_python": tinfo.python,
+                          "platform": platform.platform()},
+            "installed": versions,
+            "overlay": {"plugin_wheel": str(whl), "plugin_wheel_sha256": sha256_file(whl),
+                        "entry_point": f"{ENTRY_GROUP}: {ENTRY_NAME} = kvprefetch_overlay:register",
+                        "config": config, "off_switch": "KVPREFETCH_OVERLAY=off"},
+            "env": {"backend": tp.env_backend, "path": tp.env_path, "python": str(env_obj.python)},
+            "outputs": [{"path": str(so), "sha256": so_sha},
+                        {"path": str(installed), "sha256": sha256_file(installed)}],
+            "steps": timings,
+            "seconds": round(time.monotonic() - t0, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        write_json_atomic(bdir / "manifest.json", manifest)
+    out.status, out.so, out.so_sha256 = "built", str(installed), so_sha
+    out.steps = timings
+    out.seconds = round(time.monotonic() - t0, 1)
+    _say(tp.tree, f"built {so.name} in {out.seconds:.0f} s -> {installed}; plugin installed")
+    return out

@@ -1,0 +1,73 @@
+"""A no-device ``libcuda.so.1`` for machines without an NVIDIA driver (CI, this project's CPU
+development boxes), used ONLY by verify-kernel's probe processes.
+
+vLLM's ``_C.abi3.so`` names ``libcuda.so.1`` as a needed library, so without a driver it does not
+load, ``_C::paged_attention_v1/v2`` are never registered, and there is no dispatch table to
+check. The stub exports exactly the driver functions that ``_C.abi3.so`` imports (read with
+``nm -D --undefined-only``; two in vLLM 0.10.2), each returning ``CUDA_ERROR_NO_DEVICE`` (100).
+With it, ``_C`` loads and the probe checks the host-side dispatch: which function the
+dispatcher calls for the ops' CUDA kernels. Nothing runs on a device; launching a kernel, graph
+capture and the outputs need a GPU and a real driver. The stub is never put on the path of
+``vllm serve`` or ``bench e2e``."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+from pathlib import Path
+
+from ..errors import VerifyError
+from ..runner import run
+
+CUDA_ERROR_NO_DEVICE = 100
+_DRIVER_SYMBOL = re.compile(r"^cu[A-Z]\w*$")
+
+
+def driver_loadable() -> bool:
+    """Whether this machine has an NVIDIA driver library the loader can find."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def driver_imports(nm_output: str) -> list[str]:
+    """The unversioned ``cu*`` driver functions among ``nm -D --undefined-only`` lines."""
+    out = set()
+    for line in nm_output.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "U" and _DRIVER_SYMBOL.match(parts[1]):
+            out.add(parts[1])
+    return sorted(out)
+
+
+def stub_source(symbols: list[str]) -> str:
+    body = "".join(f"int {s}(void) {{ return {CUDA_ERROR_NO_DEVICE}; }}\n" for s in symbols)
+    return ("/* kvprefetch verify-kernel: no-device stand-in for libcuda.so.1 (generated). Every "
+            "function returns CUDA_ERROR_NO_DEVICE. */\n" + body)
+
+
+def ensure_stub(vllm_c: Path, dest_root: Path) -> tuple[Path, list[str]]:
+    """Build (or reuse) the stub for the driver imports of ``vllm_c``; returns (its directory,
+    the symbols). Keyed by the symbol list, so one stub serves every env of the same vLLM."""
+    nm = run(["nm", "-D", "--undefined-only", str(vllm_c)], echo=False, check=False)
+    if nm.returncode != 0:
+        raise VerifyError(f"cannot read the imports of {vllm_c}: {nm.output.strip()[-300:]}",
+                          "install binutils (nm)")
+    symbols = driver_imports(nm.output)
+    src = stub_source(symbols)
+    key = hashlib.sha256(src.encode()).hexdigest()[:12]
+    d = dest_root / key
+    lib = d / "libcuda.so.1"
+    if not lib.is_file():
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "stub.c").write_text(src)
+        res = run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                   str(d / "libcuda.so.1.tmp"), str(d / "stub.c")], echo=False, check=False)
+        if res.returncode != 0:
+            raise VerifyError(f"could not build the no-device driver stub: "
+                              f"{res.output.strip()[-300:]}", "install gcc")
+        (d / "libcuda.so.1.tmp").replace(lib)
+    return d, symbols
