@@ -38,7 +38,8 @@ def stock_and_patched():
     return load_build(builds["baseline"]), load_build(builds["patched"])
 
 
-def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str) -> tuple[str, list[str]]:
+def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str,
+                      preset: str = "llama-3.1-8b") -> tuple[str, list[str]]:
     """(v1|v2, names of the CUDA kernels one decode call ran), after one warm-up call."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -47,7 +48,8 @@ def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str) -> tuple[
     from kvprefetch.kvinputs import make_inputs
     from kvprefetch.ops import forward_decode
 
-    shape = shapes_from_specs([spec], dtype=dtype, kv_cache_dtype=kv_cache_dtype)[0].attn
+    shape = shapes_from_specs([spec], preset=preset, dtype=dtype,
+                              kv_cache_dtype=kv_cache_dtype)[0].attn
     if not ops.supports(shape.head_size, shape.block_size, shape.kv_cache_dtype, shape.dtype):
         pytest.skip(f"{spec} {dtype}/{kv_cache_dtype} is not instantiated in {ops.name}")
     args = make_inputs(shape).args()

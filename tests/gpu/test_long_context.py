@@ -84,23 +84,7 @@ def test_auto_runs_the_twin_that_keeps_its_occupancy(stock_and_patched, preset: 
 
 
 def _kernels_launched_for(ops, preset: str, batch: int, context: int) -> tuple[str, list[str]]:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from kvprefetch.bench.matrix import shapes_from_specs
-    from kvprefetch.kvinputs import make_inputs
-    from kvprefetch.ops import forward_decode
-
-    if preset == "llama-3.1-8b":
-        return _kernels_launched(ops, f"{batch}x{context}", "float16", "auto")
-    shape = shapes_from_specs([f"{batch}x{context}"], preset=preset)[0].attn
-    args = make_inputs(shape).args()
-    forward_decode(ops, args)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _, kernel = forward_decode(ops, args)
-        torch.cuda.synchronize()
-    return kernel, [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return _kernels_launched(ops, f"{batch}x{context}", "float16", "auto", preset)
 
 
 # KVPREFETCH_GQA is read once per process: each forced twin runs in its own interpreter, which
