@@ -264,3 +264,41 @@ def test_python_outside_env_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         a.check_python_inside()
     assert "resolves outside" in exc.value.cause
+
+
+def _create_owned_in_new_group(path: str, owner: str) -> None:
+    os.setsid()
+    VenvEnv(path, with_pip=True).create(owner=Path(owner))
+
+
+def test_killed_create_in_a_work_dir_leaves_an_orphan_the_next_run_removes(tmp_path: Path) -> None:
+    """A real SIGKILL while an env inside a kit work directory is being built in its temporary
+    directory: that directory was recorded as the kit's (with the dead pid) before it existed,
+    so the work directory's orphan sweep (run by fetch and clean) removes it, not only the next
+    creation of the same env."""
+    from kvprefetch import ownership
+
+    root = tmp_path / "work"
+    path = root / "envs" / "baseline"
+    child = multiprocessing.get_context("fork").Process(target=_create_owned_in_new_group,
+                                                        args=(str(path), str(root)))
+    child.start()
+    assert child.pid is not None
+    tmp = path.parent / f"{path.name}.tmp-{child.pid}"
+    try:
+        deadline = time.monotonic() + 60
+        while not tmp.exists() and time.monotonic() < deadline and child.is_alive():
+            time.sleep(0.01)
+        if not tmp.exists():
+            pytest.skip("the child never reached its temporary directory")
+    finally:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child.join()
+    assert tmp.exists() and tmp in ownership.orphans(root)
+    assert ownership.remove_orphans(root) == [str(tmp)]
+    assert not tmp.exists() and not path.exists()
+    assert VenvEnv(path, with_pip=False).create(owner=root).exists()
+    assert ownership.orphans(root) == []

@@ -130,7 +130,7 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
         logs.mkdir(parents=True, exist_ok=True)
         _say(tp.tree, f"creating environment {tp.env_path}")
         env_obj = _env_for(tp, plan, torch_from)
-        env_obj.create()
+        env_obj.create(owner=Path(plan.workdir))
         child = _child_env(env_obj, tp)
         tinfo = probe_torch(str(env_obj.python), child, log=logs / "02-probe-torch.log")
         cuda_home = plan.toolchain.get("cuda_home")
@@ -213,7 +213,7 @@ def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
             return out
         logs.mkdir(parents=True, exist_ok=True)
         env_obj = _env_for(tp, plan, None)
-        env_obj.create()
+        env_obj.create(owner=Path(plan.workdir))
         child = _child_env(env_obj, tp)
         stats = ""
         for i, s in enumerate(tp.steps, 1):

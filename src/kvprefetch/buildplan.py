@@ -224,7 +224,7 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
         src_hash = source_hash(state)
         # An overlay env (vLLM installed) lives beside the kernels-only one, not in its place:
         # the two kinds differ in options, and either mode may be built after the other.
-        env_path = wd.env(f"{tree}-vllm" if mode == "overlay" else tree)
+        env_path = wd.overlay_env(tree) if mode == "overlay" else wd.env(tree)
         py = str(env_path / "bin" / "python")
         namespace = namespace_for(tree)
         env_set = _env_set_common(arch_list, jobs, nvcc_threads, cuda_home)

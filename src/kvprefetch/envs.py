@@ -199,9 +199,13 @@ class Env(abc.ABC):
             )
 
     # ------------------------------------------------------------------ creation
-    def create(self: E, *, force: bool = False) -> E:  # noqa: PYI019 (typing.Self is 3.11+)
+    def create(self: E, *, force: bool = False,  # noqa: PYI019 (typing.Self is 3.11+)
+               owner: Path | None = None) -> E:
         """Create the env, or reuse an existing one of the same kind and options. ``force``
-        replaces an existing kvprefetch env (of any kind). Holds the env's lock throughout."""
+        replaces an existing kvprefetch env (of any kind). Holds the env's lock throughout.
+        ``owner``: the kit work directory the env lives in; its temporary directory is then
+        recorded there before it exists, so that a killed creation's leftover is removed by the
+        next fetch or clean as well as by the next creation."""
         with locked(self.lock_path, f"environment {self.path}"):
             self._clear_debris()
             if self.path.exists() or self.path.is_symlink():
@@ -209,7 +213,7 @@ class Env(abc.ABC):
                     self.check_python_inside()
                     return self
                 shutil.rmtree(self.path)
-            self._create_fresh()
+            self._create_fresh(owner)
         return self
 
     def _clear_debris(self) -> None:
@@ -246,10 +250,19 @@ class Env(abc.ABC):
             )
         return m.get("state") == "ready"
 
-    def _create_fresh(self) -> None:
+    def _create_fresh(self, owner: Path | None = None) -> None:
+        from contextlib import nullcontext
+
+        from . import ownership
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.stamp_path.write_text(json.dumps({"pid": os.getpid(), "kind": self.kind}))
         tmp = self.path.parent / f"{self.path.name}.tmp-{os.getpid()}"
+        with ownership.temporary(owner, tmp) if owner is not None else nullcontext(tmp):
+            self._build_into(tmp)
+        self.stamp_path.unlink()
+
+    def _build_into(self, tmp: Path) -> None:
         try:
             if self.relocatable:
                 self._build(tmp)
@@ -265,7 +278,6 @@ class Env(abc.ABC):
             shutil.rmtree(self.path, ignore_errors=True)
             self.stamp_path.unlink(missing_ok=True)
             raise
-        self.stamp_path.unlink()
 
     def _write_marker(self) -> None:
         data = {

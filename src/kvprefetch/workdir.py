@@ -67,6 +67,11 @@ class Workdir:
     def env(self, name: str) -> Path:
         return self.root / "envs" / check_tree_name(name)
 
+    def overlay_env(self, name: str) -> Path:
+        """The overlay-mode environment of tree ``name``: ``envs/<tree>-vllm``, beside the
+        kernels-only ``envs/<tree>`` (a tree name has no ``-``, so the two never collide)."""
+        return self.root / "envs" / f"{check_tree_name(name)}-vllm"
+
     @property
     def lock(self) -> Path:
         return self.root / ".lock"

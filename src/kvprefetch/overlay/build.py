@@ -234,7 +234,7 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
         t = time.monotonic()
         _say(tp.tree, f"creating environment {tp.env_path}")
         env_obj = _make_env(tp, opts)
-        env_obj.create()
+        env_obj.create(owner=Path(plan.workdir))
         child = _child_env(env_obj, tp)
         timed("create-env", t)
         t = time.monotonic()
