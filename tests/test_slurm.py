@@ -321,8 +321,12 @@ def _status(campaign: Path, env: dict[str, str], timeout: int) -> tuple[int, lis
 @pytest.mark.slurm
 def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdist: Path,
                                                tmp_path: Path) -> None:
+    import kvprefetch
+
     env = {k: v for k, v in slurm_cluster.env.items()
-           if k not in ("PYTHONPATH", "KVPREFETCH_WORKDIR", "VLLM_USE_PRECOMPILED")}
+           if k not in ("KVPREFETCH_WORKDIR", "VLLM_USE_PRECOMPILED")}
+    # this kit, whatever the interpreter's own install is (the campaign pins the same path)
+    env["PYTHONPATH"] = str(Path(kvprefetch.__file__).resolve().parent.parent)
     camp = tmp_path / "camp"
     t0 = time.monotonic()
     cpus = os.cpu_count() or 1
@@ -334,8 +338,10 @@ def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdis
     assert plan.returncode == 0, plan.stderr + slurm_cluster.logs()
     rec = json.loads((camp / "campaign.json").read_text())
     ids = {job: subs[0]["id"] for job, subs in rec["submitted"].items()}
-    assert list(ids) == ["prepare", "build-baseline", "build-patched", "verify", "bench", "merge"]
+    assert sorted(ids) == ["bench", "build-baseline", "build-patched", "merge", "prepare",
+                           "verify"]
     assert rec["plan"]["python"] == sys.executable
+    assert rec["plan"]["kit_root"] == env["PYTHONPATH"]
     # Slurm itself holds the chain: verify waits on both builds by their ids
     r = subprocess.run(["scontrol", "-o", "show", "job", ids["verify"]], env=env,
                        capture_output=True, text=True, check=False)
@@ -379,6 +385,6 @@ def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdis
     assert not any(a.startswith("--dependency") for a in again["argv"])  # verify completed
     rc, states = _status(camp, env, 120)
     assert rc == 0, states
-    bench = sorted((s["id"], s["state"]) for s in states if s["job"] == "bench")
-    assert bench == [(f"{again['id']}_1", "COMPLETED"), (f"{ids['bench']}_0", "COMPLETED")]
+    bench = {(s["id"], s["state"]) for s in states if s["job"] == "bench"}
+    assert bench == {(f"{again['id']}_1", "COMPLETED"), (f"{ids['bench']}_0", "COMPLETED")}
     print(f"campaign end to end in {time.monotonic() - t0:.0f} s")
