@@ -22,10 +22,22 @@ import pytest
 from conftest import kvprefetch_cli_split
 
 from kvprefetch.errors import ConfigError, SlurmError
-from kvprefetch.slurm.campaign import (BenchSpec, SlurmOptions, campaign_from_dict,
-                                       make_campaign, render_script, write_campaign)
-from kvprefetch.slurm.cluster import (JobState, parse_parsable, parse_sacct, parse_scontrol,
-                                      status, submit)
+from kvprefetch.slurm.campaign import (
+    BenchSpec,
+    SlurmOptions,
+    campaign_from_dict,
+    make_campaign,
+    render_script,
+    write_campaign,
+)
+from kvprefetch.slurm.cluster import (
+    JobState,
+    parse_parsable,
+    parse_sacct,
+    parse_scontrol,
+    status,
+    submit,
+)
 
 
 def _campaign(root: Path, **slurm: object):  # type: ignore[no-untyped-def]
@@ -58,8 +70,8 @@ def test_scripts_are_self_contained_and_pass_options_only_when_given(tmp_path: P
         # the GPU is asked for only by the jobs that use one
         assert ("#SBATCH --gres=gpu:1" in text) == (name in ("verify", "bench"))
         assert ("#SBATCH --cpus-per-task=4" in text) == name.startswith("build-")
-    assert "build --workdir {}/work --kernels-only --trees patched --arch 9.0a --jobs 4 " \
-           "--head-sizes 128".format(root) in scripts["build-patched"]
+    assert f"build --workdir {root}/work --kernels-only --trees patched --arch 9.0a --jobs 4 " \
+           "--head-sizes 128" in scripts["build-patched"]
     assert "#SBATCH --array=0-2" in scripts["bench"]
     assert "BATCHES=(1 8 32)" in scripts["bench"]
     assert '--batch "${BATCHES[$SLURM_ARRAY_TASK_ID]}"' in scripts["bench"]
@@ -377,7 +389,24 @@ def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdis
     assert "merged from 2 shard(s)" in md and "CPU stand-in, nothing timed" in md
     assert "CPU stand-in shard: no GPU here, nothing was timed" in md
 
-    # one array task again, alone: it becomes that task's row in status
+    # A task that fails: its library no longer matches the manifest (the stand-in re-hashes
+    # it); status --wait says so and exits 10. Then, repaired, the task alone again.
+    so = Path(manifests["patched"]["so_path"])
+    original = so.read_bytes()
+    so.write_bytes(original + b"\0")
+    try:
+        r1 = kvprefetch_cli_split("slurm", "resubmit", str(camp), "bench", "--task", "1",
+                                  "--json", env=env)
+        assert r1.returncode == 0, r1.stderr
+        failed = json.loads(r1.stdout)
+        rc, states = _status(camp, env, 120)
+    finally:
+        so.write_bytes(original)
+    assert rc == 10, states
+    assert {(s["id"], s["state"]) for s in states if s["job"] == "bench"} == \
+        {(f"{failed['id']}_1", "FAILED"), (f"{ids['bench']}_0", "COMPLETED")}
+    assert "its manifest" in (camp / "logs" / f"bench-{failed['id']}_1.out").read_text()
+
     r2 = kvprefetch_cli_split("slurm", "resubmit", str(camp), "bench", "--task", "1", "--json",
                               env=env)
     assert r2.returncode == 0, r2.stderr

@@ -66,8 +66,13 @@ def plan(campaign: Path, source: str, trees: str, arch: str, head_sizes: str | N
     from ..errors import ConfigError
     from ..kitinfo import kit_info
     from ..selection import parse_selection
-    from ..slurm.campaign import BenchSpec, SlurmOptions, make_campaign, render_script, \
-        write_campaign
+    from ..slurm.campaign import (
+        BenchSpec,
+        SlurmOptions,
+        make_campaign,
+        render_script,
+        write_campaign,
+    )
     from ..workdir import check_tree_name
 
     parse_selection(head_sizes, block_sizes, kv_dtypes)  # refuse a bad selection now, not in a job

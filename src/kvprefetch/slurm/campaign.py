@@ -232,8 +232,8 @@ def render_script(c: Campaign, job: Job) -> str:
         directives.append(f"--array=0-{job.array - 1}")
     directives += c.slurm.directives(gpu, cpus)
     lines = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives] + [
-        f"# kvprefetch campaign job {job.name!r}; written by `kvprefetch slurm plan` "
-        f"(kit {c.kit_version} @ {c.kit_commit or 'no git commit'}).",
+        (f"# kvprefetch campaign job {job.name!r}; written by `kvprefetch slurm plan` "
+         f"(kit {c.kit_version} @ {c.kit_commit or 'no git commit'})."),
         "# Self-contained: the interpreter, the kit and PATH are pinned below.",
         "set -euo pipefail",
         f"export PYTHONPATH={shlex.quote(c.kit_root)}",

@@ -14,8 +14,14 @@ from typing import Any
 
 from ..errors import CommandError, SlurmError
 from ..runner import run, which
-from .campaign import Campaign, campaign_from_dict, load_record, save_record, sbatch_argv, \
-    submission_order
+from .campaign import (
+    Campaign,
+    campaign_from_dict,
+    load_record,
+    save_record,
+    sbatch_argv,
+    submission_order,
+)
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE", "NEVER")
