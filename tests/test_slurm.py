@@ -417,3 +417,24 @@ def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdis
     bench = {(s["id"], s["state"]) for s in states if s["job"] == "bench"}
     assert bench == {(f"{again['id']}_1", "COMPLETED"), (f"{ids['bench']}_0", "COMPLETED")}
     print(f"campaign end to end in {time.monotonic() - t0:.0f} s")
+
+
+def test_the_gpu_bench_script_parses_with_the_real_cli(tmp_path: Path) -> None:
+    """The generated `bench kernel` line of a GPU campaign, run as Slurm would run array task 1
+    (bash, SLURM_ARRAY_TASK_ID=1) on this GPU-less machine with no builds: it must get past
+    option parsing and stop at bench's own refusal (exit 7), never a usage error (exit 2)."""
+    import kvprefetch
+
+    kit = str(Path(kvprefetch.__file__).resolve().parent.parent)
+    c = make_campaign(tmp_path / "camp", python=sys.executable, kit_root=kit, kit_commit=None,
+                      kit_version="0", path=os.environ.get("PATH", os.defpath), source="sdist",
+                      trees=("baseline", "patched"), arch="9.0a", build_args=(), no_gpu=False,
+                      bench=BenchSpec((1, 8), ("1k",), ("llama-3.1-8b",)),
+                      slurm=SlurmOptions(gres="gpu:1"))
+    write_campaign(c)
+    script = Path(c.root) / c.job("bench").script
+    r = subprocess.run(["bash", str(script)], env=dict(os.environ, SLURM_ARRAY_TASK_ID="1"),
+                       capture_output=True, text=True, check=False, timeout=300)
+    assert r.returncode == 7, r.stdout + r.stderr
+    assert "no kernels-only builds under" in r.stderr
+    assert "kvprefetch job bench on" in r.stdout
