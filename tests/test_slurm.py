@@ -111,8 +111,8 @@ def test_dependency_chain_is_afterok_on_the_previous_stage(tmp_path: Path) -> No
     assert rows["merge"][-1] == f"{c.root}/scripts/40-merge.sbatch"
 
 
-def test_plan_refuses_a_campaign_without_baseline_first(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="baseline"):
+def test_a_campaign_builds_baseline_and_patched(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="builds the trees baseline, patched, not patched"):
         make_campaign(tmp_path, python="/p", kit_root="/k", kit_commit=None, kit_version="0",
                       path="/bin", source="sdist", trees=("patched",), arch="9.0a",
                       build_args=(), no_gpu=True, bench=BenchSpec(), slurm=SlurmOptions())

@@ -29,8 +29,6 @@ def _split(text: str | None) -> tuple[str, ...]:
 @click.option("--source", default="auto", show_default=True,
               help="fetch --source for the prepare job: auto, git, sdist, or the PATH of a "
                    "vllm-0.10.2.tar.gz or clone on a shared filesystem (a read-only cache).")
-@click.option("--trees", default="baseline,patched", show_default=True,
-              help="Trees to build, one build job each; baseline first.")
 @click.option("--arch", default="9.0a", show_default=True, help="build --arch.")
 @click.option("--head-sizes", default=None, help="build --head-sizes (default: all).")
 @click.option("--block-sizes", default=None, help="build --block-sizes (default: all).")
@@ -55,13 +53,15 @@ def _split(text: str | None) -> tuple[str, ...]:
 @click.option("--submit", "do_submit", is_flag=True, help="Submit the campaign right away.")
 @dry_run_option
 @json_option
-def plan(campaign: Path, source: str, trees: str, arch: str, head_sizes: str | None,
+def plan(campaign: Path, source: str, arch: str, head_sizes: str | None,
          block_sizes: str | None, kv_dtypes: str | None, no_gpu: bool, batches: str,
          contexts: str | None, presets: str | None, stand_in: bool, partition: str | None,
          account: str | None, time_limit: str | None, gres: str | None,
          cpus_per_build: int | None, python: str | None, do_submit: bool, dry_run: bool,
          as_json: bool) -> None:
-    """Write CAMPAIGN/campaign.json (the frozen plan) and one sbatch script per job."""
+    """Write CAMPAIGN/campaign.json (the frozen plan) and one sbatch script per job: prepare
+    (fetch + apply), build-baseline and build-patched, verify, bench (array), merge."""
+    from .. import upstream
     from ..bench.matrix import parse_sizes
     from ..errors import ConfigError
     from ..kitinfo import kit_info
@@ -73,7 +73,6 @@ def plan(campaign: Path, source: str, trees: str, arch: str, head_sizes: str | N
         render_script,
         write_campaign,
     )
-    from ..workdir import check_tree_name
 
     parse_selection(head_sizes, block_sizes, kv_dtypes)  # refuse a bad selection now, not in a job
     build_args: list[str] = []
@@ -94,7 +93,7 @@ def plan(campaign: Path, source: str, trees: str, arch: str, head_sizes: str | N
     c = make_campaign(
         campaign, python=py, kit_root=kit.root, kit_commit=kit.commit, kit_version=kit.version,
         path=os.environ.get("PATH", os.defpath), source=source,
-        trees=tuple(check_tree_name(t, "--trees") for t in _split(trees)), arch=arch,
+        trees=upstream.TREE_NAMES, arch=arch,
         build_args=build_args, no_gpu=no_gpu,
         bench=BenchSpec(parse_sizes(batches), _split(contexts), _split(presets), stand_in),
         slurm=SlurmOptions(partition, account, time_limit, gres, cpus_per_build))
