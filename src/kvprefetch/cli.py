@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "bench": "kvprefetch.commands.bench:bench",
     "report": "kvprefetch.commands.report:report",
     "vmm": "kvprefetch.commands.vmm:vmm",
+    "slurm": "kvprefetch.commands.slurm:slurm",
 }
 
 

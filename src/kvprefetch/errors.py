@@ -77,3 +77,9 @@ class CommandError(KvprefetchError):
         if tail:
             cause += "\n--- last lines ---\n" + tail
         super().__init__(cause, fix or "read the log above; rerun with --debug for a traceback")
+
+
+class SlurmError(KvprefetchError):
+    """A Slurm command (sbatch, scontrol, sacct) failed, or a campaign's job did not succeed."""
+
+    exit_code = 10  # 9 is the VMM cache's (vmm/errors.py)

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import BenchError
+from ..kitinfo import kit_info
 from ..kvinputs import (alias_pool_blocks, cache_bytes_per_layer, layers_for_cold, make_inputs,
                         min_bytes_moved)
 from ..ops import PagedOps, forward_decode, v2_workspace
@@ -412,7 +413,7 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
                              if o.build else {})} for o in ops],
             "configs": [asdict(c) for c in configs], "matrix": matrix.to_dict(),
             "command": list(command), "aborted": aborted,
-            "not_measured": not_measured(results),
+            "not_measured": not_measured(results), "kit": kit_info().to_dict(),
         },
         "results": [r.to_dict() for r in results],
     }

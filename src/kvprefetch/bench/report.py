@@ -99,6 +99,16 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
     if meta.get("not_measured"):
         lines.append(f"- not measured: {len(meta['not_measured'])} shape(s); status and reason in "
                      "the tables below")
+    if (meta.get("kit") or {}).get("commit"):
+        lines.append(f"- kit commit: `{meta['kit']['commit']}`")
+    if dev.get("stand_in"):
+        lines.append(f"- **CPU stand-in, nothing timed**: {dev['stand_in']}")
+    merge = meta.get("merge")
+    if merge:
+        lines.append(f"- merged from {len(merge['shards'])} shard(s): "
+                     + ", ".join(f"{s['file']} ({s['rows']} rows)" for s in merge["shards"]))
+        for d in merge.get("forced") or []:
+            lines.append(f"- **merged with --force-merge although** {d}")
     lines += ["", ("Time is per decode call (one layer). Speedup = stock time / variant time, paired "
               "per round: median [min-max] over rounds. BW = fewest bytes moved / median time, as "
               "a fraction of the copy bandwidth."), "", "## Summary", ""]

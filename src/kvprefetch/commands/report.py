@@ -28,12 +28,20 @@ from ..console import emit_json, info
               "committed JSON, in place.")
 @click.option("--check", is_flag=True,
               help="With --readme: change nothing; exit 1 if any block differs from its JSON.")
+@click.option("--merge", "merge", is_flag=True,
+              help="Read the FILES as shards of one bench kernel campaign (Slurm array tasks, "
+                   "machines) and write one merged.json/.md; refused when the shards differ in "
+                   "GPU, builds (library sha256) or kit commit, naming the field.")
+@click.option("--force-merge", is_flag=True,
+              help="With --merge: merge shards that differ anyway; the report lists what differs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the written paths as JSON.")
 def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bool,
-           repeats_name: str | None, readme: Path | None, check: bool, as_json: bool) -> None:
+           repeats_name: str | None, readme: Path | None, check: bool, merge: bool,
+           force_merge: bool, as_json: bool) -> None:
     """Render kvprefetch result files (bench kernel/ncu/e2e, numerical identity) into markdown
     tables and plots (speedup heatmap over batch x context for bench kernel); with --repeats,
-    combine repeated bench kernel runs into one document; with --readme, regenerate a markdown
+    combine repeated bench kernel runs into one document; with --merge, merge the shards of one
+    campaign; with --readme, regenerate a markdown
     file's report blocks from the JSON they name."""
     from ..bench.report import load_document, render_markdown, write_outputs
 
@@ -48,6 +56,22 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     if bad:
         raise click.BadParameter(f"unknown format(s) {', '.join(bad)}; use md, png",
                                  param_hint="--formats")
+    if force_merge and not merge:
+        raise click.UsageError("--force-merge goes with --merge")
+    if merge:
+        from ..bench.merge import merge_kernel_docs
+
+        doc = merge_kernel_docs([load_document(p) for p in files], [str(p) for p in files],
+                                force=force_merge)
+        paths = write_outputs(doc, out or files[0].parent, "merged",
+                              ("json",) + tuple(f for f in fmts if f != "json"))
+        if print_md:
+            click.echo(render_markdown(doc))
+        if as_json:
+            emit_json({"merged": [str(p) for p in paths]})
+        else:
+            info("wrote " + ", ".join(str(p) for p in paths))
+        return
     if repeats_name is not None:
         from ..bench.repeats import combine
 

@@ -1,0 +1,206 @@
+"""Talking to Slurm for a campaign: ``sbatch --parsable`` to submit (ids recorded in
+campaign.json), ``scontrol show job`` for the state of jobs the controller still knows (pending,
+running, and finished ones for MinJobAge), ``sacct`` for the ones it has forgotten (where
+accounting is on). Every command goes through the kit's runner."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CommandError, SlurmError
+from ..runner import run, which
+from .campaign import (
+    Campaign,
+    campaign_from_dict,
+    load_record,
+    save_record,
+    sbatch_argv,
+    submission_order,
+)
+
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "PREEMPTED", "BOOT_FAIL", "DEADLINE", "NEVER")
+FIX_SLURM = "run this on a Slurm login node (sbatch, scontrol on PATH, slurmctld reachable)"
+
+
+def _slurm(argv: Sequence[str], check: bool = True) -> Any:
+    if which(argv[0]) is None:
+        raise SlurmError(f"{argv[0]} was not found on PATH", FIX_SLURM)
+    try:
+        return run(list(argv), echo=False, check=check)
+    except CommandError as exc:
+        raise SlurmError(f"{' '.join(argv)} failed (exit code {exc.returncode}): "
+                         f"{exc.tail.strip()}", FIX_SLURM) from None
+
+
+def load(root: Path) -> tuple[Campaign, dict[str, Any]]:
+    rec = load_record(root)
+    return campaign_from_dict(rec["plan"]), rec
+
+
+def latest_id(rec: dict[str, Any], job: str) -> str | None:
+    subs = rec["submitted"].get(job) or []
+    return str(subs[-1]["id"]) if subs else None
+
+
+def parse_parsable(output: str) -> str:
+    """``sbatch --parsable`` prints ``ID`` or ``ID;CLUSTER``."""
+    line = output.strip().splitlines()[-1] if output.strip() else ""
+    job_id = line.split(";")[0].strip()
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch printed {output.strip()!r}, not a job id", FIX_SLURM)
+    return job_id
+
+
+def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
+    """Submit every job of the campaign in order, each with ``afterok`` on the ids of the jobs
+    it depends on. A campaign is submitted once; single jobs again with ``resubmit``."""
+    c, rec = load(root)
+    if rec["submitted"] and not dry_run:
+        raise SlurmError(f"the campaign {root} was already submitted (jobs "
+                         + ", ".join(f"{j}={latest_id(rec, j)}" for j in rec["submitted"]) + ")",
+                         "see `kvprefetch slurm status`; resubmit a failed job alone with "
+                         "`kvprefetch slurm resubmit`")
+    ids: dict[str, str] = {}
+    done = []
+    for job in submission_order(c):
+        argv = sbatch_argv(c, job, [ids[a] for a in job.after])
+        if dry_run:
+            ids[job.name] = f"<{job.name}>"
+            done.append({"job": job.name, "argv": argv})
+            continue
+        job_id = parse_parsable(_slurm(argv).output)
+        ids[job.name] = job_id
+        rec["submitted"][job.name] = [{"id": job_id, "task": None, "argv": argv,
+                                       "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
+        save_record(root, rec)  # after every job: an error later keeps the ids so far
+        done.append({"job": job.name, "id": job_id, "argv": argv})
+    return done
+
+
+@dataclass(frozen=True)
+class JobState:
+    job: str            # campaign job name
+    id: str             # Slurm id, ``<array>_<task>`` for array tasks
+    state: str          # COMPLETED, RUNNING, PENDING, FAILED, ..., NEVER, UNKNOWN
+    exit_code: str
+    reason: str
+    source: str         # scontrol or sacct
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def to_dict(self) -> dict[str, str]:
+        return {"job": self.job, "id": self.id, "state": self.state, "exit_code": self.exit_code,
+                "reason": self.reason, "source": self.source}
+
+
+_FIELD = re.compile(r"(\w+)=(\S*)")
+
+
+def parse_scontrol(text: str) -> list[dict[str, str]]:
+    """``scontrol -o show job`` output: one record per line, ``Key=Value`` fields."""
+    return [dict(_FIELD.findall(line)) for line in text.splitlines() if "JobId=" in line]
+
+
+def parse_sacct(text: str) -> list[dict[str, str]]:
+    """``sacct -n -P -X -o JobID,State,ExitCode`` output."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 3 and parts[0]:
+            out.append({"JobID": parts[0], "State": parts[1].split()[0], "ExitCode": parts[2]})
+    return out
+
+
+def _record_state(job: str, r: dict[str, str]) -> JobState:
+    task = r.get("ArrayTaskId")
+    sid = f"{r['ArrayJobId']}_{task}" if r.get("ArrayJobId") and task else r["JobId"]
+    state, reason = r.get("JobState", "UNKNOWN"), r.get("Reason", "None")
+    if state == "PENDING" and reason == "DependencyNeverSatisfied":
+        state = "NEVER"  # will never run: a job it depends on did not succeed
+    return JobState(job, sid, state, r.get("ExitCode", "?"), reason, "scontrol")
+
+
+def job_states(job: str, job_id: str) -> list[JobState]:
+    res = _slurm(["scontrol", "-o", "show", "job", job_id], check=False)
+    if res.returncode == 0:
+        return [_record_state(job, r) for r in parse_scontrol(res.output)]
+    if which("sacct") is not None:
+        acct = run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode"],
+                   echo=False, check=False)
+        rows = parse_sacct(acct.output) if acct.returncode == 0 else []
+        if rows:
+            return [JobState(job, r["JobID"], r["State"], r["ExitCode"], "", "sacct")
+                    for r in rows]
+    return [JobState(job, job_id, "UNKNOWN", "?", "the controller no longer knows the job and "
+                     "sacct has no record of it (accounting off?)", "none")]
+
+
+def status(root: Path, fetch: Callable[[str, str], list[JobState]] = job_states) \
+        -> list[JobState]:
+    """Per job (per array task), the state of its latest submission: a task resubmitted alone
+    replaces that task's row of the first submission."""
+    c, rec = load(root)
+    if not rec["submitted"]:
+        raise SlurmError(f"the campaign {root} has not been submitted",
+                         f"run `kvprefetch slurm submit {root}`")
+    out: list[JobState] = []
+    for job in c.jobs:
+        rows: dict[str, JobState] = {}
+        for sub in rec["submitted"].get(job.name, []):
+            for st in fetch(job.name, str(sub["id"])):
+                task = st.id.partition("_")[2] if sub.get("task") is None else str(sub["task"])
+                rows[task] = st
+        out += rows.values()
+    return out
+
+
+def wait(root: Path, timeout_s: float, poll_s: float = 2.0,
+         fetch: Callable[[str, str], list[JobState]] = job_states) -> list[JobState]:
+    """Poll until every job is in a final state; a SlurmError after ``timeout_s``."""
+    t0 = time.monotonic()
+    while True:
+        states = status(root, fetch)
+        if all(s.terminal for s in states):
+            return states
+        if time.monotonic() - t0 > timeout_s:
+            raise SlurmError(f"after {timeout_s:.0f} s these jobs are still not done: "
+                             + ", ".join(f"{s.job} {s.id} {s.state} ({s.reason})"
+                                         for s in states if not s.terminal),
+                             "wait longer (--timeout) or look at `squeue` and the job logs")
+        time.sleep(poll_s)
+
+
+def resubmit(root: Path, job_name: str, task: int | None = None,
+             dry_run: bool = False) -> dict[str, Any]:
+    """Submit one job again, alone (one array task with ``task``). It depends (afterok) only on
+    those of its prerequisites whose latest submission has not completed yet."""
+    c, rec = load(root)
+    job = c.job(job_name)
+    if task is not None and (job.array is None or not 0 <= task < job.array):
+        raise SlurmError(f"job {job_name} has no array task {task}",
+                         f"pass --task 0..{(job.array or 1) - 1} for an array job, or no --task")
+    deps: list[str] = []
+    for a in job.after:
+        aid = latest_id(rec, a)
+        if aid is None:
+            raise SlurmError(f"{job_name} depends on {a}, which was never submitted",
+                             f"run `kvprefetch slurm submit {root}` first")
+        if dry_run or not all(s.state == "COMPLETED" for s in job_states(a, aid)):
+            deps.append(aid)
+    argv = sbatch_argv(c, job, deps, task)
+    if dry_run:
+        return {"job": job_name, "task": task, "argv": argv}
+    job_id = parse_parsable(_slurm(argv).output)
+    rec["submitted"].setdefault(job_name, []).append(
+        {"id": job_id, "task": task, "argv": argv,
+         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    save_record(root, rec)
+    return {"job": job_name, "task": task, "id": job_id, "argv": argv}

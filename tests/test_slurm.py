@@ -1,0 +1,440 @@
+"""`kvprefetch slurm`: the campaign's scripts and dependency chain (fast, pure), and -- the slow
+integration test -- a REAL one-node Slurm (Debian's slurm-wlm: munged, slurmctld, slurmd on this
+machine, a generated slurm.conf, no GPU gres) running a tiny campaign end to end through real
+sbatch: fetch + apply from the cached sdist, a kernels-only build of one narrowed instantiation per
+tree (two jobs), verify-kernel --no-gpu, a 2-task array of CPU stand-in bench shards, the merge;
+then one array task resubmitted alone. Every daemon the test starts is stopped by the fixture's
+finalizer, pass or fail. Needs root (daemons, apt); skipped with the reason otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import kvprefetch_cli_split
+
+from kvprefetch.errors import ConfigError, SlurmError
+from kvprefetch.slurm.campaign import (
+    BenchSpec,
+    SlurmOptions,
+    campaign_from_dict,
+    make_campaign,
+    render_script,
+    write_campaign,
+)
+from kvprefetch.slurm.cluster import (
+    JobState,
+    parse_parsable,
+    parse_sacct,
+    parse_scontrol,
+    status,
+    submit,
+)
+
+
+def _campaign(root: Path, **slurm: object):  # type: ignore[no-untyped-def]
+    return make_campaign(
+        root, python="/opt/py/bin/python", kit_root="/opt/kit/src", kit_commit="abc123",
+        kit_version="0.1.0", path="/usr/bin:/bin", source="/cache/vllm-0.10.2.tar.gz",
+        trees=("baseline", "patched"), arch="9.0a", build_args=("--head-sizes", "128"),
+        no_gpu=False, bench=BenchSpec((1, 8, 32)),
+        slurm=SlurmOptions(**slurm))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- fast, pure
+
+
+def test_scripts_are_self_contained_and_pass_options_only_when_given(tmp_path: Path) -> None:
+    c = _campaign(tmp_path / "camp", partition="gpu", gres="gpu:1", cpus_per_build=4)
+    write_campaign(c)
+    root = Path(c.root)
+    scripts = {j.name: (root / j.script).read_text() for j in c.jobs}
+    assert sorted(scripts) == ["bench", "build-baseline", "build-patched", "merge", "prepare",
+                               "verify"]
+    for name, text in scripts.items():
+        assert text.startswith("#!/bin/bash\n")
+        assert "set -euo pipefail" in text
+        assert "export PYTHONPATH=/opt/kit/src" in text and "export PATH=/usr/bin:/bin" in text
+        assert "/opt/py/bin/python -m kvprefetch" in text
+        assert f"#SBATCH --output={root}/logs/{name}-" in text
+        assert "#SBATCH --partition=gpu" in text
+        assert "--account" not in text and "--time" not in text  # never given: never passed
+        # the GPU is asked for only by the jobs that use one
+        assert ("#SBATCH --gres=gpu:1" in text) == (name in ("verify", "bench"))
+        assert ("#SBATCH --cpus-per-task=4" in text) == name.startswith("build-")
+    assert f"build --workdir {root}/work --kernels-only --trees patched --arch 9.0a --jobs 4 " \
+           "--head-sizes 128" in scripts["build-patched"]
+    assert "#SBATCH --array=0-2" in scripts["bench"]
+    assert "BATCHES=(1 8 32)" in scripts["bench"]
+    assert '--batch "${BATCHES[$SLURM_ARRAY_TASK_ID]}"' in scripts["bench"]
+    assert f"fetch --workdir {root}/work --source /cache/vllm-0.10.2.tar.gz" in scripts["prepare"]
+    assert f"report --merge {root}/results/bench-0.json {root}/results/bench-1.json " \
+           f"{root}/results/bench-2.json" in scripts["merge"]
+    plan = json.loads((root / "campaign.json").read_text())
+    assert campaign_from_dict(plan["plan"]) == c
+    assert plan["submitted"] == {}
+
+
+def test_no_gpu_and_stand_in_ask_for_no_gpu(tmp_path: Path) -> None:
+    c = make_campaign(tmp_path, python="/p", kit_root="/k", kit_commit=None, kit_version="0",
+                      path="/bin", source="sdist", trees=("baseline", "patched"), arch="9.0a",
+                      build_args=(), no_gpu=True, bench=BenchSpec((1, 8), stand_in=True),
+                      slurm=SlurmOptions(gres="gpu:1"))
+    for j in c.jobs:
+        assert "--gres" not in render_script(c, j)
+    bench = render_script(c, c.job("bench"))
+    assert 'slurm stand-in' in bench and "bench kernel" not in bench
+    assert "--no-gpu" in render_script(c, c.job("verify"))
+
+
+def test_dependency_chain_is_afterok_on_the_previous_stage(tmp_path: Path) -> None:
+    c = _campaign(tmp_path / "camp")
+    write_campaign(c)
+    rows = {r["job"]: r["argv"] for r in submit(Path(c.root), dry_run=True)}
+    assert list(rows) == ["prepare", "build-baseline", "build-patched", "verify", "bench",
+                          "merge"]
+    assert rows["prepare"][:2] == ["sbatch", "--parsable"]
+    assert not any(a.startswith("--dependency") for a in rows["prepare"])
+    assert "--dependency=afterok:<prepare>" in rows["build-baseline"]
+    assert "--dependency=afterok:<prepare>" in rows["build-patched"]
+    assert "--dependency=afterok:<build-baseline>:<build-patched>" in rows["verify"]
+    assert "--dependency=afterok:<verify>" in rows["bench"]
+    assert "--dependency=afterok:<bench>" in rows["merge"]
+    assert rows["merge"][-1] == f"{c.root}/scripts/40-merge.sbatch"
+
+
+def test_a_campaign_builds_baseline_and_patched(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="builds the trees baseline, patched, not patched"):
+        make_campaign(tmp_path, python="/p", kit_root="/k", kit_commit=None, kit_version="0",
+                      path="/bin", source="sdist", trees=("patched",), arch="9.0a",
+                      build_args=(), no_gpu=True, bench=BenchSpec(), slurm=SlurmOptions())
+
+
+def test_replanning_a_submitted_campaign_differently_is_refused(tmp_path: Path) -> None:
+    c = _campaign(tmp_path / "camp")
+    write_campaign(c)
+    rec = json.loads((Path(c.root) / "campaign.json").read_text())
+    rec["submitted"] = {"prepare": [{"id": "7", "task": None}]}
+    (Path(c.root) / "campaign.json").write_text(json.dumps(rec))
+    write_campaign(c)  # the same plan again: fine, the ids are kept
+    assert json.loads((Path(c.root) / "campaign.json").read_text())["submitted"]["prepare"]
+    with pytest.raises(ConfigError, match="already submitted"):
+        write_campaign(_campaign(tmp_path / "camp", partition="other"))
+
+
+# Lines as Slurm 22.05 prints them (taken from the real cluster of the test below).
+SCONTROL = (
+    "JobId=12 ArrayJobId=12 ArrayTaskId=1 ArrayTaskThrottle=0 JobName=kvp-c-bench UserId=root(0) "
+    "JobState=COMPLETED Reason=None Dependency=(null) ExitCode=0:0\n"
+    "JobId=13 ArrayJobId=12 ArrayTaskId=0 JobName=kvp-c-bench UserId=root(0) "
+    "JobState=FAILED Reason=NonZeroExitCode Dependency=(null) ExitCode=1:0\n")
+
+
+def test_parsers() -> None:
+    assert parse_parsable("42\n") == "42" and parse_parsable("42;cluster\n") == "42"
+    with pytest.raises(SlurmError):
+        parse_parsable("sbatch: error: Batch job submission failed\n")
+    recs = parse_scontrol(SCONTROL)
+    assert [(r["ArrayJobId"], r["ArrayTaskId"], r["JobState"]) for r in recs] == \
+        [("12", "1", "COMPLETED"), ("12", "0", "FAILED")]
+    assert parse_sacct("12_0|FAILED|1:0\n12_1|COMPLETED|0:0\n13|CANCELLED by 0|0:0\n") == [
+        {"JobID": "12_0", "State": "FAILED", "ExitCode": "1:0"},
+        {"JobID": "12_1", "State": "COMPLETED", "ExitCode": "0:0"},
+        {"JobID": "13", "State": "CANCELLED", "ExitCode": "0:0"}]
+
+
+def test_status_shows_a_resubmitted_task_in_place_of_the_failed_one(tmp_path: Path) -> None:
+    # the state source is passed in: this checks the bookkeeping, the real cluster test below
+    # checks the same thing against real scontrol output
+    c = _campaign(tmp_path / "camp")
+    write_campaign(c)
+    rec = json.loads((Path(c.root) / "campaign.json").read_text())
+    rec["submitted"] = {"bench": [{"id": "12", "task": None}, {"id": "20", "task": 0}]}
+    (Path(c.root) / "campaign.json").write_text(json.dumps(rec))
+    states = {"12": [JobState("bench", "12_0", "FAILED", "1:0", "", "t"),
+                     JobState("bench", "12_1", "COMPLETED", "0:0", "", "t")],
+              "20": [JobState("bench", "20_0", "COMPLETED", "0:0", "", "t")]}
+    got = status(Path(c.root), lambda job, jid: states[jid])
+    assert [(s.id, s.state) for s in got] == [("20_0", "COMPLETED"), ("12_1", "COMPLETED")]
+
+
+# --------------------------------------------------------------------------- a real Slurm
+
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Cluster:
+    def __init__(self, d: Path, env: dict[str, str]) -> None:
+        self.dir = d
+        self.env = env
+
+    def logs(self) -> str:
+        out = []
+        for name in ("slurmctld.log", "slurmd.log"):
+            p = self.dir / name
+            if p.exists():
+                out.append(f"--- {name} (last lines)\n" + "\n".join(
+                    p.read_text(errors="replace").splitlines()[-30:]))
+        return "\n".join(out)
+
+
+def _ensure_slurm_installed() -> str | None:
+    """None when slurmctld, slurmd and munged are installed (apt-get installs them if not),
+    else why not."""
+    if all(shutil.which(p) for p in ("slurmctld", "slurmd", "munged", "sbatch")):
+        return None
+    if shutil.which("apt-get") is None:
+        return "slurm-wlm is not installed and there is no apt-get"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "slurm-wlm", "munge"]):
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, check=False,
+                           timeout=600)
+        if r.returncode != 0:
+            return f"{' '.join(argv)} failed: {r.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """munged (unless one is already running: then it is used and left alone), slurmctld and
+    slurmd on this host with their own ports and a generated slurm.conf; all stopped after."""
+    if os.geteuid() != 0:
+        pytest.skip("a real Slurm needs root here (daemons, apt-get, munge key)")
+    why = _ensure_slurm_installed()
+    if why:
+        pytest.skip(f"cannot install Slurm: {why}")
+    d = tmp_path_factory.mktemp("slurm")
+    host = socket.gethostname().split(".")[0]
+    started: list[subprocess.Popen[bytes]] = []
+    own_munged = False
+    env = dict(os.environ, SLURM_CONF=str(d / "slurm.conf"))
+
+    def stop() -> None:
+        if started:
+            subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True, check=False,
+                           timeout=30)
+        deadline = time.monotonic() + 15
+        pids = [int(p.read_text().strip()) for p in d.glob("*.pid") if p.read_text().strip()]
+        for p in started:
+            pids.append(p.pid)
+        while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.25)
+            for p in started:
+                p.poll()
+        for pid in pids:
+            if _pid_alive(pid):
+                os.kill(pid, 15)
+        for p in started:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if own_munged:
+            subprocess.run(["runuser", "-u", "munge", "--", "munged", "--stop"],
+                           capture_output=True, check=False, timeout=30)
+
+    try:
+        key = Path("/etc/munge/munge.key")
+        if not key.exists():
+            subprocess.run(["mungekey", "--create"], check=True, capture_output=True)
+            shutil.chown(key, "munge", "munge")
+            key.chmod(0o400)
+        Path("/run/munge").mkdir(parents=True, exist_ok=True)
+        shutil.chown("/run/munge", "munge", "munge")
+        if subprocess.run(["munge", "-n"], capture_output=True, check=False).returncode != 0:
+            r = subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"],
+                               capture_output=True, text=True, check=False)
+            if r.returncode != 0:
+                pytest.skip(f"munged does not start: {r.stderr.strip()}")
+            own_munged = True
+        cpus = os.cpu_count() or 1
+        (d / "state").mkdir()
+        (d / "spool").mkdir()
+        (d / "slurm.conf").write_text(f"""ClusterName=kvptest
+SlurmctldHost={host}
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+SchedulerParameters=sched_interval=2
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd.log
+NodeName={host} CPUs={cpus} RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+        for daemon in ("slurmctld", "slurmd"):
+            with open(d / f"{daemon}.out", "wb") as out:
+                started.append(subprocess.Popen([daemon, "-D"], env=env, stdout=out,
+                                                stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, start_new_session=True))
+        deadline = time.monotonic() + 60
+        state = ""
+        while time.monotonic() < deadline:
+            r = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
+                               text=True, check=False)
+            state = r.stdout.strip()
+            if state == "idle":
+                break
+            time.sleep(0.5)
+        else:
+            stop()
+            pytest.skip(f"the one-node cluster did not come up (sinfo: {state!r})\n"
+                        + Cluster(d, env).logs())
+        yield Cluster(d, env)
+    finally:
+        stop()
+
+
+def _status(campaign: Path, env: dict[str, str], timeout: int) -> tuple[int, list[dict]]:
+    r = kvprefetch_cli_split("slurm", "status", str(campaign), "--wait", "--timeout",
+                             str(timeout), "--json", env=env, timeout=timeout + 60)
+    return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else [])
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdist: Path,
+                                               tmp_path: Path) -> None:
+    import kvprefetch
+
+    env = {k: v for k, v in slurm_cluster.env.items()
+           if k not in ("KVPREFETCH_WORKDIR", "VLLM_USE_PRECOMPILED")}
+    # this kit, whatever the interpreter's own install is (the campaign pins the same path)
+    env["PYTHONPATH"] = str(Path(kvprefetch.__file__).resolve().parent.parent)
+    camp = tmp_path / "camp"
+    t0 = time.monotonic()
+    cpus = os.cpu_count() or 1
+    plan = kvprefetch_cli_split(
+        "slurm", "plan", str(camp), "--source", str(vllm_sdist), "--head-sizes", "128",
+        "--block-sizes", "16", "--kv-dtypes", "fp16", "--no-gpu", "--batch", "1,8",
+        "--context", "1k", "--stand-in", *(["--cpus-per-build", "1"] if cpus == 2 else []),
+        "--submit", "--json", env=env)
+    assert plan.returncode == 0, plan.stderr + slurm_cluster.logs()
+    rec = json.loads((camp / "campaign.json").read_text())
+    ids = {job: subs[0]["id"] for job, subs in rec["submitted"].items()}
+    assert sorted(ids) == ["bench", "build-baseline", "build-patched", "merge", "prepare",
+                           "verify"]
+    assert rec["plan"]["python"] == sys.executable
+    assert rec["plan"]["kit_root"] == env["PYTHONPATH"]
+    # Slurm itself holds the chain: verify waits on both builds by their ids
+    r = subprocess.run(["scontrol", "-o", "show", "job", ids["verify"]], env=env,
+                       capture_output=True, text=True, check=False)
+    assert f"afterok:{ids['build-baseline']}" in r.stdout or r.returncode != 0 or \
+        "JobState=COMPLETED" in r.stdout, r.stdout
+
+    rc, states = _status(camp, env, 900)
+    logs = "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace")
+                                                   .splitlines()[-25:])
+                     for p in sorted((camp / "logs").glob("*.out")))
+    assert rc == 0, f"{states}\n{logs}\n{slurm_cluster.logs()}"
+    assert {(s["job"], s["state"]) for s in states} == {
+        ("prepare", "COMPLETED"), ("build-baseline", "COMPLETED"),
+        ("build-patched", "COMPLETED"), ("verify", "COMPLETED"), ("bench", "COMPLETED"),
+        ("merge", "COMPLETED")}
+    assert sorted(s["id"] for s in states if s["job"] == "bench") == \
+        [f"{ids['bench']}_0", f"{ids['bench']}_1"]
+
+    # the builds are real: one manifest per tree, and the merged report names their libraries
+    manifests = {json.loads(p.read_text())["tree"]: json.loads(p.read_text())
+                 for p in (camp / "work").glob("build/*/*/manifest.json")}
+    assert sorted(manifests) == ["baseline", "patched"]
+    verify = json.loads((camp / "results" / "verify.json").read_text())
+    assert verify["passed"] is True, verify
+    merged = json.loads((camp / "report" / "merged.json").read_text())
+    assert [s["file"] for s in merged["meta"]["merge"]["shards"]] == \
+        [str(camp / "results" / f"bench-{i}.json") for i in (0, 1)]
+    assert {v["name"]: v["so_sha256"] for v in merged["meta"]["variants"]} == \
+        {t: m["so_sha256"] for t, m in manifests.items()}
+    assert {r["batch"] for r in merged["results"]} == {1, 8}
+    assert all(r["status"] == "skipped" for r in merged["results"])  # nothing was timed
+    md = (camp / "report" / "merged.md").read_text()
+    assert "merged from 2 shard(s)" in md and "CPU stand-in, nothing timed" in md
+    assert "CPU stand-in shard: no GPU here, nothing was timed" in md
+
+    # A task that fails: its library no longer matches the manifest (the stand-in re-hashes
+    # it); status --wait says so and exits 10. Then, repaired, the task alone again.
+    so = Path(manifests["patched"]["so_path"])
+    original = so.read_bytes()
+    so.write_bytes(original + b"\0")
+    try:
+        r1 = kvprefetch_cli_split("slurm", "resubmit", str(camp), "bench", "--task", "1",
+                                  "--json", env=env)
+        assert r1.returncode == 0, r1.stderr
+        failed = json.loads(r1.stdout)
+        rc, states = _status(camp, env, 120)
+    finally:
+        so.write_bytes(original)
+    assert rc == 10, states
+    assert {(s["id"], s["state"]) for s in states if s["job"] == "bench"} == \
+        {(f"{failed['id']}_1", "FAILED"), (f"{ids['bench']}_0", "COMPLETED")}
+    assert "its manifest" in (camp / "logs" / f"bench-{failed['id']}_1.out").read_text()
+
+    r2 = kvprefetch_cli_split("slurm", "resubmit", str(camp), "bench", "--task", "1", "--json",
+                              env=env)
+    assert r2.returncode == 0, r2.stderr
+    again = json.loads(r2.stdout)
+    assert not any(a.startswith("--dependency") for a in again["argv"])  # verify completed
+    rc, states = _status(camp, env, 120)
+    assert rc == 0, states
+    bench = {(s["id"], s["state"]) for s in states if s["job"] == "bench"}
+    assert bench == {(f"{again['id']}_1", "COMPLETED"), (f"{ids['bench']}_0", "COMPLETED")}
+    print(f"campaign end to end in {time.monotonic() - t0:.0f} s")
+
+
+def test_the_gpu_bench_script_parses_with_the_real_cli(tmp_path: Path) -> None:
+    """The generated `bench kernel` line of a GPU campaign, run as Slurm would run array task 1
+    (bash, SLURM_ARRAY_TASK_ID=1) on this GPU-less machine with no builds: it must get past
+    option parsing and stop at bench's own refusal (exit 7), never a usage error (exit 2)."""
+    import kvprefetch
+
+    kit = str(Path(kvprefetch.__file__).resolve().parent.parent)
+    c = make_campaign(tmp_path / "camp", python=sys.executable, kit_root=kit, kit_commit=None,
+                      kit_version="0", path=os.environ.get("PATH", os.defpath), source="sdist",
+                      trees=("baseline", "patched"), arch="9.0a", build_args=(), no_gpu=False,
+                      bench=BenchSpec((1, 8), ("1k",), ("llama-3.1-8b",)),
+                      slurm=SlurmOptions(gres="gpu:1"))
+    write_campaign(c)
+    script = Path(c.root) / c.job("bench").script
+    r = subprocess.run(["bash", str(script)], env=dict(os.environ, SLURM_ARRAY_TASK_ID="1"),
+                       capture_output=True, text=True, check=False, timeout=300)
+    assert r.returncode == 7, r.stdout + r.stderr
+    assert "no kernels-only builds under" in r.stderr
+    assert "kvprefetch job bench on" in r.stdout
