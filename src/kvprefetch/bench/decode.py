@@ -314,8 +314,7 @@ def run_workload(model: Decoder, trees: Sequence[PagedOps], work: Workload,
     return result
 
 
-def workload_memory(cfg: DecoderConfig, num_blocks: int, block_size: int,
-                    max_model_len: int, batch: int) -> int:
+def workload_memory(cfg: DecoderConfig, num_blocks: int, block_size: int, batch: int) -> int:
     """Bytes the workload's K/V cache, inputs and activations need beside the weights (the
     activations and graph pools roughly: a few step-sized buffers per bucket and tree)."""
     kv = num_blocks * cfg.kv_bytes_per_block(block_size)
@@ -353,7 +352,7 @@ def run_decode_bench(trees: Sequence[PagedOps], model_cfg: DecoderConfig,
     for w in workloads:
         steps, num_blocks = plan_steps(w, cfg.block_size)
         model.drop_cache()
-        need = workload_memory(model_cfg, num_blocks, cfg.block_size, cfg.max_model_len, w.batch)
+        need = workload_memory(model_cfg, num_blocks, cfg.block_size, w.batch)
         avail = cfg.memory_headroom * torch.cuda.mem_get_info()[0]
         if need > avail:
             results.append({**w.to_dict(), "status": "skipped",
