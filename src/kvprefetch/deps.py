@@ -9,7 +9,6 @@ vLLM reads them from ``VLLM_CUTLASS_SRC_DIR``, ``VLLM_FLASH_ATTN_SRC_DIR`` and
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tarfile
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError, FetchError
+from .hashing import sha256_file
 
 DEPS_VARS = {"cutlass": "VLLM_CUTLASS_SRC_DIR", "flash-attention": "VLLM_FLASH_ATTN_SRC_DIR",
              "FlashMLA": "FLASH_MLA_SRC_DIR"}
@@ -70,21 +70,13 @@ def find_archives(deps_dir: Path, unpack_root: Path) -> dict[str, DepArchive] | 
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def unpack(dep: DepArchive) -> Path:
     """Check the archive's sha256, then unpack it to ``dep.dest`` (through a temp dir renamed
     into place, with a stamp holding the hash: a killed unpack is redone, a finished one kept)."""
     stamp = dep.dest / ".kvprefetch-sha256"
     if stamp.is_file() and stamp.read_text().strip() == dep.sha256:
         return dep.dest
-    got = _sha256(dep.archive)
+    got = sha256_file(dep.archive)
     if got != dep.sha256:
         raise FetchError(f"{dep.archive} has sha256 {got}, but SHA256SUMS says {dep.sha256}",
                          "replace the archive with the listed one (it is not unpacked)")
