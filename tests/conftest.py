@@ -156,10 +156,10 @@ def vllm_sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The verified vllm-0.10.2.tar.gz, downloaded at most once per test run.
 
     Cache: $KVPREFETCH_TEST_CACHE if set (kept between runs), else a pytest temp dir. When the
-    cache is empty the sdist is downloaded for real by kvprefetch.download.ensure_sdist
+    cache is empty the sdist is downloaded for real by kvprefetch.sources.download.ensure_sdist
     (PIP_INDEX_URL / pip config / PyPI, sha256-checked; about 3 s here). No local shortcut: the
     development machine takes the same path as a fresh CI machine."""
-    from kvprefetch.download import ensure_sdist
+    from kvprefetch.sources.download import ensure_sdist
 
     cache_env = os.environ.get(SDIST_CACHE_ENV)
     cache = Path(cache_env) if cache_env else tmp_path_factory.mktemp("sdist-cache")
@@ -174,7 +174,7 @@ def seed_downloads(workdir: Path, sdist: Path) -> None:
     would have left it: fetch refuses to take over a non-empty directory it did not create."""
     import shutil
 
-    from kvprefetch.workdir import Workdir
+    from kvprefetch.workspace.workdir import Workdir
 
     Workdir(workdir).ensure()
     (workdir / "downloads").mkdir(parents=True, exist_ok=True)
@@ -185,7 +185,7 @@ def seed_downloads(workdir: Path, sdist: Path) -> None:
 def fetched_template(tmp_path_factory: pytest.TempPathFactory, vllm_sdist: Path) -> Path:
     """A work directory made ONCE by the real `fetch --source sdist` path (sha256 check, unpack,
     pristine-header check, two independent trees) -- copied, never modified, by the tests."""
-    from kvprefetch.sources import fetch_trees
+    from kvprefetch.sources.fetch import fetch_trees
 
     wd = tmp_path_factory.mktemp("fetched") / "work"
     seed_downloads(wd, vllm_sdist)
@@ -325,8 +325,8 @@ def kernels_build(tmp_path_factory: pytest.TempPathFactory, fetched_template: Pa
     import subprocess
     import time
 
-    from kvprefetch.sources import tree_modifications
-    from kvprefetch.workdir import Workdir
+    from kvprefetch.sources.fetch import tree_modifications
+    from kvprefetch.workspace.workdir import Workdir
 
     wd = tmp_path_factory.mktemp("kernels-build") / "work"
     shutil.copytree(fetched_template, wd, symlinks=True)

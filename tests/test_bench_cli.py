@@ -7,11 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from kvprefetch.bench.matrix import build_matrix
 from click.testing import CliRunner
 
-from kvprefetch.commands.bench import bench
+from kvprefetch.bench.matrix import build_matrix
+from kvprefetch.cli.bench import bench
 from kvprefetch.errors import BenchError, ConfigError
 
 
@@ -147,9 +146,9 @@ def test_command_modules_do_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, kvprefetch.commands.bench, kvprefetch.commands.report, "
+    code = ("import sys, kvprefetch.cli.bench, kvprefetch.cli.report, "
             "kvprefetch.bench.matrix, kvprefetch.bench.report, kvprefetch.bench.ncu, "
-            "kvprefetch.bench.e2e, kvprefetch.bench.kernel, kvprefetch.numerics, kvprefetch.ops; "
+            "kvprefetch.bench.e2e, kvprefetch.bench.kernel, kvprefetch.verify.numerics, kvprefetch.kernels.ops; "
             "assert 'torch' not in sys.modules, 'torch imported at import time'")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
@@ -159,8 +158,8 @@ def test_lazy_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     """The entries the lead adds to cli.COMMANDS resolve and run --help."""
     from kvprefetch import cli
 
-    monkeypatch.setitem(cli.COMMANDS, "bench", "kvprefetch.commands.bench:bench")
-    monkeypatch.setitem(cli.COMMANDS, "report", "kvprefetch.commands.report:report")
+    monkeypatch.setitem(cli.COMMANDS, "bench", "kvprefetch.cli.bench:bench")
+    monkeypatch.setitem(cli.COMMANDS, "report", "kvprefetch.cli.report:report")
     for args in (["bench", "--help"], ["bench", "kernel", "--help"], ["report", "--help"]):
         res = CliRunner().invoke(cli.main, args)
         assert res.exit_code == 0, res.output
@@ -170,7 +169,7 @@ def test_module_entry_point_reports_errors_without_traceback(tmp_path: Path) -> 
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "kvprefetch.commands.bench", "kernel",
+    res = subprocess.run([sys.executable, "-m", "kvprefetch.cli.bench", "kernel",
                           "--workdir", str(tmp_path)], capture_output=True, text=True, check=False)
     assert res.returncode == BenchError.exit_code
     assert "error: no kernels-only builds" in res.stderr and "Traceback" not in res.stderr

@@ -1,7 +1,7 @@
 """``bench decode`` on the CPU: the scheduler, block allocator, padding and bucket rules, the
 length distributions and the model configs on their real code paths, and a tiny model's decode
 step end to end through paged-attention ops registered in-process with vLLM's exact schemas
-(``kvprefetch.reference``: a float64 reference in place of a compiled kernel, which cannot run
+(``kvprefetch.verify.reference``: a float64 reference in place of a compiled kernel, which cannot run
 here). The timed GPU path runs on the H200 (tests/gpu/test_bench_decode_gpu.py)."""
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ TINY = dm.DecoderConfig(name="tiny", hidden=64, num_heads=4, num_kv_heads=2, hea
 def _reference_ops(namespace: str):
     import torch  # noqa: F401
 
-    from kvprefetch.ops import ops_from_namespace
-    from kvprefetch.reference import _REGISTERED, register_reference_ops
+    from kvprefetch.kernels.ops import ops_from_namespace
+    from kvprefetch.verify.reference import _REGISTERED, register_reference_ops
 
     if namespace not in _REGISTERED:
         register_reference_ops(namespace)
@@ -155,8 +155,8 @@ def test_kv_write_is_vllms_layout() -> None:
     checks use): each token lands at its slot, nothing else changes."""
     import torch
 
-    from kvprefetch.ops import DecodeArgs
-    from kvprefetch.reference import gather_kv
+    from kvprefetch.kernels.ops import DecodeArgs
+    from kvprefetch.verify.reference import gather_kv
 
     m = dm.Decoder(TINY, num_blocks=6, block_size=16, device="cpu")
     before = [t.clone() for t in (m.k_caches[1], m.v_caches[1])]

@@ -1,4 +1,4 @@
-"""kvprefetch.numerics, the identity check verify-kernel runs on the GPU.
+"""kvprefetch.verify.numerics, the identity check verify-kernel runs on the GPU.
 
 There is no GPU here, so the "builds" are ops registered in-process with vLLM's schemas and a
 CPU implementation (``reference.register_reference_ops``); one of them is deliberately wrong in
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch import numerics, ops
-from kvprefetch.numerics import FAILED, NOT_CHECKED, PASSED, IdentityCase
-from kvprefetch.reference import register_reference_ops
+from kvprefetch.kernels import ops
+from kvprefetch.verify import numerics
+from kvprefetch.verify.numerics import FAILED, NOT_CHECKED, PASSED, IdentityCase
+from kvprefetch.verify.reference import register_reference_ops
 
 _REGISTERED: dict[str, object] = {}
 

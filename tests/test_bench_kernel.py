@@ -12,7 +12,7 @@ import pytest
 from kvprefetch.bench import kernel as k
 from kvprefetch.bench.matrix import BenchMatrix
 from kvprefetch.errors import BenchError
-from kvprefetch.kvinputs import cache_bytes_per_layer, min_bytes_moved
+from kvprefetch.kernels.kvinputs import cache_bytes_per_layer, min_bytes_moved
 
 L2 = 60 * 1000 * 1000
 COPY_BW = 4.3e12
@@ -128,8 +128,8 @@ _REF: dict[str, object] = {}
 
 def _reference_ops(namespace: str, name: str, transform=None):
     """Stand-in builds (no GPU here): in-process ops that write the float64 reference."""
-    from kvprefetch import ops
-    from kvprefetch.reference import register_reference_ops
+    from kvprefetch.kernels import ops
+    from kvprefetch.verify.reference import register_reference_ops
 
     if namespace not in _REF:
         _REF[namespace] = register_reference_ops(namespace, transform)
@@ -175,7 +175,7 @@ def test_bench_shape_catches_a_variant_that_differs_on_cpu() -> None:
 
 def test_bench_shape_skips_missing_instantiations(tmp_path) -> None:
     from kvprefetch.bench.matrix import shapes_from_specs
-    from kvprefetch.ops import BuiltOps, PagedOps
+    from kvprefetch.kernels.ops import BuiltOps, PagedOps
 
     base = _reference_ops("kvp_bk_a", "baseline")
     no64 = BuiltOps(tree="seed", variant="seed", namespace="x", so_path=tmp_path, so_sha256="",
@@ -343,7 +343,7 @@ def test_three_variants_v2_with_a_large_workspace_on_the_gpu() -> None:
     from pathlib import Path
 
     from kvprefetch.bench.matrix import shapes_from_specs
-    from kvprefetch.ops import find_builds, load_build
+    from kvprefetch.kernels.ops import find_builds, load_build
 
     builds = find_builds(Path(os.environ.get("KVPREFETCH_WORKDIR", "kvprefetch-work")))
     if len(builds) < 2 or builds[0].tree != "baseline":

@@ -8,8 +8,8 @@ import pytest
 
 from kvprefetch.bench import limits as lim
 from kvprefetch.bench.matrix import NAMED_MATRICES, build_matrix
-from kvprefetch.kvinputs import AttnShape, make_inputs
-from kvprefetch.ops import v2_workspace
+from kvprefetch.kernels.kvinputs import AttnShape, make_inputs
+from kvprefetch.kernels.ops import v2_workspace
 
 H200_SMEM_OPTIN = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
 

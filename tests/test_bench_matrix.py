@@ -6,7 +6,7 @@ import pytest
 
 from kvprefetch.bench import matrix as m
 from kvprefetch.errors import ConfigError
-from kvprefetch.ops import choose_kernel
+from kvprefetch.kernels.ops import choose_kernel
 
 VLLM_HEAD_SIZES = {32, 64, 80, 96, 112, 120, 128, 192, 256}  # paged_attn.py L44-45
 

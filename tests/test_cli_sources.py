@@ -10,9 +10,10 @@ from pathlib import Path
 
 from conftest import kvprefetch_cli_split, seed_downloads, tree_bytes
 
-from kvprefetch import __version__, upstream
+from kvprefetch import __version__
 from kvprefetch.errors import ConfigError, PatchError
 from kvprefetch.hashing import sha256_file
+from kvprefetch.sources import upstream
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -83,7 +84,7 @@ def test_version() -> None:
 def _record_build(workdir: Path, tree: str) -> Path:
     """A build directory recorded as the kit's own, exactly as the builder records it when it
     starts a build (builder._tree_locks); compiling one for real is test_kernels_build's job."""
-    from kvprefetch import ownership
+    from kvprefetch.workspace import ownership
 
     bdir = workdir / "build" / tree
     bdir.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.deps import DEPS_VARS, PROBE_FILES, deps_env, find_archives, unpack_archives
 from kvprefetch.errors import ConfigError, FetchError
+from kvprefetch.sources.deps import (
+    DEPS_VARS,
+    PROBE_FILES,
+    deps_env,
+    find_archives,
+    unpack_archives,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 CANDIDATES = [Path(os.environ["KVPREFETCH_DEPS_DIR"])] if os.environ.get("KVPREFETCH_DEPS_DIR") \

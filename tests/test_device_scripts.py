@@ -145,7 +145,7 @@ def test_res_usage_records_each_trees_registers(tmp_path: Path) -> None:
     """lib.sh's res_usage on a REAL object: nvcc compiles a sample kernel for sm_90, a build
     manifest names it as a tree's library, and the results get that tree's
     `cuobjdump -res-usage` (registers per kernel) -- the fact behind tuning doc row 44."""
-    from kvprefetch.toolchain import find_nvcc
+    from kvprefetch.build.toolchain import find_nvcc
 
     bash, nvcc = shutil.which("bash"), find_nvcc()
     assert bash is not None and nvcc is not None

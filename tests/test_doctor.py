@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvprefetch.commands.doctor import doctor
+from kvprefetch.build.toolchain import find_cuobjdump, find_nvcc
+from kvprefetch.cli.doctor import doctor
 from kvprefetch.doctor import GIB, DoctorProbes, check_url, run_doctor
 from kvprefetch.errors import ConfigError
 from kvprefetch.runner import run, which
-from kvprefetch.toolchain import find_cuobjdump, find_nvcc
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="no nvcc on this machine")
 

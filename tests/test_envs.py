@@ -1,4 +1,4 @@
-"""Tests for kvprefetch.envs with real venvs (stdlib venv without pip: fast) and real child
+"""Tests for kvprefetch.build.envs with real venvs (stdlib venv without pip: fast) and real child
 processes: isolation, reuse rules, interrupted creation, the lock, the precompiled refusal."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.envs import (
+from kvprefetch.build.envs import (
     MARKER,
     CondaEnv,
     UvEnv,
@@ -22,8 +22,8 @@ from kvprefetch.envs import (
     refuse_precompiled,
 )
 from kvprefetch.errors import ConfigError, LockError
-from kvprefetch.locks import locked
 from kvprefetch.runner import run
+from kvprefetch.workspace.locks import locked
 
 PRINT_STATE = ("import json, os, sys; print(json.dumps({'prefix': sys.prefix, 'path': sys.path, "
                "'env': {k: os.environ.get(k) for k in ('PYTHONPATH', 'VIRTUAL_ENV', "
@@ -276,7 +276,7 @@ def test_killed_create_in_a_work_dir_leaves_an_orphan_the_next_run_removes(tmp_p
     directory: that directory was recorded as the kit's (with the dead pid) before it existed,
     so the work directory's orphan sweep (run by fetch and clean) removes it, not only the next
     creation of the same env."""
-    from kvprefetch import ownership
+    from kvprefetch.workspace import ownership
 
     root = tmp_path / "work"
     path = root / "envs" / "baseline"

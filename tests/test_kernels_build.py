@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from conftest import NARROW_BUILD_ARGS, copy_workdir, kvprefetch_cli_split, tree_bytes
 
+from kvprefetch.build.selection import Selection
 from kvprefetch.hashing import sha256_file
-from kvprefetch.patching import apply_patch, patch_sha256
-from kvprefetch.selection import Selection
-from kvprefetch.sources import tree_modifications
-from kvprefetch.workdir import Workdir
+from kvprefetch.sources.fetch import tree_modifications
+from kvprefetch.sources.patching import apply_patch, patch_sha256
+from kvprefetch.workspace.workdir import Workdir
 
 TREES = ("baseline", "patched")
 NARROW = Selection((128,), (16,), ("fp16", "fp32"))

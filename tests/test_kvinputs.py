@@ -1,4 +1,4 @@
-"""kvprefetch.kvinputs and kvprefetch.reference: vLLM's paged layouts, random block tables, the
+"""kvprefetch.kernels.kvinputs and kvprefetch.verify.reference: vLLM's paged layouts, random block tables, the
 cold-mode layer count, and the float64 reference (checked against attention computed from
 contiguous K/V that this test scatters into the paged layout itself)."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from kvprefetch.bench.matrix import PRESETS, BenchMatrix
 from kvprefetch.errors import BenchError
-from kvprefetch.kvinputs import (
+from kvprefetch.kernels.kvinputs import (
     AttnShape,
     alias_pool_blocks,
     cache_bytes_per_layer,
@@ -156,8 +156,8 @@ def _scatter(k_seq, v_seq, blocks, key_cache, value_cache, x: int) -> None:
 def test_reference_matches_attention_on_contiguous_kv(kv: str, group: int) -> None:
     import torch
 
-    from kvprefetch.kvinputs import fp8_torch_dtype
-    from kvprefetch.reference import reference_decode
+    from kvprefetch.kernels.kvinputs import fp8_torch_dtype
+    from kvprefetch.verify.reference import reference_decode
 
     kvh, d, bs = 2, 16, 8
     s = AttnShape(num_seqs=2, num_heads=kvh * group, num_kv_heads=kvh, head_size=d,
@@ -194,7 +194,7 @@ def test_reference_matches_attention_on_contiguous_kv(kv: str, group: int) -> No
 def test_relative_error_and_nan() -> None:
     import torch
 
-    from kvprefetch.reference import relative_error
+    from kvprefetch.verify.reference import relative_error
 
     ref = torch.ones(10, dtype=torch.float64)
     assert relative_error(ref, ref) == 0.0

@@ -125,7 +125,7 @@ print("==PROF== Disconnected")
 
 
 def test_run_ncu_bench_with_a_stand_in_ncu(tmp_path: Path) -> None:
-    from kvprefetch.ops import BuiltOps
+    from kvprefetch.kernels.ops import BuiltOps
 
     builds = [BuiltOps(tree=t, variant=t, namespace=f"kvprefetch_{t}", so_path=tmp_path / f"{t}.so",
                        so_sha256="0", head_sizes=(128,), block_sizes=(16,), kv_dtypes=("fp16",),

@@ -1,4 +1,4 @@
-"""kvprefetch.ops: manifests on disk, schema checks, vLLM's v1/v2 rule and forward_decode.
+"""kvprefetch.kernels.ops: manifests on disk, schema checks, vLLM's v1/v2 rule and forward_decode.
 
 No GPU here, so the compiled ops are stood in for by ops registered in-process with vLLM's exact
 schemas (``reference.register_reference_ops`` or a recording implementation); everything between
@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch import ops
 from kvprefetch.errors import BenchError
-
+from kvprefetch.kernels import ops
 
 
 @pytest.mark.parametrize(
@@ -106,7 +105,7 @@ def test_find_builds_orders_trees_and_takes_newest(tmp_path: Path) -> None:
 
 
 def test_manifest_supports_reads_the_build_selection_vocabulary(tmp_path: Path) -> None:
-    # kvprefetch.selection: fp16/bf16/fp32 = that query dtype with an auto cache; fp8 = an fp8
+    # kvprefetch.build.selection: fp16/bf16/fp32 = that query dtype with an auto cache; fp8 = an fp8
     # cache for each selected query dtype (fp16 and bf16 when none is selected).
     b = ops.read_manifest(_manifest(tmp_path, "baseline", "k", kv_dtypes=["fp16", "fp8"]))
     assert b.supports(128, 16, "auto", "float16")
@@ -186,7 +185,7 @@ class _Recorder:
 def test_forward_decode_mirrors_vllm_dispatch_and_v2_workspace() -> None:
     import torch
 
-    from kvprefetch.kvinputs import AttnShape, make_inputs
+    from kvprefetch.kernels.kvinputs import AttnShape, make_inputs
 
     rec = _Recorder()
     _lib = rec.register("kvp_test_recorder")
@@ -211,8 +210,8 @@ def test_forward_decode_mirrors_vllm_dispatch_and_v2_workspace() -> None:
 def test_forward_decode_with_reference_ops_matches_reference() -> None:
     import torch
 
-    from kvprefetch.kvinputs import AttnShape, make_inputs
-    from kvprefetch.reference import reference_decode, register_reference_ops
+    from kvprefetch.kernels.kvinputs import AttnShape, make_inputs
+    from kvprefetch.verify.reference import reference_decode, register_reference_ops
 
     _lib = register_reference_ops("kvp_test_reference_fd")
     p = ops.ops_from_namespace("kvp_test_reference_fd")

@@ -53,8 +53,8 @@ def _env() -> dict[str, str]:
 
 
 def _needs_mismatch(env: dict[str, str]) -> bool:
+    from kvprefetch.build.toolchain import nvcc_version
     from kvprefetch.overlay.toolkit import candidate_roots
-    from kvprefetch.toolchain import nvcc_version
 
     return not any(nvcc_version(r / "bin" / "nvcc", env)[0] == 12
                    for r, _ in candidate_roots(env))

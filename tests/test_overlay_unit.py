@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from kvprefetch.build.toolchain import nvcc_version
 from kvprefetch.errors import ConfigError
 from kvprefetch.overlay.build import cudart_imports, install_argv, link_against
 from kvprefetch.overlay.driverstub import driver_imports, stub_source
 from kvprefetch.overlay.plugin import ENTRY_GROUP, TEMPLATE, write_plugin_wheel
 from kvprefetch.overlay.toolkit import NVCC_WHEEL_NOTE, candidate_roots, choose_toolkit
 from kvprefetch.overlay.verify import routing_problems
-from kvprefetch.toolchain import nvcc_version
 
 
 def test_plugin_wheel_registers_the_entry_point(tmp_path: Path) -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from conftest import copy_workdir, kvprefetch_cli_split, tree_bytes
 
-from kvprefetch import upstream
 from kvprefetch.errors import ConfigError, PatchError
 from kvprefetch.hashing import sha256_file
-from kvprefetch.patching import apply_patch, carried_variant, patch_sha256
-from kvprefetch.sources import tree_modifications
-from kvprefetch.workdir import Workdir
+from kvprefetch.sources import upstream
+from kvprefetch.sources.fetch import tree_modifications
+from kvprefetch.sources.patching import apply_patch, carried_variant, patch_sha256
+from kvprefetch.workspace.workdir import Workdir
 
 HELPER = Path(__file__).resolve().parent.parent / "csrc" / "prefetch_ptx.cuh"
 

@@ -17,7 +17,7 @@ import math
 import re
 from pathlib import Path
 
-from kvprefetch import upstream
+from kvprefetch.sources import upstream
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "2026-11-30-h200-prefetch-repeat"
@@ -71,7 +71,7 @@ def test_run_55_columns_are_its_json() -> None:
 
 
 def test_twin_column_is_the_rule_on_the_h200() -> None:
-    """`twin (auto)`: what kvprefetch.upstream.twin_pick (the mirror of the launcher's rule)
+    """`twin (auto)`: what kvprefetch.sources.upstream.twin_pick (the mirror of the launcher's rule)
     picks on the H200 for the shape (Llama-3.1-8B: 32 query heads over 8 kv heads). The GPU test
     test_launcher_prefetch checks that the H200 ran exactly that twin."""
     rows, _ = _table()

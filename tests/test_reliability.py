@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from conftest import _kill_session, copy_workdir, kvprefetch_cli_split, seed_downloads, tree_bytes
 
-from kvprefetch import upstream
 from kvprefetch.errors import ConfigError, FetchError, LockError, PatchError
 from kvprefetch.runner import run
-from kvprefetch.sources import tree_modifications
-from kvprefetch.workdir import Workdir
+from kvprefetch.sources import upstream
+from kvprefetch.sources.fetch import tree_modifications
+from kvprefetch.workspace.workdir import Workdir
 
 KIT_HEADER = upstream.KIT_HEADERS_IN_TREE[1]  # csrc/attention/gqa_grouped.cuh
 
@@ -110,7 +110,7 @@ def test_clean_never_deletes_through_a_symlinked_state_dir(fetched_workdir: Path
 def test_a_symlink_inside_a_kit_build_dir_is_unlinked_not_followed(
         fetched_workdir: Path, outside: Path) -> None:
     wd = fetched_workdir
-    from kvprefetch import ownership
+    from kvprefetch.workspace import ownership
 
     bdir = wd / "build" / "patched"
     bdir.mkdir(parents=True)
@@ -277,7 +277,7 @@ def test_a_directory_in_place_of_a_lock_is_a_lock_error(fetched_workdir: Path) -
 
 
 def test_a_corrupt_ownership_record_stops_clean_with_a_message(fetched_workdir: Path) -> None:
-    from kvprefetch import ownership
+    from kvprefetch.workspace import ownership
 
     (fetched_workdir / ownership.OWNED_FILE).write_text("[1, 2")
     before = tree_bytes(fetched_workdir / "trees")

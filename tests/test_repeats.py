@@ -16,7 +16,7 @@ from kvprefetch.bench import kernel as k
 from kvprefetch.bench import report
 from kvprefetch.bench.matrix import BenchMatrix
 from kvprefetch.bench.repeats import combine
-from kvprefetch.commands.report import report as report_cmd
+from kvprefetch.cli.report import report as report_cmd
 from kvprefetch.errors import BenchError
 
 L2 = 60 * 2**20

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from kvprefetch.bench import kernel as k
 from kvprefetch.bench import ncu, report
 from kvprefetch.bench.matrix import BenchMatrix, shapes_from_specs
-from kvprefetch.commands.report import report as report_cmd
+from kvprefetch.cli.report import report as report_cmd
 from kvprefetch.errors import BenchError
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -117,7 +117,7 @@ def test_e2e_markdown_and_identity_markdown(tmp_path: Path) -> None:
     assert "VLLM_USE_V1=0" in md and "1.800 [1.800-1.800]" in md
     if __import__("importlib").util.find_spec("matplotlib"):
         assert report.render_png(doc, tmp_path / "e.png").read_bytes()[:8] == PNG_MAGIC
-    from kvprefetch.numerics import not_checked
+    from kvprefetch.verify.numerics import not_checked
 
     idoc = not_checked("no CUDA device").to_dict()
     imd = report.render_markdown(idoc)

@@ -1,4 +1,4 @@
-"""kvprefetch.sass (parse_sass / judge / summarise) on SAVED real cuobjdump output.
+"""kvprefetch.verify.sass (parse_sass / judge / summarise) on SAVED real cuobjdump output.
 
 The samples in tests/samples/sass/ are verbatim lines of real ``cuobjdump -sass`` listings,
 filtered by tests/samples/sass/filter_sass.py; README.md there says exactly how each was made:
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from kvprefetch.build.toolchain import find_cuobjdump, find_nvcc
 from kvprefetch.runner import run
-from kvprefetch.sass import decode_kernel_name, judge, parse_sass, summarise
-from kvprefetch.toolchain import find_cuobjdump, find_nvcc
+from kvprefetch.verify.sass import decode_kernel_name, judge, parse_sass, summarise
 
 SAMPLES = Path(__file__).parent / "samples" / "sass"
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
@@ -194,8 +194,8 @@ def test_launch_variant_prefetch_kernel_counts_on_hopper_and_newer(tmp_path: Pat
     """verify's check for the `launch` variant on a REAL compile of kvprefetch's
     kv_l2_prefetch_kernel for sm_90 and sm_100 (Blackwell, also "sm_90+"), then sm_100 alone
     (a user building with --arch 10.0)."""
-    from kvprefetch.sass import prefetch_kernels
-    from kvprefetch.verify import VerifyReport, check_sass
+    from kvprefetch.verify.kernel import VerifyReport, check_sass
+    from kvprefetch.verify.sass import prefetch_kernels
 
     sass = _compile_and_disassemble(tmp_path, SAMPLES / "l2_prefetch_kernel.cu",
                                     *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs))
@@ -212,7 +212,7 @@ def test_launch_variant_prefetch_kernel_counts_on_hopper_and_newer(tmp_path: Pat
 def test_prefetch_rule_cases() -> None:
     """upstream.prefetches_in on the cases that matter, beside the header check above: the
     `prefetch` prologue goes into v2 only; seed everywhere; launch, control and stock nowhere."""
-    from kvprefetch import upstream
+    from kvprefetch.sources import upstream
 
     header = (CSRC / "prefetch_ptx.cuh").read_text()
     m = re.search(r"#define KVPREFETCH_PROLOGUE_MIN_HEAD_SIZE (\d+)\n", header)
@@ -234,7 +234,7 @@ def test_prefetch_rule_cases() -> None:
 def test_old_everywhere_patch_fails_the_prefetch_rule() -> None:
     """The saved patched sample (a build where every kernel carried the prefetch) judged by the
     `prefetch` variant's rule: its v1 kernels should have been left stock, and are named."""
-    from kvprefetch import upstream
+    from kvprefetch.sources import upstream
 
     kernels = parse_sass(_sample("kw_patched.sass"))
     verdict = judge(kernels, patched=True, expects=lambda k: upstream.prefetches_in(
@@ -267,7 +267,7 @@ def _fake_listing(loads: dict[str, int]) -> str:
 def test_readonly_check_fails_when_loads_lose_the_read_only_path() -> None:
     """check_readonly_path compares LDG….CONSTANT per prefetching kernel against stock: a
     `prefetch` build that lost them fails, naming the kernel; a seed build is reported only."""
-    from kvprefetch.verify import VerifyReport, check_readonly_path
+    from kvprefetch.verify.kernel import VerifyReport, check_readonly_path
 
     v2 = ("_ZN4vllm25paged_attention_v2_kernelIttLi128ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0ELb0"
           "ELi512EEEvPfS2_PT_PKS3_PKT0_S9_ifPKiSB_iPKfiiiSD_SD_iiiii")
@@ -302,8 +302,8 @@ def test_module_check_on_real_compiles_of_the_header(tmp_path: Path) -> None:
     and no user __constant__ bank. Each rule broken once, as the H200 measured it slower:
     a v1 kernel beside the state under `prefetch`'s rule, the mode in a __constant__
     (-DKVPREFETCH_MODE_IN_GLOBAL=0), the launcher-only unit without KVPREFETCH_LAUNCHER_ONLY."""
-    from kvprefetch.cubin import parse_elf
-    from kvprefetch.verify import MODULE_CHECK, VerifyReport, check_module_state
+    from kvprefetch.verify.cubin import parse_elf
+    from kvprefetch.verify.kernel import MODULE_CHECK, VerifyReport, check_module_state
 
     def verdict(elf: str, variant: str) -> tuple[str, str]:
         rep = VerifyReport("unused")
@@ -369,7 +369,7 @@ def test_v2_launcher_prefetch_kernel_only_when_enabled(tmp_path: Path, enabled: 
     prologue_rule) the device code holds kv_l2_prefetch_kernel for both cache types, each with
     its K and V UBLKPF; with 0 it holds none, the v2 module of the design before it. Which
     setting is faster is measured on the H200 (docs/prefetch-tuning.md)."""
-    from kvprefetch.sass import prefetch_kernels
+    from kvprefetch.verify.sass import prefetch_kernels
 
     sass = _compile_and_disassemble(tmp_path, SAMPLES / "v2_launcher.cu",
                                     "-gencode=arch=compute_90,code=sm_90",
@@ -419,8 +419,8 @@ def test_launch_bounds_check_on_real_compiles(tmp_path: Path, head: int, plain: 
     declares vLLM's v1 kernel (bounded_kernel.cu): the bound is read from the module
     (EIATTR_MAX_THREADS) and must be there exactly where upstream.min_blocks puts one; the
     head-128 kernel compiled without the bound line (stock) fails the `prefetch` rule."""
-    from kvprefetch.cubin import parse_elf
-    from kvprefetch.verify import BOUNDS_CHECK, VerifyReport, check_launch_bounds
+    from kvprefetch.verify.cubin import parse_elf
+    from kvprefetch.verify.kernel import BOUNDS_CHECK, VerifyReport, check_launch_bounds
 
     elf = _compile_elf(tmp_path, SAMPLES / "bounded_kernel.cu", f"-DSAMPLE_HEAD={head}",
                        *(["-DSAMPLE_PLAIN"] if plain else []))
@@ -453,7 +453,7 @@ def test_identical_check_judges_left_and_changed_kernels(bounded_body: list[str]
     """check_identical_attention with the `prefetch` rules: the head-96 v1 kernel (no bound)
     must equal stock's instruction by instruction, the head-128 v1 kernel (bounded) must
     differ from stock's; a bound that did not reach its kernel fails like a changed stock one."""
-    from kvprefetch.verify import VerifyReport, check_identical_attention
+    from kvprefetch.verify.kernel import VerifyReport, check_identical_attention
 
     base = {("sm_90", _V1.format(h=128)): ["EXIT"], ("sm_90", _V1.format(h=96)): ["EXIT"]}
     mine = {("sm_90", _V1.format(h=128)): bounded_body, ("sm_90", _V1.format(h=96)): stock_body}
@@ -481,12 +481,12 @@ _KV_CACHE = {"0": "auto", "1": "fp8_e4m3", "2": "fp8_e5m2"}
 
 def test_header_rules_match_what_verify_expects(tmp_path: Path) -> None:
     """The header's constexpr rules (launch bound, prologue, GQA twins), compiled by nvcc and run
-    on the CPU, agree with their Python mirrors in kvprefetch.upstream for every one of the 270
+    on the CPU, agree with their Python mirrors in kvprefetch.sources.upstream for every one of the 270
     instantiations vLLM 0.10.2 builds (9 head sizes x 3 block sizes x 5 caches x v1/v2): what
     verify-kernel expects of a binary is what the header compiles. (fp8 caches are listed with
     an fp16 query; the rules do not depend on the query type there.) The twins' table and
     `auto`'s pick agree with upstream.TWIN_SHAPES / auto_twin too."""
-    from kvprefetch import upstream
+    from kvprefetch.sources import upstream
     rows = _header_rules(tmp_path)
     kernels = [r for r in rows if r[0] in ("v1", "v2")]
     assert len(kernels) == 270
@@ -523,7 +523,7 @@ def test_twin_mode_and_pick_on_the_cpu(tmp_path: Path) -> None:
     a forced mode's twin wherever its G divides the query heads per kv head and its shared
     memory fits; in auto what upstream.twin_pick (the mirror) says, at every step of the
     sample."""
-    from kvprefetch import upstream
+    from kvprefetch.sources import upstream
     rows = _header_rules(tmp_path)
     modes = {r[1]: (int(r[2]), r[3] == "1") for r in rows if r[0] == "mode"}
     assert modes == {"-": (99, False), "''": (99, False), "off": (-1, False),
@@ -561,7 +561,7 @@ def test_auto_keeps_two_twin_ctas_per_sm() -> None:
     H200 a Llama-3.1-8B v1 step moves from 4x1 (a 4-head CTA's logits need 16 bytes per token)
     to 2x2 past 7040 tokens, and from 4x2 (a grid of 1.5-10 stock CTAs per SM) to 2x2 past 6016;
     every v2 step (a partition's logits only) keeps auto_twin's pick."""
-    from kvprefetch import upstream
+    from kvprefetch.sources import upstream
     pick = upstream.twin_pick
     assert [pick(32, 8, 128, c, "v1") for c in (2048, 4096, 7040, 7056, 8192)] == [
         (4, 1), (4, 1), (4, 1), (2, 2), (2, 2)]
@@ -585,7 +585,7 @@ def test_stage_count_on_the_cpu(tmp_path: Path) -> None:
     ring's gains (b8 x 512, b8 x 1k, b1 x 4k, b1 x 16k, b32 x 512/1k) and not at b32 x 4k (v1:
     a 4k context's logits for 4 heads leave no room for two slots beside a second CTA), where
     run 39 measured one slot 18% slower."""
-    from kvprefetch import upstream
+    from kvprefetch.sources import upstream
     rows = [r for r in _header_rules(tmp_path) if r[0] == "stage"]
     assert len(rows) == 2 * 5 * 5 * 2 * 5
     for _, ctas, sms, per_sm, fixed, warps, chunk, blocks, got in rows:
@@ -611,7 +611,7 @@ def test_which_reduction_follows_a_v2_twin_on_the_cpu(tmp_path: Path) -> None:
     default KVPREFETCH_TWIN_FUSE=1) agree with upstream.twin_reduces at every grid of the
     sample; where not allowed, or for a twin that is not fusable, never. On the H200's 132 SMs:
     67-132 CTAs."""
-    from kvprefetch import upstream
+    from kvprefetch.sources import upstream
     rows = _header_rules(tmp_path)
     reduce = [tuple(map(int, r[1:])) for r in rows if r[0] == "reduce"]
     assert len(reduce) == 3 * 15
@@ -674,7 +674,7 @@ def _all_twins(name_4x1: str) -> list[str]:
 
 
 def test_decode_twin_names() -> None:
-    from kvprefetch.sass import decode_twin_name
+    from kvprefetch.verify.sass import decode_twin_name
     assert decode_twin_name(_TWIN_V1_FP16) == {
         "version": "v1", "dtype": "fp16", "kv_cache": "auto", "head_size": 128,
         "block_size": 16, "group": 4, "split": 1, "staged": False, "fused": False}
@@ -699,7 +699,7 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     """check_gqa_twin: a `prefetch` build must hold the four twins beside the fp16 v1 and bf16
     v2 kernels (upstream.twin_shapes) and nowhere else, each twin's global loads all read-only;
     stock holds none. A missing twin, an extra one (bf16 v1) and a plain load each fail."""
-    from kvprefetch.verify import VerifyReport, check_gqa_twin
+    from kvprefetch.verify.kernel import VerifyReport, check_gqa_twin
 
     ro = ["LDG.E.64.CONSTANT R4, desc[UR4][R2.64]"] * 3
     base = {("sm_90", _V1_FP16): ro, ("sm_90", _V2_BF16): ro, ("sm_90", _V1_BF16): ro}
@@ -762,8 +762,8 @@ def test_pdl_order_on_a_real_compile(tmp_path: Path) -> None:
     """pdl_waits on a REAL sm_90 compile (tests/samples/sass/pdl_order.cu): nvcc 13.0 emits
     griddepcontrol.wait as ACQBULK, and the check tells a kernel that waits before its first
     global load from one that loads first and from one that never waits."""
-    from kvprefetch.sass import pdl_waits
-    from kvprefetch.verify import PDL_CHECK, VerifyReport, check_pdl_order
+    from kvprefetch.verify.kernel import PDL_CHECK, VerifyReport, check_pdl_order
+    from kvprefetch.verify.sass import pdl_waits
 
     sass = _compile_and_disassemble(tmp_path, SAMPLES / "pdl_order.cu",
                                     "-gencode=arch=compute_90,code=sm_90")
@@ -782,7 +782,7 @@ def test_pdl_order_on_a_real_compile(tmp_path: Path) -> None:
 def test_pdl_check_passes_when_every_wait_comes_first() -> None:
     """check_pdl_order: twins that wait (ACQBULK) before their first global instruction pass,
     predicated or not; a store before the wait fails; a tree without twins gets no row."""
-    from kvprefetch.verify import PDL_CHECK, VerifyReport, check_pdl_order
+    from kvprefetch.verify.kernel import PDL_CHECK, VerifyReport, check_pdl_order
 
     first = ["S2R R0, SR_TID.X", "ACQBULK", "@P0 LDG.E.64.CONSTANT R4, desc[UR4][R2.64]",
              "STG.E desc[UR4][R6.64], R4"]
@@ -806,7 +806,7 @@ def test_twin_check_accepts_ordered_loads_not_plain_ones() -> None:
     q with strong loads (LDG….STRONG.SM from ld.global.ca, as load_dep emits, or
     LDG….STRONG.GPU from ld.global.cg; kept after its wait) beside its read-only K/V loads: that
     passes; a plain weak LDG (neither read-only nor strong) still fails."""
-    from kvprefetch.verify import VerifyReport, check_gqa_twin
+    from kvprefetch.verify.kernel import VerifyReport, check_gqa_twin
 
     ro = ["LDG.E.64.CONSTANT R4, desc[UR4][R2.64]"] * 3
     coherent = ["ACQBULK", "LDG.E.STRONG.SM R0, desc[UR6][R2.64]",

@@ -1,4 +1,4 @@
-"""kvprefetch.selection on the REAL vLLM 0.10.2 launcher sources (paged_attention_v1.cu and
+"""kvprefetch.build.selection on the REAL vLLM 0.10.2 launcher sources (paged_attention_v1.cu and
 v2.cu from the fetched sdist): kernel-count arithmetic checked against the source text,
 narrowing, refusal of unknown sizes and of a drifted source."""
 
@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import kvprefetch_cli_split
 
-from kvprefetch import upstream
-from kvprefetch.errors import BuildError, ConfigError
-from kvprefetch.selection import (
+from kvprefetch.build.selection import (
     BLOCK_SIZES,
     HEAD_SIZES,
     KV_DTYPES,
@@ -20,6 +18,8 @@ from kvprefetch.selection import (
     narrow_source,
     parse_selection,
 )
+from kvprefetch.errors import BuildError, ConfigError
+from kvprefetch.sources import upstream
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from conftest import kvprefetch_cli_split, seed_downloads, tree_bytes
 
-from kvprefetch import upstream
-from kvprefetch.download import configured_index_url, ensure_sdist
 from kvprefetch.errors import FetchError
 from kvprefetch.hashing import inventory, sha256_file
-from kvprefetch.sources import fetch_trees, tree_modifications
-from kvprefetch.workdir import Workdir
+from kvprefetch.sources import upstream
+from kvprefetch.sources.download import configured_index_url, ensure_sdist
+from kvprefetch.sources.fetch import fetch_trees, tree_modifications
+from kvprefetch.workspace.workdir import Workdir
 
 SDIST_TREES = ("baseline", "patched")
 

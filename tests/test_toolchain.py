@@ -1,4 +1,4 @@
-"""Tests for kvprefetch.toolchain: arch parsing, gencode flags (cross-checked against vLLM's own
+"""Tests for kvprefetch.build.toolchain: arch parsing, gencode flags (cross-checked against vLLM's own
 CMake function and torch's own flag builder), nvcc discovery and the version gate."""
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.errors import ConfigError
-from kvprefetch.runner import run
-from kvprefetch.toolchain import (
+from kvprefetch.build.toolchain import (
     VLLM_SUPPORTED_ARCHS_CUDA_12_8,
     CudaArch,
     check_nvcc_for_arch,
@@ -29,6 +27,8 @@ from kvprefetch.toolchain import (
     parse_nvcc_version,
     vllm_c_archs,
 )
+from kvprefetch.errors import ConfigError
+from kvprefetch.runner import run
 
 REAL_NVCC = find_nvcc()
 needs_nvcc = pytest.mark.skipif(REAL_NVCC is None, reason="no nvcc on this machine")

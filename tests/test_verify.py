@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from conftest import kvprefetch_cli_split, tree_bytes
 
+from kvprefetch.build.selection import Selection
 from kvprefetch.errors import VerifyError
 from kvprefetch.hashing import sha256_file
-from kvprefetch.selection import Selection
 
 pytestmark = pytest.mark.slow  # needs the session's real build (minutes, once per run)
 
@@ -206,12 +206,12 @@ def test_both_envs_sharing_one_library_file_is_caught(built: Path) -> None:
 
 
 def test_gpu_identity_runs_once_per_forced_twin(monkeypatch: pytest.MonkeyPatch) -> None:
-    """check_gpu runs kvprefetch.numerics with KVPREFETCH_GQA set to the named twin, keeps each
+    """check_gpu runs kvprefetch.verify.numerics with KVPREFETCH_GQA set to the named twin, keeps each
     pass's data under that twin, and turns a failed, crashed or GPU-less pass into FAIL / FAIL /
     not checked. The identity run itself needs a GPU and built trees, so it is replaced here by
     a recorder (the H200 runs the real one: docs/results/.../24-twins/verify.json)."""
-    from kvprefetch import verify as v
-    from kvprefetch.upstream import TWIN_SHAPES
+    from kvprefetch.sources.upstream import TWIN_SHAPES
+    from kvprefetch.verify import kernel as v
 
     seen: list[dict[str, str] | None] = []
     answers = {None: {"status": "passed", "checked": 98, "failed": 0},

@@ -7,7 +7,7 @@ import sys
 
 from click.testing import CliRunner
 
-from kvprefetch.commands.vmm import vmm
+from kvprefetch.cli.vmm import vmm
 
 
 def test_help_lists_the_commands_without_importing_torch_or_cuda() -> None:

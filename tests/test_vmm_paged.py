@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from kvprefetch import ops
-from kvprefetch.commands.vmm import vmm
+from kvprefetch.cli.vmm import vmm
 from kvprefetch.errors import BenchError
+from kvprefetch.kernels import ops
 from kvprefetch.vmm import paged as P
 from kvprefetch.vmm.bench import DecodeConfig, DecodeResult, render_summary
 
@@ -34,7 +34,7 @@ _REF: dict[str, object] = {}
 
 def _reference_ops(namespace: str, name: str, transform: Any = None) -> ops.PagedOps:
     """A stand-in build (no GPU here): vLLM's schemas, the float64 reference as the kernel."""
-    from kvprefetch.reference import register_reference_ops
+    from kvprefetch.verify.reference import register_reference_ops
 
     if namespace not in _REF:
         _REF[namespace] = register_reference_ops(namespace, transform)
@@ -63,7 +63,7 @@ def test_paged_shape_is_the_vmm_shape_with_vllms_kernel_choice() -> None:
         assert a.block_size == 16 and a.kv_cache_dtype == "auto"
         assert shape.kernel == ops.choose_kernel(s, b, cfg.q_heads)
         # the paged kernel reads exactly the K+V bytes the VMM side counts
-        from kvprefetch.kvinputs import kv_bytes_read
+        from kvprefetch.kernels.kvinputs import kv_bytes_read
         from kvprefetch.vmm.bench import plan_shapes
 
         plan = plan_shapes(DecodeConfig(batches=(b,), contexts=(s,)), 60 << 20, None)[0][0]

@@ -34,23 +34,23 @@ step() {  # step SECONDS CMD...: run with a time limit, log everything, never ab
 
 say "device: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1)"
 $PY -c 'import torch; p = torch.cuda.get_device_properties(0); print("torch", torch.__version__, "cuda", torch.version.cuda, p.name, "SMs", p.multi_processor_count, "L2", getattr(p, "L2_cache_size", "?"))' 2>&1 | tee -a "$LOG"
-step 60 $PY -c "from kvprefetch.ops import find_builds; [print(b.tree, b.namespace, b.so_path, b.so_sha256[:16]) for b in find_builds('$WORKDIR')]"
+step 60 $PY -c "from kvprefetch.kernels.ops import find_builds; [print(b.tree, b.namespace, b.so_path, b.so_sha256[:16]) for b in find_builds('$WORKDIR')]"
 
 # 1. Numerical identity (bitwise across builds + float64 reference), before any timing.
-step 240 $PY -m kvprefetch.numerics --workdir "$WORKDIR" --json "$OUT/identity.json"
+step 240 $PY -m kvprefetch.verify.numerics --workdir "$WORKDIR" --json "$OUT/identity.json"
 
 # 2. bench kernel, default matrix, cold: all variants in one process, one progress line per shape.
-step 330 $PY -m kvprefetch.commands.bench kernel --workdir "$WORKDIR" --mode cold \
+step 330 $PY -m kvprefetch.cli.bench kernel --workdir "$WORKDIR" --mode cold \
   --out "$OUT" --name kernel-cold --formats json,md,png
 
 # 3. A hot-L2 subset (one layer read again and again) for contrast.
-step 120 $PY -m kvprefetch.commands.bench kernel --workdir "$WORKDIR" --mode hot \
+step 120 $PY -m kvprefetch.cli.bench kernel --workdir "$WORKDIR" --mode hot \
   --batch 1,32 --context 1k,16k --out "$OUT" --name kernel-hot --formats json
 
 # 4. ncu attribution (application replay, cold caches, unlocked clocks) on a v2 and a v1 shape.
 NCU=$(command -v ncu || ls -d /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)
 if [ -n "$NCU" ]; then
-  step 240 $PY -m kvprefetch.commands.bench ncu --workdir "$WORKDIR" --ncu "$NCU" \
+  step 240 $PY -m kvprefetch.cli.bench ncu --workdir "$WORKDIR" --ncu "$NCU" \
     --shape 1x4k --shape 64x1k --out "$WORKDIR/bench/ncu" --name ncu --formats json,md
   cp "$WORKDIR/bench/ncu/ncu.json" "$OUT/" 2>/dev/null || say "no ncu.json"
   cp "$WORKDIR/bench/ncu/ncu-1-baseline.csv" "$OUT/" 2>/dev/null || say "no raw ncu CSV"

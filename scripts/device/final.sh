@@ -12,7 +12,7 @@ W=${KVPREFETCH_WORKDIR:-/tmp/kvf}
 R=$OUT/results; mkdir -p "$R"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 KVPREFETCH_WORKDIR="$W" NO_COLOR=1
 K=(python3 -m kvprefetch)
-B=(python3 -m kvprefetch.commands.bench)
+B=(python3 -m kvprefetch.cli.bench)
 log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$R/final.log"; }
 step() { local limit=$1; shift; log "+ $*"; timeout "$limit" "$@" 2>&1 | tee -a "$R/final.log";
          log "exit ${PIPESTATUS[0]}"; }

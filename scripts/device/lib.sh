@@ -28,7 +28,7 @@ worktree_id() {
 # SM, which an early launch needs (docs/prefetch-tuning.md row 44).
 res_usage() {
   local m t so tool
-  tool=$(python3 -c 'from kvprefetch.toolchain import find_cuobjdump as f; t = f()
+  tool=$(python3 -c 'from kvprefetch.build.toolchain import find_cuobjdump as f; t = f()
 print(t.cuobjdump if t else "cuobjdump")' 2>/dev/null) || tool=cuobjdump
   for m in "$W"/build/*/*/manifest.json; do
     [ -f "$m" ] || continue
@@ -79,7 +79,7 @@ begin_run() {
   export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NO_COLOR=1 \
     KVPREFETCH_WORKDIR="$W" KVPREFETCH_PAGED_WORKDIR="$W"
   K=(python3 -m kvprefetch)
-  B=(python3 -m kvprefetch.commands.bench kernel --workdir "$W" --out "$R")
+  B=(python3 -m kvprefetch.cli.bench kernel --workdir "$W" --out "$R")
   trap finish EXIT
   device_env > "$R/env.txt" 2>&1
   tee -a "$LOG" < "$R/env.txt"

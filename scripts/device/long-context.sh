@@ -59,7 +59,7 @@ import sys
 from pathlib import Path
 from kvprefetch.bench.matrix import shapes_from_specs
 from kvprefetch.bench.ncu import NcuOptions, ncu_command, target_command
-from kvprefetch.ops import find_builds
+from kvprefetch.kernels.ops import find_builds
 from kvprefetch.runner import run
 build = find_builds(Path(sys.argv[1]), [sys.argv[3]])[0]
 shape = shapes_from_specs(["64x8k"])[0].to_dict()

@@ -27,7 +27,7 @@ targets() {
 import shlex, sys
 from pathlib import Path
 from kvprefetch.bench.ncu import target_command
-from kvprefetch.ops import find_builds
+from kvprefetch.kernels.ops import find_builds
 shapes = [(128, 4096, "v1"), (64, 1024, "v1"), (8, 16384, "v2"), (1, 16384, "v2"),
           (8, 1024, "v2")]
 for b in find_builds(Path(sys.argv[1]), ["baseline", "patched"]):

@@ -27,12 +27,12 @@ step 400 "${K[@]}" build --workdir "$W" --kernels-only --skip-doctor --jobs 16 \
   --tree-define exp_d4:KVPREFETCH_DEFAULT_MODE=1 --tree-define exp_d4:KVPREFETCH_DISTANCE=4
 step 200 "${K[@]}" verify-kernel --workdir "$W"
 cp "$W/verify/report.json" "$R/verify.json"
-step 200 python3 -m kvprefetch.commands.bench kernel --workdir "$W" --mode cold \
+step 200 python3 -m kvprefetch.cli.bench kernel --workdir "$W" --mode cold \
   --batch 1,8,32,64 --context 512,1k,4k,16k --out "$R" --name tune-a --formats json,md
-step 120 python3 -m kvprefetch.commands.bench kernel --workdir "$W" --mode cold \
+step 120 python3 -m kvprefetch.cli.bench kernel --workdir "$W" --mode cold \
   --batch 128 --context 512,1k,4k --out "$R" --name tune-b --formats json,md
 # The runtime switch: same patched build, KVPREFETCH=off must behave like stock.
-step 60 env KVPREFETCH=off python3 -m kvprefetch.commands.bench kernel --workdir "$W" --mode cold \
+step 60 env KVPREFETCH=off python3 -m kvprefetch.cli.bench kernel --workdir "$W" --mode cold \
   --batch 1,8 --context 512 --variant baseline --variant patched --out "$R" --name switch-off --formats json
 log "done"
 tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$R"

@@ -25,7 +25,7 @@ targets() {
 import shlex, sys
 from pathlib import Path
 from kvprefetch.bench.ncu import target_command
-from kvprefetch.ops import find_builds
+from kvprefetch.kernels.ops import find_builds
 for b in find_builds(Path(sys.argv[1]), ["patched"]):
     for batch, ctx, kernel in ((8, 1024, "v2"), (8, 512, "v1")):
         shape = dict(batch=batch, context=ctx, num_heads=32, num_kv_heads=8, head_size=128,

@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .envs import find_conda, refuse_precompiled
-from .errors import ConfigError, KvprefetchError
-from .runner import run, which
-from .toolchain import (
+from .build.envs import find_conda, refuse_precompiled
+from .build.toolchain import (
     DEFAULT_CUDA_ROOTS,
     GIB_PER_NVCC_JOB,
     CudaArch,
@@ -41,6 +39,8 @@ from .toolchain import (
     parse_arch_list,
     vllm_c_archs,
 )
+from .errors import ConfigError, KvprefetchError
+from .runner import run, which
 
 Status = Literal["ok", "warn", "fail", "skip"]
 Mode = Literal["full", "kernels-only", "overlay"]

@@ -20,7 +20,7 @@ WORKDIR = Path(os.environ.get("KVPREFETCH_WORKDIR", "kvprefetch-work"))
 def trees():
     import torch
 
-    from kvprefetch.ops import find_builds, load_build
+    from kvprefetch.kernels.ops import find_builds, load_build
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")

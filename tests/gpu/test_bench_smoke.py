@@ -19,7 +19,7 @@ WORKDIR = Path(os.environ.get("KVPREFETCH_WORKDIR", "kvprefetch-work"))
 def loaded_ops():
     import torch
 
-    from kvprefetch.ops import find_builds, load_build
+    from kvprefetch.kernels.ops import find_builds, load_build
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -54,7 +54,7 @@ def test_bench_shape_both_variants_bitwise_equal(loaded_ops, spec: str) -> None:
 
 
 def test_identity_on_a_few_cases(loaded_ops) -> None:
-    from kvprefetch.numerics import IdentityCase, check_identity
+    from kvprefetch.verify.numerics import IdentityCase, check_identity
 
     cases = [IdentityCase(128, 16, "float16", "auto", 513),
              IdentityCase(128, 16, "bfloat16", "fp8", 8193),

@@ -23,7 +23,7 @@ PREFETCH_KERNEL = "kv_l2_prefetch_kernel"
 def stock_and_patched():
     import torch
 
-    from kvprefetch.ops import find_builds, load_build
+    from kvprefetch.kernels.ops import find_builds, load_build
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -45,8 +45,8 @@ def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str,
     from torch.profiler import ProfilerActivity, profile
 
     from kvprefetch.bench.matrix import shapes_from_specs
-    from kvprefetch.kvinputs import make_inputs
-    from kvprefetch.ops import forward_decode
+    from kvprefetch.kernels.kvinputs import make_inputs
+    from kvprefetch.kernels.ops import forward_decode
 
     shape = shapes_from_specs([spec], preset=preset, dtype=dtype,
                               kv_cache_dtype=kv_cache_dtype)[0].attn
@@ -96,11 +96,11 @@ def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str,
                                                    kv: str, kernel: str, fires: bool,
                                                    twin: str | None) -> None:
     """The launcher's prefetch kernel runs beside small steps only, and in `auto` one of the
-    GQA-grouped twins replaces vLLM's kernel, the one kvprefetch.upstream.twin_pick names for
+    GQA-grouped twins replaces vLLM's kernel, the one kvprefetch.sources.upstream.twin_pick names for
     the step on the H200; stock runs neither."""
     import torch
 
-    from kvprefetch import upstream
+    from kvprefetch.sources import upstream
     stock, patched = stock_and_patched
     ran, names = _kernels_launched(patched, spec, dtype, kv)
     assert ran == kernel
@@ -130,7 +130,7 @@ _FORCED_PROBE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from kvprefetch.ops import find_builds, load_build
+from kvprefetch.kernels.ops import find_builds, load_build
 import test_launcher_prefetch as t
 patched = load_build(find_builds(Path(sys.argv[2]), ["patched"])[0])
 _, names = t._kernels_launched(patched, sys.argv[3], "float16", "auto")
@@ -174,10 +174,10 @@ def test_reduction_inside_the_twin_on_two_streams_at_once(stock_and_patched) -> 
     streams' kernels to overlap."""
     import torch
 
-    from kvprefetch import upstream
     from kvprefetch.bench.matrix import shapes_from_specs
-    from kvprefetch.kvinputs import make_inputs
-    from kvprefetch.ops import forward_decode
+    from kvprefetch.kernels.kvinputs import make_inputs
+    from kvprefetch.kernels.ops import forward_decode
+    from kvprefetch.sources import upstream
 
     stock, patched = stock_and_patched
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -211,10 +211,10 @@ def test_reduction_inside_the_twin_writes_stock_zeros_for_an_empty_sequence(
     bitwise stock's, on a step where the twin reduces (b4 x 1k, 128 twin CTAs)."""
     import torch
 
-    from kvprefetch import upstream
     from kvprefetch.bench.matrix import shapes_from_specs
-    from kvprefetch.kvinputs import make_inputs
-    from kvprefetch.ops import forward_decode
+    from kvprefetch.kernels.kvinputs import make_inputs
+    from kvprefetch.kernels.ops import forward_decode
+    from kvprefetch.sources import upstream
 
     stock, patched = stock_and_patched
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -2,7 +2,7 @@
 twin's shared memory holds G heads' logits for the whole context, and `auto` must run only a
 twin that keeps its occupancy (csrc/prefetch_ptx.cuh keeps_occupancy), else a twin of fewer
 heads per CTA, else vLLM's kernel. Checked through torch.profiler's list of the kernels one
-decode call ran: the twin that ran is the one kvprefetch.upstream.twin_pick (the rule's mirror)
+decode call ran: the twin that ran is the one kvprefetch.sources.upstream.twin_pick (the rule's mirror)
 names for this device, and every output is bitwise stock's, for G = 4 (Llama-3.1-8B) and G = 8
 (Llama-3-70B at tensor-parallel 8), in auto and with every twin forced. Needs kernels-only builds
 of `baseline` and `patched` (head 128, block 16, fp16) under $KVPREFETCH_WORKDIR."""
@@ -33,7 +33,7 @@ STEPS = [("llama-3.1-8b", 32, 2048), ("llama-3.1-8b", 64, 3072), ("llama-3.1-8b"
 def stock_and_patched():
     import torch
 
-    from kvprefetch.ops import find_builds, load_build
+    from kvprefetch.kernels.ops import find_builds, load_build
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -50,8 +50,8 @@ def _bitwise_equal(stock, patched, preset: str, batch: int, context: int) -> boo
     import torch
 
     from kvprefetch.bench.matrix import shapes_from_specs
-    from kvprefetch.kvinputs import make_inputs
-    from kvprefetch.ops import forward_decode
+    from kvprefetch.kernels.kvinputs import make_inputs
+    from kvprefetch.kernels.ops import forward_decode
 
     shape = shapes_from_specs([f"{batch}x{context}"], preset=preset)[0].attn
     args = make_inputs(shape, seed=batch + context).args()
@@ -67,8 +67,8 @@ def test_auto_runs_the_twin_that_keeps_its_occupancy(stock_and_patched, preset: 
                                                      context: int) -> None:
     import torch
 
-    from kvprefetch import upstream
     from kvprefetch.bench.matrix import PRESETS
+    from kvprefetch.sources import upstream
 
     stock, patched = stock_and_patched
     p = PRESETS[preset]
@@ -94,7 +94,7 @@ import json, sys, warnings
 warnings.filterwarnings("ignore")
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from kvprefetch.ops import find_builds, load_build
+from kvprefetch.kernels.ops import find_builds, load_build
 import test_long_context as t
 stock = load_build(find_builds(Path(sys.argv[2]), ["baseline"])[0])
 patched = load_build(find_builds(Path(sys.argv[2]), ["patched"])[0])

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import BenchError
-from ..ops import PagedOps, choose_kernel
+from ..kernels.ops import PagedOps, choose_kernel
 from .decode_model import Decoder, DecoderConfig
 from .decode_serve import (
     MAX_SEQ_LEN_TO_CAPTURE,

@@ -13,7 +13,7 @@ the same for every tree, so any difference between trees is the attention kernel
 
 The K/V write is torch indexing into vLLM's layouts (K ``[blocks, kv_heads, head/x, block, x]``,
 V ``[blocks, kv_heads, head, block]``), the equivalent of vLLM's ``reshape_and_cache`` for
-16-bit caches; tests check it against ``kvprefetch.reference.gather_kv``, the reader the
+16-bit caches; tests check it against ``kvprefetch.verify.reference.gather_kv``, the reader the
 identity checks use.
 """
 
@@ -251,7 +251,7 @@ class Decoder:
         """Logits ``[batch, vocab]`` of one decode step through ``ops``' paged attention."""
         import torch.nn.functional as F
 
-        from ..ops import DecodeArgs, forward_decode
+        from ..kernels.ops import DecodeArgs, forward_decode
 
         c = self.cfg
         n = tokens.shape[0]

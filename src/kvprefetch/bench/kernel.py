@@ -41,10 +41,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import BenchError
+from ..kernels.kvinputs import (
+    alias_pool_blocks,
+    cache_bytes_per_layer,
+    layers_for_cold,
+    make_inputs,
+    min_bytes_moved,
+)
+from ..kernels.ops import PagedOps, forward_decode, v2_workspace
 from ..kitinfo import kit_info
-from ..kvinputs import (alias_pool_blocks, cache_bytes_per_layer, layers_for_cold, make_inputs,
-                        min_bytes_moved)
-from ..ops import PagedOps, forward_decode, v2_workspace
 from .device import CudaBackend, HostBackend, device_facts, measure_copy_bandwidth
 from .limits import memory_refusal, shape_memory, vllm_kernel_limit
 from .matrix import MODES, BenchMatrix, BenchShape
@@ -243,7 +248,7 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
     CUDA graph's pointer semantics on CPU)."""
     import torch
 
-    from ..numerics import bytes_equal
+    from ..verify.numerics import bytes_equal
 
     be: Any = backend or (CudaBackend() if device == "cuda" else HostBackend())
     a = shape.attn

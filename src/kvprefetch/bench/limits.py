@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kvinputs import DTYPE_BYTES, AttnShape, cache_bytes_per_layer
-from ..ops import PARTITION_SIZE, num_partitions
+from ..kernels.kvinputs import DTYPE_BYTES, AttnShape, cache_bytes_per_layer
+from ..kernels.ops import PARTITION_SIZE, num_partitions
 
 VLLM_LIMIT_PREFIX = "exceeds vLLM 0.10.2 kernel limit"
 MAX_GRID_YZ = 65535

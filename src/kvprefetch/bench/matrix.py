@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..kvinputs import DTYPE_ALIASES, AttnShape, canonical_dtype
-from ..ops import KV_CACHE_DTYPE_ALIASES, choose_kernel
+from ..kernels.kvinputs import DTYPE_ALIASES, AttnShape, canonical_dtype
+from ..kernels.ops import KV_CACHE_DTYPE_ALIASES, choose_kernel
 
 
 @dataclass(frozen=True)

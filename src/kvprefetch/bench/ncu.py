@@ -312,8 +312,8 @@ def target_main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from ..kvinputs import AttnShape, make_inputs
-    from ..ops import forward_decode, load_library, v2_workspace
+    from ..kernels.kvinputs import AttnShape, make_inputs
+    from ..kernels.ops import forward_decode, load_library, v2_workspace
 
     ops = load_library(ns.so, ns.namespace)
     shape = AttnShape(num_seqs=ns.batch, num_heads=ns.num_heads, num_kv_heads=ns.num_kv_heads,

@@ -87,8 +87,8 @@ def overlay_tree_plan(wd: Any, tree: str, variant: str | None, patch: str | None
                       py: str, namespace: str, env_set: dict[str, str],
                       gencode: tuple[str, ...], selection: Any, jobs: int,
                       overlay: OverlayOptions | None, defines: tuple[str, ...] = ()) -> Any:
-    from ..buildplan import UNSET_FOR_BUILD, Step, TreePlan, build_key
-    from ..upstream import kit_root
+    from ..build.plan import UNSET_FOR_BUILD, Step, TreePlan, build_key
+    from ..sources.upstream import kit_root
     from .plugin import TEMPLATE
 
     opts = overlay or OverlayOptions()
@@ -147,7 +147,7 @@ def _plugin_install_flags(backend: str) -> tuple[str, ...]:
 
 
 def _make_env(tp: Any, opts: OverlayOptions) -> Any:
-    from ..envs import make_env
+    from ..build.envs import make_env
 
     log = str(Path(tp.log_dir) / "01-create-env.log")
     if tp.env_backend == "uv":
@@ -201,9 +201,8 @@ def _installed_versions(python: str, env: dict[str, str], log: Path) -> dict[str
 
 def build_overlay_tree(tp: Any, plan: Any, force: bool,
                        overlay: OverlayOptions | None) -> Any:
-    from ..builder import TreeOutcome, _child_env, _say, _skip_if_up_to_date
-    from ..hashing import sha256_file
-    from ..kernels_build import (
+    from ..build.builder import TreeOutcome, _child_env, _say, _skip_if_up_to_date
+    from ..build.kernels_only import (
         compile_flags,
         install_into_env,
         kernel_sources,
@@ -211,10 +210,11 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
         probe_torch,
         write_if_changed,
     )
-    from ..locks import locked
-    from ..selection import Selection
-    from ..upstream import kit_root
-    from ..workdir import write_json_atomic
+    from ..build.selection import Selection
+    from ..hashing import sha256_file
+    from ..sources.upstream import kit_root
+    from ..workspace.locks import locked
+    from ..workspace.workdir import write_json_atomic
     from .plugin import ENTRY_GROUP, ENTRY_NAME, write_plugin_wheel
     from .toolkit import choose_toolkit
 

@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..build.toolchain import _is_toolkit, fmt_version, nvcc_version
 from ..errors import ConfigError, KvprefetchError
 from ..runner import which
-from ..toolchain import _is_toolkit, fmt_version, nvcc_version
 
 # Checked against the index on 2026-12-01 (see the module docstring).
 NVCC_WHEEL_NOTE = ("PyPI's nvidia-cuda-nvcc-cu12 wheels carry ptxas, libnvvm and libdevice but "

@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import upstream
 from ..errors import ConfigError
+from ..sources import upstream
 
 SCHEMA = 1
 CAMPAIGN_FILE = "campaign.json"
@@ -275,7 +275,7 @@ def write_campaign(c: Campaign) -> list[Path]:
 
 
 def save_record(root: Path, record: dict[str, Any]) -> None:
-    from ..workdir import write_json_atomic
+    from ..workspace.workdir import write_json_atomic
 
     write_json_atomic(root / CAMPAIGN_FILE, record)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import ownership
-from ..workdir import Workdir
+from ..workspace import ownership
+from ..workspace.workdir import Workdir
 
 
 def record_builds(workdir: Path, trees: list[str]) -> list[str]:

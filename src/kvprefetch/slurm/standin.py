@@ -25,8 +25,8 @@ def stand_in_shard(c: Campaign, task: int) -> dict[str, Any]:
     from ..bench.kernel import KernelBenchConfig, ShapeResult, not_measured
     from ..bench.matrix import build_matrix
     from ..hashing import sha256_file
-    from ..kvinputs import min_bytes_moved
-    from ..ops import find_builds
+    from ..kernels.kvinputs import min_bytes_moved
+    from ..kernels.ops import find_builds
 
     if not 0 <= task < len(c.bench.batches):
         raise BenchError(f"task {task} is not a shard of this campaign (tasks 0.."

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from .layout import KVCacheSpec, Layout, make_geometry
 
 if TYPE_CHECKING:
-    from ..ops import PagedOps
+    from ..kernels.ops import PagedOps
     from .paged import PagedTiming
 
 DEFAULT_BATCHES = (1, 8, 32, 64, 128)

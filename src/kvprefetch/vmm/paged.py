@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 from ..bench.kernel import KernelBenchConfig, ShapeResult, bench_shape, run_shapes
 from ..bench.matrix import BenchShape
 from ..errors import BenchError
-from ..kvinputs import AttnShape, canonical_dtype
-from ..ops import BuiltOps, PagedOps, choose_kernel
+from ..kernels.kvinputs import AttnShape, canonical_dtype
+from ..kernels.ops import BuiltOps, PagedOps, choose_kernel
 
 if TYPE_CHECKING:
     from .bench import DecodeConfig
@@ -88,7 +88,7 @@ def check_paged_builds(builds: Sequence[BuiltOps] | Sequence[PagedOps], workdir:
 
 def load_paged_ops(workdir: Path) -> list[PagedOps]:
     """``ops.load_builds`` (each library's sha256 checked against its manifest), baseline first."""
-    from ..ops import load_builds
+    from ..kernels.ops import load_builds
 
     ops = load_builds(workdir)
     check_paged_builds(ops, workdir)

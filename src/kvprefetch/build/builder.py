@@ -1,0 +1,276 @@
+"""Executing a ``BuildPlan``: walks each ``TreePlan``'s steps, under a per-tree lock, skipping
+a tree whose manifest matches. Trees build concurrently (each ninja gets its share of the
+jobs). Returns one ``TreeOutcome`` per tree for the closing summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..console import info
+from ..errors import BuildError, KvprefetchError
+from ..hashing import sha256_file
+from ..runner import run
+from ..workspace import ownership
+from ..workspace.locks import locked
+from ..workspace.workdir import Workdir, write_json_atomic
+from .plan import BuildPlan, TreePlan
+
+_print_lock = threading.Lock()
+
+
+@dataclass
+class TreeOutcome:
+    tree: str
+    status: str = "pending"          # built | up-to-date | failed | planned
+    seconds: float = 0.0
+    log_dir: str = ""
+    so: str | None = None
+    so_sha256: str | None = None
+    error: str | None = None
+    error_kind: str | None = None     # the KvprefetchError class name, e.g. LockError
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _say(tree: str, msg: str) -> None:
+    with _print_lock:
+        info(f"[{tree}] {msg}")
+
+
+def manifest_matches(tp: TreePlan) -> dict[str, Any] | None:
+    """The existing manifest when it records this exact key and its outputs are intact (a
+    corrupt manifest matches nothing: the build runs again and rewrites it)."""
+    mpath = Path(tp.build_dir) / "manifest.json"
+    if not mpath.is_file():
+        return None
+    try:
+        m: dict[str, Any] = json.loads(mpath.read_text())
+        if not isinstance(m, dict) or m.get("key") != tp.key:
+            return None
+        for out in m.get("outputs", []):
+            p = Path(out["path"])
+            if not p.is_file() or sha256_file(p) != out["sha256"]:
+                return None
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        return None
+    return m
+
+
+@contextmanager
+def _tree_locks(tp: TreePlan, plan: BuildPlan) -> Iterator[None]:
+    """The tree's own lock (shared with fetch, apply and clean: nobody changes the sources
+    being compiled) and the build's lock; build/<tree> is recorded as the kit's own."""
+    wd = Workdir(Path(plan.workdir))
+    bdir = Path(tp.build_dir)
+    with locked(wd.tree_lock(tp.tree), f"the tree {tp.tree}"), \
+            locked(bdir.parent / ".lock", f"the {tp.tree} build"):
+        if ownership.owned(wd.root, bdir.parent) is None:
+            ownership.record(wd.root, bdir.parent, "build")
+        yield
+
+
+def _skip_if_up_to_date(tp: TreePlan, force: bool, out: TreeOutcome) -> bool:
+    """Fill ``out`` and return True when the tree's manifest matches the plan's key."""
+    existing = None if force else manifest_matches(tp)
+    if existing is None:
+        return False
+    out.status, out.so, out.so_sha256 = "up-to-date", existing["so_path"], existing["so_sha256"]
+    _say(tp.tree, f"up to date (manifest {Path(tp.build_dir) / 'manifest.json'} matches key "
+                  f"{tp.key})")
+    return True
+
+
+def _env_for(tp: TreePlan, plan: BuildPlan, torch_from: str | None) -> Any:
+    from .envs import make_env
+
+    opts: dict[str, Any] = {"log": str(Path(tp.log_dir) / "01-create-env.log")}
+    if plan.mode == "kernels-only" and tp.env_backend == "venv":
+        opts.update(python=torch_from or tp.steps[0].argv[0], system_site_packages=True,
+                    with_pip=False)
+    return make_env(tp.env_backend, tp.env_path, **opts)
+
+
+def _child_env(env_obj: Any, tp: TreePlan) -> dict[str, str]:
+    e = env_obj.environ()
+    for k in tp.env_unset:
+        e.pop(k, None)
+    e.update(tp.env_set)
+    return e
+
+
+def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
+                       force: bool) -> TreeOutcome:
+    from ..sources.upstream import kit_root
+    from .kernels_only import (
+        compile_flags,
+        install_into_env,
+        kernel_sources,
+        ninja_text,
+        probe_torch,
+        write_if_changed,
+    )
+    from .selection import Selection
+
+    out = TreeOutcome(tp.tree, log_dir=tp.log_dir)
+    bdir = Path(tp.build_dir)
+    logs = Path(tp.log_dir)
+    t0 = time.monotonic()
+    with _tree_locks(tp, plan):
+        if _skip_if_up_to_date(tp, force, out):
+            return out
+        logs.mkdir(parents=True, exist_ok=True)
+        _say(tp.tree, f"creating environment {tp.env_path}")
+        env_obj = _env_for(tp, plan, torch_from)
+        env_obj.create(owner=Path(plan.workdir))
+        child = _child_env(env_obj, tp)
+        tinfo = probe_torch(str(env_obj.python), child, log=logs / "02-probe-torch.log")
+        cuda_home = plan.toolchain.get("cuda_home")
+        nvcc = plan.toolchain.get("nvcc")
+        if not cuda_home or not nvcc:
+            raise BuildError("no CUDA toolkit was found for the kernels-only build",
+                             "install the CUDA toolkit (nvcc) and set CUDA_HOME; "
+                             "`kvprefetch doctor` shows what is missing")
+        sel = Selection(tuple(plan.selection["head_sizes"]), tuple(plan.selection["block_sizes"]),
+                        tuple(plan.selection["kv_dtypes"]))
+        build_info = json.dumps({"tree": tp.tree, "variant": tp.variant,
+                                 "patch_sha256": tp.patch_sha256, "key": tp.key})
+        nvcc_flags, cxx_flags, link_flags = compile_flags(
+            tinfo, Path(cuda_home), list(plan.gencode), tp.namespace,
+            Path(tp.source_tree) / "csrc", build_info, tp.defines)
+        srcs = kernel_sources(Path(tp.source_tree), sel, bdir)
+        so = bdir / f"{tp.namespace}_C.so"
+        cxx = os.environ.get("CXX", "g++")
+        write_if_changed(bdir / "build.ninja", ninja_text(
+            nvcc=Path(nvcc), cxx=cxx, cu_sources=srcs,
+            cpp_source=kit_root() / "csrc" / "kvprefetch_ops.cpp", nvcc_flags=nvcc_flags,
+            cxx_flags=cxx_flags, link_flags=link_flags, output=so))
+        last = [0.0]
+
+        def progress(n: int, total: int) -> None:
+            now = time.monotonic()
+            if now - last[0] > 2 or n == total:
+                last[0] = now
+                _say(tp.tree, f"[{n}/{total}] compiling ({now - t0:.0f} s)")
+
+        step_t = time.monotonic()
+        ninja_argv = [a for a in tp.steps[3].argv]
+        run(ninja_argv, env=child, log=logs / "04-compile.log", on_progress=progress,
+            fix=f"read {logs / '04-compile.log'}; fix the cause and rerun: finished objects are "
+                "kept and the build resumes")
+        out.steps.append({"step": "compile", "seconds": round(time.monotonic() - step_t, 1)})
+        so_sha = sha256_file(so)
+        build_json = {"tree": tp.tree, "variant": tp.variant or "stock", "namespace": tp.namespace,
+                      "key": tp.key, "so_sha256": so_sha, "build_so": str(so),
+                      "patch_sha256": tp.patch_sha256, **plan.selection}
+        site = env_obj.site_packages()
+        installed = install_into_env(site, so, build_json)
+        manifest = {
+            "kvprefetch": __version__, "mode": plan.mode, "tree": tp.tree, "variant": tp.variant or "stock",
+            "namespace": tp.namespace, "key": tp.key,
+            "so_path": str(installed), "so_sha256": sha256_file(installed),
+            "build_so_path": str(so),
+            "head_sizes": plan.selection["head_sizes"], "block_sizes": plan.selection["block_sizes"],
+            "kv_dtypes": plan.selection["kv_dtypes"], "selection": plan.selection,
+            "inputs": {"source_tree": tp.source_tree, "source_sha256": tp.source_sha256,
+                       "patch_sha256": tp.patch_sha256, "arch_list": plan.arch_list,
+                       "gencode": list(plan.gencode),
+                       "sources": {str(s): sha256_file(s) for s in srcs},
+                       "defines": list(tp.defines),
+                       "nvcc_flags": nvcc_flags, "link_flags": link_flags},
+            "toolchain": {**plan.toolchain, "torch": tinfo.torch_version,
+                          "torch_cuda": tinfo.torch_cuda, "cxx_std": tinfo.cxx_std,
+                          "env_python": tinfo.python, "platform": platform.platform()},
+            "env": {"backend": tp.env_backend, "path": tp.env_path, "python": str(env_obj.python)},
+            "outputs": [{"path": str(so), "sha256": so_sha},
+                        {"path": str(installed), "sha256": sha256_file(installed)}],
+            "seconds": round(time.monotonic() - t0, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        write_json_atomic(bdir / "manifest.json", manifest)
+    out.status, out.so, out.so_sha256 = "built", str(installed), so_sha
+    out.seconds = round(time.monotonic() - t0, 1)
+    _say(tp.tree, f"built {so.name} in {out.seconds:.0f} s -> {installed}")
+    return out
+
+
+def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
+    """Full mode: the env, vLLM's pinned requirements, ``pip install --no-build-isolation``."""
+    out = TreeOutcome(tp.tree, log_dir=tp.log_dir)
+    bdir = Path(tp.build_dir)
+    logs = Path(tp.log_dir)
+    t0 = time.monotonic()
+    with _tree_locks(tp, plan):
+        if _skip_if_up_to_date(tp, force, out):
+            return out
+        logs.mkdir(parents=True, exist_ok=True)
+        env_obj = _env_for(tp, plan, None)
+        env_obj.create(owner=Path(plan.workdir))
+        child = _child_env(env_obj, tp)
+        stats = ""
+        for i, s in enumerate(tp.steps, 1):
+            if s.name == "unpack-deps":
+                from ..sources.deps import unpack_archives
+
+                _say(tp.tree, s.description)
+                unpack_archives(Path(str(s.cwd)),
+                                Path(tp.env_set["VLLM_CUTLASS_SRC_DIR"]).parent)
+                continue
+            if not s.argv:
+                continue
+            _say(tp.tree, f"{s.name}: {s.description}")
+            res = run(list(s.argv), env=child, cwd=s.cwd, log=logs / f"{i:02d}-{s.name}.log")
+            if s.name == "ccache-stats":
+                stats = res.output
+        so_files = sorted(Path(tp.source_tree, "vllm").rglob("*.so")) or \
+            sorted(env_obj.site_packages().joinpath("vllm").rglob("*.so"))
+        c = [p for p in so_files if p.name.startswith("_C.")]
+        if not c:
+            raise BuildError(f"the build finished but no vllm/_C*.so was produced for {tp.tree}",
+                             f"read the logs in {logs}")
+        outputs = [{"path": str(p), "sha256": sha256_file(p)} for p in so_files]
+        write_json_atomic(bdir / "manifest.json", {
+            "kvprefetch": __version__, "mode": plan.mode, "tree": tp.tree, "variant": tp.variant or "stock",
+            "key": tp.key, "so_path": str(c[0]), "so_sha256": sha256_file(c[0]),
+            "inputs": {"source_tree": tp.source_tree, "source_sha256": tp.source_sha256,
+                       "patch_sha256": tp.patch_sha256, "arch_list": plan.arch_list,
+                       "env_set": tp.env_set},
+            "toolchain": plan.toolchain, "ccache_stats": stats, "outputs": outputs,
+            "env": {"backend": tp.env_backend, "path": tp.env_path},
+        })
+        out.status, out.so, out.so_sha256 = "built", str(c[0]), sha256_file(c[0])
+    out.seconds = round(time.monotonic() - t0, 1)
+    return out
+
+
+def execute(plan: BuildPlan, *, torch_from: str | None = None, force: bool = False,
+            overlay: Any | None = None) -> list[TreeOutcome]:
+    """Build every tree of the plan; failures are collected, not raised mid-way, so one tree's
+    error never leaves the other half-built without a report."""
+    def one(tp: TreePlan) -> TreeOutcome:
+        t0 = time.monotonic()
+        try:
+            if plan.mode == "kernels-only":
+                return build_kernels_tree(tp, plan, torch_from, force)
+            if plan.mode == "overlay":
+                from ..overlay.build import build_overlay_tree
+
+                return build_overlay_tree(tp, plan, force, overlay)
+            return build_full_tree(tp, plan, force)
+        except KvprefetchError as exc:
+            o = TreeOutcome(tp.tree, "failed", round(time.monotonic() - t0, 1), tp.log_dir)
+            o.error, o.error_kind = exc.message, type(exc).__name__
+            return o
+
+    workers = plan.parallel_trees if plan.mode in ("kernels-only", "overlay") else 1
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(one, plan.trees))

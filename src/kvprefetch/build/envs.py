@@ -1,0 +1,478 @@
+"""Isolated Python environments behind one small interface (nox style): ``Env`` with
+``create()``, ``python``, ``environ()``, ``site_packages()``; backends ``venv`` (stdlib), ``uv``
+and ``conda`` (conda / mamba / micromamba, ``--prefix`` environments).
+
+What this module guarantees:
+
+- An environment is reused only when its marker file (``<env>/.kvprefetch-env.json``) says it
+  was made by kvprefetch, by the same backend, with the same options, and finished.
+- Creation never leaves something half-made that would later be reused: venv/uv envs are built
+  in ``<path>.tmp-<pid>`` and renamed into place; a ``.<name>.creating`` stamp next to the env
+  marks the whole creation, so a killed create is detected and redone from scratch. The marker
+  is written last. A non-blocking file lock guards each env path.
+- The env's own python must resolve inside the env (``sys.prefix`` is checked), else an error.
+- ``environ()`` strips what breaks isolation or silently swaps binaries (PYTHONPATH,
+  PYTHONHOME, another env's prefix, VLLM_USE_PRECOMPILED, pip's user/target overrides)."""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from .. import __version__
+from ..errors import ConfigError
+from ..runner import run, which
+from ..workspace.locks import locked
+
+MARKER = ".kvprefetch-env.json"
+
+# Removed from every child environment: they make the env's python import foreign code, run a
+# foreign startup file, or make pip install somewhere else than the env.
+ISOLATION_STRIP = (
+    "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONEXECUTABLE", "PYTHONUSERBASE",
+    "__PYVENV_LAUNCHER__", "PIP_USER", "PIP_TARGET", "PIP_PREFIX", "PIP_ROOT",
+)
+# Activation state of venv/uv and conda. Each backend sets its own and drops the rest.
+VENV_VARS = ("VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT")
+CONDA_VARS = ("CONDA_PREFIX", "CONDA_DEFAULT_ENV", "CONDA_SHLVL", "CONDA_PROMPT_MODIFIER")
+# vLLM's setup.py replaces every compiled extension with one from a prebuilt wheel when these
+# are set (vllm/envs.py L261-263, setup.py L608-637), silently: the build "succeeds" and the
+# patch is not in the binary. VLLM_TEST_USE_PRECOMPILED_NIGHTLY_WHEEL only picks that wheel.
+PRECOMPILED_VARS = ("VLLM_USE_PRECOMPILED", "VLLM_PRECOMPILED_WHEEL_LOCATION",
+                    "VLLM_TEST_USE_PRECOMPILED_NIGHTLY_WHEEL")
+
+_PROBE = ("import json, sys, sysconfig; print(json.dumps({'prefix': sys.prefix, "
+          "'base_prefix': sys.base_prefix, 'executable': sys.executable, "
+          "'version': '%d.%d.%d' % sys.version_info[:3], "
+          "'purelib': sysconfig.get_paths()['purelib'], "
+          "'platlib': sysconfig.get_paths()['platlib'], "
+          "'scripts': sysconfig.get_paths()['scripts']}))")
+
+
+def refuse_precompiled(environ: Mapping[str, str] | None = None) -> None:
+    """Raise ConfigError when the environment asks vLLM for precompiled binaries."""
+    environ = os.environ if environ is None else environ
+    use = environ.get("VLLM_USE_PRECOMPILED", "").strip()
+    wheel = environ.get("VLLM_PRECOMPILED_WHEEL_LOCATION", "").strip()
+    found = []
+    if use and use.lower() not in ("0", "false", "no", "off"):
+        found.append(f"VLLM_USE_PRECOMPILED={use}")
+    if wheel:
+        found.append(f"VLLM_PRECOMPILED_WHEEL_LOCATION={wheel}")
+    if found:
+        raise ConfigError(
+            f"{' and '.join(found)} is set: vLLM's setup.py would then skip compiling and copy "
+            "_C.abi3.so and the other extensions out of a prebuilt wheel, so the build would "
+            "silently contain stock kernels instead of the patched ones",
+            "unset them (`unset VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION`) and rerun",
+        )
+
+
+def _drop_path_entries(path_value: str, prefixes: Sequence[str]) -> list[str]:
+    bins = {os.path.realpath(os.path.join(p, "bin")) for p in prefixes if p}
+    return [e for e in path_value.split(os.pathsep)
+            if e and os.path.realpath(e) not in bins]
+
+
+E = TypeVar("E", bound="Env")
+
+
+class Env(abc.ABC):
+    """One isolated Python environment at ``path``. Subclasses set ``kind`` and implement
+    ``_build`` (make the env at a given directory) and ``_activate`` (the backend's variables)."""
+
+    kind: ClassVar[str]
+    # Whether the env may be built elsewhere and renamed into place (venv: yes; conda bakes
+    # its prefix into files, so it is built where it lives).
+    relocatable: ClassVar[bool] = True
+
+    def __init__(self, path: str | os.PathLike[str], *, log: str | os.PathLike[str] | None = None
+                 ) -> None:
+        self.path = Path(os.path.abspath(path))
+        self.log = Path(log) if log is not None else None
+        self._info: dict[str, Any] | None = None
+        self._path_tail: list[str] = []  # recorded in the marker by _build, used by environ()
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def bin_dir(self) -> Path:
+        return self.path / "bin"
+
+    @property
+    def python(self) -> Path:
+        return self.bin_dir / "python"
+
+    @property
+    def marker_path(self) -> Path:
+        return self.path / MARKER
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.parent / f".{self.path.name}.lock"
+
+    @property
+    def stamp_path(self) -> Path:
+        """Exists exactly while a creation is in progress (or was killed)."""
+        return self.path.parent / f".{self.path.name}.creating"
+
+    def options(self) -> dict[str, Any]:
+        """What must match for an existing env to be reused."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r})"
+
+    # ------------------------------------------------------------------ state
+    def read_marker(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.marker_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def exists(self) -> bool:
+        """True when a finished kvprefetch env of this kind is at ``path``."""
+        m = self.read_marker()
+        return (m is not None and m.get("kind") == self.kind and m.get("state") == "ready"
+                and self.python.exists() and not self.stamp_path.exists())
+
+    # ------------------------------------------------------------------ environment
+    def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment for commands run in this env: ``base`` (default os.environ) minus
+        the isolation breakers and precompiled-binary switches, other envs' activation removed
+        (their ``bin`` dropped from PATH), this env's ``bin`` first on PATH and its own
+        activation variables set. PYTHONNOUSERSITE=1 hides ~/.local site-packages."""
+        env = dict(os.environ if base is None else base)
+        foreign = [env.get(v, "") for v in ("VIRTUAL_ENV", "CONDA_PREFIX")]
+        for var in ISOLATION_STRIP + VENV_VARS + CONDA_VARS + PRECOMPILED_VARS:
+            env.pop(var, None)
+        for var in [k for k in env if k.startswith("CONDA_PREFIX_")]:
+            env.pop(var)
+        entries = _drop_path_entries(env.get("PATH", os.defpath),
+                                     [p for p in foreign if p and Path(p) != self.path])
+        own = str(self.bin_dir)
+        # An env that inherits its creator's packages also needs the creator's scripts (ninja,
+        # cmake from pip) even when that creator's VIRTUAL_ENV was just dropped: they go last.
+        marker = self.read_marker() or {}
+        tail = [t for t in marker.get("path_tail", []) if t not in entries and t != own]
+        env["PATH"] = os.pathsep.join([own] + [e for e in entries if e != own] + tail)
+        env["PYTHONNOUSERSITE"] = "1"
+        env.update(self._activate())
+        return env
+
+    @abc.abstractmethod
+    def _activate(self) -> dict[str, str]:
+        """The backend's activation variables."""
+
+    # ------------------------------------------------------------------ probing
+    def info(self, *, refresh: bool = False) -> dict[str, Any]:
+        """Ask the env's python where it lives (prefix, executable, version, site dirs)."""
+        if self._info is None or refresh:
+            if not self.python.exists():
+                raise ConfigError(f"{self.path} has no {self.python.relative_to(self.path)}",
+                                  f"recreate it: rerun with --force, or remove {self.path}")
+            done = run([str(self.python), "-c", _PROBE], env=self.environ(), echo=False,
+                       log=self.log, timeout=120)
+            self._info = json.loads(done.output.strip().splitlines()[-1])
+        return self._info
+
+    def site_packages(self) -> Path:
+        return Path(self.info()["purelib"])
+
+    def check_python_inside(self) -> None:
+        """The env's python must report ``sys.prefix`` == the env itself (real paths)."""
+        info = self.info(refresh=True)
+        if os.path.realpath(info["prefix"]) != os.path.realpath(self.path):
+            raise ConfigError(
+                f"the python of environment {self.path} resolves outside it: sys.prefix is "
+                f"{info['prefix']} (executable {info['executable']}), so builds would install "
+                "into and load from somewhere else",
+                f"remove {self.path} and recreate it (rerun with --force); check that "
+                f"{self.python} is not a wrapper or a link to another environment's python",
+            )
+
+    # ------------------------------------------------------------------ creation
+    def create(self: E, *, force: bool = False,  # noqa: PYI019 (typing.Self is 3.11+)
+               owner: Path | None = None) -> E:
+        """Create the env, or reuse an existing one of the same kind and options. ``force``
+        replaces an existing kvprefetch env (of any kind). Holds the env's lock throughout.
+        ``owner``: the kit work directory the env lives in; its temporary directory is then
+        recorded there before it exists, so that a killed creation's leftover is removed by the
+        next fetch or clean as well as by the next creation."""
+        with locked(self.lock_path, f"environment {self.path}"):
+            self._clear_debris()
+            if self.path.exists() or self.path.is_symlink():
+                if self._reusable(force):
+                    self.check_python_inside()
+                    return self
+                shutil.rmtree(self.path)
+            self._create_fresh(owner)
+        return self
+
+    def _clear_debris(self) -> None:
+        """Under the lock no other creator is alive, so any temp dir is debris; a stamp means
+        a creation was killed and whatever is at ``path`` is half-made by us."""
+        for tmp in self.path.parent.glob(f"{self.path.name}.tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        if self.stamp_path.exists():
+            if self.path.exists():
+                shutil.rmtree(self.path)
+            self.stamp_path.unlink()
+
+    def _reusable(self, force: bool) -> bool:
+        m = self.read_marker()
+        if m is None:
+            raise ConfigError(
+                f"{self.path} exists but was not created by kvprefetch (no {MARKER})",
+                "pass a different environment path, or move that directory away yourself; "
+                "kvprefetch does not delete what it did not create",
+            )
+        if force:
+            return False
+        if m.get("kind") != self.kind:
+            raise ConfigError(
+                f"{self.path} is a {m.get('kind')!r} environment, but a {self.kind!r} one was "
+                "asked for",
+                f"rerun with --force to replace it, use --env-backend {m.get('kind')}, or pass "
+                "a different environment path",
+            )
+        if m.get("options") != self.options():
+            raise ConfigError(
+                f"{self.path} was created with options {m.get('options')}, not {self.options()}",
+                "rerun with --force to recreate it, or pass a different environment path",
+            )
+        return m.get("state") == "ready"
+
+    def _create_fresh(self, owner: Path | None = None) -> None:
+        from contextlib import nullcontext
+
+        from ..workspace import ownership
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.stamp_path.write_text(json.dumps({"pid": os.getpid(), "kind": self.kind}))
+        tmp = self.path.parent / f"{self.path.name}.tmp-{os.getpid()}"
+        with ownership.temporary(owner, tmp) if owner is not None else nullcontext(tmp):
+            self._build_into(tmp)
+        self.stamp_path.unlink()
+
+    def _build_into(self, tmp: Path) -> None:
+        try:
+            if self.relocatable:
+                self._build(tmp)
+                os.rename(tmp, self.path)
+            else:
+                self._build(self.path)
+            self._after_build()
+            self._info = None
+            self.check_python_inside()
+            self._write_marker()
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.stamp_path.unlink(missing_ok=True)
+            raise
+
+    def _write_marker(self) -> None:
+        data = {
+            "kind": self.kind, "state": "ready", "creator": f"kvprefetch {__version__}",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "options": self.options(), "python_version": self.info()["version"],
+            "path_tail": self._path_tail,
+        }
+        tmp = self.marker_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, self.marker_path)
+
+    @abc.abstractmethod
+    def _build(self, target: Path) -> None:
+        """Create the environment at ``target``."""
+
+    def _after_build(self) -> None:
+        """Steps that must run at the final path (e.g. installing pip, whose scripts embed it)."""
+
+    def _run(self, argv: Sequence[str | os.PathLike[str]],
+             env: Mapping[str, str] | None = None) -> None:
+        run(argv, env=env if env is not None else self.environ(), log=self.log)
+
+
+def _base_python_info(python: str | os.PathLike[str]) -> dict[str, Any]:
+    clean = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP}
+    done = run([str(python), "-c", _PROBE], env=clean, echo=False, timeout=120)
+    info: dict[str, Any] = json.loads(done.output.strip().splitlines()[-1])
+    return info
+
+
+def _write_inherit_pth(site_packages: Path, dirs: Sequence[str]) -> None:
+    """Make ``dirs`` importable after the env's own site-packages (the env's packages win)."""
+    (site_packages / "_kvprefetch_inherit.pth").write_text("".join(f"{d}\n" for d in dirs))
+
+
+class VenvEnv(Env):
+    """A stdlib ``venv``. ``system_site_packages`` lets the env see the packages of the python
+    that created it (a kernels-only env then reuses a 5 GB torch instead of reinstalling it).
+    When that python is itself a venv, ``venv --system-site-packages`` would expose only the
+    *base* installation, so the creator's site-packages are added through a .pth file instead.
+    pip is installed at the final path (``ensurepip``) because its scripts embed that path."""
+
+    kind = "venv"
+
+    def __init__(self, path: str | os.PathLike[str], *, python: str | os.PathLike[str] | None = None,
+                 system_site_packages: bool = False, with_pip: bool = True,
+                 log: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(path, log=log)
+        self.base_python = str(python or sys.executable)
+        self.system_site_packages = system_site_packages
+        self.with_pip = with_pip
+
+    def options(self) -> dict[str, Any]:
+        return {"base_python": self.base_python, "system_site_packages": self.system_site_packages,
+                "with_pip": self.with_pip}
+
+    def _activate(self) -> dict[str, str]:
+        return {"VIRTUAL_ENV": str(self.path)}
+
+    def _build(self, target: Path) -> None:
+        base = _base_python_info(self.base_python) if self.system_site_packages else None
+        in_venv = bool(base and base["prefix"] != base["base_prefix"])
+        argv = [self.base_python, "-m", "venv", "--without-pip"]
+        if self.system_site_packages and not in_venv:
+            argv.append("--system-site-packages")
+        self._run(argv + [str(target)], env={k: v for k, v in os.environ.items()
+                                             if k not in ISOLATION_STRIP + VENV_VARS})
+        if base:
+            self._path_tail = [base["scripts"]]
+        if base and in_venv:
+            # The new env's site-packages lives at the same relative spot as the base's.
+            rel = os.path.relpath(base["purelib"], base["prefix"])
+            dirs = list(dict.fromkeys([base["purelib"], base["platlib"]]))
+            _write_inherit_pth(target / rel, dirs)
+
+    def _after_build(self) -> None:
+        if self.with_pip:
+            self._run([str(self.python), "-m", "ensurepip", "--upgrade", "--default-pip"])
+
+
+class UvEnv(Env):
+    """A ``uv venv`` (``--relocatable``, so it may be renamed into place); packages go in with
+    ``uv pip install --python <env python>``. Only offered when uv is on PATH."""
+
+    kind = "uv"
+
+    def __init__(self, path: str | os.PathLike[str], *, python: str | os.PathLike[str] | None = None,
+                 system_site_packages: bool = False, with_pip: bool = False,
+                 uv: str | os.PathLike[str] | None = None,
+                 log: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(path, log=log)
+        self.base_python = str(python or sys.executable)
+        self.system_site_packages = system_site_packages
+        self.with_pip = with_pip
+        found = str(uv) if uv else which("uv")
+        if found is None:
+            raise ConfigError("the uv backend was asked for, but uv is not on PATH",
+                              "install uv (`pip install uv`) or use --env-backend venv")
+        self.uv = found
+
+    def options(self) -> dict[str, Any]:
+        return {"base_python": self.base_python, "system_site_packages": self.system_site_packages,
+                "with_pip": self.with_pip}
+
+    def _activate(self) -> dict[str, str]:
+        return {"VIRTUAL_ENV": str(self.path)}
+
+    def _build(self, target: Path) -> None:
+        argv = [self.uv, "venv", "--relocatable", "--python", self.base_python]
+        if self.system_site_packages:
+            argv.append("--system-site-packages")
+        if self.with_pip:
+            argv.append("--seed")
+        env = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP + VENV_VARS}
+        self._run(argv + [str(target)], env=env)
+
+
+CONDA_FLAVOURS = ("micromamba", "mamba", "conda")
+
+
+def find_conda(environ: Mapping[str, str] | None = None) -> Path | None:
+    """conda, mamba or micromamba: $CONDA_EXE / $MAMBA_EXE first, then PATH."""
+    environ = os.environ if environ is None else environ
+    for var in ("CONDA_EXE", "MAMBA_EXE"):
+        exe = environ.get(var)
+        if exe and Path(exe).is_file():
+            return Path(exe)
+    for name in CONDA_FLAVOURS[::-1]:  # prefer conda, then mamba, then micromamba
+        found = which(name, environ)
+        if found:
+            return Path(found)
+    return None
+
+
+class CondaEnv(Env):
+    """A ``--prefix`` environment made by conda, mamba or micromamba (as the seed did). Conda
+    bakes the prefix into files, so it is created in place; the ``.creating`` stamp still
+    makes a killed creation detectable and redone."""
+
+    kind = "conda"
+    relocatable = False
+
+    def __init__(self, path: str | os.PathLike[str], *, python: str = "3.11",
+                 channels: Sequence[str] | None = None, exe: str | os.PathLike[str] | None = None,
+                 system_site_packages: bool = False,
+                 log: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(path, log=log)
+        if system_site_packages:
+            raise ConfigError("conda environments cannot inherit another environment's packages",
+                              "use --env-backend venv for a kernels-only build that reuses torch")
+        found = Path(exe) if exe else find_conda()
+        if found is None:
+            raise ConfigError("the conda backend was asked for, but none of conda, mamba or "
+                              "micromamba was found ($CONDA_EXE, $MAMBA_EXE, PATH)",
+                              "install miniforge or micromamba, or use --env-backend venv")
+        self.exe = found
+        self.python_spec = python
+        if channels is None:  # micromamba has no default channel
+            channels = ("conda-forge",) if "micromamba" in self.exe.name else ()
+        self.channels = tuple(channels)
+
+    def options(self) -> dict[str, Any]:
+        return {"python": self.python_spec, "channels": list(self.channels)}
+
+    def _activate(self) -> dict[str, str]:
+        return {"CONDA_PREFIX": str(self.path), "CONDA_DEFAULT_ENV": str(self.path),
+                "CONDA_SHLVL": "1"}
+
+    def _build(self, target: Path) -> None:
+        argv: list[str] = [str(self.exe), "create", "--yes", "--prefix", str(target)]
+        for ch in self.channels:
+            argv += ["-c", ch]
+        argv.append(f"python={self.python_spec}")
+        env = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP}
+        self._run(argv, env=env)
+
+
+BACKENDS: dict[str, type[Env]] = {"venv": VenvEnv, "uv": UvEnv, "conda": CondaEnv}
+
+
+def available_backends(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The backends usable here: venv always, uv when on PATH, conda when found."""
+    out = ["venv"]
+    if which("uv", environ if environ is not None else os.environ):
+        out.append("uv")
+    if find_conda(environ) is not None:
+        out.append("conda")
+    return tuple(out)
+
+
+def make_env(kind: str, path: str | os.PathLike[str], **opts: Any) -> Env:
+    """The ``Env`` of backend ``kind`` at ``path`` (not created yet; call ``create()``)."""
+    cls = BACKENDS.get(kind)
+    if cls is None:
+        raise ConfigError(f"unknown environment backend {kind!r}",
+                          f"use one of: {', '.join(BACKENDS)}")
+    return cls(path, **opts)

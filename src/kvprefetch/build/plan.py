@@ -1,0 +1,356 @@
+"""The build plan: every decision about a build, made from the options and the machine before
+anything runs, frozen, printable (``--dry-run``) and serialisable (``--json``).
+
+A ``BuildPlan`` holds one ``TreePlan`` per tree (baseline, patched, and seed when present).
+Each ``TreePlan`` names its source tree and patch hash, its environment backend and path, the
+exact commands and environment variables, the log directory and the expected outputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import ConfigError
+from ..hashing import differences, inventory, sha256_file
+from ..sources import upstream
+from ..workspace.workdir import Workdir
+from .kernels_only import namespace_for
+from .selection import Selection
+from .toolchain import CudaArch, format_arch_list, gencode_flags
+
+MODES = ("full", "kernels-only", "overlay")
+
+# Variables that silently swap binaries or break isolation: never passed to a build.
+UNSET_FOR_BUILD = ("PYTHONPATH", "PYTHONHOME", "VLLM_USE_PRECOMPILED",
+                   "VLLM_PRECOMPILED_WHEEL_LOCATION", "VLLM_TEST_USE_PRECOMPILED_NIGHTLY_WHEEL")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    argv: tuple[str, ...]            # empty for an internal step (done in Python)
+    description: str = ""
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    tree: str
+    variant: str | None              # None for baseline
+    source_tree: str
+    source_sha256: str               # hash over the tree's recorded csrc/ inventory
+    patch_sha256: str | None
+    env_backend: str
+    env_path: str
+    python: str
+    build_dir: str
+    log_dir: str
+    key: str
+    namespace: str
+    defines: tuple[str, ...]
+    env_set: dict[str, str]
+    env_unset: tuple[str, ...]
+    steps: tuple[Step, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    mode: str
+    workdir: str
+    arch_list: str
+    gencode: tuple[str, ...]
+    jobs: int
+    nvcc_threads: int
+    selection: dict[str, Any]
+    toolchain: dict[str, Any]
+    trees: tuple[TreePlan, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    # How many trees build at once; jobs is per tree, so parallel_trees * jobs <= MAX_JOBS and
+    # the memory bound behind MAX_JOBS (one heavy nvcc per job) holds.
+    parallel_trees: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# What a build compiles from a tree: its sources and build files.
+_SOURCE_DIRS = ("csrc", "cmake", "requirements")
+_SOURCE_FILES = ("CMakeLists.txt", "setup.py", "pyproject.toml")
+
+
+def _compiled(path: str) -> bool:
+    return path.startswith(tuple(f"{d}/" for d in _SOURCE_DIRS)) or path in _SOURCE_FILES
+
+
+def mode_compiles_kernels(mode: str) -> bool:
+    """kernels-only and overlay compile the trees' attention sources themselves (narrowable)."""
+    return mode in ("kernels-only", "overlay")
+
+
+def source_hash(state: dict[str, Any]) -> str:
+    """Identity of what a build compiles from a tree: the recorded csrc/ and build files."""
+    inv = state.get("inventory", {})
+    keep = sorted((p, h) for p, h in inv.items() if _compiled(p))
+    return hashlib.sha256(json.dumps(keep).encode()).hexdigest()
+
+
+def modified_sources(tree: Path, state: dict[str, Any]) -> list[str]:
+    """The compiled files of ``tree`` that differ from what fetch/apply recorded (``M path``)
+    or are gone (``D path``). Added files are not counted: a full build generates sources into
+    csrc/ (vLLM's Marlin kernels), and a new file is only compiled through a changed one."""
+    recorded = {p: h for p, h in state.get("inventory", {}).items() if _compiled(p)}
+    current: dict[str, str] = {}
+    for d in _SOURCE_DIRS:
+        if (tree / d).is_dir():
+            current.update({f"{d}/{p}": h for p, h in inventory(tree / d).items()})
+    current.update({f: sha256_file(tree / f) for f in _SOURCE_FILES if (tree / f).is_file()})
+    return [d for d in differences(recorded, current) if not d.startswith("A ")]
+
+
+def build_key(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tree_variant(wd: Workdir, tree: str) -> tuple[dict[str, Any], str | None, str | None]:
+    state = wd.read_state(tree)
+    if state is None or not wd.tree(tree).is_dir():
+        raise ConfigError(f"there is no kvprefetch tree {tree!r} in {wd.root}",
+                          "run `kvprefetch fetch` (and `kvprefetch apply`) first")
+    applied = state.get("applied") or {}
+    if tree != "baseline" and not applied:
+        raise ConfigError(f"the {tree!r} tree is pristine: building it would compare stock "
+                          "against stock", f"run `kvprefetch apply --tree {tree}` first")
+    if tree == "baseline" and applied:
+        raise ConfigError("the baseline tree carries a patch", "run `kvprefetch fetch --force`")
+    changed = modified_sources(wd.tree(tree), state)
+    if changed:
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        shown = ", ".join(changed[:4]) + more
+        restore = "`kvprefetch fetch --force`"
+        if tree != "baseline":
+            restore += (f", then `kvprefetch apply --variant {applied.get('variant', 'prefetch')}"
+                        f" --tree {tree}`")
+        raise ConfigError(
+            f"the {tree!r} tree was edited after kvprefetch recorded it ({shown}): its build "
+            "would be labelled with sources it does not hold",
+            f"restore it with {restore} (the edited tree is moved to backup/); try a change as "
+            "a -D with `build --tree-define` or as a variant's diff in patches/")
+    return state, applied.get("variant"), applied.get("patch_sha256")
+
+
+def default_trees(wd: Workdir) -> tuple[str, ...]:
+    """baseline and patched, then every other tree that carries a patch (seed, extra trees)."""
+    trees = list(upstream.TREE_NAMES)
+    for name in wd.existing_trees():
+        if name not in trees and (wd.read_state(name) or {}).get("applied"):
+            trees.append(name)
+    return tuple(trees)
+
+
+def kit_python() -> str:
+    return sys.executable
+
+
+def _env_set_common(arch_list: str, jobs: int, nvcc_threads: int, cuda_home: str | None) -> dict[str, str]:
+    env = {"TORCH_CUDA_ARCH_LIST": arch_list, "MAX_JOBS": str(jobs),
+           "NVCC_THREADS": str(nvcc_threads)}
+    if cuda_home:
+        env["CUDA_HOME"] = cuda_home
+    return env
+
+
+def render_plan(plan: BuildPlan) -> str:
+    """The human-readable plan with every command and variable (what --dry-run prints)."""
+    import shlex
+
+    out = [f"mode: {plan.mode}   arch: {plan.arch_list} -> {' '.join(plan.gencode)}",
+           (f"jobs: MAX_JOBS={plan.jobs} per tree, {plan.parallel_trees} tree(s) at a time, "
+            f"NVCC_THREADS={plan.nvcc_threads}   workdir: {plan.workdir}")]
+    if plan.mode == "kernels-only":
+        out.append(f"instantiations: {json.dumps(plan.selection)}")
+    for k, v in plan.toolchain.items():
+        out.append(f"{k}: {v}")
+    for n in plan.notes:
+        out.append(f"note: {n}")
+    for t in plan.trees:
+        out.append("")
+        out.append(f"[{t.tree}] variant={t.variant or 'stock'} patch={t.patch_sha256 or '-'} "
+                   f"source={t.source_sha256[:16]} key={t.key}")
+        out.append(f"  tree: {t.source_tree}")
+        out.append(f"  env:  {t.env_backend} {t.env_path} (python {t.python})")
+        if t.defines:
+            out.append("  defines: " + " ".join(f"-D{d}" for d in t.defines))
+        out.append(f"  logs: {t.log_dir}")
+        out.append("  environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in t.env_set.items())
+                   + "   unset: " + " ".join(t.env_unset))
+        for i, s in enumerate(t.steps, 1):
+            cmd = " ".join(shlex.quote(a) for a in s.argv) if s.argv else f"(internal) {s.description}"
+            where = f"  (cwd {s.cwd})" if s.cwd else ""
+            out.append(f"  {i:2d}. {s.name}: {cmd}{where}")
+        out.append("  outputs: " + ", ".join(t.outputs))
+    return "\n".join(out)
+
+
+def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: tuple[str, ...],
+              env_backend: str, jobs: int, nvcc_threads: int, selection: Selection,
+              torch_from: str | None, nvcc: str | None, nvcc_version: tuple[int, int, int] | None,
+              cuda_home: str | None, torch_info: Any | None, editable: bool = True,
+              deps_dir: Path | None = None, ccache: str | None = None,
+              tree_defines: dict[str, tuple[str, ...]] | None = None,
+              parallel_trees: int = 1, overlay: Any | None = None) -> BuildPlan:
+    """Compute the plan. ``torch_info`` (kernels-only) is the probe of the torch the envs will
+    use, so the compile commands in the plan are the exact ones that will run."""
+    if mode not in MODES:
+        raise ConfigError(f"unknown build mode {mode!r}", f"use one of {MODES}")
+    wd = Workdir(workdir.resolve())
+    arch_list = format_arch_list(archs)
+    gencode = tuple(gencode_flags(archs, cuda_version=nvcc_version))
+    toolchain: dict[str, Any] = {
+        "nvcc": nvcc, "nvcc_version": ".".join(map(str, nvcc_version)) if nvcc_version else None,
+        "cuda_home": cuda_home, "kit": f"kvprefetch {__version__}", "kit_python": kit_python(),
+    }
+    notes: list[str] = []
+    if any(a.suffix == "a" for a in archs):
+        notes.append("vLLM compiles _C (and so paged_attention_v1/v2.cu) for plain sm_90 even "
+                     "for 9.0a: the bulk L2 prefetch needs only sm_90")
+    tree_plans = []
+    for tree in trees:
+        state, variant, patch = tree_variant(wd, tree)
+        src_hash = source_hash(state)
+        # An overlay env (vLLM installed) lives beside the kernels-only one, not in its place:
+        # the two kinds differ in options, and either mode may be built after the other.
+        env_path = wd.overlay_env(tree) if mode == "overlay" else wd.env(tree)
+        py = str(env_path / "bin" / "python")
+        namespace = namespace_for(tree)
+        env_set = _env_set_common(arch_list, jobs, nvcc_threads, cuda_home)
+        if mode == "overlay":
+            from ..overlay.build import overlay_tree_plan
+
+            tree_plans.append(overlay_tree_plan(wd, tree, variant, patch, state, src_hash,
+                                                env_backend, env_path, py, namespace, env_set,
+                                                gencode, selection, jobs, overlay,
+                                                (tree_defines or {}).get(tree, ())))
+        elif mode == "kernels-only":
+            tree_plans.append(_kernels_tree_plan(wd, tree, variant, patch, state, src_hash,
+                                                 env_backend, env_path, py, namespace, env_set,
+                                                 gencode, selection, torch_from, nvcc, nvcc_version,
+                                                 cuda_home, torch_info, jobs,
+                                                 (tree_defines or {}).get(tree, ())))
+        else:
+            tree_plans.append(_full_tree_plan(wd, tree, variant, patch, src_hash, env_backend,
+                                              env_path, py, namespace, env_set, arch_list,
+                                              editable, deps_dir, ccache, nvcc_version))
+    return BuildPlan(mode, str(wd.root), arch_list, gencode, jobs, nvcc_threads,
+                     selection.to_dict(), toolchain, tuple(tree_plans), tuple(notes),
+                     parallel_trees)
+
+
+def _kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
+                       state: dict[str, Any], src_hash: str, env_backend: str, env_path: Path,
+                       py: str, namespace: str, env_set: dict[str, str], gencode: tuple[str, ...],
+                       selection: Selection, torch_from: str | None, nvcc: str | None,
+                       nvcc_version: Any, cuda_home: str | None, torch_info: Any,
+                       jobs: int, defines: tuple[str, ...] = ()) -> TreePlan:
+    from ..sources.upstream import kit_root
+    from .kernels_only import compile_flags, probe_script
+
+    ops_cpp = kit_root() / "csrc" / "kvprefetch_ops.cpp"
+    key = build_key({
+        "mode": "kernels-only", "tree": tree, "source": src_hash, "patch": patch,
+        "ops_cpp": hashlib.sha256(ops_cpp.read_bytes()).hexdigest(),
+        "gencode": gencode, "selection": selection.to_dict(), "namespace": namespace,
+        "torch": getattr(torch_info, "torch_version", None), "nvcc": nvcc_version,
+        "env_backend": env_backend, "defines": list(defines),
+    })
+    bdir = wd.build_root(tree) / key
+    so = bdir / f"{namespace}_C.so"
+    nvcc_flags: list[str] = []
+    if torch_info is not None and cuda_home:
+        build_info = json.dumps({"tree": tree, "variant": variant, "patch_sha256": patch,
+                                 "key": key})
+        nvcc_flags, _, _ = compile_flags(torch_info, Path(cuda_home), list(gencode), namespace,
+                                         wd.tree(tree) / "csrc", build_info, defines)
+    base_py = torch_from or kit_python()
+    steps = (
+        Step("create-env", (base_py, "-m", "venv", "--without-pip", str(env_path))
+             if env_backend == "venv" else (),
+             f"{env_backend} environment at {env_path}, inheriting torch from {base_py}"),
+        Step("probe-torch", (py, str(probe_script("torch_info.py"))),
+             "read the env's torch include/library paths and ABI", cwd="/"),
+        Step("write-sources", (), "narrowed launcher copies + build.ninja in the build dir"
+             if not selection.full else "build.ninja in the build dir (full instantiation set)"),
+        Step("compile", ("ninja", "-C", str(bdir), "-j", str(jobs)),
+             f"nvcc {' '.join(nvcc_flags)}" if nvcc_flags else "nvcc with torch's flags"),
+        Step("install", (), f"copy {so.name} into {env_path}/…/site-packages/kvprefetch_kernels/"),
+        Step("manifest", (), f"write {bdir / 'manifest.json'}"),
+    )
+    return TreePlan(tree, variant, str(wd.tree(tree)), src_hash, patch, env_backend, str(env_path),
+                    py, str(bdir), str(bdir / "logs"), key, namespace, defines, env_set,
+                    UNSET_FOR_BUILD, steps, (str(so), str(bdir / "manifest.json")))
+
+
+def _full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
+                    src_hash: str, env_backend: str, env_path: Path, py: str, namespace: str,
+                    env_set: dict[str, str], arch_list: str, editable: bool,
+                    deps_dir: Path | None, ccache: str | None, nvcc_version: Any) -> TreePlan:
+    src = wd.tree(tree)
+    env_set = dict(env_set)
+    env_set["SETUPTOOLS_SCM_PRETEND_VERSION"] = upstream.VLLM_VERSION
+    env_set["VLLM_TARGET_DEVICE"] = "cuda"
+    if ccache:
+        env_set["CCACHE_DIR"] = str(wd.root / "ccache")
+        env_set["CCACHE_NOHASHDIR"] = "true"
+        env_set["CCACHE_BASEDIR"] = str(wd.root / "trees")
+    unpack: list[Step] = []
+    if deps_dir is not None:
+        from ..sources.deps import find_archives
+
+        env_set.update(deps_env(deps_dir, wd.root / "deps"))
+        if find_archives(deps_dir, wd.root / "deps"):
+            # an internal step; its cwd names the archives' directory
+            unpack.append(Step("unpack-deps", (), f"check {deps_dir}/SHA256SUMS and unpack the "
+                               f"archives into {wd.root / 'deps'} (once)",
+                               cwd=str(deps_dir.resolve())))
+    key = build_key({"mode": "full", "tree": tree, "source": src_hash, "patch": patch,
+                     "arch": arch_list, "editable": editable, "nvcc": nvcc_version,
+                     "env_backend": env_backend})
+    bdir = wd.build_root(tree) / key
+    pip = (py, "-m", "pip")
+    install: tuple[str, ...] = (*pip, "install", "--no-build-isolation", "-v")
+    install = (*install, *(("-e", ".") if editable else (".",)))
+    steps = [
+        *unpack,
+        Step("create-env", (), f"{env_backend} environment at {env_path} (Python "
+             f"{sys.version_info.major}.{sys.version_info.minor})"),
+        Step("build-requirements", (*pip, "install", "-r", "requirements/build.txt"),
+             "torch==2.8.0 (cu128), cmake>=3.26.1, ninja, setuptools-scm, …", cwd=str(src)),
+        Step("cuda-requirements", (*pip, "install", "-r", "requirements/cuda.txt"),
+             "vLLM's runtime requirements, xformers 0.0.32.post1 included (the V0 XFORMERS path)",
+             cwd=str(src)),
+    ]
+    if ccache:
+        steps.append(Step("ccache-zero", (ccache, "--zero-stats"), "reset the hit counters"))
+    steps.append(Step("build", install, "compile vLLM (hours; resumes through the compiler cache)",
+                      cwd=str(src)))
+    if ccache:
+        steps.append(Step("ccache-stats", (ccache, "--show-stats"), "report the cache hit rate"))
+    steps.append(Step("manifest", (), f"hash every vllm/*.so into {bdir / 'manifest.json'}"))
+    so = (src / "vllm" / "_C.abi3.so") if editable else Path(f"{env_path}/lib/…/site-packages/vllm/_C.abi3.so")
+    return TreePlan(tree, variant, str(src), src_hash, patch, env_backend, str(env_path), py,
+                    str(bdir), str(bdir / "logs"), key, namespace, (), env_set, UNSET_FOR_BUILD,
+                    tuple(steps), (str(so), str(bdir / "manifest.json")))
+
+
+def deps_env(deps_dir: Path, unpack_root: Path | None = None) -> dict[str, str]:
+    """--deps-dir D: recursive clones D/cutlass (v4.0.0), D/flash-attention (ee4d25bd) and
+    D/FlashMLA (a757314c), or the hash-listed archives of shared/deps/ (unpacked under
+    ``unpack_root`` by the plan's unpack-deps step); CMake then skips its downloads."""
+    from ..sources.deps import deps_env as _deps_env
+
+    return _deps_env(deps_dir, unpack_root or deps_dir.parent / "deps-unpacked")

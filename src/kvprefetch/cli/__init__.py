@@ -1,0 +1,99 @@
+"""The ``kvprefetch`` command line: parses options, calls the library, renders the result.
+Nothing here (or in what it imports at start-up) touches CUDA, so ``--help`` works anywhere."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import KvprefetchError
+
+# name -> "module:attribute" of a click command; imported only when that command runs, so a
+# missing optional dependency of one command never breaks --help or the others.
+COMMANDS: dict[str, str] = {
+    "fetch": "kvprefetch.cli.sources:fetch",
+    "apply": "kvprefetch.cli.sources:apply",
+    "diff-upstream": "kvprefetch.cli.sources:diff_upstream",
+    "export-header": "kvprefetch.cli.sources:export_header",
+    "build": "kvprefetch.cli.build:build",
+    "clean": "kvprefetch.cli.build:clean",
+    "doctor": "kvprefetch.cli.doctor:doctor",
+    "verify-kernel": "kvprefetch.cli.verify:verify_kernel",
+    "bench": "kvprefetch.cli.bench:bench",
+    "report": "kvprefetch.cli.report:report",
+    "vmm": "kvprefetch.cli.vmm:vmm",
+    "slurm": "kvprefetch.cli.slurm:slurm",
+}
+
+
+def _os_error_family(command: str | None) -> type[KvprefetchError]:
+    from .. import errors
+
+    return {"fetch": errors.FetchError, "apply": errors.PatchError,
+            "diff-upstream": errors.PatchError, "export-header": errors.PatchError,
+            "build": errors.BuildError, "verify-kernel": errors.VerifyError,
+            "bench": errors.BenchError}.get(command or "", errors.ConfigError)
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        cmd: click.Command = getattr(importlib.import_module(module), attr)
+        return cmd
+
+    def invoke(self, ctx: click.Context) -> Any:
+        debug = bool(ctx.params.get("debug"))
+        try:
+            return super().invoke(ctx)
+        except KvprefetchError as exc:
+            if debug:
+                raise
+            click.echo(f"error: {exc.message}", err=True)
+            sys.exit(exc.exit_code)
+        except OSError as exc:
+            # Anything the library did not map itself (a full disk, a read-only work
+            # directory): still one message with a fix, in the family of the command.
+            if debug:
+                raise
+            from ..oserrors import describe
+
+            family = _os_error_family(ctx.invoked_subcommand)
+            cause, fix = describe(exc)
+            err = family(f"{ctx.invoked_subcommand or 'kvprefetch'} failed: {cause}", fix)
+            click.echo(f"error: {err.message}", err=True)
+            sys.exit(err.exit_code)
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kvprefetch")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+def main(debug: bool) -> None:
+    """Carry an asynchronous KV-cache L2 prefetch into vLLM v0.10.2's PagedAttention decode
+    kernel, build stock and patched side by side, and prove what each one runs.
+
+    \b
+    Typical flow:
+      kvprefetch fetch                 # two pristine trees: baseline, patched
+      kvprefetch apply                 # patch the 'patched' tree
+      kvprefetch build --kernels-only  # compile both trees' real attention kernels
+      kvprefetch verify-kernel         # which .so loads, UBLKPF in SASS, bitwise outputs
+    """
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,209 @@
+"""CLI: ``kvprefetch slurm plan|submit|status|resubmit|stand-in`` (thin over kvprefetch.slurm)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from ..console import emit_json, info, table
+from .common import dry_run_option, json_option
+
+campaign_arg = click.argument("campaign", type=click.Path(file_okay=False, path_type=Path))
+
+
+@click.group()
+def slurm() -> None:
+    """Run build, verify and bench as a Slurm campaign: sbatch scripts with afterok
+    dependencies under one campaign folder, then submit, watch, resubmit, merge."""
+
+
+def _split(text: str | None) -> tuple[str, ...]:
+    return tuple(p.strip() for p in (text or "").split(",") if p.strip())
+
+
+@slurm.command()
+@campaign_arg
+@click.option("--source", default="auto", show_default=True,
+              help="fetch --source for the prepare job: auto, git, sdist, or the PATH of a "
+                   "vllm-0.10.2.tar.gz or clone on a shared filesystem (a read-only cache).")
+@click.option("--arch", default="9.0a", show_default=True, help="build --arch.")
+@click.option("--head-sizes", default=None, help="build --head-sizes (default: all).")
+@click.option("--block-sizes", default=None, help="build --block-sizes (default: all).")
+@click.option("--kv-dtypes", default=None, help="build --kv-dtypes (default: all).")
+@click.option("--no-gpu", is_flag=True, help="verify-kernel --no-gpu (and no --gres for it).")
+@click.option("--batch", "batches", default="1,8,32,64,128", show_default=True,
+              help="Batch sizes; the bench job is an array with one task per batch size.")
+@click.option("--context", "contexts", default=None,
+              help="bench kernel --context for every task (default: its matrix's).")
+@click.option("--preset", "presets", default=None, help="bench kernel --preset (comma-separated).")
+@click.option("--stand-in", is_flag=True,
+              help="Bench tasks run `kvprefetch slurm stand-in` (CPU only, nothing timed) "
+                   "instead of `bench kernel`: for clusters and CI without GPUs.")
+@click.option("--partition", default=None, help="sbatch --partition for every job.")
+@click.option("--account", default=None, help="sbatch --account for every job.")
+@click.option("--time", "time_limit", default=None, help="sbatch --time for every job.")
+@click.option("--gres", default=None, help="sbatch --gres for the GPU jobs, e.g. gpu:1.")
+@click.option("--cpus-per-build", type=click.IntRange(min=1), default=None,
+              help="sbatch --cpus-per-task and build --jobs for each build job.")
+@click.option("--python", "python", default=None, metavar="PYTHON",
+              help="Interpreter the jobs run (default: this one, by absolute path).")
+@click.option("--submit", "do_submit", is_flag=True, help="Submit the campaign right away.")
+@dry_run_option
+@json_option
+def plan(campaign: Path, source: str, arch: str, head_sizes: str | None,
+         block_sizes: str | None, kv_dtypes: str | None, no_gpu: bool, batches: str,
+         contexts: str | None, presets: str | None, stand_in: bool, partition: str | None,
+         account: str | None, time_limit: str | None, gres: str | None,
+         cpus_per_build: int | None, python: str | None, do_submit: bool, dry_run: bool,
+         as_json: bool) -> None:
+    """Write CAMPAIGN/campaign.json (the frozen plan) and one sbatch script per job: prepare
+    (fetch + apply), build-baseline and build-patched, verify, bench (array), merge."""
+    from ..bench.matrix import parse_sizes
+    from ..build.selection import parse_selection
+    from ..errors import ConfigError
+    from ..kitinfo import kit_info
+    from ..slurm.campaign import (
+        BenchSpec,
+        SlurmOptions,
+        make_campaign,
+        render_script,
+        write_campaign,
+    )
+    from ..sources import upstream
+
+    parse_selection(head_sizes, block_sizes, kv_dtypes)  # refuse a bad selection now, not in a job
+    build_args: list[str] = []
+    for opt, value in (("--head-sizes", head_sizes), ("--block-sizes", block_sizes),
+                       ("--kv-dtypes", kv_dtypes)):
+        if value:
+            build_args += [opt, value]
+    if source not in ("auto", "git", "sdist"):
+        if not Path(source).exists():
+            raise ConfigError(f"--source {source} does not exist",
+                              "pass auto, git, sdist or an existing path on a shared filesystem")
+        source = str(Path(source).resolve())
+    py = python or sys.executable
+    if not os.path.isabs(py) or not os.access(py, os.X_OK):
+        raise ConfigError(f"--python {py} is not an absolute path to an executable",
+                          "pass the absolute path of the interpreter the jobs should run")
+    kit = kit_info()
+    c = make_campaign(
+        campaign, python=py, kit_root=kit.root, kit_commit=kit.commit, kit_version=kit.version,
+        path=os.environ.get("PATH", os.defpath), source=source,
+        trees=upstream.TREE_NAMES, arch=arch,
+        build_args=build_args, no_gpu=no_gpu,
+        bench=BenchSpec(parse_sizes(batches), _split(contexts), _split(presets), stand_in),
+        slurm=SlurmOptions(partition, account, time_limit, gres, cpus_per_build))
+    if dry_run:
+        if as_json:
+            emit_json({"plan": c.to_dict(),
+                       "scripts": {j.script: render_script(c, j) for j in c.jobs}})
+        else:
+            for j in c.jobs:
+                click.echo(f"==> {j.script} (after: {', '.join(j.after) or '-'})")
+                click.echo(render_script(c, j))
+        return
+    written = write_campaign(c)
+    if kit.dirty:
+        info(f"notice: the kit at {kit.root} has uncommitted changes; the jobs run them, but "
+             f"campaign.json can only record commit {kit.commit}")
+    submitted = None
+    if do_submit:
+        from ..slurm.cluster import submit as do
+
+        submitted = do(Path(c.root))
+    if as_json:
+        emit_json({"campaign": c.root, "written": [str(p) for p in written],
+                   "submitted": submitted})
+        return
+    table(["job", "script", "after", "array"],
+          [[j.name, j.script, ",".join(j.after) or "-", j.array or "-"] for j in c.jobs],
+          title=f"campaign {c.root}")
+    if submitted:
+        _show_submitted(submitted)
+    else:
+        info(f"submit with `kvprefetch slurm submit {c.root}`")
+
+
+def _show_submitted(rows: list[dict]) -> None:
+    from ..runner import quote
+
+    for r in rows:
+        click.echo(f"{r['job']}: {r.get('id', '(dry run)')}  {quote(r['argv'])}")
+
+
+@slurm.command()
+@campaign_arg
+@dry_run_option
+@json_option
+def submit(campaign: Path, dry_run: bool, as_json: bool) -> None:
+    """Submit every job with sbatch --parsable, afterok on its prerequisites; record the ids."""
+    from ..slurm.cluster import submit as do
+
+    rows = do(campaign, dry_run=dry_run)
+    if as_json:
+        emit_json(rows)
+    else:
+        _show_submitted(rows)
+
+
+@slurm.command()
+@campaign_arg
+@click.option("--wait", is_flag=True,
+              help="Poll until every job has finished; exit 10 if any did not complete.")
+@click.option("--timeout", type=float, default=3600.0, show_default=True,
+              help="With --wait: give up after this many seconds.")
+@json_option
+def status(campaign: Path, wait: bool, timeout: float, as_json: bool) -> None:
+    """Each job's (and array task's) latest state, from scontrol, or sacct for jobs the
+    controller has forgotten."""
+    from ..errors import SlurmError
+    from ..slurm.cluster import status as get
+    from ..slurm.cluster import wait as wait_for
+
+    states = wait_for(campaign, timeout) if wait else get(campaign)
+    if as_json:
+        emit_json([s.to_dict() for s in states])
+    else:
+        table(["job", "id", "state", "exit", "reason", "from"],
+              [[s.job, s.id, s.state, s.exit_code, s.reason, s.source] for s in states],
+              title=f"campaign {campaign}")
+    bad = [s for s in states if s.terminal and s.state != "COMPLETED"]
+    if wait and bad:
+        raise SlurmError("not completed: " + ", ".join(f"{s.job} {s.id} {s.state}" for s in bad),
+                         f"read {campaign}/logs/, fix the cause, and `kvprefetch slurm resubmit "
+                         f"{campaign} JOB [--task N]`")
+
+
+@slurm.command()
+@campaign_arg
+@click.argument("job")
+@click.option("--task", type=int, default=None, help="Only this array task (bench).")
+@dry_run_option
+@json_option
+def resubmit(campaign: Path, job: str, task: int | None, dry_run: bool, as_json: bool) -> None:
+    """Submit one JOB (or one array task of it) again, alone; afterok only on prerequisites
+    that have not completed."""
+    from ..slurm.cluster import resubmit as do
+
+    row = do(campaign, job, task, dry_run=dry_run)
+    if as_json:
+        emit_json(row)
+    else:
+        _show_submitted([row])
+
+
+@slurm.command("stand-in")
+@campaign_arg
+@click.option("--task", type=int, required=True, help="The array task (shard) to write.")
+def stand_in(campaign: Path, task: int) -> None:
+    """CPU-only stand-in bench shard: results/bench-TASK.json of kind kernel with every shape
+    skipped (nothing timed), the builds' libraries re-hashed against their manifests."""
+    from ..slurm.cluster import load
+    from ..slurm.standin import write_shard
+
+    c, _ = load(campaign)
+    info(f"wrote {write_shard(c, task)}")

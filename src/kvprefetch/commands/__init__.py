@@ -1,1 +1,0 @@
-"""Click commands, one module per command family. Each module stays thin over the library."""

@@ -1,0 +1,155 @@
+"""Getting the vLLM 0.10.2 sdist from a package index, hash-checked and cached.
+
+``pip download vllm==0.10.2 --no-binary :all:`` cannot be used: pip tries to build the
+sdist's metadata (which needs CUDA and torch). So we ask the index's *simple* API (PEP 691
+JSON, falling back to the PEP 503 HTML page that mirrors serve) for the file's URL and hash,
+honouring pip's configured index (PIP_INDEX_URL / ``pip config``), and check the sha256
+against our pin before anything is unpacked."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+from ..errors import FetchError
+from ..hashing import sha256_file
+from ..runner import run
+from . import upstream
+
+_JSON = "application/vnd.pypi.simple.v1+json"
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    url: str
+    sha256: str | None
+
+
+def configured_index_url(environ: dict[str, str] | None = None) -> str:
+    """PIP_INDEX_URL, else ``pip config get global.index-url``, else PyPI."""
+    env = dict(os.environ if environ is None else environ)
+    if env.get("PIP_INDEX_URL"):
+        return env["PIP_INDEX_URL"].rstrip("/")
+    try:
+        out = run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                  env=env, echo=False, check=False).output.strip()
+    except Exception:  # noqa: BLE001 -- pip missing or broken: the default index still works
+        out = ""
+    if out.startswith(("http://", "https://", "file://")):
+        return out.splitlines()[0].rstrip("/")
+    return upstream.DEFAULT_INDEX_URL
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            href = dict(attrs).get("href")
+            if href:
+                self.links.append(href)
+
+
+def parse_simple_json(body: str, filename: str, base: str) -> IndexFile | None:
+    for f in json.loads(body).get("files", []):
+        if f.get("filename") == filename:
+            return IndexFile(urllib.parse.urljoin(base, f["url"]), f.get("hashes", {}).get("sha256"))
+    return None
+
+
+def parse_simple_html(body: str, filename: str, base: str) -> IndexFile | None:
+    p = _Links()
+    p.feed(body)
+    for href in p.links:
+        url, _, frag = href.partition("#")
+        if url.rsplit("/", 1)[-1] == filename:
+            sha = frag.split("=", 1)[1] if frag.startswith("sha256=") else None
+            return IndexFile(urllib.parse.urljoin(base, url), sha)
+    return None
+
+
+def locate_sdist(index_url: str, timeout: float = 30) -> IndexFile:
+    page = f"{index_url.rstrip('/')}/vllm/"
+    req = urllib.request.Request(page, headers={"Accept": f"{_JSON}, text/html;q=0.5"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            ctype = resp.headers.get("Content-Type", "")
+            body = resp.read().decode("utf-8", errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        raise FetchError(f"cannot reach the package index {page}: {exc}",
+                         "check the network or point PIP_INDEX_URL at a reachable mirror; or "
+                         "download vllm-0.10.2.tar.gz yourself and pass --source PATH") from exc
+    found = (parse_simple_json(body, upstream.SDIST_NAME, page) if "json" in ctype
+             else parse_simple_html(body, upstream.SDIST_NAME, page))
+    if found is None:
+        raise FetchError(f"the index {page} does not list {upstream.SDIST_NAME}",
+                         "use an index that mirrors PyPI's vllm 0.10.2 sdist (PIP_INDEX_URL)")
+    if found.sha256 and found.sha256 != upstream.SDIST_SHA256:
+        raise FetchError(f"the index {page} advertises sha256 {found.sha256} for "
+                         f"{upstream.SDIST_NAME}, but the pinned hash is {upstream.SDIST_SHA256}",
+                         "your index serves a different file under this name; use PyPI or a "
+                         "faithful mirror")
+    return found
+
+
+def verify_sdist(path: Path) -> None:
+    """Refuse (and delete) a cached file whose sha256 is not the pinned one."""
+    actual = sha256_file(path)
+    if actual != upstream.SDIST_SHA256:
+        path.unlink()
+        raise FetchError(f"{path.name} has sha256 {actual}, expected {upstream.SDIST_SHA256}; "
+                         "the corrupted or tampered file was deleted and nothing was unpacked",
+                         "run the command again to download a fresh copy")
+
+
+def _remove_dead_downloads(downloads: Path) -> None:
+    """Partial downloads of killed runs (``.download-<pid>-*`` of a pid that is gone)."""
+    from ..workspace.ownership import pid_alive
+
+    for p in downloads.glob(".download-*-*"):
+        pid = p.name.split("-")[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)) \
+                and p.is_file() and not p.is_symlink():
+            p.unlink()
+
+
+def ensure_sdist(downloads: Path, index_url: str | None = None) -> Path:
+    """Return the path of a verified sdist in ``downloads``, downloading it if needed."""
+    target = downloads / upstream.SDIST_NAME
+    if target.is_file():
+        verify_sdist(target)
+        return target
+    found = locate_sdist(index_url or configured_index_url())
+    downloads.mkdir(parents=True, exist_ok=True)
+    _remove_dead_downloads(downloads)
+    fd, tmpname = tempfile.mkstemp(prefix=f".download-{os.getpid()}-", dir=downloads)
+    tmp = Path(tmpname)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if found.url.startswith("file://"):
+                src = urllib.request.url2pathname(urllib.parse.urlparse(found.url).path)
+                with open(src, "rb") as f:
+                    out.write(f.read())
+            else:
+                with urllib.request.urlopen(found.url, timeout=120) as resp:
+                    while chunk := resp.read(1 << 20):
+                        out.write(chunk)
+        verify_sdist(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp made it 0600; the cache may be shared
+        os.replace(tmp, target)
+    except (urllib.error.URLError, OSError) as exc:
+        raise FetchError(f"download of {found.url} failed: {exc}",
+                         "check the network and run the command again") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target

@@ -1,0 +1,341 @@
+"""``fetch``: two (or three) independent, verified working trees of vLLM v0.10.2.
+
+The pristine source is obtained once (a git clone of tag v0.10.2, the hash-pinned sdist, or a
+local mirror), checked (tag commit, sdist sha256, pristine attention header sha256), kept
+under ``pristine/``, and copied in full into each tree. Trees never share files: two editable
+installs that share files are the seed's "wrong .so loads" trap."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tarfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, FetchError, PatchError
+from ..hashing import differences, inventory, manifest_digest, sha256_file, source_manifest
+from ..oserrors import mapped
+from ..workspace import ownership, treetxn
+from ..workspace.locks import locked
+from ..workspace.workdir import Workdir, check_tree_name, write_json_atomic
+from . import upstream
+from .download import ensure_sdist
+
+SOURCES = ("auto", "git", "sdist")
+
+
+@dataclass(frozen=True)
+class TreeResult:
+    name: str
+    path: Path
+    action: str  # created | unchanged | replaced | would-create | would-replace
+    backup: Path | None = None
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    workdir: Path
+    source: str
+    origin: str
+    commit: str | None
+    trees: list[TreeResult]
+    notices: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+
+def _check_pristine_header(root: Path, what: str) -> None:
+    """Every file the patches touch must be byte-identical to the v0.10.2 release."""
+    if not (root / upstream.ATTENTION_HEADER).is_file():
+        raise FetchError(f"{what} has no {upstream.ATTENTION_HEADER}; it is not a vLLM source tree",
+                         "point --source at a vLLM v0.10.2 clone, mirror or unpacked sdist")
+    for rel, pinned in upstream.PRISTINE_SHA256.items():
+        actual = sha256_file(root / rel) if (root / rel).is_file() else "missing"
+        if actual != pinned:
+            raise FetchError(
+                f"{what}: {rel} has sha256 {actual}, not pristine v0.10.2's {pinned} "
+                "(upstream drifted, or the source is modified)",
+                "use the v0.10.2 release itself: --source sdist, or a clone at tag v0.10.2")
+
+
+def check_full_source(root: Path, what: str) -> str:
+    """Every file of ``root`` must be the v0.10.2 sdist's, none missing, none added (not only
+    the files the patches touch). Returns the source digest."""
+    _check_pristine_header(root, what)
+    m = source_manifest(root)
+    digest = manifest_digest(m)
+    if digest != upstream.SDIST_SOURCE_SHA256:
+        raise FetchError(
+            f"{what} is not the complete vLLM v0.10.2 source: its {len(m)} files (digest "
+            f"{digest[:16]}…) differ from the {upstream.SDIST_SOURCE_FILES} files of the "
+            f"pinned sdist (digest {upstream.SDIST_SOURCE_SHA256[:16]}…): files are missing, "
+            "added or changed, or it is another version",
+            "use the v0.10.2 release itself: --source sdist, the unpacked vllm-0.10.2.tar.gz, "
+            "or a clone at tag v0.10.2")
+    return digest
+
+
+def _unpack_sdist(wd: Workdir, sdist: Path, dest: Path) -> None:
+    with ownership.temporary(wd.root, dest.with_name(f".{dest.name}.tmp-{os.getpid()}")) as tmp:
+        tmp.mkdir(parents=True)
+        with tarfile.open(sdist, "r:gz") as tf:
+            tf.extractall(tmp, filter="data")  # refuses absolute paths, .., device files
+        top = tmp / upstream.SDIST_TOPDIR
+        if not top.is_dir():
+            raise FetchError(f"{sdist.name} does not contain {upstream.SDIST_TOPDIR}/",
+                             "delete the download and fetch again")
+        digest = check_full_source(top, f"the sdist {sdist.name}")
+        _replace_owned(wd, dest)
+        ownership.record(wd.root, dest, "pristine", digest=digest)  # before it exists
+        os.rename(top, dest)
+
+
+def _replace_owned(wd: Workdir, dest: Path) -> None:
+    """Make room for a new ``dest``: remove it if the kit made it, else refuse."""
+    if not os.path.lexists(dest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return
+    if ownership.owned(wd.root, dest) is None:
+        raise FetchError(f"{dest} exists but kvprefetch did not create it",
+                         "move it away (kvprefetch never removes what it did not make), "
+                         "then rerun")
+    ownership.remove(wd.root, dest)
+
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def check_repo_url(url: str) -> str:
+    """Refuse git's command-running transports (``ext::``, ``fd::``, any ``<helper>::``) and
+    anything that would be read as an option."""
+    if url.startswith("-") or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*::", url):
+        raise ConfigError(f"--repo-url {url!r}: refusing a git transport that runs commands or "
+                          "an option-like URL",
+                          "use an https://, ssh://, git:// or file:// URL, or a local path")
+    return url
+
+
+def check_allow_commit(sha: str | None) -> str | None:
+    if sha is not None and not _COMMIT.match(sha):
+        raise ConfigError(f"--allow-commit {sha!r} is not a full 40-digit lowercase commit id "
+                          "(a prefix would accept any commit starting with it)",
+                          "pass the whole commit id that the refusal message printed")
+    return sha
+
+
+def _clone(wd: Workdir, url: str, dest: Path, allow_commit: str | None) -> str:
+    with ownership.temporary(wd.root, dest.with_name(f".{dest.name}.tmp-{os.getpid()}")) as tmp:
+        return _clone_into(wd, url, tmp, dest, allow_commit)
+
+
+def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str | None) -> str:
+    """Clone ``url`` at tag v0.10.2 with GitPython; return the verified commit id."""
+    import git  # GitPython; imported here so --help never needs it
+
+    check_repo_url(url)
+    local = Path(url).exists() or url.startswith("file://")
+    opts = [] if local else ["--depth=1"]
+    try:
+        repo = git.Repo.clone_from(url, tmp, branch=upstream.GIT_TAG, multi_options=opts,
+                                   env={"GIT_TERMINAL_PROMPT": "0"})
+    except git.GitCommandError as exc:
+        raise FetchError(f"git clone of {url} at tag {upstream.GIT_TAG} failed: "
+                         f"{(exc.stderr or str(exc)).strip()}",
+                         "check the URL and the network, or use --source sdist") from exc
+    commit = repo.head.commit.hexsha
+    if not (commit == allow_commit if allow_commit
+            else commit.startswith(upstream.GIT_COMMIT_PREFIX)):
+        repo.close()
+        raise FetchError(
+            f"tag {upstream.GIT_TAG} of {url} is commit {commit}, but vLLM v0.10.2 is "
+            f"{upstream.GIT_COMMIT_PREFIX}… (the tag was moved, or this is not vLLM)",
+            "clone from the upstream vLLM repository, or, for a mirror that rewrote history "
+            "and that you trust, pass --allow-commit " + commit)
+    repo.close()
+    _check_pristine_header(tmp, f"the clone of {url}")
+    digest = manifest_digest(source_manifest(tmp, skip=(".git",)))
+    _replace_owned(wd, dest)
+    ownership.record(wd.root, dest, "pristine", digest=digest, commit=commit)  # before it exists
+    os.rename(tmp, dest)
+    return commit
+
+
+def _network_refused(exc: FetchError) -> bool:
+    text = exc.cause.lower()
+    return any(s in text for s in ("could not resolve", "unable to access", "connection",
+                                   "network is unreachable", "timed out", "failed to connect"))
+
+
+def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | None,
+                      allow_commit: str | None, notices: list[str]) -> tuple[Path, str, str, str | None]:
+    """Return (pristine dir, source kind, origin, commit)."""
+    if source not in SOURCES:
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise ConfigError(f"--source {source}: no such file or directory",
+                              "use auto, git, sdist, or the path of a vLLM clone, mirror or sdist")
+        if path.is_file():
+            if sha256_file(path) != upstream.SDIST_SHA256:
+                raise FetchError(f"{path} is not the vLLM 0.10.2 sdist (sha256 mismatch)",
+                                 f"use the file with sha256 {upstream.SDIST_SHA256}")
+            dest = wd.pristine / "sdist"
+            if not _kept(wd, dest):
+                _unpack_sdist(wd, path, dest)
+            return dest, "sdist", str(path.resolve()), None
+        if (path / ".git").exists():
+            dest = wd.pristine / "git"
+            if not _kept(wd, dest):
+                return dest, "git", str(path.resolve()), _clone(wd, str(path.resolve()), dest,
+                                                               allow_commit)
+            return dest, "git", str(path.resolve()), _head(dest)
+        check_full_source(path, f"the directory {path}")
+        return path.resolve(), "path", str(path.resolve()), None
+    if source in ("auto", "git"):
+        dest = wd.pristine / "git"
+        if _kept(wd, dest):
+            return dest, "git", repo_url, _head(dest)
+        try:
+            return dest, "git", repo_url, _clone(wd, repo_url, dest, allow_commit)
+        except FetchError as exc:
+            if source == "git" or not _network_refused(exc):
+                raise
+            notices.append(f"git clone of {repo_url} failed (no network?); "
+                           "falling back to the hash-pinned PyPI sdist")
+    dest = wd.pristine / "sdist"
+    sdist = ensure_sdist(wd.downloads, index_url)
+    if not _kept(wd, dest):
+        _unpack_sdist(wd, sdist, dest)
+    return dest, "sdist", str(sdist), None
+
+
+def _kept(wd: Workdir, dest: Path) -> bool:
+    """Whether a pristine copy the kit made is already there (it is verified before use)."""
+    return (dest / upstream.ATTENTION_HEADER).is_file() and \
+        ownership.owned(wd.root, dest) is not None
+
+
+def verify_pristine(wd: Workdir, pristine: Path, kind: str) -> None:
+    """Re-check the kept pristine copy against what was verified when it was made, before a
+    single file of it is copied into a tree: an edited pristine/ is not pristine."""
+    if kind == "path":
+        return  # the user's directory: checked in full just before, by check_full_source
+    entry = ownership.owned(wd.root, pristine) or {}
+    digest = manifest_digest(source_manifest(pristine, skip=(".git",)))
+    want = upstream.SDIST_SOURCE_SHA256 if kind == "sdist" else entry.get("digest")
+    if digest != want:
+        raise FetchError(f"the kept pristine copy {pristine} was changed after kvprefetch "
+                         f"verified it (digest {digest[:16]}…, expected {str(want)[:16]}…)",
+                         f"move {pristine} away (kvprefetch does not remove it for you); the next "
+                         "fetch makes a fresh, verified copy")
+
+
+def _head(repo_dir: Path) -> str:
+    import git
+
+    with git.Repo(repo_dir) as repo:
+        return repo.head.commit.hexsha
+
+
+def tree_modifications(wd: Workdir, name: str) -> list[str]:
+    """What differs in tree ``name`` from what kvprefetch recorded (fetch + apply)."""
+    state = wd.read_state(name)
+    if state is None:
+        return [f"? {wd.tree(name)} was not made by kvprefetch (no state record)"]
+    return differences(state["inventory"], inventory(wd.tree(name)))
+
+
+def fetch_trees(workdir: Path, *, source: str = "auto", repo_url: str = upstream.DEFAULT_REPO_URL,
+                index_url: str | None = None, names: tuple[str, ...] = upstream.TREE_NAMES,
+                force: bool = False, dry_run: bool = False,
+                allow_commit: str | None = None, adopt: bool = False,
+                repair: bool = False) -> FetchResult:
+    wd = Workdir(workdir)
+    for n in names:
+        check_tree_name(n)
+    check_allow_commit(allow_commit)
+    check_repo_url(repo_url)
+    if dry_run:
+        wd.check_adoptable(adopt)
+
+        def planned(n: str) -> str:
+            if not wd.tree(n).exists():
+                return "would-create"
+            if not tree_modifications(wd, n):
+                return "unchanged"
+            return "would-replace" if force else "refused (local modifications; --force)"
+        trees = [TreeResult(n, wd.tree(n), planned(n)) for n in names]
+        return FetchResult(workdir, source, repo_url if source in ("auto", "git") else source,
+                           None, trees, [], dry_run=True)
+    with mapped(FetchError, f"fetch into {workdir}"):
+        wd.ensure(adopt=adopt)
+        notices: list[str] = []
+        with ExitStack() as stack:
+            stack.enter_context(locked(wd.lock, f"the work directory {workdir}"))
+            # the same per-tree locks as apply, build and clean: no step interleaves with fetch
+            for n in names:
+                stack.enter_context(locked(wd.tree_lock(n), f"the tree {n}"))
+            for orphan in ownership.remove_orphans(wd.root):
+                notices.append(f"removed {orphan}, left by a kvprefetch run that was killed")
+            for n in names:
+                done = treetxn.recover(wd, n)
+                if done:
+                    notices.append(done)
+            if repair:
+                from ..workspace.repair import repair_states
+
+                pristine, kind, origin, commit = _prepare_pristine(
+                    wd, source, repo_url, index_url, allow_commit, notices)
+                verify_pristine(wd, pristine, kind)
+                notices += repair_states(wd, [n for n in names if wd.tree(n).is_dir()],
+                                         pristine, kind, origin, commit)
+            # Refuse before doing anything if a tree carries changes we did not make.
+            dirty = {n: tree_modifications(wd, n) for n in names if os.path.lexists(wd.tree(n))}
+            dirty = {n: d for n, d in dirty.items() if d}
+            if dirty and not force and not repair:
+                lines = [f"  {n}: " + ", ".join(d[:8]) + (" …" if len(d) > 8 else "")
+                         for n, d in dirty.items()]
+                raise PatchError("these trees have local modifications that kvprefetch did not "
+                                 "make:\n" + "\n".join(lines),
+                                 "keep your changes elsewhere, or rerun with --force (the old "
+                                 "trees are moved to <workdir>/backup/, not deleted)")
+            if not repair:
+                pristine, kind, origin, commit = _prepare_pristine(
+                    wd, source, repo_url, index_url, allow_commit, notices)
+            if any((force and n in dirty) or not os.path.lexists(wd.tree(n)) for n in names):
+                verify_pristine(wd, pristine, kind)
+            results = [_materialise(wd, n, pristine, kind, origin, commit, force and n in dirty)
+                       for n in names]
+    return FetchResult(workdir, kind, origin, commit, results, notices)
+
+
+def _materialise(wd: Workdir, name: str, pristine: Path, kind: str, origin: str,
+                 commit: str | None, replace: bool) -> TreeResult:
+    dest = wd.tree(name)
+    backup = None
+    if os.path.lexists(dest) and not replace:
+        return TreeResult(name, dest, "unchanged")
+    if os.path.lexists(dest):
+        backup = wd.root / "backup" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        backup.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(dest, backup)
+        ownership.record(wd.root, backup, "backup", tree=name)
+        ownership.forget(wd.root, dest)
+    with ownership.temporary(wd.root, dest.with_name(f".{name}.tmp-{os.getpid()}")) as tmp:
+        shutil.copytree(pristine, tmp, symlinks=True)
+        inv = inventory(tmp)
+        state: dict[str, Any] = {
+            "tree": name, "source": kind, "origin": origin, "commit": commit,
+            "vllm_version": upstream.VLLM_VERSION, "applied": None, "inventory": inv,
+        }
+        # The state is written before the rename: a crash in between leaves a state without a
+        # tree, which the next fetch simply recreates.
+        write_json_atomic(wd.state_file(name), state)
+        ownership.record(wd.root, wd.state_file(name), "state")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        ownership.record(wd.root, dest, "tree", digest=ownership.inventory_digest(inv))
+        os.rename(tmp, dest)
+    return TreeResult(name, dest, "replaced" if backup else "created", backup)

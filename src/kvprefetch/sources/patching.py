@@ -1,0 +1,315 @@
+"""``apply``, ``diff-upstream`` and ``export-header``: the patch as data.
+
+The patch is our own ``csrc/prefetch_ptx.cuh`` (copied next to the header) plus the unified
+diffs in ``patches/v0.10.2/<variant>/``. ``apply`` only ever moves a tree from pristine to
+"exactly this patch"; anything else is refused with the tree left byte-identical."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError, PatchError
+from ..hashing import differences, inventory, sha256_bytes, sha256_file
+from ..oserrors import mapped
+from ..runner import run
+from ..workspace import ownership, treetxn
+from ..workspace.locks import locked
+from ..workspace.workdir import Workdir, check_tree_name
+from . import upstream
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    tree: str
+    path: Path
+    variant: str
+    action: str  # applied | already-applied | would-apply
+    patch_sha256: str
+    files: list[str]
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    path: str
+    added: int
+    removed: int
+    diff: str
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    tree: str
+    variant: str | None
+    files: list[FileDiff]
+
+    @property
+    def additive(self) -> bool:
+        return all(f.removed == 0 for f in self.files)
+
+
+def patch_sha256(variant: str) -> str:
+    """One hash over the helper header and the variant's diffs: the patch's identity."""
+    parts = [src.read_bytes() for src, _ in upstream.kit_headers()]
+    parts += [p.read_bytes() for p in upstream.patch_files(variant)]
+    return sha256_bytes(b"\0".join(parts))
+
+
+def _git_apply(tree: Path, patches: list[Path], *args: str) -> bool:
+    # GIT_CEILING_DIRECTORIES stops git from discovering an enclosing repository (the work
+    # directory may live inside one), so paths in the patch stay relative to the tree.
+    # The ceiling must be absolute (git ignores relative entries): with the default relative
+    # work directory inside a checkout, git would otherwise find the checkout and silently skip
+    # every path outside it, "applying" nothing.
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tree.resolve().parent))
+    res = run(["git", "apply", *args, *map(str, patches)], cwd=tree, env=env, echo=False,
+              check=False)
+    return res.returncode == 0
+
+
+def _variant_files(variant: str) -> list[Path]:
+    if variant not in upstream.VARIANTS:
+        raise ConfigError(f"unknown variant {variant!r}",
+                          f"use one of: {', '.join(upstream.VARIANTS)}")
+    files = upstream.patch_files(variant)
+    if not files:
+        raise PatchError(f"no patch files for variant {variant}",
+                         "reinstall kvprefetch from a complete checkout")
+    return files
+
+
+def _pristine_files(tree: Path, paths: list[str]) -> bool:
+    return all((tree / p).is_file() and
+               sha256_file(tree / p) == upstream.PRISTINE_SHA256[p] for p in paths)
+
+
+def carried_variant(tree: Path) -> str | None:
+    """Which variant (if any) the tree's patched files carry exactly; None when all of them
+    are pristine; "unknown" for anything else."""
+    every = upstream.all_patched_paths()
+    if _pristine_files(tree, every):
+        return None
+    for v in upstream.VARIANTS:
+        own = upstream.patched_paths(v)
+        others = [p for p in every if p not in own]
+        if not _pristine_files(tree, others):
+            continue
+        with tempfile.TemporaryDirectory() as td:
+            copy = Path(td) / "t"
+            for rel in own:
+                if not (tree / rel).is_file():
+                    break
+                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(tree / rel, copy / rel)
+            else:
+                if _git_apply(copy, _variant_files(v), "--reverse") and _pristine_files(copy, own):
+                    return v
+    return "unknown"
+
+
+def _describe(tree: Path) -> str:
+    return ", ".join(f"{p} (sha256 {sha256_file(tree / p)[:16]}…)"
+                     for p in upstream.all_patched_paths()
+                     if (tree / p).is_file() and sha256_file(tree / p) != upstream.PRISTINE_SHA256[p])
+
+
+def _refuse_differences(tree: Path, variant: str, applied: dict | None,
+                        diffs: list[str]) -> PatchError:
+    """Why a tree that differs from the kit's record is refused (nothing was changed)."""
+    shown = ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
+    fix = ("keep your changes elsewhere, then `kvprefetch fetch --force` (the tree is moved to "
+           f"backup/, not deleted) and `kvprefetch apply --variant {variant}`")
+    kit = {f"M {h}" for h in upstream.KIT_HEADERS_IN_TREE}
+    if applied is not None and set(diffs) <= kit:
+        edited = ", ".join(str(tree / d[2:]) for d in diffs)
+        return PatchError(f"{edited} was edited by hand (it differs from what kvprefetch "
+                          "installed); the tree was left untouched", fix)
+    carried = carried_variant(tree)
+    what = ("an unknown modification" if carried in (None, "unknown")
+            else f"the {carried} variant with other changes")
+    expected = ("pristine v0.10.2" if applied is None
+                else f"v0.10.2 with exactly the {applied['variant']} patch")
+    return PatchError(f"{tree} carries {what}, not {expected}: these files differ from what "
+                      f"kvprefetch recorded: {shown}; apply only ever adds exactly the patch, "
+                      "so the tree was left untouched", fix)
+
+
+def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None = None,
+                dry_run: bool = False) -> ApplyResult:
+    """Move a tree from pristine to "exactly this patch". The tree must match the kit's record
+    byte for byte (no edits, no added files: a file the patch adds is never overwritten); the
+    patched files are made on copies, staged, and renamed into place with the new state, or
+    not at all (treetxn)."""
+    wd = Workdir(workdir)
+    name = check_tree_name(tree_name or upstream.DEFAULT_TREE_FOR_VARIANT[variant])
+    if name == "baseline":
+        raise ConfigError("refusing to patch the 'baseline' tree: it is the stock reference",
+                          "patch 'patched' (or 'seed'), e.g. kvprefetch apply --tree patched")
+    patches = _variant_files(variant)
+    tree = wd.tree(name)
+    hint = (" --with-seed" if name == upstream.SEED_TREE
+            else "" if name in upstream.TREE_NAMES else f" --extra-tree {name}")
+    missing = PatchError(f"there is no kvprefetch tree named {name!r} in {workdir}",
+                         f"run `kvprefetch fetch{hint}` first, or pass --tree patched")
+    if not tree.is_dir() or tree.is_symlink():
+        raise missing
+    digest = patch_sha256(variant)
+    own = upstream.patched_paths(variant)
+    files = own + list(upstream.KIT_HEADERS_IN_TREE)
+    with locked(wd.tree_lock(name), f"the tree {name}"), mapped(PatchError, f"apply to {tree}"):
+        if treetxn.stage_dir(wd, name).exists() and dry_run:
+            raise PatchError(f"an apply to {name!r} was interrupted and awaits recovery",
+                             "run `kvprefetch apply` without --dry-run (it recovers first)")
+        if not dry_run:
+            treetxn.recover(wd, name)
+        state = wd.read_state(name)
+        if state is None:
+            raise missing
+        applied = state.get("applied")
+        recorded: dict[str, str] = state["inventory"]
+        diffs = differences(recorded, inventory(tree))
+        diffs += [f"A {rel} (a symlink or special file)" for rel in upstream.KIT_HEADERS_IN_TREE
+                  if applied is None and os.path.lexists(tree / rel) and rel not in recorded
+                  and f"A {rel}" not in diffs]
+        if diffs:
+            raise _refuse_differences(tree, variant, applied, diffs)
+        headers_only = False
+        if applied is not None:
+            if applied["variant"] == variant and applied["patch_sha256"] == digest:
+                return ApplyResult(name, tree, variant, "already-applied", digest, files)
+            # The kit's own headers changed since (csrc/*.cuh), its diffs did not: the tree's
+            # patched files still reverse-apply to pristine. Install the new headers.
+            headers_only = applied["variant"] == variant and carried_variant(tree) == variant
+        if applied is not None and not headers_only:
+            what = (f"the {applied['variant']} variant" if applied["variant"] != variant
+                    else f"another version of the {variant} patch (sha256 "
+                         f"{applied['patch_sha256'][:16]}…)")
+            raise PatchError(f"{tree} carries {what}, not pristine v0.10.2, in: "
+                             f"{_describe(tree) or 'the kit headers'}; the tree was left untouched",
+                             "restore it with `kvprefetch fetch --force`, then "
+                             f"`kvprefetch apply --variant {variant}`")
+        if dry_run:
+            return ApplyResult(name, tree, variant, "would-apply", digest, files)
+        with tempfile.TemporaryDirectory(prefix="kvprefetch-apply-") as td:
+            work = Path(td) / "t"
+            for rel in [] if headers_only else own:
+                (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(tree / rel, work / rel)
+            if not headers_only and (not _git_apply(work, patches, "--check")
+                                     or not _git_apply(work, patches)):
+                raise PatchError(f"the {variant} patch does not apply to {tree}",
+                                 "restore the tree with `kvprefetch fetch --force`")
+            if not headers_only and not _git_apply(work, patches, "--reverse", "--check"):
+                raise PatchError(f"git apply of the {variant} patch reported success but the "
+                                 "result does not carry the patch",
+                                 "report this; the tree was left untouched")
+            for src, rel in upstream.kit_headers():
+                (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, work / rel)
+            changes = {rel: work / rel for rel in
+                       (upstream.KIT_HEADERS_IN_TREE if headers_only else files)}
+            new_inventory = dict(recorded)
+            new_inventory.update({rel: sha256_file(p) for rel, p in changes.items()})
+            new_state = dict(state)
+            new_state["applied"] = {
+                "variant": variant, "patch_sha256": digest,
+                "headers": {rel: new_inventory[rel] for rel in upstream.KIT_HEADERS_IN_TREE},
+                "files": {rel: new_inventory[rel] for rel in own}}
+            new_state["inventory"] = new_inventory
+
+            def verify() -> None:
+                now = differences(new_inventory, inventory(tree))
+                if now:
+                    raise PatchError(f"{tree} changed while apply ran ({', '.join(now[:4])}); "
+                                     "the apply was rolled back", "rerun `kvprefetch apply`")
+
+            treetxn.commit(wd, name, changes, new_state, verify)
+        ownership.record(wd.root, tree, "tree", digest=ownership.inventory_digest(new_inventory))
+    return ApplyResult(name, tree, variant, "applied", digest, files)
+
+
+def _file_diff(rel: str, old: str | None, new: str) -> FileDiff:
+    a = old.splitlines(keepends=True) if old is not None else []
+    b = new.splitlines(keepends=True)
+    lines = list(difflib.unified_diff(a, b, fromfile="/dev/null" if old is None else f"a/{rel}",
+                                      tofile=f"b/{rel}"))
+    added = sum(1 for ln in lines if ln.startswith("+") and not ln.startswith("+++"))
+    removed = sum(1 for ln in lines if ln.startswith("-") and not ln.startswith("---"))
+    text = "".join(ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n" for ln in lines)
+    return FileDiff(rel, added, removed, text)
+
+
+def pristine_text(wd: Workdir, rel: str = upstream.ATTENTION_HEADER) -> str:
+    """A pristine upstream file, from the kept pristine source or the baseline tree, verified."""
+    for cand in (wd.pristine / "sdist", wd.pristine / "git", wd.tree("baseline")):
+        p = cand / rel
+        if p.is_file() and sha256_file(p) == upstream.PRISTINE_SHA256[rel]:
+            return p.read_text()
+    raise PatchError(f"no pristine v0.10.2 {rel} under {wd.root}", "run `kvprefetch fetch` first")
+
+
+def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
+    wd = Workdir(workdir)
+    tree = wd.tree(check_tree_name(tree_name))
+    if not (tree / upstream.ATTENTION_HEADER).is_file():
+        raise PatchError(f"there is no tree {tree_name!r} in {workdir}", "run `kvprefetch fetch` first")
+    state = wd.read_state(tree_name) or {}
+    files = [_file_diff(rel, pristine_text(wd, rel), (tree / rel).read_text())
+             for rel in upstream.all_patched_paths() if (tree / rel).is_file()]
+    for rel in upstream.KIT_HEADERS_IN_TREE:
+        if (tree / rel).is_file():
+            files.append(_file_diff(rel, None, (tree / rel).read_text()))
+    variant = (state.get("applied") or {}).get("variant")
+    return DiffResult(tree_name, variant, [f for f in files if f.diff])
+
+
+def drop_in_caveat(variant: str) -> str | None:
+    """What a drop-in header alone does not do for ``variant`` (None: it is complete)."""
+    if variant == "prefetch":
+        return ("the header alone compiles the v2 prologue, but only the launchers' hooks fill "
+                "its address table, fire the v1 L2 prefetch, read KVPREFETCH and launch the "
+                "GQA-grouped twin (csrc/gqa_grouped.cuh): without "
+                "patches/v0.10.2/prefetch/paged_attention_v{1,2}.cu.patch nothing is prefetched "
+                "and no twin runs (use `kvprefetch apply` for the whole variant)")
+    if variant == "launch":
+        return ("the launch variant changes only the launchers; its header is stock. Apply "
+                "patches/v0.10.2/launch/*.patch (or `kvprefetch apply --variant launch`)")
+    if variant == "control":
+        return ("the control variant is stock (its diffs add one comment to each launcher); "
+                "its header is stock. Use `kvprefetch apply --variant control` for the A/A tree")
+    return None
+
+
+def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Path:
+    """Write the seed-style single-file drop-in ``attention_kernels.cuh``: pristine upstream,
+    the variant's header diff applied, and our helper inlined in place of its #include.
+    A single header cannot carry the launchers' hooks (see ``drop_in_caveat``)."""
+    wd = Workdir(workdir)
+    header_patches = [p for p in _variant_files(variant)
+                      if p.name == Path(upstream.ATTENTION_HEADER).name + ".patch"]
+    with tempfile.TemporaryDirectory() as td:
+        t = Path(td) / "t"
+        (t / upstream.ATTENTION_HEADER).parent.mkdir(parents=True)
+        (t / upstream.ATTENTION_HEADER).write_text(pristine_text(wd))
+        if not _git_apply(t, header_patches):
+            raise PatchError(f"the {variant} patch does not apply to pristine v0.10.2",
+                             "reinstall kvprefetch from a clean checkout")
+        text = (t / upstream.ATTENTION_HEADER).read_text()
+    helper = upstream.prefetch_header().read_text().replace("#pragma once\n", "")
+    marker = '#include "prefetch_ptx.cuh"'
+    out_lines = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(marker):
+            out_lines.append(f"// ---- begin kvprefetch csrc/prefetch_ptx.cuh (inlined) ----\n"
+                             f"{helper}// ---- end kvprefetch csrc/prefetch_ptx.cuh ----\n")
+        else:
+            out_lines.append(line)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(out_lines))
+    os.replace(tmp, output)
+    return output

@@ -1,0 +1,535 @@
+"""``verify-kernel``: am I really comparing stock against patched?
+
+For each tree's environment: which library its own python loads (probe, /proc/self/maps,
+sha256 against the build manifest), how many UBLKPF each paged-attention instantiation has
+in that library's SASS, and -- where a GPU is present -- whether the builds' outputs are
+bitwise equal. Every check is ``pass``, ``fail`` or ``not checked``; only checks that ran
+can pass, and the verdict passes only when every check that ran passed."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import VerifyError
+from ..hashing import sha256_file
+from ..runner import run
+from ..sources.upstream import (
+    FUSED_TWINS,
+    LAUNCHER_PREFETCH_VARIANTS,
+    STAGED_SPLITS,
+    TWIN_SHAPES,
+    changes_kernel,
+    min_blocks,
+    prefetches_in,
+    twin_shapes,
+)
+from ..workspace.workdir import Workdir, write_json_atomic
+from .cubin import parse_elf
+from .sass import (
+    KernelSass,
+    arch_number,
+    decode_kernel_name,
+    function_bodies,
+    judge,
+    parse_sass,
+    pdl_waits,
+    prefetch_kernels,
+    readonly_loads,
+    summarise,
+    twin_kernels,
+)
+
+PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    tree: str
+    status: str
+    detail: str
+
+
+@dataclass
+class VerifyReport:
+    workdir: str
+    checks: list[Check] = field(default_factory=list)
+    envs: dict[str, Any] = field(default_factory=dict)
+    sass: dict[str, Any] = field(default_factory=dict)
+    gpu: dict[str, Any] | None = None
+    # the identity runs with one twin forced (KVPREFETCH_GQA=<GxS>), by twin
+    gpu_twins: dict[str, Any] = field(default_factory=dict)
+    # overlay environments: tree -> the overlay probes (routing on, off) and the driver stub
+    overlay: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        ran = [c for c in self.checks if c.status != NOT_CHECKED]
+        return bool(ran) and all(c.status == PASS for c in ran)
+
+    def add(self, name: str, tree: str, ok: bool | None, detail: str) -> None:
+        status = NOT_CHECKED if ok is None else (PASS if ok else FAIL)
+        self.checks.append(Check(name, tree, status, detail))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "workdir": self.workdir,
+                "checks": [c.__dict__ for c in self.checks], "envs": self.envs,
+                "sass": self.sass, "gpu": self.gpu, "gpu_twins": self.gpu_twins,
+                "overlay": self.overlay}
+
+
+def newest_manifests(wd: Workdir) -> dict[str, dict[str, Any]]:
+    """tree -> the newest build manifest (kernels-only or full) of that tree."""
+    out: dict[str, tuple[float, dict[str, Any]]] = {}
+    for p in wd.root.glob("build/*/*/manifest.json"):
+        try:
+            m = json.loads(p.read_text())
+        except ValueError:
+            continue
+        t = p.stat().st_mtime
+        if m.get("tree") and (m["tree"] not in out or t > out[m["tree"]][0]):
+            out[m["tree"]] = (t, m)
+    return {k: v for k, (_, v) in sorted(out.items())}
+
+
+def _inside(path: str | None, roots: list[str]) -> bool:
+    if not path:
+        return False
+    rp = os.path.realpath(path)
+    return any(rp == os.path.realpath(r) or rp.startswith(os.path.realpath(r) + os.sep)
+               for r in roots)
+
+
+def probe_env(python: str, env_path: str, what: str) -> dict[str, Any]:
+    """Run the provenance probe with the env's own python from an empty temp directory."""
+    from ..build.envs import ISOLATION_STRIP
+
+    script = Path(__file__).resolve().parent.parent / "probe" / "provenance.py"
+    environ = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP}
+    environ["PYTHONNOUSERSITE"] = "1"
+    with tempfile.TemporaryDirectory(prefix="kvprefetch-probe-") as cwd:
+        res = run([python, str(script), what], env=environ, cwd=cwd, echo=False, check=False)
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("{")]
+    if res.returncode != 0 or not lines:
+        return {"errors": [f"probe exited {res.returncode}: {res.output.strip()[-600:]}"]}
+    data: dict[str, Any] = json.loads(lines[-1])
+    return data
+
+
+def check_provenance(rep: VerifyReport, tree: str, manifest: dict[str, Any], probe: dict[str, Any],
+                     tree_path: str) -> str | None:
+    """Record the provenance checks for one tree; return the loaded library path."""
+    env_path = manifest.get("env", {}).get("path", "")
+    kernels = manifest.get("mode") in ("kernels-only", "overlay")
+    loaded_info = probe.get("kernels") if kernels else probe.get("vllm")
+    loaded = (loaded_info or {}).get("so_file" if kernels else "c_file")
+    rep.add("interpreter inside its env", tree, _inside(probe.get("prefix"), [env_path]),
+            f"sys.prefix={probe.get('prefix')} env={env_path}")
+    if not loaded:
+        rep.add("loads its library", tree, False,
+                "nothing loaded: " + "; ".join(probe.get("errors", [])))
+        return None
+    mapped = loaded in probe.get("mapped", [])
+    rep.add("loads its own library", tree, _inside(loaded, [env_path, tree_path]) and mapped,
+            f"{loaded} ({'mapped' if mapped else 'NOT in /proc/self/maps'})")
+    sha = (loaded_info or {}).get("so_sha256" if kernels else "c_sha256")
+    rep.add("library matches the build manifest", tree, sha == manifest.get("so_sha256"),
+            f"loaded sha256 {str(sha)[:16]}… manifest {str(manifest.get('so_sha256'))[:16]}…")
+    if kernels:
+        compiled = (loaded_info or {}).get("compiled_build_info") or {}
+        rep.add("library was compiled from this tree", tree,
+                compiled.get("tree") == tree and compiled.get("key") == manifest.get("key"),
+                f"baked-in build info: tree={compiled.get('tree')} key={compiled.get('key')}")
+    return str(loaded)
+
+
+def disassemble(rep: VerifyReport, tree: str, so: str, what: str = "-sass",
+                check: str = "UBLKPF in SASS") -> str | None:
+    """``cuobjdump <what> <so>``; when it cannot run, ``check`` is recorded with the reason."""
+    from ..build.toolchain import find_cuobjdump
+
+    tools = find_cuobjdump(dict(os.environ))
+    if tools is None:
+        rep.add(check, tree, None,
+                "cuobjdump not found (install the CUDA toolkit, or `pip install "
+                "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`)")
+        return None
+    res = run([str(tools.cuobjdump), what, so], env=tools.environ(dict(os.environ)),
+              echo=False, check=False)
+    if res.returncode != 0:
+        rep.add(check, tree, False, f"cuobjdump failed: {res.output.strip()[-300:]}")
+        return None
+    return res.output
+
+
+def _expects(variant: str | None) -> Callable[[KernelSass], bool]:
+    return lambda k: prefetches_in(variant, k.version, k.kv_cache, k.head_size, k.dtype)
+
+
+def _rules(name: str, variant: str | None) -> tuple[bool, int, bool] | None:
+    """What the variant's rules do to the paged_attention kernel ``name``: (in-kernel prefetch,
+    launch-bound minBlocks, changed from stock at all); None for any other function."""
+    meta = decode_kernel_name(name)
+    if meta is None:
+        return None
+    version, kv_cache, dtype = str(meta["version"]), str(meta["kv_cache"]), str(meta["dtype"])
+    head, block = int(meta["head_size"]), int(meta["block_size"])  # type: ignore[call-overload]
+    return (prefetches_in(variant, version, kv_cache, head, dtype),
+            min_blocks(variant, version, kv_cache, head, block, dtype),
+            changes_kernel(variant, version, kv_cache, head, block, dtype))
+
+
+def _kernel_selected(name: str, variant: str | None, prefetching: bool) -> bool:
+    """Whether the variant puts its in-kernel prefetch into kernel ``name`` (== prefetching)."""
+    rules = _rules(name, variant)
+    return rules is not None and rules[0] == prefetching
+
+
+def _kernel_changed(name: str, variant: str | None, changed: bool) -> bool:
+    """Whether the variant compiles kernel ``name`` differently from stock (a prefetch in it or
+    a launch bound; == changed)."""
+    rules = _rules(name, variant)
+    return rules is not None and rules[2] == changed
+
+
+def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
+               text: str | None = None) -> str | None:
+    """Count UBLKPF per instantiation and judge it against the variant; returns the SASS."""
+    text = text if text is not None else disassemble(rep, tree, so)
+    if text is None:
+        return None
+    patched = variant is not None and variant != "stock"
+    kernels = parse_sass(text)
+    expects = _expects(variant)
+    verdict = judge(kernels, patched=patched, expects=expects)
+    chosen = [k for k in kernels if patched and expects(k)]
+    rep.sass[tree] = {"library": so, "variant": variant or "stock", "kernels": verdict.kernels,
+                      "with_prefetch": verdict.with_prefetch, "problems": list(verdict.problems),
+                      "prefetching_kernels": len(chosen), "table": summarise(kernels)}
+    if not chosen:
+        expect = "0 UBLKPF in every attention kernel"
+    elif len(chosen) == len(kernels):
+        expect = "≥2 UBLKPF (K and V) in every sm_90+ kernel"
+    else:
+        expect = (f"≥2 UBLKPF (K and V) in the {len(chosen)} sm_90+ kernels that carry this "
+                  f"variant's in-kernel prefetch, 0 in the other {len(kernels) - len(chosen)}")
+    detail = f"{verdict.kernels} kernels, {verdict.with_prefetch} with UBLKPF; expected {expect}"
+    if verdict.problems:
+        detail += "; " + "; ".join(verdict.problems[:5])
+    rep.add("UBLKPF in SASS", tree, verdict.ok, detail)
+    if variant in LAUNCHER_PREFETCH_VARIANTS:
+        pk = prefetch_kernels(text)
+        hopper = {k: n for k, n in pk.items() if arch_number(k[0]) >= 90}
+        rep.sass[tree]["prefetch_kernels"] = {f"{a} {n}": c for (a, n), c in pk.items()}
+        rep.add("L2 prefetch kernel carries UBLKPF", tree,
+                bool(hopper) and all(n >= 2 for n in hopper.values()),
+                f"{len(hopper)} sm_90+ kv_l2_prefetch_kernel instantiation(s), UBLKPF "
+                f"{sorted(set(hopper.values())) or 'none'} (expected >= 2: K and V)")
+    return text
+
+
+def check_identical_attention(rep: VerifyReport, tree: str, text: str, baseline: str,
+                              variant: str | None = "launch") -> None:
+    """The attention kernels a variant leaves alone (all of them for `launch`; all but the
+    prologue kernels and the launch-bounded v1 kernels for `prefetch`) must be
+    instruction-identical to stock: compare each one's SASS with the baseline library's,
+    instruction by instruction. The sm_90+ kernels it changes must differ (else the change did
+    not take effect: a bound that did not reach the kernel, say; before sm_90 the prologue
+    compiles to nothing, so a kernel there may equal stock's)."""
+    bodies, base_bodies = function_bodies(text), function_bodies(baseline)
+    mine = {k: v for k, v in bodies.items() if _kernel_changed(k[1], variant, False)}
+    base = {k: v for k, v in base_bodies.items() if _kernel_changed(k[1], variant, False)}
+    common = sorted(mine.keys() & base.keys())
+    differing = [k[1][:60] for k in common if mine[k] != base[k]]
+    changed = sorted(k for k in bodies.keys() & base_bodies.keys()
+                     if _kernel_changed(k[1], variant, True) and arch_number(k[0]) >= 90)
+    unchanged = [k[1][:60] for k in changed if bodies[k] == base_bodies[k]]
+    ok = bool(common or changed) and not differing and not unchanged and mine.keys() == base.keys()
+    rep.add("attention kernels identical to stock", tree, ok,
+            f"the {len(common)} kernels {variant} leaves stock compared, {len(differing)} differ"
+            + (f" (e.g. {differing[0]}…)" if differing else "")
+            + f"; of the {len(changed)} it changes, {len(unchanged)} identical to stock"
+            + (f" (e.g. {unchanged[0]}…)" if unchanged else "")
+            + ("" if mine.keys() == base.keys() else "; the instantiation sets differ"))
+
+
+MODULE_CHECK = "modules hold only what their kernels use"
+
+
+def check_module_state(rep: VerifyReport, tree: str, variant: str, elf: str,
+                       baseline_elf: str) -> None:
+    """What a module holds besides its kernels (``cubin.py``): no more modules with a user
+    ``__constant__`` bank than stock has, and the prologue's device state only in modules with
+    a kernel the variant prefetches in. Instruction-identical kernels measured slower on the
+    H200 in modules that broke either rule."""
+    mine, base = parse_elf(elf), parse_elf(baseline_elf)
+    banks = sum(m.constant_bank for m in mine)
+    stock_banks = sum(m.constant_bank for m in base)
+    stray = [m for m in mine if m.holds_state
+             and not any(_kernel_selected(k, variant, True) for k in m.kernels)]
+    detail = (f"{len(mine)} modules; a user __constant__ bank in {banks} (stock: {stock_banks}); "
+              f"prologue state in {sum(m.holds_state for m in mine)}")
+    if stray:
+        kinds = sorted({f"{meta['version']} head {meta['head_size']}" for m in stray
+                        for meta in map(decode_kernel_name, m.kernels) if meta})
+        detail += (f", {len(stray)} of them without a kernel that prefetches ({stray[0].arch}: "
+                   f"{', '.join(kinds) or 'no attention kernel'})")
+    rep.add(MODULE_CHECK, tree, bool(mine) and banks <= stock_banks and not stray, detail)
+
+
+BOUNDS_CHECK = "launch bounds where the rule puts them"
+VLLM_NUM_THREADS = 128  # paged_attention_v1/v2 launch 128 threads per CTA
+
+
+def check_launch_bounds(rep: VerifyReport, tree: str, variant: str, elf: str) -> None:
+    """Every attention kernel the variant's rule bounds (upstream.min_blocks) carries
+    ``__launch_bounds__(128, …)`` in its module (``EIATTR_MAX_THREADS`` = 128 in
+    ``cuobjdump -elf``), and no other attention kernel carries any: the bound reached the
+    binary, and only where it was measured."""
+    seen, bounded, wrong = 0, 0, []
+    for mod in parse_elf(elf):
+        declared = dict(mod.max_threads)
+        for name in mod.kernels:
+            rules, meta = _rules(name, variant), decode_kernel_name(name)
+            if rules is None or meta is None:
+                continue
+            seen += 1
+            want = rules[1] > 0
+            got = declared.get(name)
+            bounded += got is not None
+            if got != (VLLM_NUM_THREADS if want else None):
+                wrong.append(f"{mod.arch} {meta['version']} head {meta['head_size']} block "
+                             f"{meta['block_size']} {meta['dtype']}/{meta['kv_cache']}: "
+                             f"{'bound ' + str(got) if got is not None else 'no bound'}, "
+                             f"expected {'128' if want else 'none'}")
+    detail = (f"{seen} attention kernels, {bounded} declared __launch_bounds__; "
+              f"{len(wrong)} not as the rule says" + (f" ({wrong[0]})" if wrong else ""))
+    rep.add(BOUNDS_CHECK, tree, seen > 0 and not wrong, detail)
+
+
+def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
+                        baseline: str) -> None:
+    """An in-kernel prefetch or a launch bound must not cost the K/V loads their read-only
+    path: per kernel the variant changes, as many ``LDG….CONSTANT`` as stock. Required of
+    ``prefetch``; for ``seed`` (the paper's asm, which captures the cache pointer) the loss is
+    reported, not failed."""
+    mine = {k: n for k, n in readonly_loads(text).items() if _kernel_changed(k[1], variant, True)}
+    base = readonly_loads(baseline)
+    common = sorted(mine.keys() & base.keys())
+    lost = [k for k in common if mine[k] < base[k]]
+    rep.sass.setdefault(tree, {})["readonly_loads"] = {
+        "kernels": len(common), "kernels_with_fewer": len(lost),
+        "stock_total": sum(base[k] for k in common), "total": sum(mine[k] for k in common)}
+    detail = (f"{len(common)} changed kernels compared; read-only (.CONSTANT) "
+              f"loads {sum(mine[k] for k in common)} vs stock {sum(base[k] for k in common)}; "
+              f"{len(lost)} kernels have fewer"
+              + (f" (e.g. {lost[0][1][:60]}…: {mine[lost[0]]} vs {base[lost[0]]})" if lost else ""))
+    if variant == "seed":
+        rep.add("K/V loads keep the read-only path", tree, None,
+                f"not required of the seed variant (its asm captures the cache pointer): {detail}")
+        return
+    rep.add("K/V loads keep the read-only path", tree, bool(common) and not lost, detail)
+
+
+TWIN_CHECK = "GQA twins where the rule puts them"
+
+
+def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None, text: str) -> None:
+    """The GQA-grouped twins (csrc/gqa_grouped.cuh) are compiled exactly beside the attention
+    instantiations upstream.twin_shapes names, with those (G, S), and nowhere else; and every
+    global load in them takes the read-only path (``LDG….CONSTANT``), as stock's K/V loads do,
+    or, in a twin built to launch as a programmatic dependent, is ordered (strong,
+    ``LDG….STRONG.SM`` or ``….STRONG.GPU``: the loads of what an earlier kernel may write, kept
+    after the wait; see check_pdl_order)."""
+    want = {(k.arch, k.version, k.dtype, k.kv_cache, k.head_size, k.block_size, g, s)
+            for k in parse_sass(text) if not k.block_sparse
+            for g, s in twin_shapes(variant, k.version, k.kv_cache, k.head_size, k.block_size,
+                                    k.dtype)}
+    twins = twin_kernels(text)
+    def shapes(keep) -> set[tuple]:
+        return {(a, m["version"], m["dtype"], m["kv_cache"], m["head_size"], m["block_size"],
+                 m["group"], m["split"]) for (a, _), (m, _, _) in twins.items() if keep(m)}
+    plain_twins = shapes(lambda m: not m["staged"] and not m["fused"])
+    staged, fused = shapes(lambda m: m["staged"]), shapes(lambda m: m["fused"])
+    # A staged twin (its S in STAGED_SPLITS; a build with KVPREFETCH_TWIN_STAGE=0 has none) and
+    # a fused one (a v2 twin in FUSED_TWINS; none with KVPREFETCH_TWIN_FUSE=0) only beside the
+    # plain instantiation.
+    stray = ({w for w in staged if w not in want or w[-1] not in STAGED_SPLITS}
+             | {w for w in fused if w not in want or w[1] != "v2" or w[-2:] not in FUSED_TWINS})
+    plain = [n for (_, n), (_, loads, ro) in twins.items() if loads != ro]
+    rep.sass.setdefault(tree, {})["gqa_twins"] = len(twins)
+    detail = (f"{len(twins)} twin kernels ({len(staged)} staged, {len(fused)} fused), "
+              f"{len(want)} expected plain; {len(plain_twins - want)} unexpected, "
+              f"{len(want - plain_twins)} missing, {len(stray)} staged or fused off the rule; "
+              f"{len(plain)} with a global load off the read-only or ordered path")
+    rep.add(TWIN_CHECK, tree, plain_twins == want and not stray and not plain, detail)
+
+
+PDL_CHECK = "twins wait for the previous kernel before touching memory"
+
+
+def check_pdl_order(rep: VerifyReport, tree: str, text: str) -> None:
+    """kvprefetch's twins and reduce kernels launched as programmatic dependents (ACQBULK in
+    their SASS) wait for the stream's previous kernel before their first global memory
+    instruction: what makes their early launch safe (csrc/gqa_grouped.cuh, pdl_start). Trees
+    without such kernels get no row."""
+    got = pdl_waits(text)
+    if not got:
+        return
+    waiting = sum(1 for w, _ in got.values() if w)
+    early = sorted(n for (_, n), (w, first) in got.items() if w and not first)
+    rep.sass.setdefault(tree, {})["pdl_kernels"] = waiting
+    detail = (f"{len(got)} twin/reduce kernels, {waiting} launched as programmatic dependents "
+              f"(ACQBULK); {len(early)} touch global memory before waiting"
+              + (f" (e.g. {early[0][:60]}…)" if early else ""))
+    rep.add(PDL_CHECK, tree, not early, detail)
+
+
+def _identity_run(workdir: Path, trees: list[str], extra_env: dict[str, str] | None
+                  ) -> tuple[dict[str, Any] | None, str]:
+    with tempfile.TemporaryDirectory() as td:
+        out = Path(td) / "identity.json"
+        argv = [sys.executable, "-m", "kvprefetch.verify.numerics", "--workdir", str(workdir),
+                "--json", str(out)]
+        for t in trees:
+            argv += ["--tree", t]
+        env = {**os.environ, **extra_env} if extra_env else None
+        res = run(argv, env=env, echo=False, check=False)
+        data = json.loads(out.read_text()) if out.is_file() else None
+    return data, f"exit {res.returncode}: {res.output.strip()[-400:]}"
+
+
+def check_gpu(rep: VerifyReport, workdir: Path, trees: list[str], no_gpu: bool,
+              twin: str | None = None) -> None:
+    """Bitwise-equal outputs across the builds (kvprefetch.verify.numerics). ``twin`` (e.g. "2x2"):
+    a pass with KVPREFETCH_GQA=<twin>, so the launchers run that GQA-grouped twin for every case
+    it can take (in `auto` each identity case reaches only the twin its grid picks)."""
+    name = (f"bitwise-equal outputs on the GPU, twin {twin} forced (KVPREFETCH_GQA={twin})"
+            if twin else "bitwise-equal outputs on the GPU")
+    if no_gpu:
+        rep.add(name, "all", None, "skipped (--no-gpu)")
+        return
+    data, crash = _identity_run(workdir, trees, {"KVPREFETCH_GQA": twin} if twin else None)
+    if data is None:
+        rep.add(name, "all", False, f"the identity check crashed ({crash})")
+        return
+    if twin:
+        rep.gpu_twins[twin] = data
+    else:
+        rep.gpu = data
+    status = data.get("status")
+    if status == "not checked":
+        rep.add(name, "all", None, data.get("reason") or "no GPU")
+        return
+    rep.add(name, "all", status == "passed",
+            f"{data.get('checked')} cases checked, {data.get('failed')} failed, "
+            f"{data.get('not_checked')} not compiled in; device {data.get('device')}")
+
+
+def check_hot_path(rep: VerifyReport, manifests: dict[str, dict[str, Any]]) -> None:
+    full = [t for t, m in manifests.items() if m.get("mode") in ("full", "overlay")]
+    if not full:
+        rep.add("V0 + XFORMERS dispatch reaches paged_attention", "all", None,
+                "kernels-only builds have no vLLM engine; run it with full builds")
+    else:
+        rep.add("V0 + XFORMERS dispatch reaches paged_attention", "all", None,
+                "needs a GPU and full or overlay builds: run `kvprefetch bench e2e`, which sets "
+                "VLLM_USE_V1=0 VLLM_ATTENTION_BACKEND=XFORMERS")
+    if os.environ.get("VLLM_USE_V1", "") != "0" or os.environ.get("VLLM_ATTENTION_BACKEND") != "XFORMERS":
+        rep.envs["warning"] = ("without VLLM_USE_V1=0 and VLLM_ATTENTION_BACKEND=XFORMERS a vLLM run "
+                               "never calls paged_attention_v1/v2: the patched kernel would be bypassed")
+
+
+def _driver_stub(wd: Workdir, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """None where an NVIDIA driver is loadable; else the no-device libcuda.so.1 built for the
+    driver imports of the env's vllm/_C.abi3.so (overlay.driverstub)."""
+    from ..overlay.driverstub import driver_loadable, ensure_stub
+
+    if driver_loadable():
+        return None
+    site = Path(manifest.get("so_path", "")).parent.parent
+    vllm_c = next(iter(sorted(site.glob("vllm/_C*.so"))), None)
+    if vllm_c is None:
+        raise VerifyError(f"no vllm/_C*.so in {site} (the overlay env of "
+                          f"{manifest.get('tree')})", "rerun `kvprefetch build --mode overlay`")
+    d, symbols = ensure_stub(vllm_c, wd.root / "verify" / "driver-stub")
+    return {"dir": str(d), "symbols": symbols, "for": str(vllm_c)}
+
+
+def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = False) -> VerifyReport:
+    wd = Workdir(workdir.resolve())
+    manifests = newest_manifests(wd)
+    if trees:
+        manifests = {t: m for t, m in manifests.items() if t in trees}
+    if "baseline" not in manifests or len(manifests) < 2:
+        raise VerifyError(f"verify-kernel needs built baseline and patched trees; found builds "
+                          f"for {sorted(manifests) or 'none'} in {wd.root}",
+                          "run `kvprefetch build` (or `kvprefetch build --kernels-only`) first")
+    rep = VerifyReport(str(wd.root))
+    loaded: dict[str, tuple[str, str]] = {}
+    sass_text: dict[str, str] = {}
+    elf_text: dict[str, str] = {}
+    for tree, m in manifests.items():
+        env = m.get("env", {})
+        python = env.get("python") or str(Path(env.get("path", "")) / "bin" / "python")
+        probe = probe_env(python, env.get("path", ""),
+                          "kernels" if m.get("mode") in ("kernels-only", "overlay") else "vllm")
+        rep.envs[tree] = probe
+        so = check_provenance(rep, tree, m, probe, str(wd.tree(tree)))
+        if so:
+            loaded[tree] = (os.path.realpath(so), sha256_file(so))
+            variant = None if tree == "baseline" else str(m.get("variant") or "prefetch")
+            text = check_sass(rep, tree, so, variant)
+            if text is not None:
+                sass_text[tree] = text
+            elf = disassemble(rep, tree, so, "-elf", MODULE_CHECK)
+            if elf is not None:
+                elf_text[tree] = elf
+        else:
+            rep.add("UBLKPF in SASS", tree, None, "no library was loaded")
+    for tree, m in manifests.items():
+        if tree == "baseline" or tree not in sass_text or "baseline" not in sass_text:
+            continue
+        variant = str(m.get("variant") or "prefetch")
+        check_identical_attention(rep, tree, sass_text[tree], sass_text["baseline"], variant)
+        if any(_kernel_changed(k[1], variant, True) for k in function_bodies(sass_text[tree])):
+            check_readonly_path(rep, tree, variant, sass_text[tree], sass_text["baseline"])
+        if tree in elf_text and "baseline" in elf_text:
+            check_module_state(rep, tree, variant, elf_text[tree], elf_text["baseline"])
+            check_launch_bounds(rep, tree, variant, elf_text[tree])
+        check_gqa_twin(rep, tree, variant, sass_text[tree])
+        check_pdl_order(rep, tree, sass_text[tree])
+    overlay_trees = [t for t, m in manifests.items() if m.get("mode") == "overlay"]
+    if overlay_trees:
+        from ..overlay.verify import check_overlay
+
+        stub = _driver_stub(wd, manifests[overlay_trees[0]])
+        for tree in overlay_trees:
+            check_overlay(rep, tree, manifests[tree], stub)
+    files = [v[0] for v in loaded.values()]
+    shas = [v[1] for v in loaded.values()]
+    if len(loaded) >= 2:
+        rep.add("environments load different libraries", "all",
+                len(set(files)) == len(files) and len(set(shas)) == len(shas),
+                "; ".join(f"{t}: {f} ({s[:12]}…)" for t, (f, s) in loaded.items()))
+    if overlay_trees:
+        # The overlay libraries are built against the environments' torch 2.8.0 and cannot
+        # load into this (the kit's) interpreter, where the identity check runs.
+        rep.add("bitwise-equal outputs on the GPU", "all", None,
+                "not run for overlay environments (their libraries are built against the "
+                "envs' torch 2.8.0); run it on kernels-only builds, or `kvprefetch bench e2e`")
+    else:
+        check_gpu(rep, wd.root, list(manifests), no_gpu)
+    if not overlay_trees and any(rep.sass.get(t, {}).get("gqa_twins") for t in manifests):
+        for g, s, _ in TWIN_SHAPES:
+            check_gpu(rep, wd.root, list(manifests), no_gpu, twin=f"{g}x{s}")
+    check_hot_path(rep, manifests)
+    write_json_atomic(wd.root / "verify" / "report.json", rep.to_dict())
+    return rep

@@ -1,0 +1,58 @@
+"""Advisory file locks (fcntl.flock) so two kvprefetch processes never work on the same
+tree, environment or build at once. The holder's pid is written into the lock file so the
+refusal can name it. A lock is never taken through a symlink: a lock file, or the directory
+holding it, that is a symlink is refused (it could point outside the work directory)."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import LockError
+
+
+def _refuse(lock_path: Path, why: str) -> LockError:
+    return LockError(f"cannot take the lock {lock_path}: {why}",
+                     f"remove or move away {lock_path} (kvprefetch creates it as an empty "
+                     "file), then rerun")
+
+
+@contextmanager
+def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` for the duration (non-blocking unless ``wait``)."""
+    parent = lock_path.parent
+    if parent.is_symlink():
+        raise _refuse(lock_path, f"{parent} is a symlink")
+    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except IsADirectoryError:
+        raise _refuse(lock_path, "it is a directory") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse(lock_path, "it is a symlink") from None
+        raise
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise LockError(
+                f"another kvprefetch process (pid {holder}) is already working on {what} "
+                f"(lock {lock_path})",
+                "wait for it to finish, or stop it; the lock is released automatically when "
+                "that process exits",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -1,0 +1,59 @@
+"""``fetch --repair``: rebuild each tree's state record from content, never from belief.
+
+The record says what the tree *should* hold: the verified pristine source, plus exactly a
+variant's patch where the tree's patched files carry exactly that variant (git apply --reverse
+gives back pristine) and the kit's headers. Whatever else the tree holds stays reported as a
+local modification: repairing a record never absorbs an edit."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import FetchError
+from ..hashing import differences, inventory, sha256_file
+from ..sources import upstream
+from . import ownership
+from .workdir import Workdir, write_json_atomic
+
+
+def repair_states(wd: Workdir, names: list[str], pristine: Path, kind: str, origin: str,
+                  commit: str | None) -> list[str]:
+    from ..sources.patching import carried_variant, patch_sha256
+
+    base = inventory(pristine)
+    heads = {rel: sha256_file(src) for src, rel in upstream.kit_headers()}
+    notes = []
+    for name in names:
+        tree = wd.tree(name)
+        sp = wd.state_file(name)
+        if os.path.lexists(sp) and (sp.is_symlink() or not sp.is_file()):
+            raise FetchError(f"the state path {sp} is not a regular file (a directory or a "
+                             "symlink); kvprefetch does not remove what it did not make",
+                             f"move {sp} away, then rerun `kvprefetch fetch --repair`")
+        current = inventory(tree)
+        carried = carried_variant(tree)
+        expected = dict(base)
+        applied: dict[str, Any] | None = None
+        if carried in upstream.VARIANTS and name != "baseline":
+            own = upstream.patched_paths(carried)
+            files = {rel: current[rel] for rel in own}
+            expected.update(files)
+            expected.update(heads)
+            applied = {"variant": carried, "patch_sha256": patch_sha256(carried),
+                       "headers": dict(heads), "files": files}
+        state = {"tree": name, "source": kind, "origin": origin, "commit": commit,
+                 "vllm_version": upstream.VLLM_VERSION, "applied": applied,
+                 "inventory": expected}
+        write_json_atomic(sp, state)
+        ownership.record(wd.root, sp, "state")
+        ownership.record(wd.root, tree, "tree", digest=ownership.inventory_digest(expected))
+        left = differences(expected, current)
+        what = "pristine v0.10.2" if applied is None else f"the {carried} patch"
+        note = f"rebuilt {sp} from the content of {tree} ({what})"
+        if left:
+            note += (f"; the tree also differs from that in: {', '.join(left[:6])}"
+                     + (" …" if len(left) > 6 else ""))
+        notes.append(note)
+    return notes

@@ -1,0 +1,134 @@
+"""All-or-nothing replacement of some of a tree's files, with the state record that goes with
+them (what ``apply`` writes).
+
+The new files are staged in ``trees/.<name>.apply/new/`` and the current ones copied to
+``old/``; then ``journal.json`` (each file's sha256 before and after, and the state record to
+write) is written; only then are the staged files renamed into place, one ``os.replace`` each,
+and the state written. A failure on the way rolls every file back. A run killed on the way
+leaves the stage directory, and the next command that takes the tree's lock (fetch, apply,
+build, clean) calls ``recover``: without a journal nothing in the tree had changed and the
+stage is removed; with one, the tree is rolled back to the journal's "before" (or, when the
+state already records the journal's result, the stage is simply removed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import PatchError
+from ..hashing import sha256_file
+from .ownership import pid_alive
+from .workdir import Workdir, write_json_atomic
+
+
+def stage_dir(wd: Workdir, name: str) -> Path:
+    return wd.tree(name).with_name(f".{name}.apply")
+
+
+def _hash(p: Path) -> str | None:
+    if p.is_symlink() or (os.path.lexists(p) and not p.is_file()):
+        return "not a regular file"
+    return sha256_file(p) if p.is_file() else None
+
+
+def _restore(tree: Path, stage: Path, files: list[dict[str, Any]]) -> None:
+    """Put every file back to its "before" content (the tree is locked by the caller)."""
+    for f in files:
+        dst = tree / f["rel"]
+        now = _hash(dst)
+        if now == f["before"]:
+            continue
+        if now != f["after"]:
+            raise PatchError(f"{dst} changed while an interrupted apply was pending (sha256 "
+                             f"{now}); kvprefetch cannot roll it back safely, and left it as is",
+                             "keep what you need from the tree, then `kvprefetch fetch --force` "
+                             "(the tree is moved to backup/)")
+        if f["before"] is None:
+            dst.unlink()
+            continue
+        tmp = dst.with_name(f".{dst.name}.restore-{os.getpid()}")
+        shutil.copy2(stage / "old" / f["rel"], tmp)
+        os.replace(tmp, dst)
+
+
+def _remove_state_temps(wd: Workdir, name: str) -> None:
+    state = wd.state_file(name)
+    for p in state.parent.glob(f".{state.name}.tmp-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            p.unlink(missing_ok=True)
+
+
+def recover(wd: Workdir, name: str) -> str | None:
+    """Finish the business of an apply that was killed (call with the tree's lock held).
+    Returns what was done, or None when there was nothing to do."""
+    _remove_state_temps(wd, name)
+    stage = stage_dir(wd, name)
+    if not os.path.lexists(stage):
+        return None
+    if stage.is_symlink() or not stage.is_dir():
+        raise PatchError(f"{stage} is not a kvprefetch stage directory",
+                         "move it out of the trees/ directory, then rerun")
+    journal = stage / "journal.json"
+    if not journal.is_file():
+        shutil.rmtree(stage)
+        return f"removed the stage of an apply to {name!r} that stopped before changing the tree"
+    try:
+        data = json.loads(journal.read_text())
+        files = data["files"]
+        new_state = data["state"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PatchError(f"the journal {journal} of an interrupted apply is unreadable ({exc})",
+                         "`kvprefetch fetch --force` to start the tree again") from None
+    sp = wd.state_file(name)
+    try:
+        committed = sp.is_file() and json.loads(sp.read_text()) == new_state
+    except ValueError:
+        committed = False
+    if not committed:
+        _restore(wd.tree(name), stage, files)
+    shutil.rmtree(stage)
+    return (f"completed an interrupted apply to {name!r}" if committed
+            else f"rolled back an interrupted apply to {name!r}: the tree is as before it")
+
+
+def commit(wd: Workdir, name: str, changes: dict[str, Path], new_state: dict[str, Any],
+           verify: Callable[[], None]) -> None:
+    """Replace ``tree/rel`` by the file ``changes[rel]`` for every rel, run ``verify`` and write
+    ``new_state``; all of it or (on any failure) none of it."""
+    tree = wd.tree(name)
+    stage = stage_dir(wd, name)
+    if os.path.lexists(stage):
+        raise PatchError(f"{stage} is in the way", "rerun: the next run recovers it")
+    stage.mkdir(parents=True)
+    files: list[dict[str, Any]] = []
+    journal_written = False
+    try:
+        for rel, src in changes.items():
+            new = stage / "new" / rel
+            new.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, new)
+            before = _hash(tree / rel)
+            if before is not None:
+                (stage / "old" / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(tree / rel, stage / "old" / rel)
+            files.append({"rel": rel, "before": before, "after": sha256_file(new)})
+        write_json_atomic(stage / "journal.json", {"tree": name, "files": files,
+                                                    "state": new_state})
+        journal_written = True
+        for f in files:
+            dst = tree / f["rel"]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(stage / "new" / f["rel"], dst)
+        verify()
+        wd.write_state(name, new_state)
+    except BaseException:
+        if journal_written:
+            _restore(tree, stage, files)
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    shutil.rmtree(stage)

@@ -1,0 +1,181 @@
+"""The work directory's layout, the per-tree state records, and the rules that keep the kit
+from adopting or writing through what it did not make.
+
+    <workdir>/
+      .kvprefetch-workdir      tag: this directory was created (or adopted) by kvprefetch
+      .kvprefetch-owned.json   what the kit created here (ownership.py); clean removes only that
+      downloads/               hash-checked sdist cache
+      pristine/<source>/       the verified pristine source, copied into each tree
+      trees/<name>/            baseline, patched (and seed): independent full copies
+      .locks/tree-<name>.lock  the tree's lock, taken by every command that touches the tree
+      state/<name>.json        how each tree was made, its file inventory, what was applied
+      build/<name>/<key>/      content-addressed builds with manifest.json and logs/
+      envs/<name>/             one isolated Python environment per tree
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, PatchError
+from ..sources import upstream
+
+TAG_FILE = ".kvprefetch-workdir"
+# Tree names become directory names, lock names and C++ namespaces: no separators, no dots.
+_TREE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def check_tree_name(name: str, option: str = "--tree") -> str:
+    """``name`` if it is a valid tree name, else a ConfigError (never a path: ``../x``)."""
+    if not _TREE_NAME.match(name):
+        raise ConfigError(f"{option} {name!r} is not a tree name (letters, digits and _, "
+                          "starting with a letter or _, at most 64 characters)",
+                          "pick a name such as patched or exp_d2")
+    return name
+
+
+@dataclass(frozen=True)
+class Workdir:
+    root: Path
+
+    @property
+    def downloads(self) -> Path:
+        return self.root / "downloads"
+
+    @property
+    def pristine(self) -> Path:
+        return self.root / "pristine"
+
+    def tree(self, name: str) -> Path:
+        return self.root / "trees" / check_tree_name(name)
+
+    def tree_lock(self, name: str) -> Path:
+        """One lock per tree, shared by fetch, apply, build and clean."""
+        return self.root / ".locks" / f"tree-{check_tree_name(name)}.lock"
+
+    def state_file(self, name: str) -> Path:
+        return self.root / "state" / f"{check_tree_name(name)}.json"
+
+    def build_root(self, name: str) -> Path:
+        return self.root / "build" / check_tree_name(name)
+
+    def env(self, name: str) -> Path:
+        return self.root / "envs" / check_tree_name(name)
+
+    def overlay_env(self, name: str) -> Path:
+        """The overlay-mode environment of tree ``name``: ``envs/<tree>-vllm``, beside the
+        kernels-only ``envs/<tree>`` (a tree name has no ``-``, so the two never collide)."""
+        return self.root / "envs" / f"{check_tree_name(name)}-vllm"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    def is_tagged(self) -> bool:
+        tag = self.root / TAG_FILE
+        return tag.is_file() and not tag.is_symlink()
+
+    def ensure(self, adopt: bool = False) -> None:
+        """Create the work directory, or accept an existing one: a kvprefetch work directory,
+        an empty directory, or (``adopt``) a non-empty one the user hands over."""
+        self.check_adoptable(adopt)
+        self.root.mkdir(parents=True, exist_ok=True)
+        tag = self.root / TAG_FILE
+        if not self.is_tagged():
+            tag.write_text("created by kvprefetch; `kvprefetch clean` removes only what "
+                           ".kvprefetch-owned.json lists\n")
+
+    def check_adoptable(self, adopt: bool = False) -> None:
+        """Refuse (ConfigError) a --workdir the kit must not take over; writes nothing."""
+        if self.root.is_symlink() and not self.root.exists():
+            raise ConfigError(f"--workdir {self.root} is a dangling symlink",
+                              "point --workdir at a directory")
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError(f"--workdir {self.root} exists and is not a directory",
+                              "pick a new or empty directory for --workdir")
+        if self.root.is_dir() and not self.is_tagged() and any(self.root.iterdir()) \
+                and not adopt:
+            shown = ", ".join(sorted(p.name for p in self.root.iterdir())[:6])
+            raise ConfigError(
+                f"--workdir {self.root} is not empty ({shown}) and was not created by kvprefetch "
+                f"(no {TAG_FILE}); kvprefetch will not take it over as its work directory",
+                "pass a new or empty --workdir, or add --adopt to use this one (kvprefetch then "
+                "only ever removes what it creates there; your files are kept)")
+
+    def read_state(self, name: str) -> dict[str, Any] | None:
+        """The tree's state record, checked; None when there is none. A corrupt or foreign
+        record is a PatchError naming the file, never a traceback."""
+        p = self.state_file(name)
+        if not os.path.lexists(p):
+            return None
+        return validate_state(p, name)
+
+    def write_state(self, name: str, state: dict[str, Any]) -> None:
+        write_json_atomic(self.state_file(name), state)
+
+    def existing_trees(self) -> list[str]:
+        d = self.root / "trees"
+        if not d.is_dir() or d.is_symlink():
+            return []
+        return sorted(p.name for p in d.iterdir()
+                      if p.is_dir() and not p.is_symlink() and _TREE_NAME.match(p.name))
+
+
+def _bad_state(path: Path, why: str) -> PatchError:
+    return PatchError(f"the state file {path} {why}",
+                      "run `kvprefetch fetch --repair` to rebuild the state from the trees' "
+                      "content (or `kvprefetch fetch --force` to start the tree again)")
+
+
+def _str_map(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(h, str)
+                                       for k, h in v.items())
+
+
+def validate_state(path: Path, name: str) -> dict[str, Any]:
+    if path.is_symlink() or not path.is_file():
+        raise _bad_state(path, "is not a regular file")
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _bad_state(path, f"is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise _bad_state(path, f"holds a JSON {type(data).__name__}, not a state record")
+    if data.get("tree") != name or data.get("vllm_version") != upstream.VLLM_VERSION:
+        raise _bad_state(path, f"is not kvprefetch's record of tree {name!r} for vLLM "
+                               f"{upstream.VLLM_VERSION} (tree {data.get('tree')!r}, "
+                               f"version {data.get('vllm_version')!r})")
+    if not isinstance(data.get("source"), str) or not _str_map(data.get("inventory")) \
+            or not data["inventory"]:
+        raise _bad_state(path, "lacks a source or a file inventory")
+    applied = data.get("applied")
+    if applied is not None:
+        ok = (isinstance(applied, dict) and applied.get("variant") in upstream.VARIANTS
+              and isinstance(applied.get("patch_sha256"), str)
+              and _str_map(applied.get("headers") or {}) and _str_map(applied.get("files") or {}))
+        if not ok:
+            raise _bad_state(path, "has a malformed 'applied' record")
+    return data
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON via a temp file and rename, and only when the content changes."""
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    if path.is_file() and not path.is_symlink():
+        try:
+            if path.read_text() == text:
+                return
+        except (OSError, UnicodeDecodeError):
+            pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
