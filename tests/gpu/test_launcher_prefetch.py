@@ -131,7 +131,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from kvprefetch.kernels.ops import find_builds, load_build
-import test_launcher_prefetch as t
+import tests.gpu.test_launcher_prefetch as t
 patched = load_build(find_builds(Path(sys.argv[2]), ["patched"])[0])
 _, names = t._kernels_launched(patched, sys.argv[3], "float16", "auto")
 print(json.dumps(t._twins_ran(names)))
@@ -155,7 +155,8 @@ def test_kvprefetch_gqa_forces_the_named_twin(stock_and_patched, setting: str, s
     import sys
 
     env = {**os.environ, "KVPREFETCH_GQA": setting}
-    res = subprocess.run([sys.executable, "-c", _FORCED_PROBE, str(Path(__file__).parent),
+    repo = str(Path(__file__).resolve().parents[2])  # the probe imports tests.gpu.<this module>
+    res = subprocess.run([sys.executable, "-c", _FORCED_PROBE, repo,
                           str(WORKDIR), spec], env=env, capture_output=True, text=True,
                          check=False, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]

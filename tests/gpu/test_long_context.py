@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_launcher_prefetch import WORKDIR, _kernels_launched, _twins_ran
+
+from tests.gpu.test_launcher_prefetch import WORKDIR, _kernels_launched, _twins_ran
 
 pytestmark = pytest.mark.gpu
 
@@ -95,7 +96,7 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from kvprefetch.kernels.ops import find_builds, load_build
-import test_long_context as t
+import tests.gpu.test_long_context as t
 stock = load_build(find_builds(Path(sys.argv[2]), ["baseline"])[0])
 patched = load_build(find_builds(Path(sys.argv[2]), ["patched"])[0])
 out = []
@@ -112,7 +113,8 @@ def test_every_twin_forced_at_8k_is_bitwise_stock(stock_and_patched, twin: str) 
     models, runs wherever its shared memory fits one CTA and gives stock's output bit for bit."""
     steps = [("llama-3.1-8b", 64, 8192), ("llama-3-70b-tp8", 128, 8192)]
     env = {**os.environ, "KVPREFETCH_GQA": twin}
-    res = subprocess.run([sys.executable, "-c", _FORCED_PROBE, str(Path(__file__).parent),
+    repo = str(Path(__file__).resolve().parents[2])  # the probe imports tests.gpu.<this module>
+    res = subprocess.run([sys.executable, "-c", _FORCED_PROBE, repo,
                           str(WORKDIR), json.dumps(steps)], env=env, capture_output=True,
                          text=True, check=False, timeout=400)
     assert res.returncode == 0, res.stderr[-2000:]

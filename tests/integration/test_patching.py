@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import copy_workdir, kvprefetch_cli_split, tree_bytes
 
 from kvprefetch.errors import ConfigError, PatchError
 from kvprefetch.hashing import sha256_file
@@ -17,8 +16,9 @@ from kvprefetch.sources import upstream
 from kvprefetch.sources.fetch import tree_modifications
 from kvprefetch.sources.patching import apply_patch, carried_variant, patch_sha256
 from kvprefetch.workspace.workdir import Workdir
+from tests.integration.helpers import copy_workdir, kvprefetch_cli_split, tree_bytes
 
-HELPER = Path(__file__).resolve().parent.parent / "csrc" / "prefetch_ptx.cuh"
+HELPER = Path(__file__).resolve().parents[2] / "csrc" / "prefetch_ptx.cuh"
 
 
 def _env() -> dict[str, str]:

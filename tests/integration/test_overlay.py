@@ -32,7 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _STEERING_VARS, SDIST_CACHE_ENV, kvprefetch_cli, kvprefetch_cli_split
+
+from tests.integration.helpers import (
+    _STEERING_VARS,
+    SDIST_CACHE_ENV,
+    kvprefetch_cli,
+    kvprefetch_cli_split,
+)
 
 pytestmark = pytest.mark.slow
 

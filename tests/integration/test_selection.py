@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import kvprefetch_cli_split
 
 from kvprefetch.build.selection import (
     BLOCK_SIZES,
@@ -20,6 +19,7 @@ from kvprefetch.build.selection import (
 )
 from kvprefetch.errors import BuildError, ConfigError
 from kvprefetch.sources import upstream
+from tests.integration.helpers import kvprefetch_cli_split
 
 
 @pytest.fixture(scope="module")

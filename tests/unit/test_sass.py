@@ -20,8 +20,8 @@ from kvprefetch.build.toolchain import find_cuobjdump, find_nvcc
 from kvprefetch.runner import run
 from kvprefetch.verify.sass import decode_kernel_name, judge, parse_sass, summarise
 
-SAMPLES = Path(__file__).parent / "samples" / "sass"
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "sass"
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
 
 # What the narrowed build instantiates: (version, dtype, sparse) x head 128 x block 16.
 EXPECTED = {(v, d, s) for v in ("v1", "v2") for d in ("fp16", "bf16") for s in (False, True)}

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import kvprefetch_cli_split
 
 from kvprefetch.bench import kernel as k
 from kvprefetch.bench import report
@@ -18,6 +17,7 @@ from kvprefetch.bench.matrix import BenchMatrix
 from kvprefetch.bench.repeats import combine
 from kvprefetch.cli.report import report as report_cmd
 from kvprefetch.errors import BenchError
+from tests.integration.helpers import kvprefetch_cli_split
 
 L2 = 60 * 2**20
 NAMES = ("baseline", "patched", "control")

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import kvprefetch_cli_split, seed_downloads, tree_bytes
 
 from kvprefetch.errors import FetchError
 from kvprefetch.hashing import inventory, sha256_file
@@ -22,6 +21,7 @@ from kvprefetch.sources import upstream
 from kvprefetch.sources.download import configured_index_url, ensure_sdist
 from kvprefetch.sources.fetch import fetch_trees, tree_modifications
 from kvprefetch.workspace.workdir import Workdir
+from tests.integration.helpers import kvprefetch_cli_split, seed_downloads, tree_bytes
 
 SDIST_TREES = ("baseline", "patched")
 

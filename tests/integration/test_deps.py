@@ -21,7 +21,7 @@ from kvprefetch.sources.deps import (
     unpack_archives,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CANDIDATES = [Path(os.environ["KVPREFETCH_DEPS_DIR"])] if os.environ.get("KVPREFETCH_DEPS_DIR") \
     else [REPO.parent / "shared" / "deps"]
 SHARED = next((p for p in CANDIDATES if (p / "SHA256SUMS").is_file()), None)

@@ -16,13 +16,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import NARROW_BUILD_ARGS, copy_workdir, kvprefetch_cli_split, tree_bytes
 
 from kvprefetch.build.selection import Selection
 from kvprefetch.hashing import sha256_file
 from kvprefetch.sources.fetch import tree_modifications
 from kvprefetch.sources.patching import apply_patch, patch_sha256
 from kvprefetch.workspace.workdir import Workdir
+from tests.integration.helpers import (
+    NARROW_BUILD_ARGS,
+    copy_workdir,
+    kvprefetch_cli_split,
+    tree_bytes,
+)
 
 TREES = ("baseline", "patched")
 NARROW = Selection((128,), (16,), ("fp16", "fp32"))

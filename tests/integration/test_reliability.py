@@ -21,13 +21,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import _kill_session, copy_workdir, kvprefetch_cli_split, seed_downloads, tree_bytes
 
 from kvprefetch.errors import ConfigError, FetchError, LockError, PatchError
 from kvprefetch.runner import run
 from kvprefetch.sources import upstream
 from kvprefetch.sources.fetch import tree_modifications
 from kvprefetch.workspace.workdir import Workdir
+from tests.integration.helpers import (
+    _kill_session,
+    copy_workdir,
+    kvprefetch_cli_split,
+    seed_downloads,
+    tree_bytes,
+)
 
 KIT_HEADER = upstream.KIT_HEADERS_IN_TREE[1]  # csrc/attention/gqa_grouped.cuh
 

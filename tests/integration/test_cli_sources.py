@@ -8,12 +8,11 @@ import json
 import os
 from pathlib import Path
 
-from conftest import kvprefetch_cli_split, seed_downloads, tree_bytes
-
 from kvprefetch import __version__
 from kvprefetch.errors import ConfigError, PatchError
 from kvprefetch.hashing import sha256_file
 from kvprefetch.sources import upstream
+from tests.integration.helpers import kvprefetch_cli_split, seed_downloads, tree_bytes
 
 
 def _env(**extra: str) -> dict[str, str]:

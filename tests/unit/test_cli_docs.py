@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from kvprefetch.cli import main
 from kvprefetch.runner import run
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _no_cuda_env() -> dict[str, str]:

@@ -17,7 +17,7 @@ from kvprefetch.bench import ncu
 from kvprefetch.bench.matrix import shapes_from_specs
 from kvprefetch.errors import BenchError
 
-SAMPLES = Path(__file__).parent / "samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
 
 def test_ncu_command_is_the_seed_recipe(tmp_path: Path) -> None:

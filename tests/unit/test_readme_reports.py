@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from kvprefetch.bench.report import README_BLOCK, refresh_blocks
 from kvprefetch.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_blocks_are_regenerated_from_their_json() -> None:

@@ -17,7 +17,7 @@ from kvprefetch.bench.matrix import BenchMatrix, shapes_from_specs
 from kvprefetch.cli.report import report as report_cmd
 from kvprefetch.errors import BenchError
 
-SAMPLES = Path(__file__).parent / "samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

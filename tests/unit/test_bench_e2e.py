@@ -17,7 +17,7 @@ import pytest
 from kvprefetch.bench import e2e
 from kvprefetch.errors import BenchError
 
-SAMPLES = Path(__file__).parent / "samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
 
 def _plan(tmp_path: Path, **kw) -> e2e.E2EPlan:

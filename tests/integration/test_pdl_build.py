@@ -28,11 +28,11 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import copy_workdir, kvprefetch_cli, kvprefetch_cli_split
 
 from kvprefetch.build.toolchain import find_cuobjdump
 from kvprefetch.runner import run
 from kvprefetch.verify.sass import decode_twin_name, function_bodies
+from tests.integration.helpers import copy_workdir, kvprefetch_cli, kvprefetch_cli_split
 
 pytestmark = pytest.mark.slow  # one real kernels-only build of two trees (minutes)
 

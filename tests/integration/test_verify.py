@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import kvprefetch_cli_split, tree_bytes
 
 from kvprefetch.build.selection import Selection
 from kvprefetch.errors import VerifyError
 from kvprefetch.hashing import sha256_file
+from tests.integration.helpers import kvprefetch_cli_split, tree_bytes
 
 pytestmark = pytest.mark.slow  # needs the session's real build (minutes, once per run)
 

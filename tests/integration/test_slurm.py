@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import kvprefetch_cli_split
 
 from kvprefetch.errors import ConfigError, SlurmError
 from kvprefetch.slurm.campaign import (
@@ -38,6 +37,7 @@ from kvprefetch.slurm.cluster import (
     status,
     submit,
 )
+from tests.integration.helpers import kvprefetch_cli_split
 
 
 def _campaign(root: Path, **slurm: object):  # type: ignore[no-untyped-def]

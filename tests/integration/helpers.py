@@ -1,0 +1,138 @@
+"""Helpers for the integration layer: run the kit's CLI in a child process, compare work
+directories byte for byte, seed and copy fetched work directories, and kill a build's whole
+session. The fixtures that use them (the real sdist, fetched trees, a git repository, the
+session's real build) are in tests/integration/conftest.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import _STEERING_VARS
+
+__all__ = ["NARROW_BUILD_ARGS", "SDIST_CACHE_ENV", "_STEERING_VARS", "_kill_session",
+           "_session_pids", "copy_workdir", "kvprefetch_cli", "kvprefetch_cli_split",
+           "seed_downloads", "tree_bytes"]
+
+SDIST_CACHE_ENV = "KVPREFETCH_TEST_CACHE"
+
+
+def kvprefetch_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+                   timeout: float | None = 600) -> Any:
+    """Run ``python -m kvprefetch ARGS`` through the kit's own runner; never raises on a
+    non-zero exit (tests look at ``returncode`` and ``output``: stdout and stderr merged)."""
+    from kvprefetch.runner import run
+
+    return run([sys.executable, "-m", "kvprefetch", *args], cwd=cwd, env=env, echo=False,
+               check=False, timeout=timeout)
+
+
+def kvprefetch_cli_split(*args: str, env: dict[str, str] | None = None,
+                         timeout: float = 600, cwd: Path | None = None) -> Any:
+    """Like kvprefetch_cli but with stdout and stderr apart (for --json parsing and checking
+    that notices go to stderr). Uses subprocess directly because the runner merges the two."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def tree_bytes(root: Path) -> dict[str, str]:
+    """sha256 of EVERY file and symlink target under ``root`` (nothing skipped), for
+    "byte-identical afterwards" checks; unlike kvprefetch.hashing.inventory it includes state,
+    locks, build outputs and dot-files."""
+    import hashlib
+
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if Path(dirpath, d).is_symlink()]):
+            p = Path(dirpath, name)
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                out[rel] = "-> " + os.readlink(p)
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+        for d in dirnames:
+            if not any(Path(dirpath, d).iterdir()):
+                out[Path(dirpath, d).relative_to(root).as_posix() + "/"] = "empty dir"
+    return out
+
+
+def seed_downloads(workdir: Path, sdist: Path) -> None:
+    """Put a copy of the cached sdist where ``fetch --source sdist`` looks first, so the test
+    exercises the real verify + unpack path without a second download. The directory is
+    tagged as a kvprefetch work directory, as an earlier `fetch` that downloaded the sdist
+    would have left it: fetch refuses to take over a non-empty directory it did not create."""
+    import shutil
+
+    from kvprefetch.workspace.workdir import Workdir
+
+    Workdir(workdir).ensure()
+    (workdir / "downloads").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(sdist, workdir / "downloads" / sdist.name)
+
+
+def copy_workdir(template: Path, dest: Path) -> Path:
+    """A private copy of a fetched work directory. The trees, state and everything a test may
+    edit are real copies; pristine/ and downloads/, which no test writes into (they are only
+    read, or removed whole by `clean`), are hard links to save copying ~3000 files per test."""
+    import shutil
+
+    shared = ("pristine", "downloads")
+    shutil.copytree(template, dest, symlinks=True,
+                    ignore=lambda d, names: [n for n in names if Path(d) == template and n in shared])
+    for name in shared:
+        if (template / name).is_dir():
+            shutil.copytree(template / name, dest / name, symlinks=True, copy_function=os.link)
+    return dest
+
+
+# The one real kernels-only build of the test run: narrowed instantiation set (4 kernels per
+# launcher source), baseline + patched, compiled for sm_90 with the machine's nvcc.
+NARROW_BUILD_ARGS = ("--kernels-only", "--arch", "9.0a", "--head-sizes", "128",
+                     "--block-sizes", "16", "--kv-dtypes", "fp16,fp32")
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Live processes in session ``sid`` (the build we started with start_new_session)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat_text = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat_text.rsplit(")", 1)[1].split()
+        if int(fields[3]) == sid and fields[0] != "Z":  # fields[3] = session id
+            pids.append(int(d.name))
+    return pids
+
+
+def _kill_session(sid: int) -> int:
+    """SIGKILL every process of the session we started (by pid, never by name). Returns how
+    many processes were still alive outside the build's own process group when it was killed."""
+    import signal
+    import time
+
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    time.sleep(0.2)
+    # ninja starts each compiler in its own process group, so killing ours leaves them running
+    # (they would finish and rename their .o); a machine losing power or a terminal closing
+    # takes them too, so take them here: every process of the session, by pid.
+    leftovers = _session_pids(sid)
+    for pid in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 30
+    while _session_pids(sid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return len(leftovers)
