@@ -1,6 +1,7 @@
 """kvprefetch.build.selection on the REAL vLLM 0.10.2 launcher sources (paged_attention_v1.cu and
 v2.cu from the fetched sdist): kernel-count arithmetic checked against the source text,
-narrowing, refusal of unknown sizes and of a drifted source."""
+narrowing, refusal of a drifted source and of an unknown size on the CLI (the option parsing
+alone is in tests/unit/test_selection.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pytest
 from kvprefetch.build.selection import (
     BLOCK_SIZES,
     HEAD_SIZES,
-    KV_DTYPES,
     Selection,
     narrow_source,
     parse_selection,
@@ -94,28 +94,6 @@ def test_the_build_narrowing_is_what_the_kernels_only_build_uses(sources: dict[i
     assert "FN(__nv_bfloat16, __nv_bfloat16, vllm::Fp8KVCacheDataType::kAuto)" in text
     assert "kFp8E4M3" not in text.split("#undef DISPATCH_BY_KV_CACHE_DTYPE")[1].split(
         "void paged_attention_v1(")[0]
-
-
-@pytest.mark.parametrize("heads,blocks,kv,needle", [
-    ("100", None, None, "does not instantiate [100]"),
-    ("128,100", None, None, "does not instantiate [100]"),
-    (None, "12", None, "does not instantiate [12]"),
-    ("abc", None, None, "is not a list of integers"),
-    (None, None, "int8", "unknown ['int8']"),
-    (None, None, ",", "unknown empty"),
-])
-def test_unknown_sizes_and_dtypes_are_config_errors(heads: str | None, blocks: str | None,
-                                                    kv: str | None, needle: str) -> None:
-    with pytest.raises(ConfigError) as exc:
-        parse_selection(heads, blocks, kv)
-    assert needle in exc.value.cause
-    assert exc.value.fix and ("choose from" in exc.value.fix or "subset" in exc.value.fix)
-
-
-def test_fp8_e4m3_is_fp8_and_defaults_are_full() -> None:
-    assert parse_selection(None, None, "fp8_e4m3,fp16").kv_dtypes == ("fp16", "fp8")
-    default = parse_selection(None, None, None)
-    assert default == Selection() and default.kv_dtypes == KV_DTYPES
 
 
 def test_unknown_head_size_on_the_cli_is_exit_2(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """The `bench` click group: options, plans (--dry-run/--json) and refusals. Nothing here needs a
-GPU: --dry-run never loads a library, and the refusals happen before any GPU work."""
+GPU: --dry-run never loads a library, and the refusals happen before any GPU work. The CLI in a fresh interpreter is in
+tests/integration/test_bench_cli.py."""
 
 from __future__ import annotations
 
@@ -142,18 +143,6 @@ def test_e2e_dry_run(tmp_path: Path) -> None:
     assert res.exit_code == 0 and "would refuse" in res.stderr
 
 
-def test_command_modules_do_not_import_torch() -> None:
-    import subprocess
-    import sys
-
-    code = ("import sys, kvprefetch.cli.bench, kvprefetch.cli.report, "
-            "kvprefetch.bench.matrix, kvprefetch.bench.report, kvprefetch.bench.ncu, "
-            "kvprefetch.bench.e2e, kvprefetch.bench.kernel, kvprefetch.verify.numerics, kvprefetch.kernels.ops; "
-            "assert 'torch' not in sys.modules, 'torch imported at import time'")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert res.returncode == 0, res.stderr
-
-
 def test_lazy_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     """The entries the lead adds to cli.COMMANDS resolve and run --help."""
     from kvprefetch import cli
@@ -163,16 +152,6 @@ def test_lazy_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     for args in (["bench", "--help"], ["bench", "kernel", "--help"], ["report", "--help"]):
         res = CliRunner().invoke(cli.main, args)
         assert res.exit_code == 0, res.output
-
-
-def test_module_entry_point_reports_errors_without_traceback(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    res = subprocess.run([sys.executable, "-m", "kvprefetch.cli.bench", "kernel",
-                          "--workdir", str(tmp_path)], capture_output=True, text=True, check=False)
-    assert res.returncode == BenchError.exit_code
-    assert "error: no kernels-only builds" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_kernel_matrix_issue6_and_context_help(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """The overlay mode's pure parts and its plan, without installing vLLM: the plugin wheel,
-the toolkit choice (with this machine's real nvcc), the symbol-list parsers behind the driver
+the toolkit choice (refusals; with this machine's real nvcc in
+tests/integration/test_overlay_toolkit.py), the symbol-list parsers behind the driver
 stub and the libcudart check, and the routing verdict on recorded probe reports."""
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.toolchain import nvcc_version
 from kvprefetch.errors import ConfigError
 from kvprefetch.overlay.build import cudart_imports, install_argv, link_against
 from kvprefetch.overlay.driverstub import driver_imports, stub_source
 from kvprefetch.overlay.plugin import ENTRY_GROUP, TEMPLATE, write_plugin_wheel
-from kvprefetch.overlay.toolkit import NVCC_WHEEL_NOTE, candidate_roots, choose_toolkit
+from kvprefetch.overlay.toolkit import choose_toolkit
 from kvprefetch.overlay.verify import routing_problems
 
 
@@ -47,27 +47,6 @@ def test_plugin_never_imports_kvprefetch() -> None:
     """The plugin runs in vLLM's environments, which do not have kvprefetch."""
     text = TEMPLATE.read_text()
     assert "import kvprefetch" not in text and "from kvprefetch" not in text
-
-
-def test_toolkit_choice_with_this_machines_nvcc(base_environ: dict[str, str]) -> None:
-    """torch 2.8.0 is built for CUDA 12.8. With the machine's real toolkits: a CUDA 12 one is
-    chosen where it exists; otherwise the build is refused with the reason (no CUDA 12 nvcc on
-    the index) unless the mismatch is allowed, which is then recorded as such."""
-    roots = candidate_roots(base_environ)
-    if not roots:
-        pytest.skip("no CUDA toolkit on this machine")
-    versions = [nvcc_version(r / "bin" / "nvcc", base_environ) for r, _ in roots]
-    if any(v[0] == 12 for v in versions):
-        tk = choose_toolkit("12.8", base_environ)
-        assert tk.matches and tk.version[0] == 12
-        return
-    with pytest.raises(ConfigError) as exc:
-        choose_toolkit("12.8", base_environ)
-    assert NVCC_WHEEL_NOTE in exc.value.cause and "--cuda-home" in (exc.value.fix or "")
-    tk = choose_toolkit("12.8", base_environ, allow_mismatch=True)
-    assert not tk.matches and "--allow-cuda-mismatch" in tk.why
-    same = choose_toolkit(f"{versions[0][0]}.0", base_environ)
-    assert same.matches and same.version == versions[0]
 
 
 def test_explicit_cuda_home_without_nvcc_is_refused(tmp_path: Path,
@@ -160,17 +139,3 @@ def test_doctor_names_the_toolkit_libraries_a_full_configure_needs(
     assert _check_cuda_libs(env, DoctorProbes()).status == "ok"
     real = _check_cuda_libs(base_environ, DoctorProbes())
     assert real.status in ("ok", "fail", "skip")
-
-
-def test_doctor_overlay_mode_reports_the_toolkit(tmp_path: Path,
-                                                 base_environ: dict[str, str]) -> None:
-    from kvprefetch.doctor import DoctorProbes, run_doctor
-
-    probes = DoctorProbes(index=lambda url, env: (True, f"{url} answered HTTP 200"))
-    rep = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="overlay", probes=probes,
-                     allow_cuda_mismatch=True)
-    names = [c.name for c in rep.checks]
-    assert "toolkit" in names and "package-index" in names and "network" not in names
-    tk = rep.check("toolkit")
-    if tk.status != "skip":
-        assert "nvcc" in tk.detail and ("major version" in tk.detail or "mismatch" in tk.detail)

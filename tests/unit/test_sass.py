@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.toolchain import find_cuobjdump, find_nvcc
-from kvprefetch.runner import run
 from kvprefetch.verify.sass import decode_kernel_name, judge, parse_sass, summarise
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "sass"
@@ -142,29 +140,6 @@ def test_ublkpf_in_a_pre_hopper_cubin_is_a_problem() -> None:
     assert verdict.problems == ("sm_80 v1 head=128 block=16 fp32/auto: UBLKPF in a pre-Hopper cubin",)
 
 
-def test_tiny_sample_is_reproducible_with_the_real_toolchain(tmp_path: Path) -> None:
-    """Recompile tests/samples/sass/tiny_prefetch.cu against the CURRENT csrc/prefetch_ptx.cuh
-    with the machine's nvcc and disassemble it: the helper still compiles for both archs and
-    the live listing judges like the saved one."""
-    nvcc = find_nvcc()
-    tools = find_cuobjdump()
-    assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
-    assert tools is not None, "cuobjdump is needed (pip install nvidia-cuda-cuobjdump)"
-    fatbin = tmp_path / "tiny.fatbin"
-    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", "-gencode=arch=compute_80,code=sm_80",
-         "-gencode=arch=compute_90,code=sm_90", "-fatbin", "-o", str(fatbin),
-         str(SAMPLES / "tiny_prefetch.cu")], echo=False)
-    import os
-
-    sass = run([str(tools.cuobjdump), "-sass", str(fatbin)], env=tools.environ(dict(os.environ)),
-               echo=False).output
-    live = {k.arch: k.ublkpf for k in parse_sass(sass)}
-    saved = {k.arch: k.ublkpf for k in parse_sass(_sample("tiny_sm80_sm90.sass"))}
-    assert live["sm_80"] == saved["sm_80"] == 0
-    assert live["sm_90"] >= 2 and saved["sm_90"] >= 2
-    assert judge(parse_sass(sass), patched=True).ok
-
-
 @pytest.mark.parametrize("name", ["kw_baseline.sass", "kw_patched.sass", "tiny_sm80_sm90.sass"])
 def test_samples_are_small_and_real(name: str) -> None:
     text = _sample(name)
@@ -174,39 +149,6 @@ def test_samples_are_small_and_real(name: str) -> None:
     for ln in text.splitlines():
         if ln.strip().startswith("/*"):
             assert re.match(r"^\s*/\*[0-9a-f]{4}\*/\s+\S.*;\s+/\* 0x[0-9a-f]{16} \*/$", ln), ln
-
-
-def _compile_and_disassemble(tmp_path: Path, source: Path, *gencode: str) -> str:
-    import os
-
-    nvcc, tools = find_nvcc(), find_cuobjdump()
-    assert nvcc is not None and tools is not None
-    fatbin = tmp_path / (source.stem + ".fatbin")
-    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *gencode, "-fatbin", "-o", str(fatbin),
-         str(source)], echo=False)
-    return run([str(tools.cuobjdump), "-sass", str(fatbin)],
-               env=tools.environ(dict(os.environ)), echo=False).output
-
-
-@pytest.mark.parametrize("archs", [("90", "100"), ("100",)])
-def test_launch_variant_prefetch_kernel_counts_on_hopper_and_newer(tmp_path: Path,
-                                                                    archs: tuple[str, ...]) -> None:
-    """verify's check for the `launch` variant on a REAL compile of kvprefetch's
-    kv_l2_prefetch_kernel for sm_90 and sm_100 (Blackwell, also "sm_90+"), then sm_100 alone
-    (a user building with --arch 10.0)."""
-    from kvprefetch.verify.kernel import VerifyReport, check_sass
-    from kvprefetch.verify.sass import prefetch_kernels
-
-    sass = _compile_and_disassemble(tmp_path, SAMPLES / "l2_prefetch_kernel.cu",
-                                    *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs))
-    counts = prefetch_kernels(sass)
-    assert sorted(a for a, _ in counts) == sorted(f"sm_{a}" for a in archs)
-    assert all(n == 2 for n in counts.values())  # one K and one V prefetch per block
-    rep = VerifyReport("unused")
-    check_sass(rep, "launch", "l2_prefetch_kernel.fatbin", "launch", text=sass)
-    (check,) = [c for c in rep.checks if c.name == "L2 prefetch kernel carries UBLKPF"]
-    assert check.status == "pass", check.detail
-    assert check.detail.startswith(f"{len(archs)} sm_90+ kv_l2_prefetch_kernel instantiation(s)")
 
 
 def test_prefetch_rule_cases() -> None:
@@ -282,160 +224,6 @@ def test_readonly_check_fails_when_loads_lose_the_read_only_path() -> None:
     assert status["seed"].status == "not checked" and "1 kernels have fewer" in status["seed"].detail
 
 
-def _compile_elf(tmp_path: Path, source: Path, *defines: str) -> str:
-    import os
-
-    nvcc, tools = find_nvcc(), find_cuobjdump()
-    assert nvcc is not None and tools is not None
-    tag = "".join("-" + d.removeprefix("-D").replace("=", "") for d in defines)
-    fatbin = tmp_path / f"{source.stem}{tag}.fatbin"
-    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *defines,
-         "-gencode=arch=compute_90,code=sm_90", "-fatbin", "-o", str(fatbin), str(source)],
-        echo=False)
-    return run([str(tools.cuobjdump), "-elf", str(fatbin)],
-               env=tools.environ(dict(os.environ)), echo=False).output
-
-
-def test_module_check_on_real_compiles_of_the_header(tmp_path: Path) -> None:
-    """verify's module check on REAL nvcc compiles of the current csrc/prefetch_ptx.cuh: the
-    prologue's state (address table and mode) only beside a kernel the variant prefetches in,
-    and no user __constant__ bank. Each rule broken once, as the H200 measured it slower:
-    a v1 kernel beside the state under `prefetch`'s rule, the mode in a __constant__
-    (-DKVPREFETCH_MODE_IN_GLOBAL=0), the launcher-only unit without KVPREFETCH_LAUNCHER_ONLY."""
-    from kvprefetch.verify.cubin import parse_elf
-    from kvprefetch.verify.kernel import MODULE_CHECK, VerifyReport, check_module_state
-
-    def verdict(elf: str, variant: str) -> tuple[str, str]:
-        rep = VerifyReport("unused")
-        check_module_state(rep, "t", variant, elf, "")  # stock: no module, no constant bank
-        (c,) = [c for c in rep.checks if c.name == MODULE_CHECK]
-        return c.status, c.detail
-
-    tiny = _compile_elf(tmp_path, SAMPLES / "tiny_prefetch.cu")
-    (m,) = parse_elf(tiny)
-    assert m.arch == "sm_90" and m.holds_state and not m.constant_bank
-    assert any("paged_attention_v1_kernel" in k for k in m.kernels)
-    assert verdict(tiny, "seed")[0] == "pass"          # seed prefetches in every kernel
-    status, detail = verdict(tiny, "prefetch")         # prefetch's rule: never in v1
-    assert status == "fail" and "without a kernel that prefetches (sm_90: v1 head 128)" in detail
-
-    const = _compile_elf(tmp_path, SAMPLES / "tiny_prefetch.cu", "-DKVPREFETCH_MODE_IN_GLOBAL=0")
-    assert parse_elf(const)[0].constant_bank
-    status, detail = verdict(const, "seed")
-    assert status == "fail" and "a user __constant__ bank in 1 (stock: 0)" in detail
-
-    lean = _compile_elf(tmp_path, SAMPLES / "l2_prefetch_kernel.cu", "-DKVPREFETCH_LAUNCHER_ONLY=1")
-    (m,) = parse_elf(lean)
-    assert not m.holds_state and not m.constant_bank
-    assert verdict(lean, "launch")[0] == "pass"
-    full = _compile_elf(tmp_path, SAMPLES / "l2_prefetch_kernel.cu")
-    status, detail = verdict(full, "launch")
-    assert status == "fail" and "(sm_90: no attention kernel)" in detail
-
-
-@pytest.mark.parametrize("overlap", [0, 1])
-def test_launcher_prefetch_runs_beside_or_before_the_attention_launch(tmp_path: Path,
-                                                                      overlap: int) -> None:
-    """A REAL nvcc compile of a launcher shaped like the patched v1 launcher (it keeps the
-    L2PrefetchJoin until after its launch). With KVPREFETCH_LAUNCH_OVERLAP=1 (the default) the
-    object forks a side stream and joins it back (stream and event calls); with 0 it launches
-    in line and needs none of them. The GPU behaviour is measured on the H200 (bench kernel,
-    graphs and eager), not here."""
-    import shutil
-
-    nvcc = find_nvcc()
-    nm = shutil.which("nm")
-    assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
-    assert nm is not None, "nm (binutils) is needed"
-    obj = tmp_path / f"launcher{overlap}.o"
-    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", "-gencode=arch=compute_90,code=sm_90",
-         f"-DKVPREFETCH_LAUNCH_OVERLAP={overlap}", "-c", "-o", str(obj),
-         str(SAMPLES / "launcher_overlap.cu")], echo=False)
-    undefined = set(run([nm, "-u", "--format=just-symbols", str(obj)], echo=False).output.split())
-    side_stream_calls = {"cudaStreamCreateWithFlags", "cudaEventCreateWithFlags",
-                         "cudaEventRecord", "cudaStreamWaitEvent"}
-    assert "cudaDeviceGetAttribute" in undefined  # the launch-time decision is compiled in
-    if overlap:
-        assert side_stream_calls <= undefined
-    else:
-        assert not side_stream_calls & undefined
-
-
-@pytest.mark.parametrize("enabled", [0, 1, 2])
-def test_v2_launcher_prefetch_kernel_only_when_enabled(tmp_path: Path, enabled: int) -> None:
-    """A REAL nvcc compile of a launcher shaped like the `prefetch` variant's v2 launcher, for a
-    16-bit and an fp8 cache: with KVPREFETCH_V2_L2_KERNEL=2 (the default: before every v2
-    kernel) and 1 (only before those without the prologue, decided at run time by
-    prologue_rule) the device code holds kv_l2_prefetch_kernel for both cache types, each with
-    its K and V UBLKPF; with 0 it holds none, the v2 module of the design before it. Which
-    setting is faster is measured on the H200 (docs/prefetch-tuning.md)."""
-    from kvprefetch.verify.sass import prefetch_kernels
-
-    sass = _compile_and_disassemble(tmp_path, SAMPLES / "v2_launcher.cu",
-                                    "-gencode=arch=compute_90,code=sm_90",
-                                    f"-DKVPREFETCH_V2_L2_KERNEL={enabled}")
-    counts = prefetch_kernels(sass)
-    if enabled:
-        assert len(counts) == 2 and all(n == 2 for n in counts.values()), counts
-        assert any("IhE" in name for _, name in counts) and any("ItE" in name for _, name in counts)
-    else:
-        assert counts == {}
-
-
-@pytest.mark.parametrize("per_cta", [None, 16, 0])
-def test_l2_prefetch_runs_cover_every_block_once(tmp_path: Path, per_cta: int | None) -> None:
-    """The launcher's grid for kv_l2_prefetch_kernel (l2_prefetch_runs in the REAL header,
-    compiled by nvcc and run on the CPU): runs of 64 blocks by default (16 and 0 = the whole
-    sequence by -D), so that every block of a sequence is in exactly one CTA's run, z stays
-    within CUDA's 65535, and an empty step launches nothing."""
-    nvcc = find_nvcc()
-    assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
-    exe = tmp_path / "runs"
-    defines = [] if per_cta is None else [f"-DKVPREFETCH_L2_BLOCKS_PER_CTA={per_cta}"]
-    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *defines, "-o", str(exe),
-         str(SAMPLES / "l2_prefetch_runs.cu")], echo=False)
-    counts = [0, 1, 5, 16, 17, 32, 33, 64, 65, 1024, 8192, 65535 * 64, 65535 * 64 + 1, 10**7]
-    out = run([str(exe), *map(str, counts)], echo=False).output.split("\n")
-    rows = {int(b): (int(z), int(n), int(t)) for b, z, n, t in
-            (line.split() for line in out if line.strip())}
-    assert sorted(rows) == sorted(counts)
-    assert rows[0] == (0, 0, 0)
-    for blocks in counts[1:]:
-        ctas, n, threads = rows[blocks]
-        assert 1 <= ctas <= 65535 and (ctas - 1) * n < blocks <= ctas * n, (blocks, rows[blocks])
-        assert threads == (32 if n <= 32 else 128)
-    expect = {None: {1024: (16, 64, 128), 64: (1, 64, 128), 65: (2, 64, 128),
-                     65535 * 64 + 1: (64527, 65, 128)},
-              16: {1024: (64, 16, 32), 17: (2, 16, 32)},
-              0: {1024: (1, 1024, 128), 5: (1, 5, 32)}}[per_cta]
-    assert {b: rows[b] for b in expect} == expect
-
-
-@pytest.mark.parametrize(("head", "plain", "ok"), [(96, False, True), (128, False, True),
-                                                    (128, True, False), (96, True, True)])
-def test_launch_bounds_check_on_real_compiles(tmp_path: Path, head: int, plain: bool,
-                                              ok: bool) -> None:
-    """verify's launch-bounds check on REAL sm_90 compiles of a kernel declared as the patch
-    declares vLLM's v1 kernel (bounded_kernel.cu): the bound is read from the module
-    (EIATTR_MAX_THREADS) and must be there exactly where upstream.min_blocks puts one; the
-    head-128 kernel compiled without the bound line (stock) fails the `prefetch` rule."""
-    from kvprefetch.verify.cubin import parse_elf
-    from kvprefetch.verify.kernel import BOUNDS_CHECK, VerifyReport, check_launch_bounds
-
-    elf = _compile_elf(tmp_path, SAMPLES / "bounded_kernel.cu", f"-DSAMPLE_HEAD={head}",
-                       *(["-DSAMPLE_PLAIN"] if plain else []))
-    (mod,) = parse_elf(elf)
-    (kernel,) = mod.kernels
-    assert decode_kernel_name(kernel) is not None  # read as vLLM's v1 kernel
-    assert dict(mod.max_threads).get(kernel) == (128 if head == 128 and not plain else None)
-    rep = VerifyReport("unused")
-    check_launch_bounds(rep, "patched", "prefetch", elf)
-    (check,) = [c for c in rep.checks if c.name == BOUNDS_CHECK]
-    assert (check.status == "pass") is ok, check.detail
-    if not ok:
-        assert "v1 head 128 block 16 fp16/auto: no bound, expected 128" in check.detail
-
-
 _V1 = ("_ZN4vllm25paged_attention_v1_kernelIttLi{h}ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0ELb0EE"
        "EvPT_PKS2_PKT0_S8_ifPKiSA_iPKfiiiSC_SC_iiiii")
 
@@ -464,97 +252,6 @@ def test_identical_check_judges_left_and_changed_kernels(bounded_body: list[str]
     assert detail in check.detail
 
 
-def _header_rules(tmp_path: Path, *defines: str) -> list[list[str]]:
-    """Compile tests/samples/sass/min_blocks_rule.cu (host code) against the CURRENT
-    csrc/prefetch_ptx.cuh with ``defines`` and run it: one row per instantiation vLLM builds."""
-    nvcc = find_nvcc()
-    assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
-    exe = tmp_path / "rules"
-    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *defines, "-o", str(exe),
-         str(SAMPLES / "min_blocks_rule.cu")], echo=False)
-    return [ln.split() for ln in run([str(exe)], echo=False).output.splitlines() if ln.strip()]
-
-
-_CACHE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32", "u8": "fp16"}
-_KV_CACHE = {"0": "auto", "1": "fp8_e4m3", "2": "fp8_e5m2"}
-
-
-def test_header_rules_match_what_verify_expects(tmp_path: Path) -> None:
-    """The header's constexpr rules (launch bound, prologue, GQA twins), compiled by nvcc and run
-    on the CPU, agree with their Python mirrors in kvprefetch.sources.upstream for every one of the 270
-    instantiations vLLM 0.10.2 builds (9 head sizes x 3 block sizes x 5 caches x v1/v2): what
-    verify-kernel expects of a binary is what the header compiles. (fp8 caches are listed with
-    an fp16 query; the rules do not depend on the query type there.) The twins' table and
-    `auto`'s pick agree with upstream.TWIN_SHAPES / auto_twin too."""
-    from kvprefetch.sources import upstream
-    rows = _header_rules(tmp_path)
-    kernels = [r for r in rows if r[0] in ("v1", "v2")]
-    assert len(kernels) == 270
-    seen = {"bounded": 0, "prologue": 0, "twins": 0}
-    for version, head, block, cache, kv, bound, prologue, twins in kernels:
-        dtype, kv_cache = _CACHE_DTYPE[cache], _KV_CACHE[kv]
-        h, b = int(head), int(block)
-        want = (upstream.min_blocks("prefetch", version, kv_cache, h, b, dtype),
-                upstream.prefetches_in("prefetch", version, kv_cache, h, dtype),
-                bool(upstream.twin_shapes("prefetch", version, kv_cache, h, b, dtype)))
-        assert (int(bound), prologue == "1", twins == "1") == want, (version, head, block, cache)
-        seen["bounded"] += int(bound) > 0
-        seen["prologue"] += prologue == "1"
-        seen["twins"] += twins == "1"
-    # v1: 3 heads x 2 caches bounded; v2 prologue: fp16 heads 128/192/256 + bf16 head 128,
-    # each at 3 block sizes; the twins: head 128, block 16: fp16 v1 and v2, bf16 v2.
-    assert seen == {"bounded": 6, "prologue": 12, "twins": 3}
-    table = [(int(g), int(s), int(lo)) for _, g, s, lo, _ in (r for r in rows if r[0] == "twin")]
-    assert tuple(table) == upstream.TWIN_SHAPES
-    assert [r[4] for r in rows if r[0] == "twin"] == [f"{g}x{s}" for g, s, _ in table]
-    picks = [(int(p), table[int(i)][:2]) for _, p, i in (r for r in rows if r[0] == "auto")]
-    assert len(picks) == 121
-    assert all(got == upstream.auto_twin(p) for p, got in picks)
-    # every twin is somebody's pick: 2x4 below 1.5 CTAs per SM ... 4x1 from 10 per SM on
-    assert {got for _, got in picks} == {(g, s) for g, s, _ in upstream.TWIN_SHAPES}
-    assert upstream.auto_twin(100) == (2, 4) and upstream.auto_twin(388) == (2, 2)
-    assert upstream.auto_twin(776) == (4, 2) and upstream.auto_twin(1551) == (4, 1)
-
-
-def test_twin_mode_and_pick_on_the_cpu(tmp_path: Path) -> None:
-    """The launchers' host rule, compiled from the header and run on the CPU: KVPREFETCH_GQA's
-    values (unset/empty: the default; on = 4x1; case matters, unknown values fall back and are
-    reported), and which twin a decode step gets by mode, model, batch and context on the H200:
-    a forced mode's twin wherever its G divides the query heads per kv head and its shared
-    memory fits; in auto what upstream.twin_pick (the mirror) says, at every step of the
-    sample."""
-    from kvprefetch.sources import upstream
-    rows = _header_rules(tmp_path)
-    modes = {r[1]: (int(r[2]), r[3] == "1") for r in rows if r[0] == "mode"}
-    assert modes == {"-": (99, False), "''": (99, False), "off": (-1, False),
-                     "auto": (-2, False), "on": (0, False), "4x1": (0, False), "4x2": (1, False),
-                     "2x2": (2, False), "2x4": (3, False), "ON": (99, True), "3x3": (99, True)}
-    picks = [r[1:] for r in rows if r[0] == "pick"]
-    assert picks, "the rule program printed no picks"
-    shapes = [(g, s) for g, s, _ in upstream.TWIN_SHAPES]
-    seen: dict[str, set[int]] = {}
-    for mode_s, heads_s, kv_s, batch_s, ctx_s, kernel, got_s in picks:
-        mode, heads, kv, batch, ctx, got = map(int, (mode_s, heads_s, kv_s, batch_s, ctx_s,
-                                                    got_s))
-        per_kv = heads // kv
-        if mode == -1:
-            want = -1
-        elif mode == -2:
-            pick = upstream.twin_pick(heads, kv, batch, ctx, kernel)
-            want = -1 if pick is None else shapes.index(pick)
-        else:
-            g, s = shapes[mode]
-            fits = upstream.twin_smem(g, s, ctx, kernel) <= upstream.H200_MAX_SMEM
-            want = mode if per_kv % g == 0 and fits else -1
-        assert got == want, (mode, heads, kv, batch, ctx, kernel)
-        if mode == -2:
-            seen.setdefault(f"{kernel} {per_kv}", set()).add(got)
-    # MHA and 7:1 never get a twin in auto; 4:1 and 8:1 get every twin somewhere
-    assert seen["v1 1"] == seen["v2 1"] == seen["v1 7"] == {-1}
-    assert seen["v1 4"] | seen["v2 4"] == {0, 1, 2, 3}
-    assert seen["v1 8"] | seen["v2 8"] == {0, 1, 2, 3}
-
-
 def test_auto_keeps_two_twin_ctas_per_sm() -> None:
     """`auto` runs a twin only where an SM holds two of its CTAs, unless its grid or its launch
     bound gives an SM only one (upstream.twin_pick, the mirror of the launcher's rule): on the
@@ -577,76 +274,7 @@ def test_auto_keeps_two_twin_ctas_per_sm() -> None:
             assert pick(32, 8, batch, ctx, "v2") == upstream.auto_twin(pct), (batch, ctx)
 
 
-def test_stage_count_on_the_cpu(tmp_path: Path) -> None:
-    """The staged twins' ring (csrc/prefetch_ptx.cuh stage_count), compiled from the header and
-    run on the CPU, agrees with its mirror upstream.stage_count at every input of the sample
-    (grids, shared memory besides the ring, warps and blocks per CTA, two devices); and on the
-    H200 (132 SMs, 228 KiB each) the launcher stages exactly where repeat run 41 measured the
-    ring's gains (b8 x 512, b8 x 1k, b1 x 4k, b1 x 16k, b32 x 512/1k) and not at b32 x 4k (v1:
-    a 4k context's logits for 4 heads leave no room for two slots beside a second CTA), where
-    run 39 measured one slot 18% slower."""
-    from kvprefetch.sources import upstream
-    rows = [r for r in _header_rules(tmp_path) if r[0] == "stage"]
-    assert len(rows) == 2 * 5 * 5 * 2 * 5
-    for _, ctas, sms, per_sm, fixed, warps, chunk, blocks, got in rows:
-        want = upstream.stage_count(int(ctas), int(sms), int(per_sm), int(fixed), int(warps),
-                                    int(chunk), int(blocks))
-        assert int(got) == want, (ctas, sms, per_sm, fixed, warps, blocks)
-    assert {int(r[-1]) for r in rows} == {0, 2}  # 2 slots at most, never 1
-    slots = {(b, c): upstream.twin_stage_slots(b, c, k, *upstream.auto_twin(p))
-             for b, c, k, p in ((8, 512, "v1", 193), (8, 1024, "v2", 387), (1, 4096, "v2", 193),
-                                (1, 16384, "v2", 775), (32, 512, "v1", 775),
-                                (32, 1024, "v1", 775), (32, 4096, "v1", 775),
-                                (1, 1024, "v2", 48), (64, 512, "v1", 1551))}
-    assert slots == {(8, 512): 2, (8, 1024): 2, (1, 4096): 2, (1, 16384): 2, (32, 512): 2,
-                     (32, 1024): 2, (32, 4096): 0, (1, 1024): 0, (64, 512): 0}, slots
     # b1 x 1k runs 2x4 and b64 x 512 runs 4x1: neither is staged (S != 2)
-
-
-def test_which_reduction_follows_a_v2_twin_on_the_cpu(tmp_path: Path) -> None:
-    """The v2 launcher's reduction rules (csrc/prefetch_ptx.cuh), compiled from the header and
-    run on the CPU: pdl_reduce_after (kvprefetch's early-launched reduce kernel except after
-    grids of more than half and at most all of the SMs' count of CTAs) and twin_reduces (a
-    fusable twin reduces itself exactly on those grids where the launcher allows it, under the
-    default KVPREFETCH_TWIN_FUSE=1) agree with upstream.twin_reduces at every grid of the
-    sample; where not allowed, or for a twin that is not fusable, never. On the H200's 132 SMs:
-    67-132 CTAs."""
-    from kvprefetch.sources import upstream
-    rows = _header_rules(tmp_path)
-    reduce = [tuple(map(int, r[1:])) for r in rows if r[0] == "reduce"]
-    assert len(reduce) == 3 * 15
-    for ctas, sms, pdl, fused in reduce:
-        assert fused == upstream.twin_reduces("v2", 2, 2, ctas, sms), (ctas, sms)
-        assert pdl == (not fused), (ctas, sms)  # one of the two, never both
-        assert not upstream.twin_reduces("v1", 2, 2, ctas, sms)
-        assert not upstream.twin_reduces("v2", 4, 2, ctas, sms)
-    assert {c for c, s, _, f in reduce if s == 132 and f} == {67, 100, 114, 115, 128, 132}
-    assert {int(r[3]) + int(r[4]) for r in rows if r[0] == "reduce-off"} == {0}
-    fuse2 = [r for r in _header_rules(tmp_path, "-DKVPREFETCH_TWIN_FUSE=2") if r[0] == "reduce"]
-    assert {r[4] for r in fuse2} == {"1"}  # =2: every grid of a fusable twin
-    fuse0 = [r for r in _header_rules(tmp_path, "-DKVPREFETCH_TWIN_FUSE=0") if r[0] == "reduce"]
-    assert {r[4] for r in fuse0} == {"0"}
-
-
-def test_stream_slots_on_the_cpu(tmp_path: Path) -> None:
-    """StreamSlots (the fused twins' per-stream counters, csrc/gqa_grouped.cuh fuse_slot): each
-    stream keeps the slot it took first, eight streams get eight different slots, a ninth and
-    tenth get none (-1: their launches run a reduce kernel instead)."""
-    rows = [r for r in _header_rules(tmp_path) if r[0] == "slot"]
-    got = [(int(k), int(v)) for _, k, v in rows]
-    assert got == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, -1),
-                   (9, -1), (0, 0), (5, 5), (8, -1)]
-
-
-def test_header_rule_overrides_reach_every_instantiation(tmp_path: Path) -> None:
-    """-DKVPREFETCH_V1_MIN_BLOCKS=5 bounds every v1 kernel and no v2 one; -DKVPREFETCH_GQA_TWINS=0
-    compiles no twin; the prologue rule is untouched by either."""
-    rows = [r for r in _header_rules(tmp_path, "-DKVPREFETCH_V1_MIN_BLOCKS=5",
-                                     "-DKVPREFETCH_GQA_TWINS=0") if r[0] in ("v1", "v2")]
-    assert {r[5] for r in rows if r[0] == "v1"} == {"5"}
-    assert {r[5] for r in rows if r[0] == "v2"} == {"0"}
-    assert {r[7] for r in rows} == {"0"}
-    assert sum(r[6] == "1" for r in rows) == 12
 
 
 # Real mangled names (nvcc 13.0, sm_90) of vLLM's kernels and of kvprefetch's GQA twin, which
@@ -756,27 +384,6 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     for tree in ("v1_fused", "fused_4x2"):
         assert status[tree].status == "fail"
         assert "1 staged or fused off the rule" in status[tree].detail, status[tree].detail
-
-
-def test_pdl_order_on_a_real_compile(tmp_path: Path) -> None:
-    """pdl_waits on a REAL sm_90 compile (tests/samples/sass/pdl_order.cu): nvcc 13.0 emits
-    griddepcontrol.wait as ACQBULK, and the check tells a kernel that waits before its first
-    global load from one that loads first and from one that never waits."""
-    from kvprefetch.verify.kernel import PDL_CHECK, VerifyReport, check_pdl_order
-    from kvprefetch.verify.sass import pdl_waits
-
-    sass = _compile_and_disassemble(tmp_path, SAMPLES / "pdl_order.cu",
-                                    "-gencode=arch=compute_90,code=sm_90")
-    got = {name: v for (_, name), v in pdl_waits(sass).items()}
-    by_kind = {k: v for k in ("waits_first", "loads_first", "never_waits")
-               for n, v in got.items() if k in n}
-    assert by_kind == {"waits_first": (True, True), "loads_first": (True, False),
-                       "never_waits": (False, False)}, got
-    rep = VerifyReport("unused")
-    check_pdl_order(rep, "patched", sass)
-    (row,) = [c for c in rep.checks if c.name == PDL_CHECK]
-    assert row.status == "fail" and "3 twin/reduce kernels, 2 launched" in row.detail
-    assert "1 touch global memory before waiting" in row.detail
 
 
 def test_pdl_check_passes_when_every_wait_comes_first() -> None:
