@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+# pytester runs an inner pytest for tests/unit/test_guard.py's end-to-end check of the guard
+pytest_plugins = ["pytester"]
 
 @lru_cache(maxsize=1)
 def _gpu_unavailable_reason() -> str | None:
