@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The test command: sets up the kit's venv (torch CUDA build included) and runs the whole
-# suite -- unit tests, and integration tests that download the real vLLM 0.10.2 sdist, clone
-# with real git, create real venvs and compile the real attention sources with nvcc.
-# GPU-marked tests are skipped where no GPU exists.
+# suite -- tests/unit (pure, seconds: no process, no network), tests/integration (the real
+# vLLM 0.10.2 sdist, real git, real venvs, nvcc on the real attention sources, a one-node
+# Slurm) and tests/gpu (skipped where no GPU exists). Arguments go to pytest:
+#   bash scripts/test.sh tests/unit      the fast loop
+#   bash scripts/test.sh -m "not slow"   everything but the real compiles
+# pytest's exit code 5 (no tests collected) is a failure here: a selection that matches nothing
+# must not pass CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(bash scripts/setup-venv.sh test,plot)

@@ -29,8 +29,7 @@ step 200 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 12
 step 120 "${K[@]}" verify-kernel --workdir "$W"
 res_usage
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
-step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/test_vmm_gpu.py \
-  tests/test_vmm_paged.py tests/test_bench_kernel.py
+step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu
 [ "$(left)" -gt 60 ] && bench 180 "${B[@]}" --mode cold --matrix default "${V[@]}" \
   --name default-matrix --formats json,md,png
 G=(--preset gemma-2b --batch 1,8,64 --context 512,4k,16k "${V[@]}" --formats json,md)

@@ -21,8 +21,7 @@ if [ "${VERIFY:-1}" = 1 ]; then
   cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
 fi
 res_usage
-step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu \
-  tests/test_vmm_gpu.py tests/test_vmm_paged.py tests/test_bench_kernel.py 2>&1 \
+step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu 2>&1 \
   | tee "$R/pytest-gpu.txt"
 rc=${PIPESTATUS[0]}
 log "pytest -m gpu exit $rc"

@@ -48,8 +48,7 @@ step 300 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 \
 step 200 "${K[@]}" verify-kernel --workdir "$W"
 res_usage
 cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
-step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu tests/test_vmm_gpu.py \
-  tests/test_vmm_paged.py tests/test_bench_kernel.py
+step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu
 for i in $(seq 1 "$REPEATS"); do
   [ "$(left)" -gt 60 ] && bench 90 "${B[@]}" --mode cold --batch 1,8,32,64,128 \
     --context 512,1k,4k,16k "${V[@]}" \

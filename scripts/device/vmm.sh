@@ -27,7 +27,7 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-timeout 200 python3 -m pytest tests/test_vmm_*.py -v -rs -s -p no:cacheprovider \
+timeout 200 python3 -m pytest tests/unit/test_vmm_*.py tests/integration/test_vmm_paged.py tests/gpu/test_vmm_*.py -v -rs -s -p no:cacheprovider \
   --junitxml="$OUT/pytest-vmm.xml" > "$OUT/pytest-vmm.log" 2>&1
 echo "pytest rc=$?" | tee -a "$OUT/pytest-vmm.log"
 grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/pytest-vmm.log" | grep -E "gpu|passed|failed|FAILED|ERROR" | tail -40
