@@ -38,11 +38,8 @@ pytestmark = pytest.mark.slow  # one real kernels-only build of two trees (minut
 
 BUILD = ("--kernels-only", "--arch", "9.0a", "--head-sizes", "128", "--block-sizes", "16",
          "--kv-dtypes", "fp16")
-# fp16, head 128, block 16: the four twins of v1 and of v2, the staged instantiations of their
-# S = 2 twins (2x2, 4x2: the shared-memory ring), the v2 2x2 twin's fused instantiations (v2's
-# reduction inside the twin, staged and not), and v2's reduce kernel.
-PDL_KERNELS = (4 + 2) * 2 + 2 + 1
 PDL_CHECK = "twins wait for the previous kernel before touching memory"
+TWIN_CHECK = "GQA twins where the rule puts them"
 _FUNC = re.compile(r"Function (\S+):")
 _REG = re.compile(r"REG:(\d+)")
 # A bulk copy into a ring slot, a CTA barrier, a wait on a slot's mbarrier (try_wait).
@@ -59,20 +56,30 @@ def pdl_built(tmp_path_factory: pytest.TempPathFactory, fetched_template: Path) 
     return wd
 
 
-def test_every_twin_and_reduce_kernel_waits_before_touching_memory(pdl_built: Path) -> None:
+@pytest.fixture(scope="module")
+def checks(pdl_built: Path) -> dict[tuple[str, str], dict]:
+    """verify-kernel --no-gpu --json on the build: its checks by (name, tree)."""
     env = {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
     res = kvprefetch_cli_split("verify-kernel", "--workdir", str(pdl_built), "--no-gpu",
                                "--json", env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    checks = {(c["name"], c["tree"]): c for c in json.loads(res.stdout)["checks"]}
+    return {(c["name"], c["tree"]): c for c in json.loads(res.stdout)["checks"]}
+
+
+def test_every_twin_and_reduce_kernel_waits_before_touching_memory(
+        checks: dict[tuple[str, str], dict]) -> None:
     order = checks[(PDL_CHECK, "patched")]
     assert order["status"] == "pass", order["detail"]
-    assert f"{PDL_KERNELS} launched as programmatic dependents" in order["detail"]
+    # every twin and reduce kernel the build holds, however many the design selects
+    m = re.match(r"(\d+) twin/reduce kernels, (\d+) launched as programmatic dependents",
+                 order["detail"])
+    assert m is not None and int(m[1]) == int(m[2]) > 0, order["detail"]
     assert "0 touch global memory before waiting" in order["detail"]
     assert (PDL_CHECK, "baseline") not in checks  # stock has no twins
 
 
-def test_twins_stay_at_128_registers(pdl_built: Path) -> None:
+def test_twins_stay_at_128_registers(pdl_built: Path,
+                                     checks: dict[tuple[str, str], dict]) -> None:
     (manifest,) = pdl_built.glob("build/patched/*/manifest.json")
     built = json.loads(manifest.read_text())
     assert built["inputs"]["defines"] == []  # the default build, as shipped
@@ -81,23 +88,21 @@ def test_twins_stay_at_128_registers(pdl_built: Path) -> None:
     assert tools is not None, "cuobjdump is needed (verify-kernel needs it too)"
     out = run([str(tools.cuobjdump), "-res-usage", str(lib)], env=tools.environ(), echo=False,
               capture=True).output
-    regs: dict[tuple[bool, int, int, bool, bool], int] = {}  # (v2?, G, S, staged, fused) -> regs
+    regs: dict[str, int] = {}  # twin kernel's mangled name -> registers
     name = None
     for line in out.splitlines():
         if m := _FUNC.search(line):
             name = m.group(1)
         elif name and (m := _REG.search(line)):
-            meta = decode_twin_name(name)
-            if meta is not None:
-                key = (meta["version"] == "v2", meta["group"], meta["split"], meta["staged"],
-                       meta["fused"])
-                regs[key] = int(m.group(1))
+            if decode_twin_name(name) is not None:
+                regs[name] = int(m.group(1))
             name = None
-    assert len(regs) == 14, regs  # (4 twins + 2 staged) x (v1, v2) + 2 fused
-    assert sorted((g, s) for (_, g, s, staged, fused) in regs if staged and not fused) == [
-        (2, 2), (2, 2), (4, 2), (4, 2)], regs
-    assert sorted((v2, g, s, staged) for (v2, g, s, staged, fused) in regs if fused) == [
-        (True, 2, 2, False), (True, 2, 2, True)], regs
+    # verify-kernel found exactly the twins the build's rule selects (staged and fused ones
+    # included); every one of them has a register count here, and none is above 128
+    twins = checks[(TWIN_CHECK, "patched")]
+    assert twins["status"] == "pass", twins["detail"]
+    counted = re.match(r"(\d+) twin kernels", twins["detail"])
+    assert counted is not None and len(regs) == int(counted[1]) > 0, (twins["detail"], regs)
     assert all(r <= 128 for r in regs.values()), regs
 
 
@@ -117,7 +122,7 @@ def test_staged_twins_request_their_ring_in_two_steps(pdl_built: Path) -> None:
                env=tools.environ(), echo=False, capture=True).output
     staged = {name: body for (_, name), body in function_bodies(text).items()
               if (meta := decode_twin_name(name)) is not None and meta["staged"]}
-    assert len(staged) == 5, sorted(staged)  # (2x2, 4x2) x (v1, v2) + the fused v2 2x2
+    assert staged, "the default build holds no staged twin"
     for name, body in staged.items():
         ops = [m.group(1) for line in body.splitlines() if (m := _RING_OPS.match(line))]
         barrier, first_wait = ops.index("BAR.SYNC"), ops.index("SYNCS.PHASECHK")
