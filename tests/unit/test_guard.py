@@ -34,8 +34,8 @@ def test_starting_a_process_raises_naming_the_test(route: str,
                                                    isolation_guard: IsolationGuard) -> None:
     with pytest.raises(UnitTestIsolationError) as exc:
         ROUTES[route]()
-    assert f"unit test {isolation_guard.who.split(' ', 2)[2]}" in str(exc.value)
-    assert "test_starting_a_process_raises_naming_the_test" in str(exc.value)
+    assert str(exc.value).startswith(isolation_guard.who + " started a process")
+    assert "tests/unit/test_guard.py::test_starting_a_process_raises_naming_the_test" in isolation_guard.who
     assert "tests/integration/" in str(exc.value)
     assert isolation_guard.violations  # recorded, so swallowing it would not help
     isolation_guard.violations.clear()  # checked: let this test pass
