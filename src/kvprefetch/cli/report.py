@@ -4,6 +4,7 @@ committed runs (``--index``). No GPU and no torch needed."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
@@ -28,7 +29,8 @@ from ..console import emit_json, info
 @click.option("--readme", "readme", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Regenerate the report blocks of this markdown file "
               "(`<!-- report RESULT.json summary|shapes -->` ... `<!-- /report -->`) from their "
-              "committed JSON, in place.")
+              "committed JSON, and its `<!-- commands -->` block from the commands' help, in "
+              "place.")
 @click.option("--index", "index", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Write the index of the committed runs under this folder (each "
               "with a provenance.json; docs/results) as markdown to --out.")
@@ -117,12 +119,48 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
         emit_json(written)
 
 
+COMMANDS_BLOCK = re.compile(r"(<!-- commands -->\n)(.*?)(<!-- /commands -->)", re.DOTALL)
+
+
+def command_table() -> str:
+    """The markdown table of every ``kvprefetch`` command and its one-line help, read from the
+    click commands themselves (a group lists its subcommands)."""
+    from ..cli import main
+
+    ctx = click.Context(main)
+    rows = ["| command | what it does |", "|---|---|"]
+    for name in main.list_commands(ctx):
+        cmd = main.get_command(ctx, name)
+        assert cmd is not None
+        usage = f"kvprefetch {name}"
+        if isinstance(cmd, click.Group):
+            usage += " " + "\\|".join(cmd.list_commands(click.Context(cmd)))
+        rows.append(f"| `{usage}` | {cmd.get_short_help_str(limit=150)} |")
+    return "\n".join(rows) + "\n"
+
+
+def refresh_commands(text: str) -> tuple[str, list[str]]:
+    """``text`` with its ``<!-- commands -->`` block regenerated, and ["commands"] if it
+    changed."""
+    changed: list[str] = []
+
+    def fill(m: re.Match[str]) -> str:
+        body = command_table()
+        if body != m[2]:
+            changed.append("commands")
+        return m[1] + body + m[3]
+
+    return COMMANDS_BLOCK.sub(fill, text), changed
+
+
 def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
     from ..bench.report import refresh_blocks
     from ..errors import BenchError
 
     text = readme.read_text()
     new, changed = refresh_blocks(text, readme.parent)
+    new, changed_commands = refresh_commands(new)
+    changed += changed_commands
     if as_json:
         emit_json({"readme": str(readme), "changed": changed, "checked": check})
     if check:
