@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from kvprefetch.bench.report import README_BLOCK, refresh_blocks
 from kvprefetch.cli import main
-from kvprefetch.commands.report import COMMANDS_BLOCK, refresh_commands
+from kvprefetch.cli.report import COMMANDS_BLOCK, refresh_commands
 
 ROOT = Path(__file__).resolve().parent.parent
 
