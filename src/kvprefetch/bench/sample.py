@@ -105,7 +105,7 @@ class Instantiations:
         bad = [c for c in caches if c not in CACHE_KINDS]
         if bad:
             raise ConfigError(f"unknown cache kind(s) {', '.join(bad)} for --sample-caches",
-                              f"use some of: {', '.join(CACHE_KINDS)}")
+                              f"pass a subset of {','.join(CACHE_KINDS)}")
         pairs = {p for c in caches for p in CACHE_KINDS[c]}
         return Instantiations(frozenset(
             c for c in self.combos if (not head_sizes or c[0] in head_sizes)
