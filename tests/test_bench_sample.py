@@ -213,6 +213,28 @@ def test_time_limit_leaves_the_rest_not_run() -> None:
     assert "time limit of 10 s" in results[2].error and results[3].timing == "eager"
 
 
+def test_a_sample_runs_each_steps_timings_side_by_side() -> None:
+    attn = AttnShape(num_seqs=1, num_heads=8, num_kv_heads=2, head_size=64, block_size=16,
+                     max_seq_len=100)
+    shapes = [BenchShape(f"s{i}", attn, "v1") for i in range(2)]
+    configs = [k.KernelBenchConfig(timing="graph"), k.KernelBenchConfig(timing="eager")]
+    seen: list[tuple[str, str]] = []
+
+    def measure(shape, config):
+        seen.append((shape.preset, config.timing))
+        return k.ShapeResult(shape, config.mode, None, 0, (), None, "fake", "skipped",
+                             timing=config.timing)
+
+    for major, want in ((True, [("s0", "graph"), ("s0", "eager"), ("s1", "graph"),
+                                ("s1", "eager")]),
+                        (False, [("s0", "graph"), ("s1", "graph"), ("s0", "eager"),
+                                 ("s1", "eager")])):
+        seen.clear()
+        k.run_shapes(shapes, configs, measure, lambda: "", lambda: None, lambda m: None,
+                     shape_major=major)
+        assert seen == want
+
+
 # ----------------------------------------------------------------------------- the report
 
 

@@ -375,15 +375,20 @@ def run_shapes(shapes: Sequence[BenchShape], configs: Sequence[KernelBenchConfig
                measure: Callable[[BenchShape, KernelBenchConfig], ShapeResult],
                context_problem: Callable[[], str], release: Callable[[], None],
                say: Callable[[str], None], time_limit_s: float = 0.0,
-               clock: Callable[[], float] = time.monotonic) -> tuple[list[ShapeResult], str]:
+               clock: Callable[[], float] = time.monotonic,
+               shape_major: bool = False) -> tuple[list[ShapeResult], str]:
     """Every shape in every mode, in order. An exception while measuring a shape marks it failed;
     if the device context is unusable afterwards (``context_problem`` says why), the rest are
     marked not run instead of being attempted. Returns the results and the abort reason ("" if
     none). ``release`` runs after every shape, failed or not. ``time_limit_s`` > 0: no shape is
     started after that many seconds; the rest are marked not run (a device call's budget ends
-    with a written document rather than a killed process)."""
+    with a written document rather than a killed process). ``shape_major``: every config of a
+    shape before the next shape (a sample's graph and eager timings of one step side by side, so
+    a time limit cuts both alike); otherwise every shape of a config before the next config. Either
+    way the rows of one config are in shape order."""
     results: list[ShapeResult] = []
-    todo = [(c, s) for c in configs for s in shapes]
+    todo = ([(c, s) for s in shapes for c in configs] if shape_major
+            else [(c, s) for c in configs for s in shapes])
     aborted = ""
     start = clock()
     for i, (config, shape) in enumerate(todo, 1):
@@ -442,7 +447,8 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
         return bench_shape(ops, shape, config, facts["l2_bytes"], copy_bw)
 
     results, aborted = run_shapes(matrix.shapes() if shapes is None else shapes, configs, measure,
-                                  _cuda_context_problem, _release_cuda_memory, say, time_limit_s)
+                                  _cuda_context_problem, _release_cuda_memory, say, time_limit_s,
+                                  shape_major=sample is not None)
     return {
         "kind": "kernel" if sample is None else "sample", "schema": 1,
         "meta": {

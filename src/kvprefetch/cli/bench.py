@@ -124,7 +124,7 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
            pool_factor: float, alias_l2_fraction: float, seed: int, list_presets: bool,
            sample_n: int | None, sample_seed: int | None, sample_max_kv: str,
            sample_head_sizes: str, sample_block_sizes: str, sample_caches: str,
-           timing_text: str, time_limit: float,
+           timing_text: str, max_layers: int, time_limit: float,
            out: Path | None, name: str, formats: str, dry_run: bool, as_json: bool) -> None:
     """Time every kernels-only build in ONE process over a matrix of shapes (CUDA graphs,
     variants interleaved over rounds), check bitwise identity in the same run, and write
@@ -157,7 +157,8 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
         shapes = draw_sample(spec)
     configs = [KernelBenchConfig(mode=m, rounds=rounds, target_sample_ms=sample_ms,
                                  l2_factor=l2_factor, pool_factor=pool_factor,
-                                 alias_l2_fraction=alias_l2_fraction, seed=seed, timing=t)
+                                 alias_l2_fraction=alias_l2_fraction, seed=seed, timing=t,
+                                 max_layers=max_layers)
                for m in (mode or ("cold",)) for t in parse_timings(timing_text)]
     fmts = _formats(formats)
     out_dir = out or workdir / "bench"

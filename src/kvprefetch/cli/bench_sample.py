@@ -45,6 +45,10 @@ def sample_options(f: F) -> F:
                      metavar="LIST",
                      help="graph (CUDA-graph replay), eager (back-to-back calls, the host path "
                           "included) or graph,eager."),
+        click.option("--max-layers", type=click.IntRange(min=1), default=2048,
+                     show_default=True,
+                     help="Cold mode: most layers' caches rotated; a smaller step needing more "
+                          "to exceed the L2 is skipped."),
         click.option("--time-limit", type=float, default=0.0, show_default=True,
                      metavar="SECONDS",
                      help="Start no shape after this many seconds (0: no limit); the rest are "
