@@ -94,7 +94,7 @@ for seed in "${SEEDS[@]}"; do
   limit=$(( $(left) - 45 ))
   if [ "$limit" -lt 90 ]; then LEFT_OVER+=("$seed"); continue; fi
   bench $((limit + 40)) "${B[@]}" --mode cold --sample "$N" --sample-seed "$seed" \
-    --timing graph,eager --rounds 11 --sample-ms 2 --max-layers 16384 --time-limit "$limit" \
+    --timing graph,eager --rounds 11 --sample-ms 2 --max-layers 4096 --time-limit "$limit" \
     "${V[@]}" --name "sample-$seed" --formats json,md,png
   if complete "$seed"; then touch "$W/sample-done/$seed"; else LEFT_OVER+=("$seed"); fi
 done
