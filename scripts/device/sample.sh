@@ -19,7 +19,7 @@
 # Each seed: SAMPLE_N (200) steps, 11 rounds of 2 ms samples per variant, graph then eager of
 # the same step side by side; the bench's --time-limit keeps it inside the call's budget (steps
 # past it are recorded as not run). A seed completed in full is marked in the work dir
-# ($W/sample-done/SEED) and skipped by later calls.
+# ($W.sample-done/SEED) and skipped by later calls.
 # ONE OR TWO device calls: the first fetches the carried sdist, applies, builds, and runs as
 # many seeds as fit; when seeds are left it exits 7 and says so: call the same command again on
 # the warm machine (it finds the builds in $W, skips fetch/apply/build, and runs the seeds left).
@@ -36,10 +36,10 @@ KVD=${SAMPLE_KV:-fp16,bf16,fp8}
 N=${SAMPLE_N:-200}
 TUNE_SEED=29
 # the fresh seeds are drawn once per work dir: a second call after midnight keeps the first's
-mkdir -p "$W/sample-done"
-[ -f "$W/sample-done/fresh-seed" ] && FRESH_SEED=${FRESH_SEED:-$(cat "$W/sample-done/fresh-seed")}
+mkdir -p "$W.sample-done"
+[ -f "$W.sample-done/fresh-seed" ] && FRESH_SEED=${FRESH_SEED:-$(cat "$W.sample-done/fresh-seed")}
 FRESH_SEED=${FRESH_SEED:-$(date -u +%Y%m%d)}
-echo "$FRESH_SEED" > "$W/sample-done/fresh-seed"
+echo "$FRESH_SEED" > "$W.sample-done/fresh-seed"
 SEEDS=("$TUNE_SEED" "$FRESH_SEED" "$((FRESH_SEED + 1))")
 TREES=baseline,launch,gqa_off,patched,control
 V=(--variant baseline --variant launch --variant gqa_off --variant patched --variant control)
@@ -90,13 +90,13 @@ EOF
 
 LEFT_OVER=()
 for seed in "${SEEDS[@]}"; do
-  if [ -f "$W/sample-done/$seed" ]; then log "seed $seed: done in an earlier call"; continue; fi
+  if [ -f "$W.sample-done/$seed" ]; then log "seed $seed: done in an earlier call"; continue; fi
   limit=$(( $(left) - 45 ))
   if [ "$limit" -lt 90 ]; then LEFT_OVER+=("$seed"); continue; fi
   bench $((limit + 40)) "${B[@]}" --mode cold --sample "$N" --sample-seed "$seed" \
     --timing graph,eager --rounds 11 --sample-ms 2 --max-layers 4096 --time-limit "$limit" \
     "${V[@]}" --name "sample-$seed" --formats json,md,png
-  if complete "$seed"; then touch "$W/sample-done/$seed"; else LEFT_OVER+=("$seed"); fi
+  if complete "$seed"; then touch "$W.sample-done/$seed"; else LEFT_OVER+=("$seed"); fi
 done
 for f in "$R"/sample-*.md; do
   [ -f "$f" ] || continue
