@@ -106,6 +106,19 @@ def _one_headline(folder: Path, spec: dict[str, Any]) -> str:
                              f"name a tree of that result in {folder / PROVENANCE}")
         return (f"{prefix}{variant} {d['geomean']:.3f}x tokens/s geomean over "
                 f"{d['workloads']} workloads ({d['worst'][0]:.3f}-{d['best'][0]:.3f}x)")
+    if doc["kind"] == "sample":
+        from .sample_report import distribution
+
+        parts = []
+        for timing in spec.get("timings", ("graph", "eager")):
+            d = distribution(doc, timing).get(variant)
+            if d:
+                parts.append(f"{timing} {d['geomean']:.3f}x geomean, p5 {d['p5']:.3f}x, "
+                             f"min {d['min']:.3f}x over {d['n']} steps")
+        if not parts:
+            raise BenchError(f"{folder / spec['result']} has no {variant} steps",
+                             f"name a variant of that result in {folder / PROVENANCE}")
+        return f"{prefix}{variant} " + "; ".join(parts)
     raise BenchError(f"{folder / spec['result']}: no headline for kind {doc['kind']}",
                      "give the headline as {\"text\": ...} for this kind")
 

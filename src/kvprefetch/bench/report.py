@@ -4,6 +4,7 @@ with the Agg backend) only when a plot is asked for."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -23,8 +24,13 @@ KINDS = ("kernel", "ncu", "e2e", "identity", "repeats", "decode", "sample")
 
 
 def load_document(path: Path) -> dict[str, Any]:
+    """A result JSON file, plain or gzip-compressed (``.json.gz``: how bulky runs are kept)."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        if Path(path).suffix == ".gz":
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                doc = json.loads(f.read())
+        else:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise BenchError(f"cannot read {path}: {exc}", "pass a JSON file written by kvprefetch "
                          "bench or verify") from exc
