@@ -4,6 +4,7 @@ with the Agg backend) only when a plot is asked for."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -19,12 +20,17 @@ from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
 
-KINDS = ("kernel", "ncu", "e2e", "identity", "repeats", "decode")
+KINDS = ("kernel", "ncu", "e2e", "identity", "repeats", "decode", "sample")
 
 
 def load_document(path: Path) -> dict[str, Any]:
+    """A result JSON file, plain or gzip-compressed (``.json.gz``: how bulky runs are kept)."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        if Path(path).suffix == ".gz":
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                doc = json.loads(f.read())
+        else:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise BenchError(f"cannot read {path}: {exc}", "pass a JSON file written by kvprefetch "
                          "bench or verify") from exc
@@ -400,10 +406,23 @@ def _repeats_markdown(doc: dict[str, Any]) -> str:
     return repeats_markdown(doc)
 
 
+def _sample_markdown(doc: dict[str, Any]) -> str:
+    from .sample_report import sample_markdown
+
+    return sample_markdown(doc)
+
+
+def _sample_png(doc: dict[str, Any], path: Path) -> Path:
+    from .sample_report import sample_png
+
+    return sample_png(doc, path)
+
+
 _MARKDOWN = {"kernel": kernel_markdown, "ncu": ncu_markdown, "e2e": e2e_markdown,
              "identity": identity_markdown, "repeats": _repeats_markdown,
-             "decode": decode_markdown}
-_PNG = {"kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png, "decode": decode_png}
+             "decode": decode_markdown, "sample": _sample_markdown}
+_PNG = {"kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png, "decode": decode_png,
+        "sample": _sample_png}
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
