@@ -110,12 +110,13 @@ def _progress() -> Iterator[Callable[[str], None]]:
         yield info
         return
     from rich.console import Console
+    from rich.text import Text
 
     console = Console(stderr=True, highlight=False)
     with console.status("verify-kernel: starting") as status:
         def say(msg: str) -> None:
-            console.print(msg)
-            status.update(f"verify-kernel: {msg.strip()}")
+            console.print(msg, soft_wrap=True)
+            status.update(Text(f"running; last: {msg.strip()}", no_wrap=True, overflow="ellipsis"))
         yield say
 
 
