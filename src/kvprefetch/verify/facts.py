@@ -233,9 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     facts = disassemble(args.so, tools)
     data = entry(facts, tool_identity(tools))
-    if args.cache is not None and facts.complete:
-        _write_atomic(cache_path(args.cache, facts.sha256), data)
     _write_atomic(args.out, data)
+    if args.cache is not None and facts.complete:
+        try:
+            _write_atomic(cache_path(args.cache, facts.sha256), data)
+        except OSError as exc:  # a read-only work directory: the answer stands, uncached
+            print(f"not cached: {exc}", file=sys.stderr)
     return 0
 
 
