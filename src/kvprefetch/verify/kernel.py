@@ -4,7 +4,12 @@ For each tree's environment: which library its own python loads (probe, /proc/se
 sha256 against the build manifest), how many UBLKPF each paged-attention instantiation has
 in that library's SASS, and -- where a GPU is present -- whether the builds' outputs are
 bitwise equal. Every check is ``pass``, ``fail`` or ``not checked``; only checks that ran
-can pass, and the verdict passes only when every check that ran passed."""
+can pass, and the verdict passes only when every check that ran passed.
+
+``verify`` first gathers, in parallel: the probes, each library's facts (``facts``: from the
+cache, or a worker process that disassembles it) and the GPU identity passes. It then judges
+every check one by one in a fixed order from what was gathered, so neither ``jobs`` nor the
+cache can change the report."""
 
 from __future__ import annotations
 
