@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -147,10 +148,21 @@ def test_sass_ublkpf_counts(verified: tuple[int, dict, str]) -> None:
 
 
 def test_text_verdict_lists_not_checked(built: Path) -> None:
-    rc, _, out = _verify(built)
-    assert rc == 0
-    assert "PASSED" in out and "NOT CHECKED" in out
-    assert "UBLKPF min" in out
+    """The summary: the verdict on the first line of stdout, the GPU check among the not
+    checked, the report's path on the last; the tables only in the report and with --verbose."""
+    env = {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
+    res = kvprefetch_cli_split("verify-kernel", "--workdir", str(built), "--no-gpu", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("kvprefetch verify-kernel: PASSED"), res.stdout
+    assert re.search(r"bitwise-equal outputs on the GPU( \(x\d\))? \[all\]: skipped \(--no-gpu\)",
+                     res.stdout), res.stdout
+    assert lines[-1].startswith(f"full report: {built / 'verify' / 'report.txt'}")
+    assert "UBLKPF min" not in res.stdout and "XFORMERS a vLLM run" not in res.stdout
+    assert "probed patched" in res.stderr                  # progress, on stderr
+    assert "UBLKPF min" in (built / "verify" / "report.txt").read_text()
+    rc, _, out = _verify(built, "--verbose")
+    assert rc == 0 and "UBLKPF min" in out and "NOT CHECKED" in out
 
 
 @contextmanager

@@ -4,7 +4,12 @@ For each tree's environment: which library its own python loads (probe, /proc/se
 sha256 against the build manifest), how many UBLKPF each paged-attention instantiation has
 in that library's SASS, and -- where a GPU is present -- whether the builds' outputs are
 bitwise equal. Every check is ``pass``, ``fail`` or ``not checked``; only checks that ran
-can pass, and the verdict passes only when every check that ran passed."""
+can pass, and the verdict passes only when every check that ran passed.
+
+``verify`` first gathers, in parallel: the probes, each library's facts (``facts``: from the
+cache, or a worker process that disassembles it) and the GPU identity passes. It then judges
+every check one by one in a fixed order from what was gathered, so neither ``jobs`` nor the
+cache can change the report."""
 
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,19 +38,23 @@ from ..sources.upstream import (
     twin_shapes,
 )
 from ..workspace.workdir import Workdir, write_json_atomic
-from .cubin import parse_elf
+from .facts import (
+    ElfFacts,
+    LibraryFacts,
+    SassFacts,
+    elf_facts,
+    from_entry,
+    load_cached,
+    sass_facts,
+    tool_identity,
+)
+from .numerics import NO_CUDA_DEVICE
 from .sass import (
     KernelSass,
     arch_number,
     decode_kernel_name,
-    function_bodies,
     judge,
-    parse_sass,
-    pdl_waits,
-    prefetch_kernels,
-    readonly_loads,
     summarise,
-    twin_kernels,
 )
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
@@ -68,6 +79,12 @@ class VerifyReport:
     gpu_twins: dict[str, Any] = field(default_factory=dict)
     # overlay environments: tree -> the overlay probes (routing on, off) and the driver stub
     overlay: dict[str, Any] = field(default_factory=dict)
+    # seconds spent gathering (probes, disassembly, identity runs) and in all
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def report_path(self) -> Path:
+        return Path(self.workdir) / "verify" / "report.json"
 
     @property
     def passed(self) -> bool:
@@ -82,7 +99,7 @@ class VerifyReport:
         return {"passed": self.passed, "workdir": self.workdir,
                 "checks": [c.__dict__ for c in self.checks], "envs": self.envs,
                 "sass": self.sass, "gpu": self.gpu, "gpu_twins": self.gpu_twins,
-                "overlay": self.overlay}
+                "overlay": self.overlay, "timing": self.timing}
 
 
 def newest_manifests(wd: Workdir) -> dict[str, dict[str, Any]]:
@@ -150,23 +167,17 @@ def check_provenance(rep: VerifyReport, tree: str, manifest: dict[str, Any], pro
     return str(loaded)
 
 
-def disassemble(rep: VerifyReport, tree: str, so: str, what: str = "-sass",
-                check: str = "UBLKPF in SASS") -> str | None:
-    """``cuobjdump <what> <so>``; when it cannot run, ``check`` is recorded with the reason."""
-    from ..build.toolchain import find_cuobjdump
-
-    tools = find_cuobjdump(dict(os.environ))
-    if tools is None:
-        rep.add(check, tree, None,
-                "cuobjdump not found (install the CUDA toolkit, or `pip install "
+NO_CUOBJDUMP = ("cuobjdump not found (install the CUDA toolkit, or `pip install "
                 "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`)")
-        return None
-    res = run([str(tools.cuobjdump), what, so], env=tools.environ(dict(os.environ)),
-              echo=False, check=False)
-    if res.returncode != 0:
-        rep.add(check, tree, False, f"cuobjdump failed: {res.output.strip()[-300:]}")
-        return None
-    return res.output
+
+
+def _sass(listing: str | SassFacts) -> SassFacts:
+    """A ``cuobjdump -sass`` listing's facts (facts.py); the checks accept either."""
+    return listing if isinstance(listing, SassFacts) else sass_facts(listing)
+
+
+def _elf(listing: str | ElfFacts) -> ElfFacts:
+    return listing if isinstance(listing, ElfFacts) else elf_facts(listing)
 
 
 def _expects(variant: str | None) -> Callable[[KernelSass], bool]:
@@ -200,13 +211,11 @@ def _kernel_changed(name: str, variant: str | None, changed: bool) -> bool:
 
 
 def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
-               text: str | None = None) -> str | None:
-    """Count UBLKPF per instantiation and judge it against the variant; returns the SASS."""
-    text = text if text is not None else disassemble(rep, tree, so)
-    if text is None:
-        return None
+               text: str | SassFacts) -> SassFacts:
+    """Count UBLKPF per instantiation and judge it against the variant; returns the facts."""
+    facts = _sass(text)
     patched = variant is not None and variant != "stock"
-    kernels = parse_sass(text)
+    kernels = list(facts.kernels)
     expects = _expects(variant)
     verdict = judge(kernels, patched=patched, expects=expects)
     chosen = [k for k in kernels if patched and expects(k)]
@@ -225,25 +234,26 @@ def check_sass(rep: VerifyReport, tree: str, so: str, variant: str | None,
         detail += "; " + "; ".join(verdict.problems[:5])
     rep.add("UBLKPF in SASS", tree, verdict.ok, detail)
     if variant in LAUNCHER_PREFETCH_VARIANTS:
-        pk = prefetch_kernels(text)
+        pk = facts.prefetch
         hopper = {k: n for k, n in pk.items() if arch_number(k[0]) >= 90}
         rep.sass[tree]["prefetch_kernels"] = {f"{a} {n}": c for (a, n), c in pk.items()}
         rep.add("L2 prefetch kernel carries UBLKPF", tree,
                 bool(hopper) and all(n >= 2 for n in hopper.values()),
                 f"{len(hopper)} sm_90+ kv_l2_prefetch_kernel instantiation(s), UBLKPF "
                 f"{sorted(set(hopper.values())) or 'none'} (expected >= 2: K and V)")
-    return text
+    return facts
 
 
-def check_identical_attention(rep: VerifyReport, tree: str, text: str, baseline: str,
-                              variant: str | None = "launch") -> None:
+def check_identical_attention(rep: VerifyReport, tree: str, text: str | SassFacts,
+                              baseline: str | SassFacts, variant: str | None = "launch") -> None:
     """The attention kernels a variant leaves alone (all of them for `launch`; all but the
     prologue kernels and the launch-bounded v1 kernels for `prefetch`) must be
     instruction-identical to stock: compare each one's SASS with the baseline library's,
     instruction by instruction. The sm_90+ kernels it changes must differ (else the change did
     not take effect: a bound that did not reach the kernel, say; before sm_90 the prologue
-    compiles to nothing, so a kernel there may equal stock's)."""
-    bodies, base_bodies = function_bodies(text), function_bodies(baseline)
+    compiles to nothing, so a kernel there may equal stock's). Bodies are compared by the
+    sha256 of their instructions (facts.py)."""
+    bodies, base_bodies = _sass(text).bodies, _sass(baseline).bodies
     mine = {k: v for k, v in bodies.items() if _kernel_changed(k[1], variant, False)}
     base = {k: v for k, v in base_bodies.items() if _kernel_changed(k[1], variant, False)}
     common = sorted(mine.keys() & base.keys())
@@ -263,13 +273,13 @@ def check_identical_attention(rep: VerifyReport, tree: str, text: str, baseline:
 MODULE_CHECK = "modules hold only what their kernels use"
 
 
-def check_module_state(rep: VerifyReport, tree: str, variant: str, elf: str,
-                       baseline_elf: str) -> None:
+def check_module_state(rep: VerifyReport, tree: str, variant: str, elf: str | ElfFacts,
+                       baseline_elf: str | ElfFacts) -> None:
     """What a module holds besides its kernels (``cubin.py``): no more modules with a user
     ``__constant__`` bank than stock has, and the prologue's device state only in modules with
     a kernel the variant prefetches in. Instruction-identical kernels measured slower on the
     H200 in modules that broke either rule."""
-    mine, base = parse_elf(elf), parse_elf(baseline_elf)
+    mine, base = _elf(elf).modules, _elf(baseline_elf).modules
     banks = sum(m.constant_bank for m in mine)
     stock_banks = sum(m.constant_bank for m in base)
     stray = [m for m in mine if m.holds_state
@@ -288,13 +298,13 @@ BOUNDS_CHECK = "launch bounds where the rule puts them"
 VLLM_NUM_THREADS = 128  # paged_attention_v1/v2 launch 128 threads per CTA
 
 
-def check_launch_bounds(rep: VerifyReport, tree: str, variant: str, elf: str) -> None:
+def check_launch_bounds(rep: VerifyReport, tree: str, variant: str, elf: str | ElfFacts) -> None:
     """Every attention kernel the variant's rule bounds (upstream.min_blocks) carries
     ``__launch_bounds__(128, …)`` in its module (``EIATTR_MAX_THREADS`` = 128 in
     ``cuobjdump -elf``), and no other attention kernel carries any: the bound reached the
     binary, and only where it was measured."""
     seen, bounded, wrong = 0, 0, []
-    for mod in parse_elf(elf):
+    for mod in _elf(elf).modules:
         declared = dict(mod.max_threads)
         for name in mod.kernels:
             rules, meta = _rules(name, variant), decode_kernel_name(name)
@@ -314,14 +324,14 @@ def check_launch_bounds(rep: VerifyReport, tree: str, variant: str, elf: str) ->
     rep.add(BOUNDS_CHECK, tree, seen > 0 and not wrong, detail)
 
 
-def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
-                        baseline: str) -> None:
+def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str | SassFacts,
+                        baseline: str | SassFacts) -> None:
     """An in-kernel prefetch or a launch bound must not cost the K/V loads their read-only
     path: per kernel the variant changes, as many ``LDG….CONSTANT`` as stock. Required of
     ``prefetch``; for ``seed`` (the paper's asm, which captures the cache pointer) the loss is
     reported, not failed."""
-    mine = {k: n for k, n in readonly_loads(text).items() if _kernel_changed(k[1], variant, True)}
-    base = readonly_loads(baseline)
+    mine = {k: n for k, n in _sass(text).readonly.items() if _kernel_changed(k[1], variant, True)}
+    base = _sass(baseline).readonly
     common = sorted(mine.keys() & base.keys())
     lost = [k for k in common if mine[k] < base[k]]
     rep.sass.setdefault(tree, {})["readonly_loads"] = {
@@ -341,18 +351,20 @@ def check_readonly_path(rep: VerifyReport, tree: str, variant: str, text: str,
 TWIN_CHECK = "GQA twins where the rule puts them"
 
 
-def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None, text: str) -> None:
+def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None,
+                   text: str | SassFacts) -> None:
     """The GQA-grouped twins (csrc/gqa_grouped.cuh) are compiled exactly beside the attention
     instantiations upstream.twin_shapes names, with those (G, S), and nowhere else; and every
     global load in them takes the read-only path (``LDG….CONSTANT``), as stock's K/V loads do,
     or, in a twin built to launch as a programmatic dependent, is ordered (strong,
     ``LDG….STRONG.SM`` or ``….STRONG.GPU``: the loads of what an earlier kernel may write, kept
     after the wait; see check_pdl_order)."""
+    facts = _sass(text)
     want = {(k.arch, k.version, k.dtype, k.kv_cache, k.head_size, k.block_size, g, s)
-            for k in parse_sass(text) if not k.block_sparse
+            for k in facts.kernels if not k.block_sparse
             for g, s in twin_shapes(variant, k.version, k.kv_cache, k.head_size, k.block_size,
                                     k.dtype)}
-    twins = twin_kernels(text)
+    twins = facts.twins
     def shapes(keep) -> set[tuple]:
         return {(a, m["version"], m["dtype"], m["kv_cache"], m["head_size"], m["block_size"],
                  m["group"], m["split"]) for (a, _), (m, _, _) in twins.items() if keep(m)}
@@ -375,12 +387,12 @@ def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None, text: str)
 PDL_CHECK = "twins wait for the previous kernel before touching memory"
 
 
-def check_pdl_order(rep: VerifyReport, tree: str, text: str) -> None:
+def check_pdl_order(rep: VerifyReport, tree: str, text: str | SassFacts) -> None:
     """kvprefetch's twins and reduce kernels launched as programmatic dependents (ACQBULK in
     their SASS) wait for the stream's previous kernel before their first global memory
     instruction: what makes their early launch safe (csrc/gqa_grouped.cuh, pdl_start). Trees
     without such kernels get no row."""
-    got = pdl_waits(text)
+    got = _sass(text).pdl
     if not got:
         return
     waiting = sum(1 for w, _ in got.values() if w)
@@ -406,17 +418,25 @@ def _identity_run(workdir: Path, trees: list[str], extra_env: dict[str, str] | N
     return data, f"exit {res.returncode}: {res.output.strip()[-400:]}"
 
 
+IdentityResult = tuple[dict[str, Any] | None, str]
+
+
+def _twin_env(twin: str | None) -> dict[str, str] | None:
+    return {"KVPREFETCH_GQA": twin} if twin else None
+
+
 def check_gpu(rep: VerifyReport, workdir: Path, trees: list[str], no_gpu: bool,
-              twin: str | None = None) -> None:
+              twin: str | None = None, result: IdentityResult | None = None) -> None:
     """Bitwise-equal outputs across the builds (kvprefetch.verify.numerics). ``twin`` (e.g. "2x2"):
     a pass with KVPREFETCH_GQA=<twin>, so the launchers run that GQA-grouped twin for every case
-    it can take (in `auto` each identity case reaches only the twin its grid picks)."""
+    it can take (in `auto` each identity case reaches only the twin its grid picks). ``result``:
+    that pass's ``_identity_run`` when it already ran (verify starts them early, in parallel)."""
     name = (f"bitwise-equal outputs on the GPU, twin {twin} forced (KVPREFETCH_GQA={twin})"
             if twin else "bitwise-equal outputs on the GPU")
     if no_gpu:
         rep.add(name, "all", None, "skipped (--no-gpu)")
         return
-    data, crash = _identity_run(workdir, trees, {"KVPREFETCH_GQA": twin} if twin else None)
+    data, crash = result if result is not None else _identity_run(workdir, trees, _twin_env(twin))
     if data is None:
         rep.add(name, "all", False, f"the identity check crashed ({crash})")
         return
@@ -442,7 +462,9 @@ def check_hot_path(rep: VerifyReport, manifests: dict[str, dict[str, Any]]) -> N
         rep.add("V0 + XFORMERS dispatch reaches paged_attention", "all", None,
                 "needs a GPU and full or overlay builds: run `kvprefetch bench e2e`, which sets "
                 "VLLM_USE_V1=0 VLLM_ATTENTION_BACKEND=XFORMERS")
-    if os.environ.get("VLLM_USE_V1", "") != "0" or os.environ.get("VLLM_ATTENTION_BACKEND") != "XFORMERS":
+    # The warning is about running vLLM from this shell; kernels-only builds have no vLLM to run.
+    if full and (os.environ.get("VLLM_USE_V1", "") != "0"
+                 or os.environ.get("VLLM_ATTENTION_BACKEND") != "XFORMERS"):
         rep.envs["warning"] = ("without VLLM_USE_V1=0 and VLLM_ATTENTION_BACKEND=XFORMERS a vLLM run "
                                "never calls paged_attention_v1/v2: the patched kernel would be bypassed")
 
@@ -463,7 +485,77 @@ def _driver_stub(wd: Workdir, manifest: dict[str, Any]) -> dict[str, Any] | None
     return {"dir": str(d), "symbols": symbols, "for": str(vllm_c)}
 
 
-def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = False) -> VerifyReport:
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class _Library:
+    """A library some tree loads, to disassemble once however many trees load it."""
+
+    path: str      # as the probe saw it loaded
+    sha256: str
+
+
+def _library_facts(lib: _Library, cache_dir: Path, tools: Mapping[str, str | None]
+                   ) -> tuple[LibraryFacts | str, bool]:
+    """The library's facts from the cache, else from a worker process
+    (``python -m kvprefetch.verify.facts``, which stores them in the cache); or why there are
+    none. Second: whether the cache answered."""
+    cached = load_cached(cache_dir, lib.sha256, tools)
+    if cached is not None:
+        return cached, True
+    with tempfile.TemporaryDirectory(prefix="kvprefetch-facts-") as td:
+        out = Path(td) / "facts.json"
+        res = run([sys.executable, "-m", "kvprefetch.verify.facts", lib.path, "--out", str(out),
+                   "--cache", str(cache_dir)], echo=False, check=False)
+        try:
+            data = json.loads(out.read_text())
+        except (OSError, ValueError):
+            data = None
+    facts = from_entry(data, lib.sha256, tools) if data is not None else None
+    if facts is None:
+        return (f"the disassembly worker for {lib.path} failed (exit {res.returncode}): "
+                f"{res.output.strip()[-300:]}"), False
+    return facts, False
+
+
+def _no_cuda_device(data: dict[str, Any] | None) -> bool:
+    """Whether an identity pass stopped at numerics.run_identity's first question."""
+    return (data is not None and data.get("status") == "not checked"
+            and str(data.get("reason", "")).startswith(NO_CUDA_DEVICE))
+
+
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    t0 = time.monotonic()
+    return fn(*args), time.monotonic() - t0
+
+
+def _probe_tree(m: dict[str, Any]) -> dict[str, Any]:
+    env = m.get("env", {})
+    python = env.get("python") or str(Path(env.get("path", "")) / "bin" / "python")
+    return probe_env(python, env.get("path", ""),
+                     "kernels" if m.get("mode") in ("kernels-only", "overlay") else "vllm")
+
+
+def _loaded_library(tree: str, m: dict[str, Any], probe: dict[str, Any], tree_path: str
+                    ) -> _Library | None:
+    """The library the probe saw loaded (what check_provenance returns), hashed."""
+    so = check_provenance(VerifyReport(""), tree, m, probe, tree_path)
+    return _Library(so, sha256_file(so)) if so else None
+
+
+def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = False,
+           jobs: int | None = None, progress: Progress | None = None) -> VerifyReport:
+    """Run every check and write ``<workdir>/verify/report.json``.
+
+    The slow parts run first, at most ``jobs`` at a time (default: one per CPU): the probes,
+    then one disassembly worker per library not in the cache, and the GPU identity passes. The
+    checks are then judged one by one in a fixed order from what those gathered, so the report
+    does not depend on ``jobs`` or on the cache. ``progress`` receives one line per step."""
+    from ..build.toolchain import find_cuobjdump
+
+    say: Progress = progress or (lambda _msg: None)
+    t_start = time.monotonic()
     wd = Workdir(workdir.resolve())
     manifests = newest_manifests(wd)
     if trees:
@@ -473,39 +565,130 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
                           f"for {sorted(manifests) or 'none'} in {wd.root}",
                           "run `kvprefetch build` (or `kvprefetch build --kernels-only`) first")
     rep = VerifyReport(str(wd.root))
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    overlay_trees = [t for t, m in manifests.items() if m.get("mode") == "overlay"]
+    tools = find_cuobjdump(dict(os.environ))
+    tool_id = tool_identity(tools) if tools is not None else {}
+    cache_dir = wd.root / "verify" / "cache"
+    identity: dict[str | None, IdentityResult] = {}
+    facts: dict[str, LibraryFacts | str] = {}
+    probes: dict[str, dict[str, Any]] = {}
+    libraries: dict[str, _Library | None] = {}
+    say(f"verify-kernel: {len(manifests)} trees ({', '.join(manifests)}), {jobs} job(s) at a time")
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        # 1. Probes, each tree's own python; a library goes to its disassembly worker as soon
+        # as the first tree that loads it has been probed.
+        t0 = time.monotonic()
+        pending: dict[Future[Any], tuple[str, str]] = {
+            pool.submit(_timed, _probe_tree, m): ("probe", t) for t, m in manifests.items()}
+        run_identity = not overlay_trees and not no_gpu
+        if run_identity:
+            pending[pool.submit(_timed, _identity_run, wd.root, list(manifests), None)] = (
+                "identity", "")
+        submitted: set[str] = set()
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                kind, what = pending.pop(fut)
+                result, secs = fut.result()
+                if kind == "probe":
+                    probes[what] = result
+                    lib = _loaded_library(what, manifests[what], result, str(wd.tree(what)))
+                    libraries[what] = lib
+                    loads = f"loads {lib.path}" if lib else "loads no library"
+                    say(f"  probed {what} ({secs:.1f} s): {loads}")
+                    if lib is not None and tools is not None and lib.sha256 not in submitted:
+                        submitted.add(lib.sha256)
+                        pending[pool.submit(_timed, _library_facts, lib, cache_dir, tool_id)] = (
+                            "facts", lib.sha256)
+                elif kind == "facts":
+                    got, hit = result
+                    facts[what] = got
+                    who = ", ".join(t for t, lb in libraries.items() if lb and lb.sha256 == what)
+                    how = ("from the cache" if hit else
+                           "cuobjdump -sass/-elf and parsed" if not isinstance(got, str) else
+                           "FAILED")
+                    say(f"  machine code of {who}: {how} ({secs:.1f} s)")
+                else:
+                    identity[None] = result
+                    say(f"  GPU identity check ran ({secs:.1f} s)")
+        rep.timing["gather_s"] = round(time.monotonic() - t0, 1)
+
+        # 2. The forced-twin identity passes, for builds with twins (known from their SASS).
+        twins_built = any(not isinstance(f, str) and f.sass is not None and f.sass.twins
+                          for f in facts.values())
+        if run_identity and twins_built:
+            t0 = time.monotonic()
+            names = [f"{g}x{s}" for g, s, _ in TWIN_SHAPES]
+            base = identity.get(None, (None, ""))[0]
+            if _no_cuda_device(base):
+                # The pass found no CUDA device in this (the kit's) python before loading any
+                # build; the forced-twin passes differ only in KVPREFETCH_GQA, which nothing
+                # reads until a kernel launches, so they would find the same: reuse its answer
+                # (5 torch imports cost ~20 s of CPU on 2 cores, for one fact).
+                assert base is not None
+                identity.update({n: identity[None] for n in names})
+                say("  GPU identity check, forced twins: no CUDA device here either")
+            else:
+                for n in names:  # one at a time on the GPU, as before
+                    identity[n] = _identity_run(wd.root, list(manifests), _twin_env(n))
+                    say(f"  GPU identity check, twin {n} forced, ran")
+            rep.timing["identity_twins_s"] = round(time.monotonic() - t0, 1)
+
+    # 3. Judge, in a fixed order.
+    _judge(rep, wd, manifests, probes, libraries, facts, identity, tools is not None, no_gpu)
+    rep.timing["total_s"] = round(time.monotonic() - t_start, 1)
+    write_json_atomic(rep.report_path, rep.to_dict())
+    return rep
+
+
+def _judge(rep: VerifyReport, wd: Workdir, manifests: dict[str, dict[str, Any]],
+           probes: dict[str, dict[str, Any]], libraries: dict[str, _Library | None],
+           facts: dict[str, LibraryFacts | str], identity: dict[str | None, IdentityResult],
+           have_tools: bool, no_gpu: bool) -> None:
     loaded: dict[str, tuple[str, str]] = {}
-    sass_text: dict[str, str] = {}
-    elf_text: dict[str, str] = {}
+    sass_facts_: dict[str, SassFacts] = {}
+    elf_facts_: dict[str, ElfFacts] = {}
     for tree, m in manifests.items():
-        env = m.get("env", {})
-        python = env.get("python") or str(Path(env.get("path", "")) / "bin" / "python")
-        probe = probe_env(python, env.get("path", ""),
-                          "kernels" if m.get("mode") in ("kernels-only", "overlay") else "vllm")
+        probe = probes[tree]
         rep.envs[tree] = probe
         so = check_provenance(rep, tree, m, probe, str(wd.tree(tree)))
-        if so:
-            loaded[tree] = (os.path.realpath(so), sha256_file(so))
+        lib = libraries.get(tree)
+        if so and lib is not None:
+            loaded[tree] = (os.path.realpath(so), lib.sha256)
             variant = None if tree == "baseline" else str(m.get("variant") or "prefetch")
-            text = check_sass(rep, tree, so, variant)
-            if text is not None:
-                sass_text[tree] = text
-            elf = disassemble(rep, tree, so, "-elf", MODULE_CHECK)
-            if elf is not None:
-                elf_text[tree] = elf
+            got = facts.get(lib.sha256)
+            if not have_tools:
+                rep.add("UBLKPF in SASS", tree, None, NO_CUOBJDUMP)
+                rep.add(MODULE_CHECK, tree, None, NO_CUOBJDUMP)
+            elif got is None or isinstance(got, str):
+                rep.add("UBLKPF in SASS", tree, False, got or "no disassembly")
+                rep.add(MODULE_CHECK, tree, False, got or "no disassembly")
+            else:
+                if got.sass is not None:
+                    sass_facts_[tree] = check_sass(rep, tree, so, variant, got.sass)
+                else:
+                    rep.add("UBLKPF in SASS", tree, False, str(got.sass_error))
+                if got.elf is not None:
+                    elf_facts_[tree] = got.elf
+                else:
+                    rep.add(MODULE_CHECK, tree, False, str(got.elf_error))
         else:
             rep.add("UBLKPF in SASS", tree, None, "no library was loaded")
     for tree, m in manifests.items():
-        if tree == "baseline" or tree not in sass_text or "baseline" not in sass_text:
+        if tree == "baseline" or tree not in sass_facts_ or "baseline" not in sass_facts_:
             continue
         variant = str(m.get("variant") or "prefetch")
-        check_identical_attention(rep, tree, sass_text[tree], sass_text["baseline"], variant)
-        if any(_kernel_changed(k[1], variant, True) for k in function_bodies(sass_text[tree])):
-            check_readonly_path(rep, tree, variant, sass_text[tree], sass_text["baseline"])
-        if tree in elf_text and "baseline" in elf_text:
-            check_module_state(rep, tree, variant, elf_text[tree], elf_text["baseline"])
-            check_launch_bounds(rep, tree, variant, elf_text[tree])
-        check_gqa_twin(rep, tree, variant, sass_text[tree])
-        check_pdl_order(rep, tree, sass_text[tree])
+        mine, base = sass_facts_[tree], sass_facts_["baseline"]
+        check_identical_attention(rep, tree, mine, base, variant)
+        if any(_kernel_changed(k[1], variant, True) for k in mine.bodies):
+            check_readonly_path(rep, tree, variant, mine, base)
+        if tree in elf_facts_ and "baseline" in elf_facts_:
+            check_module_state(rep, tree, variant, elf_facts_[tree], elf_facts_["baseline"])
+            check_launch_bounds(rep, tree, variant, elf_facts_[tree])
+        check_gqa_twin(rep, tree, variant, mine)
+        check_pdl_order(rep, tree, mine)
     overlay_trees = [t for t, m in manifests.items() if m.get("mode") == "overlay"]
     if overlay_trees:
         from ..overlay.verify import check_overlay
@@ -519,6 +702,7 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
         rep.add("environments load different libraries", "all",
                 len(set(files)) == len(files) and len(set(shas)) == len(shas),
                 "; ".join(f"{t}: {f} ({s[:12]}…)" for t, (f, s) in loaded.items()))
+    trees = list(manifests)
     if overlay_trees:
         # The overlay libraries are built against the environments' torch 2.8.0 and cannot
         # load into this (the kit's) interpreter, where the identity check runs.
@@ -526,10 +710,9 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
                 "not run for overlay environments (their libraries are built against the "
                 "envs' torch 2.8.0); run it on kernels-only builds, or `kvprefetch bench e2e`")
     else:
-        check_gpu(rep, wd.root, list(manifests), no_gpu)
+        check_gpu(rep, wd.root, trees, no_gpu, result=identity.get(None))
     if not overlay_trees and any(rep.sass.get(t, {}).get("gqa_twins") for t in manifests):
         for g, s, _ in TWIN_SHAPES:
-            check_gpu(rep, wd.root, list(manifests), no_gpu, twin=f"{g}x{s}")
+            n = f"{g}x{s}"
+            check_gpu(rep, wd.root, trees, no_gpu, twin=n, result=identity.get(n))
     check_hot_path(rep, manifests)
-    write_json_atomic(wd.root / "verify" / "report.json", rep.to_dict())
-    return rep

@@ -34,6 +34,8 @@ from .reference import reference_decode, relative_error
 TOLERANCES: dict[str, float] = {"float16": 4e-3, "bfloat16": 2e-2, "float32": 1e-4}
 
 PASSED, FAILED, NOT_CHECKED = "passed", "failed", "not checked"
+# run_identity's answer where torch sees no GPU (verify-kernel recognises it by this text)
+NO_CUDA_DEVICE = "no CUDA device visible to this python"
 
 
 @dataclass(frozen=True)
@@ -259,8 +261,7 @@ def run_identity(workdir: Path, *, trees: Sequence[str] | None = None, seed: int
     import torch
 
     if not torch.cuda.is_available():
-        return not_checked("no CUDA device visible to this python (torch.cuda.is_available() is "
-                           "False)")
+        return not_checked(f"{NO_CUDA_DEVICE} (torch.cuda.is_available() is False)")
     ops = load_builds(workdir, trees)
     if ops[0].name != "baseline":
         raise VerifyError(f"no baseline build among {[o.name for o in ops]}",

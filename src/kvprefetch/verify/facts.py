@@ -1,0 +1,246 @@
+"""What verify-kernel reads from one library's machine code, and the cache that keeps it.
+
+Every SASS and module check asks a few facts per function: the paged-attention kernels with
+their UBLKPF counts (``sass.parse_sass``), a digest of each function's instructions for the
+comparisons with stock (``sass.function_bodies``), the read-only loads, the GQA twins, the
+programmatic-dependent waits, the L2 prefetch kernels, and the modules of ``cuobjdump -elf``
+(``cubin.parse_elf``). ``sass_facts`` and ``elf_facts`` compute them from the listings with
+those same functions; the checks in ``kernel`` judge only these facts.
+
+Why a cache: the listing of a library with vLLM's full instantiation set is about 550 MB, and
+``cuobjdump -sass`` alone spends about 27 s of CPU on it, so four trees took minutes. The
+facts of a library are a function of its bytes, of cuobjdump/nvdisasm and of the parsing code,
+so they are kept as ``<workdir>/verify/cache/<sha256 of the library>.json``, written
+atomically by the worker (``python -m kvprefetch.verify.facts``) that computed them. An entry
+is used only when its library sha256, kit version, parser version (a hash of this module,
+``sass.py`` and ``cubin.py``), tool identity (sha256 of the cuobjdump and nvdisasm binaries)
+and payload digest all match; anything else is a miss, recomputed and rewritten. A failed
+disassembly is never cached."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..hashing import sha256_file
+from .cubin import Module, parse_elf
+from .sass import (
+    KernelSass,
+    function_bodies,
+    parse_sass,
+    pdl_waits,
+    prefetch_kernels,
+    readonly_loads,
+    twin_kernels,
+)
+
+Key = tuple[str, str]  # (arch, mangled function name)
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class SassFacts:
+    """What the checks read from one ``cuobjdump -sass`` listing. Each mapping keeps the order
+    of the function it was computed with (the report's JSON lists them in that order)."""
+
+    kernels: tuple[KernelSass, ...]            # parse_sass
+    bodies: Mapping[Key, str]                  # sha256 of each function_bodies value
+    readonly: Mapping[Key, int]                # readonly_loads
+    twins: Mapping[Key, tuple[dict[str, Any], int, int]]  # twin_kernels
+    pdl: Mapping[Key, tuple[bool, bool]]       # pdl_waits
+    prefetch: Mapping[Key, int]                # prefetch_kernels
+
+    def to_dict(self) -> dict[str, Any]:
+        def rows(m: Mapping[Key, Any]) -> list[list[Any]]:
+            return [[a, n, list(v) if isinstance(v, tuple) else v] for (a, n), v in m.items()]
+        return {"kernels": [dataclasses.asdict(k) for k in self.kernels],
+                "bodies": rows(self.bodies), "readonly": rows(self.readonly),
+                "twins": rows(self.twins), "pdl": rows(self.pdl), "prefetch": rows(self.prefetch)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SassFacts:
+        def rows(name: str, conv: Any = lambda v: v) -> dict[Key, Any]:
+            return {(str(a), str(n)): conv(v) for a, n, v in d[name]}
+        return cls(kernels=tuple(KernelSass(**k) for k in d["kernels"]),
+                   bodies=rows("bodies", str), readonly=rows("readonly", int),
+                   twins=rows("twins", lambda v: (dict(v[0]), int(v[1]), int(v[2]))),
+                   pdl=rows("pdl", lambda v: (bool(v[0]), bool(v[1]))),
+                   prefetch=rows("prefetch", int))
+
+
+@dataclass(frozen=True)
+class ElfFacts:
+    """The modules of one ``cuobjdump -elf`` listing (``cubin.parse_elf``)."""
+
+    modules: tuple[Module, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"modules": [dataclasses.asdict(m) for m in self.modules]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ElfFacts:
+        return cls(tuple(Module(str(m["arch"]), tuple(m["kernels"]), bool(m["constant_bank"]),
+                                tuple(m["state_symbols"]),
+                                tuple((str(k), int(v)) for k, v in m["max_threads"]))
+                         for m in d["modules"]))
+
+
+def sass_facts(text: str) -> SassFacts:
+    """The facts of a ``cuobjdump -sass`` listing, by sass.py's own parsers."""
+    bodies = function_bodies(text)
+    return SassFacts(
+        kernels=tuple(parse_sass(text)),
+        bodies={k: hashlib.sha256(v.encode()).hexdigest() for k, v in bodies.items()},
+        readonly=readonly_loads(text), twins=twin_kernels(text), pdl=pdl_waits(text),
+        prefetch=prefetch_kernels(text))
+
+
+def elf_facts(text: str) -> ElfFacts:
+    return ElfFacts(tuple(parse_elf(text)))
+
+
+@functools.lru_cache(maxsize=1)
+def parser_version() -> str:
+    """A hash of the code that turns listings into facts: any change to it invalidates every
+    cache entry, with no version number to remember to bump."""
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256(f"format {FORMAT}\n".encode())
+    for name in ("facts.py", "sass.py", "cubin.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def tool_identity(tools: Any) -> dict[str, str | None]:
+    """The kit's version and the sha256 of the cuobjdump and nvdisasm that make the listings."""
+    return {"kit": __version__, "cuobjdump": sha256_file(tools.cuobjdump),
+            "nvdisasm": sha256_file(tools.nvdisasm) if tools.nvdisasm else None}
+
+
+def _digest(payload: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class LibraryFacts:
+    """One library's facts, or why a listing could not be made (never cached)."""
+
+    sha256: str
+    sass: SassFacts | None
+    elf: ElfFacts | None
+    sass_error: str | None = None
+    elf_error: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.sass is not None and self.elf is not None
+
+
+def entry(facts: LibraryFacts, tools: Mapping[str, str | None]) -> dict[str, Any]:
+    payload = {"sass": facts.sass.to_dict() if facts.sass else None,
+               "elf": facts.elf.to_dict() if facts.elf else None,
+               "sass_error": facts.sass_error, "elf_error": facts.elf_error}
+    return {"format": FORMAT, "sha256": facts.sha256, "parser": parser_version(),
+            "tools": dict(tools), "digest": _digest(payload), "payload": payload}
+
+
+def from_entry(data: Any, sha256: str, tools: Mapping[str, str | None]) -> LibraryFacts | None:
+    """The facts in a cache entry or a worker's answer, or None when it does not belong to this
+    library, this parser and these tools, or does not hold together (a torn or edited file)."""
+    try:
+        if (data["format"] != FORMAT or data["sha256"] != sha256
+                or data["parser"] != parser_version() or data["tools"] != dict(tools)):
+            return None
+        payload = data["payload"]
+        if data["digest"] != _digest(payload):
+            return None
+        return LibraryFacts(sha256,
+                            SassFacts.from_dict(payload["sass"]) if payload["sass"] else None,
+                            ElfFacts.from_dict(payload["elf"]) if payload["elf"] else None,
+                            payload["sass_error"], payload["elf_error"])
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def cache_path(cache_dir: Path, sha256: str) -> Path:
+    return cache_dir / f"{sha256}.json"
+
+
+def load_cached(cache_dir: Path, sha256: str, tools: Mapping[str, str | None]
+                ) -> LibraryFacts | None:
+    """A complete, matching cache entry for the library with this sha256, or None."""
+    path = cache_path(cache_dir, sha256)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    facts = from_entry(data, sha256, tools)
+    return facts if facts is not None and facts.complete else None
+
+
+def _write_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def disassemble(so: str, tools: Any) -> LibraryFacts:
+    """``cuobjdump -sass`` and ``-elf`` of ``so``, turned into facts; a listing that fails keeps
+    the tail of cuobjdump's output as its error (what the checks report)."""
+    from ..runner import run
+
+    sha = sha256_file(so)
+    env = tools.environ(dict(os.environ))
+    out: dict[str, Any] = {}
+    for what, parse in (("-sass", sass_facts), ("-elf", elf_facts)):
+        res = run([str(tools.cuobjdump), what, so], env=env, echo=False, check=False)
+        if res.returncode != 0:
+            out[what] = (None, f"cuobjdump failed: {res.output.strip()[-300:]}")
+        else:
+            out[what] = (parse(res.output), None)
+        del res
+        function_bodies.cache_clear()  # it keeps the last listings (~550 MB each) alive
+    return LibraryFacts(sha, out["-sass"][0], out["-elf"][0], out["-sass"][1], out["-elf"][1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvprefetch.verify.facts SO --out FILE [--cache DIR]``: one library's facts as
+    a worker process (verify-kernel runs one per library, in parallel). The answer goes to
+    ``--out``; a complete answer is also stored in ``--cache``."""
+    from ..build.toolchain import find_cuobjdump
+
+    ap = argparse.ArgumentParser(prog="python -m kvprefetch.verify.facts")
+    ap.add_argument("so")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--cache", type=Path, default=None)
+    args = ap.parse_args(argv)
+    tools = find_cuobjdump(dict(os.environ))
+    if tools is None:
+        print("cuobjdump not found", file=sys.stderr)
+        return 2
+    facts = disassemble(args.so, tools)
+    data = entry(facts, tool_identity(tools))
+    _write_atomic(args.out, data)
+    if args.cache is not None and facts.complete:
+        try:
+            _write_atomic(cache_path(args.cache, facts.sha256), data)
+        except OSError as exc:  # a read-only work directory: the answer stands, uncached
+            print(f"not cached: {exc}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
