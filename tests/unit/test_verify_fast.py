@@ -23,7 +23,7 @@ from kvprefetch.verify import facts as F
 from kvprefetch.verify import kernel as K
 from kvprefetch.verify.numerics import NO_CUDA_DEVICE
 
-SAMPLES = Path(__file__).parent / "samples" / "sass"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "sass"
 SASS = {"baseline": (SAMPLES / "kw_baseline.sass").read_text(),
         "patched": (SAMPLES / "kw_patched.sass").read_text()}
 
