@@ -24,7 +24,7 @@ from ..runner import run
 from ..workspace import ownership
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, write_json_atomic
-from .plan import BuildPlan, TreePlan
+from .plan import BuildPlan, TreePlan, manifest_matches
 
 _print_lock = threading.Lock()
 
@@ -45,25 +45,6 @@ class TreeOutcome:
 def _say(tree: str, msg: str) -> None:
     with _print_lock:
         info(f"[{tree}] {msg}")
-
-
-def manifest_matches(tp: TreePlan) -> dict[str, Any] | None:
-    """The existing manifest when it records this exact key and its outputs are intact (a
-    corrupt manifest matches nothing: the build runs again and rewrites it)."""
-    mpath = Path(tp.build_dir) / "manifest.json"
-    if not mpath.is_file():
-        return None
-    try:
-        m: dict[str, Any] = json.loads(mpath.read_text())
-        if not isinstance(m, dict) or m.get("key") != tp.key:
-            return None
-        for out in m.get("outputs", []):
-            p = Path(out["path"])
-            if not p.is_file() or sha256_file(p) != out["sha256"]:
-                return None
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
-        return None
-    return m
 
 
 @contextmanager

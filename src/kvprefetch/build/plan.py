@@ -1,7 +1,7 @@
 """The build plan: every decision about a build, made from the options and the machine before
 anything runs, frozen, printable (``--dry-run``) and serialisable (``--json``).
 
-A ``BuildPlan`` holds one ``TreePlan`` per tree (baseline, patched, and seed when present).
+A ``BuildPlan`` holds one ``TreePlan`` per tree (baseline, patched, and paper when present).
 Each ``TreePlan`` names its source tree and patch hash, its environment backend and path, the
 exact commands and environment variables, the log directory and the expected outputs."""
 
@@ -74,6 +74,9 @@ class BuildPlan:
     # How many trees build at once; jobs is per tree, so parallel_trees * jobs <= MAX_JOBS and
     # the memory bound behind MAX_JOBS (one heavy nvcc per job) holds.
     parallel_trees: int = 1
+    # Trees whose manifest already records this plan's key with intact outputs: the build
+    # skips them (unless --force).
+    up_to_date: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,6 +120,25 @@ def build_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def manifest_matches(tp: TreePlan) -> dict[str, Any] | None:
+    """The existing manifest when it records this exact key and its outputs are intact (a
+    corrupt manifest matches nothing: the build runs again and rewrites it)."""
+    mpath = Path(tp.build_dir) / "manifest.json"
+    if not mpath.is_file():
+        return None
+    try:
+        m: dict[str, Any] = json.loads(mpath.read_text())
+        if not isinstance(m, dict) or m.get("key") != tp.key:
+            return None
+        for out in m.get("outputs", []):
+            p = Path(out["path"])
+            if not p.is_file() or sha256_file(p) != out["sha256"]:
+                return None
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        return None
+    return m
+
+
 def tree_variant(wd: Workdir, tree: str) -> tuple[dict[str, Any], str | None, str | None]:
     state = wd.read_state(tree)
     if state is None or not wd.tree(tree).is_dir():
@@ -141,11 +163,13 @@ def tree_variant(wd: Workdir, tree: str) -> tuple[dict[str, Any], str | None, st
             "would be labelled with sources it does not hold",
             f"restore it with {restore} (the edited tree is moved to backup/); try a change as "
             "a -D with `build --tree-define` or as a variant's diff in patches/")
-    return state, applied.get("variant"), applied.get("patch_sha256")
+    variant = applied.get("variant")
+    return state, upstream.canonical_variant(variant) if variant else None, \
+        applied.get("patch_sha256")
 
 
 def default_trees(wd: Workdir) -> tuple[str, ...]:
-    """baseline and patched, then every other tree that carries a patch (seed, extra trees)."""
+    """baseline and patched, then every other tree that carries a patch (paper, extra trees)."""
     trees = list(upstream.TREE_NAMES)
     for name in wd.existing_trees():
         if name not in trees and (wd.read_state(name) or {}).get("applied"):
@@ -178,10 +202,16 @@ def render_plan(plan: BuildPlan) -> str:
         out.append(f"{k}: {v}")
     for n in plan.notes:
         out.append(f"note: {n}")
+    todo = [t.tree for t in plan.trees if t.tree not in plan.up_to_date]
+    out.append(f"trees: {len(plan.trees)}; up to date: {', '.join(plan.up_to_date) or 'none'}; "
+               f"to build: {', '.join(todo) or 'none'}")
     for t in plan.trees:
         out.append("")
         out.append(f"[{t.tree}] variant={t.variant or 'stock'} patch={t.patch_sha256 or '-'} "
                    f"source={t.source_sha256[:16]} key={t.key}")
+        out.append("  status: " + (f"up to date ({Path(t.build_dir) / 'manifest.json'} records "
+                                   "this key; skipped unless --force)"
+                                   if t.tree in plan.up_to_date else "to build"))
         out.append(f"  tree: {t.source_tree}")
         out.append(f"  env:  {t.env_backend} {t.env_path} (python {t.python})")
         if t.defines:
@@ -246,9 +276,10 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
             tree_plans.append(_full_tree_plan(wd, tree, variant, patch, src_hash, env_backend,
                                               env_path, py, namespace, env_set, arch_list,
                                               editable, deps_dir, ccache, nvcc_version))
+    fresh = tuple(t.tree for t in tree_plans if manifest_matches(t) is not None)
     return BuildPlan(mode, str(wd.root), arch_list, gencode, jobs, nvcc_threads,
                      selection.to_dict(), toolchain, tuple(tree_plans), tuple(notes),
-                     parallel_trees)
+                     parallel_trees, fresh)
 
 
 def _kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,

@@ -129,7 +129,7 @@ def make_campaign(root: Path, *, python: str, kit_root: str, kit_commit: str | N
                   slurm: SlurmOptions) -> Campaign:
     if tuple(trees) != upstream.TREE_NAMES:
         # prepare runs plain `fetch` + `apply`, which make exactly these two trees; other
-        # variants' trees (--with-seed, --extra-tree) are not wired into campaigns yet
+        # variants' trees (--with-paper, --extra-tree) are not wired into campaigns yet
         raise ConfigError(f"a campaign builds the trees {', '.join(upstream.TREE_NAMES)}, "
                           f"not {', '.join(trees) or 'none'}",
                           "benchmark other variants with `kvprefetch bench kernel` on one "
