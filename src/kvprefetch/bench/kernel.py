@@ -323,7 +323,7 @@ def progress_line(i: int, n: int, r: ShapeResult, seconds: float) -> str:
     return f"{head}: " + " | ".join(parts) + f" ({seconds:.1f} s)"
 
 
-def _cuda_context_problem() -> str:
+def cuda_context_problem() -> str:
     """"" when the CUDA context still works after an error, else why not. Errors such as an
     illegal address are sticky: every later CUDA call fails with them."""
     import torch
@@ -337,7 +337,7 @@ def _cuda_context_problem() -> str:
     return ""
 
 
-def _release_cuda_memory() -> None:
+def release_cuda_memory() -> None:
     """Drop the finished shape's graphs and tensors and hand the cached blocks back, so the next
     shape's memory check sees the device's real free memory."""
     import torch
@@ -405,8 +405,8 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
     def measure(shape: BenchShape, config: KernelBenchConfig) -> ShapeResult:
         return bench_shape(ops, shape, config, facts["l2_bytes"], copy_bw)
 
-    results, aborted = run_shapes(matrix.shapes(), configs, measure, _cuda_context_problem,
-                                  _release_cuda_memory, say)
+    results, aborted = run_shapes(matrix.shapes(), configs, measure, cuda_context_problem,
+                                  release_cuda_memory, say)
     return {
         "kind": "kernel", "schema": 1,
         "meta": {

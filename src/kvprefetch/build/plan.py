@@ -3,7 +3,9 @@ anything runs, frozen, printable (``--dry-run``) and serialisable (``--json``).
 
 A ``BuildPlan`` holds one ``TreePlan`` per tree (baseline, patched, and paper when present).
 Each ``TreePlan`` names its source tree and patch hash, its environment backend and path, the
-exact commands and environment variables, the log directory and the expected outputs."""
+exact commands and environment variables, the log directory and the expected outputs. The
+kernels-only and full ``TreePlan`` are made here, the overlay one in ``overlay.build``;
+``pipeline.make_plan`` assembles the ``BuildPlan``."""
 
 from __future__ import annotations
 
@@ -14,14 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..errors import ConfigError
 from ..hashing import differences, inventory, sha256_file
 from ..sources import upstream
 from ..workspace.workdir import Workdir
-from .kernels_only import namespace_for
 from .selection import Selection
-from .toolchain import CudaArch, format_arch_list, gencode_flags
 
 MODES = ("full", "kernels-only", "overlay")
 
@@ -181,7 +180,7 @@ def kit_python() -> str:
     return sys.executable
 
 
-def _env_set_common(arch_list: str, jobs: int, nvcc_threads: int, cuda_home: str | None) -> dict[str, str]:
+def env_set_common(arch_list: str, jobs: int, nvcc_threads: int, cuda_home: str | None) -> dict[str, str]:
     env = {"TORCH_CUDA_ARCH_LIST": arch_list, "MAX_JOBS": str(jobs),
            "NVCC_THREADS": str(nvcc_threads)}
     if cuda_home:
@@ -227,62 +226,7 @@ def render_plan(plan: BuildPlan) -> str:
     return "\n".join(out)
 
 
-def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: tuple[str, ...],
-              env_backend: str, jobs: int, nvcc_threads: int, selection: Selection,
-              torch_from: str | None, nvcc: str | None, nvcc_version: tuple[int, int, int] | None,
-              cuda_home: str | None, torch_info: Any | None, editable: bool = True,
-              deps_dir: Path | None = None, ccache: str | None = None,
-              tree_defines: dict[str, tuple[str, ...]] | None = None,
-              parallel_trees: int = 1, overlay: Any | None = None) -> BuildPlan:
-    """Compute the plan. ``torch_info`` (kernels-only) is the probe of the torch the envs will
-    use, so the compile commands in the plan are the exact ones that will run."""
-    if mode not in MODES:
-        raise ConfigError(f"unknown build mode {mode!r}", f"use one of {MODES}")
-    wd = Workdir(workdir.resolve())
-    arch_list = format_arch_list(archs)
-    gencode = tuple(gencode_flags(archs, cuda_version=nvcc_version))
-    toolchain: dict[str, Any] = {
-        "nvcc": nvcc, "nvcc_version": ".".join(map(str, nvcc_version)) if nvcc_version else None,
-        "cuda_home": cuda_home, "kit": f"kvprefetch {__version__}", "kit_python": kit_python(),
-    }
-    notes: list[str] = []
-    if any(a.suffix == "a" for a in archs):
-        notes.append("vLLM compiles _C (and so paged_attention_v1/v2.cu) for plain sm_90 even "
-                     "for 9.0a: the bulk L2 prefetch needs only sm_90")
-    tree_plans = []
-    for tree in trees:
-        state, variant, patch = tree_variant(wd, tree)
-        src_hash = source_hash(state)
-        # An overlay env (vLLM installed) lives beside the kernels-only one, not in its place:
-        # the two kinds differ in options, and either mode may be built after the other.
-        env_path = wd.overlay_env(tree) if mode == "overlay" else wd.env(tree)
-        py = str(env_path / "bin" / "python")
-        namespace = namespace_for(tree)
-        env_set = _env_set_common(arch_list, jobs, nvcc_threads, cuda_home)
-        if mode == "overlay":
-            from ..overlay.build import overlay_tree_plan
-
-            tree_plans.append(overlay_tree_plan(wd, tree, variant, patch, state, src_hash,
-                                                env_backend, env_path, py, namespace, env_set,
-                                                gencode, selection, jobs, overlay,
-                                                (tree_defines or {}).get(tree, ())))
-        elif mode == "kernels-only":
-            tree_plans.append(_kernels_tree_plan(wd, tree, variant, patch, state, src_hash,
-                                                 env_backend, env_path, py, namespace, env_set,
-                                                 gencode, selection, torch_from, nvcc, nvcc_version,
-                                                 cuda_home, torch_info, jobs,
-                                                 (tree_defines or {}).get(tree, ())))
-        else:
-            tree_plans.append(_full_tree_plan(wd, tree, variant, patch, src_hash, env_backend,
-                                              env_path, py, namespace, env_set, arch_list,
-                                              editable, deps_dir, ccache, nvcc_version))
-    fresh = tuple(t.tree for t in tree_plans if manifest_matches(t) is not None)
-    return BuildPlan(mode, str(wd.root), arch_list, gencode, jobs, nvcc_threads,
-                     selection.to_dict(), toolchain, tuple(tree_plans), tuple(notes),
-                     parallel_trees, fresh)
-
-
-def _kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
+def kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
                        state: dict[str, Any], src_hash: str, env_backend: str, env_path: Path,
                        py: str, namespace: str, env_set: dict[str, str], gencode: tuple[str, ...],
                        selection: Selection, torch_from: str | None, nvcc: str | None,
@@ -326,7 +270,7 @@ def _kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str |
                     UNSET_FOR_BUILD, steps, (str(so), str(bdir / "manifest.json")))
 
 
-def _full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
+def full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
                     src_hash: str, env_backend: str, env_path: Path, py: str, namespace: str,
                     env_set: dict[str, str], arch_list: str, editable: bool,
                     deps_dir: Path | None, ccache: str | None, nvcc_version: Any) -> TreePlan:

@@ -61,8 +61,7 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
           cuda_home: str | None, allow_cuda_mismatch: bool, skip_doctor: bool, force: bool,
           dry_run: bool, as_json: bool) -> None:
     """Build the baseline and patched trees, each into its own environment."""
-    from ..build.builder import execute
-    from ..build.options import BuildOptions, prepare_build, raise_for_failures
+    from ..build.pipeline import BuildOptions, execute, prepare_build, raise_for_failures
     from ..build.plan import render_plan
 
     opts = BuildOptions(

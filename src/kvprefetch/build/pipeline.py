@@ -1,23 +1,44 @@
-"""From ``build``'s options to a ``BuildPlan``: every decision made before anything runs.
+"""The ``build`` command as a pipeline: options -> plan -> execution -> outcomes, for every mode.
 
 ``BuildOptions`` holds the options as given; ``prepare_build`` resolves them against the
 machine and the work directory (the mode ``auto`` picks, the trees, an interrupted apply
 recovered, the preflight, the jobs, the toolkit, torch) into a ``PreparedBuild``: the frozen
-plan, the overlay options and the notices to show. The CLI only parses, calls this and
-``builder.execute``, and renders."""
+plan (``make_plan``), the overlay options and the notices to show. ``execute`` walks the plan,
+one mode's tree builder per tree. This is the one module that knows every mode (kernels-only
+and full in ``builder``/``plan``, overlay in ``kvprefetch.overlay.build``), so none of those
+imports another's dispatcher. The CLI only parses, calls these, and renders."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BuildError, ConfigError, LockError
+from .. import __version__
+from ..errors import BuildError, ConfigError, KvprefetchError, LockError
+from ..overlay.build import build_overlay_tree, overlay_tree_plan
 from ..workspace.workdir import Workdir, check_tree_name
-from .builder import TreeOutcome
-from .plan import BuildPlan, default_trees, make_plan, tree_variant
+from .builder import TreeOutcome, build_full_tree, build_kernels_tree
+from .kernels_only import namespace_for
+from .plan import (
+    MODES,
+    BuildPlan,
+    TreePlan,
+    default_trees,
+    env_set_common,
+    full_tree_plan,
+    kernels_tree_plan,
+    kit_python,
+    manifest_matches,
+    source_hash,
+    tree_variant,
+)
+from .selection import Selection
+from .toolchain import CudaArch, format_arch_list, gencode_flags
 
 
 @dataclass(frozen=True)
@@ -152,6 +173,81 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
                      editable=opts.editable, deps_dir=opts.deps_dir, ccache=ccache,
                      tree_defines=per_tree_defines, parallel_trees=parallel, overlay=overlay)
     return PreparedBuild(plan, overlay, tuple(notices))
+
+
+def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: tuple[str, ...],
+              env_backend: str, jobs: int, nvcc_threads: int, selection: Selection,
+              torch_from: str | None, nvcc: str | None, nvcc_version: tuple[int, int, int] | None,
+              cuda_home: str | None, torch_info: Any | None, editable: bool = True,
+              deps_dir: Path | None = None, ccache: str | None = None,
+              tree_defines: dict[str, tuple[str, ...]] | None = None,
+              parallel_trees: int = 1, overlay: Any | None = None) -> BuildPlan:
+    """Compute the plan. ``torch_info`` (kernels-only) is the probe of the torch the envs will
+    use, so the compile commands in the plan are the exact ones that will run."""
+    if mode not in MODES:
+        raise ConfigError(f"unknown build mode {mode!r}", f"use one of {MODES}")
+    wd = Workdir(workdir.resolve())
+    arch_list = format_arch_list(archs)
+    gencode = tuple(gencode_flags(archs, cuda_version=nvcc_version))
+    toolchain: dict[str, Any] = {
+        "nvcc": nvcc, "nvcc_version": ".".join(map(str, nvcc_version)) if nvcc_version else None,
+        "cuda_home": cuda_home, "kit": f"kvprefetch {__version__}", "kit_python": kit_python(),
+    }
+    notes: list[str] = []
+    if any(a.suffix == "a" for a in archs):
+        notes.append("vLLM compiles _C (and so paged_attention_v1/v2.cu) for plain sm_90 even "
+                     "for 9.0a: the bulk L2 prefetch needs only sm_90")
+    tree_plans = []
+    for tree in trees:
+        state, variant, patch = tree_variant(wd, tree)
+        src_hash = source_hash(state)
+        # An overlay env (vLLM installed) lives beside the kernels-only one, not in its place:
+        # the two kinds differ in options, and either mode may be built after the other.
+        env_path = wd.overlay_env(tree) if mode == "overlay" else wd.env(tree)
+        py = str(env_path / "bin" / "python")
+        namespace = namespace_for(tree)
+        env_set = env_set_common(arch_list, jobs, nvcc_threads, cuda_home)
+        if mode == "overlay":
+            tree_plans.append(overlay_tree_plan(wd, tree, variant, patch, state, src_hash,
+                                                env_backend, env_path, py, namespace, env_set,
+                                                gencode, selection, jobs, overlay,
+                                                (tree_defines or {}).get(tree, ())))
+        elif mode == "kernels-only":
+            tree_plans.append(kernels_tree_plan(wd, tree, variant, patch, state, src_hash,
+                                                 env_backend, env_path, py, namespace, env_set,
+                                                 gencode, selection, torch_from, nvcc, nvcc_version,
+                                                 cuda_home, torch_info, jobs,
+                                                 (tree_defines or {}).get(tree, ())))
+        else:
+            tree_plans.append(full_tree_plan(wd, tree, variant, patch, src_hash, env_backend,
+                                              env_path, py, namespace, env_set, arch_list,
+                                              editable, deps_dir, ccache, nvcc_version))
+    fresh = tuple(t.tree for t in tree_plans if manifest_matches(t) is not None)
+    return BuildPlan(mode, str(wd.root), arch_list, gencode, jobs, nvcc_threads,
+                     selection.to_dict(), toolchain, tuple(tree_plans), tuple(notes),
+                     parallel_trees, fresh)
+
+
+def execute(plan: BuildPlan, *, torch_from: str | None = None, force: bool = False,
+            overlay: Any | None = None) -> list[TreeOutcome]:
+    """Build every tree of the plan; failures are collected, not raised mid-way, so one tree's
+    error never leaves the other half-built without a report."""
+    def one(tp: TreePlan) -> TreeOutcome:
+        t0 = time.monotonic()
+        try:
+            if plan.mode == "kernels-only":
+                return build_kernels_tree(tp, plan, torch_from, force)
+            if plan.mode == "overlay":
+                return build_overlay_tree(tp, plan, force, overlay)
+            return build_full_tree(tp, plan, force)
+        except KvprefetchError as exc:
+            o = TreeOutcome(tp.tree, "failed", round(time.monotonic() - t0, 1), tp.log_dir)
+            o.error, o.error_kind = exc.message, type(exc).__name__
+            return o
+
+    workers = plan.parallel_trees if plan.mode in ("kernels-only", "overlay") else 1
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(one, plan.trees))
 
 
 def raise_for_failures(outcomes: list[TreeOutcome]) -> None:
