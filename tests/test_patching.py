@@ -16,6 +16,7 @@ from kvprefetch.hashing import sha256_file
 from kvprefetch.sources import upstream
 from kvprefetch.sources.fetch import tree_modifications
 from kvprefetch.sources.patching import apply_patch, carried_variant, patch_sha256
+from kvprefetch.workspace import ownership
 from kvprefetch.workspace.workdir import Workdir
 
 HELPER = Path(__file__).resolve().parent.parent / "csrc" / "prefetch_ptx.cuh"
@@ -381,3 +382,20 @@ def test_new_kit_headers_are_installed_into_an_applied_tree(
     assert {rel: sha256_file(tree / rel) for rel in patched_before} == patched_before
     assert tree_modifications(wd, "patched") == []
     assert apply_patch(fetched_workdir, "prefetch").action == "already-applied"
+
+
+def test_apply_writes_nothing_outside_the_work_directory(fetched_workdir: Path,
+                                                         tmp_path: Path) -> None:
+    """apply's scratch copies live in <workdir>/tmp (recorded, so a killed apply's are removed
+    by the next fetch or clean), not in the system temp directory: TMPDIR stays empty, and the
+    work directory keeps no scratch after a successful or a refused apply."""
+    tmpdir = tmp_path / "system-tmp"
+    tmpdir.mkdir()
+    env = dict(_env(), TMPDIR=str(tmpdir))
+    for variant, want in (("prefetch", 0), ("paper", PatchError.exit_code)):
+        res = kvprefetch_cli_split("apply", "--workdir", str(fetched_workdir), "--variant",
+                                   variant, "--tree", "patched", env=env)
+        assert res.returncode == want, res.stderr
+        assert list(tmpdir.iterdir()) == []
+        assert not (fetched_workdir / "tmp").exists()
+        assert not [e for e in ownership.entries(fetched_workdir).values() if e["kind"] == "tmp"]

@@ -26,6 +26,7 @@ from ..workspace import ownership
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, write_json_atomic
 from .plan import BuildPlan, TreePlan, manifest_matches
+from .progress import CompileProgress, heartbeat, previous_seconds
 
 _print_lock = threading.Lock()
 
@@ -90,6 +91,28 @@ def child_env(env_obj: Any, tp: TreePlan) -> dict[str, str]:
     return e
 
 
+def compile_with_progress(tree: str, argv: list[str], *, env: dict[str, str], log: Path,
+                          fix: str, started: float, build_root: Path,
+                          selection: dict[str, Any]) -> None:
+    """Run ninja, showing its ``[n/N]`` with the time elapsed since ``started`` (the tree's
+    build) and an estimate of the time left. ninja prints a counter only as each edge ends,
+    minutes apart for a full launcher source, so a heartbeat repeats the line in between."""
+    prog = CompileProgress(started, previous_seconds(build_root, selection))
+    lock = threading.Lock()
+
+    def show() -> None:
+        with lock:
+            say(tree, prog.line(time.monotonic()))
+
+    def progress(n: int, total: int) -> None:
+        with lock:
+            prog.update(n, total)
+        show()
+
+    with heartbeat(show):
+        run(argv, env=env, log=log, on_progress=progress, fix=fix)
+
+
 def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
                        force: bool) -> TreeOutcome:
     from ..sources.upstream import kit_root
@@ -136,19 +159,12 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
             nvcc=Path(nvcc), cxx=cxx, cu_sources=srcs,
             cpp_source=kit_root() / "csrc" / "kvprefetch_ops.cpp", nvcc_flags=nvcc_flags,
             cxx_flags=cxx_flags, link_flags=link_flags, output=so))
-        last = [0.0]
-
-        def progress(n: int, total: int) -> None:
-            now = time.monotonic()
-            if now - last[0] > 2 or n == total:
-                last[0] = now
-                say(tp.tree, f"[{n}/{total}] compiling ({now - t0:.0f} s)")
-
         step_t = time.monotonic()
-        ninja_argv = [a for a in tp.steps[3].argv]
-        run(ninja_argv, env=child, log=logs / "04-compile.log", on_progress=progress,
+        compile_with_progress(
+            tp.tree, list(tp.steps[3].argv), env=child, log=logs / "04-compile.log",
             fix=f"read {logs / '04-compile.log'}; fix the cause and rerun: finished objects are "
-                "kept and the build resumes")
+                "kept and the build resumes",
+            started=t0, build_root=bdir.parent, selection=plan.selection)
         out.steps.append({"step": "compile", "seconds": round(time.monotonic() - step_t, 1)})
         so_sha = sha256_file(so)
         build_json = {"tree": tp.tree, "variant": tp.variant or "stock", "namespace": tp.namespace,

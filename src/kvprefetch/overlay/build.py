@@ -201,7 +201,13 @@ def _installed_versions(python: str, env: dict[str, str], log: Path) -> dict[str
 
 def build_overlay_tree(tp: Any, plan: Any, force: bool,
                        overlay: OverlayOptions | None) -> Any:
-    from ..build.builder import TreeOutcome, child_env, say, skip_if_up_to_date
+    from ..build.builder import (
+        TreeOutcome,
+        child_env,
+        compile_with_progress,
+        say,
+        skip_if_up_to_date,
+    )
     from ..build.kernels_only import (
         compile_flags,
         install_into_env,
@@ -274,18 +280,12 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
             nvcc=Path(tk.nvcc), cxx=os.environ.get("CXX", "g++"), cu_sources=srcs,
             cpp_source=csrc / "kvprefetch_ops.cpp", nvcc_flags=nvcc_flags, cxx_flags=cxx_flags,
             link_flags=link_flags, output=so, extra_cpp_sources=(csrc / ROUTE_CPP,)))
-        last = [0.0]
-
-        def progress(n: int, total: int) -> None:
-            now = time.monotonic()
-            if now - last[0] > 2 or n == total:
-                last[0] = now
-                say(tp.tree, f"[{n}/{total}] compiling ({now - t0:.0f} s)")
-
         t = time.monotonic()
-        run(list(tp.steps[5].argv), env=child, log=logs / "06-compile.log", on_progress=progress,
+        compile_with_progress(
+            tp.tree, list(tp.steps[5].argv), env=child, log=logs / "06-compile.log",
             fix=f"read {logs / '06-compile.log'}; fix the cause and rerun: finished objects are "
-                "kept and the build resumes")
+                "kept and the build resumes",
+            started=t0, build_root=bdir.parent, selection=plan.selection)
         timed("compile", t)
         imports = cudart_imports(run(["nm", "-D", "--undefined-only", str(so)], echo=False,
                                      log=logs / "06-compile.log").output)
