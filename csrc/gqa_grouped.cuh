@@ -111,7 +111,7 @@ __device__ __forceinline__ V load_ro(const V* p) {
 // ptxas keeps it after the wait (load_dep), and verify-kernel checks the order in each
 // kernel's SASS ("twins wait for the previous kernel before touching memory"). So only the
 // launch and the grid's ramp-up overlap the previous kernel's tail. On the H200 (repeat run 36,
-// docs/prefetch-tuning.md row 46; rows 42-45 for how it got there) the issue matrix went from
+// docs/tuning-log.md row 46; rows 42-45 for how it got there) the issue matrix went from
 // 1.639x to 1.658x, batch 1 gained 3-11% (b1 x 1k 1.80x -> 1.99x; b1 x 4k lost 0.9%), four
 // large-batch shapes lost 0.3-1.2%, b8 x 512 and b8 x 1k ran the same; bitwise equal
 // everywhere. 0: the twins launched as vLLM launches its kernels (repeat run 24's design, SASS
@@ -125,7 +125,7 @@ __device__ __forceinline__ void pdl_start() {
 }
 
 // A CTA's start is on the critical path of the small steps, but not as "sooner is better"
-// (H200, exploration runs 52-53, docs/prefetch-tuning.md rows 57-58): L2 prefetches of each
+// (H200, exploration runs 52-53, docs/tuning-log.md rows 57-58): L2 prefetches of each
 // warp's first chunks between griddepcontrol.launch_dependents and .wait cost b8 x 1k 4-21%
 // (`c71f022`, KVPREFETCH_TWIN_EARLY), and loading each lane's first block number beside
 // seq_len, so that the first bulk copies leave one L2 round trip sooner, made the 2x2 twin's
@@ -151,7 +151,7 @@ __device__ __forceinline__ void pdl_start() {
 // 32-33 timed both the same), and the K/V loads, whose addresses come from the block tables,
 // follow it; a read-only one (ld.global.nc, which nvcc infers from const __restrict__)
 // promises data that does not change while the kernel runs, and ptxas moved one above the
-// wait (docs/prefetch-tuning.md row 43). ORDERED = false keeps the read-only path under
+// wait (docs/tuning-log.md row 43). ORDERED = false keeps the read-only path under
 // KVPREFETCH_TWIN_PDL for a load that cannot issue before the wait anyway: the block-table
 // entries, each guarded by the warp's token range, which comes from seq_lens (verify-kernel's
 // order check confirms it per kernel; ordered loads there timed the same, repeat runs 33-34).
@@ -206,7 +206,7 @@ constexpr long long twin_smem_before(const long long stock_bytes) {
 // operations (bench kernel and verify-kernel check the outputs bitwise). The host launches the
 // staged instantiation where two slots per warp fit beside the CTAs an SM holds
 // (stage_count), else the unstaged one. H200, exploration runs 39-40
-// (docs/prefetch-tuning.md rows 47-49): two slots ran b8 x 512 1.35x -> 1.51x, b8 x 1k 1.28x
+// (docs/tuning-log.md rows 47-49): two slots ran b8 x 512 1.35x -> 1.51x, b8 x 1k 1.28x
 // -> 1.36x, b32 x 512/1k 1.40/1.49x -> 1.58/1.79x, b1 x 16k 1.49x -> 1.68x, bf16 b8 x 1k 1.46x
 // -> 1.75x; more slots ran slower (b8 x 512 1.36x at up to 4, 1.31x at up to 8), one slot (no
 // overlap) far slower (b32 x 4k 1.56x -> 1.28x), and the S = 4 twin (2x4) 1-4% slower staged.

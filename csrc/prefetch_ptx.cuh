@@ -12,7 +12,7 @@
 //    (prologue_compiled) also carry an in-kernel prologue (prefetch_prologue): before the loop,
 //    the warp's lanes ask the bulk-copy engine for the K and V chunks of the blocks the warp
 //    will walk. In `auto` it does not run (KVPREFETCH_AUTO_MAX_CTAS_PCT = 0): on the H200 the
-//    launcher's kernel beat it at every grid where it used to run (docs/prefetch-tuning.md,
+//    launcher's kernel beat it at every grid where it used to run (docs/tuning-log.md,
 //    row 25). It stays compiled in because with it ptxas issues all 16 K loads of a block
 //    before their first use (stock: 2 of 16), which made those kernels 1.2-1.3x faster, and it
 //    runs with KVPREFETCH=on. Nothing is added inside the loop.
@@ -119,7 +119,7 @@ __device__ __forceinline__ void consume_token(const unsigned token, float* share
 // before these kernels too (KVPREFETCH_V2_L2_KERNEL=2), the H200 measured the launcher alone
 // faster than the prologue, and than both, at every grid where the prologue used to run
 // (64-256 CTAs: Llama-3.1-8B fp16 b1 x 1k 1.49 -> 1.58x, b1 x 4k 1.27 -> 1.44x; Gemma-2B
-// b1 x 16k 1.16 -> 1.22x; docs/prefetch-tuning.md row 25). -DKVPREFETCH_AUTO_MAX_CTAS_PCT=200
+// b1 x 16k 1.16 -> 1.22x; docs/tuning-log.md row 25). -DKVPREFETCH_AUTO_MAX_CTAS_PCT=200
 // brings back the earlier rule (at most 2 CTAs and 1 requesting CTA per SM, rows 10, 18, 19).
 #ifndef KVPREFETCH_AUTO_MAX_CTAS_PCT
   #define KVPREFETCH_AUTO_MAX_CTAS_PCT 0
@@ -133,7 +133,7 @@ __device__ __forceinline__ void consume_token(const unsigned token, float* share
 // L2); 0 = each CTA requests all of its blocks (the group's requests are then repeated
 // num_queries_per_kv times); 2 = the group's CTAs split the blocks, each requesting every
 // num_queries_per_kv-th. On the H200 (Llama-3.1-8B, 4 query heads per kv head, prefetch forced
-// on) 1 ran 5-30% faster than 0 on every v2 grid, and 0-9% faster than 2 (docs/prefetch-tuning.md,
+// on) 1 ran 5-30% faster than 0 on every v2 grid, and 0-9% faster than 2 (docs/tuning-log.md,
 // docs/results/2026-11-29-h200-prefetch-explore/5-gqa-share).
 #ifndef KVPREFETCH_GQA_SHARE
   #define KVPREFETCH_GQA_SHARE 1
@@ -152,7 +152,7 @@ static_assert(KVPREFETCH_GQA_SHARE >= 0 && KVPREFETCH_GQA_SHARE <= 2,
 // table) and none of the functions that use it: its module holds stock's kernels plus
 // kv_l2_prefetch_kernel, and nothing else. (With that state in the module, the mode then in a
 // __constant__, instruction-identical v1 kernels measured ~0.6% slower than stock on small
-// steps on the H200, in every run; docs/prefetch-tuning.md.)
+// steps on the H200, in every run; docs/tuning-log.md.)
 #ifndef KVPREFETCH_LAUNCHER_ONLY
   #define KVPREFETCH_LAUNCHER_ONLY 0
 #endif
@@ -171,7 +171,7 @@ static_assert(KVPREFETCH_GQA_SHARE >= 0 && KVPREFETCH_GQA_SHARE <= 2,
 // registers, which measured faster than any bound, so v2 has none.
 //
 // The rule: v1, block size 16, 16-bit caches, N = 6 / 4 / 3 for head size 64 / 128 / 256;
-// everything else 0 (stock). Measured on the H200 (docs/prefetch-tuning.md rows 27-28): the
+// everything else 0 (stock). Measured on the H200 (docs/tuning-log.md rows 27-28): the
 // chosen N was the best of N = 3..6 per preset and dtype overall; a wrong N costs up to 3x (head
 // 128 at N=6, head 256 at N=5), so configurations nobody measured stay stock. fp8 caches are
 // left out although head 128 gained (1.05 -> 1.09x): a bounded fp8 kernel changed the code of
@@ -204,7 +204,7 @@ constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm
 // Which of vLLM's instantiations get the GQA-grouped twins (csrc/gqa_grouped.cuh): head 128,
 // block 16, not block-sparse, fp16 caches in v1 and v2, bf16 caches in v2 only (bf16 v1 ran
 // faster as the launch-bounded stock kernel: b64 x 4k 1.72x vs the twin's 1.54x,
-// docs/prefetch-tuning.md). Keep in sync with kvprefetch.upstream.twin_shapes.
+// docs/tuning-log.md). Keep in sync with kvprefetch.upstream.twin_shapes.
 // -DKVPREFETCH_GQA_TWINS=0 compiles no twin at all.
 #ifndef KVPREFETCH_GQA_TWINS
   #define KVPREFETCH_GQA_TWINS 1
@@ -220,7 +220,7 @@ constexpr bool twin_rule(const bool partitioned, const int head_size, const int 
 // CTAs); many want the L2 traffic cut by G = 4 and at most one CTA of stock's size per group.
 // `auto` runs the first twin whose min_ctas_pct the grid reaches, in stock CTAs per 100 SMs
 // (auto_twin). Calibrated on the H200 (Llama-3.1-8B fp16; exploration runs 19 and 21-23,
-// docs/prefetch-tuning.md rows 35-38): the rule picked the fastest of the four at every shape of
+// docs/tuning-log.md rows 35-38): the rule picked the fastest of the four at every shape of
 // run 22's fp16 tables but one: up to 1 stock CTA per SM 2x4 (b1-b4 x 512-2k, 1.73-1.81x), at
 // 1.9-3.9 per SM 2x2 (1.23-1.52x), at 7.8 per SM 4x2 (1.39-1.56x), from 15.5 per SM on 4x1
 // (1.73-1.91x; the exception, b64 x 4k in v1: 4x1 1.38x, 4x2 1.55x).
@@ -341,7 +341,7 @@ inline int twin_pick(const int mode, const long long stock_ctas, const int sm_co
 // up to what the twins' launch bound lets run: 16 warps), at most the warp's 2 x ceil(blocks /
 // warps) chunks (K and V) and KVPREFETCH_TWIN_STAGE; 0 (the launcher then runs the unstaged
 // twin) where fewer than two fit: with one slot a warp would wait for every chunk in turn
-// (docs/prefetch-tuning.md row 47). `fixed`: the CTA's dynamic shared memory besides the ring;
+// (docs/tuning-log.md row 47). `fixed`: the CTA's dynamic shared memory besides the ring;
 // per CTA 1 KiB is the system's and 3 KiB are kept for the static part (at most 2.3 KiB in
 // the twins), the mbarriers and the ring's alignment. Host code
 // (tests/samples/sass/min_blocks_rule.cu runs it on the CPU).
@@ -438,7 +438,7 @@ struct StreamSlots {
 
 // The mode lives in global memory, not in a __constant__: a user constant bank in the module
 // made every kernel launched from it ~0.5-1% slower on short steps on the H200, the
-// instruction-identical ones included, and the prologue kernels too (docs/prefetch-tuning.md,
+// instruction-identical ones included, and the prologue kernels too (docs/tuning-log.md,
 // docs/results/2026-11-29-h200-prefetch-explore/4-module-state). -DKVPREFETCH_MODE_IN_GLOBAL=0
 // puts it back in a __constant__ to reproduce that.
 #ifndef KVPREFETCH_MODE_IN_GLOBAL
@@ -481,7 +481,7 @@ __device__ __forceinline__ bool prefetch_enabled(const int group_size) {
 // Any use of a k_cache/v_cache-derived address in an asm operand (or a ptrtoint) *captures* the
 // kernel argument. NVVM then can no longer prove the cache read-only and drops the read-only
 // path for every K/V load of the kernel: in the v1 kernel for head 128, block 16, fp16, 21
-// `LDG.E.64.CONSTANT` loads become 5 `.CONSTANT` + 16 plain `LDG.E.64` (docs/prefetch-tuning.md).
+// `LDG.E.64.CONSTANT` loads become 5 `.CONSTANT` + 16 plain `LDG.E.64` (docs/tuning-log.md).
 //
 // So the prefetches take their base addresses from a small device table instead: each launcher
 // registers the cache tensors it is called with (before_launch, host side, once per tensor),
@@ -586,7 +586,7 @@ __device__ __forceinline__ unsigned prefetch_warp_blocks(
 // instantiation compiles exactly as stock, which verify-kernel checks). Adding the prologue
 // changes how NVVM schedules the whole kernel, independently of whether it prefetches at run
 // time. Measured on the H200 with the prologue compiled in but switched off
-// (docs/prefetch-tuning.md): v2 kernels for 16-bit caches and head size >= 128 ran 1.03-1.27x
+// (docs/tuning-log.md): v2 kernels for 16-bit caches and head size >= 128 ran 1.03-1.27x
 // faster than stock; v1 kernels 1.7-2.8x slower; fp8-cache v2 kernels 2-4% slower; the head-64
 // v2 kernel 2.6% slower on one shape; bf16 head 256 (Gemma-2B) 1.2-1.4% slower at batch 8-64
 // (row 29), so bf16 caches get it only up to head 128, and fp32 caches (never measured) not at
@@ -796,7 +796,7 @@ inline void before_launch(cudaStream_t stream, const void* k_cache, const void* 
 // Shorter runs cost too: every CTA of this kernel delays the attention kernel's, so runs of 16
 // blocks ran b8 x 512 1.08x (runs of 64: 1.14x) and runs of 4 0.98x. 64 blocks (1024 tokens at
 // block size 16) leaves every step up to 1k tokens as before and spreads longer sequences
-// (docs/prefetch-tuning.md, docs/results/2026-11-29-h200-prefetch-explore/7-l2-kernel-split).
+// (docs/tuning-log.md, docs/results/2026-11-29-h200-prefetch-explore/7-l2-kernel-split).
 #ifndef KVPREFETCH_L2_BLOCKS_PER_CTA
   #define KVPREFETCH_L2_BLOCKS_PER_CTA 64
 #endif
@@ -833,7 +833,7 @@ namespace {
 // step (an upper bound: num_seqs x max_seq_len tokens, K and V) is at most 1/2 of L2
 // (30 MB on the H200): then the step is latency-bound and the prefetched bytes land before
 // the attention kernel's warps reach them. Measured on the H200 with the prefetch kernel
-// overlapping the attention kernel (KVPREFETCH_LAUNCH_OVERLAP, docs/prefetch-tuning.md), v1
+// overlapping the attention kernel (KVPREFETCH_LAUNCH_OVERLAP, docs/tuning-log.md), v1
 // steps: 2, 4 and 8.4 MB ran 1.33x, 1.34x and 1.36x faster; 16.8 MB 1.12x; 33.6 MB 0.955x
 // (the prefetch competes with the kernel's own loads); larger ones 0.84-0.90x. KVPREFETCH=on|off
 // overrides; KVPREFETCH_AUTO_L2_DIVISOR changes the 1/2 at compile time.
@@ -982,7 +982,7 @@ inline L2PrefetchJoin launch_l2_prefetch(cudaStream_t stream, const cache_t* k_c
 // `auto` rule as v1 (steps <= L2/2). KVPREFETCH_V2_L2_KERNEL: 2 (default) before every v2
 // kernel; 1 only before those compiled without the prologue (fp8 caches, head sizes below
 // kPrologueMinHeadSize), the others left to the prologue (the design of rows 22-23 in
-// docs/prefetch-tuning.md); 0 never (not even instantiated: the v2 module of row 21).
+// docs/tuning-log.md); 0 never (not even instantiated: the v2 module of row 21).
 // Tried and not kept (exploration run 57, the code at e1d0b17): no launcher kernel before an
 // fp16 cache's v2 grid of 4 or more stock CTAs per SM. TinyLlama fp16 (head 64, no twin) loses
 // 0.7-0.9% only on grids of 1024 CTAs (b1 x 16k, b2 x 8k, b4 x 4k), one nearly full wave of

@@ -1,6 +1,7 @@
-"""The README's report blocks (`<!-- report RESULT.json summary|shapes -->`) are what
-`kvprefetch report --readme` renders from the committed result JSON, not numbers typed by hand:
-CI regenerates them and fails on any difference."""
+"""The report blocks (`<!-- report RESULT.json summary|shapes -->`) of the README and
+docs/design.md, and the README's command table (`<!-- commands -->`), are what
+`kvprefetch report --readme` renders from the committed result JSON and the commands' help, not
+text typed by hand: CI regenerates them and fails on any difference."""
 
 from __future__ import annotations
 
@@ -8,21 +9,32 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from kvprefetch.bench.report import README_BLOCK, refresh_blocks
 from kvprefetch.cli import main
+from kvprefetch.cli.report import COMMANDS_BLOCK, refresh_commands
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_blocks_are_regenerated_from_their_json() -> None:
-    text = (ROOT / "README.md").read_text()
+@pytest.mark.parametrize("doc", ["README.md", "docs/design.md"])
+def test_report_blocks_are_regenerated_from_their_json(doc: str) -> None:
+    path = ROOT / doc
+    text = path.read_text()
     blocks = README_BLOCK.findall(text)
-    assert blocks, "the README has no report block"
-    for _, path, _, _, _ in blocks:
-        assert (ROOT / path).is_file(), path
-    new, changed = refresh_blocks(text, ROOT)
+    assert blocks, f"{doc} has no report block"
+    for _, block_path, _, _, _ in blocks:
+        assert (path.parent / block_path).is_file(), block_path
+    new, changed = refresh_blocks(text, path.parent)
+    assert changed == [] and new == text
+
+
+def test_readme_command_table_is_generated_from_the_commands() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert COMMANDS_BLOCK.search(text), "the README has no <!-- commands --> block"
+    new, changed = refresh_commands(text)
     assert changed == [] and new == text
 
 

@@ -368,7 +368,7 @@ def test_v2_launcher_prefetch_kernel_only_when_enabled(tmp_path: Path, enabled: 
     kernel) and 1 (only before those without the prologue, decided at run time by
     prologue_rule) the device code holds kv_l2_prefetch_kernel for both cache types, each with
     its K and V UBLKPF; with 0 it holds none, the v2 module of the design before it. Which
-    setting is faster is measured on the H200 (docs/prefetch-tuning.md)."""
+    setting is faster is measured on the H200 (docs/tuning-log.md)."""
     from kvprefetch.verify.sass import prefetch_kernels
 
     sass = _compile_and_disassemble(tmp_path, SAMPLES / "v2_launcher.cu",

@@ -5,7 +5,7 @@
 # `control`, in ONE device call (about 6 minutes): fetch the carried sdist, apply, kernels-only
 # build (head 128/256, block 16, fp16/bf16), verify-kernel, the GPU-marked tests, one cold table
 # with its heatmap, then Gemma-2B (head 256) in bf16 and fp16, whose v2 kernels' prologue rule
-# changed in row 29 of docs/prefetch-tuning.md. NOPDL=1, NOSTAGE=1, NOFUSE=1 and NOSPLIT=1 add
+# changed in row 29 of docs/tuning-log.md. NOPDL=1, NOSTAGE=1, NOFUSE=1 and NOSPLIT=1 add
 # the designs before programmatic dependent launch, the shared-memory ring, v2's reduction in
 # the twin and the ring's split first requests (lib.sh's alt_trees).
 #   device tool: run(command="bash scripts/device/default-matrix.sh", carry=[".carry"], timeout_s=560)

@@ -13,7 +13,7 @@
 # threshold would fall), bf16 batch 1/8/64 x 512/4k/16k cold. Every output bitwise vs stock.
 #   device tool: run(command="bash scripts/device/gqa-group.sh", carry=[".carry"], timeout_s=560)
 # Run 16 measured it at 21697a3; the grouped twin was removed after it (slower on every fp16
-# shape, docs/prefetch-tuning.md row 30), so rerun it from a checkout of 21697a3.
+# shape, docs/tuning-log.md row 30), so rerun it from a checkout of 21697a3.
 set -uo pipefail
 BUDGET_S=${BUDGET_S:-540}
 source "$(dirname "$0")/lib.sh"

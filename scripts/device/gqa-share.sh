@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Exploration, ONE device call (about 5 minutes): can the v2 prologue prefetch on large grids if
 # the query heads of a GQA group stop repeating each other's requests? With the prologue forced
-# on, large v2 grids ran 0.85-0.93x of the prologue compiled in but off (prefetch-tuning row 8),
+# on, large v2 grids ran 0.85-0.93x of the prologue compiled in but off (tuning-log row 8),
 # while the L2-resident bound (scripts/device/l2-bound.sh) leaves 5-15% on those shapes. Each
 # of the num_heads / num_kv_heads CTAs of a group asks for the same K/V chunks: 4x the bulk
 # requests for Llama-3.1-8B. Trees (head 128, block 16, fp16):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Exploration, ONE device call (about 4 minutes): now that the launcher's L2 prefetch kernel is
-# the prefetch of the v2 kernels too (row 25 of docs/prefetch-tuning.md), is L2/2 still the
+# the prefetch of the v2 kernels too (row 25 of docs/tuning-log.md), is L2/2 still the
 # right step size to stop at? Row 20 set it on v1 steps (16.8 MB 1.12x, 33.6 MB 0.955x).
 # Trees (head 128/256, block 16, fp16 and bf16 caches): baseline, control (A/A), patched
 # (shipped: steps <= L2/2, 31 MB on the H200), thr1 (-DKVPREFETCH_AUTO_L2_DIVISOR=1: steps <= L2).

@@ -4,7 +4,7 @@
 # block 16, fp16) shows why it might: stock's K loop issues 7 (v1) or 2 (v2) of its 16 K loads
 # before the first FMA that consumes one, so each block costs about two memory round trips;
 # the shipped v2 prologue kernels issue all 16 first (the "code generation" gain of
-# docs/prefetch-tuning.md finding 1); with N=3 or 4 ptxas issues all 16 in v1 and v2 alike
+# docs/tuning-log.md finding 1); with N=3 or 4 ptxas issues all 16 in v1 and v2 alike
 # (136/124 registers: 3/4 CTAs per SM instead of 5), with N=5 10 of 16 (96 registers).
 # Trees (head 128, block 16, fp16 cache), all but baseline/control the shipped `prefetch`
 # patch with different -D:

@@ -25,7 +25,7 @@ worktree_id() {
 }
 # res_usage: registers, stack and shared memory of every kernel in each built tree's library
 # (`cuobjdump -res-usage`), one file per tree in the results: what decides how many CTAs fit an
-# SM, which an early launch needs (docs/prefetch-tuning.md row 44).
+# SM, which an early launch needs (docs/tuning-log.md row 44).
 res_usage() {
   local m t so tool
   tool=$(python3 -c 'from kvprefetch.build.toolchain import find_cuobjdump as f; t = f()
@@ -42,7 +42,7 @@ print(t.cuobjdump if t else "cuobjdump")' 2>/dev/null) || tool=cuobjdump
 # flags to ALT_DEF; nothing without the switch):
 #   NOPDL=1   -> `nopdl`, KVPREFETCH_TWIN_PDL=0: the twins launched as vLLM launches its
 #                kernels, not as programmatic dependents (repeat run 24's design;
-#                docs/prefetch-tuning.md rows 42-46);
+#                docs/tuning-log.md rows 42-46);
 #   NOSTAGE=1 -> `nostage`, KVPREFETCH_TWIN_STAGE=0: the twins load K and V from global, no
 #                shared-memory ring (repeat run 36's design; rows 47-49);
 #   NOFUSE=1  -> `nofuse`, KVPREFETCH_TWIN_FUSE=0: a reduce kernel after every v2 twin, none

@@ -17,6 +17,12 @@ Method, per shape of the matrix:
    back to the driver; a graph replaying into it faults with an illegal memory access.)
 3. ``rounds`` rounds; in each, every variant (in a rotated order) replays its graph enough times
    to fill ``target_sample_ms``, timed with CUDA events. A sample is the time per decode call.
+   With ``timing="eager"`` nothing is captured: the same ``launches`` decode calls are made
+   back to back from Python, as vLLM makes them above its largest captured batch or with
+   ``enforce_eager``, so the host path (torch's dispatcher and each tree's launcher) is inside
+   the CUDA-event window wherever it is slower than the kernels. The v2 workspace is still
+   allocated once per shape (vLLM allocates it per call, the same for every tree), so the
+   ratio is the launchers' and kernels' own.
 4. Per variant: median and spread (quartiles, min/max) of the per-round samples; speedup as the
    per-round ratio baseline/variant (paired within a round), with its median and spread; achieved
    bandwidth (the fewest bytes a call must move over its median time) as a fraction of a
@@ -44,6 +50,7 @@ from ..errors import BenchError
 from ..kernels.kvinputs import (
     alias_pool_blocks,
     cache_bytes_per_layer,
+    kv_bytes_read,
     layers_for_cold,
     make_inputs,
     min_bytes_moved,
@@ -53,6 +60,8 @@ from ..kitinfo import kit_info
 from .device import CudaBackend, HostBackend, device_facts, measure_copy_bandwidth
 from .limits import memory_refusal, shape_memory, vllm_kernel_limit
 from .matrix import MODES, BenchMatrix, BenchShape
+
+TIMINGS = ("graph", "eager")
 
 
 @dataclass(frozen=True)
@@ -69,8 +78,12 @@ class KernelBenchConfig:
     seed: int = 0
     copy_bytes: int = 1 << 31
     memory_fraction: float = 0.85     # of free device memory the caches may take
+    timing: str = "graph"             # graph: CUDA-graph replay; eager: back-to-back calls
 
     def __post_init__(self) -> None:
+        if self.timing not in TIMINGS:
+            raise BenchError(f"timing must be one of {', '.join(TIMINGS)}, not '{self.timing}'",
+                             "pass --timing graph, --timing eager or --timing graph,eager")
         if self.mode not in MODES:
             raise BenchError(f"mode must be one of {', '.join(MODES)}, not '{self.mode}'",
                              "pass --mode cold|hot|aliased")
@@ -170,6 +183,7 @@ class ShapeResult:
     bitwise_equal: bool | None
     error: str = ""
     status: str = ""  # "" = measured without an error, skipped with one
+    timing: str = "graph"
 
     def __post_init__(self) -> None:
         if not self.status:
@@ -181,7 +195,9 @@ class ShapeResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = self.shape.to_dict()
-        d.update(label=self.shape.label, mode=self.mode, bytes_moved=self.bytes_moved,
+        d.update(label=self.shape.label, mode=self.mode, timing=self.timing,
+                 bytes_moved=self.bytes_moved,
+                 kv_bytes=kv_bytes_read(self.shape.attn, self.shape.seq_lens),
                  bitwise_equal=self.bitwise_equal, status=self.status, error=self.error)
         d["plan"] = asdict(self.plan) if self.plan else None
         d["variants"] = {
@@ -195,7 +211,8 @@ class ShapeResult:
 
 def build_results(shape: BenchShape, mode: str, plan: LaunchPlan, bytes_moved: int,
                   names: Sequence[str], samples: dict[str, list[float]], copy_bw: float,
-                  equal: dict[str, bool], nan_free: dict[str, bool]) -> ShapeResult:
+                  equal: dict[str, bool], nan_free: dict[str, bool],
+                  timing: str = "graph") -> ShapeResult:
     """Turn per-round samples (us per call) into a result row; ``names[0]`` is the baseline."""
     base = samples[names[0]]
     rows = []
@@ -206,7 +223,7 @@ def build_results(shape: BenchShape, mode: str, plan: LaunchPlan, bytes_moved: i
         rows.append(VariantResult(name, t, sp, bw, None if name == names[0] else equal[name],
                                   nan_free[name]))
     all_equal = all(equal[n] for n in names[1:]) and all(nan_free.values())
-    return ShapeResult(shape, mode, plan, bytes_moved, tuple(rows), all_equal)
+    return ShapeResult(shape, mode, plan, bytes_moved, tuple(rows), all_equal, timing=timing)
 
 
 # ----------------------------------------------------------------------------- GPU part
@@ -236,7 +253,7 @@ def check_shape(shape: BenchShape, ops: Sequence[PagedOps], config: KernelBenchC
     if limit:
         return limit
     need = shape_memory(a, shape.kernel, plan.layers, plan.launches, len(ops), config.pool_factor,
-                        alias_blocks)
+                        alias_blocks, shape.seq_lens)
     return memory_refusal(need, free_bytes, config.memory_fraction)
 
 
@@ -252,19 +269,22 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
 
     be: Any = backend or (CudaBackend() if device == "cuda" else HostBackend())
     a = shape.attn
-    bytes_moved = min_bytes_moved(a)
+    bytes_moved = min_bytes_moved(a, shape.seq_lens)
     alias = (alias_pool_blocks(a, l2_bytes, config.alias_l2_fraction)
              if config.mode == "aliased" else 0)
-    per_layer = cache_bytes_per_layer(a, config.pool_factor, alias)
+    per_layer = cache_bytes_per_layer(a, config.pool_factor, alias, shape.seq_lens)
     try:
         plan = plan_launches(bytes_moved, per_layer, l2_bytes, copy_bw, config)
     except BenchError as exc:
-        return ShapeResult(shape, config.mode, None, bytes_moved, (), None, exc.cause, "skipped")
+        return ShapeResult(shape, config.mode, None, bytes_moved, (), None, exc.cause, "skipped",
+                           timing=config.timing)
     reason = check_shape(shape, ops, config, plan, be.free_bytes(), be.smem_optin_bytes(), alias)
     if reason:
-        return ShapeResult(shape, config.mode, plan, bytes_moved, (), None, reason, "skipped")
+        return ShapeResult(shape, config.mode, plan, bytes_moved, (), None, reason, "skipped",
+                           timing=config.timing)
     inputs = make_inputs(a, device=be.device, seed=config.seed, layers=plan.layers,
-                         pool_factor=config.pool_factor, alias_blocks=alias)
+                         pool_factor=config.pool_factor, alias_blocks=alias,
+                         seq_lens=shape.seq_lens)
     runs: list[_VariantRun] = []
     for o in ops:
         o_outs = tuple(torch.full_like(inputs.query, float("nan")) for _ in range(plan.launches))
@@ -278,7 +298,11 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
                 forward_decode(o, inputs.args(i % plan.layers), force=shape.kernel,
                                out=o_outs[i], workspace=ws)
 
-        runs.append(_VariantRun(o.name, be.capture(step), o_outs, ws))
+        if config.timing == "eager":
+            step()  # warm-up, as capture's: launch errors surface before timing
+            runs.append(_VariantRun(o.name, step, o_outs, ws))
+        else:
+            runs.append(_VariantRun(o.name, be.capture(step), o_outs, ws))
     be.sync()
 
     names = [r.name for r in runs]
@@ -304,11 +328,11 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
     equal = {r.name: all(bytes_equal(x, y) for x, y in zip(runs[0].outs, r.outs))
              for r in runs[1:]}
     return build_results(shape, config.mode, plan, bytes_moved, names, samples, copy_bw,
-                         equal, nan_free)
+                         equal, nan_free, config.timing)
 
 
 def progress_line(i: int, n: int, r: ShapeResult, seconds: float) -> str:
-    head = f"[{i}/{n}] {r.shape.label} {r.mode}"
+    head = f"[{i}/{n}] {r.shape.label} {r.mode}" + (" eager" if r.timing == "eager" else "")
     if r.status != "measured":
         return f"{head}: {r.status} ({r.error})"
     assert r.plan is not None
@@ -350,25 +374,38 @@ def release_cuda_memory() -> None:
 def run_shapes(shapes: Sequence[BenchShape], configs: Sequence[KernelBenchConfig],
                measure: Callable[[BenchShape, KernelBenchConfig], ShapeResult],
                context_problem: Callable[[], str], release: Callable[[], None],
-               say: Callable[[str], None]) -> tuple[list[ShapeResult], str]:
+               say: Callable[[str], None], time_limit_s: float = 0.0,
+               clock: Callable[[], float] = time.monotonic,
+               shape_major: bool = False) -> tuple[list[ShapeResult], str]:
     """Every shape in every mode, in order. An exception while measuring a shape marks it failed;
     if the device context is unusable afterwards (``context_problem`` says why), the rest are
     marked not run instead of being attempted. Returns the results and the abort reason ("" if
-    none). ``release`` runs after every shape, failed or not."""
+    none). ``release`` runs after every shape, failed or not. ``time_limit_s`` > 0: no shape is
+    started after that many seconds; the rest are marked not run (a device call's budget ends
+    with a written document rather than a killed process). ``shape_major``: every config of a
+    shape before the next shape (a sample's graph and eager timings of one step side by side, so
+    a time limit cuts both alike); otherwise every shape of a config before the next config. Either
+    way the rows of one config are in shape order."""
     results: list[ShapeResult] = []
-    todo = [(c, s) for c in configs for s in shapes]
+    todo = ([(c, s) for s in shapes for c in configs] if shape_major
+            else [(c, s) for c in configs for s in shapes])
     aborted = ""
+    start = clock()
     for i, (config, shape) in enumerate(todo, 1):
         t0 = time.monotonic()
-        if aborted:
+        late = time_limit_s > 0 and clock() - start > time_limit_s
+        if aborted or late:
             r = ShapeResult(shape, config.mode, None, 0, (), None,
-                            f"CUDA context unusable after an earlier error: {aborted}", "not run")
+                            f"CUDA context unusable after an earlier error: {aborted}" if aborted
+                            else f"not started: the time limit of {time_limit_s:g} s was reached",
+                            "not run", timing=config.timing)
         else:
             try:
                 r = measure(shape, config)
             except RuntimeError as exc:  # CUDA errors, torch.OutOfMemoryError
                 r = ShapeResult(shape, config.mode, None, 0, (), None,
-                                f"error: {str(exc).splitlines()[0]}", "failed")
+                                f"error: {str(exc).splitlines()[0]}", "failed",
+                                timing=config.timing)
             if r.status == "failed":
                 problem = context_problem()
                 if problem:
@@ -382,10 +419,14 @@ def run_shapes(shapes: Sequence[BenchShape], configs: Sequence[KernelBenchConfig
 def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
                      configs: Sequence[KernelBenchConfig],
                      progress: Callable[[str], None] | None = None,
-                     command: Sequence[str] = ()) -> dict[str, Any]:
+                     command: Sequence[str] = (), shapes: Sequence[BenchShape] | None = None,
+                     sample: dict[str, Any] | None = None,
+                     time_limit_s: float = 0.0) -> dict[str, Any]:
     """The whole run: copy bandwidth first, then every shape in every mode. Returns the JSON
     document (``kind: kernel``) that ``report`` renders; skipped, failed and not-run shapes are in
-    ``results`` with their ``status`` and reason, and listed in ``meta.not_measured``."""
+    ``results`` with their ``status`` and reason, and listed in ``meta.not_measured``.
+    ``shapes`` replaces the matrix's (a sampled run: ``sample`` describes the draw, and the
+    document's kind is ``sample``, rendered by bench/sample_report.py)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -405,10 +446,11 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
     def measure(shape: BenchShape, config: KernelBenchConfig) -> ShapeResult:
         return bench_shape(ops, shape, config, facts["l2_bytes"], copy_bw)
 
-    results, aborted = run_shapes(matrix.shapes(), configs, measure, cuda_context_problem,
-                                  release_cuda_memory, say)
+    results, aborted = run_shapes(matrix.shapes() if shapes is None else shapes, configs, measure,
+                                  cuda_context_problem, release_cuda_memory, say, time_limit_s,
+                                  shape_major=sample is not None)
     return {
-        "kind": "kernel", "schema": 1,
+        "kind": "kernel" if sample is None else "sample", "schema": 1,
         "meta": {
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "seconds": round(time.monotonic() - t_all, 1), "device": facts,
@@ -416,8 +458,10 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
             "variants": [{"name": o.name, "namespace": o.namespace,
                           **({"so_sha256": o.build.so_sha256, "so_path": str(o.build.so_path)}
                              if o.build else {})} for o in ops],
-            "configs": [asdict(c) for c in configs], "matrix": matrix.to_dict(),
+            "configs": [asdict(c) for c in configs],
+            "matrix": matrix.to_dict() if sample is None else None,
             "command": list(command), "aborted": aborted,
+            **({"sample": sample} if sample is not None else {}),
             "not_measured": not_measured(results), "kit": kit_info().to_dict(),
         },
         "results": [r.to_dict() for r in results],
@@ -426,5 +470,5 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
 
 def not_measured(results: Sequence[ShapeResult]) -> list[dict[str, str]]:
     """The shapes without numbers, each with its status and reason (for ``meta``)."""
-    return [{"label": r.shape.label, "mode": r.mode, "status": r.status, "reason": r.error}
-            for r in results if r.status != "measured"]
+    return [{"label": r.shape.label, "mode": r.mode, "timing": r.timing, "status": r.status,
+             "reason": r.error} for r in results if r.status != "measured"]

@@ -22,6 +22,7 @@ Pure Python: no torch import.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..kernels.kvinputs import DTYPE_BYTES, AttnShape, cache_bytes_per_layer
@@ -97,10 +98,12 @@ def v2_workspace_bytes(attn: AttnShape) -> int:
 
 
 def shape_memory(attn: AttnShape, kernel: str, layers: int, launches: int, variants: int,
-                 pool_factor: float = 1.0, alias_blocks: int = 0) -> MemoryNeed:
+                 pool_factor: float = 1.0, alias_blocks: int = 0,
+                 seq_lens: Sequence[int] | None = None) -> MemoryNeed:
+    """``seq_lens``: a ragged batch's lengths (its pool holds only the blocks they need)."""
     q = attn.num_seqs * attn.num_heads * attn.head_size * DTYPE_BYTES[attn.dtype]
     return MemoryNeed(
-        caches=layers * cache_bytes_per_layer(attn, pool_factor, alias_blocks),
+        caches=layers * cache_bytes_per_layer(attn, pool_factor, alias_blocks, seq_lens),
         outputs=variants * launches * q,
         workspaces=variants * v2_workspace_bytes(attn) if kernel == "v2" else 0,
         inputs=q + attn.num_seqs * attn.blocks_per_seq * 4 + attn.num_seqs * 4 + 8,

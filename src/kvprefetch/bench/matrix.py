@@ -96,27 +96,40 @@ def format_size(n: int) -> str:
 
 @dataclass(frozen=True)
 class BenchShape:
-    """One point of the matrix: a preset's attention shape at one batch and context."""
+    """One point of the matrix: a preset's attention shape at one batch and context. A sampled
+    step (``bench kernel --sample``, bench/sample.py) also carries each sequence's length
+    (``seq_lens``, a ragged batch whose longest is ``attn.max_seq_len``) and its length family;
+    without them every sequence has ``attn.max_seq_len`` tokens."""
 
     preset: str
     attn: AttnShape
     kernel: str
     forced: bool = False
+    seq_lens: tuple[int, ...] | None = None
+    family: str = ""
 
     @property
     def label(self) -> str:
         a = self.attn
         kv = "" if a.kv_cache_dtype == "auto" else f"/{a.kv_cache_dtype}"
-        return (f"{self.preset} b{a.num_seqs} ctx{format_size(a.max_seq_len)} "
+        ctx = f"ctx{format_size(a.max_seq_len)}"
+        if self.seq_lens is not None and self.family != "uniform":
+            ctx = f"{self.family or 'ragged'} max{format_size(a.max_seq_len)}"
+        return (f"{self.preset} b{a.num_seqs} {ctx} "
                 f"blk{a.block_size} {a.dtype}{kv} {self.kernel}")
 
     def to_dict(self) -> dict[str, Any]:
         a = self.attn
-        return {"preset": self.preset, "batch": a.num_seqs, "context": a.max_seq_len,
-                "num_heads": a.num_heads, "num_kv_heads": a.num_kv_heads,
-                "head_size": a.head_size, "block_size": a.block_size, "dtype": a.dtype,
-                "kv_cache_dtype": a.kv_cache_dtype, "kernel": self.kernel,
-                "kernel_forced": self.forced}
+        d: dict[str, Any] = {
+            "preset": self.preset, "batch": a.num_seqs, "context": a.max_seq_len,
+            "num_heads": a.num_heads, "num_kv_heads": a.num_kv_heads,
+            "head_size": a.head_size, "block_size": a.block_size, "dtype": a.dtype,
+            "kv_cache_dtype": a.kv_cache_dtype, "kernel": self.kernel,
+            "kernel_forced": self.forced}
+        if self.seq_lens is not None:
+            d.update(seq_lens=list(self.seq_lens), family=self.family,
+                     mean_seq_len=sum(self.seq_lens) / len(self.seq_lens))
+        return d
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
 
-KINDS = ("kernel", "ncu", "e2e", "identity", "repeats", "decode")
+KINDS = ("kernel", "ncu", "e2e", "identity", "repeats", "decode", "sample")
 
 
 def load_document(path: Path) -> dict[str, Any]:
@@ -394,10 +394,23 @@ def _repeats_markdown(doc: dict[str, Any]) -> str:
     return repeats_markdown(doc)
 
 
+def _sample_markdown(doc: dict[str, Any]) -> str:
+    from .sample_report import sample_markdown
+
+    return sample_markdown(doc)
+
+
+def _sample_png(doc: dict[str, Any], path: Path) -> Path:
+    from .sample_report import sample_png
+
+    return sample_png(doc, path)
+
+
 _MARKDOWN = {"kernel": kernel_markdown, "ncu": ncu_markdown, "e2e": e2e_markdown,
              "identity": identity_markdown, "repeats": _repeats_markdown,
-             "decode": decode_markdown}
-_PNG = {"kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png, "decode": decode_png}
+             "decode": decode_markdown, "sample": _sample_markdown}
+_PNG = {"kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png, "decode": decode_png,
+        "sample": _sample_png}
 
 
 def render_markdown(doc: dict[str, Any]) -> str:

@@ -22,6 +22,13 @@ from ..bench.matrix import (
 )
 from ..console import emit_json, info, table
 from ..errors import BenchError
+from .bench_sample import (
+    MATRIX_OPTIONS,
+    given_parameters,
+    parse_timings,
+    resolve_sample,
+    sample_options,
+)
 from .common import dry_run_option, json_option, tree_option, workdir_option
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -104,6 +111,7 @@ def bench() -> None:
               help="Aliased mode: the block pool's size as a fraction of the L2.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--list-presets", is_flag=True, help="List the model presets and exit.")
+@sample_options
 @output_options("kernel")
 @dry_run_option
 @json_option
@@ -112,11 +120,17 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
            dtype: tuple[str, ...], kv_cache_dtype: tuple[str, ...], force_kernel: str | None,
            mode: tuple[str, ...], rounds: int, sample_ms: float, l2_factor: float,
            pool_factor: float, alias_l2_fraction: float, seed: int, list_presets: bool,
+           sample_n: int | None, sample_seed: int | None, sample_max_kv: str,
+           sample_head_sizes: str, sample_block_sizes: str, sample_caches: str,
+           timing_text: str, max_layers: int, time_limit: float,
            out: Path | None, name: str, formats: str, dry_run: bool, as_json: bool) -> None:
     """Time every kernels-only build in ONE process over a matrix of shapes (CUDA graphs,
     variants interleaved over rounds), check bitwise identity in the same run, and write
     <name>.json, .md and a speedup heatmap .png. Shapes that vLLM's launcher cannot run or that
-    do not fit in free device memory are skipped and recorded with the reason."""
+    do not fit in free device memory are skipped and recorded with the reason. With --sample N
+    the shapes are N decode steps drawn from a documented distribution (ragged batches
+    included), and the report gives the ratios' distribution, the worst steps, the A/A band of a
+    `control` tree and the attribution to mechanisms."""
     from ..bench.kernel import KernelBenchConfig
     from ..bench.matrix import PRESETS, build_matrix
     from ..kernels.ops import find_builds
@@ -126,18 +140,31 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
               [[p.name, p.num_heads, p.num_kv_heads, p.head_size, p.num_layers, p.source]
                for p in PRESETS.values()])
         return
-    matrix = build_matrix(preset, batch, context, block_size, dtype, kv_cache_dtype, force_kernel,
-                          matrix=matrix_name)
+    builds = find_builds(workdir, trees or None)
+    spec = resolve_sample(sample_n, sample_seed, sample_max_kv, sample_head_sizes,
+                          sample_block_sizes, sample_caches, builds,
+                          given_parameters(list(MATRIX_OPTIONS)))
+    if spec is None:
+        matrix = build_matrix(preset, batch, context, block_size, dtype, kv_cache_dtype,
+                              force_kernel, matrix=matrix_name)
+        shapes = matrix.shapes()
+    else:
+        from ..bench.sample import draw_sample
+
+        matrix = build_matrix()  # recorded only; the sample's steps replace its shapes
+        shapes = draw_sample(spec)
     configs = [KernelBenchConfig(mode=m, rounds=rounds, target_sample_ms=sample_ms,
                                  l2_factor=l2_factor, pool_factor=pool_factor,
-                                 alias_l2_fraction=alias_l2_fraction, seed=seed)
-               for m in (mode or ("cold",))]
+                                 alias_l2_fraction=alias_l2_fraction, seed=seed, timing=t,
+                                 max_layers=max_layers)
+               for m in (mode or ("cold",)) for t in parse_timings(timing_text)]
     fmts = _formats(formats)
     out_dir = out or workdir / "bench"
-    builds = find_builds(workdir, trees or None)
-    shapes = matrix.shapes()
     outputs = [str(out_dir / f"{name}.{f}") for f in fmts]
-    plan = {"matrix": matrix.to_dict(), "modes": [c.mode for c in configs],
+    plan = {"matrix": matrix.to_dict() if spec is None else None,
+            "sample": spec.to_dict() if spec is not None else None,
+            "modes": list(dict.fromkeys(c.mode for c in configs)),
+            "timings": list(dict.fromkeys(c.timing for c in configs)),
             "rounds": rounds, "shapes": len(shapes) * len(configs),
             "variants": [b.to_dict() for b in builds],
             "outputs": outputs}
@@ -148,12 +175,17 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
         info(f"would time {plan['shapes']} shape(s) x {len(builds)} variant(s) "
              f"({', '.join(b.tree for b in builds) or 'no builds found'}); outputs: "
              + ", ".join(outputs))
+        if spec is not None:
+            from ..bench.sample import describe_step
+
+            table(["step", "shape"], [[i, describe_step(s)] for i, s in enumerate(shapes)])
+            return
         table(["preset", "batch", "context", "block", "dtype", "kv", "kernel"],
               [[s.preset, s.attn.num_seqs, s.attn.max_seq_len, s.attn.block_size, s.attn.dtype,
                 s.attn.kv_cache_dtype, s.kernel] for s in shapes])
         return
     from ..bench.kernel import run_kernel_bench
-    from ..bench.report import kernel_summary, write_outputs
+    from ..bench.report import write_outputs
     from ..kernels.ops import load_build
 
     if not builds:
@@ -161,17 +193,42 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
                          "run `kvprefetch build --kernels-only` on this machine first")
     _require_baseline_first([b.tree for b in builds])
     ops = [load_build(b) for b in builds]
-    doc = run_kernel_bench(ops, matrix, configs, progress=info, command=sys.argv)
+    doc = run_kernel_bench(ops, matrix, configs, progress=info, command=sys.argv,
+                           shapes=shapes if spec is not None else None,
+                           sample=spec.to_dict() if spec is not None else None,
+                           time_limit_s=time_limit)
     paths = write_outputs(doc, out_dir, name, fmts)
     if as_json:
         emit_json(doc)
         return
+    if spec is not None:
+        from ..bench.sample_report import sample_summary
+
+        table(["timing", "variant", "steps", "min", "p5", "median", "geomean", "< 0.99",
+               "bitwise equal"],
+              [[s["timing"], s["variant"], s["n"], f"{s['min']:.3f}x", f"{s['p5']:.3f}x",
+                f"{s['median']:.3f}x", f"{s['geomean']:.3f}x", s["below_target"],
+                "yes" if s["all_bitwise_equal"] else "NO"] for s in sample_summary(doc)],
+              title="bench kernel --sample")
+    else:
+        _matrix_table(doc)
+    _kernel_epilogue(doc, paths, out_dir)
+
+
+def _matrix_table(doc: dict[str, Any]) -> None:
+    from ..bench.report import kernel_summary
+
     table(["mode", "variant", "shapes", "geomean speedup", "worst", "slower (median)",
            "bitwise equal"],
           [[s["mode"], s["variant"], s["shapes"], f"{s['geomean_speedup']:.3f}x",
             f"{s['worst']['speedup']:.3f}x (b{s['worst']['batch']} ctx{s['worst']['context']})",
             s["slower_median"], "yes" if s["all_bitwise_equal"] else "NO"]
            for s in kernel_summary(doc)], title="bench kernel")
+
+
+def _kernel_epilogue(doc: dict[str, Any], paths: list[Path], out_dir: Path) -> None:
+    """What is not measured, where the files are, and the refusals: outputs that differ from
+    stock's, a run cut short by a dead CUDA context."""
     for r in doc["meta"]["not_measured"]:
         info(f"{r['status']}: {r['label']} {r['mode']}: {r['reason']}")
     info("wrote " + ", ".join(str(p) for p in paths))

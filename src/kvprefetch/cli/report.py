@@ -1,8 +1,10 @@
 """``kvprefetch report FILE...``: render bench (kernel, ncu, e2e) and identity JSON files as
-markdown and PNG. No GPU and no torch needed."""
+markdown and PNG; regenerate a markdown file's report blocks (``--readme``) or the index of
+committed runs (``--index``). No GPU and no torch needed."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
@@ -13,8 +15,10 @@ from ..console import emit_json, info
 @click.command()
 @click.argument("files", nargs=-1,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write <stem>.md/.png here [default: beside each JSON file].")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="The folder to write <stem>.md/.png (and --repeats/--merge's files) in "
+                   "[default: the current directory]; with --index, the markdown file to write "
+                   "[default: print it].")
 @click.option("--formats", default="md,png", show_default=True, help="Which of md, png to write.")
 @click.option("--print", "print_md", is_flag=True, help="Also print the markdown to stdout.")
 @click.option("--repeats", "repeats_name", default=None, metavar="NAME",
@@ -25,9 +29,14 @@ from ..console import emit_json, info
 @click.option("--readme", "readme", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Regenerate the report blocks of this markdown file "
               "(`<!-- report RESULT.json summary|shapes -->` ... `<!-- /report -->`) from their "
-              "committed JSON, in place.")
+              "committed JSON, and its `<!-- commands -->` block from the commands' help, in "
+              "place.")
+@click.option("--index", "index", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="Write the index of the committed runs under this folder (each "
+              "with a provenance.json; docs/results) as markdown to --out.")
 @click.option("--check", is_flag=True,
-              help="With --readme: change nothing; exit 1 if any block differs from its JSON.")
+              help="With --readme or --index: change nothing; exit 1 if the file differs from "
+                   "what its JSON gives.")
 @click.option("--merge", "merge", is_flag=True,
               help="Read the FILES as shards of one bench kernel campaign (Slurm array tasks, "
                    "machines) and write one merged.json/.md; refused when the shards differ in "
@@ -36,20 +45,27 @@ from ..console import emit_json, info
               help="With --merge: merge shards that differ anyway; the report lists what differs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the written paths as JSON.")
 def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bool,
-           repeats_name: str | None, readme: Path | None, check: bool, merge: bool,
-           force_merge: bool, as_json: bool) -> None:
+           repeats_name: str | None, readme: Path | None, index: Path | None, check: bool,
+           merge: bool, force_merge: bool, as_json: bool) -> None:
     """Render kvprefetch result files (bench kernel/ncu/e2e, numerical identity) into markdown
     tables and plots (speedup heatmap over batch x context for bench kernel); with --repeats,
     combine repeated bench kernel runs into one document; with --merge, merge the shards of one
-    campaign; with --readme, regenerate a markdown
-    file's report blocks from the JSON they name."""
+    campaign; with --readme, regenerate a markdown file's report blocks from the JSON they name;
+    with --index, write the index of committed runs (docs/results.md)."""
     from ..bench.report import load_document, render_markdown, write_outputs
 
     if readme is not None:
         _refresh_readme(readme, check, as_json)
         return
+    if index is not None:
+        _write_index(index, out, check, as_json)
+        return
+    if check:
+        raise click.UsageError("--check goes with --readme or --index")
     if not files:
-        raise click.UsageError("give result FILES to render, or --readme MARKDOWN")
+        raise click.UsageError("give result FILES to render, --readme MARKDOWN or --index DIR")
+    if out is not None and out.exists() and not out.is_dir():
+        raise click.BadParameter(f"{out} is a file; give a folder", param_hint="--out")
 
     fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
     bad = [f for f in fmts if f not in ("md", "png")]
@@ -63,7 +79,7 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
 
         doc = merge_kernel_docs([load_document(p) for p in files], [str(p) for p in files],
                                 force=force_merge)
-        paths = write_outputs(doc, out or files[0].parent, "merged",
+        paths = write_outputs(doc, out or Path.cwd(), "merged",
                               ("json",) + tuple(f for f in fmts if f != "json"))
         if print_md:
             click.echo(render_markdown(doc))
@@ -81,7 +97,7 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
                 "and the folder with --out", param_hint="--repeats")
 
         doc = combine([load_document(p) for p in files], sources=[p.name for p in files])
-        paths = write_outputs(doc, out or files[0].parent, repeats_name,
+        paths = write_outputs(doc, out or Path.cwd(), repeats_name,
                               ("json",) + tuple(f for f in fmts if f == "md"))
         if print_md:
             click.echo(render_markdown(doc))
@@ -93,7 +109,7 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     written: dict[str, list[str]] = {}
     for path in files:
         doc = load_document(path)
-        paths = write_outputs(doc, out or path.parent, path.stem, fmts)
+        paths = write_outputs(doc, out or Path.cwd(), path.stem, fmts)
         written[str(path)] = [str(p) for p in paths]
         if print_md:
             click.echo(render_markdown(doc))
@@ -103,12 +119,48 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
         emit_json(written)
 
 
+COMMANDS_BLOCK = re.compile(r"(<!-- commands -->\n)(.*?)(<!-- /commands -->)", re.DOTALL)
+
+
+def command_table() -> str:
+    """The markdown table of every ``kvprefetch`` command and its one-line help, read from the
+    click commands themselves (a group lists its subcommands)."""
+    from ..cli import main
+
+    ctx = click.Context(main)
+    rows = ["| command | what it does |", "|---|---|"]
+    for name in main.list_commands(ctx):
+        cmd = main.get_command(ctx, name)
+        assert cmd is not None
+        usage = f"kvprefetch {name}"
+        if isinstance(cmd, click.Group):
+            usage += " " + "\\|".join(cmd.list_commands(click.Context(cmd)))
+        rows.append(f"| `{usage}` | {cmd.get_short_help_str(limit=150)} |")
+    return "\n".join(rows) + "\n"
+
+
+def refresh_commands(text: str) -> tuple[str, list[str]]:
+    """``text`` with its ``<!-- commands -->`` block regenerated, and ["commands"] if it
+    changed."""
+    changed: list[str] = []
+
+    def fill(m: re.Match[str]) -> str:
+        body = command_table()
+        if body != m[2]:
+            changed.append("commands")
+        return m[1] + body + m[3]
+
+    return COMMANDS_BLOCK.sub(fill, text), changed
+
+
 def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
     from ..bench.report import refresh_blocks
     from ..errors import BenchError
 
     text = readme.read_text()
     new, changed = refresh_blocks(text, readme.parent)
+    new, changed_commands = refresh_commands(new)
+    changed += changed_commands
     if as_json:
         emit_json({"readme": str(readme), "changed": changed, "checked": check})
     if check:
@@ -122,3 +174,31 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
         readme.write_text(new)
     if not as_json:
         info(f"{readme}: " + (f"regenerated {', '.join(changed)}" if changed else "up to date"))
+
+
+def _write_index(root: Path, out: Path | None, check: bool, as_json: bool) -> None:
+    from ..bench.index import index_markdown
+    from ..errors import BenchError
+
+    if out is None and check:
+        raise click.UsageError("--index --check needs --out FILE, the index to compare")
+    text = index_markdown(root, out or Path("results.md"))
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    changed = not out.is_file() or out.read_text() != text
+    if as_json:
+        emit_json({"index": str(out), "changed": changed, "checked": check})
+    if check:
+        if changed:
+            raise BenchError(f"{out} differs from the index of {root}",
+                             f"run `kvprefetch report --index {root} --out {out}` and commit "
+                             "the result")
+        if not as_json:
+            info(f"{out}: matches the runs under {root}")
+        return
+    if changed:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    if not as_json:
+        info(f"{out}: " + ("regenerated" if changed else "up to date"))

@@ -186,11 +186,25 @@ def pool_blocks(needed: int, pool_factor: float = 1.0, alias_blocks: int = 0) ->
     return max(needed, math.ceil(needed * pool_factor))
 
 
+def check_seq_lens(shape: AttnShape, seq_lens: Sequence[int]) -> tuple[int, ...]:
+    """``seq_lens`` as a tuple after checking it against ``shape``: one length per sequence,
+    each at least 1, the longest equal to ``max_seq_len`` (what vLLM passes as max_seq_len)."""
+    lens = tuple(int(n) for n in seq_lens)
+    if len(lens) != shape.num_seqs or min(lens) < 1 or max(lens) != shape.max_seq_len:
+        raise BenchError(f"sequence lengths (n={len(lens)}, min {min(lens, default=0)}, max "
+                         f"{max(lens, default=0)}) do not fit a batch of {shape.num_seqs} with "
+                         f"max_seq_len {shape.max_seq_len}",
+                         "give one length >= 1 per sequence, the longest equal to max_seq_len")
+    return lens
+
+
 def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers: int = 1,
                 ragged: bool = False, pool_factor: float = 1.0,
-                alias_blocks: int = 0) -> DecodeInputs:
-    """Fresh random inputs. ``ragged`` draws each sequence's length in ``[1, max_seq_len]`` (the
-    first sequence always has ``max_seq_len``); otherwise every sequence has ``max_seq_len``.
+                alias_blocks: int = 0, seq_lens: Sequence[int] | None = None) -> DecodeInputs:
+    """Fresh random inputs. ``seq_lens`` gives each sequence's length (a ragged batch, e.g. one
+    step of ``bench kernel --sample``); else ``ragged`` draws each length in
+    ``[1, max_seq_len]`` (the first sequence always has ``max_seq_len``); otherwise every
+    sequence has ``max_seq_len``.
     The pool holds ``ceil(needed * pool_factor)`` blocks; the block table is a random draw
     without replacement from it. ``alias_blocks`` > 0 caps the pool at that many blocks: the
     table is then a sequence of random permutations of the pool (every block referenced equally
@@ -210,7 +224,9 @@ def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers
     cpu_gen.manual_seed(seed)
     dt = torch_dtype(shape.dtype)
     nb_seq = shape.blocks_per_seq
-    if ragged:
+    if seq_lens is not None:
+        lens = torch.tensor(check_seq_lens(shape, seq_lens), dtype=torch.int64)
+    elif ragged:
         lens = torch.randint(1, shape.max_seq_len + 1, (shape.num_seqs,), generator=cpu_gen)
         lens[0] = shape.max_seq_len
     else:
@@ -261,10 +277,12 @@ def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers
 
 
 def cache_bytes_per_layer(shape: AttnShape, pool_factor: float = 1.0,
-                          alias_blocks: int = 0) -> int:
-    """Bytes of K plus V allocated for one layer with uniform sequence lengths (``make_inputs``'s
-    pool, ``alias_blocks`` included)."""
-    blocks = pool_blocks(shape.num_seqs * shape.blocks_per_seq, pool_factor, alias_blocks)
+                          alias_blocks: int = 0, seq_lens: Sequence[int] | None = None) -> int:
+    """Bytes of K plus V allocated for one layer (``make_inputs``'s pool, ``alias_blocks``
+    included): for ``seq_lens`` when given, else with every sequence at ``max_seq_len``."""
+    needed = (sum(-(-n // shape.block_size) for n in seq_lens) if seq_lens is not None
+              else shape.num_seqs * shape.blocks_per_seq)
+    blocks = pool_blocks(needed, pool_factor, alias_blocks)
     return 2 * blocks * shape.num_kv_heads * shape.chunk_bytes
 
 

@@ -214,8 +214,8 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
             extra += ["--context", ctx]
         for p in c.bench.presets:
             extra += ["--preset", p]
-        variants = [x for t in c.trees for x in ("--variant", t)]
-        lines.append(_q(kit_argv(c, "bench", "kernel", "--workdir", wd, *variants, *extra,
+        trees = [x for t in c.trees for x in ("--tree", t)]
+        lines.append(_q(kit_argv(c, "bench", "kernel", "--workdir", wd, *trees, *extra,
                                  "--out", c.results, "--formats", "json"))
                      + ' --batch "${BATCHES[$SLURM_ARRAY_TASK_ID]}"'
                      + ' --name "bench-$SLURM_ARRAY_TASK_ID"')

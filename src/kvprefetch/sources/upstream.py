@@ -82,7 +82,7 @@ def resolve_tree_name(name: str, existing: Iterable[str]) -> str:
     return LEGACY_NAMES.get(name, name)
 # csrc/prefetch_ptx.cuh's kPrologueMinHeadSize and prologue_rule: `prefetch` compiles its
 # prologue only into v2 kernels with fp16 caches and at least this head size, or bf16 caches
-# and head size 128 (docs/prefetch-tuning.md).
+# and head size 128 (docs/tuning-log.md).
 PROLOGUE_MIN_HEAD_SIZE = 128
 
 
@@ -102,7 +102,7 @@ def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: i
 # csrc/prefetch_ptx.cuh's min_blocks_rule: `prefetch` declares the v1 kernels with fp16/bf16
 # caches and block size 16 __launch_bounds__(128, N), N keyed by head size; every other
 # instantiation has no bound and must stay instruction-identical to stock
-# (docs/prefetch-tuning.md rows 27-28).
+# (docs/tuning-log.md rows 27-28).
 V1_MIN_BLOCKS = {64: 6, 128: 4, 256: 3}
 
 

@@ -6,7 +6,7 @@ kernels were declared with ``__launch_bounds__`` (their ``EIATTR_MAX_THREADS``).
 Why verify-kernel looks at this and not only at the kernels' instructions: on the H200, kernels
 whose SASS was identical to stock ran 0.5-1% slower on short steps when their module also held a
 user constant bank (the prologue's mode, then a ``__constant__``), measured against an A/A
-rebuild of stock in every run (docs/prefetch-tuning.md, finding 4). So the rule is: no more
+rebuild of stock in every run (docs/tuning-log.md, finding 4). So the rule is: no more
 modules with a constant bank than stock has, and the prologue's state only in modules that hold
 a kernel the variant prefetches in."""
 

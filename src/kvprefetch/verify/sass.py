@@ -196,7 +196,7 @@ _ANY_LOAD = re.compile(r"\bLDG\.[A-Z0-9.]*")
 def readonly_loads(text: str) -> dict[tuple[str, str], int]:
     """Read-only-path global loads (``LDG….CONSTANT``, PTX ``ld.global.nc``) per paged-attention
     kernel. NVVM emits them only while it can prove the KV cache is never written during the
-    kernel; an asm that captures the cache pointer loses them (docs/prefetch-tuning.md)."""
+    kernel; an asm that captures the cache pointer loses them (docs/tuning-log.md)."""
     return {k: len(_READONLY_LOAD.findall(body)) for k, body in function_bodies(text).items()
             if "paged_attention" in k[1]}
 

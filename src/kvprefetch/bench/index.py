@@ -1,0 +1,135 @@
+"""The index of committed result runs (``kvprefetch report --index docs/results``).
+
+A run is a folder holding ``provenance.json``: when and where it ran, what it measures, the
+commit and git tree id of the files that ran, the exact command, and which result file gives
+its headline figure. The headline is computed from that result JSON, never typed, so the index
+(``docs/results.md``) is regenerated and diffed like the README's report blocks."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import BenchError
+from .decode_report import decode_summary
+from .render import ctx, geomean, md_table
+from .report import kernel_summary, l2_ceiling, load_document
+
+PROVENANCE = "provenance.json"
+_FIELDS = ("title", "date", "gpu", "measures", "commit", "tree", "command", "headline")
+
+
+@dataclass(frozen=True)
+class ResultRun:
+    """One committed run: its folder and what its ``provenance.json`` says."""
+
+    path: Path
+    title: str
+    date: str
+    gpu: str
+    measures: str
+    commit: str
+    tree: str
+    command: str
+    headline: tuple[dict[str, Any], ...]
+
+
+def load_run(folder: Path) -> ResultRun:
+    path = folder / PROVENANCE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"cannot read {path}: {exc}",
+                         f"write {PROVENANCE} as the other runs under docs/results have it") from exc
+    missing = [f for f in _FIELDS if f not in raw]
+    if missing:
+        raise BenchError(f"{path} lacks {', '.join(missing)}",
+                         f"give every run's {PROVENANCE} the fields {', '.join(_FIELDS)}")
+    heads = raw["headline"] if isinstance(raw["headline"], list) else [raw["headline"]]
+    return ResultRun(path=folder, title=raw["title"], date=raw["date"], gpu=raw["gpu"],
+                     measures=raw["measures"], commit=raw["commit"], tree=raw["tree"],
+                     command=raw["command"], headline=tuple(heads))
+
+
+def find_runs(root: Path) -> list[ResultRun]:
+    """Every folder under ``root`` with a ``provenance.json``, oldest first (then by path)."""
+    runs = [load_run(p.parent) for p in sorted(Path(root).rglob(PROVENANCE))]
+    if not runs:
+        raise BenchError(f"no {PROVENANCE} under {root}",
+                         "point --index at the folder of committed runs (docs/results)")
+    return sorted(runs, key=lambda r: (r.date, str(r.path)))
+
+
+def headline(run: ResultRun) -> str:
+    """The run's headline figure(s), computed from the result files its provenance names."""
+    return "; ".join(_one_headline(run.path, spec) for spec in run.headline)
+
+
+def _one_headline(folder: Path, spec: dict[str, Any]) -> str:
+    if "text" in spec:
+        return str(spec["text"])
+    doc = load_document(folder / spec["result"])
+    variant = spec["variant"]
+    prefix = f"{spec['label']}: " if spec.get("label") else ""
+    if doc["kind"] == "kernel":
+        rows = [s for s in kernel_summary(doc)
+                if s["variant"] == variant and s["mode"] == spec.get("mode", "cold")]
+        if not rows:
+            raise BenchError(f"{folder / spec['result']} has no {variant} summary",
+                             f"name a variant of that result in {folder / PROVENANCE}")
+        s = rows[0]
+        text = (f"{variant} {s['geomean_speedup']:.3f}x geomean over {s['shapes']} shapes, "
+                f"worst {s['worst']['speedup']:.3f}x (b{s['worst']['batch']} "
+                f"{ctx(s['worst']['context'])})")
+        if spec.get("l2_bound"):
+            aliased = [c["bound"] for c in l2_ceiling(doc) if c["resident"] == "aliased"]
+            bound = geomean(aliased)
+            if bound is not None:
+                text += f"; L2-resident bound on stock {bound:.2f}x"
+        return prefix + text
+    if doc["kind"] == "repeats":
+        s = next((x for x in doc["summary"] if x["variant"] == variant), None)
+        if s is None:
+            raise BenchError(f"{folder / spec['result']} has no {variant} summary",
+                             f"name a variant of that result in {folder / PROVENANCE}")
+        runs = s["geomean_per_run"]
+        return (f"{prefix}{variant} {min(runs):.3f}-{max(runs):.3f}x geomean over "
+                f"{s['shapes']} shapes in {len(runs)} runs, worst {s['worst']['median']:.3f}x "
+                f"(b{s['worst']['batch']} {ctx(s['worst']['context'])})")
+    if doc["kind"] == "decode":
+        d = next((x for x in decode_summary(doc) if x["tree"] == variant), None)
+        if d is None:
+            raise BenchError(f"{folder / spec['result']} has no {variant} tree",
+                             f"name a tree of that result in {folder / PROVENANCE}")
+        return (f"{prefix}{variant} {d['geomean']:.3f}x tokens/s geomean over "
+                f"{d['workloads']} workloads ({d['worst'][0]:.3f}-{d['best'][0]:.3f}x)")
+    raise BenchError(f"{folder / spec['result']}: no headline for kind {doc['kind']}",
+                     "give the headline as {\"text\": ...} for this kind")
+
+
+def index_markdown(root: Path, out: Path) -> str:
+    """``docs/results.md``: one row per run under ``root``, links relative to ``out``."""
+    runs = find_runs(root)
+    rows = []
+    for r in runs:
+        link = Path(os.path.relpath(r.path.resolve(), Path(out).resolve().parent)).as_posix()
+        rows.append([r.date, f"[{r.path.relative_to(root).as_posix()}]({link}/)", r.gpu,
+                     r.measures, headline(r), f"`{r.commit}`"])
+    lines = ["# Committed results", "",
+             ("Generated by `kvprefetch report --index docs/results --out docs/results.md` from "
+             f"each run's `{PROVENANCE}` (commit, git tree id of the files that ran, exact "
+             "command) and the result JSON it names; `tests/test_results_index.py` regenerates "
+             "it and fails on any difference. Each run folder keeps the result JSON, its "
+             "markdown and plots, and a README on how to read it; the bulky raw files and the "
+             "exploration runs behind [tuning-log.md](tuning-log.md) are in git history "
+             "(`git show 601b0ae:docs/results/`)."), ""]
+    lines += md_table(["date", "run", "GPU", "what it measures", "headline", "commit"], rows)
+    lines += ["", ("Commands, as each ran at its commit (`git checkout COMMIT` to rerun one as it "
+                   "ran):"), ""]
+    for r in runs:
+        lines.append(f"- `{r.path.relative_to(root).as_posix()}` (tree `{r.tree[:12]}`): "
+                     f"`{r.command}`")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,311 @@
+"""The report of a sampled run (``bench kernel --sample``, a document of kind ``sample``): per
+timing (CUDA-graph replay, eager) and variant, the distribution of the per-step ratios to stock,
+the worst steps with their shapes, the A/A band from the ``control`` tree, each large step's
+fraction of the copy bandwidth, and the attribution of the geomean to mechanisms when the
+ablation trees ran. Pure functions over the JSON document (tested on synthetic numbers);
+matplotlib only for the PNG.
+
+A step's ratio is its median over rounds of the paired per-round ratio stock time / variant
+time (``bench/kernel.py``): > 1 means the variant is faster.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .kernel import quantile
+from .render import geomean
+from .render import md_table as _table
+from .render import pyplot as _pyplot
+from .render import save_figure as _save
+
+CONTROL = "control"
+# The ablation chain, each tree adding one mechanism to the one before (docs/sampled-benchmark.md
+# says what each difference does and does not isolate).
+ATTRIBUTION_CHAIN = ("baseline", "launch", "gqa_off", "patched")
+MECHANISMS = {
+    ("baseline", "launch"): "launcher L2 prefetch kernel (attention kernels untouched)",
+    ("launch", "gqa_off"): "launch bounds + code generation + in-kernel prefetch, "
+                           "with the prefetch variant's L2-kernel policy",
+    ("gqa_off", "patched"): "GQA twins (the launcher's auto choice)",
+    ("baseline", "gqa_off"): "launch bounds + code generation + all prefetch (no twins)",
+    ("baseline", "patched"): "everything",
+}
+LARGE_KV_BYTES = 256 << 20
+WORST = 10
+TARGET_STEP = 0.99
+
+
+def timings(doc: dict[str, Any]) -> list[str]:
+    """The timings present, graph first."""
+    present = {r.get("timing", "graph") for r in doc["results"]}
+    return [t for t in ("graph", "eager") if t in present]
+
+
+def variant_names(doc: dict[str, Any]) -> list[str]:
+    """Every variant but the baseline, in the run's order."""
+    base = doc["meta"]["baseline"]
+    return [v["name"] for v in doc["meta"]["variants"] if v["name"] != base]
+
+
+def headline(doc: dict[str, Any]) -> str | None:
+    """The variant the distribution is about: ``patched`` when it ran, else the first variant
+    that is not the A/A control."""
+    names = variant_names(doc)
+    if "patched" in names:
+        return "patched"
+    return next((n for n in names if n != CONTROL), None)
+
+
+def measured(doc: dict[str, Any], timing: str) -> list[tuple[int, dict[str, Any]]]:
+    """(step index, row) of the measured rows of one timing. Rows of a timing are in step order
+    (bench/kernel.py runs every shape of one config before the next), so the index of a row
+    among its timing's rows is the step's index in the sample."""
+    rows = [r for r in doc["results"] if r.get("timing", "graph") == timing]
+    return [(i, r) for i, r in enumerate(rows) if r["status"] == "measured"]
+
+
+def step_ratio(row: dict[str, Any], name: str) -> float | None:
+    v = row["variants"].get(name)
+    return v["speedup"]["median"] if v and v.get("speedup") else None
+
+
+def ratio_stats(values: Sequence[float]) -> dict[str, Any]:
+    """min, p5 (linear interpolation between closest ranks), median, geomean, max, how many
+    below 1 and below the per-step target (0.99)."""
+    s = sorted(values)
+    if not s:
+        return {"n": 0}
+    return {"n": len(s), "min": s[0], "p5": quantile(s, 0.05), "median": quantile(s, 0.5),
+            "geomean": geomean(s), "max": s[-1], "below_1": sum(1 for v in s if v < 1.0),
+            "below_target": sum(1 for v in s if v < TARGET_STEP)}
+
+
+def distribution(doc: dict[str, Any], timing: str) -> dict[str, dict[str, Any]]:
+    """Per variant, the statistics of its per-step ratios."""
+    rows = measured(doc, timing)
+    out = {}
+    for n in variant_names(doc):
+        vals = [x for _, r in rows if (x := step_ratio(r, n)) is not None]
+        out[n] = ratio_stats(vals)
+    return out
+
+
+def worst_steps(doc: dict[str, Any], timing: str, name: str,
+                k: int = WORST) -> list[dict[str, Any]]:
+    """The ``k`` steps with the lowest ratio of ``name``: index, label, shape, ratio and its
+    spread over rounds, KV bytes, and where the A/A control ran, its ratio on that step."""
+    rows = [(i, r, x) for i, r in measured(doc, timing) if (x := step_ratio(r, name)) is not None]
+    rows.sort(key=lambda t: t[2])
+    out = []
+    for i, r, x in rows[:k]:
+        sp = r["variants"][name]["speedup"]
+        lens = r.get("seq_lens") or [r["context"]] * r["batch"]
+        out.append({"step": i, "label": r["label"], "family": r.get("family", "uniform"),
+                    "preset": r["preset"], "batch": r["batch"], "max_len": r["context"],
+                    "mean_len": sum(lens) / len(lens), "kernel": r["kernel"],
+                    "kv_bytes": r.get("kv_bytes"), "ratio": x, "min": sp["min"],
+                    "max": sp["max"], "control": step_ratio(r, CONTROL)})
+    return out
+
+
+def aa_band(doc: dict[str, Any], timing: str) -> dict[str, Any] | None:
+    """The A/A band: the distribution of the control tree's per-step ratios (stock rebuilt
+    through the same pipeline). A variant's step ratio inside [p5, p95] of it is within the
+    benchmark's resolution; ``None`` when control did not run."""
+    vals = [x for _, r in measured(doc, timing) if (x := step_ratio(r, CONTROL)) is not None]
+    if not vals:
+        return None
+    s = sorted(vals)
+    return {**ratio_stats(s), "p95": quantile(s, 0.95)}
+
+
+def large_steps(doc: dict[str, Any], timing: str,
+                threshold: int = LARGE_KV_BYTES) -> list[dict[str, Any]]:
+    """Steps whose KV is at least ``threshold`` bytes: per variant (stock included) the achieved
+    bandwidth (fewest bytes moved over the median time) as a fraction of the copy bandwidth
+    measured in the same run."""
+    out = []
+    for i, r in measured(doc, timing):
+        if (r.get("kv_bytes") or 0) >= threshold:
+            out.append({"step": i, "label": r["label"], "kv_bytes": r["kv_bytes"],
+                        "bw": {n: v["bw_fraction"] for n, v in r["variants"].items()}})
+    return out
+
+
+def attribution(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
+    """What each mechanism is worth on the sample: for each consecutive pair (a, b) of the
+    ablation chain among the trees that ran, the geometric mean over the steps every tree of the
+    chain measured of b's ratio over a's (stock's ratio being 1), i.e. of time_a / time_b; and
+    the A/A control's geomean on the same steps. The chain's steps multiply to the last tree's
+    geomean."""
+    names = set(variant_names(doc)) | {doc["meta"]["baseline"]}
+    chain = [n for n in ATTRIBUTION_CHAIN if n in names]
+    if len(chain) < 2:
+        return []
+    base = doc["meta"]["baseline"]
+
+    def ratio(r: dict[str, Any], n: str) -> float | None:
+        return 1.0 if n == base else step_ratio(r, n)
+
+    rows = [r for _, r in measured(doc, timing) if all(ratio(r, n) for n in chain)]
+    out = []
+    for a, b in itertools.pairwise(chain):
+        steps = [ratio(r, b) / ratio(r, a) for r in rows]  # type: ignore[operator]
+        out.append({"from": a, "to": b, "mechanism": MECHANISMS.get((a, b), f"{a} -> {b}"),
+                    "steps": len(steps), "geomean": geomean(steps),
+                    "worse": sum(1 for x in steps if x < 1.0)})
+    ctl = [x for r in rows if (x := step_ratio(r, CONTROL)) is not None]
+    if ctl:
+        out.append({"from": base, "to": CONTROL, "mechanism": "none (A/A: the benchmark's "
+                    "resolution)", "steps": len(ctl), "geomean": geomean(ctl),
+                    "worse": sum(1 for x in ctl if x < 1.0)})
+    return out
+
+
+def sample_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per timing and variant (the CLI's closing table)."""
+    out = []
+    for t in timings(doc):
+        rows = measured(doc, t)
+        for n, st in distribution(doc, t).items():
+            if st["n"]:
+                out.append({"timing": t, "variant": n, **st, "all_bitwise_equal": all(
+                    r.get("bitwise_equal") for _, r in rows)})
+    return out
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}x"
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.0f} MiB"
+
+
+def sample_markdown(doc: dict[str, Any]) -> str:
+    meta = doc["meta"]
+    sample = meta["sample"]
+    dev = meta["device"]
+    inst = sample["instantiations"]
+    names = variant_names(doc)
+    lines = [f"# sampled benchmark: {sample['n']} steps, seed {sample['seed']}", "",
+             (f"- device: {dev['name']} ({dev.get('sm_count')} SMs, L2 "
+             f"{dev['l2_bytes'] / 2**20:.0f} MiB), torch {dev.get('torch')}, CUDA {dev.get('cuda')}"),
+             (f"- copy bandwidth (read+write, same run): {meta['copy_bw_bytes_per_s'] / 1e12:.2f} "
+             "TB/s"),
+             f"- started {meta['started']}, {meta.get('seconds', '?')} s",
+             (f"- drawn within: head sizes {inst['head_sizes']}, block sizes {inst['block_sizes']}, "
+             f"caches {inst['caches']}; KV per step at most {_mib(sample['max_kv_bytes'])} "
+             "(the distribution: docs/sampled-benchmark.md)"),
+             (f"- modes: {', '.join(sorted({c['mode'] for c in meta['configs']}))}; timings: "
+             f"{', '.join(timings(doc))}")]
+    for v in meta["variants"]:
+        lines.append(f"- {v['name']}: `{v.get('so_sha256', 'in-process')}`")
+    if meta.get("command"):
+        lines.append(f"- command: `{' '.join(meta['command'])}`")
+    if meta.get("aborted"):
+        lines.append(f"- **run stopped early**, CUDA context lost at {meta['aborted']}")
+    if meta.get("not_measured"):
+        lines.append(f"- not measured: {len(meta['not_measured'])} step(s) (listed at the end)")
+    bad = [r["label"] for r in doc["results"]
+           if r["status"] == "measured" and not r.get("bitwise_equal")]
+    lines.append(f"- bitwise equal to stock: {'every measured step' if not bad else 'NO: '}"
+                 + ", ".join(bad))
+    lines += ["", ("A step's ratio = stock time / variant time, the median over rounds of the "
+              "paired per-round ratio (> 1: faster than stock)."), ""]
+    for t in timings(doc):
+        lines += [f"## {t}" + (" (CUDA-graph replay)" if t == "graph" else
+                               " (back-to-back calls, host path included)"), ""]
+        dist = distribution(doc, t)
+        band = aa_band(doc, t)
+        lines += _table(["variant", "steps", "min", "p5", "median", "geomean", "max",
+                         "< 1", f"< {TARGET_STEP}"],
+                        [[n, st["n"], _x(st.get("min")), _x(st.get("p5")), _x(st.get("median")),
+                          _x(st.get("geomean")), _x(st.get("max")), st.get("below_1", "-"),
+                          st.get("below_target", "-")] for n, st in dist.items()])
+        if band:
+            lines += ["", (f"A/A band ({CONTROL} vs stock, {band['n']} steps): p5-p95 "
+                      f"{band['p5']:.3f}-{band['p95']:.3f}, min-max {band['min']:.3f}-"
+                      f"{band['max']:.3f}, geomean {band['geomean']:.3f}.")]
+        else:
+            lines += ["", f"No A/A band: the `{CONTROL}` tree did not run."]
+        attr = attribution(doc, t)
+        if attr:
+            lines += ["", "### Attribution (geomean step from each tree to the next)", ""]
+            lines += _table(["from", "to", "mechanism", "steps", "geomean step",
+                             "steps worse"],
+                            [[a["from"], a["to"], a["mechanism"], a["steps"], _x(a["geomean"]),
+                              a["worse"]] for a in attr])
+        head = headline(doc)
+        if head:
+            lines += ["", f"### Worst {WORST} steps of {head}", ""]
+            lines += _table(["step", "shape", "KV", "ratio [min-max]", f"{CONTROL} (A/A)"],
+                            [[w["step"], w["label"] + f" (mean len {w['mean_len']:.0f})",
+                              _mib(w["kv_bytes"]), (f"{w['ratio']:.3f} [{w['min']:.3f}-"
+                              f"{w['max']:.3f}]"), _x(w["control"])]
+                             for w in worst_steps(doc, t, head)])
+        large = large_steps(doc, t)
+        lines += ["", (f"### Steps with KV >= {LARGE_KV_BYTES >> 20} MiB: fraction of copy "
+                  f"bandwidth ({len(large)} steps)"), ""]
+        if large:
+            cols = [doc["meta"]["baseline"], *names]
+            lines += _table(["step", "shape", "KV", *cols],
+                            [[s["step"], s["label"], _mib(s["kv_bytes"])]
+                             + [f"{s['bw'][c]:.0%}" if c in s["bw"] else "-" for c in cols]
+                             for s in large])
+        lines.append("")
+    lines += ["## Every step", ""]
+    lines += _table(["timing", "step", "shape", "KV", "status"]
+                    + [f"{n} ratio" for n in names] + ["bitwise equal"],
+                    [[t, i, r["label"], _mib(r.get("kv_bytes")), r["status"]]
+                     + [_x(step_ratio(r, n)) for n in names]
+                     + ["yes" if r.get("bitwise_equal") else "NO"]
+                     for t in timings(doc) for i, r in measured(doc, t)])
+    if meta.get("not_measured"):
+        lines += ["", "## Not measured", ""]
+        lines += _table(["timing", "shape", "status", "reason"],
+                        [[r.get("timing", "graph"), r["label"], r["status"], r["reason"]]
+                         for r in meta["not_measured"]])
+    return "\n".join(lines) + "\n"
+
+
+def sample_png(doc: dict[str, Any], path: Path) -> Path:
+    """Per timing: each variant's sorted step ratios (the distribution as a curve), and the
+    headline variant's ratio against the step's KV bytes with the A/A band shaded."""
+    plt = _pyplot()
+    ts = timings(doc) or ["graph"]
+    fig, axes = plt.subplots(len(ts), 2, squeeze=False, figsize=(11, 4 * len(ts)))
+    head = headline(doc)
+    for ti, t in enumerate(ts):
+        ax = axes[ti][0]
+        rows = measured(doc, t)
+        for n in variant_names(doc):
+            vals = sorted(x for _, r in rows if (x := step_ratio(r, n)) is not None)
+            if vals:
+                ax.plot([100 * (i + 0.5) / len(vals) for i in range(len(vals))], vals, label=n)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.axhline(TARGET_STEP, color="red", linewidth=0.6, linestyle="--")
+        ax.set_xlabel("percentile of steps")
+        ax.set_ylabel("stock time / variant time")
+        ax.set_title(f"{t}: sorted step ratios", fontsize=9)
+        ax.legend(fontsize=7)
+        ax = axes[ti][1]
+        band = aa_band(doc, t)
+        if band:
+            ax.axhspan(band["p5"], band["p95"], color="grey", alpha=0.3, label="A/A p5-p95")
+        if head:
+            pts = [(r.get("kv_bytes") or 1, x) for _, r in rows
+                   if (x := step_ratio(r, head)) is not None]
+            if pts:
+                ax.scatter([p[0] / 2**20 for p in pts], [p[1] for p in pts], s=8, label=head)
+        ax.set_xscale("log")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel("KV bytes of the step (MiB)")
+        ax.set_ylabel("ratio")
+        ax.set_title(f"{t}: {head} per step", fontsize=9)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
