@@ -62,17 +62,17 @@ def test_alt_trees_add_each_tree_its_variant_and_its_define(on: tuple[str, ...])
     with its one define; without them nothing is added and the build gets no define."""
     bash = shutil.which("bash")
     assert bash is not None
-    script = (f'source "{DEVICE / "lib.sh"}"; V=(--variant baseline); FETCH=(--with-seed); '
+    script = (f'source "{DEVICE / "lib.sh"}"; V=(--tree baseline); FETCH=(--with-paper); '
               "alt_trees; printf '%s\\n' \"${V[*]}\" \"${FETCH[*]}\" \"${ALT_DEF[*]}\"")
     env = {k: v for k, v in os.environ.items() if k not in {s for s, _, _ in ALT_TREES}}
     env.update({switch: "1" for switch in on})
     res = subprocess.run([bash, "-c", script], capture_output=True, text=True, check=True,
                          env=env)
     v, fetch, define = res.stdout.split("\n")[:3]
-    want_v, want_fetch, want_def = ["--variant baseline"], ["--with-seed"], []
+    want_v, want_fetch, want_def = ["--tree baseline"], ["--with-paper"], []
     for switch, tree, macro in ALT_TREES:
         if switch in on:
-            want_v.append(f"--variant {tree}")
+            want_v.append(f"--tree {tree}")
             want_fetch.append(f"--extra-tree {tree}")
             want_def.append(f"--tree-define {tree}:{macro}")
     assert (v, fetch, define) == (" ".join(want_v), " ".join(want_fetch), " ".join(want_def))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `bench decode` on the H200, ONE device call (about 8 minutes): whole-model decode steps of
 # Llama-3.1-8B, Qwen2.5-7B and Llama-3-70B at tensor-parallel 8 (8 of its layers) through stock
-# (baseline), the shipped `prefetch` (patched) and the paper's `seed`, one process per model,
+# (baseline), the shipped `prefetch` (patched) and the paper's variant (`paper`), one process per model,
 # every step's logits checked bitwise. Fetch the carried sdist, apply, kernels-only build (head
 # 128, block 16, fp16), the GPU tests of tests/gpu/test_bench_decode_gpu.py, then per model:
 # batch 1, 8, 32, 128 x context 1k, 8k, 32k (the points whose K/V fits are run, the others are
@@ -11,9 +11,9 @@ set -uo pipefail
 BUDGET_S=${BUDGET_S:-570}
 source "$(dirname "$0")/lib.sh"
 begin_run decode
-V=(--variant baseline --variant patched --variant seed)
-step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --with-seed || exit 3
-for v in prefetch seed; do
+V=(--tree baseline --tree patched --tree paper)
+step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --with-paper || exit 3
+for v in prefetch paper; do
   step 30 "${K[@]}" apply --workdir "$W" --variant "$v" || exit 4
 done
 step 200 "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 128 \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `bench kernel`'s full default matrix (batch 1,8,32,64,128 x context 512,1k,4k,16k,32k: issue
 # 6's matrix plus 32k; and batch 16,32,64,96,128,256 x context 6k,8k, the v1 steps of long
-# context of issue 31) for stock, the shipped `prefetch`, the paper's `seed` and the A/A
+# context of issue 31) for stock, the shipped `prefetch`, the paper's variant (`paper`) and the A/A
 # `control`, in ONE device call (about 6 minutes): fetch the carried sdist, apply, kernels-only
 # build (head 128/256, block 16, fp16/bf16), verify-kernel, the GPU-marked tests, one cold table
 # with its heatmap, then Gemma-2B (head 256) in bf16 and fp16, whose v2 kernels' prologue rule
@@ -13,12 +13,12 @@ set -uo pipefail
 BUDGET_S=${BUDGET_S:-530}
 source "$(dirname "$0")/lib.sh"
 begin_run default-matrix
-V=(--variant baseline --variant patched --variant seed --variant control)
-FETCH=(--with-seed --extra-tree control)
+V=(--tree baseline --tree patched --tree paper --tree control)
+FETCH=(--with-paper --extra-tree control)
 alt_trees
 
 step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${FETCH[@]}" || exit 3
-for v in prefetch seed control; do
+for v in prefetch paper control; do
   step 30 "${K[@]}" apply --workdir "$W" --variant "$v" || exit 4
 done
 for t in nopdl nostage nofuse nosplit; do

@@ -52,7 +52,7 @@ print(t.cuobjdump if t else "cuobjdump")' 2>/dev/null) || tool=cuobjdump
 ALT_DEF=()
 alt_tree() {  # SWITCH TREE DEFINE
   [ "${!1:-0}" = 1 ] || return 0
-  V+=(--variant "$2"); FETCH+=(--extra-tree "$2")
+  V+=(--tree "$2"); FETCH+=(--extra-tree "$2")
   ALT_DEF+=(--tree-define "$2:$3")
 }
 alt_trees() { ALT_DEF=(); alt_tree NOPDL nopdl KVPREFETCH_TWIN_PDL=0
@@ -97,14 +97,14 @@ summarize() {
 # explore_build LIMIT TREE... [-- BUILD_ARG...]: an exploration's trees (head 128, block 16, fp16
 # and bf16 caches): fetch the carried sdist into baseline, patched and each TREE, apply
 # `prefetch` to all but baseline, kernels-only build within LIMIT seconds with BUILD_ARGs (the
-# trees' --tree-define flags). Sets V to the --variant flags, baseline first.
+# trees' --tree-define flags). Sets V to the --tree flags, baseline first.
 explore_build() {
   local limit=$1 t trees; shift
   local extra=() X=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done
   [ $# -gt 0 ] && shift
-  V=(--variant baseline --variant patched)
-  for t in "${extra[@]}"; do V+=(--variant "$t"); X+=(--extra-tree "$t"); done
+  V=(--tree baseline --tree patched)
+  for t in "${extra[@]}"; do V+=(--tree "$t"); X+=(--extra-tree "$t"); done
   step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${X[@]}" || exit 3
   for t in patched "${extra[@]}"; do
     step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4

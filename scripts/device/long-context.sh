@@ -20,7 +20,7 @@ set -uo pipefail
 BUDGET_S=${BUDGET_S:-570}
 source "$(dirname "$0")/lib.sh"
 begin_run long-context
-V=(--variant baseline --variant patched --variant gqa_off --variant control)
+V=(--tree baseline --tree patched --tree gqa_off --tree control)
 step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz --extra-tree control \
   --extra-tree gqa_off || exit 3
 for t in patched gqa_off; do
@@ -39,7 +39,7 @@ step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu/test_long
 for t in 4x1 4x2 2x2; do
   export KVPREFETCH_GQA=$t
   [ "$(left)" -gt 200 ] && bench 40 "${B[@]}" --mode cold --batch 64,256 --context 3k,6k,7k,8k \
-    --variant baseline --variant patched --name "forced-$t" --formats json,md
+    --tree baseline --tree patched --name "forced-$t" --formats json,md
   unset KVPREFETCH_GQA
 done
 FRESH_SEED=${FRESH_SEED:-$(date -u +%Y%m%d)}

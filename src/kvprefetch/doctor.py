@@ -9,6 +9,7 @@ including a real nvcc compile of the bulk-prefetch instruction."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -16,7 +17,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +43,8 @@ from .build.toolchain import (
 )
 from .errors import ConfigError, KvprefetchError
 from .runner import run, which
+from .workspace import ownership
+from .workspace.workdir import Workdir
 
 Status = Literal["ok", "warn", "fail", "skip"]
 Mode = Literal["full", "kernels-only", "overlay"]
@@ -144,6 +148,7 @@ class DoctorReport:
     mode: str
     arch_list: str
     checks: tuple[Check, ...]
+    mode_reason: str = ""  # why this mode was checked (see choose_mode)
 
     @property
     def ok(self) -> bool:
@@ -157,8 +162,8 @@ class DoctorReport:
         return next(c for c in self.checks if c.name == name)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "mode": self.mode, "arch_list": self.arch_list,
-                "checks": [c.__dict__ for c in self.checks]}
+        return {"ok": self.ok, "mode": self.mode, "mode_reason": self.mode_reason,
+                "arch_list": self.arch_list, "checks": [c.__dict__ for c in self.checks]}
 
     def raise_if_failed(self) -> None:
         """ConfigError listing each failing check's cause, then each one's fix."""
@@ -256,15 +261,27 @@ def _check_index(environ: Mapping[str, str], probes: DoctorProbes) -> Check:
                  "make the index reachable, or point PIP_INDEX_URL / UV_INDEX_URL at a mirror")
 
 
+@contextmanager
+def _scratch(workdir: Path) -> Iterator[Path]:
+    """Where the compile probe writes: the work directory's scratch space when kvprefetch made
+    that directory (doctor never creates or adopts one), else a system temp directory."""
+    if Workdir(workdir).is_tagged():
+        with ownership.scratch_dir(workdir, "doctor") as d:
+            yield d
+    else:
+        with tempfile.TemporaryDirectory(prefix="kvprefetch-doctor-") as tmp:
+            yield Path(tmp)
+
+
 def _check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int, int],
-                   environ: Mapping[str, str]) -> Check:
+                   environ: Mapping[str, str], workdir: Path) -> Check:
     """Compile PROBE_CU for the gencode flags the paged-attention TUs get; count UBLKPF."""
     try:
         flags = gencode_flags(archs, cuda_version=version)
     except ConfigError as exc:
         return Check("nvcc-compile", "fail", exc.cause, exc.fix)
-    with tempfile.TemporaryDirectory(prefix="kvprefetch-doctor-") as tmp:
-        src, obj = Path(tmp) / "probe.cu", Path(tmp) / "probe.o"
+    with _scratch(workdir) as tmp:
+        src, obj = tmp / "probe.cu", tmp / "probe.o"
         src.write_text(PROBE_CU)
         t0 = time.monotonic()
         done = run([str(nvcc), "-c", *flags, "-o", str(obj), str(src)], env=environ,
@@ -445,8 +462,8 @@ def _check_gpu(archs: Sequence[CudaArch], environ: Mapping[str, str],
 def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | None = None,
                workdir: str | os.PathLike[str] = ".", need_network: bool | None = None,
                mode: Mode = "full", probes: DoctorProbes | None = None,
-               cuda_home_opt: str | None = None, allow_cuda_mismatch: bool = False
-               ) -> DoctorReport:
+               cuda_home_opt: str | None = None, allow_cuda_mismatch: bool = False,
+               mode_reason: str = "") -> DoctorReport:
     """Run every check for building ``arch_list`` in ``mode`` with the environment ``env``
     (default os.environ; pass the build environment's environ()). ``need_network`` None means:
     needed for a full build unless all three FetchContent source dirs are set."""
@@ -484,7 +501,7 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
         nvcc_checks, nvcc, version = _check_nvcc(archs, environ, mode, probes)
         checks += nvcc_checks
     if nvcc is not None and version is not None and archs:
-        checks.append(_check_compile(nvcc, archs, version, environ))
+        checks.append(_check_compile(nvcc, archs, version, environ, wd))
     else:
         checks.append(Check("nvcc-compile", "skip", "no usable nvcc or arch list"))
     if mode != "overlay":
@@ -502,4 +519,51 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
         checks += _check_git_network(environ, mode, need_network, probes)
     checks.append(_check_conda(environ))
     checks.append(_check_gpu(archs, environ, version, probes))
-    return DoctorReport(mode, label, tuple(checks))
+    return DoctorReport(mode, label, tuple(checks), mode_reason)
+
+
+AUTO_RULE = "full where a CUDA >= 12.8 toolkit, a GPU and the network exist, else kernels-only"
+
+
+@dataclass(frozen=True)
+class ModeChoice:
+    """The build mode for ``--mode`` (``auto`` resolved on this machine), and why."""
+    mode: Mode
+    reason: str
+    full_report: DoctorReport | None = None  # auto's full-mode preflight, when it ran one
+
+
+def choose_mode(mode: str, arch_list: str | Sequence[CudaArch], *,
+                env: Mapping[str, str] | None = None, workdir: str | os.PathLike[str] = ".",
+                probes: DoctorProbes | None = None) -> ModeChoice:
+    """``auto`` -> full where the full-mode preflight (with the network required) passes and a
+    GPU is found, else kernels-only; any other mode as given. ``build`` and ``doctor`` both
+    decide here, so plain ``doctor`` checks the mode that plain ``build`` would build."""
+    if mode != "auto":
+        if mode not in ("full", "kernels-only", "overlay"):
+            raise ConfigError(f"unknown build mode {mode!r}",
+                              "use auto, full, kernels-only or overlay")
+        return ModeChoice(mode, f"--mode {mode}")  # type: ignore[arg-type]
+    rep = run_doctor(arch_list, env=env, workdir=workdir, need_network=True, mode="full",
+                     probes=probes)
+    failing = [c for c in rep.checks if c.status == "fail"]
+    gpu = [c for c in rep.checks if c.name == "gpu" and c.status == "ok"]
+    if not failing and gpu:
+        return ModeChoice("full", "--mode auto: the full build's toolkit, GPU and network "
+                                  "checks all pass", rep)
+    why = "; ".join(f"{c.name}: {c.detail}" for c in failing) or "no GPU found"
+    return ModeChoice("kernels-only", f"--mode auto: no full build here ({why})", rep)
+
+
+def check_machine(mode: str, arch_list: str, *, workdir: str | os.PathLike[str] = ".",
+                  local_deps: bool = False, cuda_home_opt: str | None = None,
+                  allow_cuda_mismatch: bool = False) -> DoctorReport:
+    """``kvprefetch doctor``: the preflight of the mode ``mode`` resolves to (choose_mode),
+    the report saying which mode it checked and why. ``local_deps``: vLLM's FetchContent
+    dependencies are local clones, so a full build needs no network."""
+    choice = choose_mode(mode, arch_list, workdir=workdir)
+    if choice.full_report is not None and choice.mode == "full" and not local_deps:
+        return dataclasses.replace(choice.full_report, mode_reason=choice.reason)
+    return run_doctor(arch_list, workdir=workdir, mode=choice.mode,
+                      need_network=False if local_deps else None, cuda_home_opt=cuda_home_opt,
+                      allow_cuda_mismatch=allow_cuda_mismatch, mode_reason=choice.reason)

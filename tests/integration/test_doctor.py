@@ -247,3 +247,25 @@ def test_doctor_command_table(tmp_path: Path) -> None:
                              env={"VLLM_USE_PRECOMPILED": "1"})
     assert res.exit_code == ConfigError.exit_code
     assert "precompiled" in res.stdout and "nvcc-compile" in res.stdout
+
+
+@needs_nvcc
+def test_plain_doctor_checks_the_mode_plain_build_would_build(
+        tmp_path: Path, base_environ: dict[str, str]) -> None:
+    """`doctor` defaults to `--mode auto`, resolved as `build --mode auto` resolves it
+    (choose_mode), and says which mode it checked and why: right after a kernels-only main job
+    it no longer fails the full build's checks."""
+    from kvprefetch.doctor import choose_mode
+
+    no_gpu = DoctorProbes(network=offline, gpus=lambda _env: [])
+    auto = choose_mode("auto", "9.0a", env=base_environ, workdir=tmp_path, probes=no_gpu)
+    assert auto.mode == "kernels-only" and auto.reason.startswith("--mode auto: no full build")
+    assert "network" in auto.reason and auto.full_report is not None
+    assert choose_mode("overlay", "9.0a").reason == "--mode overlay"
+    res = CliRunner().invoke(doctor, ["--json", "--workdir", str(tmp_path)],
+                             env={k: None for k in ("VLLM_USE_PRECOMPILED", "PYTHONPATH")})
+    data = json.loads(res.stdout)
+    here = choose_mode("auto", "9.0a", workdir=tmp_path)
+    assert (data["mode"], data["mode_reason"]) == (here.mode, here.reason)
+    table = CliRunner().invoke(doctor, ["--workdir", str(tmp_path)])
+    assert f"checking the {here.mode} build (--mode auto: " in table.stderr

@@ -76,6 +76,7 @@ def test_kernels_only_dry_run_json_is_the_exact_plan(applied_workdir: Path) -> N
     assert plan["gencode"] == [SM90]  # vLLM builds _C for plain sm_90 even for 9.0a
     assert plan["selection"]["kernels_per_source"] == NARROW.kernel_count() == 4
     assert [t["tree"] for t in plan["trees"]] == list(TREES)
+    assert plan["up_to_date"] == []  # nothing built yet
     by = {t["tree"]: t for t in plan["trees"]}
     assert by["baseline"]["variant"] is None and by["baseline"]["patch_sha256"] is None
     assert by["patched"]["variant"] == "prefetch"
@@ -305,7 +306,9 @@ def test_kill_left_both_trees_and_envs_intact(kernels_build) -> None:
 def test_rerun_completes_with_manifests_and_own_libraries(kernels_build) -> None:
     r = kernels_build.resumed
     assert r["returncode"] == 0, r["stderr"][-4000:]
-    assert re.search(r"\[(baseline|patched)\] \[\d+/\d+\] compiling \(", r["stderr"])  # ninja's [n/N]
+    # ninja's [n/N], with the time elapsed and an estimate of the time left
+    assert re.search(r"\[(baseline|patched)\] compiling \[\d+/\d+\] \d+:\d\d elapsed, ",
+                     r["stderr"])
     wd = kernels_build.workdir.resolve()
     shas = {}
     for tree in TREES:
@@ -350,7 +353,13 @@ def test_third_run_is_up_to_date_without_recompiling(kernels_build) -> None:
     assert t["returncode"] == 0, t["stderr"][-3000:]
     for tree in TREES:
         assert f"[{tree}] up to date" in t["stderr"]
-    assert "compiling (" not in t["stderr"]
+    assert "compiling [" not in t["stderr"]
+    # and a dry run says so before building anything
+    res = kvprefetch_cli_split("build", "--workdir", str(kernels_build.workdir), "--dry-run",
+                               *NARROW_BUILD_ARGS, env=_clean_env())
+    assert res.returncode == 0, res.stderr
+    assert "up to date: baseline, patched; to build: none" in res.stdout
+    assert res.stdout.count("status: up to date (") == 2
     assert t["objects"] == kernels_build.resumed["objects"]  # same files, same mtimes
     assert {Path(p).parts[-3] for p in t["objects"]} == set(TREES)  # every tree's objects
     assert t["seconds"] < kernels_build.resumed["seconds"] / 3

@@ -15,6 +15,7 @@ from kvprefetch.hashing import sha256_file
 from kvprefetch.sources import upstream
 from kvprefetch.sources.fetch import tree_modifications
 from kvprefetch.sources.patching import apply_patch, carried_variant, patch_sha256
+from kvprefetch.workspace import ownership
 from kvprefetch.workspace.workdir import Workdir
 from tests.integration.helpers import copy_workdir, kvprefetch_cli_split, tree_bytes
 
@@ -129,33 +130,68 @@ def test_a_hand_edited_kit_header_is_refused_untouched(fetched_workdir: Path, re
 def test_the_other_variant_is_refused_on_a_patched_tree(fetched_workdir: Path) -> None:
     apply_patch(fetched_workdir, "prefetch")
     before = _bytes(fetched_workdir)
-    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "seed", "--tree", "patched")
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "paper", "--tree", "patched")
     assert res.returncode == PatchError.exit_code
     assert "carries the prefetch variant" in res.stderr and "To fix:" in res.stderr
     assert _bytes(fetched_workdir) == before
 
 
-def test_seed_variant_applies_to_the_seed_tree(fetched_workdir: Path) -> None:
-    res = cli("fetch", "--workdir", str(fetched_workdir), "--with-seed", "--source", "sdist",
+def test_paper_variant_applies_to_the_paper_tree(fetched_workdir: Path) -> None:
+    res = cli("fetch", "--workdir", str(fetched_workdir), "--with-paper", "--source", "sdist",
               "--json")
     assert res.returncode == 0, res.stderr
     assert [t["action"] for t in json.loads(res.stdout)["trees"]] == ["unchanged", "unchanged",
                                                                       "created"]
-    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "seed", "--json")
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "paper", "--json")
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
-    assert (data["tree"], data["variant"], data["action"]) == ("seed", "seed", "applied")
-    tree = fetched_workdir / "trees" / "seed"
-    assert carried_variant(tree) == "seed"
+    assert (data["tree"], data["variant"], data["action"]) == ("paper", "paper", "applied")
+    tree = fetched_workdir / "trees" / "paper"
+    assert carried_variant(tree) == "paper"
     header = (tree / upstream.ATTENTION_HEADER).read_text()
     assert "seed_prefetch_4096" in header
     assert "prefetch_prologue" not in header
     # the other two trees are untouched
     for name in ("baseline", "patched"):
         assert carried_variant(fetched_workdir / "trees" / name) is None
-    # and the prefetch variant on the same seed tree is now refused
-    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "prefetch", "--tree", "seed")
-    assert res.returncode == PatchError.exit_code and "carries the seed variant" in res.stderr
+    # and the prefetch variant on the same paper tree is now refused
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "prefetch", "--tree", "paper")
+    assert res.returncode == PatchError.exit_code and "carries the paper variant" in res.stderr
+    # the old spellings still work, each with a note: --with-seed and --variant seed are the
+    # paper's, and `seed` names its tree
+    res = cli("fetch", "--workdir", str(fetched_workdir), "--with-seed", "--source", "sdist",
+              "--json")
+    assert res.returncode == 0, res.stderr
+    assert [t["name"] for t in json.loads(res.stdout)["trees"]] == ["baseline", "patched", "paper"]
+    assert "--with-seed is deprecated" in res.stderr and "--with-paper" in res.stderr
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "seed", "--tree", "seed",
+              "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert (data["tree"], data["variant"], data["action"]) == ("paper", "paper", "already-applied")
+    assert "--variant seed is deprecated" in res.stderr
+
+
+def test_a_work_directory_from_before_the_rename_keeps_its_seed_tree(
+        fetched_workdir: Path) -> None:
+    """A tree fetched as `seed` and recorded as carrying the `seed` variant (the paper's
+    variant's old name) is still found, recognised as applied, and named by either name."""
+    res = cli("fetch", "--workdir", str(fetched_workdir), "--extra-tree", "seed", "--source",
+              "sdist")
+    assert res.returncode == 0, res.stderr
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "paper", "--tree", "seed")
+    assert res.returncode == 0, res.stderr
+    state_file = fetched_workdir / "state" / "seed.json"
+    state = json.loads(state_file.read_text())
+    state["applied"]["variant"] = "seed"  # what the kit recorded before the rename
+    state_file.write_text(json.dumps(state))
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "paper", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert (data["tree"], data["action"]) == ("seed", "already-applied")
+    res = cli("diff-upstream", "--workdir", str(fetched_workdir), "--tree", "paper", "--check",
+              "--stat")
+    assert res.returncode == 0, res.stderr
 
 
 def test_control_variant_is_stock_rebuilt_in_an_extra_tree(fetched_workdir: Path) -> None:
@@ -288,13 +324,13 @@ def test_export_header_is_pristine_plus_added_lines_with_the_helper_inlined(
     assert carried_variant(shared_fetched / "trees" / "patched") is None
 
 
-def test_export_header_seed_variant(shared_fetched: Path, tmp_path: Path) -> None:
-    out = tmp_path / "seed.cuh"
+def test_export_header_paper_variant(shared_fetched: Path, tmp_path: Path) -> None:
+    out = tmp_path / "paper.cuh"
     res = cli("export-header", "--workdir", str(shared_fetched), "-o", str(out),
-              "--variant", "seed")
+              "--variant", "paper")
     assert res.returncode == 0, res.stderr
     assert str(out) in res.stdout
-    assert "note:" not in res.stderr  # the seed's drop-in header is complete on its own
+    assert "note:" not in res.stderr  # the paper's drop-in header is complete on its own
     text = out.read_text()
     assert "seed_prefetch_4096" in text.split("end kvprefetch csrc/prefetch_ptx.cuh")[1]
 
@@ -346,3 +382,20 @@ def test_new_kit_headers_are_installed_into_an_applied_tree(
     assert {rel: sha256_file(tree / rel) for rel in patched_before} == patched_before
     assert tree_modifications(wd, "patched") == []
     assert apply_patch(fetched_workdir, "prefetch").action == "already-applied"
+
+
+def test_apply_writes_nothing_outside_the_work_directory(fetched_workdir: Path,
+                                                         tmp_path: Path) -> None:
+    """apply's scratch copies live in <workdir>/tmp (recorded, so a killed apply's are removed
+    by the next fetch or clean), not in the system temp directory: TMPDIR stays empty, and the
+    work directory keeps no scratch after a successful or a refused apply."""
+    tmpdir = tmp_path / "system-tmp"
+    tmpdir.mkdir()
+    env = dict(_env(), TMPDIR=str(tmpdir))
+    for variant, want in (("prefetch", 0), ("paper", PatchError.exit_code)):
+        res = kvprefetch_cli_split("apply", "--workdir", str(fetched_workdir), "--variant",
+                                   variant, "--tree", "patched", env=env)
+        assert res.returncode == want, res.stderr
+        assert list(tmpdir.iterdir()) == []
+        assert not (fetched_workdir / "tmp").exists()
+        assert not [e for e in ownership.entries(fetched_workdir).values() if e["kind"] == "tmp"]

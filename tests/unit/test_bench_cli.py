@@ -20,7 +20,7 @@ def _invoke(args: list[str]):
 
 
 def _fake_builds(workdir: Path) -> None:
-    for tree in ("baseline", "patched", "seed"):
+    for tree in ("baseline", "patched", "paper"):
         d = workdir / "build" / tree / "k1"
         d.mkdir(parents=True)
         (d / f"kvprefetch_{tree}_C.so").write_bytes(b"x")
@@ -42,7 +42,7 @@ def test_kernel_dry_run_json_default_matrix(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     plan = json.loads(res.stdout)
     assert plan["shapes"] == len(build_matrix().shapes()) and plan["modes"] == ["cold"]
-    assert [v["tree"] for v in plan["variants"]] == ["baseline", "patched", "seed"]
+    assert [v["tree"] for v in plan["variants"]] == ["baseline", "patched", "paper"]
     assert plan["outputs"][0].endswith("bench/kernel.json")
     assert {s["batch"] for s in plan["shape_list"]} == {1, 8, 16, 32, 64, 96, 128, 256}
 
@@ -51,7 +51,7 @@ def test_kernel_dry_run_options(tmp_path: Path) -> None:
     res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--json",
                    "--preset", "gemma-2b", "--batch", "1,8", "--context", "1k", "--dtype", "bf16",
                    "--kv-cache-dtype", "fp8", "--force-kernel", "v2", "--mode", "cold",
-                   "--mode", "hot", "--variant", "baseline"])
+                   "--mode", "hot", "--tree", "baseline"])
     assert res.exit_code == 0, res.output
     plan = json.loads(res.stdout)
     assert plan["shapes"] == 4 and plan["modes"] == ["cold", "hot"]
@@ -88,9 +88,26 @@ def test_kernel_bad_options(tmp_path: Path) -> None:
     res = _invoke(["kernel", "--workdir", str(tmp_path)])
     assert isinstance(res.exception, BenchError) and "no kernels-only builds" in str(res.exception)
     _fake_builds(tmp_path)
-    res = _invoke(["kernel", "--workdir", str(tmp_path), "--variant", "patched", "--variant",
-                   "seed"])
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--tree", "patched", "--tree",
+                   "paper"])
     assert isinstance(res.exception, BenchError) and "baseline" in str(res.exception)
+
+
+def test_trees_are_named_with_tree_and_the_old_spellings_still_work(tmp_path: Path) -> None:
+    """`--tree NAME` picks builds; `--variant NAME`, its old spelling, still does, with a note
+    on stderr; `seed`, the paper's tree's old name, finds the `paper` build."""
+    _fake_builds(tmp_path)
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--json",
+                   "--tree", "baseline", "--tree", "paper"])
+    assert res.exit_code == 0, res.output
+    assert [v["tree"] for v in json.loads(res.stdout)["variants"]] == ["baseline", "paper"]
+    assert "deprecated" not in res.stderr
+    res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--json",
+                   "--variant", "baseline", "--variant", "seed"])
+    assert res.exit_code == 0, res.output
+    assert [v["tree"] for v in json.loads(res.stdout)["variants"]] == ["baseline", "paper"]
+    assert "--variant NAME (a tree) is deprecated" in res.stderr and "--tree NAME" in res.stderr
+    assert "--variant" not in _invoke(["kernel", "--help"]).output
 
 
 def test_list_presets() -> None:

@@ -8,14 +8,8 @@ from dataclasses import asdict
 
 import pytest
 
-from kvprefetch.vmm.bench import (
-    DecodeConfig,
-    DecodeResult,
-    layers_to_rotate,
-    plan_shapes,
-    render_summary,
-    summarize,
-)
+from kvprefetch.vmm.bench import DecodeResult, render_summary, summarize
+from kvprefetch.vmm.shapes import DecodeConfig, layers_to_rotate, plan_shapes
 from kvprefetch.vmm.steplat import StepLatencyResult
 
 MiB = 1 << 20

@@ -103,26 +103,29 @@ def test_cli_refuses_a_workdir_without_a_baseline_build(tmp_path: Path,
 
 
 def test_cli_passes_the_workdir_to_the_gpu_run(tmp_path: Path, monkeypatch: Any) -> None:
-    """The real ``main`` needs CUDA, so it is replaced by a recorder that writes a report."""
+    """The real ``run_bench`` needs CUDA, so it is replaced by a recorder that writes a report;
+    the command calls it directly (no argv round trip)."""
     import kvprefetch.vmm.bench as vb
 
     _fake_build(tmp_path, "baseline")
-    seen: list[list[str]] = []
+    seen: list[dict[str, Any]] = []
 
-    def fake_main(argv: list[str]) -> int:
-        seen.append(list(argv))
-        Path(argv[argv.index("--out") + 1]).write_text("{}")
-        return 1 if len(seen) > 1 else 0
+    def fake_run_bench(out: Path, cfg: Any, **kw: Any) -> Any:
+        seen.append({"out": out, "cfg": cfg, **kw})
+        out.write_text("{}")
+        return vb.BenchRun({}, ("decode: boom",) if len(seen) > 1 else ())
 
-    monkeypatch.setattr(vb, "main", fake_main)
+    monkeypatch.setattr(vb, "run_bench", fake_run_bench)
     out = tmp_path / "r.json"
-    args = ["bench", "--skip-steps", "--out", str(out), "--paged-workdir", str(tmp_path)]
+    args = ["bench", "--skip-steps", "--out", str(out), "--paged-workdir", str(tmp_path),
+            "--batches", "1,8"]
     r = CliRunner().invoke(vmm, args)
     assert r.exit_code == 0, r.output
-    argv = seen[0]
-    assert argv[argv.index("--paged-workdir") + 1] == str(tmp_path) and "--skip-steps" in argv
-    r = CliRunner().invoke(vmm, args)      # main reporting a failed part fails the command
-    assert isinstance(r.exception, BenchError)
+    call = seen[0]
+    assert call["paged_workdir"] == tmp_path and call["steps"] is False and call["decode"]
+    assert call["out"] == out and call["cfg"].batches == (1, 8)
+    r = CliRunner().invoke(vmm, args)      # a failed part fails the command
+    assert isinstance(r.exception, BenchError) and "FAILED decode: boom" in r.output
 
 
 def test_main_takes_the_paged_workdir_option(capsys: Any) -> None:

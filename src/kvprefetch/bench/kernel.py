@@ -347,7 +347,7 @@ def progress_line(i: int, n: int, r: ShapeResult, seconds: float) -> str:
     return f"{head}: " + " | ".join(parts) + f" ({seconds:.1f} s)"
 
 
-def _cuda_context_problem() -> str:
+def cuda_context_problem() -> str:
     """"" when the CUDA context still works after an error, else why not. Errors such as an
     illegal address are sticky: every later CUDA call fails with them."""
     import torch
@@ -361,7 +361,7 @@ def _cuda_context_problem() -> str:
     return ""
 
 
-def _release_cuda_memory() -> None:
+def release_cuda_memory() -> None:
     """Drop the finished shape's graphs and tensors and hand the cached blocks back, so the next
     shape's memory check sees the device's real free memory."""
     import torch
@@ -447,7 +447,7 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
         return bench_shape(ops, shape, config, facts["l2_bytes"], copy_bw)
 
     results, aborted = run_shapes(matrix.shapes() if shapes is None else shapes, configs, measure,
-                                  _cuda_context_problem, _release_cuda_memory, say, time_limit_s,
+                                  cuda_context_problem, release_cuda_memory, say, time_limit_s,
                                   shape_major=sample is not None)
     return {
         "kind": "kernel" if sample is None else "sample", "schema": 1,

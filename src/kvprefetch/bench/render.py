@@ -47,3 +47,9 @@ def save_figure(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def shape_key(r: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies a result row's shape, whatever its mode."""
+    return (r["preset"], r["dtype"], r["kv_cache_dtype"], r["block_size"], r["batch"],
+            r["context"], r["kernel"])

@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import BenchError
-from .report import _ctx, _table, geomean, shape_key
+from .render import ctx as _ctx
+from .render import geomean, shape_key
+from .render import md_table as _table
 
 SCHEMA = 1
 

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import BenchError
 from .decode_report import decode_markdown, decode_png
 from .render import ctx as _ctx
-from .render import geomean
+from .render import geomean, shape_key
 from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
@@ -185,12 +185,6 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
                          for m, cs in _by_resident(ceiling).items()])
     lines += ["", "`*` = kernel forced with --force-kernel; otherwise vLLM's own v1/v2 choice."]
     return "\n".join(lines) + "\n"
-
-
-def shape_key(r: dict[str, Any]) -> tuple[Any, ...]:
-    """What identifies a result row's shape, whatever its mode."""
-    return (r["preset"], r["dtype"], r["kv_cache_dtype"], r["block_size"], r["batch"],
-            r["context"], r["kernel"])
 
 
 RESIDENT_MODES = ("hot", "aliased")
@@ -401,7 +395,7 @@ def identity_markdown(doc: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- dispatch
 
 def _repeats_markdown(doc: dict[str, Any]) -> str:
-    from .repeats import repeats_markdown  # repeats imports this module
+    from .repeats import repeats_markdown
 
     return repeats_markdown(doc)
 

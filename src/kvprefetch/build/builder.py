@@ -1,6 +1,8 @@
-"""Executing a ``BuildPlan``: walks each ``TreePlan``'s steps, under a per-tree lock, skipping
-a tree whose manifest matches. Trees build concurrently (each ninja gets its share of the
-jobs). Returns one ``TreeOutcome`` per tree for the closing summary."""
+"""Building one tree of a ``BuildPlan`` in kernels-only or full mode: walks the ``TreePlan``'s
+steps under a per-tree lock, skipping a tree whose manifest matches, and returns a
+``TreeOutcome`` for the closing summary. What every mode's tree build shares (the outcome, the
+lock, the skip, the child environment, the tree-prefixed messages) is here too; the overlay
+mode's is in ``overlay.build``, and ``pipeline.execute`` runs the trees concurrently."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ import platform
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,13 +19,14 @@ from typing import Any
 
 from .. import __version__
 from ..console import info
-from ..errors import BuildError, KvprefetchError
+from ..errors import BuildError
 from ..hashing import sha256_file
 from ..runner import run
 from ..workspace import ownership
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, write_json_atomic
-from .plan import BuildPlan, TreePlan
+from .plan import BuildPlan, TreePlan, manifest_matches
+from .progress import CompileProgress, heartbeat, previous_seconds
 
 _print_lock = threading.Lock()
 
@@ -42,28 +44,9 @@ class TreeOutcome:
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _say(tree: str, msg: str) -> None:
+def say(tree: str, msg: str) -> None:
     with _print_lock:
         info(f"[{tree}] {msg}")
-
-
-def manifest_matches(tp: TreePlan) -> dict[str, Any] | None:
-    """The existing manifest when it records this exact key and its outputs are intact (a
-    corrupt manifest matches nothing: the build runs again and rewrites it)."""
-    mpath = Path(tp.build_dir) / "manifest.json"
-    if not mpath.is_file():
-        return None
-    try:
-        m: dict[str, Any] = json.loads(mpath.read_text())
-        if not isinstance(m, dict) or m.get("key") != tp.key:
-            return None
-        for out in m.get("outputs", []):
-            p = Path(out["path"])
-            if not p.is_file() or sha256_file(p) != out["sha256"]:
-                return None
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
-        return None
-    return m
 
 
 @contextmanager
@@ -79,13 +62,13 @@ def _tree_locks(tp: TreePlan, plan: BuildPlan) -> Iterator[None]:
         yield
 
 
-def _skip_if_up_to_date(tp: TreePlan, force: bool, out: TreeOutcome) -> bool:
+def skip_if_up_to_date(tp: TreePlan, force: bool, out: TreeOutcome) -> bool:
     """Fill ``out`` and return True when the tree's manifest matches the plan's key."""
     existing = None if force else manifest_matches(tp)
     if existing is None:
         return False
     out.status, out.so, out.so_sha256 = "up-to-date", existing["so_path"], existing["so_sha256"]
-    _say(tp.tree, f"up to date (manifest {Path(tp.build_dir) / 'manifest.json'} matches key "
+    say(tp.tree, f"up to date (manifest {Path(tp.build_dir) / 'manifest.json'} matches key "
                   f"{tp.key})")
     return True
 
@@ -100,12 +83,34 @@ def _env_for(tp: TreePlan, plan: BuildPlan, torch_from: str | None) -> Any:
     return make_env(tp.env_backend, tp.env_path, **opts)
 
 
-def _child_env(env_obj: Any, tp: TreePlan) -> dict[str, str]:
+def child_env(env_obj: Any, tp: TreePlan) -> dict[str, str]:
     e = env_obj.environ()
     for k in tp.env_unset:
         e.pop(k, None)
     e.update(tp.env_set)
     return e
+
+
+def compile_with_progress(tree: str, argv: list[str], *, env: dict[str, str], log: Path,
+                          fix: str, started: float, build_root: Path,
+                          selection: dict[str, Any]) -> None:
+    """Run ninja, showing its ``[n/N]`` with the time elapsed since ``started`` (the tree's
+    build) and an estimate of the time left. ninja prints a counter only as each edge ends,
+    minutes apart for a full launcher source, so a heartbeat repeats the line in between."""
+    prog = CompileProgress(started, previous_seconds(build_root, selection))
+    lock = threading.Lock()
+
+    def show() -> None:
+        with lock:
+            say(tree, prog.line(time.monotonic()))
+
+    def progress(n: int, total: int) -> None:
+        with lock:
+            prog.update(n, total)
+        show()
+
+    with heartbeat(show):
+        run(argv, env=env, log=log, on_progress=progress, fix=fix)
 
 
 def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
@@ -126,13 +131,13 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
     logs = Path(tp.log_dir)
     t0 = time.monotonic()
     with _tree_locks(tp, plan):
-        if _skip_if_up_to_date(tp, force, out):
+        if skip_if_up_to_date(tp, force, out):
             return out
         logs.mkdir(parents=True, exist_ok=True)
-        _say(tp.tree, f"creating environment {tp.env_path}")
+        say(tp.tree, f"creating environment {tp.env_path}")
         env_obj = _env_for(tp, plan, torch_from)
         env_obj.create(owner=Path(plan.workdir))
-        child = _child_env(env_obj, tp)
+        child = child_env(env_obj, tp)
         tinfo = probe_torch(str(env_obj.python), child, log=logs / "02-probe-torch.log")
         cuda_home = plan.toolchain.get("cuda_home")
         nvcc = plan.toolchain.get("nvcc")
@@ -154,19 +159,12 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
             nvcc=Path(nvcc), cxx=cxx, cu_sources=srcs,
             cpp_source=kit_root() / "csrc" / "kvprefetch_ops.cpp", nvcc_flags=nvcc_flags,
             cxx_flags=cxx_flags, link_flags=link_flags, output=so))
-        last = [0.0]
-
-        def progress(n: int, total: int) -> None:
-            now = time.monotonic()
-            if now - last[0] > 2 or n == total:
-                last[0] = now
-                _say(tp.tree, f"[{n}/{total}] compiling ({now - t0:.0f} s)")
-
         step_t = time.monotonic()
-        ninja_argv = [a for a in tp.steps[3].argv]
-        run(ninja_argv, env=child, log=logs / "04-compile.log", on_progress=progress,
+        compile_with_progress(
+            tp.tree, list(tp.steps[3].argv), env=child, log=logs / "04-compile.log",
             fix=f"read {logs / '04-compile.log'}; fix the cause and rerun: finished objects are "
-                "kept and the build resumes")
+                "kept and the build resumes",
+            started=t0, build_root=bdir.parent, selection=plan.selection)
         out.steps.append({"step": "compile", "seconds": round(time.monotonic() - step_t, 1)})
         so_sha = sha256_file(so)
         build_json = {"tree": tp.tree, "variant": tp.variant or "stock", "namespace": tp.namespace,
@@ -199,7 +197,7 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
         write_json_atomic(bdir / "manifest.json", manifest)
     out.status, out.so, out.so_sha256 = "built", str(installed), so_sha
     out.seconds = round(time.monotonic() - t0, 1)
-    _say(tp.tree, f"built {so.name} in {out.seconds:.0f} s -> {installed}")
+    say(tp.tree, f"built {so.name} in {out.seconds:.0f} s -> {installed}")
     return out
 
 
@@ -210,24 +208,24 @@ def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
     logs = Path(tp.log_dir)
     t0 = time.monotonic()
     with _tree_locks(tp, plan):
-        if _skip_if_up_to_date(tp, force, out):
+        if skip_if_up_to_date(tp, force, out):
             return out
         logs.mkdir(parents=True, exist_ok=True)
         env_obj = _env_for(tp, plan, None)
         env_obj.create(owner=Path(plan.workdir))
-        child = _child_env(env_obj, tp)
+        child = child_env(env_obj, tp)
         stats = ""
         for i, s in enumerate(tp.steps, 1):
             if s.name == "unpack-deps":
                 from ..sources.deps import unpack_archives
 
-                _say(tp.tree, s.description)
+                say(tp.tree, s.description)
                 unpack_archives(Path(str(s.cwd)),
                                 Path(tp.env_set["VLLM_CUTLASS_SRC_DIR"]).parent)
                 continue
             if not s.argv:
                 continue
-            _say(tp.tree, f"{s.name}: {s.description}")
+            say(tp.tree, f"{s.name}: {s.description}")
             res = run(list(s.argv), env=child, cwd=s.cwd, log=logs / f"{i:02d}-{s.name}.log")
             if s.name == "ccache-stats":
                 stats = res.output
@@ -250,27 +248,3 @@ def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
         out.status, out.so, out.so_sha256 = "built", str(c[0]), sha256_file(c[0])
     out.seconds = round(time.monotonic() - t0, 1)
     return out
-
-
-def execute(plan: BuildPlan, *, torch_from: str | None = None, force: bool = False,
-            overlay: Any | None = None) -> list[TreeOutcome]:
-    """Build every tree of the plan; failures are collected, not raised mid-way, so one tree's
-    error never leaves the other half-built without a report."""
-    def one(tp: TreePlan) -> TreeOutcome:
-        t0 = time.monotonic()
-        try:
-            if plan.mode == "kernels-only":
-                return build_kernels_tree(tp, plan, torch_from, force)
-            if plan.mode == "overlay":
-                from ..overlay.build import build_overlay_tree
-
-                return build_overlay_tree(tp, plan, force, overlay)
-            return build_full_tree(tp, plan, force)
-        except KvprefetchError as exc:
-            o = TreeOutcome(tp.tree, "failed", round(time.monotonic() - t0, 1), tp.log_dir)
-            o.error, o.error_kind = exc.message, type(exc).__name__
-            return o
-
-    workers = plan.parallel_trees if plan.mode in ("kernels-only", "overlay") else 1
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(one, plan.trees))

@@ -1,9 +1,11 @@
 """The build plan: every decision about a build, made from the options and the machine before
 anything runs, frozen, printable (``--dry-run``) and serialisable (``--json``).
 
-A ``BuildPlan`` holds one ``TreePlan`` per tree (baseline, patched, and seed when present).
+A ``BuildPlan`` holds one ``TreePlan`` per tree (baseline, patched, and paper when present).
 Each ``TreePlan`` names its source tree and patch hash, its environment backend and path, the
-exact commands and environment variables, the log directory and the expected outputs."""
+exact commands and environment variables, the log directory and the expected outputs. The
+kernels-only and full ``TreePlan`` are made here, the overlay one in ``overlay.build``;
+``pipeline.make_plan`` assembles the ``BuildPlan``."""
 
 from __future__ import annotations
 
@@ -14,14 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..errors import ConfigError
 from ..hashing import differences, inventory, sha256_file
 from ..sources import upstream
 from ..workspace.workdir import Workdir
-from .kernels_only import namespace_for
 from .selection import Selection
-from .toolchain import CudaArch, format_arch_list, gencode_flags
 
 MODES = ("full", "kernels-only", "overlay")
 
@@ -74,6 +73,9 @@ class BuildPlan:
     # How many trees build at once; jobs is per tree, so parallel_trees * jobs <= MAX_JOBS and
     # the memory bound behind MAX_JOBS (one heavy nvcc per job) holds.
     parallel_trees: int = 1
+    # Trees whose manifest already records this plan's key with intact outputs: the build
+    # skips them (unless --force).
+    up_to_date: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,6 +119,25 @@ def build_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def manifest_matches(tp: TreePlan) -> dict[str, Any] | None:
+    """The existing manifest when it records this exact key and its outputs are intact (a
+    corrupt manifest matches nothing: the build runs again and rewrites it)."""
+    mpath = Path(tp.build_dir) / "manifest.json"
+    if not mpath.is_file():
+        return None
+    try:
+        m: dict[str, Any] = json.loads(mpath.read_text())
+        if not isinstance(m, dict) or m.get("key") != tp.key:
+            return None
+        for out in m.get("outputs", []):
+            p = Path(out["path"])
+            if not p.is_file() or sha256_file(p) != out["sha256"]:
+                return None
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        return None
+    return m
+
+
 def tree_variant(wd: Workdir, tree: str) -> tuple[dict[str, Any], str | None, str | None]:
     state = wd.read_state(tree)
     if state is None or not wd.tree(tree).is_dir():
@@ -141,11 +162,13 @@ def tree_variant(wd: Workdir, tree: str) -> tuple[dict[str, Any], str | None, st
             "would be labelled with sources it does not hold",
             f"restore it with {restore} (the edited tree is moved to backup/); try a change as "
             "a -D with `build --tree-define` or as a variant's diff in patches/")
-    return state, applied.get("variant"), applied.get("patch_sha256")
+    variant = applied.get("variant")
+    return state, upstream.canonical_variant(variant) if variant else None, \
+        applied.get("patch_sha256")
 
 
 def default_trees(wd: Workdir) -> tuple[str, ...]:
-    """baseline and patched, then every other tree that carries a patch (seed, extra trees)."""
+    """baseline and patched, then every other tree that carries a patch (paper, extra trees)."""
     trees = list(upstream.TREE_NAMES)
     for name in wd.existing_trees():
         if name not in trees and (wd.read_state(name) or {}).get("applied"):
@@ -157,7 +180,7 @@ def kit_python() -> str:
     return sys.executable
 
 
-def _env_set_common(arch_list: str, jobs: int, nvcc_threads: int, cuda_home: str | None) -> dict[str, str]:
+def env_set_common(arch_list: str, jobs: int, nvcc_threads: int, cuda_home: str | None) -> dict[str, str]:
     env = {"TORCH_CUDA_ARCH_LIST": arch_list, "MAX_JOBS": str(jobs),
            "NVCC_THREADS": str(nvcc_threads)}
     if cuda_home:
@@ -178,10 +201,16 @@ def render_plan(plan: BuildPlan) -> str:
         out.append(f"{k}: {v}")
     for n in plan.notes:
         out.append(f"note: {n}")
+    todo = [t.tree for t in plan.trees if t.tree not in plan.up_to_date]
+    out.append(f"trees: {len(plan.trees)}; up to date: {', '.join(plan.up_to_date) or 'none'}; "
+               f"to build: {', '.join(todo) or 'none'}")
     for t in plan.trees:
         out.append("")
         out.append(f"[{t.tree}] variant={t.variant or 'stock'} patch={t.patch_sha256 or '-'} "
                    f"source={t.source_sha256[:16]} key={t.key}")
+        out.append("  status: " + (f"up to date ({Path(t.build_dir) / 'manifest.json'} records "
+                                   "this key; skipped unless --force)"
+                                   if t.tree in plan.up_to_date else "to build"))
         out.append(f"  tree: {t.source_tree}")
         out.append(f"  env:  {t.env_backend} {t.env_path} (python {t.python})")
         if t.defines:
@@ -197,61 +226,7 @@ def render_plan(plan: BuildPlan) -> str:
     return "\n".join(out)
 
 
-def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: tuple[str, ...],
-              env_backend: str, jobs: int, nvcc_threads: int, selection: Selection,
-              torch_from: str | None, nvcc: str | None, nvcc_version: tuple[int, int, int] | None,
-              cuda_home: str | None, torch_info: Any | None, editable: bool = True,
-              deps_dir: Path | None = None, ccache: str | None = None,
-              tree_defines: dict[str, tuple[str, ...]] | None = None,
-              parallel_trees: int = 1, overlay: Any | None = None) -> BuildPlan:
-    """Compute the plan. ``torch_info`` (kernels-only) is the probe of the torch the envs will
-    use, so the compile commands in the plan are the exact ones that will run."""
-    if mode not in MODES:
-        raise ConfigError(f"unknown build mode {mode!r}", f"use one of {MODES}")
-    wd = Workdir(workdir.resolve())
-    arch_list = format_arch_list(archs)
-    gencode = tuple(gencode_flags(archs, cuda_version=nvcc_version))
-    toolchain: dict[str, Any] = {
-        "nvcc": nvcc, "nvcc_version": ".".join(map(str, nvcc_version)) if nvcc_version else None,
-        "cuda_home": cuda_home, "kit": f"kvprefetch {__version__}", "kit_python": kit_python(),
-    }
-    notes: list[str] = []
-    if any(a.suffix == "a" for a in archs):
-        notes.append("vLLM compiles _C (and so paged_attention_v1/v2.cu) for plain sm_90 even "
-                     "for 9.0a: the bulk L2 prefetch needs only sm_90")
-    tree_plans = []
-    for tree in trees:
-        state, variant, patch = tree_variant(wd, tree)
-        src_hash = source_hash(state)
-        # An overlay env (vLLM installed) lives beside the kernels-only one, not in its place:
-        # the two kinds differ in options, and either mode may be built after the other.
-        env_path = wd.overlay_env(tree) if mode == "overlay" else wd.env(tree)
-        py = str(env_path / "bin" / "python")
-        namespace = namespace_for(tree)
-        env_set = _env_set_common(arch_list, jobs, nvcc_threads, cuda_home)
-        if mode == "overlay":
-            from ..overlay.build import overlay_tree_plan
-
-            tree_plans.append(overlay_tree_plan(wd, tree, variant, patch, state, src_hash,
-                                                env_backend, env_path, py, namespace, env_set,
-                                                gencode, selection, jobs, overlay,
-                                                (tree_defines or {}).get(tree, ())))
-        elif mode == "kernels-only":
-            tree_plans.append(_kernels_tree_plan(wd, tree, variant, patch, state, src_hash,
-                                                 env_backend, env_path, py, namespace, env_set,
-                                                 gencode, selection, torch_from, nvcc, nvcc_version,
-                                                 cuda_home, torch_info, jobs,
-                                                 (tree_defines or {}).get(tree, ())))
-        else:
-            tree_plans.append(_full_tree_plan(wd, tree, variant, patch, src_hash, env_backend,
-                                              env_path, py, namespace, env_set, arch_list,
-                                              editable, deps_dir, ccache, nvcc_version))
-    return BuildPlan(mode, str(wd.root), arch_list, gencode, jobs, nvcc_threads,
-                     selection.to_dict(), toolchain, tuple(tree_plans), tuple(notes),
-                     parallel_trees)
-
-
-def _kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
+def kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
                        state: dict[str, Any], src_hash: str, env_backend: str, env_path: Path,
                        py: str, namespace: str, env_set: dict[str, str], gencode: tuple[str, ...],
                        selection: Selection, torch_from: str | None, nvcc: str | None,
@@ -295,7 +270,7 @@ def _kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str |
                     UNSET_FOR_BUILD, steps, (str(so), str(bdir / "manifest.json")))
 
 
-def _full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
+def full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
                     src_hash: str, env_backend: str, env_path: Path, py: str, namespace: str,
                     env_set: dict[str, str], arch_list: str, editable: bool,
                     deps_dir: Path | None, ccache: str | None, nvcc_version: Any) -> TreePlan:

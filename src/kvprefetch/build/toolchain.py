@@ -195,7 +195,7 @@ def gencode_flags(archs: Sequence[CudaArch], *, vllm_semantics: bool = True,
 DEFAULT_CUDA_ROOTS: tuple[Path, ...] = (Path("/usr/local/cuda"),)
 
 
-def _is_toolkit(root: Path) -> bool:
+def is_toolkit(root: Path) -> bool:
     return (root / "bin" / "nvcc").is_file() and (root / "include" / "cuda_runtime.h").is_file()
 
 
@@ -212,10 +212,10 @@ def cuda_home(env: Mapping[str, str] | None = None, *,
     found = which("nvcc", env)
     if found:
         for p in (Path(found), Path(os.path.realpath(found))):
-            if _is_toolkit(p.parent.parent):
+            if is_toolkit(p.parent.parent):
                 return p.parent.parent
     for root in fallback_roots:
-        if _is_toolkit(root):
+        if is_toolkit(root):
             return root
     return None
 

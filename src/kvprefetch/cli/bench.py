@@ -29,7 +29,7 @@ from .bench_sample import (
     resolve_sample,
     sample_options,
 )
-from .common import dry_run_option, json_option, workdir_option
+from .common import dry_run_option, json_option, tree_option, workdir_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,17 +56,15 @@ def output_options(default_name: str) -> Callable[[F], F]:
     return deco
 
 
-def variant_option(f: F) -> F:
-    return click.option("--variant", "trees", multiple=True,
-                        help="Tree to load (repeatable; default: every kernels-only build found, "
-                             "baseline first).")(f)
+trees_option = tree_option("Tree to load (repeatable; default: every kernels-only build "
+                           "found, baseline first).")
 
 
 def _require_baseline_first(trees: list[str]) -> None:
     """Speedups and bitwise equality are relative to the stock build; never to another variant."""
     if not trees or trees[0] != "baseline":
         raise BenchError(f"the stock 'baseline' build is not among {trees}",
-                         "build it (`kvprefetch build --kernels-only`) and include it in --variant")
+                         "build it (`kvprefetch build --kernels-only`) and include it in --tree")
 
 
 @click.group()
@@ -79,7 +77,7 @@ def bench() -> None:
 
 @bench.command()
 @workdir_option
-@variant_option
+@trees_option
 @click.option("--preset", multiple=True, help="Model preset(s) for the attention shape "
               "[default: llama-3.1-8b]; see --list-presets.")
 @click.option("--matrix", "matrix_name", type=click.Choice(list(NAMED_MATRICES)),
@@ -249,7 +247,7 @@ def _kernel_epilogue(doc: dict[str, Any], paths: list[Path], out_dir: Path) -> N
 
 @bench.command()
 @workdir_option
-@variant_option
+@trees_option
 @click.option("--shape", "shape_specs", multiple=True,
               help="BATCHxCONTEXT, repeatable [default: 1x4k, 8x16k, 64x1k].")
 @click.option("--preset", default="llama-3.1-8b", show_default=True)
@@ -447,7 +445,7 @@ if __name__ == "__main__":  # pragma: no cover - exercised by scripts/device/ben
 
 @bench.command()
 @workdir_option
-@variant_option
+@trees_option
 @click.option("--preset", default="llama-3.1-8b", show_default=True,
               help="Model: llama-3.1-8b, qwen2.5-7b or llama-3-70b-tp8 (one GPU of 8, 8 layers).")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False,

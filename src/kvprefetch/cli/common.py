@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+
+from ..sources import upstream
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,3 +30,40 @@ def json_option(f: F) -> F:
 
 def dry_run_option(f: F) -> F:
     return click.option("--dry-run", is_flag=True, help="Print what would be done and change nothing.")(f)
+
+
+def deprecated(old: str, new: str) -> None:
+    """Say on stderr that ``old`` still works but is now spelled ``new``."""
+    click.echo(f"note: {old} is deprecated and still works; use {new}", err=True)
+
+
+def _canonical_variant(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    new = upstream.canonical_variant(value)
+    if new != value:
+        deprecated(f"--variant {value}", f"--variant {new}")
+    return new
+
+
+def variant_option(help: str | None = None) -> Callable[[F], F]:
+    """``--variant``: the patch variant (an old name such as ``seed`` still works)."""
+    return click.option(
+        "--variant", type=click.Choice(upstream.VARIANTS + tuple(upstream.LEGACY_NAMES)),
+        default="prefetch", show_default=True, callback=_canonical_variant,
+        metavar="[" + "|".join(upstream.VARIANTS) + "]", help=help)
+
+
+def tree_option(help: str) -> Callable[[F], F]:
+    """Repeatable ``--tree NAME`` (into the parameter ``trees``); the hidden ``--variant NAME``
+    is its old spelling (bench named trees variants), accepted with a note on stderr."""
+    def deco(f: F) -> F:
+        @functools.wraps(f)
+        def wrapper(*args: Any, trees: tuple[str, ...], legacy_trees: tuple[str, ...],
+                    **kwargs: Any) -> Any:
+            if legacy_trees:
+                deprecated("--variant NAME (a tree)", "--tree NAME")
+            return f(*args, trees=trees + legacy_trees, **kwargs)
+
+        out = click.option("--variant", "legacy_trees", multiple=True, hidden=True)(wrapper)
+        out = click.option("--tree", "trees", multiple=True, metavar="NAME", help=help)(out)
+        return out  # type: ignore[return-value]
+    return deco

@@ -16,8 +16,11 @@ _MARK = {"ok": "✓", "warn": "!", "fail": "✕", "skip": "-"}
 @click.command()
 @click.option("--arch", default="9.0a", show_default=True,
               help="CUDA archs to build for (TORCH_CUDA_ARCH_LIST syntax: 9.0a, '8.0;9.0a').")
-@click.option("--mode", type=click.Choice(["full", "kernels-only", "overlay"]), default="full",
-              show_default=True, help="Which build to check for.")
+@click.option("--mode", type=click.Choice(["auto", "full", "kernels-only", "overlay"]),
+              default="auto", show_default=True,
+              help="Which build to check for; auto: the mode `build --mode auto` picks here "
+                   "(full where a CUDA >= 12.8 toolkit, a GPU and the network exist, else "
+                   "kernels-only).")
 @click.option("--cuda-home", default=None, help="Overlay: the CUDA 12.x toolkit to compile with.")
 @click.option("--allow-cuda-mismatch", is_flag=True,
               help="Overlay: accept a toolkit whose major version differs from torch's CUDA.")
@@ -30,22 +33,23 @@ def doctor(arch: str, mode: str, cuda_home: str | None, allow_cuda_mismatch: boo
            kernels_only: bool, deps_dir: Path | None, workdir: Path, as_json: bool) -> None:
     """Check this machine for building both trees: nvcc and a real compile of the prefetch
     instruction, CUDA_HOME, gcc, cmake, disk, memory, git and network, conda, and the GPU."""
-    from ..console import emit_json, table
-    from ..doctor import run_doctor
+    from ..console import emit_json, info, table
+    from ..doctor import check_machine
 
-    mode = "kernels-only" if kernels_only else mode
-    report = run_doctor(arch, workdir=workdir, mode=mode,  # type: ignore[arg-type]
-                        need_network=False if deps_dir is not None else None,
-                        cuda_home_opt=cuda_home, allow_cuda_mismatch=allow_cuda_mismatch)
+    report = check_machine("kernels-only" if kernels_only else mode, arch, workdir=workdir,
+                           local_deps=deps_dir is not None, cuda_home_opt=cuda_home,
+                           allow_cuda_mismatch=allow_cuda_mismatch)
     if as_json:
         emit_json(report.to_dict())
     else:
+        info(f"checking the {report.mode} build ({report.mode_reason})")
         rows = [(f"{_MARK[c.status]} {c.status}", c.name, c.detail, c.fix or "")
                 for c in report.checks]
         table(["status", "check", "detail", "to fix"], rows,
-              title=f"kvprefetch doctor: {mode}, --arch {arch}")
+              title=f"kvprefetch doctor: {report.mode}, --arch {arch}")
         failed = len(report.failures)
-        click.echo("all checks passed" if report.ok else f"{failed} check(s) failed", err=True)
+        click.echo(f"{report.mode}: all checks passed" if report.ok
+                   else f"{report.mode}: {failed} check(s) failed", err=True)
     if not report.ok:
         from ..errors import ConfigError
 

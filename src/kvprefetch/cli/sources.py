@@ -9,7 +9,7 @@ import click
 
 from ..console import emit_json, info, step
 from ..sources import upstream
-from .common import dry_run_option, json_option, workdir_option
+from .common import deprecated, dry_run_option, json_option, variant_option, workdir_option
 
 
 @click.command()
@@ -21,7 +21,9 @@ from .common import dry_run_option, json_option, workdir_option
               help="Git URL for --source git/auto.")
 @click.option("--index-url", default=None,
               help="Package index for the sdist (default: PIP_INDEX_URL / pip config / PyPI).")
-@click.option("--with-seed", is_flag=True, help="Also make a third tree, 'seed', for the seed variant.")
+@click.option("--with-paper", is_flag=True,
+              help="Also make a third tree, 'paper', for the paper's variant.")
+@click.option("--with-seed", is_flag=True, hidden=True)  # the old name of --with-paper
 @click.option("--extra-tree", "extra_trees", multiple=True, metavar="NAME",
               help="Also make tree NAME (e.g. to build a prefetch variant with other -D settings "
                    "next to 'patched' and compare them in one process). Repeatable.")
@@ -37,13 +39,14 @@ from .common import dry_run_option, json_option, workdir_option
                    "stays reported as an edit).")
 @dry_run_option
 @json_option
-def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with_seed: bool,
+def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with_paper: bool,
+          with_seed: bool,
           extra_trees: tuple[str, ...], allow_commit: str | None, force: bool, adopt: bool,
           repair: bool, dry_run: bool, as_json: bool) -> None:
     """Make independent vLLM v0.10.2 trees 'baseline' and 'patched' under --workdir."""
     from ..errors import ConfigError
     from ..sources.fetch import check_allow_commit, check_repo_url, fetch_trees
-    from ..workspace.workdir import check_tree_name
+    from ..workspace.workdir import Workdir, check_tree_name
 
     for extra in extra_trees:
         check_tree_name(extra, "--extra-tree")
@@ -53,8 +56,11 @@ def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with
                           "than baseline/patched", "pick a name such as exp_d2")
     check_allow_commit(allow_commit)
     check_repo_url(repo_url)
-    names = (upstream.TREE_NAMES + ((upstream.SEED_TREE,) if with_seed else ())
-             + tuple(t for t in extra_trees if t != upstream.SEED_TREE or not with_seed))
+    if with_seed:
+        deprecated("--with-seed", "--with-paper")
+    # the paper's tree under the name this work directory made it with (seed before the rename)
+    paper = (Workdir(workdir).resolve_tree(upstream.PAPER_TREE),) if with_paper or with_seed else ()
+    names = tuple(dict.fromkeys(upstream.TREE_NAMES + paper + extra_trees))
     with step(f"fetch vLLM {upstream.VLLM_VERSION} ({source})"):
         res = fetch_trees(workdir, source=source, repo_url=repo_url, index_url=index_url,
                           names=names, force=force, dry_run=dry_run, allow_commit=allow_commit,
@@ -72,9 +78,9 @@ def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with
 
 @click.command()
 @workdir_option
-@click.option("--variant", type=click.Choice(upstream.VARIANTS), default="prefetch", show_default=True,
-              help="prefetch: kvprefetch's patch; launch: launcher-side L2 prefetch only; seed: "
-                   "the paper's mechanism as described; control: stock rebuilt (A/A reference).")
+@variant_option(help="prefetch: kvprefetch's patch; launch: launcher-side L2 prefetch only; "
+                     "paper: the paper's mechanism as described; control: stock rebuilt (A/A "
+                     "reference).")
 @click.option("--tree", "tree_name", default=None,
               help="Tree to patch (default: 'patched' for prefetch, else the variant's name).")
 @dry_run_option
@@ -124,6 +130,7 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
         from ..sources.patching import carried_variant
         from ..workspace.workdir import Workdir
 
+        tree_name = res.tree
         changed = tree_modifications(Workdir(workdir), tree_name)
         if changed:
             click.echo(f"check FAILED: tree {tree_name!r} differs from what kvprefetch recorded "
@@ -144,10 +151,10 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
 @workdir_option
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               default=Path("csrc/attention_kernels.cuh"), show_default=True)
-@click.option("--variant", type=click.Choice(upstream.VARIANTS), default="prefetch", show_default=True)
+@variant_option()
 @json_option
 def export_header(workdir: Path, output: Path, variant: str, as_json: bool) -> None:
-    """Write the seed-style single-file drop-in attention_kernels.cuh (generated, not committed)."""
+    """Write a single-file drop-in attention_kernels.cuh (generated, not committed)."""
     from ..hashing import sha256_file
     from ..sources.patching import drop_in_caveat
     from ..sources.patching import export_header as write

@@ -118,8 +118,9 @@ def bench(out: Path, batches: str, contexts: str, rounds: int, skip_steps: bool,
     (Llama-3.1-8B attention: 32 q heads, 8 kv heads, d=128, fp16), optionally against vLLM's
     paged kernel of each build under --paged-workdir. Needs a GPU."""
     from ..kernels.ops import find_builds
-    from ..vmm.bench import L2_BYTES_IF_UNKNOWN, DecodeConfig, main, plan_shapes
+    from ..vmm.bench import render_summary, run_bench
     from ..vmm.paged import NO_WORKDIR, PAGED_BLOCK_SIZE, check_paged_builds, paged_shape
+    from ..vmm.shapes import L2_BYTES_IF_UNKNOWN, DecodeConfig, plan_shapes
 
     cfg = DecodeConfig(batches=_sizes(batches), contexts=_sizes(contexts), rounds=rounds)
     builds = []
@@ -147,16 +148,16 @@ def bench(out: Path, batches: str, contexts: str, rounds: int, skip_steps: bool,
         for b in builds:
             info(f"paged build {b.tree}: {b.so_path} (sha256 {b.so_sha256[:16]})")
         return
-    argv = ["--out", str(out), "--batches", ",".join(map(str, cfg.batches)),
-            "--contexts", ",".join(map(str, cfg.contexts)), "--rounds", str(rounds)]
-    argv += ["--skip-steps"] if skip_steps else []
-    argv += ["--skip-decode"] if skip_decode else []
-    argv += ["--paged-workdir", str(paged_workdir)] if paged_workdir is not None else []
     with step("vmm bench"):
-        rc = main(argv)
+        res = run_bench(out, cfg, steps=not skip_steps, decode=not skip_decode,
+                        paged_workdir=paged_workdir)
+    # with --json, stdout holds only the report
+    click.echo(render_summary(res.report), err=as_json)
+    for f in res.failed:
+        click.echo(f"FAILED {f}", err=as_json)
     info(f"report written to {out}")
     if as_json:
         sys.stdout.write(out.read_text() + "\n")
-    if rc:
+    if res.failed:
         raise BenchError("a part of vmm bench failed (the FAILED lines above)",
                          f"read the tracebacks recorded in {out} (*_error keys)")

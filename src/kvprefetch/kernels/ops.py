@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
+from ..sources.upstream import resolve_tree_name
 
 # vLLM: "Should be the same as PARTITION_SIZE in `paged_attention_v2_launcher`" (paged_attn.py L21).
 PARTITION_SIZE = 512
@@ -33,7 +34,7 @@ V1_MAX_SEQ_LEN = 8192
 # vLLM: use v1 when "the number of sequences or heads is large" (num_seqs * num_heads > 512).
 V1_MIN_PARALLEL_WORK = 512
 
-TREE_ORDER = ("baseline", "patched", "seed")
+TREE_ORDER = ("baseline", "patched", "paper", "seed")
 
 # The argument lists of csrc/torch_bindings.cpp L45-69 as (type, name); "Tensor!" = mutated.
 _COMMON_ARGS: tuple[tuple[str, str], ...] = (
@@ -176,7 +177,8 @@ def _tree_rank(tree: str) -> tuple[int, str]:
 
 def find_builds(workdir: Path, trees: Iterable[str] | None = None) -> list[BuiltOps]:
     """The kernels-only builds under ``<workdir>/build/*/*/manifest.json`` whose library exists:
-    the newest manifest per tree, baseline first, then patched, seed, the rest by name.
+    the newest manifest per tree, baseline first, then patched, paper, the rest by name.
+    A wanted ``seed`` or ``paper`` finds the paper's tree under either name.
     Manifests without a ``namespace`` (full builds) are not kernels-only builds and are skipped."""
     newest: dict[str, tuple[float, BuiltOps]] = {}
     for path in sorted(Path(workdir).glob("build/*/*/manifest.json")):
@@ -192,7 +194,7 @@ def find_builds(workdir: Path, trees: Iterable[str] | None = None) -> list[Built
         mtime = path.stat().st_mtime
         if built.tree not in newest or mtime > newest[built.tree][0]:
             newest[built.tree] = (mtime, built)
-    wanted = set(trees) if trees is not None else None
+    wanted = ({resolve_tree_name(t, newest) for t in trees} if trees is not None else None)
     found = [b for _, b in newest.values() if wanted is None or b.tree in wanted]
     return sorted(found, key=lambda b: _tree_rank(b.tree))
 

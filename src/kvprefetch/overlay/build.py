@@ -201,7 +201,13 @@ def _installed_versions(python: str, env: dict[str, str], log: Path) -> dict[str
 
 def build_overlay_tree(tp: Any, plan: Any, force: bool,
                        overlay: OverlayOptions | None) -> Any:
-    from ..build.builder import TreeOutcome, _child_env, _say, _skip_if_up_to_date
+    from ..build.builder import (
+        TreeOutcome,
+        child_env,
+        compile_with_progress,
+        say,
+        skip_if_up_to_date,
+    )
     from ..build.kernels_only import (
         compile_flags,
         install_into_env,
@@ -228,17 +234,17 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
         timings.append({"step": name, "seconds": round(time.monotonic() - t, 1)})
 
     with locked(bdir.parent / ".lock", f"the {tp.tree} build"):
-        if _skip_if_up_to_date(tp, force, out):
+        if skip_if_up_to_date(tp, force, out):
             return out
         logs.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
-        _say(tp.tree, f"creating environment {tp.env_path}")
+        say(tp.tree, f"creating environment {tp.env_path}")
         env_obj = _make_env(tp, opts)
         env_obj.create(owner=Path(plan.workdir))
-        child = _child_env(env_obj, tp)
+        child = child_env(env_obj, tp)
         timed("create-env", t)
         t = time.monotonic()
-        _say(tp.tree, "installing " + " ".join(PINS))
+        say(tp.tree, "installing " + " ".join(PINS))
         run(list(tp.steps[1].argv), env=child, log=logs / "02-install-vllm.log",
             fix=f"read {logs / '02-install-vllm.log'}; check that the package index is "
                 "reachable (PIP_INDEX_URL / UV_INDEX_URL) and rerun")
@@ -251,7 +257,7 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
                              "0.10.2 pins", f"remove {tp.env_path} and rerun the build")
         tk = choose_toolkit(tinfo.torch_cuda, child, explicit=opts.cuda_home,
                             allow_mismatch=opts.allow_cuda_mismatch)
-        _say(tp.tree, f"toolkit: {tk.why}")
+        say(tp.tree, f"toolkit: {tk.why}")
         # torch's own extension builds put $CUDA_HOME/include first: read the paths again
         # with it set, so the compiler and the CUDA headers come from the same toolkit.
         child["CUDA_HOME"] = tk.cuda_home
@@ -274,18 +280,12 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
             nvcc=Path(tk.nvcc), cxx=os.environ.get("CXX", "g++"), cu_sources=srcs,
             cpp_source=csrc / "kvprefetch_ops.cpp", nvcc_flags=nvcc_flags, cxx_flags=cxx_flags,
             link_flags=link_flags, output=so, extra_cpp_sources=(csrc / ROUTE_CPP,)))
-        last = [0.0]
-
-        def progress(n: int, total: int) -> None:
-            now = time.monotonic()
-            if now - last[0] > 2 or n == total:
-                last[0] = now
-                _say(tp.tree, f"[{n}/{total}] compiling ({now - t0:.0f} s)")
-
         t = time.monotonic()
-        run(list(tp.steps[5].argv), env=child, log=logs / "06-compile.log", on_progress=progress,
+        compile_with_progress(
+            tp.tree, list(tp.steps[5].argv), env=child, log=logs / "06-compile.log",
             fix=f"read {logs / '06-compile.log'}; fix the cause and rerun: finished objects are "
-                "kept and the build resumes")
+                "kept and the build resumes",
+            started=t0, build_root=bdir.parent, selection=plan.selection)
         timed("compile", t)
         imports = cudart_imports(run(["nm", "-D", "--undefined-only", str(so)], echo=False,
                                      log=logs / "06-compile.log").output)
@@ -339,5 +339,5 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
     out.status, out.so, out.so_sha256 = "built", str(installed), so_sha
     out.steps = timings
     out.seconds = round(time.monotonic() - t0, 1)
-    _say(tp.tree, f"built {so.name} in {out.seconds:.0f} s -> {installed}; plugin installed")
+    say(tp.tree, f"built {so.name} in {out.seconds:.0f} s -> {installed}; plugin installed")
     return out

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build.toolchain import _is_toolkit, fmt_version, nvcc_version
+from ..build.toolchain import fmt_version, is_toolkit, nvcc_version
 from ..errors import ConfigError, KvprefetchError
 from ..runner import which
 
@@ -66,7 +66,7 @@ def candidate_roots(environ: Mapping[str, str], explicit: str | None = None,
         # A wrapper script (e.g. /usr/local/bin/nvcc running another nvcc) has no toolkit
         # around it; the toolkit it runs is found by the globs below.
         for p in (Path(found), Path(os.path.realpath(found))):
-            if _is_toolkit(p.parent.parent):
+            if is_toolkit(p.parent.parent):
                 out.append((p.parent.parent, f"nvcc on PATH ({found})"))
                 break
     out += [(Path(p), p) for p in sorted(glob.glob(fallback_glob), reverse=True)]
@@ -75,7 +75,7 @@ def candidate_roots(environ: Mapping[str, str], explicit: str | None = None,
     uniq = []
     for root, where in out:
         key = os.path.realpath(root)
-        if key not in seen and _is_toolkit(root):
+        if key not in seen and is_toolkit(root):
             seen.add(key)
             uniq.append((root, where))
     return uniq

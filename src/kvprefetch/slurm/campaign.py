@@ -129,7 +129,7 @@ def make_campaign(root: Path, *, python: str, kit_root: str, kit_commit: str | N
                   slurm: SlurmOptions) -> Campaign:
     if tuple(trees) != upstream.TREE_NAMES:
         # prepare runs plain `fetch` + `apply`, which make exactly these two trees; other
-        # variants' trees (--with-seed, --extra-tree) are not wired into campaigns yet
+        # variants' trees (--with-paper, --extra-tree) are not wired into campaigns yet
         raise ConfigError(f"a campaign builds the trees {', '.join(upstream.TREE_NAMES)}, "
                           f"not {', '.join(trees) or 'none'}",
                           "benchmark other variants with `kvprefetch bench kernel` on one "
@@ -214,8 +214,8 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
             extra += ["--context", ctx]
         for p in c.bench.presets:
             extra += ["--preset", p]
-        variants = [x for t in c.trees for x in ("--variant", t)]
-        lines.append(_q(kit_argv(c, "bench", "kernel", "--workdir", wd, *variants, *extra,
+        trees = [x for t in c.trees for x in ("--tree", t)]
+        lines.append(_q(kit_argv(c, "bench", "kernel", "--workdir", wd, *trees, *extra,
                                  "--out", c.results, "--formats", "json"))
                      + ' --batch "${BATCHES[$SLURM_ARRAY_TASK_ID]}"'
                      + ' --name "bench-$SLURM_ARRAY_TASK_ID"')

@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from ..oserrors import mapped
 from ..runner import run
 from ..workspace import ownership, treetxn
 from ..workspace.locks import locked
-from ..workspace.workdir import Workdir, check_tree_name
+from ..workspace.workdir import Workdir
 from . import upstream
 
 
@@ -72,7 +71,7 @@ def _git_apply(tree: Path, patches: list[Path], *args: str) -> bool:
 
 
 def _variant_files(variant: str) -> list[Path]:
-    if variant not in upstream.VARIANTS:
+    if upstream.canonical_variant(variant) not in upstream.VARIANTS:
         raise ConfigError(f"unknown variant {variant!r}",
                           f"use one of: {', '.join(upstream.VARIANTS)}")
     files = upstream.patch_files(variant)
@@ -98,8 +97,9 @@ def carried_variant(tree: Path) -> str | None:
         others = [p for p in every if p not in own]
         if not _pristine_files(tree, others):
             continue
-        with tempfile.TemporaryDirectory() as td:
-            copy = Path(td) / "t"
+        # trees/<name> -> its work directory, which holds the scratch copy
+        with ownership.scratch_dir(tree.parent.parent, "carried") as td:
+            copy = td / "t"
             for rel in own:
                 if not (tree / rel).is_file():
                     break
@@ -145,13 +145,14 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
     patched files are made on copies, staged, and renamed into place with the new state, or
     not at all (treetxn)."""
     wd = Workdir(workdir)
-    name = check_tree_name(tree_name or upstream.DEFAULT_TREE_FOR_VARIANT[variant])
+    patches = _variant_files(variant)
+    variant = upstream.canonical_variant(variant)
+    name = wd.resolve_tree(tree_name or upstream.DEFAULT_TREE_FOR_VARIANT[variant])
     if name == "baseline":
         raise ConfigError("refusing to patch the 'baseline' tree: it is the stock reference",
-                          "patch 'patched' (or 'seed'), e.g. kvprefetch apply --tree patched")
-    patches = _variant_files(variant)
+                          "patch 'patched' (or 'paper'), e.g. kvprefetch apply --tree patched")
     tree = wd.tree(name)
-    hint = (" --with-seed" if name == upstream.SEED_TREE
+    hint = (" --with-paper" if name == upstream.PAPER_TREE
             else "" if name in upstream.TREE_NAMES else f" --extra-tree {name}")
     missing = PatchError(f"there is no kvprefetch tree named {name!r} in {workdir}",
                          f"run `kvprefetch fetch{hint}` first, or pass --tree patched")
@@ -178,14 +179,15 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
         if diffs:
             raise _refuse_differences(tree, variant, applied, diffs)
         headers_only = False
+        was = upstream.canonical_variant(applied["variant"]) if applied is not None else None
         if applied is not None:
-            if applied["variant"] == variant and applied["patch_sha256"] == digest:
+            if was == variant and applied["patch_sha256"] == digest:
                 return ApplyResult(name, tree, variant, "already-applied", digest, files)
             # The kit's own headers changed since (csrc/*.cuh), its diffs did not: the tree's
             # patched files still reverse-apply to pristine. Install the new headers.
-            headers_only = applied["variant"] == variant and carried_variant(tree) == variant
+            headers_only = was == variant and carried_variant(tree) == variant
         if applied is not None and not headers_only:
-            what = (f"the {applied['variant']} variant" if applied["variant"] != variant
+            what = (f"the {was} variant" if was != variant
                     else f"another version of the {variant} patch (sha256 "
                          f"{applied['patch_sha256'][:16]}…)")
             raise PatchError(f"{tree} carries {what}, not pristine v0.10.2, in: "
@@ -194,8 +196,8 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                              f"`kvprefetch apply --variant {variant}`")
         if dry_run:
             return ApplyResult(name, tree, variant, "would-apply", digest, files)
-        with tempfile.TemporaryDirectory(prefix="kvprefetch-apply-") as td:
-            work = Path(td) / "t"
+        with ownership.scratch_dir(wd.root, "apply") as td:
+            work = td / "t"
             for rel in [] if headers_only else own:
                 (work / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(tree / rel, work / rel)
@@ -254,7 +256,8 @@ def pristine_text(wd: Workdir, rel: str = upstream.ATTENTION_HEADER) -> str:
 
 def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
     wd = Workdir(workdir)
-    tree = wd.tree(check_tree_name(tree_name))
+    tree_name = wd.resolve_tree(tree_name)
+    tree = wd.tree(tree_name)
     if not (tree / upstream.ATTENTION_HEADER).is_file():
         raise PatchError(f"there is no tree {tree_name!r} in {workdir}", "run `kvprefetch fetch` first")
     state = wd.read_state(tree_name) or {}
@@ -264,7 +267,8 @@ def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
         if (tree / rel).is_file():
             files.append(_file_diff(rel, None, (tree / rel).read_text()))
     variant = (state.get("applied") or {}).get("variant")
-    return DiffResult(tree_name, variant, [f for f in files if f.diff])
+    return DiffResult(tree_name, upstream.canonical_variant(variant) if variant else None,
+                      [f for f in files if f.diff])
 
 
 def drop_in_caveat(variant: str) -> str | None:
@@ -285,14 +289,16 @@ def drop_in_caveat(variant: str) -> str | None:
 
 
 def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Path:
-    """Write the seed-style single-file drop-in ``attention_kernels.cuh``: pristine upstream,
-    the variant's header diff applied, and our helper inlined in place of its #include.
+    """Write a single-file drop-in ``attention_kernels.cuh`` (the form the paper's reproduction
+    ships): pristine upstream, the variant's header diff applied, and our helper inlined in
+    place of its #include.
     A single header cannot carry the launchers' hooks (see ``drop_in_caveat``)."""
     wd = Workdir(workdir)
+    variant = upstream.canonical_variant(variant)
     header_patches = [p for p in _variant_files(variant)
                       if p.name == Path(upstream.ATTENTION_HEADER).name + ".patch"]
-    with tempfile.TemporaryDirectory() as td:
-        t = Path(td) / "t"
+    with ownership.scratch_dir(wd.root, "export-header") as td:
+        t = td / "t"
         (t / upstream.ATTENTION_HEADER).parent.mkdir(parents=True)
         (t / upstream.ATTENTION_HEADER).write_text(pristine_text(wd))
         if not _git_apply(t, header_patches):

@@ -6,6 +6,7 @@ the sdist's ``vllm/_version.py`` records (``g26b999c71``), and the sha256 of the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 VLLM_VERSION = "0.10.2"
@@ -48,13 +49,37 @@ PAGED_ATTENTION_SOURCES = ("csrc/attention/paged_attention_v1.cu",
                            "csrc/attention/paged_attention_v2.cu")
 
 TREE_NAMES = ("baseline", "patched")
-SEED_TREE = "seed"
+PAPER_TREE = "paper"
 # prefetch: our corrected in-kernel per-block prefetch (K and V sites of the attention kernel).
 # launch:   attention kernels untouched; the launcher issues a small L2 prefetch kernel first.
-# seed:     the paper's mechanism as its reproduction describes it.
+# paper:    the paper's mechanism as its reproduction describes it.
 # control:  stock, rebuilt through the same pipeline (its diffs add one comment to each
 #           launcher): the A/A reference that shows the benchmark's resolution.
-VARIANTS = ("prefetch", "launch", "seed", "control")
+VARIANTS = ("prefetch", "launch", "paper", "control")
+# Old names still accepted, as variant names and as tree names: the paper's variant and its
+# tree were called `seed` until the RNG's --seed made the word ambiguous. Work directories made
+# then keep a tree named seed, recorded as carrying the seed variant.
+LEGACY_NAMES = {"seed": "paper"}
+
+
+def canonical_variant(name: str) -> str:
+    """The variant's current name (``seed`` -> ``paper``); any other name unchanged."""
+    return LEGACY_NAMES.get(name, name)
+
+
+def resolve_tree_name(name: str, existing: Iterable[str]) -> str:
+    """The tree that a user-given ``name`` refers to, given the trees that ``existing`` names:
+    the name itself when such a tree exists; else its other name (``seed`` <-> ``paper``) when
+    a tree of that name exists (a work directory made before the rename, or after it); else the
+    current name of a legacy one (``seed`` -> ``paper``)."""
+    have = set(existing)
+    if name in have:
+        return name
+    other = LEGACY_NAMES.get(name) or next((old for old, new in LEGACY_NAMES.items()
+                                             if new == name), None)
+    if other is not None and other in have:
+        return other
+    return LEGACY_NAMES.get(name, name)
 # csrc/prefetch_ptx.cuh's kPrologueMinHeadSize and prologue_rule: `prefetch` compiles its
 # prologue only into v2 kernels with fp16 caches and at least this head size, or bf16 caches
 # and head size 128 (docs/tuning-log.md).
@@ -71,7 +96,7 @@ def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: i
     if variant == "prefetch":
         return (version == "v2" and kv_cache == "auto" and head_size >= PROLOGUE_MIN_HEAD_SIZE
                 and (dtype == "fp16" or (dtype == "bf16" and head_size <= 128)))
-    return True  # seed, and any in-kernel variant of the paper's shape: every kernel
+    return True  # paper, and any in-kernel variant of the paper's shape: every kernel
 
 
 # csrc/prefetch_ptx.cuh's min_blocks_rule: `prefetch` declares the v1 kernels with fp16/bf16
@@ -228,7 +253,7 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
 # Variants whose launchers (v1 and v2) fire kvprefetch's kv_l2_prefetch_kernel beside small
 # steps; `prefetch` fires it before every v2 kernel too (KVPREFETCH_V2_L2_KERNEL=2).
 LAUNCHER_PREFETCH_VARIANTS = ("prefetch", "launch")
-DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "seed": SEED_TREE,
+DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "paper": PAPER_TREE,
                             "control": "control"}
 
 
@@ -237,9 +262,9 @@ def kit_root() -> Path:
     copy shipped inside the installed package (``kvprefetch/data``)."""
     here = Path(__file__).resolve().parent.parent  # the kvprefetch package
     for cand in (here / "data", here.parent.parent):
-        if (cand / "csrc" / "prefetch_ptx.cuh").is_file() and (cand / "patches").is_dir():
+        if (cand / "csrc").is_dir() and (cand / "patches" / f"v{VLLM_VERSION}").is_dir():
             return cand
-    raise FileNotFoundError("kvprefetch's csrc/prefetch_ptx.cuh and patches/ were not found")
+    raise FileNotFoundError("kvprefetch's csrc/ and patches/ were not found")
 
 
 def prefetch_header() -> Path:
@@ -252,7 +277,7 @@ def kit_headers() -> list[tuple[Path, str]]:
 
 
 def patch_files(variant: str) -> list[Path]:
-    d = kit_root() / "patches" / f"v{VLLM_VERSION}" / variant
+    d = kit_root() / "patches" / f"v{VLLM_VERSION}" / canonical_variant(variant)
     return sorted(d.glob("*.patch"))
 
 

@@ -27,44 +27,24 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .layout import KVCacheSpec, Layout, make_geometry
+from .layout import KVCacheSpec, Layout
+from .shapes import (
+    DEFAULT_BATCHES,
+    DEFAULT_CONTEXTS,
+    L2_BYTES_IF_UNKNOWN,
+    DecodeConfig,
+    ShapePlan,
+    plan_shapes,
+)
 
 if TYPE_CHECKING:
     from ..kernels.ops import PagedOps
     from .paged import PagedTiming
 
-DEFAULT_BATCHES = (1, 8, 32, 64, 128)
-DEFAULT_CONTEXTS = (512, 1024, 4096, 16384)
-L2_BYTES_IF_UNKNOWN = 60 * 1024 * 1024
-GRANULARITY_ASSUMED_FOR_PLANNING = 2 * 1024 * 1024  # only for --dry-run estimates
-
 PagedDecode = Callable[[int, int], "PagedTiming"]
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    q_heads: int = 32          # Llama-3.1-8B
-    kv_heads: int = 8
-    head_dim: int = 128
-    dtype: str = "float16"
-    batches: tuple[int, ...] = DEFAULT_BATCHES
-    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
-    l2_factor: float = 4.0
-    max_layers: int = 128
-    rounds: int = 9
-    sample_ms: float = 4.0     # target time of one timed sample
-    memory_fraction: float = 0.35  # of free device memory one shape may use (both variants)
-
-
-@dataclass(frozen=True)
-class ShapePlan:
-    batch: int
-    context: int
-    layers: int                # layers rotated per replay
-    kv_bytes_per_call: int     # K + V bytes one SDPA call reads
-    bytes_per_variant: int     # device memory one variant holds (page-rounded for VMM)
 
 
 @dataclass(frozen=True)
@@ -106,34 +86,6 @@ class DecodeResult:
     paged_bitwise_equal: bool | None = None    # every build's outputs == baseline's, bit for bit
     paged_builds: dict[str, dict[str, Any]] = field(default_factory=dict)  # per build, as above
     samples: dict[str, list[float]] = field(default_factory=dict)
-
-
-def layers_to_rotate(bytes_per_layer: int, l2_bytes: int, l2_factor: float, max_layers: int) -> int:
-    """How many layers one replay walks so that it reads at least ``l2_factor`` x L2."""
-    need = math.ceil(l2_factor * l2_bytes / max(1, bytes_per_layer))
-    return max(1, min(max_layers, need))
-
-
-def plan_shapes(cfg: DecodeConfig, l2_bytes: int, free_bytes: int | None,
-                page_size: int = GRANULARITY_ASSUMED_FOR_PLANNING) -> tuple[list[ShapePlan],
-                                                                            list[str]]:
-    """The shapes to run and why any were trimmed (memory)."""
-    plans: list[ShapePlan] = []
-    trimmed: list[str] = []
-    for b in cfg.batches:
-        for s in cfg.contexts:
-            spec = KVCacheSpec(num_layers=1, num_kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
-                               max_batch=b, max_context=s, dtype=cfg.dtype)
-            g = make_geometry(spec, page_size)
-            kv_bytes = 2 * b * s * g.token_bytes
-            layers = layers_to_rotate(kv_bytes, l2_bytes, cfg.l2_factor, cfg.max_layers)
-            per_variant = layers * 2 * g.tensor_bytes
-            if free_bytes is not None and 2 * per_variant > cfg.memory_fraction * free_bytes:
-                trimmed.append(f"B={b} S={s}: needs {2 * per_variant / 2**30:.1f} GiB, more than "
-                               f"{cfg.memory_fraction:.0%} of {free_bytes / 2**30:.0f} GiB free")
-                continue
-            plans.append(ShapePlan(b, s, layers, kv_bytes, per_variant))
-    return plans, trimmed
 
 
 def summarize(samples: Sequence[float]) -> tuple[float, float]:
@@ -461,26 +413,30 @@ def render_summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
+@dataclass(frozen=True)
+class BenchRun:
+    """What ``run_bench`` measured (the report as written to its JSON file) and what failed."""
+
+    report: dict[str, Any]
+    failed: tuple[str, ...]
+
+
+def run_bench(out: Path, cfg: DecodeConfig, *, steps: bool = True, decode: bool = True,
+              paged_workdir: Path | None = None,
+              say: Callable[[str], None] | None = None) -> BenchRun:
+    """Step latency (unless not ``steps``) and the decode comparison (unless not ``decode``),
+    with vLLM's paged decode of every kernels-only build under ``paged_workdir`` when given.
+    The JSON report at ``out`` is rewritten atomically after each part, so a run killed half-way
+    keeps what it measured; a part that fails is recorded (``*_error``) and the others run."""
     import json
+    import os
     import sys
     import time
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="JSON file to write")
-    ap.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)))
-    ap.add_argument("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)))
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--skip-decode", action="store_true")
-    ap.add_argument("--skip-steps", action="store_true")
-    ap.add_argument("--paged-workdir", default=None,
-                    help="time vLLM's paged decode of every kernels-only build under it too")
-    args = ap.parse_args(argv)
-
-    def say(msg: str) -> None:
+    def _say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    say = say or _say
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "argv": list(sys.argv)}
     from .driver import bindings_version
@@ -488,15 +444,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["cuda_bindings"] = bindings_version()
 
     def write() -> None:  # atomic: a run killed mid-write keeps the previous checkpoint
-        import os
-
-        tmp = f"{args.out}.tmp"
+        tmp = f"{out}.tmp"
         with open(tmp, "w") as fh:
             json.dump(report, fh, indent=1, default=str)
-        os.replace(tmp, args.out)
+        os.replace(tmp, out)
 
     failed = []
-    if not args.skip_steps:
+    if steps:
         from .steplat import run_step_latency_suite
 
         try:
@@ -507,16 +461,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["step_latency_error"] = traceback.format_exc()
             failed.append(f"step latency: {exc}")
         write()
-    if not args.skip_decode:
-        cfg = DecodeConfig(batches=tuple(int(x) for x in args.batches.split(",")),
-                           contexts=tuple(int(x) for x in args.contexts.split(",")),
-                           rounds=args.rounds)
+    if decode:
         paged_ops: list[PagedOps] = []
-        if args.paged_workdir:
+        if paged_workdir is not None:
             from .paged import load_paged_ops
 
             try:
-                paged_ops = load_paged_ops(args.paged_workdir)
+                paged_ops = load_paged_ops(paged_workdir)
                 say("paged builds: " + ", ".join(f"{o.name} ({o.namespace})" for o in paged_ops))
             except Exception as exc:  # noqa: BLE001 - recorded; SDPA over VMM still runs
                 report["paged_load_error"] = str(exc)
@@ -531,10 +482,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed.append(f"decode: {exc}")
     report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     write()
-    print(render_summary(report), flush=True)
-    for f in failed:
+    return BenchRun(report, tuple(failed))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m kvprefetch.vmm.bench``: ``run_bench`` without the kvprefetch CLI."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)))
+    ap.add_argument("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)))
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--skip-steps", action="store_true")
+    ap.add_argument("--paged-workdir", default=None,
+                    help="time vLLM's paged decode of every kernels-only build under it too")
+    args = ap.parse_args(argv)
+    cfg = DecodeConfig(batches=tuple(int(x) for x in args.batches.split(",")),
+                       contexts=tuple(int(x) for x in args.contexts.split(",")),
+                       rounds=args.rounds)
+    res = run_bench(Path(args.out), cfg, steps=not args.skip_steps, decode=not args.skip_decode,
+                    paged_workdir=Path(args.paged_workdir) if args.paged_workdir else None)
+    print(render_summary(res.report), flush=True)
+    for f in res.failed:
         print(f"FAILED {f}", flush=True)
-    return 1 if failed else 0
+    return 1 if res.failed else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

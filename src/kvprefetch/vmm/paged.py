@@ -1,7 +1,7 @@
 """vLLM's paged decode beside SDPA over the VMM cache: the ``paged_decode`` hook of ``bench.py``.
 
 ``kvprefetch vmm bench --paged-workdir DIR`` loads every kernels-only build under ``DIR``
-(``ops.load_builds``: baseline first, then patched, seed, the rest by name) into the process that
+(``ops.load_builds``: baseline first, then patched, paper, the rest by name) into the process that
 times SDPA over the VMM cache. For each shape of the vmm bench the hook:
 
 - builds vLLM-layout paged inputs of the SAME attention shape (q heads, kv heads, head_dim, dtype,
@@ -39,7 +39,7 @@ from ..kernels.kvinputs import AttnShape, canonical_dtype
 from ..kernels.ops import BuiltOps, PagedOps, choose_kernel
 
 if TYPE_CHECKING:
-    from .bench import DecodeConfig
+    from .shapes import DecodeConfig
 
 PAGED_BLOCK_SIZE = 16     # the block size vLLM uses by default on CUDA
 PRESET_LABEL = "vmm-bench"
@@ -128,9 +128,9 @@ def make_paged_decode(ops: Sequence[PagedOps], cfg: DecodeConfig, l2_bytes: int,
     kcfg = KernelBenchConfig(mode="cold", rounds=cfg.rounds, target_sample_ms=cfg.sample_ms,
                              l2_factor=cfg.l2_factor)
     if device == "cuda":
-        from ..bench.kernel import _cuda_context_problem, _release_cuda_memory
+        from ..bench.kernel import cuda_context_problem, release_cuda_memory
 
-        context_problem, release = _cuda_context_problem, _release_cuda_memory
+        context_problem, release = cuda_context_problem, release_cuda_memory
     else:
         def context_problem() -> str:
             return ""

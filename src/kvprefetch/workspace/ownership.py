@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,30 @@ def temporary(root: Path, path: Path) -> Iterator[Path]:
         if os.path.lexists(path) and symlink_on_the_way(root, path) is None:
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
         forget(root, path)
+
+
+SCRATCH = "tmp"
+
+
+@contextmanager
+def scratch_dir(root: Path, prefix: str) -> Iterator[Path]:
+    """A new empty directory ``<workdir>/tmp/<prefix>-<pid>-<random>`` for one step's scratch
+    files, removed on exit. It is recorded as the kit's temporary before it exists, so one that
+    a killed run leaves behind is an orphan that the next fetch or clean removes: the kit writes
+    nothing outside its work directory (tempfile's default, /tmp, kept every killed run's)."""
+    base = root / SCRATCH
+    link = symlink_on_the_way(root, base) if base.exists() or base.is_symlink() else None
+    if link is not None:
+        raise ConfigError(f"{link} is a symlink; kvprefetch keeps its scratch files in {base}",
+                          f"move {link} away")
+    path = base / f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with temporary(root, path):
+            path.mkdir(parents=True)
+            yield path
+    finally:
+        with suppress(OSError):  # not empty: another step's scratch is in it
+            base.rmdir()  # a refused step leaves the work directory as it found it
 
 
 def orphans(root: Path) -> list[Path]:

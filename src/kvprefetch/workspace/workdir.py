@@ -6,11 +6,12 @@ from adopting or writing through what it did not make.
       .kvprefetch-owned.json   what the kit created here (ownership.py); clean removes only that
       downloads/               hash-checked sdist cache
       pristine/<source>/       the verified pristine source, copied into each tree
-      trees/<name>/            baseline, patched (and seed): independent full copies
+      trees/<name>/            baseline, patched (and paper, ...): independent full copies
       .locks/tree-<name>.lock  the tree's lock, taken by every command that touches the tree
       state/<name>.json        how each tree was made, its file inventory, what was applied
       build/<name>/<key>/      content-addressed builds with manifest.json and logs/
       envs/<name>/             one isolated Python environment per tree
+      tmp/<step>-<pid>-<rand>/ a running step's scratch files (ownership.scratch_dir)
 """
 
 from __future__ import annotations
@@ -118,6 +119,12 @@ class Workdir:
     def write_state(self, name: str, state: dict[str, Any]) -> None:
         write_json_atomic(self.state_file(name), state)
 
+    def resolve_tree(self, name: str) -> str:
+        """The tree a user-given ``name`` refers to here (``seed`` and ``paper`` name the
+        paper's tree, whichever name this work directory made it under), checked."""
+        return check_tree_name(upstream.resolve_tree_name(check_tree_name(name),
+                                                          self.existing_trees()))
+
     def existing_trees(self) -> list[str]:
         d = self.root / "trees"
         if not d.is_dir() or d.is_symlink():
@@ -155,7 +162,8 @@ def validate_state(path: Path, name: str) -> dict[str, Any]:
         raise _bad_state(path, "lacks a source or a file inventory")
     applied = data.get("applied")
     if applied is not None:
-        ok = (isinstance(applied, dict) and applied.get("variant") in upstream.VARIANTS
+        ok = (isinstance(applied, dict)
+              and upstream.canonical_variant(str(applied.get("variant"))) in upstream.VARIANTS
               and isinstance(applied.get("patch_sha256"), str)
               and _str_map(applied.get("headers") or {}) and _str_map(applied.get("files") or {}))
         if not ok:
