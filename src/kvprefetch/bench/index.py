@@ -91,7 +91,8 @@ def _one_headline(folder: Path, spec: dict[str, Any]) -> str:
                 text += f"; L2-resident bound on stock {bound:.2f}x"
         return prefix + text
     if doc["kind"] == "repeats":
-        s = next((x for x in doc["summary"] if x["variant"] == variant), None)
+        s: dict[str, Any] | None = next(
+            (x for x in doc["summary"] if x["variant"] == variant), None)
         if s is None:
             raise BenchError(f"{folder / spec['result']} has no {variant} summary",
                              f"name a variant of that result in {folder / PROVENANCE}")
