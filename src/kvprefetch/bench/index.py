@@ -91,15 +91,15 @@ def _one_headline(folder: Path, spec: dict[str, Any]) -> str:
                 text += f"; L2-resident bound on stock {bound:.2f}x"
         return prefix + text
     if doc["kind"] == "repeats":
-        s: dict[str, Any] | None = next(
+        rep: dict[str, Any] | None = next(
             (x for x in doc["summary"] if x["variant"] == variant), None)
-        if s is None:
+        if rep is None:
             raise BenchError(f"{folder / spec['result']} has no {variant} summary",
                              f"name a variant of that result in {folder / PROVENANCE}")
-        runs = s["geomean_per_run"]
+        runs = rep["geomean_per_run"]
         return (f"{prefix}{variant} {min(runs):.3f}-{max(runs):.3f}x geomean over "
-                f"{s['shapes']} shapes in {len(runs)} runs, worst {s['worst']['median']:.3f}x "
-                f"(b{s['worst']['batch']} {ctx(s['worst']['context'])})")
+                f"{rep['shapes']} shapes in {len(runs)} runs, worst {rep['worst']['median']:.3f}x "
+                f"(b{rep['worst']['batch']} {ctx(rep['worst']['context'])})")
     if doc["kind"] == "decode":
         d = next((x for x in decode_summary(doc) if x["tree"] == variant), None)
         if d is None:
