@@ -165,12 +165,24 @@ def test_doctor_names_the_toolkit_libraries_a_full_configure_needs(
 def test_doctor_overlay_mode_reports_the_toolkit(tmp_path: Path,
                                                  base_environ: dict[str, str]) -> None:
     from kvprefetch.doctor import DoctorProbes, run_doctor
+    from kvprefetch.overlay.cuda12 import DEBIAN_MIRROR
 
     probes = DoctorProbes(index=lambda url, env: (True, f"{url} answered HTTP 200"))
-    rep = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="overlay", probes=probes,
-                     allow_cuda_mismatch=True)
+    rep = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="overlay", probes=probes)
     names = [c.name for c in rep.checks]
     assert "toolkit" in names and "package-index" in names and "network" not in names
     tk = rep.check("toolkit")
-    if tk.status != "skip":
-        assert "nvcc" in tk.detail and ("major version" in tk.detail or "mismatch" in tk.detail)
+    has12 = any(nvcc_version(r / "bin" / "nvcc", base_environ)[0] == 12
+                for r, _ in candidate_roots(base_environ))
+    if has12:
+        assert tk.status == "ok" and "major version" in tk.detail
+    else:  # the build would assemble CUDA 12.4.1; doctor says so and where, without downloading
+        assert tk.status == "ok" and "assemble CUDA 12.4.1" in tk.detail
+        assert str(tmp_path / "toolkits" / "cuda-12.4.1") in tk.detail
+        assert not (tmp_path / "toolkits").exists()
+        # With the archives' mirror unreachable and no mismatch allowed: a failure naming it.
+        down = DoctorProbes(index=lambda url, env: (url != DEBIAN_MIRROR, f"{url}: refused"))
+        rep2 = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="overlay",
+                          probes=down)
+        assert rep2.check("toolkit").status == "fail"
+        assert DEBIAN_MIRROR in rep2.check("toolkit").detail
