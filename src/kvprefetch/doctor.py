@@ -232,16 +232,37 @@ def _check_cuda_libs(environ: Mapping[str, str], probes: DoctorProbes) -> Check:
 
 
 def _check_overlay_toolkit(environ: Mapping[str, str], cuda_home_opt: str | None,
-                           allow_mismatch: bool) -> tuple[Check, Path | None,
-                                                          tuple[int, int, int] | None]:
-    """Which toolkit an overlay build would compile with, and why (overlay.toolkit)."""
+                           allow_mismatch: bool, workdir: Path, probes: DoctorProbes
+                           ) -> tuple[Check, Path | None, tuple[int, int, int] | None]:
+    """Which toolkit an overlay build would compile with, and why (overlay.toolkit). Where the
+    machine has no CUDA 12 toolkit, the build assembles one (overlay.cuda12); doctor does not
+    download it, only checks that its sources are reachable."""
+    from .overlay.cuda12 import DEBIAN_MIRROR, PARTS, RELEASE, toolkit_dir
     from .overlay.toolkit import choose_toolkit
 
     try:
         tk = choose_toolkit(OVERLAY_TORCH_CUDA, environ, explicit=cuda_home_opt,
-                            allow_mismatch=allow_mismatch)
+                            assembled=toolkit_dir(workdir))
     except KvprefetchError as exc:
-        return Check("toolkit", "fail", exc.cause, exc.fix), None, None
+        if cuda_home_opt:
+            return Check("toolkit", "fail", exc.cause, exc.fix), None, None
+        reachable, detail = probes.index(DEBIAN_MIRROR, environ)
+        size = sum(p.size for p in PARTS) / 1e6
+        if reachable:
+            return (Check("toolkit", "ok",
+                          f"no CUDA 12 toolkit on this machine; the build will assemble CUDA "
+                          f"{RELEASE} ({size:.0f} MB of pinned archives from {DEBIAN_MIRROR} "
+                          f"and the package index) into {toolkit_dir(workdir)}, once"),
+                    None, None)
+        if allow_mismatch:
+            try:
+                tk = choose_toolkit(OVERLAY_TORCH_CUDA, environ, allow_mismatch=True)
+            except KvprefetchError as exc2:
+                return Check("toolkit", "fail", exc2.cause, exc2.fix), None, None
+        else:
+            return (Check("toolkit", "fail", f"{exc.cause}; and {DEBIAN_MIRROR}, where the "
+                          f"build would assemble CUDA {RELEASE} from, is unreachable: {detail}",
+                          exc.fix), None, None)
     detail = f"{tk.nvcc} (CUDA {fmt_version(tk.version)}): {tk.why}"
     if not tk.matches:
         return (Check("toolkit", "warn", detail,
@@ -495,7 +516,7 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
         checks.append(Check("precompiled", "fail", exc.cause, exc.fix))
     if mode == "overlay":
         tk_check, nvcc, version = _check_overlay_toolkit(environ, cuda_home_opt,
-                                                         allow_cuda_mismatch)
+                                                         allow_cuda_mismatch, wd, probes)
         checks.append(tk_check)
     else:
         nvcc_checks, nvcc, version = _check_nvcc(archs, environ, mode, probes)

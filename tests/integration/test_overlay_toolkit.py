@@ -10,7 +10,14 @@ import pytest
 
 from kvprefetch.build.toolchain import nvcc_version
 from kvprefetch.errors import ConfigError
-from kvprefetch.overlay.toolkit import NVCC_WHEEL_NOTE, candidate_roots, choose_toolkit
+from kvprefetch.overlay import cuda12
+from kvprefetch.overlay.toolkit import (
+    ASSEMBLED,
+    NVCC_WHEEL_NOTE,
+    candidate_roots,
+    choose_toolkit,
+)
+from tests.unit.test_cuda12 import synthetic_parts
 
 
 def test_toolkit_choice_with_this_machines_nvcc(base_environ: dict[str, str]) -> None:
@@ -37,12 +44,57 @@ def test_toolkit_choice_with_this_machines_nvcc(base_environ: dict[str, str]) ->
 def test_doctor_overlay_mode_reports_the_toolkit(tmp_path: Path,
                                                  base_environ: dict[str, str]) -> None:
     from kvprefetch.doctor import DoctorProbes, run_doctor
+    from kvprefetch.overlay.cuda12 import DEBIAN_MIRROR
 
     probes = DoctorProbes(index=lambda url, env: (True, f"{url} answered HTTP 200"))
-    rep = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="overlay", probes=probes,
-                     allow_cuda_mismatch=True)
+    rep = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="overlay", probes=probes)
     names = [c.name for c in rep.checks]
     assert "toolkit" in names and "package-index" in names and "network" not in names
     tk = rep.check("toolkit")
-    if tk.status != "skip":
-        assert "nvcc" in tk.detail and ("major version" in tk.detail or "mismatch" in tk.detail)
+    has12 = any(nvcc_version(r / "bin" / "nvcc", base_environ)[0] == 12
+                for r, _ in candidate_roots(base_environ))
+    if has12:
+        assert tk.status == "ok" and "major version" in tk.detail
+    else:  # the build would assemble CUDA 12.4.1; doctor says so and where, without downloading
+        assert tk.status == "ok" and "assemble CUDA 12.4.1" in tk.detail
+        assert str(tmp_path / "toolkits" / "cuda-12.4.1") in tk.detail
+        assert not (tmp_path / "toolkits").exists()
+        # With the archives' mirror unreachable and no mismatch allowed: a failure naming it.
+        down = DoctorProbes(index=lambda url, env: (url != DEBIAN_MIRROR, f"{url}: refused"))
+        rep2 = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="overlay",
+                          probes=down)
+        assert rep2.check("toolkit").status == "fail"
+        assert DEBIAN_MIRROR in rep2.check("toolkit").detail
+
+
+@pytest.fixture
+def parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[cuda12.Part]:
+    out = synthetic_parts(tmp_path)
+    monkeypatch.setattr(cuda12, "PARTS", tuple(out))
+    return out
+
+
+def test_choose_toolkit_assembles_only_when_the_machine_has_no_cuda12(
+        tmp_path: Path, parts: list[cuda12.Part], base_environ: dict[str, str]) -> None:
+    """No CUDA 12 among the candidates: the assembled toolkit is built and chosen (and matches
+    torch's major); an existing assembled toolkit is found without assembling again; an
+    explicit --cuda-home is never replaced by it."""
+    wd = tmp_path / "work"
+    wd.mkdir()
+    calls: list[int] = []
+
+    def assemble() -> Path:
+        calls.append(1)
+        return cuda12.ensure_cuda12(wd)
+
+    tk = choose_toolkit("12.8", base_environ, roots=[], assemble=assemble,
+                        assembled=cuda12.toolkit_dir(wd))
+    assert tk.matches and tk.version == (12, 4, 131) and ASSEMBLED in tk.source
+    assert tk.cuda_home == str(cuda12.toolkit_dir(wd)) and calls == [1]
+    again = choose_toolkit("12.8", base_environ, roots=[], assemble=assemble,
+                           assembled=cuda12.toolkit_dir(wd))
+    assert again.cuda_home == tk.cuda_home and calls == [1]
+    with pytest.raises(Exception, match="--cuda-home"):
+        choose_toolkit("12.8", base_environ, explicit=str(tmp_path / "none"), roots=[],
+                       assemble=assemble, assembled=cuda12.toolkit_dir(wd))
+    assert calls == [1]

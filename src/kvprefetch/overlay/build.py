@@ -8,8 +8,9 @@ Steps, per tree, in the tree's own environment (venv, uv or conda):
    ``xformers==0.0.32.post1`` from the package index (pip, or ``uv pip``: uv hard-links from
    its cache, so the second environment costs seconds);
 3. read the environment's torch (include/library paths, ABI, CUDA version);
-4. choose the CUDA toolkit (``toolkit.choose_toolkit``: torch's CUDA major, else refused unless
-   ``--allow-cuda-mismatch``);
+4. choose the CUDA toolkit (``toolkit.choose_toolkit``: one of torch's CUDA major on this
+   machine, else CUDA 12.4.1 assembled once into the work directory from pinned package
+   archives (``cuda12.py``), else refused unless ``--allow-cuda-mismatch``);
 5. compile the tree's real ``paged_attention_v1.cu``/``v2.cu`` (narrowable as in kernels-only),
    ``csrc/kvprefetch_ops.cpp`` and ``csrc/kvprefetch_route.cpp`` into one library, linked
    against the environment's own ``libcudart.so.12`` (the one torch loads);
@@ -221,6 +222,7 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
     from ..sources.upstream import kit_root
     from ..workspace.locks import locked
     from ..workspace.workdir import write_json_atomic
+    from .cuda12 import ensure_cuda12, toolkit_dir
     from .plugin import ENTRY_GROUP, ENTRY_NAME, write_plugin_wheel
     from .toolkit import choose_toolkit
 
@@ -256,7 +258,10 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
                              f"{tinfo.torch_cuda}), not the {TORCH_VERSION} CUDA build vLLM "
                              "0.10.2 pins", f"remove {tp.env_path} and rerun the build")
         tk = choose_toolkit(tinfo.torch_cuda, child, explicit=opts.cuda_home,
-                            allow_mismatch=opts.allow_cuda_mismatch)
+                            allow_mismatch=opts.allow_cuda_mismatch,
+                            assembled=toolkit_dir(Path(plan.workdir)),
+                            assemble=lambda: ensure_cuda12(Path(plan.workdir),
+                                                           say=lambda m: say(tp.tree, m)))
         say(tp.tree, f"toolkit: {tk.why}")
         # torch's own extension builds put $CUDA_HOME/include first: read the paths again
         # with it set, so the compiler and the CUDA headers come from the same toolkit.

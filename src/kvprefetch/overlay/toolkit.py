@@ -7,18 +7,21 @@ compiles against is the one libcudart.so.12 (loaded by torch) implements.
 Where one comes from, in order: ``--cuda-home``, ``CUDA_HOME``/``CUDA_PATH``, the toolkit around
 ``nvcc`` on PATH, ``/usr/local/cuda-<major>.*`` (newest first), ``/usr/local/cuda``.
 
-It cannot come from the package index: the ``nvidia-cuda-nvcc-cu12`` wheels (checked: 12.2.140,
-12.6.85, 12.8.93, 12.9.86) hold ``ptxas``, ``libnvvm`` and ``libdevice`` only, with no ``nvcc``,
-``cicc``, ``cudafe++`` or ``fatbinary``; the unsuffixed ``nvidia-cuda-nvcc`` wheels that do
-carry a whole compiler start at 13.0. So with no CUDA 12 toolkit on the machine the build stops
-and says so, unless ``--allow-cuda-mismatch`` accepts compiling with the other major (recorded
-in the manifest and reported by doctor and verify-kernel)."""
+It cannot come from PyPI alone: the ``nvidia-cuda-nvcc-cu12`` wheels (checked: 12.2.140,
+12.4.131, 12.6.85, 12.8.93, 12.9.86) hold ``ptxas``, ``libnvvm`` and the ``crt`` headers only,
+with no ``nvcc``, ``cicc``, ``cudafe++`` or ``fatbinary``; the unsuffixed ``nvidia-cuda-nvcc``
+wheels that do carry a whole compiler start at 13.0. So where none of the places above has a
+CUDA 12 toolkit, the build assembles CUDA 12.4.1 from pinned package archives (``cuda12.py``:
+Debian's redistribution of NVIDIA's compiler plus PyPI's runtime headers) into the work
+directory, once. Only where that fails (no network) does ``--allow-cuda-mismatch`` accept
+compiling with the other major (recorded in the manifest and reported by doctor and
+verify-kernel)."""
 
 from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,11 +84,18 @@ def candidate_roots(environ: Mapping[str, str], explicit: str | None = None,
     return uniq
 
 
+ASSEMBLED = "assembled from pinned package archives"
+
+
 def choose_toolkit(torch_cuda: str, environ: Mapping[str, str], *, explicit: str | None = None,
                    allow_mismatch: bool = False,
-                   roots: Sequence[tuple[Path, str]] | None = None) -> Toolkit:
-    """The first toolkit whose nvcc has torch's CUDA major version; else, with
-    ``allow_mismatch``, the first toolkit found; else ConfigError naming what was found."""
+                   roots: Sequence[tuple[Path, str]] | None = None,
+                   assembled: Path | None = None,
+                   assemble: Callable[[], Path] | None = None) -> Toolkit:
+    """The first toolkit whose nvcc has torch's CUDA major version (``assembled``, the work
+    directory's assembled toolkit, is tried after the machine's own); else the toolkit that
+    ``assemble()`` makes; else, with ``allow_mismatch``, the first toolkit found; else
+    ConfigError naming what was found."""
     try:
         want = int(torch_cuda.split(".")[0])
     except ValueError:
@@ -93,7 +103,10 @@ def choose_toolkit(torch_cuda: str, environ: Mapping[str, str], *, explicit: str
                           "install a CUDA build of torch==2.8.0 in the environment") from None
     found: list[tuple[Path, str, tuple[int, int, int]]] = []
     problems: list[str] = []
-    for root, where in (roots if roots is not None else candidate_roots(environ, explicit)):
+    candidates = list(roots if roots is not None else candidate_roots(environ, explicit))
+    if assembled is not None and not explicit and is_toolkit(assembled):
+        candidates.append((assembled, f"{ASSEMBLED} ({assembled})"))
+    for root, where in candidates:
         nvcc = root / "bin" / "nvcc"
         try:
             v = nvcc_version(nvcc, environ)
@@ -106,6 +119,19 @@ def choose_toolkit(torch_cuda: str, environ: Mapping[str, str], *, explicit: str
                            f"nvcc {fmt_version(v)} ({where}) has the major version of the "
                            f"CUDA {torch_cuda} the environment's torch is built for")
     seen = "; ".join([f"CUDA {fmt_version(v)} at {r} ({w})" for r, w, v in found] + problems)
+    assembly_error = None
+    if assemble is not None and not explicit:
+        try:
+            root = assemble()
+            v = nvcc_version(root / "bin" / "nvcc", environ)
+        except KvprefetchError as exc:
+            assembly_error = exc
+        else:
+            return Toolkit(str(root), str(root / "bin" / "nvcc"), v, f"{ASSEMBLED} ({root})",
+                           torch_cuda, v[0] == want,
+                           f"no CUDA {want}.x toolkit on this machine (found: {seen or 'none'})"
+                           f"; nvcc {fmt_version(v)} {ASSEMBLED} (Debian's redistribution of "
+                           f"NVIDIA's compiler and PyPI's runtime headers) into {root}")
     if allow_mismatch and found:
         root, where, v = found[0]
         return Toolkit(str(root), str(root / "bin" / "nvcc"), v, where, torch_cuda, False,
@@ -119,7 +145,9 @@ def choose_toolkit(torch_cuda: str, environ: Mapping[str, str], *, explicit: str
                           "point --cuda-home at a CUDA 12.x toolkit root")
     raise ConfigError(
         f"the environment's torch is built for CUDA {torch_cuda}, but no CUDA {want}.x nvcc "
-        f"was found (found: {seen or 'no toolkit'}); {NVCC_WHEEL_NOTE}",
+        f"was found (found: {seen or 'no toolkit'}); {NVCC_WHEEL_NOTE}"
+        + (f"; assembling one from package archives failed: {assembly_error.cause}"
+           if assembly_error else ""),
         f"install a CUDA {want}.8 toolkit (NVIDIA's runfile, apt cuda-toolkit-{want}-8, or "
         f"`conda install -c nvidia cuda-nvcc={want}.8 cuda-cudart-dev={want}.8`) and pass "
         "--cuda-home DIR (or set CUDA_HOME); or pass --allow-cuda-mismatch to compile with the "

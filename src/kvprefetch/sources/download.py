@@ -78,8 +78,11 @@ def parse_simple_html(body: str, filename: str, base: str) -> IndexFile | None:
     return None
 
 
-def locate_sdist(index_url: str, timeout: float = 30) -> IndexFile:
-    page = f"{index_url.rstrip('/')}/vllm/"
+def locate_file(index_url: str, project: str, filename: str, sha256: str,
+                timeout: float = 30, unreachable_fix: str = "") -> IndexFile:
+    """Where the index serves ``filename`` of ``project``; refused if it advertises another
+    sha256 than the pinned one."""
+    page = f"{index_url.rstrip('/')}/{project}/"
     req = urllib.request.Request(page, headers={"Accept": f"{_JSON}, text/html;q=0.5"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -87,19 +90,24 @@ def locate_sdist(index_url: str, timeout: float = 30) -> IndexFile:
             body = resp.read().decode("utf-8", errors="replace")
     except (urllib.error.URLError, OSError) as exc:
         raise FetchError(f"cannot reach the package index {page}: {exc}",
-                         "check the network or point PIP_INDEX_URL at a reachable mirror; or "
-                         "download vllm-0.10.2.tar.gz yourself and pass --source PATH") from exc
-    found = (parse_simple_json(body, upstream.SDIST_NAME, page) if "json" in ctype
-             else parse_simple_html(body, upstream.SDIST_NAME, page))
+                         "check the network or point PIP_INDEX_URL at a reachable mirror"
+                         + (f"; or {unreachable_fix}" if unreachable_fix else "")) from exc
+    found = (parse_simple_json(body, filename, page) if "json" in ctype
+             else parse_simple_html(body, filename, page))
     if found is None:
-        raise FetchError(f"the index {page} does not list {upstream.SDIST_NAME}",
-                         "use an index that mirrors PyPI's vllm 0.10.2 sdist (PIP_INDEX_URL)")
-    if found.sha256 and found.sha256 != upstream.SDIST_SHA256:
+        raise FetchError(f"the index {page} does not list {filename}",
+                         f"use an index that mirrors PyPI's {project} (PIP_INDEX_URL)")
+    if found.sha256 and found.sha256 != sha256:
         raise FetchError(f"the index {page} advertises sha256 {found.sha256} for "
-                         f"{upstream.SDIST_NAME}, but the pinned hash is {upstream.SDIST_SHA256}",
+                         f"{filename}, but the pinned hash is {sha256}",
                          "your index serves a different file under this name; use PyPI or a "
                          "faithful mirror")
     return found
+
+
+def locate_sdist(index_url: str, timeout: float = 30) -> IndexFile:
+    return locate_file(index_url, "vllm", upstream.SDIST_NAME, upstream.SDIST_SHA256, timeout,
+                       f"download {upstream.SDIST_NAME} yourself and pass --source PATH")
 
 
 def verify_sdist(path: Path) -> None:

@@ -1,0 +1,256 @@
+"""A CUDA 12 compiler for overlay builds on machines that have none, assembled from package
+archives, every one pinned by sha256.
+
+Why it is needed: an overlay environment's torch 2.8.0 is built for CUDA 12.8, so the tree's
+kernels should be compiled by a CUDA 12 ``nvcc`` (``toolkit.py`` says why the major version
+matters). PyPI has no CUDA 12 compiler: the ``nvidia-cuda-nvcc-cu12`` wheels hold ``ptxas``,
+``libnvvm`` and the ``crt`` headers, but no ``nvcc``, ``cicc``, ``cudafe++`` or ``fatbinary``.
+Debian does publish one: trixie's ``non-free`` ``nvidia-cuda-toolkit`` 12.4.131 is NVIDIA's CUDA
+12.4.1 compiler, redistributed. So the kit takes, all from release 12.4.1:
+
+- from that ``.deb``: ``nvcc``, ``cicc``, ``cudafe++``, ``fatbinary``, ``nvlink``, ``ptxas``,
+  ``bin2c``, ``cuobjdump``, the link stubs and ``libdevice``;
+- from PyPI: ``nvidia-cuda-runtime-cu12`` 12.4.127 (the runtime headers and
+  ``libcudart.so.12``), ``nvidia-cuda-nvcc-cu12`` 12.4.131 (the ``crt/`` headers) and
+  ``nvidia-cuda-cccl-cu12`` 12.4.127.post1 (libcu++, CUB, Thrust: ``nv/target``);
+
+and lays them out as an ordinary ``CUDA_HOME`` (``bin/``, ``nvvm/``, ``include/``, ``lib64/``)
+with an ``nvcc.profile`` of its own, under ``<workdir>/toolkits/cuda-12.4.1``.
+
+What it is not: a whole toolkit. It has no static runtime (``libcudart_static.a``,
+``libcudadevrt.a``), so ``nvcc`` cannot link executables with it; the overlay build only compiles
+objects with it and links with the host compiler against the environment's own
+``libcudart.so.12``. Library headers (cuBLAS, cuSPARSE, ...) that torch's headers include come
+from the environment's own ``nvidia-*-cu12`` wheels, as torch's extension builds do.
+
+The ``.deb`` is read with the standard library (an ``ar`` archive holding ``data.tar.xz``); the
+format is three fixed-width header fields, so no dependency is worth adding for it."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import FetchError
+from ..hashing import sha256_file
+from ..workspace import ownership
+from ..workspace.locks import locked
+
+RELEASE = "12.4.1"
+DEBIAN_MIRROR = os.environ.get("KVPREFETCH_DEBIAN_MIRROR", "https://deb.debian.org/debian")
+# Written last into the assembled directory: its presence means the assembly completed.
+DONE_FILE = ".kvprefetch-toolkit.json"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One pinned archive and what the toolkit takes from it (archive path -> toolkit path;
+    a path ending in ``/`` copies a whole directory)."""
+
+    name: str
+    filename: str
+    url: str          # the .deb's URL; for a wheel, its project on the package index
+    sha256: str
+    size: int
+    take: tuple[tuple[str, str], ...]
+
+
+_DEB_BIN = "usr/lib/nvidia-cuda-toolkit/bin"
+PARTS: tuple[Part, ...] = (
+    Part("nvidia-cuda-toolkit (Debian trixie non-free)",
+         "nvidia-cuda-toolkit_12.4.131~12.4.1-2_amd64.deb",
+         f"{DEBIAN_MIRROR}/pool/non-free/n/nvidia-cuda-toolkit/"
+         "nvidia-cuda-toolkit_12.4.131~12.4.1-2_amd64.deb",
+         "cd5fe85aee38d108b315f408a688641478f2402622a10c677478eb7a6c4e5319", 87240108,
+         ((f"{_DEB_BIN}/nvcc", "bin/nvcc"), (f"{_DEB_BIN}/crt/", "bin/crt/"),
+          (f"{_DEB_BIN}/cicc", "nvvm/bin/cicc"),
+          ("usr/bin/cudafe++", "bin/cudafe++"), ("usr/bin/fatbinary", "bin/fatbinary"),
+          ("usr/bin/nvlink", "bin/nvlink"), ("usr/bin/ptxas", "bin/ptxas"),
+          ("usr/bin/bin2c", "bin/bin2c"), ("usr/bin/cuobjdump", "bin/cuobjdump"),
+          ("usr/bin/nvdisasm", "bin/nvdisasm"),
+          ("usr/lib/nvidia-cuda-toolkit/libdevice/", "nvvm/libdevice/"))),
+    Part("nvidia-cuda-runtime-cu12 12.4.127",
+         "nvidia_cuda_runtime_cu12-12.4.127-py3-none-manylinux2014_x86_64.whl",
+         "nvidia-cuda-runtime-cu12",
+         "64403288fa2136ee8e467cdc9c9427e0434110899d07c779f25b5c068934faa5", 883737,
+         (("nvidia/cuda_runtime/include/", "include/"),
+          ("nvidia/cuda_runtime/lib/libcudart.so.12", "lib64/libcudart.so.12"))),
+    Part("nvidia-cuda-nvcc-cu12 12.4.131",
+         "nvidia_cuda_nvcc_cu12-12.4.131-py3-none-manylinux2014_x86_64.whl",
+         "nvidia-cuda-nvcc-cu12",
+         "e4c9a35435c3b0e36c6397c5696334c9ea6650e524736cbd1c5d345ea099bb04", 22265199,
+         (("nvidia/cuda_nvcc/include/", "include/"),)),
+    Part("nvidia-cuda-cccl-cu12 12.4.127.post1",
+         "nvidia_cuda_cccl_cu12-12.4.127.post1-py3-none-manylinux2014_x86_64.whl",
+         "nvidia-cuda-cccl-cu12",
+         "2027fa5fc75fbee703bf24e8275a40a605cf94a3e8fef8a7187897d49b34facb", 3111329,
+         (("nvidia/cuda_cccl/include/", "include/"),)),
+)
+
+# The standard layout's profile: nvcc reads it from its own directory (_HERE_).
+NVCC_PROFILE = """\
+TOP              = $(_HERE_)/..
+NVVMIR_LIBRARY_DIR = $(TOP)/nvvm/libdevice
+LD_LIBRARY_PATH += $(TOP)/lib64:
+PATH            += $(TOP)/nvvm/bin:$(_HERE_):
+INCLUDES        +=  "-I$(TOP)/include" $(_SPACE_)
+LIBRARIES        =+ $(_SPACE_) "-L$(TOP)/lib64"
+CUDAFE_FLAGS    +=
+PTXAS_FLAGS     +=
+"""
+
+
+def toolkit_dir(workdir: Path) -> Path:
+    return workdir / "toolkits" / f"cuda-{RELEASE}"
+
+
+def is_assembled(root: Path) -> bool:
+    return (root / DONE_FILE).is_file() and (root / "bin" / "nvcc").is_file()
+
+
+def deb_data_tar(deb: bytes) -> tarfile.TarFile:
+    """The ``data.tar.*`` member of a ``.deb`` (an ``ar`` archive), opened."""
+    if not deb.startswith(b"!<arch>\n"):
+        raise ValueError("not an ar archive")
+    pos = 8
+    while pos + 60 <= len(deb):
+        header = deb[pos:pos + 60]
+        name = header[:16].decode("ascii").strip().rstrip("/")
+        size = int(header[48:58].decode("ascii").strip())
+        if header[58:60] != b"`\n":
+            raise ValueError(f"bad ar member header at byte {pos}")
+        body = deb[pos + 60:pos + 60 + size]
+        if name.startswith("data.tar"):
+            if name.endswith(".zst"):
+                raise ValueError("data.tar.zst needs zstd, which the standard library lacks")
+            return tarfile.open(fileobj=io.BytesIO(body), mode="r:*")
+        pos += 60 + size + (size & 1)
+    raise ValueError("no data.tar member")
+
+
+def _members(part: Part, archive: Path) -> dict[str, bytes | None]:
+    """Every file of the archive, normalised path -> bytes (None for a directory)."""
+    out: dict[str, bytes | None] = {}
+    if archive.suffix == ".deb":
+        with deb_data_tar(archive.read_bytes()) as tar:
+            for m in tar.getmembers():
+                path = m.name.lstrip("./")
+                if m.isfile():
+                    f = tar.extractfile(m)
+                    out[path] = f.read() if f else b""
+                elif m.isdir():
+                    out[path.rstrip("/") + "/"] = None
+    else:
+        with zipfile.ZipFile(archive) as z:
+            for path in z.namelist():
+                out[path] = None if path.endswith("/") else z.read(path)
+    return out
+
+
+def _place(part: Part, archive: Path, root: Path) -> None:
+    files = _members(part, archive)
+    for src, dst in part.take:
+        picked = ({p: b for p, b in files.items() if p.startswith(src) and b is not None}
+                  if src.endswith("/") else ({src: files[src]} if files.get(src) is not None
+                                             else {}))
+        if not picked:
+            raise FetchError(f"{part.filename} has no {src}",
+                             "the pinned archive's layout changed; report this")
+        for p, data in picked.items():
+            rel = p[len(src):] if src.endswith("/") else ""
+            if rel.endswith("__init__.py"):
+                continue  # the wheels' namespace markers are not headers
+            target = root / dst / rel if src.endswith("/") else root / dst
+            target.parent.mkdir(parents=True, exist_ok=True)
+            assert data is not None
+            target.write_bytes(data)
+            if "bin/" in dst or target.suffix in ("", ".so") or ".so." in target.name:
+                target.chmod(0o755)
+
+
+def part_url(part: Part, index_url: str | None = None) -> str:
+    """Where to download ``part``: the .deb's URL, or the wheel's on the configured index."""
+    if part.url.startswith(("http://", "https://", "file://")):
+        return part.url
+    from ..sources.download import configured_index_url, locate_file
+
+    return locate_file(index_url or configured_index_url(), part.url, part.filename,
+                       part.sha256, unreachable_fix="pass --cuda-home DIR of a CUDA 12 "
+                       "toolkit").url
+
+
+def _download(part: Part, downloads: Path, opener: Callable[[str], object]) -> Path:
+    """The archive in ``downloads``, fetched if absent; its sha256 must be the pinned one."""
+    target = downloads / part.filename
+    if target.is_file() and sha256_file(target) == part.sha256:
+        return target
+    downloads.mkdir(parents=True, exist_ok=True)
+    tmp = downloads / f".download-{os.getpid()}-{part.filename}"
+    url = part_url(part)
+    try:
+        with opener(url) as resp, open(tmp, "wb") as out:  # type: ignore[attr-defined]
+            while chunk := resp.read(1 << 20):
+                out.write(chunk)
+        got = sha256_file(tmp)
+        if got != part.sha256:
+            raise FetchError(f"{url} has sha256 {got}, expected {part.sha256}; it was "
+                             "deleted and nothing was unpacked",
+                             "check that the mirror serves the pinned file and rerun")
+        os.replace(tmp, target)
+    except (urllib.error.URLError, OSError) as exc:
+        raise FetchError(f"cannot download {part.name} from {url}: {exc}",
+                         "check the network (deb.debian.org and files.pythonhosted.org must be "
+                         "reachable), or pass --cuda-home DIR of a CUDA 12 toolkit") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def _urlopen(url: str) -> object:
+    if url.startswith("file://"):
+        return open(urllib.request.url2pathname(urllib.parse.urlparse(url).path), "rb")
+    return urllib.request.urlopen(url, timeout=120)
+
+
+def ensure_cuda12(workdir: Path, *, say: Callable[[str], None] = lambda _m: None,
+                  opener: Callable[[str], object] = _urlopen) -> Path:
+    """The assembled toolkit's root under ``workdir``, assembling it once (under a lock, into a
+    temporary directory renamed into place, so a killed run leaves an orphan ``clean`` removes
+    and never a half-made toolkit)."""
+    import json
+
+    root = toolkit_dir(workdir)
+    if is_assembled(root):
+        return root
+    with locked(workdir / ".locks" / "toolkit-cuda12.lock", "the CUDA 12 toolkit", wait=True):
+        if is_assembled(root):  # another build assembled it while we waited
+            return root
+        downloads = workdir / "downloads" / f"cuda-{RELEASE}"
+        archives = []
+        for part in PARTS:
+            say(f"CUDA {RELEASE}: {part.name} ({part.size / 1e6:.0f} MB)")
+            archives.append(_download(part, downloads, opener))
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
+        with ownership.temporary(workdir, tmp):
+            for part, archive in zip(PARTS, archives):
+                _place(part, archive, tmp)
+            os.symlink("libcudart.so.12", tmp / "lib64" / "libcudart.so")
+            (tmp / "bin" / "nvcc.profile").write_text(NVCC_PROFILE)
+            (tmp / DONE_FILE).write_text(json.dumps(
+                {"release": RELEASE, "parts": [{"name": p.name, "url": p.url,
+                                                "sha256": p.sha256} for p in PARTS]}, indent=1))
+            if root.exists():  # a leftover without DONE_FILE: the kit's own, replaced
+                shutil.rmtree(root)
+            os.replace(tmp, root)
+        ownership.record(workdir, root, "toolkit", release=RELEASE)
+    return root
