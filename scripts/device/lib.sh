@@ -25,7 +25,7 @@ worktree_id() {
 }
 # res_usage: registers, stack and shared memory of every kernel in each built tree's library
 # (`cuobjdump -res-usage`), one file per tree in the results: what decides how many CTAs fit an
-# SM, which an early launch needs (docs/tuning-log.md row 44).
+# SM, which an early launch needs (docs/design.md, programmatic dependent launch).
 res_usage() {
   local m t so tool
   tool=$(python3 -c 'from kvprefetch.build.toolchain import find_cuobjdump as f; t = f()
@@ -93,34 +93,4 @@ summarize() {
     exit 6
   fi
   grep -A10 "^## Summary" "$R"/*.md | grep "| cold\|| hot" | cut -c1-220
-}
-# explore_build LIMIT TREE... [-- BUILD_ARG...]: an exploration's trees (head 128, block 16, fp16
-# and bf16 caches): fetch the carried sdist into baseline, patched and each TREE, apply
-# `prefetch` to all but baseline, kernels-only build within LIMIT seconds with BUILD_ARGs (the
-# trees' --tree-define flags). Sets V to the --tree flags, baseline first.
-explore_build() {
-  local limit=$1 t trees; shift
-  local extra=() X=()
-  while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done
-  [ $# -gt 0 ] && shift
-  V=(--tree baseline --tree patched)
-  for t in "${extra[@]}"; do V+=(--tree "$t"); X+=(--extra-tree "$t"); done
-  step 60 "${K[@]}" fetch --workdir "$W" --source .carry/vllm-0.10.2.tar.gz "${X[@]}" || exit 3
-  for t in patched "${extra[@]}"; do
-    step 30 "${K[@]}" apply --workdir "$W" --variant prefetch --tree "$t" || exit 4
-  done
-  trees=$(IFS=,; echo "baseline,patched,${extra[*]}")
-  step "$limit" "${K[@]}" build --workdir "$W" --kernels-only --jobs 16 --head-sizes 128 \
-    --block-sizes 16 --kv-dtypes fp16,bf16 --trees "$trees" "$@" || exit 5
-}
-# twin_tables: the twin explorations' three cold tables for the variants in V, each output
-# checked bitwise against stock: batch 1..16 x 512..16k, issue 6's matrix, bf16 batch 1/8.
-twin_tables() {
-  [ "$(left)" -gt 60 ] && bench 120 "${B[@]}" --mode cold --batch 1,2,4,8,16 \
-    --context 512,1k,2k,4k,16k "${V[@]}" --name small --formats json,md
-  [ "$(left)" -gt 60 ] && bench 110 "${B[@]}" --mode cold --batch 1,8,32,64,128 \
-    --context 512,1k,4k,16k "${V[@]}" --name matrix --formats json,md
-  [ "$(left)" -gt 40 ] && bench 70 "${B[@]}" --mode cold --batch 1,8 --context 512,1k,4k,16k \
-    --dtype bfloat16 "${V[@]}" --name bf16 --formats json,md
-  return 0
 }

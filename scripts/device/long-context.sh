@@ -2,7 +2,7 @@
 # Issue 31, ONE device call (about 8 minutes): v1 steps of long context, where a GQA twin's
 # shared memory (G heads' logits for the whole context) limits how many of its CTAs an SM
 # holds. `auto` now keeps each twin at the occupancy its launch bound gives it
-# (csrc/prefetch_ptx.cuh keeps_occupancy) and otherwise moves to a twin of fewer heads per CTA,
+# (csrc/kvprefetch/launch_policy.cuh keeps_occupancy) and otherwise moves to a twin of fewer heads per CTA,
 # or to vLLM's kernel. Trees (head 128, block 16, fp16): baseline, patched (the shipped
 # `auto`), gqa_off (the same patch, KVPREFETCH_GQA_DEFAULT_MODE=0: no twin), control (A/A).
 # Tables, cold, every output bitwise vs stock:

@@ -66,7 +66,7 @@ REDUCE_KERNEL = "reduce_kernel"  # vLLM's paged_attention_v2_reduce_kernel or kv
 # torch.profiler's (demangled) name ends in the twin's template arguments ..., G, S, STAGED,
 # FUSED>(...) (FUSED: v2's reduction inside the twin; true only in the v2 2x2 twin).
 TWIN_SHAPE = re.compile(r"gqa_decode_kernel<.*, (\d+), (\d+), (true|false)(?:, (true|false))?>\(")
-# The twins with a shared-memory ring (csrc/gqa_grouped.cuh, KVPREFETCH_TWIN_STAGE): S = 2.
+# The twins with a shared-memory ring (csrc/kvprefetch/gqa_twins.cuh, KVPREFETCH_TWIN_STAGE): S = 2.
 STAGED_TWINS = ("4x2", "2x2")
 
 
@@ -166,7 +166,7 @@ def test_kvprefetch_gqa_forces_the_named_twin(stock_and_patched, setting: str, s
 
 
 def test_reduction_inside_the_twin_on_two_streams_at_once(stock_and_patched) -> None:
-    """v2's reduction inside the 2x2 twin (csrc/gqa_grouped.cuh, reduce_in_twin): on a grid where
+    """v2's reduction inside the 2x2 twin (csrc/kvprefetch/gqa_twins.cuh, reduce_in_twin): on a grid where
     the launcher runs it (b4 x 1k: 128 twin CTAs; on the H200's 132 SMs the rule's range), with
     ragged sequences (some of one partition, whose output is copied), two streams run it at the
     same time, each on its own inputs, eight launches per stream per round, over five rounds:
@@ -208,7 +208,7 @@ def test_reduction_inside_the_twin_writes_stock_zeros_for_an_empty_sequence(
         stock_and_patched) -> None:
     """A sequence of no tokens (seq_len 0, e.g. a padded slot of a captured batch) has no
     partition for the fused 2x2 twin to reduce; vLLM's reduce kernel writes 0 for it, and so
-    must the twin (csrc/gqa_grouped.cuh: the kernel's first lines). Its row and every other row
+    must the twin (csrc/kvprefetch/gqa_twins.cuh: the kernel's first lines). Its row and every other row
     bitwise stock's, on a step where the twin reduces (b4 x 1k, 128 twin CTAs)."""
     import torch
 

@@ -1,6 +1,6 @@
 """GPU tests of v1 steps of long context on the REAL `prefetch` build (issue 31): there a GQA
 twin's shared memory holds G heads' logits for the whole context, and `auto` must run only a
-twin that keeps its occupancy (csrc/prefetch_ptx.cuh keeps_occupancy), else a twin of fewer
+twin that keeps its occupancy (csrc/kvprefetch/launch_policy.cuh keeps_occupancy), else a twin of fewer
 heads per CTA, else vLLM's kernel. Checked through torch.profiler's list of the kernels one
 decode call ran: the twin that ran is the one kvprefetch.sources.upstream.twin_pick (the rule's mirror)
 names for this device, and every output is bitwise stock's, for G = 4 (Llama-3.1-8B) and G = 8

@@ -12,6 +12,7 @@ from kvprefetch import __version__
 from kvprefetch.errors import ConfigError, PatchError
 from kvprefetch.hashing import sha256_file
 from kvprefetch.sources import upstream
+from kvprefetch.sources.patching import inline_kit_headers
 from tests.integration.helpers import kvprefetch_cli_split, seed_downloads, tree_bytes
 
 
@@ -47,12 +48,11 @@ def test_readme_flow_with_workdir_from_the_environment(tmp_path: Path, vllm_sdis
     assert exported["sha256"] == sha256_file(out)
     # the generated drop-in equals the patched tree's header with the helper inlined
     tree_header = (work / "trees" / "patched" / upstream.ATTENTION_HEADER).read_text()
-    helper = upstream.prefetch_header().read_text().replace("#pragma once\n", "")
     (include,) = [ln for ln in tree_header.splitlines(keepends=True)
-                  if ln.startswith('#include "prefetch_ptx.cuh"')]
-    assert out.read_text().replace(
-        f"// ---- begin kvprefetch csrc/prefetch_ptx.cuh (inlined) ----\n{helper}"
-        "// ---- end kvprefetch csrc/prefetch_ptx.cuh ----\n", include) == tree_header
+                  if ln.startswith('#include "kvprefetch/prefetch.cuh"')]
+    inlined = "".join(inline_kit_headers(include))
+    assert inlined.startswith("// ---- begin kvprefetch csrc/kvprefetch/prefetch.cuh (inlined)")
+    assert out.read_text().replace(inlined, include) == tree_header
 
 
 def test_errors_are_cause_then_fix_with_family_exit_codes(tmp_path: Path) -> None:

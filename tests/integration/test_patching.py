@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from kvprefetch.workspace import ownership
 from kvprefetch.workspace.workdir import Workdir
 from tests.integration.helpers import copy_workdir, kvprefetch_cli_split, tree_bytes
 
-HELPER = Path(__file__).resolve().parents[2] / "csrc" / "prefetch_ptx.cuh"
+KIT_DIR = Path(__file__).resolve().parents[2] / "csrc" / "kvprefetch"
 
 
 def _env() -> dict[str, str]:
@@ -75,9 +76,9 @@ def test_apply_to_the_real_header_then_reapply_is_a_no_op(fetched_workdir: Path)
 
     header = (tree / upstream.ATTENTION_HEADER).read_text()
     assert sha256_file(tree / upstream.ATTENTION_HEADER) != upstream.ATTENTION_HEADER_SHA256
-    assert '#include "prefetch_ptx.cuh"' in header
+    assert '#include "kvprefetch/prefetch.cuh"' in header
     assert header.count("kvprefetch::prefetch_prologue<") == 1  # one site, before the block loop
-    for ours, in_tree in upstream.kit_headers():  # both of the kit's headers, byte for byte
+    for ours, in_tree in upstream.kit_headers():  # every one of the kit's headers, byte for byte
         assert (tree / in_tree).read_bytes() == ours.read_bytes()
     assert carried_variant(tree) == "prefetch"
     # only the patched files and the kit's headers changed; everything else is byte-identical
@@ -296,6 +297,29 @@ def test_diff_upstream_check_fails_on_a_pristine_tree(shared_fetched: Path) -> N
 # --------------------------------------------------------------------------- export-header
 
 
+def _own_lines(name: str) -> list[str]:
+    """A kit header's lines as export-header inlines them: no #pragma once, no kit include."""
+    return [ln for ln in (KIT_DIR / name).read_text().splitlines()
+            if ln != "#pragma once" and not re.match(r'#include "[A-Za-z0-9_/]+\.(cuh|inc)"', ln)]
+
+
+def _inlined_blocks(text: str) -> dict[str, list[list[str]]]:
+    """Each inlined header's own lines (nested inlined headers left out), by name, in order."""
+    blocks: dict[str, list[list[str]]] = {}
+    stack: list[list[str]] = []
+    for ln in text.splitlines():
+        begin = re.match(r"// ---- begin kvprefetch csrc/kvprefetch/(\S+) \(inlined\) ----$", ln)
+        if begin:
+            stack.append([])
+            blocks.setdefault(begin.group(1), []).append(stack[-1])
+        elif re.match(r"// ---- end kvprefetch csrc/kvprefetch/\S+ ----$", ln):
+            stack.pop()
+        elif stack:
+            stack[-1].append(ln)
+    assert not stack
+    return blocks
+
+
 def test_export_header_is_pristine_plus_added_lines_with_the_helper_inlined(
         shared_fetched: Path, tmp_path: Path) -> None:
     out = tmp_path / "out" / "attention_kernels.cuh"
@@ -304,14 +328,19 @@ def test_export_header_is_pristine_plus_added_lines_with_the_helper_inlined(
     data = json.loads(res.stdout)
     assert data["output"] == str(out) and data["sha256"] == sha256_file(out)
     text = out.read_text()
-    assert '#include "prefetch_ptx.cuh"' not in text
+    assert '#include "kvprefetch/' not in text
     assert "namespace kvprefetch {" in text
-    assert "begin kvprefetch csrc/prefetch_ptx.cuh (inlined)" in text
-    # every line of our helper (except #pragma once) is in it, in order
-    helper = [ln for ln in HELPER.read_text().splitlines() if ln != "#pragma once"]
-    body = text.splitlines()
-    start = body.index(helper[0])
-    assert body[start:start + len(helper)] == helper
+    # every header the umbrella includes is inlined once (rules.inc, an X-macro table, wherever
+    # it is included), each with its own lines in order, its kit includes replaced
+    blocks = _inlined_blocks(text)
+    helper: list[str] = []
+    for name in ("l2_prefetch.cuh", "launch_policy.cuh", "prologue.cuh", "launcher_prefetch.cuh"):
+        (own,) = blocks[name]
+        assert own == _own_lines(name), name
+        helper += own
+    assert len(blocks["rules.inc"]) == 3 and all(b == _own_lines("rules.inc")
+                                                 for b in blocks["rules.inc"])
+    assert "paper.cuh (inlined)" not in text and "gqa_twins.cuh (inlined)" not in text
     # pristine + only added lines
     pristine = (shared_fetched / "pristine" / "sdist" / upstream.ATTENTION_HEADER).read_text()
     diff = list(difflib.unified_diff(pristine.splitlines(), text.splitlines(), lineterm=""))
@@ -332,7 +361,8 @@ def test_export_header_paper_variant(shared_fetched: Path, tmp_path: Path) -> No
     assert str(out) in res.stdout
     assert "note:" not in res.stderr  # the paper's drop-in header is complete on its own
     text = out.read_text()
-    assert "seed_prefetch_4096" in text.split("end kvprefetch csrc/prefetch_ptx.cuh")[1]
+    assert "seed_prefetch_4096" in text.split("begin kvprefetch csrc/kvprefetch/paper.cuh")[1]
+    assert text.count("begin kvprefetch csrc/kvprefetch/paper.cuh (inlined)") == 1
 
 
 def test_default_relative_workdir_inside_a_git_checkout_really_patches(

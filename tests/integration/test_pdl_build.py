@@ -1,4 +1,4 @@
-"""The default build's programmatic dependent launch (csrc/gqa_grouped.cuh,
+"""The default build's programmatic dependent launch (csrc/kvprefetch/gqa_twins.cuh,
 KVPREFETCH_TWIN_PDL=2 unless a build says otherwise: the GQA twins and kvprefetch's reduce kernel
 launched as programmatic dependents), built for REAL: fetch (sdist) -> apply -> `kvprefetch
 build --kernels-only` with no define -> `verify-kernel --no-gpu` and `cuobjdump -res-usage`.

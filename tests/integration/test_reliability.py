@@ -35,7 +35,7 @@ from tests.integration.helpers import (
     tree_bytes,
 )
 
-KIT_HEADER = upstream.KIT_HEADERS_IN_TREE[1]  # csrc/attention/gqa_grouped.cuh
+KIT_HEADER = f"{upstream.KIT_HEADER_DIR_IN_TREE}/gqa_twins.cuh"
 
 
 def _env() -> dict[str, str]:
@@ -166,6 +166,7 @@ def test_fetch_refuses_a_non_empty_directory_it_did_not_create(tmp_path: Path, v
 def test_apply_never_overwrites_a_user_file_at_a_path_the_patch_adds(
         fetched_workdir: Path) -> None:
     mine = fetched_workdir / "trees" / "patched" / KIT_HEADER
+    mine.parent.mkdir(exist_ok=True)
     mine.write_text("// my own grouped kernel\n")
     before = tree_bytes(fetched_workdir / "trees")
     res = cli("apply", "--workdir", str(fetched_workdir))

@@ -25,7 +25,7 @@ def _sample(name: str) -> str:
 
 
 def test_tiny_sample_is_reproducible_with_the_real_toolchain(tmp_path: Path) -> None:
-    """Recompile tests/samples/sass/tiny_prefetch.cu against the CURRENT csrc/prefetch_ptx.cuh
+    """Recompile tests/samples/sass/tiny_prefetch.cu against the CURRENT csrc/kvprefetch/
     with the machine's nvcc and disassemble it: the helper still compiles for both archs and
     the live listing judges like the saved one."""
     nvcc = find_nvcc()
@@ -95,11 +95,11 @@ def _compile_elf(tmp_path: Path, source: Path, *defines: str) -> str:
 
 
 def test_module_check_on_real_compiles_of_the_header(tmp_path: Path) -> None:
-    """verify's module check on REAL nvcc compiles of the current csrc/prefetch_ptx.cuh: the
+    """verify's module check on REAL nvcc compiles of the current csrc/kvprefetch/ headers: the
     prologue's state (address table and mode) only beside a kernel the variant prefetches in,
-    and no user __constant__ bank. Each rule broken once, as the H200 measured it slower:
-    a v1 kernel beside the state under `prefetch`'s rule, the mode in a __constant__
-    (-DKVPREFETCH_MODE_IN_GLOBAL=0), the launcher-only unit without KVPREFETCH_LAUNCHER_ONLY."""
+    and no user __constant__ bank. Each rule broken once, as each measured slower: a v1 kernel
+    beside the state under `prefetch`'s rule, a __constant__ in the module, the launcher-only
+    unit without KVPREFETCH_LAUNCHER_ONLY."""
     from kvprefetch.verify.cubin import parse_elf
     from kvprefetch.verify.kernel import MODULE_CHECK, VerifyReport, check_module_state
 
@@ -117,7 +117,11 @@ def test_module_check_on_real_compiles_of_the_header(tmp_path: Path) -> None:
     status, detail = verdict(tiny, "prefetch")         # prefetch's rule: never in v1
     assert status == "fail" and "without a kernel that prefetches (sm_90: v1 head 128)" in detail
 
-    const = _compile_elf(tmp_path, SAMPLES / "tiny_prefetch.cu", "-DKVPREFETCH_MODE_IN_GLOBAL=0")
+    banked = tmp_path / "tiny_constant.cu"
+    banked.write_text(f'#include "{SAMPLES / "tiny_prefetch.cu"}"\n'
+                      "__constant__ int kvprefetch_test_bank = 1;\n"
+                      "__global__ void kvprefetch_test_read(int* o) { *o = kvprefetch_test_bank; }\n")
+    const = _compile_elf(tmp_path, banked)
     assert parse_elf(const)[0].constant_bank
     status, detail = verdict(const, "seed")
     assert status == "fail" and "a user __constant__ bank in 1 (stock: 0)" in detail
@@ -131,66 +135,52 @@ def test_module_check_on_real_compiles_of_the_header(tmp_path: Path) -> None:
     assert status == "fail" and "(sm_90: no attention kernel)" in detail
 
 
-@pytest.mark.parametrize("overlap", [0, 1])
-def test_launcher_prefetch_runs_beside_or_before_the_attention_launch(tmp_path: Path,
-                                                                      overlap: int) -> None:
+def test_launcher_prefetch_runs_beside_the_attention_launch(tmp_path: Path) -> None:
     """A REAL nvcc compile of a launcher shaped like the patched v1 launcher (it keeps the
-    L2PrefetchJoin until after its launch). With KVPREFETCH_LAUNCH_OVERLAP=1 (the default) the
-    object forks a side stream and joins it back (stream and event calls); with 0 it launches
-    in line and needs none of them. The GPU behaviour is measured on the H200 (bench kernel,
-    graphs and eager), not here."""
+    L2PrefetchJoin until after its launch): the object forks a side stream and joins it back
+    (stream and event calls). The GPU behaviour is measured on the H200 (bench kernel, graphs
+    and eager), not here."""
     import shutil
 
     nvcc = find_nvcc()
     nm = shutil.which("nm")
     assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
     assert nm is not None, "nm (binutils) is needed"
-    obj = tmp_path / f"launcher{overlap}.o"
+    obj = tmp_path / "launcher.o"
     run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", "-gencode=arch=compute_90,code=sm_90",
-         f"-DKVPREFETCH_LAUNCH_OVERLAP={overlap}", "-c", "-o", str(obj),
+         "-c", "-o", str(obj),
          str(SAMPLES / "launcher_overlap.cu")], echo=False)
     undefined = set(run([nm, "-u", "--format=just-symbols", str(obj)], echo=False).output.split())
     side_stream_calls = {"cudaStreamCreateWithFlags", "cudaEventCreateWithFlags",
                          "cudaEventRecord", "cudaStreamWaitEvent"}
     assert "cudaDeviceGetAttribute" in undefined  # the launch-time decision is compiled in
-    if overlap:
-        assert side_stream_calls <= undefined
-    else:
-        assert not side_stream_calls & undefined
+    assert side_stream_calls <= undefined
 
 
-@pytest.mark.parametrize("enabled", [0, 1, 2])
-def test_v2_launcher_prefetch_kernel_only_when_enabled(tmp_path: Path, enabled: int) -> None:
+def test_v2_launcher_holds_the_prefetch_kernel(tmp_path: Path) -> None:
     """A REAL nvcc compile of a launcher shaped like the `prefetch` variant's v2 launcher, for a
-    16-bit and an fp8 cache: with KVPREFETCH_V2_L2_KERNEL=2 (the default: before every v2
-    kernel) and 1 (only before those without the prologue, decided at run time by
-    prologue_rule) the device code holds kv_l2_prefetch_kernel for both cache types, each with
-    its K and V UBLKPF; with 0 it holds none, the v2 module of the design before it. Which
-    setting is faster is measured on the H200 (docs/tuning-log.md)."""
+    16-bit and an fp8 cache: the device code holds kv_l2_prefetch_kernel for both cache types
+    (the launcher fires it before every v2 kernel), each with its K and V UBLKPF."""
     from kvprefetch.verify.sass import prefetch_kernels
 
     sass = _compile_and_disassemble(tmp_path, SAMPLES / "v2_launcher.cu",
-                                    "-gencode=arch=compute_90,code=sm_90",
-                                    f"-DKVPREFETCH_V2_L2_KERNEL={enabled}")
+                                    "-gencode=arch=compute_90,code=sm_90")
     counts = prefetch_kernels(sass)
-    if enabled:
-        assert len(counts) == 2 and all(n == 2 for n in counts.values()), counts
-        assert any("IhE" in name for _, name in counts) and any("ItE" in name for _, name in counts)
-    else:
-        assert counts == {}
+    assert len(counts) == 2 and all(n == 2 for n in counts.values()), counts
+    assert any("IhE" in name for _, name in counts) and any("ItE" in name for _, name in counts)
 
 
-@pytest.mark.parametrize("per_cta", [None, 16, 0])
-def test_l2_prefetch_runs_cover_every_block_once(tmp_path: Path, per_cta: int | None) -> None:
+def test_l2_prefetch_runs_cover_every_block_once(tmp_path: Path) -> None:
     """The launcher's grid for kv_l2_prefetch_kernel (l2_prefetch_runs in the REAL header,
-    compiled by nvcc and run on the CPU): runs of 64 blocks by default (16 and 0 = the whole
-    sequence by -D), so that every block of a sequence is in exactly one CTA's run, z stays
-    within CUDA's 65535, and an empty step launches nothing."""
+    compiled by nvcc and run on the CPU): runs of rules.inc's kL2BlocksPerCta blocks, so that
+    every block of a sequence is in exactly one CTA's run, z stays within CUDA's 65535, and an
+    empty step launches nothing."""
+    from kvprefetch.kernels.rules import rules
+
     nvcc = find_nvcc()
     assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
     exe = tmp_path / "runs"
-    defines = [] if per_cta is None else [f"-DKVPREFETCH_L2_BLOCKS_PER_CTA={per_cta}"]
-    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *defines, "-o", str(exe),
+    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", "-o", str(exe),
          str(SAMPLES / "l2_prefetch_runs.cu")], echo=False)
     counts = [0, 1, 5, 16, 17, 32, 33, 64, 65, 1024, 8192, 65535 * 64, 65535 * 64 + 1, 10**7]
     out = run([str(exe), *map(str, counts)], echo=False).output.split("\n")
@@ -202,11 +192,10 @@ def test_l2_prefetch_runs_cover_every_block_once(tmp_path: Path, per_cta: int | 
         ctas, n, threads = rows[blocks]
         assert 1 <= ctas <= 65535 and (ctas - 1) * n < blocks <= ctas * n, (blocks, rows[blocks])
         assert threads == (32 if n <= 32 else 128)
-    expect = {None: {1024: (16, 64, 128), 64: (1, 64, 128), 65: (2, 64, 128),
-                     65535 * 64 + 1: (64527, 65, 128)},
-              16: {1024: (64, 16, 32), 17: (2, 16, 32)},
-              0: {1024: (1, 1024, 128), 5: (1, 5, 32)}}[per_cta]
-    assert {b: rows[b] for b in expect} == expect
+    per_cta = rules().l2_blocks_per_cta
+    assert rows[per_cta][:2] == (1, per_cta) and rows[per_cta + 1][:2] == (2, per_cta)
+    # past 65535 runs, a run grows so that z stays within the limit
+    assert rows[65535 * per_cta + 1][1] == per_cta + 1
 
 
 @pytest.mark.parametrize(("head", "plain", "ok"), [(96, False, True), (128, False, True),
@@ -236,7 +225,8 @@ def test_launch_bounds_check_on_real_compiles(tmp_path: Path, head: int, plain: 
 
 def _header_rules(tmp_path: Path, *defines: str) -> list[list[str]]:
     """Compile tests/samples/sass/min_blocks_rule.cu (host code) against the CURRENT
-    csrc/prefetch_ptx.cuh with ``defines`` and run it: one row per instantiation vLLM builds."""
+    csrc/kvprefetch/launch_policy.cuh with ``defines`` and run it: one row per instantiation
+    vLLM builds."""
     nvcc = find_nvcc()
     assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
     exe = tmp_path / "rules"
@@ -328,7 +318,7 @@ def test_twin_mode_and_pick_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_stage_count_on_the_cpu(tmp_path: Path) -> None:
-    """The staged twins' ring (csrc/prefetch_ptx.cuh stage_count), compiled from the header and
+    """The staged twins' ring (launch_policy.cuh stage_count), compiled from the header and
     run on the CPU, agrees with its mirror upstream.stage_count at every input of the sample
     (grids, shared memory besides the ring, warps and blocks per CTA, two devices); and on the
     H200 (132 SMs, 228 KiB each) the launcher stages exactly where repeat run 41 measured the
@@ -353,7 +343,7 @@ def test_stage_count_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_which_reduction_follows_a_v2_twin_on_the_cpu(tmp_path: Path) -> None:
-    """The v2 launcher's reduction rules (csrc/prefetch_ptx.cuh), compiled from the header and
+    """The v2 launcher's reduction rules (csrc/kvprefetch/launch_policy.cuh), compiled and
     run on the CPU: pdl_reduce_after (kvprefetch's early-launched reduce kernel except after
     grids of more than half and at most all of the SMs' count of CTAs) and twin_reduces (a
     fusable twin reduces itself exactly on those grids where the launcher allows it, under the
@@ -371,31 +361,18 @@ def test_which_reduction_follows_a_v2_twin_on_the_cpu(tmp_path: Path) -> None:
         assert not upstream.twin_reduces("v2", 4, 2, ctas, sms)
     assert {c for c, s, _, f in reduce if s == 132 and f} == {67, 100, 114, 115, 128, 132}
     assert {int(r[3]) + int(r[4]) for r in rows if r[0] == "reduce-off"} == {0}
-    fuse2 = [r for r in _header_rules(tmp_path, "-DKVPREFETCH_TWIN_FUSE=2") if r[0] == "reduce"]
-    assert {r[4] for r in fuse2} == {"1"}  # =2: every grid of a fusable twin
     fuse0 = [r for r in _header_rules(tmp_path, "-DKVPREFETCH_TWIN_FUSE=0") if r[0] == "reduce"]
     assert {r[4] for r in fuse0} == {"0"}
 
 
 def test_stream_slots_on_the_cpu(tmp_path: Path) -> None:
-    """StreamSlots (the fused twins' per-stream counters, csrc/gqa_grouped.cuh fuse_slot): each
+    """StreamSlots (the fused twins' per-stream counters, gqa_twins.cuh fuse_slot): each
     stream keeps the slot it took first, eight streams get eight different slots, a ninth and
     tenth get none (-1: their launches run a reduce kernel instead)."""
     rows = [r for r in _header_rules(tmp_path) if r[0] == "slot"]
     got = [(int(k), int(v)) for _, k, v in rows]
     assert got == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, -1),
                    (9, -1), (0, 0), (5, 5), (8, -1)]
-
-
-def test_header_rule_overrides_reach_every_instantiation(tmp_path: Path) -> None:
-    """-DKVPREFETCH_V1_MIN_BLOCKS=5 bounds every v1 kernel and no v2 one; -DKVPREFETCH_GQA_TWINS=0
-    compiles no twin; the prologue rule is untouched by either."""
-    rows = [r for r in _header_rules(tmp_path, "-DKVPREFETCH_V1_MIN_BLOCKS=5",
-                                     "-DKVPREFETCH_GQA_TWINS=0") if r[0] in ("v1", "v2")]
-    assert {r[5] for r in rows if r[0] == "v1"} == {"5"}
-    assert {r[5] for r in rows if r[0] == "v2"} == {"0"}
-    assert {r[7] for r in rows} == {"0"}
-    assert sum(r[6] == "1" for r in rows) == 12
 
 
 def test_pdl_order_on_a_real_compile(tmp_path: Path) -> None:

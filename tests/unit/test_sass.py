@@ -5,7 +5,7 @@ filtered by tests/samples/sass/filter_sass.py; README.md there says exactly how 
   * kw_baseline.sass / kw_patched.sass: a real kernels-only build of both vLLM 0.10.2 trees for
     sm_90 (head 128, block 16, fp16+bf16: 4 kernels per launcher, v1 and v2);
   * tiny_sm80_sm90.sass: a small kernel of ours named like vLLM's template that calls
-    csrc/prefetch_ptx.cuh, compiled for sm_80 AND sm_90 -- a pre-Hopper cubin next to a Hopper one.
+    csrc/kvprefetch/l2_prefetch.cuh, compiled for sm_80 AND sm_90 -- a pre-Hopper cubin next to a Hopper one.
 Where a test needs a case no real build can produce (UBLKPF in an sm_80 cubin, a patched
 kernel that lost a site), it edits a copy of a real sample in the test and says so."""
 
@@ -134,8 +134,8 @@ def test_prefetch_rule_cases() -> None:
     `prefetch` prologue goes into v2 only; seed everywhere; launch, control and stock nowhere."""
     from kvprefetch.sources import upstream
 
-    header = (CSRC / "prefetch_ptx.cuh").read_text()
-    m = re.search(r"#define KVPREFETCH_PROLOGUE_MIN_HEAD_SIZE (\d+)\n", header)
+    table = (CSRC / "kvprefetch" / "rules.inc").read_text()
+    m = re.search(r"^KVP_RULE\(kPrologueMinHeadSize, (\d+)\)$", table, re.MULTILINE)
     assert m is not None and int(m.group(1)) == upstream.PROLOGUE_MIN_HEAD_SIZE
     rule = upstream.prefetches_in
     assert rule("prefetch", "v2", "auto", 128, "fp16")
@@ -256,7 +256,7 @@ def test_auto_keeps_two_twin_ctas_per_sm() -> None:
 
 
 # Real mangled names (nvcc 13.0, sm_90) of vLLM's kernels and of kvprefetch's GQA twin, which
-# lives in an anonymous namespace (internal linkage, see csrc/gqa_grouped.cuh).
+# lives in an anonymous namespace (internal linkage, see csrc/kvprefetch/gqa_twins.cuh).
 _V1_FP16 = ("_ZN4vllm25paged_attention_v1_kernelIttLi128ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0E"
             "Lb0EEEvPT_PKS3_PKT0_S9_ifPKiSB_iPKfiiiSD_SD_iiiii")
 _V2_BF16 = ("_ZN4vllm25paged_attention_v2_kernelI13__nv_bfloat16S1_Li128ELi16ELi128ELNS_18Fp8KV"
@@ -316,7 +316,7 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     extra = _listing({**base, **twins, ("sm_90", _TWIN_V1_BF16): ro})
     plain = _listing({**base, **twins,
                       ("sm_90", _TWIN_V1_FP16): ro + ["LDG.E.64 R6, desc[UR4][R2.64]"]})
-    # the ring (csrc/gqa_grouped.cuh): the S = 2 twins also compiled staged; a staged 2x4 is
+    # the ring (csrc/kvprefetch/gqa_twins.cuh): the S = 2 twins also compiled staged; a staged 2x4 is
     # off the rule, and so is a staged twin without its unstaged instantiation
     ring = {("sm_90", n.replace("EEEvPf", "ELb1EEEvPf")): ro for n in
             _all_twins(_TWIN_V1_FP16) + _all_twins(_TWIN_V2_BF16) if "ELi2EEEvPf" in n}

@@ -1,3 +1,3 @@
-"""Benchmarks of issue 5: ``matrix`` (what to run), ``kernel`` (timing both variants in one
-process), ``ncu`` (the seed's attribution recipe), ``e2e`` (``vllm bench throughput`` per
+"""The benchmarks: ``matrix`` (what to run), ``kernel`` (timing both variants in one
+process), ``ncu`` (the paper reproduction's attribution recipe), ``e2e`` (``vllm bench throughput`` per
 environment) and ``report`` (markdown and PNG from any of their JSON files)."""

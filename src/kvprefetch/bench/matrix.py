@@ -29,7 +29,7 @@ class ModelPreset:
 
 
 PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
-    # GQA 4:1, d=128: the shape of the issue's targets and of the seed's e2e runs.
+    # GQA 4:1, d=128: the shape the acceptance targets and the paper reproduction's e2e runs use.
     ModelPreset("llama-3.1-8b", 32, 8, 128, 32, "meta-llama/Llama-3.1-8B config.json"),
     # GQA 7:1, d=128 (hidden_size 3584 / 28 heads): no twin's G divides 7.
     ModelPreset("qwen2.5-7b", 28, 4, 128, 28, "Qwen/Qwen2.5-7B config.json"),
@@ -51,13 +51,13 @@ Grid = tuple[tuple[int, ...], tuple[int, ...]]
 DEFAULT_BATCHES = (1, 8, 32, 64, 128)
 DEFAULT_CONTEXTS = (512, 1024, 4096, 16384, 32768)
 # v1 steps of long context (vLLM runs v1 up to 8192 tokens once num_seqs x heads > 512): where
-# a twin's shared memory grows with the context (issue 31). Batch 16 runs v2 for 32 heads.
+# a twin's shared memory grows with the context. Batch 16 runs v2 for 32 heads.
 LONG_V1_GRID: Grid = ((16, 32, 64, 96, 128, 256), (6144, 8192))
 NAMED_MATRICES: dict[str, tuple[Grid, ...]] = {
     "default": ((DEFAULT_BATCHES, DEFAULT_CONTEXTS), LONG_V1_GRID),
-    # issue 6's target matrix: the decode shapes the acceptance numbers are quoted for.
+    # the target matrix: the decode shapes the acceptance numbers are quoted for.
     "issue6": (((1, 8, 32, 64, 128), (512, 1024, 4096, 16384)),),
-    # issue 31's table: the v1 steps of long context where the twins had lost.
+    # the v1 steps of long context where the twins had lost before keeps_occupancy.
     "issue31": (((64,), (2048, 4096, 6000, 8192)), ((32, 128), (8192,)), ((96,), (8000,))),
 }
 DEFAULT_BLOCK_SIZES = (16,)

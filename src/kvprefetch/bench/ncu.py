@@ -1,6 +1,7 @@
-"""``bench ncu``: the seed's Nsight Compute attribution recipe, per variant, and its parsing.
+"""``bench ncu``: the paper reproduction's Nsight Compute attribution recipe, per variant, and
+its parsing.
 
-The recipe (seed section 6.3/10.2): application replay (kernel replay's memory snapshots ran a
+The recipe: application replay (kernel replay's memory snapshots ran a
 host out of RAM), ``--cache-control all`` (cold caches before every profiled kernel),
 ``--clock-control none`` (measure the clocks as they are), kernel filter ``regex:paged_attention``,
 ``--launch-skip``/``--launch-count``, the five metrics below, CSV output.

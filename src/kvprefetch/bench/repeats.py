@@ -1,8 +1,8 @@
 """Repeated ``bench kernel`` runs read together (``kvprefetch report --repeats``).
 
 One run's spread is over rounds inside one process; it cannot tell a small, real loss from a
-bias of that process (which library loaded first, where the driver placed the code). Issue 6
-asks the question across runs: is a variant slower than stock *in every run*? With a
+bias of that process (which library loaded first, where the driver placed the code). So the
+question is asked across runs: is a variant slower than stock *in every run*? With a
 ``control`` variant in the runs (stock rebuilt through the same pipeline, whose kernels are
 instruction-identical to the baseline's), each run also measures A/A ratios; their largest
 distance from 1.000 over all shapes and runs is the benchmark's resolution (the A/A band), and a

@@ -43,7 +43,7 @@ from .common import dry_run_option, json_option, workdir_option
               help="Full mode: local recursive clones cutlass/, flash-attention/, FlashMLA/.")
 @click.option("--tree-define", "tree_defines", multiple=True, metavar="TREE:NAME=VALUE",
               help="Kernels-only: an extra -D for one tree's sources, e.g. "
-                   "pro_off:KVPREFETCH_DEFAULT_MODE=0 (see csrc/prefetch_ptx.cuh). Repeatable.")
+                   "pro_off:KVPREFETCH_DEFAULT_MODE=0 (see csrc/kvprefetch/launch_policy.cuh). Repeatable.")
 @click.option("--cuda-home", default=None, metavar="DIR",
               help="Overlay: the CUDA 12.x toolkit to compile with (default: CUDA_HOME, nvcc "
                    "on PATH, /usr/local/cuda-12*).")

@@ -1,6 +1,6 @@
 """``apply``, ``diff-upstream`` and ``export-header``: the patch as data.
 
-The patch is our own ``csrc/prefetch_ptx.cuh`` (copied next to the header) plus the unified
+The patch is our own headers (``csrc/kvprefetch/``, copied into the tree) plus the unified
 diffs in ``patches/v0.10.2/<variant>/``. ``apply`` only ever moves a tree from pristine to
 "exactly this patch"; anything else is refused with the tree left byte-identical."""
 
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, PatchError
 from ..hashing import differences, inventory, sha256_bytes, sha256_file
+from ..kernels import rules as kernel_rules
 from ..oserrors import mapped
 from ..runner import run
 from ..workspace import ownership, treetxn
@@ -276,7 +278,7 @@ def drop_in_caveat(variant: str) -> str | None:
     if variant == "prefetch":
         return ("the header alone compiles the v2 prologue, but only the launchers' hooks fill "
                 "its address table, fire the v1 L2 prefetch, read KVPREFETCH and launch the "
-                "GQA-grouped twin (csrc/gqa_grouped.cuh): without "
+                "GQA-grouped twins (csrc/kvprefetch/gqa_twins.cuh): without "
                 "patches/v0.10.2/prefetch/paged_attention_v{1,2}.cu.patch nothing is prefetched "
                 "and no twin runs (use `kvprefetch apply` for the whole variant)")
     if variant == "launch":
@@ -288,9 +290,35 @@ def drop_in_caveat(variant: str) -> str | None:
     return None
 
 
+_KIT_INCLUDE = re.compile(r'^\s*#include "(?:kvprefetch/)?([A-Za-z0-9_]+\.(?:cuh|inc))"')
+
+
+def inline_kit_headers(text: str, _seen: set[str] | None = None) -> list[str]:
+    """``text``'s lines with every ``#include`` of one of the kit's headers replaced by that
+    header's own lines, recursively, each header once (they are ``#pragma once``) except
+    rules.inc, an X-macro table meant to be included again."""
+    seen = set() if _seen is None else _seen
+    out: list[str] = []
+    for line in text.splitlines(keepends=True):
+        m = _KIT_INCLUDE.match(line)
+        name = m.group(1) if m else None
+        if name is None or name not in upstream.KIT_HEADERS:
+            out.append(line)
+            continue
+        if name in seen:
+            continue
+        if name != kernel_rules.RULES_FILE:
+            seen.add(name)
+        body = (upstream.kit_header_dir() / name).read_text().replace("#pragma once\n", "")
+        out.append(f"// ---- begin kvprefetch csrc/kvprefetch/{name} (inlined) ----\n")
+        out.extend(inline_kit_headers(body, seen))
+        out.append(f"// ---- end kvprefetch csrc/kvprefetch/{name} ----\n")
+    return out
+
+
 def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Path:
     """Write a single-file drop-in ``attention_kernels.cuh`` (the form the paper's reproduction
-    ships): pristine upstream, the variant's header diff applied, and our helper inlined in
+    ships): pristine upstream, the variant's header diff applied, and our headers inlined in
     place of its #include.
     A single header cannot carry the launchers' hooks (see ``drop_in_caveat``)."""
     wd = Workdir(workdir)
@@ -305,15 +333,7 @@ def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Pat
             raise PatchError(f"the {variant} patch does not apply to pristine v0.10.2",
                              "reinstall kvprefetch from a clean checkout")
         text = (t / upstream.ATTENTION_HEADER).read_text()
-    helper = upstream.prefetch_header().read_text().replace("#pragma once\n", "")
-    marker = '#include "prefetch_ptx.cuh"'
-    out_lines = []
-    for line in text.splitlines(keepends=True):
-        if line.startswith(marker):
-            out_lines.append(f"// ---- begin kvprefetch csrc/prefetch_ptx.cuh (inlined) ----\n"
-                             f"{helper}// ---- end kvprefetch csrc/prefetch_ptx.cuh ----\n")
-        else:
-            out_lines.append(line)
+    out_lines = inline_kit_headers(text)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     tmp.write_text("".join(out_lines))

@@ -9,6 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from kvprefetch.kernels.rules import rules
+
+_RULES = rules()
+
 VLLM_VERSION = "0.10.2"
 GIT_TAG = "v0.10.2"
 DEFAULT_REPO_URL = "https://github.com/vllm-project/vllm.git"
@@ -38,12 +42,14 @@ PRISTINE_SHA256 = {
     "csrc/attention/paged_attention_v2.cu":
         "4faadf7672b1e12d5444899549f965c4cf83250ae0b7d9263b42f46fadb7ddcc",
 }
-# Where ``apply`` puts our helper inside a tree (next to the header that includes it).
-PREFETCH_HEADER_IN_TREE = "csrc/attention/prefetch_ptx.cuh"
-# Our own headers, which `apply` installs next to vLLM's attention sources in every variant's
-# tree: the prefetch (prefetch_ptx.cuh) and the GQA-grouped twin kernel (gqa_grouped.cuh).
-KIT_HEADERS = ("prefetch_ptx.cuh", "gqa_grouped.cuh")
-KIT_HEADERS_IN_TREE = tuple(f"csrc/attention/{h}" for h in KIT_HEADERS)
+# Our own headers (csrc/kvprefetch/), which `apply` installs in every variant's tree under
+# csrc/attention/kvprefetch/, where the patched sources include them from: the rules table, the
+# L2 prefetch instruction, the launch policy, the v2 prologue, the launchers' L2 prefetch kernel,
+# the umbrella the `prefetch` variant includes, the paper's form (`seed`) and the GQA twins.
+KIT_HEADERS = ("rules.inc", "l2_prefetch.cuh", "launch_policy.cuh", "prologue.cuh",
+               "launcher_prefetch.cuh", "prefetch.cuh", "paper.cuh", "gqa_twins.cuh")
+KIT_HEADER_DIR_IN_TREE = "csrc/attention/kvprefetch"
+KIT_HEADERS_IN_TREE = tuple(f"{KIT_HEADER_DIR_IN_TREE}/{h}" for h in KIT_HEADERS)
 # The only sources that include attention_kernels.cuh; both are in vLLM's _C extension.
 PAGED_ATTENTION_SOURCES = ("csrc/attention/paged_attention_v1.cu",
                            "csrc/attention/paged_attention_v2.cu")
@@ -80,10 +86,11 @@ def resolve_tree_name(name: str, existing: Iterable[str]) -> str:
     if other is not None and other in have:
         return other
     return LEGACY_NAMES.get(name, name)
-# csrc/prefetch_ptx.cuh's kPrologueMinHeadSize and prologue_rule: `prefetch` compiles its
-# prologue only into v2 kernels with fp16 caches and at least this head size, or bf16 caches
-# and head size 128 (docs/tuning-log.md).
-PROLOGUE_MIN_HEAD_SIZE = 128
+# csrc/kvprefetch/launch_policy.cuh's prologue_rule: `prefetch` compiles its prologue only into
+# v2 kernels with fp16 caches and at least this head size, or bf16 caches from it up to
+# PROLOGUE_MAX_BF16_HEAD_SIZE (rules.inc).
+PROLOGUE_MIN_HEAD_SIZE = _RULES.prologue_min_head_size
+PROLOGUE_MAX_BF16_HEAD_SIZE = _RULES.prologue_max_bf16_head_size
 
 
 def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: int,
@@ -95,21 +102,24 @@ def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: i
         return False
     if variant == "prefetch":
         return (version == "v2" and kv_cache == "auto" and head_size >= PROLOGUE_MIN_HEAD_SIZE
-                and (dtype == "fp16" or (dtype == "bf16" and head_size <= 128)))
+                and (dtype == "fp16"
+                     or (dtype == "bf16" and head_size <= PROLOGUE_MAX_BF16_HEAD_SIZE)))
     return True  # paper, and any in-kernel variant of the paper's shape: every kernel
 
 
-# csrc/prefetch_ptx.cuh's min_blocks_rule: `prefetch` declares the v1 kernels with fp16/bf16
-# caches and block size 16 __launch_bounds__(128, N), N keyed by head size; every other
-# instantiation has no bound and must stay instruction-identical to stock
-# (docs/tuning-log.md rows 27-28).
-V1_MIN_BLOCKS = {64: 6, 128: 4, 256: 3}
+# csrc/kvprefetch/launch_policy.cuh's min_blocks_rule: `prefetch` declares the v1 kernels with
+# fp16/bf16 caches and block size 16 __launch_bounds__(128, N), N keyed by head size
+# (rules.inc's KVP_V1_MIN_BLOCKS); every other instantiation has no bound and must stay
+# instruction-identical to stock.
+V1_MIN_BLOCKS = dict(_RULES.v1_min_blocks)
+RULE_BLOCK_SIZE = _RULES.rule_block_size
 
 
 def min_blocks(variant: str | None, version: str, kv_cache: str, head_size: int,
                block_size: int, dtype: str) -> int:
     """The minBlocksPerMultiprocessor ``variant`` declares for this instantiation (0: none)."""
-    if (variant != "prefetch" or version != "v1" or block_size != 16 or kv_cache != "auto"
+    if (variant != "prefetch" or version != "v1" or block_size != RULE_BLOCK_SIZE
+            or kv_cache != "auto"
             or dtype not in ("fp16", "bf16")):
         return 0
     return V1_MIN_BLOCKS.get(head_size, 0)
@@ -123,26 +133,29 @@ def changes_kernel(variant: str | None, version: str, kv_cache: str, head_size: 
             or min_blocks(variant, version, kv_cache, head_size, block_size, dtype) > 0)
 
 
-# csrc/prefetch_ptx.cuh's twin_rule and kTwins: `prefetch` compiles four GQA-grouped twins
-# (csrc/gqa_grouped.cuh: kvprefetch::gqa_decode_kernel with G query heads and S times stock's
-# threads per CTA) beside the kernels with head size 128, block size 16, not block-sparse, and
-# fp16 caches (v1 and v2) or bf16 caches (v2 only); the launchers run one of them instead of
-# vLLM's kernel. vLLM's own kernels are unchanged. (G, S, min_ctas_pct): `auto` runs the first
-# twin whose min_ctas_pct the grid reaches, in stock CTAs per 100 SMs.
-TWIN_SHAPES = ((4, 1, 1000), (4, 2, 500), (2, 2, 150), (2, 4, 0))
-# csrc/gqa_grouped.cuh's staged<S>: the twins of these S are also compiled staged (a
-# shared-memory ring per warp, KVPREFETCH_TWIN_STAGE > 0, the default), beside their unstaged
-# instantiation, which the launcher runs where two ring slots per warp do not fit.
-STAGED_SPLITS = (2,)
-STAGE_SLOTS = 2  # KVPREFETCH_TWIN_STAGE: slots per warp of the ring
-# csrc/gqa_grouped.cuh's fusable: the v2 twins of these (G, S) are also compiled FUSED (the CTA
-# of a (sequence, head group) that finishes last does v2's reduction, KVPREFETCH_TWIN_FUSE),
-# beside their plain instantiation.
-FUSED_TWINS = ((2, 2),)
+# csrc/kvprefetch/launch_policy.cuh's twin_rule and kTwins (rules.inc's KVP_TWIN): `prefetch`
+# compiles the GQA-grouped twins (csrc/kvprefetch/gqa_twins.cuh: kvprefetch::gqa_decode_kernel
+# with G query heads and S times stock's threads per CTA) beside the kernels with head size
+# TWIN_HEAD_SIZE, block size RULE_BLOCK_SIZE, not block-sparse, and fp16 caches (v1 and v2) or
+# bf16 caches (v2 only); the launchers run one of them instead of vLLM's kernel. vLLM's own
+# kernels are unchanged. (G, S, min_ctas_pct): `auto` runs the first twin whose min_ctas_pct
+# the grid reaches, in stock CTAs per 100 SMs.
+TWIN_SHAPES = tuple((t.group, t.split, t.min_ctas_pct) for t in _RULES.twins)
+TWIN_HEAD_SIZE = _RULES.twin_head_size
+# gqa_twins.cuh's staged<G, S>: the twins of these S are also compiled staged (a shared-memory
+# ring per warp), beside their unstaged instantiation, which the launcher runs where two ring
+# slots per warp do not fit. A build with -DKVPREFETCH_TWIN_STAGE=0 has none.
+STAGED_SPLITS = (_RULES.staged_split,)
+STAGE_SLOTS = _RULES.stage_slots  # slots per warp of the ring
+# gqa_twins.cuh's fusable: the v2 twins of these (G, S) are also compiled FUSED (the CTA of a
+# (sequence, head group) that finishes last does v2's reduction), beside their plain
+# instantiation. A build with -DKVPREFETCH_TWIN_FUSE=0 has none.
+FUSED_TWINS = ((_RULES.fused_group, _RULES.fused_split),)
+_SMEM_PER_CTA = _RULES.smem_system_bytes + _RULES.smem_static_bytes
 
 
 def twin_reduces(kernel: str, group: int, split: int, twin_ctas: int, sm_count: int) -> bool:
-    """csrc/gqa_grouped.cuh's twin_reduces under the default KVPREFETCH_TWIN_FUSE=1: a v2 twin
+    """launch_policy.cuh's twin_reduces under the default KVPREFETCH_TWIN_FUSE=1: a v2 twin
     in FUSED_TWINS does the reduction itself on grids of more than half and at most all of the
     SMs' count of CTAs (the grids after which kvprefetch's own reduce kernel would not run,
     pdl_reduce_after); elsewhere a reduce kernel follows it."""
@@ -152,14 +165,15 @@ def twin_reduces(kernel: str, group: int, split: int, twin_ctas: int, sm_count: 
 
 def stage_count(ctas: int, sm_count: int, smem_per_sm: int, fixed: int, cta_warps: int,
                 chunk_bytes: int, blocks_per_cta: int, max_slots: int = STAGE_SLOTS) -> int:
-    """csrc/prefetch_ptx.cuh's stage_count: ring slots per warp a staged twin's launch gets (0:
-    the launcher runs the unstaged twin). Per CTA the SM's shared memory over the CTAs it holds
-    at once (the grid's per SM, at most 16 warps' worth), less 1 KiB (the system's), 3 KiB
-    (static, mbarriers, alignment) and `fixed` (the twin's other dynamic shared memory); at
-    most 2 x ceil(blocks / warps) chunks and `max_slots`; fewer than two is 0."""
+    """launch_policy.cuh's stage_count: ring slots per warp a staged twin's launch gets (0: the
+    launcher runs the unstaged twin). Per CTA the SM's shared memory over the CTAs it holds at
+    once (the grid's per SM, at most stage_max_warps warps' worth), less the system's share,
+    room for the static part (mbarriers, alignment) and `fixed` (the twin's other dynamic
+    shared memory); at most 2 x ceil(blocks / warps) chunks and `max_slots`; fewer than two
+    is 0."""
     per_sm = -(-ctas // max(sm_count, 1))
-    resident = max(1, min(per_sm, 16 // cta_warps))
-    room = (smem_per_sm // resident - 1024 - 3072 - fixed) // (cta_warps * chunk_bytes)
+    resident = max(1, min(per_sm, _RULES.stage_max_warps // cta_warps))
+    room = (smem_per_sm // resident - _SMEM_PER_CTA - fixed) // (cta_warps * chunk_bytes)
     need = 2 * -(-max(blocks_per_cta, 1) // cta_warps)
     slots = min(room, need, max_slots)
     return slots if slots >= 2 else 0
@@ -171,7 +185,7 @@ def twin_stage_slots(batch: int, context: int, kernel: str, group: int, split: i
     heads, 8 kv heads, head 128, block 16, fp16, every sequence `context` tokens), by the
     launchers' sizes: stock's shared memory (v1: the padded context's logits; v2: a partition's,
     or the output scratch if larger) G times, plus the V products of the warps beyond stock's
-    (csrc/gqa_grouped.cuh products_floats). Defaults: the H200."""
+    (gqa_twins.cuh products_floats). Defaults: the H200."""
     if split not in STAGED_SPLITS:
         return 0
     blocks = -(-context // 16)
@@ -190,7 +204,7 @@ def twin_shapes(variant: str | None, version: str, kv_cache: str, head_size: int
     """(G, S) of each twin ``variant`` compiles beside this instantiation (none: empty)."""
     cache_ok = dtype == "fp16" or (dtype == "bf16" and version == "v2")
     if (variant != "prefetch" or not cache_ok or block_sparse or kv_cache != "auto"
-            or block_size != 16 or head_size != 128):
+            or block_size != RULE_BLOCK_SIZE or head_size != TWIN_HEAD_SIZE):
         return ()
     return tuple((g, s) for g, s, _ in TWIN_SHAPES)
 
@@ -208,19 +222,20 @@ H200_SMS, H200_SMEM_PER_SM, H200_MAX_SMEM = 132, 233472, 232448
 
 def keeps_occupancy(split: int, twin_ctas: int, sm_count: int, smem: int,
                     smem_per_sm: int) -> bool:
-    """csrc/prefetch_ptx.cuh's keeps_occupancy: an SM holds two CTAs of ``smem`` bytes of
-    dynamic shared memory (plus 4 KiB each: the system's and the static part) wherever the
-    twin's grid has two per SM to give it and its launch bound (4 / S CTAs per SM) allows two;
-    else one."""
+    """launch_policy.cuh's keeps_occupancy: an SM holds two CTAs of ``smem`` bytes of dynamic
+    shared memory (plus the system's and the static part's share each) wherever the twin's grid
+    has two per SM to give it and its launch bound (twin_bound_threads / (128 S) CTAs per SM)
+    allows two; else one."""
     per_sm = -(-twin_ctas // max(sm_count, 1))
-    return smem_per_sm // (smem + 1024 + 3072) >= min(per_sm, 4 // split, 2)
+    bound_ctas = _RULES.twin_bound_threads // (128 * split)
+    return smem_per_sm // (smem + _SMEM_PER_CTA) >= min(per_sm, bound_ctas, 2)
 
 
 def twin_smem(group: int, split: int, context: int, kernel: str) -> int:
     """Dynamic shared memory (bytes) of twin (group, split), unstaged, for a head-128, block-16,
     fp16/bf16 step whose longest sequence has ``context`` tokens: G times stock's (v1: the
     padded context's logits; v2: a partition's, or the output scratch if larger) plus the V
-    products of the warps beyond stock's (csrc/gqa_grouped.cuh twin_smem_before)."""
+    products of the warps beyond stock's (gqa_twins.cuh twin_smem_before)."""
     logits = (-(-context // 16) * 16 if kernel == "v1" else 512) * 4
     stock_smem = max(logits, (4 // 2) * 128 * 4)
     return group * stock_smem + (split - 1) * 4 * group * 8 * 32 * 4
@@ -229,7 +244,7 @@ def twin_smem(group: int, split: int, context: int, kernel: str) -> int:
 def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kernel: str,
               sm_count: int = H200_SMS, smem_per_sm: int = H200_SMEM_PER_SM,
               max_smem: int = H200_MAX_SMEM) -> tuple[int, int] | None:
-    """csrc/prefetch_ptx.cuh's twin_pick in `auto` for a decode step of a head-128, block-16
+    """launch_policy.cuh's twin_pick in `auto` for a decode step of a head-128, block-16
     model (every sequence ``context`` tokens): auto_twin's pick if its G divides the query heads
     per kv head (else None, vLLM's kernel), moving on to the next twin of TWIN_SHAPES that can
     run and keeps two CTAs per SM wherever the pick does not; None past the last."""
@@ -251,7 +266,7 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
 
 
 # Variants whose launchers (v1 and v2) fire kvprefetch's kv_l2_prefetch_kernel beside small
-# steps; `prefetch` fires it before every v2 kernel too (KVPREFETCH_V2_L2_KERNEL=2).
+# steps; `prefetch` fires it before every v2 kernel too.
 LAUNCHER_PREFETCH_VARIANTS = ("prefetch", "launch")
 DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "paper": PAPER_TREE,
                             "control": "control"}
@@ -262,18 +277,18 @@ def kit_root() -> Path:
     copy shipped inside the installed package (``kvprefetch/data``)."""
     here = Path(__file__).resolve().parent.parent  # the kvprefetch package
     for cand in (here / "data", here.parent.parent):
-        if (cand / "csrc").is_dir() and (cand / "patches" / f"v{VLLM_VERSION}").is_dir():
+        if (cand / "csrc" / "kvprefetch").is_dir() and (cand / "patches" / f"v{VLLM_VERSION}").is_dir():
             return cand
-    raise FileNotFoundError("kvprefetch's csrc/ and patches/ were not found")
+    raise FileNotFoundError("kvprefetch's csrc/kvprefetch/ and patches/ were not found")
 
 
-def prefetch_header() -> Path:
-    return kit_root() / "csrc" / "prefetch_ptx.cuh"
+def kit_header_dir() -> Path:
+    return kit_root() / "csrc" / "kvprefetch"
 
 
 def kit_headers() -> list[tuple[Path, str]]:
     """(our file, its path in a tree) for each of KIT_HEADERS."""
-    return [(kit_root() / "csrc" / h, t) for h, t in zip(KIT_HEADERS, KIT_HEADERS_IN_TREE)]
+    return [(kit_header_dir() / h, t) for h, t in zip(KIT_HEADERS, KIT_HEADERS_IN_TREE)]
 
 
 def patch_files(variant: str) -> list[Path]:

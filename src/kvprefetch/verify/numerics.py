@@ -1,4 +1,4 @@
-"""The GPU numerical-identity check that ``verify-kernel`` runs (issue 4, section 3).
+"""The GPU numerical-identity check that ``verify-kernel`` runs: a prefetch must not change outputs.
 
 Every loaded variant (baseline first, then patched/seed) runs ``paged_attention_v1`` and ``_v2`` on
 the same fresh random inputs. A prefetch is only a hint, so each variant's output must be

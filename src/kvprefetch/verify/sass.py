@@ -25,7 +25,7 @@ _SHAPE_ARGS = (r"(?P<scalar>13__nv_bfloat16|t|f)(?P<cache>S\d*_|13__nv_bfloat16|
                r"Li(?P<head>\d+)ELi(?P<block>\d+)ELi(?P<threads>\d+)E")
 _KERNEL = re.compile(r"paged_attention_(?P<version>v[12])_kernelI" + _SHAPE_ARGS
                      + r"LNS_\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELb(?P<sparse>[01])E")
-# kvprefetch's GQA-grouped twins (csrc/gqa_grouped.cuh): PARTITION_SIZE 0 is v1, then G, S,
+# kvprefetch's GQA-grouped twins (csrc/kvprefetch/gqa_twins.cuh): PARTITION_SIZE 0 is v1, then G, S,
 # and (since the shared-memory ring) STAGED, and (since v2's reduction in the twin) FUSED.
 _TWIN = re.compile(r"gqa_decode_kernelI" + _SHAPE_ARGS
                    + r"LN4vllm\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELi(?P<partition>\d+)"
@@ -182,7 +182,7 @@ def _opcode(instr: str) -> str:
 
 def pdl_waits(text: str) -> dict[tuple[str, str], tuple[bool, bool]]:
     """(arch, mangled name) -> (waits, waits first) for each of kvprefetch's GQA twins and
-    reduce kernels (csrc/gqa_grouped.cuh) in ``text``: whether the function waits for the
+    reduce kernels (csrc/kvprefetch/gqa_twins.cuh) in ``text``: whether the function waits for the
     stream's previous kernel (``ACQBULK``, PTX ``griddepcontrol.wait``: it is launched as a
     programmatic dependent), and whether that wait comes before its first instruction that
     touches global memory, so that the launch overlap never reorders a memory access."""

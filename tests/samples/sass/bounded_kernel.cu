@@ -6,7 +6,7 @@
 // one it bounds: the cubins must be byte-identical for the first and differ for the second,
 // and verify-kernel's launch-bounds check must find the bound exactly where the rule puts it.
 #define KVPREFETCH_LAUNCHER_ONLY 1  // no device state: the cubin holds the kernel alone
-#include "prefetch_ptx.cuh"
+#include "kvprefetch/prefetch.cuh"
 
 namespace vllm {
 enum class Fp8KVCacheDataType { kAuto = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };

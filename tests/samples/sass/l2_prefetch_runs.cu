@@ -1,11 +1,11 @@
 // Prints how kv_l2_prefetch_kernel would cover sequences of the block counts given as
-// arguments (kvprefetch::l2_prefetch_runs, csrc/prefetch_ptx.cuh): one line per count,
+// arguments (kvprefetch::l2_prefetch_runs, launcher_prefetch.cuh): one line per count,
 // "blocks ctas blocks_per_cta threads". Host code only: it runs on a machine without a GPU.
-// tests/test_sass.py compiles it with nvcc, with and without -DKVPREFETCH_L2_BLOCKS_PER_CTA.
+// tests/test_sass.py compiles it with nvcc and runs it.
 #define KVPREFETCH_LAUNCHER_ONLY 1
 #include <cstdio>
 #include <cstdlib>
-#include "prefetch_ptx.cuh"
+#include "kvprefetch/launcher_prefetch.cuh"
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {

@@ -1,9 +1,9 @@
 // A launcher shaped like the patched paged_attention_v1.cu: it keeps the join that
 // launch_l2_prefetch returns alive until after its own launch. tests/test_sass.py compiles it
-// with -DKVPREFETCH_LAUNCH_OVERLAP=0 and =1 and reads which CUDA runtime calls the object needs.
+// and reads which CUDA runtime calls the object needs.
 #define KVPREFETCH_LAUNCHER_ONLY 1
 #include <cstdint>
-#include "prefetch_ptx.cuh"
+#include "kvprefetch/launcher_prefetch.cuh"
 
 __global__ void attention_stand_in(float* out) { out[threadIdx.x] = 0.f; }
 

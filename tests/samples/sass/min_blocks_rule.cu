@@ -1,4 +1,4 @@
-// Prints what csrc/prefetch_ptx.cuh compiles into every paged_attention instantiation vLLM
+// Prints what csrc/kvprefetch/launch_policy.cuh compiles into every paged_attention instantiation vLLM
 // v0.10.2 builds: the launch bound (kvprefetch::min_blocks, behind KVPREFETCH_KERNEL_BOUNDS),
 // whether the prologue is compiled in (kvprefetch::prologue_compiled) and whether the
 // GQA-grouped twins are (kvprefetch::has_twins; block-sparse kernels never have them).
@@ -9,14 +9,14 @@
 // (stage_count, "stage ..."), then which reduction follows a v2 twin ("reduce ...":
 // pdl_reduce_after, twin_reduces) and the per-stream counter slots ("slot ...": StreamSlots).
 // Host code only: it runs on a
-// machine without a GPU. tests/test_sass.py compiles it with nvcc, with and without overrides,
+// machine without a GPU. tests/test_sass.py compiles it with nvcc (and with ablation switches)
 // and compares the tables with kvprefetch.upstream.min_blocks / prefetches_in / twin_shapes /
 // TWIN_SHAPES / auto_twin (what verify-kernel expects, and what the docs describe).
 #define KVPREFETCH_LAUNCHER_ONLY 1
 #include <cstdio>
 #include <utility>
 #include <cuda_bf16.h>
-#include "prefetch_ptx.cuh"
+#include "kvprefetch/launch_policy.cuh"
 
 template <int HEAD, int BLOCK, typename cache_t, int KV>
 void row(const char* cache) {
@@ -61,7 +61,7 @@ int main() {
   // of head-128, block-16 models on the H200 (132 SMs, 233472 bytes of shared memory each, at
   // most 232448 per CTA), each twin's shared memory as the launchers size it: G times stock's
   // (v1: the padded context's logits; v2: a partition's, at least the output scratch) plus the
-  // V products of the warps beyond stock's (gqa_grouped.cuh twin_smem_before).
+  // V products of the warps beyond stock's (gqa_twins.cuh twin_smem_before).
   for (const int mode : {kvprefetch::kTwinOff, kvprefetch::kTwinAuto, 0, 1, 2, 3}) {
     for (const auto& m : {std::pair{32, 32}, std::pair{32, 16}, std::pair{32, 8},
                           std::pair{8, 1}, std::pair{28, 4}}) {

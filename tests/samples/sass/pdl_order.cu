@@ -1,7 +1,7 @@
 // Three tiny kernels, our own, to make a REAL sm_90 SASS listing for tests/test_sass.py's check
 // of programmatic dependent launch (verify-kernel's "twins wait for the previous kernel before
 // touching memory"): one waits (griddepcontrol.wait, SASS ACQBULK) before its first global
-// load, as kvprefetch's twins do (csrc/gqa_grouped.cuh, pdl_start); one loads first and waits
+// load, as kvprefetch's twins do (csrc/kvprefetch/gqa_twins.cuh, pdl_start); one loads first and waits
 // after; one never waits. Their names carry "gqa_reduce_kernel" so that the check looks at
 // them.
 __global__ void gqa_reduce_kernel_waits_first(float* out, const float* in) {

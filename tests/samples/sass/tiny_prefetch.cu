@@ -1,12 +1,12 @@
 // A tiny stand-in for vLLM's paged_attention_v1_kernel, used only to make a REAL two-arch
 // (sm_80 + sm_90) SASS sample for tests/test_sass.py. It is our own code: the template is
 // declared with vLLM's parameter list so the mangled name decodes like the real kernels', and
-// it calls kvprefetch's csrc/prefetch_ptx.cuh prologue exactly as the patch does. On sm_90 its
+// it calls kvprefetch's csrc/kvprefetch/prologue.cuh prologue exactly as the patch does. On sm_90 its
 // K and V requests become UBLKPF.L2; on sm_80 the helper compiles to nothing.
 //
 // How it is compiled and disassembled: see README.md next to this file.
 #include <cstdint>
-#include "prefetch_ptx.cuh"
+#include "kvprefetch/prefetch.cuh"
 
 namespace vllm {
 enum class Fp8KVCacheDataType { kAuto = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };

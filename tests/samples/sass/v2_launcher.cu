@@ -1,9 +1,9 @@
 // A launcher shaped like the `prefetch` variant's patched paged_attention_v2.cu (its unit keeps
 // the prologue's state): before_launch, then the launcher's L2 prefetch kernel.
-// tests/test_sass.py compiles it with -DKVPREFETCH_V2_L2_KERNEL=0, 1 and 2 and lists the
-// kv_l2_prefetch_kernel instantiations in the device code.
+// tests/test_sass.py compiles it and lists the kv_l2_prefetch_kernel instantiations in the
+// device code.
 #include <cstdint>
-#include "prefetch_ptx.cuh"
+#include "kvprefetch/prefetch.cuh"
 
 __global__ void attention_stand_in(float* out) { out[threadIdx.x] = 0.f; }
 

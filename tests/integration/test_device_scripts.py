@@ -1,10 +1,15 @@
-"""The H200 scripts' shared preamble (scripts/device/lib.sh, begin_run), run for real with bash
-on this machine: every script that uses it must stop with exit 2 and a message naming the fix
-when the pinned sdist was not carried, and still hand back a results.tgz with the device record
-and the log (what the device tool brings back). Their GPU steps run only on the H200."""
+"""The H200 scripts (scripts/device/), run for real with bash on this machine, where no GPU
+step can run: every script parses; run end to end with stand-ins for python3 and the GPU
+tools, every kvprefetch command it issues is one the CLI accepts (its subcommand and options
+exist) and every other module and test path it names exists; and the shared preamble
+(lib.sh, begin_run) stops with exit 2 and a message naming the fix when the pinned sdist was
+not carried, still handing back a results.tgz with the device record and the log (what the
+device tool brings back)."""
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import json
 import os
 import re
@@ -16,13 +21,79 @@ from pathlib import Path
 
 import pytest
 
-DEVICE = Path(__file__).resolve().parent.parent / "scripts" / "device"
-USERS = sorted(p.name for p in DEVICE.glob("*.sh")
-               if p.name != "lib.sh" and "\nbegin_run " in p.read_text())
+ROOT = Path(__file__).resolve().parent.parent
+DEVICE = ROOT / "scripts" / "device"
+SCRIPTS = sorted(p.name for p in DEVICE.glob("*.sh") if p.name != "lib.sh")
+USERS = sorted(name for name in SCRIPTS if "\nbegin_run " in (DEVICE / name).read_text())
+# The CLIs built with click: `--help` after the arguments exits 0 only when every option
+# before it exists (click parses them all before its eager --help).
+CLICK_MODULES = ("kvprefetch", "kvprefetch.commands.bench")
 
 
 def test_the_scripts_that_share_the_preamble_are_found() -> None:
-    assert {"prefetch-repeat.sh", "l2-bound.sh", "v2-both.sh"} <= set(USERS)
+    assert {"default-matrix.sh", "long-context.sh", "gpu-tests.sh"} <= set(USERS)
+
+
+@pytest.mark.parametrize("script", ["lib.sh", *SCRIPTS])
+def test_every_script_parses(script: str) -> None:
+    bash = shutil.which("bash")
+    assert bash is not None
+    res = subprocess.run([bash, "-n", str(DEVICE / script)], capture_output=True, text=True,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+
+
+_STUB = """#!/bin/bash
+# a stand-in: records its arguments (one record per call) and succeeds without doing anything
+{ for a in "$@"; do printf '%s\\037' "$a"; done; printf '\\036'; } >> "$STUB_CALLS"
+exit 0
+"""
+
+
+def _calls_of(script: str, tmp_path: Path) -> list[list[str]]:
+    """Run ``script`` in a copy of the checkout's scripts with the sdist "carried" (an empty
+    file) and python3, nvidia-smi, nvcc and ncu replaced by a stub that records its argv."""
+    bash = shutil.which("bash")
+    assert bash is not None
+    root = tmp_path / "checkout"
+    shutil.copytree(DEVICE, root / "scripts" / "device")
+    (root / ".carry").mkdir()
+    (root / ".carry" / "vllm-0.10.2.tar.gz").write_bytes(b"")
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    calls = tmp_path / "calls"
+    for tool in ("python3", "nvidia-smi", "nvcc", "ncu"):
+        (stubs / tool).write_text(_STUB)
+        (stubs / tool).chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "KVPREFETCH_WORKDIR": str(tmp_path / "w"),
+           "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "STUB_CALLS": str(calls),
+           "BUDGET_S": "100000"}
+    res = subprocess.run([bash, f"scripts/device/{script}", str(tmp_path / "w")], cwd=root,
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert calls.exists(), res.stdout[-2000:] + res.stderr[-2000:]
+    return [rec.split("\x1f")[:-1] for rec in calls.read_text().split("\x1e") if rec]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_scripts_issue_only_commands_the_cli_accepts(tmp_path: Path, script: str) -> None:
+    calls = _calls_of(script, tmp_path)
+    modules = [c for c in calls if len(c) >= 2 and c[0] == "-m"]
+    assert any(c[1].startswith("kvprefetch") for c in modules), calls  # it does run the kit
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NO_COLOR": "1"}
+    checked: set[tuple[str, ...]] = set()
+    for _, module, *args in modules:
+        if module == "pytest":
+            for arg in args:
+                if arg.startswith("tests/"):
+                    assert glob.glob(str(ROOT / arg.split("::")[0])), (script, arg)
+            continue
+        assert importlib.util.find_spec(module) is not None, (script, module)
+        if module not in CLICK_MODULES or (module, *args) in checked:
+            continue
+        checked.add((module, *args))
+        res = subprocess.run([sys.executable, "-m", module, *args, "--help"], env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert res.returncode == 0, (script, args, res.stderr[-1000:])
 
 
 @pytest.mark.parametrize("script", USERS)
@@ -62,25 +133,38 @@ def test_alt_trees_add_each_tree_its_variant_and_its_define(on: tuple[str, ...])
     with its one define; without them nothing is added and the build gets no define."""
     bash = shutil.which("bash")
     assert bash is not None
-    script = (f'source "{DEVICE / "lib.sh"}"; V=(--tree baseline); FETCH=(--with-paper); '
+    script = (f'source "{DEVICE / "lib.sh"}"; V=(--variant baseline); FETCH=(--with-seed); '
               "alt_trees; printf '%s\\n' \"${V[*]}\" \"${FETCH[*]}\" \"${ALT_DEF[*]}\"")
     env = {k: v for k, v in os.environ.items() if k not in {s for s, _, _ in ALT_TREES}}
     env.update({switch: "1" for switch in on})
     res = subprocess.run([bash, "-c", script], capture_output=True, text=True, check=True,
                          env=env)
     v, fetch, define = res.stdout.split("\n")[:3]
-    want_v, want_fetch, want_def = ["--tree baseline"], ["--with-paper"], []
+    want_v, want_fetch, want_def = ["--variant baseline"], ["--with-seed"], []
     for switch, tree, macro in ALT_TREES:
         if switch in on:
-            want_v.append(f"--tree {tree}")
+            want_v.append(f"--variant {tree}")
             want_fetch.append(f"--extra-tree {tree}")
             want_def.append(f"--tree-define {tree}:{macro}")
     assert (v, fetch, define) == (" ".join(want_v), " ".join(want_fetch), " ".join(want_def))
-    for script_name in ("prefetch-repeat.sh", "default-matrix.sh"):
-        text = (DEVICE / script_name).read_text()
-        assert "alt_trees" in text and '"${ALT_DEF[@]}"' in text, script_name
-        # every alternative tree gets the patch applied
-        assert "nopdl nostage nofuse nosplit" in text, script_name
+
+
+@pytest.mark.parametrize("script", ["prefetch-repeat.sh", "default-matrix.sh"])
+def test_alt_trees_are_patched_and_built_with_their_define(tmp_path: Path, script: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run for real with every switch on (and the trees "fetched"): each alternative tree gets
+    the `prefetch` patch applied and the build gets its define."""
+    for switch, _, _ in ALT_TREES:
+        monkeypatch.setenv(switch, "1")
+    for _, tree, _ in ALT_TREES:
+        (tmp_path / "w" / "trees" / tree).mkdir(parents=True)
+    calls = _calls_of(script, tmp_path)
+    kit = [c[2:] for c in calls if c[:2] == ["-m", "kvprefetch"]]
+    for _, tree, macro in ALT_TREES:
+        assert ["apply", "--workdir", str(tmp_path / "w"), "--variant", "prefetch", "--tree",
+                tree] in kit, tree
+        (build,) = [c for c in kit if c[0] == "build"]
+        assert f"{tree}:{macro}" in build, build
 
 
 def test_summarize_prints_the_tables_or_says_none_was_measured(tmp_path: Path) -> None:
@@ -144,8 +228,8 @@ def test_device_record_names_the_files_that_ran(tmp_path: Path) -> None:
 def test_res_usage_records_each_trees_registers(tmp_path: Path) -> None:
     """lib.sh's res_usage on a REAL object: nvcc compiles a sample kernel for sm_90, a build
     manifest names it as a tree's library, and the results get that tree's
-    `cuobjdump -res-usage` (registers per kernel) -- the fact behind tuning doc row 44."""
-    from kvprefetch.build.toolchain import find_nvcc
+    `cuobjdump -res-usage` (registers per kernel), what decides how many CTAs fit an SM."""
+    from kvprefetch.toolchain import find_nvcc
 
     bash, nvcc = shutil.which("bash"), find_nvcc()
     assert bash is not None and nvcc is not None

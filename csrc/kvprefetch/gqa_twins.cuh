@@ -4,11 +4,9 @@
 // Why. vLLM's kernels run one CTA per (query head, sequence[, partition]), so the
 // num_heads / num_kv_heads query heads of a GQA group each read the same K and V: for
 // Llama-3.1-8B (4 query heads per kv head) every KV byte crosses the L2-to-SM path 4 times.
-// On the H200 that path, not DRAM, is what large steps wait on: Nsight Compute puts stock's L2
-// throughput at 73-86% of peak and its DRAM throughput at 38-45% on b128 x 4k (v1) and
-// b8 x 16k (v2), and with every KV load an L2 hit stock runs only 1.09-1.2x faster there
-// (docs/results/2026-11-30-h200-prefetch-explore/17-ncu-limits, 2026-11-29-h200-l2-bound).
-// Sharing the loads through L1 instead (4 stock CTAs in one, exploration run 16) lost.
+// On Hopper that path, not DRAM, is what large steps wait on (Nsight Compute: L2 throughput
+// near its peak, DRAM well below; with every KV load an L2 hit stock runs only a little
+// faster). Sharing the loads through L1 instead (several stock CTAs in one) measured slower.
 //
 // What. One CTA of S x NUM_THREADS threads per (GQA group of G query heads, sequence[,
 // partition]): each warp loads a block's K (then V) once and computes all G heads with it. For
@@ -20,17 +18,17 @@
 // reduction is stock's. So each head's output is bitwise the stock kernel's (bench kernel and
 // verify-kernel check it). G > 1 reads each K/V chunk once instead of G times (large steps
 // wait on the L2-to-SM path); S > 1 cuts each warp's chain of blocks S times (small grids wait
-// on it: at b8 x 512 each of stock's 7.8 warps per SM walks 8 blocks one after the other).
+// on it: at b8 x 512 each of stock's warps walks 8 blocks one after the other).
 //
-// Where. Four twins, (G, S) = 4x1, 4x2, 2x2, 2x4 (kTwins, prefetch_ptx.cuh), compiled beside
-// the instantiations twin_rule names (head 128, block 16, fp16 caches, bf16 in v2, no block
+// Where. The twins of rules.inc (kTwins, launch_policy.cuh), compiled beside the
+// instantiations twin_rule names (head 128, block 16, fp16 caches, bf16 in v2, no block
 // sparsity) and launched by the launchers (launch_grouped_v1/_v2, from one line the patch adds
 // before each launcher's `switch (head_size)`) when the model's query heads per kv head are a
 // multiple of G; `auto` picks the twin by the grid's stock CTAs per SM (auto_twin).
-// KVPREFETCH_GQA=off|auto|on|4x1|4x2|2x2|2x4 at run time. The S = 2 twins (2x2, 4x2) also come
-// staged: each warp's next K/V block is copied into a shared-memory ring with Hopper's bulk
-// copy (KVPREFETCH_TWIN_STAGE, below). vLLM's kernels are untouched; this header is included by
-// the two launchers after attention_kernels.cuh.
+// KVPREFETCH_GQA=off|auto|on|<twin name> at run time. The S = 2 twins also come staged: each
+// warp's next K/V block is copied into a shared-memory ring with Hopper's bulk copy
+// ("Staging", below). vLLM's kernels are untouched; this header is included by the two
+// launchers after attention_kernels.cuh.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -43,13 +41,13 @@
 
 // vLLM's attention_kernels.cuh (no include guard) must come first: the launchers include this
 // header right after it.
-#include "prefetch_ptx.cuh"
+#include "launch_policy.cuh"
 
 namespace kvprefetch {
 // Everything here has internal linkage: each tree's library is loaded into one benchmark
 // process, and a function-local static of an inline function with external linkage (the
 // KVPREFETCH_GQA mode) is unified across libraries by the dynamic loader (STB_GNU_UNIQUE),
-// so one tree's compiled-in default would silently apply to all (seen on the H200).
+// so one tree's compiled-in default would silently apply to all.
 namespace {
 
 constexpr int cmax(const int a, const int b) { return a > b ? a : b; }
@@ -84,25 +82,18 @@ __device__ __forceinline__ V load_as_word(const V* p) {
   return v;
 }
 
-// A K or V vector through the read-only path, stated (ld.global.nc): with the L2 prefetch
-// below the kernel takes cache addresses into asm, and NVVM would no longer infer .nc itself.
+// A K or V vector through the read-only path, stated (ld.global.nc): the staged twins take
+// cache addresses into asm (the ring's bulk copies), and NVVM would no longer infer .nc itself.
 template <typename V>
 __device__ __forceinline__ V load_ro(const V* p) {
   static_assert(sizeof(V) == 8 || sizeof(V) == 16, "8- or 16-byte vectors");
   return load_as_word<Via::kReadOnly>(p);
 }
 
-// Which twins ask L2 for their warps' blocks before the K pass: 0 none (the default), 1 the V
-// chunks, 2 the K and the V chunks; only twins of S > 1 (small grids), the first 32 blocks of
-// each warp. Slower on the H200 wherever it ran (exploration run 23: matrix 1.614x -> 1.566x
-// with 1, 1.522x with 2; b8 x 1k 1.29x -> 1.17x / 1.08x); kept as a switch to reproduce that.
-#ifndef KVPREFETCH_TWIN_PREFETCH
-  #define KVPREFETCH_TWIN_PREFETCH 0
-#endif
 
-// Programmatic dependent launch (Hopper, compute capability 9+), ON by default (2): the twins
-// (KVPREFETCH_TWIN_PDL >= 1), and in v2 the reduction after them (2: kvprefetch's reduce kernel
-// below, where pdl_reduce_after says so), are launched with
+// Programmatic dependent launch (Hopper, compute capability 9+; KVPREFETCH_TWIN_PDL, on by
+// default, launch_policy.cuh): the twins, and in v2 kvprefetch's reduce kernel after them
+// where pdl_reduce_after says so, are launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization. Each of their CTAs first lets the
 // stream's next kernel start launching (that kernel's CTAs wait for this grid only if they
 // wait for it themselves: griddepcontrol.wait), then waits until the stream's previous kernel
@@ -110,13 +101,8 @@ __device__ __forceinline__ V load_ro(const V* p) {
 // an earlier kernel may write (seq_lens, q, alibi, the reduction's inputs) is loaded so that
 // ptxas keeps it after the wait (load_dep), and verify-kernel checks the order in each
 // kernel's SASS ("twins wait for the previous kernel before touching memory"). So only the
-// launch and the grid's ramp-up overlap the previous kernel's tail. On the H200 (repeat run 36,
-// docs/tuning-log.md row 46; rows 42-45 for how it got there) the issue matrix went from
-// 1.639x to 1.658x, batch 1 gained 3-11% (b1 x 1k 1.80x -> 1.99x; b1 x 4k lost 0.9%), four
-// large-batch shapes lost 0.3-1.2%, b8 x 512 and b8 x 1k ran the same; bitwise equal
-// everywhere. 0: the twins launched as vLLM launches its kernels (repeat run 24's design, SASS
-// identical to its build).
-// (KVPREFETCH_TWIN_PDL's default is set in prefetch_ptx.cuh, beside the host rules using it.)
+// launch and the grid's ramp-up overlap the previous kernel's tail. With
+// KVPREFETCH_TWIN_PDL=0 the twins are launched as vLLM launches its kernels.
 __device__ __forceinline__ void pdl_start() {
 #if KVPREFETCH_TWIN_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -124,37 +110,28 @@ __device__ __forceinline__ void pdl_start() {
 #endif
 }
 
-// A CTA's start is on the critical path of the small steps, but not as "sooner is better"
-// (H200, exploration runs 52-53, docs/tuning-log.md rows 57-58): L2 prefetches of each
-// warp's first chunks between griddepcontrol.launch_dependents and .wait cost b8 x 1k 4-21%
-// (`c71f022`, KVPREFETCH_TWIN_EARLY), and loading each lane's first block number beside
-// seq_len, so that the first bulk copies leave one L2 round trip sooner, made the 2x2 twin's
-// 256-CTA grids 5-6% slower (`8a9d375`, KVPREFETCH_TWIN_TABLE_FIRST). Both were removed after.
 
 // The staged warps' first requests (KVPREFETCH_TWIN_STAGE_SPLIT, 1 by default): each warp asks
 // for its first chunk before the query load and the barrier after it, and for the rest of its
-// ring (the second chunk) after them, instead of for its whole ring at once; 0: whole ring at
-// once (the kernels of repeat run 51, `ec95c35`). Every warp of every CTA starting its ring in
-// the same instant is a burst (b8 x 1k: 2 slots x 8 warps x 256 CTAs, 16 MB) that the first
-// chunks wait behind. H200, exploration run 54 (2026-11-30-h200-prefetch-explore/54-twin-split):
-// b8 x 1k 1.372x -> 1.426x, b8 x 512 1.53x -> 1.63x, b16 x 512 1.28x -> 1.35x, b1 x 16k
-// 1.72x -> 1.80x, the issue matrix 1.718x -> 1.740x, bf16 b8 x 1k 1.78x -> 1.84x; no shape of
-// 53 slower beyond 0.4%; bitwise equal everywhere. Only the staged kernels change.
+// ring after them, instead of for its whole ring at once (0). Every warp of every CTA starting
+// its ring in the same instant is a burst that the first chunks wait behind. Only the staged
+// kernels change.
 #ifndef KVPREFETCH_TWIN_STAGE_SPLIT
   #define KVPREFETCH_TWIN_STAGE_SPLIT 1
 #endif
+static_assert(KVPREFETCH_TWIN_STAGE_SPLIT == 0 || KVPREFETCH_TWIN_STAGE_SPLIT == 1,
+              "KVPREFETCH_TWIN_STAGE_SPLIT must be 0 or 1");
 
 // A load of data an earlier kernel may have written: seq_lens, the block tables, q, the alibi
 // slopes, the reduction's inputs. In a programmatic dependent launch (KVPREFETCH_TWIN_PDL) it
 // must stay after pdl_start's wait in the SASS: an ordinary cached load (ld.global.ca, SASS
-// LDG.E.STRONG.SM) does, as does a coherent one (ld.global.cg, LDG.E.STRONG.GPU; repeat runs
-// 32-33 timed both the same), and the K/V loads, whose addresses come from the block tables,
-// follow it; a read-only one (ld.global.nc, which nvcc infers from const __restrict__)
-// promises data that does not change while the kernel runs, and ptxas moved one above the
-// wait (docs/tuning-log.md row 43). ORDERED = false keeps the read-only path under
-// KVPREFETCH_TWIN_PDL for a load that cannot issue before the wait anyway: the block-table
-// entries, each guarded by the warp's token range, which comes from seq_lens (verify-kernel's
-// order check confirms it per kernel; ordered loads there timed the same, repeat runs 33-34).
+// LDG.E.STRONG.SM) does, as does a coherent one (ld.global.cg, LDG.E.STRONG.GPU; both timed
+// the same), and the K/V loads, whose addresses come from the block tables, follow it; a
+// read-only one (ld.global.nc, which nvcc infers from const __restrict__) promises data that
+// does not change while the kernel runs, and ptxas did move one above the wait.
+// ORDERED = false keeps the read-only path under KVPREFETCH_TWIN_PDL for a load that cannot
+// issue before the wait anyway: the block-table entries, each guarded by the warp's token
+// range, which comes from seq_lens (verify-kernel's order check confirms it per kernel).
 // Without KVPREFETCH_TWIN_PDL: a plain load, as vLLM's code.
 template <bool ORDERED = true, typename T>
 __device__ __forceinline__ T load_dep(const T* p) {
@@ -194,33 +171,24 @@ constexpr long long twin_smem_before(const long long stock_bytes) {
          4LL * products_floats<scalar_t, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, G, S>();
 }
 
-// Staging (KVPREFETCH_TWIN_STAGE = slots per warp, default 2; 0 compiles none): the S = 2 twins
-// (2x2, 4x2) copy each warp's K and V chunks, one (block, kv head) chunk of HEAD_SIZE *
-// BLOCK_SIZE cache elements per copy, from global into a ring of slots of shared memory with
-// Hopper's asynchronous bulk copy (cp.async.bulk, completion counted on one mbarrier per
-// slot), and compute from there. A warp's chunks are its blocks' K, then the same blocks' V,
-// in the order the passes use them; a slot is refilled with the chunk `stages` ahead as soon
-// as the warp is done with it, so the next chunk is in flight while the warp computes (and its
-// first V chunks during the softmax) without holding it in registers. The arithmetic is
-// unchanged: the same vectors, read from shared memory instead of global, go through the same
-// operations (bench kernel and verify-kernel check the outputs bitwise). The host launches the
-// staged instantiation where two slots per warp fit beside the CTAs an SM holds
-// (stage_count), else the unstaged one. H200, exploration runs 39-40
-// (docs/tuning-log.md rows 47-49): two slots ran b8 x 512 1.35x -> 1.51x, b8 x 1k 1.28x
-// -> 1.36x, b32 x 512/1k 1.40/1.49x -> 1.58/1.79x, b1 x 16k 1.49x -> 1.68x, bf16 b8 x 1k 1.46x
-// -> 1.75x; more slots ran slower (b8 x 512 1.36x at up to 4, 1.31x at up to 8), one slot (no
-// overlap) far slower (b32 x 4k 1.56x -> 1.28x), and the S = 4 twin (2x4) 1-4% slower staged.
-// A kernel holding both paths behind a run-time test spilled and lost all of it (run 40), so the
-// staged and unstaged paths are two instantiations (the STAGED template argument).
-// (KVPREFETCH_TWIN_STAGE and the host's stage_count: prefetch_ptx.cuh.)
-// -DKVPREFETCH_TWIN_STAGE_4X4=0: the 4x4 twin (KVPREFETCH_TWIN_4X4_PCT) unstaged (exploration).
-#ifndef KVPREFETCH_TWIN_STAGE_4X4
-  #define KVPREFETCH_TWIN_STAGE_4X4 1
-#endif
+// Staging (kTwinStage slots per warp, launch_policy.cuh; -DKVPREFETCH_TWIN_STAGE=0 compiles
+// none): the S = kStagedSplit twins copy each warp's K and V chunks, one (block, kv head) chunk
+// of HEAD_SIZE * BLOCK_SIZE cache elements per copy, from global into a ring of slots of
+// shared memory with Hopper's asynchronous bulk copy (cp.async.bulk, completion counted on one
+// mbarrier per slot), and compute from there. A warp's chunks are its blocks' K, then the same
+// blocks' V, in the order the passes use them; a slot is refilled with the chunk `stages` ahead
+// as soon as the warp is done with it, so the next chunk is in flight while the warp computes
+// (and its first V chunks during the softmax) without holding it in registers. The arithmetic
+// is unchanged: the same vectors, read from shared memory instead of global, go through the
+// same operations (bench kernel and verify-kernel check the outputs bitwise). The host launches
+// the staged instantiation where two slots per warp fit beside the CTAs an SM holds
+// (stage_count), else the unstaged one. Two slots measured fastest (more ran slower, one slot,
+// no overlap, far slower), and the S = 4 twin ran slower staged. A kernel holding both paths
+// behind a run-time test spilled, so the staged and unstaged paths are two instantiations (the
+// STAGED template argument).
 template <int G, int S>
 constexpr bool staged() {
-  return KVPREFETCH_TWIN_STAGE > 0 &&
-         (S == 2 || (G == 4 && S == 4 && KVPREFETCH_TWIN_STAGE_4X4 != 0));
+  return kTwinStage > 0 && S == kStagedSplit;
 }
 constexpr long long round_up(const long long v, const long long to) {
   return (v + to - 1) / to * to;
@@ -229,7 +197,7 @@ constexpr long long round_up(const long long v, const long long to) {
 // one 8-byte mbarrier per slot and warp (room for the most slots), then each warp's ring.
 constexpr long long stage_bars_at(const long long before) { return round_up(before, 128); }
 constexpr long long stage_ring_at(const long long before, const int cta_warps) {
-  return stage_bars_at(before) + round_up(8LL * cta_warps * cmax(KVPREFETCH_TWIN_STAGE, 1), 128);
+  return stage_bars_at(before) + round_up(8LL * cta_warps * cmax(kTwinStage, 1), 128);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -283,20 +251,11 @@ __device__ __forceinline__ void stage_wait(const uint32_t bar, const uint32_t pa
 // one load per lane, handed out by shuffle. Stock reads each from block_table right before
 // loading the block's K (and again before its V): a dependent global load on every iteration
 // of the warp's chain. k must be warp-uniform and all 32 lanes must call.
-// -DKVPREFETCH_TWIN_HOIST=0 reads each number right before its block, as stock (exploration
-// run 22: matrix 1.638x either way; with the hoist the small grids ran 1-1.4% and b64 x 4k
-// (v1) 7% faster, the large v2 steps 1-1.5% slower).
-#ifndef KVPREFETCH_TWIN_HOIST
-  #define KVPREFETCH_TWIN_HOIST 1
-#endif
 struct WarpBlockNumbers {
   const int* table;
   int first, stride, end, lane;
   int held = 0, chunk = -1;
   __device__ __forceinline__ int64_t operator()(const int k) {
-    if (!KVPREFETCH_TWIN_HOIST) {
-      return static_cast<int64_t>(load_dep<false>(table + first + k * stride));
-    }
     if (k / 32 != chunk) {
       chunk = k / 32;
       const int idx = first + (chunk * 32 + lane) * stride;
@@ -306,7 +265,7 @@ struct WarpBlockNumbers {
   }
 };
 
-// One warp's staging ring (KVPREFETCH_TWIN_STAGE): its chunks c = 0 .. 2n - 1 are the K of its
+// One warp's staging ring (kTwinStage): its chunks c = 0 .. 2n - 1 are the K of its
 // n blocks, then their V; chunk c goes to slot c % stages. issue and release are warp-collective
 // (the block numbers are handed out by shuffle); lane 0 issues the copy.
 template <typename cache_t, int CHUNK>
@@ -342,16 +301,14 @@ struct WarpStage {
 
 // The twins' launch bounds. Launched as programmatic dependents, the next layer's CTAs are
 // placed while this layer's still run and wait there, which helps only where they fit: under
-// KVPREFETCH_TWIN_PDL every twin is bounded to <= 128 registers (512 / THREADS CTAs per SM:
-// four of 128 threads, two of 256, one of 512), the count ptxas picks for most of them
-// unbounded. Repeat runs 32-34: the 2x2 v1 twin took 139 registers there, and b8 x 512 ran 1.22x
-// with the early launch against 1.35x without it. Repeat run 35: a minimum of 1 for the
-// 128-thread twins (4x1) let ptxas take 179-185 registers, two CTAs per SM where there had been
-// four, and the large batches lost up to 30%. With KVPREFETCH_TWIN_PDL=0 the bounds are
-// stock's form, the thread count alone (minimum CTAs left out, not given as 1: ptxas allocates
-// differently then), so that build's SASS stays repeat run 24's.
+// KVPREFETCH_TWIN_PDL every twin is bounded to <= 128 registers (kTwinBoundThreads / THREADS
+// CTAs per SM: four of 128 threads, two of 256, one of 512), the count ptxas picks for most of
+// them unbounded. More registers (a twin unbounded, or a minimum of 1 CTA) halved the CTAs per
+// SM and made those grids slower. With KVPREFETCH_TWIN_PDL=0 the bounds are stock's form, the
+// thread count alone (minimum CTAs left out, not given as 1: ptxas allocates differently then).
 #if KVPREFETCH_TWIN_PDL
-  #define KVPREFETCH_TWIN_BOUNDS(THREADS) __launch_bounds__(THREADS, 512 / (THREADS))
+  #define KVPREFETCH_TWIN_BOUNDS(THREADS) \
+    __launch_bounds__(THREADS, kvprefetch::kTwinBoundThreads / (THREADS))
 #else
   #define KVPREFETCH_TWIN_BOUNDS(THREADS) __launch_bounds__(THREADS)
 #endif
@@ -366,9 +323,8 @@ struct WarpStage {
 // thread after a barrier, with an acquire-release atomic (arrive, below); the last CTA sets it
 // back to 0 for the next launch, which the kernel boundary (or griddepcontrol.wait) orders after
 // it. The host gives each stream its own counters (fuse_slot). Saves the reduce kernel's launch
-// and the wait for the whole grid before it: exploration run 46 (2026-11-30-h200-prefetch-
-// explore/46-twin-reduce) measured b8 x 1k 20.3 us with the reduction, 17.8 us with none. What
-// the last CTA reads first it requests at once (one trip to L2 in the common case). A
+// and the wait for the whole grid before it. What the last CTA reads first it requests at once
+// (one trip to L2 in the common case). A
 // single-partition sequence's output is its partition's, copied (as vLLM's reduce kernel); a
 // sequence of no tokens gets 0, as there (the kernel's first lines).
 // Where it runs: KVPREFETCH_TWIN_FUSE and fusable, below.
@@ -377,7 +333,7 @@ __device__ __forceinline__ T load_l2(const T* p) {  // ld.global.cg: another CTA
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "2- or 4-byte values");
   return load_as_word<Via::kL2>(p);
 }
-// KVPREFETCH_TWIN_FUSE, where the v2 twins reduce themselves: prefetch_ptx.cuh.
+// KVPREFETCH_TWIN_FUSE, where the v2 twins reduce themselves: launch_policy.cuh.
 // Counts this CTA's arrival: the counter's value before, with release (this CTA's writes, which
 // the barrier before made thread 0's) and acquire (the writes of the CTAs counted before it)
 // at GPU scope, as CUTLASS's GenericBarrier arrives.
@@ -394,16 +350,12 @@ __device__ __forceinline__ unsigned int arrive(unsigned int* counter) {
   return old;
 #endif
 }
-// The twins that reduce inside: the 2x2 twin in v2. Exploration run 47 (every v2 twin fused, a
-// first form that fenced in every thread and took three trips to L2 in the last CTA) measured
-// it faster only there: b1 x 4k, b2 x 2k, b4 x 1k +8% (vLLM's reduce kernel ran after these
-// 128-CTA grids); the 2x4 twin's few CTAs lost up to 4% (b1 x 1k; there kvprefetch's reduce
-// kernel waits beside them on idle SMs), the 4x2 and 4x1 twins' grids of many CTAs up to 10%
-// (b1 x 16k, b8 x 16k). (That build's unfused kernels also compiled differently: the runs since
-// compile the fused code as its own instantiation, FUSED.)
+// The twin that reduces inside (v2 only): rules.inc's kFusedGroup x kFusedSplit, the only one
+// fusing measured faster. (The fused code is its own instantiation, FUSED, so the twin's
+// unfused kernel compiles as it did without it.)
 template <int G, int S, int PARTITION_SIZE>
 constexpr bool fusable() {
-  return KVPREFETCH_TWIN_FUSE != 0 && PARTITION_SIZE > 0 && G == 2 && S == 2;
+  return KVPREFETCH_TWIN_FUSE != 0 && PARTITION_SIZE > 0 && G == kFusedGroup && S == kFusedSplit;
 }
 // vllm::paged_attention_v2_reduce_kernel's largest max logit over a 128-thread group (its
 // NUM_WARPS warps): each warp's by butterfly, lane 0 leaves it in red[warp] (when `write`; a
@@ -604,11 +556,11 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   const int first_head = blockIdx.x * G;
   const int num_queries_per_kv = num_heads / num_kv_heads;
   const int kv_head_idx = first_head / num_queries_per_kv;
-  // Staging (KVPREFETCH_TWIN_STAGE): the ring's layout from the dynamic shared memory the host
+  // Staging (kTwinStage): the ring's layout from the dynamic shared memory the host
   // gave, then each warp's first `stages` chunks requested before the query is read.
   constexpr int CHUNK = HEAD_SIZE * BLOCK_SIZE * int(sizeof(cache_t));
   [[maybe_unused]] WarpStage<cache_t, CHUNK> stage{};
-  static_assert(!STAGED || staged<G, S>(), "staged: see staged(), KVPREFETCH_TWIN_STAGE > 0");
+  static_assert(!STAGED || staged<G, S>(), "staged: see staged(), kTwinStage > 0");
   if constexpr (STAGED) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     __trap();  // no bulk copy before sm_90; the host never launches a staged twin there
@@ -620,10 +572,10 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
     const int ring_at = static_cast<int>(stage_ring_at(before, CTA_WARPS));
     const int ring_bytes = static_cast<int>(dynamic_bytes) - ring_at;
-    stage.stages = cmin(cmax(ring_bytes / (CTA_WARPS * CHUNK), 1), KVPREFETCH_TWIN_STAGE);
+    stage.stages = cmin(cmax(ring_bytes / (CTA_WARPS * CHUNK), 1), kTwinStage);
     stage.ring = stage_mem + ring_at + warp_idx * stage.stages * CHUNK;
     stage.bars =
-        smem_addr(stage_mem + stage_bars_at(before)) + 8 * warp_idx * KVPREFETCH_TWIN_STAGE;
+        smem_addr(stage_mem + stage_bars_at(before)) + 8 * warp_idx * kTwinStage;
     stage.n = cmax(cdiv(end_block_idx - start_block_idx - warp_idx, CTA_WARPS), 0);
     stage.lane = lane;
     stage.k = k_cache + kv_head_idx * kv_head_stride;
@@ -683,16 +635,6 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   // This warp's blocks, in both passes: start_block_idx + warp_idx + k * CTA_WARPS.
   WarpBlockNumbers block_number{block_tables + seq_idx * max_num_blocks_per_seq,
                                 start_block_idx + warp_idx, CTA_WARPS, end_block_idx, lane};
-  if constexpr (S > 1 && KVPREFETCH_TWIN_PREFETCH > 0) {
-    const int idx = start_block_idx + warp_idx + lane * CTA_WARPS;
-    if (idx < end_block_idx) {
-      const int64_t block = load_dep<false>(block_number.table + idx);
-      const int64_t at = block * kv_block_stride + kv_head_idx * kv_head_stride;
-      constexpr unsigned kBytes = KvChunk<HEAD_SIZE, BLOCK_SIZE, cache_t>::kBytes;
-      l2_prefetch_bytes(v_cache + at, kBytes);
-      if (KVPREFETCH_TWIN_PREFETCH > 1) l2_prefetch_bytes(k_cache + at, kBytes);
-    }
-  }
   for (int block_idx = start_block_idx + warp_idx, k = 0; block_idx < end_block_idx;
        block_idx += CTA_WARPS, ++k) {
     // Staged: the block's K chunk in this warp's ring; else its physical number, as stock.
@@ -1042,9 +984,9 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_reduce_kernel(
 }
 
 // ---- Host side: whether a launch runs a twin, which one, and the launch -------------------
-// The four twins and `auto`'s rule: kTwins and auto_twin (prefetch_ptx.cuh).
-// KVPREFETCH_GQA=off|auto|on|4x1|4x2|2x2|2x4, read once per process (`on` is 4x1, the one twin
-// of earlier versions); a named twin runs at every launch it can take. The default:
+// The twins and `auto`'s rule: kTwins and auto_twin (launch_policy.cuh).
+// KVPREFETCH_GQA=off|auto|on|<twin name>, read once per process (`on` is the first twin, 4x1);
+// a named twin runs at every launch it can take. The default:
 // -DKVPREFETCH_GQA_DEFAULT_MODE=0 off, 1 on, 2 auto (the default), 3 + i twin i. A launch can
 // take a twin when its G divides the query heads per kv head and its shared memory fits the
 // device; otherwise vLLM's kernel runs.
@@ -1158,7 +1100,7 @@ constexpr long long twin_smem(const int shared_mem_size, const int stages = 0) {
   return before;
 }
 
-// pdl_reduce_after and twin_reduces, which reduce kernel follows a v2 twin: prefetch_ptx.cuh.
+// pdl_reduce_after and twin_reduces, which reduce kernel follows a v2 twin: launch_policy.cuh.
 
 // Counters: kFuseSlots streams per device at once, each (sequence, head group) pairs up to
 // kFuseCounters per launch; zero when the module loads, and every launch leaves them zero.
@@ -1357,11 +1299,6 @@ bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_me
   if (i < 0) return false;
   if (reduced) return true;
   const long long twin_ctas = 1LL * grid.x / kTwins[i].g * grid.y * grid.z;
-  // -DKVPREFETCH_EXPLORE_SKIP_REDUCE=1: no reduction at all (WRONG outputs; exploration run 46
-  // times what a reduction inside the twin could at most save).
-#if defined(KVPREFETCH_EXPLORE_SKIP_REDUCE) && KVPREFETCH_EXPLORE_SKIP_REDUCE
-  if (max_num_partitions > 0) return true;
-#endif
   if constexpr (KVPREFETCH_TWIN_PDL >= 2) {
     if (pdl_on(f) && pdl_reduce_after(twin_ctas, f.sm_count)) {
       launch_pdl(gqa_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>, reduce_grid,

@@ -1,0 +1,377 @@
+// kvprefetch: which of vLLM's paged-attention instantiations kvprefetch changes, and what each
+// launch runs. The compile-time rules (launch bounds, the v2 prologue, the GQA twins and their
+// shared-memory ring and fused reduction), the host-side arithmetic the launchers decide with
+// (twin_pick, stage_count, twin_reduces), the build switches that ablation trees set, the
+// environment switches read at run time (KVPREFETCH, KVPREFETCH_GQA) and the device facts the
+// decisions use. The numbers live in rules.inc, which the Python side reads too
+// (src/kvprefetch/kernel_rules.py); docs/design.md ("Kernel rules and the measurements behind
+// them") gives the measurement behind each rule.
+//
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
+#ifndef USE_ROCM
+  #include <cuda_runtime.h>
+#endif
+
+namespace kvprefetch {
+
+#define KVP_RULE(NAME, VALUE) constexpr int NAME = VALUE;
+#include "rules.inc"
+
+// ---- Build switches (each -D'd only by an ablation tree; the defaults are what ships) ------
+// 0 = off, 1 = on (every launch), 2 = auto: the default of KVPREFETCH=off|on|auto, which
+// overrides it at run time without a rebuild.
+#ifndef KVPREFETCH_DEFAULT_MODE
+  #define KVPREFETCH_DEFAULT_MODE 2
+#endif
+// A translation unit whose kernels never carry the prologue (the `prefetch` variant's v1
+// launcher, both of the `launch` variant's) defines KVPREFETCH_LAUNCHER_ONLY before this header
+// is first included. It then gets none of the prologue's device state (the mode, the base
+// table) and none of the functions that use it: its module holds stock's kernels plus
+// kv_l2_prefetch_kernel, and nothing else. Module state alone, with instruction-identical
+// kernels, measured slower than stock on small steps.
+#ifndef KVPREFETCH_LAUNCHER_ONLY
+  #define KVPREFETCH_LAUNCHER_ONLY 0
+#endif
+// The twins' programmatic dependent launch (gqa_twins.cuh, pdl_start): 2 (the default) the
+// twins and, where pdl_reduce_after says so, kvprefetch's reduce kernel after a v2 twin are
+// launched as programmatic dependents; 0 the twins are launched as vLLM launches its kernels.
+#ifndef KVPREFETCH_TWIN_PDL
+  #define KVPREFETCH_TWIN_PDL 2
+#endif
+static_assert(KVPREFETCH_TWIN_PDL == 0 || KVPREFETCH_TWIN_PDL == 2,
+              "KVPREFETCH_TWIN_PDL must be 0 (off) or 2 (on)");
+// v2's reduction inside the fused twin (gqa_twins.cuh, reduce_in_twin): 1 (the default) at the
+// grids twin_reduces names; 0 never (a reduce kernel after every v2 twin).
+#ifndef KVPREFETCH_TWIN_FUSE
+  #define KVPREFETCH_TWIN_FUSE 1
+#endif
+static_assert(KVPREFETCH_TWIN_FUSE == 0 || KVPREFETCH_TWIN_FUSE == 1,
+              "KVPREFETCH_TWIN_FUSE must be 0 or 1");
+// Slots per warp of the staged twins' shared-memory ring (gqa_twins.cuh, "Staging");
+// -DKVPREFETCH_TWIN_STAGE=0 compiles no staged twin.
+#ifdef KVPREFETCH_TWIN_STAGE
+constexpr int kTwinStage = KVPREFETCH_TWIN_STAGE;
+#else
+constexpr int kTwinStage = kStageSlots;
+#endif
+static_assert(kTwinStage >= 0, "KVPREFETCH_TWIN_STAGE must be >= 0");
+
+// ---- Launch bounds ----------------------------------------------------------------------
+// __launch_bounds__ for vLLM's paged_attention_v1_kernel / paged_attention_v2_kernel: the patch
+// puts KVPREFETCH_KERNEL_BOUNDS(false) before the v1 declaration and (true) before the v2 one.
+// __launch_bounds__(0, 0) is no bound at all (nvcc emits a byte-identical cubin), so every
+// instantiation the rule leaves alone compiles exactly as stock; verify-kernel checks that.
+//
+// Why bounds: ptxas schedules stock's K loop with only some of a block's K loads issued before
+// the first FMA that consumes one, so each block costs about two memory round trips. Given
+// minBlocksPerMultiprocessor it issues all of them first. The v2 kernels that carry the
+// prologue get that schedule from it, which measured faster than any bound, so v2 has none.
+//
+// The rule: v1, block size 16, 16-bit caches, N from rules.inc's KVP_V1_MIN_BLOCKS by head
+// size; everything else 0 (stock). N is the best measured per head size; a wrong N costs a
+// lot, so configurations nobody measured stay stock. fp8 caches are left out: a bounded fp8
+// kernel changed the code of an unbounded fp8 kernel in the same translation unit (NVVM shares
+// the fp8 conversion helpers between them), and every kernel the rule leaves alone must stay
+// instruction-identical to stock.
+struct HeadMinBlocks {
+  int head_size, min_blocks;
+};
+constexpr HeadMinBlocks kV1MinBlocks[] = {
+#define KVP_V1_MIN_BLOCKS(HEAD_SIZE, N) {HEAD_SIZE, N},
+#include "rules.inc"
+};
+constexpr int min_blocks_rule(const bool partitioned, const int head_size, const int block_size,
+                              const int cache_bytes, const int kv_dtype) {
+  if (partitioned || block_size != kRuleBlockSize) return 0;
+  if (kv_dtype != 0 || cache_bytes != 2) return 0;  // only fp16 / bf16 caches
+  for (const HeadMinBlocks& r : kV1MinBlocks) {
+    if (r.head_size == head_size) return r.min_blocks;
+  }
+  return 0;
+}
+template <int HEAD_SIZE, int BLOCK_SIZE, int CACHE_BYTES, int KV_DTYPE>
+constexpr int min_blocks(const bool partitioned) {
+  return min_blocks_rule(partitioned, HEAD_SIZE, BLOCK_SIZE, CACHE_BYTES, KV_DTYPE);
+}
+constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm) {
+  return min_blocks_per_sm > 0 ? num_threads : 0;
+}
+#ifdef USE_ROCM
+  #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)
+#else
+  #define KVPREFETCH_MIN_BLOCKS_OF(PARTITIONED)                                     \
+    kvprefetch::min_blocks<HEAD_SIZE, BLOCK_SIZE, int(sizeof(cache_t)), int(KV_DTYPE)>( \
+        PARTITIONED)
+  #define KVPREFETCH_KERNEL_BOUNDS(PARTITIONED)                                           \
+    __launch_bounds__(                                                                    \
+        kvprefetch::bounded_threads(NUM_THREADS, KVPREFETCH_MIN_BLOCKS_OF(PARTITIONED)), \
+        KVPREFETCH_MIN_BLOCKS_OF(PARTITIONED))
+#endif
+
+// ---- Which instantiations carry the v2 prologue and which have twins ---------------------
+// Adding the prologue changes how NVVM schedules the whole kernel, whether or not it prefetches
+// at run time: v2 kernels for 16-bit caches and large heads ran faster with it compiled in
+// (ptxas then issues a block's K loads before their first use); v1 kernels, fp8-cache and
+// head-64 v2 kernels, and bf16 above kPrologueMaxBf16HeadSize ran slower, and fp32 caches were
+// never measured, so they stay stock. verify-kernel's expectation (kvprefetch.kernel_rules)
+// reads the same rules.inc.
+constexpr bool prologue_rule(const int head_size, const bool partitioned, const bool fp16_cache,
+                             const bool bf16_cache) {
+  return partitioned && head_size >= kPrologueMinHeadSize &&
+         (fp16_cache || (bf16_cache && head_size <= kPrologueMaxBf16HeadSize));
+}
+// The twins (gqa_twins.cuh): head kTwinHeadSize, block kRuleBlockSize, not block-sparse, fp16
+// caches in v1 and v2, bf16 caches in v2 only (bf16 v1 ran faster as the launch-bounded stock
+// kernel).
+constexpr bool twin_rule(const bool partitioned, const int head_size, const int block_size,
+                         const bool fp16_cache, const bool bf16_cache, const bool block_sparse) {
+  const bool cache_ok = fp16_cache || (bf16_cache && partitioned);
+  return cache_ok && !block_sparse && block_size == kRuleBlockSize && head_size == kTwinHeadSize;
+}
+// auto_dtype: the cache holds the query's dtype (KV_DTYPE == kAuto); a 16-bit cache_t is then
+// fp16 (vLLM's uint16_t) or bf16 (__nv_bfloat16).
+template <typename cache_t>
+constexpr bool fp16_cache(const bool auto_dtype) {
+  return auto_dtype && std::is_same_v<cache_t, uint16_t>;
+}
+template <typename cache_t>
+constexpr bool bf16_cache(const bool auto_dtype) {
+  return auto_dtype && sizeof(cache_t) == 2 && !std::is_same_v<cache_t, uint16_t>;
+}
+template <int HEAD_SIZE, int BLOCK_SIZE, typename cache_t, int KV_DTYPE, bool BLOCK_SPARSE>
+constexpr bool has_twins(const bool partitioned) {
+  return twin_rule(partitioned, HEAD_SIZE, BLOCK_SIZE, fp16_cache<cache_t>(KV_DTYPE == 0),
+                   bf16_cache<cache_t>(KV_DTYPE == 0), BLOCK_SPARSE);
+}
+template <int HEAD_SIZE, typename cache_t>
+constexpr bool prologue_compiled(const bool partitioned, const bool auto_dtype) {
+  return prologue_rule(HEAD_SIZE, partitioned, fp16_cache<cache_t>(auto_dtype),
+                       bf16_cache<cache_t>(auto_dtype));
+}
+
+// ---- Which twin a launch runs -------------------------------------------------------------
+// The twins compiled beside each instantiation twin_rule names (rules.inc's KVP_TWIN): G query
+// heads per CTA and S times stock's threads per CTA. Few CTAs want short chains (large S, and
+// G = 2 to keep more CTAs); many want the L2 traffic cut by G = 4 and at most one CTA of
+// stock's size per group. `auto` runs the first twin whose min_ctas_pct the grid reaches, in
+// stock CTAs per 100 SMs (auto_twin); the thresholds are where the measured fastest twin
+// changes.
+struct TwinShape {
+  int g, s;          // query heads per CTA; threads per CTA over stock's
+  int min_ctas_pct;  // `auto`: grids of at least this many stock CTAs per 100 SMs
+  const char* name;  // KVPREFETCH_GQA=<name> runs it at every launch it can take
+};
+constexpr TwinShape kTwins[] = {
+#define KVP_TWIN(G, S, MIN_CTAS_PCT, NAME) {G, S, MIN_CTAS_PCT, NAME},
+#include "rules.inc"
+};
+constexpr int kNumTwins = static_cast<int>(sizeof(kTwins) / sizeof(kTwins[0]));
+constexpr int auto_twin(const long long ctas_pct) {
+  for (int i = 0; i < kNumTwins; ++i) {
+    if (ctas_pct >= kTwins[i].min_ctas_pct) return i;
+  }
+  return kNumTwins - 1;
+}
+// The twins' modes: off, auto, or the index of the twin every launch runs where it can.
+constexpr int kTwinOff = -1, kTwinAuto = -2;
+// KVPREFETCH_GQA's value `v` as a mode: off, auto, on (the first twin) or a twin's name;
+// `fallback` when it is unset or empty, and when it is unknown (then *unknown is set).
+inline int twin_mode_from(const char* v, const int fallback, bool* unknown) {
+  *unknown = false;
+  if (v == nullptr || *v == '\0') return fallback;
+  const std::string s(v);
+  if (s == "off") return kTwinOff;
+  if (s == "auto") return kTwinAuto;
+  if (s == "on") return 0;
+  for (int i = 0; i < kNumTwins; ++i) {
+    if (s == kTwins[i].name) return i;
+  }
+  *unknown = true;
+  return fallback;
+}
+// CTAs of twin i that its launch bound keeps resident on one SM: every twin is bounded to
+// kTwinBoundThreads threads' worth of 128 registers (KVPREFETCH_TWIN_BOUNDS, gqa_twins.cuh),
+// so four 128-thread CTAs (S = 1), two of 256 (S = 2), one of 512 (S = 4).
+constexpr int twin_bound_ctas(const int i) { return kTwinBoundThreads / (128 * kTwins[i].s); }
+// CTAs of `smem` bytes of dynamic shared memory that one SM of `smem_per_sm` bytes holds, with
+// the system's and the static part's share of each CTA (the same allowance as stage_count's).
+inline long long smem_ctas(const long long smem_per_sm, const long long smem) {
+  return smem_per_sm / (smem + kSmemSystemBytes + kSmemStaticBytes);
+}
+// Whether twin i, given `smem` bytes of dynamic shared memory, keeps a second CTA beside each
+// CTA on an SM where its grid of `twin_ctas` CTAs has one to give it (and its launch bound
+// allows two). Why two: a twin's CTA is a pipeline of phases with CTA-wide barriers between
+// them (the K pass, the softmax's max and sum over all its warps, the V pass, the cross-warp
+// output reduction), and while one CTA waits at a barrier or drains a phase, its SM issues
+// loads only for the CTAs beside it. A v1 twin keeps G heads' logits for the whole context
+// in shared memory (4 G bytes per token: 128 KiB for 4 heads at 8192 tokens), so at long
+// contexts shared memory leaves a lone CTA per SM, and the twin's G-fold cut of the L2-to-SM
+// traffic no longer pays: measured, one CTA per SM ran slower than stock and two or more
+// faster, whatever the warps per SM.
+inline bool keeps_occupancy(const int i, const long long twin_ctas, const int sm_count,
+                            const long long smem, const long long smem_per_sm) {
+  const long long sms = sm_count > 0 ? sm_count : 1;
+  const long long per_sm = (twin_ctas + sms - 1) / sms;
+  const long long need = std::min<long long>({per_sm, twin_bound_ctas(i), 2});
+  return smem_ctas(smem_per_sm, smem) >= need;
+}
+// Which twin (an index into kTwins) a launch of `stock_ctas` stock CTAs on `sm_count` SMs runs,
+// or -1 for vLLM's kernel. A twin can run where its G divides `per_kv` (query heads per kv
+// head) and its shared memory `smem[i]` (bytes; 0: not compiled) fits `max_smem`. A forced
+// mode runs its twin wherever it can. `auto` takes auto_twin's pick, if its G divides per_kv
+// (else vLLM's kernel), and where the pick does not keep two CTAs per SM (keeps_occupancy, on
+// SMs of `smem_per_sm` bytes) the next twin of kTwins that can run and does: the twins are in
+// order of shrinking logits per CTA (4 heads, then 2), so a long context moves to a twin of
+// fewer heads per CTA, and past the last to vLLM's kernel. Host code (twin_for in
+// gqa_twins.cuh asks the device; tests/samples/sass/min_blocks_rule.cu runs this on the CPU).
+inline int twin_pick(const int mode, const long long stock_ctas, const int sm_count,
+                     const int per_kv, const long long* smem, const long long max_smem,
+                     const long long smem_per_sm) {
+  if (mode == kTwinOff || per_kv <= 0 || mode >= kNumTwins) return -1;
+  const long long sms = sm_count > 0 ? sm_count : 1;
+  const auto fits = [&](const int j) {
+    return per_kv % kTwins[j].g == 0 && smem[j] > 0 && smem[j] <= max_smem;
+  };
+  if (mode != kTwinAuto) return mode >= 0 && fits(mode) ? mode : -1;
+  const int first = auto_twin(100LL * stock_ctas / sms);
+  if (per_kv % kTwins[first].g != 0) return -1;
+  for (int j = first; j < kNumTwins; ++j) {
+    if (fits(j) && keeps_occupancy(j, stock_ctas / kTwins[j].g, sm_count, smem[j], smem_per_sm)) {
+      return j;
+    }
+  }
+  return -1;
+}
+// Slots per warp a staged twin's launch gets: as many as the shared memory of one SM
+// (`smem_per_sm` bytes) leaves each of the CTAs it holds at once (the grid's `ctas` per SM,
+// up to what the twins' launch bound lets run: kStageMaxWarps warps), at most the warp's
+// 2 x ceil(blocks / warps) chunks (K and V) and kTwinStage; 0 (the launcher then runs the
+// unstaged twin) where fewer than two fit: with one slot a warp would wait for every chunk in
+// turn. `fixed`: the CTA's dynamic shared memory besides the ring; per CTA the system's share
+// and room for the static part (at most 2.3 KiB in the twins), the mbarriers and the ring's
+// alignment. Host code (tests/samples/sass/min_blocks_rule.cu runs it on the CPU).
+inline int stage_count(const long long ctas, const int sm_count, const long long smem_per_sm,
+                       const long long fixed, const int cta_warps, const int chunk_bytes,
+                       const int blocks_per_cta) {
+  const long long sms = sm_count > 1 ? sm_count : 1;
+  const long long per_sm = (ctas + sms - 1) / sms;
+  const long long fit = kStageMaxWarps / cta_warps;
+  const long long resident = per_sm < 1 ? 1 : (per_sm < fit ? per_sm : fit);
+  const long long room =
+      (smem_per_sm / resident - kSmemSystemBytes - kSmemStaticBytes - fixed) /
+      (1LL * cta_warps * chunk_bytes);
+  const long long blocks = blocks_per_cta > 1 ? blocks_per_cta : 1;
+  const long long need = 2 * ((blocks + cta_warps - 1) / cta_warps);
+  long long slots = room < need ? room : need;
+  if (slots > kTwinStage) slots = kTwinStage;
+  return slots >= 2 ? static_cast<int>(slots) : 0;
+}
+
+// ---- Which reduction follows a v2 twin ----------------------------------------------------
+// Under KVPREFETCH_TWIN_PDL=2: kvprefetch's reduce kernel (launched as a programmatic
+// dependent) unless the twin's grid takes between half of the SMs and all of them, where
+// vLLM's ran faster after it.
+constexpr bool pdl_reduce_after(const long long twin_ctas, const int sm_count) {
+  return KVPREFETCH_TWIN_PDL >= 2 && !(2 * twin_ctas > sm_count && twin_ctas <= sm_count);
+}
+// Whether a fusable twin's launch of `twin_ctas` CTAs reduces inside (KVPREFETCH_TWIN_FUSE),
+// where the launch may (`allowed`: the v2 launcher found room for it) and its stream then gets
+// counters (gqa_twins.cuh, launch_twin_kernel): at the grids after which kvprefetch's reduce
+// kernel would not run; elsewhere that kernel, as a programmatic dependent, was faster.
+constexpr bool twin_reduces(const bool fusable_twin, const bool allowed,
+                            const long long twin_ctas, const int sm_count) {
+  return KVPREFETCH_TWIN_FUSE != 0 && fusable_twin && allowed &&
+         !pdl_reduce_after(twin_ctas, sm_count);
+}
+
+// Which of N slots a stream holds (gqa_twins.cuh's fuse_slot keeps one per device, under its
+// lock): the slot it took at its first call, else the first free one, else -1 (the launch then
+// takes no counters). `stream` is the handle as a pointer. Host code.
+template <int N>
+struct StreamSlots {
+  const void* owner[N] = {};
+  bool held[N] = {};
+  int take(const void* stream) {
+    for (int s = 0; s < N; ++s) {
+      if (held[s] && owner[s] == stream) return s;
+    }
+    for (int s = 0; s < N; ++s) {
+      if (!held[s]) {
+        held[s] = true;
+        owner[s] = stream;
+        return s;
+      }
+    }
+    return -1;
+  }
+};
+
+// ---- Host side: the environment switches and the device's facts ---------------------------
+#if !defined(USE_ROCM)
+namespace {
+// off|on|auto (or 0|1|2) from the environment variable `name`; `fallback` when it is unset,
+// empty or unknown (the last with a note on stderr).
+inline int env_mode(const char* name, const int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  const std::string s(v);
+  if (s == "off" || s == "0") return 0;
+  if (s == "on" || s == "1") return 1;
+  if (s == "auto" || s == "2") return 2;
+  std::fprintf(stderr, "kvprefetch: ignoring %s=%s (use off, on or auto)\n", name, v);
+  return fallback;
+}
+
+// KVPREFETCH=off|on|auto, read once per process.
+inline int kvprefetch_host_mode() {
+  static const int mode = env_mode("KVPREFETCH", KVPREFETCH_DEFAULT_MODE);
+  return mode;
+}
+
+// Whether `stream` is being captured into a CUDA graph (or cannot tell): nothing may be
+// copied on it then, since the copy would become a graph node replayed with every step.
+inline bool capturing_or_unknown(cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &capturing) != cudaSuccess ||
+         capturing != cudaStreamCaptureStatusNone;
+}
+
+struct DeviceFacts {
+  int cc_major = 0;
+  int l2_bytes = 0;
+  int sm_count = 0;
+  int max_smem_optin = 0;  // bytes of dynamic shared memory a CTA may opt into
+  int smem_per_sm = 0;     // bytes of shared memory of one SM
+  int device = -1;         // the device these are of
+};
+inline DeviceFacts device_facts(int dev) {
+  static DeviceFacts cache[64];
+  static std::atomic<unsigned long long> known{0};
+  if (dev < 0 || dev >= 64) return DeviceFacts{};
+  if (!(known.load() & (1ull << dev))) {
+    DeviceFacts f;
+    cudaDeviceGetAttribute(&f.cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, dev);
+    cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&f.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cudaDeviceGetAttribute(&f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    f.device = dev;
+    cache[dev] = f;
+    known.fetch_or(1ull << dev);
+  }
+  return cache[dev];
+}
+}  // namespace
+#endif  // !USE_ROCM
+
+}  // namespace kvprefetch

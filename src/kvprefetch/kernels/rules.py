@@ -1,0 +1,122 @@
+"""The kernel rules' numbers, read from the one table the C++ includes.
+
+``csrc/kvprefetch/rules.inc`` is an X-macro table: the CUDA headers include it to build their
+constants (the GQA twins, the v1 launch bounds, the thresholds), and this module parses the same
+file, so a rule changed there changes both sides. The Python logic that restates the C++
+decisions (kvprefetch.upstream: which instantiations change, which twin a grid runs, the ring's
+slots) reads its numbers from here; tests compile the C++ logic into a host program and check
+that both sides agree. Parsing is pure and happens once, at first use."""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+RULES_FILE = "rules.inc"
+_ENTRY = re.compile(r"^KVP_(TWIN|V1_MIN_BLOCKS|RULE)\((.*)\)\s*$")
+_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+@dataclass(frozen=True)
+class Twin:
+    """One GQA-grouped twin: G query heads and S times stock's threads per CTA; `auto` runs the
+    first twin whose ``min_ctas_pct`` (stock CTAs per 100 SMs) the grid reaches."""
+
+    group: int
+    split: int
+    min_ctas_pct: int
+    name: str
+
+
+@dataclass(frozen=True)
+class KernelRules:
+    """Every entry of rules.inc: the twins in `auto`'s order, the v1 launch bounds by head size,
+    and the named integers (KVP_RULE ``kFooBar`` is the field ``foo_bar``)."""
+
+    twins: tuple[Twin, ...]
+    v1_min_blocks: tuple[tuple[int, int], ...]
+    twin_head_size: int
+    rule_block_size: int
+    prologue_min_head_size: int
+    prologue_max_bf16_head_size: int
+    twin_bound_threads: int
+    staged_split: int
+    stage_slots: int
+    stage_max_warps: int
+    fused_group: int
+    fused_split: int
+    smem_system_bytes: int
+    smem_static_bytes: int
+    l2_blocks_per_cta: int
+    auto_l2_divisor: int
+    prologue_rounds: int
+    base_slots: int
+    auto_max_ctas_pct: int
+    auto_max_issuing_pct: int
+
+    def min_blocks_for(self, head_size: int) -> int:
+        return dict(self.v1_min_blocks).get(head_size, 0)
+
+
+def _field_name(macro_name: str) -> str:
+    """``kPrologueMinHeadSize`` -> ``prologue_min_head_size``."""
+    return _CAMEL.sub("_", macro_name.removeprefix("k")).lower()
+
+
+def _literal(text: str) -> int | str:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        return text[1:-1]
+    return int(text, 0)
+
+
+def parse_rules(text: str) -> KernelRules:
+    """The table in ``text`` (rules.inc's content). Every line ``KVP_<KIND>(literals)`` at the
+    start of a line is an entry; everything else (comments, the macros' defaults) is skipped.
+    An unknown or missing rule is a ValueError, so the two sides cannot drift apart silently."""
+    twins: list[Twin] = []
+    bounds: list[tuple[int, int]] = []
+    named: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        m = _ENTRY.match(line.strip())
+        if m is None:
+            continue
+        kind, args = m.group(1), m.group(2).split(",")
+        if kind == "RULE":
+            name, value = args[0].strip(), _literal(args[1])
+            if not isinstance(value, int):
+                raise ValueError(f"{RULES_FILE}:{lineno}: {name} is not an integer")
+            named[_field_name(name)] = value
+            continue
+        values = [_literal(a) for a in args]
+        if kind == "TWIN":
+            g, s, pct, label = values
+            twins.append(Twin(int(g), int(s), int(pct), str(label)))
+        else:
+            head, n = values
+            bounds.append((int(head), int(n)))
+    wanted = {f.name for f in fields(KernelRules)} - {"twins", "v1_min_blocks"}
+    if set(named) != wanted:
+        raise ValueError(f"{RULES_FILE}: rules {sorted(set(named) ^ wanted)} do not match "
+                         "kvprefetch.kernels.rules.KernelRules")
+    if not twins:
+        raise ValueError(f"{RULES_FILE}: no KVP_TWIN entry")
+    return KernelRules(twins=tuple(twins), v1_min_blocks=tuple(bounds), **named)
+
+
+def rules_path() -> Path:
+    """csrc/kvprefetch/rules.inc of this checkout, or of the copy shipped in the package."""
+    package = Path(__file__).resolve().parent.parent  # kvprefetch/
+    for cand in (package / "data", package.parent.parent):  # the wheel's copy, the checkout
+        path = cand / "csrc" / "kvprefetch" / RULES_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"kvprefetch's csrc/kvprefetch/{RULES_FILE} was not found")
+
+
+@functools.cache
+def rules() -> KernelRules:
+    """The kit's own rules.inc, parsed once."""
+    return parse_rules(rules_path().read_text())
