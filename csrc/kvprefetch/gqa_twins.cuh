@@ -36,6 +36,7 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstring>
+#include <atomic>
 #include <mutex>
 #include <type_traits>
 
@@ -1143,18 +1144,36 @@ template <auto kernel, bool STAGED, typename T, typename CACHE_T>
 void launch_twin_kernel_as(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int threads,
                            const int smem, const int shared_mem_size, const cudaStream_t stream,
                            const DeviceFacts& f, unsigned int* counters = nullptr) {
+  // A kernel's attributes are set once per device, not per launch: each cudaFuncSetAttribute is
+  // host time on every eager step (what it sets stays set). Statics of this template: one set
+  // per kernel instantiation.
+  static std::atomic<unsigned long long> carveout_set{0};
+  static std::atomic<int> smem_set[64];
+  const int dev = f.device;
+  const bool known = dev >= 0 && dev < 64;
   if constexpr (STAGED) {
     // Shared memory before L1 (the kernels' L1 hit rate is about 1%), so that the CTAs the
     // rings were sized for fit on one SM.
-    cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                         cudaSharedmemCarveoutMaxShared);
+    if (!known || !(carveout_set.load(std::memory_order_relaxed) & (1ull << dev))) {
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared) == cudaSuccess && known) {
+        carveout_set.fetch_or(1ull << dev);
+      }
+    }
   }
   // A CTA's static and dynamic shared memory together may pass 48 KiB only with the opt-in;
   // the twins' static part is at most 3 KiB (a launch of 48 KiB dynamic, the 4x1 twin's at a
   // 3072-token v1 context, failed with "invalid argument" when only the dynamic part was
-  // compared with 48 KiB).
-  if (smem + 3072 > 48 * 1024) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  // compared with 48 KiB). The opt-in is a maximum, so it is raised only when a launch needs
+  // more than the largest set so far.
+  if (smem + 3072 > 48 * 1024 &&
+      (!known || smem > smem_set[dev].load(std::memory_order_relaxed))) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+            cudaSuccess && known) {
+      int seen = smem_set[dev].load(std::memory_order_relaxed);
+      while (smem > seen && !smem_set[dev].compare_exchange_weak(seen, smem)) {
+      }
+    }
   }
   launch_pdl(kernel, grid, dim3(threads), smem, stream, pdl_on(f), a.exp_sums,
              a.max_logits, a.out, a.q, a.k_cache, a.v_cache, a.num_kv_heads, a.scale,

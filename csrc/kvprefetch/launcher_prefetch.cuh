@@ -140,8 +140,9 @@ inline L2PrefetchRuns l2_prefetch_runs(const long long blocks) {
   return r;
 }
 
-// Fires kv_l2_prefetch_kernel for this step when l2_prefetch_wanted says so, on a side stream
-// forked from the launch stream, so the attention kernel starts at once and the two overlap.
+// Fires kv_l2_prefetch_kernel for this step when l2_prefetch_wanted says so (in `auto`, only
+// while a CUDA graph is being captured), on a side stream forked from the launch stream, so the
+// attention kernel starts at once and the two overlap.
 // The caller keeps the returned join alive until after its attention launch.
 template <typename cache_t, int BLOCK_SIZE>
 inline L2PrefetchJoin launch_l2_prefetch(cudaStream_t stream, const cache_t* k_cache,
@@ -156,12 +157,24 @@ inline L2PrefetchJoin launch_l2_prefetch(cudaStream_t stream, const cache_t* k_c
   if (num_seqs <= 0 || num_kv_heads <= 0 || blocks <= 0) return {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return {};
-  if (!l2_prefetch_wanted(dev, kvprefetch_host_mode(), kv_bytes)) return {};
+  const int mode = kvprefetch_host_mode();
+  if (!l2_prefetch_wanted(dev, mode, kv_bytes)) return {};
   if (chunk % 16 != 0 || chunk > 1048560u) return {};
+  // Created on the first call outside a capture (vLLM's eager warm-up), so that a capture
+  // finds it ready, whatever the eager calls below decide.
+  SideStream* side = side_stream(dev, stream);
+  // `auto` fires the kernel only into a CUDA graph being captured. What it buys is GPU time:
+  // the bytes of a step that fits L2 stream in while the attention kernel starts. What it costs
+  // is host time: a fork, a launch and a join, four runtime calls and a launch beside the
+  // attention kernel's one. Replaying a graph costs no host time per node, so there it is pure
+  // gain; launched eagerly, a step this small (at most L2 / kAutoL2Divisor of K and V) takes
+  // less GPU time than its launches take host time, so back-to-back eager steps are paced by
+  // the host and every added call is loss (the H200's sampled benchmark: small eager steps at
+  // 0.71-0.74x stock with it). KVPREFETCH=on fires it eagerly too.
+  if (mode == 2 && !capturing_or_unknown(stream)) return {};
   const L2PrefetchRuns runs = l2_prefetch_runs(blocks);
   const dim3 grid(num_kv_heads, num_seqs, runs.ctas);
   cudaStream_t prefetch_stream = stream;
-  SideStream* side = side_stream(dev, stream);
   if (side != nullptr) {
     if (cudaEventRecord(side->fork, stream) != cudaSuccess ||
         cudaStreamWaitEvent(side->stream, side->fork, 0) != cudaSuccess) {

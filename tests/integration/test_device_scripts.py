@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEVICE = ROOT / "scripts" / "device"
 SCRIPTS = sorted(p.name for p in DEVICE.glob("*.sh") if p.name != "lib.sh")
 USERS = sorted(name for name in SCRIPTS if "\nbegin_run " in (DEVICE / name).read_text())
 # The CLIs built with click: `--help` after the arguments exits 0 only when every option
 # before it exists (click parses them all before its eager --help).
-CLICK_MODULES = ("kvprefetch", "kvprefetch.commands.bench")
+CLICK_MODULES = ("kvprefetch", "kvprefetch.cli.bench")
 
 
 def test_the_scripts_that_share_the_preamble_are_found() -> None:
@@ -133,17 +133,17 @@ def test_alt_trees_add_each_tree_its_variant_and_its_define(on: tuple[str, ...])
     with its one define; without them nothing is added and the build gets no define."""
     bash = shutil.which("bash")
     assert bash is not None
-    script = (f'source "{DEVICE / "lib.sh"}"; V=(--variant baseline); FETCH=(--with-seed); '
+    script = (f'source "{DEVICE / "lib.sh"}"; V=(--tree baseline); FETCH=(--with-paper); '
               "alt_trees; printf '%s\\n' \"${V[*]}\" \"${FETCH[*]}\" \"${ALT_DEF[*]}\"")
     env = {k: v for k, v in os.environ.items() if k not in {s for s, _, _ in ALT_TREES}}
     env.update({switch: "1" for switch in on})
     res = subprocess.run([bash, "-c", script], capture_output=True, text=True, check=True,
                          env=env)
     v, fetch, define = res.stdout.split("\n")[:3]
-    want_v, want_fetch, want_def = ["--variant baseline"], ["--with-seed"], []
+    want_v, want_fetch, want_def = ["--tree baseline"], ["--with-paper"], []
     for switch, tree, macro in ALT_TREES:
         if switch in on:
-            want_v.append(f"--variant {tree}")
+            want_v.append(f"--tree {tree}")
             want_fetch.append(f"--extra-tree {tree}")
             want_def.append(f"--tree-define {tree}:{macro}")
     assert (v, fetch, define) == (" ".join(want_v), " ".join(want_fetch), " ".join(want_def))
@@ -229,11 +229,11 @@ def test_res_usage_records_each_trees_registers(tmp_path: Path) -> None:
     """lib.sh's res_usage on a REAL object: nvcc compiles a sample kernel for sm_90, a build
     manifest names it as a tree's library, and the results get that tree's
     `cuobjdump -res-usage` (registers per kernel), what decides how many CTAs fit an SM."""
-    from kvprefetch.toolchain import find_nvcc
+    from kvprefetch.build.toolchain import find_nvcc
 
     bash, nvcc = shutil.which("bash"), find_nvcc()
     assert bash is not None and nvcc is not None
-    sample = Path(__file__).resolve().parent / "samples" / "sass" / "pdl_order.cu"
+    sample = Path(__file__).resolve().parents[1] / "samples" / "sass" / "pdl_order.cu"
     obj = tmp_path / "pdl_order.o"
     subprocess.run([str(nvcc), "-std=c++17", "-O2", "-gencode=arch=compute_90,code=sm_90", "-c",
                     "-o", str(obj), str(sample)], check=True, capture_output=True)
