@@ -1,7 +1,8 @@
 """GPU test of the shipped `auto` rule on the REAL `prefetch` build: its launchers fire
 kv_l2_prefetch_kernel beside the attention kernel on steps whose KV is at most L2/2 (v1, and v2
-whether or not the kernel carries the prologue) and not on larger steps; stock never launches
-it. Seen through torch.profiler's list of the kernels that ran. Needs kernels-only builds of
+whether or not the kernel carries the prologue) and not on larger steps, and only into a CUDA
+graph being captured (an eager call of a step that small is paced by the host, where the extra
+launches are loss); stock never launches it. Seen through torch.profiler's list of the kernels that ran. Needs kernels-only builds of
 `baseline` and `patched` made on this machine (`kvprefetch build --kernels-only`), found through
 the build manifests under $KVPREFETCH_WORKDIR (default kvprefetch-work)."""
 
@@ -39,8 +40,9 @@ def stock_and_patched():
 
 
 def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str,
-                      preset: str = "llama-3.1-8b") -> tuple[str, list[str]]:
-    """(v1|v2, names of the CUDA kernels one decode call ran), after one warm-up call."""
+                      preset: str = "llama-3.1-8b", graph: bool = False) -> tuple[str, list[str]]:
+    """(v1|v2, names of the CUDA kernels one decode call ran), after one warm-up call; with
+    ``graph``, of one replay of a CUDA graph that captured the call."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -53,11 +55,20 @@ def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str,
     if not ops.supports(shape.head_size, shape.block_size, shape.kv_cache_dtype, shape.dtype):
         pytest.skip(f"{spec} {dtype}/{kv_cache_dtype} is not instantiated in {ops.name}")
     args = make_inputs(shape).args()
-    forward_decode(ops, args)  # the first call applies the mode and creates the side stream
+    _, kernel = forward_decode(ops, args)  # applies the mode and creates the side stream
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _, kernel = forward_decode(ops, args)
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            forward_decode(ops, args)
         torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            g.replay()
+            torch.cuda.synchronize()
+    else:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            _, kernel = forward_decode(ops, args)
+            torch.cuda.synchronize()
     return kernel, [e.name for e in prof.events() if e.device_type.name == "CUDA"]
 
 
@@ -95,7 +106,8 @@ def _fused_ran(names: list[str]) -> list[bool]:
 def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str, dtype: str,
                                                    kv: str, kernel: str, fires: bool,
                                                    twin: str | None) -> None:
-    """The launcher's prefetch kernel runs beside small steps only, and in `auto` one of the
+    """The launcher's prefetch kernel runs beside small steps only, and only in a captured graph
+    (eagerly never, in `auto`); and in `auto` one of the
     GQA-grouped twins replaces vLLM's kernel, the one kvprefetch.sources.upstream.twin_pick names for
     the step on the H200; stock runs neither."""
     import torch
@@ -119,9 +131,13 @@ def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str,
                                                  ctas // int(twin.split("x")[0]), sms)
     assert _fused_ran(names) == ([fused] if twin else []), names
     assert any(REDUCE_KERNEL in n for n in names) == (kernel == "v2" and not fused), names
-    assert any(PREFETCH_KERNEL in n for n in names) == fires, names
-    _, stock_names = _kernels_launched(stock, spec, dtype, kv)
-    assert not any(PREFETCH_KERNEL in n or TWIN_KERNEL in n for n in stock_names), stock_names
+    assert not any(PREFETCH_KERNEL in n for n in names), names  # eager: never in `auto`
+    _, captured = _kernels_launched(patched, spec, dtype, kv, graph=True)
+    assert any(PREFETCH_KERNEL in n for n in captured) == fires, captured
+    assert _twins_ran(captured) == _twins_ran(names), captured  # the same decision in a graph
+    for graph in (False, True):
+        _, stock_names = _kernels_launched(stock, spec, dtype, kv, graph=graph)
+        assert not any(PREFETCH_KERNEL in n or TWIN_KERNEL in n for n in stock_names), stock_names
 
 
 # KVPREFETCH_GQA is read once per process, so each setting runs in its own interpreter, which
