@@ -309,8 +309,8 @@ def test_the_gpu_bench_script_parses_with_the_real_cli(tmp_path: Path) -> None:
     kit = str(Path(kvprefetch.__file__).resolve().parent.parent)
     c = make_campaign(tmp_path / "camp", python=sys.executable, kit_root=kit, kit_commit=None,
                       kit_version="0", path=os.environ.get("PATH", os.defpath), source="sdist",
-                      trees=("baseline", "patched"), arch="9.0a", build_args=(), no_gpu=False,
-                      bench=BenchSpec((1, 8), ("1k",), ("llama-3.1-8b",)),
+                      trees=parse_trees("baseline,patched"), arch="9.0a", build_args=(),
+                      no_gpu=False, bench=BenchSpec((1, 8), ("1k",), ("llama-3.1-8b",)),
                       slurm=SlurmOptions(gres="gpu:1"))
     write_campaign(c)
     script = Path(c.root) / c.job("bench").script
