@@ -1,9 +1,11 @@
 """`kvprefetch slurm` for real (the campaign's scripts, chain and parsers are tested pure in
 tests/unit/test_slurm.py): the slow integration test runs a REAL one-node Slurm (Debian's slurm-wlm: munged, slurmctld, slurmd on this
 machine, a generated slurm.conf, no GPU gres) running a tiny campaign end to end through real
-sbatch: fetch + apply from the cached sdist, a kernels-only build of one narrowed instantiation per
-tree (two jobs), verify-kernel --no-gpu, a 2-task array of CPU stand-in bench shards, the merge;
-then one array task resubmitted alone. Every daemon the test starts is stopped by the fixture's
+sbatch: the prepare job checks the read-only source (the cached sdist); each build job (two)
+fetches from it into its own scratch folder, applies its variant, builds one narrowed
+instantiation kernels-only and publishes the outputs into the campaign by rename; then
+verify-kernel --no-gpu on the published builds, a 2-task array of CPU stand-in bench shards, the
+merge; then one array task resubmitted alone. Every daemon the test starts is stopped by the fixture's
 finalizer, pass or fail. Needs root (daemons, apt); skipped with the reason otherwise."""
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from kvprefetch.slurm.campaign import (
     BenchSpec,
     SlurmOptions,
     make_campaign,
+    parse_trees,
     write_campaign,
 )
 from tests.integration.helpers import kvprefetch_cli_split
@@ -204,10 +207,12 @@ def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdis
     # this kit, whatever the interpreter's own install is (the campaign pins the same path)
     env["PYTHONPATH"] = str(Path(kvprefetch.__file__).resolve().parent.parent)
     camp = tmp_path / "camp"
+    scratch = tmp_path / "node-scratch"  # stands for a node-local disk ($SLURM_TMPDIR)
     t0 = time.monotonic()
     cpus = os.cpu_count() or 1
     plan = kvprefetch_cli_split(
-        "slurm", "plan", str(camp), "--source", str(vllm_sdist), "--head-sizes", "128",
+        "slurm", "plan", str(camp), "--source", str(vllm_sdist), "--trees", "baseline,patched",
+        "--scratch", str(scratch), "--head-sizes", "128",
         "--block-sizes", "16", "--kv-dtypes", "fp16", "--no-gpu", "--batch", "1,8",
         "--context", "1k", "--stand-in", *(["--cpus-per-build", "1"] if cpus == 2 else []),
         "--submit", "--json", env=env)
@@ -236,12 +241,24 @@ def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdis
     assert sorted(s["id"] for s in states if s["job"] == "bench") == \
         [f"{ids['bench']}_0", f"{ids['bench']}_1"]
 
-    # the builds are real: one manifest per tree, and the merged report names their libraries
+    # the builds are real, built in their jobs' own scratch and published into the campaign:
+    # one manifest per tree, its paths the published ones; the scratch folders are gone
     manifests = {json.loads(p.read_text())["tree"]: json.loads(p.read_text())
                  for p in (camp / "work").glob("build/*/*/manifest.json")}
     assert sorted(manifests) == ["baseline", "patched"]
+    for tree, m in manifests.items():
+        assert m["published"]["from"].startswith(f"{scratch}/kvprefetch-camp-build-{tree}-")
+        assert m["so_path"].startswith(f"{camp}/work/envs/{tree}/")
+        assert m["env"]["path"] == f"{camp}/work/envs/{tree}"
+    assert list(scratch.iterdir()) == []
+    assert not [p for p in (camp / "work").rglob(".*") if ".publish-" in p.name]
+    assert not (camp / "work" / "trees").exists()  # the sources stayed in the scratch
     verify = json.loads((camp / "results" / "verify.json").read_text())
     assert verify["passed"] is True, verify
+    # verify probed the moved environments: each interpreter inside its published env
+    moved = ("interpreter inside its env", "loads its own library")
+    assert {(c["tree"], c["name"], c["status"]) for c in verify["checks"]
+            if c["name"] in moved} == {(t, n, "pass") for t in manifests for n in moved}
     merged = json.loads((camp / "report" / "merged.json").read_text())
     assert [s["file"] for s in merged["meta"]["merge"]["shards"]] == \
         [str(camp / "results" / f"bench-{i}.json") for i in (0, 1)]
@@ -292,8 +309,8 @@ def test_the_gpu_bench_script_parses_with_the_real_cli(tmp_path: Path) -> None:
     kit = str(Path(kvprefetch.__file__).resolve().parent.parent)
     c = make_campaign(tmp_path / "camp", python=sys.executable, kit_root=kit, kit_commit=None,
                       kit_version="0", path=os.environ.get("PATH", os.defpath), source="sdist",
-                      trees=("baseline", "patched"), arch="9.0a", build_args=(), no_gpu=False,
-                      bench=BenchSpec((1, 8), ("1k",), ("llama-3.1-8b",)),
+                      trees=parse_trees("baseline,patched"), arch="9.0a", build_args=(),
+                      no_gpu=False, bench=BenchSpec((1, 8), ("1k",), ("llama-3.1-8b",)),
                       slurm=SlurmOptions(gres="gpu:1"))
     write_campaign(c)
     script = Path(c.root) / c.job("bench").script
@@ -302,3 +319,17 @@ def test_the_gpu_bench_script_parses_with_the_real_cli(tmp_path: Path) -> None:
     assert r.returncode == 7, r.stdout + r.stderr
     assert "no kernels-only builds under" in r.stderr
     assert "kvprefetch job bench on" in r.stdout
+
+
+@pytest.mark.parametrize("scratch", ["node", "campaign", "/lscratch/$USER/kvp"])
+def test_every_generated_script_is_valid_bash(tmp_path: Path, scratch: str) -> None:
+    """`bash -n` over every script of a campaign with five trees, in each scratch mode."""
+    c = make_campaign(tmp_path / "camp", python=sys.executable, kit_root="/k", kit_commit=None,
+                      kit_version="0", path="/usr/bin:/bin", source="sdist",
+                      trees=parse_trees("baseline,patched,launch,paper,control"), arch="9.0a",
+                      build_args=("--head-sizes", "128"), no_gpu=True,
+                      bench=BenchSpec((1, 8)), slurm=SlurmOptions(), scratch=scratch,
+                      keep_scratch=scratch == "campaign")
+    for path in write_campaign(c)[1:]:
+        r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
+        assert r.returncode == 0, (path.name, r.stderr)

@@ -1,4 +1,5 @@
-"""CLI: ``kvprefetch slurm plan|submit|status|resubmit|stand-in`` (thin over kvprefetch.slurm)."""
+"""CLI: ``kvprefetch slurm plan|submit|status|resubmit`` for people, and ``prepare``, ``publish``
+and ``stand-in`` for the campaign's jobs (thin over kvprefetch.slurm)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,20 @@ def _split(text: str | None) -> tuple[str, ...]:
 @slurm.command()
 @campaign_arg
 @click.option("--source", default="auto", show_default=True,
-              help="fetch --source for the prepare job: auto, git, sdist, or the PATH of a "
-                   "vllm-0.10.2.tar.gz or clone on a shared filesystem (a read-only cache).")
+              help="Where the build jobs fetch from, read-only: auto or sdist (the hash-pinned "
+                   "sdist, downloaded once by the prepare job into CAMPAIGN/cache), or the PATH "
+                   "of a vllm-0.10.2.tar.gz or clone on a filesystem every node mounts.")
+@click.option("--trees", "trees_text", default="baseline,patched", show_default=True,
+              help="The trees, one build job each: baseline (stock, always built), and "
+                   "variants by name (patched = prefetch, launch, paper, control) or as "
+                   "NAME=VARIANT.")
+@click.option("--scratch", default="node", show_default=True,
+              help="Where each build job works: node (the job's $SLURM_TMPDIR, else $TMPDIR, "
+                   "else /tmp), campaign (CAMPAIGN/scratch), or an absolute folder ($VARs are "
+                   "expanded by the job). Only finished outputs are published into CAMPAIGN/work.")
+@click.option("--keep-scratch", is_flag=True,
+              help="Leave each build job's scratch folder in place (default: removed at exit; "
+                   "a failed build's logs are copied to CAMPAIGN/logs first).")
 @click.option("--arch", default="9.0a", show_default=True, help="build --arch.")
 @click.option("--head-sizes", default=None, help="build --head-sizes (default: all).")
 @click.option("--block-sizes", default=None, help="build --block-sizes (default: all).")
@@ -53,14 +66,15 @@ def _split(text: str | None) -> tuple[str, ...]:
 @click.option("--submit", "do_submit", is_flag=True, help="Submit the campaign right away.")
 @dry_run_option
 @json_option
-def plan(campaign: Path, source: str, arch: str, head_sizes: str | None,
+def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratch: bool,
+         arch: str, head_sizes: str | None,
          block_sizes: str | None, kv_dtypes: str | None, no_gpu: bool, batches: str,
          contexts: str | None, presets: str | None, stand_in: bool, partition: str | None,
          account: str | None, time_limit: str | None, gres: str | None,
          cpus_per_build: int | None, python: str | None, do_submit: bool, dry_run: bool,
          as_json: bool) -> None:
     """Write CAMPAIGN/campaign.json (the frozen plan) and one sbatch script per job: prepare
-    (fetch + apply), build-baseline and build-patched, verify, bench (array), merge."""
+    (the source cache), build-<tree> for each tree, verify, bench (array), merge."""
     from ..bench.matrix import parse_sizes
     from ..build.selection import parse_selection
     from ..errors import ConfigError
@@ -69,10 +83,10 @@ def plan(campaign: Path, source: str, arch: str, head_sizes: str | None,
         BenchSpec,
         SlurmOptions,
         make_campaign,
+        parse_trees,
         render_script,
         write_campaign,
     )
-    from ..sources import upstream
 
     parse_selection(head_sizes, block_sizes, kv_dtypes)  # refuse a bad selection now, not in a job
     build_args: list[str] = []
@@ -80,6 +94,7 @@ def plan(campaign: Path, source: str, arch: str, head_sizes: str | None,
                        ("--kv-dtypes", kv_dtypes)):
         if value:
             build_args += [opt, value]
+    trees = parse_trees(trees_text)
     if source not in ("auto", "git", "sdist"):
         if not Path(source).exists():
             raise ConfigError(f"--source {source} does not exist",
@@ -93,10 +108,10 @@ def plan(campaign: Path, source: str, arch: str, head_sizes: str | None,
     c = make_campaign(
         campaign, python=py, kit_root=kit.root, kit_commit=kit.commit, kit_version=kit.version,
         path=os.environ.get("PATH", os.defpath), source=source,
-        trees=upstream.TREE_NAMES, arch=arch,
-        build_args=build_args, no_gpu=no_gpu,
+        trees=trees, arch=arch, build_args=build_args, no_gpu=no_gpu,
         bench=BenchSpec(parse_sizes(batches), _split(contexts), _split(presets), stand_in),
-        slurm=SlurmOptions(partition, account, time_limit, gres, cpus_per_build))
+        slurm=SlurmOptions(partition, account, time_limit, gres, cpus_per_build),
+        scratch=scratch, keep_scratch=keep_scratch)
     if dry_run:
         if as_json:
             emit_json({"plan": c.to_dict(),
@@ -207,3 +222,58 @@ def stand_in(campaign: Path, task: int) -> None:
 
     c, _ = load(campaign)
     info(f"wrote {write_shard(c, task)}")
+
+
+@slurm.command()
+@campaign_arg
+@json_option
+def prepare(campaign: Path, as_json: bool) -> None:
+    """(The prepare job.) The read-only source cache the build jobs fetch from, checked, and
+    CAMPAIGN/work's ownership record written before any build starts."""
+    from ..slurm.cluster import load
+    from ..slurm.prepare import prepare as do
+
+    c, _ = load(campaign)
+    res = do(c)
+    if as_json:
+        emit_json(res)
+        return
+    how = "downloaded and checked" if res.downloaded else "checked"
+    info(f"source cache: {res.source} ({how}, read-only to the build jobs)")
+    info("recorded build folders of: " + (", ".join(res.recorded) or "none (already recorded)"))
+
+
+@slurm.command()
+@campaign_arg
+@click.option("--tree", "tree_name", required=True, help="The tree this build job built.")
+@click.option("--scratch", "scratch", required=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="The build job's scratch work directory.")
+@click.option("--logs-only", is_flag=True,
+              help="Publish nothing; copy the build's logs to CAMPAIGN/logs/build-TREE-JOBID/ "
+                   "(the build failed).")
+@json_option
+def publish(campaign: Path, tree_name: str, scratch: Path, logs_only: bool,
+            as_json: bool) -> None:
+    """(The build jobs' last step.) Publish a finished build from the job's scratch into
+    CAMPAIGN/work: a copy under a temporary name, then an atomic rename, no lock."""
+    import socket
+
+    from ..slurm.cluster import load
+    from ..slurm.publish import keep_logs, publish_build
+
+    c, _ = load(campaign)
+    tree = c.tree(tree_name).name
+    label = os.environ.get("SLURM_JOB_ID") or str(os.getpid())
+    if logs_only:
+        kept = keep_logs(scratch, tree, c.logs / f"build-{tree}-{label}")
+        info(f"build logs of {tree} kept in {kept}" if kept else
+             f"no build logs of {tree} in {scratch} (it failed before building)")
+        return
+    res = publish_build(scratch, c.workdir, tree, label=label,
+                        host=socket.gethostname())
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        info(f"published {tree}: {res.build_dir} and {res.env_dir} "
+             f"(library sha256 {res.so_sha256[:16]}…)")

@@ -5,19 +5,27 @@ here runs Slurm (``cluster.py`` does).
     <campaign>/
       campaign.json            the frozen plan, then the job ids of every submission
       scripts/NN-<job>.sbatch  one self-contained script per job
-      logs/<job>-<jobid>.out   Slurm's output of each job (arrays: <job>-<array>_<task>.out)
-      work/                    the kit's work directory: trees, builds, envs (shared by the jobs)
+      logs/<job>-<jobid>.out   Slurm's output of each job (arrays: <job>-<array>_<task>.out);
+                               a failed build's own logs in logs/build-<tree>-<jobid>/
+      cache/                   the read-only source cache: the hash-checked sdist (prepare)
+      work/                    the published outputs only: build/<tree>/<key>/ (manifest.json,
+                               the library) and envs/<tree>/, then verify/ (a kit work dir)
       results/                 verify.json, bench-<task>.json (one per array task)
       report/                  merged.json, merged.md
 
 Jobs, each after the previous stage succeeded (``--dependency=afterok``):
-``prepare`` (fetch + apply), ``build-<tree>`` (one per tree, kernels-only), ``verify``,
-``bench`` (an array, one batch size per task), ``merge`` (``report --merge``).
+``prepare`` (the source cache), ``build-<tree>`` (one per tree: fetch, apply its variant,
+kernels-only build, publish), ``verify``, ``bench`` (an array, one batch size per task),
+``merge`` (``report --merge``).
 
-Locks: the build jobs run at the same time on possibly different nodes, and each writes only its
-own tree's paths (``build/<tree>``, ``envs/<tree>``, ``state/<tree>.json``, its tree lock). The
-one file every build would otherwise touch, the work directory's ownership record, is written by
-``prepare`` for every tree's build folder beforehand, so no lock has to hold across nodes.
+Scratch and locks (publish.py): a build job never works in the campaign. It fetches from the
+read-only cache into its own scratch work directory (node-local ``$SLURM_TMPDIR``/``$TMPDIR`` by
+default), builds there with the kit's ordinary, node-local locks, and then publishes its
+finished outputs into ``work/``: copied under a temporary name in the destination's own folder,
+then renamed, which is atomic on one filesystem (NFS and Lustre included). Each tree publishes
+to its own paths, and the one shared file, the ownership record of ``work/``, is written by
+``prepare`` before any build starts. So no lock has to hold across nodes: flock over NFS does
+not everywhere, and none is taken.
 """
 
 from __future__ import annotations
@@ -32,8 +40,16 @@ from typing import Any
 from ..errors import ConfigError
 from ..sources import upstream
 
-SCHEMA = 1
+SCHEMA = 2
 CAMPAIGN_FILE = "campaign.json"
+# --scratch: where a build job makes its own work directory. ``node``: the node-local folder
+# the cluster gives the job (``$SLURM_TMPDIR`` where the site sets it, as the Alliance's
+# clusters do; else ``$TMPDIR``, which job_container/tmpfs sites make per job; else /tmp).
+# ``campaign``: ``<campaign>/scratch``, for nodes without usable local disk.
+SCRATCH_NODE = "node"
+SCRATCH_CAMPAIGN = "campaign"
+_NODE_SCRATCH_SH = "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"
+_SCRATCH_FORBIDDEN = ('"', "`", "\\", "$(", "\n")
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,57 @@ class SlurmOptions:
         if cpus:
             out.append(f"--cpus-per-task={cpus}")
         return out
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """One tree of the campaign and the variant ``apply`` gives it (None: stock, baseline)."""
+
+    name: str
+    variant: str | None
+
+
+def parse_trees(text: str) -> tuple[TreeSpec, ...]:
+    """``baseline,patched,launch,paper,control,mine=launch``: a variant's name stands for its
+    usual tree (``patched`` or ``prefetch``: the prefetch variant); ``NAME=VARIANT`` names the
+    tree. ``baseline`` (stock) is always built, first: verify and bench compare against it."""
+    from ..workspace.workdir import check_tree_name
+
+    by_tree = {t: v for v, t in upstream.DEFAULT_TREE_FOR_VARIANT.items()}
+    out: dict[str, TreeSpec] = {"baseline": TreeSpec("baseline", None)}
+    for item in (p.strip() for p in text.split(",")):
+        if not item or item == "baseline":
+            continue
+        name, sep, variant = item.partition("=")
+        if not sep:
+            variant = by_tree.get(name, upstream.canonical_variant(name))
+            name = upstream.DEFAULT_TREE_FOR_VARIANT.get(variant, name)
+        variant = upstream.canonical_variant(variant)
+        check_tree_name(name, "--trees")
+        if variant not in upstream.VARIANTS:
+            raise ConfigError(f"--trees {item}: {variant!r} is not a variant "
+                              f"({', '.join(upstream.VARIANTS)})",
+                              "name a variant, or a tree as NAME=VARIANT (e.g. mine=launch)")
+        if name == "baseline" or name in out:
+            raise ConfigError(f"--trees {item}: the tree {name} is named twice",
+                              "give each tree its own name: NAME=VARIANT")
+        out[name] = TreeSpec(name, variant)
+    if len(out) < 2:
+        raise ConfigError(f"--trees {text!r} names no tree to compare with baseline",
+                          "pass e.g. --trees baseline,patched")
+    return tuple(out.values())
+
+
+def check_scratch(scratch: str) -> str:
+    """``node``, ``campaign``, or an absolute folder, which may name environment variables the
+    job's shell expands (``/scratch/$USER``); nothing else a shell would run."""
+    if scratch in (SCRATCH_NODE, SCRATCH_CAMPAIGN):
+        return scratch
+    if not scratch.startswith(("/", "$")) or any(c in scratch for c in _SCRATCH_FORBIDDEN):
+        raise ConfigError(f"--scratch {scratch!r} is not node, campaign or an absolute folder",
+                          "pass node (the job's $SLURM_TMPDIR/$TMPDIR), campaign, or a path "
+                          "such as /scratch/$USER (no quotes, backslashes or $(...))")
+    return scratch
 
 
 @dataclass(frozen=True)
@@ -87,12 +154,14 @@ class Campaign:
     kit_version: str
     path: str                     # PATH for the jobs (nvcc, git, cuobjdump are found on it)
     source: str                   # fetch --source
-    trees: tuple[str, ...]
+    trees: tuple[TreeSpec, ...]
     arch: str
     build_args: tuple[str, ...]   # --head-sizes/--block-sizes/--kv-dtypes as given
     no_gpu: bool
     bench: BenchSpec
     slurm: SlurmOptions
+    scratch: str = SCRATCH_NODE   # see check_scratch
+    keep_scratch: bool = False
     jobs: tuple[Job, ...] = field(default=())
     schema: int = SCHEMA
 
@@ -100,6 +169,33 @@ class Campaign:
     @property
     def workdir(self) -> Path:
         return Path(self.root) / "work"
+
+    @property
+    def tree_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.trees)
+
+    def tree(self, name: str) -> TreeSpec:
+        for t in self.trees:
+            if t.name == name:
+                return t
+        raise ConfigError(f"the campaign {self.root} has no tree {name!r} (its trees: "
+                          f"{', '.join(self.tree_names)})", "pass one of those names")
+
+    @property
+    def cache(self) -> Path:
+        return Path(self.root) / "cache"
+
+    @property
+    def source_cache(self) -> str:
+        """What the build jobs fetch from, read-only: the sdist the prepare job put into the
+        cache (--source auto/sdist), or the --source path itself (an sdist or a clone)."""
+        if self.source in ("auto", "sdist"):
+            return str(self.cache / upstream.SDIST_NAME)
+        return self.source
+
+    @property
+    def logs(self) -> Path:
+        return Path(self.root) / "logs"
 
     @property
     def results(self) -> Path:
@@ -124,27 +220,33 @@ class Campaign:
 
 
 def make_campaign(root: Path, *, python: str, kit_root: str, kit_commit: str | None,
-                  kit_version: str, path: str, source: str, trees: Sequence[str], arch: str,
-                  build_args: Sequence[str], no_gpu: bool, bench: BenchSpec,
-                  slurm: SlurmOptions) -> Campaign:
-    if tuple(trees) != upstream.TREE_NAMES:
-        # prepare runs plain `fetch` + `apply`, which make exactly these two trees; other
-        # variants' trees (--with-paper, --extra-tree) are not wired into campaigns yet
-        raise ConfigError(f"a campaign builds the trees {', '.join(upstream.TREE_NAMES)}, "
-                          f"not {', '.join(trees) or 'none'}",
-                          "benchmark other variants with `kvprefetch bench kernel` on one "
-                          "machine for now")
+                  kit_version: str, path: str, source: str, trees: Sequence[TreeSpec],
+                  arch: str, build_args: Sequence[str], no_gpu: bool, bench: BenchSpec,
+                  slurm: SlurmOptions, scratch: str = SCRATCH_NODE,
+                  keep_scratch: bool = False) -> Campaign:
+    if not trees or trees[0] != TreeSpec("baseline", None) or len(trees) < 2 \
+            or len({t.name for t in trees}) != len(trees):
+        raise ConfigError("a campaign builds baseline (stock) first, then at least one other "
+                          f"tree, each named once; not {', '.join(t.name for t in trees)}",
+                          "pass --trees baseline,patched (or more: launch,paper,control,"
+                          "NAME=VARIANT)")
+    if source == "git":
+        raise ConfigError("a campaign's build jobs fetch from a read-only cache, and "
+                          "--source git has none",
+                          "clone vLLM once onto a shared filesystem and pass --source PATH, or "
+                          "use --source sdist (the hash-pinned sdist, downloaded once)")
+    check_scratch(scratch)
     if not bench.batches:
         raise ConfigError("no batch sizes to benchmark", "pass --batch 1,8 (one array task each)")
     jobs = [Job("prepare", "scripts/00-prepare.sbatch")]
-    builds = tuple(f"build-{t}" for t in trees)
+    builds = tuple(f"build-{t.name}" for t in trees)
     jobs += [Job(b, f"scripts/10-{b}.sbatch", ("prepare",)) for b in builds]
     jobs.append(Job("verify", "scripts/20-verify.sbatch", builds))
     jobs.append(Job("bench", "scripts/30-bench.sbatch", ("verify",), len(bench.batches)))
     jobs.append(Job("merge", "scripts/40-merge.sbatch", ("bench",)))
     return Campaign(str(root.resolve()), python, kit_root, kit_commit, kit_version, path,
                     source, tuple(trees), arch, tuple(build_args), no_gpu, bench, slurm,
-                    tuple(jobs))
+                    scratch, keep_scratch, tuple(jobs))
 
 
 def campaign_from_dict(d: dict[str, Any]) -> Campaign:
@@ -153,10 +255,11 @@ def campaign_from_dict(d: dict[str, Any]) -> Campaign:
                           "plan the campaign again with this kit (`kvprefetch slurm plan`)")
     return Campaign(
         d["root"], d["python"], d["kit_root"], d.get("kit_commit"), d["kit_version"], d["path"],
-        d["source"], tuple(d["trees"]), d["arch"], tuple(d["build_args"]), d["no_gpu"],
+        d["source"], tuple(TreeSpec(t["name"], t["variant"]) for t in d["trees"]), d["arch"],
+        tuple(d["build_args"]), d["no_gpu"],
         BenchSpec(tuple(d["bench"]["batches"]), tuple(d["bench"]["contexts"]),
                   tuple(d["bench"]["presets"]), d["bench"]["stand_in"]),
-        SlurmOptions(**d["slurm"]),
+        SlurmOptions(**d["slurm"]), d["scratch"], d["keep_scratch"],
         tuple(Job(j["name"], j["script"], tuple(j["after"]), j["array"]) for j in d["jobs"]))
 
 
@@ -186,22 +289,60 @@ def kit_argv(c: Campaign, *args: str | Path) -> list[str]:
     return [c.python, "-m", "kvprefetch", *map(str, args)]
 
 
+def scratch_base_sh(c: Campaign) -> str:
+    """The shell word for the folder under which a build job makes its scratch directory."""
+    if c.scratch == SCRATCH_NODE:
+        return f'"{_NODE_SCRATCH_SH}"'
+    if c.scratch == SCRATCH_CAMPAIGN:
+        return shlex.quote(str(Path(c.root) / "scratch"))
+    return f'"{c.scratch}"'  # check_scratch: only $VAR expansion can happen inside the quotes
+
+
+def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
+    """fetch (from the read-only cache), apply, build in the job's own scratch work directory,
+    then publish the outputs into the campaign; on failure, the build's logs are kept."""
+    scratch = '"$SCRATCH"'
+    publish = _q(kit_argv(c, "slurm", "publish", c.root, "--tree", tree.name, "--scratch")) \
+        + " " + scratch
+    name = f"kvprefetch-{Path(c.root).name}-build-{tree.name}"
+    lines = [
+        f"SCRATCH_BASE={scratch_base_sh(c)}",
+        f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
+        'mkdir -p -- "$SCRATCH_BASE"',
+        'mkdir -- "$SCRATCH"  # this job\'s own: a new job id is a new folder',
+        "on_exit() {",
+        "  local rc=$?",
+        f'  if [ "$rc" -ne 0 ]; then {publish} --logs-only || true; fi',
+        ('  echo "scratch kept: $SCRATCH"' if c.keep_scratch else '  rm -rf -- "$SCRATCH"'),
+        "}",
+        "trap on_exit EXIT",
+        'echo "scratch: $SCRATCH"',
+    ]
+    extra = [] if tree.name in upstream.TREE_NAMES else ["--extra-tree", tree.name]
+    lines.append(_q(kit_argv(c, "fetch", "--workdir")) + f" {scratch} "
+                 + _q(["--source", c.source_cache, *extra]))
+    if tree.variant is not None:
+        lines.append(_q(kit_argv(c, "apply", "--workdir")) + f" {scratch} "
+                     + _q(["--variant", tree.variant, "--tree", tree.name]))
+    jobs = ["--jobs", str(c.slurm.cpus_per_build)] if c.slurm.cpus_per_build else []
+    lines.append(_q(kit_argv(c, "build", "--workdir")) + f" {scratch} "
+                 + _q(["--kernels-only", "--trees", tree.name, "--arch", c.arch, *jobs,
+                       *c.build_args]))
+    lines.append(publish)
+    return lines
+
+
 def job_commands(c: Campaign, job: Job) -> list[str]:
     """The body of a job's script, one shell line each (arguments quoted; the only shell
-    features used are ``$SLURM_ARRAY_TASK_ID`` and an array of batch sizes)."""
+    features used are ``$SLURM_ARRAY_TASK_ID``, an array of batch sizes, and in the build jobs
+    the scratch folder and its exit trap)."""
     wd = str(c.workdir)
     if job.name == "prepare":
-        return [_q(kit_argv(c, "fetch", "--workdir", wd, "--source", c.source)),
-                _q(kit_argv(c, "apply", "--workdir", wd)),
-                # the build folders' ownership, recorded here: see prepare.py
-                _q([c.python, "-m", "kvprefetch.slurm.prepare", wd, *c.trees])]
+        return [_q(kit_argv(c, "slurm", "prepare", c.root))]
     if job.name.startswith("build-"):
-        tree = job.name[len("build-"):]
-        jobs = ["--jobs", str(c.slurm.cpus_per_build)] if c.slurm.cpus_per_build else []
-        return [_q(kit_argv(c, "build", "--workdir", wd, "--kernels-only", "--trees", tree,
-                            "--arch", c.arch, *jobs, *c.build_args))]
+        return _build_commands(c, c.tree(job.name[len("build-"):]))
     if job.name == "verify":
-        argv = kit_argv(c, "verify-kernel", "--workdir", wd, "--trees", ",".join(c.trees),
+        argv = kit_argv(c, "verify-kernel", "--workdir", wd, "--trees", ",".join(c.tree_names),
                         "--json", *(["--no-gpu"] if c.no_gpu else []))
         return [_q(argv) + " > " + shlex.quote(str(c.results / "verify.json"))]
     if job.name == "bench":
@@ -214,7 +355,7 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
             extra += ["--context", ctx]
         for p in c.bench.presets:
             extra += ["--preset", p]
-        trees = [x for t in c.trees for x in ("--tree", t)]
+        trees = [x for t in c.tree_names for x in ("--tree", t)]
         lines.append(_q(kit_argv(c, "bench", "kernel", "--workdir", wd, *trees, *extra,
                                  "--out", c.results, "--formats", "json"))
                      + ' --batch "${BATCHES[$SLURM_ARRAY_TASK_ID]}"'
@@ -228,7 +369,7 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
 
 
 def render_script(c: Campaign, job: Job) -> str:
-    log = Path(c.root) / "logs" / (f"{job.name}-%A_%a.out" if job.array else f"{job.name}-%j.out")
+    log = c.logs / (f"{job.name}-%A_%a.out" if job.array else f"{job.name}-%j.out")
     gpu = job.name == "bench" and not c.bench.stand_in or job.name == "verify" and not c.no_gpu
     cpus = c.slurm.cpus_per_build if job.name.startswith("build-") else None
     directives = [f"--job-name=kvp-{Path(c.root).name}-{job.name}", f"--output={log}"]
@@ -262,7 +403,7 @@ def write_campaign(c: Campaign) -> list[Path]:
                               "plan into a new folder, or resubmit single jobs with "
                               "`kvprefetch slurm resubmit`")
         submitted = old["submitted"]
-    for d in ("scripts", "logs", "results", "report"):
+    for d in ("scripts", "logs", "results", "report", "cache"):
         (root / d).mkdir(parents=True, exist_ok=True)
     written = []
     for job in c.jobs:

@@ -32,10 +32,10 @@ def stand_in_shard(c: Campaign, task: int) -> dict[str, Any]:
         raise BenchError(f"task {task} is not a shard of this campaign (tasks 0.."
                          f"{len(c.bench.batches) - 1})", "pass the array task id")
     t0 = time.monotonic()
-    builds = find_builds(c.workdir, c.trees)
+    builds = find_builds(c.workdir, c.tree_names)
     found = [b.tree for b in builds]
-    if found != list(c.trees):
-        raise BenchError(f"the campaign's builds are {list(c.trees)} but {c.workdir} holds "
+    if sorted(found) != sorted(c.tree_names):
+        raise BenchError(f"the campaign's builds are {list(c.tree_names)} but {c.workdir} holds "
                          f"kernels-only builds of {found}",
                          "let the build jobs finish (or resubmit the failed one) first")
     for b in builds:

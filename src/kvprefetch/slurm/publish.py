@@ -1,0 +1,155 @@
+"""A build job's last step (``kvprefetch slurm publish``): its finished outputs, moved from its
+scratch work directory into the campaign's shared ``work/``, in the layout every reader of a
+work directory already accepts (``kernels.ops.find_builds``, ``verify-kernel``, ``bench``):
+
+    work/envs/<tree>/            the tree's environment, with kvprefetch_kernels/_C.so in it
+    work/build/<tree>/<key>/     manifest.json, the library, build.ninja, logs/ (no objects)
+
+Atomic by rename, no lock: each is copied under a temporary name in the folder it ends up in
+(``.<name>.publish-<job>``), its JSON paths rewritten from scratch to the published place and
+the library re-hashed against the manifest, then renamed into place. A rename within one
+filesystem is atomic (POSIX ``rename(2)``; NFS and Lustre honour it), so a reader sees the old
+build or the new one, never half of one. The environment is renamed first and the build folder
+second: the manifest, what readers look for, appears last. Two jobs never publish the same path
+(one build job per tree), and the campaign's ownership record was written by ``prepare``; so
+nothing here needs a lock that holds across nodes.
+
+A kernels-only environment is a venv without pip whose package finds its library next to its
+own ``__file__``; its python finds ``pyvenv.cfg`` beside ``bin/``, wherever the folder is, so
+the moved environment works unchanged (verify-kernel's probe checks that it does).
+
+On failure, ``keep_logs`` copies the build's logs out of the scratch before it is removed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SlurmError
+from ..hashing import sha256_file
+from ..workspace.workdir import Workdir, write_json_atomic
+
+_NOT_PUBLISHED = shutil.ignore_patterns("*.o", "*.o.tmp", ".ninja_deps", ".ninja_log")
+_NOT_KEPT = shutil.ignore_patterns("*.o", "*.o.tmp", "*.so", "src")
+
+
+@dataclass(frozen=True)
+class Published:
+    tree: str
+    build_dir: Path
+    env_dir: Path
+    so_path: Path
+    so_sha256: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"tree": self.tree, "build_dir": str(self.build_dir),
+                "env_dir": str(self.env_dir), "so_path": str(self.so_path),
+                "so_sha256": self.so_sha256}
+
+
+def _moved(path: str, pairs: list[tuple[str, str]]) -> str:
+    for old, new in pairs:
+        if path == old or path.startswith(old + "/"):
+            return new + path[len(old):]
+    return path
+
+
+def rewrite_paths(obj: Any, pairs: list[tuple[str, str]]) -> Any:
+    """``obj`` (JSON) with every string (and key) under a moved folder pointing at its new place;
+    paths elsewhere (the scratch's trees, the toolchain) stay as they were recorded."""
+    if isinstance(obj, str):
+        return _moved(obj, pairs)
+    if isinstance(obj, list):
+        return [rewrite_paths(v, pairs) for v in obj]
+    if isinstance(obj, dict):
+        return {_moved(k, pairs): rewrite_paths(v, pairs) for k, v in obj.items()}
+    return obj
+
+
+def _rename_into_place(tmp: Path, dest: Path, label: str) -> None:
+    """``tmp`` becomes ``dest``; a ``dest`` already there (a resubmitted build) is moved aside
+    first and removed after (rename cannot replace a non-empty directory)."""
+    old = dest.parent / f".{dest.name}.old-{label}"
+    if os.path.lexists(dest):
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(dest, old)
+    os.rename(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
+                  host: str = "") -> Published:
+    """Publish the newest kernels-only build of ``tree`` in the scratch work directory into the
+    work directory ``dest`` (see the module docstring). ``label`` names the temporary folders
+    (the job id)."""
+    from ..kernels.ops import find_builds
+
+    swd, dwd = Workdir(scratch.resolve()), Workdir(dest.resolve())
+    builds = [b for b in find_builds(swd.root, [tree]) if b.tree == tree]
+    if not builds:
+        raise SlurmError(f"no kernels-only build of {tree} in the scratch {swd.root}",
+                         "read the build's output above; resubmit the build job")
+    built = builds[0]
+    src_build = built.manifest_path.parent
+    manifest = json.loads(built.manifest_path.read_text(encoding="utf-8"))
+    src_env = Path(str(manifest.get("env", {}).get("path", "")))
+    real_env = Path(os.path.realpath(src_env))
+    if not _inside(Path(os.path.realpath(built.so_path)), real_env) \
+            or not _inside(real_env, swd.root):
+        raise SlurmError(f"the build of {tree} loads {built.so_path}, not a library in an "
+                         f"environment of the scratch {swd.root}",
+                         "build with `kvprefetch build --kernels-only` in the scratch work "
+                         "directory")
+    dst_build, dst_env = dwd.build_root(tree) / src_build.name, dwd.env(tree)
+    # the manifest records paths as the build saw them: the scratch as given, or resolved
+    recorded_build = Path(str(manifest.get("build_so_path") or src_build)).parent
+    pairs = [(str(p), str(dst_build)) for p in {src_build, recorded_build}]
+    pairs += [(str(p), str(dst_env)) for p in {src_env, real_env}]
+    tmp_build = dst_build.parent / f".{dst_build.name}.publish-{label}"
+    tmp_env = dst_env.parent / f".{dst_env.name}.publish-{label}"
+    try:
+        for tmp in (tmp_build, tmp_env):
+            shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier try of this job
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src_env, tmp_env, symlinks=True)
+        shutil.copytree(src_build, tmp_build, symlinks=True, ignore=_NOT_PUBLISHED)
+        for bj in tmp_env.glob("lib/python*/site-packages/kvprefetch_kernels/build.json"):
+            write_json_atomic(bj, rewrite_paths(json.loads(bj.read_text(encoding="utf-8")),
+                                                pairs))
+        new = rewrite_paths(manifest, pairs)
+        new["published"] = {"from": str(src_build), "env_from": str(src_env), "job": label,
+                            "host": host,
+                            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        so = Path(_moved(str(built.so_path), pairs))
+        copied = tmp_env / so.relative_to(dst_env)
+        actual = sha256_file(copied)
+        if actual != built.so_sha256:
+            raise SlurmError(f"the copy {copied} has sha256 {actual}, the manifest says "
+                             f"{built.so_sha256}", "resubmit the build job (a bad copy)")
+        write_json_atomic(tmp_build / "manifest.json", new)
+        _rename_into_place(tmp_env, dst_env, label)
+        _rename_into_place(tmp_build, dst_build, label)  # the manifest appears: committed
+    finally:
+        for tmp in (tmp_build, tmp_env):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return Published(tree, dst_build, dst_env, so, built.so_sha256)
+
+
+def keep_logs(scratch: Path, tree: str, into: Path) -> Path | None:
+    """Copy the build logs of ``tree`` (its ``build/<tree>`` folder without objects, libraries
+    and sources) out of the scratch into ``into``; None when the job never got to build."""
+    src = Workdir(scratch.resolve()).build_root(tree)
+    if not src.is_dir():
+        return None
+    shutil.rmtree(into, ignore_errors=True)
+    shutil.copytree(src, into, symlinks=True, ignore=_NOT_KEPT)
+    return into
