@@ -7,7 +7,8 @@
 # quick narrowed build, or --mode kernels-only to force that mode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=$(cd "$(bash scripts/setup-venv.sh sass,plot)" && pwd)
+VENV=$(bash scripts/setup-venv.sh sass,plot)  # a failed set-up stops here (set -e)
+VENV=$(cd "$VENV" && pwd)
 K="$VENV/bin/kvprefetch"
 # kvprefetch is installed in the kit's own venv, not on PATH. Say how to reach it, on success or
 # failure alike (a failed step is investigated with the same commands). A launcher in, say,
