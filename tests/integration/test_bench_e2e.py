@@ -13,14 +13,9 @@ import pytest
 
 from kvprefetch.bench import e2e
 from kvprefetch.errors import BenchError
+from tests.unit.test_bench_e2e import _plan  # the same two-environment plan
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
-
-
-def _plan(tmp_path: Path, **kw) -> e2e.E2EPlan:
-    envs = (e2e.E2EEnv("baseline", tmp_path / "b" / "python"),
-            e2e.E2EEnv("patched", tmp_path / "p" / "python"))
-    return e2e.E2EPlan(envs=envs, model_dir=tmp_path / "model", out_dir=tmp_path / "out", **kw)
 
 
 def _fake_python(path: Path) -> Path:

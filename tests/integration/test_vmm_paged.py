@@ -23,7 +23,8 @@ import pytest
 from kvprefetch.errors import BenchError
 from kvprefetch.kernels import ops
 from kvprefetch.vmm import paged as P
-from kvprefetch.vmm.bench import DecodeConfig, DecodeResult, render_summary
+from kvprefetch.vmm.bench import DecodeConfig, render_summary
+from tests.unit.test_vmm_paged import _decode_result  # the same stand-in result
 
 CFG = DecodeConfig(q_heads=8, kv_heads=2, head_dim=64, rounds=3, sample_ms=0.0)
 
@@ -45,14 +46,6 @@ def _reference_ops(namespace: str, name: str, transform: Any = None) -> ops.Page
 
 def _bump(out: Any) -> None:
     out.view(-1)[0] += 1
-
-
-def _decode_result(batch: int, context: int, vmm_ms: float, **paged: Any) -> DecodeResult:
-    return DecodeResult(
-        batch=batch, context=context, layers=2, kv_bytes_per_call=2 * batch * context * 2 * 64 * 2,
-        backend="CUDNN_ATTENTION", vmm_ms=vmm_ms, malloc_ms=vmm_ms, vmm_spread=0.01,
-        malloc_spread=0.01, ratio=1.0, within_3pct=True, vmm_gbps=1.0, malloc_gbps=1.0,
-        vmm_frac_copy_bw=0.9, malloc_frac_copy_bw=0.9, bitwise_equal=True, **paged)
 
 
 def test_hook_times_every_build_and_checks_bitwise_equality_on_cpu() -> None:
