@@ -388,7 +388,7 @@ def _check_cmake(environ: Mapping[str, str]) -> Check:
 
 
 # build --mode full --smoke: the unpacked deps, two tree copies, CMake's binary dirs and the
-# four attention objects (measured: about 1 GiB).
+# four attention objects (measured: about 0.4 GiB).
 SMOKE_DISK_GB = 2.0
 
 

@@ -343,8 +343,9 @@ def check_objects(objects: dict[str, Path], variant: str | None, disasm_env: dic
     patched = variant is not None and variant != "stock"
     out = {}
     for name, obj in objects.items():
+        # the listing (about 250 MB per object) is parsed, not logged; the log gets the verdict
         text = run([str(tools.cuobjdump), "-sass", str(obj)], env=tools.environ(disasm_env),
-                   log=log, echo=False).output
+                   echo=False).output
         kernels = parse_sass(text)
         verdict = judge(kernels, patched=patched, expects=lambda k: prefetches_in(
             variant, k.version, k.kv_cache, k.head_size, k.dtype))
@@ -355,20 +356,25 @@ def check_objects(objects: dict[str, Path], variant: str | None, disasm_env: dic
                      "ublkpf_total": sum(k.ublkpf for k in kernels),
                      "ok": verdict.ok, "problems": list(verdict.problems[:10]),
                      "table": summarise(kernels)}
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"+ {tools.cuobjdump} -sass {obj}\n{len(text)} characters of SASS; "
+                    f"{verdict.kernels} paged_attention kernels ({', '.join(archs)}), "
+                    f"{verdict.with_prefetch} with UBLKPF; problems: "
+                    f"{list(verdict.problems[:10]) or 'none'}\n")
     return out
 
 
 def build_smoke_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> Any:
     """Walk one tree's smoke steps (under the tree's locks); a TreeOutcome."""
     from ..sources.deps import unpack_archives
-    from .builder import TreeOutcome, _tree_locks, compile_with_progress, say, skip_if_up_to_date
+    from .builder import TreeOutcome, compile_with_progress, say, skip_if_up_to_date, tree_locks
 
     out = TreeOutcome(tp.tree, log_dir=tp.log_dir)
     bdir = Path(tp.build_dir)
     logs = Path(tp.log_dir)
     smoke: dict[str, Any] = plan.toolchain["smoke"]
     t0 = time.monotonic()
-    with _tree_locks(tp, plan):
+    with tree_locks(tp, plan):
         if skip_if_up_to_date(tp, force, out):
             return out
         logs.mkdir(parents=True, exist_ok=True)
