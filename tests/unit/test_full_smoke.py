@@ -4,6 +4,10 @@ stand-in) and the smoke itself are tested in tests/integration/test_full_smoke.p
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 
 from kvprefetch.build.full_smoke import (
@@ -14,6 +18,8 @@ from kvprefetch.build.full_smoke import (
     parse_objects,
 )
 from kvprefetch.errors import ConfigError
+from kvprefetch.verify.kernel import newest_manifests
+from kvprefetch.workspace.workdir import Workdir
 
 
 def test_objects_option() -> None:
@@ -46,3 +52,14 @@ def test_cmake_version() -> None:
     assert parse_cmake_version("cmake version 3.31.10\n\nCMake suite") == (3, 31, 10)
     assert parse_cmake_version("cmake version 3.25.1") == (3, 25, 1)
     assert parse_cmake_version("nonsense") is None
+
+
+def test_verify_never_picks_the_smoke_manifest(tmp_path: Path) -> None:
+    """A smoke after a kernels-only build must not hide that build from verify-kernel."""
+    built = tmp_path / "build" / "patched" / "0123456789abcdef" / "manifest.json"
+    smoke = tmp_path / "build" / "patched" / "full-smoke" / "manifest.json"
+    for p, mode in ((built, "kernels-only"), (smoke, "full-smoke")):
+        p.parent.mkdir(parents=True)
+        p.write_text(json.dumps({"tree": "patched", "mode": mode}))
+    os.utime(built, (1, 1))  # the smoke is newer
+    assert newest_manifests(Workdir(tmp_path))["patched"]["mode"] == "kernels-only"
