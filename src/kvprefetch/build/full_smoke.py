@@ -399,7 +399,7 @@ def build_smoke_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> Any:
                 say(tp.tree, "configure: vLLM's CMake project (about a minute)")
                 log.unlink(missing_ok=True)
                 run(list(s.argv), env=child, cwd=str(bdir), log=log,
-                    fix=f"read {log}; `kvprefetch doctor --mode full` names missing tools")
+                    fix=f"read {log}; `kvprefetch doctor --mode full --smoke` names missing tools")
             elif s.name == "commands":
                 generated = generated_commands(bdir / "cmake", child, log)
             elif s.name == "compile":
@@ -449,6 +449,7 @@ def build_smoke_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> Any:
                              + "; ".join(f"{n}: {r['problems'][:2]}" for n, r in bad.items()),
                              f"read {bdir / 'manifest.failed.json'}")
         write_json_atomic(bdir / "manifest.json", manifest)
+        (bdir / "manifest.failed.json").unlink(missing_ok=True)
     out.status = "built"
     if first:
         out.so, out.so_sha256 = first["path"], first["sha256"]
