@@ -387,11 +387,17 @@ def _check_cmake(environ: Mapping[str, str]) -> Check:
     return Check("cmake", "ok", f"cmake {fmt_version(v)}")
 
 
-def _check_disk(workdir: Path, mode: Mode, probes: DoctorProbes) -> Check:
-    need = probes.disk_estimate_gb[mode]
+# build --mode full --smoke: the unpacked deps, two tree copies, CMake's binary dirs and the
+# four attention objects (measured: about 0.4 GiB).
+SMOKE_DISK_GB = 2.0
+
+
+def _check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = False) -> Check:
+    need = SMOKE_DISK_GB if smoke else probes.disk_estimate_gb[mode]
     free = probes.disk_free(workdir) / GIB
-    article = "an" if mode == "overlay" else "a"
-    detail = f"{free:.1f} GiB free at {workdir}, {article} {mode} build needs about {need:.0f} GiB"
+    what = "the full-mode smoke" if smoke else \
+        f"{'an' if mode == 'overlay' else 'a'} {mode} build"
+    detail = f"{free:.1f} GiB free at {workdir}, {what} needs about {need:.0f} GiB"
     fix = f"free space or pass --workdir on a disk with at least {need:.0f} GiB free"
     if free < need:
         return Check("disk", "fail", detail, fix)
@@ -446,6 +452,64 @@ def _check_git_network(environ: Mapping[str, str], mode: Mode, need_network: boo
     return checks
 
 
+def _smoke_checks(environ: Mapping[str, str], wd: Path, torch_from: str | None,
+                  cuda_home_opt: str | None
+                  ) -> tuple[list[Check], Path | None, tuple[int, int, int] | None]:
+    """What ``build --mode full --smoke`` needs (build/full_smoke.py): torch 2.8.0 in some
+    environment, a CUDA toolkit of torch's major version, cmake >= 3.26.1 and ninja. Its
+    missing driver stub and NVRTC are supplied by the smoke's toolkit view (link-time
+    stand-ins), so they are not a failure here."""
+    from .build.full_smoke import CMAKE_FIX, default_torch_python, find_cmake
+    from .build.kernels_only import probe_torch
+    from .overlay.cuda12 import toolkit_dir
+    from .overlay.toolkit import choose_toolkit
+
+    env = dict(environ)
+    checks: list[Check] = []
+    workdir = Workdir(wd.resolve())
+    py = torch_from or default_torch_python(workdir)
+    torch_cuda = None
+    if py is None:
+        checks.append(Check("smoke-torch", "fail", "no environment with torch==2.8.0 given",
+                            "give --torch-from PYTHON (torch==2.8.0), or build --mode overlay "
+                            f"first ({workdir.overlay_env('baseline')} is the default)"))
+    else:
+        try:
+            t = probe_torch(py, env)
+            torch_cuda = t.torch_cuda
+            ok = t.torch_version.startswith("2.8.0")
+            checks.append(Check("smoke-torch", "ok" if ok else "fail",
+                                f"{py}: torch {t.torch_version} (CUDA {t.torch_cuda})",
+                                None if ok else "vLLM 0.10.2 pins torch==2.8.0: give "
+                                "--torch-from an interpreter that has it"))
+        except KvprefetchError as exc:
+            checks.append(Check("smoke-torch", "fail", exc.cause.splitlines()[0], exc.fix))
+    nvcc = version = None
+    if torch_cuda:
+        try:
+            tk = choose_toolkit(torch_cuda, env, explicit=cuda_home_opt,
+                                assembled=toolkit_dir(workdir.root))
+            nvcc, version = Path(tk.nvcc), tk.version
+            checks.append(Check("smoke-toolkit", "ok", tk.why + "; the driver stub, NVRTC and "
+                                "CUDA libraries CMake asks for come from a view the smoke makes "
+                                "(the environment's nvidia-*-cu12 wheels, link stand-ins)"))
+        except KvprefetchError as exc:
+            checks.append(Check("smoke-toolkit", "fail", exc.cause.splitlines()[0],
+                                f"{exc.fix} (or `kvprefetch build --mode overlay`, which "
+                                "assembles CUDA 12.4.1 into the work directory)"))
+    else:
+        checks.append(Check("smoke-toolkit", "skip", "no torch to match (see smoke-torch)"))
+    cm = find_cmake(env, [Path(py).parent] if py else [])
+    checks.append(Check("cmake", "ok", f"cmake {fmt_version(cm[1])} ({cm[0]})") if cm else
+                  Check("cmake", "fail", "no cmake >= 3.26.1 on PATH or in the torch "
+                        "environment (vLLM 0.10.2 requires it)", CMAKE_FIX))
+    ninja = which("ninja", env)
+    checks.append(Check("ninja", "ok", ninja) if ninja else
+                  Check("ninja", "fail", "ninja not found on PATH",
+                        "pip install ninja (or apt install ninja-build)"))
+    return checks, nvcc, version
+
+
 def _check_conda(environ: Mapping[str, str]) -> Check:
     exe = find_conda(environ)
     if exe is None:
@@ -484,10 +548,13 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
                workdir: str | os.PathLike[str] = ".", need_network: bool | None = None,
                mode: Mode = "full", probes: DoctorProbes | None = None,
                cuda_home_opt: str | None = None, allow_cuda_mismatch: bool = False,
-               mode_reason: str = "") -> DoctorReport:
+               mode_reason: str = "", smoke: bool = False,
+               torch_from: str | None = None) -> DoctorReport:
     """Run every check for building ``arch_list`` in ``mode`` with the environment ``env``
     (default os.environ; pass the build environment's environ()). ``need_network`` None means:
-    needed for a full build unless all three FetchContent source dirs are set."""
+    needed for a full build unless all three FetchContent source dirs are set. ``smoke``: the
+    full-mode smoke's needs (``_smoke_checks``) in place of a full build's toolkit, libraries
+    and cmake rows."""
     if mode not in ("full", "kernels-only", "overlay"):
         raise ConfigError(f"unknown doctor mode {mode!r}",
                           "use 'full', 'kernels-only' or 'overlay'")
@@ -514,7 +581,11 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
                             "VLLM_PRECOMPILED_WHEEL_LOCATION are unset"))
     except ConfigError as exc:
         checks.append(Check("precompiled", "fail", exc.cause, exc.fix))
-    if mode == "overlay":
+    smoke_rows: list[Check] = []
+    if smoke and mode == "full":
+        smoke_rows, nvcc, version = _smoke_checks(environ, wd, torch_from, cuda_home_opt)
+        checks += smoke_rows
+    elif mode == "overlay":
         tk_check, nvcc, version = _check_overlay_toolkit(environ, cuda_home_opt,
                                                          allow_cuda_mismatch, wd, probes)
         checks.append(tk_check)
@@ -525,14 +596,15 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
         checks.append(_check_compile(nvcc, archs, version, environ, wd))
     else:
         checks.append(Check("nvcc-compile", "skip", "no usable nvcc or arch list"))
-    if mode != "overlay":
+    if mode != "overlay" and not smoke_rows:
         checks.append(_check_cuda_home(environ, probes))
-    if mode == "full":
+    if mode == "full" and not smoke_rows:
         checks.append(_check_cuda_libs(environ, probes))
     checks.append(_check_gcc(environ))
-    checks.append(_check_cmake(environ) if mode == "full" else
-                  Check("cmake", "skip", f"{mode} builds do not use cmake"))
-    checks.append(_check_disk(wd, mode, probes))
+    if not smoke_rows:
+        checks.append(_check_cmake(environ) if mode == "full" else
+                      Check("cmake", "skip", f"{mode} builds do not use cmake"))
+    checks.append(_check_disk(wd, mode, probes, smoke=bool(smoke_rows)))
     checks.append(_check_memory(archs, probes))
     if mode == "overlay":
         checks.append(_check_index(environ, probes))
@@ -578,10 +650,16 @@ def choose_mode(mode: str, arch_list: str | Sequence[CudaArch], *,
 
 def check_machine(mode: str, arch_list: str, *, workdir: str | os.PathLike[str] = ".",
                   local_deps: bool = False, cuda_home_opt: str | None = None,
-                  allow_cuda_mismatch: bool = False) -> DoctorReport:
+                  allow_cuda_mismatch: bool = False, smoke: bool = False,
+                  torch_from: str | None = None) -> DoctorReport:
     """``kvprefetch doctor``: the preflight of the mode ``mode`` resolves to (choose_mode),
     the report saying which mode it checked and why. ``local_deps``: vLLM's FetchContent
     dependencies are local clones, so a full build needs no network."""
+    if smoke:
+        return run_doctor(arch_list, workdir=workdir, mode="full",
+                          need_network=False if local_deps else None,
+                          cuda_home_opt=cuda_home_opt, smoke=True, torch_from=torch_from,
+                          mode_reason="--smoke: vLLM's configure and the attention objects only")
     choice = choose_mode(mode, arch_list, workdir=workdir)
     if choice.full_report is not None and choice.mode == "full" and not local_deps:
         return dataclasses.replace(choice.full_report, mode_reason=choice.reason)

@@ -50,7 +50,7 @@ def say(tree: str, msg: str) -> None:
 
 
 @contextmanager
-def _tree_locks(tp: TreePlan, plan: BuildPlan) -> Iterator[None]:
+def tree_locks(tp: TreePlan, plan: BuildPlan) -> Iterator[None]:
     """The tree's own lock (shared with fetch, apply and clean: nobody changes the sources
     being compiled) and the build's lock; build/<tree> is recorded as the kit's own."""
     wd = Workdir(Path(plan.workdir))
@@ -130,7 +130,7 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
     bdir = Path(tp.build_dir)
     logs = Path(tp.log_dir)
     t0 = time.monotonic()
-    with _tree_locks(tp, plan):
+    with tree_locks(tp, plan):
         if skip_if_up_to_date(tp, force, out):
             return out
         logs.mkdir(parents=True, exist_ok=True)
@@ -207,7 +207,7 @@ def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
     bdir = Path(tp.build_dir)
     logs = Path(tp.log_dir)
     t0 = time.monotonic()
-    with _tree_locks(tp, plan):
+    with tree_locks(tp, plan):
         if skip_if_up_to_date(tp, force, out):
             return out
         logs.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,8 @@ class BuildOptions:
     allow_cuda_mismatch: bool = False
     skip_doctor: bool = False
     dry_run: bool = False
+    smoke: bool = False                    # full mode: configure + the attention objects only
+    smoke_objects: str | None = None       # "v1,v2" (default both)
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,11 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
     archs = parse_arch_list(opts.arch)
     sel = parse_selection(opts.head_sizes, opts.block_sizes, opts.kv_dtypes)
     notices: list[str] = []
-    choice = choose_mode(opts.mode, archs, env=environ, workdir=opts.workdir)
+    if opts.smoke and opts.mode not in ("auto", "full"):
+        raise ConfigError(f"--smoke is a full-mode check; --mode {opts.mode} has none",
+                          "use `build --mode full --smoke` (or leave --mode out)")
+    choice = choose_mode("full" if opts.smoke else opts.mode, archs, env=environ,
+                         workdir=opts.workdir)
     mode = choice.mode
     if opts.mode == "auto" and mode != "full":
         notices.append(f"building {mode} ({choice.reason})")
@@ -135,9 +141,17 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
         rep = run_doctor(archs, env=environ, workdir=opts.workdir,
                          need_network=(mode == "full" and opts.deps_dir is None), mode=mode,
                          cuda_home_opt=opts.cuda_home,
-                         allow_cuda_mismatch=opts.allow_cuda_mismatch)
+                         allow_cuda_mismatch=opts.allow_cuda_mismatch,
+                         smoke=opts.smoke, torch_from=opts.torch_from)
         if not opts.dry_run:
             rep.raise_if_failed()
+    smoke = None
+    if opts.smoke:
+        from .full_smoke import parse_objects, resolve_inputs
+
+        smoke = resolve_inputs(wd, environ, torch_from=opts.torch_from,
+                               cuda_home_opt=opts.cuda_home,
+                               objects=parse_objects(opts.smoke_objects))
     tinfo = None
     if mode == "kernels-only" and nvcc is not None:
         from .kernels_only import probe_torch
@@ -171,7 +185,8 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
                      nvcc=str(nvcc) if nvcc else None, nvcc_version=nv,
                      cuda_home=str(home) if home else None, torch_info=tinfo,
                      editable=opts.editable, deps_dir=opts.deps_dir, ccache=ccache,
-                     tree_defines=per_tree_defines, parallel_trees=parallel, overlay=overlay)
+                     tree_defines=per_tree_defines, parallel_trees=parallel, overlay=overlay,
+                     smoke=smoke)
     return PreparedBuild(plan, overlay, tuple(notices))
 
 
@@ -181,7 +196,8 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
               cuda_home: str | None, torch_info: Any | None, editable: bool = True,
               deps_dir: Path | None = None, ccache: str | None = None,
               tree_defines: dict[str, tuple[str, ...]] | None = None,
-              parallel_trees: int = 1, overlay: Any | None = None) -> BuildPlan:
+              parallel_trees: int = 1, overlay: Any | None = None,
+              smoke: Any | None = None) -> BuildPlan:
     """Compute the plan. ``torch_info`` (kernels-only) is the probe of the torch the envs will
     use, so the compile commands in the plan are the exact ones that will run."""
     if mode not in MODES:
@@ -194,6 +210,12 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
         "cuda_home": cuda_home, "kit": f"kvprefetch {__version__}", "kit_python": kit_python(),
     }
     notes: list[str] = []
+    if smoke is not None:
+        # the smoke compiles with its own toolkit (a view of it), not the machine's nvcc
+        toolchain.update(nvcc=f"{smoke.cuda_home}/bin/nvcc", nvcc_version=smoke.nvcc_version,
+                         cuda_home=smoke.cuda_home, smoke=smoke.to_dict())
+        notes.append("smoke: vLLM's real CMake configure, then only the attention objects of "
+                     "_C; nothing is linked or installed")
     if any(a.suffix == "a" for a in archs):
         notes.append("vLLM compiles _C (and so paged_attention_v1/v2.cu) for plain sm_90 even "
                      "for 9.0a: the bulk L2 prefetch needs only sm_90")
@@ -218,6 +240,11 @@ def make_plan(*, workdir: Path, mode: str, archs: tuple[CudaArch, ...], trees: t
                                                  gencode, selection, torch_from, nvcc, nvcc_version,
                                                  cuda_home, torch_info, jobs,
                                                  (tree_defines or {}).get(tree, ())))
+        elif smoke is not None:
+            from .full_smoke import smoke_tree_plan
+
+            tree_plans.append(smoke_tree_plan(wd, tree, variant, patch, src_hash, env_set,
+                                              arch_list, deps_dir, smoke, jobs))
         else:
             tree_plans.append(full_tree_plan(wd, tree, variant, patch, src_hash, env_backend,
                                               env_path, py, namespace, env_set, arch_list,
@@ -239,6 +266,11 @@ def execute(plan: BuildPlan, *, torch_from: str | None = None, force: bool = Fal
                 return build_kernels_tree(tp, plan, torch_from, force)
             if plan.mode == "overlay":
                 return build_overlay_tree(tp, plan, force, overlay)
+            if "smoke" in plan.toolchain:
+                from .full_smoke import build_smoke_tree
+
+                out: TreeOutcome = build_smoke_tree(tp, plan, force)
+                return out
             return build_full_tree(tp, plan, force)
         except KvprefetchError as exc:
             o = TreeOutcome(tp.tree, "failed", round(time.monotonic() - t0, 1), tp.log_dir)

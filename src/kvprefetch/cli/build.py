@@ -37,7 +37,9 @@ from .common import dry_run_option, json_option, workdir_option
 @click.option("--kv-dtypes", default=None,
               help="Kernels-only: subset of fp16,bf16,fp32,fp8,fp8_e5m2 (default: all).")
 @click.option("--torch-from", default=None, metavar="PYTHON",
-              help="Kernels-only: the interpreter whose torch the envs inherit (default: this one).")
+              help="Kernels-only: the interpreter whose torch the envs inherit (default: this "
+                   "one). --smoke: the torch 2.8.0 interpreter vLLM's CMake configures against "
+                   "(default: the baseline overlay env).")
 @click.option("--no-editable", is_flag=True, help="Full mode: pip install . instead of -e .")
 @click.option("--deps-dir", type=click.Path(path_type=Path), default=None,
               help="Full mode: local recursive clones cutlass/, flash-attention/, FlashMLA/.")
@@ -45,11 +47,18 @@ from .common import dry_run_option, json_option, workdir_option
               help="Kernels-only: an extra -D for one tree's sources, e.g. "
                    "pro_off:KVPREFETCH_DEFAULT_MODE=0 (see csrc/kvprefetch/launch_policy.cuh). Repeatable.")
 @click.option("--cuda-home", default=None, metavar="DIR",
-              help="Overlay: the CUDA 12.x toolkit to compile with (default: CUDA_HOME, nvcc "
+              help="Overlay and --smoke: the CUDA 12.x toolkit to compile with (default: CUDA_HOME, nvcc "
                    "on PATH, /usr/local/cuda-12*).")
 @click.option("--allow-cuda-mismatch", is_flag=True,
               help="Overlay: compile with a toolkit whose major version differs from torch "
                    "2.8.0's CUDA 12.8 when no CUDA 12 toolkit exists (recorded and reported).")
+@click.option("--smoke", is_flag=True,
+              help="Full mode, on any machine: configure vLLM's real CMake project (with "
+                   "--deps-dir, against --torch-from's torch 2.8.0) into "
+                   "<workdir>/build/<tree>/full-smoke/ and build only the paged-attention "
+                   "objects of _C, then check their SASS for UBLKPF. Links nothing.")
+@click.option("--smoke-objects", default=None, metavar="v1,v2",
+              help="--smoke: which of paged_attention_v1.cu / v2.cu to compile (default both).")
 @click.option("--skip-doctor", is_flag=True, help="Do not run the preflight checks.")
 @click.option("--force", is_flag=True, help="Rebuild even when the manifest matches.")
 @dry_run_option
@@ -58,7 +67,8 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
           env_backend: str | None, jobs: int | None, nvcc_threads: int | None, head_sizes: str | None,
           block_sizes: str | None, kv_dtypes: str | None, torch_from: str | None,
           no_editable: bool, deps_dir: Path | None, tree_defines: tuple[str, ...],
-          cuda_home: str | None, allow_cuda_mismatch: bool, skip_doctor: bool, force: bool,
+          cuda_home: str | None, allow_cuda_mismatch: bool, smoke: bool,
+          smoke_objects: str | None, skip_doctor: bool, force: bool,
           dry_run: bool, as_json: bool) -> None:
     """Build the baseline and patched trees, each into its own environment."""
     from ..build.pipeline import BuildOptions, execute, prepare_build, raise_for_failures
@@ -70,7 +80,8 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
         jobs=jobs, nvcc_threads=nvcc_threads, head_sizes=head_sizes, block_sizes=block_sizes,
         kv_dtypes=kv_dtypes, torch_from=torch_from, editable=not no_editable,
         deps_dir=deps_dir, tree_defines=tree_defines, cuda_home=cuda_home,
-        allow_cuda_mismatch=allow_cuda_mismatch, skip_doctor=skip_doctor, dry_run=dry_run)
+        allow_cuda_mismatch=allow_cuda_mismatch, skip_doctor=skip_doctor, dry_run=dry_run,
+        smoke=smoke, smoke_objects=smoke_objects)
     prepared = prepare_build(opts)
     for notice in prepared.notices:
         info(f"notice: {notice}")

@@ -27,10 +27,16 @@ _MARK = {"ok": "✓", "warn": "!", "fail": "✕", "skip": "-"}
 @click.option("--kernels-only", "kernels_only", is_flag=True, help="Same as --mode kernels-only.")
 @click.option("--deps-dir", type=click.Path(path_type=Path), default=None,
               help="Local clones of vLLM's FetchContent dependencies: the network is not needed.")
+@click.option("--smoke", is_flag=True,
+              help="Check for `build --mode full --smoke` (vLLM's configure and the attention "
+                   "objects only): torch 2.8.0, a CUDA 12 toolkit, cmake >= 3.26.1, ninja.")
+@click.option("--torch-from", default=None, metavar="PYTHON",
+              help="--smoke: the interpreter with torch==2.8.0 to configure against.")
 @workdir_option
 @json_option
 def doctor(arch: str, mode: str, cuda_home: str | None, allow_cuda_mismatch: bool,
-           kernels_only: bool, deps_dir: Path | None, workdir: Path, as_json: bool) -> None:
+           kernels_only: bool, deps_dir: Path | None, smoke: bool, torch_from: str | None,
+           workdir: Path, as_json: bool) -> None:
     """Check this machine for building both trees: nvcc and a real compile of the prefetch
     instruction, CUDA_HOME, gcc, cmake, disk, memory, git and network, conda, and the GPU."""
     from ..console import emit_json, info, table
@@ -38,7 +44,8 @@ def doctor(arch: str, mode: str, cuda_home: str | None, allow_cuda_mismatch: boo
 
     report = check_machine("kernels-only" if kernels_only else mode, arch, workdir=workdir,
                            local_deps=deps_dir is not None, cuda_home_opt=cuda_home,
-                           allow_cuda_mismatch=allow_cuda_mismatch)
+                           allow_cuda_mismatch=allow_cuda_mismatch, smoke=smoke,
+                           torch_from=torch_from)
     if as_json:
         emit_json(report.to_dict())
     else:

@@ -103,12 +103,16 @@ class VerifyReport:
 
 
 def newest_manifests(wd: Workdir) -> dict[str, dict[str, Any]]:
-    """tree -> the newest build manifest (kernels-only or full) of that tree."""
+    """tree -> the newest build manifest (kernels-only, overlay or full) of that tree. The
+    full-mode smoke's (``build/<tree>/full-smoke/``) records objects, not a library any
+    environment loads, so it is never the one verified."""
     out: dict[str, tuple[float, dict[str, Any]]] = {}
     for p in wd.root.glob("build/*/*/manifest.json"):
         try:
             m = json.loads(p.read_text())
         except ValueError:
+            continue
+        if not isinstance(m, dict) or m.get("mode") == "full-smoke":
             continue
         t = p.stat().st_mtime
         if m.get("tree") and (m["tree"] not in out or t > out[m["tree"]][0]):

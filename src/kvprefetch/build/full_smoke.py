@@ -1,0 +1,460 @@
+"""The full-mode smoke (``build --mode full --smoke``): vLLM 0.10.2's real CMake project,
+configured for the plan's archs against a torch 2.8.0 environment with the FetchContent
+dependencies given locally, then only the objects of ``_C`` that include the patched header
+(``csrc/attention/paged_attention_v1.cu`` and ``v2.cu``) built through the generated
+``build.ninja``, per tree, and their SASS checked for ``UBLKPF``. It proves on a machine with no
+GPU and no GitHub that the full path is not broken: the configure that a full build runs,
+and the compile commands it generates for the two files the patch touches. It does not link
+``_C`` and compiles nothing else (a full build takes hours).
+
+Layout: ``<workdir>/build/<tree>/full-smoke/`` holds ``src/`` (a copy of the tree),
+``cuda/`` (the toolkit view below), ``cmake/`` (CMake's binary directory), ``logs/`` and
+``manifest.json`` (inputs, tool versions, the exact commands, each object's sha256 and UBLKPF
+counts).
+
+Why a copy of the tree: vLLM's configure writes into its source directory. It regenerates the
+Machete and Marlin kernel sources under ``csrc/`` for the toolkit and archs it finds (with CUDA
+12.4 it rewrites ten files the sdist ships), so configuring the tree itself would leave it
+"edited after kvprefetch recorded it". The copy is made from the recorded tree, and the
+manifest records the sha256 of the attention sources in both.
+
+Why a toolkit *view*: the CUDA 12 toolkit the kit can give a machine without one
+(``overlay/cuda12.py``: NVIDIA's 12.4.1 compiler and runtime headers, no libraries beyond
+``libcudart.so.12``) compiles objects but is not a toolkit CMake accepts. CMake's compiler
+check links a test program with ``-lcudadevrt -lcudart_static``, and torch's
+``Caffe2/public/cuda.cmake`` asks ``FindCUDAToolkit`` for ``CUDA::cuda_driver``, ``nvrtc``,
+cuBLAS, cuFFT, cuRAND, cuSPARSE and cuSOLVER. The view is a directory of symlinks: the
+toolkit's ``bin/`` and ``nvvm/`` (nvcc reads its profile next to the path it was started by),
+its ``include/`` plus the headers of the environment's own ``nvidia-*-cu12`` wheels (what
+torch's headers include), and ``lib64/`` with the environment's libraries (the ones its torch
+loads). Three link-time stand-ins complete it, and they are only ever linked into CMake's
+check programs, never into anything the smoke keeps: ``libcudart_static.a`` is a linker
+script naming ``libcudart.so.12``, ``libcudadevrt.a`` an empty archive (nothing here uses
+relocatable device code), and ``lib64/stubs/libcuda.so`` an empty library where a real
+toolkit has its driver stub. ``--cuda-home`` may name a complete CUDA 12 toolkit instead; the
+view is made all the same (its libraries and stubs then come first)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import BuildError, ConfigError
+from ..hashing import sha256_file
+from ..runner import run, which
+from ..workspace.workdir import Workdir, write_json_atomic
+from .plan import UNSET_FOR_BUILD, BuildPlan, Step, TreePlan, build_key
+from .toolchain import fmt_version
+
+SMOKE_SOURCES = {"v1": "csrc/attention/paged_attention_v1.cu",
+                 "v2": "csrc/attention/paged_attention_v2.cu"}
+# What the objects are compiled from, recorded in the tree and in the copy configured.
+ATTENTION_FILES = (*SMOKE_SOURCES.values(), "csrc/attention/attention_kernels.cuh")
+CMAKE_MIN = (3, 26, 1)  # vLLM 0.10.2's requirements/build.txt
+CMAKE_FIX = ('pip install "cmake>=3.26.1,<4" into any environment and put its bin/ on PATH '
+             "(or into the --torch-from environment)")
+# (wheel directory under site-packages/nvidia, library) for the view's lib64/: what torch's
+# CMake config asks FindCUDAToolkit for. Sonames as torch 2.8.0's cu12 wheels ship them.
+_WHEEL_LIBS = (("cublas", "libcublas.so.12"), ("cublas", "libcublasLt.so.12"),
+               ("cufft", "libcufft.so.11"), ("curand", "libcurand.so.10"),
+               ("cusparse", "libcusparse.so.12"), ("cusolver", "libcusolver.so.11"),
+               ("cuda_nvrtc", "libnvrtc.so.12"), ("nvjitlink", "libnvJitLink.so.12"),
+               ("cuda_cupti", "libcupti.so.12"), ("cufile", "libcufile.so.0"),
+               ("cuda_runtime", "libcudart.so.12"))
+_STUB_C = "void kvprefetch_driver_stand_in(void) {}\n"
+
+
+@dataclass(frozen=True)
+class SmokeInputs:
+    """What the smoke configures with, resolved before anything runs."""
+
+    torch_python: str
+    torch_version: str
+    torch_cuda: str
+    site_packages: str
+    cuda_home: str               # the toolkit the view is made of
+    nvcc_version: str
+    toolkit_why: str
+    cmake: str
+    cmake_version: str
+    objects: tuple[str, ...]     # keys of SMOKE_SOURCES
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_cmake_version(text: str) -> tuple[int, ...] | None:
+    m = re.search(r"cmake version (\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(g or 0) for g in m.groups()) if m else None
+
+
+def find_cmake(environ: dict[str, str], extra_dirs: list[Path]) -> tuple[str, tuple[int, ...]] | None:
+    """The first cmake >= 3.26.1: on PATH, then in ``extra_dirs`` (the torch env's bin/)."""
+    cands = [which("cmake", environ)] + [str(d / "cmake") for d in extra_dirs]
+    for c in cands:
+        if not c or not os.access(c, os.X_OK):
+            continue
+        res = run([c, "--version"], env=environ, echo=False, check=False)
+        v = parse_cmake_version(res.output)
+        if v is not None and v >= CMAKE_MIN:
+            return c, v
+    return None
+
+
+def parse_objects(spec: str | None) -> tuple[str, ...]:
+    """``--smoke-objects v1,v2`` -> ("v1", "v2") (default: both); ``none``: configure only."""
+    if not spec:
+        return tuple(SMOKE_SOURCES)
+    if spec.strip() == "none":
+        return ()
+    names = tuple(dict.fromkeys(s.strip() for s in spec.split(",") if s.strip()))
+    bad = [n for n in names if n not in SMOKE_SOURCES]
+    if bad or not names:
+        raise ConfigError(f"--smoke-objects {spec!r} names {', '.join(bad) or 'nothing'}",
+                          "use v1, v2, v1,v2 (paged_attention_v1.cu / v2.cu) or none "
+                          "(configure only)")
+    return names
+
+
+def default_torch_python(wd: Workdir) -> str | None:
+    """The baseline overlay environment's python (``build --mode overlay`` makes it: torch
+    2.8.0 with vLLM's pins), when it exists."""
+    py = wd.overlay_env("baseline") / "bin" / "python"
+    return str(py) if py.exists() else None
+
+
+def resolve_inputs(wd: Workdir, environ: dict[str, str], *, torch_from: str | None,
+                   cuda_home_opt: str | None, objects: tuple[str, ...]) -> SmokeInputs:
+    """The torch environment, the CUDA toolkit with torch's major version and cmake; a
+    ConfigError naming what is missing and how to get it."""
+    from ..overlay.cuda12 import toolkit_dir
+    from ..overlay.toolkit import choose_toolkit
+    from .kernels_only import probe_torch
+
+    py = torch_from or default_torch_python(wd)
+    if py is None:
+        raise ConfigError("the full-mode smoke needs a Python environment with torch==2.8.0 "
+                          "(CUDA 12.8), the torch vLLM 0.10.2 pins",
+                          "give --torch-from PYTHON, or run `kvprefetch build --mode overlay` "
+                          f"first (its {wd.overlay_env('baseline')} is used by default)")
+    tinfo = probe_torch(py, environ)
+    if not tinfo.torch_version.startswith("2.8.0"):
+        raise ConfigError(f"{py} has torch {tinfo.torch_version}; vLLM 0.10.2 pins torch==2.8.0",
+                          "give --torch-from an interpreter with torch==2.8.0 (e.g. an overlay "
+                          "environment)")
+    # include_paths[0] is <site-packages>/torch/include
+    site = Path(tinfo.include_paths[0]).parent.parent if tinfo.include_paths else None
+    if site is None or not (site / "torch").is_dir():
+        raise ConfigError(f"cannot find the site-packages of {py}'s torch",
+                          "give --torch-from an interpreter with a pip-installed torch==2.8.0")
+    tk = choose_toolkit(str(tinfo.torch_cuda), environ, explicit=cuda_home_opt,
+                        assembled=toolkit_dir(wd.root))
+    cm = find_cmake(environ, [Path(py).parent])
+    if cm is None:
+        raise ConfigError("no cmake >= 3.26.1 on PATH or in the torch environment (vLLM 0.10.2 "
+                          "requires it; Debian 12's is 3.25.1)", CMAKE_FIX)
+    return SmokeInputs(py, tinfo.torch_version, str(tinfo.torch_cuda), str(site), tk.cuda_home,
+                       fmt_version(tk.version), tk.why, cm[0], fmt_version(cm[1]), objects)
+
+
+def smoke_dir(wd: Workdir, tree: str) -> Path:
+    return wd.build_root(tree) / "full-smoke"
+
+
+def object_target(source: str) -> str:
+    """The ninja target of a ``_C`` source's object as CMake's Ninja generator names it."""
+    return f"CMakeFiles/_C.dir/{source}.o"
+
+
+def ninja_targets(ninja_text: str) -> set[str]:
+    """The explicit outputs of a build.ninja's ``build`` statements (pure)."""
+    out: set[str] = set()
+    for line in ninja_text.splitlines():
+        if line.startswith("build "):
+            head = line[len("build "):].split(":", 1)[0]
+            out.update(p for p in head.replace("$ ", "\0").split() if p != "|")
+    return {p.replace("\0", " ") for p in out}
+
+
+def generated_commands(cbuild: Path, env: dict[str, str], log: Path) -> dict[str, str]:
+    """The compile command CMake generated for each attention object (``ninja -t commands``,
+    its last line); a BuildError when build.ninja has no such target."""
+    ninja = cbuild / "build.ninja"
+    known = ninja_targets(ninja.read_text())
+    out = {}
+    for src in SMOKE_SOURCES.values():
+        target = object_target(src)
+        if target not in known:
+            raise BuildError(f"vLLM's generated {ninja} has no target {target}",
+                             "the CMake project no longer compiles that source into _C; check "
+                             "the tree's CMakeLists.txt")
+        res = run(["ninja", "-C", str(cbuild), "-t", "commands", target], env=env, log=log,
+                  echo=False)
+        out[target] = res.output.strip().splitlines()[-1]
+    return out
+
+
+def smoke_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
+                    src_hash: str, env_set: dict[str, str], arch_list: str,
+                    deps_dir: Path | None, inputs: SmokeInputs, jobs: int) -> TreePlan:
+    from ..sources.deps import find_archives
+
+    src = wd.tree(tree)
+    bdir = smoke_dir(wd, tree)
+    copy = bdir / "src"
+    view = bdir / "cuda"
+    cbuild = bdir / "cmake"
+    env_set = dict(env_set)
+    env_set["CUDA_HOME"] = str(view)
+    env_set["VLLM_TARGET_DEVICE"] = "cuda"
+    steps: list[Step] = []
+    if deps_dir is not None:
+        from .plan import deps_env
+
+        env_set.update(deps_env(deps_dir, wd.root / "deps"))
+        if find_archives(deps_dir, wd.root / "deps"):
+            steps.append(Step("unpack-deps", (), f"check {deps_dir}/SHA256SUMS and unpack the "
+                              f"archives into {wd.root / 'deps'} (once)",
+                              cwd=str(deps_dir.resolve())))
+    steps.append(Step("copy-tree", (), f"copy {src} to {copy} (vLLM's configure writes "
+                      "generated sources into its source directory)"))
+    steps.append(Step("toolkit-view", (), f"symlink view of {inputs.cuda_home} with the torch "
+                      f"environment's CUDA libraries and headers at {view}"))
+    steps.append(Step("configure", (
+        inputs.cmake, "-G", "Ninja", "-S", str(copy), "-B", str(cbuild),
+        "-DCMAKE_BUILD_TYPE=Release", "-DVLLM_TARGET_DEVICE=cuda",
+        f"-DVLLM_PYTHON_EXECUTABLE={inputs.torch_python}",
+        f"-DCMAKE_CUDA_COMPILER={view / 'bin' / 'nvcc'}", f"-DCUDAToolkit_ROOT={view}",
+        f"-DCUDA_TOOLKIT_ROOT_DIR={view}"), "vLLM's real CMakeLists.txt (FetchContent from the "
+        "three *_SRC_DIR variables)"))
+    steps.append(Step("commands", (), "read the generated compile command of each attention "
+                      "object (ninja -t commands)"))
+    targets = tuple(object_target(SMOKE_SOURCES[o]) for o in inputs.objects)
+    if targets:
+        steps.append(Step("compile", ("ninja", "-C", str(cbuild), "-j", str(jobs), *targets),
+                          "only the attention objects of _C, with the commands CMake generated"))
+        steps.append(Step("sass", (), "cuobjdump -sass each object; count UBLKPF per "
+                          "paged_attention kernel"))
+    steps.append(Step("manifest", (), f"write {bdir / 'manifest.json'}"))
+    key = build_key({"mode": "full-smoke", "tree": tree, "source": src_hash, "patch": patch,
+                     "arch": arch_list, "inputs": inputs.to_dict(),
+                     "deps": {k: v for k, v in env_set.items() if k.endswith("_SRC_DIR")},
+                     "kit": __version__})
+    outs = tuple(str(cbuild / t) for t in targets) + (str(bdir / "manifest.json"),)
+    return TreePlan(tree, variant, str(src), src_hash, patch, "none", inputs.torch_python,
+                    inputs.torch_python, str(bdir), str(bdir / "logs"), key, "_C", (), env_set,
+                    UNSET_FOR_BUILD, tuple(steps), outs)
+
+
+def copy_tree(src: Path, dest: Path, source_sha256: str) -> Path:
+    """``dest`` as a copy of ``src``, kept (CMake's build stays incremental) while it was copied
+    from the same recorded sources, else made again."""
+    stamp = dest / ".kvprefetch-copied-from"
+    want = f"{src.resolve()} {source_sha256}"
+    if stamp.is_file() and stamp.read_text().strip() == want:
+        return dest
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(src, dest, symlinks=True)
+    stamp.write_text(want + "\n")
+    return dest
+
+
+def _link(target: Path, link: Path) -> None:
+    if link.is_symlink() or link.exists():
+        return
+    link.symlink_to(target)
+
+
+def make_toolkit_view(view: Path, cuda_home: Path, site: Path, cc: str = "gcc") -> Path:
+    """Fill ``view`` (module docstring says what and why); idempotent, rebuilt from scratch
+    when the toolkit it was made of changes."""
+    stamp = view / ".kvprefetch-view.json"
+    want = {"cuda_home": str(cuda_home.resolve()), "site": str(site.resolve()), "format": 1}
+    if stamp.is_file():
+        try:
+            if json.loads(stamp.read_text()) == want:
+                return view
+        except ValueError:
+            pass
+    shutil.rmtree(view, ignore_errors=True)
+    (view / "bin").mkdir(parents=True)
+    for f in (cuda_home / "bin").iterdir():
+        _link(f.resolve(), view / "bin" / f.name)
+    _link((cuda_home / "nvvm").resolve(), view / "nvvm")
+    inc = view / "include"
+    inc.mkdir()
+    for f in (cuda_home / "include").iterdir():
+        _link(f.resolve(), inc / f.name)
+    nvidia = site / "nvidia"
+    if nvidia.is_dir():
+        for d in sorted(nvidia.iterdir()):
+            if (d / "include").is_dir():
+                for f in (d / "include").iterdir():
+                    if f.name != "__init__.py" and f.name != "__pycache__":
+                        _link(f.resolve(), inc / f.name)
+    lib = view / "lib64"
+    (lib / "stubs").mkdir(parents=True)
+    for sub in ("lib64", "lib64/stubs", "targets/x86_64-linux/lib"):
+        d = cuda_home / sub
+        if d.is_dir():
+            for f in d.iterdir():
+                if f.is_file() and (".so" in f.name or f.suffix == ".a"):
+                    _link(f.resolve(), lib / ("stubs" if sub.endswith("stubs") else "") / f.name)
+    for wheel, soname in _WHEEL_LIBS:
+        f = nvidia / wheel / "lib" / soname
+        if f.is_file():
+            _link(f.resolve(), lib / soname)
+            _link(lib / soname, lib / (soname.split(".so")[0] + ".so"))
+    if not (lib / "libcudart.so.12").exists():
+        raise BuildError(f"neither {cuda_home} nor {nvidia}/cuda_runtime has libcudart.so.12",
+                         "give --torch-from an environment with torch==2.8.0's cu12 wheels")
+    if not (lib / "libcudart_static.a").exists():
+        (lib / "libcudart_static.a").write_text(f"INPUT({lib / 'libcudart.so.12'})\n")
+    if not (lib / "libcudadevrt.a").exists():
+        (lib / "libcudadevrt.a").write_bytes(b"!<arch>\n")
+    if not (lib / "stubs" / "libcuda.so").exists():
+        c = view / "libcuda-stand-in.c"
+        c.write_text(_STUB_C)
+        run([cc, "-shared", "-fPIC", "-o", str(lib / "stubs" / "libcuda.so"), str(c)], echo=False)
+    write_json_atomic(stamp, want)
+    return view
+
+
+def check_objects(objects: dict[str, Path], variant: str | None, disasm_env: dict[str, str],
+                  log: Path) -> dict[str, dict[str, Any]]:
+    """``cuobjdump -sass`` each object; per object its sha256 and the UBLKPF verdict (zero in
+    every kernel of a stock tree; K and V sites where the variant's rules put them)."""
+    from ..sources.upstream import prefetches_in
+    from ..verify.sass import judge, parse_sass, summarise
+    from .toolchain import find_cuobjdump
+
+    tools = find_cuobjdump(disasm_env)
+    if tools is None:
+        raise BuildError("no cuobjdump to read the objects' SASS with",
+                         "install nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm (pip), or use "
+                         "a toolkit that has them")
+    patched = variant is not None and variant != "stock"
+    out = {}
+    for name, obj in objects.items():
+        # the listing (about 250 MB per object) is parsed, not logged; the log gets the verdict
+        text = run([str(tools.cuobjdump), "-sass", str(obj)], env=tools.environ(disasm_env),
+                   echo=False).output
+        kernels = parse_sass(text)
+        verdict = judge(kernels, patched=patched, expects=lambda k: prefetches_in(
+            variant, k.version, k.kv_cache, k.head_size, k.dtype))
+        archs = sorted({k.arch for k in kernels})
+        out[name] = {"path": str(obj), "sha256": sha256_file(obj), "bytes": obj.stat().st_size,
+                     "sass_archs": archs, "kernels": verdict.kernels,
+                     "with_ublkpf": verdict.with_prefetch,
+                     "ublkpf_total": sum(k.ublkpf for k in kernels),
+                     "ok": verdict.ok, "problems": list(verdict.problems[:10]),
+                     "table": summarise(kernels)}
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"+ {tools.cuobjdump} -sass {obj}\n{len(text)} characters of SASS; "
+                    f"{verdict.kernels} paged_attention kernels ({', '.join(archs)}), "
+                    f"{verdict.with_prefetch} with UBLKPF; problems: "
+                    f"{list(verdict.problems[:10]) or 'none'}\n")
+    return out
+
+
+def build_smoke_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> Any:
+    """Walk one tree's smoke steps (under the tree's locks); a TreeOutcome."""
+    from ..sources.deps import unpack_archives
+    from .builder import TreeOutcome, compile_with_progress, say, skip_if_up_to_date, tree_locks
+
+    out = TreeOutcome(tp.tree, log_dir=tp.log_dir)
+    bdir = Path(tp.build_dir)
+    logs = Path(tp.log_dir)
+    smoke: dict[str, Any] = plan.toolchain["smoke"]
+    t0 = time.monotonic()
+    with tree_locks(tp, plan):
+        if skip_if_up_to_date(tp, force, out):
+            return out
+        logs.mkdir(parents=True, exist_ok=True)
+        child = {k: v for k, v in os.environ.items() if k not in tp.env_unset}
+        child.update(tp.env_set)
+        timings: list[dict[str, Any]] = []
+        generated: dict[str, str] = {}
+        commands: list[list[str]] = []
+        results: dict[str, dict[str, Any]] = {}
+        for i, s in enumerate(tp.steps, 1):
+            st = time.monotonic()
+            log = logs / f"{i:02d}-{s.name}.log"
+            if s.name == "unpack-deps":
+                say(tp.tree, s.description)
+                unpack_archives(Path(str(s.cwd)), Path(tp.env_set["VLLM_CUTLASS_SRC_DIR"]).parent)
+            elif s.name == "copy-tree":
+                copy_tree(Path(tp.source_tree), bdir / "src", tp.source_sha256)
+            elif s.name == "toolkit-view":
+                make_toolkit_view(bdir / "cuda", Path(smoke["cuda_home"]),
+                                  Path(smoke["site_packages"]))
+            elif s.name == "configure":
+                say(tp.tree, "configure: vLLM's CMake project (about a minute)")
+                log.unlink(missing_ok=True)
+                run(list(s.argv), env=child, cwd=str(bdir), log=log,
+                    fix=f"read {log}; `kvprefetch doctor --mode full --smoke` names missing tools")
+            elif s.name == "commands":
+                generated = generated_commands(bdir / "cmake", child, log)
+            elif s.name == "compile":
+                say(tp.tree, f"compile: {' '.join(s.argv[5:])}")
+                compile_with_progress(tp.tree, list(s.argv), env=child, log=log,
+                                      fix=f"read {log}; rerun to resume", started=t0,
+                                      build_root=bdir.parent, selection={})
+            elif s.name == "sass":
+                objs = {Path(o).name: Path(o) for o in tp.outputs[:-1]}
+                disasm_env = dict(child, CUDA_HOME=str(bdir / "cuda"))
+                results = check_objects(objs, tp.variant, disasm_env, log)
+            if s.argv:
+                commands.append(list(s.argv))
+            timings.append({"step": s.name, "seconds": round(time.monotonic() - st, 1),
+                            "log": str(log) if log.exists() else None})
+            out.steps.append(timings[-1])
+        first = next(iter(results.values()), None)
+        manifest: dict[str, Any] = {
+            "kvprefetch": __version__, "mode": "full-smoke", "tree": tp.tree,
+            "variant": tp.variant or "stock", "key": tp.key,
+            # the first object stands where other modes name their library (the summary's)
+            "so_path": first["path"] if first else None,
+            "so_sha256": first["sha256"] if first else None,
+            "inputs": {"source_tree": tp.source_tree, "source_sha256": tp.source_sha256,
+                       "patch_sha256": tp.patch_sha256, "arch_list": plan.arch_list,
+                       "env_set": tp.env_set,
+                       "sources": {s: sha256_file(Path(tp.source_tree) / s)
+                                   for s in ATTENTION_FILES},
+                       "copied_sources": {s: sha256_file(bdir / "src" / s)
+                                          for s in ATTENTION_FILES}},
+            "toolchain": {**plan.toolchain, "smoke": smoke},
+            "commands": commands, "generated_commands": generated, "steps": timings,
+            "objects": results,
+            "outputs": [{"path": r["path"], "sha256": r["sha256"]} for r in results.values()],
+            "seconds": round(time.monotonic() - t0, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        changed = [f for f in ATTENTION_FILES if sha256_file(Path(tp.source_tree) / f)
+                   != sha256_file(bdir / "src" / f)]
+        if changed:
+            raise BuildError(f"the configure changed {', '.join(changed)} in {bdir / 'src'}",
+                             "the objects would not be the tree's; report this")
+        bad = {n: r for n, r in results.items() if not r["ok"]}
+        if bad:
+            write_json_atomic(bdir / "manifest.failed.json", manifest)
+            raise BuildError(f"the {tp.tree} tree's attention objects fail the UBLKPF check: "
+                             + "; ".join(f"{n}: {r['problems'][:2]}" for n, r in bad.items()),
+                             f"read {bdir / 'manifest.failed.json'}")
+        write_json_atomic(bdir / "manifest.json", manifest)
+        (bdir / "manifest.failed.json").unlink(missing_ok=True)
+    out.status = "built"
+    if first:
+        out.so, out.so_sha256 = first["path"], first["sha256"]
+    out.seconds = round(time.monotonic() - t0, 1)
+    say(tp.tree, "smoke: " + (", ".join(f"{n} {r['kernels']} kernels, {r['with_ublkpf']} with "
+                                        f"UBLKPF" for n, r in results.items())
+                              or "configured; no object compiled (--smoke-objects none)"))
+    return out
