@@ -377,7 +377,7 @@ def test_build_objects_resumed_not_restarted(kernels_build) -> None:
     for path, mtime in before.items():
         assert after.get(path) == mtime, f"{path} was rebuilt after the kill"
     # ninja ran only what was left: fewer edges per tree than the interrupted run had to build
-    pattern = r"\[(baseline|patched)\] \[\d+/(\d+)\] compiling"
+    pattern = r"\[(baseline|patched)\] compiling \[\d+/(\d+)\]"
     progress = re.findall(pattern, kernels_build.resumed["stderr"])
     first = dict(re.findall(pattern, i["log"]))
     assert {t for t, _ in progress} == set(TREES) == set(first), (progress, first)

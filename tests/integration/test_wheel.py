@@ -27,7 +27,7 @@ from tests.integration.helpers import NARROW_BUILD_ARGS
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(find_nvcc() is None, reason="no nvcc on this machine")]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # What a wheel is built from: the checkout without its work products and caches (top-level
 # names only: src/kvprefetch/build is a package, /build a setuptools leftover).
 TOP_LEVEL_SKIPS = {".git", ".venv", "build", "dist", "kvprefetch-work", ".carry", ".whl",

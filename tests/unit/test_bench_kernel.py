@@ -140,7 +140,7 @@ def test_bench_shape_skips_missing_instantiations(tmp_path) -> None:
     from kvprefetch.bench.matrix import shapes_from_specs
     from kvprefetch.kernels.ops import BuiltOps, PagedOps
 
-    base = _reference_ops("kvp_bk_a", "baseline")
+    base = _reference_ops("kvp_bku_a", "baseline")
     no64 = BuiltOps(tree="seed", variant="seed", namespace="x", so_path=tmp_path, so_sha256="",
                     head_sizes=(128,), block_sizes=(16,), kv_dtypes=("fp16",),
                     manifest_path=tmp_path)
@@ -183,8 +183,8 @@ def test_shape_over_free_memory_is_skipped_before_allocating(monkeypatch) -> Non
 
     monkeypatch.setattr(k, "make_inputs", _no_allocation)
     shape = shapes_from_specs(["8x4k"], preset="tinyllama-1.1b")[0]  # 32 MiB of KV per layer
-    base = _reference_ops("kvp_bk_a", "baseline")
-    r = k.bench_shape([base, _reference_ops("kvp_bk_b", "patched")], shape,
+    base = _reference_ops("kvp_bku_a", "baseline")
+    r = k.bench_shape([base, _reference_ops("kvp_bku_b", "patched")], shape,
                       k.KernelBenchConfig(mode="hot"), 2**20, COPY_BW, device="cpu",
                       backend=_SmallDevice())
     assert r.status == "skipped" and r.variants == ()
@@ -200,8 +200,8 @@ def test_shape_beyond_a_vllm_launch_limit_is_skipped(monkeypatch) -> None:
 
     monkeypatch.setattr(k, "make_inputs", _no_allocation)
     shape = shapes_from_specs(["1x64k"], preset="tinyllama-1.1b", force="v1")[0]
-    base = _reference_ops("kvp_bk_a", "baseline")
-    r = k.bench_shape([base, _reference_ops("kvp_bk_b", "patched")], shape,
+    base = _reference_ops("kvp_bku_a", "baseline")
+    r = k.bench_shape([base, _reference_ops("kvp_bku_b", "patched")], shape,
                       k.KernelBenchConfig(mode="hot"), 2**20, COPY_BW, device="cpu")
     assert r.status == "skipped"
     assert r.error.startswith(VLLM_LIMIT_PREFIX) and "262144 B of shared memory" in r.error
