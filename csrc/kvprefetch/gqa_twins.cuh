@@ -1021,17 +1021,20 @@ inline int twin_mode() {
 }
 
 // Which twin (an index into kTwins) this launch runs, or -1 for vLLM's kernel (twin_pick, with
-// the device's SM count and shared memory). `smem(i)`: the shared memory twin i needs, bytes.
+// the device's SM count and shared memory). `grid`: stock's; `cta_blocks`: the blocks of its
+// longest CTA; `smem(i)`: the shared memory twin i needs, bytes.
 template <typename SmemOf>
-inline int twin_for(const dim3 grid, const int num_kv_heads, const DeviceFacts& f,
-                    const SmemOf& smem) {
+inline int twin_for(const dim3 grid, const bool partitioned, const int cta_blocks,
+                    const int num_kv_heads, const DeviceFacts& f, const SmemOf& smem) {
   const int mode = twin_mode();
   const int num_heads = static_cast<int>(grid.x);
   if (mode == kTwinOff || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return -1;
   long long bytes[kNumTwins];
   for (int i = 0; i < kNumTwins; ++i) bytes[i] = smem(i);
-  return twin_pick(mode, 1LL * grid.x * grid.y * grid.z, f.sm_count, num_heads / num_kv_heads,
-                   bytes, f.max_smem_optin, f.smem_per_sm);
+  const TwinStep step{1LL * grid.x * grid.y * grid.z, 1LL * grid.x * (grid.y + grid.z - 1),
+                      partitioned, cta_blocks};
+  return twin_pick(mode, step, f.sm_count, num_heads / num_kv_heads, bytes, f.max_smem_optin,
+                   f.smem_per_sm);
 }
 
 // Everything the launchers pass, by the names they use.
@@ -1265,7 +1268,11 @@ int launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_
     int dev = 0;
     if (head_size != 128 || cudaGetDevice(&dev) != cudaSuccess) return -1;
     f = device_facts(dev);
-    const int i = twin_for(grid, a.num_kv_heads, f, [&](const int j) {
+    constexpr int kPartitionBlocks = PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE : 0;
+    const int cta_blocks = kPartitionBlocks > 0 ? cmin(a.max_num_blocks_per_seq, kPartitionBlocks)
+                                                : a.max_num_blocks_per_seq;
+    const int i = twin_for(grid, PARTITION_SIZE > 0, cta_blocks, a.num_kv_heads, f,
+                           [&](const int j) {
       return with_twin(j, [&](auto t) {
         constexpr TwinShape twin = kTwins[decltype(t)::value];
         return twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(shared_mem_size);

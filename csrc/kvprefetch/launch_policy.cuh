@@ -123,11 +123,25 @@ constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm
 // at run time: v2 kernels for 16-bit caches and large heads ran faster with it compiled in
 // (ptxas then issues a block's K loads before their first use); v1 kernels, fp8-cache and
 // head-64 v2 kernels, and bf16 above kPrologueMaxBf16HeadSize ran slower, and fp32 caches were
-// never measured, so they stay stock. verify-kernel's expectation (kvprefetch.kernel_rules)
-// reads the same rules.inc.
-constexpr bool prologue_rule(const int head_size, const bool partitioned, const bool fp16_cache,
+// never measured, so they stay stock.
+// The side effect needs room: issuing all of a block's K loads first keeps them in registers at
+// once, each thread's share of the block's K, HEAD_SIZE * BLOCK_SIZE * sizeof(cache_t) bytes
+// over a warp's 32 lanes: k_registers() 4-byte registers. At 32 (head 128, block 16) the
+// prologue's kernels ran 1.15x stock on the sampled benchmark, at 64 (head 128 / block 32, head
+// 256 / block 16) 1.01-1.04x, and at 128 (head 256, block 32), more than the whole kernel holds
+// (stock 96 registers, with the prologue 98: nvcc 13.0 -res-usage), ptxas cannot issue them
+// ahead, only the prologue's cost is left, and the kernels ran 0.80-0.90x
+// (docs/sampled-benchmark.md). So the prologue is compiled in only up to
+// kPrologueMaxKRegisters. verify-kernel's expectation (kvprefetch.kernels.rules) reads the
+// same rules.inc.
+constexpr int k_registers(const int head_size, const int block_size, const int cache_bytes) {
+  return head_size * block_size * cache_bytes / (32 * 4);
+}
+constexpr bool prologue_rule(const int head_size, const int block_size, const int cache_bytes,
+                             const bool partitioned, const bool fp16_cache,
                              const bool bf16_cache) {
   return partitioned && head_size >= kPrologueMinHeadSize &&
+         k_registers(head_size, block_size, cache_bytes) <= kPrologueMaxKRegisters &&
          (fp16_cache || (bf16_cache && head_size <= kPrologueMaxBf16HeadSize));
 }
 // The twins (gqa_twins.cuh): head kTwinHeadSize, block kRuleBlockSize, not block-sparse, fp16
@@ -153,10 +167,10 @@ constexpr bool has_twins(const bool partitioned) {
   return twin_rule(partitioned, HEAD_SIZE, BLOCK_SIZE, fp16_cache<cache_t>(KV_DTYPE == 0),
                    bf16_cache<cache_t>(KV_DTYPE == 0), BLOCK_SPARSE);
 }
-template <int HEAD_SIZE, typename cache_t>
+template <int HEAD_SIZE, int BLOCK_SIZE, typename cache_t>
 constexpr bool prologue_compiled(const bool partitioned, const bool auto_dtype) {
-  return prologue_rule(HEAD_SIZE, partitioned, fp16_cache<cache_t>(auto_dtype),
-                       bf16_cache<cache_t>(auto_dtype));
+  return prologue_rule(HEAD_SIZE, BLOCK_SIZE, int(sizeof(cache_t)), partitioned,
+                       fp16_cache<cache_t>(auto_dtype), bf16_cache<cache_t>(auto_dtype));
 }
 
 // ---- Which twin a launch runs -------------------------------------------------------------
@@ -176,11 +190,23 @@ constexpr TwinShape kTwins[] = {
 #include "rules.inc"
 };
 constexpr int kNumTwins = static_cast<int>(sizeof(kTwins) / sizeof(kTwins[0]));
-constexpr int auto_twin(const long long ctas_pct) {
+// Stock's warps per CTA where the twins are compiled (vLLM's launchers: NUM_THREADS 128).
+constexpr int kStockWarps = 4;
+// Whether twin i never lengthens a CTA's chain over stock's. Stock's warp w walks the CTA's
+// blocks w, w + 4, ... and computes one head per block; a twin's S x 4 warps share those blocks
+// and each computes G heads per block, so its longest chain of dependent block work is G / S
+// times stock's: 4x1 4x, 4x2 2x, 2x2 1x, 2x4 0.5x.
+constexpr bool chain_safe(const int i) { return kTwins[i].g <= kTwins[i].s; }
+// The first twin (of the chain-safe ones only, when `chain_safe_only`) whose min_ctas_pct a grid
+// of `ctas_pct` CTAs per 100 SMs reaches; the last one it may take when it reaches none.
+constexpr int auto_twin(const long long ctas_pct, const bool chain_safe_only = false) {
+  int last = -1;
   for (int i = 0; i < kNumTwins; ++i) {
+    if (chain_safe_only && !chain_safe(i)) continue;
     if (ctas_pct >= kTwins[i].min_ctas_pct) return i;
+    last = i;
   }
-  return kNumTwins - 1;
+  return last;
 }
 // The twins' modes: off, auto, or the index of the twin every launch runs where it can.
 constexpr int kTwinOff = -1, kTwinAuto = -2;
@@ -225,17 +251,40 @@ inline bool keeps_occupancy(const int i, const long long twin_ctas, const int sm
   const long long need = std::min<long long>({per_sm, twin_bound_ctas(i), 2});
   return smem_ctas(smem_per_sm, smem) >= need;
 }
-// Which twin (an index into kTwins) a launch of `stock_ctas` stock CTAs on `sm_count` SMs runs,
-// or -1 for vLLM's kernel. A twin can run where its G divides `per_kv` (query heads per kv
-// head) and its shared memory `smem[i]` (bytes; 0: not compiled) fits `max_smem`. A forced
-// mode runs its twin wherever it can. `auto` takes auto_twin's pick, if its G divides per_kv
-// (else vLLM's kernel), and where the pick does not keep two CTAs per SM (keeps_occupancy, on
-// SMs of `smem_per_sm` bytes) the next twin of kTwins that can run and does: the twins are in
-// order of shrinking logits per CTA (4 heads, then 2), so a long context moves to a twin of
-// fewer heads per CTA, and past the last to vLLM's kernel. Host code (twin_for in
-// gqa_twins.cuh asks the device; tests/samples/sass/min_blocks_rule.cu runs this on the CPU).
-inline int twin_pick(const int mode, const long long stock_ctas, const int sm_count,
-                     const int per_kv, const long long* smem, const long long max_smem,
+// The decode step as the launcher sees it. The host knows the grid (heads x sequences x
+// partitions) and the longest sequence, not the others' lengths: in a ragged batch most of a v2
+// grid's CTAs may have no partition to work on, and in v1 one long sequence's CTAs may be the
+// whole step. (Under CUDA-graph replay the lengths are not even those of the captured call.)
+struct TwinStep {
+  long long stock_ctas;  // stock's grid: heads x sequences x partitions
+  long long sure_ctas;   // CTAs that have work whatever the lengths: heads x (sequences +
+                         // partitions - 1); every sequence has a first partition, the longest all
+  bool partitioned;      // v2
+  int cta_blocks;        // blocks of the longest CTA: the longest sequence's (v1), at most a
+                         // partition's (v2)
+};
+// Which twin (an index into kTwins) a launch of `step` on `sm_count` SMs runs, or -1 for vLLM's
+// kernel. A twin can run where its G divides `per_kv` (query heads per kv head) and its shared
+// memory `smem[i]` (bytes; 0: not compiled) fits `max_smem`. A forced mode runs its twin
+// wherever it can. `auto` chooses for any lengths the step may have, so that no length
+// distribution behind the same grid makes the twin slower than stock:
+//  - no twin where the longest CTA has at most kStockWarps blocks: each of stock's warps then
+//    loads at most one block, a twin has no chain to shorten and its G heads per warp only add
+//    to that one round trip (v1 b3 x 33 tokens: 0.79x with the 2x4 twin);
+//  - v1: only chain-safe twins (G <= S). A v1 CTA walks its whole sequence, so one long
+//    sequence among short ones makes the step that sequence's chain, and a twin of G > S
+//    lengthens it G/S-fold (a longtail b40 step: 0.78x with 4x2);
+//  - v2: the table (auto_twin) reads the CTAs that surely have work, not the padded grid (a
+//    longtail b50 step of 11 partitions: a padded 33 CTAs per SM took 4x1, 0.78x; 3.6 are
+//    sure, where the table takes 2x2);
+//  - where the pick does not keep two CTAs per SM (keeps_occupancy, on SMs of `smem_per_sm`
+//    bytes), the next twin of kTwins that can run and does: the twins are in order of
+//    shrinking logits per CTA (4 heads, then 2), so a long context moves to a twin of fewer
+//    heads per CTA, and past the last to vLLM's kernel.
+// Host code (twin_for in gqa_twins.cuh asks the device; tests/samples/sass/min_blocks_rule.cu
+// runs this on the CPU).
+inline int twin_pick(const int mode, const TwinStep& step, const int sm_count, const int per_kv,
+                     const long long* smem, const long long max_smem,
                      const long long smem_per_sm) {
   if (mode == kTwinOff || per_kv <= 0 || mode >= kNumTwins) return -1;
   const long long sms = sm_count > 0 ? sm_count : 1;
@@ -243,10 +292,14 @@ inline int twin_pick(const int mode, const long long stock_ctas, const int sm_co
     return per_kv % kTwins[j].g == 0 && smem[j] > 0 && smem[j] <= max_smem;
   };
   if (mode != kTwinAuto) return mode >= 0 && fits(mode) ? mode : -1;
-  const int first = auto_twin(100LL * stock_ctas / sms);
-  if (per_kv % kTwins[first].g != 0) return -1;
+  if (step.cta_blocks <= kStockWarps) return -1;
+  const bool chain_safe_only = !step.partitioned;
+  const int first = auto_twin(100LL * step.sure_ctas / sms, chain_safe_only);
+  if (first < 0 || per_kv % kTwins[first].g != 0) return -1;
   for (int j = first; j < kNumTwins; ++j) {
-    if (fits(j) && keeps_occupancy(j, stock_ctas / kTwins[j].g, sm_count, smem[j], smem_per_sm)) {
+    if (chain_safe_only && !chain_safe(j)) continue;
+    if (fits(j) &&
+        keeps_occupancy(j, step.stock_ctas / kTwins[j].g, sm_count, smem[j], smem_per_sm)) {
       return j;
     }
   }

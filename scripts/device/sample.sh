@@ -1,31 +1,33 @@
 #!/usr/bin/env bash
-# Issue 29, item 1: the sampled benchmark. `bench kernel --sample N` on three seeds, each step
+# Issue 29: the sampled benchmark. `bench kernel --sample N` on three fresh seeds, each step
 # timed under CUDA-graph replay AND eagerly (back-to-back calls, host path included), cold,
-# every output bitwise vs stock. Seeds: 29 (fixed: the one to tune on) and two fresh ones drawn
-# from the date (FRESH_SEED, default YYYYMMDD, and FRESH_SEED + 1), so that nothing can have
-# been fitted to them. Trees, kernels-only:
+# every output bitwise vs stock. The seeds are drawn when the first call starts (SAMPLE_SEEDS,
+# default: the UTC month, day, hour and minute as one number, and the two after it), so that
+# no rule can have been fitted to them; the rules were chosen on seeds 29 and 20261201
+# (docs/results/2026-12-01-h200-sample). Trees, kernels-only:
 #   baseline  stock vLLM 0.10.2
 #   launch    the launcher's L2 prefetch kernel only (`apply --variant launch`), kernels untouched
 #   gqa_off   the `prefetch` patch built with -DKVPREFETCH_GQA_DEFAULT_MODE=0: launch bounds,
 #             code generation and prefetch, no GQA twin
 #   patched   the `prefetch` patch as shipped (twins on `auto`)
 #   control   stock rebuilt through the same pipeline (A/A: the benchmark's resolution)
+# The last seed times all five (the attribution table); the first two baseline, patched and
+# control (the distribution, the worst steps and the A/A band).
 # Instantiations (what the sample may draw; the sampler reads them from the manifests):
-# SAMPLE_HEADS (64,128,256), SAMPLE_BLOCKS (16,32), SAMPLE_KV (fp16,bf16,fp8). Estimated build:
-# 4 trees at head 128 / block 16 / fp16 took 83 s (2026-12-01-h200-long-context) and 5 trees
-# at 3 heads x block 16 x fp16,bf16,fp8 (24 kernels per source) 90 s; block 16+32 doubles the
-# kernels per source (48), so about 170-200 s on 16 cores, under the build step's 250 s. If it
-# runs out anyway, call again: ninja resumes where it stopped (or pass SAMPLE_BLOCKS=16).
-# Each seed: SAMPLE_N (200) steps, 11 rounds of 2 ms samples per variant, graph then eager of
-# the same step side by side; the bench's --time-limit keeps it inside the call's budget (steps
-# past it are recorded as not run). A seed completed in full is marked in the work dir
-# ($W.sample-done/SEED) and skipped by later calls.
-# ONE OR TWO device calls: the first fetches the carried sdist, applies, builds, and runs as
-# many seeds as fit; when seeds are left it exits 7 and says so: call the same command again on
-# the warm machine (it finds the builds in $W, skips fetch/apply/build, and runs the seeds left).
-#   device tool: run(command="bash scripts/device/sample.sh", carry=[".carry"], timeout_s=590)
-# Results: sample-SEED.json/.md/.png per seed, run.log, env.txt; commit them under
-# docs/results/<date>-h200-sample/ (results of a second call go into the same folder).
+# SAMPLE_HEADS (64,128,256), SAMPLE_BLOCKS (16,32), SAMPLE_KV (fp16,bf16,fp8): 48 kernels per
+# source, about 170-200 s on 16 cores for the five trees. If the build runs out of its time,
+# call again: ninja resumes where it stopped.
+# Each seed: SAMPLE_N (200) steps, 11 rounds of 2 ms samples per tree, graph then eager of the
+# same step side by side; the bench's --time-limit keeps it inside the call's budget (steps past
+# it are recorded as not run). A seed completed in full is marked in $W.sample-done/SEED and
+# skipped by later calls. GPU_TESTS=1 runs the GPU tests on the same builds after the seed.
+# THREE device calls, each right after the one before, on the warm machine (the later ones find
+# the builds in $W and skip fetch/apply/build), one seed each:
+#   device tool: run(command="SEED_INDEX=0 bash scripts/device/sample.sh", carry=[".carry"],
+#                    timeout_s=595), then SEED_INDEX=1 GPU_TESTS=1, then SEED_INDEX=2
+# Results: sample-SEED.json/.md/.png per seed, run.log, env.txt, pytest-gpu.txt; commit them
+# under docs/results/<date>-h200-sample-fresh/ (results of a second call go into the same
+# folder).
 set -uo pipefail
 BUDGET_S=${BUDGET_S:-570}
 source "$(dirname "$0")/lib.sh"
@@ -34,15 +36,20 @@ HEADS=${SAMPLE_HEADS:-64,128,256}
 BLOCKS=${SAMPLE_BLOCKS:-16,32}
 KVD=${SAMPLE_KV:-fp16,bf16,fp8}
 N=${SAMPLE_N:-200}
-TUNE_SEED=29
-# the fresh seeds are drawn once per work dir: a second call after midnight keeps the first's
+# the seeds are drawn once per work dir: a second call keeps the first's
 mkdir -p "$W.sample-done"
-[ -f "$W.sample-done/fresh-seed" ] && FRESH_SEED=${FRESH_SEED:-$(cat "$W.sample-done/fresh-seed")}
-FRESH_SEED=${FRESH_SEED:-$(date -u +%Y%m%d)}
-echo "$FRESH_SEED" > "$W.sample-done/fresh-seed"
-SEEDS=("$TUNE_SEED" "$FRESH_SEED" "$((FRESH_SEED + 1))")
+if [ -z "${SAMPLE_SEEDS:-}" ] && [ -f "$W.sample-done/seeds" ]; then
+  SAMPLE_SEEDS=$(cat "$W.sample-done/seeds")
+fi
+if [ -z "${SAMPLE_SEEDS:-}" ]; then
+  first=$((10#$(date -u +%m%d%H%M)))
+  SAMPLE_SEEDS="$first,$((first + 1)),$((first + 2))"
+fi
+echo "$SAMPLE_SEEDS" > "$W.sample-done/seeds"
+IFS=, read -r -a SEEDS <<< "$SAMPLE_SEEDS"
 TREES=baseline,launch,gqa_off,patched,control
-V=(--variant baseline --variant launch --variant gqa_off --variant patched --variant control)
+ATTRIB=(--variant baseline --variant launch --variant gqa_off --variant patched --variant control)
+PLAIN=(--variant baseline --variant patched --variant control)
 log "instantiations: head $HEADS, block $BLOCKS, kv $KVD; seeds ${SEEDS[*]}; $N steps each"
 
 builds_ready() {  # the five trees built with exactly this instantiation set
@@ -89,15 +96,27 @@ EOF
 }
 
 LEFT_OVER=()
-for seed in "${SEEDS[@]}"; do
+# SEED_INDEX (0, 1 or 2; default all) runs one seed in this call, the others are left for
+# later calls; the last seed times all five trees (attribution), the others three.
+for i in "${!SEEDS[@]}"; do
+  seed=${SEEDS[$i]}
   if [ -f "$W.sample-done/$seed" ]; then log "seed $seed: done in an earlier call"; continue; fi
-  limit=$(( $(left) - 45 ))
+  if [ -n "${SEED_INDEX:-}" ] && [ "$i" != "$SEED_INDEX" ]; then LEFT_OVER+=("$seed"); continue; fi
+  keep=$([ "${GPU_TESTS:-0}" = 1 ] && echo 150 || echo 0)
+  limit=$(( $(left) - 45 - keep ))
   if [ "$limit" -lt 90 ]; then LEFT_OVER+=("$seed"); continue; fi
+  if [ "$i" = $(( ${#SEEDS[@]} - 1 )) ]; then V=("${ATTRIB[@]}"); else V=("${PLAIN[@]}"); fi
   bench $((limit + 40)) "${B[@]}" --mode cold --sample "$N" --sample-seed "$seed" \
     --timing graph,eager --rounds 11 --sample-ms 2 --max-layers 4096 --time-limit "$limit" \
     "${V[@]}" --name "sample-$seed" --formats json,md,png
   if complete "$seed"; then touch "$W.sample-done/$seed"; else LEFT_OVER+=("$seed"); fi
 done
+# GPU_TESTS=1: the GPU-marked tests on the same builds, after this call's seed
+if [ "${GPU_TESTS:-0}" = 1 ]; then
+  step $(( $(left) - 10 )) python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu 2>&1 \
+    | tee "$R/pytest-gpu.txt"
+  pack
+fi
 for f in "$R"/sample-*.md; do
   [ -f "$f" ] || continue
   log "$(basename "$f"):"

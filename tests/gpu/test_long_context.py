@@ -22,9 +22,10 @@ from tests.gpu.test_launcher_prefetch import WORKDIR, _kernels_launched, _twins_
 pytestmark = pytest.mark.gpu
 
 # (preset, batch, context): v1 by vLLM's rule (num_seqs x heads > 512, context <= 8192); 2048
-# and 3072 give the 4x2 and 4x1 twins exactly 48 KiB of dynamic shared memory (the opt-in past
-# 48 KiB counts the static part too); 7040 / 7056 are the last / first context where 4x1 fits
-# two CTAs per SM / does not.
+# and 3072 gave the 4x2 and 4x1 twins exactly 48 KiB of dynamic shared memory (the opt-in past
+# 48 KiB counts the static part too; the forced-twin test below still runs them there); 7040 /
+# 7056 were the last / first context where 4x1 fits two CTAs per SM. In v1 `auto` now takes
+# only the chain-safe twins (launch_policy.cuh twin_pick); the mirror says which.
 STEPS = [("llama-3.1-8b", 32, 2048), ("llama-3.1-8b", 64, 3072), ("llama-3.1-8b", 32, 6144),
          ("llama-3.1-8b", 128, 7040), ("llama-3.1-8b", 128, 7056), ("llama-3.1-8b", 256, 8192),
          ("llama-3-70b-tp8", 96, 8192), ("llama-3-70b-tp8", 256, 6000)]

@@ -138,17 +138,21 @@ def test_prefetch_rule_cases() -> None:
     m = re.search(r"^KVP_RULE\(kPrologueMinHeadSize, (\d+)\)$", table, re.MULTILINE)
     assert m is not None and int(m.group(1)) == upstream.PROLOGUE_MIN_HEAD_SIZE
     rule = upstream.prefetches_in
-    assert rule("prefetch", "v2", "auto", 128, "fp16")
-    assert rule("prefetch", "v2", "auto", 256, "fp16")
-    assert rule("prefetch", "v2", "auto", 128, "bf16")
-    assert not rule("prefetch", "v2", "auto", 256, "bf16")
-    assert not rule("prefetch", "v2", "auto", 128, "fp32")
-    assert not rule("prefetch", "v1", "auto", 128, "fp16")
-    assert not rule("prefetch", "v2", "fp8_e4m3", 128, "fp16")
-    assert not rule("prefetch", "v2", "auto", 64, "fp16")
-    assert rule("seed", "v1", "fp8_e5m2", 64, "fp16")
-    assert not rule("launch", "v2", "auto", 128, "fp16")
-    assert not rule(None, "v2", "auto", 128, "fp16")
+    assert rule("prefetch", "v2", "auto", 128, 16, "fp16")
+    assert rule("prefetch", "v2", "auto", 128, 32, "fp16")
+    assert rule("prefetch", "v2", "auto", 256, 16, "fp16")
+    # a block's K in 128 registers per thread (head 256, block 32): no prologue
+    assert upstream.k_registers(256, 32, 2) > upstream.PROLOGUE_MAX_K_REGISTERS
+    assert not rule("prefetch", "v2", "auto", 256, 32, "fp16")
+    assert rule("prefetch", "v2", "auto", 128, 16, "bf16")
+    assert not rule("prefetch", "v2", "auto", 256, 16, "bf16")
+    assert not rule("prefetch", "v2", "auto", 128, 16, "fp32")
+    assert not rule("prefetch", "v1", "auto", 128, 16, "fp16")
+    assert not rule("prefetch", "v2", "fp8_e4m3", 128, 16, "fp16")
+    assert not rule("prefetch", "v2", "auto", 64, 16, "fp16")
+    assert rule("seed", "v1", "fp8_e5m2", 64, 16, "fp16")
+    assert not rule("launch", "v2", "auto", 128, 16, "fp16")
+    assert not rule(None, "v2", "auto", 128, 16, "fp16")
 
 
 def test_old_everywhere_patch_fails_the_prefetch_rule() -> None:
@@ -158,7 +162,7 @@ def test_old_everywhere_patch_fails_the_prefetch_rule() -> None:
 
     kernels = parse_sass(_sample("kw_patched.sass"))
     verdict = judge(kernels, patched=True, expects=lambda k: upstream.prefetches_in(
-        "prefetch", k.version, k.kv_cache, k.head_size, k.dtype))
+        "prefetch", k.version, k.kv_cache, k.head_size, k.block_size, k.dtype))
     assert not verdict.ok
     assert len(verdict.problems) == sum(1 for k in kernels if k.version == "v1") == 4
     assert all(" v1 " in p and "a kernel this variant leaves stock" in p for p in verdict.problems)
@@ -230,26 +234,35 @@ def test_identical_check_judges_left_and_changed_kernels(bounded_body: list[str]
     assert detail in check.detail
 
 
-def test_auto_keeps_two_twin_ctas_per_sm() -> None:
-    """`auto` runs a twin only where an SM holds two of its CTAs, unless its grid or its launch
-    bound gives an SM only one (upstream.twin_pick, the mirror of the launcher's rule): on the
-    H200 a Llama-3.1-8B v1 step moves from 4x1 (a 4-head CTA's logits need 16 bytes per token)
-    to 2x2 past 7040 tokens, and from 4x2 (a grid of 1.5-10 stock CTAs per SM) to 2x2 past 6016;
-    every v2 step (a partition's logits only) keeps auto_twin's pick."""
+def test_auto_picks_for_any_lengths() -> None:
+    """`auto` (upstream.twin_pick, the mirror of the launcher's rule) chooses what no length
+    distribution behind the same grid makes slower than stock: in v1 only the chain-safe twins
+    (2x2, 2x4: a long sequence's chain no longer than stock's), whatever the grid; in v2 the
+    table read at the CTAs that surely have work, heads x (batch + partitions - 1), not the
+    padded grid; no twin where the longest CTA has at most 4 blocks (stock's warps, one block
+    each); and a twin only where an SM holds two of its CTAs, unless its grid or its launch
+    bound gives an SM only one."""
     from kvprefetch.sources import upstream
     pick = upstream.twin_pick
-    assert [pick(32, 8, 128, c, "v1") for c in (2048, 4096, 7040, 7056, 8192)] == [
-        (4, 1), (4, 1), (4, 1), (2, 2), (2, 2)]
-    assert [pick(32, 8, 32, c, "v1") for c in (2048, 6016, 6032, 8192)] == [
-        (4, 2), (4, 2), (2, 2), (2, 2)]
+    assert upstream.chain_safe(2, 2) and upstream.chain_safe(2, 4)
+    assert not upstream.chain_safe(4, 1) and not upstream.chain_safe(4, 2)
+    # v1: Llama-3.1-8B at 128 and 32 sequences, every context: 2x2 (4x1 / 4x2 before)
+    assert {pick(32, 8, b, c, "v1") for b in (32, 128) for c in (2048, 4096, 7056, 8192)} == {
+        (2, 2)}
+    assert pick(32, 8, 1, 1024, "v1") == (2, 4)
+    # the longest CTA's blocks: 3 and 4 blocks (33 / 64 tokens) none, 5 blocks a twin
+    assert pick(32, 8, 3, 33, "v1") is None and pick(32, 8, 3, 64, "v1") is None
+    assert pick(32, 8, 3, 65, "v1") == (2, 4)
     # a grid of no more CTAs than SMs needs one per SM; the 4x1 twin's 8k footprint fits one
     smem_8k = upstream.twin_smem(4, 1, 8192, "v1")
     assert upstream.keeps_occupancy(1, 132, 132, smem_8k, upstream.H200_SMEM_PER_SM)
     assert not upstream.keeps_occupancy(1, 133, 132, smem_8k, upstream.H200_SMEM_PER_SM)
     for batch in (1, 8, 32, 64, 128, 256):
         for ctx in (512, 4096, 16384, 32768):
-            pct = 100 * 32 * batch * -(-ctx // 512) // 132
+            pct = 100 * 32 * (batch + -(-ctx // 512) - 1) // 132
             assert pick(32, 8, batch, ctx, "v2") == upstream.auto_twin(pct), (batch, ctx)
+    # v2 b32 x 4k: 8192 padded CTAs (62 per SM: 4x1 before), 1248 sure (9.5: 4x2)
+    assert pick(32, 8, 32, 4096, "v2") == (4, 2)
 
 
     # b1 x 1k runs 2x4 and b64 x 512 runs 4x1: neither is staged (S != 2)

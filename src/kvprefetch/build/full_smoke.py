@@ -348,7 +348,7 @@ def check_objects(objects: dict[str, Path], variant: str | None, disasm_env: dic
                    echo=False).output
         kernels = parse_sass(text)
         verdict = judge(kernels, patched=patched, expects=lambda k: prefetches_in(
-            variant, k.version, k.kv_cache, k.head_size, k.dtype))
+            variant, k.version, k.kv_cache, k.head_size, k.block_size, k.dtype))
         archs = sorted({k.arch for k in kernels})
         out[name] = {"path": str(obj), "sha256": sha256_file(obj), "bytes": obj.stat().st_size,
                      "sass_archs": archs, "kernels": verdict.kernels,

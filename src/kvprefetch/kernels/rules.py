@@ -41,6 +41,7 @@ class KernelRules:
     rule_block_size: int
     prologue_min_head_size: int
     prologue_max_bf16_head_size: int
+    prologue_max_k_registers: int
     twin_bound_threads: int
     staged_split: int
     stage_slots: int

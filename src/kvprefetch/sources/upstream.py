@@ -88,13 +88,21 @@ def resolve_tree_name(name: str, existing: Iterable[str]) -> str:
     return LEGACY_NAMES.get(name, name)
 # csrc/kvprefetch/launch_policy.cuh's prologue_rule: `prefetch` compiles its prologue only into
 # v2 kernels with fp16 caches and at least this head size, or bf16 caches from it up to
-# PROLOGUE_MAX_BF16_HEAD_SIZE (rules.inc).
+# PROLOGUE_MAX_BF16_HEAD_SIZE, where one block's K takes at most PROLOGUE_MAX_K_REGISTERS
+# registers per thread (k_registers; rules.inc).
 PROLOGUE_MIN_HEAD_SIZE = _RULES.prologue_min_head_size
 PROLOGUE_MAX_BF16_HEAD_SIZE = _RULES.prologue_max_bf16_head_size
+PROLOGUE_MAX_K_REGISTERS = _RULES.prologue_max_k_registers
+
+
+def k_registers(head_size: int, block_size: int, cache_bytes: int) -> int:
+    """launch_policy.cuh's k_registers: 4-byte registers per thread that one block's K takes
+    (the block's K over a warp's 32 lanes)."""
+    return head_size * block_size * cache_bytes // (32 * 4)
 
 
 def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: int,
-                  dtype: str) -> bool:
+                  block_size: int, dtype: str) -> bool:
     """Whether ``variant`` puts a bulk prefetch into this paged_attention instantiation
     (``dtype``: the query's, fp16 | bf16 | fp32); its other attention kernels must stay
     instruction-identical to stock unless a launch bound changes them (verify-kernel)."""
@@ -102,6 +110,7 @@ def prefetches_in(variant: str | None, version: str, kv_cache: str, head_size: i
         return False
     if variant == "prefetch":
         return (version == "v2" and kv_cache == "auto" and head_size >= PROLOGUE_MIN_HEAD_SIZE
+                and k_registers(head_size, block_size, 2) <= PROLOGUE_MAX_K_REGISTERS
                 and (dtype == "fp16"
                      or (dtype == "bf16" and head_size <= PROLOGUE_MAX_BF16_HEAD_SIZE)))
     return True  # paper, and any in-kernel variant of the paper's shape: every kernel
@@ -129,7 +138,7 @@ def changes_kernel(variant: str | None, version: str, kv_cache: str, head_size: 
                    block_size: int, dtype: str) -> bool:
     """Whether ``variant`` compiles this instantiation differently from stock (a prefetch in it,
     or a launch bound); the others must be instruction-identical to stock."""
-    return (prefetches_in(variant, version, kv_cache, head_size, dtype)
+    return (prefetches_in(variant, version, kv_cache, head_size, block_size, dtype)
             or min_blocks(variant, version, kv_cache, head_size, block_size, dtype) > 0)
 
 
@@ -209,10 +218,21 @@ def twin_shapes(variant: str | None, version: str, kv_cache: str, head_size: int
     return tuple((g, s) for g, s, _ in TWIN_SHAPES)
 
 
-def auto_twin(ctas_pct: int) -> tuple[int, int]:
-    """(G, S) of the twin `auto` takes first for a grid of ``ctas_pct`` stock CTAs per 100 SMs
-    (twin_pick may move on from it, below)."""
-    return next(((g, s) for g, s, lo in TWIN_SHAPES if ctas_pct >= lo), TWIN_SHAPES[-1][:2])
+# launch_policy.cuh's kStockWarps: warps per CTA of the instantiations that have twins.
+STOCK_WARPS = 4
+
+
+def chain_safe(group: int, split: int) -> bool:
+    """launch_policy.cuh's chain_safe: the twin's longest chain of dependent block work (G / S
+    times stock's) is no longer than stock's."""
+    return group <= split
+
+
+def auto_twin(ctas_pct: int, chain_safe_only: bool = False) -> tuple[int, int]:
+    """(G, S) of the twin `auto` takes first for a grid of ``ctas_pct`` CTAs per 100 SMs, among
+    the chain-safe twins only when ``chain_safe_only`` (twin_pick may move on from it, below)."""
+    shapes = [t for t in TWIN_SHAPES if not chain_safe_only or chain_safe(t[0], t[1])]
+    return next(((g, s) for g, s, lo in shapes if ctas_pct >= lo), shapes[-1][:2])
 
 
 # The H200's SM count and shared memory per SM (cudaDevAttrMaxSharedMemoryPerMultiprocessor),
@@ -245,19 +265,29 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
               sm_count: int = H200_SMS, smem_per_sm: int = H200_SMEM_PER_SM,
               max_smem: int = H200_MAX_SMEM) -> tuple[int, int] | None:
     """launch_policy.cuh's twin_pick in `auto` for a decode step of a head-128, block-16
-    model (every sequence ``context`` tokens): auto_twin's pick if its G divides the query heads
-    per kv head (else None, vLLM's kernel), moving on to the next twin of TWIN_SHAPES that can
-    run and keeps two CTAs per SM wherever the pick does not; None past the last."""
+    model whose longest sequence has ``context`` tokens (the rule reads the grid and that
+    length only): None (vLLM's kernel) where the longest CTA has at most STOCK_WARPS blocks;
+    else auto_twin's pick for the CTAs that surely have work (heads x (batch + partitions - 1)),
+    among the chain-safe twins only in v1, if its G divides the query heads per kv head (else
+    None), moving on to the next such twin of TWIN_SHAPES that can run and keeps two CTAs per
+    SM wherever the pick does not; None past the last."""
     if num_kv_heads <= 0 or num_heads % num_kv_heads:
         return None
     per_kv = num_heads // num_kv_heads
     partitions = 1 if kernel == "v1" else -(-context // 512)
+    blocks = -(-context // 16)
+    if (min(blocks, 512 // 16) if kernel == "v2" else blocks) <= STOCK_WARPS:
+        return None
     stock_ctas = num_heads * batch * partitions
-    first = auto_twin(100 * stock_ctas // max(sm_count, 1))
+    sure_ctas = num_heads * (batch + partitions - 1)
+    safe_only = kernel == "v1"
+    first = auto_twin(100 * sure_ctas // max(sm_count, 1), safe_only)
     if per_kv % first[0]:
         return None
     shapes = [(g, s) for g, s, _ in TWIN_SHAPES]
     for g, s in shapes[shapes.index(first):]:
+        if safe_only and not chain_safe(g, s):
+            continue
         smem = twin_smem(g, s, context, kernel)
         if (per_kv % g == 0 and smem <= max_smem
                 and keeps_occupancy(s, stock_ctas // g, sm_count, smem, smem_per_sm)):

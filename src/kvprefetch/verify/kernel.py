@@ -185,7 +185,8 @@ def _elf(listing: str | ElfFacts) -> ElfFacts:
 
 
 def _expects(variant: str | None) -> Callable[[KernelSass], bool]:
-    return lambda k: prefetches_in(variant, k.version, k.kv_cache, k.head_size, k.dtype)
+    return lambda k: prefetches_in(variant, k.version, k.kv_cache, k.head_size, k.block_size,
+                                   k.dtype)
 
 
 def _rules(name: str, variant: str | None) -> tuple[bool, int, bool] | None:
@@ -196,7 +197,7 @@ def _rules(name: str, variant: str | None) -> tuple[bool, int, bool] | None:
         return None
     version, kv_cache, dtype = str(meta["version"]), str(meta["kv_cache"]), str(meta["dtype"])
     head, block = int(meta["head_size"]), int(meta["block_size"])  # type: ignore[call-overload]
-    return (prefetches_in(variant, version, kv_cache, head, dtype),
+    return (prefetches_in(variant, version, kv_cache, head, block, dtype),
             min_blocks(variant, version, kv_cache, head, block, dtype),
             changes_kernel(variant, version, kv_cache, head, block, dtype))
 

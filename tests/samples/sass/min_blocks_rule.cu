@@ -23,7 +23,7 @@ void row(const char* cache) {
   for (const bool partitioned : {false, true}) {
     std::printf("%s %d %d %s %d %d %d %d\n", partitioned ? "v2" : "v1", HEAD, BLOCK, cache, KV,
                 kvprefetch::min_blocks<HEAD, BLOCK, int(sizeof(cache_t)), KV>(partitioned),
-                int(kvprefetch::prologue_compiled<HEAD, cache_t>(partitioned, KV == 0)),
+                int(kvprefetch::prologue_compiled<HEAD, BLOCK, cache_t>(partitioned, KV == 0)),
                 int(kvprefetch::has_twins<HEAD, BLOCK, cache_t, KV, false>(partitioned)));
   }
 }
@@ -49,7 +49,8 @@ int main() {
     std::printf("twin %d %d %d %s\n", t.g, t.s, t.min_ctas_pct, t.name);
   }
   for (long long pct = 0; pct <= 3000; pct += 25) {
-    std::printf("auto %lld %d\n", pct, kvprefetch::auto_twin(pct));
+    std::printf("auto %lld %d %d\n", pct, kvprefetch::auto_twin(pct),
+                kvprefetch::auto_twin(pct, true));
   }
   // KVPREFETCH_GQA's values as modes (fallback 99), "mode VALUE MODE UNKNOWN"; "-" = unset.
   for (const char* v : {"-", "", "off", "auto", "on", "4x1", "4x2", "2x2", "2x4", "ON", "3x3"}) {
@@ -66,7 +67,8 @@ int main() {
     for (const auto& m : {std::pair{32, 32}, std::pair{32, 16}, std::pair{32, 8},
                           std::pair{8, 1}, std::pair{28, 4}}) {
       for (const int batch : {1, 8, 32, 64, 96, 128, 256}) {
-        for (const int context : {512, 2048, 3072, 4096, 6016, 6032, 7040, 7056, 8192}) {
+        for (const int context : {33, 64, 65, 512, 2048, 3072, 4096, 6016, 6032, 7040, 7056,
+                                  8192}) {
           for (const bool v2 : {false, true}) {
             const long long logits = v2 ? 512 * 4 : (context + 15) / 16 * 16 * 4;
             const long long stock = logits > 1024 ? logits : 1024;
@@ -75,10 +77,14 @@ int main() {
               const kvprefetch::TwinShape& t = kvprefetch::kTwins[i];
               smem[i] = t.g * stock + 4LL * (t.s - 1) * 4 * t.g * 8 * 32;
             }
-            const long long ctas = 1LL * m.first * batch * (v2 ? (context + 511) / 512 : 1);
+            const int parts = v2 ? (context + 511) / 512 : 1;
+            const int blocks = (context + 15) / 16;
+            const kvprefetch::TwinStep step{1LL * m.first * batch * parts,
+                                            1LL * m.first * (batch + parts - 1), v2,
+                                            v2 && blocks > 32 ? 32 : blocks};
             std::printf("pick %d %d %d %d %d %s %d\n", mode, m.first, m.second, batch, context,
                         v2 ? "v2" : "v1",
-                        kvprefetch::twin_pick(mode, ctas, 132, m.first / m.second, smem,
+                        kvprefetch::twin_pick(mode, step, 132, m.first / m.second, smem,
                                               232448, 233472));
           }
         }
