@@ -1,5 +1,5 @@
-"""The report blocks (`<!-- report RESULT.json summary|shapes -->`) of the README and
-docs/design.md, and the README's command table (`<!-- commands -->`), are what
+"""The report blocks (`<!-- report RESULT.json summary|shapes|attribution -->`, `<!-- report
+RUN_FOLDER seeds -->`) of the README, docs/design.md and docs/sampled-benchmark.md, and the README's command table (`<!-- commands -->`), are what
 `kvprefetch report --readme` renders from the committed result JSON and the commands' help, not
 text typed by hand: CI regenerates them and fails on any difference."""
 
@@ -19,14 +19,17 @@ from kvprefetch.cli.report import COMMANDS_BLOCK, refresh_commands
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/design.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/design.md", "docs/sampled-benchmark.md"])
 def test_report_blocks_are_regenerated_from_their_json(doc: str) -> None:
     path = ROOT / doc
     text = path.read_text()
     blocks = README_BLOCK.findall(text)
     assert blocks, f"{doc} has no report block"
-    for _, block_path, _, _, _ in blocks:
-        assert (path.parent / block_path).is_file(), block_path
+    for _, block_path, kind, _, _ in blocks:
+        # a `seeds` block names a run's folder, every other block one result
+        want = (path.parent / block_path).is_dir if kind == "seeds" else (
+            path.parent / block_path).is_file
+        assert want(), block_path
     new, changed = refresh_blocks(text, path.parent)
     assert changed == [] and new == text
 
@@ -49,7 +52,10 @@ def test_check_finds_an_edited_figure_and_readme_fixes_it(tmp_path: Path) -> Non
     copy.write_text(text.replace(first_row, edited_row, 1))
     for _, path, _, _, _ in README_BLOCK.findall(text):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / path, tmp_path / path)
+        if (ROOT / path).is_dir():
+            shutil.copytree(ROOT / path, tmp_path / path, dirs_exist_ok=True)
+        else:
+            shutil.copy(ROOT / path, tmp_path / path)
     runner = CliRunner()
     res = runner.invoke(main, ["report", "--readme", str(copy), "--check", "--json"])
     assert res.exit_code != 0
@@ -59,3 +65,21 @@ def test_check_finds_an_edited_figure_and_readme_fixes_it(tmp_path: Path) -> Non
     res = runner.invoke(main, ["report", "--readme", str(copy)])
     assert res.exit_code == 0, res.output
     assert copy.read_text() == text
+
+
+def test_sample_blocks_name_what_is_missing(tmp_path: Path) -> None:
+    """A `seeds` block over a folder without sampled runs, and an `attribution` block over a
+    sample whose ablation trees did not run, fail with the cause and the fix; the committed
+    fresh-seed run renders one row per seed and timing."""
+    from kvprefetch.bench.report import sample_block
+    from kvprefetch.errors import BenchError
+
+    with pytest.raises(BenchError, match="holds no sample"):
+        sample_block(tmp_path, "seeds")
+    run = ROOT / "docs" / "results" / "2026-12-01-h200-sample-fresh"
+    with pytest.raises(BenchError, match="the ablation trees did not run"):
+        sample_block(run / "sample-12011758.json.gz", "attribution")
+    rows = sample_block(run, "seeds").splitlines()[2:]
+    assert {(r.split(" | ")[0].lstrip("| "), r.split(" | ")[1]) for r in rows} == {
+        (seed, timing) for seed in ("12011758", "12011759", "12011760")
+        for timing in ("graph", "eager")}

@@ -455,9 +455,12 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,
 # committed result JSON: `<!-- report PATH KIND -->`, the lines, `<!-- /report -->`. PATH is
 # relative to the markdown file's folder; KIND is `summary` (the summary table) or `shapes` (the
 # per-shape table of a `bench kernel` result, one preset, dtype and block size; the per-workload
-# table of a `bench decode` result).
-README_BLOCK = re.compile(r"(<!-- report (\S+) (summary|shapes) -->\n)(.*?)(<!-- /report -->)",
-                          re.DOTALL)
+# table of a `bench decode` result); for sampled benchmarks (`bench kernel --sample`),
+# `attribution` (what each mechanism is worth, one result) and `seeds` (PATH a run's folder: the
+# distribution of every sample-*.json[.gz] in it, one row per seed and timing).
+README_BLOCK = re.compile(
+    r"(<!-- report (\S+) (summary|shapes|seeds|attribution) -->\n)(.*?)(<!-- /report -->)",
+    re.DOTALL)
 _BLOCK_HEADS = {"summary": ("| mode |", "| tree |"), "shapes": ("| batch |", "| workload |")}
 
 
@@ -481,9 +484,36 @@ def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
     changed: list[str] = []
 
     def fill(m: re.Match[str]) -> str:
-        body = report_block(load_document(root / m[2]), m[3])
+        body = (sample_block(root / m[2], m[3]) if m[3] in ("seeds", "attribution")
+                else report_block(load_document(root / m[2]), m[3]))
         if body != m[4]:
             changed.append(m[2])
         return m[1] + body + m[5]
 
     return README_BLOCK.sub(fill, text), changed
+
+
+def sample_block(path: Path, kind: str) -> str:
+    """A README block of a sampled benchmark: ``seeds`` over the sample-*.json[.gz] of the
+    folder ``path``, ``attribution`` of the result ``path``."""
+    from .sample_report import attribution_table, seeds_table
+
+    if kind == "seeds":
+        files = sorted(p for p in Path(path).glob("sample-*.json*")
+                       if p.name.endswith((".json", ".json.gz")))
+        if not files:
+            raise BenchError(f"{path} holds no sample-*.json[.gz]",
+                             "point a `seeds` block at a folder of `bench kernel --sample` runs")
+        docs = sorted((load_document(f) for f in files),
+                      key=lambda d: d["meta"]["sample"]["seed"])
+        return "\n".join(seeds_table(docs)) + "\n"
+    doc = load_document(path)
+    if doc.get("meta", {}).get("sample") is None:
+        raise BenchError(f"{path} is not a sampled benchmark",
+                         "point an `attribution` block at a `bench kernel --sample` result")
+    names = {v["name"] for v in doc["meta"]["variants"]}
+    lines = attribution_table(doc)
+    if not names & {"launch", "gqa_off"} or len(lines) <= 2:
+        raise BenchError(f"{path} has no attribution (the ablation trees did not run)",
+                         "run the sample with --variant launch and --variant gqa_off too")
+    return "\n".join(lines) + "\n"

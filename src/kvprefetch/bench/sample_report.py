@@ -178,6 +178,36 @@ def sample_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def seeds_table(docs: Sequence[dict[str, Any]]) -> list[str]:
+    """One row per sample and timing: the headline variant's distribution beside the A/A band,
+    so that runs on different seeds read side by side (a README block, ``seeds``)."""
+    rows = []
+    for doc in docs:
+        head = headline(doc)
+        if head is None:
+            continue
+        for t in timings(doc):
+            st = distribution(doc, t)[head]
+            if not st["n"]:
+                continue
+            band = aa_band(doc, t)
+            equal = all(r.get("bitwise_equal") for _, r in measured(doc, t))
+            rows.append([doc["meta"]["sample"]["seed"], t, head, st["n"], _x(st["min"]),
+                         _x(st["p5"]), _x(st["median"]), _x(st["geomean"]),
+                         st["below_target"],
+                         f"{band['p5']:.3f}-{band['p95']:.3f}" if band else "-",
+                         "yes" if equal else "NO"])
+    return _table(["seed", "timing", "variant", "steps", "min", "p5", "median", "geomean",
+                   f"< {TARGET_STEP}", "A/A p5-p95", "bitwise equal"], rows)
+
+
+def attribution_table(doc: dict[str, Any]) -> list[str]:
+    """The attribution of every timing in one table (a README block, ``attribution``)."""
+    return _table(["timing", "from", "to", "mechanism", "steps", "geomean step", "steps worse"],
+                  [[t, a["from"], a["to"], a["mechanism"], a["steps"], _x(a["geomean"]),
+                    a["worse"]] for t in timings(doc) for a in attribution(doc, t)])
+
+
 def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}x"
 
