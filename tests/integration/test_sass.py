@@ -65,7 +65,8 @@ def test_launch_variant_prefetch_kernel_counts_on_hopper_and_newer(tmp_path: Pat
     """verify's check for the `launch` variant on a REAL compile of kvprefetch's
     kv_l2_prefetch_kernel for sm_90 and sm_100 (Blackwell, also "sm_90+"), then sm_100 alone
     (a user building with --arch 10.0)."""
-    from kvprefetch.verify.kernel import VerifyReport, check_sass
+    from kvprefetch.verify.machine_code import check_sass
+    from kvprefetch.verify.report import VerifyReport
     from kvprefetch.verify.sass import prefetch_kernels
 
     sass = _compile_and_disassemble(tmp_path, SAMPLES / "l2_prefetch_kernel.cu",
@@ -101,7 +102,8 @@ def test_module_check_on_real_compiles_of_the_header(tmp_path: Path) -> None:
     beside the state under `prefetch`'s rule, a __constant__ in the module, the launcher-only
     unit without KVPREFETCH_LAUNCHER_ONLY."""
     from kvprefetch.verify.cubin import parse_elf
-    from kvprefetch.verify.kernel import MODULE_CHECK, VerifyReport, check_module_state
+    from kvprefetch.verify.machine_code import MODULE_CHECK, check_module_state
+    from kvprefetch.verify.report import VerifyReport
 
     def verdict(elf: str, variant: str) -> tuple[str, str]:
         rep = VerifyReport("unused")
@@ -207,7 +209,8 @@ def test_launch_bounds_check_on_real_compiles(tmp_path: Path, head: int, plain: 
     (EIATTR_MAX_THREADS) and must be there exactly where upstream.min_blocks puts one; the
     head-128 kernel compiled without the bound line (stock) fails the `prefetch` rule."""
     from kvprefetch.verify.cubin import parse_elf
-    from kvprefetch.verify.kernel import BOUNDS_CHECK, VerifyReport, check_launch_bounds
+    from kvprefetch.verify.machine_code import BOUNDS_CHECK, check_launch_bounds
+    from kvprefetch.verify.report import VerifyReport
 
     elf = _compile_elf(tmp_path, SAMPLES / "bounded_kernel.cu", f"-DSAMPLE_HEAD={head}",
                        *(["-DSAMPLE_PLAIN"] if plain else []))
@@ -385,7 +388,8 @@ def test_pdl_order_on_a_real_compile(tmp_path: Path) -> None:
     """pdl_waits on a REAL sm_90 compile (tests/samples/sass/pdl_order.cu): nvcc 13.0 emits
     griddepcontrol.wait as ACQBULK, and the check tells a kernel that waits before its first
     global load from one that loads first and from one that never waits."""
-    from kvprefetch.verify.kernel import PDL_CHECK, VerifyReport, check_pdl_order
+    from kvprefetch.verify.machine_code import PDL_CHECK, check_pdl_order
+    from kvprefetch.verify.report import VerifyReport
     from kvprefetch.verify.sass import pdl_waits
 
     sass = _compile_and_disassemble(tmp_path, SAMPLES / "pdl_order.cu",

@@ -191,7 +191,8 @@ def _fake_listing(loads: dict[str, int]) -> str:
 def test_readonly_check_fails_when_loads_lose_the_read_only_path() -> None:
     """check_readonly_path compares LDG….CONSTANT per prefetching kernel against stock: a
     `prefetch` build that lost them fails, naming the kernel; a seed build is reported only."""
-    from kvprefetch.verify.kernel import VerifyReport, check_readonly_path
+    from kvprefetch.verify.machine_code import check_readonly_path
+    from kvprefetch.verify.report import VerifyReport
 
     v2 = ("_ZN4vllm25paged_attention_v2_kernelIttLi128ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0ELb0"
           "ELi512EEEvPfS2_PT_PKS3_PKT0_S9_ifPKiSB_iPKfiiiSD_SD_iiiii")
@@ -223,7 +224,8 @@ def test_identical_check_judges_left_and_changed_kernels(bounded_body: list[str]
     """check_identical_attention with the `prefetch` rules: the head-96 v1 kernel (no bound)
     must equal stock's instruction by instruction, the head-128 v1 kernel (bounded) must
     differ from stock's; a bound that did not reach its kernel fails like a changed stock one."""
-    from kvprefetch.verify.kernel import VerifyReport, check_identical_attention
+    from kvprefetch.verify.machine_code import check_identical_attention
+    from kvprefetch.verify.report import VerifyReport
 
     base = {("sm_90", _V1.format(h=128)): ["EXIT"], ("sm_90", _V1.format(h=96)): ["EXIT"]}
     mine = {("sm_90", _V1.format(h=128)): bounded_body, ("sm_90", _V1.format(h=96)): stock_body}
@@ -318,7 +320,8 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     """check_gqa_twin: a `prefetch` build must hold the four twins beside the fp16 v1 and bf16
     v2 kernels (upstream.twin_shapes) and nowhere else, each twin's global loads all read-only;
     stock holds none. A missing twin, an extra one (bf16 v1) and a plain load each fail."""
-    from kvprefetch.verify.kernel import VerifyReport, check_gqa_twin
+    from kvprefetch.verify.machine_code import check_gqa_twin
+    from kvprefetch.verify.report import VerifyReport
 
     ro = ["LDG.E.64.CONSTANT R4, desc[UR4][R2.64]"] * 3
     base = {("sm_90", _V1_FP16): ro, ("sm_90", _V2_BF16): ro, ("sm_90", _V1_BF16): ro}
@@ -380,7 +383,8 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
 def test_pdl_check_passes_when_every_wait_comes_first() -> None:
     """check_pdl_order: twins that wait (ACQBULK) before their first global instruction pass,
     predicated or not; a store before the wait fails; a tree without twins gets no row."""
-    from kvprefetch.verify.kernel import PDL_CHECK, VerifyReport, check_pdl_order
+    from kvprefetch.verify.machine_code import PDL_CHECK, check_pdl_order
+    from kvprefetch.verify.report import VerifyReport
 
     first = ["S2R R0, SR_TID.X", "ACQBULK", "@P0 LDG.E.64.CONSTANT R4, desc[UR4][R2.64]",
              "STG.E desc[UR4][R6.64], R4"]
@@ -404,7 +408,8 @@ def test_twin_check_accepts_ordered_loads_not_plain_ones() -> None:
     q with strong loads (LDG….STRONG.SM from ld.global.ca, as load_dep emits, or
     LDG….STRONG.GPU from ld.global.cg; kept after its wait) beside its read-only K/V loads: that
     passes; a plain weak LDG (neither read-only nor strong) still fails."""
-    from kvprefetch.verify.kernel import VerifyReport, check_gqa_twin
+    from kvprefetch.verify.machine_code import check_gqa_twin
+    from kvprefetch.verify.report import VerifyReport
 
     ro = ["LDG.E.64.CONSTANT R4, desc[UR4][R2.64]"] * 3
     coherent = ["ACQBULK", "LDG.E.STRONG.SM R0, desc[UR6][R2.64]",

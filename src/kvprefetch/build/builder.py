@@ -6,12 +6,9 @@ mode's is in ``overlay.build``, and ``pipeline.execute`` runs the trees concurre
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,31 +110,33 @@ def compile_with_progress(tree: str, argv: list[str], *, env: dict[str, str], lo
         run(argv, env=env, log=log, on_progress=progress, fix=fix)
 
 
+def prepare_tree(tp: TreePlan, plan: BuildPlan, force: bool, out: TreeOutcome,
+                 make_env: Callable[[], Any]) -> tuple[Any, dict[str, str]] | None:
+    """The start every mode's tree build shares, inside the tree's lock: None when the tree is
+    up to date (``out`` says so); else the log folder made, the environment ``make_env()``
+    created (recorded as the kit's own) and the environment its commands run in."""
+    if skip_if_up_to_date(tp, force, out):
+        return None
+    Path(tp.log_dir).mkdir(parents=True, exist_ok=True)
+    say(tp.tree, f"creating environment {tp.env_path}")
+    env_obj = make_env()
+    env_obj.create(owner=Path(plan.workdir))
+    return env_obj, child_env(env_obj, tp)
+
+
 def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
                        force: bool) -> TreeOutcome:
-    from ..sources.upstream import kit_root
-    from .kernels_only import (
-        compile_flags,
-        install_into_env,
-        kernel_sources,
-        ninja_text,
-        probe_torch,
-        write_if_changed,
-    )
-    from .selection import Selection
+    from .kernels_only import probe_torch
+    from .library import install_library, library_manifest, write_library_ninja
 
     out = TreeOutcome(tp.tree, log_dir=tp.log_dir)
-    bdir = Path(tp.build_dir)
     logs = Path(tp.log_dir)
     t0 = time.monotonic()
     with tree_locks(tp, plan):
-        if skip_if_up_to_date(tp, force, out):
+        ready = prepare_tree(tp, plan, force, out, lambda: _env_for(tp, plan, torch_from))
+        if ready is None:
             return out
-        logs.mkdir(parents=True, exist_ok=True)
-        say(tp.tree, f"creating environment {tp.env_path}")
-        env_obj = _env_for(tp, plan, torch_from)
-        env_obj.create(owner=Path(plan.workdir))
-        child = child_env(env_obj, tp)
+        env_obj, child = ready
         tinfo = probe_torch(str(env_obj.python), child, log=logs / "02-probe-torch.log")
         cuda_home = plan.toolchain.get("cuda_home")
         nvcc = plan.toolchain.get("nvcc")
@@ -145,59 +144,21 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
             raise BuildError("no CUDA toolkit was found for the kernels-only build",
                              "install the CUDA toolkit (nvcc) and set CUDA_HOME; "
                              "`kvprefetch doctor` shows what is missing")
-        sel = Selection(tuple(plan.selection["head_sizes"]), tuple(plan.selection["block_sizes"]),
-                        tuple(plan.selection["kv_dtypes"]))
-        build_info = json.dumps({"tree": tp.tree, "variant": tp.variant,
-                                 "patch_sha256": tp.patch_sha256, "key": tp.key})
-        nvcc_flags, cxx_flags, link_flags = compile_flags(
-            tinfo, Path(cuda_home), list(plan.gencode), tp.namespace,
-            Path(tp.source_tree) / "csrc", build_info, tp.defines)
-        srcs = kernel_sources(Path(tp.source_tree), sel, bdir)
-        so = bdir / f"{tp.namespace}_C.so"
-        cxx = os.environ.get("CXX", "g++")
-        write_if_changed(bdir / "build.ninja", ninja_text(
-            nvcc=Path(nvcc), cxx=cxx, cu_sources=srcs,
-            cpp_source=kit_root() / "csrc" / "kvprefetch_ops.cpp", nvcc_flags=nvcc_flags,
-            cxx_flags=cxx_flags, link_flags=link_flags, output=so))
+        lib = write_library_ninja(tp, plan, tinfo, Path(cuda_home), Path(nvcc))
         step_t = time.monotonic()
         compile_with_progress(
             tp.tree, list(tp.steps[3].argv), env=child, log=logs / "04-compile.log",
             fix=f"read {logs / '04-compile.log'}; fix the cause and rerun: finished objects are "
                 "kept and the build resumes",
-            started=t0, build_root=bdir.parent, selection=plan.selection)
+            started=t0, build_root=Path(tp.build_dir).parent, selection=plan.selection)
         out.steps.append({"step": "compile", "seconds": round(time.monotonic() - step_t, 1)})
-        so_sha = sha256_file(so)
-        build_json = {"tree": tp.tree, "variant": tp.variant or "stock", "namespace": tp.namespace,
-                      "key": tp.key, "so_sha256": so_sha, "build_so": str(so),
-                      "patch_sha256": tp.patch_sha256, **plan.selection}
-        site = env_obj.site_packages()
-        installed = install_into_env(site, so, build_json)
-        manifest = {
-            "kvprefetch": __version__, "mode": plan.mode, "tree": tp.tree, "variant": tp.variant or "stock",
-            "namespace": tp.namespace, "key": tp.key,
-            "so_path": str(installed), "so_sha256": sha256_file(installed),
-            "build_so_path": str(so),
-            "head_sizes": plan.selection["head_sizes"], "block_sizes": plan.selection["block_sizes"],
-            "kv_dtypes": plan.selection["kv_dtypes"], "selection": plan.selection,
-            "inputs": {"source_tree": tp.source_tree, "source_sha256": tp.source_sha256,
-                       "patch_sha256": tp.patch_sha256, "arch_list": plan.arch_list,
-                       "gencode": list(plan.gencode),
-                       "sources": {str(s): sha256_file(s) for s in srcs},
-                       "defines": list(tp.defines),
-                       "nvcc_flags": nvcc_flags, "link_flags": link_flags},
-            "toolchain": {**plan.toolchain, "torch": tinfo.torch_version,
-                          "torch_cuda": tinfo.torch_cuda, "cxx_std": tinfo.cxx_std,
-                          "env_python": tinfo.python, "platform": platform.platform()},
-            "env": {"backend": tp.env_backend, "path": tp.env_path, "python": str(env_obj.python)},
-            "outputs": [{"path": str(so), "sha256": so_sha},
-                        {"path": str(installed), "sha256": sha256_file(installed)}],
-            "seconds": round(time.monotonic() - t0, 1),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        write_json_atomic(bdir / "manifest.json", manifest)
+        installed, so_sha = install_library(tp, plan, lib, env_obj.site_packages())
+        write_json_atomic(Path(tp.build_dir) / "manifest.json", library_manifest(
+            tp, plan, lib, mode=plan.mode, installed=installed, so_sha=so_sha, tinfo=tinfo,
+            env_python=str(env_obj.python), started=t0))
     out.status, out.so, out.so_sha256 = "built", str(installed), so_sha
     out.seconds = round(time.monotonic() - t0, 1)
-    say(tp.tree, f"built {so.name} in {out.seconds:.0f} s -> {installed}")
+    say(tp.tree, f"built {lib.so.name} in {out.seconds:.0f} s -> {installed}")
     return out
 
 
@@ -208,12 +169,10 @@ def build_full_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> TreeOutcome:
     logs = Path(tp.log_dir)
     t0 = time.monotonic()
     with tree_locks(tp, plan):
-        if skip_if_up_to_date(tp, force, out):
+        ready = prepare_tree(tp, plan, force, out, lambda: _env_for(tp, plan, None))
+        if ready is None:
             return out
-        logs.mkdir(parents=True, exist_ok=True)
-        env_obj = _env_for(tp, plan, None)
-        env_obj.create(owner=Path(plan.workdir))
-        child = child_env(env_obj, tp)
+        env_obj, child = ready
         stats = ""
         for i, s in enumerate(tp.steps, 1):
             if s.name == "unpack-deps":

@@ -18,7 +18,7 @@ from ..console import emit_json, info
 from .common import json_option, workdir_option
 
 if TYPE_CHECKING:
-    from ..verify.kernel import Check, VerifyReport
+    from ..verify.report import Check, VerifyReport
 
 _MARK = {"pass": "✓", "fail": "✕", "not checked": "–"}
 

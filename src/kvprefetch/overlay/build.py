@@ -24,14 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..errors import BuildError
 from ..runner import run, which
 
@@ -202,22 +200,9 @@ def _installed_versions(python: str, env: dict[str, str], log: Path) -> dict[str
 
 def build_overlay_tree(tp: Any, plan: Any, force: bool,
                        overlay: OverlayOptions | None) -> Any:
-    from ..build.builder import (
-        TreeOutcome,
-        child_env,
-        compile_with_progress,
-        say,
-        skip_if_up_to_date,
-    )
-    from ..build.kernels_only import (
-        compile_flags,
-        install_into_env,
-        kernel_sources,
-        ninja_text,
-        probe_torch,
-        write_if_changed,
-    )
-    from ..build.selection import Selection
+    from ..build.builder import TreeOutcome, compile_with_progress, prepare_tree, say
+    from ..build.kernels_only import probe_torch
+    from ..build.library import install_library, library_manifest, write_library_ninja
     from ..hashing import sha256_file
     from ..sources.upstream import kit_root
     from ..workspace.locks import locked
@@ -236,14 +221,11 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
         timings.append({"step": name, "seconds": round(time.monotonic() - t, 1)})
 
     with locked(bdir.parent / ".lock", f"the {tp.tree} build"):
-        if skip_if_up_to_date(tp, force, out):
-            return out
-        logs.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
-        say(tp.tree, f"creating environment {tp.env_path}")
-        env_obj = _make_env(tp, opts)
-        env_obj.create(owner=Path(plan.workdir))
-        child = child_env(env_obj, tp)
+        ready = prepare_tree(tp, plan, force, out, lambda: _make_env(tp, opts))
+        if ready is None:
+            return out
+        env_obj, child = ready
         timed("create-env", t)
         t = time.monotonic()
         say(tp.tree, "installing " + " ".join(PINS))
@@ -267,24 +249,14 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
         # with it set, so the compiler and the CUDA headers come from the same toolkit.
         child["CUDA_HOME"] = tk.cuda_home
         tinfo = probe_torch(str(env_obj.python), child, log=logs / "04-probe-torch.log")
-        sel = Selection(tuple(plan.selection["head_sizes"]), tuple(plan.selection["block_sizes"]),
-                        tuple(plan.selection["kv_dtypes"]))
-        build_info = json.dumps({"tree": tp.tree, "variant": tp.variant,
-                                 "patch_sha256": tp.patch_sha256, "key": tp.key})
         cuda_home = Path(tk.cuda_home)
-        nvcc_flags, cxx_flags, link_flags = compile_flags(
-            tinfo, cuda_home, list(plan.gencode), tp.namespace, Path(tp.source_tree) / "csrc",
-            build_info, tp.defines)
         site = env_obj.site_packages()
         cudart = _env_cudart(site)
-        link_flags = link_against(link_flags, cudart, cuda_home)
-        srcs = kernel_sources(Path(tp.source_tree), sel, bdir)
-        so = bdir / f"{tp.namespace}_C.so"
-        csrc = kit_root() / "csrc"
-        write_if_changed(bdir / "build.ninja", ninja_text(
-            nvcc=Path(tk.nvcc), cxx=os.environ.get("CXX", "g++"), cu_sources=srcs,
-            cpp_source=csrc / "kvprefetch_ops.cpp", nvcc_flags=nvcc_flags, cxx_flags=cxx_flags,
-            link_flags=link_flags, output=so, extra_cpp_sources=(csrc / ROUTE_CPP,)))
+        lib = write_library_ninja(
+            tp, plan, tinfo, cuda_home, Path(tk.nvcc),
+            link=lambda flags: link_against(flags, cudart, cuda_home),
+            extra_cpp_sources=(kit_root() / "csrc" / ROUTE_CPP,))
+        so = lib.so
         t = time.monotonic()
         compile_with_progress(
             tp.tree, list(tp.steps[5].argv), env=child, log=logs / "06-compile.log",
@@ -300,46 +272,23 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
             raise BuildError(f"{so} imports CUDA runtime symbols from another libcudart than "
                              f"the environment's libcudart.so.12: {', '.join(foreign[:5])}",
                              "report this; build with a CUDA 12.x toolkit (--cuda-home)")
-        so_sha = sha256_file(so)
-        build_json = {"tree": tp.tree, "variant": tp.variant or "stock",
-                      "namespace": tp.namespace, "key": tp.key, "so_sha256": so_sha,
-                      "build_so": str(so), "patch_sha256": tp.patch_sha256, "mode": "overlay",
-                      **plan.selection}
-        installed = install_into_env(site, so, build_json)
+        installed, so_sha = install_library(tp, plan, lib, site, mode="overlay")
         config = {"tree": tp.tree, "variant": tp.variant or "stock", "namespace": tp.namespace,
                   "library": str(installed), "so_sha256": sha256_file(installed),
                   "key": tp.key}
         whl = write_plugin_wheel(bdir / "plugin", config)
         run(list(tp.steps[7].argv), env=child, log=logs / "08-install-plugin.log")
-        manifest = {
-            "kvprefetch": __version__, "mode": "overlay", "tree": tp.tree,
-            "variant": tp.variant or "stock", "namespace": tp.namespace, "key": tp.key,
-            "so_path": str(installed), "so_sha256": sha256_file(installed),
-            "build_so_path": str(so),
-            "head_sizes": plan.selection["head_sizes"], "block_sizes": plan.selection["block_sizes"],
-            "kv_dtypes": plan.selection["kv_dtypes"], "selection": plan.selection,
-            "inputs": {"source_tree": tp.source_tree, "source_sha256": tp.source_sha256,
-                       "patch_sha256": tp.patch_sha256, "arch_list": plan.arch_list,
-                       "gencode": list(plan.gencode),
-                       "sources": {str(s): sha256_file(s) for s in srcs},
-                       "defines": list(tp.defines), "nvcc_flags": nvcc_flags,
-                       "link_flags": link_flags},
-            "toolchain": {**plan.toolchain, **tk.to_dict(), "torch": tinfo.torch_version,
-                          "torch_cuda": tinfo.torch_cuda, "cxx_std": tinfo.cxx_std,
-                          "cudart": str(cudart) if cudart else None,
-                          "cudart_imports": len(imports), "env_python": tinfo.python,
-                          "platform": platform.platform()},
-            "installed": versions,
-            "overlay": {"plugin_wheel": str(whl), "plugin_wheel_sha256": sha256_file(whl),
-                        "entry_point": f"{ENTRY_GROUP}: {ENTRY_NAME} = kvprefetch_overlay:register",
-                        "config": config, "off_switch": "KVPREFETCH_OVERLAY=off"},
-            "env": {"backend": tp.env_backend, "path": tp.env_path, "python": str(env_obj.python)},
-            "outputs": [{"path": str(so), "sha256": so_sha},
-                        {"path": str(installed), "sha256": sha256_file(installed)}],
-            "steps": timings,
-            "seconds": round(time.monotonic() - t0, 1),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
+        manifest = library_manifest(
+            tp, plan, lib, mode="overlay", installed=installed, so_sha=so_sha, tinfo=tinfo,
+            env_python=str(env_obj.python), started=t0,
+            toolchain={**tk.to_dict(), "cudart": str(cudart) if cudart else None,
+                       "cudart_imports": len(imports)})
+        manifest["installed"] = versions
+        manifest["overlay"] = {
+            "plugin_wheel": str(whl), "plugin_wheel_sha256": sha256_file(whl),
+            "entry_point": f"{ENTRY_GROUP}: {ENTRY_NAME} = kvprefetch_overlay:register",
+            "config": config, "off_switch": "KVPREFETCH_OVERLAY=off"}
+        manifest["steps"] = timings
         write_json_atomic(bdir / "manifest.json", manifest)
     out.status, out.so, out.so_sha256 = "built", str(installed), so_sha
     out.steps = timings
