@@ -26,8 +26,8 @@ def test_report_blocks_are_regenerated_from_their_json(doc: str) -> None:
     blocks = README_BLOCK.findall(text)
     assert blocks, f"{doc} has no report block"
     for _, block_path, kind, _, _ in blocks:
-        # a `seeds` block names a run's folder, every other block one result
-        want = (path.parent / block_path).is_dir if kind == "seeds" else (
+        # a `seeds` or `twins` block names a run's folder, every other block one result
+        want = (path.parent / block_path).is_dir if kind in ("seeds", "twins") else (
             path.parent / block_path).is_file
         assert want(), block_path
     new, changed = refresh_blocks(text, path.parent)
@@ -74,8 +74,9 @@ def test_sample_blocks_name_what_is_missing(tmp_path: Path) -> None:
     from kvprefetch.bench.report import sample_block
     from kvprefetch.errors import BenchError
 
-    with pytest.raises(BenchError, match="holds no sample"):
-        sample_block(tmp_path, "seeds")
+    for kind in ("seeds", "twins"):
+        with pytest.raises(BenchError, match="holds no sample"):
+            sample_block(tmp_path, kind)
     run = ROOT / "docs" / "results" / "2026-12-01-h200-sample-fresh"
     with pytest.raises(BenchError, match="the ablation trees did not run"):
         sample_block(run / "sample-12011758.json.gz", "attribution")
@@ -83,3 +84,20 @@ def test_sample_blocks_name_what_is_missing(tmp_path: Path) -> None:
     assert {(r.split(" | ")[0].lstrip("| "), r.split(" | ")[1]) for r in rows} == {
         (seed, timing) for seed in ("12011758", "12011759", "12011760")
         for timing in ("graph", "eager")}
+
+
+def test_twins_block_puts_the_rule_beside_the_measurement() -> None:
+    """The `twins` block of the fresh-seed run: every step with twins compiled is counted once
+    per timing under the twin the launcher's rule (its mirror) runs there, and the steps that
+    ran a twin were all faster than stock (the rule's purpose); `none` holds the rest."""
+    from kvprefetch.bench.report import load_document
+    from kvprefetch.bench.sample_report import timings, twin_steps
+
+    run = ROOT / "docs" / "results" / "2026-12-01-h200-sample-fresh"
+    docs = [load_document(p) for p in sorted(run.glob("sample-*.json.gz"))]
+    steps = [s for d in docs for t in timings(d) for s in twin_steps(d, t)]
+    assert steps and {s["twin"] for s in steps} <= {"4x1", "4x2", "2x2", "2x4", "none"}
+    ran = [s for s in steps if s["twin"] != "none"]
+    assert ran and all(s["patched"] > 1.0 for s in ran)
+    # v1 steps run only the chain-safe twins
+    assert all(s["twin"] in ("2x2", "2x4") for s in ran if " v1" in s["label"])

@@ -456,10 +456,11 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,
 # relative to the markdown file's folder; KIND is `summary` (the summary table) or `shapes` (the
 # per-shape table of a `bench kernel` result, one preset, dtype and block size; the per-workload
 # table of a `bench decode` result); for sampled benchmarks (`bench kernel --sample`),
-# `attribution` (what each mechanism is worth, one result) and `seeds` (PATH a run's folder: the
-# distribution of every sample-*.json[.gz] in it, one row per seed and timing).
+# `attribution` (what each mechanism is worth, one result), `seeds` (PATH a run's folder: the
+# distribution of every sample-*.json[.gz] in it, one row per seed and timing) and `twins` (PATH
+# a run's folder: the steps with twins compiled, by the twin `auto`'s rule runs there).
 README_BLOCK = re.compile(
-    r"(<!-- report (\S+) (summary|shapes|seeds|attribution) -->\n)(.*?)(<!-- /report -->)",
+    r"(<!-- report (\S+) (summary|shapes|seeds|twins|attribution) -->\n)(.*?)(<!-- /report -->)",
     re.DOTALL)
 _BLOCK_HEADS = {"summary": ("| mode |", "| tree |"), "shapes": ("| batch |", "| workload |")}
 
@@ -484,7 +485,7 @@ def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
     changed: list[str] = []
 
     def fill(m: re.Match[str]) -> str:
-        body = (sample_block(root / m[2], m[3]) if m[3] in ("seeds", "attribution")
+        body = (sample_block(root / m[2], m[3]) if m[3] in ("seeds", "twins", "attribution")
                 else report_block(load_document(root / m[2]), m[3]))
         if body != m[4]:
             changed.append(m[2])
@@ -496,17 +497,17 @@ def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
 def sample_block(path: Path, kind: str) -> str:
     """A README block of a sampled benchmark: ``seeds`` over the sample-*.json[.gz] of the
     folder ``path``, ``attribution`` of the result ``path``."""
-    from .sample_report import attribution_table, seeds_table
+    from .sample_report import attribution_table, seeds_table, twins_table
 
-    if kind == "seeds":
+    if kind in ("seeds", "twins"):
         files = sorted(p for p in Path(path).glob("sample-*.json*")
                        if p.name.endswith((".json", ".json.gz")))
         if not files:
             raise BenchError(f"{path} holds no sample-*.json[.gz]",
-                             "point a `seeds` block at a folder of `bench kernel --sample` runs")
+                             f"point a `{kind}` block at a folder of `bench kernel --sample` runs")
         docs = sorted((load_document(f) for f in files),
                       key=lambda d: d["meta"]["sample"]["seed"])
-        return "\n".join(seeds_table(docs)) + "\n"
+        return "\n".join(seeds_table(docs) if kind == "seeds" else twins_table(docs)) + "\n"
     doc = load_document(path)
     if doc.get("meta", {}).get("sample") is None:
         raise BenchError(f"{path} is not a sampled benchmark",

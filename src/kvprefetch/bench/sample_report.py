@@ -166,6 +166,55 @@ def attribution(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     return out
 
 
+_CACHE_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
+    """The steps whose instantiation has GQA twins compiled beside it: which twin `auto` runs
+    there by the launcher's rule (its mirror, ``upstream.twin_pick``, on this run's SM count;
+    "none": vLLM's kernel) and what ``patched`` (and ``gqa_off``, where it ran) measured. The
+    rule's prediction beside the measurement, step by step; it is the rule as this kit has it,
+    so it describes a run made with the same rules (a run's provenance names its commit)."""
+    from ..sources.upstream import H200_SMS, twin_pick, twin_shapes
+
+    sms = doc["meta"]["device"].get("sm_count") or H200_SMS
+    out = []
+    keys = ("kernel", "kv_cache_dtype", "head_size", "block_size", "num_heads", "num_kv_heads")
+    for i, r in measured(doc, timing):
+        dtype = _CACHE_DTYPES.get(r.get("dtype", ""))
+        if dtype is None or any(k not in r for k in keys) or not twin_shapes(
+                "prefetch", r["kernel"], r["kv_cache_dtype"], r["head_size"], r["block_size"],
+                dtype):
+            continue
+        pick = twin_pick(r["num_heads"], r["num_kv_heads"], r["batch"], r["context"],
+                         r["kernel"], sm_count=sms)
+        out.append({"step": i, "label": r["label"], "family": r.get("family", "uniform"),
+                    "twin": f"{pick[0]}x{pick[1]}" if pick else "none",
+                    "patched": step_ratio(r, "patched"), "gqa_off": step_ratio(r, "gqa_off")})
+    return out
+
+
+def twins_table(docs: Sequence[dict[str, Any]]) -> list[str]:
+    """Over one or more samples, per timing and per twin `auto` runs (by the rule): how many
+    steps, ``patched``'s ratio over them (min, geomean, max), how many below the per-step target,
+    and where ``gqa_off`` ran, the twins' own step (``patched`` over ``gqa_off``)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for doc in docs:
+        for t in timings(doc):
+            for s in twin_steps(doc, t):
+                if s["patched"] is not None:
+                    groups.setdefault((t, s["twin"]), []).append(s)
+    rows = []
+    for (t, twin), steps in sorted(groups.items(), key=lambda kv: (kv[0][0] != "graph", kv[0][1])):
+        vals = [s["patched"] for s in steps]
+        own = [s["patched"] / s["gqa_off"] for s in steps if s["gqa_off"]]
+        rows.append([t, twin, len(steps), _x(min(vals)), _x(geomean(vals)), _x(max(vals)),
+                     sum(1 for v in vals if v < TARGET_STEP),
+                     f"{_x(geomean(own))} ({len(own)})" if own else "-"])
+    return _table(["timing", "`auto` runs", "steps", "min", "geomean", "max",
+                   f"< {TARGET_STEP}", "over gqa_off (steps)"], rows)
+
+
 def sample_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per timing and variant (the CLI's closing table)."""
     out = []
@@ -270,6 +319,11 @@ def sample_markdown(doc: dict[str, Any]) -> str:
                              "steps worse"],
                             [[a["from"], a["to"], a["mechanism"], a["steps"], _x(a["geomean"]),
                               a["worse"]] for a in attr])
+        if twin_steps(doc, t):
+            lines += ["", ("### Steps with GQA twins compiled: the twin `auto` runs by its rule "
+                      "(none: vLLM's kernel) and what they measured"), ""]
+            lines += [ln for ln in twins_table([{**doc, "results": [
+                r for r in doc["results"] if r.get("timing", "graph") == t]}])]
         head = headline(doc)
         if head:
             lines += ["", f"### Worst {WORST} steps of {head}", ""]
