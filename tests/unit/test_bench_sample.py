@@ -248,16 +248,26 @@ KV = [1 << 20, 300 << 20, 10 << 20, 1 << 30, 2 << 20, 5 << 20, 256 << 20, 3 << 2
       255 << 20, 6 << 20, 7 << 20]
 
 
+def _stock_us(timing: str, step: int) -> float:
+    """Stock's time per call: 10 us under graph replay; eagerly 20 us on even steps (the host
+    paces them) and 11 us on odd ones (the GPU does)."""
+    if timing == "graph":
+        return 10.0
+    return 20.0 if step % 2 == 0 else 11.0
+
+
 def _doc(timings=("graph", "eager")) -> dict:
     names = ["baseline", *RATIOS]
     results = []
     for t in timings:
         for i, kv in enumerate(KV):
-            variants = {"baseline": {"speedup": None, "bw_fraction": 0.4}}
+            stock_us = _stock_us(t, i)
+            variants = {"baseline": {"speedup": None, "bw_fraction": 0.4,
+                                     "time_us": {"median": stock_us}}}
             for n, rs in RATIOS.items():
                 x = rs[i] * (0.9 if t == "eager" else 1.0)
                 variants[n] = {"speedup": {"median": x, "min": x - 0.01, "max": x + 0.01},
-                               "bw_fraction": 0.4 * x}
+                               "bw_fraction": 0.4 * x, "time_us": {"median": stock_us / x}}
             results.append({"timing": t, "status": "measured", "label": f"step{i}",
                             "preset": "G4/kv2/d128", "batch": 3, "context": 100 + i,
                             "seq_lens": [100 + i, 50, 7], "family": "ragged", "kernel": "v1",
@@ -409,3 +419,18 @@ def test_cli_refuses_bad_sample_options(tmp_path: Path, args: list[str], cause: 
     res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", *args])
     assert isinstance(res.exception, ConfigError), res.output
     assert cause in res.exception.cause and fix in res.exception.fix
+
+
+def test_host_overhead_reads_host_bound_steps_only() -> None:
+    """A variant's extra eager time per call over stock's, on the steps where stock's eager
+    time is at least HOST_BOUND times its graph time (the even steps here), and only where both
+    timings ran."""
+    doc = _doc()
+    got = rep.host_overhead(doc)
+    assert set(got) == set(RATIOS)
+    for n, rs in RATIOS.items():
+        want = [20.0 / (rs[i] * 0.9) - 20.0 for i in range(0, len(KV), 2)]
+        assert got[n] == pytest.approx(want)
+    assert rep.host_overhead(_doc(timings=("graph",))) == {}
+    table = rep.host_table([doc])
+    assert len(table) == 2 + len(RATIOS) and table[2].startswith("| 5 | launch | 6 |")

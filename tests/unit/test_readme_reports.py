@@ -26,8 +26,8 @@ def test_report_blocks_are_regenerated_from_their_json(doc: str) -> None:
     blocks = README_BLOCK.findall(text)
     assert blocks, f"{doc} has no report block"
     for _, block_path, kind, _, _ in blocks:
-        # a `seeds` or `twins` block names a run's folder, every other block one result
-        want = (path.parent / block_path).is_dir if kind in ("seeds", "twins") else (
+        # a `seeds`, `twins` or `host` block names a run's folder, every other block one result
+        want = (path.parent / block_path).is_dir if kind in ("seeds", "twins", "host") else (
             path.parent / block_path).is_file
         assert want(), block_path
     new, changed = refresh_blocks(text, path.parent)
@@ -74,7 +74,7 @@ def test_sample_blocks_name_what_is_missing(tmp_path: Path) -> None:
     from kvprefetch.bench.report import sample_block
     from kvprefetch.errors import BenchError
 
-    for kind in ("seeds", "twins"):
+    for kind in ("seeds", "twins", "host"):
         with pytest.raises(BenchError, match="holds no sample"):
             sample_block(tmp_path, kind)
     run = ROOT / "docs" / "results" / "2026-12-01-h200-sample-fresh"
@@ -101,3 +101,25 @@ def test_twins_block_puts_the_rule_beside_the_measurement() -> None:
     assert ran and all(s["patched"] > 1.0 for s in ran)
     # v1 steps run only the chain-safe twins
     assert all(s["twin"] in ("2x2", "2x4") for s in ran if " v1" in s["label"])
+
+
+def test_host_block_reads_host_bound_steps_only() -> None:
+    """The host-path figure pairs each step's eager and graph rows and keeps the steps where
+    stock's eager time is at least HOST_BOUND times its graph time: on seed 29 (before the
+    eager change) every variant with the launcher's L2 kernel paid microseconds per call, on
+    the fresh seeds the shipped launcher is within 1 us of stock's at the median."""
+    from kvprefetch.bench.report import load_document
+    from kvprefetch.bench.sample_report import HOST_BOUND, host_overhead, measured
+
+    before = load_document(ROOT / "docs/results/2026-12-01-h200-sample/sample-29.json.gz")
+    got = host_overhead(before)
+    graph = dict(measured(before, "graph"))
+    bound = [i for i, e in measured(before, "eager") if i in graph
+             and e["variants"]["baseline"]["time_us"]["median"]
+             >= HOST_BOUND * graph[i]["variants"]["baseline"]["time_us"]["median"]]
+    assert len(got["patched"]) == len(bound) > 0
+    assert sorted(got["launch"])[len(bound) // 2] > 2.0  # the fork, launch and join
+    fresh = load_document(
+        ROOT / "docs/results/2026-12-01-h200-sample-fresh/sample-12011760.json.gz")
+    after = sorted(host_overhead(fresh)["patched"])
+    assert after[len(after) // 2] < 1.0

@@ -457,10 +457,12 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,
 # per-shape table of a `bench kernel` result, one preset, dtype and block size; the per-workload
 # table of a `bench decode` result); for sampled benchmarks (`bench kernel --sample`),
 # `attribution` (what each mechanism is worth, one result), `seeds` (PATH a run's folder: the
-# distribution of every sample-*.json[.gz] in it, one row per seed and timing) and `twins` (PATH
-# a run's folder: the steps with twins compiled, by the twin `auto`'s rule runs there).
+# distribution of every sample-*.json[.gz] in it, one row per seed and timing), `twins` (PATH
+# a run's folder: the steps with twins compiled, by the twin `auto`'s rule runs there) and
+# `host` (PATH a run's folder: each variant's extra host time per call on host-bound steps).
 README_BLOCK = re.compile(
-    r"(<!-- report (\S+) (summary|shapes|seeds|twins|attribution) -->\n)(.*?)(<!-- /report -->)",
+    r"(<!-- report (\S+) (summary|shapes|seeds|twins|host|attribution) -->\n)(.*?)"
+    r"(<!-- /report -->)",
     re.DOTALL)
 _BLOCK_HEADS = {"summary": ("| mode |", "| tree |"), "shapes": ("| batch |", "| workload |")}
 
@@ -485,7 +487,7 @@ def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
     changed: list[str] = []
 
     def fill(m: re.Match[str]) -> str:
-        body = (sample_block(root / m[2], m[3]) if m[3] in ("seeds", "twins", "attribution")
+        body = (sample_block(root / m[2], m[3]) if m[3] in ("seeds", "twins", "host", "attribution")
                 else report_block(load_document(root / m[2]), m[3]))
         if body != m[4]:
             changed.append(m[2])
@@ -497,9 +499,9 @@ def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
 def sample_block(path: Path, kind: str) -> str:
     """A README block of a sampled benchmark: ``seeds`` over the sample-*.json[.gz] of the
     folder ``path``, ``attribution`` of the result ``path``."""
-    from .sample_report import attribution_table, seeds_table, twins_table
+    from .sample_report import attribution_table, host_table, seeds_table, twins_table
 
-    if kind in ("seeds", "twins"):
+    if kind in ("seeds", "twins", "host"):
         files = sorted(p for p in Path(path).glob("sample-*.json*")
                        if p.name.endswith((".json", ".json.gz")))
         if not files:
@@ -507,7 +509,8 @@ def sample_block(path: Path, kind: str) -> str:
                              f"point a `{kind}` block at a folder of `bench kernel --sample` runs")
         docs = sorted((load_document(f) for f in files),
                       key=lambda d: d["meta"]["sample"]["seed"])
-        return "\n".join(seeds_table(docs) if kind == "seeds" else twins_table(docs)) + "\n"
+        table = {"seeds": seeds_table, "twins": twins_table, "host": host_table}[kind]
+        return "\n".join(table(docs)) + "\n"
     doc = load_document(path)
     if doc.get("meta", {}).get("sample") is None:
         raise BenchError(f"{path} is not a sampled benchmark",

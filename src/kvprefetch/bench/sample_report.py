@@ -35,6 +35,10 @@ MECHANISMS = {
     ("baseline", "patched"): "everything",
 }
 LARGE_KV_BYTES = 256 << 20
+# A step is host-bound when stock's eager time per call is at least this many times its time
+# under graph replay: the host path then paces back-to-back calls, so a variant's extra eager
+# time per call over stock's is its extra host time (its GPU time being hidden behind it).
+HOST_BOUND = 1.3
 WORST = 10
 TARGET_STEP = 0.99
 
@@ -215,6 +219,41 @@ def twins_table(docs: Sequence[dict[str, Any]]) -> list[str]:
                    f"< {TARGET_STEP}", "over gqa_off (steps)"], rows)
 
 
+def host_overhead(doc: dict[str, Any]) -> dict[str, list[float]]:
+    """Per variant, its extra time per call over stock's (us) on the steps where both timings
+    ran and stock is host-bound (``HOST_BOUND``): issue 29's host-path budget, measured."""
+    if set(timings(doc)) != {"graph", "eager"}:
+        return {}
+    base = doc["meta"]["baseline"]
+    graph = dict(measured(doc, "graph"))
+    out: dict[str, list[float]] = {}
+    for i, e in measured(doc, "eager"):
+        g = graph.get(i)
+        if g is None:
+            continue
+        stock_e = e["variants"][base]["time_us"]["median"]
+        if stock_e < HOST_BOUND * g["variants"][base]["time_us"]["median"]:
+            continue
+        for n, v in e["variants"].items():
+            if n != base:
+                out.setdefault(n, []).append(v["time_us"]["median"] - stock_e)
+    return out
+
+
+def host_table(docs: Sequence[dict[str, Any]]) -> list[str]:
+    """One row per sample and variant: how many host-bound steps, and the median, p90 and most
+    of the variant's extra host time per call over stock's (``control``'s rows are the A/A
+    resolution of the same figure)."""
+    rows = []
+    for doc in docs:
+        for n, xs in host_overhead(doc).items():
+            s = sorted(xs)
+            rows.append([doc["meta"]["sample"]["seed"], n, len(s), f"{quantile(s, 0.5):+.2f}",
+                         f"{quantile(s, 0.9):+.2f}", f"{s[-1]:+.2f}"])
+    return _table(["seed", "variant", "host-bound steps", "median us/call", "p90 us/call",
+                   "max us/call"], rows)
+
+
 def sample_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per timing and variant (the CLI's closing table)."""
     out = []
@@ -341,6 +380,11 @@ def sample_markdown(doc: dict[str, Any]) -> str:
                             [[s["step"], s["label"], _mib(s["kv_bytes"])]
                              + [f"{s['bw'][c]:.0%}" if c in s["bw"] else "-" for c in cols]
                              for s in large])
+        lines.append("")
+    if host_overhead(doc):
+        lines += [(f"## Host time per call over stock (eager steps where stock's eager time is "
+                   f"at least {HOST_BOUND}x its graph time)"), ""]
+        lines += host_table([doc])
         lines.append("")
     lines += ["## Every step", ""]
     lines += _table(["timing", "step", "shape", "KV", "status"]
