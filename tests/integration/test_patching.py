@@ -429,3 +429,18 @@ def test_apply_writes_nothing_outside_the_work_directory(fetched_workdir: Path,
         assert list(tmpdir.iterdir()) == []
         assert not (fetched_workdir / "tmp").exists()
         assert not [e for e in ownership.entries(fetched_workdir).values() if e["kind"] == "tmp"]
+
+
+def test_fetch_only_makes_just_the_named_trees(tmp_path: Path, vllm_sdist: Path) -> None:
+    """`fetch --only NAME` (a cluster job that builds one tree) makes that tree and no other,
+    from the real sdist; mixing it with --extra-tree is refused before anything is made."""
+    wd = tmp_path / "w"
+    res = cli("fetch", "--workdir", str(wd), "--source", str(vllm_sdist), "--only", "launch")
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in (wd / "trees").iterdir()) == ["launch"]
+    res = cli("apply", "--workdir", str(wd), "--variant", "launch")
+    assert res.returncode == 0, res.stderr
+    res = cli("fetch", "--workdir", str(tmp_path / "v"), "--source", str(vllm_sdist), "--only",
+              "patched", "--extra-tree", "x")
+    assert res.returncode != 0 and "--only names every tree" in res.stderr
+    assert not (tmp_path / "v").exists()

@@ -136,11 +136,13 @@ def test_one_build_job_per_tree_each_applying_its_variant(tmp_path: Path) -> Non
                      "build-control", "build-mine", "verify", "bench", "merge"]
     assert c.job("verify").after == tuple(n for n in names if n.startswith("build-"))
     scripts = {j.name: render_script(c, j) for j in c.jobs}
-    assert "apply" not in scripts["build-baseline"] and "--extra-tree" not in \
-        scripts["build-baseline"]
+    # each job fetches only its own tree into its scratch
+    for name in names:
+        if name.startswith("build-"):
+            assert f"--source /cache/vllm-0.10.2.tar.gz --only {name[6:]}\n" in scripts[name]
+            assert "--extra-tree" not in scripts[name]
+    assert "apply" not in scripts["build-baseline"]
     assert 'apply --workdir "$SCRATCH" --variant prefetch --tree patched' in scripts["build-patched"]
-    assert "--extra-tree" not in scripts["build-patched"]  # fetch makes baseline and patched
-    assert "--source /cache/vllm-0.10.2.tar.gz --extra-tree mine" in scripts["build-mine"]
     assert 'apply --workdir "$SCRATCH" --variant launch --tree mine' in scripts["build-mine"]
     assert 'apply --workdir "$SCRATCH" --variant control --tree control' \
         in scripts["build-control"]

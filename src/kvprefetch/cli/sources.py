@@ -27,6 +27,9 @@ from .common import deprecated, dry_run_option, json_option, variant_option, wor
 @click.option("--extra-tree", "extra_trees", multiple=True, metavar="NAME",
               help="Also make tree NAME (e.g. to build a prefetch variant with other -D settings "
                    "next to 'patched' and compare them in one process). Repeatable.")
+@click.option("--only", "only_trees", multiple=True, metavar="NAME",
+              help="Make only tree NAME (repeatable), not baseline and patched: e.g. a cluster "
+                   "job that builds one tree.")
 @click.option("--allow-commit", default=None, metavar="SHA",
               help="Accept this commit for tag v0.10.2 (a trusted mirror that rewrote history).")
 @click.option("--force", is_flag=True,
@@ -41,8 +44,8 @@ from .common import deprecated, dry_run_option, json_option, variant_option, wor
 @json_option
 def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with_paper: bool,
           with_seed: bool,
-          extra_trees: tuple[str, ...], allow_commit: str | None, force: bool, adopt: bool,
-          repair: bool, dry_run: bool, as_json: bool) -> None:
+          extra_trees: tuple[str, ...], only_trees: tuple[str, ...], allow_commit: str | None,
+          force: bool, adopt: bool, repair: bool, dry_run: bool, as_json: bool) -> None:
     """Make independent vLLM v0.10.2 trees 'baseline' and 'patched' under --workdir."""
     from ..errors import ConfigError
     from ..sources.fetch import check_allow_commit, check_repo_url, fetch_trees
@@ -50,6 +53,11 @@ def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with
 
     for extra in extra_trees:
         check_tree_name(extra, "--extra-tree")
+    for only in only_trees:
+        check_tree_name(only, "--only")
+    if only_trees and (extra_trees or with_paper or with_seed):
+        raise ConfigError("--only names every tree to make; --extra-tree and --with-paper add "
+                          "to baseline and patched", "use one or the other (e.g. --only paper)")
     bad = [t for t in extra_trees if t in upstream.TREE_NAMES]
     if bad:
         raise ConfigError(f"--extra-tree {', '.join(bad)}: tree names must be identifiers other "
@@ -60,7 +68,8 @@ def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with
         deprecated("--with-seed", "--with-paper")
     # the paper's tree under the name this work directory made it with (seed before the rename)
     paper = (Workdir(workdir).resolve_tree(upstream.PAPER_TREE),) if with_paper or with_seed else ()
-    names = tuple(dict.fromkeys(upstream.TREE_NAMES + paper + extra_trees))
+    names = (tuple(dict.fromkeys(only_trees)) if only_trees
+             else tuple(dict.fromkeys(upstream.TREE_NAMES + paper + extra_trees)))
     with step(f"fetch vLLM {upstream.VLLM_VERSION} ({source})"):
         res = fetch_trees(workdir, source=source, repo_url=repo_url, index_url=index_url,
                           names=names, force=force, dry_run=dry_run, allow_commit=allow_commit,

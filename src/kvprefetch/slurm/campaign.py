@@ -318,9 +318,9 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
         "trap on_exit EXIT",
         'echo "scratch: $SCRATCH"',
     ]
-    extra = [] if tree.name in upstream.TREE_NAMES else ["--extra-tree", tree.name]
+    # only the job's own tree: the scratch work directory builds nothing else
     lines.append(_q(kit_argv(c, "fetch", "--workdir")) + f" {scratch} "
-                 + _q(["--source", c.source_cache, *extra]))
+                 + _q(["--source", c.source_cache, "--only", tree.name]))
     if tree.variant is not None:
         lines.append(_q(kit_argv(c, "apply", "--workdir")) + f" {scratch} "
                      + _q(["--variant", tree.variant, "--tree", tree.name]))
