@@ -123,3 +123,13 @@ def test_host_block_reads_host_bound_steps_only() -> None:
         ROOT / "docs/results/2026-12-01-h200-sample-fresh/sample-12011760.json.gz")
     after = sorted(host_overhead(fresh)["patched"])
     assert after[len(after) // 2] < 1.0
+
+
+def test_a_compressed_result_renders_under_its_run_name(tmp_path: Path) -> None:
+    """`kvprefetch report RUN.json.gz` writes RUN.md, as RUN.json would (not RUN.json.md)."""
+    src = ROOT / "docs/results/2026-12-01-h200-sample-fresh/sample-12011758.json.gz"
+    res = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path), "--formats",
+                                    "md", "--json"])
+    assert res.exit_code == 0, res.output
+    assert [p.name for p in tmp_path.iterdir()] == ["sample-12011758.md"]
+    assert "## Host time per call over stock" in (tmp_path / "sample-12011758.md").read_text()

@@ -28,9 +28,9 @@ from ..console import emit_json, info
                    "`control` variant when the runs carry one.")
 @click.option("--readme", "readme", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Regenerate the report blocks of this markdown file "
-              "(`<!-- report RESULT.json summary|shapes -->` ... `<!-- /report -->`) from their "
-              "committed JSON, and its `<!-- commands -->` block from the commands' help, in "
-              "place.")
+              "(`<!-- report RESULT.json summary|shapes|attribution -->` or `<!-- report "
+              "RUN_FOLDER seeds|twins|host -->` ... `<!-- /report -->`) from their committed "
+              "JSON, and its `<!-- commands -->` block from the commands' help, in place.")
 @click.option("--index", "index", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Write the index of the committed runs under this folder (each "
               "with a provenance.json; docs/results) as markdown to --out.")
@@ -109,7 +109,10 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     written: dict[str, list[str]] = {}
     for path in files:
         doc = load_document(path)
-        paths = write_outputs(doc, out or Path.cwd(), path.stem, fmts)
+        # a compressed result (RUN.json.gz) writes RUN.md, as its uncompressed RUN.json does
+        stem = path.name.removesuffix(".gz").removesuffix(".json") if path.suffix == ".gz" \
+            else path.stem
+        paths = write_outputs(doc, out or Path.cwd(), stem, fmts)
         written[str(path)] = [str(p) for p in paths]
         if print_md:
             click.echo(render_markdown(doc))
