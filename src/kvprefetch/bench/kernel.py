@@ -237,6 +237,7 @@ class _VariantRun:
     replay: Callable[[], None]
     out: Any  # every call's output: one tensor, [launches, *query.shape]
     workspace: tuple[Any, Any, Any] | None
+    views: tuple[Any, ...] = ()  # out's per-call slices, which the graph's calls were given
 
 
 def check_shape(shape: BenchShape, ops: Sequence[PagedOps], config: KernelBenchConfig,
@@ -304,9 +305,9 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
 
         if config.timing == "eager":
             step()  # warm-up, as capture's: launch errors surface before timing
-            runs.append(_VariantRun(o.name, step, o_all, ws))
+            runs.append(_VariantRun(o.name, step, o_all, ws, o_outs))
         else:
-            runs.append(_VariantRun(o.name, be.capture(step), o_all, ws))
+            runs.append(_VariantRun(o.name, be.capture(step), o_all, ws, o_outs))
     be.sync()
 
     names = [r.name for r in runs]
