@@ -170,9 +170,6 @@ def attribution(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     return out
 
 
-_CACHE_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
-
-
 def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     """The steps whose instantiation has GQA twins compiled beside it: which twin `auto` runs
     there by the launcher's rule (its mirror, ``upstream.twin_pick``, on this run's SM count;
@@ -180,15 +177,16 @@ def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     rule's prediction beside the measurement, step by step; it is the rule as this kit has it,
     so it describes a run made with the same rules (a run's provenance names its commit)."""
     from ..sources.upstream import H200_SMS, twin_pick, twin_shapes
+    from .sample import cache_kind
 
     sms = doc["meta"]["device"].get("sm_count") or H200_SMS
     out = []
-    keys = ("kernel", "kv_cache_dtype", "head_size", "block_size", "num_heads", "num_kv_heads")
+    keys = ("dtype", "kernel", "kv_cache_dtype", "head_size", "block_size", "num_heads",
+            "num_kv_heads")
     for i, r in measured(doc, timing):
-        dtype = _CACHE_DTYPES.get(r.get("dtype", ""))
-        if dtype is None or any(k not in r for k in keys) or not twin_shapes(
+        if any(k not in r for k in keys) or not twin_shapes(
                 "prefetch", r["kernel"], r["kv_cache_dtype"], r["head_size"], r["block_size"],
-                dtype):
+                cache_kind(r["kv_cache_dtype"], r["dtype"])):
             continue
         pick = twin_pick(r["num_heads"], r["num_kv_heads"], r["batch"], r["context"],
                          r["kernel"], sm_count=sms)
@@ -198,13 +196,14 @@ def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     return out
 
 
-def twins_table(docs: Sequence[dict[str, Any]]) -> list[str]:
-    """Over one or more samples, per timing and per twin `auto` runs (by the rule): how many
-    steps, ``patched``'s ratio over them (min, geomean, max), how many below the per-step target,
-    and where ``gqa_off`` ran, the twins' own step (``patched`` over ``gqa_off``)."""
+def twins_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> list[str]:
+    """Over one or more samples, per timing (``only`` that one) and per twin `auto` runs (by the
+    rule): how many steps, ``patched``'s ratio over them (min, geomean, max), how many below the
+    per-step target, and where ``gqa_off`` ran, the twins' own step (``patched`` over
+    ``gqa_off``)."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for doc in docs:
-        for t in timings(doc):
+        for t in timings(doc) if only is None else [only]:
             for s in twin_steps(doc, t):
                 if s["patched"] is not None:
                     groups.setdefault((t, s["twin"]), []).append(s)
@@ -361,8 +360,7 @@ def sample_markdown(doc: dict[str, Any]) -> str:
         if twin_steps(doc, t):
             lines += ["", ("### Steps with GQA twins compiled: the twin `auto` runs by its rule "
                       "(none: vLLM's kernel) and what they measured"), ""]
-            lines += [ln for ln in twins_table([{**doc, "results": [
-                r for r in doc["results"] if r.get("timing", "graph") == t]}])]
+            lines += twins_table([doc], only=t)
         head = headline(doc)
         if head:
             lines += ["", f"### Worst {WORST} steps of {head}", ""]

@@ -50,7 +50,7 @@ from ..errors import BuildError, ConfigError
 from ..hashing import sha256_file
 from ..runner import run, which
 from ..workspace.workdir import Workdir, write_json_atomic
-from .plan import UNSET_FOR_BUILD, BuildPlan, Step, TreePlan, build_key
+from .plan import UNSET_FOR_BUILD, BuildPlan, Step, TreePlan, build_key, deps_steps
 from .toolchain import fmt_version
 
 SMOKE_SOURCES = {"v1": "csrc/attention/paged_attention_v1.cu",
@@ -204,8 +204,6 @@ def generated_commands(cbuild: Path, env: dict[str, str], log: Path) -> dict[str
 def smoke_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
                     src_hash: str, env_set: dict[str, str], arch_list: str,
                     deps_dir: Path | None, inputs: SmokeInputs, jobs: int) -> TreePlan:
-    from ..sources.deps import find_archives
-
     src = wd.tree(tree)
     bdir = smoke_dir(wd, tree)
     copy = bdir / "src"
@@ -214,15 +212,8 @@ def smoke_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | No
     env_set = dict(env_set)
     env_set["CUDA_HOME"] = str(view)
     env_set["VLLM_TARGET_DEVICE"] = "cuda"
-    steps: list[Step] = []
-    if deps_dir is not None:
-        from .plan import deps_env
-
-        env_set.update(deps_env(deps_dir, wd.root / "deps"))
-        if find_archives(deps_dir, wd.root / "deps"):
-            steps.append(Step("unpack-deps", (), f"check {deps_dir}/SHA256SUMS and unpack the "
-                              f"archives into {wd.root / 'deps'} (once)",
-                              cwd=str(deps_dir.resolve())))
+    deps_set, steps = deps_steps(deps_dir, wd.root)
+    env_set.update(deps_set)
     steps.append(Step("copy-tree", (), f"copy {src} to {copy} (vLLM's configure writes "
                       "generated sources into its source directory)"))
     steps.append(Step("toolkit-view", (), f"symlink view of {inputs.cuda_home} with the torch "

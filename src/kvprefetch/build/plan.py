@@ -282,16 +282,8 @@ def full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | Non
         env_set["CCACHE_DIR"] = str(wd.root / "ccache")
         env_set["CCACHE_NOHASHDIR"] = "true"
         env_set["CCACHE_BASEDIR"] = str(wd.root / "trees")
-    unpack: list[Step] = []
-    if deps_dir is not None:
-        from ..sources.deps import find_archives
-
-        env_set.update(deps_env(deps_dir, wd.root / "deps"))
-        if find_archives(deps_dir, wd.root / "deps"):
-            # an internal step; its cwd names the archives' directory
-            unpack.append(Step("unpack-deps", (), f"check {deps_dir}/SHA256SUMS and unpack the "
-                               f"archives into {wd.root / 'deps'} (once)",
-                               cwd=str(deps_dir.resolve())))
+    deps_set, unpack = deps_steps(deps_dir, wd.root)
+    env_set.update(deps_set)
     key = build_key({"mode": "full", "tree": tree, "source": src_hash, "patch": patch,
                      "arch": arch_list, "editable": editable, "nvcc": nvcc_version,
                      "env_backend": env_backend})
@@ -320,6 +312,22 @@ def full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | Non
     return TreePlan(tree, variant, str(src), src_hash, patch, env_backend, str(env_path), py,
                     str(bdir), str(bdir / "logs"), key, namespace, (), env_set, UNSET_FOR_BUILD,
                     tuple(steps), (str(so), str(bdir / "manifest.json")))
+
+
+def deps_steps(deps_dir: Path | None, root: Path) -> tuple[dict[str, str], list[Step]]:
+    """--deps-dir for a full-mode plan: the environment that points vLLM's CMake at the three
+    dependencies, and where ``deps_dir`` holds the hash-listed archives, the internal step that
+    unpacks them under ``root``/deps once (its cwd names the archives' directory)."""
+    if deps_dir is None:
+        return {}, []
+    from ..sources.deps import find_archives
+
+    unpack_root = root / "deps"
+    steps = []
+    if find_archives(deps_dir, unpack_root):
+        steps.append(Step("unpack-deps", (), f"check {deps_dir}/SHA256SUMS and unpack the "
+                          f"archives into {unpack_root} (once)", cwd=str(deps_dir.resolve())))
+    return deps_env(deps_dir, unpack_root), steps
 
 
 def deps_env(deps_dir: Path, unpack_root: Path | None = None) -> dict[str, str]:
