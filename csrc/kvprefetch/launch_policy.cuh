@@ -118,6 +118,35 @@ constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm
         KVPREFETCH_MIN_BLOCKS_OF(PARTITIONED))
 #endif
 
+// ---- Where a bounded v1 kernel runs stock's code instead ----------------------------------
+// The bound trades CTAs per SM for a shorter memory chain per CTA: stock's head-128 v1 kernel
+// (96 registers) keeps 5 CTAs of 128 threads on an SM, the bounded one (up to 128) 4; head 64:
+// 9 (56 registers) against 6 (up to 80); head 256: 3 and 3. A CTA's time is its fixed phases
+// (the query, the softmax's reductions, the output) plus its warps' chains of blocks, and the
+// bound halves the round trips of each link (ptxas issues a whole block's K loads first). So
+// the gain grows with the chain: unsaturated steps of at most 2 blocks per warp measured
+// 1.05-1.3x per CTA (head 128 fp16 the least), long chains 1.1-2.4x whatever the load. Where a
+// grid needs more waves at the bounded kernel's occupancy than at stock's, each CTA must be
+// at least waves_bounded / waves_stock faster: 2x from one wave to two, 5/4 (head 128) or 3/2
+// (head 64) over many; a short chain never was (b77 x 30 tokens, head 128 fp16: 616 CTAs, one
+// wave of stock's 660 and two of the bound's 528: 0.755x; b140 x 85 tokens: 0.913x). There the
+// launcher runs stock's unbounded code (stock_v1.cuh). Long chains keep the bound (bf16 head
+// 128, 1856 CTAs of 9 blocks, a wave more: 1.30x), and so does every grid whose wave count the
+// bound leaves alone. `cta_blocks`: the longest CTA's blocks (the launcher's block-table
+// width); `bounded_per_sm`/`stock_per_sm`: each kernel's CTAs per SM at this launch's shared
+// memory (cudaOccupancyMaxActiveBlocksPerMultiprocessor). Host code
+// (tests/samples/sass/min_blocks_rule.cu runs it on the CPU).
+constexpr long long waves_of(const long long ctas, const int sm_count, const int per_sm) {
+  const long long slots = 1LL * (sm_count > 0 ? sm_count : 1) * (per_sm > 0 ? per_sm : 1);
+  return (ctas + slots - 1) / slots;
+}
+constexpr bool stock_v1_wins(const long long ctas, const int sm_count, const int bounded_per_sm,
+                             const int stock_per_sm, const int cta_blocks) {
+  return cta_blocks <= kShortChainBlocks && bounded_per_sm > 0 &&
+         stock_per_sm > bounded_per_sm &&
+         waves_of(ctas, sm_count, bounded_per_sm) > waves_of(ctas, sm_count, stock_per_sm);
+}
+
 // ---- Which instantiations carry the v2 prologue and which have twins ---------------------
 // Adding the prologue changes how NVVM schedules the whole kernel, whether or not it prefetches
 // at run time: v2 kernels for 16-bit caches and large heads ran faster with it compiled in

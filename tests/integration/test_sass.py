@@ -286,6 +286,26 @@ def test_header_rules_match_what_verify_expects(tmp_path: Path) -> None:
     assert upstream.auto_twin(776) == (4, 2) and upstream.auto_twin(1551) == (4, 1)
 
 
+def test_stock_v1_rule_on_the_cpu(tmp_path: Path) -> None:
+    """Where a bounded v1 launch runs stock's unbounded code (launch_policy.cuh stock_v1_wins),
+    compiled from the header and run on the CPU, agrees with its mirror upstream.stock_v1_wins,
+    and does what its model says on the H200's 132 SMs: only short chains (at most 8 blocks)
+    and only where the bound's occupancy takes more waves than stock's."""
+    from kvprefetch.sources import upstream
+    rows = [tuple(map(int, r[1:])) for r in _header_rules(tmp_path) if r[0] == "stockv1"]
+    assert rows
+    got = {r[:5]: bool(r[5]) for r in rows}
+    assert all(upstream.stock_v1_wins(*k) == v for k, v in got.items())
+    # head 128 (4 against 5 CTAs per SM): b77 x 30 tokens, 616 CTAs of 2 blocks, is one wave of
+    # stock's and two of the bound's; 520 fit one wave of either; long chains keep the bound.
+    assert got[(616, 132, 4, 5, 2)] and got[(1120, 132, 4, 5, 8)]
+    assert not got[(520, 132, 4, 5, 2)] and not got[(528, 132, 4, 5, 2)]
+    assert got[(529, 132, 4, 5, 2)] and not got[(661, 132, 4, 5, 2)]
+    assert not got[(616, 132, 4, 5, 9)] and not got[(616, 132, 4, 5, 222)]
+    # head 256 loses no occupancy to its bound: never
+    assert not any(v for k, v in got.items() if k[2:4] == (3, 3))
+
+
 def test_twin_mode_and_pick_on_the_cpu(tmp_path: Path) -> None:
     """The launchers' host rule, compiled from the header and run on the CPU: KVPREFETCH_GQA's
     values (unset/empty: the default; on = 4x1; case matters, unknown values fall back and are

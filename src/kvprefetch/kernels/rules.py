@@ -37,6 +37,7 @@ class KernelRules:
 
     twins: tuple[Twin, ...]
     v1_min_blocks: tuple[tuple[int, int], ...]
+    short_chain_blocks: int
     twin_head_size: int
     rule_block_size: int
     prologue_min_head_size: int

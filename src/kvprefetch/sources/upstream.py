@@ -45,9 +45,11 @@ PRISTINE_SHA256 = {
 # Our own headers (csrc/kvprefetch/), which `apply` installs in every variant's tree under
 # csrc/attention/kvprefetch/, where the patched sources include them from: the rules table, the
 # L2 prefetch instruction, the launch policy, the v2 prologue, the launchers' L2 prefetch kernel,
-# the umbrella the `prefetch` variant includes, the paper's form (`seed`) and the GQA twins.
+# the umbrella the `prefetch` variant includes, the paper's form (`seed`), the GQA twins and
+# stock's unbounded copies of the launch-bounded v1 kernels.
 KIT_HEADERS = ("rules.inc", "l2_prefetch.cuh", "launch_policy.cuh", "prologue.cuh",
-               "launcher_prefetch.cuh", "prefetch.cuh", "paper.cuh", "gqa_twins.cuh")
+               "launcher_prefetch.cuh", "prefetch.cuh", "paper.cuh", "gqa_twins.cuh",
+               "stock_v1.cuh")
 KIT_HEADER_DIR_IN_TREE = "csrc/attention/kvprefetch"
 KIT_HEADERS_IN_TREE = tuple(f"{KIT_HEADER_DIR_IN_TREE}/{h}" for h in KIT_HEADERS)
 # The only sources that include attention_kernels.cuh; both are in vLLM's _C extension.
@@ -132,6 +134,35 @@ def min_blocks(variant: str | None, version: str, kv_cache: str, head_size: int,
             or dtype not in ("fp16", "bf16")):
         return 0
     return V1_MIN_BLOCKS.get(head_size, 0)
+
+
+# csrc/kvprefetch/stock_v1.cuh: beside every instantiation `prefetch` bounds, its launcher has
+# stock's code unbounded (unbounded_v1_kernel), and runs it where stock_v1_wins says the bound
+# costs the grid a wave.
+SHORT_CHAIN_BLOCKS = _RULES.short_chain_blocks
+
+
+def has_unbounded_copy(variant: str | None, version: str, kv_cache: str, head_size: int,
+                       block_size: int, dtype: str) -> bool:
+    """Whether ``variant`` compiles stock's unbounded copy of this instantiation: exactly where
+    it declares a launch bound."""
+    return min_blocks(variant, version, kv_cache, head_size, block_size, dtype) > 0
+
+
+def waves(ctas: int, sm_count: int, per_sm: int) -> int:
+    """launch_policy.cuh's waves_of: rounds of ``per_sm`` CTAs on every SM a grid takes."""
+    slots = max(sm_count, 1) * max(per_sm, 1)
+    return -(-ctas // slots)
+
+
+def stock_v1_wins(ctas: int, sm_count: int, bounded_per_sm: int, stock_per_sm: int,
+                  cta_blocks: int) -> bool:
+    """launch_policy.cuh's stock_v1_wins: a bounded v1 launch runs stock's unbounded code where
+    its longest CTA has at most SHORT_CHAIN_BLOCKS blocks and the bound's occupancy takes more
+    waves than stock's."""
+    return (cta_blocks <= SHORT_CHAIN_BLOCKS and bounded_per_sm > 0
+            and stock_per_sm > bounded_per_sm
+            and waves(ctas, sm_count, bounded_per_sm) > waves(ctas, sm_count, stock_per_sm))
 
 
 def changes_kernel(variant: str | None, version: str, kv_cache: str, head_size: int,

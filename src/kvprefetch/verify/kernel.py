@@ -49,6 +49,7 @@ from .machine_code import (
     check_pdl_order,
     check_readonly_path,
     check_sass,
+    check_unbounded_copies,
     kernel_changed,
 )
 from .numerics import NO_CUDA_DEVICE
@@ -408,6 +409,7 @@ def _judge(rep: VerifyReport, wd: Workdir, manifests: dict[str, dict[str, Any]],
             check_module_state(rep, tree, variant, elf_facts_[tree], elf_facts_["baseline"])
             check_launch_bounds(rep, tree, variant, elf_facts_[tree])
         check_gqa_twin(rep, tree, variant, mine)
+        check_unbounded_copies(rep, tree, variant, mine, base)
         check_pdl_order(rep, tree, mine)
     overlay_trees = [t for t, m in manifests.items() if m.get("mode") == "overlay"]
     if overlay_trees:

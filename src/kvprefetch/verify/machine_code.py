@@ -14,13 +14,21 @@ from ..sources.upstream import (
     LAUNCHER_PREFETCH_VARIANTS,
     STAGED_SPLITS,
     changes_kernel,
+    has_unbounded_copy,
     min_blocks,
     prefetches_in,
     twin_shapes,
 )
 from .facts import ElfFacts, SassFacts, elf_facts, sass_facts
 from .report import VerifyReport
-from .sass import KernelSass, arch_number, decode_kernel_name, judge, summarise
+from .sass import (
+    KernelSass,
+    arch_number,
+    decode_kernel_name,
+    decode_unbounded_name,
+    judge,
+    summarise,
+)
 
 NO_CUOBJDUMP = ("cuobjdump not found (install the CUDA toolkit, or `pip install "
                 "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`)")
@@ -124,6 +132,40 @@ def check_identical_attention(rep: VerifyReport, tree: str, text: str | SassFact
             + f"; of the {len(changed)} it changes, {len(unchanged)} identical to stock"
             + (f" (e.g. {unchanged[0]}…)" if unchanged else "")
             + ("" if mine.keys() == base.keys() else "; the instantiation sets differ"))
+
+
+UNBOUNDED_CHECK = "stock's code beside every bounded v1 kernel"
+
+
+def check_unbounded_copies(rep: VerifyReport, tree: str, variant: str | None,
+                           text: str | SassFacts, baseline: str | SassFacts) -> None:
+    """Stock's unbounded copies (csrc/kvprefetch/stock_v1.cuh unbounded_v1_kernel), which the
+    v1 launcher runs where the launch bound would cost a wave: one beside each instantiation
+    the variant bounds (upstream.has_unbounded_copy) and nowhere else, each
+    instruction-identical to the baseline library's kernel of the same instantiation (so what
+    runs there is stock's code, schedule included)."""
+    def key(arch: str, meta: dict[str, object]) -> tuple[object, ...]:
+        return (arch, meta["dtype"], meta["kv_cache"], meta["head_size"], meta["block_size"],
+                meta["block_sparse"])
+    base_bodies = _sass(baseline).bodies
+    stock = {key(a, meta): body for (a, n), body in base_bodies.items()
+             if (meta := decode_kernel_name(n)) is not None and meta["version"] == "v1"}
+    want = {k for (a, n) in base_bodies
+            if (meta := decode_kernel_name(n)) is not None and meta["version"] == "v1"
+            and has_unbounded_copy(variant, "v1", str(meta["kv_cache"]),
+                                   int(meta["head_size"]),  # type: ignore[call-overload]
+                                   int(meta["block_size"]),  # type: ignore[call-overload]
+                                   str(meta["dtype"]))
+            for k in [key(a, meta)]}
+    got = {key(a, meta): body for (a, n), body in _sass(text).bodies.items()
+           if (meta := decode_unbounded_name(n)) is not None}
+    differ = sorted(str(k) for k in got.keys() & want if got[k] != stock.get(k))
+    rep.sass.setdefault(tree, {})["unbounded_copies"] = len(got)
+    detail = (f"{len(got)} unbounded copies, {len(want)} expected (one per bounded v1 "
+              f"instantiation); {len(got.keys() - want)} unexpected, {len(want - got.keys())} "
+              f"missing, {len(differ)} not instruction-identical to stock"
+              + (f" (e.g. {differ[0]})" if differ else ""))
+    rep.add(UNBOUNDED_CHECK, tree, got.keys() == want and not differ, detail)
 
 
 MODULE_CHECK = "modules hold only what their kernels use"

@@ -31,6 +31,9 @@ _TWIN = re.compile(r"gqa_decode_kernelI" + _SHAPE_ARGS
                    + r"LN4vllm\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELi(?P<partition>\d+)"
                    r"ELi(?P<group>\d+)ELi(?P<split>\d+)E(?:Lb(?P<staged>[01])E)?"
                    r"(?:Lb(?P<fused>[01])E)?")
+# Stock's unbounded copy of a launch-bounded v1 kernel (csrc/kvprefetch/stock_v1.cuh).
+_UNBOUNDED = re.compile(r"unbounded_v1_kernelI" + _SHAPE_ARGS
+                        + r"LN4vllm\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELb(?P<sparse>[01])E")
 _SCALAR = {"t": "fp16", "f": "fp32", "13__nv_bfloat16": "bf16"}
 _KV = {"0": "auto", "1": "fp8_e4m3", "2": "fp8_e5m2"}
 
@@ -74,6 +77,14 @@ def decode_twin_name(mangled: str) -> dict[str, object] | None:
     return {"version": "v1" if m["partition"] == "0" else "v2", **_shape(m),
             "group": int(m["group"]), "split": int(m["split"]), "staged": m["staged"] == "1",
             "fused": m["fused"] == "1"}
+
+
+def decode_unbounded_name(mangled: str) -> dict[str, object] | None:
+    """Template arguments of a mangled kvprefetch unbounded_v1_kernel name, or None."""
+    m = _UNBOUNDED.search(mangled)
+    if m is None:
+        return None
+    return {"version": "v1", **_shape(m), "block_sparse": m["sparse"] == "1"}
 
 
 def parse_sass(text: str) -> list[KernelSass]:

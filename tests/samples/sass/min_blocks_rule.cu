@@ -7,7 +7,8 @@
 // `auto`'s pick for a range of grids, "auto ctas_pct index", KVPREFETCH_GQA's parsing and
 // twin_pick's answers (the lines "mode ..." and "pick ...") and the staged twins' ring slots
 // (stage_count, "stage ..."), then which reduction follows a v2 twin ("reduce ...":
-// pdl_reduce_after, twin_reduces) and the per-stream counter slots ("slot ...": StreamSlots).
+// pdl_reduce_after, twin_reduces), where a bounded v1 kernel runs stock's code ("stockv1 ...":
+// stock_v1_wins) and the per-stream counter slots ("slot ...": StreamSlots).
 // Host code only: it runs on a
 // machine without a GPU. tests/test_sass.py compiles it with nvcc (and with ablation switches)
 // and compares the tables with kvprefetch.upstream.min_blocks / prefetches_in / twin_shapes /
@@ -119,6 +120,18 @@ int main() {
       std::printf("reduce-off %lld %d %d %d\n", ctas, sms,
                   int(kvprefetch::twin_reduces(true, false, ctas, sms)),
                   int(kvprefetch::twin_reduces(false, true, ctas, sms)));
+    }
+  }
+  // "stockv1 CTAS SM_COUNT BOUNDED STOCK BLOCKS WINS": stock_v1_wins over grids, the CTAs per SM
+  // of the bounded and the unbounded kernel (head 128: 4 and 5; head 64: 6 and 9; head 256: 3
+  // and 3) and the longest CTA's blocks.
+  for (const auto& occ : {std::pair{4, 5}, std::pair{6, 9}, std::pair{3, 3}}) {
+    for (const long long ctas : {14LL, 96LL, 322LL, 520LL, 528LL, 529LL, 616LL, 660LL, 661LL,
+                                 1120LL, 1736LL, 2060LL, 7232LL, 7968LL}) {
+      for (const int blocks : {1, 2, 4, 8, 9, 222}) {
+        std::printf("stockv1 %lld %d %d %d %d %d\n", ctas, 132, occ.first, occ.second, blocks,
+                    int(kvprefetch::stock_v1_wins(ctas, 132, occ.first, occ.second, blocks)));
+      }
     }
   }
   // "slot KEY SLOT": StreamSlots<8>.take over ten streams, then two of them again.

@@ -1,0 +1,102 @@
+// kvprefetch: stock's code for the launch-bounded v1 instantiations, for the grids where the
+// bound would cost a wave (launch_policy.cuh, stock_v1_wins).
+//
+// A bound is part of a kernel's declaration, so one template cannot be compiled both ways.
+// unbounded_v1_kernel is a second __global__ around the same device function vLLM's
+// paged_attention_v1_kernel calls, with the same arguments and no bound: nvcc compiles it to
+// stock's instructions (verify-kernel compares each one with the baseline library's kernel of
+// the same instantiation). It is compiled only beside the instantiations the rule bounds.
+// Included by the `prefetch` variant's paged_attention_v1.cu after attention_kernels.cuh;
+// vLLM's launch macro calls launch_stock_v1 first and skips its own launch when it ran.
+//
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <atomic>
+
+#include "launch_policy.cuh"
+
+namespace kvprefetch {
+namespace {
+
+template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
+          vllm::Fp8KVCacheDataType KV_DTYPE, bool IS_BLOCK_SPARSE>
+__global__ void unbounded_v1_kernel(
+    scalar_t* __restrict__ out, const scalar_t* __restrict__ q,
+    const cache_t* __restrict__ k_cache, const cache_t* __restrict__ v_cache,
+    const int num_kv_heads, const float scale, const int* __restrict__ block_tables,
+    const int* __restrict__ seq_lens, const int max_num_blocks_per_seq,
+    const float* __restrict__ alibi_slopes, const int q_stride, const int kv_block_stride,
+    const int kv_head_stride, const float* k_scale, const float* v_scale, const int tp_rank,
+    const int blocksparse_local_blocks, const int blocksparse_vert_stride,
+    const int blocksparse_block_size, const int blocksparse_head_sliding_step) {
+  vllm::paged_attention_kernel<scalar_t, cache_t, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
+                               IS_BLOCK_SPARSE>(
+      /* exp_sums */ nullptr, /* max_logits */ nullptr, out, q, k_cache, v_cache, num_kv_heads,
+      scale, block_tables, seq_lens, max_num_blocks_per_seq, alibi_slopes, q_stride,
+      kv_block_stride, kv_head_stride, k_scale, v_scale, tp_rank, blocksparse_local_blocks,
+      blocksparse_vert_stride, blocksparse_block_size, blocksparse_head_sliding_step);
+}
+
+#if !defined(USE_ROCM)
+// CTAs of `threads` threads of `kernel` one SM keeps resident with no dynamic shared memory
+// (the registers' and the static part's limit), asked once per kernel and device: the
+// runtime's occupancy calculator, not a copy of its arithmetic. 0 when it cannot tell.
+template <auto kernel>
+int resident_ctas(const int dev, const int threads) {
+  static std::atomic<int> known[64];  // CTAs + 1; 0 = not asked yet
+  if (dev < 0 || dev >= 64) return 0;
+  int n = known[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    int ctas = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();  // ours: leave no error for the launcher's check
+      ctas = 0;
+    }
+    n = ctas + 1;
+    known[dev].store(n, std::memory_order_relaxed);
+  }
+  return n - 1;
+}
+
+// Runs unbounded_v1_kernel instead of the bounded paged_attention_v1_kernel where
+// stock_v1_wins says the bound costs this grid a wave; true when it did. Instantiations the
+// rule leaves unbounded return false at compile time, and long chains before any runtime call.
+// `smem`: the launch's dynamic shared memory, which can only lower both kernels' residency.
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
+          vllm::Fp8KVCacheDataType KV_DTYPE, bool IS_BLOCK_SPARSE, typename... Args>
+bool launch_stock_v1(const dim3 grid, const dim3 block, const int smem,
+                     const cudaStream_t stream, const int max_num_blocks_per_seq,
+                     Args... args) {
+  if constexpr (min_blocks<HEAD_SIZE, BLOCK_SIZE, int(sizeof(CACHE_T)), int(KV_DTYPE)>(false) ==
+                0) {
+    return false;
+  } else {
+    if (max_num_blocks_per_seq > kShortChainBlocks) return false;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    const DeviceFacts f = device_facts(dev);
+    constexpr auto bounded = vllm::paged_attention_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE,
+                                                             NUM_THREADS, KV_DTYPE,
+                                                             IS_BLOCK_SPARSE>;
+    constexpr auto stock = unbounded_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
+                                               KV_DTYPE, IS_BLOCK_SPARSE>;
+    const long long by_smem = smem_ctas(f.smem_per_sm, smem);
+    const int b = static_cast<int>(std::min<long long>(
+        resident_ctas<bounded>(dev, static_cast<int>(block.x)), by_smem));
+    const int s = static_cast<int>(std::min<long long>(
+        resident_ctas<stock>(dev, static_cast<int>(block.x)), by_smem));
+    if (!stock_v1_wins(1LL * grid.x * grid.y * grid.z, f.sm_count, b, s,
+                       max_num_blocks_per_seq)) {
+      return false;
+    }
+    // What vLLM's launch macro does before its launch, on every call.
+    VLLM_DevFuncAttribute_SET_MaxDynamicSharedMemorySize((void*)stock, smem);
+    stock<<<grid, block, smem, stream>>>(args...);
+    return true;
+  }
+}
+#endif  // !USE_ROCM
+
+}  // namespace
+}  // namespace kvprefetch
