@@ -43,6 +43,7 @@
 // vLLM's attention_kernels.cuh (no include guard) must come first: the launchers include this
 // header right after it.
 #include "launch_policy.cuh"
+#include "stock_v1.cuh"
 
 namespace kvprefetch {
 // Everything here has internal linkage: each tree's library is loaded into one benchmark
@@ -1022,17 +1023,19 @@ inline int twin_mode() {
 
 // Which twin (an index into kTwins) this launch runs, or -1 for vLLM's kernel (twin_pick, with
 // the device's SM count and shared memory). `grid`: stock's; `cta_blocks`: the blocks of its
-// longest CTA; `smem(i)`: the shared memory twin i needs, bytes.
+// longest CTA; `smem(i)`: the shared memory twin i needs, bytes; `stock_per_sm`: CTAs per SM
+// of stock's code (v1 short chains; else 0, unknown).
 template <typename SmemOf>
 inline int twin_for(const dim3 grid, const bool partitioned, const int cta_blocks,
-                    const int num_kv_heads, const DeviceFacts& f, const SmemOf& smem) {
+                    const int num_kv_heads, const DeviceFacts& f, const SmemOf& smem,
+                    const int stock_per_sm) {
   const int mode = twin_mode();
   const int num_heads = static_cast<int>(grid.x);
   if (mode == kTwinOff || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return -1;
   long long bytes[kNumTwins];
   for (int i = 0; i < kNumTwins; ++i) bytes[i] = smem(i);
   const TwinStep step{1LL * grid.x * grid.y * grid.z, 1LL * grid.x * (grid.y + grid.z - 1),
-                      partitioned, cta_blocks};
+                      partitioned, cta_blocks, stock_per_sm};
   return twin_pick(mode, step, f.sm_count, num_heads / num_kv_heads, bytes, f.max_smem_optin,
                    f.smem_per_sm);
 }
@@ -1271,13 +1274,21 @@ int launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_
     constexpr int kPartitionBlocks = PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE : 0;
     const int cta_blocks = kPartitionBlocks > 0 ? cmin(a.max_num_blocks_per_seq, kPartitionBlocks)
                                                 : a.max_num_blocks_per_seq;
+    int stock_per_sm = 0;  // asked only where twin_pick reads it: v1, short chains
+    if constexpr (PARTITION_SIZE == 0) {
+      if (cta_blocks <= kShortChainBlocks) {
+        stock_per_sm = stock_v1_ctas_per_sm<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
+                                            IS_BLOCK_SPARSE>(dev, f.smem_per_sm,
+                                                             shared_mem_size);
+      }
+    }
     const int i = twin_for(grid, PARTITION_SIZE > 0, cta_blocks, a.num_kv_heads, f,
                            [&](const int j) {
       return with_twin(j, [&](auto t) {
         constexpr TwinShape twin = kTwins[decltype(t)::value];
         return twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(shared_mem_size);
       });
-    });
+    }, stock_per_sm);
     if (i < 0) return -1;
     reduced = with_twin(i, [&](auto t) {
       constexpr TwinShape twin = kTwins[decltype(t)::value];

@@ -291,6 +291,7 @@ struct TwinStep {
   bool partitioned;      // v2
   int cta_blocks;        // blocks of the longest CTA: the longest sequence's (v1), at most a
                          // partition's (v2)
+  int stock_per_sm = 0;  // CTAs per SM of stock's unbounded code at this launch (v1; 0: unknown)
 };
 // Which twin (an index into kTwins) a launch of `step` on `sm_count` SMs runs, or -1 for vLLM's
 // kernel. A twin can run where its G divides `per_kv` (query heads per kv head) and its shared
@@ -309,7 +310,12 @@ struct TwinStep {
 //  - where the pick does not keep two CTAs per SM (keeps_occupancy, on SMs of `smem_per_sm`
 //    bytes), the next twin of kTwins that can run and does: the twins are in order of
 //    shrinking logits per CTA (4 heads, then 2), so a long context moves to a twin of fewer
-//    heads per CTA, and past the last to vLLM's kernel.
+//    heads per CTA, and past the last to vLLM's kernel;
+//  - short chains (at most kShortChainBlocks blocks per CTA, as stock_v1_wins): a twin only
+//    where its grid takes no more waves than stock's code at `step.stock_per_sm` (when known).
+//    A twin's launch bound keeps 2 CTAs of 2 heads per SM, the work of 4 of stock's 5, and a
+//    short chain leaves it little to gain per CTA: 2x2 at b123 x 114 tokens, 7872 CTAs (30
+//    waves, stock's code 24), ran 0.771x; b106 x 126 tokens 0.916x.
 // Host code (twin_for in gqa_twins.cuh asks the device; tests/samples/sass/min_blocks_rule.cu
 // runs this on the CPU).
 inline int twin_pick(const int mode, const TwinStep& step, const int sm_count, const int per_kv,
@@ -325,12 +331,20 @@ inline int twin_pick(const int mode, const TwinStep& step, const int sm_count, c
   const bool chain_safe_only = !step.partitioned;
   const int first = auto_twin(100LL * step.sure_ctas / sms, chain_safe_only);
   if (first < 0 || per_kv % kTwins[first].g != 0) return -1;
+  const bool short_chain = step.cta_blocks <= kShortChainBlocks && step.stock_per_sm > 0;
   for (int j = first; j < kNumTwins; ++j) {
     if (chain_safe_only && !chain_safe(j)) continue;
-    if (fits(j) &&
-        keeps_occupancy(j, step.stock_ctas / kTwins[j].g, sm_count, smem[j], smem_per_sm)) {
-      return j;
+    const long long twin_ctas = step.stock_ctas / kTwins[j].g;
+    if (!fits(j) || !keeps_occupancy(j, twin_ctas, sm_count, smem[j], smem_per_sm)) continue;
+    if (short_chain) {
+      const int per_sm = static_cast<int>(std::min<long long>(
+          twin_bound_ctas(j), smem_ctas(smem_per_sm, smem[j])));
+      if (waves_of(twin_ctas, sm_count, per_sm) >
+          waves_of(step.stock_ctas, sm_count, step.stock_per_sm)) {
+        continue;
+      }
     }
+    return j;
   }
   return -1;
 }

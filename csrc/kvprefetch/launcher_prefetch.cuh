@@ -160,6 +160,12 @@ inline L2PrefetchJoin launch_l2_prefetch(cudaStream_t stream, const cache_t* k_c
   const int mode = kvprefetch_host_mode();
   if (!l2_prefetch_wanted(dev, mode, kv_bytes)) return {};
   if (chunk % 16 != 0 || chunk > 1048560u) return {};
+  // Each K or V chunk is one bulk request, and an SM's bulk-copy engine takes its CTAs' requests
+  // one after another, so the prefetch streams bytes at a rate of chunk bytes per request. At
+  // 1 KiB (head 64, block 16, fp8) it fell behind the attention kernel's own loads and the step
+  // waited for it: the sampled benchmark measured 26 such steps at 1.02-1.08x geomean with
+  // 0.60x and 0.92x among them; at 2 KiB and more 1.17-1.45x, none below 0.965x.
+  if (chunk < static_cast<uint32_t>(kL2MinChunkBytes)) return {};
   // Created on the first call outside a capture (vLLM's eager warm-up), so that a capture
   // finds it ready, whatever the eager calls below decide.
   SideStream* side = side_stream(dev, stream);

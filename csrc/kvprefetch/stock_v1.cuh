@@ -12,6 +12,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 
 #include "launch_policy.cuh"
@@ -57,6 +58,24 @@ int resident_ctas(const int dev, const int threads) {
     known[dev].store(n, std::memory_order_relaxed);
   }
   return n - 1;
+}
+
+// CTAs per SM of stock's code for this v1 instantiation at `smem` bytes of dynamic shared
+// memory: its unbounded copy's where the rule bounds it, else vLLM's kernel's (stock as is).
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
+          vllm::Fp8KVCacheDataType KV_DTYPE, bool IS_BLOCK_SPARSE>
+int stock_v1_ctas_per_sm(const int dev, const long long smem_per_sm, const int smem) {
+  int ctas = 0;
+  if constexpr (min_blocks<HEAD_SIZE, BLOCK_SIZE, int(sizeof(CACHE_T)), int(KV_DTYPE)>(false) >
+                0) {
+    ctas = resident_ctas<unbounded_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
+                                             KV_DTYPE, IS_BLOCK_SPARSE>>(dev, NUM_THREADS);
+  } else {
+    ctas = resident_ctas<vllm::paged_attention_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE,
+                                                         NUM_THREADS, KV_DTYPE,
+                                                         IS_BLOCK_SPARSE>>(dev, NUM_THREADS);
+  }
+  return static_cast<int>(std::min<long long>(ctas, smem_ctas(smem_per_sm, smem)));
 }
 
 // Runs unbounded_v1_kernel instead of the bounded paged_attention_v1_kernel where

@@ -53,6 +53,7 @@ class KernelRules:
     smem_static_bytes: int
     l2_blocks_per_cta: int
     auto_l2_divisor: int
+    l2_min_chunk_bytes: int
     prologue_rounds: int
     base_slots: int
     auto_max_ctas_pct: int

@@ -269,6 +269,9 @@ def auto_twin(ctas_pct: int, chain_safe_only: bool = False) -> tuple[int, int]:
 # The H200's SM count and shared memory per SM (cudaDevAttrMaxSharedMemoryPerMultiprocessor),
 # and the most dynamic shared memory a CTA may opt into.
 H200_SMS, H200_SMEM_PER_SM, H200_MAX_SMEM = 132, 233472, 232448
+# CTAs per SM of stock's head-128 v1 code (vLLM's kernel, 96 registers: nvcc 13.0 -res-usage),
+# what the v1 launcher asks the runtime for twin_pick's short chains.
+STOCK_V1_CTAS = 5
 
 
 def keeps_occupancy(split: int, twin_ctas: int, sm_count: int, smem: int,
@@ -294,14 +297,17 @@ def twin_smem(group: int, split: int, context: int, kernel: str) -> int:
 
 def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kernel: str,
               sm_count: int = H200_SMS, smem_per_sm: int = H200_SMEM_PER_SM,
-              max_smem: int = H200_MAX_SMEM) -> tuple[int, int] | None:
+              max_smem: int = H200_MAX_SMEM,
+              stock_per_sm: int = STOCK_V1_CTAS) -> tuple[int, int] | None:
     """launch_policy.cuh's twin_pick in `auto` for a decode step of a head-128, block-16
     model whose longest sequence has ``context`` tokens (the rule reads the grid and that
     length only): None (vLLM's kernel) where the longest CTA has at most STOCK_WARPS blocks;
     else auto_twin's pick for the CTAs that surely have work (heads x (batch + partitions - 1)),
     among the chain-safe twins only in v1, if its G divides the query heads per kv head (else
     None), moving on to the next such twin of TWIN_SHAPES that can run and keeps two CTAs per
-    SM wherever the pick does not; None past the last."""
+    SM wherever the pick does not; None past the last. In v1, short chains (at most
+    SHORT_CHAIN_BLOCKS blocks) take a twin only where its grid needs no more waves than stock's
+    code at ``stock_per_sm`` CTAs per SM."""
     if num_kv_heads <= 0 or num_heads % num_kv_heads:
         return None
     per_kv = num_heads // num_kv_heads
@@ -316,13 +322,19 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
     if per_kv % first[0]:
         return None
     shapes = [(g, s) for g, s, _ in TWIN_SHAPES]
+    short = kernel == "v1" and blocks <= SHORT_CHAIN_BLOCKS and stock_per_sm > 0
     for g, s in shapes[shapes.index(first):]:
         if safe_only and not chain_safe(g, s):
             continue
         smem = twin_smem(g, s, context, kernel)
-        if (per_kv % g == 0 and smem <= max_smem
+        if not (per_kv % g == 0 and smem <= max_smem
                 and keeps_occupancy(s, stock_ctas // g, sm_count, smem, smem_per_sm)):
-            return g, s
+            continue
+        per_sm = min(_RULES.twin_bound_threads // (128 * s), smem_per_sm // (smem + _SMEM_PER_CTA))
+        if short and waves(stock_ctas // g, sm_count, per_sm) > waves(stock_ctas, sm_count,
+                                                                       stock_per_sm):
+            continue
+        return g, s
     return None
 
 

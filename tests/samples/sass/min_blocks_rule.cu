@@ -67,8 +67,8 @@ int main() {
   for (const int mode : {kvprefetch::kTwinOff, kvprefetch::kTwinAuto, 0, 1, 2, 3}) {
     for (const auto& m : {std::pair{32, 32}, std::pair{32, 16}, std::pair{32, 8},
                           std::pair{8, 1}, std::pair{28, 4}}) {
-      for (const int batch : {1, 8, 32, 64, 96, 128, 256}) {
-        for (const int context : {33, 64, 65, 512, 2048, 3072, 4096, 6016, 6032, 7040, 7056,
+      for (const int batch : {1, 8, 32, 64, 96, 123, 128, 256}) {
+        for (const int context : {33, 64, 65, 114, 129, 512, 2048, 3072, 4096, 6016, 6032, 7040, 7056,
                                   8192}) {
           for (const bool v2 : {false, true}) {
             const long long logits = v2 ? 512 * 4 : (context + 15) / 16 * 16 * 4;
@@ -80,9 +80,11 @@ int main() {
             }
             const int parts = v2 ? (context + 511) / 512 : 1;
             const int blocks = (context + 15) / 16;
+            // stock's code: vLLM's head-128 v1 kernel, 96 registers, 5 CTAs per SM (v2: not
+            // asked)
             const kvprefetch::TwinStep step{1LL * m.first * batch * parts,
                                             1LL * m.first * (batch + parts - 1), v2,
-                                            v2 && blocks > 32 ? 32 : blocks};
+                                            v2 && blocks > 32 ? 32 : blocks, v2 ? 0 : 5};
             std::printf("pick %d %d %d %d %d %s %d\n", mode, m.first, m.second, batch, context,
                         v2 ? "v2" : "v1",
                         kvprefetch::twin_pick(mode, step, 132, m.first / m.second, smem,
