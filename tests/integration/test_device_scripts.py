@@ -50,9 +50,10 @@ exit 0
 """
 
 
-def _calls_of(script: str, tmp_path: Path) -> list[list[str]]:
+def _calls_of(script: str, tmp_path: Path, **env_extra: str) -> list[list[str]]:
     """Run ``script`` in a copy of the checkout's scripts with the sdist "carried" (an empty
-    file) and python3, nvidia-smi, nvcc and ncu replaced by a stub that records its argv."""
+    file) and python3, nvidia-smi, nvcc and ncu replaced by a stub that records its argv;
+    ``env_extra``: the script's own switches."""
     bash = shutil.which("bash")
     assert bash is not None
     root = tmp_path / "checkout"
@@ -67,7 +68,7 @@ def _calls_of(script: str, tmp_path: Path) -> list[list[str]]:
         (stubs / tool).chmod(0o755)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "KVPREFETCH_WORKDIR": str(tmp_path / "w"),
            "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "STUB_CALLS": str(calls),
-           "BUDGET_S": "100000"}
+           "BUDGET_S": "100000", **env_extra}
     res = subprocess.run([bash, f"scripts/device/{script}", str(tmp_path / "w")], cwd=root,
                          env=env, capture_output=True, text=True, timeout=120, check=False)
     assert calls.exists(), res.stdout[-2000:] + res.stderr[-2000:]
@@ -253,3 +254,17 @@ def test_res_usage_records_each_trees_registers(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     text = (results / "res-usage-pdl.txt").read_text()
     assert "Function" in text and re.search(r"REG:\d+", text), text
+
+
+def test_sample_without_attribution_times_three_trees(tmp_path: Path) -> None:
+    """sample.sh with ATTRIBUTION=0 wants builds of baseline, patched and control only (what
+    its build check asks for; the stub says they exist, so fetch, apply and build are skipped)
+    and times those three on the seed it runs, with no launch or gqa_off tree, the last seed
+    (which otherwise times all five) included."""
+    calls = _calls_of("sample.sh", tmp_path, ATTRIBUTION="0", SAMPLE_SEEDS="7")
+    ready = next(c for c in calls if c[:1] == ["-"])  # builds_ready's python3 - W TREES ...
+    assert ready[2] == "baseline,patched,control"
+    bench = [c for c in calls if c[:3] == ["-m", "kvprefetch.cli.bench", "kernel"]]
+    assert len(bench) == 1 and bench[0][bench[0].index("--sample-seed") + 1] == "7"
+    variants = [bench[0][i + 1] for i, a in enumerate(bench[0]) if a == "--variant"]
+    assert variants == ["baseline", "patched", "control"]
