@@ -425,3 +425,54 @@ def test_twin_check_accepts_ordered_loads_not_plain_ones() -> None:
     status = {c.tree: c for c in rep.checks}
     assert status["pdl"].status == "pass", status["pdl"].detail
     assert status["plain"].status == "fail" and "1 with a global load off" in status["plain"].detail
+
+
+# Stock's unbounded copy of a bounded v1 kernel (csrc/kvprefetch/stock_v1.cuh), as nvcc 13.0 names
+# it: bf16 head 128 and (derived) head 64.
+_COPY_V1_BF16 = ("_ZN10kvprefetch54_GLOBAL__N__f145f768_21_paged_attention_v1_cu_d115ef7d19unbounded"
+                 "_v1_kernelI13__nv_bfloat16S2_Li128ELi16ELi128ELN4vllm18Fp8KVCacheDataTypeE0ELb0E"
+                 "EEvPT_PKS5_PKT0_SB_ifPKiSD_iPKfiiiSF_SF_iiiii")
+
+
+def test_unbounded_copies_are_stock_code_beside_each_bounded_kernel() -> None:
+    """check_unbounded_copies: a `prefetch` build holds one unbounded copy beside each v1
+    kernel its rule bounds (here head 128 fp16 and bf16; head 256 fp8 is not bounded), each
+    instruction-identical to the baseline's kernel of the same instantiation; a copy that
+    differs, a missing one and one beside an unbounded instantiation each fail; other variants
+    hold none."""
+    from kvprefetch.verify.machine_code import check_unbounded_copies
+    from kvprefetch.verify.report import VerifyReport
+    from kvprefetch.verify.sass import decode_unbounded_name
+
+    assert decode_unbounded_name(_COPY_V1_BF16) == {
+        "version": "v1", "dtype": "bf16", "kv_cache": "auto", "head_size": 128,
+        "block_size": 16, "block_sparse": False}
+    assert decode_unbounded_name(_V1_BF16) is None
+    copy_fp16 = _COPY_V1_BF16.replace("I13__nv_bfloat16S2_", "Itt")
+    fp8_256 = _V1_FP16.replace("Li128E", "Li256E").replace("E0ELb0", "E1ELb0")
+    copy_fp8 = copy_fp16.replace("Li128E", "Li256E").replace("E0ELb0", "E1ELb0")
+    body_fp16, body_bf16 = ["FFMA R1, R2, R3, R4", "EXIT"], ["HFMA2 R1, R2, R3, R4", "EXIT"]
+    base = _listing({("sm_90", _V1_FP16): body_fp16, ("sm_90", _V1_BF16): body_bf16,
+                     ("sm_90", fp8_256): ["EXIT"]})
+    bounded = {("sm_90", _V1_FP16): body_fp16 + ["NOP"], ("sm_90", _V1_BF16): body_bf16}
+    copies = {("sm_90", copy_fp16): body_fp16, ("sm_90", _COPY_V1_BF16): body_bf16}
+    cases = {
+        "good": {**bounded, **copies},
+        "differs": {**bounded, **copies, ("sm_90", _COPY_V1_BF16): body_bf16 + ["NOP"]},
+        "missing": {**bounded, ("sm_90", copy_fp16): body_fp16},
+        "extra": {**bounded, **copies, ("sm_90", copy_fp8): ["EXIT"]},
+    }
+    rep = VerifyReport("unused")
+    for tree, kernels in cases.items():
+        check_unbounded_copies(rep, tree, "prefetch", _listing(kernels), base)
+    check_unbounded_copies(rep, "launch", "launch", base, base)
+    check_unbounded_copies(rep, "launch_with_copy", "launch", _listing(cases["good"]), base)
+    status = {c.tree: c for c in rep.checks}
+    assert status["good"].status == "pass", status["good"].detail
+    assert "2 unbounded copies, 2 expected" in status["good"].detail
+    assert status["launch"].status == "pass"
+    for tree in ("differs", "missing", "extra", "launch_with_copy"):
+        assert status[tree].status == "fail", (tree, status[tree].detail)
+    assert "1 not instruction-identical" in status["differs"].detail
+    assert "1 missing" in status["missing"].detail
+    assert "1 unexpected" in status["extra"].detail
