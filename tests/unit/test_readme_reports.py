@@ -26,10 +26,15 @@ def test_report_blocks_are_regenerated_from_their_json(doc: str) -> None:
     blocks = README_BLOCK.findall(text)
     assert blocks, f"{doc} has no report block"
     for _, block_path, kind, _, _ in blocks:
-        # a `seeds`, `twins` or `host` block names a run's folder, every other block one result
-        want = (path.parent / block_path).is_dir if kind in ("seeds", "twins", "host") else (
-            path.parent / block_path).is_file
-        assert want(), block_path
+        # a `seeds` block names a run's folder, `twins`, `bounds` and `host` a folder or one
+        # result, every other block one result
+        target = path.parent / block_path
+        if kind == "seeds":
+            assert target.is_dir(), block_path
+        elif kind in ("twins", "bounds", "host"):
+            assert target.exists(), block_path
+        else:
+            assert target.is_file(), block_path
     new, changed = refresh_blocks(text, path.parent)
     assert changed == [] and new == text
 
@@ -101,6 +106,33 @@ def test_twins_block_puts_the_rule_beside_the_measurement() -> None:
     assert ran and all(s["patched"] > 1.0 for s in ran)
     # v1 steps run only the chain-safe twins
     assert all(s["twin"] in ("2x2", "2x4") for s in ran if " v1" in s["label"])
+
+
+def test_bounds_block_puts_the_v1_rule_beside_the_measurement() -> None:
+    """The `bounds` block of the attribution seed that followed the v1 wave rule: each v1 step
+    of a bounded instantiation without a twin counted under the code the rule runs there;
+    where the rule runs stock's unbounded copy, the step measures as stock's kernels do
+    (`gqa_off` over `launch` within the A/A band), and the block takes a single result."""
+    from kvprefetch.bench.report import load_document, sample_block
+    from kvprefetch.bench.sample_report import bound_steps
+    from kvprefetch.sources import upstream
+
+    path = ROOT / "docs/results/2026-12-01-h200-sample-v1-waves/sample-12012038.json.gz"
+    doc = load_document(path)
+    steps = bound_steps(doc, "graph")
+    codes = {s["code"] for s in steps}
+    assert codes == {"bound", "stock"}
+    stock = [s for s in steps if s["code"] == "stock"]
+    assert stock and all(0.99 <= s["own"] <= 1.01 for s in stock)
+    rows = {r["label"]: r for r in doc["results"] if r["timing"] == "graph"}
+    for s in steps:
+        r = rows[s["label"]]
+        wants = upstream.stock_v1_wins(r["batch"] * r["num_heads"], 132,
+                                       *upstream.H200_V1_CTAS[r["head_size"]],
+                                       -(-r["context"] // 16))
+        assert (s["code"] == "stock") == wants, s["label"]
+    lines = sample_block(path, "bounds").splitlines()
+    assert lines[0].startswith("| timing | v1 runs |") and len(lines) == 2 + 2 * len(codes)
 
 
 def test_host_block_reads_host_bound_steps_only() -> None:

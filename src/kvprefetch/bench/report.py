@@ -458,10 +458,13 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,
 # table of a `bench decode` result); for sampled benchmarks (`bench kernel --sample`),
 # `attribution` (what each mechanism is worth, one result), `seeds` (PATH a run's folder: the
 # distribution of every sample-*.json[.gz] in it, one row per seed and timing), `twins` (PATH
-# a run's folder: the steps with twins compiled, by the twin `auto`'s rule runs there) and
-# `host` (PATH a run's folder: each variant's extra host time per call on host-bound steps).
+# a run's folder: the steps with twins compiled, by the twin `auto`'s rule runs there),
+# `bounds` (the v1 steps of launch-bounded instantiations, by the code the rule runs there) and
+# `host` (PATH a run's folder: each variant's extra host time per call on host-bound steps);
+# `twins`, `bounds` and `host` take one result too.
+SAMPLE_KINDS = ("seeds", "twins", "bounds", "host", "attribution")
 README_BLOCK = re.compile(
-    r"(<!-- report (\S+) (summary|shapes|seeds|twins|host|attribution) -->\n)(.*?)"
+    r"(<!-- report (\S+) (summary|shapes|seeds|twins|bounds|host|attribution) -->\n)(.*?)"
     r"(<!-- /report -->)",
     re.DOTALL)
 _BLOCK_HEADS = {"summary": ("| mode |", "| tree |"), "shapes": ("| batch |", "| workload |")}
@@ -487,7 +490,7 @@ def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
     changed: list[str] = []
 
     def fill(m: re.Match[str]) -> str:
-        body = (sample_block(root / m[2], m[3]) if m[3] in ("seeds", "twins", "host", "attribution")
+        body = (sample_block(root / m[2], m[3]) if m[3] in SAMPLE_KINDS
                 else report_block(load_document(root / m[2]), m[3]))
         if body != m[4]:
             changed.append(m[2])
@@ -498,18 +501,27 @@ def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
 
 def sample_block(path: Path, kind: str) -> str:
     """A README block of a sampled benchmark: ``seeds`` over the sample-*.json[.gz] of the
-    folder ``path``, ``attribution`` of the result ``path``."""
-    from .sample_report import attribution_table, host_table, seeds_table, twins_table
+    folder ``path``, ``attribution`` of the result ``path``, ``twins``, ``bounds`` and ``host``
+    of either."""
+    from .sample_report import (
+        attribution_table,
+        bounds_table,
+        host_table,
+        seeds_table,
+        twins_table,
+    )
 
-    if kind in ("seeds", "twins", "host"):
-        files = sorted(p for p in Path(path).glob("sample-*.json*")
-                       if p.name.endswith((".json", ".json.gz")))
+    if kind in ("seeds", "twins", "bounds", "host"):
+        one = kind != "seeds" and Path(path).is_file()
+        files = [Path(path)] if one else sorted(
+            p for p in Path(path).glob("sample-*.json*") if p.name.endswith((".json", ".json.gz")))
         if not files:
             raise BenchError(f"{path} holds no sample-*.json[.gz]",
                              f"point a `{kind}` block at a folder of `bench kernel --sample` runs")
         docs = sorted((load_document(f) for f in files),
                       key=lambda d: d["meta"]["sample"]["seed"])
-        table = {"seeds": seeds_table, "twins": twins_table, "host": host_table}[kind]
+        table = {"seeds": seeds_table, "twins": twins_table, "bounds": bounds_table,
+                 "host": host_table}[kind]
         return "\n".join(table(docs)) + "\n"
     doc = load_document(path)
     if doc.get("meta", {}).get("sample") is None:

@@ -218,6 +218,60 @@ def twins_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> list
                    f"< {TARGET_STEP}", "over gqa_off (steps)"], rows)
 
 
+def bound_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
+    """The v1 steps of a launch-bounded instantiation where no twin runs: which code the
+    launcher runs by its rule (``upstream.v1_code_pick``: the bounded kernel, or stock's
+    unbounded copy where the bound would cost a wave) and what ``patched`` measured, and where
+    both trees ran, the bound's own step (``gqa_off`` over ``launch``, whose kernels are
+    stock's). Like twin_steps, the rule as this kit has it."""
+    from ..sources.upstream import H200_SMS, min_blocks, twin_pick, twin_shapes, v1_code_pick
+    from .sample import cache_kind
+
+    sms = doc["meta"]["device"].get("sm_count") or H200_SMS
+    out = []
+    keys = ("dtype", "kv_cache_dtype", "head_size", "block_size", "num_heads", "num_kv_heads",
+            "batch", "context")
+    for i, r in measured(doc, timing):
+        if r.get("kernel") != "v1" or any(k not in r for k in keys):
+            continue
+        inst = ("prefetch", "v1", r["kv_cache_dtype"], r["head_size"], r["block_size"],
+                cache_kind(r["kv_cache_dtype"], r["dtype"]))
+        if not min_blocks(*inst) or (twin_shapes(*inst) and twin_pick(
+                r["num_heads"], r["num_kv_heads"], r["batch"], r["context"], "v1",
+                sm_count=sms)):
+            continue
+        launch, gqa_off = step_ratio(r, "launch"), step_ratio(r, "gqa_off")
+        out.append({"step": i, "label": r["label"],
+                    "code": v1_code_pick(r["head_size"], r["batch"], r["num_heads"],
+                                         r["context"], sm_count=sms),
+                    "patched": step_ratio(r, "patched"),
+                    "own": gqa_off / launch if launch and gqa_off else None})
+    return out
+
+
+def bounds_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> list[str]:
+    """Over one or more samples, per timing (``only`` that one) and per code the v1 rule runs
+    (``bound``, or ``stock``: the unbounded copy): steps, ``patched``'s ratio (min, geomean,
+    max), steps below the target, and where ``launch`` and ``gqa_off`` ran, the code's own
+    step over stock's kernels (1.000 is stock's code exactly)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for doc in docs:
+        for t in timings(doc) if only is None else [only]:
+            for st in bound_steps(doc, t):
+                if st["patched"] is not None:
+                    groups.setdefault((t, st["code"]), []).append(st)
+    rows = []
+    for (t, code), steps in sorted(groups.items(), key=lambda kv: (kv[0][0] != "graph", kv[0][1])):
+        vals = [st["patched"] for st in steps]
+        own = [st["own"] for st in steps if st["own"]]
+        rows.append([t, "stock's code" if code == "stock" else "the bounded kernel", len(steps),
+                     _x(min(vals)), _x(geomean(vals)), _x(max(vals)),
+                     sum(1 for v in vals if v < TARGET_STEP),
+                     (f"{_x(min(own))}-{_x(max(own))} ({len(own)})" if own else "-")])
+    return _table(["timing", "v1 runs", "steps", "min", "geomean", "max", f"< {TARGET_STEP}",
+                   "over launch: min-max (steps)"], rows)
+
+
 def host_overhead(doc: dict[str, Any]) -> dict[str, list[float]]:
     """Per variant, its extra time per call over stock's (us) on the steps where both timings
     ran and stock is host-bound (``HOST_BOUND``): issue 29's host-path budget, measured."""
@@ -361,6 +415,10 @@ def sample_markdown(doc: dict[str, Any]) -> str:
             lines += ["", ("### Steps with GQA twins compiled: the twin `auto` runs by its rule "
                       "(none: vLLM's kernel) and what they measured"), ""]
             lines += twins_table([doc], only=t)
+        if bound_steps(doc, t):
+            lines += ["", ("### v1 steps of a launch-bounded instantiation, no twin: the code "
+                      "the launcher runs by its rule and what they measured"), ""]
+            lines += bounds_table([doc], only=t)
         head = headline(doc)
         if head:
             lines += ["", f"### Worst {WORST} steps of {head}", ""]

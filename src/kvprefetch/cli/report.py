@@ -29,7 +29,7 @@ from ..console import emit_json, info
 @click.option("--readme", "readme", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Regenerate the report blocks of this markdown file "
               "(`<!-- report RESULT.json summary|shapes|attribution -->` or `<!-- report "
-              "RUN_FOLDER seeds|twins|host -->` ... `<!-- /report -->`) from their committed "
+              "RUN_FOLDER seeds|twins|bounds|host -->` ... `<!-- /report -->`) from their committed "
               "JSON, and its `<!-- commands -->` block from the commands' help, in place.")
 @click.option("--index", "index", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Write the index of the committed runs under this folder (each "

@@ -269,9 +269,24 @@ def auto_twin(ctas_pct: int, chain_safe_only: bool = False) -> tuple[int, int]:
 # The H200's SM count and shared memory per SM (cudaDevAttrMaxSharedMemoryPerMultiprocessor),
 # and the most dynamic shared memory a CTA may opt into.
 H200_SMS, H200_SMEM_PER_SM, H200_MAX_SMEM = 132, 233472, 232448
-# CTAs per SM of stock's head-128 v1 code (vLLM's kernel, 96 registers: nvcc 13.0 -res-usage),
-# what the v1 launcher asks the runtime for twin_pick's short chains.
-STOCK_V1_CTAS = 5
+# CTAs of 128 threads per SM on the H200 of each launch-bounded v1 instantiation (fp16/bf16,
+# block 16), by head size: (bounded, stock's code), from their registers (nvcc 13.0
+# -res-usage: head 64 80/78 against 55/56, head 128 125/121 against 96, head 256 160/162
+# against 164/168). The launcher asks the runtime for them (stock_v1.cuh); the report's
+# prediction uses these.
+H200_V1_CTAS = {64: (6, 9), 128: (4, 5), 256: (3, 3)}
+# stock's head-128 v1 code, what twin_pick's short chains compare a twin with
+STOCK_V1_CTAS = H200_V1_CTAS[128][1]
+
+
+def v1_code_pick(head_size: int, batch: int, num_heads: int, context: int,
+                 sm_count: int = H200_SMS) -> str:
+    """Which code a launch-bounded v1 instantiation runs for a step (no twin): ``stock`` (its
+    unbounded copy) where stock_v1_wins says so at the H200's occupancies, else ``bound``."""
+    bounded, stock = H200_V1_CTAS.get(head_size, (0, 0))
+    wins = stock_v1_wins(batch * num_heads, sm_count, bounded, stock,
+                         -(-context // RULE_BLOCK_SIZE))
+    return "stock" if wins else "bound"
 
 
 def keeps_occupancy(split: int, twin_ctas: int, sm_count: int, smem: int,
