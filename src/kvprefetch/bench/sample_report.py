@@ -12,7 +12,7 @@ time (``bench/kernel.py``): > 1 means the variant is faster.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -196,19 +196,27 @@ def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     return out
 
 
+def _grouped(docs: Sequence[dict[str, Any]], only: str | None,
+             steps_of: Callable[[dict[str, Any], str], list[dict[str, Any]]],
+             key: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The measured steps ``steps_of`` lists, over ``docs`` and their timings (``only`` that
+    one), grouped by (timing, the step's ``key``): graph first, then by key."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for doc in docs:
+        for t in timings(doc) if only is None else [only]:
+            for st in steps_of(doc, t):
+                if st["patched"] is not None:
+                    groups.setdefault((t, st[key]), []).append(st)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0] != "graph", kv[0][1])))
+
+
 def twins_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> list[str]:
     """Over one or more samples, per timing (``only`` that one) and per twin `auto` runs (by the
     rule): how many steps, ``patched``'s ratio over them (min, geomean, max), how many below the
     per-step target, and where ``gqa_off`` ran, the twins' own step (``patched`` over
     ``gqa_off``)."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for doc in docs:
-        for t in timings(doc) if only is None else [only]:
-            for s in twin_steps(doc, t):
-                if s["patched"] is not None:
-                    groups.setdefault((t, s["twin"]), []).append(s)
     rows = []
-    for (t, twin), steps in sorted(groups.items(), key=lambda kv: (kv[0][0] != "graph", kv[0][1])):
+    for (t, twin), steps in _grouped(docs, only, twin_steps, "twin").items():
         vals = [s["patched"] for s in steps]
         own = [s["patched"] / s["gqa_off"] for s in steps if s["gqa_off"]]
         rows.append([t, twin, len(steps), _x(min(vals)), _x(geomean(vals)), _x(max(vals)),
@@ -254,14 +262,8 @@ def bounds_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> lis
     (``bound``, or ``stock``: the unbounded copy): steps, ``patched``'s ratio (min, geomean,
     max), steps below the target, and where ``launch`` and ``gqa_off`` ran, the code's own
     step over stock's kernels (1.000 is stock's code exactly)."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for doc in docs:
-        for t in timings(doc) if only is None else [only]:
-            for st in bound_steps(doc, t):
-                if st["patched"] is not None:
-                    groups.setdefault((t, st["code"]), []).append(st)
     rows = []
-    for (t, code), steps in sorted(groups.items(), key=lambda kv: (kv[0][0] != "graph", kv[0][1])):
+    for (t, code), steps in _grouped(docs, only, bound_steps, "code").items():
         vals = [st["patched"] for st in steps]
         own = [st["own"] for st in steps if st["own"]]
         rows.append([t, "stock's code" if code == "stock" else "the bounded kernel", len(steps),
