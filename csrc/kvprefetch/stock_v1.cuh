@@ -6,8 +6,10 @@
 // paged_attention_v1_kernel calls, with the same arguments and no bound: nvcc compiles it to
 // stock's instructions (verify-kernel compares each one with the baseline library's kernel of
 // the same instantiation). It is compiled only beside the instantiations the rule bounds.
-// Included by the `prefetch` variant's paged_attention_v1.cu after attention_kernels.cuh;
-// vLLM's launch macro calls launch_stock_v1 first and skips its own launch when it ran.
+// Included after attention_kernels.cuh by the `prefetch` variant's paged_attention_v1.cu,
+// whose launch macro calls launch_stock_v1 first and skips its own launch when it ran, and by
+// gqa_twins.cuh, whose v1 twin choice compares a twin with stock's code
+// (stock_v1_ctas_per_sm). A translation unit that instantiates neither compiles no copy.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
