@@ -102,11 +102,10 @@ bool launch_stock_v1(const dim3 grid, const dim3 block, const int smem,
                                                              IS_BLOCK_SPARSE>;
     constexpr auto stock = unbounded_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
                                                KV_DTYPE, IS_BLOCK_SPARSE>;
-    const long long by_smem = smem_ctas(f.smem_per_sm, smem);
-    const int b = static_cast<int>(std::min<long long>(
-        resident_ctas<bounded>(dev, static_cast<int>(block.x)), by_smem));
-    const int s = static_cast<int>(std::min<long long>(
-        resident_ctas<stock>(dev, static_cast<int>(block.x)), by_smem));
+    const int b = static_cast<int>(std::min<long long>(resident_ctas<bounded>(dev, NUM_THREADS),
+                                                       smem_ctas(f.smem_per_sm, smem)));
+    const int s = stock_v1_ctas_per_sm<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
+                                       IS_BLOCK_SPARSE>(dev, f.smem_per_sm, smem);
     if (!stock_v1_wins(1LL * grid.x * grid.y * grid.z, f.sm_count, b, s,
                        max_num_blocks_per_seq)) {
       return false;

@@ -289,15 +289,25 @@ def v1_code_pick(head_size: int, batch: int, num_heads: int, context: int,
     return "stock" if wins else "bound"
 
 
+def twin_bound_ctas(split: int) -> int:
+    """launch_policy.cuh's twin_bound_ctas: CTAs of a twin of S = ``split`` that its launch
+    bound keeps resident on one SM (twin_bound_threads / (128 S))."""
+    return _RULES.twin_bound_threads // (128 * split)
+
+
+def smem_ctas(smem_per_sm: int, smem: int) -> int:
+    """launch_policy.cuh's smem_ctas: CTAs of ``smem`` bytes of dynamic shared memory (plus the
+    system's and the static part's share each) one SM of ``smem_per_sm`` bytes holds."""
+    return smem_per_sm // (smem + _SMEM_PER_CTA)
+
+
 def keeps_occupancy(split: int, twin_ctas: int, sm_count: int, smem: int,
                     smem_per_sm: int) -> bool:
     """launch_policy.cuh's keeps_occupancy: an SM holds two CTAs of ``smem`` bytes of dynamic
-    shared memory (plus the system's and the static part's share each) wherever the twin's grid
-    has two per SM to give it and its launch bound (twin_bound_threads / (128 S) CTAs per SM)
+    shared memory wherever the twin's grid has two per SM to give it and its launch bound
     allows two; else one."""
     per_sm = -(-twin_ctas // max(sm_count, 1))
-    bound_ctas = _RULES.twin_bound_threads // (128 * split)
-    return smem_per_sm // (smem + _SMEM_PER_CTA) >= min(per_sm, bound_ctas, 2)
+    return smem_ctas(smem_per_sm, smem) >= min(per_sm, twin_bound_ctas(split), 2)
 
 
 def twin_smem(group: int, split: int, context: int, kernel: str) -> int:
@@ -345,7 +355,7 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
         if not (per_kv % g == 0 and smem <= max_smem
                 and keeps_occupancy(s, stock_ctas // g, sm_count, smem, smem_per_sm)):
             continue
-        per_sm = min(_RULES.twin_bound_threads // (128 * s), smem_per_sm // (smem + _SMEM_PER_CTA))
+        per_sm = min(twin_bound_ctas(s), smem_ctas(smem_per_sm, smem))
         if short and waves(stock_ctas // g, sm_count, per_sm) > waves(stock_ctas, sm_count,
                                                                        stock_per_sm):
             continue

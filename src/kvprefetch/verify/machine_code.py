@@ -147,16 +147,14 @@ def check_unbounded_copies(rep: VerifyReport, tree: str, variant: str | None,
     def key(arch: str, meta: dict[str, object]) -> tuple[object, ...]:
         return (arch, meta["dtype"], meta["kv_cache"], meta["head_size"], meta["block_size"],
                 meta["block_sparse"])
-    base_bodies = _sass(baseline).bodies
-    stock = {key(a, meta): body for (a, n), body in base_bodies.items()
-             if (meta := decode_kernel_name(n)) is not None and meta["version"] == "v1"}
-    want = {k for (a, n) in base_bodies
-            if (meta := decode_kernel_name(n)) is not None and meta["version"] == "v1"
-            and has_unbounded_copy(variant, "v1", str(meta["kv_cache"]),
-                                   int(meta["head_size"]),  # type: ignore[call-overload]
-                                   int(meta["block_size"]),  # type: ignore[call-overload]
-                                   str(meta["dtype"]))
-            for k in [key(a, meta)]}
+    v1 = {key(a, meta): (body, meta) for (a, n), body in _sass(baseline).bodies.items()
+          if (meta := decode_kernel_name(n)) is not None and meta["version"] == "v1"}
+    stock = {k: body for k, (body, _) in v1.items()}
+    want = {k for k, (_, meta) in v1.items()
+            if has_unbounded_copy(variant, "v1", str(meta["kv_cache"]),
+                                  int(meta["head_size"]),  # type: ignore[call-overload]
+                                  int(meta["block_size"]),  # type: ignore[call-overload]
+                                  str(meta["dtype"]))}
     got = {key(a, meta): body for (a, n), body in _sass(text).bodies.items()
            if (meta := decode_unbounded_name(n)) is not None}
     differ = sorted(str(k) for k in got.keys() & want if got[k] != stock.get(k))
