@@ -21,10 +21,12 @@
 // on it: at b8 x 512 each of stock's warps walks 8 blocks one after the other).
 //
 // Where. The twins of rules.inc (kTwins, launch_policy.cuh), compiled beside the
-// instantiations twin_rule names (head 128, block 16, fp16 caches, bf16 in v2, no block
-// sparsity) and launched by the launchers (launch_grouped_v1/_v2, from one line the patch adds
-// before each launcher's `switch (head_size)`) when the model's query heads per kv head are a
-// multiple of G; `auto` picks the twin by the grid's stock CTAs per SM (auto_twin).
+// instantiations twin_rule names (rules.inc's KVP_TWIN_AT head and block sizes, fp16 caches,
+// bf16 in v2 and in unbounded v1, no block sparsity) and launched by the launchers
+// (launch_grouped_v1/_v2, from the first line the patch adds to each launcher's launch macro,
+// so that a build narrowed to some head sizes compiles the twins of those only) when the
+// model's query heads per kv head are a multiple of G; `auto` picks the twin by the grid's
+// stock CTAs per SM (auto_twin).
 // KVPREFETCH_GQA=off|auto|on|<twin name> at run time. The S = 2 twins also come staged: each
 // warp's next K/V block is copied into a shared-memory ring with Hopper's bulk copy
 // ("Staging", below). vLLM's kernels are untouched; this header is included by the two
@@ -355,9 +357,12 @@ __device__ __forceinline__ unsigned int arrive(unsigned int* counter) {
 // The twin that reduces inside (v2 only): rules.inc's kFusedGroup x kFusedSplit, the only one
 // fusing measured faster. (The fused code is its own instantiation, FUSED, so the twin's
 // unfused kernel compiles as it did without it.)
-template <int G, int S, int PARTITION_SIZE>
+// Only up to head size 128: the reduction gives each output element one thread of a 128-thread
+// group (reduce_in_twin).
+template <int G, int S, int PARTITION_SIZE, int HEAD_SIZE>
 constexpr bool fusable() {
-  return KVPREFETCH_TWIN_FUSE != 0 && PARTITION_SIZE > 0 && G == kFusedGroup && S == kFusedSplit;
+  return KVPREFETCH_TWIN_FUSE != 0 && PARTITION_SIZE > 0 && G == kFusedGroup &&
+         S == kFusedSplit && HEAD_SIZE <= kStockWarps * 32;
 }
 // vllm::paged_attention_v2_reduce_kernel's largest max logit over a 128-thread group (its
 // NUM_WARPS warps): each warp's by butterfly, lane 0 leaves it in red[warp] (when `write`; a
@@ -911,7 +916,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
       }
     }
   }
-  static_assert(!FUSED || fusable<G, S, PARTITION_SIZE>(), "fused: see fusable()");
+  static_assert(!FUSED || fusable<G, S, PARTITION_SIZE, HEAD_SIZE>(), "fused: see fusable()");
   if constexpr (FUSED) {
     reduce_in_twin<scalar_t, HEAD_SIZE, NUM_THREADS, PARTITION_SIZE, G, CTA_WARPS>(
         fused_out, exp_sums, max_logits, out, fuse_counters + seq_idx * gridDim.x + blockIdx.x,
@@ -1093,15 +1098,17 @@ void launch_pdl(void (*kernel)(KernelArgs...), const dim3 grid, const dim3 block
 
 // The (G, S) twin's shared memory in bytes, given stock's; a staged twin's with `stages` slots
 // per warp (the kernel derives the count back from it).
-template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS, int G, int S>
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int G,
+          int S>
 constexpr long long twin_smem(const int shared_mem_size, const int stages = 0) {
   const long long before =
-      twin_smem_before<T, 128, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
+      twin_smem_before<T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
   if constexpr (staged<G, S>()) {
     constexpr int CTA_WARPS = NUM_THREADS * S / 32;
     if (stages > 0) {
       return stage_ring_at(before, CTA_WARPS) +
-             1LL * stages * CTA_WARPS * 128 * BLOCK_SIZE * static_cast<int>(sizeof(CACHE_T));
+             1LL * stages * CTA_WARPS * HEAD_SIZE * BLOCK_SIZE *
+                 static_cast<int>(sizeof(CACHE_T));
     }
   }
   return before;
@@ -1191,58 +1198,60 @@ void launch_twin_kernel_as(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const 
 // Launches one instantiation of the (G, S) twin with `smem` bytes of dynamic shared memory: the
 // fused one where the launch may fuse (a.fused_out), twin_reduces says so for its grid and the
 // stream gets counters (fuse_slot). True when the twin does the reduction.
-template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED>
 bool launch_twin_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int smem,
                         const int shared_mem_size, const cudaStream_t stream,
                         const DeviceFacts& f) {
-  if constexpr (fusable<G, S, PARTITION_SIZE>()) {
+  if constexpr (fusable<G, S, PARTITION_SIZE, HEAD_SIZE>()) {
     unsigned int* const counters =
         twin_reduces(true, a.fused_out != nullptr, 1LL * grid.x * grid.y * grid.z, f.sm_count)
             ? fuse_slot(f.device, stream)
             : nullptr;
     if (counters != nullptr) {
-      launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS,
+      launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
                                               KV_DTYPE, PARTITION_SIZE, G, S, STAGED, true>,
                             STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, stream, f,
                                     counters);
       return true;
     }
   }
-  launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
-                                          PARTITION_SIZE, G, S, STAGED>,
+  launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
+                                          KV_DTYPE, PARTITION_SIZE, G, S, STAGED>,
                         STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, stream, f);
   return false;
 }
 
 // The (G, S) twin for a stock grid: staged where it is compiled and two slots per warp fit
 // (stage_count), else loading from global. True when the twin does v2's reduction.
-template <typename T, typename CACHE_T, int BLOCK_SIZE, int NUM_THREADS,
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
 bool launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
                  const cudaStream_t stream, const DeviceFacts& f) {
   const dim3 grid(stock_grid.x / G, stock_grid.y, stock_grid.z);
-  const long long fixed = twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
+  const long long fixed =
+      twin_smem<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
   if constexpr (staged<G, S>()) {
     // The bulk copy and its mbarriers are Hopper's (sm_90 on): before it, never staged.
     const int stages =
         f.cc_major < 9 ? 0
                        : stage_count(1LL * grid.x * grid.y * grid.z, f.sm_count, f.smem_per_sm,
                                      fixed, NUM_THREADS * S / 32,
-                                     128 * BLOCK_SIZE * static_cast<int>(sizeof(CACHE_T)),
+                                     HEAD_SIZE * BLOCK_SIZE * static_cast<int>(sizeof(CACHE_T)),
                                      PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE
                                                         : a.max_num_blocks_per_seq);
     if (stages > 0) {
-      return launch_twin_kernel<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE,
-                                G, S, true>(
+      return launch_twin_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
+                                PARTITION_SIZE, G, S, true>(
           a, grid,
-          static_cast<int>(
-              twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size, stages)),
+          static_cast<int>(twin_smem<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, G, S>(
+              shared_mem_size, stages)),
           shared_mem_size, stream, f);
     }
   }
-  return launch_twin_kernel<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, G, S,
-                            false>(a, grid, static_cast<int>(fixed), shared_mem_size, stream, f);
+  return launch_twin_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
+                            PARTITION_SIZE, G, S, false>(a, grid, static_cast<int>(fixed),
+                                                         shared_mem_size, stream, f);
 }
 
 // Calls f(std::integral_constant<int, i>{}) for twin i of kTwins, so that f can name the
@@ -1259,17 +1268,17 @@ auto with_twin(const int i, F&& f) {
 // Runs the twin twin_for picks, if any: its index in kTwins, or -1. PARTITION_SIZE 0 is v1.
 // `f`: the current device's facts, read here once per launch where a twin may run (the v2
 // launcher's reduction uses them too); `reduced`: whether the twin did v2's reduction.
-template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
-          bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
-int launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_size,
-                     const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a, DeviceFacts& f,
-                     bool& reduced) {
-  if constexpr (!has_twins<128, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE,
+          vllm::Fp8KVCacheDataType KV_DTYPE, bool IS_BLOCK_SPARSE, int NUM_THREADS,
+          int PARTITION_SIZE>
+int launch_some_twin(const dim3 grid, const int shared_mem_size, const cudaStream_t stream,
+                     const GqaArgs<T, CACHE_T>& a, DeviceFacts& f, bool& reduced) {
+  if constexpr (!has_twins<HEAD_SIZE, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
                     PARTITION_SIZE > 0)) {
     return -1;
   } else {
     int dev = 0;
-    if (head_size != 128 || cudaGetDevice(&dev) != cudaSuccess) return -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) return -1;
     f = device_facts(dev);
     constexpr int kPartitionBlocks = PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE : 0;
     const int cta_blocks = kPartitionBlocks > 0 ? cmin(a.max_num_blocks_per_seq, kPartitionBlocks)
@@ -1277,77 +1286,85 @@ int launch_some_twin(const int head_size, const dim3 grid, const int shared_mem_
     int stock_per_sm = 0;  // asked only where twin_pick reads it: v1, short chains
     if constexpr (PARTITION_SIZE == 0) {
       if (cta_blocks <= kShortChainBlocks) {
-        stock_per_sm = stock_v1_ctas_per_sm<T, CACHE_T, 128, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
-                                            IS_BLOCK_SPARSE>(dev, f.smem_per_sm,
-                                                             shared_mem_size);
+        stock_per_sm = stock_v1_ctas_per_sm<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
+                                            KV_DTYPE, IS_BLOCK_SPARSE>(dev, f.smem_per_sm,
+                                                                       shared_mem_size);
       }
     }
     const int i = twin_for(grid, PARTITION_SIZE > 0, cta_blocks, a.num_kv_heads, f,
                            [&](const int j) {
       return with_twin(j, [&](auto t) {
         constexpr TwinShape twin = kTwins[decltype(t)::value];
-        return twin_smem<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(shared_mem_size);
+        return twin_smem<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, twin.g, twin.s>(
+            shared_mem_size);
       });
     }, stock_per_sm);
     if (i < 0) return -1;
     reduced = with_twin(i, [&](auto t) {
       constexpr TwinShape twin = kTwins[decltype(t)::value];
-      return launch_twin<T, CACHE_T, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, PARTITION_SIZE, twin.g,
-                         twin.s>(a, grid, shared_mem_size, stream, f);
+      return launch_twin<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
+                         PARTITION_SIZE, twin.g, twin.s>(a, grid, shared_mem_size, stream, f);
     });
     return i;
   }
 }
 
-// The v1 launcher's added line: true when it launched a twin (the launcher then returns).
-template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
-          bool IS_BLOCK_SPARSE, int NUM_THREADS>
-bool launch_grouped_v1(const int head_size, const dim3 grid, const int shared_mem_size,
-                       const cudaStream_t stream, const GqaArgs<T, CACHE_T>& a) {
+// The first line of the v1 launcher's launch macro (one head size): true when it launched a
+// twin (the macro then leaves the launcher's switch).
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE,
+          vllm::Fp8KVCacheDataType KV_DTYPE, bool IS_BLOCK_SPARSE, int NUM_THREADS>
+bool launch_grouped_v1(const dim3 grid, const int shared_mem_size, const cudaStream_t stream,
+                       const GqaArgs<T, CACHE_T>& a) {
   DeviceFacts f;
   bool reduced = false;  // v1 has no reduction
-  return launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS, 0>(
-             head_size, grid, shared_mem_size, stream, a, f, reduced) >= 0;
+  return launch_some_twin<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE,
+                          NUM_THREADS, 0>(grid, shared_mem_size, stream, a, f, reduced) >= 0;
 }
 
 
-// The v2 launcher's added line: a twin that reduces the partitions itself (KVPREFETCH_TWIN_FUSE,
-// where the launch fits: counters for its (sequence, head group) pairs, and room for 2 floats
-// per partition in each head's logits; launch_twin_kernel decides the rest), else a twin, then
-// the reduction: vLLM's reduce kernel as the launcher's macro would have launched it, or with
-// KVPREFETCH_TWIN_PDL=2 kvprefetch's where pdl_reduce_after says so.
-template <typename T, typename CACHE_T, int BLOCK_SIZE, vllm::Fp8KVCacheDataType KV_DTYPE,
-          bool IS_BLOCK_SPARSE, int NUM_THREADS, int PARTITION_SIZE>
-bool launch_grouped_v2(const int head_size, const dim3 grid, const int shared_mem_size,
-                       const cudaStream_t stream, const GqaArgs<T, CACHE_T>& args, T* out,
-                       const dim3 reduce_grid, const int reduce_shared_mem_size,
-                       const int max_num_partitions) {
-  DeviceFacts f;
-  GqaArgs<T, CACHE_T> a = args;
-  if (KVPREFETCH_TWIN_FUSE && 2LL * max_num_partitions * sizeof(float) <= shared_mem_size &&
-      1LL * grid.x * grid.y <= kFuseCounters) {
-    // grid.x: stock's heads, so this bounds the (sequence, head group) pairs of every twin.
-    a.fused_out = out;
-  }
-  bool reduced = false;
-  const int i = launch_some_twin<T, CACHE_T, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE, NUM_THREADS,
-                                 PARTITION_SIZE>(head_size, grid, shared_mem_size, stream, a, f,
-                                                 reduced);
-  if (i < 0) return false;
-  if (reduced) return true;
-  const long long twin_ctas = 1LL * grid.x / kTwins[i].g * grid.y * grid.z;
-  if constexpr (KVPREFETCH_TWIN_PDL >= 2) {
-    if (pdl_on(f) && pdl_reduce_after(twin_ctas, f.sm_count)) {
-      launch_pdl(gqa_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>, reduce_grid,
-                 dim3(NUM_THREADS), reduce_shared_mem_size, stream, true, out, a.exp_sums,
-                 a.max_logits, a.out, a.seq_lens, max_num_partitions);
-      return true;
+// The first line of the v2 launcher's launch macro (one head size): a twin that reduces the
+// partitions itself (KVPREFETCH_TWIN_FUSE, where the launch fits: counters for its (sequence,
+// head group) pairs, and room for 2 floats per partition in each head's logits;
+// launch_twin_kernel decides the rest), else a twin, then the reduction: vLLM's reduce kernel
+// as the launcher's macro would have launched it, or with KVPREFETCH_TWIN_PDL=2 kvprefetch's
+// where pdl_reduce_after says so.
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE,
+          vllm::Fp8KVCacheDataType KV_DTYPE, bool IS_BLOCK_SPARSE, int NUM_THREADS,
+          int PARTITION_SIZE>
+bool launch_grouped_v2(const dim3 grid, const int shared_mem_size, const cudaStream_t stream,
+                       const GqaArgs<T, CACHE_T>& args, T* out, const dim3 reduce_grid,
+                       const int reduce_shared_mem_size, const int max_num_partitions) {
+  if constexpr (!has_twins<HEAD_SIZE, BLOCK_SIZE, CACHE_T, int(KV_DTYPE), IS_BLOCK_SPARSE>(
+                    true)) {
+    return false;
+  } else {
+    DeviceFacts f;
+    GqaArgs<T, CACHE_T> a = args;
+    if (KVPREFETCH_TWIN_FUSE && 2LL * max_num_partitions * sizeof(float) <= shared_mem_size &&
+        1LL * grid.x * grid.y <= kFuseCounters) {
+      // grid.x: stock's heads, so this bounds the (sequence, head group) pairs of every twin.
+      a.fused_out = out;
     }
+    bool reduced = false;
+    const int i = launch_some_twin<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, KV_DTYPE, IS_BLOCK_SPARSE,
+                                   NUM_THREADS, PARTITION_SIZE>(grid, shared_mem_size, stream, a,
+                                                                f, reduced);
+    if (i < 0) return false;
+    if (reduced) return true;
+    const long long twin_ctas = 1LL * grid.x / kTwins[i].g * grid.y * grid.z;
+    if constexpr (KVPREFETCH_TWIN_PDL >= 2) {
+      if (pdl_on(f) && pdl_reduce_after(twin_ctas, f.sm_count)) {
+        launch_pdl(gqa_reduce_kernel<T, HEAD_SIZE, NUM_THREADS, PARTITION_SIZE>, reduce_grid,
+                   dim3(NUM_THREADS), reduce_shared_mem_size, stream, true, out, a.exp_sums,
+                   a.max_logits, a.out, a.seq_lens, max_num_partitions);
+        return true;
+      }
+    }
+    vllm::paged_attention_v2_reduce_kernel<T, HEAD_SIZE, NUM_THREADS, PARTITION_SIZE>
+        <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
+            out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
+    return true;
   }
-  vllm::paged_attention_v2_reduce_kernel<T, 128, NUM_THREADS, PARTITION_SIZE>
-      <<<reduce_grid, dim3(NUM_THREADS), reduce_shared_mem_size, stream>>>(
-          out, a.exp_sums, a.max_logits, a.out, a.seq_lens, max_num_partitions);
-  return true;
 }
 #endif  // !USE_ROCM
 

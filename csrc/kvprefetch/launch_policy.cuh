@@ -173,13 +173,32 @@ constexpr bool prologue_rule(const int head_size, const int block_size, const in
          k_registers(head_size, block_size, cache_bytes) <= kPrologueMaxKRegisters &&
          (fp16_cache || (bf16_cache && head_size <= kPrologueMaxBf16HeadSize));
 }
-// The twins (gqa_twins.cuh): head kTwinHeadSize, block kRuleBlockSize, not block-sparse, fp16
-// caches in v1 and v2, bf16 caches in v2 only (bf16 v1 ran faster as the launch-bounded stock
-// kernel).
+// The twins (gqa_twins.cuh): beside the instantiations of rules.inc's KVP_TWIN_AT (head and
+// block size), not block-sparse, with fp16 caches, or bf16 caches in v2 and in the v1 kernels
+// without a launch bound. Why those: a twin reads each K/V chunk once for its G heads, and
+// the large steps of every head and block size wait on the L2-to-SM path that cuts. Where
+// bf16 v1 carries the launch bound (block 16), the bounded kernel measured faster than the
+// twins; fp16 v1 keeps them there (min_blocks_rule: the bound is for 16-bit caches alike, the
+// twins won for fp16 only).
+struct TwinAt {
+  int head_size, block_size;
+  bool v1;  // v1 too (v2 always)
+};
+constexpr TwinAt kTwinAt[] = {
+#define KVP_TWIN_AT(HEAD_SIZE, BLOCK_SIZE, V1) {HEAD_SIZE, BLOCK_SIZE, V1 != 0},
+#include "rules.inc"
+};
+constexpr bool twin_at(const bool partitioned, const int head_size, const int block_size) {
+  for (const TwinAt& t : kTwinAt) {
+    if (t.head_size == head_size && t.block_size == block_size) return partitioned || t.v1;
+  }
+  return false;
+}
 constexpr bool twin_rule(const bool partitioned, const int head_size, const int block_size,
                          const bool fp16_cache, const bool bf16_cache, const bool block_sparse) {
-  const bool cache_ok = fp16_cache || (bf16_cache && partitioned);
-  return cache_ok && !block_sparse && block_size == kRuleBlockSize && head_size == kTwinHeadSize;
+  const bool bf16_ok =
+      bf16_cache && (partitioned || min_blocks_rule(false, head_size, block_size, 2, 0) == 0);
+  return (fp16_cache || bf16_ok) && !block_sparse && twin_at(partitioned, head_size, block_size);
 }
 // auto_dtype: the cache holds the query's dtype (KV_DTYPE == kAuto); a 16-bit cache_t is then
 // fp16 (vLLM's uint16_t) or bf16 (__nv_bfloat16).

@@ -270,6 +270,22 @@ def test_auto_picks_for_any_lengths() -> None:
     # b1 x 1k runs 2x4 and b64 x 512 runs 4x1: neither is staged (S != 2)
 
 
+def test_twins_at_head_64_by_version_and_cache() -> None:
+    """rules.inc's KVP_TWIN_AT as upstream.twin_shapes reads it: head 64 has twins at block 32
+    in v1 and v2 and at block 16 in v2 only; bf16 v1 none where the launch bound is (block 16);
+    head 128 at block 32 and head 256 none (their twins would spill)."""
+    from kvprefetch.sources import upstream
+
+    for cache in ("fp16", "bf16"):
+        assert not upstream.twin_shapes("prefetch", "v1", "auto", 64, 16, cache)
+        assert upstream.twin_shapes("prefetch", "v2", "auto", 64, 16, cache)
+        assert upstream.twin_shapes("prefetch", "v1", "auto", 64, 32, cache)
+        assert upstream.twin_shapes("prefetch", "v2", "auto", 64, 32, cache)
+    assert not upstream.twin_shapes("prefetch", "v1", "auto", 128, 16, "bf16")
+    for head, block_size in ((128, 32), (256, 16), (256, 32)):
+        assert not upstream.twin_shapes("prefetch", "v2", "auto", head, block_size, "fp16")
+
+
 # Real mangled names (nvcc 13.0, sm_90) of vLLM's kernels and of kvprefetch's GQA twin, which
 # lives in an anonymous namespace (internal linkage, see csrc/kvprefetch/gqa_twins.cuh).
 _V1_FP16 = ("_ZN4vllm25paged_attention_v1_kernelIttLi128ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0E"

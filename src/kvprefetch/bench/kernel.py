@@ -57,6 +57,7 @@ from ..kernels.kvinputs import (
 )
 from ..kernels.ops import PagedOps, forward_decode, v2_workspace
 from ..kitinfo import kit_info
+from ..sources import upstream
 from .device import CudaBackend, HostBackend, device_facts, measure_copy_bandwidth
 from .limits import memory_refusal, shape_memory, vllm_kernel_limit
 from .matrix import MODES, BenchMatrix, BenchShape
@@ -464,7 +465,8 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
             "configs": [asdict(c) for c in configs],
             "matrix": matrix.to_dict() if sample is None else None,
             "command": list(command), "aborted": aborted,
-            **({"sample": sample} if sample is not None else {}),
+            **({"sample": sample, "twin_at": [list(x) for x in upstream.TWIN_AT]}
+               if sample is not None else {}),
             "not_measured": not_measured(results), "kit": kit_info().to_dict(),
         },
         "results": [r.to_dict() for r in results],

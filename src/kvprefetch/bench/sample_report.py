@@ -170,26 +170,40 @@ def attribution(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     return out
 
 
+def run_twin_at(doc: dict[str, Any]) -> tuple[tuple[int, int, bool], ...]:
+    """The (head size, block size, v1 too) a sampled run had twins at: its ``meta.twin_at``, or
+    for a run made before the kit recorded it, the one instantiation the twins had then."""
+    from ..sources.upstream import TWIN_AT_BEFORE_LIST
+
+    at = doc["meta"].get("twin_at")
+    return (TWIN_AT_BEFORE_LIST if at is None
+            else tuple((int(h), int(b), bool(v1)) for h, b, v1 in at))
+
+
 def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     """The steps whose instantiation has GQA twins compiled beside it: which twin `auto` runs
     there by the launcher's rule (its mirror, ``upstream.twin_pick``, on this run's SM count;
     "none": vLLM's kernel) and what ``patched`` (and ``gqa_off``, where it ran) measured. The
     rule's prediction beside the measurement, step by step; it is the rule as this kit has it,
-    so it describes a run made with the same rules (a run's provenance names its commit)."""
+    so it describes a run made with the same rules (a run's provenance names its commit), at
+    the instantiations the run had twins at (run_twin_at)."""
     from ..sources.upstream import H200_SMS, twin_pick, twin_shapes
     from .sample import cache_kind
 
     sms = doc["meta"]["device"].get("sm_count") or H200_SMS
+    at = run_twin_at(doc)
     out = []
     keys = ("dtype", "kernel", "kv_cache_dtype", "head_size", "block_size", "num_heads",
             "num_kv_heads")
     for i, r in measured(doc, timing):
         if any(k not in r for k in keys) or not twin_shapes(
                 "prefetch", r["kernel"], r["kv_cache_dtype"], r["head_size"], r["block_size"],
-                cache_kind(r["kv_cache_dtype"], r["dtype"])):
+                cache_kind(r["kv_cache_dtype"], r["dtype"]), at=at):
             continue
         pick = twin_pick(r["num_heads"], r["num_kv_heads"], r["batch"], r["context"],
-                         r["kernel"], sm_count=sms)
+                         r["kernel"], sm_count=sms, head_size=r["head_size"],
+                         block_size=r["block_size"],
+                         dtype=cache_kind(r["kv_cache_dtype"], r["dtype"]))
         out.append({"step": i, "label": r["label"], "family": r.get("family", "uniform"),
                     "twin": f"{pick[0]}x{pick[1]}" if pick else "none",
                     "patched": step_ratio(r, "patched"), "gqa_off": step_ratio(r, "gqa_off")})
@@ -231,11 +245,12 @@ def bound_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     launcher runs by its rule (``upstream.v1_code_pick``: the bounded kernel, or stock's
     unbounded copy where the bound would cost a wave) and what ``patched`` measured, and where
     both trees ran, the bound's own step (``gqa_off`` over ``launch``, whose kernels are
-    stock's). Like twin_steps, the rule as this kit has it."""
+    stock's). Like twin_steps, the rule as this kit has it, at the run's twin_at."""
     from ..sources.upstream import H200_SMS, min_blocks, twin_pick, twin_shapes, v1_code_pick
     from .sample import cache_kind
 
     sms = doc["meta"]["device"].get("sm_count") or H200_SMS
+    at = run_twin_at(doc)
     out = []
     keys = ("dtype", "kv_cache_dtype", "head_size", "block_size", "num_heads", "num_kv_heads",
             "batch", "context")
@@ -244,9 +259,10 @@ def bound_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
             continue
         inst = ("prefetch", "v1", r["kv_cache_dtype"], r["head_size"], r["block_size"],
                 cache_kind(r["kv_cache_dtype"], r["dtype"]))
-        if not min_blocks(*inst) or (twin_shapes(*inst) and twin_pick(
+        if not min_blocks(*inst) or (twin_shapes(*inst, at=at) and twin_pick(
                 r["num_heads"], r["num_kv_heads"], r["batch"], r["context"], "v1",
-                sm_count=sms)):
+                sm_count=sms, head_size=r["head_size"], block_size=r["block_size"],
+                dtype=inst[-1])):
             continue
         launch, gqa_off = step_ratio(r, "launch"), step_ratio(r, "gqa_off")
         out.append({"step": i, "label": r["label"],

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 RULES_FILE = "rules.inc"
-_ENTRY = re.compile(r"^KVP_(TWIN|V1_MIN_BLOCKS|RULE)\((.*)\)\s*$")
+_ENTRY = re.compile(r"^KVP_(TWIN_AT|TWIN|V1_MIN_BLOCKS|RULE)\((.*)\)\s*$")
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 
 
@@ -32,13 +32,14 @@ class Twin:
 
 @dataclass(frozen=True)
 class KernelRules:
-    """Every entry of rules.inc: the twins in `auto`'s order, the v1 launch bounds by head size,
-    and the named integers (KVP_RULE ``kFooBar`` is the field ``foo_bar``)."""
+    """Every entry of rules.inc: the twins in `auto`'s order, the (head size, block size, v1
+    too) triples they are compiled beside, the v1 launch bounds by head size, and the named
+    integers (KVP_RULE ``kFooBar`` is the field ``foo_bar``)."""
 
     twins: tuple[Twin, ...]
+    twin_at: tuple[tuple[int, int, bool], ...]
     v1_min_blocks: tuple[tuple[int, int], ...]
     short_chain_blocks: int
-    twin_head_size: int
     rule_block_size: int
     prologue_min_head_size: int
     prologue_max_bf16_head_size: int
@@ -80,6 +81,7 @@ def parse_rules(text: str) -> KernelRules:
     start of a line is an entry; everything else (comments, the macros' defaults) is skipped.
     An unknown or missing rule is a ValueError, so the two sides cannot drift apart silently."""
     twins: list[Twin] = []
+    twin_at: list[tuple[int, int, bool]] = []
     bounds: list[tuple[int, int]] = []
     named: dict[str, int] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -97,16 +99,22 @@ def parse_rules(text: str) -> KernelRules:
         if kind == "TWIN":
             g, s, pct, label = values
             twins.append(Twin(int(g), int(s), int(pct), str(label)))
+        elif kind == "TWIN_AT":
+            head, block, v1 = values
+            twin_at.append((int(head), int(block), bool(v1)))
         else:
             head, n = values
             bounds.append((int(head), int(n)))
-    wanted = {f.name for f in fields(KernelRules)} - {"twins", "v1_min_blocks"}
+    wanted = {f.name for f in fields(KernelRules)} - {"twins", "twin_at", "v1_min_blocks"}
     if set(named) != wanted:
         raise ValueError(f"{RULES_FILE}: rules {sorted(set(named) ^ wanted)} do not match "
                          "kvprefetch.kernels.rules.KernelRules")
     if not twins:
         raise ValueError(f"{RULES_FILE}: no KVP_TWIN entry")
-    return KernelRules(twins=tuple(twins), v1_min_blocks=tuple(bounds), **named)
+    if not twin_at:
+        raise ValueError(f"{RULES_FILE}: no KVP_TWIN_AT entry")
+    return KernelRules(twins=tuple(twins), twin_at=tuple(twin_at), v1_min_blocks=tuple(bounds),
+                       **named)
 
 
 def rules_path() -> Path:

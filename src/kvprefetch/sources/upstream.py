@@ -175,13 +175,14 @@ def changes_kernel(variant: str | None, version: str, kv_cache: str, head_size: 
 
 # csrc/kvprefetch/launch_policy.cuh's twin_rule and kTwins (rules.inc's KVP_TWIN): `prefetch`
 # compiles the GQA-grouped twins (csrc/kvprefetch/gqa_twins.cuh: kvprefetch::gqa_decode_kernel
-# with G query heads and S times stock's threads per CTA) beside the kernels with head size
-# TWIN_HEAD_SIZE, block size RULE_BLOCK_SIZE, not block-sparse, and fp16 caches (v1 and v2) or
-# bf16 caches (v2 only); the launchers run one of them instead of vLLM's kernel. vLLM's own
-# kernels are unchanged. (G, S, min_ctas_pct): `auto` runs the first twin whose min_ctas_pct
+# with G query heads and S times stock's threads per CTA) beside the kernels whose (head size,
+# block size) is in TWIN_AT (in v2, and in v1 where its third field says so), not block-sparse,
+# with fp16 caches, or bf16 caches in v2 and in the v1 kernels without a launch bound; the
+# launchers run one of them instead of vLLM's kernel.
+# vLLM's own kernels are unchanged. (G, S, min_ctas_pct): `auto` runs the first twin whose min_ctas_pct
 # the grid reaches, in stock CTAs per 100 SMs.
 TWIN_SHAPES = tuple((t.group, t.split, t.min_ctas_pct) for t in _RULES.twins)
-TWIN_HEAD_SIZE = _RULES.twin_head_size
+TWIN_AT = _RULES.twin_at
 # gqa_twins.cuh's staged<G, S>: the twins of these S are also compiled staged (a shared-memory
 # ring per warp), beside their unstaged instantiation, which the launcher runs where two ring
 # slots per warp do not fit. A build with -DKVPREFETCH_TWIN_STAGE=0 has none.
@@ -189,8 +190,10 @@ STAGED_SPLITS = (_RULES.staged_split,)
 STAGE_SLOTS = _RULES.stage_slots  # slots per warp of the ring
 # gqa_twins.cuh's fusable: the v2 twins of these (G, S) are also compiled FUSED (the CTA of a
 # (sequence, head group) that finishes last does v2's reduction), beside their plain
-# instantiation. A build with -DKVPREFETCH_TWIN_FUSE=0 has none.
+# instantiation, at head sizes up to FUSED_MAX_HEAD_SIZE (one thread of a 128-thread group per
+# output element). A build with -DKVPREFETCH_TWIN_FUSE=0 has none.
 FUSED_TWINS = ((_RULES.fused_group, _RULES.fused_split),)
+FUSED_MAX_HEAD_SIZE = 128
 _SMEM_PER_CTA = _RULES.smem_system_bytes + _RULES.smem_static_bytes
 
 
@@ -238,13 +241,23 @@ def twin_stage_slots(batch: int, context: int, kernel: str, group: int, split: i
                        128 * 16 * 2, blocks if kernel == "v1" else 512 // 16)
 
 
+# The (head size, block size, v1 too) of the twins before rules.inc listed them (KVP_TWIN_AT):
+# what a sampled result without its own ``twin_at`` was measured with.
+TWIN_AT_BEFORE_LIST = ((128, 16, True),)
+
+
 def twin_shapes(variant: str | None, version: str, kv_cache: str, head_size: int,
-                block_size: int, dtype: str, block_sparse: bool = False
+                block_size: int, dtype: str, block_sparse: bool = False,
+                at: tuple[tuple[int, int, bool], ...] = TWIN_AT
                 ) -> tuple[tuple[int, int], ...]:
-    """(G, S) of each twin ``variant`` compiles beside this instantiation (none: empty)."""
-    cache_ok = dtype == "fp16" or (dtype == "bf16" and version == "v2")
-    if (variant != "prefetch" or not cache_ok or block_sparse or kv_cache != "auto"
-            or block_size != RULE_BLOCK_SIZE or head_size != TWIN_HEAD_SIZE):
+    """(G, S) of each twin ``variant`` compiles beside this instantiation (none: empty); ``at``:
+    the (head size, block size, v1 too) the twins are compiled at (rules.inc's, by default)."""
+    bf16_ok = dtype == "bf16" and (
+        version == "v2" or not V1_MIN_BLOCKS.get(head_size, 0) or block_size != RULE_BLOCK_SIZE)
+    if (variant != "prefetch" or not (dtype == "fp16" or bf16_ok) or block_sparse
+            or kv_cache != "auto"
+            or not any((h, b) == (head_size, block_size) and (version == "v2" or v1)
+                       for h, b, v1 in at)):
         return ()
     return tuple((g, s) for g, s, _ in TWIN_SHAPES)
 
@@ -275,8 +288,14 @@ H200_SMS, H200_SMEM_PER_SM, H200_MAX_SMEM = 132, 233472, 232448
 # against 164/168). The launcher asks the runtime for them (stock_v1.cuh); the report's
 # prediction uses these.
 H200_V1_CTAS = {64: (6, 9), 128: (4, 5), 256: (3, 3)}
-# stock's head-128 v1 code, what twin_pick's short chains compare a twin with
-STOCK_V1_CTAS = H200_V1_CTAS[128][1]
+# CTAs per SM of stock's v1 code on the H200 where the twins are compiled, by (head size,
+# block size, cache), what twin_pick's short chains compare a twin with (the launcher asks the
+# runtime: stock_v1.cuh): block 16 from H200_V1_CTAS (the unbounded copies), block 32 from
+# vLLM's kernels' registers (nvcc 13.0 -res-usage: head 64 fp16 50, bf16 96).
+H200_STOCK_V1_CTAS = {**{(h, 16, d): c[1] for h, c in H200_V1_CTAS.items()
+                         for d in ("fp16", "bf16")},
+                      (64, 32, "fp16"): 9, (64, 32, "bf16"): 5}
+STOCK_V1_CTAS = H200_STOCK_V1_CTAS[(128, 16, "fp16")]
 
 
 def v1_code_pick(head_size: int, batch: int, num_heads: int, context: int,
@@ -310,24 +329,35 @@ def keeps_occupancy(split: int, twin_ctas: int, sm_count: int, smem: int,
     return smem_ctas(smem_per_sm, smem) >= min(per_sm, twin_bound_ctas(split), 2)
 
 
-def twin_smem(group: int, split: int, context: int, kernel: str) -> int:
-    """Dynamic shared memory (bytes) of twin (group, split), unstaged, for a head-128, block-16,
-    fp16/bf16 step whose longest sequence has ``context`` tokens: G times stock's (v1: the
-    padded context's logits; v2: a partition's, or the output scratch if larger) plus the V
-    products of the warps beyond stock's (gqa_twins.cuh twin_smem_before)."""
-    logits = (-(-context // 16) * 16 if kernel == "v1" else 512) * 4
-    stock_smem = max(logits, (4 // 2) * 128 * 4)
-    return group * stock_smem + (split - 1) * 4 * group * 8 * 32 * 4
+def v_rows_per_thread(head_size: int, block_size: int) -> int:
+    """gqa_twins.cuh's v_rows_per_thread for 16-bit caches: the V rows each lane accumulates
+    (vLLM's NUM_ROWS_PER_THREAD: vectors of min(8, block) elements, a row's over the lanes)."""
+    vec = min(8, block_size)
+    return -(-head_size // (32 // (block_size // vec)))
+
+
+def twin_smem(group: int, split: int, context: int, kernel: str, head_size: int = 128,
+              block_size: int = 16) -> int:
+    """Dynamic shared memory (bytes) of twin (group, split), unstaged, for a fp16/bf16 step
+    whose longest sequence has ``context`` tokens: G times stock's (v1: the padded context's
+    logits; v2: a partition's; either, or the output scratch if larger) plus the V products of
+    the warps beyond stock's (gqa_twins.cuh twin_smem_before)."""
+    logits = (-(-context // block_size) * block_size if kernel == "v1" else 512) * 4
+    stock_smem = max(logits, (STOCK_WARPS // 2) * head_size * 4)
+    products = (split - 1) * STOCK_WARPS * group * v_rows_per_thread(head_size, block_size) * 32
+    return group * stock_smem + 4 * products
 
 
 def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kernel: str,
               sm_count: int = H200_SMS, smem_per_sm: int = H200_SMEM_PER_SM,
-              max_smem: int = H200_MAX_SMEM,
-              stock_per_sm: int = STOCK_V1_CTAS) -> tuple[int, int] | None:
-    """launch_policy.cuh's twin_pick in `auto` for a decode step of a head-128, block-16
-    model whose longest sequence has ``context`` tokens (the rule reads the grid and that
-    length only): None (vLLM's kernel) where the longest CTA has at most STOCK_WARPS blocks;
-    else auto_twin's pick for the CTAs that surely have work (heads x (batch + partitions - 1)),
+              max_smem: int = H200_MAX_SMEM, stock_per_sm: int | None = None,
+              head_size: int = 128, block_size: int = 16,
+              dtype: str = "fp16") -> tuple[int, int] | None:
+    """launch_policy.cuh's twin_pick in `auto` for a decode step of a fp16/bf16 model of
+    ``head_size`` and ``block_size`` whose longest sequence has ``context`` tokens (the rule
+    reads the grid and that length only); ``stock_per_sm``: CTAs per SM of stock's v1 code
+    (default: the H200's for ``dtype``, H200_STOCK_V1_CTAS). None (vLLM's kernel) where the
+    longest CTA has at most STOCK_WARPS blocks; else auto_twin's pick for the CTAs that surely have work (heads x (batch + partitions - 1)),
     among the chain-safe twins only in v1, if its G divides the query heads per kv head (else
     None), moving on to the next such twin of TWIN_SHAPES that can run and keeps two CTAs per
     SM wherever the pick does not; None past the last. In v1, short chains (at most
@@ -336,9 +366,11 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
     if num_kv_heads <= 0 or num_heads % num_kv_heads:
         return None
     per_kv = num_heads // num_kv_heads
+    if stock_per_sm is None:
+        stock_per_sm = H200_STOCK_V1_CTAS.get((head_size, block_size, dtype), 0)
     partitions = 1 if kernel == "v1" else -(-context // 512)
-    blocks = -(-context // 16)
-    if (min(blocks, 512 // 16) if kernel == "v2" else blocks) <= STOCK_WARPS:
+    blocks = -(-context // block_size)
+    if (min(blocks, 512 // block_size) if kernel == "v2" else blocks) <= STOCK_WARPS:
         return None
     stock_ctas = num_heads * batch * partitions
     sure_ctas = num_heads * (batch + partitions - 1)
@@ -351,7 +383,7 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
     for g, s in shapes[shapes.index(first):]:
         if safe_only and not chain_safe(g, s):
             continue
-        smem = twin_smem(g, s, context, kernel)
+        smem = twin_smem(g, s, context, kernel, head_size, block_size)
         if not (per_kv % g == 0 and smem <= max_smem
                 and keeps_occupancy(s, stock_ctas // g, sm_count, smem, smem_per_sm)):
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..sources.upstream import (
+    FUSED_MAX_HEAD_SIZE,
     FUSED_TWINS,
     LAUNCHER_PREFETCH_VARIANTS,
     STAGED_SPLITS,
@@ -267,10 +268,12 @@ def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None,
     plain_twins = shapes(lambda m: not m["staged"] and not m["fused"])
     staged, fused = shapes(lambda m: m["staged"]), shapes(lambda m: m["fused"])
     # A staged twin (its S in STAGED_SPLITS; a build with KVPREFETCH_TWIN_STAGE=0 has none) and
-    # a fused one (a v2 twin in FUSED_TWINS; none with KVPREFETCH_TWIN_FUSE=0) only beside the
+    # a fused one (a v2 twin in FUSED_TWINS up to FUSED_MAX_HEAD_SIZE; none with
+    # KVPREFETCH_TWIN_FUSE=0) only beside the
     # plain instantiation.
     stray = ({w for w in staged if w not in want or w[-1] not in STAGED_SPLITS}
-             | {w for w in fused if w not in want or w[1] != "v2" or w[-2:] not in FUSED_TWINS})
+             | {w for w in fused if w not in want or w[1] != "v2" or w[-2:] not in FUSED_TWINS
+                or w[4] > FUSED_MAX_HEAD_SIZE})
     plain = [n for (_, n), (_, loads, ro) in twins.items() if loads != ro]
     rep.sass.setdefault(tree, {})["gqa_twins"] = len(twins)
     detail = (f"{len(twins)} twin kernels ({len(staged)} staged, {len(fused)} fused), "

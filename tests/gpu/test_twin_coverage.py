@@ -1,0 +1,134 @@
+"""GPU test of the GQA twins beyond head 128 / block 16 (rules.inc's KVP_TWIN_AT): on the REAL
+`baseline` and `patched` kernels-only builds, a head-64 model (TinyLlama-1.1B's shape: 32
+query heads, 4 kv heads) at blocks 16 and 32, fp16 and bf16, v1 and v2:
+- in `auto` the launcher runs the twin its mirror (kvprefetch.sources.upstream.twin_pick, given
+  the head size, block size and cache) names for the step, and the output is stock's bit for
+  bit;
+- each twin forced (KVPREFETCH_GQA=<twin>) runs at every such step and is stock's bit for bit;
+- v1 at block 16 has no head-64 twin (rules.inc: the v1 twins there changed the code of an
+  unbounded copy), v2 has; bf16 v1 at block 32 (unbounded) has.
+Needs kernels-only builds of baseline and patched that instantiate head 64 and blocks 16 and 32
+(`kvprefetch build --kernels-only --head-sizes 64,... --block-sizes 16,32`), found through the
+build manifests under $KVPREFETCH_WORKDIR (default kvprefetch-work)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+WORKDIR = Path(os.environ.get("KVPREFETCH_WORKDIR", "kvprefetch-work"))
+PRESET = "tinyllama-1.1b"
+# (batch x context, block size, dtype): v1 and v2 steps at both block sizes, both 16-bit caches
+STEPS = [
+    ("1x512", 16, "float16"), ("8x2k", 16, "float16"), ("64x1k", 16, "float16"),
+    ("1x4k", 16, "float16"), ("16x8k", 16, "bfloat16"),
+    ("1x512", 32, "float16"), ("8x2k", 32, "float16"), ("64x1k", 32, "bfloat16"),
+    ("1x4k", 32, "bfloat16"), ("16x8k", 32, "float16"), ("32x1k", 32, "bfloat16"),
+]
+
+
+@pytest.fixture(scope="module")
+def stock_and_patched():
+    import torch
+
+    from kvprefetch.kernels.ops import find_builds, load_build
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    builds = {b.tree: b for b in find_builds(WORKDIR, ["baseline", "patched"])}
+    if set(builds) != {"baseline", "patched"}:
+        pytest.skip(f"needs kernels-only builds of baseline and patched under "
+                    f"{WORKDIR / 'build'}; found {sorted(builds) or 'none'}")
+    ops = load_build(builds["baseline"]), load_build(builds["patched"])
+    for block in (16, 32):
+        if not all(o.supports(64, block, "auto", "float16") for o in ops):
+            pytest.skip(f"the builds do not instantiate head 64 at block {block}")
+    return ops
+
+
+def _shape(spec: str, block: int, dtype: str):
+    from kvprefetch.bench.matrix import shapes_from_specs
+
+    return shapes_from_specs([spec], preset=PRESET, block_size=block, dtype=dtype)[0].attn
+
+
+def run_step(stock, patched, spec: str, block: int, dtype: str) -> tuple[str, list[str], bool]:
+    """(v1|v2, the twins one patched call ran, whether its output is stock's bit for bit)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from kvprefetch.kernels.kvinputs import make_inputs
+    from kvprefetch.kernels.ops import forward_decode
+    from tests.gpu.test_launcher_prefetch import _twins_ran
+
+    args = make_inputs(_shape(spec, block, dtype), seed=7, ragged=True).args()
+    want = forward_decode(stock, args)[0].clone()
+    forward_decode(patched, args)  # warm-up: module load, attributes
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        got, kernel = forward_decode(patched, args)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return kernel, _twins_ran(names), torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events")
+@pytest.mark.parametrize(("spec", "block", "dtype"), STEPS)
+def test_auto_runs_the_mirrors_twin_bitwise(stock_and_patched, spec: str, block: int,
+                                           dtype: str) -> None:
+    from kvprefetch.sources import upstream
+
+    stock, patched = stock_and_patched
+    kernel, ran, equal = run_step(stock, patched, spec, block, dtype)
+    shape = _shape(spec, block, dtype)
+    cache = "fp16" if dtype == "float16" else "bf16"
+    if upstream.twin_shapes("prefetch", kernel, "auto", 64, block, cache):
+        pick = upstream.twin_pick(shape.num_heads, shape.num_kv_heads, shape.num_seqs,
+                                  shape.max_seq_len, kernel, head_size=64, block_size=block,
+                                  dtype=cache)
+        assert ran == ([f"{pick[0]}x{pick[1]}"] if pick else []), (kernel, ran)
+    else:
+        assert ran == [], (kernel, ran)
+    assert equal
+
+
+# KVPREFETCH_GQA is read once per process: each forced twin runs in its own interpreter, which
+# prints, per step, the twins that ran and whether the output was bitwise stock's.
+_FORCED_PROBE = """
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from kvprefetch.kernels.ops import find_builds, load_build
+import tests.gpu.test_twin_coverage as t
+stock = load_build(find_builds(Path(sys.argv[2]), ["baseline"])[0])
+patched = load_build(find_builds(Path(sys.argv[2]), ["patched"])[0])
+print(json.dumps([t.run_step(stock, patched, *s) for s in json.loads(sys.argv[3])]))
+"""
+
+
+@pytest.mark.parametrize("twin", ["4x1", "4x2", "2x2", "2x4"])
+def test_every_twin_forced_is_bitwise_stock(stock_and_patched, twin: str) -> None:
+    """Each twin forced on every step above that has twins runs there and gives stock's output
+    bit for bit (`auto` reaches only some twins at each instantiation)."""
+    from kvprefetch.sources import upstream
+
+    env = {**os.environ, "KVPREFETCH_GQA": twin}
+    repo = str(Path(__file__).resolve().parents[2])  # the probe imports tests.gpu.<this module>
+    res = subprocess.run([sys.executable, "-c", _FORCED_PROBE, repo, str(WORKDIR),
+                          json.dumps(STEPS)], env=env, capture_output=True, text=True,
+                         check=False, timeout=400)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    for (spec, block, dtype), (kernel, ran, equal) in zip(STEPS, got):
+        cache = "fp16" if dtype == "float16" else "bf16"
+        has = bool(upstream.twin_shapes("prefetch", kernel, "auto", 64, block, cache))
+        assert ran == ([twin] if has else []), (spec, block, dtype, kernel, ran)
+        assert equal, (spec, block, dtype, kernel)
