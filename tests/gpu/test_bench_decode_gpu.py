@@ -6,29 +6,16 @@ equal with a ratio and an attention share."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-pytestmark = pytest.mark.gpu
+from tests.gpu.builds import load_stock_and_patched
 
-WORKDIR = Path(os.environ.get("KVPREFETCH_WORKDIR", "kvprefetch-work"))
+pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def trees():
-    import torch
-
-    from kvprefetch.kernels.ops import find_builds, load_build
-
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    builds = {b.tree: b for b in find_builds(WORKDIR, ["baseline", "patched"])}
-    if set(builds) != {"baseline", "patched"}:
-        pytest.skip(f"needs kernels-only builds of baseline and patched under "
-                    f"{WORKDIR / 'build'}; found {sorted(builds) or 'none'}")
-    return load_build(builds["baseline"]), load_build(builds["patched"])
+    return load_stock_and_patched()
 
 
 def _model_and_inputs(batch: int, context: int):

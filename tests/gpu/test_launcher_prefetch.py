@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu.builds import WORKDIR, load_stock_and_patched
+
 pytestmark = pytest.mark.gpu
 
-WORKDIR = Path(os.environ.get("KVPREFETCH_WORKDIR", "kvprefetch-work"))
 PREFETCH_KERNEL = "kv_l2_prefetch_kernel"
 
 
@@ -24,19 +25,12 @@ PREFETCH_KERNEL = "kv_l2_prefetch_kernel"
 def stock_and_patched():
     import torch
 
-    from kvprefetch.kernels.ops import find_builds, load_build
-
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
     if os.environ.get("KVPREFETCH", "auto") != "auto":
         pytest.skip("tests the `auto` rule; KVPREFETCH is set to something else")
-    builds = {b.tree: b for b in find_builds(WORKDIR, ["baseline", "patched"])}
-    if set(builds) != {"baseline", "patched"}:
-        pytest.skip(f"needs kernels-only builds of baseline and patched under "
-                    f"{WORKDIR / 'build'}; found {sorted(builds) or 'none'}")
+    ops = load_stock_and_patched()
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the bulk L2 prefetch needs sm_90 (no prefetch kernel is launched before)")
-    return load_build(builds["baseline"]), load_build(builds["patched"])
+    return ops
 
 
 def _kernels_launched(ops, spec: str, dtype: str, kv_cache_dtype: str,

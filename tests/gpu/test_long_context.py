@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu.test_launcher_prefetch import WORKDIR, _kernels_launched, _twins_ran
+from tests.gpu.builds import WORKDIR, load_stock_and_patched
+from tests.gpu.test_launcher_prefetch import _kernels_launched, _twins_ran
 
 pytestmark = pytest.mark.gpu
 
@@ -33,19 +34,9 @@ STEPS = [("llama-3.1-8b", 32, 2048), ("llama-3.1-8b", 64, 3072), ("llama-3.1-8b"
 
 @pytest.fixture(scope="module")
 def stock_and_patched():
-    import torch
-
-    from kvprefetch.kernels.ops import find_builds, load_build
-
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
     if os.environ.get("KVPREFETCH_GQA", "auto") != "auto":
         pytest.skip("tests the `auto` rule; KVPREFETCH_GQA is set to something else")
-    builds = {b.tree: b for b in find_builds(WORKDIR, ["baseline", "patched"])}
-    if set(builds) != {"baseline", "patched"}:
-        pytest.skip(f"needs kernels-only builds of baseline and patched under "
-                    f"{WORKDIR / 'build'}; found {sorted(builds) or 'none'}")
-    return load_build(builds["baseline"]), load_build(builds["patched"])
+    return load_stock_and_patched()
 
 
 def _bitwise_equal(stock, patched, preset: str, batch: int, context: int) -> bool:

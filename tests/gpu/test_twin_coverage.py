@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu.builds import WORKDIR, load_stock_and_patched
+
 pytestmark = pytest.mark.gpu
 
-WORKDIR = Path(os.environ.get("KVPREFETCH_WORKDIR", "kvprefetch-work"))
 PRESET = "tinyllama-1.1b"
 # (batch x context, block size, dtype): v1 and v2 steps at both block sizes, both 16-bit caches
 STEPS = [
@@ -36,17 +37,7 @@ STEPS = [
 
 @pytest.fixture(scope="module")
 def stock_and_patched():
-    import torch
-
-    from kvprefetch.kernels.ops import find_builds, load_build
-
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    builds = {b.tree: b for b in find_builds(WORKDIR, ["baseline", "patched"])}
-    if set(builds) != {"baseline", "patched"}:
-        pytest.skip(f"needs kernels-only builds of baseline and patched under "
-                    f"{WORKDIR / 'build'}; found {sorted(builds) or 'none'}")
-    ops = load_build(builds["baseline"]), load_build(builds["patched"])
+    ops = load_stock_and_patched()
     for block in (16, 32):
         if not all(o.supports(64, block, "auto", "float16") for o in ops):
             pytest.skip(f"the builds do not instantiate head 64 at block {block}")
