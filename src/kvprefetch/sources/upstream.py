@@ -178,9 +178,9 @@ def changes_kernel(variant: str | None, version: str, kv_cache: str, head_size: 
 # with G query heads and S times stock's threads per CTA) beside the kernels whose (head size,
 # block size) is in TWIN_AT (in v2, and in v1 where its third field says so), not block-sparse,
 # with fp16 caches, or bf16 caches in v2 and in the v1 kernels without a launch bound; the
-# launchers run one of them instead of vLLM's kernel.
-# vLLM's own kernels are unchanged. (G, S, min_ctas_pct): `auto` runs the first twin whose min_ctas_pct
-# the grid reaches, in stock CTAs per 100 SMs.
+# launchers run one of them instead of vLLM's kernel. vLLM's own kernels are unchanged.
+# (G, S, min_ctas_pct): `auto` runs the first twin whose min_ctas_pct the grid reaches, in
+# stock CTAs per 100 SMs.
 TWIN_SHAPES = tuple((t.group, t.split, t.min_ctas_pct) for t in _RULES.twins)
 TWIN_AT = _RULES.twin_at
 # gqa_twins.cuh's staged<G, S>: the twins of these S are also compiled staged (a shared-memory
