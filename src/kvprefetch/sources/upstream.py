@@ -253,7 +253,7 @@ def twin_shapes(variant: str | None, version: str, kv_cache: str, head_size: int
     """(G, S) of each twin ``variant`` compiles beside this instantiation (none: empty); ``at``:
     the (head size, block size, v1 too) the twins are compiled at (rules.inc's, by default)."""
     bf16_ok = dtype == "bf16" and (
-        version == "v2" or not V1_MIN_BLOCKS.get(head_size, 0) or block_size != RULE_BLOCK_SIZE)
+        version == "v2" or not min_blocks("prefetch", "v1", kv_cache, head_size, block_size, dtype))
     if (variant != "prefetch" or not (dtype == "fp16" or bf16_ok) or block_sparse
             or kv_cache != "auto"
             or not any((h, b) == (head_size, block_size) and (version == "v2" or v1)
