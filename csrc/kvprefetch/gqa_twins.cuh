@@ -25,8 +25,8 @@
 // bf16 in v2 and in unbounded v1, no block sparsity) and launched by the launchers
 // (launch_grouped_v1/_v2, from the first line the patch adds to each launcher's launch macro,
 // so that a build narrowed to some head sizes compiles the twins of those only) when the
-// model's query heads per kv head are a multiple of G; `auto` picks the twin by the grid's
-// stock CTAs per SM (auto_twin).
+// model has at least G query heads per kv head (any number: a kv head's last CTA holds what
+// is left of its heads); `auto` picks the twin by the grid's stock CTAs per SM (auto_twin).
 // KVPREFETCH_GQA=off|auto|on|<twin name> at run time. The S = 2 twins also come staged: each
 // warp's next K/V block is copied into a shared-memory ring with Hopper's bulk copy
 // ("Staging", below). vLLM's kernels are untouched; this header is included by the two
@@ -318,7 +318,7 @@ struct WarpStage {
 #endif
 
 // v2's reduction inside the twin (KVPREFETCH_TWIN_FUSE, on by default): the CTA of a (sequence,
-// head group) that finishes its partition last reduces the group's G heads over the sequence's
+// head group) that finishes its partition last reduces the group's live heads over the sequence's
 // partitions, with the arithmetic of vllm::paged_attention_v2_reduce_kernel in the same order
 // over the same 128-thread layout (one 128-thread group of the CTA per head; the max logit,
 // then the rescaled exp sums and their vllm::block_sum, then each output element summed over
@@ -390,7 +390,7 @@ template <typename scalar_t, int HEAD_SIZE, int NUM_THREADS, int PARTITION_SIZE,
 __device__ __forceinline__ void reduce_in_twin(
     scalar_t* __restrict__ out, const float* exp_sums, const float* max_logits,
     const scalar_t* tmp_out, unsigned int* counter, const int num_partitions, const int seq_idx,
-    const int first_head, const int num_heads, const int max_num_partitions,
+    const int first_head, const int live, const int num_heads, const int max_num_partitions,
     float* __restrict__ scratch, const int scratch_stride, float* __restrict__ red) {
   constexpr int WARP = 32;
   constexpr int NUM_WARPS = NUM_THREADS / WARP;
@@ -412,7 +412,7 @@ __device__ __forceinline__ void reduce_in_twin(
   constexpr int BATCH = 8;  // partitions' outputs loaded at once per thread
   for (int g0 = 0; g0 < G; g0 += GROUPS) {
     const int g = g0 + group;
-    const bool active = g < G;  // whole 128-thread groups
+    const bool active = g < live;  // whole 128-thread groups; the CTA's live heads only
     const int head = first_head + (active ? g : 0);
     const int64_t at = (seq_first + head) * max_num_partitions;  // (seq, head, partition 0)
     const scalar_t* tmp_out_ptr = tmp_out + at * HEAD_SIZE;
@@ -497,9 +497,10 @@ __device__ __forceinline__ void reduce_in_twin(
   }
 }
 
-// Grid: (num_heads / G, num_seqs, max_num_partitions); PARTITION_SIZE 0 is v1. `logits_stride`:
-// floats of dynamic shared memory per head (stock's shared_mem_size / 4). The comments name
-// the step of vLLM's paged_attention_kernel each part mirrors.
+// Grid: (num_kv_heads * cdiv(num_queries_per_kv, G), num_seqs, max_num_partitions) (twin_heads,
+// launch_policy.cuh); PARTITION_SIZE 0 is v1. `logits_stride`: floats of dynamic shared memory
+// per head (stock's shared_mem_size / 4). The comments name the step of vLLM's
+// paged_attention_kernel each part mirrors.
 template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED,
           bool FUSED = false>
@@ -511,7 +512,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     const int max_num_blocks_per_seq, const float* __restrict__ alibi_slopes,
     const int q_stride, const int kv_block_stride, const int kv_head_stride,
     const int logits_stride, unsigned int* __restrict__ fuse_counters,
-    scalar_t* __restrict__ fused_out) {
+    scalar_t* __restrict__ fused_out, const int num_queries_per_kv) {
   static_assert(KV_DTYPE == vllm::Fp8KVCacheDataType::kAuto, "16-bit caches only");
   pdl_start();  // before any global memory access
   using vllm::Vec;
@@ -521,15 +522,27 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   const int seq_idx = blockIdx.y;
   const int partition_idx = blockIdx.z;
   const int max_num_partitions = gridDim.z;
+  // The group's heads: up to G consecutive query heads of one kv head. A kv head's
+  // num_queries_per_kv heads take cdiv(num_queries_per_kv, G) CTAs, G heads each but the last,
+  // which holds the rest: `live` of its G slots. A slot past them computes the CTA's last head
+  // again (the same operations on the same values) and writes nothing, so that every G runs
+  // the one instantiation of G slots (Qwen2.5-7B's 7 heads per kv head: 4 + 3).
+  const int num_heads = num_kv_heads * num_queries_per_kv;
+  const int groups_per_kv = gridDim.x / num_kv_heads;
+  const int kv_head_idx = blockIdx.x / groups_per_kv;
+  const int group_first = (blockIdx.x - kv_head_idx * groups_per_kv) * G;
+  const int first_head = kv_head_idx * num_queries_per_kv + group_first;
+  const int live = cmin(G, num_queries_per_kv - group_first);
+  const auto head_of = [&](const int g) { return first_head + cmin(g, live - 1); };
   const int seq_len = load_dep(seq_lens + seq_idx);
   if (USE_PARTITIONING && partition_idx * PARTITION_SIZE >= seq_len) {
     if constexpr (FUSED) {
       // A sequence of no tokens has no partition to reduce, and no CTA of it gets further:
       // write what vLLM's reduce kernel writes for it, 0 (its sum over no partitions).
       if (seq_len <= 0 && partition_idx == 0) {
-        const int64_t first = (static_cast<int64_t>(seq_idx) * gridDim.x * G + blockIdx.x * G) *
+        const int64_t first = (static_cast<int64_t>(seq_idx) * num_heads + first_head) *
                               HEAD_SIZE;
-        for (int i = threadIdx.x; i < G * HEAD_SIZE; i += blockDim.x) {
+        for (int i = threadIdx.x; i < live * HEAD_SIZE; i += blockDim.x) {
           vllm::from_float(fused_out[first + i], 0.0f);
         }
       }
@@ -558,11 +571,6 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   const int warp_idx = thread_idx / WARP;
   const int lane = thread_idx % WARP;
 
-  // The group's heads: G consecutive query heads of one kv head.
-  const int num_heads = gridDim.x * G;
-  const int first_head = blockIdx.x * G;
-  const int num_queries_per_kv = num_heads / num_kv_heads;
-  const int kv_head_idx = first_head / num_queries_per_kv;
   // Staging (kTwinStage): the ring's layout from the dynamic shared memory the host
   // gave, then each warp's first `stages` chunks requested before the query is read.
   constexpr int CHUNK = HEAD_SIZE * BLOCK_SIZE * int(sizeof(cache_t));
@@ -600,7 +608,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   float alibi_slope[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    alibi_slope[g] = alibi_slopes == nullptr ? 0.f : load_dep(alibi_slopes + first_head + g);
+    alibi_slope[g] = alibi_slopes == nullptr ? 0.f : load_dep(alibi_slopes + head_of(g));
   }
 
   // Query vectors in shared memory, one set per head (as stock's q_vecs).
@@ -614,7 +622,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   __shared__ Q_vec q_vecs[G][THREAD_GROUP_SIZE][NUM_VECS_PER_THREAD];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    const scalar_t* q_ptr = q + seq_idx * q_stride + (first_head + g) * HEAD_SIZE;
+    const scalar_t* q_ptr = q + seq_idx * q_stride + head_of(g) * HEAD_SIZE;
 #pragma unroll
     for (int i = thread_group_idx; i < NUM_VECS_PER_THREAD; i += NUM_THREAD_GROUPS) {
       const int vec_idx = thread_group_offset + i * THREAD_GROUP_SIZE;
@@ -735,6 +743,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   if (USE_PARTITIONING && thread_idx == 0) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
+      if (g >= live) break;
       const int at = seq_idx * num_heads * max_num_partitions +
                      (first_head + g) * max_num_partitions + partition_idx;
       max_logits[at] = qk_max[g];
@@ -904,6 +913,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   if (warp_idx == 0) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
+      if (g >= live) break;
       scalar_t* out_ptr = out + seq_idx * num_heads * max_num_partitions * HEAD_SIZE +
                           (first_head + g) * max_num_partitions * HEAD_SIZE +
                           partition_idx * HEAD_SIZE;
@@ -920,7 +930,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   if constexpr (FUSED) {
     reduce_in_twin<scalar_t, HEAD_SIZE, NUM_THREADS, PARTITION_SIZE, G, CTA_WARPS>(
         fused_out, exp_sums, max_logits, out, fuse_counters + seq_idx * gridDim.x + blockIdx.x,
-        cdiv(seq_len, PARTITION_SIZE), seq_idx, first_head, num_heads, max_num_partitions,
+        cdiv(seq_len, PARTITION_SIZE), seq_idx, first_head, live, num_heads, max_num_partitions,
         logits0, logits_stride, &red_smem[0][0]);
   }
 }
@@ -995,7 +1005,7 @@ __global__ void __launch_bounds__(NUM_THREADS) gqa_reduce_kernel(
 // KVPREFETCH_GQA=off|auto|on|<twin name>, read once per process (`on` is the first twin, 4x1);
 // a named twin runs at every launch it can take. The default:
 // -DKVPREFETCH_GQA_DEFAULT_MODE=0 off, 1 on, 2 auto (the default), 3 + i twin i. A launch can
-// take a twin when its G divides the query heads per kv head and its shared memory fits the
+// take a twin when its G is at most the query heads per kv head and its shared memory fits the
 // device; otherwise vLLM's kernel runs.
 #ifndef KVPREFETCH_GQA_DEFAULT_MODE
   #define KVPREFETCH_GQA_DEFAULT_MODE 2
@@ -1151,12 +1161,13 @@ unsigned int* fuse_slot(const int dev, const cudaStream_t stream) {
 }
 
 // Launches twin kernel `kernel` (a staged one when STAGED) with `smem` bytes of dynamic shared
-// memory.
+// memory, for a model of `per_kv` query heads per kv head.
 // `counters`: a fused twin's (fuse_slot), else nullptr.
 template <auto kernel, bool STAGED, typename T, typename CACHE_T>
 void launch_twin_kernel_as(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int threads,
-                           const int smem, const int shared_mem_size, const cudaStream_t stream,
-                           const DeviceFacts& f, unsigned int* counters = nullptr) {
+                           const int smem, const int shared_mem_size, const int per_kv,
+                           const cudaStream_t stream, const DeviceFacts& f,
+                           unsigned int* counters = nullptr) {
   // A kernel's attributes are set once per device, not per launch: each cudaFuncSetAttribute is
   // host time on every eager step (what it sets stays set). Statics of this template: one set
   // per kernel instantiation.
@@ -1192,7 +1203,7 @@ void launch_twin_kernel_as(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const 
              a.max_logits, a.out, a.q, a.k_cache, a.v_cache, a.num_kv_heads, a.scale,
              a.block_tables, a.seq_lens, a.max_num_blocks_per_seq, a.alibi_slopes, a.q_stride,
              a.kv_block_stride, a.kv_head_stride,
-             shared_mem_size / static_cast<int>(sizeof(float)), counters, a.fused_out);
+             shared_mem_size / static_cast<int>(sizeof(float)), counters, a.fused_out, per_kv);
 }
 
 // Launches one instantiation of the (G, S) twin with `smem` bytes of dynamic shared memory: the
@@ -1201,7 +1212,7 @@ void launch_twin_kernel_as(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const 
 template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S, bool STAGED>
 bool launch_twin_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int smem,
-                        const int shared_mem_size, const cudaStream_t stream,
+                        const int shared_mem_size, const int per_kv, const cudaStream_t stream,
                         const DeviceFacts& f) {
   if constexpr (fusable<G, S, PARTITION_SIZE, HEAD_SIZE>()) {
     unsigned int* const counters =
@@ -1211,14 +1222,15 @@ bool launch_twin_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int
     if (counters != nullptr) {
       launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
                                               KV_DTYPE, PARTITION_SIZE, G, S, STAGED, true>,
-                            STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, stream, f,
-                                    counters);
+                            STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, per_kv,
+                                    stream, f, counters);
       return true;
     }
   }
   launch_twin_kernel_as<gqa_decode_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
                                           KV_DTYPE, PARTITION_SIZE, G, S, STAGED>,
-                        STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, stream, f);
+                        STAGED>(a, grid, NUM_THREADS * S, smem, shared_mem_size, per_kv, stream,
+                                f);
   return false;
 }
 
@@ -1228,7 +1240,9 @@ template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_T
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
 bool launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
                  const cudaStream_t stream, const DeviceFacts& f) {
-  const dim3 grid(stock_grid.x / G, stock_grid.y, stock_grid.z);
+  const int per_kv = static_cast<int>(stock_grid.x) / a.num_kv_heads;  // twin_for checked it
+  const dim3 grid(static_cast<unsigned>(twin_heads(stock_grid.x, per_kv, G)), stock_grid.y,
+                  stock_grid.z);
   const long long fixed =
       twin_smem<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
   if constexpr (staged<G, S>()) {
@@ -1246,12 +1260,12 @@ bool launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int 
           a, grid,
           static_cast<int>(twin_smem<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, G, S>(
               shared_mem_size, stages)),
-          shared_mem_size, stream, f);
+          shared_mem_size, per_kv, stream, f);
     }
   }
   return launch_twin_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
                             PARTITION_SIZE, G, S, false>(a, grid, static_cast<int>(fixed),
-                                                         shared_mem_size, stream, f);
+                                                         shared_mem_size, per_kv, stream, f);
 }
 
 // Calls f(std::integral_constant<int, i>{}) for twin i of kTwins, so that f can name the
@@ -1351,7 +1365,9 @@ bool launch_grouped_v2(const dim3 grid, const int shared_mem_size, const cudaStr
                                                                 f, reduced);
     if (i < 0) return false;
     if (reduced) return true;
-    const long long twin_ctas = 1LL * grid.x / kTwins[i].g * grid.y * grid.z;
+    const long long twin_ctas =
+        twin_heads(grid.x, static_cast<int>(grid.x) / a.num_kv_heads, kTwins[i].g) * grid.y *
+        grid.z;
     if constexpr (KVPREFETCH_TWIN_PDL >= 2) {
       if (pdl_on(f) && pdl_reduce_after(twin_ctas, f.sm_count)) {
         launch_pdl(gqa_reduce_kernel<T, HEAD_SIZE, NUM_THREADS, PARTITION_SIZE>, reduce_grid,

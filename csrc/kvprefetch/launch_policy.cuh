@@ -256,6 +256,13 @@ constexpr int auto_twin(const long long ctas_pct, const bool chain_safe_only = f
   }
   return last;
 }
+// A twin's CTAs across the heads (its grid's x) for stock's `stock_heads` (grid.x) of a model
+// with `per_kv` query heads per kv head: each kv head's heads in groups of G, the last of a
+// kv head's groups holding the rest (gqa_decode_kernel's `live`), so that a twin of G runs for
+// any per_kv >= G: 7 heads per kv head as 4 + 3 (4x twins) or 2 + 2 + 2 + 1 (2x twins).
+constexpr long long twin_heads(const long long stock_heads, const int per_kv, const int g) {
+  return per_kv > 0 ? stock_heads / per_kv * ((per_kv + g - 1) / g) : 0;
+}
 // The twins' modes: off, auto, or the index of the twin every launch runs where it can.
 constexpr int kTwinOff = -1, kTwinAuto = -2;
 // KVPREFETCH_GQA's value `v` as a mode: off, auto, on (the first twin) or a twin's name;
@@ -313,7 +320,8 @@ struct TwinStep {
   int stock_per_sm = 0;  // CTAs per SM of stock's unbounded code at this launch (v1; 0: unknown)
 };
 // Which twin (an index into kTwins) a launch of `step` on `sm_count` SMs runs, or -1 for vLLM's
-// kernel. A twin can run where its G divides `per_kv` (query heads per kv head) and its shared
+// kernel. A twin can run where its G is at most `per_kv` (query heads per kv head: a wider
+// twin would compute heads twice and read nothing less than one of G = per_kv) and its shared
 // memory `smem[i]` (bytes; 0: not compiled) fits `max_smem`. A forced mode runs its twin
 // wherever it can. `auto` chooses for any lengths the step may have, so that no length
 // distribution behind the same grid makes the twin slower than stock:
@@ -343,17 +351,17 @@ inline int twin_pick(const int mode, const TwinStep& step, const int sm_count, c
   if (mode == kTwinOff || per_kv <= 0 || mode >= kNumTwins) return -1;
   const long long sms = sm_count > 0 ? sm_count : 1;
   const auto fits = [&](const int j) {
-    return per_kv % kTwins[j].g == 0 && smem[j] > 0 && smem[j] <= max_smem;
+    return kTwins[j].g <= per_kv && smem[j] > 0 && smem[j] <= max_smem;
   };
   if (mode != kTwinAuto) return mode >= 0 && fits(mode) ? mode : -1;
   if (step.cta_blocks <= kStockWarps) return -1;
   const bool chain_safe_only = !step.partitioned;
   const int first = auto_twin(100LL * step.sure_ctas / sms, chain_safe_only);
-  if (first < 0 || per_kv % kTwins[first].g != 0) return -1;
+  if (first < 0 || kTwins[first].g > per_kv) return -1;
   const bool short_chain = step.cta_blocks <= kShortChainBlocks && step.stock_per_sm > 0;
   for (int j = first; j < kNumTwins; ++j) {
     if (chain_safe_only && !chain_safe(j)) continue;
-    const long long twin_ctas = step.stock_ctas / kTwins[j].g;
+    const long long twin_ctas = twin_heads(step.stock_ctas, per_kv, kTwins[j].g);
     if (!fits(j) || !keeps_occupancy(j, twin_ctas, sm_count, smem[j], smem_per_sm)) continue;
     if (short_chain) {
       const int per_sm = static_cast<int>(std::min<long long>(

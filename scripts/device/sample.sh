@@ -20,7 +20,8 @@
 # Each seed: SAMPLE_N (200) steps, 11 rounds of 2 ms samples per tree, graph then eager of the
 # same step side by side; the bench's --time-limit keeps it inside the call's budget (steps past
 # it are recorded as not run). A seed completed in full is marked in $W.sample-done/SEED and
-# skipped by later calls. GPU_TESTS=1 runs the GPU tests on the same builds after the seed.
+# skipped by later calls. GPU_TESTS=1 runs the GPU tests on the same builds after the seed
+# (GPU_TEST_PATHS, default tests/gpu: the files or directories to run, space-separated).
 # ATTRIBUTION=0 builds and times baseline, patched and control only (no attribution table;
 # about 40% less build time).
 # THREE device calls, each right after the one before, on the warm machine (the later ones find
@@ -123,7 +124,8 @@ for i in "${!SEEDS[@]}"; do
 done
 # GPU_TESTS=1: the GPU-marked tests on the same builds, after this call's seed
 if [ "${GPU_TESTS:-0}" = 1 ]; then
-  step $(( $(left) - 10 )) python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu 2>&1 \
+  read -r -a paths <<< "${GPU_TEST_PATHS:-tests/gpu}"
+  step $(( $(left) - 10 )) python3 -m pytest -m gpu -p no:cacheprovider -q -rs "${paths[@]}" 2>&1 \
     | tee "$R/pytest-gpu.txt"
   pack
 fi

@@ -51,7 +51,13 @@ def _shape(spec: str, block: int, dtype: str):
 
 
 def run_step(stock, patched, spec: str, block: int, dtype: str) -> tuple[str, list[str], bool]:
-    """(v1|v2, the twins one patched call ran, whether its output is stock's bit for bit)."""
+    """run_shape for a step of the preset."""
+    return run_shape(stock, patched, _shape(spec, block, dtype))
+
+
+def run_shape(stock, patched, shape) -> tuple[str, list[str], bool]:
+    """(v1|v2, the twins one patched call ran, whether its output is stock's bit for bit), for
+    a ragged batch of `shape` (an AttnShape)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -59,7 +65,7 @@ def run_step(stock, patched, spec: str, block: int, dtype: str) -> tuple[str, li
     from kvprefetch.kernels.ops import forward_decode
     from tests.gpu.test_launcher_prefetch import _twins_ran
 
-    args = make_inputs(_shape(spec, block, dtype), seed=7, ragged=True).args()
+    args = make_inputs(shape, seed=7, ragged=True).args()
     want = forward_decode(stock, args)[0].clone()
     forward_decode(patched, args)  # warm-up: module load, attributes
     torch.cuda.synchronize()

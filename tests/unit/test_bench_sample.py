@@ -434,3 +434,18 @@ def test_host_overhead_reads_host_bound_steps_only() -> None:
     assert rep.host_overhead(_doc(timings=("graph",))) == {}
     table = rep.host_table([doc])
     assert len(table) == 2 + len(RATIOS) and table[2].startswith("| 5 | launch | 6 |")
+
+
+def test_twin_steps_follow_the_runs_own_rule_for_partial_groups() -> None:
+    """A step of 7 query heads per kv head had no twin in a run made before the twins took
+    partial groups (no ``meta.twin_partial_groups``) and has the mirror's twin in a run that
+    records it: the report classifies each run's steps by that run's rule."""
+    doc = _doc(("graph",))
+    row = doc["results"][0]
+    row.update({"dtype": "float16", "kernel": "v1", "kv_cache_dtype": "auto", "head_size": 128,
+                "block_size": 16, "num_heads": 28, "num_kv_heads": 4, "batch": 96,
+                "context": 1024})
+    doc["meta"]["twin_at"] = [[128, 16, True]]
+    assert rep.twin_steps(doc, "graph")[0]["twin"] == "none"
+    doc["meta"]["twin_partial_groups"] = True
+    assert rep.twin_steps(doc, "graph")[0]["twin"] == "2x2"

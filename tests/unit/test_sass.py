@@ -267,7 +267,32 @@ def test_auto_picks_for_any_lengths() -> None:
     assert pick(32, 8, 32, 4096, "v2") == (4, 2)
 
 
-    # b1 x 1k runs 2x4 and b64 x 512 runs 4x1: neither is staged (S != 2)
+
+def test_twins_take_models_whose_heads_g_does_not_divide() -> None:
+    """A kv head's query heads run in groups of G, the last holding the rest
+    (upstream.twin_heads, the mirror of launch_policy.cuh's): Qwen2.5-7B's 7 heads per kv head
+    as 4 + 3 or 2 + 2 + 2 + 1, Qwen2.5-14B's 5 as 4 + 1 or 2 + 2 + 1. So `auto` gives such
+    models the twin a 4- or 8-head model of the same grid gets, except one wider than the
+    group (G > heads per kv head); the rule a run made before (``partial_groups=False``) gave
+    them none."""
+    from kvprefetch.sources import upstream
+    pick = upstream.twin_pick
+    assert upstream.twin_heads(28, 7, 4) == 8 and upstream.twin_heads(28, 7, 2) == 16
+    assert upstream.twin_heads(40, 5, 4) == 16 and upstream.twin_heads(40, 5, 2) == 24
+    assert upstream.twin_heads(32, 4, 4) == 8 and upstream.twin_heads(32, 4, 2) == 16
+    # v1 b96 x 1k and v2 b4 x 16k on Qwen2.5-7B (28 heads, 4 kv heads); b64 x 1k on 40 / 8
+    assert pick(28, 4, 96, 1024, "v1") == (2, 2)
+    assert pick(28, 4, 4, 16384, "v2") == (4, 2)
+    assert pick(40, 8, 64, 1024, "v1") == (2, 2)
+    for args in ((28, 4, 96, 1024, "v1"), (28, 4, 4, 16384, "v2"), (40, 8, 64, 1024, "v1")):
+        assert pick(*args, partial_groups=False) is None
+    # 3 heads per kv head: no 4-head twin, and none at all where the table asks for one
+    assert pick(12, 4, 1, 4096, "v2") == (2, 4)
+    assert pick(96, 32, 256, 32768, "v2") is None
+    assert pick(128, 32, 256, 32768, "v2") == (4, 1)
+    # MHA: never
+    assert all(pick(32, 32, b, c, k) is None for b in (1, 64, 256) for c in (512, 8192)
+               for k in ("v1", "v2"))
 
 
 def test_twins_at_head_64_by_version_and_cache() -> None:

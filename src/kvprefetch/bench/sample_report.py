@@ -180,13 +180,20 @@ def run_twin_at(doc: dict[str, Any]) -> tuple[tuple[int, int, bool], ...]:
             else tuple((int(h), int(b), bool(v1)) for h, b, v1 in at))
 
 
+def run_partial_groups(doc: dict[str, Any]) -> bool:
+    """Whether a sampled run's twins took models whose G does not divide the query heads per
+    kv head (``meta.twin_partial_groups``; runs made before the kit recorded it did not)."""
+    return bool(doc["meta"].get("twin_partial_groups", False))
+
+
 def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     """The steps whose instantiation has GQA twins compiled beside it: which twin `auto` runs
     there by the launcher's rule (its mirror, ``upstream.twin_pick``, on this run's SM count;
     "none": vLLM's kernel) and what ``patched`` (and ``gqa_off``, where it ran) measured. The
     rule's prediction beside the measurement, step by step; it is the rule as this kit has it,
     so it describes a run made with the same rules (a run's provenance names its commit), at
-    the instantiations the run had twins at (run_twin_at)."""
+    the instantiations the run had twins at (run_twin_at) and for the models it had them for
+    (run_partial_groups)."""
     from ..sources.upstream import H200_SMS, twin_pick, twin_shapes
     from .sample import cache_kind
 
@@ -203,7 +210,8 @@ def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
         pick = twin_pick(r["num_heads"], r["num_kv_heads"], r["batch"], r["context"],
                          r["kernel"], sm_count=sms, head_size=r["head_size"],
                          block_size=r["block_size"],
-                         dtype=cache_kind(r["kv_cache_dtype"], r["dtype"]))
+                         dtype=cache_kind(r["kv_cache_dtype"], r["dtype"]),
+                         partial_groups=run_partial_groups(doc))
         out.append({"step": i, "label": r["label"], "family": r.get("family", "uniform"),
                     "twin": f"{pick[0]}x{pick[1]}" if pick else "none",
                     "patched": step_ratio(r, "patched"), "gqa_off": step_ratio(r, "gqa_off")})
@@ -262,7 +270,7 @@ def bound_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
         if not min_blocks(*inst) or (twin_shapes(*inst, at=at) and twin_pick(
                 r["num_heads"], r["num_kv_heads"], r["batch"], r["context"], "v1",
                 sm_count=sms, head_size=r["head_size"], block_size=r["block_size"],
-                dtype=inst[-1])):
+                dtype=inst[-1], partial_groups=run_partial_groups(doc))):
             continue
         launch, gqa_off = step_ratio(r, "launch"), step_ratio(r, "gqa_off")
         out.append({"step": i, "label": r["label"],

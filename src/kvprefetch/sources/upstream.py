@@ -348,21 +348,29 @@ def twin_smem(group: int, split: int, context: int, kernel: str, head_size: int 
     return group * stock_smem + 4 * products
 
 
+def twin_heads(stock_heads: int, per_kv: int, group: int) -> int:
+    """launch_policy.cuh's twin_heads: a twin's CTAs across the heads for stock's ``stock_heads``
+    of a model with ``per_kv`` query heads per kv head (each kv head's heads in groups of
+    ``group``, the last group holding the rest)."""
+    return stock_heads // per_kv * -(-per_kv // group) if per_kv > 0 else 0
+
+
 def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kernel: str,
               sm_count: int = H200_SMS, smem_per_sm: int = H200_SMEM_PER_SM,
               max_smem: int = H200_MAX_SMEM, stock_per_sm: int | None = None,
-              head_size: int = 128, block_size: int = 16,
-              dtype: str = "fp16") -> tuple[int, int] | None:
+              head_size: int = 128, block_size: int = 16, dtype: str = "fp16",
+              partial_groups: bool = True) -> tuple[int, int] | None:
     """launch_policy.cuh's twin_pick in `auto` for a decode step of a fp16/bf16 model of
     ``head_size`` and ``block_size`` whose longest sequence has ``context`` tokens (the rule
     reads the grid and that length only); ``stock_per_sm``: CTAs per SM of stock's v1 code
     (default: the H200's for ``dtype``, H200_STOCK_V1_CTAS). None (vLLM's kernel) where the
     longest CTA has at most STOCK_WARPS blocks; else auto_twin's pick for the CTAs that surely have work (heads x (batch + partitions - 1)),
-    among the chain-safe twins only in v1, if its G divides the query heads per kv head (else
+    among the chain-safe twins only in v1, if its G is at most the query heads per kv head (else
     None), moving on to the next such twin of TWIN_SHAPES that can run and keeps two CTAs per
     SM wherever the pick does not; None past the last. In v1, short chains (at most
     SHORT_CHAIN_BLOCKS blocks) take a twin only where its grid needs no more waves than stock's
-    code at ``stock_per_sm`` CTAs per SM."""
+    code at ``stock_per_sm`` CTAs per SM. ``partial_groups=False``: the rule before a kv head's
+    last group could hold fewer than G heads (a run made then), where G had to divide them."""
     if num_kv_heads <= 0 or num_heads % num_kv_heads:
         return None
     per_kv = num_heads // num_kv_heads
@@ -376,7 +384,10 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
     sure_ctas = num_heads * (batch + partitions - 1)
     safe_only = kernel == "v1"
     first = auto_twin(100 * sure_ctas // max(sm_count, 1), safe_only)
-    if per_kv % first[0]:
+    def groups(g: int) -> bool:
+        return g <= per_kv and (partial_groups or per_kv % g == 0)
+
+    if not groups(first[0]):
         return None
     shapes = [(g, s) for g, s, _ in TWIN_SHAPES]
     short = kernel == "v1" and blocks <= SHORT_CHAIN_BLOCKS and stock_per_sm > 0
@@ -384,12 +395,13 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
         if safe_only and not chain_safe(g, s):
             continue
         smem = twin_smem(g, s, context, kernel, head_size, block_size)
-        if not (per_kv % g == 0 and smem <= max_smem
-                and keeps_occupancy(s, stock_ctas // g, sm_count, smem, smem_per_sm)):
+        twin_ctas = twin_heads(stock_ctas, per_kv, g)
+        if not (groups(g) and smem <= max_smem
+                and keeps_occupancy(s, twin_ctas, sm_count, smem, smem_per_sm)):
             continue
         per_sm = min(twin_bound_ctas(s), smem_ctas(smem_per_sm, smem))
-        if short and waves(stock_ctas // g, sm_count, per_sm) > waves(stock_ctas, sm_count,
-                                                                       stock_per_sm):
+        if short and waves(twin_ctas, sm_count, per_sm) > waves(stock_ctas, sm_count,
+                                                                 stock_per_sm):
             continue
         return g, s
     return None

@@ -66,7 +66,7 @@ int main() {
   // V products of the warps beyond stock's (gqa_twins.cuh twin_smem_before).
   for (const int mode : {kvprefetch::kTwinOff, kvprefetch::kTwinAuto, 0, 1, 2, 3}) {
     for (const auto& m : {std::pair{32, 32}, std::pair{32, 16}, std::pair{32, 8},
-                          std::pair{8, 1}, std::pair{28, 4}}) {
+                          std::pair{8, 1}, std::pair{28, 4}, std::pair{40, 8}}) {
       for (const int batch : {1, 8, 32, 64, 96, 123, 128, 256}) {
         for (const int context : {33, 64, 65, 114, 129, 512, 2048, 3072, 4096, 6016, 6032, 7040, 7056,
                                   8192}) {
