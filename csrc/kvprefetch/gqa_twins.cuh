@@ -497,6 +497,29 @@ __device__ __forceinline__ void reduce_in_twin(
   }
 }
 
+// A twin CTA's query heads: up to G consecutive heads of one kv head. A kv head's `per_kv`
+// heads take cdiv(per_kv, G) CTAs (the grid's x: twin_heads, launch_policy.cuh), G heads each
+// but the last, which holds the rest: `live` of its G slots (Qwen2.5-7B's 7 heads per kv head:
+// 4 + 3). The CTA's index is read with a volatile move each call, so that each call computes
+// these anew where it is made instead of ptxas holding them in registers across the passes
+// (held, they cost a 128-register twin 8-24 bytes of stack).
+struct HeadGroup {
+  int kv_head;    // the kv head the CTA reads
+  int first;      // its first query head
+  int live;       // its heads: first .. first + live - 1
+  int num_heads;  // the model's query heads (one GPU's)
+};
+template <int G>
+__device__ __forceinline__ HeadGroup head_group(const int num_kv_heads, const int per_kv) {
+  unsigned int cta;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+  const int groups_per_kv = static_cast<int>(gridDim.x) / num_kv_heads;
+  const int kv_head = static_cast<int>(cta) / groups_per_kv;
+  const int group_first = (static_cast<int>(cta) - kv_head * groups_per_kv) * G;
+  return {kv_head, kv_head * per_kv + group_first, cmin(G, per_kv - group_first),
+          num_kv_heads * per_kv};
+}
+
 // Grid: (num_kv_heads * cdiv(num_queries_per_kv, G), num_seqs, max_num_partitions) (twin_heads,
 // launch_policy.cuh); PARTITION_SIZE 0 is v1. `logits_stride`: floats of dynamic shared memory
 // per head (stock's shared_mem_size / 4). The comments name the step of vLLM's
@@ -522,27 +545,21 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   const int seq_idx = blockIdx.y;
   const int partition_idx = blockIdx.z;
   const int max_num_partitions = gridDim.z;
-  // The group's heads: up to G consecutive query heads of one kv head. A kv head's
-  // num_queries_per_kv heads take cdiv(num_queries_per_kv, G) CTAs, G heads each but the last,
-  // which holds the rest: `live` of its G slots. A slot past them computes the CTA's last head
-  // again (the same operations on the same values) and writes nothing, so that every G runs
-  // the one instantiation of G slots (Qwen2.5-7B's 7 heads per kv head: 4 + 3).
-  const int num_heads = num_kv_heads * num_queries_per_kv;
-  const int groups_per_kv = gridDim.x / num_kv_heads;
-  const int kv_head_idx = blockIdx.x / groups_per_kv;
-  const int group_first = (blockIdx.x - kv_head_idx * groups_per_kv) * G;
-  const int first_head = kv_head_idx * num_queries_per_kv + group_first;
-  const int live = cmin(G, num_queries_per_kv - group_first);
-  const auto head_of = [&](const int g) { return first_head + cmin(g, live - 1); };
+  // The group's heads (head_group). A slot past its live heads computes the CTA's last head
+  // again (the same operations on the same values) and writes nothing, so that every number
+  // of heads per kv head runs the one instantiation of G slots.
+  const HeadGroup heads = head_group<G>(num_kv_heads, num_queries_per_kv);
+  const int kv_head_idx = heads.kv_head;
+  const auto head_of = [&](const int g) { return heads.first + cmin(g, heads.live - 1); };
   const int seq_len = load_dep(seq_lens + seq_idx);
   if (USE_PARTITIONING && partition_idx * PARTITION_SIZE >= seq_len) {
     if constexpr (FUSED) {
       // A sequence of no tokens has no partition to reduce, and no CTA of it gets further:
       // write what vLLM's reduce kernel writes for it, 0 (its sum over no partitions).
       if (seq_len <= 0 && partition_idx == 0) {
-        const int64_t first = (static_cast<int64_t>(seq_idx) * num_heads + first_head) *
+        const int64_t first = (static_cast<int64_t>(seq_idx) * heads.num_heads + heads.first) *
                               HEAD_SIZE;
-        for (int i = threadIdx.x; i < live * HEAD_SIZE; i += blockDim.x) {
+        for (int i = threadIdx.x; i < heads.live * HEAD_SIZE; i += blockDim.x) {
           vllm::from_float(fused_out[first + i], 0.0f);
         }
       }
@@ -741,11 +758,12 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   }
   __syncthreads();
   if (USE_PARTITIONING && thread_idx == 0) {
+    const HeadGroup h = head_group<G>(num_kv_heads, num_queries_per_kv);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      if (g >= live) break;
-      const int at = seq_idx * num_heads * max_num_partitions +
-                     (first_head + g) * max_num_partitions + partition_idx;
+      if (g >= h.live) break;
+      const int at = seq_idx * h.num_heads * max_num_partitions +
+                     (h.first + g) * max_num_partitions + partition_idx;
       max_logits[at] = qk_max[g];
       exp_sums[at] = exp_sum[g];
     }
@@ -910,12 +928,13 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
     }
     __syncthreads();
   }
+  const HeadGroup h = head_group<G>(num_kv_heads, num_queries_per_kv);
   if (warp_idx == 0) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      if (g >= live) break;
-      scalar_t* out_ptr = out + seq_idx * num_heads * max_num_partitions * HEAD_SIZE +
-                          (first_head + g) * max_num_partitions * HEAD_SIZE +
+      if (g >= h.live) break;
+      scalar_t* out_ptr = out + seq_idx * h.num_heads * max_num_partitions * HEAD_SIZE +
+                          (h.first + g) * max_num_partitions * HEAD_SIZE +
                           partition_idx * HEAD_SIZE;
 #pragma unroll
       for (int r = 0; r < NUM_ROWS_PER_THREAD; r++) {
@@ -930,7 +949,7 @@ __global__ void KVPREFETCH_TWIN_BOUNDS(NUM_THREADS * S) gqa_decode_kernel(
   if constexpr (FUSED) {
     reduce_in_twin<scalar_t, HEAD_SIZE, NUM_THREADS, PARTITION_SIZE, G, CTA_WARPS>(
         fused_out, exp_sums, max_logits, out, fuse_counters + seq_idx * gridDim.x + blockIdx.x,
-        cdiv(seq_len, PARTITION_SIZE), seq_idx, first_head, live, num_heads, max_num_partitions,
+        cdiv(seq_len, PARTITION_SIZE), seq_idx, h.first, h.live, h.num_heads, max_num_partitions,
         logits0, logits_stride, &red_smem[0][0]);
   }
 }
