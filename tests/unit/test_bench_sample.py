@@ -448,4 +448,6 @@ def test_twin_steps_follow_the_runs_own_rule_for_partial_groups() -> None:
     doc["meta"]["twin_at"] = [[128, 16, True]]
     assert rep.twin_steps(doc, "graph")[0]["twin"] == "none"
     doc["meta"]["twin_partial_groups"] = True
-    assert rep.twin_steps(doc, "graph")[0]["twin"] == "2x2"
+    step = rep.twin_steps(doc, "graph")[0]
+    assert step["twin"] == "2x2" and step["row"] == "2x2, last group partial"
+    assert "| graph | 2x2, last group partial | 1 |" in "\n".join(rep.twins_table([doc]))

@@ -212,8 +212,10 @@ def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
                          block_size=r["block_size"],
                          dtype=cache_kind(r["kv_cache_dtype"], r["dtype"]),
                          partial_groups=run_partial_groups(doc))
+        twin = f"{pick[0]}x{pick[1]}" if pick else "none"
+        partial = pick is not None and (r["num_heads"] // r["num_kv_heads"]) % pick[0] != 0
         out.append({"step": i, "label": r["label"], "family": r.get("family", "uniform"),
-                    "twin": f"{pick[0]}x{pick[1]}" if pick else "none",
+                    "twin": twin, "row": f"{twin}, last group partial" if partial else twin,
                     "patched": step_ratio(r, "patched"), "gqa_off": step_ratio(r, "gqa_off")})
     return out
 
@@ -234,11 +236,12 @@ def _grouped(docs: Sequence[dict[str, Any]], only: str | None,
 
 def twins_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> list[str]:
     """Over one or more samples, per timing (``only`` that one) and per twin `auto` runs (by the
-    rule): how many steps, ``patched``'s ratio over them (min, geomean, max), how many below the
+    rule; apart where a kv head's last group of heads is partial, G not dividing them): how
+    many steps, ``patched``'s ratio over them (min, geomean, max), how many below the
     per-step target, and where ``gqa_off`` ran, the twins' own step (``patched`` over
     ``gqa_off``)."""
     rows = []
-    for (t, twin), steps in _grouped(docs, only, twin_steps, "twin").items():
+    for (t, twin), steps in _grouped(docs, only, twin_steps, "row").items():
         vals = [s["patched"] for s in steps]
         own = [s["patched"] / s["gqa_off"] for s in steps if s["gqa_off"]]
         rows.append([t, twin, len(steps), _x(min(vals)), _x(geomean(vals)), _x(max(vals)),
