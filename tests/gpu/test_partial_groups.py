@@ -15,15 +15,9 @@ under $KVPREFETCH_WORKDIR (default kvprefetch-work)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.gpu.builds import WORKDIR, load_stock_and_patched
+from tests.gpu.builds import load_stock_and_patched, run_forced
 
 pytestmark = pytest.mark.gpu
 
@@ -56,7 +50,8 @@ def _shape(heads: int, kv: int, head: int, block: int, dtype: str, batch: int, c
                      block_size=block, max_seq_len=ctx, dtype=dtype)
 
 
-def run(stock, patched, step: list) -> tuple[str, list[str], bool]:
+def run(stock, patched, *step) -> tuple[str, list[str], bool]:
+    """run_shape for one of STEPS."""
     from tests.gpu.test_twin_coverage import run_shape
 
     return run_shape(stock, patched, _shape(*step))
@@ -75,7 +70,7 @@ def test_auto_runs_the_mirrors_twin_bitwise(stock_and_patched, step) -> None:
     from kvprefetch.sources import upstream
 
     heads, kv, head, block, dtype, batch, ctx = step
-    kernel, ran, equal = run(*stock_and_patched, list(step))
+    kernel, ran, equal = run(*stock_and_patched, *step)
     want: list[str] = []
     if _has_twins(kernel, head, block, dtype):
         cache = "fp16" if dtype == "float16" else "bf16"
@@ -86,32 +81,11 @@ def test_auto_runs_the_mirrors_twin_bitwise(stock_and_patched, step) -> None:
     assert equal
 
 
-# KVPREFETCH_GQA is read once per process: each forced twin runs in its own interpreter, which
-# prints, per step, the twins that ran and whether the output was bitwise stock's.
-_FORCED_PROBE = """
-import json, sys, warnings
-warnings.filterwarnings("ignore")
-sys.path.insert(0, sys.argv[1])
-from pathlib import Path
-from kvprefetch.kernels.ops import find_builds, load_build
-import tests.gpu.test_partial_groups as t
-stock = load_build(find_builds(Path(sys.argv[2]), ["baseline"])[0])
-patched = load_build(find_builds(Path(sys.argv[2]), ["patched"])[0])
-print(json.dumps([t.run(stock, patched, s) for s in json.loads(sys.argv[3])]))
-"""
-
-
 @pytest.mark.parametrize("twin", TWINS)
 def test_every_twin_forced_is_bitwise_stock(stock_and_patched, twin: str) -> None:
     """Each twin forced on every step above runs wherever its G is at most the heads per kv
     head and the instantiation has twins, and gives stock's output bit for bit."""
-    env = {**os.environ, "KVPREFETCH_GQA": twin}
-    repo = str(Path(__file__).resolve().parents[2])  # the probe imports tests.gpu.<this module>
-    res = subprocess.run([sys.executable, "-c", _FORCED_PROBE, repo, str(WORKDIR),
-                          json.dumps(STEPS)], env=env, capture_output=True, text=True,
-                         check=False, timeout=400)
-    assert res.returncode == 0, res.stderr[-2000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = run_forced(twin, "tests.gpu.test_partial_groups", "run", STEPS)
     group = int(twin.split("x")[0])
     for step, (kernel, ran, equal) in zip(STEPS, got):
         heads, kv, head, block, dtype = step[:5]

@@ -13,15 +13,9 @@ build manifests under $KVPREFETCH_WORKDIR (default kvprefetch-work)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.gpu.builds import WORKDIR, load_stock_and_patched
+from tests.gpu.builds import load_stock_and_patched, run_forced
 
 pytestmark = pytest.mark.gpu
 
@@ -96,34 +90,13 @@ def test_auto_runs_the_mirrors_twin_bitwise(stock_and_patched, spec: str, block:
     assert equal
 
 
-# KVPREFETCH_GQA is read once per process: each forced twin runs in its own interpreter, which
-# prints, per step, the twins that ran and whether the output was bitwise stock's.
-_FORCED_PROBE = """
-import json, sys, warnings
-warnings.filterwarnings("ignore")
-sys.path.insert(0, sys.argv[1])
-from pathlib import Path
-from kvprefetch.kernels.ops import find_builds, load_build
-import tests.gpu.test_twin_coverage as t
-stock = load_build(find_builds(Path(sys.argv[2]), ["baseline"])[0])
-patched = load_build(find_builds(Path(sys.argv[2]), ["patched"])[0])
-print(json.dumps([t.run_step(stock, patched, *s) for s in json.loads(sys.argv[3])]))
-"""
-
-
 @pytest.mark.parametrize("twin", ["4x1", "4x2", "2x2", "2x4"])
 def test_every_twin_forced_is_bitwise_stock(stock_and_patched, twin: str) -> None:
     """Each twin forced on every step above that has twins runs there and gives stock's output
     bit for bit (`auto` reaches only some twins at each instantiation)."""
     from kvprefetch.sources import upstream
 
-    env = {**os.environ, "KVPREFETCH_GQA": twin}
-    repo = str(Path(__file__).resolve().parents[2])  # the probe imports tests.gpu.<this module>
-    res = subprocess.run([sys.executable, "-c", _FORCED_PROBE, repo, str(WORKDIR),
-                          json.dumps(STEPS)], env=env, capture_output=True, text=True,
-                         check=False, timeout=400)
-    assert res.returncode == 0, res.stderr[-2000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = run_forced(twin, "tests.gpu.test_twin_coverage", "run_step", STEPS)
     for (spec, block, dtype), (kernel, ran, equal) in zip(STEPS, got):
         cache = "fp16" if dtype == "float16" else "bf16"
         has = bool(upstream.twin_shapes("prefetch", kernel, "auto", 64, block, cache))
