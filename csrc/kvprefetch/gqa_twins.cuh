@@ -1253,15 +1253,23 @@ bool launch_twin_kernel(const GqaArgs<T, CACHE_T>& a, const dim3 grid, const int
   return false;
 }
 
+// The grid of a twin of G heads per CTA for stock's `stock_grid` (heads x sequences x
+// partitions): each kv head's query heads in groups of G (twin_heads; twin_for checked that
+// the kv heads divide the heads).
+inline dim3 twin_grid(const dim3 stock_grid, const int num_kv_heads, const int g) {
+  const int per_kv = static_cast<int>(stock_grid.x) / num_kv_heads;
+  return dim3(static_cast<unsigned>(twin_heads(stock_grid.x, per_kv, g)), stock_grid.y,
+              stock_grid.z);
+}
+
 // The (G, S) twin for a stock grid: staged where it is compiled and two slots per warp fit
 // (stage_count), else loading from global. True when the twin does v2's reduction.
 template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, int PARTITION_SIZE, int G, int S>
 bool launch_twin(const GqaArgs<T, CACHE_T>& a, const dim3 stock_grid, const int shared_mem_size,
                  const cudaStream_t stream, const DeviceFacts& f) {
-  const int per_kv = static_cast<int>(stock_grid.x) / a.num_kv_heads;  // twin_for checked it
-  const dim3 grid(static_cast<unsigned>(twin_heads(stock_grid.x, per_kv, G)), stock_grid.y,
-                  stock_grid.z);
+  const int per_kv = static_cast<int>(stock_grid.x) / a.num_kv_heads;
+  const dim3 grid = twin_grid(stock_grid, a.num_kv_heads, G);
   const long long fixed =
       twin_smem<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, G, S>(shared_mem_size);
   if constexpr (staged<G, S>()) {
@@ -1384,9 +1392,8 @@ bool launch_grouped_v2(const dim3 grid, const int shared_mem_size, const cudaStr
                                                                 f, reduced);
     if (i < 0) return false;
     if (reduced) return true;
-    const long long twin_ctas =
-        twin_heads(grid.x, static_cast<int>(grid.x) / a.num_kv_heads, kTwins[i].g) * grid.y *
-        grid.z;
+    const dim3 twin = twin_grid(grid, a.num_kv_heads, kTwins[i].g);
+    const long long twin_ctas = 1LL * twin.x * twin.y * twin.z;
     if constexpr (KVPREFETCH_TWIN_PDL >= 2) {
       if (pdl_on(f) && pdl_reduce_after(twin_ctas, f.sm_count)) {
         launch_pdl(gqa_reduce_kernel<T, HEAD_SIZE, NUM_THREADS, PARTITION_SIZE>, reduce_grid,

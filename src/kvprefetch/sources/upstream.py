@@ -364,9 +364,9 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
     ``head_size`` and ``block_size`` whose longest sequence has ``context`` tokens (the rule
     reads the grid and that length only); ``stock_per_sm``: CTAs per SM of stock's v1 code
     (default: the H200's for ``dtype``, H200_STOCK_V1_CTAS). None (vLLM's kernel) where the
-    longest CTA has at most STOCK_WARPS blocks; else auto_twin's pick for the CTAs that surely have work (heads x (batch + partitions - 1)),
-    among the chain-safe twins only in v1, if its G is at most the query heads per kv head (else
-    None), moving on to the next such twin of TWIN_SHAPES that can run and keeps two CTAs per
+    longest CTA has at most STOCK_WARPS blocks; else auto_twin's pick for the CTAs that surely
+    have work (heads x (batch + partitions - 1)), among the chain-safe twins only in v1, if its
+    G is at most the query heads per kv head (else None), moving on to the next such twin of TWIN_SHAPES that can run and keeps two CTAs per
     SM wherever the pick does not; None past the last. In v1, short chains (at most
     SHORT_CHAIN_BLOCKS blocks) take a twin only where its grid needs no more waves than stock's
     code at ``stock_per_sm`` CTAs per SM. ``partial_groups=False``: the rule before a kv head's
@@ -383,10 +383,11 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
     stock_ctas = num_heads * batch * partitions
     sure_ctas = num_heads * (batch + partitions - 1)
     safe_only = kernel == "v1"
-    first = auto_twin(100 * sure_ctas // max(sm_count, 1), safe_only)
+
     def groups(g: int) -> bool:
         return g <= per_kv and (partial_groups or per_kv % g == 0)
 
+    first = auto_twin(100 * sure_ctas // max(sm_count, 1), safe_only)
     if not groups(first[0]):
         return None
     shapes = [(g, s) for g, s, _ in TWIN_SHAPES]

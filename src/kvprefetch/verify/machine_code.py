@@ -269,8 +269,7 @@ def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None,
     staged, fused = shapes(lambda m: m["staged"]), shapes(lambda m: m["fused"])
     # A staged twin (its S in STAGED_SPLITS; a build with KVPREFETCH_TWIN_STAGE=0 has none) and
     # a fused one (a v2 twin in FUSED_TWINS up to FUSED_MAX_HEAD_SIZE; none with
-    # KVPREFETCH_TWIN_FUSE=0) only beside the
-    # plain instantiation.
+    # KVPREFETCH_TWIN_FUSE=0) only beside the plain instantiation.
     stray = ({w for w in staged if w not in want or w[-1] not in STAGED_SPLITS}
              | {w for w in fused if w not in want or w[1] != "v2" or w[-2:] not in FUSED_TWINS
                 or w[4] > FUSED_MAX_HEAD_SIZE})
