@@ -1058,7 +1058,7 @@ inline int twin_mode() {
 // Which twin (an index into kTwins) this launch runs, or -1 for vLLM's kernel (twin_pick, with
 // the device's SM count and shared memory). `grid`: stock's; `cta_blocks`: the blocks of its
 // longest CTA; `smem(i)`: the shared memory twin i needs, bytes; `stock_per_sm`: CTAs per SM
-// of stock's code (v1 short chains; else 0, unknown).
+// of stock's code (0: unknown).
 template <typename SmemOf>
 inline int twin_for(const dim3 grid, const bool partitioned, const int cta_blocks,
                     const int num_kv_heads, const DeviceFacts& f, const SmemOf& smem,
@@ -1324,13 +1324,19 @@ int launch_some_twin(const dim3 grid, const int shared_mem_size, const cudaStrea
     constexpr int kPartitionBlocks = PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE : 0;
     const int cta_blocks = kPartitionBlocks > 0 ? cmin(a.max_num_blocks_per_seq, kPartitionBlocks)
                                                 : a.max_num_blocks_per_seq;
-    int stock_per_sm = 0;  // asked only where twin_pick reads it: v1, short chains
+    // stock's CTAs per SM, for outlasts_stock (asked of the runtime once per kernel)
+    int stock_per_sm = 0;
     if constexpr (PARTITION_SIZE == 0) {
-      if (cta_blocks <= kShortChainBlocks) {
-        stock_per_sm = stock_v1_ctas_per_sm<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
-                                            KV_DTYPE, IS_BLOCK_SPARSE>(dev, f.smem_per_sm,
-                                                                       shared_mem_size);
-      }
+      stock_per_sm = stock_v1_ctas_per_sm<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
+                                          KV_DTYPE, IS_BLOCK_SPARSE>(dev, f.smem_per_sm,
+                                                                     shared_mem_size);
+    } else {
+      stock_per_sm = static_cast<int>(std::min<long long>(
+          resident_ctas<vllm::paged_attention_v2_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE,
+                                                        NUM_THREADS, KV_DTYPE,
+                                                        IS_BLOCK_SPARSE, PARTITION_SIZE>>(
+              dev, NUM_THREADS),
+          smem_ctas(f.smem_per_sm, shared_mem_size)));
     }
     const int i = twin_for(grid, PARTITION_SIZE > 0, cta_blocks, a.num_kv_heads, f,
                            [&](const int j) {

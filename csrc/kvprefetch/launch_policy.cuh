@@ -306,6 +306,40 @@ inline bool keeps_occupancy(const int i, const long long twin_ctas, const int sm
   const long long need = std::min<long long>({per_sm, twin_bound_ctas(i), 2});
   return smem_ctas(smem_per_sm, smem) >= need;
 }
+// Whether twin i's grid could take longer than stock's code on the same step: the guard for
+// the lengths the launcher does not see. It knows the grid and the longest sequence; the other
+// sequences may be one block long (a v1 CTA walks its sequence) and the partitions past them
+// empty (a v2 CTA there loads its sequence's length and exits). A grid of mostly such CTAs
+// takes as long as the waves of them its SMs run, and there a twin holds fewer head-CTAs per
+// SM than stock's code (2x2: two CTAs of two heads where stock's code holds 5-9 of one) and
+// its least CTA costs more (G heads' queries, twice the warps' barriers, the cross-warp output
+// reduction), while its G-fold cut of the L2 traffic has one block to cut. In units of stock's
+// least CTA, with kTwinLeastCtaPct, kChainLinkPct and kEmptyCtaPct (rules.inc) as k, r and e:
+//   stock: max(W_s, 1 + r (links - 1))   twin: k W_t
+// W: waves of (sure + e (ctas - sure)) CTAs at the code's CTAs per SM (`sure`: the CTAs that
+// have work whatever the lengths, TwinStep); links: the longest CTA's blocks per stock warp,
+// whose chain runs beside the short CTAs' waves either way (a twin's is no longer: chain-safe
+// in v1, a partition in v2). So a twin may take more waves of short CTAs than stock only while
+// the longest chain outlasts them. Measured, before this guard: 2x2 on v1 b98 of one or two
+// blocks beside one 51-block sequence (head 64 / block 32, 10 waves of stock's, 12 of the
+// twin's) 0.606x; v2 b97 ragged (head 64 / block 16, 7 against 17 waves, mostly short or empty
+// partitions) 0.748x. `*_per_sm`: CTAs per SM, 0 when unknown (then no verdict: false).
+constexpr long long least_waves(const long long ctas, const long long sure, const int sm_count,
+                                const int per_sm) {
+  const long long slots = 100LL * (sm_count > 0 ? sm_count : 1) * per_sm;
+  return (100LL * sure + kEmptyCtaPct * (ctas - sure) + slots - 1) / slots;
+}
+constexpr bool outlasts_stock(const long long stock_ctas, const long long stock_sure,
+                              const int stock_per_sm, const long long twin_ctas,
+                              const long long twin_sure, const int twin_per_sm,
+                              const int sm_count, const int cta_blocks) {
+  if (stock_per_sm <= 0 || twin_per_sm <= 0) return false;
+  const long long links = (cta_blocks + kStockWarps - 1) / kStockWarps;
+  const long long stock = std::max(100 * least_waves(stock_ctas, stock_sure, sm_count,
+                                                     stock_per_sm),
+                                   100 + kChainLinkPct * (links > 1 ? links - 1 : 0));
+  return kTwinLeastCtaPct * least_waves(twin_ctas, twin_sure, sm_count, twin_per_sm) > stock;
+}
 // The decode step as the launcher sees it. The host knows the grid (heads x sequences x
 // partitions) and the longest sequence, not the others' lengths: in a ragged batch most of a v2
 // grid's CTAs may have no partition to work on, and in v1 one long sequence's CTAs may be the
@@ -317,7 +351,8 @@ struct TwinStep {
   bool partitioned;      // v2
   int cta_blocks;        // blocks of the longest CTA: the longest sequence's (v1), at most a
                          // partition's (v2)
-  int stock_per_sm = 0;  // CTAs per SM of stock's unbounded code at this launch (v1; 0: unknown)
+  int stock_per_sm = 0;  // CTAs per SM of stock's code at this launch (v1: the unbounded copy
+                         // where the rule bounds vLLM's kernel; 0: unknown)
 };
 // Which twin (an index into kTwins) a launch of `step` on `sm_count` SMs runs, or -1 for vLLM's
 // kernel. A twin can run where its G is at most `per_kv` (query heads per kv head: a wider
@@ -338,11 +373,10 @@ struct TwinStep {
 //    bytes), the next twin of kTwins that can run and does: the twins are in order of
 //    shrinking logits per CTA (4 heads, then 2), so a long context moves to a twin of fewer
 //    heads per CTA, and past the last to vLLM's kernel;
-//  - short chains (at most kShortChainBlocks blocks per CTA, as stock_v1_wins): a twin only
-//    where its grid takes no more waves than stock's code at `step.stock_per_sm` (when known).
-//    A twin's launch bound keeps 2 CTAs of 2 heads per SM, the work of 4 of stock's 5, and a
-//    short chain leaves it little to gain per CTA: 2x2 at b123 x 114 tokens, 7872 CTAs (30
-//    waves, stock's code 24), ran 0.771x; b106 x 126 tokens 0.916x.
+//  - no twin whose grid could take longer than stock's code (at `step.stock_per_sm`, when
+//    known) if every CTA but the longest sequence's had the least work (outlasts_stock). It
+//    covers short chains too: 2x2 at b123 x 114 tokens, 7872 CTAs of 8 blocks (30 waves,
+//    stock's code 24), ran 0.771x; b106 x 126 tokens 0.916x.
 // Host code (twin_for in gqa_twins.cuh asks the device; tests/samples/sass/min_blocks_rule.cu
 // runs this on the CPU).
 inline int twin_pick(const int mode, const TwinStep& step, const int sm_count, const int per_kv,
@@ -358,18 +392,16 @@ inline int twin_pick(const int mode, const TwinStep& step, const int sm_count, c
   const bool chain_safe_only = !step.partitioned;
   const int first = auto_twin(100LL * step.sure_ctas / sms, chain_safe_only);
   if (first < 0 || kTwins[first].g > per_kv) return -1;
-  const bool short_chain = step.cta_blocks <= kShortChainBlocks && step.stock_per_sm > 0;
   for (int j = first; j < kNumTwins; ++j) {
     if (chain_safe_only && !chain_safe(j)) continue;
     const long long twin_ctas = twin_heads(step.stock_ctas, per_kv, kTwins[j].g);
     if (!fits(j) || !keeps_occupancy(j, twin_ctas, sm_count, smem[j], smem_per_sm)) continue;
-    if (short_chain) {
-      const int per_sm = static_cast<int>(std::min<long long>(
-          twin_bound_ctas(j), smem_ctas(smem_per_sm, smem[j])));
-      if (waves_of(twin_ctas, sm_count, per_sm) >
-          waves_of(step.stock_ctas, sm_count, step.stock_per_sm)) {
-        continue;
-      }
+    const int per_sm = static_cast<int>(
+        std::min<long long>(twin_bound_ctas(j), smem_ctas(smem_per_sm, smem[j])));
+    if (outlasts_stock(step.stock_ctas, step.sure_ctas, step.stock_per_sm, twin_ctas,
+                       twin_heads(step.sure_ctas, per_kv, kTwins[j].g), per_sm, sm_count,
+                       step.cta_blocks)) {
+      continue;
     }
     return j;
   }

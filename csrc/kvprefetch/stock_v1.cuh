@@ -8,8 +8,8 @@
 // the same instantiation). It is compiled only beside the instantiations the rule bounds.
 // Included after attention_kernels.cuh by the `prefetch` variant's paged_attention_v1.cu,
 // whose launch macro calls launch_stock_v1 first and skips its own launch when it ran, and by
-// gqa_twins.cuh, whose v1 twin choice compares a twin with stock's code
-// (stock_v1_ctas_per_sm). A translation unit that instantiates neither compiles no copy.
+// gqa_twins.cuh, whose twin choice compares a twin with stock's code (stock_v1_ctas_per_sm;
+// resident_ctas for v2's). A translation unit that instantiates neither compiles no copy.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once

@@ -307,6 +307,36 @@ def test_stock_v1_rule_on_the_cpu(tmp_path: Path) -> None:
     assert not any(v for k, v in got.items() if k[2:4] == (3, 3))
 
 
+def test_least_work_guard_on_the_cpu(tmp_path: Path) -> None:
+    """outlasts_stock (launch_policy.cuh: whether a twin's grid could take longer than stock's
+    code if every CTA but the longest sequence's had the least work), compiled from the header
+    and run on the CPU, agrees with its mirror upstream.outlasts_stock at every input of the
+    sample, and does what its model says on the H200's 132 SMs: no verdict where stock's CTAs
+    per SM are unknown; a twin that takes more waves of least CTAs than stock is declined
+    unless the longest chain outlasts them; at equal waves the twin's dearer least CTA
+    declines it; empty v2 CTAs count a quarter."""
+    from kvprefetch.sources import upstream
+    rows = [tuple(map(int, r[1:])) for r in _header_rules(tmp_path) if r[0] == "least"]
+    assert len(rows) == 6 * 2 * 2 * 4 * 3 * 5
+    got = {r[:7]: bool(r[7]) for r in rows}
+    for (sc, ss, sp, tc, ts, tp, blocks), verdict in got.items():
+        assert upstream.outlasts_stock(sc, ss, sp, tc, ts, tp, 132, blocks) == verdict
+    assert not any(v for k, v in got.items() if k[2] == 0)
+    # v1 b98 x 64 heads of one or two blocks beside a 51-block sequence (head 64 / block 32
+    # bf16, 2x2): 10 waves of stock's 5 per SM, 12 of the twin's 2; a chain of 13 links
+    # outlasts 7 waves only
+    assert got[(6272, 6272, 5, 3136, 3136, 2, 51)]
+    assert not got[(6272, 6272, 5, 3136, 3136, 2, 680)]
+    # equal waves: the twin's least CTA costs 1.2 of stock's; one wave each is one CTA's time
+    assert got[(1688, 1688, 4, 844, 844, 2, 14)]
+    assert not got[(528, 528, 4, 264, 264, 2, 5)]
+    # a tenth of the CTAs sure, the rest empty (a quarter each): 24200 CTAs take 12 waves at
+    # 5 per SM; a 4-head twin at 2 per SM 8 (x 1.2 = 9.6): no verdict against it
+    assert upstream.least_waves(24200, 2420, 132, 5) == 12
+    assert upstream.least_waves(6050, 605, 132, 2) == 8
+    assert not got[(24200, 2420, 5, 6050, 605, 2, 32)]
+
+
 def test_twin_mode_and_pick_on_the_cpu(tmp_path: Path) -> None:
     """The launchers' host rule, compiled from the header and run on the CPU: KVPREFETCH_GQA's
     values (unset/empty: the default; on = 4x1; case matters, unknown values fall back and are

@@ -451,3 +451,19 @@ def test_twin_steps_follow_the_runs_own_rule_for_partial_groups() -> None:
     step = rep.twin_steps(doc, "graph")[0]
     assert step["twin"] == "2x2" and step["row"] == "2x2, last group partial"
     assert "| graph | 2x2, last group partial | 1 |" in "\n".join(rep.twins_table([doc]))
+
+
+def test_twin_steps_follow_the_runs_own_guard_for_short_ctas() -> None:
+    """v1 b98 of a 64-head, 4-kv-head model at head 64 / block 32 (bf16), longest sequence
+    1625 tokens: a run made before `auto` guarded against short CTAs (no
+    ``meta.twin_least_guard``) ran the 2x2 twin there; a run that records the guard ran vLLM's
+    kernel. The report classifies each run's step by that run's rule."""
+    doc = _doc(("graph",))
+    row = doc["results"][0]
+    row.update({"dtype": "bfloat16", "kernel": "v1", "kv_cache_dtype": "auto", "head_size": 64,
+                "block_size": 32, "num_heads": 64, "num_kv_heads": 4, "batch": 98,
+                "context": 1625})
+    doc["meta"].update({"twin_at": [[64, 32, True]], "twin_partial_groups": True})
+    assert rep.twin_steps(doc, "graph")[0]["twin"] == "2x2"
+    doc["meta"]["twin_least_guard"] = True
+    assert rep.twin_steps(doc, "graph")[0]["twin"] == "none"

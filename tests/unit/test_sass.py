@@ -295,6 +295,32 @@ def test_twins_take_models_whose_heads_g_does_not_divide() -> None:
                for k in ("v1", "v2"))
 
 
+def test_auto_declines_twins_that_short_ctas_could_outlast() -> None:
+    """`auto` declines a twin whose grid could take longer than stock's code if every CTA but
+    the longest sequence's had the least work (upstream.outlasts_stock, the mirror of
+    launch_policy.cuh's): the sampled steps where the twins lost most, which the rule before
+    it (``least_guard=False``) gave a twin; and the long-tailed steps where one long chain
+    outlasts the short CTAs' waves keep theirs (they ran 2.7-3.5x stock's)."""
+    from kvprefetch.sources import upstream
+    pick = upstream.twin_pick
+    lost = (  # (heads, kv heads, batch, longest, kernel, head, block, cache): measured with
+        ((64, 4, 98, 1625, "v1", 64, 32, "bf16"), (2, 2)),  # 0.606x
+        ((28, 4, 140, 1447, "v1", 64, 32, "bf16"), (2, 2)),  # 0.667x
+        ((5, 1, 97, 7632, "v2", 64, 16, "fp16"), (2, 2)),  # 0.748x, ragged
+        ((10, 2, 110, 10868, "v2", 128, 16, "bf16"), (4, 2)),  # 0.854x, equal waves
+    )
+    for (heads, kv, batch, ctx, kernel, head, block, cache), before in lost:
+        args = {"head_size": head, "block_size": block, "dtype": cache}
+        assert pick(heads, kv, batch, ctx, kernel, least_guard=False, **args) == before
+        assert pick(heads, kv, batch, ctx, kernel, **args) is None, (heads, batch, ctx)
+    # one long sequence's chain beside a hundred short ones: 208 and 165 blocks
+    assert pick(16, 4, 121, 6646, "v1", head_size=64, block_size=32) == (2, 2)
+    assert pick(8, 4, 144, 5265, "v1", head_size=64, block_size=32) == (2, 2)
+    # no verdict without stock's CTAs per SM: the table and the occupancy rules alone
+    assert pick(64, 4, 98, 1625, "v1", head_size=64, block_size=32, dtype="bf16",
+                stock_per_sm=0) == (2, 2)
+
+
 def test_twins_at_head_64_by_version_and_cache() -> None:
     """rules.inc's KVP_TWIN_AT as upstream.twin_shapes reads it: head 64 has twins at block 32
     in v1 and v2 and at block 16 in v2 only; bf16 v1 none where the launch bound is (block 16);

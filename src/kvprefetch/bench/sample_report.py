@@ -186,6 +186,13 @@ def run_partial_groups(doc: dict[str, Any]) -> bool:
     return bool(doc["meta"].get("twin_partial_groups", False))
 
 
+def run_least_guard(doc: dict[str, Any]) -> bool:
+    """Whether a sampled run's `auto` declined twins whose grid could outlast stock's code if
+    the other sequences were short (``meta.twin_least_guard``; runs made before the kit
+    recorded it checked v1 short chains only)."""
+    return bool(doc["meta"].get("twin_least_guard", False))
+
+
 def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     """The steps whose instantiation has GQA twins compiled beside it: which twin `auto` runs
     there by the launcher's rule (its mirror, ``upstream.twin_pick``, on this run's SM count;
@@ -193,7 +200,7 @@ def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     rule's prediction beside the measurement, step by step; it is the rule as this kit has it,
     so it describes a run made with the same rules (a run's provenance names its commit), at
     the instantiations the run had twins at (run_twin_at) and for the models it had them for
-    (run_partial_groups)."""
+    (run_partial_groups) and with the guard it had (run_least_guard)."""
     from ..sources.upstream import H200_SMS, twin_pick, twin_shapes
     from .sample import cache_kind
 
@@ -211,7 +218,8 @@ def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
                          r["kernel"], sm_count=sms, head_size=r["head_size"],
                          block_size=r["block_size"],
                          dtype=cache_kind(r["kv_cache_dtype"], r["dtype"]),
-                         partial_groups=run_partial_groups(doc))
+                         partial_groups=run_partial_groups(doc),
+                         least_guard=run_least_guard(doc))
         twin = f"{pick[0]}x{pick[1]}" if pick else "none"
         partial = pick is not None and (r["num_heads"] // r["num_kv_heads"]) % pick[0] != 0
         out.append({"step": i, "label": r["label"], "family": r.get("family", "uniform"),
@@ -273,7 +281,8 @@ def bound_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
         if not min_blocks(*inst) or (twin_shapes(*inst, at=at) and twin_pick(
                 r["num_heads"], r["num_kv_heads"], r["batch"], r["context"], "v1",
                 sm_count=sms, head_size=r["head_size"], block_size=r["block_size"],
-                dtype=inst[-1], partial_groups=run_partial_groups(doc))):
+                dtype=inst[-1], partial_groups=run_partial_groups(doc),
+                least_guard=run_least_guard(doc))):
             continue
         launch, gqa_off = step_ratio(r, "launch"), step_ratio(r, "gqa_off")
         out.append({"step": i, "label": r["label"],

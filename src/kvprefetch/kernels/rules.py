@@ -40,6 +40,9 @@ class KernelRules:
     twin_at: tuple[tuple[int, int, bool], ...]
     v1_min_blocks: tuple[tuple[int, int], ...]
     short_chain_blocks: int
+    twin_least_cta_pct: int
+    chain_link_pct: int
+    empty_cta_pct: int
     rule_block_size: int
     prologue_min_head_size: int
     prologue_max_bf16_head_size: int

@@ -288,14 +288,23 @@ H200_SMS, H200_SMEM_PER_SM, H200_MAX_SMEM = 132, 233472, 232448
 # against 164/168). The launcher asks the runtime for them (stock_v1.cuh); the report's
 # prediction uses these.
 H200_V1_CTAS = {64: (6, 9), 128: (4, 5), 256: (3, 3)}
-# CTAs per SM of stock's v1 code on the H200 where the twins are compiled, by (head size,
-# block size, cache), what twin_pick's short chains compare a twin with (the launcher asks the
-# runtime: stock_v1.cuh): block 16 from H200_V1_CTAS (the unbounded copies), block 32 from
-# vLLM's kernels' registers (nvcc 13.0 -res-usage: head 64 fp16 50, bf16 96).
+# CTAs per SM of stock's code on the H200 where the twins are compiled, by (head size, block
+# size, cache), what twin_pick compares a twin with (the launcher asks the runtime:
+# stock_v1.cuh, gqa_twins.cuh), before shared memory limits them: v1 block 16 from
+# H200_V1_CTAS (the unbounded copies), the rest from vLLM's kernels' registers (nvcc 13.0
+# -res-usage; v1: head 64 block 32 fp16 50, bf16 96; v2: head 64 block 16 fp16 62, bf16 56,
+# block 32 fp16 52, bf16 96, head 128 block 16 96).
 H200_STOCK_V1_CTAS = {**{(h, 16, d): c[1] for h, c in H200_V1_CTAS.items()
                          for d in ("fp16", "bf16")},
                       (64, 32, "fp16"): 9, (64, 32, "bf16"): 5}
+H200_STOCK_V2_CTAS = {(64, 16, "fp16"): 8, (64, 16, "bf16"): 9, (64, 32, "fp16"): 9,
+                      (64, 32, "bf16"): 5, (128, 16, "fp16"): 5, (128, 16, "bf16"): 5}
 STOCK_V1_CTAS = H200_STOCK_V1_CTAS[(128, 16, "fp16")]
+# launch_policy.cuh's outlasts_stock, rules.inc's numbers: in units of stock's least CTA, a
+# twin's least CTA, each further link of stock's longest chain, and an empty v2 CTA (percent).
+TWIN_LEAST_CTA_PCT = _RULES.twin_least_cta_pct
+CHAIN_LINK_PCT = _RULES.chain_link_pct
+EMPTY_CTA_PCT = _RULES.empty_cta_pct
 
 
 def v1_code_pick(head_size: int, batch: int, num_heads: int, context: int,
@@ -336,16 +345,43 @@ def v_rows_per_thread(head_size: int, block_size: int) -> int:
     return -(-head_size // (32 // (block_size // vec)))
 
 
+def stock_smem(context: int, kernel: str, head_size: int = 128, block_size: int = 16) -> int:
+    """Dynamic shared memory (bytes) vLLM's launchers give a fp16/bf16 step whose longest
+    sequence has ``context`` tokens: the logits (v1: the padded context's; v2: a partition's)
+    or the output scratch, whichever is larger."""
+    logits = (-(-context // block_size) * block_size if kernel == "v1" else 512) * 4
+    return max(logits, (STOCK_WARPS // 2) * head_size * 4)
+
+
 def twin_smem(group: int, split: int, context: int, kernel: str, head_size: int = 128,
               block_size: int = 16) -> int:
     """Dynamic shared memory (bytes) of twin (group, split), unstaged, for a fp16/bf16 step
-    whose longest sequence has ``context`` tokens: G times stock's (v1: the padded context's
-    logits; v2: a partition's; either, or the output scratch if larger) plus the V products of
-    the warps beyond stock's (gqa_twins.cuh twin_smem_before)."""
-    logits = (-(-context // block_size) * block_size if kernel == "v1" else 512) * 4
-    stock_smem = max(logits, (STOCK_WARPS // 2) * head_size * 4)
+    whose longest sequence has ``context`` tokens: G times stock's (stock_smem) plus the V
+    products of the warps beyond stock's (gqa_twins.cuh twin_smem_before)."""
     products = (split - 1) * STOCK_WARPS * group * v_rows_per_thread(head_size, block_size) * 32
-    return group * stock_smem + 4 * products
+    return group * stock_smem(context, kernel, head_size, block_size) + 4 * products
+
+
+def least_waves(ctas: int, sure: int, sm_count: int, per_sm: int) -> int:
+    """launch_policy.cuh's least_waves: waves of a grid of ``ctas`` CTAs at ``per_sm`` per SM
+    if the ``sure`` ones had one block each and the others none (each EMPTY_CTA_PCT % of one)."""
+    slots = 100 * max(sm_count, 1) * per_sm
+    return -(-(100 * sure + EMPTY_CTA_PCT * (ctas - sure)) // slots)
+
+
+def outlasts_stock(stock_ctas: int, stock_sure: int, stock_per_sm: int, twin_ctas: int,
+                   twin_sure: int, twin_per_sm: int, sm_count: int, cta_blocks: int) -> bool:
+    """launch_policy.cuh's outlasts_stock: whether a twin's grid could take longer than
+    stock's code if every CTA but the longest sequence's had the least work. In units of
+    stock's least CTA, stock: max(its waves, 1 + CHAIN_LINK_PCT % per further link of the
+    longest chain), the twin: TWIN_LEAST_CTA_PCT % of its waves. No verdict (False) where a
+    CTA count per SM is unknown (0)."""
+    if stock_per_sm <= 0 or twin_per_sm <= 0:
+        return False
+    links = -(-cta_blocks // STOCK_WARPS)
+    stock = max(100 * least_waves(stock_ctas, stock_sure, sm_count, stock_per_sm),
+                100 + CHAIN_LINK_PCT * max(links - 1, 0))
+    return TWIN_LEAST_CTA_PCT * least_waves(twin_ctas, twin_sure, sm_count, twin_per_sm) > stock
 
 
 def twin_heads(stock_heads: int, per_kv: int, group: int) -> int:
@@ -359,26 +395,33 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
               sm_count: int = H200_SMS, smem_per_sm: int = H200_SMEM_PER_SM,
               max_smem: int = H200_MAX_SMEM, stock_per_sm: int | None = None,
               head_size: int = 128, block_size: int = 16, dtype: str = "fp16",
-              partial_groups: bool = True) -> tuple[int, int] | None:
+              partial_groups: bool = True, least_guard: bool = True) -> tuple[int, int] | None:
     """launch_policy.cuh's twin_pick in `auto` for a decode step of a fp16/bf16 model of
     ``head_size`` and ``block_size`` whose longest sequence has ``context`` tokens (the rule
-    reads the grid and that length only); ``stock_per_sm``: CTAs per SM of stock's v1 code
-    (default: the H200's for ``dtype``, H200_STOCK_V1_CTAS). None (vLLM's kernel) where the
-    longest CTA has at most STOCK_WARPS blocks; else auto_twin's pick for the CTAs that surely
-    have work (heads x (batch + partitions - 1)), among the chain-safe twins only in v1, if its
-    G is at most the query heads per kv head (else None), moving on to the next such twin of TWIN_SHAPES that can run and keeps two CTAs per
-    SM wherever the pick does not; None past the last. In v1, short chains (at most
-    SHORT_CHAIN_BLOCKS blocks) take a twin only where its grid needs no more waves than stock's
-    code at ``stock_per_sm`` CTAs per SM. ``partial_groups=False``: the rule before a kv head's
-    last group could hold fewer than G heads (a run made then), where G had to divide them."""
+    reads the grid and that length only); ``stock_per_sm``: CTAs per SM of stock's code
+    (default: the H200's for ``dtype`` by its registers, H200_STOCK_V1_CTAS or
+    H200_STOCK_V2_CTAS, and by its shared memory). None (vLLM's kernel) where the longest CTA
+    has at most STOCK_WARPS blocks; else auto_twin's pick for the CTAs that surely have work
+    (heads x (batch + partitions - 1)), among the chain-safe twins only in v1, if its G is at
+    most the query heads per kv head (else None), moving on to the next such twin of
+    TWIN_SHAPES that can run, keeps two CTAs per SM wherever the pick does not, and whose grid
+    could not outlast stock's code if the other sequences were short (outlasts_stock); None
+    past the last. The rules a run was made under, for runs made before them:
+    ``partial_groups=False``, G had to divide the heads per kv head; ``least_guard=False``,
+    instead of outlasts_stock only v1 short chains (at most SHORT_CHAIN_BLOCKS blocks) were
+    checked, for no more waves than stock's code."""
     if num_kv_heads <= 0 or num_heads % num_kv_heads:
         return None
     per_kv = num_heads // num_kv_heads
     if stock_per_sm is None:
-        stock_per_sm = H200_STOCK_V1_CTAS.get((head_size, block_size, dtype), 0)
+        table = H200_STOCK_V1_CTAS if kernel == "v1" else H200_STOCK_V2_CTAS
+        stock_per_sm = min(table.get((head_size, block_size, dtype), 0),
+                           smem_ctas(smem_per_sm, stock_smem(context, kernel, head_size,
+                                                             block_size)))
     partitions = 1 if kernel == "v1" else -(-context // 512)
     blocks = -(-context // block_size)
-    if (min(blocks, 512 // block_size) if kernel == "v2" else blocks) <= STOCK_WARPS:
+    cta_blocks = min(blocks, 512 // block_size) if kernel == "v2" else blocks
+    if cta_blocks <= STOCK_WARPS:
         return None
     stock_ctas = num_heads * batch * partitions
     sure_ctas = num_heads * (batch + partitions - 1)
@@ -401,8 +444,12 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
                 and keeps_occupancy(s, twin_ctas, sm_count, smem, smem_per_sm)):
             continue
         per_sm = min(twin_bound_ctas(s), smem_ctas(smem_per_sm, smem))
-        if short and waves(twin_ctas, sm_count, per_sm) > waves(stock_ctas, sm_count,
-                                                                 stock_per_sm):
+        if least_guard:
+            if outlasts_stock(stock_ctas, sure_ctas, stock_per_sm, twin_ctas,
+                              twin_heads(sure_ctas, per_kv, g), per_sm, sm_count, cta_blocks):
+                continue
+        elif short and waves(twin_ctas, sm_count, per_sm) > waves(stock_ctas, sm_count,
+                                                                   stock_per_sm):
             continue
         return g, s
     return None

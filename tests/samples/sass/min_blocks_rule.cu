@@ -8,7 +8,8 @@
 // twin_pick's answers (the lines "mode ..." and "pick ...") and the staged twins' ring slots
 // (stage_count, "stage ..."), then which reduction follows a v2 twin ("reduce ...":
 // pdl_reduce_after, twin_reduces), where a bounded v1 kernel runs stock's code ("stockv1 ...":
-// stock_v1_wins) and the per-stream counter slots ("slot ...": StreamSlots).
+// stock_v1_wins), where a twin could outlast stock's code ("least ...": outlasts_stock) and the
+// per-stream counter slots ("slot ...": StreamSlots).
 // Host code only: it runs on a
 // machine without a GPU. tests/test_sass.py compiles it with nvcc (and with ablation switches)
 // and compares the tables with kvprefetch.upstream.min_blocks / prefetches_in / twin_shapes /
@@ -80,11 +81,11 @@ int main() {
             }
             const int parts = v2 ? (context + 511) / 512 : 1;
             const int blocks = (context + 15) / 16;
-            // stock's code: vLLM's head-128 v1 kernel, 96 registers, 5 CTAs per SM (v2: not
-            // asked)
+            // stock's code: vLLM's head-128 kernels, 96 registers, 5 CTAs per SM (the
+            // sample's contexts leave v1's shared memory room for 6)
             const kvprefetch::TwinStep step{1LL * m.first * batch * parts,
                                             1LL * m.first * (batch + parts - 1), v2,
-                                            v2 && blocks > 32 ? 32 : blocks, v2 ? 0 : 5};
+                                            v2 && blocks > 32 ? 32 : blocks, 5};
             std::printf("pick %d %d %d %d %d %s %d\n", mode, m.first, m.second, batch, context,
                         v2 ? "v2" : "v1",
                         kvprefetch::twin_pick(mode, step, 132, m.first / m.second, smem,
@@ -133,6 +134,27 @@ int main() {
       for (const int blocks : {1, 2, 4, 8, 9, 222}) {
         std::printf("stockv1 %lld %d %d %d %d %d\n", ctas, 132, occ.first, occ.second, blocks,
                     int(kvprefetch::stock_v1_wins(ctas, 132, occ.first, occ.second, blocks)));
+      }
+    }
+  }
+  // "least STOCK_CTAS STOCK_SURE STOCK_PER_SM TWIN_CTAS TWIN_SURE TWIN_PER_SM BLOCKS OUTLASTS":
+  // outlasts_stock on the H200's 132 SMs over grids of a 2-head twin (half stock's CTAs) and a
+  // 4-head one (a quarter), all or a tenth of their CTAs sure, stock's code at 4-9 CTAs per SM
+  // and the twin at 1-4, and the longest CTA's blocks.
+  for (const long long ctas : {64LL, 528LL, 1688LL, 3920LL, 6272LL, 24200LL}) {
+    for (const long long sure_div : {1LL, 10LL}) {
+      for (const long long g : {2LL, 4LL}) {
+        for (const int stock_per_sm : {0, 4, 5, 9}) {
+          for (const int twin_per_sm : {1, 2, 4}) {
+            for (const int blocks : {5, 14, 32, 51, 680}) {
+              const long long sure = ctas / sure_div;
+              std::printf("least %lld %lld %d %lld %lld %d %d %d\n", ctas, sure, stock_per_sm,
+                          ctas / g, sure / g, twin_per_sm, blocks,
+                          int(kvprefetch::outlasts_stock(ctas, sure, stock_per_sm, ctas / g,
+                                                         sure / g, twin_per_sm, 132, blocks)));
+            }
+          }
+        }
       }
     }
   }
