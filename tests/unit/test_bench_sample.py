@@ -466,4 +466,7 @@ def test_twin_steps_follow_the_runs_own_guard_for_short_ctas() -> None:
     doc["meta"].update({"twin_at": [[64, 32, True]], "twin_partial_groups": True})
     assert rep.twin_steps(doc, "graph")[0]["twin"] == "2x2"
     doc["meta"]["twin_least_guard"] = True
-    assert rep.twin_steps(doc, "graph")[0]["twin"] == "none"
+    step = rep.twin_steps(doc, "graph")[0]
+    assert step["twin"] == "none" and step["row"] == "none: the short-CTA guard declined a twin"
+    assert ("| graph | none: the short-CTA guard declined a twin | 1 |"
+            in "\n".join(rep.twins_table([doc])))

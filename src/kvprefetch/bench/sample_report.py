@@ -193,6 +193,19 @@ def run_least_guard(doc: dict[str, Any]) -> bool:
     return bool(doc["meta"].get("twin_least_guard", False))
 
 
+def _mirror_pick(doc: dict[str, Any], r: dict[str, Any], sms: int,
+                 least_guard: bool) -> tuple[int, int] | None:
+    """The twin `auto` runs at sampled step ``r`` of run ``doc`` by the rule's mirror, on ``sms``
+    SMs, under the run's partial-group rule and with or without the short-CTA guard."""
+    from ..sources.upstream import twin_pick
+    from .sample import cache_kind
+
+    return twin_pick(r["num_heads"], r["num_kv_heads"], r["batch"], r["context"], r["kernel"],
+                     sm_count=sms, head_size=r["head_size"], block_size=r["block_size"],
+                     dtype=cache_kind(r["kv_cache_dtype"], r["dtype"]),
+                     partial_groups=run_partial_groups(doc), least_guard=least_guard)
+
+
 def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     """The steps whose instantiation has GQA twins compiled beside it: which twin `auto` runs
     there by the launcher's rule (its mirror, ``upstream.twin_pick``, on this run's SM count;
@@ -201,7 +214,7 @@ def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     so it describes a run made with the same rules (a run's provenance names its commit), at
     the instantiations the run had twins at (run_twin_at) and for the models it had them for
     (run_partial_groups) and with the guard it had (run_least_guard)."""
-    from ..sources.upstream import H200_SMS, twin_pick, twin_shapes
+    from ..sources.upstream import H200_SMS, twin_shapes
     from .sample import cache_kind
 
     sms = doc["meta"]["device"].get("sm_count") or H200_SMS
@@ -214,16 +227,14 @@ def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
                 "prefetch", r["kernel"], r["kv_cache_dtype"], r["head_size"], r["block_size"],
                 cache_kind(r["kv_cache_dtype"], r["dtype"]), at=at):
             continue
-        pick = twin_pick(r["num_heads"], r["num_kv_heads"], r["batch"], r["context"],
-                         r["kernel"], sm_count=sms, head_size=r["head_size"],
-                         block_size=r["block_size"],
-                         dtype=cache_kind(r["kv_cache_dtype"], r["dtype"]),
-                         partial_groups=run_partial_groups(doc),
-                         least_guard=run_least_guard(doc))
+        pick = _mirror_pick(doc, r, sms, run_least_guard(doc))
         twin = f"{pick[0]}x{pick[1]}" if pick else "none"
         partial = pick is not None and (r["num_heads"] // r["num_kv_heads"]) % pick[0] != 0
+        row = f"{twin}, last group partial" if partial else twin
+        if pick is None and run_least_guard(doc) and _mirror_pick(doc, r, sms, False):
+            row = "none: the short-CTA guard declined a twin"
         out.append({"step": i, "label": r["label"], "family": r.get("family", "uniform"),
-                    "twin": twin, "row": f"{twin}, last group partial" if partial else twin,
+                    "twin": twin, "row": row,
                     "patched": step_ratio(r, "patched"), "gqa_off": step_ratio(r, "gqa_off")})
     return out
 
@@ -244,7 +255,8 @@ def _grouped(docs: Sequence[dict[str, Any]], only: str | None,
 
 def twins_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> list[str]:
     """Over one or more samples, per timing (``only`` that one) and per twin `auto` runs (by the
-    rule; apart where a kv head's last group of heads is partial, G not dividing them): how
+    rule; apart where a kv head's last group of heads is partial, G not dividing them, and
+    where the short-CTA guard declined the twin the rule before it ran): how
     many steps, ``patched``'s ratio over them (min, geomean, max), how many below the
     per-step target, and where ``gqa_off`` ran, the twins' own step (``patched`` over
     ``gqa_off``)."""
@@ -265,7 +277,7 @@ def bound_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     unbounded copy where the bound would cost a wave) and what ``patched`` measured, and where
     both trees ran, the bound's own step (``gqa_off`` over ``launch``, whose kernels are
     stock's). Like twin_steps, the rule as this kit has it, at the run's twin_at."""
-    from ..sources.upstream import H200_SMS, min_blocks, twin_pick, twin_shapes, v1_code_pick
+    from ..sources.upstream import H200_SMS, min_blocks, twin_shapes, v1_code_pick
     from .sample import cache_kind
 
     sms = doc["meta"]["device"].get("sm_count") or H200_SMS
@@ -278,11 +290,8 @@ def bound_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
             continue
         inst = ("prefetch", "v1", r["kv_cache_dtype"], r["head_size"], r["block_size"],
                 cache_kind(r["kv_cache_dtype"], r["dtype"]))
-        if not min_blocks(*inst) or (twin_shapes(*inst, at=at) and twin_pick(
-                r["num_heads"], r["num_kv_heads"], r["batch"], r["context"], "v1",
-                sm_count=sms, head_size=r["head_size"], block_size=r["block_size"],
-                dtype=inst[-1], partial_groups=run_partial_groups(doc),
-                least_guard=run_least_guard(doc))):
+        if not min_blocks(*inst) or (twin_shapes(*inst, at=at)
+                                     and _mirror_pick(doc, r, sms, run_least_guard(doc))):
             continue
         launch, gqa_off = step_ratio(r, "launch"), step_ratio(r, "gqa_off")
         out.append({"step": i, "label": r["label"],
