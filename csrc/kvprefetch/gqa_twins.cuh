@@ -1331,12 +1331,11 @@ int launch_some_twin(const dim3 grid, const int shared_mem_size, const cudaStrea
                                           KV_DTYPE, IS_BLOCK_SPARSE>(dev, f.smem_per_sm,
                                                                      shared_mem_size);
     } else {
-      stock_per_sm = static_cast<int>(std::min<long long>(
-          resident_ctas<vllm::paged_attention_v2_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE,
-                                                        NUM_THREADS, KV_DTYPE,
-                                                        IS_BLOCK_SPARSE, PARTITION_SIZE>>(
-              dev, NUM_THREADS),
-          smem_ctas(f.smem_per_sm, shared_mem_size)));
+      stock_per_sm =
+          resident_ctas_at<vllm::paged_attention_v2_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE,
+                                                           NUM_THREADS, KV_DTYPE,
+                                                           IS_BLOCK_SPARSE, PARTITION_SIZE>>(
+              dev, NUM_THREADS, f.smem_per_sm, shared_mem_size);
     }
     const int i = twin_for(grid, PARTITION_SIZE > 0, cta_blocks, a.num_kv_heads, f,
                            [&](const int j) {

@@ -61,23 +61,31 @@ int resident_ctas(const int dev, const int threads) {
   }
   return n - 1;
 }
+// The same at `smem` bytes of dynamic shared memory on SMs of `smem_per_sm` bytes, which can
+// only lower it (smem_ctas).
+template <auto kernel>
+int resident_ctas_at(const int dev, const int threads, const long long smem_per_sm,
+                     const int smem) {
+  return static_cast<int>(
+      std::min<long long>(resident_ctas<kernel>(dev, threads), smem_ctas(smem_per_sm, smem)));
+}
 
 // CTAs per SM of stock's code for this v1 instantiation at `smem` bytes of dynamic shared
 // memory: its unbounded copy's where the rule bounds it, else vLLM's kernel's (stock as is).
 template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, bool IS_BLOCK_SPARSE>
 int stock_v1_ctas_per_sm(const int dev, const long long smem_per_sm, const int smem) {
-  int ctas = 0;
   if constexpr (min_blocks<HEAD_SIZE, BLOCK_SIZE, int(sizeof(CACHE_T)), int(KV_DTYPE)>(false) >
                 0) {
-    ctas = resident_ctas<unbounded_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
-                                             KV_DTYPE, IS_BLOCK_SPARSE>>(dev, NUM_THREADS);
+    return resident_ctas_at<unbounded_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
+                                                KV_DTYPE, IS_BLOCK_SPARSE>>(
+        dev, NUM_THREADS, smem_per_sm, smem);
   } else {
-    ctas = resident_ctas<vllm::paged_attention_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE,
-                                                         NUM_THREADS, KV_DTYPE,
-                                                         IS_BLOCK_SPARSE>>(dev, NUM_THREADS);
+    return resident_ctas_at<vllm::paged_attention_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE,
+                                                            NUM_THREADS, KV_DTYPE,
+                                                            IS_BLOCK_SPARSE>>(
+        dev, NUM_THREADS, smem_per_sm, smem);
   }
-  return static_cast<int>(std::min<long long>(ctas, smem_ctas(smem_per_sm, smem)));
 }
 
 // Runs unbounded_v1_kernel instead of the bounded paged_attention_v1_kernel where
@@ -102,8 +110,7 @@ bool launch_stock_v1(const dim3 grid, const dim3 block, const int smem,
                                                              IS_BLOCK_SPARSE>;
     constexpr auto stock = unbounded_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS,
                                                KV_DTYPE, IS_BLOCK_SPARSE>;
-    const int b = static_cast<int>(std::min<long long>(resident_ctas<bounded>(dev, NUM_THREADS),
-                                                       smem_ctas(f.smem_per_sm, smem)));
+    const int b = resident_ctas_at<bounded>(dev, NUM_THREADS, f.smem_per_sm, smem);
     const int s = stock_v1_ctas_per_sm<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
                                        IS_BLOCK_SPARSE>(dev, f.smem_per_sm, smem);
     if (!stock_v1_wins(1LL * grid.x * grid.y * grid.z, f.sm_count, b, s,
