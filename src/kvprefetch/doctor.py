@@ -54,9 +54,13 @@ GIB = 2**30
 # (~12 GB each with CUTLASS/FA/FlashMLA objects), two envs with torch 2.8.0 + CUDA wheels
 # (~6 GB each) and a shared ccache (~5 GB). Kernels-only: two paged-attention extensions with
 # their object files (~0.5 GB), the trees' csrc and two small envs that inherit torch.
-# Overlay: one released vLLM 0.10.2 install per environment (9.7 GB each with pip; uv hard-links
-# the second from its cache) plus the two small libraries.
-DISK_ESTIMATE_GB: dict[str, float] = {"full": 40.0, "kernels-only": 3.0, "overlay": 22.0}
+# Overlay: see overlay_disk_gb.
+DISK_ESTIMATE_GB: dict[str, float] = {"full": 40.0, "kernels-only": 3.0}
+# One released vLLM 0.10.2 install (vllm, torch 2.8.0, xformers, triton and the CUDA 12 wheels
+# they pull) unpacks to 9.6 GiB (measured: uv's cache after one cold install); the work
+# directory's own part (trees, the assembled CUDA 12 toolkit, the two libraries) about 0.5 GiB.
+OVERLAY_INSTALL_GB = 10.0
+OVERLAY_OWN_GB = 1.0
 # torch 2.8.0, which vLLM 0.10.2 pins, is built for CUDA 12.8: the overlay compiles against it.
 OVERLAY_TORCH_CUDA = "12.8"
 DEFAULT_INDEX = "https://pypi.org/simple/"
@@ -392,12 +396,31 @@ def _check_cmake(environ: Mapping[str, str]) -> Check:
 SMOKE_DISK_GB = 2.0
 
 
-def _check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = False) -> Check:
-    need = SMOKE_DISK_GB if smoke else probes.disk_estimate_gb[mode]
+def overlay_disk_gb(envs: int, shared: bool) -> float:
+    """What an overlay build of ``envs`` environments needs on the work directory's disk: one
+    install when the environments hard-link from one cache there, else one per environment."""
+    return OVERLAY_OWN_GB + OVERLAY_INSTALL_GB * (1 if shared else max(1, envs))
+
+
+def _check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = False,
+                environ: Mapping[str, str] | None = None, env_backend: str | None = None,
+                envs: int = 2) -> Check:
+    how = ""
+    if smoke:
+        need = SMOKE_DISK_GB
+    elif mode == "overlay":
+        from .overlay.build import default_backend, shares_one_install
+
+        shared, why = shares_one_install(env_backend or default_backend(), workdir,
+                                         environ if environ is not None else os.environ)
+        need = overlay_disk_gb(envs, shared)
+        how = f" for {envs} environment(s): {why}"
+    else:
+        need = probes.disk_estimate_gb[mode]
     free = probes.disk_free(workdir) / GIB
     what = "the full-mode smoke" if smoke else \
         f"{'an' if mode == 'overlay' else 'a'} {mode} build"
-    detail = f"{free:.1f} GiB free at {workdir}, {what} needs about {need:.0f} GiB"
+    detail = f"{free:.1f} GiB free at {workdir}, {what} needs about {need:.0f} GiB{how}"
     fix = f"free space or pass --workdir on a disk with at least {need:.0f} GiB free"
     if free < need:
         return Check("disk", "fail", detail, fix)
@@ -549,12 +572,14 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
                mode: Mode = "full", probes: DoctorProbes | None = None,
                cuda_home_opt: str | None = None, allow_cuda_mismatch: bool = False,
                mode_reason: str = "", smoke: bool = False,
-               torch_from: str | None = None) -> DoctorReport:
+               torch_from: str | None = None, env_backend: str | None = None,
+               envs: int = 2) -> DoctorReport:
     """Run every check for building ``arch_list`` in ``mode`` with the environment ``env``
     (default os.environ; pass the build environment's environ()). ``need_network`` None means:
     needed for a full build unless all three FetchContent source dirs are set. ``smoke``: the
     full-mode smoke's needs (``_smoke_checks``) in place of a full build's toolkit, libraries
-    and cmake rows."""
+    and cmake rows. Overlay: ``env_backend`` (None: ``default_backend()``) and ``envs``, the
+    number of environments, size the disk check."""
     if mode not in ("full", "kernels-only", "overlay"):
         raise ConfigError(f"unknown doctor mode {mode!r}",
                           "use 'full', 'kernels-only' or 'overlay'")
@@ -604,7 +629,8 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
     if not smoke_rows:
         checks.append(_check_cmake(environ) if mode == "full" else
                       Check("cmake", "skip", f"{mode} builds do not use cmake"))
-    checks.append(_check_disk(wd, mode, probes, smoke=bool(smoke_rows)))
+    checks.append(_check_disk(wd, mode, probes, smoke=bool(smoke_rows), environ=environ,
+                              env_backend=env_backend, envs=envs))
     checks.append(_check_memory(archs, probes))
     if mode == "overlay":
         checks.append(_check_index(environ, probes))

@@ -12,6 +12,7 @@ import socket
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -122,6 +123,31 @@ def test_simulated_full_disk(tmp_path: Path, base_environ: dict[str, str]) -> No
     assert "--workdir" in (disk.fix or "")
     with pytest.raises(ConfigError, match="disk"):
         rep.raise_if_failed()
+
+
+def test_overlay_disk_counts_one_install_where_uv_links_from_its_cache(
+        tmp_path: Path, base_environ: dict[str, str]) -> None:
+    """The real uv names its cache (``uv cache dir``). With that cache on the work directory's
+    disk, the environments hard-link from one install, so 15 GiB free (a simulated free-space
+    figure: filling this disk is not possible here) is enough for two environments. Where each
+    environment holds its own copy (UV_LINK_MODE=copy, or pip's venv) it is not, nor for uv
+    with three environments' worth of copies."""
+    env = dict(base_environ, UV_CACHE_DIR=str(tmp_path / "uv-cache"))
+    probes = DoctorProbes(disk_free=lambda p: 15 * GIB,
+                          index=lambda url, e: (True, "simulated: index reachable"))
+
+    def disk(environ: dict[str, str], backend: str, envs: int = 2) -> Any:
+        return run_doctor("9.0a", env=environ, workdir=tmp_path / "work", mode="overlay",
+                          probes=probes, env_backend=backend, envs=envs).check("disk")
+
+    shared = disk(env, "uv")
+    assert shared.status != "fail", shared.detail
+    assert "hard-links" in shared.detail and str(tmp_path / "uv-cache") in shared.detail
+    for environ, backend in ((dict(env, UV_LINK_MODE="copy"), "uv"), (env, "venv")):
+        copied = disk(environ, backend)
+        assert copied.status == "fail" and "--workdir" in (copied.fix or ""), copied.detail
+    # one install however many environments link to it
+    assert disk(env, "uv", envs=3).status == shared.status
 
 
 def test_real_free_space_against_a_larger_estimate(tmp_path: Path,

@@ -137,12 +137,18 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
     nvcc = find_nvcc(environ)
     nv = nvcc_version(nvcc) if nvcc else None
     home = find_cuda_home(environ)
+    env_backend = opts.env_backend
+    if env_backend is None:
+        from ..overlay.build import default_backend
+
+        env_backend = default_backend() if mode == "overlay" else "venv"
     if not opts.skip_doctor:
         rep = run_doctor(archs, env=environ, workdir=opts.workdir,
                          need_network=(mode == "full" and opts.deps_dir is None), mode=mode,
                          cuda_home_opt=opts.cuda_home,
                          allow_cuda_mismatch=opts.allow_cuda_mismatch,
-                         smoke=opts.smoke, torch_from=opts.torch_from)
+                         smoke=opts.smoke, torch_from=opts.torch_from,
+                         env_backend=env_backend, envs=len(names))
         if not opts.dry_run:
             rep.raise_if_failed()
     smoke = None
@@ -161,12 +167,7 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
     # (each nvcc of a full launcher source needs several GB).
     parallel = max(1, min(len(names), jobs)) if mode in ("kernels-only", "overlay") else 1
     per_tree = max(1, jobs // parallel)
-    env_backend = opts.env_backend
     overlay = None
-    if env_backend is None:
-        from ..overlay.build import find_uv
-
-        env_backend = "uv" if mode == "overlay" and find_uv() else "venv"
     if mode == "overlay":
         from ..overlay.build import OverlayOptions, find_uv
 

@@ -28,7 +28,8 @@ from .common import dry_run_option, json_option, workdir_option
                    "patched tree, e.g. paper).")
 @click.option("--env-backend", type=click.Choice(["venv", "uv", "conda"]), default=None,
               help="Environment kind [default: uv for --mode overlay where uv is found (it "
-                   "hard-links the second env's 9.7 GB of wheels from its cache), else venv].")
+                   "installs one at a time and hard-links every env from one 9.6 GiB copy in its cache), "
+                   "else venv].")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="MAX_JOBS (default: sized from cores and memory).")
 @click.option("--nvcc-threads", type=click.IntRange(min=1), default=None)
