@@ -89,11 +89,16 @@ class Check:
     fix: str | None = None
 
 
-def _disk_free(path: Path) -> int:
+def _existing(path: Path) -> Path:
+    """``path``, or its nearest parent that exists (a work directory not made yet)."""
     p = path.absolute()
     while not p.exists() and p != p.parent:
         p = p.parent
-    return shutil.disk_usage(p).free
+    return p
+
+
+def _disk_free(path: Path) -> int:
+    return shutil.disk_usage(_existing(path)).free
 
 
 def check_url(url: str = GITHUB_URL, *, timeout: float = 5.0,
@@ -396,6 +401,31 @@ def _check_cmake(environ: Mapping[str, str]) -> Check:
 SMOKE_DISK_GB = 2.0
 
 
+def shares_one_install(backend: str, workdir: Path,
+                       environ: Mapping[str, str]) -> tuple[bool, str]:
+    """(shared, why): whether the environments' installs hard-link from one copy on the work
+    directory's disk. uv links from its cache by default on Linux (``UV_LINK_MODE`` unset or
+    ``hardlink``), but only within one file system: elsewhere it copies. pip and conda unpack
+    a copy into every environment."""
+    if backend != "uv":
+        return False, f"{backend} unpacks a copy into each environment"
+    mode = environ.get("UV_LINK_MODE") or "hardlink"
+    if mode not in ("hardlink", "symlink"):
+        return False, f"UV_LINK_MODE={mode}: uv copies into each environment"
+    from .overlay.build import find_uv
+
+    uv = find_uv()
+    done = run([uv, "cache", "dir"], env=dict(environ), echo=False, check=False,
+               timeout=30) if uv else None
+    if done is None or done.returncode != 0 or not done.output.strip():
+        return False, "uv's cache directory is unknown (`uv cache dir` failed)"
+    cache = Path(done.output.strip().splitlines()[-1])
+    if _existing(cache).stat().st_dev != _existing(workdir).stat().st_dev:
+        return False, (f"uv's cache {cache} is on another file system: uv copies into each "
+                       "environment")
+    return True, f"uv hard-links every environment from its cache {cache} on this disk"
+
+
 def overlay_disk_gb(envs: int, shared: bool) -> float:
     """What an overlay build of ``envs`` environments needs on the work directory's disk: one
     install when the environments hard-link from one cache there, else one per environment."""
@@ -409,7 +439,7 @@ def _check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = F
     if smoke:
         need = SMOKE_DISK_GB
     elif mode == "overlay":
-        from .overlay.build import default_backend, shares_one_install
+        from .overlay.build import default_backend
 
         shared, why = shares_one_install(env_backend or default_backend(), workdir,
                                          environ if environ is not None else os.environ)

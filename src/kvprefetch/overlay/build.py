@@ -27,7 +27,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,36 +75,6 @@ def default_backend() -> str:
     """The overlay's environment backend when ``--env-backend`` is not given: uv where found
     (its installs hard-link from one cache), else venv."""
     return "uv" if find_uv() else "venv"
-
-
-def _device(path: Path) -> int:
-    p = path.absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p.stat().st_dev
-
-
-def shares_one_install(backend: str, workdir: Path,
-                       environ: Mapping[str, str]) -> tuple[bool, str]:
-    """(shared, why): whether the environments' installs hard-link from one copy on the work
-    directory's disk. uv links from its cache by default on Linux (``UV_LINK_MODE`` unset or
-    ``hardlink``), but only within one file system: elsewhere it copies. pip and conda unpack
-    a copy into every environment."""
-    if backend != "uv":
-        return False, f"{backend} unpacks a copy into each environment"
-    mode = environ.get("UV_LINK_MODE") or "hardlink"
-    if mode not in ("hardlink", "symlink"):
-        return False, f"UV_LINK_MODE={mode}: uv copies into each environment"
-    uv = find_uv()
-    done = run([uv, "cache", "dir"], env=dict(environ), echo=False, check=False,
-               timeout=30) if uv else None
-    if done is None or done.returncode != 0 or not done.output.strip():
-        return False, "uv's cache directory is unknown (`uv cache dir` failed)"
-    cache = Path(done.output.strip().splitlines()[-1])
-    if _device(cache) != _device(workdir):
-        return False, (f"uv's cache {cache} is on another file system: uv copies into each "
-                       "environment")
-    return True, f"uv hard-links every environment from its cache {cache} on this disk"
 
 
 def install_argv(backend: str, python: str, uv: str | None, *packages: str,
