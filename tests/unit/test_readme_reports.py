@@ -1,5 +1,6 @@
 """The report blocks (`<!-- report RESULT.json summary|shapes|attribution -->`, `<!-- report
-RUN_FOLDER seeds -->`) of the README, docs/design.md and docs/sampled-benchmark.md, and the README's command table (`<!-- commands -->`), are what
+RUN_FOLDER seeds -->`) of the README, docs/design.md, docs/sampled-benchmark.md and
+docs/tuning-log.md, and the README's command table (`<!-- commands -->`), are what
 `kvprefetch report --readme` renders from the committed result JSON and the commands' help, not
 text typed by hand: CI regenerates them and fails on any difference."""
 
@@ -19,7 +20,8 @@ from kvprefetch.cli.report import COMMANDS_BLOCK, refresh_commands
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/design.md", "docs/sampled-benchmark.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/design.md", "docs/sampled-benchmark.md",
+                                 "docs/tuning-log.md"])
 def test_report_blocks_are_regenerated_from_their_json(doc: str) -> None:
     path = ROOT / doc
     text = path.read_text()
