@@ -171,15 +171,17 @@ def test_real_sigkill_mid_create(tmp_path: Path) -> None:
     the env was renamed into place) and is killed, with its whole process group, mid-way. What
     it left must not count as an env, and the next create must redo it."""
     path = tmp_path / "env"
-    child = multiprocessing.get_context("fork").Process(target=_create_in_new_group,
-                                                        args=(str(path),))
+    # spawn, not fork (as below): a fork of this multithreaded process can block on a lock
+    child = multiprocessing.get_context("spawn").Process(target=_create_in_new_group,
+                                                         args=(str(path),))
     child.start()
     try:
         deadline = time.monotonic() + 60
         while not path.exists() and time.monotonic() < deadline and child.is_alive():
             time.sleep(0.02)
-        if not path.exists() or (path / MARKER).exists():
-            pytest.skip("the child never reached the interruptible point")
+        assert path.exists() and not (path / MARKER).exists(), (
+            f"the child never reached the interruptible point (alive: {child.is_alive()}, "
+            f"exit code: {child.exitcode})")
     finally:
         assert child.pid is not None
         try:
@@ -266,9 +268,19 @@ def test_python_outside_env_is_an_error(tmp_path: Path) -> None:
     assert "resolves outside" in exc.value.cause
 
 
+class _StopsInItsTemporaryDirectory(VenvEnv):
+    """A real venv build that waits once its temporary directory holds the venv, so that the
+    SIGKILL lands there every time: the real build renames it into place within about 0.1 s,
+    a window a polling parent missed under load."""
+
+    def _build(self, target: Path) -> None:
+        super()._build(target)
+        time.sleep(600)
+
+
 def _create_owned_in_new_group(path: str, owner: str) -> None:
     os.setsid()
-    VenvEnv(path, with_pip=True).create(owner=Path(owner))
+    _StopsInItsTemporaryDirectory(path, with_pip=True).create(owner=Path(owner))
 
 
 def test_killed_create_in_a_work_dir_leaves_an_orphan_the_next_run_removes(tmp_path: Path) -> None:
@@ -280,8 +292,10 @@ def test_killed_create_in_a_work_dir_leaves_an_orphan_the_next_run_removes(tmp_p
 
     root = tmp_path / "work"
     path = root / "envs" / "baseline"
-    child = multiprocessing.get_context("fork").Process(target=_create_owned_in_new_group,
-                                                        args=(str(path), str(root)))
+    # spawn, not fork: a forked copy of this multithreaded test process can block on a lock
+    # another thread held at the fork
+    child = multiprocessing.get_context("spawn").Process(target=_create_owned_in_new_group,
+                                                         args=(str(path), str(root)))
     child.start()
     assert child.pid is not None
     tmp = path.parent / f"{path.name}.tmp-{child.pid}"
@@ -289,8 +303,8 @@ def test_killed_create_in_a_work_dir_leaves_an_orphan_the_next_run_removes(tmp_p
         deadline = time.monotonic() + 60
         while not tmp.exists() and time.monotonic() < deadline and child.is_alive():
             time.sleep(0.01)
-        if not tmp.exists():
-            pytest.skip("the child never reached its temporary directory")
+        assert tmp.exists(), (f"the child never reached its temporary directory {tmp} "
+                              f"(alive: {child.is_alive()}, exit code: {child.exitcode})")
     finally:
         try:
             os.killpg(child.pid, signal.SIGKILL)
