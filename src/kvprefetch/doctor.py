@@ -57,7 +57,7 @@ GIB = 2**30
 # Overlay: see overlay_disk_gb.
 DISK_ESTIMATE_GB: dict[str, float] = {"full": 40.0, "kernels-only": 3.0}
 # One released vLLM 0.10.2 install (vllm, torch 2.8.0, xformers, triton and the CUDA 12 wheels
-# they pull) unpacks to 9.6 GiB (measured: uv's cache after one cold install); the work
+# they pull) unpacks to 9.3 GiB (measured: uv's cache after one cold install); the work
 # directory's own part (trees, the assembled CUDA 12 toolkit, the two libraries) about 0.5 GiB.
 OVERLAY_INSTALL_GB = 10.0
 OVERLAY_OWN_GB = 1.0

@@ -28,7 +28,7 @@ from .common import dry_run_option, json_option, workdir_option
                    "patched tree, e.g. paper).")
 @click.option("--env-backend", type=click.Choice(["venv", "uv", "conda"]), default=None,
               help="Environment kind [default: uv for --mode overlay where uv is found (the "
-                   "envs install one at a time and hard-link from one 9.6 GiB copy in uv's "
+                   "envs install one at a time and hard-link from one 9.3 GiB copy in uv's "
                    "cache), else venv].")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="MAX_JOBS (default: sized from cores and memory).")

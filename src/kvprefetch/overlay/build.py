@@ -43,8 +43,8 @@ ROUTE_CPP = "kvprefetch_route.cpp"
 
 
 # One install at a time: the trees build concurrently, and two installs started together into
-# a cold cache each download and unpack their own copy (measured with uv: 19.6 GiB of cache for
-# two environments against 9.6 for one). Serialised, the second links from the first's cache.
+# a cold cache each download and unpack their own copy (measured with uv: 19 GiB of cache for
+# two environments against 9.3 for one). Serialised, the second links from the first's cache.
 _INSTALLING = threading.Lock()
 
 
