@@ -167,6 +167,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                 "or tests/gpu:\n  " + "\n  ".join(wrong))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def matplotlib_ready(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """matplotlib's first use in a process builds its font cache, and to build it runs
+    ``fc-list`` (``subprocess.Popen``). Under the guard that fails whichever plotting test comes
+    first -- but only on a machine whose ``~/.cache/matplotlib`` is still empty: a new user's
+    first run, never the developer's (issue 42). So, once per session and before any guard arms
+    (a session fixture is set up before the function-scoped guard): point ``MPLCONFIGDIR`` at a
+    session temporary directory, so that every run starts from the empty cache a new machine
+    has and never reads or writes the user's; select Agg (no display); build the font cache.
+    The process it starts belongs to loading matplotlib, as torch's ``ldconfig`` does to
+    loading torch (``import_with_side_effects``). Without matplotlib (no ``plot`` extra) the
+    plotting tests skip themselves and this does nothing."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("matplotlib") is None:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        if "matplotlib" not in sys.modules:  # the config dir is read once, on first import
+            mp.setenv("MPLCONFIGDIR", str(tmp_path_factory.mktemp("matplotlib")))
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import font_manager
+
+        font_manager.findfont("DejaVu Sans")  # the cache is built by now (import), and usable
+        yield
+
+
 @pytest.fixture(autouse=True)
 def isolation_guard(request: pytest.FixtureRequest,
                     monkeypatch: pytest.MonkeyPatch) -> Iterator[IsolationGuard]:
