@@ -67,6 +67,30 @@ def test_progress_line_estimates_from_the_last_build_or_the_pace() -> None:
     assert last.line(500.0).endswith("past the last build's 5:00")
 
 
+def test_pace_counts_only_the_nvcc_edges() -> None:
+    """A tree of two nvcc edges (minutes each), then a C++ file and the link (seconds): one nvcc
+    edge in, the pace of all four edges said three edges' worth were left (the "57:10 left"
+    of a 22-minute tree, issue 42); the nvcc pace says one."""
+    p = CompileProgress(started=0.0, heavy=2)
+    p.update(1, 4)
+    assert p.line(600.0) == "compiling [1/4] 10:00 elapsed, about 10:00 left (at this pace)"
+    p.update(2, 4)
+    assert p.line(1200.0).endswith("the nvcc compiles are done, linking")
+    # several jobs at a time: the C++ edge finishes first and is no nvcc progress
+    j = CompileProgress(started=0.0, heavy=2, light_first=True)
+    j.update(1, 4)
+    assert j.line(30.0).endswith("no estimate yet")
+    j.update(2, 4)
+    assert j.line(600.0).endswith("about 10:00 left (at this pace)")
+
+
+def test_ninja_jobs_reads_the_command_line() -> None:
+    from kvprefetch.build.builder import ninja_jobs
+
+    assert ninja_jobs(["ninja", "-C", "d", "-j", "3"]) == 3
+    assert ninja_jobs(("ninja", "-C", "d")) == 1
+
+
 def test_previous_seconds_reads_the_newest_manifest_of_the_same_selection(tmp_path: Path) -> None:
     sel = {"head_sizes": [128], "block_sizes": [16], "kv_dtypes": ["fp16"], "full": False}
     assert previous_seconds(tmp_path, sel) is None

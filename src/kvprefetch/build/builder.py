@@ -90,11 +90,14 @@ def child_env(env_obj: Any, tp: TreePlan) -> dict[str, str]:
 
 def compile_with_progress(tree: str, argv: list[str], *, env: dict[str, str], log: Path,
                           fix: str, started: float, build_root: Path,
-                          selection: dict[str, Any]) -> None:
+                          selection: dict[str, Any], heavy: int | None = None,
+                          jobs: int = 1) -> None:
     """Run ninja, showing its ``[n/N]`` with the time elapsed since ``started`` (the tree's
     build) and an estimate of the time left. ninja prints a counter only as each edge ends,
-    minutes apart for a full launcher source, so a heartbeat repeats the line in between."""
-    prog = CompileProgress(started, previous_seconds(build_root, selection))
+    minutes apart for a full launcher source, so a heartbeat repeats the line in between.
+    ``heavy``: how many of the edges are nvcc's (the pace counts only those; progress.py)."""
+    prog = CompileProgress(started, previous_seconds(build_root, selection), heavy=heavy,
+                           light_first=jobs > 1)
     lock = threading.Lock()
 
     def show() -> None:
@@ -108,6 +111,15 @@ def compile_with_progress(tree: str, argv: list[str], *, env: dict[str, str], lo
 
     with heartbeat(show):
         run(argv, env=env, log=log, on_progress=progress, fix=fix)
+
+
+def ninja_jobs(argv: tuple[str, ...] | list[str]) -> int:
+    """The ``-j N`` of a ninja command line (1 when absent or unreadable)."""
+    args = list(argv)
+    for i, a in enumerate(args[:-1]):
+        if a == "-j" and args[i + 1].isdigit():
+            return int(args[i + 1])
+    return 1
 
 
 def prepare_tree(tp: TreePlan, plan: BuildPlan, force: bool, out: TreeOutcome,
@@ -150,7 +162,8 @@ def build_kernels_tree(tp: TreePlan, plan: BuildPlan, torch_from: str | None,
             tp.tree, list(tp.steps[3].argv), env=child, log=logs / "04-compile.log",
             fix=f"read {logs / '04-compile.log'}; fix the cause and rerun: finished objects are "
                 "kept and the build resumes",
-            started=t0, build_root=Path(tp.build_dir).parent, selection=plan.selection)
+            started=t0, build_root=Path(tp.build_dir).parent, selection=plan.selection,
+            heavy=len(lib.sources), jobs=ninja_jobs(tp.steps[3].argv))
         out.steps.append({"step": "compile", "seconds": round(time.monotonic() - step_t, 1)})
         installed, so_sha = install_library(tp, plan, lib, env_obj.site_packages())
         write_json_atomic(Path(tp.build_dir) / "manifest.json", library_manifest(

@@ -3,8 +3,14 @@ the time left, as one line per tree that the builder prints on every counter and
 them, on a heartbeat (one nvcc of a full launcher source runs for minutes without a line).
 
 The estimate comes from the last finished build of the same tree and instantiation set (its
-manifest's ``seconds``) when there is one, else from the pace of the edges done so far. Pure
-apart from the heartbeat thread; the clock is a parameter."""
+manifest's ``seconds``) when there is one, else from the pace of the nvcc edges done so far.
+Only those count: a tree's build.ninja has a few nvcc edges of many minutes each (a launcher
+source with every instantiation) and then a C++ file and the link, seconds each, so the pace
+of all edges said "about 57:10 left" one nvcc edge into a tree that took 22 minutes (issue 42).
+ninja runs ready edges in the order of build.ninja, which lists the nvcc edges first, so
+with one job at a time the first ``heavy`` edges to finish are the nvcc ones; with several
+jobs at a time the light ones finish first and are not counted. Pure apart from the heartbeat
+thread; the clock is a parameter."""
 
 from __future__ import annotations
 
@@ -51,16 +57,30 @@ class CompileProgress:
     expected_s: float | None = None   # a previous build's duration, if known
     done: int = 0
     total: int | None = None
+    heavy: int | None = None          # the nvcc edges among ninja's; None: every edge counts
+    light_first: bool = False         # several jobs at a time: the light edges finish first
 
     def update(self, done: int, total: int) -> None:
         self.done, self.total = done, total
+
+    def heavy_done(self) -> tuple[int, int]:
+        """(nvcc edges finished, nvcc edges in all), from ninja's count of finished edges."""
+        total = self.total or 0
+        heavy = total if self.heavy is None else min(self.heavy, total)
+        done = self.done
+        if self.light_first:
+            done -= max(0, total - heavy - 1)  # every light edge but the link, already done
+        return max(0, min(done, heavy)), heavy
 
     def remaining(self, now: float) -> float | None:
         elapsed = now - self.started
         if self.expected_s is not None:
             return max(0.0, self.expected_s - elapsed)
-        if self.total and self.done:
-            return elapsed / self.done * (self.total - self.done)
+        done, heavy = self.heavy_done()
+        if done >= heavy > 0:
+            return 0.0  # the nvcc edges are done; what is left takes seconds
+        if self.total and done:
+            return elapsed / done * (heavy - done)
         return None
 
     def line(self, now: float) -> str:
@@ -71,6 +91,8 @@ class CompileProgress:
             eta = "no estimate yet"
         elif left == 0 and self.expected_s is not None:
             eta = f"past the last build's {clock(self.expected_s)}"
+        elif left == 0:
+            eta = "the nvcc compiles are done, linking"
         else:
             basis = "as the last build" if self.expected_s is not None else "at this pace"
             eta = f"about {clock(left)} left ({basis})"

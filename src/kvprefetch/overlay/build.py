@@ -213,7 +213,13 @@ def _installed_versions(python: str, env: dict[str, str], log: Path) -> dict[str
 
 def build_overlay_tree(tp: Any, plan: Any, force: bool,
                        overlay: OverlayOptions | None) -> Any:
-    from ..build.builder import TreeOutcome, compile_with_progress, prepare_tree, say
+    from ..build.builder import (
+        TreeOutcome,
+        compile_with_progress,
+        ninja_jobs,
+        prepare_tree,
+        say,
+    )
     from ..build.kernels_only import probe_torch
     from ..build.library import install_library, library_manifest, write_library_ninja
     from ..hashing import sha256_file
@@ -276,7 +282,8 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
             tp.tree, list(tp.steps[5].argv), env=child, log=logs / "06-compile.log",
             fix=f"read {logs / '06-compile.log'}; fix the cause and rerun: finished objects are "
                 "kept and the build resumes",
-            started=t0, build_root=bdir.parent, selection=plan.selection)
+            started=t0, build_root=bdir.parent, selection=plan.selection,
+            heavy=len(lib.sources), jobs=ninja_jobs(tp.steps[5].argv))
         timed("compile", t)
         imports = cudart_imports(run(["nm", "-D", "--undefined-only", str(so)], echo=False,
                                      log=logs / "06-compile.log").output)
