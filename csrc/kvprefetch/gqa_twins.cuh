@@ -1069,7 +1069,7 @@ inline int twin_for(const dim3 grid, const bool partitioned, const int cta_block
   long long bytes[kNumTwins];
   for (int i = 0; i < kNumTwins; ++i) bytes[i] = smem(i);
   const TwinStep step{1LL * grid.x * grid.y * grid.z, 1LL * grid.x * (grid.y + grid.z - 1),
-                      partitioned, cta_blocks, stock_per_sm};
+                      partitioned, cta_blocks, stock_per_sm, static_cast<long long>(grid.y)};
   return twin_pick(mode, step, f.sm_count, num_heads / num_kv_heads, bytes, f.max_smem_optin,
                    f.smem_per_sm);
 }

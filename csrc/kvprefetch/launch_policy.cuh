@@ -118,33 +118,79 @@ constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm
         KVPREFETCH_MIN_BLOCKS_OF(PARTITIONED))
 #endif
 
+// ---- Never more waves than stock's code, whatever the lengths ------------------------------
+// The launcher sees the grid and the longest sequence, never the other lengths; under CUDA-graph
+// replay not even those: vLLM 0.10.2 captures each batch bucket with max_seq_len =
+// max_seq_len_to_capture (8192, or max_model_len if shorter) and pads the batch to the bucket
+// with rows of length 1 (vllm/attention/backends/utils.py:307,339; worker/model_runner.py:886),
+// so one graph serves every real length up to the capture length. A rule must therefore hold
+// for any number L of the grid's sequences being as long as the longest and the rest one
+// block: a batch of 20 replays the graph of 24 as 20 long rows and 4 of one token, and a
+// ragged batch can hold L long sequences among short ones.
+// With L long sequences of `per_seq` CTAs each, a code of `per_sm` CTAs per SM runs the long
+// CTAs in ceil(L per_seq / (SMs per_sm)) waves, and the short CTAs fill in beside them. A code
+// with fewer CTAs per SM than stock's (the launch-bounded v1 kernel: head 128 4 against 5; a
+// twin: G heads in each of fewer CTAs) takes a wave more than stock's code for some L as soon
+// as its long CTAs outgrow one of its waves, and a wave of long CTAs is most of the step:
+// measured in vLLM's graph call (H200, head 128, capture length 8192), Llama-3.1-8B batch 20
+// (640 long CTAs of the 768 in bucket 24: one wave of stock's 660 slots, two of the bound's
+// 528) ran 0.906-0.958x a whole decode step and 0.70-0.82x at the kernel, twins off or on,
+// while batch 24 (768 long CTAs, two waves either way) ran 1.05-1.26x; Qwen2.5-7B at batch 40
+// (2x2 twin: three waves of 640 twin CTAs at 264 slots against two of stock's 1120 at 660)
+// 0.98x. A variant's long CTA is faster than stock's alone, but a full SM shares DRAM's
+// bandwidth either way, and a wave more was not won back where one wave met two or two met
+// three; the launcher cannot tell those L from the rest. The rule: a variant runs only where
+// no L from 1 to the grid's sequences gives its long CTAs more waves than stock's code at
+// stock's CTAs per SM. It needs no threshold: the CTAs per SM come from the runtime at this
+// launch's shared memory, and the rest is counting.
+// `seqs`: the grid's sequences (padded batch); `*_per_seq`: CTAs per sequence (heads x
+// partitions; a twin's from twin_heads); `*_per_sm`: CTAs per SM (0: unknown, no verdict).
+// Host code (tests/samples/sass/min_blocks_rule.cu runs it on the CPU).
+constexpr long long ceil_div(const long long a, const long long b) { return (a + b - 1) / b; }
+constexpr bool more_waves_for_some(const long long seqs, const long long stock_per_seq,
+                                   const int stock_per_sm, const long long var_per_seq,
+                                   const int var_per_sm, const int sm_count) {
+  if (seqs <= 0 || stock_per_seq <= 0 || var_per_seq <= 0 || stock_per_sm <= 0 ||
+      var_per_sm <= 0) {
+    return false;
+  }
+  const long long sms = sm_count > 0 ? sm_count : 1;
+  const long long stock_slots = sms * stock_per_sm, var_slots = sms * var_per_sm;
+  // L long sequences fill L var_per_seq / var_slots of the variant's waves and
+  // L stock_per_seq / stock_slots of stock's: never more where the variant's share grows no
+  // faster, always for some L once L exceeds 1 / (its share's excess).
+  const long long excess = var_per_seq * stock_slots - stock_per_seq * var_slots;
+  if (excess <= 0) return false;
+  if (seqs * excess >= var_slots * stock_slots) return true;
+  // Below that, the variant's waves step up first at the least L that overfills m of them.
+  for (long long m = 1;; ++m) {
+    const long long L = m * var_slots / var_per_seq + 1;
+    if (L > seqs) return false;
+    if (ceil_div(L * stock_per_seq, stock_slots) <= m) return true;
+  }
+}
+
 // ---- Where a bounded v1 kernel runs stock's code instead ----------------------------------
 // The bound trades CTAs per SM for a shorter memory chain per CTA: stock's head-128 v1 kernel
 // (96 registers) keeps 5 CTAs of 128 threads on an SM, the bounded one (up to 128) 4; head 64:
-// 9 (56 registers) against 6 (up to 80); head 256: 3 and 3. A CTA's time is its fixed phases
-// (the query, the softmax's reductions, the output) plus its warps' chains of blocks, and the
-// bound halves the round trips of each link (ptxas issues a whole block's K loads first). So
-// the gain grows with the chain: unsaturated steps of at most 2 blocks per warp measured
-// 1.05-1.3x per CTA (head 128 fp16 the least), long chains 1.1-2.4x whatever the load. Where a
-// grid needs more waves at the bounded kernel's occupancy than at stock's, each CTA must be
-// at least waves_bounded / waves_stock faster: 2x from one wave to two, 5/4 (head 128) or 3/2
-// (head 64) over many; a short chain never was (b77 x 30 tokens, head 128 fp16: 616 CTAs, one
-// wave of stock's 660 and two of the bound's 528: 0.755x; b140 x 85 tokens: 0.913x). There the
-// launcher runs stock's unbounded code (stock_v1.cuh). Long chains keep the bound (bf16 head
-// 128, 1856 CTAs of 9 blocks, a wave more: 1.30x), and so does every grid whose wave count the
-// bound leaves alone. `cta_blocks`: the longest CTA's blocks (the launcher's block-table
-// width); `bounded_per_sm`/`stock_per_sm`: each kernel's CTAs per SM at this launch's shared
-// memory (cudaOccupancyMaxActiveBlocksPerMultiprocessor). Host code
-// (tests/samples/sass/min_blocks_rule.cu runs it on the CPU).
-constexpr long long waves_of(const long long ctas, const int sm_count, const int per_sm) {
-  const long long slots = 1LL * (sm_count > 0 ? sm_count : 1) * (per_sm > 0 ? per_sm : 1);
-  return (ctas + slots - 1) / slots;
-}
-constexpr bool stock_v1_wins(const long long ctas, const int sm_count, const int bounded_per_sm,
-                             const int stock_per_sm, const int cta_blocks) {
-  return cta_blocks <= kShortChainBlocks && bounded_per_sm > 0 &&
-         stock_per_sm > bounded_per_sm &&
-         waves_of(ctas, sm_count, bounded_per_sm) > waves_of(ctas, sm_count, stock_per_sm);
+// 9 (56 registers) against 6 (up to 80); head 256: 3 and 3. The launch's shared memory can
+// lower both (v1 holds the padded max_seq_len's logits: at vLLM's capture length of 8192, 32 KiB
+// a CTA, 6 per SM, so head 64 keeps 6 either way). A CTA's time is its fixed phases plus its
+// warps' chains of blocks, and the bound halves the round trips of each link (ptxas issues a
+// whole block's K loads first): 1.05-1.3x per CTA on short chains, 1.1-2.4x on long ones. Where
+// the bound holds fewer CTAs per SM than stock's code, some lengths give it a wave more
+// (more_waves_for_some), and there the launcher runs stock's unbounded code (stock_v1.cuh):
+// the bound keeps only grids whose long CTAs fit one of its waves (head 128: 528 CTAs, for any
+// max_seq_len) and the instantiations whose residency it leaves alone. Before vLLM's graph call
+// was measured, the rule let long chains keep the bound over any grid (bf16 head 128, 1856
+// CTAs of 9 blocks, a wave more: 1.30x in the exact call), which lost where a graph's padded
+// rows left one wave of long CTAs to stock and two to the bound. `heads`, `seqs`: the v1 grid;
+// `bounded_per_sm`/`stock_per_sm`: each kernel's CTAs per SM at this launch's shared memory
+// (cudaOccupancyMaxActiveBlocksPerMultiprocessor). Host code.
+constexpr bool stock_v1_wins(const long long heads, const long long seqs, const int sm_count,
+                             const int bounded_per_sm, const int stock_per_sm) {
+  return bounded_per_sm > 0 && stock_per_sm > bounded_per_sm &&
+         more_waves_for_some(seqs, heads, stock_per_sm, heads, bounded_per_sm, sm_count);
 }
 
 // ---- Which instantiations carry the v2 prologue and which have twins ---------------------
@@ -353,6 +399,7 @@ struct TwinStep {
                          // partition's (v2)
   int stock_per_sm = 0;  // CTAs per SM of stock's code at this launch (v1: the unbounded copy
                          // where the rule bounds vLLM's kernel; 0: unknown)
+  long long seqs = 0;    // the grid's sequences (grid.y; 0: unknown, no wave verdict)
 };
 // Which twin (an index into kTwins) a launch of `step` on `sm_count` SMs runs, or -1 for vLLM's
 // kernel. A twin can run where its G is at most `per_kv` (query heads per kv head: a wider
@@ -377,6 +424,10 @@ struct TwinStep {
 //    known) if every CTA but the longest sequence's had the least work (outlasts_stock). It
 //    covers short chains too: 2x2 at b123 x 114 tokens, 7872 CTAs of 8 blocks (30 waves,
 //    stock's code 24), ran 0.771x; b106 x 126 tokens 0.916x.
+//  - no twin whose long CTAs take more waves than stock's for some number of long sequences
+//    (more_waves_for_some, at `step.stock_per_sm`): the 2x2 twin holds 4 heads per SM where
+//    stock's head-128 code holds 5, so a graph of bucket 24 replayed for 17-20 long rows ran
+//    it in two waves against stock's one (Qwen2.5-7B b17-23 0.91-0.96x a whole step).
 // Host code (twin_for in gqa_twins.cuh asks the device; tests/samples/sass/min_blocks_rule.cu
 // runs this on the CPU).
 inline int twin_pick(const int mode, const TwinStep& step, const int sm_count, const int per_kv,
@@ -402,6 +453,13 @@ inline int twin_pick(const int mode, const TwinStep& step, const int sm_count, c
                        twin_heads(step.sure_ctas, per_kv, kTwins[j].g), per_sm, sm_count,
                        step.cta_blocks)) {
       continue;
+    }
+    if (step.seqs > 0) {
+      const long long per_seq = step.stock_ctas / step.seqs;
+      if (more_waves_for_some(step.seqs, per_seq, step.stock_per_sm,
+                              twin_heads(per_seq, per_kv, kTwins[j].g), per_sm, sm_count)) {
+        continue;
+      }
     }
     return j;
   }

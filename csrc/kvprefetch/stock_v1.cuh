@@ -89,19 +89,20 @@ int stock_v1_ctas_per_sm(const int dev, const long long smem_per_sm, const int s
 }
 
 // Runs unbounded_v1_kernel instead of the bounded paged_attention_v1_kernel where
-// stock_v1_wins says the bound costs this grid a wave; true when it did. Instantiations the
-// rule leaves unbounded return false at compile time, and long chains before any runtime call.
+// stock_v1_wins says the bound could cost this grid a wave for some lengths; true when it did.
+// Instantiations the rule leaves unbounded return false at compile time. The block-table width
+// (`max_num_blocks_per_seq`) no longer decides: under graph replay it is the capture length's
+// whatever the real lengths, and a long chain does not win a wave back (launch_policy.cuh).
 // `smem`: the launch's dynamic shared memory, which can only lower both kernels' residency.
 template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
           vllm::Fp8KVCacheDataType KV_DTYPE, bool IS_BLOCK_SPARSE, typename... Args>
 bool launch_stock_v1(const dim3 grid, const dim3 block, const int smem,
-                     const cudaStream_t stream, const int max_num_blocks_per_seq,
+                     const cudaStream_t stream, const int /*max_num_blocks_per_seq*/,
                      Args... args) {
   if constexpr (min_blocks<HEAD_SIZE, BLOCK_SIZE, int(sizeof(CACHE_T)), int(KV_DTYPE)>(false) ==
                 0) {
     return false;
   } else {
-    if (max_num_blocks_per_seq > kShortChainBlocks) return false;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return false;
     const DeviceFacts f = device_facts(dev);
@@ -113,8 +114,7 @@ bool launch_stock_v1(const dim3 grid, const dim3 block, const int smem,
     const int b = resident_ctas_at<bounded>(dev, NUM_THREADS, f.smem_per_sm, smem);
     const int s = stock_v1_ctas_per_sm<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE,
                                        IS_BLOCK_SPARSE>(dev, f.smem_per_sm, smem);
-    if (!stock_v1_wins(1LL * grid.x * grid.y * grid.z, f.sm_count, b, s,
-                       max_num_blocks_per_seq)) {
+    if (!stock_v1_wins(grid.x, 1LL * grid.y * grid.z, f.sm_count, b, s)) {
       return false;
     }
     // What vLLM's launch macro does before its launch, on every call.

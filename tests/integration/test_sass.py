@@ -290,21 +290,40 @@ def test_header_rules_match_what_verify_expects(tmp_path: Path) -> None:
 def test_stock_v1_rule_on_the_cpu(tmp_path: Path) -> None:
     """Where a bounded v1 launch runs stock's unbounded code (launch_policy.cuh stock_v1_wins),
     compiled from the header and run on the CPU, agrees with its mirror upstream.stock_v1_wins,
-    and does what its model says on the H200's 132 SMs: only short chains (at most 8 blocks)
-    and only where the bound's occupancy takes more waves than stock's."""
+    and does what its model says on the H200's 132 SMs: the bound keeps only grids whose long
+    CTAs fit one of its waves, or where it holds as many CTAs per SM as stock's code, since
+    some number of long rows (a graph's bucket padded with length-1 rows) would otherwise give
+    it a wave more, whatever the chain."""
     from kvprefetch.sources import upstream
     rows = [tuple(map(int, r[1:])) for r in _header_rules(tmp_path) if r[0] == "stockv1"]
     assert rows
     got = {r[:5]: bool(r[5]) for r in rows}
     assert all(upstream.stock_v1_wins(*k) == v for k, v in got.items())
-    # head 128 (4 against 5 CTAs per SM): b77 x 30 tokens, 616 CTAs of 2 blocks, is one wave of
-    # stock's and two of the bound's; 520 fit one wave of either; long chains keep the bound.
-    assert got[(616, 132, 4, 5, 2)] and got[(1120, 132, 4, 5, 8)]
-    assert not got[(520, 132, 4, 5, 2)] and not got[(528, 132, 4, 5, 2)]
-    assert got[(529, 132, 4, 5, 2)] and not got[(661, 132, 4, 5, 2)]
-    assert not got[(616, 132, 4, 5, 9)] and not got[(616, 132, 4, 5, 222)]
-    # head 256 loses no occupancy to its bound: never
-    assert not any(v for k, v in got.items() if k[2:4] == (3, 3))
+    # head 128 (4 against 5 CTAs per SM, 528 and 660 slots): Llama-3.1-8B's 32 heads at batch 16
+    # fit one bounded wave; bucket 24 (a batch of 20 replays it) holds 17-20 long rows, one wave
+    # of stock's and two of the bound's: stock's code, and at every larger grid too
+    assert not got[(32, 16, 132, 4, 5)] and got[(32, 17, 132, 4, 5)]
+    assert got[(32, 24, 132, 4, 5)] and got[(32, 256, 132, 4, 5)]
+    assert got[(8, 72, 132, 4, 5)] and not got[(8, 64, 132, 4, 5)]  # Llama-3-70B at TP 8
+    # head 256 loses no occupancy to its bound, nor head 64 where the capture length's logits
+    # (32 KiB a CTA) hold both kernels to 6 per SM: never
+    assert not any(v for k, v in got.items() if k[3:5] in ((3, 3), (6, 6)))
+
+
+def test_wave_guard_closed_form_on_the_cpu(tmp_path: Path) -> None:
+    """more_waves_for_some's closed form (launch_policy.cuh), compiled and run on the CPU,
+    agrees with the plain search over every number of long sequences
+    (upstream.more_waves_for_some) at every input of the sample, and gives no verdict where a
+    count is unknown."""
+    from kvprefetch.sources import upstream
+    rows = [tuple(map(int, r[1:])) for r in _header_rules(tmp_path) if r[0] == "waves"]
+    assert rows
+    for seqs, sps, spm, vps, vpm, sms, more in rows:
+        assert upstream.more_waves_for_some(seqs, sps, spm, vps, vpm, sms) == bool(more), (
+            seqs, sps, spm, vps, vpm, sms)
+    assert not any(r[6] for r in rows if r[0] == 0 or r[2] == 0)
+    verdicts = {bool(r[6]) for r in rows}
+    assert verdicts == {True, False}
 
 
 def test_least_work_guard_on_the_cpu(tmp_path: Path) -> None:

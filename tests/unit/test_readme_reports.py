@@ -129,9 +129,9 @@ def test_bounds_block_puts_the_v1_rule_beside_the_measurement() -> None:
     rows = {r["label"]: r for r in doc["results"] if r["timing"] == "graph"}
     for s in steps:
         r = rows[s["label"]]
-        wants = upstream.stock_v1_wins(r["batch"] * r["num_heads"], 132,
-                                       *upstream.H200_V1_CTAS[r["head_size"]],
-                                       -(-r["context"] // 16))
+        wants = upstream.legacy_stock_v1_wins(r["batch"] * r["num_heads"], 132,
+                                              *upstream.H200_V1_CTAS[r["head_size"]],
+                                              -(-r["context"] // 16))
         assert (s["code"] == "stock") == wants, s["label"]
     lines = sample_block(path, "bounds").splitlines()
     assert lines[0].startswith("| timing | v1 runs |") and len(lines) == 2 + 2 * len(codes)

@@ -39,7 +39,6 @@ class KernelRules:
     twins: tuple[Twin, ...]
     twin_at: tuple[tuple[int, int, bool], ...]
     v1_min_blocks: tuple[tuple[int, int], ...]
-    short_chain_blocks: int
     twin_least_cta_pct: int
     chain_link_pct: int
     empty_cta_pct: int

@@ -138,8 +138,11 @@ def min_blocks(variant: str | None, version: str, kv_cache: str, head_size: int,
 
 # csrc/kvprefetch/stock_v1.cuh: beside every instantiation `prefetch` bounds, its launcher has
 # stock's code unbounded (unbounded_v1_kernel), and runs it where stock_v1_wins says the bound
-# costs the grid a wave.
-SHORT_CHAIN_BLOCKS = _RULES.short_chain_blocks
+# could cost the grid a wave for some lengths. Runs made before that rule (``wave_guard=False``
+# below; results without ``meta.wave_guard``) ran stock's code only for CTAs of at most
+# LEGACY_SHORT_CHAIN_BLOCKS blocks whose whole grid took a wave more bounded (rules.inc's
+# kShortChainBlocks until the graph call was measured).
+LEGACY_SHORT_CHAIN_BLOCKS = 8
 
 
 def has_unbounded_copy(variant: str | None, version: str, kv_cache: str, head_size: int,
@@ -150,17 +153,42 @@ def has_unbounded_copy(variant: str | None, version: str, kv_cache: str, head_si
 
 
 def waves(ctas: int, sm_count: int, per_sm: int) -> int:
-    """launch_policy.cuh's waves_of: rounds of ``per_sm`` CTAs on every SM a grid takes."""
+    """Rounds of ``per_sm`` CTAs on every SM a grid of ``ctas`` CTAs takes."""
     slots = max(sm_count, 1) * max(per_sm, 1)
     return -(-ctas // slots)
 
 
-def stock_v1_wins(ctas: int, sm_count: int, bounded_per_sm: int, stock_per_sm: int,
-                  cta_blocks: int) -> bool:
-    """launch_policy.cuh's stock_v1_wins: a bounded v1 launch runs stock's unbounded code where
-    its longest CTA has at most SHORT_CHAIN_BLOCKS blocks and the bound's occupancy takes more
-    waves than stock's."""
-    return (cta_blocks <= SHORT_CHAIN_BLOCKS and bounded_per_sm > 0
+def more_waves_for_some(seqs: int, stock_per_seq: int, stock_per_sm: int, var_per_seq: int,
+                        var_per_sm: int, sm_count: int) -> bool:
+    """launch_policy.cuh's more_waves_for_some: whether, for some number L from 1 to ``seqs``
+    of sequences as long as the longest (the rest one block), a variant of ``var_per_seq`` CTAs
+    per sequence at ``var_per_sm`` per SM runs the long CTAs in more waves than stock's code
+    of ``stock_per_seq`` at ``stock_per_sm``. No verdict (False) where a count is unknown (0).
+    Written as the plain search over L; the header's closed form must agree with it (the CPU
+    rule test compares them)."""
+    if min(seqs, stock_per_seq, stock_per_sm, var_per_seq, var_per_sm) <= 0:
+        return False
+    sms = max(sm_count, 1)
+    return any(waves(n * var_per_seq, sms, var_per_sm) > waves(n * stock_per_seq, sms,
+                                                               stock_per_sm)
+               for n in range(1, seqs + 1))
+
+
+def stock_v1_wins(heads: int, seqs: int, sm_count: int, bounded_per_sm: int,
+                  stock_per_sm: int) -> bool:
+    """launch_policy.cuh's stock_v1_wins: a bounded v1 launch of ``heads`` x ``seqs`` CTAs runs
+    stock's unbounded code where the bound holds fewer CTAs per SM than stock's code and some
+    number of long sequences would give it more waves (more_waves_for_some)."""
+    return (bounded_per_sm > 0 and stock_per_sm > bounded_per_sm
+            and more_waves_for_some(seqs, heads, stock_per_sm, heads, bounded_per_sm, sm_count))
+
+
+def legacy_stock_v1_wins(ctas: int, sm_count: int, bounded_per_sm: int, stock_per_sm: int,
+                         cta_blocks: int) -> bool:
+    """The rule before the wave guard (results without ``meta.wave_guard``): stock's code where
+    the longest CTA has at most LEGACY_SHORT_CHAIN_BLOCKS blocks and the whole grid takes more
+    waves bounded."""
+    return (cta_blocks <= LEGACY_SHORT_CHAIN_BLOCKS and bounded_per_sm > 0
             and stock_per_sm > bounded_per_sm
             and waves(ctas, sm_count, bounded_per_sm) > waves(ctas, sm_count, stock_per_sm))
 
@@ -308,12 +336,19 @@ EMPTY_CTA_PCT = _RULES.empty_cta_pct
 
 
 def v1_code_pick(head_size: int, batch: int, num_heads: int, context: int,
-                 sm_count: int = H200_SMS) -> str:
-    """Which code a launch-bounded v1 instantiation runs for a step (no twin): ``stock`` (its
-    unbounded copy) where stock_v1_wins says so at the H200's occupancies, else ``bound``."""
+                 sm_count: int = H200_SMS, wave_guard: bool = True) -> str:
+    """Which code a launch-bounded v1 instantiation runs for a launch (no twin) of ``batch``
+    sequences (padded, under graph replay) whose max_seq_len is ``context``: ``stock`` (its
+    unbounded copy) where stock_v1_wins says so at the H200's occupancies, lowered by the
+    launch's shared memory, else ``bound``. ``wave_guard=False``: the rule before it."""
     bounded, stock = H200_V1_CTAS.get(head_size, (0, 0))
-    wins = stock_v1_wins(batch * num_heads, sm_count, bounded, stock,
-                         -(-context // RULE_BLOCK_SIZE))
+    fit = smem_ctas(H200_SMEM_PER_SM, stock_smem(context, "v1", head_size, RULE_BLOCK_SIZE))
+    bounded, stock = min(bounded, fit), min(stock, fit)
+    if not wave_guard:
+        wins = legacy_stock_v1_wins(batch * num_heads, sm_count, bounded, stock,
+                                    -(-context // RULE_BLOCK_SIZE))
+    else:
+        wins = stock_v1_wins(num_heads, batch, sm_count, bounded, stock)
     return "stock" if wins else "bound"
 
 
@@ -395,7 +430,8 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
               sm_count: int = H200_SMS, smem_per_sm: int = H200_SMEM_PER_SM,
               max_smem: int = H200_MAX_SMEM, stock_per_sm: int | None = None,
               head_size: int = 128, block_size: int = 16, dtype: str = "fp16",
-              partial_groups: bool = True, least_guard: bool = True) -> tuple[int, int] | None:
+              partial_groups: bool = True, least_guard: bool = True,
+              wave_guard: bool = True) -> tuple[int, int] | None:
     """launch_policy.cuh's twin_pick in `auto` for a decode step of a fp16/bf16 model of
     ``head_size`` and ``block_size`` whose longest sequence has ``context`` tokens (the rule
     reads the grid and that length only); ``stock_per_sm``: CTAs per SM of stock's code
@@ -405,10 +441,14 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
     (heads x (batch + partitions - 1)), among the chain-safe twins only in v1, if its G is at
     most the query heads per kv head (else None), moving on to the next such twin of
     TWIN_SHAPES that can run, keeps two CTAs per SM wherever the pick does not, and whose grid
-    could not outlast stock's code if the other sequences were short (outlasts_stock); None
-    past the last. The rules a run was made under, for runs made before them:
+    could not outlast stock's code if the other sequences were short (outlasts_stock) and
+    whose long CTAs take no more waves than stock's for any number of long sequences
+    (more_waves_for_some); None past the last. ``batch`` and ``context`` are the LAUNCH's:
+    under graph replay the padded bucket and the capture length. The rules a run was made
+    under, for runs made before them: ``wave_guard=False``, no wave check over the number of
+    long sequences;
     ``partial_groups=False``, G had to divide the heads per kv head; ``least_guard=False``,
-    instead of outlasts_stock only v1 short chains (at most SHORT_CHAIN_BLOCKS blocks) were
+    instead of outlasts_stock only v1 short chains (at most LEGACY_SHORT_CHAIN_BLOCKS blocks) were
     checked, for no more waves than stock's code."""
     if num_kv_heads <= 0 or num_heads % num_kv_heads:
         return None
@@ -434,7 +474,7 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
     if not groups(first[0]):
         return None
     shapes = [(g, s) for g, s, _ in TWIN_SHAPES]
-    short = kernel == "v1" and blocks <= SHORT_CHAIN_BLOCKS and stock_per_sm > 0
+    short = kernel == "v1" and blocks <= LEGACY_SHORT_CHAIN_BLOCKS and stock_per_sm > 0
     for g, s in shapes[shapes.index(first):]:
         if safe_only and not chain_safe(g, s):
             continue
@@ -450,6 +490,11 @@ def twin_pick(num_heads: int, num_kv_heads: int, batch: int, context: int, kerne
                 continue
         elif short and waves(twin_ctas, sm_count, per_sm) > waves(stock_ctas, sm_count,
                                                                    stock_per_sm):
+            continue
+        per_seq = num_heads * partitions
+        if wave_guard and more_waves_for_some(batch, per_seq, stock_per_sm,
+                                              twin_heads(per_seq, per_kv, g), per_sm,
+                                              sm_count):
             continue
         return g, s
     return None

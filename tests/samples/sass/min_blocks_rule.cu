@@ -8,7 +8,7 @@
 // twin_pick's answers (the lines "mode ..." and "pick ...") and the staged twins' ring slots
 // (stage_count, "stage ..."), then which reduction follows a v2 twin ("reduce ...":
 // pdl_reduce_after, twin_reduces), where a bounded v1 kernel runs stock's code ("stockv1 ...":
-// stock_v1_wins), where a twin could outlast stock's code ("least ...": outlasts_stock) and the
+// stock_v1_wins; "waves ...": more_waves_for_some), where a twin could outlast stock's code ("least ...": outlasts_stock) and the
 // per-stream counter slots ("slot ...": StreamSlots).
 // Host code only: it runs on a
 // machine without a GPU. tests/test_sass.py compiles it with nvcc (and with ablation switches)
@@ -85,7 +85,7 @@ int main() {
             // sample's contexts leave v1's shared memory room for 6)
             const kvprefetch::TwinStep step{1LL * m.first * batch * parts,
                                             1LL * m.first * (batch + parts - 1), v2,
-                                            v2 && blocks > 32 ? 32 : blocks, 5};
+                                            v2 && blocks > 32 ? 32 : blocks, 5, batch};
             std::printf("pick %d %d %d %d %d %s %d\n", mode, m.first, m.second, batch, context,
                         v2 ? "v2" : "v1",
                         kvprefetch::twin_pick(mode, step, 132, m.first / m.second, smem,
@@ -125,15 +125,36 @@ int main() {
                   int(kvprefetch::twin_reduces(false, true, ctas, sms)));
     }
   }
-  // "stockv1 CTAS SM_COUNT BOUNDED STOCK BLOCKS WINS": stock_v1_wins over grids, the CTAs per SM
-  // of the bounded and the unbounded kernel (head 128: 4 and 5; head 64: 6 and 9; head 256: 3
-  // and 3) and the longest CTA's blocks.
-  for (const auto& occ : {std::pair{4, 5}, std::pair{6, 9}, std::pair{3, 3}}) {
-    for (const long long ctas : {14LL, 96LL, 322LL, 520LL, 528LL, 529LL, 616LL, 660LL, 661LL,
-                                 1120LL, 1736LL, 2060LL, 7232LL, 7968LL}) {
-      for (const int blocks : {1, 2, 4, 8, 9, 222}) {
-        std::printf("stockv1 %lld %d %d %d %d %d\n", ctas, 132, occ.first, occ.second, blocks,
-                    int(kvprefetch::stock_v1_wins(ctas, 132, occ.first, occ.second, blocks)));
+  // "stockv1 HEADS SEQS SM_COUNT BOUNDED STOCK WINS": stock_v1_wins over v1 grids of 8, 28 and
+  // 32 heads and the CTAs per SM of the bounded and the unbounded kernel (head 128: 4 and 5;
+  // head 64: 6 and 9; head 256: 3 and 3; head 64 at a capture length's shared memory: 6 and 6).
+  for (const auto& occ : {std::pair{4, 5}, std::pair{6, 9}, std::pair{3, 3}, std::pair{6, 6}}) {
+    for (const int heads : {8, 28, 32}) {
+      for (const long long seqs : {1LL, 2LL, 16LL, 17LL, 20LL, 24LL, 40LL, 64LL, 65LL, 66LL,
+                                   72LL, 96LL, 128LL, 256LL}) {
+        std::printf("stockv1 %d %lld %d %d %d %d\n", heads, seqs, 132, occ.first, occ.second,
+                    int(kvprefetch::stock_v1_wins(heads, seqs, 132, occ.first, occ.second)));
+      }
+    }
+  }
+  // "waves SEQS STOCK_PER_SEQ STOCK_PER_SM VAR_PER_SEQ VAR_PER_SM SM_COUNT MORE": the closed
+  // form of more_waves_for_some over grids of stock's v1 and v2 CTAs per sequence and the
+  // bounded kernel's or a twin's (a half, a quarter or a seventh-rounded-up of them), on the
+  // H200's 132 SMs and a 16-SM part.
+  for (const int sms : {132, 16}) {
+    for (const long long seqs : {0LL, 1LL, 5LL, 17LL, 24LL, 40LL, 64LL, 96LL, 256LL}) {
+      for (const long long per_seq : {8LL, 28LL, 32LL, 448LL, 512LL}) {
+        for (const int stock_per_sm : {0, 5, 6, 9}) {
+          for (const long long div : {1LL, 2LL, 4LL}) {
+            for (const int var_per_sm : {1, 2, 4, 6}) {
+              const long long var_per_seq = (per_seq + div - 1) / div;
+              std::printf("waves %lld %lld %d %lld %d %d %d\n", seqs, per_seq, stock_per_sm,
+                          var_per_seq, var_per_sm, sms,
+                          int(kvprefetch::more_waves_for_some(seqs, per_seq, stock_per_sm,
+                                                              var_per_seq, var_per_sm, sms)));
+            }
+          }
+        }
       }
     }
   }
