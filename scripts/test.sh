@@ -5,10 +5,61 @@
 # Slurm) and tests/gpu (skipped where no GPU exists). Arguments go to pytest:
 #   bash scripts/test.sh tests/unit      the fast loop
 #   bash scripts/test.sh -m "not slow"   everything but the real compiles
+#   bash scripts/test.sh --fresh [ARGS]  the same, as a new machine runs it (below)
 # pytest's exit code 5 (no tests collected) is a failure here: a selection that matches nothing
 # must not pass CI.
+#
+# --fresh runs the suite from a clean clone of HEAD in a temporary folder, with an empty HOME,
+# XDG_CACHE_HOME/XDG_CONFIG_HOME, MPLCONFIGDIR, TMPDIR and pip/uv caches, and a new .venv (torch
+# is downloaded again): what a user's first run meets, which a developer's warm caches hide
+# (issue 42: matplotlib's font cache made every first run red while CI stayed green). What
+# passes through is where packages come from, not what was downloaded: the environment
+# (PIP_INDEX_URL, PIP_FIND_LINKS, ...), pip's /etc config, and your user pip/uv config file
+# (as PIP_CONFIG_FILE / UV_CONFIG_FILE: an index or mirror, never a cache). Uncommitted changes
+# are not in the clone. The folder is removed when the suite passes, kept (and named) when not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--fresh" ]; then
+  shift
+  if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+    echo "note: --fresh tests HEAD ($(git rev-parse --short HEAD)); uncommitted changes are not in it" >&2
+  fi
+  top=$(mktemp -d "${TMPDIR:-/tmp}/kvprefetch-fresh.XXXXXX")
+  echo "+ git clone $(pwd) $top/kvprefetch  (HEAD $(git rev-parse --short HEAD))" >&2
+  git clone -q --no-hardlinks "$(pwd)" "$top/kvprefetch"
+  git -C "$top/kvprefetch" checkout -q --detach "$(git rev-parse HEAD)"
+  mkdir -p "$top/home/.cache" "$top/home/.config" "$top/mpl" "$top/tmp" "$top/pip-cache" \
+    "$top/uv-cache"
+  pass=()
+  pipconf=${PIP_CONFIG_FILE:-}
+  for f in "$HOME/.config/pip/pip.conf" "$HOME/.pip/pip.conf"; do
+    if [ -z "$pipconf" ] && [ -f "$f" ]; then pipconf=$f; fi
+  done
+  if [ -n "$pipconf" ]; then
+    echo "  pip config passed through: $pipconf" >&2
+    pass+=("PIP_CONFIG_FILE=$pipconf")
+  fi
+  uvconf=${UV_CONFIG_FILE:-}
+  if [ -z "$uvconf" ] && [ -f "$HOME/.config/uv/uv.toml" ]; then uvconf=$HOME/.config/uv/uv.toml; fi
+  if [ -n "$uvconf" ]; then
+    echo "  uv config passed through: $uvconf" >&2
+    pass+=("UV_CONFIG_FILE=$uvconf")
+  fi
+  set +e
+  env -u KVPREFETCH_VENV -u KVPREFETCH_WORKDIR -u KVPREFETCH_TEST_CACHE -u VIRTUAL_ENV \
+    -u PYTHONPATH ${pass[@]+"${pass[@]}"} \
+    HOME="$top/home" XDG_CACHE_HOME="$top/home/.cache" XDG_CONFIG_HOME="$top/home/.config" \
+    MPLCONFIGDIR="$top/mpl" TMPDIR="$top/tmp" PIP_CACHE_DIR="$top/pip-cache" \
+    UV_CACHE_DIR="$top/uv-cache" bash "$top/kvprefetch/scripts/test.sh" "$@"
+  rc=$?
+  set -e
+  if [ "$rc" -eq 0 ]; then
+    rm -rf "$top"
+  else
+    echo "the fresh run failed (exit $rc); its clone, venv and caches are kept in $top" >&2
+  fi
+  exit "$rc"
+fi
 VENV=$(bash scripts/setup-venv.sh test,plot)
 set +e
 "$VENV/bin/python" -m pytest "$@"
