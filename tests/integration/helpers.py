@@ -92,6 +92,17 @@ def copy_workdir(template: Path, dest: Path) -> Path:
 
 # The one real kernels-only build of the test run: narrowed instantiation set (4 kernels per
 # launcher source), baseline + patched, compiled for sm_90 with the machine's nvcc.
+def deps_skip_reason(candidates: list[Path]) -> str:
+    """Why the tests of ``--deps-dir`` skip, in words a user of the repository can act on: a
+    plain clone has no ``../shared/deps`` (the project machines' copy of these archives)."""
+    where = ", ".join(str(p) for p in candidates)
+    return ("no offline copies of vLLM 0.10.2's three FetchContent dependencies (cutlass "
+            "v4.0.0, vllm-project/flash-attention ee4d25bd, vllm-project/FlashMLA a757314c) at "
+            f"{where}: only a full build without GitHub needs them. To run these tests, set "
+            "KVPREFETCH_DEPS_DIR to a folder of <name>-<commit12>.tar.gz archives of them plus "
+            "SHA256SUMS (docs/building.md, 'Offline full builds')")
+
+
 NARROW_BUILD_ARGS = ("--kernels-only", "--arch", "9.0a", "--head-sizes", "128",
                      "--block-sizes", "16", "--kv-dtypes", "fp16,fp32")
 

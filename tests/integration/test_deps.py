@@ -1,8 +1,9 @@
-"""`build --deps-dir` with the project's hash-listed FetchContent archives (shared/deps/: the three
-.tar.gz files and SHA256SUMS): the listing is read, each archive is checked against it before it
-is unpacked, unpacked once, and the full build's plan points vLLM's three variables at the
-unpacked trees. Uses the real archives where the project's shared/deps/ is beside the checkout
-(CI: ../shared/deps), else skips. Nothing is configured or compiled here."""
+"""`build --deps-dir` with hash-listed archives of vLLM's three FetchContent dependencies (the
+three .tar.gz files and SHA256SUMS; docs/building.md, "Offline full builds"): the listing is
+read, each archive is checked against it before it is unpacked, unpacked once, and the full
+build's plan points vLLM's three variables at the unpacked trees. Uses the archives in
+$KVPREFETCH_DEPS_DIR, else in ../shared/deps beside the checkout (the project machines' copy),
+else skips, saying how to get them. Nothing is configured or compiled here."""
 
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ from kvprefetch.sources.deps import (
     find_archives,
     unpack_archives,
 )
+from tests.integration.helpers import deps_skip_reason
 
 REPO = Path(__file__).resolve().parents[2]
 CANDIDATES = [Path(os.environ["KVPREFETCH_DEPS_DIR"])] if os.environ.get("KVPREFETCH_DEPS_DIR") \
     else [REPO.parent / "shared" / "deps"]
 SHARED = next((p for p in CANDIDATES if (p / "SHA256SUMS").is_file()), None)
-needs_archives = pytest.mark.skipif(SHARED is None,
-                                    reason=f"no shared deps archives at {CANDIDATES}")
+needs_archives = pytest.mark.skipif(SHARED is None, reason=deps_skip_reason(CANDIDATES))
 
 
 @needs_archives

@@ -1,6 +1,6 @@
 """`kvprefetch build --mode full --smoke` for real on this CPU machine: vLLM 0.10.2's own CMake
 project configured for 9.0a against torch 2.8.0, with the three FetchContent dependencies from
-the project's hash-listed archives (shared/deps/), for the baseline and patched trees; then,
+hash-listed archives of vLLM's FetchContent dependencies, for the baseline and patched trees; then,
 when asked, only the two paged-attention objects of ``_C`` built per tree through the
 generated build.ninja and their SASS checked for UBLKPF. Also the toolkit view the smoke
 configures with, made from a fake toolkit (it runs gcc, so it is not a unit test).
@@ -17,7 +17,7 @@ Inputs, each made here where it is missing: the torch 2.8.0 environment (uv, fro
 UV_CACHE_DIR, else $KVPREFETCH_TEST_CACHE/uv, else uv's default; or KVPREFETCH_TORCH28_PYTHON),
 the CUDA 12.4.1 toolkit (assembled by overlay/cuda12.py into $KVPREFETCH_TEST_CACHE, about
 113 MB once; or KVPREFETCH_CUDA12_HOME), and the archives (../shared/deps beside the checkout,
-or KVPREFETCH_DEPS_DIR; without them the tests skip, saying so)."""
+or KVPREFETCH_DEPS_DIR; without them the tests skip, saying how to get them)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,12 @@ import pytest
 from kvprefetch.build.full_smoke import SMOKE_SOURCES, make_toolkit_view, object_target
 from kvprefetch.errors import BuildError
 from kvprefetch.runner import run
-from tests.integration.helpers import _STEERING_VARS, SDIST_CACHE_ENV, kvprefetch_cli
+from tests.integration.helpers import (
+    _STEERING_VARS,
+    SDIST_CACHE_ENV,
+    deps_skip_reason,
+    kvprefetch_cli,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DEPS = [Path(os.environ["KVPREFETCH_DEPS_DIR"])] if os.environ.get("KVPREFETCH_DEPS_DIR") \
@@ -107,8 +112,7 @@ def _cache(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
 def smoke_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """torch 2.8.0 + cmake >= 3.26.1 (uv, cached), the CUDA 12 toolkit, the archives."""
     if SHARED is None:
-        pytest.skip(f"no FetchContent archives at {DEPS} (set KVPREFETCH_DEPS_DIR to the "
-                    "project's shared/deps)")
+        pytest.skip(deps_skip_reason(DEPS))
     py = os.environ.get("KVPREFETCH_TORCH28_PYTHON")
     env = {k: v for k, v in os.environ.items()
            if k not in _STEERING_VARS and k != "KVPREFETCH_WORKDIR"}

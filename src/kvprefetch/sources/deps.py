@@ -1,8 +1,9 @@
 """vLLM 0.10.2's three FetchContent dependencies given locally (``build --deps-dir D``), so a full
 build needs no GitHub: either recursive clones ``D/cutlass``, ``D/flash-attention``,
-``D/FlashMLA``, or the hash-listed archives of the project's ``shared/deps/`` (``<name>-<commit
-prefix>.tar.gz`` plus ``SHA256SUMS``), which are checked against ``SHA256SUMS`` and unpacked once
-into ``<workdir>/deps/`` (each archive holds one top-level directory named like the archive).
+``D/FlashMLA``, or hash-listed archives of them (``<name>-<commit prefix>.tar.gz`` plus
+``SHA256SUMS``; the project's machines keep a copy in ``shared/deps/``), which are checked
+against ``SHA256SUMS`` and unpacked once into ``<workdir>/deps/`` (each archive holds one
+top-level directory named like the archive).
 
 vLLM reads them from ``VLLM_CUTLASS_SRC_DIR``, ``VLLM_FLASH_ATTN_SRC_DIR`` and
 ``FLASH_MLA_SRC_DIR`` (research notes, section 2b)."""
@@ -25,9 +26,10 @@ PROBE_FILES = {"cutlass": "include/cutlass/cutlass.h",
                "flash-attention": "csrc/cutlass/include/cutlass/cutlass.h",
                "FlashMLA": "csrc/cutlass/include/cutlass/cutlass.h"}
 SUMS = "SHA256SUMS"
-_FIX = ("give --deps-dir the project's shared/deps/ (archives + SHA256SUMS) or recursive clones "
-        "cutlass/ (v4.0.0), flash-attention/ (vllm-project, ee4d25bd) and FlashMLA/ "
-        "(vllm-project, a757314c)")
+_FIX = ("give --deps-dir a folder with recursive clones cutlass/ (NVIDIA, v4.0.0), "
+        "flash-attention/ (vllm-project, ee4d25bd) and FlashMLA/ (vllm-project, a757314c), or "
+        "with <name>-<commit12>.tar.gz archives of them plus SHA256SUMS (docs/building.md, "
+        "'Offline full builds')")
 
 
 @dataclass(frozen=True)
