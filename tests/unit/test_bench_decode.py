@@ -13,17 +13,24 @@ import pytest
 
 from kvprefetch.bench import decode_model as dm
 from kvprefetch.bench import decode_serve as ds
-from kvprefetch.bench.decode import StepInputs, Workload, kernel_choices, plan_steps, step_mode
+from kvprefetch.bench.decode import (
+    DecodeBenchConfig,
+    StepInputs,
+    Workload,
+    kernel_choices,
+    plan_steps,
+    step_mode,
+)
+from kvprefetch.bench.vllm_call import VllmCall
 from kvprefetch.errors import ConfigError
 
 
-def test_capture_sizes_and_buckets_are_vllms() -> None:
-    assert ds.capture_sizes(256) == (1, 2, 4, *range(8, 257, 8))
-    assert ds.capture_sizes(3) == (1, 2, 4)
-    assert ds.capture_sizes(20) == (1, 2, 4, 8, 16, 24)
-    sizes = ds.capture_sizes(256)
-    assert [ds.graph_bucket(b, sizes) for b in (1, 3, 5, 9, 127, 256, 257)] == [
-        1, 4, 8, 16, 128, 256, None]
+def test_the_trace_is_captured_up_to_its_largest_batch() -> None:
+    """bench decode's buckets are vLLM's with max_num_seqs = the trace's largest batch, its
+    capture length min(max_seq_len_to_capture, max_model_len)."""
+    call = DecodeBenchConfig(max_model_len=4096).call(20)
+    assert call.buckets == (1, 2, 4, 8, 16, 24) and call.capture_len == 4096
+    assert DecodeBenchConfig(eager=True).call(8).enforce_eager
 
 
 def test_length_distributions_are_seeded_and_bounded() -> None:
@@ -83,20 +90,23 @@ def test_graph_or_eager_as_vllm_decides() -> None:
     """A step replays its bucket's graph unless --eager, no bucket holds it, or one sequence is
     longer than max_seq_len_to_capture; graphs launch the kernel vLLM's rule picks for that
     length (captured with it), eager steps the one for their real maximum."""
-    sizes = ds.capture_sizes(16)
+    call = VllmCall(max_num_seqs=16, max_model_len=32768)
     short = ds.Step((100, 9000), ((0,), (1,)), (0, 16), (99, 8999))
-    assert step_mode(short, sizes, False, 8192) is None  # 9000 > 8192: eager
+    assert step_mode(short, call) is None  # 9000 > 8192: eager
     ok = ds.Step((100, 800, 8), ((0,),) * 3, (0, 1, 2), (99, 799, 7))
-    assert step_mode(ok, sizes, False, 8192) == 4
-    assert step_mode(ok, sizes, True, 8192) is None
-    inputs = StepInputs([ok, short], sizes, False, 8192, scratch=9, block_size=16,
-                        max_blocks=8, vocab=50, device="cpu", seed=0)
+    assert step_mode(ok, call) == 4
+    assert step_mode(ok, VllmCall(max_num_seqs=16, enforce_eager=True)) is None
+    inputs = StepInputs([ok, short], call, scratch=9, block_size=16, vocab=50, device="cpu",
+                        seed=0)
     tokens, _, slots, seq_lens, tables = inputs.items[0]
     assert tokens.shape == (4,) and seq_lens.tolist() == [100, 800, 8, 1]  # one padded row
-    assert slots.tolist()[-1] == 9 * 16 and tables[3].tolist() == [0] * 8
+    # the captured block table: ceil(8192 / 16) columns, the pad row all zeros (block 0)
+    assert tables.shape == (4, 512) and tables[3].tolist() == [0] * 512
+    assert slots.tolist()[-1] == 9 * 16
     assert inputs.items[1][0].shape == (2,)  # eager: no padding
-    assert kernel_choices(inputs, 32, 8192) == {"v1": 0, "v2": 2}
-    assert kernel_choices(inputs, 256, 8192) == {"v1": 1, "v2": 1}  # 4 x 256 > 512
+    assert inputs.items[1][4].shape == (2, -(-9000 // 16))  # and its own table width
+    assert kernel_choices(inputs, 32, 16) == {"v1": 0, "v2": 2}
+    assert kernel_choices(inputs, 256, 16) == {"v1": 1, "v2": 1}  # 4 x 256 > 512
 
 
 def test_presets_and_hf_configs() -> None:
@@ -187,8 +197,8 @@ def test_tiny_model_step_through_two_trees_is_equal_and_attends() -> None:
     a, b = _reference_ops("kvprefetch_dec_a"), _reference_ops("kvprefetch_dec_b")
     m = dm.Decoder(TINY, num_blocks=8, block_size=16, device="cpu", max_position=64)
     steps, _ = plan_steps(Workload(batch=3, context=20, steps=2), 16)
-    inputs = StepInputs(steps, ds.capture_sizes(3), False, 8192, scratch=7, block_size=16,
-                        max_blocks=4, vocab=TINY.vocab, device="cpu", seed=0)
+    inputs = StepInputs(steps, VllmCall(max_num_seqs=3), scratch=7, block_size=16,
+                        vocab=TINY.vocab, device="cpu", seed=0)
     w = checksum_weights(TINY.vocab, "cpu")
     out_a = m.step(a, *inputs.items[0], max_seq_len=8192)
     m.fill_cache(0)

@@ -7,10 +7,13 @@ Method, per workload (a fixed batch x context point, or a serving trace):
    block tables), padded to vLLM's CUDA-graph bucket, are built on the device before timing.
 2. One model (``decode_model.Decoder``: random weights at the model's shapes, the prompts' K/V
    filled directly) serves every tree; only the paged-attention op differs. Per tree and bucket
-   one CUDA graph of the whole step is captured as vLLM V0 captures it (``max_seq_len`` =
-   ``max_seq_len_to_capture``, 8192 or the model's length if shorter); a step whose batch has
-   no bucket or a sequence longer than that runs eagerly with its real maximum, as in vLLM, and
-   ``--eager`` runs every step so (vLLM's ``enforce_eager``).
+   one CUDA graph of the whole step is captured as vLLM V0 captures it (bench/vllm_call.py:
+   ``max_seq_len`` = the capture length, min(``max_seq_len_to_capture``, ``max_model_len``),
+   the block table of the captured width, pad rows of length 1); a step whose batch has no
+   bucket or a sequence longer than that runs eagerly with its real maximum and a block table
+   of its own width, as in vLLM, and ``--eager`` runs every step so (vLLM's
+   ``enforce_eager``). The buckets are V0's up to the trace's largest batch (vLLM's with
+   ``max_num_seqs`` = that batch).
 3. ``repeats`` rounds; in each, every tree (in a rotated order) refills the K/V cache with the
    same values and runs the whole trace, each step timed with CUDA events (input copy + replay).
    Tokens/s = real (unpadded) tokens / summed step time. Ratio = a round's stock time over the
@@ -33,19 +36,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import BenchError
-from ..kernels.ops import PagedOps, choose_kernel
+from ..kernels.ops import PagedOps
 from .decode_model import Decoder, DecoderConfig
-from .decode_serve import (
-    MAX_SEQ_LEN_TO_CAPTURE,
-    BlockAllocator,
-    LengthDist,
-    Scheduler,
-    Step,
-    blocks_needed,
-    capture_sizes,
-    graph_bucket,
-)
+from .decode_serve import BlockAllocator, LengthDist, Scheduler, Step, blocks_needed
 from .kernel import quantile, summarize
+from .vllm_call import MAX_SEQ_LEN_TO_CAPTURE, VllmCall, blocks_for, graph_bucket, launch_for
 
 ATTENTION_KERNELS = ("paged_attention", "gqa_decode", "kv_l2_prefetch", "reduce_kernel")
 # One step's device inputs: tokens, positions, slots, sequence lengths, block tables.
@@ -96,6 +91,12 @@ class DecodeBenchConfig:
     profile_steps: int = 3
     memory_headroom: float = 0.9  # use at most this fraction of free device memory
 
+    def call(self, largest_batch: int) -> VllmCall:
+        """vLLM's call for a trace whose largest batch is ``largest_batch`` (its max_num_seqs)."""
+        return VllmCall(max_model_len=self.max_model_len,
+                        max_seq_len_to_capture=self.max_seq_len_to_capture,
+                        max_num_seqs=largest_batch, enforce_eager=self.eager)
+
 
 def plan_steps(work: Workload, block_size: int) -> tuple[list[Step], int]:
     """The workload's decode steps and the KV blocks they need (scratch block included)."""
@@ -105,11 +106,11 @@ def plan_steps(work: Workload, block_size: int) -> tuple[list[Step], int]:
     return list(sched.steps()), num_blocks
 
 
-def step_mode(step: Step, buckets: Sequence[int], eager: bool, capture_len: int) -> int | None:
+def step_mode(step: Step, call: VllmCall) -> int | None:
     """The graph bucket a step replays in, or None when it runs eagerly."""
-    if eager or step.max_seq_len > capture_len:
+    if call.eager_reason(step.batch, step.max_seq_len):
         return None
-    return graph_bucket(step.batch, buckets)
+    return graph_bucket(step.batch, call.buckets)
 
 
 def checksum_weights(vocab: int, device: Any, seed: int = 12345) -> Any:
@@ -129,21 +130,25 @@ def logits_checksum(logits: Any, weights: Any) -> Any:
 
 class StepInputs:
     """Every step's inputs on the device, padded to its bucket (the pad rows as vLLM pads:
-    sequence length 1, block table row of block 0, the K/V written to the scratch block)."""
+    sequence length 1, block table row of block 0, the K/V written to the scratch block); a
+    graph step's block table of the captured width, an eager step's of its own."""
 
-    def __init__(self, steps: Sequence[Step], buckets: Sequence[int], eager: bool,
-                 capture_len: int, scratch: int, block_size: int, max_blocks: int,
+    def __init__(self, steps: Sequence[Step], call: VllmCall, scratch: int, block_size: int,
                  vocab: int, device: Any, seed: int) -> None:
         import torch
 
-        self.modes = [step_mode(s, buckets, eager, capture_len) for s in steps]
+        self.call = call
+        self.modes = [step_mode(s, call) for s in steps]
         self.rows = [s.batch if m is None else m for s, m in zip(steps, self.modes)]
         self.batches = [s.batch for s in steps]
         self.max_lens = [s.max_seq_len for s in steps]
+        self.seq_lens = [s.seq_lens for s in steps]
         g = torch.Generator(device="cpu").manual_seed(seed)
         self.items: list[Inputs] = []
-        for s, rows in zip(steps, self.rows):
+        for s, rows, mode in zip(steps, self.rows, self.modes):
             pad = rows - s.batch
+            max_blocks = blocks_for(call.capture_len if mode is not None else s.max_seq_len,
+                                    block_size)
             tokens = torch.randint(0, vocab, (rows,), generator=g, dtype=torch.int64)
             positions = torch.tensor(list(s.positions) + [0] * pad, dtype=torch.int64)
             slots = torch.tensor(list(s.slots) + [scratch * block_size] * pad, dtype=torch.int64)
@@ -206,11 +211,12 @@ class TreeRunner:
         return logits
 
 
-def kernel_choices(steps_in: StepInputs, num_heads: int, capture_len: int) -> dict[str, int]:
-    """How many steps vLLM's rule sends to v1 and v2 (with the length the kernel is given)."""
+def kernel_choices(steps_in: StepInputs, num_heads: int, block_size: int) -> dict[str, int]:
+    """How many steps vLLM's rule sends to v1 and v2 (with the launch the kernel is given)."""
     out = {"v1": 0, "v2": 0}
-    for rows, mode, max_len in zip(steps_in.rows, steps_in.modes, steps_in.max_lens):
-        out[choose_kernel(capture_len if mode is not None else max_len, rows, num_heads)] += 1
+    for lens in steps_in.seq_lens:
+        out[launch_for(lens, num_heads=num_heads, block_size=block_size, call=steps_in.call,
+                       timing="graph").kernel] += 1
     return out
 
 
@@ -244,14 +250,13 @@ def run_workload(model: Decoder, trees: Sequence[PagedOps], work: Workload,
     import torch
 
     mc = model.cfg
-    capture_len = min(cfg.max_seq_len_to_capture, cfg.max_model_len)
-    buckets = capture_sizes(max(s.batch for s in steps))
-    max_blocks = -(-cfg.max_model_len // cfg.block_size)
+    call = cfg.call(max(s.batch for s in steps))
+    capture_len = call.capture_len
     scratch = model.k_caches[0].shape[0] - 1
-    inputs = StepInputs(steps, buckets, cfg.eager, capture_len, scratch, cfg.block_size,
-                        max_blocks, mc.vocab, model.device, cfg.seed)
+    inputs = StepInputs(steps, call, scratch, cfg.block_size, mc.vocab, model.device, cfg.seed)
     weights = checksum_weights(mc.vocab, model.device)
-    runners = [TreeRunner(model, t, capture_len, max_blocks, model.device) for t in trees]
+    runners = [TreeRunner(model, t, capture_len, blocks_for(capture_len, cfg.block_size),
+                          model.device) for t in trees]
     tokens = sum(inputs.batches)
     times: dict[str, list[float]] = {t.name: [] for t in trees}
     step_ms: dict[str, list[float]] = {t.name: [] for t in trees}
@@ -289,7 +294,7 @@ def run_workload(model: Decoder, trees: Sequence[PagedOps], work: Workload,
     result: dict[str, Any] = {
         **work.to_dict(), "steps_run": len(steps), "tokens": tokens,
         "graph_steps": sum(m is not None for m in inputs.modes),
-        "kernels": kernel_choices(inputs, mc.num_heads, capture_len),
+        "kernels": kernel_choices(inputs, mc.num_heads, cfg.block_size),
         "max_seq_len": max(inputs.max_lens), "trees": {}}
     for r in runners:
         name = r.ops.name

@@ -1,18 +1,10 @@
 """The serving side of ``bench decode``, pure Python: request lengths drawn from a named
 distribution, a paged block allocator, a continuous-batching scheduler that turns requests into
-decode steps (sequence lengths, block tables, the slot each new token's K/V goes to), and
-vLLM V0's CUDA-graph batch buckets with its padding.
+decode steps (sequence lengths, block tables, the slot each new token's K/V goes to).
 
-What vLLM 0.10.2 does and this mirrors (vllm/worker/model_runner.py, vllm/config.py,
-vllm/attention/backends/utils.py):
-- decode batches are padded up to a capture size: 1, 2, 4, then multiples of 8 up to the largest
-  captured size (``min(2 x max_num_seqs, 512)``, here the bench's own largest batch); a batch
-  above it runs eagerly;
-- a padded row writes its K/V nowhere (``PAD_SLOT_ID``; here a scratch block no request owns),
-  has sequence length 1 and block table row 0 -- a real block, read and discarded;
-- a captured graph was captured with ``max_decode_seq_len = max_seq_len_to_capture`` (8192,
-  clamped to the model's max length), so every replay launches the kernel vLLM's rule picks for
-  that length; a batch holding a longer sequence runs eagerly with its real maximum.
+vLLM V0's CUDA-graph buckets, pad rows and capture length are bench/vllm_call.py's; here a
+padded row writes its K/V to a scratch block no request owns (vLLM's ``PAD_SLOT_ID`` writes
+nowhere).
 
 Prompt K/V is never computed: the bench fills the cache directly and times decode steps only.
 """
@@ -26,24 +18,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 
-MAX_SEQ_LEN_TO_CAPTURE = 8192  # vLLM's default max_seq_len_to_capture
 DISTRIBUTIONS = ("fixed", "uniform", "longtail")
-
-
-def capture_sizes(largest: int) -> tuple[int, ...]:
-    """vLLM V0's CUDA-graph batch sizes (1, 2, 4, 8, 16, 24, ..., 512), up to the first that
-    holds ``largest`` sequences."""
-    out: list[int] = []
-    for size in (1, 2, 4, *range(8, 513, 8)):
-        out.append(size)
-        if size >= largest:
-            break
-    return tuple(out)
-
-
-def graph_bucket(batch: int, sizes: Sequence[int]) -> int | None:
-    """The capture size a batch of ``batch`` sequences is padded to, or None (runs eagerly)."""
-    return next((s for s in sizes if s >= batch), None)
 
 
 @dataclass(frozen=True)
