@@ -19,6 +19,7 @@ from kvprefetch.bench import kernel as k
 from kvprefetch.bench import sample as sm
 from kvprefetch.bench import sample_report as rep
 from kvprefetch.bench.matrix import BenchShape
+from kvprefetch.bench.vllm_call import EXACT, VllmCall
 from kvprefetch.cli.bench import bench
 from kvprefetch.errors import ConfigError
 from kvprefetch.kernels.kvinputs import AttnShape, kv_bytes_read
@@ -81,7 +82,8 @@ def test_length_families_follow_their_rules() -> None:
         assert len(lens) >= 2 and rest
         assert 1 <= n_long <= max(1, min(sm.MAX_TAIL_SEQS, len(lens) // 8))
         # the few long ones are 10-100x longer than the rest (rounding aside)
-        assert 9.9 <= longest / max(rest) <= 200.5 and longest / min(rest) <= 201
+        # (the rest reach down to floor(S / 2): at S = 17, 8 tokens, 2.125 F below S x F)
+        assert 9.9 <= longest / max(rest) <= 200.5 and longest / min(rest) <= 213
     # a tail is not always at the end of the batch: it was shuffled in
     assert any(s.seq_lens[-1] != max(s.seq_lens) for s in by["longtail"])
 
@@ -149,7 +151,7 @@ def _recording_ops(name: str, calls: list[dict]) -> PagedOps:
 
 @pytest.mark.parametrize("timing", ["graph", "eager"])
 @pytest.mark.parametrize("lens", [(5, 40, 17), (600, 3)])
-def test_ragged_lengths_reach_the_kernel_inputs(lens: tuple[int, ...], timing: str) -> None:
+def test_ragged_lengths_reach_the_kernel_inputs_under_the_exact_call(lens: tuple[int, ...], timing: str) -> None:
     attn = AttnShape(num_seqs=len(lens), num_heads=8, num_kv_heads=2, head_size=64,
                      block_size=16, max_seq_len=max(lens))
     kernel = choose_kernel(max(lens), len(lens), 8)
@@ -158,7 +160,7 @@ def test_ragged_lengths_reach_the_kernel_inputs(lens: tuple[int, ...], timing: s
     calls: list[dict] = []
     ops = [_recording_ops("baseline", calls), _recording_ops("patched", calls)]
     cfg = k.KernelBenchConfig(mode="hot", rounds=3, target_sample_ms=0.0, min_launches=1,
-                              timing=timing)
+                              timing=timing, call=EXACT)
     r = k.bench_shape(ops, shape, cfg, l2_bytes=2**20, copy_bw=1e12, device="cpu")
     assert r.status == "measured" and r.bitwise_equal is True and r.timing == timing
     blocks = [math.ceil(n / 16) for n in lens]
@@ -180,6 +182,63 @@ def test_ragged_lengths_reach_the_kernel_inputs(lens: tuple[int, ...], timing: s
     # every block a sequence reads is its own, and the pool holds exactly the blocks needed
     assert sorted(used) == list(range(sum(blocks)))
     assert c["key_cache"].shape[0] == sum(blocks)
+
+
+@pytest.mark.parametrize("mml", [None, 4096])
+def test_a_graph_step_gets_vllms_captured_launch(mml: int | None) -> None:
+    """Under the vLLM call a graph-timed step of 3 sequences is launched as vLLM replays it:
+    padded to its bucket 4 with a length-1 row whose block-table row is zeros (block 0, a real
+    block of the pool), at the capture length min(8192, max_model_len) with a block table that
+    wide; the v2 workspace and bytes follow the launch, the KV bytes the real rows plus one
+    block for the pad row; the row records the step's real batch beside its launch."""
+    lens = (5, 40, 17)
+    attn = AttnShape(num_seqs=3, num_heads=8, num_kv_heads=2, head_size=64, block_size=16,
+                     max_seq_len=40)
+    shape = BenchShape("G4/kv2/d64", attn, choose_kernel(40, 3, 8), seq_lens=lens,
+                       family="ragged", max_model_len=mml)
+    calls: list[dict] = []
+    ops = [_recording_ops("baseline", calls), _recording_ops("patched", calls)]
+    cfg = k.KernelBenchConfig(mode="hot", rounds=3, target_sample_ms=0.0, min_launches=1,
+                              call=VllmCall())
+    r = k.bench_shape(ops, shape, cfg, l2_bytes=2**20, copy_bw=1e12, device="cpu")
+    capture = 8192 if mml is None else 4096
+    assert r.status == "measured" and r.bitwise_equal is True and r.timing == "graph"
+    c = calls[0]
+    assert c["lens"].tolist() == [5, 40, 17, 1] and c["max_seq_len"] == capture
+    assert c["kernel"] == choose_kernel(capture, 4, 8) == "v2"
+    assert tuple(c["tables"].shape) == (4, capture // 16)
+    assert c["tables"][3].tolist() == [0] * (capture // 16)
+    assert c["key_cache"].shape[0] == 1 + 3 + 2  # the real rows' blocks only
+    chunk = 64 * 16 * 2
+    row = r.to_dict()
+    assert row["kv_bytes"] == 2 * (1 + 3 + 2 + 1) * 2 * chunk
+    assert row["batch"] == 3 and row["context"] == 40 and row["kernel"] == "v2"
+    assert row["launch"]["num_seqs"] == 4 and row["launch"]["real_batch"] == 3
+    assert row["launch"]["max_seq_len"] == capture and row["launch"]["timing"] == "graph"
+    assert row["launch"]["table_width"] == capture // 16
+
+
+def test_a_step_vllm_runs_eagerly_is_timed_eagerly_once() -> None:
+    """A step longer than the capture length is eager in vLLM: asked for graph timing it is
+    timed eagerly at its real values and recorded so; asked for graph and eager it runs once,
+    as the eager row."""
+    attn = AttnShape(num_seqs=2, num_heads=8, num_kv_heads=2, head_size=64, block_size=16,
+                     max_seq_len=9000)
+    shape = BenchShape("G4/kv2/d64", attn, "v2", seq_lens=(9000, 3), family="ragged")
+    calls: list[dict] = []
+    ops = [_recording_ops("baseline", calls), _recording_ops("patched", calls)]
+    graph = k.KernelBenchConfig(mode="hot", rounds=3, target_sample_ms=0.0, min_launches=1)
+    r = k.bench_shape(ops, shape, graph, l2_bytes=2**20, copy_bw=1e12, device="cpu")
+    assert r.timing == "eager" and r.launch is not None and not r.launch.graph
+    assert "9000 > capture length 8192" in r.launch.eager_reason
+    assert calls[0]["lens"].tolist() == [9000, 3] and calls[0]["max_seq_len"] == 9000
+    eager = k.KernelBenchConfig(mode="hot", rounds=3, target_sample_ms=0.0, timing="eager")
+    wanted = k.timed_once([graph, eager])
+    short = BenchShape("x", AttnShape(num_seqs=2, num_heads=8, num_kv_heads=2, head_size=64,
+                                      block_size=16, max_seq_len=100), "v1")
+    assert not wanted(shape, graph) and wanted(shape, eager)
+    assert wanted(short, graph) and wanted(short, eager)
+    assert k.timed_once([graph])(shape, graph)  # no eager config: the graph one times it
 
 
 def test_uniform_shapes_keep_their_old_inputs() -> None:

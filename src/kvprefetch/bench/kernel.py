@@ -8,6 +8,12 @@ Method, per shape of the matrix:
    L2, so every KV load is an L2 hit at any batch and context (the L2-resident bound).
    Before allocating, the shape is checked against vLLM's own launch limits and against free
    device memory (``limits.py``); a shape that fails is skipped with its reason in the JSON.
+   The shape is a step (its real lengths); what the kernel is given is the step's launch under
+   vLLM's call (bench/vllm_call.py, ``step_launch``): graph-timed, the batch padded to its
+   capture size with length-1 rows reading block 0, ``max_seq_len`` the capture length, the
+   captured block-table width; eager-timed, or where vLLM runs the step eagerly, its real
+   values (such a step is timed eagerly even where graph timing was asked, and only once where
+   both are: ``timed_once``). ``--call exact`` launches every step at its real values.
 2. Per variant, one CUDA graph of ``launches`` decode calls (layer ``i % layers`` for call ``i``;
    ``launches`` is a multiple of ``layers``, so every replay visits every layer equally often and
    the rotation never wraps early), each the exact vLLM ``forward_decode`` (v1 or v2 by vLLM's
@@ -43,10 +49,10 @@ import gc
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..errors import BenchError
+from ..errors import BenchError, ConfigError
 from ..kernels.kvinputs import (
     alias_pool_blocks,
     cache_bytes_per_layer,
@@ -61,8 +67,7 @@ from ..sources import upstream
 from .device import CudaBackend, HostBackend, device_facts, measure_copy_bandwidth
 from .limits import memory_refusal, shape_memory, vllm_kernel_limit
 from .matrix import MODES, BenchMatrix, BenchShape
-
-TIMINGS = ("graph", "eager")
+from .vllm_call import TIMINGS, Launch, VllmCall, launch_attn, launch_for
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class KernelBenchConfig:
     copy_bytes: int = 1 << 31
     memory_fraction: float = 0.85     # of free device memory the caches may take
     timing: str = "graph"             # graph: CUDA-graph replay; eager: back-to-back calls
+    call: VllmCall = field(default_factory=VllmCall)  # the launch a step becomes (vllm_call.py)
 
     def __post_init__(self) -> None:
         if self.timing not in TIMINGS:
@@ -185,6 +191,8 @@ class ShapeResult:
     error: str = ""
     status: str = ""  # "" = measured without an error, skipped with one
     timing: str = "graph"
+    launch: Launch | None = None  # what the kernel was given (None: not planned that far)
+    step: int | None = None       # the step's index in a sample
 
     def __post_init__(self) -> None:
         if not self.status:
@@ -196,10 +204,16 @@ class ShapeResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = self.shape.to_dict()
+        # The KV the launch reads: the real rows' blocks, one block per pad row.
+        kv = (kv_bytes_read(launch_attn(self.shape.attn, self.launch), self.launch.seq_lens)
+              if self.launch else kv_bytes_read(self.shape.attn, self.shape.seq_lens))
         d.update(label=self.shape.label, mode=self.mode, timing=self.timing,
-                 bytes_moved=self.bytes_moved,
-                 kv_bytes=kv_bytes_read(self.shape.attn, self.shape.seq_lens),
+                 bytes_moved=self.bytes_moved, kv_bytes=kv,
                  bitwise_equal=self.bitwise_equal, status=self.status, error=self.error)
+        if self.launch is not None:
+            d["launch"] = self.launch.to_dict()
+        if self.step is not None:
+            d["step"] = self.step
         d["plan"] = asdict(self.plan) if self.plan else None
         d["variants"] = {
             v.name: {"time_us": asdict(v.time_us),
@@ -213,7 +227,7 @@ class ShapeResult:
 def build_results(shape: BenchShape, mode: str, plan: LaunchPlan, bytes_moved: int,
                   names: Sequence[str], samples: dict[str, list[float]], copy_bw: float,
                   equal: dict[str, bool], nan_free: dict[str, bool],
-                  timing: str = "graph") -> ShapeResult:
+                  timing: str = "graph", launch: Launch | None = None) -> ShapeResult:
     """Turn per-round samples (us per call) into a result row; ``names[0]`` is the baseline."""
     base = samples[names[0]]
     rows = []
@@ -224,7 +238,8 @@ def build_results(shape: BenchShape, mode: str, plan: LaunchPlan, bytes_moved: i
         rows.append(VariantResult(name, t, sp, bw, None if name == names[0] else equal[name],
                                   nan_free[name]))
     all_equal = all(equal[n] for n in names[1:]) and all(nan_free.values())
-    return ShapeResult(shape, mode, plan, bytes_moved, tuple(rows), all_equal, timing=timing)
+    return ShapeResult(shape, mode, plan, bytes_moved, tuple(rows), all_equal, timing=timing,
+                       launch=launch)
 
 
 # ----------------------------------------------------------------------------- GPU part
@@ -241,21 +256,42 @@ class _VariantRun:
     views: tuple[Any, ...] = ()  # out's per-call slices, which the graph's calls were given
 
 
+def kernel_configs(modes: Sequence[str], timings: Sequence[str], call: VllmCall,
+                   **common: Any) -> list[KernelBenchConfig]:
+    """One config per mode and timing (modes outermost), every one with ``call`` and the
+    ``common`` settings (rounds, sample length, ...)."""
+    return [KernelBenchConfig(mode=m, timing=t, call=call, **common)
+            for m in modes for t in timings]
+
+
+def step_launch(shape: BenchShape, config: KernelBenchConfig) -> Launch:
+    """The launch vLLM makes of ``shape`` under ``config``'s call and timing (a sampled step
+    under its own max_model_len). Raises ConfigError where a sequence does not fit
+    max_model_len."""
+    a = shape.attn
+    return launch_for(shape.lens, num_heads=a.num_heads, block_size=a.block_size,
+                      call=config.call.for_model_len(shape.max_model_len),
+                      timing=config.timing, force=shape.kernel if shape.forced else None)
+
+
 def check_shape(shape: BenchShape, ops: Sequence[PagedOps], config: KernelBenchConfig,
                 plan: LaunchPlan, free_bytes: int, smem_optin_bytes: int,
-                alias_blocks: int = 0) -> str:
+                alias_blocks: int = 0, launch: Launch | None = None) -> str:
     """"" when the shape can run, else why it is skipped: an instantiation missing from a build,
-    a launch vLLM 0.10.2 itself cannot make, or not enough free device memory."""
+    a launch vLLM 0.10.2 itself cannot make, or not enough free device memory. ``launch``: what
+    the kernel is given (default: the shape itself, the exact call)."""
     a = shape.attn
     lacking = [o.name for o in ops if not o.supports(a.head_size, a.block_size,
                                                      a.kv_cache_dtype, a.dtype)]
     if lacking:
         return f"instantiation not in build(s): {', '.join(lacking)}"
-    limit = vllm_kernel_limit(a, shape.kernel, smem_optin_bytes)
+    la = launch_attn(a, launch) if launch else a
+    kernel = launch.kernel if launch else shape.kernel
+    limit = vllm_kernel_limit(la, kernel, smem_optin_bytes)
     if limit:
         return limit
-    need = shape_memory(a, shape.kernel, plan.layers, plan.launches, len(ops), config.pool_factor,
-                        alias_blocks, shape.seq_lens)
+    need = shape_memory(la, kernel, plan.layers, plan.launches, len(ops), config.pool_factor,
+                        alias_blocks, shape.lens)
     return memory_refusal(need, free_bytes, config.memory_fraction)
 
 
@@ -270,23 +306,34 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
     from ..verify.numerics import bytes_equal
 
     be: Any = backend or (CudaBackend() if device == "cuda" else HostBackend())
-    a = shape.attn
-    bytes_moved = min_bytes_moved(a, shape.seq_lens)
+    try:
+        launch = step_launch(shape, config)
+    except ConfigError as exc:
+        return ShapeResult(shape, config.mode, None, 0, (), None, exc.cause, "skipped",
+                           timing=config.timing)
+    # The row names what ran: the launch's kernel, timed as the launch runs (a step vLLM runs
+    # eagerly is timed eagerly even where graph timing was asked).
+    shape = replace(shape, kernel=launch.kernel)
+    timing = launch.timing
+    a = launch_attn(shape.attn, launch)
+    # Bytes of the launch: the real rows' blocks, one block per pad row, every row's q and out.
+    bytes_moved = min_bytes_moved(a, launch.seq_lens)
     alias = (alias_pool_blocks(a, l2_bytes, config.alias_l2_fraction)
              if config.mode == "aliased" else 0)
-    per_layer = cache_bytes_per_layer(a, config.pool_factor, alias, shape.seq_lens)
+    per_layer = cache_bytes_per_layer(a, config.pool_factor, alias, shape.lens)
     try:
         plan = plan_launches(bytes_moved, per_layer, l2_bytes, copy_bw, config)
     except BenchError as exc:
         return ShapeResult(shape, config.mode, None, bytes_moved, (), None, exc.cause, "skipped",
-                           timing=config.timing)
-    reason = check_shape(shape, ops, config, plan, be.free_bytes(), be.smem_optin_bytes(), alias)
+                           timing=timing, launch=launch)
+    reason = check_shape(shape, ops, config, plan, be.free_bytes(), be.smem_optin_bytes(), alias,
+                         launch)
     if reason:
         return ShapeResult(shape, config.mode, plan, bytes_moved, (), None, reason, "skipped",
-                           timing=config.timing)
+                           timing=timing, launch=launch)
     inputs = make_inputs(a, device=be.device, seed=config.seed, layers=plan.layers,
                          pool_factor=config.pool_factor, alias_blocks=alias,
-                         seq_lens=shape.seq_lens)
+                         seq_lens=launch.seq_lens, pad_rows=launch.pad_rows)
     runs: list[_VariantRun] = []
     for o in ops:
         # One tensor for every call's output, each call writing its own slice: the identity
@@ -304,7 +351,7 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
                 forward_decode(o, inputs.args(i % plan.layers), force=shape.kernel,
                                out=o_outs[i], workspace=ws)
 
-        if config.timing == "eager":
+        if timing == "eager":
             step()  # warm-up, as capture's: launch errors surface before timing
             runs.append(_VariantRun(o.name, step, o_all, ws, o_outs))
         else:
@@ -323,7 +370,8 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
             seconds = be.time_s(sample)
             samples[names[vi]].append(seconds * 1e6 / (plan.replays * plan.launches))
 
-    # Identity in the same run: poison, replay once, compare bytes with the baseline's.
+    # Identity in the same run: poison, replay once, compare bytes with the baseline's (every
+    # row, the pad rows' too: they are deterministic in every variant).
     for run in runs:
         run.out.fill_(float("nan"))
     for run in runs:
@@ -332,11 +380,14 @@ def bench_shape(ops: Sequence[PagedOps], shape: BenchShape, config: KernelBenchC
     nan_free = {r.name: not bool(torch.isnan(r.out).any()) for r in runs}
     equal = {r.name: bytes_equal(runs[0].out, r.out) for r in runs[1:]}
     return build_results(shape, config.mode, plan, bytes_moved, names, samples, copy_bw,
-                         equal, nan_free, config.timing)
+                         equal, nan_free, timing, launch)
 
 
 def progress_line(i: int, n: int, r: ShapeResult, seconds: float) -> str:
     head = f"[{i}/{n}] {r.shape.label} {r.mode}" + (" eager" if r.timing == "eager" else "")
+    la = r.launch
+    if la is not None and (la.pad_rows or la.max_seq_len != r.shape.attn.max_seq_len):
+        head += f" (launch b{la.num_seqs} max_seq_len {la.max_seq_len})"
     if r.status != "measured":
         return f"{head}: {r.status} ({r.error})"
     assert r.plan is not None
@@ -380,7 +431,9 @@ def run_shapes(shapes: Sequence[BenchShape], configs: Sequence[KernelBenchConfig
                context_problem: Callable[[], str], release: Callable[[], None],
                say: Callable[[str], None], time_limit_s: float = 0.0,
                clock: Callable[[], float] = time.monotonic,
-               shape_major: bool = False) -> tuple[list[ShapeResult], str]:
+               shape_major: bool = False,
+               wanted: Callable[[BenchShape, KernelBenchConfig], bool] | None = None,
+               ) -> tuple[list[ShapeResult], str]:
     """Every shape in every mode, in order. An exception while measuring a shape marks it failed;
     if the device context is unusable afterwards (``context_problem`` says why), the rest are
     marked not run instead of being attempted. Returns the results and the abort reason ("" if
@@ -389,13 +442,15 @@ def run_shapes(shapes: Sequence[BenchShape], configs: Sequence[KernelBenchConfig
     with a written document rather than a killed process). ``shape_major``: every config of a
     shape before the next shape (a sample's graph and eager timings of one step side by side, so
     a time limit cuts both alike); otherwise every shape of a config before the next config. Either
-    way the rows of one config are in shape order."""
+    way the rows of one config are in shape order, and each row records its shape's index
+    (``step``). ``wanted``: which (shape, config) pairs to run at all (default: every one)."""
     results: list[ShapeResult] = []
-    todo = ([(c, s) for s in shapes for c in configs] if shape_major
-            else [(c, s) for c in configs for s in shapes])
+    todo = ([(c, i, s) for i, s in enumerate(shapes) for c in configs] if shape_major
+            else [(c, i, s) for c in configs for i, s in enumerate(shapes)])
+    todo = [t for t in todo if wanted is None or wanted(t[2], t[0])]
     aborted = ""
     start = clock()
-    for i, (config, shape) in enumerate(todo, 1):
+    for i, (config, index, shape) in enumerate(todo, 1):
         t0 = time.monotonic()
         late = time_limit_s > 0 and clock() - start > time_limit_s
         if aborted or late:
@@ -415,6 +470,7 @@ def run_shapes(shapes: Sequence[BenchShape], configs: Sequence[KernelBenchConfig
                 if problem:
                     aborted = f"{shape.label} {config.mode}: {problem}"
             release()
+        r = replace(r, step=index)
         results.append(r)
         say(progress_line(i, len(todo), r, time.monotonic() - t0))
     return results, aborted
@@ -452,7 +508,7 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
 
     results, aborted = run_shapes(matrix.shapes() if shapes is None else shapes, configs, measure,
                                   cuda_context_problem, release_cuda_memory, say, time_limit_s,
-                                  shape_major=sample is not None)
+                                  shape_major=sample is not None, wanted=timed_once(configs))
     return {
         "kind": "kernel" if sample is None else "sample", "schema": 1,
         "meta": {
@@ -463,15 +519,44 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
                           **({"so_sha256": o.build.so_sha256, "so_path": str(o.build.so_path)}
                              if o.build else {})} for o in ops],
             "configs": [asdict(c) for c in configs],
+            "call": run_call(configs, sample is not None),
             "matrix": matrix.to_dict() if sample is None else None,
             "command": list(command), "aborted": aborted,
             **({"sample": sample, "twin_at": [list(x) for x in upstream.TWIN_AT],
-                "twin_partial_groups": True, "twin_least_guard": True}
+                "twin_partial_groups": True, "twin_least_guard": True,
+                "wave_guard": True}
                if sample is not None else {}),
             "not_measured": not_measured(results), "kit": kit_info().to_dict(),
         },
         "results": [r.to_dict() for r in results],
     }
+
+
+def timed_once(configs: Sequence[KernelBenchConfig]
+               ) -> Callable[[BenchShape, KernelBenchConfig], bool]:
+    """Which (shape, config) pairs to run: all but the graph timing of a step vLLM runs eagerly
+    where an eager timing of the same mode is asked too (the two would be the same launch, timed
+    the same way: the eager config's row is the step's one eager row)."""
+    eager_modes = {c.mode for c in configs if c.timing == "eager"}
+
+    def wanted(shape: BenchShape, config: KernelBenchConfig) -> bool:
+        if config.timing != "graph" or config.mode not in eager_modes:
+            return True
+        try:
+            return step_launch(shape, config).graph
+        except ConfigError:
+            return True  # bench_shape records why it cannot run
+    return wanted
+
+
+def run_call(configs: Sequence[KernelBenchConfig], per_step_model_len: bool) -> dict[str, Any]:
+    """``meta.call``: the call model every config of the run shares, and whether each sampled
+    step brought its own max_model_len."""
+    calls = {c.call for c in configs}
+    if len(calls) != 1:
+        raise BenchError("the configs of one run have different calls",
+                         "build every config of a run with one VllmCall")
+    return {**calls.pop().to_dict(), "per_step_max_model_len": per_step_model_len}
 
 
 def not_measured(results: Sequence[ShapeResult]) -> list[dict[str, str]]:

@@ -99,7 +99,10 @@ class BenchShape:
     """One point of the matrix: a preset's attention shape at one batch and context. A sampled
     step (``bench kernel --sample``, bench/sample.py) also carries each sequence's length
     (``seq_lens``, a ragged batch whose longest is ``attn.max_seq_len``) and its length family;
-    without them every sequence has ``attn.max_seq_len`` tokens."""
+    without them every sequence has ``attn.max_seq_len`` tokens. ``attn`` and ``kernel`` are the
+    step's own (its real batch and longest sequence, vLLM's choice for them); the launch vLLM
+    makes of it is bench/vllm_call.py's. A sampled step also carries the ``max_model_len`` it
+    was drawn for (None: the run's)."""
 
     preset: str
     attn: AttnShape
@@ -107,6 +110,13 @@ class BenchShape:
     forced: bool = False
     seq_lens: tuple[int, ...] | None = None
     family: str = ""
+    max_model_len: int | None = None
+
+    @property
+    def lens(self) -> tuple[int, ...]:
+        """Every sequence's length: ``seq_lens``, or ``max_seq_len`` for each."""
+        a = self.attn
+        return self.seq_lens if self.seq_lens is not None else (a.max_seq_len,) * a.num_seqs
 
     @property
     def label(self) -> str:
@@ -115,6 +125,8 @@ class BenchShape:
         ctx = f"ctx{format_size(a.max_seq_len)}"
         if self.seq_lens is not None and self.family != "uniform":
             ctx = f"{self.family or 'ragged'} max{format_size(a.max_seq_len)}"
+        if self.max_model_len is not None:
+            ctx += f" mml{format_size(self.max_model_len)}"
         return (f"{self.preset} b{a.num_seqs} {ctx} "
                 f"blk{a.block_size} {a.dtype}{kv} {self.kernel}")
 
@@ -129,6 +141,8 @@ class BenchShape:
         if self.seq_lens is not None:
             d.update(seq_lens=list(self.seq_lens), family=self.family,
                      mean_seq_len=sum(self.seq_lens) / len(self.seq_lens))
+        if self.max_model_len is not None:
+            d["max_model_len"] = self.max_model_len
         return d
 
 

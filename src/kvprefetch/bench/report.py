@@ -19,6 +19,7 @@ from .render import geomean, shape_key
 from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
+from .vllm_call import describe_call, doc_call
 
 KINDS = ("kernel", "ncu", "e2e", "identity", "repeats", "decode", "sample")
 
@@ -93,7 +94,8 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
              (f"- device: {dev['name']} ({dev.get('sm_count')} SMs, L2 "
              f"{dev['l2_bytes'] / 2**20:.0f} MiB), torch {dev.get('torch')}, CUDA {dev.get('cuda')}"),
              f"- copy bandwidth (read+write, same run): {meta['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s",
-             f"- started {meta['started']}, {meta.get('seconds', '?')} s"]
+             f"- started {meta['started']}, {meta.get('seconds', '?')} s",
+             f"- call: {describe_call(doc_call(doc))}"]
     for v in meta["variants"]:
         lines.append(f"- {v['name']}: `{v.get('so_sha256', 'in-process')}`")
     if meta.get("command"):

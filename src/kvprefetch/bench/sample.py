@@ -2,8 +2,10 @@
 steps drawn from one documented distribution, so that no launch policy can have been tuned to
 the shapes it is judged on (tune on one seed, report on a fresh one).
 
-The distribution (docs/sampled-benchmark.md explains the choices). Each step is drawn
-independently with ``random.Random(seed)``, in this order:
+The distribution, version 2 (``DISTRIBUTION_VERSION``; version 1, before issue 40, had no
+``max_model_len`` and drew in another order, so its seeds give other steps; docs/sampled-benchmark.md
+explains the choices). Each step is drawn independently with ``random.Random(seed)``, in this
+order:
 
 1. **G**, query heads per kv head: uniform over 1, 2, 4, 5, 7, 8, 16.
 2. **kv heads** (one GPU's, after tensor parallelism): uniform over 1, 2, 4, 8 when G > 1; over
@@ -13,23 +15,33 @@ independently with ``random.Random(seed)``, in this order:
    **cache**: uniform over fp16, bf16, fp8 (e4m3) among those instantiated with that head and
    block size; an fp8 cache's query dtype is uniform over float16 and bfloat16 where both are
    instantiated. A narrowed build therefore samples only what it has (``Instantiations``).
-4. **batch**: log-uniform over 1-256 (``floor(exp(U(0, ln 257)))``), so that small steps, where
-   launch overhead and the L2 prefetch matter, are as well represented as large ones.
-5. **length family**: uniform over
-   - ``uniform``: every sequence has L tokens, L log-uniform over 16-32768;
+4. **max_model_len**: uniform over 2k, 4k, 8k, 32k, 128k tokens (``MODEL_LENS``: 2048, 4096,
+   8192, 32768, 131072). It sets the step's capture length, min(8192, max_model_len)
+   (bench/vllm_call.py), and the longest a sequence may be: ``top`` = min(32768,
+   max_model_len).
+5. **batch**: log-uniform over 1-256 (``floor(exp(U(0, ln 257)))``), so that small steps, where
+   launch overhead and the L2 prefetch matter, are as well represented as large ones. 256 is
+   V0's largest capture size (max_num_seqs 256), so every batch has a graph bucket; about 67%
+   of the draws fall between two buckets (any batch of 5 or more that is not a multiple of 8),
+   whose graph launch carries length-1 pad rows up to the bucket.
+6. **length family**: uniform over
+   - ``uniform``: every sequence has L tokens, L log-uniform over 16-``top``;
    - ``ragged``: each sequence's length uniform over 1..L (L as above), independently;
    - ``longtail``: a few sequences F times longer than the rest: F log-uniform over 10-100; the
-     short sequences uniform over S/2..S, S log-uniform over 16..32768/F; n_long uniform over
-     1..max(1, min(4, batch // 8)) sequences of round(S x F) tokens, at random positions in
-     the batch (a batch of 1 is drawn as 2: a tail needs a rest).
-6. **memory cap**: if the step's KV bytes (K and V of every block its sequences touch, every kv
+     short sequences uniform over S/2..S, S log-uniform over 16..``top``/F; n_long uniform over
+     1..max(1, min(4, batch // 8)) sequences of min(``top``, round(S x F)) tokens, at random
+     positions in the batch (a batch of 1 is drawn as 2: a tail needs a rest).
+   Every length is drawn within ``top``, so every sequence fits the step's max_model_len.
+7. **memory cap**: if the step's KV bytes (K and V of every block its sequences touch, every kv
    head: ``kvinputs.kv_bytes_read``) exceed ``max_kv_bytes`` (4 GiB by default: 32 layers of it
-   fill an H200), steps 4-5 are drawn again for the same model and cache, up to
-   ``MAX_REDRAWS`` times. The sample is thus conditioned on fitting the cap; the model and cache
-   marginals are exactly as above.
+   fill an H200), steps 5-6 are drawn again for the same model, cache and max_model_len, up to
+   ``MAX_REDRAWS`` times. The sample is thus conditioned on fitting the cap; the model, cache
+   and max_model_len marginals are exactly as above.
 
-The kernel is vLLM 0.10.2's own choice (``ops.choose_kernel``) for the step's longest sequence,
-which is the ``max_seq_len`` vLLM passes (paged_attn.py).
+A step is the real lengths only. What the kernel is given for it (under vLLM's call: on graph
+replay the padded batch and the capture length; eager the real values) is bench/vllm_call.py's
+``launch_for``; the step's ``kernel`` is vLLM's choice for its real longest sequence and batch
+(the eager launch's), and each result row records its launch's own.
 
 Pure Python: no torch.
 """
@@ -67,6 +79,8 @@ MAX_TAIL_SEQS = 4
 DEFAULT_MAX_KV_BYTES = 4 << 30
 MIN_MAX_KV_BYTES = 64 << 20
 MAX_REDRAWS = 1000
+MODEL_LENS = (2048, 4096, 8192, 32768, 131072)
+DISTRIBUTION_VERSION = 2  # 1: before issue 40 (no max_model_len, another draw order)
 
 Combo = tuple[int, int, str, str]  # head size, block size, query dtype, kv_cache_dtype
 
@@ -133,20 +147,25 @@ def draw_batch(rng: random.Random) -> int:
     return min(MAX_BATCH, max(1, int(_log_uniform(rng, 1, MAX_BATCH + 1))))
 
 
-def draw_lengths(rng: random.Random, family: str, batch: int) -> tuple[int, ...]:
-    """One step's sequence lengths for ``family`` (the module docstring gives the rules)."""
+def draw_lengths(rng: random.Random, family: str, batch: int,
+                 top: int = MAX_LEN) -> tuple[int, ...]:
+    """One step's sequence lengths for ``family``, none above ``top`` (the module docstring
+    gives the rules)."""
+    if top < MIN_LEN:
+        raise ConfigError(f"the longest sequence {top} is below {MIN_LEN} tokens",
+                          f"draw with max_model_len {MIN_LEN} or more")
     if family == "uniform":
-        n = round(_log_uniform(rng, MIN_LEN, MAX_LEN))
+        n = round(_log_uniform(rng, MIN_LEN, top))
         return (n,) * batch
     if family == "ragged":
-        top = round(_log_uniform(rng, MIN_LEN, MAX_LEN))
-        return tuple(rng.randint(1, top) for _ in range(batch))
+        most = round(_log_uniform(rng, MIN_LEN, top))
+        return tuple(rng.randint(1, most) for _ in range(batch))
     if family == "longtail":
         batch = max(2, batch)
         factor = _log_uniform(rng, *TAIL_FACTOR)
-        short = max(MIN_LEN, min(round(_log_uniform(rng, MIN_LEN, MAX_LEN / factor)),
-                                 int(MAX_LEN / factor)))
-        long = min(MAX_LEN, round(short * factor))
+        short = max(MIN_LEN, min(round(_log_uniform(rng, MIN_LEN, top / factor)),
+                                 int(top / factor)))
+        long = min(top, round(short * factor))
         n_long = rng.randint(1, max(1, min(MAX_TAIL_SEQS, batch // 8)))
         lens = [rng.randint(max(1, short // 2), short) for _ in range(batch - n_long)]
         lens += [long] * n_long
@@ -183,6 +202,8 @@ class SampleSpec:
                                  "kv_heads_mha": list(KV_HEADS_MHA), "max_batch": MAX_BATCH,
                                  "lengths": [MIN_LEN, MAX_LEN], "families": list(FAMILIES),
                                  "tail_factor": list(TAIL_FACTOR),
+                                 "model_lens": list(MODEL_LENS),
+                                 "version": DISTRIBUTION_VERSION,
                                  "doc": "kvprefetch/bench/sample.py, docs/sampled-benchmark.md"}}
 
 
@@ -200,16 +221,18 @@ def draw_step(rng: random.Random, inst: Instantiations, max_kv_bytes: int) -> Be
     kinds = sorted({cache_kind(c[3], c[2]) for c in combos if c[:2] == (head, block)})
     kind = rng.choice(kinds)
     dtype, kv = rng.choice([p for p in CACHE_KINDS[kind] if (head, block, *p) in combos])
+    model_len = rng.choice(MODEL_LENS)
     for _ in range(MAX_REDRAWS):
+        batch = draw_batch(rng)
         family = rng.choice(FAMILIES)
-        lens = draw_lengths(rng, family, draw_batch(rng))
+        lens = draw_lengths(rng, family, batch, min(MAX_LEN, model_len))
         attn = AttnShape(num_seqs=len(lens), num_heads=group * kv_heads, num_kv_heads=kv_heads,
                          head_size=head, block_size=block, max_seq_len=max(lens), dtype=dtype,
                          kv_cache_dtype=kv)
         if kv_bytes_read(attn, lens) <= max_kv_bytes:
             kernel = choose_kernel(attn.max_seq_len, attn.num_seqs, attn.num_heads)
             return BenchShape(step_preset(group, kv_heads, head), attn, kernel,
-                              seq_lens=lens, family=family)
+                              seq_lens=lens, family=family, max_model_len=model_len)
     raise ConfigError(f"no step of G{group} kv{kv_heads} d{head} fits --sample-max-kv "
                       f"{max_kv_bytes} B after {MAX_REDRAWS} draws",
                       "raise --sample-max-kv")  # pragma: no cover - prevented by SampleSpec
@@ -222,14 +245,16 @@ def draw_sample(spec: SampleSpec) -> list[BenchShape]:
 
 
 def describe_step(shape: BenchShape) -> str:
-    """``G7/kv4/d128 b37 ragged (mean 2.1k, max 8k) blk16 bfloat16/fp8 v2``."""
+    """``G7/kv4/d128 b37 ragged (mean 2.1k, max 8k) blk16 bfloat16/fp8 v2 mml32k`` (the step's
+    own kernel, vLLM's for its real values)."""
     a = shape.attn
     lens = shape.seq_lens or (a.max_seq_len,) * a.num_seqs
     mean = sum(lens) / len(lens)
     kv = "" if a.kv_cache_dtype == "auto" else f"/{a.kv_cache_dtype}"
     return (f"{shape.preset} b{a.num_seqs} {shape.family or 'uniform'} (mean "
             f"{format_size(round(mean))}, max {format_size(a.max_seq_len)}) blk{a.block_size} "
-            f"{a.dtype}{kv} {shape.kernel}")
+            f"{a.dtype}{kv} {shape.kernel}"
+            + (f" mml{format_size(shape.max_model_len)}" if shape.max_model_len else ""))
 
 
 def parse_bytes(text: str) -> int:

@@ -7,6 +7,11 @@ matplotlib only for the PNG.
 
 A step's ratio is its median over rounds of the paired per-round ratio stock time / variant
 time (``bench/kernel.py``): > 1 means the variant is faster.
+
+Where a step is explained by the launcher's rule (its Python mirror in sources/upstream.py), the
+rule is given the launch the kernel saw (bench/vllm_call.py ``row_launch``: under vLLM's call a
+graph step's padded batch and capture length), never the step's real values; a document made
+before the kit recorded launches was made with the exact call, whose launch is the step itself.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from .render import geomean
 from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
+from .vllm_call import describe_call, doc_call, row_launch
 
 CONTROL = "control"
 # The ablation chain, each tree adding one mechanism to the one before (docs/sampled-benchmark.md
@@ -65,11 +71,11 @@ def headline(doc: dict[str, Any]) -> str | None:
 
 
 def measured(doc: dict[str, Any], timing: str) -> list[tuple[int, dict[str, Any]]]:
-    """(step index, row) of the measured rows of one timing. Rows of a timing are in step order
-    (bench/kernel.py runs every shape of one config before the next), so the index of a row
-    among its timing's rows is the step's index in the sample."""
+    """(step index, row) of the measured rows of one timing: the row's ``step``, or in a
+    document made before rows recorded it, the row's index among its timing's rows (they were
+    in step order, every step in every timing)."""
     rows = [r for r in doc["results"] if r.get("timing", "graph") == timing]
-    return [(i, r) for i, r in enumerate(rows) if r["status"] == "measured"]
+    return [(r.get("step", i), r) for i, r in enumerate(rows) if r["status"] == "measured"]
 
 
 def step_ratio(row: dict[str, Any], name: str) -> float | None:
@@ -200,8 +206,10 @@ def _mirror_pick(doc: dict[str, Any], r: dict[str, Any], sms: int,
     from ..sources.upstream import twin_pick
     from .sample import cache_kind
 
-    return twin_pick(r["num_heads"], r["num_kv_heads"], r["batch"], r["context"], r["kernel"],
-                     sm_count=sms, head_size=r["head_size"], block_size=r["block_size"],
+    launch = row_launch(r)  # the launcher sees the launch, not the step's real values
+    return twin_pick(r["num_heads"], r["num_kv_heads"], batch=launch["num_seqs"],
+                     context=launch["max_seq_len"], kernel=r["kernel"], sm_count=sms,
+                     head_size=r["head_size"], block_size=r["block_size"],
                      dtype=cache_kind(r["kv_cache_dtype"], r["dtype"]),
                      partial_groups=run_partial_groups(doc), least_guard=least_guard)
 
@@ -294,9 +302,10 @@ def bound_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
                                      and _mirror_pick(doc, r, sms, run_least_guard(doc))):
             continue
         launch, gqa_off = step_ratio(r, "launch"), step_ratio(r, "gqa_off")
+        ran = row_launch(r)
         out.append({"step": i, "label": r["label"],
-                    "code": v1_code_pick(r["head_size"], r["batch"], r["num_heads"],
-                                         r["context"], sm_count=sms),
+                    "code": v1_code_pick(r["head_size"], ran["num_seqs"], r["num_heads"],
+                                         ran["max_seq_len"], sm_count=sms),
                     "patched": step_ratio(r, "patched"),
                     "own": gqa_off / launch if launch and gqa_off else None})
     return out
@@ -416,6 +425,7 @@ def sample_markdown(doc: dict[str, Any]) -> str:
              (f"- copy bandwidth (read+write, same run): {meta['copy_bw_bytes_per_s'] / 1e12:.2f} "
              "TB/s"),
              f"- started {meta['started']}, {meta.get('seconds', '?')} s",
+             f"- call: {describe_call(doc_call(doc))}",
              (f"- drawn within: head sizes {inst['head_sizes']}, block sizes {inst['block_sizes']}, "
              f"caches {inst['caches']}; KV per step at most {_mib(sample['max_kv_bytes'])} "
              "(the distribution: docs/sampled-benchmark.md)"),

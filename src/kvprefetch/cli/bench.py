@@ -24,8 +24,10 @@ from ..console import emit_json, info, table
 from ..errors import BenchError
 from .bench_sample import (
     MATRIX_OPTIONS,
+    LaunchOptions,
+    check_sample_call,
     given_parameters,
-    parse_timings,
+    launch_options,
     resolve_sample,
     sample_options,
 )
@@ -112,6 +114,7 @@ def bench() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--list-presets", is_flag=True, help="List the model presets and exit.")
 @sample_options
+@launch_options
 @output_options("kernel")
 @dry_run_option
 @json_option
@@ -122,7 +125,7 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
            pool_factor: float, alias_l2_fraction: float, seed: int, list_presets: bool,
            sample_n: int | None, sample_seed: int | None, sample_max_kv: str,
            sample_head_sizes: str, sample_block_sizes: str, sample_caches: str,
-           timing_text: str, max_layers: int, time_limit: float,
+           launch: LaunchOptions, max_layers: int, time_limit: float,
            out: Path | None, name: str, formats: str, dry_run: bool, as_json: bool) -> None:
     """Time every kernels-only build in ONE process over a matrix of shapes (CUDA graphs,
     variants interleaved over rounds), check bitwise identity in the same run, and write
@@ -130,8 +133,9 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
     do not fit in free device memory are skipped and recorded with the reason. With --sample N
     the shapes are N decode steps drawn from a documented distribution (ragged batches
     included), and the report gives the ratios' distribution, the worst steps, the A/A band of a
-    `control` tree and the attribution to mechanisms."""
-    from ..bench.kernel import KernelBenchConfig
+    `control` tree and the attribution to mechanisms. Each step is launched as vLLM 0.10.2 calls
+    the kernel (--call vllm: graph steps padded to their capture size at the capture length)."""
+    from ..bench.kernel import kernel_configs
     from ..bench.matrix import PRESETS, build_matrix
     from ..kernels.ops import find_builds
 
@@ -144,6 +148,7 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
     spec = resolve_sample(sample_n, sample_seed, sample_max_kv, sample_head_sizes,
                           sample_block_sizes, sample_caches, builds,
                           given_parameters(list(MATRIX_OPTIONS)))
+    check_sample_call(spec, launch)
     if spec is None:
         matrix = build_matrix(preset, batch, context, block_size, dtype, kv_cache_dtype,
                               force_kernel, matrix=matrix_name)
@@ -153,11 +158,10 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
 
         matrix = build_matrix()  # recorded only; the sample's steps replace its shapes
         shapes = draw_sample(spec)
-    configs = [KernelBenchConfig(mode=m, rounds=rounds, target_sample_ms=sample_ms,
-                                 l2_factor=l2_factor, pool_factor=pool_factor,
-                                 alias_l2_fraction=alias_l2_fraction, seed=seed, timing=t,
-                                 max_layers=max_layers)
-               for m in (mode or ("cold",)) for t in parse_timings(timing_text)]
+    configs = kernel_configs(mode or ("cold",), launch.timings, launch.call, rounds=rounds,
+                             target_sample_ms=sample_ms, l2_factor=l2_factor,
+                             pool_factor=pool_factor, alias_l2_fraction=alias_l2_fraction,
+                             seed=seed, max_layers=max_layers)
     fmts = _formats(formats)
     out_dir = out or workdir / "bench"
     outputs = [str(out_dir / f"{name}.{f}") for f in fmts]
@@ -165,6 +169,7 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
             "sample": spec.to_dict() if spec is not None else None,
             "modes": list(dict.fromkeys(c.mode for c in configs)),
             "timings": list(dict.fromkeys(c.timing for c in configs)),
+            "call": launch.call.to_dict(),
             "rounds": rounds, "shapes": len(shapes) * len(configs),
             "variants": [b.to_dict() for b in builds],
             "outputs": outputs}
@@ -172,9 +177,11 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
         if as_json:
             emit_json({**plan, "shape_list": [s.to_dict() for s in shapes]})
             return
+        from ..bench.vllm_call import describe_call
+
         info(f"would time {plan['shapes']} shape(s) x {len(builds)} variant(s) "
-             f"({', '.join(b.tree for b in builds) or 'no builds found'}); outputs: "
-             + ", ".join(outputs))
+             f"({', '.join(b.tree for b in builds) or 'no builds found'}); call: "
+             f"{describe_call(plan['call'])}; outputs: " + ", ".join(outputs))
         if spec is not None:
             from ..bench.sample import describe_step
 

@@ -1,13 +1,17 @@
-"""``bench kernel``'s sampled-benchmark and timing options (issue 29): ``--sample N
---sample-seed S`` draws the steps from bench/sample.py's distribution instead of a matrix, within
-what every build being timed instantiates; ``--timing graph,eager`` times them under CUDA-graph
-replay, back-to-back eager calls, or both. Kept apart from cli/bench.py so that the kernel
-command only wires them in. Nothing here imports torch.
+"""``bench kernel``'s sampled-benchmark and launch options. ``--sample N --sample-seed S``
+(issue 29) draws the steps from bench/sample.py's distribution instead of a matrix, within what
+every build being timed instantiates. ``launch_options`` (issue 40) turns ``--timing
+graph,eager``, ``--call vllm|exact``, ``--max-model-len``, ``--max-seq-len-to-capture`` and
+``--eager`` into one frozen ``LaunchOptions``: how each step is timed and what vLLM's call makes
+of it (bench/vllm_call.py). Kept apart from cli/bench.py so that the kernel command only wires
+them in. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
@@ -41,10 +45,6 @@ def sample_options(f: F) -> F:
                      help="Narrow the sample to these block sizes (of 16,32)."),
         click.option("--sample-caches", default="", metavar="LIST",
                      help="Narrow the sample to these caches (of fp16,bf16,fp8)."),
-        click.option("--timing", "timing_text", default="graph", show_default=True,
-                     metavar="LIST",
-                     help="graph (CUDA-graph replay), eager (back-to-back calls, the host path "
-                          "included) or graph,eager."),
         click.option("--max-layers", type=click.IntRange(min=1), default=2048,
                      show_default=True,
                      help="Cold mode: most layers' caches rotated; a smaller step needing more "
@@ -56,6 +56,69 @@ def sample_options(f: F) -> F:
     )):
         f = deco(f)
     return f
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """How ``bench kernel`` times each step (``timings``) and the call that makes the step a
+    launch (``call``, a ``vllm_call.VllmCall``)."""
+
+    timings: tuple[str, ...]
+    call: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"timings": list(self.timings), "call": self.call.to_dict()}
+
+
+def launch_options(f: F) -> F:
+    """The launch options as one ``launch: LaunchOptions`` argument of the command."""
+    @functools.wraps(f)
+    def wrapper(*args: Any, timing_text: str, call_name: str, max_model_len: int | None,
+                max_seq_len_to_capture: int, eager: bool, **kwargs: Any) -> Any:
+        from ..bench.vllm_call import VllmCall
+
+        kwargs["launch"] = LaunchOptions(
+            timings=parse_timings(timing_text),
+            call=VllmCall(call=call_name, max_model_len=max_model_len,
+                          max_seq_len_to_capture=max_seq_len_to_capture,
+                          enforce_eager=eager))
+        return f(*args, **kwargs)
+
+    out: Any = wrapper
+    for deco in reversed((
+        click.option("--timing", "timing_text", default="graph", show_default=True,
+                     metavar="LIST",
+                     help="graph (CUDA graphs on, as vLLM runs by default: each step is timed "
+                          "the way vLLM runs it, replayed or, where vLLM runs it eagerly, "
+                          "eagerly), eager (back-to-back calls of every step, the host path "
+                          "included, as --enforce-eager) or graph,eager."),
+        click.option("--call", "call_name", type=click.Choice(["vllm", "exact"]),
+                     default="vllm", show_default=True,
+                     help="vllm: what vLLM 0.10.2 V0 passes the kernel (graph steps padded to "
+                          "their capture size with length-1 rows, max_seq_len = the capture "
+                          "length, the captured block-table width); exact: every step at its "
+                          "real max_seq_len and batch (research only)."),
+        click.option("--max-model-len", type=click.IntRange(min=16), default=None,
+                     metavar="N",
+                     help="The model's max_model_len: capture length = min(8192, N) [default: "
+                          "the model's, 8192 or more]; a sample draws its own per step."),
+        click.option("--max-seq-len-to-capture", type=click.IntRange(min=1), default=8192,
+                     show_default=True, metavar="N",
+                     help="vLLM's knob: graphs are captured with this max_seq_len; steps "
+                          "holding a longer sequence run eagerly."),
+        click.option("--eager", is_flag=True,
+                     help="vLLM's enforce_eager: every step eager, at its real values."),
+    )):
+        out = deco(out)
+    return out  # type: ignore[no-any-return]
+
+
+def check_sample_call(spec: Any, launch: LaunchOptions) -> None:
+    """A sample draws max_model_len per step; a fixed one is refused beside it."""
+    if spec is not None and launch.call.max_model_len is not None:
+        raise ConfigError("--sample draws max_model_len per step (2k-128k), so --max-model-len "
+                          "cannot be given with it",
+                          "drop --max-model-len, or time a matrix with it")
 
 
 def parse_timings(text: str) -> tuple[str, ...]:

@@ -186,23 +186,32 @@ def pool_blocks(needed: int, pool_factor: float = 1.0, alias_blocks: int = 0) ->
     return max(needed, math.ceil(needed * pool_factor))
 
 
-def check_seq_lens(shape: AttnShape, seq_lens: Sequence[int]) -> tuple[int, ...]:
+def check_seq_lens(shape: AttnShape, seq_lens: Sequence[int],
+                   pad_rows: int = 0) -> tuple[int, ...]:
     """``seq_lens`` as a tuple after checking it against ``shape``: one length per sequence,
-    each at least 1, the longest equal to ``max_seq_len`` (what vLLM passes as max_seq_len)."""
+    each at least 1, the longest at most ``max_seq_len`` (equal to it in vLLM's eager call; a
+    graph replay passes the capture length, bench/vllm_call.py), the last ``pad_rows`` of
+    length 1 (a CUDA-graph bucket's padding)."""
     lens = tuple(int(n) for n in seq_lens)
-    if len(lens) != shape.num_seqs or min(lens) < 1 or max(lens) != shape.max_seq_len:
+    if (len(lens) != shape.num_seqs or min(lens) < 1 or max(lens) > shape.max_seq_len
+            or not 0 <= pad_rows < shape.num_seqs
+            or any(n != 1 for n in lens[len(lens) - pad_rows:])):
         raise BenchError(f"sequence lengths (n={len(lens)}, min {min(lens, default=0)}, max "
-                         f"{max(lens, default=0)}) do not fit a batch of {shape.num_seqs} with "
-                         f"max_seq_len {shape.max_seq_len}",
-                         "give one length >= 1 per sequence, the longest equal to max_seq_len")
+                         f"{max(lens, default=0)}, {pad_rows} pad rows) do not fit a batch of "
+                         f"{shape.num_seqs} with max_seq_len {shape.max_seq_len}",
+                         "give one length >= 1 per sequence, the longest at most max_seq_len, "
+                         "pad rows of length 1 last")
     return lens
 
 
 def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers: int = 1,
                 ragged: bool = False, pool_factor: float = 1.0,
-                alias_blocks: int = 0, seq_lens: Sequence[int] | None = None) -> DecodeInputs:
+                alias_blocks: int = 0, seq_lens: Sequence[int] | None = None,
+                pad_rows: int = 0) -> DecodeInputs:
     """Fresh random inputs. ``seq_lens`` gives each sequence's length (a ragged batch, e.g. one
-    step of ``bench kernel --sample``); else ``ragged`` draws each length in
+    step of ``bench kernel --sample``; its last ``pad_rows`` are a CUDA-graph bucket's padding
+    rows, of length 1 with a block-table row of zeros: they read block 0, a real block, as vLLM
+    0.10.2's pad rows do, and own no block of the pool); else ``ragged`` draws each length in
     ``[1, max_seq_len]`` (the first sequence always has ``max_seq_len``); otherwise every
     sequence has ``max_seq_len``.
     The pool holds ``ceil(needed * pool_factor)`` blocks; the block table is a random draw
@@ -225,14 +234,15 @@ def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers
     dt = torch_dtype(shape.dtype)
     nb_seq = shape.blocks_per_seq
     if seq_lens is not None:
-        lens = torch.tensor(check_seq_lens(shape, seq_lens), dtype=torch.int64)
+        lens = torch.tensor(check_seq_lens(shape, seq_lens, pad_rows), dtype=torch.int64)
     elif ragged:
         lens = torch.randint(1, shape.max_seq_len + 1, (shape.num_seqs,), generator=cpu_gen)
         lens[0] = shape.max_seq_len
     else:
         lens = torch.full((shape.num_seqs,), shape.max_seq_len, dtype=torch.int64)
     lens_list = tuple(int(n) for n in lens.tolist())
-    needed = sum(-(-n // shape.block_size) for n in lens_list)
+    real = lens_list[:len(lens_list) - pad_rows] if seq_lens is not None else lens_list
+    needed = sum(-(-n // shape.block_size) for n in real)
     num_blocks = pool_blocks(needed, pool_factor, alias_blocks)
     if num_blocks < needed:  # aliased: back-to-back permutations of the pool
         rounds = -(-needed // num_blocks)
@@ -242,7 +252,7 @@ def make_inputs(shape: AttnShape, *, device: Any = "cuda", seed: int = 0, layers
         perm = torch.randperm(num_blocks, generator=cpu_gen)[:needed]
     table = torch.zeros((shape.num_seqs, nb_seq), dtype=torch.int32)
     at = 0
-    for i, n in enumerate(lens_list):
+    for i, n in enumerate(real):  # pad rows keep their row of zeros
         nb = -(-n // shape.block_size)
         table[i, :nb] = perm[at:at + nb].to(torch.int32)
         at += nb
