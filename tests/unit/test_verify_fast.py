@@ -385,3 +385,22 @@ def test_progress_is_plain_lines_without_a_terminal(tmp_path: Path, fake_world: 
     assert err.startswith("verify-kernel: 2 trees (baseline, patched)")
     assert "probed patched" in err and "machine code of baseline" in err
     assert "\x1b[" not in err
+
+
+def test_unknown_tree_names_the_built_ones(tmp_path: Path, fake_world: dict) -> None:
+    """A typo in --trees is called unknown and the built trees are listed (issue 42: it used to
+    send the user to `kvprefetch build`, which was done); a fetched tree that was never built
+    is sent to build."""
+    from kvprefetch.errors import VerifyError
+
+    root, _ = _workdir(tmp_path, {"baseline": "baseline", "patched": "patched"})
+    with pytest.raises(VerifyError) as typo:
+        K.verify(root, trees=["baseline", "nosuch"])
+    assert "unknown tree 'nosuch'" in typo.value.message
+    assert "baseline, patched" in typo.value.message and "kvprefetch build" not in typo.value.message
+    (root / "trees" / "launch").mkdir(parents=True)
+    with pytest.raises(VerifyError) as unbuilt:
+        K.verify(root, trees=["baseline", "launch"])
+    assert "launch was fetched but never built" in unbuilt.value.message
+    assert "run `kvprefetch build`" in unbuilt.value.message
+    assert fake_world["workers"] == 0  # refused before anything ran

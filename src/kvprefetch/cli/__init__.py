@@ -39,6 +39,18 @@ def _os_error_family(command: str | None) -> type[KvprefetchError]:
             "bench": errors.BenchError}.get(command or "", errors.ConfigError)
 
 
+def with_fix(exc: click.UsageError) -> click.UsageError:
+    """A usage error with the kit's "To fix" line (every error says how to fix it): click says
+    what was wrong; this says where the right spelling is. Same text otherwise, same exit code
+    (2), same "Try --help" header."""
+    text = exc.format_message()
+    if "To fix:" in text:
+        return exc
+    where = exc.ctx.command_path if exc.ctx is not None else "kvprefetch"
+    return click.UsageError(f"{text}\nTo fix: correct the command line; `{where} --help` lists "
+                            "the commands, their options and the values they take", ctx=exc.ctx)
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -51,10 +63,19 @@ class LazyGroup(click.Group):
         cmd: click.Command = getattr(importlib.import_module(module), attr)
         return cmd
 
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            raise with_fix(exc) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         debug = bool(ctx.params.get("debug"))
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # a subcommand's (or an unknown command's) usage error
+            raise with_fix(exc) from None
         except KvprefetchError as exc:
             if debug:
                 raise
@@ -87,11 +108,12 @@ def main(debug: bool) -> None:
     kernel, build stock and patched side by side, and prove what each one runs.
 
     \b
-    Typical flow:
-      kvprefetch fetch                 # two pristine trees: baseline, patched
-      kvprefetch apply                 # patch the 'patched' tree
-      kvprefetch build --kernels-only  # compile both trees' real attention kernels
-      kvprefetch verify-kernel         # which .so loads, UBLKPF in SASS, bitwise outputs
+    Typical flow (what scripts/main.sh runs, and the README describes):
+      kvprefetch fetch                    # pristine trees: baseline, patched
+      kvprefetch apply --variant prefetch # patch the 'patched' tree
+      kvprefetch diff-upstream --check    # the patch only adds lines
+      kvprefetch build --arch 9.0a        # compile each tree into its own environment
+      kvprefetch verify-kernel            # which .so loads, UBLKPF in SASS, bitwise outputs
     """
 
 

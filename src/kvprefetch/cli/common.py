@@ -44,10 +44,24 @@ def _canonical_variant(ctx: click.Context, param: click.Parameter, value: str) -
     return new
 
 
+class VariantChoice(click.Choice):  # type: ignore[type-arg]
+    """The patch variants; an old name (``seed``) is accepted but never offered: a usage
+    error lists only the names to use (issue 42)."""
+
+    def __init__(self) -> None:
+        super().__init__(upstream.VARIANTS)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> Any:
+        if value in upstream.LEGACY_NAMES:
+            return value
+        return super().convert(value, param, ctx)
+
+
 def variant_option(help: str | None = None) -> Callable[[F], F]:
     """``--variant``: the patch variant (an old name such as ``seed`` still works)."""
     return click.option(
-        "--variant", type=click.Choice(upstream.VARIANTS + tuple(upstream.LEGACY_NAMES)),
+        "--variant", type=VariantChoice(),
         default="prefetch", show_default=True, callback=_canonical_variant,
         metavar="[" + "|".join(upstream.VARIANTS) + "]", help=help)
 

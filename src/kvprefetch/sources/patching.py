@@ -261,7 +261,15 @@ def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
     tree_name = wd.resolve_tree(tree_name)
     tree = wd.tree(tree_name)
     if not (tree / upstream.ATTENTION_HEADER).is_file():
-        raise PatchError(f"there is no tree {tree_name!r} in {workdir}", "run `kvprefetch fetch` first")
+        have = [t for t in wd.existing_trees()
+                if (wd.tree(t) / upstream.ATTENTION_HEADER).is_file()]
+        if not have:
+            raise PatchError(f"there is no tree {tree_name!r} in {workdir}: nothing was fetched "
+                             "there yet", "run `kvprefetch fetch` first")
+        raise PatchError(f"unknown tree {tree_name!r}: the trees in {workdir} are "
+                         f"{', '.join(have)}",
+                         f"pass one of them to --tree (or make a tree of that name with "
+                         f"`kvprefetch fetch --extra-tree {tree_name}`)")
     state = wd.read_state(tree_name) or {}
     files = [_file_diff(rel, pristine_text(wd, rel), (tree / rel).read_text())
              for rel in upstream.all_patched_paths() if (tree / rel).is_file()]

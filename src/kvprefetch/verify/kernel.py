@@ -265,6 +265,22 @@ def _loaded_library(tree: str, m: dict[str, Any], probe: dict[str, Any], tree_pa
     return _Library(so, sha256_file(so)) if so else None
 
 
+def _unknown_trees(wd: Workdir, unknown: list[str], built: list[str]) -> VerifyError:
+    """``--trees`` named a tree with no build: a name the work directory does not know (a typo:
+    list the known ones), or a fetched tree not built yet (build it)."""
+    fetched = [t for t in unknown if t in wd.existing_trees()]
+    typos = [t for t in unknown if t not in fetched]
+    if typos:
+        return VerifyError(
+            f"unknown tree{'s' if len(typos) > 1 else ''} {', '.join(map(repr, typos))}: the "
+            f"trees built in {wd.root} are {', '.join(built) or 'none'}",
+            f"pass built trees to --trees ({','.join(built) or 'build some first'}), or leave "
+            "--trees out to verify every built tree")
+    return VerifyError(f"the tree{'s' if len(fetched) > 1 else ''} {', '.join(fetched)} "
+                       f"{'were' if len(fetched) > 1 else 'was'} fetched but never built in "
+                       f"{wd.root}", "run `kvprefetch build` first")
+
+
 def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = False,
            jobs: int | None = None, progress: Progress | None = None) -> VerifyReport:
     """Run every check and write ``<workdir>/verify/report.json``.
@@ -280,7 +296,11 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
     wd = Workdir(workdir.resolve())
     manifests = newest_manifests(wd)
     if trees:
-        manifests = {t: m for t, m in manifests.items() if t in trees}
+        wanted = [wd.resolve_tree(t) for t in trees]
+        unknown = [t for t in wanted if t not in manifests]
+        if unknown:
+            raise _unknown_trees(wd, unknown, list(manifests))
+        manifests = {t: m for t, m in manifests.items() if t in wanted}
     if "baseline" not in manifests or len(manifests) < 2:
         raise VerifyError(f"verify-kernel needs built baseline and patched trees; found builds "
                           f"for {sorted(manifests) or 'none'} in {wd.root}",
