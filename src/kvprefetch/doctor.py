@@ -470,6 +470,31 @@ def _check_memory(archs: Sequence[CudaArch], probes: DoctorProbes) -> Check:
     return Check("memory", "ok", detail)
 
 
+def _check_estimate(archs: Sequence[CudaArch], mode: Mode, probes: DoctorProbes,
+                    trees: int) -> Check:
+    """How long `build` would compile here, said as `build` says it (build/foresight.py): a
+    kernels-only or overlay build of ``trees`` trees with every instantiation; over ten minutes,
+    `build` asks first at a terminal (or takes --yes)."""
+    from .build.foresight import CONFIRM_OVER_S, compile_seconds
+    from .build.progress import clock
+    from .build.selection import Selection
+
+    if mode == "full":
+        return Check("estimate", "ok", "a full vLLM build takes hours per tree; at a terminal "
+                     "`build` asks before starting (--yes does not ask)")
+    cores, mem = probes.resources()
+    jobs, _ = default_jobs(cores, mem, n_archs=max(1, len(archs)))
+    kernels = Selection().kernel_count()
+    secs = compile_seconds(trees, kernels, len(vllm_c_archs(archs)) if archs else 1,
+                           min(cores, jobs))
+    detail = (f"about {clock(secs)} to compile {trees} trees with all {kernels} instantiations "
+              f"per source on {cores} cores")
+    if secs > CONFIRM_OVER_S:
+        detail += ("; `build` asks before starting at a terminal (--yes does not ask; "
+                   "--head-sizes 128 --block-sizes 16 narrows it to minutes)")
+    return Check("estimate", "ok", detail)
+
+
 def _check_git_network(environ: Mapping[str, str], mode: Mode, need_network: bool | None,
                        probes: DoctorProbes) -> list[Check]:
     checks = []
@@ -630,6 +655,13 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
         archs = tuple(arch_list)
         label = ";".join(a.spec for a in archs)
         checks.append(Check("arch", "ok", label))
+    if archs:
+        from .build.foresight import lacking
+
+        missing = lacking(archs)
+        if missing:
+            checks.append(Check("prefetch-arch", "warn", missing,
+                                "add 9.0a to --arch (e.g. '8.0;9.0a') for the prefetch"))
     try:
         refuse_precompiled(environ)
         checks.append(Check("precompiled", "ok", "VLLM_USE_PRECOMPILED and "
@@ -662,6 +694,8 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
     checks.append(_check_disk(wd, mode, probes, smoke=bool(smoke_rows), environ=environ,
                               env_backend=env_backend, envs=envs))
     checks.append(_check_memory(archs, probes))
+    if not smoke_rows:
+        checks.append(_check_estimate(archs, mode, probes, envs))
     if mode == "overlay":
         checks.append(_check_index(environ, probes))
     else:

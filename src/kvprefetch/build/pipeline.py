@@ -136,6 +136,12 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
     nvcc_threads = opts.nvcc_threads or dt
     nvcc = find_nvcc(environ)
     nv = nvcc_version(nvcc) if nvcc else None
+    if not opts.smoke and any(n != "baseline" for n in names):
+        from .foresight import lacking
+
+        missing = lacking(archs, nv)
+        if missing:
+            notices.append(missing)
     home = find_cuda_home(environ)
     env_backend = opts.env_backend
     if env_backend is None:

@@ -205,12 +205,16 @@ def render_plan(plan: BuildPlan) -> str:
     out.append(f"trees: {len(plan.trees)}; up to date: {', '.join(plan.up_to_date) or 'none'}; "
                f"to build: {', '.join(todo) or 'none'}")
     for t in plan.trees:
+        if t.tree in plan.up_to_date:
+            # nothing of it will run: one line, not its steps (issue 42: an up-to-date build
+            # printed 81 lines of plans for trees it skipped); --json has the whole plan
+            out.append(f"[{t.tree}] up to date: {Path(t.build_dir) / 'manifest.json'} records key "
+                       f"{t.key}; skipped unless --force")
+            continue
         out.append("")
         out.append(f"[{t.tree}] variant={t.variant or 'stock'} patch={t.patch_sha256 or '-'} "
                    f"source={t.source_sha256[:16]} key={t.key}")
-        out.append("  status: " + (f"up to date ({Path(t.build_dir) / 'manifest.json'} records "
-                                   "this key; skipped unless --force)"
-                                   if t.tree in plan.up_to_date else "to build"))
+        out.append("  status: to build")
         out.append(f"  tree: {t.source_tree}")
         out.append(f"  env:  {t.env_backend} {t.env_path} (python {t.python})")
         if t.defines:

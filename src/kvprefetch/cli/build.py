@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -62,6 +63,9 @@ from .common import dry_run_option, json_option, workdir_option
               help="--smoke: which of paged_attention_v1.cu / v2.cu to compile (default both).")
 @click.option("--skip-doctor", is_flag=True, help="Do not run the preflight checks.")
 @click.option("--force", is_flag=True, help="Rebuild even when the manifest matches.")
+@click.option("--yes", "-y", is_flag=True,
+              help="Do not ask before a build estimated at more than 10 minutes (it asks only "
+                   "when stdin is a terminal; scripts and CI never wait).")
 @dry_run_option
 @json_option
 def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | None,
@@ -69,7 +73,7 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
           block_sizes: str | None, kv_dtypes: str | None, torch_from: str | None,
           no_editable: bool, deps_dir: Path | None, tree_defines: tuple[str, ...],
           cuda_home: str | None, allow_cuda_mismatch: bool, smoke: bool,
-          smoke_objects: str | None, skip_doctor: bool, force: bool,
+          smoke_objects: str | None, skip_doctor: bool, force: bool, yes: bool,
           dry_run: bool, as_json: bool) -> None:
     """Build the baseline and patched trees, each into its own environment."""
     from ..build.pipeline import BuildOptions, execute, prepare_build, raise_for_failures
@@ -94,6 +98,8 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
             click.echo(render_plan(plan))
         return
     info(render_plan(plan))
+    if not _confirmed(plan, force=force, yes=yes):
+        return
     outcomes = execute(plan, torch_from=torch_from, force=force, overlay=prepared.overlay)
     if as_json:
         emit_json({"plan": plan, "outcomes": outcomes})
@@ -102,6 +108,36 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
               [[o.tree, o.status, o.seconds, o.so or "-", o.log_dir] for o in outcomes],
               title="kvprefetch build")
     raise_for_failures(outcomes)
+
+
+def stdin_is_terminal() -> bool:
+    """Whether someone can answer a question (a test fakes it: CliRunner's stdin never is)."""
+    import sys
+
+    return sys.stdin.isatty()
+
+
+def _confirmed(plan: Any, *, force: bool, yes: bool) -> bool:
+    """Say the build's estimate; where it is long and someone is at the terminal (and no
+    --yes), ask before starting (build/foresight.py). False: declined, nothing was built."""
+    from dataclasses import replace
+
+    from ..build.foresight import describe_estimate, estimate_seconds, needs_confirmation
+    from ..build.toolchain import host_resources
+
+    counted = replace(plan, up_to_date=()) if force else plan  # --force rebuilds them all
+    if all(t.tree in counted.up_to_date for t in counted.trees) or plan.toolchain.get("smoke"):
+        return True
+    cores = host_resources()[0]
+    seconds = estimate_seconds(counted, cores)
+    info(describe_estimate(counted, seconds, cores))
+    if not needs_confirmation(seconds, interactive=stdin_is_terminal(), yes=yes):
+        return True
+    if click.confirm("Start the build?", default=True, err=True):
+        return True
+    info("build not started: nothing was changed. Narrow it (e.g. --head-sizes 128 "
+         "--block-sizes 16 --kv-dtypes fp16), or rerun with --yes to build without asking")
+    return False
 
 
 @click.command()

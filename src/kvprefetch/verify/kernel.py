@@ -353,7 +353,9 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
                     say(f"  machine code of {who}: {how} ({secs:.1f} s)")
                 else:
                     identity[None] = result
-                    say(f"  GPU identity check ran ({secs:.1f} s)")
+                    say("  GPU identity check: no CUDA device here, not checked "
+                        f"({secs:.1f} s)" if _no_cuda_device(result[0]) else
+                        f"  GPU identity check ran ({secs:.1f} s)")
         rep.timing["gather_s"] = round(time.monotonic() - t0, 1)
 
         # 2. The forced-twin identity passes, for builds with twins (known from their SASS).

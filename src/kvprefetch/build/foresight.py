@@ -1,0 +1,91 @@
+"""What a build will give, and what it will cost, said before it starts (issue 42: `build --arch
+8.0` started an hour of compiling on two cores, without asking, for a patched tree that could
+not hold the prefetch).
+
+* ``lacking``: one line naming what the patched trees will not have on the archs asked for.
+  The bulk L2 prefetch (``cp.async.bulk.prefetch.L2``) assembles only for sm_90 and newer; on
+  older targets csrc/kvprefetch/l2_prefetch.cuh compiles it to nothing (and the twins' staging
+  and programmatic launch are sm_90 code too), so those kernels are stock's. The build still
+  runs: it builds what it can.
+* ``estimate_seconds``: the compile time of a plan on this machine, from the instantiations it
+  compiles and a measured cost per instantiation; ``needs_confirmation`` says when a build
+  should ask first (over ``CONFIRM_OVER_S``, and only where someone can answer).
+
+Pure: the core count and the terminal are parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .plan import BuildPlan
+from .toolchain import CudaArch, vllm_c_archs
+
+# CPU seconds to compile one paged-attention instantiation (one kernel of one launcher source)
+# for one arch, averaged over the four trees main.sh builds (stock and the variants, whose
+# twins and unbounded copies add code): measured from the build manifests' `seconds` of a
+# fresh main.sh run on 2 cores (4 trees x 2 sources x 486 instantiations, sm_90;
+# docs/building.md, "Build times").
+CORE_SECONDS_PER_INSTANTIATION = 1.2
+# The kernels-only library's launcher sources (paged_attention_v1.cu, paged_attention_v2.cu).
+SOURCES_PER_TREE = 2
+# A build estimated longer than this asks first where someone can answer (or needs --yes).
+CONFIRM_OVER_S = 600.0
+
+_SM90_ONLY = ("the L2 prefetch (UBLKPF), the launcher's L2 prefetch kernel, and the GQA twins' "
+              "staging ring and programmatic launch")
+
+
+def lacking(archs: Sequence[CudaArch], cuda_version: tuple[int, ...] | None = None
+            ) -> str | None:
+    """One line saying what the patched trees lack when no arch vLLM compiles for is 9.0 or
+    newer; None when the prefetch assembles for one of them."""
+    built = vllm_c_archs(archs, cuda_version)
+    if any(a.has_bulk_prefetch for a in built):
+        return None
+    sms = ", ".join(f"sm_{a.sm}" for a in built) or "no arch"
+    return (f"--arch {';'.join(a.spec for a in archs)} compiles only for {sms}, below 9.0: the "
+            f"patched trees build, but without {_SM90_ONLY} (sm_90 instructions), so their "
+            "kernels there are stock's; add 9.0a to --arch for the prefetch")
+
+
+def estimate_seconds(plan: BuildPlan, cores: int) -> float | None:
+    """The compile time of the trees ``plan`` builds (not the up-to-date ones) on ``cores``
+    cores; None where the kit has no measure (a full vLLM build: hours)."""
+    todo = [t for t in plan.trees if t.tree not in plan.up_to_date]
+    if not todo:
+        return 0.0
+    if plan.mode not in ("kernels-only", "overlay"):
+        return None
+    return compile_seconds(len(todo), int(plan.selection.get("kernels_per_source") or 0),
+                           len(plan.gencode), min(cores, plan.parallel_trees * plan.jobs))
+
+
+def compile_seconds(trees: int, kernels_per_source: int, archs: int, workers: int) -> float:
+    """Wall seconds to compile ``trees`` trees' launcher sources of ``kernels_per_source``
+    instantiations for ``archs`` archs with ``workers`` nvcc at a time (each compiles one
+    source on one core, so no more at once than there are sources)."""
+    core_s = (trees * SOURCES_PER_TREE * kernels_per_source * max(1, archs)
+              * CORE_SECONDS_PER_INSTANTIATION)
+    return core_s / max(1, min(workers, trees * SOURCES_PER_TREE))
+
+
+def describe_estimate(plan: BuildPlan, seconds: float | None, cores: int) -> str:
+    """One line: how long the build is expected to take, and on what basis."""
+    todo = len([t for t in plan.trees if t.tree not in plan.up_to_date])
+    if seconds is None:
+        return (f"estimate: a full vLLM build of {todo} tree(s) takes hours "
+                "(`--mode kernels-only` compiles only the attention kernels)")
+    from .progress import clock
+
+    kernels = plan.selection.get("kernels_per_source")
+    return (f"estimate: about {clock(seconds)} to compile {todo} tree(s) x {SOURCES_PER_TREE} "
+            f"sources x {kernels} instantiations for {len(plan.gencode)} arch(s) on {cores} "
+            "core(s) (--head-sizes, --block-sizes and --kv-dtypes narrow it)")
+
+
+def needs_confirmation(seconds: float | None, *, interactive: bool, yes: bool) -> bool:
+    """Whether to ask before building: a long build (or one of unknown, hours-long length),
+    someone at a terminal to answer, and no --yes. Unattended runs (scripts/main.sh, CI)
+    proceed, having printed the estimate."""
+    long = seconds is None or seconds > CONFIRM_OVER_S
+    return long and interactive and not yes
