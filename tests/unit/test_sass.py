@@ -12,6 +12,7 @@ kernel that lost a site), it edits a copy of a real sample in the test and says 
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -245,7 +246,8 @@ def test_auto_picks_for_any_lengths() -> None:
     each); and a twin only where an SM holds two of its CTAs, unless its grid or its launch
     bound gives an SM only one."""
     from kvprefetch.sources import upstream
-    pick = upstream.twin_pick
+    # the rule as it stood before the wave guard, which test_wave_guard_* covers
+    pick = partial(upstream.twin_pick, wave_guard=False)
     assert upstream.chain_safe(2, 2) and upstream.chain_safe(2, 4)
     assert not upstream.chain_safe(4, 1) and not upstream.chain_safe(4, 2)
     # v1: Llama-3.1-8B at 128 and 32 sequences, every context: 2x2 (4x1 / 4x2 before)
@@ -276,7 +278,8 @@ def test_twins_take_models_whose_heads_g_does_not_divide() -> None:
     group (G > heads per kv head); the rule a run made before (``partial_groups=False``) gave
     them none."""
     from kvprefetch.sources import upstream
-    pick = upstream.twin_pick
+    # the rule as it stood before the wave guard, which test_wave_guard_* covers
+    pick = partial(upstream.twin_pick, wave_guard=False)
     assert upstream.twin_heads(28, 7, 4) == 8 and upstream.twin_heads(28, 7, 2) == 16
     assert upstream.twin_heads(40, 5, 4) == 16 and upstream.twin_heads(40, 5, 2) == 24
     assert upstream.twin_heads(32, 4, 4) == 8 and upstream.twin_heads(32, 4, 2) == 16
@@ -302,7 +305,8 @@ def test_auto_declines_twins_that_short_ctas_could_outlast() -> None:
     it (``least_guard=False``) gave a twin; and the long-tailed steps where one long chain
     outlasts the short CTAs' waves keep theirs (they ran 2.7-3.5x stock's)."""
     from kvprefetch.sources import upstream
-    pick = upstream.twin_pick
+    # the rule as it stood before the wave guard, which test_wave_guard_* covers
+    pick = partial(upstream.twin_pick, wave_guard=False)
     lost = (  # (heads, kv heads, batch, longest, kernel, head, block, cache): measured with
         ((64, 4, 98, 1625, "v1", 64, 32, "bf16"), (2, 2)),  # 0.606x
         ((28, 4, 140, 1447, "v1", 64, 32, "bf16"), (2, 2)),  # 0.667x
@@ -319,6 +323,30 @@ def test_auto_declines_twins_that_short_ctas_could_outlast() -> None:
     # no verdict without stock's CTAs per SM: the table and the occupancy rules alone
     assert pick(64, 4, 98, 1625, "v1", head_size=64, block_size=32, dtype="bf16",
                 stock_per_sm=0) == (2, 2)
+
+
+def test_wave_guard_declines_what_long_rows_could_slow() -> None:
+    """In vLLM's graph call (the bucket padded with length-1 rows, max_seq_len = 8192) the
+    launcher runs neither the bound nor a twin where some number of long rows would give it
+    more waves than stock's code (upstream.more_waves_for_some): the batches that lost on the
+    H200 (Llama-3.1-8B b20 in bucket 24, Qwen2.5-7B b17-23 and b40, Llama-3-70B at TP 8 b72-80)
+    get stock's code; the v2 steps whose twin never needs more waves (b16's 4x2) keep it."""
+    from kvprefetch.sources import upstream
+    pick, code = upstream.twin_pick, upstream.v1_code_pick
+    # bucket 24 of Llama-3.1-8B: 768 CTAs; 17-20 long rows are one wave of stock's 660 slots
+    assert pick(32, 8, 24, 8192, "v1", wave_guard=False) == (2, 2)
+    assert pick(32, 8, 24, 8192, "v1") is None and code(128, 24, 32, 8192) == "stock"
+    assert code(128, 24, 32, 8192, wave_guard=False) == "bound"
+    assert pick(28, 4, 40, 8192, "v1") is None and pick(8, 1, 72, 8192, "v1") is None
+    # one bounded wave (16 x 32 heads = 512 CTAs of 528 slots) keeps the bound
+    assert code(128, 16, 32, 1024) == "bound"
+    # b16 in v2: 4x2 holds 8 heads per SM against stock's 5, never a wave more
+    assert pick(32, 8, 16, 8192, "v2") == (4, 2)
+    assert not upstream.more_waves_for_some(16, 512, 5, 128, 2, 132)
+    # the plain search: 17 rows of 32 CTAs fill one wave of 660 and two of 528
+    assert upstream.more_waves_for_some(17, 32, 5, 32, 4, 132)
+    assert not upstream.more_waves_for_some(16, 32, 5, 32, 4, 132)
+    assert not upstream.more_waves_for_some(24, 32, 0, 32, 4, 132)  # unknown: no verdict
 
 
 def test_twins_at_head_64_by_version_and_cache() -> None:

@@ -199,6 +199,13 @@ def run_least_guard(doc: dict[str, Any]) -> bool:
     return bool(doc["meta"].get("twin_least_guard", False))
 
 
+def run_wave_guard(doc: dict[str, Any]) -> bool:
+    """Whether a sampled run's launcher declined the bound and the twins wherever some number
+    of long sequences would give them more waves than stock's code (``meta.wave_guard``; runs
+    made before it did not)."""
+    return bool(doc["meta"].get("wave_guard", False))
+
+
 def _mirror_pick(doc: dict[str, Any], r: dict[str, Any], sms: int,
                  least_guard: bool) -> tuple[int, int] | None:
     """The twin `auto` runs at sampled step ``r`` of run ``doc`` by the rule's mirror, on ``sms``
@@ -211,7 +218,8 @@ def _mirror_pick(doc: dict[str, Any], r: dict[str, Any], sms: int,
                      context=launch["max_seq_len"], kernel=r["kernel"], sm_count=sms,
                      head_size=r["head_size"], block_size=r["block_size"],
                      dtype=cache_kind(r["kv_cache_dtype"], r["dtype"]),
-                     partial_groups=run_partial_groups(doc), least_guard=least_guard)
+                     partial_groups=run_partial_groups(doc), least_guard=least_guard,
+                     wave_guard=run_wave_guard(doc))
 
 
 def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
@@ -305,7 +313,8 @@ def bound_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
         ran = row_launch(r)
         out.append({"step": i, "label": r["label"],
                     "code": v1_code_pick(r["head_size"], ran["num_seqs"], r["num_heads"],
-                                         ran["max_seq_len"], sm_count=sms),
+                                         ran["max_seq_len"], sm_count=sms,
+                                         wave_guard=run_wave_guard(doc)),
                     "patched": step_ratio(r, "patched"),
                     "own": gqa_off / launch if launch and gqa_off else None})
     return out
