@@ -404,3 +404,16 @@ def test_unknown_tree_names_the_built_ones(tmp_path: Path, fake_world: dict) -> 
     assert "launch was fetched but never built" in unbuilt.value.message
     assert "run `kvprefetch build`" in unbuilt.value.message
     assert fake_world["workers"] == 0  # refused before anything ran
+
+
+@pytest.mark.parametrize("text", [
+    "", "no state here\n",
+    ("  [3] .nv.global kvprefetch_basesE\n _Z3kvprefetch_modeE "
+     "x_ZN2ns15kvprefetch_basesE.kvprefetch_modeE y\nkvprefetch_modeEx akvprefetch_basesE\n"
+     "\tkvprefetch_mode kvprefetch_modeE")])
+def test_state_symbols_are_what_the_regex_finds_over_the_whole_listing(text: str) -> None:
+    """The faster search of the prologue's state symbols (only in the lines that name
+    kvprefetch_) finds exactly what the regex finds over the whole listing, in order."""
+    from kvprefetch.verify import cubin
+
+    assert cubin._state_symbols(text) == cubin._STATE.findall(text)
