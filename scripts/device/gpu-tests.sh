@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU-marked tests on real builds, in ONE device call (about 5 minutes): fetch the carried
+# The GPU-marked tests on real builds, in ONE device call (about 6 minutes): fetch the carried
 # sdist into baseline, patched and launch, apply, kernels-only build (head 128, block 16, fp16,
 # bf16 and fp8 caches: what the tests use), verify-kernel, then `pytest -m gpu` on the tests
 # that need a GPU (they find the builds through KVPREFETCH_WORKDIR).
-#   device tool: run(command="bash scripts/device/gpu-tests.sh", carry=[".carry"], timeout_s=450)
+#   device tool: run(command="bash scripts/device/gpu-tests.sh", carry=[".carry"], timeout_s=600)
 set -uo pipefail
 BUDGET_S=${BUDGET_S:-420}
 source "$(dirname "$0")/lib.sh"
@@ -21,7 +21,9 @@ if [ "${VERIFY:-1}" = 1 ]; then
   cp "$W/verify/report.json" "$R/verify.json" 2>/dev/null
 fi
 res_usage
-step 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu 2>&1 \
+# The GPU tests took 167 s on the H200 (53 passed) against a limit of 150 s, which ended the
+# script with 124 (issue 42): 300 s leaves room for a slower node or a few more tests.
+step 300 python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/gpu 2>&1 \
   | tee "$R/pytest-gpu.txt"
 rc=${PIPESTATUS[0]}
 log "pytest -m gpu exit $rc"
