@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from kvprefetch.bench.report import README_BLOCK, refresh_blocks
 from kvprefetch.cli import main
 from kvprefetch.cli.report import COMMANDS_BLOCK, refresh_commands
+from kvprefetch.timings import TIMINGS_BLOCK, load_timings, refresh_timings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +42,44 @@ def test_report_blocks_are_regenerated_from_their_json(doc: str) -> None:
     assert changed == [] and new == text
 
 
+def test_readme_timings_are_rendered_from_their_provenance_file() -> None:
+    """The README's times come from a committed timing file (issue 42), rendered, not typed."""
+    text = (ROOT / "README.md").read_text()
+    blocks = TIMINGS_BLOCK.findall(text)
+    assert blocks, "the README has no <!-- timings --> block"
+    for _, path, _, _ in blocks:
+        doc = load_timings(ROOT / path)
+        assert any("scripts/main.sh" in r["command"] for r in doc["runs"])
+        assert any("scripts/test.sh" in r["command"] for r in doc["runs"])
+    new, changed = refresh_timings(text, ROOT)
+    assert changed == [] and new == text
+
+
+def test_an_edited_time_is_found_and_regenerated(tmp_path: Path) -> None:
+    """A time typed over in a copy of the README fails `report --readme --check`, naming the
+    timing file; `report --readme` puts the file's figure back."""
+    text = (ROOT / "README.md").read_text()
+    m = next(TIMINGS_BLOCK.finditer(text))
+    row = m[3].splitlines()[2]
+    cells = row.split(" | ")
+    edited = row.replace(f" | {cells[2]} | ", " | 1.0 min | ", 1)
+    assert edited != row
+    copy = tmp_path / "README.md"
+    copy.write_text(text.replace(row, edited, 1))
+    for path in [p for _, p, _, _, _ in README_BLOCK.findall(text)] + [m[2]]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / path).is_dir():
+            shutil.copytree(ROOT / path, tmp_path / path, dirs_exist_ok=True)
+        else:
+            shutil.copy(ROOT / path, tmp_path / path)
+    runner = CliRunner()
+    res = runner.invoke(main, ["report", "--readme", str(copy), "--check", "--json"])
+    assert res.exit_code != 0 and json.loads(res.stdout)["changed"] == [m[2]]
+    res = runner.invoke(main, ["report", "--readme", str(copy)])
+    assert res.exit_code == 0, res.output
+    assert copy.read_text() == text
+
+
 def test_readme_command_table_is_generated_from_the_commands() -> None:
     text = (ROOT / "README.md").read_text()
     assert COMMANDS_BLOCK.search(text), "the README has no <!-- commands --> block"
@@ -57,7 +96,8 @@ def test_check_finds_an_edited_figure_and_readme_fixes_it(tmp_path: Path) -> Non
     edited_row = first_row.replace("|", "| 9.999x |", 1)
     copy = tmp_path / "README.md"
     copy.write_text(text.replace(first_row, edited_row, 1))
-    for _, path, _, _, _ in README_BLOCK.findall(text):
+    for path in [p for _, p, _, _, _ in README_BLOCK.findall(text)] + [
+            p for _, p, _, _ in TIMINGS_BLOCK.findall(text)]:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         if (ROOT / path).is_dir():
             shutil.copytree(ROOT / path, tmp_path / path, dirs_exist_ok=True)

@@ -29,7 +29,8 @@ from ..console import emit_json, info
 @click.option("--readme", "readme", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Regenerate the report blocks of this markdown file "
               "(`<!-- report RESULT.json summary|shapes|attribution -->` or `<!-- report "
-              "RUN_FOLDER seeds|twins|bounds|host -->` ... `<!-- /report -->`) from their committed "
+              "RUN_FOLDER seeds|twins|bounds|host -->` ... `<!-- /report -->`, and `<!-- timings "
+              "TIMINGS.json -->` ... `<!-- /timings -->`) from their committed "
               "JSON, and its `<!-- commands -->` block from the commands' help, in place.")
 @click.option("--index", "index", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Write the index of the committed runs under this folder (each "
@@ -159,11 +160,13 @@ def refresh_commands(text: str) -> tuple[str, list[str]]:
 def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
     from ..bench.report import refresh_blocks
     from ..errors import BenchError
+    from ..timings import refresh_timings
 
     text = readme.read_text()
     new, changed = refresh_blocks(text, readme.parent)
+    new, changed_timings = refresh_timings(new, readme.parent)
     new, changed_commands = refresh_commands(new)
-    changed += changed_commands
+    changed += changed_timings + changed_commands
     if as_json:
         emit_json({"readme": str(readme), "changed": changed, "checked": check})
     if check:

@@ -1,0 +1,71 @@
+"""The README's timings as measured, not typed (issue 42: the README said 18.6-22.7 min for the
+main job and "seconds" for the unit loop where a fresh machine took 40.5 min and 98 s).
+
+A timing run is a small JSON file (``docs/results/<date>-fresh-machine/timings.json``): the
+machine, and per command run its commit, the exact command, how it was run (what was fresh,
+what else shared the machine), its exit code and wall time, and where the figure comes from.
+A markdown block ``<!-- timings PATH -->`` ... ``<!-- /timings -->`` (PATH relative to the
+markdown file) is that file rendered as a table; ``kvprefetch report --readme`` regenerates it
+beside the report blocks, and ``--check`` (tests/unit/test_readme_reports.py) fails on any
+difference. Pure: text in, text out."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+TIMINGS_BLOCK = re.compile(r"(<!-- timings (\S+) -->\n)(.*?)(<!-- /timings -->)", re.DOTALL)
+_RUN_FIELDS = ("what", "command", "commit", "how", "exit", "wall_s", "source")
+
+
+def load_timings(path: Path) -> dict[str, Any]:
+    """The timing file at ``path``, checked: a ``machine`` and ``runs``, each run with every
+    field of ``_RUN_FIELDS``."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the timing file {path}: {exc}",
+                          "point the timings block at a committed timings.json") from exc
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    if not isinstance(runs, list) or not runs or not isinstance(doc.get("machine"), str):
+        raise ConfigError(f"{path} has no machine or no runs",
+                          "write {\"machine\": ..., \"runs\": [...]} (kvprefetch/timings.py)")
+    for run in runs:
+        missing = [f for f in _RUN_FIELDS if not isinstance(run, dict) or f not in run]
+        if missing:
+            raise ConfigError(f"{path}: a run lacks {', '.join(missing)}",
+                              f"give every run {', '.join(_RUN_FIELDS)}")
+    return doc
+
+
+def minutes(seconds: float) -> str:
+    """``2430`` -> ``40.5 min``; under two minutes in seconds (``98 s``)."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def timings_table(doc: dict[str, Any]) -> str:
+    """The block's lines: one row per run, then the machine."""
+    rows = ["| what | command | wall time | exit | commit | how it ran | source |",
+            "|---|---|---|---|---|---|---|"]
+    for r in doc["runs"]:
+        rows.append(f"| {r['what']} | `{r['command']}` | {minutes(float(r['wall_s']))} | "
+                    f"{r['exit']} | `{str(r['commit'])[:7]}` | {r['how']} | {r['source']} |")
+    return "\n".join(rows) + f"\n\nMachine: {doc['machine']}.\n"
+
+
+def refresh_timings(text: str, root: Path) -> tuple[str, list[str]]:
+    """``text`` with every timings block regenerated from its file (relative to ``root``), and
+    the paths of the blocks whose lines changed."""
+    changed: list[str] = []
+
+    def fill(m: re.Match[str]) -> str:
+        body = timings_table(load_timings(root / m[2]))
+        if body != m[3]:
+            changed.append(m[2])
+        return m[1] + body + m[4]
+
+    return TIMINGS_BLOCK.sub(fill, text), changed
