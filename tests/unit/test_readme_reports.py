@@ -1,5 +1,5 @@
 """The report blocks (`<!-- report RESULT.json summary|shapes|attribution -->`, `<!-- report
-RUN_FOLDER seeds -->`) of the README, docs/design.md, docs/sampled-benchmark.md and
+RUN_FOLDER seeds|decode -->`) of the README, docs/design.md, docs/sampled-benchmark.md and
 docs/tuning-log.md, and the README's command table (`<!-- commands -->`), are what
 `kvprefetch report --readme` renders from the committed result JSON and the commands' help, not
 text typed by hand: CI regenerates them and fails on any difference."""
@@ -32,7 +32,7 @@ def test_report_blocks_are_regenerated_from_their_json(doc: str) -> None:
         # a `seeds` block names a run's folder, `twins`, `bounds` and `host` a folder or one
         # result, every other block one result
         target = path.parent / block_path
-        if kind == "seeds":
+        if kind in ("seeds", "decode"):
             assert target.is_dir(), block_path
         elif kind in ("twins", "bounds", "host"):
             assert target.exists(), block_path
@@ -40,6 +40,40 @@ def test_report_blocks_are_regenerated_from_their_json(doc: str) -> None:
             assert target.is_file(), block_path
     new, changed = refresh_blocks(text, path.parent)
     assert changed == [] and new == text
+
+
+def test_decode_block_counts_each_point_of_the_folder(tmp_path: Path) -> None:
+    """A `decode` block is one row per model and context over every decode-*.json[.gz] of a run's
+    folder: its points are the fixed points of those results (serving traces left out), its
+    count below 0.99x and its worst are patched's own ratios there, and a point that is not
+    bitwise equal turns the row's last column to NO."""
+    import gzip
+
+    from kvprefetch.bench.decode_report import decode_points_table
+    from kvprefetch.bench.report import BenchError, decode_block, load_document
+
+    run = ROOT / "docs/results/2026-12-03-h200-vllm-call-decode"
+    docs = [load_document(f) for f in sorted(run.glob("decode-*.json.gz"))]
+    lines = decode_points_table(docs)
+    rows = {(c[1].strip(), int(c[2])): c for c in (line.split("|") for line in lines[2:])}
+    for doc in docs:
+        pts = [r for r in doc["results"] if r.get("status") == "ok" and not r.get("requests")]
+        for ctx in {r["context"] for r in pts}:
+            mine = [r["trees"]["patched"]["ratio"]["median"] for r in pts if r["context"] == ctx]
+            row = rows[(doc["meta"]["model"]["name"], ctx)]
+            assert int(row[3]) == len(mine)
+            assert int(row[8]) == sum(1 for x in mine if x < 0.99)
+            assert row[6].strip().startswith(f"{min(mine):.3f}x")
+    assert decode_block(run).splitlines() == lines
+    # one step not bitwise equal: the row says so
+    doc = docs[0]
+    doc["results"][0]["trees"]["patched"]["bitwise_equal"] = False
+    bad = tmp_path / "decode-bad.json.gz"
+    with gzip.open(bad, "wt") as f:
+        json.dump(doc, f)
+    assert any(line.endswith("| NO |") for line in decode_block(tmp_path).splitlines())
+    with pytest.raises(BenchError, match="holds no decode"):
+        decode_block(tmp_path / "empty")
 
 
 def test_readme_timings_are_rendered_from_their_provenance_file() -> None:

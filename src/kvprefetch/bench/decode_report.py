@@ -4,6 +4,7 @@ the step's kernel time, and whether every step's logits matched stock's bit for 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,34 @@ def decode_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
                     "bitwise_equal": all(r["trees"][tree]["bitwise_equal"] for r in rows
                                          if tree in r["trees"])})
     return out
+
+
+def decode_points_table(docs: Sequence[dict[str, Any]], target: float = 0.99) -> list[str]:
+    """One markdown table over several `bench decode` results (a run's folder): per model and
+    context, the fixed points measured, how many ran from a CUDA graph, ``patched``'s tokens/s
+    ratio over them (geomean, worst and best with their batch), how many fall below
+    ``target``, the A/A band of ``control`` where it ran (min-max), and whether every step was
+    bitwise equal. Serving traces are left out: they have no single context."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for doc in docs:
+        name = doc["meta"]["model"]["name"]
+        for r in doc["results"]:
+            if r.get("status") == "ok" and not r.get("requests") and "patched" in r["trees"]:
+                groups.setdefault((name, int(r["context"])), []).append(r)
+    rows = []
+    for (name, ctx), pts in groups.items():
+        ratio = [(r["trees"]["patched"]["ratio"]["median"], r["batch"]) for r in pts]
+        ctl = [r["trees"]["control"]["ratio"]["median"] for r in pts if "control" in r["trees"]]
+        graph = sum(1 for r in pts if r.get("graph_steps", 0) == r.get("steps_run", -1))
+        worst, best = min(ratio), max(ratio)
+        rows.append([name, ctx, len(pts), graph, f"{geomean(x for x, _ in ratio):.3f}x",
+                     f"{worst[0]:.3f}x (b{worst[1]})", f"{best[0]:.3f}x (b{best[1]})",
+                     sum(1 for x, _ in ratio if x < target),
+                     f"{min(ctl):.3f}-{max(ctl):.3f}" if ctl else "-",
+                     "yes" if all(r["trees"][t]["bitwise_equal"] for r in pts
+                                  for t in ("patched", "control") if t in r["trees"]) else "NO"])
+    return md_table(["model", "context", "points", "from a graph", "geomean", "worst", "best",
+                     f"< {target}", "A/A (control)", "bitwise equal"], rows)
 
 
 def decode_markdown(doc: dict[str, Any]) -> str:

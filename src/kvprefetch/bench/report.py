@@ -463,10 +463,12 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,
 # a run's folder: the steps with twins compiled, by the twin `auto`'s rule runs there),
 # `bounds` (the v1 steps of launch-bounded instantiations, by the code the rule runs there) and
 # `host` (PATH a run's folder: each variant's extra host time per call on host-bound steps);
-# `twins`, `bounds` and `host` take one result too.
+# `twins`, `bounds` and `host` take one result too; `decode` (PATH a run's folder: every
+# decode-*.json[.gz] in it, one row per model and context: decode_points_table).
 SAMPLE_KINDS = ("seeds", "twins", "bounds", "host", "attribution")
 README_BLOCK = re.compile(
-    r"(<!-- report (\S+) (summary|shapes|seeds|twins|bounds|host|attribution) -->\n)(.*?)"
+    r"(<!-- report (\S+) (summary|shapes|seeds|twins|bounds|host|attribution|decode) -->\n)"
+    r"(.*?)"
     r"(<!-- /report -->)",
     re.DOTALL)
 _BLOCK_HEADS = {"summary": ("| mode |", "| tree |"), "shapes": ("| batch |", "| workload |")}
@@ -492,13 +494,35 @@ def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
     changed: list[str] = []
 
     def fill(m: re.Match[str]) -> str:
-        body = (sample_block(root / m[2], m[3]) if m[3] in SAMPLE_KINDS
-                else report_block(load_document(root / m[2]), m[3]))
+        if m[3] == "decode":
+            body = decode_block(root / m[2])
+        elif m[3] in SAMPLE_KINDS:
+            body = sample_block(root / m[2], m[3])
+        else:
+            body = report_block(load_document(root / m[2]), m[3])
         if body != m[4]:
             changed.append(m[2])
         return m[1] + body + m[5]
 
     return README_BLOCK.sub(fill, text), changed
+
+
+def decode_block(path: Path) -> str:
+    """A README block over the `bench decode` results of the folder ``path``
+    (decode-*.json[.gz]): one row per model and context (decode_points_table)."""
+    from .decode_report import decode_points_table
+
+    files = sorted(p for p in Path(path).glob("decode-*.json*")
+                   if p.name.endswith((".json", ".json.gz")))
+    if not files:
+        raise BenchError(f"{path} holds no decode-*.json[.gz]",
+                         "point a `decode` block at a folder of `bench decode` runs")
+    docs = [load_document(f) for f in files]
+    for f, doc in zip(files, docs):
+        if doc.get("kind") != "decode":
+            raise BenchError(f"{f} is not a `bench decode` result",
+                             "keep only `bench decode` results named decode-*.json there")
+    return "\n".join(decode_points_table(docs)) + "\n"
 
 
 def sample_block(path: Path, kind: str) -> str:
