@@ -4,7 +4,7 @@
 // (twin_pick, stage_count, twin_reduces), the build switches that ablation trees set, the
 // environment switches read at run time (KVPREFETCH, KVPREFETCH_GQA) and the device facts the
 // decisions use. The numbers live in rules.inc, which the Python side reads too
-// (src/kvprefetch/kernel_rules.py); docs/design.md ("Kernel rules and the measurements behind
+// (src/kvprefetch/kernels/rules.py); docs/design.md ("Kernel rules and the measurements behind
 // them") gives the measurement behind each rule.
 //
 // SPDX-License-Identifier: Apache-2.0
