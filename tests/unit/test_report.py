@@ -151,3 +151,21 @@ def test_report_command_writes_md_and_png(tmp_path: Path) -> None:
 def test_geomean() -> None:
     assert report.geomean([2.0, 8.0]) == pytest.approx(4.0)
     assert report.geomean([]) is None
+
+
+def test_eager_rows_of_a_graph_run_get_their_own_summary_row() -> None:
+    """In vLLM's call a graph-timed matrix holds eager rows too (a context past the capture
+    length runs eagerly in vLLM): the summary keeps them apart ("cold eager"), and merging two
+    shards that hold the same shape once per timing is not a duplicate."""
+    from kvprefetch.bench.merge import merge_kernel_docs
+
+    doc = kernel_doc()
+    long = [r for r in doc["results"] if r["context"] == 16384 and r["mode"] == "cold"]
+    assert long
+    for r in long:
+        r["timing"] = "eager"
+    modes = {(s["mode"], s["variant"]): s["shapes"] for s in report.kernel_summary(doc)}
+    assert modes[("cold", "patched")] == modes[("cold eager", "patched")] == len(long)
+    graph_copy = {**doc, "results": [{**r, "timing": "graph"} for r in long]}
+    merged = merge_kernel_docs([doc, graph_copy], ["a.json", "b.json"], force=True)
+    assert len(merged["results"]) == len(doc["results"]) + len(long)

@@ -48,7 +48,9 @@ def differences(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> list[st
 
 
 def _row_key(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r.get("label"), r.get("mode"))
+    """A row's identity across shards: its shape, mode and timing (a graph run in vLLM's call
+    holds eager rows of the same label where vLLM runs the step eagerly)."""
+    return (r.get("label"), r.get("mode"), r.get("timing") or "graph")
 
 
 def merge_kernel_docs(docs: Sequence[dict[str, Any]], names: Sequence[str],

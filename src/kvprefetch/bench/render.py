@@ -53,3 +53,12 @@ def shape_key(r: dict[str, Any]) -> tuple[Any, ...]:
     """What identifies a result row's shape, whatever its mode."""
     return (r["preset"], r["dtype"], r["kv_cache_dtype"], r["block_size"], r["batch"],
             r["context"], r["kernel"])
+
+
+def row_mode(r: dict[str, Any]) -> str:
+    """A row's mode as the tables show it: ``cold`` for graph replay (and rows from before the
+    timing was recorded), ``cold eager`` for an eager row. In vLLM's call a graph run holds
+    eager rows too (steps past the capture length or the largest bucket, which vLLM runs
+    eagerly), and they must not share a table row with the graph replays."""
+    timing = r.get("timing") or "graph"
+    return r["mode"] if timing == "graph" else f"{r['mode']} {timing}"

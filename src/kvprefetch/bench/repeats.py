@@ -20,14 +20,14 @@ from typing import Any
 
 from ..errors import BenchError
 from .render import ctx as _ctx
-from .render import geomean, shape_key
+from .render import geomean, row_mode, shape_key
 from .render import md_table as _table
 
 SCHEMA = 1
 
 
 def _shape_key(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["mode"], *shape_key(r))
+    return (row_mode(r), *shape_key(r))
 
 
 def _runs_table(docs: Sequence[dict[str, Any]]) -> tuple[list[str], list[tuple[Any, ...]],

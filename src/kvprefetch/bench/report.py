@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import BenchError
 from .decode_report import decode_markdown, decode_png
 from .render import ctx as _ctx
-from .render import geomean, shape_key
+from .render import geomean, row_mode, shape_key
 from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
@@ -47,10 +47,11 @@ def load_document(path: Path) -> dict[str, Any]:
 
 
 def kernel_groups(doc: dict[str, Any]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
-    """Results grouped by (mode, preset, dtype, kv_cache_dtype, block_size), in file order."""
+    """Results grouped by (mode and timing, preset, dtype, kv_cache_dtype, block_size), in file
+    order."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for r in doc["results"]:
-        key = (r["mode"], r["preset"], r["dtype"], r["kv_cache_dtype"], str(r["block_size"]))
+        key = (row_mode(r), r["preset"], r["dtype"], r["kv_cache_dtype"], str(r["block_size"]))
         groups.setdefault(key, []).append(r)
     return groups
 
