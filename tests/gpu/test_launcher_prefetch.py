@@ -288,3 +288,59 @@ def test_bounded_v1_runs_stock_code_where_the_bound_costs_a_wave(
     got, _ = forward_decode(patched, args)
     torch.cuda.synchronize()
     assert torch.equal(want.view(torch.int16), got.view(torch.int16))
+
+
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events")
+@pytest.mark.parametrize(("batch", "ctx", "twin_or_code"), [
+    (20, 3300, "stock"),   # bucket 24: 640 long CTAs, one wave of stock's, two of the bound's
+    (24, 8000, "stock"),   # bucket 24 full: two waves either way, but 17-23 long rows lose one
+    (16, 3300, "4x2"),     # v2 (512 heads x rows): 4x2 holds 8 heads per SM, never a wave more
+])
+def test_vllm_graph_call_runs_no_variant_that_long_rows_could_slow(
+        stock_and_patched, batch: int, ctx: int, twin_or_code: str) -> None:
+    """Llama-3.1-8B's decode as vLLM 0.10.2 replays it (bench/vllm_call.py: the batch padded to
+    its bucket with length-1 rows, max_seq_len = the capture length 8192): where some number of
+    long rows would give the bounded kernel or a twin a wave more than stock's code, the
+    captured launch runs stock's unbounded copy and no twin (the batches that lost a whole
+    step, 0.906-0.958x, before the wave guard); v2 keeps a twin that cannot lose a wave. The
+    output is bitwise stock's."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from kvprefetch.bench.vllm_call import VllmCall, launch_for
+    from kvprefetch.kernels.kvinputs import AttnShape, make_inputs
+    from kvprefetch.kernels.ops import forward_decode
+    from kvprefetch.sources import upstream
+
+    stock, patched = stock_and_patched
+    launch = launch_for([ctx] * batch, num_heads=32, block_size=16,
+                        call=VllmCall(max_num_seqs=256), timing="graph")
+    assert launch.max_seq_len == 8192 and launch.pad_rows == launch.num_seqs - batch
+    shape = AttnShape(num_seqs=launch.num_seqs, num_heads=32, num_kv_heads=8, head_size=128,
+                      block_size=16, max_seq_len=launch.max_seq_len, dtype="float16",
+                      kv_cache_dtype="auto")
+    args = make_inputs(shape, seq_lens=launch.seq_lens, pad_rows=launch.pad_rows).args()
+    names = {}
+    for ops in (stock, patched):
+        forward_decode(ops, args)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out, kernel = forward_decode(ops, args)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            g.replay()
+            torch.cuda.synchronize()
+        names[ops.name] = ([e.name for e in prof.events() if e.device_type.name == "CUDA"],
+                           out.clone(), kernel)
+    got, out, kernel = names[patched.name]
+    assert kernel == launch.kernel
+    if twin_or_code == "stock":
+        assert launch.kernel == "v1" and not _twins_ran(got), got
+        assert any(UNBOUNDED_KERNEL in n for n in got), got
+        if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+            assert upstream.twin_pick(32, 8, launch.num_seqs, 8192, "v1") is None
+            assert upstream.stock_v1_wins(32, launch.num_seqs, 132, 4, 5)
+    else:
+        assert launch.kernel == "v2" and _twins_ran(got) == [twin_or_code], got
+    want = names[stock.name][1]
+    assert torch.equal(want.view(torch.int16), out.view(torch.int16))
