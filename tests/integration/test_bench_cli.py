@@ -29,3 +29,16 @@ def test_module_entry_point_reports_errors_without_traceback(tmp_path: Path) -> 
                           "--workdir", str(tmp_path)], capture_output=True, text=True, check=False)
     assert res.returncode == BenchError.exit_code
     assert "error: no kernels-only builds" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_module_entry_point_has_every_bench_command() -> None:
+    """`python -m kvprefetch.cli.bench decode` is `kvprefetch bench decode` (the entry point
+    once ran before the later commands were defined and said "No such command")."""
+    import subprocess
+    import sys
+
+    for cmd in ("kernel", "decode", "ncu", "e2e"):
+        res = subprocess.run([sys.executable, "-m", "kvprefetch.cli.bench", cmd, "--help"],
+                             capture_output=True, text=True, check=False)
+        assert res.returncode == 0, res.stderr
+        assert f"Usage: kvprefetch bench {cmd}" in res.stdout

@@ -425,28 +425,6 @@ def e2e(workdir: Path, env_specs: tuple[str, ...], max_num_seqs: str, repeats: i
     info("wrote " + ", ".join(str(p) for p in paths))
 
 
-def _main() -> int:
-    """``python -m kvprefetch.cli.bench ...`` (scripts/device/bench.sh): errors as the CLI
-    prints them (cause + fix, family exit code), without a traceback."""
-    from ..errors import KvprefetchError
-
-    try:
-        bench.main(standalone_mode=False)
-    except KvprefetchError as exc:
-        click.echo(f"error: {exc.message}", err=True)
-        return exc.exit_code
-    except click.exceptions.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Abort:
-        return 130
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - exercised by scripts/device/bench.sh
-    sys.exit(_main())
-
-
 # ----------------------------------------------------------------------------- decode
 
 
@@ -559,3 +537,16 @@ def decode(workdir: Path, trees: tuple[str, ...], preset: str, config_path: Path
     if not all(s["bitwise_equal"] for s in decode_summary(doc)):
         raise BenchError("some tree's logits differ from the baseline's (see the table)",
                          "the kernels must not change results; run `kvprefetch verify-kernel`")
+
+
+def _main(argv: list[str] | None = None) -> None:
+    """``python -m kvprefetch.cli.bench ...`` (the device scripts) is ``kvprefetch bench ...``:
+    the same group, so the same error handling (cause + fix, the family's exit code, OSError
+    mapped, no traceback) and every subcommand, all defined above this line."""
+    from . import main
+
+    main(["bench", *(sys.argv[1:] if argv is None else argv)], prog_name="kvprefetch")
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised by scripts/device/*.sh
+    _main()
