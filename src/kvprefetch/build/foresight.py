@@ -21,10 +21,11 @@ from .plan import BuildPlan
 from .toolchain import CudaArch, vllm_c_archs
 
 # CPU seconds to compile one paged-attention instantiation (one kernel of one launcher source)
-# for one arch, averaged over the four trees main.sh builds (stock and the variants, whose
-# twins and unbounded copies add code): measured from the build manifests' `seconds` of a
-# fresh main.sh run on 2 cores (4 trees x 2 sources x 486 instantiations, sm_90;
-# docs/building.md, "Build times").
+# for one arch, over the four trees main.sh builds (stock and the variants, whose twins and
+# unbounded copies add code; 4 trees x 2 sources x 486 instantiations for sm_90 on 2 cores):
+# about 1.0 on a quiet machine (issue 42's fresh run: some 33 min of compile), 1.7-1.8 while
+# other builds shared the cores (the manifests of the 2026-12-03 run: baseline 1624 s, patched
+# 1747 s). An estimate, not a promise: it errs a little long on a quiet machine.
 CORE_SECONDS_PER_INSTANTIATION = 1.2
 # The kernels-only library's launcher sources (paged_attention_v1.cu, paged_attention_v2.cu).
 SOURCES_PER_TREE = 2
