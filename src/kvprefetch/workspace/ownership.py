@@ -14,18 +14,51 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from . import confine
 from .locks import locked
 from .workdir import write_json_atomic
 
 OWNED_FILE = ".kvprefetch-owned.json"
+_FIX = ("move it away; `kvprefetch fetch --repair` records the trees again "
+        "(until then clean removes nothing)")
+_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
+# Where each kind of entry can be: a record naming anything else is corrupt.
+_WHERE = {
+    "tree": re.compile(rf"trees/{_NAME}"),
+    "state": re.compile(rf"state/{_NAME}\.json"),
+    "build": re.compile(rf"build/{_NAME}"),
+    "pristine": re.compile(r"pristine/[A-Za-z0-9_][A-Za-z0-9_.-]*"),
+    "backup": re.compile(r"backup/[A-Za-z0-9_][A-Za-z0-9_.-]*"),
+    "download": re.compile(r"downloads/[A-Za-z0-9_][A-Za-z0-9_.+-]*"),
+}
+
+
+def _entry_problem(rel: str, entry: dict[str, Any]) -> str | None:
+    """Why an entry of the record is not one the kit could have written (None: it could)."""
+    kind = entry.get("kind")
+    if not isinstance(kind, str):
+        return "has no kind"
+    where = _WHERE.get(kind)
+    if where is not None and not where.fullmatch(rel):
+        return f"is not where kvprefetch puts a {kind}"
+    if kind == "tmp":
+        pid = entry.get("pid")
+        name = rel.rsplit("/", 1)[-1]
+        # the kit's temporaries carry their pid in their name: .<x>.tmp-PID, <x>.tmp-PID,
+        # tmp/<step>-PID-<hex>; an entry that does not is not one of them
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not (
+                name.endswith(f".tmp-{pid}")
+                or (rel.startswith(f"{SCRATCH}/") and f"-{pid}-" in name)):
+            return "is not a temporary path of a kvprefetch process (its pid must be in its name)"
+    return None
 
 
 def inventory_digest(inv: dict[str, str]) -> str:
@@ -42,17 +75,21 @@ def entries(root: Path) -> dict[str, dict[str, Any]]:
     if not os.path.lexists(p):
         return {}
     try:
-        if p.is_symlink() or not p.is_file():
+        if not confine.is_plain_file(p):
             raise ValueError("not a regular file")
-        data = json.loads(p.read_bytes().decode("utf-8"))
+        data = json.loads(confine.read_limited(p).decode("utf-8"))
         if not isinstance(data, dict) or not isinstance(data.get("paths"), dict) or not all(
                 isinstance(v, dict) for v in data["paths"].values()):
             raise ValueError("not kvprefetch's ownership record")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"the ownership record {p} is corrupt ({exc})",
-                          "move it away; `kvprefetch fetch --repair` records the trees again "
-                          "(until then clean removes nothing)") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ConfigError(f"the ownership record {p} is corrupt ({exc})", _FIX) from None
     out: dict[str, dict[str, Any]] = data["paths"]
+    for rel_path, entry in out.items():
+        confine.record_path(root, rel_path, record=p, fix=_FIX)
+        problem = _entry_problem(rel_path, entry)
+        if problem is not None:
+            raise ConfigError(f"the ownership record {p} is corrupt: its entry {rel_path!r} "
+                              f"{problem}; kvprefetch acts on no path from it", _FIX)
     return out
 
 
@@ -61,11 +98,15 @@ def _editing(root: Path) -> Iterator[dict[str, dict[str, Any]]]:
     with locked(root / ".kvprefetch-owned.lock", "the ownership record", wait=True):
         paths = entries(root)
         yield paths
-        write_json_atomic(_path(root), {"paths": paths})
+        write_json_atomic(_path(root), {"paths": paths}, root=root)
 
 
 def rel(root: Path, path: Path) -> str:
-    return path.relative_to(root).as_posix()
+    if not confine.inside(root, path):
+        raise ConfigError(f"{path} is outside the work directory {root}",
+                          "kvprefetch records and removes only paths inside its work directory")
+    return Path(os.path.normpath(os.path.abspath(path))).relative_to(
+        os.path.normpath(os.path.abspath(root))).as_posix()
 
 
 def record(root: Path, path: Path, kind: str, **info: Any) -> None:
@@ -84,24 +125,13 @@ def owned(root: Path, path: Path) -> dict[str, Any] | None:
 
 def symlink_on_the_way(root: Path, path: Path) -> Path | None:
     """The first symlink among ``path`` and the directories between ``root`` and it."""
-    cur = root
-    for part in path.relative_to(root).parts:
-        cur = cur / part
-        if cur.is_symlink():
-            return cur
-    return None
+    return confine.first_symlink(root, path)
 
 
 def remove(root: Path, path: Path) -> None:
-    """Remove ``path`` (a kit-made file or directory) without following any symlink."""
-    link = symlink_on_the_way(root, path)
-    if link is not None:
-        raise ConfigError(f"refusing to remove {path}: {link} is a symlink",
-                          "remove the symlink yourself if you no longer need what it points to")
-    if path.is_dir():
-        shutil.rmtree(path)  # the fd-based rmtree: it unlinks symlinks inside, never follows
-    elif os.path.lexists(path):
-        path.unlink()
+    """Remove ``path`` (a kit-made file or directory) inside ``root`` without following any
+    symlink (confine.remove_path)."""
+    confine.remove_path(root, path)
 
 
 def pid_alive(pid: int) -> bool:
@@ -119,12 +149,18 @@ def temporary(root: Path, path: Path) -> Iterator[Path]:
     """A temporary path the kit creates, recorded (with this pid) before it exists, so a killed
     run leaves an orphan the next run can recognise as the kit's own and remove. On success the
     caller renames it away; on failure it is removed here."""
+    confine.check_target(root, path, what="create the temporary")
+    if os.path.lexists(path):
+        raise ConfigError(f"{path} is in the way of a temporary kvprefetch creates",
+                          f"move {path} away (kvprefetch does not remove what it did not make), "
+                          "then rerun")
     record(root, path, "tmp", pid=os.getpid())
     try:
         yield path
     finally:
         if os.path.lexists(path) and symlink_on_the_way(root, path) is None:
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+            with suppress(OSError):
+                confine.remove_path(root, path)
         forget(root, path)
 
 

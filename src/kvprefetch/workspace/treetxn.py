@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import PatchError
 from ..hashing import sha256_file
+from . import confine
 from .ownership import pid_alive
 from .workdir import Workdir, write_json_atomic
 
@@ -35,10 +36,29 @@ def _hash(p: Path) -> str | None:
     return sha256_file(p) if p.is_file() else None
 
 
+def _journal_files(journal: Path, tree: Path, files: Any) -> list[dict[str, Any]]:
+    """The journal's file list, each ``rel`` confined to the tree (confine.record_path): a
+    journal naming a path outside the tree, or of the wrong shape, is corrupt."""
+    fix = (f"move {journal.parent} out of the work directory (it is the stage of an "
+           "interrupted apply; kvprefetch acts on no path from it), then `kvprefetch "
+           "diff-upstream --check` shows what the tree holds; `kvprefetch fetch --force` starts "
+           "it again")
+    if not isinstance(files, list):
+        raise PatchError(f"{journal} is corrupt: 'files' is not a list", fix)
+    for f in files:
+        if not isinstance(f, dict) or not all(
+                f.get(k) is None or isinstance(f.get(k), str) for k in ("before", "after")):
+            raise PatchError(f"{journal} is corrupt: an entry of 'files' is malformed", fix)
+        confine.record_path(tree, f.get("rel"), record=journal, family=PatchError, fix=fix)
+        confine.check_target(tree, tree / f["rel"], what="roll back", family=PatchError)
+    return files
+
+
 def _restore(tree: Path, stage: Path, files: list[dict[str, Any]]) -> None:
     """Put every file back to its "before" content (the tree is locked by the caller)."""
     for f in files:
         dst = tree / f["rel"]
+        confine.check_target(tree, dst, what="roll back", family=PatchError)
         now = _hash(dst)
         if now == f["before"]:
             continue
@@ -78,12 +98,14 @@ def recover(wd: Workdir, name: str) -> str | None:
         shutil.rmtree(stage)
         return f"removed the stage of an apply to {name!r} that stopped before changing the tree"
     try:
-        data = json.loads(journal.read_text())
+        data = json.loads(confine.read_limited(journal))
         files = data["files"]
         new_state = data["state"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise PatchError(f"the journal {journal} of an interrupted apply is unreadable ({exc})",
-                         "`kvprefetch fetch --force` to start the tree again") from None
+                         f"move {stage} out of the work directory, then `kvprefetch fetch "
+                         "--force` to start the tree again") from None
+    files = _journal_files(journal, wd.tree(name), files)
     sp = wd.state_file(name)
     try:
         committed = sp.is_file() and json.loads(sp.read_text()) == new_state
@@ -104,6 +126,9 @@ def commit(wd: Workdir, name: str, changes: dict[str, Path], new_state: dict[str
     stage = stage_dir(wd, name)
     if os.path.lexists(stage):
         raise PatchError(f"{stage} is in the way", "rerun: the next run recovers it")
+    for rel in changes:  # before anything is staged: a symlink on the way is refused up front
+        confine.check_target(tree, tree / rel, what="replace", family=PatchError)
+    confine.check_target(wd.root, stage, what="create the stage", family=PatchError)
     stage.mkdir(parents=True)
     files: list[dict[str, Any]] = []
     journal_written = False
@@ -122,7 +147,8 @@ def commit(wd: Workdir, name: str, changes: dict[str, Path], new_state: dict[str
         journal_written = True
         for f in files:
             dst = tree / f["rel"]
-            dst.parent.mkdir(parents=True, exist_ok=True)
+            confine.ensure_dir(dst.parent, root=tree, family=PatchError)
+            confine.check_target(tree, dst, what="replace", family=PatchError)
             os.replace(stage / "new" / f["rel"], dst)
         verify()
         wd.write_state(name, new_state)

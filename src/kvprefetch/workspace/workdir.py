@@ -84,12 +84,23 @@ class Workdir:
     def ensure(self, adopt: bool = False) -> None:
         """Create the work directory, or accept an existing one: a kvprefetch work directory,
         an empty directory, or (``adopt``) a non-empty one the user hands over."""
+        from .confine import write_file
+
         self.check_adoptable(adopt)
+        adopting = self.root.is_dir() and not self.is_tagged() and any(self.root.iterdir())
         self.root.mkdir(parents=True, exist_ok=True)
-        tag = self.root / TAG_FILE
         if not self.is_tagged():
-            tag.write_text("created by kvprefetch; `kvprefetch clean` removes only what "
-                           ".kvprefetch-owned.json lists\n")
+            how = "adopted" if adopting else "created"
+            write_file(self.root / TAG_FILE, f"{how} by kvprefetch; `kvprefetch clean` removes "
+                       "only what .kvprefetch-owned.json lists\n", root=self.root)
+
+    def is_adopted(self) -> bool:
+        """Whether the directory held the user's files when the kit took it (``--adopt``):
+        then only what the ownership record lists is the kit's, even under downloads/."""
+        try:
+            return self.is_tagged() and (self.root / TAG_FILE).read_text().startswith("adopted")
+        except (OSError, UnicodeDecodeError):
+            return True
 
     def check_adoptable(self, adopt: bool = False) -> None:
         """Refuse (ConfigError) a --workdir the kit must not take over; writes nothing."""
@@ -117,7 +128,7 @@ class Workdir:
         return validate_state(p, name)
 
     def write_state(self, name: str, state: dict[str, Any]) -> None:
-        write_json_atomic(self.state_file(name), state)
+        write_json_atomic(self.state_file(name), state, root=self.root)
 
     def resolve_tree(self, name: str) -> str:
         """The tree a user-given ``name`` refers to here (``seed`` and ``paper`` name the
@@ -171,19 +182,17 @@ def validate_state(path: Path, name: str) -> dict[str, Any]:
     return data
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temp file and rename, and only when the content changes."""
+def write_json_atomic(path: Path, data: Any, *, root: Path | None = None) -> None:
+    """Write JSON via a temp file and rename (confine.write_file: never through a symlinked
+    destination or parent, checked from ``root`` down when given), and only when the content
+    changes."""
+    from .confine import is_plain_file, write_file
+
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    if path.is_file() and not path.is_symlink():
+    if is_plain_file(path):
         try:
             if path.read_text() == text:
                 return
         except (OSError, UnicodeDecodeError):
             pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_file(path, text, root=root)
