@@ -15,11 +15,12 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from ..errors import FetchError
+from ..errors import ConfigError, FetchError
 from ..hashing import sha256_file
 from ..runner import run
 from . import upstream
@@ -46,6 +47,19 @@ def configured_index_url(environ: dict[str, str] | None = None) -> str:
     if out.startswith(("http://", "https://", "file://")):
         return out.splitlines()[0].rstrip("/")
     return upstream.DEFAULT_INDEX_URL
+
+
+def check_index_url(url: str | None, option: str = "--index-url") -> str | None:
+    """An http(s):// or file:// URL with a host (http) or a path (file); else a ConfigError."""
+    if url is None:
+        return None
+    parsed = urllib.parse.urlparse(url)
+    ok = (parsed.scheme in ("http", "https") and bool(parsed.netloc)) or \
+        (parsed.scheme == "file" and bool(parsed.path))
+    if not ok or any(ord(c) < 0x20 or c == "\x7f" or c.isspace() for c in url):
+        raise ConfigError(f"{option} {url!r} is not an http://, https:// or file:// URL",
+                          "pass the simple index's URL, e.g. https://pypi.org/simple")
+    return url
 
 
 class _Links(HTMLParser):
@@ -88,12 +102,16 @@ def locate_file(index_url: str, project: str, filename: str, sha256: str,
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             ctype = resp.headers.get("Content-Type", "")
             body = resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         raise FetchError(f"cannot reach the package index {page}: {exc}",
                          "check the network or point PIP_INDEX_URL at a reachable mirror"
                          + (f"; or {unreachable_fix}" if unreachable_fix else "")) from exc
-    found = (parse_simple_json(body, filename, page) if "json" in ctype
-             else parse_simple_html(body, filename, page))
+    try:
+        found = (parse_simple_json(body, filename, page) if "json" in ctype
+                 else parse_simple_html(body, filename, page))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise FetchError(f"the index page {page} is malformed ({type(exc).__name__}: {exc})",
+                         "use PyPI or a faithful mirror (PIP_INDEX_URL)") from None
     if found is None:
         raise FetchError(f"the index {page} does not list {filename}",
                          f"use an index that mirrors PyPI's {project} (PIP_INDEX_URL)")
@@ -110,10 +128,15 @@ def locate_sdist(index_url: str, timeout: float = 30) -> IndexFile:
                        f"download {upstream.SDIST_NAME} yourself and pass --source PATH")
 
 
-def verify_sdist(path: Path) -> None:
-    """Refuse (and delete) a cached file whose sha256 is not the pinned one."""
+def verify_sdist(path: Path, delete: bool = True) -> None:
+    """Refuse (and, when ``delete``, delete) a cached file whose sha256 is not the pinned one;
+    a file kvprefetch did not download (``delete`` False) is left as it is."""
     actual = sha256_file(path)
     if actual != upstream.SDIST_SHA256:
+        if not delete:
+            raise FetchError(f"{path} has sha256 {actual}, not the pinned {upstream.SDIST_SHA256}, "
+                             "and kvprefetch did not download it: it was left as it is",
+                             f"move {path} away (or replace it by the real sdist), then rerun")
         path.unlink()
         raise FetchError(f"{path.name} has sha256 {actual}, expected {upstream.SDIST_SHA256}; "
                          "the corrupted or tampered file was deleted and nothing was unpacked",
@@ -131,14 +154,25 @@ def _remove_dead_downloads(downloads: Path) -> None:
             p.unlink()
 
 
-def ensure_sdist(downloads: Path, index_url: str | None = None) -> Path:
-    """Return the path of a verified sdist in ``downloads``, downloading it if needed."""
+def ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | None = None,
+                 may_delete: Callable[[Path], bool] | None = None) -> Path:
+    """Return the path of a verified sdist in ``downloads``, downloading it if needed. With
+    ``root`` (the work directory), ``downloads`` must be inside it with no symlink on the way;
+    ``may_delete`` says whether a cached file with the wrong hash is the kit's to delete."""
+    from ..workspace import confine
+
+    if root is not None:
+        confine.check_target(root, downloads / upstream.SDIST_NAME, what="download into",
+                             family=FetchError)
     target = downloads / upstream.SDIST_NAME
+    if os.path.lexists(target) and not confine.is_plain_file(target):
+        raise FetchError(f"{target} is not a regular file (a symlink, folder, FIFO or device)",
+                         f"move {target} away, then rerun")
     if target.is_file():
-        verify_sdist(target)
+        verify_sdist(target, delete=may_delete(target) if may_delete is not None else True)
         return target
     found = locate_sdist(index_url or configured_index_url())
-    downloads.mkdir(parents=True, exist_ok=True)
+    confine.ensure_dir(downloads, root=root, family=FetchError)
     _remove_dead_downloads(downloads)
     fd, tmpname = tempfile.mkstemp(prefix=f".download-{os.getpid()}-", dir=downloads)
     tmp = Path(tmpname)

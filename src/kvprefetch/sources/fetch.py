@@ -20,11 +20,11 @@ from typing import Any
 from ..errors import ConfigError, FetchError, PatchError
 from ..hashing import differences, inventory, manifest_digest, sha256_file, source_manifest
 from ..oserrors import mapped
-from ..workspace import ownership, treetxn
+from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
-from ..workspace.workdir import Workdir, check_tree_name, write_json_atomic
+from ..workspace.workdir import Workdir, check_tree_name
 from . import upstream
-from .download import ensure_sdist
+from .download import check_index_url, ensure_sdist
 
 SOURCES = ("auto", "git", "sdist")
 
@@ -97,7 +97,7 @@ def _unpack_sdist(wd: Workdir, sdist: Path, dest: Path) -> None:
 def _replace_owned(wd: Workdir, dest: Path) -> None:
     """Make room for a new ``dest``: remove it if the kit made it, else refuse."""
     if not os.path.lexists(dest):
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        confine.ensure_dir(dest.parent, root=wd.root, family=FetchError)
         return
     if ownership.owned(wd.root, dest) is None:
         raise FetchError(f"{dest} exists but kvprefetch did not create it",
@@ -206,7 +206,15 @@ def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | 
             notices.append(f"git clone of {repo_url} failed (no network?); "
                            "falling back to the hash-pinned PyPI sdist")
     dest = wd.pristine / "sdist"
-    sdist = ensure_sdist(wd.downloads, index_url)
+
+    def kit_made(p: Path) -> bool:  # in an adopted directory, the user's file is left alone
+        return (ownership.owned(wd.root, p) or {}).get("kind") == "download" \
+            or not wd.is_adopted()
+
+    had = os.path.lexists(wd.downloads / upstream.SDIST_NAME)
+    sdist = ensure_sdist(wd.downloads, index_url, root=wd.root, may_delete=kit_made)
+    if not had:
+        ownership.record(wd.root, sdist, "download")
     if not _kept(wd, dest):
         _unpack_sdist(wd, sdist, dest)
     return dest, "sdist", str(sdist), None
@@ -258,6 +266,7 @@ def fetch_trees(workdir: Path, *, source: str = "auto", repo_url: str = upstream
         check_tree_name(n)
     check_allow_commit(allow_commit)
     check_repo_url(repo_url)
+    check_index_url(index_url)
     if dry_run:
         wd.check_adoptable(adopt)
 
@@ -318,9 +327,21 @@ def _materialise(wd: Workdir, name: str, pristine: Path, kind: str, origin: str,
     backup = None
     if os.path.lexists(dest) and not replace:
         return TreeResult(name, dest, "unchanged")
+    sp = wd.state_file(name)
+    # adoption: the kit never overwrites, moves or deletes what it did not create
+    for path, want in ((dest, "tree"), (sp, "state")):
+        if os.path.lexists(path) and (ownership.owned(wd.root, path) or {}).get("kind") != want:
+            raise FetchError(f"{path} exists but kvprefetch did not create it; it is left as it "
+                             "is (kvprefetch never overwrites, moves or deletes what it did not "
+                             "make)",
+                             f"move {path} away, then rerun (or, for a tree the kit made before "
+                             "it kept a record, `kvprefetch fetch --repair` records it again)")
     if os.path.lexists(dest):
         backup = wd.root / "backup" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        backup.parent.mkdir(parents=True, exist_ok=True)
+        confine.ensure_dir(backup.parent, root=wd.root, family=FetchError)
+        confine.check_target(wd.root, dest, what="move", family=FetchError)
+        if os.path.lexists(backup):
+            raise FetchError(f"{backup} is in the way", "move it away, then rerun")
         os.rename(dest, backup)
         ownership.record(wd.root, backup, "backup", tree=name)
         ownership.forget(wd.root, dest)
@@ -333,9 +354,9 @@ def _materialise(wd: Workdir, name: str, pristine: Path, kind: str, origin: str,
         }
         # The state is written before the rename: a crash in between leaves a state without a
         # tree, which the next fetch simply recreates.
-        write_json_atomic(wd.state_file(name), state)
-        ownership.record(wd.root, wd.state_file(name), "state")
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        ownership.record(wd.root, sp, "state")
+        wd.write_state(name, state)
+        confine.ensure_dir(dest.parent, root=wd.root, family=FetchError)
         ownership.record(wd.root, dest, "tree", digest=ownership.inventory_digest(inv))
         os.rename(tmp, dest)
     return TreeResult(name, dest, "replaced" if backup else "created", backup)
