@@ -31,6 +31,8 @@ not everywhere, and none is taken.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -52,6 +54,56 @@ _NODE_SCRATCH_SH = "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"
 _SCRATCH_FORBIDDEN = ('"', "`", "\\", "$(", "\n")
 
 
+# What Slurm accepts for each value that reaches a script (and nothing a shell or sbatch's own
+# #SBATCH parser would read as more than one word): names are [A-Za-z0-9_.-], --time is one of
+# sbatch's formats, --gres a comma-separated list of name[:type][:count].
+_WORD = r"[A-Za-z0-9_.-]+"
+_SLURM_VALUES = {
+    "partition": re.compile(rf"{_WORD}(,{_WORD})*"),
+    "account": re.compile(_WORD),
+    "time": re.compile(r"(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}(:\d{1,2}){0,2}"
+                       r"|UNLIMITED|INFINITE|unlimited|infinite)"),
+    "gres": re.compile(rf"{_WORD}(:{_WORD}){{0,2}}(,{_WORD}(:{_WORD}){{0,2}})*"),
+}
+# The campaign folder appears in #SBATCH --output/--job-name and in shell words: no whitespace,
+# quotes, $, `, \, % (a Slurm filename pattern) or control characters.
+_CAMPAIGN_PATH = re.compile(r"/[A-Za-z0-9_./+,:@=-]*")
+
+
+def check_slurm_value(name: str, value: str | None) -> str | None:
+    """``value`` if Slurm accepts it for ``--name`` (and it holds nothing a shell would run)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _SLURM_VALUES[name].fullmatch(value):
+        raise ConfigError(f"--{name} {value!r} is not a value sbatch accepts for --{name} "
+                          "(letters, digits, _ . - and the option's own separators only; no "
+                          "spaces, quotes, $ or control characters)",
+                          {"time": "pass e.g. --time 2:00:00 or 1-12:00",
+                           "gres": "pass e.g. --gres gpu:1 or gpu:h100:2"}.get(
+                              name, f"pass the {name} name as `sinfo`/`sacctmgr` shows it"))
+    return value
+
+
+def check_campaign_path(root: str) -> str:
+    if not _CAMPAIGN_PATH.fullmatch(root) or "/../" in root + "/":
+        raise ConfigError(f"the campaign folder {root!r} has characters that cannot go into an "
+                          "sbatch script safely (spaces, quotes, $, `, \\, %, control "
+                          "characters)",
+                          "plan into a folder whose path uses only letters, digits and _ . - / "
+                          "+ , : @ =")
+    return root
+
+
+def check_words(what: str, values: Sequence[str]) -> None:
+    """No control character (a newline ends a shell line) in values that become shell words."""
+    from ..workspace.confine import has_control
+
+    for v in values:
+        if not isinstance(v, str) or has_control(v):
+            raise ConfigError(f"{what} {v!r} holds a control character (or is not text)",
+                              f"pass {what} without newlines or other control characters")
+
+
 @dataclass(frozen=True)
 class SlurmOptions:
     """Passed to ``sbatch`` only when given. ``gres`` goes to the jobs that use a GPU (bench,
@@ -62,6 +114,15 @@ class SlurmOptions:
     time: str | None = None
     gres: str | None = None
     cpus_per_build: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("partition", "account", "time", "gres"):
+            check_slurm_value(name, getattr(self, name))
+        if self.cpus_per_build is not None and (
+                not isinstance(self.cpus_per_build, int) or isinstance(self.cpus_per_build, bool)
+                or self.cpus_per_build < 1):
+            raise ConfigError(f"--cpus-per-build {self.cpus_per_build!r} is not a count >= 1",
+                              "pass e.g. --cpus-per-build 16")
 
     def directives(self, gpu: bool, cpus: int | None = None) -> list[str]:
         out = []
@@ -118,9 +179,12 @@ def parse_trees(text: str) -> tuple[TreeSpec, ...]:
 def check_scratch(scratch: str) -> str:
     """``node``, ``campaign``, or an absolute folder, which may name environment variables the
     job's shell expands (``/scratch/$USER``); nothing else a shell would run."""
+    from ..workspace.confine import has_control
+
     if scratch in (SCRATCH_NODE, SCRATCH_CAMPAIGN):
         return scratch
-    if not scratch.startswith(("/", "$")) or any(c in scratch for c in _SCRATCH_FORBIDDEN):
+    if not isinstance(scratch, str) or not scratch.startswith(("/", "$")) \
+            or any(c in scratch for c in _SCRATCH_FORBIDDEN) or has_control(scratch):
         raise ConfigError(f"--scratch {scratch!r} is not node, campaign or an absolute folder",
                           "pass node (the job's $SLURM_TMPDIR/$TMPDIR), campaign, or a path "
                           "such as /scratch/$USER (no quotes, backslashes or $(...))")
@@ -164,6 +228,38 @@ class Campaign:
     keep_scratch: bool = False
     jobs: tuple[Job, ...] = field(default=())
     schema: int = SCHEMA
+
+    def __post_init__(self) -> None:
+        """Every value that reaches a script is checked here, whether it came from the command
+        line or from a campaign.json read back (which anyone may have edited)."""
+        from ..workspace.confine import rel_problem
+        from ..workspace.workdir import check_tree_name
+
+        check_campaign_path(self.root)
+        check_words("a campaign value", [self.python, self.kit_root, self.path, self.source,
+                                         self.arch, self.kit_version, *self.build_args,
+                                         *self.bench.contexts, *self.bench.presets])
+        if not isinstance(self.slurm, SlurmOptions):
+            raise ConfigError("the campaign's slurm options are malformed",
+                              "plan the campaign again")
+        check_scratch(self.scratch)
+        for t in self.trees:
+            check_tree_name(t.name, "--trees")
+            if t.variant is not None and t.variant not in upstream.VARIANTS:
+                raise ConfigError(f"the campaign's tree {t.name} has no known variant "
+                                  f"({t.variant!r})", "plan the campaign again")
+        if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0
+                   for b in self.bench.batches):
+            raise ConfigError(f"the campaign's batch sizes {self.bench.batches!r} are not "
+                              "positive integers", "plan the campaign again")
+        for j in self.jobs:
+            if not re.fullmatch(r"(prepare|verify|bench|merge|build-[A-Za-z_][A-Za-z0-9_]*)",
+                                str(j.name)) \
+                    or rel_problem(j.script) is not None \
+                    or not re.fullmatch(r"scripts/[0-9]{2}-[A-Za-z0-9_-]+\.sbatch", j.script) \
+                    or (j.array is not None and (not isinstance(j.array, int) or j.array < 1)):
+                raise ConfigError(f"the campaign's job {j.name!r} (script {j.script!r}) is "
+                                  "not one kvprefetch plans", "plan the campaign again")
 
     # ------------------------------------------------------------------ paths
     @property
@@ -250,9 +346,21 @@ def make_campaign(root: Path, *, python: str, kit_root: str, kit_commit: str | N
 
 
 def campaign_from_dict(d: dict[str, Any]) -> Campaign:
-    if d.get("schema") != SCHEMA:
-        raise ConfigError(f"campaign schema {d.get('schema')!r} is not {SCHEMA}",
+    """The campaign a campaign.json holds, every value checked (Campaign.__post_init__); a
+    malformed record is a ConfigError, never a traceback."""
+    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+        got = d.get("schema") if isinstance(d, dict) else None
+        raise ConfigError(f"campaign schema {got!r} is not {SCHEMA}",
                           "plan the campaign again with this kit (`kvprefetch slurm plan`)")
+    try:
+        return _campaign_from_dict(d)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"the campaign record is malformed ({type(exc).__name__}: {exc})",
+                          "plan the campaign again (`kvprefetch slurm plan`) into a new "
+                          "folder") from None
+
+
+def _campaign_from_dict(d: dict[str, Any]) -> Campaign:
     return Campaign(
         d["root"], d["python"], d["kit_root"], d.get("kit_commit"), d["kit_version"], d["path"],
         d["source"], tuple(TreeSpec(t["name"], t["variant"]) for t in d["trees"]), d["arch"],
@@ -264,17 +372,27 @@ def campaign_from_dict(d: dict[str, Any]) -> Campaign:
 
 
 def load_record(root: Path) -> dict[str, Any]:
+    from ..workspace.confine import read_limited
+
     p = root / CAMPAIGN_FILE
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(read_limited(p).decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{root} is not a campaign (no {CAMPAIGN_FILE})",
                           "plan one with `kvprefetch slurm plan DIR`") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(f"cannot read {p}: {exc}", "plan the campaign again") from None
     if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
         raise ConfigError(f"{p} is not a kvprefetch campaign", "plan the campaign again")
     data.setdefault("submitted", {})
+    if not isinstance(data["submitted"], dict):
+        raise ConfigError(f"{p} is corrupt: 'submitted' is not a mapping",
+                          "plan the campaign again")
+    plan_root = data["plan"].get("root")
+    if plan_root != str(Path(root).resolve()):
+        raise ConfigError(f"{p} is corrupt or was moved: it plans the campaign {plan_root!r}, "
+                          f"not {Path(root).resolve()}; kvprefetch acts on no path from it",
+                          "plan the campaign again in this folder (`kvprefetch slurm plan`)")
     return data
 
 
@@ -307,6 +425,7 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
     name = f"kvprefetch-{Path(c.root).name}-build-{tree.name}"
     lines = [
         f"SCRATCH_BASE={scratch_base_sh(c)}",
+        # name: the campaign folder's (check_campaign_path) and a tree's, nothing a shell expands
         f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
         'mkdir -p -- "$SCRATCH_BASE"',
         'mkdir -- "$SCRATCH"  # this job\'s own: a new job id is a new folder',
@@ -372,12 +491,13 @@ def render_script(c: Campaign, job: Job) -> str:
     log = c.logs / (f"{job.name}-%A_%a.out" if job.array else f"{job.name}-%j.out")
     gpu = job.name == "bench" and not c.bench.stand_in or job.name == "verify" and not c.no_gpu
     cpus = c.slurm.cpus_per_build if job.name.startswith("build-") else None
+    check_campaign_path(c.root)  # the folder goes into #SBATCH lines, unquoted
     directives = [f"--job-name=kvp-{Path(c.root).name}-{job.name}", f"--output={log}"]
     if job.array:
         directives.append(f"--array=0-{job.array - 1}")
     directives += c.slurm.directives(gpu, cpus)
     lines = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives] + [
-        (f"# kvprefetch campaign job {job.name!r}; written by `kvprefetch slurm plan` "
+        (f"# kvprefetch campaign job {job.name!r}; {_SCRIPT_MARK} "
          f"(kit {c.kit_version} @ {c.kit_commit or 'no git commit'})."),
         "# Self-contained: the interpreter, the kit and PATH are pinned below.",
         "set -euo pipefail",
@@ -390,26 +510,46 @@ def render_script(c: Campaign, job: Job) -> str:
     return "\n".join(lines + job_commands(c, job)) + "\n"
 
 
+_SCRIPT_MARK = "written by `kvprefetch slurm plan`"
+
+
 def write_campaign(c: Campaign) -> list[Path]:
     """Write campaign.json (keeping the ids of earlier submissions when the plan is unchanged)
     and every job's script. Refuses to replace the plan of a campaign already submitted."""
     root = Path(c.root)
     record_path = root / CAMPAIGN_FILE
     submitted: dict[str, Any] = {}
+    previous: Campaign | None = None
     if record_path.exists():
         old = load_record(root)
+        previous = campaign_from_dict(old["plan"])
         if old["submitted"] and old["plan"] != json.loads(json.dumps(c.to_dict())):
             raise ConfigError(f"{root} holds a campaign already submitted with another plan",
                               "plan into a new folder, or resubmit single jobs with "
                               "`kvprefetch slurm resubmit`")
         submitted = old["submitted"]
+    from ..workspace.confine import ensure_dir, is_plain_file, read_limited, write_file
+
+    if not record_path.exists() and root.is_dir() and any(root.iterdir()):
+        raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "
+                          f"({CAMPAIGN_FILE}); kvprefetch does not write into it",
+                          "plan into a new or empty folder")
     for d in ("scripts", "logs", "results", "report", "cache"):
-        (root / d).mkdir(parents=True, exist_ok=True)
+        ensure_dir(root / d, root=root)
     written = []
     for job in c.jobs:
         p = root / job.script
-        p.write_text(render_script(c, job), encoding="utf-8")
-        p.chmod(0o755)
+        # a script is replaced only when it is exactly what the kit wrote there (this plan's
+        # or the previous one's): a user's script, or a user's edit of one, is left alone
+        ours = {render_script(c, job).encode()}
+        if previous is not None:
+            ours |= {render_script(previous, j).encode() for j in previous.jobs
+                     if j.script == job.script}
+        if os.path.lexists(p) and not (is_plain_file(p) and read_limited(p, 1 << 20) in ours):
+            raise ConfigError(f"{p} exists and was not written by `kvprefetch slurm plan`; "
+                              "it is left as it is",
+                              f"move {p} away, or plan into a new folder")
+        write_file(p, render_script(c, job), root=root, mode=0o755)
         written.append(p)
     save_record(root, {"plan": c.to_dict(), "submitted": submitted})
     return [record_path, *written]
@@ -418,7 +558,7 @@ def write_campaign(c: Campaign) -> list[Path]:
 def save_record(root: Path, record: dict[str, Any]) -> None:
     from ..workspace.workdir import write_json_atomic
 
-    write_json_atomic(root / CAMPAIGN_FILE, record)
+    write_json_atomic(root / CAMPAIGN_FILE, record, root=root)
 
 
 def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],
