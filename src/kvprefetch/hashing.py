@@ -3,8 +3,10 @@ modified one."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 # Things a build or an editable install legitimately adds inside a tree; they are not
@@ -14,8 +16,14 @@ _IGNORED_SUFFIXES = (".so", ".pyc", ".o")
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
+    """sha256 of a regular file. A FIFO, device or socket is an OSError naming it, never read
+    (opened with O_NONBLOCK, so a FIFO with no writer does not hang the kit)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket); "
+                                        "kvprefetch reads only regular files", os.fspath(path))
+        h = hashlib.sha256()
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -63,7 +71,13 @@ def source_manifest(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
         for name in sorted(filenames + [d for d in dirnames if (here / d).is_symlink()]):
             p = here / name
             key = p.relative_to(root).as_posix()
-            out[key] = "-> " + os.readlink(p) if p.is_symlink() else sha256_file(p)
+            mode = os.lstat(p).st_mode
+            if stat.S_ISLNK(mode):
+                out[key] = "-> " + os.readlink(p)
+            elif stat.S_ISREG(mode):
+                out[key] = sha256_file(p)
+            else:  # a FIFO, device or socket: never opened; it makes the source differ
+                out[key] = f"! special file (mode {stat.S_IFMT(mode):o})"
     return out
 
 
