@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
+from ..workspace.confine import read_limited
 from .decode_report import decode_summary
 from .render import ctx, geomean, md_table
-from .report import kernel_summary, l2_ceiling, load_document
+from .report import kernel_summary, l2_ceiling, load_document, reading
 
 PROVENANCE = "provenance.json"
 _FIELDS = ("title", "date", "gpu", "measures", "commit", "tree", "command", "headline")
@@ -39,11 +40,15 @@ class ResultRun:
 
 def load_run(folder: Path) -> ResultRun:
     path = folder / PROVENANCE
+    fix = f"write {PROVENANCE} as the other runs under docs/results have it"
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(read_limited(path, 1 << 20).decode("utf-8"))
+    except RecursionError as exc:
+        raise BenchError(f"cannot read {path}: JSON nested too deep", fix) from exc
     except (OSError, ValueError) as exc:
-        raise BenchError(f"cannot read {path}: {exc}",
-                         f"write {PROVENANCE} as the other runs under docs/results have it") from exc
+        raise BenchError(f"cannot read {path}: {exc}", fix) from exc
+    if not isinstance(raw, dict):
+        raise BenchError(f"{path} is not a JSON object", fix)
     missing = [f for f in _FIELDS if f not in raw]
     if missing:
         raise BenchError(f"{path} lacks {', '.join(missing)}",
@@ -65,7 +70,13 @@ def find_runs(root: Path) -> list[ResultRun]:
 
 def headline(run: ResultRun) -> str:
     """The run's headline figure(s), computed from the result files its provenance names."""
-    return "; ".join(_one_headline(run.path, spec) for spec in run.headline)
+    parts = []
+    for spec in run.headline:
+        result = spec.get("result") if isinstance(spec, dict) else None
+        named = [run.path / result] if isinstance(result, str) else []
+        with reading(*named, run.path / PROVENANCE):
+            parts.append(_one_headline(run.path, spec))
+    return "; ".join(parts)
 
 
 def _one_headline(folder: Path, spec: dict[str, Any]) -> str:

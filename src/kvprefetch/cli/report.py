@@ -53,7 +53,7 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     combine repeated bench kernel runs into one document; with --merge, merge the shards of one
     campaign; with --readme, regenerate a markdown file's report blocks from the JSON they name;
     with --index, write the index of committed runs (docs/results.md)."""
-    from ..bench.report import load_document, render_markdown, write_outputs
+    from ..bench.report import load_document, reading, render_markdown, write_outputs
 
     if readme is not None:
         _refresh_readme(readme, check, as_json)
@@ -78,12 +78,13 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     if merge:
         from ..bench.merge import merge_kernel_docs
 
-        doc = merge_kernel_docs([load_document(p) for p in files], [str(p) for p in files],
-                                force=force_merge)
-        paths = write_outputs(doc, out or Path.cwd(), "merged",
-                              ("json",) + tuple(f for f in fmts if f != "json"))
-        if print_md:
-            click.echo(render_markdown(doc))
+        docs = [load_document(p) for p in files]
+        with reading(*files):
+            doc = merge_kernel_docs(docs, [str(p) for p in files], force=force_merge)
+            paths = write_outputs(doc, out or Path.cwd(), "merged",
+                                  ("json",) + tuple(f for f in fmts if f != "json"))
+            if print_md:
+                click.echo(render_markdown(doc))
         if as_json:
             emit_json({"merged": [str(p) for p in paths]})
         else:
@@ -97,11 +98,13 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
                 f"{repeats_name!r} is a path; give a file name without folders (e.g. repeats) "
                 "and the folder with --out", param_hint="--repeats")
 
-        doc = combine([load_document(p) for p in files], sources=[p.name for p in files])
-        paths = write_outputs(doc, out or Path.cwd(), repeats_name,
-                              ("json",) + tuple(f for f in fmts if f == "md"))
-        if print_md:
-            click.echo(render_markdown(doc))
+        docs = [load_document(p) for p in files]
+        with reading(*files):
+            doc = combine(docs, sources=[p.name for p in files])
+            paths = write_outputs(doc, out or Path.cwd(), repeats_name,
+                                  ("json",) + tuple(f for f in fmts if f == "md"))
+            if print_md:
+                click.echo(render_markdown(doc))
         if as_json:
             emit_json({"repeats": [str(p) for p in paths]})
         else:
@@ -113,10 +116,11 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
         # a compressed result (RUN.json.gz) writes RUN.md, as its uncompressed RUN.json does
         stem = path.name.removesuffix(".gz").removesuffix(".json") if path.suffix == ".gz" \
             else path.stem
-        paths = write_outputs(doc, out or Path.cwd(), stem, fmts)
+        with reading(path):
+            paths = write_outputs(doc, out or Path.cwd(), stem, fmts)
+            if print_md:
+                click.echo(render_markdown(doc))
         written[str(path)] = [str(p) for p in paths]
-        if print_md:
-            click.echo(render_markdown(doc))
         if not as_json:
             info(f"{path}: wrote " + (", ".join(written[str(path)]) or "nothing"))
     if as_json:

