@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from kvprefetch.errors import BenchError
+from kvprefetch.errors import BenchError, ConfigError
 from tests.integration.test_reliability import cli, outside, refused
 from tests.unit.test_report import kernel_doc
 
@@ -127,3 +127,32 @@ def test_a_result_that_is_too_big_deep_or_a_fifo_is_refused_without_reading_it(
     prov.write_text(DEEP)
     refused(cli("report", "--index", str(tmp_path / "runs")), BenchError.exit_code,
             "nested too deep")
+
+
+SIZES = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "intermediate_size": 14336, "num_hidden_layers": 2, "vocab_size": 1000}
+
+
+@pytest.mark.parametrize("text,needle", [
+    (json.dumps({**SIZES, "num_attention_heads": 0}), "'num_attention_heads' (0"),
+    (json.dumps({**SIZES, "num_hidden_layers": -2}), "'num_hidden_layers' (-2"),
+    (json.dumps({k: v for k, v in SIZES.items() if k != "hidden_size"}), "'hidden_size'"),
+    (json.dumps({**SIZES, "num_attention_heads": "32"}), "'num_attention_heads' ('32'"),
+    (json.dumps({**SIZES, "num_attention_heads": None}), "'num_attention_heads'"),
+    (json.dumps({**SIZES, "num_attention_heads": 1e400}), "'num_attention_heads' (inf"),
+    (json.dumps({**SIZES, "vocab_size": 10**30}), "'vocab_size'"),
+    (json.dumps({**SIZES, "rope_theta": "x"}), "'rope_theta' ('x'"),
+    (json.dumps({**SIZES, "rms_norm_eps": -1}), "'rms_norm_eps' (-1"),
+    ("{not json", "cannot read model config"),
+    (DEEP, "nested too deep"),
+], ids=["zero-heads", "negative-layers", "missing-hidden", "heads-a-string", "heads-null",
+        "heads-infinite", "vocab-huge", "rope-a-string", "eps-negative", "not-json",
+        "nested-200k"])
+def test_a_model_config_that_is_no_model_is_one_message(
+        tmp_path: Path, text: str, needle: str) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(text)
+    res = cli("bench", "decode", "--workdir", str(tmp_path / "w"), "--config", str(cfg),
+              "--dry-run", timeout=120)
+    refused(res, ConfigError.exit_code, needle)
+    assert not (tmp_path / "w").exists()

@@ -20,6 +20,7 @@ identity checks use.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -79,22 +80,56 @@ class DecoderConfig:
         return asdict(self)
 
 
+# No real model has sizes near these; a config beyond them is a mistake (or an attack), not a
+# model, and would only fail later in an allocation.
+_MAX_SIZE = 1 << 24
+MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB
+
+
+def _size(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    """``cfg[key]`` as a size: a whole number from 1 to 2**24 (a JSON integer, or a float
+    with no fraction); ``default`` when absent or null (required without one)."""
+    if cfg.get(key) is None:
+        if default is None:
+            raise KeyError(key)
+        return default
+    v = cfg[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or v != int(v):
+        raise ValueError(f"'{key}' ({v!r}: not a whole number)")
+    if not 1 <= v <= _MAX_SIZE:
+        raise ValueError(f"'{key}' ({v!r}: a size must be 1 to {_MAX_SIZE})")
+    return int(v)
+
+
+def _positive(cfg: dict[str, Any], key: str, default: float) -> float:
+    """``cfg[key]`` as a positive finite number; ``default`` when absent or null."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"'{key}' ({v!r}: not a positive number)")
+    return float(v)
+
+
 def from_hf_config(cfg: dict[str, Any], name: str = "config", tp: int = 1,
                    layers: int | None = None, dtype: str | None = None,
                    source: str = "") -> DecoderConfig:
     """A ``DecoderConfig`` from a Hugging Face ``config.json`` (Llama, Mistral, Qwen2 style),
     ``tp`` ways tensor-parallel (heads, kv heads, intermediate and vocab split), optionally
     only ``layers`` layers."""
+    fix = "pass a Hugging Face config.json of a decoder-only model"
     try:
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        kv = int(cfg.get("num_key_value_heads", heads))
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
-        inter, n_layers, vocab = (int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"]),
-                                  int(cfg["vocab_size"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"model config '{name}' lacks or mangles {exc}",
-                          "pass a Hugging Face config.json of a decoder-only model") from exc
+        heads = _size(cfg, "num_attention_heads")
+        hidden = _size(cfg, "hidden_size")
+        kv = _size(cfg, "num_key_value_heads", heads)
+        head_dim = _size(cfg, "head_dim") if cfg.get("head_dim") else hidden // heads
+        inter, n_layers, vocab = (_size(cfg, "intermediate_size"),
+                                  _size(cfg, "num_hidden_layers"), _size(cfg, "vocab_size"))
+        rope_theta = _positive(cfg, "rope_theta", 10000.0)
+        rms_eps = _positive(cfg, "rms_norm_eps", 1e-5)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise ConfigError(f"model config '{name}' lacks or mangles {exc}", fix) from exc
     if tp < 1 or heads % tp or kv % tp or inter % tp:
         raise ConfigError(f"tensor-parallel {tp} does not divide {heads} heads, {kv} kv heads "
                           f"and intermediate {inter}", "pick a --tp that divides them")
@@ -102,8 +137,7 @@ def from_hf_config(cfg: dict[str, Any], name: str = "config", tp: int = 1,
     return DecoderConfig(
         name=name, hidden=hidden, num_heads=heads // tp, num_kv_heads=kv // tp,
         head_dim=head_dim, intermediate=inter // tp, layers=layers or n_layers,
-        vocab=-(-vocab // tp), rope_theta=float(cfg.get("rope_theta", 10000.0)),
-        rms_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        vocab=-(-vocab // tp), rope_theta=rope_theta, rms_eps=rms_eps,
         qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
         dtype=dtype or ("bfloat16" if torch_dtype == "bfloat16" else "float16"), tp=tp,
         source=source or name)
@@ -111,7 +145,14 @@ def from_hf_config(cfg: dict[str, Any], name: str = "config", tp: int = 1,
 
 def load_config(path: Path, **kw: Any) -> DecoderConfig:
     try:
-        cfg = json.loads(Path(path).read_text(encoding="utf-8"))
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ValueError(f"larger than {MAX_CONFIG_BYTES >> 10} KiB")
+        cfg = json.loads(raw.decode("utf-8"))
+    except RecursionError as exc:
+        raise ConfigError(f"cannot read model config {path}: JSON nested too deep",
+                          "pass the path of a Hugging Face config.json") from exc
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read model config {path}: {exc}",
                           "pass the path of a Hugging Face config.json") from exc
