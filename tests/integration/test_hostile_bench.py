@@ -15,6 +15,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 import pytest
 
 from kvprefetch.errors import BenchError, ConfigError
-from tests.integration.test_reliability import cli, outside, refused
+from tests.integration.test_reliability import _env, cli, outside, refused
 from tests.unit.test_report import kernel_doc
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -156,3 +158,43 @@ def test_a_model_config_that_is_no_model_is_one_message(
               "--dry-run", timeout=120)
     refused(res, ConfigError.exit_code, needle)
     assert not (tmp_path / "w").exists()
+
+
+def _fake_build(wd: Path) -> None:
+    """A kernels-only build manifest whose library exists and matches its sha256: enough for
+    `bench kernel`/`decode` to get past finding builds to where they load them with torch."""
+    import hashlib
+
+    d = wd / "build" / "baseline" / "kernels"
+    d.mkdir(parents=True)
+    (d / "lib.so").write_bytes(b"not really a library")
+    (d / "manifest.json").write_text(json.dumps({
+        "tree": "baseline", "variant": "baseline", "namespace": "kvprefetch_baseline",
+        "so_path": "lib.so", "so_sha256": hashlib.sha256(b"not really a library").hexdigest(),
+        "head_sizes": [128], "block_sizes": [16], "kv_dtypes": ["auto"]}))
+
+
+@pytest.mark.parametrize("argv", [("kernel", "--batch", "1", "--context", "512"),
+                                  ("decode", "--batch", "1", "--context", "1k",
+                                   "--layers", "1")], ids=["kernel", "decode"])
+def test_bench_without_torch_names_torch_and_how_to_install_it(
+        tmp_path: Path, argv: tuple[str, ...]) -> None:
+    """torch is installed in the venv the tests run in (the kit's own, from
+    scripts/setup-venv.sh; the other tests and engineers need it), and there is no network to
+    build a second venv without it, so the only honest way to run the real command without
+    torch is a subprocess whose ``sys.modules['torch'] = None`` makes every ``import torch``
+    raise ImportError, exactly as on a python where it is not installed. --dry-run needs no
+    torch and still plans."""
+    wd = tmp_path / "w"
+    _fake_build(wd)
+    shim = ("import sys; sys.modules['torch'] = None; from kvprefetch.cli import main; "
+            "main(sys.argv[1:], prog_name='kvprefetch')")
+    args = ["bench", argv[0], "--workdir", str(wd), "--out", str(tmp_path / "o"), *argv[1:]]
+    run = [sys.executable, "-c", shim, *args]
+    res = subprocess.run(run, env=_env(), capture_output=True, text=True, timeout=120,
+                         check=False)
+    refused(res, BenchError.exit_code, "needs torch", "scripts/setup-venv.sh")
+    assert not (tmp_path / "o").exists()
+    planned = subprocess.run([*run, "--dry-run"], env=_env(), capture_output=True, text=True,
+                             timeout=120, check=False)
+    assert planned.returncode == 0, planned.stderr

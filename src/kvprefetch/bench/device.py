@@ -16,6 +16,25 @@ DEFAULT_L2_BYTES_IF_UNKNOWN = 50 * 1024 * 1024  # H100/H200 L2, only if torch ca
 DEFAULT_SMEM_OPTIN_IF_UNKNOWN = 227 * 1024     # sm_90 opt-in shared memory per block, likewise
 
 
+def require_torch(command: str) -> None:
+    """Refuse ``bench <command>`` up front, naming torch, when this python cannot import it
+    (not installed, or installed but broken: a missing CUDA library is an ImportError or an
+    OSError), instead of a traceback from the first ``import torch`` deep in a run."""
+    import sys
+
+    from ..errors import BenchError
+
+    try:
+        import torch  # noqa: F401
+    except (ImportError, OSError) as exc:
+        raise BenchError(
+            f"`kvprefetch bench {command}` needs torch (a CUDA build), and this python "
+            f"({sys.executable}) cannot import it: {exc}",
+            "run scripts/setup-venv.sh (it installs the kit's CUDA build of torch into "
+            ".venv) and run the kit from that venv, or `pip install torch` into this "
+            "environment; `--dry-run` plans without torch") from exc
+
+
 def device_facts(device: Any = None) -> dict[str, Any]:
     import torch
 

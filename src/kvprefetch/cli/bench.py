@@ -191,10 +191,12 @@ def kernel(workdir: Path, trees: tuple[str, ...], preset: tuple[str, ...], matri
               [[s.preset, s.attn.num_seqs, s.attn.max_seq_len, s.attn.block_size, s.attn.dtype,
                 s.attn.kv_cache_dtype, s.kernel] for s in shapes])
         return
+    from ..bench.device import require_torch
     from ..bench.kernel import run_kernel_bench
     from ..bench.report import write_outputs
     from ..kernels.ops import load_build
 
+    require_torch("kernel")
     if not builds:
         raise BenchError(f"no kernels-only builds under {workdir / 'build'}",
                          "run `kvprefetch build --kernels-only` on this machine first")
@@ -516,9 +518,11 @@ def decode(workdir: Path, trees: tuple[str, ...], preset: str, config_path: Path
         return
     from ..bench.decode import run_decode_bench
     from ..bench.decode_report import decode_summary
+    from ..bench.device import require_torch
     from ..bench.report import write_outputs
     from ..kernels.ops import load_build
 
+    require_torch("decode")
     if not builds:
         raise BenchError(f"no kernels-only builds under {workdir / 'build'}",
                          "run `kvprefetch build --kernels-only` on this machine first")
