@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from kvprefetch.bench.vllm_call import VllmCall, launch_for
 from kvprefetch.errors import BenchError
 from kvprefetch.kernels import ops
 from kvprefetch.vmm import paged as P
@@ -54,7 +55,11 @@ def test_hook_times_every_build_and_checks_bitwise_equality_on_cpu() -> None:
                                device="cpu")
     t = hook(2, 100)
     assert t.status == "measured" and t.error == ""
-    assert t.kernel == ops.choose_kernel(100, 2, CFG.q_heads)
+    # the paged side is launched as vLLM's graph launches it: bucket 2 at the capture length
+    want = launch_for([100, 100], num_heads=CFG.q_heads, block_size=16, call=VllmCall(),
+                      timing="graph")
+    assert want.max_seq_len == 8192
+    assert t.kernel == want.kernel == ops.choose_kernel(8192, 2, CFG.q_heads)
     assert [b.name for b in t.builds] == ["baseline", "patched"]
     assert t.bitwise_equal is True
     assert t.builds[0].equal_to_baseline is None and t.builds[1].equal_to_baseline is True

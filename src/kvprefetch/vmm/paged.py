@@ -10,8 +10,9 @@ times SDPA over the VMM cache. For each shape of the vmm bench the hook:
   through ``run_shapes``, which records a failure and checks the CUDA context afterwards): one CUDA
   graph of decode calls per build, layers rotated so a replay reads more than ``l2_factor`` times
   the L2 (as the VMM side does), ``rounds`` rounds in rotated order timed with CUDA events, median
-  and spread; the kernel is vLLM's own v1/v2 choice (``ops.choose_kernel``, as ``forward_decode``
-  makes it);
+  and spread, each step launched as vLLM's CUDA graph launches it (``bench/vllm_call.py``: the
+  batch padded to its bucket, ``max_seq_len`` the capture length), so the kernel is vLLM's own
+  v1/v2 choice for that launch (``ops.choose_kernel``, as ``forward_decode`` makes it);
 - checks, in the same run, that every build's outputs equal the baseline's bit for bit (outputs
   poisoned with NaN first, every graph replayed once more).
 
