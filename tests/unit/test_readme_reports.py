@@ -21,6 +21,16 @@ from kvprefetch.timings import TIMINGS_BLOCK, load_timings, refresh_timings
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _stage(tmp_path: Path, paths: list[str]) -> None:
+    """Copy the committed results (files or run folders) a README copy in ``tmp_path`` names."""
+    for path in paths:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / path).is_dir():
+            shutil.copytree(ROOT / path, tmp_path / path, dirs_exist_ok=True)
+        else:
+            shutil.copy(ROOT / path, tmp_path / path)
+
+
 @pytest.mark.parametrize("doc", ["README.md", "docs/design.md", "docs/sampled-benchmark.md",
                                  "docs/tuning-log.md"])
 def test_report_blocks_are_regenerated_from_their_json(doc: str) -> None:
@@ -100,12 +110,7 @@ def test_an_edited_time_is_found_and_regenerated(tmp_path: Path) -> None:
     assert edited != row
     copy = tmp_path / "README.md"
     copy.write_text(text.replace(row, edited, 1))
-    for path in [p for _, p, _, _, _ in README_BLOCK.findall(text)] + [m[2]]:
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        if (ROOT / path).is_dir():
-            shutil.copytree(ROOT / path, tmp_path / path, dirs_exist_ok=True)
-        else:
-            shutil.copy(ROOT / path, tmp_path / path)
+    _stage(tmp_path, [p for _, p, _, _, _ in README_BLOCK.findall(text)] + [m[2]])
     runner = CliRunner()
     res = runner.invoke(main, ["report", "--readme", str(copy), "--check", "--json"])
     assert res.exit_code != 0 and json.loads(res.stdout)["changed"] == [m[2]]
@@ -130,13 +135,8 @@ def test_check_finds_an_edited_figure_and_readme_fixes_it(tmp_path: Path) -> Non
     edited_row = first_row.replace("|", "| 9.999x |", 1)
     copy = tmp_path / "README.md"
     copy.write_text(text.replace(first_row, edited_row, 1))
-    for path in [p for _, p, _, _, _ in README_BLOCK.findall(text)] + [
-            p for _, p, _, _ in TIMINGS_BLOCK.findall(text)]:
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        if (ROOT / path).is_dir():
-            shutil.copytree(ROOT / path, tmp_path / path, dirs_exist_ok=True)
-        else:
-            shutil.copy(ROOT / path, tmp_path / path)
+    _stage(tmp_path, [p for _, p, _, _, _ in README_BLOCK.findall(text)]
+           + [p for _, p, _, _ in TIMINGS_BLOCK.findall(text)])
     runner = CliRunner()
     res = runner.invoke(main, ["report", "--readme", str(copy), "--check", "--json"])
     assert res.exit_code != 0
