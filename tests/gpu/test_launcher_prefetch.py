@@ -103,11 +103,11 @@ def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str,
                                                    twin: str | None) -> None:
     """The launcher's prefetch kernel runs beside small steps only, and only in a captured graph
     (eagerly never, in `auto`); and in `auto` one of the
-    GQA-grouped twins replaces vLLM's kernel, the one kvprefetch.sources.upstream.twin_pick names for
+    GQA-grouped twins replaces vLLM's kernel, the one kvprefetch.kernels.policy.twin_pick names for
     the step on the H200; stock runs neither."""
     import torch
 
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
     stock, patched = stock_and_patched
     ran, names = _kernels_launched(patched, spec, dtype, kv)
     assert ran == kernel
@@ -119,11 +119,11 @@ def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str,
     ctas = 32 * batch * (1 if kernel == "v1" else -(-ctx // 512))  # 32 query heads
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if twin and sms == 132:
-        pick = upstream.twin_pick(32, 8, batch, ctx, kernel)
+        pick = policy.twin_pick(32, 8, batch, ctx, kernel)
         assert pick is not None and twin == f"{pick[0]}x{pick[1]}"
-    # v2's reduction: inside the twin where upstream.twin_reduces says so, else a reduce kernel
-    fused = bool(twin) and upstream.twin_reduces(kernel, *map(int, twin.split("x")),
-                                                 ctas // int(twin.split("x")[0]), sms)
+    # v2's reduction: inside the twin where policy.twin_reduces says so, else a reduce kernel
+    fused = bool(twin) and policy.twin_reduces(kernel, *map(int, twin.split("x")),
+                                               ctas // int(twin.split("x")[0]), sms)
     assert _fused_ran(names) == ([fused] if twin else []), names
     assert any(REDUCE_KERNEL in n for n in names) == (kernel == "v2" and not fused), names
     assert not any(PREFETCH_KERNEL in n for n in names), names  # eager: never in `auto`
@@ -187,13 +187,13 @@ def test_reduction_inside_the_twin_on_two_streams_at_once(stock_and_patched) -> 
     import torch
 
     from kvprefetch.bench.matrix import shapes_from_specs
+    from kvprefetch.kernels import policy
     from kvprefetch.kernels.kvinputs import make_inputs
     from kvprefetch.kernels.ops import forward_decode
-    from kvprefetch.sources import upstream
 
     stock, patched = stock_and_patched
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if not upstream.twin_reduces("v2", 2, 2, 128, sms):
+    if not policy.twin_reduces("v2", 2, 2, 128, sms):
         pytest.skip(f"a 128-CTA 2x2 grid does not reduce inside the twin on {sms} SMs")
     ran, names = _kernels_launched(patched, "1x4k", "float16", "auto")
     assert ran == "v2" and _twins_ran(names) == ["2x2"] and _fused_ran(names) == [True], names
@@ -226,13 +226,13 @@ def test_reduction_inside_the_twin_writes_stock_zeros_for_an_empty_sequence(
     import torch
 
     from kvprefetch.bench.matrix import shapes_from_specs
+    from kvprefetch.kernels import policy
     from kvprefetch.kernels.kvinputs import make_inputs
     from kvprefetch.kernels.ops import forward_decode
-    from kvprefetch.sources import upstream
 
     stock, patched = stock_and_patched
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if not upstream.twin_reduces("v2", 2, 2, 128, sms):
+    if not policy.twin_reduces("v2", 2, 2, 128, sms):
         pytest.skip(f"a 128-CTA 2x2 grid does not reduce inside the twin on {sms} SMs")
     shape = shapes_from_specs(["4x1k"], dtype="float16", kv_cache_dtype="auto")[0].attn
     inputs = make_inputs(shape, seed=4)
@@ -258,16 +258,16 @@ UNBOUNDED_KERNEL = "unbounded_v1_kernel"
 def test_bounded_v1_runs_stock_code_where_the_bound_costs_a_wave(
         stock_and_patched, spec: str, dtype: str, unbounded: bool) -> None:
     """On an MHA model (no twin), the v1 launcher runs stock's unbounded copy of the bounded
-    kernel exactly where upstream.stock_v1_wins says (wherever some number of long rows would
+    kernel exactly where policy.stock_v1_wins says (wherever some number of long rows would
     give the bound a wave more), from the two kernels' occupancy the runtime reports (H200: 4
     bounded and 5 stock CTAs of head 128 per SM), eagerly and in a
     captured graph alike; the output is bitwise equal to stock's either way."""
     import torch
 
     from kvprefetch.bench.matrix import shapes_from_specs
+    from kvprefetch.kernels import policy
     from kvprefetch.kernels.kvinputs import make_inputs
     from kvprefetch.kernels.ops import forward_decode
-    from kvprefetch.sources import upstream
 
     stock, patched = stock_and_patched
     preset = "llama-2-7b"
@@ -279,7 +279,7 @@ def test_bounded_v1_runs_stock_code_where_the_bound_costs_a_wave(
     assert any(UNBOUNDED_KERNEL in n for n in captured) == unbounded, captured
     batch = int(spec.split("x")[0])
     if torch.cuda.get_device_properties(0).multi_processor_count == 132:
-        assert upstream.stock_v1_wins(32, batch, 132, 4, 5) == unbounded
+        assert policy.stock_v1_wins(32, batch, 132, 4, 5) == unbounded
     _, stock_names = _kernels_launched(stock, spec, dtype, "auto", preset=preset)
     assert not any(UNBOUNDED_KERNEL in n for n in stock_names), stock_names
     shape = shapes_from_specs([spec], preset=preset, dtype=dtype)[0].attn
@@ -308,9 +308,9 @@ def test_vllm_graph_call_runs_no_variant_that_long_rows_could_slow(
     from torch.profiler import ProfilerActivity, profile
 
     from kvprefetch.bench.vllm_call import VllmCall, launch_for
+    from kvprefetch.kernels import policy
     from kvprefetch.kernels.kvinputs import AttnShape, make_inputs
     from kvprefetch.kernels.ops import forward_decode
-    from kvprefetch.sources import upstream
 
     stock, patched = stock_and_patched
     launch = launch_for([ctx] * batch, num_heads=32, block_size=16,
@@ -338,8 +338,8 @@ def test_vllm_graph_call_runs_no_variant_that_long_rows_could_slow(
         assert launch.kernel == "v1" and not _twins_ran(got), got
         assert any(UNBOUNDED_KERNEL in n for n in got), got
         if torch.cuda.get_device_properties(0).multi_processor_count == 132:
-            assert upstream.twin_pick(32, 8, launch.num_seqs, 8192, "v1") is None
-            assert upstream.stock_v1_wins(32, launch.num_seqs, 132, 4, 5)
+            assert policy.twin_pick(32, 8, launch.num_seqs, 8192, "v1") is None
+            assert policy.stock_v1_wins(32, launch.num_seqs, 132, 4, 5)
     else:
         assert launch.kernel == "v2" and _twins_ran(got) == [twin_or_code], got
     want = names[stock.name][1]

@@ -2,7 +2,7 @@
 twin's shared memory holds G heads' logits for the whole context, and `auto` must run only a
 twin that keeps its occupancy (csrc/kvprefetch/launch_policy.cuh keeps_occupancy), else a twin of fewer
 heads per CTA, else vLLM's kernel. Checked through torch.profiler's list of the kernels one
-decode call ran: the twin that ran is the one kvprefetch.sources.upstream.twin_pick (the rule's mirror)
+decode call ran: the twin that ran is the one kvprefetch.kernels.policy.twin_pick (the rule's mirror)
 names for this device, and every output is bitwise stock's, for G = 4 (Llama-3.1-8B) and G = 8
 (Llama-3-70B at tensor-parallel 8), in auto and with every twin forced. Needs kernels-only builds
 of `baseline` and `patched` (head 128, block 16, fp16) under $KVPREFETCH_WORKDIR."""
@@ -61,17 +61,17 @@ def test_auto_runs_the_twin_that_keeps_its_occupancy(stock_and_patched, preset: 
     import torch
 
     from kvprefetch.bench.matrix import PRESETS
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
 
     stock, patched = stock_and_patched
     p = PRESETS[preset]
     ran, names = _kernels_launched_for(patched, preset, batch, context)
     assert ran == "v1"
     props = torch.cuda.get_device_properties(0)
-    want = upstream.twin_pick(p.num_heads, p.num_kv_heads, batch, context, "v1",
-                              sm_count=props.multi_processor_count,
-                              smem_per_sm=props.shared_memory_per_multiprocessor,
-                              max_smem=props.shared_memory_per_block_optin)
+    want = policy.twin_pick(p.num_heads, p.num_kv_heads, batch, context, "v1",
+                            sm_count=props.multi_processor_count,
+                            smem_per_sm=props.shared_memory_per_multiprocessor,
+                            max_smem=props.shared_memory_per_block_optin)
     assert _twins_ran(names) == ([f"{want[0]}x{want[1]}"] if want else []), names
     assert _bitwise_equal(stock, patched, preset, batch, context)
 

@@ -3,7 +3,7 @@ twin's G (3, 5, 6, 7: Qwen2.5-7B has 7, Qwen2.5-14B and Yi-34B 5 and 7): a kv he
 in groups of G, the last group holding the rest (gqa_decode_kernel's `live`; launch_policy.cuh
 twin_heads). On the REAL `baseline` and `patched` kernels-only builds, v1 and v2 steps of
 ragged batches, fp16 and bf16:
-- in `auto` the launcher runs the twin its mirror (kvprefetch.sources.upstream.twin_pick) names,
+- in `auto` the launcher runs the twin its mirror (kvprefetch.kernels.policy.twin_pick) names,
   none where the short-CTA guard declines one (v1 and v2), and the output is stock's bit for
   bit;
 - each twin forced (KVPREFETCH_GQA=<twin>) runs wherever its G is at most the heads per kv head
@@ -63,24 +63,24 @@ def run(stock, patched, *step) -> tuple[str, list[str], bool]:
 
 
 def _has_twins(kernel: str, head: int, block: int, dtype: str) -> bool:
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
 
     cache = "fp16" if dtype == "float16" else "bf16"
-    return bool(upstream.twin_shapes("prefetch", kernel, "auto", head, block, cache))
+    return bool(policy.twin_shapes("prefetch", kernel, "auto", head, block, cache))
 
 
 @pytest.mark.filterwarnings("ignore:.*Profiler clears events")
 @pytest.mark.parametrize("step", STEPS, ids=lambda s: "-".join(map(str, s)))
 def test_auto_runs_the_mirrors_twin_bitwise(stock_and_patched, step) -> None:
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
 
     heads, kv, head, block, dtype, batch, ctx = step
     kernel, ran, equal = run(*stock_and_patched, *step)
     want: list[str] = []
     if _has_twins(kernel, head, block, dtype):
         cache = "fp16" if dtype == "float16" else "bf16"
-        pick = upstream.twin_pick(heads, kv, batch, ctx, kernel, head_size=head,
-                                  block_size=block, dtype=cache)
+        pick = policy.twin_pick(heads, kv, batch, ctx, kernel, head_size=head,
+                                block_size=block, dtype=cache)
         want = [f"{pick[0]}x{pick[1]}"] if pick else []
     assert ran == want, (kernel, ran)
     assert equal
@@ -115,9 +115,9 @@ def test_fused_twin_reduces_a_partial_group_bitwise(stock_and_patched, heads: in
     from tests.gpu.test_launcher_prefetch import _fused_ran
 
     stock, patched = stock_and_patched
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
 
-    assert upstream.twin_pick(heads, 4, 1, ctx, "v2") == (2, 2)
+    assert policy.twin_pick(heads, 4, 1, ctx, "v2") == (2, 2)
     args = make_inputs(_shape(heads, 4, 128, 16, "float16", 1, ctx), seed=11).args()
     want = forward_decode(stock, args)[0].clone()
     forward_decode(patched, args)

@@ -1,7 +1,7 @@
 """GPU test of the GQA twins beyond head 128 / block 16 (rules.inc's KVP_TWIN_AT): on the REAL
 `baseline` and `patched` kernels-only builds, a head-64 model (TinyLlama-1.1B's shape: 32
 query heads, 4 kv heads) at blocks 16 and 32, fp16 and bf16, v1 and v2:
-- in `auto` the launcher runs the twin its mirror (kvprefetch.sources.upstream.twin_pick, given
+- in `auto` the launcher runs the twin its mirror (kvprefetch.kernels.policy.twin_pick, given
   the head size, block size and cache) names for the step, and the output is stock's bit for
   bit;
 - each twin forced (KVPREFETCH_GQA=<twin>) runs at every such step and is stock's bit for bit;
@@ -74,16 +74,16 @@ def run_shape(stock, patched, shape) -> tuple[str, list[str], bool]:
 @pytest.mark.parametrize(("spec", "block", "dtype"), STEPS)
 def test_auto_runs_the_mirrors_twin_bitwise(stock_and_patched, spec: str, block: int,
                                            dtype: str) -> None:
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
 
     stock, patched = stock_and_patched
     kernel, ran, equal = run_step(stock, patched, spec, block, dtype)
     shape = _shape(spec, block, dtype)
     cache = "fp16" if dtype == "float16" else "bf16"
-    if upstream.twin_shapes("prefetch", kernel, "auto", 64, block, cache):
-        pick = upstream.twin_pick(shape.num_heads, shape.num_kv_heads, shape.num_seqs,
-                                  shape.max_seq_len, kernel, head_size=64, block_size=block,
-                                  dtype=cache)
+    if policy.twin_shapes("prefetch", kernel, "auto", 64, block, cache):
+        pick = policy.twin_pick(shape.num_heads, shape.num_kv_heads, shape.num_seqs,
+                                shape.max_seq_len, kernel, head_size=64, block_size=block,
+                                dtype=cache)
         assert ran == ([f"{pick[0]}x{pick[1]}"] if pick else []), (kernel, ran)
     else:
         assert ran == [], (kernel, ran)
@@ -94,11 +94,11 @@ def test_auto_runs_the_mirrors_twin_bitwise(stock_and_patched, spec: str, block:
 def test_every_twin_forced_is_bitwise_stock(stock_and_patched, twin: str) -> None:
     """Each twin forced on every step above that has twins runs there and gives stock's output
     bit for bit (`auto` reaches only some twins at each instantiation)."""
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
 
     got = run_forced(twin, "tests.gpu.test_twin_coverage", "run_step", STEPS)
     for (spec, block, dtype), (kernel, ran, equal) in zip(STEPS, got):
         cache = "fp16" if dtype == "float16" else "bf16"
-        has = bool(upstream.twin_shapes("prefetch", kernel, "auto", 64, block, cache))
+        has = bool(policy.twin_shapes("prefetch", kernel, "auto", 64, block, cache))
         assert ran == ([twin] if has else []), (spec, block, dtype, kernel, ran)
         assert equal, (spec, block, dtype, kernel)

@@ -13,6 +13,7 @@ import pytest
 
 from kvprefetch.errors import ConfigError, PatchError
 from kvprefetch.hashing import sha256_file
+from kvprefetch.kernels import policy
 from kvprefetch.sources import upstream
 from kvprefetch.sources.fetch import tree_modifications
 from kvprefetch.sources.patching import apply_patch, carried_variant, patch_sha256
@@ -212,7 +213,7 @@ def test_control_variant_is_stock_rebuilt_in_an_extra_tree(fetched_workdir: Path
     added = [ln[1:] for p in upstream.patch_files("control") for ln in p.read_text().splitlines()
              if ln.startswith("+") and not ln.startswith("+++")]
     assert len(added) == 2 and all(a.startswith("// kvprefetch control") for a in added)
-    assert not upstream.prefetches_in("control", "v2", "auto", 128, 16, "fp16")
+    assert not policy.prefetches_in("control", "v2", "auto", 128, 16, "fp16")
     res = cli("diff-upstream", "--workdir", str(fetched_workdir), "--tree", "control", "--check",
               "--json")
     assert res.returncode == 0, res.stderr

@@ -1,16 +1,22 @@
 """verify's SASS and module checks on REAL compiles: small kernels of tests/samples/sass/*.cu
 built with the machine's nvcc against the CURRENT csrc/ headers and disassembled with
-cuobjdump, and the header's host rules compiled and run on the CPU against their Python mirrors
-in kvprefetch.sources.upstream. The parsers themselves are tested on saved listings in
-tests/unit/test_sass.py."""
+cuobjdump, and the header's host rules compiled and run on the CPU against their Python
+statement, kvprefetch.kernels.policy, over generated inputs. The parsers themselves are tested on
+saved listings in tests/unit/test_sass.py."""
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from kvprefetch.build.toolchain import find_cuobjdump, find_nvcc
+from kvprefetch.kernels import policy
 from kvprefetch.runner import run
 from kvprefetch.verify.sass import decode_kernel_name, judge, parse_sass
 
@@ -206,7 +212,7 @@ def test_launch_bounds_check_on_real_compiles(tmp_path: Path, head: int, plain: 
                                               ok: bool) -> None:
     """verify's launch-bounds check on REAL sm_90 compiles of a kernel declared as the patch
     declares vLLM's v1 kernel (bounded_kernel.cu): the bound is read from the module
-    (EIATTR_MAX_THREADS) and must be there exactly where upstream.min_blocks puts one; the
+    (EIATTR_MAX_THREADS) and must be there exactly where policy.min_blocks puts one; the
     head-128 kernel compiled without the bound line (stock) fails the `prefetch` rule."""
     from kvprefetch.verify.cubin import parse_elf
     from kvprefetch.verify.machine_code import BOUNDS_CHECK, check_launch_bounds
@@ -229,7 +235,7 @@ def test_launch_bounds_check_on_real_compiles(tmp_path: Path, head: int, plain: 
 def _header_rules(tmp_path: Path, *defines: str) -> list[list[str]]:
     """Compile tests/samples/sass/min_blocks_rule.cu (host code) against the CURRENT
     csrc/kvprefetch/launch_policy.cuh with ``defines`` and run it: one row per instantiation
-    vLLM builds."""
+    vLLM builds, then the twins' table, KVPREFETCH_GQA's parsing and the stream slots."""
     nvcc = find_nvcc()
     assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
     exe = tmp_path / "rules"
@@ -246,204 +252,415 @@ _KV_CACHE = {"0": "auto", "1": "fp8_e4m3", "2": "fp8_e5m2"}
 
 def test_header_rules_match_what_verify_expects(tmp_path: Path) -> None:
     """The header's constexpr rules (launch bound, prologue, GQA twins), compiled by nvcc and run
-    on the CPU, agree with their Python mirrors in kvprefetch.sources.upstream for every one of the 270
-    instantiations vLLM 0.10.2 builds (9 head sizes x 3 block sizes x 5 caches x v1/v2): what
-    verify-kernel expects of a binary is what the header compiles. (fp8 caches are listed with
-    an fp16 query; the rules do not depend on the query type there.) The twins' table and
-    `auto`'s pick agree with upstream.TWIN_SHAPES / auto_twin too."""
-    from kvprefetch.sources import upstream
+    on the CPU through the templates the kernels use, agree with kvprefetch.kernels.policy for
+    every one of the 270 instantiations vLLM 0.10.2 builds (9 head sizes x 3 block sizes x 5
+    caches x v1/v2): what verify-kernel expects of a binary is what the header compiles. (fp8
+    caches are listed with an fp16 query; the rules do not depend on the query type there.)
+    The twins' table agrees with policy.TWIN_SHAPES too. The rules' functions on any inputs:
+    test_launch_policy_agrees_with_the_header_on_the_cpu."""
     rows = _header_rules(tmp_path)
     kernels = [r for r in rows if r[0] in ("v1", "v2")]
     assert len(kernels) == 270
-    seen = {"bounded": 0, "prologue": 0, "twins": 0}
+    got = []
     for version, head, block, cache, kv, bound, prologue, twins in kernels:
         dtype, kv_cache = _CACHE_DTYPE[cache], _KV_CACHE[kv]
         h, b = int(head), int(block)
-        want = (upstream.min_blocks("prefetch", version, kv_cache, h, b, dtype),
-                upstream.prefetches_in("prefetch", version, kv_cache, h, b, dtype),
-                bool(upstream.twin_shapes("prefetch", version, kv_cache, h, b, dtype)))
-        assert (int(bound), prologue == "1", twins == "1") == want, (version, head, block, cache)
-        seen["bounded"] += int(bound) > 0
-        seen["prologue"] += prologue == "1"
-        seen["twins"] += twins == "1"
-    # v1: 3 heads x 2 caches bounded; v2 prologue: fp16 and bf16 head 128 at block 8, 16 and
-    # 32, fp16 head 192 at block 8 and 16, fp16 head 256 at block 8 and 16 (a block's K in at
-    # most 64 registers per thread); the twins: head 128, block 16: fp16 v1 and v2, bf16 v2;
-    # head 64, block 16: fp16 and bf16 v2; head 64, block 32: fp16 and bf16, v1 and v2.
-    assert seen == {"bounded": 6, "prologue": 10, "twins": 9}
+        want = (policy.min_blocks("prefetch", version, kv_cache, h, b, dtype),
+                policy.prefetches_in("prefetch", version, kv_cache, h, b, dtype),
+                bool(policy.twin_shapes("prefetch", version, kv_cache, h, b, dtype)))
+        got.append((int(bound), prologue == "1", twins == "1"))
+        assert got[-1] == want, (version, head, block, cache)
+    # each rule holds somewhere and not everywhere (its extent: tests/unit/test_policy.py)
+    for rule in range(3):
+        assert len({bool(g[rule]) for g in got}) == 2, rule
     table = [(int(g), int(s), int(lo)) for _, g, s, lo, _ in (r for r in rows if r[0] == "twin")]
-    assert tuple(table) == upstream.TWIN_SHAPES
+    assert tuple(table) == policy.TWIN_SHAPES
     assert [r[4] for r in rows if r[0] == "twin"] == [f"{g}x{s}" for g, s, _ in table]
-    autos = [(int(p), table[int(i)][:2], table[int(j)][:2])
-             for _, p, i, j in (r for r in rows if r[0] == "auto")]
-    assert len(autos) == 121
-    assert all(got == upstream.auto_twin(p) for p, got, _ in autos)
-    assert all(safe == upstream.auto_twin(p, True) for p, _, safe in autos)
-    # every twin is somebody's pick: 2x4 below 1.5 CTAs per SM ... 4x1 from 10 per SM on; the
-    # chain-safe ones (v1) only 2x4 and 2x2
-    assert {got for _, got, _ in autos} == {(g, s) for g, s, _ in upstream.TWIN_SHAPES}
-    assert {safe for _, _, safe in autos} == {(2, 4), (2, 2)}
-    assert upstream.auto_twin(100) == (2, 4) and upstream.auto_twin(388) == (2, 2)
-    assert upstream.auto_twin(776) == (4, 2) and upstream.auto_twin(1551) == (4, 1)
 
 
-def test_stock_v1_rule_on_the_cpu(tmp_path: Path) -> None:
-    """Where a bounded v1 launch runs stock's unbounded code (launch_policy.cuh stock_v1_wins),
-    compiled from the header and run on the CPU, agrees with its mirror upstream.stock_v1_wins,
-    and does what its model says on the H200's 132 SMs: the bound keeps only grids whose long
-    CTAs fit one of its waves, or where it holds as many CTAs per SM as stock's code, since
-    some number of long rows (a graph's bucket padded with length-1 rows) would otherwise give
-    it a wave more, whatever the chain."""
-    from kvprefetch.sources import upstream
-    rows = [tuple(map(int, r[1:])) for r in _header_rules(tmp_path) if r[0] == "stockv1"]
-    assert rows
-    got = {r[:5]: bool(r[5]) for r in rows}
-    assert all(upstream.stock_v1_wins(*k) == v for k, v in got.items())
-    # head 128 (4 against 5 CTAs per SM, 528 and 660 slots): Llama-3.1-8B's 32 heads at batch 16
-    # fit one bounded wave; bucket 24 (a batch of 20 replays it) holds 17-20 long rows, one wave
-    # of stock's and two of the bound's: stock's code, and at every larger grid too
-    assert not got[(32, 16, 132, 4, 5)] and got[(32, 17, 132, 4, 5)]
-    assert got[(32, 24, 132, 4, 5)] and got[(32, 256, 132, 4, 5)]
-    assert got[(8, 72, 132, 4, 5)] and not got[(8, 64, 132, 4, 5)]  # Llama-3-70B at TP 8
-    # head 256 loses no occupancy to its bound, nor head 64 where the capture length's logits
-    # (32 KiB a CTA) hold both kernels to 6 per SM: never
-    assert not any(v for k, v in got.items() if k[3:5] in ((3, 3), (6, 6)))
+# ---- The launch policy on generated inputs: the header (policy_oracle.cu) against kernels/policy.py
+# Every decision function of launch_policy.cuh, compiled into a host program, answers a seeded
+# random sample over the real ranges plus the boundaries, and kvprefetch.kernels.policy must
+# answer each input the same. The ranges: GQA ratios 1..16 (kv heads 1..16), head sizes 64, 128
+# and 256 (and any other, for the compile-time rules), blocks 16 and 32, 1..512 sequences, the SM
+# counts of the parts the kit meets (78: H20, 114: H100 PCIe, 132: H100 SXM and H200) and the
+# edges (0: unknown, 1, 16), the shared memory of Hopper, A100 and Ada SMs.
+
+_SEED = 45
+_SAMPLE = 1500  # random inputs per function, besides the boundaries
+_SMS = (78, 114, 132)
+_EDGE_SMS = (0, 1, 16)
+_HEADS = (64, 128, 256)
+_BLOCKS = (16, 32)
+# (shared memory per SM, the most one CTA may opt into), bytes
+_DEVICES = ((233472, 232448), (167936, 166912), (102400, 101376))
+# A cache kind as the header's rules take it (cache_t's bytes, KV_DTYPE, fp16 cache, bf16 cache)
+# and as policy's do (the query's dtype, kv_cache)
+_CACHES = (((2, 0, 1, 0), ("fp16", "auto")), ((2, 0, 0, 1), ("bf16", "auto")),
+           ((4, 0, 0, 0), ("fp32", "auto")), ((1, 1, 0, 0), ("fp16", "fp8_e4m3")),
+           ((1, 2, 0, 0), ("bf16", "fp8_e5m2")))
+_INSTANCE_HEADS = (32, 64, 80, 96, 112, 120, 128, 192, 256)
+_SHAPES = [(g, s) for g, s, _ in policy.TWIN_SHAPES]
+
+Inputs = tuple[int, ...]
 
 
-def test_wave_guard_closed_form_on_the_cpu(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class PolicyCase:
+    """One function of the policy: ``inputs`` makes its inputs from a seeded random source,
+    ``query`` is the oracle's query for an input and ``want`` policy's answer to it."""
+
+    query: str
+    inputs: Callable[[random.Random], Sequence[Inputs]]
+    want: Callable[[Inputs], int]
+    args: Callable[[Inputs], Inputs] = lambda x: x
+
+
+def _sms(rng: random.Random) -> int:
+    return rng.choice(_EDGE_SMS) if rng.random() < 0.05 else rng.choice(_SMS)
+
+
+def _log_int(rng: random.Random, lo: int, hi: int) -> int:
+    """An integer in [lo, hi], uniform in its logarithm (as many short contexts as long ones)."""
+    return min(hi, max(lo, int(math.exp(rng.uniform(math.log(lo), math.log(hi + 1))))))
+
+
+def _heads_kv(rng: random.Random) -> tuple[int, int]:
+    """(query heads, kv heads): GQA ratios 1..16 over 1..16 kv heads; now and then a count that
+    does not divide (the launcher runs vLLM's kernel there) or no kv heads."""
+    kv, ratio = rng.randint(1, 16), rng.randint(1, 16)
+    edge = rng.random()
+    if edge < 0.02:
+        return kv * ratio + 1, kv
+    if edge < 0.03:
+        return kv * ratio, 0
+    return kv * ratio, kv
+
+
+def _instances(rng: random.Random) -> Sequence[Inputs]:
+    """(v2, head size, block size, cache kind, block-sparse): every instantiation vLLM builds,
+    either sparsity, then any head size and power-of-two block."""
+    fixed = list(itertools.product((0, 1), _INSTANCE_HEADS, (8, 16, 32), range(len(_CACHES)),
+                                   (0, 1)))
+    return fixed + [(rng.randint(0, 1), rng.randint(1, 512), rng.choice((1, 2, 4, 8, 16, 32, 64)),
+                     rng.randrange(len(_CACHES)), rng.randint(0, 1)) for _ in range(_SAMPLE)]
+
+
+def _version(v2: int) -> str:
+    return "v2" if v2 else "v1"
+
+
+def _want_min_blocks(x: Inputs) -> int:
+    v2, head, block, cache, _ = x
+    dtype, kv_cache = _CACHES[cache][1]
+    return policy.min_blocks("prefetch", _version(v2), kv_cache, head, block, dtype)
+
+
+def _want_prologue(x: Inputs) -> int:
+    v2, head, block, cache, _ = x
+    dtype, kv_cache = _CACHES[cache][1]
+    return int(policy.prefetches_in("prefetch", _version(v2), kv_cache, head, block, dtype))
+
+
+def _want_twins(x: Inputs) -> int:
+    v2, head, block, cache, sparse = x
+    dtype, kv_cache = _CACHES[cache][1]
+    return int(bool(policy.twin_shapes("prefetch", _version(v2), kv_cache, head, block, dtype,
+                                       block_sparse=bool(sparse))))
+
+
+def _k_registers(rng: random.Random) -> Sequence[Inputs]:
+    fixed = list(itertools.product(_INSTANCE_HEADS, (8, 16, 32), (1, 2, 4)))
+    return fixed + [(rng.randint(1, 512), rng.choice((1, 8, 16, 32, 64)), rng.choice((1, 2, 4)))
+                    for _ in range(_SAMPLE)]
+
+
+def _auto_twin(rng: random.Random) -> Sequence[Inputs]:
+    edges = {max(lo + d, 0) for _, _, lo in policy.TWIN_SHAPES for d in (-1, 0, 1)}
+    fixed = [(p, safe) for p in sorted(edges | {0, 10**6}) for safe in (0, 1)]
+    return fixed + [(_log_int(rng, 1, 20000), rng.randint(0, 1)) for _ in range(_SAMPLE)]
+
+
+def _twin_heads(rng: random.Random) -> Sequence[Inputs]:
+    fixed = [(h, p, g) for h in (0, 1, 7, 28, 32, 40, 128) for p in (0, 1, 4, 5, 7, 8, 16)
+             for g in (2, 4)]
+    out = []
+    for _ in range(_SAMPLE):
+        per_kv = rng.randint(1, 16)
+        out.append((per_kv * rng.randint(1, 4096), per_kv, rng.choice((1, 2, 4))))
+    return fixed + out
+
+
+def _smem_ctas(rng: random.Random) -> Sequence[Inputs]:
+    fixed = [(per_sm, smem) for per_sm, _ in _DEVICES for smem in (0, 1024, 32768, 232448)]
+    return fixed + [(rng.choice(_DEVICES)[0], _log_int(rng, 1, 240000)) for _ in range(_SAMPLE)]
+
+
+def _keeps_occupancy(rng: random.Random) -> Sequence[Inputs]:
+    out = []
+    for _ in range(_SAMPLE):
+        sms = _sms(rng)
+        ctas = rng.choice((sms, sms + 1, 2 * sms, 2 * sms + 1)) if rng.random() < 0.3 \
+            else _log_int(rng, 1, 100000)
+        out.append((rng.randrange(len(_SHAPES)), ctas, sms, _log_int(rng, 512, 240000),
+                    rng.choice(_DEVICES)[0]))
+    return out
+
+
+def _want_keeps_occupancy(x: Inputs) -> int:
+    i, ctas, sms, smem, per_sm = x
+    return int(policy.keeps_occupancy(_SHAPES[i][1], ctas, sms, smem, per_sm))
+
+
+def _least_waves(rng: random.Random) -> Sequence[Inputs]:
+    out = []
+    for _ in range(_SAMPLE):
+        ctas = _log_int(rng, 1, 200000)
+        out.append((ctas, rng.choice((ctas, ctas // 10, rng.randint(0, ctas))), _sms(rng),
+                    rng.randint(1, 12)))
+    return out
+
+
+def _outlasts_stock(rng: random.Random) -> Sequence[Inputs]:
+    out = []
+    for _ in range(_SAMPLE):
+        heads, kv = _heads_kv(rng)
+        per_kv = heads // max(kv, 1) or 1
+        g = rng.choice((2, 4))
+        ctas = heads * rng.randint(1, 512) * _log_int(rng, 1, 64)
+        sure = rng.choice((ctas, ctas // 10, rng.randint(0, ctas)))
+        out.append((ctas, sure, rng.randint(0, 10), policy.twin_heads(ctas, per_kv, g),
+                    policy.twin_heads(sure, per_kv, g), rng.randint(0, 4), _sms(rng),
+                    _log_int(rng, 1, 2048)))
+    return out
+
+
+def _more_waves(rng: random.Random) -> Sequence[Inputs]:
+    """(seqs, stock's CTAs per sequence and per SM, the variant's): a bound's (the same CTAs per
+    sequence) or a twin's (twin_heads of them), or any fewer."""
+    pairs = ((32, 32), (32, 16), (32, 8), (28, 8), (28, 16), (448, 112), (8, 8), (1, 1))
+    fixed = list(itertools.product((0, 1, 2, 16, 17, 24, 512), pairs, (0, 5, 9), (0, 2, 4),
+                                   (*_SMS, 0, 16)))
+    out = [(seqs, sps, spm, vps, vpm, sms) for seqs, (sps, vps), spm, vpm, sms in fixed]
+    for _ in range(_SAMPLE):
+        heads, kv = _heads_kv(rng)
+        per_seq = heads * rng.choice((1, 1, rng.randint(1, 64)))
+        per_kv = heads // max(kv, 1) or 1
+        var = rng.choice((per_seq, policy.twin_heads(per_seq, per_kv, 2),
+                          policy.twin_heads(per_seq, per_kv, 4), rng.randint(1, per_seq)))
+        out.append((rng.randint(0, 512) if rng.random() < 0.95 else rng.randint(513, 4096),
+                    per_seq, rng.randint(0, 12), var, rng.randint(0, 12), _sms(rng)))
+    return out
+
+
+def _stock_v1_wins(rng: random.Random) -> Sequence[Inputs]:
+    occupancies = ((4, 5), (6, 9), (3, 3), (6, 6), (0, 5), (5, 4))
+    fixed = [(h, s, sms, b, st) for h in (8, 28, 32) for s in (1, 16, 17, 24, 72, 512)
+             for sms in _SMS for b, st in occupancies]
+    out = []
+    for _ in range(_SAMPLE):
+        heads, _ = _heads_kv(rng)
+        out.append((heads, rng.randint(1, 512), _sms(rng), rng.randint(0, 10),
+                    rng.randint(0, 12)))
+    return fixed + out
+
+
+def _stage_count(rng: random.Random) -> Sequence[Inputs]:
+    out = []
+    for _ in range(_SAMPLE):
+        split = rng.choice((1, 2, 4))
+        per_sm, _ = rng.choice(_DEVICES)
+        out.append((_log_int(rng, 1, 100000), _sms(rng), per_sm, _log_int(rng, 1, 200000),
+                    4 * split, rng.choice(_HEADS) * rng.choice(_BLOCKS) * 2,
+                    rng.choice((0, _log_int(rng, 1, 2048)))))
+    return out
+
+
+def _reduces(rng: random.Random) -> Sequence[Inputs]:
+    """(v2, G, S, the twin's CTAs, SMs): every grid around half and all of the SMs."""
+    fixed = [(1, *policy.FUSED_TWINS[0], c, sms) for sms in (*_SMS, *_EDGE_SMS)
+             for c in sorted({0, 1, sms // 2, sms // 2 + 1, sms, sms + 1, 2 * sms})]
+    out = [(rng.randint(0, 1), *rng.choice(_SHAPES), rng.randint(0, 300), _sms(rng))
+           for _ in range(_SAMPLE)]
+    return fixed + out
+
+
+def _twin_smem(rng: random.Random) -> Sequence[Inputs]:
+    return [(*rng.choice(_SHAPES), _log_int(rng, 1, 131072), rng.randint(0, 1),
+             rng.choice(_HEADS), rng.choice(_BLOCKS)) for _ in range(_SAMPLE)]
+
+
+def _want_twin_smem(x: Inputs) -> int:
+    g, s, context, v2, head, block = x
+    return policy.twin_smem(g, s, context, _version(v2), head, block)
+
+
+def _twin_picks(rng: random.Random) -> Sequence[Inputs]:
+    """Decode steps as the launcher sees them, in `auto` mostly, off and each forced twin too:
+    (mode, heads, kv heads, batch, longest context, v2, head size, block size, SMs, shared memory
+    per SM, the most per CTA, stock's CTAs per SM). The boundaries: contexts of at most and just
+    over kStockWarps blocks and one partition, batches that fill a wave of stock's code on the
+    H200 or just overfill it."""
+    out = []
+    for (heads, kv), batch, head, block, v2 in itertools.product(
+            ((32, 8), (32, 32), (28, 4), (64, 8)), (1, 16, 17, 24, 128), _HEADS, _BLOCKS, (0, 1)):
+        for context in (4 * block, 4 * block + 1, 512, 513, 8192):
+            out.append((-2, heads, kv, batch, context, v2, head, block, 132, *_DEVICES[0], 5))
+    for _ in range(_SAMPLE * 2):
+        heads, kv = _heads_kv(rng)
+        mode = rng.choice((-2,) * 6 + (-1, 0, 1, 2, 3))
+        out.append((mode, heads, kv, _log_int(rng, 1, 512), _log_int(rng, 1, 32768),
+                    rng.randint(0, 1), rng.choice(_HEADS), rng.choice(_BLOCKS), _sms(rng),
+                    *rng.choice(_DEVICES), rng.randint(0, 12)))
+    return out
+
+
+def _want_twin_pick(x: Inputs) -> int:
+    mode, heads, kv, batch, context, v2, head, block, sms, per_sm, max_smem, stock = x
+    if mode == -1 or kv <= 0 or heads % kv:
+        return -1
+    if mode == -2:  # auto
+        pick = policy.twin_pick(heads, kv, batch, context, _version(v2), sm_count=sms,
+                                smem_per_sm=per_sm, max_smem=max_smem, stock_per_sm=stock,
+                                head_size=head, block_size=block)
+        return -1 if pick is None else _SHAPES.index(pick)
+    g, s = _SHAPES[mode]  # forced: wherever the twin can run
+    fits = policy.twin_smem(g, s, context, _version(v2), head, block) <= max_smem
+    return mode if g <= heads // kv and fits else -1
+
+
+_CASES = {
+    "k_registers": PolicyCase("k_registers", _k_registers, lambda x: policy.k_registers(*x)),
+    "min_blocks_rule": PolicyCase(
+        "min_blocks_rule", _instances, _want_min_blocks,
+        lambda x: (x[0], x[1], x[2], *_CACHES[x[3]][0][:2])),
+    "prologue_rule": PolicyCase(
+        "prologue_rule", _instances, _want_prologue,
+        lambda x: (x[1], x[2], _CACHES[x[3]][0][0], x[0], *_CACHES[x[3]][0][2:])),
+    "twin_rule": PolicyCase(
+        "twin_rule", _instances, _want_twins,
+        lambda x: (x[0], x[1], x[2], *_CACHES[x[3]][0][2:], x[4])),
+    "auto_twin": PolicyCase(
+        "auto_twin", _auto_twin,
+        lambda x: _SHAPES.index(policy.auto_twin(x[0], bool(x[1])))),
+    "chain_safe": PolicyCase("chain_safe", lambda _: [(i,) for i in range(len(_SHAPES))],
+                             lambda x: int(policy.chain_safe(*_SHAPES[x[0]]))),
+    "twin_bound_ctas": PolicyCase("twin_bound_ctas",
+                                  lambda _: [(i,) for i in range(len(_SHAPES))],
+                                  lambda x: policy.twin_bound_ctas(_SHAPES[x[0]][1])),
+    "twin_heads": PolicyCase("twin_heads", _twin_heads, lambda x: policy.twin_heads(*x)),
+    "smem_ctas": PolicyCase("smem_ctas", _smem_ctas, lambda x: policy.smem_ctas(*x)),
+    "keeps_occupancy": PolicyCase("keeps_occupancy", _keeps_occupancy, _want_keeps_occupancy),
+    "least_waves": PolicyCase("least_waves", _least_waves, lambda x: policy.least_waves(*x)),
+    "outlasts_stock": PolicyCase("outlasts_stock", _outlasts_stock,
+                                 lambda x: int(policy.outlasts_stock(*x))),
+    "stock_v1_wins": PolicyCase("stock_v1_wins", _stock_v1_wins,
+                                lambda x: int(policy.stock_v1_wins(*x))),
+    "stage_count": PolicyCase("stage_count", _stage_count, lambda x: policy.stage_count(*x)),
+    "twin_reduces": PolicyCase(
+        "twin_reduces", _reduces,
+        lambda x: int(policy.twin_reduces(_version(x[0]), x[1], x[2], x[3], x[4]))),
+    "pdl_reduce_after": PolicyCase(  # the other reduction: wherever the fused twin would not
+        "pdl_reduce_after", lambda rng: [x[3:] for x in _reduces(rng)],
+        lambda x: int(not policy.twin_reduces("v2", *policy.FUSED_TWINS[0], x[0], x[1]))),
+    "twin_smem": PolicyCase("twin_smem", _twin_smem, _want_twin_smem),
+    "twin_pick": PolicyCase("twin_pick", _twin_picks, _want_twin_pick),
+}
+# more_waves_for_some has its own test below (the header's closed form, policy's plain search).
+_WAVES = PolicyCase("more_waves_for_some", _more_waves,
+                    lambda x: int(policy.more_waves_for_some(*x)))
+
+
+def _compile_oracle(where: Path, *defines: str) -> Path:
+    """tests/samples/sass/policy_oracle.cu compiled against the CURRENT csrc/kvprefetch/ headers
+    with ``defines``: host code, run on the CPU."""
+    nvcc = find_nvcc()
+    assert nvcc is not None, "nvcc is needed (the kernels-only build needs it too)"
+    exe = where / ("policy_oracle" + "".join(d.removeprefix("-D").replace("=", "")
+                                             for d in defines))
+    run([str(nvcc), "-std=c++17", "-O2", f"-I{CSRC}", *defines, "-o", str(exe),
+         str(SAMPLES / "policy_oracle.cu")], echo=False)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The policy oracle, compiled once for this module's tests."""
+    return _compile_oracle(tmp_path_factory.mktemp("oracle"))
+
+
+def _ask(exe: Path, case: PolicyCase, inputs: Sequence[Inputs], where: Path) -> list[int]:
+    """The header's answer to ``case`` for each of ``inputs``, in order."""
+    queries = where / f"{case.query}.txt"
+    queries.write_text("".join(f"{case.query} {' '.join(map(str, case.args(x)))}\n"
+                               for x in inputs))
+    answers = [int(a) for a in run([str(exe), str(queries)], echo=False).output.split()]
+    assert len(answers) == len(inputs)
+    return answers
+
+
+def _disagreements(case: PolicyCase, inputs: Sequence[Inputs], answers: list[int]
+                   ) -> list[tuple[Inputs, int, int]]:
+    return [(x, got, want) for x, got in zip(inputs, answers)
+            if got != (want := case.want(x))]
+
+
+@pytest.mark.parametrize("name", sorted(_CASES))
+def test_launch_policy_agrees_with_the_header_on_the_cpu(oracle: Path, tmp_path: Path,
+                                                         name: str) -> None:
+    """Each function of csrc/kvprefetch/launch_policy.cuh, compiled into a host program
+    (policy_oracle.cu) and run on the CPU, decides as kvprefetch.kernels.policy does on every
+    input of a seeded sample over the real ranges and the boundaries (a few thousand each); and
+    the sample reaches more than one answer, so that it tells a rule from a constant."""
+    case = _CASES[name]
+    inputs = case.inputs(random.Random(f"{_SEED}:{name}"))
+    answers = _ask(oracle, case, inputs, tmp_path)
+    wrong = _disagreements(case, inputs, answers)
+    assert not wrong, f"{len(wrong)} of {len(inputs)} differ (input, header, policy): {wrong[:5]}"
+    assert len(set(answers)) > 1, (name, set(answers))
+    if name == "twin_pick":  # every twin and vLLM's kernel are somebody's pick in auto
+        auto = {a for x, a in zip(inputs, answers) if x[0] == -2}
+        assert auto == {-1, *range(len(_SHAPES))}, auto
+
+
+def test_wave_guard_closed_form_on_the_cpu(oracle: Path, tmp_path: Path) -> None:
     """more_waves_for_some's closed form (launch_policy.cuh), compiled and run on the CPU,
     agrees with the plain search over every number of long sequences
-    (upstream.more_waves_for_some) at every input of the sample, and gives no verdict where a
-    count is unknown."""
-    from kvprefetch.sources import upstream
-    rows = [tuple(map(int, r[1:])) for r in _header_rules(tmp_path) if r[0] == "waves"]
-    assert rows
-    for seqs, sps, spm, vps, vpm, sms, more in rows:
-        assert upstream.more_waves_for_some(seqs, sps, spm, vps, vpm, sms) == bool(more), (
-            seqs, sps, spm, vps, vpm, sms)
-    assert not any(r[6] for r in rows if r[0] == 0 or r[2] == 0)
-    verdicts = {bool(r[6]) for r in rows}
-    assert verdicts == {True, False}
+    (policy.more_waves_for_some) at every generated input: bounds and twins of every GQA ratio,
+    up to 4096 sequences (past the form's shortcut), and gives no verdict where a count is
+    unknown."""
+    inputs = _WAVES.inputs(random.Random(f"{_SEED}:more_waves_for_some"))
+    answers = _ask(oracle, _WAVES, inputs, tmp_path)
+    wrong = _disagreements(_WAVES, inputs, answers)
+    assert not wrong, f"{len(wrong)} of {len(inputs)} differ (input, header, policy): {wrong[:5]}"
+    assert not any(a for x, a in zip(inputs, answers) if 0 in (x[0], x[1], x[2], x[3], x[4]))
+    assert set(answers) == {0, 1}
 
 
-def test_least_work_guard_on_the_cpu(tmp_path: Path) -> None:
-    """outlasts_stock (launch_policy.cuh: whether a twin's grid could take longer than stock's
-    code if every CTA but the longest sequence's had the least work), compiled from the header
-    and run on the CPU, agrees with its mirror upstream.outlasts_stock at every input of the
-    sample, and does what its model says on the H200's 132 SMs: no verdict where stock's CTAs
-    per SM are unknown; a twin that takes more waves of least CTAs than stock is declined
-    unless the longest chain outlasts them; at equal waves the twin's dearer least CTA
-    declines it; empty v2 CTAs count a quarter."""
-    from kvprefetch.sources import upstream
-    rows = [tuple(map(int, r[1:])) for r in _header_rules(tmp_path) if r[0] == "least"]
-    assert len(rows) == 6 * 2 * 2 * 4 * 3 * 5
-    got = {r[:7]: bool(r[7]) for r in rows}
-    for (sc, ss, sp, tc, ts, tp, blocks), verdict in got.items():
-        assert upstream.outlasts_stock(sc, ss, sp, tc, ts, tp, 132, blocks) == verdict
-    assert not any(v for k, v in got.items() if k[2] == 0)
-    # v1 b98 x 64 heads of one or two blocks beside a 51-block sequence (head 64 / block 32
-    # bf16, 2x2): 10 waves of stock's 5 per SM, 12 of the twin's 2; a chain of 13 links
-    # outlasts 7 waves only
-    assert got[(6272, 6272, 5, 3136, 3136, 2, 51)]
-    assert not got[(6272, 6272, 5, 3136, 3136, 2, 680)]
-    # equal waves: the twin's least CTA costs 1.2 of stock's; one wave each is one CTA's time
-    assert got[(1688, 1688, 4, 844, 844, 2, 14)]
-    assert not got[(528, 528, 4, 264, 264, 2, 5)]
-    # a tenth of the CTAs sure, the rest empty (a quarter each): 24200 CTAs take 12 waves at
-    # 5 per SM; a 4-head twin at 2 per SM 8 (x 1.2 = 9.6): no verdict against it
-    assert upstream.least_waves(24200, 2420, 132, 5) == 12
-    assert upstream.least_waves(6050, 605, 132, 2) == 8
-    assert not got[(24200, 2420, 5, 6050, 605, 2, 32)]
-
-
-def test_twin_mode_and_pick_on_the_cpu(tmp_path: Path) -> None:
-    """The launchers' host rule, compiled from the header and run on the CPU: KVPREFETCH_GQA's
-    values (unset/empty: the default; on = 4x1; case matters, unknown values fall back and are
-    reported), and which twin a decode step gets by mode, model, batch and context on the H200:
-    a forced mode's twin wherever its G is at most the query heads per kv head (7 of them run
-    as 4 + 3, or 2 + 2 + 2 + 1) and its shared memory fits; in auto what upstream.twin_pick (the mirror) says, at every step of the
-    sample."""
-    from kvprefetch.sources import upstream
+def test_twin_modes_on_the_cpu(tmp_path: Path) -> None:
+    """KVPREFETCH_GQA's values as the launchers read them (twin_mode_from, compiled from the
+    header and run on the CPU): unset or empty the default; on = the first twin; a twin by its
+    name; case matters, and unknown values fall back and are reported."""
     rows = _header_rules(tmp_path)
     modes = {r[1]: (int(r[2]), r[3] == "1") for r in rows if r[0] == "mode"}
+    names = {f"{g}x{s}": (i, False) for i, (g, s) in enumerate(_SHAPES)}
     assert modes == {"-": (99, False), "''": (99, False), "off": (-1, False),
-                     "auto": (-2, False), "on": (0, False), "4x1": (0, False), "4x2": (1, False),
-                     "2x2": (2, False), "2x4": (3, False), "ON": (99, True), "3x3": (99, True)}
-    picks = [r[1:] for r in rows if r[0] == "pick"]
-    assert picks, "the rule program printed no picks"
-    shapes = [(g, s) for g, s, _ in upstream.TWIN_SHAPES]
-    seen: dict[str, set[int]] = {}
-    for mode_s, heads_s, kv_s, batch_s, ctx_s, kernel, got_s in picks:
-        mode, heads, kv, batch, ctx, got = map(int, (mode_s, heads_s, kv_s, batch_s, ctx_s,
-                                                    got_s))
-        per_kv = heads // kv
-        if mode == -1:
-            want = -1
-        elif mode == -2:
-            pick = upstream.twin_pick(heads, kv, batch, ctx, kernel)
-            want = -1 if pick is None else shapes.index(pick)
-        else:
-            g, s = shapes[mode]
-            fits = upstream.twin_smem(g, s, ctx, kernel) <= upstream.H200_MAX_SMEM
-            want = mode if g <= per_kv and fits else -1
-        assert got == want, (mode, heads, kv, batch, ctx, kernel)
-        if mode == -2:
-            seen.setdefault(f"{kernel} {per_kv}", set()).add(got)
-    # MHA never gets a twin in auto; in v2 every GQA model (4:1, 5:1, 7:1, 8:1) gets every twin
-    # somewhere, in v1 only the chain-safe 2x2 and 2x4, and no twin at all at contexts of at
-    # most 4 blocks
-    assert seen["v1 1"] == seen["v2 1"] == {-1}
-    for per_kv in (4, 5, 7, 8):
-        assert seen[f"v2 {per_kv}"] - {-1} == {0, 1, 2, 3}, per_kv
-        assert seen[f"v1 {per_kv}"] == {-1, 2, 3}, per_kv
-
-
-def test_stage_count_on_the_cpu(tmp_path: Path) -> None:
-    """The staged twins' ring (launch_policy.cuh stage_count), compiled from the header and
-    run on the CPU, agrees with its mirror upstream.stage_count at every input of the sample
-    (grids, shared memory besides the ring, warps and blocks per CTA, two devices); and on the
-    H200 (132 SMs, 228 KiB each) the launcher stages exactly where repeat run 41 measured the
-    ring's gains (b8 x 512, b8 x 1k, b1 x 4k, b1 x 16k, b32 x 512/1k) and not at b32 x 4k (v1:
-    a 4k context's logits for 4 heads leave no room for two slots beside a second CTA), where
-    run 39 measured one slot 18% slower."""
-    from kvprefetch.sources import upstream
-    rows = [r for r in _header_rules(tmp_path) if r[0] == "stage"]
-    assert len(rows) == 2 * 5 * 5 * 2 * 5
-    for _, ctas, sms, per_sm, fixed, warps, chunk, blocks, got in rows:
-        want = upstream.stage_count(int(ctas), int(sms), int(per_sm), int(fixed), int(warps),
-                                    int(chunk), int(blocks))
-        assert int(got) == want, (ctas, sms, per_sm, fixed, warps, blocks)
-    assert {int(r[-1]) for r in rows} == {0, 2}  # 2 slots at most, never 1
-    slots = {(b, c): upstream.twin_stage_slots(b, c, k, *upstream.auto_twin(p))
-             for b, c, k, p in ((8, 512, "v1", 193), (8, 1024, "v2", 387), (1, 4096, "v2", 193),
-                                (1, 16384, "v2", 775), (32, 512, "v1", 775),
-                                (32, 1024, "v1", 775), (32, 4096, "v1", 775),
-                                (1, 1024, "v2", 48), (64, 512, "v1", 1551))}
-    assert slots == {(8, 512): 2, (8, 1024): 2, (1, 4096): 2, (1, 16384): 2, (32, 512): 2,
-                     (32, 1024): 2, (32, 4096): 0, (1, 1024): 0, (64, 512): 0}, slots
+                     "auto": (-2, False), "on": (0, False), **names, "ON": (99, True),
+                     "3x3": (99, True)}
 
 
 def test_which_reduction_follows_a_v2_twin_on_the_cpu(tmp_path: Path) -> None:
-    """The v2 launcher's reduction rules (csrc/kvprefetch/launch_policy.cuh), compiled and
-    run on the CPU: pdl_reduce_after (kvprefetch's early-launched reduce kernel except after
-    grids of more than half and at most all of the SMs' count of CTAs) and twin_reduces (a
-    fusable twin reduces itself exactly on those grids where the launcher allows it, under the
-    default KVPREFETCH_TWIN_FUSE=1) agree with upstream.twin_reduces at every grid of the
-    sample; where not allowed, or for a twin that is not fusable, never. On the H200's 132 SMs:
-    67-132 CTAs."""
-    from kvprefetch.sources import upstream
-    rows = _header_rules(tmp_path)
-    reduce = [tuple(map(int, r[1:])) for r in rows if r[0] == "reduce"]
-    assert len(reduce) == 3 * 15
-    for ctas, sms, pdl, fused in reduce:
-        assert fused == upstream.twin_reduces("v2", 2, 2, ctas, sms), (ctas, sms)
-        assert pdl == (not fused), (ctas, sms)  # one of the two, never both
-        assert not upstream.twin_reduces("v1", 2, 2, ctas, sms)
-        assert not upstream.twin_reduces("v2", 4, 2, ctas, sms)
-    assert {c for c, s, _, f in reduce if s == 132 and f} == {67, 100, 114, 115, 128, 132}
-    assert {int(r[3]) + int(r[4]) for r in rows if r[0] == "reduce-off"} == {0}
-    fuse0 = [r for r in _header_rules(tmp_path, "-DKVPREFETCH_TWIN_FUSE=0") if r[0] == "reduce"]
-    assert {r[4] for r in fuse0} == {"0"}
+    """A build with -DKVPREFETCH_TWIN_FUSE=0 (the `nofuse` tree) never reduces inside a twin:
+    after every v2 twin kvprefetch's reduce kernel runs, on the grids where the default build
+    reduces inside too. (The default build's rule: the twin_reduces and pdl_reduce_after cases
+    of test_launch_policy_agrees_with_the_header_on_the_cpu.)"""
+    exe = _compile_oracle(tmp_path, "-DKVPREFETCH_TWIN_FUSE=0")
+    inputs = _CASES["twin_reduces"].inputs(random.Random(f"{_SEED}:twin_reduces"))
+    assert set(_ask(exe, _CASES["twin_reduces"], inputs, tmp_path)) == {0}
+    assert any(_CASES["twin_reduces"].want(x) for x in inputs)
+    pdl = _ask(exe, _CASES["pdl_reduce_after"], [x[3:] for x in inputs], tmp_path)
+    fused = policy.FUSED_TWINS[0]
+    assert pdl == [int(not policy.twin_reduces("v2", *fused, c, s)) for *_, c, s in inputs]
 
 
 def test_stream_slots_on_the_cpu(tmp_path: Path) -> None:

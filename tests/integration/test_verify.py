@@ -30,8 +30,8 @@ pytestmark = pytest.mark.slow  # needs the session's real build (minutes, once p
 TREES = ("baseline", "patched")
 KERNELS = 2 * Selection((128,), (16,), ("fp16", "fp32")).kernel_count()  # v1 + v2 launchers
 # The `prefetch` variant's prologue goes into the fp16 v2 kernels of this selection (block-sparse
-# or not: upstream.prefetches_in), its launch bound into the fp16 v1 kernels
-# (upstream.min_blocks); the fp32 kernels stay instruction-identical to stock.
+# or not: policy.prefetches_in), its launch bound into the fp16 v1 kernels
+# (policy.min_blocks); the fp32 kernels stay instruction-identical to stock.
 PREFETCHING = 2
 CHANGED = PREFETCHING + 2
 
@@ -222,7 +222,7 @@ def test_gpu_identity_runs_once_per_forced_twin(monkeypatch: pytest.MonkeyPatch)
     pass's data under that twin, and turns a failed, crashed or GPU-less pass into FAIL / FAIL /
     not checked. The identity run itself needs a GPU and built trees, so it is replaced here by
     a recorder (the H200 runs the real one: docs/results/.../24-twins/verify.json)."""
-    from kvprefetch.sources.upstream import TWIN_SHAPES
+    from kvprefetch.kernels.policy import TWIN_SHAPES
     from kvprefetch.verify import kernel as v
 
     seen: list[dict[str, str] | None] = []

@@ -192,7 +192,7 @@ def test_bounds_block_puts_the_v1_rule_beside_the_measurement() -> None:
     from kvprefetch.bench.report import load_document, sample_block
     from kvprefetch.bench.sample_report import bound_steps
     from kvprefetch.bench.vllm_call import row_launch
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
 
     path = ROOT / "docs/results/2026-12-01-h200-sample-v1-waves/sample-12012038.json.gz"
     doc = load_document(path)
@@ -205,9 +205,9 @@ def test_bounds_block_puts_the_v1_rule_beside_the_measurement() -> None:
     for s in steps:
         r = rows[s["label"]]
         ran = row_launch(r)  # the launch the launcher saw (this run's call: exact)
-        wants = upstream.legacy_stock_v1_wins(ran["num_seqs"] * r["num_heads"], 132,
-                                              *upstream.H200_V1_CTAS[r["head_size"]],
-                                              -(-ran["max_seq_len"] // 16))
+        wants = policy.legacy_stock_v1_wins(ran["num_seqs"] * r["num_heads"], 132,
+                                            *policy.H200_V1_CTAS[r["head_size"]],
+                                            -(-ran["max_seq_len"] // 16))
         assert (s["code"] == "stock") == wants, s["label"]
     lines = sample_block(path, "bounds").splitlines()
     assert lines[0].startswith("| timing | v1 runs |") and len(lines) == 2 + 2 * len(codes)

@@ -131,19 +131,19 @@ def test_ublkpf_in_a_pre_hopper_cubin_is_a_problem() -> None:
 
 
 def test_prefetch_rule_cases() -> None:
-    """upstream.prefetches_in on the cases that matter, beside the header check above: the
+    """policy.prefetches_in on the cases that matter, beside the header check above: the
     `prefetch` prologue goes into v2 only; seed everywhere; launch, control and stock nowhere."""
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
 
     table = (CSRC / "kvprefetch" / "rules.inc").read_text()
     m = re.search(r"^KVP_RULE\(kPrologueMinHeadSize, (\d+)\)$", table, re.MULTILINE)
-    assert m is not None and int(m.group(1)) == upstream.PROLOGUE_MIN_HEAD_SIZE
-    rule = upstream.prefetches_in
+    assert m is not None and int(m.group(1)) == policy.PROLOGUE_MIN_HEAD_SIZE
+    rule = policy.prefetches_in
     assert rule("prefetch", "v2", "auto", 128, 16, "fp16")
     assert rule("prefetch", "v2", "auto", 128, 32, "fp16")
     assert rule("prefetch", "v2", "auto", 256, 16, "fp16")
     # a block's K in 128 registers per thread (head 256, block 32): no prologue
-    assert upstream.k_registers(256, 32, 2) > upstream.PROLOGUE_MAX_K_REGISTERS
+    assert policy.k_registers(256, 32, 2) > policy.PROLOGUE_MAX_K_REGISTERS
     assert not rule("prefetch", "v2", "auto", 256, 32, "fp16")
     assert rule("prefetch", "v2", "auto", 128, 16, "bf16")
     assert not rule("prefetch", "v2", "auto", 256, 16, "bf16")
@@ -159,10 +159,10 @@ def test_prefetch_rule_cases() -> None:
 def test_old_everywhere_patch_fails_the_prefetch_rule() -> None:
     """The saved patched sample (a build where every kernel carried the prefetch) judged by the
     `prefetch` variant's rule: its v1 kernels should have been left stock, and are named."""
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
 
     kernels = parse_sass(_sample("kw_patched.sass"))
-    verdict = judge(kernels, patched=True, expects=lambda k: upstream.prefetches_in(
+    verdict = judge(kernels, patched=True, expects=lambda k: policy.prefetches_in(
         "prefetch", k.version, k.kv_cache, k.head_size, k.block_size, k.dtype))
     assert not verdict.ok
     assert len(verdict.problems) == sum(1 for k in kernels if k.version == "v1") == 4
@@ -238,18 +238,18 @@ def test_identical_check_judges_left_and_changed_kernels(bounded_body: list[str]
 
 
 def test_auto_picks_for_any_lengths() -> None:
-    """`auto` (upstream.twin_pick, the mirror of the launcher's rule) chooses what no length
+    """`auto` (policy.twin_pick, the mirror of the launcher's rule) chooses what no length
     distribution behind the same grid makes slower than stock: in v1 only the chain-safe twins
     (2x2, 2x4: a long sequence's chain no longer than stock's), whatever the grid; in v2 the
     table read at the CTAs that surely have work, heads x (batch + partitions - 1), not the
     padded grid; no twin where the longest CTA has at most 4 blocks (stock's warps, one block
     each); and a twin only where an SM holds two of its CTAs, unless its grid or its launch
     bound gives an SM only one."""
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
     # the rule as it stood before the wave guard, which test_wave_guard_* covers
-    pick = partial(upstream.twin_pick, wave_guard=False)
-    assert upstream.chain_safe(2, 2) and upstream.chain_safe(2, 4)
-    assert not upstream.chain_safe(4, 1) and not upstream.chain_safe(4, 2)
+    pick = partial(policy.twin_pick, wave_guard=False)
+    assert policy.chain_safe(2, 2) and policy.chain_safe(2, 4)
+    assert not policy.chain_safe(4, 1) and not policy.chain_safe(4, 2)
     # v1: Llama-3.1-8B at 128 and 32 sequences, every context: 2x2 (4x1 / 4x2 before)
     assert {pick(32, 8, b, c, "v1") for b in (32, 128) for c in (2048, 4096, 7056, 8192)} == {
         (2, 2)}
@@ -258,13 +258,13 @@ def test_auto_picks_for_any_lengths() -> None:
     assert pick(32, 8, 3, 33, "v1") is None and pick(32, 8, 3, 64, "v1") is None
     assert pick(32, 8, 3, 65, "v1") == (2, 4)
     # a grid of no more CTAs than SMs needs one per SM; the 4x1 twin's 8k footprint fits one
-    smem_8k = upstream.twin_smem(4, 1, 8192, "v1")
-    assert upstream.keeps_occupancy(1, 132, 132, smem_8k, upstream.H200_SMEM_PER_SM)
-    assert not upstream.keeps_occupancy(1, 133, 132, smem_8k, upstream.H200_SMEM_PER_SM)
+    smem_8k = policy.twin_smem(4, 1, 8192, "v1")
+    assert policy.keeps_occupancy(1, 132, 132, smem_8k, policy.H200_SMEM_PER_SM)
+    assert not policy.keeps_occupancy(1, 133, 132, smem_8k, policy.H200_SMEM_PER_SM)
     for batch in (1, 8, 32, 64, 128, 256):
         for ctx in (512, 4096, 16384, 32768):
             pct = 100 * 32 * (batch + -(-ctx // 512) - 1) // 132
-            assert pick(32, 8, batch, ctx, "v2") == upstream.auto_twin(pct), (batch, ctx)
+            assert pick(32, 8, batch, ctx, "v2") == policy.auto_twin(pct), (batch, ctx)
     # v2 b32 x 4k: 8192 padded CTAs (62 per SM: 4x1 before), 1248 sure (9.5: 4x2)
     assert pick(32, 8, 32, 4096, "v2") == (4, 2)
 
@@ -272,17 +272,17 @@ def test_auto_picks_for_any_lengths() -> None:
 
 def test_twins_take_models_whose_heads_g_does_not_divide() -> None:
     """A kv head's query heads run in groups of G, the last holding the rest
-    (upstream.twin_heads, the mirror of launch_policy.cuh's): Qwen2.5-7B's 7 heads per kv head
+    (policy.twin_heads, the mirror of launch_policy.cuh's): Qwen2.5-7B's 7 heads per kv head
     as 4 + 3 or 2 + 2 + 2 + 1, Qwen2.5-14B's 5 as 4 + 1 or 2 + 2 + 1. So `auto` gives such
     models the twin a 4- or 8-head model of the same grid gets, except one wider than the
     group (G > heads per kv head); the rule a run made before (``partial_groups=False``) gave
     them none."""
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
     # the rule as it stood before the wave guard, which test_wave_guard_* covers
-    pick = partial(upstream.twin_pick, wave_guard=False)
-    assert upstream.twin_heads(28, 7, 4) == 8 and upstream.twin_heads(28, 7, 2) == 16
-    assert upstream.twin_heads(40, 5, 4) == 16 and upstream.twin_heads(40, 5, 2) == 24
-    assert upstream.twin_heads(32, 4, 4) == 8 and upstream.twin_heads(32, 4, 2) == 16
+    pick = partial(policy.twin_pick, wave_guard=False)
+    assert policy.twin_heads(28, 7, 4) == 8 and policy.twin_heads(28, 7, 2) == 16
+    assert policy.twin_heads(40, 5, 4) == 16 and policy.twin_heads(40, 5, 2) == 24
+    assert policy.twin_heads(32, 4, 4) == 8 and policy.twin_heads(32, 4, 2) == 16
     # v1 b96 x 1k and v2 b4 x 16k on Qwen2.5-7B (28 heads, 4 kv heads); b64 x 1k on 40 / 8
     assert pick(28, 4, 96, 1024, "v1") == (2, 2)
     assert pick(28, 4, 4, 16384, "v2") == (4, 2)
@@ -300,13 +300,13 @@ def test_twins_take_models_whose_heads_g_does_not_divide() -> None:
 
 def test_auto_declines_twins_that_short_ctas_could_outlast() -> None:
     """`auto` declines a twin whose grid could take longer than stock's code if every CTA but
-    the longest sequence's had the least work (upstream.outlasts_stock, the mirror of
+    the longest sequence's had the least work (policy.outlasts_stock, the mirror of
     launch_policy.cuh's): the sampled steps where the twins lost most, which the rule before
     it (``least_guard=False``) gave a twin; and the long-tailed steps where one long chain
     outlasts the short CTAs' waves keep theirs (they ran 2.7-3.5x stock's)."""
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
     # the rule as it stood before the wave guard, which test_wave_guard_* covers
-    pick = partial(upstream.twin_pick, wave_guard=False)
+    pick = partial(policy.twin_pick, wave_guard=False)
     lost = (  # (heads, kv heads, batch, longest, kernel, head, block, cache): measured with
         ((64, 4, 98, 1625, "v1", 64, 32, "bf16"), (2, 2)),  # 0.606x
         ((28, 4, 140, 1447, "v1", 64, 32, "bf16"), (2, 2)),  # 0.667x
@@ -328,11 +328,11 @@ def test_auto_declines_twins_that_short_ctas_could_outlast() -> None:
 def test_wave_guard_declines_what_long_rows_could_slow() -> None:
     """In vLLM's graph call (the bucket padded with length-1 rows, max_seq_len = 8192) the
     launcher runs neither the bound nor a twin where some number of long rows would give it
-    more waves than stock's code (upstream.more_waves_for_some): the batches that lost on the
+    more waves than stock's code (policy.more_waves_for_some): the batches that lost on the
     H200 (Llama-3.1-8B b20 in bucket 24, Qwen2.5-7B b17-23 and b40, Llama-3-70B at TP 8 b72-80)
     get stock's code; the v2 steps whose twin never needs more waves (b16's 4x2) keep it."""
-    from kvprefetch.sources import upstream
-    pick, code = upstream.twin_pick, upstream.v1_code_pick
+    from kvprefetch.kernels import policy
+    pick, code = policy.twin_pick, policy.v1_code_pick
     # bucket 24 of Llama-3.1-8B: 768 CTAs; 17-20 long rows are one wave of stock's 660 slots
     assert pick(32, 8, 24, 8192, "v1", wave_guard=False) == (2, 2)
     assert pick(32, 8, 24, 8192, "v1") is None and code(128, 24, 32, 8192) == "stock"
@@ -342,27 +342,27 @@ def test_wave_guard_declines_what_long_rows_could_slow() -> None:
     assert code(128, 16, 32, 1024) == "bound"
     # b16 in v2: 4x2 holds 8 heads per SM against stock's 5, never a wave more
     assert pick(32, 8, 16, 8192, "v2") == (4, 2)
-    assert not upstream.more_waves_for_some(16, 512, 5, 128, 2, 132)
+    assert not policy.more_waves_for_some(16, 512, 5, 128, 2, 132)
     # the plain search: 17 rows of 32 CTAs fill one wave of 660 and two of 528
-    assert upstream.more_waves_for_some(17, 32, 5, 32, 4, 132)
-    assert not upstream.more_waves_for_some(16, 32, 5, 32, 4, 132)
-    assert not upstream.more_waves_for_some(24, 32, 0, 32, 4, 132)  # unknown: no verdict
+    assert policy.more_waves_for_some(17, 32, 5, 32, 4, 132)
+    assert not policy.more_waves_for_some(16, 32, 5, 32, 4, 132)
+    assert not policy.more_waves_for_some(24, 32, 0, 32, 4, 132)  # unknown: no verdict
 
 
 def test_twins_at_head_64_by_version_and_cache() -> None:
-    """rules.inc's KVP_TWIN_AT as upstream.twin_shapes reads it: head 64 has twins at block 32
+    """rules.inc's KVP_TWIN_AT as policy.twin_shapes reads it: head 64 has twins at block 32
     in v1 and v2 and at block 16 in v2 only; bf16 v1 none where the launch bound is (block 16);
     head 128 at block 32 and head 256 none (their twins would spill)."""
-    from kvprefetch.sources import upstream
+    from kvprefetch.kernels import policy
 
     for cache in ("fp16", "bf16"):
-        assert not upstream.twin_shapes("prefetch", "v1", "auto", 64, 16, cache)
-        assert upstream.twin_shapes("prefetch", "v2", "auto", 64, 16, cache)
-        assert upstream.twin_shapes("prefetch", "v1", "auto", 64, 32, cache)
-        assert upstream.twin_shapes("prefetch", "v2", "auto", 64, 32, cache)
-    assert not upstream.twin_shapes("prefetch", "v1", "auto", 128, 16, "bf16")
+        assert not policy.twin_shapes("prefetch", "v1", "auto", 64, 16, cache)
+        assert policy.twin_shapes("prefetch", "v2", "auto", 64, 16, cache)
+        assert policy.twin_shapes("prefetch", "v1", "auto", 64, 32, cache)
+        assert policy.twin_shapes("prefetch", "v2", "auto", 64, 32, cache)
+    assert not policy.twin_shapes("prefetch", "v1", "auto", 128, 16, "bf16")
     for head, block_size in ((128, 32), (256, 16), (256, 32)):
-        assert not upstream.twin_shapes("prefetch", "v2", "auto", head, block_size, "fp16")
+        assert not policy.twin_shapes("prefetch", "v2", "auto", head, block_size, "fp16")
 
 
 # Real mangled names (nvcc 13.0, sm_90) of vLLM's kernels and of kvprefetch's GQA twin, which
@@ -413,7 +413,7 @@ def test_decode_twin_names() -> None:
 
 def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     """check_gqa_twin: a `prefetch` build must hold the four twins beside the fp16 v1 and bf16
-    v2 kernels (upstream.twin_shapes) and nowhere else, each twin's global loads all read-only;
+    v2 kernels (policy.twin_shapes) and nowhere else, each twin's global loads all read-only;
     stock holds none. A missing twin, an extra one (bf16 v1) and a plain load each fail."""
     from kvprefetch.verify.machine_code import check_gqa_twin
     from kvprefetch.verify.report import VerifyReport

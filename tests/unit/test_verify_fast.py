@@ -271,7 +271,7 @@ def test_twin_passes_reuse_only_a_no_device_answer(tmp_path: Path, fake_world: d
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """With twins in the SASS, the forced-twin identity passes run one by one after the plain
     pass -- unless that pass found no CUDA device, whose answer they would repeat."""
-    from kvprefetch.sources.upstream import TWIN_SHAPES
+    from kvprefetch.kernels.policy import TWIN_SHAPES
 
     root, _ = _workdir(tmp_path, {"baseline": "baseline", "patched": "patched"})
     twin_name = "_ZN10kvprefetch17gqa_decode_kernelIttLi128ELi16ELi128ELN4vllm18Fp8KVCacheDataTypeE0ELi0ELi4ELi1EEEvv"

@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import BenchError, ConfigError
+from ..kernels import policy
 from ..kernels.kvinputs import (
     alias_pool_blocks,
     cache_bytes_per_layer,
@@ -63,7 +64,6 @@ from ..kernels.kvinputs import (
 )
 from ..kernels.ops import PagedOps, forward_decode, v2_workspace
 from ..kitinfo import kit_info
-from ..sources import upstream
 from .device import CudaBackend, HostBackend, device_facts, measure_copy_bandwidth
 from .limits import memory_refusal, shape_memory, vllm_kernel_limit
 from .matrix import MODES, BenchMatrix, BenchShape
@@ -522,7 +522,7 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
             "call": run_call(configs, sample is not None),
             "matrix": matrix.to_dict() if sample is None else None,
             "command": list(command), "aborted": aborted,
-            **({"sample": sample, "twin_at": [list(x) for x in upstream.TWIN_AT],
+            **({"sample": sample, "twin_at": [list(x) for x in policy.TWIN_AT],
                 "twin_partial_groups": True, "twin_least_guard": True,
                 "wave_guard": True}
                if sample is not None else {}),

@@ -8,7 +8,7 @@ matplotlib only for the PNG.
 A step's ratio is its median over rounds of the paired per-round ratio stock time / variant
 time (``bench/kernel.py``): > 1 means the variant is faster.
 
-Where a step is explained by the launcher's rule (its Python mirror in sources/upstream.py), the
+Where a step is explained by the launcher's rule (its Python statement in kernels/policy.py), the
 rule is given the launch the kernel saw (bench/vllm_call.py ``row_launch``: under vLLM's call a
 graph step's padded batch and capture length), never the step's real values; a document made
 before the kit recorded launches was made with the exact call, whose launch is the step itself.
@@ -179,7 +179,7 @@ def attribution(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
 def run_twin_at(doc: dict[str, Any]) -> tuple[tuple[int, int, bool], ...]:
     """The (head size, block size, v1 too) a sampled run had twins at: its ``meta.twin_at``, or
     for a run made before the kit recorded it, the one instantiation the twins had then."""
-    from ..sources.upstream import TWIN_AT_BEFORE_LIST
+    from ..kernels.policy import TWIN_AT_BEFORE_LIST
 
     at = doc["meta"].get("twin_at")
     return (TWIN_AT_BEFORE_LIST if at is None
@@ -210,7 +210,7 @@ def _mirror_pick(doc: dict[str, Any], r: dict[str, Any], sms: int,
                  least_guard: bool) -> tuple[int, int] | None:
     """The twin `auto` runs at sampled step ``r`` of run ``doc`` by the rule's mirror, on ``sms``
     SMs, under the run's partial-group rule and with or without the short-CTA guard."""
-    from ..sources.upstream import twin_pick
+    from ..kernels.policy import twin_pick
     from .sample import cache_kind
 
     launch = row_launch(r)  # the launcher sees the launch, not the step's real values
@@ -224,13 +224,13 @@ def _mirror_pick(doc: dict[str, Any], r: dict[str, Any], sms: int,
 
 def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     """The steps whose instantiation has GQA twins compiled beside it: which twin `auto` runs
-    there by the launcher's rule (its mirror, ``upstream.twin_pick``, on this run's SM count;
+    there by the launcher's rule (its mirror, ``policy.twin_pick``, on this run's SM count;
     "none": vLLM's kernel) and what ``patched`` (and ``gqa_off``, where it ran) measured. The
     rule's prediction beside the measurement, step by step; it is the rule as this kit has it,
     so it describes a run made with the same rules (a run's provenance names its commit), at
     the instantiations the run had twins at (run_twin_at) and for the models it had them for
     (run_partial_groups) and with the guard it had (run_least_guard)."""
-    from ..sources.upstream import H200_SMS, twin_shapes
+    from ..kernels.policy import H200_SMS, twin_shapes
     from .sample import cache_kind
 
     sms = doc["meta"]["device"].get("sm_count") or H200_SMS
@@ -289,11 +289,11 @@ def twins_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> list
 
 def bound_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     """The v1 steps of a launch-bounded instantiation where no twin runs: which code the
-    launcher runs by its rule (``upstream.v1_code_pick``: the bounded kernel, or stock's
+    launcher runs by its rule (``policy.v1_code_pick``: the bounded kernel, or stock's
     unbounded copy where the bound would cost a wave) and what ``patched`` measured, and where
     both trees ran, the bound's own step (``gqa_off`` over ``launch``, whose kernels are
     stock's). Like twin_steps, the rule as this kit has it, at the run's twin_at."""
-    from ..sources.upstream import H200_SMS, min_blocks, twin_shapes, v1_code_pick
+    from ..kernels.policy import H200_SMS, min_blocks, twin_shapes, v1_code_pick
     from .sample import cache_kind
 
     sms = doc["meta"]["device"].get("sm_count") or H200_SMS

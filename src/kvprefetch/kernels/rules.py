@@ -2,10 +2,10 @@
 
 ``csrc/kvprefetch/rules.inc`` is an X-macro table: the CUDA headers include it to build their
 constants (the GQA twins, the v1 launch bounds, the thresholds), and this module parses the same
-file, so a rule changed there changes both sides. The Python logic that restates the C++
-decisions (kvprefetch.upstream: which instantiations change, which twin a grid runs, the ring's
-slots) reads its numbers from here; tests compile the C++ logic into a host program and check
-that both sides agree. Parsing is pure and happens once, at first use."""
+file, so a rule changed there changes both sides. The Python statement of the C++ decisions
+(``kernels.policy``: which instantiations change, which twin a grid runs, the ring's slots)
+reads its numbers from here; tests compile the C++ logic into a host program and check that
+both sides agree. Parsing is pure and happens once, at first use."""
 
 from __future__ import annotations
 

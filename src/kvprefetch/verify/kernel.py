@@ -26,10 +26,8 @@ from typing import Any
 
 from ..errors import VerifyError
 from ..hashing import sha256_file
+from ..kernels.policy import TWIN_SHAPES
 from ..runner import run
-from ..sources.upstream import (
-    TWIN_SHAPES,
-)
 from ..workspace.workdir import Workdir, write_json_atomic
 from .facts import (
     ElfFacts,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..sources.upstream import (
+from ..kernels.policy import (
     FUSED_MAX_HEAD_SIZE,
     FUSED_TWINS,
     LAUNCHER_PREFETCH_VARIANTS,
@@ -142,7 +142,7 @@ def check_unbounded_copies(rep: VerifyReport, tree: str, variant: str | None,
                            text: str | SassFacts, baseline: str | SassFacts) -> None:
     """Stock's unbounded copies (csrc/kvprefetch/stock_v1.cuh unbounded_v1_kernel), which the
     v1 launcher runs where the launch bound would cost a wave: one beside each instantiation
-    the variant bounds (upstream.has_unbounded_copy) and nowhere else, each
+    the variant bounds (policy.has_unbounded_copy) and nowhere else, each
     instruction-identical to the baseline library's kernel of the same instantiation (so what
     runs there is stock's code, schedule included)."""
     def key(arch: str, meta: dict[str, object]) -> tuple[object, ...]:
@@ -196,7 +196,7 @@ VLLM_NUM_THREADS = 128  # paged_attention_v1/v2 launch 128 threads per CTA
 
 
 def check_launch_bounds(rep: VerifyReport, tree: str, variant: str, elf: str | ElfFacts) -> None:
-    """Every attention kernel the variant's rule bounds (upstream.min_blocks) carries
+    """Every attention kernel the variant's rule bounds (policy.min_blocks) carries
     ``__launch_bounds__(128, …)`` in its module (``EIATTR_MAX_THREADS`` = 128 in
     ``cuobjdump -elf``), and no other attention kernel carries any: the bound reached the
     binary, and only where it was measured."""
@@ -251,7 +251,7 @@ TWIN_CHECK = "GQA twins where the rule puts them"
 def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None,
                    text: str | SassFacts) -> None:
     """The GQA-grouped twins (csrc/kvprefetch/gqa_twins.cuh) are compiled exactly beside the attention
-    instantiations upstream.twin_shapes names, with those (G, S), and nowhere else; and every
+    instantiations policy.twin_shapes names, with those (G, S), and nowhere else; and every
     global load in them takes the read-only path (``LDG….CONSTANT``), as stock's K/V loads do,
     or, in a twin built to launch as a programmatic dependent, is ordered (strong,
     ``LDG….STRONG.SM`` or ``….STRONG.GPU``: the loads of what an earlier kernel may write, kept
