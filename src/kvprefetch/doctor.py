@@ -294,10 +294,13 @@ def _check_index(environ: Mapping[str, str], probes: DoctorProbes) -> Check:
 
 
 @contextmanager
-def _scratch(workdir: Path) -> Iterator[Path]:
+def _scratch(workdir: Path, read_only: bool) -> Iterator[Path]:
     """Where the compile probe writes: the work directory's scratch space when kvprefetch made
-    that directory (doctor never creates or adopts one), else a system temp directory."""
-    if Workdir(workdir).is_tagged():
+    that directory (doctor never creates or adopts one) and the run may write there, else a
+    system temp directory. ``kvprefetch doctor`` and dry runs (``read_only``) write nothing
+    into the work directory (issue 41, class 6: `build --dry-run` rewrote the ownership record
+    to record this scratch folder)."""
+    if not read_only and Workdir(workdir).is_tagged():
         with ownership.scratch_dir(workdir, "doctor") as d:
             yield d
     else:
@@ -306,13 +309,13 @@ def _scratch(workdir: Path) -> Iterator[Path]:
 
 
 def _check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int, int],
-                   environ: Mapping[str, str], workdir: Path) -> Check:
+                   environ: Mapping[str, str], workdir: Path, read_only: bool = False) -> Check:
     """Compile PROBE_CU for the gencode flags the paged-attention TUs get; count UBLKPF."""
     try:
         flags = gencode_flags(archs, cuda_version=version)
     except ConfigError as exc:
         return Check("nvcc-compile", "fail", exc.cause, exc.fix)
-    with _scratch(workdir) as tmp:
+    with _scratch(workdir, read_only) as tmp:
         src, obj = tmp / "probe.cu", tmp / "probe.o"
         src.write_text(PROBE_CU)
         t0 = time.monotonic()
@@ -630,13 +633,14 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
                cuda_home_opt: str | None = None, allow_cuda_mismatch: bool = False,
                mode_reason: str = "", smoke: bool = False,
                torch_from: str | None = None, env_backend: str | None = None,
-               envs: int = 2) -> DoctorReport:
+               envs: int = 2, read_only: bool = False) -> DoctorReport:
     """Run every check for building ``arch_list`` in ``mode`` with the environment ``env``
     (default os.environ; pass the build environment's environ()). ``need_network`` None means:
     needed for a full build unless all three FetchContent source dirs are set. ``smoke``: the
     full-mode smoke's needs (``_smoke_checks``) in place of a full build's toolkit, libraries
     and cmake rows. Overlay: ``env_backend`` (None: ``default_backend()``) and ``envs``, the
-    number of environments, size the disk check."""
+    number of environments, size the disk check. ``read_only``: write nothing into the work
+    directory (``kvprefetch doctor``, dry runs): the compile probe uses a system temp folder."""
     if mode not in ("full", "kernels-only", "overlay"):
         raise ConfigError(f"unknown doctor mode {mode!r}",
                           "use 'full', 'kernels-only' or 'overlay'")
@@ -682,7 +686,7 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
         nvcc_checks, nvcc, version = _check_nvcc(archs, environ, mode, probes)
         checks += nvcc_checks
     if nvcc is not None and version is not None and archs:
-        checks.append(_check_compile(nvcc, archs, version, environ, wd))
+        checks.append(_check_compile(nvcc, archs, version, environ, wd, read_only))
     else:
         checks.append(Check("nvcc-compile", "skip", "no usable nvcc or arch list"))
     if mode != "overlay" and not smoke_rows:
@@ -720,7 +724,7 @@ class ModeChoice:
 
 def choose_mode(mode: str, arch_list: str | Sequence[CudaArch], *,
                 env: Mapping[str, str] | None = None, workdir: str | os.PathLike[str] = ".",
-                probes: DoctorProbes | None = None) -> ModeChoice:
+                probes: DoctorProbes | None = None, read_only: bool = False) -> ModeChoice:
     """``auto`` -> full where the full-mode preflight (with the network required) passes and a
     GPU is found, else kernels-only; any other mode as given. ``build`` and ``doctor`` both
     decide here, so plain ``doctor`` checks the mode that plain ``build`` would build."""
@@ -730,7 +734,7 @@ def choose_mode(mode: str, arch_list: str | Sequence[CudaArch], *,
                               "use auto, full, kernels-only or overlay")
         return ModeChoice(mode, f"--mode {mode}")  # type: ignore[arg-type]
     rep = run_doctor(arch_list, env=env, workdir=workdir, need_network=True, mode="full",
-                     probes=probes)
+                     probes=probes, read_only=read_only)
     failing = [c for c in rep.checks if c.status == "fail"]
     gpu = [c for c in rep.checks if c.name == "gpu" and c.status == "ok"]
     if not failing and gpu:
@@ -751,10 +755,12 @@ def check_machine(mode: str, arch_list: str, *, workdir: str | os.PathLike[str] 
         return run_doctor(arch_list, workdir=workdir, mode="full",
                           need_network=False if local_deps else None,
                           cuda_home_opt=cuda_home_opt, smoke=True, torch_from=torch_from,
+                          read_only=True,
                           mode_reason="--smoke: vLLM's configure and the attention objects only")
-    choice = choose_mode(mode, arch_list, workdir=workdir)
+    choice = choose_mode(mode, arch_list, workdir=workdir, read_only=True)
     if choice.full_report is not None and choice.mode == "full" and not local_deps:
         return dataclasses.replace(choice.full_report, mode_reason=choice.reason)
     return run_doctor(arch_list, workdir=workdir, mode=choice.mode,
                       need_network=False if local_deps else None, cuda_home_opt=cuda_home_opt,
-                      allow_cuda_mismatch=allow_cuda_mismatch, mode_reason=choice.reason)
+                      allow_cuda_mismatch=allow_cuda_mismatch, mode_reason=choice.reason,
+                      read_only=True)

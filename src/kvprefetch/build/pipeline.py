@@ -119,7 +119,7 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
         raise ConfigError(f"--smoke is a full-mode check; --mode {opts.mode} has none",
                           "use `build --mode full --smoke` (or leave --mode out)")
     choice = choose_mode("full" if opts.smoke else opts.mode, archs, env=environ,
-                         workdir=opts.workdir)
+                         workdir=opts.workdir, read_only=opts.dry_run)
     mode = choice.mode
     if opts.mode == "auto" and mode != "full":
         notices.append(f"building {mode} ({choice.reason})")
@@ -154,7 +154,7 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
                          cuda_home_opt=opts.cuda_home,
                          allow_cuda_mismatch=opts.allow_cuda_mismatch,
                          smoke=opts.smoke, torch_from=opts.torch_from,
-                         env_backend=env_backend, envs=len(names))
+                         env_backend=env_backend, envs=len(names), read_only=opts.dry_run)
         if not opts.dry_run:
             rep.raise_if_failed()
     smoke = None

@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import shutil
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,9 +89,10 @@ def _pristine_files(tree: Path, paths: list[str]) -> bool:
                sha256_file(tree / p) == upstream.PRISTINE_SHA256[p] for p in paths)
 
 
-def carried_variant(tree: Path) -> str | None:
+def carried_variant(tree: Path, *, read_only: bool = False) -> str | None:
     """Which variant (if any) the tree's patched files carry exactly; None when all of them
-    are pristine; "unknown" for anything else."""
+    are pristine; "unknown" for anything else. ``read_only``: the scratch copy goes to a
+    system temp folder, not the work directory (diff-upstream writes nothing there)."""
     every = upstream.all_patched_paths()
     if _pristine_files(tree, every):
         return None
@@ -100,7 +102,7 @@ def carried_variant(tree: Path) -> str | None:
         if not _pristine_files(tree, others):
             continue
         # trees/<name> -> its work directory, which holds the scratch copy
-        with ownership.scratch_dir(tree.parent.parent, "carried") as td:
+        with ownership.scratch_dir(tree.parent.parent, "carried", read_only=read_only) as td:
             copy = td / "t"
             for rel in own:
                 if not (tree / rel).is_file():
@@ -120,7 +122,7 @@ def _describe(tree: Path) -> str:
 
 
 def _refuse_differences(tree: Path, variant: str, applied: dict | None,
-                        diffs: list[str]) -> PatchError:
+                        diffs: list[str], read_only: bool = False) -> PatchError:
     """Why a tree that differs from the kit's record is refused (nothing was changed)."""
     shown = ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
     fix = ("keep your changes elsewhere, then `kvprefetch fetch --force` (the tree is moved to "
@@ -130,7 +132,7 @@ def _refuse_differences(tree: Path, variant: str, applied: dict | None,
         edited = ", ".join(str(tree / d[2:]) for d in diffs)
         return PatchError(f"{edited} was edited by hand (it differs from what kvprefetch "
                           "installed); the tree was left untouched", fix)
-    carried = carried_variant(tree)
+    carried = carried_variant(tree, read_only=read_only)
     what = ("an unknown modification" if carried in (None, "unknown")
             else f"the {carried} variant with other changes")
     expected = ("pristine v0.10.2" if applied is None
@@ -163,7 +165,10 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
     digest = patch_sha256(variant)
     own = upstream.patched_paths(variant)
     files = own + list(upstream.KIT_HEADERS_IN_TREE)
-    with locked(wd.tree_lock(name), f"the tree {name}"), mapped(PatchError, f"apply to {tree}"):
+    # a dry run takes no lock: it writes nothing, not even the lock file (issue 41, class 6)
+    lock: AbstractContextManager[None] = (
+        nullcontext() if dry_run else locked(wd.tree_lock(name), f"the tree {name}"))
+    with lock, mapped(PatchError, f"apply to {tree}"):
         if treetxn.stage_dir(wd, name).exists() and dry_run:
             raise PatchError(f"an apply to {name!r} was interrupted and awaits recovery",
                              "run `kvprefetch apply` without --dry-run (it recovers first)")
@@ -179,7 +184,7 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                   if applied is None and os.path.lexists(tree / rel) and rel not in recorded
                   and f"A {rel}" not in diffs]
         if diffs:
-            raise _refuse_differences(tree, variant, applied, diffs)
+            raise _refuse_differences(tree, variant, applied, diffs, read_only=dry_run)
         headers_only = False
         was = upstream.canonical_variant(applied["variant"]) if applied is not None else None
         if applied is not None:
@@ -187,7 +192,7 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                 return ApplyResult(name, tree, variant, "already-applied", digest, files)
             # The kit's own headers changed since (csrc/*.cuh), its diffs did not: the tree's
             # patched files still reverse-apply to pristine. Install the new headers.
-            headers_only = was == variant and carried_variant(tree) == variant
+            headers_only = was == variant and carried_variant(tree, read_only=dry_run) == variant
         if applied is not None and not headers_only:
             what = (f"the {was} variant" if was != variant
                     else f"another version of the {variant} patch (sha256 "

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -168,11 +169,20 @@ SCRATCH = "tmp"
 
 
 @contextmanager
-def scratch_dir(root: Path, prefix: str) -> Iterator[Path]:
+def scratch_dir(root: Path, prefix: str, *, read_only: bool = False) -> Iterator[Path]:
     """A new empty directory ``<workdir>/tmp/<prefix>-<pid>-<random>`` for one step's scratch
     files, removed on exit. It is recorded as the kit's temporary before it exists, so one that
     a killed run leaves behind is an orphan that the next fetch or clean removes: the kit writes
-    nothing outside its work directory (tempfile's default, /tmp, kept every killed run's)."""
+    nothing outside its work directory (tempfile's default, /tmp, kept every killed run's).
+
+    ``read_only``: the command must not write the work directory at all (a dry run,
+    ``diff-upstream``, ``doctor``; issue 41, class 6), so the scratch is a system temp folder
+    instead, neither recorded nor inside the work directory (a killed run may leave it there,
+    as tempfile does)."""
+    if read_only:
+        with tempfile.TemporaryDirectory(prefix=f"kvprefetch-{prefix}-") as tmp:
+            yield Path(tmp)
+        return
     base = root / SCRATCH
     link = symlink_on_the_way(root, base) if base.exists() or base.is_symlink() else None
     if link is not None:
