@@ -24,11 +24,13 @@ import pytest
 
 from kvprefetch.slurm.campaign import (
     BenchSpec,
+    Campaign,
     SlurmOptions,
     make_campaign,
     parse_trees,
     write_campaign,
 )
+from kvprefetch.slurm.cluster import status
 from tests.integration.helpers import kvprefetch_cli_split
 
 # --------------------------------------------------------------------------- fast, pure
@@ -85,7 +87,10 @@ def _ensure_slurm_installed() -> str | None:
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """munged (unless one is already running: then it is used and left alone), slurmctld and
-    slurmd on this host with their own ports and a generated slurm.conf; all stopped after."""
+    slurmd on this host with their own ports and a generated slurm.conf; all stopped after.
+    No accounting and MinJobAge=2: the controller forgets a finished job within seconds, as a
+    small cluster without slurmdbd does after 300 s, so `slurm status` must read how each job
+    ended from its exit record (a campaign longer than 300 s failed exactly there)."""
     if os.geteuid() != 0:
         pytest.skip("a real Slurm needs root here (daemons, apt-get, munge key)")
     why = _ensure_slurm_installed()
@@ -153,6 +158,7 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
+MinJobAge=2
 MailProg=/bin/true
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
@@ -319,6 +325,51 @@ def test_the_gpu_bench_script_parses_with_the_real_cli(tmp_path: Path) -> None:
     assert r.returncode == 7, r.stdout + r.stderr
     assert "no kernels-only builds under" in r.stderr
     assert "kvprefetch job bench on" in r.stdout
+
+
+def test_each_job_records_how_it_ended_and_status_reads_it(tmp_path: Path) -> None:
+    """Every script's EXIT trap writes logs/<job>-<id>.exit (Slurm's own %j / %A_%a id) last,
+    after a build's scratch is gone. Run here by bash as Slurm runs them, with /bin/true or
+    /bin/false as the interpreter; `status` then reads the records for jobs Slurm does not
+    know (the fetch that stands for scontrol and sacct returns nothing, as both do then)."""
+    def campaign(python: str) -> Campaign:
+        return make_campaign(tmp_path / "camp", python=python, kit_root="/k", kit_commit=None,
+                             kit_version="0", path=os.environ.get("PATH", os.defpath),
+                             source="sdist", trees=parse_trees("baseline,patched"), arch="9.0a",
+                             build_args=(), no_gpu=True, bench=BenchSpec((1, 8)),
+                             slurm=SlurmOptions(), scratch="campaign")
+
+    def run_job(c: Campaign, job: str, **env: str) -> int:
+        r = subprocess.run(["bash", str(Path(c.root) / c.job(job).script)],
+                           env=dict(os.environ, **env), capture_output=True, text=True,
+                           check=False, timeout=60)
+        return r.returncode
+
+    ok, bad = campaign("/bin/true"), campaign("/bin/false")
+    write_campaign(ok)
+    assert run_job(ok, "prepare", SLURM_JOB_ID="11") == 0
+    assert run_job(ok, "bench", SLURM_JOB_ID="14", SLURM_ARRAY_JOB_ID="13",
+                   SLURM_ARRAY_TASK_ID="0") == 0
+    write_campaign(bad)  # the same plan but the interpreter: the kit's scripts are replaced
+    assert run_job(bad, "build-baseline", SLURM_JOB_ID="12") == 1
+    assert run_job(bad, "bench", SLURM_JOB_ID="15", SLURM_ARRAY_JOB_ID="13",
+                   SLURM_ARRAY_TASK_ID="1") == 1
+    logs = Path(bad.root) / "logs"
+    assert sorted(p.name for p in logs.glob("*.exit")) == [
+        "bench-13_0.exit", "bench-13_1.exit", "build-baseline-12.exit", "prepare-11.exit"]
+    assert (logs / "build-baseline-12.exit").read_text() == "1\n"
+    assert not list((Path(bad.root) / "scratch").iterdir())  # removed before the record
+
+    rec = json.loads((Path(bad.root) / "campaign.json").read_text())
+    rec["submitted"] = {"prepare": [{"id": "11"}], "build-baseline": [{"id": "12"}],
+                        "build-patched": [{"id": "16"}], "bench": [{"id": "13"}]}
+    (Path(bad.root) / "campaign.json").write_text(json.dumps(rec))
+    got = {(s.job, s.id): (s.state, s.source) for s in status(Path(bad.root), lambda j, i: [])}
+    assert got == {("prepare", "11"): ("COMPLETED", "exit record"),
+                   ("build-baseline", "12"): ("FAILED", "exit record"),
+                   ("build-patched", "16"): ("ENDED", "none"),  # no record: killed?
+                   ("bench", "13_0"): ("COMPLETED", "exit record"),
+                   ("bench", "13_1"): ("FAILED", "exit record")}
 
 
 @pytest.mark.parametrize("scratch", ["node", "campaign", "/lscratch/$USER/kvp"])

@@ -28,6 +28,7 @@ from kvprefetch.slurm.cluster import (
     parse_scontrol,
     status,
     submit,
+    wait,
 )
 
 TWO = parse_trees("baseline,patched")
@@ -238,6 +239,37 @@ def test_status_shows_a_resubmitted_task_in_place_of_the_failed_one(tmp_path: Pa
               "20": [JobState("bench", "20_0", "COMPLETED", "0:0", "", "t")]}
     got = status(Path(c.root), lambda job, jid: states[jid])
     assert [(s.id, s.state) for s in got] == [("20_0", "COMPLETED"), ("12_1", "COMPLETED")]
+
+
+def test_a_forgotten_job_ends_by_its_exit_record_and_wait_stops_on_one_without(
+        tmp_path: Path) -> None:
+    """Neither scontrol nor sacct knows the jobs (the fetch returns nothing): the exit records
+    in logs/ decide, a resubmitted task by its own record; a job with no record is ENDED,
+    final and not a success, so `wait` returns instead of polling until its timeout. A
+    controller that does not answer (UNKNOWN) is not final: `wait` keeps asking."""
+    c = _campaign(tmp_path / "camp")
+    write_campaign(c)
+    root = Path(c.root)
+    rec = json.loads((root / "campaign.json").read_text())
+    rec["submitted"] = {"prepare": [{"id": "3"}], "bench": [{"id": "12"}, {"id": "20", "task": 2}]}
+    (root / "campaign.json").write_text(json.dumps(rec))
+    for name, code in (("prepare-3", "0"), ("bench-12_0", "0"), ("bench-12_1", "2"),
+                       ("bench-12_2", "1"), ("bench-20_2", "0")):
+        (root / "logs" / f"{name}.exit").write_text(code + "\n")
+    got = [(s.id, s.state, s.exit_code) for s in wait(root, 5, 0, lambda job, jid: [])]
+    assert got == [("3", "COMPLETED", "0:0"), ("12_0", "COMPLETED", "0:0"),
+                   ("12_1", "FAILED", "2:0"), ("20_2", "COMPLETED", "0:0")]
+
+    (root / "logs" / "prepare-3.exit").unlink()
+    (root / "logs" / "bench-12_1.exit").write_text("garbage")
+    got = [(s.id, s.state) for s in wait(root, 5, 0, lambda job, jid: [])]
+    assert got == [("3", "ENDED"), ("12_0", "COMPLETED"), ("12_1", "ENDED"),
+                   ("20_2", "COMPLETED")]
+
+    def down(job: str, jid: str) -> list[JobState]:
+        return [JobState(job, jid, "UNKNOWN", "?", "scontrol failed", "none")]
+    with pytest.raises(SlurmError, match="still not done: prepare 3 UNKNOWN"):
+        wait(root, -1, 0, down)
 
 
 # --------------------------------------------------------------------------- publish, prepare

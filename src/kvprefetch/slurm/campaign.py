@@ -7,6 +7,7 @@ here runs Slurm (``cluster.py`` does).
       scripts/NN-<job>.sbatch  one self-contained script per job
       logs/<job>-<jobid>.out   Slurm's output of each job (arrays: <job>-<array>_<task>.out);
                                a failed build's own logs in logs/build-<tree>-<jobid>/
+      logs/<job>-<jobid>.exit  the job's exit status, written last by the script's EXIT trap
       cache/                   the read-only source cache: the hash-checked sdist (prepare)
       work/                    the published outputs only: build/<tree>/<key>/ (manifest.json,
                                the library) and envs/<tree>/, then verify/ (a kit work dir)
@@ -44,6 +45,7 @@ from ..sources import upstream
 
 SCHEMA = 2
 CAMPAIGN_FILE = "campaign.json"
+EXIT_SUFFIX = ".exit"  # logs/<job>-<id>.exit: the job's exit status, written by its EXIT trap
 # --scratch: where a build job makes its own work directory. ``node``: the node-local folder
 # the cluster gives the job (``$SLURM_TMPDIR`` where the site sets it, as the Alliance's
 # clusters do; else ``$TMPDIR``, which job_container/tmpfs sites make per job; else /tmp).
@@ -433,6 +435,7 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
         "  local rc=$?",
         f'  if [ "$rc" -ne 0 ]; then {publish} --logs-only || true; fi',
         ('  echo "scratch kept: $SCRATCH"' if c.keep_scratch else '  rm -rf -- "$SCRATCH"'),
+        '  record_exit "$rc"  # last: the record means the job is over, scratch included',
         "}",
         "trap on_exit EXIT",
         'echo "scratch: $SCRATCH"',
@@ -505,6 +508,16 @@ def render_script(c: Campaign, job: Job) -> str:
         f"export PATH={shlex.quote(c.path)}",
         "unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION",
         f"cd {shlex.quote(c.root)}",
+        # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
+        # reads it for a job the controller has forgotten (MinJobAge) where accounting is off
+        "JOB_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
+        (f"EXIT_RECORD={shlex.quote(str(c.logs))}/{job.name}-"
+         f'"${{JOB_ID:-${{SLURM_JOB_ID:-$$}}}}"{EXIT_SUFFIX}'),
+        "record_exit() {",
+        '  printf \'%s\\n\' "$1" > "$EXIT_RECORD.tmp"',
+        '  mv -f -- "$EXIT_RECORD.tmp" "$EXIT_RECORD"',
+        "}",
+        "trap 'record_exit $?' EXIT",
         'echo "kvprefetch job ' + job.name + ' on $(hostname) at $(date -u +%FT%TZ)"',
     ]
     return "\n".join(lines + job_commands(c, job)) + "\n"

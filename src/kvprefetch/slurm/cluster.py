@@ -1,7 +1,8 @@
 """Talking to Slurm for a campaign: ``sbatch --parsable`` to submit (ids recorded in
 campaign.json), ``scontrol show job`` for the state of jobs the controller still knows (pending,
 running, and finished ones for MinJobAge), ``sacct`` for the ones it has forgotten (where
-accounting is on). Every command goes through the kit's runner."""
+accounting is on), and the exit record each job's script leaves in ``logs/`` where neither
+knows the job any more. Every command goes through the kit's runner."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from typing import Any
 from ..errors import CommandError, SlurmError
 from ..runner import run, which
 from .campaign import (
+    EXIT_SUFFIX,
     Campaign,
+    Job,
     campaign_from_dict,
     load_record,
     save_record,
@@ -23,8 +26,9 @@ from .campaign import (
     submission_order,
 )
 
+# ENDED: forgotten by the controller, no accounting and no exit record (recorded_end)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-            "PREEMPTED", "BOOT_FAIL", "DEADLINE", "NEVER")
+            "PREEMPTED", "BOOT_FAIL", "DEADLINE", "NEVER", "ENDED")
 FIX_SLURM = "run this on a Slurm login node (sbatch, scontrol on PATH, slurmctld reachable)"
 
 
@@ -87,7 +91,7 @@ def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
 class JobState:
     job: str            # campaign job name
     id: str             # Slurm id, ``<array>_<task>`` for array tasks
-    state: str          # COMPLETED, RUNNING, PENDING, FAILED, ..., NEVER, UNKNOWN
+    state: str          # COMPLETED, RUNNING, PENDING, FAILED, ..., NEVER, ENDED, UNKNOWN
     exit_code: str
     reason: str
     source: str         # scontrol or sacct
@@ -129,6 +133,9 @@ def _record_state(job: str, r: dict[str, str]) -> JobState:
 
 
 def job_states(job: str, job_id: str) -> list[JobState]:
+    """What Slurm knows of a submission: scontrol while the controller keeps the job, then
+    sacct where accounting is on. Empty when neither knows it: the controller has forgotten a
+    finished job (after MinJobAge, 300 s by default) and there is no accounting."""
     res = _slurm(["scontrol", "-o", "show", "job", job_id], check=False)
     if res.returncode == 0:
         return [_record_state(job, r) for r in parse_scontrol(res.output)]
@@ -139,12 +146,56 @@ def job_states(job: str, job_id: str) -> list[JobState]:
         if rows:
             return [JobState(job, r["JobID"], r["State"], r["ExitCode"], "", "sacct")
                     for r in rows]
-    return [JobState(job, job_id, "UNKNOWN", "?", "the controller no longer knows the job and "
-                     "sacct has no record of it (accounting off?)", "none")]
+    if "invalid job id" in res.output.lower():
+        return []
+    # the controller did not answer (down, restarting, unreachable): not an end, keep asking
+    return [JobState(job, job_id, "UNKNOWN", "?", "scontrol failed: "
+                     + (res.output.strip().splitlines() or ["no output"])[-1], "none")]
 
 
-def status(root: Path, fetch: Callable[[str, str], list[JobState]] = job_states) \
-        -> list[JobState]:
+def recorded_end(logs: Path, job: str, job_id: str) -> JobState:
+    """A forgotten job's end from the exit record its script's EXIT trap wrote
+    (``logs/<job>-<id>.exit``). Without one the job is still over (the controller forgets only
+    finished jobs) but its outcome is not known: ENDED, which is not a success."""
+    from ..workspace.confine import read_limited
+
+    path = logs / f"{job}-{job_id}{EXIT_SUFFIX}"
+    try:
+        text = read_limited(path, 64).decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        return JobState(job, job_id, "ENDED", "?", "the controller has forgotten it, no "
+                        f"accounting, and it left no {path.name} (killed: time limit, "
+                        "scancel, node failure?)", "none")
+    except (OSError, ValueError) as exc:
+        return JobState(job, job_id, "ENDED", "?", f"its exit record is unreadable ({exc})",
+                        "none")
+    if not text.isdigit():
+        return JobState(job, job_id, "ENDED", "?", f"{path.name} holds {text[:20]!r}, not an "
+                        "exit status", "exit record")
+    return JobState(job, job_id, "COMPLETED" if int(text) == 0 else "FAILED", f"{text}:0",
+                    "", "exit record")
+
+
+Fetch = Callable[[str, str], list[JobState]]
+
+
+def submission_states(c: Campaign, job: Job, sub: dict[str, Any],
+                      fetch: Fetch = job_states) -> list[JobState]:
+    """The states of one submission of ``job``: Slurm's, else each task's exit record."""
+    job_id = str(sub["id"])
+    known = fetch(job.name, job_id)
+    if known:
+        return known
+    if sub.get("task") is not None:
+        ids = [f"{job_id}_{sub['task']}"]
+    elif job.array:
+        ids = [f"{job_id}_{t}" for t in range(job.array)]
+    else:
+        ids = [job_id]
+    return [recorded_end(c.logs, job.name, i) for i in ids]
+
+
+def status(root: Path, fetch: Fetch = job_states) -> list[JobState]:
     """Per job (per array task), the state of its latest submission: a task resubmitted alone
     replaces that task's row of the first submission."""
     c, rec = load(root)
@@ -155,7 +206,7 @@ def status(root: Path, fetch: Callable[[str, str], list[JobState]] = job_states)
     for job in c.jobs:
         rows: dict[str, JobState] = {}
         for sub in rec["submitted"].get(job.name, []):
-            for st in fetch(job.name, str(sub["id"])):
+            for st in submission_states(c, job, sub, fetch):
                 task = st.id.partition("_")[2] if sub.get("task") is None else str(sub["task"])
                 rows[task] = st
         out += rows.values()
@@ -163,7 +214,7 @@ def status(root: Path, fetch: Callable[[str, str], list[JobState]] = job_states)
 
 
 def wait(root: Path, timeout_s: float, poll_s: float = 2.0,
-         fetch: Callable[[str, str], list[JobState]] = job_states) -> list[JobState]:
+         fetch: Fetch = job_states) -> list[JobState]:
     """Poll until every job is in a final state; a SlurmError after ``timeout_s``."""
     t0 = time.monotonic()
     while True:
@@ -193,7 +244,8 @@ def resubmit(root: Path, job_name: str, task: int | None = None,
         if aid is None:
             raise SlurmError(f"{job_name} depends on {a}, which was never submitted",
                              f"run `kvprefetch slurm submit {root}` first")
-        if dry_run or not all(s.state == "COMPLETED" for s in job_states(a, aid)):
+        if dry_run or not all(s.state == "COMPLETED" for s in
+                              submission_states(c, c.job(a), rec["submitted"][a][-1])):
             deps.append(aid)
     argv = sbatch_argv(c, job, deps, task)
     if dry_run:
