@@ -322,7 +322,7 @@ def check_objects(objects: dict[str, Path], variant: str | None, disasm_env: dic
                   log: Path) -> dict[str, dict[str, Any]]:
     """``cuobjdump -sass`` each object; per object its sha256 and the UBLKPF verdict (zero in
     every kernel of a stock tree; K and V sites where the variant's rules put them)."""
-    from ..sources.upstream import prefetches_in
+    from ..kernels.policy import prefetches_in
     from ..verify.sass import judge, parse_sass, summarise
     from .toolchain import find_cuobjdump
 

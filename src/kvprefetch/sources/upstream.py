@@ -11,10 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-# Not upstream's: kernels.policy's. Kept here only for build/full_smoke.py's check_objects,
-# whose import moves with the build package's rework (issue 45); nothing else may use it.
-from ..kernels.policy import prefetches_in  # noqa: F401
-
 VLLM_VERSION = "0.10.2"
 GIT_TAG = "v0.10.2"
 DEFAULT_REPO_URL = "https://github.com/vllm-project/vllm.git"
