@@ -13,6 +13,8 @@ import os
 import re
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -278,6 +280,41 @@ def test_concurrent_build_of_the_same_tree_is_refused(private_applied_workdir: P
     assert "To fix" in res.stderr
     assert not (private_applied_workdir / "envs").exists()
     assert not list(private_applied_workdir.glob("build/*/*/*.o"))
+
+
+@pytest.mark.parametrize("mode", ["kernels-only", "overlay"])
+def test_a_build_of_any_mode_holds_the_tree_lock_while_it_works(
+        private_applied_workdir: Path, mode: str, tmp_path: Path) -> None:
+    """While a build of either mode holds its build lock (making the environment, installing,
+    compiling), it holds the tree's own lock too, the one `apply`, `fetch` and `clean` take, so
+    no sources change under it. The overlay build took only the build lock (issue 45). Seen
+    from outside, as `apply` would: this test's flock on the tree lock must be refused."""
+    wd = private_applied_workdir
+    build_lock = wd / "build" / "patched" / ".lock"
+    log = (tmp_path / "build.log").open("wb")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "kvprefetch", "build", "--workdir", str(wd), "--skip-doctor",
+         "--mode", mode, "--trees", "patched", "--arch", "9.0a", "--head-sizes", "128",
+         "--block-sizes", "16", "--kv-dtypes", "fp16"],
+        env=_clean_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and child.poll() is None:
+            if build_lock.exists() and build_lock.read_text().strip() == str(child.pid):
+                break
+            time.sleep(0.05)
+        assert child.poll() is None, (tmp_path / "build.log").read_text()
+        assert build_lock.read_text().strip() == str(child.pid), "the build never took its lock"
+        fd = os.open(wd / ".locks" / "tree-patched.lock", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        log.close()
 
 
 # --------------------------------------------------------------------------- the real build

@@ -219,12 +219,12 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
         ninja_jobs,
         prepare_tree,
         say,
+        tree_locks,
     )
     from ..build.kernels_only import probe_torch
     from ..build.library import install_library, library_manifest, write_library_ninja
     from ..hashing import sha256_file
     from ..sources.upstream import kit_root
-    from ..workspace.locks import locked
     from ..workspace.workdir import write_json_atomic
     from .cuda12 import ensure_cuda12, toolkit_dir
     from .plugin import ENTRY_GROUP, ENTRY_NAME, write_plugin_wheel
@@ -239,7 +239,7 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
     def timed(name: str, t: float) -> None:
         timings.append({"step": name, "seconds": round(time.monotonic() - t, 1)})
 
-    with locked(bdir.parent / ".lock", f"the {tp.tree} build"):
+    with tree_locks(tp, plan):  # the tree's lock too: no apply changes what is compiled
         t = time.monotonic()
         ready = prepare_tree(tp, plan, force, out, lambda: _make_env(tp, opts))
         if ready is None:
