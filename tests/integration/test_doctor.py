@@ -19,7 +19,9 @@ from click.testing import CliRunner
 
 from kvprefetch.build.toolchain import find_cuobjdump, find_nvcc
 from kvprefetch.cli.doctor import doctor
-from kvprefetch.doctor import GIB, DoctorProbes, check_url, run_doctor
+from kvprefetch.doctor.estimates import GIB
+from kvprefetch.doctor.preflight import run_doctor
+from kvprefetch.doctor.probes import DoctorProbes, check_url
 from kvprefetch.errors import ConfigError
 from kvprefetch.runner import run, which
 
@@ -118,7 +120,7 @@ def test_bad_arch_fails_with_fix(tmp_path: Path, base_environ: dict[str, str]) -
 def test_simulated_full_disk(tmp_path: Path, base_environ: dict[str, str]) -> None:
     rep = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="kernels-only",
                      probes=DoctorProbes(disk_free=lambda p: 0.3 * GIB))
-    disk = rep.check("disk")  # below the kernels-only estimate (0.5 GB: doctor.DISK_ESTIMATE_GB)
+    disk = rep.check("disk")  # below the kernels-only estimate (0.5 GB: doctor.estimates.DISK_ESTIMATE_GB)
     assert disk.status == "fail" and "0.3 GiB free" in disk.detail
     assert "--workdir" in (disk.fix or "")
     with pytest.raises(ConfigError, match="disk"):
@@ -281,7 +283,7 @@ def test_plain_doctor_checks_the_mode_plain_build_would_build(
     """`doctor` defaults to `--mode auto`, resolved as `build --mode auto` resolves it
     (choose_mode), and says which mode it checked and why: right after a kernels-only main job
     it no longer fails the full build's checks."""
-    from kvprefetch.doctor import choose_mode
+    from kvprefetch.doctor.mode import choose_mode
 
     no_gpu = DoctorProbes(network=offline, gpus=lambda _env: [])
     auto = choose_mode("auto", "9.0a", env=base_environ, workdir=tmp_path, probes=no_gpu)

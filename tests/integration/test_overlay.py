@@ -69,7 +69,7 @@ def _has_cuda12(env: dict[str, str]) -> bool:
 
 @pytest.fixture(scope="module")
 def overlay(tmp_path_factory: pytest.TempPathFactory, fetched_template: Path) -> dict[str, Any]:
-    from kvprefetch.doctor import GIB, overlay_disk_gb, shares_one_install
+    from kvprefetch.doctor.estimates import GIB, overlay_disk_gb, shares_one_install
 
     wd = tmp_path_factory.mktemp("overlay") / "work"
     env = _env()

@@ -43,7 +43,8 @@ def test_toolkit_choice_with_this_machines_nvcc(base_environ: dict[str, str]) ->
 
 def test_doctor_overlay_mode_reports_the_toolkit(tmp_path: Path,
                                                  base_environ: dict[str, str]) -> None:
-    from kvprefetch.doctor import DoctorProbes, run_doctor
+    from kvprefetch.doctor.preflight import run_doctor
+    from kvprefetch.doctor.probes import DoctorProbes
     from kvprefetch.overlay.cuda12 import DEBIAN_MIRROR
 
     probes = DoctorProbes(index=lambda url, env: (True, f"{url} answered HTTP 200"))

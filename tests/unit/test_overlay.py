@@ -126,16 +126,17 @@ def test_doctor_names_the_toolkit_libraries_a_full_configure_needs(
     """A full build's configure needs libcuda.so (a driver or the toolkit's stub) and
     libnvrtc.so. Checked on a toolkit-shaped directory with and without them (the files'
     presence is all the check reads), and on this machine's real toolkit."""
-    from kvprefetch.doctor import DoctorProbes, _check_cuda_libs
+    from kvprefetch.doctor.probes import DoctorProbes
+    from kvprefetch.doctor.tools import check_cuda_libs
 
     home = tmp_path / "cuda"
     (home / "lib64" / "stubs").mkdir(parents=True)
     env = dict(base_environ, CUDA_HOME=str(home))
-    bad = _check_cuda_libs(env, DoctorProbes())
+    bad = check_cuda_libs(env, DoctorProbes())
     assert bad.status == "fail" and "libcuda.so" in bad.detail and "libnvrtc.so" in bad.detail
     assert "cuda-driver-dev" in (bad.fix or "") and "nvrtc" in (bad.fix or "")
     (home / "lib64" / "stubs" / "libcuda.so").write_bytes(b"")
     (home / "lib64" / "libnvrtc.so").write_bytes(b"")
-    assert _check_cuda_libs(env, DoctorProbes()).status == "ok"
-    real = _check_cuda_libs(base_environ, DoctorProbes())
+    assert check_cuda_libs(env, DoctorProbes()).status == "ok"
+    real = check_cuda_libs(base_environ, DoctorProbes())
     assert real.status in ("ok", "fail", "skip")

@@ -104,7 +104,8 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
     build step, for a missing or edited tree, a bad option or, unless dry run or
     ``skip_doctor``, a failed preflight)."""
     from ..build.envs import refuse_precompiled
-    from ..doctor import choose_mode, run_doctor
+    from ..doctor.mode import choose_mode
+    from ..doctor.preflight import run_doctor
     from .selection import parse_selection
     from .toolchain import cuda_home as find_cuda_home
     from .toolchain import default_jobs, find_nvcc, host_resources, nvcc_version, parse_arch_list

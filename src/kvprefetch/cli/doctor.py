@@ -1,4 +1,4 @@
-"""CLI: ``kvprefetch doctor`` (thin over kvprefetch.doctor): the build preflight as a table or
+"""CLI: ``kvprefetch doctor`` (thin over kvprefetch.doctor.mode): the build preflight as a table or
 JSON; exits non-zero when any check fails."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def doctor(arch: str, mode: str, cuda_home: str | None, allow_cuda_mismatch: boo
     """Check this machine for building both trees: nvcc and a real compile of the prefetch
     instruction, CUDA_HOME, gcc, cmake, disk, memory, git and network, conda, and the GPU."""
     from ..console import emit_json, info, table
-    from ..doctor import check_machine
+    from ..doctor.mode import check_machine
 
     report = check_machine("kernels-only" if kernels_only else mode, arch, workdir=workdir,
                            local_deps=deps_dir is not None, cuda_home_opt=cuda_home,

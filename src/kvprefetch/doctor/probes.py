@@ -1,0 +1,76 @@
+"""The outside world the preflight reads, as the fields of ``DoctorProbes`` so tests can
+simulate a full disk, an unreachable GitHub or a missing GPU: free disk, the disk estimates,
+cores and memory, the network, the GPU query, the package index and where toolkits may live."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..build.toolchain import DEFAULT_CUDA_ROOTS, host_resources
+from ..runner import run, which
+from .estimates import DISK_ESTIMATE_GB, existing
+
+GITHUB_URL = "https://github.com/"
+
+
+def disk_free(path: Path) -> int:
+    return shutil.disk_usage(existing(path)).free
+
+
+def check_url(url: str = GITHUB_URL, *, timeout: float = 5.0,
+              environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """(reachable, detail): one HEAD request, through the proxies of ``environ``; any HTTP
+    answer, even an error status, means the host is reachable."""
+    environ = os.environ if environ is None else environ
+    proxies = {k.lower()[:-6]: v for k, v in environ.items()
+               if k.lower() in ("http_proxy", "https_proxy") and v}
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler(proxies))
+    t0 = time.monotonic()
+    try:
+        with opener.open(urllib.request.Request(url, method="HEAD"), timeout=timeout) as resp:
+            code = resp.status
+    except urllib.error.HTTPError as exc:
+        code = exc.code
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, f"{url} unreachable: {reason}"
+    return True, f"{url} answered HTTP {code} in {time.monotonic() - t0:.1f} s"
+
+
+def query_gpus(environ: Mapping[str, str]) -> list[tuple[str, str]] | None:
+    """[(compute_cap, name)] from nvidia-smi; None when there is no nvidia-smi."""
+    if which("nvidia-smi", environ) is None:
+        return None
+    done = run(["nvidia-smi", "--query-gpu=compute_cap,name", "--format=csv,noheader"],
+               env=environ, echo=False, check=False, timeout=30)
+    if done.returncode != 0:
+        return []
+    rows = []
+    for line in done.output.splitlines():
+        parts = [p.strip() for p in line.split(",", 1)]
+        if len(parts) == 2 and re.fullmatch(r"\d+\.\d+", parts[0]):
+            rows.append((parts[0], parts[1]))
+    return rows
+
+
+@dataclass(frozen=True)
+class DoctorProbes:
+    """The outside world, injectable for tests."""
+
+    disk_free: Callable[[Path], int] = disk_free
+    disk_estimate_gb: Mapping[str, float] = field(default_factory=lambda: dict(DISK_ESTIMATE_GB))
+    resources: Callable[[], tuple[int, float]] = host_resources
+    network: Callable[[Mapping[str, str]], tuple[bool, str]] = (
+        lambda env: check_url(GITHUB_URL, timeout=5.0, environ=env))
+    gpus: Callable[[Mapping[str, str]], list[tuple[str, str]] | None] = query_gpus
+    index: Callable[[str, Mapping[str, str]], tuple[bool, str]] = (
+        lambda url, env: check_url(url, timeout=10.0, environ=env))
+    cuda_roots: Sequence[Path] = DEFAULT_CUDA_ROOTS
