@@ -9,7 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from kvprefetch.bench import report
+from kvprefetch.bench import documents
 from kvprefetch.cli.report import report as report_cmd
 from kvprefetch.errors import BenchError
 from tests.integration.helpers import kvprefetch_cli_split
@@ -26,7 +26,7 @@ def test_report_repeats_command_writes_one_document(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     written = [Path(p).name for p in json.loads(res.stdout)["repeats"]]
     assert written == ["combined.json", "combined.md"]
-    doc = report.load_document(tmp_path / "o" / "combined.json")
+    doc = documents.load_document(tmp_path / "o" / "combined.json")
     assert doc["meta"]["sources"] == [f.name for f in files]
     # the combined document renders again like any other result file
     res = CliRunner().invoke(report_cmd, [str(tmp_path / "o" / "combined.json"), "--formats",

@@ -1,7 +1,8 @@
 """The sampled benchmark (``bench kernel --sample``, issue 29): the distribution's draw
 (bench/sample.py), ragged steps reaching the kernel's inputs (bench/kernel.py on CPU with
 recording ops), the report's statistics on synthetic numbers computed here independently
-(bench/sample_report.py), and the CLI's refusals. No GPU, no wall-clock dependence."""
+(bench/sample_stats.py, sample_rules.py, sample_report.py), and the CLI's refusals. No GPU, no
+wall-clock dependence."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from click.testing import CliRunner
 from kvprefetch.bench import kernel as k
 from kvprefetch.bench import sample as sm
 from kvprefetch.bench import sample_report as rep
+from kvprefetch.bench import sample_rules as rules
+from kvprefetch.bench import sample_stats as stats
 from kvprefetch.bench.matrix import BenchShape
 from kvprefetch.bench.vllm_call import EXACT, VllmCall
 from kvprefetch.cli.bench import bench
@@ -347,7 +350,7 @@ def _doc(timings=("graph", "eager")) -> dict:
 
 def test_distribution_statistics_are_right() -> None:
     doc = _doc()
-    dist = rep.distribution(doc, "graph")
+    dist = stats.distribution(doc, "graph")
     for n, rs in RATIOS.items():
         d = dist[n]
         assert d["n"] == len(rs)
@@ -358,29 +361,29 @@ def test_distribution_statistics_are_right() -> None:
         assert d["geomean"] == pytest.approx(statistics.geometric_mean(rs))
         assert d["below_1"] == sum(1 for x in rs if x < 1)
         assert d["below_target"] == sum(1 for x in rs if x < 0.99)
-    eager = rep.distribution(doc, "eager")["patched"]
+    eager = stats.distribution(doc, "eager")["patched"]
     assert eager["geomean"] == pytest.approx(0.9 * statistics.geometric_mean(RATIOS["patched"]))
 
 
 def test_worst_steps_band_large_steps_and_attribution() -> None:
     doc = _doc()
-    worst = rep.worst_steps(doc, "graph", "patched")
+    worst = stats.worst_steps(doc, "graph", "patched")
     order = sorted(range(len(KV)), key=lambda i: RATIOS["patched"][i])
     assert [w["step"] for w in worst] == order[:10]
     assert worst[0]["ratio"] == 0.90 and worst[0]["control"] == RATIOS["control"][2]
     assert worst[0]["kv_bytes"] == KV[2] and worst[0]["mean_len"] == pytest.approx(159 / 3)
 
-    band = rep.aa_band(doc, "graph")
+    band = stats.aa_band(doc, "graph")
     ctl = RATIOS["control"]
     assert band is not None and band["min"] == min(ctl) and band["max"] == max(ctl)
     q = statistics.quantiles(ctl, n=20, method="inclusive")
     assert (band["p5"], band["p95"]) == pytest.approx((q[0], q[-1]))
 
-    large = rep.large_steps(doc, "graph")
+    large = stats.large_steps(doc, "graph")
     assert [s["step"] for s in large] == [i for i, kv in enumerate(KV) if kv >= 256 << 20]
     assert large[0]["bw"]["patched"] == pytest.approx(0.4 * RATIOS["patched"][1])
 
-    attr = rep.attribution(doc, "graph")
+    attr = stats.attribution(doc, "graph")
     assert [(a["from"], a["to"]) for a in attr] == [
         ("baseline", "launch"), ("launch", "gqa_off"), ("gqa_off", "patched"),
         ("baseline", "control")]
@@ -401,9 +404,9 @@ def test_attribution_needs_the_ablation_trees_and_band_needs_control() -> None:
     for r in doc["results"]:
         for n in ("launch", "gqa_off", "control"):
             r["variants"].pop(n, None)
-    attr = rep.attribution(doc, "graph")
+    attr = stats.attribution(doc, "graph")
     assert [(a["from"], a["to"]) for a in attr] == [("baseline", "patched")]
-    assert rep.aa_band(doc, "graph") is None
+    assert stats.aa_band(doc, "graph") is None
     assert "No A/A band" in rep.sample_markdown(doc)
 
 
@@ -485,12 +488,12 @@ def test_host_overhead_reads_host_bound_steps_only() -> None:
     time is at least HOST_BOUND times its graph time (the even steps here), and only where both
     timings ran."""
     doc = _doc()
-    got = rep.host_overhead(doc)
+    got = stats.host_overhead(doc)
     assert set(got) == set(RATIOS)
     for n, rs in RATIOS.items():
         want = [20.0 / (rs[i] * 0.9) - 20.0 for i in range(0, len(KV), 2)]
         assert got[n] == pytest.approx(want)
-    assert rep.host_overhead(_doc(timings=("graph",))) == {}
+    assert stats.host_overhead(_doc(timings=("graph",))) == {}
     table = rep.host_table([doc])
     assert len(table) == 2 + len(RATIOS) and table[2].startswith("| 5 | launch | 6 |")
 
@@ -505,9 +508,9 @@ def test_twin_steps_follow_the_runs_own_rule_for_partial_groups() -> None:
                 "block_size": 16, "num_heads": 28, "num_kv_heads": 4, "batch": 96,
                 "context": 1024})
     doc["meta"]["twin_at"] = [[128, 16, True]]
-    assert rep.twin_steps(doc, "graph")[0]["twin"] == "none"
+    assert rules.twin_steps(doc, "graph")[0]["twin"] == "none"
     doc["meta"]["twin_partial_groups"] = True
-    step = rep.twin_steps(doc, "graph")[0]
+    step = rules.twin_steps(doc, "graph")[0]
     assert step["twin"] == "2x2" and step["row"] == "2x2, last group partial"
     assert "| graph | 2x2, last group partial | 1 |" in "\n".join(rep.twins_table([doc]))
 
@@ -523,9 +526,9 @@ def test_twin_steps_follow_the_runs_own_guard_for_short_ctas() -> None:
                 "block_size": 32, "num_heads": 64, "num_kv_heads": 4, "batch": 98,
                 "context": 1625})
     doc["meta"].update({"twin_at": [[64, 32, True]], "twin_partial_groups": True})
-    assert rep.twin_steps(doc, "graph")[0]["twin"] == "2x2"
+    assert rules.twin_steps(doc, "graph")[0]["twin"] == "2x2"
     doc["meta"]["twin_least_guard"] = True
-    step = rep.twin_steps(doc, "graph")[0]
+    step = rules.twin_steps(doc, "graph")[0]
     assert step["twin"] == "none" and step["row"] == "none: the short-CTA guard declined a twin"
     assert ("| graph | none: the short-CTA guard declined a twin | 1 |"
             in "\n".join(rep.twins_table([doc])))

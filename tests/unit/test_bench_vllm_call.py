@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from kvprefetch.bench import kernel as k
 from kvprefetch.bench import sample as sm
 from kvprefetch.bench import vllm_call as vc
-from kvprefetch.bench.report import load_document, render_markdown
+from kvprefetch.bench.documents import load_document
+from kvprefetch.bench.report import render_markdown
 from kvprefetch.cli.bench import bench
 from kvprefetch.errors import ConfigError
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvprefetch.bench.report import README_BLOCK, refresh_blocks
+from kvprefetch.bench.readme_blocks import README_BLOCK, refresh_blocks
 from kvprefetch.cli import main
 from kvprefetch.cli.report import COMMANDS_BLOCK, refresh_commands
 from kvprefetch.timings import TIMINGS_BLOCK, load_timings, refresh_timings
@@ -60,7 +60,9 @@ def test_decode_block_counts_each_point_of_the_folder(tmp_path: Path) -> None:
     import gzip
 
     from kvprefetch.bench.decode_report import decode_points_table
-    from kvprefetch.bench.report import BenchError, decode_block, load_document
+    from kvprefetch.bench.documents import load_document
+    from kvprefetch.bench.readme_blocks import decode_block
+    from kvprefetch.errors import BenchError
 
     run = ROOT / "docs/results/2026-12-03-h200-vllm-call-decode"
     docs = [load_document(f) for f in sorted(run.glob("decode-*.json.gz"))]
@@ -152,7 +154,7 @@ def test_sample_blocks_name_what_is_missing(tmp_path: Path) -> None:
     """A `seeds` block over a folder without sampled runs, and an `attribution` block over a
     sample whose ablation trees did not run, fail with the cause and the fix; the committed
     fresh-seed run renders one row per seed and timing."""
-    from kvprefetch.bench.report import sample_block
+    from kvprefetch.bench.readme_blocks import sample_block
     from kvprefetch.errors import BenchError
 
     for kind in ("seeds", "twins", "host"):
@@ -171,8 +173,9 @@ def test_twins_block_puts_the_rule_beside_the_measurement() -> None:
     """The `twins` block of the fresh-seed run: every step with twins compiled is counted once
     per timing under the twin the launcher's rule (its mirror) runs there, and the steps that
     ran a twin were all faster than stock (the rule's purpose); `none` holds the rest."""
-    from kvprefetch.bench.report import load_document
-    from kvprefetch.bench.sample_report import timings, twin_steps
+    from kvprefetch.bench.documents import load_document
+    from kvprefetch.bench.sample_rules import twin_steps
+    from kvprefetch.bench.sample_stats import timings
 
     run = ROOT / "docs" / "results" / "2026-12-01-h200-sample-fresh"
     docs = [load_document(p) for p in sorted(run.glob("sample-*.json.gz"))]
@@ -189,8 +192,9 @@ def test_bounds_block_puts_the_v1_rule_beside_the_measurement() -> None:
     of a bounded instantiation without a twin counted under the code the rule runs there;
     where the rule runs stock's unbounded copy, the step measures as stock's kernels do
     (`gqa_off` over `launch` within the A/A band), and the block takes a single result."""
-    from kvprefetch.bench.report import load_document, sample_block
-    from kvprefetch.bench.sample_report import bound_steps
+    from kvprefetch.bench.documents import load_document
+    from kvprefetch.bench.readme_blocks import sample_block
+    from kvprefetch.bench.sample_rules import bound_steps
     from kvprefetch.bench.vllm_call import row_launch
     from kvprefetch.kernels import policy
 
@@ -218,8 +222,8 @@ def test_host_block_reads_host_bound_steps_only() -> None:
     stock's eager time is at least HOST_BOUND times its graph time: on seed 29 (before the
     eager change) every variant with the launcher's L2 kernel paid microseconds per call, on
     the fresh seeds the shipped launcher is within 1 us of stock's at the median."""
-    from kvprefetch.bench.report import load_document
-    from kvprefetch.bench.sample_report import HOST_BOUND, host_overhead, measured
+    from kvprefetch.bench.documents import load_document
+    from kvprefetch.bench.sample_stats import HOST_BOUND, host_overhead, measured
 
     before = load_document(ROOT / "docs/results/2026-12-01-h200-sample/sample-29.json.gz")
     got = host_overhead(before)

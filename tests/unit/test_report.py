@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kvprefetch.bench import documents, ncu, report
 from kvprefetch.bench import kernel as k
-from kvprefetch.bench import ncu, report
 from kvprefetch.bench.matrix import BenchMatrix, shapes_from_specs
 from kvprefetch.cli.report import report as report_cmd
 from kvprefetch.errors import BenchError
@@ -129,10 +129,10 @@ def test_load_document_rejects_other_json(tmp_path: Path) -> None:
     p = tmp_path / "x.json"
     p.write_text(json.dumps({"hello": 1}))
     with pytest.raises(BenchError, match="not a kvprefetch result"):
-        report.load_document(p)
+        documents.load_document(p)
     p.write_text("{not json")
     with pytest.raises(BenchError, match="cannot read"):
-        report.load_document(p)
+        documents.load_document(p)
 
 
 def test_report_command_writes_md_and_png(tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 from ..errors import BenchError
 from ..workspace.confine import read_limited
 from .decode_report import decode_summary
+from .documents import load_document, reading
 from .render import ctx, geomean, md_table
-from .report import kernel_summary, l2_ceiling, load_document, reading
+from .report import kernel_summary, l2_ceiling
 
 PROVENANCE = "provenance.json"
 _FIELDS = ("title", "date", "gpu", "measures", "commit", "tree", "command", "headline")
@@ -119,7 +120,7 @@ def _one_headline(folder: Path, spec: dict[str, Any]) -> str:
         return (f"{prefix}{variant} {d['geomean']:.3f}x tokens/s geomean over "
                 f"{d['workloads']} workloads ({d['worst'][0]:.3f}-{d['best'][0]:.3f}x)")
     if doc["kind"] == "sample":
-        from .sample_report import distribution
+        from .sample_stats import distribution
 
         parts = []
         for timing in spec.get("timings", ("graph", "eager")):

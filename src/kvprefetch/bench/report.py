@@ -1,19 +1,17 @@
-"""Rendering any benchmark or identity JSON document (``kind``: kernel, ncu, e2e, identity) as
-markdown and as a PNG plot. Markdown is pure string building; matplotlib is imported lazily (and
-with the Agg backend) only when a plot is asked for."""
+"""Rendering any benchmark or identity JSON document (``kind``: kernel, ncu, e2e, identity, and
+through their own modules repeats, decode and sample) as markdown and as a PNG plot, and
+writing a result's outputs. Markdown is pure string building; matplotlib is imported lazily
+(and with the Agg backend) only when a plot is asked for. Reading a document lives in
+``documents``, the README's blocks in ``readme_blocks``."""
 
 from __future__ import annotations
 
 import json
 import math
-import re
-import zlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import BenchError
 from .decode_report import decode_markdown, decode_png
 from .render import ctx as _ctx
 from .render import geomean, row_mode, shape_key
@@ -21,145 +19,6 @@ from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
 from .vllm_call import describe_call, doc_call
-
-KINDS = ("kernel", "ncu", "e2e", "identity", "repeats", "decode", "sample")
-
-
-# The most a result may hold, decompressed (the largest committed one is well under 1 MiB;
-# a sampled run's raw rounds a few MiB): beyond it a file is refused, never read into memory.
-MAX_RESULT_BYTES = 64 << 20
-_FIX = "pass a JSON file written by kvprefetch bench or verify, unedited"
-
-# The spine of each kind: every field a reader indexes without checking first, with its type.
-# A dict is a JSON object with those keys (a key ending in "?" may be absent); a one-element
-# list is a JSON list whose every element has that shape; ``int`` excludes booleans; ``float``
-# is any number. Only what the readers need: anything else in a document is kept as it is.
-_ROWS_COMMON = {"batch": int, "context": int, "block_size": int, "dtype": str,
-                "kv_cache_dtype": str, "kernel": str, "label?": str, "variants?": dict}
-_SHAPES: dict[str, dict[str, Any]] = {
-    "kernel": {"meta": {"baseline": str, "variants": [{"name": str}],
-                        "device": {"name": str, "l2_bytes": int}},
-               "results": [{**_ROWS_COMMON, "mode": str, "preset": str}]},
-    "sample": {"meta": {"baseline": str, "variants": [{"name": str}], "device": dict,
-                        "sample": dict},
-               "results": [{**_ROWS_COMMON, "head_size": int, "num_heads": int,
-                            "num_kv_heads": int}]},
-    "decode": {"meta": {"baseline": str, "trees": [str], "model": dict, "device?": dict,
-                        "config?": dict},
-               "results": [{"label": str, "trees?": dict}]},
-    "repeats": {"meta": {"variants": list}, "results": [dict], "summary": [dict]},
-    "ncu": {"meta": {"variants": [str], "options": dict, "started": str},
-            "shapes": [{"label": str, "variants": dict, "deltas": dict}]},
-    "e2e": {"meta": {"input_len": int, "output_len": int, "repeats": int, "environment": dict,
-                     "model_dir": str, "dtype": str, "started": str, "envs": [{"name": str}]},
-            "rows": [{"max_num_seqs": int, "num_prompts": int, "envs": dict}]},
-    "identity": {"status": str, "variants": [str], "device": str, "checked": int, "failed": int,
-                 "not_checked": int, "rows": [{"label": str, "kernel": str, "status": str,
-                                               "rel_err": dict, "problems": list}]},
-}
-_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "a whole number",
-               float: "a number", bool: "true or false"}
-
-
-def _shape_problem(value: Any, spec: Any, where: str) -> str | None:
-    """The first place where ``value`` does not have the shape ``spec``, or None."""
-    if isinstance(spec, dict):
-        if not isinstance(value, dict):
-            return f"{_at(where)} is {_json_type(value)}, not an object"
-        for key, sub in spec.items():
-            name = key.rstrip("?")
-            if name not in value:
-                if key.endswith("?"):
-                    continue
-                return f"{_at(_join(where, name))} is missing"
-            found = _shape_problem(value[name], sub, _join(where, name))
-            if found:
-                return found
-        return None
-    if isinstance(spec, list):
-        if not isinstance(value, list):
-            return f"{_at(where)} is {_json_type(value)}, not a list"
-        for i, item in enumerate(value):
-            found = _shape_problem(item, spec[0], f"{where}[{i}]")
-            if found:
-                return found
-        return None
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) if spec is float
-          else isinstance(value, int) and not isinstance(value, bool) if spec is int
-          else isinstance(value, spec))
-    return None if ok else f"{_at(where)} is {_json_type(value)}, not {_TYPE_NAMES[spec]}"
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _at(where: str) -> str:
-    return f"`{where}`" if where else "the document"
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    for t in (bool, dict, list, str, int, float):
-        if isinstance(value, t):
-            return _TYPE_NAMES[t]
-    return type(value).__name__
-
-
-def _read_result(path: Path) -> bytes:
-    """The (decompressed) bytes of a result file: a regular file only (a FIFO never blocks),
-    at most MAX_RESULT_BYTES either way (a gzip bomb stops there)."""
-    from ..workspace.confine import read_limited
-
-    raw = read_limited(Path(path), MAX_RESULT_BYTES)
-    if Path(path).suffix != ".gz":
-        return raw
-    d = zlib.decompressobj(wbits=31)  # gzip
-    data = d.decompress(raw, MAX_RESULT_BYTES + 1)
-    if len(data) > MAX_RESULT_BYTES:
-        raise ValueError(f"it holds more than {MAX_RESULT_BYTES >> 20} MiB decompressed")
-    return data
-
-
-def load_document(path: Path) -> dict[str, Any]:
-    """A result JSON file, plain or gzip-compressed (``.json.gz``: how bulky runs are kept),
-    whose shape has been checked: every field the readers index (``_SHAPES``) is there with
-    its type, so a hand-edited or truncated result is one error naming the field."""
-    try:
-        doc = json.loads(_read_result(path).decode("utf-8"))
-    except RecursionError as exc:
-        raise BenchError(f"cannot read {path}: JSON nested too deep", _FIX) from exc
-    except (OSError, ValueError, zlib.error) as exc:
-        raise BenchError(f"cannot read {path}: {exc}", _FIX) from exc
-    if not isinstance(doc, dict) or doc.get("kind") not in KINDS:
-        raise BenchError(f"{path} is not a kvprefetch result (kind must be one of "
-                         f"{', '.join(KINDS)})", "pass a JSON file written by kvprefetch bench")
-    problem = _shape_problem(doc, _SHAPES.get(doc["kind"], {}), "")
-    if problem:
-        raise BenchError(f"{path} is not a well-formed `{doc['kind']}` result: {problem}", _FIX)
-    return doc
-
-
-# What a reader raises on a document whose shape passed the check but whose deeper values do
-# not make sense (a null where a number belongs, an empty list, a zero time).
-_READ_ERRORS = (KeyError, TypeError, AttributeError, IndexError, ValueError, ZeroDivisionError,
-                OverflowError, RecursionError)
-
-
-@contextmanager
-def reading(*paths: Path | str) -> Iterator[None]:
-    """Around rendering, merging or combining loaded results: a field the shape check does not
-    cover that is missing or of the wrong type is one BenchError naming the file(s), never a
-    traceback."""
-    try:
-        yield
-    except _READ_ERRORS as exc:
-        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        names = ", ".join(str(p) for p in paths)
-        raise BenchError(f"{names}: a field the report reads is missing or not what kvprefetch "
-                         f"writes ({what})", _FIX) from exc
-
 
 # ----------------------------------------------------------------------------- kernel
 
@@ -571,114 +430,3 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,
         if png is not None:
             written.append(png)
     return written
-
-
-# ----------------------------------------------------------------------------- README blocks
-
-# A block of a markdown file (the README) that `kvprefetch report --readme` regenerates from a
-# committed result JSON: `<!-- report PATH KIND -->`, the lines, `<!-- /report -->`. PATH is
-# relative to the markdown file's folder; KIND is `summary` (the summary table) or `shapes` (the
-# per-shape table of a `bench kernel` result, one preset, dtype and block size; the per-workload
-# table of a `bench decode` result); for sampled benchmarks (`bench kernel --sample`),
-# `attribution` (what each mechanism is worth, one result), `seeds` (PATH a run's folder: the
-# distribution of every sample-*.json[.gz] in it, one row per seed and timing), `twins` (PATH
-# a run's folder: the steps with twins compiled, by the twin `auto`'s rule runs there),
-# `bounds` (the v1 steps of launch-bounded instantiations, by the code the rule runs there) and
-# `host` (PATH a run's folder: each variant's extra host time per call on host-bound steps);
-# `twins`, `bounds` and `host` take one result too; `decode` (PATH a run's folder: every
-# decode-*.json[.gz] in it, one row per model and context: decode_points_table).
-SAMPLE_KINDS = ("seeds", "twins", "bounds", "host", "attribution")
-README_BLOCK = re.compile(
-    r"(<!-- report (\S+) (summary|shapes|seeds|twins|bounds|host|attribution|decode) -->\n)"
-    r"(.*?)"
-    r"(<!-- /report -->)",
-    re.DOTALL)
-_BLOCK_HEADS = {"summary": ("| mode |", "| tree |"), "shapes": ("| batch |", "| workload |")}
-
-
-def report_block(doc: dict[str, Any], kind: str) -> str:
-    """The lines of the result's markdown (``render_markdown``) a README block of ``kind``
-    shows."""
-    md = render_markdown(doc).splitlines()
-    start = next((i for i, line in enumerate(md) if line.startswith(_BLOCK_HEADS[kind])), None)
-    if start is None:
-        raise BenchError(f"the result has no {kind} table",
-                         "point the README block at a `bench kernel` or `bench decode` result")
-    end = start
-    while end < len(md) and md[end].startswith("|"):
-        end += 1
-    return "\n".join(md[start:end]) + "\n"
-
-
-def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
-    """``text`` with every report block regenerated from its JSON (relative to ``root``), and
-    the paths of the blocks whose lines changed."""
-    changed: list[str] = []
-
-    def fill(m: re.Match[str]) -> str:
-        with reading(root / m[2]):
-            if m[3] == "decode":
-                body = decode_block(root / m[2])
-            elif m[3] in SAMPLE_KINDS:
-                body = sample_block(root / m[2], m[3])
-            else:
-                body = report_block(load_document(root / m[2]), m[3])
-        if body != m[4]:
-            changed.append(m[2])
-        return m[1] + body + m[5]
-
-    return README_BLOCK.sub(fill, text), changed
-
-
-def decode_block(path: Path) -> str:
-    """A README block over the `bench decode` results of the folder ``path``
-    (decode-*.json[.gz]): one row per model and context (decode_points_table)."""
-    from .decode_report import decode_points_table
-
-    files = sorted(p for p in Path(path).glob("decode-*.json*")
-                   if p.name.endswith((".json", ".json.gz")))
-    if not files:
-        raise BenchError(f"{path} holds no decode-*.json[.gz]",
-                         "point a `decode` block at a folder of `bench decode` runs")
-    docs = [load_document(f) for f in files]
-    for f, doc in zip(files, docs):
-        if doc.get("kind") != "decode":
-            raise BenchError(f"{f} is not a `bench decode` result",
-                             "keep only `bench decode` results named decode-*.json there")
-    return "\n".join(decode_points_table(docs)) + "\n"
-
-
-def sample_block(path: Path, kind: str) -> str:
-    """A README block of a sampled benchmark: ``seeds`` over the sample-*.json[.gz] of the
-    folder ``path``, ``attribution`` of the result ``path``, ``twins``, ``bounds`` and ``host``
-    of either."""
-    from .sample_report import (
-        attribution_table,
-        bounds_table,
-        host_table,
-        seeds_table,
-        twins_table,
-    )
-
-    if kind in ("seeds", "twins", "bounds", "host"):
-        one = kind != "seeds" and Path(path).is_file()
-        files = [Path(path)] if one else sorted(
-            p for p in Path(path).glob("sample-*.json*") if p.name.endswith((".json", ".json.gz")))
-        if not files:
-            raise BenchError(f"{path} holds no sample-*.json[.gz]",
-                             f"point a `{kind}` block at a folder of `bench kernel --sample` runs")
-        docs = sorted((load_document(f) for f in files),
-                      key=lambda d: d["meta"]["sample"]["seed"])
-        table = {"seeds": seeds_table, "twins": twins_table, "bounds": bounds_table,
-                 "host": host_table}[kind]
-        return "\n".join(table(docs)) + "\n"
-    doc = load_document(path)
-    if doc.get("meta", {}).get("sample") is None:
-        raise BenchError(f"{path} is not a sampled benchmark",
-                         "point an `attribution` block at a `bench kernel --sample` result")
-    names = {v["name"] for v in doc["meta"]["variants"]}
-    lines = attribution_table(doc)
-    if not names & {"launch", "gqa_off"} or len(lines) <= 2:
-        raise BenchError(f"{path} has no attribution (the ablation trees did not run)",
-                         "run the sample with --variant launch and --variant gqa_off too")
-    return "\n".join(lines) + "\n"

@@ -53,7 +53,8 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     combine repeated bench kernel runs into one document; with --merge, merge the shards of one
     campaign; with --readme, regenerate a markdown file's report blocks from the JSON they name;
     with --index, write the index of committed runs (docs/results.md)."""
-    from ..bench.report import load_document, reading, render_markdown, write_outputs
+    from ..bench.documents import load_document, reading
+    from ..bench.report import render_markdown, write_outputs
 
     if readme is not None:
         _refresh_readme(readme, check, as_json)
@@ -162,7 +163,7 @@ def refresh_commands(text: str) -> tuple[str, list[str]]:
 
 
 def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
-    from ..bench.report import refresh_blocks
+    from ..bench.readme_blocks import refresh_blocks
     from ..errors import BenchError
     from ..timings import refresh_timings
 

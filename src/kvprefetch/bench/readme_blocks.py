@@ -1,0 +1,122 @@
+"""The README's report blocks: the lines between ``<!-- report PATH KIND -->`` and
+``<!-- /report -->`` that ``kvprefetch report --readme`` regenerates from committed results
+(a kernel or decode result's tables, a sampled run's seeds, twins, bounds, host and
+attribution tables, a folder of decode runs)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import BenchError
+from .documents import load_document, reading
+from .report import render_markdown
+
+# A block of a markdown file (the README) that `kvprefetch report --readme` regenerates from a
+# committed result JSON: `<!-- report PATH KIND -->`, the lines, `<!-- /report -->`. PATH is
+# relative to the markdown file's folder; KIND is `summary` (the summary table) or `shapes` (the
+# per-shape table of a `bench kernel` result, one preset, dtype and block size; the per-workload
+# table of a `bench decode` result); for sampled benchmarks (`bench kernel --sample`),
+# `attribution` (what each mechanism is worth, one result), `seeds` (PATH a run's folder: the
+# distribution of every sample-*.json[.gz] in it, one row per seed and timing), `twins` (PATH
+# a run's folder: the steps with twins compiled, by the twin `auto`'s rule runs there),
+# `bounds` (the v1 steps of launch-bounded instantiations, by the code the rule runs there) and
+# `host` (PATH a run's folder: each variant's extra host time per call on host-bound steps);
+# `twins`, `bounds` and `host` take one result too; `decode` (PATH a run's folder: every
+# decode-*.json[.gz] in it, one row per model and context: decode_points_table).
+SAMPLE_KINDS = ("seeds", "twins", "bounds", "host", "attribution")
+README_BLOCK = re.compile(
+    r"(<!-- report (\S+) (summary|shapes|seeds|twins|bounds|host|attribution|decode) -->\n)"
+    r"(.*?)"
+    r"(<!-- /report -->)",
+    re.DOTALL)
+_BLOCK_HEADS = {"summary": ("| mode |", "| tree |"), "shapes": ("| batch |", "| workload |")}
+
+
+def report_block(doc: dict[str, Any], kind: str) -> str:
+    """The lines of the result's markdown (``render_markdown``) a README block of ``kind``
+    shows."""
+    md = render_markdown(doc).splitlines()
+    start = next((i for i, line in enumerate(md) if line.startswith(_BLOCK_HEADS[kind])), None)
+    if start is None:
+        raise BenchError(f"the result has no {kind} table",
+                         "point the README block at a `bench kernel` or `bench decode` result")
+    end = start
+    while end < len(md) and md[end].startswith("|"):
+        end += 1
+    return "\n".join(md[start:end]) + "\n"
+
+
+def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
+    """``text`` with every report block regenerated from its JSON (relative to ``root``), and
+    the paths of the blocks whose lines changed."""
+    changed: list[str] = []
+
+    def fill(m: re.Match[str]) -> str:
+        with reading(root / m[2]):
+            if m[3] == "decode":
+                body = decode_block(root / m[2])
+            elif m[3] in SAMPLE_KINDS:
+                body = sample_block(root / m[2], m[3])
+            else:
+                body = report_block(load_document(root / m[2]), m[3])
+        if body != m[4]:
+            changed.append(m[2])
+        return m[1] + body + m[5]
+
+    return README_BLOCK.sub(fill, text), changed
+
+
+def decode_block(path: Path) -> str:
+    """A README block over the `bench decode` results of the folder ``path``
+    (decode-*.json[.gz]): one row per model and context (decode_points_table)."""
+    from .decode_report import decode_points_table
+
+    files = sorted(p for p in Path(path).glob("decode-*.json*")
+                   if p.name.endswith((".json", ".json.gz")))
+    if not files:
+        raise BenchError(f"{path} holds no decode-*.json[.gz]",
+                         "point a `decode` block at a folder of `bench decode` runs")
+    docs = [load_document(f) for f in files]
+    for f, doc in zip(files, docs):
+        if doc.get("kind") != "decode":
+            raise BenchError(f"{f} is not a `bench decode` result",
+                             "keep only `bench decode` results named decode-*.json there")
+    return "\n".join(decode_points_table(docs)) + "\n"
+
+
+def sample_block(path: Path, kind: str) -> str:
+    """A README block of a sampled benchmark: ``seeds`` over the sample-*.json[.gz] of the
+    folder ``path``, ``attribution`` of the result ``path``, ``twins``, ``bounds`` and ``host``
+    of either."""
+    from .sample_report import (
+        attribution_table,
+        bounds_table,
+        host_table,
+        seeds_table,
+        twins_table,
+    )
+
+    if kind in ("seeds", "twins", "bounds", "host"):
+        one = kind != "seeds" and Path(path).is_file()
+        files = [Path(path)] if one else sorted(
+            p for p in Path(path).glob("sample-*.json*") if p.name.endswith((".json", ".json.gz")))
+        if not files:
+            raise BenchError(f"{path} holds no sample-*.json[.gz]",
+                             f"point a `{kind}` block at a folder of `bench kernel --sample` runs")
+        docs = sorted((load_document(f) for f in files),
+                      key=lambda d: d["meta"]["sample"]["seed"])
+        table = {"seeds": seeds_table, "twins": twins_table, "bounds": bounds_table,
+                 "host": host_table}[kind]
+        return "\n".join(table(docs)) + "\n"
+    doc = load_document(path)
+    if doc.get("meta", {}).get("sample") is None:
+        raise BenchError(f"{path} is not a sampled benchmark",
+                         "point an `attribution` block at a `bench kernel --sample` result")
+    names = {v["name"] for v in doc["meta"]["variants"]}
+    lines = attribution_table(doc)
+    if not names & {"launch", "gqa_off"} or len(lines) <= 2:
+        raise BenchError(f"{path} has no attribution (the ablation trees did not run)",
+                         "run the sample with --variant launch and --variant gqa_off too")
+    return "\n".join(lines) + "\n"
