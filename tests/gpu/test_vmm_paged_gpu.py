@@ -17,7 +17,7 @@ from kvprefetch.vmm.bench import DecodeConfig
 # ---- GPU (the H200) ------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_copy_figure_comes_from_bench_device() -> None:
-    from kvprefetch.vmm.bench import measure_copy_bandwidth
+    from kvprefetch.vmm.timing import measure_copy_bandwidth
 
     c = measure_copy_bandwidth(1 << 28, iters=5)
     assert c["gbps"] == pytest.approx(2 * c["bytes"] / (c["median_ms"] * 1e-3) / 1e9)
@@ -30,7 +30,8 @@ def test_one_shape_against_the_builds_on_this_machine() -> None:
     workdir = os.environ.get("KVPREFETCH_PAGED_WORKDIR")
     if not workdir:
         pytest.skip("set KVPREFETCH_PAGED_WORKDIR to a workdir with kernels-only builds")
-    from kvprefetch.vmm.bench import measure_copy_bandwidth, plan_shapes, run_decode_shape
+    from kvprefetch.vmm.bench import plan_shapes, run_decode_shape
+    from kvprefetch.vmm.timing import measure_copy_bandwidth
 
     builds = P.load_paged_ops(Path(workdir))
     cfg = DecodeConfig(batches=(8,), contexts=(1024,), rounds=3)

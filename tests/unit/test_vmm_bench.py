@@ -8,9 +8,10 @@ from dataclasses import asdict
 
 import pytest
 
-from kvprefetch.vmm.bench import DecodeResult, render_summary, summarize
+from kvprefetch.vmm.bench import DecodeResult, render_summary
 from kvprefetch.vmm.shapes import DecodeConfig, layers_to_rotate, plan_shapes
 from kvprefetch.vmm.steplat import StepLatencyResult
+from kvprefetch.vmm.timing import summarize
 
 MiB = 1 << 20
 
