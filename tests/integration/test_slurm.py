@@ -28,9 +28,9 @@ from kvprefetch.slurm.campaign import (
     SlurmOptions,
     make_campaign,
     parse_trees,
-    write_campaign,
 )
 from kvprefetch.slurm.cluster import status
+from kvprefetch.slurm.scripts import write_campaign
 from tests.integration.helpers import kvprefetch_cli_split
 
 # --------------------------------------------------------------------------- fast, pure

@@ -18,8 +18,6 @@ from kvprefetch.slurm.campaign import (
     check_scratch,
     make_campaign,
     parse_trees,
-    render_script,
-    write_campaign,
 )
 from kvprefetch.slurm.cluster import (
     JobState,
@@ -30,6 +28,7 @@ from kvprefetch.slurm.cluster import (
     submit,
     wait,
 )
+from kvprefetch.slurm.scripts import render_script, write_campaign
 
 TWO = parse_trees("baseline,patched")
 

@@ -84,9 +84,8 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
         SlurmOptions,
         make_campaign,
         parse_trees,
-        render_script,
-        write_campaign,
     )
+    from ..slurm.scripts import render_script, write_campaign
 
     parse_selection(head_sizes, block_sizes, kv_dtypes)  # refuse a bad selection now, not in a job
     build_args: list[str] = []

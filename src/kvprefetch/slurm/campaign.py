@@ -1,6 +1,7 @@
-"""A Slurm campaign: the frozen plan (``Campaign``), the self-contained ``sbatch`` scripts it is
-written as, and the order and ``afterok`` dependencies they are submitted with. Pure: nothing
-here runs Slurm (``cluster.py`` does).
+"""A Slurm campaign: the frozen plan (``Campaign``), its options checked against what sbatch and
+a shell accept, and its record (``campaign.json``: the plan, then the job ids of every
+submission). The scripts it is written as, and the order they are submitted in, are
+``scripts.py``'s. Pure: nothing here runs Slurm (``cluster.py`` does).
 
     <campaign>/
       campaign.json            the frozen plan, then the job ids of every submission
@@ -13,28 +14,12 @@ here runs Slurm (``cluster.py`` does).
                                the library) and envs/<tree>/, then verify/ (a kit work dir)
       results/                 verify.json, bench-<task>.json (one per array task)
       report/                  merged.json, merged.md
-
-Jobs, each after the previous stage succeeded (``--dependency=afterok``):
-``prepare`` (the source cache), ``build-<tree>`` (one per tree: fetch, apply its variant,
-kernels-only build, publish), ``verify``, ``bench`` (an array, one batch size per task),
-``merge`` (``report --merge``).
-
-Scratch and locks (publish.py): a build job never works in the campaign. It fetches from the
-read-only cache into its own scratch work directory (node-local ``$SLURM_TMPDIR``/``$TMPDIR`` by
-default), builds there with the kit's ordinary, node-local locks, and then publishes its
-finished outputs into ``work/``: copied under a temporary name in the destination's own folder,
-then renamed, which is atomic on one filesystem (NFS and Lustre included). Each tree publishes
-to its own paths, and the one shared file, the ownership record of ``work/``, is written by
-``prepare`` before any build starts. So no lock has to hold across nodes: flock over NFS does
-not everywhere, and none is taken.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,7 +37,7 @@ EXIT_SUFFIX = ".exit"  # logs/<job>-<id>.exit: the job's exit status, written by
 # ``campaign``: ``<campaign>/scratch``, for nodes without usable local disk.
 SCRATCH_NODE = "node"
 SCRATCH_CAMPAIGN = "campaign"
-_NODE_SCRATCH_SH = "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"
+NODE_SCRATCH_SH = "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"
 _SCRATCH_FORBIDDEN = ('"', "`", "\\", "$(", "\n")
 
 
@@ -398,201 +383,7 @@ def load_record(root: Path) -> dict[str, Any]:
     return data
 
 
-# ---------------------------------------------------------------------------- scripts
-
-
-def _q(argv: Sequence[str | Path]) -> str:
-    return " ".join(shlex.quote(str(a)) for a in argv)
-
-
-def kit_argv(c: Campaign, *args: str | Path) -> list[str]:
-    return [c.python, "-m", "kvprefetch", *map(str, args)]
-
-
-def scratch_base_sh(c: Campaign) -> str:
-    """The shell word for the folder under which a build job makes its scratch directory."""
-    if c.scratch == SCRATCH_NODE:
-        return f'"{_NODE_SCRATCH_SH}"'
-    if c.scratch == SCRATCH_CAMPAIGN:
-        return shlex.quote(str(Path(c.root) / "scratch"))
-    return f'"{c.scratch}"'  # check_scratch: only $VAR expansion can happen inside the quotes
-
-
-def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
-    """fetch (from the read-only cache), apply, build in the job's own scratch work directory,
-    then publish the outputs into the campaign; on failure, the build's logs are kept."""
-    scratch = '"$SCRATCH"'
-    publish = _q(kit_argv(c, "slurm", "publish", c.root, "--tree", tree.name, "--scratch")) \
-        + " " + scratch
-    name = f"kvprefetch-{Path(c.root).name}-build-{tree.name}"
-    lines = [
-        f"SCRATCH_BASE={scratch_base_sh(c)}",
-        # name: the campaign folder's (check_campaign_path) and a tree's, nothing a shell expands
-        f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
-        'mkdir -p -- "$SCRATCH_BASE"',
-        'mkdir -- "$SCRATCH"  # this job\'s own: a new job id is a new folder',
-        "on_exit() {",
-        "  local rc=$?",
-        f'  if [ "$rc" -ne 0 ]; then {publish} --logs-only || true; fi',
-        ('  echo "scratch kept: $SCRATCH"' if c.keep_scratch else '  rm -rf -- "$SCRATCH"'),
-        '  record_exit "$rc"  # last: the record means the job is over, scratch included',
-        "}",
-        "trap on_exit EXIT",
-        'echo "scratch: $SCRATCH"',
-    ]
-    # only the job's own tree: the scratch work directory builds nothing else
-    lines.append(_q(kit_argv(c, "fetch", "--workdir")) + f" {scratch} "
-                 + _q(["--source", c.source_cache, "--only", tree.name]))
-    if tree.variant is not None:
-        lines.append(_q(kit_argv(c, "apply", "--workdir")) + f" {scratch} "
-                     + _q(["--variant", tree.variant, "--tree", tree.name]))
-    jobs = ["--jobs", str(c.slurm.cpus_per_build)] if c.slurm.cpus_per_build else []
-    lines.append(_q(kit_argv(c, "build", "--workdir")) + f" {scratch} "
-                 + _q(["--kernels-only", "--trees", tree.name, "--arch", c.arch, *jobs,
-                       *c.build_args]))
-    lines.append(publish)
-    return lines
-
-
-def job_commands(c: Campaign, job: Job) -> list[str]:
-    """The body of a job's script, one shell line each (arguments quoted; the only shell
-    features used are ``$SLURM_ARRAY_TASK_ID``, an array of batch sizes, and in the build jobs
-    the scratch folder and its exit trap)."""
-    wd = str(c.workdir)
-    if job.name == "prepare":
-        return [_q(kit_argv(c, "slurm", "prepare", c.root))]
-    if job.name.startswith("build-"):
-        return _build_commands(c, c.tree(job.name[len("build-"):]))
-    if job.name == "verify":
-        argv = kit_argv(c, "verify-kernel", "--workdir", wd, "--trees", ",".join(c.tree_names),
-                        "--json", *(["--no-gpu"] if c.no_gpu else []))
-        return [_q(argv) + " > " + shlex.quote(str(c.results / "verify.json"))]
-    if job.name == "bench":
-        task = '"$SLURM_ARRAY_TASK_ID"'
-        if c.bench.stand_in:
-            return [_q(kit_argv(c, "slurm", "stand-in", c.root, "--task")) + " " + task]
-        lines = ["BATCHES=(" + " ".join(str(b) for b in c.bench.batches) + ")"]
-        extra: list[str] = []
-        for ctx in c.bench.contexts:
-            extra += ["--context", ctx]
-        for p in c.bench.presets:
-            extra += ["--preset", p]
-        trees = [x for t in c.tree_names for x in ("--tree", t)]
-        lines.append(_q(kit_argv(c, "bench", "kernel", "--workdir", wd, *trees, *extra,
-                                 "--out", c.results, "--formats", "json"))
-                     + ' --batch "${BATCHES[$SLURM_ARRAY_TASK_ID]}"'
-                     + ' --name "bench-$SLURM_ARRAY_TASK_ID"')
-        return lines
-    if job.name == "merge":
-        shards = [c.shard(i) for i in range(job.array or len(c.bench.batches))]
-        return [_q(kit_argv(c, "report", "--merge", *shards, "--out", c.report_dir,
-                            "--formats", "md"))]
-    raise ConfigError(f"unknown job {job.name!r}", "plan the campaign again")
-
-
-def render_script(c: Campaign, job: Job) -> str:
-    log = c.logs / (f"{job.name}-%A_%a.out" if job.array else f"{job.name}-%j.out")
-    gpu = job.name == "bench" and not c.bench.stand_in or job.name == "verify" and not c.no_gpu
-    cpus = c.slurm.cpus_per_build if job.name.startswith("build-") else None
-    check_campaign_path(c.root)  # the folder goes into #SBATCH lines, unquoted
-    directives = [f"--job-name=kvp-{Path(c.root).name}-{job.name}", f"--output={log}"]
-    if job.array:
-        directives.append(f"--array=0-{job.array - 1}")
-    directives += c.slurm.directives(gpu, cpus)
-    lines = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives] + [
-        (f"# kvprefetch campaign job {job.name!r}; {_SCRIPT_MARK} "
-         f"(kit {c.kit_version} @ {c.kit_commit or 'no git commit'})."),
-        "# Self-contained: the interpreter, the kit and PATH are pinned below.",
-        "set -euo pipefail",
-        f"export PYTHONPATH={shlex.quote(c.kit_root)}",
-        f"export PATH={shlex.quote(c.path)}",
-        "unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION",
-        f"cd {shlex.quote(c.root)}",
-        # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
-        # reads it for a job the controller has forgotten (MinJobAge) where accounting is off
-        "JOB_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
-        (f"EXIT_RECORD={shlex.quote(str(c.logs))}/{job.name}-"
-         f'"${{JOB_ID:-${{SLURM_JOB_ID:-$$}}}}"{EXIT_SUFFIX}'),
-        "record_exit() {",
-        '  printf \'%s\\n\' "$1" > "$EXIT_RECORD.tmp"',
-        '  mv -f -- "$EXIT_RECORD.tmp" "$EXIT_RECORD"',
-        "}",
-        "trap 'record_exit $?' EXIT",
-        'echo "kvprefetch job ' + job.name + ' on $(hostname) at $(date -u +%FT%TZ)"',
-    ]
-    return "\n".join(lines + job_commands(c, job)) + "\n"
-
-
-_SCRIPT_MARK = "written by `kvprefetch slurm plan`"
-
-
-def write_campaign(c: Campaign) -> list[Path]:
-    """Write campaign.json (keeping the ids of earlier submissions when the plan is unchanged)
-    and every job's script. Refuses to replace the plan of a campaign already submitted."""
-    root = Path(c.root)
-    record_path = root / CAMPAIGN_FILE
-    submitted: dict[str, Any] = {}
-    previous: Campaign | None = None
-    if record_path.exists():
-        old = load_record(root)
-        previous = campaign_from_dict(old["plan"])
-        if old["submitted"] and old["plan"] != json.loads(json.dumps(c.to_dict())):
-            raise ConfigError(f"{root} holds a campaign already submitted with another plan",
-                              "plan into a new folder, or resubmit single jobs with "
-                              "`kvprefetch slurm resubmit`")
-        submitted = old["submitted"]
-    from ..workspace.confine import ensure_dir, is_plain_file, read_limited, write_file
-
-    if not record_path.exists() and root.is_dir() and any(root.iterdir()):
-        raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "
-                          f"({CAMPAIGN_FILE}); kvprefetch does not write into it",
-                          "plan into a new or empty folder")
-    for d in ("scripts", "logs", "results", "report", "cache"):
-        ensure_dir(root / d, root=root)
-    written = []
-    for job in c.jobs:
-        p = root / job.script
-        # a script is replaced only when it is exactly what the kit wrote there (this plan's
-        # or the previous one's): a user's script, or a user's edit of one, is left alone
-        ours = {render_script(c, job).encode()}
-        if previous is not None:
-            ours |= {render_script(previous, j).encode() for j in previous.jobs
-                     if j.script == job.script}
-        if os.path.lexists(p) and not (is_plain_file(p) and read_limited(p, 1 << 20) in ours):
-            raise ConfigError(f"{p} exists and was not written by `kvprefetch slurm plan`; "
-                              "it is left as it is",
-                              f"move {p} away, or plan into a new folder")
-        write_file(p, render_script(c, job), root=root, mode=0o755)
-        written.append(p)
-    save_record(root, {"plan": c.to_dict(), "submitted": submitted})
-    return [record_path, *written]
-
-
 def save_record(root: Path, record: dict[str, Any]) -> None:
     from ..workspace.workdir import write_json_atomic
 
     write_json_atomic(root / CAMPAIGN_FILE, record, root=root)
-
-
-def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],
-                task: int | None = None) -> list[str]:
-    """``sbatch --parsable [--dependency=afterok:ID:ID] [--array=TASK] SCRIPT``."""
-    argv = ["sbatch", "--parsable"]
-    if dependency_ids:
-        argv.append("--dependency=afterok:" + ":".join(dependency_ids))
-    if task is not None:
-        argv.append(f"--array={task}")  # overrides the script's #SBATCH --array
-    argv.append(str(Path(c.root) / job.script))
-    return argv
-
-
-def submission_order(c: Campaign) -> list[Job]:
-    """Every job after the jobs it depends on (the plan is already in that order; checked)."""
-    seen: set[str] = set()
-    for j in c.jobs:
-        missing = [a for a in j.after if a not in seen]
-        if missing:
-            raise ConfigError(f"job {j.name} depends on {', '.join(missing)}, planned after it",
-                              "plan the campaign again")
-        seen.add(j.name)
-    return list(c.jobs)

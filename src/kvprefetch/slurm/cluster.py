@@ -22,9 +22,8 @@ from .campaign import (
     campaign_from_dict,
     load_record,
     save_record,
-    sbatch_argv,
-    submission_order,
 )
+from .scripts import sbatch_argv, submission_order
 
 # ENDED: forgotten by the controller, no accounting and no exit record (recorded_end)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
