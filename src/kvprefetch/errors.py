@@ -25,6 +25,19 @@ class ConfigError(KvprefetchError):
     exit_code = 2
 
 
+class OptionError(ConfigError):
+    """An option's value, or a combination of options, that the library refuses while it plans
+    (``bench`` plans: an unknown ``--formats`` entry, a context longer than
+    ``--max-model-len``). ``option`` names the option where one is to blame. The command line
+    shows it as its own usage error (the "Usage:" header, "Invalid value for OPTION", the same
+    exit code 2), so a check that moved from the click layer into the library reads the same."""
+
+    def __init__(self, cause: str, option: str | None = None) -> None:
+        self.option = option
+        super().__init__(cause, "correct the command line; --help lists the options and the "
+                                "values they take")
+
+
 class FetchError(KvprefetchError):
     """Getting or checking the vLLM sources failed."""
 

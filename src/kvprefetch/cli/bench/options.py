@@ -1,0 +1,44 @@
+"""What the ``bench`` subcommands share on the command line: the output options (``--out``,
+``--name``, ``--formats``), the repeatable ``--tree``, and the library's ``OptionError`` shown as
+click's own usage error."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from ...bench.plan import FORMATS
+from ...errors import OptionError
+from ..common import tree_option
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def output_options(default_name: str) -> Callable[[F], F]:
+    def deco(f: F) -> F:
+        f = click.option("--out", type=click.Path(path_type=Path), default=None,
+                         help="Output folder [default: <workdir>/bench].")(f)
+        f = click.option("--name", default=default_name, show_default=True,
+                         help="Base name of the output files (<name>.json/.md/.png).")(f)
+        f = click.option("--formats", default=",".join(FORMATS), show_default=True,
+                         help="Which of json, md, png to write.")(f)
+        return f
+    return deco
+
+
+trees_option = tree_option("Tree to load (repeatable; default: every kernels-only build "
+                           "found, baseline first).")
+
+
+@contextmanager
+def usage_errors() -> Iterator[None]:
+    """The library's ``OptionError`` (a bad value or combination it found while planning) as
+    click's usage error: the "Usage:" header, "Invalid value for OPTION", exit code 2."""
+    try:
+        yield
+    except OptionError as exc:
+        raise click.BadParameter(exc.cause, param_hint=exc.option) from None
