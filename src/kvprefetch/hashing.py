@@ -8,11 +8,26 @@ import hashlib
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
-# Things a build or an editable install legitimately adds inside a tree; they are not
-# "local modifications" of the sources.
-_IGNORED_DIRS = {".git", "build", ".deps", "__pycache__", ".eggs"}
-_IGNORED_SUFFIXES = (".so", ".pyc", ".o")
+# What the inventory of a tree leaves out, and why (issue 41, class 6: these used to be skipped
+# by name at any depth, so an edited vllm/_version.py, a build/ folder inside csrc/, a .so or a
+# new symlink anywhere went unseen):
+# - at the tree's top level only, where vLLM's setup.py, CMake and pip write a full build's
+#   outputs: build/, .deps/, .eggs/, *.egg-info/ (the sdist ships vllm.egg-info; pip rewrites
+#   it), and .git/ of a git source;
+# - __pycache__/ at any depth: Python's own bytecode cache, written whenever code of the tree
+#   runs (an editable install, a test). The kit never copies one into a tree (fetch leaves the
+#   sdist's out), so whatever is in one was written by Python, not by the kit or the user.
+# Everything else is in: vllm/_version.py, *.so, *.o, *.pyc outside __pycache__, a nested
+# build/, and symlinks (as ``-> target``) and special files, which are never followed or read.
+_TOP_LEVEL_OUTPUTS = {".git", "build", ".deps", ".eggs"}
+PYCACHE = "__pycache__"
+# The rules of inventory(); a state record without "inventory_rules" was made by the old ones
+# (legacy_view) and is compared under them until `fetch --repair` or `--force` records it again.
+INVENTORY_RULES = 2
+_LEGACY_DIRS = {".git", "build", ".deps", PYCACHE, ".eggs"}
+_LEGACY_SUFFIXES = (".so", ".pyc", ".o")
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -33,28 +48,69 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _skipped_dir(here: Path, root: Path, name: str) -> bool:
+    if name == PYCACHE:
+        return True
+    return here == root and (name in _TOP_LEVEL_OUTPUTS or name.endswith(".egg-info"))
+
+
+def _entry(p: Path) -> str:
+    """A file's sha256; ``-> target`` for a symlink; a marker for a FIFO, device or socket."""
+    mode = os.lstat(p).st_mode
+    if stat.S_ISLNK(mode):
+        return "-> " + os.readlink(p)
+    if stat.S_ISREG(mode):
+        return sha256_file(p)
+    return f"! special file (mode {stat.S_IFMT(mode):o})"
+
+
 def inventory(root: Path) -> dict[str, str]:
-    """Relative path -> sha256 of every source file under ``root`` (build outputs skipped)."""
+    """Relative path -> sha256 of every file under ``root`` (a symlink: ``-> target``, never
+    followed), but for a full build's outputs at the top level and Python's __pycache__
+    (see _TOP_LEVEL_OUTPUTS)."""
     out: dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames
-                             if d not in _IGNORED_DIRS and not d.endswith(".egg-info"))
-        for name in sorted(filenames):
-            if name.endswith(_IGNORED_SUFFIXES) or name == "_version.py":
-                continue
-            p = Path(dirpath, name)
-            if p.is_symlink() or not p.is_file():
-                continue
-            out[p.relative_to(root).as_posix()] = sha256_file(p)
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not _skipped_dir(here, root, d))
+        # os.walk lists a symlinked folder among dirnames and does not enter it
+        links = [d for d in dirnames if (here / d).is_symlink()]
+        dirnames[:] = [d for d in dirnames if d not in links]
+        for name in sorted(filenames + links):
+            p = here / name
+            out[p.relative_to(root).as_posix()] = _entry(p)
     return out
+
+
+def legacy_view(inv: dict[str, str]) -> dict[str, str]:
+    """``inv`` as the first inventory rules saw a tree (build outputs skipped by name at any
+    depth, _version.py, symlinks and special files left out): for comparing with a state
+    record those rules made."""
+    def kept(rel: str, digest: str) -> bool:
+        parts = rel.split("/")
+        return not (digest.startswith(("-> ", "! "))
+                    or any(d in _LEGACY_DIRS or d.endswith(".egg-info") for d in parts[:-1])
+                    or parts[-1].endswith(_LEGACY_SUFFIXES) or parts[-1] == "_version.py")
+    return {rel: digest for rel, digest in inv.items() if kept(rel, digest)}
+
+
+def tree_inventory(tree: Path, state: dict[str, Any]) -> dict[str, str]:
+    """The inventory of ``tree`` under the rules its state record was made with."""
+    inv = inventory(tree)
+    return inv if state.get("inventory_rules") == INVENTORY_RULES else legacy_view(inv)
 
 
 def differences(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
     """Human-readable list of what differs: ``M path``, ``A path`` (added), ``D path``."""
-    diffs = [f"M {p}" for p in sorted(recorded.keys() & current.keys())
+    def shown(p: str) -> str:
+        now = current[p]
+        if now.startswith("-> "):
+            return f"{p} (a symlink {now})"
+        return f"{p} (a FIFO, device or socket)" if now.startswith("! ") else p
+
+    diffs = [f"M {shown(p)}" for p in sorted(recorded.keys() & current.keys())
              if recorded[p] != current[p]]
     diffs += [f"D {p}" for p in sorted(recorded.keys() - current.keys())]
-    diffs += [f"A {p}" for p in sorted(current.keys() - recorded.keys())]
+    diffs += [f"A {shown(p)}" for p in sorted(current.keys() - recorded.keys())]
     return diffs
 
 

@@ -11,12 +11,15 @@ byte-identical afterwards (the autouse ``outside`` fixture of test_reliability.p
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import stat
 from pathlib import Path
 
-from tests.integration.test_reliability import _remount, cli, outside, small_tmpfs
+from kvprefetch.errors import PatchError
+from kvprefetch.hashing import source_manifest
+from tests.integration.test_reliability import _remount, cli, outside, refused, small_tmpfs
 
 __all__ = ["outside", "small_tmpfs"]  # fixtures: the outside folder, a real tmpfs
 
@@ -88,3 +91,98 @@ def test_dry_runs_and_read_only_commands_write_nothing(small_tmpfs: Path,
         _remount(small_tmpfs, "rw")
     assert _changed(before, _snapshot(work)) == []
     assert not (small_tmpfs / "new").exists()
+
+
+# ------------------------------------------------------- 3. tamper detection sees everything
+
+def _write(p: Path, data: bytes) -> Path:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    return p
+
+
+# each makes one change to a tree and returns the path to remove to undo it (None: restore)
+TAMPERS = {
+    # an edited file the sdist ships, which the inventory skipped by name
+    "version-py": lambda t: (t / "vllm" / "_version.py").write_text("__version__ = 'x'\n") and None,
+    # a build/ folder below the top level (only the top-level one is a build's output)
+    "nested-build": lambda t: _write(t / "csrc" / "build" / "x.cu", b"evil\n").parent,
+    "shared-object": lambda t: _write(t / "vllm" / "evil.so", b"\x7fELF evil"),
+    "object-file": lambda t: _write(t / "csrc" / "evil.o", b"\x7fELF evil"),
+    "bare-pyc": lambda t: _write(t / "vllm" / "envs.pyc", b"evil"),
+    "file-symlink": lambda t: (t / "vllm" / "link.py").symlink_to("/etc/hostname")
+    or t / "vllm" / "link.py",
+    "folder-symlink": lambda t: (t / "csrc" / "linked").symlink_to(
+        t.parent.parent.parent / "outside", target_is_directory=True) or t / "csrc" / "linked",
+    "fifo": lambda t: os.mkfifo(t / "vllm" / "pipe") or t / "vllm" / "pipe",
+}
+
+
+def test_tamper_detection_sees_version_py_nested_build_so_and_symlinks(
+        fetched_workdir: Path) -> None:
+    """An edited vllm/_version.py, a csrc/build/ folder, a .so, a .o, a .pyc outside
+    __pycache__, a new symlink (to a file or a folder) and a FIFO were all skipped by the
+    inventory, so fetch, apply, clean and diff-upstream called the tree unchanged. Python's
+    bytecode cache is still left out, and the kit never copies one into a tree."""
+    wd = fetched_workdir
+    tree = wd / "trees" / "baseline"
+    assert not list(tree.rglob("__pycache__"))  # the sdist ships one; fetch leaves it out
+    (tree / "vllm" / "__pycache__").mkdir()
+    (tree / "vllm" / "__pycache__" / "envs.cpython-311.pyc").write_bytes(b"python's cache")
+    res = cli("fetch", "--workdir", str(wd), "--source", "sdist", "--json")
+    assert res.returncode == 0, res.stderr  # Python's cache is not an edit
+    pristine = source_manifest(tree)  # never opens the FIFO (tree_bytes would block on it)
+    for name, tamper in TAMPERS.items():
+        made = tamper(tree)
+        res = cli("fetch", "--workdir", str(wd), "--source", "sdist")
+        refused(res, PatchError.exit_code, "local modifications")
+        changed = _changed_paths(pristine, source_manifest(tree))
+        for rel in changed:
+            assert rel.split("/")[-1] in res.stderr or rel in res.stderr, (name, res.stderr)
+        res = cli("clean", "--workdir", str(wd), "--what", "trees", "--dry-run", "--json")
+        kept = {k["path"]: k["reason"] for k in json.loads(res.stdout)["kept"]}
+        assert kept.get(str(tree), "").startswith("edited since"), (name, kept)
+        if made is not None and made.is_dir() and not made.is_symlink():
+            shutil.rmtree(made)
+        elif made is not None:
+            made.unlink()
+        else:
+            shutil.copy2(wd / "pristine" / "sdist" / "vllm" / "_version.py",
+                         tree / "vllm" / "_version.py")
+        assert source_manifest(tree) == pristine, name
+    # the patched tree: apply and diff-upstream --check see a symlinked folder too
+    patched = wd / "trees" / "patched"
+    (patched / "vllm" / "linked").symlink_to(wd.parent / "outside", target_is_directory=True)
+    refused(cli("apply", "--workdir", str(wd)), PatchError.exit_code,
+            "A vllm/linked (a symlink")
+    (patched / "vllm" / "linked").unlink()
+    assert cli("apply", "--workdir", str(wd)).returncode == 0
+    (patched / "vllm" / "_version.py").write_text("__version__ = 'evil'\n")
+    res = cli("diff-upstream", "--workdir", str(wd), "--check")
+    assert res.returncode == 1 and "M vllm/_version.py" in res.stderr, res.stderr
+
+
+def _changed_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
+
+def test_a_tree_recorded_by_the_first_inventory_rules_is_still_unchanged(
+        fetched_workdir: Path) -> None:
+    """A state record made before the inventory counted _version.py and symlinks has no
+    "inventory_rules": it is compared under the old rules (no tree of an existing work
+    directory turns "modified"), and `fetch --repair` records it under the new ones."""
+    wd = fetched_workdir
+    for name in ("baseline", "patched"):
+        sp = wd / "state" / f"{name}.json"
+        state = json.loads(sp.read_text())
+        del state["inventory_rules"]
+        state["inventory"].pop("vllm/_version.py")
+        sp.write_text(json.dumps(state))
+    res = cli("fetch", "--workdir", str(wd), "--source", "sdist", "--json")
+    assert res.returncode == 0, res.stderr
+    assert [t["action"] for t in json.loads(res.stdout)["trees"]] == ["unchanged", "unchanged"]
+    assert cli("apply", "--workdir", str(wd)).returncode == 0
+    assert cli("fetch", "--workdir", str(wd), "--source", "sdist", "--repair").returncode == 0
+    state = json.loads((wd / "state" / "patched.json").read_text())
+    assert state["inventory_rules"] == 2 and "vllm/_version.py" in state["inventory"]
+    assert json.loads((wd / "state" / "patched.json").read_text())["applied"] is not None

@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, FetchError, PatchError
-from ..hashing import differences, inventory, manifest_digest, sha256_file, source_manifest
+from ..hashing import (
+    INVENTORY_RULES,
+    PYCACHE,
+    differences,
+    inventory,
+    manifest_digest,
+    sha256_file,
+    source_manifest,
+    tree_inventory,
+)
 from ..oserrors import mapped
 from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
@@ -253,7 +262,7 @@ def tree_modifications(wd: Workdir, name: str) -> list[str]:
     state = wd.read_state(name)
     if state is None:
         return [f"? {wd.tree(name)} was not made by kvprefetch (no state record)"]
-    return differences(state["inventory"], inventory(wd.tree(name)))
+    return differences(state["inventory"], tree_inventory(wd.tree(name), state))
 
 
 def fetch_trees(workdir: Path, *, source: str = "auto", repo_url: str = upstream.DEFAULT_REPO_URL,
@@ -346,11 +355,14 @@ def _materialise(wd: Workdir, name: str, pristine: Path, kind: str, origin: str,
         ownership.record(wd.root, backup, "backup", tree=name)
         ownership.forget(wd.root, dest)
     with ownership.temporary(wd.root, dest.with_name(f".{name}.tmp-{os.getpid()}")) as tmp:
-        shutil.copytree(pristine, tmp, symlinks=True)
+        # Python's bytecode cache is left out (the sdist ships one): the inventory skips
+        # __pycache__ because the kit never puts one into a tree (hashing.PYCACHE)
+        shutil.copytree(pristine, tmp, symlinks=True, ignore=shutil.ignore_patterns(PYCACHE))
         inv = inventory(tmp)
         state: dict[str, Any] = {
             "tree": name, "source": kind, "origin": origin, "commit": commit,
             "vllm_version": upstream.VLLM_VERSION, "applied": None, "inventory": inv,
+            "inventory_rules": INVENTORY_RULES,
         }
         # The state is written before the rename: a crash in between leaves a state without a
         # tree, which the next fetch simply recreates.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, PatchError
-from ..hashing import differences, inventory, sha256_bytes, sha256_file
+from ..hashing import differences, sha256_bytes, sha256_file, tree_inventory
 from ..kernels import rules as kernel_rules
 from ..oserrors import mapped
 from ..runner import run
@@ -179,10 +179,10 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
             raise missing
         applied = state.get("applied")
         recorded: dict[str, str] = state["inventory"]
-        diffs = differences(recorded, inventory(tree))
+        diffs = differences(recorded, tree_inventory(tree, state))
         diffs += [f"A {rel} (a symlink or special file)" for rel in upstream.KIT_HEADERS_IN_TREE
                   if applied is None and os.path.lexists(tree / rel) and rel not in recorded
-                  and f"A {rel}" not in diffs]
+                  and not any(d.startswith(f"A {rel}") for d in diffs)]
         if diffs:
             raise _refuse_differences(tree, variant, applied, diffs, read_only=dry_run)
         headers_only = False
@@ -231,7 +231,7 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
             new_state["inventory"] = new_inventory
 
             def verify() -> None:
-                now = differences(new_inventory, inventory(tree))
+                now = differences(new_inventory, tree_inventory(tree, new_state))
                 if now:
                     raise PatchError(f"{tree} changed while apply ran ({', '.join(now[:4])}); "
                                      "the apply was rolled back", "rerun `kvprefetch apply`")

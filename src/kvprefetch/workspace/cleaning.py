@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, KvprefetchError
-from ..hashing import differences, inventory
+from ..hashing import differences, inventory, legacy_view, tree_inventory
 from ..oserrors import mapped
 from . import ownership, treetxn
 from .locks import locked
@@ -45,11 +45,14 @@ def _tree_edits(wd: Workdir, name: str, entry: dict) -> list[str]:
         state = wd.read_state(name)
     except KvprefetchError:
         state = None
-    if state is not None and not differences(state["inventory"], now):
+    seen = tree_inventory(wd.tree(name), state) if state is not None else now
+    if state is not None and not differences(state["inventory"], seen):
         return []
-    if entry.get("digest") == ownership.inventory_digest(now):
+    # the record's digest, made by the current inventory rules or (an older record) the first
+    if entry.get("digest") in (ownership.inventory_digest(now),
+                               ownership.inventory_digest(legacy_view(now))):
         return []
-    return differences(state["inventory"], now) if state else ["its content (no readable state)"]
+    return differences(state["inventory"], seen) if state else ["its content (no readable state)"]
 
 
 def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FetchError
-from ..hashing import differences, inventory, sha256_file
+from ..hashing import INVENTORY_RULES, differences, inventory, sha256_file
 from ..sources import upstream
 from . import ownership
 from .workdir import Workdir, write_json_atomic
@@ -45,7 +45,7 @@ def repair_states(wd: Workdir, names: list[str], pristine: Path, kind: str, orig
                        "headers": dict(heads), "files": files}
         state = {"tree": name, "source": kind, "origin": origin, "commit": commit,
                  "vllm_version": upstream.VLLM_VERSION, "applied": applied,
-                 "inventory": expected}
+                 "inventory": expected, "inventory_rules": INVENTORY_RULES}
         write_json_atomic(sp, state)
         ownership.record(wd.root, sp, "state")
         ownership.record(wd.root, tree, "tree", digest=ownership.inventory_digest(expected))
