@@ -1,6 +1,6 @@
-"""kvprefetch.bench.kernel: the pure parts (statistics, launch planning, result rows). The
-timing itself needs CUDA graphs and events and runs on the H200 (tests/gpu/test_bench_smoke.py);
-no test here depends on wall-clock time."""
+"""kvprefetch.bench.kernel's pure parts: statistics (bench.stats), launch planning and result
+rows (bench.kernel_results). The timing itself needs CUDA graphs and events and runs on the H200
+(tests/gpu/test_bench_smoke.py); no test here depends on wall-clock time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import statistics
 import pytest
 
 from kvprefetch.bench import kernel as k
+from kvprefetch.bench import kernel_results as kr
 from kvprefetch.bench.matrix import BenchMatrix
+from kvprefetch.bench.stats import paired_speedups, quantile, summarize
 from kvprefetch.errors import BenchError
 from kvprefetch.kernels.kvinputs import cache_bytes_per_layer, min_bytes_moved
 
@@ -20,19 +22,19 @@ COPY_BW = 4.3e12
 
 def test_summarize_agrees_with_statistics_module() -> None:
     data = [5.0, 1.0, 4.0, 2.0, 3.0, 10.0]
-    s = k.summarize(data)
+    s = summarize(data)
     q = statistics.quantiles(data, n=4, method="inclusive")
     assert s.median == statistics.median(data)
     assert (s.p25, s.p75) == pytest.approx((q[0], q[2]))
     assert (s.min, s.max, s.n) == (1.0, 10.0, 6)
     with pytest.raises(ValueError):
-        k.summarize([])
+        summarize([])
 
 
 def test_paired_speedups() -> None:
-    assert k.paired_speedups([10.0, 12.0], [5.0, 12.0]) == [2.0, 1.0]
+    assert paired_speedups([10.0, 12.0], [5.0, 12.0]) == [2.0, 1.0]
     with pytest.raises(ValueError):
-        k.paired_speedups([1.0], [1.0, 2.0])
+        paired_speedups([1.0], [1.0, 2.0])
 
 
 @pytest.mark.parametrize("shape", BenchMatrix().shapes(), ids=lambda s: s.label)
@@ -84,10 +86,10 @@ def test_default_matrix_fits_the_device_budget() -> None:
 
 def test_build_results_and_progress_line() -> None:
     s = BenchMatrix().shapes()[0]
-    plan = k.LaunchPlan(layers=4, launches=8, replays=2, bytes_per_layer=1, est_launch_us=5.0)
+    plan = kr.LaunchPlan(layers=4, launches=8, replays=2, bytes_per_layer=1, est_launch_us=5.0)
     samples = {"baseline": [10.0, 11.0, 12.0], "patched": [5.0, 11.0, 6.0],
                "seed": [10.0, 11.0, 12.0]}
-    r = k.build_results(s, "cold", plan, 4_300_000, ["baseline", "patched", "seed"], samples,
+    r = kr.build_results(s, "cold", plan, 4_300_000, ["baseline", "patched", "seed"], samples,
                         COPY_BW, {"patched": True, "seed": True},
                         {"baseline": True, "patched": True, "seed": True})
     base, pat, seed = r.variants
@@ -103,15 +105,15 @@ def test_build_results_and_progress_line() -> None:
     line = k.progress_line(3, 25, r, 1.25)
     assert line.startswith("[3/25] ") and "patched 2.000x [1.000-2.000]" in line
     assert "bitwise equal" in line
-    r2 = k.build_results(s, "cold", plan, 1, ["baseline", "patched"],
+    r2 = kr.build_results(s, "cold", plan, 1, ["baseline", "patched"],
                          {"baseline": [1.0] * 3, "patched": [1.0] * 3}, COPY_BW,
                          {"patched": False}, {"baseline": True, "patched": True})
     assert r2.bitwise_equal is False and "OUTPUTS DIFFER" in k.progress_line(1, 1, r2, 0.1)
-    skipped = k.ShapeResult(s, "cold", None, 0, (), None, "instantiation not in build(s): seed")
+    skipped = kr.ShapeResult(s, "cold", None, 0, (), None, "instantiation not in build(s): seed")
     assert skipped.status == "skipped" and r.status == "measured"
     assert "skipped (instantiation" in k.progress_line(1, 1, skipped, 0.0)
     assert skipped.to_dict()["status"] == "skipped"
-    assert math.isclose(k.quantile([1.0, 3.0], 0.5), 2.0)
+    assert math.isclose(quantile([1.0, 3.0], 0.5), 2.0)
 
 
 def test_run_kernel_bench_refuses_without_gpu() -> None:
@@ -160,13 +162,13 @@ def test_launches_are_whole_passes_over_the_layers() -> None:
 
 def test_shape_result_status_rules() -> None:
     s = BenchMatrix().shapes()[0]
-    assert k.ShapeResult(s, "cold", None, 0, (), None, "boom", "failed").status == "failed"
+    assert kr.ShapeResult(s, "cold", None, 0, (), None, "boom", "failed").status == "failed"
     with pytest.raises(ValueError):
-        k.ShapeResult(s, "cold", None, 0, (), None, "", "skipped")  # a skip needs its reason
+        kr.ShapeResult(s, "cold", None, 0, (), None, "", "skipped")  # a skip needs its reason
     with pytest.raises(ValueError):
-        k.ShapeResult(s, "cold", None, 0, (), None, "x", "measured")
+        kr.ShapeResult(s, "cold", None, 0, (), None, "x", "measured")
     with pytest.raises(ValueError):
-        k.ShapeResult(s, "cold", None, 0, (), None, "x", "lost")
+        kr.ShapeResult(s, "cold", None, 0, (), None, "x", "lost")
 
 
 class _SmallDevice(k.HostBackend):
@@ -217,8 +219,8 @@ def _results_loop(fail_at: int, problem: str):
     def measure(shape, config):
         if shape is shapes[fail_at]:
             raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
-        plan = k.LaunchPlan(1, 8, 1, 1, 1.0)
-        return k.build_results(shape, config.mode, plan, 1000, ["baseline", "patched"],
+        plan = kr.LaunchPlan(1, 8, 1, 1, 1.0)
+        return kr.build_results(shape, config.mode, plan, 1000, ["baseline", "patched"],
                                {"baseline": [2.0] * 3, "patched": [1.0] * 3}, COPY_BW,
                                {"patched": True}, {"baseline": True, "patched": True})
 

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvprefetch.bench import kernel as k
+from kvprefetch.bench import kernel_results as kr
 from kvprefetch.bench import sample as sm
 from kvprefetch.bench import sample_report as rep
 from kvprefetch.bench import sample_rules as rules
@@ -264,7 +265,7 @@ def test_time_limit_leaves_the_rest_not_run() -> None:
 
     def measure(shape, config):
         measured.append(shape.preset)
-        return k.ShapeResult(shape, config.mode, None, 0, (), None, "fake", "skipped",
+        return kr.ShapeResult(shape, config.mode, None, 0, (), None, "fake", "skipped",
                              timing=config.timing)
 
     results, aborted = k.run_shapes(shapes, [k.KernelBenchConfig(timing="eager")], measure,
@@ -284,7 +285,7 @@ def test_a_sample_runs_each_steps_timings_side_by_side() -> None:
 
     def measure(shape, config):
         seen.append((shape.preset, config.timing))
-        return k.ShapeResult(shape, config.mode, None, 0, (), None, "fake", "skipped",
+        return kr.ShapeResult(shape, config.mode, None, 0, (), None, "fake", "skipped",
                              timing=config.timing)
 
     for major, want in ((True, [("s0", "graph"), ("s0", "eager"), ("s1", "graph"),

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kvprefetch.bench import kernel as k
+from kvprefetch.bench import kernel_results as kr
 from kvprefetch.bench import report
 from kvprefetch.bench.matrix import BenchMatrix
 from kvprefetch.bench.repeats import combine
@@ -32,9 +32,9 @@ def run_doc(ratio: Callable[[str, int, int], float], modes: tuple[str, ...] = ("
             base = [t * (1.0 if mode == "cold" else hot_factor) for t in (20.0, 20.2, 20.4)]
             samples = {n: [t / (1.0 if n == "baseline" else ratio(n, b, c)) for t in base]
                        for n in NAMES}
-            plan = k.LaunchPlan(layers=1, launches=8, replays=3,
+            plan = kr.LaunchPlan(layers=1, launches=8, replays=3,
                                 bytes_per_layer=per_layer(b, c), est_launch_us=1)
-            r = k.build_results(s, mode, plan, 1_000_000, list(NAMES), samples, 4e12,
+            r = kr.build_results(s, mode, plan, 1_000_000, list(NAMES), samples, 4e12,
                                 {"patched": True, "control": True}, dict.fromkeys(NAMES, True))
             results.append(r.to_dict())
     return {"kind": "kernel", "schema": 1,

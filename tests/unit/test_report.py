@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvprefetch.bench import documents, ncu, report
-from kvprefetch.bench import kernel as k
+from kvprefetch.bench import kernel_results as kr
 from kvprefetch.bench.matrix import BenchMatrix, shapes_from_specs
 from kvprefetch.cli.report import report as report_cmd
 from kvprefetch.errors import BenchError
@@ -29,12 +29,12 @@ def kernel_doc() -> dict:
         fast = 1.3 if s.attn.num_seqs == 1 else 0.97   # a win at batch 1, a loss at 64
         samples = {"baseline": base, "patched": [b / fast for b in base],
                    "seed": [b / 1.01 for b in base]}
-        plan = k.LaunchPlan(layers=2, launches=8, replays=3, bytes_per_layer=1, est_launch_us=1)
-        r = k.build_results(s, "cold", plan, 2_000_000, ["baseline", "patched", "seed"],
+        plan = kr.LaunchPlan(layers=2, launches=8, replays=3, bytes_per_layer=1, est_launch_us=1)
+        r = kr.build_results(s, "cold", plan, 2_000_000, ["baseline", "patched", "seed"],
                             samples, 4.3e12, {"patched": True, "seed": True},
                             {"baseline": True, "patched": True, "seed": True})
         results.append(r.to_dict())
-    results.append(k.ShapeResult(shapes[0], "hot", None, 0, (), None,
+    results.append(kr.ShapeResult(shapes[0], "hot", None, 0, (), None,
                                  "instantiation not in build(s): seed").to_dict())
     return {"kind": "kernel", "schema": 1,
             "meta": {"started": "2026-11-29T14:00:00Z", "seconds": 12.0,

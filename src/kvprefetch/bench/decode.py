@@ -39,7 +39,7 @@ from ..errors import BenchError
 from ..kernels.ops import PagedOps
 from .decode_model import Decoder, DecoderConfig
 from .decode_serve import BlockAllocator, LengthDist, Scheduler, Step, blocks_needed
-from .kernel import quantile, summarize
+from .stats import quantile, summarize
 from .vllm_call import MAX_SEQ_LEN_TO_CAPTURE, VllmCall, blocks_for, graph_bucket, launch_for
 
 ATTENTION_KERNELS = ("paged_attention", "gqa_decode", "kv_l2_prefetch", "reduce_kernel")

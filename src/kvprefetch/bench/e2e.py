@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
-from .kernel import summarize
+from .stats import summarize
 
 # meta-llama/Llama-3.1-8B config.json (the attention and model shape the seed benchmarked).
 LLAMA_31_8B_CONFIG: dict[str, Any] = {

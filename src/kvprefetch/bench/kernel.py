@@ -39,8 +39,9 @@ Method, per shape of the matrix:
    error poisons the whole context (illegal address, ...), so after one the run stops: the
    remaining shapes are recorded as not run and the partial document is still returned.
 
-The pure parts (statistics, launch planning, result rows) are unit-tested; the GPU part runs on
-the H200 through ``scripts/device/bench.sh``.
+The pure parts (statistics: ``stats.py``; result rows: ``kernel_results.py``; launch planning:
+``plan_launches`` here) are unit-tested; the GPU part runs on the H200 through
+``scripts/device/bench.sh``.
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ from ..kernels import policy
 from ..kernels.kvinputs import (
     alias_pool_blocks,
     cache_bytes_per_layer,
-    kv_bytes_read,
     layers_for_cold,
     make_inputs,
     min_bytes_moved,
@@ -65,6 +65,7 @@ from ..kernels.kvinputs import (
 from ..kernels.ops import PagedOps, forward_decode, v2_workspace
 from ..kitinfo import kit_info
 from .device import CudaBackend, HostBackend, device_facts, measure_copy_bandwidth
+from .kernel_results import LaunchPlan, ShapeResult, build_results
 from .limits import memory_refusal, shape_memory, vllm_kernel_limit
 from .matrix import MODES, BenchMatrix, BenchShape
 from .vllm_call import TIMINGS, Launch, VllmCall, launch_attn, launch_for
@@ -101,48 +102,6 @@ class KernelBenchConfig:
             raise BenchError("fewer than 3 rounds give no spread", "pass --rounds 3 or more")
 
 
-@dataclass(frozen=True)
-class Stats:
-    median: float
-    p25: float
-    p75: float
-    min: float
-    max: float
-    n: int
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not sorted_values:
-        raise ValueError("no samples")
-    pos = (len(sorted_values) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def summarize(samples: Sequence[float]) -> Stats:
-    s = sorted(samples)
-    return Stats(median=quantile(s, 0.5), p25=quantile(s, 0.25), p75=quantile(s, 0.75),
-                 min=s[0], max=s[-1], n=len(s))
-
-
-def paired_speedups(baseline: Sequence[float], variant: Sequence[float]) -> list[float]:
-    """Per-round ratio baseline_time / variant_time (> 1 means the variant is faster)."""
-    if len(baseline) != len(variant):
-        raise ValueError("samples must be paired round by round")
-    return [b / v for b, v in zip(baseline, variant)]
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    layers: int            # distinct KV caches rotated
-    launches: int          # decode calls per graph replay
-    replays: int           # graph replays per timed sample
-    bytes_per_layer: int   # K+V bytes allocated per layer
-    est_launch_us: float
-
-
 def plan_launches(bytes_moved: int, bytes_per_layer: int, l2_bytes: int, copy_bw: float,
                   config: KernelBenchConfig) -> LaunchPlan:
     """How many layers to rotate and how many calls a graph and a sample hold. A call is assumed
@@ -160,86 +119,6 @@ def plan_launches(bytes_moved: int, bytes_per_layer: int, l2_bytes: int, copy_bw
     launches = -(-launches // layers) * layers  # whole passes: each layer visited equally often
     replays = max(1, math.ceil(config.target_sample_ms * 1e-3 / (launches * est)))
     return LaunchPlan(layers, launches, replays, bytes_per_layer, est * 1e6)
-
-
-@dataclass(frozen=True)
-class VariantResult:
-    name: str
-    time_us: Stats
-    speedup: Stats | None
-    bw_fraction: float
-    equal_to_baseline: bool | None
-    nan_free: bool
-
-
-STATUSES = ("measured", "skipped", "failed", "not run")
-
-
-@dataclass(frozen=True)
-class ShapeResult:
-    """One shape in one mode. ``status`` is measured, skipped (decided before allocating
-    anything: missing instantiation, a vLLM launch limit, not enough memory), failed (an error
-    while running it) or not run (an earlier CUDA error left the context unusable); ``error`` is
-    the reason for every status but measured."""
-
-    shape: BenchShape
-    mode: str
-    plan: LaunchPlan | None
-    bytes_moved: int
-    variants: tuple[VariantResult, ...]
-    bitwise_equal: bool | None
-    error: str = ""
-    status: str = ""  # "" = measured without an error, skipped with one
-    timing: str = "graph"
-    launch: Launch | None = None  # what the kernel was given (None: not planned that far)
-    step: int | None = None       # the step's index in a sample
-
-    def __post_init__(self) -> None:
-        if not self.status:
-            object.__setattr__(self, "status", "skipped" if self.error else "measured")
-        if self.status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, not {self.status!r}")
-        if (self.status == "measured") == bool(self.error):
-            raise ValueError("a measured shape has no error; any other status needs its reason")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = self.shape.to_dict()
-        # The KV the launch reads: the real rows' blocks, one block per pad row.
-        kv = (kv_bytes_read(launch_attn(self.shape.attn, self.launch), self.launch.seq_lens)
-              if self.launch else kv_bytes_read(self.shape.attn, self.shape.seq_lens))
-        d.update(label=self.shape.label, mode=self.mode, timing=self.timing,
-                 bytes_moved=self.bytes_moved, kv_bytes=kv,
-                 bitwise_equal=self.bitwise_equal, status=self.status, error=self.error)
-        if self.launch is not None:
-            d["launch"] = self.launch.to_dict()
-        if self.step is not None:
-            d["step"] = self.step
-        d["plan"] = asdict(self.plan) if self.plan else None
-        d["variants"] = {
-            v.name: {"time_us": asdict(v.time_us),
-                     "speedup": asdict(v.speedup) if v.speedup else None,
-                     "bw_fraction": v.bw_fraction, "equal_to_baseline": v.equal_to_baseline,
-                     "nan_free": v.nan_free}
-            for v in self.variants}
-        return d
-
-
-def build_results(shape: BenchShape, mode: str, plan: LaunchPlan, bytes_moved: int,
-                  names: Sequence[str], samples: dict[str, list[float]], copy_bw: float,
-                  equal: dict[str, bool], nan_free: dict[str, bool],
-                  timing: str = "graph", launch: Launch | None = None) -> ShapeResult:
-    """Turn per-round samples (us per call) into a result row; ``names[0]`` is the baseline."""
-    base = samples[names[0]]
-    rows = []
-    for name in names:
-        t = summarize(samples[name])
-        sp = None if name == names[0] else summarize(paired_speedups(base, samples[name]))
-        bw = bytes_moved / (t.median * 1e-6) / copy_bw
-        rows.append(VariantResult(name, t, sp, bw, None if name == names[0] else equal[name],
-                                  nan_free[name]))
-    all_equal = all(equal[n] for n in names[1:]) and all(nan_free.values())
-    return ShapeResult(shape, mode, plan, bytes_moved, tuple(rows), all_equal, timing=timing,
-                       launch=launch)
 
 
 # ----------------------------------------------------------------------------- GPU part

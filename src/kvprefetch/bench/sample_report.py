@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .kernel import quantile
 from .render import geomean
 from .render import md_table as _table
 from .render import pyplot as _pyplot
@@ -34,6 +33,7 @@ from .sample_stats import (
     variant_names,
     worst_steps,
 )
+from .stats import quantile
 from .vllm_call import describe_call, doc_call
 
 

@@ -15,8 +15,8 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from .kernel import quantile
 from .render import geomean
+from .stats import quantile
 
 CONTROL = "control"
 # The ablation chain, each tree adding one mechanism to the one before (docs/sampled-benchmark.md

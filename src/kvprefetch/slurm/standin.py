@@ -22,7 +22,8 @@ NOT_TIMED = "CPU stand-in shard: no GPU here, nothing was timed"
 
 
 def stand_in_shard(c: Campaign, task: int) -> dict[str, Any]:
-    from ..bench.kernel import KernelBenchConfig, ShapeResult, not_measured
+    from ..bench.kernel import KernelBenchConfig, not_measured
+    from ..bench.kernel_results import ShapeResult
     from ..bench.matrix import build_matrix
     from ..hashing import sha256_file
     from ..kernels.kvinputs import min_bytes_moved

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..bench.kernel import KernelBenchConfig, ShapeResult, bench_shape, run_shapes
+from ..bench.kernel import KernelBenchConfig, bench_shape, run_shapes
+from ..bench.kernel_results import ShapeResult
 from ..bench.matrix import BenchShape
 from ..errors import BenchError
 from ..kernels.kvinputs import AttnShape, canonical_dtype
