@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import BenchError, ConfigError
 from ..kernels.ops import BuiltOps, find_builds, load_build
-from .kernel import TIMINGS, KernelBenchConfig, kernel_configs
+from .kernel import KernelBenchConfig, kernel_configs
 from .matrix import BenchMatrix, BenchShape, build_matrix
 from .plan import (
     BenchRun,
@@ -33,7 +33,7 @@ from .plan import (
     require_builds,
 )
 from .sample import Instantiations, SampleSpec, draw_sample, parse_bytes
-from .vllm_call import VllmCall
+from .vllm_call import TIMINGS, VllmCall
 
 # The options that choose a matrix's shapes (field -> flag); a sample draws its own.
 MATRIX_OPTIONS = {"preset": "--preset", "matrix": "--matrix", "batch": "--batch",
