@@ -17,9 +17,22 @@ import shutil
 import stat
 from pathlib import Path
 
+import pytest
+
 from kvprefetch.errors import PatchError
 from kvprefetch.hashing import source_manifest
-from tests.integration.test_reliability import _remount, cli, outside, refused, small_tmpfs
+from tests.integration.helpers import copy_workdir
+from tests.integration.test_reliability import (
+    _consistent,
+    _debris,
+    _kill_after,
+    _remount,
+    _start,
+    cli,
+    outside,
+    refused,
+    small_tmpfs,
+)
 
 __all__ = ["outside", "small_tmpfs"]  # fixtures: the outside folder, a real tmpfs
 
@@ -186,3 +199,37 @@ def test_a_tree_recorded_by_the_first_inventory_rules_is_still_unchanged(
     state = json.loads((wd / "state" / "patched.json").read_text())
     assert state["inventory_rules"] == 2 and "vllm/_version.py" in state["inventory"]
     assert json.loads((wd / "state" / "patched.json").read_text())["applied"] is not None
+
+
+# ------------------------------------------------------ 2. a killed clean needs no --force
+
+CLEAN_KILLS = [0.5, 0.9, 1.4, "removing"]
+
+
+@pytest.mark.parametrize("at", CLEAN_KILLS, ids=[str(a) for a in CLEAN_KILLS])
+def test_sigkill_during_clean_then_fetch_and_clean_need_no_force(
+        at: float | str, tmp_path: Path, fetched_template: Path) -> None:
+    """`clean --what all` killed while it deletes: a tree deleted half-way used to stay in
+    place, recorded, so fetch refused it ("local modifications", --force) and clean kept it
+    ("edited"). Now each directory is renamed to a recorded temporary before it is deleted:
+    whatever the kill interrupted, the next fetch and clean finish the job on their own."""
+    work = copy_workdir(fetched_template, tmp_path / "work")
+    proc = _start("clean", "--workdir", str(work), "--what", "all")
+    trees = work / "trees"
+
+    def deleting() -> bool:  # the new code's temporary, or (old code) a tree losing files
+        return bool(list(trees.glob(".*.tmp-*"))) or not all(
+            (trees / n / "setup.py").exists() and (trees / n / "vllm" / "envs.py").exists()
+            for n in ("baseline", "patched"))
+
+    _kill_after(proc, 0 if at == "removing" else float(at),
+                deleting if at == "removing" else None)
+    res = cli("fetch", "--workdir", str(work), "--source", "sdist", "--json")
+    assert res.returncode == 0, res.stderr
+    _consistent(work, applied=False)
+    res = cli("clean", "--workdir", str(work), "--what", "all", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["kept"] == [], res.stdout
+    for d in ("trees", "pristine", "state"):
+        assert not (work / d).is_dir() or list((work / d).iterdir()) == [], d
+    assert _debris(work) == []

@@ -117,6 +117,10 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,
                             stack.enter_context(locked(envs / f".{p.name}.lock",
                                                        f"environment {p}"))
                         targets.append(p)
+        # a state record goes last: a clean killed between a tree and its record leaves a
+        # record without its tree, which fetch simply makes again (a tree without its record
+        # would be "not made by kvprefetch" and need --force)
+        targets.sort(key=lambda t: t.parent == root / "state")
         listed = {str(t) for t in targets} | {k.path for k in res.kept}
         for d in _DIRS[what]:
             top = root / d

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -131,8 +132,30 @@ def symlink_on_the_way(root: Path, path: Path) -> Path | None:
 
 def remove(root: Path, path: Path) -> None:
     """Remove ``path`` (a kit-made file or directory) inside ``root`` without following any
-    symlink (confine.remove_path)."""
+    symlink (confine.remove_path), and forget it.
+
+    A directory is removed crash-safely (issue 41, class 6: a `clean` killed half-way left a
+    half-deleted tree that `fetch` then refused without `--force`): it is first renamed to
+    ``.<name>.removing.tmp-<pid>`` beside it, recorded as this run's temporary before the
+    rename, and only then deleted. A run killed at any point leaves either the whole directory where it
+    was, or an orphan temporary that the next fetch or clean removes."""
+    try:
+        is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        is_dir = False
+    if is_dir:
+        confine.check_target(root, path, what="remove")
+        # not fetch's ".<name>.tmp-<pid>", which may exist while fetch replaces a pristine copy
+        doomed = path.with_name(f".{path.name}.removing.tmp-{os.getpid()}")
+        if os.path.lexists(doomed):
+            raise ConfigError(f"{doomed} is in the way of removing {path}",
+                              f"move {doomed} away, then rerun")
+        record(root, doomed, "tmp", pid=os.getpid())  # before the rename: never unrecorded
+        os.rename(path, doomed)
+        forget(root, path)
+        path = doomed
     confine.remove_path(root, path)
+    forget(root, path)
 
 
 def pid_alive(pid: int) -> bool:
@@ -214,6 +237,6 @@ def remove_orphans(root: Path, dry_run: bool = False) -> list[str]:
         if dry_run:
             continue
         if symlink_on_the_way(root, p) is None:
-            remove(root, p)
+            confine.remove_path(root, p)  # a temporary already: no rename first
         forget(root, p)
     return out
