@@ -1,5 +1,6 @@
 """The package's import graph (grimp): no module imports, directly or through others, a module
-that imports it back, and no module imports another module's private (``_name``) helper.
+that imports it back; no module imports another module's private (``_name``) helper; and no
+package imports a layer above its own (the layers contract, ``LAYERS``).
 
 Imports inside functions and under ``TYPE_CHECKING`` count: a lazy import is still a
 dependency, and a cycle through one is still two modules that cannot be understood apart."""
@@ -105,3 +106,103 @@ def test_no_module_imports_another_modules_private_helper() -> None:
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         found += _private_imports(path, module)
     assert not found, "private helpers imported across modules:\n" + "\n".join(found)
+
+
+# The layers, top first: a package may import its own layer and any layer below it, never one
+# above, inside functions included (grimp reads every import statement). The base layer is
+# the package's loose modules: errors, runner, hashing, the console, the kit's own facts.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cli", "__main__"),
+    ("slurm",),
+    ("vmm",),
+    ("bench",),
+    ("build",),
+    ("verify",),
+    ("doctor",),
+    ("overlay",),
+    ("sources",),
+    ("workspace",),
+    ("kernels",),
+    ("probe",),
+    ("kitinfo", "console", "timings", "oserrors", "hashing", "runner", "errors", "__init__"),
+)
+
+# The upward imports the package still has, each named with what removes it. The list only
+# shrinks: an upward import not here fails, and so does an entry that no longer exists.
+LOWER_HALF = ("the build's lower half (toolchain, envs, selection, foresight, progress) moves "
+              "below doctor, overlay and verify")
+MODE_PREFLIGHT = "each mode's own preflight moves into its mode module (a BuildMode registry)"
+OVERLAY_MODE = ("the overlay mode moves into the build package; overlay/ keeps the plugin, the "
+                "CUDA 12 toolkit and the probes")
+UPSTREAM_DOWN = "upstream.py (the pins and the variants' names, a leaf) moves to the base layer"
+REPAIR_UP = "repair (a state record rebuilt from the source) moves into sources/"
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    ("doctor.host", "build.envs"): LOWER_HALF,
+    ("doctor.host", "build.foresight"): LOWER_HALF,
+    ("doctor.host", "build.progress"): LOWER_HALF,
+    ("doctor.host", "build.selection"): LOWER_HALF,
+    ("doctor.host", "build.toolchain"): LOWER_HALF,
+    ("doctor.mode", "build.toolchain"): LOWER_HALF,
+    ("doctor.preflight", "build.envs"): LOWER_HALF,
+    ("doctor.preflight", "build.foresight"): LOWER_HALF,
+    ("doctor.preflight", "build.toolchain"): LOWER_HALF,
+    ("doctor.probes", "build.toolchain"): LOWER_HALF,
+    ("doctor.tools", "build.toolchain"): LOWER_HALF,
+    ("overlay.toolkit", "build.toolchain"): LOWER_HALF,
+    ("overlay.verify", "build.envs"): LOWER_HALF,
+    ("verify.facts", "build.toolchain"): LOWER_HALF,
+    ("verify.kernel", "build.envs"): LOWER_HALF,
+    ("verify.kernel", "build.toolchain"): LOWER_HALF,
+    ("doctor.tools", "build.full_smoke"): MODE_PREFLIGHT,
+    ("doctor.tools", "build.kernels_only"): MODE_PREFLIGHT,
+    ("overlay.build", "build.builder"): OVERLAY_MODE,
+    ("overlay.build", "build.envs"): OVERLAY_MODE,
+    ("overlay.build", "build.kernels_only"): OVERLAY_MODE,
+    ("overlay.build", "build.library"): OVERLAY_MODE,
+    ("overlay.build", "build.plan"): OVERLAY_MODE,
+    ("kernels.ops", "sources.upstream"): UPSTREAM_DOWN,
+    ("workspace.workdir", "sources.upstream"): UPSTREAM_DOWN,
+    ("workspace.repair", "sources.upstream"): UPSTREAM_DOWN,
+    ("workspace.repair", "sources.patching"): REPAIR_UP,
+}
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else "__init__"
+    for i, layer in enumerate(LAYERS):
+        if name in layer:
+            return i
+    raise AssertionError(f"{module}: its package {name!r} is in no layer of LAYERS; add it")
+
+
+def upward_imports(graph: object) -> dict[tuple[str, str], int]:
+    out = {}
+    for m in sorted(graph.modules):  # type: ignore[attr-defined]
+        for t in graph.find_modules_directly_imported_by(m):  # type: ignore[attr-defined]
+            if layer_of(t) < layer_of(m):
+                out[(m, t)] = layer_of(m) - layer_of(t)
+    return out
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    class Graph:
+        modules = frozenset({"kvprefetch.workspace.a", "kvprefetch.cli.b", "kvprefetch.errors"})
+
+        def find_modules_directly_imported_by(self, m: str) -> set[str]:
+            return {"kvprefetch.workspace.a": {"kvprefetch.cli.b", "kvprefetch.errors"},
+                    "kvprefetch.cli.b": {"kvprefetch.workspace.a"}}.get(m, set())
+
+    assert list(upward_imports(Graph())) == [("kvprefetch.workspace.a", "kvprefetch.cli.b")]
+
+
+def test_no_package_imports_a_layer_above_it() -> None:
+    graph = grimp.build_graph("kvprefetch")
+    found = {(m.removeprefix("kvprefetch."), t.removeprefix("kvprefetch."))
+             for m, t in upward_imports(graph)}
+    new = sorted(found - set(KNOWN_UPWARD))
+    gone = sorted(set(KNOWN_UPWARD) - found)
+    assert not new, ("imports of a layer above (see LAYERS; move the shared thing down "
+                     "instead):\n" + "\n".join(f"{m} -> {t}" for m, t in new))
+    assert not gone, ("these upward imports are gone: remove them from KNOWN_UPWARD:\n"
+                      + "\n".join(f"{m} -> {t}" for m, t in gone))
