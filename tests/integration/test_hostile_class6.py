@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.errors import PatchError
+from kvprefetch.errors import ConfigError, FetchError, LockError, PatchError
 from kvprefetch.hashing import source_manifest
 from tests.integration.helpers import copy_workdir
 from tests.integration.test_reliability import (
@@ -35,6 +35,8 @@ from tests.integration.test_reliability import (
 )
 
 __all__ = ["outside", "small_tmpfs"]  # fixtures: the outside folder, a real tmpfs
+
+OWNED = ".kvprefetch-owned.json"
 
 
 def _snapshot(root: Path) -> dict[str, tuple]:
@@ -233,3 +235,103 @@ def test_sigkill_during_clean_then_fetch_and_clean_need_no_force(
     for d in ("trees", "pristine", "state"):
         assert not (work / d).is_dir() or list((work / d).iterdir()) == [], d
     assert _debris(work) == []
+
+
+# ------------------------------------------------- 4. messages that sent the user the wrong way
+
+
+def test_a_symlinked_work_directory_is_one_directory_for_every_command(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    """fetch and clean refused a work directory reached through a symlink and said to remove
+    its `.lock` (there was nothing wrong with it), while apply went through the link. The
+    location the user names is trusted: the link is followed once, and every command then
+    acts (and locks) in the real directory."""
+    link = tmp_path / "link"
+    link.symlink_to(fetched_workdir, target_is_directory=True)
+    res = cli("fetch", "--workdir", str(link), "--source", "sdist", "--json")
+    assert res.returncode == 0, res.stderr
+    assert [t["path"] for t in json.loads(res.stdout)["trees"]] == [
+        str(fetched_workdir / "trees" / n) for n in ("baseline", "patched")]
+    assert cli("apply", "--workdir", str(link)).returncode == 0
+    res = cli("clean", "--workdir", str(link), "--what", "all")
+    assert res.returncode == 0, res.stderr
+    assert not (fetched_workdir / "trees" / "patched").exists()
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "link", "outside", "work"]
+
+
+def test_a_fifo_or_a_symlinked_folder_in_place_of_a_lock_is_named(fetched_workdir: Path,
+                                                                   tmp_path: Path) -> None:
+    """A FIFO where a lock goes said "apply failed: Invalid argument" (flock on a FIFO); a
+    symlinked folder holding locks said to remove the lock file, which was not the problem."""
+    wd = fetched_workdir
+    lock = wd / ".locks" / "tree-patched.lock"
+    lock.unlink(missing_ok=True)
+    os.mkfifo(lock)
+    for argv in (("apply",), ("fetch", "--source", "sdist"), ("clean", "--what", "trees")):
+        res = cli(argv[0], "--workdir", str(wd), *argv[1:], timeout=60)
+        refused(res, LockError.exit_code, f"cannot take the lock {lock}: it is a FIFO",
+                f"remove or move away {lock}")
+    lock.unlink()
+    (wd / ".lock").unlink(missing_ok=True)
+    os.mkfifo(wd / ".lock")
+    refused(cli("clean", "--workdir", str(wd), timeout=60), LockError.exit_code,
+            f"{wd / '.lock'}: it is a FIFO")
+    (wd / ".lock").unlink()
+    shutil.move(wd / ".locks", tmp_path / "locks-elsewhere")
+    (wd / ".locks").symlink_to(tmp_path / "locks-elsewhere", target_is_directory=True)
+    refused(cli("apply", "--workdir", str(wd)), LockError.exit_code,
+            f"the folder holding it, {wd / '.locks'}, is a symlink",
+            f"replace the symlink {wd / '.locks'} by a real directory")
+    (wd / ".locks").unlink()
+    assert cli("apply", "--workdir", str(wd)).returncode == 0
+
+
+def test_a_symlinked_folder_inside_a_tree_is_named_and_its_fix_works(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    """With csrc/attention/kvprefetch/ (where apply puts the kit's headers) a symlink to a
+    folder elsewhere, apply said "changed while apply ran ... rerun `kvprefetch apply`",
+    and every rerun said it again. Now the link is a difference of the tree, named as a
+    symlink before anything is written; moving it away, as the message says, fixes it."""
+    wd = fetched_workdir
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = wd / "trees" / "patched" / "csrc" / "attention" / "kvprefetch"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    for _ in range(2):
+        refused(cli("apply", "--workdir", str(wd)), PatchError.exit_code,
+                f"A csrc/attention/kvprefetch (a symlink -> {elsewhere})",
+                "keep your changes elsewhere")
+    assert list(elsewhere.iterdir()) == []
+    link.unlink()
+    res = cli("apply", "--workdir", str(wd), "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)["action"] == "applied", res.stderr
+
+
+def test_fetch_repair_works_after_the_ownership_record_is_moved_aside(
+        fetched_workdir: Path, tmp_path: Path, vllm_sdist: Path) -> None:
+    """A corrupt ownership record says: move it away, `kvprefetch fetch --repair` records the
+    trees again. --repair then stopped at "pristine/sdist exists but kvprefetch did not create
+    it". Now it records the pristine copy again once it is verified in full, and clean can
+    remove everything once more."""
+    wd = fetched_workdir
+    data = json.loads((wd / OWNED).read_text())
+    data["paths"]["../victim"] = {"kind": "build"}
+    (wd / OWNED).write_text(json.dumps(data))
+    refused(cli("clean", "--workdir", str(wd)), ConfigError.exit_code, "is corrupt",
+            "move it away; `kvprefetch fetch --repair`")
+    shutil.move(wd / OWNED, tmp_path / "owned-aside.json")
+    res = cli("fetch", "--workdir", str(wd), "--source", str(vllm_sdist), "--repair")
+    assert res.returncode == 0, res.stderr
+    assert f"recorded {wd / 'pristine' / 'sdist'} again" in res.stderr
+    res = cli("clean", "--workdir", str(wd), "--what", "all", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["kept"] == [] and str(wd / "pristine" / "sdist") in out["removed"], out
+    # an edited pristine copy is not recorded again: it stays the user's, and is named
+    res = cli("fetch", "--workdir", str(wd), "--source", str(vllm_sdist))
+    assert res.returncode == 0, res.stderr
+    (wd / OWNED).unlink()
+    (wd / "pristine" / "sdist" / "setup.py").write_text("# edited\n")
+    refused(cli("fetch", "--workdir", str(wd), "--source", str(vllm_sdist), "--repair"),
+            FetchError.exit_code, f"{wd / 'pristine' / 'sdist'} exists but kvprefetch did not")

@@ -16,10 +16,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_WORKDIR = Path("kvprefetch-work")
 
 
+def _real_workdir(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
+    """The work directory the user named, followed once if it is a symlink to a directory.
+
+    Its location is the one thing the kit takes on trust (docs/reliability.md): a user may put
+    it on a larger disk behind a link. Inside it no link is ever followed; resolving the link
+    here makes every command act on the same real directory (issue 41, class 6: fetch and
+    clean refused the link and told the user to remove ``.lock``, while apply went through)."""
+    if value.is_symlink() and value.is_dir():
+        return value.resolve()
+    return value
+
+
 def workdir_option(f: F) -> F:
     return click.option(
         "--workdir", type=click.Path(path_type=Path), default=DEFAULT_WORKDIR, show_default=True,
-        envvar="KVPREFETCH_WORKDIR",
+        envvar="KVPREFETCH_WORKDIR", callback=_real_workdir,
         help="Directory holding the trees, downloads, builds and environments.",
     )(f)
 

@@ -180,8 +180,11 @@ def _network_refused(exc: FetchError) -> bool:
 
 
 def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | None,
-                      allow_commit: str | None, notices: list[str]) -> tuple[Path, str, str, str | None]:
-    """Return (pristine dir, source kind, origin, commit)."""
+                      allow_commit: str | None, notices: list[str], repair: bool = False
+                      ) -> tuple[Path, str, str, str | None]:
+    """Return (pristine dir, source kind, origin, commit). ``repair``: a pristine copy the
+    ownership record does not list is recorded again once it passes the checks it passed when
+    it was made (_readopt)."""
     if source not in SOURCES:
         path = Path(source).expanduser()
         if not path.exists():
@@ -192,12 +195,12 @@ def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | 
                 raise FetchError(f"{path} is not the vLLM 0.10.2 sdist (sha256 mismatch)",
                                  f"use the file with sha256 {upstream.SDIST_SHA256}")
             dest = wd.pristine / "sdist"
-            if not _kept(wd, dest):
+            if not _kept(wd, dest, repair, notices):
                 _unpack_sdist(wd, path, dest)
             return dest, "sdist", str(path.resolve()), None
         if (path / ".git").exists():
             dest = wd.pristine / "git"
-            if not _kept(wd, dest):
+            if not _kept(wd, dest, repair, notices, allow_commit):
                 return dest, "git", str(path.resolve()), _clone(wd, str(path.resolve()), dest,
                                                                allow_commit)
             return dest, "git", str(path.resolve()), _head(dest)
@@ -205,7 +208,7 @@ def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | 
         return path.resolve(), "path", str(path.resolve()), None
     if source in ("auto", "git"):
         dest = wd.pristine / "git"
-        if _kept(wd, dest):
+        if _kept(wd, dest, repair, notices, allow_commit):
             return dest, "git", repo_url, _head(dest)
         try:
             return dest, "git", repo_url, _clone(wd, repo_url, dest, allow_commit)
@@ -224,15 +227,51 @@ def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | 
     sdist = ensure_sdist(wd.downloads, index_url, root=wd.root, may_delete=kit_made)
     if not had:
         ownership.record(wd.root, sdist, "download")
-    if not _kept(wd, dest):
+    if not _kept(wd, dest, repair, notices):
         _unpack_sdist(wd, sdist, dest)
     return dest, "sdist", str(sdist), None
 
 
-def _kept(wd: Workdir, dest: Path) -> bool:
+def _kept(wd: Workdir, dest: Path, repair: bool = False, notices: list[str] | None = None,
+          allow_commit: str | None = None) -> bool:
     """Whether a pristine copy the kit made is already there (it is verified before use)."""
-    return (dest / upstream.ATTENTION_HEADER).is_file() and \
-        ownership.owned(wd.root, dest) is not None
+    if not (dest / upstream.ATTENTION_HEADER).is_file():
+        return False
+    if ownership.owned(wd.root, dest) is not None:
+        return True
+    return repair and _readopt(wd, dest, notices if notices is not None else [], allow_commit)
+
+
+def _readopt(wd: Workdir, dest: Path, notices: list[str], allow_commit: str | None) -> bool:
+    """``fetch --repair`` with the ownership record gone (moved aside, as its "corrupt" error
+    says): record the pristine copy again when it is exactly what the kit makes there (the
+    pinned sdist's every file, or a clone at the tag's commit with pristine attention files);
+    otherwise it stays the user's (issue 41, class 6: --repair stopped at "pristine/sdist
+    exists but kvprefetch did not create it"). Never in an adopted directory, where a
+    pristine/ the record does not list may be the user's."""
+    if wd.is_adopted() or confine.first_symlink(wd.root, dest) is not None:
+        return False
+    if dest.name == "sdist":
+        digest = manifest_digest(source_manifest(dest))
+        if digest != upstream.SDIST_SOURCE_SHA256:
+            return False
+        ownership.record(wd.root, dest, "pristine", digest=digest)
+    elif dest.name == "git" and (dest / ".git").is_dir():
+        commit = _head(dest)
+        if not (commit == allow_commit if allow_commit
+                else commit.startswith(upstream.GIT_COMMIT_PREFIX)):
+            return False
+        try:
+            _check_pristine_header(dest, str(dest))
+        except FetchError:
+            return False
+        digest = manifest_digest(source_manifest(dest, skip=(".git",)))
+        ownership.record(wd.root, dest, "pristine", digest=digest, commit=commit)
+    else:
+        return False
+    notices.append(f"recorded {dest} again: it is the verified vLLM {upstream.VLLM_VERSION} "
+                   "source")
+    return True
 
 
 def verify_pristine(wd: Workdir, pristine: Path, kind: str) -> None:
@@ -306,7 +345,7 @@ def fetch_trees(workdir: Path, *, source: str = "auto", repo_url: str = upstream
                 from ..workspace.repair import repair_states
 
                 pristine, kind, origin, commit = _prepare_pristine(
-                    wd, source, repo_url, index_url, allow_commit, notices)
+                    wd, source, repo_url, index_url, allow_commit, notices, repair=True)
                 verify_pristine(wd, pristine, kind)
                 notices += repair_states(wd, [n for n in names if wd.tree(n).is_dir()],
                                          pristine, kind, origin, commit)

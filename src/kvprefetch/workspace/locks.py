@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,10 +16,18 @@ from pathlib import Path
 from ..errors import LockError
 
 
-def _refuse(lock_path: Path, why: str) -> LockError:
-    return LockError(f"cannot take the lock {lock_path}: {why}",
-                     f"remove or move away {lock_path} (kvprefetch creates it as an empty "
-                     "file), then rerun")
+def _refuse(lock_path: Path, why: str, culprit: Path | None = None) -> LockError:
+    """The lock cannot be taken because of ``culprit`` (default: the lock file itself)."""
+    culprit = culprit or lock_path
+    what = ("replace the symlink " + str(culprit) + " by a real directory (or move it away)"
+            if culprit != lock_path else
+            f"remove or move away {lock_path} (kvprefetch creates it as an empty file)")
+    return LockError(f"cannot take the lock {lock_path}: {why}", f"{what}, then rerun")
+
+
+def _special(mode: int) -> str:
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device")
 
 
 @contextmanager
@@ -26,16 +35,31 @@ def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
     """Hold an exclusive lock on ``lock_path`` for the duration (non-blocking unless ``wait``)."""
     parent = lock_path.parent
     if parent.is_symlink():
-        raise _refuse(lock_path, f"{parent} is a symlink")
+        raise _refuse(lock_path, f"the folder holding it, {parent}, is a symlink, and "
+                                 "kvprefetch takes no lock through one", parent)
     parent.mkdir(parents=True, exist_ok=True)
+    try:  # a FIFO, device or socket in its place is never opened (flock on a FIFO said only
+        mode = os.lstat(lock_path).st_mode  # "Invalid argument"; opening a device can act)
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+        raise _refuse(lock_path, f"it is {_special(mode)}, not the empty file kvprefetch "
+                                 "makes there")
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        # O_NONBLOCK: should a FIFO appear in its place now, the open does not block on it
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o644)
     except IsADirectoryError:
         raise _refuse(lock_path, "it is a directory") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _refuse(lock_path, "it is a symlink") from None
         raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _refuse(lock_path, f"it is {_special(mode)}, not the empty file kvprefetch "
+                                 "makes there")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
