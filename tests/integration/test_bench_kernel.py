@@ -1,7 +1,9 @@
 """kvprefetch.bench.kernel's whole per-shape procedure run on the CPU (eager calls instead of
 CUDA graphs, float64 reference ops registered in-process): inputs, per-variant replays, rotated
-rounds, poisoning, bitwise comparison, the result row, and the graphs' hold on their tensors.
-Real arithmetic over real layer pools takes seconds per test, which is why these are not in
+rounds, poisoning, bitwise comparison, the result row, and the graphs' hold on their tensors;
+and the refusals and skips that need torch to be reached (no GPU, a missing instantiation, a
+shape over free memory or past a vLLM launch limit). Real arithmetic over real layer pools takes
+seconds per test, and the unit layer has no torch, which is why these are not in
 tests/unit/test_bench_kernel.py."""
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import math
 import pytest
 
 from kvprefetch.bench import kernel as k
+from kvprefetch.bench.matrix import BenchMatrix
+from kvprefetch.errors import BenchError
 
 COPY_BW = 4.3e12
 
@@ -113,3 +117,64 @@ def test_graphs_keep_every_tensor_they_address_alive() -> None:
                       backend=_GraphModel())
     assert r.status == "measured" and r.bitwise_equal is True
     assert all(v.time_us.n == 3 and v.nan_free for v in r.variants)
+
+
+def test_run_kernel_bench_refuses_without_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(BenchError, match="needs a CUDA GPU"):
+        k.run_kernel_bench([], BenchMatrix(), [k.KernelBenchConfig()])
+
+
+def test_bench_shape_skips_missing_instantiations(tmp_path) -> None:
+    from kvprefetch.bench.matrix import shapes_from_specs
+    from kvprefetch.kernels.ops import BuiltOps, PagedOps
+
+    base = _reference_ops("kvp_bku_a", "baseline")
+    no64 = BuiltOps(tree="seed", variant="seed", namespace="x", so_path=tmp_path, so_sha256="",
+                    head_sizes=(128,), block_sizes=(16,), kv_dtypes=("fp16",),
+                    manifest_path=tmp_path)
+    seed = PagedOps(name="seed", namespace="x", v1=base.v1, v2=base.v2, build=no64)
+    shape = shapes_from_specs(["1x100"], preset="tinyllama-1.1b")[0]
+    r = k.bench_shape([base, seed], shape, k.KernelBenchConfig(), 2**20, COPY_BW, device="cpu")
+    assert r.error == "instantiation not in build(s): seed" and r.variants == ()
+
+
+class _SmallDevice(k.HostBackend):
+    def free_bytes(self) -> int:
+        return 16 * 2**20
+
+
+def _no_allocation(*args, **kwargs):
+    raise AssertionError("inputs were allocated for a shape that must be skipped")
+
+
+def test_shape_over_free_memory_is_skipped_before_allocating(monkeypatch) -> None:
+    from kvprefetch.bench.matrix import shapes_from_specs
+
+    monkeypatch.setattr(k, "make_inputs", _no_allocation)
+    shape = shapes_from_specs(["8x4k"], preset="tinyllama-1.1b")[0]  # 32 MiB of KV per layer
+    base = _reference_ops("kvp_bku_a", "baseline")
+    r = k.bench_shape([base, _reference_ops("kvp_bku_b", "patched")], shape,
+                      k.KernelBenchConfig(mode="hot"), 2**20, COPY_BW, device="cpu",
+                      backend=_SmallDevice())
+    assert r.status == "skipped" and r.variants == ()
+    assert "GiB of device memory" in r.error and "0.02 GiB free" in r.error
+    assert r.to_dict()["status"] == "skipped" and r.to_dict()["error"] == r.error
+
+
+def test_shape_beyond_a_vllm_launch_limit_is_skipped(monkeypatch) -> None:
+    """v1 forced at 64k tokens needs 256 KiB of shared memory per block; vLLM's launcher cannot
+    launch it on any current GPU, so the bench must not either."""
+    from kvprefetch.bench.limits import VLLM_LIMIT_PREFIX
+    from kvprefetch.bench.matrix import shapes_from_specs
+
+    monkeypatch.setattr(k, "make_inputs", _no_allocation)
+    shape = shapes_from_specs(["1x64k"], preset="tinyllama-1.1b", force="v1")[0]
+    base = _reference_ops("kvp_bku_a", "baseline")
+    r = k.bench_shape([base, _reference_ops("kvp_bku_b", "patched")], shape,
+                      k.KernelBenchConfig(mode="hot"), 2**20, COPY_BW, device="cpu")
+    assert r.status == "skipped"
+    assert r.error.startswith(VLLM_LIMIT_PREFIX) and "262144 B of shared memory" in r.error

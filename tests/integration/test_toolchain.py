@@ -1,12 +1,14 @@
 """kvprefetch.build.toolchain against real tools: the arch list cross-checked against vLLM's own
 CMake function (run by cmake), the machine's real nvcc and cuobjdump, and a stand-in CUDA 12.6
-nvcc (a toolkit this machine cannot have). Parsing and flags are in tests/unit/test_toolchain.py."""
+nvcc (a toolkit this machine cannot have), and the gencode flags against torch's own flag builder.
+Parsing and flags are in tests/unit/test_toolchain.py."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from kvprefetch.build.toolchain import (
     cuda_home,
     find_cuobjdump,
     find_nvcc,
+    gencode_flags,
     nvcc_gpu_archs,
     nvcc_version,
     parse_arch_list,
@@ -109,3 +112,16 @@ def test_find_cuobjdump(base_environ: dict[str, str]) -> None:
         assert shutil.which("nvdisasm", path=env["PATH"]) is not None
     done = run([str(tools.cuobjdump), "--version"], env=env, echo=False)
     assert "cuobjdump" in done.output
+
+
+@pytest.mark.parametrize("arch_list", ["9.0a", "8.0;9.0+PTX", "8.6 9.0a+PTX", "Hopper"])
+def test_torch_semantics_match_torch(arch_list: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compare with torch's own cpp_extension flag builder (the real thing, torch is here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns about numpy on import here
+        from torch.utils import cpp_extension
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+    theirs = cpp_extension._get_cuda_arch_flags()
+    ours = gencode_flags(parse_arch_list(arch_list), vllm_semantics=False)
+    assert sorted(ours) == sorted(set(theirs))
+

@@ -1,14 +1,14 @@
 """Zero-copy tensors over a raw address via DLPack. On CPU the same builder the GPU path uses is
-pointed at host memory (device type kDLCPU), so the aliasing is tested for real here; the CUDA
-case is in test_vmm_gpu.py."""
+pointed at host memory (device type kDLCPU), so the aliasing is tested for real here, in torch
+(which is why this is not in tests/unit: that layer has no torch); the CUDA case is in
+tests/gpu/test_vmm_gpu.py."""
 
 from __future__ import annotations
 
 import ctypes
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 from kvprefetch.vmm.tensors import KDL_CPU, tensor_from_address
 

@@ -117,9 +117,13 @@ _preloaded = False
 
 
 def import_with_side_effects() -> None:
-    """Import torch, when installed, before any guard is up: its first import runs
-    ``ldconfig -p`` (cuda.pathfinder through ctypes.util.find_library). That process belongs to
-    loading the library, not to whichever test or module happens to import it first."""
+    """Import torch and cuda-python's driver bindings, those installed, before any guard is up:
+    the first import of either runs ``ldconfig -p`` (cuda.pathfinder through
+    ctypes.util.find_library). That process belongs to loading the library, not to whichever
+    test or module happens to import it first. torch brings the bindings along, so where torch
+    is installed its import is the one that runs it; the unit layer runs without torch too
+    (tests/integration/test_unit_layer.py), and there the bindings' own import does. Neither
+    is required: the unit tests never need torch."""
     global _preloaded
     if _preloaded:
         return
@@ -131,6 +135,9 @@ def import_with_side_effects() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import torch  # noqa: F401
+    if importlib.util.find_spec("cuda") is not None and \
+            importlib.util.find_spec("cuda.bindings") is not None:
+        import cuda.bindings.driver  # noqa: F401
 
 
 def check_guard(guard: IsolationGuard) -> None:

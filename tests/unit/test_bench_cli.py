@@ -5,11 +5,13 @@ tests/integration/test_bench_cli.py."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from kvprefetch.bench import device
 from kvprefetch.bench.matrix import build_matrix
 from kvprefetch.cli.bench import bench
 from kvprefetch.errors import BenchError, ConfigError
@@ -80,17 +82,37 @@ def test_kernel_text_dry_run_lists_shapes(tmp_path: Path) -> None:
     assert "no builds found" in res.stderr and "llama-3.1-8b" in res.stdout
 
 
-def test_kernel_bad_options(tmp_path: Path) -> None:
+def test_kernel_bad_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusals of a run (no builds, baseline not first) that follow the torch check. The
+    unit layer has no torch (docs/building.md), so that check is stood in for by a recorder
+    that passes: the one stub here. Its own refusal is test_require_torch_names_torch_and_the_fix
+    below and, through the CLI, tests/integration/test_hostile_bench.py."""
+    asked: list[str] = []
+    monkeypatch.setattr(device, "require_torch", asked.append)
     res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--batch", "1m"])
     assert isinstance(res.exception, ConfigError)
     res = _invoke(["kernel", "--workdir", str(tmp_path), "--dry-run", "--formats", "json,pdf"])
     assert res.exit_code == 2 and "unknown format" in res.output
+    assert asked == []  # --dry-run plans without asking for torch
     res = _invoke(["kernel", "--workdir", str(tmp_path)])
+    assert asked == ["kernel"]
     assert isinstance(res.exception, BenchError) and "no kernels-only builds" in str(res.exception)
     _fake_builds(tmp_path)
     res = _invoke(["kernel", "--workdir", str(tmp_path), "--tree", "patched", "--tree",
                    "paper"])
     assert isinstance(res.exception, BenchError) and "baseline" in str(res.exception)
+
+
+def test_require_torch_names_torch_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A python that cannot import torch is refused up front, naming torch, this python and
+    scripts/setup-venv.sh (``sys.modules["torch"] = None`` makes ``import torch`` fail, as it
+    does where torch is missing, whether or not this venv has it)."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(BenchError, match="needs torch") as exc:
+        device.require_torch("decode")
+    assert "`kvprefetch bench decode`" in str(exc.value) and sys.executable in str(exc.value)
+    fix = exc.value.fix or ""
+    assert "scripts/setup-venv.sh" in fix and "--dry-run" in fix
 
 
 def test_trees_are_named_with_tree_and_the_old_spellings_still_work(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """kvprefetch.bench.kernel's pure parts: statistics (bench.stats), launch planning and result
-rows (bench.kernel_results). The timing itself needs CUDA graphs and events and runs on the H200
-(tests/gpu/test_bench_smoke.py); no test here depends on wall-clock time."""
+rows (bench.kernel_results). The per-shape procedure on the CPU needs torch and is in
+tests/integration/test_bench_kernel.py; the timing itself needs CUDA graphs and events and runs
+on the H200 (tests/gpu/test_bench_smoke.py); no test here depends on wall-clock time."""
 
 from __future__ import annotations
 
@@ -116,42 +117,6 @@ def test_build_results_and_progress_line() -> None:
     assert math.isclose(quantile([1.0, 3.0], 0.5), 2.0)
 
 
-def test_run_kernel_bench_refuses_without_gpu() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
-    with pytest.raises(BenchError, match="needs a CUDA GPU"):
-        k.run_kernel_bench([], BenchMatrix(), [k.KernelBenchConfig()])
-
-
-_REF: dict[str, object] = {}
-
-
-def _reference_ops(namespace: str, name: str, transform=None):
-    """Stand-in builds (no GPU here): in-process ops that write the float64 reference."""
-    from kvprefetch.kernels import ops
-    from kvprefetch.verify.reference import register_reference_ops
-
-    if namespace not in _REF:
-        _REF[namespace] = register_reference_ops(namespace, transform)
-    return ops.ops_from_namespace(namespace, name=name)
-
-
-def test_bench_shape_skips_missing_instantiations(tmp_path) -> None:
-    from kvprefetch.bench.matrix import shapes_from_specs
-    from kvprefetch.kernels.ops import BuiltOps, PagedOps
-
-    base = _reference_ops("kvp_bku_a", "baseline")
-    no64 = BuiltOps(tree="seed", variant="seed", namespace="x", so_path=tmp_path, so_sha256="",
-                    head_sizes=(128,), block_sizes=(16,), kv_dtypes=("fp16",),
-                    manifest_path=tmp_path)
-    seed = PagedOps(name="seed", namespace="x", v1=base.v1, v2=base.v2, build=no64)
-    shape = shapes_from_specs(["1x100"], preset="tinyllama-1.1b")[0]
-    r = k.bench_shape([base, seed], shape, k.KernelBenchConfig(), 2**20, COPY_BW, device="cpu")
-    assert r.error == "instantiation not in build(s): seed" and r.variants == ()
-
-
 def test_launches_are_whole_passes_over_the_layers() -> None:
     """3 layers and a short call: 8 calls would visit layer 0 and 1 three times and layer 2 twice,
     and the replay boundary would put layer 0 one call after layer 1 (under the L2 factor)."""
@@ -169,44 +134,6 @@ def test_shape_result_status_rules() -> None:
         kr.ShapeResult(s, "cold", None, 0, (), None, "x", "measured")
     with pytest.raises(ValueError):
         kr.ShapeResult(s, "cold", None, 0, (), None, "x", "lost")
-
-
-class _SmallDevice(k.HostBackend):
-    def free_bytes(self) -> int:
-        return 16 * 2**20
-
-
-def _no_allocation(*args, **kwargs):
-    raise AssertionError("inputs were allocated for a shape that must be skipped")
-
-
-def test_shape_over_free_memory_is_skipped_before_allocating(monkeypatch) -> None:
-    from kvprefetch.bench.matrix import shapes_from_specs
-
-    monkeypatch.setattr(k, "make_inputs", _no_allocation)
-    shape = shapes_from_specs(["8x4k"], preset="tinyllama-1.1b")[0]  # 32 MiB of KV per layer
-    base = _reference_ops("kvp_bku_a", "baseline")
-    r = k.bench_shape([base, _reference_ops("kvp_bku_b", "patched")], shape,
-                      k.KernelBenchConfig(mode="hot"), 2**20, COPY_BW, device="cpu",
-                      backend=_SmallDevice())
-    assert r.status == "skipped" and r.variants == ()
-    assert "GiB of device memory" in r.error and "0.02 GiB free" in r.error
-    assert r.to_dict()["status"] == "skipped" and r.to_dict()["error"] == r.error
-
-
-def test_shape_beyond_a_vllm_launch_limit_is_skipped(monkeypatch) -> None:
-    """v1 forced at 64k tokens needs 256 KiB of shared memory per block; vLLM's launcher cannot
-    launch it on any current GPU, so the bench must not either."""
-    from kvprefetch.bench.limits import VLLM_LIMIT_PREFIX
-    from kvprefetch.bench.matrix import shapes_from_specs
-
-    monkeypatch.setattr(k, "make_inputs", _no_allocation)
-    shape = shapes_from_specs(["1x64k"], preset="tinyllama-1.1b", force="v1")[0]
-    base = _reference_ops("kvp_bku_a", "baseline")
-    r = k.bench_shape([base, _reference_ops("kvp_bku_b", "patched")], shape,
-                      k.KernelBenchConfig(mode="hot"), 2**20, COPY_BW, device="cpu")
-    assert r.status == "skipped"
-    assert r.error.startswith(VLLM_LIMIT_PREFIX) and "262144 B of shared memory" in r.error
 
 
 def _results_loop(fail_at: int, problem: str):

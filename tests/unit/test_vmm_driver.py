@@ -2,8 +2,8 @@
 
 Without a GPU the driver's functions cannot run, so ``_call`` is exercised with stand-in functions
 returning cuda-python's ``(CUresult, value...)`` tuples, built from the real ``CUresult`` enum of
-the installed cuda-bindings. That stands in for the CUDA driver only; the real calls run in
-test_vmm_gpu.py on the H200."""
+the installed cuda-bindings (the ``test`` extra installs them; never skipped for their lack). That
+stands in for the CUDA driver only; the real calls run in tests/gpu/test_vmm_gpu.py on the H200."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import pytest
 
 from kvprefetch.vmm.driver import CudaVmmDriver, load_driver_module
 from kvprefetch.vmm.errors import VmmDriverError, VmmError, VmmOutOfMemory
-
-pytest.importorskip("cuda.bindings")
 
 
 def _driver_with(**fns: Any) -> CudaVmmDriver:

@@ -255,9 +255,8 @@ _LOADED: dict[str, Path] = {}
 def load_library(so_path: Path, namespace: str, name: str | None = None,
                  build: BuiltOps | None = None) -> PagedOps:
     """``torch.ops.load_library(so_path)`` and wrap its ops. Loading the same file twice is a
-    no-op; a second file claiming an already-loaded namespace is refused (torch would abort)."""
-    import torch
-
+    no-op; a second file claiming an already-loaded namespace is refused (torch would abort).
+    Both refusals come before torch is imported: they are about the files, not torch."""
     so_path = Path(so_path).resolve()
     if not so_path.is_file():
         raise BenchError(f"kernel library {so_path} does not exist",
@@ -267,6 +266,8 @@ def load_library(so_path: Path, namespace: str, name: str | None = None,
         raise BenchError(f"namespace {namespace} is already loaded from {prev}, not {so_path}",
                          "give each tree its own namespace (kvprefetch_<tree>)")
     if prev is None:
+        import torch
+
         try:
             torch.ops.load_library(str(so_path))
         except (OSError, RuntimeError) as exc:
