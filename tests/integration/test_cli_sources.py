@@ -8,10 +8,9 @@ import json
 import os
 from pathlib import Path
 
-from kvprefetch import __version__
+from kvprefetch import __version__, upstream
 from kvprefetch.errors import ConfigError, PatchError
 from kvprefetch.hashing import sha256_file
-from kvprefetch.sources import upstream
 from kvprefetch.sources.patching import inline_kit_headers
 from tests.integration.helpers import kvprefetch_cli_split, seed_downloads, tree_bytes
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from kvprefetch import upstream
 from kvprefetch.errors import ConfigError, FetchError, PatchError
-from kvprefetch.sources import upstream
 from tests.integration.helpers import seed_downloads, tree_bytes
 from tests.integration.test_reliability import cli, outside, refused
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from kvprefetch import upstream
 from kvprefetch.errors import ConfigError, PatchError
 from kvprefetch.hashing import sha256_file
 from kvprefetch.kernels import policy
-from kvprefetch.sources import upstream
 from kvprefetch.sources.fetch import tree_modifications
 from kvprefetch.sources.patching import apply_patch, carried_variant, patch_sha256
 from kvprefetch.workspace import ownership

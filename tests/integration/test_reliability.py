@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from kvprefetch import upstream
 from kvprefetch.errors import ConfigError, FetchError, LockError, PatchError
 from kvprefetch.runner import run
-from kvprefetch.sources import upstream
 from kvprefetch.sources.fetch import tree_modifications
 from kvprefetch.workspace.workdir import Workdir
 from tests.integration.helpers import (

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvprefetch import upstream
 from kvprefetch.build.selection import (
     BLOCK_SIZES,
     HEAD_SIZES,
@@ -18,7 +19,6 @@ from kvprefetch.build.selection import (
     parse_selection,
 )
 from kvprefetch.errors import BuildError, ConfigError
-from kvprefetch.sources import upstream
 from tests.integration.helpers import kvprefetch_cli_split
 
 

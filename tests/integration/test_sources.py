@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from kvprefetch import upstream
 from kvprefetch.errors import FetchError
 from kvprefetch.hashing import inventory, sha256_file
-from kvprefetch.sources import upstream
 from kvprefetch.sources.download import configured_index_url, ensure_sdist
 from kvprefetch.sources.fetch import fetch_trees, tree_modifications
 from kvprefetch.workspace.workdir import Workdir

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kvprefetch.runner import run
 from kvprefetch.sources.download import configured_index_url
-from kvprefetch.sources.upstream import DEFAULT_INDEX_URL
+from kvprefetch.upstream import DEFAULT_INDEX_URL
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -75,7 +75,7 @@ def test_the_wheel_runs_fetch_apply_build_verify_from_anywhere(
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = ("import kvprefetch; from kvprefetch.sources.upstream import kit_root; "
+    code = ("import kvprefetch; from kvprefetch.upstream import kit_root; "
             "print(kvprefetch.__file__); print(kit_root())")
     where = _run([py, "-c", code], cwd=elsewhere, env=env)
     pkg_file, root = where.stdout.split()

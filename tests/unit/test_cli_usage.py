@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kvprefetch import upstream
 from kvprefetch.cli import main
 from kvprefetch.errors import PatchError
-from kvprefetch.sources import upstream
 from kvprefetch.sources.patching import diff_upstream
 
 README = Path(__file__).resolve().parents[2] / "README.md"

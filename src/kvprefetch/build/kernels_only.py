@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import upstream
 from ..errors import BuildError
 from ..runner import run
-from ..sources import upstream
 from ..workspace.workdir import write_json_atomic
 from .selection import Selection, narrow_source
 

@@ -44,7 +44,7 @@ def write_library_ninja(tp: TreePlan, plan: BuildPlan, tinfo: TorchInfo, cuda_ho
     """The tree's narrowed launcher sources and build.ninja (rewritten only when it changed, so
     ninja resumes). ``link`` adjusts the link flags (the overlay links against the
     environment's CUDA runtime)."""
-    from ..sources.upstream import kit_root
+    from ..upstream import kit_root
 
     sel = Selection(tuple(plan.selection["head_sizes"]), tuple(plan.selection["block_sizes"]),
                     tuple(plan.selection["kv_dtypes"]))

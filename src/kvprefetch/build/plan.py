@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import upstream
 from ..errors import ConfigError
 from ..hashing import differences, inventory, sha256_file
-from ..sources import upstream
 from ..workspace.workdir import Workdir
 from .selection import Selection
 
@@ -236,7 +236,7 @@ def kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | 
                        selection: Selection, torch_from: str | None, nvcc: str | None,
                        nvcc_version: Any, cuda_home: str | None, torch_info: Any,
                        jobs: int, defines: tuple[str, ...] = ()) -> TreePlan:
-    from ..sources.upstream import kit_root
+    from ..upstream import kit_root
     from .kernels_only import compile_flags, probe_script
 
     ops_cpp = kit_root() / "csrc" / "kvprefetch_ops.cpp"

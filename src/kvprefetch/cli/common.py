@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..sources import upstream
+from .. import upstream
 
 F = TypeVar("F", bound=Callable[..., Any])
 

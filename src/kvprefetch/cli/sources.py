@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
+from .. import upstream
 from ..console import emit_json, info, step
-from ..sources import upstream
 from .common import deprecated, dry_run_option, json_option, variant_option, workdir_option
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
-from ..sources.upstream import resolve_tree_name
+from ..upstream import resolve_tree_name
 
 # vLLM: "Should be the same as PARTITION_SIZE in `paged_attention_v2_launcher`" (paged_attn.py L21).
 PARTITION_SIZE = 512

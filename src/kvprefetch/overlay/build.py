@@ -100,7 +100,7 @@ def overlay_tree_plan(wd: Any, tree: str, variant: str | None, patch: str | None
                       gencode: tuple[str, ...], selection: Any, jobs: int,
                       overlay: OverlayOptions | None, defines: tuple[str, ...] = ()) -> Any:
     from ..build.plan import UNSET_FOR_BUILD, Step, TreePlan, build_key
-    from ..sources.upstream import kit_root
+    from ..upstream import kit_root
     from .plugin import TEMPLATE
 
     opts = overlay or OverlayOptions()
@@ -224,7 +224,7 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
     from ..build.kernels_only import probe_torch
     from ..build.library import install_library, library_manifest, write_library_ninja
     from ..hashing import sha256_file
-    from ..sources.upstream import kit_root
+    from ..upstream import kit_root
     from ..workspace.workdir import write_json_atomic
     from .cuda12 import ensure_cuda12, toolkit_dir
     from .plugin import ENTRY_GROUP, ENTRY_NAME, write_plugin_wheel

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import upstream
 from ..errors import ConfigError
-from ..sources import upstream
 
 SCHEMA = 2
 CAMPAIGN_FILE = "campaign.json"

@@ -31,8 +31,8 @@ class Prepared:
 
 def source_cache(c: Campaign) -> tuple[str, bool]:
     """The campaign's source, present, checked and read-only; whether it was downloaded now."""
+    from .. import upstream
     from ..hashing import sha256_file
-    from ..sources import upstream
     from ..sources.download import ensure_sdist
 
     if c.source in ("auto", "sdist"):

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
+from .. import upstream
 from ..errors import ConfigError, FetchError
 from ..hashing import sha256_file
 from ..runner import run
-from . import upstream
 
 _JSON = "application/vnd.pypi.simple.v1+json"
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import upstream
 from ..errors import ConfigError, FetchError, PatchError
 from ..hashing import (
     INVENTORY_RULES,
@@ -32,7 +33,6 @@ from ..oserrors import mapped
 from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, check_tree_name
-from . import upstream
 from .download import check_index_url, ensure_sdist
 
 SOURCES = ("auto", "git", "sdist")

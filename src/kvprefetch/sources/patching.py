@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import upstream
 from ..errors import ConfigError, PatchError
 from ..hashing import differences, sha256_bytes, sha256_file, tree_inventory
 from ..kernels import rules as kernel_rules
@@ -22,7 +23,6 @@ from ..runner import run
 from ..workspace import ownership, treetxn
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir
-from . import upstream
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .. import upstream
 from ..errors import FetchError
 from ..hashing import INVENTORY_RULES, differences, inventory, sha256_file
-from ..sources import upstream
 from . import ownership
 from .workdir import Workdir, write_json_atomic
 

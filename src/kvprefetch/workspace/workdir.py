@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import upstream
 from ..errors import ConfigError, PatchError
-from ..sources import upstream
 
 TAG_FILE = ".kvprefetch-workdir"
 # Tree names become directory names, lock names and C++ namespaces: no separators, no dots.
