@@ -95,7 +95,7 @@ DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "paper": 
 def kit_root() -> Path:
     """The directory holding ``csrc/`` and ``patches/``: the repository checkout, or the
     copy shipped inside the installed package (``kvprefetch/data``)."""
-    here = Path(__file__).resolve().parent.parent  # the kvprefetch package
+    here = Path(__file__).resolve().parent  # the kvprefetch package
     for cand in (here / "data", here.parent.parent):
         if (cand / "csrc" / "kvprefetch").is_dir() and (cand / "patches" / f"v{VLLM_VERSION}").is_dir():
             return cand
