@@ -26,9 +26,11 @@ _RUN_FIELDS = ("what", "command", "commit", "how", "exit", "wall_s", "source")
 def load_timings(path: Path) -> dict[str, Any]:
     """The timing file at ``path``, checked: a ``machine`` and ``runs``, each run with every
     field of ``_RUN_FIELDS``."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+    from .workspace.confine import read_limited
+
+    try:  # size-capped, never a FIFO; JSON nested too deep is a bad file, not a traceback
+        doc = json.loads(read_limited(Path(path), 1 << 20).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(f"cannot read the timing file {path}: {exc}",
                           "point the timings block at a committed timings.json") from exc
     runs = doc.get("runs") if isinstance(doc, dict) else None

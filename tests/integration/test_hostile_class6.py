@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 
 from kvprefetch.errors import ConfigError, FetchError, LockError, PatchError
 from kvprefetch.hashing import source_manifest
-from tests.integration.helpers import copy_workdir
+from tests.integration.helpers import copy_workdir, tree_bytes
 from tests.integration.test_reliability import (
     _consistent,
     _debris,
@@ -335,3 +336,52 @@ def test_fetch_repair_works_after_the_ownership_record_is_moved_aside(
     (wd / "pristine" / "sdist" / "setup.py").write_text("# edited\n")
     refused(cli("fetch", "--workdir", str(wd), "--source", str(vllm_sdist), "--repair"),
             FetchError.exit_code, f"{wd / 'pristine' / 'sdist'} exists but kvprefetch did not")
+
+
+# ------------------------------------------- 5. every file the kit writes goes through confine
+
+# the modules that write into a work directory, --out or a campaign folder
+WRITERS = ["build/envs.py", "build/full_smoke.py", "build/kernels_only.py", "build/library.py",
+           "build/builder.py", "build/plan.py", "overlay/cuda12.py", "overlay/driverstub.py",
+           "overlay/build.py", "overlay/toolkit.py", "verify/kernel.py", "cli/verify.py",
+           "slurm/publish.py", "sources/patching.py", "timings.py"]
+RAW_WRITE = re.compile(r"\.write_(text|bytes)\(|json\.dump\(|\bopen\([^)]*[\"'][wx]b?[\"']")
+
+
+def test_every_file_the_kit_writes_goes_through_confine(
+        fetched_workdir: Path, tmp_path: Path, outside: Path) -> None:
+    """write_text, open(..., "w") and tmp + os.replace wrote through a symlinked folder (an
+    exported header, the verify report, an environment's marker, a narrowed source, the CUDA
+    12 download); timings.json was read without a limit. Now each goes through
+    confine.write_file / open_new / write_if_changed and read_limited."""
+    import kvprefetch
+
+    pkg = Path(kvprefetch.__file__).parent
+    raw = [f"{m}:{i}: {line.strip()}" for m in WRITERS
+           for i, line in enumerate((pkg / m).read_text().splitlines(), 1)
+           if RAW_WRITE.search(line)]
+    assert raw == [], raw
+    # export-header -o into a symlinked folder: refused, nothing written behind the link
+    linked = tmp_path / "linked"
+    linked.symlink_to(outside, target_is_directory=True)
+    before = tree_bytes(outside)
+    res = cli("export-header", "--workdir", str(fetched_workdir), "-o",
+              str(linked / "attention_kernels.cuh"))
+    refused(res, PatchError.exit_code, f"refusing to write into {linked}: it is a symlink")
+    # a narrowed kernels-only source into a symlinked build folder: refused the same way
+    from kvprefetch.build.kernels_only import write_if_changed
+    from kvprefetch.errors import BuildError
+
+    with pytest.raises(BuildError, match="is a symlink"):
+        write_if_changed(linked / "paged_attention_v1.cu", "// narrowed\n")
+    assert tree_bytes(outside) == before
+    # a timings file nested too deep, or a FIFO: one ConfigError, no traceback, no hang
+    from kvprefetch.timings import load_timings
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ConfigError, match="cannot read the timing file"):
+        load_timings(deep)
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_timings(tmp_path / "fifo.json")

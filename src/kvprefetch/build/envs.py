@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from .. import __version__
-from ..errors import ConfigError
+from ..errors import BuildError, ConfigError
 from ..runner import run, which
+from ..workspace.confine import write_file
 from ..workspace.locks import locked
 
 MARKER = ".kvprefetch-env.json"
@@ -256,7 +257,8 @@ class Env(abc.ABC):
         from ..workspace import ownership
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.stamp_path.write_text(json.dumps({"pid": os.getpid(), "kind": self.kind}))
+        write_file(self.stamp_path, json.dumps({"pid": os.getpid(), "kind": self.kind}),
+                   family=BuildError)
         tmp = self.path.parent / f"{self.path.name}.tmp-{os.getpid()}"
         with ownership.temporary(owner, tmp) if owner is not None else nullcontext(tmp):
             self._build_into(tmp)
@@ -286,9 +288,7 @@ class Env(abc.ABC):
             "options": self.options(), "python_version": self.info()["version"],
             "path_tail": self._path_tail,
         }
-        tmp = self.marker_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, self.marker_path)
+        write_file(self.marker_path, json.dumps(data, indent=2) + "\n", family=BuildError)
 
     @abc.abstractmethod
     def _build(self, target: Path) -> None:
@@ -311,7 +311,8 @@ def _base_python_info(python: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _write_inherit_pth(site_packages: Path, dirs: Sequence[str]) -> None:
     """Make ``dirs`` importable after the env's own site-packages (the env's packages win)."""
-    (site_packages / "_kvprefetch_inherit.pth").write_text("".join(f"{d}\n" for d in dirs))
+    write_file(site_packages / "_kvprefetch_inherit.pth", "".join(f"{d}\n" for d in dirs),
+               family=BuildError)
 
 
 class VenvEnv(Env):

@@ -49,6 +49,7 @@ from .. import __version__
 from ..errors import BuildError, ConfigError
 from ..hashing import sha256_file
 from ..runner import run, which
+from ..workspace.confine import write_file
 from ..workspace.workdir import Workdir, write_json_atomic
 from .plan import UNSET_FOR_BUILD, BuildPlan, Step, TreePlan, build_key, deps_steps
 from .toolchain import fmt_version
@@ -253,7 +254,7 @@ def copy_tree(src: Path, dest: Path, source_sha256: str) -> Path:
         return dest
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(src, dest, symlinks=True)
-    stamp.write_text(want + "\n")
+    write_file(stamp, want + "\n", family=BuildError)
     return dest
 
 
@@ -307,12 +308,13 @@ def make_toolkit_view(view: Path, cuda_home: Path, site: Path, cc: str = "gcc") 
         raise BuildError(f"neither {cuda_home} nor {nvidia}/cuda_runtime has libcudart.so.12",
                          "give --torch-from an environment with torch==2.8.0's cu12 wheels")
     if not (lib / "libcudart_static.a").exists():
-        (lib / "libcudart_static.a").write_text(f"INPUT({lib / 'libcudart.so.12'})\n")
+        write_file(lib / "libcudart_static.a", f"INPUT({lib / 'libcudart.so.12'})\n",
+                   family=BuildError)
     if not (lib / "libcudadevrt.a").exists():
-        (lib / "libcudadevrt.a").write_bytes(b"!<arch>\n")
+        write_file(lib / "libcudadevrt.a", b"!<arch>\n", family=BuildError)
     if not (lib / "stubs" / "libcuda.so").exists():
         c = view / "libcuda-stand-in.c"
-        c.write_text(_STUB_C)
+        write_file(c, _STUB_C, family=BuildError)
         run([cc, "-shared", "-fPIC", "-o", str(lib / "stubs" / "libcuda.so"), str(c)], echo=False)
     write_json_atomic(stamp, want)
     return view

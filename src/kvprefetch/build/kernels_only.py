@@ -25,6 +25,7 @@ from pathlib import Path
 from .. import upstream
 from ..errors import BuildError
 from ..runner import run
+from ..workspace.confine import write_file
 from ..workspace.workdir import write_json_atomic
 from .selection import Selection, narrow_source
 
@@ -162,13 +163,11 @@ def ninja_text(*, nvcc: Path, cxx: str, cu_sources: list[Path], cpp_source: Path
 
 
 def write_if_changed(path: Path, text: str) -> bool:
-    if path.is_file() and path.read_text() == text:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return True
+    """Write ``text`` to ``path`` unless it holds it already (confine.write_if_changed: never
+    through a symlink)."""
+    from ..workspace.confine import write_if_changed as write
+
+    return write(path, text, family=BuildError)
 
 
 def kernel_sources(tree: Path, sel: Selection, build_dir: Path) -> list[Path]:
@@ -221,7 +220,7 @@ def install_into_env(site_packages: Path, so: Path, build_json: dict[str, object
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     shutil.copy2(so, tmp / "_C.so")
-    (tmp / "__init__.py").write_text(INIT_TEMPLATE)
+    write_file(tmp / "__init__.py", INIT_TEMPLATE, family=BuildError)
     write_json_atomic(tmp / "build.json", build_json)
     old = site_packages / f".{PACKAGE}.old-{os.getpid()}"
     if pkg.exists():

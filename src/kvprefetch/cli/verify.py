@@ -136,13 +136,16 @@ def verify_kernel(workdir: Path, trees: str | None, no_gpu: bool, jobs: int | No
     Prints a verdict-first summary; the full report is written to <workdir>/verify/report.txt
     (and report.json). Each library's disassembly is cached by its sha256 in
     <workdir>/verify/cache, so a second run takes seconds."""
+    from ..errors import VerifyError
     from ..verify.kernel import verify
+    from ..workspace.confine import write_file
 
     with _progress() as say:
         rep = verify(workdir, trees=[t for t in trees.split(",") if t] if trees else None,
                      no_gpu=no_gpu, jobs=jobs, progress=say)
     text = details_text(rep)
-    rep.report_path.with_suffix(".txt").write_text(text + "\n".join(summary_lines(rep)) + "\n")
+    write_file(rep.report_path.with_suffix(".txt"), text + "\n".join(summary_lines(rep)) + "\n",
+               root=Path(workdir), family=VerifyError)
     if as_json:
         emit_json(rep.to_dict())
     else:

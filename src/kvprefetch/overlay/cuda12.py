@@ -28,6 +28,7 @@ format is three fixed-width header fields, so no dependency is worth adding for 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -39,10 +40,12 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import FetchError
 from ..hashing import sha256_file
 from ..workspace import ownership
+from ..workspace.confine import open_new, write_file
 from ..workspace.locks import locked
 
 RELEASE = "12.4.1"
@@ -170,9 +173,8 @@ def _place(part: Part, archive: Path, root: Path) -> None:
             if rel.endswith("__init__.py"):
                 continue  # the wheels' namespace markers are not headers
             target = root / dst / rel if src.endswith("/") else root / dst
-            target.parent.mkdir(parents=True, exist_ok=True)
             assert data is not None
-            target.write_bytes(data)
+            write_file(target, data, family=FetchError)
             if "bin/" in dst or target.suffix in ("", ".so") or ".so." in target.name:
                 target.chmod(0o755)
 
@@ -193,25 +195,24 @@ def _download(part: Part, downloads: Path, opener: Callable[[str], object]) -> P
     target = downloads / part.filename
     if target.is_file() and sha256_file(target) == part.sha256:
         return target
-    downloads.mkdir(parents=True, exist_ok=True)
-    tmp = downloads / f".download-{os.getpid()}-{part.filename}"
     url = part_url(part)
     try:
-        with opener(url) as resp, open(tmp, "wb") as out:  # type: ignore[attr-defined]
+        # streamed into a temporary beside it (confine.open_new), renamed only when whole and
+        # of the pinned sha256: never through a symlink, and a failure leaves nothing
+        response: Any = opener(url)  # urlopen's response, or a file for file:// URLs
+        with response as resp, open_new(target, family=FetchError) as out:
+            h = hashlib.sha256()
             while chunk := resp.read(1 << 20):
                 out.write(chunk)
-        got = sha256_file(tmp)
-        if got != part.sha256:
-            raise FetchError(f"{url} has sha256 {got}, expected {part.sha256}; it was "
-                             "deleted and nothing was unpacked",
-                             "check that the mirror serves the pinned file and rerun")
-        os.replace(tmp, target)
+                h.update(chunk)
+            if h.hexdigest() != part.sha256:
+                raise FetchError(f"{url} has sha256 {h.hexdigest()}, expected {part.sha256}; "
+                                 "it was deleted and nothing was unpacked",
+                                 "check that the mirror serves the pinned file and rerun")
     except (urllib.error.URLError, OSError) as exc:
         raise FetchError(f"cannot download {part.name} from {url}: {exc}",
                          "check the network (deb.debian.org and files.pythonhosted.org must be "
                          "reachable), or pass --cuda-home DIR of a CUDA 12 toolkit") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
     return target
 
 
@@ -245,8 +246,8 @@ def ensure_cuda12(workdir: Path, *, say: Callable[[str], None] = lambda _m: None
             for part, archive in zip(PARTS, archives):
                 _place(part, archive, tmp)
             os.symlink("libcudart.so.12", tmp / "lib64" / "libcudart.so")
-            (tmp / "bin" / "nvcc.profile").write_text(NVCC_PROFILE)
-            (tmp / DONE_FILE).write_text(json.dumps(
+            write_file(tmp / "bin" / "nvcc.profile", NVCC_PROFILE, family=FetchError)
+            write_file(tmp / DONE_FILE, json.dumps(
                 {"release": RELEASE, "parts": [{"name": p.name, "url": p.url,
                                                 "sha256": p.sha256} for p in PARTS]}, indent=1))
             if root.exists():  # a leftover without DONE_FILE: the kit's own, replaced

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import VerifyError
 from ..runner import run
+from ..workspace.confine import write_file
 
 CUDA_ERROR_NO_DEVICE = 100
 _DRIVER_SYMBOL = re.compile(r"^cu[A-Z]\w*$")
@@ -63,7 +64,7 @@ def ensure_stub(vllm_c: Path, dest_root: Path) -> tuple[Path, list[str]]:
     lib = d / "libcuda.so.1"
     if not lib.is_file():
         d.mkdir(parents=True, exist_ok=True)
-        (d / "stub.c").write_text(src)
+        write_file(d / "stub.c", src, family=VerifyError)
         res = run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
                    str(d / "libcuda.so.1.tmp"), str(d / "stub.c")], echo=False, check=False)
         if res.returncode != 0:

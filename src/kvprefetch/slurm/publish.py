@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import SlurmError
 from ..hashing import sha256_file
+from ..workspace.confine import read_limited
 from ..workspace.workdir import Workdir, write_json_atomic
 
 _NOT_PUBLISHED = shutil.ignore_patterns("*.o", "*.o.tmp", ".ninja_deps", ".ninja_log")
@@ -51,6 +52,19 @@ class Published:
                 "env_dir": str(self.env_dir), "so_path": str(self.so_path),
                 "so_sha256": self.so_sha256}
 
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A build's manifest or build.json (size-capped, never a FIFO), or a SlurmError naming it."""
+    try:
+        data = json.loads(read_limited(path).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise SlurmError(f"cannot read {path}: {exc}",
+                         "rebuild in the scratch work directory; resubmit the build job") from None
+    if not isinstance(data, dict):
+        raise SlurmError(f"{path} holds no JSON object",
+                         "rebuild in the scratch work directory; resubmit the build job")
+    return data
 
 def _moved(path: str, pairs: list[tuple[str, str]]) -> str:
     for old, new in pairs:
@@ -100,7 +114,7 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
                          "read the build's output above; resubmit the build job")
     built = builds[0]
     src_build = built.manifest_path.parent
-    manifest = json.loads(built.manifest_path.read_text(encoding="utf-8"))
+    manifest = _read_json(built.manifest_path)
     src_env = Path(str(manifest.get("env", {}).get("path", "")))
     real_env = Path(os.path.realpath(src_env))
     if not _inside(Path(os.path.realpath(built.so_path)), real_env) \
@@ -123,8 +137,7 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
         shutil.copytree(src_env, tmp_env, symlinks=True)
         shutil.copytree(src_build, tmp_build, symlinks=True, ignore=_NOT_PUBLISHED)
         for bj in tmp_env.glob("lib/python*/site-packages/kvprefetch_kernels/build.json"):
-            write_json_atomic(bj, rewrite_paths(json.loads(bj.read_text(encoding="utf-8")),
-                                                pairs))
+            write_json_atomic(bj, rewrite_paths(_read_json(bj), pairs))
         new = rewrite_paths(manifest, pairs)
         new["published"] = {"from": str(src_build), "env_from": str(src_env), "job": label,
                             "host": host,

@@ -21,6 +21,7 @@ from ..kernels import rules as kernel_rules
 from ..oserrors import mapped
 from ..runner import run
 from ..workspace import ownership, treetxn
+from ..workspace.confine import write_file
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir
 
@@ -340,15 +341,12 @@ def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Pat
                       if p.name == Path(upstream.ATTENTION_HEADER).name + ".patch"]
     with ownership.scratch_dir(wd.root, "export-header") as td:
         t = td / "t"
-        (t / upstream.ATTENTION_HEADER).parent.mkdir(parents=True)
-        (t / upstream.ATTENTION_HEADER).write_text(pristine_text(wd))
+        write_file(t / upstream.ATTENTION_HEADER, pristine_text(wd), family=PatchError)
         if not _git_apply(t, header_patches):
             raise PatchError(f"the {variant} patch does not apply to pristine v0.10.2",
                              "reinstall kvprefetch from a clean checkout")
         text = (t / upstream.ATTENTION_HEADER).read_text()
     out_lines = inline_kit_headers(text)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(out_lines))
-    os.replace(tmp, output)
+    # -o anywhere: never through a symlinked file or folder (confine.write_file)
+    write_file(output, "".join(out_lines), family=PatchError)
     return output

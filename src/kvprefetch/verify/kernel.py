@@ -380,7 +380,7 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
     # 3. Judge, in a fixed order.
     _judge(rep, wd, manifests, probes, libraries, facts, identity, tools is not None, no_gpu)
     rep.timing["total_s"] = round(time.monotonic() - t_start, 1)
-    write_json_atomic(rep.report_path, rep.to_dict())
+    write_json_atomic(rep.report_path, rep.to_dict(), root=wd.root)
     return rep
 
 

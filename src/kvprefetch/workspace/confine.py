@@ -12,7 +12,8 @@ delete, move or write, such a path passes through this module:
   on the way from ``root`` to it (``lstat`` only: links are never followed to decide);
 - ``write_file`` is the one way the kit writes a file: a temporary file created with
   ``O_EXCL | O_NOFOLLOW`` in the destination's own directory, then renamed over the
-  destination; a destination or parent that is a symlink is refused;
+  destination; a destination or parent that is a symlink is refused (``open_new`` is the same
+  for a stream, ``write_if_changed`` skips a write that would change nothing);
 - ``remove_path`` is the one way the kit deletes: confined, never through a symlink, and
   ``shutil.rmtree``'s fd-based walk unlinks symlinks inside a directory without following them.
 """
@@ -24,7 +25,10 @@ import re
 import secrets
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from ..errors import ConfigError, KvprefetchError
 
@@ -127,11 +131,13 @@ def ensure_dir(d: Path, *, root: Path | None = None,
     d.mkdir(parents=True, exist_ok=True)
 
 
-def write_file(path: Path, data: bytes | str, *, root: Path | None = None, mode: int = 0o644,
-               family: type[KvprefetchError] = ConfigError) -> None:
-    """Write ``data`` to ``path`` atomically: a new temporary file in the same directory
-    (``O_EXCL | O_NOFOLLOW``), then ``os.replace``. A symlinked destination or parent is refused
-    (from ``root`` down, when given)."""
+@contextmanager
+def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
+             family: type[KvprefetchError] = ConfigError) -> Iterator[BinaryIO]:
+    """A binary file to stream into ``path`` (a download, a large output), written as
+    ``write_file`` writes: a new temporary file in the same directory (``O_EXCL |
+    O_NOFOLLOW``), renamed over ``path`` only when the block ends without an exception (else
+    removed). A symlinked destination or parent is refused (from ``root`` down, when given)."""
     ensure_dir(path.parent, root=root, family=family)
     if root is not None:
         check_target(root, path, what="write", family=family)
@@ -142,17 +148,41 @@ def write_file(path: Path, data: bytes | str, *, root: Path | None = None, mode:
     if os.path.isdir(path):
         raise family(f"cannot write {path}: a directory is in its place",
                      f"move {path} away, then rerun")
-    payload = data.encode("utf-8") if isinstance(data, str) else data
     tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(3)}-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(payload)
+            yield f
         os.chmod(tmp, mode)  # not the umask's
         os.replace(tmp, path)
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+def write_file(path: Path, data: bytes | str, *, root: Path | None = None, mode: int = 0o644,
+               family: type[KvprefetchError] = ConfigError) -> None:
+    """Write ``data`` to ``path`` atomically: a new temporary file in the same directory
+    (``O_EXCL | O_NOFOLLOW``), then ``os.replace``. A symlinked destination or parent is refused
+    (from ``root`` down, when given)."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    with open_new(path, root=root, mode=mode, family=family) as f:
+        f.write(payload)
+
+
+def write_if_changed(path: Path, data: bytes | str, *, root: Path | None = None,
+                     mode: int = 0o644, family: type[KvprefetchError] = ConfigError) -> bool:
+    """``write_file``, only when ``path`` does not already hold ``data`` (a plain file's bytes
+    are compared; a FIFO or a link is never read). True when it wrote."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    if is_plain_file(path):
+        try:
+            if read_limited(path, max(len(payload), 1)) == payload:
+                return False
+        except (OSError, ValueError):
+            pass
+    write_file(path, payload, root=root, mode=mode, family=family)
+    return True
 
 
 def remove_path(root: Path, path: Path, *,
