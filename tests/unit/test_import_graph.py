@@ -135,8 +135,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 LOWER_HALF = ("the build's lower half (toolchain, envs, selection, foresight, progress) moves "
               "below doctor, overlay and verify")
 MODE_PREFLIGHT = "each mode's own preflight moves into its mode module (a BuildMode registry)"
-OVERLAY_MODE = ("the overlay mode moves into the build package; overlay/ keeps the plugin, the "
-                "CUDA 12 toolkit and the probes")
 REPAIR_UP = "repair (a state record rebuilt from the source) moves into sources/"
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("doctor.host", "build.envs"): LOWER_HALF,
@@ -157,11 +155,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("verify.kernel", "build.toolchain"): LOWER_HALF,
     ("doctor.tools", "build.full_smoke"): MODE_PREFLIGHT,
     ("doctor.tools", "build.kernels_only"): MODE_PREFLIGHT,
-    ("overlay.build", "build.builder"): OVERLAY_MODE,
-    ("overlay.build", "build.envs"): OVERLAY_MODE,
-    ("overlay.build", "build.kernels_only"): OVERLAY_MODE,
-    ("overlay.build", "build.library"): OVERLAY_MODE,
-    ("overlay.build", "build.plan"): OVERLAY_MODE,
     ("workspace.repair", "sources.patching"): REPAIR_UP,
 }
 

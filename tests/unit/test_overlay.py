@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvprefetch.errors import ConfigError
-from kvprefetch.overlay.build import cudart_imports, install_argv, link_against
 from kvprefetch.overlay.driverstub import driver_imports, stub_source
+from kvprefetch.overlay.install import cudart_imports, install_argv, link_against
 from kvprefetch.overlay.plugin import ENTRY_GROUP, TEMPLATE, write_plugin_wheel
 from kvprefetch.overlay.toolkit import choose_toolkit
 from kvprefetch.overlay.verify import routing_problems

@@ -2,7 +2,7 @@
 steps under a per-tree lock, skipping a tree whose manifest matches, and returns a
 ``TreeOutcome`` for the closing summary. What every mode's tree build shares (the outcome, the
 lock, the skip, the child environment, the tree-prefixed messages) is here too; the overlay
-mode's is in ``overlay.build``, and ``pipeline.execute`` runs the trees concurrently."""
+mode's is in ``overlay_mode``, and ``pipeline.execute`` runs the trees concurrently."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The kernels library a kernels-only or overlay build makes of one tree (``<namespace>_C.so``):
 its build.ninja, its install into the tree's environment, and the core of its manifest. Both
 modes write these the same way; the overlay adds its own entries to the manifest
-(``overlay.build``)."""
+(``overlay_mode``)."""
 
 from __future__ import annotations
 

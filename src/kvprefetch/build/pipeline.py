@@ -5,7 +5,7 @@ machine and the work directory (the mode ``auto`` picks, the trees, an interrupt
 recovered, the preflight, the jobs, the toolkit, torch) into a ``PreparedBuild``: the frozen
 plan (``make_plan``), the overlay options and the notices to show. ``execute`` walks the plan,
 one mode's tree builder per tree. This is the one module that knows every mode (kernels-only
-and full in ``builder``/``plan``, overlay in ``kvprefetch.overlay.build``), so none of those
+and full in ``builder``/``plan``, overlay in ``overlay_mode``), so none of those
 imports another's dispatcher. The CLI only parses, calls these, and renders."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 from .. import __version__
 from ..errors import BuildError, ConfigError, KvprefetchError, LockError
-from ..overlay.build import build_overlay_tree, overlay_tree_plan
 from ..workspace.workdir import Workdir, check_tree_name
 from .builder import TreeOutcome, build_full_tree, build_kernels_tree
 from .kernels_only import namespace_for
+from .overlay_mode import build_overlay_tree, overlay_tree_plan
 from .plan import (
     MODES,
     BuildPlan,
@@ -68,7 +68,7 @@ class BuildOptions:
 @dataclass(frozen=True)
 class PreparedBuild:
     plan: BuildPlan
-    overlay: Any | None                    # overlay.build.OverlayOptions in overlay mode
+    overlay: Any | None                    # overlay.install.OverlayOptions in overlay mode
     notices: tuple[str, ...]
 
 
@@ -146,7 +146,7 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
     home = find_cuda_home(environ)
     env_backend = opts.env_backend
     if env_backend is None:
-        from ..overlay.build import default_backend
+        from ..overlay.install import default_backend
 
         env_backend = default_backend() if mode == "overlay" else "venv"
     if not opts.skip_doctor:
@@ -176,7 +176,7 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
     per_tree = max(1, jobs // parallel)
     overlay = None
     if mode == "overlay":
-        from ..overlay.build import OverlayOptions, find_uv
+        from ..overlay.install import OverlayOptions, find_uv
 
         overlay = OverlayOptions(cuda_home=opts.cuda_home,
                                  allow_cuda_mismatch=opts.allow_cuda_mismatch,

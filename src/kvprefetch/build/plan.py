@@ -4,7 +4,7 @@ anything runs, frozen, printable (``--dry-run``) and serialisable (``--json``).
 A ``BuildPlan`` holds one ``TreePlan`` per tree (baseline, patched, and paper when present).
 Each ``TreePlan`` names its source tree and patch hash, its environment backend and path, the
 exact commands and environment variables, the log directory and the expected outputs. The
-kernels-only and full ``TreePlan`` are made here, the overlay one in ``overlay.build``;
+kernels-only and full ``TreePlan`` are made here, the overlay one in ``overlay_mode``;
 ``pipeline.make_plan`` assembles the ``BuildPlan``."""
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def shares_one_install(backend: str, workdir: Path,
     mode = environ.get("UV_LINK_MODE") or "hardlink"
     if mode not in ("hardlink", "symlink"):
         return False, f"UV_LINK_MODE={mode}: uv copies into each environment"
-    from ..overlay.build import find_uv
+    from ..overlay.install import find_uv
 
     uv = find_uv()
     done = run([uv, "cache", "dir"], env=dict(environ), echo=False, check=False,

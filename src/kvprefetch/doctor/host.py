@@ -39,7 +39,7 @@ def check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = Fa
     if smoke:
         need = SMOKE_DISK_GB
     elif mode == "overlay":
-        from ..overlay.build import default_backend
+        from ..overlay.install import default_backend
 
         shared, why = shares_one_install(env_backend or default_backend(), workdir,
                                          environ if environ is not None else os.environ)

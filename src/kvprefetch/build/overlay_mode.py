@@ -1,4 +1,4 @@
-"""One tree's overlay build: its plan (``overlay_tree_plan``, part of the frozen ``BuildPlan``)
+"""The overlay build mode, one tree at a time: its plan (``overlay_tree_plan``, part of the frozen ``BuildPlan``)
 and its execution (``build_overlay_tree``).
 
 Steps, per tree, in the tree's own environment (venv, uv or conda):
@@ -21,94 +21,45 @@ Steps, per tree, in the tree's own environment (venv, uv or conda):
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
-from ..runner import run, which
-
-VLLM_PIN = "vllm==0.10.2"
-TORCH_PIN = "torch==2.8.0"
-XFORMERS_PIN = "xformers==0.0.32.post1"
-PINS = (VLLM_PIN, TORCH_PIN, XFORMERS_PIN)
-TORCH_VERSION = "2.8.0"
-ROUTE_CPP = "kvprefetch_route.cpp"
-
-
-# One install at a time: the trees build concurrently, and two installs started together into
-# a cold cache each download and unpack their own copy (measured with uv: 19 GiB of cache for
-# two environments against 9.3 for one). Serialised, the second links from the first's cache.
-_INSTALLING = threading.Lock()
-
-
-@dataclass(frozen=True)
-class OverlayOptions:
-    """What the overlay steps need beyond the common plan fields."""
-
-    cuda_home: str | None = None       # --cuda-home
-    allow_cuda_mismatch: bool = False  # --allow-cuda-mismatch
-    uv: str | None = None              # the uv executable (uv backend)
-    index_url: str | None = None       # PIP_INDEX_URL, passed to uv as UV_INDEX_URL
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"cuda_home": self.cuda_home, "allow_cuda_mismatch": self.allow_cuda_mismatch,
-                "uv": self.uv, "index_url": self.index_url}
-
-
-def find_uv() -> str | None:
-    """uv on PATH, else beside this interpreter (``pip install uv`` into the kit's venv)."""
-    found = which("uv")
-    if found:
-        return found
-    beside = Path(sys.executable).parent / "uv"
-    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
-
-
-def default_backend() -> str:
-    """The overlay's environment backend when ``--env-backend`` is not given: uv where found
-    (its installs hard-link from one cache), else venv."""
-    return "uv" if find_uv() else "venv"
-
-
-def install_argv(backend: str, python: str, uv: str | None, *packages: str,
-                 extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The command installing ``packages`` into the env whose interpreter is ``python``."""
-    if backend == "uv":
-        if not uv:
-            from ..errors import ConfigError
-            raise ConfigError("the uv backend was asked for, but uv was not found",
-                              "`pip install uv` (into the kit's environment) or use "
-                              "--env-backend venv")
-        return (uv, "pip", "install", "--python", python, *extra, *packages)
-    return (python, "-m", "pip", "install", *extra, *packages)
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+from ..hashing import sha256_file
+from ..overlay.install import (
+    INSTALLING,
+    PINS,
+    ROUTE_CPP,
+    TORCH_VERSION,
+    OverlayOptions,
+    cudart_imports,
+    env_cudart,
+    install_argv,
+    installed_versions,
+    link_against,
+    plugin_install_flags,
+)
+from ..runner import run
+from .builder import TreeOutcome
+from .plan import UNSET_FOR_BUILD, BuildPlan, Step, TreePlan, build_key
 
 
 def overlay_tree_plan(wd: Any, tree: str, variant: str | None, patch: str | None,
                       state: dict[str, Any], src_hash: str, env_backend: str, env_path: Path,
                       py: str, namespace: str, env_set: dict[str, str],
                       gencode: tuple[str, ...], selection: Any, jobs: int,
-                      overlay: OverlayOptions | None, defines: tuple[str, ...] = ()) -> Any:
-    from ..build.plan import UNSET_FOR_BUILD, Step, TreePlan, build_key
+                      overlay: OverlayOptions | None, defines: tuple[str, ...] = ()) -> TreePlan:
+    from ..overlay.plugin import TEMPLATE
     from ..upstream import kit_root
-    from .plugin import TEMPLATE
 
     opts = overlay or OverlayOptions()
     csrc = kit_root() / "csrc"
     key = build_key({
         "mode": "overlay", "tree": tree, "source": src_hash, "patch": patch,
-        "ops_cpp": _sha(csrc / "kvprefetch_ops.cpp"), "route_cpp": _sha(csrc / ROUTE_CPP),
-        "plugin": _sha(TEMPLATE), "gencode": gencode, "selection": selection.to_dict(),
+        "ops_cpp": sha256_file(csrc / "kvprefetch_ops.cpp"), "route_cpp": sha256_file(csrc / ROUTE_CPP),
+        "plugin": sha256_file(TEMPLATE), "gencode": gencode, "selection": selection.to_dict(),
         "namespace": namespace, "pins": PINS, "env_backend": env_backend,
         "env_path": str(env_path),
         "defines": list(defines), "cuda_home": opts.cuda_home,
@@ -142,7 +93,7 @@ def overlay_tree_plan(wd: Any, tree: str, variant: str | None, patch: str | None
         Step("install-kernels", (), f"copy {so.name} into {env_path}/…/site-packages/"
              "kvprefetch_kernels/"),
         Step("install-plugin", install_argv(env_backend, py, opts.uv, str(whl),
-                                            extra=_plugin_install_flags(env_backend)),
+                                            extra=plugin_install_flags(env_backend)),
              "the kvprefetch_overlay plugin (entry point vllm.general_plugins: kvprefetch)"),
         Step("manifest", (), f"write {bdir / 'manifest.json'}"),
     )
@@ -152,14 +103,8 @@ def overlay_tree_plan(wd: Any, tree: str, variant: str | None, patch: str | None
                                                       str(bdir / "manifest.json")))
 
 
-def _plugin_install_flags(backend: str) -> tuple[str, ...]:
-    if backend == "uv":
-        return ("--no-deps", "--offline", "--reinstall")
-    return ("--no-deps", "--no-index", "--force-reinstall")
-
-
-def _make_env(tp: Any, opts: OverlayOptions) -> Any:
-    from ..build.envs import make_env
+def _make_env(tp: TreePlan, opts: OverlayOptions) -> Any:
+    from .envs import make_env
 
     log = str(Path(tp.log_dir) / "01-create-env.log")
     if tp.env_backend == "uv":
@@ -170,65 +115,22 @@ def _make_env(tp: Any, opts: OverlayOptions) -> Any:
     return make_env("venv", tp.env_path, python=sys.executable, with_pip=True, log=log)
 
 
-def _env_cudart(site: Path) -> Path | None:
-    p = site / "nvidia" / "cuda_runtime" / "lib" / "libcudart.so.12"
-    return p if p.is_file() else None
-
-
-def link_against(link_flags: list[str], cudart: Path | None, cuda_home: Path) -> list[str]:
-    """Link the env's own libcudart.so.12 (the one its torch loads) instead of the toolkit's
-    ``-lcudart``, which for a toolkit of another major version would name libcudart.so.13."""
-    if cudart is None:
-        return link_flags
-    drop = {"-lcudart", f"-L{cuda_home / 'lib64'}"}
-    return [f for f in link_flags if f not in drop] + [str(cudart),
-                                                       f"-Wl,-rpath,{cudart.parent}"]
-
-
-def cudart_imports(nm_output: str) -> dict[str, str]:
-    """``symbol -> version`` of the cudart symbols a library imports, from ``nm -D
-    --undefined-only`` (lines like ``U cudaGetLastError@libcudart.so.12``)."""
-    out = {}
-    for line in nm_output.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == "U":
-            name, _, ver = parts[1].partition("@")
-            if name.startswith(("cuda", "__cuda")):
-                out[name] = ver.lstrip("@")
-    return out
-
-
-def _installed_versions(python: str, env: dict[str, str], log: Path) -> dict[str, str]:
-    code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
-            "('vllm', 'torch', 'xformers')}))")
-    res = run([python, "-c", code], env=env, log=log, echo=False, check=False, cwd="/")
-    lines = [ln for ln in res.output.splitlines() if ln.startswith("{")]
-    if res.returncode != 0 or not lines:
-        raise BuildError(f"{python} does not have vllm, torch and xformers installed:\n"
-                         + res.output.strip()[-600:],
-                         f"read {log}; rerun the build (the install step resumes)")
-    versions: dict[str, str] = json.loads(lines[-1])
-    return versions
-
-
-def build_overlay_tree(tp: Any, plan: Any, force: bool,
-                       overlay: OverlayOptions | None) -> Any:
-    from ..build.builder import (
-        TreeOutcome,
+def build_overlay_tree(tp: TreePlan, plan: BuildPlan, force: bool,
+                       overlay: OverlayOptions | None) -> TreeOutcome:
+    from ..overlay.cuda12 import ensure_cuda12, toolkit_dir
+    from ..overlay.plugin import ENTRY_GROUP, ENTRY_NAME, write_plugin_wheel
+    from ..overlay.toolkit import choose_toolkit
+    from ..upstream import kit_root
+    from ..workspace.workdir import write_json_atomic
+    from .builder import (
         compile_with_progress,
         ninja_jobs,
         prepare_tree,
         say,
         tree_locks,
     )
-    from ..build.kernels_only import probe_torch
-    from ..build.library import install_library, library_manifest, write_library_ninja
-    from ..hashing import sha256_file
-    from ..upstream import kit_root
-    from ..workspace.workdir import write_json_atomic
-    from .cuda12 import ensure_cuda12, toolkit_dir
-    from .plugin import ENTRY_GROUP, ENTRY_NAME, write_plugin_wheel
-    from .toolkit import choose_toolkit
+    from .kernels_only import probe_torch
+    from .library import install_library, library_manifest, write_library_ninja
 
     opts = overlay or OverlayOptions()
     out = TreeOutcome(tp.tree, log_dir=tp.log_dir)
@@ -248,11 +150,11 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
         timed("create-env", t)
         t = time.monotonic()
         say(tp.tree, "installing " + " ".join(PINS))
-        with _INSTALLING:
+        with INSTALLING:
             run(list(tp.steps[1].argv), env=child, log=logs / "02-install-vllm.log",
                 fix=f"read {logs / '02-install-vllm.log'}; check that the package index is "
                     "reachable (PIP_INDEX_URL / UV_INDEX_URL) and rerun")
-        versions = _installed_versions(str(env_obj.python), child, logs / "02-install-vllm.log")
+        versions = installed_versions(str(env_obj.python), child, logs / "02-install-vllm.log")
         timed("install-vllm", t)
         tinfo = probe_torch(str(env_obj.python), child, log=logs / "03-probe-torch.log")
         if tinfo.torch_version.split("+")[0] != TORCH_VERSION or not tinfo.torch_cuda:
@@ -271,7 +173,7 @@ def build_overlay_tree(tp: Any, plan: Any, force: bool,
         tinfo = probe_torch(str(env_obj.python), child, log=logs / "04-probe-torch.log")
         cuda_home = Path(tk.cuda_home)
         site = env_obj.site_packages()
-        cudart = _env_cudart(site)
+        cudart = env_cudart(site)
         lib = write_library_ninja(
             tp, plan, tinfo, cuda_home, Path(tk.nvcc),
             link=lambda flags: link_against(flags, cudart, cuda_home),
