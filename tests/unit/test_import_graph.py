@@ -135,7 +135,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 LOWER_HALF = ("the build's lower half (toolchain, envs, selection, foresight, progress) moves "
               "below doctor, overlay and verify")
 MODE_PREFLIGHT = "each mode's own preflight moves into its mode module (a BuildMode registry)"
-REPAIR_UP = "repair (a state record rebuilt from the source) moves into sources/"
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("doctor.host", "build.envs"): LOWER_HALF,
     ("doctor.host", "build.foresight"): LOWER_HALF,
@@ -155,7 +154,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("verify.kernel", "build.toolchain"): LOWER_HALF,
     ("doctor.tools", "build.full_smoke"): MODE_PREFLIGHT,
     ("doctor.tools", "build.kernels_only"): MODE_PREFLIGHT,
-    ("workspace.repair", "sources.patching"): REPAIR_UP,
 }
 
 

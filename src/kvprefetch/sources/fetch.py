@@ -342,7 +342,7 @@ def fetch_trees(workdir: Path, *, source: str = "auto", repo_url: str = upstream
                 if done:
                     notices.append(done)
             if repair:
-                from ..workspace.repair import repair_states
+                from .repair import repair_states
 
                 pristine, kind, origin, commit = _prepare_pristine(
                     wd, source, repo_url, index_url, allow_commit, notices, repair=True)

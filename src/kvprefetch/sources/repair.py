@@ -14,13 +14,13 @@ from typing import Any
 from .. import upstream
 from ..errors import FetchError
 from ..hashing import INVENTORY_RULES, differences, inventory, sha256_file
-from . import ownership
-from .workdir import Workdir, write_json_atomic
+from ..workspace import ownership
+from ..workspace.workdir import Workdir, write_json_atomic
 
 
 def repair_states(wd: Workdir, names: list[str], pristine: Path, kind: str, origin: str,
                   commit: str | None) -> list[str]:
-    from ..sources.patching import carried_variant, patch_sha256
+    from .patching import carried_variant, patch_sha256
 
     base = inventory(pristine)
     heads = {rel: sha256_file(src) for src, rel in upstream.kit_headers()}
