@@ -227,6 +227,9 @@ def test_sigkill_during_clean_then_fetch_and_clean_need_no_force(
 
     _kill_after(proc, 0 if at == "removing" else float(at),
                 deleting if at == "removing" else None)
+    # a kill can also land while the ownership record is rewritten (write_file's temporary
+    # beside it); one such leftover is planted so that every case checks its removal
+    (work / ".kvprefetch-owned.json.tmp-abcdef-999999999").write_text("{}")
     res = cli("fetch", "--workdir", str(work), "--source", "sdist", "--json")
     assert res.returncode == 0, res.stderr
     _consistent(work, applied=False)
@@ -341,7 +344,7 @@ def test_fetch_repair_works_after_the_ownership_record_is_moved_aside(
 # ------------------------------------------- 5. every file the kit writes goes through confine
 
 # the modules that write into a work directory, --out or a campaign folder
-WRITERS = ["build/envs.py", "build/full_smoke.py", "build/kernels_only.py", "build/library.py",
+WRITERS = ["machine/envs.py", "build/full_smoke.py", "build/kernels_only.py", "build/library.py",
            "build/builder.py", "build/plan.py", "overlay/cuda12.py", "overlay/driverstub.py",
            "overlay/build.py", "overlay/toolkit.py", "verify/kernel.py", "cli/verify.py",
            "slurm/publish.py", "sources/patching.py", "timings.py"]

@@ -230,8 +230,33 @@ def orphans(root: Path) -> list[Path]:
             if e.get("kind") == "tmp" and gone(e.get("pid"))]
 
 
+# confine.write_file's temporary: .<name>.tmp-<6 hex>-<pid>
+_WRITE_TMP = re.compile(r"\.[^/]+\.tmp-[0-9a-f]{6}-([0-9]+)")
+
+
+def _stale_writes(root: Path) -> list[Path]:
+    """Temporaries of ``confine.write_file`` left by killed runs where the kit writes its
+    records (the work directory itself: the ownership record; ``state/``). A run killed while
+    it rewrote the ownership record left one for good (issue 41, class 6, found by the killed
+    clean test)."""
+    out = []
+    for d in (root, root / "state"):
+        if d.is_symlink() or not d.is_dir():
+            continue
+        for p in sorted(d.iterdir()):
+            m = _WRITE_TMP.fullmatch(p.name)
+            if m and int(m[1]) != os.getpid() and not pid_alive(int(m[1])) \
+                    and confine.is_plain_file(p):
+                out.append(p)
+    return out
+
+
 def remove_orphans(root: Path, dry_run: bool = False) -> list[str]:
     out = []
+    for p in _stale_writes(root):
+        out.append(str(p))
+        if not dry_run:
+            p.unlink(missing_ok=True)
     for p in orphans(root):
         out.append(str(p))
         if dry_run:
