@@ -28,7 +28,7 @@ worktree_id() {
 # SM, which an early launch needs (docs/design.md, programmatic dependent launch).
 res_usage() {
   local m t so tool
-  tool=$(python3 -c 'from kvprefetch.build.toolchain import find_cuobjdump as f; t = f()
+  tool=$(python3 -c 'from kvprefetch.machine.toolchain import find_cuobjdump as f; t = f()
 print(t.cuobjdump if t else "cuobjdump")' 2>/dev/null) || tool=cuobjdump
   for m in "$W"/build/*/*/manifest.json; do
     [ -f "$m" ] || continue

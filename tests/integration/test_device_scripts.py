@@ -230,7 +230,7 @@ def test_res_usage_records_each_trees_registers(tmp_path: Path) -> None:
     """lib.sh's res_usage on a REAL object: nvcc compiles a sample kernel for sm_90, a build
     manifest names it as a tree's library, and the results get that tree's
     `cuobjdump -res-usage` (registers per kernel), what decides how many CTAs fit an SM."""
-    from kvprefetch.build.toolchain import find_nvcc
+    from kvprefetch.machine.toolchain import find_nvcc
 
     bash, nvcc = shutil.which("bash"), find_nvcc()
     assert bash is not None and nvcc is not None

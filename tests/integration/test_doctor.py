@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from kvprefetch.build.toolchain import find_cuobjdump, find_nvcc
 from kvprefetch.cli.doctor import doctor
 from kvprefetch.doctor.estimates import GIB
 from kvprefetch.doctor.preflight import run_doctor
 from kvprefetch.doctor.probes import DoctorProbes, check_url
 from kvprefetch.errors import ConfigError
+from kvprefetch.machine.toolchain import find_cuobjdump, find_nvcc
 from kvprefetch.runner import run, which
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="no nvcc on this machine")

@@ -1,4 +1,4 @@
-"""Tests for kvprefetch.build.envs with real venvs (stdlib venv without pip: fast) and real child
+"""Tests for kvprefetch.machine.envs with real venvs (stdlib venv without pip: fast) and real child
 processes: isolation, reuse rules, interrupted creation, the lock, the precompiled refusal."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.envs import (
+from kvprefetch.errors import ConfigError, LockError
+from kvprefetch.machine.envs import (
     MARKER,
     CondaEnv,
     UvEnv,
@@ -21,7 +22,6 @@ from kvprefetch.build.envs import (
     make_env,
     refuse_precompiled,
 )
-from kvprefetch.errors import ConfigError, LockError
 from kvprefetch.runner import run
 from kvprefetch.workspace.locks import locked
 

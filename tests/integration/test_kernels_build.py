@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.selection import Selection
 from kvprefetch.hashing import sha256_file
+from kvprefetch.kernels.selection import Selection
 from kvprefetch.sources.fetch import tree_modifications
 from kvprefetch.sources.patching import apply_patch, patch_sha256
 from kvprefetch.workspace.workdir import Workdir

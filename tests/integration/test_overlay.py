@@ -61,7 +61,7 @@ def _env() -> dict[str, str]:
 
 
 def _has_cuda12(env: dict[str, str]) -> bool:
-    from kvprefetch.build.toolchain import nvcc_version
+    from kvprefetch.machine.toolchain import nvcc_version
     from kvprefetch.overlay.toolkit import candidate_roots
 
     return any(nvcc_version(r / "bin" / "nvcc", env)[0] == 12 for r, _ in candidate_roots(env))

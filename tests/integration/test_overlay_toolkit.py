@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.toolchain import nvcc_version
 from kvprefetch.errors import ConfigError
+from kvprefetch.machine.toolchain import nvcc_version
 from kvprefetch.overlay import cuda12
 from kvprefetch.overlay.toolkit import (
     ASSEMBLED,

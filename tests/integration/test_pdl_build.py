@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.toolchain import find_cuobjdump
+from kvprefetch.machine.toolchain import find_cuobjdump
 from kvprefetch.runner import run
 from kvprefetch.verify.sass import decode_twin_name, function_bodies
 from tests.integration.helpers import copy_workdir, kvprefetch_cli, kvprefetch_cli_split

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.toolchain import find_cuobjdump, find_nvcc
 from kvprefetch.kernels import policy
+from kvprefetch.machine.toolchain import find_cuobjdump, find_nvcc
 from kvprefetch.runner import run
 from kvprefetch.verify.sass import decode_kernel_name, judge, parse_sass
 

@@ -1,4 +1,4 @@
-"""kvprefetch.build.selection on the REAL vLLM 0.10.2 launcher sources (paged_attention_v1.cu and
+"""kvprefetch.kernels.selection on the REAL vLLM 0.10.2 launcher sources (paged_attention_v1.cu and
 v2.cu from the fetched sdist): kernel-count arithmetic checked against the source text,
 narrowing, refusal of a drifted source and of an unknown size on the CLI (the option parsing
 alone is in tests/unit/test_selection.py)."""
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from kvprefetch import upstream
-from kvprefetch.build.selection import (
+from kvprefetch.errors import BuildError, ConfigError
+from kvprefetch.kernels.selection import (
     BLOCK_SIZES,
     HEAD_SIZES,
     Selection,
     narrow_source,
     parse_selection,
 )
-from kvprefetch.errors import BuildError, ConfigError
 from tests.integration.helpers import kvprefetch_cli_split
 
 

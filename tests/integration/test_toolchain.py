@@ -1,4 +1,4 @@
-"""kvprefetch.build.toolchain against real tools: the arch list cross-checked against vLLM's own
+"""kvprefetch.machine.toolchain against real tools: the arch list cross-checked against vLLM's own
 CMake function (run by cmake), the machine's real nvcc and cuobjdump, and a stand-in CUDA 12.6
 nvcc (a toolkit this machine cannot have), and the gencode flags against torch's own flag builder.
 Parsing and flags are in tests/unit/test_toolchain.py."""
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.toolchain import (
+from kvprefetch.errors import ConfigError
+from kvprefetch.machine.toolchain import (
     VLLM_SUPPORTED_ARCHS_CUDA_12_8,
     check_nvcc_for_arch,
     cuda_home,
@@ -25,7 +26,6 @@ from kvprefetch.build.toolchain import (
     parse_arch_list,
     vllm_c_archs,
 )
-from kvprefetch.errors import ConfigError
 from kvprefetch.runner import run
 
 REAL_NVCC = find_nvcc()

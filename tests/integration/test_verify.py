@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from kvprefetch.build.selection import Selection
 from kvprefetch.errors import VerifyError
 from kvprefetch.hashing import sha256_file
+from kvprefetch.kernels.selection import Selection
 from tests.integration.helpers import kvprefetch_cli_split, tree_bytes
 
 pytestmark = pytest.mark.slow  # needs the session's real build (minutes, once per run)

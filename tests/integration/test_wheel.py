@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.toolchain import find_nvcc
+from kvprefetch.machine.toolchain import find_nvcc
 from tests.integration.helpers import NARROW_BUILD_ARGS
 
 pytestmark = [pytest.mark.slow,

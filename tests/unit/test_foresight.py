@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 from kvprefetch.build import foresight
 from kvprefetch.build.plan import render_plan
-from kvprefetch.build.toolchain import parse_arch_list
 from kvprefetch.cli import build as build_cli
 from kvprefetch.cli import main
+from kvprefetch.machine.toolchain import parse_arch_list
 
 
 def test_archs_below_9_say_in_one_line_what_the_patched_trees_lack() -> None:
@@ -67,7 +67,8 @@ def test_only_a_long_build_at_a_terminal_without_yes_asks(
 def fake_build(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """`kvprefetch build` with a faked plan (``state["plan"]``), execution, core count and
     terminal (``state["tty"]``); ``state["executed"]`` counts the executions."""
-    from kvprefetch.build import pipeline, toolchain
+    from kvprefetch.build import pipeline
+    from kvprefetch.machine import toolchain
 
     state: dict[str, Any] = {"executed": 0, "tty": False, "plan": _plan(486)}
     monkeypatch.setattr(pipeline, "prepare_build",
@@ -88,7 +89,7 @@ def test_a_long_build_asks_at_a_terminal_and_stops_on_no(fake_build: dict) -> No
     fake_build["tty"] = True
     res = CliRunner().invoke(main, ["build", "--arch", "9.0a"], input="n\n")
     assert res.exit_code == 0, res.output
-    from kvprefetch.build.progress import clock
+    from kvprefetch.machine.progress import clock
 
     expected = clock(foresight.estimate_seconds(fake_build["plan"], cores=2) or 0)
     assert f"estimate: about {expected} to compile 2 tree(s)" in res.output

@@ -1,5 +1,5 @@
 """The kit's scratch space inside the work directory (ownership.scratch_dir) and the build's
-progress line (build/progress.py): pure, no process started, no network."""
+progress line (machine/progress.py): pure, no process started, no network."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.progress import CompileProgress, clock, heartbeat, previous_seconds
 from kvprefetch.errors import ConfigError
+from kvprefetch.machine.progress import CompileProgress, clock, heartbeat, previous_seconds
 from kvprefetch.workspace import ownership
 
 

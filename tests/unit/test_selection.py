@@ -1,4 +1,4 @@
-"""kvprefetch.build.selection's option parsing: unknown sizes and dtypes are config errors,
+"""kvprefetch.kernels.selection's option parsing: unknown sizes and dtypes are config errors,
 fp8_e4m3 is fp8 and the defaults are vLLM's full set (the arithmetic checked against the real
 launcher sources is in tests/integration/test_selection.py)."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvprefetch.build.selection import (
+from kvprefetch.errors import ConfigError
+from kvprefetch.kernels.selection import (
     KV_DTYPES,
     Selection,
     parse_selection,
 )
-from kvprefetch.errors import ConfigError
 
 
 @pytest.mark.parametrize("heads,blocks,kv,needle", [

@@ -1,4 +1,4 @@
-"""Tests for kvprefetch.build.toolchain: arch parsing, gencode flags, nvcc discovery in a PATH
+"""Tests for kvprefetch.machine.toolchain: arch parsing, gencode flags, nvcc discovery in a PATH
 and the version gate. Real cmake, nvcc and cuobjdump, and the cross-check of the flags against
 torch's own flag builder, are in tests/integration/test_toolchain.py (the unit layer has no
 torch)."""
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.toolchain import (
+from kvprefetch.errors import ConfigError
+from kvprefetch.machine.toolchain import (
     CudaArch,
     check_nvcc_for_arch,
     cuda_home,
@@ -20,7 +21,6 @@ from kvprefetch.build.toolchain import (
     parse_arch_list,
     parse_nvcc_version,
 )
-from kvprefetch.errors import ConfigError
 
 # --------------------------------------------------------------------------- parsing
 

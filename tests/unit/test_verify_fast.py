@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from kvprefetch.build.toolchain import DisasmTools
 from kvprefetch.hashing import sha256_file
+from kvprefetch.machine.toolchain import DisasmTools
 from kvprefetch.runner import Completed
 from kvprefetch.verify import facts as F
 from kvprefetch.verify import kernel as K
@@ -59,7 +59,7 @@ def fake_cuobjdump(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str,
         return Completed(list(argv), 0, text, None)
 
     monkeypatch.setattr("kvprefetch.runner.run", fake_run)
-    monkeypatch.setattr("kvprefetch.build.toolchain.find_cuobjdump", lambda *a, **k: tools)
+    monkeypatch.setattr("kvprefetch.machine.toolchain.find_cuobjdump", lambda *a, **k: tools)
     return {"tools": tools, "calls": calls}
 
 

@@ -18,12 +18,12 @@ from .. import __version__
 from ..console import info
 from ..errors import BuildError
 from ..hashing import sha256_file
+from ..machine.progress import CompileProgress, heartbeat, previous_seconds
 from ..runner import run
 from ..workspace import ownership
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, write_json_atomic
 from .plan import BuildPlan, TreePlan, manifest_matches
-from .progress import CompileProgress, heartbeat, previous_seconds
 
 _print_lock = threading.Lock()
 
@@ -71,7 +71,7 @@ def skip_if_up_to_date(tp: TreePlan, force: bool, out: TreeOutcome) -> bool:
 
 
 def _env_for(tp: TreePlan, plan: BuildPlan, torch_from: str | None) -> Any:
-    from .envs import make_env
+    from ..machine.envs import make_env
 
     opts: dict[str, Any] = {"log": str(Path(tp.log_dir) / "01-create-env.log")}
     if plan.mode == "kernels-only" and tp.env_backend == "venv":

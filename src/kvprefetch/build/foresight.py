@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..machine.toolchain import CudaArch, vllm_c_archs
 from .plan import BuildPlan
-from .toolchain import CudaArch, vllm_c_archs
 
 # CPU seconds to compile one paged-attention instantiation (one kernel of one launcher source)
 # for one arch, over the four trees main.sh builds (stock and the variants, whose twins and
@@ -76,7 +76,7 @@ def describe_estimate(plan: BuildPlan, seconds: float | None, cores: int) -> str
     if seconds is None:
         return (f"estimate: a full vLLM build of {todo} tree(s) takes hours "
                 "(`--mode kernels-only` compiles only the attention kernels)")
-    from .progress import clock
+    from ..machine.progress import clock
 
     kernels = plan.selection.get("kernels_per_source")
     return (f"estimate: about {clock(seconds)} to compile {todo} tree(s) x {SOURCES_PER_TREE} "

@@ -48,11 +48,11 @@ from typing import Any
 from .. import __version__
 from ..errors import BuildError, ConfigError
 from ..hashing import sha256_file
+from ..machine.toolchain import fmt_version
 from ..runner import run, which
 from ..workspace.confine import write_file
 from ..workspace.workdir import Workdir, write_json_atomic
 from .plan import UNSET_FOR_BUILD, BuildPlan, Step, TreePlan, build_key, deps_steps
-from .toolchain import fmt_version
 
 SMOKE_SOURCES = {"v1": "csrc/attention/paged_attention_v1.cu",
                  "v2": "csrc/attention/paged_attention_v2.cu"}
@@ -325,8 +325,8 @@ def check_objects(objects: dict[str, Path], variant: str | None, disasm_env: dic
     """``cuobjdump -sass`` each object; per object its sha256 and the UBLKPF verdict (zero in
     every kernel of a stock tree; K and V sites where the variant's rules put them)."""
     from ..kernels.policy import prefetches_in
+    from ..machine.toolchain import find_cuobjdump
     from ..verify.sass import judge, parse_sass, summarise
-    from .toolchain import find_cuobjdump
 
     tools = find_cuobjdump(disasm_env)
     if tools is None:

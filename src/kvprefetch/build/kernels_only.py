@@ -24,10 +24,10 @@ from pathlib import Path
 
 from .. import upstream
 from ..errors import BuildError
+from ..kernels.selection import Selection, narrow_source
 from ..runner import run
 from ..workspace.confine import write_file
 from ..workspace.workdir import write_json_atomic
-from .selection import Selection, narrow_source
 
 _DROP_FLAGS = {"-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"}

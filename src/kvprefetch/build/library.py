@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import __version__
 from ..hashing import sha256_file
+from ..kernels.selection import Selection
 from .kernels_only import (
     TorchInfo,
     compile_flags,
@@ -25,7 +26,6 @@ from .kernels_only import (
     write_if_changed,
 )
 from .plan import BuildPlan, TreePlan
-from .selection import Selection
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def overlay_tree_plan(wd: Any, tree: str, variant: str | None, patch: str | None
 
 
 def _make_env(tp: TreePlan, opts: OverlayOptions) -> Any:
-    from .envs import make_env
+    from ..machine.envs import make_env
 
     log = str(Path(tp.log_dir) / "01-create-env.log")
     if tp.env_backend == "uv":

@@ -20,6 +20,8 @@ from typing import Any
 
 from .. import __version__
 from ..errors import BuildError, ConfigError, KvprefetchError, LockError
+from ..kernels.selection import Selection
+from ..machine.toolchain import CudaArch, format_arch_list, gencode_flags
 from ..workspace.workdir import Workdir, check_tree_name
 from .builder import TreeOutcome, build_full_tree, build_kernels_tree
 from .kernels_only import namespace_for
@@ -37,8 +39,6 @@ from .plan import (
     source_hash,
     tree_variant,
 )
-from .selection import Selection
-from .toolchain import CudaArch, format_arch_list, gencode_flags
 
 
 @dataclass(frozen=True)
@@ -103,12 +103,18 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
     """Resolve ``opts`` on this machine into the plan (raises a KvprefetchError, before any
     build step, for a missing or edited tree, a bad option or, unless dry run or
     ``skip_doctor``, a failed preflight)."""
-    from ..build.envs import refuse_precompiled
     from ..doctor.mode import choose_mode
     from ..doctor.preflight import run_doctor
-    from .selection import parse_selection
-    from .toolchain import cuda_home as find_cuda_home
-    from .toolchain import default_jobs, find_nvcc, host_resources, nvcc_version, parse_arch_list
+    from ..kernels.selection import parse_selection
+    from ..machine.envs import refuse_precompiled
+    from ..machine.toolchain import cuda_home as find_cuda_home
+    from ..machine.toolchain import (
+        default_jobs,
+        find_nvcc,
+        host_resources,
+        nvcc_version,
+        parse_arch_list,
+    )
 
     environ = dict(os.environ)
     refuse_precompiled(environ)

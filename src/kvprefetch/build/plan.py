@@ -19,8 +19,8 @@ from typing import Any
 from .. import upstream
 from ..errors import ConfigError
 from ..hashing import differences, inventory, sha256_file
+from ..kernels.selection import Selection
 from ..workspace.workdir import Workdir
-from .selection import Selection
 
 MODES = ("full", "kernels-only", "overlay")
 

@@ -123,7 +123,7 @@ def _confirmed(plan: Any, *, force: bool, yes: bool) -> bool:
     from dataclasses import replace
 
     from ..build.foresight import describe_estimate, estimate_seconds, needs_confirmation
-    from ..build.toolchain import host_resources
+    from ..machine.toolchain import host_resources
 
     counted = replace(plan, up_to_date=()) if force else plan  # --force rebuilds them all
     if all(t.tree in counted.up_to_date for t in counted.trees) or plan.toolchain.get("smoke"):

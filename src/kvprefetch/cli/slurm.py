@@ -76,8 +76,8 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
     """Write CAMPAIGN/campaign.json (the frozen plan) and one sbatch script per job: prepare
     (the source cache), build-<tree> for each tree, verify, bench (array), merge."""
     from ..bench.matrix import parse_sizes
-    from ..build.selection import parse_selection
     from ..errors import ConfigError
+    from ..kernels.selection import parse_selection
     from ..kitinfo import kit_info
     from ..slurm.campaign import (
         BenchSpec,

@@ -9,8 +9,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..build.envs import find_conda
-from ..build.toolchain import GIB_PER_NVCC_JOB, CudaArch, default_jobs, fmt_version, vllm_c_archs
+from ..machine.envs import find_conda
+from ..machine.toolchain import GIB_PER_NVCC_JOB, CudaArch, default_jobs, fmt_version, vllm_c_archs
 from ..runner import which
 from .estimates import GIB, SMOKE_DISK_GB, overlay_disk_gb, shares_one_install
 from .probes import DoctorProbes
@@ -76,8 +76,8 @@ def check_estimate(archs: Sequence[CudaArch], mode: Mode, probes: DoctorProbes,
     kernels-only or overlay build of ``trees`` trees with every instantiation; over ten minutes,
     `build` asks first at a terminal (or takes --yes)."""
     from ..build.foresight import CONFIRM_OVER_S, compile_seconds
-    from ..build.progress import clock
-    from ..build.selection import Selection
+    from ..kernels.selection import Selection
+    from ..machine.progress import clock
 
     if mode == "full":
         return Check("estimate", "ok", "a full vLLM build takes hours per tree; at a terminal "

@@ -9,8 +9,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..build.toolchain import CudaArch
 from ..errors import ConfigError
+from ..machine.toolchain import CudaArch
 from .preflight import run_doctor
 from .probes import DoctorProbes
 from .report import DoctorReport, Mode

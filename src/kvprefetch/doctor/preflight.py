@@ -7,9 +7,9 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..build.envs import refuse_precompiled
-from ..build.toolchain import CudaArch, parse_arch_list, vllm_c_archs
 from ..errors import ConfigError
+from ..machine.envs import refuse_precompiled
+from ..machine.toolchain import CudaArch, parse_arch_list, vllm_c_archs
 from .host import (
     check_conda,
     check_disk,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..build.toolchain import DEFAULT_CUDA_ROOTS, host_resources
+from ..machine.toolchain import DEFAULT_CUDA_ROOTS, host_resources
 from ..runner import run, which
 from .estimates import DISK_ESTIMATE_GB, existing
 

@@ -12,7 +12,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..build.toolchain import (
+from ..errors import ConfigError, KvprefetchError
+from ..machine.toolchain import (
     CudaArch,
     check_nvcc_for_arch,
     cuda_home,
@@ -24,7 +25,6 @@ from ..build.toolchain import (
     nvcc_version,
     vllm_c_archs,
 )
-from ..errors import ConfigError, KvprefetchError
 from ..runner import run, which
 from ..workspace import ownership
 from ..workspace.workdir import Workdir

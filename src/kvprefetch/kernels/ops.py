@@ -99,7 +99,7 @@ _QUERY_TOKENS = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 def compiled_combos(kv_dtypes: Iterable[str]) -> frozenset[tuple[str, str]]:
     """The (query dtype, canonical kv_cache_dtype) pairs a build's ``kv_dtypes`` stand for, in
-    the build's vocabulary (kvprefetch.build.selection): ``fp16``/``bf16``/``fp32`` = that query dtype
+    the build's vocabulary (kvprefetch.kernels.selection): ``fp16``/``bf16``/``fp32`` = that query dtype
     with an ``auto`` cache; ``fp8`` (= ``fp8_e4m3``) and ``fp8_e5m2`` = an fp8 cache for each
     selected query dtype (fp16 and bf16 when none is selected). ``auto`` in the list means an
     ``auto`` cache for every query dtype."""

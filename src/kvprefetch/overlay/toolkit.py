@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build.toolchain import fmt_version, is_toolkit, nvcc_version
 from ..errors import ConfigError, KvprefetchError
+from ..machine.toolchain import fmt_version, is_toolkit, nvcc_version
 from ..runner import which
 
 # Checked against the index on 2026-12-01 (see the module docstring).

@@ -29,7 +29,7 @@ CALLS = 4  # v1 and v2, each through vllm._custom_ops and through torch.ops._C
 def probe_overlay(python: str, *, off: bool = False, child: bool = True,
                   stub_dir: Path | None = None) -> dict[str, Any]:
     """Run probe/overlay.py with the env's python from an empty temp directory."""
-    from ..build.envs import ISOLATION_STRIP
+    from ..machine.envs import ISOLATION_STRIP
 
     script = Path(__file__).resolve().parent.parent / "probe" / "overlay.py"
     environ = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP}

@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m kvprefetch.verify.facts SO --out FILE [--cache DIR]``: one library's facts as
     a worker process (verify-kernel runs one per library, in parallel). The answer goes to
     ``--out``; a complete answer is also stored in ``--cache``."""
-    from ..build.toolchain import find_cuobjdump
+    from ..machine.toolchain import find_cuobjdump
 
     ap = argparse.ArgumentParser(prog="python -m kvprefetch.verify.facts")
     ap.add_argument("so")

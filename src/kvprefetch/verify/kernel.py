@@ -82,7 +82,7 @@ def _inside(path: str | None, roots: list[str]) -> bool:
 
 def probe_env(python: str, env_path: str, what: str) -> dict[str, Any]:
     """Run the provenance probe with the env's own python from an empty temp directory."""
-    from ..build.envs import ISOLATION_STRIP
+    from ..machine.envs import ISOLATION_STRIP
 
     script = Path(__file__).resolve().parent.parent / "probe" / "provenance.py"
     environ = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP}
@@ -287,7 +287,7 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
     then one disassembly worker per library not in the cache, and the GPU identity passes. The
     checks are then judged one by one in a fixed order from what those gathered, so the report
     does not depend on ``jobs`` or on the cache. ``progress`` receives one line per step."""
-    from ..build.toolchain import find_cuobjdump
+    from ..machine.toolchain import find_cuobjdump
 
     say: Progress = progress or (lambda _msg: None)
     t_start = time.monotonic()
