@@ -376,11 +376,12 @@ def test_a_failed_build_keeps_its_logs_not_its_objects(tmp_path: Path) -> None:
     from kvprefetch.slurm.publish import keep_logs
 
     _fake_scratch_build(tmp_path / "s", "patched")
-    kept = keep_logs(tmp_path / "s", "patched", tmp_path / "logs" / "build-patched-5")
+    kept = keep_logs(tmp_path / "s", "patched", tmp_path / "logs" / "build-patched-5",
+                     root=tmp_path)
     assert kept is not None
     assert sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*")) == \
         ["k1", "k1/logs", "k1/logs/01-compile.log", "k1/manifest.json"]
-    assert keep_logs(tmp_path / "s", "launch", tmp_path / "logs" / "x") is None
+    assert keep_logs(tmp_path / "s", "launch", tmp_path / "logs" / "x", root=tmp_path) is None
 
 
 def test_prepare_checks_the_source_and_records_the_build_folders(tmp_path: Path) -> None:

@@ -259,13 +259,14 @@ def publish(campaign: Path, tree_name: str, scratch: Path, logs_only: bool,
     import socket
 
     from ..slurm.cluster import load
-    from ..slurm.publish import keep_logs, publish_build
+    from ..slurm.publish import check_job_label, keep_logs, publish_build
 
     c, _ = load(campaign)
     tree = c.tree(tree_name).name
-    label = os.environ.get("SLURM_JOB_ID") or str(os.getpid())
+    # it names folders: a job id only (SLURM_JOB_ID='../..' escaped the logs folder)
+    label = check_job_label(os.environ.get("SLURM_JOB_ID") or str(os.getpid()))
     if logs_only:
-        kept = keep_logs(scratch, tree, c.logs / f"build-{tree}-{label}")
+        kept = keep_logs(scratch, tree, c.logs / f"build-{tree}-{label}", root=Path(c.root))
         info(f"build logs of {tree} kept in {kept}" if kept else
              f"no build logs of {tree} in {scratch} (it failed before building)")
         return

@@ -358,6 +358,39 @@ def _campaign_from_dict(d: dict[str, Any]) -> Campaign:
         tuple(Job(j["name"], j["script"], tuple(j["after"]), j["array"]) for j in d["jobs"]))
 
 
+_JOB_ID = re.compile(r"[0-9]+")
+FIX_SUBMITTED = ("restore campaign.json (each submission is {\"id\": \"<digits>\", \"task\": "
+                 "null or a task number, ...}, as `kvprefetch slurm submit` wrote it), or plan "
+                 "the campaign again into a new folder (`kvprefetch slurm plan`)")
+
+
+def check_submitted(submitted: object, record: Path) -> None:
+    """The ``submitted`` part of a campaign.json read back: per job name, a list of submissions
+    whose ``id`` is a Slurm job id (a digit string, as ``sbatch --parsable`` printed it) and
+    whose ``task`` is None or an array task number. The ids become ``--dependency=afterok:ID``
+    and scontrol/sacct arguments, so anything else makes the record corrupt."""
+    if not isinstance(submitted, dict):
+        raise ConfigError(f"{record} is corrupt: 'submitted' is not a mapping", FIX_SUBMITTED)
+    for job, subs in submitted.items():
+        if not isinstance(subs, list):
+            raise ConfigError(f"{record} is corrupt: the submissions of {job!r} are not a list "
+                              f"({type(subs).__name__})", FIX_SUBMITTED)
+        for i, sub in enumerate(subs):
+            where = f"the submission {job!r}[{i}]"
+            if not isinstance(sub, dict):
+                raise ConfigError(f"{record} is corrupt: {where} is not a mapping",
+                                  FIX_SUBMITTED)
+            job_id, task = sub.get("id"), sub.get("task")
+            if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+                raise ConfigError(f"{record} is corrupt: {where} has the id {job_id!r}, not a "
+                                  "Slurm job id (a string of digits); kvprefetch passes no "
+                                  "such id to Slurm", FIX_SUBMITTED)
+            if task is not None and (not isinstance(task, int) or isinstance(task, bool)
+                                     or task < 0):
+                raise ConfigError(f"{record} is corrupt: {where} has the task {task!r}, not "
+                                  "an array task number", FIX_SUBMITTED)
+
+
 def load_record(root: Path) -> dict[str, Any]:
     from ..workspace.confine import read_limited
 
@@ -372,9 +405,7 @@ def load_record(root: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
         raise ConfigError(f"{p} is not a kvprefetch campaign", "plan the campaign again")
     data.setdefault("submitted", {})
-    if not isinstance(data["submitted"], dict):
-        raise ConfigError(f"{p} is corrupt: 'submitted' is not a mapping",
-                          "plan the campaign again")
+    check_submitted(data["submitted"], p)
     plan_root = data["plan"].get("root")
     if plan_root != str(Path(root).resolve()):
         raise ConfigError(f"{p} is corrupt or was moved: it plans the campaign {plan_root!r}, "

@@ -7,7 +7,10 @@
 - ``<campaign>/work`` made a kit work directory, and every tree's build folder recorded in its
   ownership record, so that the build jobs (running at once, possibly on different nodes) never
   write that one shared file: no lock has to hold across nodes (flock over NFS does not,
-  everywhere). They publish only into their own tree's paths (publish.py)."""
+  everywhere). They publish only into their own tree's paths (publish.py).
+
+Both are confined to the campaign folder: a symlinked ``cache/``, ``logs/`` or ``work/`` is
+refused (never followed), and a cached file prepare did not download is never deleted."""
 
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import FetchError
+from ..errors import ConfigError, FetchError
 from ..workspace import ownership
+from ..workspace.confine import check_target, ensure_dir, first_symlink
 from ..workspace.workdir import Workdir
 from .campaign import Campaign
 
@@ -29,6 +33,22 @@ class Prepared:
     recorded: tuple[str, ...]
 
 
+def _make_read_only(path: Path) -> None:
+    """chmod a-w on the regular file ``path`` itself (opened ``O_NOFOLLOW``: never a link's
+    target)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise FetchError(f"cannot open {path}: {exc}", f"move {path} away, then rerun") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FetchError(f"{path} is not a regular file", f"move {path} away, then rerun")
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    finally:
+        os.close(fd)
+
+
 def source_cache(c: Campaign) -> tuple[str, bool]:
     """The campaign's source, present, checked and read-only; whether it was downloaded now."""
     from .. import upstream
@@ -36,11 +56,15 @@ def source_cache(c: Campaign) -> tuple[str, bool]:
     from ..sources.download import ensure_sdist
 
     if c.source in ("auto", "sdist"):
+        root = Path(c.root)
         target = c.cache / upstream.SDIST_NAME
-        had = target.is_file()
-        path = ensure_sdist(c.cache)  # sha256-checked; written under a temp name, then renamed
-        mode = path.stat().st_mode
-        path.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+        # a symlinked cache/ is refused (it chmodded and deleted files of the folder it named)
+        check_target(root, target, what="download into", family=FetchError)
+        had = os.path.lexists(target)
+        # sha256-checked; written under a temp name, then renamed. A file with another hash is
+        # refused and left as it is: prepare cannot tell its own download from a user's file
+        path = ensure_sdist(c.cache, root=root, may_delete=lambda _p: False)
+        _make_read_only(path)
         return str(path), not had
     src = Path(c.source)
     if src.is_file():
@@ -68,7 +92,20 @@ def record_builds(workdir: Path, trees: list[str]) -> list[str]:
     return done
 
 
+def check_workdir(c: Campaign) -> None:
+    """Refuse a symlinked ``<campaign>/work``: the campaign's work directory is a real folder
+    inside it (resolving the link took over the folder it named, as a --workdir)."""
+    link = first_symlink(Path(c.root), c.workdir)
+    if link is not None:
+        raise ConfigError(f"{link} is a symlink (to {os.readlink(link)}); a campaign's work "
+                          "folder is a real folder inside the campaign, and kvprefetch never "
+                          "writes through a symlink",
+                          f"remove the symlink {link} (its target is left as it is), then "
+                          "rerun the prepare job")
+
+
 def prepare(c: Campaign) -> Prepared:
+    check_workdir(c)
     source, downloaded = source_cache(c)
-    os.makedirs(c.logs, exist_ok=True)
+    ensure_dir(c.logs, root=Path(c.root))
     return Prepared(source, downloaded, tuple(record_builds(c.workdir, list(c.tree_names))))

@@ -18,12 +18,18 @@ A kernels-only environment is a venv without pip whose package finds its library
 own ``__file__``; its python finds ``pyvenv.cfg`` beside ``bin/``, wherever the folder is, so
 the moved environment works unchanged (verify-kernel's probe checks that it does).
 
-On failure, ``keep_logs`` copies the build's logs out of the scratch before it is removed."""
+On failure, ``keep_logs`` copies the build's logs out of the scratch before it is removed.
+
+Every path written, renamed or removed is confined (``workspace.confine``): inside the work
+directory (``keep_logs``: the campaign's logs folder), with no symlink on the way, checked by
+``lstat`` and never followed; every removal is ``confine.remove_path``. The label (the job id)
+becomes part of a path, so it must be a Slurm job id (``check_job_label``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -32,7 +38,7 @@ from typing import Any
 
 from ..errors import SlurmError
 from ..hashing import sha256_file
-from ..workspace.confine import read_limited
+from ..workspace.confine import check_target, ensure_dir, read_limited, remove_path
 from ..workspace.workdir import Workdir, write_json_atomic
 
 _NOT_PUBLISHED = shutil.ignore_patterns("*.o", "*.o.tmp", ".ninja_deps", ".ninja_log")
@@ -85,15 +91,52 @@ def rewrite_paths(obj: Any, pairs: list[tuple[str, str]]) -> Any:
     return obj
 
 
-def _rename_into_place(tmp: Path, dest: Path, label: str) -> None:
+_JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
+
+
+def check_job_label(label: str, what: str = "SLURM_JOB_ID") -> str:
+    """``label`` if it is a Slurm job id (digits; an array task ``<digits>_<digits>``): it
+    names folders and temporary names, so anything else (``..``, a ``/``) is refused."""
+    if not isinstance(label, str) or not _JOB_ID.fullmatch(label):
+        raise SlurmError(f"{what} {label!r} is not a Slurm job id (digits, or <digits>_<digits> "
+                         "for an array task); kvprefetch names folders after it, so it takes "
+                         "nothing else",
+                         "run this step inside the Slurm job that sbatch started (it sets "
+                         "SLURM_JOB_ID), or unset SLURM_JOB_ID to label it by the process id")
+    return label
+
+
+def _refuse_link(path: Path) -> None:
+    """Refuse ``path`` itself when it is a symlink (``lstat``; a folder everything else is
+    confined to)."""
+    if os.path.islink(path):
+        raise SlurmError(f"refusing to publish into {path}: it is a symlink (to "
+                         f"{os.readlink(path)}), and kvprefetch never writes, moves or deletes "
+                         "through one",
+                         f"remove the symlink {path} (its target is left as it is), then rerun")
+
+
+def _discard(root: Path, path: Path) -> None:
+    """Remove the leftover ``path`` (confined) where it can; a failure here never hides the
+    publication's own outcome (the next publish of this job removes it)."""
+    try:
+        remove_path(root, path, family=SlurmError)
+    except (OSError, SlurmError):
+        pass
+
+
+def _rename_into_place(root: Path, tmp: Path, dest: Path, label: str) -> None:
     """``tmp`` becomes ``dest``; a ``dest`` already there (a resubmitted build) is moved aside
-    first and removed after (rename cannot replace a non-empty directory)."""
+    first and removed after (rename cannot replace a non-empty directory). Every path is
+    confined to ``root`` with no symlink on the way."""
     old = dest.parent / f".{dest.name}.old-{label}"
+    for p in (tmp, dest, old):
+        check_target(root, p, what="replace", family=SlurmError)
+    remove_path(root, old, family=SlurmError)
     if os.path.lexists(dest):
-        shutil.rmtree(old, ignore_errors=True)
         os.rename(dest, old)
     os.rename(tmp, dest)
-    shutil.rmtree(old, ignore_errors=True)
+    _discard(root, old)
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -107,7 +150,12 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
     (the job id)."""
     from ..kernels.ops import find_builds
 
-    swd, dwd = Workdir(scratch.resolve()), Workdir(dest.resolve())
+    check_job_label(label, "the label")
+    # the work directory as given (the campaign folder is resolved already): a symlinked
+    # work/ is refused, never resolved to its target
+    dest = Path(os.path.normpath(os.path.abspath(dest)))
+    _refuse_link(dest)
+    swd, dwd = Workdir(scratch.resolve()), Workdir(dest)
     builds = [b for b in find_builds(swd.root, [tree]) if b.tree == tree]
     if not builds:
         raise SlurmError(f"no kernels-only build of {tree} in the scratch {swd.root}",
@@ -130,14 +178,16 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
     pairs += [(str(p), str(dst_env)) for p in {src_env, real_env}]
     tmp_build = dst_build.parent / f".{dst_build.name}.publish-{label}"
     tmp_env = dst_env.parent / f".{dst_env.name}.publish-{label}"
+    for p in (dst_build, dst_env, tmp_build, tmp_env):  # before anything is removed
+        check_target(dwd.root, p, what="publish into", family=SlurmError)
+    for tmp in (tmp_build, tmp_env):
+        remove_path(dwd.root, tmp, family=SlurmError)  # debris of an earlier try of this job
+        ensure_dir(tmp.parent, root=dwd.root, family=SlurmError)
     try:
-        for tmp in (tmp_build, tmp_env):
-            shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier try of this job
-            tmp.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src_env, tmp_env, symlinks=True)
         shutil.copytree(src_build, tmp_build, symlinks=True, ignore=_NOT_PUBLISHED)
         for bj in tmp_env.glob("lib/python*/site-packages/kvprefetch_kernels/build.json"):
-            write_json_atomic(bj, rewrite_paths(_read_json(bj), pairs))
+            write_json_atomic(bj, rewrite_paths(_read_json(bj), pairs), root=dwd.root)
         new = rewrite_paths(manifest, pairs)
         new["published"] = {"from": str(src_build), "env_from": str(src_env), "job": label,
                             "host": host,
@@ -148,21 +198,24 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
         if actual != built.so_sha256:
             raise SlurmError(f"the copy {copied} has sha256 {actual}, the manifest says "
                              f"{built.so_sha256}", "resubmit the build job (a bad copy)")
-        write_json_atomic(tmp_build / "manifest.json", new)
-        _rename_into_place(tmp_env, dst_env, label)
-        _rename_into_place(tmp_build, dst_build, label)  # the manifest appears: committed
+        write_json_atomic(tmp_build / "manifest.json", new, root=dwd.root)
+        _rename_into_place(dwd.root, tmp_env, dst_env, label)
+        _rename_into_place(dwd.root, tmp_build, dst_build, label)  # the manifest: committed
     finally:
         for tmp in (tmp_build, tmp_env):
-            shutil.rmtree(tmp, ignore_errors=True)
+            _discard(dwd.root, tmp)
     return Published(tree, dst_build, dst_env, so, built.so_sha256)
 
 
-def keep_logs(scratch: Path, tree: str, into: Path) -> Path | None:
+def keep_logs(scratch: Path, tree: str, into: Path, *, root: Path) -> Path | None:
     """Copy the build logs of ``tree`` (its ``build/<tree>`` folder without objects, libraries
-    and sources) out of the scratch into ``into``; None when the job never got to build."""
+    and sources) out of the scratch into ``into``, confined to ``root`` (the campaign folder: no
+    symlink from it down to ``into``); None when the job never got to build."""
+    check_target(root, into, what="keep the build logs in", family=SlurmError)
     src = Workdir(scratch.resolve()).build_root(tree)
     if not src.is_dir():
         return None
-    shutil.rmtree(into, ignore_errors=True)
+    remove_path(root, into, family=SlurmError)
+    ensure_dir(into.parent, root=root, family=SlurmError)
     shutil.copytree(src, into, symlinks=True, ignore=_NOT_KEPT)
     return into

@@ -78,8 +78,10 @@ def stand_in_shard(c: Campaign, task: int) -> dict[str, Any]:
 def write_shard(c: Campaign, task: int) -> Path:
     import json
 
+    from ..workspace.confine import write_file
+
     doc = stand_in_shard(c, task)
     out = c.shard(task)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    # confined to the campaign: a symlinked results/ is refused, never written through
+    write_file(out, json.dumps(doc, indent=1) + "\n", root=Path(c.root), family=BenchError)
     return out
