@@ -66,7 +66,9 @@ def tokenizer_json(vocab_size: int) -> dict[str, Any]:
 def write_model_dir(dest: Path, config: Mapping[str, Any] = LLAMA_31_8B_CONFIG) -> Path:
     """Write ``config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and
     ``generation_config.json`` (files rewritten only when their content changes)."""
-    dest.mkdir(parents=True, exist_ok=True)
+    from ..workspace.confine import ensure_dir, write_if_changed
+
+    ensure_dir(dest, family=BenchError)
     vocab = int(config["vocab_size"])
     unk = SPECIAL_TOKENS[128002] if vocab > 128002 else "t0"
     files = {
@@ -84,9 +86,7 @@ def write_model_dir(dest: Path, config: Mapping[str, Any] = LLAMA_31_8B_CONFIG) 
     }
     for name, content in files.items():
         text = json.dumps(content, indent=1 if name != "tokenizer.json" else None) + "\n"
-        path = dest / name
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
+        write_if_changed(dest / name, text, family=BenchError)
     return dest
 
 

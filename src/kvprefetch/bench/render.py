@@ -40,12 +40,19 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, path: Path) -> Path:
+    """Write ``fig`` as a PNG at ``path``: rendered in memory, then written by
+    confine.write_file (matplotlib's own writer would follow a symlink planted at ``path``)."""
+    import io
+
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from ..workspace.confine import write_file
+
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
+    write_file(path, buf.getvalue(), family=BenchError)
     return path
 
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import BenchError
+from ..workspace.confine import ensure_dir, write_file
 from .decode_report import decode_markdown, decode_png
 from .render import ctx as _ctx
 from .render import geomean, row_mode, shape_key
@@ -415,15 +417,18 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,
     # rendered before anything is written: a document the markdown cannot be made of leaves
     # no half set of outputs behind
     md = render_markdown(doc) if "md" in formats else None
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # the rule of `export-header -o` (confine.write_file without a root): the folder the user
+    # names (and the files in it) must not be a symlink, its ancestors may be; a planted link,
+    # a device node or a FIFO in the output's place is refused, nothing is written behind it
+    ensure_dir(out_dir, family=BenchError)
     written = []
     if "json" in formats:
         p = out_dir / f"{name}.json"
-        p.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        write_file(p, json.dumps(doc, indent=1) + "\n", family=BenchError)
         written.append(p)
     if md is not None:
         p = out_dir / f"{name}.md"
-        p.write_text(md, encoding="utf-8")
+        write_file(p, md, family=BenchError)
         written.append(p)
     if "png" in formats:
         png = render_png(doc, out_dir / f"{name}.png")

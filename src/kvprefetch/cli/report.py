@@ -128,6 +128,29 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
         emit_json(written)
 
 
+# a README or an index is text of a few hundred KiB; more is not one (and is never read whole)
+MAX_MARKDOWN_BYTES = 4 << 20
+
+
+def _read_markdown(path: Path) -> str:
+    """The text of the markdown file ``path``: a regular UTF-8 file of at most
+    MAX_MARKDOWN_BYTES (a FIFO never blocks, a binary file is one error, not a traceback)."""
+    from ..errors import BenchError
+    from ..workspace.confine import read_limited
+
+    try:
+        return read_limited(path, MAX_MARKDOWN_BYTES).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BenchError(f"cannot read {path}: it is not UTF-8 text ({exc.reason} at byte "
+                         f"{exc.start}), so it is no markdown file",
+                         "pass the markdown file whose report blocks to regenerate "
+                         "(e.g. README.md)") from exc
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"cannot read {path}: {exc}",
+                         "pass a regular markdown file of at most "
+                         f"{MAX_MARKDOWN_BYTES >> 20} MiB (e.g. README.md)") from exc
+
+
 COMMANDS_BLOCK = re.compile(r"(<!-- commands -->\n)(.*?)(<!-- /commands -->)", re.DOTALL)
 
 
@@ -166,8 +189,9 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
     from ..bench.readme_blocks import refresh_blocks
     from ..errors import BenchError
     from ..timings import refresh_timings
+    from ..workspace.confine import write_file
 
-    text = readme.read_text()
+    text = _read_markdown(readme)
     new, changed = refresh_blocks(text, readme.parent)
     new, changed_timings = refresh_timings(new, readme.parent)
     new, changed_commands = refresh_commands(new)
@@ -182,7 +206,9 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
             info(f"{readme}: every report block matches its JSON")
         return
     if new != text:
-        readme.write_text(new)
+        # rewritten in place as `export-header -o` writes: never through a symlink (the file
+        # or its folder), never over a device node or a FIFO
+        write_file(readme, new, family=BenchError)
     if not as_json:
         info(f"{readme}: " + (f"regenerated {', '.join(changed)}" if changed else "up to date"))
 
@@ -190,6 +216,7 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
 def _write_index(root: Path, out: Path | None, check: bool, as_json: bool) -> None:
     from ..bench.index import index_markdown
     from ..errors import BenchError
+    from ..workspace.confine import is_plain_file, write_file
 
     if out is None and check:
         raise click.UsageError("--index --check needs --out FILE, the index to compare")
@@ -197,7 +224,12 @@ def _write_index(root: Path, out: Path | None, check: bool, as_json: bool) -> No
     if out is None:
         click.echo(text, nl=False)
         return
-    changed = not out.is_file() or out.read_text() != text
+    # only a regular file is read back (a symlink or a FIFO at --out is "changed", and the
+    # write below refuses it)
+    try:
+        changed = not is_plain_file(out) or _read_markdown(out) != text
+    except BenchError:
+        changed = True
     if as_json:
         emit_json({"index": str(out), "changed": changed, "checked": check})
     if check:
@@ -209,7 +241,8 @@ def _write_index(root: Path, out: Path | None, check: bool, as_json: bool) -> No
             info(f"{out}: matches the runs under {root}")
         return
     if changed:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+        # the rule of `export-header -o` (confine.write_file without a root): neither the file
+        # nor its folder may be a symlink, the folder's ancestors may be
+        write_file(out, text, family=BenchError)
     if not as_json:
         info(f"{out}: " + ("regenerated" if changed else "up to date"))

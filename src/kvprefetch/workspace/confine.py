@@ -12,8 +12,10 @@ delete, move or write, such a path passes through this module:
   on the way from ``root`` to it (``lstat`` only: links are never followed to decide);
 - ``write_file`` is the one way the kit writes a file: a temporary file created with
   ``O_EXCL | O_NOFOLLOW`` in the destination's own directory, then renamed over the
-  destination; a destination or parent that is a symlink is refused (``open_new`` is the same
-  for a stream, ``write_if_changed`` skips a write that would change nothing);
+  destination; a destination or parent that is a symlink is refused, and so is an existing
+  destination that is not a regular file (a device node, a FIFO, a socket: never replaced);
+  ``open_new`` is the same for a stream, ``write_if_changed`` skips a write that would change
+  nothing;
 - ``remove_path`` is the one way the kit deletes: confined, never through a symlink, and
   ``shutil.rmtree``'s fd-based walk unlinks symlinks inside a directory without following them.
 """
@@ -137,7 +139,8 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
     """A binary file to stream into ``path`` (a download, a large output), written as
     ``write_file`` writes: a new temporary file in the same directory (``O_EXCL |
     O_NOFOLLOW``), renamed over ``path`` only when the block ends without an exception (else
-    removed). A symlinked destination or parent is refused (from ``root`` down, when given)."""
+    removed). A symlinked destination or parent is refused (from ``root`` down, when given), and
+    so is an existing destination that is not a regular file (a device node, a FIFO)."""
     ensure_dir(path.parent, root=root, family=family)
     if root is not None:
         check_target(root, path, what="write", family=family)
@@ -148,6 +151,16 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
     if os.path.isdir(path):
         raise family(f"cannot write {path}: a directory is in its place",
                      f"move {path} away, then rerun")
+    # only a regular file is ever replaced: the rename would put a file in place of a device
+    # node (`-o /dev/null` as root), a FIFO or a socket, which is no output of the kit's
+    try:
+        existing = os.lstat(path).st_mode
+    except FileNotFoundError:
+        existing = None
+    if existing is not None and not stat.S_ISREG(existing):
+        raise family(f"refusing to write {path}: it exists and is {_kind(existing)}, not a "
+                     "regular file, and kvprefetch replaces only regular files",
+                     f"write to another path, or move {path} away if it is yours, then rerun")
     tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(3)}-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
@@ -158,6 +171,19 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular, non-directory file is, in words."""
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a special file"
 
 
 def write_file(path: Path, data: bytes | str, *, root: Path | None = None, mode: int = 0o644,
