@@ -257,8 +257,12 @@ def describe_step(shape: BenchShape) -> str:
             + (f" mml{format_size(shape.max_model_len)}" if shape.max_model_len else ""))
 
 
-def parse_bytes(text: str) -> int:
-    """``4g`` -> 4 GiB, ``512m`` -> 512 MiB, ``1073741824`` -> that many bytes."""
+MAX_BYTES = 1 << 50
+
+
+def parse_bytes(text: str, option: str | None = None) -> int:
+    """``4g`` -> 4 GiB, ``512m`` -> 512 MiB, ``1073741824`` -> that many bytes; ``option``
+    (the flag it came from) names it in a refusal."""
     units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
     num, unit = (t[:-1], t[-1]) if t and t[-1] in "kmg" else (t, "")
@@ -267,6 +271,10 @@ def parse_bytes(text: str) -> int:
     except ValueError:
         raise ConfigError(f"'{text}' is not a size in bytes",
                           "write it like 4g, 512m or 1073741824") from None
+    if not math.isfinite(value) or value > MAX_BYTES:
+        # nan, inf and 1e999 (inf) made int() raise; nothing the kit sizes is a pebibyte
+        raise ConfigError(f"{option or 'size'} '{text}' is not a finite size of at most 1 PiB",
+                          "write it like 4g, 512m or 1073741824")
     if value <= 0:
         raise ConfigError(f"size '{text}' must be positive", "write it like 4g or 512m")
     return int(value)

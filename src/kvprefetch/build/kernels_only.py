@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import upstream
-from ..errors import BuildError
+from ..errors import BuildError, ConfigError
 from ..kernels.selection import Selection, narrow_source
 from ..runner import run
 from ..workspace.confine import write_file
@@ -105,14 +105,27 @@ def compile_flags(info: TorchInfo, cuda_home: Path, gencode: list[str], namespac
     return nvcc, cxx, link
 
 
+def _one_line(s: str) -> str:
+    """``s`` when it holds no control character: ninja has no escape for a newline (and
+    shlex.quote leaves one as it is), so a newline in a flag or path would start a new line of
+    build.ninja, e.g. a rule of someone else's (options are checked earlier; this is the last
+    line of defence for paths and values from the environment)."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7f for c in s):
+        raise ConfigError(f"{s!r} holds a control character (a newline, tab, escape, ...) and "
+                          "cannot be written into build.ninja",
+                          "remove it from the option, path or environment variable it came "
+                          "from, then rerun")
+    return s
+
+
 def _esc(s: str) -> str:
-    return s.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
+    return _one_line(s).replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
 def _ninja_list(flags: list[str]) -> str:
     # ninja passes the command to /bin/sh; quote each flag for the shell.
     import shlex
-    return " ".join(shlex.quote(f).replace("$", "$$") for f in flags)
+    return " ".join(shlex.quote(_one_line(f)).replace("$", "$$") for f in flags)
 
 
 def ninja_text(*, nvcc: Path, cxx: str, cu_sources: list[Path], cpp_source: Path,

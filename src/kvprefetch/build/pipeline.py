@@ -76,6 +76,12 @@ def parse_tree_defines(specs: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     """``TREE:NAME=VALUE`` (or ``TREE:NAME``) options -> the extra -D flags per tree."""
     out: dict[str, tuple[str, ...]] = {}
     for td in specs:
+        if any(ord(c) < 0x20 or ord(c) == 0x7f for c in td):
+            # a newline went raw into build.ninja (shlex.quote leaves it): a new ninja rule
+            raise ConfigError(f"--tree-define {td!r} holds a control character (a newline, "
+                              "tab, escape, ...)",
+                              "write the define on one line, TREE:NAME=VALUE, e.g. "
+                              "--tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0")
         tree_name, sep, define = td.partition(":")
         if not sep or not define or "=" not in define and not define.isidentifier():
             raise ConfigError(f"--tree-define {td!r} is not TREE:NAME=VALUE",

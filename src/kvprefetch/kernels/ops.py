@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,26 +150,92 @@ MANIFEST_KEYS = ("tree", "variant", "namespace", "so_path", "so_sha256", "head_s
                  "block_sizes", "kv_dtypes")
 
 
-def read_manifest(path: Path) -> BuiltOps:
-    """Parse one kernels-only manifest. ``so_path`` may be relative to the manifest's folder."""
+MANIFEST_FIX = ("rebuild the tree with `kvprefetch build --kernels-only` (or move that build "
+                "folder out of build/)")
+
+
+MAX_MANIFEST_BYTES = 16 << 20
+
+
+def _read_limited(path: Path, limit: int = MAX_MANIFEST_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes, else a ValueError: the same as
+    workspace.confine.read_limited, which this layer (below workspace) cannot import. Opened
+    with O_NONBLOCK, so a FIFO never blocks; a device (a symlink to /dev/zero) is refused
+    before a byte is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise BenchError(f"cannot read build manifest {path}: {exc}",
-                         "rebuild with `kvprefetch build --kernels-only`") from exc
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file (a FIFO, device, socket or folder)")
+        if st.st_size > limit:
+            raise ValueError(f"{path} is larger than {limit} bytes")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"{path} is larger than {limit} bytes")
+    return data
+
+
+def _load_manifest(path: Path) -> Any:
+    """The JSON in ``path``, read as a regular file of bounded size (a FIFO, device or
+    /dev/zero symlink never hangs or fills memory); ValueError otherwise."""
+    try:
+        return json.loads(_read_limited(Path(path)).decode("utf-8"))
+    except RecursionError:
+        raise ValueError("it is nested too deep") from None
+    except OSError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _typed(path: Path, data: dict[str, Any], key: str, kind: type) -> Any:
+    """``data[key]`` when it is a ``kind`` (a list: of ``kind`` items), else a BenchError."""
+    value = data[key]
+    items = value if isinstance(value, list) else None
+    ok = (items is not None and all(isinstance(v, kind) and not isinstance(v, bool)
+                                    for v in items)) if key in _LIST_KEYS else \
+        isinstance(value, kind)
+    if not ok:
+        want = (f"a list of {_KIND_NAMES[kind][0]}" if key in _LIST_KEYS
+                else _KIND_NAMES[kind][1])
+        raise BenchError(f"build manifest {path} is corrupt: {key!r} is not {want}",
+                         MANIFEST_FIX)
+    return value
+
+
+_LIST_KEYS = ("head_sizes", "block_sizes", "kv_dtypes")
+_KIND_NAMES = {int: ("whole numbers", "a whole number"), str: ("strings", "a string")}
+
+
+def read_manifest(path: Path) -> BuiltOps:
+    """Parse one kernels-only manifest. ``so_path`` may be relative to the manifest's folder.
+    A manifest that is unreadable, not a JSON object, or has a field of the wrong type is a
+    BenchError naming the file (never a traceback)."""
+    try:
+        data = _load_manifest(path)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BenchError(f"cannot read build manifest {path}: {exc}", MANIFEST_FIX) from None
+    if not isinstance(data, dict):
+        raise BenchError(f"build manifest {path} is corrupt: not a JSON object", MANIFEST_FIX)
     missing = [k for k in MANIFEST_KEYS if k not in data]
     if missing:
         raise BenchError(f"build manifest {path} lacks {', '.join(missing)}",
                          "rebuild with `kvprefetch build --kernels-only`")
-    so = Path(data["so_path"])
+    strs = {k: _typed(path, data, k, str)
+            for k in ("tree", "variant", "namespace", "so_path", "so_sha256")}
+    if not strs["so_path"] or "\0" in strs["so_path"]:
+        raise BenchError(f"build manifest {path} is corrupt: 'so_path' is not a path",
+                         MANIFEST_FIX)
+    so = Path(strs["so_path"])
     if not so.is_absolute():
         so = Path(path).parent / so
     return BuiltOps(
-        tree=str(data["tree"]), variant=str(data["variant"]), namespace=str(data["namespace"]),
-        so_path=so, so_sha256=str(data["so_sha256"]),
-        head_sizes=tuple(int(h) for h in data["head_sizes"]),
-        block_sizes=tuple(int(b) for b in data["block_sizes"]),
-        kv_dtypes=tuple(str(k) for k in data["kv_dtypes"]), manifest_path=Path(path),
+        tree=strs["tree"], variant=strs["variant"], namespace=strs["namespace"],
+        so_path=so, so_sha256=strs["so_sha256"],
+        head_sizes=tuple(_typed(path, data, "head_sizes", int)),
+        block_sizes=tuple(_typed(path, data, "block_sizes", int)),
+        kv_dtypes=tuple(_typed(path, data, "kv_dtypes", str)), manifest_path=Path(path),
     )
 
 
@@ -179,12 +247,15 @@ def find_builds(workdir: Path, trees: Iterable[str] | None = None) -> list[Built
     """The kernels-only builds under ``<workdir>/build/*/*/manifest.json`` whose library exists:
     the newest manifest per tree, baseline first, then patched, paper, the rest by name.
     A wanted ``seed`` or ``paper`` finds the paper's tree under either name.
-    Manifests without a ``namespace`` (full builds) are not kernels-only builds and are skipped."""
+    Manifests without a ``namespace`` (full builds) are not kernels-only builds and are skipped,
+    and so is one that cannot be read as JSON (not a regular file, too large, nested too deep,
+    not JSON), as it always was; a kernels-only manifest with a field of the wrong type is a
+    BenchError naming it (as one lacking a field is)."""
     newest: dict[str, tuple[float, BuiltOps]] = {}
     for path in sorted(Path(workdir).glob("build/*/*/manifest.json")):
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            raw = _load_manifest(path)
+        except (ValueError, UnicodeDecodeError):
             continue
         if not isinstance(raw, dict) or "namespace" not in raw or "so_path" not in raw:
             continue

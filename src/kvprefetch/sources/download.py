@@ -35,17 +35,23 @@ class IndexFile:
 
 
 def configured_index_url(environ: dict[str, str] | None = None) -> str:
-    """PIP_INDEX_URL, else ``pip config get global.index-url``, else PyPI."""
+    """PIP_INDEX_URL, else ``pip config get global.index-url``, else PyPI; checked as
+    ``--index-url`` is (check_index_url): a value that is no http(s):// or file:// URL is a
+    ConfigError, never a traceback from urllib."""
     env = dict(os.environ if environ is None else environ)
     if env.get("PIP_INDEX_URL"):
-        return env["PIP_INDEX_URL"].rstrip("/")
+        url = env["PIP_INDEX_URL"]
+        check_index_url(url, "PIP_INDEX_URL")
+        return url.rstrip("/")
     try:
         out = run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
                   env=env, echo=False, check=False).output.strip()
     except Exception:  # noqa: BLE001 -- pip missing or broken: the default index still works
         out = ""
     if out.startswith(("http://", "https://", "file://")):
-        return out.splitlines()[0].rstrip("/")
+        url = out.splitlines()[0]
+        check_index_url(url, "pip config global.index-url")
+        return url.rstrip("/")
     return upstream.DEFAULT_INDEX_URL
 
 
@@ -57,8 +63,11 @@ def check_index_url(url: str | None, option: str = "--index-url") -> str | None:
     ok = (parsed.scheme in ("http", "https") and bool(parsed.netloc)) or \
         (parsed.scheme == "file" and bool(parsed.path))
     if not ok or any(ord(c) < 0x20 or c == "\x7f" or c.isspace() for c in url):
+        how = ("pass" if option.startswith("--") else
+               "set PIP_INDEX_URL (or unset it) to" if option == "PIP_INDEX_URL" else
+               "set pip's global.index-url (`pip config set global.index-url URL`) to")
         raise ConfigError(f"{option} {url!r} is not an http://, https:// or file:// URL",
-                          "pass the simple index's URL, e.g. https://pypi.org/simple")
+                          f"{how} the simple index's URL, e.g. https://pypi.org/simple")
     return url
 
 
@@ -97,8 +106,8 @@ def locate_file(index_url: str, project: str, filename: str, sha256: str,
     """Where the index serves ``filename`` of ``project``; refused if it advertises another
     sha256 than the pinned one."""
     page = f"{index_url.rstrip('/')}/{project}/"
-    req = urllib.request.Request(page, headers={"Accept": f"{_JSON}, text/html;q=0.5"})
     try:
+        req = urllib.request.Request(page, headers={"Accept": f"{_JSON}, text/html;q=0.5"})
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             ctype = resp.headers.get("Content-Type", "")
             body = resp.read().decode("utf-8", errors="replace")

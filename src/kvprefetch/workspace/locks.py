@@ -1,6 +1,7 @@
 """Advisory file locks (fcntl.flock) so two kvprefetch processes never work on the same
 tree, environment or build at once. The holder's pid is written into the lock file so the
-refusal can name it. A lock is never taken through a symlink: a lock file, or the directory
+refusal can name it; a lock file that holds anything else is not the kit's, and is refused
+rather than truncated. A lock is never taken through a symlink: a lock file, or the directory
 holding it, that is a symlink is refused (it could point outside the work directory)."""
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ def _refuse(lock_path: Path, why: str, culprit: Path | None = None) -> LockError
 def _special(mode: int) -> str:
     return ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
             else "a device")
+
+
+# What a lock file of the kit's holds: nothing, or the holder's pid (and what a killed holder
+# left: its pid).
+_MAX_KIT_LOCK_BYTES = 20
 
 
 @contextmanager
@@ -71,6 +77,13 @@ def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
                 "wait for it to finish, or stop it; the lock is released automatically when "
                 "that process exits",
             ) from None
+        held = os.pread(fd, _MAX_KIT_LOCK_BYTES + 1, 0)
+        if held.strip() and not held.strip().isdigit() or len(held) > _MAX_KIT_LOCK_BYTES:
+            # not empty and not a pid: a file the kit did not make (an adopted folder's own
+            # `.lock`), which the kit never truncates (issue 41, A2)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            raise _refuse(lock_path, "it holds data kvprefetch did not write (kvprefetch's lock "
+                                     "file is empty or holds a pid)")
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         try:

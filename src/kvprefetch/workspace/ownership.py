@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import ConfigError
 from . import confine
 from .locks import locked
-from .workdir import write_json_atomic
+from .workdir import Workdir, write_json_atomic
 
 OWNED_FILE = ".kvprefetch-owned.json"
 _FIX = ("move it away; `kvprefetch fetch --repair` records the trees again "
@@ -234,12 +234,18 @@ def orphans(root: Path) -> list[Path]:
 _WRITE_TMP = re.compile(r"\.[^/]+\.tmp-[0-9a-f]{6}-([0-9]+)")
 
 
-def _stale_writes(root: Path) -> list[Path]:
+def stale_writes(root: Path) -> list[Path]:
     """Temporaries of ``confine.write_file`` left by killed runs where the kit writes its
     records (the work directory itself: the ownership record; ``state/``). A run killed while
     it rewrote the ownership record left one for good (issue 41, class 6, found by the killed
-    clean test)."""
-    out = []
+    clean test).
+
+    Only in a work directory the kit created empty: an adopted one held the user's files,
+    and a user's file may carry such a name (issue 41, A1), so there the kit removes only the
+    temporaries its ownership record lists (``orphans``) and leaves the rest."""
+    out: list[Path] = []
+    if Workdir(root).is_adopted():
+        return out
     for d in (root, root / "state"):
         if d.is_symlink() or not d.is_dir():
             continue
@@ -253,7 +259,7 @@ def _stale_writes(root: Path) -> list[Path]:
 
 def remove_orphans(root: Path, dry_run: bool = False) -> list[str]:
     out = []
-    for p in _stale_writes(root):
+    for p in stale_writes(root):
         out.append(str(p))
         if not dry_run:
             p.unlink(missing_ok=True)

@@ -21,8 +21,7 @@ from typing import Any
 
 from ..errors import PatchError
 from ..hashing import sha256_file
-from . import confine
-from .ownership import pid_alive
+from . import confine, ownership
 from .workdir import Workdir, write_json_atomic
 
 
@@ -39,10 +38,7 @@ def _hash(p: Path) -> str | None:
 def _journal_files(journal: Path, tree: Path, files: Any) -> list[dict[str, Any]]:
     """The journal's file list, each ``rel`` confined to the tree (confine.record_path): a
     journal naming a path outside the tree, or of the wrong shape, is corrupt."""
-    fix = (f"move {journal.parent} out of the work directory (it is the stage of an "
-           "interrupted apply; kvprefetch acts on no path from it), then `kvprefetch "
-           "diff-upstream --check` shows what the tree holds; `kvprefetch fetch --force` starts "
-           "it again")
+    fix = _journal_fix(journal)
     if not isinstance(files, list):
         raise PatchError(f"{journal} is corrupt: 'files' is not a list", fix)
     for f in files:
@@ -54,8 +50,30 @@ def _journal_files(journal: Path, tree: Path, files: Any) -> list[dict[str, Any]
     return files
 
 
+def _stage_files(journal: Path, stage: Path, files: list[dict[str, Any]]) -> None:
+    """Every ``old/<rel>`` copy a rollback would read is a regular file inside the stage, with
+    no symlink on the way (``lstat``): a symlink (to /dev/zero, to a file outside the work
+    directory), FIFO or device there makes the journal corrupt, and nothing is read from it."""
+    for f in files:
+        if f.get("before") is None:
+            continue
+        old = stage / "old" / f["rel"]
+        if confine.first_symlink(stage, old) is not None or not confine.is_plain_file(old):
+            raise PatchError(f"{journal} is corrupt: its saved copy {old} is not a regular file "
+                             "inside the stage (a symlink, FIFO, device, folder or missing)",
+                             _journal_fix(journal))
+
+
+def _journal_fix(journal: Path) -> str:
+    return (f"move {journal.parent} out of the work directory (it is the stage of an "
+            "interrupted apply; kvprefetch acts on no path from it), then `kvprefetch "
+            "diff-upstream --check` shows what the tree holds; `kvprefetch fetch --force` "
+            "starts it again")
+
+
 def _restore(tree: Path, stage: Path, files: list[dict[str, Any]]) -> None:
-    """Put every file back to its "before" content (the tree is locked by the caller)."""
+    """Put every file back to its "before" content (the tree is locked by the caller). A
+    partial ``.<name>.restore-<pid>`` copy is removed when the copy fails."""
     for f in files:
         dst = tree / f["rel"]
         confine.check_target(tree, dst, what="roll back", family=PatchError)
@@ -70,16 +88,32 @@ def _restore(tree: Path, stage: Path, files: list[dict[str, Any]]) -> None:
         if f["before"] is None:
             dst.unlink()
             continue
+        src = stage / "old" / f["rel"]
+        if confine.first_symlink(stage, src) is not None or not confine.is_plain_file(src):
+            raise PatchError(f"{src}, the saved copy of {dst}, is not a regular file; "
+                             "kvprefetch stopped the rollback there",
+                             _journal_fix(stage / "journal.json"))
         tmp = dst.with_name(f".{dst.name}.restore-{os.getpid()}")
-        shutil.copy2(stage / "old" / f["rel"], tmp)
-        os.replace(tmp, dst)
+        if os.path.lexists(tmp):  # never copied through (a symlink) or over (a user's file)
+            raise PatchError(f"{tmp} is in the way of rolling back {dst}",
+                             f"move {tmp} away, then rerun")
+        try:
+            shutil.copy2(src, tmp, follow_symlinks=False)
+            os.replace(tmp, dst)
+        except BaseException:
+            if confine.is_plain_file(tmp):
+                tmp.unlink(missing_ok=True)
+            raise
 
 
 def _remove_state_temps(wd: Workdir, name: str) -> None:
+    """The state record's temporaries left by killed runs, by ownership's one rule for
+    temporaries found by name (``stale_writes``: confine.write_file's name, a dead pid, a
+    regular file, and never in an adopted work directory, where a user's file may carry such a
+    name)."""
     state = wd.state_file(name)
-    for p in state.parent.glob(f".{state.name}.tmp-*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+    for p in ownership.stale_writes(wd.root):
+        if p.name.startswith(f".{state.name}.tmp-"):
             p.unlink(missing_ok=True)
 
 
@@ -112,6 +146,7 @@ def recover(wd: Workdir, name: str) -> str | None:
     except ValueError:
         committed = False
     if not committed:
+        _stage_files(journal, stage, files)  # all checked before the first file is touched
         _restore(wd.tree(name), stage, files)
     shutil.rmtree(stage)
     return (f"completed an interrupted apply to {name!r}" if committed
