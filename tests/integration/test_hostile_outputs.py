@@ -121,13 +121,14 @@ def test_report_png_is_rendered_in_memory_and_never_saved_through_a_symlink(
     this runs without the `plot` extra."""
     from kvprefetch.bench.render import save_figure
 
-    if "matplotlib" not in sys.modules:  # a stand-in for `import matplotlib.pyplot as plt`
-        plt = types.ModuleType("matplotlib.pyplot")
-        plt.close = lambda fig: None  # type: ignore[attr-defined]
-        mpl = types.ModuleType("matplotlib")
-        mpl.pyplot = plt  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, "matplotlib", mpl)
-        monkeypatch.setitem(sys.modules, "matplotlib.pyplot", plt)
+    # a stand-in for `import matplotlib.pyplot as plt`, installed or not (the real plt.close
+    # refuses a stand-in figure; the real plot is the next test's)
+    plt = types.ModuleType("matplotlib.pyplot")
+    plt.close = lambda fig: None  # type: ignore[attr-defined]
+    mpl = types.ModuleType("matplotlib")
+    mpl.pyplot = plt  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "matplotlib", mpl)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", plt)
 
     class Figure:
         def tight_layout(self) -> None:
