@@ -26,7 +26,7 @@ _RUN_FIELDS = ("what", "command", "commit", "how", "exit", "wall_s", "source")
 def load_timings(path: Path) -> dict[str, Any]:
     """The timing file at ``path``, checked: a ``machine`` and ``runs``, each run with every
     field of ``_RUN_FIELDS``."""
-    from .workspace.confine import read_limited
+    from .reading import read_limited
 
     try:  # size-capped, never a FIFO; JSON nested too deep is a bad file, not a traceback
         doc = json.loads(read_limited(Path(path), 1 << 20).decode("utf-8"))

@@ -123,12 +123,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("overlay",),
     ("machine",),
     ("sources",),
-    ("timings",),  # the timings block's provenance file is read through workspace.confine
     ("workspace",),
     ("kernels",),
     ("probe",),
-    ("upstream", "kitinfo", "console", "oserrors", "hashing", "runner", "errors",
-     "__init__"),
+    ("upstream", "reading", "timings", "kitinfo", "console", "oserrors", "hashing", "runner",
+     "errors", "__init__"),
 )
 
 # The upward imports the package still has, each named with what removes it. The list only

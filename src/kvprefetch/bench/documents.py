@@ -102,7 +102,7 @@ def _json_type(value: Any) -> str:
 def _read_result(path: Path) -> bytes:
     """The (decompressed) bytes of a result file: a regular file only (a FIFO never blocks),
     at most MAX_RESULT_BYTES either way (a gzip bomb stops there)."""
-    from ..workspace.confine import read_limited
+    from ..reading import read_limited
 
     raw = read_limited(Path(path), MAX_RESULT_BYTES)
     if Path(path).suffix != ".gz":

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
-from ..workspace.confine import read_limited
+from ..reading import read_limited
 from .decode_report import decode_summary
 from .documents import load_document, reading
 from .render import ctx, geomean, md_table

@@ -136,7 +136,7 @@ def _read_markdown(path: Path) -> str:
     """The text of the markdown file ``path``: a regular UTF-8 file of at most
     MAX_MARKDOWN_BYTES (a FIFO never blocks, a binary file is one error, not a traceback)."""
     from ..errors import BenchError
-    from ..workspace.confine import read_limited
+    from ..reading import read_limited
 
     try:
         return read_limited(path, MAX_MARKDOWN_BYTES).decode("utf-8")

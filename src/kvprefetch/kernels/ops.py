@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
+from ..reading import read_limited
 from ..upstream import resolve_tree_name
 
 # vLLM: "Should be the same as PARTITION_SIZE in `paged_attention_v2_launcher`" (paged_attn.py L21).
@@ -157,32 +156,11 @@ MANIFEST_FIX = ("rebuild the tree with `kvprefetch build --kernels-only` (or mov
 MAX_MANIFEST_BYTES = 16 << 20
 
 
-def _read_limited(path: Path, limit: int = MAX_MANIFEST_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes, else a ValueError: the same as
-    workspace.confine.read_limited, which this layer (below workspace) cannot import. Opened
-    with O_NONBLOCK, so a FIFO never blocks; a device (a symlink to /dev/zero) is refused
-    before a byte is read."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is not a regular file (a FIFO, device, socket or folder)")
-        if st.st_size > limit:
-            raise ValueError(f"{path} is larger than {limit} bytes")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise ValueError(f"{path} is larger than {limit} bytes")
-    return data
-
-
 def _load_manifest(path: Path) -> Any:
     """The JSON in ``path``, read as a regular file of bounded size (a FIFO, device or
     /dev/zero symlink never hangs or fills memory); ValueError otherwise."""
     try:
-        return json.loads(_read_limited(Path(path)).decode("utf-8"))
+        return json.loads(read_limited(Path(path), MAX_MANIFEST_BYTES).decode("utf-8"))
     except RecursionError:
         raise ValueError("it is nested too deep") from None
     except OSError as exc:

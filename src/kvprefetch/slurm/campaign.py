@@ -392,7 +392,7 @@ def check_submitted(submitted: object, record: Path) -> None:
 
 
 def load_record(root: Path) -> dict[str, Any]:
-    from ..workspace.confine import read_limited
+    from ..reading import read_limited
 
     p = root / CAMPAIGN_FILE
     try:

@@ -156,7 +156,7 @@ def recorded_end(logs: Path, job: str, job_id: str) -> JobState:
     """A forgotten job's end from the exit record its script's EXIT trap wrote
     (``logs/<job>-<id>.exit``). Without one the job is still over (the controller forgets only
     finished jobs) but its outcome is not known: ENDED, which is not a success."""
-    from ..workspace.confine import read_limited
+    from ..reading import read_limited
 
     path = logs / f"{job}-{job_id}{EXIT_SUFFIX}"
     try:

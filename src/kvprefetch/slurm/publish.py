@@ -38,7 +38,8 @@ from typing import Any
 
 from ..errors import SlurmError
 from ..hashing import sha256_file
-from ..workspace.confine import check_target, ensure_dir, read_limited, remove_path
+from ..reading import read_limited
+from ..workspace.confine import check_target, ensure_dir, remove_path
 from ..workspace.workdir import Workdir, write_json_atomic
 
 _NOT_PUBLISHED = shutil.ignore_patterns("*.o", "*.o.tmp", ".ninja_deps", ".ninja_log")

@@ -184,7 +184,8 @@ def write_campaign(c: Campaign) -> list[Path]:
                               "plan into a new folder, or resubmit single jobs with "
                               "`kvprefetch slurm resubmit`")
         submitted = old["submitted"]
-    from ..workspace.confine import ensure_dir, is_plain_file, read_limited, write_file
+    from ..reading import read_limited
+    from ..workspace.confine import ensure_dir, is_plain_file, write_file
 
     if not record_path.exists() and root.is_dir() and any(root.iterdir()):
         raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "

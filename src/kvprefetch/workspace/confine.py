@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from ..errors import ConfigError, KvprefetchError
+from ..reading import read_limited
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -234,26 +235,3 @@ def is_plain_file(path: Path) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
-
-
-MAX_RECORD_BYTES = 64 << 20
-
-
-def read_limited(path: Path, limit: int = MAX_RECORD_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes; a FIFO, device, socket,
-    directory or a larger file is a ValueError (opened with O_NONBLOCK, so a FIFO never
-    blocks the reader)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is not a regular file (a FIFO, device, socket or folder)")
-        if st.st_size > limit:
-            raise ValueError(f"{path} is larger than {limit} bytes")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise ValueError(f"{path} is larger than {limit} bytes")
-    return data

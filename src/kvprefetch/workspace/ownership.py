@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..reading import read_limited
 from . import confine
 from .locks import locked
 from .workdir import Workdir, write_json_atomic
@@ -79,7 +80,7 @@ def entries(root: Path) -> dict[str, dict[str, Any]]:
     try:
         if not confine.is_plain_file(p):
             raise ValueError("not a regular file")
-        data = json.loads(confine.read_limited(p).decode("utf-8"))
+        data = json.loads(read_limited(p).decode("utf-8"))
         if not isinstance(data, dict) or not isinstance(data.get("paths"), dict) or not all(
                 isinstance(v, dict) for v in data["paths"].values()):
             raise ValueError("not kvprefetch's ownership record")

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import PatchError
 from ..hashing import sha256_file
+from ..reading import read_limited
 from . import confine, ownership
 from .workdir import Workdir, write_json_atomic
 
@@ -132,7 +133,7 @@ def recover(wd: Workdir, name: str) -> str | None:
         shutil.rmtree(stage)
         return f"removed the stage of an apply to {name!r} that stopped before changing the tree"
     try:
-        data = json.loads(confine.read_limited(journal))
+        data = json.loads(read_limited(journal))
         files = data["files"]
         new_state = data["state"]
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
