@@ -1,7 +1,9 @@
 """The default build's programmatic dependent launch (csrc/kvprefetch/gqa_twins.cuh,
 KVPREFETCH_TWIN_PDL=2 unless a build says otherwise: the GQA twins and kvprefetch's reduce kernel
-launched as programmatic dependents), built for REAL: fetch (sdist) -> apply -> `kvprefetch
-build --kernels-only` with no define -> `verify-kernel --no-gpu` and `cuobjdump -res-usage`.
+launched as programmatic dependents), built for REAL: the session's kernels-only build (the ``kernels_build`` fixture: fetch (sdist) ->
+apply -> `kvprefetch build --kernels-only` with no define, killed and resumed, fp16 and fp32 at
+head 128 / block 16) -> `verify-kernel --no-gpu` and `cuobjdump -res-usage`. Sharing that build
+(rather than compiling the same trees again) saves CI some six minutes of compile.
 What the early launch needs from the machine code, checked on what ships:
 
 - every twin and reduce kernel waits (ACQBULK) before its first global memory instruction (an
@@ -32,12 +34,10 @@ import pytest
 from kvprefetch.machine.toolchain import find_cuobjdump
 from kvprefetch.runner import run
 from kvprefetch.verify.sass import decode_twin_name, function_bodies
-from tests.integration.helpers import copy_workdir, kvprefetch_cli, kvprefetch_cli_split
+from tests.integration.helpers import kvprefetch_cli_split
 
 pytestmark = pytest.mark.slow  # one real kernels-only build of two trees (minutes)
 
-BUILD = ("--kernels-only", "--arch", "9.0a", "--head-sizes", "128", "--block-sizes", "16",
-         "--kv-dtypes", "fp16")
 PDL_CHECK = "twins wait for the previous kernel before touching memory"
 TWIN_CHECK = "GQA twins where the rule puts them"
 _FUNC = re.compile(r"Function (\S+):")
@@ -47,13 +47,11 @@ _RING_OPS = re.compile(r"^(UBLKCP|BAR\.SYNC|SYNCS\.PHASECHK)")
 
 
 @pytest.fixture(scope="module")
-def pdl_built(tmp_path_factory: pytest.TempPathFactory, fetched_template: Path) -> Path:
-    wd = copy_workdir(fetched_template, tmp_path_factory.mktemp("pdl-build") / "work")
-    res = kvprefetch_cli("apply", "--workdir", str(wd))
-    assert res.returncode == 0, res.output
-    res = kvprefetch_cli("build", "--workdir", str(wd), *BUILD, timeout=1500)
-    assert res.returncode == 0, res.output[-3000:]
-    return wd
+def pdl_built(kernels_build) -> Path:
+    """The session's real kernels-only build (shared with test_kernels_build and test_verify;
+    read here, never changed: verify-kernel only adds its report and cache under verify/)."""
+    assert kernels_build.resumed["returncode"] == 0, kernels_build.resumed["stderr"][-3000:]
+    return kernels_build.workdir.resolve()
 
 
 @pytest.fixture(scope="module")
