@@ -42,7 +42,7 @@ namespace kvprefetch {
 #ifndef KVPREFETCH_LAUNCHER_ONLY
   #define KVPREFETCH_LAUNCHER_ONLY 0
 #endif
-// The twins' programmatic dependent launch (gqa_twins.cuh, pdl_start): 2 (the default) the
+// The twins' programmatic dependent launch (gqa_twins_device.cuh, pdl_start): 2 (the default) the
 // twins and, where pdl_reduce_after says so, kvprefetch's reduce kernel after a v2 twin are
 // launched as programmatic dependents; 0 the twins are launched as vLLM launches its kernels.
 #ifndef KVPREFETCH_TWIN_PDL
@@ -50,14 +50,14 @@ namespace kvprefetch {
 #endif
 static_assert(KVPREFETCH_TWIN_PDL == 0 || KVPREFETCH_TWIN_PDL == 2,
               "KVPREFETCH_TWIN_PDL must be 0 (off) or 2 (on)");
-// v2's reduction inside the fused twin (gqa_twins.cuh, reduce_in_twin): 1 (the default) at the
-// grids twin_reduces names; 0 never (a reduce kernel after every v2 twin).
+// v2's reduction inside the fused twin (gqa_twins_device.cuh, reduce_in_twin): 1 (the default)
+// at the grids twin_reduces names; 0 never (a reduce kernel after every v2 twin).
 #ifndef KVPREFETCH_TWIN_FUSE
   #define KVPREFETCH_TWIN_FUSE 1
 #endif
 static_assert(KVPREFETCH_TWIN_FUSE == 0 || KVPREFETCH_TWIN_FUSE == 1,
               "KVPREFETCH_TWIN_FUSE must be 0 or 1");
-// Slots per warp of the staged twins' shared-memory ring (gqa_twins.cuh, "Staging");
+// Slots per warp of the staged twins' shared-memory ring (gqa_twins_device.cuh, "Staging");
 // -DKVPREFETCH_TWIN_STAGE=0 compiles no staged twin.
 #ifdef KVPREFETCH_TWIN_STAGE
 constexpr int kTwinStage = KVPREFETCH_TWIN_STAGE;
@@ -145,7 +145,8 @@ constexpr int bounded_threads(const int num_threads, const int min_blocks_per_sm
 // launch's shared memory, and the rest is counting.
 // `seqs`: the grid's sequences (padded batch); `*_per_seq`: CTAs per sequence (heads x
 // partitions; a twin's from twin_heads); `*_per_sm`: CTAs per SM (0: unknown, no verdict).
-// Host code (tests/samples/sass/min_blocks_rule.cu runs it on the CPU).
+// Host code (tests/samples/sass/policy_oracle.cu runs it on the CPU against its Python statement,
+// src/kvprefetch/kernels/policy.py's more_waves_for_some).
 constexpr long long ceil_div(const long long a, const long long b) { return (a + b - 1) / b; }
 constexpr bool more_waves_for_some(const long long seqs, const long long stock_per_seq,
                                    const int stock_per_sm, const long long var_per_seq,
@@ -327,7 +328,7 @@ inline int twin_mode_from(const char* v, const int fallback, bool* unknown) {
   return fallback;
 }
 // CTAs of twin i that its launch bound keeps resident on one SM: every twin is bounded to
-// kTwinBoundThreads threads' worth of 128 registers (KVPREFETCH_TWIN_BOUNDS, gqa_twins.cuh),
+// kTwinBoundThreads threads' worth of 128 registers (KVPREFETCH_TWIN_BOUNDS, gqa_twins_kernel.cuh),
 // so four 128-thread CTAs (S = 1), two of 256 (S = 2), one of 512 (S = 4).
 constexpr int twin_bound_ctas(const int i) { return kTwinBoundThreads / (128 * kTwins[i].s); }
 // CTAs of `smem` bytes of dynamic shared memory that one SM of `smem_per_sm` bytes holds, with
@@ -428,8 +429,8 @@ struct TwinStep {
 //    (more_waves_for_some, at `step.stock_per_sm`): the 2x2 twin holds 4 heads per SM where
 //    stock's head-128 code holds 5, so a graph of bucket 24 replayed for 17-20 long rows ran
 //    it in two waves against stock's one (Qwen2.5-7B b17-23 0.91-0.96x a whole step).
-// Host code (twin_for in gqa_twins.cuh asks the device; tests/samples/sass/min_blocks_rule.cu
-// runs this on the CPU).
+// Host code (twin_for in gqa_twins_launch.cuh asks the device; tests/samples/sass/policy_oracle.cu
+// runs this on the CPU against src/kvprefetch/kernels/policy.py's twin_pick).
 inline int twin_pick(const int mode, const TwinStep& step, const int sm_count, const int per_kv,
                      const long long* smem, const long long max_smem,
                      const long long smem_per_sm) {
@@ -472,7 +473,8 @@ inline int twin_pick(const int mode, const TwinStep& step, const int sm_count, c
 // unstaged twin) where fewer than two fit: with one slot a warp would wait for every chunk in
 // turn. `fixed`: the CTA's dynamic shared memory besides the ring; per CTA the system's share
 // and room for the static part (at most 2.3 KiB in the twins), the mbarriers and the ring's
-// alignment. Host code (tests/samples/sass/min_blocks_rule.cu runs it on the CPU).
+// alignment. Host code (tests/samples/sass/policy_oracle.cu runs it on the CPU against
+// src/kvprefetch/kernels/policy.py's stage_count).
 inline int stage_count(const long long ctas, const int sm_count, const long long smem_per_sm,
                        const long long fixed, const int cta_warps, const int chunk_bytes,
                        const int blocks_per_cta) {
@@ -499,7 +501,7 @@ constexpr bool pdl_reduce_after(const long long twin_ctas, const int sm_count) {
 }
 // Whether a fusable twin's launch of `twin_ctas` CTAs reduces inside (KVPREFETCH_TWIN_FUSE),
 // where the launch may (`allowed`: the v2 launcher found room for it) and its stream then gets
-// counters (gqa_twins.cuh, launch_twin_kernel): at the grids after which kvprefetch's reduce
+// counters (gqa_twins_launch.cuh, launch_twin_kernel): at the grids after which kvprefetch's reduce
 // kernel would not run; elsewhere that kernel, as a programmatic dependent, was faster.
 constexpr bool twin_reduces(const bool fusable_twin, const bool allowed,
                             const long long twin_ctas, const int sm_count) {
@@ -507,7 +509,7 @@ constexpr bool twin_reduces(const bool fusable_twin, const bool allowed,
          !pdl_reduce_after(twin_ctas, sm_count);
 }
 
-// Which of N slots a stream holds (gqa_twins.cuh's fuse_slot keeps one per device, under its
+// Which of N slots a stream holds (gqa_twins_launch.cuh's fuse_slot keeps one per device, under its
 // lock): the slot it took at its first call, else the first free one, else -1 (the launch then
 // takes no counters). `stream` is the handle as a pointer. Host code.
 template <int N>

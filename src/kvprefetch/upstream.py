@@ -43,10 +43,14 @@ PRISTINE_SHA256 = {
 # Our own headers (csrc/kvprefetch/), which `apply` installs in every variant's tree under
 # csrc/attention/kvprefetch/, where the patched sources include them from: the rules table, the
 # L2 prefetch instruction, the launch policy, the v2 prologue, the launchers' L2 prefetch kernel,
-# the umbrella the `prefetch` variant includes, the paper's form (`seed`), the GQA twins and
-# stock's unbounded copies of the launch-bounded v1 kernels.
+# the umbrella the `prefetch` variant includes, the paper's form (`seed`), the GQA twins (the
+# header the launchers include and its three parts: device helpers, kernels, host launch) and
+# stock's unbounded copies of the launch-bounded v1 kernels. Every file of csrc/kvprefetch/ is
+# listed (tests/unit/test_upstream.py): an unlisted one would be missing from the trees and
+# from the patch hash.
 KIT_HEADERS = ("rules.inc", "l2_prefetch.cuh", "launch_policy.cuh", "prologue.cuh",
                "launcher_prefetch.cuh", "prefetch.cuh", "paper.cuh", "gqa_twins.cuh",
+               "gqa_twins_device.cuh", "gqa_twins_kernel.cuh", "gqa_twins_launch.cuh",
                "stock_v1.cuh")
 KIT_HEADER_DIR_IN_TREE = "csrc/attention/kvprefetch"
 KIT_HEADERS_IN_TREE = tuple(f"{KIT_HEADER_DIR_IN_TREE}/{h}" for h in KIT_HEADERS)

@@ -44,10 +44,22 @@ def test_every_script_parses(script: str) -> None:
 
 
 _STUB = """#!/bin/bash
-# a stand-in: records its arguments (one record per call) and succeeds without doing anything
-{ for a in "$@"; do printf '%s\\037' "$a"; done; printf '\\036'; } >> "$STUB_CALLS"
+# a stand-in: records its arguments (one record per call, written at once: calls made in
+# parallel, as sass-identity.sh's builds, must not interleave) and succeeds doing nothing
+rec=""
+for a in "$@"; do rec+="$a"$'\\037'; done
+printf '%s\\036' "$rec" >> "$STUB_CALLS"
 exit 0
 """
+
+
+def _carry_before_kit(tar: Path) -> None:
+    """sass-identity.sh's .carry/before.tar, as `git archive` of a commit holds the kit: here
+    the checkout's own src/kvprefetch, csrc/kvprefetch and patches."""
+    with tarfile.open(tar, "w") as archive:
+        for sub in ("src/kvprefetch", "csrc/kvprefetch", "patches"):
+            archive.add(ROOT / sub, arcname=sub,
+                        filter=lambda info: None if "__pycache__" in info.name else info)
 
 
 def _calls_of(script: str, tmp_path: Path, **env_extra: str) -> list[list[str]]:
@@ -60,6 +72,7 @@ def _calls_of(script: str, tmp_path: Path, **env_extra: str) -> list[list[str]]:
     shutil.copytree(DEVICE, root / "scripts" / "device")
     (root / ".carry").mkdir()
     (root / ".carry" / "vllm-0.10.2.tar.gz").write_bytes(b"")
+    _carry_before_kit(root / ".carry" / "before.tar")
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     calls = tmp_path / "calls"
@@ -268,3 +281,136 @@ def test_sample_without_attribution_times_three_trees(tmp_path: Path) -> None:
     assert len(bench) == 1 and bench[0][bench[0].index("--sample-seed") + 1] == "7"
     variants = [bench[0][i + 1] for i, a in enumerate(bench[0]) if a == "--variant"]
     assert variants == ["baseline", "patched", "control"]
+
+
+def test_sass_identity_without_the_before_kit_stops_with_the_fix(tmp_path: Path) -> None:
+    """sass-identity.sh with the sdist carried but not .carry/before.tar: exit 2 naming how to
+    make it, nothing fetched or built, the log handed back."""
+    bash = shutil.which("bash")
+    assert bash is not None
+    root = tmp_path / "checkout"
+    shutil.copytree(DEVICE, root / "scripts" / "device")
+    (root / ".carry").mkdir()
+    (root / ".carry" / "vllm-0.10.2.tar.gz").write_bytes(b"")
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "KVPREFETCH_WORKDIR": str(tmp_path / "work")}
+    res = subprocess.run([bash, "scripts/device/sass-identity.sh"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "missing .carry/before.tar (git archive -o .carry/before.tar BEFORE_COMMIT" \
+        in res.stdout
+    with tarfile.open(out / "results.tgz") as tgz:
+        log = tgz.extractfile("results/run.log").read().decode()  # type: ignore[union-attr]
+    assert "missing .carry/before.tar" in log and log.rstrip().endswith("done")
+    assert not (tmp_path / "work").exists()
+
+
+def test_sass_identity_builds_every_part_before_and_after(tmp_path: Path) -> None:
+    """sass-identity.sh's builds (python3 a stand-in): each part is fetched, patched and built
+    in its own work dir once with the BEFORE kit (PYTHONPATH: the unpacked before.tar) and once
+    with the checkout's, and the default parts cover the full set, each (head, block) once."""
+    calls = _calls_of("sass-identity.sh", tmp_path)
+    builds = [c for c in calls if c[:3] == ["-m", "kvprefetch", "build"] and "--dry-run" not in c]
+    parts = {(c[c.index("--head-sizes") + 1], c[c.index("--block-sizes") + 1]) for c in builds}
+    assert len(builds) == 2 * len(parts)
+    covered = [(h, b) for heads, blocks in parts for h in heads.split(",")
+               for b in blocks.split(",")]
+    from kvprefetch.kernels.selection import BLOCK_SIZES, HEAD_SIZES
+
+    assert sorted(covered) == sorted((str(h), str(b)) for h in HEAD_SIZES for b in BLOCK_SIZES)
+    workdirs = {c[c.index("--workdir") + 1] for c in builds}
+    assert len(workdirs) == len(builds)  # one work dir each, so that they run at once
+
+
+_SASS = """
+Fatbin elf code:
+================
+arch = sm_90
+code version = [1,8]
+host = linux
+compile_size = 64bit
+
+\tcode for sm_90
+\t.target\tsm_90
+
+\t\tFunction : _ZN10kvprefetch54_GLOBAL__N__{id}_21_paged_attention_v1_cu_{id2}17gqa_decode_kernelILi1EEEvv
+\t.headerflags\t@"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;          /* 0x00000a00ff017b82 */
+                                                                   /* 0x000ff00000000800 */
+        /*0010*/                   {insn} ;                        /* 0x000000000000794d */
+\t\t..........
+
+\t\tFunction : _ZN4vllm25paged_attention_v1_kernelIttLi128EEEvv
+\t.headerflags\t@"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   EXIT ;                          /* 0x000000000000794d */
+"""
+_RES = """
+Resource usage:
+ Common:
+  GLOBAL:0
+ Function _ZN10kvprefetch54_GLOBAL__N__{id}_21_paged_attention_v1_cu_{id2}17gqa_decode_kernelILi1EEEvv:
+  REG:{reg} STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:600 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function _ZN4vllm25paged_attention_v1_kernelIttLi128EEEvv:
+  REG:96 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:600 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
+
+def _identity(tmp_path: Path, after: dict[str, str], baseline: str = "k:k") -> tuple[int, dict]:
+    """scripts/device/sass_identity.py on two fake libraries (a stand-in cuobjdump prints the
+    saved dumps): BEFORE with one anonymous-namespace id, AFTER with another and ``after``'s
+    changes."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    libs = {}
+    for side, fields in (("before", {}), ("after", after)):
+        f = {"id": "050cff80", "id2": "d115ef7d", "insn": "EXIT", "reg": "40"}
+        if side == "after":
+            f.update({"id": "17b9506e", "id2": "fcde414e"}, **fields)
+        so = tmp_path / f"{side}.so"
+        so.write_text("")
+        (tmp_path / f"{side}.so.sass").write_text(_SASS.format(**f))
+        (tmp_path / f"{side}.so.res").write_text(_RES.format(**f))
+        libs[side] = so
+    tool = tmp_path / "cuobjdump"
+    tool.write_text('#!/bin/bash\ncase "$1" in -sass) cat "$2.sass";; '
+                    '-res-usage) cat "$2.res";; *) exit 9;; esac\n')
+    tool.chmod(0o755)
+    results = tmp_path / "results"
+    res = subprocess.run([sys.executable, str(DEVICE / "sass_identity.py"), "--results",
+                          str(results), "--dumps", str(tmp_path / "dumps"), "--cuobjdump",
+                          str(tool), "--kv", "fp16", "--full-heads", "128", "--full-blocks", "16",
+                          "--full-kv", "fp16", "--baseline-keys", baseline,
+                          f"h128_b16=128:16:{libs['before']}:{libs['after']}"],
+                         capture_output=True, text=True, check=False, timeout=60)
+    assert (results / "summary.md").is_file(), res.stderr
+    return res.returncode, json.loads((results / "summary.json").read_text())
+
+
+def test_sass_identity_compares_every_function_and_names_each_difference(tmp_path: Path) -> None:
+    """The comparison: builds whose code is the same are identical although cudafe++ gave their
+    anonymous namespaces different ids (exit 0, the full set when the parts cover it); a changed
+    instruction, a changed register count or a changed baseline build key is listed and exits 1;
+    a part without its library is "not built", exit 3."""
+    rc, same = _identity(tmp_path / "same", {})
+    assert rc == 0 and same["full_set"] and not same["differences"]
+    assert (same["functions_compared"], same["identical"]) == (2, 2)
+    assert (same["res_usage_compared"], same["res_usage_identical"]) == (3, 3)
+    rc, insn = _identity(tmp_path / "insn", {"insn": "NOP"})
+    assert rc == 1 and [d["what"] for d in insn["differences"]] == ["sass"]
+    assert "gqa_decode_kernel" in insn["differences"][0]["function"]
+    assert "EXIT" in insn["differences"][0]["detail"] and "NOP" in insn["differences"][0]["detail"]
+    rc, reg = _identity(tmp_path / "reg", {"reg": "41"})
+    assert rc == 1 and [d["what"] for d in reg["differences"]] == ["res-usage"]
+    rc, base = _identity(tmp_path / "base", {}, baseline="k1:k2")
+    assert rc == 1 and [d["what"] for d in base["differences"]] == ["build key"]
+    rc, _ = _identity(tmp_path / "gone", {})
+    assert rc == 0
+    (tmp_path / "gone" / "after.so").unlink()
+    res = subprocess.run([sys.executable, str(DEVICE / "sass_identity.py"), "--results",
+                          str(tmp_path / "gone" / "r2"), "--cuobjdump", "cuobjdump", "--kv",
+                          "fp16", "--full-heads", "128", "--full-blocks", "16", "--full-kv",
+                          "fp16", (f"h128_b16=128:16:{tmp_path / 'gone' / 'before.so'}:"
+                                   f"{tmp_path / 'gone' / 'after.so'}")],
+                         capture_output=True, text=True, check=False, timeout=60)
+    assert res.returncode == 3
+    assert json.loads((tmp_path / "gone" / "r2" / "summary.json").read_text())["not_built"] == [
+        "h128_b16"]

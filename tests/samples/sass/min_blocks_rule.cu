@@ -10,10 +10,8 @@
 // Host code only: it runs on a machine without a GPU. tests/integration/test_sass.py compiles it
 // with nvcc and compares the tables with kvprefetch.kernels.policy's min_blocks /
 // prefetches_in / twin_shapes / TWIN_SHAPES (what verify-kernel expects). The launch-time
-// decisions (more_waves_for_some, stock_v1_wins, twin_pick, stage_count, twin_reduces, ...),
-// which launch_policy.cuh's comments say this program runs on the CPU, are run on any inputs by
-// policy_oracle.cu now; the header's comments are left as they are until its next real change,
-// since its bytes are part of every variant's patch hash (sources/patching.py patch_sha256).
+// decisions (more_waves_for_some, stock_v1_wins, twin_pick, stage_count, twin_reduces, ...) are
+// run on any inputs by policy_oracle.cu, as launch_policy.cuh's comments say.
 #define KVPREFETCH_LAUNCHER_ONLY 1
 #include <cstdio>
 #include <cuda_bf16.h>

@@ -7,17 +7,17 @@
 //
 // Each NAME is the header's function of that name with its arguments in its order, except
 // where the launchers compute the arguments (the header has no host function for that step;
-// gqa_twins.cuh, which does, needs vLLM's attention_kernels.cuh first), restated here:
+// gqa_twins_launch.cuh, which does, needs vLLM's attention_kernels.cuh first), restated here:
 //   twin_smem G S CONTEXT V2 HEAD BLOCK: a 16-bit twin's dynamic shared memory, unstaged, as
 //       the launchers size it: G times stock's (vLLM's launchers: the logits of the padded
 //       context in v1, of a partition in v2, or the output scratch if larger) plus the V
-//       products of the warps beyond stock's (gqa_twins.cuh twin_smem_before).
+//       products of the warps beyond stock's (gqa_twins_device.cuh twin_smem_before).
 //   twin_pick MODE HEADS KV_HEADS BATCH CONTEXT V2 HEAD BLOCK SMS SMEM_PER_SM MAX_SMEM
-//       STOCK_PER_SM: which twin a decode step of that launch gets (gqa_twins.cuh twin_for:
+//       STOCK_PER_SM: which twin a decode step of that launch gets (gqa_twins_launch.cuh twin_for:
 //       stock's grid heads x batch x partitions, its longest CTA's blocks, each twin's
 //       twin_smem), -1 for vLLM's kernel.
 //   twin_reduces V2 G S TWIN_CTAS SMS: whether twin (G, S) reduces inside, where its launcher
-//       allows it (gqa_twins.cuh fusable: v2 and rules.inc's kFusedGroup x kFusedSplit).
+//       allows it (gqa_twins_device.cuh fusable: v2 and rules.inc's kFusedGroup x kFusedSplit).
 #define KVPREFETCH_LAUNCHER_ONLY 1
 #include <cstdio>
 #include <cstring>
@@ -31,7 +31,7 @@ constexpr int kStockThreads = 128;   // vLLM's launchers' NUM_THREADS
 
 long long cdiv(const long long a, const long long b) { return (a + b - 1) / b; }
 
-// gqa_twins.cuh v_rows_per_thread for a 16-bit scalar_t (vectors of min(8, block) elements).
+// gqa_twins_device.cuh v_rows_per_thread for a 16-bit scalar_t (vectors of min(8, block) elements).
 long long v_rows_per_thread(const int head, const int block) {
   const int vec = block < 8 ? block : 8;
   return cdiv(head, 32 / (block / vec));
