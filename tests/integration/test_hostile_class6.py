@@ -373,7 +373,7 @@ def test_every_file_the_kit_writes_goes_through_confine(
               str(linked / "attention_kernels.cuh"))
     refused(res, PatchError.exit_code, f"refusing to write into {linked}: it is a symlink")
     # a narrowed kernels-only source into a symlinked build folder: refused the same way
-    from kvprefetch.build.kernels_only import write_if_changed
+    from kvprefetch.builds.library import write_if_changed
     from kvprefetch.errors import BuildError
 
     with pytest.raises(BuildError, match="is a symlink"):
