@@ -345,8 +345,8 @@ def test_fetch_repair_works_after_the_ownership_record_is_moved_aside(
 
 # the modules that write into a work directory, --out or a campaign folder (globs, so that a
 # module moving between these packages stays scanned)
-WRITERS = ["build/*.py", "machine/*.py", "overlay/*.py", "verify/kernel.py", "cli/*.py",
-           "cli/bench/*.py", "bench/*.py",
+WRITERS = ["builds/*.py", "builds/modes/*.py", "machine/*.py", "overlay/*.py", "verify/kernel.py",
+           "cli/*.py", "cli/bench/*.py", "bench/*.py",
            "slurm/*.py", "sources/patching.py", "timings.py"]
 RAW_WRITE = re.compile(r"\.write_(text|bytes)\(|json\.dump\(|\bopen\([^)]*[\"'][wx]b?[\"']")
 
