@@ -81,7 +81,7 @@ def test_version() -> None:
 
 def _record_build(workdir: Path, tree: str) -> Path:
     """A build directory recorded as the kit's own, exactly as the builder records it when it
-    starts a build (builder.tree_locks); compiling one for real is test_kernels_build's job."""
+    starts a build (sequence.tree_locks); compiling one for real is test_kernels_build's job."""
     from kvprefetch.workspace import ownership
 
     bdir = workdir / "build" / tree

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from kvprefetch.build.full_smoke import SMOKE_SOURCES, make_toolkit_view, object_target
+from kvprefetch.builds.full_smoke import SMOKE_SOURCES, make_toolkit_view, object_target
 from kvprefetch.errors import BuildError
 from kvprefetch.runner import run
 from tests.integration.helpers import (

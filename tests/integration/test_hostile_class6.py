@@ -345,8 +345,8 @@ def test_fetch_repair_works_after_the_ownership_record_is_moved_aside(
 
 # the modules that write into a work directory, --out or a campaign folder (globs, so that a
 # module moving between these packages stays scanned)
-WRITERS = ["build/*.py", "machine/*.py", "overlay/*.py", "verify/kernel.py", "cli/*.py",
-           "cli/bench/*.py", "bench/*.py",
+WRITERS = ["builds/*.py", "builds/modes/*.py", "machine/*.py", "overlay/*.py", "verify/kernel.py",
+           "cli/*.py", "cli/bench/*.py", "bench/*.py",
            "slurm/*.py", "sources/patching.py", "timings.py"]
 RAW_WRITE = re.compile(r"\.write_(text|bytes)\(|json\.dump\(|\bopen\([^)]*[\"'][wx]b?[\"']")
 
@@ -373,7 +373,7 @@ def test_every_file_the_kit_writes_goes_through_confine(
               str(linked / "attention_kernels.cuh"))
     refused(res, PatchError.exit_code, f"refusing to write into {linked}: it is a symlink")
     # a narrowed kernels-only source into a symlinked build folder: refused the same way
-    from kvprefetch.build.kernels_only import write_if_changed
+    from kvprefetch.builds.library import write_if_changed
     from kvprefetch.errors import BuildError
 
     with pytest.raises(BuildError, match="is a symlink"):

@@ -232,7 +232,7 @@ def test_a_tree_define_with_a_control_character_is_refused(tmp_path: Path,
 def test_build_ninja_never_holds_a_value_with_a_newline(tmp_path: Path) -> None:
     """The last line of defence: a path or flag from the environment (CXX, a torch include
     path) with a newline is refused by ninja_text, never written raw into build.ninja."""
-    from kvprefetch.build.kernels_only import ninja_text
+    from kvprefetch.builds.library import ninja_text
 
     ok: dict[str, Any] = {
         "nvcc": Path("/usr/local/cuda/bin/nvcc"), "cxx": "g++",

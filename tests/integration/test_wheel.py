@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow,
 
 REPO = Path(__file__).resolve().parents[2]
 # What a wheel is built from: the checkout without its work products and caches (top-level
-# names only: src/kvprefetch/build is a package, /build a setuptools leftover).
+# names only: /build is a setuptools leftover).
 TOP_LEVEL_SKIPS = {".git", ".venv", "build", "dist", "kvprefetch-work", ".carry", ".whl",
                    ".pytest_cache", ".mypy_cache", ".ruff_cache", "docs", "tests"}
 

@@ -16,19 +16,21 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from kvprefetch.build import foresight
-from kvprefetch.build.plan import render_plan
+from kvprefetch.builds import foresight
+from kvprefetch.builds.options import ModeInputs
+from kvprefetch.builds.plan import render_plan
 from kvprefetch.cli import build as build_cli
 from kvprefetch.cli import main
+from kvprefetch.machine import foresight as machine_foresight
 from kvprefetch.machine.toolchain import parse_arch_list
 
 
 def test_archs_below_9_say_in_one_line_what_the_patched_trees_lack() -> None:
-    line = foresight.lacking(parse_arch_list("8.0"))
+    line = machine_foresight.lacking(parse_arch_list("8.0"))
     assert line is not None and "\n" not in line
     assert "sm_80" in line and "without the L2 prefetch (UBLKPF)" in line and "9.0a" in line
-    assert foresight.lacking(parse_arch_list("8.0;9.0a")) is None
-    assert foresight.lacking(parse_arch_list("9.0a")) is None
+    assert machine_foresight.lacking(parse_arch_list("8.0;9.0a")) is None
+    assert machine_foresight.lacking(parse_arch_list("9.0a")) is None
 
 
 def _plan(kernels: int, trees: tuple[str, ...] = ("baseline", "patched"),
@@ -43,11 +45,11 @@ def _plan(kernels: int, trees: tuple[str, ...] = ("baseline", "patched"),
 
 
 def test_estimate_scales_with_what_is_compiled() -> None:
-    per = foresight.CORE_SECONDS_PER_INSTANTIATION
+    per = machine_foresight.CORE_SECONDS_PER_INSTANTIATION
     full = foresight.estimate_seconds(_plan(486), cores=2)
     # 2 trees x 2 sources x 486 instantiations, two nvcc at a time
     assert full == pytest.approx(2 * 2 * 486 * per / 2)
-    assert full is not None and full > foresight.CONFIRM_OVER_S
+    assert full is not None and full > machine_foresight.CONFIRM_OVER_S
     assert foresight.estimate_seconds(_plan(486), cores=1) == pytest.approx(2 * full)
     assert foresight.estimate_seconds(_plan(486, up_to_date=("baseline",)), cores=2) == \
         pytest.approx(2 * 486 * per / 2)
@@ -67,15 +69,15 @@ def test_only_a_long_build_at_a_terminal_without_yes_asks(
 def fake_build(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """`kvprefetch build` with a faked plan (``state["plan"]``), execution, core count and
     terminal (``state["tty"]``); ``state["executed"]`` counts the executions."""
-    from kvprefetch.build import pipeline
+    from kvprefetch.builds import pipeline
     from kvprefetch.machine import toolchain
 
     state: dict[str, Any] = {"executed": 0, "tty": False, "plan": _plan(486)}
     monkeypatch.setattr(pipeline, "prepare_build",
-                        lambda opts: pipeline.PreparedBuild(state["plan"], None, ()))
-    monkeypatch.setattr("kvprefetch.build.plan.render_plan", lambda plan: "the plan")
+                        lambda opts: pipeline.PreparedBuild(state["plan"], ModeInputs(), ()))
+    monkeypatch.setattr("kvprefetch.builds.plan.render_plan", lambda plan: "the plan")
 
-    def execute(plan: Any, **_: Any) -> list[Any]:
+    def execute(plan: Any, inputs: ModeInputs, **_: Any) -> list[Any]:
         state["executed"] += 1
         return []
 
@@ -117,7 +119,7 @@ def test_a_short_build_does_not_ask(fake_build: dict) -> None:
 
 
 def test_an_up_to_date_tree_is_one_line_of_the_plan(tmp_path: Path) -> None:
-    from kvprefetch.build.plan import BuildPlan, Step, TreePlan
+    from kvprefetch.builds.plan import BuildPlan, Step, TreePlan
 
     def tree(name: str) -> TreePlan:
         return TreePlan(tree=name, variant=None, patch_sha256=None, source_tree=str(tmp_path),

@@ -1,4 +1,4 @@
-"""The full-mode smoke's pure parts (build/full_smoke.py): which objects, the ninja target
+"""The full-mode smoke's pure parts (builds/full_smoke.py): which objects, the ninja target
 names, reading cmake's version and build.ninja. The toolkit view (it runs gcc for its driver
 stand-in) and the smoke itself are tested in tests/integration/test_full_smoke.py."""
 
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.build.full_smoke import (
+from kvprefetch.builds.full_smoke import (
     SMOKE_SOURCES,
     ninja_targets,
     object_target,
-    parse_cmake_version,
     parse_objects,
 )
 from kvprefetch.errors import ConfigError
+from kvprefetch.machine.cmake import parse_cmake_version
 from kvprefetch.verify.kernel import newest_manifests
 from kvprefetch.workspace.workdir import Workdir
 

@@ -117,7 +117,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("slurm",),
     ("vmm",),
     ("bench",),
-    ("build",),
+    ("builds",),
     ("verify",),
     ("doctor",),
     ("overlay",),
@@ -131,16 +131,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 # The upward imports the package still has, each named with what removes it. The list only
-# shrinks: an upward import not here fails, and so does an entry that no longer exists.
-FORESIGHT = ("foresight's pure half (the cost per instantiation, what an arch lacks) moves "
-             "to machine/; estimate_seconds of a plan stays in build")
-MODE_PREFLIGHT = "each mode's own preflight moves into its mode module (a BuildMode registry)"
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("doctor.host", "build.foresight"): FORESIGHT,
-    ("doctor.preflight", "build.foresight"): FORESIGHT,
-    ("doctor.tools", "build.full_smoke"): MODE_PREFLIGHT,
-    ("doctor.tools", "build.kernels_only"): MODE_PREFLIGHT,
-}
+# shrinks: an upward import not here fails, and so does an entry that no longer exists. Empty
+# since issue 45: what doctor needs of the build (foresight's pure half, torch's probe, cmake)
+# lives in machine/, and each build mode calls doctor for its preflight, never the reverse.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def layer_of(module: str) -> int:

@@ -85,7 +85,7 @@ def test_pace_counts_only_the_nvcc_edges() -> None:
 
 
 def test_ninja_jobs_reads_the_command_line() -> None:
-    from kvprefetch.build.builder import ninja_jobs
+    from kvprefetch.builds.sequence import ninja_jobs
 
     assert ninja_jobs(["ninja", "-C", "d", "-j", "3"]) == 3
     assert ninja_jobs(("ninja", "-C", "d")) == 1

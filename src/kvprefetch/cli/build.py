@@ -76,8 +76,9 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
           smoke_objects: str | None, skip_doctor: bool, force: bool, yes: bool,
           dry_run: bool, as_json: bool) -> None:
     """Build the baseline and patched trees, each into its own environment."""
-    from ..build.pipeline import BuildOptions, execute, prepare_build, raise_for_failures
-    from ..build.plan import render_plan
+    from ..builds.options import BuildOptions
+    from ..builds.pipeline import execute, prepare_build, raise_for_failures
+    from ..builds.plan import render_plan
 
     opts = BuildOptions(
         workdir=workdir, arch=arch, mode="kernels-only" if kernels_only else mode,
@@ -100,7 +101,7 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
     info(render_plan(plan))
     if not _confirmed(plan, force=force, yes=yes):
         return
-    outcomes = execute(plan, torch_from=torch_from, force=force, overlay=prepared.overlay)
+    outcomes = execute(plan, prepared.inputs, force=force)
     if as_json:
         emit_json({"plan": plan, "outcomes": outcomes})
     else:
@@ -119,10 +120,10 @@ def stdin_is_terminal() -> bool:
 
 def _confirmed(plan: Any, *, force: bool, yes: bool) -> bool:
     """Say the build's estimate; where it is long and someone is at the terminal (and no
-    --yes), ask before starting (build/foresight.py). False: declined, nothing was built."""
+    --yes), ask before starting (builds/foresight.py). False: declined, nothing was built."""
     from dataclasses import replace
 
-    from ..build.foresight import describe_estimate, estimate_seconds, needs_confirmation
+    from ..builds.foresight import describe_estimate, estimate_seconds, needs_confirmation
     from ..machine.toolchain import host_resources
 
     counted = replace(plan, up_to_date=()) if force else plan  # --force rebuilds them all

@@ -72,11 +72,11 @@ def check_memory(archs: Sequence[CudaArch], probes: DoctorProbes) -> Check:
 
 def check_estimate(archs: Sequence[CudaArch], mode: Mode, probes: DoctorProbes,
                     trees: int) -> Check:
-    """How long `build` would compile here, said as `build` says it (build/foresight.py): a
+    """How long `build` would compile here, said as `build` says it (builds/foresight.py): a
     kernels-only or overlay build of ``trees`` trees with every instantiation; over ten minutes,
     `build` asks first at a terminal (or takes --yes)."""
-    from ..build.foresight import CONFIRM_OVER_S, compile_seconds
     from ..kernels.selection import Selection
+    from ..machine.foresight import CONFIRM_OVER_S, compile_seconds
     from ..machine.progress import clock
 
     if mode == "full":

@@ -24,6 +24,7 @@ class ModeChoice:
     mode: Mode
     reason: str
     full_report: DoctorReport | None = None  # auto's full-mode preflight, when it ran one
+    fallback: bool = False                    # auto found no full build here
 
 
 def choose_mode(mode: str, arch_list: str | Sequence[CudaArch], *,
@@ -45,7 +46,8 @@ def choose_mode(mode: str, arch_list: str | Sequence[CudaArch], *,
         return ModeChoice("full", "--mode auto: the full build's toolkit, GPU and network "
                                   "checks all pass", rep)
     why = "; ".join(f"{c.name}: {c.detail}" for c in failing) or "no GPU found"
-    return ModeChoice("kernels-only", f"--mode auto: no full build here ({why})", rep)
+    return ModeChoice("kernels-only", f"--mode auto: no full build here ({why})", rep,
+                      fallback=True)
 
 
 def check_machine(mode: str, arch_list: str, *, workdir: str | os.PathLike[str] = ".",

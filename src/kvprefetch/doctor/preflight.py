@@ -68,7 +68,7 @@ def run_doctor(arch_list: str | Sequence[CudaArch], *, env: Mapping[str, str] | 
         label = ";".join(a.spec for a in archs)
         checks.append(Check("arch", "ok", label))
     if archs:
-        from ..build.foresight import lacking
+        from ..machine.foresight import lacking
 
         missing = lacking(archs)
         if missing:

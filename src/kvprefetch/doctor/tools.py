@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ConfigError, KvprefetchError
+from ..machine.cmake import CMAKE_FIX, CMAKE_MIN, find_cmake
 from ..machine.toolchain import (
     CudaArch,
     check_nvcc_for_arch,
@@ -33,7 +34,6 @@ from .report import Check, Mode
 
 # torch 2.8.0, which vLLM 0.10.2 pins, is built for CUDA 12.8: the overlay compiles against it.
 OVERLAY_TORCH_CUDA = "12.8"
-CMAKE_MIN = (3, 26, 1)  # vLLM 0.10.2 requirements/build.txt: cmake>=3.26.1
 
 # A tiny kernel with the instruction the patch adds, behind the same kind of guard, so every arch
 # of the user's list must assemble (sm_90: UBLKPF.L2; older: prefetch.global.L2 -> CCTL).
@@ -252,12 +252,11 @@ def check_cmake(environ: Mapping[str, str]) -> Check:
 def smoke_checks(environ: Mapping[str, str], wd: Path, torch_from: str | None,
                   cuda_home_opt: str | None
                   ) -> tuple[list[Check], Path | None, tuple[int, int, int] | None]:
-    """What ``build --mode full --smoke`` needs (build/full_smoke.py): torch 2.8.0 in some
+    """What ``build --mode full --smoke`` needs (builds/modes/smoke.py): torch 2.8.0 in some
     environment, a CUDA toolkit of torch's major version, cmake >= 3.26.1 and ninja. Its
     missing driver stub and NVRTC are supplied by the smoke's toolkit view (link-time
     stand-ins), so they are not a failure here."""
-    from ..build.full_smoke import CMAKE_FIX, default_torch_python, find_cmake
-    from ..build.kernels_only import probe_torch
+    from ..machine.torch_probe import default_torch_python, probe_torch
     from ..overlay.cuda12 import toolkit_dir
     from ..overlay.toolkit import choose_toolkit
 

@@ -1,3 +1,5 @@
-"""What this machine builds with: its compilers and CUDA toolkits (toolchain), the Python
-environments a build installs into (envs), and the progress of a compile (progress). Below
-doctor, overlay, verify and build, which all ask it; above workspace."""
+"""What this machine builds with: its compilers and CUDA toolkits (toolchain), cmake (cmake),
+the torch an environment holds (torch_probe), the Python environments a build installs into
+(envs), the progress of a compile (progress) and what a build of given archs and size will
+give and cost (foresight). Below doctor, overlay, verify and builds, which all ask it; above
+workspace."""

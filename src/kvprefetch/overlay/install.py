@@ -1,7 +1,7 @@
 """What an overlay environment is made of, the overlay's own: the released wheels it installs
 (``PINS``), its options, the installer's command (pip or ``uv pip``), and the environment's
 ``libcudart.so.12`` its library links against. The overlay build mode that uses them is
-``kvprefetch.build.overlay_mode``."""
+``kvprefetch.builds.modes.overlay``, a layer above: this package never imports it."""
 
 from __future__ import annotations
 

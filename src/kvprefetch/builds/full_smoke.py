@@ -1,4 +1,8 @@
-"""The full-mode smoke (``build --mode full --smoke``): vLLM 0.10.2's real CMake project,
+"""The full-mode smoke's parts (``build --mode full --smoke``; the mode itself, its plan, steps
+and manifest, is ``modes/smoke.py``): what it configures with (``resolve_inputs``), the copy
+of the tree, the toolkit view, the generated commands and the SASS check of the objects.
+
+The smoke: vLLM 0.10.2's real CMake project,
 configured for the plan's archs against a torch 2.8.0 environment with the FetchContent
 dependencies given locally, then only the objects of ``_C`` that include the patched header
 (``csrc/attention/paged_attention_v1.cu`` and ``v2.cu``) built through the generated
@@ -37,30 +41,26 @@ view is made all the same (its libraries and stubs then come first)."""
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..errors import BuildError, ConfigError
 from ..hashing import sha256_file
+from ..machine.cmake import CMAKE_FIX, find_cmake
 from ..machine.toolchain import fmt_version
-from ..runner import run, which
+from ..machine.torch_probe import default_torch_python, probe_torch
+from ..overlay.cuda12 import toolkit_dir
+from ..overlay.toolkit import choose_toolkit
+from ..runner import run
 from ..workspace.confine import write_file
 from ..workspace.workdir import Workdir, write_json_atomic
-from .plan import UNSET_FOR_BUILD, BuildPlan, Step, TreePlan, build_key, deps_steps
 
 SMOKE_SOURCES = {"v1": "csrc/attention/paged_attention_v1.cu",
                  "v2": "csrc/attention/paged_attention_v2.cu"}
 # What the objects are compiled from, recorded in the tree and in the copy configured.
 ATTENTION_FILES = (*SMOKE_SOURCES.values(), "csrc/attention/attention_kernels.cuh")
-CMAKE_MIN = (3, 26, 1)  # vLLM 0.10.2's requirements/build.txt
-CMAKE_FIX = ('pip install "cmake>=3.26.1,<4" into any environment and put its bin/ on PATH '
-             "(or into the --torch-from environment)")
 # (wheel directory under site-packages/nvidia, library) for the view's lib64/: what torch's
 # CMake config asks FindCUDAToolkit for. Sonames as torch 2.8.0's cu12 wheels ship them.
 _WHEEL_LIBS = (("cublas", "libcublas.so.12"), ("cublas", "libcublasLt.so.12"),
@@ -91,24 +91,6 @@ class SmokeInputs:
         return asdict(self)
 
 
-def parse_cmake_version(text: str) -> tuple[int, ...] | None:
-    m = re.search(r"cmake version (\d+)\.(\d+)(?:\.(\d+))?", text)
-    return tuple(int(g or 0) for g in m.groups()) if m else None
-
-
-def find_cmake(environ: dict[str, str], extra_dirs: list[Path]) -> tuple[str, tuple[int, ...]] | None:
-    """The first cmake >= 3.26.1: on PATH, then in ``extra_dirs`` (the torch env's bin/)."""
-    cands = [which("cmake", environ)] + [str(d / "cmake") for d in extra_dirs]
-    for c in cands:
-        if not c or not os.access(c, os.X_OK):
-            continue
-        res = run([c, "--version"], env=environ, echo=False, check=False)
-        v = parse_cmake_version(res.output)
-        if v is not None and v >= CMAKE_MIN:
-            return c, v
-    return None
-
-
 def parse_objects(spec: str | None) -> tuple[str, ...]:
     """``--smoke-objects v1,v2`` -> ("v1", "v2") (default: both); ``none``: configure only."""
     if not spec:
@@ -124,21 +106,10 @@ def parse_objects(spec: str | None) -> tuple[str, ...]:
     return names
 
 
-def default_torch_python(wd: Workdir) -> str | None:
-    """The baseline overlay environment's python (``build --mode overlay`` makes it: torch
-    2.8.0 with vLLM's pins), when it exists."""
-    py = wd.overlay_env("baseline") / "bin" / "python"
-    return str(py) if py.exists() else None
-
-
 def resolve_inputs(wd: Workdir, environ: dict[str, str], *, torch_from: str | None,
                    cuda_home_opt: str | None, objects: tuple[str, ...]) -> SmokeInputs:
     """The torch environment, the CUDA toolkit with torch's major version and cmake; a
     ConfigError naming what is missing and how to get it."""
-    from ..overlay.cuda12 import toolkit_dir
-    from ..overlay.toolkit import choose_toolkit
-    from .kernels_only import probe_torch
-
     py = torch_from or default_torch_python(wd)
     if py is None:
         raise ConfigError("the full-mode smoke needs a Python environment with torch==2.8.0 "
@@ -200,49 +171,6 @@ def generated_commands(cbuild: Path, env: dict[str, str], log: Path) -> dict[str
                   echo=False)
         out[target] = res.output.strip().splitlines()[-1]
     return out
-
-
-def smoke_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
-                    src_hash: str, env_set: dict[str, str], arch_list: str,
-                    deps_dir: Path | None, inputs: SmokeInputs, jobs: int) -> TreePlan:
-    src = wd.tree(tree)
-    bdir = smoke_dir(wd, tree)
-    copy = bdir / "src"
-    view = bdir / "cuda"
-    cbuild = bdir / "cmake"
-    env_set = dict(env_set)
-    env_set["CUDA_HOME"] = str(view)
-    env_set["VLLM_TARGET_DEVICE"] = "cuda"
-    deps_set, steps = deps_steps(deps_dir, wd.root)
-    env_set.update(deps_set)
-    steps.append(Step("copy-tree", (), f"copy {src} to {copy} (vLLM's configure writes "
-                      "generated sources into its source directory)"))
-    steps.append(Step("toolkit-view", (), f"symlink view of {inputs.cuda_home} with the torch "
-                      f"environment's CUDA libraries and headers at {view}"))
-    steps.append(Step("configure", (
-        inputs.cmake, "-G", "Ninja", "-S", str(copy), "-B", str(cbuild),
-        "-DCMAKE_BUILD_TYPE=Release", "-DVLLM_TARGET_DEVICE=cuda",
-        f"-DVLLM_PYTHON_EXECUTABLE={inputs.torch_python}",
-        f"-DCMAKE_CUDA_COMPILER={view / 'bin' / 'nvcc'}", f"-DCUDAToolkit_ROOT={view}",
-        f"-DCUDA_TOOLKIT_ROOT_DIR={view}"), "vLLM's real CMakeLists.txt (FetchContent from the "
-        "three *_SRC_DIR variables)"))
-    steps.append(Step("commands", (), "read the generated compile command of each attention "
-                      "object (ninja -t commands)"))
-    targets = tuple(object_target(SMOKE_SOURCES[o]) for o in inputs.objects)
-    if targets:
-        steps.append(Step("compile", ("ninja", "-C", str(cbuild), "-j", str(jobs), *targets),
-                          "only the attention objects of _C, with the commands CMake generated"))
-        steps.append(Step("sass", (), "cuobjdump -sass each object; count UBLKPF per "
-                          "paged_attention kernel"))
-    steps.append(Step("manifest", (), f"write {bdir / 'manifest.json'}"))
-    key = build_key({"mode": "full-smoke", "tree": tree, "source": src_hash, "patch": patch,
-                     "arch": arch_list, "inputs": inputs.to_dict(),
-                     "deps": {k: v for k, v in env_set.items() if k.endswith("_SRC_DIR")},
-                     "kit": __version__})
-    outs = tuple(str(cbuild / t) for t in targets) + (str(bdir / "manifest.json"),)
-    return TreePlan(tree, variant, str(src), src_hash, patch, "none", inputs.torch_python,
-                    inputs.torch_python, str(bdir), str(bdir / "logs"), key, "_C", (), env_set,
-                    UNSET_FOR_BUILD, tuple(steps), outs)
 
 
 def copy_tree(src: Path, dest: Path, source_sha256: str) -> Path:
@@ -354,100 +282,4 @@ def check_objects(objects: dict[str, Path], variant: str | None, disasm_env: dic
                     f"{verdict.kernels} paged_attention kernels ({', '.join(archs)}), "
                     f"{verdict.with_prefetch} with UBLKPF; problems: "
                     f"{list(verdict.problems[:10]) or 'none'}\n")
-    return out
-
-
-def build_smoke_tree(tp: TreePlan, plan: BuildPlan, force: bool) -> Any:
-    """Walk one tree's smoke steps (under the tree's locks); a TreeOutcome."""
-    from ..sources.deps import unpack_archives
-    from .builder import TreeOutcome, compile_with_progress, say, skip_if_up_to_date, tree_locks
-
-    out = TreeOutcome(tp.tree, log_dir=tp.log_dir)
-    bdir = Path(tp.build_dir)
-    logs = Path(tp.log_dir)
-    smoke: dict[str, Any] = plan.toolchain["smoke"]
-    t0 = time.monotonic()
-    with tree_locks(tp, plan):
-        if skip_if_up_to_date(tp, force, out):
-            return out
-        logs.mkdir(parents=True, exist_ok=True)
-        child = {k: v for k, v in os.environ.items() if k not in tp.env_unset}
-        child.update(tp.env_set)
-        timings: list[dict[str, Any]] = []
-        generated: dict[str, str] = {}
-        commands: list[list[str]] = []
-        results: dict[str, dict[str, Any]] = {}
-        for i, s in enumerate(tp.steps, 1):
-            st = time.monotonic()
-            log = logs / f"{i:02d}-{s.name}.log"
-            if s.name == "unpack-deps":
-                say(tp.tree, s.description)
-                unpack_archives(Path(str(s.cwd)), Path(tp.env_set["VLLM_CUTLASS_SRC_DIR"]).parent)
-            elif s.name == "copy-tree":
-                copy_tree(Path(tp.source_tree), bdir / "src", tp.source_sha256)
-            elif s.name == "toolkit-view":
-                make_toolkit_view(bdir / "cuda", Path(smoke["cuda_home"]),
-                                  Path(smoke["site_packages"]))
-            elif s.name == "configure":
-                say(tp.tree, "configure: vLLM's CMake project (about a minute)")
-                log.unlink(missing_ok=True)
-                run(list(s.argv), env=child, cwd=str(bdir), log=log,
-                    fix=f"read {log}; `kvprefetch doctor --mode full --smoke` names missing tools")
-            elif s.name == "commands":
-                generated = generated_commands(bdir / "cmake", child, log)
-            elif s.name == "compile":
-                say(tp.tree, f"compile: {' '.join(s.argv[5:])}")
-                compile_with_progress(tp.tree, list(s.argv), env=child, log=log,
-                                      fix=f"read {log}; rerun to resume", started=t0,
-                                      build_root=bdir.parent, selection={})
-            elif s.name == "sass":
-                objs = {Path(o).name: Path(o) for o in tp.outputs[:-1]}
-                disasm_env = dict(child, CUDA_HOME=str(bdir / "cuda"))
-                results = check_objects(objs, tp.variant, disasm_env, log)
-            if s.argv:
-                commands.append(list(s.argv))
-            timings.append({"step": s.name, "seconds": round(time.monotonic() - st, 1),
-                            "log": str(log) if log.exists() else None})
-            out.steps.append(timings[-1])
-        first = next(iter(results.values()), None)
-        manifest: dict[str, Any] = {
-            "kvprefetch": __version__, "mode": "full-smoke", "tree": tp.tree,
-            "variant": tp.variant or "stock", "key": tp.key,
-            # the first object stands where other modes name their library (the summary's)
-            "so_path": first["path"] if first else None,
-            "so_sha256": first["sha256"] if first else None,
-            "inputs": {"source_tree": tp.source_tree, "source_sha256": tp.source_sha256,
-                       "patch_sha256": tp.patch_sha256, "arch_list": plan.arch_list,
-                       "env_set": tp.env_set,
-                       "sources": {s: sha256_file(Path(tp.source_tree) / s)
-                                   for s in ATTENTION_FILES},
-                       "copied_sources": {s: sha256_file(bdir / "src" / s)
-                                          for s in ATTENTION_FILES}},
-            "toolchain": {**plan.toolchain, "smoke": smoke},
-            "commands": commands, "generated_commands": generated, "steps": timings,
-            "objects": results,
-            "outputs": [{"path": r["path"], "sha256": r["sha256"]} for r in results.values()],
-            "seconds": round(time.monotonic() - t0, 1),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        changed = [f for f in ATTENTION_FILES if sha256_file(Path(tp.source_tree) / f)
-                   != sha256_file(bdir / "src" / f)]
-        if changed:
-            raise BuildError(f"the configure changed {', '.join(changed)} in {bdir / 'src'}",
-                             "the objects would not be the tree's; report this")
-        bad = {n: r for n, r in results.items() if not r["ok"]}
-        if bad:
-            write_json_atomic(bdir / "manifest.failed.json", manifest)
-            raise BuildError(f"the {tp.tree} tree's attention objects fail the UBLKPF check: "
-                             + "; ".join(f"{n}: {r['problems'][:2]}" for n, r in bad.items()),
-                             f"read {bdir / 'manifest.failed.json'}")
-        write_json_atomic(bdir / "manifest.json", manifest)
-        (bdir / "manifest.failed.json").unlink(missing_ok=True)
-    out.status = "built"
-    if first:
-        out.so, out.so_sha256 = first["path"], first["sha256"]
-    out.seconds = round(time.monotonic() - t0, 1)
-    say(tp.tree, "smoke: " + (", ".join(f"{n} {r['kernels']} kernels, {r['with_ublkpf']} with "
-                                        f"UBLKPF" for n, r in results.items())
-                              or "configured; no object compiled (--smoke-objects none)"))
     return out

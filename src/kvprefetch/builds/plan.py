@@ -3,9 +3,10 @@ anything runs, frozen, printable (``--dry-run``) and serialisable (``--json``).
 
 A ``BuildPlan`` holds one ``TreePlan`` per tree (baseline, patched, and paper when present).
 Each ``TreePlan`` names its source tree and patch hash, its environment backend and path, the
-exact commands and environment variables, the log directory and the expected outputs. The
-kernels-only and full ``TreePlan`` are made here, the overlay one in ``overlay_mode``;
-``pipeline.make_plan`` assembles the ``BuildPlan``."""
+exact commands and environment variables, the log directory and the expected outputs. What
+every plan shares is here (the key, the source hash, the tree's variant, the rendering); each
+mode makes its own ``TreePlan`` (``modes/``) and ``pipeline.make_plan`` assembles the
+``BuildPlan``."""
 
 from __future__ import annotations
 
@@ -19,10 +20,7 @@ from typing import Any
 from .. import upstream
 from ..errors import ConfigError
 from ..hashing import differences, inventory, sha256_file
-from ..kernels.selection import Selection
 from ..workspace.workdir import Workdir
-
-MODES = ("full", "kernels-only", "overlay")
 
 # Variables that silently swap binaries or break isolation: never passed to a build.
 UNSET_FOR_BUILD = ("PYTHONPATH", "PYTHONHOME", "VLLM_USE_PRECOMPILED",
@@ -57,6 +55,13 @@ class TreePlan:
     steps: tuple[Step, ...]
     outputs: tuple[str, ...]
 
+    def step(self, name: str) -> Step:
+        """The step called ``name`` (steps are found by name, never by position)."""
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(f"the {self.tree} plan has no step {name!r}")
+
 
 @dataclass(frozen=True)
 class BuildPlan:
@@ -88,11 +93,6 @@ _SOURCE_FILES = ("CMakeLists.txt", "setup.py", "pyproject.toml")
 
 def _compiled(path: str) -> bool:
     return path.startswith(tuple(f"{d}/" for d in _SOURCE_DIRS)) or path in _SOURCE_FILES
-
-
-def mode_compiles_kernels(mode: str) -> bool:
-    """kernels-only and overlay compile the trees' attention sources themselves (narrowable)."""
-    return mode in ("kernels-only", "overlay")
 
 
 def source_hash(state: dict[str, Any]) -> str:
@@ -228,94 +228,6 @@ def render_plan(plan: BuildPlan) -> str:
             out.append(f"  {i:2d}. {s.name}: {cmd}{where}")
         out.append("  outputs: " + ", ".join(t.outputs))
     return "\n".join(out)
-
-
-def kernels_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
-                       state: dict[str, Any], src_hash: str, env_backend: str, env_path: Path,
-                       py: str, namespace: str, env_set: dict[str, str], gencode: tuple[str, ...],
-                       selection: Selection, torch_from: str | None, nvcc: str | None,
-                       nvcc_version: Any, cuda_home: str | None, torch_info: Any,
-                       jobs: int, defines: tuple[str, ...] = ()) -> TreePlan:
-    from ..upstream import kit_root
-    from .kernels_only import compile_flags, probe_script
-
-    ops_cpp = kit_root() / "csrc" / "kvprefetch_ops.cpp"
-    key = build_key({
-        "mode": "kernels-only", "tree": tree, "source": src_hash, "patch": patch,
-        "ops_cpp": hashlib.sha256(ops_cpp.read_bytes()).hexdigest(),
-        "gencode": gencode, "selection": selection.to_dict(), "namespace": namespace,
-        "torch": getattr(torch_info, "torch_version", None), "nvcc": nvcc_version,
-        "env_backend": env_backend, "defines": list(defines),
-    })
-    bdir = wd.build_root(tree) / key
-    so = bdir / f"{namespace}_C.so"
-    nvcc_flags: list[str] = []
-    if torch_info is not None and cuda_home:
-        build_info = json.dumps({"tree": tree, "variant": variant, "patch_sha256": patch,
-                                 "key": key})
-        nvcc_flags, _, _ = compile_flags(torch_info, Path(cuda_home), list(gencode), namespace,
-                                         wd.tree(tree) / "csrc", build_info, defines)
-    base_py = torch_from or kit_python()
-    steps = (
-        Step("create-env", (base_py, "-m", "venv", "--without-pip", str(env_path))
-             if env_backend == "venv" else (),
-             f"{env_backend} environment at {env_path}, inheriting torch from {base_py}"),
-        Step("probe-torch", (py, str(probe_script("torch_info.py"))),
-             "read the env's torch include/library paths and ABI", cwd="/"),
-        Step("write-sources", (), "narrowed launcher copies + build.ninja in the build dir"
-             if not selection.full else "build.ninja in the build dir (full instantiation set)"),
-        Step("compile", ("ninja", "-C", str(bdir), "-j", str(jobs)),
-             f"nvcc {' '.join(nvcc_flags)}" if nvcc_flags else "nvcc with torch's flags"),
-        Step("install", (), f"copy {so.name} into {env_path}/…/site-packages/kvprefetch_kernels/"),
-        Step("manifest", (), f"write {bdir / 'manifest.json'}"),
-    )
-    return TreePlan(tree, variant, str(wd.tree(tree)), src_hash, patch, env_backend, str(env_path),
-                    py, str(bdir), str(bdir / "logs"), key, namespace, defines, env_set,
-                    UNSET_FOR_BUILD, steps, (str(so), str(bdir / "manifest.json")))
-
-
-def full_tree_plan(wd: Workdir, tree: str, variant: str | None, patch: str | None,
-                    src_hash: str, env_backend: str, env_path: Path, py: str, namespace: str,
-                    env_set: dict[str, str], arch_list: str, editable: bool,
-                    deps_dir: Path | None, ccache: str | None, nvcc_version: Any) -> TreePlan:
-    src = wd.tree(tree)
-    env_set = dict(env_set)
-    env_set["SETUPTOOLS_SCM_PRETEND_VERSION"] = upstream.VLLM_VERSION
-    env_set["VLLM_TARGET_DEVICE"] = "cuda"
-    if ccache:
-        env_set["CCACHE_DIR"] = str(wd.root / "ccache")
-        env_set["CCACHE_NOHASHDIR"] = "true"
-        env_set["CCACHE_BASEDIR"] = str(wd.root / "trees")
-    deps_set, unpack = deps_steps(deps_dir, wd.root)
-    env_set.update(deps_set)
-    key = build_key({"mode": "full", "tree": tree, "source": src_hash, "patch": patch,
-                     "arch": arch_list, "editable": editable, "nvcc": nvcc_version,
-                     "env_backend": env_backend})
-    bdir = wd.build_root(tree) / key
-    pip = (py, "-m", "pip")
-    install: tuple[str, ...] = (*pip, "install", "--no-build-isolation", "-v")
-    install = (*install, *(("-e", ".") if editable else (".",)))
-    steps = [
-        *unpack,
-        Step("create-env", (), f"{env_backend} environment at {env_path} (Python "
-             f"{sys.version_info.major}.{sys.version_info.minor})"),
-        Step("build-requirements", (*pip, "install", "-r", "requirements/build.txt"),
-             "torch==2.8.0 (cu128), cmake>=3.26.1, ninja, setuptools-scm, …", cwd=str(src)),
-        Step("cuda-requirements", (*pip, "install", "-r", "requirements/cuda.txt"),
-             "vLLM's runtime requirements, xformers 0.0.32.post1 included (the V0 XFORMERS path)",
-             cwd=str(src)),
-    ]
-    if ccache:
-        steps.append(Step("ccache-zero", (ccache, "--zero-stats"), "reset the hit counters"))
-    steps.append(Step("build", install, "compile vLLM (hours; resumes through the compiler cache)",
-                      cwd=str(src)))
-    if ccache:
-        steps.append(Step("ccache-stats", (ccache, "--show-stats"), "report the cache hit rate"))
-    steps.append(Step("manifest", (), f"hash every vllm/*.so into {bdir / 'manifest.json'}"))
-    so = (src / "vllm" / "_C.abi3.so") if editable else Path(f"{env_path}/lib/…/site-packages/vllm/_C.abi3.so")
-    return TreePlan(tree, variant, str(src), src_hash, patch, env_backend, str(env_path), py,
-                    str(bdir), str(bdir / "logs"), key, namespace, (), env_set, UNSET_FOR_BUILD,
-                    tuple(steps), (str(so), str(bdir / "manifest.json")))
 
 
 def deps_steps(deps_dir: Path | None, root: Path) -> tuple[dict[str, str], list[Step]]:

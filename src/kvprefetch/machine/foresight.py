@@ -1,24 +1,25 @@
-"""What a build will give, and what it will cost, said before it starts (issue 42: `build --arch
-8.0` started an hour of compiling on two cores, without asking, for a patched tree that could
-not hold the prefetch).
+"""What a build will give, and what it costs per instantiation, known before any plan exists
+(issue 42: `build --arch 8.0` started an hour of compiling on two cores, without asking, for a
+patched tree that could not hold the prefetch). The pure half of the build's foresight: doctor
+says these before a build (``doctor.host``, ``doctor.preflight``) and ``builds.foresight``
+applies them to a plan, so they live here, below both.
 
 * ``lacking``: one line naming what the patched trees will not have on the archs asked for.
   The bulk L2 prefetch (``cp.async.bulk.prefetch.L2``) assembles only for sm_90 and newer; on
   older targets csrc/kvprefetch/l2_prefetch.cuh compiles it to nothing (and the twins' staging
   and programmatic launch are sm_90 code too), so those kernels are stock's. The build still
   runs: it builds what it can.
-* ``estimate_seconds``: the compile time of a plan on this machine, from the instantiations it
-  compiles and a measured cost per instantiation; ``needs_confirmation`` says when a build
-  should ask first (over ``CONFIRM_OVER_S``, and only where someone can answer).
+* ``compile_seconds``: the wall time of compiling some trees' launcher sources, from a measured
+  cost per instantiation; ``CONFIRM_OVER_S``: past it, a build asks first where someone can
+  answer.
 
-Pure: the core count and the terminal are parameters."""
+Pure: the archs, counts and core numbers are parameters."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..machine.toolchain import CudaArch, vllm_c_archs
-from .plan import BuildPlan
+from .toolchain import CudaArch, vllm_c_archs
 
 # CPU seconds to compile one paged-attention instantiation (one kernel of one launcher source)
 # for one arch, over the four trees main.sh builds (stock and the variants, whose twins and
@@ -49,18 +50,6 @@ def lacking(archs: Sequence[CudaArch], cuda_version: tuple[int, ...] | None = No
             "kernels there are stock's; add 9.0a to --arch for the prefetch")
 
 
-def estimate_seconds(plan: BuildPlan, cores: int) -> float | None:
-    """The compile time of the trees ``plan`` builds (not the up-to-date ones) on ``cores``
-    cores; None where the kit has no measure (a full vLLM build: hours)."""
-    todo = [t for t in plan.trees if t.tree not in plan.up_to_date]
-    if not todo:
-        return 0.0
-    if plan.mode not in ("kernels-only", "overlay"):
-        return None
-    return compile_seconds(len(todo), int(plan.selection.get("kernels_per_source") or 0),
-                           len(plan.gencode), min(cores, plan.parallel_trees * plan.jobs))
-
-
 def compile_seconds(trees: int, kernels_per_source: int, archs: int, workers: int) -> float:
     """Wall seconds to compile ``trees`` trees' launcher sources of ``kernels_per_source``
     instantiations for ``archs`` archs with ``workers`` nvcc at a time (each compiles one
@@ -68,25 +57,3 @@ def compile_seconds(trees: int, kernels_per_source: int, archs: int, workers: in
     core_s = (trees * SOURCES_PER_TREE * kernels_per_source * max(1, archs)
               * CORE_SECONDS_PER_INSTANTIATION)
     return core_s / max(1, min(workers, trees * SOURCES_PER_TREE))
-
-
-def describe_estimate(plan: BuildPlan, seconds: float | None, cores: int) -> str:
-    """One line: how long the build is expected to take, and on what basis."""
-    todo = len([t for t in plan.trees if t.tree not in plan.up_to_date])
-    if seconds is None:
-        return (f"estimate: a full vLLM build of {todo} tree(s) takes hours "
-                "(`--mode kernels-only` compiles only the attention kernels)")
-    from ..machine.progress import clock
-
-    kernels = plan.selection.get("kernels_per_source")
-    return (f"estimate: about {clock(seconds)} to compile {todo} tree(s) x {SOURCES_PER_TREE} "
-            f"sources x {kernels} instantiations for {len(plan.gencode)} arch(s) on {cores} "
-            "core(s) (--head-sizes, --block-sizes and --kv-dtypes narrow it)")
-
-
-def needs_confirmation(seconds: float | None, *, interactive: bool, yes: bool) -> bool:
-    """Whether to ask before building: a long build (or one of unknown, hours-long length),
-    someone at a terminal to answer, and no --yes. Unattended runs (scripts/main.sh, CI)
-    proceed, having printed the estimate."""
-    long = seconds is None or seconds > CONFIRM_OVER_S
-    return long and interactive and not yes

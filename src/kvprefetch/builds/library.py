@@ -1,7 +1,10 @@
-"""The kernels-only build: one tree's REAL ``paged_attention_v1.cu`` / ``v2.cu`` plus our
-``csrc/kvprefetch_ops.cpp`` compiled into one shared library whose ops live in the torch
-namespace ``kvprefetch_<tree>``, then installed into that tree's environment as the package
-``kvprefetch_kernels``.
+"""The kernels library a kernels-only or overlay build makes of one tree: the tree's REAL
+``paged_attention_v1.cu`` / ``v2.cu`` plus our ``csrc/kvprefetch_ops.cpp`` compiled into one
+shared library (``<namespace>_C.so``) whose ops live in the torch namespace
+``kvprefetch_<tree>``, then installed into that tree's environment as the package
+``kvprefetch_kernels``. Both modes write its build.ninja, install it and record it the same
+way; the overlay adds its route source, its link against the environment's CUDA runtime and
+its own manifest entries (``modes/overlay.py``).
 
 The compile flags mirror what vLLM 0.10.2's CMake gives these translation units: torch's
 COMMON_NVCC_FLAGS minus the four ``__CUDA_NO_HALF*`` defines (cmake/utils.cmake L101-110),
@@ -18,62 +21,26 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import upstream
 from ..errors import BuildError, ConfigError
+from ..hashing import sha256_file
 from ..kernels.selection import Selection, narrow_source
-from ..runner import run
+from ..machine.torch_probe import TorchInfo
 from ..workspace.confine import write_file
 from ..workspace.workdir import write_json_atomic
+from .plan import BuildPlan, TreePlan
 
 _DROP_FLAGS = {"-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"}
 PACKAGE = "kvprefetch_kernels"
-
-
-@dataclass(frozen=True)
-class TorchInfo:
-    python: str
-    prefix: str
-    torch_version: str
-    torch_cuda: str | None
-    include_paths: tuple[str, ...]
-    library_paths: tuple[str, ...]
-    cxx11_abi: bool
-    common_nvcc_flags: tuple[str, ...]
-    nvidia_include_paths: tuple[str, ...]
-
-    @property
-    def cxx_std(self) -> str:
-        m = re.match(r"(\d+)\.(\d+)", self.torch_version)
-        major_minor = (int(m.group(1)), int(m.group(2))) if m else (2, 10)
-        return "c++20" if major_minor >= (2, 10) else "c++17"
-
-
-def probe_script(name: str) -> Path:
-    return Path(__file__).resolve().parent.parent / "probe" / name
-
-
-def probe_torch(python: str, env: dict[str, str], log: Path | None = None) -> TorchInfo:
-    res = run([python, str(probe_script("torch_info.py"))], env=env, log=log, echo=False,
-              check=False, cwd="/")
-    if res.returncode != 0:
-        raise BuildError(f"{python} cannot import torch (needed to compile against it):\n"
-                         + res.output.strip()[-800:],
-                         "install a CUDA build of torch in that environment, or build with "
-                         "--torch-from PYTHON naming an interpreter that has one")
-    line = [ln for ln in res.output.splitlines() if ln.startswith("{")][-1]
-    d = json.loads(line)
-    if not d.get("torch_cuda"):
-        raise BuildError(f"the torch in {python} ({d['torch_version']}) is a CPU-only build",
-                         "install a CUDA build of torch (e.g. pip install torch==2.14.1 from an "
-                         "index that serves CUDA wheels)")
-    return TorchInfo(d["python"], d["prefix"], d["torch_version"], d["torch_cuda"],
-                     tuple(d["include_paths"]), tuple(d["library_paths"]), d["cxx11_abi"],
-                     tuple(d["common_nvcc_flags"]), tuple(d.get("nvidia_include_paths", ())))
 
 
 def namespace_for(tree: str) -> str:
@@ -241,3 +208,78 @@ def install_into_env(site_packages: Path, so: Path, build_json: dict[str, object
     os.rename(tmp, pkg)
     shutil.rmtree(old, ignore_errors=True)
     return pkg / "_C.so"
+
+
+@dataclass(frozen=True)
+class LibraryBuild:
+    """What the tree's build.ninja compiles: the launcher sources, the library and the flags."""
+
+    sources: list[Path]
+    so: Path
+    nvcc_flags: list[str]
+    link_flags: list[str]
+
+
+def write_library_ninja(tp: TreePlan, plan: BuildPlan, tinfo: TorchInfo, cuda_home: Path,
+                        nvcc: Path, *, link: Callable[[list[str]], list[str]] | None = None,
+                        extra_cpp_sources: tuple[Path, ...] = ()) -> LibraryBuild:
+    """The tree's narrowed launcher sources and build.ninja (rewritten only when it changed, so
+    ninja resumes). ``link`` adjusts the link flags (the overlay links against the
+    environment's CUDA runtime)."""
+    sel = Selection(tuple(plan.selection["head_sizes"]), tuple(plan.selection["block_sizes"]),
+                    tuple(plan.selection["kv_dtypes"]))
+    build_info = json.dumps({"tree": tp.tree, "variant": tp.variant,
+                             "patch_sha256": tp.patch_sha256, "key": tp.key})
+    nvcc_flags, cxx_flags, link_flags = compile_flags(
+        tinfo, cuda_home, list(plan.gencode), tp.namespace, Path(tp.source_tree) / "csrc",
+        build_info, tp.defines)
+    if link is not None:
+        link_flags = link(link_flags)
+    bdir = Path(tp.build_dir)
+    srcs = kernel_sources(Path(tp.source_tree), sel, bdir)
+    so = bdir / f"{tp.namespace}_C.so"
+    write_if_changed(bdir / "build.ninja", ninja_text(
+        nvcc=nvcc, cxx=os.environ.get("CXX", "g++"), cu_sources=srcs,
+        cpp_source=upstream.kit_root() / "csrc" / "kvprefetch_ops.cpp", nvcc_flags=nvcc_flags,
+        cxx_flags=cxx_flags, link_flags=link_flags, output=so,
+        extra_cpp_sources=extra_cpp_sources))
+    return LibraryBuild(srcs, so, nvcc_flags, link_flags)
+
+
+def install_library(tp: TreePlan, plan: BuildPlan, lib: LibraryBuild, site: Path,
+                    mode: str | None = None) -> tuple[Path, str]:
+    """Copy the built library into the environment's site-packages with its build record;
+    returns the installed path and the built library's sha256."""
+    so_sha = sha256_file(lib.so)
+    build_json = {"tree": tp.tree, "variant": tp.variant or "stock", "namespace": tp.namespace,
+                  "key": tp.key, "so_sha256": so_sha, "build_so": str(lib.so),
+                  "patch_sha256": tp.patch_sha256, **({"mode": mode} if mode else {}),
+                  **plan.selection}
+    return install_into_env(site, lib.so, build_json), so_sha
+
+
+def library_manifest(core: dict[str, Any], tp: TreePlan, plan: BuildPlan, lib: LibraryBuild, *,
+                     installed: Path, so_sha: str, tinfo: TorchInfo, env_python: str,
+                     started: float, toolchain: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest of a library build: ``core`` (``sequence.manifest_core``) with the inputs
+    that make its key, the toolchain (plus ``toolchain``'s entries), the environment and both
+    copies of the library with their hashes."""
+    return {
+        **core, "namespace": tp.namespace,
+        "so_path": str(installed), "so_sha256": sha256_file(installed),
+        "build_so_path": str(lib.so),
+        "head_sizes": plan.selection["head_sizes"], "block_sizes": plan.selection["block_sizes"],
+        "kv_dtypes": plan.selection["kv_dtypes"], "selection": plan.selection,
+        "inputs": {**core["inputs"], "gencode": list(plan.gencode),
+                   "sources": {str(s): sha256_file(s) for s in lib.sources},
+                   "defines": list(tp.defines), "nvcc_flags": lib.nvcc_flags,
+                   "link_flags": lib.link_flags},
+        "toolchain": {**plan.toolchain, **(toolchain or {}), "torch": tinfo.torch_version,
+                      "torch_cuda": tinfo.torch_cuda, "cxx_std": tinfo.cxx_std,
+                      "env_python": tinfo.python, "platform": platform.platform()},
+        "env": {"backend": tp.env_backend, "path": tp.env_path, "python": env_python},
+        "outputs": [{"path": str(lib.so), "sha256": so_sha},
+                    {"path": str(installed), "sha256": sha256_file(installed)}],
+        "seconds": round(time.monotonic() - started, 1),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

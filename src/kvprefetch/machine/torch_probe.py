@@ -1,0 +1,67 @@
+"""Which torch a build compiles against: ``probe_torch`` runs the stdlib probe
+(``probe/torch_info.py``) with an environment's own python and returns its include and library
+paths, ABI and CUDA version as a ``TorchInfo``; ``default_torch_python`` is the torch 2.8.0
+interpreter the full-mode smoke uses when none is given (the baseline overlay environment).
+
+Here, below doctor and the build modes, because both ask it: doctor's smoke checks probe the
+torch the smoke would use, and the kernels-only, overlay and smoke modes probe theirs."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BuildError
+from ..runner import run
+from ..workspace.workdir import Workdir
+
+
+@dataclass(frozen=True)
+class TorchInfo:
+    python: str
+    prefix: str
+    torch_version: str
+    torch_cuda: str | None
+    include_paths: tuple[str, ...]
+    library_paths: tuple[str, ...]
+    cxx11_abi: bool
+    common_nvcc_flags: tuple[str, ...]
+    nvidia_include_paths: tuple[str, ...]
+
+    @property
+    def cxx_std(self) -> str:
+        m = re.match(r"(\d+)\.(\d+)", self.torch_version)
+        major_minor = (int(m.group(1)), int(m.group(2))) if m else (2, 10)
+        return "c++20" if major_minor >= (2, 10) else "c++17"
+
+
+def probe_script(name: str) -> Path:
+    return Path(__file__).resolve().parent.parent / "probe" / name
+
+
+def probe_torch(python: str, env: dict[str, str], log: Path | None = None) -> TorchInfo:
+    res = run([python, str(probe_script("torch_info.py"))], env=env, log=log, echo=False,
+              check=False, cwd="/")
+    if res.returncode != 0:
+        raise BuildError(f"{python} cannot import torch (needed to compile against it):\n"
+                         + res.output.strip()[-800:],
+                         "install a CUDA build of torch in that environment, or build with "
+                         "--torch-from PYTHON naming an interpreter that has one")
+    line = [ln for ln in res.output.splitlines() if ln.startswith("{")][-1]
+    d = json.loads(line)
+    if not d.get("torch_cuda"):
+        raise BuildError(f"the torch in {python} ({d['torch_version']}) is a CPU-only build",
+                         "install a CUDA build of torch (e.g. pip install torch==2.14.1 from an "
+                         "index that serves CUDA wheels)")
+    return TorchInfo(d["python"], d["prefix"], d["torch_version"], d["torch_cuda"],
+                     tuple(d["include_paths"]), tuple(d["library_paths"]), d["cxx11_abi"],
+                     tuple(d["common_nvcc_flags"]), tuple(d.get("nvidia_include_paths", ())))
+
+
+def default_torch_python(wd: Workdir) -> str | None:
+    """The baseline overlay environment's python (``build --mode overlay`` makes it: torch
+    2.8.0 with vLLM's pins), when it exists."""
+    py = wd.overlay_env("baseline") / "bin" / "python"
+    return str(py) if py.exists() else None
