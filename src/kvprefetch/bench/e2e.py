@@ -187,6 +187,8 @@ def require_verified(report_path: Path, env_names: Sequence[str]) -> dict[str, s
         raise BenchError(f"no verify-kernel report at {report_path}", fix) from None
     except (OSError, ValueError) as exc:
         raise BenchError(f"cannot read the verify-kernel report {report_path}: {exc}", fix) from exc
+    if not isinstance(report, dict):
+        raise BenchError(f"the verify-kernel report {report_path} is not a JSON object", fix)
     if report.get("passed") is not True:
         raise BenchError(f"the verify-kernel report {report_path} does not say passed", fix)
     covered = verified_envs(report)

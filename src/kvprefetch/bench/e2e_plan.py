@@ -100,11 +100,7 @@ def plan_e2e_bench(options: E2EBenchOptions, *, dry_run: bool = False) -> E2EBen
         if not dry_run:
             raise
         refusal = exc.message
-        verified = {}
-        if report_path.is_file():
-            import json
-
-            verified = verified_envs(json.loads(report_path.read_text(encoding="utf-8")))
+        verified = _listed_envs(report_path)
     envs = parse_env_specs(o.envs, verified) if (o.envs or verified) else ()
     e2e = E2EPlan(envs=envs, model_dir=o.model_dir or o.workdir / "models" / "llama-3.1-8b-dummy",
                   out_dir=out_dir / o.name, tokenizer=o.tokenizer,
@@ -116,6 +112,18 @@ def plan_e2e_bench(options: E2EBenchOptions, *, dry_run: bool = False) -> E2EBen
         raise BenchError("no environments given", "pass --env baseline=PYTHON --env patched=PYTHON")
     return E2EBenchPlan(options=o, e2e=e2e, runs=tuple(plan_runs(e2e) if envs else ()),
                         out_dir=out_dir, formats=formats, refusal=refusal)
+
+
+def _listed_envs(report_path: Path) -> dict[str, str | None]:
+    """The environments a verify report lists, passed or not (what a dry run shows the runs
+    of); none where it is missing or no JSON object (the plan's refusal says why)."""
+    import json
+
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return verified_envs(report) if isinstance(report, dict) else {}
 
 
 def run_e2e_plan(plan: E2EBenchPlan, *, progress: Callable[[str], None] | None = None,
