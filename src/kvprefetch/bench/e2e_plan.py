@@ -29,6 +29,7 @@ from .e2e import (
 )
 from .matrix import parse_sizes
 from .plan import BenchRun, output_dir, parse_formats
+from .schema import E2EDocument
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,7 +128,7 @@ def _listed_envs(report_path: Path) -> dict[str, str | None]:
 
 
 def run_e2e_plan(plan: E2EBenchPlan, *, progress: Callable[[str], None] | None = None,
-                 command: Sequence[str] | None = None) -> BenchRun:
+                 command: Sequence[str] | None = None) -> BenchRun[E2EDocument]:
     """Run the plan (writing the kit's dummy model config first when no ``model_dir`` was
     given) and write its outputs. ``command``: what the document records as the command line
     [default: sys.argv]."""

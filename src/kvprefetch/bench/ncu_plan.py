@@ -22,6 +22,7 @@ from ..kernels.ops import BuiltOps, find_builds
 from .matrix import BenchShape, shapes_from_specs
 from .ncu import NcuOptions, launches_needed, ncu_command, target_command
 from .plan import BenchRun, output_dir, parse_formats, require_baseline_first
+from .schema import NcuDocument
 
 DEFAULT_SHAPES = ("1x4k", "8x16k", "64x1k")
 
@@ -95,7 +96,7 @@ def plan_ncu_bench(options: NcuBenchOptions,
 
 
 def run_ncu_plan(plan: NcuBenchPlan, *, progress: Callable[[str], None] | None = None,
-                 command: Sequence[str] | None = None) -> BenchRun:
+                 command: Sequence[str] | None = None) -> BenchRun[NcuDocument]:
     """Profile the plan and write its outputs. Refuses, before running anything, a plan
     without the baseline and a variant and one whose first build is not the stock baseline.
     ``command``: what the document records as the command line [default: sys.argv]."""

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .render import geomean
+from .schema import SampleDocument, ShapeRow
 from .stats import quantile
 
 CONTROL = "control"
@@ -39,19 +40,19 @@ WORST = 10
 TARGET_STEP = 0.99
 
 
-def timings(doc: dict[str, Any]) -> list[str]:
+def timings(doc: SampleDocument) -> list[str]:
     """The timings present, graph first."""
     present = {r.get("timing", "graph") for r in doc["results"]}
     return [t for t in ("graph", "eager") if t in present]
 
 
-def variant_names(doc: dict[str, Any]) -> list[str]:
+def variant_names(doc: SampleDocument) -> list[str]:
     """Every variant but the baseline, in the run's order."""
     base = doc["meta"]["baseline"]
     return [v["name"] for v in doc["meta"]["variants"] if v["name"] != base]
 
 
-def headline(doc: dict[str, Any]) -> str | None:
+def headline(doc: SampleDocument) -> str | None:
     """The variant the distribution is about: ``patched`` when it ran, else the first variant
     that is not the A/A control."""
     names = variant_names(doc)
@@ -60,7 +61,7 @@ def headline(doc: dict[str, Any]) -> str | None:
     return next((n for n in names if n != CONTROL), None)
 
 
-def measured(doc: dict[str, Any], timing: str) -> list[tuple[int, dict[str, Any]]]:
+def measured(doc: SampleDocument, timing: str) -> list[tuple[int, ShapeRow]]:
     """(step index, row) of the measured rows of one timing: the row's ``step``, or in a
     document made before rows recorded it, the row's index among its timing's rows (they were
     in step order, every step in every timing)."""
@@ -68,9 +69,10 @@ def measured(doc: dict[str, Any], timing: str) -> list[tuple[int, dict[str, Any]
     return [(r.get("step", i), r) for i, r in enumerate(rows) if r["status"] == "measured"]
 
 
-def step_ratio(row: dict[str, Any], name: str) -> float | None:
+def step_ratio(row: ShapeRow, name: str) -> float | None:
     v = row["variants"].get(name)
-    return v["speedup"]["median"] if v and v.get("speedup") else None
+    s = v["speedup"] if v else None
+    return s["median"] if s else None
 
 
 def ratio_stats(values: Sequence[float]) -> dict[str, Any]:
@@ -84,7 +86,7 @@ def ratio_stats(values: Sequence[float]) -> dict[str, Any]:
             "below_target": sum(1 for v in s if v < TARGET_STEP)}
 
 
-def distribution(doc: dict[str, Any], timing: str) -> dict[str, dict[str, Any]]:
+def distribution(doc: SampleDocument, timing: str) -> dict[str, dict[str, Any]]:
     """Per variant, the statistics of its per-step ratios."""
     rows = measured(doc, timing)
     out = {}
@@ -94,7 +96,7 @@ def distribution(doc: dict[str, Any], timing: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def worst_steps(doc: dict[str, Any], timing: str, name: str,
+def worst_steps(doc: SampleDocument, timing: str, name: str,
                 k: int = WORST) -> list[dict[str, Any]]:
     """The ``k`` steps with the lowest ratio of ``name``: index, label, shape, ratio and its
     spread over rounds, KV bytes, and where the A/A control ran, its ratio on that step."""
@@ -103,6 +105,8 @@ def worst_steps(doc: dict[str, Any], timing: str, name: str,
     out = []
     for i, r, x in rows[:k]:
         sp = r["variants"][name]["speedup"]
+        if sp is None:  # step_ratio found it: only the baseline has none
+            continue
         lens = r.get("seq_lens") or [r["context"]] * r["batch"]
         out.append({"step": i, "label": r["label"], "family": r.get("family", "uniform"),
                     "preset": r["preset"], "batch": r["batch"], "max_len": r["context"],
@@ -112,7 +116,7 @@ def worst_steps(doc: dict[str, Any], timing: str, name: str,
     return out
 
 
-def aa_band(doc: dict[str, Any], timing: str) -> dict[str, Any] | None:
+def aa_band(doc: SampleDocument, timing: str) -> dict[str, Any] | None:
     """The A/A band: the distribution of the control tree's per-step ratios (stock rebuilt
     through the same pipeline). A variant's step ratio inside [p5, p95] of it is within the
     benchmark's resolution; ``None`` when control did not run."""
@@ -123,7 +127,7 @@ def aa_band(doc: dict[str, Any], timing: str) -> dict[str, Any] | None:
     return {**ratio_stats(s), "p95": quantile(s, 0.95)}
 
 
-def large_steps(doc: dict[str, Any], timing: str,
+def large_steps(doc: SampleDocument, timing: str,
                 threshold: int = LARGE_KV_BYTES) -> list[dict[str, Any]]:
     """Steps whose KV is at least ``threshold`` bytes: per variant (stock included) the achieved
     bandwidth (fewest bytes moved over the median time) as a fraction of the copy bandwidth
@@ -136,7 +140,7 @@ def large_steps(doc: dict[str, Any], timing: str,
     return out
 
 
-def attribution(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
+def attribution(doc: SampleDocument, timing: str) -> list[dict[str, Any]]:
     """What each mechanism is worth on the sample: for each consecutive pair (a, b) of the
     ablation chain among the trees that ran, the geometric mean over the steps every tree of the
     chain measured of b's ratio over a's (stock's ratio being 1), i.e. of time_a / time_b; and
@@ -148,7 +152,7 @@ def attribution(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
         return []
     base = doc["meta"]["baseline"]
 
-    def ratio(r: dict[str, Any], n: str) -> float | None:
+    def ratio(r: ShapeRow, n: str) -> float | None:
         return 1.0 if n == base else step_ratio(r, n)
 
     rows = [r for _, r in measured(doc, timing) if all(ratio(r, n) for n in chain)]
@@ -166,7 +170,7 @@ def attribution(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     return out
 
 
-def host_overhead(doc: dict[str, Any]) -> dict[str, list[float]]:
+def host_overhead(doc: SampleDocument) -> dict[str, list[float]]:
     """Per variant, its extra time per call over stock's (us) on the steps where both timings
     ran and stock is host-bound (``HOST_BOUND``): issue 29's host-path budget, measured."""
     if set(timings(doc)) != {"graph", "eager"}:
