@@ -21,6 +21,7 @@ from .sample_stats import (
     LARGE_KV_BYTES,
     TARGET_STEP,
     WORST,
+    RatioStats,
     aa_band,
     attribution,
     distribution,
@@ -101,9 +102,17 @@ def host_table(docs: Sequence[SampleDocument]) -> list[str]:
                    "max us/call"], rows)
 
 
-def sample_summary(doc: SampleDocument) -> list[dict[str, Any]]:
+class SampleSummary(RatioStats):
+    """One timing and variant's line of the CLI's closing table (``sample_summary``)."""
+
+    timing: str
+    variant: str
+    all_bitwise_equal: bool
+
+
+def sample_summary(doc: SampleDocument) -> list[SampleSummary]:
     """One row per timing and variant (the CLI's closing table)."""
-    out = []
+    out: list[SampleSummary] = []
     for t in timings(doc):
         rows = measured(doc, t)
         for n, st in distribution(doc, t).items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from .render import geomean
 from .schema import SampleDocument, ShapeRow
@@ -38,6 +38,56 @@ LARGE_KV_BYTES = 256 << 20
 HOST_BOUND = 1.3
 WORST = 10
 TARGET_STEP = 0.99
+
+
+class _RatioStatsKeys(TypedDict):
+    n: int
+
+
+class RatioStats(_RatioStatsKeys, total=False):
+    """The distribution of per-step ratios (``ratio_stats``; only ``n`` when there are none);
+    ``p95`` in the A/A band."""
+
+    min: float
+    p5: float
+    median: float
+    geomean: float | None
+    max: float
+    below_1: int
+    below_target: int
+    p95: float
+
+
+class WorstStep(TypedDict):
+    """One of the steps with the lowest ratio (``worst_steps``)."""
+
+    step: int
+    label: str
+    family: str
+    preset: str
+    batch: int
+    max_len: int
+    mean_len: float
+    kernel: str
+    kv_bytes: int | None
+    ratio: float
+    min: float
+    max: float
+    control: float | None
+
+
+class LargeStep(TypedDict):
+    """A step with a large KV (``large_steps``): each variant's bandwidth fraction."""
+
+    step: int
+    label: str
+    kv_bytes: int
+    bw: dict[str, float]
+
+
+# One link of the ablation chain (``attribution``): "from" is a keyword, hence this form.
+Attribution = TypedDict("Attribution", {"from": str, "to": str, "mechanism": str, "steps": int,
+                                        "geomean": float | None, "worse": int})
 
 
 def timings(doc: SampleDocument) -> list[str]:
@@ -75,7 +125,7 @@ def step_ratio(row: ShapeRow, name: str) -> float | None:
     return s["median"] if s else None
 
 
-def ratio_stats(values: Sequence[float]) -> dict[str, Any]:
+def ratio_stats(values: Sequence[float]) -> RatioStats:
     """min, p5 (linear interpolation between closest ranks), median, geomean, max, how many
     below 1 and below the per-step target (0.99)."""
     s = sorted(values)
@@ -86,10 +136,10 @@ def ratio_stats(values: Sequence[float]) -> dict[str, Any]:
             "below_target": sum(1 for v in s if v < TARGET_STEP)}
 
 
-def distribution(doc: SampleDocument, timing: str) -> dict[str, dict[str, Any]]:
+def distribution(doc: SampleDocument, timing: str) -> dict[str, RatioStats]:
     """Per variant, the statistics of its per-step ratios."""
     rows = measured(doc, timing)
-    out = {}
+    out: dict[str, RatioStats] = {}
     for n in variant_names(doc):
         vals = [x for _, r in rows if (x := step_ratio(r, n)) is not None]
         out[n] = ratio_stats(vals)
@@ -97,12 +147,12 @@ def distribution(doc: SampleDocument, timing: str) -> dict[str, dict[str, Any]]:
 
 
 def worst_steps(doc: SampleDocument, timing: str, name: str,
-                k: int = WORST) -> list[dict[str, Any]]:
+                k: int = WORST) -> list[WorstStep]:
     """The ``k`` steps with the lowest ratio of ``name``: index, label, shape, ratio and its
     spread over rounds, KV bytes, and where the A/A control ran, its ratio on that step."""
     rows = [(i, r, x) for i, r in measured(doc, timing) if (x := step_ratio(r, name)) is not None]
     rows.sort(key=lambda t: t[2])
-    out = []
+    out: list[WorstStep] = []
     for i, r, x in rows[:k]:
         sp = r["variants"][name]["speedup"]
         if sp is None:  # step_ratio found it: only the baseline has none
@@ -116,7 +166,7 @@ def worst_steps(doc: SampleDocument, timing: str, name: str,
     return out
 
 
-def aa_band(doc: SampleDocument, timing: str) -> dict[str, Any] | None:
+def aa_band(doc: SampleDocument, timing: str) -> RatioStats | None:
     """The A/A band: the distribution of the control tree's per-step ratios (stock rebuilt
     through the same pipeline). A variant's step ratio inside [p5, p95] of it is within the
     benchmark's resolution; ``None`` when control did not run."""
@@ -128,19 +178,19 @@ def aa_band(doc: SampleDocument, timing: str) -> dict[str, Any] | None:
 
 
 def large_steps(doc: SampleDocument, timing: str,
-                threshold: int = LARGE_KV_BYTES) -> list[dict[str, Any]]:
+                threshold: int = LARGE_KV_BYTES) -> list[LargeStep]:
     """Steps whose KV is at least ``threshold`` bytes: per variant (stock included) the achieved
     bandwidth (fewest bytes moved over the median time) as a fraction of the copy bandwidth
     measured in the same run."""
-    out = []
+    out: list[LargeStep] = []
     for i, r in measured(doc, timing):
-        if (r.get("kv_bytes") or 0) >= threshold:
-            out.append({"step": i, "label": r["label"], "kv_bytes": r["kv_bytes"],
+        if (kv := r.get("kv_bytes") or 0) >= threshold:
+            out.append({"step": i, "label": r["label"], "kv_bytes": kv,
                         "bw": {n: v["bw_fraction"] for n, v in r["variants"].items()}})
     return out
 
 
-def attribution(doc: SampleDocument, timing: str) -> list[dict[str, Any]]:
+def attribution(doc: SampleDocument, timing: str) -> list[Attribution]:
     """What each mechanism is worth on the sample: for each consecutive pair (a, b) of the
     ablation chain among the trees that ran, the geometric mean over the steps every tree of the
     chain measured of b's ratio over a's (stock's ratio being 1), i.e. of time_a / time_b; and
@@ -156,7 +206,7 @@ def attribution(doc: SampleDocument, timing: str) -> list[dict[str, Any]]:
         return 1.0 if n == base else step_ratio(r, n)
 
     rows = [r for _, r in measured(doc, timing) if all(ratio(r, n) for n in chain)]
-    out = []
+    out: list[Attribution] = []
     for a, b in itertools.pairwise(chain):
         steps = [ratio(r, b) / ratio(r, a) for r in rows]  # type: ignore[operator]
         out.append({"from": a, "to": b, "mechanism": MECHANISMS.get((a, b), f"{a} -> {b}"),
