@@ -39,6 +39,7 @@ from ..errors import BenchError
 from ..kernels.ops import PagedOps
 from .decode_model import Decoder, DecoderConfig
 from .decode_serve import BlockAllocator, LengthDist, Scheduler, Step, blocks_needed
+from .schema import SCHEMA_VERSION, DecodeConfig, DecodeDocument, DecodeRow
 from .stats import quantile, summarize
 from .vllm_call import MAX_SEQ_LEN_TO_CAPTURE, VllmCall, blocks_for, graph_bucket, launch_for
 
@@ -71,9 +72,9 @@ class Workload:
             return [(self.context - 1, self.steps)] * self.batch
         return self.dist.sample(self.requests)
 
-    def to_dict(self) -> dict[str, Any]:
-        d = {"batch": self.batch, "context": self.context, "steps": self.steps,
-             "requests": self.requests, "label": self.label}
+    def to_dict(self) -> DecodeRow:
+        d: DecodeRow = {"batch": self.batch, "context": self.context, "steps": self.steps,
+                        "requests": self.requests, "label": self.label}
         if self.dist is not None:
             d["dist"] = asdict(self.dist)
         return d
@@ -90,6 +91,13 @@ class DecodeBenchConfig:
     seed: int = 0
     profile_steps: int = 3
     memory_headroom: float = 0.9  # use at most this fraction of free device memory
+
+    def to_dict(self) -> DecodeConfig:
+        return {"repeats": self.repeats, "warmup_steps": self.warmup_steps, "eager": self.eager,
+                "max_model_len": self.max_model_len,
+                "max_seq_len_to_capture": self.max_seq_len_to_capture,
+                "block_size": self.block_size, "seed": self.seed,
+                "profile_steps": self.profile_steps, "memory_headroom": self.memory_headroom}
 
     def call(self, largest_batch: int) -> VllmCall:
         """vLLM's call for a trace whose largest batch is ``largest_batch`` (its max_num_seqs)."""
@@ -245,7 +253,7 @@ def attention_share(runner: TreeRunner, steps_in: StepInputs, picks: Sequence[in
 
 def run_workload(model: Decoder, trees: Sequence[PagedOps], work: Workload,
                  steps: Sequence[Step], cfg: DecodeBenchConfig,
-                 progress: Callable[[str], None] = print) -> dict[str, Any]:
+                 progress: Callable[[str], None] = print) -> DecodeRow:
     """Time every tree over the workload's steps (the model's caches hold its blocks)."""
     import torch
 
@@ -291,7 +299,7 @@ def run_workload(model: Decoder, trees: Sequence[PagedOps], work: Workload,
     base = trees[0].name
     mid = len(steps) // 2
     picks = list(range(mid, min(mid + cfg.profile_steps, len(steps))))
-    result: dict[str, Any] = {
+    result: DecodeRow = {
         **work.to_dict(), "steps_run": len(steps), "tokens": tokens,
         "graph_steps": sum(m is not None for m in inputs.modes),
         "kernels": kernel_choices(inputs, mc.num_heads, cfg.block_size),
@@ -304,8 +312,8 @@ def run_workload(model: Decoder, trees: Sequence[PagedOps], work: Workload,
         equal = all(bool(torch.equal(a, b)) for a, b in zip(sums[name], sums[base]))
         result["trees"][name] = {
             "tokens_per_s": tokens / (statistics.median(t) * 1e-3),
-            "time_ms": asdict(summarize(t)),
-            "ratio": asdict(summarize(ratio)) if name != base else None,
+            "time_ms": summarize(t).to_dict(),
+            "ratio": summarize(ratio).to_dict() if name != base else None,
             "step_ms": {"mean": statistics.fmean(lat), "p50": quantile(lat, 0.5),
                         "p99": quantile(lat, 0.99)},
             "attention_share": attention_share(r, inputs, picks) if picks else None,
@@ -330,7 +338,7 @@ def workload_memory(cfg: DecoderConfig, num_blocks: int, block_size: int, batch:
 def run_decode_bench(trees: Sequence[PagedOps], model_cfg: DecoderConfig,
                      workloads: Sequence[Workload], cfg: DecodeBenchConfig,
                      command: Sequence[str] = (),
-                     progress: Callable[[str], None] = print) -> dict[str, Any]:
+                     progress: Callable[[str], None] = print) -> DecodeDocument:
     """The whole run: one model, every workload, every tree; a ``decode`` result document."""
     import torch
 
@@ -353,7 +361,7 @@ def run_decode_bench(trees: Sequence[PagedOps], model_cfg: DecoderConfig,
                          f"GiB) do not fit in {free / 2**30:.1f} GiB free",
                          "use --layers to run fewer layers, or a smaller model")
     model = Decoder(model_cfg, 0, cfg.block_size, "cuda", cfg.seed, cfg.max_model_len)
-    results = []
+    results: list[DecodeRow] = []
     for w in workloads:
         steps, num_blocks = plan_steps(w, cfg.block_size)
         model.drop_cache()
@@ -371,8 +379,8 @@ def run_decode_bench(trees: Sequence[PagedOps], model_cfg: DecoderConfig,
         res["status"] = "ok"
         results.append(res)
     model.free()
-    return {"kind": "decode", "schema": 1, "meta": {
-        "device": facts, "model": model_cfg.to_dict(), "config": asdict(cfg),
+    return {"kind": "decode", "schema": SCHEMA_VERSION, "meta": {
+        "device": facts, "model": model_cfg.to_dict(), "config": cfg.to_dict(),
         "trees": [t.name for t in trees], "baseline": trees[0].name,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "seconds": round(time.time() - started, 1), "command": list(command)},

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .schema import DecodeModel
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,13 @@ class DecoderConfig:
         """K and V of one block over every layer (16-bit caches)."""
         return 2 * 2 * self.layers * self.kv_size * block_size
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> DecodeModel:
+        return {"name": self.name, "hidden": self.hidden, "num_heads": self.num_heads,
+                "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+                "intermediate": self.intermediate, "layers": self.layers, "vocab": self.vocab,
+                "rope_theta": self.rope_theta, "rms_eps": self.rms_eps,
+                "qkv_bias": self.qkv_bias, "dtype": self.dtype, "tp": self.tp,
+                "source": self.source}
 
 
 # No real model has sizes near these; a config beyond them is a mistake (or an attack), not a
@@ -188,8 +194,7 @@ def preset(name: str, dtype: str | None = None, layers: int | None = None) -> De
     if name not in PRESETS:
         raise ConfigError(f"unknown decode preset '{name}'", f"use one of: {', '.join(PRESETS)}")
     c = PRESETS[name]
-    return DecoderConfig(**{**c.to_dict(), **({"dtype": dtype} if dtype else {}),
-                            **({"layers": layers} if layers else {})})
+    return replace(c, dtype=dtype or c.dtype, layers=layers or c.layers)
 
 
 class Decoder:

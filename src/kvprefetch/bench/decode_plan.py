@@ -33,6 +33,7 @@ from .plan import (
     require_baseline_first,
     require_builds,
 )
+from .schema import DecodeDocument
 from .vllm_call import MAX_SEQ_LEN_TO_CAPTURE
 
 DEFAULT_BATCHES = (1, 8, 32, 128)
@@ -123,7 +124,7 @@ def plan_decode_bench(options: DecodeBenchOptions,
 
 
 def run_decode_plan(plan: DecodeBenchPlan, *, progress: Callable[[str], None] = print,
-                    command: Sequence[str] | None = None) -> BenchRun:
+                    command: Sequence[str] | None = None) -> BenchRun[DecodeDocument]:
     """Run the plan on the GPU and write its outputs. Refuses, before loading anything, a
     python without torch, a plan without builds and one whose first build is not the stock
     baseline. ``command``: what the document records as the command line [default: sys.argv]."""
@@ -142,7 +143,7 @@ def run_decode_plan(plan: DecodeBenchPlan, *, progress: Callable[[str], None] = 
     return BenchRun(doc=doc, paths=tuple(paths))
 
 
-def check_decode_run(run: BenchRun) -> None:
+def check_decode_run(run: BenchRun[DecodeDocument]) -> None:
     """Refuse a run in which some tree's logits differ from stock's (after its results are
     shown and written: they are the evidence)."""
     if not all(s["bitwise_equal"] for s in decode_summary(run.doc)):

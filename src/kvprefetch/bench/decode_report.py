@@ -6,21 +6,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from .render import geomean, md_table, pyplot, save_figure
+from .schema import DecodeDocument, DecodeRow, Stats
 
 
-def decode_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
+class DecodeSummary(TypedDict):
+    """One non-baseline tree's line of a decode result's summary (``decode_summary``)."""
+
+    tree: str
+    workloads: int
+    geomean: float | None
+    worst: tuple[float, str]  # (ratio, workload)
+    best: tuple[float, str]
+    bitwise_equal: bool
+
+
+def decode_summary(doc: DecodeDocument) -> list[DecodeSummary]:
     """Per non-baseline tree: workloads measured, geomean ratio, worst and best ratio (with
     their workload), and whether every workload was bitwise equal."""
     base = doc["meta"]["baseline"]
     rows = [r for r in doc["results"] if r.get("status") == "ok"]
-    out = []
+    out: list[DecodeSummary] = []
     for tree in doc["meta"]["trees"]:
         if tree == base:
             continue
-        pts = [(r["trees"][tree]["ratio"]["median"], r["label"]) for r in rows
+        pts = [(_ratio(r, tree)["median"], r["label"]) for r in rows
                if tree in r["trees"]]
         if not pts:
             continue
@@ -31,13 +43,22 @@ def decode_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def decode_points_table(docs: Sequence[dict[str, Any]], target: float = 0.99) -> list[str]:
+def _ratio(r: DecodeRow, tree: str) -> Stats:
+    """Tree ``tree``'s tokens/s ratio to stock in the measured row ``r`` (only the baseline has
+    none: a null one elsewhere is refused as unreadable)."""
+    q = r["trees"][tree]["ratio"]
+    if q is None:
+        raise TypeError(f"{tree} has no ratio in {r['label']}")
+    return q
+
+
+def decode_points_table(docs: Sequence[DecodeDocument], target: float = 0.99) -> list[str]:
     """One markdown table over several `bench decode` results (a run's folder): per model and
     context, the fixed points measured, how many ran from a CUDA graph, ``patched``'s tokens/s
     ratio over them (geomean, worst and best with their batch), how many fall below
     ``target``, the A/A band of ``control`` where it ran (min-max), and whether every step was
     bitwise equal. Serving traces are left out: they have no single context."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int], list[DecodeRow]] = {}
     for doc in docs:
         name = doc["meta"]["model"]["name"]
         for r in doc["results"]:
@@ -45,8 +66,8 @@ def decode_points_table(docs: Sequence[dict[str, Any]], target: float = 0.99) ->
                 groups.setdefault((name, int(r["context"])), []).append(r)
     rows = []
     for (name, ctx), pts in groups.items():
-        ratio = [(r["trees"]["patched"]["ratio"]["median"], r["batch"]) for r in pts]
-        ctl = [r["trees"]["control"]["ratio"]["median"] for r in pts if "control" in r["trees"]]
+        ratio = [(_ratio(r, "patched")["median"], r["batch"]) for r in pts]
+        ctl = [_ratio(r, "control")["median"] for r in pts if "control" in r["trees"]]
         graph = sum(1 for r in pts if r.get("graph_steps", 0) == r.get("steps_run", -1))
         worst, best = min(ratio), max(ratio)
         rows.append([name, ctx, len(pts), graph, f"{geomean(x for x, _ in ratio):.3f}x",
@@ -59,7 +80,7 @@ def decode_points_table(docs: Sequence[dict[str, Any]], target: float = 0.99) ->
                      f"< {target}", "A/A (control)", "bitwise equal"], rows)
 
 
-def decode_markdown(doc: dict[str, Any]) -> str:
+def decode_markdown(doc: DecodeDocument) -> str:
     meta = doc["meta"]
     m, cfg, dev = meta["model"], meta["config"], meta["device"]
     base = meta["baseline"]
@@ -77,8 +98,8 @@ def decode_markdown(doc: dict[str, Any]) -> str:
                             "a longer sequence or a larger batch eager"),
              (f"- {cfg['repeats']} interleaved rounds; started {meta['started']}, "
               f"{meta.get('seconds', '?')} s")]
-    if meta.get("command"):
-        lines.append(f"- command: `{' '.join(meta['command'])}`")
+    if command := meta.get("command"):
+        lines.append(f"- command: `{' '.join(command)}`")
     lines += ["", ("Tokens/s = decode tokens (padding excluded) / summed step time (CUDA events, "
                    "input copy + step). Ratio = stock time / tree time per round: median "
                    "[min-max]. Attention = attention kernels' share of the step's kernel time. "
@@ -95,13 +116,14 @@ def decode_markdown(doc: dict[str, Any]) -> str:
     for t in others:
         head += [f"{t} tok/s", f"{t} ratio [min-max]", f"{t} p50/p99 ms", f"{t} attention",
                  "bitwise"]
-    rows = []
+    rows: list[list[str | None]] = []
     for r in doc["results"]:
         if r.get("status") != "ok":
             rows.append([r["label"], r.get("reason", r.get("status"))] + [""] * (len(head) - 2))
             continue
         k = r["kernels"]
-        row = [r["label"], f"{r['steps_run']} ({k['v1']}/{k['v2']}, {r['graph_steps']})"]
+        row: list[str | None] = [
+            r["label"], f"{r['steps_run']} ({k['v1']}/{k['v2']}, {r['graph_steps']})"]
         for t in [base, *others]:
             e = r["trees"][t]
             share = "-" if e["attention_share"] is None else f"{100 * e['attention_share']:.0f}%"
@@ -109,7 +131,7 @@ def decode_markdown(doc: dict[str, Any]) -> str:
             if t == base:
                 row += [f"{e['tokens_per_s']:.0f}", lat, share]
             else:
-                q = e["ratio"]
+                q = _ratio(r, t)
                 row += [f"{e['tokens_per_s']:.0f}",
                         f"{q['median']:.3f} [{q['min']:.3f}-{q['max']:.3f}]", lat, share,
                         "yes" if e["bitwise_equal"] else "NO"]
@@ -118,7 +140,7 @@ def decode_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def decode_png(doc: dict[str, Any], path: Path) -> Path:
+def decode_png(doc: DecodeDocument, path: Path) -> Path:
     plt = pyplot()
     base = doc["meta"]["baseline"]
     others = [t for t in doc["meta"]["trees"] if t != base]
@@ -127,9 +149,9 @@ def decode_png(doc: dict[str, Any], path: Path) -> Path:
     width = 0.8 / max(len(others), 1)
     for i, t in enumerate(others):
         xs = [j + i * width for j in range(len(rows))]
-        ys = [r["trees"][t]["ratio"]["median"] for r in rows]
-        lo = [y - r["trees"][t]["ratio"]["min"] for y, r in zip(ys, rows)]
-        hi = [r["trees"][t]["ratio"]["max"] - y for y, r in zip(ys, rows)]
+        ys = [_ratio(r, t)["median"] for r in rows]
+        lo = [y - _ratio(r, t)["min"] for y, r in zip(ys, rows)]
+        hi = [_ratio(r, t)["max"] - y for y, r in zip(ys, rows)]
         ax.bar(xs, ys, width, yerr=[lo, hi], label=t)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))],

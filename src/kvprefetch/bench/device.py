@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .schema import Device
+
 DEFAULT_L2_BYTES_IF_UNKNOWN = 50 * 1024 * 1024  # H100/H200 L2, only if torch cannot say
 DEFAULT_SMEM_OPTIN_IF_UNKNOWN = 227 * 1024     # sm_90 opt-in shared memory per block, likewise
 
@@ -35,7 +37,7 @@ def require_torch(command: str) -> None:
             "environment; `--dry-run` plans without torch") from exc
 
 
-def device_facts(device: Any = None) -> dict[str, Any]:
+def device_facts(device: Any = None) -> Device:
     import torch
 
     dev = torch.device(device or "cuda")

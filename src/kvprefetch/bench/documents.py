@@ -1,102 +1,38 @@
-"""Reading a result document (any ``kind`` bench or verify writes): a bounded read of a regular
-file, plain or gzip-compressed, and a check of its shape, so that a hand-edited, truncated or
-hostile result is one ``BenchError`` naming the field, never a traceback or a hang. ``reading``
-turns what a renderer trips over deeper in a checked document into the same kind of error."""
+"""Reading a result document (any ``kind`` bench or verify writes), the one way ``report``,
+``--merge``, ``--repeats``, ``--readme`` and ``--index`` read one: a bounded read of a regular
+file, plain or gzip-compressed, then a check against its kind's schema (bench/schema.py), so
+that a hand-edited, truncated, hostile or other-version result is one ``BenchError`` naming the
+file, the field and the fix, never a traceback or a hang. ``reading`` turns what a renderer
+still trips over in a checked document (an empty list, a zero time) into the same kind of
+error."""
 
 from __future__ import annotations
 
+import functools
 import json
+import types
+import typing
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union
 
 from ..errors import BenchError
+from .schema import (
+    DOCUMENT_TYPES,
+    KINDS,
+    SCHEMA_VERSION,
+    UNVERSIONED_KINDS,
+    Document,
+)
 
-KINDS = ("kernel", "ncu", "e2e", "identity", "repeats", "decode", "sample")
-
+__all__ = ["KINDS", "MAX_RESULT_BYTES", "load_document", "problem", "reading"]
 
 # The most a result may hold, decompressed (the largest committed one is well under 1 MiB;
 # a sampled run's raw rounds a few MiB): beyond it a file is refused, never read into memory.
 MAX_RESULT_BYTES = 64 << 20
 _FIX = "pass a JSON file written by kvprefetch bench or verify, unedited"
-
-# The spine of each kind: every field a reader indexes without checking first, with its type.
-# A dict is a JSON object with those keys (a key ending in "?" may be absent); a one-element
-# list is a JSON list whose every element has that shape; ``int`` excludes booleans; ``float``
-# is any number. Only what the readers need: anything else in a document is kept as it is.
-_ROWS_COMMON = {"batch": int, "context": int, "block_size": int, "dtype": str,
-                "kv_cache_dtype": str, "kernel": str, "label?": str, "variants?": dict}
-_SHAPES: dict[str, dict[str, Any]] = {
-    "kernel": {"meta": {"baseline": str, "variants": [{"name": str}],
-                        "device": {"name": str, "l2_bytes": int}},
-               "results": [{**_ROWS_COMMON, "mode": str, "preset": str}]},
-    "sample": {"meta": {"baseline": str, "variants": [{"name": str}], "device": dict,
-                        "sample": dict},
-               "results": [{**_ROWS_COMMON, "head_size": int, "num_heads": int,
-                            "num_kv_heads": int}]},
-    "decode": {"meta": {"baseline": str, "trees": [str], "model": dict, "device?": dict,
-                        "config?": dict},
-               "results": [{"label": str, "trees?": dict}]},
-    "repeats": {"meta": {"variants": list}, "results": [dict], "summary": [dict]},
-    "ncu": {"meta": {"variants": [str], "options": dict, "started": str},
-            "shapes": [{"label": str, "variants": dict, "deltas": dict}]},
-    "e2e": {"meta": {"input_len": int, "output_len": int, "repeats": int, "environment": dict,
-                     "model_dir": str, "dtype": str, "started": str, "envs": [{"name": str}]},
-            "rows": [{"max_num_seqs": int, "num_prompts": int, "envs": dict}]},
-    "identity": {"status": str, "variants": [str], "device": str, "checked": int, "failed": int,
-                 "not_checked": int, "rows": [{"label": str, "kernel": str, "status": str,
-                                               "rel_err": dict, "problems": list}]},
-}
-_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "a whole number",
-               float: "a number", bool: "true or false"}
-
-
-def _shape_problem(value: Any, spec: Any, where: str) -> str | None:
-    """The first place where ``value`` does not have the shape ``spec``, or None."""
-    if isinstance(spec, dict):
-        if not isinstance(value, dict):
-            return f"{_at(where)} is {_json_type(value)}, not an object"
-        for key, sub in spec.items():
-            name = key.rstrip("?")
-            if name not in value:
-                if key.endswith("?"):
-                    continue
-                return f"{_at(_join(where, name))} is missing"
-            found = _shape_problem(value[name], sub, _join(where, name))
-            if found:
-                return found
-        return None
-    if isinstance(spec, list):
-        if not isinstance(value, list):
-            return f"{_at(where)} is {_json_type(value)}, not a list"
-        for i, item in enumerate(value):
-            found = _shape_problem(item, spec[0], f"{where}[{i}]")
-            if found:
-                return found
-        return None
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) if spec is float
-          else isinstance(value, int) and not isinstance(value, bool) if spec is int
-          else isinstance(value, spec))
-    return None if ok else f"{_at(where)} is {_json_type(value)}, not {_TYPE_NAMES[spec]}"
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _at(where: str) -> str:
-    return f"`{where}`" if where else "the document"
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    for t in (bool, dict, list, str, int, float):
-        if isinstance(value, t):
-            return _TYPE_NAMES[t]
-    return type(value).__name__
 
 
 def _read_result(path: Path) -> bytes:
@@ -114,10 +50,11 @@ def _read_result(path: Path) -> bytes:
     return data
 
 
-def load_document(path: Path) -> dict[str, Any]:
+def load_document(path: Path) -> Document:
     """A result JSON file, plain or gzip-compressed (``.json.gz``: how bulky runs are kept),
-    whose shape has been checked: every field the readers index (``_SHAPES``) is there with
-    its type, so a hand-edited or truncated result is one error naming the field."""
+    checked against its kind's schema (bench/schema.py): a known ``kind``, this kit's
+    ``schema`` version, every required field there and every field of the type the schema
+    gives it. Anything else is one BenchError naming the file, the field and the fix."""
     try:
         doc = json.loads(_read_result(path).decode("utf-8"))
     except RecursionError as exc:
@@ -127,10 +64,124 @@ def load_document(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("kind") not in KINDS:
         raise BenchError(f"{path} is not a kvprefetch result (kind must be one of "
                          f"{', '.join(KINDS)})", "pass a JSON file written by kvprefetch bench")
-    problem = _shape_problem(doc, _SHAPES.get(doc["kind"], {}), "")
-    if problem:
-        raise BenchError(f"{path} is not a well-formed `{doc['kind']}` result: {problem}", _FIX)
-    return doc
+    kind = doc["kind"]
+    if "schema" in doc or kind not in UNVERSIONED_KINDS:
+        version = doc.get("schema", "missing")
+        if version != SCHEMA_VERSION or isinstance(version, bool):
+            got = "has no `schema`" if version == "missing" else f"is of schema {version!r}"
+            raise BenchError(f"{path}: this `{kind}` result {got}; this kvprefetch reads schema "
+                             f"{SCHEMA_VERSION}",
+                             "render it with the kvprefetch that wrote it (its meta.kit.version) "
+                             "or rerun the benchmark with this one")
+    found = problem(doc, DOCUMENT_TYPES[kind])
+    if found:
+        raise BenchError(f"{path}: a field the report reads is missing or not what kvprefetch "
+                         f"writes: {found} (a `{kind}` result, schema {SCHEMA_VERSION})", _FIX)
+    return doc  # type: ignore[return-value]  # checked against DOCUMENT_TYPES[kind] above
+
+
+# ----------------------------------------------------------------------------- the check
+
+_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "a whole number",
+               float: "a number", bool: "true or false"}
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[tuple[str, Any], ...], frozenset[str]]:
+    """A TypedDict's keys with their types, in declaration order, and its required keys."""
+    hints = typing.get_type_hints(cls)
+    return tuple(hints.items()), frozenset(cls.__required_keys__)  # type: ignore[attr-defined]
+
+
+def problem(value: Any, tp: Any, where: str = "") -> str | None:
+    """The first place where the JSON value ``value`` is not of the type ``tp`` (a TypedDict
+    above, ``list[X]``, ``dict[str, X]``, ``X | None``, a ``Literal``, a JSON scalar type or
+    ``Any``), as "`where.field` is null, not a number"; None if it is. ``int`` excludes booleans,
+    ``float`` is any number. Keys a class does not declare are not looked at (a later kit's
+    additions within the same schema)."""
+    if tp is Any:
+        return None
+    if typing.is_typeddict(tp):
+        if not isinstance(value, dict):
+            return f"{_at(where)} is {_json_type(value)}, not an object"
+        fields, required = _fields(tp)
+        for key, sub in fields:
+            if key not in value:
+                if key in required:
+                    return f"{_at(_join(where, key))} is missing"
+                continue
+            found = problem(value[key], sub, _join(where, key))
+            if found:
+                return found
+        return None
+    origin = typing.get_origin(tp)
+    if origin is Union or origin is types.UnionType:
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None if len(options) < len(typing.get_args(tp)) else \
+                f"{_at(where)} is null, not {_describe(options[0])}"
+        each = [problem(value, a, where) for a in options]
+        return None if None in each else each[0]
+    if origin is list:
+        if not isinstance(value, list):
+            return f"{_at(where)} is {_json_type(value)}, not a list"
+        (item,) = typing.get_args(tp)
+        for i, x in enumerate(value):
+            found = problem(x, item, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if origin is tuple:  # a fixed-length JSON list
+        items = typing.get_args(tp)
+        if not isinstance(value, list) or len(value) != len(items):
+            return f"{_at(where)} is {_json_type(value)}, not a list of {len(items)}"
+        for i, (x, item) in enumerate(zip(value, items)):
+            found = problem(x, item, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if origin is dict:
+        if not isinstance(value, dict):
+            return f"{_at(where)} is {_json_type(value)}, not an object"
+        _, item = typing.get_args(tp)
+        for k, x in value.items():
+            found = problem(x, item, _join(where, str(k)))
+            if found:
+                return found
+        return None
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        return None if value in allowed else \
+            f"{_at(where)} is {value!r}, not {' or '.join(repr(a) for a in allowed)}"
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float
+          else isinstance(value, int) and not isinstance(value, bool) if tp is int
+          else isinstance(value, tp))
+    return None if ok else f"{_at(where)} is {_json_type(value)}, not {_describe(tp)}"
+
+
+def _describe(tp: Any) -> str:
+    if typing.is_typeddict(tp) or typing.get_origin(tp) is dict:
+        return "an object"
+    if typing.get_origin(tp) in (list, tuple):
+        return "a list"
+    return _TYPE_NAMES.get(tp, str(tp))
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _at(where: str) -> str:
+    return f"`{where}`" if where else "the document"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    for t in (bool, dict, list, str, int, float):
+        if isinstance(value, t):
+            return _TYPE_NAMES[t]
+    return type(value).__name__
 
 
 # What a reader raises on a document whose shape passed the check but whose deeper values do

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
+from .schema import SCHEMA_VERSION, E2EDocument, E2EEnvResult, E2ERow, E2ERunResult
 from .stats import summarize
 
 # meta-llama/Llama-3.1-8B config.json (the attention and model shape the seed benchmarked).
@@ -187,6 +188,8 @@ def require_verified(report_path: Path, env_names: Sequence[str]) -> dict[str, s
         raise BenchError(f"no verify-kernel report at {report_path}", fix) from None
     except (OSError, ValueError) as exc:
         raise BenchError(f"cannot read the verify-kernel report {report_path}: {exc}", fix) from exc
+    if not isinstance(report, dict):
+        raise BenchError(f"the verify-kernel report {report_path} is not a JSON object", fix)
     if report.get("passed") is not True:
         raise BenchError(f"the verify-kernel report {report_path} does not say passed", fix)
     covered = verified_envs(report)
@@ -214,17 +217,17 @@ def parse_env_specs(specs: Sequence[str], verified: Mapping[str, str | None]) ->
     return tuple(envs)
 
 
-def collect(results: Sequence[tuple[E2ERun, Mapping[str, Any]]], plan: E2EPlan) -> list[dict[str, Any]]:
+def collect(results: Sequence[tuple[E2ERun, Mapping[str, Any]]], plan: E2EPlan) -> list[E2ERow]:
     """One row per max-num-seqs: per env the median (and spread) of tokens/s and output
     tokens/s over repeats, and each env's speedup over the first env, paired per repeat."""
-    rows = []
+    rows: list[E2ERow] = []
     base = plan.envs[0].name
     for m in plan.max_num_seqs:
         per_env: dict[str, dict[int, Mapping[str, Any]]] = {}
         for run, res in results:
             if run.max_num_seqs == m:
                 per_env.setdefault(run.env.name, {})[run.repeat] = res
-        row: dict[str, Any] = {"max_num_seqs": m, "num_prompts": plan.num_prompts(m), "envs": {}}
+        row: E2ERow = {"max_num_seqs": m, "num_prompts": plan.num_prompts(m), "envs": {}}
         for env in plan.envs:
             reps = per_env.get(env.name, {})
             if not reps:
@@ -232,13 +235,13 @@ def collect(results: Sequence[tuple[E2ERun, Mapping[str, Any]]], plan: E2EPlan) 
             tps = [float(r["tokens_per_second"]) for r in reps.values()]
             out_tps = [float(r["num_requests"]) * plan.output_len / float(r["elapsed_time"])
                        for r in reps.values()]
-            entry: dict[str, Any] = {"tokens_per_second": vars(summarize(tps)),
-                                     "output_tokens_per_second": vars(summarize(out_tps))}
+            entry: E2EEnvResult = {"tokens_per_second": summarize(tps).to_dict(),
+                                   "output_tokens_per_second": summarize(out_tps).to_dict()}
             if env.name != base and base in per_env:
                 common = sorted(set(reps) & set(per_env[base]))
                 ratios = [float(reps[i]["tokens_per_second"])
                           / float(per_env[base][i]["tokens_per_second"]) for i in common]
-                entry["speedup"] = vars(summarize(ratios)) if ratios else None
+                entry["speedup"] = summarize(ratios).to_dict() if ratios else None
             row["envs"][env.name] = entry
         rows.append(row)
     return rows
@@ -263,7 +266,7 @@ def check_envs_have_vllm(envs: Sequence[E2EEnv], cwd: Path) -> dict[str, str]:
 
 
 def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
-            command: Sequence[str] = ()) -> dict[str, Any]:
+            command: Sequence[str] = ()) -> E2EDocument:
     """Execute the plan (each run from a neutral working directory) and build the document."""
     from ..runner import run
 
@@ -287,7 +290,7 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
         say(f"[{i}/{len(runs)}] {r.env.name} max-num-seqs {r.max_num_seqs} repeat {r.repeat}: "
             f"{float(res['tokens_per_second']):.0f} tok/s ({time.monotonic() - t0:.0f} s)")
     return {
-        "kind": "e2e", "schema": 1,
+        "kind": "e2e", "schema": SCHEMA_VERSION,
         "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "baseline": plan.envs[0].name,
                  "envs": [{"name": e.name, "python": str(e.python),
@@ -297,8 +300,14 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
                  "model_dir": str(plan.model_dir), "dtype": plan.dtype,
                  "example_argv": list(runs[0].argv) if runs else [], "command": list(command)},
         "rows": collect(results, plan),
-        "runs": [{"env": r.env.name, "max_num_seqs": r.max_num_seqs, "repeat": r.repeat,
-                  **{k: res.get(k) for k in ("elapsed_time", "num_requests", "total_num_tokens",
-                                             "requests_per_second", "tokens_per_second")}}
-                 for r, res in results],
+        "runs": [_run_result(r, res) for r, res in results],
     }
+
+
+def _run_result(run: E2ERun, res: Mapping[str, Any]) -> E2ERunResult:
+    """One run's own numbers, as ``vllm bench throughput`` wrote them (None where it did not)."""
+    return {"env": run.env.name, "max_num_seqs": run.max_num_seqs, "repeat": run.repeat,
+            "elapsed_time": res.get("elapsed_time"), "num_requests": res.get("num_requests"),
+            "total_num_tokens": res.get("total_num_tokens"),
+            "requests_per_second": res.get("requests_per_second"),
+            "tokens_per_second": res.get("tokens_per_second")}

@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from ..errors import BenchError
 from ..reading import read_limited
@@ -19,6 +19,22 @@ from .decode_report import decode_summary
 from .documents import load_document, reading
 from .render import ctx, geomean, md_table
 from .report import kernel_summary, l2_ceiling
+
+
+class Headline(TypedDict, total=False):
+    """One headline figure as a run's ``provenance.json`` names it: ``text`` as it is, or
+    computed from the ``result`` file (relative to the run's folder) for its ``variant`` (a
+    tree of a decode result); ``label`` prefixes it; a kernel result's ``mode`` (cold) and
+    ``l2_bound`` (add the aliased L2-resident bound), a sample's ``timings`` (graph, eager)."""
+
+    text: str
+    result: str
+    variant: str
+    label: str
+    mode: str
+    l2_bound: bool
+    timings: list[str]
+
 
 PROVENANCE = "provenance.json"
 _FIELDS = ("title", "date", "gpu", "measures", "commit", "tree", "command", "headline")
@@ -36,7 +52,7 @@ class ResultRun:
     commit: str
     tree: str
     command: str
-    headline: tuple[dict[str, Any], ...]
+    headline: tuple[Headline, ...]  # as written: read by headline() inside reading()
 
 
 def load_run(folder: Path) -> ResultRun:
@@ -80,7 +96,7 @@ def headline(run: ResultRun) -> str:
     return "; ".join(parts)
 
 
-def _one_headline(folder: Path, spec: dict[str, Any]) -> str:
+def _one_headline(folder: Path, spec: Headline) -> str:
     if "text" in spec:
         return str(spec["text"])
     doc = load_document(folder / spec["result"])
@@ -103,22 +119,23 @@ def _one_headline(folder: Path, spec: dict[str, Any]) -> str:
                 text += f"; L2-resident bound on stock {bound:.2f}x"
         return prefix + text
     if doc["kind"] == "repeats":
-        rep: dict[str, Any] | None = next(
-            (x for x in doc["summary"] if x["variant"] == variant), None)
+        rep = next((x for x in doc["summary"] if x["variant"] == variant), None)
         if rep is None:
             raise BenchError(f"{folder / spec['result']} has no {variant} summary",
                              f"name a variant of that result in {folder / PROVENANCE}")
-        runs = rep["geomean_per_run"]
+        if None in rep["geomean_per_run"]:
+            raise TypeError("a run has no geometric mean")
+        runs = [g for g in rep["geomean_per_run"] if g is not None]
         return (f"{prefix}{variant} {min(runs):.3f}-{max(runs):.3f}x geomean over "
                 f"{rep['shapes']} shapes in {len(runs)} runs, worst {rep['worst']['median']:.3f}x "
                 f"(b{rep['worst']['batch']} {ctx(rep['worst']['context'])})")
     if doc["kind"] == "decode":
-        d = next((x for x in decode_summary(doc) if x["tree"] == variant), None)
-        if d is None:
+        dec = next((x for x in decode_summary(doc) if x["tree"] == variant), None)
+        if dec is None:
             raise BenchError(f"{folder / spec['result']} has no {variant} tree",
                              f"name a tree of that result in {folder / PROVENANCE}")
-        return (f"{prefix}{variant} {d['geomean']:.3f}x tokens/s geomean over "
-                f"{d['workloads']} workloads ({d['worst'][0]:.3f}-{d['best'][0]:.3f}x)")
+        return (f"{prefix}{variant} {dec['geomean']:.3f}x tokens/s geomean over "
+                f"{dec['workloads']} workloads ({dec['worst'][0]:.3f}-{dec['best'][0]:.3f}x)")
     if doc["kind"] == "sample":
         from .sample_stats import distribution
 

@@ -68,6 +68,16 @@ from .device import CudaBackend, HostBackend, device_facts, measure_copy_bandwid
 from .kernel_results import LaunchPlan, ShapeResult, build_results
 from .limits import memory_refusal, shape_memory, vllm_kernel_limit
 from .matrix import MODES, BenchMatrix, BenchShape
+from .schema import (
+    SCHEMA_VERSION,
+    CallFields,
+    KernelDocument,
+    KernelMeta,
+    Kit,
+    NotMeasured,
+    SampleDocument,
+    SampleInfo,
+)
 from .vllm_call import TIMINGS, Launch, VllmCall, launch_attn, launch_for
 
 
@@ -359,8 +369,8 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
                      configs: Sequence[KernelBenchConfig],
                      progress: Callable[[str], None] | None = None,
                      command: Sequence[str] = (), shapes: Sequence[BenchShape] | None = None,
-                     sample: dict[str, Any] | None = None,
-                     time_limit_s: float = 0.0) -> dict[str, Any]:
+                     sample: SampleInfo | None = None,
+                     time_limit_s: float = 0.0) -> KernelDocument | SampleDocument:
     """The whole run: copy bandwidth first, then every shape in every mode. Returns the JSON
     document (``kind: kernel``) that ``report`` renders; skipped, failed and not-run shapes are in
     ``results`` with their ``status`` and reason, and listed in ``meta.not_measured``.
@@ -388,27 +398,32 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
     results, aborted = run_shapes(matrix.shapes() if shapes is None else shapes, configs, measure,
                                   cuda_context_problem, release_cuda_memory, say, time_limit_s,
                                   shape_major=sample is not None, wanted=timed_once(configs))
-    return {
-        "kind": "kernel" if sample is None else "sample", "schema": 1,
-        "meta": {
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "seconds": round(time.monotonic() - t_all, 1), "device": facts,
-            "copy_bw_bytes_per_s": copy_bw, "baseline": ops[0].name,
-            "variants": [{"name": o.name, "namespace": o.namespace,
-                          **({"so_sha256": o.build.so_sha256, "so_path": str(o.build.so_path)}
-                             if o.build else {})} for o in ops],
-            "configs": [asdict(c) for c in configs],
-            "call": run_call(configs, sample is not None),
-            "matrix": matrix.to_dict() if sample is None else None,
-            "command": list(command), "aborted": aborted,
-            **({"sample": sample, "twin_at": [list(x) for x in policy.TWIN_AT],
-                "twin_partial_groups": True, "twin_least_guard": True,
-                "wave_guard": True}
-               if sample is not None else {}),
-            "not_measured": not_measured(results), "kit": kit_info().to_dict(),
-        },
-        "results": [r.to_dict() for r in results],
-    }
+    meta: KernelMeta = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds": round(time.monotonic() - t_all, 1), "device": facts,
+        "copy_bw_bytes_per_s": copy_bw, "baseline": ops[0].name,
+        "variants": [{"name": o.name, "namespace": o.namespace,
+                      "so_sha256": o.build.so_sha256, "so_path": str(o.build.so_path)}
+                     if o.build else {"name": o.name, "namespace": o.namespace} for o in ops],
+        "configs": [asdict(c) for c in configs],
+        "call": run_call(configs, sample is not None),
+        "matrix": matrix.to_dict() if sample is None else None,
+        "command": list(command), "aborted": aborted}
+    rows = [r.to_dict() for r in results]
+    if sample is None:
+        return {"kind": "kernel", "schema": SCHEMA_VERSION, "results": rows,
+                "meta": {**meta, "not_measured": not_measured(results), "kit": kit_fields()}}
+    return {"kind": "sample", "schema": SCHEMA_VERSION, "results": rows,
+            "meta": {**meta, "sample": sample,
+                     "twin_at": [(h, b, v1) for h, b, v1 in policy.TWIN_AT],
+                     "twin_partial_groups": True, "twin_least_guard": True, "wave_guard": True,
+                     "not_measured": not_measured(results), "kit": kit_fields()}}
+
+
+def kit_fields() -> Kit:
+    """``meta.kit``: the kit that ran (kitinfo.KitInfo)."""
+    k = kit_info()
+    return {"version": k.version, "root": k.root, "commit": k.commit, "dirty": k.dirty}
 
 
 def timed_once(configs: Sequence[KernelBenchConfig]
@@ -428,17 +443,19 @@ def timed_once(configs: Sequence[KernelBenchConfig]
     return wanted
 
 
-def run_call(configs: Sequence[KernelBenchConfig], per_step_model_len: bool) -> dict[str, Any]:
+def run_call(configs: Sequence[KernelBenchConfig], per_step_model_len: bool) -> CallFields:
     """``meta.call``: the call model every config of the run shares, and whether each sampled
     step brought its own max_model_len."""
     calls = {c.call for c in configs}
     if len(calls) != 1:
         raise BenchError("the configs of one run have different calls",
                          "build every config of a run with one VllmCall")
-    return {**calls.pop().to_dict(), "per_step_max_model_len": per_step_model_len}
+    call = calls.pop().to_dict()
+    call["per_step_max_model_len"] = per_step_model_len
+    return call
 
 
-def not_measured(results: Sequence[ShapeResult]) -> list[dict[str, str]]:
+def not_measured(results: Sequence[ShapeResult]) -> list[NotMeasured]:
     """The shapes without numbers, each with its status and reason (for ``meta``)."""
     return [{"label": r.shape.label, "mode": r.mode, "timing": r.timing, "status": r.status,
              "reason": r.error} for r in results if r.status != "measured"]

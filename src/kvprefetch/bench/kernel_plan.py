@@ -33,6 +33,7 @@ from .plan import (
     require_builds,
 )
 from .sample import Instantiations, SampleSpec, draw_sample, parse_bytes
+from .schema import KernelLike
 from .vllm_call import TIMINGS, VllmCall
 
 # The options that choose a matrix's shapes (field -> flag); a sample draws its own.
@@ -229,7 +230,7 @@ def plan_kernel_bench(options: KernelBenchOptions,
 
 
 def run_kernel_plan(plan: KernelBenchPlan, *, progress: Callable[[str], None] | None = None,
-                    command: Sequence[str] | None = None) -> BenchRun:
+                    command: Sequence[str] | None = None) -> BenchRun[KernelLike]:
     """Time the plan on the GPU and write its outputs. Refuses, before loading anything, a
     python without torch, a plan without builds and one whose first build is not the stock
     baseline. ``command``: what the document records as the command line [default: sys.argv]."""
@@ -252,7 +253,7 @@ def run_kernel_plan(plan: KernelBenchPlan, *, progress: Callable[[str], None] | 
     return BenchRun(doc=doc, paths=tuple(paths))
 
 
-def check_kernel_run(run: BenchRun, out_dir: Path) -> None:
+def check_kernel_run(run: BenchRun[KernelLike], out_dir: Path) -> None:
     """Refuse a run whose outputs differ from stock's, or that a dead CUDA context cut short
     (after its results are shown and written: they are the evidence)."""
     doc = run.doc

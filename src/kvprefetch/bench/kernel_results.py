@@ -6,11 +6,12 @@ samples into a row. Pure (unit-tested without a GPU); bench/kernel.py measures."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from ..kernels.kvinputs import kv_bytes_read
 from .matrix import BenchShape
+from .schema import LaunchPlanFields, ShapeRow
+from .schema import VariantResult as VariantFields
 from .stats import Stats, paired_speedups, summarize
 from .vllm_call import Launch, launch_attn
 
@@ -22,6 +23,10 @@ class LaunchPlan:
     replays: int           # graph replays per timed sample
     bytes_per_layer: int   # K+V bytes allocated per layer
     est_launch_us: float
+
+    def to_dict(self) -> LaunchPlanFields:
+        return {"layers": self.layers, "launches": self.launches, "replays": self.replays,
+                "bytes_per_layer": self.bytes_per_layer, "est_launch_us": self.est_launch_us}
 
 
 @dataclass(frozen=True)
@@ -64,25 +69,26 @@ class ShapeResult:
         if (self.status == "measured") == bool(self.error):
             raise ValueError("a measured shape has no error; any other status needs its reason")
 
-    def to_dict(self) -> dict[str, Any]:
-        d = self.shape.to_dict()
+    def to_dict(self) -> ShapeRow:
         # The KV the launch reads: the real rows' blocks, one block per pad row.
         kv = (kv_bytes_read(launch_attn(self.shape.attn, self.launch), self.launch.seq_lens)
               if self.launch else kv_bytes_read(self.shape.attn, self.shape.seq_lens))
-        d.update(label=self.shape.label, mode=self.mode, timing=self.timing,
-                 bytes_moved=self.bytes_moved, kv_bytes=kv,
-                 bitwise_equal=self.bitwise_equal, status=self.status, error=self.error)
+        variants: dict[str, VariantFields] = {
+            v.name: {"time_us": v.time_us.to_dict(),
+                     "speedup": v.speedup.to_dict() if v.speedup else None,
+                     "bw_fraction": v.bw_fraction, "equal_to_baseline": v.equal_to_baseline,
+                     "nan_free": v.nan_free}
+            for v in self.variants}
+        d: ShapeRow = {**self.shape.to_dict(), "label": self.shape.label, "mode": self.mode,
+                       "timing": self.timing, "bytes_moved": self.bytes_moved, "kv_bytes": kv,
+                       "bitwise_equal": self.bitwise_equal, "status": self.status,
+                       "error": self.error}
         if self.launch is not None:
             d["launch"] = self.launch.to_dict()
         if self.step is not None:
             d["step"] = self.step
-        d["plan"] = asdict(self.plan) if self.plan else None
-        d["variants"] = {
-            v.name: {"time_us": asdict(v.time_us),
-                     "speedup": asdict(v.speedup) if v.speedup else None,
-                     "bw_fraction": v.bw_fraction, "equal_to_baseline": v.equal_to_baseline,
-                     "nan_free": v.nan_free}
-            for v in self.variants}
+        d["plan"] = self.plan.to_dict() if self.plan else None
+        d["variants"] = variants
         return d
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..kernels.kvinputs import DTYPE_ALIASES, AttnShape, canonical_dtype
 from ..kernels.ops import KV_CACHE_DTYPE_ALIASES, choose_kernel
+from .schema import MatrixFields, ShapeFields
 
 
 @dataclass(frozen=True)
@@ -130,17 +131,18 @@ class BenchShape:
         return (f"{self.preset} b{a.num_seqs} {ctx} "
                 f"blk{a.block_size} {a.dtype}{kv} {self.kernel}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ShapeFields:
         a = self.attn
-        d: dict[str, Any] = {
+        d: ShapeFields = {
             "preset": self.preset, "batch": a.num_seqs, "context": a.max_seq_len,
             "num_heads": a.num_heads, "num_kv_heads": a.num_kv_heads,
             "head_size": a.head_size, "block_size": a.block_size, "dtype": a.dtype,
             "kv_cache_dtype": a.kv_cache_dtype, "kernel": self.kernel,
             "kernel_forced": self.forced}
         if self.seq_lens is not None:
-            d.update(seq_lens=list(self.seq_lens), family=self.family,
-                     mean_seq_len=sum(self.seq_lens) / len(self.seq_lens))
+            d["seq_lens"] = list(self.seq_lens)
+            d["family"] = self.family
+            d["mean_seq_len"] = sum(self.seq_lens) / len(self.seq_lens)
         if self.max_model_len is not None:
             d["max_model_len"] = self.max_model_len
         return d
@@ -208,7 +210,7 @@ class BenchMatrix:
                             out.append(BenchShape(name, attn, kernel, self.force is not None))
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> MatrixFields:
         return {"name": self.name, "presets": list(self.presets), "batches": list(self.batches),
                 "contexts": list(self.contexts), "block_sizes": list(self.block_sizes),
                 "dtypes": [canonical_dtype(d) for d in self.dtypes],

@@ -9,24 +9,24 @@ one row cannot be told apart in the report."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..errors import BenchError
+from .schema import Document, KernelDocument, KernelMeta, ShapeRow, is_kernel
 
 
-def _variants(doc: dict[str, Any]) -> str:
+def _variants(doc: KernelDocument) -> str:
     return ", ".join(f"{v['name']}={v.get('so_sha256', 'in-process')}"
                      for v in doc["meta"].get("variants", []))
 
 
-def _kit_commit(doc: dict[str, Any]) -> str:
+def _kit_commit(doc: KernelDocument) -> str:
     kit = doc["meta"].get("kit") or {}
     return str(kit.get("commit") or "not recorded")
 
 
 # field name -> how to read it from a shard; the names are what the refusal message says.
-IDENTITY_FIELDS = {
+IDENTITY_FIELDS: dict[str, Callable[[KernelDocument], str]] = {
     "device (meta.device.name)": lambda d: str((d["meta"].get("device") or {}).get("name")),
     "builds (meta.variants[].so_sha256)": _variants,
     "kit commit (meta.kit.commit)": _kit_commit,
@@ -34,7 +34,7 @@ IDENTITY_FIELDS = {
 }
 
 
-def differences(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> list[str]:
+def differences(docs: Sequence[KernelDocument], names: Sequence[str]) -> list[str]:
     """One line per identity field on which the shards disagree, each value with its files."""
     out = []
     for field, get in IDENTITY_FIELDS.items():
@@ -47,29 +47,30 @@ def differences(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> list[st
     return out
 
 
-def _row_key(r: dict[str, Any]) -> tuple[Any, ...]:
+def _row_key(r: ShapeRow) -> tuple[str, str, str]:
     """A row's identity across shards: its shape, mode and timing (a graph run in vLLM's call
     holds eager rows of the same label where vLLM runs the step eagerly)."""
-    return (r.get("label"), r.get("mode"), r.get("timing") or "graph")
+    return (r["label"], r["mode"], r.get("timing") or "graph")
 
 
-def merge_kernel_docs(docs: Sequence[dict[str, Any]], names: Sequence[str],
-                      force: bool = False) -> dict[str, Any]:
+def merge_kernel_docs(docs: Sequence[Document], names: Sequence[str],
+                      force: bool = False) -> KernelDocument:
     """The merged document: the first shard's meta, every shard's rows in the order given."""
     if len(docs) != len(names) or not docs:
         raise BenchError("nothing to merge", "pass two or more shard JSON files to --merge")
-    wrong = [n for d, n in zip(docs, names) if d.get("kind") != "kernel"]
+    wrong = [n for d, n in zip(docs, names) if not is_kernel(d)]
     if wrong:
         raise BenchError(f"only `bench kernel` results can be merged; {', '.join(wrong)} "
                          "are of another kind", "pass the shards' bench kernel JSON files")
-    diffs = differences(docs, names)
+    shards = [d for d in docs if is_kernel(d)]
+    diffs = differences(shards, names)
     if diffs and not force:
         raise BenchError("the shards are not from one campaign:\n" + "\n".join(diffs),
                          "merge only shards of the same GPU, builds and kit commit, or pass "
                          "--force-merge to merge them anyway (the report then lists what differs)")
-    rows: list[dict[str, Any]] = []
-    where: dict[tuple[Any, ...], str] = {}
-    for doc, name in zip(docs, names):
+    rows: list[ShapeRow] = []
+    where: dict[tuple[str, str, str], str] = {}
+    for doc, name in zip(shards, names):
         for r in doc["results"]:
             k = _row_key(r)
             if k in where:
@@ -78,13 +79,12 @@ def merge_kernel_docs(docs: Sequence[dict[str, Any]], names: Sequence[str],
                                  "shard (a resubmitted task's older output, say)")
             where[k] = name
             rows.append(r)
-    first = docs[0]["meta"]
-    meta = dict(first)
-    meta["seconds"] = round(sum(float(d["meta"].get("seconds") or 0) for d in docs), 1)
-    meta["not_measured"] = [x for d in docs for x in d["meta"].get("not_measured", [])]
-    meta["aborted"] = "; ".join(f"{n}: {d['meta']['aborted']}" for d, n in zip(docs, names)
-                                if d["meta"].get("aborted"))
+    meta: KernelMeta = shards[0]["meta"].copy()
+    meta["seconds"] = round(sum(float(d["meta"].get("seconds") or 0) for d in shards), 1)
+    meta["not_measured"] = [x for d in shards for x in d["meta"].get("not_measured", [])]
+    meta["aborted"] = "; ".join(f"{n}: {d['meta'].get('aborted')}"
+                                for d, n in zip(shards, names) if d["meta"].get("aborted"))
     meta["merge"] = {"shards": [{"file": n, "started": d["meta"].get("started"),
-                                 "rows": len(d["results"])} for d, n in zip(docs, names)],
+                                 "rows": len(d["results"])} for d, n in zip(shards, names)],
                      "forced": diffs}
-    return {"kind": "kernel", "schema": docs[0].get("schema", 1), "meta": meta, "results": rows}
+    return {"kind": "kernel", "schema": shards[0]["schema"], "meta": meta, "results": rows}

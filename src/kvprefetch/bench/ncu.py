@@ -29,6 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
+from .schema import (
+    SCHEMA_VERSION,
+    MetricChange,
+    NcuDelta,
+    NcuDocument,
+    NcuKernel,
+    NcuShape,
+    ShapeFields,
+)
 
 METRICS = (
     "gpu__time_duration.sum",
@@ -75,7 +84,7 @@ def ncu_command(target: Sequence[str], csv_path: Path, opts: NcuOptions = NcuOpt
     ]
 
 
-def target_command(python: str, so_path: Path, namespace: str, shape: dict[str, Any],
+def target_command(python: str, so_path: Path, namespace: str, shape: ShapeFields,
                    launches: int, seed: int = 0) -> list[str]:
     """``python -m kvprefetch.bench.ncu`` with one variant and one shape."""
     return [python, "-m", "kvprefetch.bench.ncu", "--so", str(so_path), "--namespace", namespace,
@@ -208,43 +217,62 @@ def aggregate(launches: Sequence[KernelLaunch]) -> list[KernelSummary]:
     return sorted(out, key=lambda s: s.family)
 
 
-def deltas(baseline: Sequence[KernelSummary], variant: Sequence[KernelSummary]) -> list[dict[str, Any]]:
+def deltas(baseline: Sequence[KernelSummary], variant: Sequence[KernelSummary]) -> list[NcuDelta]:
     """Per kernel family present in both: for each metric, baseline, variant and the change
     (ratio variant/baseline for time and bytes, difference in points for percentages), plus the
     speedup baseline_time / variant_time."""
     base = {s.family: s for s in baseline}
-    rows = []
+    rows: list[NcuDelta] = []
     for v in variant:
         b = base.get(v.family)
         if b is None:
             continue
-        row: dict[str, Any] = {"kernel": v.family, "launches": [b.launches, v.launches]}
-        for m in METRICS:
-            bv, vv = b.get(m), v.get(m)
-            entry: dict[str, Any] = {"baseline": bv, "variant": vv, "change": None}
-            if bv is not None and vv is not None:
-                if m in PERCENT_METRICS:
-                    entry["change"] = vv - bv
-                elif bv:
-                    entry["change"] = vv / bv
-            row[SHORT[m]] = entry
+        change = {SHORT[m]: _change(m, b.get(m), v.get(m)) for m in METRICS}
         tb, tv = b.get("gpu__time_duration.sum"), v.get("gpu__time_duration.sum")
-        row["speedup"] = tb / tv if tb and tv else None
-        rows.append(row)
+        rows.append({"kernel": v.family, "launches": [b.launches, v.launches],
+                     "time": change["time"], "dram_read": change["dram_read"],
+                     "l2_hit": change["l2_hit"], "long_sb_stall": change["long_sb_stall"],
+                     "sm_throughput": change["sm_throughput"],
+                     "speedup": tb / tv if tb and tv else None})
     return rows
 
 
 # ----------------------------------------------------------------------------- running
 
 
-def summary_dict(s: KernelSummary) -> dict[str, Any]:
-    return {"kernel": s.family, "launches": s.launches,
-            **{SHORT.get(m, m): v for m, v in s.mean}}
+def _change(metric: str, bv: float | None, vv: float | None) -> MetricChange:
+    """One metric of a kernel family, baseline and variant, and the change: a difference in
+    points for percentages, a ratio otherwise (None where either is missing, or a ratio's
+    baseline is 0)."""
+    change = None
+    if bv is not None and vv is not None:
+        if metric in PERCENT_METRICS:
+            change = vv - bv
+        elif bv:
+            change = vv / bv
+    return {"baseline": bv, "variant": vv, "change": change}
+
+
+def summary_dict(s: KernelSummary) -> NcuKernel:
+    d: NcuKernel = {"kernel": s.family, "launches": s.launches}
+    for m, v in s.mean:  # the metrics ncu reported, under their short names
+        name = SHORT.get(m)
+        if name == "time":
+            d["time"] = v
+        elif name == "dram_read":
+            d["dram_read"] = v
+        elif name == "l2_hit":
+            d["l2_hit"] = v
+        elif name == "long_sb_stall":
+            d["long_sb_stall"] = v
+        elif name == "sm_throughput":
+            d["sm_throughput"] = v
+    return d
 
 
 def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
                   opts: NcuOptions = NcuOptions(), python: str | None = None,
-                  progress: Any = None, command: Sequence[str] = ()) -> dict[str, Any]:
+                  progress: Any = None, command: Sequence[str] = ()) -> NcuDocument:
     """Profile every (shape, variant) with ncu and parse the results. ``builds`` are
     ``ops.BuiltOps`` (baseline first); ``shapes`` are ``matrix.BenchShape``. The raw CSV of each
     run is kept under ``out_dir`` as ``ncu-<shape#>-<tree>.csv``."""
@@ -258,9 +286,9 @@ def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
     py = python or sys.executable
     out_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda m: None)
-    doc_shapes = []
+    doc_shapes: list[NcuShape] = []
     for si, shape in enumerate(shapes, 1):
-        sd = shape.to_dict()
+        sd: ShapeFields = shape.to_dict()
         per_variant: dict[str, list[KernelSummary]] = {}
         csvs: dict[str, str] = {}
         for b in builds:
@@ -283,7 +311,7 @@ def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
             "deltas": {t: deltas(per_variant[base], v) for t, v in per_variant.items()
                        if t != base},
         })
-    return {"kind": "ncu", "schema": 1,
+    return {"kind": "ncu", "schema": SCHEMA_VERSION,
             "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      "baseline": builds[0].tree, "variants": [b.tree for b in builds],
                      "options": {"launch_skip": opts.launch_skip,

@@ -9,18 +9,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypeVar
 
 from ..errors import BenchError, OptionError
+from .schema import Document
 
 FORMATS = ("json", "md", "png")
 
 
+DocT = TypeVar("DocT", bound=Document)
+
+
 @dataclass(frozen=True, kw_only=True)
-class BenchRun:
+class BenchRun(Generic[DocT]):
     """A finished run: its result document (what ``report`` renders) and the files written."""
 
-    doc: dict[str, Any]
+    doc: DocT
     paths: tuple[Path, ...]
 
 

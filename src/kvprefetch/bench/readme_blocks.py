@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 from ..errors import BenchError
 from .documents import load_document, reading
 from .report import render_markdown
+from .schema import DecodeDocument, Document, SampleDocument
 
 # A block of a markdown file (the README) that `kvprefetch report --readme` regenerates from a
 # committed result JSON: `<!-- report PATH KIND -->`, the lines, `<!-- /report -->`. PATH is
@@ -34,7 +34,7 @@ README_BLOCK = re.compile(
 _BLOCK_HEADS = {"summary": ("| mode |", "| tree |"), "shapes": ("| batch |", "| workload |")}
 
 
-def report_block(doc: dict[str, Any], kind: str) -> str:
+def report_block(doc: Document, kind: str) -> str:
     """The lines of the result's markdown (``render_markdown``) a README block of ``kind``
     shows."""
     md = render_markdown(doc).splitlines()
@@ -78,11 +78,13 @@ def decode_block(path: Path) -> str:
     if not files:
         raise BenchError(f"{path} holds no decode-*.json[.gz]",
                          "point a `decode` block at a folder of `bench decode` runs")
-    docs = [load_document(f) for f in files]
-    for f, doc in zip(files, docs):
-        if doc.get("kind") != "decode":
+    docs: list[DecodeDocument] = []
+    for f in files:
+        doc = load_document(f)
+        if doc["kind"] != "decode":
             raise BenchError(f"{f} is not a `bench decode` result",
                              "keep only `bench decode` results named decode-*.json there")
+        docs.append(doc)
     return "\n".join(decode_points_table(docs)) + "\n"
 
 
@@ -105,18 +107,24 @@ def sample_block(path: Path, kind: str) -> str:
         if not files:
             raise BenchError(f"{path} holds no sample-*.json[.gz]",
                              f"point a `{kind}` block at a folder of `bench kernel --sample` runs")
-        docs = sorted((load_document(f) for f in files),
+        docs = sorted((_load_sample(f, kind) for f in files),
                       key=lambda d: d["meta"]["sample"]["seed"])
         table = {"seeds": seeds_table, "twins": twins_table, "bounds": bounds_table,
                  "host": host_table}[kind]
         return "\n".join(table(docs)) + "\n"
-    doc = load_document(path)
-    if doc.get("meta", {}).get("sample") is None:
-        raise BenchError(f"{path} is not a sampled benchmark",
-                         "point an `attribution` block at a `bench kernel --sample` result")
+    doc = _load_sample(path, kind)
     names = {v["name"] for v in doc["meta"]["variants"]}
     lines = attribution_table(doc)
     if not names & {"launch", "gqa_off"} or len(lines) <= 2:
         raise BenchError(f"{path} has no attribution (the ablation trees did not run)",
                          "run the sample with --variant launch and --variant gqa_off too")
     return "\n".join(lines) + "\n"
+
+
+def _load_sample(path: Path, kind: str) -> SampleDocument:
+    doc = load_document(path)
+    if doc["kind"] != "sample":
+        raise BenchError(f"{path} is not a sampled benchmark",
+                         f"point a `{kind}` block at a `bench kernel --sample` result or a "
+                         "folder of them")
+    return doc

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
+from .schema import RepeatsRow, ShapeRow
 
 
 def geomean(values: Iterable[float]) -> float | None:
@@ -56,13 +57,13 @@ def save_figure(fig: Any, path: Path) -> Path:
     return path
 
 
-def shape_key(r: dict[str, Any]) -> tuple[Any, ...]:
+def shape_key(r: ShapeRow | RepeatsRow) -> tuple[str, str, str, int, int, int, str]:
     """What identifies a result row's shape, whatever its mode."""
     return (r["preset"], r["dtype"], r["kv_cache_dtype"], r["block_size"], r["batch"],
             r["context"], r["kernel"])
 
 
-def row_mode(r: dict[str, Any]) -> str:
+def row_mode(r: ShapeRow) -> str:
     """A row's mode as the tables show it: ``cold`` for graph replay (and rows from before the
     timing was recorded), ``cold eager`` for an eager row. In vLLM's call a graph run holds
     eager rows too (steps past the capture length or the largest bucket, which vLLM runs

@@ -16,28 +16,36 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
 
 from ..errors import BenchError
 from .render import ctx as _ctx
 from .render import geomean, row_mode, shape_key
 from .render import md_table as _table
+from .schema import (
+    SCHEMA_VERSION,
+    Document,
+    KernelDocument,
+    RepeatsDocument,
+    RepeatsRow,
+    RepeatsSummary,
+    RepeatsVariant,
+    ShapeRow,
+    is_kernel,
+)
 
-SCHEMA = 1
+SCHEMA = SCHEMA_VERSION
+RowKey = tuple[str, str, str, str, int, int, int, str]  # mode, then render.shape_key
 
 
-def _shape_key(r: dict[str, Any]) -> tuple[Any, ...]:
+def _shape_key(r: ShapeRow) -> RowKey:
     return (row_mode(r), *shape_key(r))
 
 
-def _runs_table(docs: Sequence[dict[str, Any]]) -> tuple[list[str], list[tuple[Any, ...]],
-                                                         list[dict[tuple[Any, ...], dict]]]:
+def _runs_table(docs: Sequence[KernelDocument]
+                ) -> tuple[list[str], list[RowKey], list[dict[RowKey, ShapeRow]]]:
     if len(docs) < 2:
         raise BenchError("--repeats needs at least two bench kernel runs",
                          "pass every repeat's JSON, e.g. repeat-1.json repeat-2.json ...")
-    if any(d.get("kind") != "kernel" for d in docs):
-        raise BenchError("--repeats reads bench kernel documents only",
-                         "pass the JSON files written by `kvprefetch bench kernel`")
     bases = {d["meta"]["baseline"] for d in docs}
     variants = [[v["name"] for v in d["meta"]["variants"] if v["name"] != d["meta"]["baseline"]]
                 for d in docs]
@@ -53,35 +61,39 @@ def _runs_table(docs: Sequence[dict[str, Any]]) -> tuple[list[str], list[tuple[A
     return variants[0], keys, by_run
 
 
-def combine(docs: Sequence[dict[str, Any]], control: str | None = "control",
-            sources: Sequence[str] = ()) -> dict[str, Any]:
+def combine(docs: Sequence[Document], control: str | None = "control",
+            sources: Sequence[str] = ()) -> RepeatsDocument:
     """The ``repeats`` document for runs of the same shapes and variants. ``control`` names the
     A/A variant if the runs carry one (ignored when they do not)."""
-    names, keys, by_run = _runs_table(docs)
+    kernels = [d for d in docs if is_kernel(d)]
+    if len(docs) >= 2 and len(kernels) != len(docs):
+        raise BenchError("--repeats reads bench kernel documents only",
+                         "pass the JSON files written by `kvprefetch bench kernel`")
+    names, keys, by_run = _runs_table(kernels)
     ctl = control if control in names else None
-    band = (max(abs(run[k]["variants"][ctl]["speedup"]["median"] - 1.0)
-                for run in by_run for k in keys) if ctl else None)
-    rows = []
+    band = (max(abs(_median(run[k], ctl) - 1.0) for run in by_run for k in keys)
+            if ctl else None)
+    rows: list[RepeatsRow] = []
     for key in keys:
         runs = [run[key] for run in by_run]
-        row: dict[str, Any] = {
+        row: RepeatsRow = {
             "mode": key[0], "preset": key[1], "dtype": key[2], "kv_cache_dtype": key[3],
             "block_size": key[4], "batch": key[5], "context": key[6], "kernel": key[7],
             "bitwise_equal_every_run": all(r.get("bitwise_equal") for r in runs),
-            "baseline_us": [r["variants"][docs[0]["meta"]["baseline"]]["time_us"]["median"]
+            "baseline_us": [r["variants"][kernels[0]["meta"]["baseline"]]["time_us"]["median"]
                             for r in runs],
             "variants": {}}
         for n in names:
-            meds = [r["variants"][n]["speedup"]["median"] for r in runs]
-            v = {"run_medians": meds, "median": statistics.median(meds), "min": min(meds),
+            meds = [_median(r, n) for r in runs]
+            v: RepeatsVariant = {"run_medians": meds, "median": statistics.median(meds), "min": min(meds),
                  "max": max(meds), "slower_every_run": all(m < 1.0 for m in meds)}
             if band is not None and n != ctl:
                 v["loss_beyond_aa"] = all(m < 1.0 - band for m in meds)
             row["variants"][n] = v
         rows.append(row)
-    summary = []
+    summary: list[RepeatsSummary] = []
     for n in names:
-        per_run = [geomean(run[k]["variants"][n]["speedup"]["median"] for k in keys)
+        per_run = [geomean(_median(run[k], n) for k in keys)
                    for run in by_run]
         vs = [r["variants"][n] for r in rows]
         worst = min(rows, key=lambda r: r["variants"][n]["median"])
@@ -94,16 +106,25 @@ def combine(docs: Sequence[dict[str, Any]], control: str | None = "control",
             "loss_beyond_aa": (sum(v.get("loss_beyond_aa", False) for v in vs)
                                if band is not None and n != ctl else None)})
     return {"kind": "repeats", "schema": SCHEMA,
-            "meta": {"runs": len(docs), "sources": list(sources), "baseline":
-                     docs[0]["meta"]["baseline"], "variants": names, "control": ctl,
+            "meta": {"runs": len(kernels), "sources": list(sources), "baseline":
+                     kernels[0]["meta"]["baseline"], "variants": names, "control": ctl,
                      "aa_band": band,
-                     "started": [d["meta"]["started"] for d in docs],
-                     "device": docs[0]["meta"]["device"],
-                     "command": docs[0]["meta"].get("command")},
+                     "started": [d["meta"]["started"] for d in kernels],
+                     "device": kernels[0]["meta"]["device"],
+                     "command": kernels[0]["meta"].get("command")},
             "summary": summary, "results": rows}
 
 
-def repeats_markdown(doc: dict[str, Any]) -> str:
+def _median(r: ShapeRow, name: str) -> float:
+    """Variant ``name``'s median speedup in the measured row ``r`` (a null speedup, which only
+    the baseline has, is refused as unreadable)."""
+    s = r["variants"][name]["speedup"]
+    if s is None:
+        raise TypeError(f"{name} has no speedup in {r['label']}")
+    return s["median"]
+
+
+def repeats_markdown(doc: RepeatsDocument) -> str:
     meta = doc["meta"]
     ctl = meta.get("control")
     n_runs = meta["runs"]
@@ -111,8 +132,8 @@ def repeats_markdown(doc: dict[str, Any]) -> str:
              "", f"- device: {meta['device']['name']}; runs started {', '.join(meta['started'])}"]
     if meta.get("sources"):
         lines.append(f"- files: {', '.join(meta['sources'])}")
-    if meta.get("command"):
-        lines.append(f"- first run's command: `{' '.join(meta['command'])}`")
+    if command := meta.get("command"):
+        lines.append(f"- first run's command: `{' '.join(command)}`")
     lines += ["", ("Speedup = stock time / variant time; each cell is the per-run medians "
                    "(each over that run's paired rounds), then their range. **slower every run**: "
                    "the median is below 1.000 in all runs.")

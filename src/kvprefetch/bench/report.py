@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ..errors import BenchError
 from ..workspace.confine import ensure_dir, write_file
@@ -20,32 +20,82 @@ from .render import geomean, row_mode, shape_key
 from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
+from .schema import (
+    Document,
+    E2EDocument,
+    IdentityDocument,
+    KernelLike,
+    NcuDocument,
+    RepeatsDocument,
+    SampleDocument,
+    ShapeRow,
+    Stats,
+)
 from .vllm_call import describe_call, doc_call
 
 # ----------------------------------------------------------------------------- kernel
 
 
-def kernel_groups(doc: dict[str, Any]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+class ShapePoint(TypedDict):
+    batch: int
+    context: int
+    speedup: float
+
+
+class KernelSummary(TypedDict):
+    """One group and variant of a kernel result's summary table (``kernel_summary``)."""
+
+    mode: str
+    preset: str
+    dtype: str
+    kv_cache_dtype: str
+    block_size: int
+    variant: str
+    shapes: int
+    geomean_speedup: float | None
+    worst: ShapePoint
+    best: ShapePoint
+    slower_median: int
+    slower_beyond_spread: int
+    all_bitwise_equal: bool
+
+
+class L2Bound(TypedDict):
+    """One shape's L2-resident bound in one resident mode (``l2_ceiling``)."""
+
+    preset: str
+    batch: int
+    context: int
+    kernel: str
+    bytes_per_layer: int
+    resident: str
+    cold_us: float
+    resident_us: float
+    bound: float
+    variant_bound: dict[str, float]
+
+
+def kernel_groups(doc: KernelLike) -> dict[tuple[str, ...], list[ShapeRow]]:
     """Results grouped by (mode and timing, preset, dtype, kv_cache_dtype, block_size), in file
     order."""
-    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, ...], list[ShapeRow]] = {}
     for r in doc["results"]:
         key = (row_mode(r), r["preset"], r["dtype"], r["kv_cache_dtype"], str(r["block_size"]))
         groups.setdefault(key, []).append(r)
     return groups
 
 
-def kernel_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def kernel_summary(doc: KernelLike) -> list[KernelSummary]:
     """Per group and variant: geometric-mean speedup, worst and best shape, shapes slower than
     stock (median < 1) and shapes slower beyond the spread (max of per-round ratios < 1)."""
     base = doc["meta"]["baseline"]
-    out = []
+    out: list[KernelSummary] = []
     for key, rows in kernel_groups(doc).items():
         names = [v["name"] for v in doc["meta"]["variants"] if v["name"] != base]
         for name in names:
-            sp = [(r, r["variants"][name]["speedup"]) for r in rows
+            sp = [(r, _speedup(r, name)) for r in rows
                   if not r.get("error") and name in r["variants"]]
-            meds = [s["median"] for _, s in sp if s]
+            meds = [s["median"] for _, s in sp]
             if not meds:
                 continue
             worst = min(sp, key=lambda t: t[1]["median"])
@@ -65,7 +115,16 @@ def kernel_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def kernel_markdown(doc: dict[str, Any]) -> str:
+def _speedup(r: ShapeRow, name: str) -> Stats:
+    """Variant ``name``'s speedup in the measured row ``r`` (only the baseline has none: a
+    document with a null one there is refused as unreadable, not skipped)."""
+    s = r["variants"][name]["speedup"]
+    if s is None:
+        raise TypeError(f"{name} has no speedup in {r['label']}")
+    return s
+
+
+def kernel_markdown(doc: KernelLike) -> str:
     meta = doc["meta"]
     dev = meta["device"]
     base = meta["baseline"]
@@ -80,8 +139,8 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
         lines.append(f"- {v['name']}: `{v.get('so_sha256', 'in-process')}`")
     if meta.get("command"):
         lines.append(f"- command: `{' '.join(meta['command'])}`")
-    if (meta.get("matrix") or {}).get("name"):
-        lines.append(f"- matrix: {meta['matrix']['name']}")
+    if (matrix := meta.get("matrix")) and matrix.get("name"):
+        lines.append(f"- matrix: {matrix['name']}")
     if meta.get("aborted"):
         lines.append(f"- **run stopped early**, CUDA context lost at {meta['aborted']}")
     if meta.get("not_measured"):
@@ -129,14 +188,14 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
             b = r["variants"][base]
             cells = [r["batch"], _ctx(r["context"]), r["kernel"] + ("*" if r["kernel_forced"]
                                                                     else ""),
-                     r["plan"]["layers"] if r.get("plan") else "-",
+                     plan["layers"] if (plan := r.get("plan")) else "-",
                      (f"{b['time_us']['median']:.1f} [{b['time_us']['p25']:.1f}-"
                      f"{b['time_us']['p75']:.1f}]"), f"{b['bw_fraction']:.0%}"]
             for n in names:
-                v = r["variants"].get(n)
-                s = v and v["speedup"]
+                res = r["variants"].get(n)
+                s = res["speedup"] if res else None
                 cells += [f"{s['median']:.3f} [{s['min']:.3f}-{s['max']:.3f}]" if s else "-",
-                          f"{v['bw_fraction']:.0%}" if v else "-"]
+                          f"{res['bw_fraction']:.0%}" if res else "-"]
             cells.append("yes" if r.get("bitwise_equal") else "NO")
             table_rows.append(cells)
         lines += _table(headers, table_rows)
@@ -172,7 +231,7 @@ def kernel_markdown(doc: dict[str, Any]) -> str:
 RESIDENT_MODES = ("hot", "aliased")
 
 
-def l2_ceiling(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def l2_ceiling(doc: KernelLike) -> list[L2Bound]:
     """Each shape measured cold and in a resident mode (hot where its one-layer KV fits the L2;
     aliased at any size): stock's cold/resident time ratio (the most an L2 prefetch could give
     stock's code) and, per variant, stock cold over that variant's resident time. One row per
@@ -181,13 +240,14 @@ def l2_ceiling(doc: dict[str, Any]) -> list[dict[str, Any]]:
     l2 = doc["meta"]["device"]["l2_bytes"]
     resident = {(r["mode"], shape_key(r)): r for r in doc["results"]
                 if r["mode"] in RESIDENT_MODES and not r.get("error")}
-    out = []
+    out: list[L2Bound] = []
     for mode in RESIDENT_MODES:
         for r in doc["results"]:
             h = resident.get((mode, shape_key(r)))
-            if r["mode"] != "cold" or r.get("error") or h is None or not r.get("plan"):
+            plan = r.get("plan")
+            if r["mode"] != "cold" or r.get("error") or h is None or not plan:
                 continue
-            per_layer = r["plan"]["bytes_per_layer"]
+            per_layer = plan["bytes_per_layer"]
             if mode == "hot" and per_layer > l2:
                 continue
             cold_us = r["variants"][base]["time_us"]["median"]
@@ -200,8 +260,8 @@ def l2_ceiling(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _by_resident(ceiling: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
+def _by_resident(ceiling: list[L2Bound]) -> dict[str, list[L2Bound]]:
+    groups: dict[str, list[L2Bound]] = {}
     for c in ceiling:
         groups.setdefault(c["resident"], []).append(c)
     return groups
@@ -214,7 +274,7 @@ def _geomean_cell(values: list[float | None]) -> str:
     return f"{geomean(v for v in values if v is not None):.3f}x"
 
 
-def kernel_png(doc: dict[str, Any], path: Path) -> Path:
+def kernel_png(doc: KernelLike, path: Path) -> Path:
     """Speedup heatmaps (batch x context), one row per group, one column per variant."""
     plt = _pyplot()
     from matplotlib.colors import TwoSlopeNorm
@@ -231,7 +291,8 @@ def kernel_png(doc: dict[str, Any], path: Path) -> Path:
             ax = axes[gi][vi]
             grid = [[math.nan] * len(ctxs) for _ in batches]
             for r in rows:
-                s = (r["variants"].get(name) or {}).get("speedup") if not r.get("error") else None
+                v = r["variants"].get(name) if not r.get("error") else None
+                s = v["speedup"] if v else None
                 if s:
                     grid[batches.index(r["batch"])][ctxs.index(r["context"])] = s["median"]
             vals = [v for row in grid for v in row if not math.isnan(v)] or [1.0]
@@ -258,7 +319,7 @@ def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def ncu_markdown(doc: dict[str, Any]) -> str:
+def ncu_markdown(doc: NcuDocument) -> str:
     meta = doc["meta"]
     o = meta["options"]
     lines = [f"# bench ncu: {', '.join(meta['variants'])}", "",
@@ -290,7 +351,7 @@ def ncu_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def ncu_png(doc: dict[str, Any], path: Path) -> Path:
+def ncu_png(doc: NcuDocument, path: Path) -> Path:
     plt = _pyplot()
     labels, series = [], {}  # type: ignore[var-annotated]
     for s in doc["shapes"]:
@@ -316,7 +377,7 @@ def ncu_png(doc: dict[str, Any], path: Path) -> Path:
 # ----------------------------------------------------------------------------- e2e
 
 
-def e2e_markdown(doc: dict[str, Any]) -> str:
+def e2e_markdown(doc: E2EDocument) -> str:
     meta = doc["meta"]
     lines = [(f"# bench e2e: vllm bench throughput, {meta['input_len']} in / {meta['output_len']} "
              f"out, {meta['repeats']} repeats"), "",
@@ -336,7 +397,7 @@ def e2e_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def e2e_png(doc: dict[str, Any], path: Path) -> Path:
+def e2e_png(doc: E2EDocument, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     envs = [e["name"] for e in doc["meta"]["envs"]]
@@ -355,7 +416,7 @@ def e2e_png(doc: dict[str, Any], path: Path) -> Path:
 # ----------------------------------------------------------------------------- identity
 
 
-def identity_markdown(doc: dict[str, Any]) -> str:
+def identity_markdown(doc: IdentityDocument) -> str:
     lines = [f"# numerical identity: {doc['status']}", "",
              f"- variants: {', '.join(doc['variants'])} on {doc['device']}",
              (f"- checked {doc['checked']}, failed {doc['failed']}, not checked "
@@ -376,42 +437,43 @@ def identity_markdown(doc: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- dispatch
 
-def _repeats_markdown(doc: dict[str, Any]) -> str:
+def _repeats_markdown(doc: RepeatsDocument) -> str:
     from .repeats import repeats_markdown
 
     return repeats_markdown(doc)
 
 
-def _sample_markdown(doc: dict[str, Any]) -> str:
+def _sample_markdown(doc: SampleDocument) -> str:
     from .sample_report import sample_markdown
 
     return sample_markdown(doc)
 
 
-def _sample_png(doc: dict[str, Any], path: Path) -> Path:
+def _sample_png(doc: SampleDocument, path: Path) -> Path:
     from .sample_report import sample_png
 
     return sample_png(doc, path)
 
 
-_MARKDOWN = {"kernel": kernel_markdown, "ncu": ncu_markdown, "e2e": e2e_markdown,
+# kind -> renderer; each takes its kind's document (load_document checked the kind)
+_MARKDOWN: dict[str, Callable[[Any], str]] = {"kernel": kernel_markdown, "ncu": ncu_markdown, "e2e": e2e_markdown,
              "identity": identity_markdown, "repeats": _repeats_markdown,
              "decode": decode_markdown, "sample": _sample_markdown}
-_PNG = {"kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png, "decode": decode_png,
+_PNG: dict[str, Callable[[Any, Path], Path]] = {"kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png, "decode": decode_png,
         "sample": _sample_png}
 
 
-def render_markdown(doc: dict[str, Any]) -> str:
+def render_markdown(doc: Document) -> str:
     return _MARKDOWN[doc["kind"]](doc)
 
 
-def render_png(doc: dict[str, Any], path: Path) -> Path | None:
+def render_png(doc: Document, path: Path) -> Path | None:
     """The plot for this kind (None for kinds without one, e.g. identity)."""
     fn = _PNG.get(doc["kind"])
     return fn(doc, path) if fn else None
 
 
-def write_outputs(doc: dict[str, Any], out_dir: Path, name: str,
+def write_outputs(doc: Document, out_dir: Path, name: str,
                   formats: Sequence[str] = ("json", "md", "png")) -> list[Path]:
     """Write ``<name>.json``, ``<name>.md`` and ``<name>.png`` (as asked) under ``out_dir``."""
     # rendered before anything is written: a document the markdown cannot be made of leaves

@@ -58,6 +58,7 @@ from ..errors import ConfigError
 from ..kernels.kvinputs import AttnShape, kv_bytes_read
 from ..kernels.ops import choose_kernel
 from .matrix import BenchShape, format_size
+from .schema import Opaque, SampleInfo
 
 GROUP_SIZES = (1, 2, 4, 5, 7, 8, 16)
 KV_HEADS_GQA = (1, 2, 4, 8)
@@ -125,7 +126,7 @@ class Instantiations:
             c for c in self.combos if (not head_sizes or c[0] in head_sizes)
             and (not block_sizes or c[1] in block_sizes) and (not pairs or (c[2], c[3]) in pairs)))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Opaque:
         return {"head_sizes": sorted({c[0] for c in self.combos}),
                 "block_sizes": sorted({c[1] for c in self.combos}),
                 "caches": sorted({cache_kind(c[3], c[2]) for c in self.combos}),
@@ -194,7 +195,7 @@ class SampleSpec:
                               "have almost no step to draw",
                               "pass --sample-max-kv 64m or more (default 4g)")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SampleInfo:
         return {"n": self.n, "seed": self.seed, "max_kv_bytes": self.max_kv_bytes,
                 "instantiations": self.instantiations.to_dict(),
                 "distribution": {"group_sizes": list(GROUP_SIZES),

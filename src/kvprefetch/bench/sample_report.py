@@ -21,6 +21,7 @@ from .sample_stats import (
     LARGE_KV_BYTES,
     TARGET_STEP,
     WORST,
+    RatioStats,
     aa_band,
     attribution,
     distribution,
@@ -33,12 +34,13 @@ from .sample_stats import (
     variant_names,
     worst_steps,
 )
+from .schema import SampleDocument
 from .stats import quantile
 from .vllm_call import describe_call, doc_call
 
 
-def _grouped(docs: Sequence[dict[str, Any]], only: str | None,
-             steps_of: Callable[[dict[str, Any], str], list[dict[str, Any]]],
+def _grouped(docs: Sequence[SampleDocument], only: str | None,
+             steps_of: Callable[[SampleDocument, str], list[dict[str, Any]]],
              key: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """The measured steps ``steps_of`` lists, over ``docs`` and their timings (``only`` that
     one), grouped by (timing, the step's ``key``): graph first, then by key."""
@@ -51,7 +53,7 @@ def _grouped(docs: Sequence[dict[str, Any]], only: str | None,
     return dict(sorted(groups.items(), key=lambda kv: (kv[0][0] != "graph", kv[0][1])))
 
 
-def twins_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> list[str]:
+def twins_table(docs: Sequence[SampleDocument], only: str | None = None) -> list[str]:
     """Over one or more samples, per timing (``only`` that one) and per twin `auto` runs (by the
     rule; apart where a kv head's last group of heads is partial, G not dividing them, and
     where the short-CTA guard declined the twin the rule before it ran): how
@@ -69,7 +71,7 @@ def twins_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> list
                    f"< {TARGET_STEP}", "over gqa_off (steps)"], rows)
 
 
-def bounds_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> list[str]:
+def bounds_table(docs: Sequence[SampleDocument], only: str | None = None) -> list[str]:
     """Over one or more samples, per timing (``only`` that one) and per code the v1 rule runs
     (``bound``, or ``stock``: the unbounded copy): steps, ``patched``'s ratio (min, geomean,
     max), steps below the target, and where ``launch`` and ``gqa_off`` ran, the code's own
@@ -86,7 +88,7 @@ def bounds_table(docs: Sequence[dict[str, Any]], only: str | None = None) -> lis
                    "over launch: min-max (steps)"], rows)
 
 
-def host_table(docs: Sequence[dict[str, Any]]) -> list[str]:
+def host_table(docs: Sequence[SampleDocument]) -> list[str]:
     """One row per sample and variant: how many host-bound steps, and the median, p90 and most
     of the variant's extra host time per call over stock's (``control``'s rows are the A/A
     resolution of the same figure)."""
@@ -100,9 +102,17 @@ def host_table(docs: Sequence[dict[str, Any]]) -> list[str]:
                    "max us/call"], rows)
 
 
-def sample_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
+class SampleSummary(RatioStats):
+    """One timing and variant's line of the CLI's closing table (``sample_summary``)."""
+
+    timing: str
+    variant: str
+    all_bitwise_equal: bool
+
+
+def sample_summary(doc: SampleDocument) -> list[SampleSummary]:
     """One row per timing and variant (the CLI's closing table)."""
-    out = []
+    out: list[SampleSummary] = []
     for t in timings(doc):
         rows = measured(doc, t)
         for n, st in distribution(doc, t).items():
@@ -112,7 +122,7 @@ def sample_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def seeds_table(docs: Sequence[dict[str, Any]]) -> list[str]:
+def seeds_table(docs: Sequence[SampleDocument]) -> list[str]:
     """One row per sample and timing: the headline variant's distribution beside the A/A band,
     so that runs on different seeds read side by side (a README block, ``seeds``)."""
     rows = []
@@ -135,7 +145,7 @@ def seeds_table(docs: Sequence[dict[str, Any]]) -> list[str]:
                    f"< {TARGET_STEP}", "A/A p5-p95", "bitwise equal"], rows)
 
 
-def attribution_table(doc: dict[str, Any]) -> list[str]:
+def attribution_table(doc: SampleDocument) -> list[str]:
     """The attribution of every timing in one table (a README block, ``attribution``)."""
     return _table(["timing", "from", "to", "mechanism", "steps", "geomean step", "steps worse"],
                   [[t, a["from"], a["to"], a["mechanism"], a["steps"], _x(a["geomean"]),
@@ -150,7 +160,7 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.0f} MiB"
 
 
-def sample_markdown(doc: dict[str, Any]) -> str:
+def sample_markdown(doc: SampleDocument) -> str:
     meta = doc["meta"]
     sample = meta["sample"]
     dev = meta["device"]
@@ -251,7 +261,7 @@ def sample_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sample_png(doc: dict[str, Any], path: Path) -> Path:
+def sample_png(doc: SampleDocument, path: Path) -> Path:
     """Per timing: each variant's sorted step ratios (the distribution as a curve), and the
     headline variant's ratio against the step's KV bytes with the A/A band shaded."""
     plt = _pyplot()

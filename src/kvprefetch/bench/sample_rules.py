@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from .sample_stats import measured, step_ratio
+from .schema import SampleDocument, ShapeRow
 from .vllm_call import row_launch
 
 
-def run_twin_at(doc: dict[str, Any]) -> tuple[tuple[int, int, bool], ...]:
+def run_twin_at(doc: SampleDocument) -> tuple[tuple[int, int, bool], ...]:
     """The (head size, block size, v1 too) a sampled run had twins at: its ``meta.twin_at``, or
     for a run made before the kit recorded it, the one instantiation the twins had then."""
     from ..kernels.policy import TWIN_AT_BEFORE_LIST
@@ -27,27 +28,27 @@ def run_twin_at(doc: dict[str, Any]) -> tuple[tuple[int, int, bool], ...]:
             else tuple((int(h), int(b), bool(v1)) for h, b, v1 in at))
 
 
-def run_partial_groups(doc: dict[str, Any]) -> bool:
+def run_partial_groups(doc: SampleDocument) -> bool:
     """Whether a sampled run's twins took models whose G does not divide the query heads per
     kv head (``meta.twin_partial_groups``; runs made before the kit recorded it did not)."""
     return bool(doc["meta"].get("twin_partial_groups", False))
 
 
-def run_least_guard(doc: dict[str, Any]) -> bool:
+def run_least_guard(doc: SampleDocument) -> bool:
     """Whether a sampled run's `auto` declined twins whose grid could outlast stock's code if
     the other sequences were short (``meta.twin_least_guard``; runs made before the kit
     recorded it checked v1 short chains only)."""
     return bool(doc["meta"].get("twin_least_guard", False))
 
 
-def run_wave_guard(doc: dict[str, Any]) -> bool:
+def run_wave_guard(doc: SampleDocument) -> bool:
     """Whether a sampled run's launcher declined the bound and the twins wherever some number
     of long sequences would give them more waves than stock's code (``meta.wave_guard``; runs
     made before it did not)."""
     return bool(doc["meta"].get("wave_guard", False))
 
 
-def _mirror_pick(doc: dict[str, Any], r: dict[str, Any], sms: int,
+def _mirror_pick(doc: SampleDocument, r: ShapeRow, sms: int,
                  least_guard: bool) -> tuple[int, int] | None:
     """The twin `auto` runs at sampled step ``r`` of run ``doc`` by the rule's mirror, on ``sms``
     SMs, under the run's partial-group rule and with or without the short-CTA guard."""
@@ -63,7 +64,7 @@ def _mirror_pick(doc: dict[str, Any], r: dict[str, Any], sms: int,
                      wave_guard=run_wave_guard(doc))
 
 
-def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
+def twin_steps(doc: SampleDocument, timing: str) -> list[dict[str, Any]]:
     """The steps whose instantiation has GQA twins compiled beside it: which twin `auto` runs
     there by the launcher's rule (its mirror, ``policy.twin_pick``, on this run's SM count;
     "none": vLLM's kernel) and what ``patched`` (and ``gqa_off``, where it ran) measured. The
@@ -96,7 +97,7 @@ def twin_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     return out
 
 
-def bound_steps(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
+def bound_steps(doc: SampleDocument, timing: str) -> list[dict[str, Any]]:
     """The v1 steps of a launch-bounded instantiation where no twin runs: which code the
     launcher runs by its rule (``policy.v1_code_pick``: the bounded kernel, or stock's
     unbounded copy where the bound would cost a wave) and what ``patched`` measured, and where

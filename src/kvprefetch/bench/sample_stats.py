@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from .render import geomean
+from .schema import SampleDocument, ShapeRow
 from .stats import quantile
 
 CONTROL = "control"
@@ -39,19 +40,69 @@ WORST = 10
 TARGET_STEP = 0.99
 
 
-def timings(doc: dict[str, Any]) -> list[str]:
+class _RatioStatsKeys(TypedDict):
+    n: int
+
+
+class RatioStats(_RatioStatsKeys, total=False):
+    """The distribution of per-step ratios (``ratio_stats``; only ``n`` when there are none);
+    ``p95`` in the A/A band."""
+
+    min: float
+    p5: float
+    median: float
+    geomean: float | None
+    max: float
+    below_1: int
+    below_target: int
+    p95: float
+
+
+class WorstStep(TypedDict):
+    """One of the steps with the lowest ratio (``worst_steps``)."""
+
+    step: int
+    label: str
+    family: str
+    preset: str
+    batch: int
+    max_len: int
+    mean_len: float
+    kernel: str
+    kv_bytes: int | None
+    ratio: float
+    min: float
+    max: float
+    control: float | None
+
+
+class LargeStep(TypedDict):
+    """A step with a large KV (``large_steps``): each variant's bandwidth fraction."""
+
+    step: int
+    label: str
+    kv_bytes: int
+    bw: dict[str, float]
+
+
+# One link of the ablation chain (``attribution``): "from" is a keyword, hence this form.
+Attribution = TypedDict("Attribution", {"from": str, "to": str, "mechanism": str, "steps": int,
+                                        "geomean": float | None, "worse": int})
+
+
+def timings(doc: SampleDocument) -> list[str]:
     """The timings present, graph first."""
     present = {r.get("timing", "graph") for r in doc["results"]}
     return [t for t in ("graph", "eager") if t in present]
 
 
-def variant_names(doc: dict[str, Any]) -> list[str]:
+def variant_names(doc: SampleDocument) -> list[str]:
     """Every variant but the baseline, in the run's order."""
     base = doc["meta"]["baseline"]
     return [v["name"] for v in doc["meta"]["variants"] if v["name"] != base]
 
 
-def headline(doc: dict[str, Any]) -> str | None:
+def headline(doc: SampleDocument) -> str | None:
     """The variant the distribution is about: ``patched`` when it ran, else the first variant
     that is not the A/A control."""
     names = variant_names(doc)
@@ -60,7 +111,7 @@ def headline(doc: dict[str, Any]) -> str | None:
     return next((n for n in names if n != CONTROL), None)
 
 
-def measured(doc: dict[str, Any], timing: str) -> list[tuple[int, dict[str, Any]]]:
+def measured(doc: SampleDocument, timing: str) -> list[tuple[int, ShapeRow]]:
     """(step index, row) of the measured rows of one timing: the row's ``step``, or in a
     document made before rows recorded it, the row's index among its timing's rows (they were
     in step order, every step in every timing)."""
@@ -68,12 +119,13 @@ def measured(doc: dict[str, Any], timing: str) -> list[tuple[int, dict[str, Any]
     return [(r.get("step", i), r) for i, r in enumerate(rows) if r["status"] == "measured"]
 
 
-def step_ratio(row: dict[str, Any], name: str) -> float | None:
+def step_ratio(row: ShapeRow, name: str) -> float | None:
     v = row["variants"].get(name)
-    return v["speedup"]["median"] if v and v.get("speedup") else None
+    s = v["speedup"] if v else None
+    return s["median"] if s else None
 
 
-def ratio_stats(values: Sequence[float]) -> dict[str, Any]:
+def ratio_stats(values: Sequence[float]) -> RatioStats:
     """min, p5 (linear interpolation between closest ranks), median, geomean, max, how many
     below 1 and below the per-step target (0.99)."""
     s = sorted(values)
@@ -84,25 +136,27 @@ def ratio_stats(values: Sequence[float]) -> dict[str, Any]:
             "below_target": sum(1 for v in s if v < TARGET_STEP)}
 
 
-def distribution(doc: dict[str, Any], timing: str) -> dict[str, dict[str, Any]]:
+def distribution(doc: SampleDocument, timing: str) -> dict[str, RatioStats]:
     """Per variant, the statistics of its per-step ratios."""
     rows = measured(doc, timing)
-    out = {}
+    out: dict[str, RatioStats] = {}
     for n in variant_names(doc):
         vals = [x for _, r in rows if (x := step_ratio(r, n)) is not None]
         out[n] = ratio_stats(vals)
     return out
 
 
-def worst_steps(doc: dict[str, Any], timing: str, name: str,
-                k: int = WORST) -> list[dict[str, Any]]:
+def worst_steps(doc: SampleDocument, timing: str, name: str,
+                k: int = WORST) -> list[WorstStep]:
     """The ``k`` steps with the lowest ratio of ``name``: index, label, shape, ratio and its
     spread over rounds, KV bytes, and where the A/A control ran, its ratio on that step."""
     rows = [(i, r, x) for i, r in measured(doc, timing) if (x := step_ratio(r, name)) is not None]
     rows.sort(key=lambda t: t[2])
-    out = []
+    out: list[WorstStep] = []
     for i, r, x in rows[:k]:
         sp = r["variants"][name]["speedup"]
+        if sp is None:  # step_ratio found it: only the baseline has none
+            continue
         lens = r.get("seq_lens") or [r["context"]] * r["batch"]
         out.append({"step": i, "label": r["label"], "family": r.get("family", "uniform"),
                     "preset": r["preset"], "batch": r["batch"], "max_len": r["context"],
@@ -112,7 +166,7 @@ def worst_steps(doc: dict[str, Any], timing: str, name: str,
     return out
 
 
-def aa_band(doc: dict[str, Any], timing: str) -> dict[str, Any] | None:
+def aa_band(doc: SampleDocument, timing: str) -> RatioStats | None:
     """The A/A band: the distribution of the control tree's per-step ratios (stock rebuilt
     through the same pipeline). A variant's step ratio inside [p5, p95] of it is within the
     benchmark's resolution; ``None`` when control did not run."""
@@ -123,20 +177,20 @@ def aa_band(doc: dict[str, Any], timing: str) -> dict[str, Any] | None:
     return {**ratio_stats(s), "p95": quantile(s, 0.95)}
 
 
-def large_steps(doc: dict[str, Any], timing: str,
-                threshold: int = LARGE_KV_BYTES) -> list[dict[str, Any]]:
+def large_steps(doc: SampleDocument, timing: str,
+                threshold: int = LARGE_KV_BYTES) -> list[LargeStep]:
     """Steps whose KV is at least ``threshold`` bytes: per variant (stock included) the achieved
     bandwidth (fewest bytes moved over the median time) as a fraction of the copy bandwidth
     measured in the same run."""
-    out = []
+    out: list[LargeStep] = []
     for i, r in measured(doc, timing):
-        if (r.get("kv_bytes") or 0) >= threshold:
-            out.append({"step": i, "label": r["label"], "kv_bytes": r["kv_bytes"],
+        if (kv := r.get("kv_bytes") or 0) >= threshold:
+            out.append({"step": i, "label": r["label"], "kv_bytes": kv,
                         "bw": {n: v["bw_fraction"] for n, v in r["variants"].items()}})
     return out
 
 
-def attribution(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
+def attribution(doc: SampleDocument, timing: str) -> list[Attribution]:
     """What each mechanism is worth on the sample: for each consecutive pair (a, b) of the
     ablation chain among the trees that ran, the geometric mean over the steps every tree of the
     chain measured of b's ratio over a's (stock's ratio being 1), i.e. of time_a / time_b; and
@@ -148,11 +202,11 @@ def attribution(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
         return []
     base = doc["meta"]["baseline"]
 
-    def ratio(r: dict[str, Any], n: str) -> float | None:
+    def ratio(r: ShapeRow, n: str) -> float | None:
         return 1.0 if n == base else step_ratio(r, n)
 
     rows = [r for _, r in measured(doc, timing) if all(ratio(r, n) for n in chain)]
-    out = []
+    out: list[Attribution] = []
     for a, b in itertools.pairwise(chain):
         steps = [ratio(r, b) / ratio(r, a) for r in rows]  # type: ignore[operator]
         out.append({"from": a, "to": b, "mechanism": MECHANISMS.get((a, b), f"{a} -> {b}"),
@@ -166,7 +220,7 @@ def attribution(doc: dict[str, Any], timing: str) -> list[dict[str, Any]]:
     return out
 
 
-def host_overhead(doc: dict[str, Any]) -> dict[str, list[float]]:
+def host_overhead(doc: SampleDocument) -> dict[str, list[float]]:
     """Per variant, its extra time per call over stock's (us) on the steps where both timings
     ran and stock is host-bound (``HOST_BOUND``): issue 29's host-path budget, measured."""
     if set(timings(doc)) != {"graph", "eager"}:

@@ -8,6 +8,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .schema import Stats as StatsFields
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -17,6 +19,10 @@ class Stats:
     min: float
     max: float
     n: int
+
+    def to_dict(self) -> StatsFields:
+        return {"median": self.median, "p25": self.p25, "p75": self.p75, "min": self.min,
+                "max": self.max, "n": self.n}
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:

@@ -47,11 +47,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ..errors import ConfigError
 from ..kernels.kvinputs import AttnShape
 from ..kernels.ops import choose_kernel
+from .schema import CallFields, KernelLike, LaunchFields, ShapeRow
 
 CALLS = ("vllm", "exact")
 TIMINGS = ("graph", "eager")
@@ -134,7 +134,7 @@ class VllmCall:
             return f"batch {batch} > largest capture size {self.buckets[-1]}"
         return ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CallFields:
         return {"call": self.call, "max_model_len": self.max_model_len,
                 "max_seq_len_to_capture": self.max_seq_len_to_capture,
                 "capture_len": self.capture_len, "max_num_seqs": self.max_num_seqs,
@@ -171,7 +171,7 @@ class Launch:
     def timing(self) -> str:
         return "graph" if self.graph else "eager"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LaunchFields:
         return {"call": self.call, "timing": self.timing, "eager_reason": self.eager_reason,
                 "real_batch": self.real_batch, "num_seqs": self.num_seqs,
                 "pad_rows": self.pad_rows, "max_seq_len": self.max_seq_len,
@@ -223,13 +223,13 @@ def launch_attn(attn: AttnShape, launch: Launch) -> AttnShape:
 # ----------------------------------------------------------------------------- reading results
 
 
-def doc_call(doc: dict[str, Any]) -> dict[str, Any]:
+def doc_call(doc: KernelLike) -> CallFields:
     """A result document's call (``meta.call``); documents made before it was recorded were made
     with the exact call."""
     return doc.get("meta", {}).get("call") or {"call": "exact"}
 
 
-def describe_call(call: dict[str, Any]) -> str:
+def describe_call(call: CallFields) -> str:
     """One line for a report's header."""
     if call.get("call") != "vllm":
         return ("exact (every step at its real max_seq_len and exact batch, graph-timed or "
@@ -249,7 +249,7 @@ def describe_call(call: dict[str, Any]) -> str:
     return text + "; bench/vllm_call.py)"
 
 
-def row_launch(r: dict[str, Any]) -> dict[str, Any]:
+def row_launch(r: ShapeRow) -> LaunchFields:
     """The launch a result row ran (``num_seqs``, ``max_seq_len``, ``table_width``,
     ``kernel``, ``timing``): its ``launch`` record, or for a row made before the kit recorded
     it (the exact call) its real batch and longest sequence."""
@@ -259,4 +259,4 @@ def row_launch(r: dict[str, Any]) -> dict[str, Any]:
     return {"call": "exact", "num_seqs": r["batch"], "max_seq_len": r["context"],
             "real_batch": r["batch"], "pad_rows": 0,
             "table_width": blocks_for(r["context"], r.get("block_size") or 16),
-            "kernel": r.get("kernel"), "timing": r.get("timing", "graph"), "eager_reason": ""}
+            "kernel": r["kernel"], "timing": r.get("timing", "graph"), "eager_reason": ""}

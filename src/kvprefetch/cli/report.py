@@ -101,11 +101,11 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
 
         docs = [load_document(p) for p in files]
         with reading(*files):
-            doc = combine(docs, sources=[p.name for p in files])
-            paths = write_outputs(doc, out or Path.cwd(), repeats_name,
+            combined = combine(docs, sources=[p.name for p in files])
+            paths = write_outputs(combined, out or Path.cwd(), repeats_name,
                                   ("json",) + tuple(f for f in fmts if f == "md"))
             if print_md:
-                click.echo(render_markdown(doc))
+                click.echo(render_markdown(combined))
         if as_json:
             emit_json({"repeats": [str(p) for p in paths]})
         else:
@@ -113,14 +113,14 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
         return
     written: dict[str, list[str]] = {}
     for path in files:
-        doc = load_document(path)
+        loaded = load_document(path)
         # a compressed result (RUN.json.gz) writes RUN.md, as its uncompressed RUN.json does
         stem = path.name.removesuffix(".gz").removesuffix(".json") if path.suffix == ".gz" \
             else path.stem
         with reading(path):
-            paths = write_outputs(doc, out or Path.cwd(), stem, fmts)
+            paths = write_outputs(loaded, out or Path.cwd(), stem, fmts)
             if print_md:
-                click.echo(render_markdown(doc))
+                click.echo(render_markdown(loaded))
         written[str(path)] = [str(p) for p in paths]
         if not as_json:
             info(f"{path}: wrote " + (", ".join(written[str(path)]) or "nothing"))

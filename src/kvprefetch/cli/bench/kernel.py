@@ -34,6 +34,7 @@ from ...bench.matrix import (
     describe_named_matrices,
     format_size,
 )
+from ...bench.schema import KernelDocument, SampleDocument
 from ...bench.vllm_call import VllmCall
 from ...console import emit_json, info, table
 from ..common import dry_run_option, json_option, workdir_option
@@ -198,7 +199,7 @@ def kernel(list_presets: bool, dry_run: bool, as_json: bool, **options: Any) -> 
     if as_json:
         emit_json(run.doc)
         return
-    if plan.sample is not None:
+    if run.doc["kind"] == "sample":
         _sample_table(run.doc)
     else:
         _matrix_table(run.doc)
@@ -236,7 +237,7 @@ def _show_plan(plan: KernelBenchPlan, as_json: bool) -> None:
             s.attn.kv_cache_dtype, s.kernel] for s in plan.shapes])
 
 
-def _sample_table(doc: dict[str, Any]) -> None:
+def _sample_table(doc: SampleDocument) -> None:
     from ...bench.sample_report import sample_summary
 
     table(["timing", "variant", "steps", "min", "p5", "median", "geomean", "< 0.99",
@@ -247,7 +248,7 @@ def _sample_table(doc: dict[str, Any]) -> None:
           title="bench kernel --sample")
 
 
-def _matrix_table(doc: dict[str, Any]) -> None:
+def _matrix_table(doc: KernelDocument) -> None:
     from ...bench.report import kernel_summary
 
     table(["mode", "variant", "shapes", "geomean speedup", "worst", "slower (median)",
