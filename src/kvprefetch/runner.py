@@ -4,16 +4,19 @@ exit code, log path and last lines on failure. No other module imports ``subproc
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from .errors import CommandError, ConfigError
 
@@ -36,6 +39,37 @@ def which(program: str, env: Mapping[str, str] | None = None) -> str | None:
 
 def quote(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def _open_log(path: Path) -> TextIO:
+    """The log, opened to append, never through a symlink: the log file (``O_NOFOLLOW``) and
+    its folder must not be links, and only a regular file is appended to (a FIFO is never
+    waited on). A log lives in a build folder of the work directory, which anyone who writes
+    there may have changed (issue 41, third pass: a link planted at ``logs/NN-step.log`` had
+    the build's output appended to the file it pointed at)."""
+    if path.parent.is_symlink():
+        raise ConfigError(f"refusing to write the log {path}: its folder {path.parent} is a "
+                          "symlink, and kvprefetch never writes through one",
+                          f"replace the symlink {path.parent} by a real directory, then rerun")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"refusing to write the log {path}: it is a symlink, and "
+                              "kvprefetch never writes through one",
+                              f"move the symlink {path} away, then rerun") from None
+        if exc.errno != errno.ENXIO:  # ENXIO: a FIFO nobody reads (O_NONBLOCK)
+            raise
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise ConfigError(f"refusing to write the log {path}: it is not a regular file (a "
+                          "FIFO, device or socket)", f"move {path} away, then rerun")
+    os.set_blocking(fd, True)
+    return open(fd, "a", encoding="utf-8", closefd=True)
 
 
 def run(
@@ -65,11 +99,9 @@ def run(
     if echo:
         print(f"+ {quote(args)}", file=sys.stderr, flush=True)
     log_path = Path(log) if log is not None else None
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+    logf = _open_log(log_path) if log_path is not None else None
     tail: deque[str] = deque(maxlen=25)
     chunks: list[str] = []
-    logf = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115 -- closed below
     try:
         if logf:
             logf.write(f"+ {quote(args)}\n")

@@ -228,8 +228,10 @@ def test_sigkill_during_clean_then_fetch_and_clean_need_no_force(
     _kill_after(proc, 0 if at == "removing" else float(at),
                 deleting if at == "removing" else None)
     # a kill can also land while the ownership record is rewritten (write_file's temporary
-    # beside it); one such leftover is planted so that every case checks its removal
-    (work / ".kvprefetch-owned.json.tmp-abcdef-999999999").write_text("{}")
+    # beside it: "." + the record's name + ".tmp-<hex>-<pid>", a pid no process has here, yet
+    # one a process could have: at most ownership.PID_MAX); one such leftover is planted so
+    # that every case checks its removal
+    (work / "..kvprefetch-owned.json.tmp-abcdef-4000000").write_text("{}")
     res = cli("fetch", "--workdir", str(work), "--source", "sdist", "--json")
     assert res.returncode == 0, res.stderr
     _consistent(work, applied=False)
@@ -345,8 +347,8 @@ def test_fetch_repair_works_after_the_ownership_record_is_moved_aside(
 
 # the modules that write into a work directory, --out or a campaign folder (globs, so that a
 # module moving between these packages stays scanned)
-WRITERS = ["builds/*.py", "builds/modes/*.py", "machine/*.py", "overlay/*.py", "verify/kernel.py",
-           "cli/*.py", "cli/bench/*.py", "bench/*.py",
+WRITERS = ["builds/*.py", "builds/modes/*.py", "machine/*.py", "overlay/*.py", "verify/*.py",
+           "vmm/*.py", "cli/*.py", "cli/bench/*.py", "bench/*.py",
            "slurm/*.py", "sources/patching.py", "timings.py"]
 RAW_WRITE = re.compile(r"\.write_(text|bytes)\(|json\.dump\(|\bopen\([^)]*[\"'][wx]b?[\"']")
 

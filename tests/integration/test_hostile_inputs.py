@@ -286,7 +286,9 @@ def test_adoption_never_truncates_a_user_lock_file(tmp_path: Path, vllm_sdist: P
 
 
 def test_a_lock_left_by_a_killed_run_is_still_taken(fetched_workdir: Path) -> None:
-    """What the kit's lock file holds after a killed run (a pid) is the kit's: taken again."""
-    (fetched_workdir / ".locks" / "tree-patched.lock").write_text("999999999")
+    """What the kit's lock file holds after a killed run (its marker and pid) is the kit's:
+    taken again. (A bare pid, what kits before the marker left, is refused since the third
+    pass: test_hostile_pass3.test_a_lock_file_of_digits_is_refused_never_emptied.)"""
+    (fetched_workdir / ".locks" / "tree-patched.lock").write_text("kvprefetch-lock pid 3999999\n")
     res = cli("apply", "--workdir", str(fetched_workdir))
     assert res.returncode == 0, res.stderr

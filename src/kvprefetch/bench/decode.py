@@ -342,8 +342,9 @@ def run_decode_bench(trees: Sequence[PagedOps], model_cfg: DecoderConfig,
     """The whole run: one model, every workload, every tree; a ``decode`` result document."""
     import torch
 
-    from .device import device_facts
+    from .device import device_facts, require_gpu
 
+    require_gpu("decode")
     if len(trees) < 2:
         raise BenchError("bench decode needs the baseline and at least one other tree",
                          "build them with `kvprefetch build --kernels-only`")
@@ -354,7 +355,7 @@ def run_decode_bench(trees: Sequence[PagedOps], model_cfg: DecoderConfig,
                              f"build with --head-sizes {model_cfg.head_dim} --block-sizes "
                              f"{cfg.block_size}")
     started = time.time()
-    facts = device_facts()
+    facts = device_facts(command="decode")
     free = torch.cuda.mem_get_info()[0]
     if model_cfg.weight_bytes() > cfg.memory_headroom * free:
         raise BenchError(f"{model_cfg.name}'s weights ({model_cfg.weight_bytes() / 2**30:.1f} "

@@ -37,9 +37,23 @@ def require_torch(command: str) -> None:
             "environment; `--dry-run` plans without torch") from exc
 
 
-def device_facts(device: Any = None) -> Device:
+def require_gpu(command: str) -> None:
+    """A BenchError unless torch sees a CUDA GPU: every GPU bench asks here first (issue 41,
+    third pass: ``bench decode`` without one was torch's RuntimeError traceback)."""
     import torch
 
+    from ..errors import BenchError
+
+    if not torch.cuda.is_available():
+        raise BenchError(f"bench {command} needs a CUDA GPU and none is visible",
+                         "run it on the GPU machine (scripts/device/bench.sh); `--dry-run` "
+                         "plans without one")
+
+
+def device_facts(device: Any = None, command: str = "kernel") -> Device:
+    import torch
+
+    require_gpu(command)
     dev = torch.device(device or "cuda")
     props = torch.cuda.get_device_properties(dev)
     l2 = int(getattr(props, "L2_cache_size", 0) or 0)

@@ -64,7 +64,7 @@ from ..kernels.kvinputs import (
 )
 from ..kernels.ops import PagedOps, forward_decode, v2_workspace
 from ..kitinfo import kit_info
-from .device import CudaBackend, HostBackend, device_facts, measure_copy_bandwidth
+from .device import CudaBackend, HostBackend, device_facts, measure_copy_bandwidth, require_gpu
 from .kernel_results import LaunchPlan, ShapeResult, build_results
 from .limits import memory_refusal, shape_memory, vllm_kernel_limit
 from .matrix import MODES, BenchMatrix, BenchShape
@@ -376,11 +376,7 @@ def run_kernel_bench(ops: Sequence[PagedOps], matrix: BenchMatrix,
     ``results`` with their ``status`` and reason, and listed in ``meta.not_measured``.
     ``shapes`` replaces the matrix's (a sampled run: ``sample`` describes the draw, and the
     document's kind is ``sample``, rendered by bench/sample_report.py)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise BenchError("bench kernel needs a CUDA GPU and none is visible",
-                         "run it on the GPU machine (scripts/device/bench.sh)")
+    require_gpu("kernel")
     if len(ops) < 2:
         raise BenchError(f"need a baseline and at least one variant, found {[o.name for o in ops]}",
                          "build the baseline and patched trees with `kvprefetch build "

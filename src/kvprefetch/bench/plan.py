@@ -37,6 +37,17 @@ def parse_formats(text: str) -> tuple[str, ...]:
     return out
 
 
+def check_output_name(name: str, option: str = "--name") -> str:
+    """``name`` when it is a plain file name (the base of ``<name>.json/.md/.png``), else an
+    OptionError: a folder in it (``../../x``) would put the outputs outside ``--out``, and a
+    control character into a file name (issue 41, third pass: ``bench --name`` took both)."""
+    if name in ("", ".", "..") or "/" in name or "\x00" in name or any(
+            ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise OptionError(f"{name!r} is not a file name (no folders, no control characters); "
+                          "give the folder with --out", option)
+    return name
+
+
 def output_dir(out: Path | None, workdir: Path) -> Path:
     """``--out``, or ``<workdir>/bench``."""
     return out or workdir / "bench"

@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 from ..errors import BenchError
 from ..workspace.confine import ensure_dir, write_file
 from .decode_report import decode_markdown, decode_png
+from .plan import check_output_name
 from .render import ctx as _ctx
 from .render import geomean, row_mode, shape_key
 from .render import md_table as _table
@@ -476,6 +477,7 @@ def render_png(doc: Document, path: Path) -> Path | None:
 def write_outputs(doc: Document, out_dir: Path, name: str,
                   formats: Sequence[str] = ("json", "md", "png")) -> list[Path]:
     """Write ``<name>.json``, ``<name>.md`` and ``<name>.png`` (as asked) under ``out_dir``."""
+    check_output_name(name)  # a plain file name: nothing outside out_dir, whoever calls
     # rendered before anything is written: a document the markdown cannot be made of leaves
     # no half set of outputs behind
     md = render_markdown(doc) if "md" in formats else None

@@ -117,5 +117,16 @@ def main(debug: bool) -> None:
     """
 
 
+def run() -> None:
+    """The command line, with a Ctrl-C before or after click takes over as one line and exit
+    130 (click's own handling starts only once ``main`` runs; the lazy imports of a command
+    happen inside it)."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
+        sys.exit(130)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    run()

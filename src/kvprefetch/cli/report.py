@@ -92,12 +92,18 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
             info("wrote " + ", ".join(str(p) for p in paths))
         return
     if repeats_name is not None:
+        from ..bench.plan import check_output_name
         from ..bench.repeats import combine
+        from ..errors import OptionError
 
         if repeats_name in ("", ".", "..") or Path(repeats_name).name != repeats_name:
             raise click.BadParameter(
                 f"{repeats_name!r} is a path; give a file name without folders (e.g. repeats) "
                 "and the folder with --out", param_hint="--repeats")
+        try:
+            check_output_name(repeats_name, "--repeats")
+        except OptionError as exc:
+            raise click.BadParameter(exc.cause, param_hint="--repeats") from None
 
         docs = [load_document(p) for p in files]
         with reading(*files):

@@ -46,7 +46,8 @@ def vmm() -> None:
 @vmm.command()
 @click.option("--driver", "driver_name", type=click.Choice(["cuda", "fake"]), default="cuda",
               show_default=True, help="'fake' runs the bookkeeping against an in-memory driver.")
-@click.option("--ops", default=2000, show_default=True, help="Random operations to run.")
+@click.option("--ops", default=2000, show_default=True, type=click.IntRange(min=1),
+              help="Random operations to run.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--layout", type=click.Choice(["per-layer", "tensor-slicing"]), default="per-layer",
               show_default=True)

@@ -154,11 +154,12 @@ def verify_sdist(path: Path, delete: bool = True) -> None:
 
 def _remove_dead_downloads(downloads: Path) -> None:
     """Partial downloads of killed runs (``.download-<pid>-*`` of a pid that is gone)."""
-    from ..workspace.ownership import pid_alive
+    from ..workspace.ownership import pid_alive, valid_pid
 
     for p in downloads.glob(".download-*-*"):
         pid = p.name.split("-")[1]
-        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)) \
+        if pid.isdigit() and valid_pid(int(pid)) and int(pid) != os.getpid() \
+                and not pid_alive(int(pid)) \
                 and p.is_file() and not p.is_symlink():
             p.unlink()
 

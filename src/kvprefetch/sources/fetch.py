@@ -406,7 +406,7 @@ def _materialise(wd: Workdir, name: str, pristine: Path, kind: str, origin: str,
         # The state is written before the rename: a crash in between leaves a state without a
         # tree, which the next fetch simply recreates.
         ownership.record(wd.root, sp, "state")
-        wd.write_state(name, state)
+        ownership.write_record(wd.root, sp, state)
         confine.ensure_dir(dest.parent, root=wd.root, family=FetchError)
         ownership.record(wd.root, dest, "tree", digest=ownership.inventory_digest(inv))
         os.rename(tmp, dest)

@@ -15,7 +15,7 @@ from .. import upstream
 from ..errors import FetchError
 from ..hashing import INVENTORY_RULES, differences, inventory, sha256_file
 from ..workspace import ownership
-from ..workspace.workdir import Workdir, write_json_atomic
+from ..workspace.workdir import Workdir
 
 
 def repair_states(wd: Workdir, names: list[str], pristine: Path, kind: str, origin: str,
@@ -46,7 +46,7 @@ def repair_states(wd: Workdir, names: list[str], pristine: Path, kind: str, orig
         state = {"tree": name, "source": kind, "origin": origin, "commit": commit,
                  "vllm_version": upstream.VLLM_VERSION, "applied": applied,
                  "inventory": expected, "inventory_rules": INVENTORY_RULES}
-        write_json_atomic(sp, state)
+        ownership.write_record(wd.root, sp, state)
         ownership.record(wd.root, sp, "state")
         ownership.record(wd.root, tree, "tree", digest=ownership.inventory_digest(expected))
         left = differences(expected, current)

@@ -32,7 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..errors import VerifyError
 from ..hashing import sha256_file
+from ..reading import read_limited
+from ..workspace.confine import write_file
 from .cubin import Module, parse_elf
 from .sass import (
     KernelSass,
@@ -179,22 +182,20 @@ def load_cached(cache_dir: Path, sha256: str, tools: Mapping[str, str | None]
                 ) -> LibraryFacts | None:
     """A complete, matching cache entry for the library with this sha256, or None."""
     path = cache_path(cache_dir, sha256)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    try:  # bounded, never a FIFO or device: an entry is data in the work directory (issue 41)
+        data = json.loads(read_limited(path).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     facts = from_entry(data, sha256, tools)
     return facts if facts is not None and facts.complete else None
 
 
-def _write_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(data, separators=(",", ":")) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def _write_atomic(path: Path, data: Mapping[str, Any], root: Path | None = None) -> None:
+    """confine.write_file: never through a symlinked folder or file, checked from ``root`` (the
+    work directory) down when given: ``verify/`` and ``verify/cache`` are in the work
+    directory, which anyone who writes there may have swapped for a link (issue 41)."""
+    write_file(path, json.dumps(data, separators=(",", ":")) + "\n", root=root,
+               family=VerifyError)
 
 
 def disassemble(so: str, tools: Any) -> LibraryFacts:
@@ -226,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("so")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--cache", type=Path, default=None)
+    ap.add_argument("--root", type=Path, default=None,
+                    help="the work directory holding --cache (nothing is written through a "
+                         "symlink below it)")
     args = ap.parse_args(argv)
     tools = find_cuobjdump(dict(os.environ))
     if tools is None:
@@ -236,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     _write_atomic(args.out, data)
     if args.cache is not None and facts.complete:
         try:
-            _write_atomic(cache_path(args.cache, facts.sha256), data)
-        except OSError as exc:  # a read-only work directory: the answer stands, uncached
+            _write_atomic(cache_path(args.cache, facts.sha256), data, root=args.root)
+        except (OSError, VerifyError) as exc:  # a read-only work directory, a symlinked
+            # cache folder: the answer stands, uncached
             print(f"not cached: {exc}", file=sys.stderr)
     return 0
 

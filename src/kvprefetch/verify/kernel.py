@@ -226,7 +226,8 @@ def _library_facts(lib: _Library, cache_dir: Path, tools: Mapping[str, str | Non
     with tempfile.TemporaryDirectory(prefix="kvprefetch-facts-") as td:
         out = Path(td) / "facts.json"
         res = run([sys.executable, "-m", "kvprefetch.verify.facts", lib.path, "--out", str(out),
-                   "--cache", str(cache_dir)], echo=False, check=False)
+                   "--cache", str(cache_dir), "--root", str(cache_dir.parent.parent)],
+                  echo=False, check=False)
         try:
             data = json.loads(out.read_text())
         except (OSError, ValueError):

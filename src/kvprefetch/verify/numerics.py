@@ -307,9 +307,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 0 if report.passed else (VerifyError.exit_code if report.status == FAILED
                                          else ConfigError.exit_code)
     print(format_report(report))
-    if ns.json_path:
-        ns.json_path.parent.mkdir(parents=True, exist_ok=True)
-        ns.json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+    if ns.json_path:  # confine.write_file: never through a planted link (issue 41)
+        from ..workspace.confine import write_file
+
+        write_file(ns.json_path, json.dumps(report.to_dict(), indent=2) + "\n",
+                   family=VerifyError)
     return code
 
 

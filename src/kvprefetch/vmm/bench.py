@@ -319,7 +319,6 @@ def run_bench(out: Path, cfg: DecodeConfig, *, steps: bool = True, decode: bool 
     The JSON report at ``out`` is rewritten atomically after each part, so a run killed half-way
     keeps what it measured; a part that fails is recorded (``*_error``) and the others run."""
     import json
-    import os
     import sys
     import time
 
@@ -334,10 +333,13 @@ def run_bench(out: Path, cfg: DecodeConfig, *, steps: bool = True, decode: bool 
     report["cuda_bindings"] = bindings_version()
 
     def write() -> None:  # atomic: a run killed mid-write keeps the previous checkpoint
-        tmp = f"{out}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(report, fh, indent=1, default=str)
-        os.replace(tmp, out)
+        # confine.write_file, like every output of the kit's: a new temporary (O_EXCL |
+        # O_NOFOLLOW) beside it, never through a planted symlink (issue 41, third pass: a link
+        # at `<out>.tmp` had the report written into the file it pointed at)
+        from ..workspace.confine import write_file
+        from .errors import VmmError
+
+        write_file(Path(out), json.dumps(report, indent=1, default=str), family=VmmError)
 
     failed = []
     if steps:

@@ -17,18 +17,28 @@ delete, move or write, such a path passes through this module:
   ``open_new`` is the same for a stream, ``write_if_changed`` skips a write that would change
   nothing;
 - ``remove_path`` is the one way the kit deletes: confined, never through a symlink, and
-  ``shutil.rmtree``'s fd-based walk unlinks symlinks inside a directory without following them.
+  ``shutil.rmtree``'s fd-based walk unlinks symlinks inside a directory without following them;
+  ``rename_path`` is the one way it moves a path aside inside one folder.
+
+The checks above read the path with ``lstat``; the acts do not trust that reading. Each one
+opens the folder it acts in by a walk of ``O_NOFOLLOW | O_DIRECTORY`` opens from ``root`` (or, for
+an output the user named, the folder itself with ``O_NOFOLLOW``) and then acts relative to that
+descriptor (``dir_fd``): a folder on the way swapped for a symlink between the check and the act
+(issue 41, the time-of-check race left open by the second hostile pass) makes the open fail
+(``ELOOP``/``ENOTDIR``), and the act lands in the folder that was checked or nowhere.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
 import shutil
 import stat
+import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -109,6 +119,69 @@ def check_target(root: Path, path: Path, *, what: str,
                      "then rerun")
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _raced(path: Path, what: str, family: type[KvprefetchError]) -> KvprefetchError:
+    return family(f"refusing to {what} {path}: a folder on the way became a symlink or stopped "
+                  "being a folder while kvprefetch worked (another process is changing the "
+                  "work directory)",
+                  "stop whatever else writes there, make the folder a real directory again, "
+                  "then rerun")
+
+
+def open_dir(d: Path, *, root: Path | None = None, what: str = "write into",
+             family: type[KvprefetchError] = ConfigError) -> int:
+    """A descriptor of the folder ``d``, opened without following a symlink: from ``root``
+    down, one ``O_NOFOLLOW`` open per part (``root`` itself is the location the user named, and
+    is trusted), or, without ``root``, ``d`` itself with ``O_NOFOLLOW`` (its ancestors may be
+    links, as for an output folder the user names). A symlink met on the way, now or swapped in
+    after a check, is refused (``family``); the caller closes the descriptor."""
+    try:
+        if root is None:
+            return os.open(d, _DIR_FLAGS)
+        rel = Path(os.path.normpath(os.path.abspath(d))).relative_to(
+            os.path.normpath(os.path.abspath(root)))
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in rel.parts:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _raced(d, what, family) from None
+        raise
+
+
+def rename_path(root: Path, path: Path, new_name: str, *,
+                family: type[KvprefetchError] = ConfigError) -> Path:
+    """Rename ``path`` (inside ``root``, no symlink on the way) to ``new_name`` in the same
+    folder, relative to a descriptor of that folder (``open_dir``): a folder swapped for a
+    symlink after the check never moves anything outside ``root``. ``new_name`` must not
+    exist. Returns the new path."""
+    check_target(root, path, what="move", family=family)
+    if "/" in new_name or new_name in ("", ".", ".."):
+        raise ValueError(f"not a file name: {new_name!r}")
+    dfd = open_dir(path.parent, root=root, what="move", family=family)
+    try:
+        try:
+            os.stat(new_name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        else:
+            raise family(f"{path.with_name(new_name)} is in the way of moving {path}",
+                         f"move {path.with_name(new_name)} away, then rerun")
+        os.rename(path.name, new_name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    return path.with_name(new_name)
+
+
 def ensure_dir(d: Path, *, root: Path | None = None,
                family: type[KvprefetchError] = ConfigError) -> None:
     """``mkdir -p d`` without going through a symlink (checked from ``root`` when given, else
@@ -136,12 +209,15 @@ def ensure_dir(d: Path, *, root: Path | None = None,
 
 @contextmanager
 def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
-             family: type[KvprefetchError] = ConfigError) -> Iterator[BinaryIO]:
+             family: type[KvprefetchError] = ConfigError,
+             tmp_name: str | None = None) -> Iterator[BinaryIO]:
     """A binary file to stream into ``path`` (a download, a large output), written as
     ``write_file`` writes: a new temporary file in the same directory (``O_EXCL |
     O_NOFOLLOW``), renamed over ``path`` only when the block ends without an exception (else
     removed). A symlinked destination or parent is refused (from ``root`` down, when given), and
-    so is an existing destination that is not a regular file (a device node, a FIFO)."""
+    so is an existing destination that is not a regular file (a device node, a FIFO).
+    ``tmp_name``: the temporary's name (default: ``.<name>.tmp-<hex>-<pid>``), for a caller that
+    records it before it exists (``ownership.write_record``); it is never opened if it exists."""
     ensure_dir(path.parent, root=root, family=family)
     if root is not None:
         check_target(root, path, what="write", family=family)
@@ -162,16 +238,25 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
         raise family(f"refusing to write {path}: it exists and is {_kind(existing)}, not a "
                      "regular file, and kvprefetch replaces only regular files",
                      f"write to another path, or move {path} away if it is yours, then rerun")
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(3)}-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    tmp_name = tmp_name or f".{path.name}.tmp-{secrets.token_hex(3)}-{os.getpid()}"
+    # every act relative to the folder's descriptor: a parent swapped for a symlink after the
+    # checks above makes the open fail, and nothing is written behind it
+    dfd = open_dir(path.parent, root=root, what="write", family=family)
+    created = False
     try:
+        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, mode, dir_fd=dfd)
+        created = True
         with os.fdopen(fd, "wb") as f:
             yield f
-        os.chmod(tmp, mode)  # not the umask's
-        os.replace(tmp, path)
+            os.fchmod(f.fileno(), mode)  # not the umask's
+        os.replace(tmp_name, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        created = False
     finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
+        if created:
+            with suppress(FileNotFoundError):
+                os.unlink(tmp_name, dir_fd=dfd)
+        os.close(dfd)
 
 
 def _kind(mode: int) -> str:
@@ -188,12 +273,12 @@ def _kind(mode: int) -> str:
 
 
 def write_file(path: Path, data: bytes | str, *, root: Path | None = None, mode: int = 0o644,
-               family: type[KvprefetchError] = ConfigError) -> None:
+               family: type[KvprefetchError] = ConfigError, tmp_name: str | None = None) -> None:
     """Write ``data`` to ``path`` atomically: a new temporary file in the same directory
     (``O_EXCL | O_NOFOLLOW``), then ``os.replace``. A symlinked destination or parent is refused
     (from ``root`` down, when given)."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    with open_new(path, root=root, mode=mode, family=family) as f:
+    with open_new(path, root=root, mode=mode, family=family, tmp_name=tmp_name) as f:
         f.write(payload)
 
 
@@ -219,14 +304,25 @@ def remove_path(root: Path, path: Path, *,
         raise family(f"refusing to remove {path}: it is the work directory itself",
                      "a record naming it is corrupt: move the record away")
     check_target(root, path, what="remove", family=family)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    if not os.path.lexists(path.parent):
         return
-    if stat.S_ISDIR(mode):
-        shutil.rmtree(path)  # fd-based: unlinks symlinks inside, never follows them
-    else:
-        os.unlink(path)
+    dfd = open_dir(path.parent, root=root, what="remove", family=family)
+    try:
+        try:
+            mode = os.stat(path.name, dir_fd=dfd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(mode):
+            # fd-based from the checked folder down: unlinks symlinks inside, never follows
+            # them, and a directory swapped for a link since the stat is refused by rmtree
+            if sys.version_info >= (3, 11):
+                shutil.rmtree(path.name, dir_fd=dfd)
+            else:  # no dir_fd before 3.11: rmtree's own fd walk still follows no link inside
+                shutil.rmtree(path)
+        else:
+            os.unlink(path.name, dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def is_plain_file(path: Path) -> bool:

@@ -1,7 +1,8 @@
 """Advisory file locks (fcntl.flock) so two kvprefetch processes never work on the same
-tree, environment or build at once. The holder's pid is written into the lock file so the
-refusal can name it; a lock file that holds anything else is not the kit's, and is refused
-rather than truncated. A lock is never taken through a symlink: a lock file, or the directory
+tree, environment or build at once. The holder writes ``kvprefetch-lock pid <pid>`` into the lock
+file (so a refusal can name it) and empties it on release; a lock file that holds anything else
+is not the kit's, and is refused rather than truncated: a user's file of digits too (issue 41,
+third pass: a digit-only ``.lock`` was taken for a stale lock of the kit's and emptied). A lock is never taken through a symlink: a lock file, or the directory
 holding it, that is a symlink is refused (it could point outside the work directory)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,9 +33,17 @@ def _special(mode: int) -> str:
             else "a device")
 
 
-# What a lock file of the kit's holds: nothing, or the holder's pid (and what a killed holder
-# left: its pid).
-_MAX_KIT_LOCK_BYTES = 20
+# What a lock file of the kit's holds: nothing, or the marker with the holder's pid (what a
+# killed holder left too). A bare pid, what kits before this marker wrote, is refused as well:
+# it cannot be told from a user's file of digits.
+_MARKER = "kvprefetch-lock pid "
+_KIT_LOCK = re.compile(rb"kvprefetch-lock pid ([0-9]{1,7})\n?")
+_MAX_KIT_LOCK_BYTES = 40
+
+
+def _holder(held: bytes) -> str:
+    m = _KIT_LOCK.fullmatch(held)
+    return m[1].decode() if m else "unknown"
 
 
 @contextmanager
@@ -70,7 +80,7 @@ def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            holder = _holder(os.pread(fd, _MAX_KIT_LOCK_BYTES + 1, 0))
             raise LockError(
                 f"another kvprefetch process (pid {holder}) is already working on {what} "
                 f"(lock {lock_path})",
@@ -78,14 +88,23 @@ def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
                 "that process exits",
             ) from None
         held = os.pread(fd, _MAX_KIT_LOCK_BYTES + 1, 0)
-        if held.strip() and not held.strip().isdigit() or len(held) > _MAX_KIT_LOCK_BYTES:
-            # not empty and not a pid: a file the kit did not make (an adopted folder's own
-            # `.lock`), which the kit never truncates (issue 41, A2)
+        if held and not _KIT_LOCK.fullmatch(held):
+            # not empty and not the kit's marker: a file the kit did not make (an adopted
+            # folder's own `.lock`, issue 41 A2; a file of digits, third pass), which the kit
+            # never truncates
             fcntl.flock(fd, fcntl.LOCK_UN)
-            raise _refuse(lock_path, "it holds data kvprefetch did not write (kvprefetch's lock "
-                                     "file is empty or holds a pid)")
+            bare = held.strip().isdigit()
+            raise LockError(
+                f"cannot take the lock {lock_path}: it holds "
+                + ("only digits" if bare else "data") + " kvprefetch did not write "
+                f"(kvprefetch's lock file is empty, or holds '{_MARKER}<pid>' while a run "
+                "holds it)",
+                f"if no kvprefetch runs on this work directory and {lock_path} is not yours "
+                + ("(a kvprefetch older than this marker left its bare pid there when it was "
+                   "killed) " if bare else "") + "remove it; if it is yours, move it away; "
+                "then rerun")
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, f"{_MARKER}{os.getpid()}\n".encode(), 0)
         try:
             yield
         finally:

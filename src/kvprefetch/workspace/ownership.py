@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..reading import read_limited
 from . import confine
 from .locks import locked
-from .workdir import Workdir, write_json_atomic
+from .workdir import Workdir, json_text, write_json_atomic
 
 OWNED_FILE = ".kvprefetch-owned.json"
 _FIX = ("move it away; `kvprefetch fetch --repair` records the trees again "
@@ -57,11 +57,22 @@ def _entry_problem(rel: str, entry: dict[str, Any]) -> str | None:
         name = rel.rsplit("/", 1)[-1]
         # the kit's temporaries carry their pid in their name: .<x>.tmp-PID, <x>.tmp-PID,
         # tmp/<step>-PID-<hex>; an entry that does not is not one of them
-        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not (
+        if not valid_pid(pid) or not (
                 name.endswith(f".tmp-{pid}")
                 or (rel.startswith(f"{SCRATCH}/") and f"-{pid}-" in name)):
             return "is not a temporary path of a kvprefetch process (its pid must be in its name)"
     return None
+
+
+# The largest pid_t (a C int): no process has a larger pid (Linux's own limit is 2^22), and
+# os.kill refuses a number past a C long (issue 41, third pass: a record's pid of 10^23 was an
+# OverflowError traceback)
+PID_MAX = (1 << 31) - 1
+
+
+def valid_pid(pid: object) -> bool:
+    """Whether ``pid`` (read from a record or a file name) is a number a process can have."""
+    return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= PID_MAX
 
 
 def inventory_digest(inv: dict[str, str]) -> str:
@@ -152,7 +163,9 @@ def remove(root: Path, path: Path) -> None:
             raise ConfigError(f"{doomed} is in the way of removing {path}",
                               f"move {doomed} away, then rerun")
         record(root, doomed, "tmp", pid=os.getpid())  # before the rename: never unrecorded
-        os.rename(path, doomed)
+        # relative to the checked folder's descriptor: a folder on the way swapped for a
+        # symlink since the check moves nothing outside the work directory (confine.open_dir)
+        confine.rename_path(root, path, doomed.name)
         forget(root, path)
         path = doomed
     confine.remove_path(root, path)
@@ -160,6 +173,8 @@ def remove(root: Path, path: Path) -> None:
 
 
 def pid_alive(pid: int) -> bool:
+    if not valid_pid(pid):
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -225,37 +240,51 @@ def scratch_dir(root: Path, prefix: str, *, read_only: bool = False) -> Iterator
 def orphans(root: Path) -> list[Path]:
     """Temporary paths of kit processes that no longer run."""
     def gone(pid: Any) -> bool:
-        return not isinstance(pid, int) or (pid != os.getpid() and not pid_alive(pid))
+        return not valid_pid(pid) or (pid != os.getpid() and not pid_alive(pid))
 
     return [root / r for r, e in entries(root).items()
             if e.get("kind") == "tmp" and gone(e.get("pid"))]
 
 
-# confine.write_file's temporary: .<name>.tmp-<6 hex>-<pid>
-_WRITE_TMP = re.compile(r"\.[^/]+\.tmp-[0-9a-f]{6}-([0-9]+)")
+# confine.write_file's temporary of one of the kit's own top-level records (the ownership
+# record, the work directory's tag): ..kvprefetch-<record>.tmp-<6 hex>-<pid>. Names that begin
+# with ".kvprefetch-" at the top of a work directory are the kit's, as the records themselves.
+_RECORD_TMP = re.compile(r"\.\.kvprefetch-(?:owned\.json|workdir)\.tmp-[0-9a-f]{6}-([0-9]{1,10})")
 
 
 def stale_writes(root: Path) -> list[Path]:
-    """Temporaries of ``confine.write_file`` left by killed runs where the kit writes its
-    records (the work directory itself: the ownership record; ``state/``). A run killed while
-    it rewrote the ownership record left one for good (issue 41, class 6, found by the killed
-    clean test).
-
-    Only in a work directory the kit created empty: an adopted one held the user's files,
-    and a user's file may carry such a name (issue 41, A1), so there the kit removes only the
-    temporaries its ownership record lists (``orphans``) and leaves the rest."""
+    """Temporaries of the kit's top-level records (the ownership record, the tag) left by
+    killed runs: these cannot be listed in the ownership record (they are its own rewrite), so
+    they are found by name, in the kit's reserved ``.kvprefetch-`` names only, with a dead pid,
+    and only in a work directory the kit created empty (in an adopted one a user's file may
+    carry any name, issue 41 A1). Every other temporary (a state record's, ``write_record``) is
+    in the ownership record before it exists and goes with ``orphans``: a user's file named
+    like a kit temporary is never removed by its name (issue 41, third pass)."""
     out: list[Path] = []
-    if Workdir(root).is_adopted():
+    if Workdir(root).is_adopted() or not root.is_dir() or root.is_symlink():
         return out
-    for d in (root, root / "state"):
-        if d.is_symlink() or not d.is_dir():
-            continue
-        for p in sorted(d.iterdir()):
-            m = _WRITE_TMP.fullmatch(p.name)
-            if m and int(m[1]) != os.getpid() and not pid_alive(int(m[1])) \
-                    and confine.is_plain_file(p):
-                out.append(p)
+    for p in sorted(root.iterdir()):
+        m = _RECORD_TMP.fullmatch(p.name)
+        if m and int(m[1]) != os.getpid() and not pid_alive(int(m[1])) \
+                and confine.is_plain_file(p):
+            out.append(p)
     return out
+
+
+def write_record(root: Path, path: Path, data: Any) -> None:
+    """Write a record of the kit's (a tree's state) as JSON through a temporary that the
+    ownership record names, with this pid, before it exists: a run killed mid-write leaves an
+    orphan the next fetch or clean removes from the record, never by its name."""
+    text = json_text(data)
+    if confine.is_plain_file(path):
+        try:
+            if read_limited(path).decode("utf-8") == text:
+                return
+        except (OSError, ValueError):
+            pass
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with temporary(root, tmp):
+        confine.write_file(path, text, root=root, tmp_name=tmp.name)
 
 
 def remove_orphans(root: Path, dry_run: bool = False) -> list[str]:
@@ -263,7 +292,7 @@ def remove_orphans(root: Path, dry_run: bool = False) -> list[str]:
     for p in stale_writes(root):
         out.append(str(p))
         if not dry_run:
-            p.unlink(missing_ok=True)
+            confine.remove_path(root, p)
     for p in orphans(root):
         out.append(str(p))
         if dry_run:

@@ -107,21 +107,10 @@ def _restore(tree: Path, stage: Path, files: list[dict[str, Any]]) -> None:
             raise
 
 
-def _remove_state_temps(wd: Workdir, name: str) -> None:
-    """The state record's temporaries left by killed runs, by ownership's one rule for
-    temporaries found by name (``stale_writes``: confine.write_file's name, a dead pid, a
-    regular file, and never in an adopted work directory, where a user's file may carry such a
-    name)."""
-    state = wd.state_file(name)
-    for p in ownership.stale_writes(wd.root):
-        if p.name.startswith(f".{state.name}.tmp-"):
-            p.unlink(missing_ok=True)
-
-
 def recover(wd: Workdir, name: str) -> str | None:
     """Finish the business of an apply that was killed (call with the tree's lock held).
-    Returns what was done, or None when there was nothing to do."""
-    _remove_state_temps(wd, name)
+    Returns what was done, or None when there was nothing to do. (A state record's temporary
+    left by a killed run is in the ownership record: the next fetch or clean removes it.)"""
     stage = stage_dir(wd, name)
     if not os.path.lexists(stage):
         return None
@@ -187,7 +176,7 @@ def commit(wd: Workdir, name: str, changes: dict[str, Path], new_state: dict[str
             confine.check_target(tree, dst, what="replace", family=PatchError)
             os.replace(stage / "new" / f["rel"], dst)
         verify()
-        wd.write_state(name, new_state)
+        ownership.write_record(wd.root, wd.state_file(name), new_state)
     except BaseException:
         if journal_written:
             _restore(tree, stage, files)

@@ -127,9 +127,6 @@ class Workdir:
             return None
         return validate_state(p, name)
 
-    def write_state(self, name: str, state: dict[str, Any]) -> None:
-        write_json_atomic(self.state_file(name), state, root=self.root)
-
     def resolve_tree(self, name: str) -> str:
         """The tree a user-given ``name`` refers to here (``seed`` and ``paper`` name the
         paper's tree, whichever name this work directory made it under), checked."""
@@ -182,13 +179,18 @@ def validate_state(path: Path, name: str) -> dict[str, Any]:
     return data
 
 
+def json_text(data: Any) -> str:
+    """How the kit writes a JSON record: indented, keys sorted, a final newline."""
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
 def write_json_atomic(path: Path, data: Any, *, root: Path | None = None) -> None:
     """Write JSON via a temp file and rename (confine.write_file: never through a symlinked
     destination or parent, checked from ``root`` down when given), and only when the content
     changes."""
     from .confine import is_plain_file, write_file
 
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    text = json_text(data)
     if is_plain_file(path):
         try:
             if path.read_text() == text:

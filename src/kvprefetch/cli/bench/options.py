@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ...bench.plan import FORMATS
+from ...bench.plan import FORMATS, check_output_name
 from ...errors import OptionError
 from ..common import tree_option
 
@@ -23,11 +23,17 @@ def output_options(default_name: str) -> Callable[[F], F]:
         f = click.option("--out", type=click.Path(path_type=Path), default=None,
                          help="Output folder [default: <workdir>/bench].")(f)
         f = click.option("--name", default=default_name, show_default=True,
+                         callback=_output_name,
                          help="Base name of the output files (<name>.json/.md/.png).")(f)
         f = click.option("--formats", default=",".join(FORMATS), show_default=True,
                          help="Which of json, md, png to write.")(f)
         return f
     return deco
+
+
+def _output_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    with usage_errors():
+        return check_output_name(value)
 
 
 trees_option = tree_option("Tree to load (repeatable; default: every kernels-only build "
