@@ -21,7 +21,7 @@ def trees():
 def _model_and_inputs(batch: int, context: int):
     from kvprefetch.bench.decode import StepInputs, Workload, plan_steps
     from kvprefetch.bench.decode_model import Decoder, preset
-    from kvprefetch.bench.decode_serve import capture_sizes
+    from kvprefetch.bench.vllm_call import capture_sizes
 
     cfg = preset("llama-3.1-8b", layers=2)
     steps, blocks = plan_steps(Workload(batch=batch, context=context, steps=2), 16)

@@ -95,8 +95,10 @@ def _fused_ran(names: list[str]) -> list[bool]:
     ("1x4k", "float16", "auto", "v2", True, "2x2"),   # 16.8 MB, 256 CTAs
     ("1x4k", "float16", "fp8", "v2", True, None),     # 8.4 MB; fp8 caches have no twin
     # 134 MB > L2/2; 2048 stock CTAs, of which 480 surely have work (3.6 per SM)
-    ("8x4k", "float16", "auto", "v2", False, "2x2"),
-    ("32x1k", "float16", "auto", "v1", False, "2x2"),  # 134 MB; v1: chain-safe twins only
+    # no twin since e31e1e7 (some number of long rows would give a twin more waves than
+    # stock's code: policy.more_waves_for_some)
+    ("8x4k", "float16", "auto", "v2", False, None),
+    ("32x1k", "float16", "auto", "v1", False, None),  # 134 MB
 ])
 def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str, dtype: str,
                                                    kv: str, kernel: str, fires: bool,
@@ -118,9 +120,9 @@ def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str,
     batch, ctx = (int(x[:-1]) * 1024 if x.endswith("k") else int(x) for x in spec.split("x"))
     ctas = 32 * batch * (1 if kernel == "v1" else -(-ctx // 512))  # 32 query heads
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if twin and sms == 132:
+    if kv == "auto" and sms == 132:  # the mirror's pick (or none) is what ran
         pick = policy.twin_pick(32, 8, batch, ctx, kernel)
-        assert pick is not None and twin == f"{pick[0]}x{pick[1]}"
+        assert twin == (f"{pick[0]}x{pick[1]}" if pick else None)
     # v2's reduction: inside the twin where policy.twin_reduces says so, else a reduce kernel
     fused = bool(twin) and policy.twin_reduces(kernel, *map(int, twin.split("x")),
                                                ctas // int(twin.split("x")[0]), sms)
