@@ -21,13 +21,14 @@ def trees():
 def _model_and_inputs(batch: int, context: int):
     from kvprefetch.bench.decode import StepInputs, Workload, plan_steps
     from kvprefetch.bench.decode_model import Decoder, preset
-    from kvprefetch.bench.vllm_call import capture_sizes
+    from kvprefetch.bench.vllm_call import VllmCall
 
     cfg = preset("llama-3.1-8b", layers=2)
     steps, blocks = plan_steps(Workload(batch=batch, context=context, steps=2), 16)
     model = Decoder(cfg, blocks, 16, "cuda", seed=0, max_position=context + 16)
-    inputs = StepInputs(steps, capture_sizes(batch), False, 8192, blocks - 1, 16,
-                        -(-(context + 16) // 16), cfg.vocab, "cuda", 0)
+    call = VllmCall()  # vLLM's defaults: graphs captured at max_seq_len 8192
+    assert call.capture_len == 8192
+    inputs = StepInputs(steps, call, blocks - 1, 16, cfg.vocab, "cuda", 0)
     return model, inputs
 
 

@@ -116,7 +116,9 @@ def test_prefetch_kernel_fires_on_small_steps_only(stock_and_patched, spec: str,
     assert _twins_ran(names) == ([twin] if twin else []), names
     # every staged twin here gets its two slots per warp (none is a v1 step of long context)
     assert _staged_ran(names) == ([twin in STAGED_TWINS] if twin else []), names
-    assert any("paged_attention" in n and "reduce" not in n for n in names) == (not twin), names
+    # without a twin, vLLM's kernel or the kit's unbounded copy of it (stock's code) runs
+    assert any(("paged_attention" in n or "unbounded_v1_kernel" in n) and "reduce" not in n
+               for n in names) == (not twin), names
     batch, ctx = (int(x[:-1]) * 1024 if x.endswith("k") else int(x) for x in spec.split("x"))
     ctas = 32 * batch * (1 if kernel == "v1" else -(-ctx // 512))  # 32 query heads
     sms = torch.cuda.get_device_properties(0).multi_processor_count
