@@ -155,7 +155,7 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
         raise FetchError(f"git clone of {url} at tag {upstream.GIT_TAG} failed: "
                          f"{(exc.stderr or str(exc)).strip()}",
                          "check the URL and the network, or use --source sdist") from exc
-    commit = repo.head.commit.hexsha
+    commit = str(repo.head.commit.hexsha)
     if not (commit == allow_commit if allow_commit
             else commit.startswith(upstream.GIT_COMMIT_PREFIX)):
         repo.close()
@@ -293,7 +293,7 @@ def _head(repo_dir: Path) -> str:
     import git
 
     with git.Repo(repo_dir) as repo:
-        return repo.head.commit.hexsha
+        return str(repo.head.commit.hexsha)
 
 
 def tree_modifications(wd: Workdir, name: str) -> list[str]:

@@ -13,6 +13,7 @@ import shutil
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import upstream
 from ..errors import ConfigError, PatchError
@@ -122,7 +123,7 @@ def _describe(tree: Path) -> str:
                      if (tree / p).is_file() and sha256_file(tree / p) != upstream.PRISTINE_SHA256[p])
 
 
-def _refuse_differences(tree: Path, variant: str, applied: dict | None,
+def _refuse_differences(tree: Path, variant: str, applied: dict[str, Any] | None,
                         diffs: list[str], read_only: bool = False) -> PatchError:
     """Why a tree that differs from the kit's record is refused (nothing was changed)."""
     shown = ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")

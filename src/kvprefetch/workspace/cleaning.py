@@ -10,6 +10,7 @@ import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError, KvprefetchError
 from ..hashing import differences, inventory, legacy_view, tree_inventory
@@ -38,7 +39,7 @@ class CleanResult:
     dry_run: bool = False
 
 
-def _tree_edits(wd: Workdir, name: str, entry: dict) -> list[str]:
+def _tree_edits(wd: Workdir, name: str, entry: dict[str, Any]) -> list[str]:
     """What changed in a kit-made tree since the kit last wrote it ([] = nothing)."""
     now = inventory(wd.tree(name))
     try:
