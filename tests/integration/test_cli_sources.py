@@ -156,7 +156,7 @@ def test_clean_does_not_pull_a_build_from_under_a_running_build(fetched_workdir:
     fd = os.open(fetched_workdir / "build" / "patched" / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, f"kvprefetch-lock pid {os.getpid()}".encode(), 0)  # as the kit writes
         res = kvprefetch_cli_split("clean", "--workdir", str(fetched_workdir), env=_env())
     finally:
         os.close(fd)

@@ -265,7 +265,7 @@ def test_concurrent_build_of_the_same_tree_is_refused(private_applied_workdir: P
             lock.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            os.pwrite(fd, f"kvprefetch-lock pid {os.getpid()}".encode(), 0)  # as the kit writes
             fds.append(fd)
         res = kvprefetch_cli_split("build", "--workdir", str(private_applied_workdir),
                                    "--skip-doctor", *NARROW_BUILD_ARGS, env=_clean_env(),
