@@ -297,14 +297,15 @@ def test_a_build_of_any_mode_holds_the_tree_lock_while_it_works(
          "--mode", mode, "--trees", "patched", "--arch", "9.0a", "--head-sizes", "128",
          "--block-sizes", "16", "--kv-dtypes", "fp16"],
         env=_clean_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    marker = f"kvprefetch-lock pid {child.pid}"  # what the kit writes into a lock it holds
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and child.poll() is None:
-            if build_lock.exists() and build_lock.read_text().strip() == str(child.pid):
+            if build_lock.exists() and build_lock.read_text().strip() == marker:
                 break
             time.sleep(0.05)
         assert child.poll() is None, (tmp_path / "build.log").read_text()
-        assert build_lock.read_text().strip() == str(child.pid), "the build never took its lock"
+        assert build_lock.read_text().strip() == marker, "the build never took its lock"
         fd = os.open(wd / ".locks" / "tree-patched.lock", os.O_RDWR)
         try:
             with pytest.raises(BlockingIOError):
