@@ -112,7 +112,10 @@ def compare_part(name: str, before: str, after: str, cuobjdump: str, dumps: Path
             only = "after" if b is None else "before"
             diffs.append({"function": fn, "what": "sass", "detail": f"only {only}"})
         elif b != a:
-            at = next((i for i, (x, y) in enumerate(zip(b, a)) if x != y), min(len(a), len(b)))
+            # strict=False: the listings may differ in length; past the shorter one's end the
+            # first difference is where the shorter one stops
+            pairs = enumerate(zip(b, a, strict=False))
+            at = next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
             diffs.append({"function": fn, "what": "sass",
                           "detail": f"{len(b)} vs {len(a)} lines; first at line {at}: "
                                     f"{(b[at] if at < len(b) else '').strip()[:120]!r} vs "

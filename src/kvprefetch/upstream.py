@@ -112,7 +112,8 @@ def kit_header_dir() -> Path:
 
 def kit_headers() -> list[tuple[Path, str]]:
     """(our file, its path in a tree) for each of KIT_HEADERS."""
-    return [(kit_header_dir() / h, t) for h, t in zip(KIT_HEADERS, KIT_HEADERS_IN_TREE)]
+    return [(kit_header_dir() / h, t)
+            for h, t in zip(KIT_HEADERS, KIT_HEADERS_IN_TREE, strict=True)]
 
 
 def patch_files(variant: str) -> list[Path]:

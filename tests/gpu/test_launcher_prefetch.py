@@ -212,7 +212,7 @@ def test_reduction_inside_the_twin_on_two_streams_at_once(stock_and_patched) -> 
     for _ in range(5):
         outs: list[list] = [[] for _ in inputs]
         for _ in range(8):
-            for k, (st, i) in enumerate(zip(streams, inputs)):
+            for k, (st, i) in enumerate(zip(streams, inputs, strict=True)):
                 with torch.cuda.stream(st):
                     outs[k].append(forward_decode(patched, i.args())[0])
         torch.cuda.synchronize()

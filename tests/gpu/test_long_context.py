@@ -110,6 +110,7 @@ def test_every_twin_forced_at_8k_is_bitwise_stock(stock_and_patched, twin: str) 
                           str(WORKDIR), json.dumps(steps)], env=env, capture_output=True,
                          text=True, check=False, timeout=400)
     assert res.returncode == 0, res.stderr[-2000:]
-    for (preset, _, _), (ran, equal) in zip(steps, json.loads(res.stdout.strip().splitlines()[-1])):
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    for (preset, _, _), (ran, equal) in zip(steps, got, strict=True):
         assert ran == [twin], (preset, ran)
         assert equal, preset

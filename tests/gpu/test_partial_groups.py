@@ -92,7 +92,7 @@ def test_every_twin_forced_is_bitwise_stock(stock_and_patched, twin: str) -> Non
     head and the instantiation has twins, and gives stock's output bit for bit."""
     got = run_forced(twin, "tests.gpu.test_partial_groups", "run", STEPS)
     group = int(twin.split("x")[0])
-    for step, (kernel, ran, equal) in zip(STEPS, got):
+    for step, (kernel, ran, equal) in zip(STEPS, got, strict=True):
         heads, kv, head, block, dtype = step[:5]
         runs = group <= heads // kv and _has_twins(kernel, head, block, dtype)
         assert ran == ([twin] if runs else []), (step, kernel, ran)

@@ -97,7 +97,7 @@ def test_every_twin_forced_is_bitwise_stock(stock_and_patched, twin: str) -> Non
     from kvprefetch.kernels import policy
 
     got = run_forced(twin, "tests.gpu.test_twin_coverage", "run_step", STEPS)
-    for (spec, block, dtype), (kernel, ran, equal) in zip(STEPS, got):
+    for (spec, block, dtype), (kernel, ran, equal) in zip(STEPS, got, strict=True):
         cache = "fp16" if dtype == "float16" else "bf16"
         has = bool(policy.twin_shapes("prefetch", kernel, "auto", 64, block, cache))
         assert ran == ([twin] if has else []), (spec, block, dtype, kernel, ran)

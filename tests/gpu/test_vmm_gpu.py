@@ -275,7 +275,7 @@ def test_decode_mapping_is_off_the_critical_path_with_the_worker(torch: Any,
         if async_mapping:
             assert sum(sync_groups) == 0
         else:
-            assert [n for n, s in zip(range(2, 1100), sync_groups) if s] == crossings
+            assert [n for n, s in zip(range(2, 1100), sync_groups, strict=True) if s] == crossings
 
 
 def test_sdpa_reads_the_vmm_cache_like_an_ordinary_tensor(torch: Any) -> None:

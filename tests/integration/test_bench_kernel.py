@@ -96,7 +96,8 @@ class _GraphModel(k.HostBackend):
         def replay() -> None:
             for func, refs, kwargs in calls:
                 args = [a() if isinstance(a, weakref.ref) else a for a in refs]
-                if any(a is None and isinstance(r, weakref.ref) for a, r in zip(args, refs)):
+                if any(a is None and isinstance(r, weakref.ref)
+                       for a, r in zip(args, refs, strict=True)):
                     raise RuntimeError(f"illegal memory access: {func} replays a freed tensor")
                 func(*args, **kwargs)
 

@@ -22,7 +22,7 @@ def test_make_inputs_layouts_and_block_tables(kv: str) -> None:
     inp = make_inputs(s, device="cpu", seed=7, layers=3, ragged=True, pool_factor=2.0)
     x = 8 if kv == "auto" else 16
     assert inp.layers == 3
-    for k, v in zip(inp.key_caches, inp.value_caches):
+    for k, v in zip(inp.key_caches, inp.value_caches, strict=True):
         assert tuple(k.shape) == (inp.num_blocks, 2, 64 // x, 16, x)
         assert tuple(v.shape) == (inp.num_blocks, 2, 64, 16)
         assert k.dtype == (torch.bfloat16 if kv == "auto" else torch.uint8)

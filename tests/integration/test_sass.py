@@ -601,7 +601,7 @@ def _ask(exe: Path, case: PolicyCase, inputs: Sequence[Inputs], where: Path) -> 
 
 def _disagreements(case: PolicyCase, inputs: Sequence[Inputs], answers: list[int]
                    ) -> list[tuple[Inputs, int, int]]:
-    return [(x, got, want) for x, got in zip(inputs, answers)
+    return [(x, got, want) for x, got in zip(inputs, answers, strict=True)
             if got != (want := case.want(x))]
 
 
@@ -619,7 +619,7 @@ def test_launch_policy_agrees_with_the_header_on_the_cpu(oracle: Path, tmp_path:
     assert not wrong, f"{len(wrong)} of {len(inputs)} differ (input, header, policy): {wrong[:5]}"
     assert len(set(answers)) > 1, (name, set(answers))
     if name == "twin_pick":  # every twin and vLLM's kernel are somebody's pick in auto
-        auto = {a for x, a in zip(inputs, answers) if x[0] == -2}
+        auto = {a for x, a in zip(inputs, answers, strict=True) if x[0] == -2}
         assert auto == {-1, *range(len(_SHAPES))}, auto
 
 
@@ -633,7 +633,8 @@ def test_wave_guard_closed_form_on_the_cpu(oracle: Path, tmp_path: Path) -> None
     answers = _ask(oracle, _WAVES, inputs, tmp_path)
     wrong = _disagreements(_WAVES, inputs, answers)
     assert not wrong, f"{len(wrong)} of {len(inputs)} differ (input, header, policy): {wrong[:5]}"
-    assert not any(a for x, a in zip(inputs, answers) if 0 in (x[0], x[1], x[2], x[3], x[4]))
+    assert not any(a for x, a in zip(inputs, answers, strict=True)
+                   if 0 in (x[0], x[1], x[2], x[3], x[4]))
     assert set(answers) == {0, 1}
 
 

@@ -25,7 +25,8 @@ from tests.integration.helpers import kvprefetch_cli_split
 @pytest.fixture(scope="module")
 def sources(fetched_template: Path) -> dict[int, str]:
     root = fetched_template / "pristine" / "sdist"
-    return {v: (root / p).read_text() for v, p in zip((1, 2), upstream.PAGED_ATTENTION_SOURCES)}
+    return {v: (root / p).read_text()
+            for v, p in zip((1, 2), upstream.PAGED_ATTENTION_SOURCES, strict=True)}
 
 
 @pytest.fixture(scope="module")

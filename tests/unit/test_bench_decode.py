@@ -69,7 +69,8 @@ def test_scheduler_runs_continuous_batching() -> None:
     assert sum(s.batch for s in steps) == sum(o for _, o in lengths)
     assert steps[0].seq_lens == (21, 6) and steps[1].seq_lens == (22, 41)  # 1 left, 2 joined
     for s in steps:
-        for n, table, slot, pos in zip(s.seq_lens, s.block_tables, s.slots, s.positions):
+        for n, table, slot, pos in zip(s.seq_lens, s.block_tables, s.slots, s.positions,
+                                       strict=True):
             assert pos == n - 1 and len(table) == -(-n // 16)
             assert slot == table[pos // 16] * 16 + pos % 16
             assert alloc.scratch not in table

@@ -286,10 +286,12 @@ def test_worst_steps_band_large_steps_and_attribution() -> None:
         ("baseline", "launch"), ("launch", "gqa_off"), ("gqa_off", "patched"),
         ("baseline", "control")]
     chain = [[1.0] * len(KV), RATIOS["launch"], RATIOS["gqa_off"], RATIOS["patched"]]
-    for a, prev, nxt in zip(attr, chain, chain[1:]):
+    # strict=False: the chain's three steps are attr's first three; the fourth (control) is
+    # not a step of the chain
+    for a, prev, nxt in zip(attr, chain, chain[1:], strict=False):
         assert a["geomean"] == pytest.approx(
-            statistics.geometric_mean([y / x for x, y in zip(prev, nxt)]))
-        assert a["worse"] == sum(1 for x, y in zip(prev, nxt) if y < x)
+            statistics.geometric_mean([y / x for x, y in zip(prev, nxt, strict=True)]))
+        assert a["worse"] == sum(1 for x, y in zip(prev, nxt, strict=True) if y < x)
     # the chain's steps multiply to the last tree's geomean
     assert math.prod(a["geomean"] for a in attr[:3]) == pytest.approx(
         statistics.geometric_mean(RATIOS["patched"]))

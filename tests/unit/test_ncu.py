@@ -40,7 +40,7 @@ def test_target_command_and_launch_count() -> None:
     s = shapes_from_specs(["8x16k"])[0]
     cmd = ncu.target_command("py", Path("/b/k.so"), "kvprefetch_patched", s.to_dict(), 17)
     assert cmd[:3] == ["py", "-m", "kvprefetch.bench.ncu"]
-    args = dict(zip(cmd[3::2], cmd[4::2]))
+    args = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert args["--context"] == "16384" and args["--batch"] == "8"
     assert args["--kernel"] == s.kernel and args["--launches"] == "17"
     opts = ncu.NcuOptions(launch_skip=20, launch_count=10)

@@ -92,7 +92,7 @@ def test_decode_kernel_names() -> None:
     names = re.findall(r"Function : (\S+)", _sample("kw_patched.sass"))
     decoded = [decode_kernel_name(n) for n in names]
     assert sum(d is not None for d in decoded) == 8
-    assert [n for n, d in zip(names, decoded) if d is None] == [
+    assert [n for n, d in zip(names, decoded, strict=True) if d is None] == [
         n for n in names if "reduce_kernel" in n]
     # fp8 cache, fp32 and the other head sizes: names built the way the compiler mangles them
     # (checked against vLLM's template parameter order), as no saved sample has them

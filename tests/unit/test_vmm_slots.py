@@ -61,7 +61,7 @@ def test_deferred_reclamation_reuses_the_slot_holding_most_pages() -> None:
 
 def test_best_fit_with_a_prompt_hint() -> None:
     t = table()
-    for s, m in zip(range(4), (6, 2, 4, 0)):
+    for s, m in zip(range(4), (6, 2, 4, 0), strict=True):
         t.alloc()
         t.set_mapped(s, m)
     for s in range(4):

@@ -147,13 +147,13 @@ class StepInputs:
 
         self.call = call
         self.modes = [step_mode(s, call) for s in steps]
-        self.rows = [s.batch if m is None else m for s, m in zip(steps, self.modes)]
+        self.rows = [s.batch if m is None else m for s, m in zip(steps, self.modes, strict=True)]
         self.batches = [s.batch for s in steps]
         self.max_lens = [s.max_seq_len for s in steps]
         self.seq_lens = [s.seq_lens for s in steps]
         g = torch.Generator(device="cpu").manual_seed(seed)
         self.items: list[Inputs] = []
-        for s, rows, mode in zip(steps, self.rows, self.modes):
+        for s, rows, mode in zip(steps, self.rows, self.modes, strict=True):
             pad = rows - s.batch
             max_blocks = blocks_for(call.capture_len if mode is not None else s.max_seq_len,
                                     block_size)
@@ -213,7 +213,7 @@ class TreeRunner:
         if mode is None:
             return self.model.step(self.ops, *inputs, max_seq_len=max_len)
         graph, static, logits = self.graph(mode)
-        for dst, src in zip(static, inputs):
+        for dst, src in zip(static, inputs, strict=True):
             dst.copy_(src)
         graph.replay()
         return logits
@@ -307,9 +307,9 @@ def run_workload(model: Decoder, trees: Sequence[PagedOps], work: Workload,
     for r in runners:
         name = r.ops.name
         t = times[name]
-        ratio = [b / x for b, x in zip(times[base], t)]
+        ratio = [b / x for b, x in zip(times[base], t, strict=True)]
         lat = sorted(step_ms[name])
-        equal = all(bool(torch.equal(a, b)) for a, b in zip(sums[name], sums[base]))
+        equal = all(bool(torch.equal(a, b)) for a, b in zip(sums[name], sums[base], strict=True))
         result["trees"][name] = {
             "tokens_per_s": tokens / (statistics.median(t) * 1e-3),
             "time_ms": summarize(t).to_dict(),

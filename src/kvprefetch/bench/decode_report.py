@@ -150,8 +150,8 @@ def decode_png(doc: DecodeDocument, path: Path) -> Path:
     for i, t in enumerate(others):
         xs = [j + i * width for j in range(len(rows))]
         ys = [_ratio(r, t)["median"] for r in rows]
-        lo = [y - _ratio(r, t)["min"] for y, r in zip(ys, rows)]
-        hi = [_ratio(r, t)["max"] - y for y, r in zip(ys, rows)]
+        lo = [y - _ratio(r, t)["min"] for y, r in zip(ys, rows, strict=True)]
+        hi = [_ratio(r, t)["max"] - y for y, r in zip(ys, rows, strict=True)]
         ax.bar(xs, ys, width, yerr=[lo, hi], label=t)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))],

@@ -135,7 +135,7 @@ def problem(value: Any, tp: Any, where: str = "") -> str | None:
         items = typing.get_args(tp)
         if not isinstance(value, list) or len(value) != len(items):
             return f"{_at(where)} is {_json_type(value)}, not a list of {len(items)}"
-        for i, (x, item) in enumerate(zip(value, items)):
+        for i, (x, item) in enumerate(zip(value, items, strict=True)):
             found = problem(x, item, f"{where}[{i}]")
             if found:
                 return found

@@ -39,7 +39,7 @@ def differences(docs: Sequence[KernelDocument], names: Sequence[str]) -> list[st
     out = []
     for field, get in IDENTITY_FIELDS.items():
         seen: dict[str, list[str]] = {}
-        for doc, name in zip(docs, names):
+        for doc, name in zip(docs, names, strict=True):
             seen.setdefault(get(doc), []).append(name)
         if len(seen) > 1:
             out.append(f"{field} differs: " + "; ".join(
@@ -58,7 +58,7 @@ def merge_kernel_docs(docs: Sequence[Document], names: Sequence[str],
     """The merged document: the first shard's meta, every shard's rows in the order given."""
     if len(docs) != len(names) or not docs:
         raise BenchError("nothing to merge", "pass two or more shard JSON files to --merge")
-    wrong = [n for d, n in zip(docs, names) if not is_kernel(d)]
+    wrong = [n for d, n in zip(docs, names, strict=True) if not is_kernel(d)]
     if wrong:
         raise BenchError(f"only `bench kernel` results can be merged; {', '.join(wrong)} "
                          "are of another kind", "pass the shards' bench kernel JSON files")
@@ -70,7 +70,7 @@ def merge_kernel_docs(docs: Sequence[Document], names: Sequence[str],
                          "--force-merge to merge them anyway (the report then lists what differs)")
     rows: list[ShapeRow] = []
     where: dict[tuple[str, str, str], str] = {}
-    for doc, name in zip(shards, names):
+    for doc, name in zip(shards, names, strict=True):
         for r in doc["results"]:
             k = _row_key(r)
             if k in where:
@@ -83,8 +83,10 @@ def merge_kernel_docs(docs: Sequence[Document], names: Sequence[str],
     meta["seconds"] = round(sum(float(d["meta"].get("seconds") or 0) for d in shards), 1)
     meta["not_measured"] = [x for d in shards for x in d["meta"].get("not_measured", [])]
     meta["aborted"] = "; ".join(f"{n}: {d['meta'].get('aborted')}"
-                                for d, n in zip(shards, names) if d["meta"].get("aborted"))
+                                for d, n in zip(shards, names, strict=True)
+                                if d["meta"].get("aborted"))
     meta["merge"] = {"shards": [{"file": n, "started": d["meta"].get("started"),
-                                 "rows": len(d["results"])} for d, n in zip(shards, names)],
+                                 "rows": len(d["results"])}
+                                for d, n in zip(shards, names, strict=True)],
                      "forced": diffs}
     return {"kind": "kernel", "schema": shards[0]["schema"], "meta": meta, "results": rows}

@@ -45,4 +45,4 @@ def paired_speedups(baseline: Sequence[float], variant: Sequence[float]) -> list
     """Per-round ratio baseline_time / variant_time (> 1 means the variant is faster)."""
     if len(baseline) != len(variant):
         raise ValueError("samples must be paired round by round")
-    return [b / v for b, v in zip(baseline, variant)]
+    return [b / v for b, v in zip(baseline, variant, strict=True)]

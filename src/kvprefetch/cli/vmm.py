@@ -132,7 +132,8 @@ def bench(out: Path, batches: str, contexts: str, rounds: int, skip_steps: bool,
         plans, _ = plan_shapes(cfg, L2_BYTES_IF_UNKNOWN, None)
         kernels = [paged_shape(cfg, p.batch, p.context).kernel for p in plans]
         plan = {"out": str(out), "steps": not skip_steps, "decode": not skip_decode,
-                "shapes": [dict(asdict(p), paged_kernel=k) for p, k in zip(plans, kernels)],
+                "shapes": [dict(asdict(p), paged_kernel=k)
+                           for p, k in zip(plans, kernels, strict=True)],
                 "assumed_l2_bytes": L2_BYTES_IF_UNKNOWN,
                 "paged": ({"workdir": str(paged_workdir), "block_size": PAGED_BLOCK_SIZE,
                            "builds": [b.to_dict() for b in builds]}
@@ -144,7 +145,7 @@ def bench(out: Path, batches: str, contexts: str, rounds: int, skip_steps: bool,
                "paged kernel"],
               [[p.batch, p.context, p.layers, p.kv_bytes_per_call,
                 f"{p.bytes_per_variant / 2**30:.2f}", k if builds else "not measured"]
-               for p, k in zip(plans, kernels)],
+               for p, k in zip(plans, kernels, strict=True)],
               title="vmm bench plan (dry run)")
         for b in builds:
             info(f"paged build {b.tree}: {b.so_path} (sha256 {b.so_sha256[:16]})")

@@ -89,7 +89,9 @@ def schema_mismatch(schema: str, expected: Sequence[tuple[str, str]]) -> str | N
     got = parse_schema_args(schema)
     if got == list(expected):
         return None
-    for i, (g, e) in enumerate(zip(got, expected)):
+    # strict=False: the counts may differ; a differing argument in the common prefix is named
+    # first, else the count is
+    for i, (g, e) in enumerate(zip(got, expected, strict=False)):
         if g != e:
             return f"argument {i}: expected '{e[0]} {e[1]}', found '{g[0]} {g[1]}'"
     return f"expected {len(expected)} arguments, found {len(got)}"

@@ -243,7 +243,7 @@ def ensure_cuda12(workdir: Path, *, say: Callable[[str], None] = lambda _m: None
         root.parent.mkdir(parents=True, exist_ok=True)
         tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
         with ownership.temporary(workdir, tmp):
-            for part, archive in zip(PARTS, archives):
+            for part, archive in zip(PARTS, archives, strict=True):
                 _place(part, archive, tmp)
             os.symlink("libcudart.so.12", tmp / "lib64" / "libcudart.so")
             write_file(tmp / "bin" / "nvcc.profile", NVCC_PROFILE, family=FetchError)

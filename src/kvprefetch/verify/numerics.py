@@ -209,7 +209,8 @@ def check_case(ops: Sequence[PagedOps], case: IdentityCase, *, device: Any, seed
         if base is not None and all(x is not None for x in outs):
             equal = all(bytes_equal(base, x) for x in outs[1:])
             if not equal:
-                diff = [o.name for o, x in zip(ops[1:], outs[1:]) if not bytes_equal(base, x)]
+                diff = [o.name for o, x in zip(ops[1:], outs[1:], strict=True)
+                        if not bytes_equal(base, x)]
                 problems.append(f"not bitwise equal to {ops[0].name}: {', '.join(diff)}")
         status = FAILED if problems else PASSED
         rows.append(IdentityRow(case, kernel, choice, status, equal, tuple(errs), tol,

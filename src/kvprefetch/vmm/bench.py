@@ -123,7 +123,7 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
               for _ in range(layers)]
         mv = [torch.empty_strided(g.shape, g.strides_elems, dtype=dtype, device="cuda")
               for _ in range(layers)]
-        for t_vmm, t_mal in zip(vk + vv, mk + mv):
+        for t_vmm, t_mal in zip(vk + vv, mk + mv, strict=True):
             t_vmm.normal_()
             t_mal.copy_(t_vmm)
         q = torch.randn(b, cfg.q_heads, 1, cfg.head_dim, dtype=dtype, device="cuda")
@@ -132,7 +132,7 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
             def calls() -> Any:
                 return [F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
                                                        enable_gqa=True)
-                        for k, v in zip(ks, vs)]
+                        for k, v in zip(ks, vs, strict=True)]
 
             def fn() -> Any:
                 if forced is None:
@@ -157,7 +157,7 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
             outs.pop("vmm_flash", None)
         samples = time_interleaved(graphs, layers, cfg.rounds, cfg.sample_ms)
         torch.cuda.synchronize()
-        pairs = list(zip(outs["vmm"], outs["malloc"]))
+        pairs = list(zip(outs["vmm"], outs["malloc"], strict=True))
         equal = all(torch.equal(x, y) for x, y in pairs)
         max_abs = max(float((x.float() - y.float()).abs().max()) for x, y in pairs)
         n_ref = min(b, 2)
@@ -165,7 +165,7 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
         snap = [o.clone() for o in outs["malloc"]]
         graphs["malloc"].replay()
         torch.cuda.synchronize()
-        deterministic = all(torch.equal(x, y) for x, y in zip(snap, outs["malloc"]))
+        deterministic = all(torch.equal(x, y) for x, y in zip(snap, outs["malloc"], strict=True))
         vmm_ms, vmm_spread = summarize(samples["vmm"])
         mal_ms, mal_spread = summarize(samples["malloc"])
         if "vmm_flash" in graphs:
@@ -174,7 +174,7 @@ def run_decode_shape(cfg: DecodeConfig, plan: ShapePlan, copy_gbps: float,
             flash.update(
                 flash_vmm_ms=fv, flash_malloc_ms=fm, flash_ratio=fv / fm,
                 flash_bitwise_equal=all(torch.equal(x, y) for x, y in
-                                        zip(outs["vmm_flash"], outs["malloc_flash"])),
+                                        zip(outs["vmm_flash"], outs["malloc_flash"], strict=True)),
                 flash_ref_rel_err=reference_rel_err(q, vk[0], vv[0], outs["vmm_flash"][0],
                                                      n_ref))
         del graphs, outs, snap, pairs, vk, vv, mk, mv
