@@ -30,7 +30,7 @@ def describe(exc: OSError) -> tuple[str, str]:
             and exc.args[0]:
         first = exc.args[0][0]
         n = len(exc.args[0])
-        src, dst, why = (list(first) + ["", "", ""])[:3]
+        src, dst, why = [*first, "", "", ""][:3]
         more = f" (and {n - 1} more files)" if n > 1 else ""
         return (f"copying {src} to {dst} failed: {why}{more}",
                 "free space or fix the permissions of the destination, then rerun")

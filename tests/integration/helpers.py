@@ -5,6 +5,7 @@ session's real build) are in tests/integration/conftest.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -129,20 +130,16 @@ def _kill_session(sid: int) -> int:
     import signal
     import time
 
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(sid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     time.sleep(0.2)
     # ninja starts each compiler in its own process group, so killing ours leaves them running
     # (they would finish and rename their .o); a machine losing power or a terminal closing
     # takes them too, so take them here: every process of the session, by pid.
     leftovers = _session_pids(sid)
     for pid in leftovers:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + 30
     while _session_pids(sid) and time.monotonic() < deadline:
         time.sleep(0.2)

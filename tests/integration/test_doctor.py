@@ -209,7 +209,7 @@ def test_cmake_version_gate_with_real_cmake(tmp_path: Path, base_environ: dict[s
         assert ".".join(map(str, real)) in check.detail
 
 
-@pytest.mark.parametrize("smi_line, status", [
+@pytest.mark.parametrize(("smi_line", "status"), [
     ("9.0, NVIDIA H200", "ok"),
     ("8.0, NVIDIA A100-SXM4-80GB", "warn"),
 ])

@@ -3,6 +3,7 @@ processes: isolation, reuse rules, interrupted creation, the lock, the precompil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -184,10 +185,8 @@ def test_real_sigkill_mid_create(tmp_path: Path) -> None:
             f"exit code: {child.exitcode})")
     finally:
         assert child.pid is not None
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         child.join()
     assert (tmp_path / ".env.creating").exists()
     assert not VenvEnv(path, with_pip=True).exists()
@@ -225,7 +224,7 @@ def test_concurrent_create_is_locked(tmp_path: Path) -> None:
     assert env.exists()
 
 
-@pytest.mark.parametrize("var, value", [
+@pytest.mark.parametrize(("var", "value"), [
     ("VLLM_USE_PRECOMPILED", "1"), ("VLLM_USE_PRECOMPILED", "true"),
     ("VLLM_PRECOMPILED_WHEEL_LOCATION", "/tmp/vllm.whl"),
 ])
@@ -306,10 +305,8 @@ def test_killed_create_in_a_work_dir_leaves_an_orphan_the_next_run_removes(tmp_p
         assert tmp.exists(), (f"the child never reached its temporary directory {tmp} "
                               f"(alive: {child.is_alive()}, exit code: {child.exitcode})")
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         child.join()
     assert tmp.exists() and tmp in ownership.orphans(root)
     assert ownership.remove_orphans(root) == [str(tmp)]

@@ -95,7 +95,7 @@ def test_toolkit_view(tmp_path: Path) -> None:
 def test_toolkit_view_needs_a_cudart(tmp_path: Path) -> None:
     tk, site = _fake(tmp_path)
     (tk / "lib64" / "libcudart.so.12").unlink()
-    with pytest.raises(BuildError, match="libcudart.so.12"):
+    with pytest.raises(BuildError, match=r"libcudart\.so\.12"):
         make_toolkit_view(tmp_path / "view", tk, site)
 
 

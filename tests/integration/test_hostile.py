@@ -42,7 +42,7 @@ def _set_owned(wd: Path, extra: dict[str, dict]) -> None:
 # --------------------------------------------------------------------------- 1. records
 
 
-@pytest.mark.parametrize("key,entry,argv", [
+@pytest.mark.parametrize(("key", "entry", "argv"), [
     ("../victim/dir", {"kind": "build"}, ("clean", "--what", "builds")),
     ("ABS", {"kind": "build"}, ("clean", "--what", "builds")),
     ("../victim/dir", {"kind": "tmp", "pid": 999_999_999}, ("fetch", "--source", "sdist")),
@@ -170,7 +170,7 @@ def _plan(camp: Path, *args: str) -> subprocess.CompletedProcess:
     return cli("slurm", "plan", str(camp), "--source", "sdist", *args)
 
 
-@pytest.mark.parametrize("args,needle", [
+@pytest.mark.parametrize(("args", "needle"), [
     (("--partition", "gpu\ntouch PWNED"), "--partition"),
     (("--gres", "gpu:1\ntouch PWNED"), "--gres"),
     (("--account", "me;touch PWNED"), "--account"),

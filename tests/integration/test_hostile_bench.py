@@ -135,7 +135,7 @@ SIZES = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 
          "intermediate_size": 14336, "num_hidden_layers": 2, "vocab_size": 1000}
 
 
-@pytest.mark.parametrize("text,needle", [
+@pytest.mark.parametrize(("text", "needle"), [
     (json.dumps({**SIZES, "num_attention_heads": 0}), "'num_attention_heads' (0"),
     (json.dumps({**SIZES, "num_hidden_layers": -2}), "'num_hidden_layers' (-2"),
     (json.dumps({k: v for k, v in SIZES.items() if k != "hidden_size"}), "'hidden_size'"),

@@ -55,7 +55,7 @@ def _manifest(wd: Path, **fields: object) -> Path:
 # ------------------------------------------------------------------ C6b-f: build manifests
 
 
-@pytest.mark.parametrize("fields,needle", [
+@pytest.mark.parametrize(("fields", "needle"), [
     ({"head_sizes": ["x"]}, "'head_sizes' is not a list of whole numbers"),
     ({"head_sizes": 5}, "'head_sizes' is not a list of whole numbers"),
     ({"block_sizes": [True]}, "'block_sizes' is not a list of whole numbers"),

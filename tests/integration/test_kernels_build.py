@@ -212,7 +212,7 @@ def test_bad_arch_is_a_config_error_with_nothing_changed(applied_workdir: Path) 
     assert tree_bytes(applied_workdir) == before
 
 
-@pytest.mark.parametrize("var,value", [("VLLM_USE_PRECOMPILED", "1"),
+@pytest.mark.parametrize(("var", "value"), [("VLLM_USE_PRECOMPILED", "1"),
                                        ("VLLM_PRECOMPILED_WHEEL_LOCATION", "/tmp/vllm.whl")])
 def test_precompiled_vllm_is_refused(applied_workdir: Path, var: str, value: str) -> None:
     before = tree_bytes(applied_workdir)

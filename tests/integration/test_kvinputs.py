@@ -69,7 +69,7 @@ def test_aliased_tables_point_into_a_pool_that_fits_the_l2() -> None:
     plain = make_inputs(s, device="cpu", seed=3)
     assert same.num_blocks == plain.num_blocks == 189
     assert same.block_tables.equal(plain.block_tables)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="alias_blocks must be >= 0"):
         make_inputs(s, device="cpu", alias_blocks=-1)
 
 

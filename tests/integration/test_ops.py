@@ -52,7 +52,7 @@ def test_ops_from_namespace_checks_schema() -> None:
     lib = torch.library.Library("kvp_test_badschema", "DEF")
     lib.define("paged_attention_v1(Tensor! out, Tensor query) -> ()")
     lib.define(ops.V2_SCHEMA)
-    with pytest.raises(BenchError, match="does not have vLLM 0.10.2's schema"):
+    with pytest.raises(BenchError, match=r"does not have vLLM 0\.10\.2's schema"):
         ops.ops_from_namespace("kvp_test_badschema")
     with pytest.raises(BenchError, match="has no paged_attention_v1"):
         ops.ops_from_namespace("kvp_test_nothing_registered")

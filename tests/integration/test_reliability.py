@@ -421,7 +421,7 @@ APPLY_KILLS = [("delay", 0.4), ("delay", 0.7), ("delay", 1.0), ("delay", 1.3),
                ("first-write", upstream.ATTENTION_HEADER), ("kit-header", KIT_HEADER)]
 
 
-@pytest.mark.parametrize("how,at", APPLY_KILLS, ids=[f"{h}-{a}" for h, a in APPLY_KILLS])
+@pytest.mark.parametrize(("how", "at"), APPLY_KILLS, ids=[f"{h}-{a}" for h, a in APPLY_KILLS])
 def test_sigkill_during_apply_then_rerun(how: str, at: float | str, tmp_path: Path,
                                          fetched_template: Path, outside: Path) -> None:
     work = _fresh(tmp_path, fetched_template)
@@ -569,7 +569,7 @@ def test_clean_keeps_backups_and_edited_trees_without_discard_edits(
     assert not backup.exists() and not wd.tree("baseline").exists()
 
 
-@pytest.mark.parametrize("args,needle", [
+@pytest.mark.parametrize(("args", "needle"), [
     (("fetch", "--allow-commit", "5"), "not a full 40-digit"),
     (("fetch", "--repo-url", "ext::sh -c touch% /tmp/kvprefetch-pwned"), "refusing a git transport"),
     (("fetch", "--repo-url", "fd::17"), "refusing a git transport"),

@@ -55,7 +55,7 @@ def test_full_set_matches_the_real_sources(sources: dict[int, str], upstream_dis
     assert full.kernel_count() == 486  # what vLLM 0.10.2 instantiates per launcher source
 
 
-@pytest.mark.parametrize("heads,blocks,kv,combos", [
+@pytest.mark.parametrize(("heads", "blocks", "kv", "combos"), [
     ("128", "16", "fp16,bf16", 2),
     ("64,128,256", "16,32", "fp16,bf16,fp8", 4),      # fp8 pairs with each query dtype
     ("128", "8", "fp8", 2),                           # fp8 alone: fp16 and bf16 queries

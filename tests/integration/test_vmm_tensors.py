@@ -47,5 +47,5 @@ def test_padded_batch_stride_like_the_cache() -> None:
 
 
 def test_shape_stride_mismatch() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must have the same length"):
         tensor_from_address(0, (2, 2), (1,), torch.float16, KDL_CPU)

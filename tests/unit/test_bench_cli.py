@@ -34,7 +34,7 @@ def _fake_builds(workdir: Path) -> None:
 
 @pytest.mark.parametrize("sub", [[], ["kernel"], ["ncu"], ["e2e"]])
 def test_help(sub: list[str]) -> None:
-    res = _invoke(sub + ["--help"])
+    res = _invoke([*sub, "--help"])
     assert res.exit_code == 0 and "Usage" in res.output
 
 

@@ -28,13 +28,13 @@ def test_summarize_agrees_with_statistics_module() -> None:
     assert s.median == statistics.median(data)
     assert (s.p25, s.p75) == pytest.approx((q[0], q[2]))
     assert (s.min, s.max, s.n) == (1.0, 10.0, 6)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no samples"):
         summarize([])
 
 
 def test_paired_speedups() -> None:
     assert paired_speedups([10.0, 12.0], [5.0, 12.0]) == [2.0, 1.0]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be paired round by round"):
         paired_speedups([1.0], [1.0, 2.0])
 
 
@@ -128,11 +128,11 @@ def test_launches_are_whole_passes_over_the_layers() -> None:
 def test_shape_result_status_rules() -> None:
     s = BenchMatrix().shapes()[0]
     assert kr.ShapeResult(s, "cold", None, 0, (), None, "boom", "failed").status == "failed"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="needs its reason"):
         kr.ShapeResult(s, "cold", None, 0, (), None, "", "skipped")  # a skip needs its reason
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a measured shape has no error"):
         kr.ShapeResult(s, "cold", None, 0, (), None, "x", "measured")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="status must be one of"):
         kr.ShapeResult(s, "cold", None, 0, (), None, "x", "lost")
 
 

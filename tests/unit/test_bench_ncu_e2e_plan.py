@@ -26,7 +26,8 @@ def test_options_are_frozen_and_keyword_only(options: type, tmp_path: Path) -> N
         options(tmp_path)
 
 
-@pytest.mark.parametrize("command,options", [("ncu", NcuBenchOptions), ("e2e", E2EBenchOptions)])
+@pytest.mark.parametrize(("command", "options"),
+                         [("ncu", NcuBenchOptions), ("e2e", E2EBenchOptions)])
 def test_every_option_is_a_field_with_the_default_the_help_shows(command: str,
                                                                  options: type) -> None:
     cmd = bench.commands[command]
@@ -50,7 +51,7 @@ def test_ncu_plan_defaults_and_commands(tmp_path: Path) -> None:
     assert plan.recipe.launch_skip == 20 and plan.recipe.launch_count == 10
 
 
-@pytest.mark.parametrize("change,error", [
+@pytest.mark.parametrize(("change", "error"), [
     ({"shapes": ("bogus",)}, ConfigError), ({"block_size": 7}, ConfigError),
     ({"formats": "json,xls"}, OptionError), ({"preset": "nonexistent"}, ConfigError)])
 def test_ncu_plan_refuses_bad_options(tmp_path: Path, change: dict, error: type) -> None:
@@ -76,7 +77,7 @@ def _passed(tmp_path: Path, envs: dict) -> Path:
     return p
 
 
-@pytest.mark.parametrize("text,needle", [("not json", "cannot read the verify-kernel report"),
+@pytest.mark.parametrize(("text", "needle"), [("not json", "cannot read the verify-kernel report"),
                                          ("[1, 2]", "is not a JSON object")])
 def test_e2e_an_unreadable_verify_report_is_a_refusal_not_a_traceback(
         tmp_path: Path, text: str, needle: str) -> None:

@@ -53,7 +53,7 @@ def test_graph_launch_pads_with_length_one_rows_at_the_capture_length() -> None:
     lens = (300, 5000, 7) + (100,) * 17  # a batch of 20
     la = vc.launch_for(lens, num_heads=32, block_size=16, call=vc.VllmCall(), timing="graph")
     assert la.graph and la.num_seqs == 24 and la.pad_rows == 4 and la.real_batch == 20
-    assert la.seq_lens == lens + (1, 1, 1, 1)
+    assert la.seq_lens == (*lens, 1, 1, 1, 1)
     assert la.max_seq_len == 8192 and la.table_width == 512
     # vLLM's v1/v2 rule on the launch: 24 x 32 > 512 at 8192 -> v1 (the batch-20 band)
     assert la.kernel == "v1"

@@ -49,9 +49,9 @@ def _subcommands(group: click.Group, prefix: tuple[str, ...]) -> list[tuple[str,
     for name in group.list_commands(ctx):
         cmd = group.get_command(ctx, name)
         assert cmd is not None
-        out.append(prefix + (name,))
+        out.append((*prefix, name))
         if isinstance(cmd, click.Group):
-            out += _subcommands(cmd, prefix + (name,))
+            out += _subcommands(cmd, (*prefix, name))
     return out
 
 

@@ -93,7 +93,7 @@ def test_deb_reader_finds_the_data_member() -> None:
         assert [m.name for m in tar.getmembers()] == ["./usr/bin/nvcc"]
     with pytest.raises(ValueError, match="not an ar archive"):
         cuda12.deb_data_tar(b"PK\x03\x04")
-    with pytest.raises(ValueError, match="no data.tar"):
+    with pytest.raises(ValueError, match=r"no data\.tar"):
         cuda12.deb_data_tar(_ar({"debian-binary": b"2.0\n"}))
 
 

@@ -102,7 +102,7 @@ def _private_imports(path: Path, module: str) -> list[str]:
 def test_no_module_imports_another_modules_private_helper() -> None:
     found = []
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        parts = ("kvprefetch",) + path.relative_to(PACKAGE_DIR).with_suffix("").parts
+        parts = ("kvprefetch", *path.relative_to(PACKAGE_DIR).with_suffix("").parts)
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         found += _private_imports(path, module)
     assert not found, "private helpers imported across modules:\n" + "\n".join(found)

@@ -48,9 +48,9 @@ def test_cold_layers_exceed_l2_for_every_default_shape(l2: int, factor: float) -
 def test_layers_for_cold_edges() -> None:
     assert layers_for_cold(50 * 2**20, 2 * 2**20, 4.0) == 100
     assert layers_for_cold(50 * 2**20, 17 * 2**30, 4.0) == 1
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be positive"):
         layers_for_cold(0, 10)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a safety factor below 1"):
         layers_for_cold(10, 10, factor=0.5)
 
 
@@ -75,7 +75,7 @@ def test_alias_pool_is_the_blocks_that_fit_the_l2_fraction() -> None:
                   max_seq_len=1000)  # 63 blocks per sequence, 189 needed; a block = 8 KiB
     assert alias_pool_blocks(s, 2**20, 0.25) == 2**18 // (2 * 2 * 2048) == 32
     assert alias_pool_blocks(s, 2**10, 0.25) == 1  # never an empty pool
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="fraction in"):
         alias_pool_blocks(s, 2**20, 0.0)
     assert cache_bytes_per_layer(s, 1.0, 32) == 2 * 32 * 2 * 2048
     assert cache_bytes_per_layer(s, 1.0, 1000) == cache_bytes_per_layer(s)

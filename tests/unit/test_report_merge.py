@@ -59,7 +59,7 @@ def test_shards_of_one_campaign_merge_into_one_report() -> None:
     assert "| 1 | 1k |" in md and "| 8 | 1k |" in md
 
 
-@pytest.mark.parametrize("field,edit,shown", [
+@pytest.mark.parametrize(("field", "edit", "shown"), [
     ("device", lambda d: d["meta"]["device"].update(name="NVIDIA A100"), "'NVIDIA A100'"),
     ("builds", lambda d: d["meta"]["variants"][1].update(so_sha256="cc" * 32), "cc" * 32),
     ("kit commit", lambda d: d["meta"]["kit"].update(commit="deadbeef"), "'deadbeef'"),
@@ -82,7 +82,7 @@ def test_shards_that_differ_are_refused_naming_the_field(field: str, edit: Any,
 
 
 def test_a_shape_in_two_shards_is_refused_even_when_forced() -> None:
-    with pytest.raises(BenchError, match="in both a.json and b.json"):
+    with pytest.raises(BenchError, match=r"in both a\.json and b\.json"):
         merge_kernel_docs([_shard(1), _shard(1)], ["a.json", "b.json"], force=True)
 
 

@@ -128,7 +128,7 @@ def _edit(path: str, value: Any) -> Any:
     return doc
 
 
-@pytest.mark.parametrize("path,value,needle", [
+@pytest.mark.parametrize(("path", "value", "needle"), [
     ("meta", ..., "`meta` is missing"),
     ("meta.device.name", ..., "`meta.device.name` is missing"),
     ("meta.baseline", None, "`meta.baseline` is null, not a string"),
@@ -154,7 +154,7 @@ def test_a_malformed_document_names_the_file_the_field_and_the_fix(
     assert str(p) in text and needle in text and "To fix:" in text, text
 
 
-@pytest.mark.parametrize("version,needle", [
+@pytest.mark.parametrize(("version", "needle"), [
     (2, "is of schema 2; this kvprefetch reads schema 1"),
     ("1", "is of schema '1'"), (True, "is of schema True"), (None, "is of schema None"),
     (..., "has no `schema`")])
@@ -176,7 +176,7 @@ def test_identity_documents_carry_no_version_but_a_wrong_one_is_refused(tmp_path
         documents.load_document(_write(tmp_path, {**doc, "schema": 3}))
 
 
-@pytest.mark.parametrize("doc,needle", [
+@pytest.mark.parametrize(("doc", "needle"), [
     ([1, 2], "not a kvprefetch result"), ({"kind": "bogus"}, "not a kvprefetch result"),
     ({"kind": "sample", "schema": 1, "meta": {}, "results": []}, "`meta.started` is missing")])
 def test_no_document_of_a_known_kind(tmp_path: Path, doc: Any, needle: str) -> None:
@@ -195,7 +195,7 @@ def test_keys_the_schema_does_not_name_are_kept(tmp_path: Path) -> None:
     assert merged["results"][0]["future"] == "y"  # type: ignore[typeddict-item]
 
 
-@pytest.mark.parametrize("value,tp,found", [
+@pytest.mark.parametrize(("value", "tp", "found"), [
     (None, int | None, None), (3, int | None, None), ("3", int | None, "is a string"),
     (None, int, "is null, not a whole number"), ([64, 16, True], tuple[int, int, bool], None),
     ([64, 16], tuple[int, int, bool], "not a list of 3"), ({"a": 1.5}, dict[str, float], None),

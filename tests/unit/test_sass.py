@@ -426,7 +426,7 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
                                    or "v2_cu" in k[1]}})
     extra = _listing({**base, **twins, ("sm_90", _TWIN_V1_BF16): ro})
     plain = _listing({**base, **twins,
-                      ("sm_90", _TWIN_V1_FP16): ro + ["LDG.E.64 R6, desc[UR4][R2.64]"]})
+                      ("sm_90", _TWIN_V1_FP16): [*ro, "LDG.E.64 R6, desc[UR4][R2.64]"]})
     # the ring (csrc/kvprefetch/gqa_twins.cuh): the S = 2 twins also compiled staged; a staged 2x4 is
     # off the rule, and so is a staged twin without its unstaged instantiation
     ring = {("sm_90", n.replace("EEEvPf", "ELb1EEEvPf")): ro for n in
@@ -439,7 +439,7 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     # v2's reduction in the twin: the v2 2x2 twin also compiled FUSED (staged and not, with
     # ordered loads: another CTA's writes, read through L2); a fused v1 twin or a fused 4x2 is
     # off the rule
-    strong = ro + ["LDG.E.STRONG.GPU R8, desc[UR4][R2.64]"]
+    strong = [*ro, "LDG.E.STRONG.GPU R8, desc[UR4][R2.64]"]
     fuse = {("sm_90", n.replace("EEEvPf", f"ELb{st}ELb1EEEvPf")): strong
             for n in _all_twins(_TWIN_V2_BF16) if "ELi2ELi2EEEvPf" in n for st in (0, 1)}
     assert len(fuse) == 2
@@ -508,14 +508,14 @@ def test_twin_check_accepts_ordered_loads_not_plain_ones() -> None:
 
     ro = ["LDG.E.64.CONSTANT R4, desc[UR4][R2.64]"] * 3
     coherent = ["ACQBULK", "LDG.E.STRONG.SM R0, desc[UR6][R2.64]",
-                "LDG.E.64.STRONG.GPU R8, desc[UR6][R2.64]"] + ro
+                "LDG.E.64.STRONG.GPU R8, desc[UR6][R2.64]", *ro]
     base = {("sm_90", _V1_FP16): ro, ("sm_90", _V2_BF16): ro, ("sm_90", _V1_BF16): ro}
     names = _all_twins(_TWIN_V1_FP16) + _all_twins(_TWIN_V2_BF16)
     rep = VerifyReport("unused")
     check_gqa_twin(rep, "pdl", "prefetch", _listing({**base, **{("sm_90", n): coherent
                                                                 for n in names}}))
     plain = {("sm_90", n): coherent for n in names} | {
-        ("sm_90", names[0]): coherent + ["LDG.E R6, desc[UR4][R2.64]"]}
+        ("sm_90", names[0]): [*coherent, "LDG.E R6, desc[UR4][R2.64]"]}
     check_gqa_twin(rep, "plain", "prefetch", _listing({**base, **plain}))
     status = {c.tree: c for c in rep.checks}
     assert status["pdl"].status == "pass", status["pdl"].detail
@@ -549,11 +549,11 @@ def test_unbounded_copies_are_stock_code_beside_each_bounded_kernel() -> None:
     body_fp16, body_bf16 = ["FFMA R1, R2, R3, R4", "EXIT"], ["HFMA2 R1, R2, R3, R4", "EXIT"]
     base = _listing({("sm_90", _V1_FP16): body_fp16, ("sm_90", _V1_BF16): body_bf16,
                      ("sm_90", fp8_256): ["EXIT"]})
-    bounded = {("sm_90", _V1_FP16): body_fp16 + ["NOP"], ("sm_90", _V1_BF16): body_bf16}
+    bounded = {("sm_90", _V1_FP16): [*body_fp16, "NOP"], ("sm_90", _V1_BF16): body_bf16}
     copies = {("sm_90", copy_fp16): body_fp16, ("sm_90", _COPY_V1_BF16): body_bf16}
     cases = {
         "good": {**bounded, **copies},
-        "differs": {**bounded, **copies, ("sm_90", _COPY_V1_BF16): body_bf16 + ["NOP"]},
+        "differs": {**bounded, **copies, ("sm_90", _COPY_V1_BF16): [*body_bf16, "NOP"]},
         "missing": {**bounded, ("sm_90", copy_fp16): body_fp16},
         "extra": {**bounded, **copies, ("sm_90", copy_fp8): ["EXIT"]},
     }

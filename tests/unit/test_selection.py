@@ -14,7 +14,7 @@ from kvprefetch.kernels.selection import (
 )
 
 
-@pytest.mark.parametrize("heads,blocks,kv,needle", [
+@pytest.mark.parametrize(("heads", "blocks", "kv", "needle"), [
     ("100", None, None, "does not instantiate [100]"),
     ("128,100", None, None, "does not instantiate [100]"),
     (None, "12", None, "does not instantiate [12]"),

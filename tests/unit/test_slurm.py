@@ -120,7 +120,7 @@ def test_trees_name_variants_and_baseline_comes_first() -> None:
 
 
 def test_a_campaign_builds_baseline_first_and_never_from_git(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="builds baseline .stock. first"):
+    with pytest.raises(ConfigError, match=r"builds baseline \(stock\) first"):
         make_campaign(tmp_path, python="/p", kit_root="/k", kit_commit=None, kit_version="0",
                       path="/bin", source="sdist", trees=(TreeSpec("patched", "prefetch"),),
                       arch="9.0a", build_args=(), no_gpu=True, bench=BenchSpec(),
@@ -392,7 +392,7 @@ def test_prepare_checks_the_source_and_records_the_build_folders(tmp_path: Path)
     wrong = tmp_path / "vllm-0.10.2.tar.gz"
     wrong.write_bytes(b"not the sdist")
     c = _campaign(tmp_path / "camp", trees="patched,launch", source=str(wrong))
-    with pytest.raises(FetchError, match="not the vLLM 0.10.2 sdist"):
+    with pytest.raises(FetchError, match=r"not the vLLM 0\.10\.2 sdist"):
         prepare(c)
     assert wrong.read_bytes() == b"not the sdist"  # the user's file, never deleted
     clone = tmp_path / "vllm-clone"

@@ -24,7 +24,7 @@ from kvprefetch.machine.toolchain import (
 
 # --------------------------------------------------------------------------- parsing
 
-@pytest.mark.parametrize("text, expected", [
+@pytest.mark.parametrize(("text", "expected"), [
     ("9.0a", [(9, 0, "a", False)]),
     ("8.0;9.0a", [(8, 0, "", False), (9, 0, "a", False)]),
     ("8.0 8.6 9.0+PTX", [(8, 0, "", False), (8, 6, "", False), (9, 0, "", True)]),
@@ -133,7 +133,7 @@ def test_cuda_home_skips_wrapper_script(base_environ: dict[str, str], tmp_path: 
 
 # --------------------------------------------------------------------------- jobs
 
-@pytest.mark.parametrize("cores, mem, archs, expected", [
+@pytest.mark.parametrize(("cores", "mem", "archs", "expected"), [
     (2, 24.0, 1, (2, 1)),       # this CI machine: cores bound
     (16, 128.0, 1, (16, 1)),    # the H200 box: cores bound
     (64, 64.0, 1, (13, 1)),     # memory bound: (64 - 2) / 4.5

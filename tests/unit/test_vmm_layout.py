@@ -111,7 +111,7 @@ def test_page_size_must_be_a_multiple_of_the_queried_granularity() -> None:
         make_geometry(llama(), 0)
 
 
-@pytest.mark.parametrize("field,value", [("num_layers", 0), ("max_batch", -1),
+@pytest.mark.parametrize(("field", "value"), [("num_layers", 0), ("max_batch", -1),
                                          ("head_dim", 1.5), ("max_context", True)])
 def test_spec_rejects_bad_numbers(field: str, value: object) -> None:
     args: dict[str, object] = {"num_layers": 2, "num_kv_heads": 8, "head_dim": 128,

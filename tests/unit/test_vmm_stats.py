@@ -15,7 +15,7 @@ def test_percentile_interpolates() -> None:
     assert percentile([5.0], 99) == 5.0
     assert percentile([1.0, 3.0], 0) == 1.0 and percentile([1.0, 3.0], 100) == 3.0
     assert math.isnan(percentile([], 50))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="percentile 101 is outside"):
         percentile([1.0], 101)
 
 
@@ -36,7 +36,7 @@ def test_histogram_summary() -> None:
     assert s.p50_us == pytest.approx(40)
     assert sum(c for _, c in s.buckets) == 5
     assert dict(s.buckets)[64.0] == 2          # 40 and 41 µs in [32, 64)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a latency cannot be"):
         h.record(-1.0)
 
 

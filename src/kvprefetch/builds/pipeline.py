@@ -56,10 +56,10 @@ def parse_tree_defines(specs: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
                               "write the define on one line, TREE:NAME=VALUE, e.g. "
                               "--tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0")
         tree_name, sep, define = td.partition(":")
-        if not sep or not define or "=" not in define and not define.isidentifier():
+        if not sep or not define or ("=" not in define and not define.isidentifier()):
             raise ConfigError(f"--tree-define {td!r} is not TREE:NAME=VALUE",
                               "e.g. --tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0")
-        out[tree_name] = out.get(tree_name, ()) + (define,)
+        out[tree_name] = (*out.get(tree_name, ()), define)
     return out
 
 

@@ -112,10 +112,11 @@ class TreeSteps(abc.ABC):
         """``core`` (``manifest_core``) with the mode's entries; may raise instead (nothing is
         recorded for a build that failed its checks)."""
 
-    def recorded(self) -> None:
+    # Optional hooks, a no-op unless a mode overrides them (hence not abstract).
+    def recorded(self) -> None:  # noqa: B027
         """After manifest.json is written, still inside the locks."""
 
-    def finish(self) -> None:
+    def finish(self) -> None:  # noqa: B027
         """After the locks are released: the tree's closing line."""
 
 

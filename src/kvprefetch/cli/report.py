@@ -83,7 +83,7 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
         with reading(*files):
             doc = merge_kernel_docs(docs, [str(p) for p in files], force=force_merge)
             paths = write_outputs(doc, out or Path.cwd(), "merged",
-                                  ("json",) + tuple(f for f in fmts if f != "json"))
+                                  ("json", *(f for f in fmts if f != "json")))
             if print_md:
                 click.echo(render_markdown(doc))
         if as_json:
@@ -109,7 +109,7 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
         with reading(*files):
             combined = combine(docs, sources=[p.name for p in files])
             paths = write_outputs(combined, out or Path.cwd(), repeats_name,
-                                  ("json",) + tuple(f for f in fmts if f == "md"))
+                                  ("json", *(f for f in fmts if f == "md")))
             if print_md:
                 click.echo(render_markdown(combined))
         if as_json:

@@ -47,10 +47,11 @@ _COMMON_ARGS: tuple[tuple[str, str], ...] = (
     ("int", "blocksparse_vert_stride"), ("int", "blocksparse_block_size"),
     ("int", "blocksparse_head_sliding_step"),
 )
-V1_SCHEMA_ARGS: tuple[tuple[str, str], ...] = (("Tensor!", "out"),) + _COMMON_ARGS
+V1_SCHEMA_ARGS: tuple[tuple[str, str], ...] = (("Tensor!", "out"), *_COMMON_ARGS)
 V2_SCHEMA_ARGS: tuple[tuple[str, str], ...] = (
     ("Tensor!", "out"), ("Tensor!", "exp_sums"), ("Tensor!", "max_logits"), ("Tensor!", "tmp_out"),
-) + _COMMON_ARGS
+    *_COMMON_ARGS,
+)
 
 # kv_cache_dtype strings vLLM's DISPATCH_BY_KV_CACHE_DTYPE accepts, and what each one means.
 KV_CACHE_DTYPE_ALIASES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
@@ -320,7 +321,8 @@ def load_library(so_path: Path, namespace: str, name: str | None = None,
         import torch
 
         try:
-            torch.ops.load_library(str(so_path))
+            # torch declares load_library without annotations (torch/_ops.py)
+            torch.ops.load_library(str(so_path))  # type: ignore[no-untyped-call]
         except (OSError, RuntimeError) as exc:
             raise BenchError(f"cannot load {so_path}: {exc}",
                              "rebuild it against this python's torch "

@@ -105,7 +105,7 @@ def _expect(pattern: str, text: str, what: str) -> str:
 
 def _dispatch_macro(sel: Selection) -> str:
     arms = []
-    for q, cache, kv in sel.combos():
+    for q, _cache, kv in sel.combos():
         if kv == "auto":
             cond = f'KV_DTYPE == "auto" && SRC_DTYPE == {_TORCH[q]}'
             call = f"FN({_QUERY[q]}, {_QUERY[q]}, vllm::Fp8KVCacheDataType::kAuto);"

@@ -294,7 +294,8 @@ class Env(abc.ABC):
     def _build(self, target: Path) -> None:
         """Create the environment at ``target``."""
 
-    def _after_build(self) -> None:
+    # An optional hook, a no-op unless a backend overrides it (hence not abstract).
+    def _after_build(self) -> None:  # noqa: B027
         """Steps that must run at the final path (e.g. installing pip, whose scripts embed it)."""
 
     def _run(self, argv: Sequence[str | os.PathLike[str]],
@@ -345,7 +346,7 @@ class VenvEnv(Env):
         argv = [self.base_python, "-m", "venv", "--without-pip"]
         if self.system_site_packages and not in_venv:
             argv.append("--system-site-packages")
-        self._run(argv + [str(target)], env={k: v for k, v in os.environ.items()
+        self._run([*argv, str(target)], env={k: v for k, v in os.environ.items()
                                              if k not in ISOLATION_STRIP + VENV_VARS})
         if base:
             self._path_tail = [base["scripts"]]
@@ -394,7 +395,7 @@ class UvEnv(Env):
         if self.with_pip:
             argv.append("--seed")
         env = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP + VENV_VARS}
-        self._run(argv + [str(target)], env=env)
+        self._run([*argv, str(target)], env=env)
 
 
 CONDA_FLAVOURS = ("micromamba", "mamba", "conda")

@@ -342,7 +342,7 @@ class DisasmTools:
         env = dict(os.environ if base is None else base)
         if self.path_prepend:
             parts = [str(p) for p in self.path_prepend]
-            env["PATH"] = os.pathsep.join(parts + [env.get("PATH", os.defpath)])
+            env["PATH"] = os.pathsep.join([*parts, env.get("PATH", os.defpath)])
         return env
 
 

@@ -27,6 +27,7 @@ becomes part of a path, so it must be a Slurm job id (``check_job_label``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -120,10 +121,8 @@ def _refuse_link(path: Path) -> None:
 def _discard(root: Path, path: Path) -> None:
     """Remove the leftover ``path`` (confined) where it can; a failure here never hides the
     publication's own outcome (the next publish of this job removes it)."""
-    try:
+    with contextlib.suppress(OSError, SlurmError):
         remove_path(root, path, family=SlurmError)
-    except (OSError, SlurmError):
-        pass
 
 
 def _rename_into_place(root: Path, tmp: Path, dest: Path, label: str) -> None:

@@ -135,7 +135,7 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
 
 def render_script(c: Campaign, job: Job) -> str:
     log = c.logs / (f"{job.name}-%A_%a.out" if job.array else f"{job.name}-%j.out")
-    gpu = job.name == "bench" and not c.bench.stand_in or job.name == "verify" and not c.no_gpu
+    gpu = (job.name == "bench" and not c.bench.stand_in) or (job.name == "verify" and not c.no_gpu)
     cpus = c.slurm.cpus_per_build if job.name.startswith("build-") else None
     check_campaign_path(c.root)  # the folder goes into #SBATCH lines, unquoted
     directives = [f"--job-name=kvp-{Path(c.root).name}-{job.name}", f"--output={log}"]

@@ -192,10 +192,8 @@ def ensure_dir(d: Path, *, root: Path | None = None,
         cur.mkdir(parents=True, exist_ok=True)
         for part in Path(os.path.normpath(os.path.abspath(d))).relative_to(cur).parts:
             cur = cur / part
-            try:
+            with suppress(FileExistsError):
                 cur.mkdir()
-            except FileExistsError:
-                pass
             if cur.is_symlink() or not cur.is_dir():
                 raise family(f"cannot create the folder {d}: {cur} is "
                              f"{'a symlink' if cur.is_symlink() else 'not a directory'}",

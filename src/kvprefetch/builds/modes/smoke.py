@@ -115,7 +115,7 @@ class SmokeMode(BuildMode):
                          "patch": ctx.patch, "arch": ctx.arch_list, "inputs": inputs.to_dict(),
                          "deps": {k: v for k, v in env_set.items() if k.endswith("_SRC_DIR")},
                          "kit": __version__})
-        outs = tuple(str(cbuild / t) for t in targets) + (str(bdir / "manifest.json"),)
+        outs = (*(str(cbuild / t) for t in targets), str(bdir / "manifest.json"))
         return TreePlan(tree, ctx.variant, str(src), ctx.src_hash, ctx.patch, "none",
                         inputs.torch_python, inputs.torch_python, str(bdir), str(bdir / "logs"),
                         key, "_C", (), env_set, UNSET_FOR_BUILD, tuple(steps), outs)
