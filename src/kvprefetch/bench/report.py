@@ -4,6 +4,9 @@ writing a result's outputs. Markdown is pure string building; matplotlib is impo
 (and with the Agg backend) only when a plot is asked for. Reading a document lives in
 ``documents``, the README's blocks in ``readme_blocks``."""
 
+# NOTE: at the ~500-line mark: the kinds without a report module of their own (kernel, ncu, e2e,
+# identity) and the one dispatch table; decode and sample render in decode_report/sample_report.
+
 from __future__ import annotations
 
 import json
