@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,20 @@ def _has_cuda12(env: dict[str, str]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def overlay(tmp_path_factory: pytest.TempPathFactory, fetched_template: Path) -> dict[str, Any]:
+def overlay(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+            fetched_template: Path) -> Iterator[dict[str, Any]]:
+    """The two-tree overlay build and its verify-kernel, once for the module. Its ~10 GB (two
+    envs, each vLLM 0.10.2 with torch 2.8.0) go when the module's tests pass, as a passing
+    test's tmp_path does (pyproject's retention policy); kept to read when one failed."""
+    failed_before = request.session.testsfailed
+    result = _overlay_build(tmp_path_factory, fetched_template)
+    yield result
+    if request.session.testsfailed == failed_before:
+        shutil.rmtree(result["workdir"].parent, ignore_errors=True)
+
+
+def _overlay_build(tmp_path_factory: pytest.TempPathFactory,
+                   fetched_template: Path) -> dict[str, Any]:
     from kvprefetch.doctor.estimates import GIB, overlay_disk_gb, shares_one_install
 
     wd = tmp_path_factory.mktemp("overlay") / "work"
