@@ -6,6 +6,8 @@
 // decisions use. The numbers live in rules.inc, which the Python side reads too
 // (src/kvprefetch/kernels/rules.py); docs/design.md ("Kernel rules and the measurements behind
 // them") gives the measurement behind each rule.
+// NOTE: past the ~500-line mark on purpose: one table of launch decisions, restated function by
+// function in kernels/policy.py and checked against it by tests/samples/sass/policy_oracle.cu.
 //
 // SPDX-License-Identifier: Apache-2.0
 #pragma once

@@ -1,9 +1,9 @@
 """The README's timings as measured, not typed (issue 42: the README said 18.6-22.7 min for the
 main job and "seconds" for the unit loop where a fresh machine took 40.5 min and 98 s).
 
-A timing run is a small JSON file (``docs/timings/<date>-fresh-machine.json``; not under docs/results, whose folders are
-benchmark runs with a provenance.json each): the
-machine, and per command run its commit, the exact command, how it was run (what was fresh,
+A timing run is a small JSON file (``docs/timings/<date>-fresh-machine.json``; not under
+docs/results, whose folders are benchmark runs with a provenance.json each): the machine, and
+per command run its commit, the exact command, how it was run (what was fresh,
 what else shared the machine), its exit code and wall time, and where the figure comes from.
 A markdown block ``<!-- timings PATH -->`` ... ``<!-- /timings -->`` (PATH relative to the
 markdown file) is that file rendered as a table; ``kvprefetch report --readme`` regenerates it

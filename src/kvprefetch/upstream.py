@@ -101,7 +101,8 @@ def kit_root() -> Path:
     copy shipped inside the installed package (``kvprefetch/data``)."""
     here = Path(__file__).resolve().parent  # the kvprefetch package
     for cand in (here / "data", here.parent.parent):
-        if (cand / "csrc" / "kvprefetch").is_dir() and (cand / "patches" / f"v{VLLM_VERSION}").is_dir():
+        if ((cand / "csrc" / "kvprefetch").is_dir()
+                and (cand / "patches" / f"v{VLLM_VERSION}").is_dir()):
             return cand
     raise FileNotFoundError("kvprefetch's csrc/kvprefetch/ and patches/ were not found")
 

@@ -2,9 +2,10 @@
 kv_l2_prefetch_kernel beside the attention kernel on steps whose KV is at most L2/2 (v1, and v2
 whether or not the kernel carries the prologue) and not on larger steps, and only into a CUDA
 graph being captured (an eager call of a step that small is paced by the host, where the extra
-launches are loss); stock never launches it. Seen through torch.profiler's list of the kernels that ran. Needs kernels-only builds of
-`baseline` and `patched` made on this machine (`kvprefetch build --kernels-only`), found through
-the build manifests under $KVPREFETCH_WORKDIR (default kvprefetch-work)."""
+launches are loss); stock never launches it. Seen through torch.profiler's list of the kernels that
+ran. Needs kernels-only builds of `baseline` and `patched` made on this machine
+(`kvprefetch build --kernels-only`), found through the build manifests under $KVPREFETCH_WORKDIR
+(default kvprefetch-work)."""
 
 from __future__ import annotations
 
@@ -181,9 +182,9 @@ def test_kvprefetch_gqa_forces_the_named_twin(stock_and_patched, setting: str, s
 
 
 def test_reduction_inside_the_twin_on_two_streams_at_once(stock_and_patched) -> None:
-    """v2's reduction inside the 2x2 twin (csrc/kvprefetch/gqa_twins.cuh, reduce_in_twin): on a grid where
-    the launcher runs it (b4 x 1k: 128 twin CTAs; on the H200's 132 SMs the rule's range), with
-    ragged sequences (some of one partition, whose output is copied), two streams run it at the
+    """v2's reduction inside the 2x2 twin (csrc/kvprefetch/gqa_twins.cuh, reduce_in_twin): on a grid
+    where the launcher runs it (b4 x 1k: 128 twin CTAs; on the H200's 132 SMs the rule's range),
+    with ragged sequences (some of one partition, whose output is copied), two streams run it at the
     same time, each on its own inputs, eight launches per stream per round, over five rounds:
     every output is bitwise stock's. Each stream counts its CTAs' arrivals on counters of its
     own (fuse_slot); the test checks the outputs under concurrent use, it cannot force the two
@@ -225,8 +226,8 @@ def test_reduction_inside_the_twin_writes_stock_zeros_for_an_empty_sequence(
         stock_and_patched) -> None:
     """A sequence of no tokens (seq_len 0, e.g. a padded slot of a captured batch) has no
     partition for the fused 2x2 twin to reduce; vLLM's reduce kernel writes 0 for it, and so
-    must the twin (csrc/kvprefetch/gqa_twins.cuh: the kernel's first lines). Its row and every other row
-    bitwise stock's, on a step where the twin reduces (b4 x 1k, 128 twin CTAs)."""
+    must the twin (csrc/kvprefetch/gqa_twins.cuh: the kernel's first lines). Its row and every other
+    row bitwise stock's, on a step where the twin reduces (b4 x 1k, 128 twin CTAs)."""
     import torch
 
     from kvprefetch.bench.matrix import shapes_from_specs

@@ -1,11 +1,11 @@
 """GPU tests of v1 steps of long context on the REAL `prefetch` build (issue 31): there a GQA
 twin's shared memory holds G heads' logits for the whole context, and `auto` must run only a
-twin that keeps its occupancy (csrc/kvprefetch/launch_policy.cuh keeps_occupancy), else a twin of fewer
-heads per CTA, else vLLM's kernel. Checked through torch.profiler's list of the kernels one
-decode call ran: the twin that ran is the one kvprefetch.kernels.policy.twin_pick (the rule's mirror)
-names for this device, and every output is bitwise stock's, for G = 4 (Llama-3.1-8B) and G = 8
-(Llama-3-70B at tensor-parallel 8), in auto and with every twin forced. Needs kernels-only builds
-of `baseline` and `patched` (head 128, block 16, fp16) under $KVPREFETCH_WORKDIR."""
+twin that keeps its occupancy (csrc/kvprefetch/launch_policy.cuh keeps_occupancy), else a twin of
+fewer heads per CTA, else vLLM's kernel. Checked through torch.profiler's list of the kernels one
+decode call ran: the twin that ran is the one kvprefetch.kernels.policy.twin_pick (the rule's
+mirror) names for this device, and every output is bitwise stock's, for G = 4 (Llama-3.1-8B) and
+G = 8 (Llama-3-70B at tensor-parallel 8), in auto and with every twin forced. Needs kernels-only
+builds of `baseline` and `patched` (head 128, block 16, fp16) under $KVPREFETCH_WORKDIR."""
 
 from __future__ import annotations
 

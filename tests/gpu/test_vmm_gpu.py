@@ -241,7 +241,8 @@ def test_the_real_driver_running_out_of_memory_is_recoverable(torch: Any) -> Non
             cache.step({a: 1 << 26})
         short = ei.value.short[a]
         got = cache.slot(a).mapped_groups
-        print(f"driver out of memory after {got} groups ({got * cache.geometry.group_bytes / 2**30:.1f}"
+        print(f"driver out of memory after {got} groups "
+              f"({got * cache.geometry.group_bytes / 2**30:.1f}"
               f" GiB); {short} groups short; cause: {ei.value.cause[-160:]}")
         assert short > 0 and got * cache.geometry.group_bytes > free0 // 2
         assert holds(torch, cache, a, 3, 0, 1000)        # earlier data intact

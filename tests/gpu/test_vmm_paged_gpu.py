@@ -41,5 +41,6 @@ def test_one_shape_against_the_builds_on_this_machine() -> None:
     r = run_decode_shape(cfg, plan, copy["gbps"], hook, copy["read_gbps"])
     assert r.paged_status == "measured", r.paged_error
     # vLLM's own choice: b8 x 32 heads = 256 <= 512 and two 512-token partitions -> v2
-    assert r.paged_bitwise_equal is True and r.paged_kernel == ops.choose_kernel(1024, 8, 32) == "v2"
+    assert (r.paged_bitwise_equal is True
+            and r.paged_kernel == ops.choose_kernel(1024, 8, 32) == "v2")
     assert next(iter(r.paged_builds)) == "baseline" and r.paged_ms and r.vmm_over_paged

@@ -65,7 +65,8 @@ def fetched_workdir(tmp_path: Path, fetched_template: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_git_repo(tmp_path_factory: pytest.TempPathFactory, fetched_template: Path) -> tuple[Path, str]:
+def vllm_git_repo(tmp_path_factory: pytest.TempPathFactory,
+                  fetched_template: Path) -> tuple[Path, str]:
     """A real local git repository made from the unpacked sdist and tagged v0.10.2 (with
     GitPython). Its tag commit is necessarily not upstream's 26b999c71. Returns (path, sha)."""
     import shutil

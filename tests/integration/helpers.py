@@ -84,7 +84,8 @@ def copy_workdir(template: Path, dest: Path) -> Path:
 
     shared = ("pristine", "downloads")
     shutil.copytree(template, dest, symlinks=True,
-                    ignore=lambda d, names: [n for n in names if Path(d) == template and n in shared])
+                    ignore=lambda d, names: [n for n in names
+                                             if Path(d) == template and n in shared])
     for name in shared:
         if (template / name).is_dir():
             shutil.copytree(template / name, dest / name, symlinks=True, copy_function=os.link)

@@ -15,7 +15,8 @@ def test_command_modules_do_not_import_torch() -> None:
 
     code = ("import sys, kvprefetch.cli.bench, kvprefetch.cli.report, "
             "kvprefetch.bench.matrix, kvprefetch.bench.report, kvprefetch.bench.ncu, "
-            "kvprefetch.bench.e2e, kvprefetch.bench.kernel, kvprefetch.verify.numerics, kvprefetch.kernels.ops; "
+            "kvprefetch.bench.e2e, kvprefetch.bench.kernel, kvprefetch.verify.numerics, "
+            "kvprefetch.kernels.ops; "
             "assert 'torch' not in sys.modules, 'torch imported at import time'")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr

@@ -37,7 +37,8 @@ def _recording_ops(name: str, calls: list[dict]) -> PagedOps:
 
 @pytest.mark.parametrize("timing", ["graph", "eager"])
 @pytest.mark.parametrize("lens", [(5, 40, 17), (600, 3)])
-def test_ragged_lengths_reach_the_kernel_inputs_under_the_exact_call(lens: tuple[int, ...], timing: str) -> None:
+def test_ragged_lengths_reach_the_kernel_inputs_under_the_exact_call(lens: tuple[int, ...],
+                                                                     timing: str) -> None:
     attn = AttnShape(num_seqs=len(lens), num_heads=8, num_kv_heads=2, head_size=64,
                      block_size=16, max_seq_len=max(lens))
     kernel = choose_kernel(max(lens), len(lens), 8)

@@ -164,8 +164,8 @@ def test_alt_trees_add_each_tree_its_variant_and_its_define(on: tuple[str, ...])
 
 
 @pytest.mark.parametrize("script", ["prefetch-repeat.sh", "default-matrix.sh"])
-def test_alt_trees_are_patched_and_built_with_their_define(tmp_path: Path, script: str,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_alt_trees_are_patched_and_built_with_their_define(
+        tmp_path: Path, script: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run for real with every switch on (and the trees "fetched"): each alternative tree gets
     the `prefetch` patch applied and the build gets its define."""
     for switch, _, _ in ALT_TREES:
@@ -343,7 +343,7 @@ compile_size = 64bit
 \t\tFunction : _ZN4vllm25paged_attention_v1_kernelIttLi128EEEvv
 \t.headerflags\t@"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
         /*0000*/                   EXIT ;                          /* 0x000000000000794d */
-"""
+"""  # noqa: E501
 _RES = """
 Resource usage:
  Common:
@@ -352,7 +352,7 @@ Resource usage:
   REG:{reg} STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:600 TEXTURE:0 SURFACE:0 SAMPLER:0
  Function _ZN4vllm25paged_attention_v1_kernelIttLi128EEEvv:
   REG:96 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:600 TEXTURE:0 SURFACE:0 SAMPLER:0
-"""
+"""  # noqa: E501
 
 
 def _identity(tmp_path: Path, after: dict[str, str], baseline: str = "k:k") -> tuple[int, dict]:

@@ -120,7 +120,8 @@ def test_bad_arch_fails_with_fix(tmp_path: Path, base_environ: dict[str, str]) -
 def test_simulated_full_disk(tmp_path: Path, base_environ: dict[str, str]) -> None:
     rep = run_doctor("9.0a", env=base_environ, workdir=tmp_path, mode="kernels-only",
                      probes=DoctorProbes(disk_free=lambda p: 0.3 * GIB))
-    disk = rep.check("disk")  # below the kernels-only estimate (0.5 GB: doctor.estimates.DISK_ESTIMATE_GB)
+    # below the kernels-only estimate (0.5 GB: doctor.estimates.DISK_ESTIMATE_GB)
+    disk = rep.check("disk")
     assert disk.status == "fail" and "0.3 GiB free" in disk.detail
     assert "--workdir" in (disk.fix or "")
     with pytest.raises(ConfigError, match="disk"):

@@ -65,7 +65,8 @@ def test_two_real_venvs_are_isolated(tmp_path: Path, base_environ: dict[str, str
     assert marker["kind"] == "venv" and marker["state"] == "ready"
 
 
-def test_system_site_packages_inherits_creator(tmp_path: Path, base_environ: dict[str, str]) -> None:
+def test_system_site_packages_inherits_creator(tmp_path: Path,
+                                               base_environ: dict[str, str]) -> None:
     """A kernels-only env sees the packages of the interpreter that created it (this test's
     interpreter has click), while its own prefix stays inside the env."""
     env = VenvEnv(tmp_path / "k", system_site_packages=True, with_pip=False).create()

@@ -177,8 +177,8 @@ def _plan(camp: Path, *args: str) -> subprocess.CompletedProcess:
     (("--time", "1:00:00 --wrap=x"), "--time"),
     (("--scratch", "/scratch/$USER\rtouch PWNED"), "--scratch"),
     (("--preset", "a\ntouch PWNED"), "control character"),
-], ids=["partition-newline", "gres-newline", "account-semicolon", "time-space", "scratch-carriage-return",
-        "preset-newline"])
+], ids=["partition-newline", "gres-newline", "account-semicolon", "time-space",
+        "scratch-carriage-return", "preset-newline"])
 def test_slurm_values_a_shell_or_sbatch_would_split_are_refused(
         tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
     camp = tmp_path / "camp"

@@ -360,7 +360,8 @@ def test_rerun_completes_with_manifests_and_own_libraries(kernels_build) -> None
         assert m["inputs"]["patch_sha256"] == applied.get("patch_sha256")
         assert (m["inputs"]["patch_sha256"] is None) == (tree == "baseline")
         assert m["inputs"]["gencode"] == [SM90]
-        assert (m["head_sizes"], m["block_sizes"], m["kv_dtypes"]) == ([128], [16], ["fp16", "fp32"])
+        assert ((m["head_sizes"], m["block_sizes"], m["kv_dtypes"])
+                == ([128], [16], ["fp16", "fp32"]))
         assert m["env"]["path"] == str(wd / "envs" / tree)
         installed = Path(m["so_path"])
         assert installed.is_relative_to(wd / "envs" / tree)  # inside its own env

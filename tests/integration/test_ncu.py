@@ -27,7 +27,7 @@ ns = a[a.index("--namespace") + 1]
 src = {str(SAMPLES)!r} + ("/ncu_raw_baseline.csv" if ns.endswith("baseline") else "/ncu_raw_patched.csv")
 shutil.copy(src, a[a.index("--log-file") + 1])
 print("==PROF== Disconnected")
-""")
+""")  # noqa: E501
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return script
 

@@ -157,7 +157,8 @@ def test_paper_variant_applies_to_the_paper_tree(fetched_workdir: Path) -> None:
     for name in ("baseline", "patched"):
         assert carried_variant(fetched_workdir / "trees" / name) is None
     # and the prefetch variant on the same paper tree is now refused
-    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "prefetch", "--tree", "paper")
+    res = cli("apply", "--workdir", str(fetched_workdir), "--variant", "prefetch",
+              "--tree", "paper")
     assert res.returncode == PatchError.exit_code and "carries the paper variant" in res.stderr
     # the old spellings still work, each with a note: --with-seed and --variant seed are the
     # paper's, and `seed` names its tree

@@ -1,9 +1,10 @@
 """The default build's programmatic dependent launch (csrc/kvprefetch/gqa_twins.cuh,
 KVPREFETCH_TWIN_PDL=2 unless a build says otherwise: the GQA twins and kvprefetch's reduce kernel
-launched as programmatic dependents), built for REAL: the session's kernels-only build (the ``kernels_build`` fixture: fetch (sdist) ->
-apply -> `kvprefetch build --kernels-only` with no define, killed and resumed, fp16 and fp32 at
-head 128 / block 16) -> `verify-kernel --no-gpu` and `cuobjdump -res-usage`. Sharing that build
-(rather than compiling the same trees again) saves CI some six minutes of compile.
+launched as programmatic dependents), built for REAL: the session's kernels-only build (the
+``kernels_build`` fixture: fetch (sdist) -> apply -> `kvprefetch build --kernels-only` with no
+define, killed and resumed, fp16 and fp32 at head 128 / block 16) -> `verify-kernel --no-gpu` and
+`cuobjdump -res-usage`. Sharing that build (rather than compiling the same trees again) saves CI
+some six minutes of compile.
 What the early launch needs from the machine code, checked on what ships:
 
 - every twin and reduce kernel waits (ACQBULK) before its first global memory instruction (an

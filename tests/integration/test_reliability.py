@@ -304,7 +304,8 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     res = run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], echo=False,
               check=False)
     if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {res.output.strip()}")
+        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): "
+                    f"{res.output.strip()}")
     try:
         yield mnt
     finally:
@@ -571,7 +572,8 @@ def test_clean_keeps_backups_and_edited_trees_without_discard_edits(
 
 @pytest.mark.parametrize(("args", "needle"), [
     (("fetch", "--allow-commit", "5"), "not a full 40-digit"),
-    (("fetch", "--repo-url", "ext::sh -c touch% /tmp/kvprefetch-pwned"), "refusing a git transport"),
+    (("fetch", "--repo-url", "ext::sh -c touch% /tmp/kvprefetch-pwned"),
+     "refusing a git transport"),
     (("fetch", "--repo-url", "fd::17"), "refusing a git transport"),
     (("fetch", "--extra-tree", "../x"), "is not a tree name"),
     (("apply", "--tree", "../../x"), "is not a tree name"),

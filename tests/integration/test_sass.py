@@ -128,7 +128,8 @@ def test_module_check_on_real_compiles_of_the_header(tmp_path: Path) -> None:
     banked = tmp_path / "tiny_constant.cu"
     banked.write_text(f'#include "{SAMPLES / "tiny_prefetch.cu"}"\n'
                       "__constant__ int kvprefetch_test_bank = 1;\n"
-                      "__global__ void kvprefetch_test_read(int* o) { *o = kvprefetch_test_bank; }\n")
+                      "__global__ void kvprefetch_test_read(int* o) "
+                      "{ *o = kvprefetch_test_bank; }\n")
     const = _compile_elf(tmp_path, banked)
     assert parse_elf(const)[0].constant_bank
     status, detail = verdict(const, "seed")
@@ -278,7 +279,8 @@ def test_header_rules_match_what_verify_expects(tmp_path: Path) -> None:
     assert [r[4] for r in rows if r[0] == "twin"] == [f"{g}x{s}" for g, s, _ in table]
 
 
-# ---- The launch policy on generated inputs: the header (policy_oracle.cu) against kernels/policy.py
+# ---- The launch policy on generated inputs: the header (policy_oracle.cu) against
+# kernels/policy.py
 # Every decision function of launch_policy.cuh, compiled into a host program, answers a seeded
 # random sample over the real ranges plus the boundaries, and kvprefetch.kernels.policy must
 # answer each input the same. The ranges: GQA ratios 1..16 (kv heads 1..16), head sizes 64, 128

@@ -40,7 +40,8 @@ def upstream_dispatch(fetched_template: Path) -> str:
 def _counts(text: str, version: int) -> tuple[int, int]:
     """(head-size arms, block-size arms) that the launcher source still instantiates."""
     heads = len(re.findall(rf"^\s*LAUNCH_PAGED_ATTENTION_V{version}\(\d+\);", text, re.MULTILINE))
-    blocks = len(re.findall(rf"CALL_V{version}_LAUNCHER_SPARSITY\(T, CACHE_T, \d+, KV_DTYPE\)", text))
+    blocks = len(re.findall(
+        rf"CALL_V{version}_LAUNCHER_SPARSITY\(T, CACHE_T, \d+, KV_DTYPE\)", text))
     return heads, blocks
 
 

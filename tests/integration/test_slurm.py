@@ -1,12 +1,13 @@
 """`kvprefetch slurm` for real (the campaign's scripts, chain and parsers are tested pure in
-tests/unit/test_slurm.py): the slow integration test runs a REAL one-node Slurm (Debian's slurm-wlm: munged, slurmctld, slurmd on this
-machine, a generated slurm.conf, no GPU gres) running a tiny campaign end to end through real
-sbatch: the prepare job checks the read-only source (the cached sdist); each build job (two)
-fetches from it into its own scratch folder, applies its variant, builds one narrowed
-instantiation kernels-only and publishes the outputs into the campaign by rename; then
-verify-kernel --no-gpu on the published builds, a 2-task array of CPU stand-in bench shards, the
-merge; then one array task resubmitted alone. Every daemon the test starts is stopped by the fixture's
-finalizer, pass or fail. Needs root (daemons, apt); skipped with the reason otherwise."""
+tests/unit/test_slurm.py): the slow integration test runs a REAL one-node Slurm (Debian's slurm-wlm:
+munged, slurmctld, slurmd on this machine, a generated slurm.conf, no GPU gres) running a tiny
+campaign end to end through real sbatch: the prepare job checks the read-only source (the cached
+sdist); each build job (two) fetches from it into its own scratch folder, applies its variant,
+builds one narrowed instantiation kernels-only and publishes the outputs into the campaign by
+rename; then verify-kernel --no-gpu on the published builds, a 2-task array of CPU stand-in bench
+shards, the merge; then one array task resubmitted alone. Every daemon the test starts is stopped by
+the fixture's finalizer, pass or fail. Needs root (daemons, apt); skipped with the reason
+otherwise."""
 
 from __future__ import annotations
 

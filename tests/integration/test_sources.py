@@ -195,7 +195,8 @@ def test_fetch_uses_the_configured_index(tmp_path: Path, local_index: tuple[str,
     res = kvprefetch_cli_split("fetch", "--workdir", str(tmp_path / "work"), "--source", "sdist",
                                "--json", env=_env(PIP_INDEX_URL=url))
     assert res.returncode == 0, res.stderr
-    assert sha256_file(tmp_path / "work" / "downloads" / upstream.SDIST_NAME) == upstream.SDIST_SHA256
+    assert (sha256_file(tmp_path / "work" / "downloads" / upstream.SDIST_NAME)
+            == upstream.SDIST_SHA256)
 
 
 # --------------------------------------------------------------------------- git
@@ -229,7 +230,8 @@ def test_git_clone_of_a_foreign_tag_commit_is_refused_then_allowed(
         assert clone.head.commit.hexsha == sha
         assert [t.name for t in clone.tags] == ["v0.10.2"]
     for name in SDIST_TREES:
-        assert sha256_file(wd.tree(name) / upstream.ATTENTION_HEADER) == upstream.ATTENTION_HEADER_SHA256
+        assert (sha256_file(wd.tree(name) / upstream.ATTENTION_HEADER)
+                == upstream.ATTENTION_HEADER_SHA256)
         state = wd.read_state(name)
         assert state is not None and state["source"] == "git" and state["commit"] == sha
         assert tree_modifications(wd, name) == []

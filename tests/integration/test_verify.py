@@ -218,10 +218,10 @@ def test_both_envs_sharing_one_library_file_is_caught(built: Path) -> None:
 
 
 def test_gpu_identity_runs_once_per_forced_twin(monkeypatch: pytest.MonkeyPatch) -> None:
-    """check_gpu runs kvprefetch.verify.numerics with KVPREFETCH_GQA set to the named twin, keeps each
-    pass's data under that twin, and turns a failed, crashed or GPU-less pass into FAIL / FAIL /
-    not checked. The identity run itself needs a GPU and built trees, so it is replaced here by
-    a recorder (the H200 runs the real one: docs/results/.../24-twins/verify.json)."""
+    """check_gpu runs kvprefetch.verify.numerics with KVPREFETCH_GQA set to the named twin, keeps
+    each pass's data under that twin, and turns a failed, crashed or GPU-less pass into FAIL /
+    FAIL / not checked. The identity run itself needs a GPU and built trees, so it is replaced here
+    by a recorder (the H200 runs the real one: docs/results/.../24-twins/verify.json)."""
     from kvprefetch.kernels.policy import TWIN_SHAPES
     from kvprefetch.verify import kernel as v
 

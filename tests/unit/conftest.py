@@ -154,7 +154,8 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[Any]:
         return (yield)
     import_with_side_effects()
     monkeypatch = pytest.MonkeyPatch()
-    install_guard(monkeypatch, IsolationGuard(f"unit test module {collector.nodeid}, while importing,"))
+    install_guard(monkeypatch,
+                  IsolationGuard(f"unit test module {collector.nodeid}, while importing,"))
     try:
         return (yield)
     finally:

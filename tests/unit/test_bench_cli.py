@@ -1,6 +1,6 @@
 """The `bench` click group: options, plans (--dry-run/--json) and refusals. Nothing here needs a
-GPU: --dry-run never loads a library, and the refusals happen before any GPU work. The CLI in a fresh interpreter is in
-tests/integration/test_bench_cli.py."""
+GPU: --dry-run never loads a library, and the refusals happen before any GPU work. The CLI in a
+fresh interpreter is in tests/integration/test_bench_cli.py."""
 
 from __future__ import annotations
 

@@ -74,7 +74,8 @@ def test_plan_runs_alternates_envs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("envs", [["baseline", "patched"],
-                                  {"baseline": {"executable": "/b"}, "patched": {"executable": "/p"},
+                                  {"baseline": {"executable": "/b"},
+                                   "patched": {"executable": "/p"},
                                    "warning": "without VLLM_USE_V1=0 ..."},
                                   {"baseline": {"python": "/b"}, "patched": {"python": "/p"}},
                                   [{"name": "baseline"}, {"tree": "patched"}]])

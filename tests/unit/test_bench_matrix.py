@@ -48,7 +48,8 @@ def test_force_and_cross_product() -> None:
     assert mx.to_dict()["contexts"] == [1024, 32768]
 
 
-@pytest.mark.parametrize(("text", "n"), [("512", 512), ("1k", 1024), ("32K", 32768), (" 4k ", 4096)])
+@pytest.mark.parametrize(("text", "n"),
+                         [("512", 512), ("1k", 1024), ("32K", 32768), (" 4k ", 4096)])
 def test_parse_size(text: str, n: int) -> None:
     assert m.parse_size(text) == n
 

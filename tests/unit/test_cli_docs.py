@@ -1,7 +1,7 @@
 """Every command is documented and has a working --help (sqlite-utils' test_docs idea).
 
-The command list is read from `kvprefetch --help` itself (run in-process), so a new command that is wired into
-the CLI but missing from README.md fails here until the README mentions it."""
+The command list is read from `kvprefetch --help` itself (run in-process), so a new command that is
+wired into the CLI but missing from README.md fails here until the README mentions it."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _listed_commands() -> list[str]:
-    out = CliRunner().invoke(main, ["--help"]).output  # in-process (tests/integration/test_cli_help.py
-    # runs each --help in a fresh interpreter without CUDA)
+    # in-process (tests/integration/test_cli_help.py runs each --help in a fresh interpreter
+    # without CUDA)
+    out = CliRunner().invoke(main, ["--help"]).output
     section = out.split("\nCommands:\n", 1)[1]
     names = [m.group(1) for m in re.finditer(r"^  ([a-z][a-z0-9-]*)\s", section, re.MULTILINE)]
     assert names, out

@@ -35,7 +35,8 @@ def test_starting_a_process_raises_naming_the_test(route: str,
     with pytest.raises(UnitTestIsolationError) as exc:
         ROUTES[route]()
     assert str(exc.value).startswith(isolation_guard.who + " started a process")
-    assert "tests/unit/test_guard.py::test_starting_a_process_raises_naming_the_test" in isolation_guard.who
+    assert ("tests/unit/test_guard.py::test_starting_a_process_raises_naming_the_test"
+            in isolation_guard.who)
     assert "tests/integration/" in str(exc.value)
     assert isolation_guard.violations  # recorded, so swallowing it would not help
     isolation_guard.violations.clear()  # checked: let this test pass

@@ -1,5 +1,5 @@
-"""kvprefetch.bench.ncu: the seed's ncu recipe as a command line, and the parsing of ncu's CSV (a run with
-a stand-in ncu is in tests/integration/test_ncu.py).
+"""kvprefetch.bench.ncu: the seed's ncu recipe as a command line, and the parsing of ncu's CSV (a
+run with a stand-in ncu is in tests/integration/test_ncu.py).
 
 The CSV samples in tests/samples/ are HAND-MADE in the exact layout ``ncu --csv`` writes (ncu
 cannot run on this machine); their numbers are invented. Replace them with a real capture from

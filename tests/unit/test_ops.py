@@ -76,8 +76,8 @@ def test_find_builds_orders_trees_and_takes_newest(tmp_path: Path) -> None:
 
 
 def test_manifest_supports_reads_the_build_selection_vocabulary(tmp_path: Path) -> None:
-    # kvprefetch.kernels.selection: fp16/bf16/fp32 = that query dtype with an auto cache; fp8 = an fp8
-    # cache for each selected query dtype (fp16 and bf16 when none is selected).
+    # kvprefetch.kernels.selection: fp16/bf16/fp32 = that query dtype with an auto cache; fp8 =
+    # an fp8 cache for each selected query dtype (fp16 and bf16 when none is selected).
     b = ops.read_manifest(_manifest(tmp_path, "baseline", "k", kv_dtypes=["fp16", "fp8"]))
     assert b.supports(128, 16, "auto", "float16")
     assert b.supports(128, 16, "fp8", "float16") and b.supports(128, 16, "fp8_e4m3")

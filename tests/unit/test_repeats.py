@@ -1,7 +1,7 @@
 """`report --repeats` (kvprefetch.bench.repeats) and the L2-resident bound of the kernel report.
 The bench documents are built from synthetic per-round samples through the same functions the
-GPU run uses (bench.kernel.build_results); no GPU is involved in combining or rendering. The command in a child process is in
-tests/integration/test_repeats.py."""
+GPU run uses (bench.kernel.build_results); no GPU is involved in combining or rendering. The command
+in a child process is in tests/integration/test_repeats.py."""
 
 from __future__ import annotations
 

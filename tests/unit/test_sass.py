@@ -5,7 +5,8 @@ filtered by tests/samples/sass/filter_sass.py; README.md there says exactly how 
   * kw_baseline.sass / kw_patched.sass: a real kernels-only build of both vLLM 0.10.2 trees for
     sm_90 (head 128, block 16, fp16+bf16: 4 kernels per launcher, v1 and v2);
   * tiny_sm80_sm90.sass: a small kernel of ours named like vLLM's template that calls
-    csrc/kvprefetch/l2_prefetch.cuh, compiled for sm_80 AND sm_90 -- a pre-Hopper cubin next to a Hopper one.
+    csrc/kvprefetch/l2_prefetch.cuh, compiled for sm_80 AND sm_90 -- a pre-Hopper cubin next to
+    a Hopper one.
 Where a test needs a case no real build can produce (UBLKPF in an sm_80 cubin, a patched
 kernel that lost a site), it edits a copy of a real sample in the test and says so."""
 
@@ -127,7 +128,8 @@ def test_ublkpf_in_a_pre_hopper_cubin_is_a_problem() -> None:
     lines.insert(sm80_func + 2, ublkpf)
     verdict = judge(parse_sass("\n".join(lines)), patched=True)
     assert not verdict.ok
-    assert verdict.problems == ("sm_80 v1 head=128 block=16 fp32/auto: UBLKPF in a pre-Hopper cubin",)
+    assert verdict.problems == (
+        "sm_80 v1 head=128 block=16 fp32/auto: UBLKPF in a pre-Hopper cubin",)
 
 
 def test_prefetch_rule_cases() -> None:
@@ -205,7 +207,8 @@ def test_readonly_check_fails_when_loads_lose_the_read_only_path() -> None:
     status = {c.tree: c for c in rep.checks}
     assert status["patched"].status == "fail" and ": 5 vs 21" in status["patched"].detail
     assert status["ok"].status == "pass"
-    assert status["seed"].status == "not checked" and "1 kernels have fewer" in status["seed"].detail
+    assert (status["seed"].status == "not checked"
+            and "1 kernels have fewer" in status["seed"].detail)
 
 
 _V1 = ("_ZN4vllm25paged_attention_v1_kernelIttLi{h}ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0ELb0EE"
@@ -427,8 +430,8 @@ def test_twin_check_wants_exactly_the_rule_set_on_the_read_only_path() -> None:
     extra = _listing({**base, **twins, ("sm_90", _TWIN_V1_BF16): ro})
     plain = _listing({**base, **twins,
                       ("sm_90", _TWIN_V1_FP16): [*ro, "LDG.E.64 R6, desc[UR4][R2.64]"]})
-    # the ring (csrc/kvprefetch/gqa_twins.cuh): the S = 2 twins also compiled staged; a staged 2x4 is
-    # off the rule, and so is a staged twin without its unstaged instantiation
+    # the ring (csrc/kvprefetch/gqa_twins.cuh): the S = 2 twins also compiled staged; a staged
+    # 2x4 is off the rule, and so is a staged twin without its unstaged instantiation
     ring = {("sm_90", n.replace("EEEvPf", "ELb1EEEvPf")): ro for n in
             _all_twins(_TWIN_V1_FP16) + _all_twins(_TWIN_V2_BF16) if "ELi2EEEvPf" in n}
     assert len(ring) == 4
@@ -524,8 +527,8 @@ def test_twin_check_accepts_ordered_loads_not_plain_ones() -> None:
 
 # Stock's unbounded copy of a bounded v1 kernel (csrc/kvprefetch/stock_v1.cuh), as nvcc 13.0 names
 # it: bf16 head 128 and (derived) head 64.
-_COPY_V1_BF16 = ("_ZN10kvprefetch54_GLOBAL__N__f145f768_21_paged_attention_v1_cu_d115ef7d19unbounded"
-                 "_v1_kernelI13__nv_bfloat16S2_Li128ELi16ELi128ELN4vllm18Fp8KVCacheDataTypeE0ELb0E"
+_COPY_V1_BF16 = ("_ZN10kvprefetch54_GLOBAL__N__f145f768_21_paged_attention_v1_cu_d115ef7d19"
+                 "unbounded_v1_kernelI13__nv_bfloat16S2_Li128ELi16ELi128ELN4vllm18Fp8KVCacheDataTypeE0ELb0E"
                  "EEvPT_PKS5_PKT0_SB_ifPKiSD_iPKfiiiSF_SF_iiiii")
 
 

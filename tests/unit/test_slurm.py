@@ -142,7 +142,8 @@ def test_one_build_job_per_tree_each_applying_its_variant(tmp_path: Path) -> Non
             assert f"--source /cache/vllm-0.10.2.tar.gz --only {name[6:]}\n" in scripts[name]
             assert "--extra-tree" not in scripts[name]
     assert "apply" not in scripts["build-baseline"]
-    assert 'apply --workdir "$SCRATCH" --variant prefetch --tree patched' in scripts["build-patched"]
+    assert ('apply --workdir "$SCRATCH" --variant prefetch --tree patched'
+            in scripts["build-patched"])
     assert 'apply --workdir "$SCRATCH" --variant launch --tree mine' in scripts["build-mine"]
     assert 'apply --workdir "$SCRATCH" --variant control --tree control' \
         in scripts["build-control"]
@@ -319,7 +320,8 @@ def test_publish_moves_a_build_into_the_layout_its_readers_accept(tmp_path: Path
     assert res.build_dir == dest / "build" / "patched" / "k1"
     assert res.env_dir == dest / "envs" / "patched"
     [built] = find_builds(dest, ["patched"])
-    assert built.so_path == dest / "envs/patched/lib/python3.11/site-packages/kvprefetch_kernels/_C.so"
+    assert built.so_path == (
+        dest / "envs/patched/lib/python3.11/site-packages/kvprefetch_kernels/_C.so")
     assert built.so_path.read_bytes() == b"lib"
     m = json.loads(built.manifest_path.read_text())
     assert m["env"] == {"backend": "venv", "path": str(res.env_dir),

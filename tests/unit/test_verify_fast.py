@@ -274,7 +274,8 @@ def test_twin_passes_reuse_only_a_no_device_answer(tmp_path: Path, fake_world: d
     from kvprefetch.kernels.policy import TWIN_SHAPES
 
     root, _ = _workdir(tmp_path, {"baseline": "baseline", "patched": "patched"})
-    twin_name = "_ZN10kvprefetch17gqa_decode_kernelIttLi128ELi16ELi128ELN4vllm18Fp8KVCacheDataTypeE0ELi0ELi4ELi1EEEvv"
+    twin_name = ("_ZN10kvprefetch17gqa_decode_kernelIttLi128ELi16ELi128E"
+                 "LN4vllm18Fp8KVCacheDataTypeE0ELi0ELi4ELi1EEEvv")
     SASS_twin = SASS["patched"] + f"\n\t\tFunction : {twin_name}\n\t\t/*0000*/ EXIT ; /* 0x0 */\n"
     monkeypatch.setitem(SASS, "patched", SASS_twin)
     rep = K.verify(root, jobs=2)
@@ -397,7 +398,8 @@ def test_unknown_tree_names_the_built_ones(tmp_path: Path, fake_world: dict) -> 
     with pytest.raises(VerifyError) as typo:
         K.verify(root, trees=["baseline", "nosuch"])
     assert "unknown tree 'nosuch'" in typo.value.message
-    assert "baseline, patched" in typo.value.message and "kvprefetch build" not in typo.value.message
+    assert ("baseline, patched" in typo.value.message
+            and "kvprefetch build" not in typo.value.message)
     (root / "trees" / "launch").mkdir(parents=True)
     with pytest.raises(VerifyError) as unbuilt:
         K.verify(root, trees=["baseline", "launch"])

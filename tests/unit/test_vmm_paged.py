@@ -60,8 +60,8 @@ def test_without_a_workdir_the_paged_columns_say_not_measured() -> None:
 
 # ---- the CLI option ----------------------------------------------------------------------
 def _fake_build(workdir: Path, tree: str) -> None:
-    """A manifest as `build --kernels-only` writes it, beside a placeholder library file (find_builds
-    only needs the file to exist; nothing here loads it)."""
+    """A manifest as `build --kernels-only` writes it, beside a placeholder library file
+    (find_builds only needs the file to exist; nothing here loads it)."""
     d = workdir / "build" / tree / "k1"
     d.mkdir(parents=True)
     (d / f"kvprefetch_{tree}_C.so").write_bytes(b"not a library")

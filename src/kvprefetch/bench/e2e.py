@@ -1,7 +1,7 @@
-"""``bench e2e``: ``vllm bench throughput`` in each overlay or full-build environment, through the V0 engine
-and the XFORMERS backend (``VLLM_USE_V1=0``, ``VLLM_ATTENTION_BACKEND=XFORMERS``), so decode goes
-through ``PagedAttention.forward_decode`` and the paged_attention kernels. Without those two
-variables vLLM 0.10.2 runs V1, which never calls the patched kernel (research notes section 3).
+"""``bench e2e``: ``vllm bench throughput`` in each overlay or full-build environment, through the
+V0 engine and the XFORMERS backend (``VLLM_USE_V1=0``, ``VLLM_ATTENTION_BACKEND=XFORMERS``), so
+decode goes through ``PagedAttention.forward_decode`` and the paged_attention kernels. Without those
+two variables vLLM 0.10.2 runs V1, which never calls the patched kernel (research notes section 3).
 
 Nothing is downloaded: the model is a Llama-3.1-8B-shaped ``config.json`` written by
 ``write_model_dir`` with ``--load-format dummy`` (random weights), and a word-level tokenizer

@@ -191,7 +191,8 @@ def resolve_sample(sample: SampleOptions, builds: Sequence[BuiltOps],
                          _ints(sample.block_sizes, "--sample-block-sizes"),
                          tuple(c.strip() for c in sample.caches.split(",") if c.strip()))
     return SampleSpec(n=sample.n, seed=0 if sample.seed is None else sample.seed,
-                      instantiations=inst, max_kv_bytes=parse_bytes(sample.max_kv, "--sample-max-kv"))
+                      instantiations=inst,
+                      max_kv_bytes=parse_bytes(sample.max_kv, "--sample-max-kv"))
 
 
 def check_sample_call(spec: SampleSpec | None, launch: LaunchOptions) -> None:

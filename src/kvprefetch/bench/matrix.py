@@ -32,7 +32,8 @@ class ModelPreset:
 PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
     # GQA 4:1, d=128: the shape the acceptance targets and the paper reproduction's e2e runs use.
     ModelPreset("llama-3.1-8b", 32, 8, 128, 32, "meta-llama/Llama-3.1-8B config.json"),
-    # GQA 7:1, d=128 (hidden_size 3584 / 28 heads): a kv head's 7 heads run as 4 + 3 or 2 + 2 + 2 + 1.
+    # GQA 7:1, d=128 (hidden_size 3584 / 28 heads): a kv head's 7 heads run as 4 + 3 or
+    # 2 + 2 + 2 + 1.
     ModelPreset("qwen2.5-7b", 28, 4, 128, 28, "Qwen/Qwen2.5-7B config.json"),
     # Llama-3-70B (64 query heads, 8 kv heads, d=128, 80 layers) at tensor-parallel 8: what one
     # GPU's attention sees, 8 query heads over 1 kv head.

@@ -72,7 +72,8 @@ class NcuOptions:
     ncu: str = "ncu"
 
 
-def ncu_command(target: Sequence[str], csv_path: Path, opts: NcuOptions = NcuOptions()) -> list[str]:
+def ncu_command(target: Sequence[str], csv_path: Path,
+                opts: NcuOptions = NcuOptions()) -> list[str]:
     """The full ncu argv wrapping ``target`` (a python command line)."""
     return [
         opts.ncu, "--replay-mode", "application", "--cache-control", "all",

@@ -85,8 +85,9 @@ def combine(docs: Sequence[Document], control: str | None = "control",
             "variants": {}}
         for n in names:
             meds = [_median(r, n) for r in runs]
-            v: RepeatsVariant = {"run_medians": meds, "median": statistics.median(meds), "min": min(meds),
-                 "max": max(meds), "slower_every_run": all(m < 1.0 for m in meds)}
+            v: RepeatsVariant = {"run_medians": meds, "median": statistics.median(meds),
+                                 "min": min(meds), "max": max(meds),
+                                 "slower_every_run": all(m < 1.0 for m in meds)}
             if band is not None and n != ctl:
                 v["loss_beyond_aa"] = all(m < 1.0 - band for m in meds)
             row["variants"][n] = v

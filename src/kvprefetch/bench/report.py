@@ -135,8 +135,10 @@ def kernel_markdown(doc: KernelLike) -> str:
     names = [v["name"] for v in meta["variants"] if v["name"] != base]
     lines = [f"# bench kernel: {', '.join(names)} vs {base}", "",
              (f"- device: {dev['name']} ({dev.get('sm_count')} SMs, L2 "
-             f"{dev['l2_bytes'] / 2**20:.0f} MiB), torch {dev.get('torch')}, CUDA {dev.get('cuda')}"),
-             f"- copy bandwidth (read+write, same run): {meta['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s",
+              f"{dev['l2_bytes'] / 2**20:.0f} MiB), torch {dev.get('torch')}, "
+              f"CUDA {dev.get('cuda')}"),
+             (f"- copy bandwidth (read+write, same run): "
+              f"{meta['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s"),
              f"- started {meta['started']}, {meta.get('seconds', '?')} s",
              f"- call: {describe_call(doc_call(doc))}"]
     for v in meta["variants"]:
@@ -160,9 +162,9 @@ def kernel_markdown(doc: KernelLike) -> str:
                      + ", ".join(f"{s['file']} ({s['rows']} rows)" for s in merge["shards"]))
         for d in merge.get("forced") or []:
             lines.append(f"- **merged with --force-merge although** {d}")
-    lines += ["", ("Time is per decode call (one layer). Speedup = stock time / variant time, paired "
-              "per round: median [min-max] over rounds. BW = fewest bytes moved / median time, as "
-              "a fraction of the copy bandwidth."), "", "## Summary", ""]
+    lines += ["", ("Time is per decode call (one layer). Speedup = stock time / variant time, "
+                   "paired per round: median [min-max] over rounds. BW = fewest bytes moved / "
+                   "median time, as a fraction of the copy bandwidth."), "", "## Summary", ""]
     summ = kernel_summary(doc)
     lines += _table(
         ["mode", "preset", "dtype", "block", "variant", "shapes", "geomean speedup", "worst",
@@ -460,11 +462,13 @@ def _sample_png(doc: SampleDocument, path: Path) -> Path:
 
 
 # kind -> renderer; each takes its kind's document (load_document checked the kind)
-_MARKDOWN: dict[str, Callable[[Any], str]] = {"kernel": kernel_markdown, "ncu": ncu_markdown, "e2e": e2e_markdown,
-             "identity": identity_markdown, "repeats": _repeats_markdown,
-             "decode": decode_markdown, "sample": _sample_markdown}
-_PNG: dict[str, Callable[[Any, Path], Path]] = {"kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png, "decode": decode_png,
-        "sample": _sample_png}
+_MARKDOWN: dict[str, Callable[[Any], str]] = {
+    "kernel": kernel_markdown, "ncu": ncu_markdown, "e2e": e2e_markdown,
+    "identity": identity_markdown, "repeats": _repeats_markdown,
+    "decode": decode_markdown, "sample": _sample_markdown}
+_PNG: dict[str, Callable[[Any, Path], Path]] = {
+    "kernel": kernel_png, "ncu": ncu_png, "e2e": e2e_png, "decode": decode_png,
+    "sample": _sample_png}
 
 
 def render_markdown(doc: Document) -> str:

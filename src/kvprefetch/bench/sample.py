@@ -3,9 +3,9 @@ steps drawn from one documented distribution, so that no launch policy can have 
 the shapes it is judged on (tune on one seed, report on a fresh one).
 
 The distribution, version 2 (``DISTRIBUTION_VERSION``; version 1, before issue 40, had no
-``max_model_len`` and drew in another order, so its seeds give other steps; docs/sampled-benchmark.md
-explains the choices). Each step is drawn independently with ``random.Random(seed)``, in this
-order:
+``max_model_len`` and drew in another order, so its seeds give other steps;
+docs/sampled-benchmark.md explains the choices). Each step is drawn independently with
+``random.Random(seed)``, in this order:
 
 1. **G**, query heads per kv head: uniform over 1, 2, 4, 5, 7, 8, 16.
 2. **kv heads** (one GPU's, after tensor parallelism): uniform over 1, 2, 4, 8 when G > 1; over

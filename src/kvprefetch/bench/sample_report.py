@@ -168,12 +168,14 @@ def sample_markdown(doc: SampleDocument) -> str:
     names = variant_names(doc)
     lines = [f"# sampled benchmark: {sample['n']} steps, seed {sample['seed']}", "",
              (f"- device: {dev['name']} ({dev.get('sm_count')} SMs, L2 "
-             f"{dev['l2_bytes'] / 2**20:.0f} MiB), torch {dev.get('torch')}, CUDA {dev.get('cuda')}"),
+              f"{dev['l2_bytes'] / 2**20:.0f} MiB), torch {dev.get('torch')}, "
+              f"CUDA {dev.get('cuda')}"),
              (f"- copy bandwidth (read+write, same run): {meta['copy_bw_bytes_per_s'] / 1e12:.2f} "
              "TB/s"),
              f"- started {meta['started']}, {meta.get('seconds', '?')} s",
              f"- call: {describe_call(doc_call(doc))}",
-             (f"- drawn within: head sizes {inst['head_sizes']}, block sizes {inst['block_sizes']}, "
+             (f"- drawn within: head sizes {inst['head_sizes']}, "
+              f"block sizes {inst['block_sizes']}, "
              f"caches {inst['caches']}; KV per step at most {_mib(sample['max_kv_bytes'])} "
              "(the distribution: docs/sampled-benchmark.md)"),
              (f"- modes: {', '.join(sorted({c['mode'] for c in meta['configs']}))}; timings: "

@@ -99,8 +99,9 @@ def ninja_text(*, nvcc: Path, cxx: str, cu_sources: list[Path], cpp_source: Path
                nvcc_flags: list[str], cxx_flags: list[str], link_flags: list[str],
                output: Path, extra_cpp_sources: tuple[Path, ...] = ()) -> str:
     """The build.ninja for one tree (``extra_cpp_sources``: more host sources for the
-    library, e.g. the overlay's csrc/kvprefetch_route.cpp). Objects and the library are written to a temp name and
-    renamed, so an interrupted build never leaves a truncated output that looks up to date."""
+    library, e.g. the overlay's csrc/kvprefetch_route.cpp). Objects and the library are written to a
+    temp name and renamed, so an interrupted build never leaves a truncated output that looks up to
+    date."""
     lines = [
         "ninja_required_version = 1.3",
         f"nvcc = {_esc(str(nvcc))}",
@@ -119,7 +120,8 @@ def ninja_text(*, nvcc: Path, cxx: str, cu_sources: list[Path], cpp_source: Path
         "  description = nvcc $in",
         "",
         "rule cxx",
-        "  command = $cxx -MMD -MF $out.d $cxx_flags -c $in -o $out.$$$$.tmp && mv -f $out.$$$$.tmp $out",
+        ("  command = $cxx -MMD -MF $out.d $cxx_flags -c $in -o $out.$$$$.tmp"
+         " && mv -f $out.$$$$.tmp $out"),
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = c++ $in",
@@ -188,7 +190,7 @@ def load():
 
     torch.ops.load_library(SO_PATH)
     return getattr(torch.ops, NAMESPACE)
-'''
+'''  # noqa: E501
 
 
 def install_into_env(site_packages: Path, so: Path, build_json: dict[str, object]) -> Path:

@@ -180,7 +180,8 @@ def kit_python() -> str:
     return sys.executable
 
 
-def env_set_common(arch_list: str, jobs: int, nvcc_threads: int, cuda_home: str | None) -> dict[str, str]:
+def env_set_common(arch_list: str, jobs: int, nvcc_threads: int,
+                   cuda_home: str | None) -> dict[str, str]:
     env = {"TORCH_CUDA_ARCH_LIST": arch_list, "MAX_JOBS": str(jobs),
            "NVCC_THREADS": str(nvcc_threads)}
     if cuda_home:
@@ -220,10 +221,12 @@ def render_plan(plan: BuildPlan) -> str:
         if t.defines:
             out.append("  defines: " + " ".join(f"-D{d}" for d in t.defines))
         out.append(f"  logs: {t.log_dir}")
-        out.append("  environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in t.env_set.items())
+        out.append("  environment: "
+                   + " ".join(f"{k}={shlex.quote(v)}" for k, v in t.env_set.items())
                    + "   unset: " + " ".join(t.env_unset))
         for i, s in enumerate(t.steps, 1):
-            cmd = " ".join(shlex.quote(a) for a in s.argv) if s.argv else f"(internal) {s.description}"
+            cmd = (" ".join(shlex.quote(a) for a in s.argv) if s.argv
+                   else f"(internal) {s.description}")
             where = f"  (cwd {s.cwd})" if s.cwd else ""
             out.append(f"  {i:2d}. {s.name}: {cmd}{where}")
         out.append("  outputs: " + ", ".join(t.outputs))

@@ -25,7 +25,8 @@ from .common import dry_run_option, json_option, workdir_option
                    "no GPU needed). auto: full where a toolkit, GPU and network exist, else "
                    "kernels-only (`kvprefetch doctor` says which, and why).")
 @click.option("--kernels-only", "kernels_only", is_flag=True, help="Same as --mode kernels-only.")
-@click.option("--trees", default=None, help="Comma-separated trees (default: baseline, patched and every other "
+@click.option("--trees", default=None,
+              help="Comma-separated trees (default: baseline, patched and every other "
                    "patched tree, e.g. paper).")
 @click.option("--env-backend", type=click.Choice(["venv", "uv", "conda"]), default=None,
               help="Environment kind [default: uv for --mode overlay where uv is found (the "
@@ -34,7 +35,8 @@ from .common import dry_run_option, json_option, workdir_option
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="MAX_JOBS (default: sized from cores and memory).")
 @click.option("--nvcc-threads", type=click.IntRange(min=1), default=None)
-@click.option("--head-sizes", default=None, help="Kernels-only: e.g. 128 or 64,128,256 (default: all 9).")
+@click.option("--head-sizes", default=None,
+              help="Kernels-only: e.g. 128 or 64,128,256 (default: all 9).")
 @click.option("--block-sizes", default=None, help="Kernels-only: subset of 8,16,32 (default: all).")
 @click.option("--kv-dtypes", default=None,
               help="Kernels-only: subset of fp16,bf16,fp32,fp8,fp8_e5m2 (default: all).")
@@ -47,10 +49,11 @@ from .common import dry_run_option, json_option, workdir_option
               help="Full mode: local recursive clones cutlass/, flash-attention/, FlashMLA/.")
 @click.option("--tree-define", "tree_defines", multiple=True, metavar="TREE:NAME=VALUE",
               help="Kernels-only: an extra -D for one tree's sources, e.g. "
-                   "pro_off:KVPREFETCH_DEFAULT_MODE=0 (see csrc/kvprefetch/launch_policy.cuh). Repeatable.")
+                   "pro_off:KVPREFETCH_DEFAULT_MODE=0 (see csrc/kvprefetch/launch_policy.cuh). "
+                   "Repeatable.")
 @click.option("--cuda-home", default=None, metavar="DIR",
-              help="Overlay and --smoke: the CUDA 12.x toolkit to compile with (default: CUDA_HOME, nvcc "
-                   "on PATH, /usr/local/cuda-12*).")
+              help="Overlay and --smoke: the CUDA 12.x toolkit to compile with (default: "
+                   "CUDA_HOME, nvcc on PATH, /usr/local/cuda-12*).")
 @click.option("--allow-cuda-mismatch", is_flag=True,
               help="Overlay: compile with a toolkit whose major version differs from torch "
                    "2.8.0's CUDA 12.8 when no CUDA 12 toolkit exists (recorded and reported).")
@@ -69,11 +72,11 @@ from .common import dry_run_option, json_option, workdir_option
 @dry_run_option
 @json_option
 def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | None,
-          env_backend: str | None, jobs: int | None, nvcc_threads: int | None, head_sizes: str | None,
-          block_sizes: str | None, kv_dtypes: str | None, torch_from: str | None,
-          no_editable: bool, deps_dir: Path | None, tree_defines: tuple[str, ...],
-          cuda_home: str | None, allow_cuda_mismatch: bool, smoke: bool,
-          smoke_objects: str | None, skip_doctor: bool, force: bool, yes: bool,
+          env_backend: str | None, jobs: int | None, nvcc_threads: int | None,
+          head_sizes: str | None, block_sizes: str | None, kv_dtypes: str | None,
+          torch_from: str | None, no_editable: bool, deps_dir: Path | None,
+          tree_defines: tuple[str, ...], cuda_home: str | None, allow_cuda_mismatch: bool,
+          smoke: bool, smoke_objects: str | None, skip_doctor: bool, force: bool, yes: bool,
           dry_run: bool, as_json: bool) -> None:
     """Build the baseline and patched trees, each into its own environment."""
     from ..builds.options import BuildOptions

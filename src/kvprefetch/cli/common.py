@@ -37,11 +37,13 @@ def workdir_option(f: F) -> F:
 
 
 def json_option(f: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")(f)
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print the result as JSON on stdout.")(f)
 
 
 def dry_run_option(f: F) -> F:
-    return click.option("--dry-run", is_flag=True, help="Print what would be done and change nothing.")(f)
+    return click.option("--dry-run", is_flag=True,
+                        help="Print what would be done and change nothing.")(f)
 
 
 def deprecated(old: str, new: str) -> None:

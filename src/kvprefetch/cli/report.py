@@ -206,7 +206,8 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
         emit_json({"readme": str(readme), "changed": changed, "checked": check})
     if check:
         if changed:
-            raise BenchError(f"{readme}: report blocks differ from their JSON: {', '.join(changed)}",
+            raise BenchError(f"{readme}: report blocks differ from their JSON: "
+                             f"{', '.join(changed)}",
                              f"run `kvprefetch report --readme {readme}` and commit the result")
         if not as_json:
             info(f"{readme}: every report block matches its JSON")

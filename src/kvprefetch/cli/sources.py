@@ -102,7 +102,8 @@ def apply(workdir: Path, variant: str, tree_name: str | None, dry_run: bool, as_
     if as_json:
         emit_json(res)
     else:
-        click.echo(f"{res.tree}: {res.action} {res.variant} (patch sha256 {res.patch_sha256[:16]}…)")
+        click.echo(f"{res.tree}: {res.action} {res.variant} "
+                   f"(patch sha256 {res.patch_sha256[:16]}…)")
 
 
 @click.command("diff-upstream")
@@ -174,6 +175,7 @@ def export_header(workdir: Path, output: Path, variant: str, as_json: bool) -> N
         emit_json({"output": str(path), "variant": variant, "sha256": sha256_file(path),
                    "caveat": caveat})
     else:
-        click.echo(f"wrote {path} ({variant}); drop it in as vllm/csrc/attention/attention_kernels.cuh")
+        click.echo(f"wrote {path} ({variant}); "
+                   "drop it in as vllm/csrc/attention/attention_kernels.cuh")
         if caveat:
             click.echo(f"note: {caveat}", err=True)

@@ -123,7 +123,8 @@ def _progress() -> Iterator[Callable[[str], None]]:
 @click.command("verify-kernel")
 @workdir_option
 @click.option("--trees", default=None, help="Comma-separated trees (default: every built tree).")
-@click.option("--no-gpu", is_flag=True, help="Skip the GPU identity check (reported as not checked).")
+@click.option("--no-gpu", is_flag=True,
+              help="Skip the GPU identity check (reported as not checked).")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="Probes and disassemblies at a time (default: one per CPU).")
 @click.option("--verbose", "-v", is_flag=True,

@@ -48,8 +48,9 @@ __global__ void kvprefetch_probe(const char* p, unsigned n) {
 """
 
 
-def check_nvcc(archs: Sequence[CudaArch], environ: Mapping[str, str], mode: Mode,
-                probes: DoctorProbes) -> tuple[list[Check], Path | None, tuple[int, int, int] | None]:
+def check_nvcc(
+    archs: Sequence[CudaArch], environ: Mapping[str, str], mode: Mode, probes: DoctorProbes,
+) -> tuple[list[Check], Path | None, tuple[int, int, int] | None]:
     checks: list[Check] = []
     nvcc = find_nvcc(environ, fallback_roots=probes.cuda_roots)
     if nvcc is None:

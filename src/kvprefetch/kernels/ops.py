@@ -103,8 +103,8 @@ _QUERY_TOKENS = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 def compiled_combos(kv_dtypes: Iterable[str]) -> frozenset[tuple[str, str]]:
     """The (query dtype, canonical kv_cache_dtype) pairs a build's ``kv_dtypes`` stand for, in
-    the build's vocabulary (kvprefetch.kernels.selection): ``fp16``/``bf16``/``fp32`` = that query dtype
-    with an ``auto`` cache; ``fp8`` (= ``fp8_e4m3``) and ``fp8_e5m2`` = an fp8 cache for each
+    the build's vocabulary (kvprefetch.kernels.selection): ``fp16``/``bf16``/``fp32`` = that query
+    dtype with an ``auto`` cache; ``fp8`` (= ``fp8_e4m3``) and ``fp8_e5m2`` = an fp8 cache for each
     selected query dtype (fp16 and bf16 when none is selected). ``auto`` in the list means an
     ``auto`` cache for every query dtype."""
     toks = {"fp8" if k == "fp8_e4m3" else k for k in kv_dtypes}
@@ -383,7 +383,8 @@ class DecodeArgs:
 
 
 def forward_decode(ops: PagedOps, args: DecodeArgs, *, force: str | None = None,
-                   out: Any = None, workspace: tuple[Any, Any, Any] | None = None) -> tuple[Any, str]:
+                   out: Any = None,
+                   workspace: tuple[Any, Any, Any] | None = None) -> tuple[Any, str]:
     """Mirror of vLLM's ``PagedAttention.forward_decode`` (non-block-sparse, tp_rank 0).
     Returns ``(output, "v1"|"v2")``. ``out`` and the v2 ``workspace`` (tmp_output, exp_sums,
     max_logits) may be preallocated, e.g. to keep allocations out of a CUDA graph capture."""

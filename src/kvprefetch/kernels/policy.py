@@ -9,9 +9,9 @@ reads its expectations of a binary from here, and the benchmark's reports explai
 with it. The numbers come from ``rules.inc`` (``kernels.rules``); the C++ logic is restated
 function by function, and ``tests/integration/test_sass.py`` compiles the header into a host
 program (``tests/samples/sass/policy_oracle.cu``) and checks that each function here that the
-header also has decides as the header does, over generated inputs. Besides the header's rules: the H200's measured occupancies
-the reports predict with, and the rules earlier runs were made under (``legacy_*``,
-``wave_guard=False`` ...), so that a result is explained by the rule it ran under."""
+header also has decides as the header does, over generated inputs. Besides the header's rules: the
+H200's measured occupancies the reports predict with, and the rules earlier runs were made under
+(``legacy_*``, ``wave_guard=False`` ...), so that a result is explained by the rule it ran under."""
 
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ class Selection:
 
     @property
     def full(self) -> bool:
-        return (set(self.head_sizes) == set(HEAD_SIZES) and set(self.block_sizes) == set(BLOCK_SIZES)
+        return (set(self.head_sizes) == set(HEAD_SIZES)
+                and set(self.block_sizes) == set(BLOCK_SIZES)
                 and set(self.kv_dtypes) == set(KV_DTYPES))
 
     def combos(self) -> list[tuple[str, str, str]]:
@@ -61,10 +62,12 @@ def _ints(text: str | None, allowed: tuple[int, ...], what: str) -> tuple[int, .
         vals = tuple(sorted({int(t) for t in re.split(r"[,\s]+", text.strip()) if t}))
     except ValueError:
         raise ConfigError(f"--{what} {text!r} is not a list of integers",
-                          f"use a comma-separated subset of {', '.join(map(str, allowed))}") from None
+                          "use a comma-separated subset of "
+                          f"{', '.join(map(str, allowed))}") from None
     bad = [v for v in vals if v not in allowed]
     if bad or not vals:
-        raise ConfigError(f"--{what} {text!r}: vLLM v0.10.2 does not instantiate {bad or 'nothing'}",
+        raise ConfigError(f"--{what} {text!r}: vLLM v0.10.2 does not instantiate "
+                          f"{bad or 'nothing'}",
                           f"choose from {', '.join(map(str, allowed))}")
     return vals
 
@@ -117,7 +120,8 @@ def _dispatch_macro(sel: Selection) -> str:
             call = f"FN({_QUERY[q]}, uint8_t, vllm::Fp8KVCacheDataType::{enum});"
         arms.append(f"if ({cond}) {{ {call} }}")
     body = " else ".join(arms)
-    return ("// kvprefetch narrowed build: dispatch only the selected (dtype, kv cache dtype) pairs.\n"
+    return ("// kvprefetch narrowed build: dispatch only the selected (dtype, kv cache dtype) "
+            "pairs.\n"
             "#undef DISPATCH_BY_KV_CACHE_DTYPE\n"
             "#define DISPATCH_BY_KV_CACHE_DTYPE(SRC_DTYPE, KV_DTYPE, FN) \\\n"
             f"  {body} else {{ TORCH_CHECK(false, \"kvprefetch narrowed build: kv cache dtype \", "

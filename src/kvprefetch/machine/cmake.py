@@ -20,7 +20,8 @@ def parse_cmake_version(text: str) -> tuple[int, ...] | None:
     return tuple(int(g or 0) for g in m.groups()) if m else None
 
 
-def find_cmake(environ: dict[str, str], extra_dirs: list[Path]) -> tuple[str, tuple[int, ...]] | None:
+def find_cmake(environ: dict[str, str],
+               extra_dirs: list[Path]) -> tuple[str, tuple[int, ...]] | None:
     """The first cmake >= 3.26.1: on PATH, then in ``extra_dirs`` (the torch env's bin/)."""
     cands = [which("cmake", environ)] + [str(d / "cmake") for d in extra_dirs]
     for c in cands:

@@ -325,7 +325,8 @@ class VenvEnv(Env):
 
     kind = "venv"
 
-    def __init__(self, path: str | os.PathLike[str], *, python: str | os.PathLike[str] | None = None,
+    def __init__(self, path: str | os.PathLike[str], *,
+                 python: str | os.PathLike[str] | None = None,
                  system_site_packages: bool = False, with_pip: bool = True,
                  log: str | os.PathLike[str] | None = None) -> None:
         super().__init__(path, log=log)
@@ -367,7 +368,8 @@ class UvEnv(Env):
 
     kind = "uv"
 
-    def __init__(self, path: str | os.PathLike[str], *, python: str | os.PathLike[str] | None = None,
+    def __init__(self, path: str | os.PathLike[str], *,
+                 python: str | os.PathLike[str] | None = None,
                  system_site_packages: bool = False, with_pip: bool = False,
                  uv: str | os.PathLike[str] | None = None,
                  log: str | os.PathLike[str] | None = None) -> None:

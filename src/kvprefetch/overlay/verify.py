@@ -39,7 +39,8 @@ def probe_overlay(python: str, *, off: bool = False, child: bool = True,
         environ["KVPREFETCH_OVERLAY"] = "off"
     if stub_dir is not None:
         environ["LD_LIBRARY_PATH"] = os.pathsep.join(
-            [str(stub_dir)] + [p for p in environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+            [str(stub_dir)]
+            + [p for p in environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
     argv = [python, str(script)] + ([] if child else ["--no-child"])
     with tempfile.TemporaryDirectory(prefix="kvprefetch-overlay-probe-") as cwd:
         res = run(argv, env=environ, cwd=cwd, echo=False, check=False, timeout=900)

@@ -121,7 +121,8 @@ def inspect(label):
         if mine:
             try:
                 dist = mine[0].dist
-                rep["entry_point_dist"] = f"{dist.metadata['Name']} {dist.version}" if dist else None
+                rep["entry_point_dist"] = (f"{dist.metadata['Name']} {dist.version}"
+                                           if dist else None)
             except Exception as exc:  # noqa: BLE001
                 rep["errors"].append(f"entry point distribution: {exc}")
     except Exception as exc:  # noqa: BLE001

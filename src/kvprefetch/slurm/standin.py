@@ -44,7 +44,8 @@ def stand_in_shard(c: Campaign, task: int) -> dict[str, Any]:
         if actual != b.so_sha256:
             raise BenchError(f"{b.so_path} has sha256 {actual}, its manifest "
                              f"{b.manifest_path} says {b.so_sha256}",
-                             f"rebuild the tree: `kvprefetch build --kernels-only --trees {b.tree}`")
+                             "rebuild the tree: "
+                             f"`kvprefetch build --kernels-only --trees {b.tree}`")
     matrix = build_matrix(c.bench.presets, [str(c.bench.batches[task])], c.bench.contexts)
     config = KernelBenchConfig(mode="cold")
     results = []

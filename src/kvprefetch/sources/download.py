@@ -86,7 +86,8 @@ class _Links(HTMLParser):
 def parse_simple_json(body: str, filename: str, base: str) -> IndexFile | None:
     for f in json.loads(body).get("files", []):
         if f.get("filename") == filename:
-            return IndexFile(urllib.parse.urljoin(base, f["url"]), f.get("hashes", {}).get("sha256"))
+            return IndexFile(urllib.parse.urljoin(base, f["url"]),
+                             f.get("hashes", {}).get("sha256"))
     return None
 
 

@@ -120,7 +120,8 @@ def carried_variant(tree: Path, *, read_only: bool = False) -> str | None:
 def _describe(tree: Path) -> str:
     return ", ".join(f"{p} (sha256 {sha256_file(tree / p)[:16]}…)"
                      for p in upstream.all_patched_paths()
-                     if (tree / p).is_file() and sha256_file(tree / p) != upstream.PRISTINE_SHA256[p])
+                     if (tree / p).is_file()
+                     and sha256_file(tree / p) != upstream.PRISTINE_SHA256[p])
 
 
 def _refuse_differences(tree: Path, variant: str, applied: dict[str, Any] | None,
@@ -250,7 +251,8 @@ def _file_diff(rel: str, old: str | None, new: str) -> FileDiff:
                                       tofile=f"b/{rel}"))
     added = sum(1 for ln in lines if ln.startswith("+") and not ln.startswith("+++"))
     removed = sum(1 for ln in lines if ln.startswith("-") and not ln.startswith("---"))
-    text = "".join(ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n" for ln in lines)
+    text = "".join(ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n"
+                   for ln in lines)
     return FileDiff(rel, added, removed, text)
 
 

@@ -184,8 +184,9 @@ def check_hot_path(rep: VerifyReport, manifests: dict[str, dict[str, Any]]) -> N
     # The warning is about running vLLM from this shell; kernels-only builds have no vLLM to run.
     if full and (os.environ.get("VLLM_USE_V1", "") != "0"
                  or os.environ.get("VLLM_ATTENTION_BACKEND") != "XFORMERS"):
-        rep.envs["warning"] = ("without VLLM_USE_V1=0 and VLLM_ATTENTION_BACKEND=XFORMERS a vLLM run "
-                               "never calls paged_attention_v1/v2: the patched kernel would be bypassed")
+        rep.envs["warning"] = ("without VLLM_USE_V1=0 and VLLM_ATTENTION_BACKEND=XFORMERS a vLLM "
+                               "run never calls paged_attention_v1/v2: the patched kernel would be "
+                               "bypassed")
 
 
 def _driver_stub(wd: Workdir, manifest: dict[str, Any]) -> dict[str, Any] | None:

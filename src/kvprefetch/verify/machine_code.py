@@ -250,9 +250,9 @@ TWIN_CHECK = "GQA twins where the rule puts them"
 
 def check_gqa_twin(rep: VerifyReport, tree: str, variant: str | None,
                    text: str | SassFacts) -> None:
-    """The GQA-grouped twins (csrc/kvprefetch/gqa_twins.cuh) are compiled exactly beside the attention
-    instantiations policy.twin_shapes names, with those (G, S), and nowhere else; and every
-    global load in them takes the read-only path (``LDG….CONSTANT``), as stock's K/V loads do,
+    """The GQA-grouped twins (csrc/kvprefetch/gqa_twins.cuh) are compiled exactly beside the
+    attention instantiations policy.twin_shapes names, with those (G, S), and nowhere else; and
+    every global load in them takes the read-only path (``LDG….CONSTANT``), as stock's K/V loads do,
     or, in a twin built to launch as a programmatic dependent, is ordered (strong,
     ``LDG….STRONG.SM`` or ``….STRONG.GPU``: the loads of what an earlier kernel may write, kept
     after the wait; see check_pdl_order)."""
@@ -288,8 +288,8 @@ PDL_CHECK = "twins wait for the previous kernel before touching memory"
 def check_pdl_order(rep: VerifyReport, tree: str, text: str | SassFacts) -> None:
     """kvprefetch's twins and reduce kernels launched as programmatic dependents (ACQBULK in
     their SASS) wait for the stream's previous kernel before their first global memory
-    instruction: what makes their early launch safe (csrc/kvprefetch/gqa_twins.cuh, pdl_start). Trees
-    without such kernels get no row."""
+    instruction: what makes their early launch safe (csrc/kvprefetch/gqa_twins.cuh, pdl_start).
+    Trees without such kernels get no row."""
     got = _sass(text).pdl
     if not got:
         return

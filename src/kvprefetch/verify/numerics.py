@@ -234,7 +234,8 @@ def check_identity(ops: Sequence[PagedOps], *, cases: Sequence[IdentityCase] | N
             progress(f"[{i + 1}] {case.label}: "
                      + ", ".join(f"{r.kernel} {r.status}" for r in case_rows))
     return IdentityReport(
-        status=overall_status(rows), variants=tuple(o.name for o in ops), device=_device_name(device),
+        status=overall_status(rows), variants=tuple(o.name for o in ops),
+        device=_device_name(device),
         seed=seed, rows=tuple(rows), builds=tuple(o.build.to_dict() for o in ops if o.build),
         seconds=time.monotonic() - t0,
     )

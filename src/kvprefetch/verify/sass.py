@@ -256,7 +256,8 @@ def summarise(kernels: Iterable[KernelSass]) -> list[dict[str, object]]:
         g = groups[key]
         rows.append({"arch": key[0], "head_size": key[1], "block_size": key[2], "dtype": key[3],
                      "kv_cache": key[4], "kernels": len(g),
-                     "ublkpf_min": min(k.ublkpf for k in g), "ublkpf_max": max(k.ublkpf for k in g)})
+                     "ublkpf_min": min(k.ublkpf for k in g),
+                     "ublkpf_max": max(k.ublkpf for k in g)})
     return rows
 
 

@@ -3,8 +3,9 @@ ASPLOS'25), for Hopper, with tests.
 
 The package is split so that everything but the driver calls can be tested without a GPU:
 
-- ``layout``  -- the cache geometry (per-layer ``[B, S, H, D]`` or tensor slicing ``[B, S, L, H, D]``)
-  and the page arithmetic: which bytes of which tensor a slot's page group covers.
+- ``layout``  -- the cache geometry (per-layer ``[B, S, H, D]`` or tensor slicing
+  ``[B, S, L, H, D]``) and the page arithmetic: which bytes of which tensor a slot's page group
+  covers.
 - ``slots``   -- slot bookkeeping (alloc/free, deferred reclamation, the warm slot) and the
   planning functions: what a step must map now, what the worker maps next, what to reclaim.
 - ``stats``   -- latency histograms and the accounting snapshot.

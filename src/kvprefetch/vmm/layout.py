@@ -11,9 +11,9 @@ Two layouts (vAttention §5 and its "MegaCache"/tensor-slicing alternative):
 Every slot owns a fixed, page-aligned stretch of each tensor (``slot_bytes``, ``S_max`` tokens
 rounded up to whole pages), so slot ``b``'s ``g``-th group lives at byte offset
 ``b·slot_bytes + g·page`` in every tensor. A slot's mapped groups are always a prefix
-``[0, mapped)``: mapping grows it at the end, reclaiming shrinks it from the end. The batch stride of
-the exposed tensors is therefore ``slot_bytes`` (equal to ``S_max·token`` when that is page-aligned,
-as for every Llama shape with ``S_max`` a multiple of 1024)."""
+``[0, mapped)``: mapping grows it at the end, reclaiming shrinks it from the end. The batch stride
+of the exposed tensors is therefore ``slot_bytes`` (equal to ``S_max·token`` when that is
+page-aligned, as for every Llama shape with ``S_max`` a multiple of 1024)."""
 
 from __future__ import annotations
 

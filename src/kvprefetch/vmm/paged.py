@@ -121,7 +121,8 @@ def timing_from_result(r: ShapeResult) -> PagedTiming:
 
 def make_paged_decode(ops: Sequence[PagedOps], cfg: DecodeConfig, l2_bytes: int,
                       copy_bytes_per_s: float, *, device: str = "cuda", backend: Any = None,
-                      say: Callable[[str], None] | None = None) -> Callable[[int, int], PagedTiming]:
+                      say: Callable[[str], None] | None = None,
+                      ) -> Callable[[int, int], PagedTiming]:
     """The hook ``run_decode_shape`` calls as ``paged_decode(batch, context)``. ``device="cpu"``
     (with in-process reference ops) runs bench kernel's eager host-clock stand-in; only the unit
     tests use it, and its times mean nothing. ``ops[0]`` is the baseline (``load_paged_ops``)."""

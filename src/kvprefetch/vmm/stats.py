@@ -25,7 +25,8 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 def bucket_of(us: float) -> int:
-    """Bucket ``k`` holds values in ``[2**(k-1), 2**k)`` µs; bucket 0 holds everything below 1 µs."""
+    """Bucket ``k`` holds values in ``[2**(k-1), 2**k)`` µs; bucket 0 holds everything
+    below 1 µs."""
     if us < 1.0:
         return 0
     return math.floor(math.log2(us)) + 1

@@ -2,8 +2,9 @@
 tree, environment or build at once. The holder writes ``kvprefetch-lock pid <pid>`` into the lock
 file (so a refusal can name it) and empties it on release; a lock file that holds anything else
 is not the kit's, and is refused rather than truncated: a user's file of digits too (issue 41,
-third pass: a digit-only ``.lock`` was taken for a stale lock of the kit's and emptied). A lock is never taken through a symlink: a lock file, or the directory
-holding it, that is a symlink is refused (it could point outside the work directory)."""
+third pass: a digit-only ``.lock`` was taken for a stale lock of the kit's and emptied). A lock is
+never taken through a symlink: a lock file, or the directory holding it, that is a symlink is
+refused (it could point outside the work directory)."""
 
 from __future__ import annotations
 

@@ -149,8 +149,8 @@ def remove(root: Path, path: Path) -> None:
     A directory is removed crash-safely (issue 41, class 6: a `clean` killed half-way left a
     half-deleted tree that `fetch` then refused without `--force`): it is first renamed to
     ``.<name>.removing.tmp-<pid>`` beside it, recorded as this run's temporary before the
-    rename, and only then deleted. A run killed at any point leaves either the whole directory where it
-    was, or an orphan temporary that the next fetch or clean removes."""
+    rename, and only then deleted. A run killed at any point leaves either the whole directory where
+    it was, or an orphan temporary that the next fetch or clean removes."""
     try:
         is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
     except FileNotFoundError:

@@ -1,4 +1,5 @@
-"""Shrink a real ``cuobjdump -sass`` listing to what kvprefetch.verify.sass reads, for saved samples.
+"""Shrink a real ``cuobjdump -sass`` listing to what kvprefetch.verify.sass reads, for saved
+samples.
 
 Keeps every line matching ``arch =|code for|Function :|UBLKPF|CCTL`` plus the first three
 instruction lines (``/*0000*/ ...``) after each ``Function :`` line, in order. Nothing is
