@@ -162,7 +162,11 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
             else "" if name in upstream.TREE_NAMES else f" --extra-tree {name}")
     missing = PatchError(f"there is no kvprefetch tree named {name!r} in {workdir}",
                          f"run `kvprefetch fetch{hint}` first, or pass --tree patched")
-    if not tree.is_dir() or tree.is_symlink():
+    if tree.is_symlink():
+        raise PatchError(f"the {name!r} tree {tree} is a symlink -> {os.readlink(tree)}, and "
+                         "kvprefetch never writes through one",
+                         f"move {tree} away, then `kvprefetch fetch{hint}` makes the tree again")
+    if not tree.is_dir():
         raise missing
     digest = patch_sha256(variant)
     own = upstream.patched_paths(variant)
