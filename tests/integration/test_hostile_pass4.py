@@ -16,7 +16,8 @@ loop. Each test fails on 4d500c5 (checked with the fixes stashed):
   the record as its own: ``clean`` then removed the user's ``trees/`` and ``build/`` it listed;
 - a tree that is a symlink (moved elsewhere and linked back): fetch said "unchanged", apply
   "no tree, run fetch": a loop. ``build --torch-from /dev/null`` said "make /dev writable";
-  a file named ``.locks`` said only "File exists".
+  a file named ``.locks`` said only "File exists"; ``export-header`` wrote an ownership record
+  and its lock into any ``--workdir``, a user's folder too.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
@@ -238,3 +239,23 @@ def test_a_tree_that_is_a_symlink_is_named_and_its_fix_works(
     (fetched_workdir / "trees" / "patched").unlink()
     assert cli("fetch", "--workdir", str(fetched_workdir)).returncode == 0
     assert cli("apply", "--workdir", str(fetched_workdir)).returncode == 0
+
+
+def test_export_header_writes_nothing_into_the_work_directory(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    """Its scratch went through the ownership record: a --workdir that is a user's folder got
+    a .kvprefetch-owned.json and its lock (which then made `fetch --adopt` refuse it), and a
+    work directory got a record write. Now a system temp folder, as diff-upstream --check's."""
+    from tests.integration.helpers import tree_bytes
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "f.txt").write_text("mine\n")
+    out = tmp_path / "out" / "attention_kernels.cuh"
+    refused(cli("export-header", "--workdir", str(mine), "-o", str(out)),
+            PatchError.exit_code, "run `kvprefetch fetch` first")
+    assert sorted(p.name for p in mine.iterdir()) == ["f.txt"]
+    before = tree_bytes(fetched_workdir)
+    res = cli("export-header", "--workdir", str(fetched_workdir), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    assert out.is_file() and tree_bytes(fetched_workdir) == before

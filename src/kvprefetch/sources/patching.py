@@ -344,9 +344,13 @@ def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Pat
     variant = upstream.canonical_variant(variant)
     header_patches = [p for p in _variant_files(variant)
                       if p.name == Path(upstream.ATTENTION_HEADER).name + ".patch"]
-    with ownership.scratch_dir(wd.root, "export-header") as td:
+    pristine = pristine_text(wd)
+    # export-header reads the work directory and writes only -o: its scratch is a system temp
+    # folder, as diff-upstream --check's (a --workdir that is no work directory got an ownership
+    # record and its lock; issue 41, the fourth hostile pass)
+    with ownership.scratch_dir(wd.root, "export-header", read_only=True) as td:
         t = td / "t"
-        write_file(t / upstream.ATTENTION_HEADER, pristine_text(wd), family=PatchError)
+        write_file(t / upstream.ATTENTION_HEADER, pristine, family=PatchError)
         if not _git_apply(t, header_patches):
             raise PatchError(f"the {variant} patch does not apply to pristine v0.10.2",
                              "reinstall kvprefetch from a clean checkout")
