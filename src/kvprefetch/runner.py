@@ -106,11 +106,22 @@ def run(
         if logf:
             logf.write(f"+ {quote(args)}\n")
             logf.flush()
-        proc = subprocess.Popen(
-            args, env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            errors="replace", bufsize=1,
-        )
+        try:
+            proc = subprocess.Popen(
+                args, env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                errors="replace", bufsize=1,
+            )
+        except OSError as exc:
+            if exc.filename not in (args[0], None) or cwd is not None and not os.path.isdir(cwd):
+                raise  # the working directory, not the program: the caller's OSError
+            # the program itself cannot be run (`--torch-from /dev/null`, a folder, a file
+            # without x): the generic EACCES fix said "make /dev writable" (issue 41, the
+            # fourth hostile pass)
+            raise ConfigError(f"cannot run {args[0]}: {exc.strerror or exc} (it is not an "
+                              "executable program)",
+                              f"pass the path of an executable in place of {args[0]}"
+                              ) from None
         try:
             assert proc.stdout is not None
             for line in proc.stdout:

@@ -19,13 +19,13 @@ identity checks use.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..reading import load_json
 from .schema import DecodeModel
 
 
@@ -151,14 +151,7 @@ def from_hf_config(cfg: dict[str, Any], name: str = "config", tp: int = 1,
 
 def load_config(path: Path, **kw: Any) -> DecoderConfig:
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ValueError(f"larger than {MAX_CONFIG_BYTES >> 10} KiB")
-        cfg = json.loads(raw.decode("utf-8"))
-    except RecursionError as exc:
-        raise ConfigError(f"cannot read model config {path}: JSON nested too deep",
-                          "pass the path of a Hugging Face config.json") from exc
+        cfg = load_json(Path(path), MAX_CONFIG_BYTES)  # a FIFO or /dev/zero: a ValueError
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read model config {path}: {exc}",
                           "pass the path of a Hugging Face config.json") from exc

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
+from ..reading import load_json
 from .schema import SCHEMA_VERSION, E2EDocument, E2EEnvResult, E2ERow, E2ERunResult
 from .stats import summarize
 
@@ -183,7 +184,7 @@ def require_verified(report_path: Path, env_names: Sequence[str]) -> dict[str, s
     """Refuse unless ``report_path`` says verify-kernel passed for every one of ``env_names``."""
     fix = "run `kvprefetch verify-kernel` for these environments and fix what it reports"
     try:
-        report = json.loads(report_path.read_text(encoding="utf-8"))
+        report = load_json(report_path)
     except FileNotFoundError:
         raise BenchError(f"no verify-kernel report at {report_path}", fix) from None
     except (OSError, ValueError) as exc:

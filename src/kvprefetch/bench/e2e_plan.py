@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
+from ..reading import load_json
 from .e2e import (
     E2E_ENV,
     E2EPlan,
@@ -118,10 +119,8 @@ def plan_e2e_bench(options: E2EBenchOptions, *, dry_run: bool = False) -> E2EBen
 def _listed_envs(report_path: Path) -> dict[str, str | None]:
     """The environments a verify report lists, passed or not (what a dry run shows the runs
     of); none where it is missing or no JSON object (the plan's refusal says why)."""
-    import json
-
     try:
-        report = json.loads(report_path.read_text(encoding="utf-8"))
+        report = load_json(report_path)
     except (OSError, ValueError):
         return {}
     return verified_envs(report) if isinstance(report, dict) else {}

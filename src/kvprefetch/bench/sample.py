@@ -78,6 +78,7 @@ FAMILIES = ("uniform", "ragged", "longtail")
 TAIL_FACTOR = (10.0, 100.0)
 MAX_TAIL_SEQS = 4
 DEFAULT_MAX_KV_BYTES = 4 << 30
+MAX_SAMPLE_STEPS = 100_000  # the largest --sample: ~40 s of drawing alone
 MIN_MAX_KV_BYTES = 64 << 20
 MAX_REDRAWS = 1000
 MODEL_LENS = (2048, 4096, 8192, 32768, 131072)
@@ -189,6 +190,13 @@ class SampleSpec:
         if self.n < 1:
             raise ConfigError(f"--sample {self.n}: a sample needs at least one step",
                               "pass --sample N with N >= 1 (issue 29's target runs 200)")
+        if self.n > MAX_SAMPLE_STEPS:
+            # drawing alone takes about 0.4 ms a step: 10^23 steps hung even a dry run (issue
+            # 41, the fourth hostile pass)
+            raise ConfigError(f"--sample {self.n}: more than {MAX_SAMPLE_STEPS} steps, which "
+                              "would take longer to draw and time than any run can",
+                              f"pass --sample N with N <= {MAX_SAMPLE_STEPS} (issue 29's target "
+                              "runs 200)")
         if self.max_kv_bytes < MIN_MAX_KV_BYTES:
             raise ConfigError(f"--sample-max-kv {self.max_kv_bytes} B is below "
                               f"{MIN_MAX_KV_BYTES >> 20} MiB: the largest model shapes would "

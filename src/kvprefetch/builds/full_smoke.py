@@ -40,7 +40,6 @@ view is made all the same (its libraries and stubs then come first)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,6 +52,7 @@ from ..machine.toolchain import fmt_version
 from ..machine.torch_probe import default_torch_python, probe_torch
 from ..overlay.cuda12 import toolkit_dir
 from ..overlay.toolkit import choose_toolkit
+from ..reading import load_json
 from ..runner import run
 from ..workspace.confine import write_file
 from ..workspace.workdir import Workdir, write_json_atomic
@@ -199,9 +199,9 @@ def make_toolkit_view(view: Path, cuda_home: Path, site: Path, cc: str = "gcc") 
     want = {"cuda_home": str(cuda_home.resolve()), "site": str(site.resolve()), "format": 1}
     if stamp.is_file():
         try:
-            if json.loads(stamp.read_text()) == want:
+            if load_json(stamp) == want:
                 return view
-        except ValueError:
+        except (OSError, ValueError):
             pass
     shutil.rmtree(view, ignore_errors=True)
     (view / "bin").mkdir(parents=True)

@@ -20,6 +20,7 @@ from typing import Any
 from .. import upstream
 from ..errors import ConfigError
 from ..hashing import differences, inventory, sha256_file
+from ..reading import load_json
 from ..workspace.workdir import Workdir
 
 # Variables that silently swap binaries or break isolation: never passed to a build.
@@ -126,14 +127,14 @@ def manifest_matches(tp: TreePlan) -> dict[str, Any] | None:
     if not mpath.is_file():
         return None
     try:
-        m: dict[str, Any] = json.loads(mpath.read_text())
+        m: dict[str, Any] = load_json(mpath)
         if not isinstance(m, dict) or m.get("key") != tp.key:
             return None
         for out in m.get("outputs", []):
             p = Path(out["path"])
             if not p.is_file() or sha256_file(p) != out["sha256"]:
                 return None
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+    except (OSError, ValueError, TypeError, KeyError):
         return None
     return m
 

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .. import __version__
 from ..errors import BuildError, ConfigError
+from ..reading import load_json
 from ..runner import run, which
 from ..workspace.confine import write_file
 from ..workspace.locks import locked
@@ -133,7 +134,7 @@ class Env(abc.ABC):
     # ------------------------------------------------------------------ state
     def read_marker(self) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.marker_path.read_text())
+            data = load_json(self.marker_path)
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None

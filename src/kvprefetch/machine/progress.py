@@ -14,13 +14,14 @@ thread; the clock is a parameter."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..reading import load_json
 
 HEARTBEAT_S = 30.0
 
@@ -38,7 +39,7 @@ def previous_seconds(build_root: Path, selection: dict[str, Any]) -> float | Non
     best: tuple[float, float] | None = None
     for m in build_root.glob("*/manifest.json"):
         try:
-            data = json.loads(m.read_text())
+            data = load_json(m)
             secs = float(data["seconds"])
             same = {k: data.get(k) for k in ("head_sizes", "block_sizes", "kv_dtypes")} == \
                 {k: selection.get(k) for k in ("head_sizes", "block_sizes", "kv_dtypes")}

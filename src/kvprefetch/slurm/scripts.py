@@ -109,7 +109,8 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
     if job.name == "verify":
         argv = kit_argv(c, "verify-kernel", "--workdir", wd, "--trees", ",".join(c.tree_names),
                         "--json", *(["--no-gpu"] if c.no_gpu else []))
-        return [_q(argv) + " > " + shlex.quote(str(c.results / "verify.json"))]
+        # never `>`: a link planted at results/verify.json would be written through
+        return [_q(argv) + " | write_new " + shlex.quote(str(c.results / "verify.json"))]
     if job.name == "bench":
         task = '"$SLURM_ARRAY_TASK_ID"'
         if c.bench.stand_in:
@@ -131,6 +132,24 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
         return [_q(kit_argv(c, "report", "--merge", *shards, "--out", c.report_dir,
                             "--formats", "md"))]
     raise ConfigError(f"unknown job {job.name!r}", "plan the campaign again")
+
+
+# How a job's shell writes a file in the campaign folder (its exit record, verify's report),
+# never through a link that whoever can write the folder planted there (issue 41, the fourth
+# hostile pass: `> FILE` followed a link at the record's temporary or at results/verify.json and
+# wrote outside, `mv -f` into a link to a folder moved the record there): stdin goes to a new
+# file (`set -C`: O_EXCL, so an existing name, a link included, is refused), which is renamed
+# over FILE (`mv -T`: a link at FILE, even to a folder, is replaced, never followed); a folder
+# holding FILE that is a link is refused.
+WRITE_NEW_SH = (
+    "write_new() {",
+    '  local dir tmp',
+    '  dir=$(dirname -- "$1")',
+    '  if [ -L "$dir" ]; then echo "refusing to write $1: $dir is a symlink" >&2; return 1; fi',
+    '  tmp="$1.tmp-$$-$RANDOM"',
+    '  ( set -C; cat > "$tmp" ) && mv -fT -- "$tmp" "$1"',
+    "}",
+)
 
 
 def render_script(c: Campaign, job: Job) -> str:
@@ -156,9 +175,9 @@ def render_script(c: Campaign, job: Job) -> str:
         "JOB_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
         (f"EXIT_RECORD={shlex.quote(str(c.logs))}/{job.name}-"
          f'"${{JOB_ID:-${{SLURM_JOB_ID:-$$}}}}"{EXIT_SUFFIX}'),
+        *WRITE_NEW_SH,
         "record_exit() {",
-        '  printf \'%s\\n\' "$1" > "$EXIT_RECORD.tmp"',
-        '  mv -f -- "$EXIT_RECORD.tmp" "$EXIT_RECORD"',
+        '  printf \'%s\\n\' "$1" | write_new "$EXIT_RECORD"',
         "}",
         "trap 'record_exit $?' EXIT",
         'echo "kvprefetch job ' + job.name + ' on $(hostname) at $(date -u +%FT%TZ)"',

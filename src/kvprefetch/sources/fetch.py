@@ -298,9 +298,16 @@ def _head(repo_dir: Path) -> str:
 
 def tree_modifications(wd: Workdir, name: str) -> list[str]:
     """What differs in tree ``name`` from what kvprefetch recorded (fetch + apply)."""
+    tree = wd.tree(name)
+    if tree.is_symlink():
+        # the inventory follows a link at the tree's own path, so a tree moved elsewhere and
+        # linked back read "unchanged" while apply refused it as missing: a loop (issue 41,
+        # the fourth hostile pass). The kit never writes through one; say so.
+        return [(f"L {tree} is a symlink -> {os.readlink(tree)}, and kvprefetch never writes "
+                 "through one (move it away; fetch then makes the tree again)")]
     state = wd.read_state(name)
     if state is None:
-        return [f"? {wd.tree(name)} was not made by kvprefetch (no state record)"]
+        return [f"? {tree} was not made by kvprefetch (no state record)"]
     return differences(state["inventory"], tree_inventory(wd.tree(name), state))
 
 

@@ -163,7 +163,11 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
             else "" if name in upstream.TREE_NAMES else f" --extra-tree {name}")
     missing = PatchError(f"there is no kvprefetch tree named {name!r} in {workdir}",
                          f"run `kvprefetch fetch{hint}` first, or pass --tree patched")
-    if not tree.is_dir() or tree.is_symlink():
+    if tree.is_symlink():
+        raise PatchError(f"the {name!r} tree {tree} is a symlink -> {os.readlink(tree)}, and "
+                         "kvprefetch never writes through one",
+                         f"move {tree} away, then `kvprefetch fetch{hint}` makes the tree again")
+    if not tree.is_dir():
         raise missing
     digest = patch_sha256(variant)
     own = upstream.patched_paths(variant)
@@ -342,9 +346,13 @@ def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Pat
     variant = upstream.canonical_variant(variant)
     header_patches = [p for p in _variant_files(variant)
                       if p.name == Path(upstream.ATTENTION_HEADER).name + ".patch"]
-    with ownership.scratch_dir(wd.root, "export-header") as td:
+    pristine = pristine_text(wd)
+    # export-header reads the work directory and writes only -o: its scratch is a system temp
+    # folder, as diff-upstream --check's (a --workdir that is no work directory got an ownership
+    # record and its lock; issue 41, the fourth hostile pass)
+    with ownership.scratch_dir(wd.root, "export-header", read_only=True) as td:
         t = td / "t"
-        write_file(t / upstream.ATTENTION_HEADER, pristine_text(wd), family=PatchError)
+        write_file(t / upstream.ATTENTION_HEADER, pristine, family=PatchError)
         if not _git_apply(t, header_patches):
             raise PatchError(f"the {variant} patch does not apply to pristine v0.10.2",
                              "reinstall kvprefetch from a clean checkout")

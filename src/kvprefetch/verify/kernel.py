@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import VerifyError
 from ..hashing import sha256_file
 from ..kernels.policy import TWIN_SHAPES
+from ..reading import load_json
 from ..runner import run
 from ..workspace.workdir import Workdir, write_json_atomic
 from .facts import (
@@ -61,8 +62,8 @@ def newest_manifests(wd: Workdir) -> dict[str, dict[str, Any]]:
     out: dict[str, tuple[float, dict[str, Any]]] = {}
     for p in wd.root.glob("build/*/*/manifest.json"):
         try:
-            m = json.loads(p.read_text())
-        except ValueError:
+            m = load_json(p)
+        except (OSError, ValueError):  # a FIFO, a folder, JSON nested too deep: no build
             continue
         if not isinstance(m, dict) or m.get("mode") == "full-smoke":
             continue

@@ -54,6 +54,11 @@ def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
     if parent.is_symlink():
         raise _refuse(lock_path, f"the folder holding it, {parent}, is a symlink, and "
                                  "kvprefetch takes no lock through one", parent)
+    if os.path.lexists(parent) and not parent.is_dir():
+        # a user's file named `.locks` in an adopted directory: "File exists" told nothing
+        raise LockError(f"cannot take the lock {lock_path}: the folder that should hold it, "
+                        f"{parent}, is a file", f"move {parent} away (kvprefetch makes a folder "
+                                                "there), then rerun")
     parent.mkdir(parents=True, exist_ok=True)
     try:  # a FIFO, device or socket in its place is never opened (flock on a FIFO said only
         mode = os.lstat(lock_path).st_mode  # "Invalid argument"; opening a device can act)

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import PatchError
 from ..hashing import sha256_file
-from ..reading import read_limited
+from ..reading import load_json, read_limited
 from . import confine, ownership
 from .workdir import Workdir, write_json_atomic
 
@@ -132,8 +132,8 @@ def recover(wd: Workdir, name: str) -> str | None:
     files = _journal_files(journal, wd.tree(name), files)
     sp = wd.state_file(name)
     try:
-        committed = sp.is_file() and json.loads(sp.read_text()) == new_state
-    except ValueError:
+        committed = confine.is_plain_file(sp) and load_json(sp) == new_state
+    except (OSError, ValueError):
         committed = False
     if not committed:
         _stage_files(journal, stage, files)  # all checked before the first file is touched

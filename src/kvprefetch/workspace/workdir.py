@@ -25,8 +25,11 @@ from typing import Any
 
 from .. import upstream
 from ..errors import ConfigError, PatchError
+from ..reading import load_json
 
 TAG_FILE = ".kvprefetch-workdir"
+# ownership.OWNED_FILE (ownership imports this module): the record of what the kit made
+OWNED_RECORD = ".kvprefetch-owned.json"
 # Tree names become directory names, lock names and C++ namespaces: no separators, no dots.
 _TREE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
@@ -118,6 +121,16 @@ class Workdir:
                 f"(no {TAG_FILE}); kvprefetch will not take it over as its work directory",
                 "pass a new or empty --workdir, or add --adopt to use this one (kvprefetch then "
                 "only ever removes what it creates there; your files are kept)")
+        owned = self.root / OWNED_RECORD
+        if self.root.is_dir() and not self.is_tagged() and os.path.lexists(owned):
+            # the record lists what `clean` may remove; one the kit did not write here (copied
+            # in, left by a lost work directory, or forged) would make it remove the user's own
+            # trees and builds in the directory it adopts (issue 41, the fourth hostile pass)
+            raise ConfigError(
+                f"--workdir {self.root} holds {OWNED_RECORD}, but kvprefetch did not create this "
+                f"directory (no {TAG_FILE}): that record was not written here, and kvprefetch "
+                "would remove the paths it lists",
+                f"move {owned} out of the directory (your files stay yours), then rerun")
 
     def read_state(self, name: str) -> dict[str, Any] | None:
         """The tree's state record, checked; None when there is none. A corrupt or foreign
@@ -156,8 +169,8 @@ def validate_state(path: Path, name: str) -> dict[str, Any]:
     if path.is_symlink() or not path.is_file():
         raise _bad_state(path, "is not a regular file")
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        data = load_json(path)
+    except ValueError as exc:  # bad bytes, bad JSON, nested too deep, a FIFO swapped in
         raise _bad_state(path, f"is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise _bad_state(path, f"holds a JSON {type(data).__name__}, not a state record")
