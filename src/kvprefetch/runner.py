@@ -113,8 +113,9 @@ def run(
                 errors="replace", bufsize=1,
             )
         except OSError as exc:
-            if exc.filename not in (args[0], None) or cwd is not None and not os.path.isdir(cwd):
-                raise  # the working directory, not the program: the caller's OSError
+            cwd_gone = cwd is not None and not os.path.isdir(cwd)
+            if exc.filename not in (args[0], None) or cwd_gone or exc.errno == errno.ENOENT:
+                raise  # a missing program or working directory: the caller's OSError
             # the program itself cannot be run (`--torch-from /dev/null`, a folder, a file
             # without x): the generic EACCES fix said "make /dev writable" (issue 41, the
             # fourth hostile pass)
