@@ -29,7 +29,7 @@ from .e2e import (
     verified_envs,
 )
 from .matrix import parse_sizes
-from .plan import BenchRun, output_dir, parse_formats
+from .plan import BenchRun, Bound, check_bounds, output_dir, parse_formats
 from .schema import E2EDocument
 
 
@@ -62,6 +62,32 @@ class E2EBenchOptions:
     formats: str = "json,md,png"
 
 
+# The ranges of bench e2e's counts (issue 41, fourth pass: negative counts passed the plan and
+# reached vLLM's command line). Each is a count of runs, tokens or prompts: below 1 is none at
+# all, except --min-prompts, a floor where 0 means no floor (--num-prompts is then
+# --prompts-per-seq x max-num-seqs, at least 1).
+# Repeats alternate the environments; 1000 runs of each sweep point is weeks of serving.
+E2E_REPEATS = Bound("--repeats", 1, 1000, integer=True)
+# Token counts: vllm bench throughput's random prompts and outputs, and vLLM's max_model_len;
+# 1M tokens is beyond every model the kit benchmarks (Llama 3.1's 128k).
+E2E_INPUT_LEN = Bound("--input-len", 1, 1 << 20, integer=True)
+E2E_OUTPUT_LEN = Bound("--output-len", 1, 1 << 20, integer=True)
+E2E_MAX_MODEL_LEN = Bound("--max-model-len", 1, 1 << 20, integer=True)
+# Prompts per sequence slot and the floor on prompts: a million prompts per run is hours of
+# serving for a single point.
+E2E_PROMPTS_PER_SEQ = Bound("--prompts-per-seq", 1, 1000, integer=True)
+E2E_MIN_PROMPTS = Bound("--min-prompts", 0, 1_000_000, integer=True)
+
+
+def check_e2e_options(o: E2EBenchOptions) -> None:
+    """OptionError for a count out of its range (the command line refuses the same)."""
+    check_bounds([(E2E_REPEATS, o.repeats), (E2E_INPUT_LEN, o.input_len),
+                  (E2E_OUTPUT_LEN, o.output_len), (E2E_PROMPTS_PER_SEQ, o.prompts_per_seq),
+                  (E2E_MIN_PROMPTS, o.min_prompts)]
+                 + ([(E2E_MAX_MODEL_LEN, o.max_model_len)] if o.max_model_len is not None
+                    else []))
+
+
 @dataclass(frozen=True, kw_only=True)
 class E2EBenchPlan:
     """What one ``bench e2e`` run will do. ``refusal``: why a real run would stop (a dry run's
@@ -92,6 +118,7 @@ def plan_e2e_bench(options: E2EBenchOptions, *, dry_run: bool = False) -> E2EBen
     or fewer than two environments; a bad ``max_num_seqs``; unless ``dry_run``, no environments
     at all. A dry run's plan carries the verify-kernel refusal instead, and may have no runs."""
     o = options
+    check_e2e_options(o)
     report_path = o.verify_report or o.workdir / "verify" / "report.json"
     out_dir = output_dir(o.out, o.workdir)
     formats = parse_formats(o.formats)

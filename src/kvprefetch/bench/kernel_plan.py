@@ -26,6 +26,8 @@ from .kernel import KernelBenchConfig, kernel_configs
 from .matrix import BenchMatrix, BenchShape, build_matrix
 from .plan import (
     BenchRun,
+    Bound,
+    check_bounds,
     output_dir,
     output_paths,
     parse_formats,
@@ -106,6 +108,33 @@ class KernelBenchOptions:
         """The flags of the matrix options that are set, in ``MATRIX_OPTIONS``' order."""
         return [flag for attr, flag in MATRIX_OPTIONS.items()
                 if getattr(self, attr) not in (None, ())]
+
+
+# The ranges of bench kernel's numeric options (issue 41, fourth pass: a dry run accepted NaN
+# and negative values, and --pool-factor 0; a real run failed on them in the middle).
+# --sample-ms: how long one timed sample lasts at least (replays are batched to fill it, timed
+# by CUDA events). Zero, negative or NaN milliseconds mean nothing; a minute per sample times
+# the rounds and the shapes is already days, so longer is a typo.
+SAMPLE_MS = Bound("--sample-ms", 0.0, 60_000.0, low_open=True)
+# --l2-factor: cold mode rotates enough layers that the bytes read between two visits of a
+# layer are this many times the L2. Below 1 the working set stays in the L2 (not cold at all;
+# layers_for_cold refuses it, but only on the GPU); past 1000 (50 GB over an H200's 50 MiB) no
+# more of the cache is left to evict, and --max-layers caps the rotation long before.
+L2_FACTOR = Bound("--l2-factor", 1.0, 1000.0)
+# --pool-factor: the KV pool's size over the blocks the batch needs (tables are drawn from it).
+# A factor <= 0 cannot size a pool, and below 1 the pool is silently the blocks needed
+# (pool_blocks); 1000 times the blocks needed exceeds any device's memory at every shape.
+POOL_FACTOR = Bound("--pool-factor", 1.0, 1000.0)
+# --time-limit: seconds after which no shape is started; 0 is no limit. Negative or NaN seconds
+# mean nothing; 30 days is past any job's wall time (0 already says "no limit").
+TIME_LIMIT = Bound("--time-limit", 0.0, 30 * 86400.0)
+
+
+def check_kernel_options(o: KernelBenchOptions) -> None:
+    """OptionError for a numeric option out of its range (the command line refuses the same;
+    --alias-l2-fraction and --rounds are KernelBenchConfig's own BenchErrors)."""
+    check_bounds([(SAMPLE_MS, o.sample_ms), (L2_FACTOR, o.l2_factor),
+                  (POOL_FACTOR, o.pool_factor), (TIME_LIMIT, o.time_limit)])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,6 +239,7 @@ def plan_kernel_bench(options: KernelBenchOptions,
     every one found when none is named]. A plan may have no builds (a dry run on a machine
     without them); ``run_kernel_plan`` refuses it."""
     o = options
+    check_kernel_options(o)
     found = tuple(find_builds(o.workdir, o.trees or None) if builds is None else builds)
     spec = resolve_sample(o.sample, found, o.matrix_options_given())
     check_sample_call(spec, o.launch)

@@ -21,7 +21,14 @@ from ..errors import BenchError
 from ..kernels.ops import BuiltOps, find_builds
 from .matrix import BenchShape, shapes_from_specs
 from .ncu import NcuOptions, launches_needed, ncu_command, target_command
-from .plan import BenchRun, output_dir, parse_formats, require_baseline_first
+from .plan import (
+    BenchRun,
+    Bound,
+    check_bounds,
+    output_dir,
+    parse_formats,
+    require_baseline_first,
+)
 from .schema import NcuDocument
 
 DEFAULT_SHAPES = ("1x4k", "8x16k", "64x1k")
@@ -49,6 +56,15 @@ class NcuBenchOptions:
     out: Path | None = None
     name: str = "ncu"
     formats: str = "json,md,png"
+
+
+# The ranges of bench ncu's launch counts (issue 41, fourth pass: negative counts passed the
+# plan and reached ncu's command line). --launch-skip: kernel launches ncu lets pass before it
+# profiles (0: profile from the first); 100000 is far past any warm-up. --launch-count: the
+# launches profiled, each replayed for every metric pass (application replay), so at least 1
+# and at most 1000 (already hours under ncu).
+NCU_LAUNCH_SKIP = Bound("--launch-skip", 0, 100_000, integer=True)
+NCU_LAUNCH_COUNT = Bound("--launch-count", 1, 1000, integer=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +102,7 @@ def plan_ncu_bench(options: NcuBenchOptions,
     plan may have no builds (a dry run on a machine without them); ``run_ncu_plan`` refuses
     it."""
     o = options
+    check_bounds([(NCU_LAUNCH_SKIP, o.launch_skip), (NCU_LAUNCH_COUNT, o.launch_count)])
     shapes = shapes_from_specs(o.shapes or DEFAULT_SHAPES, o.preset, o.block_size, o.dtype,
                                o.kv_cache_dtype, o.force_kernel)
     recipe = NcuOptions(launch_skip=o.launch_skip, launch_count=o.launch_count, ncu=o.ncu)

@@ -6,6 +6,7 @@ click.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,42 @@ class BenchRun(Generic[DocT]):
 
     doc: DocT
     paths: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A numeric option's meaningful range (issue 41, fourth pass: NaN, negative and huge values
+    were accepted and failed later, or never). ``low`` <= value <= ``high`` (``low`` itself
+    excluded where ``low_open``), a finite number (NaN compares false with every bound, and
+    infinity cannot size anything), a whole one where ``integer``. The reason for each range
+    is written where its ``Bound`` is defined. The command line checks the same ``Bound``
+    (cli/common.py ``BoundedNumber``), so both name the option and the range."""
+
+    option: str
+    low: float
+    high: float
+    low_open: bool = False
+    integer: bool = False
+
+    def describe(self) -> str:
+        what = "a whole number" if self.integer else "a finite number"
+        return f"{what} {'>' if self.low_open else '>='} {self.low:.12g} and <= {self.high:.12g}"
+
+    def check(self, value: object) -> float:
+        """``value`` when it lies in the range, else an OptionError naming the option."""
+        ok = (isinstance(value, int | float) and not isinstance(value, bool)
+              and (isinstance(value, int) or not self.integer) and math.isfinite(value)
+              and (value > self.low if self.low_open else value >= self.low)
+              and value <= self.high)
+        if not ok:
+            raise OptionError(f"{value!r} is not {self.describe()}", self.option)
+        return value  # type: ignore[return-value]
+
+
+def check_bounds(values: Sequence[tuple[Bound, object]]) -> None:
+    """Each value against its bound (the first out of range is refused)."""
+    for bound, value in values:
+        bound.check(value)
 
 
 def parse_formats(text: str) -> tuple[str, ...]:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from .. import upstream
+
+if TYPE_CHECKING:
+    from ..bench.plan import Bound
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -95,3 +98,43 @@ def tree_option(help: str) -> Callable[[F], F]:
         out = click.option("--tree", "trees", multiple=True, metavar="NAME", help=help)(out)
         return out  # type: ignore[return-value]
     return deco
+
+
+class BoundedNumber(click.ParamType):
+    """A number within a library ``Bound`` (bench/plan.py): click's usage error names the option
+    and the range. Unlike ``click.FloatRange`` it refuses NaN (which passes every comparison)
+    and infinity (issue 41, fourth pass)."""
+
+    def __init__(self, bound: Bound) -> None:
+        self.bound = bound
+        self.name = "integer" if bound.integer else "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> Any:
+        from ..errors import OptionError
+
+        number = (click.INT if self.bound.integer else click.FLOAT).convert(value, param, ctx)
+        try:
+            return self.bound.check(number)
+        except OptionError as exc:
+            self.fail(exc.cause, param, ctx)
+
+
+class LibraryChecked(click.ParamType):
+    """A text value the library checks (``check`` returns it, or raises a ``KvprefetchError``):
+    the same rule for the command line and for a plan read back (e.g. a campaign.json), shown
+    as click's usage error naming the option."""
+
+    def __init__(self, name: str, check: Callable[[str], object]) -> None:
+        self.name = name
+        self.check = check
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> Any:
+        from ..errors import KvprefetchError
+
+        try:
+            self.check(value)
+        except KvprefetchError as exc:
+            self.fail(exc.message, param, ctx)
+        return value

@@ -10,9 +10,20 @@ from typing import Any
 
 import click
 
-from ...bench.e2e_plan import E2EBenchOptions, E2EBenchPlan, plan_e2e_bench, run_e2e_plan
+from ...bench.e2e_plan import (
+    E2E_INPUT_LEN,
+    E2E_MAX_MODEL_LEN,
+    E2E_MIN_PROMPTS,
+    E2E_OUTPUT_LEN,
+    E2E_PROMPTS_PER_SEQ,
+    E2E_REPEATS,
+    E2EBenchOptions,
+    E2EBenchPlan,
+    plan_e2e_bench,
+    run_e2e_plan,
+)
 from ...console import emit_json, info
-from ..common import dry_run_option, json_option, workdir_option
+from ..common import BoundedNumber, dry_run_option, json_option, workdir_option
 from .options import output_options, usage_errors
 
 _D = E2EBenchOptions  # the defaults the help shows are the library's
@@ -24,14 +35,18 @@ _D = E2EBenchOptions  # the defaults the help shows are the library's
               help="NAME=PYTHON of a full-build environment, baseline first (repeatable; default: "
                    "the envs with pythons in the verify report).")
 @click.option("--max-num-seqs", "max_num_seqs", default=_D.max_num_seqs, show_default=True)
-@click.option("--repeats", type=int, default=_D.repeats, show_default=True)
-@click.option("--input-len", type=int, default=_D.input_len, show_default=True)
-@click.option("--output-len", type=int, default=_D.output_len, show_default=True)
-@click.option("--prompts-per-seq", type=int, default=_D.prompts_per_seq, show_default=True,
+@click.option("--repeats", type=BoundedNumber(E2E_REPEATS), default=_D.repeats, show_default=True)
+@click.option("--input-len", type=BoundedNumber(E2E_INPUT_LEN),
+              default=_D.input_len, show_default=True)
+@click.option("--output-len", type=BoundedNumber(E2E_OUTPUT_LEN),
+              default=_D.output_len, show_default=True)
+@click.option("--prompts-per-seq", type=BoundedNumber(E2E_PROMPTS_PER_SEQ),
+              default=_D.prompts_per_seq, show_default=True,
               help="--num-prompts = max(--min-prompts, this x max-num-seqs).")
-@click.option("--min-prompts", type=int, default=_D.min_prompts, show_default=True)
+@click.option("--min-prompts", type=BoundedNumber(E2E_MIN_PROMPTS),
+              default=_D.min_prompts, show_default=True)
 @click.option("--dtype", default=_D.dtype, show_default=True)
-@click.option("--max-model-len", type=int, default=_D.max_model_len,
+@click.option("--max-model-len", type=BoundedNumber(E2E_MAX_MODEL_LEN), default=_D.max_model_len,
               help="Passed to vLLM (it also caps the seq len CUDA graphs are captured for, which "
                    "decides v1 vs v2).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=_D.model_dir,

@@ -18,6 +18,10 @@ import click
 
 from ...bench.kernel_plan import (
     DEFAULT_MATRIX,
+    L2_FACTOR,
+    POOL_FACTOR,
+    SAMPLE_MS,
+    TIME_LIMIT,
     KernelBenchOptions,
     KernelBenchPlan,
     LaunchOptions,
@@ -37,7 +41,7 @@ from ...bench.matrix import (
 from ...bench.schema import KernelDocument, SampleDocument
 from ...bench.vllm_call import VllmCall
 from ...console import emit_json, info, table
-from ..common import dry_run_option, json_option, workdir_option
+from ..common import BoundedNumber, dry_run_option, json_option, workdir_option
 from .options import output_options, trees_option, usage_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -87,10 +91,11 @@ def sample_options(f: F) -> F:
                      show_default=True,
                      help="Cold mode: most layers' caches rotated; a smaller step needing more "
                           "to exceed the L2 is skipped."),
-        click.option("--time-limit", type=float, default=_K.time_limit, show_default=True,
+        click.option("--time-limit", type=BoundedNumber(TIME_LIMIT),
+                     default=_K.time_limit, show_default=True,
                      metavar="SECONDS",
-                     help="Start no shape after this many seconds (0: no limit); the rest are "
-                          "recorded as not run."),
+                     help="Start no shape after this many seconds (0: no limit, at most 30 days); "
+                          "the rest are recorded as not run."),
     )):
         out = deco(out)
     return out  # type: ignore[no-any-return]
@@ -163,12 +168,15 @@ def launch_options(f: F) -> F:
               "aliased: one layer whose block tables point into a pool of --alias-l2-fraction "
               "of the L2 (every KV load an L2 hit at any shape: the L2-resident bound).")
 @click.option("--rounds", type=int, default=_K.rounds, show_default=True)
-@click.option("--sample-ms", type=float, default=_K.sample_ms, show_default=True,
-              help="Minimum duration of one timed sample.")
-@click.option("--l2-factor", type=float, default=_K.l2_factor, show_default=True,
-              help="Cold mode: bytes per pass over the layers >= this times the L2.")
-@click.option("--pool-factor", type=float, default=_K.pool_factor, show_default=True,
-              help="KV pool size over the blocks the batch needs (block tables are drawn from it).")
+@click.option("--sample-ms", type=BoundedNumber(SAMPLE_MS), default=_K.sample_ms,
+              show_default=True, help="Minimum duration of one timed sample (> 0, at most 60000).")
+@click.option("--l2-factor", type=BoundedNumber(L2_FACTOR), default=_K.l2_factor,
+              show_default=True,
+              help="Cold mode: bytes per pass over the layers >= this times the L2 (1 to 1000).")
+@click.option("--pool-factor", type=BoundedNumber(POOL_FACTOR), default=_K.pool_factor,
+              show_default=True,
+              help="KV pool size over the blocks the batch needs (block tables are drawn from "
+                   "it; 1 to 1000).")
 @click.option("--alias-l2-fraction", type=float, default=_K.alias_l2_fraction, show_default=True,
               help="Aliased mode: the block pool's size as a fraction of the L2.")
 @click.option("--seed", type=int, default=_K.seed, show_default=True)

@@ -9,9 +9,16 @@ from typing import Any
 
 import click
 
-from ...bench.ncu_plan import NcuBenchOptions, NcuBenchPlan, plan_ncu_bench, run_ncu_plan
+from ...bench.ncu_plan import (
+    NCU_LAUNCH_COUNT,
+    NCU_LAUNCH_SKIP,
+    NcuBenchOptions,
+    NcuBenchPlan,
+    plan_ncu_bench,
+    run_ncu_plan,
+)
 from ...console import emit_json, info, table
-from ..common import dry_run_option, json_option, workdir_option
+from ..common import BoundedNumber, dry_run_option, json_option, workdir_option
 from .options import output_options, trees_option, usage_errors
 
 _D = NcuBenchOptions  # the defaults the help shows are the library's
@@ -27,8 +34,10 @@ _D = NcuBenchOptions  # the defaults the help shows are the library's
 @click.option("--dtype", default=_D.dtype, show_default=True)
 @click.option("--kv-cache-dtype", default=_D.kv_cache_dtype, show_default=True)
 @click.option("--force-kernel", type=click.Choice(["v1", "v2"]), default=_D.force_kernel)
-@click.option("--launch-skip", type=int, default=_D.launch_skip, show_default=True)
-@click.option("--launch-count", type=int, default=_D.launch_count, show_default=True)
+@click.option("--launch-skip", type=BoundedNumber(NCU_LAUNCH_SKIP),
+              default=_D.launch_skip, show_default=True)
+@click.option("--launch-count", type=BoundedNumber(NCU_LAUNCH_COUNT),
+              default=_D.launch_count, show_default=True)
 @click.option("--ncu", "ncu", default=_D.ncu, show_default=True, help="The ncu executable.")
 @output_options(_D.name)
 @dry_run_option
