@@ -11,6 +11,7 @@ parses, calls these, and renders."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ class PreparedBuild:
     notices: tuple[str, ...]
 
 
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def parse_tree_defines(specs: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     """``TREE:NAME=VALUE`` (or ``TREE:NAME``) options -> the extra -D flags per tree."""
     out: dict[str, tuple[str, ...]] = {}
@@ -56,8 +60,12 @@ def parse_tree_defines(specs: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
                               "write the define on one line, TREE:NAME=VALUE, e.g. "
                               "--tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0")
         tree_name, sep, define = td.partition(":")
-        if not sep or not define or ("=" not in define and not define.isidentifier()):
-            raise ConfigError(f"--tree-define {td!r} is not TREE:NAME=VALUE",
+        # NAME becomes nvcc's -DNAME[=VALUE]: a C macro name, an identifier of ASCII letters,
+        # digits and _ not starting with a digit (an empty one, `patched:=1`, passed the plan
+        # and failed only in nvcc; issue 41, fourth pass)
+        if not sep or not _C_IDENTIFIER.fullmatch(define.partition("=")[0]):
+            raise ConfigError(f"--tree-define {td!r} is not TREE:NAME=VALUE with NAME a C "
+                              "macro name (letters, digits and _, not starting with a digit)",
                               "e.g. --tree-define pro_off:KVPREFETCH_DEFAULT_MODE=0")
         out[tree_name] = (*out.get(tree_name, ()), define)
     return out

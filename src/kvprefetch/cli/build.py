@@ -8,12 +8,18 @@ from typing import Any
 import click
 
 from ..console import emit_json, info, table
-from .common import dry_run_option, json_option, workdir_option
+from .common import ARCH_TYPE, LibraryChecked, dry_run_option, json_option, workdir_option
+
+
+def _check_tree_define(spec: str) -> None:
+    from ..builds.pipeline import parse_tree_defines
+
+    parse_tree_defines((spec,))
 
 
 @click.command()
 @workdir_option
-@click.option("--arch", default="9.0a", show_default=True,
+@click.option("--arch", type=ARCH_TYPE, default="9.0a", show_default=True,
               help="TORCH_CUDA_ARCH_LIST syntax, e.g. 9.0a or '8.0;9.0a'.")
 @click.option("--mode", type=click.Choice(["auto", "full", "kernels-only", "overlay"]),
               default="auto", show_default=True,
@@ -48,6 +54,7 @@ from .common import dry_run_option, json_option, workdir_option
 @click.option("--deps-dir", type=click.Path(path_type=Path), default=None,
               help="Full mode: local recursive clones cutlass/, flash-attention/, FlashMLA/.")
 @click.option("--tree-define", "tree_defines", multiple=True, metavar="TREE:NAME=VALUE",
+              type=LibraryChecked("define", _check_tree_define),
               help="Kernels-only: an extra -D for one tree's sources, e.g. "
                    "pro_off:KVPREFETCH_DEFAULT_MODE=0 (see csrc/kvprefetch/launch_policy.cuh). "
                    "Repeatable.")

@@ -138,3 +138,13 @@ class LibraryChecked(click.ParamType):
         except KvprefetchError as exc:
             self.fail(exc.message, param, ctx)
         return value
+
+
+def _check_arch(spec: str) -> None:
+    from ..machine.toolchain import parse_arch_list
+
+    parse_arch_list(spec)
+
+
+# build --arch and slurm plan --arch: torch's TORCH_CUDA_ARCH_LIST, as the build parses it
+ARCH_TYPE = LibraryChecked("arch list", _check_arch)

@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from ..console import emit_json, info, table
-from .common import dry_run_option, json_option
+from ..slurm.campaign import MAX_CPUS_PER_BUILD
+from .common import ARCH_TYPE, LibraryChecked, dry_run_option, json_option
 
 campaign_arg = click.argument("campaign", type=click.Path(file_okay=False, path_type=Path))
 
@@ -23,6 +24,38 @@ def slurm() -> None:
 
 def _split(text: str | None) -> tuple[str, ...]:
     return tuple(p.strip() for p in (text or "").split(",") if p.strip())
+
+
+def _check_batches(text: str) -> None:
+    from ..bench.matrix import parse_sizes
+    from ..slurm.campaign import check_batches
+
+    check_batches(parse_sizes(text))
+
+
+def _check_contexts(text: str) -> None:
+    from ..slurm.campaign import check_contexts
+
+    check_contexts(_split(text))
+
+
+def _check_presets(text: str) -> None:
+    from ..slurm.campaign import check_presets
+
+    check_presets(_split(text))
+
+
+def _check_time(text: str) -> None:
+    from ..slurm.campaign import check_slurm_value
+
+    check_slurm_value("time", text)
+
+
+# the campaign's own checks (slurm/campaign.py), which a campaign.json read back passes too
+BATCHES_TYPE = LibraryChecked("sizes", _check_batches)
+CONTEXTS_TYPE = LibraryChecked("sizes", _check_contexts)
+PRESETS_TYPE = LibraryChecked("presets", _check_presets)
+TIME_TYPE = LibraryChecked("time", _check_time)
 
 
 @slurm.command()
@@ -42,25 +75,35 @@ def _split(text: str | None) -> tuple[str, ...]:
 @click.option("--keep-scratch", is_flag=True,
               help="Leave each build job's scratch folder in place (default: removed at exit; "
                    "a failed build's logs are copied to CAMPAIGN/logs first).")
-@click.option("--arch", default="9.0a", show_default=True, help="build --arch.")
+@click.option("--arch", type=ARCH_TYPE, default="9.0a", show_default=True,
+              help="build --arch (TORCH_CUDA_ARCH_LIST syntax, e.g. 9.0a or '8.0;9.0a').")
 @click.option("--head-sizes", default=None, help="build --head-sizes (default: all).")
 @click.option("--block-sizes", default=None, help="build --block-sizes (default: all).")
 @click.option("--kv-dtypes", default=None, help="build --kv-dtypes (default: all).")
 @click.option("--no-gpu", is_flag=True, help="verify-kernel --no-gpu (and no --gres for it).")
-@click.option("--batch", "batches", default="1,8,32,64,128", show_default=True,
-              help="Batch sizes; the bench job is an array with one task per batch size.")
-@click.option("--context", "contexts", default=None,
-              help="bench kernel --context for every task (default: its matrix's).")
-@click.option("--preset", "presets", default=None, help="bench kernel --preset (comma-separated).")
+@click.option("--batch", "batches", type=BATCHES_TYPE, default="1,8,32,64,128",
+              show_default=True,
+              help="Batch sizes (1 to 65535, the kernel's grid limit); the bench job is an "
+                   "array with one task per batch size.")
+@click.option("--context", "contexts", type=CONTEXTS_TYPE, default=None,
+              help="bench kernel --context for every task, e.g. 512,1k,16k (default: its "
+                   "matrix's).")
+@click.option("--preset", "presets", type=PRESETS_TYPE, default=None,
+              help="bench kernel --preset (comma-separated, of bench kernel --list-presets).")
 @click.option("--stand-in", is_flag=True,
               help="Bench tasks run `kvprefetch slurm stand-in` (CPU only, nothing timed) "
                    "instead of `bench kernel`: for clusters and CI without GPUs.")
 @click.option("--partition", default=None, help="sbatch --partition for every job.")
 @click.option("--account", default=None, help="sbatch --account for every job.")
-@click.option("--time", "time_limit", default=None, help="sbatch --time for every job.")
+@click.option("--time", "time_limit", type=TIME_TYPE, default=None,
+              help="sbatch --time for every job: minutes, minutes:seconds, "
+                   "hours:minutes:seconds, days-hours, days-hours:minutes, "
+                   "days-hours:minutes:seconds or INFINITE.")
 @click.option("--gres", default=None, help="sbatch --gres for the GPU jobs, e.g. gpu:1.")
-@click.option("--cpus-per-build", type=click.IntRange(min=1), default=None,
-              help="sbatch --cpus-per-task and build --jobs for each build job.")
+@click.option("--cpus-per-build", type=click.IntRange(min=1, max=MAX_CPUS_PER_BUILD),
+              default=None,
+              help="sbatch --cpus-per-task and build --jobs for each build job (at most "
+                   f"{MAX_CPUS_PER_BUILD}, more than any node has).")
 @click.option("--python", "python", default=None, metavar="PYTHON",
               help="Interpreter the jobs run (default: this one, by absolute path).")
 @click.option("--submit", "do_submit", is_flag=True, help="Submit the campaign right away.")

@@ -57,10 +57,51 @@ _SLURM_VALUES = {
 _CAMPAIGN_PATH = re.compile(r"/[A-Za-z0-9_./+,:@=-]*")
 
 
+# sbatch --time's formats (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds,
+# days-hours, days-hours:minutes, days-hours:minutes:seconds. A field after the leading one is
+# a clock field: minutes and seconds below 60, hours below 24 (1-99:99:99 passed the regex
+# and failed only at sbatch; issue 41, fourth pass). Slurm keeps a time limit as 32-bit
+# minutes, 0xfffffffe and 0xffffffff being its NO_VAL and INFINITE: a longer limit is no limit
+# it can hold (INFINITE/UNLIMITED says so).
+_TIME_FIELDS = re.compile(r"(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                          r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)", re.ASCII)
+MAX_SLURM_MINUTES = 0xFFFFFFFE - 1
+
+
+def slurm_time_minutes(value: str) -> int | None:
+    """The minutes of an sbatch ``--time`` (rounded up; None for INFINITE/UNLIMITED), or a
+    ConfigError naming ``--time`` for anything else."""
+    if value.lower() in ("infinite", "unlimited"):
+        return None
+    m = _TIME_FIELDS.fullmatch(value)
+    if m is not None:
+        g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+        if "days" in g:   # days-hours[:minutes[:seconds]]
+            clock = [(g["dh"], 24), (g.get("dm", 0), 60), (g.get("ds", 0), 60)]
+            seconds = ((g["days"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
+        elif "c" in g:    # hours:minutes:seconds
+            clock = [(g["b"], 60), (g["c"], 60)]
+            seconds = (g["a"] * 60 + g["b"]) * 60 + g["c"]
+        else:             # minutes[:seconds]
+            clock = [(g.get("b", 0), 60)]
+            seconds = g["a"] * 60 + g.get("b", 0)
+        minutes = -(-seconds // 60)
+        if all(v < limit for v, limit in clock) and minutes <= MAX_SLURM_MINUTES:
+            return minutes
+    raise ConfigError(f"--time {value!r} is not a time sbatch accepts: minutes, minutes:seconds, "
+                      "hours:minutes:seconds, days-hours, days-hours:minutes or "
+                      "days-hours:minutes:seconds (minutes and seconds below 60 and hours below "
+                      "24 after the first field, at most 2^32-3 minutes in all), or INFINITE",
+                      "pass e.g. --time 2:00:00 or 1-12:00")
+
+
 def check_slurm_value(name: str, value: str | None) -> str | None:
     """``value`` if Slurm accepts it for ``--name`` (and it holds nothing a shell would run)."""
     if value is None:
         return None
+    if name == "time" and isinstance(value, str):
+        slurm_time_minutes(value)
+        return value
     if not isinstance(value, str) or not _SLURM_VALUES[name].fullmatch(value):
         raise ConfigError(f"--{name} {value!r} is not a value sbatch accepts for --{name} "
                           "(letters, digits, _ . - and the option's own separators only; no "
@@ -91,6 +132,13 @@ def check_words(what: str, values: Sequence[str]) -> None:
                               f"pass {what} without newlines or other control characters")
 
 
+# --cpus-per-build is sbatch's --cpus-per-task for a build job and its MAX_JOBS (parallel nvcc
+# and compiler processes, each wanting 1-2 GiB): one job runs on one node, and no node Slurm
+# schedules has more than 1024 CPUs (two 192-core, 2-way SMT sockets are 768); 10^23 was
+# accepted and failed only at sbatch (issue 41, fourth pass).
+MAX_CPUS_PER_BUILD = 1024
+
+
 @dataclass(frozen=True)
 class SlurmOptions:
     """Passed to ``sbatch`` only when given. ``gres`` goes to the jobs that use a GPU (bench,
@@ -107,9 +155,9 @@ class SlurmOptions:
             check_slurm_value(name, getattr(self, name))
         if self.cpus_per_build is not None and (
                 not isinstance(self.cpus_per_build, int) or isinstance(self.cpus_per_build, bool)
-                or self.cpus_per_build < 1):
-            raise ConfigError(f"--cpus-per-build {self.cpus_per_build!r} is not a count >= 1",
-                              "pass e.g. --cpus-per-build 16")
+                or not 1 <= self.cpus_per_build <= MAX_CPUS_PER_BUILD):
+            raise ConfigError(f"--cpus-per-build {self.cpus_per_build!r} is not a count from 1 "
+                              f"to {MAX_CPUS_PER_BUILD}", "pass e.g. --cpus-per-build 16")
 
     def directives(self, gpu: bool, cpus: int | None = None) -> list[str]:
         out = []
@@ -196,6 +244,61 @@ class BenchSpec:
     stand_in: bool = False        # CPU-only stand-in shards (no GPU timing): see standin.py
 
 
+def check_batches(batches: Sequence[object]) -> None:
+    """Each bench task's batch size (the kernel's num_seqs): a whole number from 1 to the
+    kernel's gridDim.y limit (bench/limits.py: vLLM launches one block row per sequence, so a
+    larger batch is a launch that cannot be made; vLLM's largest CUDA-graph capture size, 8192,
+    is below it). 10^23 was accepted and failed only in the job (issue 41, fourth pass)."""
+    from ..bench.limits import MAX_GRID_YZ
+
+    for b in batches:
+        if not (isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_GRID_YZ):
+            raise ConfigError(f"--batch {b!r} is not a batch size from 1 to {MAX_GRID_YZ} (the "
+                              "kernel's gridDim.y limit: one block row per sequence)",
+                              "pass e.g. --batch 1,8,32,64,128")
+
+
+def check_contexts(contexts: Sequence[str]) -> None:
+    """Each ``bench kernel --context`` of the tasks, as bench kernel parses it (512, 1k)."""
+    from ..bench.matrix import parse_size
+
+    for c in contexts:
+        if not isinstance(c, str):
+            raise ConfigError(f"--context {c!r} is not text", "plan the campaign again")
+        try:
+            parse_size(c)
+        except ConfigError as exc:
+            raise ConfigError(f"--context {c!r} is not a context length: {exc.cause}",
+                              "pass e.g. --context 512,1k,16k (k = 1024)") from None
+
+
+def check_presets(presets: Sequence[str]) -> None:
+    """Each ``bench kernel --preset`` of the tasks, one of the kit's model presets."""
+    from ..bench.matrix import PRESETS
+
+    for p in presets:
+        if p not in PRESETS:
+            raise ConfigError(f"--preset {p!r} is not a model preset (known: "
+                              f"{', '.join(PRESETS)})",
+                              "pass known presets, comma-separated; "
+                              "`kvprefetch bench kernel --list-presets` lists them")
+
+
+def check_arch(arch: str) -> None:
+    """``--arch`` as ``build --arch`` parses it (torch's TORCH_CUDA_ARCH_LIST)."""
+    from ..machine.toolchain import parse_arch_list
+
+    if not isinstance(arch, str):
+        raise ConfigError(f"--arch {arch!r} is not text", "plan the campaign again")
+    parse_arch_list(arch)
+
+
+def check_bench_spec(bench: BenchSpec) -> None:
+    check_batches(bench.batches)
+    check_contexts(bench.contexts)
+    check_presets(bench.presets)
+
+
 @dataclass(frozen=True)
 class Campaign:
     root: str
@@ -235,10 +338,8 @@ class Campaign:
             if t.variant is not None and t.variant not in upstream.VARIANTS:
                 raise ConfigError(f"the campaign's tree {t.name} has no known variant "
                                   f"({t.variant!r})", "plan the campaign again")
-        if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0
-                   for b in self.bench.batches):
-            raise ConfigError(f"the campaign's batch sizes {self.bench.batches!r} are not "
-                              "positive integers", "plan the campaign again")
+        check_bench_spec(self.bench)
+        check_arch(self.arch)
         for j in self.jobs:
             if not re.fullmatch(r"(prepare|verify|bench|merge|build-[A-Za-z_][A-Za-z0-9_]*)",
                                 str(j.name)) \
