@@ -38,6 +38,12 @@ def _sizes(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+# `vmm selftest --ops`'s ceiling: an op takes about 50 us against the fake driver (more
+# against CUDA's, which maps real pages), so 10^7 ops is some ten minutes; a longer soak is more
+# seeds, each a run of its own. 10**20 ran for as long as asked (issue 41, fourth pass).
+MAX_OPS = 10_000_000
+
+
 @click.group()
 def vmm() -> None:
     """Virtually contiguous KV cache on CUDA's virtual memory API (vAttention)."""
@@ -46,8 +52,8 @@ def vmm() -> None:
 @vmm.command()
 @click.option("--driver", "driver_name", type=click.Choice(["cuda", "fake"]), default="cuda",
               show_default=True, help="'fake' runs the bookkeeping against an in-memory driver.")
-@click.option("--ops", default=2000, show_default=True, type=click.IntRange(min=1),
-              help="Random operations to run.")
+@click.option("--ops", default=2000, show_default=True, type=click.IntRange(min=1, max=MAX_OPS),
+              help=f"Random operations to run (at most {MAX_OPS:,}).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--layout", type=click.Choice(["per-layer", "tensor-slicing"]), default="per-layer",
               show_default=True)
