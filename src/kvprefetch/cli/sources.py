@@ -9,14 +9,28 @@ import click
 
 from .. import upstream
 from ..console import emit_json, info, step
-from .common import deprecated, dry_run_option, json_option, variant_option, workdir_option
+from .common import (
+    LibraryChecked,
+    deprecated,
+    dry_run_option,
+    json_option,
+    variant_option,
+    workdir_option,
+)
+
+
+def _check_source(source: str) -> None:
+    from ..sources.fetch import check_source
+
+    check_source(source)
 
 
 @click.command()
 @workdir_option
 @click.option("--source", default="auto", show_default=True,
+              type=LibraryChecked("source", _check_source),
               help="auto (git, else the PyPI sdist), git, sdist, or PATH of a local clone, "
-                   "mirror, or vllm-0.10.2.tar.gz.")
+                   "mirror, or vllm-0.10.2.tar.gz (an existing path; not empty).")
 @click.option("--repo-url", default=upstream.DEFAULT_REPO_URL, show_default=True,
               help="Git URL for --source git/auto.")
 @click.option("--index-url", default=None,

@@ -7,6 +7,7 @@ installs that share files are the seed's "wrong .so loads" trap."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -322,6 +323,7 @@ def fetch_trees(workdir: Path, *, source: str = "auto", repo_url: str = upstream
     check_allow_commit(allow_commit)
     check_repo_url(repo_url)
     check_index_url(index_url)
+    check_source(source)
     if dry_run:
         wd.check_adoptable(adopt)
 
@@ -334,6 +336,70 @@ def fetch_trees(workdir: Path, *, source: str = "auto", repo_url: str = upstream
         trees = [TreeResult(n, wd.tree(n), planned(n)) for n in names]
         return FetchResult(workdir, source, repo_url if source in ("auto", "git") else source,
                            None, trees, [], dry_run=True)
+    made = _missing_folders(Path(workdir))
+    try:
+        return _fetch_into(wd, source=source, repo_url=repo_url, index_url=index_url,
+                           names=names, force=force, allow_commit=allow_commit, adopt=adopt,
+                           repair=repair)
+    except BaseException:
+        _remove_new_skeleton(wd, made, names)
+        raise
+
+
+def check_source(source: str) -> str:
+    """``--source`` before anything is made: one of auto, git, sdist, or an existing path. An
+    empty one would be the current directory (``Path("")``), and a refused source must not
+    leave a new, tagged ``--workdir`` behind (issue 41, fourth pass)."""
+    if not isinstance(source, str) or not source.strip():
+        raise ConfigError(f"--source {source!r} is empty",
+                          "use auto, git, sdist, or the path of a vLLM clone, mirror or sdist "
+                          "(./ for the current directory)")
+    if source not in SOURCES and not os.path.exists(os.path.expanduser(source)):
+        raise ConfigError(f"--source {source}: no such file or directory",
+                          "use auto, git, sdist, or the path of a vLLM clone, mirror or sdist")
+    return source
+
+
+def _missing_folders(root: Path) -> list[Path]:
+    """``root`` and those of its parents that do not exist yet (what ``ensure`` will make),
+    deepest first."""
+    out = []
+    p = Path(os.path.abspath(root))
+    while not os.path.lexists(p) and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def _remove_new_skeleton(wd: Workdir, made: list[Path], names: tuple[str, ...]) -> None:
+    """After a fetch that failed in a work directory it created (``made``: the folders that did
+    not exist before it), remove what it put there before anything else: the tag, the released
+    (empty) locks and those folders, if that is all there is. Anything more (a download, a
+    pristine copy, a record) is kept: a rerun uses it, ``clean`` removes it."""
+    if not made:
+        return
+    from ..workspace.workdir import TAG_FILE
+
+    def kit_made(path: Path) -> bool:
+        if path.is_symlink() or not path.is_file():
+            return False
+        if path.name == TAG_FILE:
+            return path.read_text(errors="replace").startswith("created by")
+        return path.stat().st_size == 0  # a lock the kit released
+
+    for path in (wd.root / TAG_FILE, wd.lock, *(wd.tree_lock(n) for n in names)):
+        with contextlib.suppress(OSError):
+            if kit_made(path):
+                path.unlink()
+    for folder in (wd.root / ".locks", *made):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only an empty folder goes
+
+
+def _fetch_into(wd: Workdir, *, source: str, repo_url: str, index_url: str | None,
+                names: tuple[str, ...], force: bool, allow_commit: str | None, adopt: bool,
+                repair: bool) -> FetchResult:
+    workdir = wd.root
     with mapped(FetchError, f"fetch into {workdir}"):
         wd.ensure(adopt=adopt)
         notices: list[str] = []
