@@ -209,12 +209,18 @@ def test_slurm_plan_never_overwrites_a_user_script_and_no_other_line_runs(
     refused(_plan(mine), ConfigError.exit_code, "not empty and holds no kvprefetch campaign")
     assert tree_bytes(mine) == before
 
-    # values that are legal but hostile to a shell: quoted, so nothing but the kit runs
+    # values hostile to a shell: no longer legal for --preset and --context (a known preset, a
+    # size: the fourth pass's values, test_hostile_pass4_values.py), refused, nothing written
     camp = tmp_path / "camp"
     hostile = "x;$(touch PWNED)`touch PWNED`'\""
+    for option in ("--preset", "--context"):
+        refused(_plan(camp, "--python", "/bin/echo", option, hostile), ConfigError.exit_code,
+                f"Invalid value for '{option}'")
+        assert not camp.exists()
+    # legal values, quoted, so nothing but the kit runs
     res = _plan(camp, "--python", "/bin/echo", "--partition", "gpu,debug", "--time", "1-12:00",
-                "--gres", "gpu:h100:2", "--preset", hostile, "--context", hostile,
-                "--stand-in")
+                "--gres", "gpu:h100:2", "--preset", "llama-3.1-8b,gemma-2b", "--context",
+                "512,1k", "--stand-in")
     assert res.returncode == 0, res.stderr
     # the kit's own scripts are replaced on a replan, a user's edit of one is not
     assert _plan(camp, "--python", "/bin/echo").returncode == 0
@@ -224,13 +230,13 @@ def test_slurm_plan_never_overwrites_a_user_script_and_no_other_line_runs(
         for line in text.splitlines():
             assert not line.startswith("#SBATCH") or " " not in line[len("#SBATCH "):], line
     verify = camp / "scripts" / "20-verify.sbatch"
-    res2 = _plan(camp, "--python", "/bin/echo", "--preset", hostile, "--context", hostile)
+    res2 = _plan(camp, "--python", "/bin/echo", "--preset", "gemma-2b", "--context", "1k")
     assert res2.returncode == 0, res2.stderr
     bench = camp / "scripts" / "30-bench.sbatch"
     env = {"PATH": os.environ["PATH"], "SLURM_ARRAY_TASK_ID": "0", "HOME": str(tmp_path)}
     out = run(["bash", str(bench)], env=env, cwd=tmp_path, echo=False, check=False)
     assert out.returncode == 0, out.output
-    assert hostile in out.output  # /bin/echo printed the value as one word, literally
+    assert "--context 1k --preset gemma-2b" in out.output  # /bin/echo printed the values
     assert not list(tmp_path.rglob("PWNED")) and not list(camp.rglob("PWNED"))
     verify.write_text(verify.read_text() + "echo my edit\n")
     refused(_plan(camp, "--python", "/bin/echo"), ConfigError.exit_code,

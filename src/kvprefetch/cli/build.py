@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ..console import emit_json, info, table
-from .common import ARCH_TYPE, LibraryChecked, dry_run_option, json_option, workdir_option
+from .common import LibraryChecked, dry_run_option, json_option, workdir_option
 
 
 def _check_tree_define(spec: str) -> None:
@@ -19,7 +19,7 @@ def _check_tree_define(spec: str) -> None:
 
 @click.command()
 @workdir_option
-@click.option("--arch", type=ARCH_TYPE, default="9.0a", show_default=True,
+@click.option("--arch", default="9.0a", show_default=True,
               help="TORCH_CUDA_ARCH_LIST syntax, e.g. 9.0a or '8.0;9.0a'.")
 @click.option("--mode", type=click.Choice(["auto", "full", "kernels-only", "overlay"]),
               default="auto", show_default=True,

@@ -146,5 +146,6 @@ def _check_arch(spec: str) -> None:
     parse_arch_list(spec)
 
 
-# build --arch and slurm plan --arch: torch's TORCH_CUDA_ARCH_LIST, as the build parses it
+# slurm plan --arch: torch's TORCH_CUDA_ARCH_LIST, as `build --arch` parses it (the build
+# itself refuses a bad one while planning, before it changes anything)
 ARCH_TYPE = LibraryChecked("arch list", _check_arch)

@@ -262,6 +262,7 @@ def check_contexts(contexts: Sequence[str]) -> None:
     """Each ``bench kernel --context`` of the tasks, as bench kernel parses it (512, 1k)."""
     from ..bench.matrix import parse_size
 
+    check_words("--context", contexts)
     for c in contexts:
         if not isinstance(c, str):
             raise ConfigError(f"--context {c!r} is not text", "plan the campaign again")
@@ -276,6 +277,7 @@ def check_presets(presets: Sequence[str]) -> None:
     """Each ``bench kernel --preset`` of the tasks, one of the kit's model presets."""
     from ..bench.matrix import PRESETS
 
+    check_words("--preset", presets)
     for p in presets:
         if p not in PRESETS:
             raise ConfigError(f"--preset {p!r} is not a model preset (known: "
@@ -288,8 +290,7 @@ def check_arch(arch: str) -> None:
     """``--arch`` as ``build --arch`` parses it (torch's TORCH_CUDA_ARCH_LIST)."""
     from ..machine.toolchain import parse_arch_list
 
-    if not isinstance(arch, str):
-        raise ConfigError(f"--arch {arch!r} is not text", "plan the campaign again")
+    check_words("--arch", [arch])
     parse_arch_list(arch)
 
 
