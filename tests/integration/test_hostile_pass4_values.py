@@ -212,3 +212,21 @@ def test_a_fetch_refused_for_its_source_leaves_no_new_work_directory(tmp_path: P
     refused(res, FetchError.exit_code, str(source))
     assert wd.is_dir() and (wd / ".kvprefetch-workdir").is_file()
 
+
+
+def test_a_failed_fetch_that_made_more_keeps_its_work_directory_whole(tmp_path: Path) -> None:
+    """Past the skeleton (a download, a pristine copy) nothing is removed, the tag included:
+    the next fetch takes the directory as the kit's and uses what is there."""
+    from kvprefetch.sources.fetch import _missing_folders, _remove_new_skeleton
+    from kvprefetch.workspace.workdir import TAG_FILE, Workdir
+
+    root = tmp_path / "new" / "work"
+    made = _missing_folders(root)
+    wd = Workdir(root)
+    wd.ensure()
+    (root / "downloads").mkdir()
+    _remove_new_skeleton(wd, made, ("baseline", "patched"))
+    assert sorted(p.name for p in root.iterdir()) == [TAG_FILE, "downloads"]
+    (root / "downloads").rmdir()
+    _remove_new_skeleton(wd, made, ("baseline", "patched"))
+    assert not (tmp_path / "new").exists()

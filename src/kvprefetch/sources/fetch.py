@@ -387,10 +387,20 @@ def _remove_new_skeleton(wd: Workdir, made: list[Path], names: tuple[str, ...]) 
             return path.read_text(errors="replace").startswith("created by")
         return path.stat().st_size == 0  # a lock the kit released
 
-    for path in (wd.root / TAG_FILE, wd.lock, *(wd.tree_lock(n) for n in names)):
+    skeleton = [wd.root / TAG_FILE, wd.lock, *(wd.tree_lock(n) for n in names)]
+    try:
+        # anything else there (a download, a pristine copy, a record): the directory stays
+        # whole, tag included, so that the next fetch takes it as the kit's
+        if {p.name for p in wd.root.iterdir()} - {TAG_FILE, wd.lock.name, ".locks"} or (
+                (wd.root / ".locks").is_dir() and {p.name for p in (wd.root / ".locks").iterdir()}
+                - {p.name for p in skeleton[2:]}) or not all(
+                kit_made(p) for p in skeleton if os.path.lexists(p)):
+            return
+    except OSError:
+        return
+    for path in skeleton:
         with contextlib.suppress(OSError):
-            if kit_made(path):
-                path.unlink()
+            path.unlink()
     for folder in (wd.root / ".locks", *made):
         with contextlib.suppress(OSError):
             folder.rmdir()  # only an empty folder goes
