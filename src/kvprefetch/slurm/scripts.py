@@ -61,6 +61,18 @@ def scratch_base_sh(c: Campaign) -> str:
     return f'"{c.scratch}"'  # check_scratch: only $VAR expansion can happen inside the quotes
 
 
+# CAMPAIGN/scratch is the campaign's own folder: a link planted there (by whoever can write the
+# campaign) made the build job work, and leave a failed or --keep-scratch build, outside it
+# (issue 41, the fifth hostile pass). A node or --scratch folder is the user's to point anywhere.
+_NO_LINKED_CAMPAIGN_SCRATCH_SH = (
+    'if [ -L "$SCRATCH_BASE" ]; then',
+    ('  echo "refusing to build in $SCRATCH_BASE: it is a symlink; the campaign\'s scratch is'
+    ' never left through one. To fix: move it away (or plan with --scratch FOLDER)" >&2'),
+    "  exit 1",
+    "fi",
+)
+
+
 def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
     """fetch (from the read-only cache), apply, build in the job's own scratch work directory,
     then publish the outputs into the campaign; on failure, the build's logs are kept."""
@@ -70,6 +82,7 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
     name = f"kvprefetch-{Path(c.root).name}-build-{tree.name}"
     lines = [
         f"SCRATCH_BASE={scratch_base_sh(c)}",
+        *(_NO_LINKED_CAMPAIGN_SCRATCH_SH if c.scratch == SCRATCH_CAMPAIGN else ()),
         # name: the campaign folder's (check_campaign_path) and a tree's, nothing a shell expands
         f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
         'mkdir -p -- "$SCRATCH_BASE"',
@@ -134,6 +147,20 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
     raise ConfigError(f"unknown job {job.name!r}", "plan the campaign again")
 
 
+# The ids the job reads from its environment name its exit record and scratch folder and index
+# the bench array (bash evaluates an array index as arithmetic, which runs any `$(...)` in it):
+# digits (and `_`, an array task's label) only, as `slurm publish` checks its --job (issue 41, the
+# fifth hostile pass: a SLURM_JOB_ID `/../../x` put the exit record outside the campaign, a
+# SLURM_ARRAY_TASK_ID `BATCHES[$(cmd)0]` ran cmd).
+CHECK_JOB_IDS_SH = (
+    'for id in "$JOB_ID" "${SLURM_JOB_ID:-0}" "${SLURM_ARRAY_TASK_ID:-0}"; do',
+    '  case "$id" in',
+    ("    ''|*[!0-9_]*) echo \"refusing to run: the job id '$id' from Slurm's environment is not"
+    ' digits. To fix: submit the script with sbatch (kvprefetch slurm submit)" >&2; exit 2;;'),
+    "  esac",
+    "done",
+)
+
 # How a job's shell writes a file in the campaign folder (its exit record, verify's report),
 # never through a link that whoever can write the folder planted there (issue 41, the fourth
 # hostile pass: `> FILE` followed a link at the record's temporary or at results/verify.json and
@@ -173,8 +200,9 @@ def render_script(c: Campaign, job: Job) -> str:
         # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
         # reads it for a job the controller has forgotten (MinJobAge) where accounting is off
         "JOB_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
-        (f"EXIT_RECORD={shlex.quote(str(c.logs))}/{job.name}-"
-         f'"${{JOB_ID:-${{SLURM_JOB_ID:-$$}}}}"{EXIT_SUFFIX}'),
+        "JOB_ID=${JOB_ID:-${SLURM_JOB_ID:-$$}}",
+        *CHECK_JOB_IDS_SH,
+        f'EXIT_RECORD={shlex.quote(str(c.logs))}/{job.name}-"$JOB_ID"{EXIT_SUFFIX}',
         *WRITE_NEW_SH,
         "record_exit() {",
         '  printf \'%s\\n\' "$1" | write_new "$EXIT_RECORD"',

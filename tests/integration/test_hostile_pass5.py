@@ -1,0 +1,79 @@
+"""Issue 41, the fifth hostile pass (against 8e2532d): what still wrote outside the folder it
+belongs to, ran a command it was handed as data, or gave a traceback. Each test fails on 8e2532d
+(checked with the fixes stashed):
+
+- a campaign's job scripts, run by bash: a link planted at ``CAMPAIGN/scratch`` made the build
+  jobs make their scratch work directory, and leave a failed or ``--keep-scratch`` build, outside
+  the campaign; a job id from the environment that is no id (``SLURM_JOB_ID=/../../x``) put the
+  exit record outside, and ``SLURM_ARRAY_TASK_ID='BATCHES[$(cmd)0]'`` ran ``cmd`` (bash
+  evaluates an array index as arithmetic). Now the campaign's scratch may not be a link and the
+  ids are digits (and ``_``) or the job stops before it writes anything.
+
+The autouse ``outside`` fixture checks that a folder outside the work directory is
+byte-identical afterwards."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_reliability import cli, outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+
+def _plan(camp: Path, *args: str) -> None:
+    res = cli("slurm", "plan", str(camp), "--source", "sdist", "--python", "/bin/true", *args)
+    assert res.returncode == 0, res.stderr
+
+
+def _job(camp: Path, script: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(camp / "scripts" / script)], capture_output=True,
+                          text=True, timeout=60, check=False,
+                          env={"PATH": "/usr/bin:/bin", **env})
+
+
+# ----------------------------------------------------------------- Slurm job scripts (class 2/4)
+
+
+def test_a_build_job_never_works_in_a_linked_campaign_scratch(tmp_path: Path,
+                                                               outside: Path) -> None:
+    """`mkdir -p` followed the link: the job's scratch work directory (and, kept, the build in
+    it) landed in the folder the link names."""
+    camp = tmp_path / "camp"
+    _plan(camp, "--scratch", "campaign", "--keep-scratch")
+    (camp / "scratch").symlink_to(outside, target_is_directory=True)
+    res = _job(camp, "10-build-patched.sbatch", SLURM_JOB_ID="31")
+    assert res.returncode != 0
+    assert "is a symlink" in res.stderr and "To fix" in res.stderr, res.stderr
+    assert (camp / "logs" / "build-patched-31.exit").read_text() != "0\n"
+    # the fix works: with the link moved away, the job makes its scratch in the campaign
+    (camp / "scratch").unlink()
+    res = _job(camp, "10-build-patched.sbatch", SLURM_JOB_ID="32")
+    assert res.returncode == 0, res.stderr
+    assert (camp / "scratch" / "kvprefetch-camp-build-patched-32").is_dir()
+
+
+@pytest.mark.parametrize("env", [
+    {"SLURM_JOB_ID": "/../../../outside/evil"},
+    {"SLURM_JOB_ID": "5", "SLURM_ARRAY_JOB_ID": "5",
+     "SLURM_ARRAY_TASK_ID": "BATCHES[$(touch ../outside/pwned)0]"},
+    {"SLURM_JOB_ID": "5", "SLURM_ARRAY_TASK_ID": "BATCHES[$(touch ../outside/pwned)0]"},
+], ids=["job-id-a-path", "array-task-runs-a-command", "task-without-array-job"])
+def test_a_job_id_from_the_environment_is_digits_or_the_job_stops(
+        tmp_path: Path, outside: Path, env: dict[str, str]) -> None:
+    camp = tmp_path / "camp"
+    _plan(camp, "--no-gpu")
+    (camp / "logs" / "verify-").mkdir()  # so that the id's path resolves
+    (camp / "logs" / "bench-").mkdir()
+    for script in ("20-verify.sbatch", "30-bench.sbatch"):
+        res = _job(camp, script, **env)
+        assert res.returncode == 2, (script, res.stderr)
+        assert "is not digits" in res.stderr and "To fix" in res.stderr, res.stderr
+    assert sorted(p.name for p in (camp / "logs").iterdir()) == ["bench-", "verify-"]
+    res = _job(camp, "30-bench.sbatch", SLURM_JOB_ID="6", SLURM_ARRAY_JOB_ID="5",
+               SLURM_ARRAY_TASK_ID="1")
+    assert res.returncode == 0, res.stderr
+    assert (camp / "logs" / "bench-5_1.exit").read_text() == "0\n"
