@@ -7,7 +7,10 @@ belongs to, ran a command it was handed as data, or gave a traceback. Each test 
   the campaign; a job id from the environment that is no id (``SLURM_JOB_ID=/../../x``) put the
   exit record outside, and ``SLURM_ARRAY_TASK_ID='BATCHES[$(cmd)0]'`` ran ``cmd`` (bash
   evaluates an array index as arithmetic). Now the campaign's scratch may not be a link and the
-  ids are digits (and ``_``) or the job stops before it writes anything.
+  ids are digits (and ``_``) or the job stops before it writes anything;
+- ``slurm plan`` killed after its folders and first scripts, before campaign.json: the same plan
+  again refused the folder ("not empty"), so the user had to find and remove it by hand. Now
+  the same plan completes a folder holding only its own output.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
@@ -15,11 +18,14 @@ byte-identical afterwards."""
 from __future__ import annotations
 
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_reliability import cli, outside
+from kvprefetch.errors import ConfigError
+from tests.integration.test_reliability import cli, outside, refused
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
 
@@ -77,3 +83,41 @@ def test_a_job_id_from_the_environment_is_digits_or_the_job_stops(
                SLURM_ARRAY_TASK_ID="1")
     assert res.returncode == 0, res.stderr
     assert (camp / "logs" / "bench-5_1.exit").read_text() == "0\n"
+
+
+# ------------------------------------------------------------------- killed mid-command (class 6)
+
+
+def test_a_slurm_plan_killed_before_its_record_is_completed_by_the_same_plan(
+        tmp_path: Path, outside: Path) -> None:
+    """A plan killed after its folders and some scripts, before campaign.json: the rerun said
+    "not empty, plan into a new folder". Now the same plan completes it; a folder with anything
+    else (an edited script, a user's file) is still refused."""
+    camp = tmp_path / "camp"
+    _plan(camp)
+    (camp / "campaign.json").unlink()
+    for script in ("30-bench.sbatch", "40-merge.sbatch"):
+        (camp / "scripts" / script).unlink()
+    _plan(camp)
+    assert (camp / "campaign.json").is_file()
+    assert (camp / "scripts" / "40-merge.sbatch").is_file()
+    # a real kill, as soon as the first script is there; the rerun completes whatever is left
+    camp2 = tmp_path / "camp2"
+    proc = subprocess.Popen([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp2),
+                             "--source", "sdist", "--python", "/bin/true"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = camp2 / "scripts" / "00-prepare.sbatch"
+    deadline = time.monotonic() + 60
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    proc.kill()
+    proc.wait()
+    _plan(camp2)
+    assert (camp2 / "campaign.json").is_file()
+    # anything that is not this plan's own stays refused
+    (camp / "campaign.json").unlink()
+    with (camp / "scripts" / "00-prepare.sbatch").open("a") as f:
+        f.write("# mine\n")
+    res = cli("slurm", "plan", str(camp), "--source", "sdist", "--python", "/bin/true")
+    refused(res, ConfigError.exit_code, "not empty", "new or empty folder")
+    assert (camp / "scripts" / "00-prepare.sbatch").read_text().endswith("# mine\n")

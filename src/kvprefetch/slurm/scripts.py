@@ -234,11 +234,12 @@ def write_campaign(c: Campaign) -> list[Path]:
     from ..reading import read_limited
     from ..workspace.confine import ensure_dir, is_plain_file, write_file
 
-    if not record_path.exists() and root.is_dir() and any(root.iterdir()):
+    if not record_path.exists() and root.is_dir() and any(root.iterdir()) \
+            and not _left_by_a_killed_plan(root, c):
         raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "
                           f"({CAMPAIGN_FILE}); kvprefetch does not write into it",
                           "plan into a new or empty folder")
-    for d in ("scripts", "logs", "results", "report", "cache"):
+    for d in _CAMPAIGN_FOLDERS:
         ensure_dir(root / d, root=root)
     written = []
     for job in c.jobs:
@@ -257,6 +258,29 @@ def write_campaign(c: Campaign) -> list[Path]:
         written.append(p)
     save_record(root, {"plan": c.to_dict(), "submitted": submitted})
     return [record_path, *written]
+
+
+def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
+    """Whether ``root`` holds only what this plan's own ``write_campaign`` makes before it
+    writes campaign.json (its folders, empty but for scripts/, which holds only this plan's
+    scripts, byte for byte): a ``slurm plan`` killed there left it, and the same plan again
+    completes it (issue 41, the fifth hostile pass: the rerun said "not empty, plan into a new
+    folder", so a Ctrl-C at the wrong moment cost the user the folder)."""
+    from ..reading import read_limited
+    from ..workspace.confine import is_plain_file
+
+    scripts = {job.script: render_script(c, job).encode() for job in c.jobs}
+    for d in root.iterdir():
+        if d.name not in _CAMPAIGN_FOLDERS or d.is_symlink() or not d.is_dir():
+            return False
+        for f in d.iterdir():
+            want = scripts.get(f"{d.name}/{f.name}")
+            if want is None or not is_plain_file(f) or read_limited(f, 1 << 20) != want:
+                return False
+    return True
+
+
+_CAMPAIGN_FOLDERS = ("scripts", "logs", "results", "report", "cache")
 
 
 def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],
