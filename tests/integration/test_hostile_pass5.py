@@ -10,13 +10,17 @@ belongs to, ran a command it was handed as data, or gave a traceback. Each test 
   ids are digits (and ``_``) or the job stops before it writes anything;
 - ``slurm plan`` killed after its folders and first scripts, before campaign.json: the same plan
   again refused the folder ("not empty"), so the user had to find and remove it by hand. Now
-  the same plan completes a folder holding only its own output.
+  the same plan completes a folder holding only its own output;
+- ``diff-upstream`` read a tree's patched files whole with ``read_text``: a binary file there was
+  a UnicodeDecodeError traceback, a huge (sparse) one a MemoryError, and a FIFO "unknown tree
+  'patched'". Now each is one PatchError naming the file, read as ``read_limited`` reads.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.errors import ConfigError
+from kvprefetch.errors import ConfigError, PatchError
 from tests.integration.test_reliability import cli, outside, refused
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -121,3 +125,27 @@ def test_a_slurm_plan_killed_before_its_record_is_completed_by_the_same_plan(
     res = cli("slurm", "plan", str(camp), "--source", "sdist", "--python", "/bin/true")
     refused(res, ConfigError.exit_code, "not empty", "new or empty folder")
     assert (camp / "scripts" / "00-prepare.sbatch").read_text().endswith("# mine\n")
+
+
+# ------------------------------------------------------------------ files read back (class 1/5)
+
+
+@pytest.mark.parametrize("kind", ["binary", "huge", "fifo", "dev-zero"])
+def test_diff_upstream_reads_a_tree_file_bounded_and_names_it(
+        fetched_workdir: Path, kind: str) -> None:
+    header = fetched_workdir / "trees" / "patched" / "csrc" / "attention" / \
+        "attention_kernels.cuh"
+    header.unlink()
+    if kind == "binary":
+        header.write_bytes(b"\xff\xfe\x00 not text")
+    elif kind == "huge":
+        with header.open("wb") as f:
+            f.truncate(1 << 30)  # sparse: read whole, it was a GiB of memory (or a MemoryError)
+    elif kind == "fifo":
+        os.mkfifo(header)
+    else:
+        header.symlink_to("/dev/zero")
+    for extra in ([], ["--check"]):
+        res = cli("diff-upstream", "--workdir", str(fetched_workdir), *extra, timeout=60)
+        refused(res, PatchError.exit_code, "cannot diff csrc/attention/attention_kernels.cuh"
+                if kind != "binary" else "is not UTF-8 text", "move", "fetch --force")
