@@ -13,13 +13,17 @@ belongs to, ran a command it was handed as data, or gave a traceback. Each test 
   the same plan completes a folder holding only its own output;
 - ``diff-upstream`` read a tree's patched files whole with ``read_text``: a binary file there was
   a UnicodeDecodeError traceback, a huge (sparse) one a MemoryError, and a FIFO "unknown tree
-  'patched'". Now each is one PatchError naming the file, read as ``read_limited`` reads.
+  'patched'". Now each is one PatchError naming the file, read as ``read_limited`` reads;
+- ``report --readme`` with a timings file whose run has a ``wall_s`` of null, text, a list or an
+  object: a TypeError/ValueError traceback (NaN or below zero rendered "nan min"). Now every
+  field of a run is checked when the file is read.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -149,3 +153,20 @@ def test_diff_upstream_reads_a_tree_file_bounded_and_names_it(
         res = cli("diff-upstream", "--workdir", str(fetched_workdir), *extra, timeout=60)
         refused(res, PatchError.exit_code, "cannot diff csrc/attention/attention_kernels.cuh"
                 if kind != "binary" else "is not UTF-8 text", "move", "fetch --force")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("wall_s", None), ("wall_s", "x"), ("wall_s", []), ("wall_s", {}), ("wall_s", -1),
+    ("wall_s", float("nan")), ("exit", "0"), ("what", "two\nlines"), ("commit", 5)])
+def test_a_timing_run_with_a_field_of_the_wrong_kind_is_one_message(
+        tmp_path: Path, field: str, value: object) -> None:
+    run = {"what": "unit tests", "command": "pytest", "commit": "8e2532d", "how": "fresh",
+           "exit": 0, "wall_s": 98, "source": "ci"}
+    run[field] = value
+    (tmp_path / "t.json").write_text(json.dumps({"machine": "m", "runs": [run]}))
+    readme = tmp_path / "README.md"
+    text = "# x\n<!-- timings t.json -->\nold\n<!-- /timings -->\n"
+    readme.write_text(text)
+    res = cli("report", "--readme", str(readme))
+    refused(res, ConfigError.exit_code, "t.json", field)
+    assert readme.read_text() == text
