@@ -170,3 +170,14 @@ def test_a_timing_run_with_a_field_of_the_wrong_kind_is_one_message(
     res = cli("report", "--readme", str(readme))
     refused(res, ConfigError.exit_code, "t.json", field)
     assert readme.read_text() == text
+
+
+# ---------------------------------------------------------------------- option values (class 5)
+
+
+def test_vmm_bench_refuses_rounds_that_time_nothing() -> None:
+    """--rounds 0 (or below) passed even a dry run; the bench would time no round at all."""
+    for rounds in ("0", "-3"):
+        res = cli("vmm", "bench", "--dry-run", "--rounds", rounds)
+        assert res.returncode == 2, res.stderr
+        assert "--rounds" in res.stderr and "Traceback" not in res.stderr, res.stderr
