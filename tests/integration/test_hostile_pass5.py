@@ -16,7 +16,10 @@ belongs to, ran a command it was handed as data, or gave a traceback. Each test 
   'patched'". Now each is one PatchError naming the file, read as ``read_limited`` reads;
 - ``report --readme`` with a timings file whose run has a ``wall_s`` of null, text, a list or an
   object: a TypeError/ValueError traceback (NaN or below zero rendered "nan min"). Now every
-  field of a run is checked when the file is read.
+  field of a run is checked when the file is read;
+- an environment's marker (``envs/<tree>/.kvprefetch-env.json``) whose ``path_tail`` is a number
+  or holds one: a TypeError traceback when the build reused the env; a string went onto PATH
+  letter by letter (relative folders). Now a BuildError naming the marker, "move it away".
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.errors import ConfigError, PatchError
+from kvprefetch.errors import BuildError, ConfigError, PatchError
 from tests.integration.test_reliability import cli, outside, refused
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -181,3 +184,22 @@ def test_vmm_bench_refuses_rounds_that_time_nothing() -> None:
         res = cli("vmm", "bench", "--dry-run", "--rounds", rounds)
         assert res.returncode == 2, res.stderr
         assert "--rounds" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+
+@pytest.mark.parametrize("tail", [5, [5], "ab", {"a": 1}, [None], ["relative/bin"]])
+def test_an_environment_marker_with_a_bad_path_tail_is_corrupt(
+        tmp_path: Path, tail: object) -> None:
+    """The build reuses a ready env through ``Env.create`` (then its python is probed with
+    ``environ()``, which puts the marker's path_tail on PATH)."""
+    from kvprefetch.machine.envs import MARKER, VenvEnv
+
+    path = tmp_path / "envs" / "baseline"
+    (path / "bin").mkdir(parents=True)
+    (path / "bin" / "python").symlink_to(sys.executable)
+    env = VenvEnv(path, python=sys.executable, with_pip=False)
+    (path / MARKER).write_text(json.dumps({"kind": "venv", "state": "ready",
+                                           "options": env.options(), "path_tail": tail}))
+    with pytest.raises(BuildError, match="path_tail"):
+        env.create()
+    assert (path / MARKER).is_file()
