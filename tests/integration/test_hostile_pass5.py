@@ -19,7 +19,10 @@ belongs to, ran a command it was handed as data, or gave a traceback. Each test 
   field of a run is checked when the file is read;
 - an environment's marker (``envs/<tree>/.kvprefetch-env.json``) whose ``path_tail`` is a number
   or holds one: a TypeError traceback when the build reused the env; a string went onto PATH
-  letter by letter (relative folders). Now a BuildError naming the marker, "move it away".
+  letter by letter (relative folders). Now a BuildError naming the marker, "move it away";
+- ``report --readme`` rewrote a README of mode 600 as 644 (readable by every user of the
+  machine); ``--index --out`` and ``export-header -o`` did the same to a file they replace. Now
+  the replaced file keeps its permission bits (``confine.kept_mode``).
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -203,3 +207,32 @@ def test_an_environment_marker_with_a_bad_path_tail_is_corrupt(
     with pytest.raises(BuildError, match="path_tail"):
         env.create()
     assert (path / MARKER).is_file()
+
+
+
+# ------------------------------------------------------------------------------ writers (class 2)
+
+
+def test_a_file_the_user_names_keeps_its_permissions_when_replaced(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "t.json").write_text((root / "docs" / "timings" /
+                                      "2026-12-03-fresh-machine.json").read_text())
+    readme = tmp_path / "README.md"
+    readme.write_text("# mine\n<!-- timings t.json -->\nold\n<!-- /timings -->\n")
+    header = tmp_path / "attention_kernels.cuh"
+    header.write_text("old\n")
+    index = tmp_path / "results.md"
+    index.write_text("old\n")
+    shutil.copytree(root / "docs" / "results" / "2026-12-01-h200-decode",
+                    tmp_path / "runs" / "2026-12-01-h200-decode")
+    for p in (readme, header, index):
+        p.chmod(0o600)
+    for args in (["report", "--readme", str(readme)],
+                 ["report", "--index", str(tmp_path / "runs"), "--out", str(index)],
+                 ["export-header", "--workdir", str(fetched_workdir), "-o", str(header)]):
+        res = cli(*args)
+        assert res.returncode == 0, res.stderr
+    for p in (readme, header, index):
+        assert p.read_text() != "old\n" and "old\n<!-- /timings" not in p.read_text(), p
+        assert (p.stat().st_mode & 0o777) == 0o600, p

@@ -22,7 +22,7 @@ from ..kernels import rules as kernel_rules
 from ..oserrors import mapped
 from ..runner import run
 from ..workspace import ownership, treetxn
-from ..workspace.confine import write_file
+from ..workspace.confine import kept_mode, write_file
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir
 
@@ -382,5 +382,5 @@ def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Pat
         text = (t / upstream.ATTENTION_HEADER).read_text()
     out_lines = inline_kit_headers(text)
     # -o anywhere: never through a symlinked file or folder (confine.write_file)
-    write_file(output, "".join(out_lines), family=PatchError)
+    write_file(output, "".join(out_lines), family=PatchError, mode=kept_mode(output))
     return output
