@@ -8,6 +8,9 @@ belongs to, ran a command it was handed as data, or gave a traceback. Each test 
   exit record outside, and ``SLURM_ARRAY_TASK_ID='BATCHES[$(cmd)0]'`` ran ``cmd`` (bash
   evaluates an array index as arithmetic). Now the campaign's scratch may not be a link and the
   ids are digits (and ``_``) or the job stops before it writes anything;
+- ``slurm submit`` (and ``resubmit``) sent every job of a campaign whose ``logs/`` is a link
+  elsewhere: Slurm opens the jobs' ``--output`` through it and writes their logs outside. Now
+  a job folder that is a link is refused before any ``sbatch``;
 - ``slurm plan`` killed after its folders and first scripts, before campaign.json: the same plan
   again refused the folder ("not empty"), so the user had to find and remove it by hand. Now
   the same plan completes a folder holding only its own output;
@@ -39,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.errors import BuildError, ConfigError, PatchError
+from kvprefetch.errors import BuildError, ConfigError, PatchError, SlurmError
 from tests.integration.test_reliability import cli, outside, refused
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -98,6 +101,32 @@ def test_a_job_id_from_the_environment_is_digits_or_the_job_stops(
                SLURM_ARRAY_TASK_ID="1")
     assert res.returncode == 0, res.stderr
     assert (camp / "logs" / "bench-5_1.exit").read_text() == "0\n"
+
+
+@pytest.mark.parametrize("folder", ["logs", "results", "report"])
+def test_submit_refuses_a_campaign_whose_job_folder_is_a_link(
+        tmp_path: Path, outside: Path, folder: str) -> None:
+    from tests.integration.helpers import kvprefetch_cli_split
+
+    camp = tmp_path / "camp"
+    _plan(camp)
+    (camp / folder).rmdir()
+    (camp / folder).symlink_to(outside, target_is_directory=True)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/sbatch.log\necho 77\n")
+    (fake / "sbatch").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+    for args in (["submit", str(camp)], ["submit", str(camp), "--dry-run"],
+                 ["resubmit", str(camp), "prepare"]):
+        res = kvprefetch_cli_split("slurm", *args, env=env, timeout=60)
+        refused(res, SlurmError.exit_code, f"{folder} is a symlink", "move")
+    assert not (tmp_path / "sbatch.log").exists()
+    (camp / folder).unlink()  # the fix works: plan makes the folder again, submit sends
+    _plan(camp)
+    res = kvprefetch_cli_split("slurm", "submit", str(camp), env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "sbatch.log").read_text().count("--parsable") == 6
 
 
 # ------------------------------------------------------------------- killed mid-command (class 6)
