@@ -142,9 +142,18 @@ def test_a_slurm_plan_killed_before_its_record_is_completed_by_the_same_plan(
     (camp / "campaign.json").unlink()
     for script in ("30-bench.sbatch", "40-merge.sbatch"):
         (camp / "scripts" / script).unlink()
+    # the temporary of the script it was writing: gone with its (dead) pid; a live pid's stays
+    dead = camp / "scripts" / f".30-bench.sbatch.tmp-a1b2c3-{(1 << 31) - 2}"
+    dead.write_text("#!/bin/bash\n#SBA")
+    live = camp / "scripts" / f".30-bench.sbatch.tmp-a1b2c3-{os.getpid()}"
+    live.write_text("#!/bin/bash\n#SBA")
+    refused(cli("slurm", "plan", str(camp), "--source", "sdist", "--python", "/bin/true"),
+            ConfigError.exit_code, "not empty")
+    live.unlink()
     _plan(camp)
     assert (camp / "campaign.json").is_file()
     assert (camp / "scripts" / "40-merge.sbatch").is_file()
+    assert not dead.exists()
     # a real kill, as soon as the first script is there; the rerun completes whatever is left
     camp2 = tmp_path / "camp2"
     proc = subprocess.Popen([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp2),

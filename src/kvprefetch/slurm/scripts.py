@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -263,20 +264,32 @@ def write_campaign(c: Campaign) -> list[Path]:
 def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
     """Whether ``root`` holds only what this plan's own ``write_campaign`` makes before it
     writes campaign.json (its folders, empty but for scripts/, which holds only this plan's
-    scripts, byte for byte): a ``slurm plan`` killed there left it, and the same plan again
-    completes it (issue 41, the fifth hostile pass: the rerun said "not empty, plan into a new
-    folder", so a Ctrl-C at the wrong moment cost the user the folder)."""
+    scripts, byte for byte, and the temporary of a script it was writing when killed, named
+    with a pid no process has now): a ``slurm plan`` killed there left it, and the same plan
+    again completes it, removing that temporary (issue 41, the fifth hostile pass: the rerun
+    said "not empty, plan into a new folder", so a Ctrl-C at the wrong moment cost the user the
+    folder)."""
     from ..reading import read_limited
-    from ..workspace.confine import is_plain_file
+    from ..workspace.confine import is_plain_file, remove_path
+    from ..workspace.ownership import pid_alive
 
     scripts = {job.script: render_script(c, job).encode() for job in c.jobs}
+    temporaries = []
     for d in root.iterdir():
         if d.name not in _CAMPAIGN_FOLDERS or d.is_symlink() or not d.is_dir():
             return False
         for f in d.iterdir():
             want = scripts.get(f"{d.name}/{f.name}")
-            if want is None or not is_plain_file(f) or read_limited(f, 1 << 20) != want:
+            if want is not None and is_plain_file(f) and read_limited(f, 1 << 20) == want:
+                continue
+            # confine.open_new's name for the temporary of scripts/NAME
+            tmp = re.fullmatch(r"\.(.+)\.tmp-[0-9a-f]{6}-([0-9]{1,10})", f.name)
+            if tmp is None or f"{d.name}/{tmp[1]}" not in scripts or not is_plain_file(f) \
+                    or pid_alive(int(tmp[2])):
                 return False
+            temporaries.append(f)
+    for f in temporaries:
+        remove_path(root, f)
     return True
 
 
