@@ -13,6 +13,7 @@ difference. Pure: text in, text out."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,26 @@ def load_timings(path: Path) -> dict[str, Any]:
         if missing:
             raise ConfigError(f"{path}: a run lacks {', '.join(missing)}",
                               f"give every run {', '.join(_RUN_FIELDS)}")
+        bad = _bad_fields(run)
+        if bad:
+            raise ConfigError(f"{path}: a run's {', '.join(bad)} is not what a timing holds",
+                              "give text (one line) for what, command, commit, how and source, "
+                              "an integer exit code and wall_s in seconds (a number >= 0)")
     return doc
+
+
+def _bad_fields(run: dict[str, Any]) -> list[str]:
+    """The fields of a run ``timings_table`` cannot render as one table row (issue 41, the
+    fifth hostile pass: a wall_s of null, text or a list was a TypeError traceback)."""
+    bad = [f for f in ("what", "command", "commit", "how", "source")
+           if not isinstance(run[f], str) or not run[f].isprintable()]
+    if not isinstance(run["exit"], int) or isinstance(run["exit"], bool):
+        bad.append("exit")
+    wall = run["wall_s"]
+    if not isinstance(wall, (int, float)) or isinstance(wall, bool) \
+            or not math.isfinite(wall) or wall < 0:
+        bad.append("wall_s")
+    return bad
 
 
 def minutes(seconds: float) -> str:

@@ -195,7 +195,7 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
     from ..bench.readme_blocks import refresh_blocks
     from ..errors import BenchError
     from ..timings import refresh_timings
-    from ..workspace.confine import write_file
+    from ..workspace.confine import kept_mode, write_file
 
     text = _read_markdown(readme)
     new, changed = refresh_blocks(text, readme.parent)
@@ -215,7 +215,7 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
     if new != text:
         # rewritten in place as `export-header -o` writes: never through a symlink (the file
         # or its folder), never over a device node or a FIFO
-        write_file(readme, new, family=BenchError)
+        write_file(readme, new, family=BenchError, mode=kept_mode(readme))
     if not as_json:
         info(f"{readme}: " + (f"regenerated {', '.join(changed)}" if changed else "up to date"))
 
@@ -223,7 +223,7 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
 def _write_index(root: Path, out: Path | None, check: bool, as_json: bool) -> None:
     from ..bench.index import index_markdown
     from ..errors import BenchError
-    from ..workspace.confine import is_plain_file, write_file
+    from ..workspace.confine import is_plain_file, kept_mode, write_file
 
     if out is None and check:
         raise click.UsageError("--index --check needs --out FILE, the index to compare")
@@ -250,6 +250,6 @@ def _write_index(root: Path, out: Path | None, check: bool, as_json: bool) -> No
     if changed:
         # the rule of `export-header -o` (confine.write_file without a root): neither the file
         # nor its folder may be a symlink, the folder's ancestors may be
-        write_file(out, text, family=BenchError)
+        write_file(out, text, family=BenchError, mode=kept_mode(out))
     if not as_json:
         info(f"{out}: " + ("regenerated" if changed else "up to date"))

@@ -110,7 +110,9 @@ def selftest(driver_name: str, ops: int, seed: int, layout: str, sync_mapping: b
               show_default=True, help="JSON report to write.")
 @click.option("--batches", default="1,8,32,64,128", show_default=True)
 @click.option("--contexts", default="512,1k,4k,16k", show_default=True)
-@click.option("--rounds", default=9, show_default=True, help="Interleaved timing rounds.")
+# at least one: zero rounds (or fewer) timed nothing and left the medians to a list of none
+@click.option("--rounds", type=click.IntRange(min=1, max=10_000), default=9, show_default=True,
+              help="Interleaved timing rounds.")
 @click.option("--skip-steps", is_flag=True, help="Skip the step-latency part.")
 @click.option("--skip-decode", is_flag=True, help="Skip the decode-attention comparison.")
 @click.option("--paged-workdir", type=click.Path(path_type=Path, file_okay=False), default=None,

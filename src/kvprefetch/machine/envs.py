@@ -162,12 +162,24 @@ class Env(abc.ABC):
         own = str(self.bin_dir)
         # An env that inherits its creator's packages also needs the creator's scripts (ninja,
         # cmake from pip) even when that creator's VIRTUAL_ENV was just dropped: they go last.
-        marker = self.read_marker() or {}
-        tail = [t for t in marker.get("path_tail", []) if t not in entries and t != own]
+        tail = [t for t in self._path_tail_recorded() if t not in entries and t != own]
         env["PATH"] = os.pathsep.join([own] + [e for e in entries if e != own] + tail)
         env["PYTHONNOUSERSITE"] = "1"
         env.update(self._activate())
         return env
+
+    def _path_tail_recorded(self) -> list[str]:
+        """The marker's ``path_tail``: absolute folders only. The marker is data in the work
+        directory (issue 41, the fifth hostile pass: a number there was a TypeError traceback,
+        a string went onto PATH letter by letter, as relative folders)."""
+        tail = (self.read_marker() or {}).get("path_tail", [])
+        if not isinstance(tail, list) or not all(
+                isinstance(t, str) and os.path.isabs(t) and os.pathsep not in t
+                and t.isprintable() for t in tail):
+            raise BuildError(f"{self.marker_path} is corrupt: its path_tail is not a list of "
+                             "absolute folders",
+                             f"move {self.path} away and rerun; the environment is made again")
+        return tail
 
     @abc.abstractmethod
     def _activate(self) -> dict[str, str]:

@@ -60,10 +60,28 @@ def parse_parsable(output: str) -> str:
     return job_id
 
 
+# What the jobs write in the campaign, Slurm's own logs (#SBATCH --output) included: Slurm opens
+# those through a link, so a link planted at one of these folders would have the jobs write
+# outside the campaign (issue 41, the fifth hostile pass: `submit` sent every job with logs/ a
+# link elsewhere). The kit's own writes refuse links anyway; this refuses before any sbatch.
+_JOB_FOLDERS = ("scripts", "logs", "results", "report", "cache", "work", "scratch")
+
+
+def check_job_folders(root: Path) -> None:
+    """Refuse (SlurmError) a campaign whose folder the jobs write in is a symlink."""
+    for name in _JOB_FOLDERS:
+        if (root / name).is_symlink():
+            raise SlurmError(f"{root / name} is a symlink: the jobs (and Slurm's own logs) "
+                             "would write through it, outside the campaign",
+                             f"move {root / name} away (`kvprefetch slurm plan {root}` makes "
+                             "the folders again), then submit")
+
+
 def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
     """Submit every job of the campaign in order, each with ``afterok`` on the ids of the jobs
     it depends on. A campaign is submitted once; single jobs again with ``resubmit``."""
     c, rec = load(root)
+    check_job_folders(root)
     if rec["submitted"] and not dry_run:
         raise SlurmError(f"the campaign {root} was already submitted (jobs "
                          + ", ".join(f"{j}={latest_id(rec, j)}" for j in rec["submitted"]) + ")",
@@ -233,6 +251,7 @@ def resubmit(root: Path, job_name: str, task: int | None = None,
     """Submit one job again, alone (one array task with ``task``). It depends (afterok) only on
     those of its prerequisites whose latest submission has not completed yet."""
     c, rec = load(root)
+    check_job_folders(root)
     job = c.job(job_name)
     if task is not None and (job.array is None or not 0 <= task < job.array):
         raise SlurmError(f"job {job_name} has no array task {task}",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,6 +62,18 @@ def scratch_base_sh(c: Campaign) -> str:
     return f'"{c.scratch}"'  # check_scratch: only $VAR expansion can happen inside the quotes
 
 
+# CAMPAIGN/scratch is the campaign's own folder: a link planted there (by whoever can write the
+# campaign) made the build job work, and leave a failed or --keep-scratch build, outside it
+# (issue 41, the fifth hostile pass). A node or --scratch folder is the user's to point anywhere.
+_NO_LINKED_CAMPAIGN_SCRATCH_SH = (
+    'if [ -L "$SCRATCH_BASE" ]; then',
+    ('  echo "refusing to build in $SCRATCH_BASE: it is a symlink; the campaign\'s scratch is'
+    ' never left through one. To fix: move it away (or plan with --scratch FOLDER)" >&2'),
+    "  exit 1",
+    "fi",
+)
+
+
 def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
     """fetch (from the read-only cache), apply, build in the job's own scratch work directory,
     then publish the outputs into the campaign; on failure, the build's logs are kept."""
@@ -70,6 +83,7 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
     name = f"kvprefetch-{Path(c.root).name}-build-{tree.name}"
     lines = [
         f"SCRATCH_BASE={scratch_base_sh(c)}",
+        *(_NO_LINKED_CAMPAIGN_SCRATCH_SH if c.scratch == SCRATCH_CAMPAIGN else ()),
         # name: the campaign folder's (check_campaign_path) and a tree's, nothing a shell expands
         f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
         'mkdir -p -- "$SCRATCH_BASE"',
@@ -134,6 +148,20 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
     raise ConfigError(f"unknown job {job.name!r}", "plan the campaign again")
 
 
+# The ids the job reads from its environment name its exit record and scratch folder and index
+# the bench array (bash evaluates an array index as arithmetic, which runs any `$(...)` in it):
+# digits (and `_`, an array task's label) only, as `slurm publish` checks its --job (issue 41, the
+# fifth hostile pass: a SLURM_JOB_ID `/../../x` put the exit record outside the campaign, a
+# SLURM_ARRAY_TASK_ID `BATCHES[$(cmd)0]` ran cmd).
+CHECK_JOB_IDS_SH = (
+    'for id in "$JOB_ID" "${SLURM_JOB_ID:-0}" "${SLURM_ARRAY_TASK_ID:-0}"; do',
+    '  case "$id" in',
+    ("    ''|*[!0-9_]*) echo \"refusing to run: the job id '$id' from Slurm's environment is not"
+    ' digits. To fix: submit the script with sbatch (kvprefetch slurm submit)" >&2; exit 2;;'),
+    "  esac",
+    "done",
+)
+
 # How a job's shell writes a file in the campaign folder (its exit record, verify's report),
 # never through a link that whoever can write the folder planted there (issue 41, the fourth
 # hostile pass: `> FILE` followed a link at the record's temporary or at results/verify.json and
@@ -173,8 +201,9 @@ def render_script(c: Campaign, job: Job) -> str:
         # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
         # reads it for a job the controller has forgotten (MinJobAge) where accounting is off
         "JOB_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
-        (f"EXIT_RECORD={shlex.quote(str(c.logs))}/{job.name}-"
-         f'"${{JOB_ID:-${{SLURM_JOB_ID:-$$}}}}"{EXIT_SUFFIX}'),
+        "JOB_ID=${JOB_ID:-${SLURM_JOB_ID:-$$}}",
+        *CHECK_JOB_IDS_SH,
+        f'EXIT_RECORD={shlex.quote(str(c.logs))}/{job.name}-"$JOB_ID"{EXIT_SUFFIX}',
         *WRITE_NEW_SH,
         "record_exit() {",
         '  printf \'%s\\n\' "$1" | write_new "$EXIT_RECORD"',
@@ -206,11 +235,12 @@ def write_campaign(c: Campaign) -> list[Path]:
     from ..reading import read_limited
     from ..workspace.confine import ensure_dir, is_plain_file, write_file
 
-    if not record_path.exists() and root.is_dir() and any(root.iterdir()):
+    if not record_path.exists() and root.is_dir() and any(root.iterdir()) \
+            and not _left_by_a_killed_plan(root, c):
         raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "
                           f"({CAMPAIGN_FILE}); kvprefetch does not write into it",
                           "plan into a new or empty folder")
-    for d in ("scripts", "logs", "results", "report", "cache"):
+    for d in _CAMPAIGN_FOLDERS:
         ensure_dir(root / d, root=root)
     written = []
     for job in c.jobs:
@@ -229,6 +259,41 @@ def write_campaign(c: Campaign) -> list[Path]:
         written.append(p)
     save_record(root, {"plan": c.to_dict(), "submitted": submitted})
     return [record_path, *written]
+
+
+def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
+    """Whether ``root`` holds only what this plan's own ``write_campaign`` makes before it
+    writes campaign.json (its folders, empty but for scripts/, which holds only this plan's
+    scripts, byte for byte, and the temporary of a script it was writing when killed, named
+    with a pid no process has now): a ``slurm plan`` killed there left it, and the same plan
+    again completes it, removing that temporary (issue 41, the fifth hostile pass: the rerun
+    said "not empty, plan into a new folder", so a Ctrl-C at the wrong moment cost the user the
+    folder)."""
+    from ..reading import read_limited
+    from ..workspace.confine import is_plain_file, remove_path
+    from ..workspace.ownership import pid_alive
+
+    scripts = {job.script: render_script(c, job).encode() for job in c.jobs}
+    temporaries = []
+    for d in root.iterdir():
+        if d.name not in _CAMPAIGN_FOLDERS or d.is_symlink() or not d.is_dir():
+            return False
+        for f in d.iterdir():
+            want = scripts.get(f"{d.name}/{f.name}")
+            if want is not None and is_plain_file(f) and read_limited(f, 1 << 20) == want:
+                continue
+            # confine.open_new's name for the temporary of scripts/NAME
+            tmp = re.fullmatch(r"\.(.+)\.tmp-[0-9a-f]{6}-([0-9]{1,10})", f.name)
+            if tmp is None or f"{d.name}/{tmp[1]}" not in scripts or not is_plain_file(f) \
+                    or pid_alive(int(tmp[2])):
+                return False
+            temporaries.append(f)
+    for f in temporaries:
+        remove_path(root, f)
+    return True
+
+
+_CAMPAIGN_FOLDERS = ("scripts", "logs", "results", "report", "cache")
 
 
 def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],

@@ -22,7 +22,7 @@ from ..kernels import rules as kernel_rules
 from ..oserrors import mapped
 from ..runner import run
 from ..workspace import ownership, treetxn
-from ..workspace.confine import write_file
+from ..workspace.confine import kept_mode, write_file
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir
 
@@ -269,11 +269,34 @@ def pristine_text(wd: Workdir, rel: str = upstream.ATTENTION_HEADER) -> str:
     raise PatchError(f"no pristine v0.10.2 {rel} under {wd.root}", "run `kvprefetch fetch` first")
 
 
+# A patched source of v0.10.2 is at most a few hundred KiB; a tree file is the user's data.
+_MAX_SOURCE_BYTES = 16 << 20
+
+
+def _tree_text(tree: Path, rel: str) -> str:
+    """A tree's copy of a patched file as text, read as ``reading.read_limited`` reads: a FIFO,
+    a device, a huge or a binary file there is one PatchError, never a hang, a MemoryError or a
+    UnicodeDecodeError traceback (issue 41, the fifth hostile pass)."""
+    from ..reading import read_limited
+
+    path = tree / rel
+    fix = (f"this is not the file kvprefetch put there: move {path} away, or run `kvprefetch "
+           "fetch --force` (the tree is moved to backup/ and made again)")
+    try:
+        return read_limited(path, _MAX_SOURCE_BYTES).decode("utf-8")
+    except UnicodeDecodeError:
+        raise PatchError(f"cannot diff {path}: it is not UTF-8 text", fix) from None
+    except ValueError as exc:
+        raise PatchError(f"cannot diff {rel} of tree {tree.name}: {exc}", fix) from None
+    except OSError as exc:
+        raise PatchError(f"cannot diff {path}: {exc.strerror or exc}", fix) from None
+
+
 def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
     wd = Workdir(workdir)
     tree_name = wd.resolve_tree(tree_name)
     tree = wd.tree(tree_name)
-    if not (tree / upstream.ATTENTION_HEADER).is_file():
+    if not os.path.lexists(tree / upstream.ATTENTION_HEADER):
         have = [t for t in wd.existing_trees()
                 if (wd.tree(t) / upstream.ATTENTION_HEADER).is_file()]
         if not have:
@@ -284,11 +307,11 @@ def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
                          f"pass one of them to --tree (or make a tree of that name with "
                          f"`kvprefetch fetch --extra-tree {tree_name}`)")
     state = wd.read_state(tree_name) or {}
-    files = [_file_diff(rel, pristine_text(wd, rel), (tree / rel).read_text())
-             for rel in upstream.all_patched_paths() if (tree / rel).is_file()]
+    files = [_file_diff(rel, pristine_text(wd, rel), _tree_text(tree, rel))
+             for rel in upstream.all_patched_paths() if os.path.lexists(tree / rel)]
     for rel in upstream.KIT_HEADERS_IN_TREE:
-        if (tree / rel).is_file():
-            files.append(_file_diff(rel, None, (tree / rel).read_text()))
+        if os.path.lexists(tree / rel):
+            files.append(_file_diff(rel, None, _tree_text(tree, rel)))
     variant = (state.get("applied") or {}).get("variant")
     return DiffResult(tree_name, upstream.canonical_variant(variant) if variant else None,
                       [f for f in files if f.diff])
@@ -359,5 +382,5 @@ def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Pat
         text = (t / upstream.ATTENTION_HEADER).read_text()
     out_lines = inline_kit_headers(text)
     # -o anywhere: never through a symlinked file or folder (confine.write_file)
-    write_file(output, "".join(out_lines), family=PatchError)
+    write_file(output, "".join(out_lines), family=PatchError, mode=kept_mode(output))
     return output

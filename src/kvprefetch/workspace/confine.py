@@ -257,6 +257,18 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
         os.close(dfd)
 
 
+def kept_mode(path: Path, default: int = 0o644) -> int:
+    """The permission bits of the regular file at ``path`` (never followed), else ``default``:
+    a file the user names that the kit replaces (``report --readme`` rewrites it in place,
+    ``--index --out``, ``export-header -o``) keeps them (issue 41, the fifth hostile pass: a
+    README of mode 600 came back 644, readable by every user of the machine)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return default
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else default
+
+
 def _kind(mode: int) -> str:
     """What a non-regular, non-directory file is, in words."""
     if stat.S_ISCHR(mode):
