@@ -25,11 +25,11 @@ if [ "${1:-}" = "--fresh" ]; then
     echo "note: --fresh tests HEAD ($(git rev-parse --short HEAD)); uncommitted changes are not in it" >&2
   fi
   top=$(mktemp -d "${TMPDIR:-/tmp}/kvprefetch-fresh.XXXXXX")
-  # The whole suite took 22 GB here at its peak (README, Requirements); say so before it runs
+  # The whole suite took 18 GB here at its peak (README, Requirements); say so before it runs
   # out half-way (CI's run of 5ee646a met ENOSPC at 77%, its errors naming no cause).
   free_gb=$(df -P -BG "$top" | awk 'NR == 2 { sub("G", "", $4); print $4 }')
-  if [ "${free_gb:-0}" -lt 22 ]; then
-    echo "warning: ${free_gb} GB free at $top; the whole suite took 22 GB at its peak: free" \
+  if [ "${free_gb:-0}" -lt 18 ]; then
+    echo "warning: ${free_gb} GB free at $top; the whole suite took 18 GB at its peak: free" \
       "disk or point TMPDIR at a larger disk (the overlay test skips where its build cannot fit)" >&2
   fi
   echo "+ git clone $(pwd) $top/kvprefetch  (HEAD $(git rev-parse --short HEAD))" >&2
