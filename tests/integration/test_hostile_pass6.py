@@ -6,16 +6,22 @@ stashed):
   builds its temporaries' names by plain concatenation; ``TMPDIR= kvprefetch build --dry-run``
   (doctor's compile probe) left about 2.5 MB of ``/tmpxft_*`` files in ``/``, and a FIFO or a
   file made doctor say "use a CUDA toolkit >= 12.8". Now ``runner.run`` refuses a child
-  ``TMPDIR`` that is not an absolute path to a writable directory, naming it.
+  ``TMPDIR`` that is not an absolute path to a writable directory, naming it;
+- a verify cache entry (``verify/cache/<sha256>.json``) with its digest recomputed over fields
+  of the wrong type: a count of ``Infinity`` was an OverflowError traceback, and a count of
+  text, a head size that is a list, a flag that is text or a kernel list that is a string was a
+  cache hit handed to the checks. Now every field must have its type, or the entry is a miss.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,3 +58,45 @@ def test_a_tmpdir_that_is_no_writable_folder_is_refused_before_nvcc_runs(
         refused(res, 2, f"TMPDIR={value!r}", "unset TMPDIR")
     assert _root_tmpxft() <= before, "nvcc wrote its temporaries into /"
     assert list((tmp_path / "cwd").iterdir()) == []
+
+
+def _cache_entry() -> tuple[Any, dict[str, Any], dict[str, str | None]]:
+    from kvprefetch.verify import facts
+    from kvprefetch.verify.cubin import Module
+    from kvprefetch.verify.sass import KernelSass
+
+    key = ("sm_90", "_Z1f")
+    sass = facts.SassFacts((KernelSass("sm_90", "_Z1f", "v1", "fp16", "auto", 128, 16, False,
+                                       3, 0),),
+                           {key: "ab"}, {key: 1}, {key: ({"a": 1}, 1, 2)}, {key: (True, False)},
+                           {key: 1})
+    elf = facts.ElfFacts((Module("sm_90", ("_Z1f",), True, ("s",), (("_Z1f", 128),)),))
+    tools: dict[str, str | None] = {"cuobjdump": "12.8"}
+    entry = json.loads(json.dumps(facts.entry(facts.LibraryFacts("a" * 64, sass, elf), tools)))
+    return facts, entry, tools
+
+
+@pytest.mark.parametrize(("where", "value"), [
+    (("sass", "readonly", 0, 2), float("inf")),
+    (("sass", "twins", 0, 2, 1), float("inf")),
+    (("elf", "modules", 0, "max_threads"), [["k", float("inf")]]),
+    (("sass", "kernels", 0, "ublkpf"), "many"),
+    (("sass", "kernels", 0, "head_size"), [1]),
+    (("sass", "kernels", 0, "block_sparse"), "no"),
+    (("sass", "pdl", 0, 2), "ab"),
+    (("elf", "modules", 0, "kernels"), "abc"),
+    (("elf", "modules", 0, "constant_bank"), "no"),
+    (("sass_error",), 5),
+])
+def test_a_verify_cache_entry_with_a_recomputed_digest_and_a_wrong_type_is_a_miss(
+        tmp_path: Path, where: tuple[Any, ...], value: Any) -> None:
+    facts, entry, tools = _cache_entry()
+    (tmp_path / f"{'a' * 64}.json").write_text(json.dumps(entry))
+    assert facts.load_cached(tmp_path, "a" * 64, tools) is not None  # the entry as written
+    node = entry["payload"]
+    for part in where[:-1]:
+        node = node[part]
+    node[where[-1]] = value
+    entry["digest"] = facts._digest(entry["payload"])
+    (tmp_path / f"{'a' * 64}.json").write_text(json.dumps(entry))
+    assert facts.load_cached(tmp_path, "a" * 64, tools) is None
