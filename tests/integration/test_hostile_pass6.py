@@ -10,7 +10,11 @@ stashed):
 - a verify cache entry (``verify/cache/<sha256>.json``) with its digest recomputed over fields
   of the wrong type: a count of ``Infinity`` was an OverflowError traceback, and a count of
   text, a head size that is a list, a flag that is text or a kernel list that is a string was a
-  cache hit handed to the checks. Now every field must have its type, or the entry is a miss.
+  cache hit handed to the checks. Now every field must have its type, or the entry is a miss;
+- ``slurm submit`` killed (or its sbatch failing) part-way: the next submit said "already
+  submitted ... resubmit a failed job", naming only the jobs sent, never the ones that were
+  not. Now it names the jobs not sent, the ``squeue`` check for one sent but not recorded, and
+  the ``resubmit`` of each, in order.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
@@ -25,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from kvprefetch.errors import SlurmError
 from tests.integration.helpers import kvprefetch_cli_split
 from tests.integration.test_reliability import _env, outside, refused
 
@@ -100,3 +105,30 @@ def test_a_verify_cache_entry_with_a_recomputed_digest_and_a_wrong_type_is_a_mis
     entry["digest"] = facts._digest(entry["payload"])
     (tmp_path / f"{'a' * 64}.json").write_text(json.dumps(entry))
     assert facts.load_cached(tmp_path, "a" * 64, tools) is None
+
+
+def test_a_submit_stopped_part_way_names_the_jobs_never_sent(tmp_path: Path) -> None:
+    """A submit killed after its fourth sbatch: rerun, it named only the four jobs sent."""
+    camp = tmp_path / "camp"
+    res = kvprefetch_cli_split("slurm", "plan", str(camp), "--source", "sdist", "--python",
+                               "/bin/true", env=_env(), timeout=60)
+    assert res.returncode == 0, res.stderr
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    count = tmp_path / "n"
+    (fake / "sbatch").write_text(  # the fifth call fails, as a kill there would leave it
+        f"#!/bin/sh\nn=$(cat {count} 2>/dev/null || echo 100); n=$((n+1)); echo $n > {count}\n"
+        f"echo \"$*\" >> {tmp_path}/sbatch.log\n[ $n -eq 105 ] && exit 1\necho $n\n")
+    (fake / "sbatch").chmod(0o755)
+    env = {**_env(), "PATH": f"{fake}:{os.environ['PATH']}"}
+    res = kvprefetch_cli_split("slurm", "submit", str(camp), env=env, timeout=60)
+    assert res.returncode == SlurmError.exit_code, res.stderr
+    res = kvprefetch_cli_split("slurm", "submit", str(camp), env=env, timeout=60)
+    refused(res, SlurmError.exit_code, "stopped part-way", "bench, merge not", "squeue",
+            f"kvprefetch slurm resubmit {camp} bench")
+    for job in ("bench", "merge"):  # the fix it names works
+        res = kvprefetch_cli_split("slurm", "resubmit", str(camp), job, env=env, timeout=60)
+        assert res.returncode == 0, res.stderr
+    assert (tmp_path / "sbatch.log").read_text().splitlines()[-1].endswith("40-merge.sbatch")
+    res = kvprefetch_cli_split("slurm", "submit", str(camp), env=env, timeout=60)
+    refused(res, SlurmError.exit_code, "already submitted")
