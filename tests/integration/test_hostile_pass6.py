@@ -14,7 +14,11 @@ stashed):
 - ``slurm submit`` killed (or its sbatch failing) part-way: the next submit said "already
   submitted ... resubmit a failed job", naming only the jobs sent, never the ones that were
   not. Now it names the jobs not sent, the ``squeue`` check for one sent but not recorded, and
-  the ``resubmit`` of each, in order.
+  the ``resubmit`` of each, in order;
+- ``export-header -o``, ``report --out`` and ``slurm plan`` on a read-only file system: "To
+  fix: pass a writable --workdir" (an option ``report`` and ``slurm plan`` do not have), and
+  the path named was the bare temporary (``.x.cuh.tmp-…``), no folder. Now the full path, and
+  a fix naming the read-only folder and every option that chooses one.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
@@ -24,13 +28,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvprefetch.errors import SlurmError
-from tests.integration.helpers import kvprefetch_cli_split
+from tests.integration.helpers import kvprefetch_cli_split, tree_bytes
 from tests.integration.test_reliability import _env, outside, refused
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -132,3 +137,27 @@ def test_a_submit_stopped_part_way_names_the_jobs_never_sent(tmp_path: Path) -> 
     assert (tmp_path / "sbatch.log").read_text().splitlines()[-1].endswith("40-merge.sbatch")
     res = kvprefetch_cli_split("slurm", "submit", str(camp), env=env, timeout=60)
     refused(res, SlurmError.exit_code, "already submitted")
+
+
+def test_a_read_only_output_folder_is_named_with_the_right_fix(
+        tmp_path: Path, fetched_template: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(ro)],
+                      capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)")
+    try:
+        (ro / "out").mkdir()
+        (tmp_path / "r.json").write_text('{"kind": "nothing"}\n')
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        before = tree_bytes(ro)
+        for args in (["export-header", "--workdir", str(fetched_template), "-o",
+                      str(ro / "out" / "x.cuh")],
+                     ["slurm", "plan", str(ro / "out" / "camp"), "--source", "sdist"]):
+            res = kvprefetch_cli_split(*args, env=_env(), timeout=120)
+            refused(res, res.returncode, "Read-only file system", f"{ro / 'out'}",
+                    "-o/--out or campaign folder")
+            assert "pass a writable --workdir" not in res.stderr
+        assert tree_bytes(ro) == before
+    finally:
+        subprocess.run(["umount", str(ro)], check=False)
