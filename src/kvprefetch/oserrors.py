@@ -13,14 +13,21 @@ from contextlib import contextmanager
 
 from .errors import KvprefetchError
 
+# Where the failed path came from is not known here (a --workdir, an -o/--out, a README, a
+# campaign folder): the fix names the folder and the options that choose one, never only
+# --workdir (issue 41, sixth pass: `export-header -o` and `report --out` on a read-only file
+# system were told to "pass a writable --workdir", an option report does not have).
+_ELSEWHERE = "the --workdir, -o/--out or campaign folder that named it"
 _FIX = {
-    errno.ENOSPC: "free space on that file system (`df -h {where}`), or pass a --workdir on a "
-                  "larger one, then rerun: partial files of this run were removed",
-    errno.EDQUOT: "free space within your quota, or pass a --workdir elsewhere, then rerun",
-    errno.EROFS: "the file system is mounted read-only: pass a writable --workdir, or remount it "
-                 "read-write, then rerun",
-    errno.EACCES: "make {where} writable for this user (or pass a --workdir you own), then rerun",
-    errno.EPERM: "make {where} writable for this user (or pass a --workdir you own), then rerun",
+    errno.ENOSPC: "free space on that file system (`df -h {where}`), or write to a larger one "
+                  f"({_ELSEWHERE}), then rerun: partial files of this run were removed",
+    errno.EDQUOT: f"free space within your quota, or write elsewhere ({_ELSEWHERE}), then rerun",
+    errno.EROFS: "{where} is on a file system mounted read-only: remount it read-write, or "
+                 f"write to a writable folder ({_ELSEWHERE}), then rerun",
+    errno.EACCES: f"make {{where}} writable for this user (or write to a folder you own: "
+                  f"{_ELSEWHERE}), then rerun",
+    errno.EPERM: f"make {{where}} writable for this user (or write to a folder you own: "
+                 f"{_ELSEWHERE}), then rerun",
 }
 
 

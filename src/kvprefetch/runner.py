@@ -72,6 +72,22 @@ def _open_log(path: Path) -> TextIO:
     return open(fd, "a", encoding="utf-8", closefd=True)
 
 
+def check_child_tmpdir(child_env: Mapping[str, str]) -> None:
+    """Refuse a child ``TMPDIR`` that is set but not an absolute path to a writable directory.
+    nvcc, gcc and ninja's compilers write their temporaries under it by plain concatenation:
+    an empty one put ``/tmpxft_*`` files into ``/``, a relative one into the command's
+    folder, and a FIFO or a file made doctor blame the CUDA toolkit (issue 41, sixth pass)."""
+    tmp = child_env.get("TMPDIR")
+    if tmp is None:
+        return
+    if not (os.path.isabs(tmp) and os.path.isdir(tmp) and os.access(tmp, os.W_OK | os.X_OK)):
+        raise ConfigError(
+            f"TMPDIR={tmp!r} is not an absolute path to a writable directory; the compilers the "
+            "kit runs write their temporary files under it (an empty TMPDIR puts them in /)",
+            "unset TMPDIR, or set it to a writable directory (e.g. export TMPDIR=/tmp)",
+        )
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -89,6 +105,7 @@ def run(
     ``capture``, is returned. ``on_progress`` receives ninja's ``[n/N]`` counters."""
     args = [str(a) for a in argv]
     child_env = dict(env) if env is not None else dict(os.environ)
+    check_child_tmpdir(child_env)
     resolved = args[0] if os.sep in args[0] else which(args[0], child_env)
     if resolved is None:
         raise ConfigError(

@@ -83,8 +83,18 @@ def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
     c, rec = load(root)
     check_job_folders(root)
     if rec["submitted"] and not dry_run:
-        raise SlurmError(f"the campaign {root} was already submitted (jobs "
-                         + ", ".join(f"{j}={latest_id(rec, j)}" for j in rec["submitted"]) + ")",
+        sent = ", ".join(f"{j}={latest_id(rec, j)}" for j in rec["submitted"])
+        missing = [j.name for j in submission_order(c) if j.name not in rec["submitted"]]
+        if missing:  # a submit killed or failed part-way (issue 41, sixth pass: the message
+            # said only "resubmit a failed job", and the jobs never sent went unnamed)
+            raise SlurmError(
+                f"the submission of {root} stopped part-way: {sent} were sent, "
+                f"{', '.join(missing)} not (or sent by an sbatch whose answer was never "
+                "recorded)",
+                "check `squeue --me` for a job of this campaign not listed above (scancel it), "
+                "then send the rest in order: "
+                + "; ".join(f"`kvprefetch slurm resubmit {root} {j}`" for j in missing))
+        raise SlurmError(f"the campaign {root} was already submitted (jobs {sent})",
                          "see `kvprefetch slurm status`; resubmit a failed job alone with "
                          "`kvprefetch slurm resubmit`")
     ids: dict[str, str] = {}

@@ -73,12 +73,34 @@ class SassFacts:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SassFacts:
         def rows(name: str, conv: Any = lambda v: v) -> dict[Key, Any]:
-            return {(str(a), str(n)): conv(v) for a, n, v in d[name]}
-        return cls(kernels=tuple(KernelSass(**k) for k in d["kernels"]),
-                   bodies=rows("bodies", str), readonly=rows("readonly", int),
-                   twins=rows("twins", lambda v: (dict(v[0]), int(v[1]), int(v[2]))),
-                   pdl=rows("pdl", lambda v: (bool(v[0]), bool(v[1]))),
-                   prefetch=rows("prefetch", int))
+            return {(_is(a, str), _is(n, str)): conv(v) for a, n, v in d[name]}
+        return cls(kernels=tuple(_kernel(k) for k in d["kernels"]),
+                   bodies=rows("bodies", lambda v: _is(v, str)),
+                   readonly=rows("readonly", lambda v: _is(v, int)),
+                   twins=rows("twins", lambda v: (dict(_is(v[0], dict)), _is(v[1], int),
+                                                  _is(v[2], int))),
+                   pdl=rows("pdl", lambda v: (_is(v[0], bool), _is(v[1], bool))),
+                   prefetch=rows("prefetch", lambda v: _is(v, int)))
+
+
+def _is(value: Any, kind: type) -> Any:
+    """``value`` when it is exactly of JSON's ``kind`` (a bool is no int here), else TypeError:
+    a cache entry is data in the work directory, and one with a recomputed digest but a count
+    of text, a list or Infinity was a hit, or an OverflowError (issue 41, sixth pass)."""
+    if type(value) is not kind:
+        raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+_KERNEL_TYPES = {"str": str, "int": int, "bool": bool}
+
+
+def _kernel(k: Mapping[str, Any]) -> KernelSass:
+    """A KernelSass whose every field has its declared type."""
+    names = {f.name: _KERNEL_TYPES[str(f.type)] for f in dataclasses.fields(KernelSass)}
+    if set(_is(k, dict)) != set(names):
+        raise KeyError("the fields of a kernel")
+    return KernelSass(**{n: _is(k[n], t) for n, t in names.items()})
 
 
 @dataclass(frozen=True)
@@ -92,9 +114,13 @@ class ElfFacts:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ElfFacts:
-        return cls(tuple(Module(str(m["arch"]), tuple(m["kernels"]), bool(m["constant_bank"]),
-                                tuple(m["state_symbols"]),
-                                tuple((str(k), int(v)) for k, v in m["max_threads"]))
+        def names(v: Any) -> tuple[str, ...]:
+            if not isinstance(v, (list, tuple)):
+                raise TypeError("expected a list of names")
+            return tuple(_is(n, str) for n in v)
+        return cls(tuple(Module(_is(m["arch"], str), names(m["kernels"]),
+                                _is(m["constant_bank"], bool), names(m["state_symbols"]),
+                                tuple((_is(k, str), _is(v, int)) for k, v in m["max_threads"]))
                          for m in d["modules"]))
 
 
@@ -169,9 +195,13 @@ def from_entry(data: Any, sha256: str, tools: Mapping[str, str | None]) -> Libra
         return LibraryFacts(sha256,
                             SassFacts.from_dict(payload["sass"]) if payload["sass"] else None,
                             ElfFacts.from_dict(payload["elf"]) if payload["elf"] else None,
-                            payload["sass_error"], payload["elf_error"])
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+                            _error(payload["sass_error"]), _error(payload["elf_error"]))
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError):
         return None
+
+
+def _error(value: Any) -> str | None:
+    return None if value is None else _is(value, str)
 
 
 def cache_path(cache_dir: Path, sha256: str) -> Path:

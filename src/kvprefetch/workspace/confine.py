@@ -242,8 +242,11 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
     dfd = open_dir(path.parent, root=root, what="write", family=family)
     created = False
     try:
-        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, mode, dir_fd=dfd)
+        try:
+            fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, mode, dir_fd=dfd)
+        except OSError as exc:  # relative to the folder's descriptor: name the folder too
+            raise OSError(exc.errno, exc.strerror, str(path.parent / tmp_name)) from exc
         created = True
         with os.fdopen(fd, "wb") as f:
             yield f
