@@ -32,9 +32,15 @@ class Completed:
 
 
 def which(program: str, env: Mapping[str, str] | None = None) -> str | None:
-    """Resolve ``program`` on the PATH of ``env`` (the child's), not the parent's."""
+    """Resolve ``program`` on the PATH of ``env`` (the child's), not the parent's, to an
+    absolute path. A relative PATH entry (``.``, empty, ``bin``) is looked up from the current
+    folder, as a shell does; the result is made absolute there, because the child may start
+    in another folder (``git apply`` runs in the tree), where a relative ``./git`` would name
+    another program, or none (issue 41, the seventh hostile pass: with ``PATH=.:…`` apply
+    checked ``./git`` here and ran ``./git`` inside the work directory's tree)."""
     path = (env if env is not None else os.environ).get("PATH", os.defpath)
-    return shutil.which(program, path=path)
+    found = shutil.which(program, path=path)
+    return os.path.abspath(found) if found is not None else None
 
 
 def quote(argv: Sequence[str]) -> str:

@@ -81,6 +81,12 @@ class LazyGroup(click.Group):
                 raise
             click.echo(f"error: {exc.message}", err=True)
             sys.exit(exc.exit_code)
+        except BrokenPipeError:
+            # The reader of our output went away (`kvprefetch … | head -1`): not a fault of a
+            # path or a file system. click's own handling (as for `--help | head -1`) exits 1
+            # quietly (issue 41, the seventh hostile pass: "clean failed: Broken pipe … check
+            # the path and its file system").
+            raise
         except OSError as exc:
             # Anything the library did not map itself (a full disk, a read-only work
             # directory): still one message with a fix, in the family of the command.
