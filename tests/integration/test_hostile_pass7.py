@@ -10,13 +10,20 @@ stashed):
   folder and handed the relative name to a child that starts in the tree, so ``apply`` ran
   (or failed to find) ``./git`` inside the work directory's tree: "./git: No such file or
   directory / check the path". Now the program found is made absolute where it was found, the
-  one the echo names and the one that runs.
+  one the echo names and the one that runs;
+- a result whose text field (a model's name) holds a newline and ``<!-- /report -->``:
+  ``report --readme`` wrote it into the README's block, which then ended early; every later
+  run copied the rest of the block outside it again (the README grew by a copy a run). Now a
+  block's lines must be table rows without a comment marker or a control character, or the
+  README is left as it was and the result's file is named.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import shutil
 import subprocess
@@ -76,3 +83,32 @@ def test_a_relative_path_entry_runs_the_program_it_found_not_one_in_the_tree(
     assert res.returncode == 0, res.stderr
     assert "No such file" not in res.stderr
     assert (wd / "trees" / "patched" / "csrc" / "attention" / "kvprefetch").is_dir()
+
+
+_RUN = "docs/results/2026-12-03-h200-vllm-call-decode"
+
+
+@pytest.mark.parametrize("name", ["evil\n<!-- /report -->\nINJECTED", "a <!-- b", "red\x1b[31m",
+                                  "x\u2028y"], ids=["marker", "comment", "ansi", "separator"])
+def test_a_result_text_field_cannot_break_out_of_its_readme_block(
+        tmp_path: Path, name: str) -> None:
+    """A model name with a block's end marker grew the README by a copy on every run."""
+    repo = Path(__file__).resolve().parents[2]
+    shutil.copytree(repo / _RUN, tmp_path / _RUN)
+    result = tmp_path / _RUN / "decode-llama-3.1-8b-8000.json.gz"
+    with gzip.open(result, "rt") as f:
+        doc = json.load(f)
+    doc["meta"]["model"]["name"] = name
+    with gzip.open(result, "wt") as f:
+        json.dump(doc, f)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"top\n<!-- report {_RUN} decode -->\nold\n<!-- /report -->\ntail\n")
+    before = readme.read_bytes()
+    for _ in range(2):
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "report", "--readme",
+                              str(readme)], env=_env(), capture_output=True, text=True,
+                             timeout=300, check=False)
+        assert res.returncode == 7, (res.returncode, res.stderr)
+        assert "Traceback" not in res.stderr and "To fix:" in res.stderr, res.stderr
+        assert "decode-llama-3.1-8b-8000" in res.stderr or _RUN in res.stderr, res.stderr
+    assert readme.read_bytes() == before

@@ -61,11 +61,29 @@ def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
                 body = sample_block(root / m[2], m[3])
             else:
                 body = report_block(load_document(root / m[2]), m[3])
+        _check_body(body, root / m[2])
         if body != m[4]:
             changed.append(m[2])
         return m[1] + body + m[5]
 
     return README_BLOCK.sub(fill, text), changed
+
+
+def _check_body(body: str, path: Path) -> None:
+    """A block's lines are table rows and nothing else: a text field of a result (a model's or
+    a variant's name) holding a newline, a control character or ``<!--`` would end the block
+    early, and every later run would copy the rest of it outside again, growing the README
+    (issue 41, the seventh hostile pass)."""
+    for line in body.splitlines():
+        bad = (not line.startswith("|") or "<!--" in line or "-->" in line
+               or any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 or c in "\u2028\u2029"
+                      for c in line))
+        if bad:
+            raise BenchError(f"{path}: a text field of the result would put {line[:80]!r} into "
+                             "the README's block, which holds table rows only (a newline, a "
+                             "control character or a comment marker in a name)",
+                             "correct the field in the result (or regenerate it with `kvprefetch "
+                             "bench`), then rerun `kvprefetch report --readme`")
 
 
 def decode_block(path: Path) -> str:
