@@ -15,7 +15,6 @@ from kvprefetch.slurm.campaign import (
     SlurmOptions,
     TreeSpec,
     campaign_from_dict,
-    check_scratch,
     make_campaign,
     parse_trees,
 )
@@ -29,6 +28,7 @@ from kvprefetch.slurm.cluster import (
     wait,
 )
 from kvprefetch.slurm.scripts import render_script, write_campaign
+from kvprefetch.slurm.values import check_scratch
 
 TWO = parse_trees("baseline,patched")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ..console import emit_json, info, table
-from ..slurm.campaign import MAX_CPUS_PER_BUILD
+from ..slurm.values import MAX_CPUS_PER_BUILD
 from .common import ARCH_TYPE, LibraryChecked, dry_run_option, json_option
 
 campaign_arg = click.argument("campaign", type=click.Path(file_okay=False, path_type=Path))
@@ -28,25 +28,25 @@ def _split(text: str | None) -> tuple[str, ...]:
 
 def _check_batches(text: str) -> None:
     from ..bench.matrix import parse_sizes
-    from ..slurm.campaign import check_batches
+    from ..slurm.values import check_batches
 
     check_batches(parse_sizes(text))
 
 
 def _check_contexts(text: str) -> None:
-    from ..slurm.campaign import check_contexts
+    from ..slurm.values import check_contexts
 
     check_contexts(_split(text))
 
 
 def _check_presets(text: str) -> None:
-    from ..slurm.campaign import check_presets
+    from ..slurm.values import check_presets
 
     check_presets(_split(text))
 
 
 def _check_time(text: str) -> None:
-    from ..slurm.campaign import check_slurm_value
+    from ..slurm.values import check_slurm_value
 
     check_slurm_value("time", text)
 

@@ -27,6 +27,18 @@ from typing import Any
 
 from .. import upstream
 from ..errors import ConfigError
+from .values import (
+    MAX_CPUS_PER_BUILD,
+    SCRATCH_NODE,
+    check_arch,
+    check_batches,
+    check_campaign_path,
+    check_contexts,
+    check_presets,
+    check_scratch,
+    check_slurm_value,
+    check_words,
+)
 
 SCHEMA = 2
 CAMPAIGN_FILE = "campaign.json"
@@ -35,108 +47,8 @@ EXIT_SUFFIX = ".exit"  # logs/<job>-<id>.exit: the job's exit status, written by
 # the cluster gives the job (``$SLURM_TMPDIR`` where the site sets it, as the Alliance's
 # clusters do; else ``$TMPDIR``, which job_container/tmpfs sites make per job; else /tmp).
 # ``campaign``: ``<campaign>/scratch``, for nodes without usable local disk.
-SCRATCH_NODE = "node"
-SCRATCH_CAMPAIGN = "campaign"
 NODE_SCRATCH_SH = "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"
-_SCRATCH_FORBIDDEN = ('"', "`", "\\", "$(", "\n")
 
-
-# What Slurm accepts for each value that reaches a script (and nothing a shell or sbatch's own
-# #SBATCH parser would read as more than one word): names are [A-Za-z0-9_.-], --time is one of
-# sbatch's formats, --gres a comma-separated list of name[:type][:count].
-_WORD = r"[A-Za-z0-9_.-]+"
-_SLURM_VALUES = {
-    "partition": re.compile(rf"{_WORD}(,{_WORD})*"),
-    "account": re.compile(_WORD),
-    "time": re.compile(r"(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}(:\d{1,2}){0,2}"
-                       r"|UNLIMITED|INFINITE|unlimited|infinite)"),
-    "gres": re.compile(rf"{_WORD}(:{_WORD}){{0,2}}(,{_WORD}(:{_WORD}){{0,2}})*"),
-}
-# The campaign folder appears in #SBATCH --output/--job-name and in shell words: no whitespace,
-# quotes, $, `, \, % (a Slurm filename pattern) or control characters.
-_CAMPAIGN_PATH = re.compile(r"/[A-Za-z0-9_./+,:@=-]*")
-
-
-# sbatch --time's formats (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds,
-# days-hours, days-hours:minutes, days-hours:minutes:seconds. A field after the leading one is
-# a clock field: minutes and seconds below 60, hours below 24 (1-99:99:99 passed the regex
-# and failed only at sbatch; issue 41, fourth pass). Slurm keeps a time limit as 32-bit
-# minutes, 0xfffffffe and 0xffffffff being its NO_VAL and INFINITE: a longer limit is no limit
-# it can hold (INFINITE/UNLIMITED says so).
-_TIME_FIELDS = re.compile(r"(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-                          r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)", re.ASCII)
-MAX_SLURM_MINUTES = 0xFFFFFFFE - 1
-
-
-def slurm_time_minutes(value: str) -> int | None:
-    """The minutes of an sbatch ``--time`` (rounded up; None for INFINITE/UNLIMITED), or a
-    ConfigError naming ``--time`` for anything else."""
-    if value.lower() in ("infinite", "unlimited"):
-        return None
-    m = _TIME_FIELDS.fullmatch(value)
-    if m is not None:
-        g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
-        if "days" in g:   # days-hours[:minutes[:seconds]]
-            clock = [(g["dh"], 24), (g.get("dm", 0), 60), (g.get("ds", 0), 60)]
-            seconds = ((g["days"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
-        elif "c" in g:    # hours:minutes:seconds
-            clock = [(g["b"], 60), (g["c"], 60)]
-            seconds = (g["a"] * 60 + g["b"]) * 60 + g["c"]
-        else:             # minutes[:seconds]
-            clock = [(g.get("b", 0), 60)]
-            seconds = g["a"] * 60 + g.get("b", 0)
-        minutes = -(-seconds // 60)
-        if all(v < limit for v, limit in clock) and minutes <= MAX_SLURM_MINUTES:
-            return minutes
-    raise ConfigError(f"--time {value!r} is not a time sbatch accepts: minutes, minutes:seconds, "
-                      "hours:minutes:seconds, days-hours, days-hours:minutes or "
-                      "days-hours:minutes:seconds (minutes and seconds below 60 and hours below "
-                      "24 after the first field, at most 2^32-3 minutes in all), or INFINITE",
-                      "pass e.g. --time 2:00:00 or 1-12:00")
-
-
-def check_slurm_value(name: str, value: str | None) -> str | None:
-    """``value`` if Slurm accepts it for ``--name`` (and it holds nothing a shell would run)."""
-    if value is None:
-        return None
-    if name == "time" and isinstance(value, str):
-        slurm_time_minutes(value)
-        return value
-    if not isinstance(value, str) or not _SLURM_VALUES[name].fullmatch(value):
-        raise ConfigError(f"--{name} {value!r} is not a value sbatch accepts for --{name} "
-                          "(letters, digits, _ . - and the option's own separators only; no "
-                          "spaces, quotes, $ or control characters)",
-                          {"time": "pass e.g. --time 2:00:00 or 1-12:00",
-                           "gres": "pass e.g. --gres gpu:1 or gpu:h100:2"}.get(
-                              name, f"pass the {name} name as `sinfo`/`sacctmgr` shows it"))
-    return value
-
-
-def check_campaign_path(root: str) -> str:
-    if not _CAMPAIGN_PATH.fullmatch(root) or "/../" in root + "/":
-        raise ConfigError(f"the campaign folder {root!r} has characters that cannot go into an "
-                          "sbatch script safely (spaces, quotes, $, `, \\, %, control "
-                          "characters)",
-                          "plan into a folder whose path uses only letters, digits and _ . - / "
-                          "+ , : @ =")
-    return root
-
-
-def check_words(what: str, values: Sequence[str]) -> None:
-    """No control character (a newline ends a shell line) in values that become shell words."""
-    from ..workspace.confine import has_control
-
-    for v in values:
-        if not isinstance(v, str) or has_control(v):
-            raise ConfigError(f"{what} {v!r} holds a control character (or is not text)",
-                              f"pass {what} without newlines or other control characters")
-
-
-# --cpus-per-build is sbatch's --cpus-per-task for a build job and its MAX_JOBS (parallel nvcc
-# and compiler processes, each wanting 1-2 GiB): one job runs on one node, and no node Slurm
-# schedules has more than 1024 CPUs (two 192-core, 2-way SMT sockets are 768); 10^23 was
-# accepted and failed only at sbatch (issue 41, fourth pass).
-MAX_CPUS_PER_BUILD = 1024
 
 
 @dataclass(frozen=True)
@@ -211,21 +123,6 @@ def parse_trees(text: str) -> tuple[TreeSpec, ...]:
     return tuple(out.values())
 
 
-def check_scratch(scratch: str) -> str:
-    """``node``, ``campaign``, or an absolute folder, which may name environment variables the
-    job's shell expands (``/scratch/$USER``); nothing else a shell would run."""
-    from ..workspace.confine import has_control
-
-    if scratch in (SCRATCH_NODE, SCRATCH_CAMPAIGN):
-        return scratch
-    if not isinstance(scratch, str) or not scratch.startswith(("/", "$")) \
-            or any(c in scratch for c in _SCRATCH_FORBIDDEN) or has_control(scratch):
-        raise ConfigError(f"--scratch {scratch!r} is not node, campaign or an absolute folder",
-                          "pass node (the job's $SLURM_TMPDIR/$TMPDIR), campaign, or a path "
-                          "such as /scratch/$USER (no quotes, backslashes or $(...))")
-    return scratch
-
-
 @dataclass(frozen=True)
 class Job:
     name: str                     # prepare, build-<tree>, verify, bench, merge
@@ -242,56 +139,6 @@ class BenchSpec:
     contexts: tuple[str, ...] = ()
     presets: tuple[str, ...] = ()
     stand_in: bool = False        # CPU-only stand-in shards (no GPU timing): see standin.py
-
-
-def check_batches(batches: Sequence[object]) -> None:
-    """Each bench task's batch size (the kernel's num_seqs): a whole number from 1 to the
-    kernel's gridDim.y limit (bench/limits.py: vLLM launches one block row per sequence, so a
-    larger batch is a launch that cannot be made; vLLM's largest CUDA-graph capture size, 8192,
-    is below it). 10^23 was accepted and failed only in the job (issue 41, fourth pass)."""
-    from ..bench.limits import MAX_GRID_YZ
-
-    for b in batches:
-        if not (isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_GRID_YZ):
-            raise ConfigError(f"--batch {b!r} is not a batch size from 1 to {MAX_GRID_YZ} (the "
-                              "kernel's gridDim.y limit: one block row per sequence)",
-                              "pass e.g. --batch 1,8,32,64,128")
-
-
-def check_contexts(contexts: Sequence[str]) -> None:
-    """Each ``bench kernel --context`` of the tasks, as bench kernel parses it (512, 1k)."""
-    from ..bench.matrix import parse_size
-
-    check_words("--context", contexts)
-    for c in contexts:
-        if not isinstance(c, str):
-            raise ConfigError(f"--context {c!r} is not text", "plan the campaign again")
-        try:
-            parse_size(c)
-        except ConfigError as exc:
-            raise ConfigError(f"--context {c!r} is not a context length: {exc.cause}",
-                              "pass e.g. --context 512,1k,16k (k = 1024)") from None
-
-
-def check_presets(presets: Sequence[str]) -> None:
-    """Each ``bench kernel --preset`` of the tasks, one of the kit's model presets."""
-    from ..bench.matrix import PRESETS
-
-    check_words("--preset", presets)
-    for p in presets:
-        if p not in PRESETS:
-            raise ConfigError(f"--preset {p!r} is not a model preset (known: "
-                              f"{', '.join(PRESETS)})",
-                              "pass known presets, comma-separated; "
-                              "`kvprefetch bench kernel --list-presets` lists them")
-
-
-def check_arch(arch: str) -> None:
-    """``--arch`` as ``build --arch`` parses it (torch's TORCH_CUDA_ARCH_LIST)."""
-    from ..machine.toolchain import parse_arch_list
-
-    check_words("--arch", [arch])
-    parse_arch_list(arch)
 
 
 def check_bench_spec(bench: BenchSpec) -> None:

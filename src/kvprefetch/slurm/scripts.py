@@ -33,16 +33,14 @@ from .campaign import (
     CAMPAIGN_FILE,
     EXIT_SUFFIX,
     NODE_SCRATCH_SH,
-    SCRATCH_CAMPAIGN,
-    SCRATCH_NODE,
     Campaign,
     Job,
     TreeSpec,
     campaign_from_dict,
-    check_campaign_path,
     load_record,
     save_record,
 )
+from .values import SCRATCH_CAMPAIGN, SCRATCH_NODE, check_campaign_path
 
 
 def _q(argv: Sequence[str | Path]) -> str:
