@@ -4,7 +4,8 @@
 one; writers build their documents as these types and readers are typed with them, and
 the one loader (documents.py's ``load_document``) checks a parsed JSON value against the same
 classes at run time, so the writer's and the reader's idea of a document cannot
-drift apart.
+drift apart. Past the ~500-line mark on purpose: the documents share their parts (device facts,
+meta, rows), and one module of them is what writers, readers and the loader all import.
 
 Why ``TypedDict`` and not dataclasses: a document is JSON, read as JSON and copied as JSON.
 ``--merge`` copies rows verbatim into the merged document and ``--repeats`` keeps device facts as
