@@ -129,3 +129,37 @@ def test_an_altered_kit_header_is_one_patch_error(
                  ["export-header", "-o", str(tmp_path / "h.cuh")]):
         _refused(_run(kit, *args, "--workdir", str(wd), timeout=60), "paper.cuh")
     assert not (tmp_path / "h.cuh").exists()
+
+
+_RUN = "docs/results/2026-12-03-h200-vllm-call-decode"
+
+
+def test_a_result_text_field_reaches_neither_the_report_lines_nor_the_terminal_raw(
+        tmp_path: Path) -> None:
+    """A model name with a newline and an ANSI escape: ``report --print`` wrote both raw into
+    the run's own .md (a new line of markdown) and onto the terminal."""
+    import gzip
+    import json
+    import re
+
+    src = _REPO / _RUN / "decode-llama-3.1-8b-8000.json.gz"
+    with gzip.open(src, "rt") as f:
+        doc = json.load(f)
+    doc["meta"]["model"]["name"] = "evil\n# injected\x1b[31m\u2028x"
+    result = tmp_path / "in" / "decode-evil.json.gz"
+    result.parent.mkdir()
+    with gzip.open(result, "wt") as f:
+        json.dump(doc, f)
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "report", str(result), "--out",
+                          str(out), "--formats", "md", "--print"],
+                         env=dict(_env(), PYTHONPATH=str(_REPO / "src")),
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert sorted(os.listdir(out)) == ["decode-evil.md"]  # the name is the file's, not the field's
+    md = (out / "decode-evil.md").read_text()
+    unprintable = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+    for text in (md, res.stdout):
+        assert not unprintable.search(text), text[:300]
+        assert "\n# injected" not in text
+    assert md.splitlines()[0].startswith("# bench decode: evil\\n# injected\\x1b[31m")
