@@ -8,6 +8,9 @@ and patches. What the kit's code decides about vLLM's kernels (the launch policy
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -111,19 +114,106 @@ def kit_header_dir() -> Path:
     return kit_root() / "csrc" / "kvprefetch"
 
 
+# Our largest header is some 40 KiB; the limit keeps a huge one from filling memory.
+_MAX_HEADER_BYTES = 1 << 20
+
+
 def kit_headers() -> list[tuple[Path, str]]:
-    """(our file, its path in a tree) for each of KIT_HEADERS."""
-    return [(kit_header_dir() / h, t)
-            for h, t in zip(KIT_HEADERS, KIT_HEADERS_IN_TREE, strict=True)]
+    """(our file, its path in a tree) for each of KIT_HEADERS, each checked to be a regular
+    file of at most 1 MiB, never a symlink (issue 41, the eighth hostile pass: a FIFO there
+    hung ``apply``; a link out was read and installed into the tree)."""
+    from .errors import PatchError
+
+    out = [(kit_header_dir() / h, t)
+           for h, t in zip(KIT_HEADERS, KIT_HEADERS_IN_TREE, strict=True)]
+    for src, _ in out:
+        problem: str | None
+        try:
+            st = src.lstat()
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
+        else:
+            problem = ("it is a symlink" if stat.S_ISLNK(st.st_mode)
+                       else "it is not a regular file (a FIFO, device, socket or folder)"
+                       if not stat.S_ISREG(st.st_mode)
+                       else f"it is larger than {_MAX_HEADER_BYTES} bytes"
+                       if st.st_size > _MAX_HEADER_BYTES else None)
+        if problem is not None:
+            raise PatchError(f"the kit's header {src} cannot be used: {problem}",
+                             f"restore {src} from a kvprefetch checkout "
+                             "(`git checkout -- csrc/kvprefetch/`)")
+    return out
+
+
+# A variant's diff is a few KiB; the limit keeps a huge or endless file from filling memory.
+_MAX_PATCH_BYTES = 1 << 20
+# Header lines git apply acts on that no kit patch carries: a rename, a copy, a new, deleted or
+# re-moded file (a symlink is mode 120000), a binary patch.
+_REFUSED_HEADERS = ("rename ", "copy ", "new file mode", "deleted file mode", "new mode",
+                    "old mode", "GIT binary patch", "Binary files")
+_HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def _patch_problem(text: str) -> str | None:
+    """Why a diff is not one that only modifies files of PRISTINE_SHA256 in place (None: it
+    is). Header lines are read outside hunks only, so a hunk's "--- " line is content."""
+    old = new = 0
+    for line in text.splitlines():
+        if old > 0 or new > 0:  # inside a hunk
+            if line.startswith("-"):
+                old -= 1
+            elif line.startswith("+"):
+                new -= 1
+            elif not line.startswith("\\"):  # context (" ", or an empty line)
+                old, new = old - 1, new - 1
+            continue
+        m = _HUNK.match(line)
+        if m:
+            old, new = int(m.group(1) or 1), int(m.group(2) or 1)
+        elif line.startswith(_REFUSED_HEADERS):
+            return (f"it has a {line[:80]!r} header; a kit patch only modifies files in "
+                    "place")
+        elif line.startswith(("--- ", "+++ ", "diff --git ")):
+            words = (line[len("diff --git "):].split(" ") if line.startswith("diff")
+                     else [line[4:]])
+            for w in words:
+                rel = w[2:] if w.startswith(("a/", "b/")) else None
+                if rel not in PRISTINE_SHA256:
+                    return (f"it names {w[:200]!r}, not one of the upstream files a kit patch "
+                            f"may touch ({', '.join(PRISTINE_SHA256)})")
+    return None
 
 
 def patch_files(variant: str) -> list[Path]:
+    """A variant's diffs, each checked first (issue 41, the eighth hostile pass): a regular
+    file of at most 1 MiB of UTF-8 text that only modifies pinned upstream files in place. A
+    diff naming ``../../x``, an absolute path, a rename, a symlink or binary content (the kit's
+    ``patches/`` altered by hand) made ``apply`` copy and write outside the work directory."""
+    from .errors import PatchError
+    from .reading import read_limited
+
     d = kit_root() / "patches" / f"v{VLLM_VERSION}" / canonical_variant(variant)
-    return sorted(d.glob("*.patch"))
+    files = sorted(d.glob("*.patch"))
+    for p in files:
+        fix = (f"restore {p} from a kvprefetch checkout (`git checkout -- patches/`), or move "
+               "it away")
+        if p.is_symlink():
+            raise PatchError(f"the kit's patch {p} is a symlink -> {os.readlink(p)}; a kit "
+                             "patch is a file of the checkout", fix)
+        try:
+            problem = _patch_problem(read_limited(p, _MAX_PATCH_BYTES).decode("utf-8"))
+        except UnicodeDecodeError:
+            problem = "it is not UTF-8 text"
+        except (ValueError, OSError) as exc:
+            problem = str(exc) if isinstance(exc, ValueError) else (exc.strerror or str(exc))
+        if problem is not None:
+            raise PatchError(f"the kit's patch {p} cannot be applied: {problem}", fix)
+    return files
 
 
 def patched_paths(variant: str) -> list[str]:
-    """The upstream files (relative paths) that a variant's diffs modify."""
+    """The upstream files (relative paths) that a variant's diffs modify (each one of
+    PRISTINE_SHA256: ``patch_files`` checks)."""
     out = []
     for p in patch_files(variant):
         for line in p.read_text().splitlines():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
@@ -471,14 +472,31 @@ _PNG: dict[str, Callable[[Any, Path], Path]] = {
     "sample": _sample_png}
 
 
+# C0 and C1 controls, DEL and Unicode's line and paragraph separators: in a result's text field
+# (a model's or a device's name) they broke the report's lines and reached the terminal with
+# --print (issue 41, the eighth hostile pass). Shown escaped, as Python's repr shows them.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _printable(value: Any) -> Any:
+    """``value`` with every string's control characters written as escapes (``\\n``, ``\\x1b``)."""
+    if isinstance(value, str):
+        return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], value)
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
+
+
 def render_markdown(doc: Document) -> str:
-    return _MARKDOWN[doc["kind"]](doc)
+    return str(_MARKDOWN[doc["kind"]](_printable(doc)))
 
 
 def render_png(doc: Document, path: Path) -> Path | None:
     """The plot for this kind (None for kinds without one, e.g. identity)."""
     fn = _PNG.get(doc["kind"])
-    return fn(doc, path) if fn else None
+    return fn(_printable(doc), path) if fn else None
 
 
 def write_outputs(doc: Document, out_dir: Path, name: str,

@@ -367,6 +367,7 @@ def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Pat
     A single header cannot carry the launchers' hooks (see ``drop_in_caveat``)."""
     wd = Workdir(workdir)
     variant = upstream.canonical_variant(variant)
+    upstream.kit_headers()  # each a regular file of the kit, checked before one is inlined
     header_patches = [p for p in _variant_files(variant)
                       if p.name == Path(upstream.ATTENTION_HEADER).name + ".patch"]
     pristine = pristine_text(wd)
