@@ -49,12 +49,14 @@ def test_force_and_cross_product() -> None:
 
 
 @pytest.mark.parametrize(("text", "n"),
-                         [("512", 512), ("1k", 1024), ("32K", 32768), (" 4k ", 4096)])
+                         [("512", 512), ("1k", 1024), ("32K", 32768), (" 4k ", 4096),
+                          ("2147483647", 2**31 - 1)])
 def test_parse_size(text: str, n: int) -> None:
     assert m.parse_size(text) == n
 
 
-@pytest.mark.parametrize("bad", ["", "1m", "k", "-1", "0", "1.5k"])
+@pytest.mark.parametrize("bad", ["", "1m", "k", "-1", "0", "1.5k", "2147483648", "2097152k",
+                                 "99999999999999999999k"])
 def test_parse_size_rejects(bad: str) -> None:
     with pytest.raises(ConfigError):
         m.parse_size(bad)

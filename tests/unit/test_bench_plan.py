@@ -95,7 +95,7 @@ def test_kernel_refusals_keep_their_families(tmp_path: Path) -> None:
         plan_kernel_bench(_kernel(tmp_path, batch=("1m",)), builds=())
     with pytest.raises(OptionError) as exc:
         plan_kernel_bench(_kernel(tmp_path, formats="json,pdf"), builds=())
-    assert exc.value.option is None and exc.value.exit_code == 2
+    assert exc.value.option == "--formats" and exc.value.exit_code == 2
     assert exc.value.cause == "unknown format(s) pdf; use json, md, png"
 
 
@@ -105,6 +105,9 @@ def test_parsers() -> None:
         with pytest.raises(ConfigError, match="--timing"):
             parse_timings(bad)
     assert parse_formats(" md,json ") == ("md", "json")
+    for empty in ("", ",,,", " , "):  # a run that would write nothing
+        with pytest.raises(OptionError, match="names no format"):
+            parse_formats(empty)
 
 
 def test_build_refusals() -> None:

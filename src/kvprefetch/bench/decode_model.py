@@ -136,6 +136,9 @@ def from_hf_config(cfg: dict[str, Any], name: str = "config", tp: int = 1,
         rms_eps = _positive(cfg, "rms_norm_eps", 1e-5)
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"model config '{name}' lacks or mangles {exc}", fix) from exc
+    if layers is not None and not 1 <= layers <= n_layers:
+        raise ConfigError(f"--layers {layers}: model config '{name}' has {n_layers} layers",
+                          f"pass --layers from 1 to {n_layers}, or leave it out for all of them")
     if tp < 1 or heads % tp or kv % tp or inter % tp:
         raise ConfigError(f"tensor-parallel {tp} does not divide {heads} heads, {kv} kv heads "
                           f"and intermediate {inter}", "pick a --tp that divides them")
@@ -172,6 +175,8 @@ _QWEN25_7B = {"hidden_size": 3584, "num_attention_heads": 28, "num_key_value_hea
 _LLAMA3_70B = {"hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8,
                "intermediate_size": 28672, "num_hidden_layers": 80, "vocab_size": 128256,
                "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+_PRESET_CONFIGS = {"llama-3.1-8b": _LLAMA31_8B, "qwen2.5-7b": _QWEN25_7B,
+                   "llama-3-70b-tp8": _LLAMA3_70B}
 PRESETS: dict[str, DecoderConfig] = {c.name: c for c in (
     from_hf_config(_LLAMA31_8B, "llama-3.1-8b", dtype="float16",
                    source="meta-llama/Llama-3.1-8B config.json"),
@@ -187,6 +192,8 @@ def preset(name: str, dtype: str | None = None, layers: int | None = None) -> De
     if name not in PRESETS:
         raise ConfigError(f"unknown decode preset '{name}'", f"use one of: {', '.join(PRESETS)}")
     c = PRESETS[name]
+    if layers is not None:  # checked against the whole model's count (a preset may run fewer)
+        from_hf_config(_PRESET_CONFIGS[name], name, tp=c.tp, layers=layers)
     return replace(c, dtype=dtype or c.dtype, layers=layers or c.layers)
 
 

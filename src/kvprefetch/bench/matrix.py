@@ -68,25 +68,36 @@ DEFAULT_KV_CACHE_DTYPES = ("auto",)
 MODES = ("cold", "hot", "aliased")  # bench kernel's cache modes (kvinputs.py describes them)
 
 
-def parse_size(text: str) -> int:
-    """``512`` -> 512, ``1k`` -> 1024, ``32K`` -> 32768."""
+MAX_SIZE = 2**31 - 1  # an int32: vLLM's seq_lens and its launchers' int arguments
+
+
+def parse_size(text: str, bounded: bool = True) -> int:
+    """``512`` -> 512, ``1k`` -> 1024, ``32K`` -> 32768; above MAX_SIZE refused unless not
+    ``bounded`` (a caller that checks a tighter bound of its own, with its own message)."""
     m = re.fullmatch(r"\s*(\d+)\s*([kK]?)\s*", text)
     if m is None:
         raise ConfigError(f"'{text}' is not a size", "write sizes like 512, 1k or 32k")
     n = int(m.group(1)) * (1024 if m.group(2) else 1)
     if n <= 0:
         raise ConfigError(f"size '{text}' must be positive", "write sizes like 512, 1k or 32k")
+    if bounded and n > MAX_SIZE:
+        # every size here is a batch or a length vLLM holds as a C++ int (seq_lens is int32,
+        # max_seq_len an int argument): past it no call exists to plan (issue 41, eighth pass)
+        raise ConfigError(f"size '{text}' is above {MAX_SIZE} (2**31 - 1), the largest "
+                          "batch or length vLLM 0.10.2 holds (an int32)",
+                          "write sizes like 512, 1k or 32k")
     return n
 
 
-def parse_sizes(values: Iterable[str] | str) -> tuple[int, ...]:
-    """Comma-separated and/or repeated sizes, order kept, duplicates dropped."""
+def parse_sizes(values: Iterable[str] | str, bounded: bool = True) -> tuple[int, ...]:
+    """Comma-separated and/or repeated sizes, order kept, duplicates dropped; ``bounded`` as
+    ``parse_size``'s."""
     items = [values] if isinstance(values, str) else list(values)
     out: list[int] = []
     for item in items:
         for part in item.split(","):
             if part.strip():
-                n = parse_size(part)
+                n = parse_size(part, bounded)
                 if n not in out:
                     out.append(n)
     return tuple(out)

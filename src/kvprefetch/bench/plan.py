@@ -70,7 +70,11 @@ def parse_formats(text: str) -> tuple[str, ...]:
     out = tuple(f.strip() for f in text.split(",") if f.strip())
     bad = [f for f in out if f not in FORMATS]
     if bad:
-        raise OptionError(f"unknown format(s) {', '.join(bad)}; use json, md, png")
+        raise OptionError(f"unknown format(s) {', '.join(bad)}; use json, md, png", "--formats")
+    if not out:
+        # a run that writes nothing would measure for nothing (issue 41, eighth pass)
+        raise OptionError(f"{text!r} names no format, so the run would write nothing; "
+                          "use one or more of json, md, png", "--formats")
     return out
 
 

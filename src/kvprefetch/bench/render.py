@@ -4,6 +4,7 @@ lengths as written in tables, and matplotlib (imported lazily; PNGs only with th
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,12 @@ def pyplot() -> Any:
                          "pip install 'kvprefetch[plot]' (or pass --formats json,md)") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    # numpy's overflow and invalid-value warnings from matplotlib's tick and transform code on a
+    # result's numbers near or past the float limit (1e308, Infinity: they plot, off any scale).
+    # They name matplotlib's own files, not the input, so they would only send the user there
+    # (issue 41, eighth pass); the report's tables still show every number as it is.
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"matplotlib\.")
 
     return plt
 

@@ -74,6 +74,11 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     if bad:
         raise click.BadParameter(f"unknown format(s) {', '.join(bad)}; use md, png",
                                  param_hint="--formats")
+    if not fmts and not (print_md or merge or repeats_name is not None):
+        # --merge and --repeats always write their JSON; --print alone prints (issue 41, pass 8)
+        raise click.BadParameter(f"{formats!r} names no format, so report would write nothing; "
+                                 "give md, png or both (or --print to only print the markdown)",
+                                 param_hint="--formats")
     if force_merge and not merge:
         raise click.UsageError("--force-merge goes with --merge")
     if merge:

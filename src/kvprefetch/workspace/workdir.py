@@ -113,6 +113,15 @@ class Workdir:
         if self.root.exists() and not self.root.is_dir():
             raise ConfigError(f"--workdir {self.root} exists and is not a directory",
                               "pick a new or empty directory for --workdir")
+        if not os.path.lexists(self.root):
+            # the folders `ensure` would make sit under a file: a dry run must refuse what the
+            # real run would (issue 41, sixth pass: `fetch --dry-run --workdir FILE/sub` passed)
+            above = Path(os.path.abspath(self.root)).parent
+            while not os.path.lexists(above) and above != above.parent:
+                above = above.parent
+            if not above.is_dir():
+                raise ConfigError(f"--workdir {self.root} cannot be made: {above} is not a "
+                                  "directory", "pick a --workdir under a directory")
         if self.root.is_dir() and not self.is_tagged() and any(self.root.iterdir()) \
                 and not adopt:
             shown = ", ".join(sorted(p.name for p in self.root.iterdir())[:6])
