@@ -11,6 +11,7 @@ import click
 
 from .. import __version__
 from ..errors import KvprefetchError
+from ..stdio import StreamWriteError, standard_streams
 
 # name -> "module:attribute" of a click command; imported only when that command runs, so a
 # missing optional dependency of one command never breaks --help or the others.
@@ -81,6 +82,15 @@ class LazyGroup(click.Group):
                 raise
             click.echo(f"error: {exc.message}", err=True)
             sys.exit(exc.exit_code)
+        except StreamWriteError as exc:
+            # stdout itself could not be written (`> /dev/full`): not the work directory's
+            # fault, and "partial files were removed" would be untrue (issue 41, ninth pass)
+            if debug:
+                raise
+            family = _os_error_family(ctx.invoked_subcommand)
+            err = family(*output_failed(exc))
+            click.echo(f"error: {err.message}", err=True)
+            sys.exit(err.exit_code)
         except BrokenPipeError:
             # The reader of our output went away (`kvprefetch … | head -1`): not a fault of a
             # path or a file system. click's own handling (as for `--help | head -1`) exits 1
@@ -123,12 +133,31 @@ def main(debug: bool) -> None:
     """
 
 
+def output_failed(exc: OSError) -> tuple[str, str]:
+    """(cause, fix) for a standard output that could not be written."""
+    cause = f"cannot write this command's output to its standard output: {exc.strerror or exc}"
+    fix = ("send the output somewhere it can be written (`> FILE` on a file system with room, "
+           "or a pipe), then rerun; this is not a fault of the work directory or of any file "
+           "the command writes")
+    return cause, fix
+
+
 def run() -> None:
     """The command line, with a Ctrl-C before or after click takes over as one line and exit
     130 (click's own handling starts only once ``main`` runs; the lazy imports of a command
-    happen inside it)."""
+    happen inside it). The standard streams are made safe first (``stdio``): a closed one is
+    ``/dev/null``, text they cannot encode is escaped, and a stdout that cannot be written
+    (``--help > /dev/full``) is one message, not a traceback."""
+    standard_streams()
     try:
-        main()
+        try:
+            main()
+        finally:
+            sys.stdout.flush()
+    except StreamWriteError as exc:
+        cause, fix = output_failed(exc)
+        click.echo(f"error: {cause}\nTo fix: {fix}", err=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
         sys.exit(130)
