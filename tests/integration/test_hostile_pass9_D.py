@@ -125,3 +125,95 @@ def test_bench_decode_refuses_a_list_of_no_sizes(tmp_path: Path, option: str,
     assert res.returncode == 2, text
     assert option in text and "To fix:" in text, text
     assert not (tmp_path / "w").exists()
+
+
+def _plant(root: Path, module: str, body: str) -> Path:
+    """A package ``module`` under ``root`` (to be put first on PYTHONPATH)."""
+    (root / module).mkdir(parents=True)
+    (root / module / "__init__.py").write_text(body)
+    return root
+
+
+def test_a_module_raising_on_import_or_use_is_one_message(tmp_path: Path) -> None:
+    """A ``torch`` on PYTHONPATH raising RuntimeError on import (a broken install, or one
+    planted): ``bench kernel`` (``require_torch`` caught only ImportError and OSError) was a
+    traceback; a ``torch`` whose every attribute raises made ``vmm selftest`` one; a
+    ``matplotlib`` raising on import made ``report`` one, a ``rich`` every dry run's table.
+    Now: bench names torch and setup-venv.sh (exit 7); the others name the module and its
+    file (the command's family), with ``--debug`` for the traceback."""
+    def run(plant: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+        return _sh('"$@"', *args, env={"PYTHONPATH": f"{plant}{os.pathsep}{_REPO / 'src'}"})
+
+    broken = _plant(tmp_path / "p1", "torch", 'raise RuntimeError("planted torch")\n')
+    res = run(broken, "bench", "kernel", "--workdir", str(tmp_path / "w"))
+    text = _no_traceback(res)
+    assert res.returncode == 7 and "needs torch" in text and "planted torch" in text, text
+
+    attr = _plant(tmp_path / "p2", "torch",
+                  "def __getattr__(name):\n    raise RuntimeError('planted: ' + name)\n")
+    res = run(attr, "vmm", "selftest", "--ops", "5")
+    text = _no_traceback(res)
+    assert res.returncode == 2, text
+    assert f"the module torch ({attr / 'torch' / '__init__.py'}) raised RuntimeError" in text
+    assert "To fix:" in text and "--debug" in text, text
+
+    mpl = _plant(tmp_path / "p3", "matplotlib", 'raise RuntimeError("planted mpl")\n')
+    result = _REPO / "docs" / "results" / "2026-12-03-h200-vllm-call-decode" / \
+        "decode-qwen2.5-7b-8000.json.gz"
+    res = run(mpl, "report", str(result), "--out", str(tmp_path / "rep"))
+    text = _no_traceback(res)
+    assert res.returncode == 2 and "the module matplotlib" in text and "planted mpl" in text
+    assert not (tmp_path / "rep" / "decode-qwen2.5-7b-8000.png").exists()
+
+    rich = _plant(tmp_path / "p4", "rich", 'raise RuntimeError("planted rich")\n')
+    res = run(rich, "bench", "kernel", "--dry-run", "--workdir", str(tmp_path / "w"))
+    text = _no_traceback(res)
+    assert res.returncode == 7 and "the module rich" in text, text
+    # --debug still shows the traceback (the kit's own bugs are never hidden by this)
+    res = run(rich, "--debug", "bench", "kernel", "--dry-run", "--workdir", str(tmp_path / "w"))
+    assert b"Traceback" in res.stderr and b"planted rich" in res.stderr
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("program", ["/bin/true", "/bin/echo"])
+def test_a_torch_from_that_is_no_python_is_named(tmp_path: Path, program: str) -> None:
+    """``doctor --smoke --torch-from /bin/true`` (and ``build --torch-from``, which probes the
+    same way): the probe's output held no JSON line, an IndexError traceback (a line that
+    starts with ``{`` and is not JSON: a JSONDecodeError). Now the smoke-torch check fails
+    naming the program and what to pass instead."""
+    res = _sh('"$@"', "doctor", "--smoke", "--torch-from", program, "--workdir",
+              str(tmp_path / "w"))
+    text = _no_traceback(res)
+    assert res.returncode == 2, text
+    assert f"{program} did not answer the torch probe" in text, text
+    assert not (tmp_path / "w").exists()
+
+
+def test_an_interpreter_answering_a_probe_with_no_record_is_no_traceback(tmp_path: Path) -> None:
+    """The environment probe (``machine.envs``: an env's python, or the interpreter whose
+    torch a kernels-only env inherits) and verify-kernel's provenance probe read the last
+    line of the interpreter's output as JSON: a program printing nothing or ``{oops`` was an
+    IndexError or JSONDecodeError traceback. Now a BuildError naming the program, and a
+    provenance record carrying the error (what verify-kernel reports as a failed check)."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho '{oops'\n")
+    fake.chmod(0o755)
+    code = (
+        "import sys\n"
+        "from kvprefetch.errors import BuildError\n"
+        "from kvprefetch.machine.envs import _base_python_info\n"
+        "from kvprefetch.verify.kernel import probe_env\n"
+        "for prog in (sys.argv[1], '/bin/true'):\n"
+        "    try:\n"
+        "        _base_python_info(prog)\n"
+        "    except BuildError as exc:\n"
+        "        assert 'did not answer the environment probe' in exc.cause, exc.cause\n"
+        "    else:\n"
+        "        raise SystemExit('no BuildError')\n"
+        "rec = probe_env(sys.argv[1], sys.argv[2], 'provenance')\n"
+        "assert 'probe printed no record' in rec['errors'][0], rec\n"
+        "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", code, str(fake), str(tmp_path)],
+                         env=dict(_env(), PYTHONPATH=str(_REPO / "src")), capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr

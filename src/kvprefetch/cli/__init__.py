@@ -114,6 +114,49 @@ class LazyGroup(click.Group):
                 raise
             click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
             sys.exit(130)
+        except Exception as exc:
+            # raised inside a third-party module (torch, numpy, matplotlib, rich, ...): a broken
+            # install, or a module of that name planted on PYTHONPATH, raising on import or on
+            # use. One message naming the module and its file (issue 41, ninth hostile pass:
+            # a `torch` raising RuntimeError on import was a traceback in bench and vmm, a
+            # `matplotlib` in report, a `rich` in every dry run's table). An exception from
+            # the kit's own code (or the standard library called by it) stays a traceback: a
+            # bug of the kit's, which its tests must see.
+            origin = third_party_origin(exc)
+            if debug or origin is None:
+                raise
+            family = _os_error_family(ctx.invoked_subcommand)
+            err = family(*third_party_failed(exc, *origin))
+            click.echo(f"error: {err.message}", err=True)
+            sys.exit(err.exit_code)
+
+
+def third_party_origin(exc: BaseException) -> tuple[str, str] | None:
+    """(top-level module, its file) of the frame that raised ``exc``, when that frame is code
+    of a third-party module: neither the kit's, nor click's, nor the standard library's."""
+    tb = exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    name = str(frame.f_globals.get("__name__") or "")
+    top = name.partition(".")[0]
+    if not top or top in ("kvprefetch", "click", "__main__") or top.startswith("_") \
+            or top in sys.stdlib_module_names:
+        return None
+    return top, frame.f_code.co_filename
+
+
+def third_party_failed(exc: BaseException, module: str, filename: str) -> tuple[str, str]:
+    """(cause, fix) for an exception raised inside the third-party ``module``."""
+    detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    cause = (f"the module {module} ({filename}) raised {type(exc).__name__}"
+             + (f": {detail}" if detail else ""))
+    fix = (f"`{sys.executable} -c 'import {module}'` shows whether {module} itself is broken: "
+           f"repair or reinstall it in this environment, or take a module of that name that "
+           "PYTHONPATH puts first off it; `kvprefetch --debug ...` shows the full traceback")
+    return cause, fix
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
