@@ -217,3 +217,23 @@ def test_an_interpreter_answering_a_probe_with_no_record_is_no_traceback(tmp_pat
                          env=dict(_env(), PYTHONPATH=str(_REPO / "src")), capture_output=True,
                          text=True, timeout=120, check=False)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr
+
+
+def test_nothing_the_kit_makes_is_world_writable_under_umask_000(tmp_path: Path) -> None:
+    """Under ``umask 000`` ``slurm plan`` made the campaign folder, ``scripts/``, ``logs/``,
+    ``results/`` ... 0777 (and ``fetch``/``apply`` the work directory's folders 0777 and the
+    patched files 0666): any local user could replace a job script or plant a link. The kit
+    now adds world-write to the umask; a stricter umask (077) is kept as it is."""
+    loose = tmp_path / "loose"
+    res = _sh('umask 000; "$@"', "slurm", "plan", str(loose), "--stand-in")
+    _no_traceback(res)
+    assert res.returncode == 0, res.stderr
+    made = [loose, *loose.rglob("*")]
+    assert len(made) > 8
+    writable = [str(p) for p in made if p.lstat().st_mode & 0o002]
+    assert not writable, writable
+    strict = tmp_path / "strict"
+    res = _sh('umask 077; "$@"', "slurm", "plan", str(strict), "--stand-in")
+    assert res.returncode == 0, res.stderr
+    assert all(p.lstat().st_mode & 0o077 == 0 for p in [strict, *strict.rglob("*")]
+               if p.is_dir())

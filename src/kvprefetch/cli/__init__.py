@@ -4,6 +4,7 @@ Nothing here (or in what it imports at start-up) touches CUDA, so ``--help`` wor
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -176,6 +177,17 @@ def main(debug: bool) -> None:
     """
 
 
+def no_world_writable() -> None:
+    """Add world-write to the umask (whatever else it masks stays masked): nothing the kit or
+    a program it runs creates is writable by every user. Under ``umask 000`` the work
+    directory, ``state/``, ``trees/``, ``.locks/``, a campaign folder and its ``scripts/`` were
+    made 0777 and the files ``apply`` patched 0666, so any local user could replace a record,
+    plant a link or edit an sbatch script (issue 41, ninth hostile pass; the threat model
+    gives the work directory to the user and the user's programs only). Group write (``umask
+    002``, a team's shared project folder) is the user's to choose, and kept."""
+    os.umask(os.umask(0o022) | 0o002)
+
+
 def output_failed(exc: OSError) -> tuple[str, str]:
     """(cause, fix) for a standard output that could not be written."""
     cause = f"cannot write this command's output to its standard output: {exc.strerror or exc}"
@@ -192,6 +204,7 @@ def run() -> None:
     ``/dev/null``, text they cannot encode is escaped, and a stdout that cannot be written
     (``--help > /dev/full``) is one message, not a traceback."""
     standard_streams()
+    no_world_writable()
     try:
         try:
             main()
