@@ -237,3 +237,18 @@ def test_nothing_the_kit_makes_is_world_writable_under_umask_000(tmp_path: Path)
     assert res.returncode == 0, res.stderr
     assert all(p.lstat().st_mode & 0o077 == 0 for p in [strict, *strict.rglob("*")]
                if p.is_dir())
+
+
+def test_a_file_size_limit_is_named_in_the_fix(tmp_path: Path) -> None:
+    """Under ``ulimit -f 20`` (20 KiB) ``report`` (its 45 KB PNG; also ``fetch``'s trees) said
+    "report failed: File too large / To fix: check the path and its file system": nothing
+    named the limit. Now the fix names ``ulimit -f`` and the limit in force; no partial file
+    is left."""
+    result = _REPO / "docs" / "results" / "2026-12-03-h200-vllm-call-decode" / \
+        "decode-qwen2.5-7b-8000.json.gz"
+    out = tmp_path / "rep"
+    res = _sh('ulimit -f 20; "$@"', "report", str(result), "--out", str(out))
+    text = _no_traceback(res)
+    assert res.returncode == 2, text
+    assert "File too large" in text and "ulimit -f" in text and "20 blocks" in text, text
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
