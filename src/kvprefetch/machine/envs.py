@@ -32,6 +32,7 @@ from ..reading import load_json
 from ..runner import run, which
 from ..workspace.confine import write_file
 from ..workspace.locks import locked
+from .torch_probe import probe_answer
 
 MARKER = ".kvprefetch-env.json"
 
@@ -194,7 +195,7 @@ class Env(abc.ABC):
                                   f"recreate it: rerun with --force, or remove {self.path}")
             done = run([str(self.python), "-c", _PROBE], env=self.environ(), echo=False,
                        log=self.log, timeout=120)
-            self._info = _probe_answer(done.output, self.python)
+            self._info = probe_answer(done.output, self.python)
         return self._info
 
     def site_packages(self) -> Path:
@@ -319,26 +320,8 @@ class Env(abc.ABC):
 def _base_python_info(python: str | os.PathLike[str]) -> dict[str, Any]:
     clean = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP}
     done = run([str(python), "-c", _PROBE], env=clean, echo=False, timeout=120)
-    return _probe_answer(done.output, python)
+    return probe_answer(done.output, python)
 
-
-def _probe_answer(output: str, python: str | os.PathLike[str]) -> dict[str, Any]:
-    """The probe's record: the last line of ``python``'s output, a JSON object; a python that
-    prints nothing or something else (`--torch-from /bin/true`, an env's python replaced) is
-    one BuildError naming it, not an IndexError or JSONDecodeError traceback (issue 41, ninth
-    hostile pass)."""
-    lines = output.strip().splitlines()
-    try:
-        info = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        info = None
-    if not isinstance(info, dict):
-        said = lines[-1][:300] if lines else "nothing"
-        raise BuildError(f"{python} did not answer the environment probe as a Python "
-                         f"interpreter does (its output: {said})",
-                         "pass the path of a Python interpreter, or recreate the environment "
-                         f"holding {python} (rerun with --force)")
-    return info
 
 
 def _write_inherit_pth(site_packages: Path, dirs: Sequence[str]) -> None:

@@ -9,6 +9,7 @@ torch the smoke would use, and the kernels-only, overlay and smoke modes probe t
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,3 +110,22 @@ def default_torch_python(wd: Workdir) -> str | None:
     2.8.0 with vLLM's pins), when it exists."""
     py = wd.overlay_env("baseline") / "bin" / "python"
     return str(py) if py.exists() else None
+
+
+def probe_answer(output: str, python: str | os.PathLike[str]) -> dict[str, Any]:
+    """The probe's record: the last line of ``python``'s output, a JSON object; a python that
+    prints nothing or something else (`--torch-from /bin/true`, an env's python replaced) is
+    one BuildError naming it, not an IndexError or JSONDecodeError traceback (issue 41, ninth
+    hostile pass)."""
+    lines = output.strip().splitlines()
+    try:
+        info = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        said = lines[-1][:300] if lines else "nothing"
+        raise BuildError(f"{python} did not answer the environment probe as a Python "
+                         f"interpreter does (its output: {said})",
+                         "pass the path of a Python interpreter, or recreate the environment "
+                         f"holding {python} (rerun with --force)")
+    return info
