@@ -252,3 +252,20 @@ def test_a_file_size_limit_is_named_in_the_fix(tmp_path: Path) -> None:
     assert res.returncode == 2, text
     assert "File too large" in text and "ulimit -f" in text and "20 blocks" in text, text
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_uv_cache_dir_that_cannot_be_examined_is_a_check_not_a_failure(tmp_path: Path) -> None:
+    """``UV_CACHE_DIR`` 5,000 characters long: ``doctor --mode overlay`` (and ``build --mode
+    overlay``'s preflight) stopped with "doctor failed: <path>: File name too long / To fix:
+    check the path and its file system", naming no variable. Now the disk check says uv's
+    cache cannot be examined, and doctor reports the rest."""
+    from kvprefetch.overlay.install import find_uv
+
+    if find_uv() is None:
+        pytest.skip("no uv here: the overlay disk check never asks uv for its cache")
+    res = _sh('"$@"', "doctor", "--mode", "overlay", "--workdir", str(tmp_path / "w"),
+              env={"UV_CACHE_DIR": str(tmp_path / ("A" * 5000))})
+    text = _no_traceback(res)
+    assert "doctor failed" not in text, text
+    assert "uv's cache directory" in text and "cannot be examined" in " ".join(text.split())
+    assert not (tmp_path / "w").exists()
