@@ -269,3 +269,23 @@ def test_a_uv_cache_dir_that_cannot_be_examined_is_a_check_not_a_failure(tmp_pat
     assert "doctor failed" not in text, text
     assert "uv's cache directory" in text and "cannot be examined" in " ".join(text.split())
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("command", [("export-header", "-o"),
+                                     ("vmm", "bench", "--dry-run", "--out")])
+def test_an_output_file_option_naming_a_folder_says_so(tmp_path: Path,
+                                                       command: tuple[str, ...]) -> None:
+    """``export-header -o ''`` said "cannot write .: a directory is in its place / To fix: move
+    . away"; ``-o DIR`` (an existing folder) "move DIR away", sending the user to move their
+    folder. ``vmm bench --out`` took the same. Now a usage error: name the file to write."""
+    folder = tmp_path / "headers"
+    folder.mkdir()
+    (folder / "mine.txt").write_text("keep\n")
+    for value in ("", str(folder)):
+        res = _sh('"$@"', *command, value, "--workdir", str(tmp_path / "w")) \
+            if command[0] == "export-header" else _sh('"$@"', *command, value)
+        text = _no_traceback(res)
+        assert res.returncode == 2, text
+        assert "is a folder; give the path of the file to write" in text, text
+        assert "move" not in text, text
+    assert [p.name for p in folder.iterdir()] == ["mine.txt"]
