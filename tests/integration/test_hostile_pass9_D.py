@@ -289,3 +289,20 @@ def test_an_output_file_option_naming_a_folder_says_so(tmp_path: Path,
         assert "is a folder; give the path of the file to write" in text, text
         assert "move" not in text, text
     assert [p.name for p in folder.iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize("sub", [("plan", "--stand-in"), ("status",), ("submit", "--dry-run")])
+def test_a_campaign_that_is_a_device_or_fifo_is_named(tmp_path: Path, sub: tuple[str, ...]
+                                                       ) -> None:
+    """``slurm plan /dev/null`` (a FIFO, a device) said "slurm failed: /dev/null/scripts: Not a
+    directory / To fix: check the path and its file system"; ``status``/``submit`` "cannot read
+    …/campaign.json … plan the campaign again". click's ``file_okay=False`` refuses regular
+    files only. Now a usage error: the campaign is not a folder."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target in ("/dev/null", str(fifo)):
+        res = _sh('"$@"', "slurm", sub[0], target, *sub[1:])
+        text = _no_traceback(res)
+        assert res.returncode == 2, text
+        assert "is not a folder (a device, FIFO or socket)" in text, text
+        assert "Not a directory" not in text and "plan the campaign again" not in text, text
