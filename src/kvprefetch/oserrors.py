@@ -31,6 +31,20 @@ _FIX = {
 }
 
 
+def _too_large() -> str:
+    """The fix for EFBIG: a file grew past this process's file-size limit (``ulimit -f``),
+    which "check the path and its file system" did not name (issue 41, ninth hostile pass)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    limit = ("unlimited" if soft == resource.RLIM_INFINITY
+             else f"{soft} bytes, {soft // 1024} blocks of `ulimit -f`")
+    return (f"a file outgrew the file-size limit of this process (now {limit}) or the largest "
+            "file its file system holds: raise the limit (`ulimit -f unlimited`) or write to "
+            f"another file system ({_ELSEWHERE}), then rerun; partial files of this run were "
+            "removed")
+
+
 def describe(exc: OSError) -> tuple[str, str]:
     """(cause, fix) for an OSError."""
     if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) \
@@ -46,6 +60,8 @@ def describe(exc: OSError) -> tuple[str, str]:
         where = f"{exc.filename} -> {exc.filename2}"
     reason = exc.strerror or str(exc)
     cause = f"{where}: {reason}" if where else reason
+    if exc.errno == errno.EFBIG:
+        return cause, _too_large()
     fix = _FIX.get(exc.errno or 0, "check the path and its file system, then rerun")
     return cause, fix.format(where=os.path.dirname(str(exc.filename or ".")) or ".")
 

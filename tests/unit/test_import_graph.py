@@ -126,7 +126,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("workspace",),
     ("kernels",),
     ("probe",),
-    ("upstream", "reading", "timings", "kitinfo", "console", "oserrors", "hashing", "runner",
+    ("upstream", "reading", "timings", "kitinfo", "console", "stdio", "oserrors", "hashing",
+     "runner",
      "errors", "__init__"),
 )
 

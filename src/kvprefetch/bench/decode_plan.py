@@ -108,6 +108,12 @@ def plan_decode_bench(options: DecodeBenchOptions,
              else model_preset(o.preset, dtype=o.dtype, layers=o.layers))
     batches = parse_sizes(o.batch) if o.batch else DEFAULT_BATCHES
     contexts = parse_sizes(o.context) if o.context else DEFAULT_CONTEXTS
+    # `--context ''` (blank, only commas) names no size: it was max() of nothing, a
+    # traceback, and `--batch ''` a plan of no workload (issue 41, ninth hostile pass)
+    for option, sizes in (("--batch", batches), ("--context", contexts)):
+        if not sizes:
+            raise OptionError(f"{option} names no size; give one or more, e.g. "
+                              f"{'1,8,32' if option == '--batch' else '1k,8k'}", option=option)
     if max(contexts) + o.steps > o.max_model_len:
         raise OptionError(f"context {max(contexts)} + {o.steps} steps exceeds "
                           f"--max-model-len {o.max_model_len}", option="--context")

@@ -28,7 +28,8 @@ def require_torch(command: str) -> None:
 
     try:
         import torch  # noqa: F401
-    except (ImportError, OSError) as exc:
+    except Exception as exc:  # ImportError, OSError; a broken or planted torch may raise
+        # anything while it imports (issue 41, ninth hostile pass)
         raise BenchError(
             f"`kvprefetch bench {command}` needs torch (a CUDA build), and this python "
             f"({sys.executable}) cannot import it: {exc}",

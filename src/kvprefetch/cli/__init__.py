@@ -4,6 +4,7 @@ Nothing here (or in what it imports at start-up) touches CUDA, so ``--help`` wor
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -11,6 +12,7 @@ import click
 
 from .. import __version__
 from ..errors import KvprefetchError
+from ..stdio import StreamWriteError, standard_streams
 
 # name -> "module:attribute" of a click command; imported only when that command runs, so a
 # missing optional dependency of one command never breaks --help or the others.
@@ -81,6 +83,15 @@ class LazyGroup(click.Group):
                 raise
             click.echo(f"error: {exc.message}", err=True)
             sys.exit(exc.exit_code)
+        except StreamWriteError as exc:
+            # stdout itself could not be written (`> /dev/full`): not the work directory's
+            # fault, and "partial files were removed" would be untrue (issue 41, ninth pass)
+            if debug:
+                raise
+            family = _os_error_family(ctx.invoked_subcommand)
+            err = family(*output_failed(exc))
+            click.echo(f"error: {err.message}", err=True)
+            sys.exit(err.exit_code)
         except BrokenPipeError:
             # The reader of our output went away (`kvprefetch … | head -1`): not a fault of a
             # path or a file system. click's own handling (as for `--help | head -1`) exits 1
@@ -104,6 +115,49 @@ class LazyGroup(click.Group):
                 raise
             click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
             sys.exit(130)
+        except Exception as exc:
+            # raised inside a third-party module (torch, numpy, matplotlib, rich, ...): a broken
+            # install, or a module of that name planted on PYTHONPATH, raising on import or on
+            # use. One message naming the module and its file (issue 41, ninth hostile pass:
+            # a `torch` raising RuntimeError on import was a traceback in bench and vmm, a
+            # `matplotlib` in report, a `rich` in every dry run's table). An exception from
+            # the kit's own code (or the standard library called by it) stays a traceback: a
+            # bug of the kit's, which its tests must see.
+            origin = third_party_origin(exc)
+            if debug or origin is None:
+                raise
+            family = _os_error_family(ctx.invoked_subcommand)
+            err = family(*third_party_failed(exc, *origin))
+            click.echo(f"error: {err.message}", err=True)
+            sys.exit(err.exit_code)
+
+
+def third_party_origin(exc: BaseException) -> tuple[str, str] | None:
+    """(top-level module, its file) of the frame that raised ``exc``, when that frame is code
+    of a third-party module: neither the kit's, nor click's, nor the standard library's."""
+    tb = exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    name = str(frame.f_globals.get("__name__") or "")
+    top = name.partition(".")[0]
+    if not top or top in ("kvprefetch", "click", "__main__") or top.startswith("_") \
+            or top in sys.stdlib_module_names:
+        return None
+    return top, frame.f_code.co_filename
+
+
+def third_party_failed(exc: BaseException, module: str, filename: str) -> tuple[str, str]:
+    """(cause, fix) for an exception raised inside the third-party ``module``."""
+    detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    cause = (f"the module {module} ({filename}) raised {type(exc).__name__}"
+             + (f": {detail}" if detail else ""))
+    fix = (f"`{sys.executable} -c 'import {module}'` shows whether {module} itself is broken: "
+           f"repair or reinstall it in this environment, or take a module of that name that "
+           "PYTHONPATH puts first off it; `kvprefetch --debug ...` shows the full traceback")
+    return cause, fix
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -123,12 +177,43 @@ def main(debug: bool) -> None:
     """
 
 
+def no_world_writable() -> None:
+    """Add world-write to the umask (whatever else it masks stays masked): nothing the kit or
+    a program it runs creates is writable by every user. Under ``umask 000`` the work
+    directory, ``state/``, ``trees/``, ``.locks/``, a campaign folder and its ``scripts/`` were
+    made 0777 and the files ``apply`` patched 0666, so any local user could replace a record,
+    plant a link or edit an sbatch script (issue 41, ninth hostile pass; the threat model
+    gives the work directory to the user and the user's programs only). Group write (``umask
+    002``, a team's shared project folder) is the user's to choose, and kept."""
+    os.umask(os.umask(0o022) | 0o002)
+
+
+def output_failed(exc: OSError) -> tuple[str, str]:
+    """(cause, fix) for a standard output that could not be written."""
+    cause = f"cannot write this command's output to its standard output: {exc.strerror or exc}"
+    fix = ("send the output somewhere it can be written (`> FILE` on a file system with room, "
+           "or a pipe), then rerun; this is not a fault of the work directory or of any file "
+           "the command writes")
+    return cause, fix
+
+
 def run() -> None:
     """The command line, with a Ctrl-C before or after click takes over as one line and exit
     130 (click's own handling starts only once ``main`` runs; the lazy imports of a command
-    happen inside it)."""
+    happen inside it). The standard streams are made safe first (``stdio``): a closed one is
+    ``/dev/null``, text they cannot encode is escaped, and a stdout that cannot be written
+    (``--help > /dev/full``) is one message, not a traceback."""
+    standard_streams()
+    no_world_writable()
     try:
-        main()
+        try:
+            main()
+        finally:
+            sys.stdout.flush()
+    except StreamWriteError as exc:
+        cause, fix = output_failed(exc)
+        click.echo(f"error: {cause}\nTo fix: {fix}", err=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
         sys.exit(130)

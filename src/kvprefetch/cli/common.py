@@ -31,6 +31,19 @@ def _real_workdir(ctx: click.Context, param: click.Parameter, value: Path) -> Pa
     return value
 
 
+def output_file(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
+    """An option naming a file to write (``export-header -o``, ``vmm bench --out``): not empty
+    and not a folder. ``-o ''`` said "cannot write .: a directory is in its place / To fix:
+    move . away", and ``-o DIR`` "move DIR away" (issue 41, ninth hostile pass)."""
+    text = str(value) if value is not None else ""
+    if value is not None and (not text.strip() or text.endswith("/") or value.is_dir()):
+        what = "names no file" if not text.strip() else "is a folder"
+        example = (Path(text) / "NAME").as_posix() if text.strip() else "a file path"
+        raise click.BadParameter(f"{text!r} {what}; give the path of the file to write "
+                                 f"(e.g. {example})", ctx=ctx, param=param)
+    return value
+
+
 def workdir_option(f: F) -> F:
     return click.option(
         "--workdir", type=click.Path(path_type=Path), default=DEFAULT_WORKDIR, show_default=True,

@@ -13,7 +13,21 @@ from ..console import emit_json, info, table
 from ..slurm.values import MAX_CPUS_PER_BUILD
 from .common import ARCH_TYPE, LibraryChecked, dry_run_option, json_option
 
-campaign_arg = click.argument("campaign", type=click.Path(file_okay=False, path_type=Path))
+
+def _campaign_folder(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
+    """A campaign is a folder, or a path where one will be made: click's ``file_okay=False``
+    refuses a regular file only, and a device or FIFO there was "slurm failed: /dev/zero/scripts:
+    Not a directory / To fix: check the path and its file system" (plan) or "cannot read
+    /dev/zero/campaign.json ... plan the campaign again" (issue 41, ninth hostile pass)."""
+    if value.exists() and not value.is_dir():
+        raise click.BadParameter(f"{str(value)!r} is not a folder (a device, FIFO or socket); "
+                                 "name the campaign's folder, or a new path for one",
+                                 ctx=ctx, param=param)
+    return value
+
+
+campaign_arg = click.argument("campaign", type=click.Path(file_okay=False, path_type=Path),
+                              callback=_campaign_folder)
 
 
 @click.group()

@@ -14,6 +14,7 @@ from .common import (
     deprecated,
     dry_run_option,
     json_option,
+    output_file,
     variant_option,
     workdir_option,
 )
@@ -174,7 +175,8 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
 @click.command("export-header")
 @workdir_option
 @click.option("-o", "--output", type=click.Path(path_type=Path),
-              default=Path("csrc/attention_kernels.cuh"), show_default=True)
+              default=Path("csrc/attention_kernels.cuh"), show_default=True,
+              callback=output_file)
 @variant_option()
 @json_option
 def export_header(workdir: Path, output: Path, variant: str, as_json: bool) -> None:

@@ -20,7 +20,7 @@ import click
 
 from ..console import emit_json, info, step, table
 from ..errors import BenchError
-from .common import dry_run_option, json_option
+from .common import dry_run_option, json_option, output_file
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -107,7 +107,7 @@ def selftest(driver_name: str, ops: int, seed: int, layout: str, sync_mapping: b
 
 @vmm.command()
 @click.option("--out", type=click.Path(path_type=Path), default=Path("vmm-bench.json"),
-              show_default=True, help="JSON report to write.")
+              show_default=True, help="JSON report to write.", callback=output_file)
 @click.option("--batches", default="1,8,32,64,128", show_default=True)
 @click.option("--contexts", default="512,1k,4k,16k", show_default=True)
 # at least one: zero rounds (or fewer) timed nothing and left the medians to a list of none

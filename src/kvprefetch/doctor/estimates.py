@@ -58,7 +58,14 @@ def shares_one_install(backend: str, workdir: Path,
     if done is None or done.returncode != 0 or not done.output.strip():
         return False, "uv's cache directory is unknown (`uv cache dir` failed)"
     cache = Path(done.output.strip().splitlines()[-1])
-    if existing(cache).stat().st_dev != existing(workdir).stat().st_dev:
+    try:
+        same = existing(cache).stat().st_dev == existing(workdir).stat().st_dev
+    except OSError as exc:  # UV_CACHE_DIR 5,000 characters long: "doctor failed: ... File name
+        # too long / check the path", naming no variable (issue 41, ninth hostile pass)
+        return False, (f"uv's cache directory (UV_CACHE_DIR or uv's default: `uv cache dir`) "
+                       f"cannot be examined: {exc.strerror or exc}; uv copies into each "
+                       "environment, if it runs at all")
+    if not same:
         return False, (f"uv's cache {cache} is on another file system: uv copies into each "
                        "environment")
     return True, f"uv hard-links every environment from its cache {cache} on this disk"

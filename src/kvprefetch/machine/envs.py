@@ -32,6 +32,7 @@ from ..reading import load_json
 from ..runner import run, which
 from ..workspace.confine import write_file
 from ..workspace.locks import locked
+from .torch_probe import probe_answer
 
 MARKER = ".kvprefetch-env.json"
 
@@ -194,7 +195,7 @@ class Env(abc.ABC):
                                   f"recreate it: rerun with --force, or remove {self.path}")
             done = run([str(self.python), "-c", _PROBE], env=self.environ(), echo=False,
                        log=self.log, timeout=120)
-            self._info = json.loads(done.output.strip().splitlines()[-1])
+            self._info = probe_answer(done.output, self.python)
         return self._info
 
     def site_packages(self) -> Path:
@@ -319,8 +320,8 @@ class Env(abc.ABC):
 def _base_python_info(python: str | os.PathLike[str]) -> dict[str, Any]:
     clean = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP}
     done = run([str(python), "-c", _PROBE], env=clean, echo=False, timeout=120)
-    info: dict[str, Any] = json.loads(done.output.strip().splitlines()[-1])
-    return info
+    return probe_answer(done.output, python)
+
 
 
 def _write_inherit_pth(site_packages: Path, dirs: Sequence[str]) -> None:

@@ -9,9 +9,11 @@ torch the smoke would use, and the kernels-only, overlay and smoke modes probe t
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import BuildError
 from ..runner import run
@@ -45,12 +47,21 @@ def probe_torch(python: str, env: dict[str, str], log: Path | None = None) -> To
     res = run([python, str(probe_script("torch_info.py"))], env=env, log=log, echo=False,
               check=False, cwd="/")
     if res.returncode != 0:
-        raise BuildError(f"{python} cannot import torch (needed to compile against it):\n"
-                         + res.output.strip()[-800:],
+        raise BuildError(f"{python} cannot import torch (needed to compile against it): "
+                         + _last_words(res.output),
                          "install a CUDA build of torch in that environment, or build with "
-                         "--torch-from PYTHON naming an interpreter that has one")
-    line = [ln for ln in res.output.splitlines() if ln.startswith("{")][-1]
-    d = json.loads(line)
+                         "--torch-from PYTHON naming an interpreter that has one (`PYTHON -c "
+                         "'import torch'` shows the whole error)")
+    d = _probe_record(res.output)
+    if d is None:
+        # `--torch-from /bin/true` (or /bin/echo, a wrapper printing something else, a torch
+        # that exits 0 while it imports): no record, or not the probe's; was an IndexError or
+        # JSONDecodeError traceback (issue 41, ninth hostile pass)
+        raise BuildError(f"{python} did not answer the torch probe as a Python interpreter "
+                         "with torch does (no record of torch's version, CUDA and paths in "
+                         f"its output: {_last_words(res.output) or 'nothing'})",
+                         "pass --torch-from the path of a Python interpreter that has a CUDA "
+                         "build of torch (e.g. .venv/bin/python)")
     if not d.get("torch_cuda"):
         raise BuildError(f"the torch in {python} ({d['torch_version']}) is a CPU-only build",
                          "install a CUDA build of torch (e.g. pip install torch==2.14.1 from an "
@@ -60,8 +71,61 @@ def probe_torch(python: str, env: dict[str, str], log: Path | None = None) -> To
                      tuple(d["common_nvcc_flags"]), tuple(d.get("nvidia_include_paths", ())))
 
 
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "python": str, "prefix": str, "torch_version": str, "torch_cuda": (str, type(None)),
+    "include_paths": list, "library_paths": list, "cxx11_abi": (bool, int),
+    "common_nvcc_flags": list}
+
+
+def _probe_record(output: str) -> dict[str, Any] | None:
+    """The probe's record (its last line that is a JSON object with every field, of its
+    type), or None."""
+    for ln in reversed(output.splitlines()):
+        if not ln.startswith("{"):
+            continue
+        try:
+            d = json.loads(ln)
+        except ValueError:
+            return None
+        if not isinstance(d, dict) or any(not isinstance(d.get(k), t)
+                                          for k, t in _FIELDS.items()):
+            return None
+        lists = [d[k] for k, t in _FIELDS.items() if t is list]
+        lists.append(d.get("nvidia_include_paths", []))
+        if not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in lists):
+            return None
+        return d
+    return None
+
+
+def _last_words(output: str) -> str:
+    """The last non-empty line of a child's output (a traceback's exception line), bounded:
+    the whole traceback of someone else's interpreter is not the kit's message."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
 def default_torch_python(wd: Workdir) -> str | None:
     """The baseline overlay environment's python (``build --mode overlay`` makes it: torch
     2.8.0 with vLLM's pins), when it exists."""
     py = wd.overlay_env("baseline") / "bin" / "python"
     return str(py) if py.exists() else None
+
+
+def probe_answer(output: str, python: str | os.PathLike[str]) -> dict[str, Any]:
+    """The probe's record: the last line of ``python``'s output, a JSON object; a python that
+    prints nothing or something else (`--torch-from /bin/true`, an env's python replaced) is
+    one BuildError naming it, not an IndexError or JSONDecodeError traceback (issue 41, ninth
+    hostile pass)."""
+    lines = output.strip().splitlines()
+    try:
+        info = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        said = lines[-1][:300] if lines else "nothing"
+        raise BuildError(f"{python} did not answer the environment probe as a Python "
+                         f"interpreter does (its output: {said})",
+                         "pass the path of a Python interpreter, or recreate the environment "
+                         f"holding {python} (rerun with --force)")
+    return info

@@ -93,7 +93,12 @@ def probe_env(python: str, env_path: str, what: str) -> dict[str, Any]:
     lines = [ln for ln in res.output.splitlines() if ln.startswith("{")]
     if res.returncode != 0 or not lines:
         return {"errors": [f"probe exited {res.returncode}: {res.output.strip()[-600:]}"]}
-    data: dict[str, Any] = json.loads(lines[-1])
+    try:
+        data = json.loads(lines[-1])
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):  # a python printing some other '{' line (ninth pass)
+        return {"errors": [f"probe printed no record: {lines[-1][:300]}"]}
     return data
 
 
