@@ -142,3 +142,20 @@ def test_fetch_dry_run_refuses_a_workdir_under_a_file_as_the_real_run_does(
         _refused(res, 2, "afile/sub/w", "is not a directory")
     assert (tmp_path / "afile").read_text() == "the user's file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "outside"]
+
+
+@pytest.mark.parametrize("command", [
+    ("build", "--dry-run", "--jobs"),
+    ("build", "--dry-run", "--nvcc-threads"),
+    ("bench", "decode", "--dry-run", "--max-model-len"),
+    ("bench", "kernel", "--dry-run", "--max-model-len"),
+    ("verify-kernel", "--jobs"),
+], ids=["build-jobs", "nvcc-threads", "decode-max-model-len", "kernel-max-model-len",
+        "verify-jobs"])
+def test_a_count_past_an_int32_is_a_usage_error(tmp_path: Path,
+                                                command: tuple[str, ...]) -> None:
+    """The ninth pass (D): 10**30 was taken by these counts (ninja's -j, nvcc's --threads,
+    vLLM's max_model_len and a pool's size are C ints) and planned."""
+    res = _run(*command, str(10**30), "--workdir", str(tmp_path / "w"), cwd=tmp_path)
+    _refused(res, 2, "2147483647")
+    assert not (tmp_path / "w").exists()

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ..console import emit_json, info, table
-from .common import LibraryChecked, dry_run_option, json_option, workdir_option
+from .common import LibraryChecked, count_range, dry_run_option, json_option, workdir_option
 
 
 def _check_tree_define(spec: str) -> None:
@@ -38,9 +38,9 @@ def _check_tree_define(spec: str) -> None:
               help="Environment kind [default: uv for --mode overlay where uv is found (the "
                    "envs install one at a time and hard-link from one 9.3 GiB copy in uv's "
                    "cache), else venv].")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
+@click.option("--jobs", type=count_range(1), default=None,
               help="MAX_JOBS (default: sized from cores and memory).")
-@click.option("--nvcc-threads", type=click.IntRange(min=1), default=None)
+@click.option("--nvcc-threads", type=count_range(1), default=None)
 @click.option("--head-sizes", default=None,
               help="Kernels-only: e.g. 128 or 64,128,256 (default: all 9).")
 @click.option("--block-sizes", default=None, help="Kernels-only: subset of 8,16,32 (default: all).")

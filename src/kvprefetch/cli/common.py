@@ -11,6 +11,16 @@ import click
 
 from .. import upstream
 
+# A count or length given on the command line reaches a C int (ninja's -j, nvcc's --threads,
+# vLLM's max_model_len, a pool's size): past 2**31 - 1 it is no number those programs take
+# (issue 41, ninth hostile pass: 10**30 was planned). Usage: ``type=count_range(1)``.
+INT32_MAX = 2**31 - 1
+
+
+def count_range(low: int) -> click.IntRange:
+    return click.IntRange(min=low, max=INT32_MAX)
+
+
 if TYPE_CHECKING:
     from ..bench.plan import Bound
 

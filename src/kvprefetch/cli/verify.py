@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..console import emit_json, info
-from .common import json_option, workdir_option
+from .common import count_range, json_option, workdir_option
 
 if TYPE_CHECKING:
     from ..verify.report import Check, VerifyReport
@@ -125,7 +125,7 @@ def _progress() -> Iterator[Callable[[str], None]]:
 @click.option("--trees", default=None, help="Comma-separated trees (default: every built tree).")
 @click.option("--no-gpu", is_flag=True,
               help="Skip the GPU identity check (reported as not checked).")
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+@click.option("--jobs", "-j", type=count_range(1), default=None,
               help="Probes and disassemblies at a time (default: one per CPU).")
 @click.option("--verbose", "-v", is_flag=True,
               help="Also print the per-tree UBLKPF tables and every check's detail.")

@@ -17,7 +17,7 @@ from ...bench.decode_plan import (
     run_decode_plan,
 )
 from ...console import emit_json, info, table
-from ..common import dry_run_option, json_option, workdir_option
+from ..common import count_range, dry_run_option, json_option, workdir_option
 from .options import output_options, trees_option, usage_errors
 
 _D = DecodeBenchOptions  # the defaults the help shows are the library's
@@ -50,7 +50,7 @@ _D = DecodeBenchOptions  # the defaults the help shows are the library's
               show_default=True)
 @click.option("--output-len", type=click.IntRange(min=1), default=_D.output_len,
               show_default=True)
-@click.option("--max-model-len", type=click.IntRange(min=16), default=_D.max_model_len,
+@click.option("--max-model-len", type=count_range(16), default=_D.max_model_len,
               show_default=True, help="Longest sequence; block tables hold this many tokens.")
 @click.option("--repeats", type=click.IntRange(min=1), default=_D.repeats, show_default=True,
               help="Interleaved rounds per workload.")

@@ -41,7 +41,7 @@ from ...bench.matrix import (
 from ...bench.schema import KernelDocument, SampleDocument
 from ...bench.vllm_call import VllmCall
 from ...console import emit_json, info, table
-from ..common import BoundedNumber, dry_run_option, json_option, workdir_option
+from ..common import BoundedNumber, count_range, dry_run_option, json_option, workdir_option
 from .options import output_options, trees_option, usage_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -127,7 +127,7 @@ def launch_options(f: F) -> F:
                           "their capture size with length-1 rows, max_seq_len = the capture "
                           "length, the captured block-table width); exact: every step at its "
                           "real max_seq_len and batch (research only)."),
-        click.option("--max-model-len", type=click.IntRange(min=16), default=None,
+        click.option("--max-model-len", type=count_range(16), default=None,
                      metavar="N",
                      help="The model's max_model_len: capture length = min(8192, N) [default: "
                           "the model's, 8192 or more]; a sample draws its own per step."),
