@@ -190,14 +190,29 @@ def ensure_dir(d: Path, *, root: Path | None = None,
         check_target(root, d, what="create a folder at", family=family)
         cur = Path(os.path.normpath(os.path.abspath(root)))
         cur.mkdir(parents=True, exist_ok=True)
-        for part in Path(os.path.normpath(os.path.abspath(d))).relative_to(cur).parts:
-            cur = cur / part
-            with suppress(FileExistsError):
-                cur.mkdir()
-            if cur.is_symlink() or not cur.is_dir():
-                raise family(f"cannot create the folder {d}: {cur} is "
-                             f"{'a symlink' if cur.is_symlink() else 'not a directory'}",
-                             f"move {cur} away, then rerun")
+        # each part made and opened relative to its parent's descriptor (O_NOFOLLOW): a folder
+        # on the way swapped for a symlink meanwhile is refused, and no folder is ever made
+        # behind one (issue 41, ninth pass: `mkdir` by path made folders outside)
+        fd = os.open(cur, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in Path(os.path.normpath(os.path.abspath(d))).relative_to(cur).parts:
+                cur = cur / part
+                with suppress(FileExistsError):
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    is_link = stat.S_ISLNK(os.stat(part, dir_fd=fd,
+                                                   follow_symlinks=False).st_mode)
+                    raise family(f"cannot create the folder {d}: {cur} is "
+                                 f"{'a symlink' if is_link else 'not a directory'}",
+                                 f"move {cur} away, then rerun") from None
+                os.close(fd)
+                fd = nxt
+        finally:
+            os.close(fd)
         return
     if d.is_symlink():
         raise family(f"refusing to write into {d}: it is a symlink",
@@ -344,3 +359,76 @@ def is_plain_file(path: Path) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def first_hard_link(top: Path) -> tuple[Path, int] | None:
+    """The first regular file at or under ``top`` (symlinks never followed) that has more than
+    one hard link, with its link count; None when there is none. A hard link is the same file
+    under another name, perhaps outside the work directory: a program that writes a file in
+    place (a compiler's object, ninja's log, an appended log) writes that file too (issue 41,
+    the ninth hostile pass)."""
+    try:
+        st = os.lstat(top)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(st.st_mode):
+        return (top, st.st_nlink) if st.st_nlink > 1 else None
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    for dirpath, dirnames, filenames in os.walk(top):  # os.walk follows no link by default
+        for name in sorted(filenames) + sorted(dirnames):
+            p = Path(dirpath) / name
+            try:
+                s = os.lstat(p)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(s.st_mode) and s.st_nlink > 1:
+                return p, s.st_nlink
+    return None
+
+
+def read_file(root: Path, path: Path, *, limit: int = 64 << 20,
+              family: type[KvprefetchError] = ConfigError) -> bytes:
+    """The bytes of the regular file ``path`` inside ``root``, opened relative to its folder's
+    descriptor (``open_dir``) with ``O_NOFOLLOW``: a folder on the way, or the file, swapped
+    for a symlink is refused, so nothing from outside ``root`` is read and installed. A FIFO or
+    device is never read (``O_NONBLOCK`` + ``fstat``); at most ``limit`` bytes."""
+    check_target(root, path, what="read", family=family)
+    dfd = open_dir(path.parent, root=root, what="read", family=family)
+    try:
+        try:
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _raced(path, "read", family) from None
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    finally:
+        os.close(dfd)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise family(f"refusing to read {path}: it is not a regular file",
+                         f"move {path} away, then rerun")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise family(f"refusing to read {path}: it is larger than {limit} bytes",
+                     f"move {path} away, then rerun")
+    return data
+
+
+def move_file(root: Path, src: Path, dst: Path, *,
+              family: type[KvprefetchError] = ConfigError) -> None:
+    """``os.replace(src, dst)`` for two paths inside ``root``, relative to descriptors of their
+    folders (``open_dir``): a folder on the way swapped for a symlink after the checks moves
+    nothing into or out of ``root``."""
+    check_target(root, src, what="move", family=family)
+    check_target(root, dst, what="replace", family=family)
+    sfd = open_dir(src.parent, root=root, what="move", family=family)
+    try:
+        dfd = open_dir(dst.parent, root=root, what="replace", family=family)
+        try:
+            os.replace(src.name, dst.name, src_dir_fd=sfd, dst_dir_fd=dfd)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
