@@ -188,3 +188,24 @@ def test_an_apply_stage_swapped_for_a_link_writes_nothing_outside(
     assert list(elsewhere.iterdir()) == [], "apply wrote its stage behind the link"
     assert isinstance(info.value, PatchError) and "symlink" in str(info.value), info.value
     assert {r: sha256_file(tree / r) for r in rels} == before
+
+
+@pytest.mark.parametrize("rel", ["trees/." + "a" * 300 + ".tmp-99999",
+                                 "/".join(["d" * 200] * 25) + ".tmp-99999"],
+                         ids=["name-over-NAME_MAX", "path-over-PATH_MAX"])
+def test_an_ownership_entry_longer_than_a_path_can_be_is_a_corrupt_record(
+        fetched_workdir: Path, rel: str) -> None:
+    """An ownership entry whose name no file can have (a part over 255 bytes): clean stopped
+    with "File name too long ... check the path and its file system", which sends the user to
+    the file system, not the record; one over PATH_MAX was "removed" though it never was.
+    Now the record is corrupt (exit 2), with the record's fix, and nothing is removed."""
+    import json
+
+    wd = fetched_workdir
+    record = wd / ".kvprefetch-owned.json"
+    data = json.loads(record.read_text())
+    data["paths"][rel] = {"kind": "tmp", "pid": 99999}
+    record.write_text(json.dumps(data))
+    res = _run("clean", "--what", "all", "--discard-edits", "--workdir", str(wd))
+    _refused(res, 2, "is corrupt", "longer than a path can be", "--repair")
+    assert (wd / "trees" / "patched").is_dir() and (wd / "trees" / "baseline").is_dir()
