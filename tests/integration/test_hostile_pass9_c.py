@@ -209,3 +209,44 @@ def test_an_ownership_entry_longer_than_a_path_can_be_is_a_corrupt_record(
     res = _run("clean", "--what", "all", "--discard-edits", "--workdir", str(wd))
     _refused(res, 2, "is corrupt", "longer than a path can be", "--repair")
     assert (wd / "trees" / "patched").is_dir() and (wd / "trees" / "baseline").is_dir()
+
+
+def test_a_fetch_temporary_swapped_for_a_link_gets_nothing_written_behind_it(
+        tmp_path: Path, fetched_workdir: Path) -> None:
+    """``fetch --force`` copies the pristine source into ``trees/.<tree>.tmp-<pid>``; a loop
+    that swaps that folder for a symlink to a folder outside as soon as it appears (here a
+    thread of the test) had shutil.copytree write the tree's files there (2 runs out of 2 by
+    hand; the copy takes about a second, so the loop wins it). Now the copy is made relative to
+    folders opened O_NOFOLLOW (confine.copy_tree): one FetchError, nothing outside."""
+    import glob
+    import threading
+
+    wd = fetched_workdir
+    with open(wd / "trees" / "patched" / "setup.py", "a") as f:
+        f.write("# an edit: fetch --force moves the tree to backup/ and copies it again\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    stop = threading.Event()
+    swaps = []
+
+    def swap() -> None:
+        while not stop.is_set():
+            for tmp in glob.glob(str(wd / "trees" / ".*.tmp-*")):
+                try:
+                    if os.path.isdir(tmp) and not os.path.islink(tmp):
+                        os.rename(tmp, tmp + ".moved")
+                        os.symlink(elsewhere, tmp)
+                        swaps.append(tmp)
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=swap, daemon=True)
+    t.start()
+    try:
+        res = _run("fetch", "--force", "--workdir", str(wd))
+    finally:
+        stop.set()
+        t.join()
+    assert swaps, "the copy ended before the loop saw its temporary"
+    assert list(elsewhere.iterdir()) == [], "fetch copied the tree behind the link"
+    _refused(res, 3, "became a symlink")

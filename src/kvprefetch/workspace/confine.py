@@ -442,3 +442,64 @@ def move_file(root: Path, src: Path, dst: Path, *,
             os.close(dfd)
     finally:
         os.close(sfd)
+
+
+def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozenset(),
+              family: type[KvprefetchError] = ConfigError) -> None:
+    """``shutil.copytree(src, dst, symlinks=True)`` for a new ``dst`` inside ``root``, where
+    every folder is made and every file and symlink created relative to a folder opened
+    ``O_NOFOLLOW`` from ``root`` down (``open_dir``; files ``O_EXCL | O_NOFOLLOW``): a folder of
+    the copy swapped for a symlink while it runs makes it stop, and nothing is written behind
+    the link (issue 41, the ninth hostile pass: copytree into ``trees/.<tree>.tmp-<pid>``
+    swapped for a link wrote the tree's files into the folder it named). Names in ``skip`` are
+    left out at any depth; a FIFO, device or socket in ``src`` is refused. Mode and mtime of
+    each file are kept, as copytree keeps them."""
+    check_target(root, dst, what="copy into", family=family)
+    if os.path.lexists(dst):
+        raise family(f"{dst} is in the way of a copy", f"move {dst} away, then rerun")
+    ensure_dir(dst, root=root, family=family)
+    for dirpath, dirnames, filenames in os.walk(src):  # follows no link
+        here = Path(dirpath)
+        dfd = open_dir(dst / here.relative_to(src), root=root, what="copy into", family=family)
+        try:
+            descend = []
+            for name in sorted(dirnames) + sorted(filenames):
+                if name in skip:
+                    continue
+                s = here / name
+                st = os.lstat(s)
+                if stat.S_ISLNK(st.st_mode):
+                    os.symlink(os.readlink(s), name, dir_fd=dfd)
+                elif stat.S_ISDIR(st.st_mode):
+                    os.mkdir(name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=dfd)
+                    descend.append(name)
+                elif stat.S_ISREG(st.st_mode):
+                    _copy_file(s, name, dfd, st)
+                else:
+                    raise family(f"cannot copy {s}: it is {_kind(st.st_mode)}",
+                                 f"move {s} away, then rerun")
+            dirnames[:] = descend
+        finally:
+            os.close(dfd)
+
+
+def _copy_file(src: Path, name: str, dfd: int, st: os.stat_result) -> None:
+    """Copy the regular file ``src`` to a new ``name`` in the folder ``dfd``."""
+    sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dfd)
+        try:
+            while True:
+                chunk = os.read(sfd, 1 << 20)
+                if not chunk:
+                    break
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+            os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(fd)
+    finally:
+        os.close(sfd)
