@@ -47,7 +47,7 @@ def quote(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
-def _open_log(path: Path) -> TextIO:
+def open_log(path: Path) -> TextIO:
     """The log, opened to append, never through a symlink: the log file (``O_NOFOLLOW``) and
     its folder must not be links, and only a regular file is appended to (a FIFO is never
     waited on). A log lives in a build folder of the work directory, which anyone who writes
@@ -74,6 +74,12 @@ def _open_log(path: Path) -> TextIO:
             os.close(fd)
         raise ConfigError(f"refusing to write the log {path}: it is not a regular file (a "
                           "FIFO, device or socket)", f"move {path} away, then rerun")
+    links = os.fstat(fd).st_nlink
+    if links > 1:  # a hard link: appending would write the file under its other name too,
+        os.close(fd)  # perhaps outside the work directory (issue 41, ninth pass)
+        raise ConfigError(f"refusing to write the log {path}: it has {links} hard links (the "
+                          "same file under another name, perhaps outside the work directory)",
+                          f"move {path} away (kvprefetch makes a new log), then rerun")
     os.set_blocking(fd, True)
     return open(fd, "a", encoding="utf-8", closefd=True)
 
@@ -122,7 +128,7 @@ def run(
     if echo:
         print(f"+ {quote(args)}", file=sys.stderr, flush=True)
     log_path = Path(log) if log is not None else None
-    logf = _open_log(log_path) if log_path is not None else None
+    logf = open_log(log_path) if log_path is not None else None
     tail: deque[str] = deque(maxlen=25)
     chunks: list[str] = []
     try:

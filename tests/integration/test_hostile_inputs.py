@@ -204,15 +204,17 @@ def test_a_rollback_whose_copy_fails_leaves_no_partial_restore_file(
     saved.write_text("the content before the apply\n")
     before = target.read_bytes()
 
-    def copy_half(src: object, dst: object, **_: object) -> None:
-        Path(str(dst)).write_text("half")
+    def full_after_the_bytes(fd: int, mode: int) -> None:  # the copy's bytes are written
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(treetxn.shutil, "copy2", copy_half)
+    # the copy back goes through confine.write_file since the ninth pass (a temporary beside
+    # the file, then a rename): it fails after writing the bytes, before the rename
+    monkeypatch.setattr(treetxn.confine.os, "fchmod", full_after_the_bytes)
     with pytest.raises(OSError, match="No space left"):
         treetxn.recover(Workdir(wd), "patched")
     assert target.read_bytes() == before
     assert not list(target.parent.glob(f".{target.name}.restore-*"))
+    assert not list(target.parent.glob(f".{target.name}.tmp-*"))
 
 
 # ------------------------------------------------------------- N6b/N8: build.ninja values

@@ -53,7 +53,7 @@ from ..machine.torch_probe import default_torch_python, probe_torch
 from ..overlay.cuda12 import toolkit_dir
 from ..overlay.toolkit import choose_toolkit
 from ..reading import load_json
-from ..runner import run
+from ..runner import open_log, run
 from ..workspace.confine import write_file
 from ..workspace.workdir import Workdir, write_json_atomic
 
@@ -277,7 +277,7 @@ def check_objects(objects: dict[str, Path], variant: str | None, disasm_env: dic
                      "ublkpf_total": sum(k.ublkpf for k in kernels),
                      "ok": verdict.ok, "problems": list(verdict.problems[:10]),
                      "table": summarise(kernels)}
-        with open(log, "a", encoding="utf-8") as f:
+        with open_log(log) as f:  # appended: never through a link, hard or symbolic
             f.write(f"+ {tools.cuobjdump} -sass {obj}\n{len(text)} characters of SASS; "
                     f"{verdict.kernels} paged_attention kernels ({', '.join(archs)}), "
                     f"{verdict.with_prefetch} with UBLKPF; problems: "

@@ -29,6 +29,7 @@ from ..machine.envs import Env
 from ..machine.progress import CompileProgress, heartbeat, previous_seconds
 from ..runner import run
 from ..workspace import ownership
+from ..workspace.confine import first_hard_link
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, write_json_atomic
 from .options import ModeInputs
@@ -138,6 +139,26 @@ def tree_locks(tp: TreePlan, plan: BuildPlan) -> Iterator[None]:
         yield
 
 
+def refuse_hard_links(tp: TreePlan, plan: BuildPlan) -> None:
+    """Refuse a build folder (and, for a full build, which writes into it, the tree) holding a
+    file with more than one hard link: the compilers, ninja and the logs write their files in
+    place, so they would write the same file under its other name, perhaps outside the work
+    directory (issue 41, the ninth hostile pass: a log and ninja's files hard-linked to files
+    outside had the build's output written into them). The kit never makes a hard link there."""
+    tops = [Path(tp.build_dir).parent] + ([Path(tp.source_tree)] if plan.mode == "full" else [])
+    for top in tops:
+        found = first_hard_link(top)
+        if found is not None:
+            path, links = found
+            raise BuildError(
+                f"the {tp.tree} build refuses {path}: it has {links} hard links (the same file "
+                "under another name, perhaps outside the work directory), and a build writes "
+                "its files in place",
+                f"move {path} away (the build makes its own), then rerun"
+                + ("; or `kvprefetch clean --what builds` and build again"
+                   if top == Path(tp.build_dir).parent else ""))
+
+
 def skip_if_up_to_date(tp: TreePlan, force: bool, out: TreeOutcome) -> bool:
     """Fill ``out`` and return True when the tree's manifest matches the plan's key."""
     existing = None if force else manifest_matches(tp)
@@ -184,6 +205,7 @@ def build_tree(tp: TreePlan, plan: BuildPlan, inputs: ModeInputs, force: bool,
         locked_at = time.monotonic()
         if skip_if_up_to_date(tp, force, out):
             return out
+        refuse_hard_links(tp, plan)
         run_.logs.mkdir(parents=True, exist_ok=True)
         env = steps.make_env()
         if env is None:

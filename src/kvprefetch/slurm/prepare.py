@@ -44,6 +44,15 @@ def _make_read_only(path: Path) -> None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise FetchError(f"{path} is not a regular file", f"move {path} away, then rerun")
+        if st.st_nlink > 1:
+            # a hard link: the chmod would change the file under its other name too, perhaps
+            # outside the campaign (issue 41, ninth pass: a user's sdist elsewhere, linked in
+            # with `ln`, was made read-only)
+            raise FetchError(f"{path} has {st.st_nlink} hard links (the same file under another "
+                             "name, perhaps outside the campaign folder); kvprefetch makes its "
+                             "cached sdist read-only, which would change that file too",
+                             f"replace {path} by a copy (cp --remove-destination FILE {path}) "
+                             "or remove it (the prepare job downloads it), then rerun")
         os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
     finally:
         os.close(fd)

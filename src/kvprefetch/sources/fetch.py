@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import tarfile
 import time
 from contextlib import ExitStack
@@ -473,13 +472,15 @@ def _materialise(wd: Workdir, name: str, pristine: Path, kind: str, origin: str,
         confine.check_target(wd.root, dest, what="move", family=FetchError)
         if os.path.lexists(backup):
             raise FetchError(f"{backup} is in the way", "move it away, then rerun")
-        os.rename(dest, backup)
+        confine.move_file(wd.root, dest, backup, family=FetchError)
         ownership.record(wd.root, backup, "backup", tree=name)
         ownership.forget(wd.root, dest)
     with ownership.temporary(wd.root, dest.with_name(f".{name}.tmp-{os.getpid()}")) as tmp:
         # Python's bytecode cache is left out (the sdist ships one): the inventory skips
         # __pycache__ because the kit never puts one into a tree (hashing.PYCACHE)
-        shutil.copytree(pristine, tmp, symlinks=True, ignore=shutil.ignore_patterns(PYCACHE))
+        # relative to folders opened O_NOFOLLOW from the work directory down: a temporary
+        # swapped for a symlink while it is filled gets nothing written behind the link
+        confine.copy_tree(wd.root, pristine, tmp, skip=frozenset({PYCACHE}), family=FetchError)
         inv = inventory(tmp)
         state: dict[str, Any] = {
             "tree": name, "source": kind, "origin": origin, "commit": commit,
@@ -492,5 +493,5 @@ def _materialise(wd: Workdir, name: str, pristine: Path, kind: str, origin: str,
         ownership.write_record(wd.root, sp, state)
         confine.ensure_dir(dest.parent, root=wd.root, family=FetchError)
         ownership.record(wd.root, dest, "tree", digest=ownership.inventory_digest(inv))
-        os.rename(tmp, dest)
+        confine.move_file(wd.root, tmp, dest, family=FetchError)
     return TreeResult(name, dest, "replaced" if backup else "created", backup)

@@ -26,6 +26,9 @@ an output the user named, the folder itself with ``O_NOFOLLOW``) and then acts r
 descriptor (``dir_fd``): a folder on the way swapped for a symlink between the check and the act
 (issue 41, the time-of-check race left open by the second hostile pass) makes the open fail
 (``ELOOP``/``ENOTDIR``), and the act lands in the folder that was checked or nowhere.
+
+Past the ~500-line mark on purpose: every confined act (write, read, move, copy, remove) is
+here, the one module the writer scan and a reviewer need to read to know where the kit acts.
 """
 
 from __future__ import annotations
@@ -63,7 +66,17 @@ def rel_problem(rel: object) -> str | None:
         return "is absolute"
     if any(part in ("", ".", "..") for part in rel.split("/")):
         return "has a '..', '.' or empty part"
+    # a name no file can have: a part over NAME_MAX bytes, or the whole over PATH_MAX (issue
+    # 41, ninth pass: an orphan named with 300 letters stopped clean with "File name too
+    # long ... check the path and its file system", not at the record)
+    raw = rel.encode("utf-8", "surrogateescape")
+    if len(raw) >= _PATH_MAX or any(len(part) > _NAME_MAX for part in raw.split(b"/")):
+        return (f"is longer than a path can be (a name over {_NAME_MAX} bytes, or over "
+                f"{_PATH_MAX} in all)")
     return None
+
+
+_NAME_MAX, _PATH_MAX = 255, 4096
 
 
 def record_path(root: Path, rel: object, *, record: Path | str,
@@ -190,14 +203,29 @@ def ensure_dir(d: Path, *, root: Path | None = None,
         check_target(root, d, what="create a folder at", family=family)
         cur = Path(os.path.normpath(os.path.abspath(root)))
         cur.mkdir(parents=True, exist_ok=True)
-        for part in Path(os.path.normpath(os.path.abspath(d))).relative_to(cur).parts:
-            cur = cur / part
-            with suppress(FileExistsError):
-                cur.mkdir()
-            if cur.is_symlink() or not cur.is_dir():
-                raise family(f"cannot create the folder {d}: {cur} is "
-                             f"{'a symlink' if cur.is_symlink() else 'not a directory'}",
-                             f"move {cur} away, then rerun")
+        # each part made and opened relative to its parent's descriptor (O_NOFOLLOW): a folder
+        # on the way swapped for a symlink meanwhile is refused, and no folder is ever made
+        # behind one (issue 41, ninth pass: `mkdir` by path made folders outside)
+        fd = os.open(cur, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in Path(os.path.normpath(os.path.abspath(d))).relative_to(cur).parts:
+                cur = cur / part
+                with suppress(FileExistsError):
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    is_link = stat.S_ISLNK(os.stat(part, dir_fd=fd,
+                                                   follow_symlinks=False).st_mode)
+                    raise family(f"cannot create the folder {d}: {cur} is "
+                                 f"{'a symlink' if is_link else 'not a directory'}",
+                                 f"move {cur} away, then rerun") from None
+                os.close(fd)
+                fd = nxt
+        finally:
+            os.close(fd)
         return
     if d.is_symlink():
         raise family(f"refusing to write into {d}: it is a symlink",
@@ -344,3 +372,137 @@ def is_plain_file(path: Path) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def first_hard_link(top: Path) -> tuple[Path, int] | None:
+    """The first regular file at or under ``top`` (symlinks never followed) that has more than
+    one hard link, with its link count; None when there is none. A hard link is the same file
+    under another name, perhaps outside the work directory: a program that writes a file in
+    place (a compiler's object, ninja's log, an appended log) writes that file too (issue 41,
+    the ninth hostile pass)."""
+    try:
+        st = os.lstat(top)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(st.st_mode):
+        return (top, st.st_nlink) if st.st_nlink > 1 else None
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    for dirpath, dirnames, filenames in os.walk(top):  # os.walk follows no link by default
+        for name in sorted(filenames) + sorted(dirnames):
+            p = Path(dirpath) / name
+            try:
+                s = os.lstat(p)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(s.st_mode) and s.st_nlink > 1:
+                return p, s.st_nlink
+    return None
+
+
+def read_file(root: Path, path: Path, *, limit: int = 64 << 20,
+              family: type[KvprefetchError] = ConfigError) -> bytes:
+    """The bytes of the regular file ``path`` inside ``root``, opened relative to its folder's
+    descriptor (``open_dir``) with ``O_NOFOLLOW``: a folder on the way, or the file, swapped
+    for a symlink is refused, so nothing from outside ``root`` is read and installed. A FIFO or
+    device is never read (``O_NONBLOCK`` + ``fstat``); at most ``limit`` bytes."""
+    check_target(root, path, what="read", family=family)
+    dfd = open_dir(path.parent, root=root, what="read", family=family)
+    try:
+        try:
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _raced(path, "read", family) from None
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    finally:
+        os.close(dfd)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise family(f"refusing to read {path}: it is not a regular file",
+                         f"move {path} away, then rerun")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise family(f"refusing to read {path}: it is larger than {limit} bytes",
+                     f"move {path} away, then rerun")
+    return data
+
+
+def move_file(root: Path, src: Path, dst: Path, *,
+              family: type[KvprefetchError] = ConfigError) -> None:
+    """``os.replace(src, dst)`` for two paths inside ``root``, relative to descriptors of their
+    folders (``open_dir``): a folder on the way swapped for a symlink after the checks moves
+    nothing into or out of ``root``."""
+    check_target(root, src, what="move", family=family)
+    check_target(root, dst, what="replace", family=family)
+    sfd = open_dir(src.parent, root=root, what="move", family=family)
+    try:
+        dfd = open_dir(dst.parent, root=root, what="replace", family=family)
+        try:
+            os.replace(src.name, dst.name, src_dir_fd=sfd, dst_dir_fd=dfd)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozenset(),
+              family: type[KvprefetchError] = ConfigError) -> None:
+    """``shutil.copytree(src, dst, symlinks=True)`` for a new ``dst`` inside ``root``, where
+    every folder is made and every file and symlink created relative to a folder opened
+    ``O_NOFOLLOW`` from ``root`` down (``open_dir``; files ``O_EXCL | O_NOFOLLOW``): a folder of
+    the copy swapped for a symlink while it runs makes it stop, and nothing is written behind
+    the link (issue 41, the ninth hostile pass: copytree into ``trees/.<tree>.tmp-<pid>``
+    swapped for a link wrote the tree's files into the folder it named). Names in ``skip`` are
+    left out at any depth; a FIFO, device or socket in ``src`` is refused. Mode and mtime of
+    each file are kept, as copytree keeps them."""
+    check_target(root, dst, what="copy into", family=family)
+    if os.path.lexists(dst):
+        raise family(f"{dst} is in the way of a copy", f"move {dst} away, then rerun")
+    ensure_dir(dst, root=root, family=family)
+    for dirpath, dirnames, filenames in os.walk(src):  # follows no link
+        here = Path(dirpath)
+        dfd = open_dir(dst / here.relative_to(src), root=root, what="copy into", family=family)
+        try:
+            descend = []
+            for name in sorted(dirnames) + sorted(filenames):
+                if name in skip:
+                    continue
+                s = here / name
+                st = os.lstat(s)
+                if stat.S_ISLNK(st.st_mode):
+                    os.symlink(os.readlink(s), name, dir_fd=dfd)
+                elif stat.S_ISDIR(st.st_mode):
+                    os.mkdir(name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=dfd)
+                    descend.append(name)
+                elif stat.S_ISREG(st.st_mode):
+                    _copy_file(s, name, dfd, st)
+                else:
+                    raise family(f"cannot copy {s}: it is {_kind(st.st_mode)}",
+                                 f"move {s} away, then rerun")
+            dirnames[:] = descend
+        finally:
+            os.close(dfd)
+
+
+def _copy_file(src: Path, name: str, dfd: int, st: os.stat_result) -> None:
+    """Copy the regular file ``src`` to a new ``name`` in the folder ``dfd``."""
+    sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dfd)
+        try:
+            while True:
+                chunk = os.read(sfd, 1 << 20)
+                if not chunk:
+                    break
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+            os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(fd)
+    finally:
+        os.close(sfd)

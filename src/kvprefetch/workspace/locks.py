@@ -77,11 +77,20 @@ def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
         if exc.errno == errno.ELOOP:
             raise _refuse(lock_path, "it is a symlink") from None
         raise
-    mode = os.fstat(fd).st_mode
+    st = os.fstat(fd)
+    mode = st.st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise _refuse(lock_path, f"it is {_special(mode)}, not the empty file kvprefetch "
                                  "makes there")
+    if st.st_nlink > 1:
+        # a hard link: the same file under another name, maybe outside the work directory,
+        # which the marker (and the truncation on release) would write (issue 41, ninth pass:
+        # an empty file outside, hard-linked at `.locks/tree-patched.lock`, was written)
+        os.close(fd)
+        raise _refuse(lock_path, f"it has {st.st_nlink} hard links (it is also a file under "
+                                 "another name, perhaps outside the work directory), and "
+                                 "kvprefetch writes only into the lock file it makes")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))

@@ -12,10 +12,12 @@ state already records the journal's result, the stage is simply removed)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import shutil
+import stat
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,17 @@ from ..hashing import sha256_file
 from ..reading import load_json, read_limited
 from . import confine, ownership
 from .workdir import Workdir, write_json_atomic
+
+# the largest tree file apply stages (the patched files are tens of KiB)
+_MAX_FILE = 16 << 20
+
+
+def _mode(p: Path) -> int:
+    """The permission bits of ``p`` (not followed), 0o644 when it cannot be read."""
+    try:
+        return stat.S_IMODE(os.lstat(p).st_mode)
+    except OSError:
+        return 0o644
 
 
 def stage_dir(wd: Workdir, name: str) -> Path:
@@ -72,9 +85,11 @@ def _journal_fix(journal: Path) -> str:
             "starts it again")
 
 
-def _restore(tree: Path, stage: Path, files: list[dict[str, Any]]) -> None:
-    """Put every file back to its "before" content (the tree is locked by the caller). A
-    partial ``.<name>.restore-<pid>`` copy is removed when the copy fails."""
+def _restore(root: Path, tree: Path, stage: Path, files: list[dict[str, Any]]) -> None:
+    """Put every file back to its "before" content (the tree is locked by the caller). Every
+    read, write and removal is relative to a folder opened without following a link
+    (``confine``): a folder of the tree or the stage swapped for a symlink meanwhile makes it
+    stop, and nothing is written outside, or read from outside into the tree."""
     for f in files:
         dst = tree / f["rel"]
         confine.check_target(tree, dst, what="roll back", family=PatchError)
@@ -87,24 +102,15 @@ def _restore(tree: Path, stage: Path, files: list[dict[str, Any]]) -> None:
                              "keep what you need from the tree, then `kvprefetch fetch --force` "
                              "(the tree is moved to backup/)")
         if f["before"] is None:
-            dst.unlink()
+            confine.remove_path(root, dst, family=PatchError)
             continue
         src = stage / "old" / f["rel"]
         if confine.first_symlink(stage, src) is not None or not confine.is_plain_file(src):
             raise PatchError(f"{src}, the saved copy of {dst}, is not a regular file; "
                              "kvprefetch stopped the rollback there",
                              _journal_fix(stage / "journal.json"))
-        tmp = dst.with_name(f".{dst.name}.restore-{os.getpid()}")
-        if os.path.lexists(tmp):  # never copied through (a symlink) or over (a user's file)
-            raise PatchError(f"{tmp} is in the way of rolling back {dst}",
-                             f"move {tmp} away, then rerun")
-        try:
-            shutil.copy2(src, tmp, follow_symlinks=False)
-            os.replace(tmp, dst)
-        except BaseException:
-            if confine.is_plain_file(tmp):
-                tmp.unlink(missing_ok=True)
-            raise
+        data = confine.read_file(root, src, family=PatchError)
+        confine.write_file(dst, data, root=root, mode=_mode(src), family=PatchError)
 
 
 def recover(wd: Workdir, name: str) -> str | None:
@@ -119,7 +125,7 @@ def recover(wd: Workdir, name: str) -> str | None:
                          "move it out of the trees/ directory, then rerun")
     journal = stage / "journal.json"
     if not journal.is_file():
-        shutil.rmtree(stage)
+        confine.remove_path(wd.root, stage, family=PatchError)
         return f"removed the stage of an apply to {name!r} that stopped before changing the tree"
     try:
         data = json.loads(read_limited(journal))
@@ -137,8 +143,8 @@ def recover(wd: Workdir, name: str) -> str | None:
         committed = False
     if not committed:
         _stage_files(journal, stage, files)  # all checked before the first file is touched
-        _restore(wd.tree(name), stage, files)
-    shutil.rmtree(stage)
+        _restore(wd.root, wd.tree(name), stage, files)
+    confine.remove_path(wd.root, stage, family=PatchError)
     return (f"completed an interrupted apply to {name!r}" if committed
             else f"rolled back an interrupted apply to {name!r}: the tree is as before it")
 
@@ -154,32 +160,49 @@ def commit(wd: Workdir, name: str, changes: dict[str, Path], new_state: dict[str
     for rel in changes:  # before anything is staged: a symlink on the way is refused up front
         confine.check_target(tree, tree / rel, what="replace", family=PatchError)
     confine.check_target(wd.root, stage, what="create the stage", family=PatchError)
-    stage.mkdir(parents=True)
+    root = wd.root
     files: list[dict[str, Any]] = []
     journal_written = False
+    # every write into the stage and the tree, every read from the tree, goes through confine
+    # (relative to folders opened O_NOFOLLOW from the work directory down): a stage or a tree
+    # folder swapped for a symlink while apply runs makes it stop, and nothing is written
+    # behind the link (issue 41, the ninth hostile pass: `shutil.copy2` into a stage swapped
+    # for a link to a folder outside wrote the staged files there, a race a loop won within
+    # a few runs)
     try:
+        confine.ensure_dir(stage, root=root, family=PatchError)
         for rel, src in changes.items():
-            new = stage / "new" / rel
-            new.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, new)
+            try:
+                data = read_limited(src, _MAX_FILE)
+            except ValueError as exc:
+                raise PatchError(f"cannot stage {rel}: {exc}", "rerun; report this if it "
+                                 "happens again") from None
+            confine.write_file(stage / "new" / rel, data, root=root, mode=_mode(src),
+                               family=PatchError)
             before = _hash(tree / rel)
             if before is not None:
-                (stage / "old" / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(tree / rel, stage / "old" / rel)
-            files.append({"rel": rel, "before": before, "after": sha256_file(new)})
+                old = confine.read_file(root, tree / rel, limit=_MAX_FILE, family=PatchError)
+                if hashlib.sha256(old).hexdigest() != before:
+                    raise PatchError(f"{tree / rel} changed while apply copied it (another "
+                                     "process is changing the work directory)",
+                                     "stop whatever else writes there, then rerun")
+                confine.write_file(stage / "old" / rel, old, root=root, mode=_mode(tree / rel),
+                                   family=PatchError)
+            files.append({"rel": rel, "before": before,
+                          "after": hashlib.sha256(data).hexdigest()})
         write_json_atomic(stage / "journal.json", {"tree": name, "files": files,
                                                     "state": new_state})
         journal_written = True
         for f in files:
             dst = tree / f["rel"]
             confine.ensure_dir(dst.parent, root=tree, family=PatchError)
-            confine.check_target(tree, dst, what="replace", family=PatchError)
-            os.replace(stage / "new" / f["rel"], dst)
+            confine.move_file(root, stage / "new" / f["rel"], dst, family=PatchError)
         verify()
         ownership.write_record(wd.root, wd.state_file(name), new_state)
     except BaseException:
         if journal_written:
-            _restore(tree, stage, files)
-        shutil.rmtree(stage, ignore_errors=True)
+            _restore(root, tree, stage, files)
+        with suppress(OSError, PatchError):
+            confine.remove_path(root, stage, family=PatchError)
         raise
-    shutil.rmtree(stage)
+    confine.remove_path(root, stage, family=PatchError)
