@@ -14,7 +14,6 @@ pass tried). Each test fails without its fix (checked with the fixes stashed):
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
 
-# ruff: noqa: N999  (the file name the pass asked for: test_hostile_pass9_<tester>.py)
 from __future__ import annotations
 
 import os
