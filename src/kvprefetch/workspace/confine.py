@@ -441,6 +441,8 @@ def move_file(root: Path, src: Path, dst: Path, *,
         dfd = open_dir(dst.parent, root=root, what="replace", family=family)
         try:
             os.replace(src.name, dst.name, src_dir_fd=sfd, dst_dir_fd=dfd)
+        except OSError as exc:  # named by the whole paths, as os.replace by path names them
+            raise OSError(exc.errno, exc.strerror, str(src), None, str(dst)) from None
         finally:
             os.close(dfd)
     finally:
