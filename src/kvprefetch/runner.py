@@ -7,13 +7,18 @@ from __future__ import annotations
 import errno
 import os
 import re
+import select
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -94,6 +99,59 @@ def check_child_tmpdir(child_env: Mapping[str, str]) -> None:
         )
 
 
+STOP_GRACE_S = 10.0
+
+# The children running now (any thread's), so that an interrupt stops them all at once: a
+# build runs each tree's ninja in a worker thread, which no exception of the main thread
+# reaches; it read ninja's output until the build ended while the main thread waited for it
+# (issue 41, the ninth hostile pass: SIGTERM, or SIGINT sent to the kit alone, hung a build
+# for its whole compile).
+_LIVE: set[subprocess.Popen[str]] = set()
+_STOPPING = threading.Event()
+
+
+def _signal_group(proc: subprocess.Popen[str], signum: int) -> None:
+    """``signum`` to the child's process group (each child leads its own: ``run``)."""
+    with suppress(OSError):
+        os.killpg(proc.pid, signum)
+
+
+def stop_children() -> None:
+    """The command is stopping (Ctrl-C, SIGTERM, SIGHUP; called from the signal handler): send
+    every running child's process group SIGINT, what a Ctrl-C in a terminal sends it, and
+    start no new child in a worker thread (the main thread's own cleanups still may)."""
+    _STOPPING.set()
+    for proc in list(_LIVE):
+        _signal_group(proc, signal.SIGINT)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Stop a child the kit is leaving (Ctrl-C, SIGTERM, SIGHUP, a timeout, an error) as a
+    Ctrl-C in a terminal stops it: SIGINT to its whole process group. nvcc then removes its
+    ``tmpxft_*`` files and stops cicc and ptxas, ninja stops its own commands (each in a
+    process group of its own) and removes their partial outputs; a SIGKILL of the child alone
+    had left them compiling, into the build folder after the kit had released its lock and
+    into TMPDIR (issue 41, the ninth hostile pass). SIGKILL to the group after
+    ``STOP_GRACE_S`` or at a second interrupt."""
+    try:
+        _signal_group(proc, signal.SIGINT)
+        # the child's last lines may fill the pipe no one reads now: drain it while waiting
+        deadline = time.monotonic() + STOP_GRACE_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            if proc.stdout is None or proc.stdout.closed:
+                time.sleep(0.05)
+            elif (select.select([proc.stdout], [], [], 0.1)[0]
+                  and not os.read(proc.stdout.fileno(), 65536)):
+                time.sleep(0.05)  # the end of its output: only its exit is left to wait for
+    except BaseException:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+        raise
+    if proc.poll() is None:
+        _signal_group(proc, signal.SIGKILL)
+    proc.wait()
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -129,11 +187,18 @@ def run(
         if logf:
             logf.write(f"+ {quote(args)}\n")
             logf.flush()
+        if _STOPPING.is_set() and threading.current_thread() is not threading.main_thread():
+            raise ConfigError(f"{args[0]} was not started: the command is stopping (it was "
+                              "interrupted)", "rerun the command; finished work is kept")
         try:
             proc = subprocess.Popen(
                 args, env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 errors="replace", bufsize=1,
+                # its own process group (a session: `process_group` needs Python 3.11): an
+                # interrupt stops it and everything it started (`_stop`); a Ctrl-C reaches it
+                # through the kit
+                start_new_session=True,
             )
         except OSError as exc:
             cwd_gone = cwd is not None and not os.path.isdir(cwd)
@@ -146,6 +211,7 @@ def run(
                               "executable program)",
                               f"pass the path of an executable in place of {args[0]}"
                               ) from None
+        _LIVE.add(proc)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -160,10 +226,10 @@ def run(
                         on_progress(int(m.group(1)), int(m.group(2)))
             returncode = proc.wait(timeout=timeout)
         except BaseException:
-            proc.kill()
-            proc.wait()
+            _stop(proc)
             raise
         finally:
+            _LIVE.discard(proc)
             if proc.stdout is not None:
                 proc.stdout.close()
     finally:

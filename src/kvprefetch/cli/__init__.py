@@ -4,13 +4,15 @@ Nothing here (or in what it imports at start-up) touches CUDA, so ``--help`` wor
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from typing import Any
 
 import click
 
 from .. import __version__
-from ..errors import KvprefetchError
+from ..errors import KvprefetchError, Terminated
+from ..runner import stop_children
 
 # name -> "module:attribute" of a click command; imported only when that command runs, so a
 # missing optional dependency of one command never breaks --help or the others.
@@ -99,11 +101,10 @@ class LazyGroup(click.Group):
             err = family(f"{ctx.invoked_subcommand or 'kvprefetch'} failed: {cause}", fix)
             click.echo(f"error: {err.message}", err=True)
             sys.exit(err.exit_code)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             if debug:
                 raise
-            click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
-            sys.exit(130)
+            _interrupted(exc)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -123,15 +124,50 @@ def main(debug: bool) -> None:
     """
 
 
+def _interrupted(exc: KeyboardInterrupt) -> None:
+    """Ctrl-C (exit 130), SIGTERM (143) or SIGHUP (129), once every cleanup has run: one line."""
+    if isinstance(exc, Terminated):
+        name = signal.Signals(exc.signum).name
+        click.echo(f"stopped by {name}: nothing further was changed; rerun to resume", err=True)
+        sys.exit(128 + exc.signum)
+    click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
+    sys.exit(130)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    stop_children()
+    raise Terminated(signum)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    stop_children()
+    raise KeyboardInterrupt
+
+
+def stop_like_ctrl_c() -> None:
+    """SIGTERM and SIGHUP raise ``Terminated`` (a ``KeyboardInterrupt``) in the main thread,
+    so a ``kill``, Slurm's time limit or a closed terminal runs the cleanups Ctrl-C runs (each
+    temporary beside an output removed, locks released, child processes stopped) where
+    Python's default action ended the process at once (issue 41, the ninth hostile pass). A
+    signal the caller ignores (``nohup``'s SIGHUP) stays ignored. Each of the three first stops
+    the kit's running child processes (``runner.stop_children``)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, _raise_terminated)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        # Ctrl-C as before, and every child stopped too (a `kill -INT` reaches the kit alone)
+        signal.signal(signal.SIGINT, _raise_interrupt)
+
+
 def run() -> None:
-    """The command line, with a Ctrl-C before or after click takes over as one line and exit
-    130 (click's own handling starts only once ``main`` runs; the lazy imports of a command
-    happen inside it)."""
+    """The command line, with a Ctrl-C (SIGTERM, SIGHUP) before or after click takes over as
+    one line and exit 130 (143, 129) (click's own handling starts only once ``main`` runs; the
+    lazy imports of a command happen inside it)."""
     try:
+        stop_like_ctrl_c()
         main()
-    except KeyboardInterrupt:
-        click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover
