@@ -273,3 +273,27 @@ def test_doctor_stopped_during_its_nvcc_probe_leaves_nothing_in_tmpdir(
     assert rc == 128 + sig and "Traceback" not in err, (rc, err)
     time.sleep(2)  # anything of nvcc's left running would write on
     assert os.listdir(systmp) == [], os.listdir(systmp)
+
+
+def test_a_ctrl_c_while_the_console_script_imports_is_one_line(tmp_path: Path) -> None:
+    """The console script (pyproject's entry point, called as pip's script calls it) imported
+    ``kvprefetch.cli`` outside any handler: a Ctrl-C there printed a KeyboardInterrupt
+    traceback from the script's import line; one as the process ended, "Exception ignored in
+    <module 'threading'>". Only the interpreter's own start-up (site.py and the ``.pth`` files
+    it runs, before the script's first line: "Fatal Python error: init_import_site") is out of
+    the kit's reach."""
+    import tomllib
+
+    entry = tomllib.loads((_REPO / "pyproject.toml").read_text())["project"]["scripts"][
+        "kvprefetch"]
+    module, attr = entry.split(":")
+    script = f"import sys\nfrom {module} import {attr}\nsys.exit({attr}())\n"
+    for step in range(12):
+        p = _start([sys.executable, "-c", script, "clean", "--workdir", str(tmp_path / "none"),
+                    "--dry-run"], _env9(tmp_path))
+        time.sleep(0.04 + 0.025 * step)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        if "Fatal Python error: init_import_site" in err:
+            continue  # the interpreter's start-up (site.py and the .pth files it runs)
+        assert "Traceback" not in err and "Exception ignored" not in err, (step, err)

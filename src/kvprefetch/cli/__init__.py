@@ -168,6 +168,14 @@ def run() -> None:
         main()
     except KeyboardInterrupt as exc:
         _interrupted(exc)
+    finally:
+        # the command has ended (its message printed): a signal during the interpreter's
+        # shutdown ends the process at once, never "Exception ignored in <module 'threading'>
+        # ... KeyboardInterrupt" (issue 41, the ninth hostile pass)
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            if signal.getsignal(signum) in (_raise_terminated, _raise_interrupt,
+                                            signal.default_int_handler):
+                signal.signal(signum, signal.SIG_DFL)
 
 
 if __name__ == "__main__":  # pragma: no cover
