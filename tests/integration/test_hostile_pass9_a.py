@@ -297,3 +297,28 @@ def test_a_ctrl_c_while_the_console_script_imports_is_one_line(tmp_path: Path) -
         if "Fatal Python error: init_import_site" in err:
             continue  # the interpreter's start-up (site.py and the .pth files it runs)
         assert "Traceback" not in err and "Exception ignored" not in err, (step, err)
+
+
+def test_vmm_without_a_gpu_refuses_before_any_work(tmp_path: Path) -> None:
+    """Without a GPU `vmm bench` ran every part, wrote a report of tracebacks and exited 7
+    ("read the tracebacks recorded in vmm-bench.json"); `vmm selftest` said "pass
+    driver=FakeVmmDriver()", a Python argument and no option of the command."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the commands run")
+    env = _env9(tmp_path)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kvprefetch", "vmm", *args], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              check=False)
+
+    res = cli("selftest")
+    assert res.returncode == 9 and "Traceback" not in res.stderr, res.stderr
+    assert "needs a CUDA GPU" in res.stderr and "--driver fake" in res.stderr, res.stderr
+    assert "FakeVmmDriver" not in res.stderr, res.stderr
+    res = cli("bench", "--out", "b.json")
+    assert res.returncode == 7 and "Traceback" not in res.stderr, res.stderr
+    assert "needs a CUDA GPU" in res.stderr and "--dry-run" in res.stderr, res.stderr
+    assert not (tmp_path / "b.json").exists()
+    assert cli("selftest", "--driver", "fake", "--ops", "20").returncode == 0
