@@ -110,31 +110,57 @@ _LIVE: set[subprocess.Popen[str]] = set()
 _STOPPING = threading.Event()
 
 
-def _signal_group(proc: subprocess.Popen[str], signum: int) -> None:
-    """``signum`` to the child's process group (each child leads its own: ``run``)."""
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (``/proc``'s parent links), children first."""
+    children: dict[int, list[int]] = {}
     with suppress(OSError):
-        os.killpg(proc.pid, signum)
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out: list[int] = []
+    todo = list(children.get(pid, ()))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def _signal_tree(proc: subprocess.Popen[str], signum: int) -> None:
+    """``signum`` to the child and to every process below it, as a terminal's Ctrl-C reaches a
+    whole foreground group: ninja runs each nvcc in a process group of its own and nvcc leaves
+    cicc running when only it is signalled. The child stays in the kit's own process group
+    and session, so a ``kill -- -PGID`` or a session's end still takes them all."""
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        with suppress(OSError):
+            os.kill(pid, signum)
 
 
 def stop_children() -> None:
     """The command is stopping (Ctrl-C, SIGTERM, SIGHUP; called from the signal handler): send
-    every running child's process group SIGINT, what a Ctrl-C in a terminal sends it, and
+    every running child and all below it SIGINT, what a Ctrl-C in a terminal sends them, and
     start no new child in a worker thread (the main thread's own cleanups still may)."""
     _STOPPING.set()
     for proc in list(_LIVE):
-        _signal_group(proc, signal.SIGINT)
+        _signal_tree(proc, signal.SIGINT)
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
     """Stop a child the kit is leaving (Ctrl-C, SIGTERM, SIGHUP, a timeout, an error) as a
-    Ctrl-C in a terminal stops it: SIGINT to its whole process group. nvcc then removes its
+    Ctrl-C in a terminal stops it: SIGINT to it and every process below it. nvcc then removes its
     ``tmpxft_*`` files and stops cicc and ptxas, ninja stops its own commands (each in a
     process group of its own) and removes their partial outputs; a SIGKILL of the child alone
     had left them compiling, into the build folder after the kit had released its lock and
-    into TMPDIR (issue 41, the ninth hostile pass). SIGKILL to the group after
+    into TMPDIR (issue 41, the ninth hostile pass). SIGKILL to them all after
     ``STOP_GRACE_S`` or at a second interrupt."""
     try:
-        _signal_group(proc, signal.SIGINT)
+        _signal_tree(proc, signal.SIGINT)
         # the child's last lines may fill the pipe no one reads now: drain it while waiting
         deadline = time.monotonic() + STOP_GRACE_S
         while proc.poll() is None and time.monotonic() < deadline:
@@ -144,11 +170,11 @@ def _stop(proc: subprocess.Popen[str]) -> None:
                   and not os.read(proc.stdout.fileno(), 65536)):
                 time.sleep(0.05)  # the end of its output: only its exit is left to wait for
     except BaseException:
-        _signal_group(proc, signal.SIGKILL)
+        _signal_tree(proc, signal.SIGKILL)
         proc.wait()
         raise
     if proc.poll() is None:
-        _signal_group(proc, signal.SIGKILL)
+        _signal_tree(proc, signal.SIGKILL)
     proc.wait()
 
 
@@ -195,10 +221,6 @@ def run(
                 args, env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 errors="replace", bufsize=1,
-                # its own process group (a session: `process_group` needs Python 3.11): an
-                # interrupt stops it and everything it started (`_stop`); a Ctrl-C reaches it
-                # through the kit
-                start_new_session=True,
             )
         except OSError as exc:
             cwd_gone = cwd is not None and not os.path.isdir(cwd)
