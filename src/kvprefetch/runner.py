@@ -132,14 +132,18 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _signal_tree(proc: subprocess.Popen[str], signum: int) -> None:
-    """``signum`` to the child and to every process below it, as a terminal's Ctrl-C reaches a
-    whole foreground group: ninja runs each nvcc in a process group of its own and nvcc leaves
-    cicc running when only it is signalled. The child stays in the kit's own process group
-    and session, so a ``kill -- -PGID`` or a session's end still takes them all."""
+def _signal_tree(proc: subprocess.Popen[str], signum: int, *, whole: bool = False) -> None:
+    """``signum`` to the child and to every process below it in the kit's own process group:
+    what a terminal's Ctrl-C reaches (nvcc leaves cicc running, and its ``tmpxft_*`` files,
+    when only it is signalled). A process in a group of its own below (ninja starts each
+    command so) is left to its parent, which forwards the signal and cleans up after it, as
+    under a terminal; ``whole`` (SIGKILL) takes every process below. The child stays in the
+    kit's group and session, so a ``kill -- -PGID`` or a session's end still takes them all."""
+    own = os.getpgrp()
     for pid in [proc.pid, *_descendants(proc.pid)]:
         with suppress(OSError):
-            os.kill(pid, signum)
+            if whole or pid == proc.pid or os.getpgid(pid) == own:
+                os.kill(pid, signum)
 
 
 def stop_children() -> None:
@@ -170,11 +174,11 @@ def _stop(proc: subprocess.Popen[str]) -> None:
                   and not os.read(proc.stdout.fileno(), 65536)):
                 time.sleep(0.05)  # the end of its output: only its exit is left to wait for
     except BaseException:
-        _signal_tree(proc, signal.SIGKILL)
+        _signal_tree(proc, signal.SIGKILL, whole=True)
         proc.wait()
         raise
     if proc.poll() is None:
-        _signal_tree(proc, signal.SIGKILL)
+        _signal_tree(proc, signal.SIGKILL, whole=True)
     proc.wait()
 
 
