@@ -1,15 +1,23 @@
-"""``python -m kvprefetch`` runs the CLI (useful where the console script is not installed).
+"""``python -m kvprefetch`` runs the CLI (useful where the console script is not installed), and
+``main`` is the console script's entry point too.
 
 A Ctrl-C while the command line is still being imported is the same one line as a Ctrl-C
 later (issue 41, third pass: one sent in the first 0.1 s printed a KeyboardInterrupt
-traceback); the console script gets the same from ``cli.run``."""
+traceback). The console script imported ``kvprefetch.cli`` (click and the rest) itself, outside
+any handler, and printed that traceback still (issue 41, the ninth hostile pass); it now starts
+here, where only ``sys`` is imported before the guard."""
 
 import sys
 
-try:
-    from .cli import run
-except KeyboardInterrupt:
-    print("interrupted: nothing was changed; rerun the command", file=sys.stderr)
-    sys.exit(130)
 
-run()
+def main() -> None:
+    try:
+        from .cli import run
+    except KeyboardInterrupt:
+        print("interrupted: nothing was changed; rerun the command", file=sys.stderr)
+        sys.exit(130)
+    run()
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,19 @@ class KvprefetchError(Exception):
         return f"{self.cause}\nTo fix: {self.fix}" if self.fix else self.cause
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread as Ctrl-C raises ``KeyboardInterrupt`` (of
+    which it is a kind), so that every cleanup Ctrl-C runs runs for them too: the temporary
+    beside an output is removed, a lock is released, a child process is stopped (issue 41, the
+    ninth hostile pass: under Python's default action a ``kill`` left ``.README.md.tmp-…``
+    beside the user's README, and a build's ninja and nvcc compiling after the kit had gone).
+    ``signum``: the signal; the command exits 128 + it, as the default action's status reads."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signum)
+
+
 class ConfigError(KvprefetchError):
     """Bad options or an unsuitable machine (arch, toolkit, environment variables)."""
 

@@ -7,13 +7,18 @@ from __future__ import annotations
 import errno
 import os
 import re
+import select
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -100,6 +105,89 @@ def check_child_tmpdir(child_env: Mapping[str, str]) -> None:
         )
 
 
+STOP_GRACE_S = 10.0
+
+# The children running now (any thread's), so that an interrupt stops them all at once: a
+# build runs each tree's ninja in a worker thread, which no exception of the main thread
+# reaches; it read ninja's output until the build ended while the main thread waited for it
+# (issue 41, the ninth hostile pass: SIGTERM, or SIGINT sent to the kit alone, hung a build
+# for its whole compile).
+_LIVE: set[subprocess.Popen[str]] = set()
+_STOPPING = threading.Event()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (``/proc``'s parent links), children first."""
+    children: dict[int, list[int]] = {}
+    with suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out: list[int] = []
+    todo = list(children.get(pid, ()))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def _signal_tree(proc: subprocess.Popen[str], signum: int, *, whole: bool = False) -> None:
+    """``signum`` to the child and to every process below it in the kit's own process group:
+    what a terminal's Ctrl-C reaches (nvcc leaves cicc running, and its ``tmpxft_*`` files,
+    when only it is signalled). A process in a group of its own below (ninja starts each
+    command so) is left to its parent, which forwards the signal and cleans up after it, as
+    under a terminal; ``whole`` (SIGKILL) takes every process below. The child stays in the
+    kit's group and session, so a ``kill -- -PGID`` or a session's end still takes them all."""
+    own = os.getpgrp()
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        with suppress(OSError):
+            if whole or pid == proc.pid or os.getpgid(pid) == own:
+                os.kill(pid, signum)
+
+
+def stop_children() -> None:
+    """The command is stopping (Ctrl-C, SIGTERM, SIGHUP; called from the signal handler): send
+    every running child and all below it SIGINT, what a Ctrl-C in a terminal sends them, and
+    start no new child in a worker thread (the main thread's own cleanups still may)."""
+    _STOPPING.set()
+    for proc in list(_LIVE):
+        _signal_tree(proc, signal.SIGINT)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Stop a child the kit is leaving (Ctrl-C, SIGTERM, SIGHUP, a timeout, an error) as a
+    Ctrl-C in a terminal stops it: SIGINT to it and every process below it. nvcc then removes its
+    ``tmpxft_*`` files and stops cicc and ptxas, ninja stops its own commands (each in a
+    process group of its own) and removes their partial outputs; a SIGKILL of the child alone
+    had left them compiling, into the build folder after the kit had released its lock and
+    into TMPDIR (issue 41, the ninth hostile pass). SIGKILL to them all after
+    ``STOP_GRACE_S`` or at a second interrupt."""
+    try:
+        _signal_tree(proc, signal.SIGINT)
+        # the child's last lines may fill the pipe no one reads now: drain it while waiting
+        deadline = time.monotonic() + STOP_GRACE_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            if proc.stdout is None or proc.stdout.closed:
+                time.sleep(0.05)
+            elif (select.select([proc.stdout], [], [], 0.1)[0]
+                  and not os.read(proc.stdout.fileno(), 65536)):
+                time.sleep(0.05)  # the end of its output: only its exit is left to wait for
+    except BaseException:
+        _signal_tree(proc, signal.SIGKILL, whole=True)
+        proc.wait()
+        raise
+    if proc.poll() is None:
+        _signal_tree(proc, signal.SIGKILL, whole=True)
+    proc.wait()
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -135,6 +223,9 @@ def run(
         if logf:
             logf.write(f"+ {quote(args)}\n")
             logf.flush()
+        if _STOPPING.is_set() and threading.current_thread() is not threading.main_thread():
+            raise ConfigError(f"{args[0]} was not started: the command is stopping (it was "
+                              "interrupted)", "rerun the command; finished work is kept")
         try:
             proc = subprocess.Popen(
                 args, env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -152,6 +243,7 @@ def run(
                               "executable program)",
                               f"pass the path of an executable in place of {args[0]}"
                               ) from None
+        _LIVE.add(proc)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -166,10 +258,10 @@ def run(
                         on_progress(int(m.group(1)), int(m.group(2)))
             returncode = proc.wait(timeout=timeout)
         except BaseException:
-            proc.kill()
-            proc.wait()
+            _stop(proc)
             raise
         finally:
+            _LIVE.discard(proc)
             if proc.stdout is not None:
                 proc.stdout.close()
     finally:

@@ -116,6 +116,8 @@ def test_cli_passes_the_workdir_to_the_gpu_run(tmp_path: Path, monkeypatch: Any)
         return vb.BenchRun({}, ("decode: boom",) if len(seen) > 1 else ())
 
     monkeypatch.setattr(vb, "run_bench", fake_run_bench)
+    # and the GPU it needs (the command refuses before any work without one)
+    monkeypatch.setattr("kvprefetch.cli.vmm._require_gpu", lambda *a: None)
     out = tmp_path / "r.json"
     args = ["bench", "--skip-steps", "--out", str(out), "--paged-workdir", str(tmp_path),
             "--batches", "1,8"]

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 from typing import Any
 
 import click
 
 from .. import __version__
-from ..errors import KvprefetchError
+from ..errors import KvprefetchError, Terminated
+from ..runner import stop_children
 from ..stdio import StreamWriteError, standard_streams
 
 # name -> "module:attribute" of a click command; imported only when that command runs, so a
@@ -110,11 +112,10 @@ class LazyGroup(click.Group):
             err = family(f"{ctx.invoked_subcommand or 'kvprefetch'} failed: {cause}", fix)
             click.echo(f"error: {err.message}", err=True)
             sys.exit(err.exit_code)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             if debug:
                 raise
-            click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
-            sys.exit(130)
+            _interrupted(exc)
         except Exception as exc:
             # raised inside a third-party module (torch, numpy, matplotlib, rich, ...): a broken
             # install, or a module of that name planted on PYTHONPATH, raising on import or on
@@ -197,15 +198,51 @@ def output_failed(exc: OSError) -> tuple[str, str]:
     return cause, fix
 
 
+def _interrupted(exc: KeyboardInterrupt) -> None:
+    """Ctrl-C (exit 130), SIGTERM (143) or SIGHUP (129), once every cleanup has run: one line."""
+    if isinstance(exc, Terminated):
+        name = signal.Signals(exc.signum).name
+        click.echo(f"stopped by {name}: nothing further was changed; rerun to resume", err=True)
+        sys.exit(128 + exc.signum)
+    click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
+    sys.exit(130)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    stop_children()
+    raise Terminated(signum)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    stop_children()
+    raise KeyboardInterrupt
+
+
+def stop_like_ctrl_c() -> None:
+    """SIGTERM and SIGHUP raise ``Terminated`` (a ``KeyboardInterrupt``) in the main thread,
+    so a ``kill``, Slurm's time limit or a closed terminal runs the cleanups Ctrl-C runs (each
+    temporary beside an output removed, locks released, child processes stopped) where
+    Python's default action ended the process at once (issue 41, the ninth hostile pass). A
+    signal the caller ignores (``nohup``'s SIGHUP) stays ignored. Each of the three first stops
+    the kit's running child processes (``runner.stop_children``)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, _raise_terminated)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        # Ctrl-C as before, and every child stopped too (a `kill -INT` reaches the kit alone)
+        signal.signal(signal.SIGINT, _raise_interrupt)
+
+
 def run() -> None:
-    """The command line, with a Ctrl-C before or after click takes over as one line and exit
-    130 (click's own handling starts only once ``main`` runs; the lazy imports of a command
-    happen inside it). The standard streams are made safe first (``stdio``): a closed one is
-    ``/dev/null``, text they cannot encode is escaped, and a stdout that cannot be written
-    (``--help > /dev/full``) is one message, not a traceback."""
+    """The command line, with a Ctrl-C (SIGTERM, SIGHUP) before or after click takes over as
+    one line and exit 130 (143, 129) (click's own handling starts only once ``main`` runs; the
+    lazy imports of a command happen inside it). The standard streams are made safe first
+    (``stdio``): a closed one is ``/dev/null``, text they cannot encode is escaped, and a stdout
+    that cannot be written (``--help > /dev/full``) is one message, not a traceback."""
     standard_streams()
     no_world_writable()
     try:
+        stop_like_ctrl_c()
         try:
             main()
         finally:
@@ -214,9 +251,16 @@ def run() -> None:
         cause, fix = output_failed(exc)
         click.echo(f"error: {cause}\nTo fix: {fix}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        click.echo("interrupted: nothing further was changed; rerun to resume", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
+    finally:
+        # the command has ended (its message printed): a signal during the interpreter's
+        # shutdown ends the process at once, never "Exception ignored in <module 'threading'>
+        # ... KeyboardInterrupt" (issue 41, the ninth hostile pass)
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            if signal.getsignal(signum) in (_raise_terminated, _raise_interrupt,
+                                            signal.default_int_handler):
+                signal.signal(signum, signal.SIG_DFL)
 
 
 if __name__ == "__main__":  # pragma: no cover

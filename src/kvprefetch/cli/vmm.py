@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from ..console import emit_json, info, step, table
-from ..errors import BenchError
+from ..errors import BenchError, KvprefetchError
 from .common import dry_run_option, json_option, output_file
 
 
@@ -42,6 +42,19 @@ def _sizes(text: str) -> tuple[int, ...]:
 # against CUDA's, which maps real pages), so 10^7 ops is some ten minutes; a longer soak is more
 # seeds, each a run of its own. 10**20 ran for as long as asked (issue 41, fourth pass).
 MAX_OPS = 10_000_000
+
+
+def _require_gpu(error: type[KvprefetchError], command: str, fix: str) -> None:
+    """``error`` unless torch sees a CUDA GPU, before any work (issue 41, the ninth hostile
+    pass: without one `vmm bench` ran every part, wrote its report of tracebacks and exited 7,
+    and `vmm selftest` said "pass driver=FakeVmmDriver()", a Python argument, not an option).
+    Where torch cannot be imported at all, the command's own message names it."""
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        raise error(f"vmm {command} needs a CUDA GPU and none is visible to PyTorch", fix)
 
 
 @click.group()
@@ -70,6 +83,9 @@ def selftest(driver_name: str, ops: int, seed: int, layout: str, sync_mapping: b
     spec = KVCacheSpec(num_layers=2, num_kv_heads=8, head_dim=128, max_batch=8,
                        max_context=8192, layout=Layout(layout))
     driver: Any = None
+    if driver_name == "cuda":
+        _require_gpu(VmmError, "selftest", "run it on the GPU machine, or pass `--driver fake` "
+                                           "to check the bookkeeping without one")
     if driver_name == "fake":
         from ..vmm.fake import FakeVmmDriver
 
@@ -158,6 +174,9 @@ def bench(out: Path, batches: str, contexts: str, rounds: int, skip_steps: bool,
         for b in builds:
             info(f"paged build {b.tree}: {b.so_path} (sha256 {b.so_sha256[:16]})")
         return
+    if not (skip_steps and skip_decode):  # both skipped: a report of the settings only
+        _require_gpu(BenchError, "bench",
+                     "run it on the GPU machine; `--dry-run` plans without one")
     with step("vmm bench"):
         res = run_bench(out, cfg, steps=not skip_steps, decode=not skip_decode,
                         paged_workdir=paged_workdir)

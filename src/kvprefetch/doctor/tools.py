@@ -5,6 +5,7 @@ goes through the runner."""
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 import time
@@ -168,8 +169,11 @@ def check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int
         src, obj = tmp / "probe.cu", tmp / "probe.o"
         src.write_text(PROBE_CU)
         t0 = time.monotonic()
-        done = run([str(nvcc), "-c", *flags, "-o", str(obj), str(src)], env=environ,
-                   echo=False, check=False, timeout=300)
+        # nvcc's own tmpxft_* files in the probe's folder too: an nvcc stopped early leaves
+        # some behind (issue 41, the ninth hostile pass: in the system temp folder)
+        done = run([str(nvcc), "-c", *flags, "-o", str(obj), str(src)],
+                   env={**environ, "TMPDIR": os.path.abspath(tmp)}, echo=False, check=False,
+                   timeout=300)
         took = time.monotonic() - t0
         targets = ", ".join(f.rsplit("code=", 1)[1] for f in flags)
         if done.returncode != 0:

@@ -340,6 +340,24 @@ def check_submitted(submitted: object, record: Path) -> None:
                                   "an array task number", FIX_SUBMITTED)
 
 
+def check_sending(sending: object, record: Path) -> None:
+    """The ``sending`` part of a campaign.json read back (absent, or the sbatch started and not
+    yet answered: ``{"job": NAME, "task": null or a number, "at": TIME}``, written before the
+    sbatch and removed once its id is recorded)."""
+    if sending is None:
+        return
+    if not isinstance(sending, dict) or not isinstance(sending.get("job"), str) \
+            or not re.fullmatch(r"[A-Za-z0-9_-]{1,100}", sending["job"]) \
+            or not isinstance(sending.get("at", ""), str) \
+            or not re.fullmatch(r"[0-9T:Z-]{0,40}", sending.get("at", "")):
+        raise ConfigError(f"{record} is corrupt: 'sending' is not the record of an sbatch "
+                          "(a job name and a time)", FIX_SUBMITTED)
+    task = sending.get("task")
+    if task is not None and (not isinstance(task, int) or isinstance(task, bool) or task < 0):
+        raise ConfigError(f"{record} is corrupt: 'sending' has the task {task!r}, not an "
+                          "array task number", FIX_SUBMITTED)
+
+
 def load_record(root: Path) -> dict[str, Any]:
     from ..reading import read_limited
 
@@ -355,6 +373,7 @@ def load_record(root: Path) -> dict[str, Any]:
         raise ConfigError(f"{p} is not a kvprefetch campaign", "plan the campaign again")
     data.setdefault("submitted", {})
     check_submitted(data["submitted"], p)
+    check_sending(data.get("sending"), p)
     plan_root = data["plan"].get("root")
     if plan_root != str(Path(root).resolve()):
         raise ConfigError(f"{p} is corrupt or was moved: it plans the campaign {plan_root!r}, "

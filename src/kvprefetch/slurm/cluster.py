@@ -77,11 +77,62 @@ def check_job_folders(root: Path) -> None:
                              "the folders again), then submit")
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def refuse_unanswered(root: Path, c: Campaign, rec: dict[str, Any],
+                      resubmitting: str | None = None) -> None:
+    """Refuse (SlurmError) to send anything while an sbatch of this campaign was started and
+    its answer never recorded (a submit stopped by Ctrl-C, SIGTERM, SIGKILL or a lost login
+    node in that window): Slurm may hold that job, and sending it again would run it twice
+    (issue 41, the ninth hostile pass: a SIGTERM during the first sbatch left no trace, and
+    the next `submit` sent every job again). The way out is the ``resubmit`` of that very
+    job, once the user has looked for it with squeue."""
+    sending = rec.get("sending")
+    if not sending or sending["job"] == resubmitting:
+        return
+    job = sending["job"]
+    task = "" if sending.get("task") is None else f" (array task {sending['task']})"
+    missing = [j.name for j in submission_order(c)
+               if j.name not in rec["submitted"] or j.name == job]
+    name = f"kvp-{Path(c.root).name}-{job}"
+    raise SlurmError(
+        f"the sbatch of {job}{task} in {root} was started at {sending.get('at') or '?'} and "
+        "stopped before its job id was recorded: Slurm may or may not hold that job, and "
+        "kvprefetch sends nothing more until you have looked",
+        f"run `squeue --me --name {name}` (and `sacct --name {name}` for one that already "
+        "ended); `scancel` the job it lists, then send it and the rest in order: "
+        + "; ".join(f"`kvprefetch slurm resubmit {root} {j}`" for j in missing))
+
+
+def _send(root: Path, rec: dict[str, Any], job: str, task: int | None,
+          argv: Sequence[str]) -> str:
+    """One sbatch, its intent recorded in campaign.json before it starts ("sending") and
+    replaced by its id once it answers; an sbatch that fails (Slurm said no) sent nothing."""
+    rec["sending"] = {"job": job, "task": task, "at": _now()}
+    save_record(root, rec)
+    try:
+        output = _slurm(argv).output
+    except SlurmError:
+        rec.pop("sending", None)
+        save_record(root, rec)
+        raise
+    job_id = parse_parsable(output)
+    rec["submitted"].setdefault(job, []).append(
+        {"id": job_id, "task": task, "argv": list(argv), "at": _now()})
+    rec.pop("sending", None)
+    save_record(root, rec)
+    return job_id
+
+
 def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
     """Submit every job of the campaign in order, each with ``afterok`` on the ids of the jobs
     it depends on. A campaign is submitted once; single jobs again with ``resubmit``."""
     c, rec = load(root)
     check_job_folders(root)
+    if not dry_run:
+        refuse_unanswered(root, c, rec)
     if rec["submitted"] and not dry_run:
         sent = ", ".join(f"{j}={latest_id(rec, j)}" for j in rec["submitted"])
         missing = [j.name for j in submission_order(c) if j.name not in rec["submitted"]]
@@ -105,11 +156,9 @@ def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
             ids[job.name] = f"<{job.name}>"
             done.append({"job": job.name, "argv": argv})
             continue
-        job_id = parse_parsable(_slurm(argv).output)
+        # recorded before and after every job: an error later keeps the ids so far
+        job_id = _send(root, rec, job.name, None, argv)
         ids[job.name] = job_id
-        rec["submitted"][job.name] = [{"id": job_id, "task": None, "argv": argv,
-                                       "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
-        save_record(root, rec)  # after every job: an error later keeps the ids so far
         done.append({"job": job.name, "id": job_id, "argv": argv})
     return done
 
@@ -263,6 +312,8 @@ def resubmit(root: Path, job_name: str, task: int | None = None,
     c, rec = load(root)
     check_job_folders(root)
     job = c.job(job_name)
+    if not dry_run:
+        refuse_unanswered(root, c, rec, resubmitting=job_name)
     if task is not None and (job.array is None or not 0 <= task < job.array):
         raise SlurmError(f"job {job_name} has no array task {task}",
                          f"pass --task 0..{(job.array or 1) - 1} for an array job, or no --task")
@@ -278,9 +329,5 @@ def resubmit(root: Path, job_name: str, task: int | None = None,
     argv = sbatch_argv(c, job, deps, task)
     if dry_run:
         return {"job": job_name, "task": task, "argv": argv}
-    job_id = parse_parsable(_slurm(argv).output)
-    rec["submitted"].setdefault(job_name, []).append(
-        {"id": job_id, "task": task, "argv": argv,
-         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    save_record(root, rec)
+    job_id = _send(root, rec, job_name, task, argv)
     return {"job": job_name, "task": task, "id": job_id, "argv": argv}

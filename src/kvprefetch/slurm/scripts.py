@@ -221,11 +221,13 @@ def write_campaign(c: Campaign) -> list[Path]:
     root = Path(c.root)
     record_path = root / CAMPAIGN_FILE
     submitted: dict[str, Any] = {}
+    sending = None
     previous: Campaign | None = None
     if record_path.exists():
         old = load_record(root)
         previous = campaign_from_dict(old["plan"])
-        if old["submitted"] and old["plan"] != json.loads(json.dumps(c.to_dict())):
+        sending = old.get("sending")
+        if (old["submitted"] or sending) and old["plan"] != json.loads(json.dumps(c.to_dict())):
             raise ConfigError(f"{root} holds a campaign already submitted with another plan",
                               "plan into a new folder, or resubmit single jobs with "
                               "`kvprefetch slurm resubmit`")
@@ -255,7 +257,9 @@ def write_campaign(c: Campaign) -> list[Path]:
                               f"move {p} away, or plan into a new folder")
         write_file(p, render_script(c, job), root=root, mode=0o755)
         written.append(p)
-    save_record(root, {"plan": c.to_dict(), "submitted": submitted})
+    # an sbatch started and never answered stays recorded (`submit` refuses until it is seen to)
+    save_record(root, {"plan": c.to_dict(), "submitted": submitted}
+                | ({"sending": sending} if sending else {}))
     return [record_path, *written]
 
 
