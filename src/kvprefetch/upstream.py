@@ -102,12 +102,49 @@ DEFAULT_TREE_FOR_VARIANT = {"prefetch": "patched", "launch": "launch", "paper": 
 def kit_root() -> Path:
     """The directory holding ``csrc/`` and ``patches/``: the repository checkout, or the
     copy shipped inside the installed package (``kvprefetch/data``)."""
+    from .errors import ConfigError
+
     here = Path(__file__).resolve().parent  # the kvprefetch package
     for cand in (here / "data", here.parent.parent):
         if ((cand / "csrc" / "kvprefetch").is_dir()
                 and (cand / "patches" / f"v{VLLM_VERSION}").is_dir()):
             return cand
-    raise FileNotFoundError("kvprefetch's csrc/kvprefetch/ and patches/ were not found")
+    raise ConfigError(f"kvprefetch's own csrc/kvprefetch/ and patches/v{VLLM_VERSION}/ were "
+                      f"found neither in {here / 'data'} (an installed copy) nor in "
+                      f"{here.parent.parent} (a checkout)",
+                      "reinstall kvprefetch from a complete checkout, or restore them there "
+                      "(`git checkout -- csrc/ patches/`)")
+
+
+def _kit_dirs_problem(path: Path) -> str | None:
+    """Why a file of the kit is not reached through its own folders: a symlinked folder below
+    ``kit_root`` (``csrc/kvprefetch`` linked elsewhere) would have the kit read, and install,
+    files from outside its checkout (issue 41, the ninth hostile pass)."""
+    root = kit_root()  # the checkout's is a resolved path; an installed copy's data/ is not
+    if root.is_symlink():
+        return f"{root} is a symlink -> {os.readlink(root)}"
+    cur = root
+    for part in path.relative_to(root).parts[:-1]:
+        cur = cur / part
+        if cur.is_symlink():
+            return f"its folder {cur} is a symlink -> {os.readlink(cur)}"
+    return None
+
+
+def _kit_file_problem(path: Path, limit: int) -> str | None:
+    """Why ``path`` is not a regular file of at most ``limit`` bytes, reached through the kit's
+    own folders (None: it is)."""
+    problem = _kit_dirs_problem(path)
+    if problem is not None:
+        return problem
+    try:
+        st = path.lstat()
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return (f"it is a symlink -> {os.readlink(path)}" if stat.S_ISLNK(st.st_mode)
+            else "it is not a regular file (a FIFO, device, socket or folder)"
+            if not stat.S_ISREG(st.st_mode)
+            else f"it is larger than {limit} bytes" if st.st_size > limit else None)
 
 
 def kit_header_dir() -> Path:
@@ -120,24 +157,15 @@ _MAX_HEADER_BYTES = 1 << 20
 
 def kit_headers() -> list[tuple[Path, str]]:
     """(our file, its path in a tree) for each of KIT_HEADERS, each checked to be a regular
-    file of at most 1 MiB, never a symlink (issue 41, the eighth hostile pass: a FIFO there
-    hung ``apply``; a link out was read and installed into the tree)."""
+    file of at most 1 MiB, never a symlink nor in a symlinked folder (issue 41, the eighth
+    hostile pass: a FIFO there hung ``apply``; a link out was read and installed into the
+    tree; the ninth: ``csrc/kvprefetch`` linked to a folder elsewhere)."""
     from .errors import PatchError
 
     out = [(kit_header_dir() / h, t)
            for h, t in zip(KIT_HEADERS, KIT_HEADERS_IN_TREE, strict=True)]
     for src, _ in out:
-        problem: str | None
-        try:
-            st = src.lstat()
-        except OSError as exc:
-            problem = exc.strerror or str(exc)
-        else:
-            problem = ("it is a symlink" if stat.S_ISLNK(st.st_mode)
-                       else "it is not a regular file (a FIFO, device, socket or folder)"
-                       if not stat.S_ISREG(st.st_mode)
-                       else f"it is larger than {_MAX_HEADER_BYTES} bytes"
-                       if st.st_size > _MAX_HEADER_BYTES else None)
+        problem = _kit_file_problem(src, _MAX_HEADER_BYTES)
         if problem is not None:
             raise PatchError(f"the kit's header {src} cannot be used: {problem}",
                              f"restore {src} from a kvprefetch checkout "
@@ -145,81 +173,161 @@ def kit_headers() -> list[tuple[Path, str]]:
     return out
 
 
+# The kit's C++ sources other than its headers, which the builds compile (kernels-only and
+# overlay: the ops library; overlay: the router). kvprefetch_ops.cpp is some 20 KiB.
+KIT_SOURCES = ("kvprefetch_ops.cpp", "kvprefetch_route.cpp")
+_MAX_SOURCE_BYTES = 1 << 20
+
+
+def kit_source(name: str) -> Path:
+    """``csrc/<name>`` of the kit, checked as its headers are: a regular file of at most 1 MiB,
+    never a symlink nor in a symlinked folder (issue 41, the ninth hostile pass: a FIFO there
+    hung ``build --dry-run``, a link to /dev/zero filled memory, a link out was hashed and
+    compiled into the library a build installs). Otherwise one BuildError naming it."""
+    from .errors import BuildError
+
+    if name not in KIT_SOURCES:
+        raise ValueError(f"{name} is not one of the kit's sources")
+    path = kit_root() / "csrc" / name
+    problem = _kit_file_problem(path, _MAX_SOURCE_BYTES)
+    if problem is not None:
+        raise BuildError(f"the kit's source {path} cannot be used: {problem}",
+                         f"restore {path} from a kvprefetch checkout (`git checkout -- "
+                         f"csrc/{name}`), or reinstall kvprefetch")
+    return path
+
+
 # A variant's diff is a few KiB; the limit keeps a huge or endless file from filling memory.
 _MAX_PATCH_BYTES = 1 << 20
-# Header lines git apply acts on that no kit patch carries: a rename, a copy, a new, deleted or
-# re-moded file (a symlink is mode 120000), a binary patch.
-_REFUSED_HEADERS = ("rename ", "copy ", "new file mode", "deleted file mode", "new mode",
-                    "old mode", "GIT binary patch", "Binary files")
-_HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+_NAMES = "|".join(re.escape(p) for p in PRISTINE_SHA256)
+# The only lines a kit patch holds outside its hunks: what `git diff` writes for a file
+# modified in place. Anything else git apply would act on (a rename, a copy, a new, deleted or
+# re-moded file, a symlink's mode 120000, a binary patch, another -p level, a quoted name, a
+# second name) is refused by not being on this list.
+_DIFF_GIT = re.compile(rf"diff --git a/({_NAMES}) b/\1", re.ASCII)
+_INDEX = re.compile(r"index [0-9a-f]{7,64}\.\.[0-9a-f]{7,64}(?: 100644)?", re.ASCII)
+_HUNK = re.compile(r"@@ -[0-9]+(?:,([0-9]+))? \+[0-9]+(?:,([0-9]+))? @@(?: .*)?", re.ASCII)
+# Line breaks that Python's str.splitlines honours and git does not (git splits on "\n"
+# only), and every other control character but the tab: a line that git reads as one hunk
+# line must never read as two here.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-def _patch_problem(text: str) -> str | None:
-    """Why a diff is not one that only modifies files of PRISTINE_SHA256 in place (None: it
-    is). Header lines are read outside hunks only, so a hunk's "--- " line is content."""
-    old = new = 0
-    for line in text.splitlines():
-        if old > 0 or new > 0:  # inside a hunk
-            if line.startswith("-"):
-                old -= 1
-            elif line.startswith("+"):
-                new -= 1
-            elif not line.startswith("\\"):  # context (" ", or an empty line)
-                old, new = old - 1, new - 1
-            continue
-        m = _HUNK.match(line)
-        if m:
-            old, new = int(m.group(1) or 1), int(m.group(2) or 1)
-        elif line.startswith(_REFUSED_HEADERS):
-            return (f"it has a {line[:80]!r} header; a kit patch only modifies files in "
-                    "place")
-        elif line.startswith(("--- ", "+++ ", "diff --git ")):
-            words = (line[len("diff --git "):].split(" ") if line.startswith("diff")
-                     else [line[4:]])
-            for w in words:
-                rel = w[2:] if w.startswith(("a/", "b/")) else None
-                if rel not in PRISTINE_SHA256:
-                    return (f"it names {w[:200]!r}, not one of the upstream files a kit patch "
-                            f"may touch ({', '.join(PRISTINE_SHA256)})")
-    return None
+def _parse_patch(text: str) -> tuple[str | None, list[str]]:
+    """(why ``text`` is not a diff that only modifies files of PRISTINE_SHA256 in place, or
+    None; the files it modifies). Read as git apply reads it (lines end at "\n" only; a
+    hunk's length is what its header says, its lines begin with " ", "-", "+" or "\\ ", or are
+    empty), and allowing only the lines `git diff` writes for such a change (issue 41, the
+    ninth hostile pass: a hunk line holding a form feed, or a hunk header with Arabic-Indic
+    digits, hid a second section that made a symlink in the scratch copy, and a hunk's added
+    line "++ b/../x" was taken for a file to copy)."""
+    if not text:
+        return "it is empty", []
+    if not text.endswith("\n"):
+        return "its last line does not end with a newline", []
+    lines = text[:-1].split("\n")
+    paths: list[str] = []
+    i, n = 0, len(lines)
+
+    def where(k: int) -> str:
+        return f"line {k + 1} ({lines[k][:80]!r})"
+
+    for k, line in enumerate(lines):
+        bad = _CONTROL.search(line)
+        if bad is not None:
+            return (f"line {k + 1} holds the control character {bad.group()!r} (column "
+                    f"{bad.start() + 1}), which git and kvprefetch would read differently"), []
+    while i < n:
+        m = _DIFF_GIT.fullmatch(lines[i])
+        if m is None:
+            return (f"{where(i)} is not the 'diff --git a/<file> b/<file>' line of a file "
+                    "the kit may patch: it names not one of the upstream files a kit patch "
+                    f"may modify in place ({', '.join(PRISTINE_SHA256)})"), []
+        rel = m.group(1)
+        i += 1
+        if i < n and _INDEX.fullmatch(lines[i]):
+            i += 1
+        for want in (f"--- a/{rel}", f"+++ b/{rel}"):
+            if i >= n or lines[i] != want:
+                return (f"{where(min(i, n - 1))} is not {want!r}: a kit patch only modifies "
+                        "files in place"), []
+            i += 1
+        hunks = 0
+        while i < n and lines[i].startswith("@@"):
+            h = _HUNK.fullmatch(lines[i])
+            if h is None:
+                return f"{where(i)} is not a hunk header", []
+            old = int(h.group(1) or 1)
+            new = int(h.group(2) or 1)
+            i += 1
+            while old > 0 or new > 0:
+                if i >= n:
+                    return "its last hunk is shorter than its header says", []
+                line = lines[i]
+                if line.startswith("-"):
+                    old -= 1
+                elif line.startswith("+"):
+                    new -= 1
+                elif line == "" or line.startswith(" "):
+                    old, new = old - 1, new - 1
+                elif not line.startswith("\\ "):
+                    return f"{where(i)} is not a line of a hunk", []
+                if old < 0 or new < 0:
+                    return f"{where(i)} makes a hunk longer than its header says", []
+                i += 1
+            if i < n and lines[i].startswith("\\ "):  # "\ No newline at end of file"
+                i += 1
+            hunks += 1
+        if hunks == 0:
+            return f"the section of {rel} has no hunk", []
+        paths.append(rel)
+    if not paths:
+        return "it holds no diff", []
+    return None, paths
 
 
-def patch_files(variant: str) -> list[Path]:
-    """A variant's diffs, each checked first (issue 41, the eighth hostile pass): a regular
-    file of at most 1 MiB of UTF-8 text that only modifies pinned upstream files in place. A
-    diff naming ``../../x``, an absolute path, a rename, a symlink or binary content (the kit's
+def _checked_patches(variant: str) -> list[tuple[Path, list[str]]]:
+    """A variant's diffs and the upstream files each modifies, each diff checked first (issue
+    41, the eighth and ninth hostile passes): a regular file of at most 1 MiB of UTF-8 text,
+    in the kit's own folders, that only modifies pinned upstream files in place. A diff naming
+    ``../../x``, an absolute path, a rename, a symlink or binary content (the kit's
     ``patches/`` altered by hand) made ``apply`` copy and write outside the work directory."""
     from .errors import PatchError
     from .reading import read_limited
 
     d = kit_root() / "patches" / f"v{VLLM_VERSION}" / canonical_variant(variant)
-    files = sorted(d.glob("*.patch"))
-    for p in files:
+    out = []
+    for p in sorted(d.glob("*.patch")):
         fix = (f"restore {p} from a kvprefetch checkout (`git checkout -- patches/`), or move "
                "it away")
         if p.is_symlink():
             raise PatchError(f"the kit's patch {p} is a symlink -> {os.readlink(p)}; a kit "
                              "patch is a file of the checkout", fix)
-        try:
-            problem = _patch_problem(read_limited(p, _MAX_PATCH_BYTES).decode("utf-8"))
-        except UnicodeDecodeError:
-            problem = "it is not UTF-8 text"
-        except (ValueError, OSError) as exc:
-            problem = str(exc) if isinstance(exc, ValueError) else (exc.strerror or str(exc))
+        paths: list[str] = []
+        problem = _kit_dirs_problem(p)
+        if problem is None:
+            try:
+                problem, paths = _parse_patch(
+                    read_limited(p, _MAX_PATCH_BYTES).decode("utf-8"))
+            except UnicodeDecodeError:
+                problem = "it is not UTF-8 text"
+            except (ValueError, OSError) as exc:
+                problem = str(exc) if isinstance(exc, ValueError) else (exc.strerror or str(exc))
         if problem is not None:
             raise PatchError(f"the kit's patch {p} cannot be applied: {problem}", fix)
-    return files
+        out.append((p, paths))
+    return out
+
+
+def patch_files(variant: str) -> list[Path]:
+    """A variant's diffs, each checked first (``_checked_patches``)."""
+    return [p for p, _ in _checked_patches(variant)]
 
 
 def patched_paths(variant: str) -> list[str]:
-    """The upstream files (relative paths) that a variant's diffs modify (each one of
-    PRISTINE_SHA256: ``patch_files`` checks)."""
-    out = []
-    for p in patch_files(variant):
-        for line in p.read_text().splitlines():
-            if line.startswith("+++ b/"):
-                out.append(line[len("+++ b/"):].strip())
-    return sorted(set(out))
+    """The upstream files (relative paths, each one of PRISTINE_SHA256) that a variant's diffs
+    modify: the names of their checked sections, never a line read from inside a hunk."""
+    return sorted({rel for _, paths in _checked_patches(variant) for rel in paths})
 
 
 def all_patched_paths() -> list[str]:

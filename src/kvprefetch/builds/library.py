@@ -242,7 +242,7 @@ def write_library_ninja(tp: TreePlan, plan: BuildPlan, tinfo: TorchInfo, cuda_ho
     so = bdir / f"{tp.namespace}_C.so"
     write_if_changed(bdir / "build.ninja", ninja_text(
         nvcc=nvcc, cxx=os.environ.get("CXX", "g++"), cu_sources=srcs,
-        cpp_source=upstream.kit_root() / "csrc" / "kvprefetch_ops.cpp", nvcc_flags=nvcc_flags,
+        cpp_source=upstream.kit_source("kvprefetch_ops.cpp"), nvcc_flags=nvcc_flags,
         cxx_flags=cxx_flags, link_flags=link_flags, output=so,
         extra_cpp_sources=extra_cpp_sources))
     return LibraryBuild(srcs, so, nvcc_flags, link_flags)

@@ -120,16 +120,28 @@ def parse_rules(text: str) -> KernelRules:
 
 
 def rules_path() -> Path:
-    """csrc/kvprefetch/rules.inc of this checkout, or of the copy shipped in the package."""
-    package = Path(__file__).resolve().parent.parent  # kvprefetch/
-    for cand in (package / "data", package.parent.parent):  # the wheel's copy, the checkout
-        path = cand / "csrc" / "kvprefetch" / RULES_FILE
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"kvprefetch's csrc/kvprefetch/{RULES_FILE} was not found")
+    """csrc/kvprefetch/rules.inc of this checkout, or of the copy shipped in the package,
+    checked as the kit's headers are (``upstream.kit_headers``: a regular file of at most 1 MiB,
+    never a symlink; a PatchError naming it otherwise)."""
+    from .. import upstream
+
+    return next(src for src, _ in upstream.kit_headers() if src.name == RULES_FILE)
 
 
 @functools.cache
 def rules() -> KernelRules:
-    """The kit's own rules.inc, parsed once."""
-    return parse_rules(rules_path().read_text())
+    """The kit's own rules.inc, parsed once. A rules.inc that is not the kit's (altered by
+    hand: empty, another table, not UTF-8, a FIFO, a link out) is one PatchError naming it
+    (issue 41, the ninth hostile pass: a ValueError traceback, or "was not found" for a FIFO,
+    from every command that imports the launch policy)."""
+    from ..errors import PatchError
+    from ..reading import read_limited
+
+    path = rules_path()
+    try:
+        return parse_rules(read_limited(path, 1 << 20).decode("utf-8"))
+    except (ValueError, OSError) as exc:  # UnicodeDecodeError is a ValueError
+        why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+        raise PatchError(f"the kit's rules table {path} cannot be read: {why[:300]}",
+                         f"restore {path} from a kvprefetch checkout "
+                         "(`git checkout -- csrc/kvprefetch/rules.inc`)") from None

@@ -10,9 +10,10 @@ import difflib
 import os
 import re
 import shutil
+import stat
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .. import upstream
@@ -75,6 +76,30 @@ def _git_apply(tree: Path, patches: list[Path], *args: str) -> bool:
     return res.returncode == 0
 
 
+def _git_made_only(root: Path, rels: list[str], variant: str) -> None:
+    """After ``git apply`` in the scratch folder ``root``: it holds the files ``rels`` (regular
+    files, no symlink) and their folders, nothing else. The kit's patches are checked to only
+    modify those files in place (``upstream.patch_files``); this is the second line, should
+    git read a patch otherwise (issue 41, the ninth hostile pass: a section hidden from the
+    first check made a symlink in the scratch copy; apply then wrote a kit header through it,
+    outside the work directory, and installed a file from outside as the patched source)."""
+    dirs = {parent.as_posix() for r in rels for parent in PurePosixPath(r).parents} - {"."}
+    for dirpath, dirnames, filenames in os.walk(root):  # never into a symlinked folder
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            mode = path.lstat().st_mode
+            if not ((rel in dirs and stat.S_ISDIR(mode))
+                    or (rel in rels and stat.S_ISREG(mode))):
+                kind = ("a symlink" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode)
+                        else "a file" if stat.S_ISREG(mode) else "a special file")
+                raise PatchError(f"git apply of the kit's {variant} patch made {rel} ({kind}), "
+                                 "which is not a file the patch modifies in place; nothing was "
+                                 "installed",
+                                 "restore the kit's patches from a kvprefetch checkout "
+                                 "(`git checkout -- patches/`)")
+
+
 def _variant_files(variant: str) -> list[Path]:
     if upstream.canonical_variant(variant) not in upstream.VARIANTS:
         raise ConfigError(f"unknown variant {variant!r}",
@@ -112,7 +137,10 @@ def carried_variant(tree: Path, *, read_only: bool = False) -> str | None:
                 (copy / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(tree / rel, copy / rel)
             else:
-                if _git_apply(copy, _variant_files(v), "--reverse") and _pristine_files(copy, own):
+                if not _git_apply(copy, _variant_files(v), "--reverse"):
+                    continue
+                _git_made_only(copy, own, v)
+                if _pristine_files(copy, own):
                     return v
     return "unknown"
 
@@ -219,6 +247,7 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                                      or not _git_apply(work, patches)):
                 raise PatchError(f"the {variant} patch does not apply to {tree}",
                                  "restore the tree with `kvprefetch fetch --force`")
+            _git_made_only(work, [] if headers_only else own, variant)
             if not headers_only and not _git_apply(work, patches, "--reverse", "--check"):
                 raise PatchError(f"git apply of the {variant} patch reported success but the "
                                  "result does not carry the patch",
@@ -380,6 +409,7 @@ def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Pat
         if not _git_apply(t, header_patches):
             raise PatchError(f"the {variant} patch does not apply to pristine v0.10.2",
                              "reinstall kvprefetch from a clean checkout")
+        _git_made_only(t, [upstream.ATTENTION_HEADER], variant)
         text = (t / upstream.ATTENTION_HEADER).read_text()
     out_lines = inline_kit_headers(text)
     # -o anywhere: never through a symlinked file or folder (confine.write_file)

@@ -46,7 +46,7 @@ class KernelsOnlyMode(BuildMode):
 
     def tree_plan(self, ctx: TreeContext) -> TreePlan:
         wd, tree, tinfo = ctx.wd, ctx.tree, ctx.inputs.torch_info
-        ops_cpp = upstream.kit_root() / "csrc" / "kvprefetch_ops.cpp"
+        ops_cpp = upstream.kit_source("kvprefetch_ops.cpp")  # checked: never a FIFO or a link
         key = build_key({
             "mode": "kernels-only", "tree": tree, "source": ctx.src_hash, "patch": ctx.patch,
             "ops_cpp": hashlib.sha256(ops_cpp.read_bytes()).hexdigest(),

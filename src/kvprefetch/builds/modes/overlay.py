@@ -84,11 +84,11 @@ class OverlayMode(BuildMode):
         opts = ctx.inputs.overlay or OverlayOptions()
         wd, tree, env_path, py = ctx.wd, ctx.tree, ctx.env_path, ctx.python
         backend = ctx.env_backend
-        csrc = upstream.kit_root() / "csrc"
         key = build_key({
             "mode": "overlay", "tree": tree, "source": ctx.src_hash, "patch": ctx.patch,
-            "ops_cpp": sha256_file(csrc / "kvprefetch_ops.cpp"),
-            "route_cpp": sha256_file(csrc / ROUTE_CPP), "plugin": sha256_file(TEMPLATE),
+            "ops_cpp": sha256_file(upstream.kit_source("kvprefetch_ops.cpp")),
+            "route_cpp": sha256_file(upstream.kit_source(ROUTE_CPP)),
+            "plugin": sha256_file(TEMPLATE),
             "gencode": ctx.gencode, "selection": ctx.selection.to_dict(),
             "namespace": ctx.namespace, "pins": PINS, "env_backend": backend,
             "env_path": str(env_path),
@@ -214,7 +214,7 @@ class OverlayTree(TreeSteps):
         self.lib = write_library_ninja(
             run_.tp, run_.plan, self.tinfo, cuda_home, Path(self.tk.nvcc),
             link=lambda flags: link_against(flags, cudart, cuda_home),
-            extra_cpp_sources=(upstream.kit_root() / "csrc" / ROUTE_CPP,))
+            extra_cpp_sources=(upstream.kit_source(ROUTE_CPP),))
 
     def compile(self, step: Step, log: Path) -> None:
         run_, so = self.run, self.lib.so
