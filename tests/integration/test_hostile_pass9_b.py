@@ -1,4 +1,3 @@
-# ruff: noqa: N999 (the file name the ninth pass's brief gives: test_hostile_pass9_<letter>)
 """Issue 41, the ninth hostile pass (area B): the kit's own files altered. Each test fails
 without its fix (checked with the fixes stashed):
 
