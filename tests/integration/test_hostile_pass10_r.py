@@ -201,3 +201,29 @@ def test_a_fifo_in_the_scratch_is_named_not_blamed_on_the_destination(tmp_path: 
     assert res.returncode == 0, text
     kept = camp / "logs" / "build-patched-78" / "k1" / "logs"
     assert (kept / "01-compile.log").is_file() and not os.path.lexists(kept / "pipe"), text
+
+
+def test_a_result_file_that_is_a_symlink_is_moved_away_not_made_a_folder(
+        tmp_path: Path, outside: Path) -> None:
+    """``slurm stand-in --task 1`` with ``results/bench-1.json`` a symlink to a file outside:
+    refused (nothing written through it), but the fix said "replace the symlink ... by a real
+    directory", a folder where the kit writes a file (the next run then failed on it). Now
+    the fix is to move the symlink away, its target left as it is."""
+    _fake_slurm(tmp_path)
+    camp = tmp_path / "camp"
+    assert _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1,8"
+                ).returncode == 0
+    from tests.unit.test_slurm import _fake_scratch_build
+
+    for i, tree in enumerate(("baseline", "patched")):
+        _fake_scratch_build(tmp_path / f"scratch-{tree}", tree)
+        res = _kit(tmp_path, "slurm", "publish", str(camp), "--tree", tree, "--scratch",
+                   str(tmp_path / f"scratch-{tree}"), SLURM_JOB_ID=str(10 + i))
+        assert res.returncode == 0, res.stderr
+    shard = camp / "results" / "bench-1.json"
+    shard.symlink_to(outside / "notes.txt")
+    res = _kit(tmp_path, "slurm", "stand-in", str(camp), "--task", "1")
+    text = _no_traceback(res)
+    assert res.returncode != 0 and "is a symlink" in text, text
+    assert f"move the symlink {shard} away" in text and "real directory" not in text, text
+    assert (outside / "notes.txt").read_text() == "keep me\n"
