@@ -16,8 +16,8 @@ from typing import Any
 from ..errors import CommandError, SlurmError
 from ..runner import run, which
 from .campaign import (
-    _JOB_ID,
     EXIT_SUFFIX,
+    JOB_ID,
     Campaign,
     Job,
     campaign_from_dict,
@@ -60,7 +60,7 @@ def parse_parsable(output: str) -> str:
     tenth hostile pass)."""
     line = output.strip().splitlines()[-1] if output.strip() else ""
     job_id = line.split(";")[0].strip()
-    if not _JOB_ID.fullmatch(job_id):
+    if not JOB_ID.fullmatch(job_id):
         raise SlurmError(f"sbatch printed {output.strip()!r}, not a job id", FIX_SLURM)
     return job_id
 
