@@ -12,7 +12,10 @@
   and every later command then refused campaign.json as corrupt;
 - ``slurm status --wait --timeout nan`` (or ``inf``) never gave up; ``-5`` said "after -5 s";
 - ``slurm publish`` with a FIFO in the scratch blamed the destination ("free space or fix the
-  permissions"), a device there was copied without end, and ``--logs-only`` kept nothing.
+  permissions"), a device there was copied without end, and ``--logs-only`` kept nothing;
+- a result file that is a symlink: the fix said to replace it "by a real directory";
+- ``bench ncu --out ''`` wrote ncu's log into the current folder; a FIFO at the CSV ncu's
+  output is read from hung the run.
 
 The autouse ``outside`` fixture checks that a folder outside the campaign is byte-identical
 afterwards."""
@@ -227,3 +230,62 @@ def test_a_result_file_that_is_a_symlink_is_moved_away_not_made_a_folder(
     assert res.returncode != 0 and "is a symlink" in text, text
     assert f"move the symlink {shard} away" in text and "real directory" not in text, text
     assert (outside / "notes.txt").read_text() == "keep me\n"
+
+
+def _published_workdir(tmp_path: Path) -> Path:
+    """A work directory holding fake kernels-only builds of baseline and patched (published
+    by ``slurm publish`` into a campaign's ``work/``)."""
+    from tests.unit.test_slurm import _fake_scratch_build
+
+    _fake_slurm(tmp_path)
+    camp = tmp_path / "camp"
+    assert _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in").returncode == 0
+    for i, tree in enumerate(("baseline", "patched")):
+        _fake_scratch_build(tmp_path / f"scratch-{tree}", tree)
+        res = _kit(tmp_path, "slurm", "publish", str(camp), "--tree", tree, "--scratch",
+                   str(tmp_path / f"scratch-{tree}"), SLURM_JOB_ID=str(10 + i))
+        assert res.returncode == 0, res.stderr
+    return camp / "work"
+
+
+def _fake_ncu(tmp_path: Path) -> Path:
+    ncu = tmp_path / "bin" / "fakencu"
+    ncu.write_text("#!/bin/bash\necho fake ncu >&2\nexit 0\n")
+    ncu.chmod(0o755)
+    return ncu
+
+
+def test_bench_ncu_out_empty_writes_nowhere_and_a_csv_fifo_is_no_hang(tmp_path: Path) -> None:
+    """``bench ncu --out ''``: ``Path('')`` is ``.``, so ncu's log was written into the
+    current folder, outside the work directory; ``--out FIFO`` was "File exists / check the
+    path". A FIFO planted at ``bench/ncu-1-baseline.csv`` (where ncu's CSV is read back) hung
+    the read for ever; a CSV ncu never wrote was "No such file or directory / check the path
+    and its file system". Now '' and a FIFO are usage errors, and the CSV is read as a record
+    (regular file only): "Nsight Compute left no readable CSV", pointing at ncu's log."""
+    import os
+
+    wd = _published_workdir(tmp_path)
+    ncu = _fake_ncu(tmp_path)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = dict(_env(), PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path))
+    base = [sys.executable, "-m", "kvprefetch", "bench", "ncu", "--workdir", str(wd), "--ncu",
+            str(ncu), "--shape", "1x1k"]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for out in ("", str(fifo)):
+        res = subprocess.run([*base, "--out", out], cwd=cwd, env=env, capture_output=True,
+                             text=True, timeout=60, check=False)
+        assert res.returncode == 2 and "--out" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr and list(cwd.iterdir()) == [], res.stderr
+    (wd / "bench").mkdir()
+    os.mkfifo(wd / "bench" / "ncu-1-baseline.csv")
+    for _ in range(2):
+        try:
+            res = subprocess.run(base, cwd=cwd, env=env, capture_output=True, text=True,
+                                 timeout=30, check=False)
+        except subprocess.TimeoutExpired:
+            pytest.fail("bench ncu hung reading a FIFO as ncu's CSV")
+        assert res.returncode != 0 and "left no readable CSV" in res.stderr, res.stderr
+        assert "ncu-1-baseline.log" in res.stderr and "Traceback" not in res.stderr, res.stderr
+        (wd / "bench" / "ncu-1-baseline.csv").unlink(missing_ok=True)  # then: no CSV at all
