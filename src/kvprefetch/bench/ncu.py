@@ -151,6 +151,19 @@ def _csv_rows(text: str) -> list[list[str]]:
     return list(csv.reader(io.StringIO("\n".join(body))))
 
 
+def _read_csv(path: Path) -> str:
+    """The CSV ncu wrote (``read_limited``: a FIFO planted there hung the read, and a missing
+    one was "No such file or directory / check the path": issue 41, the tenth hostile pass)."""
+    from ..reading import read_limited
+
+    try:
+        return read_limited(path).decode("utf-8", "replace")
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"Nsight Compute left no readable CSV at {path} ({exc})",
+                         f"read {path.with_suffix('.log')} for ncu's own output; move "
+                         f"{path} away if it is not ncu's file, then rerun") from None
+
+
 def parse_ncu_csv(text: str) -> list[KernelLaunch]:
     """Every profiled launch with its metrics, in launch order."""
     rows = _csv_rows(text)
@@ -298,7 +311,7 @@ def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
                                     launches_needed(shape.kernel, opts))
             t0 = time.monotonic()
             run(ncu_command(target, csv_path, opts), log=out_dir / f"ncu-{si}-{b.tree}.log")
-            text = csv_path.read_text(encoding="utf-8", errors="replace")
+            text = _read_csv(csv_path)
             per_variant[b.tree] = aggregate(parse_ncu_csv(text))
             csvs[b.tree] = csv_path.name
             say(f"[{si}/{len(shapes)}] {shape.label} {b.tree}: "

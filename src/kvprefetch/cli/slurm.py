@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from ..console import emit_json, info, table
-from ..slurm.values import MAX_CPUS_PER_BUILD
-from .common import ARCH_TYPE, LibraryChecked, dry_run_option, json_option
+from ..slurm.values import MAX_CPUS_PER_BUILD, WAIT_TIMEOUT
+from .common import ARCH_TYPE, BoundedNumber, LibraryChecked, dry_run_option, json_option
 
 
 def _campaign_folder(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
@@ -225,7 +225,7 @@ def submit(campaign: Path, dry_run: bool, as_json: bool) -> None:
 @campaign_arg
 @click.option("--wait", is_flag=True,
               help="Poll until every job has finished; exit 10 if any did not complete.")
-@click.option("--timeout", type=float, default=3600.0, show_default=True,
+@click.option("--timeout", type=BoundedNumber(WAIT_TIMEOUT), default=3600.0, show_default=True,
               help="With --wait: give up after this many seconds.")
 @json_option
 def status(campaign: Path, wait: bool, timeout: float, as_json: bool) -> None:

@@ -307,7 +307,7 @@ def _campaign_from_dict(d: dict[str, Any]) -> Campaign:
         tuple(Job(j["name"], j["script"], tuple(j["after"]), j["array"]) for j in d["jobs"]))
 
 
-_JOB_ID = re.compile(r"[0-9]+")
+JOB_ID = re.compile(r"[0-9]+")
 FIX_SUBMITTED = ("restore campaign.json (each submission is {\"id\": \"<digits>\", \"task\": "
                  "null or a task number, ...}, as `kvprefetch slurm submit` wrote it), or plan "
                  "the campaign again into a new folder (`kvprefetch slurm plan`)")
@@ -330,7 +330,7 @@ def check_submitted(submitted: object, record: Path) -> None:
                 raise ConfigError(f"{record} is corrupt: {where} is not a mapping",
                                   FIX_SUBMITTED)
             job_id, task = sub.get("id"), sub.get("task")
-            if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+            if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
                 raise ConfigError(f"{record} is corrupt: {where} has the id {job_id!r}, not a "
                                   "Slurm job id (a string of digits); kvprefetch passes no "
                                   "such id to Slurm", FIX_SUBMITTED)

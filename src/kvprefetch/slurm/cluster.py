@@ -17,6 +17,7 @@ from ..errors import CommandError, SlurmError
 from ..runner import run, which
 from .campaign import (
     EXIT_SUFFIX,
+    JOB_ID,
     Campaign,
     Job,
     campaign_from_dict,
@@ -37,8 +38,9 @@ def _slurm(argv: Sequence[str], check: bool = True) -> Any:
     try:
         return run(list(argv), echo=False, check=check)
     except CommandError as exc:
-        raise SlurmError(f"{' '.join(argv)} failed (exit code {exc.returncode}): "
-                         f"{exc.tail.strip()}", FIX_SLURM) from None
+        tail = "\n".join(shown(line, 500) for line in exc.tail.strip().splitlines()[-20:])
+        raise SlurmError(f"{' '.join(argv)} failed (exit code {exc.returncode}): {tail}",
+                         FIX_SLURM) from None
 
 
 def load(root: Path) -> tuple[Campaign, dict[str, Any]]:
@@ -52,10 +54,13 @@ def latest_id(rec: dict[str, Any], job: str) -> str | None:
 
 
 def parse_parsable(output: str) -> str:
-    """``sbatch --parsable`` prints ``ID`` or ``ID;CLUSTER``."""
+    """``sbatch --parsable`` prints ``ID`` or ``ID;CLUSTER``. The id is ASCII digits, as
+    campaign.json's check wants them: ``str.isdigit`` also took ``²`` or ``١٢``, which were
+    recorded and then made the campaign "corrupt" for every later command (issue 41, the
+    tenth hostile pass)."""
     line = output.strip().splitlines()[-1] if output.strip() else ""
     job_id = line.split(";")[0].strip()
-    if not job_id.isdigit():
+    if not JOB_ID.fullmatch(job_id):
         raise SlurmError(f"sbatch printed {output.strip()!r}, not a job id", FIX_SLURM)
     return job_id
 
@@ -184,18 +189,36 @@ class JobState:
 _FIELD = re.compile(r"(\w+)=(\S*)")
 
 
+def shown(value: str, limit: int = 200) -> str:
+    """A value Slurm printed, as the kit shows it: control characters escaped (an escape
+    sequence in a job's state or reason cleared or retitled the user's terminal) and at most
+    ``limit`` characters (issue 41, the tenth hostile pass)."""
+    out = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in value[:limit])
+    return out + ("…" if len(value) > limit else "")
+
+
 def parse_scontrol(text: str) -> list[dict[str, str]]:
-    """``scontrol -o show job`` output: one record per line, ``Key=Value`` fields."""
-    return [dict(_FIELD.findall(line)) for line in text.splitlines() if "JobId=" in line]
+    """``scontrol -o show job`` output: one record per line, ``Key=Value`` fields, values shown
+    (``shown``). A line without a ``JobId`` field (``ArrayJobId=5 ...`` alone) is not a job
+    record: it was a KeyError traceback (issue 41, the tenth hostile pass)."""
+    out = []
+    for line in text.splitlines():
+        fields = {k: shown(v) for k, v in _FIELD.findall(line)}
+        if "JobId" in fields:
+            out.append(fields)
+    return out
 
 
 def parse_sacct(text: str) -> list[dict[str, str]]:
-    """``sacct -n -P -X -o JobID,State,ExitCode`` output."""
+    """``sacct -n -P -X -o JobID,State,ExitCode`` output, values shown (``shown``). An empty
+    state is UNKNOWN (it was an IndexError traceback: issue 41, the tenth hostile pass)."""
     out = []
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) >= 3 and parts[0]:
-            out.append({"JobID": parts[0], "State": parts[1].split()[0], "ExitCode": parts[2]})
+            out.append({"JobID": shown(parts[0]),
+                        "State": shown((parts[1].split() or ["UNKNOWN"])[0]),
+                        "ExitCode": shown(parts[2])})
     return out
 
 
@@ -214,7 +237,14 @@ def job_states(job: str, job_id: str) -> list[JobState]:
     finished job (after MinJobAge, 300 s by default) and there is no accounting."""
     res = _slurm(["scontrol", "-o", "show", "job", job_id], check=False)
     if res.returncode == 0:
-        return [_record_state(job, r) for r in parse_scontrol(res.output)]
+        records = parse_scontrol(res.output)
+        if records:
+            return [_record_state(job, r) for r in records]
+        # an answer that holds no job record is not the controller forgetting the job (that
+        # is "Invalid job id", exit 1): keep asking, never read it as ENDED
+        return [JobState(job, job_id, "UNKNOWN", "?", "scontrol printed no job record: "
+                         + shown((res.output.strip().splitlines() or ["no output"])[-1]),
+                         "none")]
     if which("sacct") is not None:
         acct = run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode"],
                    echo=False, check=False)
@@ -226,7 +256,7 @@ def job_states(job: str, job_id: str) -> list[JobState]:
         return []
     # the controller did not answer (down, restarting, unreachable): not an end, keep asking
     return [JobState(job, job_id, "UNKNOWN", "?", "scontrol failed: "
-                     + (res.output.strip().splitlines() or ["no output"])[-1], "none")]
+                     + shown((res.output.strip().splitlines() or ["no output"])[-1]), "none")]
 
 
 def recorded_end(logs: Path, job: str, job_id: str) -> JobState:

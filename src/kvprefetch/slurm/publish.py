@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,38 @@ from ..workspace.confine import check_target, ensure_dir, remove_path
 from ..workspace.workdir import Workdir, write_json_atomic
 
 _NOT_PUBLISHED = shutil.ignore_patterns("*.o", "*.o.tmp", ".ninja_deps", ".ninja_log")
-_NOT_KEPT = shutil.ignore_patterns("*.o", "*.o.tmp", "*.so", "src")
+_NOT_KEPT_NAMES = shutil.ignore_patterns("*.o", "*.o.tmp", "*.so", "src")
+_FIX_SPECIAL = ("remove it from the scratch work directory (a build writes only folders, regular "
+                "files and symlinks), then rerun the step or resubmit the build job")
+
+
+def _special(path: str) -> bool:
+    """``path`` is neither a folder, a regular file nor a symlink (``lstat``): a FIFO, device
+    or socket."""
+    mode = os.lstat(path).st_mode
+    return not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode))
+
+
+def _copy_regular(src: str, dst: str) -> str:
+    """copytree's copy of one file: a regular file only. A FIFO in the scratch was "copying ...
+    failed: is a named pipe / To fix: free space or fix the permissions of the destination",
+    the user sent to the wrong place, and a device (``/dev/zero``'s kind) was copied without
+    end (issue 41, the tenth hostile pass)."""
+    if _special(src):
+        raise SlurmError(f"{src} is a FIFO, device or socket, not a build output; kvprefetch "
+                         "publishes only regular files", _FIX_SPECIAL)
+    return str(shutil.copy2(src, dst))
+
+
+def _not_kept(folder: str, names: list[str]) -> set[str]:
+    """What ``keep_logs`` leaves behind: objects, libraries, sources, and anything not a folder,
+    regular file or symlink (a FIFO, device or socket: never read, the rest of the logs kept)."""
+    skip = set(_NOT_KEPT_NAMES(folder, names))
+    for name in names:
+        with contextlib.suppress(OSError):
+            if name not in skip and _special(os.path.join(folder, name)):
+                skip.add(name)
+    return skip
 
 
 @dataclass(frozen=True)
@@ -184,8 +216,9 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
         remove_path(dwd.root, tmp, family=SlurmError)  # debris of an earlier try of this job
         ensure_dir(tmp.parent, root=dwd.root, family=SlurmError)
     try:
-        shutil.copytree(src_env, tmp_env, symlinks=True)
-        shutil.copytree(src_build, tmp_build, symlinks=True, ignore=_NOT_PUBLISHED)
+        shutil.copytree(src_env, tmp_env, symlinks=True, copy_function=_copy_regular)
+        shutil.copytree(src_build, tmp_build, symlinks=True, ignore=_NOT_PUBLISHED,
+                        copy_function=_copy_regular)
         for bj in tmp_env.glob("lib/python*/site-packages/kvprefetch_kernels/build.json"):
             write_json_atomic(bj, rewrite_paths(_read_json(bj), pairs), root=dwd.root)
         new = rewrite_paths(manifest, pairs)
@@ -217,5 +250,5 @@ def keep_logs(scratch: Path, tree: str, into: Path, *, root: Path) -> Path | Non
         return None
     remove_path(root, into, family=SlurmError)
     ensure_dir(into.parent, root=root, family=SlurmError)
-    shutil.copytree(src, into, symlinks=True, ignore=_NOT_KEPT)
+    shutil.copytree(src, into, symlinks=True, ignore=_not_kept)
     return into

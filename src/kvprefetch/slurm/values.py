@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from ..bench.plan import Bound
 from ..errors import ConfigError
 
 SCRATCH_NODE = "node"
@@ -177,3 +178,8 @@ def check_arch(arch: str) -> None:
 
     check_words("--arch", [arch])
     parse_arch_list(arch)
+
+
+# ``slurm status --wait --timeout``: seconds, 0 (ask once) to a year. NaN passed every
+# comparison, so the wait never gave up; infinity the same (issue 41, the tenth hostile pass).
+WAIT_TIMEOUT = Bound("--timeout", 0, 366 * 86400)

@@ -128,6 +128,11 @@ def check_target(root: Path, path: Path, *, what: str,
     if link is not None:
         raise family(f"refusing to {what} {path}: {link} is a symlink, and kvprefetch never "
                      "writes, moves or deletes through one",
+                     # the path itself a link (a result or record file): "by a real
+                     # directory" sent the user to make a folder where the kit writes a file
+                     # (issue 41, the tenth hostile pass)
+                     f"move the symlink {link} away (its target is left as it is), then rerun"
+                     if link == Path(os.path.normpath(os.path.abspath(path))) else
                      f"replace the symlink {link} by a real directory (or move it away), "
                      "then rerun")
 

@@ -20,7 +20,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def output_options(default_name: str) -> Callable[[F], F]:
     def deco(f: F) -> F:
-        f = click.option("--out", type=click.Path(path_type=Path), default=None,
+        f = click.option("--out", type=click.Path(), default=None,
+                         callback=_output_folder,
                          help="Output folder [default: <workdir>/bench].")(f)
         f = click.option("--name", default=default_name, show_default=True,
                          callback=_output_name,
@@ -29,6 +30,23 @@ def output_options(default_name: str) -> Callable[[F], F]:
                          help="Which of json, md, png to write.")(f)
         return f
     return deco
+
+
+def _output_folder(ctx: click.Context, param: click.Parameter, value: str | None
+                   ) -> Path | None:
+    """``--out``: a folder, or a path where one will be made. ``--out ''`` wrote into the
+    current folder (``Path('')`` is ``.``) and a FIFO or device there was "File exists /
+    check the path" (issue 41, the tenth hostile pass)."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter(f"{value!r} names no folder; give the folder to write in (or "
+                                 "leave --out out: <workdir>/bench)", ctx=ctx, param=param)
+    out = Path(value)
+    if out.exists() and not out.is_dir():
+        raise click.BadParameter(f"{value!r} is not a folder; give the folder to write in",
+                                 ctx=ctx, param=param)
+    return out
 
 
 def _output_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
