@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .. import __version__
-from ..errors import KvprefetchError, Terminated
+from ..errors import KvprefetchError, Terminated, third_party_failed, third_party_origin
 from ..runner import stop_children
 from ..stdio import StreamWriteError, standard_streams
 
@@ -133,34 +133,6 @@ class LazyGroup(click.Group):
             sys.exit(err.exit_code)
 
 
-def third_party_origin(exc: BaseException) -> tuple[str, str] | None:
-    """(top-level module, its file) of the frame that raised ``exc``, when that frame is code
-    of a third-party module: neither the kit's, nor click's, nor the standard library's."""
-    tb = exc.__traceback__
-    if tb is None:
-        return None
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    frame = tb.tb_frame
-    name = str(frame.f_globals.get("__name__") or "")
-    top = name.partition(".")[0]
-    if not top or top in ("kvprefetch", "click", "__main__") or top.startswith("_") \
-            or top in sys.stdlib_module_names:
-        return None
-    return top, frame.f_code.co_filename
-
-
-def third_party_failed(exc: BaseException, module: str, filename: str) -> tuple[str, str]:
-    """(cause, fix) for an exception raised inside the third-party ``module``."""
-    detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    cause = (f"the module {module} ({filename}) raised {type(exc).__name__}"
-             + (f": {detail}" if detail else ""))
-    fix = (f"`{sys.executable} -c 'import {module}'` shows whether {module} itself is broken: "
-           f"repair or reinstall it in this environment, or take a module of that name that "
-           "PYTHONPATH puts first off it; `kvprefetch --debug ...` shows the full traceback")
-    return cause, fix
-
-
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kvprefetch")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
@@ -208,14 +180,32 @@ def _interrupted(exc: KeyboardInterrupt) -> None:
     sys.exit(130)
 
 
+_SIGNALS: list[int] = []  # the stop signals received so far
+
+
+def _second_signal(signum: int) -> bool:
+    """Count ``signum``; True for the second one, which must not raise. The first has raised
+    and its cleanups are running (a temporary beside a user's output removed, a scratch folder
+    in the system temp folder, a tree rolled back): a second exception in the middle of one
+    stopped it and left its files behind (issue 41, the tenth hostile pass: a Ctrl-C pressed
+    twice, or Slurm's and a wrapper's signals). The second one SIGKILLs every child at once
+    (what the first one's grace would do after 10 s); a third raises, for a user who insists."""
+    _SIGNALS.append(signum)
+    if len(_SIGNALS) == 1:
+        stop_children()
+        return False
+    stop_children(signal.SIGKILL)
+    return len(_SIGNALS) == 2
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
-    stop_children()
-    raise Terminated(signum)
+    if not _second_signal(signum):
+        raise Terminated(signum)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
-    stop_children()
-    raise KeyboardInterrupt
+    if not _second_signal(signum):
+        raise KeyboardInterrupt
 
 
 def stop_like_ctrl_c() -> None:
@@ -241,6 +231,7 @@ def run() -> None:
     that cannot be written (``--help > /dev/full``) is one message, not a traceback."""
     standard_streams()
     no_world_writable()
+    _SIGNALS.clear()
     try:
         stop_like_ctrl_c()
         try:

@@ -1,0 +1,218 @@
+"""Issue 41, the tenth hostile pass (p): the ninth pass's own mechanisms attacked (signals and
+the stop of the kit's children, the third-party exception catch). Each test fails without its
+fix (checked with the fixes taken out of src/):
+
+- a module named like a standard one (``json``, ``shlex``) or ``click``, planted on PYTHONPATH
+  (which comes before the standard library) and raising, was a traceback, where a ``torch``
+  was one message (``errors.third_party_origin`` went by the module's name alone);
+- ``runner.stop_children`` signalled a child by its number even once that child had been
+  reaped (its ``wait`` returned in a worker thread, or in ``_stop``'s poll) and still listed:
+  the number may name another program by then, and every process below that number was
+  signalled too (SIGKILL at a second interrupt). It now signals through pidfds;
+- a second signal while the first one's cleanups ran raised again in the middle of one (a
+  temporary beside a user's file, a scratch folder in the system temp folder): it now
+  SIGKILLs the children and lets the cleanups finish; a third one raises;
+- a child stopped (Ctrl-Z, SIGSTOP to it) when the kit was stopped never saw its SIGINT until
+  the 10 s grace ended in SIGKILL (no cleanup of its own): it now gets SIGCONT after it.
+
+The autouse ``outside`` fixture checks that a folder outside the work directory is
+byte-identical afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass9_a import _alive, _env9, _finish, _start, _wait_for
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("module", "argv"), [
+    ("json", ["fetch", "--dry-run", "--workdir", "wd"]),
+    ("shlex", ["clean", "--dry-run", "--workdir", "wd"]),
+    ("click", ["fetch", "--dry-run", "--workdir", "wd"]),
+])
+def test_a_planted_module_named_like_a_standard_one_is_one_message(
+        tmp_path: Path, module: str, argv: list[str]) -> None:
+    """A ``json.py`` (``shlex.py``, ``click.py``) raising on import, put first by PYTHONPATH:
+    a RuntimeError traceback (json, shlex: the name is a standard module's, so the catch took
+    it for the standard library's own; click: raised while the command line imported)."""
+    plant = tmp_path / "plant"
+    plant.mkdir()
+    (plant / f"{module}.py").write_text(f"raise RuntimeError('planted {module}')\n")
+    env = _env9(tmp_path, PYTHONPATH=f"{plant}{os.pathsep}{_REPO / 'src'}")
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", *argv], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode not in (0, 1), (res.returncode, res.stderr)
+    assert f"the module {module} ({plant / module}.py) raised RuntimeError" in res.stderr
+    assert "To fix:" in res.stderr
+    # --debug keeps the traceback, and the real standard library's errors stay tracebacks
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "--debug", *argv], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert "Traceback" in res.stderr, res.stderr
+
+
+_REAPED = '''
+import signal, subprocess, sys, time
+from kvprefetch import runner
+
+stranger = subprocess.Popen(["sleep", "60"])  # another program, not started by runner
+proc = subprocess.Popen(["true"])
+if isinstance(runner._LIVE, dict):
+    runner._LIVE[proc] = runner._pidfd(proc.pid)  # what runner.run records
+else:
+    runner._LIVE.add(proc)
+proc.wait()  # reaped (a worker thread's wait returned), not yet taken off the list
+proc.pid = stranger.pid  # the system gave its number to another program
+runner.stop_children(*([signal.SIGKILL] if "sig" in sys.argv else []))
+time.sleep(0.3)
+print("alive" if stranger.poll() is None else f"killed {stranger.returncode}")
+stranger.kill()
+'''
+
+
+@pytest.mark.parametrize("second", [False, True])
+def test_a_stop_never_signals_the_number_of_a_reaped_child(tmp_path: Path,
+                                                           second: bool) -> None:
+    """A child reaped while still listed as live, its number now another program's: a stop
+    (SIGINT, or SIGKILL at a second interrupt) signalled that program (killed it)."""
+    script = tmp_path / "reaped.py"
+    script.write_text(_REAPED)
+    res = subprocess.run([sys.executable, str(script), *(["sig"] if second else [])],
+                         env=_env9(tmp_path), capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "alive", res.stdout
+
+
+_CLEANUP_COMMAND = '''
+import sys, time
+from pathlib import Path
+
+import click
+
+import kvprefetch.cli as cli
+from kvprefetch.runner import run
+
+PIDS = Path("{pids}")
+
+
+@click.command()
+def slow() -> None:
+    """A child that ignores SIGINT (a build step deaf to Ctrl-C), then a cleanup that takes a
+    moment (a scratch folder removed, a tree rolled back)."""
+    try:
+        run(["sh", "-c", "{trap} echo $$ > {pids}/child; while :; do sleep 0.1; done"],
+            echo=False)
+    finally:
+        (PIDS / "cleanup-started").write_text("")
+        time.sleep(1.5)
+        (PIDS / "cleanup-done").write_text("")
+
+
+cli.COMMANDS["slow"] = "__main__:slow"
+sys.argv = ["kvprefetch", "slow"]
+cli.run()
+'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_lets_the_cleanups_finish(tmp_path: Path, sig: signal.Signals) -> None:
+    """A second signal (Ctrl-C pressed twice; Slurm's SIGTERM, then a wrapper's) while the
+    first one's cleanup ran raised again in the middle of it, which stopped there:
+    ``cleanup-done`` was never written (a temporary beside a user's file, a scratch folder in
+    the system temp folder left behind)."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "slow.py"
+    script.write_text(_CLEANUP_COMMAND.replace("{pids}", str(pids)).replace("{trap}", ""))
+    p = _start([sys.executable, str(script)], _env9(tmp_path))
+    _wait_for(lambda: (pids / "child").is_file() and (pids / "child").read_text().strip(),
+              "the child starts")
+    os.kill(p.pid, sig)
+    _wait_for(lambda: (pids / "cleanup-started").exists(), "the cleanup starts", 10)
+    os.kill(p.pid, sig)  # during the cleanup
+    rc, err, _ = _finish(p, 30)
+    assert "Traceback" not in err, err
+    assert rc == 128 + sig, (rc, err)
+    assert (pids / "cleanup-done").exists(), err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_kills_a_child_deaf_to_sigint_at_once(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    """The first signal sends SIGINT and waits up to 10 s; a second SIGKILLs the children at
+    once, the cleanup still runs to its end (a regression check: the old second signal
+    raised, which SIGKILLed them too), and a third signal stops that cleanup."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "slow.py"
+    script.write_text(_CLEANUP_COMMAND.replace("{pids}", str(pids))
+                      .replace("{trap}", "trap '' INT;"))
+    p = _start([sys.executable, str(script)], _env9(tmp_path))
+    _wait_for(lambda: (pids / "child").is_file() and (pids / "child").read_text().strip(),
+              "the child starts")
+    child = int((pids / "child").read_text())
+    os.kill(p.pid, sig)
+    time.sleep(0.5)
+    assert _alive(child)  # it ignores SIGINT: the kit waits out its grace
+    os.kill(p.pid, sig)
+    _wait_for(lambda: (pids / "cleanup-started").exists(), "the cleanup starts", 5)
+    assert not _alive(child)
+    os.kill(p.pid, sig)  # a third: the user insists
+    rc, err, secs = _finish(p, 30)
+    assert "Traceback" not in err, err
+    assert rc == 128 + sig, (rc, err)
+    assert not (pids / "cleanup-done").exists()
+    assert secs < 5, secs
+
+
+_STOPPED_CHILD = '''
+import sys
+import click
+import kvprefetch.cli as cli
+from kvprefetch.runner import run
+
+
+@click.command()
+def slow() -> None:
+    run(["sh", "-c", "trap 'echo cleaned > {pids}/cleaned; exit 1' INT; echo $$ > {pids}/child;"
+         " while :; do sleep 0.1; done"], echo=False)
+
+
+cli.COMMANDS["slow"] = "__main__:slow"
+sys.argv = ["kvprefetch", "slow"]
+cli.run()
+'''
+
+
+def test_a_stopped_child_gets_its_sigint_at_once(tmp_path: Path) -> None:
+    """The kit's child stopped (SIGSTOP to it, or a Ctrl-Z that reached it and not the kit),
+    then the kit SIGTERMed: the child's SIGINT stayed pending, and after 10 s it was SIGKILLed
+    without running its own cleanup (nvcc's ``tmpxft_*`` removal, ninja's partial outputs)."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "slow.py"
+    script.write_text(_STOPPED_CHILD.replace("{pids}", str(pids)))
+    p = _start([sys.executable, str(script)], _env9(tmp_path))
+    _wait_for(lambda: (pids / "child").is_file() and (pids / "child").read_text().strip(),
+              "the child starts")
+    child = int((pids / "child").read_text())
+    os.kill(child, signal.SIGSTOP)
+    time.sleep(0.2)
+    os.kill(p.pid, signal.SIGTERM)
+    rc, err, secs = _finish(p, 30)
+    assert rc == 143 and "Traceback" not in err, (rc, err)
+    assert (pids / "cleaned").exists(), "the child never ran its own cleanup"
+    assert secs < 5, secs
