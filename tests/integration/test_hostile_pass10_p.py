@@ -216,3 +216,74 @@ def test_a_stopped_child_gets_its_sigint_at_once(tmp_path: Path) -> None:
     assert rc == 143 and "Traceback" not in err, (rc, err)
     assert (pids / "cleaned").exists(), "the child never ran its own cleanup"
     assert secs < 5, secs
+
+
+def _campaign_submitted(tmp_path: Path) -> tuple[Path, dict[str, str], Path, dict]:
+    """A planned campaign submitted through a fake sbatch (ids 101...) and scontrol."""
+    import json
+
+    camp = tmp_path / "camp"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "sbatch.log"
+    (fake / "sbatch").write_text(
+        "#!/bin/bash\nn=$(( $(wc -l < " + str(log) + " 2>/dev/null || echo 0) + 101 ))\n"
+        f'echo "$n $*" >> {log}\necho $n\n')
+    (fake / "scontrol").write_text('#!/bin/bash\necho "JobId=$5 JobState=COMPLETED '
+                                   'ExitCode=0:0 Reason=None"\n')
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    env = _env9(tmp_path, PATH=f"{fake}:{os.environ['PATH']}")
+    for args in (["plan", str(camp), "--source", "sdist"], ["submit", str(camp)]):
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", *args], env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert res.returncode == 0, res.stderr
+    return camp, env, log, json.loads((camp / "campaign.json").read_text())
+
+
+def test_an_unanswered_array_task_is_answered_only_by_its_own_resubmit(tmp_path: Path) -> None:
+    """``sending`` records bench's array task 3 (a ``resubmit bench --task 3`` stopped during
+    its sbatch): ``resubmit bench --task 4`` went through and replaced that record (Slurm may
+    hold task 3, and nothing said so any more); the fix named ``resubmit bench`` (the whole
+    array, every task again) instead of ``--task 3``."""
+    import json
+
+    camp, env, log, rec = _campaign_submitted(tmp_path)
+    sent = len(log.read_text().splitlines())
+    (camp / "campaign.json").write_text(json.dumps(
+        {**rec, "sending": {"job": "bench", "task": 3, "at": "2026-12-04T21:00:00Z"}}))
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", *args], env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    for args in (["resubmit", str(camp), "bench", "--task", "4"],
+                 ["resubmit", str(camp), "bench"], ["submit", str(camp)]):
+        res = cli(*args)
+        assert res.returncode == 10, (args, res.returncode, res.stderr)
+        assert "Traceback" not in res.stderr, res.stderr
+        assert f"`kvprefetch slurm resubmit {camp} bench --task 3`" in res.stderr, res.stderr
+    assert len(log.read_text().splitlines()) == sent  # nothing sent
+    assert json.loads((camp / "campaign.json").read_text())["sending"]["task"] == 3
+    res = cli("resubmit", str(camp), "bench", "--task", "3")
+    assert res.returncode == 0, res.stderr
+    after = json.loads((camp / "campaign.json").read_text())
+    assert "sending" not in after and after["submitted"]["bench"][-1]["task"] == 3
+
+
+def test_a_sending_record_naming_no_job_of_the_campaign_is_corrupt(tmp_path: Path) -> None:
+    """``sending`` hand-edited to a job the campaign does not plan: submit refused for ever,
+    its way out an empty list ("then send it and the rest in order: "), and the ``resubmit``
+    of that job it implied failed ("has no job")."""
+    import json
+
+    camp, env, _, rec = _campaign_submitted(tmp_path)
+    (camp / "campaign.json").write_text(json.dumps(
+        {**rec, "sending": {"job": "ghost", "task": None, "at": ""}}))
+    for args in (["submit", str(camp)], ["resubmit", str(camp), "verify"]):
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", *args], env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert res.returncode == 2, (args, res.returncode, res.stderr)
+        assert "is corrupt: 'sending' names the job 'ghost'" in res.stderr, res.stderr
+        assert "squeue --me --name kvp-camp-ghost" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
