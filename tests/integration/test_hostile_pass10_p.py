@@ -287,3 +287,26 @@ def test_a_sending_record_naming_no_job_of_the_campaign_is_corrupt(tmp_path: Pat
         assert "is corrupt: 'sending' names the job 'ghost'" in res.stderr, res.stderr
         assert "squeue --me --name kvp-camp-ghost" in res.stderr, res.stderr
         assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("umask", [0o277, 0o777])
+def test_a_umask_taking_the_owners_own_bits_leaves_the_kit_its_folders(
+        tmp_path: Path, umask: int) -> None:
+    """``umask 277`` (or 777): the kit made the campaign folder and its ``scripts/`` without
+    the owner's write (or any) bit, so a user without root's override got "slurm failed:
+    scripts: Permission denied / To fix: make . writable", the current folder blamed, and an
+    empty folder left. (As root here the plan goes through: the modes are what is checked.)"""
+    camp = tmp_path / "camp"
+
+    def set_umask() -> None:
+        os.umask(umask)
+
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--source", "sdist"], env=_env9(tmp_path), capture_output=True,
+                         text=True, timeout=120, check=False,
+                         preexec_fn=set_umask)
+    assert res.returncode == 0, res.stderr
+    for d in (camp, camp / "scripts", camp / "logs"):
+        mode = d.stat().st_mode & 0o777
+        assert mode & 0o700 == 0o700, (d, oct(mode))
+        assert mode & 0o077 == 0, (d, oct(mode))  # the rest of the umask still masks

@@ -157,8 +157,13 @@ def no_world_writable() -> None:
     made 0777 and the files ``apply`` patched 0666, so any local user could replace a record,
     plant a link or edit an sbatch script (issue 41, ninth hostile pass; the threat model
     gives the work directory to the user and the user's programs only). Group write (``umask
-    002``, a team's shared project folder) is the user's to choose, and kept."""
-    os.umask(os.umask(0o022) | 0o002)
+    002``, a team's shared project folder) is the user's to choose, and kept.
+
+    The owner's own bits are never masked: under ``umask 277`` (or 777, 177) the kit made a
+    campaign or work directory it could not write into or enter itself, then blamed the
+    current folder ("slurm failed: scripts: Permission denied / To fix: make . writable"),
+    leaving the empty folder behind (issue 41, the tenth hostile pass)."""
+    os.umask((os.umask(0o022) & ~0o700) | 0o002)
 
 
 def output_failed(exc: OSError) -> tuple[str, str]:
