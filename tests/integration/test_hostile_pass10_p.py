@@ -310,3 +310,37 @@ def test_a_umask_taking_the_owners_own_bits_leaves_the_kit_its_folders(
         mode = d.stat().st_mode & 0o777
         assert mode & 0o700 == 0o700, (d, oct(mode))
         assert mode & 0o077 == 0, (d, oct(mode))  # the rest of the umask still masks
+
+
+@pytest.mark.skipif(__import__("shutil").which("strace") is None,
+                    reason="needs strace to hold the write open")
+@pytest.mark.parametrize("sig", [signal.SIGQUIT, signal.SIGUSR1, signal.SIGXCPU])
+def test_another_ending_signal_mid_write_leaves_no_temporary(tmp_path: Path,
+                                                            sig: signal.Signals) -> None:
+    """``kill -USR1`` (meant to ask for progress, as dd answers it), Ctrl-backslash's SIGQUIT, a
+    CPU limit's SIGXCPU while ``report --readme`` held its temporary beside README.md: the
+    default action ended the kit at once and left ``.README.md.tmp-…`` in the user's folder
+    (the ninth pass made only SIGTERM and SIGHUP raise)."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(_REPO / "docs", repo / "docs", ignore=shutil.ignore_patterns("*.png"))
+    text = (_REPO / "README.md").read_text()
+    mark = "<!-- report docs/results/2026-12-03-h200-vllm-call-decode decode -->\n"
+    stale = text.replace(mark, mark + "STALE LINE\n", 1)
+    (repo / "README.md").write_text(stale)
+    p = _start(["strace", "-f", "-o", "/dev/null", "-e", "trace=fchmod",
+                "-e", "inject=fchmod:delay_exit=8000000",
+                sys.executable, "-m", "kvprefetch", "report", "--readme", "README.md"],
+               _env9(tmp_path), cwd=repo)
+    _wait_for(lambda: any(n.startswith(".README.md.tmp-") for n in os.listdir(repo)),
+              "the temporary beside README.md")
+    time.sleep(0.3)
+    kit = int(subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True,
+                             check=True).stdout.split()[0])
+    os.kill(kit, sig)
+    rc, err, _ = _finish(p, 60)
+    assert "Traceback" not in err, err
+    assert rc == 128 + sig and f"stopped by {sig.name}" in err, (rc, err)
+    assert sorted(os.listdir(repo)) == ["README.md", "docs"], os.listdir(repo)
+    assert (repo / "README.md").read_text() == stale

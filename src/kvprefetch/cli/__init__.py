@@ -176,7 +176,8 @@ def output_failed(exc: OSError) -> tuple[str, str]:
 
 
 def _interrupted(exc: KeyboardInterrupt) -> None:
-    """Ctrl-C (exit 130), SIGTERM (143) or SIGHUP (129), once every cleanup has run: one line."""
+    """Ctrl-C (exit 130), SIGTERM (143), SIGHUP (129) or another ending signal (128 + its
+    number), once every cleanup has run: one line."""
     if isinstance(exc, Terminated):
         name = signal.Signals(exc.signum).name
         click.echo(f"stopped by {name}: nothing further was changed; rerun to resume", err=True)
@@ -213,14 +214,27 @@ def _raise_interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
 
+# Every signal whose default action ends the process and that a person or a batch system
+# sends to stop it: SIGTERM (kill, Slurm's time limit), SIGHUP (a closed terminal), SIGQUIT
+# (Ctrl-backslash), and the ones whose default ends it though nobody means a stop by them:
+# SIGUSR1/2 (a `kill -USR1` meant to ask for progress, as dd answers it), SIGALRM,
+# SIGVTALRM, SIGPROF and SIGXCPU (`ulimit -t`, a batch system's CPU limit). Under their
+# default action the process ended at once and left `.README.md.tmp-…` beside the user's
+# README (issue 41, the tenth hostile pass; the ninth made SIGTERM and SIGHUP raise).
+_ENDING_SIGNALS = tuple(getattr(signal, name) for name in (
+    "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF",
+    "SIGXCPU") if hasattr(signal, name))
+
+
 def stop_like_ctrl_c() -> None:
     """SIGTERM and SIGHUP raise ``Terminated`` (a ``KeyboardInterrupt``) in the main thread,
     so a ``kill``, Slurm's time limit or a closed terminal runs the cleanups Ctrl-C runs (each
     temporary beside an output removed, locks released, child processes stopped) where
-    Python's default action ended the process at once (issue 41, the ninth hostile pass). A
+    Python's default action ended the process at once (issue 41, the ninth hostile pass); so
+    do the other signals that end a process (``_ENDING_SIGNALS``, the tenth pass). A
     signal the caller ignores (``nohup``'s SIGHUP) stays ignored. Each of the three first stops
     the kit's running child processes (``runner.stop_children``)."""
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in _ENDING_SIGNALS:
         if signal.getsignal(signum) == signal.SIG_DFL:
             signal.signal(signum, _raise_terminated)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -253,7 +267,7 @@ def run() -> None:
         # the command has ended (its message printed): a signal during the interpreter's
         # shutdown ends the process at once, never "Exception ignored in <module 'threading'>
         # ... KeyboardInterrupt" (issue 41, the ninth hostile pass)
-        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        for signum in (*_ENDING_SIGNALS, signal.SIGINT):
             if signal.getsignal(signum) in (_raise_terminated, _raise_interrupt,
                                             signal.default_int_handler):
                 signal.signal(signum, signal.SIG_DFL)
