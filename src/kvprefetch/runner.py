@@ -238,12 +238,26 @@ def _signal_tree_by_number(proc: subprocess.Popen[str], signum: int, *, whole: b
                     os.kill(pid, signal.SIGCONT)
 
 
-def stop_children(signum: int = signal.SIGINT) -> None:
+def stop_signal() -> int:
+    """The signal that asks a child to stop: SIGINT, what a terminal's Ctrl-C sends; SIGTERM
+    where the kit itself inherited SIGINT ignored (a ``&`` job of a script: its children
+    inherit that too, and ignored the stop's SIGINT until the SIGKILL 10 s later, which let
+    none of them clean up; issue 41, the tenth hostile pass). ninja forwards either to its
+    commands."""
+    try:
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    except ValueError:
+        ignored = False
+    return signal.SIGTERM if ignored else signal.SIGINT
+
+
+def stop_children(signum: int | None = None) -> None:
     """The command is stopping (Ctrl-C, SIGTERM, SIGHUP; called from the signal handler): send
     every running child and all below it SIGINT, what a Ctrl-C in a terminal sends them, and
     start no new child in a worker thread (the main thread's own cleanups still may).
     ``signum`` SIGKILL: a second interrupt, which takes every process below at once."""
     _STOPPING.set()
+    signum = stop_signal() if signum is None else signum
     with _LIVE_LOCK:
         for proc, fd in list(_LIVE.items()):
             _signal_tree(proc, signum, whole=signum == signal.SIGKILL, pidfd=fd)
@@ -258,7 +272,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     into TMPDIR (issue 41, the ninth hostile pass). SIGKILL to them all after
     ``STOP_GRACE_S`` or at a second interrupt."""
     try:
-        _signal_tree(proc, signal.SIGINT)
+        _signal_tree(proc, stop_signal())
         # the child's last lines may fill the pipe no one reads now: drain it while waiting
         deadline = time.monotonic() + STOP_GRACE_S
         while proc.poll() is None and time.monotonic() < deadline:

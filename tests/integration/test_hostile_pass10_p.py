@@ -13,7 +13,14 @@ fix (checked with the fixes taken out of src/):
   temporary beside a user's file, a scratch folder in the system temp folder): it now
   SIGKILLs the children and lets the cleanups finish; a third one raises;
 - a child stopped (Ctrl-Z, SIGSTOP to it) when the kit was stopped never saw its SIGINT until
-  the 10 s grace ended in SIGKILL (no cleanup of its own): it now gets SIGCONT after it.
+  the 10 s grace ended in SIGKILL (no cleanup of its own): it now gets SIGCONT after it;
+- children that inherited SIGINT ignored (the kit a ``&`` job of a script) ignored the stop's
+  SIGINT the same way: they now get SIGTERM;
+- SIGQUIT, SIGUSR1, SIGXCPU (and the other signals whose default ends a process) left a
+  temporary beside the user's README as SIGTERM did before the ninth pass;
+- ``slurm resubmit JOB --task 4`` replaced the unanswered record of task 3; a ``sending`` naming
+  no job of the campaign left submit refusing for ever;
+- ``umask 277``/``777`` made folders the kit could not write into itself.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
@@ -344,3 +351,47 @@ def test_another_ending_signal_mid_write_leaves_no_temporary(tmp_path: Path,
     assert rc == 128 + sig and f"stopped by {sig.name}" in err, (rc, err)
     assert sorted(os.listdir(repo)) == ["README.md", "docs"], os.listdir(repo)
     assert (repo / "README.md").read_text() == stale
+
+
+_DEAF_BY_BIRTH = '''
+import sys
+import click
+import kvprefetch.cli as cli
+from kvprefetch.runner import run
+
+
+@click.command()
+def slow() -> None:
+    run(["sh", "-c", "trap 'echo cleaned > {pids}/cleaned; exit 1' TERM; echo $$ > {pids}/child;"
+         " while :; do sleep 0.1; done"], echo=False)
+
+
+cli.COMMANDS["slow"] = "__main__:slow"
+sys.argv = ["kvprefetch", "slow"]
+cli.run()
+'''
+
+
+def _sigint_ignored() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_children_that_inherit_sigint_ignored_are_stopped_with_sigterm(tmp_path: Path) -> None:
+    """The kit started as a ``&`` job of a script (SIGINT ignored, and so in its children too),
+    then SIGTERMed: the stop's SIGINT was ignored, and 10 s later SIGKILL ended the children
+    without their own cleanup (nvcc's tmpxft files, ninja's partial outputs)."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "slow.py"
+    script.write_text(_DEAF_BY_BIRTH.replace("{pids}", str(pids)))
+    p = subprocess.Popen([sys.executable, str(script)], env=_env9(tmp_path),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_sigint_ignored)  # noqa: PLW1509 (no threads here)
+    _wait_for(lambda: (pids / "child").is_file() and (pids / "child").read_text().strip(),
+              "the child starts")
+    time.sleep(0.2)
+    os.kill(p.pid, signal.SIGTERM)
+    rc, err, secs = _finish(p, 30)
+    assert rc == 143 and "Traceback" not in err, (rc, err)
+    assert (pids / "cleaned").exists(), "the child never ran its own cleanup"
+    assert secs < 5, secs
