@@ -28,6 +28,7 @@ byte-identical afterwards."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_hostile_pass9_a import _alive, _env9, _finish, _start, _wait_for
+from tests.integration.test_hostile_pass9_a import _env9, _finish, _start, _wait_for
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -171,12 +172,15 @@ def test_a_second_signal_kills_a_child_deaf_to_sigint_at_once(
     _wait_for(lambda: (pids / "child").is_file() and (pids / "child").read_text().strip(),
               "the child starts")
     child = int((pids / "child").read_text())
+    # the child's exit seen through a pidfd: its number may be another process's once reaped
+    pidfd = os.pidfd_open(child)
     os.kill(p.pid, sig)
     time.sleep(0.5)
-    assert _alive(child)  # it ignores SIGINT: the kit waits out its grace
+    assert not select.select([pidfd], [], [], 0)[0]  # it ignores SIGINT: the grace runs
     os.kill(p.pid, sig)
     _wait_for(lambda: (pids / "cleanup-started").exists(), "the cleanup starts", 5)
-    assert not _alive(child)
+    assert select.select([pidfd], [], [], 5)[0], "the child still runs"
+    os.close(pidfd)
     os.kill(p.pid, sig)  # a third: the user insists
     rc, err, secs = _finish(p, 30)
     assert "Traceback" not in err, err
