@@ -16,6 +16,18 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted: nothing was changed; rerun the command", file=sys.stderr)
         sys.exit(130)
+    except Exception as exc:
+        # a module the command line imports (click, or one named like a standard module,
+        # planted on PYTHONPATH or broken) raising: one message, as later (issue 41, the tenth
+        # hostile pass: a `click.py` raising on import was a traceback)
+        from .errors import ConfigError, third_party_failed, third_party_origin
+
+        origin = third_party_origin(exc, kit=("kvprefetch",))
+        if origin is None or "--debug" in sys.argv[1:]:
+            raise
+        err = ConfigError(*third_party_failed(exc, *origin))
+        print(f"error: {err.message}", file=sys.stderr)
+        sys.exit(err.exit_code)
     run()
 
 

@@ -3,6 +3,11 @@ says the cause and then "To fix: ..."; each family has its own process exit code
 
 from __future__ import annotations
 
+import os
+import sys
+import sysconfig
+from contextlib import suppress
+
 
 class KvprefetchError(Exception):
     """Base class. ``exit_code`` is what the CLI exits with."""
@@ -109,3 +114,61 @@ class SlurmError(KvprefetchError):
     """A Slurm command (sbatch, scontrol, sacct) failed, or a campaign's job did not succeed."""
 
     exit_code = 10  # 9 is the VMM cache's (vmm/errors.py)
+
+
+def _stdlib_dirs() -> tuple[str, ...]:
+    """The folders the running interpreter's own standard library lives in (not its
+    site-packages, which a virtual environment puts under ``platstdlib``)."""
+    base = os.path.dirname(os.path.realpath(os.__file__))
+    found = {base, os.path.join(base, "lib-dynload")}
+    with suppress(Exception):
+        paths = sysconfig.get_paths()
+        found |= {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")}
+        found -= {os.path.realpath(paths[k]) for k in ("purelib", "platlib")}
+    return tuple(sorted(found))
+
+
+def _in_stdlib(filename: str) -> bool:
+    """Whether ``filename`` (a code object's) is a file of the interpreter's standard library:
+    frozen, or under its folder and not in a site-packages below it."""
+    if filename.startswith("<"):
+        return True
+    path = os.path.realpath(filename)
+    if {"site-packages", "dist-packages"} & set(path.split(os.sep)):
+        return False
+    return any(path.startswith(d + os.sep) for d in _stdlib_dirs())
+
+
+def third_party_origin(exc: BaseException, *, kit: tuple[str, ...] = ("kvprefetch", "click")
+                       ) -> tuple[str, str] | None:
+    """(top-level module, its file) of the frame that raised ``exc``, when that frame is code
+    of a third-party module: neither the kit's (``kit``: its own package and click), nor the
+    standard library's. A module *named* like a standard one (``json``, ``shlex``) that is not
+    the standard library's file (one planted on PYTHONPATH, which comes first) is third-party
+    (issue 41, the tenth hostile pass: a ``json.py`` raising on import was a traceback, where a
+    ``torch.py`` was one message)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    name = str(frame.f_globals.get("__name__") or "")
+    top = name.partition(".")[0]
+    filename = frame.f_code.co_filename
+    if not top or top in kit or top == "__main__" or top.startswith("_"):
+        return None
+    if top in sys.stdlib_module_names and _in_stdlib(filename):
+        return None
+    return top, filename
+
+
+def third_party_failed(exc: BaseException, module: str, filename: str) -> tuple[str, str]:
+    """(cause, fix) for an exception raised inside the third-party ``module``."""
+    detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    cause = (f"the module {module} ({filename}) raised {type(exc).__name__}"
+             + (f": {detail}" if detail else ""))
+    fix = (f"`{sys.executable} -c 'import {module}'` shows whether {module} itself is broken: "
+           f"repair or reinstall it in this environment, or take a module of that name that "
+           "PYTHONPATH puts first off it; `kvprefetch --debug ...` shows the full traceback")
+    return cause, fix

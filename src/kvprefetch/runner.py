@@ -111,24 +111,56 @@ STOP_GRACE_S = 10.0
 # build runs each tree's ninja in a worker thread, which no exception of the main thread
 # reaches; it read ninja's output until the build ended while the main thread waited for it
 # (issue 41, the ninth hostile pass: SIGTERM, or SIGINT sent to the kit alone, hung a build
-# for its whole compile).
-_LIVE: set[subprocess.Popen[str]] = set()
+# for its whole compile). Each with its pidfd (opened before anything can reap it), or None
+# where the kernel has none.
+_LIVE: dict[subprocess.Popen[str], int | None] = {}
+_LIVE_LOCK = threading.RLock()  # a pidfd is closed only while no stop is using it
 _STOPPING = threading.Event()
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid`` (Linux 5.3+), or None where the kernel (or a filter) has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _send(fd: int, signum: int) -> bool:
+    """``signum`` to the process ``fd`` names; False when it has been reaped (or cannot be
+    signalled). The process, never whoever has its number now."""
+    try:
+        signal.pidfd_send_signal(fd, signum)
+    except OSError:
+        return False
+    return True
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process ``/proc`` shows."""
+    out: dict[int, int] = {}
+    with suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                ppid = _parent_of(int(entry.name))
+                if ppid is not None:
+                    out[int(entry.name)] = ppid
+    return out
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (``/proc``'s parent links), children first."""
     children: dict[int, list[int]] = {}
-    with suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
+    for p, ppid in _parents().items():
+        children.setdefault(ppid, []).append(p)
     out: list[int] = []
     todo = list(children.get(pid, ()))
     while todo:
@@ -138,27 +170,97 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _signal_tree(proc: subprocess.Popen[str], signum: int, *, whole: bool = False) -> None:
+def _signal_tree(proc: subprocess.Popen[str], signum: int, *, whole: bool = False,
+                 pidfd: int | None = None) -> None:
     """``signum`` to the child and to every process below it in the kit's own process group:
     what a terminal's Ctrl-C reaches (nvcc leaves cicc running, and its ``tmpxft_*`` files,
     when only it is signalled). A process in a group of its own below (ninja starts each
     command so) is left to its parent, which forwards the signal and cleans up after it, as
     under a terminal; ``whole`` (SIGKILL) takes every process below. The child stays in the
-    kit's group and session, so a ``kill -- -PGID`` or a session's end still takes them all."""
+    kit's group and session, so a ``kill -- -PGID`` or a session's end still takes them all.
+
+    Only the kit's own processes are ever signalled (issue 41, the tenth hostile pass): a
+    child already reaped (its ``wait`` returned in a worker thread, or ``_stop``'s poll, while
+    it was still listed) had its number signalled, and every process whose parent had that
+    number, though the system may have given the number to another program (a second Ctrl-C
+    could then SIGKILL a stranger's tree). Each process is signalled through a pidfd, and one
+    below the child only once its parent link is read again after the pidfd is open, while
+    that parent is still alive: a number reused in between names another process, which is
+    skipped. Where the kernel has no pidfd, a reaped child (and what /proc shows below its
+    number) is skipped, and the rest is signalled by number as before."""
+    if pidfd is None:
+        pidfd = _LIVE.get(proc)
+    if pidfd is None:
+        _signal_tree_by_number(proc, signum, whole=whole)
+        return
+    own = os.getpgrp()
+    if not _send(pidfd, 0):
+        return  # reaped: its number, and what is below that number, may be anyone's now
+    tree = {proc.pid: pidfd}
+    opened: list[int] = []
+    try:
+        children: dict[int, list[int]] = {}
+        for p, ppid in _parents().items():
+            children.setdefault(ppid, []).append(p)
+        todo = [(c, proc.pid) for c in children.get(proc.pid, ())]
+        while todo:
+            pid, parent = todo.pop(0)
+            fd = _pidfd(pid)
+            if fd is None:
+                continue
+            opened.append(fd)
+            # the pidfd holds *a* process; it is this tree's when its parent is still the
+            # one found (alive now, so it had that number when the link was read)
+            if _parent_of(pid) != parent or not _send(tree[parent], 0):
+                continue
+            tree[pid] = fd
+            todo.extend((c, pid) for c in children.get(pid, ()))
+        for pid, fd in tree.items():
+            with suppress(OSError):
+                if whole or pid == proc.pid or os.getpgid(pid) == own:
+                    _send(fd, signum)
+                    if signum not in (signal.SIGKILL, signal.SIGCONT):
+                        _send(fd, signal.SIGCONT)  # a stopped one (Ctrl-Z) acts on it now
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _signal_tree_by_number(proc: subprocess.Popen[str], signum: int, *, whole: bool) -> None:
+    if proc.returncode is not None:
+        return
     own = os.getpgrp()
     for pid in [proc.pid, *_descendants(proc.pid)]:
         with suppress(OSError):
             if whole or pid == proc.pid or os.getpgid(pid) == own:
                 os.kill(pid, signum)
+                if signum not in (signal.SIGKILL, signal.SIGCONT):
+                    os.kill(pid, signal.SIGCONT)
 
 
-def stop_children() -> None:
+def stop_signal() -> int:
+    """The signal that asks a child to stop: SIGINT, what a terminal's Ctrl-C sends; SIGTERM
+    where the kit itself inherited SIGINT ignored (a ``&`` job of a script: its children
+    inherit that too, and ignored the stop's SIGINT until the SIGKILL 10 s later, which let
+    none of them clean up; issue 41, the tenth hostile pass). ninja forwards either to its
+    commands."""
+    try:
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    except ValueError:
+        ignored = False
+    return signal.SIGTERM if ignored else signal.SIGINT
+
+
+def stop_children(signum: int | None = None) -> None:
     """The command is stopping (Ctrl-C, SIGTERM, SIGHUP; called from the signal handler): send
     every running child and all below it SIGINT, what a Ctrl-C in a terminal sends them, and
-    start no new child in a worker thread (the main thread's own cleanups still may)."""
+    start no new child in a worker thread (the main thread's own cleanups still may).
+    ``signum`` SIGKILL: a second interrupt, which takes every process below at once."""
     _STOPPING.set()
-    for proc in list(_LIVE):
-        _signal_tree(proc, signal.SIGINT)
+    signum = stop_signal() if signum is None else signum
+    with _LIVE_LOCK:
+        for proc, fd in list(_LIVE.items()):
+            _signal_tree(proc, signum, whole=signum == signal.SIGKILL, pidfd=fd)
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -170,7 +272,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     into TMPDIR (issue 41, the ninth hostile pass). SIGKILL to them all after
     ``STOP_GRACE_S`` or at a second interrupt."""
     try:
-        _signal_tree(proc, signal.SIGINT)
+        _signal_tree(proc, stop_signal())
         # the child's last lines may fill the pipe no one reads now: drain it while waiting
         deadline = time.monotonic() + STOP_GRACE_S
         while proc.poll() is None and time.monotonic() < deadline:
@@ -243,7 +345,7 @@ def run(
                               "executable program)",
                               f"pass the path of an executable in place of {args[0]}"
                               ) from None
-        _LIVE.add(proc)
+        _LIVE[proc] = _pidfd(proc.pid)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -261,7 +363,10 @@ def run(
             _stop(proc)
             raise
         finally:
-            _LIVE.discard(proc)
+            with _LIVE_LOCK:
+                fd = _LIVE.pop(proc, None)
+                if fd is not None:
+                    os.close(fd)
             if proc.stdout is not None:
                 proc.stdout.close()
     finally:

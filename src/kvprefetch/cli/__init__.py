@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .. import __version__
-from ..errors import KvprefetchError, Terminated
+from ..errors import KvprefetchError, Terminated, third_party_failed, third_party_origin
 from ..runner import stop_children
 from ..stdio import StreamWriteError, standard_streams
 
@@ -133,34 +133,6 @@ class LazyGroup(click.Group):
             sys.exit(err.exit_code)
 
 
-def third_party_origin(exc: BaseException) -> tuple[str, str] | None:
-    """(top-level module, its file) of the frame that raised ``exc``, when that frame is code
-    of a third-party module: neither the kit's, nor click's, nor the standard library's."""
-    tb = exc.__traceback__
-    if tb is None:
-        return None
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    frame = tb.tb_frame
-    name = str(frame.f_globals.get("__name__") or "")
-    top = name.partition(".")[0]
-    if not top or top in ("kvprefetch", "click", "__main__") or top.startswith("_") \
-            or top in sys.stdlib_module_names:
-        return None
-    return top, frame.f_code.co_filename
-
-
-def third_party_failed(exc: BaseException, module: str, filename: str) -> tuple[str, str]:
-    """(cause, fix) for an exception raised inside the third-party ``module``."""
-    detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    cause = (f"the module {module} ({filename}) raised {type(exc).__name__}"
-             + (f": {detail}" if detail else ""))
-    fix = (f"`{sys.executable} -c 'import {module}'` shows whether {module} itself is broken: "
-           f"repair or reinstall it in this environment, or take a module of that name that "
-           "PYTHONPATH puts first off it; `kvprefetch --debug ...` shows the full traceback")
-    return cause, fix
-
-
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kvprefetch")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
@@ -185,8 +157,13 @@ def no_world_writable() -> None:
     made 0777 and the files ``apply`` patched 0666, so any local user could replace a record,
     plant a link or edit an sbatch script (issue 41, ninth hostile pass; the threat model
     gives the work directory to the user and the user's programs only). Group write (``umask
-    002``, a team's shared project folder) is the user's to choose, and kept."""
-    os.umask(os.umask(0o022) | 0o002)
+    002``, a team's shared project folder) is the user's to choose, and kept.
+
+    The owner's own bits are never masked: under ``umask 277`` (or 777, 177) the kit made a
+    campaign or work directory it could not write into or enter itself, then blamed the
+    current folder ("slurm failed: scripts: Permission denied / To fix: make . writable"),
+    leaving the empty folder behind (issue 41, the tenth hostile pass)."""
+    os.umask((os.umask(0o022) & ~0o700) | 0o002)
 
 
 def output_failed(exc: OSError) -> tuple[str, str]:
@@ -199,7 +176,8 @@ def output_failed(exc: OSError) -> tuple[str, str]:
 
 
 def _interrupted(exc: KeyboardInterrupt) -> None:
-    """Ctrl-C (exit 130), SIGTERM (143) or SIGHUP (129), once every cleanup has run: one line."""
+    """Ctrl-C (exit 130), SIGTERM (143), SIGHUP (129) or another ending signal (128 + its
+    number), once every cleanup has run: one line."""
     if isinstance(exc, Terminated):
         name = signal.Signals(exc.signum).name
         click.echo(f"stopped by {name}: nothing further was changed; rerun to resume", err=True)
@@ -208,24 +186,55 @@ def _interrupted(exc: KeyboardInterrupt) -> None:
     sys.exit(130)
 
 
+_SIGNALS: list[int] = []  # the stop signals received so far
+
+
+def _second_signal(signum: int) -> bool:
+    """Count ``signum``; True for the second one, which must not raise. The first has raised
+    and its cleanups are running (a temporary beside a user's output removed, a scratch folder
+    in the system temp folder, a tree rolled back): a second exception in the middle of one
+    stopped it and left its files behind (issue 41, the tenth hostile pass: a Ctrl-C pressed
+    twice, or Slurm's and a wrapper's signals). The second one SIGKILLs every child at once
+    (what the first one's grace would do after 10 s); a third raises, for a user who insists."""
+    _SIGNALS.append(signum)
+    if len(_SIGNALS) == 1:
+        stop_children()
+        return False
+    stop_children(signal.SIGKILL)
+    return len(_SIGNALS) == 2
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
-    stop_children()
-    raise Terminated(signum)
+    if not _second_signal(signum):
+        raise Terminated(signum)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
-    stop_children()
-    raise KeyboardInterrupt
+    if not _second_signal(signum):
+        raise KeyboardInterrupt
+
+
+# Every signal whose default action ends the process and that a person or a batch system
+# sends to stop it: SIGTERM (kill, Slurm's time limit), SIGHUP (a closed terminal), SIGQUIT
+# (Ctrl-backslash), and the ones whose default ends it though nobody means a stop by them:
+# SIGUSR1/2 (a `kill -USR1` meant to ask for progress, as dd answers it), SIGALRM,
+# SIGVTALRM, SIGPROF and SIGXCPU (`ulimit -t`, a batch system's CPU limit). Under their
+# default action the process ended at once and left `.README.md.tmp-…` beside the user's
+# README (issue 41, the tenth hostile pass; the ninth made SIGTERM and SIGHUP raise).
+_ENDING_SIGNALS = tuple(getattr(signal, name) for name in (
+    "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF",
+    "SIGXCPU") if hasattr(signal, name))
 
 
 def stop_like_ctrl_c() -> None:
     """SIGTERM and SIGHUP raise ``Terminated`` (a ``KeyboardInterrupt``) in the main thread,
     so a ``kill``, Slurm's time limit or a closed terminal runs the cleanups Ctrl-C runs (each
     temporary beside an output removed, locks released, child processes stopped) where
-    Python's default action ended the process at once (issue 41, the ninth hostile pass). A
+    Python's default action ended the process at once (issue 41, the ninth hostile pass); so
+    do the other signals that end a process (``_ENDING_SIGNALS``, the tenth pass). A
     signal the caller ignores (``nohup``'s SIGHUP) stays ignored. Each of the three first stops
     the kit's running child processes (``runner.stop_children``)."""
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in _ENDING_SIGNALS:
         if signal.getsignal(signum) == signal.SIG_DFL:
             signal.signal(signum, _raise_terminated)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -241,6 +250,7 @@ def run() -> None:
     that cannot be written (``--help > /dev/full``) is one message, not a traceback."""
     standard_streams()
     no_world_writable()
+    _SIGNALS.clear()
     try:
         stop_like_ctrl_c()
         try:
@@ -257,7 +267,7 @@ def run() -> None:
         # the command has ended (its message printed): a signal during the interpreter's
         # shutdown ends the process at once, never "Exception ignored in <module 'threading'>
         # ... KeyboardInterrupt" (issue 41, the ninth hostile pass)
-        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        for signum in (*_ENDING_SIGNALS, signal.SIGINT):
             if signal.getsignal(signum) in (_raise_terminated, _raise_interrupt,
                                             signal.default_int_handler):
                 signal.signal(signum, signal.SIG_DFL)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CommandError, SlurmError
+from ..errors import CommandError, ConfigError, SlurmError
 from ..runner import run, which
 from .campaign import (
+    CAMPAIGN_FILE,
     EXIT_SUFFIX,
     JOB_ID,
     Campaign,
@@ -87,28 +88,47 @@ def _now() -> str:
 
 
 def refuse_unanswered(root: Path, c: Campaign, rec: dict[str, Any],
-                      resubmitting: str | None = None) -> None:
+                      resubmitting: str | None = None, task: int | None = None) -> None:
     """Refuse (SlurmError) to send anything while an sbatch of this campaign was started and
     its answer never recorded (a submit stopped by Ctrl-C, SIGTERM, SIGKILL or a lost login
     node in that window): Slurm may hold that job, and sending it again would run it twice
     (issue 41, the ninth hostile pass: a SIGTERM during the first sbatch left no trace, and
     the next `submit` sent every job again). The way out is the ``resubmit`` of that very
-    job, once the user has looked for it with squeue."""
+    job (and array task: ``task``), once the user has looked for it with squeue.
+
+    A ``sending`` that names no job of the campaign is a corrupt record, and one that names an
+    array task is answered only by the resubmit of that task (issue 41, the tenth hostile
+    pass: a hand-edited job name left submit refusing for ever, its way out an empty list and
+    a resubmit of a job that does not exist; ``resubmit JOB --task 4`` replaced the unanswered
+    record of task 3, which Slurm may hold, and its fix named the whole array)."""
     sending = rec.get("sending")
-    if not sending or sending["job"] == resubmitting:
+    if not sending:
         return
     job = sending["job"]
-    task = "" if sending.get("task") is None else f" (array task {sending['task']})"
-    missing = [j.name for j in submission_order(c)
-               if j.name not in rec["submitted"] or j.name == job]
     name = f"kvp-{Path(c.root).name}-{job}"
+    if job not in {j.name for j in c.jobs}:
+        raise ConfigError(
+            f"{root / CAMPAIGN_FILE} is corrupt: 'sending' names the job {job!r}, which the "
+            "campaign does not plan (kvprefetch records only its own jobs there)",
+            f"check `squeue --me --name {name}` for such a job (scancel it), then restore "
+            "campaign.json as `kvprefetch slurm submit` wrote it (without that 'sending' "
+            "entry), or plan the campaign again into a new folder (`kvprefetch slurm plan`)")
+    sent_task = sending.get("task")
+    if job == resubmitting and sent_task == task:
+        return
+    at = f" --task {sent_task}" if sent_task is not None else ""
+    what = "" if sent_task is None else f" (array task {sent_task})"
+    rest = [j.name for j in submission_order(c)
+            if j.name not in rec["submitted"] and j.name != job]
+    ways = [f"`kvprefetch slurm resubmit {root} {job}{at}`"]
+    ways += [f"`kvprefetch slurm resubmit {root} {j}`" for j in rest]
     raise SlurmError(
-        f"the sbatch of {job}{task} in {root} was started at {sending.get('at') or '?'} and "
+        f"the sbatch of {job}{what} in {root} was started at {sending.get('at') or '?'} and "
         "stopped before its job id was recorded: Slurm may or may not hold that job, and "
         "kvprefetch sends nothing more until you have looked",
         f"run `squeue --me --name {name}` (and `sacct --name {name}` for one that already "
         "ended); `scancel` the job it lists, then send it and the rest in order: "
-        + "; ".join(f"`kvprefetch slurm resubmit {root} {j}`" for j in missing))
+        + "; ".join(ways))
 
 
 def _send(root: Path, rec: dict[str, Any], job: str, task: int | None,
@@ -343,7 +363,7 @@ def resubmit(root: Path, job_name: str, task: int | None = None,
     check_job_folders(root)
     job = c.job(job_name)
     if not dry_run:
-        refuse_unanswered(root, c, rec, resubmitting=job_name)
+        refuse_unanswered(root, c, rec, resubmitting=job_name, task=task)
     if task is not None and (job.array is None or not 0 <= task < job.array):
         raise SlurmError(f"job {job_name} has no array task {task}",
                          f"pass --task 0..{(job.array or 1) - 1} for an array job, or no --task")
