@@ -143,3 +143,35 @@ def test_a_package_without_its_data_never_reads_the_kit_from_the_folder_above(
     res = _cli("apply", "--workdir", str(fetched_workdir), pythonpath=site, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "planted" not in tree_header.read_text()
+
+
+@pytest.mark.parametrize(("rel", "pid"), [("mine/results.tmp-99999", 99999),
+                                          ("tmp/run-4242-results", 4242),
+                                          ("trees/baseline/setup.py.tmp-4242", 4242)],
+                         ids=["user-folder", "user-scratch-lookalike", "inside-a-tree"])
+def test_a_tmp_entry_names_only_a_place_the_kit_makes_temporaries(
+        fetched_workdir: Path, rel: str, pid: int) -> None:
+    """A ``tmp`` entry could name any path whose name ends in ``.tmp-<pid>``, or
+    ``tmp/<anything>-<pid>-<anything>``, anywhere in the work directory: clean removed a user's
+    ``mine/results.tmp-99999``, or a user's ``tmp/run-4242-results`` folder with all it held.
+    Now such an entry makes the record corrupt (exit 2) and nothing is removed."""
+    import json
+
+    wd = fetched_workdir
+    victim = wd / rel
+    victim.parent.mkdir(parents=True, exist_ok=True)
+    if rel.startswith("tmp/"):
+        victim.mkdir()
+        (victim / "thesis.tex").write_text("three years of work\n")
+    else:
+        victim.write_text("the user's results\n")
+    record = wd / ".kvprefetch-owned.json"
+    data = json.loads(record.read_text())
+    data["paths"][rel] = {"kind": "tmp", "pid": pid}
+    record.write_text(json.dumps(data))
+    res = _cli("clean", "--what", "all", "--discard-edits", "--workdir", str(wd),
+               pythonpath=_REPO / "src", cwd=wd.parent)
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert "is corrupt" in res.stderr and "not where kvprefetch makes a temporary" in res.stderr
+    assert "Traceback" not in res.stderr and "To fix:" in res.stderr
+    assert victim.exists() and (wd / "trees" / "patched").is_dir()
