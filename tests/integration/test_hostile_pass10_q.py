@@ -175,3 +175,14 @@ def test_a_tmp_entry_names_only_a_place_the_kit_makes_temporaries(
     assert "is corrupt" in res.stderr and "not where kvprefetch makes a temporary" in res.stderr
     assert "Traceback" not in res.stderr and "To fix:" in res.stderr
     assert victim.exists() and (wd / "trees" / "patched").is_dir()
+
+
+def test_a_users_own_empty_tmp_folder_is_left_where_it_is(fetched_workdir: Path) -> None:
+    """apply's scratch folder lives in <workdir>/tmp/, and the step removed tmp/ when it was
+    empty afterwards, whoever made it: a user's own (empty) tmp/ was gone after apply. Now only
+    a tmp/ the step made itself goes (tests/unit/test_scratch_and_progress.py checks that)."""
+    wd = fetched_workdir
+    (wd / "tmp").mkdir()
+    res = _cli("apply", "--workdir", str(wd), pythonpath=_REPO / "src", cwd=wd.parent)
+    assert res.returncode == 0, res.stderr
+    assert (wd / "tmp").is_dir() and not list((wd / "tmp").iterdir())

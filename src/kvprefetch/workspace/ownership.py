@@ -243,13 +243,17 @@ def scratch_dir(root: Path, prefix: str, *, read_only: bool = False) -> Iterator
         raise ConfigError(f"{link} is a symlink; kvprefetch keeps its scratch files in {base}",
                           f"move {link} away")
     path = base / f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
+    # only a tmp/ this step made goes again: a user's own (empty) tmp/ is theirs (issue 41, the
+    # tenth hostile pass: apply removed it)
+    made = not os.path.lexists(base)
     try:
         with temporary(root, path):
             path.mkdir(parents=True)
             yield path
     finally:
-        with suppress(OSError):  # not empty: another step's scratch is in it
-            base.rmdir()  # a refused step leaves the work directory as it found it
+        if made:
+            with suppress(OSError):  # not empty: another step's scratch is in it
+                base.rmdir()  # a refused step leaves the work directory as it found it
 
 
 def orphans(root: Path) -> list[Path]:
