@@ -19,6 +19,7 @@ Each test fails without its fix (checked with the fixes reverted)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -186,3 +187,36 @@ def test_a_users_own_empty_tmp_folder_is_left_where_it_is(fetched_workdir: Path)
     res = _cli("apply", "--workdir", str(wd), pythonpath=_REPO / "src", cwd=wd.parent)
     assert res.returncode == 0, res.stderr
     assert (wd / "tmp").is_dir() and not list((wd / "tmp").iterdir())
+
+
+def test_an_apply_scratch_folder_swapped_for_a_link_gets_nothing_written_behind_it(
+        fetched_workdir: Path, monkeypatch: pytest.MonkeyPatch, outside: Path) -> None:
+    """apply copied the tree's files into its scratch tmp/apply-<pid>-<hex>/t, and the kit's
+    headers after git apply, with shutil.copy2/copyfile by path: a scratch folder swapped for a
+    link to a folder outside had the headers (and in a swap loop, the tree's files) written
+    behind the link. Now every scratch write goes through folders opened O_NOFOLLOW from the
+    work directory down: one PatchError, nothing outside, the tree not patched."""
+    from kvprefetch import upstream
+    from kvprefetch.errors import KvprefetchError
+    from kvprefetch.sources import patching
+
+    wd = fetched_workdir
+    real = upstream.kit_headers
+    swapped: list[Path] = []
+
+    def headers():  # type: ignore[no-untyped-def]
+        for att in wd.glob("tmp/apply-*/t/csrc/attention"):
+            if not swapped and att.is_dir() and not att.is_symlink():
+                os.rename(att, att.with_name(".attention.away"))
+                os.symlink(outside, att)
+                swapped.append(att)
+        return real()
+
+    monkeypatch.setattr(upstream, "kit_headers", headers)
+    with pytest.raises(KvprefetchError):
+        patching.apply_patch(wd, "prefetch")
+    monkeypatch.undo()
+    assert swapped, "the scratch folder was never swapped"
+    assert not (outside / "kvprefetch").exists()
+    state = json.loads((wd / "state" / "patched.json").read_text())
+    assert state["applied"] is None
