@@ -105,15 +105,28 @@ def kit_root() -> Path:
     from .errors import ConfigError
 
     here = Path(__file__).resolve().parent  # the kvprefetch package
-    for cand in (here / "data", here.parent.parent):
+    # An installed copy (a data/ beside the code, even an incomplete one) is never taken for a
+    # checkout, and a checkout is the package at src/kvprefetch beside setup.py and
+    # pyproject.toml: a package copied or installed elsewhere without its data/ (`pip install
+    # --target /tmp/x`, a copy on PYTHONPATH) read csrc/ and patches/ from the folder above
+    # its own, /tmp for /tmp/x, and installed another user's headers into the trees (issue 41,
+    # the tenth hostile pass).
+    checkout = here.parent.parent
+    cands = ([here / "data"] if os.path.lexists(here / "data")
+             else [checkout] if here.parent.name == "src" and all(
+                 (checkout / f).is_file() for f in ("setup.py", "pyproject.toml")) else [])
+    for cand in cands:
         if ((cand / "csrc" / "kvprefetch").is_dir()
                 and (cand / "patches" / f"v{VLLM_VERSION}").is_dir()):
             return cand
+    where = (f"in {here / 'data'} (an installed copy)" if cands and cands[0] != checkout
+             else f"in {checkout} (a checkout)" if cands
+             else f"anywhere: {here} has no data/ folder (an installed copy's) and is not "
+                  "src/kvprefetch of a checkout, so the folders around it are not read")
     raise ConfigError(f"kvprefetch's own csrc/kvprefetch/ and patches/v{VLLM_VERSION}/ were "
-                      f"found neither in {here / 'data'} (an installed copy) nor in "
-                      f"{here.parent.parent} (a checkout)",
-                      "reinstall kvprefetch from a complete checkout, or restore them there "
-                      "(`git checkout -- csrc/ patches/`)")
+                      f"not found {where}",
+                      "reinstall kvprefetch from a complete checkout (`pip install .`), or "
+                      "restore them there (`git checkout -- csrc/ patches/`)")
 
 
 def _kit_dirs_problem(path: Path) -> str | None:

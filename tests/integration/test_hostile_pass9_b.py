@@ -44,6 +44,8 @@ def _kit_copy(tmp_path: Path) -> Path:
     for part in ("src", "csrc", "patches"):
         shutil.copytree(_REPO / part, kit / part,
                         ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.py", "pyproject.toml"):  # a checkout's shape (upstream.kit_root)
+        shutil.copy2(_REPO / name, kit / name)
     return kit
 
 

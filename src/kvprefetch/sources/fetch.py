@@ -3,7 +3,11 @@
 The pristine source is obtained once (a git clone of tag v0.10.2, the hash-pinned sdist, or a
 local mirror), checked (tag commit, sdist sha256, pristine attention header sha256), kept
 under ``pristine/``, and copied in full into each tree. Trees never share files: two editable
-installs that share files are the seed's "wrong .so loads" trap."""
+installs that share files are the seed's "wrong .so loads" trap.
+
+Just past the ~500-line mark on purpose: getting the pristine source, verifying it, and copying
+it into a tree checked against that verification are one flow under one lock (issue 41, the
+tenth hostile pass added the last check)."""
 
 from __future__ import annotations
 
@@ -274,19 +278,22 @@ def _readopt(wd: Workdir, dest: Path, notices: list[str], allow_commit: str | No
     return True
 
 
-def verify_pristine(wd: Workdir, pristine: Path, kind: str) -> None:
+def verify_pristine(wd: Workdir, pristine: Path, kind: str) -> dict[str, str] | None:
     """Re-check the kept pristine copy against what was verified when it was made, before a
-    single file of it is copied into a tree: an edited pristine/ is not pristine."""
+    single file of it is copied into a tree: an edited pristine/ is not pristine. Its manifest
+    (None for the user's own directory, checked in full by check_full_source)."""
     if kind == "path":
-        return  # the user's directory: checked in full just before, by check_full_source
+        return None  # the user's directory: checked in full just before, by check_full_source
     entry = ownership.owned(wd.root, pristine) or {}
-    digest = manifest_digest(source_manifest(pristine, skip=(".git",)))
+    manifest = source_manifest(pristine, skip=(".git",))
+    digest = manifest_digest(manifest)
     want = upstream.SDIST_SOURCE_SHA256 if kind == "sdist" else entry.get("digest")
     if digest != want:
         raise FetchError(f"the kept pristine copy {pristine} was changed after kvprefetch "
                          f"verified it (digest {digest[:16]}…, expected {str(want)[:16]}…)",
                          f"move {pristine} away (kvprefetch does not remove it for you); the next "
                          "fetch makes a fresh, verified copy")
+    return manifest
 
 
 def _head(repo_dir: Path) -> str:
@@ -444,15 +451,17 @@ def _fetch_into(wd: Workdir, *, source: str, repo_url: str, index_url: str | Non
             if not repair:
                 pristine, kind, origin, commit = _prepare_pristine(
                     wd, source, repo_url, index_url, allow_commit, notices)
-            if any((force and n in dirty) or not os.path.lexists(wd.tree(n)) for n in names):
-                verify_pristine(wd, pristine, kind)
-            results = [_materialise(wd, n, pristine, kind, origin, commit, force and n in dirty)
+            manifest = (verify_pristine(wd, pristine, kind) if any(
+                (force and n in dirty) or not os.path.lexists(wd.tree(n)) for n in names) else None)
+            results = [_materialise(wd, n, pristine, kind, origin, commit, force and n in dirty,
+                                    manifest)
                        for n in names]
     return FetchResult(workdir, kind, origin, commit, results, notices)
 
 
 def _materialise(wd: Workdir, name: str, pristine: Path, kind: str, origin: str,
-                 commit: str | None, replace: bool) -> TreeResult:
+                 commit: str | None, replace: bool,
+                 manifest: dict[str, str] | None = None) -> TreeResult:
     dest = wd.tree(name)
     backup = None
     if os.path.lexists(dest) and not replace:
@@ -482,6 +491,14 @@ def _materialise(wd: Workdir, name: str, pristine: Path, kind: str, origin: str,
         # swapped for a symlink while it is filled gets nothing written behind the link
         confine.copy_tree(wd.root, pristine, tmp, skip=frozenset({PYCACHE}), family=FetchError)
         inv = inventory(tmp)
+        # only what the verified copy held: a folder of it swapped for a link while it was
+        # listed put the link into the tree, recorded as pristine (issue 41, tenth pass)
+        extra = [k for k, v in inv.items() if manifest is not None and manifest.get(k) != v]
+        if extra:
+            raise FetchError(f"the copy of {pristine} differs from the verified pristine copy "
+                             f"in {', '.join(extra[:4])}{' …' if len(extra) > 4 else ''}: "
+                             "another process changed it while it was copied; nothing was "
+                             "put in place", "stop whatever else writes there, then rerun")
         state: dict[str, Any] = {
             "tree": name, "source": kind, "origin": origin, "commit": commit,
             "vllm_version": upstream.VLLM_VERSION, "applied": None, "inventory": inv,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import shutil
 import stat
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -100,6 +99,19 @@ def _git_made_only(root: Path, rels: list[str], variant: str) -> None:
                                  "(`git checkout -- patches/`)")
 
 
+def _scratch_copy(root: Path, src: Path, scratch: Path, dst: Path) -> None:
+    """Copy the tree file ``src`` (inside ``root``) to ``dst`` (inside ``scratch``: the work
+    directory, or a system temp folder), both through folders opened ``O_NOFOLLOW`` from there
+    down (``confine.read_file``,
+    ``write_file``), its permission bits kept: a scratch folder swapped for a link to a folder
+    outside while apply copied into it had ``shutil.copy2`` write the tree's files, and the kit
+    headers, behind the link (issue 41, the tenth hostile pass; a swap loop won 2 runs of 4)."""
+    from ..workspace.confine import read_file
+
+    data = read_file(root, src, limit=_MAX_SOURCE_BYTES, family=PatchError)
+    write_file(dst, data, root=scratch, family=PatchError, mode=kept_mode(src))
+
+
 def _variant_files(variant: str) -> list[Path]:
     if upstream.canonical_variant(variant) not in upstream.VARIANTS:
         raise ConfigError(f"unknown variant {variant!r}",
@@ -134,8 +146,8 @@ def carried_variant(tree: Path, *, read_only: bool = False) -> str | None:
             for rel in own:
                 if not (tree / rel).is_file():
                     break
-                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(tree / rel, copy / rel)
+                _scratch_copy(tree.parent.parent, tree / rel,
+                              td if read_only else tree.parent.parent, copy / rel)
             else:
                 if not _git_apply(copy, _variant_files(v), "--reverse"):
                     continue
@@ -241,8 +253,7 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
         with ownership.scratch_dir(wd.root, "apply") as td:
             work = td / "t"
             for rel in [] if headers_only else own:
-                (work / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(tree / rel, work / rel)
+                _scratch_copy(wd.root, tree / rel, wd.root, work / rel)
             if not headers_only and (not _git_apply(work, patches, "--check")
                                      or not _git_apply(work, patches)):
                 raise PatchError(f"the {variant} patch does not apply to {tree}",
@@ -253,8 +264,7 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                                  "result does not carry the patch",
                                  "report this; the tree was left untouched")
             for src, rel in upstream.kit_headers():
-                (work / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, work / rel)
+                write_file(work / rel, src.read_bytes(), root=wd.root, family=PatchError)
             changes = {rel: work / rel for rel in
                        (upstream.KIT_HEADERS_IN_TREE if headers_only else files)}
             new_inventory = dict(recorded)

@@ -461,42 +461,63 @@ def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozen
     ``O_NOFOLLOW`` from ``root`` down (``open_dir``; files ``O_EXCL | O_NOFOLLOW``): a folder of
     the copy swapped for a symlink while it runs makes it stop, and nothing is written behind
     the link (issue 41, the ninth hostile pass: copytree into ``trees/.<tree>.tmp-<pid>``
-    swapped for a link wrote the tree's files into the folder it named). Names in ``skip`` are
-    left out at any depth; a FIFO, device or socket in ``src`` is refused. Mode and mtime of
-    each file are kept, as copytree keeps them."""
+    swapped for a link wrote the tree's files into the folder it named). ``src`` is read the
+    same way: each of its folders opened ``O_NOFOLLOW`` from ``root`` down (from ``src`` itself
+    when it is outside ``root``: a ``--source`` the user named), each file relative to its
+    folder's descriptor (issue 41, the tenth hostile pass: a folder of ``pristine/sdist``
+    swapped for a link after it was listed had the files behind the link copied into the tree,
+    and recorded as pristine). Names in ``skip`` are left out at any depth; a FIFO, device or
+    socket in ``src`` is refused. Mode and mtime of each file are kept, as copytree keeps
+    them."""
     check_target(root, dst, what="copy into", family=family)
     if os.path.lexists(dst):
         raise family(f"{dst} is in the way of a copy", f"move {dst} away, then rerun")
     ensure_dir(dst, root=root, family=family)
-    for dirpath, dirnames, filenames in os.walk(src):  # follows no link
-        here = Path(dirpath)
-        dfd = open_dir(dst / here.relative_to(src), root=root, what="copy into", family=family)
+    src_root = root if inside(root, src) else src
+    pending = [Path()]
+    while pending:
+        rel = pending.pop()
+        sfd = open_dir(src / rel, root=src_root, what="copy from", family=family)
         try:
-            descend = []
-            for name in sorted(dirnames) + sorted(filenames):
-                if name in skip:
-                    continue
-                s = here / name
-                st = os.lstat(s)
-                if stat.S_ISLNK(st.st_mode):
-                    os.symlink(os.readlink(s), name, dir_fd=dfd)
-                elif stat.S_ISDIR(st.st_mode):
-                    os.mkdir(name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=dfd)
-                    descend.append(name)
-                elif stat.S_ISREG(st.st_mode):
-                    _copy_file(s, name, dfd, st)
-                else:
-                    raise family(f"cannot copy {s}: it is {_kind(st.st_mode)}",
-                                 f"move {s} away, then rerun")
-            dirnames[:] = descend
+            dfd = open_dir(dst / rel, root=root, what="copy into", family=family)
+            try:
+                for name in sorted(os.listdir(sfd)):
+                    if name in skip:
+                        continue
+                    s = src / rel / name
+                    st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
+                    if stat.S_ISLNK(st.st_mode):
+                        os.symlink(os.readlink(name, dir_fd=sfd), name, dir_fd=dfd)
+                    elif stat.S_ISDIR(st.st_mode):
+                        os.mkdir(name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=dfd)
+                        pending.append(rel / name)
+                    elif stat.S_ISREG(st.st_mode):
+                        _copy_file(s, sfd, name, dfd, family)
+                    else:
+                        raise family(f"cannot copy {s}: it is {_kind(st.st_mode)}",
+                                     f"move {s} away, then rerun")
+            finally:
+                os.close(dfd)
         finally:
-            os.close(dfd)
+            os.close(sfd)
 
 
-def _copy_file(src: Path, name: str, dfd: int, st: os.stat_result) -> None:
-    """Copy the regular file ``src`` to a new ``name`` in the folder ``dfd``."""
-    sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def _copy_file(src: Path, sfd_dir: int, name: str, dfd: int,
+               family: type[KvprefetchError]) -> None:
+    """Copy the regular file ``name`` of the folder ``sfd_dir`` (``src`` in messages) to a new
+    ``name`` in the folder ``dfd``; one swapped for a link, a FIFO or a device is refused."""
     try:
+        sfd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                      dir_fd=sfd_dir)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _raced(src, "copy", family) from None
+        raise OSError(exc.errno, exc.strerror, str(src)) from exc
+    try:
+        st = os.fstat(sfd)
+        if not stat.S_ISREG(st.st_mode):
+            raise family(f"cannot copy {src}: it is {_kind(st.st_mode)}",
+                         f"move {src} away, then rerun")
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=dfd)
         try:

@@ -61,8 +61,23 @@ def _entry_problem(rel: str, entry: dict[str, Any]) -> str | None:
                 name.endswith(f".tmp-{pid}")
                 or (rel.startswith(f"{SCRATCH}/") and f"-{pid}-" in name)):
             return "is not a temporary path of a kvprefetch process (its pid must be in its name)"
+        # and only where the kit makes one, in the kit's own folders: a scratch folder
+        # tmp/<step>-<pid>-<hex>, or beside a tree, record, build, copy, download, environment
+        # or toolkit (issue 41, the tenth hostile pass: an entry may name any path whose name
+        # ends in .tmp-<pid>, or tmp/<anything>-<pid>-<anything>, and clean removed a user's
+        # mine/results.tmp-99999 or tmp/run-4242-results with all it held)
+        top, _, rest = rel.partition("/")
+        if not (re.fullmatch(rf"[a-z][a-z-]*-{pid}-[0-9a-f]+", rest) if top == SCRATCH
+                else top in _TMP_PARENTS and "/" not in rest and name.endswith(f".tmp-{pid}")):
+            return ("is not where kvprefetch makes a temporary (tmp/<step>-<pid>-<hex>, or "
+                    f"<folder>/<name>.tmp-<pid> in {', '.join(_TMP_PARENTS)})")
     return None
 
+
+# The folders the kit makes temporaries in, one level down (fetch, apply's state records,
+# clean's renames before removal, environments, the CUDA 12 toolkit); the scratch is SCRATCH.
+_TMP_PARENTS = ("trees", "state", "build", "pristine", "backup", "downloads", "envs",
+                "toolkits")
 
 # The largest pid_t (a C int): no process has a larger pid (Linux's own limit is 2^22), and
 # os.kill refuses a number past a C long (issue 41, third pass: a record's pid of 10^23 was an
@@ -228,13 +243,17 @@ def scratch_dir(root: Path, prefix: str, *, read_only: bool = False) -> Iterator
         raise ConfigError(f"{link} is a symlink; kvprefetch keeps its scratch files in {base}",
                           f"move {link} away")
     path = base / f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
+    # only a tmp/ this step made goes again: a user's own (empty) tmp/ is theirs (issue 41, the
+    # tenth hostile pass: apply removed it)
+    made = not os.path.lexists(base)
     try:
         with temporary(root, path):
             path.mkdir(parents=True)
             yield path
     finally:
-        with suppress(OSError):  # not empty: another step's scratch is in it
-            base.rmdir()  # a refused step leaves the work directory as it found it
+        if made:
+            with suppress(OSError):  # not empty: another step's scratch is in it
+                base.rmdir()  # a refused step leaves the work directory as it found it
 
 
 def orphans(root: Path) -> list[Path]:
