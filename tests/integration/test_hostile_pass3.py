@@ -192,8 +192,14 @@ def test_vmm_selftest_refuses_a_negative_op_count() -> None:
 
 def test_a_ctrl_c_while_the_cli_imports_is_one_line(tmp_path: Path) -> None:
     """A SIGINT before click's main runs (the imports of ``python -m kvprefetch``) printed a
-    KeyboardInterrupt traceback. Sent at several early moments: never a traceback."""
-    for delay in (0.05, 0.1, 0.2, 0.4):
+    KeyboardInterrupt traceback. Sent at several early moments: never a traceback. Only the
+    interpreter's own start-up (site.py and the ``.pth`` files it runs, before ``-m`` imports
+    the kit: "Fatal Python error: init_import_site") is out of the kit's reach; a loaded
+    machine reaches it at 0.05 s, so the moments go on until two have reached the kit."""
+    reached = 0
+    for delay in (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2):
+        if reached >= 2:
+            break
         proc = subprocess.Popen([sys.executable, "-m", "kvprefetch", "clean", "--workdir",
                                  str(tmp_path / "none"), "--dry-run"], env=_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -203,7 +209,11 @@ def test_a_ctrl_c_while_the_cli_imports_is_one_line(tmp_path: Path) -> None:
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
+        if "Fatal Python error: init_import_site" in err:
+            continue  # the interpreter's start-up, before any module of the kit
+        reached += 1
         assert "Traceback" not in err, (delay, err)
+    assert reached >= 2, "every SIGINT landed in the interpreter's own start-up"
 
 
 # ---------------------------------------------- open items (b) and (c) of the second pass
