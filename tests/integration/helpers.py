@@ -145,3 +145,36 @@ def _kill_session(sid: int) -> int:
     while _session_pids(sid) and time.monotonic() < deadline:
         time.sleep(0.2)
     return len(leftovers)
+
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def kit_copy(tmp_path: Path) -> Path:
+    """A copy of the kit in a checkout's shape (src, csrc, patches, setup.py, pyproject.toml:
+    what upstream.kit_root takes for a checkout) whose own files a test may alter."""
+    import shutil
+
+    kit = tmp_path / "kit"
+    for part in ("src", "csrc", "patches"):
+        shutil.copytree(_REPO / part, kit / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.py", "pyproject.toml"):
+        shutil.copy2(_REPO / name, kit / name)
+    return kit
+
+
+def run_kit(kit: Path, *args: str, timeout: float = 120) -> Any:
+    """``python -m kvprefetch ARGS`` from the kit copy ``kit`` (its src/ first on PYTHONPATH,
+    which pytest's base environment would drop), without KVPREFETCH_WORKDIR; a run past
+    ``timeout`` fails the test as a hang."""
+    import subprocess
+
+    import pytest
+
+    env = {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
+    env["PYTHONPATH"] = str(kit / "src")
+    try:
+        return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kvprefetch {' '.join(args)} hung")

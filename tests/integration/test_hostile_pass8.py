@@ -17,14 +17,13 @@ byte-identical afterwards."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import copy_workdir
+from tests.integration.helpers import copy_workdir, kit_copy, run_kit
 from tests.integration.test_reliability import _env, outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -32,24 +31,6 @@ __all__ = ["outside"]  # the autouse fixture: every test here checks the outside
 _REPO = Path(__file__).resolve().parents[2]
 
 
-def _kit_copy(tmp_path: Path) -> Path:
-    """A copy of the kit (src, csrc, patches) whose data the test may alter."""
-    kit = tmp_path / "kit"
-    for part in ("src", "csrc", "patches"):
-        shutil.copytree(_REPO / part, kit / part,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("setup.py", "pyproject.toml"):  # a checkout's shape (upstream.kit_root)
-        shutil.copy2(_REPO / name, kit / name)
-    return kit
-
-
-def _run(kit: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(_env(), PYTHONPATH=str(kit / "src"))
-    try:
-        return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
-                              capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"kvprefetch {' '.join(args)} hung")
 
 
 def _refused(res: subprocess.CompletedProcess, *needles: str) -> None:
@@ -65,7 +46,7 @@ _ESCAPE = "../../../../outside/notes.txt"
 def test_a_kit_patch_naming_a_path_out_of_the_tree_writes_nothing_outside(
         tmp_path: Path, fetched_template: Path) -> None:
     """apply copied tree/<rel> to its scratch/<rel>: with ``..`` in rel, outside to outside."""
-    kit = _kit_copy(tmp_path)
+    kit = kit_copy(tmp_path)
     wd = copy_workdir(fetched_template, tmp_path / "a" / "work")
     # beside the work directory: where <scratch>/t/../../../../ lands
     victim = tmp_path / "a" / "outside" / "notes.txt"
@@ -75,11 +56,11 @@ def test_a_kit_patch_naming_a_path_out_of_the_tree_writes_nothing_outside(
         f"diff --git a/{_ESCAPE} b/{_ESCAPE}\n--- a/{_ESCAPE}\n+++ b/{_ESCAPE}\n"
         "@@ -1 +1 @@\n-keep me\n+pwned\n")
     for extra in ([], ["--dry-run"]):
-        res = _run(kit, "apply", "--workdir", str(wd), "--variant", "prefetch", *extra)
+        res = run_kit(kit, "apply", "--workdir", str(wd), "--variant", "prefetch", *extra)
         _refused(res, "zz.patch", "not one of the upstream files")
     assert victim.read_text() == "the user's own notes\n"
     assert sorted(os.listdir(victim.parent)) == ["notes.txt"]
-    res = _run(kit, "export-header", "--workdir", str(wd), "-o", str(tmp_path / "h.cuh"))
+    res = run_kit(kit, "export-header", "--workdir", str(wd), "-o", str(tmp_path / "h.cuh"))
     _refused(res, "zz.patch")
 
 
@@ -96,7 +77,7 @@ _V1 = "csrc/attention/paged_attention_v1.cu"
                                "fifo", "huge"])
 def test_an_altered_kit_patch_is_one_patch_error(
         tmp_path: Path, fetched_template: Path, outside: Path, body: str | None) -> None:
-    kit = _kit_copy(tmp_path)
+    kit = kit_copy(tmp_path)
     wd = copy_workdir(fetched_template, tmp_path / "work")
     p = kit / "patches" / "v0.10.2" / "prefetch" / "zz.patch"
     if body is None:
@@ -109,14 +90,14 @@ def test_an_altered_kit_patch_is_one_patch_error(
     else:
         p.write_text(body)
     for args in (["apply", "--variant", "prefetch", "--dry-run"], ["diff-upstream", "--check"]):
-        _refused(_run(kit, *args, "--workdir", str(wd)), "zz.patch")
+        _refused(run_kit(kit, *args, "--workdir", str(wd)), "zz.patch")
 
 
 @pytest.mark.parametrize("kind", ["fifo", "link", "huge"])
 def test_an_altered_kit_header_is_one_patch_error(
         tmp_path: Path, fetched_template: Path, outside: Path, kind: str) -> None:
     """A FIFO in csrc/kvprefetch/ hung apply --dry-run; a link out was read and installed."""
-    kit = _kit_copy(tmp_path)
+    kit = kit_copy(tmp_path)
     wd = copy_workdir(fetched_template, tmp_path / "work")
     h = kit / "csrc" / "kvprefetch" / "paper.cuh"
     h.unlink()
@@ -129,7 +110,7 @@ def test_an_altered_kit_header_is_one_patch_error(
             f.truncate(2 << 20)
     for args in (["apply", "--variant", "prefetch", "--dry-run"],
                  ["export-header", "-o", str(tmp_path / "h.cuh")]):
-        _refused(_run(kit, *args, "--workdir", str(wd), timeout=60), "paper.cuh")
+        _refused(run_kit(kit, *args, "--workdir", str(wd), timeout=60), "paper.cuh")
     assert not (tmp_path / "h.cuh").exists()
 
 

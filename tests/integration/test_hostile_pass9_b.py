@@ -24,13 +24,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import copy_workdir
-from tests.integration.test_reliability import _env, outside
+from tests.integration.helpers import copy_workdir, kit_copy, run_kit
+from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
 
@@ -39,23 +38,6 @@ _X = "csrc/attention/attention_kernels.cuh"
 _RULES_IN_TREE = "csrc/attention/kvprefetch/rules.inc"
 
 
-def _kit_copy(tmp_path: Path) -> Path:
-    kit = tmp_path / "kit"
-    for part in ("src", "csrc", "patches"):
-        shutil.copytree(_REPO / part, kit / part,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("setup.py", "pyproject.toml"):  # a checkout's shape (upstream.kit_root)
-        shutil.copy2(_REPO / name, kit / name)
-    return kit
-
-
-def _run(kit: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(_env(), PYTHONPATH=str(kit / "src"))
-    try:
-        return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
-                              capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"kvprefetch {' '.join(args)} hung")
 
 
 def _refused(res: subprocess.CompletedProcess, code: int, *needles: str) -> None:
@@ -93,7 +75,7 @@ def test_a_section_hidden_from_the_patch_check_writes_nothing_outside(
         tmp_path: Path, fetched_template: Path, outside: Path, hide: str) -> None:
     """apply wrote the kit's rules.inc through a symlink that a hidden section made in its
     scratch copy: a file outside the work directory overwritten, and apply exit 0."""
-    kit = _kit_copy(tmp_path)
+    kit = kit_copy(tmp_path)
     wd = copy_workdir(fetched_template, tmp_path / "work")
     victim = outside / "notes.txt"
     before = victim.read_bytes()
@@ -103,7 +85,7 @@ def test_a_section_hidden_from_the_patch_check_writes_nothing_outside(
     p.write_text(text + _link_section(victim))
     for args in (["apply", "--dry-run"], ["apply"], ["diff-upstream", "--check"],
                  ["export-header", "-o", str(tmp_path / "h.cuh")]):
-        _refused(_run(kit, *args, "--workdir", str(wd)), 4, "attention_kernels.cuh.patch")
+        _refused(run_kit(kit, *args, "--workdir", str(wd)), 4, "attention_kernels.cuh.patch")
     assert victim.read_bytes() == before
     assert not os.path.lexists(wd / "trees" / "patched" / _RULES_IN_TREE)
     assert not (tmp_path / "h.cuh").exists()
@@ -115,7 +97,7 @@ def test_a_hunk_line_that_reads_as_a_file_name_is_content_not_a_file_to_copy(
     hunk): patched_paths took it for a file, and apply copied tree/<that> over
     <scratch>/t/<that>, a file outside the work directory overwritten by another from
     outside. It is a line of C now, as git reads it; no file outside is touched."""
-    kit = _kit_copy(tmp_path)
+    kit = kit_copy(tmp_path)
     wd = copy_workdir(fetched_template, tmp_path / "a" / "work")
     victim = tmp_path / "a" / "outside" / "notes.txt"  # where <scratch>/t/../../../../ lands
     victim.parent.mkdir()
@@ -129,7 +111,7 @@ def test_a_hunk_line_that_reads_as_a_file_name_is_content_not_a_file_to_copy(
         ' #include "../cuda_compat.h"\n',
         ' #include "../cuda_compat.h"\n+++ b/../../../../outside/notes.txt\n', 1)
     p.write_text(text)
-    res = _run(kit, "apply", "--workdir", str(wd))
+    res = run_kit(kit, "apply", "--workdir", str(wd))
     assert res.returncode == 0, res.stderr
     assert victim.read_text() == "the user's own notes\n"
     assert "++ b/../../../../outside/notes.txt" in (wd / "trees" / "patched" / _X).read_text()
@@ -146,7 +128,7 @@ def test_a_kit_patch_git_would_read_otherwise_is_one_patch_error(
     """Patches the pass-8 check let through (CRLF lines, an index line's mode, a BOM, the two
     names of diff --git disagreeing, a section without its diff --git line, a hunk header
     with a full-width digit): now one PatchError naming the file, before git runs."""
-    kit = _kit_copy(tmp_path)
+    kit = kit_copy(tmp_path)
     wd = copy_workdir(fetched_template, tmp_path / "work")
     p = _header_patch(kit)
     text = p.read_text()
@@ -164,7 +146,7 @@ def test_a_kit_patch_git_would_read_otherwise_is_one_patch_error(
     else:
         text = body
     p.write_text(text)
-    _refused(_run(kit, "apply", "--dry-run", "--workdir", str(wd)), 4,
+    _refused(run_kit(kit, "apply", "--dry-run", "--workdir", str(wd)), 4,
              "attention_kernels.cuh.patch")
 
 
@@ -178,7 +160,7 @@ def test_the_scratch_copy_must_hold_only_the_patched_files(
     from kvprefetch.errors import PatchError
     from kvprefetch.sources import patching
 
-    kit = _kit_copy(tmp_path)
+    kit = kit_copy(tmp_path)
     wd = copy_workdir(fetched_template, tmp_path / "work")
     victim = outside / "notes.txt"
     before = victim.read_bytes()
@@ -203,9 +185,9 @@ def test_an_altered_kit_source_is_one_build_error(
     """csrc/kvprefetch_ops.cpp a FIFO hung `build --dry-run` (kernels-only); a link out was
     hashed, and compiled by a real build; a folder was "Is a directory ... check the path and
     its file system" (kernels-only) or "3: Is a directory" (overlay)."""
-    kit = _kit_copy(tmp_path)
+    kit = kit_copy(tmp_path)
     wd = copy_workdir(fetched_template, tmp_path / "work")
-    assert _run(kit, "apply", "--workdir", str(wd)).returncode == 0
+    assert run_kit(kit, "apply", "--workdir", str(wd)).returncode == 0
     src = kit / "csrc" / name
     src.unlink()
     if kind == "fifo":
@@ -216,7 +198,7 @@ def test_an_altered_kit_source_is_one_build_error(
         src.mkdir()
     modes = ["overlay"] if name == "kvprefetch_route.cpp" else ["kernels-only", "overlay"]
     for mode in modes:
-        _refused(_run(kit, "build", "--mode", mode, "--dry-run", "--workdir", str(wd),
+        _refused(run_kit(kit, "build", "--mode", mode, "--dry-run", "--workdir", str(wd),
                       timeout=60), 5, f"the kit's source {src}")
     assert not (wd / "build").exists()
 
@@ -225,7 +207,7 @@ def test_a_symlinked_kit_header_folder_is_never_read(
         tmp_path: Path, fetched_template: Path, outside: Path) -> None:
     """csrc/kvprefetch a symlink to a folder elsewhere: its headers (each a regular file) were
     read and installed into the tree."""
-    kit = _kit_copy(tmp_path)
+    kit = kit_copy(tmp_path)
     wd = copy_workdir(fetched_template, tmp_path / "work")
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(kit / "csrc" / "kvprefetch", elsewhere)
@@ -233,7 +215,7 @@ def test_a_symlinked_kit_header_folder_is_never_read(
     shutil.rmtree(kit / "csrc" / "kvprefetch")
     (kit / "csrc" / "kvprefetch").symlink_to(elsewhere)
     for args in (["apply"], ["export-header", "-o", str(tmp_path / "h.cuh")]):
-        _refused(_run(kit, *args, "--workdir", str(wd)), 4, "is a symlink")
+        _refused(run_kit(kit, *args, "--workdir", str(wd)), 4, "is a symlink")
     assert not os.path.lexists(wd / "trees" / "patched" / "csrc" / "attention" / "kvprefetch")
 
 
@@ -242,12 +224,12 @@ def test_an_altered_rules_table_is_one_error_not_a_traceback(
         tmp_path: Path, outside: Path, kind: str) -> None:
     """rules.inc empty or another table: a ValueError traceback from `bench kernel --dry-run`;
     a FIFO: "rules.inc was not found", with "check the path and its file system"."""
-    kit = _kit_copy(tmp_path)
+    kit = kit_copy(tmp_path)
     r = kit / "csrc" / "kvprefetch" / "rules.inc"
     r.unlink()
     if kind == "fifo":
         os.mkfifo(r)
     else:
         r.write_text("" if kind == "empty" else "KVP_RULE(kNothing, 1)\n")
-    res = _run(kit, "bench", "kernel", "--dry-run", timeout=60)
+    res = run_kit(kit, "bench", "kernel", "--dry-run", timeout=60)
     _refused(res, 4, "rules.inc")
