@@ -163,6 +163,22 @@ def test_create_killed_after_rename_is_redone(tmp_path: Path,
     assert env.exists() and not (tmp_path / ".env.creating").exists()
 
 
+def _wait_until_the_group_is_gone(pgid: int) -> None:
+    """``join`` returns once the child is reaped; a process of its group (one forked by the
+    child and not yet exec'd, which shares the lock's open file) may still be dying on a loaded
+    machine and hold the env's flock a moment longer (a fresh CI rehearsal: "another
+    kvprefetch process (pid N) is already working on environment ..."). The SIGKILL reached the
+    whole group; wait until the kernel has ended all of it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process group {pgid} still alive 30 s after its SIGKILL")
+
+
 def _create_in_new_group(path: str) -> None:
     os.setsid()  # so the test can kill this process and the venv/ensurepip children it starts
     VenvEnv(path, with_pip=True).create()
@@ -189,6 +205,7 @@ def test_real_sigkill_mid_create(tmp_path: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
         child.join()
+        _wait_until_the_group_is_gone(child.pid)
     assert (tmp_path / ".env.creating").exists()
     assert not VenvEnv(path, with_pip=True).exists()
     env = VenvEnv(path, with_pip=False).create()  # debris cleared, no --force needed
@@ -309,6 +326,7 @@ def test_killed_create_in_a_work_dir_leaves_an_orphan_the_next_run_removes(tmp_p
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
         child.join()
+        _wait_until_the_group_is_gone(child.pid)
     assert tmp.exists() and tmp in ownership.orphans(root)
     assert ownership.remove_orphans(root) == [str(tmp)]
     assert not tmp.exists() and not path.exists()
