@@ -414,13 +414,7 @@ def read_file(root: Path, path: Path, *, limit: int = 64 << 20,
     check_target(root, path, what="read", family=family)
     dfd = open_dir(path.parent, root=root, what="read", family=family)
     try:
-        try:
-            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         dir_fd=dfd)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise _raced(path, "read", family) from None
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        fd = _open_in(dfd, path.name, path, "read", family)
     finally:
         os.close(dfd)
     with os.fdopen(fd, "rb") as f:
@@ -502,17 +496,25 @@ def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozen
             os.close(sfd)
 
 
+def _open_in(dfd: int, name: str, path: Path, act: str,
+             family: type[KvprefetchError]) -> int:
+    """A descriptor of the file ``name`` of the folder ``dfd`` (``path`` in messages), opened
+    for reading with ``O_NOFOLLOW`` (the file swapped for a link is ``_raced``) and
+    ``O_NONBLOCK`` (a FIFO never blocks; the caller checks the kind with ``fstat``)."""
+    try:
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                       dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _raced(path, act, family) from None
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
+
 def _copy_file(src: Path, sfd_dir: int, name: str, dfd: int,
                family: type[KvprefetchError]) -> None:
     """Copy the regular file ``name`` of the folder ``sfd_dir`` (``src`` in messages) to a new
     ``name`` in the folder ``dfd``; one swapped for a link, a FIFO or a device is refused."""
-    try:
-        sfd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                      dir_fd=sfd_dir)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _raced(src, "copy", family) from None
-        raise OSError(exc.errno, exc.strerror, str(src)) from exc
+    sfd = _open_in(sfd_dir, name, src, "copy", family)
     try:
         st = os.fstat(sfd)
         if not stat.S_ISREG(st.st_mode):
