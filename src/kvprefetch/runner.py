@@ -227,7 +227,12 @@ def _signal_tree(proc: subprocess.Popen[str], signum: int, *, whole: bool = Fals
 
 
 def _signal_tree_by_number(proc: subprocess.Popen[str], signum: int, *, whole: bool) -> None:
-    if proc.returncode is not None:
+    """Without pidfds: a child whose ``returncode`` is set has been reaped, and one whose
+    ``/proc`` parent is no longer this process has too (a worker thread's ``wait`` between its
+    ``waitpid`` and setting ``returncode``, where a stop in the main thread can run; issue 41,
+    the eleventh hostile pass: its number, perhaps another program's by then, was signalled,
+    and everything below it): neither is signalled."""
+    if proc.returncode is not None or _parent_of(proc.pid) != os.getpid():
         return
     own = os.getpgrp()
     for pid in [proc.pid, *_descendants(proc.pid)]:

@@ -5,18 +5,30 @@ test fails without its fix (checked by reverting ``src`` and running it):
 - a path, Slurm answer or detail shown in one of the kit's tables was read by rich as markup
   and emoji codes: doctor showed the work directory ``/tmp/w[red]y`` as ``/tmp/wy``, and one
   named ``w[/x]`` stopped doctor with rich's MarkupError, which the command line then blamed on
-  a broken rich ("repair or reinstall it").
+  a broken rich ("repair or reinstall it");
+- on a kernel without pidfds (``os.pidfd_open`` raising ENOSYS, or absent: impossible to get
+  for real here, so a ``sitecustomize`` on PYTHONPATH makes it so in the child), a stop could
+  signal the number of a child a worker thread had just reaped (its ``waitpid`` done, its
+  ``returncode`` not yet set), perhaps another program's by then.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.integration.test_hostile_pass9_a import _env9, _finish, _start, _wait_for
 from tests.integration.test_reliability import cli, outside
+
+_REPO = Path(__file__).resolve().parents[2]
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
 
@@ -34,3 +46,129 @@ def test_a_table_shows_a_path_as_it_is_never_as_rich_markup(tmp_path: Path, name
     flat = "".join(res.stdout.replace("│", " ").split())
     assert "".join(f"free at {wd},".split()) in flat, res.stdout
     assert not wd.exists()  # doctor writes nothing
+
+
+# what a kernel without pidfds (Linux < 5.3, a seccomp filter) gives: cannot be had for real here
+_NO_PIDFD = """
+import errno, os, signal
+def _nosys(*args, **kwargs):
+    raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+os.pidfd_open = _nosys
+if os.environ.get("NO_PIDFD_ATTR"):  # a Python without them at all
+    del os.pidfd_open
+    if hasattr(signal, "pidfd_send_signal"):
+        del signal.pidfd_send_signal
+"""
+
+
+def _no_pidfd_env(tmp_path: Path, absent: bool) -> dict[str, str]:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_NO_PIDFD)
+    extra = {"NO_PIDFD_ATTR": "1"} if absent else {}
+    return _env9(tmp_path, PYTHONPATH=f"{site}{os.pathsep}{_REPO / 'src'}", **extra)
+
+
+_REAPED_NO_PIDFD = """
+import os, signal, subprocess, sys, time
+from kvprefetch import runner
+
+assert runner._pidfd(os.getpid()) is None  # the sitecustomize took the pidfds away
+# another program, whose parent is not the kit (started by a shell that has ended)
+stranger = int(subprocess.run(
+    ["sh", "-c", sys.executable + " -c 'import signal, time; signal.signal(2, signal.SIG_DFL);"
+     " time.sleep(60)' >/dev/null 2>&1 & echo $!"], capture_output=True, text=True).stdout)
+time.sleep(1.0)  # its SIGINT handler is the default one by then (not the shell's SIG_IGN)
+proc = subprocess.Popen(["true"])
+runner._LIVE[proc] = runner._pidfd(proc.pid)  # what runner.run records: None here
+os.waitpid(proc.pid, 0)  # a worker's wait has reaped it, its returncode is not set yet
+proc.pid = stranger  # the system gave its number to another program
+runner.stop_children(*([signal.SIGKILL] if "second" in sys.argv else []))
+time.sleep(0.3)
+try:
+    with open(f"/proc/{stranger}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+except FileNotFoundError:
+    state = "gone"
+print("alive" if state not in ("Z", "gone") else "killed")
+if state != "gone":
+    os.kill(stranger, signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("second", [False, True])
+def test_without_pidfds_a_stop_never_signals_a_reaped_childs_number(
+        tmp_path: Path, second: bool) -> None:
+    """No pidfds (mocked: ENOSYS, see the module's docstring); a child reaped by a worker's
+    ``wait`` that has not set ``returncode`` yet, its number now a stranger's: the stop's
+    SIGINT (a second interrupt's SIGKILL) reached the stranger."""
+    script = tmp_path / "reaped.py"
+    script.write_text(_REAPED_NO_PIDFD)
+    res = subprocess.run([sys.executable, str(script), *(["second"] if second else [])],
+                         env=_no_pidfd_env(tmp_path, False), capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "alive", res.stdout
+
+
+_STOPPED = """
+import sys
+from pathlib import Path
+
+import click
+
+import kvprefetch.cli as cli
+from kvprefetch.runner import run
+
+PIDS = Path("{pids}")
+
+
+@click.command()
+def slow() -> None:
+    try:
+        run(["sh", "-c", "trap 'echo > {pids}/cleaned; exit 1' INT; echo $$ > {pids}/child;"
+             " while :; do sleep 0.1; done"], echo=False)
+    finally:
+        (PIDS / "cleanup-done").write_text("")
+
+
+cli.COMMANDS["slow"] = "__main__:slow"
+sys.argv = ["kvprefetch", "slow"]
+cli.run()
+"""
+
+
+@pytest.mark.parametrize("absent", [False, True])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGQUIT", "twice", "child stopped"])
+def test_without_pidfds_a_stop_still_stops_the_children(tmp_path: Path, absent: bool,
+                                                        how: str) -> None:
+    """No pidfds (mocked: ENOSYS, or no ``os.pidfd_open`` at all): the fallback by number still
+    sends the child its SIGINT (after SIGCONT where it was stopped), the child runs its own
+    cleanup, the kit's cleanup finishes, one line, the signal's exit status. (A regression
+    check of the fallback: this passed before the fix too.)"""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "slow.py"
+    script.write_text(_STOPPED.replace("{pids}", str(pids)))
+    p = _start([sys.executable, str(script)], _no_pidfd_env(tmp_path, absent))
+    _wait_for(lambda: (pids / "child").is_file() and (pids / "child").read_text().strip(),
+              "the child starts")
+    child = int((pids / "child").read_text())
+    sig = {"SIGINT": signal.SIGINT, "SIGQUIT": signal.SIGQUIT}.get(how, signal.SIGTERM)
+    if how == "child stopped":
+        os.kill(child, signal.SIGSTOP)
+        time.sleep(0.2)
+    if how == "twice":
+        sig = signal.SIGINT
+        os.kill(p.pid, sig)
+        time.sleep(0.05)
+    os.kill(p.pid, sig)
+    rc, err, secs = _finish(p, 30)
+    assert "Traceback" not in err, err
+    assert rc == 128 + sig, (rc, err)
+    assert (pids / "cleanup-done").exists(), err
+    if how != "twice":  # a second signal SIGKILLs at once: the child may not clean up
+        assert (pids / "cleaned").exists(), "the child never got its SIGINT"
+    assert secs < 5, secs
+    assert not Path(f"/proc/{child}").exists() or \
+        Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
