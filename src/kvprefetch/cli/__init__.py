@@ -13,7 +13,7 @@ import click
 
 from .. import __version__
 from ..errors import KvprefetchError, Terminated, third_party_failed, third_party_origin
-from ..runner import stop_children
+from ..runner import raise_when_safe, stop_children
 from ..stdio import StreamWriteError, standard_streams
 
 # name -> "module:attribute" of a click command; imported only when that command runs, so a
@@ -206,12 +206,12 @@ def _second_signal(signum: int) -> bool:
 
 def _raise_terminated(signum: int, frame: object) -> None:
     if not _second_signal(signum):
-        raise Terminated(signum)
+        raise_when_safe(Terminated(signum))
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     if not _second_signal(signum):
-        raise KeyboardInterrupt
+        raise_when_safe(KeyboardInterrupt())
 
 
 # Every signal whose default action ends the process and that a person or a batch system
