@@ -15,7 +15,10 @@ test fails without its fix (checked by reverting ``src`` and running it):
   the command waited for it (a build: its whole compile), the main thread's outlived the kit;
 - a stop while the main thread was inside ``Popen`` itself (the child forked and exec'd, its
   exec awaited) raised there, and the standard library let the child run on: the kit exited
-  and left it running (about one stop in five sent as a child started, pidfds or not).
+  and left it running (about one stop in five sent as a child started, pidfds or not);
+- a Ctrl-C during ``report``'s import of matplotlib, which a C extension turned into an
+  ImportError (as numpy's ``import_array`` does), said "matplotlib is needed for the PNG plots
+  / To fix: pip install 'kvprefetch[plot]'" and exited 7.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
@@ -327,3 +330,37 @@ def test_a_stop_inside_popen_never_leaves_the_child_running(
               or Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
               "the child's end: it outlived the kit", 5)
     assert (pids / "cleaned").exists(), "the child never got its SIGINT"
+
+
+# a library whose import turns the KeyboardInterrupt into an ImportError, as a C extension's
+# import does (numpy's import_array: "numpy.core.multiarray failed to import"); planted, because
+# the real window (Ctrl-C during matplotlib's import) is a few milliseconds wide
+_CONVERTING_MATPLOTLIB = """
+import os, signal, time
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+except KeyboardInterrupt:
+    raise ImportError("numpy.core.multiarray failed to import")
+"""
+
+
+def test_a_ctrl_c_turned_into_an_import_error_is_reported_as_the_interrupt(
+        tmp_path: Path) -> None:
+    """Ctrl-C while report imported matplotlib: "matplotlib is needed for the PNG plots / To
+    fix: pip install 'kvprefetch[plot]'" (exit 7), where matplotlib is installed and the user
+    had pressed Ctrl-C."""
+    plant = tmp_path / "plant" / "matplotlib"
+    plant.mkdir(parents=True)
+    (plant / "__init__.py").write_text(_CONVERTING_MATPLOTLIB)
+    result = _REPO / "docs" / "results" / "2026-12-01-h200-headline" / "default-matrix.json"
+    out = tmp_path / "out"
+    env = _env9(tmp_path, PYTHONPATH=f"{plant.parent}{os.pathsep}{_REPO / 'src'}")
+    p = _start([sys.executable, "-m", "kvprefetch", "report", "--out", str(out), str(result)],
+               env)
+    rc, err, _ = _finish(p, 60)
+    assert "Traceback" not in err, err
+    assert "pip install" not in err, err
+    assert rc == 130, (rc, err)
+    assert "interrupted" in err, err
+    assert not out.exists() or not [f for f in out.iterdir() if "tmp" in f.name]

@@ -83,6 +83,7 @@ class LazyGroup(click.Group):
         except KvprefetchError as exc:
             if debug:
                 raise
+            _stopped_first(exc)
             click.echo(f"error: {exc.message}", err=True)
             sys.exit(exc.exit_code)
         except StreamWriteError as exc:
@@ -127,6 +128,7 @@ class LazyGroup(click.Group):
             origin = third_party_origin(exc)
             if debug or origin is None:
                 raise
+            _stopped_first(exc)
             family = _os_error_family(ctx.invoked_subcommand)
             err = family(*third_party_failed(exc, *origin))
             click.echo(f"error: {err.message}", err=True)
@@ -187,6 +189,18 @@ def _interrupted(exc: KeyboardInterrupt) -> None:
 
 
 _SIGNALS: list[int] = []  # the stop signals received so far
+
+
+def _stopped_first(exc: BaseException) -> None:
+    """A stop signal came first: the error ``exc`` is what the stop left (a library turned
+    the ``KeyboardInterrupt`` into its own error), so the command reports the stop. Ctrl-C
+    while matplotlib was being imported said "matplotlib is needed for the PNG plots / To
+    fix: pip install 'kvprefetch[plot]'" (issue 41, the eleventh hostile pass)."""
+    if not _SIGNALS:
+        return
+    signum = _SIGNALS[0]
+    stop = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+    _interrupted(stop)
 
 
 def _second_signal(signum: int) -> bool:
