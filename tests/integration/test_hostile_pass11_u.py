@@ -18,7 +18,10 @@ test fails without its fix (checked by reverting ``src`` and running it):
   and left it running (about one stop in five sent as a child started, pidfds or not);
 - a Ctrl-C during ``report``'s import of matplotlib, which a C extension turned into an
   ImportError (as numpy's ``import_array`` does), said "matplotlib is needed for the PNG plots
-  / To fix: pip install 'kvprefetch[plot]'" and exited 7.
+  / To fix: pip install 'kvprefetch[plot]'" and exited 7;
+- run from a folder deleted after the shell entered it, fetch, report, doctor, build,
+  verify-kernel and slurm plan said "<command> failed: No such file or directory / To fix:
+  check the path and its file system", naming no path and not the cause.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
@@ -364,3 +367,34 @@ def test_a_ctrl_c_turned_into_an_import_error_is_reported_as_the_interrupt(
     assert rc == 130, (rc, err)
     assert "interrupted" in err, err
     assert not out.exists() or not [f for f in out.iterdir() if "tmp" in f.name]
+
+
+_IN_GONE_FOLDER = """
+import os, subprocess, sys
+os.chdir(sys.argv[1])
+os.rmdir(sys.argv[1])  # deleted from outside while the shell is in it
+sys.exit(subprocess.run([sys.executable, "-m", "kvprefetch", *sys.argv[2:]]).returncode)
+"""
+
+
+@pytest.mark.parametrize("argv", [
+    ["fetch", "--dry-run"],
+    ["doctor", "--mode", "kernels-only"],
+    ["report", "RESULT"],
+    ["slurm", "plan", "camp"],
+])
+def test_a_deleted_current_folder_is_named_as_the_cause(tmp_path: Path, argv: list[str]) -> None:
+    """The current folder deleted: "fetch failed: No such file or directory / To fix: check
+    the path and its file system" (no path named, the cause not said)."""
+    result = _REPO / "docs" / "results" / "2026-12-01-h200-headline" / "default-matrix.json"
+    argv = [str(result) if a == "RESULT" else a for a in argv]
+    script = tmp_path / "gone.py"
+    script.write_text(_IN_GONE_FOLDER)
+    (tmp_path / "gone").mkdir()
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "gone"), *argv],
+                         env=_env9(tmp_path), capture_output=True, text=True, timeout=120,
+                         check=False, cwd=tmp_path)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode not in (0, 1), (res.returncode, res.stderr)
+    assert "the current folder no longer exists" in res.stderr, res.stderr
+    assert "cd into an existing folder" in res.stderr, res.stderr
