@@ -28,6 +28,10 @@ _FIX = {
                   f"{_ELSEWHERE}), then rerun",
     errno.EPERM: f"make {{where}} writable for this user (or write to a folder you own: "
                  f"{_ELSEWHERE}), then rerun",
+    # a path past PATH_MAX said only "check the path and its file system" (issue 41, the
+    # eleventh hostile pass)
+    errno.ENAMETOOLONG: "use a shorter path: Linux takes at most 4095 bytes in a whole path "
+                        f"and 255 in one name of it ({_ELSEWHERE}), then rerun",
 }
 
 

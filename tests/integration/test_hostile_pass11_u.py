@@ -21,7 +21,9 @@ test fails without its fix (checked by reverting ``src`` and running it):
   / To fix: pip install 'kvprefetch[plot]'" and exited 7;
 - run from a folder deleted after the shell entered it, fetch, report, doctor, build,
   verify-kernel and slurm plan said "<command> failed: No such file or directory / To fix:
-  check the path and its file system", naming no path and not the cause.
+  check the path and its file system", naming no path and not the cause;
+- a path longer than PATH_MAX (``report --out``, ``fetch --workdir``): "File name too long /
+  To fix: check the path and its file system".
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
@@ -398,3 +400,19 @@ def test_a_deleted_current_folder_is_named_as_the_cause(tmp_path: Path, argv: li
     assert res.returncode not in (0, 1), (res.returncode, res.stderr)
     assert "the current folder no longer exists" in res.stderr, res.stderr
     assert "cd into an existing folder" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("what", ["report", "slurm"])
+def test_a_path_past_path_max_says_to_shorten_it(tmp_path: Path, what: str) -> None:
+    """A folder path of about 5,000 bytes: "File name too long / To fix: check the path and
+    its file system"."""
+    deep = str(tmp_path / "/".join(["d" * 200] * 25))
+    result = _REPO / "docs" / "results" / "2026-12-01-h200-headline" / "default-matrix.json"
+    argv = {"report": ["report", "--out", deep, str(result)],
+            "slurm": ["slurm", "plan", deep, "--source", "sdist"]}[what]
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", *argv], env=_env9(tmp_path),
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode not in (0, 1), (res.returncode, res.stderr)
+    assert "File name too long" in res.stderr, res.stderr
+    assert "use a shorter path" in res.stderr, res.stderr
