@@ -23,7 +23,10 @@ test fails without its fix (checked by reverting ``src`` and running it):
   verify-kernel and slurm plan said "<command> failed: No such file or directory / To fix:
   check the path and its file system", naming no path and not the cause;
 - a path longer than PATH_MAX (``report --out``, ``fetch --workdir``): "File name too long /
-  To fix: check the path and its file system".
+  To fix: check the path and its file system";
+- ``slurm submit`` whose sbatch the runner refused to start (a ``TMPDIR`` that is no folder)
+  left its "sending" record: the next submit said the sbatch "was started" and Slurm might
+  hold its job, and refused to send anything until the user had looked.
 
 The autouse ``outside`` fixture checks that a folder outside the work directory is
 byte-identical afterwards."""
@@ -416,3 +419,34 @@ def test_a_path_past_path_max_says_to_shorten_it(tmp_path: Path, what: str) -> N
     assert res.returncode not in (0, 1), (res.returncode, res.stderr)
     assert "File name too long" in res.stderr, res.stderr
     assert "use a shorter path" in res.stderr, res.stderr
+
+
+def test_an_sbatch_never_started_leaves_no_sending_record(tmp_path: Path) -> None:
+    """``TMPDIR=/nonexistent slurm submit``: refused before sbatch ran, yet campaign.json kept
+    ``sending``, and the next submit (TMPDIR fixed) refused: "the sbatch of prepare ... was
+    started ... Slurm may or may not hold that job"."""
+    import json
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/bash\necho \"$$;cluster\"\n")
+    (fake / "scontrol").write_text('#!/bin/bash\necho "JobId=$5 JobState=PENDING '
+                                   'Reason=None ExitCode=0:0"\n')
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    camp = tmp_path / "camp"
+    env = _env9(tmp_path, PATH=f"{fake}:{os.environ['PATH']}")
+
+    def slurm(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", *args],
+                              env={**env, **extra}, capture_output=True, text=True,
+                              timeout=120, check=False)
+
+    assert slurm("plan", str(camp), "--source", "sdist").returncode == 0
+    res = slurm("submit", str(camp), TMPDIR=str(tmp_path / "nonexistent"))
+    assert res.returncode == 2 and "TMPDIR" in res.stderr, res.stderr
+    assert "sending" not in json.loads((camp / "campaign.json").read_text())
+    res = slurm("submit", str(camp))
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 0, res.stderr
+    assert "was started" not in res.stderr, res.stderr
