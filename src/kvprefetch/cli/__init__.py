@@ -7,6 +7,9 @@ import importlib
 import os
 import signal
 import sys
+import threading
+import time
+from contextlib import suppress
 from typing import Any
 
 import click
@@ -218,13 +221,58 @@ def _second_signal(signum: int) -> bool:
     return len(_SIGNALS) == 2
 
 
+# A stop raised where Python ignores exceptions (a weakref callback, a ``__del__``: the handler
+# runs wherever the main thread is) was printed as "Exception ignored in: <function
+# _get_module_lock.<locals>.cb ...> Traceback ... KeyboardInterrupt" and lost: the command ran
+# on to its end, exit 0 (issue 41, the eleventh hostile pass: a Ctrl-C during report's
+# imports). ``_unraisable`` takes such a stop back and raises its signal again, whose handler
+# then raises the same exception where it is not ignored, without counting it as a second.
+_REDELIVER: list[KeyboardInterrupt] = []
+_IN_HOOK = [False]
+
+
+def _deliver_later(signum: int) -> None:
+    """``signum`` to this process again in 10 ms, from a thread: its handler then runs in the
+    main thread wherever it is by then, not inside the hook that asks for it (a signal raised
+    there ran its handler at once, inside the hook, which ignored it again)."""
+    def later() -> None:
+        time.sleep(0.01)
+        with suppress(OSError):
+            os.kill(os.getpid(), signum)
+    threading.Thread(target=later, name="kvprefetch-redeliver", daemon=True).start()
+
+
+def _redelivered(signum: int) -> bool:
+    if not _REDELIVER:
+        return False
+    if _IN_HOOK[0]:
+        _deliver_later(signum)
+    else:
+        raise_when_safe(_REDELIVER.pop())
+    return True
+
+
+def _unraisable(args: Any) -> None:
+    exc = args.exc_value
+    if isinstance(exc, KeyboardInterrupt) and _SIGNALS:
+        if not _REDELIVER:
+            _REDELIVER.append(exc)
+        _IN_HOOK[0] = True
+        try:
+            _deliver_later(_SIGNALS[-1])
+        finally:
+            _IN_HOOK[0] = False
+        return
+    sys.__unraisablehook__(args)
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
-    if not _second_signal(signum):
+    if not _redelivered(signum) and not _second_signal(signum):
         raise_when_safe(Terminated(signum))
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
-    if not _second_signal(signum):
+    if not _redelivered(signum) and not _second_signal(signum):
         raise_when_safe(KeyboardInterrupt())
 
 
@@ -248,6 +296,7 @@ def stop_like_ctrl_c() -> None:
     do the other signals that end a process (``_ENDING_SIGNALS``, the tenth pass). A
     signal the caller ignores (``nohup``'s SIGHUP) stays ignored. Each of the three first stops
     the kit's running child processes (``runner.stop_children``)."""
+    sys.unraisablehook = _unraisable
     for signum in _ENDING_SIGNALS:
         if signal.getsignal(signum) == signal.SIG_DFL:
             signal.signal(signum, _raise_terminated)
@@ -265,6 +314,7 @@ def run() -> None:
     standard_streams()
     no_world_writable()
     _SIGNALS.clear()
+    _REDELIVER.clear()
     try:
         stop_like_ctrl_c()
         try:
