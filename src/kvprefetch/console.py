@@ -60,14 +60,35 @@ def step(label: str) -> Iterator[None]:
     info(f"{ok} {label} ({time.monotonic() - t0:.1f} s)")
 
 
+def plain(value: object) -> Any:
+    """``value`` as a rich ``Text`` that shows it as it is. A plain ``str`` given to rich is
+    read as markup and emoji codes: a path, a Slurm reason or a detail holding ``[red]`` or
+    ``:smile:`` was shown without them (doctor printed a work directory
+    ``/tmp/w[red]y`` as ``/tmp/wy``), and one holding ``[/x]`` stopped the command with rich's
+    MarkupError, which the command line then blamed on a broken rich ("repair or reinstall
+    it"; issue 41, the eleventh hostile pass)."""
+    from rich.text import Text
+
+    return Text(str(value))
+
+
+def rich_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
+               title: str | None = None) -> Any:
+    """A rich ``Table`` of ``rows``, every header, cell and the title shown as it is
+    (``plain``)."""
+    from rich.table import Table
+
+    t = Table(title=plain(title) if title is not None else None, show_lines=False)
+    for h in headers:
+        t.add_column(plain(h))
+    for r in rows:
+        t.add_row(*(plain(c) for c in r))
+    return t
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
     """Render a table to stdout with rich (plain text when not a TTY)."""
     from rich.console import Console
-    from rich.table import Table
 
-    t = Table(title=title, show_lines=False)
-    for h in headers:
-        t.add_column(str(h))
-    for r in rows:
-        t.add_row(*(str(c) for c in r))
-    Console(no_color="NO_COLOR" in os.environ, width=max(100, 160)).print(t)
+    Console(no_color="NO_COLOR" in os.environ, width=max(100, 160)).print(
+        rich_table(headers, rows, title))

@@ -28,6 +28,10 @@ _FIX = {
                   f"{_ELSEWHERE}), then rerun",
     errno.EPERM: f"make {{where}} writable for this user (or write to a folder you own: "
                  f"{_ELSEWHERE}), then rerun",
+    # a path past PATH_MAX said only "check the path and its file system" (issue 41, the
+    # eleventh hostile pass)
+    errno.ENAMETOOLONG: "use a shorter path: Linux takes at most 4095 bytes in a whole path "
+                        f"and 255 in one name of it ({_ELSEWHERE}), then rerun",
 }
 
 
@@ -45,6 +49,24 @@ def _too_large() -> str:
             "removed")
 
 
+_CWD_GONE = (("the current folder no longer exists (it was deleted or moved after the shell "
+              "entered it), so no relative path, and no default folder, can be found"),
+             "cd into an existing folder (e.g. `cd ~`), then rerun")
+
+
+def cwd_gone() -> bool:
+    """Whether the current folder has been deleted (``os.getcwd`` fails with ENOENT). A command
+    run from one said "fetch failed: No such file or directory / To fix: check the path and
+    its file system", naming no path (issue 41, the eleventh hostile pass)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def describe(exc: OSError) -> tuple[str, str]:
     """(cause, fix) for an OSError."""
     if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) \
@@ -55,6 +77,9 @@ def describe(exc: OSError) -> tuple[str, str]:
         more = f" (and {n - 1} more files)" if n > 1 else ""
         return (f"copying {src} to {dst} failed: {why}{more}",
                 "free space or fix the permissions of the destination, then rerun")
+    if exc.errno == errno.ENOENT and not os.path.isabs(str(exc.filename or "")) \
+            and cwd_gone():
+        return _CWD_GONE
     where = exc.filename or ""
     if exc.filename2:
         where = f"{exc.filename} -> {exc.filename2}"

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from .errors import CommandError, ConfigError
 
@@ -116,6 +116,42 @@ STOP_GRACE_S = 10.0
 _LIVE: dict[subprocess.Popen[str], int | None] = {}
 _LIVE_LOCK = threading.RLock()  # a pidfd is closed only while no stop is using it
 _STOPPING = threading.Event()
+# While the main thread is inside ``Popen`` (the child forked, its exec awaited), an exception
+# raised by a signal handler leaves the child running with no object to stop it by (the
+# standard library closes the pipes and lets it be): the kit then exited and the child ran on
+# (issue 41, the eleventh hostile pass: about one stop in five that came as a child started).
+# The handlers call ``raise_when_safe``, which keeps that exception here until the child is
+# listed, then ``run`` raises it and stops the child as any interrupted one.
+_MAIN_STARTING = [False]
+_DEFERRED: list[BaseException] = []
+
+
+def raise_when_safe(exc: BaseException) -> None:
+    """Raise ``exc`` (a signal handler's ``KeyboardInterrupt``) now, or, while the main thread
+    is starting a child, as soon as that child is listed among the live ones."""
+    if _MAIN_STARTING[0]:
+        _DEFERRED.append(exc)
+        return
+    raise exc
+
+
+def _popen(args: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+    """``subprocess.Popen``, during which the main thread's signal exceptions wait
+    (``raise_when_safe``)."""
+    if threading.current_thread() is not threading.main_thread():
+        return subprocess.Popen(args, **kwargs)
+    _MAIN_STARTING[0] = True
+    try:
+        return subprocess.Popen(args, **kwargs)
+    finally:
+        _MAIN_STARTING[0] = False  # a plain store: no signal handler runs before the return
+
+
+def _raise_deferred() -> None:
+    if _DEFERRED:
+        exc = _DEFERRED.pop()
+        _DEFERRED.clear()
+        raise exc
 
 
 def _pidfd(pid: int) -> int | None:
@@ -227,7 +263,12 @@ def _signal_tree(proc: subprocess.Popen[str], signum: int, *, whole: bool = Fals
 
 
 def _signal_tree_by_number(proc: subprocess.Popen[str], signum: int, *, whole: bool) -> None:
-    if proc.returncode is not None:
+    """Without pidfds: a child whose ``returncode`` is set has been reaped, and one whose
+    ``/proc`` parent is no longer this process has too (a worker thread's ``wait`` between its
+    ``waitpid`` and setting ``returncode``, where a stop in the main thread can run; issue 41,
+    the eleventh hostile pass: its number, perhaps another program's by then, was signalled,
+    and everything below it): neither is signalled."""
+    if proc.returncode is not None or _parent_of(proc.pid) != os.getpid():
         return
     own = os.getpgrp()
     for pid in [proc.pid, *_descendants(proc.pid)]:
@@ -329,12 +370,13 @@ def run(
             raise ConfigError(f"{args[0]} was not started: the command is stopping (it was "
                               "interrupted)", "rerun the command; finished work is kept")
         try:
-            proc = subprocess.Popen(
+            proc = _popen(
                 args, env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 errors="replace", bufsize=1,
             )
         except OSError as exc:
+            _raise_deferred()  # a stop while it failed to start: the stop is what happened
             cwd_gone = cwd is not None and not os.path.isdir(cwd)
             if exc.filename not in (args[0], None) or cwd_gone or exc.errno == errno.ENOENT:
                 raise  # a missing program or working directory: the caller's OSError
@@ -345,8 +387,18 @@ def run(
                               "executable program)",
                               f"pass the path of an executable in place of {args[0]}"
                               ) from None
-        _LIVE[proc] = _pidfd(proc.pid)
         try:
+            # listed, then the stop looked for: a stop that ran while the child was starting
+            # (Popen forks and waits for the exec, with the lock free) did not list it, and
+            # the child ran to its end (a worker's: the build waited for its whole compile)
+            # or outlived the kit (the main thread's: the interrupt raised before it was
+            # listed; issue 41, the eleventh hostile pass)
+            _LIVE[proc] = _pidfd(proc.pid)
+            _raise_deferred()
+            if _STOPPING.is_set() and threading.current_thread() is not threading.main_thread():
+                raise ConfigError(f"{args[0]} was stopped as it started: the command is "
+                                  "stopping (it was interrupted)",
+                                  "rerun the command; finished work is kept")
             assert proc.stdout is not None
             for line in proc.stdout:
                 if logf:

@@ -7,13 +7,16 @@ import importlib
 import os
 import signal
 import sys
+import threading
+import time
+from contextlib import suppress
 from typing import Any
 
 import click
 
 from .. import __version__
 from ..errors import KvprefetchError, Terminated, third_party_failed, third_party_origin
-from ..runner import stop_children
+from ..runner import raise_when_safe, stop_children
 from ..stdio import StreamWriteError, standard_streams
 
 # name -> "module:attribute" of a click command; imported only when that command runs, so a
@@ -83,6 +86,7 @@ class LazyGroup(click.Group):
         except KvprefetchError as exc:
             if debug:
                 raise
+            _stopped_first(exc)
             click.echo(f"error: {exc.message}", err=True)
             sys.exit(exc.exit_code)
         except StreamWriteError as exc:
@@ -127,6 +131,7 @@ class LazyGroup(click.Group):
             origin = third_party_origin(exc)
             if debug or origin is None:
                 raise
+            _stopped_first(exc)
             family = _os_error_family(ctx.invoked_subcommand)
             err = family(*third_party_failed(exc, *origin))
             click.echo(f"error: {err.message}", err=True)
@@ -189,6 +194,18 @@ def _interrupted(exc: KeyboardInterrupt) -> None:
 _SIGNALS: list[int] = []  # the stop signals received so far
 
 
+def _stopped_first(exc: BaseException) -> None:
+    """A stop signal came first: the error ``exc`` is what the stop left (a library turned
+    the ``KeyboardInterrupt`` into its own error), so the command reports the stop. Ctrl-C
+    while matplotlib was being imported said "matplotlib is needed for the PNG plots / To
+    fix: pip install 'kvprefetch[plot]'" (issue 41, the eleventh hostile pass)."""
+    if not _SIGNALS:
+        return
+    signum = _SIGNALS[0]
+    stop = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+    _interrupted(stop)
+
+
 def _second_signal(signum: int) -> bool:
     """Count ``signum``; True for the second one, which must not raise. The first has raised
     and its cleanups are running (a temporary beside a user's output removed, a scratch folder
@@ -204,14 +221,59 @@ def _second_signal(signum: int) -> bool:
     return len(_SIGNALS) == 2
 
 
+# A stop raised where Python ignores exceptions (a weakref callback, a ``__del__``: the handler
+# runs wherever the main thread is) was printed as "Exception ignored in: <function
+# _get_module_lock.<locals>.cb ...> Traceback ... KeyboardInterrupt" and lost: the command ran
+# on to its end, exit 0 (issue 41, the eleventh hostile pass: a Ctrl-C during report's
+# imports). ``_unraisable`` takes such a stop back and raises its signal again, whose handler
+# then raises the same exception where it is not ignored, without counting it as a second.
+_REDELIVER: list[KeyboardInterrupt] = []
+_IN_HOOK = [False]
+
+
+def _deliver_later(signum: int) -> None:
+    """``signum`` to this process again in 10 ms, from a thread: its handler then runs in the
+    main thread wherever it is by then, not inside the hook that asks for it (a signal raised
+    there ran its handler at once, inside the hook, which ignored it again)."""
+    def later() -> None:
+        time.sleep(0.01)
+        with suppress(OSError):
+            os.kill(os.getpid(), signum)
+    threading.Thread(target=later, name="kvprefetch-redeliver", daemon=True).start()
+
+
+def _redelivered(signum: int) -> bool:
+    if not _REDELIVER:
+        return False
+    if _IN_HOOK[0]:
+        _deliver_later(signum)
+    else:
+        raise_when_safe(_REDELIVER.pop())
+    return True
+
+
+def _unraisable(args: Any) -> None:
+    exc = args.exc_value
+    if isinstance(exc, KeyboardInterrupt) and _SIGNALS:
+        if not _REDELIVER:
+            _REDELIVER.append(exc)
+        _IN_HOOK[0] = True
+        try:
+            _deliver_later(_SIGNALS[-1])
+        finally:
+            _IN_HOOK[0] = False
+        return
+    sys.__unraisablehook__(args)
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
-    if not _second_signal(signum):
-        raise Terminated(signum)
+    if not _redelivered(signum) and not _second_signal(signum):
+        raise_when_safe(Terminated(signum))
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
-    if not _second_signal(signum):
-        raise KeyboardInterrupt
+    if not _redelivered(signum) and not _second_signal(signum):
+        raise_when_safe(KeyboardInterrupt())
 
 
 # Every signal whose default action ends the process and that a person or a batch system
@@ -234,6 +296,7 @@ def stop_like_ctrl_c() -> None:
     do the other signals that end a process (``_ENDING_SIGNALS``, the tenth pass). A
     signal the caller ignores (``nohup``'s SIGHUP) stays ignored. Each of the three first stops
     the kit's running child processes (``runner.stop_children``)."""
+    sys.unraisablehook = _unraisable
     for signum in _ENDING_SIGNALS:
         if signal.getsignal(signum) == signal.SIG_DFL:
             signal.signal(signum, _raise_terminated)
@@ -251,6 +314,7 @@ def run() -> None:
     standard_streams()
     no_world_writable()
     _SIGNALS.clear()
+    _REDELIVER.clear()
     try:
         stop_like_ctrl_c()
         try:

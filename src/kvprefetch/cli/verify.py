@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..console import emit_json, info
+from ..console import emit_json, info, plain, rich_table
 from .common import count_range, json_option, workdir_option
 
 if TYPE_CHECKING:
@@ -75,19 +75,13 @@ def summary_lines(rep: VerifyReport) -> list[str]:
 def details_text(rep: VerifyReport, *, color: bool = False) -> str:
     """The per-tree UBLKPF tables and every check with its detail (what --verbose prints)."""
     from rich.console import Console
-    from rich.table import Table
 
     buf = io.StringIO()
     console = Console(file=buf, width=160, no_color=not color, color_system=None if not color
                       else "auto", force_terminal=color)
 
     def table(headers: list[str], rows: list[list[object]], title: str) -> None:
-        t = Table(title=title, show_lines=False)
-        for h in headers:
-            t.add_column(h)
-        for r in rows:
-            t.add_row(*(str(c) for c in r))
-        console.print(t)
+        console.print(rich_table(headers, rows, title))
 
     for tree, s in rep.sass.items():
         if "table" not in s:
@@ -115,7 +109,7 @@ def _progress() -> Iterator[Callable[[str], None]]:
     console = Console(stderr=True, highlight=False)
     with console.status("verify-kernel: starting") as status:
         def say(msg: str) -> None:
-            console.print(msg, soft_wrap=True)
+            console.print(plain(msg), soft_wrap=True)
             status.update(Text(f"running; last: {msg.strip()}", no_wrap=True, overflow="ellipsis"))
         yield say
 

@@ -134,12 +134,15 @@ def refuse_unanswered(root: Path, c: Campaign, rec: dict[str, Any],
 def _send(root: Path, rec: dict[str, Any], job: str, task: int | None,
           argv: Sequence[str]) -> str:
     """One sbatch, its intent recorded in campaign.json before it starts ("sending") and
-    replaced by its id once it answers; an sbatch that fails (Slurm said no) sent nothing."""
+    replaced by its id once it answers; an sbatch that fails (Slurm said no) sent nothing, nor
+    did one the runner refused to start (a ``TMPDIR`` that is no folder, a program it cannot
+    run: ``ConfigError``, ``OSError``), whose "sending" had the next submit say that the
+    sbatch "was started" and Slurm might hold its job (issue 41, the eleventh hostile pass)."""
     rec["sending"] = {"job": job, "task": task, "at": _now()}
     save_record(root, rec)
     try:
         output = _slurm(argv).output
-    except SlurmError:
+    except (SlurmError, ConfigError, OSError):
         rec.pop("sending", None)
         save_record(root, rec)
         raise
