@@ -83,6 +83,44 @@ def check_job_folders(root: Path) -> None:
                              "the folders again), then submit")
 
 
+# Slurm opens each job's --output itself, by path and through a link, as the job's user, when
+# the job starts: a link planted at the next job id's name in logs/ (the ids are sequential) had
+# Slurm truncate and write the file it points to (issue 41, the eleventh hostile pass, on a real
+# Slurm: three files outside the campaign overwritten by prepare's and two builds' output). So
+# each submit or resubmit sends its jobs' output into a folder of its own that it has just made
+# (mkdir: nothing can be planted in it ahead, its name is not guessable, and only its owner may
+# write in it), never into a name anyone could have prepared.
+LOG_DIR_PREFIX = "sbatch-"
+DRY_RUN_LOG_DIR = f"{LOG_DIR_PREFIX}<made by submit>"
+
+
+def new_log_dir(c: Campaign) -> Path:
+    """A new folder ``logs/sbatch-<UTC time>-<random>`` (mode 0755) for Slurm's output of the
+    jobs one submit or resubmit sends; made relative to a descriptor of ``logs/`` opened
+    without following a link (SlurmError for a link on the way)."""
+    import os
+    import secrets
+
+    from ..workspace.confine import ensure_dir, open_dir
+
+    root = Path(c.root)  # the folder named, resolved (load_record checked it is this one)
+    ensure_dir(c.logs, root=root, family=SlurmError)
+    fd = open_dir(c.logs, root=root, what="make Slurm's log folder in", family=SlurmError)
+    try:
+        for _ in range(20):
+            name = f"{LOG_DIR_PREFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-" \
+                + secrets.token_hex(4)
+            try:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            except FileExistsError:  # anything at the name, a link included: another name
+                continue
+            return c.logs / name
+    finally:
+        os.close(fd)
+    raise SlurmError(f"could not make a new folder for Slurm's logs in {c.logs}: every name "
+                     "tried was taken", f"look at what fills {c.logs}, then submit again")
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -175,8 +213,9 @@ def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
                          "`kvprefetch slurm resubmit`")
     ids: dict[str, str] = {}
     done = []
+    log_dir = c.logs / DRY_RUN_LOG_DIR if dry_run else new_log_dir(c)
     for job in submission_order(c):
-        argv = sbatch_argv(c, job, [ids[a] for a in job.after])
+        argv = sbatch_argv(c, job, [ids[a] for a in job.after], log_dir=log_dir)
         if dry_run:
             ids[job.name] = f"<{job.name}>"
             done.append({"job": job.name, "argv": argv})
@@ -376,7 +415,8 @@ def resubmit(root: Path, job_name: str, task: int | None = None,
         if dry_run or not all(s.state == "COMPLETED" for s in
                               submission_states(c, c.job(a), rec["submitted"][a][-1])):
             deps.append(aid)
-    argv = sbatch_argv(c, job, deps, task)
+    log_dir = c.logs / DRY_RUN_LOG_DIR if dry_run else new_log_dir(c)
+    argv = sbatch_argv(c, job, deps, task, log_dir=log_dir)
     if dry_run:
         return {"job": job_name, "task": task, "argv": argv}
     job_id = _send(root, rec, job_name, task, argv)

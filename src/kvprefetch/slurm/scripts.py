@@ -179,7 +179,7 @@ WRITE_NEW_SH = (
 
 
 def render_script(c: Campaign, job: Job) -> str:
-    log = c.logs / (f"{job.name}-%A_%a.out" if job.array else f"{job.name}-%j.out")
+    log = c.logs / slurm_log_name(job)  # `kvprefetch slurm submit` sends each its own folder
     gpu = (job.name == "bench" and not c.bench.stand_in) or (job.name == "verify" and not c.no_gpu)
     cpus = c.slurm.cpus_per_build if job.name.startswith("build-") else None
     check_campaign_path(c.root)  # the folder goes into #SBATCH lines, unquoted
@@ -298,14 +298,24 @@ def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
 _CAMPAIGN_FOLDERS = ("scripts", "logs", "results", "report", "cache")
 
 
+def slurm_log_name(job: Job) -> str:
+    """The name Slurm gives a job's output (``%j``: the job id; an array task's
+    ``%A_%a``)."""
+    return f"{job.name}-%A_%a.out" if job.array else f"{job.name}-%j.out"
+
+
 def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],
-                task: int | None = None) -> list[str]:
-    """``sbatch --parsable [--dependency=afterok:ID:ID] [--array=TASK] SCRIPT``."""
+                task: int | None = None, log_dir: Path | None = None) -> list[str]:
+    """``sbatch --parsable [--dependency=afterok:ID:ID] [--array=TASK] [--output=LOG] SCRIPT``:
+    ``log_dir`` is the submission's own fresh folder for Slurm's output (``cluster.py``'s
+    ``new_log_dir``; the option overrides the script's ``#SBATCH --output``)."""
     argv = ["sbatch", "--parsable"]
     if dependency_ids:
         argv.append("--dependency=afterok:" + ":".join(dependency_ids))
     if task is not None:
         argv.append(f"--array={task}")  # overrides the script's #SBATCH --array
+    if log_dir is not None:
+        argv.append(f"--output={log_dir / slurm_log_name(job)}")
     argv.append(str(Path(c.root) / job.script))
     return argv
 

@@ -1,0 +1,115 @@
+"""Issue 41, the eleventh hostile pass (tester t: campaigns end to end on a real one-node Slurm,
+Debian's slurm-wlm 22.05 with its own munged, slurmctld and slurmd, set up by hand as
+``tests/integration/test_slurm.py``'s fixture does). Each test fails without its fix (checked by
+reverting ``src`` and running it):
+
+- Slurm opens each job's ``--output`` itself, by path, following links, truncating: links
+  planted at the next job ids' names in ``logs/`` (``prepare-2.out``, ...; the ids are
+  sequential) had the real Slurm overwrite three files outside the campaign with the jobs'
+  output. Now each submit and resubmit sends its jobs' output into a folder of its own it has
+  just made (``logs/sbatch-<time>-<random>/``).
+
+The tests here run the kit for real; where they need Slurm they use a fake ``sbatch`` on PATH
+that does what the real one was seen to do (each test says which part), so they run without
+root and daemons. The autouse ``outside`` fixture checks that a folder outside the campaign is
+byte-identical afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_reliability import _env, outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+_REPO = Path(__file__).resolve().parents[2]
+
+# A fake sbatch that handles --output as slurmstepd does (seen on the real Slurm of this pass):
+# the job's output file is the command line's --output, else the script's `#SBATCH --output`,
+# with %j (%A_%a for an array task) replaced by the id, opened by path (links followed) and
+# truncated; the id is the next of a counter; nothing of the job itself is run.
+_SBATCH = r'''#!/usr/bin/env python3
+import re, sys
+from pathlib import Path
+counter = Path(sys.argv[0]).parent.parent / "sbatch-counter"
+n = int(counter.read_text()) + 1 if counter.exists() else 101
+counter.write_text(str(n))
+args, script = sys.argv[1:-1], Path(sys.argv[-1])
+out = next((a.split("=", 1)[1] for a in args if a.startswith("--output=")), None)
+lines = script.read_text().splitlines()
+if out is None:
+    out = next(l.split("=", 1)[1] for l in lines if l.startswith("#SBATCH --output="))
+arrays = [a.split("=", 1)[1] for a in args if a.startswith("--array=")] or \
+    [l.split("=", 1)[1] for l in lines if l.startswith("#SBATCH --array=")]
+tasks = [str(t) for t in range(int(arrays[0].split("-")[0]), int(arrays[0].split("-")[-1]) + 1)] \
+    if arrays else [None]
+for t in tasks:
+    path = out.replace("%A", str(n)).replace("%a", t or "").replace("%j", str(n))
+    with open(path, "w") as f:
+        f.write(f"output of job {n}\n")
+print(f"{n};cluster")
+'''
+
+
+def _fake_slurm(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(_SBATCH)
+    (bin_dir / "scontrol").write_text('#!/bin/bash\necho "JobId=$4 JobState=PENDING '
+                                      'Reason=Dependency ExitCode=0:0"\n')
+    for p in bin_dir.iterdir():
+        p.chmod(0o755)
+    return bin_dir
+
+
+def _kit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(_env(), PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path))
+    env["PATH"] = f"{tmp_path / 'bin'}:{env.get('PATH', '')}"
+    try:
+        return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kvprefetch {args!r} hung")
+
+
+def test_slurms_own_output_never_goes_through_a_link_planted_at_the_next_job_id(
+        tmp_path: Path, outside: Path) -> None:
+    """Links planted at ``logs/<job>-<id>.out`` for the ids Slurm gives next (101..130, every
+    job, both bench tasks), pointing at files outside, then ``submit`` and a ``resubmit`` of one
+    bench task: Slurm (here the fake sbatch, which opens --output as the real slurmstepd did)
+    wrote the jobs' output through them. Now every job's output is in the submission's own new
+    folder, and the planted links are left as they are."""
+    _fake_slurm(tmp_path)
+    camp = tmp_path / "camp"
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1,8")
+    assert res.returncode == 0, res.stderr
+    logs = camp / "logs"
+    planted = []
+    for i in range(101, 131):
+        for job in ("prepare", "build-baseline", "build-patched", "verify", "merge"):
+            planted.append(logs / f"{job}-{i}.out")
+            planted[-1].symlink_to(outside / "notes.txt")
+        for t in (0, 1):
+            planted.append(logs / f"bench-{i}_{t}.out")
+            planted[-1].symlink_to(outside / "patched" / "deep" / "thesis.tex")
+    for args in (("submit", str(camp)), ("resubmit", str(camp), "bench", "--task", "1")):
+        res = _kit(tmp_path, "slurm", *args)
+        assert res.returncode == 0, res.stderr
+        assert "Traceback" not in res.stderr
+    assert all(p.is_symlink() for p in planted)
+    folders = sorted(p for p in logs.iterdir() if p.is_dir() and not p.is_symlink())
+    assert len(folders) == 2 and all(p.name.startswith("sbatch-") for p in folders), folders
+    got = sorted(p.relative_to(logs).as_posix().split("/", 1)[1]
+                 for d in folders for p in d.iterdir())
+    assert got == ["bench-105_0.out", "bench-105_1.out", "bench-107_1.out",
+                   "build-baseline-102.out", "build-patched-103.out", "merge-106.out",
+                   "prepare-101.out", "verify-104.out"], got
+    rec = json.loads((camp / "campaign.json").read_text())
+    outputs = [a for subs in rec["submitted"].values() for s in subs for a in s["argv"]
+               if a.startswith("--output=")]
+    assert len(outputs) == 7 and all(str(logs) + "/sbatch-" in a for a in outputs), outputs
