@@ -113,3 +113,50 @@ def test_slurms_own_output_never_goes_through_a_link_planted_at_the_next_job_id(
     outputs = [a for subs in rec["submitted"].values() for s in subs for a in s["argv"]
                if a.startswith("--output=")]
     assert len(outputs) == 7 and all(str(logs) + "/sbatch-" in a for a in outputs), outputs
+
+
+# scontrol -o show job, as the real Slurm 22.05 answered after `scancel` of build-patched: only
+# verify is DependencyNeverSatisfied, bench and merge stay PENDING (Dependency) for ever
+_SCONTROL_AFTER_A_CANCEL = r'''#!/bin/bash
+case "$4" in
+101) echo "JobId=101 JobState=COMPLETED Reason=None Dependency=(null) ExitCode=0:0";;
+102) echo "JobId=102 JobState=COMPLETED Reason=None Dependency=(null) ExitCode=0:0";;
+103) echo "JobId=103 JobState=CANCELLED Reason=None Dependency=(null) ExitCode=0:15";;
+104) echo "JobId=104 JobState=PENDING Reason=DependencyNeverSatisfied" \
+       "Dependency=afterok:102(unfulfilled),afterok:103(failed) ExitCode=0:0";;
+105) echo "JobId=105 ArrayJobId=105 ArrayTaskId=0-1 JobState=PENDING Reason=Dependency" \
+       "Dependency=afterok:104(unfulfilled) ExitCode=0:0";;
+106) echo "JobId=106 JobState=PENDING Reason=Dependency" \
+       "Dependency=afterok:105_*(unfulfilled) ExitCode=0:0";;
+*) echo "slurm_load_jobs error: Invalid job id specified"; exit 1;;
+esac
+'''
+
+
+def test_status_wait_ends_when_the_next_stages_can_never_run(tmp_path: Path) -> None:
+    """A build cancelled (``scancel``) on the real Slurm: verify is DependencyNeverSatisfied
+    (NEVER), but bench and merge, waiting on verify and bench, stay PENDING (Dependency) for
+    ever, and ``status --wait`` waited out its whole ``--timeout`` (an hour by default) to say
+    "wait longer". Now a job pending on one that will not complete is NEVER, and the wait ends
+    at once (exit 10) naming it. The fake scontrol prints the real one's lines (its
+    ``Dependency`` field included) for the six jobs."""
+    import time
+
+    _fake_slurm(tmp_path)
+    camp = tmp_path / "camp"
+    for args in (("plan", str(camp), "--stand-in", "--batch", "1,8"), ("submit", str(camp))):
+        res = _kit(tmp_path, "slurm", *args)
+        assert res.returncode == 0, res.stderr
+    (tmp_path / "bin" / "scontrol").write_text(_SCONTROL_AFTER_A_CANCEL)
+    t0 = time.monotonic()
+    res = _kit(tmp_path, "slurm", "status", str(camp), "--wait", "--timeout", "40", "--json")
+    took = time.monotonic() - t0
+    assert "Traceback" not in res.stderr
+    assert res.returncode == 10, res.stderr
+    assert took < 20, f"waited {took:.0f} s for jobs that can never run: {res.stderr}"
+    states = {s["job"]: s for s in json.loads(res.stdout)}
+    assert {j: s["state"] for j, s in states.items()} == {
+        "prepare": "COMPLETED", "build-baseline": "COMPLETED", "build-patched": "CANCELLED",
+        "verify": "NEVER", "bench": "NEVER", "merge": "NEVER"}
+    assert "verify 104" in states["bench"]["reason"], states["bench"]
+    assert "not completed" in res.stderr and "resubmit" in res.stderr

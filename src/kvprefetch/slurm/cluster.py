@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +235,7 @@ class JobState:
     exit_code: str
     reason: str
     source: str         # scontrol or sacct
+    waits_on: tuple[str, ...] = ()  # a pending job's afterok ids, as scontrol shows them
 
     @property
     def terminal(self) -> bool:
@@ -287,7 +288,9 @@ def _record_state(job: str, r: dict[str, str]) -> JobState:
     state, reason = r.get("JobState", "UNKNOWN"), r.get("Reason", "None")
     if state == "PENDING" and reason == "DependencyNeverSatisfied":
         state = "NEVER"  # will never run: a job it depends on did not succeed
-    return JobState(job, sid, state, r.get("ExitCode", "?"), reason, "scontrol")
+    # `afterok:18(unfulfilled),afterok:19_*(unfulfilled)`: the ids it waits on
+    waits = tuple(re.findall(r"afterok:([0-9]+)", r.get("Dependency", "")))
+    return JobState(job, sid, state, r.get("ExitCode", "?"), reason, "scontrol", waits)
 
 
 def job_states(job: str, job_id: str) -> list[JobState]:
@@ -368,14 +371,34 @@ def status(root: Path, fetch: Fetch = job_states) -> list[JobState]:
         raise SlurmError(f"the campaign {root} has not been submitted",
                          f"run `kvprefetch slurm submit {root}`")
     out: list[JobState] = []
-    for job in c.jobs:
+    ended: dict[str, JobState] = {}  # submission id -> a row of it that did not complete
+    for job in c.jobs:  # in submission order: what a job waits on comes before it
         rows: dict[str, JobState] = {}
         for sub in rec["submitted"].get(job.name, []):
             for st in submission_states(c, job, sub, fetch):
+                st = _never_if_waiting_on_an_end(st, ended)
                 task = st.id.partition("_")[2] if sub.get("task") is None else str(sub["task"])
                 rows[task] = st
+                if st.terminal and st.state != "COMPLETED":
+                    ended.setdefault(str(sub["id"]), st)
         out += rows.values()
     return out
+
+
+def _never_if_waiting_on_an_end(st: JobState, ended: dict[str, JobState]) -> JobState:
+    """A job pending on a job that will never complete (afterok) never runs either, yet Slurm
+    marks only the first one's dependants DependencyNeverSatisfied: the next stage stayed
+    PENDING (Dependency) for ever, and ``status --wait`` waited out its whole timeout (an hour
+    by default) to say "wait longer" (issue 41, the eleventh hostile pass: on a real Slurm, a
+    build cancelled or failed left bench and merge pending)."""
+    if st.state != "PENDING":
+        return st
+    for dep in st.waits_on:
+        if dep in ended:
+            e = ended[dep]
+            return replace(st, state="NEVER",
+                           reason=f"waits (afterok) on {e.job} {e.id}, which is {e.state}")
+    return st
 
 
 def wait(root: Path, timeout_s: float, poll_s: float = 2.0,
