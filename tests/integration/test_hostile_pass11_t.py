@@ -160,3 +160,36 @@ def test_status_wait_ends_when_the_next_stages_can_never_run(tmp_path: Path) -> 
         "verify": "NEVER", "bench": "NEVER", "merge": "NEVER"}
     assert "verify 104" in states["bench"]["reason"], states["bench"]
     assert "not completed" in res.stderr and "resubmit" in res.stderr
+
+
+def test_a_controller_that_does_not_answer_is_asked_once_per_round(tmp_path: Path) -> None:
+    """The controller stopped (``scontrol shutdown slurmctld`` on the real Slurm): each
+    ``scontrol show job`` tries for 18 s there before "Unable to contact slurm controller", one
+    job after another, so ``status`` of six jobs took 108 s and ``status --wait --timeout 5``
+    as long. Now the first failure makes the round's other jobs UNKNOWN without asking: the
+    fake scontrol takes 3 s per call (the real one's 18 s, shortened) and counts its calls."""
+    import time
+
+    _fake_slurm(tmp_path)
+    camp = tmp_path / "camp"
+    for args in (("plan", str(camp), "--stand-in", "--batch", "1,8"), ("submit", str(camp))):
+        res = _kit(tmp_path, "slurm", *args)
+        assert res.returncode == 0, res.stderr
+    calls = tmp_path / "scontrol-calls"
+    (tmp_path / "bin" / "scontrol").write_text(
+        f'#!/bin/bash\necho "$4" >> {calls}\nsleep 3\n'
+        'echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"\n'
+        "exit 1\n")
+    t0 = time.monotonic()
+    res = _kit(tmp_path, "slurm", "status", str(camp), "--wait", "--timeout", "1", "--json")
+    took = time.monotonic() - t0
+    assert "Traceback" not in res.stderr
+    assert res.returncode == 10, res.stderr
+    assert "still not done" in res.stderr and "Unable to contact" in res.stderr
+    assert calls.read_text().split() == ["101"], calls.read_text()
+    assert took < 12, f"{took:.0f} s"
+    res = _kit(tmp_path, "slurm", "status", str(camp), "--json")
+    assert res.returncode == 0, res.stderr
+    states = json.loads(res.stdout)
+    assert [s["state"] for s in states] == ["UNKNOWN"] * 6, states
+    assert "not asked" in states[-1]["reason"], states[-1]

@@ -30,6 +30,7 @@ from .scripts import sbatch_argv, submission_order
 # ENDED: forgotten by the controller, no accounting and no exit record (recorded_end)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE", "NEVER", "ENDED")
+SCONTROL_FAILED = "scontrol failed"  # the reason of a job the controller did not answer for
 FIX_SLURM = "run this on a Slurm login node (sbatch, scontrol on PATH, slurmctld reachable)"
 
 
@@ -317,7 +318,7 @@ def job_states(job: str, job_id: str) -> list[JobState]:
     if "invalid job id" in res.output.lower():
         return []
     # the controller did not answer (down, restarting, unreachable): not an end, keep asking
-    return [JobState(job, job_id, "UNKNOWN", "?", "scontrol failed: "
+    return [JobState(job, job_id, "UNKNOWN", "?", SCONTROL_FAILED + ": "
                      + shown((res.output.strip().splitlines() or ["no output"])[-1]), "none")]
 
 
@@ -372,10 +373,11 @@ def status(root: Path, fetch: Fetch = job_states) -> list[JobState]:
                          f"run `kvprefetch slurm submit {root}`")
     out: list[JobState] = []
     ended: dict[str, JobState] = {}  # submission id -> a row of it that did not complete
+    asked = _once_unreachable(fetch)
     for job in c.jobs:  # in submission order: what a job waits on comes before it
         rows: dict[str, JobState] = {}
         for sub in rec["submitted"].get(job.name, []):
-            for st in submission_states(c, job, sub, fetch):
+            for st in submission_states(c, job, sub, asked):
                 st = _never_if_waiting_on_an_end(st, ended)
                 task = st.id.partition("_")[2] if sub.get("task") is None else str(sub["task"])
                 rows[task] = st
@@ -383,6 +385,26 @@ def status(root: Path, fetch: Fetch = job_states) -> list[JobState]:
                     ended.setdefault(str(sub["id"]), st)
         out += rows.values()
     return out
+
+
+def _once_unreachable(fetch: Fetch) -> Fetch:
+    """``fetch``, until the controller does not answer once: then the other jobs of this round
+    are UNKNOWN without asking. Each scontrol tries for its MessageTimeout's retries (18 s on a
+    real Slurm here) before it gives up, one job after another: a status of six jobs took 108 s
+    with the controller stopped, and ``status --wait --timeout 5`` as long (issue 41, the
+    eleventh hostile pass)."""
+    failed: list[JobState] = []
+
+    def asked(job: str, job_id: str) -> list[JobState]:
+        if failed:
+            return [JobState(job, job_id, "UNKNOWN", "?", "not asked: the controller did not "
+                             f"answer for {failed[0].job} ({failed[0].reason})", "none")]
+        got = fetch(job, job_id)
+        failed.extend(s for s in got if s.state == "UNKNOWN"
+                      and s.reason.startswith(SCONTROL_FAILED))
+        return got
+
+    return asked
 
 
 def _never_if_waiting_on_an_end(st: JobState, ended: dict[str, JobState]) -> JobState:
