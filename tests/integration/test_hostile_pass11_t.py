@@ -193,3 +193,53 @@ def test_a_controller_that_does_not_answer_is_asked_once_per_round(tmp_path: Pat
     states = json.loads(res.stdout)
     assert [s["state"] for s in states] == ["UNKNOWN"] * 6, states
     assert "not asked" in states[-1]["reason"], states[-1]
+
+
+def test_two_submits_at_once_send_the_campaign_once(tmp_path: Path) -> None:
+    """Two ``slurm submit`` of one campaign started together: on the real Slurm both read "not
+    submitted" and sent all six jobs (4 races of 4), each job then ran twice, and the record
+    saved last lost the other's ids. A submit started while another waited for its sbatch was
+    told that sbatch "stopped before its job id was recorded" (it had not stopped). Now the
+    campaign's lock lets one through and refuses the other, naming it. The fake sbatch counts
+    its calls and takes 1 s each, so the submits overlap."""
+    import time
+
+    _fake_slurm(tmp_path)
+    slow = tmp_path / "bin" / "sbatch"
+    slow.write_text(_SBATCH.replace("import re, sys", "import re, sys, time; time.sleep(1)"))
+    env = dict(_env(), PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path))
+    env["PATH"] = f"{tmp_path / 'bin'}:{env.get('PATH', '')}"
+    counter = tmp_path / "sbatch-counter"
+    for n in range(3):
+        camp = tmp_path / f"camp{n}"
+        res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1")
+        assert res.returncode == 0, res.stderr
+        before = int(counter.read_text()) if counter.exists() else 100
+        # both start their submit at the same moment (a busy wait to a shared time)
+        start = time.time() + 2
+        code = ("import runpy, sys, time\nwhile time.time() < float(sys.argv[1]): pass\n"
+                "sys.argv = ['kvprefetch', 'slurm', 'submit', sys.argv[2]]\n"
+                "runpy.run_module('kvprefetch', run_name='__main__')")
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(start), str(camp)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert not any("Traceback" in e for _, e in outs), outs
+        assert sorted(p.returncode for p in procs) in ([0, 8], [0, 10]), outs
+        assert int(counter.read_text()) - before == 6, f"race {n}: {outs}"  # 6 jobs, once
+        rec = json.loads((camp / "campaign.json").read_text())
+        assert len(rec["submitted"]) == 6 and "sending" not in rec, rec
+    # one started while the other waits for its first sbatch: refused as "another kvprefetch"
+    camp = tmp_path / "camp-late"
+    assert _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1").returncode == 0
+    first = subprocess.Popen([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while "sending" not in (camp / "campaign.json").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    res = _kit(tmp_path, "slurm", "submit", str(camp))
+    first.communicate(timeout=120)
+    assert first.returncode == 0
+    assert res.returncode == 8, res.stderr
+    assert f"another kvprefetch process (pid {first.pid})" in res.stderr, res.stderr

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -190,10 +191,34 @@ def _send(root: Path, rec: dict[str, Any], job: str, task: int | None,
     return job_id
 
 
+LOCK_FILE = ".kvprefetch-campaign.lock"
+
+
+@contextmanager
+def campaign_lock(root: Path) -> Iterator[None]:
+    """Held by ``submit``, ``resubmit`` and ``plan`` (of a campaign already planned) while each
+    reads campaign.json, sends and records: two submits at once each read "not submitted" and
+    sent every job, twice, and the last to save its record lost the other's ids (issue 41, the
+    eleventh hostile pass: 4 of 4 races on a real Slurm). A second one is refused (LockError),
+    naming the first's pid. ``root`` is the campaign's resolved folder."""
+    from ..workspace.locks import locked
+
+    with locked(Path(root) / LOCK_FILE, f"the campaign {root} (submit, resubmit or plan)"):
+        yield
+
+
 def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
     """Submit every job of the campaign in order, each with ``afterok`` on the ids of the jobs
     it depends on. A campaign is submitted once; single jobs again with ``resubmit``."""
-    c, rec = load(root)
+    if dry_run:
+        return _submit(root, dry_run)
+    c, _ = load(root)
+    with campaign_lock(Path(c.root)):
+        return _submit(root, dry_run)
+
+
+def _submit(root: Path, dry_run: bool) -> list[dict[str, Any]]:
+    c, rec = load(root)  # read again under the lock
     check_job_folders(root)
     if not dry_run:
         refuse_unanswered(root, c, rec)
@@ -443,7 +468,15 @@ def resubmit(root: Path, job_name: str, task: int | None = None,
              dry_run: bool = False) -> dict[str, Any]:
     """Submit one job again, alone (one array task with ``task``). It depends (afterok) only on
     those of its prerequisites whose latest submission has not completed yet."""
-    c, rec = load(root)
+    if dry_run:
+        return _resubmit(root, job_name, task, dry_run)
+    c, _ = load(root)
+    with campaign_lock(Path(c.root)):
+        return _resubmit(root, job_name, task, dry_run)
+
+
+def _resubmit(root: Path, job_name: str, task: int | None, dry_run: bool) -> dict[str, Any]:
+    c, rec = load(root)  # read again under the lock
     check_job_folders(root)
     job = c.job(job_name)
     if not dry_run:
