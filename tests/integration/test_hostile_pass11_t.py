@@ -34,11 +34,13 @@ _REPO = Path(__file__).resolve().parents[2]
 # with %j (%A_%a for an array task) replaced by the id, opened by path (links followed) and
 # truncated; the id is the next of a counter; nothing of the job itself is run.
 _SBATCH = r'''#!/usr/bin/env python3
-import re, sys
+import fcntl, re, sys
 from pathlib import Path
 counter = Path(sys.argv[0]).parent.parent / "sbatch-counter"
-n = int(counter.read_text()) + 1 if counter.exists() else 101
-counter.write_text(str(n))
+with open(counter.with_suffix(".lock"), "w") as lock:  # two sbatch at once take two ids
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    n = int(counter.read_text()) + 1 if counter.exists() else 101
+    counter.write_text(str(n))
 args, script = sys.argv[1:-1], Path(sys.argv[-1])
 out = next((a.split("=", 1)[1] for a in args if a.startswith("--output=")), None)
 lines = script.read_text().splitlines()
@@ -206,7 +208,7 @@ def test_two_submits_at_once_send_the_campaign_once(tmp_path: Path) -> None:
 
     _fake_slurm(tmp_path)
     slow = tmp_path / "bin" / "sbatch"
-    slow.write_text(_SBATCH.replace("import re, sys", "import re, sys, time; time.sleep(1)"))
+    slow.write_text(_SBATCH.replace("import fcntl, re, sys", "import fcntl, re, sys, time; time.sleep(1)"))
     env = dict(_env(), PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path))
     env["PATH"] = f"{tmp_path / 'bin'}:{env.get('PATH', '')}"
     counter = tmp_path / "sbatch-counter"
