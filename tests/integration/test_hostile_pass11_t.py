@@ -208,7 +208,8 @@ def test_two_submits_at_once_send_the_campaign_once(tmp_path: Path) -> None:
 
     _fake_slurm(tmp_path)
     slow = tmp_path / "bin" / "sbatch"
-    slow.write_text(_SBATCH.replace("import fcntl, re, sys", "import fcntl, re, sys, time; time.sleep(1)"))
+    slow.write_text(_SBATCH.replace("import fcntl, re, sys",
+                                    "import fcntl, re, sys, time; time.sleep(1)"))
     env = dict(_env(), PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path))
     env["PATH"] = f"{tmp_path / 'bin'}:{env.get('PATH', '')}"
     counter = tmp_path / "sbatch-counter"
