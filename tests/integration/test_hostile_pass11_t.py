@@ -246,3 +246,29 @@ def test_two_submits_at_once_send_the_campaign_once(tmp_path: Path) -> None:
     assert first.returncode == 0
     assert res.returncode == 8, res.stderr
     assert f"another kvprefetch process (pid {first.pid})" in res.stderr, res.stderr
+
+
+def test_status_after_a_submit_killed_as_sbatch_answered_names_the_unanswered_job(
+        tmp_path: Path) -> None:
+    """``submit`` SIGKILLed right after the real sbatch answered (a wrapper that kills its
+    parent): Slurm holds the prepare job, the record only the "sending" of it. ``submit`` then
+    says to look with squeue and resubmit, but ``status`` said "has not been submitted. To
+    fix: run `kvprefetch slurm submit`", a fix that submit refuses. Now status names the
+    unanswered sbatch and the same way out. The fake sbatch is this file's; the kill is
+    real."""
+    _fake_slurm(tmp_path)
+    sbatch = tmp_path / "bin" / "sbatch"
+    sbatch.rename(tmp_path / "bin" / "sbatch-real")
+    sbatch.write_text(f'#!/bin/bash\n{tmp_path / "bin" / "sbatch-real"} "$@"\n'
+                      'kill -KILL $PPID\n')
+    sbatch.chmod(0o755)
+    camp = tmp_path / "camp"
+    assert _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in").returncode == 0
+    res = _kit(tmp_path, "slurm", "submit", str(camp))
+    assert res.returncode == -9, (res.returncode, res.stderr)
+    for args in (("submit", str(camp)), ("status", str(camp)), ("status", str(camp), "--wait")):
+        res = _kit(tmp_path, "slurm", *args)
+        assert res.returncode == 10 and "Traceback" not in res.stderr, res.stderr
+        assert "stopped before its job id was recorded" in res.stderr, (args, res.stderr)
+        assert "squeue --me --name kvp-camp-prepare" in res.stderr, res.stderr
+        assert "run `kvprefetch slurm submit" not in res.stderr, res.stderr

@@ -394,6 +394,9 @@ def status(root: Path, fetch: Fetch = job_states) -> list[JobState]:
     replaces that task's row of the first submission."""
     c, rec = load(root)
     if not rec["submitted"]:
+        # a first sbatch never answered: "run submit" was a fix submit then refused (issue 41,
+        # the eleventh hostile pass: submit SIGKILLed as the real sbatch answered)
+        refuse_unanswered(root, c, rec)
         raise SlurmError(f"the campaign {root} has not been submitted",
                          f"run `kvprefetch slurm submit {root}`")
     out: list[JobState] = []
