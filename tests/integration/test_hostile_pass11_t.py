@@ -272,3 +272,24 @@ def test_status_after_a_submit_killed_as_sbatch_answered_names_the_unanswered_jo
         assert "stopped before its job id was recorded" in res.stderr, (args, res.stderr)
         assert "squeue --me --name kvp-camp-prepare" in res.stderr, res.stderr
         assert "run `kvprefetch slurm submit" not in res.stderr, res.stderr
+
+
+def test_a_moved_campaigns_fix_is_one_that_works(tmp_path: Path) -> None:
+    """A campaign folder renamed between ``plan`` and ``submit``: refused, as it must be (its
+    scripts ``cd`` to the planned path), but the fix said "plan the campaign again in this
+    folder", and that plan was refused by the same check, for ever. Now the fix says to move
+    it back (or plan into a new folder); done, the submit goes through."""
+    _fake_slurm(tmp_path)
+    camp, moved = tmp_path / "camp", tmp_path / "camp-renamed"
+    plan = ("--stand-in", "--batch", "1")
+    assert _kit(tmp_path, "slurm", "plan", str(camp), *plan).returncode == 0
+    camp.rename(moved)
+    for args in (("submit", str(moved)), ("plan", str(moved), *plan)):
+        res = _kit(tmp_path, "slurm", *args)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert "was moved" in res.stderr and "plan the campaign again in this folder" \
+            not in res.stderr, res.stderr
+        assert f"move the folder back to '{camp}'" in res.stderr, res.stderr
+    moved.rename(camp)
+    res = _kit(tmp_path, "slurm", "submit", str(camp))
+    assert res.returncode == 0, res.stderr

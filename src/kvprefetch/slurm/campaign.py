@@ -378,9 +378,13 @@ def load_record(root: Path) -> dict[str, Any]:
     check_sending(data.get("sending"), p)
     plan_root = data["plan"].get("root")
     if plan_root != str(Path(root).resolve()):
+        # "plan the campaign again in this folder" was refused by this very check (issue 41,
+        # the eleventh hostile pass): the scripts, and any job sent, use the planned path
         raise ConfigError(f"{p} is corrupt or was moved: it plans the campaign {plan_root!r}, "
                           f"not {Path(root).resolve()}; kvprefetch acts on no path from it",
-                          "plan the campaign again in this folder (`kvprefetch slurm plan`)")
+                          f"move the folder back to {plan_root!r} if it was moved (its scripts "
+                          "and any job already sent use that path), or plan a new campaign "
+                          "into a new folder (`kvprefetch slurm plan NEW_FOLDER ...`)")
     return data
 
 
