@@ -293,3 +293,35 @@ def test_a_moved_campaigns_fix_is_one_that_works(tmp_path: Path) -> None:
     moved.rename(camp)
     res = _kit(tmp_path, "slurm", "submit", str(camp))
     assert res.returncode == 0, res.stderr
+
+
+_SCONTROL_AFTER_A_RESUBMIT = r'''#!/bin/bash
+case "$4" in
+104) echo "JobId=104 JobState=FAILED Reason=NonZeroExitCode Dependency=(null) ExitCode=1:0";;
+105) echo "JobId=105 ArrayJobId=105 ArrayTaskId=0-1 JobState=PENDING" \
+       "Reason=DependencyNeverSatisfied Dependency=afterok:104(failed) ExitCode=0:0";;
+108) echo "JobId=109 ArrayJobId=108 ArrayTaskId=1 JobState=COMPLETED Reason=None ExitCode=0:0"
+     echo "JobId=108 ArrayJobId=108 ArrayTaskId=0 JobState=COMPLETED Reason=None ExitCode=0:0";;
+*) echo "JobId=$4 JobState=COMPLETED Reason=None Dependency=(null) ExitCode=0:0";;
+esac
+'''
+
+
+def test_a_whole_job_sent_again_replaces_its_pending_array_record(tmp_path: Path) -> None:
+    """On the real Slurm a pending array is one record (``138_0-1``, ArrayTaskId=0-1). After a
+    failed verify, ``resubmit verify`` then ``resubmit bench`` ran everything to the end, yet
+    ``status --wait`` said "not completed: bench 138_0-1 NEVER" (exit 10; before it, PENDING:
+    a wait to its timeout): the new tasks' rows ``_0`` and ``_1`` never replaced the old
+    range. Now a whole job sent again replaces every row of the earlier submission. The fake
+    scontrol prints the real one's lines."""
+    _fake_slurm(tmp_path)
+    camp = tmp_path / "camp"
+    for args in (("plan", str(camp), "--stand-in", "--batch", "1,8"), ("submit", str(camp)),
+                 ("resubmit", str(camp), "verify"), ("resubmit", str(camp), "bench")):
+        res = _kit(tmp_path, "slurm", *args)
+        assert res.returncode == 0, res.stderr
+    (tmp_path / "bin" / "scontrol").write_text(_SCONTROL_AFTER_A_RESUBMIT)
+    res = _kit(tmp_path, "slurm", "status", str(camp), "--wait", "--timeout", "20", "--json")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    bench = sorted((s["id"], s["state"]) for s in json.loads(res.stdout) if s["job"] == "bench")
+    assert bench == [("108_0", "COMPLETED"), ("108_1", "COMPLETED")], bench

@@ -405,6 +405,12 @@ def status(root: Path, fetch: Fetch = job_states) -> list[JobState]:
     for job in c.jobs:  # in submission order: what a job waits on comes before it
         rows: dict[str, JobState] = {}
         for sub in rec["submitted"].get(job.name, []):
+            if sub.get("task") is None:
+                # the whole job sent again replaces every row of the earlier one: a pending
+                # array is one record, `138_0-1`, which the new tasks' rows (`_0`, `_1`) never
+                # replaced, so a campaign done was "not completed: bench 138_0-1" (issue 41,
+                # the eleventh hostile pass, on a real Slurm)
+                rows = {}
             for st in submission_states(c, job, sub, asked):
                 st = _never_if_waiting_on_an_end(st, ended)
                 task = st.id.partition("_")[2] if sub.get("task") is None else str(sub["task"])
