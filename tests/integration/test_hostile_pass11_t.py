@@ -69,8 +69,9 @@ def _fake_slurm(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def _kit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(_env(), PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path))
+def _kit(tmp_path: Path, *args: str,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(_env(), PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path), **(env or {}))
     env["PATH"] = f"{tmp_path / 'bin'}:{env.get('PATH', '')}"
     try:
         return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
@@ -325,3 +326,75 @@ def test_a_whole_job_sent_again_replaces_its_pending_array_record(tmp_path: Path
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     bench = sorted((s["id"], s["state"]) for s in json.loads(res.stdout) if s["job"] == "bench")
     assert bench == [("108_0", "COMPLETED"), ("108_1", "COMPLETED")], bench
+
+
+_SWAPPER = r'''
+import ctypes, os, sys, time
+# renameat2(RENAME_EXCHANGE): the folder and a link to the outside trade places atomically, so
+# the folder is never missing (a plain rename-and-link swap left a moment where publish made
+# the folder anew, and the swapping then jammed)
+libc = ctypes.CDLL(None, use_errno=True)
+folder, target, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+link = folder + ".swap"
+os.symlink(target, link)
+def exchange():
+    if libc.renameat2(-100, folder.encode(), -100, link.encode(), 2) != 0:
+        raise OSError(ctypes.get_errno(), "renameat2")
+print("ready", flush=True)
+while not os.path.exists(stop):
+    exchange()
+    time.sleep(0.0002)
+    exchange()
+    time.sleep(0.0002)
+os.unlink(link)
+'''
+
+
+@pytest.mark.parametrize("swapped", ["envs", "build/patched"])
+def test_publish_under_a_swap_loop_writes_nothing_outside(tmp_path: Path, outside: Path,
+                                                          swapped: str) -> None:
+    """``slurm publish`` while another process swaps a folder of ``work/`` (``envs`` or
+    ``build/<tree>``) for a link to a folder outside and back, over and over: publish copied
+    with ``shutil.copytree`` and renamed by path, and a real build's publish wrote 136 files
+    and folders outside in 60 runs (and left copies in the campaign). Now every folder is made,
+    every file written and every rename done relative to folders opened without following a
+    link: each run publishes or is refused, and nothing outside changes (the ``outside``
+    fixture). The publishes are 40 runs of the CLI, of an env and a build of 150 files each; the
+    build is the unit tests' fake scratch build."""
+    import os
+    import time
+
+    from kvprefetch.slurm.publish import publish_build
+    from tests.unit.test_slurm import _fake_scratch_build
+
+    _fake_slurm(tmp_path)
+    camp, scratch = tmp_path / "camp", tmp_path / "scratch"
+    assert _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in").returncode == 0
+    bdir = _fake_scratch_build(scratch, "patched")
+    site = scratch / "envs" / "patched" / "lib" / "python3.11" / "site-packages"
+    for i in range(150):  # a copy long enough for the swaps to meet it, as a real env's is
+        (site / f"module{i}.py").write_text("x = 1\n" * 50)
+        (bdir / "logs" / f"step{i}.log").write_text("log\n" * 50)
+    publish_build(scratch, camp / "work", "patched", label="1")  # work/envs, work/build made
+    stop = tmp_path / "stop-swapping"
+    swapper = subprocess.Popen([sys.executable, "-c", _SWAPPER, str(camp / "work" / swapped),
+                                str(outside), str(stop)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert swapper.stdout is not None and swapper.stdout.readline().strip() == "ready"
+        refused = 0
+        t0 = time.monotonic()
+        for i in range(40):
+            res = _kit(tmp_path, "slurm", "publish", str(camp), "--tree", "patched",
+                       "--scratch", str(scratch), env={"SLURM_JOB_ID": str(100 + i)})
+            assert "Traceback" not in res.stderr, res.stderr
+            refused += res.returncode != 0
+            if time.monotonic() - t0 > 40:
+                break
+    finally:
+        stop.touch()
+        swapper.wait(timeout=30)
+        if swapper.stdout is not None:
+            swapper.stdout.close()
+    assert refused, "the swaps never met a publish: the test proves nothing"
+    assert not [p for p in outside.rglob("*") if "publish" in p.name or p.name == "manifest.json"]
+    assert os.path.isdir(camp / "work" / swapped) and not os.path.islink(camp / "work" / swapped)
