@@ -398,3 +398,39 @@ def test_publish_under_a_swap_loop_writes_nothing_outside(tmp_path: Path, outsid
     assert refused, "the swaps never met a publish: the test proves nothing"
     assert not [p for p in outside.rglob("*") if "publish" in p.name or p.name == "manifest.json"]
     assert os.path.isdir(camp / "work" / swapped) and not os.path.islink(camp / "work" / swapped)
+
+
+def test_a_job_scripts_write_new_under_a_swap_loop_writes_nothing_outside(
+        tmp_path: Path, outside: Path) -> None:
+    """The job scripts' ``write_new`` (verify's ``results/verify.json``, every exit record in
+    ``logs/``) checked that the folder is no link, then wrote its temporary and renamed it by
+    path: under a loop swapping ``results/`` for a link to a folder outside and back, 300
+    writes left 49 temporaries there (and the rename could have replaced a ``verify.json``
+    there). Now it writes in the folder its subshell has entered (``cd -P``, the physical path
+    checked): each write lands in ``results/`` or is refused. The function is taken from a
+    script the kit wrote and run by bash, as the job runs it."""
+    _fake_slurm(tmp_path)
+    camp = tmp_path / "camp"
+    assert _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in").returncode == 0
+    script = (camp / "scripts" / "20-verify.sbatch").read_text().splitlines()
+    start = script.index("write_new() {")
+    func = "\n".join(script[start:script.index("}", start) + 1])
+    target = camp / "results" / "verify.json"
+    loop = (f"{func}\nok=0\nfor i in $(seq 300); do\n"
+            f"  echo '{{\"i\": '$i'}}' | write_new {target} 2>/dev/null && ok=$((ok+1))\n"
+            "done\necho $ok\n")
+    stop = tmp_path / "stop-swapping"
+    swapper = subprocess.Popen([sys.executable, "-c", _SWAPPER, str(camp / "results"),
+                                str(outside), str(stop)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert swapper.stdout is not None and swapper.stdout.readline().strip() == "ready"
+        res = subprocess.run(["bash", "-c", loop], capture_output=True, text=True, timeout=120,
+                             check=False)
+    finally:
+        stop.touch()
+        swapper.wait(timeout=30)
+        if swapper.stdout is not None:
+            swapper.stdout.close()
+    assert 0 < int(res.stdout.strip()) < 300, res  # some written, some refused: they met
+    assert not [p for p in outside.iterdir() if p.name.startswith("verify.json")]
+    assert json.loads(target.read_text())["i"] > 0

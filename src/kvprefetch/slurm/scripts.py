@@ -166,14 +166,23 @@ CHECK_JOB_IDS_SH = (
 # wrote outside, `mv -f` into a link to a folder moved the record there): stdin goes to a new
 # file (`set -C`: O_EXCL, so an existing name, a link included, is refused), which is renamed
 # over FILE (`mv -T`: a link at FILE, even to a folder, is replaced, never followed); a folder
-# holding FILE that is a link is refused.
+# holding FILE that is a link is refused. Both act in the folder the subshell has entered
+# (`cd -P`, then its physical path checked against the folder's): the working directory holds
+# on to that folder, so a swap of its path for a link after the check moves nothing outside
+# (issue 41, the eleventh hostile pass: under a swap loop of results/, the paths by name wrote
+# 49 temporaries into the folder the link named).
 WRITE_NEW_SH = (
     "write_new() {",
-    '  local dir tmp',
-    '  dir=$(dirname -- "$1")',
+    '  local dir name',
+    '  dir=$(dirname -- "$1"); name=$(basename -- "$1")',
     '  if [ -L "$dir" ]; then echo "refusing to write $1: $dir is a symlink" >&2; return 1; fi',
-    '  tmp="$1.tmp-$$-$RANDOM"',
-    '  ( set -C; cat > "$tmp" ) && mv -fT -- "$tmp" "$1"',
+    '  ( cd -P -- "$dir" || exit 1',
+    '    if [ "$(pwd -P)" != "$dir" ]; then',
+    ('      echo "refusing to write $1: $dir became a symlink (another process is changing'
+     ' the campaign)" >&2; exit 1'),
+    "    fi",
+    '    tmp="$name.tmp-$$-$RANDOM"',
+    '    ( set -C; cat > "$tmp" ) && mv -fT -- "$tmp" "$name" )',
     "}",
 )
 
