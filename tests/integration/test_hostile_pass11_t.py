@@ -434,3 +434,39 @@ def test_a_job_scripts_write_new_under_a_swap_loop_writes_nothing_outside(
     assert 0 < int(res.stdout.strip()) < 300, res  # some written, some refused: they met
     assert not [p for p in outside.iterdir() if p.name.startswith("verify.json")]
     assert json.loads(target.read_text())["i"] > 0
+
+
+def test_a_cancelled_build_job_removes_its_scratch_and_records_its_end(tmp_path: Path) -> None:
+    """``scancel`` (and a time limit) send SIGTERM to every process of the job. The script's
+    EXIT trap then recorded the exit status of the command that was running, so a command that
+    ends with status 0 on SIGTERM left the record "0": a cancelled build read back as COMPLETED
+    once the controller forgot it. Now the scripts trap SIGTERM as ``exit 143``: the scratch is
+    removed and 143 recorded whatever the command returned. The script is the kit's, run by
+    bash as Slurm runs it; its interpreter is a stand-in that sleeps in ``fetch`` and exits 0
+    (the kit's own commands exit 143 on SIGTERM, so the record was 143 with them); the SIGTERM
+    goes to the whole process group, as slurmstepd sends it."""
+    import os
+    import signal
+    import time
+
+    fake_python = tmp_path / "python"
+    fake_python.write_text('#!/bin/bash\ncase " $* " in *" fetch "*) sleep 60;; esac\nexit 0\n')
+    fake_python.chmod(0o755)
+    _fake_slurm(tmp_path)
+    camp = tmp_path / "camp"
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--scratch", "campaign",
+               "--python", str(fake_python))
+    assert res.returncode == 0, res.stderr
+    proc = subprocess.Popen(["bash", str(camp / "scripts" / "10-build-patched.sbatch")],
+                            env=dict(_env(), SLURM_JOB_ID="4242"), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scratch = camp / "scratch" / "kvprefetch-camp-build-patched-4242"
+    deadline = time.monotonic() + 30
+    while not scratch.is_dir():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.5)  # in fetch
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert not scratch.exists()
+    assert (camp / "logs" / "build-patched-4242.exit").read_text() == "143\n"

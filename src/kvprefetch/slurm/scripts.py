@@ -215,6 +215,10 @@ def render_script(c: Campaign, job: Job) -> str:
         "record_exit() {",
         '  printf \'%s\\n\' "$1" | write_new "$EXIT_RECORD"',
         "}",
+        # scancel and a time limit send SIGTERM to every process of the job: the EXIT trap
+        # recorded the status of the command that was running, "0" from one that exits 0 on
+        # SIGTERM, and the cancelled job read back as COMPLETED (issue 41, the eleventh pass)
+        "trap 'exit 143' TERM",
         "trap 'record_exit $?' EXIT",
         'echo "kvprefetch job ' + job.name + ' on $(hostname) at $(date -u +%FT%TZ)"',
     ]
