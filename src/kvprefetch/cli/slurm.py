@@ -179,7 +179,7 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
                 click.echo(render_script(c, j))
         return
     from ..slurm.campaign import CAMPAIGN_FILE
-    from ..slurm.cluster import campaign_lock
+    from ..slurm.sending import campaign_lock
 
     # a plan again over a campaign being submitted must not save a record read before its ids
     with campaign_lock(Path(c.root)) if (Path(c.root) / CAMPAIGN_FILE).exists() \
