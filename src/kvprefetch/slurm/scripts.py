@@ -320,8 +320,8 @@ def slurm_log_name(job: Job) -> str:
 def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],
                 task: int | None = None, log_dir: Path | None = None) -> list[str]:
     """``sbatch --parsable [--dependency=afterok:ID:ID] [--array=TASK] [--output=LOG] SCRIPT``:
-    ``log_dir`` is the submission's own fresh folder for Slurm's output (
-    ``sending.new_log_dir``; the option overrides the script's ``#SBATCH --output``)."""
+    ``log_dir`` is the submission's own fresh folder for Slurm's output
+    (``sending.new_log_dir``; the option overrides the script's ``#SBATCH --output``)."""
     argv = ["sbatch", "--parsable"]
     if dependency_ids:
         argv.append("--dependency=afterok:" + ":".join(dependency_ids))
