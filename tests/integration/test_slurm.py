@@ -239,7 +239,7 @@ def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdis
     rc, states = _status(camp, env, 900)
     logs = "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace")
                                                    .splitlines()[-25:])
-                     for p in sorted((camp / "logs").glob("*.out")))
+                     for p in sorted((camp / "logs").glob("*/*.out")))
     assert rc == 0, f"{states}\n{logs}\n{slurm_cluster.logs()}"
     assert {(s["job"], s["state"]) for s in states} == {
         ("prepare", "COMPLETED"), ("build-baseline", "COMPLETED"),
@@ -293,7 +293,9 @@ def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdis
     assert rc == 10, states
     assert {(s["id"], s["state"]) for s in states if s["job"] == "bench"} == \
         {(f"{failed['id']}_1", "FAILED"), (f"{ids['bench']}_0", "COMPLETED")}
-    assert "its manifest" in (camp / "logs" / f"bench-{failed['id']}_1.out").read_text()
+    # each submit or resubmit sends Slurm's output into its own new folder in logs/
+    log, = (camp / "logs").glob(f"sbatch-*/bench-{failed['id']}_1.out")
+    assert "its manifest" in log.read_text()
 
     r2 = kvprefetch_cli_split("slurm", "resubmit", str(camp), "bench", "--task", "1", "--json",
                               env=env)

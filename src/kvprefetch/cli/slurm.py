@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
@@ -177,7 +178,13 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
                 click.echo(f"==> {j.script} (after: {', '.join(j.after) or '-'})")
                 click.echo(render_script(c, j))
         return
-    written = write_campaign(c)
+    from ..slurm.campaign import CAMPAIGN_FILE
+    from ..slurm.sending import campaign_lock
+
+    # a plan again over a campaign being submitted must not save a record read before its ids
+    with campaign_lock(Path(c.root)) if (Path(c.root) / CAMPAIGN_FILE).exists() \
+            else nullcontext():
+        written = write_campaign(c)
     if kit.dirty:
         info(f"notice: the kit at {kit.root} has uncommitted changes; the jobs run them, but "
              f"campaign.json can only record commit {kit.commit}")

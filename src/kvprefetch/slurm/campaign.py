@@ -6,7 +6,9 @@ submission). The scripts it is written as, and the order they are submitted in, 
     <campaign>/
       campaign.json            the frozen plan, then the job ids of every submission
       scripts/NN-<job>.sbatch  one self-contained script per job
-      logs/<job>-<jobid>.out   Slurm's output of each job (arrays: <job>-<array>_<task>.out);
+      logs/sbatch-<time>-<random>/<job>-<jobid>.out
+                               Slurm's output of each job (arrays: <job>-<array>_<task>.out),
+                               in the new folder of the submit or resubmit that sent it;
                                a failed build's own logs in logs/build-<tree>-<jobid>/
       logs/<job>-<jobid>.exit  the job's exit status, written last by the script's EXIT trap
       cache/                   the read-only source cache: the hash-checked sdist (prepare)
@@ -376,9 +378,13 @@ def load_record(root: Path) -> dict[str, Any]:
     check_sending(data.get("sending"), p)
     plan_root = data["plan"].get("root")
     if plan_root != str(Path(root).resolve()):
+        # "plan the campaign again in this folder" was refused by this very check (issue 41,
+        # the eleventh hostile pass): the scripts, and any job sent, use the planned path
         raise ConfigError(f"{p} is corrupt or was moved: it plans the campaign {plan_root!r}, "
                           f"not {Path(root).resolve()}; kvprefetch acts on no path from it",
-                          "plan the campaign again in this folder (`kvprefetch slurm plan`)")
+                          f"move the folder back to {plan_root!r} if it was moved (its scripts "
+                          "and any job already sent use that path), or plan a new campaign "
+                          "into a new folder (`kvprefetch slurm plan NEW_FOLDER ...`)")
     return data
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,12 @@ from .campaign import (
     save_record,
 )
 from .scripts import sbatch_argv, submission_order
+from .sending import DRY_RUN_LOG_DIR, campaign_lock, new_log_dir
 
 # ENDED: forgotten by the controller, no accounting and no exit record (recorded_end)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE", "NEVER", "ENDED")
+SCONTROL_FAILED = "scontrol failed"  # the reason of a job the controller did not answer for
 FIX_SLURM = "run this on a Slurm login node (sbatch, scontrol on PATH, slurmctld reachable)"
 
 
@@ -157,7 +159,15 @@ def _send(root: Path, rec: dict[str, Any], job: str, task: int | None,
 def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
     """Submit every job of the campaign in order, each with ``afterok`` on the ids of the jobs
     it depends on. A campaign is submitted once; single jobs again with ``resubmit``."""
-    c, rec = load(root)
+    if dry_run:
+        return _submit(root, dry_run)
+    c, _ = load(root)
+    with campaign_lock(Path(c.root)):
+        return _submit(root, dry_run)
+
+
+def _submit(root: Path, dry_run: bool) -> list[dict[str, Any]]:
+    c, rec = load(root)  # read again under the lock
     check_job_folders(root)
     if not dry_run:
         refuse_unanswered(root, c, rec)
@@ -178,8 +188,9 @@ def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
                          "`kvprefetch slurm resubmit`")
     ids: dict[str, str] = {}
     done = []
+    log_dir = c.logs / DRY_RUN_LOG_DIR if dry_run else new_log_dir(c)
     for job in submission_order(c):
-        argv = sbatch_argv(c, job, [ids[a] for a in job.after])
+        argv = sbatch_argv(c, job, [ids[a] for a in job.after], log_dir=log_dir)
         if dry_run:
             ids[job.name] = f"<{job.name}>"
             done.append({"job": job.name, "argv": argv})
@@ -199,6 +210,7 @@ class JobState:
     exit_code: str
     reason: str
     source: str         # scontrol or sacct
+    waits_on: tuple[str, ...] = ()  # a pending job's afterok ids, as scontrol shows them
 
     @property
     def terminal(self) -> bool:
@@ -251,7 +263,9 @@ def _record_state(job: str, r: dict[str, str]) -> JobState:
     state, reason = r.get("JobState", "UNKNOWN"), r.get("Reason", "None")
     if state == "PENDING" and reason == "DependencyNeverSatisfied":
         state = "NEVER"  # will never run: a job it depends on did not succeed
-    return JobState(job, sid, state, r.get("ExitCode", "?"), reason, "scontrol")
+    # `afterok:18(unfulfilled),afterok:19_*(unfulfilled)`: the ids it waits on
+    waits = tuple(re.findall(r"afterok:([0-9]+)", r.get("Dependency", "")))
+    return JobState(job, sid, state, r.get("ExitCode", "?"), reason, "scontrol", waits)
 
 
 def job_states(job: str, job_id: str) -> list[JobState]:
@@ -278,7 +292,7 @@ def job_states(job: str, job_id: str) -> list[JobState]:
     if "invalid job id" in res.output.lower():
         return []
     # the controller did not answer (down, restarting, unreachable): not an end, keep asking
-    return [JobState(job, job_id, "UNKNOWN", "?", "scontrol failed: "
+    return [JobState(job, job_id, "UNKNOWN", "?", SCONTROL_FAILED + ": "
                      + shown((res.output.strip().splitlines() or ["no output"])[-1]), "none")]
 
 
@@ -329,17 +343,67 @@ def status(root: Path, fetch: Fetch = job_states) -> list[JobState]:
     replaces that task's row of the first submission."""
     c, rec = load(root)
     if not rec["submitted"]:
+        # a first sbatch never answered: "run submit" was a fix submit then refused (issue 41,
+        # the eleventh hostile pass: submit SIGKILLed as the real sbatch answered)
+        refuse_unanswered(root, c, rec)
         raise SlurmError(f"the campaign {root} has not been submitted",
                          f"run `kvprefetch slurm submit {root}`")
     out: list[JobState] = []
-    for job in c.jobs:
+    ended: dict[str, JobState] = {}  # submission id -> a row of it that did not complete
+    asked = _once_unreachable(fetch)
+    for job in c.jobs:  # in submission order: what a job waits on comes before it
         rows: dict[str, JobState] = {}
         for sub in rec["submitted"].get(job.name, []):
-            for st in submission_states(c, job, sub, fetch):
+            if sub.get("task") is None:
+                # the whole job sent again replaces every row of the earlier one: a pending
+                # array is one record, `138_0-1`, which the new tasks' rows (`_0`, `_1`) never
+                # replaced, so a campaign done was "not completed: bench 138_0-1" (issue 41,
+                # the eleventh hostile pass, on a real Slurm)
+                rows = {}
+            for st in submission_states(c, job, sub, asked):
+                st = _never_if_waiting_on_an_end(st, ended)
                 task = st.id.partition("_")[2] if sub.get("task") is None else str(sub["task"])
                 rows[task] = st
+                if st.terminal and st.state != "COMPLETED":
+                    ended.setdefault(str(sub["id"]), st)
         out += rows.values()
     return out
+
+
+def _once_unreachable(fetch: Fetch) -> Fetch:
+    """``fetch``, until the controller does not answer once: then the other jobs of this round
+    are UNKNOWN without asking. Each scontrol tries for its MessageTimeout's retries (18 s on a
+    real Slurm here) before it gives up, one job after another: a status of six jobs took 108 s
+    with the controller stopped, and ``status --wait --timeout 5`` as long (issue 41, the
+    eleventh hostile pass)."""
+    failed: list[JobState] = []
+
+    def asked(job: str, job_id: str) -> list[JobState]:
+        if failed:
+            return [JobState(job, job_id, "UNKNOWN", "?", "not asked: the controller did not "
+                             f"answer for {failed[0].job} ({failed[0].reason})", "none")]
+        got = fetch(job, job_id)
+        failed.extend(s for s in got if s.state == "UNKNOWN"
+                      and s.reason.startswith(SCONTROL_FAILED))
+        return got
+
+    return asked
+
+
+def _never_if_waiting_on_an_end(st: JobState, ended: dict[str, JobState]) -> JobState:
+    """A job pending on a job that will never complete (afterok) never runs either, yet Slurm
+    marks only the first one's dependants DependencyNeverSatisfied: the next stage stayed
+    PENDING (Dependency) for ever, and ``status --wait`` waited out its whole timeout (an hour
+    by default) to say "wait longer" (issue 41, the eleventh hostile pass: on a real Slurm, a
+    build cancelled or failed left bench and merge pending)."""
+    if st.state != "PENDING":
+        return st
+    for dep in st.waits_on:
+        if dep in ended:
+            e = ended[dep]
+            return replace(st, state="NEVER",
+                           reason=f"waits (afterok) on {e.job} {e.id}, which is {e.state}")
+    return st
 
 
 def wait(root: Path, timeout_s: float, poll_s: float = 2.0,
@@ -362,7 +426,15 @@ def resubmit(root: Path, job_name: str, task: int | None = None,
              dry_run: bool = False) -> dict[str, Any]:
     """Submit one job again, alone (one array task with ``task``). It depends (afterok) only on
     those of its prerequisites whose latest submission has not completed yet."""
-    c, rec = load(root)
+    if dry_run:
+        return _resubmit(root, job_name, task, dry_run)
+    c, _ = load(root)
+    with campaign_lock(Path(c.root)):
+        return _resubmit(root, job_name, task, dry_run)
+
+
+def _resubmit(root: Path, job_name: str, task: int | None, dry_run: bool) -> dict[str, Any]:
+    c, rec = load(root)  # read again under the lock
     check_job_folders(root)
     job = c.job(job_name)
     if not dry_run:
@@ -379,7 +451,8 @@ def resubmit(root: Path, job_name: str, task: int | None = None,
         if dry_run or not all(s.state == "COMPLETED" for s in
                               submission_states(c, c.job(a), rec["submitted"][a][-1])):
             deps.append(aid)
-    argv = sbatch_argv(c, job, deps, task)
+    log_dir = c.logs / DRY_RUN_LOG_DIR if dry_run else new_log_dir(c)
+    argv = sbatch_argv(c, job, deps, task, log_dir=log_dir)
     if dry_run:
         return {"job": job_name, "task": task, "argv": argv}
     job_id = _send(root, rec, job_name, task, argv)

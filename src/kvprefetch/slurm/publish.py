@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import stat
 import time
 from dataclasses import dataclass
@@ -41,11 +40,11 @@ from typing import Any
 from ..errors import SlurmError
 from ..hashing import sha256_file
 from ..reading import read_limited
-from ..workspace.confine import check_target, ensure_dir, remove_path
+from ..workspace.confine import check_target, copy_tree, ensure_dir, remove_path, rename_path
 from ..workspace.workdir import Workdir, write_json_atomic
 
-_NOT_PUBLISHED = shutil.ignore_patterns("*.o", "*.o.tmp", ".ninja_deps", ".ninja_log")
-_NOT_KEPT_NAMES = shutil.ignore_patterns("*.o", "*.o.tmp", "*.so", "src")
+_NOT_PUBLISHED = ("*.o", "*.o.tmp", ".ninja_deps", ".ninja_log")
+_NOT_KEPT = ("*.o", "*.o.tmp", "*.so", "src")
 _FIX_SPECIAL = ("remove it from the scratch work directory (a build writes only folders, regular "
                 "files and symlinks), then rerun the step or resubmit the build job")
 
@@ -57,26 +56,18 @@ def _special(path: str) -> bool:
     return not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode))
 
 
-def _copy_regular(src: str, dst: str) -> str:
-    """copytree's copy of one file: a regular file only. A FIFO in the scratch was "copying ...
-    failed: is a named pipe / To fix: free space or fix the permissions of the destination",
-    the user sent to the wrong place, and a device (``/dev/zero``'s kind) was copied without
-    end (issue 41, the tenth hostile pass)."""
-    if _special(src):
-        raise SlurmError(f"{src} is a FIFO, device or socket, not a build output; kvprefetch "
-                         "publishes only regular files", _FIX_SPECIAL)
-    return str(shutil.copy2(src, dst))
-
-
-def _not_kept(folder: str, names: list[str]) -> set[str]:
-    """What ``keep_logs`` leaves behind: objects, libraries, sources, and anything not a folder,
-    regular file or symlink (a FIFO, device or socket: never read, the rest of the logs kept)."""
-    skip = set(_NOT_KEPT_NAMES(folder, names))
-    for name in names:
-        with contextlib.suppress(OSError):
-            if name not in skip and _special(os.path.join(folder, name)):
-                skip.add(name)
-    return skip
+def _refuse_special(top: Path) -> None:
+    """A FIFO, device or socket under ``top`` (the scratch folder to publish) is named with the
+    fix: it was "copying ... failed: is a named pipe / To fix: free space or fix the
+    permissions of the destination", the user sent to the wrong place, and a device
+    (``/dev/zero``'s kind) was copied without end (issue 41, the tenth hostile pass). The copy
+    (``confine.copy_tree``) refuses one that appears after this look, too."""
+    for folder, dirs, files in os.walk(top):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            if _special(path):
+                raise SlurmError(f"{path} is a FIFO, device or socket, not a build output; "
+                                 "kvprefetch publishes only regular files", _FIX_SPECIAL)
 
 
 @dataclass(frozen=True)
@@ -165,9 +156,11 @@ def _rename_into_place(root: Path, tmp: Path, dest: Path, label: str) -> None:
     for p in (tmp, dest, old):
         check_target(root, p, what="replace", family=SlurmError)
     remove_path(root, old, family=SlurmError)
+    # relative to a descriptor of the folder (confine.rename_path): renames by path followed
+    # a folder swapped for a link meanwhile (issue 41, the eleventh hostile pass)
     if os.path.lexists(dest):
-        os.rename(dest, old)
-    os.rename(tmp, dest)
+        rename_path(root, dest, old.name, family=SlurmError)
+    rename_path(root, tmp, dest.name, family=SlurmError)
     _discard(root, old)
 
 
@@ -216,9 +209,13 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
         remove_path(dwd.root, tmp, family=SlurmError)  # debris of an earlier try of this job
         ensure_dir(tmp.parent, root=dwd.root, family=SlurmError)
     try:
-        shutil.copytree(src_env, tmp_env, symlinks=True, copy_function=_copy_regular)
-        shutil.copytree(src_build, tmp_build, symlinks=True, ignore=_NOT_PUBLISHED,
-                        copy_function=_copy_regular)
+        # made and written relative to folders opened O_NOFOLLOW from work/ down: copytree
+        # by path wrote whole copies behind a folder of work/ swapped for a link while it ran
+        # (issue 41, the eleventh hostile pass: 60 publishes under a swap loop, 136 files and
+        # folders written outside)
+        for src, tmp, globs in ((src_env, tmp_env, ()), (src_build, tmp_build, _NOT_PUBLISHED)):
+            _refuse_special(src)
+            copy_tree(dwd.root, src, tmp, skip_globs=globs, family=SlurmError)
         for bj in tmp_env.glob("lib/python*/site-packages/kvprefetch_kernels/build.json"):
             write_json_atomic(bj, rewrite_paths(_read_json(bj), pairs), root=dwd.root)
         new = rewrite_paths(manifest, pairs)
@@ -250,5 +247,6 @@ def keep_logs(scratch: Path, tree: str, into: Path, *, root: Path) -> Path | Non
         return None
     remove_path(root, into, family=SlurmError)
     ensure_dir(into.parent, root=root, family=SlurmError)
-    shutil.copytree(src, into, symlinks=True, ignore=_not_kept)
+    # a FIFO, device or socket is never read, the rest of the logs kept
+    copy_tree(root, src, into, skip_globs=_NOT_KEPT, skip_special=True, family=SlurmError)
     return into

@@ -166,20 +166,29 @@ CHECK_JOB_IDS_SH = (
 # wrote outside, `mv -f` into a link to a folder moved the record there): stdin goes to a new
 # file (`set -C`: O_EXCL, so an existing name, a link included, is refused), which is renamed
 # over FILE (`mv -T`: a link at FILE, even to a folder, is replaced, never followed); a folder
-# holding FILE that is a link is refused.
+# holding FILE that is a link is refused. Both act in the folder the subshell has entered
+# (`cd -P`, then its physical path checked against the folder's): the working directory holds
+# on to that folder, so a swap of its path for a link after the check moves nothing outside
+# (issue 41, the eleventh hostile pass: under a swap loop of results/, the paths by name wrote
+# 49 temporaries into the folder the link named).
 WRITE_NEW_SH = (
     "write_new() {",
-    '  local dir tmp',
-    '  dir=$(dirname -- "$1")',
+    '  local dir name',
+    '  dir=$(dirname -- "$1"); name=$(basename -- "$1")',
     '  if [ -L "$dir" ]; then echo "refusing to write $1: $dir is a symlink" >&2; return 1; fi',
-    '  tmp="$1.tmp-$$-$RANDOM"',
-    '  ( set -C; cat > "$tmp" ) && mv -fT -- "$tmp" "$1"',
+    '  ( cd -P -- "$dir" || exit 1',
+    '    if [ "$(pwd -P)" != "$dir" ]; then',
+    ('      echo "refusing to write $1: $dir became a symlink (another process is changing'
+     ' the campaign)" >&2; exit 1'),
+    "    fi",
+    '    tmp="$name.tmp-$$-$RANDOM"',
+    '    ( set -C; cat > "$tmp" ) && mv -fT -- "$tmp" "$name" )',
     "}",
 )
 
 
 def render_script(c: Campaign, job: Job) -> str:
-    log = c.logs / (f"{job.name}-%A_%a.out" if job.array else f"{job.name}-%j.out")
+    log = c.logs / slurm_log_name(job)  # `kvprefetch slurm submit` sends each its own folder
     gpu = (job.name == "bench" and not c.bench.stand_in) or (job.name == "verify" and not c.no_gpu)
     cpus = c.slurm.cpus_per_build if job.name.startswith("build-") else None
     check_campaign_path(c.root)  # the folder goes into #SBATCH lines, unquoted
@@ -206,6 +215,10 @@ def render_script(c: Campaign, job: Job) -> str:
         "record_exit() {",
         '  printf \'%s\\n\' "$1" | write_new "$EXIT_RECORD"',
         "}",
+        # scancel and a time limit send SIGTERM to every process of the job: the EXIT trap
+        # recorded the status of the command that was running, "0" from one that exits 0 on
+        # SIGTERM, and the cancelled job read back as COMPLETED (issue 41, the eleventh pass)
+        "trap 'exit 143' TERM",
         "trap 'record_exit $?' EXIT",
         'echo "kvprefetch job ' + job.name + ' on $(hostname) at $(date -u +%FT%TZ)"',
     ]
@@ -298,14 +311,24 @@ def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
 _CAMPAIGN_FOLDERS = ("scripts", "logs", "results", "report", "cache")
 
 
+def slurm_log_name(job: Job) -> str:
+    """The name Slurm gives a job's output (``%j``: the job id; an array task's
+    ``%A_%a``)."""
+    return f"{job.name}-%A_%a.out" if job.array else f"{job.name}-%j.out"
+
+
 def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],
-                task: int | None = None) -> list[str]:
-    """``sbatch --parsable [--dependency=afterok:ID:ID] [--array=TASK] SCRIPT``."""
+                task: int | None = None, log_dir: Path | None = None) -> list[str]:
+    """``sbatch --parsable [--dependency=afterok:ID:ID] [--array=TASK] [--output=LOG] SCRIPT``:
+    ``log_dir`` is the submission's own fresh folder for Slurm's output
+    (``sending.new_log_dir``; the option overrides the script's ``#SBATCH --output``)."""
     argv = ["sbatch", "--parsable"]
     if dependency_ids:
         argv.append("--dependency=afterok:" + ":".join(dependency_ids))
     if task is not None:
         argv.append(f"--array={task}")  # overrides the script's #SBATCH --array
+    if log_dir is not None:
+        argv.append(f"--output={log_dir / slurm_log_name(job)}")
     argv.append(str(Path(c.root) / job.script))
     return argv
 

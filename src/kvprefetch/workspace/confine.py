@@ -42,6 +42,7 @@ import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -449,6 +450,7 @@ def move_file(root: Path, src: Path, dst: Path, *,
 
 
 def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozenset(),
+              skip_globs: tuple[str, ...] = (), skip_special: bool = False,
               family: type[KvprefetchError] = ConfigError) -> None:
     """``shutil.copytree(src, dst, symlinks=True)`` for a new ``dst`` inside ``root``, where
     every folder is made and every file and symlink created relative to a folder opened
@@ -460,9 +462,10 @@ def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozen
     when it is outside ``root``: a ``--source`` the user named), each file relative to its
     folder's descriptor (issue 41, the tenth hostile pass: a folder of ``pristine/sdist``
     swapped for a link after it was listed had the files behind the link copied into the tree,
-    and recorded as pristine). Names in ``skip`` are left out at any depth; a FIFO, device or
-    socket in ``src`` is refused. Mode and mtime of each file are kept, as copytree keeps
-    them."""
+    and recorded as pristine). Names in ``skip``, and names matching a pattern of
+    ``skip_globs`` (``fnmatch``), are left out at any depth; a FIFO, device or socket in
+    ``src`` is refused (left out with ``skip_special``). Mode and mtime of each file are kept,
+    as copytree keeps them."""
     check_target(root, dst, what="copy into", family=family)
     if os.path.lexists(dst):
         raise family(f"{dst} is in the way of a copy", f"move {dst} away, then rerun")
@@ -476,7 +479,7 @@ def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozen
             dfd = open_dir(dst / rel, root=root, what="copy into", family=family)
             try:
                 for name in sorted(os.listdir(sfd)):
-                    if name in skip:
+                    if name in skip or any(fnmatchcase(name, g) for g in skip_globs):
                         continue
                     s = src / rel / name
                     st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
@@ -487,6 +490,8 @@ def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozen
                         pending.append(rel / name)
                     elif stat.S_ISREG(st.st_mode):
                         _copy_file(s, sfd, name, dfd, family)
+                    elif skip_special:
+                        continue
                     else:
                         raise family(f"cannot copy {s}: it is {_kind(st.st_mode)}",
                                      f"move {s} away, then rerun")
