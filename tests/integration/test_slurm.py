@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -87,8 +88,10 @@ def _ensure_slurm_installed() -> str | None:
 
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """munged (unless one is already running: then it is used and left alone), slurmctld and
-    slurmd on this host with their own ports and a generated slurm.conf; all stopped after.
+    """munged on a socket of its own, slurmctld and slurmd on this host with their own ports and
+    a generated slurm.conf; all stopped after. (A munged shared with another run, as this
+    fixture once used one already running, was stopped under that run by whichever started
+    it: two suites on one machine, as a rehearsal beside a developer's run, broke each other.)
     No accounting and MinJobAge=2: the controller forgets a finished job within seconds, as a
     small cluster without slurmdbd does after 300 s, so `slurm status` must read how each job
     ended from its exit record (a campaign longer than 300 s failed exactly there)."""
@@ -102,6 +105,14 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
     started: list[subprocess.Popen[bytes]] = []
     own_munged = False
     env = dict(os.environ, SLURM_CONF=str(d / "slurm.conf"))
+    # munged checks that its socket's folder is the munge user's and not writable by others,
+    # and runs as that user, who cannot enter pytest's 0700 folders: its files go beside the
+    # system's, under names of this run
+    tag = f"kvptest-{os.getpid()}-{secrets.token_hex(4)}"
+    munge_socket = f"/run/munge/munge.socket.{tag}"
+    munged_files = [f"--socket={munge_socket}", f"--pid-file=/run/munge/{tag}.pid",
+                    f"--log-file=/var/log/munge/{tag}.log",
+                    f"--seed-file=/var/lib/munge/{tag}.seed"]
 
     def stop() -> None:
         if started:
@@ -125,8 +136,11 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
                 p.kill()
                 p.wait()
         if own_munged:
-            subprocess.run(["runuser", "-u", "munge", "--", "munged", "--stop"],
+            subprocess.run(["runuser", "-u", "munge", "--", "munged", "--stop",
+                            f"--socket={munge_socket}"],
                            capture_output=True, check=False, timeout=30)
+            for leftover in (f"/var/log/munge/{tag}.log", f"/var/lib/munge/{tag}.seed"):
+                Path(leftover).unlink(missing_ok=True)
 
     try:
         key = Path("/etc/munge/munge.key")
@@ -136,12 +150,14 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
             key.chmod(0o400)
         Path("/run/munge").mkdir(parents=True, exist_ok=True)
         shutil.chown("/run/munge", "munge", "munge")
-        if subprocess.run(["munge", "-n"], capture_output=True, check=False).returncode != 0:
-            r = subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"],
-                               capture_output=True, text=True, check=False)
-            if r.returncode != 0:
-                pytest.skip(f"munged does not start: {r.stderr.strip()}")
-            own_munged = True
+        for folder in ("/var/log/munge", "/var/lib/munge"):
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            shutil.chown(folder, "munge", "munge")
+        r = subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", *munged_files],
+                           capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            pytest.skip(f"munged does not start: {r.stderr.strip()}")
+        own_munged = True
         cpus = os.cpu_count() or 1
         (d / "state").mkdir()
         (d / "spool").mkdir()
@@ -153,6 +169,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
+AuthInfo=socket={munge_socket}
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
