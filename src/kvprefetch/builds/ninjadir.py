@@ -9,13 +9,15 @@ hostile pass: ninja appended its log to a file outside through a ``.ninja_log`` 
 the build's one check of hard links). So the build folder's ``build.ninja`` and what an earlier
 run finished are copied into a private folder (``ownership.private_dir``), ninja runs there, and
 what it made is copied back through ``confine`` (a new file renamed into place, never written
-through another name), also when the compile fails or is stopped: finished objects are kept and
-the next run resumes, as before. Modification times are kept both ways (ninja compares them)."""
+through another name) as each edge ends and when the compile ends, however it ends: finished
+objects are kept and the next run resumes, as before, even after a SIGKILL of the kit.
+Modification times are kept both ways (ninja compares them)."""
 
 from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -84,25 +86,54 @@ def _copy_back(priv: Path, bdir: Path, root: Path) -> None:
             _copy(priv, name, write)
 
 
+# how often what ninja finished is copied back while it runs: ninja records an edge in
+# .ninja_log and .ninja_deps just after it prints the edge's [n/N], so a copy made at that line
+# alone would miss the records, and a rerun after a SIGKILL would build the object again
+SYNC_EVERY_S = 1.0
+
+
 @contextmanager
-def private_ninja(argv: list[str], *, root: Path, tree: str) -> Iterator[list[str]]:
+def private_ninja(argv: list[str], *, root: Path,
+                  tree: str) -> Iterator[tuple[list[str], Callable[[], None]]]:
     """``argv`` (``ninja -C <build folder> ...``) with ``-C`` a private copy of the build
-    folder; what ninja made goes back into the build folder (inside ``root``, the work
-    directory) when the block ends, however it ends. A command line without ``-C`` is run as
-    it is."""
+    folder, and a function that copies what ninja has finished so far back into the build
+    folder (inside ``root``, the work directory), to call as each edge ends (ninja's
+    ``[n/N]``). A thread does the same every ``SYNC_EVERY_S`` while the block runs, so that a
+    SIGKILL of the kit, which runs no cleanup, still leaves the finished objects and ninja's
+    records of them for the rerun to keep. The rest goes back when the block ends, however it
+    ends. A command line without ``-C`` is run as it is."""
     if "-C" not in argv[:-1]:
-        yield argv
+        yield argv, lambda: None
         return
     i = argv.index("-C")
     bdir = Path(argv[i + 1])
     with ownership.private_dir(f"ninja-{tree}") as priv:
         _copy_in(bdir, priv)
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def sync() -> None:
+            with lock:
+                _copy_back(priv, bdir, root)
+
+        def loop() -> None:
+            while not stop.wait(SYNC_EVERY_S):
+                with suppress(KvprefetchError, OSError):  # the last copy below reports it
+                    sync()
+
+        t = threading.Thread(target=loop, name="kvprefetch-ninja-sync", daemon=True)
+        t.start()
         try:
-            yield [*argv[:i + 1], str(priv), *argv[i + 2:]]
+            yield [*argv[:i + 1], str(priv), *argv[i + 2:]], sync
         except BaseException:
+            stop.set()
+            t.join()
             # a failed or stopped compile keeps what it finished (the rerun resumes), but
             # a copy that fails now must not hide why the compile ended
             with suppress(KvprefetchError, OSError):
-                _copy_back(priv, bdir, root)
+                sync()
             raise
-        _copy_back(priv, bdir, root)
+        finally:
+            stop.set()
+            t.join()
+        sync()

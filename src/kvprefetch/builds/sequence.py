@@ -279,14 +279,17 @@ def compile_with_progress(tree: str, argv: list[str], *, env: dict[str, str], lo
         with lock:
             say(tree, prog.line(time.monotonic()))
 
+    sync: Callable[[], None] = lambda: None
+
     def progress(n: int, total: int) -> None:
         with lock:
             prog.update(n, total)
         show()
+        sync()  # the edge that just ended: its output into the build folder now
 
     with ExitStack() as stack:
         if workdir is not None:
-            argv = stack.enter_context(private_ninja(argv, root=workdir, tree=tree))
+            argv, sync = stack.enter_context(private_ninja(argv, root=workdir, tree=tree))
         with heartbeat(show):
             run(argv, env=env, log=log, on_progress=progress, fix=fix)
 
