@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -205,7 +206,9 @@ def test_an_apply_scratch_folder_swapped_for_a_link_gets_nothing_written_behind_
     swapped: list[Path] = []
 
     def headers():  # type: ignore[no-untyped-def]
-        for att in wd.glob("tmp/apply-*/t/csrc/attention"):
+        # the scratch is a private folder in the system temp since the eleventh pass
+        for att in [*wd.glob("tmp/apply-*/t/csrc/attention"),
+                    *Path(tempfile.gettempdir()).glob("kvprefetch-apply-*/t/csrc/attention")]:
             if not swapped and att.is_dir() and not att.is_symlink():
                 os.rename(att, att.with_name(".attention.away"))
                 os.symlink(outside, att)

@@ -193,22 +193,39 @@ def load():
 '''  # noqa: E501
 
 
-def install_into_env(site_packages: Path, so: Path, build_json: dict[str, object]) -> Path:
-    """Copy the library into ``<site-packages>/kvprefetch_kernels/`` (atomically)."""
+def install_into_env(site_packages: Path, so: Path, build_json: dict[str, object], *,
+                     root: Path) -> Path:
+    """Copy the library into ``<site-packages>/kvprefetch_kernels/`` (atomically): a new folder
+    beside it, then two renames. Every act goes through ``confine`` from ``root`` (the work
+    directory, which holds the environment) down: the environment is in the work directory,
+    and its ``site-packages`` (or a folder above it) swapped for a link to a folder outside
+    while the build compiled had the library, its record and the renames land in that folder,
+    the user's own ``kvprefetch_kernels/`` there moved aside and deleted (issue 41, the
+    eleventh hostile pass: a swap after the torch probe, minutes before the install)."""
     import shutil
+
+    from ..workspace import confine
 
     pkg = site_packages / PACKAGE
     tmp = site_packages / f".{PACKAGE}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    shutil.copy2(so, tmp / "_C.so")
-    write_file(tmp / "__init__.py", INIT_TEMPLATE, family=BuildError)
-    write_json_atomic(tmp / "build.json", build_json)
     old = site_packages / f".{PACKAGE}.old-{os.getpid()}"
-    if pkg.exists():
-        os.rename(pkg, old)
-    os.rename(tmp, pkg)
-    shutil.rmtree(old, ignore_errors=True)
+    for p in (pkg, tmp, old):
+        confine.check_target(root, p, what="install the library into", family=BuildError)
+    for p in (tmp, old):  # this pid's leftovers of an install killed part-way
+        if os.path.lexists(p):
+            confine.remove_path(root, p, family=BuildError)
+    confine.ensure_dir(tmp, root=root, family=BuildError)
+    with open(so, "rb") as src, confine.open_new(
+            tmp / "_C.so", root=root, mode=confine.kept_mode(so), exact=True,
+            family=BuildError) as f:
+        shutil.copyfileobj(src, f, 1 << 20)
+    write_file(tmp / "__init__.py", INIT_TEMPLATE, root=root, family=BuildError)
+    write_json_atomic(tmp / "build.json", build_json, root=root)
+    if os.path.lexists(pkg):
+        confine.rename_path(root, pkg, old.name, family=BuildError)
+    confine.rename_path(root, tmp, PACKAGE, family=BuildError)
+    if os.path.lexists(old):
+        confine.remove_path(root, old, family=BuildError)
     return pkg / "_C.so"
 
 
@@ -257,7 +274,7 @@ def install_library(tp: TreePlan, plan: BuildPlan, lib: LibraryBuild, site: Path
                   "key": tp.key, "so_sha256": so_sha, "build_so": str(lib.so),
                   "patch_sha256": tp.patch_sha256, **({"mode": mode} if mode else {}),
                   **plan.selection}
-    return install_into_env(site, lib.so, build_json), so_sha
+    return install_into_env(site, lib.so, build_json, root=Path(plan.workdir)), so_sha
 
 
 def library_manifest(core: dict[str, Any], tp: TreePlan, plan: BuildPlan, lib: LibraryBuild, *,

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,33 +216,61 @@ def build_tree(tp: TreePlan, plan: BuildPlan, inputs: ModeInputs, force: bool,
             run_.env, run_.child = env, child_env(env, tp)
         run_.env_seconds = round(time.monotonic() - locked_at, 1)
         handlers = steps.handlers()
-        for i, s in enumerate(tp.steps, 1):
-            if s.name == CREATE_ENV:
-                continue
-            if s.name == MANIFEST:
-                write_json_atomic(run_.build_dir / "manifest.json",
-                                  steps.manifest(manifest_core(tp, plan)))
-                steps.recorded()
-                continue
-            handler = handlers.get(s.name)
-            if handler is None:
-                raise BuildError(f"the {plan.mode} build of {tp.tree} has no step {s.name!r}",
-                                 "report this: the plan and its mode disagree")
-            handler(s, run_.logs / f"{i:02d}-{s.name}.log")
+        with compilers_tmpdir(run_):
+            for i, s in enumerate(tp.steps, 1):
+                if s.name == CREATE_ENV:
+                    continue
+                if s.name == MANIFEST:
+                    write_json_atomic(run_.build_dir / "manifest.json",
+                                      steps.manifest(manifest_core(tp, plan)))
+                    steps.recorded()
+                    continue
+                handler = handlers.get(s.name)
+                if handler is None:
+                    raise BuildError(f"the {plan.mode} build of {tp.tree} has no step "
+                                     f"{s.name!r}", "report this: the plan and its mode disagree")
+                handler(s, run_.logs / f"{i:02d}-{s.name}.log")
     out.status = "built"
     out.seconds = round(time.monotonic() - run_.started, 1)
     steps.finish()
     return out
 
 
+@contextmanager
+def compilers_tmpdir(run_: TreeRun) -> Iterator[None]:
+    """The build's commands get a ``TMPDIR`` of their own, removed when the tree's steps end,
+    however they end: a build stopped mid-compile (Ctrl-C, SIGTERM, SIGHUP) left nvcc's
+    ``tmpxft_*`` files, about 34 MB, in the system temp (issue 41, the ninth and tenth passes
+    left it open). The folder is private (``ownership.private_dir``, 0700 in the system temp,
+    under the user's own TMPDIR when set), not in the work directory: nvcc writes its
+    temporaries there by predictable names, which in a folder others may write would be
+    places to plant a link. Only a SIGKILL of the kit itself still leaves it."""
+    with ownership.private_dir(f"build-{run_.tp.tree}") as tmp:
+        old = run_.child.get("TMPDIR")
+        run_.child["TMPDIR"] = str(tmp)
+        try:
+            yield
+        finally:
+            if old is None:
+                run_.child.pop("TMPDIR", None)
+            else:
+                run_.child["TMPDIR"] = old
+
+
 def compile_with_progress(tree: str, argv: list[str], *, env: dict[str, str], log: Path,
                           fix: str, started: float, build_root: Path,
                           selection: dict[str, Any], heavy: int | None = None,
-                          jobs: int = 1) -> None:
+                          jobs: int = 1, workdir: Path | None = None) -> None:
     """Run ninja, showing its ``[n/N]`` with the time elapsed since ``started`` (the tree's
     build) and an estimate of the time left. ninja prints a counter only as each edge ends,
     minutes apart for a full launcher source, so a heartbeat repeats the line in between.
-    ``heavy``: how many of the edges are nvcc's (the pace counts only those; progress.py)."""
+    ``heavy``: how many of the edges are nvcc's (the pace counts only those; progress.py).
+    With ``workdir``, ninja runs in a private copy of its build folder
+    (``ninjadir.private_ninja``), whose outputs come back into ``workdir``'s build folder
+    through ``confine`` (a build.ninja whose outputs are all at its top: the library builds;
+    cmake's build tree of the smoke runs in place)."""
+    from .ninjadir import private_ninja
+
     prog = CompileProgress(started, previous_seconds(build_root, selection), heavy=heavy,
                            light_first=jobs > 1)
     lock = threading.Lock()
@@ -251,13 +279,19 @@ def compile_with_progress(tree: str, argv: list[str], *, env: dict[str, str], lo
         with lock:
             say(tree, prog.line(time.monotonic()))
 
+    sync: Callable[[], None] = lambda: None
+
     def progress(n: int, total: int) -> None:
         with lock:
             prog.update(n, total)
         show()
+        sync()  # the edge that just ended: its output into the build folder now
 
-    with heartbeat(show):
-        run(argv, env=env, log=log, on_progress=progress, fix=fix)
+    with ExitStack() as stack:
+        if workdir is not None:
+            argv, sync = stack.enter_context(private_ninja(argv, root=workdir, tree=tree))
+        with heartbeat(show):
+            run(argv, env=env, log=log, on_progress=progress, fix=fix)
 
 
 def unpack_deps(run_: TreeRun, step: Step) -> None:

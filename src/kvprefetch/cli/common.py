@@ -21,6 +21,17 @@ def count_range(low: int) -> click.IntRange:
     return click.IntRange(min=low, max=INT32_MAX)
 
 
+# A bench's --seed seeds torch.Generator.manual_seed, which takes an unsigned 64-bit number
+# (10**20 is its ValueError, met only on the GPU, in the middle of a run); decode seeds a second
+# generator with seed + 1, so the top is 2**63 - 1, and a negative seed (torch wraps it modulo
+# 2**64, so -1 is 2**64 - 1) is refused rather than renamed (issue 41, tenth hostile pass).
+SEED_RANGE = click.IntRange(min=0, max=2**63 - 1)
+# bench kernel's --rounds: interleaved rounds of every shape; fewer than 3 give no spread
+# (KernelBenchConfig), and 10,000 (vmm bench's own cap) is already hours per shape at the
+# default sample length, so more is a typo, not a plan.
+ROUNDS_RANGE = click.IntRange(min=3, max=10_000)
+
+
 if TYPE_CHECKING:
     from ..bench.plan import Bound
 

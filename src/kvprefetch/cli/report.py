@@ -220,7 +220,8 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
     if new != text:
         # rewritten in place as `export-header -o` writes: never through a symlink (the file
         # or its folder), never over a device node or a FIFO
-        write_file(readme, new, family=BenchError, mode=kept_mode(readme))
+        write_file(readme, new, family=BenchError, mode=kept_mode(readme),
+                   exact=True)
     if not as_json:
         info(f"{readme}: " + (f"regenerated {', '.join(changed)}" if changed else "up to date"))
 
@@ -255,6 +256,6 @@ def _write_index(root: Path, out: Path | None, check: bool, as_json: bool) -> No
     if changed:
         # the rule of `export-header -o` (confine.write_file without a root): neither the file
         # nor its folder may be a symlink, the folder's ancestors may be
-        write_file(out, text, family=BenchError, mode=kept_mode(out))
+        write_file(out, text, family=BenchError, mode=kept_mode(out), exact=True)
     if not as_json:
         info(f"{out}: " + ("regenerated" if changed else "up to date"))

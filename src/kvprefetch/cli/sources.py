@@ -163,7 +163,7 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
                        "To fix: `kvprefetch fetch --force` (the tree is moved to backup/), then "
                        "`kvprefetch apply`", err=True)
             sys.exit(1)
-        carried = carried_variant(Workdir(workdir).tree(tree_name), read_only=True)
+        carried = carried_variant(Workdir(workdir).tree(tree_name))
         if res.variant is not None and carried != res.variant:
             click.echo(f"check FAILED: tree {tree_name!r} is recorded as carrying the "
                        f"{res.variant} patch but its files carry {carried or 'no patch'}\n"

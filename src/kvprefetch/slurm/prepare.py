@@ -91,7 +91,7 @@ def source_cache(c: Campaign) -> tuple[str, bool]:
 
 def record_builds(workdir: Path, trees: list[str]) -> list[str]:
     wd = Workdir(workdir.resolve())
-    wd.ensure()
+    wd.ensure(campaign=True)
     done = []
     for t in trees:
         path = wd.build_root(t)

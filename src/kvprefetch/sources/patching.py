@@ -100,8 +100,8 @@ def _git_made_only(root: Path, rels: list[str], variant: str) -> None:
 
 
 def _scratch_copy(root: Path, src: Path, scratch: Path, dst: Path) -> None:
-    """Copy the tree file ``src`` (inside ``root``) to ``dst`` (inside ``scratch``: the work
-    directory, or a system temp folder), both through folders opened ``O_NOFOLLOW`` from there
+    """Copy the tree file ``src`` (inside ``root``) to ``dst`` (inside ``scratch``, a private
+    folder: ``ownership.private_dir``), both through folders opened ``O_NOFOLLOW`` from there
     down (``confine.read_file``,
     ``write_file``), its permission bits kept: a scratch folder swapped for a link to a folder
     outside while apply copied into it had ``shutil.copy2`` write the tree's files, and the kit
@@ -109,7 +109,8 @@ def _scratch_copy(root: Path, src: Path, scratch: Path, dst: Path) -> None:
     from ..workspace.confine import read_file
 
     data = read_file(root, src, limit=_MAX_SOURCE_BYTES, family=PatchError)
-    write_file(dst, data, root=scratch, family=PatchError, mode=kept_mode(src))
+    write_file(dst, data, root=scratch, family=PatchError, mode=kept_mode(src),
+               exact=True)
 
 
 def _variant_files(variant: str) -> list[Path]:
@@ -128,10 +129,12 @@ def _pristine_files(tree: Path, paths: list[str]) -> bool:
                sha256_file(tree / p) == upstream.PRISTINE_SHA256[p] for p in paths)
 
 
-def carried_variant(tree: Path, *, read_only: bool = False) -> str | None:
+def carried_variant(tree: Path) -> str | None:
     """Which variant (if any) the tree's patched files carry exactly; None when all of them
-    are pristine; "unknown" for anything else. ``read_only``: the scratch copy goes to a
-    system temp folder, not the work directory (diff-upstream writes nothing there)."""
+    are pristine; "unknown" for anything else. The reversed patch is tried on copies in a
+    private folder outside the work directory (``ownership.private_dir``): nothing is written
+    there (diff-upstream and dry runs write nothing), and git's writes by path reach no folder
+    anyone who writes the work directory can swap."""
     every = upstream.all_patched_paths()
     if _pristine_files(tree, every):
         return None
@@ -140,14 +143,15 @@ def carried_variant(tree: Path, *, read_only: bool = False) -> str | None:
         others = [p for p in every if p not in own]
         if not _pristine_files(tree, others):
             continue
-        # trees/<name> -> its work directory, which holds the scratch copy
-        with ownership.scratch_dir(tree.parent.parent, "carried", read_only=read_only) as td:
+        # git apply writes by path: only in a folder no one who writes the work directory
+        # can reach (ownership.private_dir), never in the work directory's tmp/
+        with ownership.private_dir("carried") as td:
             copy = td / "t"
             for rel in own:
                 if not (tree / rel).is_file():
                     break
-                _scratch_copy(tree.parent.parent, tree / rel,
-                              td if read_only else tree.parent.parent, copy / rel)
+                # trees/<name> -> its work directory
+                _scratch_copy(tree.parent.parent, tree / rel, td, copy / rel)
             else:
                 if not _git_apply(copy, _variant_files(v), "--reverse"):
                     continue
@@ -165,7 +169,7 @@ def _describe(tree: Path) -> str:
 
 
 def _refuse_differences(tree: Path, variant: str, applied: dict[str, Any] | None,
-                        diffs: list[str], read_only: bool = False) -> PatchError:
+                        diffs: list[str]) -> PatchError:
     """Why a tree that differs from the kit's record is refused (nothing was changed)."""
     shown = ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
     fix = ("keep your changes elsewhere, then `kvprefetch fetch --force` (the tree is moved to "
@@ -175,7 +179,7 @@ def _refuse_differences(tree: Path, variant: str, applied: dict[str, Any] | None
         edited = ", ".join(str(tree / d[2:]) for d in diffs)
         return PatchError(f"{edited} was edited by hand (it differs from what kvprefetch "
                           "installed); the tree was left untouched", fix)
-    carried = carried_variant(tree, read_only=read_only)
+    carried = carried_variant(tree)
     what = ("an unknown modification" if carried in (None, "unknown")
             else f"the {carried} variant with other changes")
     expected = ("pristine v0.10.2" if applied is None
@@ -231,7 +235,7 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                   if applied is None and os.path.lexists(tree / rel) and rel not in recorded
                   and not any(d.startswith(f"A {rel}") for d in diffs)]
         if diffs:
-            raise _refuse_differences(tree, variant, applied, diffs, read_only=dry_run)
+            raise _refuse_differences(tree, variant, applied, diffs)
         headers_only = False
         was = upstream.canonical_variant(applied["variant"]) if applied is not None else None
         if applied is not None:
@@ -239,7 +243,7 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                 return ApplyResult(name, tree, variant, "already-applied", digest, files)
             # The kit's own headers changed since (csrc/*.cuh), its diffs did not: the tree's
             # patched files still reverse-apply to pristine. Install the new headers.
-            headers_only = was == variant and carried_variant(tree, read_only=dry_run) == variant
+            headers_only = was == variant and carried_variant(tree) == variant
         if applied is not None and not headers_only:
             what = (f"the {was} variant" if was != variant
                     else f"another version of the {variant} patch (sha256 "
@@ -250,10 +254,13 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                              f"`kvprefetch apply --variant {variant}`")
         if dry_run:
             return ApplyResult(name, tree, variant, "would-apply", digest, files)
-        with ownership.scratch_dir(wd.root, "apply") as td:
+        # git apply writes its results by path, in its working folder: a private folder
+        # outside the work directory, which nothing that writes the work directory can swap
+        # for a link (ownership.private_dir); the results reach the tree through treetxn
+        with ownership.private_dir("apply") as td:
             work = td / "t"
             for rel in [] if headers_only else own:
-                _scratch_copy(wd.root, tree / rel, wd.root, work / rel)
+                _scratch_copy(wd.root, tree / rel, td, work / rel)
             if not headers_only and (not _git_apply(work, patches, "--check")
                                      or not _git_apply(work, patches)):
                 raise PatchError(f"the {variant} patch does not apply to {tree}",
@@ -264,7 +271,7 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
                                  "result does not carry the patch",
                                  "report this; the tree was left untouched")
             for src, rel in upstream.kit_headers():
-                write_file(work / rel, src.read_bytes(), root=wd.root, family=PatchError)
+                write_file(work / rel, src.read_bytes(), root=td, family=PatchError)
             changes = {rel: work / rel for rel in
                        (upstream.KIT_HEADERS_IN_TREE if headers_only else files)}
             new_inventory = dict(recorded)
@@ -423,5 +430,6 @@ def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Pat
         text = (t / upstream.ATTENTION_HEADER).read_text()
     out_lines = inline_kit_headers(text)
     # -o anywhere: never through a symlinked file or folder (confine.write_file)
-    write_file(output, "".join(out_lines), family=PatchError, mode=kept_mode(output))
+    write_file(output, "".join(out_lines), family=PatchError, mode=kept_mode(output),
+               exact=True)
     return output

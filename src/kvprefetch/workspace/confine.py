@@ -242,14 +242,17 @@ def ensure_dir(d: Path, *, root: Path | None = None,
 @contextmanager
 def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
              family: type[KvprefetchError] = ConfigError,
-             tmp_name: str | None = None) -> Iterator[BinaryIO]:
+             tmp_name: str | None = None, exact: bool = False) -> Iterator[BinaryIO]:
     """A binary file to stream into ``path`` (a download, a large output), written as
     ``write_file`` writes: a new temporary file in the same directory (``O_EXCL |
     O_NOFOLLOW``), renamed over ``path`` only when the block ends without an exception (else
     removed). A symlinked destination or parent is refused (from ``root`` down, when given), and
     so is an existing destination that is not a regular file (a device node, a FIFO).
     ``tmp_name``: the temporary's name (default: ``.<name>.tmp-<hex>-<pid>``), for a caller that
-    records it before it exists (``ownership.write_record``); it is never opened if it exists."""
+    records it before it exists (``ownership.write_record``); it is never opened if it exists.
+    The file's bits are ``mode`` less the umask (``file_mode``); ``exact``: ``mode`` as it is
+    (a user's file rewritten keeps its own, ``kept_mode``)."""
+    final = mode if exact else file_mode(mode)
     ensure_dir(path.parent, root=root, family=family)
     if root is not None:
         check_target(root, path, what="write", family=family)
@@ -278,13 +281,13 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
     try:
         try:
             fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, mode, dir_fd=dfd)
+                         | os.O_CLOEXEC, final & 0o700, dir_fd=dfd)
         except OSError as exc:  # relative to the folder's descriptor: name the folder too
             raise OSError(exc.errno, exc.strerror, str(path.parent / tmp_name)) from exc
         created = True
         with os.fdopen(fd, "wb") as f:
             yield f
-            os.fchmod(f.fileno(), mode)  # not the umask's
+            os.fchmod(f.fileno(), final)
         os.replace(tmp_name, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
         created = False
     finally:
@@ -294,16 +297,41 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
         os.close(dfd)
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it (``/proc/self/status``; where that has no
+    ``Umask:`` line, set and restored at once)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8) & 0o777
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old & 0o777
+
+
+def file_mode(mode: int) -> int:
+    """The bits a file the kit writes gets: ``mode`` less what the umask masks (a user under
+    ``umask 077`` expects private files: the kit's records and outputs came out 0644 whatever
+    it said; issue 41, the ninth and tenth passes left it open), never world-writable, and
+    never less than the owner's own bits of ``mode`` (as ``cli.no_world_writable`` keeps
+    them: the kit must still be able to rewrite what it wrote)."""
+    return ((mode & ~current_umask()) | (mode & 0o700)) & ~0o002 & 0o7777
+
+
 def kept_mode(path: Path, default: int = 0o644) -> int:
-    """The permission bits of the regular file at ``path`` (never followed), else ``default``:
-    a file the user names that the kit replaces (``report --readme`` rewrites it in place,
-    ``--index --out``, ``export-header -o``) keeps them (issue 41, the fifth hostile pass: a
-    README of mode 600 came back 644, readable by every user of the machine)."""
+    """The permission bits of the regular file at ``path`` (never followed), else ``default``
+    less the umask (``file_mode``): a file the user names that the kit replaces (``report
+    --readme`` rewrites it in place, ``--index --out``, ``export-header -o``) keeps them (issue
+    41, the fifth hostile pass: a README of mode 600 came back 644, readable by every user of
+    the machine). Pass it with ``exact=True``: the bits are the file's own, not the kit's."""
     try:
         st = os.lstat(path)
     except OSError:
-        return default
-    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else default
+        return file_mode(default)
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else file_mode(default)
 
 
 def _kind(mode: int) -> str:
@@ -320,12 +348,14 @@ def _kind(mode: int) -> str:
 
 
 def write_file(path: Path, data: bytes | str, *, root: Path | None = None, mode: int = 0o644,
-               family: type[KvprefetchError] = ConfigError, tmp_name: str | None = None) -> None:
+               family: type[KvprefetchError] = ConfigError, tmp_name: str | None = None,
+               exact: bool = False) -> None:
     """Write ``data`` to ``path`` atomically: a new temporary file in the same directory
     (``O_EXCL | O_NOFOLLOW``), then ``os.replace``. A symlinked destination or parent is refused
     (from ``root`` down, when given)."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    with open_new(path, root=root, mode=mode, family=family, tmp_name=tmp_name) as f:
+    with open_new(path, root=root, mode=mode, family=family, tmp_name=tmp_name,
+                  exact=exact) as f:
         f.write(payload)
 
 

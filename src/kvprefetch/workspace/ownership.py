@@ -41,6 +41,8 @@ _WHERE = {
     "pristine": re.compile(r"pristine/[A-Za-z0-9_][A-Za-z0-9_.-]*"),
     "backup": re.compile(r"backup/[A-Za-z0-9_][A-Za-z0-9_.-]*"),
     "download": re.compile(r"downloads/[A-Za-z0-9_][A-Za-z0-9_.+-]*"),
+    "toolkit": re.compile(r"toolkits/[A-Za-z0-9_][A-Za-z0-9_.-]*"),
+    "tmp": re.compile(r".+"),  # checked below, against its pid
 }
 
 
@@ -50,7 +52,14 @@ def _entry_problem(rel: str, entry: dict[str, Any]) -> str | None:
     if not isinstance(kind, str):
         return "has no kind"
     where = _WHERE.get(kind)
-    if where is not None and not where.fullmatch(rel):
+    if where is None:
+        # any entry names a path the kit owns (fetch replaces a pristine copy any entry names;
+        # a build folder with one is not recorded again): a kind the kit never writes, from a
+        # forged or foreign record, was read as "the kit's" without a check of where it points
+        # (issue 41, the ninth and tenth passes left it open)
+        return (f"has the kind {kind[:40]!r}, which kvprefetch never writes (it writes "
+                f"{', '.join(sorted(_WHERE))})")
+    if not where.fullmatch(rel):
         return f"is not where kvprefetch puts a {kind}"
     if kind == "tmp":
         pid = entry.get("pid")
@@ -234,8 +243,8 @@ def scratch_dir(root: Path, prefix: str, *, read_only: bool = False) -> Iterator
     instead, neither recorded nor inside the work directory (a killed run may leave it there,
     as tempfile does)."""
     if read_only:
-        with tempfile.TemporaryDirectory(prefix=f"kvprefetch-{prefix}-") as tmp:
-            yield Path(tmp)
+        with private_dir(prefix) as tmp:
+            yield tmp
         return
     base = root / SCRATCH
     link = symlink_on_the_way(root, base) if base.exists() or base.is_symlink() else None
@@ -254,6 +263,20 @@ def scratch_dir(root: Path, prefix: str, *, read_only: bool = False) -> Iterator
         if made:
             with suppress(OSError):  # not empty: another step's scratch is in it
                 base.rmdir()  # a refused step leaves the work directory as it found it
+
+
+@contextmanager
+def private_dir(prefix: str) -> Iterator[Path]:
+    """A new folder only this process's user can enter (``mkdtemp``: mode 0700, a random name
+    in the system temp, outside the work directory), removed on exit (a signal's cleanup
+    included; a SIGKILL leaves it, as tempfile does). For what a program the kit runs writes
+    by path: ``git apply`` writes its results into its working folder by name, and a folder
+    of a scratch copy inside the work directory swapped for a link to a folder outside while it
+    ran had git write the patched files (and ``name~<pid>`` temporaries) there (issue 41, the
+    eleventh hostile pass: a swap loop won most runs). Whoever can write only the work
+    directory (the threat model's attacker) cannot reach this folder."""
+    with tempfile.TemporaryDirectory(prefix=f"kvprefetch-{prefix}-") as tmp:
+        yield Path(tmp)
 
 
 def orphans(root: Path) -> list[Path]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
@@ -32,11 +31,9 @@ _MAX_FILE = 16 << 20
 
 
 def _mode(p: Path) -> int:
-    """The permission bits of ``p`` (not followed), 0o644 when it cannot be read."""
-    try:
-        return stat.S_IMODE(os.lstat(p).st_mode)
-    except OSError:
-        return 0o644
+    """The permission bits of the regular file ``p`` (not followed), kept as they are; else
+    0o644 less the umask (``confine.kept_mode``): written with ``exact=True``."""
+    return confine.kept_mode(p)
 
 
 def stage_dir(wd: Workdir, name: str) -> Path:
@@ -110,7 +107,8 @@ def _restore(root: Path, tree: Path, stage: Path, files: list[dict[str, Any]]) -
                              "kvprefetch stopped the rollback there",
                              _journal_fix(stage / "journal.json"))
         data = confine.read_file(root, src, family=PatchError)
-        confine.write_file(dst, data, root=root, mode=_mode(src), family=PatchError)
+        confine.write_file(dst, data, root=root, mode=_mode(src), family=PatchError,
+                           exact=True)
 
 
 def recover(wd: Workdir, name: str) -> str | None:
@@ -178,7 +176,7 @@ def commit(wd: Workdir, name: str, changes: dict[str, Path], new_state: dict[str
                 raise PatchError(f"cannot stage {rel}: {exc}", "rerun; report this if it "
                                  "happens again") from None
             confine.write_file(stage / "new" / rel, data, root=root, mode=_mode(src),
-                               family=PatchError)
+                               family=PatchError, exact=True)
             before = _hash(tree / rel)
             if before is not None:
                 old = confine.read_file(root, tree / rel, limit=_MAX_FILE, family=PatchError)
@@ -187,7 +185,7 @@ def commit(wd: Workdir, name: str, changes: dict[str, Path], new_state: dict[str
                                      "process is changing the work directory)",
                                      "stop whatever else writes there, then rerun")
                 confine.write_file(stage / "old" / rel, old, root=root, mode=_mode(tree / rel),
-                                   family=PatchError)
+                                   family=PatchError, exact=True)
             files.append({"rel": rel, "before": before,
                           "after": hashlib.sha256(data).hexdigest()})
         write_json_atomic(stage / "journal.json", {"tree": name, "files": files,

@@ -84,12 +84,13 @@ class Workdir:
         tag = self.root / TAG_FILE
         return tag.is_file() and not tag.is_symlink()
 
-    def ensure(self, adopt: bool = False) -> None:
+    def ensure(self, adopt: bool = False, campaign: bool = False) -> None:
         """Create the work directory, or accept an existing one: a kvprefetch work directory,
-        an empty directory, or (``adopt``) a non-empty one the user hands over."""
+        an empty directory, or (``adopt``) a non-empty one the user hands over. ``campaign``:
+        a campaign's work folder, which ``slurm prepare`` makes and which has no --adopt."""
         from .confine import write_file
 
-        self.check_adoptable(adopt)
+        self.check_adoptable(adopt, campaign=campaign)
         adopting = self.root.is_dir() and not self.is_tagged() and any(self.root.iterdir())
         self.root.mkdir(parents=True, exist_ok=True)
         if not self.is_tagged():
@@ -105,8 +106,11 @@ class Workdir:
         except (OSError, UnicodeDecodeError):
             return True
 
-    def check_adoptable(self, adopt: bool = False) -> None:
-        """Refuse (ConfigError) a --workdir the kit must not take over; writes nothing."""
+    def check_adoptable(self, adopt: bool = False, campaign: bool = False) -> None:
+        """Refuse (ConfigError) a --workdir the kit must not take over; writes nothing.
+        ``campaign``: the folder is a campaign's work folder, named as such (not --workdir),
+        and the fix offered is not --adopt, which ``slurm prepare`` does not have (issue 41,
+        the tenth hostile pass)."""
         if self.root.is_symlink() and not self.root.exists():
             raise ConfigError(f"--workdir {self.root} is a dangling symlink",
                               "point --workdir at a directory")
@@ -125,9 +129,20 @@ class Workdir:
         if self.root.is_dir() and not self.is_tagged() and any(self.root.iterdir()) \
                 and not adopt:
             shown = ", ".join(sorted(p.name for p in self.root.iterdir())[:6])
+            tag = self.root / TAG_FILE
+            why = (f"its {TAG_FILE} is a symlink (to {os.readlink(tag)}), which kvprefetch never "
+                   "reads as its tag" if tag.is_symlink() else
+                   f"its {TAG_FILE} is not a plain file" if os.path.lexists(tag) else
+                   f"no {TAG_FILE}")
+            if campaign:
+                raise ConfigError(
+                    f"the campaign's work folder {self.root} is not empty ({shown}) and was not "
+                    f"created by kvprefetch ({why}); `slurm prepare` will not take it over",
+                    f"move what {self.root} holds out of the campaign (your files stay yours) "
+                    "or plan a new campaign, then rerun the prepare job")
             raise ConfigError(
                 f"--workdir {self.root} is not empty ({shown}) and was not created by kvprefetch "
-                f"(no {TAG_FILE}); kvprefetch will not take it over as its work directory",
+                f"({why}); kvprefetch will not take it over as its work directory",
                 "pass a new or empty --workdir, or add --adopt to use this one (kvprefetch then "
                 "only ever removes what it creates there; your files are kept)")
         owned = self.root / OWNED_RECORD

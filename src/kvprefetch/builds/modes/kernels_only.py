@@ -131,7 +131,7 @@ class KernelsOnlyTree(TreeSteps):
             fix=f"read {log}; fix the cause and rerun: finished objects are kept and the build "
                 "resumes",
             started=run.started, build_root=run.build_dir.parent, selection=run.plan.selection,
-            heavy=len(self.lib.sources), jobs=ninja_jobs(step.argv))
+            heavy=len(self.lib.sources), jobs=ninja_jobs(step.argv), workdir=Path(run.plan.workdir))
         run.out.steps.append({"step": "compile", "seconds": round(time.monotonic() - t, 1)})
 
     def install(self, step: Step, log: Path) -> None:

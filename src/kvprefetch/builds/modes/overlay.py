@@ -225,7 +225,7 @@ class OverlayTree(TreeSteps):
                 "resumes",
             started=run_.started, build_root=run_.build_dir.parent,
             selection=run_.plan.selection, heavy=len(self.lib.sources),
-            jobs=ninja_jobs(step.argv))
+            jobs=ninja_jobs(step.argv), workdir=Path(run_.plan.workdir))
         self.timed("compile", t)
         self.imports = cudart_imports(run(["nm", "-D", "--undefined-only", str(so)],
                                           echo=False, log=log).output)

@@ -17,7 +17,7 @@ from ...bench.decode_plan import (
     run_decode_plan,
 )
 from ...console import emit_json, info, table
-from ..common import count_range, dry_run_option, json_option, workdir_option
+from ..common import SEED_RANGE, count_range, dry_run_option, json_option, workdir_option
 from .options import output_options, trees_option, usage_errors
 
 _D = DecodeBenchOptions  # the defaults the help shows are the library's
@@ -55,11 +55,12 @@ _D = DecodeBenchOptions  # the defaults the help shows are the library's
 @click.option("--repeats", type=click.IntRange(min=1), default=_D.repeats, show_default=True,
               help="Interleaved rounds per workload.")
 @click.option("--eager", is_flag=True, help="Every step eager, as vLLM's enforce_eager.")
-@click.option("--max-seq-len-to-capture", type=click.IntRange(min=1),
+@click.option("--max-seq-len-to-capture", type=count_range(1),
               default=_D.max_seq_len_to_capture, show_default=True,
               help="vLLM's knob: graphs are captured with this max_seq_len; steps holding a "
                    "longer sequence run eagerly.")
-@click.option("--seed", type=int, default=_D.seed, show_default=True)
+@click.option("--seed", type=SEED_RANGE, default=_D.seed, show_default=True,
+              help="Seeds the weights, inputs and trace (0 to 2**63 - 1).")
 @output_options(_D.name)
 @dry_run_option
 @json_option

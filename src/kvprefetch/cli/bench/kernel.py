@@ -41,7 +41,15 @@ from ...bench.matrix import (
 from ...bench.schema import KernelDocument, SampleDocument
 from ...bench.vllm_call import VllmCall
 from ...console import emit_json, info, table
-from ..common import BoundedNumber, count_range, dry_run_option, json_option, workdir_option
+from ..common import (
+    ROUNDS_RANGE,
+    SEED_RANGE,
+    BoundedNumber,
+    count_range,
+    dry_run_option,
+    json_option,
+    workdir_option,
+)
 from .options import output_options, trees_option, usage_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -131,7 +139,7 @@ def launch_options(f: F) -> F:
                      metavar="N",
                      help="The model's max_model_len: capture length = min(8192, N) [default: "
                           "the model's, 8192 or more]; a sample draws its own per step."),
-        click.option("--max-seq-len-to-capture", type=click.IntRange(min=1),
+        click.option("--max-seq-len-to-capture", type=count_range(1),
                      default=VllmCall.max_seq_len_to_capture, show_default=True, metavar="N",
                      help="vLLM's knob: graphs are captured with this max_seq_len; steps "
                           "holding a longer sequence run eagerly."),
@@ -167,7 +175,8 @@ def launch_options(f: F) -> F:
               help="cold [default]: KV rotated over enough layers to exceed L2; hot: one layer; "
               "aliased: one layer whose block tables point into a pool of --alias-l2-fraction "
               "of the L2 (every KV load an L2 hit at any shape: the L2-resident bound).")
-@click.option("--rounds", type=int, default=_K.rounds, show_default=True)
+@click.option("--rounds", type=ROUNDS_RANGE, default=_K.rounds, show_default=True,
+              help="Interleaved rounds of every shape (3 to 10,000).")
 @click.option("--sample-ms", type=BoundedNumber(SAMPLE_MS), default=_K.sample_ms,
               show_default=True, help="Minimum duration of one timed sample (> 0, at most 60000).")
 @click.option("--l2-factor", type=BoundedNumber(L2_FACTOR), default=_K.l2_factor,
@@ -179,7 +188,8 @@ def launch_options(f: F) -> F:
                    "it; 1 to 1000).")
 @click.option("--alias-l2-fraction", type=float, default=_K.alias_l2_fraction, show_default=True,
               help="Aliased mode: the block pool's size as a fraction of the L2.")
-@click.option("--seed", type=int, default=_K.seed, show_default=True)
+@click.option("--seed", type=SEED_RANGE, default=_K.seed, show_default=True,
+              help="Seeds the inputs (0 to 2**63 - 1).")
 @click.option("--list-presets", is_flag=True, help="List the model presets and exit.")
 @sample_options
 @launch_options
