@@ -75,12 +75,14 @@ def plain(value: object) -> Any:
 def rich_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
                title: str | None = None) -> Any:
     """A rich ``Table`` of ``rows``, every header, cell and the title shown as it is
-    (``plain``)."""
+    (``plain``), whole: a word longer than its column (a work directory's path) is folded onto
+    the next lines, never cut to an ellipsis (doctor showed a long work directory as
+    ``/tmp/.../test_a_table_shows_a_path_as_i0…``, its end lost)."""
     from rich.table import Table
 
     t = Table(title=plain(title) if title is not None else None, show_lines=False)
     for h in headers:
-        t.add_column(plain(h))
+        t.add_column(plain(h), overflow="fold")
     for r in rows:
         t.add_row(*(plain(c) for c in r))
     return t
