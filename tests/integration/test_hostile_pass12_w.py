@@ -133,3 +133,123 @@ def test_env_creation_under_a_swap_loop_on_envs_acts_on_nothing_outside(
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# --------------------------------------------------------------------------- deps archives
+_NAMES = ("cutlass", "flash-attention", "FlashMLA")
+_COMMIT = "0123456789ab"
+
+
+def _member(tf, name: str, data: bytes = b"x", **attrs: object) -> None:  # type: ignore[no-untyped-def]
+    import io
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    for k, v in attrs.items():
+        setattr(info, k, v)
+    info.size = len(data) if info.type == tarfile.REGTYPE else 0
+    tf.addfile(info, io.BytesIO(data) if info.type == tarfile.REGTYPE else None)
+
+
+def _deps_dir(tmp_path: Path, extra: dict[str, object] | None = None) -> Path:
+    """``--deps-dir`` with three archives of the shape vLLM's deps have (one top-level folder
+    holding the header the configure reads) and their ``SHA256SUMS``; ``extra``: one more
+    member of cutlass's archive (its name, and TarInfo attributes)."""
+    import hashlib
+    import tarfile
+
+    d = tmp_path / "D"
+    d.mkdir()
+    sums = []
+    for n in _NAMES:
+        top = f"{n}-{_COMMIT}"
+        path = d / f"{top}.tar.gz"
+        with tarfile.open(path, "w:gz") as tf:
+            _member(tf, f"{top}/include/cutlass/cutlass.h")
+            _member(tf, f"{top}/csrc/cutlass/include/cutlass/cutlass.h")
+            if extra is not None and n == "cutlass":
+                attrs = dict(extra)
+                _member(tf, str(attrs.pop("name")), **attrs)
+        sums.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
+    (d / "SHA256SUMS").write_text("".join(sums))
+    return d
+
+
+def _unpack(deps: Path, work: Path):  # type: ignore[no-untyped-def]
+    """``unpack_archives`` as the build's unpack-deps step calls it (before this pass it took
+    the unpack folder, ``work/deps``; now the work directory)."""
+    import inspect
+
+    from kvprefetch.sources.deps import unpack_archives
+
+    second = list(inspect.signature(unpack_archives).parameters)[1]
+    return unpack_archives(deps, work / "deps" if second == "unpack_root" else work)
+
+
+def test_deps_unpack_never_acts_through_a_deps_folder_planted_as_a_link(tmp_path: Path) -> None:
+    """``work/deps`` a link to a folder outside holding a ``cutlass-<commit>/`` of the user's:
+    a full build's unpack step deleted that folder with the user's file in it and unpacked
+    the three archives there (seen with the CLI, ``build --mode full --deps-dir``). Now one
+    FetchError naming the link; the folder outside is byte-identical. (The step's function is
+    called here: the CLI reaches it after making a venv with pip.)"""
+    from kvprefetch.errors import KvprefetchError
+
+    deps = _deps_dir(tmp_path)
+    work = _work(tmp_path)
+    victim = tmp_path / "victim"
+    (victim / f"cutlass-{_COMMIT}").mkdir(parents=True)
+    (victim / f"cutlass-{_COMMIT}" / "mine.txt").write_text("the user's\n")
+    before = tree_bytes(victim)
+    os.symlink(victim, work / "deps")
+    with pytest.raises(KvprefetchError) as err:
+        _unpack(deps, work)
+    assert "symlink" in str(err.value)
+    assert tree_bytes(victim) == before
+
+
+def test_deps_unpack_never_removes_a_folder_it_did_not_unpack(tmp_path: Path) -> None:
+    """A ``work/deps/cutlass-<commit>/`` without the kit's stamp (the user's own) was removed
+    to make room; now it is named as in the way, and kept."""
+    from kvprefetch.errors import KvprefetchError
+
+    deps = _deps_dir(tmp_path)
+    work = _work(tmp_path)
+    mine = work / "deps" / f"cutlass-{_COMMIT}"
+    mine.mkdir(parents=True)
+    (mine / "mine.txt").write_text("the user's\n")
+    with pytest.raises(KvprefetchError) as err:
+        _unpack(deps, work)
+    assert "in the way" in str(err.value) and "To fix" not in err.value.cause
+    assert (mine / "mine.txt").read_text() == "the user's\n"
+    # and a clean unpack, then a second one that keeps it
+    mine_moved = tmp_path / "moved"
+    mine.rename(mine_moved)
+    done = _unpack(deps, work)
+    assert len(done) == 3 and all((p / ".kvprefetch-sha256").is_file() for p in done)
+    assert _unpack(deps, work) == done
+    assert not [p for p in (work / "deps").iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("member", [
+    {"name": f"cutlass-{_COMMIT}/../../escaped"},
+    {"name": f"cutlass-{_COMMIT}/out", "type": b"2", "linkname": "/etc/passwd"},
+    {"name": f"cutlass-{_COMMIT}/hard", "type": b"1", "linkname": "../../victim/x"},
+    {"name": f"cutlass-{_COMMIT}/null", "type": b"3", "devmajor": 1, "devminor": 3},
+], ids=["dotdot", "symlink-out", "hardlink-out", "device"])
+def test_a_hostile_deps_archive_is_one_fetch_error(tmp_path: Path,
+                                                   member: dict[str, object]) -> None:
+    """An archive listed in ``SHA256SUMS`` (the user's) with a member outside its folder, a
+    link out, a hard link to outside or a device: tarfile's ``data`` filter refused it, but
+    its ``OutsideDestinationError`` (and the rest) went up as a traceback (seen with the CLI).
+    Now one FetchError naming the archive; nothing is unpacked into ``deps/``. (An absolute
+    member the filter makes relative, so it lands in the private folder beside the archive's
+    own, and is left there: not a case here.)"""
+    from kvprefetch.errors import FetchError
+
+    deps = _deps_dir(tmp_path, member)
+    work = _work(tmp_path)
+    with pytest.raises(FetchError) as err:
+        _unpack(deps, work)
+    assert "cutlass" in str(err.value)
+    assert not (tmp_path / "escaped").exists()
+    assert not (work / "deps").exists() or not list((work / "deps").iterdir())
