@@ -253,3 +253,27 @@ def test_a_hostile_deps_archive_is_one_fetch_error(tmp_path: Path,
     assert "cutlass" in str(err.value)
     assert not (tmp_path / "escaped").exists()
     assert not (work / "deps").exists() or not list((work / "deps").iterdir())
+
+
+# --------------------------------------------------------------------------- small items
+@pytest.mark.parametrize("tail", ["garbage", "cut"])
+def test_a_gzipped_result_with_bytes_after_it_or_cut_short_is_refused(tmp_path: Path,
+                                                                     tail: str) -> None:
+    """A ``.json.gz`` result with bytes after its gzip stream, or its stream cut before the
+    CRC (the JSON inside whole): ``report`` read it as a good result (the eleventh pass left
+    it open). Now one BenchError naming the file and what is wrong, exit 7, no report."""
+    import gzip
+    import json
+
+    from kvprefetch.errors import BenchError
+    from tests.integration.test_reliability import cli, refused
+    from tests.unit.test_report import kernel_doc
+
+    good = gzip.compress(json.dumps(kernel_doc()).encode())
+    path = tmp_path / "r.json.gz"
+    path.write_bytes(good + b"not gzip at all" if tail == "garbage" else good[:-6])
+    res = cli("report", str(path), "--formats", "md", "--out", str(tmp_path / "out"),
+              timeout=120)
+    refused(res, BenchError.exit_code, "r.json.gz",
+            "follow its gzip stream" if tail == "garbage" else "cut short")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
