@@ -277,3 +277,24 @@ def test_a_gzipped_result_with_bytes_after_it_or_cut_short_is_refused(tmp_path: 
     refused(res, BenchError.exit_code, "r.json.gz",
             "follow its gzip stream" if tail == "garbage" else "cut short")
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("args", [("clean", "--dry-run"), ("doctor",), ("fetch", "--dry-run")],
+                         ids=["clean-error", "doctor-table", "fetch-lines"])
+def test_a_path_with_an_escape_sequence_never_reaches_the_terminal_raw(
+        tmp_path: Path, args: tuple[str, ...]) -> None:
+    """A work directory named with an OSC sequence (retitles the terminal) and a CSI one
+    (clears it): ``clean``'s error, ``doctor``'s table and ``fetch --dry-run``'s lines printed
+    them raw (click strips only colour sequences, and only off a terminal: the OSC went through
+    even into a pipe; the eleventh pass left it open). Now every control character is shown
+    escaped, ``\\x1b``, and the rest of the path as it is."""
+    from tests.integration.test_reliability import _env
+
+    work = tmp_path / "w\x1b]0;pwned\x07x\x1b[2J"
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", *args, "--workdir", str(work)],
+                         capture_output=True, timeout=300, env=_env(), check=False,
+                         cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert b"Traceback" not in out, out
+    assert b"\x1b" not in out and b"\x07" not in out, out
+    assert b"w\\x1b]0;pwned\\x07x\\x1b[2J" in out, out
