@@ -12,7 +12,10 @@ What this module guarantees:
   is written last. A non-blocking file lock guards each env path.
 - The env's own python must resolve inside the env (``sys.prefix`` is checked), else an error.
 - ``environ()`` strips what breaks isolation or silently swaps binaries (PYTHONPATH,
-  PYTHONHOME, another env's prefix, VLLM_USE_PRECOMPILED, pip's user/target overrides)."""
+  PYTHONHOME, another env's prefix, VLLM_USE_PRECOMPILED, pip's user/target overrides).
+
+Past the ~500-line mark as one module: the creation protocol (lock, stamp, recorded temporary,
+private build folder, marker) and the three backends that plug into it are read together."""
 
 from __future__ import annotations
 
