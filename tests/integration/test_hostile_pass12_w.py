@@ -327,3 +327,35 @@ def test_a_link_planted_at_a_build_jobs_scratch_name_is_named_with_its_fix(
     assert "something is already there" in job.stderr, job.stderr
     assert f"kvprefetch slurm resubmit {camp} build-baseline" in job.stderr, job.stderr
     assert list(victim.iterdir()) == [] and planted.is_symlink()
+
+
+def test_a_publish_refused_mid_rename_puts_the_previous_build_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``slurm publish`` of a resubmitted build moves the published env aside
+    (``.<tree>.old-<job>``), then renames the new one into place. When that second rename was
+    refused (a folder swapped for a link at that moment, which a swap loop reaches only now and
+    then), the previous env stayed moved aside and ``envs/<tree>`` was missing until a rerun
+    (the eleventh pass left it open). Now it is put back. The refusal is forced here by making
+    the kit's confined rename raise for the new copy (a race cannot be hit on demand); the
+    files and the publish are real."""
+    from kvprefetch.errors import SlurmError
+    from kvprefetch.slurm import publish
+    from tests.unit.test_slurm import _fake_scratch_build
+
+    dest = tmp_path / "camp" / "work"
+    _fake_scratch_build(tmp_path / "job-7", "patched")
+    publish.publish_build(tmp_path / "job-7", dest, "patched", label="7")
+    before = tree_bytes(dest / "envs" / "patched")
+    _fake_scratch_build(tmp_path / "job-8", "patched", payload=b"new lib")
+    real = publish.rename_path
+
+    def refuse_the_new_copy(root: Path, path: Path, new_name: str, **kw: object) -> Path:
+        if ".publish-" in path.name:
+            raise SlurmError(f"refusing to move {path}: raced", "rerun")
+        return real(root, path, new_name, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(publish, "rename_path", refuse_the_new_copy)
+    with pytest.raises(SlurmError):
+        publish.publish_build(tmp_path / "job-8", dest, "patched", label="8")
+    assert tree_bytes(dest / "envs" / "patched") == before
+    assert not [p for p in (dest / "envs").iterdir() if ".old-" in p.name]
