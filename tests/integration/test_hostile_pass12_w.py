@@ -359,3 +359,24 @@ def test_a_publish_refused_mid_rename_puts_the_previous_build_back(
         publish.publish_build(tmp_path / "job-8", dest, "patched", label="8")
     assert tree_bytes(dest / "envs" / "patched") == before
     assert not [p for p in (dest / "envs").iterdir() if ".old-" in p.name]
+
+
+def test_a_build_lock_in_a_symlinked_envs_folder_names_the_link_not_another_build(
+        tmp_path: Path, fetched_workdir: Path) -> None:
+    """``envs/`` a symlink: each environment's lock is refused naming the link, but the build
+    replaced that lock's own fix by "wait for the other build to finish" (seen in the swap-loop
+    runs of this pass). Now the link's fix reaches the user; the folder behind it is left."""
+    from kvprefetch.errors import LockError
+    from tests.integration.test_reliability import cli, refused
+
+    work = fetched_workdir
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, work / "envs")
+    res = cli("build", "--workdir", str(work), "--kernels-only", "--trees", "baseline",
+              "--head-sizes", "128", "--block-sizes", "16", "--kv-dtypes", "fp16", "--jobs",
+              "1", "--env-backend", "venv", timeout=300)
+    refused(res, LockError.exit_code, "is a symlink")
+    assert "wait for the other build" not in res.stderr, res.stderr
+    assert f"replace the symlink {work / 'envs'}" in res.stderr, res.stderr
+    assert list(elsewhere.iterdir()) == []
