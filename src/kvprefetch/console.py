@@ -42,9 +42,25 @@ def _color() -> bool:
     return sys.stderr.isatty() and "NO_COLOR" not in os.environ
 
 
+def escaped(value: object) -> str:
+    """``value`` as text the terminal shows and never obeys: every control character but a
+    newline and a tab escaped as Python writes it (``\\x1b``). A path typed with an escape
+    sequence, or a file name in the work directory made by whoever can write there, printed in
+    a message or a table retitled, cleared or recoloured the user's terminal (issue 41, the
+    eleventh and twelfth hostile passes; Slurm's values are capped too, ``cluster.shown``).
+    click strips only colour sequences, and only off a terminal."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch in "\n\t"
+                   # a byte a path held that is not UTF-8 (surrogateescape): that byte
+                   else f"\\x{ord(ch) - 0xDC00:02x}" if 0xDC80 <= ord(ch) <= 0xDCFF
+                   else ascii(ch)[1:-1] for ch in text)
+
+
 def info(msg: str) -> None:
     """Progress and notices go to stderr so that stdout stays clean for --json."""
-    print(msg, file=sys.stderr, flush=True)
+    print(escaped(msg), file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -52,12 +68,13 @@ def step(label: str) -> Iterator[None]:
     """A timed step: prints ``✓ label (1.2 s)`` or ``✕ label (1.2 s)``."""
     t0 = time.monotonic()
     ok, bad = ("\x1b[32m✓\x1b[0m", "\x1b[31m✕\x1b[0m") if _color() else ("✓", "✕")
+    label = escaped(label)
     try:
         yield
     except BaseException:
-        info(f"{bad} {label} ({time.monotonic() - t0:.1f} s)")
+        print(f"{bad} {label} ({time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
         raise
-    info(f"{ok} {label} ({time.monotonic() - t0:.1f} s)")
+    print(f"{ok} {label} ({time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
 
 
 def plain(value: object) -> Any:
@@ -69,7 +86,7 @@ def plain(value: object) -> Any:
     it"; issue 41, the eleventh hostile pass)."""
     from rich.text import Text
 
-    return Text(str(value))
+    return Text(escaped(value))
 
 
 def rich_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],

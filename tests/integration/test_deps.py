@@ -40,13 +40,13 @@ def test_archives_are_checked_and_unpacked_once(tmp_path: Path) -> None:
     assert set(env) == set(DEPS_VARS.values())
     found = find_archives(deps, root)
     assert found is not None and set(found) == set(DEPS_VARS)
-    done = unpack_archives(deps, root)
+    done = unpack_archives(deps, root.parent)
     assert len(done) == 3
     for name, var in DEPS_VARS.items():
         assert (Path(env[var]) / PROBE_FILES[name]).is_file()
     stamp = Path(env["VLLM_CUTLASS_SRC_DIR"]) / ".kvprefetch-sha256"
     before = stamp.stat().st_mtime_ns
-    unpack_archives(deps, root)  # kept: the stamp matches
+    unpack_archives(deps, root.parent)  # kept: the stamp matches
     assert stamp.stat().st_mtime_ns == before
 
 
@@ -59,7 +59,7 @@ def test_a_tampered_archive_is_refused_before_unpacking(tmp_path: Path) -> None:
     flashmla.write_bytes(flashmla.read_bytes() + b"\0")
     root = tmp_path / "work" / "deps"
     with pytest.raises(FetchError) as exc:
-        unpack_archives(deps, root)
+        unpack_archives(deps, root.parent)
     assert "SHA256SUMS says" in exc.value.cause
     assert not (root / flashmla.name[: -len(".tar.gz")]).exists()
 

@@ -165,8 +165,8 @@ def test_build_jobs_work_in_their_own_scratch_and_publish_at_the_end(tmp_path: P
     assert 'SCRATCH="$SCRATCH_BASE/kvprefetch-camp-build-patched-${SLURM_JOB_ID:-$$}"' in body
     assert 'mkdir -p -- "$SCRATCH_BASE"' in body
     # the exit trap is set only once the folder is this job's own (mkdir without -p)
-    assert body.index('mkdir -- "$SCRATCH"  # this job\'s own: a new job id is a new folder') \
-        < body.index("trap on_exit EXIT")
+    made = next(i for i, ln in enumerate(body) if ln.startswith('mkdir -- "$SCRATCH" || {'))
+    assert made < body.index("trap on_exit EXIT")
     assert '  rm -rf -- "$SCRATCH"' in body
     publish = f"/opt/py/bin/python -m kvprefetch slurm publish {root} --tree patched --scratch " \
               '"$SCRATCH"'

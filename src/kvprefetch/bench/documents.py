@@ -47,6 +47,13 @@ def _read_result(path: Path) -> bytes:
     data = d.decompress(raw, MAX_RESULT_BYTES + 1)
     if len(data) > MAX_RESULT_BYTES:
         raise ValueError(f"it holds more than {MAX_RESULT_BYTES >> 20} MiB decompressed")
+    # a stream cut short (its CRC never checked) or bytes after it: not a file kvprefetch
+    # wrote, whatever JSON the first part holds (issue 41, the eleventh pass left it open: a
+    # result with bytes after its gzip stream was read as if they were not there)
+    if not d.eof:
+        raise ValueError("its gzip stream is cut short (no end and no CRC)")
+    if d.unused_data:
+        raise ValueError(f"{len(d.unused_data)} bytes follow its gzip stream")
     return data
 
 

@@ -210,9 +210,17 @@ def raise_for_failures(outcomes: list[TreeOutcome]) -> None:
     """One error for every tree that failed (a LockError when only locks stood in the way)."""
     failed = [o for o in outcomes if o.status == "failed"]
     if failed and all(o.error_kind == "LockError" for o in failed):
-        raise LockError("\n".join(f"[{o.tree}] {(o.error or '').split(chr(10) + 'To fix:')[0]}"
-                                  for o in failed),
-                        "wait for the other build to finish; the lock is released when it exits")
+        # each lock's own fix: one in a symlinked folder, or a FIFO in its place, is no other
+        # build's to wait for (issue 41, the twelfth hostile pass: "wait for the other build
+        # to finish" for a symlinked envs/)
+        split = [(o.error or "").partition("\nTo fix: ") for o in failed]
+        fixes = {fix for _, _, fix in split if fix}
+        if len(fixes) == 1:
+            raise LockError("\n".join(f"[{o.tree}] {cause}"
+                                      for o, (cause, _, _) in zip(failed, split, strict=True)),
+                            fixes.pop())
+        raise LockError("\n".join(f"[{o.tree}] {o.error}" for o in failed),
+                        "follow each tree's own fix above, then rerun")
     if failed:
         raise BuildError("build failed for " + ", ".join(o.tree for o in failed) + ":\n"
                          + "\n".join(f"[{o.tree}] {o.error}" for o in failed),

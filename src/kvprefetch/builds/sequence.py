@@ -296,11 +296,12 @@ def compile_with_progress(tree: str, argv: list[str], *, env: dict[str, str], lo
 
 def unpack_deps(run_: TreeRun, step: Step) -> None:
     """The ``unpack-deps`` step of a full or smoke plan (``plan.deps_steps``): the hash-listed
-    archives of ``step.cwd`` unpacked once beside the plan's VLLM_CUTLASS_SRC_DIR."""
+    archives of ``step.cwd`` unpacked once into the work directory's ``deps/`` (where the
+    plan's VLLM_CUTLASS_SRC_DIR points)."""
     from ..sources.deps import unpack_archives
 
     run_.say(step.description)
-    unpack_archives(Path(str(step.cwd)), Path(run_.tp.env_set["VLLM_CUTLASS_SRC_DIR"]).parent)
+    unpack_archives(Path(str(step.cwd)), Path(run_.plan.workdir))
 
 
 def ninja_jobs(argv: tuple[str, ...] | list[str]) -> int:

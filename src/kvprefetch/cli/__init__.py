@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from .. import __version__
+from ..console import escaped
 from ..errors import KvprefetchError, Terminated, third_party_failed, third_party_origin
 from ..runner import raise_when_safe, stop_children
 from ..stdio import StreamWriteError, standard_streams
@@ -87,7 +88,7 @@ class LazyGroup(click.Group):
             if debug:
                 raise
             _stopped_first(exc)
-            click.echo(f"error: {exc.message}", err=True)
+            click.echo(f"error: {escaped(exc.message)}", err=True)
             sys.exit(exc.exit_code)
         except StreamWriteError as exc:
             # stdout itself could not be written (`> /dev/full`): not the work directory's
@@ -96,7 +97,7 @@ class LazyGroup(click.Group):
                 raise
             family = _os_error_family(ctx.invoked_subcommand)
             err = family(*output_failed(exc))
-            click.echo(f"error: {err.message}", err=True)
+            click.echo(f"error: {escaped(err.message)}", err=True)
             sys.exit(err.exit_code)
         except BrokenPipeError:
             # The reader of our output went away (`kvprefetch … | head -1`): not a fault of a
@@ -114,7 +115,7 @@ class LazyGroup(click.Group):
             family = _os_error_family(ctx.invoked_subcommand)
             cause, fix = describe(exc)
             err = family(f"{ctx.invoked_subcommand or 'kvprefetch'} failed: {cause}", fix)
-            click.echo(f"error: {err.message}", err=True)
+            click.echo(f"error: {escaped(err.message)}", err=True)
             sys.exit(err.exit_code)
         except KeyboardInterrupt as exc:
             if debug:
@@ -134,7 +135,7 @@ class LazyGroup(click.Group):
             _stopped_first(exc)
             family = _os_error_family(ctx.invoked_subcommand)
             err = family(*third_party_failed(exc, *origin))
-            click.echo(f"error: {err.message}", err=True)
+            click.echo(f"error: {escaped(err.message)}", err=True)
             sys.exit(err.exit_code)
 
 
@@ -323,7 +324,7 @@ def run() -> None:
             sys.stdout.flush()
     except StreamWriteError as exc:
         cause, fix = output_failed(exc)
-        click.echo(f"error: {cause}\nTo fix: {fix}", err=True)
+        click.echo(f"error: {escaped(cause)}\nTo fix: {escaped(fix)}", err=True)
         sys.exit(2)
     except KeyboardInterrupt as exc:
         _interrupted(exc)

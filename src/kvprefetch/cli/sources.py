@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .. import upstream
-from ..console import emit_json, info, step
+from ..console import emit_json, escaped, info, step
 from .common import (
     LibraryChecked,
     deprecated,
@@ -96,8 +96,9 @@ def fetch(workdir: Path, source: str, repo_url: str, index_url: str | None, with
         return
     for t in res.trees:
         extra = f" (previous tree kept in {t.backup})" if t.backup else ""
-        click.echo(f"{t.name:9s} {t.action:13s} {t.path}{extra}")
-    click.echo(f"source: {res.source} {res.origin}" + (f" @ {res.commit}" if res.commit else ""))
+        click.echo(escaped(f"{t.name:9s} {t.action:13s} {t.path}{extra}"))
+    click.echo(escaped(f"source: {res.source} {res.origin}"
+                       + (f" @ {res.commit}" if res.commit else "")))
 
 
 @click.command()

@@ -12,24 +12,28 @@ What this module guarantees:
   is written last. A non-blocking file lock guards each env path.
 - The env's own python must resolve inside the env (``sys.prefix`` is checked), else an error.
 - ``environ()`` strips what breaks isolation or silently swaps binaries (PYTHONPATH,
-  PYTHONHOME, another env's prefix, VLLM_USE_PRECOMPILED, pip's user/target overrides)."""
+  PYTHONHOME, another env's prefix, VLLM_USE_PRECOMPILED, pip's user/target overrides).
+
+Past the ~500-line mark as one module: the creation protocol (lock, stamp, recorded temporary,
+private build folder, marker) and the three backends that plug into it are read together."""
 
 from __future__ import annotations
 
 import abc
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from .. import __version__
-from ..errors import BuildError, ConfigError
+from ..errors import BuildError, ConfigError, KvprefetchError
 from ..reading import load_json
 from ..runner import run, which
+from ..workspace import confine, ownership
 from ..workspace.confine import write_file
 from ..workspace.locks import locked
 from .torch_probe import probe_answer
@@ -220,26 +224,38 @@ class Env(abc.ABC):
         replaces an existing kvprefetch env (of any kind). Holds the env's lock throughout.
         ``owner``: the kit work directory the env lives in; its temporary directory is then
         recorded there before it exists, so that a killed creation's leftover is removed by the
-        next fetch or clean as well as by the next creation."""
+        next fetch or clean as well as by the next creation. Every removal, folder and marker
+        acts inside ``owner`` (else the env's folder) through ``confine``: never through a
+        symlink, even one swapped in for ``envs/`` while the env is made (issue 41, the twelfth
+        hostile pass: a swap loop on ``envs/`` had a half-made env's stamp remove a folder
+        outside, in 3 runs of 11)."""
+        root = owner if owner is not None else self.path.parent
         with locked(self.lock_path, f"environment {self.path}"):
-            self._clear_debris()
-            if self.path.exists() or self.path.is_symlink():
+            confine.check_target(root, self.path, what="make the environment",
+                                 family=BuildError)
+            self._clear_debris(root, owner is not None)
+            if os.path.lexists(self.path):
                 if self._reusable(force):
                     self.check_python_inside()
                     return self
-                shutil.rmtree(self.path)
-            self._create_fresh(owner)
+                confine.remove_path(root, self.path, family=BuildError)
+            self._create_fresh(root, recorded=owner is not None)
         return self
 
-    def _clear_debris(self) -> None:
-        """Under the lock no other creator is alive, so any temp dir is debris; a stamp means
-        a creation was killed and whatever is at ``path`` is half-made by us."""
-        for tmp in self.path.parent.glob(f"{self.path.name}.tmp-*"):
-            shutil.rmtree(tmp, ignore_errors=True)
-        if self.stamp_path.exists():
-            if self.path.exists():
-                shutil.rmtree(self.path)
-            self.stamp_path.unlink()
+    def _clear_debris(self, root: Path, recorded: bool) -> None:
+        """Under the lock no other creator is alive, so a temporary the ownership record names
+        as a dead run's is debris; a stamp means a creation was killed and whatever is at
+        ``path`` is half-made by us. A folder of the user's named like a temporary
+        (``envs/<tree>.tmp-mine``), and not in the record, is left (issue 41, the twelfth
+        hostile pass: every ``<tree>.tmp-*`` was removed, the user's files in it too)."""
+        for tmp in self._debris(root, recorded):
+            if os.path.lexists(tmp):
+                confine.remove_path(root, tmp, family=BuildError)
+            if recorded:
+                ownership.forget(root, tmp)
+        if os.path.lexists(self.stamp_path):
+            confine.remove_path(root, self.path, family=BuildError)
+            confine.remove_path(root, self.stamp_path, family=BuildError)
 
     def _reusable(self, force: bool) -> bool:
         m = self.read_marker()
@@ -265,44 +281,64 @@ class Env(abc.ABC):
             )
         return m.get("state") == "ready"
 
-    def _create_fresh(self, owner: Path | None = None) -> None:
+    def _debris(self, root: Path, recorded: bool) -> list[Path]:
+        """A killed creation's temporaries: those the work directory's ownership record names
+        as a dead run's; outside a work directory (no record), ``<name>.tmp-<pid>`` of a pid
+        that no longer runs."""
+        prefix = f"{self.path.name}.tmp-"
+        if recorded:
+            return [t for t in ownership.orphans(root)
+                    if t.parent == self.path.parent and t.name.startswith(prefix)]
+        return [t for t in self.path.parent.glob(f"{prefix}*")
+                if t.name[len(prefix):].isdigit() and t.name[len(prefix):].isascii()
+                and not ownership.pid_alive(int(t.name[len(prefix):]))]
+
+    def _create_fresh(self, root: Path, *, recorded: bool) -> None:
         from contextlib import nullcontext
 
-        from ..workspace import ownership
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        confine.ensure_dir(self.path.parent, root=root, family=BuildError)
         write_file(self.stamp_path, json.dumps({"pid": os.getpid(), "kind": self.kind}),
-                   family=BuildError)
+                   root=root, family=BuildError)
         tmp = self.path.parent / f"{self.path.name}.tmp-{os.getpid()}"
-        with ownership.temporary(owner, tmp) if owner is not None else nullcontext(tmp):
-            self._build_into(tmp)
-        self.stamp_path.unlink()
+        with ownership.temporary(root, tmp) if recorded else nullcontext(tmp):
+            self._build_into(root, tmp)
+        confine.remove_path(root, self.stamp_path, family=BuildError)
 
-    def _build_into(self, tmp: Path) -> None:
+    def _build_into(self, root: Path, tmp: Path) -> None:
         try:
             if self.relocatable:
-                self._build(tmp)
-                os.rename(tmp, self.path)
+                # the backend's program (venv, uv) writes by path: it builds in a private
+                # folder outside the work directory, which the kit then copies into its
+                # temporary and moves into place relative to folders opened O_NOFOLLOW (issue
+                # 41, the twelfth hostile pass: ``envs/`` swapped for a link while venv ran)
+                confine.ensure_dir(tmp, root=root, family=BuildError)
+                with ownership.private_dir(f"env-{self.path.name}") as private:
+                    self._build(private / self.path.name)
+                    confine.copy_tree(root, private / self.path.name, tmp / self.path.name,
+                                      family=BuildError)
+                confine.move_file(root, tmp / self.path.name, self.path, family=BuildError)
+                confine.remove_path(root, tmp, family=BuildError)
             else:
                 self._build(self.path)
             self._after_build()
             self._info = None
             self.check_python_inside()
-            self._write_marker()
+            self._write_marker(root)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(self.path, ignore_errors=True)
-            self.stamp_path.unlink(missing_ok=True)
+            for made in (tmp, self.path, self.stamp_path):
+                with suppress(OSError, KvprefetchError):
+                    confine.remove_path(root, made, family=BuildError)
             raise
 
-    def _write_marker(self) -> None:
+    def _write_marker(self, root: Path) -> None:
         data = {
             "kind": self.kind, "state": "ready", "creator": f"kvprefetch {__version__}",
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "options": self.options(), "python_version": self.info()["version"],
             "path_tail": self._path_tail,
         }
-        write_file(self.marker_path, json.dumps(data, indent=2) + "\n", family=BuildError)
+        write_file(self.marker_path, json.dumps(data, indent=2) + "\n", root=root,
+                   family=BuildError)
 
     @abc.abstractmethod
     def _build(self, target: Path) -> None:

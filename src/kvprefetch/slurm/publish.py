@@ -158,9 +158,18 @@ def _rename_into_place(root: Path, tmp: Path, dest: Path, label: str) -> None:
     remove_path(root, old, family=SlurmError)
     # relative to a descriptor of the folder (confine.rename_path): renames by path followed
     # a folder swapped for a link meanwhile (issue 41, the eleventh hostile pass)
-    if os.path.lexists(dest):
+    moved = os.path.lexists(dest)
+    if moved:
         rename_path(root, dest, old.name, family=SlurmError)
-    rename_path(root, tmp, dest.name, family=SlurmError)
+    try:
+        rename_path(root, tmp, dest.name, family=SlurmError)
+    except BaseException:
+        # the previous build back in its place: a refused rename left it moved aside as
+        # .<name>.old-<job> until a rerun (issue 41, the eleventh pass left it open)
+        if moved and not os.path.lexists(dest):
+            with contextlib.suppress(OSError, SlurmError):
+                rename_path(root, old, dest.name, family=SlurmError)
+        raise
     _discard(root, old)
 
 

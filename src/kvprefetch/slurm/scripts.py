@@ -85,7 +85,13 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
         # name: the campaign folder's (check_campaign_path) and a tree's, nothing a shell expands
         f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
         'mkdir -p -- "$SCRATCH_BASE"',
-        'mkdir -- "$SCRATCH"  # this job\'s own: a new job id is a new folder',
+        # this job's own: a new job id is a new folder; anything already there (a link planted
+        # at the next id's name) is named, not "mkdir: File exists" alone (issue 41, the
+        # eleventh pass left it open)
+        ('mkdir -- "$SCRATCH" || { echo "refusing to build in $SCRATCH: something is already'
+         ' there, and each build job makes its own new folder. To fix: move $SCRATCH away'
+         ' (kvprefetch leaves what it did not make), then run'
+         f' kvprefetch slurm resubmit {c.root} build-{tree.name}" >&2; exit 1; }}'),
         "on_exit() {",
         "  local rc=$?",
         f'  if [ "$rc" -ne 0 ]; then {publish} --logs-only || true; fi',

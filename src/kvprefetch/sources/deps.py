@@ -11,13 +11,16 @@ vLLM reads them from ``VLLM_CUTLASS_SRC_DIR``, ``VLLM_FLASH_ATTN_SRC_DIR`` and
 from __future__ import annotations
 
 import os
-import shutil
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, FetchError
 from ..hashing import sha256_file
+from ..reading import read_limited
+from ..workspace import confine, ownership
+from ..workspace.confine import write_file
 
 DEPS_VARS = {"cutlass": "VLLM_CUTLASS_SRC_DIR", "flash-attention": "VLLM_FLASH_ATTN_SRC_DIR",
              "FlashMLA": "FLASH_MLA_SRC_DIR"}
@@ -26,6 +29,7 @@ PROBE_FILES = {"cutlass": "include/cutlass/cutlass.h",
                "flash-attention": "csrc/cutlass/include/cutlass/cutlass.h",
                "FlashMLA": "csrc/cutlass/include/cutlass/cutlass.h"}
 SUMS = "SHA256SUMS"
+STAMP = ".kvprefetch-sha256"  # in an unpacked folder: the archive's sha256, written last
 _FIX = ("give --deps-dir a folder with recursive clones cutlass/ (NVIDIA, v4.0.0), "
         "flash-attention/ (vllm-project, ee4d25bd) and FlashMLA/ (vllm-project, a757314c), or "
         "with <name>-<commit12>.tar.gz archives of them plus SHA256SUMS (docs/building.md, "
@@ -41,9 +45,14 @@ class DepArchive:
 
 
 def read_sums(path: Path) -> dict[str, str]:
-    """``file name -> sha256`` from a ``sha256sum`` listing."""
+    """``file name -> sha256`` from a ``sha256sum`` listing (a regular file of at most 1 MiB;
+    bytes that are not UTF-8 are a ConfigError, not a traceback)."""
+    try:
+        text = read_limited(path, 1 << 20).decode("utf-8")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not a sha256sum listing: {exc}", _FIX) from None
     out = {}
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2:
             out[parts[1].lstrip("*")] = parts[0].lower()
@@ -72,33 +81,68 @@ def find_archives(deps_dir: Path, unpack_root: Path) -> dict[str, DepArchive] | 
     return out
 
 
-def unpack(dep: DepArchive) -> Path:
-    """Check the archive's sha256, then unpack it to ``dep.dest`` (through a temp dir renamed
-    into place, with a stamp holding the hash: a killed unpack is redone, a finished one kept)."""
-    stamp = dep.dest / ".kvprefetch-sha256"
-    if stamp.is_file() and stamp.read_text().strip() == dep.sha256:
-        return dep.dest
+def unpack(dep: DepArchive, root: Path) -> Path:
+    """Check the archive's sha256, then unpack it to ``dep.dest`` (inside the work directory
+    ``root``), with a stamp holding the hash: a killed unpack is redone, a finished one kept.
+
+    tarfile writes by path, so the archive is unpacked in a private folder outside the work
+    directory (``ownership.private_dir``), then copied into a recorded temporary and moved into
+    place relative to folders opened ``O_NOFOLLOW`` (``confine``); only a folder carrying the
+    kit's stamp is ever replaced. Issue 41, the twelfth hostile pass: ``deps/`` planted as a
+    link to a folder outside had its ``cutlass-<commit>/`` (the user's files in it) deleted and
+    the archives unpacked there; an archive member outside its folder was a traceback."""
+    confine.check_target(root, dep.dest, what="unpack into", family=FetchError)
+    stamp = dep.dest / STAMP
+    if os.path.lexists(dep.dest):
+        try:
+            kept = confine.read_file(root, stamp, limit=256, family=FetchError)
+        except (OSError, ValueError):
+            raise FetchError(f"{dep.dest} is in the way of unpacking {dep.archive.name}: it "
+                             f"has no {STAMP}, so kvprefetch did not unpack it",
+                             f"move {dep.dest} away (kvprefetch does not remove what it did "
+                             "not make), then rerun") from None
+        if kept.decode("utf-8", "replace").strip() == dep.sha256:
+            return dep.dest
     got = sha256_file(dep.archive)
     if got != dep.sha256:
         raise FetchError(f"{dep.archive} has sha256 {got}, but SHA256SUMS says {dep.sha256}",
                          "replace the archive with the listed one (it is not unpacked)")
+    confine.ensure_dir(dep.dest.parent, root=root, family=FetchError)
     tmp = dep.dest.with_name(f".{dep.dest.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with tarfile.open(dep.archive) as tf:
-        if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4
-            tf.extractall(tmp, filter="data")
-        else:  # pragma: no cover
-            tf.extractall(tmp)  # the archive's sha256 was checked above
-    inner = tmp / dep.dest.name
-    if not inner.is_dir():
-        raise FetchError(f"{dep.archive} does not hold one top-level directory "
-                         f"{dep.dest.name}/", _FIX)
-    (inner / ".kvprefetch-sha256").write_text(dep.sha256 + "\n")
-    shutil.rmtree(dep.dest, ignore_errors=True)
-    os.rename(inner, dep.dest)
-    shutil.rmtree(tmp, ignore_errors=True)
+    with ownership.private_dir("deps") as private:
+        try:
+            with tarfile.open(dep.archive) as tf:
+                _extract(tf, private)
+        except (tarfile.TarError, EOFError, zlib.error) as exc:
+            raise FetchError(f"{dep.archive} cannot be unpacked: {exc}",
+                             "replace it with the listed archive of the dependency "
+                             "(its members must stay inside its one top-level folder)") from None
+        inner = private / dep.dest.name
+        if inner.is_symlink() or not inner.is_dir():
+            raise FetchError(f"{dep.archive} does not hold one top-level directory "
+                             f"{dep.dest.name}/", _FIX)
+        write_file(inner / STAMP, dep.sha256 + "\n", family=FetchError)
+        with ownership.temporary(root, tmp):
+            confine.copy_tree(root, inner, tmp, family=FetchError)
+            if os.path.lexists(dep.dest):  # the kit's own, with a stamp of another hash
+                confine.remove_path(root, dep.dest, family=FetchError)
+            confine.move_file(root, tmp, dep.dest, family=FetchError)
     return dep.dest
+
+
+def _extract(tf: tarfile.TarFile, dest: Path) -> None:
+    """``extractall`` with tarfile's ``data`` filter (Python >= 3.10.12 / 3.11.4: no member
+    outside ``dest``, no link out, no device); before it, only folders and regular files with
+    plain relative names are taken, the rest refused."""
+    if hasattr(tarfile, "data_filter"):
+        tf.extractall(dest, filter="data")
+        return
+    for m in tf.getmembers():  # pragma: no cover (an older Python)
+        parts = Path(m.name).parts
+        if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
+            raise tarfile.TarError(f"member {m.name!r} is not a plain file or folder inside "
+                                   "the archive's folder")
+    tf.extractall(dest)  # pragma: no cover
 
 
 def deps_env(deps_dir: Path, unpack_root: Path) -> dict[str, str]:
@@ -113,7 +157,9 @@ def deps_env(deps_dir: Path, unpack_root: Path) -> dict[str, str]:
         if p.is_dir():
             out[var] = str(p.resolve())
         elif archives is not None:
-            out[var] = str(archives[name].dest.resolve())
+            # not resolved: a deps/ planted as a link would have the unpack step (which reads
+            # its folder from here) act behind it (issue 41, the twelfth hostile pass)
+            out[var] = os.path.abspath(archives[name].dest)
         elif os.environ.get(var):
             out[var] = os.environ[var]
         else:
@@ -123,15 +169,16 @@ def deps_env(deps_dir: Path, unpack_root: Path) -> dict[str, str]:
     return out
 
 
-def unpack_archives(deps_dir: Path, unpack_root: Path) -> list[Path]:
-    """Unpack whatever ``deps_dir`` holds as archives (nothing for clone directories); checks
-    that each unpacked tree has what vLLM's configure reads."""
+def unpack_archives(deps_dir: Path, workdir: Path) -> list[Path]:
+    """Unpack whatever ``deps_dir`` holds as archives (nothing for clone directories) into
+    ``workdir``/deps; checks that each unpacked tree has what vLLM's configure reads."""
+    unpack_root = Path(os.path.abspath(workdir)) / "deps"
     archives = find_archives(deps_dir, unpack_root) or {}
     done = []
     for name, dep in archives.items():
         if (deps_dir / name).is_dir():
             continue
-        d = unpack(dep)
+        d = unpack(dep, unpack_root.parent)
         if not (d / PROBE_FILES[name]).is_file():
             raise FetchError(f"{d} has no {PROBE_FILES[name]} (its submodules are not filled in)",
                              _FIX)

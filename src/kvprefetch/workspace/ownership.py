@@ -84,8 +84,9 @@ def _entry_problem(rel: str, entry: dict[str, Any]) -> str | None:
 
 
 # The folders the kit makes temporaries in, one level down (fetch, apply's state records,
-# clean's renames before removal, environments, the CUDA 12 toolkit); the scratch is SCRATCH.
-_TMP_PARENTS = ("trees", "state", "build", "pristine", "backup", "downloads", "envs",
+# clean's renames before removal, environments, unpacked deps, the CUDA 12 toolkit); the
+# scratch is SCRATCH.
+_TMP_PARENTS = ("trees", "state", "build", "pristine", "backup", "downloads", "envs", "deps",
                 "toolkits")
 
 # The largest pid_t (a C int): no process has a larger pid (Linux's own limit is 2^22), and
