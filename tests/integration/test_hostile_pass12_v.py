@@ -129,3 +129,44 @@ def test_a_cancelled_verify_job_leaves_no_temporary_of_its_report(tmp_path: Path
     assert sorted(p.name for p in results.iterdir()) == ["verify.json"]
     assert (results / "verify.json").read_text() == '{"half": \n1}\n'
     assert (camp / "logs" / "verify-4344.exit").read_text() == "0\n"
+
+
+@pytest.mark.skipif(shutil.which("ninja") is None, reason="needs ninja")
+def test_a_tmpdir_inside_the_work_directory_is_refused_for_the_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build's private folders (its commands' ``TMPDIR``, ninja's copy of the build folder)
+    are made in the system temp folder, which the user's TMPDIR names. With TMPDIR inside the
+    work directory, a loop in the work directory renamed the build's ``TMPDIR`` folder away
+    and put a link to a folder outside at its name while a real narrowed build ran: nvcc wrote
+    its ``tmpxft_*`` files (51 MB) into the folder outside, and they stayed there. Now the build
+    refuses such a TMPDIR before it makes a private folder, naming it. (Here ninja's copy and
+    the ``TMPDIR`` folder are asked for directly; the real build was run by hand, it takes
+    minutes.)"""
+    import tempfile
+
+    from kvprefetch.builds import sequence
+    from kvprefetch.errors import KvprefetchError
+    from kvprefetch.workspace import ownership
+
+    work, bdir = _ninja_folder(tmp_path)
+    inside = work / "mytmp"
+    inside.mkdir()
+    monkeypatch.setenv("TMPDIR", str(inside))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir reads TMPDIR again
+    with pytest.raises(KvprefetchError) as err:
+        sequence.compile_with_progress(
+            "baseline", ["ninja", "-C", str(bdir), "-j", "1"], env=dict(os.environ),
+            log=bdir / "compile.log", fix="-", started=time.monotonic(),
+            build_root=bdir.parent, selection={}, workdir=work)
+    assert "TMPDIR" in str(err.value) and str(work) in str(err.value), str(err.value)
+    assert not (bdir / "a.o").exists() and os.listdir(inside) == []
+    with pytest.raises(KvprefetchError), ownership.private_dir("build-baseline", outside=work):
+        pass
+    assert os.listdir(inside) == []
+    # a TMPDIR beside the work directory is fine
+    beside = tmp_path / "systmp"
+    beside.mkdir()
+    monkeypatch.setenv("TMPDIR", str(beside))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with ownership.private_dir("build-baseline", outside=work) as d:
+        assert beside in d.parents

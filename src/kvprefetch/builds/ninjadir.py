@@ -130,7 +130,7 @@ def private_ninja(argv: list[str], *, root: Path,
         return
     i = argv.index("-C")
     bdir = Path(argv[i + 1])
-    with ownership.private_dir(f"ninja-{tree}") as priv:
+    with ownership.private_dir(f"ninja-{tree}", outside=root) as priv:
         _copy_in(bdir, priv)
         lock = threading.Lock()
         stop = threading.Event()
