@@ -170,3 +170,47 @@ def test_a_tmpdir_inside_the_work_directory_is_refused_for_the_build(
     monkeypatch.setattr(tempfile, "tempdir", None)
     with ownership.private_dir("build-baseline", outside=work) as d:
         assert beside in d.parents
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="doctor reaches cuobjdump after nvcc")
+def test_doctor_stopped_twice_in_cuobjdump_leaves_nothing_in_the_system_temp(
+        tmp_path: Path) -> None:
+    """``doctor`` reads the compile probe's SASS with cuobjdump, which writes ``tmpxft_*`` files
+    (the cubin it hands to nvdisasm) in TMPDIR: two SIGTERMs in quick succession (the second
+    SIGKILLs every child) while it ran left them in the user's system temp (2 of 10 signal
+    storms against a real doctor). Now cuobjdump gets the probe's own folder as TMPDIR,
+    removed on the way out. cuobjdump is a stand-in on PATH that writes such a file and waits
+    (so the stop lands in it every time); nvcc and the rest of doctor are real."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.integration.test_reliability import _env
+
+    systmp = tmp_path / "systmp"
+    systmp.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    started = tmp_path / "cuobjdump-started"
+    (bin_dir / "cuobjdump").write_text(
+        '#!/bin/bash\necho cubin > "$TMPDIR/tmpxft_0000abcd_00000000-0"\n'
+        f'touch {started}\nsleep 60\n')
+    (bin_dir / "cuobjdump").chmod(0o755)
+    env = {k: v for k, v in _env().items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"),
+               TMPDIR=str(systmp), PATH=f"{bin_dir}:{env.get('PATH', '')}")
+    p = subprocess.Popen([sys.executable, "-m", "kvprefetch", "doctor"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not started.exists():
+        if p.poll() is not None or time.monotonic() > deadline:
+            p.kill()
+            pytest.fail(f"doctor never ran cuobjdump: {p.communicate()[1][-1500:]}")
+        time.sleep(0.05)
+    os.kill(p.pid, signal.SIGTERM)
+    time.sleep(0.002)
+    os.kill(p.pid, signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 143 and "Traceback" not in err, (p.returncode, err[-1500:])
+    assert sorted(os.listdir(systmp)) == []
