@@ -44,11 +44,26 @@ def _copy(src_dir: Path, name: str, write: _Write) -> None:
         fd = os.open(src_dir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return  # a link, or gone: nothing of the build's
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # a folder opens too, and os.fdopen fails on it
+        os.close(fd)
+        return
     with os.fdopen(fd, "rb") as src:
-        st = os.fstat(src.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            return
         write(name, src, st)
+
+
+def _in_the_way(bdir: Path, name: str) -> str | None:
+    """What stands at ``bdir/name`` in words, when it is no regular file (None when it is
+    one, or nothing is there)."""
+    try:
+        mode = os.lstat(bdir / name).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    return "a folder" if stat.S_ISDIR(mode) else confine.kind_of(mode)
 
 
 def _copy_in(bdir: Path, priv: Path) -> None:
@@ -62,6 +77,14 @@ def _copy_in(bdir: Path, priv: Path) -> None:
             os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode))
             os.utime(f.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
 
+    # a folder, link, FIFO or device at a name ninja writes: the copy back would refuse it
+    # only after the whole compile, and a folder there was "build failed: 5: Is a directory"
+    # (os.fdopen of its descriptor; issue 41, the twelfth hostile pass)
+    for name in sorted(os.listdir(bdir)):
+        if _wanted(name) and (what := _in_the_way(bdir, name)) is not None:
+            raise BuildError(f"the build folder {bdir} holds {what} at {name}, a name the "
+                             "build writes, and the kit writes only regular files there",
+                             f"move {bdir / name} away (the kit never makes it), then rerun")
     for name in sorted(os.listdir(bdir)):
         if _wanted(name):
             _copy(bdir, name, write)
@@ -107,7 +130,7 @@ def private_ninja(argv: list[str], *, root: Path,
         return
     i = argv.index("-C")
     bdir = Path(argv[i + 1])
-    with ownership.private_dir(f"ninja-{tree}") as priv:
+    with ownership.private_dir(f"ninja-{tree}", outside=root) as priv:
         _copy_in(bdir, priv)
         lock = threading.Lock()
         stop = threading.Event()

@@ -245,7 +245,8 @@ def compilers_tmpdir(run_: TreeRun) -> Iterator[None]:
     under the user's own TMPDIR when set), not in the work directory: nvcc writes its
     temporaries there by predictable names, which in a folder others may write would be
     places to plant a link. Only a SIGKILL of the kit itself still leaves it."""
-    with ownership.private_dir(f"build-{run_.tp.tree}") as tmp:
+    with ownership.private_dir(f"build-{run_.tp.tree}",
+                               outside=Path(run_.plan.workdir)) as tmp:
         old = run_.child.get("TMPDIR")
         run_.child["TMPDIR"] = str(tmp)
         try:

@@ -191,7 +191,10 @@ def check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int
         tools = find_cuobjdump(environ)
         if tools is None:
             return Check("nvcc-compile", "ok", detail + " (no cuobjdump to read the SASS)")
-        sass = run([str(tools.cuobjdump), "-sass", str(obj)], env=tools.environ(environ),
+        # cuobjdump writes tmpxft_* files too (the cubin it hands to nvdisasm): killed by a
+        # second Ctrl-C it left them in the system temp (issue 41, the twelfth hostile pass)
+        sass = run([str(tools.cuobjdump), "-sass", str(obj)],
+                   env={**tools.environ(environ), "TMPDIR": os.path.abspath(tmp)},
                    echo=False, check=False, timeout=120)
         n = sass.output.count("UBLKPF")
         if sass.returncode != 0 or n == 0:

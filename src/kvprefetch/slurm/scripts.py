@@ -177,6 +177,10 @@ CHECK_JOB_IDS_SH = (
 # on to that folder, so a swap of its path for a link after the check moves nothing outside
 # (issue 41, the eleventh hostile pass: under a swap loop of results/, the paths by name wrote
 # 49 temporaries into the folder the link named).
+# A SIGTERM to the job (scancel, the time limit) while verify's report was being written left
+# results/verify.json.tmp-<pid>-<n> for good (the subshell's TERM was the default action): the
+# temporary, once this subshell has made it, is removed when the subshell ends before its
+# rename (issue 41, the twelfth hostile pass).
 WRITE_NEW_SH = (
     "write_new() {",
     '  local dir name',
@@ -188,7 +192,10 @@ WRITE_NEW_SH = (
      ' the campaign)" >&2; exit 1'),
     "    fi",
     '    tmp="$name.tmp-$$-$RANDOM"',
-    '    ( set -C; cat > "$tmp" ) && mv -fT -- "$tmp" "$name" )',
+    '    set -C; exec 3> "$tmp"; set +C',
+    # made by this subshell (O_EXCL above): removed if the job is stopped while it is written
+    '    trap \'rm -f -- "$tmp"\' EXIT; trap \'exit 143\' TERM INT HUP',
+    '    cat >&3; exec 3>&-; mv -fT -- "$tmp" "$name"; trap - EXIT )',
     "}",
 )
 

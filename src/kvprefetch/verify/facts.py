@@ -234,10 +234,15 @@ def disassemble(so: str, tools: Any) -> LibraryFacts:
     from ..runner import run
 
     sha = sha256_file(so)
-    env = tools.environ(dict(os.environ))
+    from ..workspace.ownership import private_dir
+
     out: dict[str, Any] = {}
     for what, parse in (("-sass", sass_facts), ("-elf", elf_facts)):
-        res = run([str(tools.cuobjdump), what, so], env=env, echo=False, check=False)
+        # cuobjdump's tmpxft_* files in a folder of its own, removed however it ends (a second
+        # Ctrl-C SIGKILLs it; issue 41, the twelfth hostile pass)
+        with private_dir("cuobjdump") as tmp:
+            env = {**tools.environ(dict(os.environ)), "TMPDIR": str(tmp)}
+            res = run([str(tools.cuobjdump), what, so], env=env, echo=False, check=False)
         if res.returncode != 0:
             out[what] = (None, f"cuobjdump failed: {res.output.strip()[-300:]}")
         else:

@@ -270,7 +270,7 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
     except FileNotFoundError:
         existing = None
     if existing is not None and not stat.S_ISREG(existing):
-        raise family(f"refusing to write {path}: it exists and is {_kind(existing)}, not a "
+        raise family(f"refusing to write {path}: it exists and is {kind_of(existing)}, not a "
                      "regular file, and kvprefetch replaces only regular files",
                      f"write to another path, or move {path} away if it is yours, then rerun")
     tmp_name = tmp_name or f".{path.name}.tmp-{secrets.token_hex(3)}-{os.getpid()}"
@@ -334,7 +334,7 @@ def kept_mode(path: Path, default: int = 0o644) -> int:
     return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else file_mode(default)
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
     """What a non-regular, non-directory file is, in words."""
     if stat.S_ISCHR(mode):
         return "a character device"
@@ -523,7 +523,7 @@ def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozen
                     elif skip_special:
                         continue
                     else:
-                        raise family(f"cannot copy {s}: it is {_kind(st.st_mode)}",
+                        raise family(f"cannot copy {s}: it is {kind_of(st.st_mode)}",
                                      f"move {s} away, then rerun")
             finally:
                 os.close(dfd)
@@ -553,7 +553,7 @@ def _copy_file(src: Path, sfd_dir: int, name: str, dfd: int,
     try:
         st = os.fstat(sfd)
         if not stat.S_ISREG(st.st_mode):
-            raise family(f"cannot copy {src}: it is {_kind(st.st_mode)}",
+            raise family(f"cannot copy {src}: it is {kind_of(st.st_mode)}",
                          f"move {src} away, then rerun")
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=dfd)

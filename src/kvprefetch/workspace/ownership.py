@@ -267,7 +267,7 @@ def scratch_dir(root: Path, prefix: str, *, read_only: bool = False) -> Iterator
 
 
 @contextmanager
-def private_dir(prefix: str) -> Iterator[Path]:
+def private_dir(prefix: str, *, outside: Path | None = None) -> Iterator[Path]:
     """A new folder only this process's user can enter (``mkdtemp``: mode 0700, a random name
     in the system temp, outside the work directory), removed on exit (a signal's cleanup
     included; a SIGKILL leaves it, as tempfile does). For what a program the kit runs writes
@@ -275,7 +275,22 @@ def private_dir(prefix: str) -> Iterator[Path]:
     of a scratch copy inside the work directory swapped for a link to a folder outside while it
     ran had git write the patched files (and ``name~<pid>`` temporaries) there (issue 41, the
     eleventh hostile pass: a swap loop won most runs). Whoever can write only the work
-    directory (the threat model's attacker) cannot reach this folder."""
+    directory (the threat model's attacker) cannot reach this folder.
+
+    ``outside``: the work directory, for a folder that programs write into by path (the
+    build's ``TMPDIR``): a ``TMPDIR`` inside it is refused, since whoever can write the work
+    directory can rename this folder there and put a link in its place; nvcc then wrote its
+    temporaries, 51 MB, into the folder the link named (issue 41, the twelfth hostile pass)."""
+    if outside is not None:
+        system_temp = Path(tempfile.gettempdir()).resolve()
+        work = Path(outside).resolve()
+        if system_temp == work or work in system_temp.parents:
+            raise ConfigError(
+                f"the system temp folder {system_temp} (TMPDIR) is inside the work directory "
+                f"{work}: the compilers write their temporary files there by path, in a folder "
+                "others who can write the work directory could swap for a link",
+                "set TMPDIR to a folder outside the work directory (e.g. export TMPDIR=/tmp), "
+                "then rerun")
     with tempfile.TemporaryDirectory(prefix=f"kvprefetch-{prefix}-") as tmp:
         yield Path(tmp)
 
