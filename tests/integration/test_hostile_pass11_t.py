@@ -454,13 +454,13 @@ def test_a_cancelled_build_job_removes_its_scratch_and_records_its_end(tmp_path:
     fake_python.chmod(0o755)
     _fake_slurm(tmp_path)
     camp = tmp_path / "camp"
-    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--scratch", "campaign",
-               "--python", str(fake_python))
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--scratch",
+               str(tmp_path / "scratch"), "--python", str(fake_python))
     assert res.returncode == 0, res.stderr
     proc = subprocess.Popen(["bash", str(camp / "scripts" / "10-build-patched.sbatch")],
                             env=dict(_env(), SLURM_JOB_ID="4242"), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    scratch = camp / "scratch" / "kvprefetch-camp-build-patched-4242"
+    scratch = tmp_path / "scratch" / "kvprefetch-camp-build-patched-4242"
     deadline = time.monotonic() + 30
     while not scratch.is_dir():
         assert time.monotonic() < deadline and proc.poll() is None

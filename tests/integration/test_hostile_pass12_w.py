@@ -302,8 +302,8 @@ def test_a_path_with_an_escape_sequence_never_reaches_the_terminal_raw(
 
 def test_a_link_planted_at_a_build_jobs_scratch_name_is_named_with_its_fix(
         tmp_path: Path) -> None:
-    """``--scratch campaign``: a link planted at the next build job's scratch name
-    (``scratch/kvprefetch-<campaign>-build-<tree>-<id>``, the ids are sequential) failed the
+    """A link planted at the next build job's scratch name
+    (``<scratch>/kvprefetch-<campaign>-build-<tree>-<id>``, the ids are sequential) failed the
     job with ``mkdir: ... File exists`` alone (the eleventh pass left it open). Now the job
     says what is in the way and the way out (move it, ``slurm resubmit``); nothing is made
     behind the link. The script the kit wrote is run by bash, as Slurm runs it, with the job id
@@ -312,13 +312,14 @@ def test_a_link_planted_at_a_build_jobs_scratch_name_is_named_with_its_fix(
 
     camp = tmp_path / "camp"
     res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
-                          "--scratch", "campaign", "--stand-in"], capture_output=True,
+                          "--scratch", str(tmp_path / "scratch"), "--stand-in"],
+                         capture_output=True,
                          text=True, timeout=120, env=_env(), check=False)
     assert res.returncode == 0, res.stderr
     victim = tmp_path / "victim"
     victim.mkdir()
-    (camp / "scratch").mkdir()
-    planted = camp / "scratch" / "kvprefetch-camp-build-baseline-55"
+    (tmp_path / "scratch").mkdir()
+    planted = tmp_path / "scratch" / "kvprefetch-camp-build-baseline-55"
     os.symlink(victim, planted)
     job = subprocess.run(["bash", str(camp / "scripts" / "10-build-baseline.sbatch")],
                          capture_output=True, text=True, timeout=120, check=False,

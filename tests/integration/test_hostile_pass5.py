@@ -62,22 +62,29 @@ def _job(camp: Path, script: str, **env: str) -> subprocess.CompletedProcess:
 # ----------------------------------------------------------------- Slurm job scripts (class 2/4)
 
 
-def test_a_build_job_never_works_in_a_linked_campaign_scratch(tmp_path: Path,
-                                                               outside: Path) -> None:
-    """`mkdir -p` followed the link: the job's scratch work directory (and, kept, the build in
-    it) landed in the folder the link names."""
+def test_a_build_job_never_works_in_the_campaigns_scratch(tmp_path: Path,
+                                                          outside: Path) -> None:
+    """`mkdir -p` followed a link planted at ``CAMPAIGN/scratch``: the job's scratch work
+    directory (and, kept, the build in it) landed in the folder the link names. This pass made
+    the job refuse a linked scratch before its ``mkdir``; the twelfth pass then swapped the
+    folder for a link after that check, and the job built a whole work directory outside and
+    removed it through the link. A job works in its scratch by path, so no scratch is in the
+    campaign any more: ``--scratch campaign`` and a folder inside the campaign are refused when
+    the campaign is planned, and when a ``campaign.json`` edited to name one is read back; none
+    of these writes anything."""
     camp = tmp_path / "camp"
-    _plan(camp, "--scratch", "campaign", "--keep-scratch")
-    (camp / "scratch").symlink_to(outside, target_is_directory=True)
-    res = _job(camp, "10-build-patched.sbatch", SLURM_JOB_ID="31")
-    assert res.returncode != 0
-    assert "is a symlink" in res.stderr and "To fix" in res.stderr, res.stderr
-    assert (camp / "logs" / "build-patched-31.exit").read_text() != "0\n"
-    # the fix works: with the link moved away, the job makes its scratch in the campaign
-    (camp / "scratch").unlink()
-    res = _job(camp, "10-build-patched.sbatch", SLURM_JOB_ID="32")
-    assert res.returncode == 0, res.stderr
-    assert (camp / "scratch" / "kvprefetch-camp-build-patched-32").is_dir()
+    for scratch in ("campaign", str(camp / "scratch"), f"{camp}/"):
+        res = cli("slurm", "plan", str(camp), "--source", "sdist", "--python", "/bin/true",
+                  "--scratch", scratch)
+        refused(res, 2, "campaign", "To fix: pass node")
+        assert not camp.exists()
+    _plan(camp, "--scratch", str(tmp_path / "node"))
+    record = json.loads((camp / "campaign.json").read_text())
+    record["plan"]["scratch"] = "campaign"
+    (camp / "campaign.json").write_text(json.dumps(record))
+    before = sorted(p.name for p in camp.rglob("*"))
+    refused(cli("slurm", "submit", str(camp)), 2, "--scratch campaign is no longer offered")
+    assert sorted(p.name for p in camp.rglob("*")) == before
 
 
 @pytest.mark.parametrize("env", [

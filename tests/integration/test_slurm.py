@@ -357,7 +357,7 @@ def test_each_job_records_how_it_ended_and_status_reads_it(tmp_path: Path) -> No
                              kit_version="0", path=os.environ.get("PATH", os.defpath),
                              source="sdist", trees=parse_trees("baseline,patched"), arch="9.0a",
                              build_args=(), no_gpu=True, bench=BenchSpec((1, 8)),
-                             slurm=SlurmOptions(), scratch="campaign")
+                             slurm=SlurmOptions(), scratch=str(tmp_path / "scratch"))
 
     def run_job(c: Campaign, job: str, **env: str) -> int:
         r = subprocess.run(["bash", str(Path(c.root) / c.job(job).script)],
@@ -378,7 +378,7 @@ def test_each_job_records_how_it_ended_and_status_reads_it(tmp_path: Path) -> No
     assert sorted(p.name for p in logs.glob("*.exit")) == [
         "bench-13_0.exit", "bench-13_1.exit", "build-baseline-12.exit", "prepare-11.exit"]
     assert (logs / "build-baseline-12.exit").read_text() == "1\n"
-    assert not list((Path(bad.root) / "scratch").iterdir())  # removed before the record
+    assert not list((tmp_path / "scratch").iterdir())  # removed before the record
 
     rec = json.loads((Path(bad.root) / "campaign.json").read_text())
     rec["submitted"] = {"prepare": [{"id": "11"}], "build-baseline": [{"id": "12"}],
@@ -392,15 +392,16 @@ def test_each_job_records_how_it_ended_and_status_reads_it(tmp_path: Path) -> No
                    ("bench", "13_1"): ("FAILED", "exit record")}
 
 
-@pytest.mark.parametrize("scratch", ["node", "campaign", "/lscratch/$USER/kvp"])
-def test_every_generated_script_is_valid_bash(tmp_path: Path, scratch: str) -> None:
+@pytest.mark.parametrize(("scratch", "keep"), [("node", False), ("/lscratch/$USER/kvp", False),
+                                              ("/lscratch/$USER/kvp", True)])
+def test_every_generated_script_is_valid_bash(tmp_path: Path, scratch: str, keep: bool) -> None:
     """`bash -n` over every script of a campaign with five trees, in each scratch mode."""
     c = make_campaign(tmp_path / "camp", python=sys.executable, kit_root="/k", kit_commit=None,
                       kit_version="0", path="/usr/bin:/bin", source="sdist",
                       trees=parse_trees("baseline,patched,launch,paper,control"), arch="9.0a",
                       build_args=("--head-sizes", "128"), no_gpu=True,
                       bench=BenchSpec((1, 8)), slurm=SlurmOptions(), scratch=scratch,
-                      keep_scratch=scratch == "campaign")
+                      keep_scratch=keep)
     for path in write_campaign(c)[1:]:
         r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
         assert r.returncode == 0, (path.name, r.stderr)

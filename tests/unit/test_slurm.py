@@ -177,20 +177,30 @@ def test_build_jobs_work_in_their_own_scratch_and_publish_at_the_end(tmp_path: P
     assert steps[-1] == publish
     assert all(f"{root}/work" not in s for s in steps)
     # other scratch places
-    camp = render_script(_campaign(tmp_path / "c2", scratch="campaign", keep_scratch=True),
+    kept = render_script(_campaign(tmp_path / "c2", scratch="/lscratch/kvp", keep_scratch=True),
                          c.job("build-patched"))
-    assert f"SCRATCH_BASE={tmp_path}/c2/scratch\n" in camp
-    assert "rm -rf" not in camp and 'echo "scratch kept: $SCRATCH"' in camp
+    assert 'SCRATCH_BASE="/lscratch/kvp"\n' in kept
+    assert "rm -rf" not in kept and 'echo "scratch kept: $SCRATCH"' in kept
     own = render_script(_campaign(tmp_path / "c3", scratch="/lscratch/$USER"),
                         c.job("build-baseline"))
     assert 'SCRATCH_BASE="/lscratch/$USER"\n' in own
 
 
 def test_scratch_folders_a_shell_could_run_are_refused() -> None:
-    assert check_scratch("/scratch/${USER}/kvp") == "/scratch/${USER}/kvp"
+    assert check_scratch("/scratch/${USER}/kvp", "/c") == "/scratch/${USER}/kvp"
+    assert check_scratch("/camp2/x", "/camp") == "/camp2/x"  # beside the campaign, not in it
     for bad in ("relative/dir", '/x"; rm -rf /; "', "/x/$(id)", "/x/`id`", "/a\\b", "/a\nb"):
         with pytest.raises(ConfigError, match="--scratch"):
-            check_scratch(bad)
+            check_scratch(bad, "/c")
+
+
+def test_a_scratch_in_the_campaign_is_refused() -> None:
+    """A build job works in its scratch by path: a scratch in the campaign is one whoever can
+    write the campaign could swap for a link (issue 41, the twelfth hostile pass)."""
+    for bad in ("campaign", "/camp", "/camp/", "/camp/scratch", "/camp/scratch/$USER"):
+        with pytest.raises(ConfigError, match="campaign") as e:
+            check_scratch(bad, "/camp")
+        assert "pass node" in e.value.fix
 
 
 def test_replanning_a_submitted_campaign_differently_is_refused(tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ TIME_TYPE = LibraryChecked("time", _check_time)
                    "NAME=VARIANT.")
 @click.option("--scratch", default="node", show_default=True,
               help="Where each build job works: node (the job's $SLURM_TMPDIR, else $TMPDIR, "
-                   "else /tmp), campaign (CAMPAIGN/scratch), or an absolute folder ($VARs are "
+                   "else /tmp), or an absolute folder of yours outside the campaign ($VARs are "
                    "expanded by the job). Only finished outputs are published into CAMPAIGN/work.")
 @click.option("--keep-scratch", is_flag=True,
               help="Leave each build job's scratch folder in place (default: removed at exit; "

@@ -182,7 +182,7 @@ class Campaign:
         if not isinstance(self.slurm, SlurmOptions):
             raise ConfigError("the campaign's slurm options are malformed",
                               "plan the campaign again")
-        check_scratch(self.scratch)
+        check_scratch(self.scratch, self.root)
         for t in self.trees:
             check_tree_name(t.name, "--trees")
             if t.variant is not None and t.variant not in upstream.VARIANTS:
@@ -269,7 +269,7 @@ def make_campaign(root: Path, *, python: str, kit_root: str, kit_commit: str | N
                           "--source git has none",
                           "clone vLLM once onto a shared filesystem and pass --source PATH, or "
                           "use --source sdist (the hash-pinned sdist, downloaded once)")
-    check_scratch(scratch)
+    check_scratch(scratch, str(root.resolve()))
     if not bench.batches:
         raise ConfigError("no batch sizes to benchmark", "pass --batch 1,8 (one array task each)")
     jobs = [Job("prepare", "scripts/00-prepare.sbatch")]

@@ -40,7 +40,7 @@ from .campaign import (
     load_record,
     save_record,
 )
-from .values import SCRATCH_CAMPAIGN, SCRATCH_NODE, check_campaign_path
+from .values import SCRATCH_NODE, check_campaign_path
 
 
 def _q(argv: Sequence[str | Path]) -> str:
@@ -55,21 +55,7 @@ def scratch_base_sh(c: Campaign) -> str:
     """The shell word for the folder under which a build job makes its scratch directory."""
     if c.scratch == SCRATCH_NODE:
         return f'"{NODE_SCRATCH_SH}"'
-    if c.scratch == SCRATCH_CAMPAIGN:
-        return shlex.quote(str(Path(c.root) / "scratch"))
     return f'"{c.scratch}"'  # check_scratch: only $VAR expansion can happen inside the quotes
-
-
-# CAMPAIGN/scratch is the campaign's own folder: a link planted there (by whoever can write the
-# campaign) made the build job work, and leave a failed or --keep-scratch build, outside it
-# (issue 41, the fifth hostile pass). A node or --scratch folder is the user's to point anywhere.
-_NO_LINKED_CAMPAIGN_SCRATCH_SH = (
-    'if [ -L "$SCRATCH_BASE" ]; then',
-    ('  echo "refusing to build in $SCRATCH_BASE: it is a symlink; the campaign\'s scratch is'
-    ' never left through one. To fix: move it away (or plan with --scratch FOLDER)" >&2'),
-    "  exit 1",
-    "fi",
-)
 
 
 def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
@@ -81,7 +67,6 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
     name = f"kvprefetch-{Path(c.root).name}-build-{tree.name}"
     lines = [
         f"SCRATCH_BASE={scratch_base_sh(c)}",
-        *(_NO_LINKED_CAMPAIGN_SCRATCH_SH if c.scratch == SCRATCH_CAMPAIGN else ()),
         # name: the campaign folder's (check_campaign_path) and a tree's, nothing a shell expands
         f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
         'mkdir -p -- "$SCRATCH_BASE"',
@@ -170,15 +155,24 @@ CHECK_JOB_IDS_SH = (
 # never through a link that whoever can write the folder planted there (issue 41, the fourth
 # hostile pass: `> FILE` followed a link at the record's temporary or at results/verify.json and
 # wrote outside, `mv -f` into a link to a folder moved the record there): stdin goes to a new
-# file (`set -C`: O_EXCL, so an existing name, a link included, is refused), which is renamed
-# over FILE (`mv -T`: a link at FILE, even to a folder, is replaced, never followed); a folder
-# holding FILE that is a link is refused. Both act in the folder the subshell has entered
-# (`cd -P`, then its physical path checked against the folder's): the working directory holds
-# on to that folder, so a swap of its path for a link after the check moves nothing outside
-# (issue 41, the eleventh hostile pass: under a swap loop of results/, the paths by name wrote
-# 49 temporaries into the folder the link named).
+# file, which is renamed over FILE (`mv -T`: a link at FILE, even to a folder, is replaced, never
+# followed); a folder holding FILE that is a link is refused. Both act in the folder the
+# subshell has entered (`cd -P`): the working directory holds on to that folder, so a swap of
+# its path for a link after the check moves nothing outside (issue 41, the eleventh hostile
+# pass: under a swap loop of results/, the paths by name wrote 49 temporaries into the folder
+# the link named).
+# The check that the subshell is in the folder asks the kernel (getcwd, the external `pwd`):
+# bash's own `pwd -P` resolves again, by name, the path `cd -P` recorded, and `cd -P` resolved
+# that path by name before its chdir, so a swap between the two, and back before the check,
+# left the subshell in the folder outside with the check passed (a fresh CI rehearsal found a
+# verify.json written outside under the eleventh pass's swap loop; 40,000 writes here wrote one).
+# The temporary is made by `mktemp` (a new regular file, O_EXCL, a name nobody can guess) and
+# opened read-write, which never waits on a FIFO put at its name; what was opened must be a
+# regular file (the twelfth pass: noclobber's `>` opens an existing FIFO or device at a
+# guessable `$$-$RANDOM` name, and waits on a FIFO for good); its mode is set through the open
+# file (`chmod` by name would follow a link put at the name).
 # A SIGTERM to the job (scancel, the time limit) while verify's report was being written left
-# results/verify.json.tmp-<pid>-<n> for good (the subshell's TERM was the default action): the
+# results/verify.json.tmp-* for good (the subshell's TERM was the default action): the
 # temporary, once this subshell has made it, is removed when the subshell ends before its
 # rename (issue 41, the twelfth hostile pass).
 WRITE_NEW_SH = (
@@ -187,14 +181,20 @@ WRITE_NEW_SH = (
     '  dir=$(dirname -- "$1"); name=$(basename -- "$1")',
     '  if [ -L "$dir" ]; then echo "refusing to write $1: $dir is a symlink" >&2; return 1; fi',
     '  ( cd -P -- "$dir" || exit 1',
-    '    if [ "$(pwd -P)" != "$dir" ]; then',
+    '    if [ "$(env pwd -P)" != "$dir" ]; then',
     ('      echo "refusing to write $1: $dir became a symlink (another process is changing'
      ' the campaign)" >&2; exit 1'),
     "    fi",
-    '    tmp="$name.tmp-$$-$RANDOM"',
-    '    set -C; exec 3> "$tmp"; set +C',
-    # made by this subshell (O_EXCL above): removed if the job is stopped while it is written
-    '    trap \'rm -f -- "$tmp"\' EXIT; trap \'exit 143\' TERM INT HUP',
+    # made by this subshell: removed if the job is stopped while it is written
+    "    tmp=; trap '[ -z \"$tmp\" ] || rm -f -- \"$tmp\"' EXIT; trap 'exit 143' TERM INT HUP",
+    '    tmp=$(mktemp -- "$name.tmp-XXXXXXXXXX") || exit 1',
+    '    exec 3<> "$tmp"',
+    '    if [ ! -f /dev/fd/3 ]; then',
+    ('      echo "refusing to write $1: its temporary $tmp was replaced by something not a'
+     ' file (another process is changing the campaign)" >&2; exit 1'),
+    "    fi",
+    # mktemp makes it 0600: the mode the umask gives a new file, set through the open file
+    '    chmod =rw /dev/fd/3',
     '    cat >&3; exec 3>&-; mv -fT -- "$tmp" "$name"; trap - EXIT )',
     "}",
 )

@@ -13,7 +13,9 @@ from ..bench.plan import Bound
 from ..errors import ConfigError
 
 SCRATCH_NODE = "node"
-SCRATCH_CAMPAIGN = "campaign"
+# `--scratch campaign` (CAMPAIGN/scratch) was refused from the thirteenth hostile pass on: see
+# check_scratch
+_SCRATCH_GONE = "campaign"
 _SCRATCH_FORBIDDEN = ('"', "`", "\\", "$(", "\n")
 
 
@@ -115,18 +117,36 @@ def check_words(what: str, values: Sequence[str]) -> None:
 MAX_CPUS_PER_BUILD = 1024
 
 
-def check_scratch(scratch: str) -> str:
-    """``node``, ``campaign``, or an absolute folder, which may name environment variables the
-    job's shell expands (``/scratch/$USER``); nothing else a shell would run."""
+def check_scratch(scratch: str, root: str) -> str:
+    """``node``, or an absolute folder outside the campaign ``root``, which may name environment
+    variables the job's shell expands (``/scratch/$USER``); nothing else a shell would run.
+
+    Never a folder in the campaign: a build job works in its scratch by path (``fetch
+    --workdir``, the kit's builds, its exit ``rm -rf``), so whoever can write the campaign could
+    swap the scratch's parent for a link after the job made its folder, and the job then built a
+    whole work directory (81 MB) outside and removed it through the link (issue 41, the twelfth
+    hostile pass). A node's scratch or the user's own folder is the user's to point anywhere, as
+    every ``--workdir`` is; ``--scratch campaign`` went for that reason."""
     from ..workspace.confine import has_control
 
-    if scratch in (SCRATCH_NODE, SCRATCH_CAMPAIGN):
+    if scratch == SCRATCH_NODE:
         return scratch
+    fix = ("pass node (the job's $SLURM_TMPDIR/$TMPDIR), or a folder of yours outside the "
+           "campaign such as /scratch/$USER (no quotes, backslashes or $(...))")
+    if scratch == _SCRATCH_GONE:
+        raise ConfigError("--scratch campaign is no longer offered: a build job's scratch in the "
+                          "campaign could be swapped for a link by whoever can write the "
+                          "campaign, and the job would build outside it and remove through the "
+                          "link", fix + "; a campaign planned with it is planned again into a "
+                          "new folder")
     if not isinstance(scratch, str) or not scratch.startswith(("/", "$")) \
             or any(c in scratch for c in _SCRATCH_FORBIDDEN) or has_control(scratch):
-        raise ConfigError(f"--scratch {scratch!r} is not node, campaign or an absolute folder",
-                          "pass node (the job's $SLURM_TMPDIR/$TMPDIR), campaign, or a path "
-                          "such as /scratch/$USER (no quotes, backslashes or $(...))")
+        raise ConfigError(f"--scratch {scratch!r} is not node or an absolute folder", fix)
+    inside = scratch.rstrip("/") + "/"
+    if inside.startswith(str(root).rstrip("/") + "/"):
+        raise ConfigError(f"--scratch {scratch} is inside the campaign {root}: a build job's "
+                          "scratch there could be swapped for a link by whoever can write the "
+                          "campaign", fix)
     return scratch
 
 
