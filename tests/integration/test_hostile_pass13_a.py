@@ -269,3 +269,22 @@ def test_pip_into_an_overlay_env_with_a_linked_site_packages_is_refused(
     assert info.value.fix
     assert site.parent.parent.name == "lib"
     assert _snapshot(victim) == before
+
+
+def test_a_build_folder_root_planted_as_a_link_gets_no_lock_outside(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    """``build/`` planted as a link to a folder outside: the build's lock
+    ``build/<tree>/.lock`` was taken by path, so its folder ``<tree>/`` and the lock file were
+    made outside before the build was refused (a real overlay build showed it; a kernels-only
+    build takes the same lock). Now the lock's folder is made, and the lock opened, from the
+    work directory down: refused with a cause and a fix, nothing outside changes."""
+    victim = _victim(tmp_path)
+    (fetched_workdir / "build").symlink_to(victim)
+    before = _snapshot(victim)
+    res = kvprefetch_cli("build", "--workdir", str(fetched_workdir), "--kernels-only",
+                         "--trees", "baseline", "--head-sizes", "128", "--block-sizes", "16",
+                         "--kv-dtypes", "fp16", "--jobs", "1", timeout=300)
+    assert "Traceback" not in res.output, res.output
+    assert res.returncode != 0 and "symlink" in res.output and "To fix" in res.output, \
+        res.output
+    assert _snapshot(victim) == before

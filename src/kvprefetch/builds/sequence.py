@@ -133,7 +133,7 @@ def tree_locks(tp: TreePlan, plan: BuildPlan) -> Iterator[None]:
     wd = Workdir(Path(plan.workdir))
     bdir = Path(tp.build_dir)
     with locked(wd.tree_lock(tp.tree), f"the tree {tp.tree}"), \
-            locked(bdir.parent / ".lock", f"the {tp.tree} build"):
+            locked(bdir.parent / ".lock", f"the {tp.tree} build", root=wd.root):
         if ownership.owned(wd.root, bdir.parent) is None:
             ownership.record(wd.root, bdir.parent, "build")
         yield
