@@ -288,3 +288,27 @@ def test_a_build_folder_root_planted_as_a_link_gets_no_lock_outside(
     assert res.returncode != 0 and "symlink" in res.output and "To fix" in res.output, \
         res.output
     assert _snapshot(victim) == before
+
+
+def test_clean_never_reports_removing_an_orphan_behind_a_planted_link(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    """An ownership record's ``tmp`` entry of a dead run (``toolkits/.cuda-12.4.1.tmp-<pid>``,
+    what a killed toolkit assembly leaves) while ``toolkits/`` is a link to a folder outside
+    holding a file of that name: clean rightly left the file alone but printed "removed" of
+    it. Now only what was removed is reported; the entry is forgotten, nothing outside
+    changes."""
+    import json
+
+    victim = _victim(tmp_path)
+    (victim / ".cuda-12.4.1.tmp-999999").write_text("the user's\n")
+    (fetched_workdir / "toolkits").symlink_to(victim)
+    owned = fetched_workdir / ".kvprefetch-owned.json"
+    data = json.loads(owned.read_text())
+    data["paths"]["toolkits/.cuda-12.4.1.tmp-999999"] = {"kind": "tmp", "pid": 999999}
+    owned.write_text(json.dumps(data))
+    before = _snapshot(victim)
+    res = kvprefetch_cli("clean", "--workdir", str(fetched_workdir), "--what", "builds")
+    assert res.returncode == 0 and "Traceback" not in res.output, res.output
+    assert ".cuda-12.4.1.tmp-999999" not in res.output, res.output
+    assert _snapshot(victim) == before
+    assert "toolkits/.cuda-12.4.1.tmp-999999" not in json.loads(owned.read_text())["paths"]
