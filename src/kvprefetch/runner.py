@@ -62,10 +62,18 @@ def open_log(path: Path) -> TextIO:
         raise ConfigError(f"refusing to write the log {path}: its folder {path.parent} is a "
                           "symlink, and kvprefetch never writes through one",
                           f"replace the symlink {path.parent} by a real directory, then rerun")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from .workspace import confine
+
+    root = confine.root_of(path.parent)
+    dfd = None
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        if root is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        else:  # inside a work directory: from it down, never through a folder swapped for a link
+            confine.ensure_dir(path.parent, root=root)
+            dfd = confine.open_dir(path.parent, root=root, what="write the log in")
+        fd = os.open(path if dfd is None else path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                     | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=dfd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise ConfigError(f"refusing to write the log {path}: it is a symlink, and "
@@ -74,6 +82,9 @@ def open_log(path: Path) -> TextIO:
         if exc.errno != errno.ENXIO:  # ENXIO: a FIFO nobody reads (O_NONBLOCK)
             raise
         fd = -1
+    finally:
+        if dfd is not None:
+            os.close(dfd)
     if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
         if fd >= 0:
             os.close(fd)

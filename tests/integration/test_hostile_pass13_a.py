@@ -312,3 +312,46 @@ def test_clean_never_reports_removing_an_orphan_behind_a_planted_link(
     assert ".cuda-12.4.1.tmp-999999" not in res.output, res.output
     assert _snapshot(victim) == before
     assert "toolkits/.cuda-12.4.1.tmp-999999" not in json.loads(owned.read_text())["paths"]
+
+
+def test_a_build_log_under_a_swap_loop_is_never_written_outside(tmp_path: Path) -> None:
+    """``build/<tree>/<key>`` swapped for a link to a folder outside and back while the build
+    writes its logs: ``runner.open_log`` checked only that the log's own folder is no link and
+    then opened the log by its whole path, so a swapped folder above it had a real overlay
+    build make ``logs/`` outside and append its create-env and install logs there (1 run of
+    4). Now a log inside a work directory is opened from the work directory down
+    (``confine.open_dir``): each write lands inside or is refused, and nothing outside changes.
+    The build's own steps are replaced by 300 appends through ``open_log`` (the overlay's
+    install needs 9 GB of wheels); the work directory is made known as the kit makes it
+    (``Workdir``)."""
+    from kvprefetch.runner import open_log
+    from kvprefetch.workspace.workdir import Workdir
+    from tests.integration.test_hostile_pass11_t import _SWAPPER
+
+    root = tmp_path / "work"
+    Workdir(root)
+    bdir = root / "build" / "baseline" / "k"
+    (bdir / "logs").mkdir(parents=True)
+    victim = _victim(tmp_path)
+    (victim / "logs").mkdir()
+    before = _snapshot(victim)
+    stop = tmp_path / "stop"
+    swapper = subprocess.Popen([sys.executable, "-c", _SWAPPER, str(bdir), str(victim),
+                                str(stop)], stdout=subprocess.PIPE, text=True)
+    refused = written = 0
+    try:
+        assert swapper.stdout is not None and swapper.stdout.readline().strip() == "ready"
+        for i in range(300):
+            try:
+                with open_log(bdir / "logs" / f"{i % 5:02d}-step.log") as f:
+                    f.write(f"line {i}\n")
+                written += 1
+            except KvprefetchError:
+                refused += 1
+    finally:
+        stop.touch()
+        swapper.wait(timeout=30)
+        if swapper.stdout is not None:
+            swapper.stdout.close()
+    assert _snapshot(victim) == before
+    assert refused and written, (refused, written)
