@@ -109,7 +109,10 @@ _ROOTS: set[str] = set()
 
 def trust_root(root: Path) -> None:
     """Record ``root`` as a work directory of this process (``root_of``)."""
+    from .. import runner
+
     _ROOTS.add(os.path.normpath(os.path.abspath(root)))
+    runner.LOG_DIR_OPENER = open_log_dir
 
 
 def root_of(path: Path) -> Path | None:
@@ -117,6 +120,17 @@ def root_of(path: Path) -> Path | None:
     p = os.path.normpath(os.path.abspath(path))
     found = [r for r in _ROOTS if p != r and p.startswith(r.rstrip("/") + "/")]
     return Path(max(found, key=len)) if found else None
+
+
+def open_log_dir(d: Path) -> int | None:
+    """For ``runner.open_log``: a descriptor of the log folder ``d``, made and opened from the
+    deepest recorded work directory holding it down (``ensure_dir``, ``open_dir``); None when
+    no recorded work directory holds it."""
+    root = root_of(d)
+    if root is None:
+        return None
+    ensure_dir(d, root=root)
+    return open_dir(d, root=root, what="write the log in")
 
 
 def first_symlink(root: Path, path: Path) -> Path | None:
