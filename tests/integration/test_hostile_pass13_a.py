@@ -355,3 +355,71 @@ def test_a_build_log_under_a_swap_loop_is_never_written_outside(tmp_path: Path) 
             swapper.stdout.close()
     assert _snapshot(victim) == before
     assert refused and written, (refused, written)
+
+
+def test_a_stop_during_ensurepip_leaves_nothing_in_the_temp_folder(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    """SIGTERM to an overlay build (started with SIGINT ignored, as a script's background
+    job is) while its venv backend runs ``ensurepip``: pip's
+    temporaries (``pip-build-tracker-*``, ``pip-install-*``, ``tmp*cacert.pem``) were left in
+    the user's TMPDIR (3 runs of 4 stopped there), since environment creation ran before the
+    build's private TMPDIR. Now every backend command gets a private TMPDIR removed however it
+    ends. A real CLI overlay build against a local empty package index (served here: the
+    preflight asks that one is reachable; nothing is downloaded)."""
+    import functools
+    import http.server
+    import signal
+    import threading
+    import time
+
+    served = tmp_path / "index"
+    served.mkdir()
+    (served / "index.html").write_text("<html></html>")
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(served)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = dict(os.environ, TMPDIR=str(temp), PIP_INDEX_URL=url, UV_INDEX_URL=url,
+               PYTHONUNBUFFERED="1")
+    lines: list[str] = []
+    rest, rc, reached = "", None, False
+    try:
+        with subprocess.Popen(
+                # SIGINT ignored, as a script's background job (`kvprefetch build &`, nohup)
+                # inherits it: the kit then stops its children without a SIGINT, and pip gets
+                # no KeyboardInterrupt to clean up on
+                ["sh", "-c", 'trap "" INT; exec "$0" "$@"', sys.executable, "-m", "kvprefetch",
+                 "build", "--workdir", str(fetched_workdir), "--mode", "overlay", "--trees",
+                 "baseline", "--env-backend", "venv"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True) as proc:
+            assert proc.stdout is not None
+            deadline = time.monotonic() + 120
+            for line in proc.stdout:
+                lines.append(line)
+                if "ensurepip" in line or time.monotonic() > deadline:
+                    reached = "ensurepip" in line
+                    break
+            if reached:
+                time.sleep(0.4)  # into pip's own work
+                proc.send_signal(signal.SIGTERM)
+            else:
+                proc.kill()
+            rest = proc.stdout.read()
+            rc = proc.wait(timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    if not reached:
+        pytest.skip("the build never reached ensurepip: " + "".join(lines)[-500:])
+    text = "".join(lines) + rest
+    assert "Traceback" not in text, text
+    if rc != 128 + signal.SIGTERM:
+        pytest.skip(f"ensurepip finished before the stop (exit {rc}): nothing to check")
+    assert sorted(os.listdir(temp)) == [], text
