@@ -52,6 +52,12 @@ def quote(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
+# Set by the workspace layer (``confine.open_log_dir``): a descriptor of a log's folder opened
+# from the work directory holding it down, or None for a folder in no work directory (issue 41,
+# the thirteenth hostile pass: a build folder swapped for a link had logs appended outside).
+LOG_DIR_OPENER: Callable[[Path], int | None] | None = None
+
+
 def open_log(path: Path) -> TextIO:
     """The log, opened to append, never through a symlink: the log file (``O_NOFOLLOW``) and
     its folder must not be links, and only a regular file is appended to (a FIFO is never
@@ -62,10 +68,15 @@ def open_log(path: Path) -> TextIO:
         raise ConfigError(f"refusing to write the log {path}: its folder {path.parent} is a "
                           "symlink, and kvprefetch never writes through one",
                           f"replace the symlink {path.parent} by a real directory, then rerun")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    dfd = None
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        # inside a work directory: its folder made and opened from the work directory down,
+        # never through a folder swapped for a link (the workspace layer's LOG_DIR_OPENER)
+        dfd = LOG_DIR_OPENER(path.parent) if LOG_DIR_OPENER is not None else None
+        if dfd is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path if dfd is None else path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                     | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=dfd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise ConfigError(f"refusing to write the log {path}: it is a symlink, and "
@@ -74,6 +85,9 @@ def open_log(path: Path) -> TextIO:
         if exc.errno != errno.ENXIO:  # ENXIO: a FIFO nobody reads (O_NONBLOCK)
             raise
         fd = -1
+    finally:
+        if dfd is not None:
+            os.close(dfd)
     if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
         if fd >= 0:
             os.close(fd)

@@ -70,7 +70,7 @@ def _fake(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_toolkit_view(tmp_path: Path) -> None:
     tk, site = _fake(tmp_path)
-    view = make_toolkit_view(tmp_path / "view", tk, site)
+    view = make_toolkit_view(tmp_path, tmp_path / "view", tk, site)
     # nvcc reads the profile beside the path it was started by: bin/ entries are links
     assert (view / "bin" / "nvcc").resolve() == (tk / "bin" / "nvcc").resolve()
     assert (view / "bin" / "nvcc.profile").is_symlink()
@@ -88,7 +88,7 @@ def test_toolkit_view(tmp_path: Path) -> None:
     stamp = json.loads((view / ".kvprefetch-view.json").read_text())
     assert stamp["cuda_home"] == str(tk.resolve())
     before = (lib / "stubs" / "libcuda.so").stat().st_mtime_ns
-    make_toolkit_view(view, tk, site)  # kept while its inputs are the same
+    make_toolkit_view(tmp_path, view, tk, site)  # kept while its inputs are the same
     assert (lib / "stubs" / "libcuda.so").stat().st_mtime_ns == before
 
 
@@ -96,7 +96,7 @@ def test_toolkit_view_needs_a_cudart(tmp_path: Path) -> None:
     tk, site = _fake(tmp_path)
     (tk / "lib64" / "libcudart.so.12").unlink()
     with pytest.raises(BuildError, match=r"libcudart\.so\.12"):
-        make_toolkit_view(tmp_path / "view", tk, site)
+        make_toolkit_view(tmp_path, tmp_path / "view", tk, site)
 
 
 # --------------------------------------------------------------------------- the real smoke

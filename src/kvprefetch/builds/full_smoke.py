@@ -40,7 +40,7 @@ view is made all the same (its libraries and stubs then come first)."""
 
 from __future__ import annotations
 
-import shutil
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -52,10 +52,18 @@ from ..machine.toolchain import fmt_version
 from ..machine.torch_probe import default_torch_python, probe_torch
 from ..overlay.cuda12 import toolkit_dir
 from ..overlay.toolkit import choose_toolkit
-from ..reading import load_json
 from ..runner import open_log, run
-from ..workspace.confine import write_file
-from ..workspace.workdir import Workdir, write_json_atomic
+from ..workspace import ownership
+from ..workspace.confine import (
+    check_target,
+    ensure_dir,
+    is_plain_file,
+    read_file,
+    remove_path,
+    write_file,
+)
+from ..workspace.confine import copy_tree as confine_copy_tree
+from ..workspace.workdir import Workdir
 
 SMOKE_SOURCES = {"v1": "csrc/attention/paged_attention_v1.cu",
                  "v2": "csrc/attention/paged_attention_v2.cu"}
@@ -173,17 +181,31 @@ def generated_commands(cbuild: Path, env: dict[str, str], log: Path) -> dict[str
     return out
 
 
-def copy_tree(src: Path, dest: Path, source_sha256: str) -> Path:
+def copy_tree(root: Path, src: Path, dest: Path, source_sha256: str) -> Path:
     """``dest`` as a copy of ``src``, kept (CMake's build stays incremental) while it was copied
-    from the same recorded sources, else made again."""
+    from the same recorded sources, else made again. Removed and copied relative to folders
+    opened ``O_NOFOLLOW`` from the work directory ``root`` down (``confine``): a ``dest``, or a
+    folder above it, planted or swapped as a link never has a folder outside emptied or
+    written (issue 41, the thirteenth hostile pass: ``rmtree`` and ``copytree`` acted by
+    path)."""
     stamp = dest / ".kvprefetch-copied-from"
     want = f"{src.resolve()} {source_sha256}"
-    if stamp.is_file() and stamp.read_text().strip() == want:
+    check_target(root, dest, what="copy the tree into", family=BuildError)
+    if is_plain_file(stamp) and _stamp_text(root, stamp) == want:
         return dest
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(src, dest, symlinks=True)
-    write_file(stamp, want + "\n", family=BuildError)
+    remove_path(root, dest, family=BuildError)
+    ensure_dir(dest.parent, root=root, family=BuildError)
+    confine_copy_tree(root, src, dest, family=BuildError)
+    write_file(stamp, want + "\n", root=root, family=BuildError)
     return dest
+
+
+def _stamp_text(root: Path, stamp: Path) -> str | None:
+    try:
+        return read_file(root, stamp, limit=1 << 16, family=BuildError).decode(
+            "utf-8", "replace").strip()
+    except (OSError, BuildError):
+        return None
 
 
 def _link(target: Path, link: Path) -> None:
@@ -192,23 +214,43 @@ def _link(target: Path, link: Path) -> None:
     link.symlink_to(target)
 
 
-def make_toolkit_view(view: Path, cuda_home: Path, site: Path, cc: str = "gcc") -> Path:
+def make_toolkit_view(root: Path, view: Path, cuda_home: Path, site: Path,
+                      cc: str = "gcc") -> Path:
     """Fill ``view`` (module docstring says what and why); idempotent, rebuilt from scratch
-    when the toolkit it was made of changes."""
+    when the toolkit it was made of changes. Made in a private folder (``ownership
+    .private_dir``) and brought in by ``confine.copy_tree``; the old view is removed by
+    ``confine.remove_path``: a ``view`` (or a folder above it inside the work directory
+    ``root``) planted or swapped as a link never has a folder outside emptied or written
+    (issue 41, the thirteenth hostile pass: ``rmtree``, ``mkdir`` and ``symlink_to`` acted by
+    path)."""
     stamp = view / ".kvprefetch-view.json"
     want = {"cuda_home": str(cuda_home.resolve()), "site": str(site.resolve()), "format": 1}
-    if stamp.is_file():
+    check_target(root, view, what="make the toolkit view at", family=BuildError)
+    if is_plain_file(stamp):
         try:
-            if load_json(stamp) == want:
+            if json.loads(read_file(root, stamp, limit=1 << 16, family=BuildError)) == want:
                 return view
-        except (OSError, ValueError):
+        except (OSError, ValueError, BuildError):
             pass
-    shutil.rmtree(view, ignore_errors=True)
-    (view / "bin").mkdir(parents=True)
+    with ownership.private_dir("toolkit-view") as private:
+        made = private / view.name
+        _fill_view(made, view, cuda_home, site, cc)
+        remove_path(root, view, family=BuildError)
+        ensure_dir(view.parent, root=root, family=BuildError)
+        confine_copy_tree(root, made, view, family=BuildError)
+    # last: a view stopped mid-copy has no stamp, and is made again
+    write_file(stamp, json.dumps(want, indent=1) + "\n", root=root, family=BuildError)
+    return view
+
+
+def _fill_view(made: Path, view: Path, cuda_home: Path, site: Path, cc: str) -> None:
+    """The view's links and stand-ins, made in the private folder ``made``; what names a file
+    of the view (the static runtime's linker script) names it at ``view``, where it is copied."""
+    (made / "bin").mkdir(parents=True)
     for f in (cuda_home / "bin").iterdir():
-        _link(f.resolve(), view / "bin" / f.name)
-    _link((cuda_home / "nvvm").resolve(), view / "nvvm")
-    inc = view / "include"
+        _link(f.resolve(), made / "bin" / f.name)
+    _link((cuda_home / "nvvm").resolve(), made / "nvvm")
+    inc = made / "include"
     inc.mkdir()
     for f in (cuda_home / "include").iterdir():
         _link(f.resolve(), inc / f.name)
@@ -219,7 +261,7 @@ def make_toolkit_view(view: Path, cuda_home: Path, site: Path, cc: str = "gcc") 
                 for f in (d / "include").iterdir():
                     if f.name != "__init__.py" and f.name != "__pycache__":
                         _link(f.resolve(), inc / f.name)
-    lib = view / "lib64"
+    lib = made / "lib64"
     (lib / "stubs").mkdir(parents=True)
     for sub in ("lib64", "lib64/stubs", "targets/x86_64-linux/lib"):
         d = cuda_home / sub
@@ -231,21 +273,19 @@ def make_toolkit_view(view: Path, cuda_home: Path, site: Path, cc: str = "gcc") 
         f = nvidia / wheel / "lib" / soname
         if f.is_file():
             _link(f.resolve(), lib / soname)
-            _link(lib / soname, lib / (soname.split(".so")[0] + ".so"))
+            _link(Path(soname), lib / (soname.split(".so")[0] + ".so"))  # beside it: relative
     if not (lib / "libcudart.so.12").exists():
         raise BuildError(f"neither {cuda_home} nor {nvidia}/cuda_runtime has libcudart.so.12",
                          "give --torch-from an environment with torch==2.8.0's cu12 wheels")
     if not (lib / "libcudart_static.a").exists():
-        write_file(lib / "libcudart_static.a", f"INPUT({lib / 'libcudart.so.12'})\n",
-                   family=BuildError)
+        write_file(lib / "libcudart_static.a",
+                   f"INPUT({view / 'lib64' / 'libcudart.so.12'})\n", family=BuildError)
     if not (lib / "libcudadevrt.a").exists():
         write_file(lib / "libcudadevrt.a", b"!<arch>\n", family=BuildError)
     if not (lib / "stubs" / "libcuda.so").exists():
-        c = view / "libcuda-stand-in.c"
+        c = made / "libcuda-stand-in.c"
         write_file(c, _STUB_C, family=BuildError)
         run([cc, "-shared", "-fPIC", "-o", str(lib / "stubs" / "libcuda.so"), str(c)], echo=False)
-    write_json_atomic(stamp, want)
-    return view
 
 
 def check_objects(objects: dict[str, Path], variant: str | None, disasm_env: dict[str, str],

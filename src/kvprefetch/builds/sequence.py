@@ -29,7 +29,7 @@ from ..machine.envs import Env
 from ..machine.progress import CompileProgress, heartbeat, previous_seconds
 from ..runner import run
 from ..workspace import ownership
-from ..workspace.confine import first_hard_link
+from ..workspace.confine import ensure_dir, first_hard_link
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, write_json_atomic
 from .options import ModeInputs
@@ -133,7 +133,7 @@ def tree_locks(tp: TreePlan, plan: BuildPlan) -> Iterator[None]:
     wd = Workdir(Path(plan.workdir))
     bdir = Path(tp.build_dir)
     with locked(wd.tree_lock(tp.tree), f"the tree {tp.tree}"), \
-            locked(bdir.parent / ".lock", f"the {tp.tree} build"):
+            locked(bdir.parent / ".lock", f"the {tp.tree} build", root=wd.root):
         if ownership.owned(wd.root, bdir.parent) is None:
             ownership.record(wd.root, bdir.parent, "build")
         yield
@@ -206,7 +206,10 @@ def build_tree(tp: TreePlan, plan: BuildPlan, inputs: ModeInputs, force: bool,
         if skip_if_up_to_date(tp, force, out):
             return out
         refuse_hard_links(tp, plan)
-        run_.logs.mkdir(parents=True, exist_ok=True)
+        # made from the work directory down, never through a link: a build folder planted as
+        # a link to a folder outside had the logs and the copied sources written there (issue
+        # 41, the thirteenth hostile pass)
+        ensure_dir(run_.logs, root=Path(plan.workdir), family=BuildError)
         env = steps.make_env()
         if env is None:
             run_.child = isolated_environ(tp)

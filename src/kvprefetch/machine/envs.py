@@ -320,6 +320,12 @@ class Env(abc.ABC):
                 confine.remove_path(root, tmp, family=BuildError)
             else:
                 self._build(self.path)
+            # ensurepip (and conda's own installer above) write the environment by path, at
+            # its final place: refused when a folder of it is a link now; a swap while it runs
+            # is not caught (issue 41, the thirteenth hostile pass: the residual window)
+            for p in (self.path, self.bin_dir, self.path / "lib"):
+                if os.path.lexists(p):
+                    confine.check_target(root, p, what="install into", family=BuildError)
             self._after_build()
             self._info = None
             self.check_python_inside()
@@ -350,7 +356,13 @@ class Env(abc.ABC):
 
     def _run(self, argv: Sequence[str | os.PathLike[str]],
              env: Mapping[str, str] | None = None) -> None:
-        run(argv, env=env if env is not None else self.environ(), log=self.log)
+        # a TMPDIR of its own, removed however the step ends: ensurepip and pip stopped by a
+        # signal left their temporaries (pip-build-tracker-*, pip-install-*, *cacert.pem) in the
+        # user's temp folder (issue 41, the thirteenth hostile pass)
+        child = dict(env if env is not None else self.environ())
+        with ownership.private_dir(f"env-tmp-{self.path.name}") as tmp:
+            child["TMPDIR"] = str(tmp)
+            run(argv, env=child, log=self.log)
 
 
 def _base_python_info(python: str | os.PathLike[str]) -> dict[str, Any]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import shutil
 import tarfile
 import urllib.error
 import urllib.parse
@@ -45,7 +44,16 @@ from typing import Any
 from ..errors import FetchError
 from ..hashing import sha256_file
 from ..workspace import ownership
-from ..workspace.confine import open_new, write_file
+from ..workspace.confine import (
+    check_target,
+    ensure_dir,
+    is_plain_file,
+    move_file,
+    open_dir,
+    open_new,
+    remove_path,
+    write_file,
+)
 from ..workspace.locks import locked
 
 RELEASE = "12.4.1"
@@ -159,7 +167,9 @@ def _members(part: Part, archive: Path) -> dict[str, bytes | None]:
     return out
 
 
-def _place(part: Part, archive: Path, root: Path) -> None:
+def _place(part: Part, archive: Path, root: Path, workdir: Path | None = None) -> None:
+    """Write what ``part`` gives the toolkit under ``root``; every file written from the work
+    directory ``workdir`` down, never through a folder that is (or became) a symlink."""
     files = _members(part, archive)
     for src, dst in part.take:
         picked = ({p: b for p, b in files.items() if p.startswith(src) and b is not None}
@@ -174,9 +184,10 @@ def _place(part: Part, archive: Path, root: Path) -> None:
                 continue  # the wheels' namespace markers are not headers
             target = root / dst / rel if src.endswith("/") else root / dst
             assert data is not None
-            write_file(target, data, family=FetchError)
-            if "bin/" in dst or target.suffix in ("", ".so") or ".so." in target.name:
-                target.chmod(0o755)
+            executable = "bin/" in dst or target.suffix in ("", ".so") or ".so." in target.name
+            # the bits given as the file is made: a chmod by path after it followed a link
+            write_file(target, data, root=workdir, mode=0o755 if executable else 0o644,
+                       family=FetchError)
 
 
 def part_url(part: Part, index_url: str | None = None) -> str:
@@ -190,17 +201,20 @@ def part_url(part: Part, index_url: str | None = None) -> str:
                        "toolkit").url
 
 
-def _download(part: Part, downloads: Path, opener: Callable[[str], object]) -> Path:
+def _download(part: Part, downloads: Path, opener: Callable[[str], object],
+              workdir: Path | None = None) -> Path:
     """The archive in ``downloads``, fetched if absent; its sha256 must be the pinned one."""
     target = downloads / part.filename
-    if target.is_file() and sha256_file(target) == part.sha256:
+    if workdir is not None:
+        check_target(workdir, target, what="download into", family=FetchError)
+    if is_plain_file(target) and sha256_file(target) == part.sha256:
         return target
     url = part_url(part)
     try:
         # streamed into a temporary beside it (confine.open_new), renamed only when whole and
         # of the pinned sha256: never through a symlink, and a failure leaves nothing
         response: Any = opener(url)  # urlopen's response, or a file for file:// URLs
-        with response as resp, open_new(target, family=FetchError) as out:
+        with response as resp, open_new(target, root=workdir, family=FetchError) as out:
             h = hashlib.sha256()
             while chunk := resp.read(1 << 20):
                 out.write(chunk)
@@ -239,19 +253,29 @@ def ensure_cuda12(workdir: Path, *, say: Callable[[str], None] = lambda _m: None
         archives = []
         for part in PARTS:
             say(f"CUDA {RELEASE}: {part.name} ({part.size / 1e6:.0f} MB)")
-            archives.append(_download(part, downloads, opener))
-        root.parent.mkdir(parents=True, exist_ok=True)
+            archives.append(_download(part, downloads, opener, workdir))
+        # every act from the work directory down, relative to folders opened O_NOFOLLOW: a
+        # toolkits/ (or the temporary) swapped for a link never has a folder outside written,
+        # emptied or replaced (issue 41, the thirteenth hostile pass: mkdir, write, chmod,
+        # rmtree and rename by path)
+        ensure_dir(root.parent, root=workdir, family=FetchError)
         tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
         with ownership.temporary(workdir, tmp):
             for part, archive in zip(PARTS, archives, strict=True):
-                _place(part, archive, tmp)
-            os.symlink("libcudart.so.12", tmp / "lib64" / "libcudart.so")
-            write_file(tmp / "bin" / "nvcc.profile", NVCC_PROFILE, family=FetchError)
+                _place(part, archive, tmp, workdir)
+            lib64 = open_dir(tmp / "lib64", root=workdir, what="write into", family=FetchError)
+            try:
+                os.symlink("libcudart.so.12", "libcudart.so", dir_fd=lib64)
+            finally:
+                os.close(lib64)
+            write_file(tmp / "bin" / "nvcc.profile", NVCC_PROFILE, root=workdir,
+                       family=FetchError)
             write_file(tmp / DONE_FILE, json.dumps(
                 {"release": RELEASE, "parts": [{"name": p.name, "url": p.url,
-                                                "sha256": p.sha256} for p in PARTS]}, indent=1))
-            if root.exists():  # a leftover without DONE_FILE: the kit's own, replaced
-                shutil.rmtree(root)
-            os.replace(tmp, root)
+                                                "sha256": p.sha256} for p in PARTS]}, indent=1),
+                root=workdir, family=FetchError)
+            # a leftover without DONE_FILE: the kit's own, replaced
+            remove_path(workdir, root, family=FetchError)
+            move_file(workdir, tmp, root, family=FetchError)
         ownership.record(workdir, root, "toolkit", release=RELEASE)
     return root

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import zipfile
 from pathlib import Path
 from typing import Any
+
+from ..errors import BuildError
+from ..workspace.confine import write_file
 
 DIST_NAME = "kvprefetch_vllm_overlay"
 PACKAGE = "kvprefetch_overlay"
@@ -48,20 +52,24 @@ def plugin_files(config: dict[str, Any]) -> dict[str, bytes]:
     }
 
 
-def write_plugin_wheel(dest_dir: Path, config: dict[str, Any]) -> Path:
-    """Write the wheel into ``dest_dir`` (deterministic bytes for the same config)."""
+def write_plugin_wheel(dest_dir: Path, config: dict[str, Any], *,
+                       root: Path | None = None) -> Path:
+    """Write the wheel into ``dest_dir`` (deterministic bytes for the same config), made in
+    memory and written by ``confine.write_file`` (from the work directory ``root`` down when
+    given): a link planted at the wheel, its temporary or its folder is refused, never written
+    through (issue 41, the thirteenth hostile pass: ``zipfile`` opened ``<wheel>.tmp`` by path
+    and truncated the file a planted link named)."""
     files = plugin_files(config)
     info = f"{DIST_NAME}-{VERSION}.dist-info"
     record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in files.items())
     record += f"{info}/RECORD,,\n"
     files[f"{info}/RECORD"] = record.encode()
-    dest_dir.mkdir(parents=True, exist_ok=True)
     whl = dest_dir / f"{DIST_NAME}-{VERSION}-py3-none-any.whl"
-    tmp = whl.with_name(whl.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         for path, data in files.items():
             zi = zipfile.ZipInfo(path, date_time=(1980, 1, 1, 0, 0, 0))
             zi.external_attr = 0o644 << 16
             z.writestr(zi, data, zipfile.ZIP_DEFLATED)
-    tmp.replace(whl)
+    write_file(whl, buf.getvalue(), root=root, family=BuildError)
     return whl

@@ -103,7 +103,8 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,
                 trees_going.add(name)
             if kind == "build" and not dry_run:
                 # a build holds build/<tree>/.lock while it compiles: never pull it from under one
-                stack.enter_context(locked(path / ".lock", f"the {path.name} build"))
+                stack.enter_context(locked(path / ".lock", f"the {path.name} build",
+                                           root=wd.root))
             targets.append(path)
         # a state record goes with its tree (a kept tree keeps its record)
         targets = [t for t in targets

@@ -99,6 +99,40 @@ def inside(root: Path, path: Path) -> bool:
     return p == r or p.startswith(r.rstrip("/") + "/")
 
 
+# The work directories (and campaign folders) this process acts in: locations the user named,
+# trusted as they are, below which nothing is written through a link. ``open_log`` writes a log
+# from the deepest one holding it down (issue 41, the thirteenth hostile pass: a build folder
+# swapped for a link to a folder outside, after the build made its logs folder, had the logs
+# appended to files made outside).
+_ROOTS: set[str] = set()
+
+
+def trust_root(root: Path) -> None:
+    """Record ``root`` as a work directory of this process (``root_of``)."""
+    from .. import runner
+
+    _ROOTS.add(os.path.normpath(os.path.abspath(root)))
+    runner.LOG_DIR_OPENER = open_log_dir
+
+
+def root_of(path: Path) -> Path | None:
+    """The deepest recorded work directory strictly above ``path``, lexically; None if none."""
+    p = os.path.normpath(os.path.abspath(path))
+    found = [r for r in _ROOTS if p != r and p.startswith(r.rstrip("/") + "/")]
+    return Path(max(found, key=len)) if found else None
+
+
+def open_log_dir(d: Path) -> int | None:
+    """For ``runner.open_log``: a descriptor of the log folder ``d``, made and opened from the
+    deepest recorded work directory holding it down (``ensure_dir``, ``open_dir``); None when
+    no recorded work directory holds it."""
+    root = root_of(d)
+    if root is None:
+        return None
+    ensure_dir(d, root=root)
+    return open_dir(d, root=root, what="write the log in")
+
+
 def first_symlink(root: Path, path: Path) -> Path | None:
     """The first symlink among the entries between ``root`` (not included) and ``path``
     (included), by ``lstat``; None when there is none (missing entries end the walk)."""

@@ -48,8 +48,14 @@ def _holder(held: bytes) -> str:
 
 
 @contextmanager
-def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path`` for the duration (non-blocking unless ``wait``)."""
+def locked(lock_path: Path, what: str, *, wait: bool = False,
+           root: Path | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` for the duration (non-blocking unless ``wait``).
+    ``root``: the work directory the lock is under: its folder is then made, and the lock file
+    opened, from ``root`` down without following a link (``confine``), for a lock deeper than
+    one folder below it (a ``build/`` planted as a link to a folder outside had the build's
+    ``build/<tree>/.lock``, and its folder, made there: issue 41, the thirteenth hostile
+    pass)."""
     parent = lock_path.parent
     if parent.is_symlink():
         raise _refuse(lock_path, f"the folder holding it, {parent}, is a symlink, and "
@@ -59,7 +65,25 @@ def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
         raise LockError(f"cannot take the lock {lock_path}: the folder that should hold it, "
                         f"{parent}, is a file", f"move {parent} away (kvprefetch makes a folder "
                                                 "there), then rerun")
-    parent.mkdir(parents=True, exist_ok=True)
+    if root is not None:
+        from . import confine
+        confine.ensure_dir(parent, root=root, family=LockError)
+        pfd = confine.open_dir(parent, root=root, what="take a lock in", family=LockError)
+    else:
+        parent.mkdir(parents=True, exist_ok=True)
+        pfd = None
+    try:
+        with _opened(lock_path, wait, what, pfd) as _fd:
+            yield
+    finally:
+        if pfd is not None:
+            os.close(pfd)
+
+
+@contextmanager
+def _opened(lock_path: Path, wait: bool, what: str, pfd: int | None) -> Iterator[int]:
+    """The lock file opened (relative to its folder's descriptor ``pfd`` when given), checked,
+    locked and marked with this pid for the duration."""
     try:  # a FIFO, device or socket in its place is never opened (flock on a FIFO said only
         mode = os.lstat(lock_path).st_mode  # "Invalid argument"; opening a device can act)
     except FileNotFoundError:
@@ -69,8 +93,9 @@ def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
                                  "makes there")
     try:
         # O_NONBLOCK: should a FIFO appear in its place now, the open does not block on it
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                     | os.O_CLOEXEC, 0o644)
+        fd = os.open(lock_path if pfd is None else lock_path.name,
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644, dir_fd=pfd)
     except IsADirectoryError:
         raise _refuse(lock_path, "it is a directory") from None
     except OSError as exc:
@@ -121,7 +146,7 @@ def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{_MARKER}{os.getpid()}\n".encode(), 0)
         try:
-            yield
+            yield fd
         finally:
             os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)

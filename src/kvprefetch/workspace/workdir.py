@@ -26,6 +26,7 @@ from typing import Any
 from .. import upstream
 from ..errors import ConfigError, PatchError
 from ..reading import load_json
+from . import confine
 
 TAG_FILE = ".kvprefetch-workdir"
 # ownership.OWNED_FILE (ownership imports this module): the record of what the kit made
@@ -46,6 +47,10 @@ def check_tree_name(name: str, option: str = "--tree") -> str:
 @dataclass(frozen=True)
 class Workdir:
     root: Path
+
+    def __post_init__(self) -> None:
+        # its logs are written from it down (runner.open_log, confine.root_of)
+        confine.trust_root(self.root)
 
     @property
     def downloads(self) -> Path:

@@ -52,12 +52,27 @@ from ...overlay.install import (
 from ...overlay.plugin import ENTRY_GROUP, ENTRY_NAME, TEMPLATE, write_plugin_wheel
 from ...overlay.toolkit import Toolkit, choose_toolkit
 from ...runner import run
+from ...workspace import confine
 from ...workspace.workdir import Workdir
 from ..library import LibraryBuild, install_library, library_manifest, write_library_ninja
 from ..options import BuildOptions, ModeInputs
 from ..plan import UNSET_FOR_BUILD, Step, TreePlan, build_key
 from ..sequence import StepHandler, TreeRun, TreeSteps, compile_with_progress, ninja_jobs
 from .base import BuildMode, TreeContext
+
+
+def refuse_linked_env(run_: TreeRun, what: str) -> None:
+    """Refuse to run pip (or uv, or conda's pip) into the tree's environment when the
+    environment, its ``bin/`` or its ``site-packages`` inside the work directory is, or has on
+    its way, a symlink: those installers write the environment by path, so through such a link
+    they would write outside the work directory. Checked just before the installer starts; a
+    swap during the install is not caught (the installer's own writes cannot be made relative
+    to a descriptor without rewriting it: issue 41, the thirteenth hostile pass)."""
+    root = Path(run_.plan.workdir)
+    env = run_.need_env()
+    for p in (env.path, Path(env.python).parent, env.site_packages()):
+        if confine.inside(root, p):
+            confine.check_target(root, p, what=what, family=BuildError)
 
 
 class OverlayMode(BuildMode):
@@ -178,6 +193,7 @@ class OverlayTree(TreeSteps):
         t = time.monotonic()
         run_.say("installing " + " ".join(PINS))
         with INSTALLING:
+            refuse_linked_env(run_, "install vLLM, torch and xformers into")
             run(list(step.argv), env=run_.child, log=log,
                 fix=f"read {log}; check that the package index is reachable (PIP_INDEX_URL / "
                     "UV_INDEX_URL) and rerun")
@@ -243,9 +259,11 @@ class OverlayTree(TreeSteps):
         self.config = {"tree": tp.tree, "variant": tp.variant or "stock",
                        "namespace": tp.namespace, "library": str(self.installed),
                        "so_sha256": sha256_file(self.installed), "key": tp.key}
-        self.whl = write_plugin_wheel(run_.build_dir / "plugin", self.config)
+        self.whl = write_plugin_wheel(run_.build_dir / "plugin", self.config,
+                                      root=Path(run_.plan.workdir))
 
     def install_plugin(self, step: Step, log: Path) -> None:
+        refuse_linked_env(self.run, "install the plugin into")
         run(list(step.argv), env=self.run.child, log=log)
 
     def manifest(self, core: dict[str, Any]) -> dict[str, Any]:

@@ -162,11 +162,12 @@ class SmokeTree(TreeSteps):
         self.run.out.steps.append(self.timings[-1])
 
     def copy_tree(self, step: Step, log: Path) -> None:
-        copy_tree(Path(self.run.tp.source_tree), self.run.build_dir / "src",
-                  self.run.tp.source_sha256)
+        copy_tree(Path(self.run.plan.workdir), Path(self.run.tp.source_tree),
+                  self.run.build_dir / "src", self.run.tp.source_sha256)
 
     def toolkit_view(self, step: Step, log: Path) -> None:
-        make_toolkit_view(self.run.build_dir / "cuda", Path(self.smoke["cuda_home"]),
+        make_toolkit_view(Path(self.run.plan.workdir), self.run.build_dir / "cuda",
+                          Path(self.smoke["cuda_home"]),
                           Path(self.smoke["site_packages"]))
 
     def configure(self, step: Step, log: Path) -> None:
