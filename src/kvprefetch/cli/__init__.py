@@ -183,7 +183,13 @@ def output_failed(exc: OSError) -> tuple[str, str]:
 
 def _interrupted(exc: KeyboardInterrupt) -> None:
     """Ctrl-C (exit 130), SIGTERM (143), SIGHUP (129) or another ending signal (128 + its
-    number), once every cleanup has run: one line."""
+    number), once every cleanup has run: one line. The first stop signal decides: TERM, then
+    two INTs during its cleanup (the third raises) exited 130, not 143 (issue 41, the twelfth
+    pass left it open)."""
+    if _SIGNALS and _SIGNALS[0] != signal.SIGINT:
+        exc = Terminated(_SIGNALS[0])
+    elif _SIGNALS:
+        exc = KeyboardInterrupt()
     if isinstance(exc, Terminated):
         name = signal.Signals(exc.signum).name
         click.echo(f"stopped by {name}: nothing further was changed; rerun to resume", err=True)

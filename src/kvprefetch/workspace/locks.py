@@ -48,8 +48,11 @@ def _holder(held: bytes) -> str:
 
 
 @contextmanager
-def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path`` for the duration (non-blocking unless ``wait``)."""
+def locked(lock_path: Path, what: str, *, wait: bool = False,
+           place: str = "work directory") -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` for the duration (non-blocking unless ``wait``).
+    ``place``: what the lock guards, as its messages name it (a campaign's lock said "work
+    directory", issue 41, the twelfth pass left it open)."""
     parent = lock_path.parent
     if parent.is_symlink():
         raise _refuse(lock_path, f"the folder holding it, {parent}, is a symlink, and "
@@ -89,7 +92,7 @@ def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
         # an empty file outside, hard-linked at `.locks/tree-patched.lock`, was written)
         os.close(fd)
         raise _refuse(lock_path, f"it has {st.st_nlink} hard links (it is also a file under "
-                                 "another name, perhaps outside the work directory), and "
+                                 "another name, perhaps outside the " + place + "), and "
                                  "kvprefetch writes only into the lock file it makes")
     try:
         try:
@@ -114,7 +117,7 @@ def locked(lock_path: Path, what: str, *, wait: bool = False) -> Iterator[None]:
                 + ("only digits" if bare else "data") + " kvprefetch did not write "
                 f"(kvprefetch's lock file is empty, or holds '{_MARKER}<pid>' while a run "
                 "holds it)",
-                f"if no kvprefetch runs on this work directory and {lock_path} is not yours "
+                f"if no kvprefetch runs on this {place} and {lock_path} is not yours "
                 + ("(a kvprefetch older than this marker left its bare pid there when it was "
                    "killed) " if bare else "") + "remove it; if it is yours, move it away; "
                 "then rerun")

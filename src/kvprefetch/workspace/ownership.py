@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -291,8 +292,30 @@ def private_dir(prefix: str, *, outside: Path | None = None) -> Iterator[Path]:
                 "others who can write the work directory could swap for a link",
                 "set TMPDIR to a folder outside the work directory (e.g. export TMPDIR=/tmp), "
                 "then rerun")
-    with tempfile.TemporaryDirectory(prefix=f"kvprefetch-{prefix}-") as tmp:
-        yield Path(tmp)
+    tmp = Path(tempfile.mkdtemp(prefix=f"kvprefetch-{prefix}-"))
+    try:
+        yield tmp
+    finally:
+        _remove_private(tmp)
+
+
+def _remove_private(tmp: Path) -> None:
+    """Remove the private folder ``tmp`` whatever signals come meanwhile: a stop raised inside
+    the removal is kept and raised once the folder is gone. A third signal during a stop's
+    cleanup (the first raises, the second only kills children, the third raises again) broke
+    off tempfile's removal and left a ``kvprefetch-apply-*`` folder in the system temp (issue
+    41, the twelfth pass left it open). Each retry removes what is left, so a storm of signals
+    delays the removal, never stops it; the first stop is the one raised."""
+    stop: BaseException | None = None
+    for _ in range(1000):
+        try:
+            if os.path.lexists(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+            break
+        except KeyboardInterrupt as exc:  # Terminated too
+            stop = stop or exc
+    if stop is not None:
+        raise stop
 
 
 def orphans(root: Path) -> list[Path]:
