@@ -191,6 +191,55 @@ def test_a_signal_storm_during_cleanup_removes_the_private_folder_and_the_first_
     assert "stopped by SIGTERM" in err, err
 
 
+_SLOW_SHUTDOWN = r'''
+import sys, threading, time
+import click
+from kvprefetch.cli import COMMANDS, run
+
+@click.command()
+def sleepy():
+    # a thread the interpreter joins at exit: its shutdown lasts 1.5 s after the message
+    threading.Thread(target=time.sleep, args=(1.5,)).start()
+    print("ready", flush=True)
+    time.sleep(60)
+
+COMMANDS["sleepy"] = "__main__:sleepy"
+sys.argv = ["kvprefetch", "sleepy"]
+run()
+'''
+
+
+def test_a_signal_after_a_stops_message_keeps_the_first_signals_exit_status(
+        tmp_path: Path) -> None:
+    """TERM stops the command ("stopped by SIGTERM", its cleanups run), then INTs arrive while
+    the interpreter shuts down (here a thread it joins for 1.5 s): the default action the
+    handlers were reset to killed the process by SIGINT, a status that reads as Ctrl-C, where
+    the message said SIGTERM. Now the first signal's 143. The kit's real ``run()`` and signal
+    handling with one extra command (a sleep): no kit command holds its shutdown open long
+    enough to aim at it."""
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_SHUTDOWN], env=_kit_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        line = proc.stderr.readline()
+        assert "stopped by SIGTERM" in line, line
+        time.sleep(0.1)
+        for _ in range(5):
+            if proc.poll() is not None:
+                break
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, (proc.returncode, line + err)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
 # ------------------------------------------------------------------ 5. escaped output
 
 _HOSTILE = "w\x1b]0;pwned\x07\u009bx"  # an OSC title sequence, then a C1 CSI
@@ -236,3 +285,16 @@ def test_the_runners_command_echo_escapes_a_path(tmp_path: Path) -> None:
     assert res.stdout.strip() == b"ran"
     _no_raw_control(res.stderr)
     assert b"\\x1b]0;pwned\\x07\\x9bx/tool" in res.stderr, res.stderr
+
+
+def test_a_usage_errors_quoted_value_is_escaped(tmp_path: Path) -> None:
+    """``fetch --source VALUE``: the option's check quotes the value back in a usage error
+    ("Invalid value for '--source': --source VALUE: no such file or directory"), which click
+    printed raw (found by this pass's sweep of 21 commands). Now escaped, exit 2, with "To
+    fix"."""
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "fetch", "--workdir",
+                          str(tmp_path / "w"), "--source", _HOSTILE], env=_kit_env(tmp_path),
+                         capture_output=True, timeout=60, check=False)
+    assert res.returncode == 2, res.stderr
+    _no_raw_control(res.stdout + res.stderr)
+    assert b"To fix:" in res.stderr and b"w\\x1b]0;pwned\\x07\\x9bx" in res.stderr, res.stderr

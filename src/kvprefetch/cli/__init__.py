@@ -50,10 +50,12 @@ def _os_error_family(command: str | None) -> type[KvprefetchError]:
 def with_fix(exc: click.UsageError) -> click.UsageError:
     """A usage error with the kit's "To fix" line (every error says how to fix it): click says
     what was wrong; this says where the right spelling is. Same text otherwise, same exit code
-    (2), same "Try --help" header."""
-    text = exc.format_message()
+    (2), same "Try --help" header. The text is ``escaped``: a value an option's check quoted
+    back (``--source`` with ESC in it) reached the terminal raw (issue 41, the thirteenth
+    hostile pass)."""
+    text = escaped(exc.format_message())
     if "To fix:" in text:
-        return exc
+        return exc if text == exc.format_message() else click.UsageError(text, ctx=exc.ctx)
     where = exc.ctx.command_path if exc.ctx is not None else "kvprefetch"
     return click.UsageError(f"{text}\nTo fix: correct the command line; `{where} --help` lists "
                             "the commands, their options and the values they take", ctx=exc.ctx)
@@ -337,11 +339,20 @@ def run() -> None:
     finally:
         # the command has ended (its message printed): a signal during the interpreter's
         # shutdown ends the process at once, never "Exception ignored in <module 'threading'>
-        # ... KeyboardInterrupt" (issue 41, the ninth hostile pass)
+        # ... KeyboardInterrupt" (issue 41, the ninth hostile pass); after a stop, with the
+        # first signal's status: under the default action a TERM's stop that an INT met during
+        # the shutdown (a thread joined) read as killed by SIGINT (the thirteenth pass)
+        after = _exit_as_first if _SIGNALS else signal.SIG_DFL
         for signum in (*_ENDING_SIGNALS, signal.SIGINT):
             if signal.getsignal(signum) in (_raise_terminated, _raise_interrupt,
                                             signal.default_int_handler):
-                signal.signal(signum, signal.SIG_DFL)
+                signal.signal(signum, after)
+
+
+def _exit_as_first(signum: int, frame: object) -> None:
+    """A signal once the stopped command has ended (its message printed, its cleanups run):
+    exit at once, with the first stop signal's status (128 + it), as the message said."""
+    os._exit(128 + (_SIGNALS[0] if _SIGNALS else signum))
 
 
 if __name__ == "__main__":  # pragma: no cover

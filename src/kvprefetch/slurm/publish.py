@@ -203,13 +203,14 @@ def remove_debris(root: Path, folder: Path, names: Callable[[str], bool], *, log
     twelfth pass left it open). Returns what was removed."""
     from ..workspace.confine import open_dir
 
-    if not os.path.lexists(folder):
+    try:  # best effort: the publish's own checks refuse a folder swapped for a link
+        dfd = open_dir(folder, root=root, what="remove from", family=SlurmError)
+        try:
+            listed = sorted(os.listdir(dfd))
+        finally:
+            os.close(dfd)
+    except (OSError, SlurmError):
         return []
-    dfd = open_dir(folder, root=root, what="remove from", family=SlurmError)
-    try:
-        listed = sorted(os.listdir(dfd))
-    finally:
-        os.close(dfd)
     gone = []
     for entry in listed:
         m = _DEBRIS.fullmatch(entry)
