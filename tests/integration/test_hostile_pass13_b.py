@@ -191,6 +191,41 @@ def test_a_signal_storm_during_cleanup_removes_the_private_folder_and_the_first_
     assert "stopped by SIGTERM" in err, err
 
 
+def test_a_signal_storm_never_hangs_the_stop(tmp_path: Path) -> None:
+    """TERM, then a SIGINT every 3 ms for 0.4 s, 12 times: a handler that ran inside
+    the previous one's ``stop_children`` (inside ``threading.Event.set``'s lock, which is not
+    re-entrant) waited on that lock for ever, and the command hung (1 run in about 10, the
+    first of 40 in this pass's loop). Each run now ends within 20 s, with 143 (or, for a
+    signal in CPython's own last moments, killed by it: out of the kit's reach) and no
+    traceback. (The private folder is still left in about 1 run of 12 of these storms: found
+    and left open by this pass.) Same driver as the test above, real signals."""
+    sys_tmp = tmp_path / "systmp"
+    sys_tmp.mkdir()
+    for _ in range(12):
+        proc = subprocess.Popen([sys.executable, "-c", _STORMED, "30000"],
+                                env=_kit_env(sys_tmp), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            proc.stdout.readline()
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.02)
+            deadline = time.monotonic() + 0.4
+            while time.monotonic() < deadline and proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                time.sleep(0.003)
+            try:
+                _, err = proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                raise AssertionError("the stop hung under a storm of signals") from None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode in (143, -signal.SIGINT), (proc.returncode, err)
+        assert "Traceback" not in err, err
+
+
 _SLOW_SHUTDOWN = r'''
 import sys, threading, time
 import click

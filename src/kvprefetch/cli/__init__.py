@@ -223,11 +223,26 @@ def _second_signal(signum: int) -> bool:
     twice, or Slurm's and a wrapper's signals). The second one SIGKILLs every child at once
     (what the first one's grace would do after 10 s); a third raises, for a user who insists."""
     _SIGNALS.append(signum)
-    if len(_SIGNALS) == 1:
-        stop_children()
-        return False
-    stop_children(signal.SIGKILL)
-    return len(_SIGNALS) == 2
+    if _IN_STOP[0]:
+        # a signal while an earlier one's handler stops the children: counted only. Its
+        # handler ran inside the earlier one's, inside threading's lock of ``Event.set`` (not
+        # re-entrant), and waited on it for ever (issue 41, the thirteenth hostile pass: a
+        # storm of SIGINTs after a SIGTERM hung the command, 1 run in about 10)
+        return True
+    _IN_STOP[0] = True
+    try:
+        if len(_SIGNALS) == 1:
+            stop_children()
+            if len(_SIGNALS) > 1:  # a second came meanwhile: as a second does
+                stop_children(signal.SIGKILL)
+            return False  # the first stop raises, whatever came meanwhile
+        stop_children(signal.SIGKILL)
+        return len(_SIGNALS) == 2
+    finally:
+        _IN_STOP[0] = False
+
+
+_IN_STOP = [False]  # a handler is stopping the children (``_second_signal``)
 
 
 # A stop raised where Python ignores exceptions (a weakref callback, a ``__del__``: the handler
