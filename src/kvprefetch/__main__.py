@@ -26,7 +26,13 @@ def main() -> None:
         if origin is None or "--debug" in sys.argv[1:]:
             raise
         err = ConfigError(*third_party_failed(exc, *origin))
-        print(f"error: {err.message}", file=sys.stderr)
+        try:  # the planted module's path, escaped (a name with ESC reached the terminal raw)
+            from .console import escaped
+
+            text = escaped(err.message)
+        except Exception:  # noqa: BLE001 -- a planted module may break it too
+            text = ascii(err.message)
+        print(f"error: {text}", file=sys.stderr)
         sys.exit(err.exit_code)
     run()
 

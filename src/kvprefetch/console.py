@@ -58,6 +58,17 @@ def escaped(value: object) -> str:
                    else ascii(ch)[1:-1] for ch in text)
 
 
+def say(value: object, *, err: bool = False, nl: bool = True) -> None:
+    """A command's line of output (stdout, or stderr with ``err``), ``escaped``: the
+    ``click.echo`` lines of the commands printed paths and names as they were, so a work
+    directory named with ESC or a C1 byte reached the terminal raw (issue 41, the twelfth pass
+    left it open). Data a command prints for a program to read (a diff, a script, Markdown,
+    JSON) goes out as it is, through ``click.echo``."""
+    import click
+
+    click.echo(escaped(value), err=err, nl=nl)
+
+
 def info(msg: str) -> None:
     """Progress and notices go to stderr so that stdout stays clean for --json."""
     print(escaped(msg), file=sys.stderr, flush=True)

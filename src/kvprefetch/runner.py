@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from .console import escaped
 from .errors import CommandError, ConfigError
 
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
@@ -371,7 +372,9 @@ def run(
         )
     args[0] = resolved
     if echo:
-        print(f"+ {quote(args)}", file=sys.stderr, flush=True)
+        # escaped: a path with ESC in it (a work directory's) reached the terminal raw (issue
+        # 41, the thirteenth hostile pass); the log below keeps the command as it ran
+        print(f"+ {escaped(quote(args))}", file=sys.stderr, flush=True)
     log_path = Path(log) if log is not None else None
     logf = open_log(log_path) if log_path is not None else None
     tail: deque[str] = deque(maxlen=25)

@@ -50,10 +50,12 @@ def _os_error_family(command: str | None) -> type[KvprefetchError]:
 def with_fix(exc: click.UsageError) -> click.UsageError:
     """A usage error with the kit's "To fix" line (every error says how to fix it): click says
     what was wrong; this says where the right spelling is. Same text otherwise, same exit code
-    (2), same "Try --help" header."""
-    text = exc.format_message()
+    (2), same "Try --help" header. The text is ``escaped``: a value an option's check quoted
+    back (``--source`` with ESC in it) reached the terminal raw (issue 41, the thirteenth
+    hostile pass)."""
+    text = escaped(exc.format_message())
     if "To fix:" in text:
-        return exc
+        return exc if text == exc.format_message() else click.UsageError(text, ctx=exc.ctx)
     where = exc.ctx.command_path if exc.ctx is not None else "kvprefetch"
     return click.UsageError(f"{text}\nTo fix: correct the command line; `{where} --help` lists "
                             "the commands, their options and the values they take", ctx=exc.ctx)
@@ -183,7 +185,13 @@ def output_failed(exc: OSError) -> tuple[str, str]:
 
 def _interrupted(exc: KeyboardInterrupt) -> None:
     """Ctrl-C (exit 130), SIGTERM (143), SIGHUP (129) or another ending signal (128 + its
-    number), once every cleanup has run: one line."""
+    number), once every cleanup has run: one line. The first stop signal decides: TERM, then
+    two INTs during its cleanup (the third raises) exited 130, not 143 (issue 41, the twelfth
+    pass left it open)."""
+    if _SIGNALS and _SIGNALS[0] != signal.SIGINT:
+        exc = Terminated(_SIGNALS[0])
+    elif _SIGNALS:
+        exc = KeyboardInterrupt()
     if isinstance(exc, Terminated):
         name = signal.Signals(exc.signum).name
         click.echo(f"stopped by {name}: nothing further was changed; rerun to resume", err=True)
@@ -215,11 +223,26 @@ def _second_signal(signum: int) -> bool:
     twice, or Slurm's and a wrapper's signals). The second one SIGKILLs every child at once
     (what the first one's grace would do after 10 s); a third raises, for a user who insists."""
     _SIGNALS.append(signum)
-    if len(_SIGNALS) == 1:
-        stop_children()
-        return False
-    stop_children(signal.SIGKILL)
-    return len(_SIGNALS) == 2
+    if _IN_STOP[0]:
+        # a signal while an earlier one's handler stops the children: counted only. Its
+        # handler ran inside the earlier one's, inside threading's lock of ``Event.set`` (not
+        # re-entrant), and waited on it for ever (issue 41, the thirteenth hostile pass: a
+        # storm of SIGINTs after a SIGTERM hung the command, 1 run in about 10)
+        return True
+    _IN_STOP[0] = True
+    try:
+        if len(_SIGNALS) == 1:
+            stop_children()
+            if len(_SIGNALS) > 1:  # a second came meanwhile: as a second does
+                stop_children(signal.SIGKILL)
+            return False  # the first stop raises, whatever came meanwhile
+        stop_children(signal.SIGKILL)
+        return len(_SIGNALS) == 2
+    finally:
+        _IN_STOP[0] = False
+
+
+_IN_STOP = [False]  # a handler is stopping the children (``_second_signal``)
 
 
 # A stop raised where Python ignores exceptions (a weakref callback, a ``__del__``: the handler
@@ -331,11 +354,20 @@ def run() -> None:
     finally:
         # the command has ended (its message printed): a signal during the interpreter's
         # shutdown ends the process at once, never "Exception ignored in <module 'threading'>
-        # ... KeyboardInterrupt" (issue 41, the ninth hostile pass)
+        # ... KeyboardInterrupt" (issue 41, the ninth hostile pass); after a stop, with the
+        # first signal's status: under the default action a TERM's stop that an INT met during
+        # the shutdown (a thread joined) read as killed by SIGINT (the thirteenth pass)
+        after = _exit_as_first if _SIGNALS else signal.SIG_DFL
         for signum in (*_ENDING_SIGNALS, signal.SIGINT):
             if signal.getsignal(signum) in (_raise_terminated, _raise_interrupt,
                                             signal.default_int_handler):
-                signal.signal(signum, signal.SIG_DFL)
+                signal.signal(signum, after)
+
+
+def _exit_as_first(signum: int, frame: object) -> None:
+    """A signal once the stopped command has ended (its message printed, its cleanups run):
+    exit at once, with the first stop signal's status (128 + it), as the message said."""
+    os._exit(128 + (_SIGNALS[0] if _SIGNALS else signum))
 
 
 if __name__ == "__main__":  # pragma: no cover

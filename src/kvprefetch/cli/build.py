@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..console import emit_json, info, table
+from ..console import emit_json, info, say, table
 from .common import LibraryChecked, count_range, dry_run_option, json_option, workdir_option
 
 
@@ -106,7 +106,7 @@ def build(workdir: Path, arch: str, mode: str, kernels_only: bool, trees: str | 
         if as_json:
             emit_json(plan)
         else:
-            click.echo(render_plan(plan))
+            say(render_plan(plan))
         return
     info(render_plan(plan))
     if not _confirmed(plan, force=force, yes=yes):
@@ -169,6 +169,6 @@ def clean(workdir: Path, what: str, discard_edits: bool, dry_run: bool, as_json:
         emit_json({"removed": res.removed, "kept": res.kept, "dry_run": dry_run})
     else:
         for r in res.removed:
-            click.echo(("would remove " if dry_run else "removed ") + r)
+            say(("would remove " if dry_run else "removed ") + r)
         for k in res.kept:
-            click.echo(f"kept {k.path}: {k.reason}", err=True)
+            say(f"kept {k.path}: {k.reason}", err=True)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from .. import upstream
+from ..console import say
 
 # A count or length given on the command line reaches a C int (ninja's -j, nvcc's --threads,
 # vLLM's max_model_len, a pool's size): past 2**31 - 1 it is no number those programs take
@@ -85,7 +86,7 @@ def dry_run_option(f: F) -> F:
 
 def deprecated(old: str, new: str) -> None:
     """Say on stderr that ``old`` still works but is now spelled ``new``."""
-    click.echo(f"note: {old} is deprecated and still works; use {new}", err=True)
+    say(f"note: {old} is deprecated and still works; use {new}", err=True)
 
 
 def _canonical_variant(ctx: click.Context, param: click.Parameter, value: str) -> str:

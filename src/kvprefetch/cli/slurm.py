@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..console import emit_json, info, table
+from ..console import emit_json, info, say, table
 from ..slurm.values import MAX_CPUS_PER_BUILD, WAIT_TIMEOUT
 from .common import ARCH_TYPE, BoundedNumber, LibraryChecked, dry_run_option, json_option
 
@@ -175,7 +175,7 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
                        "scripts": {j.script: render_script(c, j) for j in c.jobs}})
         else:
             for j in c.jobs:
-                click.echo(f"==> {j.script} (after: {', '.join(j.after) or '-'})")
+                say(f"==> {j.script} (after: {', '.join(j.after) or '-'})")
                 click.echo(render_script(c, j))
         return
     from ..slurm.campaign import CAMPAIGN_FILE
@@ -210,7 +210,7 @@ def _show_submitted(rows: list[dict]) -> None:
     from ..runner import quote
 
     for r in rows:
-        click.echo(f"{r['job']}: {r.get('id', '(dry run)')}  {quote(r['argv'])}")
+        say(f"{r['job']}: {r.get('id', '(dry run)')}  {quote(r['argv'])}")
 
 
 @slurm.command()
@@ -335,7 +335,7 @@ def publish(campaign: Path, tree_name: str, scratch: Path, logs_only: bool,
              f"no build logs of {tree} in {scratch} (it failed before building)")
         return
     res = publish_build(scratch, c.workdir, tree, label=label,
-                        host=socket.gethostname())
+                        host=socket.gethostname(), logs=c.logs)
     if as_json:
         emit_json(res.to_dict())
     else:

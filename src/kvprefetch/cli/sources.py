@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .. import upstream
-from ..console import emit_json, escaped, info, step
+from ..console import emit_json, escaped, info, say, step
 from .common import (
     LibraryChecked,
     deprecated,
@@ -118,7 +118,7 @@ def apply(workdir: Path, variant: str, tree_name: str | None, dry_run: bool, as_
     if as_json:
         emit_json(res)
     else:
-        click.echo(f"{res.tree}: {res.action} {res.variant} "
+        say(f"{res.tree}: {res.action} {res.variant} "
                    f"(patch sha256 {res.patch_sha256[:16]}…)")
 
 
@@ -139,17 +139,17 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
                              for f in res.files]})
     elif stat:
         for f in res.files:
-            click.echo(f"{f.path}: +{f.added} -{f.removed}")
+            say(f"{f.path}: +{f.added} -{f.removed}")
     else:
         for f in res.files:
             click.echo(f.diff, nl=False)
     if check:
         if not res.files:
-            click.echo(f"check: tree {tree_name!r} is pristine (no patch applied)", err=True)
+            say(f"check: tree {tree_name!r} is pristine (no patch applied)", err=True)
             sys.exit(1)
         if not res.additive:
             bad = ", ".join(f"{f.path} (-{f.removed})" for f in res.files if f.removed)
-            click.echo(f"check FAILED: the patch removes or changes upstream lines in {bad}\n"
+            say(f"check FAILED: the patch removes or changes upstream lines in {bad}\n"
                        "To fix: express the change as added lines only", err=True)
             sys.exit(1)
         from ..sources.fetch import tree_modifications
@@ -159,14 +159,14 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
         tree_name = res.tree
         changed = tree_modifications(Workdir(workdir), tree_name)
         if changed:
-            click.echo(f"check FAILED: tree {tree_name!r} differs from what kvprefetch recorded "
+            say(f"check FAILED: tree {tree_name!r} differs from what kvprefetch recorded "
                        f"(pristine v0.10.2 plus exactly the patch) in: {', '.join(changed[:8])}\n"
                        "To fix: `kvprefetch fetch --force` (the tree is moved to backup/), then "
                        "`kvprefetch apply`", err=True)
             sys.exit(1)
         carried = carried_variant(Workdir(workdir).tree(tree_name))
         if res.variant is not None and carried != res.variant:
-            click.echo(f"check FAILED: tree {tree_name!r} is recorded as carrying the "
+            say(f"check FAILED: tree {tree_name!r} is recorded as carrying the "
                        f"{res.variant} patch but its files carry {carried or 'no patch'}\n"
                        "To fix: `kvprefetch fetch --force`, then `kvprefetch apply`", err=True)
             sys.exit(1)
@@ -192,7 +192,7 @@ def export_header(workdir: Path, output: Path, variant: str, as_json: bool) -> N
         emit_json({"output": str(path), "variant": variant, "sha256": sha256_file(path),
                    "caveat": caveat})
     else:
-        click.echo(f"wrote {path} ({variant}); "
+        say(f"wrote {path} ({variant}); "
                    "drop it in as vllm/csrc/attention/attention_kernels.cuh")
         if caveat:
-            click.echo(f"note: {caveat}", err=True)
+            say(f"note: {caveat}", err=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..console import emit_json, info, plain, rich_table
+from ..console import say as say_line  # a function below has its own `say`
 from .common import count_range, json_option, workdir_option
 
 if TYPE_CHECKING:
@@ -147,6 +148,6 @@ def verify_kernel(workdir: Path, trees: str | None, no_gpu: bool, jobs: int | No
         if verbose:
             sys.stdout.write(details_text(rep, color=sys.stdout.isatty()
                                           and "NO_COLOR" not in os.environ))
-        click.echo("\n".join(summary_lines(rep)))
+        say_line("\n".join(summary_lines(rep)))
     if not rep.passed:
         sys.exit(6)

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from ..console import emit_json, info, step, table
+from ..console import emit_json, info, say, step, table
 from ..errors import BenchError, KvprefetchError
 from .common import dry_run_option, json_option, output_file
 
@@ -181,9 +181,9 @@ def bench(out: Path, batches: str, contexts: str, rounds: int, skip_steps: bool,
         res = run_bench(out, cfg, steps=not skip_steps, decode=not skip_decode,
                         paged_workdir=paged_workdir)
     # with --json, stdout holds only the report
-    click.echo(render_summary(res.report), err=as_json)
+    say(render_summary(res.report), err=as_json)
     for f in res.failed:
-        click.echo(f"FAILED {f}", err=as_json)
+        say(f"FAILED {f}", err=as_json)
     info(f"report written to {out}")
     if as_json:
         sys.stdout.write(out.read_text() + "\n")

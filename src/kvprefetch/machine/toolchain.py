@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..runner import run, which
+from ..runner import Completed, run, which
 
 # --------------------------------------------------------------------------- arch syntax
 
@@ -258,10 +258,24 @@ def parse_nvcc_version(text: str) -> tuple[int, int, int]:
     )
 
 
+def _nvcc_probe(nvcc: str | os.PathLike[str], flag: str,
+                env: Mapping[str, str] | None) -> Completed:
+    """``nvcc FLAG`` with ``TMPDIR`` a private folder of its own (``ownership.private_dir``),
+    removed after: nvcc writes ``tmpxft_*`` files into ``TMPDIR`` even for ``--version`` and
+    ``--list-gpu-arch``, which were left in the user's TMPDIR when it was stopped (issue 41, the
+    twelfth pass left it open; the builds already had their own folder)."""
+    from ..workspace.ownership import private_dir
+
+    child_env = dict(env) if env is not None else dict(os.environ)
+    with private_dir("nvcc-probe") as tmp:
+        child_env["TMPDIR"] = str(tmp)
+        return run([str(nvcc), flag], env=child_env, echo=False, check=False, timeout=60)
+
+
 def nvcc_version(nvcc: str | os.PathLike[str],
                  env: Mapping[str, str] | None = None) -> tuple[int, int, int]:
     """Run ``nvcc --version`` and parse it."""
-    done = run([str(nvcc), "--version"], env=env, echo=False, check=False, timeout=60)
+    done = _nvcc_probe(nvcc, "--version", env)
     if done.returncode != 0:
         raise ConfigError(
             f"`{nvcc} --version` failed with exit code {done.returncode}:\n{done.output[-400:]}",
@@ -274,7 +288,7 @@ def nvcc_gpu_archs(nvcc: str | os.PathLike[str],
                    env: Mapping[str, str] | None = None) -> frozenset[str] | None:
     """The ``compute_XX`` digits nvcc can target (``nvcc --list-gpu-arch``), e.g. {"75", "90"};
     None where this nvcc cannot list them."""
-    done = run([str(nvcc), "--list-gpu-arch"], env=env, echo=False, check=False, timeout=60)
+    done = _nvcc_probe(nvcc, "--list-gpu-arch", env)
     found = frozenset(re.findall(r"compute_(\d+)", done.output))
     return found if done.returncode == 0 and found else None
 

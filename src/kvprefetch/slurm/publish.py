@@ -33,6 +33,7 @@ import os
 import re
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,15 +174,65 @@ def _rename_into_place(root: Path, tmp: Path, dest: Path, label: str) -> None:
     _discard(root, old)
 
 
+# the temporaries publish_build leaves when its job is killed (a time limit, scancel -9, a node
+# lost): .<key>.publish-<job> in build/<tree>/, .<tree>.publish-<job> in envs/, and the
+# previous build moved aside, .<name>.old-<job>; only these exact shapes are the kit's
+_DEBRIS = re.compile(r"\.(?P<name>[^/]+)\.(?:publish|old)-(?P<job>[0-9]+(?:_[0-9]+)?)")
+
+
+def _job_ended(logs: Path, tree: str, job: str) -> bool:
+    """The build job ``job`` of ``tree`` has ended: its script's EXIT trap wrote its exit
+    record (``logs/build-<tree>-<job>.exit``, a regular file, never a link), which it does
+    last. A job killed without one (SIGKILL, a node lost) is not known to have ended, so its
+    debris stays, to be removed by hand (kept: a job still running may be writing it)."""
+    from .campaign import EXIT_SUFFIX
+
+    try:
+        return stat.S_ISREG(os.lstat(logs / f"build-{tree}-{job}{EXIT_SUFFIX}").st_mode)
+    except OSError:
+        return False
+
+
+def remove_debris(root: Path, folder: Path, names: Callable[[str], bool], *, logs: Path,
+                  tree: str, label: str) -> list[Path]:
+    """Remove from ``folder`` (inside ``root``, opened ``O_NOFOLLOW`` from it down) the
+    temporaries an earlier build job of ``tree`` left (``_DEBRIS``, whose name passes
+    ``names``), once that job has ended (``_job_ended``); never this job's own (``label``:
+    removed by ``publish_build`` itself), never one of a job that may still run, never
+    through a link (``confine.remove_path``). They were never removed at all (issue 41, the
+    twelfth pass left it open). Returns what was removed."""
+    from ..workspace.confine import open_dir
+
+    try:  # best effort: the publish's own checks refuse a folder swapped for a link
+        dfd = open_dir(folder, root=root, what="remove from", family=SlurmError)
+        try:
+            listed = sorted(os.listdir(dfd))
+        finally:
+            os.close(dfd)
+    except (OSError, SlurmError):
+        return []
+    gone = []
+    for entry in listed:
+        m = _DEBRIS.fullmatch(entry)
+        if m is None or m["job"] == label or not names(m["name"]) \
+                or not _job_ended(logs, tree, m["job"]):
+            continue
+        with contextlib.suppress(OSError, SlurmError):
+            remove_path(root, folder / entry, family=SlurmError)
+            gone.append(folder / entry)
+    return gone
+
+
 def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
 def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
-                  host: str = "") -> Published:
+                  host: str = "", logs: Path | None = None) -> Published:
     """Publish the newest kernels-only build of ``tree`` in the scratch work directory into the
     work directory ``dest`` (see the module docstring). ``label`` names the temporary folders
-    (the job id)."""
+    (the job id). ``logs``: the campaign's logs folder, where an earlier job's exit record says
+    it has ended, so that its leftovers go (``remove_debris``)."""
     from ..kernels.ops import find_builds
 
     check_job_label(label, "the label")
@@ -214,6 +265,11 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
     tmp_env = dst_env.parent / f".{dst_env.name}.publish-{label}"
     for p in (dst_build, dst_env, tmp_build, tmp_env):  # before anything is removed
         check_target(dwd.root, p, what="publish into", family=SlurmError)
+    if logs is not None:  # debris of an earlier job of this tree that has ended
+        remove_debris(dwd.root, dst_build.parent, lambda name: not name.startswith("."),
+                      logs=logs, tree=tree, label=label)
+        remove_debris(dwd.root, dst_env.parent, lambda name: name == dst_env.name,
+                      logs=logs, tree=tree, label=label)
     for tmp in (tmp_build, tmp_env):
         remove_path(dwd.root, tmp, family=SlurmError)  # debris of an earlier try of this job
         ensure_dir(tmp.parent, root=dwd.root, family=SlurmError)

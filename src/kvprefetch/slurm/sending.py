@@ -61,5 +61,6 @@ def campaign_lock(root: Path) -> Iterator[None]:
     naming the first's pid. ``root`` is the campaign's resolved folder."""
     from ..workspace.locks import locked
 
-    with locked(Path(root) / LOCK_FILE, f"the campaign {root} (submit, resubmit or plan)"):
+    with locked(Path(root) / LOCK_FILE, f"the campaign {root} (submit, resubmit or plan)",
+                place="campaign"):
         yield

@@ -49,13 +49,15 @@ def _holder(held: bytes) -> str:
 
 @contextmanager
 def locked(lock_path: Path, what: str, *, wait: bool = False,
-           root: Path | None = None) -> Iterator[None]:
+           root: Path | None = None,
+           place: str = "work directory") -> Iterator[None]:
     """Hold an exclusive lock on ``lock_path`` for the duration (non-blocking unless ``wait``).
     ``root``: the work directory the lock is under: its folder is then made, and the lock file
     opened, from ``root`` down without following a link (``confine``), for a lock deeper than
     one folder below it (a ``build/`` planted as a link to a folder outside had the build's
     ``build/<tree>/.lock``, and its folder, made there: issue 41, the thirteenth hostile
-    pass)."""
+    pass). ``place``: what the lock guards, as its messages name it (a campaign's lock said
+    "work directory", issue 41, the twelfth pass left it open)."""
     parent = lock_path.parent
     if parent.is_symlink():
         raise _refuse(lock_path, f"the folder holding it, {parent}, is a symlink, and "
@@ -73,7 +75,7 @@ def locked(lock_path: Path, what: str, *, wait: bool = False,
         parent.mkdir(parents=True, exist_ok=True)
         pfd = None
     try:
-        with _opened(lock_path, wait, what, pfd) as _fd:
+        with _opened(lock_path, wait, what, pfd, place) as _fd:
             yield
     finally:
         if pfd is not None:
@@ -81,7 +83,8 @@ def locked(lock_path: Path, what: str, *, wait: bool = False,
 
 
 @contextmanager
-def _opened(lock_path: Path, wait: bool, what: str, pfd: int | None) -> Iterator[int]:
+def _opened(lock_path: Path, wait: bool, what: str, pfd: int | None,
+            place: str) -> Iterator[int]:
     """The lock file opened (relative to its folder's descriptor ``pfd`` when given), checked,
     locked and marked with this pid for the duration."""
     try:  # a FIFO, device or socket in its place is never opened (flock on a FIFO said only
@@ -114,7 +117,7 @@ def _opened(lock_path: Path, wait: bool, what: str, pfd: int | None) -> Iterator
         # an empty file outside, hard-linked at `.locks/tree-patched.lock`, was written)
         os.close(fd)
         raise _refuse(lock_path, f"it has {st.st_nlink} hard links (it is also a file under "
-                                 "another name, perhaps outside the work directory), and "
+                                 "another name, perhaps outside the " + place + "), and "
                                  "kvprefetch writes only into the lock file it makes")
     try:
         try:
@@ -139,7 +142,7 @@ def _opened(lock_path: Path, wait: bool, what: str, pfd: int | None) -> Iterator
                 + ("only digits" if bare else "data") + " kvprefetch did not write "
                 f"(kvprefetch's lock file is empty, or holds '{_MARKER}<pid>' while a run "
                 "holds it)",
-                f"if no kvprefetch runs on this work directory and {lock_path} is not yours "
+                f"if no kvprefetch runs on this {place} and {lock_path} is not yours "
                 + ("(a kvprefetch older than this marker left its bare pid there when it was "
                    "killed) " if bare else "") + "remove it; if it is yours, move it away; "
                 "then rerun")

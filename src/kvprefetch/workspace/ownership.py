@@ -16,7 +16,9 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -291,8 +293,43 @@ def private_dir(prefix: str, *, outside: Path | None = None) -> Iterator[Path]:
                 "others who can write the work directory could swap for a link",
                 "set TMPDIR to a folder outside the work directory (e.g. export TMPDIR=/tmp), "
                 "then rerun")
-    with tempfile.TemporaryDirectory(prefix=f"kvprefetch-{prefix}-") as tmp:
-        yield Path(tmp)
+    tmp = Path(tempfile.mkdtemp(prefix=f"kvprefetch-{prefix}-"))
+    try:
+        yield tmp
+    finally:
+        _remove_private(tmp)
+
+
+def _writable_then_retry(func: Any, path: str, exc_info: Any) -> None:
+    """rmtree's error handler, as tempfile's: a folder of the private folder a program left
+    read-only is made writable and the removal retried once; anything else is left (the
+    removal must never fail a command that has already done its work)."""
+    with suppress(OSError):
+        os.chmod(os.path.dirname(path), 0o700)  # inside the private folder: nobody else's
+        func(path)
+
+
+def _remove_private(tmp: Path) -> None:
+    """Remove the private folder ``tmp`` whatever signals come meanwhile: a stop raised inside
+    the removal is kept and raised once the folder is gone. A third signal during a stop's
+    cleanup (the first raises, the second only kills children, the third raises again) broke
+    off tempfile's removal and left a ``kvprefetch-apply-*`` folder in the system temp (issue
+    41, the twelfth pass left it open). Each retry removes what is left, so a storm of signals
+    delays the removal; the first stop is the one raised. (A SIGINT every 3 ms still leaves it
+    in about 1 run of 12, the stop raised outside this loop: the thirteenth pass left it open.)"""
+    stop: BaseException | None = None
+    for _ in range(1000):
+        try:
+            if os.path.lexists(tmp):
+                if sys.version_info >= (3, 12):  # onerror is deprecated from 3.12
+                    shutil.rmtree(tmp, onexc=_writable_then_retry)
+                else:
+                    shutil.rmtree(tmp, onerror=_writable_then_retry)
+            break
+        except KeyboardInterrupt as exc:  # Terminated too
+            stop = stop or exc
+    if stop is not None:
+        raise stop
 
 
 def orphans(root: Path) -> list[Path]:

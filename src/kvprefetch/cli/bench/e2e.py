@@ -22,7 +22,7 @@ from ...bench.e2e_plan import (
     plan_e2e_bench,
     run_e2e_plan,
 )
-from ...console import emit_json, info
+from ...console import emit_json, info, say
 from ..common import BoundedNumber, dry_run_option, json_option, workdir_option
 from .options import output_options, usage_errors
 
@@ -90,4 +90,4 @@ def _show_plan(plan: E2EBenchPlan, as_json: bool) -> None:
         info(f"would refuse: {plan.refusal}")
     env_text = " ".join(f"{k}={v}" for k, v in plan.environment.items())
     for r in plan.runs:
-        click.echo(f"{env_text} {quote(r.argv)}")
+        say(f"{env_text} {quote(r.argv)}")

@@ -17,7 +17,7 @@ from ...bench.ncu_plan import (
     plan_ncu_bench,
     run_ncu_plan,
 )
-from ...console import emit_json, info, table
+from ...console import emit_json, info, say, table
 from ..common import BoundedNumber, dry_run_option, json_option, workdir_option
 from .options import output_options, trees_option, usage_errors
 
@@ -75,4 +75,4 @@ def _show_plan(plan: NcuBenchPlan, as_json: bool) -> None:
     if not plan.builds:
         info("no kernels-only builds found; commands shown per build once there are some")
     for c in plan.commands():
-        click.echo(quote(c))
+        say(quote(c))
