@@ -189,9 +189,13 @@ WRITE_NEW_SH = (
     "    tmp=; trap '[ -z \"$tmp\" ] || rm -f -- \"$tmp\"' EXIT; trap 'exit 143' TERM INT HUP",
     '    tmp=$(mktemp -- "$name.tmp-XXXXXXXXXX") || exit 1',
     '    exec 3<> "$tmp"',
-    '    if [ ! -f /dev/fd/3 ]; then',
+    # what was opened must be the file mktemp made, by its one name here: a link put at the
+    # name between mktemp and the open had `<>` open (and the lines below write) a file
+    # outside (issue 41, the fourteenth hostile pass); a hard link to it has two names
+    ('    if [ ! -f /dev/fd/3 ] || [ "$(stat -L -c %d:%i:%h /dev/fd/3)" !='
+     ' "$(stat -c %d:%i:1 -- "$tmp")" ]; then'),
     ('      echo "refusing to write $1: its temporary $tmp was replaced by something not a'
-     ' file (another process is changing the campaign)" >&2; exit 1'),
+     ' new file of its own (another process is changing the campaign)" >&2; exit 1'),
     "    fi",
     # mktemp makes it 0600: the mode the umask gives a new file, set through the open file
     '    chmod =rw /dev/fd/3',
