@@ -86,7 +86,7 @@ def test_a_scratch_in_the_campaign_by_another_spelling_is_refused_at_the_plan(
     assert not (camp / "campaign.json").exists()
 
 
-@pytest.mark.parametrize("scratch,env", [("$PWD/scr", {}), ("$SLURM_JOB_ID", {}),
+@pytest.mark.parametrize(("scratch", "env"), [("$PWD/scr", {}), ("$SLURM_JOB_ID", {}),
                                          ("node", {"SLURM_TMPDIR": "{camp}/tmp"})])
 def test_a_scratch_the_jobs_shell_puts_in_the_campaign_is_refused_by_the_job(
         tmp_path: Path, scratch: str, env: dict[str, str]) -> None:
