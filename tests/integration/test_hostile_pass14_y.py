@@ -12,6 +12,8 @@ folders). Each test fails without its fix (checked by reverting ``src`` and runn
   ``//camp/s`` were planned, and ``$PWD/s``, a relative ``$SLURM_JOB_ID`` or a node TMPDIR in
   the campaign put the job's scratch there. Now the plan compares the normalised path, and the
   build job checks the folder its shell resolved before it makes or runs anything.
+- A scratch base that cannot be a folder (a FIFO at the node's TMPDIR) failed the job with
+  mkdir's "File exists" alone; now it is named with a fix.
 
 The interleavings are forced with a bash DEBUG trap that does what the other process would do
 at the one moment it must (as ``test_hostile_pass13_c``); everything else, the function the kit
@@ -116,3 +118,26 @@ def test_a_scratch_the_jobs_shell_puts_in_the_campaign_is_refused_by_the_job(
     assert "refusing to build in" in res.stderr and "To fix" in res.stderr, res.stderr
     assert (camp / "logs" / "build-baseline-7.exit").read_text() == "2\n"
     assert not list(camp.rglob("kvprefetch-camp-build-*"))
+
+
+def test_a_scratch_base_that_cannot_be_a_folder_is_named_with_a_fix(tmp_path: Path) -> None:
+    """The node's TMPDIR (where ``--scratch node`` puts the build's folder) is a FIFO: the job
+    failed with mkdir's "cannot create directory ...: File exists" alone. Now it says what the
+    path is and what to do (exit 2), and runs nothing."""
+    import os
+
+    camp = tmp_path / "camp"
+    ran = tmp_path / "ran.log"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\necho "$*" >> {ran}\n')
+    fake.chmod(0o755)
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--python", str(fake))
+    assert res.returncode == 0, res.stderr
+    os.mkfifo(tmp_path / "fifo")
+    job_env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    job_env.update(SLURM_JOB_ID="8", SLURM_TMPDIR=str(tmp_path / "fifo"))
+    res = subprocess.run(["bash", str(camp / "scripts" / "10-build-baseline.sbatch")],
+                         env=job_env, capture_output=True, text=True, timeout=60, check=False)
+    assert not ran.exists(), ran.read_text()
+    assert res.returncode == 2, res
+    assert "cannot be made a folder" in res.stderr and "To fix" in res.stderr, res.stderr

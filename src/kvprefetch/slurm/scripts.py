@@ -69,7 +69,12 @@ SCRATCH_OUTSIDE_SH = (
     ('  echo "refusing to build in $SCRATCH_BASE: a scratch folder must be absolute, and a'
      ' relative one is in the campaign. To fix: plan the campaign again with --scratch node or'
      ' a folder of yours outside it" >&2; exit 2;; esac'),
-    'mkdir -p -- "$SCRATCH_BASE"',
+    # a file, FIFO or unwritable folder there: mkdir's "File exists" alone said nothing the
+    # user could act on (the fourteenth hostile pass)
+    ('mkdir -p -- "$SCRATCH_BASE" || { echo "refusing to build in $SCRATCH_BASE: it cannot be'
+     ' made a folder (something other than a folder is there, or it is not writable). To fix:'
+     ' plan the campaign again with --scratch node or a folder of yours, or set the node'
+     ' TMPDIR to a writable folder" >&2; exit 2; }'),
     'CAMPAIGN_REAL=$(env pwd -P); SCRATCH_REAL=$(cd -P -- "$SCRATCH_BASE" && env pwd -P)',
     'case "$SCRATCH_REAL/" in "$CAMPAIGN_REAL"/*)',
     ('  echo "refusing to build in $SCRATCH_BASE: it is in the campaign $CAMPAIGN_REAL, where'
