@@ -58,6 +58,32 @@ def scratch_base_sh(c: Campaign) -> str:
     return f'"{c.scratch}"'  # check_scratch: only $VAR expansion can happen inside the quotes
 
 
+# A build job's scratch folder must be outside the campaign (values.check_scratch says why) as
+# the job's shell expands it: `$PWD/s` (the job starts in the campaign), a relative `$VAR` (a
+# relative folder is in the campaign) or a node TMPDIR set to a folder in the campaign passed
+# the plan's check of the text and put the scratch in the campaign (issue 41, the fourteenth
+# hostile pass). Checked where the job runs, by the folder the kernel resolves, before anything
+# is made in it; the job's working folder is the campaign's root here.
+SCRATCH_OUTSIDE_SH = (
+    'case "$SCRATCH_BASE" in /*) ;; *)',
+    ('  echo "refusing to build in $SCRATCH_BASE: a scratch folder must be absolute, and a'
+     ' relative one is in the campaign. To fix: plan the campaign again with --scratch node or'
+     ' a folder of yours outside it" >&2; exit 2;; esac'),
+    # a file, FIFO or unwritable folder there: mkdir's "File exists" alone said nothing the
+    # user could act on (the fourteenth hostile pass)
+    ('mkdir -p -- "$SCRATCH_BASE" || { echo "refusing to build in $SCRATCH_BASE: it cannot be'
+     ' made a folder (something other than a folder is there, or it is not writable). To fix:'
+     ' plan the campaign again with --scratch node or a folder of yours, or set the node'
+     ' TMPDIR to a writable folder" >&2; exit 2; }'),
+    'CAMPAIGN_REAL=$(env pwd -P); SCRATCH_REAL=$(cd -P -- "$SCRATCH_BASE" && env pwd -P)',
+    'case "$SCRATCH_REAL/" in "$CAMPAIGN_REAL"/*)',
+    ('  echo "refusing to build in $SCRATCH_BASE: it is in the campaign $CAMPAIGN_REAL, where'
+     ' whoever can write the campaign could swap it for a link. To fix: plan the campaign again'
+     ' with --scratch node or a folder of yours outside it (and a TMPDIR outside it)" >&2;'
+     ' exit 2;; esac'),
+)
+
+
 def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
     """fetch (from the read-only cache), apply, build in the job's own scratch work directory,
     then publish the outputs into the campaign; on failure, the build's logs are kept."""
@@ -69,7 +95,7 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
         f"SCRATCH_BASE={scratch_base_sh(c)}",
         # name: the campaign folder's (check_campaign_path) and a tree's, nothing a shell expands
         f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
-        'mkdir -p -- "$SCRATCH_BASE"',
+        *SCRATCH_OUTSIDE_SH,
         # this job's own: a new job id is a new folder; anything already there (a link planted
         # at the next id's name) is named, not "mkdir: File exists" alone (issue 41, the
         # eleventh pass left it open)
@@ -189,9 +215,13 @@ WRITE_NEW_SH = (
     "    tmp=; trap '[ -z \"$tmp\" ] || rm -f -- \"$tmp\"' EXIT; trap 'exit 143' TERM INT HUP",
     '    tmp=$(mktemp -- "$name.tmp-XXXXXXXXXX") || exit 1',
     '    exec 3<> "$tmp"',
-    '    if [ ! -f /dev/fd/3 ]; then',
+    # what was opened must be the file mktemp made, by its one name here: a link put at the
+    # name between mktemp and the open had `<>` open (and the lines below write) a file
+    # outside (issue 41, the fourteenth hostile pass); a hard link to it has two names
+    ('    if [ ! -f /dev/fd/3 ] || [ "$(stat -L -c %d:%i:%h /dev/fd/3)" !='
+     ' "$(stat -c %d:%i:1 -- "$tmp")" ]; then'),
     ('      echo "refusing to write $1: its temporary $tmp was replaced by something not a'
-     ' file (another process is changing the campaign)" >&2; exit 1'),
+     ' new file of its own (another process is changing the campaign)" >&2; exit 1'),
     "    fi",
     # mktemp makes it 0600: the mode the umask gives a new file, set through the open file
     '    chmod =rw /dev/fd/3',

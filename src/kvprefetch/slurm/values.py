@@ -6,6 +6,7 @@ campaign is planned and again when its ``campaign.json`` is read back. Pure."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Sequence
 
@@ -142,7 +143,11 @@ def check_scratch(scratch: str, root: str) -> str:
     if not isinstance(scratch, str) or not scratch.startswith(("/", "$")) \
             or any(c in scratch for c in _SCRATCH_FORBIDDEN) or has_control(scratch):
         raise ConfigError(f"--scratch {scratch!r} is not node or an absolute folder", fix)
-    inside = scratch.rstrip("/") + "/"
+    # as the kernel reads it: `/x/../camp/s`, `//camp/s` and `/camp/./s` named the campaign and
+    # passed a check of the text as typed (issue 41, the fourteenth hostile pass); a folder whose
+    # value only the job's shell knows ($PWD, a relative $VAR) is checked by the job
+    # (scripts.SCRATCH_OUTSIDE_SH)
+    inside = re.sub("/+", "/", posixpath.normpath(scratch)).rstrip("/") + "/"
     if inside.startswith(str(root).rstrip("/") + "/"):
         raise ConfigError(f"--scratch {scratch} is inside the campaign {root}: a build job's "
                           "scratch there could be swapped for a link by whoever can write the "
