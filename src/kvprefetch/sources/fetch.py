@@ -95,8 +95,16 @@ def check_full_source(root: Path, what: str) -> str:
 def _unpack_sdist(wd: Workdir, sdist: Path, dest: Path) -> None:
     with ownership.temporary(wd.root, dest.with_name(f".{dest.name}.tmp-{os.getpid()}")) as tmp:
         tmp.mkdir(parents=True)
-        with tarfile.open(sdist, "r:gz") as tf:
-            tf.extractall(tmp, filter="data")  # refuses absolute paths, .., device files
+        try:
+            with tarfile.open(sdist, "r:gz") as tf:
+                tf.extractall(tmp, filter="data")  # refuses absolute paths, .., device files
+        except tarfile.TarError as exc:
+            # the data filter's refusal: a member that would land outside the folder, which
+            # the verified sdist never holds; a folder on the way swapped for a link mid-unpack
+            # did it, and it was a traceback (issue 41, the fourteenth hostile pass)
+            raise FetchError(f"unpacking {sdist.name} into {tmp} was refused: {exc}",
+                             f"make sure nothing else changes {wd.root} while fetch runs (a "
+                             "folder of it was replaced by a link), then rerun") from None
         top = tmp / upstream.SDIST_TOPDIR
         if not top.is_dir():
             raise FetchError(f"{sdist.name} does not contain {upstream.SDIST_TOPDIR}/",

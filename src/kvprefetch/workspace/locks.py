@@ -73,13 +73,29 @@ def locked(lock_path: Path, what: str, *, wait: bool = False,
         pfd = confine.open_dir(parent, root=root, what="take a lock in", family=LockError)
     else:
         parent.mkdir(parents=True, exist_ok=True)
-        pfd = None
+        pfd = _open_parent(lock_path, parent)
     try:
         with _opened(lock_path, wait, what, pfd, place) as _fd:
             yield
     finally:
         if pfd is not None:
             os.close(pfd)
+
+
+def _open_parent(lock_path: Path, parent: Path) -> int:
+    """The folder holding the lock, opened without following a link: the check above reads it
+    by path, and a folder swapped for a link to a folder outside after that check had the lock
+    file made there through the link (issue 41, the fourteenth hostile pass: a swap loop on
+    `.locks` during `apply` made `tree-patched.lock` outside, 1 run in 2). Its own folder is the
+    work directory (or the campaign) the user named: trusted, as ``--workdir`` is."""
+    try:
+        return os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _refuse(lock_path, f"the folder holding it, {parent}, is a symlink (or not "
+                                     "a folder), and kvprefetch takes no lock through one",
+                          parent) from None
+        raise
 
 
 @contextmanager
