@@ -205,10 +205,15 @@ def test_an_apply_scratch_folder_swapped_for_a_link_gets_nothing_written_behind_
     real = upstream.kit_headers
     swapped: list[Path] = []
 
+    # the scratch is a private folder in the system temp since the eleventh pass: this apply's
+    # own, not one an earlier test's SIGKILL left there (a suite run met that one first)
+    temp = Path(tempfile.gettempdir())
+    earlier = set(temp.glob("kvprefetch-apply-*"))
+
     def headers():  # type: ignore[no-untyped-def]
-        # the scratch is a private folder in the system temp since the eleventh pass
         for att in [*wd.glob("tmp/apply-*/t/csrc/attention"),
-                    *Path(tempfile.gettempdir()).glob("kvprefetch-apply-*/t/csrc/attention")]:
+                    *(d / "t" / "csrc" / "attention"
+                      for d in temp.glob("kvprefetch-apply-*") if d not in earlier)]:
             if not swapped and att.is_dir() and not att.is_symlink():
                 os.rename(att, att.with_name(".attention.away"))
                 os.symlink(outside, att)

@@ -16,6 +16,7 @@ import os
 import re
 import tarfile
 import time
+import zlib
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,26 +94,35 @@ def check_full_source(root: Path, what: str) -> str:
 
 
 def _unpack_sdist(wd: Workdir, sdist: Path, dest: Path) -> None:
-    with ownership.temporary(wd.root, dest.with_name(f".{dest.name}.tmp-{os.getpid()}")) as tmp:
-        tmp.mkdir(parents=True)
+    """Unpack the verified sdist as the pristine tree ``dest``. tarfile and git write by path,
+    so both unpack and clone in a private folder outside the work directory, and the checked
+    tree comes in through ``_place_pristine``: unpacked in ``pristine/.sdist.tmp-<pid>``, a
+    ``pristine/`` swapped for a link mid-unpack had part of the tree written into the folder
+    the link named and left there (issue 41, the fourteenth hostile pass, 5 runs of 8)."""
+    with ownership.private_dir("sdist", outside=wd.root) as private:
         try:
             with tarfile.open(sdist, "r:gz") as tf:
-                tf.extractall(tmp, filter="data")  # refuses absolute paths, .., device files
-        except tarfile.TarError as exc:
-            # the data filter's refusal: a member that would land outside the folder, which
-            # the verified sdist never holds; a folder on the way swapped for a link mid-unpack
-            # did it, and it was a traceback (issue 41, the fourteenth hostile pass)
-            raise FetchError(f"unpacking {sdist.name} into {tmp} was refused: {exc}",
-                             f"make sure nothing else changes {wd.root} while fetch runs (a "
-                             "folder of it was replaced by a link), then rerun") from None
-        top = tmp / upstream.SDIST_TOPDIR
-        if not top.is_dir():
+                tf.extractall(private, filter="data")  # refuses absolute paths, .., devices
+        except (tarfile.TarError, EOFError, zlib.error) as exc:
+            raise FetchError(f"unpacking {sdist.name} was refused: {exc}",
+                             "delete the download and fetch again") from None
+        top = private / upstream.SDIST_TOPDIR
+        if top.is_symlink() or not top.is_dir():
             raise FetchError(f"{sdist.name} does not contain {upstream.SDIST_TOPDIR}/",
                              "delete the download and fetch again")
         digest = check_full_source(top, f"the sdist {sdist.name}")
+        _place_pristine(wd, top, dest, digest=digest)
+
+
+def _place_pristine(wd: Workdir, src: Path, dest: Path, **record: str) -> None:
+    """Copy the checked tree ``src`` (in a private folder) into a recorded temporary beside
+    ``dest`` and move it into place, every act from the work directory down (``confine``)."""
+    with ownership.temporary(wd.root, dest.with_name(f".{dest.name}.tmp-{os.getpid()}")) as tmp:
+        confine.ensure_dir(dest.parent, root=wd.root, family=FetchError)
+        confine.copy_tree(wd.root, src, tmp, family=FetchError)
         _replace_owned(wd, dest)
-        ownership.record(wd.root, dest, "pristine", digest=digest)  # before it exists
-        os.rename(top, dest)
+        ownership.record(wd.root, dest, "pristine", **record)  # before it exists
+        confine.move_file(wd.root, tmp, dest, family=FetchError)
 
 
 def _replace_owned(wd: Workdir, dest: Path) -> None:
@@ -149,8 +159,8 @@ def check_allow_commit(sha: str | None) -> str | None:
 
 
 def _clone(wd: Workdir, url: str, dest: Path, allow_commit: str | None) -> str:
-    with ownership.temporary(wd.root, dest.with_name(f".{dest.name}.tmp-{os.getpid()}")) as tmp:
-        return _clone_into(wd, url, tmp, dest, allow_commit)
+    with ownership.private_dir("clone", outside=wd.root) as private:
+        return _clone_into(wd, url, private / "vllm", dest, allow_commit)
 
 
 def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str | None) -> str:
@@ -179,9 +189,7 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
     repo.close()
     _check_pristine_header(tmp, f"the clone of {url}")
     digest = manifest_digest(source_manifest(tmp, skip=(".git",)))
-    _replace_owned(wd, dest)
-    ownership.record(wd.root, dest, "pristine", digest=digest, commit=commit)  # before it exists
-    os.rename(tmp, dest)
+    _place_pristine(wd, tmp, dest, digest=digest, commit=commit)
     return commit
 
 
