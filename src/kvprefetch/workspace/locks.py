@@ -78,8 +78,7 @@ def locked(lock_path: Path, what: str, *, wait: bool = False,
         with _opened(lock_path, wait, what, pfd, place) as _fd:
             yield
     finally:
-        if pfd is not None:
-            os.close(pfd)
+        os.close(pfd)
 
 
 def _open_parent(lock_path: Path, parent: Path) -> int:
@@ -99,9 +98,9 @@ def _open_parent(lock_path: Path, parent: Path) -> int:
 
 
 @contextmanager
-def _opened(lock_path: Path, wait: bool, what: str, pfd: int | None,
+def _opened(lock_path: Path, wait: bool, what: str, pfd: int,
             place: str) -> Iterator[int]:
-    """The lock file opened (relative to its folder's descriptor ``pfd`` when given), checked,
+    """The lock file opened (relative to its folder's descriptor ``pfd``), checked,
     locked and marked with this pid for the duration."""
     try:  # a FIFO, device or socket in its place is never opened (flock on a FIFO said only
         mode = os.lstat(lock_path).st_mode  # "Invalid argument"; opening a device can act)
@@ -112,7 +111,7 @@ def _opened(lock_path: Path, wait: bool, what: str, pfd: int | None,
                                  "makes there")
     try:
         # O_NONBLOCK: should a FIFO appear in its place now, the open does not block on it
-        fd = os.open(lock_path if pfd is None else lock_path.name,
+        fd = os.open(lock_path.name,
                      os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                      0o644, dir_fd=pfd)
     except IsADirectoryError:
