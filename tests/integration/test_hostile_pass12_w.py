@@ -297,7 +297,16 @@ def test_a_path_with_an_escape_sequence_never_reaches_the_terminal_raw(
     out = res.stdout + res.stderr
     assert b"Traceback" not in out, out
     assert b"\x1b" not in out and b"\x07" not in out, out
-    assert b"w\\x1b]0;pwned\\x07x\\x1b[2J" in out, out
+    shown = b"w\\x1b]0;pwned\\x07x\\x1b[2J"
+    if args == ("doctor",):
+        # The table folds a path longer than its detail column onto the next lines, at a point
+        # the temporary folder's length decides (CI's fresh run broke it mid-name): read the
+        # detail column's pieces, row after row, without their padding.
+        cells = [line.split("│".encode())[3] for line in out.splitlines()
+                 if line.count("│".encode()) == 5]
+        assert shown in b"".join(b"".join(cell.split()) for cell in cells), out
+    else:
+        assert shown in out, out
 
 
 def test_a_link_planted_at_a_build_jobs_scratch_name_is_named_with_its_fix(

@@ -124,7 +124,13 @@ def test_a_submit_stopped_part_way_names_the_jobs_never_sent(tmp_path: Path) -> 
     (fake / "sbatch").write_text(  # the fifth call fails, as a kill there would leave it
         f"#!/bin/sh\nn=$(cat {count} 2>/dev/null || echo 100); n=$((n+1)); echo $n > {count}\n"
         f"echo \"$*\" >> {tmp_path}/sbatch.log\n[ $n -eq 105 ] && exit 1\necho $n\n")
-    (fake / "sbatch").chmod(0o755)
+    # resubmit asks the controller whether each prerequisite has completed; a machine without
+    # Slurm has no scontrol (a fresh one failed here: the suite's real-Slurm test installs it
+    # only later), so the jobs sent are still pending, as they would be right after a submit
+    (fake / "scontrol").write_text('#!/bin/sh\necho "JobId=$4 JobName=x JobState=PENDING '
+                                   'ExitCode=0:0 Reason=Dependency"\n')
+    for tool in ("sbatch", "scontrol"):
+        (fake / tool).chmod(0o755)
     env = {**_env(), "PATH": f"{fake}:{os.environ['PATH']}"}
     res = kvprefetch_cli_split("slurm", "submit", str(camp), env=env, timeout=60)
     assert res.returncode == SlurmError.exit_code, res.stderr
