@@ -10,10 +10,16 @@ thirteenth and fourteenth passes' changes (the private unpack and clone, the loc
   loop and the folder stayed. The removal (and the folder's creation) now holds a stop until
   it is done (``runner.stops_held``).
 
+- A process holding the ownership record's lock (``.kvprefetch-owned.lock``: a kit run stopped
+  with Ctrl-Z, or any process of whoever writes the work directory) hung ``apply`` for good,
+  silently: the record's edits waited on that lock with no limit. They now wait 10 s at most,
+  then the lock error names the lock and what to do.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -94,3 +100,29 @@ def test_a_signal_storm_never_leaves_a_private_folder_in_the_temp_folder(tmp_pat
     stopped, left, errors = res.stdout.split(" ", 2)
     assert (stopped, left, errors.strip()) == ("30", "0", "[]"), res.stdout
     assert not list(temp.iterdir()), sorted(p.name for p in temp.iterdir())
+
+
+# ------------------------------------------------------------------ 2. the record's lock held
+
+
+def test_a_held_ownership_record_lock_is_a_lock_error_never_a_hang(
+        tmp_path: Path, fetched_workdir: Path) -> None:
+    """This process holds ``.kvprefetch-owned.lock`` (flock, as a stopped kit run or another
+    program would) while ``apply`` runs. Before, ``apply`` waited for it for ever with no
+    message (killed by the 60 s timeout here). Now it waits 10 s at most and stops with the
+    lock error naming the record's lock (exit 8); the tree is left as it was."""
+    from kvprefetch.hashing import inventory
+
+    before = inventory(fetched_workdir / "trees" / "patched")
+    fd = os.open(fetched_workdir / ".kvprefetch-owned.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "apply", "--workdir",
+                              str(fetched_workdir)], env=_kit_env(tmp_path),
+                             capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        os.close(fd)
+    assert res.returncode == 8, res.stdout + res.stderr
+    assert "the ownership record" in res.stderr and ".kvprefetch-owned.lock" in res.stderr
+    assert "To fix:" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert inventory(fetched_workdir / "trees" / "patched") == before

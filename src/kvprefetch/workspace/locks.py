@@ -13,6 +13,7 @@ import fcntl
 import os
 import re
 import stat
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,10 +49,11 @@ def _holder(held: bytes) -> str:
 
 
 @contextmanager
-def locked(lock_path: Path, what: str, *, wait: bool = False,
+def locked(lock_path: Path, what: str, *, wait: bool | float = False,
            root: Path | None = None,
            place: str = "work directory") -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path`` for the duration (non-blocking unless ``wait``).
+    """Hold an exclusive lock on ``lock_path`` for the duration (non-blocking unless ``wait``:
+    ``True`` waits for the holder as long as it takes, a number of seconds that long at most).
     ``root``: the work directory the lock is under: its folder is then made, and the lock file
     opened, from ``root`` down without following a link (``confine``), for a lock deeper than
     one folder below it (a ``build/`` planted as a link to a folder outside had the build's
@@ -97,8 +99,28 @@ def _open_parent(lock_path: Path, parent: Path) -> int:
         raise
 
 
+def _flock(fd: int, wait: bool | float) -> None:
+    """``flock(LOCK_EX)`` on ``fd``: at once (``BlockingIOError`` if held), for ever
+    (``True``), or for at most ``wait`` seconds. A lock that is only held for a moment (the
+    ownership record's) waited for ever: a holder that never let go (a process stopped with
+    Ctrl-Z, or one that whoever writes the work directory runs to hold it) hung ``apply``
+    with no word (issue 41, the fifteenth hostile pass)."""
+    if wait is True:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    deadline = time.monotonic() + (0 if wait is False else float(wait))
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 @contextmanager
-def _opened(lock_path: Path, wait: bool, what: str, pfd: int,
+def _opened(lock_path: Path, wait: bool | float, what: str, pfd: int,
             place: str) -> Iterator[int]:
     """The lock file opened (relative to its folder's descriptor ``pfd``), checked,
     locked and marked with this pid for the duration."""
@@ -136,7 +158,7 @@ def _opened(lock_path: Path, wait: bool, what: str, pfd: int,
                                  "kvprefetch writes only into the lock file it makes")
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            _flock(fd, wait)
         except BlockingIOError:
             holder = _holder(os.pread(fd, _MAX_KIT_LOCK_BYTES + 1, 0))
             raise LockError(

@@ -135,9 +135,14 @@ def entries(root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+RECORD_WAIT_S = 10.0  # how long an edit of the ownership record waits for another's
+
+
 @contextmanager
 def _editing(root: Path) -> Iterator[dict[str, dict[str, Any]]]:
-    with locked(root / ".kvprefetch-owned.lock", "the ownership record", wait=True):
+    # held for one read and one write: a holder still there after RECORD_WAIT_S is stuck
+    # (stopped, or not the kit), named by the lock error rather than waited on for ever
+    with locked(root / ".kvprefetch-owned.lock", "the ownership record", wait=RECORD_WAIT_S):
         paths = entries(root)
         yield paths
         write_json_atomic(_path(root), {"paths": paths}, root=root)
