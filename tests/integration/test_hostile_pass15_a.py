@@ -15,15 +15,26 @@ thirteenth and fourteenth passes' changes (the private unpack and clone, the loc
   silently: the record's edits waited on that lock with no limit. They now wait 10 s at most,
   then the lock error names the lock and what to do.
 
+- A signal that came while the interpreter shut down after a command that had finished (no
+  stop: its result or its error printed) killed the process by that signal: an ``apply``
+  that printed its error and exit 4 ended as killed by SIGTERM (2 of 60 signal storms; the
+  fourteenth pass left it open). Once the command has ended, a signal now exits with the
+  status the command ended with, and the stop signals are blocked for the interpreter's last
+  steps, after a stop or not.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.integration.test_reliability import outside
 
@@ -126,3 +137,69 @@ def test_a_held_ownership_record_lock_is_a_lock_error_never_a_hang(
     assert "the ownership record" in res.stderr and ".kvprefetch-owned.lock" in res.stderr
     assert "To fix:" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert inventory(fetched_workdir / "trees" / "patched") == before
+
+
+# ------------------------------------------------------------------ 3. a finished command's end
+
+# The kit's real ``run()`` and signal handling with one extra command that fails at once (an
+# error, exit 4, as ``apply`` on a missing tree); then the interpreter's shutdown is held
+# open 1.5 s, by a thread it joins ("threads") or an object whose ``__del__`` runs as it tears
+# ``__main__`` down ("teardown"): no kit command holds that window open long enough to aim at.
+_FAILS_THEN_SLOW = r'''
+import sys, threading, time
+import click
+from kvprefetch.cli import COMMANDS, run
+from kvprefetch.errors import PatchError
+
+class _SlowTeardown:
+    def __del__(self):
+        print("shutting down", file=sys.stderr, flush=True)
+        time.sleep(1.5)
+
+def _slow_thread():
+    time.sleep(0.3)
+    print("shutting down", file=sys.stderr, flush=True)
+    time.sleep(1.5)
+
+@click.command()
+def fails():
+    if mode == "threads":
+        threading.Thread(target=_slow_thread).start()  # not a daemon: joined at shutdown
+    else:
+        globals()["_keep"] = _SlowTeardown()
+    raise PatchError("there is no tree here", "make one")
+
+mode = sys.argv[1]
+COMMANDS["fails"] = "__main__:fails"
+sys.argv = ["kvprefetch", "fails"]
+run()
+'''
+
+
+@pytest.mark.parametrize("mode", ["threads", "teardown"])
+def test_a_signal_while_a_finished_command_shuts_down_keeps_its_status(
+        tmp_path: Path, mode: str) -> None:
+    """The command prints its error (exit 4), then TERM, INT and HUP arrive while the
+    interpreter shuts down. Before, the handler left for that moment was the default action:
+    the process was killed by SIGTERM (a shell's 143, "stopped") after saying only its
+    error. Now it exits 4, the status it ended with, and prints nothing more."""
+    proc = subprocess.Popen([sys.executable, "-c", _FAILS_THEN_SLOW, mode],
+                            env=_kit_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        lines = [proc.stderr.readline() for _ in range(3)]
+        assert lines[0].startswith("error: there is no tree here"), lines
+        assert "shutting down" in lines[-1], lines
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if proc.poll() is not None:
+                break
+            proc.send_signal(signum)
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 4, (proc.returncode, "".join(lines) + err)
+    assert "Traceback" not in err and "Exception ignored" not in err, err

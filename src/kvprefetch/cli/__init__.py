@@ -357,30 +357,36 @@ def run() -> None:
     _SIGNALS.clear()
     _REDELIVER.clear()
     _ENDED[0] = False
+    _STATUS[0] = _UNSET
     try:
-        _command()
-    except StreamWriteError as exc:
-        _ENDED[0] = True
-        cause, fix = output_failed(exc)
-        click.echo(f"error: {escaped(cause)}\nTo fix: {escaped(fix)}", err=True)
-        sys.exit(2)
-    except KeyboardInterrupt as exc:
-        _interrupted(exc)
+        try:
+            _command()
+        except StreamWriteError as exc:
+            _ENDED[0] = True
+            cause, fix = output_failed(exc)
+            click.echo(f"error: {escaped(cause)}\nTo fix: {escaped(fix)}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt as exc:
+            _interrupted(exc)
+    except SystemExit as exc:
+        _STATUS[0] = exc.code  # how the command ended, for a signal during the shutdown
+        raise
     finally:
         _ENDED[0] = True
         # the command has ended (its message printed): a signal during the interpreter's
         # shutdown ends the process at once, never "Exception ignored in <module 'threading'>
-        # ... KeyboardInterrupt" (issue 41, the ninth hostile pass); after a stop, with the
-        # first signal's status: under the default action a TERM's stop that an INT met during
-        # the shutdown (a thread joined) read as killed by SIGINT (the thirteenth pass)
-        after = _exit_as_first if _SIGNALS else signal.SIG_DFL
+        # ... KeyboardInterrupt" (issue 41, the ninth hostile pass), with the status the
+        # command ended with: the first stop signal's after a stop (under the default action a
+        # TERM's stop that an INT met during the shutdown read as killed by SIGINT, the
+        # thirteenth pass), the command's own after it finished (killed by the signal, the
+        # fourteenth and fifteenth passes: an error's exit 4 read as killed by SIGTERM)
         ours = []
         for signum in (*_ENDING_SIGNALS, signal.SIGINT):
             if signal.getsignal(signum) in (_raise_terminated, _raise_interrupt,
                                             signal.default_int_handler):
-                signal.signal(signum, after)
+                signal.signal(signum, _exit_as_first)
                 ours.append(signum)
-        if _SIGNALS and ours:
+        if ours:
             atexit.register(_block_at_finalisation, ours)
 
 
@@ -395,20 +401,36 @@ def _command() -> None:
 
 
 def _block_at_finalisation(signums: list[int]) -> None:
-    """After a stop, the last Python code before the interpreter resets every handler it
-    installed to the default action (and then tears its modules down): the stop signals are
+    """Once the command has ended, the last Python code before the interpreter resets every
+    handler it installed to the default action (and tears its modules down): the stop signals are
     blocked from here on, so one that comes during the teardown stays pending and the process
-    exits with the first signal's status. Under the default action it was killed by the later
-    signal: "stopped by SIGTERM", then killed by SIGINT (issue 41, the fourteenth hostile pass:
-    3 of 30 signal storms against `fetch --repair`)."""
+    exits with the status the command ended with. Under the default action it was killed by
+    the later signal: "stopped by SIGTERM", then killed by SIGINT (issue 41, the fourteenth
+    hostile pass: 3 of 30 signal storms against `fetch --repair`); an error's message, then
+    killed by SIGTERM (the fifteenth: 2 of 60 storms against a failing `apply`)."""
     with suppress(OSError, ValueError):
         signal.pthread_sigmask(signal.SIG_BLOCK, signums)
 
 
+_UNSET = object()
+_STATUS: list[object] = [_UNSET]  # the command's ``SystemExit`` code, once it has ended
+
+
 def _exit_as_first(signum: int, frame: object) -> None:
-    """A signal once the stopped command has ended (its message printed, its cleanups run):
-    exit at once, with the first stop signal's status (128 + it), as the message said."""
-    os._exit(128 + (_SIGNALS[0] if _SIGNALS else signum))
+    """A signal once the command has ended (its message printed, its cleanups run): exit at
+    once with the status it ended with: the first stop signal's (128 + it) after a stop, as
+    its message said, or the command's own (a stop that lands once it has ended is counted,
+    never acted on: the thirteenth hostile pass)."""
+    code = _STATUS[0]
+    if code is _UNSET:  # ended by an exception that is no exit (a bug's traceback)
+        status = 128 + (_SIGNALS[0] if _SIGNALS else signum)
+    elif code is None:
+        status = 0  # ``sys.exit()``
+    elif isinstance(code, int):
+        status = code & 0xFF
+    else:
+        status = 1  # a message for a code: Python prints it and exits 1
+    os._exit(status)
 
 
 if __name__ == "__main__":  # pragma: no cover
