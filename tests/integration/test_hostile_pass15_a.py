@@ -22,6 +22,10 @@ thirteenth and fourteenth passes' changes (the private unpack and clone, the loc
   status the command ended with, and the stop signals are blocked for the interpreter's last
   steps, after a stop or not.
 
+- ``doctor`` on a disk with 0.3 GiB free failed its disk check saying a kernels-only build
+  "needs about 0 GiB" and to use "a disk with at least 0 GiB free" (the 0.5 GiB estimate
+  rounded to a whole number). Sizes under 10 GiB are now said to a tenth.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
@@ -203,3 +207,20 @@ def test_a_signal_while_a_finished_command_shuts_down_keeps_its_status(
             proc.wait()
     assert proc.returncode == 4, (proc.returncode, "".join(lines) + err)
     assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+# ------------------------------------------------------------------ 4. doctor's disk message
+
+
+def test_doctors_disk_check_names_a_size_under_one_gib_as_it_is(tmp_path: Path) -> None:
+    """0.3 GiB free where a kernels-only build needs 0.5: the check fails, and its message
+    and fix say 0.5 GiB (they said "about 0 GiB" and "at least 0 GiB free")."""
+    from kvprefetch.doctor.host import check_disk
+    from kvprefetch.doctor.probes import DoctorProbes
+
+    probes = DoctorProbes(disk_free=lambda _p: int(0.3 * (1 << 30)))
+    check = check_disk(tmp_path, "kernels-only", probes)
+    assert check.status == "fail", check
+    assert "needs about 0.5 GiB" in check.detail, check.detail
+    assert "at least 0.5 GiB free" in str(check.fix), check.fix
+    assert " 0 GiB" not in check.detail + str(check.fix)

@@ -32,6 +32,13 @@ def check_index(environ: Mapping[str, str], probes: DoctorProbes) -> Check:
                  "make the index reachable, or point PIP_INDEX_URL / UV_INDEX_URL at a mirror")
 
 
+def _gib(size: float) -> str:
+    """A size in GiB as a person reads it: a kernels-only build's 0.5 GiB said "needs about 0
+    GiB ... a disk with at least 0 GiB free" on a disk with 0.3 GiB (issue 41, the fifteenth
+    hostile pass)."""
+    return f"{size:.0f}" if size >= 10 else f"{size:.1f}"
+
+
 def check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = False,
                 environ: Mapping[str, str] | None = None, env_backend: str | None = None,
                 envs: int = 2) -> Check:
@@ -50,8 +57,8 @@ def check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = Fa
     free = probes.disk_free(workdir) / GIB
     what = "the full-mode smoke" if smoke else \
         f"{'an' if mode == 'overlay' else 'a'} {mode} build"
-    detail = f"{free:.1f} GiB free at {workdir}, {what} needs about {need:.0f} GiB{how}"
-    fix = f"free space or pass --workdir on a disk with at least {need:.0f} GiB free"
+    detail = f"{free:.1f} GiB free at {workdir}, {what} needs about {_gib(need)} GiB{how}"
+    fix = f"free space or pass --workdir on a disk with at least {_gib(need)} GiB free"
     if free < need:
         return Check("disk", "fail", detail, fix)
     if free < 1.5 * need:
