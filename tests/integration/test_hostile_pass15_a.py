@@ -8,7 +8,9 @@ thirteenth and fourteenth passes' changes (the private unpack and clone, the loc
   ``shutil.rmtree``'s descriptor walk made it close a folder's descriptor twice; the
   ``EBADF`` that followed was no ``KeyboardInterrupt``, so it ended the thirteenth pass's retry
   loop and the folder stayed. The removal (and the folder's creation) now holds a stop until
-  it is done (``runner.stops_held``).
+  it is done (``runner.stops_held``). ``doctor``'s compile probe outside a work directory it
+  may write used tempfile's folder, whose removal a stop broke off too (2 of 20 stopped
+  doctors left ``kvprefetch-doctor-*`` with nvcc's files): it uses the kit's private folder.
 
 - A process holding the ownership record's lock (``.kvprefetch-owned.lock``: a kit run stopped
   with Ctrl-Z, or any process of whoever writes the work directory) hung ``apply`` for good,
@@ -60,6 +62,14 @@ import os, signal, sys, tempfile, threading, time
 from pathlib import Path
 from kvprefetch import cli
 from kvprefetch.workspace.ownership import private_dir
+from kvprefetch.doctor.tools import _scratch
+
+
+def folder():
+    if sys.argv[2] == "doctor":  # doctor's compile probe outside a work directory it may write
+        return _scratch(Path(tempfile.gettempdir()) / "no-workdir", read_only=True)
+    return private_dir("storm")
+
 
 cli.stop_like_ctrl_c()  # the kit's own handlers, as every command installs them
 
@@ -76,7 +86,7 @@ for _ in range(int(sys.argv[1])):
     done = threading.Event()
     sender = threading.Thread(target=storm, args=(done,), daemon=True)
     try:
-        with private_dir("storm") as d:
+        with folder() as d:
             for a in range(30):  # a tree of folders, as an unpacked sdist is
                 (d / f"d{a}").mkdir()
                 for b in range(40):
@@ -94,26 +104,32 @@ for _ in range(int(sys.argv[1])):
         time.sleep(0.005)
         cli._SIGNALS.clear()
 left = sorted(p.name for p in Path(tempfile.gettempdir()).iterdir()
-              if p.name.startswith("kvprefetch-storm-"))
+              if p.name.startswith(("kvprefetch-storm-", "kvprefetch-doctor-")))
 print(stopped, len(left), errors[:2])
 '''
 
 
-def test_a_signal_storm_never_leaves_a_private_folder_in_the_temp_folder(tmp_path: Path) -> None:
+@pytest.mark.parametrize("maker", ["private_dir", "doctor"])
+def test_a_signal_storm_never_leaves_a_private_folder_in_the_temp_folder(
+        tmp_path: Path, maker: str) -> None:
     """A private folder of 1,200 files (``ownership.private_dir``, as fetch's unpack, apply's
     scratch, a build's TMPDIR use it) is left by a stop while a SIGINT comes every 0.7 ms, 30
     times, with the kit's own handlers. Before, a stop inside ``shutil.rmtree``'s descriptor
     walk closed a descriptor twice, and the ``EBADF`` ended the removal: the folder stayed in
     the temp folder in 1 to 6 of 30 runs (3 tries; the ``EBADF`` would be the command's error
     had no stop come first). Now the removal holds the stops until it is done: every run is
-    stopped by its ``KeyboardInterrupt`` and nothing is left."""
+    stopped by its ``KeyboardInterrupt`` and nothing is left. ``doctor``: the compile probe's
+    folder outside a work directory was tempfile's, whose removal a stop broke off (a storm
+    left ``kvprefetch-doctor-*`` with nvcc's ``tmpxft_*`` files after 2 of 20 stopped
+    doctors); it is a private folder of the kit's now."""
     temp = tmp_path / "temp"
     temp.mkdir()
-    res = subprocess.run([sys.executable, "-c", _PRIVATE_STORM, "30"], env=_kit_env(temp),
+    runs = "30" if maker == "private_dir" else "6"  # tempfile's: left in every run before
+    res = subprocess.run([sys.executable, "-c", _PRIVATE_STORM, runs, maker], env=_kit_env(temp),
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stdout + res.stderr
     stopped, left, errors = res.stdout.split(" ", 2)
-    assert (stopped, left, errors.strip()) == ("30", "0", "[]"), res.stdout
+    assert (stopped, left, errors.strip()) == (runs, "0", "[]"), res.stdout
     assert not list(temp.iterdir()), sorted(p.name for p in temp.iterdir())
 
 

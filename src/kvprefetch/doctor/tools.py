@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -154,8 +153,12 @@ def _scratch(workdir: Path, read_only: bool) -> Iterator[Path]:
         with ownership.scratch_dir(workdir, "doctor") as d:
             yield d
     else:
-        with tempfile.TemporaryDirectory(prefix="kvprefetch-doctor-") as tmp:
-            yield Path(tmp)
+        # a private folder of the kit's (``ownership.private_dir``): its removal is never
+        # broken off by a stop; tempfile's was, and a signal storm left the folder with nvcc's
+        # tmpxft_* files (2 MB) in the user's temp folder (issue 41, the fifteenth hostile
+        # pass: 2 of 20 stopped doctors)
+        with ownership.private_dir("doctor") as tmp:
+            yield tmp
 
 
 def check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int, int],
