@@ -28,6 +28,14 @@ thirteenth and fourteenth passes' changes (the private unpack and clone, the loc
   "needs about 0 GiB" and to use "a disk with at least 0 GiB free" (the 0.5 GiB estimate
   rounded to a whole number). Sizes under 10 GiB are now said to a tenth.
 
+- A temporary's entry in the ownership record named its run by pid alone, and a process with
+  the kit's own pid was taken for the run that made it. In a container the kit is often pid 1
+  every time: a fetch killed there (``unshare --pid``, SIGKILL after ``pristine/.sdist.tmp-1``
+  appeared) left that folder, and every later fetch refused it as "in the way ... kvprefetch
+  does not remove what it did not make", which clean never removed. The entry now also
+  records when its process started; a process of that pid that started at another time is
+  another run, and the folder is removed as any killed run's.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
@@ -47,6 +55,12 @@ from tests.integration.test_reliability import outside
 __all__ = ["outside"]  # the autouse fixture: the outside folder is byte-identical afterwards
 
 _REPO = Path(__file__).resolve().parents[2]
+
+
+def upstream_header() -> str:
+    from kvprefetch import upstream
+
+    return upstream.ATTENTION_HEADER
 
 
 def _kit_env(tmp_path: Path) -> dict[str, str]:
@@ -240,3 +254,48 @@ def test_doctors_disk_check_names_a_size_under_one_gib_as_it_is(tmp_path: Path) 
     assert "needs about 0.5 GiB" in check.detail, check.detail
     assert "at least 0.5 GiB free" in str(check.fix), check.fix
     assert " 0 GiB" not in check.detail + str(check.fix)
+
+
+# ------------------------------------------------------------------ 5. a killed run's pid again
+
+
+def test_a_killed_runs_temporary_is_removed_by_a_later_run_with_the_same_pid(
+        tmp_path: Path, fetched_workdir: Path) -> None:
+    """A run killed while it made ``trees/.paper.tmp-<pid>`` left it, with its entry in the
+    ownership record; the next ``fetch --with-paper`` gets the same pid (as pid 1 in every
+    container run: modelled here by forking the process first, writing the killed run's entry
+    with its pid and an earlier start, then letting it exec the kit). Before, the kit took the
+    entry for its own temporary, never removed it, and refused "in the way" (exit 2). Now the
+    start time tells the runs apart: the orphan is removed (said in a notice) and the tree
+    made."""
+    from kvprefetch.workspace import ownership
+
+    stale = fetched_workdir / "trees"
+    read_end, write_end = os.pipe()
+    argv = [sys.executable, "-m", "kvprefetch", "fetch", "--workdir", str(fetched_workdir),
+            "--with-paper"]
+    env = _kit_env(tmp_path)
+    pid = os.fork()
+    if pid == 0:  # the next run: waits until the killed run's leftovers are in place
+        try:
+            os.close(write_end)
+            os.read(read_end, 1)
+            os.execve(sys.executable, argv, env)
+        finally:
+            os._exit(127)
+    os.close(read_end)
+    try:
+        # the 22nd field of /proc/<pid>/stat, read here: the test does not take the kit's word
+        stat_line = Path(f"/proc/{pid}/stat").read_bytes()
+        started = int(stat_line.rsplit(b")", 1)[1].split()[19])
+        orphan = stale / f".paper.tmp-{pid}"
+        ownership.record(fetched_workdir, orphan, "tmp", pid=pid, started=started - 100)
+        (orphan / "csrc").mkdir(parents=True)
+        (orphan / "csrc" / "half.cu").write_text("half a copy\n")
+    finally:
+        os.write(write_end, b"x")
+        os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    assert not orphan.exists()
+    assert (fetched_workdir / "trees" / "paper" / upstream_header()).is_file()

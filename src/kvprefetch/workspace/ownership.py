@@ -195,7 +195,7 @@ def remove(root: Path, path: Path) -> None:
         if os.path.lexists(doomed):
             raise ConfigError(f"{doomed} is in the way of removing {path}",
                               f"move {doomed} away, then rerun")
-        record(root, doomed, "tmp", pid=os.getpid())  # before the rename: never unrecorded
+        record(root, doomed, "tmp", **this_run())  # before the rename: never unrecorded
         # relative to the checked folder's descriptor: a folder on the way swapped for a
         # symlink since the check moves nothing outside the work directory (confine.open_dir)
         confine.rename_path(root, path, doomed.name)
@@ -227,7 +227,7 @@ def temporary(root: Path, path: Path) -> Iterator[Path]:
         raise ConfigError(f"{path} is in the way of a temporary kvprefetch creates",
                           f"move {path} away (kvprefetch does not remove what it did not make), "
                           "then rerun")
-    record(root, path, "tmp", pid=os.getpid())
+    record(root, path, "tmp", **this_run())
     try:
         yield path
     finally:
@@ -337,13 +337,45 @@ def _remove_private(tmp: Path) -> None:
                 shutil.rmtree(tmp, onerror=_writable_then_retry)
 
 
+def start_time(pid: int) -> int | None:
+    """When the process ``pid`` started (clock ticks since boot: ``/proc/<pid>/stat``'s 22nd
+    field), None where it does not run or there is no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read(4096)
+        return int(stat_line.rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def this_run() -> dict[str, int]:
+    """What a temporary's entry records of the run that makes it: its pid and, where known,
+    when it started, which tells it from a later process given the same pid."""
+    pid = os.getpid()
+    started = start_time(pid)
+    return {"pid": pid} if started is None else {"pid": pid, "started": started}
+
+
+def _gone(entry: dict[str, Any]) -> bool:
+    """Whether the run that made the temporary ``entry`` no longer runs. A pid alone could not
+    tell a killed run from this one when both had the same pid: in a container the kit is
+    often pid 1 every time, and a fetch killed there left ``pristine/.sdist.tmp-1``, which
+    each later fetch kept as its own, then refused as "in the way ... kvprefetch does not
+    remove what it did not make", and clean never removed (issue 41, the fifteenth hostile
+    pass). With the start time recorded, a process of that pid that started at another time is
+    another run."""
+    pid = entry.get("pid")
+    if not isinstance(pid, int) or not valid_pid(pid):
+        return True
+    started = entry.get("started")
+    if isinstance(started, int) and not isinstance(started, bool):
+        return start_time(pid) != started
+    return pid != os.getpid() and not pid_alive(pid)  # a record made before it was kept
+
+
 def orphans(root: Path) -> list[Path]:
     """Temporary paths of kit processes that no longer run."""
-    def gone(pid: Any) -> bool:
-        return not valid_pid(pid) or (pid != os.getpid() and not pid_alive(pid))
-
-    return [root / r for r, e in entries(root).items()
-            if e.get("kind") == "tmp" and gone(e.get("pid"))]
+    return [root / r for r, e in entries(root).items() if e.get("kind") == "tmp" and _gone(e)]
 
 
 # confine.write_file's temporary of one of the kit's own top-level records (the ownership
