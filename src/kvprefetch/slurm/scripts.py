@@ -192,15 +192,22 @@ CHECK_JOB_IDS_SH = (
 # that path by name before its chdir, so a swap between the two, and back before the check,
 # left the subshell in the folder outside with the check passed (a fresh CI rehearsal found a
 # verify.json written outside under the eleventh pass's swap loop; 40,000 writes here wrote one).
-# The temporary is made by `mktemp` (a new regular file, O_EXCL, a name nobody can guess) and
-# opened read-write, which never waits on a FIFO put at its name; what was opened must be a
-# regular file (the twelfth pass: noclobber's `>` opens an existing FIFO or device at a
-# guessable `$$-$RANDOM` name, and waits on a FIFO for good); its mode is set through the open
-# file (`chmod` by name would follow a link put at the name).
+# The temporary is made, opened and written by one `dd`, with O_CREAT|O_EXCL|O_NOFOLLOW
+# (`conv=excl oflag=nofollow`): that open never follows a link, never opens a FIFO, device or
+# file already at the name (EEXIST), so what it writes is a new file of this subshell's, with
+# the mode the umask gives. Its name comes from `mktemp -u` (random, made by nothing until `dd`
+# makes it), so no watcher can see it before it is this subshell's file. `mktemp` made the file
+# and bash opened it again by name (`<>`, O_CREAT without O_NOFOLLOW), then checked it by name:
+# a watcher (inotify) that saw the new name and put a link there had `<>` create a file
+# through a dangling link outside the campaign (22 runs of 30), or, swapping the link for a
+# hard link to the same file between the check's two `stat`s, pass the check and have the
+# report written over a file outside, exit 0 (12 runs of 30; issue 41, the fifteenth hostile
+# pass). Earlier: noclobber's `>` at a guessable name opened a FIFO there and waited for good
+# (the twelfth pass); a link put at the name was written through (the fourteenth).
 # A SIGTERM to the job (scancel, the time limit) while verify's report was being written left
 # results/verify.json.tmp-* for good (the subshell's TERM was the default action): the
-# temporary, once this subshell has made it, is removed when the subshell ends before its
-# rename (issue 41, the twelfth hostile pass).
+# temporary is removed when the subshell ends before its rename (issue 41, the twelfth hostile
+# pass), and so is anything put at its name, which only this subshell knew.
 WRITE_NEW_SH = (
     "write_new() {",
     '  local dir name',
@@ -211,21 +218,14 @@ WRITE_NEW_SH = (
     ('      echo "refusing to write $1: $dir became a symlink (another process is changing'
      ' the campaign)" >&2; exit 1'),
     "    fi",
-    # made by this subshell: removed if the job is stopped while it is written
     "    tmp=; trap '[ -z \"$tmp\" ] || rm -f -- \"$tmp\"' EXIT; trap 'exit 143' TERM INT HUP",
-    '    tmp=$(mktemp -- "$name.tmp-XXXXXXXXXX") || exit 1',
-    '    exec 3<> "$tmp"',
-    # what was opened must be the file mktemp made, by its one name here: a link put at the
-    # name between mktemp and the open had `<>` open (and the lines below write) a file
-    # outside (issue 41, the fourteenth hostile pass); a hard link to it has two names
-    ('    if [ ! -f /dev/fd/3 ] || [ "$(stat -L -c %d:%i:%h /dev/fd/3)" !='
-     ' "$(stat -c %d:%i:1 -- "$tmp")" ]; then'),
-    ('      echo "refusing to write $1: its temporary $tmp was replaced by something not a'
-     ' new file of its own (another process is changing the campaign)" >&2; exit 1'),
+    '    tmp=$(mktemp -u -- "$name.tmp-XXXXXXXXXX") || exit 1',
+    '    if ! dd of="$tmp" conv=excl oflag=nofollow status=none; then',
+    ('      echo "refusing to write $1: its temporary $tmp could not be made and written as a'
+     ' new file of its own (something not a new file of its own was put at its name by another'
+     ' process changing the campaign, or the disk is full: dd says which above)" >&2; exit 1'),
     "    fi",
-    # mktemp makes it 0600: the mode the umask gives a new file, set through the open file
-    '    chmod =rw /dev/fd/3',
-    '    cat >&3; exec 3>&-; mv -fT -- "$tmp" "$name"; trap - EXIT )',
+    '    mv -fT -- "$tmp" "$name"; trap - EXIT )',
     "}",
 )
 
