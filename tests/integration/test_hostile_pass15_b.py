@@ -11,6 +11,13 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   (12 runs of 30). Now one ``dd`` makes, opens and writes the temporary with
   O_CREAT|O_EXCL|O_NOFOLLOW at a name ``mktemp -u`` drew and nothing made before it: the open
   follows no link and opens nothing already there.
+- A build job's scratch spelled through a link in the campaign (``--scratch '$PWD/scr'``, ``scr``
+  a link to a folder outside) resolved outside, so the job's check passed, and the job then
+  worked through the link by name: its fetch, build and exit ``rm -rf`` went wherever the link
+  pointed at the time, and ``mkdir -p`` made the missing folders of ``$PWD/scr/sub`` behind the
+  link before any check. A node TMPDIR in a bind mount of the campaign passed too. Now a scratch
+  any folder of whose path, as spelled or as resolved, is the campaign's own folder (device and
+  inode) is refused before anything is made, and the job works by the resolved path.
 
 The watcher is a bash DEBUG trap that does, before each command of the function, what an
 inotify watcher would do with what it can see in ``results/`` (it reads no variable of the
@@ -19,9 +26,13 @@ files, is real."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from kvprefetch.slurm.scripts import WRITE_NEW_SH
 from tests.integration.test_reliability import outside
@@ -83,3 +94,82 @@ def test_write_new_never_writes_a_file_outside_that_a_hard_link_swapped_in_names
     res = _write_new(results / "verify.json", trap)
     assert seen.exists(), "the watcher never saw the temporary: the test proves nothing"
     assert victim.read_text() == "keep me\n", f"written outside the campaign: {res}"
+
+
+def _kit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"), TMPDIR=str(tmp_path))
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def _plan_with_a_logging_python(tmp_path: Path, *args: str) -> tuple[Path, Path]:
+    """A stand-in campaign whose ``--python`` only logs each command the job runs with it (no
+    real build is needed to see where the job would work)."""
+    camp, ran = tmp_path / "camp", tmp_path / "ran.log"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\necho "$*" >> {shlex.quote(str(ran))}\n')
+    fake.chmod(0o755)
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--python", str(fake), *args)
+    assert res.returncode == 0, res.stderr
+    return camp, ran
+
+
+def _build_job(camp: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """The build job's script run by bash as Slurm runs it."""
+    job_env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    job_env.update(env)
+    return subprocess.run(["bash", str(camp / "scripts" / "10-build-baseline.sbatch")],
+                          env=job_env, capture_output=True, text=True, timeout=60, check=False,
+                          cwd="/")
+
+
+def test_a_scratch_through_a_link_in_the_campaign_is_refused_before_anything_is_made(
+        tmp_path: Path, outside: Path) -> None:
+    """``--scratch '$PWD/scr/sub'`` with ``scr`` a link in the campaign to a folder outside:
+    the job made ``sub`` there, resolved it outside, and ran fetch, build and publish through
+    the link (exit 0), which whoever writes the campaign could point anywhere meanwhile. Now
+    the job refuses (exit 2) before it makes or runs anything."""
+    camp, ran = _plan_with_a_logging_python(tmp_path, "--scratch", "$PWD/scr/sub")
+    (camp / "scr").symlink_to(outside, target_is_directory=True)
+    res = _build_job(camp, SLURM_JOB_ID="7")
+    assert not ran.exists(), f"the job ran the kit through the link: {ran.read_text()}"
+    assert res.returncode == 2, res
+    assert "refusing to build in" in res.stderr and "To fix" in res.stderr, res.stderr
+    assert not (outside / "sub").exists(), "mkdir -p made a folder outside the campaign"
+
+
+def test_the_build_job_works_in_its_scratch_by_the_resolved_path(tmp_path: Path) -> None:
+    """A scratch of the user's reached through the user's own link outside the campaign is the
+    user's to point anywhere, and is used; the job works by the path it resolved and checked,
+    so no name on it is one that whoever writes the campaign can change (the fix above)."""
+    real = tmp_path / "disk" / "scratch"
+    real.mkdir(parents=True)
+    (tmp_path / "mine").symlink_to(real, target_is_directory=True)
+    camp, ran = _plan_with_a_logging_python(tmp_path, "--scratch", str(tmp_path / "mine"))
+    res = _build_job(camp, SLURM_JOB_ID="9")
+    assert res.returncode == 0, res
+    fetch = ran.read_text().splitlines()[0]
+    assert f"--workdir {real}/kvprefetch-camp-build-baseline-9 " in fetch, fetch
+    assert list(real.iterdir()) == []  # removed at the job's exit
+
+
+def test_a_node_tmpdir_in_a_bind_mount_of_the_campaign_is_refused(tmp_path: Path) -> None:
+    """The node's TMPDIR in the campaign by another mount of it: the job's check compared
+    paths only, so it built in the campaign. Now a folder on the way that is the campaign's
+    own (device and inode) is refused."""
+    camp, ran = _plan_with_a_logging_python(tmp_path)
+    (camp / "tmp").mkdir()
+    bound = tmp_path / "bound"
+    bound.mkdir()
+    if subprocess.run(["mount", "--bind", str(camp), str(bound)], capture_output=True,
+                      check=False).returncode != 0:
+        pytest.skip("cannot bind-mount here (needs root)")
+    try:
+        res = _build_job(camp, SLURM_JOB_ID="8", SLURM_TMPDIR=str(bound / "tmp"))
+    finally:
+        subprocess.run(["umount", str(bound)], check=True)
+    assert not ran.exists(), f"the job ran the kit in the campaign: {ran.read_text()}"
+    assert res.returncode == 2, res
+    assert "refusing to build in" in res.stderr and "To fix" in res.stderr, res.stderr
+    assert list((camp / "tmp").iterdir()) == []

@@ -64,23 +64,44 @@ def scratch_base_sh(c: Campaign) -> str:
 # the plan's check of the text and put the scratch in the campaign (issue 41, the fourteenth
 # hostile pass). Checked where the job runs, by the folder the kernel resolves, before anything
 # is made in it; the job's working folder is the campaign's root here.
+_SCRATCH_INSIDE_MSG = (
+    'echo "refusing to build in $SCRATCH_BASE: it is in the campaign $CAMPAIGN_REAL, where'
+    ' whoever can write the campaign could swap it for a link. To fix: plan the campaign again'
+    ' with --scratch node or a folder of yours outside it (and a TMPDIR outside it)" >&2;'
+    ' exit 2')
 SCRATCH_OUTSIDE_SH = (
     'case "$SCRATCH_BASE" in /*) ;; *)',
     ('  echo "refusing to build in $SCRATCH_BASE: a scratch folder must be absolute, and a'
      ' relative one is in the campaign. To fix: plan the campaign again with --scratch node or'
      ' a folder of yours outside it" >&2; exit 2;; esac'),
+    # In the campaign by any path: a folder on the way, as the path is spelled (`..` and `.`
+    # taken as text) or as the kernel resolves it, that is the campaign's own folder (the same
+    # device and inode: the campaign by its name, through a link, or bind-mounted elsewhere).
+    # The spelled path counts: `$PWD/scr` with `scr` a link in the campaign to a folder outside
+    # resolved outside and passed, and the job then worked through that link by name, which
+    # whoever writes the campaign could point elsewhere while it ran; `mkdir -p` made the
+    # missing folders of `$PWD/scr/sub` behind the link before any check (issue 41, the
+    # fifteenth hostile pass). So the spelled path is checked before anything is made.
+    'CAMPAIGN_REAL=$(env pwd -P); CAMPAIGN_ID=$(stat -c %d:%i -- .)',
+    "in_campaign() {",
+    '  local d=$1',
+    '  while :; do',
+    '    if [ "$(stat -L -c %d:%i -- "$d" 2>/dev/null)" = "$CAMPAIGN_ID" ]; then return 0; fi',
+    '    if [ "$d" = / ]; then return 1; fi; d=$(dirname -- "$d")',
+    '  done',
+    "}",
+    f'if in_campaign "$(realpath -s -m -- "$SCRATCH_BASE")"; then {_SCRATCH_INSIDE_MSG}; fi',
     # a file, FIFO or unwritable folder there: mkdir's "File exists" alone said nothing the
     # user could act on (the fourteenth hostile pass)
     ('mkdir -p -- "$SCRATCH_BASE" || { echo "refusing to build in $SCRATCH_BASE: it cannot be'
      ' made a folder (something other than a folder is there, or it is not writable). To fix:'
      ' plan the campaign again with --scratch node or a folder of yours, or set the node'
      ' TMPDIR to a writable folder" >&2; exit 2; }'),
-    'CAMPAIGN_REAL=$(env pwd -P); SCRATCH_REAL=$(cd -P -- "$SCRATCH_BASE" && env pwd -P)',
-    'case "$SCRATCH_REAL/" in "$CAMPAIGN_REAL"/*)',
-    ('  echo "refusing to build in $SCRATCH_BASE: it is in the campaign $CAMPAIGN_REAL, where'
-     ' whoever can write the campaign could swap it for a link. To fix: plan the campaign again'
-     ' with --scratch node or a folder of yours outside it (and a TMPDIR outside it)" >&2;'
-     ' exit 2;; esac'),
+    'SCRATCH_REAL=$(cd -P -- "$SCRATCH_BASE" && env pwd -P)',
+    f'if in_campaign "$SCRATCH_REAL"; then {_SCRATCH_INSIDE_MSG}; fi',
+    # from here on by the resolved path, whose folders were all outside the campaign when
+    # checked: nothing on it is a name whoever writes the campaign can change
+    'SCRATCH_BASE=$SCRATCH_REAL',
 )
 
 
@@ -93,9 +114,9 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
     name = f"kvprefetch-{Path(c.root).name}-build-{tree.name}"
     lines = [
         f"SCRATCH_BASE={scratch_base_sh(c)}",
+        *SCRATCH_OUTSIDE_SH,
         # name: the campaign folder's (check_campaign_path) and a tree's, nothing a shell expands
         f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
-        *SCRATCH_OUTSIDE_SH,
         # this job's own: a new job id is a new folder; anything already there (a link planted
         # at the next id's name) is named, not "mkdir: File exists" alone (issue 41, the
         # eleventh pass left it open)
