@@ -18,6 +18,9 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   link before any check. A node TMPDIR in a bind mount of the campaign passed too. Now a scratch
   any folder of whose path, as spelled or as resolved, is the campaign's own folder (device and
   inode) is refused before anything is made, and the job works by the resolved path.
+- An sbatch that printed something other than a job id had its whole output, repr'd, become
+  the error message: 20 MB of it from one that printed 20 MB. Now the message shows its last
+  line, escaped and cut to 200 characters.
 
 The watcher is a bash DEBUG trap that does, before each command of the function, what an
 inotify watcher would do with what it can see in ``results/`` (it reads no variable of the
@@ -173,3 +176,25 @@ def test_a_node_tmpdir_in_a_bind_mount_of_the_campaign_is_refused(tmp_path: Path
     assert res.returncode == 2, res
     assert "refusing to build in" in res.stderr and "To fix" in res.stderr, res.stderr
     assert list((camp / "tmp").iterdir()) == []
+
+
+def test_an_sbatch_that_prints_megabytes_is_one_short_message(tmp_path: Path) -> None:
+    """A fake sbatch on PATH prints 2 MB on one line: "sbatch printed 'AAAA…" was the whole of
+    it (2 MB on the terminal, 20 MB for 20 MB). Now it is one line of at most a few hundred
+    characters, with "To fix", and campaign.json stays readable."""
+    camp, _ = _plan_with_a_logging_python(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/bash\nhead -c 2000000 /dev/zero | tr '\\0' A\n"
+                                    "printf '\\n'\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"), TMPDIR=str(tmp_path),
+               PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
+                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[:2000]
+    assert "not a job id" in res.stderr and "To fix" in res.stderr, res.stderr[:2000]
+    assert len(res.stderr) < 2000, f"{len(res.stderr)} characters of message"
+    status = _kit(tmp_path, "slurm", "status", str(camp))
+    assert "corrupt" not in status.stderr and "Traceback" not in status.stderr, status.stderr
