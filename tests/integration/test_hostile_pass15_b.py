@@ -21,6 +21,11 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
 - An sbatch that printed something other than a job id had its whole output, repr'd, become
   the error message: 20 MB of it from one that printed 20 MB. Now the message shows its last
   line, escaped and cut to 200 characters.
+- ``report`` stopped by a signal ("stopped by SIGTERM") was then killed by the next signal of
+  a storm during the interpreter's teardown (38 of 40 storms): the fourteenth pass blocks the
+  stop signals at exit, but only in the main thread, and numpy's OpenBLAS worker thread, which
+  ``report``'s plots start, took the signal under its default action. Now they are also
+  ignored at exit, which holds for every thread, so the first signal's status stands.
 
 The watcher is a bash DEBUG trap that does, before each command of the function, what an
 inotify watcher would do with what it can see in ``results/`` (it reads no variable of the
@@ -31,8 +36,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -198,3 +205,63 @@ def test_an_sbatch_that_prints_megabytes_is_one_short_message(tmp_path: Path) ->
     assert len(res.stderr) < 2000, f"{len(res.stderr)} characters of message"
     status = _kit(tmp_path, "slurm", "status", str(camp))
     assert "corrupt" not in status.stderr and "Traceback" not in status.stderr, status.stderr
+
+
+_TEARDOWN_WITH_A_THREAD = r"""
+import sys, threading, time
+import click
+from kvprefetch.cli import COMMANDS, run
+
+class _SlowTeardown:
+    def __del__(self):
+        # runs when the interpreter tears __main__ down, after it reset the signal handlers
+        print("teardown", file=sys.stderr, flush=True)
+        time.sleep(1.5)
+
+_keep = _SlowTeardown()
+
+@click.command()
+def sleepy():
+    # a thread that blocks no signal, as numpy's OpenBLAS worker (report's plots import it)
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+    print("ready", flush=True)
+    time.sleep(60)
+
+COMMANDS["sleepy"] = "__main__:sleepy"
+sys.argv = ["kvprefetch", "sleepy"]
+run()
+"""
+
+
+def test_a_signal_during_the_teardown_of_a_stopped_command_with_a_thread_keeps_the_status(
+        tmp_path: Path) -> None:
+    """TERM stops the command, then INTs arrive while the interpreter tears its modules down,
+    with a second thread alive (numpy's OpenBLAS worker in ``report``): the main thread blocked
+    them, the other thread took one under the default action, and the process was killed by
+    SIGINT (-2) after "stopped by SIGTERM". Now 143. The kit's real ``run()`` with a sleeping
+    command and an object whose ``__del__`` holds the teardown open (as the fourteenth pass's
+    test of the main thread alone)."""
+    env = {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"), TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", _TEARDOWN_WITH_A_THREAD], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        line = proc.stderr.readline()
+        assert "stopped by SIGTERM" in line, line
+        teardown = proc.stderr.readline()
+        assert "teardown" in teardown, teardown
+        for _ in range(5):
+            if proc.poll() is not None:
+                break
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, (proc.returncode, line + teardown + err)
+    assert "Traceback" not in err and "Exception ignored" not in err, err

@@ -400,9 +400,18 @@ def _block_at_finalisation(signums: list[int]) -> None:
     blocked from here on, so one that comes during the teardown stays pending and the process
     exits with the first signal's status. Under the default action it was killed by the later
     signal: "stopped by SIGTERM", then killed by SIGINT (issue 41, the fourteenth hostile pass:
-    3 of 30 signal storms against `fetch --repair`)."""
+    3 of 30 signal storms against `fetch --repair`).
+
+    Then ignored, too: the mask holds for this thread only, and a signal sent to the process
+    goes to any thread that does not block it (numpy's OpenBLAS workers, which `report`'s
+    plots start), where, once the teardown had reset the handlers, its default action killed
+    the process: "stopped by SIGTERM", then killed by SIGHUP (38 of 40 storms against `report`;
+    issue 41, the fifteenth hostile pass). The teardown leaves an ignored signal ignored."""
     with suppress(OSError, ValueError):
         signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    for signum in signums:
+        with suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def _exit_as_first(signum: int, frame: object) -> None:
