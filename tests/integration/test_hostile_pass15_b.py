@@ -26,6 +26,10 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   stop signals at exit, but only in the main thread, and numpy's OpenBLAS worker thread, which
   ``report``'s plots start, took the signal under its default action. Now they are also
   ignored at exit, which holds for every thread, so the first signal's status stands.
+- The bench job's script run with an array task id past the array's end (sent by hand with
+  another ``--array``) failed with bash's "BATCHES[...]: unbound variable", and with a leading
+  zero (``08``, octal to bash) with "value too great for base"; neither said what to do. Now
+  the task is checked first and named with a fix.
 
 The watcher is a bash DEBUG trap that does, before each command of the function, what an
 inotify watcher would do with what it can see in ``results/`` (it reads no variable of the
@@ -113,14 +117,17 @@ def _kit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, check=False)
 
 
-def _plan_with_a_logging_python(tmp_path: Path, *args: str) -> tuple[Path, Path]:
-    """A stand-in campaign whose ``--python`` only logs each command the job runs with it (no
-    real build is needed to see where the job would work)."""
+def _plan_with_a_logging_python(tmp_path: Path, *args: str,
+                                 stand_in: bool = True) -> tuple[Path, Path]:
+    """A campaign (stand-in bench tasks unless ``stand_in`` is False) whose ``--python`` only
+    logs each command the job runs with it (no real build is needed to see where the job would
+    work)."""
     camp, ran = tmp_path / "camp", tmp_path / "ran.log"
     fake = tmp_path / "python"
     fake.write_text(f'#!/bin/bash\necho "$*" >> {shlex.quote(str(ran))}\n')
     fake.chmod(0o755)
-    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--python", str(fake), *args)
+    res = _kit(tmp_path, "slurm", "plan", str(camp), *(["--stand-in"] if stand_in else []),
+               "--python", str(fake), *args)
     assert res.returncode == 0, res.stderr
     return camp, ran
 
@@ -265,3 +272,19 @@ def test_a_signal_during_the_teardown_of_a_stopped_command_with_a_thread_keeps_t
             proc.wait()
     assert proc.returncode == 143, (proc.returncode, line + teardown + err)
     assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+@pytest.mark.parametrize("task", ["99", "08"])
+def test_a_bench_task_id_that_is_no_task_of_the_campaign_is_named_with_a_fix(
+        tmp_path: Path, task: str) -> None:
+    """The (real, not stand-in) bench job's script run as an array task past the array's end,
+    or with a leading zero: bash's own error without a fix (exit 1). Now exit 2, the task named
+    with the way to send the job, and nothing run."""
+    camp, ran = _plan_with_a_logging_python(tmp_path, stand_in=False)
+    job_env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    job_env.update(SLURM_JOB_ID="5", SLURM_ARRAY_JOB_ID="5", SLURM_ARRAY_TASK_ID=task)
+    res = subprocess.run(["bash", str(camp / "scripts" / "30-bench.sbatch")], env=job_env,
+                         capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert not ran.exists(), ran.read_text()
+    assert res.returncode == 2, res
+    assert f"array task id '{task}'" in res.stderr and "To fix" in res.stderr, res.stderr

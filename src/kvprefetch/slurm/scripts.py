@@ -165,7 +165,7 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
         task = '"$SLURM_ARRAY_TASK_ID"'
         if c.bench.stand_in:
             return [_q(kit_argv(c, "slurm", "stand-in", c.root, "--task")) + " " + task]
-        lines = ["BATCHES=(" + " ".join(str(b) for b in c.bench.batches) + ")"]
+        lines = ["BATCHES=(" + " ".join(str(b) for b in c.bench.batches) + ")", *_bench_task_sh(c)]
         extra: list[str] = []
         for ctx in c.bench.contexts:
             extra += ["--context", ctx]
@@ -182,6 +182,22 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
         return [_q(kit_argv(c, "report", "--merge", *shards, "--out", c.report_dir,
                             "--formats", "md"))]
     raise ConfigError(f"unknown job {job.name!r}", "plan the campaign again")
+
+
+def _bench_task_sh(c: Campaign) -> list[str]:
+    """The bench task's index into ``BATCHES``, checked: a task id past the array's end (the
+    script sent by hand with another ``--array``) failed in bash with "BATCHES[...]: unbound
+    variable", and one with a leading zero (``08``, read as octal) with "value too great for
+    base", neither saying what to do (issue 41, the fifteenth hostile pass)."""
+    return [
+        ('if [[ ! "${SLURM_ARRAY_TASK_ID:-}" =~ ^(0|[1-9][0-9]{0,5})$ ]]'
+         ' || [ "$SLURM_ARRAY_TASK_ID" -ge "${#BATCHES[@]}" ]; then'),
+        ('  echo "refusing to run: the array task id \'${SLURM_ARRAY_TASK_ID:-}\' is not one of'
+         ' this campaign\'s bench tasks, 0 to $((${#BATCHES[@]} - 1)) (one per batch size). To'
+         ' fix: send the bench job with kvprefetch slurm submit, or one task with kvprefetch'
+         f' slurm resubmit {c.root} bench --task N" >&2; exit 2'),
+        "fi",
+    ]
 
 
 # The ids the job reads from its environment name its exit record and scratch folder and index
