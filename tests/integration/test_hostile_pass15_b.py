@@ -30,6 +30,9 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   another ``--array``) failed with bash's "BATCHES[...]: unbound variable", and with a leading
   zero (``08``, octal to bash) with "value too great for base"; neither said what to do. Now
   the task is checked first and named with a fix.
+- The verify job whose ``verify-kernel`` failed before printing its report put an empty
+  ``results/verify.json`` in place of the previous run's report. Now an empty input leaves the
+  file as it was, and the job's status is still the command's own.
 
 The watcher is a bash DEBUG trap that does, before each command of the function, what an
 inotify watcher would do with what it can see in ``results/`` (it reads no variable of the
@@ -288,3 +291,26 @@ def test_a_bench_task_id_that_is_no_task_of_the_campaign_is_named_with_a_fix(
     assert not ran.exists(), ran.read_text()
     assert res.returncode == 2, res
     assert f"array task id '{task}'" in res.stderr and "To fix" in res.stderr, res.stderr
+
+
+def test_a_verify_job_that_printed_nothing_keeps_the_earlier_report(tmp_path: Path) -> None:
+    """``verify-kernel`` stops with an error before its report (exit 3, nothing on stdout): the
+    job replaced ``results/verify.json`` by an empty file. Now the earlier report stays, the
+    job still ends with 3, and its exit record says 3."""
+    camp = tmp_path / "camp"
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/bash\necho 'cannot verify' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--no-gpu",
+               "--python", str(fake))
+    assert res.returncode == 0, res.stderr
+    report = camp / "results" / "verify.json"
+    report.write_text('{"earlier": true}\n')
+    job_env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    job_env.update(SLURM_JOB_ID="9")
+    res = subprocess.run(["bash", str(camp / "scripts" / "20-verify.sbatch")], env=job_env,
+                         capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert res.returncode == 3, res
+    assert report.read_text() == '{"earlier": true}\n', "the earlier report was replaced"
+    assert (camp / "logs" / "verify-9.exit").read_text() == "3\n"
+    assert sorted(p.name for p in report.parent.iterdir()) == ["verify.json"]

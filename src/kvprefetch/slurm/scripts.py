@@ -262,6 +262,13 @@ WRITE_NEW_SH = (
      ' new file of its own (something not a new file of its own was put at its name by another'
      ' process changing the campaign, or the disk is full: dd says which above)" >&2; exit 1'),
     "    fi",
+    # nothing came (verify-kernel stopped by an error before its report): the report of an
+    # earlier run, a plain file, stays; an empty file was put in its place (issue 41, the
+    # fifteenth hostile pass). Anything else there (a link) is still replaced. Exit 0, so
+    # that the pipeline's status is the command's own (pipefail).
+    '    if [ ! -s "$tmp" ] && [ -f "$name" ] && [ ! -L "$name" ]; then',
+    '      echo "nothing written to $1: its input was empty, so it is left as it was" >&2; exit 0',
+    "    fi",
     '    mv -fT -- "$tmp" "$name"; trap - EXIT )',
     "}",
 )
