@@ -66,7 +66,9 @@ def test_write_new_never_waits_on_a_fifo_put_at_its_temporarys_name(tmp_path: Pa
     refused by name, and the FIFO, at the name the subshell made, is removed."""
     results = tmp_path / "camp" / "results"
     results.mkdir(parents=True)
-    plant = ('if [ -z "${PLANTED:-}" ] && [[ $BASH_COMMAND == "exec 3"* ]]; then '
+    # the step that opens the temporary: bash's `<>` before the fifteenth pass, `dd` since
+    plant = ('if [ -z "${PLANTED:-}" ] && '
+             '[[ $BASH_COMMAND == "exec 3"* || $BASH_COMMAND == "dd of="* ]]; then '
              'PLANTED=1; rm -f -- "$tmp"; mkfifo -- "$tmp"; fi')
     try:
         res = _write_new(results / "verify.json", plant)

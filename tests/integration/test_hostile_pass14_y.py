@@ -54,7 +54,9 @@ def test_write_new_never_writes_through_a_link_put_at_its_temporary(
     results = tmp_path / "camp" / "results"
     results.mkdir(parents=True)
     victim = outside / "notes.txt"
-    trap = (f'if [ -z "${{PLANTED:-}}" ] && [[ $BASH_COMMAND == "exec 3"* ]]; then '
+    # the step that opens the temporary: bash's `<>` before the fifteenth pass, `dd` since
+    trap = (f'if [ -z "${{PLANTED:-}}" ] && '
+            f'[[ $BASH_COMMAND == "exec 3"* || $BASH_COMMAND == "dd of="* ]]; then '
             f'PLANTED=1; rm -f -- "$tmp"; {plant} -- {shlex.quote(str(victim))} "$tmp"; fi')
     res = _write_new(results / "verify.json", trap)
     assert victim.read_text() == "keep me\n", "written outside the campaign"

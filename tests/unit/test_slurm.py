@@ -163,9 +163,13 @@ def test_build_jobs_work_in_their_own_scratch_and_publish_at_the_end(tmp_path: P
     body = text.split("\n")
     assert 'SCRATCH_BASE="${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"' in body
     assert 'SCRATCH="$SCRATCH_BASE/kvprefetch-camp-build-patched-${SLURM_JOB_ID:-$$}"' in body
-    # made, then checked to be outside the campaign before the job's own folder is made in it
+    # checked as spelled before anything is made, made, checked as resolved, then used by the
+    # resolved path, all before the job's own folder is made in it
     base = next(i for i, ln in enumerate(body) if ln.startswith('mkdir -p -- "$SCRATCH_BASE" ||'))
-    assert base < next(i for i, ln in enumerate(body) if ln.startswith('case "$SCRATCH_REAL/"'))
+    spelled = next(i for i, ln in enumerate(body) if ln.startswith('if in_campaign "$(realpath'))
+    real = next(i for i, ln in enumerate(body) if ln.startswith('if in_campaign "$SCRATCH_REAL"'))
+    assert spelled < base < real < body.index("SCRATCH_BASE=$SCRATCH_REAL") < next(
+        i for i, ln in enumerate(body) if ln.startswith('SCRATCH="$SCRATCH_BASE/'))
     # the exit trap is set only once the folder is this job's own (mkdir without -p)
     made = next(i for i, ln in enumerate(body) if ln.startswith('mkdir -- "$SCRATCH" || {'))
     assert made < body.index("trap on_exit EXIT")

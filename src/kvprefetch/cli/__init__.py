@@ -407,9 +407,18 @@ def _block_at_finalisation(signums: list[int]) -> None:
     exits with the status the command ended with. Under the default action it was killed by
     the later signal: "stopped by SIGTERM", then killed by SIGINT (issue 41, the fourteenth
     hostile pass: 3 of 30 signal storms against `fetch --repair`); an error's message, then
-    killed by SIGTERM (the fifteenth: 2 of 60 storms against a failing `apply`)."""
+    killed by SIGTERM (the fifteenth: 2 of 60 storms against a failing `apply`).
+
+    Then ignored, too: the mask holds for this thread only, and a signal sent to the process
+    goes to any thread that does not block it (numpy's OpenBLAS workers, which `report`'s
+    plots start), where, once the teardown had reset the handlers, its default action killed
+    the process: "stopped by SIGTERM", then killed by SIGHUP (38 of 40 storms against `report`;
+    issue 41, the fifteenth hostile pass). The teardown leaves an ignored signal ignored."""
     with suppress(OSError, ValueError):
         signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    for signum in signums:
+        with suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 _UNSET = object()

@@ -64,7 +64,11 @@ def parse_parsable(output: str) -> str:
     line = output.strip().splitlines()[-1] if output.strip() else ""
     job_id = line.split(";")[0].strip()
     if not JOB_ID.fullmatch(job_id):
-        raise SlurmError(f"sbatch printed {output.strip()!r}, not a job id", FIX_SLURM)
+        # its last line, shown (escaped, cut): the whole output, repr'd, was the message, 20 MB
+        # of it from an sbatch that printed 20 MB (issue 41, the fifteenth hostile pass)
+        raise SlurmError(f"sbatch printed '{shown(line)}', not a job id"
+                         + (f" (the last of {len(output.strip().splitlines())} lines)"
+                            if len(output.strip().splitlines()) > 1 else ""), FIX_SLURM)
     return job_id
 
 

@@ -64,23 +64,44 @@ def scratch_base_sh(c: Campaign) -> str:
 # the plan's check of the text and put the scratch in the campaign (issue 41, the fourteenth
 # hostile pass). Checked where the job runs, by the folder the kernel resolves, before anything
 # is made in it; the job's working folder is the campaign's root here.
+_SCRATCH_INSIDE_MSG = (
+    'echo "refusing to build in $SCRATCH_BASE: it is in the campaign $CAMPAIGN_REAL, where'
+    ' whoever can write the campaign could swap it for a link. To fix: plan the campaign again'
+    ' with --scratch node or a folder of yours outside it (and a TMPDIR outside it)" >&2;'
+    ' exit 2')
 SCRATCH_OUTSIDE_SH = (
     'case "$SCRATCH_BASE" in /*) ;; *)',
     ('  echo "refusing to build in $SCRATCH_BASE: a scratch folder must be absolute, and a'
      ' relative one is in the campaign. To fix: plan the campaign again with --scratch node or'
      ' a folder of yours outside it" >&2; exit 2;; esac'),
+    # In the campaign by any path: a folder on the way, as the path is spelled (`..` and `.`
+    # taken as text) or as the kernel resolves it, that is the campaign's own folder (the same
+    # device and inode: the campaign by its name, through a link, or bind-mounted elsewhere).
+    # The spelled path counts: `$PWD/scr` with `scr` a link in the campaign to a folder outside
+    # resolved outside and passed, and the job then worked through that link by name, which
+    # whoever writes the campaign could point elsewhere while it ran; `mkdir -p` made the
+    # missing folders of `$PWD/scr/sub` behind the link before any check (issue 41, the
+    # fifteenth hostile pass). So the spelled path is checked before anything is made.
+    'CAMPAIGN_REAL=$(env pwd -P); CAMPAIGN_ID=$(stat -c %d:%i -- .)',
+    "in_campaign() {",
+    '  local d=$1',
+    '  while :; do',
+    '    if [ "$(stat -L -c %d:%i -- "$d" 2>/dev/null)" = "$CAMPAIGN_ID" ]; then return 0; fi',
+    '    if [ "$d" = / ]; then return 1; fi; d=$(dirname -- "$d")',
+    '  done',
+    "}",
+    f'if in_campaign "$(realpath -s -m -- "$SCRATCH_BASE")"; then {_SCRATCH_INSIDE_MSG}; fi',
     # a file, FIFO or unwritable folder there: mkdir's "File exists" alone said nothing the
     # user could act on (the fourteenth hostile pass)
     ('mkdir -p -- "$SCRATCH_BASE" || { echo "refusing to build in $SCRATCH_BASE: it cannot be'
      ' made a folder (something other than a folder is there, or it is not writable). To fix:'
      ' plan the campaign again with --scratch node or a folder of yours, or set the node'
      ' TMPDIR to a writable folder" >&2; exit 2; }'),
-    'CAMPAIGN_REAL=$(env pwd -P); SCRATCH_REAL=$(cd -P -- "$SCRATCH_BASE" && env pwd -P)',
-    'case "$SCRATCH_REAL/" in "$CAMPAIGN_REAL"/*)',
-    ('  echo "refusing to build in $SCRATCH_BASE: it is in the campaign $CAMPAIGN_REAL, where'
-     ' whoever can write the campaign could swap it for a link. To fix: plan the campaign again'
-     ' with --scratch node or a folder of yours outside it (and a TMPDIR outside it)" >&2;'
-     ' exit 2;; esac'),
+    'SCRATCH_REAL=$(cd -P -- "$SCRATCH_BASE" && env pwd -P)',
+    f'if in_campaign "$SCRATCH_REAL"; then {_SCRATCH_INSIDE_MSG}; fi',
+    # from here on by the resolved path, whose folders were all outside the campaign when
+    # checked: nothing on it is a name whoever writes the campaign can change
+    'SCRATCH_BASE=$SCRATCH_REAL',
 )
 
 
@@ -93,9 +114,9 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
     name = f"kvprefetch-{Path(c.root).name}-build-{tree.name}"
     lines = [
         f"SCRATCH_BASE={scratch_base_sh(c)}",
+        *SCRATCH_OUTSIDE_SH,
         # name: the campaign folder's (check_campaign_path) and a tree's, nothing a shell expands
         f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
-        *SCRATCH_OUTSIDE_SH,
         # this job's own: a new job id is a new folder; anything already there (a link planted
         # at the next id's name) is named, not "mkdir: File exists" alone (issue 41, the
         # eleventh pass left it open)
@@ -144,7 +165,7 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
         task = '"$SLURM_ARRAY_TASK_ID"'
         if c.bench.stand_in:
             return [_q(kit_argv(c, "slurm", "stand-in", c.root, "--task")) + " " + task]
-        lines = ["BATCHES=(" + " ".join(str(b) for b in c.bench.batches) + ")"]
+        lines = ["BATCHES=(" + " ".join(str(b) for b in c.bench.batches) + ")", *_bench_task_sh(c)]
         extra: list[str] = []
         for ctx in c.bench.contexts:
             extra += ["--context", ctx]
@@ -161,6 +182,22 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
         return [_q(kit_argv(c, "report", "--merge", *shards, "--out", c.report_dir,
                             "--formats", "md"))]
     raise ConfigError(f"unknown job {job.name!r}", "plan the campaign again")
+
+
+def _bench_task_sh(c: Campaign) -> list[str]:
+    """The bench task's index into ``BATCHES``, checked: a task id past the array's end (the
+    script sent by hand with another ``--array``) failed in bash with "BATCHES[...]: unbound
+    variable", and one with a leading zero (``08``, read as octal) with "value too great for
+    base", neither saying what to do (issue 41, the fifteenth hostile pass)."""
+    return [
+        ('if [[ ! "${SLURM_ARRAY_TASK_ID:-}" =~ ^(0|[1-9][0-9]{0,5})$ ]]'
+         ' || [ "$SLURM_ARRAY_TASK_ID" -ge "${#BATCHES[@]}" ]; then'),
+        ('  echo "refusing to run: the array task id \'${SLURM_ARRAY_TASK_ID:-}\' is not one of'
+         ' this campaign\'s bench tasks, 0 to $((${#BATCHES[@]} - 1)) (one per batch size). To'
+         ' fix: send the bench job with kvprefetch slurm submit, or one task with kvprefetch'
+         f' slurm resubmit {c.root} bench --task N" >&2; exit 2'),
+        "fi",
+    ]
 
 
 # The ids the job reads from its environment name its exit record and scratch folder and index
@@ -192,15 +229,22 @@ CHECK_JOB_IDS_SH = (
 # that path by name before its chdir, so a swap between the two, and back before the check,
 # left the subshell in the folder outside with the check passed (a fresh CI rehearsal found a
 # verify.json written outside under the eleventh pass's swap loop; 40,000 writes here wrote one).
-# The temporary is made by `mktemp` (a new regular file, O_EXCL, a name nobody can guess) and
-# opened read-write, which never waits on a FIFO put at its name; what was opened must be a
-# regular file (the twelfth pass: noclobber's `>` opens an existing FIFO or device at a
-# guessable `$$-$RANDOM` name, and waits on a FIFO for good); its mode is set through the open
-# file (`chmod` by name would follow a link put at the name).
+# The temporary is made, opened and written by one `dd`, with O_CREAT|O_EXCL|O_NOFOLLOW
+# (`conv=excl oflag=nofollow`): that open never follows a link, never opens a FIFO, device or
+# file already at the name (EEXIST), so what it writes is a new file of this subshell's, with
+# the mode the umask gives. Its name comes from `mktemp -u` (random, made by nothing until `dd`
+# makes it), so no watcher can see it before it is this subshell's file. `mktemp` made the file
+# and bash opened it again by name (`<>`, O_CREAT without O_NOFOLLOW), then checked it by name:
+# a watcher (inotify) that saw the new name and put a link there had `<>` create a file
+# through a dangling link outside the campaign (22 runs of 30), or, swapping the link for a
+# hard link to the same file between the check's two `stat`s, pass the check and have the
+# report written over a file outside, exit 0 (12 runs of 30; issue 41, the fifteenth hostile
+# pass). Earlier: noclobber's `>` at a guessable name opened a FIFO there and waited for good
+# (the twelfth pass); a link put at the name was written through (the fourteenth).
 # A SIGTERM to the job (scancel, the time limit) while verify's report was being written left
 # results/verify.json.tmp-* for good (the subshell's TERM was the default action): the
-# temporary, once this subshell has made it, is removed when the subshell ends before its
-# rename (issue 41, the twelfth hostile pass).
+# temporary is removed when the subshell ends before its rename (issue 41, the twelfth hostile
+# pass), and so is anything put at its name, which only this subshell knew.
 WRITE_NEW_SH = (
     "write_new() {",
     '  local dir name',
@@ -211,21 +255,21 @@ WRITE_NEW_SH = (
     ('      echo "refusing to write $1: $dir became a symlink (another process is changing'
      ' the campaign)" >&2; exit 1'),
     "    fi",
-    # made by this subshell: removed if the job is stopped while it is written
     "    tmp=; trap '[ -z \"$tmp\" ] || rm -f -- \"$tmp\"' EXIT; trap 'exit 143' TERM INT HUP",
-    '    tmp=$(mktemp -- "$name.tmp-XXXXXXXXXX") || exit 1',
-    '    exec 3<> "$tmp"',
-    # what was opened must be the file mktemp made, by its one name here: a link put at the
-    # name between mktemp and the open had `<>` open (and the lines below write) a file
-    # outside (issue 41, the fourteenth hostile pass); a hard link to it has two names
-    ('    if [ ! -f /dev/fd/3 ] || [ "$(stat -L -c %d:%i:%h /dev/fd/3)" !='
-     ' "$(stat -c %d:%i:1 -- "$tmp")" ]; then'),
-    ('      echo "refusing to write $1: its temporary $tmp was replaced by something not a'
-     ' new file of its own (another process is changing the campaign)" >&2; exit 1'),
+    '    tmp=$(mktemp -u -- "$name.tmp-XXXXXXXXXX") || exit 1',
+    '    if ! dd of="$tmp" conv=excl oflag=nofollow status=none; then',
+    ('      echo "refusing to write $1: its temporary $tmp could not be made and written as a'
+     ' new file of its own (something not a new file of its own was put at its name by another'
+     ' process changing the campaign, or the disk is full: dd says which above)" >&2; exit 1'),
     "    fi",
-    # mktemp makes it 0600: the mode the umask gives a new file, set through the open file
-    '    chmod =rw /dev/fd/3',
-    '    cat >&3; exec 3>&-; mv -fT -- "$tmp" "$name"; trap - EXIT )',
+    # nothing came (verify-kernel stopped by an error before its report): the report of an
+    # earlier run, a plain file, stays; an empty file was put in its place (issue 41, the
+    # fifteenth hostile pass). Anything else there (a link) is still replaced. Exit 0, so
+    # that the pipeline's status is the command's own (pipefail).
+    '    if [ ! -s "$tmp" ] && [ -f "$name" ] && [ ! -L "$name" ]; then',
+    '      echo "nothing written to $1: its input was empty, so it is left as it was" >&2; exit 0',
+    "    fi",
+    '    mv -fT -- "$tmp" "$name"; trap - EXIT )',
     "}",
 )
 
