@@ -159,6 +159,32 @@ def test_a_scratch_through_a_link_in_the_campaign_is_refused_before_anything_is_
     assert not (outside / "sub").exists(), "mkdir -p made a folder outside the campaign"
 
 
+def test_a_scratch_through_the_users_link_to_a_link_in_the_campaign_is_refused(
+        tmp_path: Path, outside: Path) -> None:
+    """A scratch of the user's (``mine``, the user's own link) pointing at a link in the
+    campaign (``camp/lnk``, which whoever writes the campaign planted, to a folder outside):
+    it resolved outside, no folder of its spelling was the campaign, and the job built in the
+    folder ``camp/lnk`` named (the fifteenth pass left it open; the lead's fix). Now each
+    link on the way is followed one hop at a time and its target's folders checked too: the
+    job refuses (exit 2) before it makes or runs anything. A cycle of links is a scratch that
+    cannot be made, and said so."""
+    camp, ran = _plan_with_a_logging_python(tmp_path, "--scratch", str(tmp_path / "mine"))
+    (camp / "lnk").symlink_to(outside, target_is_directory=True)
+    (tmp_path / "mine").symlink_to(camp / "lnk", target_is_directory=True)
+    before = sorted(p.name for p in outside.iterdir())
+    res = _build_job(camp, SLURM_JOB_ID="11")
+    assert not ran.exists(), f"the job ran the kit through the campaign's link: {ran.read_text()}"
+    assert res.returncode == 2, res
+    assert "refusing to build in" in res.stderr and "To fix" in res.stderr, res.stderr
+    assert sorted(p.name for p in outside.iterdir()) == before
+    (tmp_path / "mine").unlink()  # a cycle: mine -> loop -> mine
+    (tmp_path / "mine").symlink_to(tmp_path / "loop")
+    (tmp_path / "loop").symlink_to(tmp_path / "mine")
+    res = _build_job(camp, SLURM_JOB_ID="12")
+    assert res.returncode == 2 and not ran.exists(), res
+    assert "cannot be made a folder" in res.stderr, res.stderr
+
+
 def test_the_build_job_works_in_its_scratch_by_the_resolved_path(tmp_path: Path) -> None:
     """A scratch of the user's reached through the user's own link outside the campaign is the
     user's to point anywhere, and is used; the job works by the path it resolved and checked,

@@ -166,7 +166,8 @@ def test_build_jobs_work_in_their_own_scratch_and_publish_at_the_end(tmp_path: P
     # checked as spelled before anything is made, made, checked as resolved, then used by the
     # resolved path, all before the job's own folder is made in it
     base = next(i for i, ln in enumerate(body) if ln.startswith('mkdir -p -- "$SCRATCH_BASE" ||'))
-    spelled = next(i for i, ln in enumerate(body) if ln.startswith('if in_campaign "$(realpath'))
+    spelled = next(i for i, ln in enumerate(body)
+                   if ln.startswith('if in_campaign "$SCRATCH_BASE"'))
     real = next(i for i, ln in enumerate(body) if ln.startswith('if in_campaign "$SCRATCH_REAL"'))
     assert spelled < base < real < body.index("SCRATCH_BASE=$SCRATCH_REAL") < next(
         i for i, ln in enumerate(body) if ln.startswith('SCRATCH="$SCRATCH_BASE/'))

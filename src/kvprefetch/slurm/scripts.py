@@ -82,15 +82,28 @@ SCRATCH_OUTSIDE_SH = (
     # whoever writes the campaign could point elsewhere while it ran; `mkdir -p` made the
     # missing folders of `$PWD/scr/sub` behind the link before any check (issue 41, the
     # fifteenth hostile pass). So the spelled path is checked before anything is made.
+    # Every link met on the way is followed too, one hop at a time, and its target's folders
+    # checked the same way: a scratch of the user's whose own link points at a link in the
+    # campaign (`~/scr` -> `camp/lnk`) resolved outside, no folder of its spelling was the
+    # campaign, and the job built wherever `camp/lnk` (whoever writes the campaign) sent it
+    # (issue 41, left open by the fifteenth pass). Each folder that holds a link the kernel
+    # would follow is the resolved form of some prefix of a path checked here. Past 40 links
+    # (the kernel's own limit, ELOOP) the path cannot be made a folder, which mkdir then says.
     'CAMPAIGN_REAL=$(env pwd -P); CAMPAIGN_ID=$(stat -c %d:%i -- .)',
     "in_campaign() {",
-    '  local d=$1',
+    '  local d=$1 hops=${2:-0} t',
     '  while :; do',
     '    if [ "$(stat -L -c %d:%i -- "$d" 2>/dev/null)" = "$CAMPAIGN_ID" ]; then return 0; fi',
-    '    if [ "$d" = / ]; then return 1; fi; d=$(dirname -- "$d")',
+    '    if [ -L "$d" ]; then',
+    '      if [ "$hops" -ge 40 ]; then return 1; fi',
+    '      t=$(readlink -- "$d") || return 0',
+    '      case "$t" in /*) ;; *) t=$(dirname -- "$d")/$t;; esac',
+    '      if in_campaign "$t" $((hops + 1)); then return 0; fi',
+    '    fi',
+    '    case "$d" in /|.|//) return 1;; esac; d=$(dirname -- "$d")',
     '  done',
     "}",
-    f'if in_campaign "$(realpath -s -m -- "$SCRATCH_BASE")"; then {_SCRATCH_INSIDE_MSG}; fi',
+    f'if in_campaign "$SCRATCH_BASE"; then {_SCRATCH_INSIDE_MSG}; fi',
     # a file, FIFO or unwritable folder there: mkdir's "File exists" alone said nothing the
     # user could act on (the fourteenth hostile pass)
     ('mkdir -p -- "$SCRATCH_BASE" || { echo "refusing to build in $SCRATCH_BASE: it cannot be'
