@@ -163,7 +163,15 @@ def stops_held() -> Iterator[None]:
     ``KeyboardInterrupt`` closed a folder's descriptor twice, and the ``EBADF`` it then raised
     ended the removal of a private folder, left in the system temp (issue 41, the fifteenth
     hostile pass: a signal storm left ``kvprefetch-sdist-*``, up to 130 MB each, after 3 of
-    14 stopped fetches)."""
+    14 stopped fetches).
+
+    The main thread's only: a signal's handler, and the exception it raises, run in the main
+    thread alone, so a worker thread has nothing to hold; a worker's block counted here (two
+    trees built at once, each with its private folder) held the main thread's stop until the
+    worker's block ended and then raised it in the worker instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _HELD[0] += 1
     try:
         yield

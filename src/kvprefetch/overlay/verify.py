@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..runner import run
+from ..workspace.ownership import private_dir
 
 OPS = ("paged_attention_v1", "paged_attention_v2")
 SITE_PREFIX = "kvprefetch-overlay:"
@@ -42,7 +42,7 @@ def probe_overlay(python: str, *, off: bool = False, child: bool = True,
             [str(stub_dir)]
             + [p for p in environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
     argv = [python, str(script)] + ([] if child else ["--no-child"])
-    with tempfile.TemporaryDirectory(prefix="kvprefetch-overlay-probe-") as cwd:
+    with private_dir("overlay-probe") as cwd:
         res = run(argv, env=environ, cwd=cwd, echo=False, check=False, timeout=900)
     lines = [ln for ln in res.output.splitlines() if ln.startswith("{")]
     if res.returncode != 0 or not lines:

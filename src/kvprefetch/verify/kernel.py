@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -29,6 +28,7 @@ from ..hashing import sha256_file
 from ..kernels.policy import TWIN_SHAPES
 from ..reading import load_json
 from ..runner import run
+from ..workspace.ownership import private_dir
 from ..workspace.workdir import Workdir, write_json_atomic
 from .facts import (
     ElfFacts,
@@ -88,7 +88,7 @@ def probe_env(python: str, env_path: str, what: str) -> dict[str, Any]:
     script = Path(__file__).resolve().parent.parent / "probe" / "provenance.py"
     environ = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP}
     environ["PYTHONNOUSERSITE"] = "1"
-    with tempfile.TemporaryDirectory(prefix="kvprefetch-probe-") as cwd:
+    with private_dir("probe") as cwd:
         res = run([python, str(script), what], env=environ, cwd=cwd, echo=False, check=False)
     lines = [ln for ln in res.output.splitlines() if ln.startswith("{")]
     if res.returncode != 0 or not lines:
@@ -131,7 +131,7 @@ def check_provenance(rep: VerifyReport, tree: str, manifest: dict[str, Any], pro
 
 def _identity_run(workdir: Path, trees: list[str], extra_env: dict[str, str] | None
                   ) -> tuple[dict[str, Any] | None, str]:
-    with tempfile.TemporaryDirectory() as td:
+    with private_dir("identity") as td:
         out = Path(td) / "identity.json"
         argv = [sys.executable, "-m", "kvprefetch.verify.numerics", "--workdir", str(workdir),
                 "--json", str(out)]
@@ -230,7 +230,7 @@ def _library_facts(lib: _Library, cache_dir: Path, tools: Mapping[str, str | Non
     cached = load_cached(cache_dir, lib.sha256, tools)
     if cached is not None:
         return cached, True
-    with tempfile.TemporaryDirectory(prefix="kvprefetch-facts-") as td:
+    with private_dir("facts") as td:
         out = Path(td) / "facts.json"
         res = run([sys.executable, "-m", "kvprefetch.verify.facts", lib.path, "--out", str(out),
                    "--cache", str(cache_dir), "--root", str(cache_dir.parent.parent)],
