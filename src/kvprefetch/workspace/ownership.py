@@ -369,7 +369,13 @@ def _gone(entry: dict[str, Any]) -> bool:
         return True
     started = entry.get("started")
     if isinstance(started, int) and not isinstance(started, bool):
-        return start_time(pid) != started
+        now = start_time(pid)
+        if now is not None:
+            return now != started
+        # /proc says nothing of it: no such process, or one /proc hides from this user
+        # (hidepid=1/2, another user's kit run in a shared work directory). The hidden run is
+        # alive (kill says EPERM), and its temporary was removed under it by this user's fetch
+        # or clean (issue 41, the sixteenth hostile pass); as before the start time was kept
     return pid != os.getpid() and not pid_alive(pid)  # a record made before it was kept
 
 
