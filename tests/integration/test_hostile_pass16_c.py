@@ -9,6 +9,12 @@ changed). Each test fails without its fix (checked by reverting ``src`` and runn
   a ``proc`` mounted with ``hidepid=2``: ``start_time`` None, ``kill`` EPERM, ``_gone`` True).
   Before the fifteenth pass ``kill(pid, 0)``'s EPERM kept it. Now a start time ``/proc`` does
   not give falls back to that: a hidden live run's temporary stays, a dead run's goes.
+- The verify job piped ``verify-kernel --json`` into ``write_new``, which could not know how
+  the command ended: one killed while it printed its report (the OOM killer, a ``kill`` of its
+  own; the fifteenth pass kept the earlier report only for an empty input) had the half it
+  printed replace the earlier run's ``results/verify.json`` (exit 137, 3 runs of 3). Now
+  ``write_new FILE CMD...`` runs the command and replaces nothing when it ended by a signal or
+  by the kit's exit after a stop (status 128 and up); the job's status is still the command's.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import builtins
 import errno
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +78,46 @@ def test_a_live_run_that_proc_hides_keeps_its_temporary(
     finally:
         live.kill()
         live.wait()
+
+
+def _verify_job(tmp_path: Path, python_body: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The verify job's script run by bash as Slurm runs it, with a ``--python`` whose
+    ``verify-kernel`` is ``python_body`` (bash), over an earlier run's report."""
+    camp = tmp_path / "camp"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/bash\n{python_body}\n")
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"), TMPDIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--stand-in", "--no-gpu", "--python", str(fake)], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    report = camp / "results" / "verify.json"
+    report.write_text('{"earlier": true}\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(SLURM_JOB_ID="9")
+    res = subprocess.run(["bash", str(camp / "scripts" / "20-verify.sbatch")], env=env,
+                         capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    return res, report
+
+
+def test_a_verify_killed_while_it_printed_its_report_keeps_the_earlier_one(
+        tmp_path: Path) -> None:
+    """``verify-kernel`` prints the first half of its report and is killed (SIGKILL): the half
+    replaced the earlier report. Now the earlier report stays, named with a fix, and the job
+    and its exit record say 137."""
+    res, report = _verify_job(tmp_path, 'printf \'{"checks": [1, 2, \'; kill -9 $$')
+    assert res.returncode == 137, res
+    assert report.read_text() == '{"earlier": true}\n', "a half report replaced the earlier one"
+    assert "To fix" in res.stderr, res.stderr
+    assert (report.parent.parent / "logs" / "verify-9.exit").read_text() == "137\n"
+    assert sorted(p.name for p in report.parent.iterdir()) == ["verify.json"]
+
+
+def test_a_verify_that_ended_by_itself_still_replaces_the_report(tmp_path: Path) -> None:
+    """A report printed whole by a verify-kernel that found the kernel wrong (exit 6) replaces
+    the earlier one, and the command runs in the campaign folder, as it did in the pipe."""
+    res, report = _verify_job(tmp_path, 'echo "{\\"cwd\\": \\"$PWD\\"}"; exit 6')
+    assert res.returncode == 6, res
+    assert report.read_text() == f'{{"cwd": "{tmp_path / "camp"}"}}\n'

@@ -173,7 +173,8 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
         argv = kit_argv(c, "verify-kernel", "--workdir", wd, "--trees", ",".join(c.tree_names),
                         "--json", *(["--no-gpu"] if c.no_gpu else []))
         # never `>`: a link planted at results/verify.json would be written through
-        return [_q(argv) + " | write_new " + shlex.quote(str(c.results / "verify.json"))]
+        # write_new runs it: a command killed while it printed leaves the earlier report
+        return ["write_new " + shlex.quote(str(c.results / "verify.json")) + " " + _q(argv)]
     if job.name == "bench":
         task = '"$SLURM_ARRAY_TASK_ID"'
         if c.bench.stand_in:
@@ -260,7 +261,7 @@ CHECK_JOB_IDS_SH = (
 # pass), and so is anything put at its name, which only this subshell knew.
 WRITE_NEW_SH = (
     "write_new() {",
-    '  local dir name',
+    '  local dir name from=$PWD',
     '  dir=$(dirname -- "$1"); name=$(basename -- "$1")',
     '  if [ -L "$dir" ]; then echo "refusing to write $1: $dir is a symlink" >&2; return 1; fi',
     '  ( cd -P -- "$dir" || exit 1',
@@ -270,19 +271,37 @@ WRITE_NEW_SH = (
     "    fi",
     "    tmp=; trap '[ -z \"$tmp\" ] || rm -f -- \"$tmp\"' EXIT; trap 'exit 143' TERM INT HUP",
     '    tmp=$(mktemp -u -- "$name.tmp-XXXXXXXXXX") || exit 1',
-    '    if ! dd of="$tmp" conv=excl oflag=nofollow status=none; then',
+    # `write_new FILE CMD...` runs CMD (in the folder write_new was called from) into the
+    # temporary and learns its status, which `CMD | write_new FILE` never could: a verify-kernel
+    # killed while it printed its report (the OOM killer, a kill of its own) had the half it
+    # printed replace the earlier run's report (issue 41, the sixteenth hostile pass)
+    '    st=(0 0)',
+    '    if [ $# -gt 1 ]; then',
+    ('      (cd -- "$from" && exec "${@:2}") | dd of="$tmp" conv=excl oflag=nofollow status=none'
+     ' || st=("${PIPESTATUS[@]}")'),
+    '    else dd of="$tmp" conv=excl oflag=nofollow status=none || st=(0 $?); fi',
+    '    if [ "${st[1]}" -ne 0 ]; then',
     ('      echo "refusing to write $1: its temporary $tmp could not be made and written as a'
      ' new file of its own (something not a new file of its own was put at its name by another'
-     ' process changing the campaign, or the disk is full: dd says which above)" >&2; exit 1'),
+     ' process changing the campaign, or the disk is full: dd says which above). To fix: free'
+     ' some space, or find what else writes the campaign, then send the job again" >&2; exit 1'),
+    "    fi",
+    # ended by a signal, or the kit's own exit after a stop (128 + the signal): what it
+    # printed may be cut short, so nothing is replaced; the job's status is the command's
+    '    if [ "${st[0]}" -ge 128 ]; then',
+    ('      echo "nothing written to $1: the command that prints it was stopped or killed'
+     ' (status ${st[0]}), so what it printed may be cut short; $1 is left as it was. To fix:'
+     ' send the job again" >&2; exit "${st[0]}"'),
     "    fi",
     # nothing came (verify-kernel stopped by an error before its report): the report of an
     # earlier run, a plain file, stays; an empty file was put in its place (issue 41, the
-    # fifteenth hostile pass). Anything else there (a link) is still replaced. Exit 0, so
-    # that the pipeline's status is the command's own (pipefail).
+    # fifteenth hostile pass). Anything else there (a link) is still replaced. The status is
+    # the command's (0 when it writes to the pipe: the pipeline's is then the command's own).
     '    if [ ! -s "$tmp" ] && [ -f "$name" ] && [ ! -L "$name" ]; then',
-    '      echo "nothing written to $1: its input was empty, so it is left as it was" >&2; exit 0',
+    ('      echo "nothing written to $1: its input was empty, so it is left as it was" >&2;'
+     ' exit "${st[0]}"'),
     "    fi",
-    '    mv -fT -- "$tmp" "$name"; trap - EXIT )',
+    '    mv -fT -- "$tmp" "$name"; trap - EXIT; exit "${st[0]}" )',
     "}",
 )
 
