@@ -121,3 +121,38 @@ def test_a_verify_that_ended_by_itself_still_replaces_the_report(tmp_path: Path)
     res, report = _verify_job(tmp_path, 'echo "{\\"cwd\\": \\"$PWD\\"}"; exit 6')
     assert res.returncode == 6, res
     assert report.read_text() == f'{{"cwd": "{tmp_path / "camp"}"}}\n'
+
+
+def test_a_link_in_the_campaign_through_proc_self_root_is_refused_at_once(
+        tmp_path: Path) -> None:
+    """The user's scratch is their link to a link in the campaign (refused since the
+    fifteenth pass), which whoever writes the campaign points at
+    ``/proc/self/root/proc/self/root/.../tmp``: the job's check walked every folder again from
+    each ``self`` link's target, 2^n checks for n links (10 times: 30 s; 16 times: about half
+    an hour), so the job sat on its node instead of refusing. Now each path is checked once
+    and the job refuses (exit 2) in seconds."""
+    camp = tmp_path / "camp"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "scr").symlink_to(camp / "lnk")
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\necho "$*" >> {tmp_path / "ran.log"}\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"), TMPDIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--stand-in", "--python", str(fake), "--scratch", f"{mine}/scr/s"],
+                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    (camp / "lnk").symlink_to("/proc/self/root" * 16 + "/tmp")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(SLURM_JOB_ID="7")
+    try:
+        res = subprocess.run(["bash", str(camp / "scripts" / "10-build-baseline.sbatch")],
+                             env=env, capture_output=True, text=True, timeout=40, check=False,
+                             cwd="/")
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the job's scratch check still ran after 40 s") from None
+    assert res.returncode == 2, res
+    assert "refusing to build in" in res.stderr and "To fix" in res.stderr, res.stderr
+    assert not (tmp_path / "ran.log").exists()

@@ -89,10 +89,19 @@ SCRATCH_OUTSIDE_SH = (
     # (issue 41, left open by the fifteenth pass). Each folder that holds a link the kernel
     # would follow is the resolved form of some prefix of a path checked here. Past 40 links
     # (the kernel's own limit, ELOOP) the path cannot be made a folder, which mkdir then says.
-    'CAMPAIGN_REAL=$(env pwd -P); CAMPAIGN_ID=$(stat -c %d:%i -- .)',
+    # Each path is checked once per call (again only from fewer hops, which can reach
+    # further): the walk that first met it checks, or has checked, every folder above it.
+    # Checked again from each target that shared the folders, a path of n links took 2^n
+    # checks: a link in the campaign to /proc/self/root/proc/self/root/... (10 times: 30 s, each
+    # more doubling it) kept the job on a scratch it was to refuse for hours (issue 41, the
+    # sixteenth hostile pass).
+    'CAMPAIGN_REAL=$(env pwd -P); CAMPAIGN_ID=$(stat -c %d:%i -- .); declare -A SEEN=()',
     "in_campaign() {",
     '  local d=$1 hops=${2:-0} t',
+    '  if [ -z "${2:-}" ]; then SEEN=(); fi',
     '  while :; do',
+    '    if [ "${SEEN["$d"]:-41}" -le "$hops" ]; then return 1; fi',
+    '    SEEN["$d"]=$hops',
     '    if [ "$(stat -L -c %d:%i -- "$d" 2>/dev/null)" = "$CAMPAIGN_ID" ]; then return 0; fi',
     '    if [ -L "$d" ]; then',
     '      if [ "$hops" -ge 40 ]; then return 1; fi',
