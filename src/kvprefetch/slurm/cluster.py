@@ -61,14 +61,15 @@ def parse_parsable(output: str) -> str:
     campaign.json's check wants them: ``str.isdigit`` also took ``²`` or ``١٢``, which were
     recorded and then made the campaign "corrupt" for every later command (issue 41, the
     tenth hostile pass)."""
-    line = output.strip().splitlines()[-1] if output.strip() else ""
+    lines = output.strip().splitlines()
+    line = lines[-1] if lines else ""
     job_id = line.split(";")[0].strip()
     if not JOB_ID.fullmatch(job_id):
         # its last line, shown (escaped, cut): the whole output, repr'd, was the message, 20 MB
         # of it from an sbatch that printed 20 MB (issue 41, the fifteenth hostile pass)
         raise SlurmError(f"sbatch printed '{shown(line)}', not a job id"
-                         + (f" (the last of {len(output.strip().splitlines())} lines)"
-                            if len(output.strip().splitlines()) > 1 else ""), FIX_SLURM)
+                         + (f" (the last of {len(lines)} lines)" if len(lines) > 1 else ""),
+                         FIX_SLURM)
     return job_id
 
 
