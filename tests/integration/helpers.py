@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +180,15 @@ def run_kit(kit: Path, *args: str, timeout: float = 120) -> Any:
                               capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         pytest.fail(f"kvprefetch {' '.join(args)} hung")
+
+
+def signal_until_exit(proc: Any, signums: Sequence[int]) -> str:
+    """Send ``signums`` to ``proc`` one after another, 50 ms apart, until it exits; then its
+    stderr (the caller kills a process still running, in its ``finally``)."""
+    for signum in signums:
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signum)
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=30)
+    return str(err)

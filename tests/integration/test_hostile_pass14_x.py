@@ -34,9 +34,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from tests.integration.helpers import signal_until_exit
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: the outside folder is byte-identical afterwards
@@ -93,12 +93,7 @@ def test_a_signal_while_the_interpreter_finalises_after_a_stop_keeps_the_first_s
         assert "stopped by SIGTERM" in line, line
         teardown = proc.stderr.readline()
         assert "teardown" in teardown, teardown
-        for _ in range(5):
-            if proc.poll() is not None:
-                break
-            proc.send_signal(signal.SIGINT)
-            time.sleep(0.05)
-        _, err = proc.communicate(timeout=30)
+        err = signal_until_exit(proc, [signal.SIGINT] * 5)
     finally:
         if proc.poll() is None:
             proc.kill()

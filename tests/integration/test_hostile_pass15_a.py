@@ -45,11 +45,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.integration.helpers import signal_until_exit
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: the outside folder is byte-identical afterwards
@@ -225,12 +225,7 @@ def test_a_signal_while_a_finished_command_shuts_down_keeps_its_status(
         lines = [proc.stderr.readline() for _ in range(3)]
         assert lines[0].startswith("error: there is no tree here"), lines
         assert "shutting down" in lines[-1], lines
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            if proc.poll() is not None:
-                break
-            proc.send_signal(signum)
-            time.sleep(0.05)
-        _, err = proc.communicate(timeout=30)
+        err = signal_until_exit(proc, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
     finally:
         if proc.poll() is None:
             proc.kill()

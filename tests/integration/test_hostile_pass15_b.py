@@ -46,12 +46,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from kvprefetch.slurm.scripts import WRITE_NEW_SH
+from tests.integration.helpers import signal_until_exit
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -289,12 +289,7 @@ def test_a_signal_during_the_teardown_of_a_stopped_command_with_a_thread_keeps_t
         assert "stopped by SIGTERM" in line, line
         teardown = proc.stderr.readline()
         assert "teardown" in teardown, teardown
-        for _ in range(5):
-            if proc.poll() is not None:
-                break
-            proc.send_signal(signal.SIGINT)
-            time.sleep(0.05)
-        _, err = proc.communicate(timeout=30)
+        err = signal_until_exit(proc, [signal.SIGINT] * 5)
     finally:
         if proc.poll() is None:
             proc.kill()
