@@ -9,6 +9,7 @@ import json
 import os
 import re
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -126,6 +127,30 @@ def test_simulated_full_disk(tmp_path: Path, base_environ: dict[str, str]) -> No
     assert "--workdir" in (disk.fix or "")
     with pytest.raises(ConfigError, match="disk"):
         rep.raise_if_failed()
+
+
+def test_a_read_only_work_directory_disk_is_named_with_its_own_fix(
+        tmp_path: Path, base_environ: dict[str, str]) -> None:
+    """A work directory on a tmpfs remounted read-only (a real mount: root only): the disk
+    line said "0.3 GiB free ... needs about 0.5 GiB" with a fix about space, or "ok" where the
+    read-only disk had room, and nothing said the build could not write there (issue 41, the
+    fifteenth hostile pass left it open)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(ro)],
+                      check=False, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        rep = run_doctor("9.0a", env=base_environ, workdir=ro / "work", mode="kernels-only",
+                         probes=DoctorProbes(disk_free=lambda p: 100 * GIB))
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    disk = rep.check("disk")
+    assert disk.status == "fail", disk
+    assert "read-only file system" in disk.detail, disk.detail
+    assert "remount" in (disk.fix or "") and "--workdir" in (disk.fix or ""), disk.fix
+    assert not (ro / "work").exists()
 
 
 def test_overlay_disk_counts_one_install_where_uv_links_from_its_cache(

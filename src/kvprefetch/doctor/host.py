@@ -54,9 +54,18 @@ def check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = Fa
         how = f" for {envs} environment(s): {why}"
     else:
         need = probes.disk_estimate_gb[mode]
-    free = probes.disk_free(workdir) / GIB
     what = "the full-mode smoke" if smoke else \
         f"{'an' if mode == 'overlay' else 'a'} {mode} build"
+    if probes.disk_read_only(workdir):
+        # the free space of a read-only disk is beside the point: the line said only "0.3
+        # GiB free" with a fix about space, and nothing said the build could not write at
+        # all (issue 41, the fifteenth hostile pass)
+        return Check("disk", "fail",
+                     f"{workdir} is on a read-only file system: {what} writes its trees, "
+                     "builds and state there",
+                     "remount that file system read-write (mount -o remount,rw MOUNTPOINT) "
+                     "or pass --workdir on a writable disk")
+    free = probes.disk_free(workdir) / GIB
     detail = f"{free:.1f} GiB free at {workdir}, {what} needs about {_gib(need)} GiB{how}"
     fix = f"free space or pass --workdir on a disk with at least {_gib(need)} GiB free"
     if free < need:

@@ -1,6 +1,7 @@
 """The outside world the preflight reads, as the fields of ``DoctorProbes`` so tests can
-simulate a full disk, an unreachable GitHub or a missing GPU: free disk, the disk estimates,
-cores and memory, the network, the GPU query, the package index and where toolkits may live."""
+simulate a full or read-only disk, an unreachable GitHub or a missing GPU: free disk and
+whether it is writable, the disk estimates, cores and memory, the network, the GPU query, the
+package index and where toolkits may live."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ GITHUB_URL = "https://github.com/"
 
 def disk_free(path: Path) -> int:
     return shutil.disk_usage(existing(path)).free
+
+
+def disk_read_only(path: Path) -> bool:
+    """Whether the file system the work directory is (or would be made) on is mounted
+    read-only: free space there says nothing about whether a build can write it."""
+    return bool(os.statvfs(existing(path)).f_flag & os.ST_RDONLY)
 
 
 def check_url(url: str = GITHUB_URL, *, timeout: float = 5.0,
@@ -66,6 +73,7 @@ class DoctorProbes:
     """The outside world, injectable for tests."""
 
     disk_free: Callable[[Path], int] = disk_free
+    disk_read_only: Callable[[Path], bool] = disk_read_only
     disk_estimate_gb: Mapping[str, float] = field(default_factory=lambda: dict(DISK_ESTIMATE_GB))
     resources: Callable[[], tuple[int, float]] = host_resources
     network: Callable[[Mapping[str, str]], tuple[bool, str]] = (
