@@ -90,6 +90,20 @@ def test_report_never_writes_over_a_device_node_or_a_fifo(tmp_path: Path) -> Non
     assert stat.S_ISCHR(os.lstat(d / "small-hot-aliased.md").st_mode)
 
 
+def test_report_out_naming_a_fifo_or_a_device_says_what_it_is(tmp_path: Path) -> None:
+    """`report RESULT --out F` with F a FIFO or /dev/null: a usage error that called both "a
+    file" (issue 41, the fifteenth hostile pass left it open); it names the kind now, and the
+    FIFO is left as it was."""
+    src = _result(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for out, kind in ((fifo, "a FIFO"), (Path("/dev/null"), "a character device")):
+        res = cli("report", str(src), "--formats", "md", "--out", str(out), timeout=60)
+        refused(res, 2, f"{out} is {kind}", "give a folder")
+        assert "is a file" not in res.stderr, res.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
 # ------------------------------------------------ R1, R4, R6: never through a planted symlink
 
 

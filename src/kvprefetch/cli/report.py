@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ..console import emit_json, info
+from ..workspace.confine import what_is
 
 
 @click.command()
@@ -67,7 +68,8 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     if not files:
         raise click.UsageError("give result FILES to render, --readme MARKDOWN or --index DIR")
     if out is not None and out.exists() and not out.is_dir():
-        raise click.BadParameter(f"{out} is a file; give a folder", param_hint="--out")
+        # a FIFO or a device was called "a file" (issue 41, the fifteenth hostile pass)
+        raise click.BadParameter(f"{out} is {what_is(out)}; give a folder", param_hint="--out")
 
     fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
     bad = [f for f in fmts if f not in ("md", "png")]

@@ -369,7 +369,8 @@ def kept_mode(path: Path, default: int = 0o644) -> int:
 
 
 def kind_of(mode: int) -> str:
-    """What a non-regular, non-directory file is, in words."""
+    """What a non-regular, non-directory file is, in words (for a message that would
+    otherwise call a FIFO or a device "a file")."""
     if stat.S_ISCHR(mode):
         return "a character device"
     if stat.S_ISBLK(mode):
@@ -379,6 +380,15 @@ def kind_of(mode: int) -> str:
     if stat.S_ISSOCK(mode):
         return "a socket"
     return "a special file"
+
+
+def what_is(path: Path) -> str:
+    """What the thing at ``path`` is, in words, following links as an open would: "a file",
+    "a folder", or ``kind_of``'s words."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode):
+        return "a file"
+    return "a folder" if stat.S_ISDIR(mode) else kind_of(mode)
 
 
 def write_file(path: Path, data: bytes | str, *, root: Path | None = None, mode: int = 0o644,

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import LockError
+from .confine import kind_of
 
 
 def _refuse(lock_path: Path, why: str, culprit: Path | None = None) -> LockError:
@@ -28,11 +29,6 @@ def _refuse(lock_path: Path, why: str, culprit: Path | None = None) -> LockError
             if culprit != lock_path else
             f"remove or move away {lock_path} (kvprefetch creates it as an empty file)")
     return LockError(f"cannot take the lock {lock_path}: {why}", f"{what}, then rerun")
-
-
-def _special(mode: int) -> str:
-    return ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device")
 
 
 # What a lock file of the kit's holds: nothing, or the marker with the holder's pid (what a
@@ -129,7 +125,7 @@ def _opened(lock_path: Path, wait: bool | float, what: str, pfd: int,
     except FileNotFoundError:
         mode = stat.S_IFREG
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
-        raise _refuse(lock_path, f"it is {_special(mode)}, not the empty file kvprefetch "
+        raise _refuse(lock_path, f"it is {kind_of(mode)}, not the empty file kvprefetch "
                                  "makes there")
     try:
         # O_NONBLOCK: should a FIFO appear in its place now, the open does not block on it
@@ -146,7 +142,7 @@ def _opened(lock_path: Path, wait: bool | float, what: str, pfd: int,
     mode = st.st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise _refuse(lock_path, f"it is {_special(mode)}, not the empty file kvprefetch "
+        raise _refuse(lock_path, f"it is {kind_of(mode)}, not the empty file kvprefetch "
                                  "makes there")
     if st.st_nlink > 1:
         # a hard link: the same file under another name, maybe outside the work directory,
