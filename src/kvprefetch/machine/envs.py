@@ -300,7 +300,8 @@ class Env(abc.ABC):
         write_file(self.stamp_path, json.dumps({"pid": os.getpid(), "kind": self.kind}),
                    root=root, family=BuildError)
         tmp = self.path.parent / f"{self.path.name}.tmp-{os.getpid()}"
-        with ownership.temporary(root, tmp) if recorded else nullcontext(tmp):
+        with (ownership.temporary(root, tmp, family=BuildError) if recorded
+              else nullcontext(tmp)):
             self._build_into(root, tmp)
         confine.remove_path(root, self.stamp_path, family=BuildError)
 

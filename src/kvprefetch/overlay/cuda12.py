@@ -260,7 +260,7 @@ def ensure_cuda12(workdir: Path, *, say: Callable[[str], None] = lambda _m: None
         # rmtree and rename by path)
         ensure_dir(root.parent, root=workdir, family=FetchError)
         tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
-        with ownership.temporary(workdir, tmp):
+        with ownership.temporary(workdir, tmp, family=FetchError):
             for part, archive in zip(PARTS, archives, strict=True):
                 _place(part, archive, tmp, workdir)
             lib64 = open_dir(tmp / "lib64", root=workdir, what="write into", family=FetchError)

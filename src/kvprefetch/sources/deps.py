@@ -122,7 +122,7 @@ def unpack(dep: DepArchive, root: Path) -> Path:
             raise FetchError(f"{dep.archive} does not hold one top-level directory "
                              f"{dep.dest.name}/", _FIX)
         write_file(inner / STAMP, dep.sha256 + "\n", family=FetchError)
-        with ownership.temporary(root, tmp):
+        with ownership.temporary(root, tmp, family=FetchError):
             confine.copy_tree(root, inner, tmp, family=FetchError)
             if os.path.lexists(dep.dest):  # the kit's own, with a stamp of another hash
                 confine.remove_path(root, dep.dest, family=FetchError)

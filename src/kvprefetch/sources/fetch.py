@@ -117,7 +117,8 @@ def _unpack_sdist(wd: Workdir, sdist: Path, dest: Path) -> None:
 def _place_pristine(wd: Workdir, src: Path, dest: Path, **record: str) -> None:
     """Copy the checked tree ``src`` (in a private folder) into a recorded temporary beside
     ``dest`` and move it into place, every act from the work directory down (``confine``)."""
-    with ownership.temporary(wd.root, dest.with_name(f".{dest.name}.tmp-{os.getpid()}")) as tmp:
+    with ownership.temporary(wd.root, dest.with_name(f".{dest.name}.tmp-{os.getpid()}"),
+                             family=FetchError) as tmp:
         confine.ensure_dir(dest.parent, root=wd.root, family=FetchError)
         confine.copy_tree(wd.root, src, tmp, family=FetchError)
         _replace_owned(wd, dest)
@@ -500,7 +501,8 @@ def _materialise(wd: Workdir, name: str, pristine: Path, kind: str, origin: str,
         confine.move_file(wd.root, dest, backup, family=FetchError)
         ownership.record(wd.root, backup, "backup", tree=name)
         ownership.forget(wd.root, dest)
-    with ownership.temporary(wd.root, dest.with_name(f".{name}.tmp-{os.getpid()}")) as tmp:
+    with ownership.temporary(wd.root, dest.with_name(f".{name}.tmp-{os.getpid()}"),
+                             family=FetchError) as tmp:
         # Python's bytecode cache is left out (the sdist ships one): the inventory skips
         # __pycache__ because the kit never puts one into a tree (hashing.PYCACHE)
         # relative to folders opened O_NOFOLLOW from the work directory down: a temporary

@@ -25,7 +25,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, KvprefetchError
 from ..reading import read_limited
 from ..runner import stops_held
 from . import confine
@@ -218,13 +218,18 @@ def pid_alive(pid: int) -> bool:
 
 
 @contextmanager
-def temporary(root: Path, path: Path) -> Iterator[Path]:
+def temporary(root: Path, path: Path, *,
+              family: type[KvprefetchError] = ConfigError) -> Iterator[Path]:
     """A temporary path the kit creates, recorded (with this pid) before it exists, so a killed
     run leaves an orphan the next run can recognise as the kit's own and remove. On success the
-    caller renames it away; on failure it is removed here."""
-    confine.check_target(root, path, what="create the temporary")
+    caller renames it away; on failure it is removed here.
+
+    ``family``: the caller's error, as the ``confine`` acts that follow take it: a folder
+    swapped for a link ended a fetch with exit 2 here and exit 3 a moment later, in the copy
+    (issue 41, the fifteenth hostile pass)."""
+    confine.check_target(root, path, what="create the temporary", family=family)
     if os.path.lexists(path):
-        raise ConfigError(f"{path} is in the way of a temporary kvprefetch creates",
+        raise family(f"{path} is in the way of a temporary kvprefetch creates",
                           f"move {path} away (kvprefetch does not remove what it did not make), "
                           "then rerun")
     record(root, path, "tmp", **this_run())
