@@ -1,0 +1,103 @@
+"""Issue 41, the seventeenth hostile pass (tester b: campaigns, job scripts, reports and
+outputs), the issue's closing fresh pass. Each test fails without its fix (checked by reverting
+``src`` and running it):
+
+- A hand-edited ``campaign.json`` whose job list was not the one the plan's trees and batch
+  sizes give was used as it stood: an ``after`` of numbers or lists was a ``TypeError``
+  traceback in ``slurm submit``; ``array`` 1,000,000 on the bench job had ``slurm status``
+  list a million tasks for minutes (a hang: 60 s and counting); ``array`` on the merge job
+  sent it to sbatch as an array. Each job's name, script and array size was checked alone,
+  not the list. Now the jobs must be exactly what ``slurm plan`` makes for the campaign's
+  trees and batch sizes, or the record is named as edited, with a fix (exit 2).
+
+Slurm is a fake ``sbatch``/``scontrol`` on PATH; everything else is the kit, run for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+_SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _fake_slurm(tmp_path: Path) -> Path:
+    """``sbatch`` answering a new id each call; ``scontrol`` that has forgotten every job (so
+    ``status`` reads each task's exit record, as after MinJobAge without accounting)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    counter = tmp_path / "ids"
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/bash\nn=$(( $(cat {counter} 2>/dev/null || echo 100) + 1 ))\n'
+        f'echo "$n" > {counter}\necho "$n"\n')
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/bash\necho "slurm_load_jobs error: Invalid job id specified"; exit 1\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return bin_dir
+
+
+def _kit(tmp_path: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path),
+               PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _edit_jobs(camp: Path, edit: str) -> None:
+    rec = json.loads((camp / "campaign.json").read_text())
+    jobs = rec["plan"]["jobs"]
+    exec(edit, {"jobs": jobs})  # noqa: S102 - the test's own fixed edits below
+    (camp / "campaign.json").write_text(json.dumps(rec))
+
+
+@pytest.mark.parametrize("edit", [
+    "jobs[1]['after'] = [1]",                 # submit: TypeError in the dependency message
+    "jobs[1]['after'] = [['prepare']]",       # submit: unhashable list
+    "jobs[4]['array'] = 1000000",             # status: a million tasks listed (a hang)
+    "jobs[5]['array'] = 3",                   # the merge job sent as an array
+    "jobs[1]['after'] = 'prepare'",           # a string: depends on p, r, e, ...
+    "jobs.append(dict(jobs[0]))",             # prepare twice
+    "jobs[4]['array'] = True",                # a bool is no task count
+])
+def test_a_campaign_whose_jobs_were_edited_is_named_never_sent_or_a_traceback(
+        tmp_path: Path, outside: Path, edit: str) -> None:
+    """The campaign's job list, edited by hand (anyone who can write the campaign can), is
+    refused by every command that reads it, with its fix; before, submit sent it (or died with
+    a traceback) and status listed its tasks."""
+    _fake_slurm(tmp_path)
+    camp = tmp_path / "camp"
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in")
+    assert res.returncode == 0, res.stderr
+    _edit_jobs(camp, edit)
+    for args in (("submit",), ("submit", "--dry-run"), ("status",)):
+        res = _kit(tmp_path, "slurm", *args, str(camp), timeout=30)
+        out = res.stdout + res.stderr
+        assert "Traceback" not in out, out
+        assert res.returncode == 2, (args, res.returncode, out[-2000:])
+        assert "kvprefetch plans" in out and "To fix" in out, out[-2000:]
+    assert not (tmp_path / "ids").exists(), "an edited campaign was sent to sbatch"
+
+
+def test_a_planned_campaign_is_submitted_and_its_status_read(tmp_path: Path) -> None:
+    """The check above takes what `slurm plan` writes: its campaign is sent in order and its
+    status read (every job forgotten by the fake controller: ENDED)."""
+    _fake_slurm(tmp_path)
+    camp = tmp_path / "camp"
+    assert _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--trees",
+                "baseline,patched,launch", "--batch", "1,8,32").returncode == 0
+    res = _kit(tmp_path, "slurm", "submit", str(camp))
+    assert res.returncode == 0, res.stderr
+    res = _kit(tmp_path, "slurm", "status", str(camp))
+    assert "Traceback" not in res.stdout + res.stderr
+    # prepare, 3 builds, verify, 3 bench tasks, merge
+    assert res.stdout.count("ENDED") == 1 + 3 + 1 + 3 + 1, res.stdout
