@@ -9,6 +9,11 @@ outputs), the issue's closing fresh pass. Each test fails without its fix (check
   sent it to sbatch as an array. Each job's name, script and array size was checked alone,
   not the list. Now the jobs must be exactly what ``slurm plan`` makes for the campaign's
   trees and batch sizes, or the record is named as edited, with a fix (exit 2).
+- An sbatch that took the job (exit 0, its id printed) and then printed a line of its own on
+  stderr (a site's sbatch wrapper, a warning at exit) was read by its last line only: "sbatch
+  printed 'sbatch: warning: ...', not a job id", with the fix to find a Slurm login node, and
+  the job Slurm held left unrecorded (the next submit refused for good). Now the id is the last
+  line that is one, and the campaign records it.
 
 Slurm is a fake ``sbatch``/``scontrol`` on PATH; everything else is the kit, run for real."""
 
@@ -101,3 +106,23 @@ def test_a_planned_campaign_is_submitted_and_its_status_read(tmp_path: Path) -> 
     assert "Traceback" not in res.stdout + res.stderr
     # prepare, 3 builds, verify, 3 bench tasks, merge
     assert res.stdout.count("ENDED") == 1 + 3 + 1 + 3 + 1, res.stdout
+
+
+def test_an_sbatch_warning_after_the_job_id_still_records_the_job(tmp_path: Path,
+                                                                  outside: Path) -> None:
+    """sbatch prints the id, then a warning on stderr (joined to its output): every job of the
+    campaign is recorded with its id, and status reads them."""
+    bin_dir = _fake_slurm(tmp_path)
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(sbatch.read_text()
+                      + 'echo "sbatch: warning: maintenance on Tuesday, 5 nodes down" >&2\n')
+    camp = tmp_path / "camp"
+    assert _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in").returncode == 0
+    res = _kit(tmp_path, "slurm", "submit", str(camp))
+    assert res.returncode == 0, res.stdout + res.stderr
+    rec = json.loads((camp / "campaign.json").read_text())
+    assert "sending" not in rec, rec
+    assert sorted(s["id"] for subs in rec["submitted"].values() for s in subs) == \
+        [str(i) for i in range(101, 107)], rec["submitted"]
+    res = _kit(tmp_path, "slurm", "status", str(camp))
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
