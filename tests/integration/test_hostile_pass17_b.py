@@ -14,6 +14,13 @@ outputs), the issue's closing fresh pass. Each test fails without its fix (check
   printed 'sbatch: warning: ...', not a job id", with the fix to find a Slurm login node, and
   the job Slurm held left unrecorded (the next submit refused for good). Now the id is the last
   line that is one, and the campaign records it.
+- The jobs' scripts pinned the planning shell's PATH as it was, and each job first enters the
+  campaign folder: an entry that is not absolute (an empty one, as a careless
+  ``PATH=$PATH:`` leaves, or ``.``) had every program a job looks up (``hostname``, ``date``,
+  ``dd``, ``mktemp``, git, nvcc) found first in the campaign, where whoever can write it put
+  their own, and the job ran it as the user: a ``hostname`` planted in the campaign wrote a
+  file outside. Now the jobs' PATH leaves such entries (and any in the campaign) out, and
+  ``slurm plan`` says so.
 
 Slurm is a fake ``sbatch``/``scontrol`` on PATH; everything else is the kit, run for real."""
 
@@ -126,3 +133,29 @@ def test_an_sbatch_warning_after_the_job_id_still_records_the_job(tmp_path: Path
         [str(i) for i in range(101, 107)], rec["submitted"]
     res = _kit(tmp_path, "slurm", "status", str(camp))
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_a_job_never_runs_a_program_planted_in_the_campaign_through_the_planners_path(
+        tmp_path: Path, outside: Path) -> None:
+    """Planned with ``PATH=...:`` (an empty entry, the current folder) and ``.``: a
+    ``hostname`` planted in the campaign is never what the job runs; the plan's notice names
+    the entries left out."""
+    camp, bad = tmp_path / "camp", outside / "ran-by-the-job"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path),
+               PATH=f".:{os.environ['PATH']}:")
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--stand-in", "--python", "/bin/true"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    notice = res.stdout + res.stderr
+    for name in ("hostname", "date"):
+        (camp / name).write_text(f"#!/bin/sh\necho pwned > {bad}\n")
+        (camp / name).chmod(0o755)
+    job_env = {"HOME": str(tmp_path), "SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"}
+    res = subprocess.run(["bash", str(camp / "scripts" / "00-prepare.sbatch")], env=job_env,
+                         capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not bad.exists(), "the job ran a program planted in the campaign"
+    assert (camp / "logs" / "prepare-7.exit").read_text() == "0\n"
+    assert "leaves out '.', ''" in notice, notice
