@@ -21,6 +21,12 @@ outputs), the issue's closing fresh pass. Each test fails without its fix (check
   their own, and the job ran it as the user: a ``hostname`` planted in the campaign wrote a
   file outside. Now the jobs' PATH leaves such entries (and any in the campaign) out, and
   ``slurm plan`` says so.
+- Each job ran the kit as ``python -m kvprefetch`` in the campaign folder, and ``python -m``
+  puts its working folder first on ``sys.path``, before PYTHONPATH and the standard library:
+  a ``kvprefetch/`` package (or a ``json.py``) that whoever can write the campaign put there
+  was imported in place of the kit and ran as the user in every job (it wrote a file outside,
+  5 jobs of 5). Now each job leaves the
+  campaign folder for ``/`` before it runs the kit (every path it passes is absolute).
 
 Slurm is a fake ``sbatch``/``scontrol`` on PATH; everything else is the kit, run for real."""
 
@@ -159,3 +165,26 @@ def test_a_job_never_runs_a_program_planted_in_the_campaign_through_the_planners
     assert not bad.exists(), "the job ran a program planted in the campaign"
     assert (camp / "logs" / "prepare-7.exit").read_text() == "0\n"
     assert "leaves out '.', ''" in notice, notice
+
+
+@pytest.mark.parametrize("job", ["00-prepare", "10-build-baseline", "20-verify", "30-bench",
+                                 "40-merge"])
+def test_a_job_never_imports_a_package_planted_in_the_campaign(
+        tmp_path: Path, outside: Path, job: str) -> None:
+    """A ``kvprefetch/`` package and a ``json.py`` planted in the campaign folder, each writing
+    a file outside when imported: the job (run by bash as Slurm runs it, with the real
+    interpreter and kit) imports neither."""
+    camp, bad = tmp_path / "camp", outside / "imported-from-the-campaign"
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--scratch",
+               str(tmp_path / "scratch"))
+    assert res.returncode == 0, res.stderr
+    payload = f"open({str(bad)!r}, 'w').write('pwned')\n"
+    (camp / "kvprefetch").mkdir()
+    for name in ("kvprefetch/__init__.py", "kvprefetch/__main__.py", "json.py"):
+        (camp / name).write_text(payload)
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path),
+           "SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "0"}
+    res = subprocess.run(["bash", str(camp / "scripts" / f"{job}.sbatch")], env=env,
+                         capture_output=True, text=True, timeout=120, check=False, cwd="/")
+    assert not bad.exists(), f"the job imported the campaign's code: {res.stderr[-2000:]}"
+    assert any((camp / "logs").glob("*-7.exit")), res.stderr  # it ran to its end
