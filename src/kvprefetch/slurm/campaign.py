@@ -177,7 +177,8 @@ class Campaign:
 
         check_campaign_path(self.root)
         check_words("a campaign value", [self.python, self.kit_root, self.path, self.source,
-                                         self.arch, self.kit_version, *self.build_args,
+                                         self.arch, self.kit_version, self.kit_commit or "",
+                                         *self.build_args,
                                          *self.bench.contexts, *self.bench.presets])
         if not isinstance(self.slurm, SlurmOptions):
             raise ConfigError("the campaign's slurm options are malformed",
@@ -195,9 +196,21 @@ class Campaign:
                                 str(j.name)) \
                     or rel_problem(j.script) is not None \
                     or not re.fullmatch(r"scripts/[0-9]{2}-[A-Za-z0-9_-]+\.sbatch", j.script) \
-                    or (j.array is not None and (not isinstance(j.array, int) or j.array < 1)):
+                    or (j.array is not None and (not isinstance(j.array, int)
+                                                 or isinstance(j.array, bool) or j.array < 1)):
                 raise ConfigError(f"the campaign's job {j.name!r} (script {j.script!r}) is "
                                   "not one kvprefetch plans", "plan the campaign again")
+        # the jobs, their order, dependencies and arrays follow from the trees and batch sizes:
+        # a hand-edited list was sent as it stood, an `after` of numbers or lists was a
+        # TypeError traceback in submit, `array` 10**6 on the bench job had `status` list a
+        # million tasks (a hang), and `array` on merge sent it as an array (issue 41, the
+        # seventeenth hostile pass)
+        if self.jobs != planned_jobs(self.trees, self.bench):
+            raise ConfigError("the campaign's jobs (names, scripts, order, dependencies, array "
+                              "sizes) are not the ones kvprefetch plans for its trees and batch "
+                              "sizes: campaign.json was edited",
+                              "restore campaign.json as `kvprefetch slurm plan` wrote it, or "
+                              "plan the campaign again into a new folder")
 
     # ------------------------------------------------------------------ paths
     @property
@@ -272,15 +285,22 @@ def make_campaign(root: Path, *, python: str, kit_root: str, kit_commit: str | N
     check_scratch(scratch, str(root.resolve()))
     if not bench.batches:
         raise ConfigError("no batch sizes to benchmark", "pass --batch 1,8 (one array task each)")
+    return Campaign(str(root.resolve()), python, kit_root, kit_commit, kit_version, path,
+                    source, tuple(trees), arch, tuple(build_args), no_gpu, bench, slurm,
+                    scratch, keep_scratch, planned_jobs(trees, bench))
+
+
+def planned_jobs(trees: Sequence[TreeSpec], bench: BenchSpec) -> tuple[Job, ...]:
+    """The jobs a campaign of these trees and batch sizes runs, in submission order: they
+    follow from the plan's other values, so a campaign.json read back must hold exactly these
+    (Campaign.__post_init__)."""
     jobs = [Job("prepare", "scripts/00-prepare.sbatch")]
     builds = tuple(f"build-{t.name}" for t in trees)
     jobs += [Job(b, f"scripts/10-{b}.sbatch", ("prepare",)) for b in builds]
     jobs.append(Job("verify", "scripts/20-verify.sbatch", builds))
     jobs.append(Job("bench", "scripts/30-bench.sbatch", ("verify",), len(bench.batches)))
     jobs.append(Job("merge", "scripts/40-merge.sbatch", ("bench",)))
-    return Campaign(str(root.resolve()), python, kit_root, kit_commit, kit_version, path,
-                    source, tuple(trees), arch, tuple(build_args), no_gpu, bench, slurm,
-                    scratch, keep_scratch, tuple(jobs))
+    return tuple(jobs)
 
 
 def campaign_from_dict(d: dict[str, Any]) -> Campaign:

@@ -18,7 +18,6 @@ from ..runner import run, which
 from .campaign import (
     CAMPAIGN_FILE,
     EXIT_SUFFIX,
-    JOB_ID,
     Campaign,
     Job,
     campaign_from_dict,
@@ -57,20 +56,27 @@ def latest_id(rec: dict[str, Any], job: str) -> str | None:
 
 
 def parse_parsable(output: str) -> str:
-    """``sbatch --parsable`` prints ``ID`` or ``ID;CLUSTER``. The id is ASCII digits, as
-    campaign.json's check wants them: ``str.isdigit`` also took ``²`` or ``١٢``, which were
-    recorded and then made the campaign "corrupt" for every later command (issue 41, the
-    tenth hostile pass)."""
+    """``sbatch --parsable`` prints ``ID`` or ``ID;CLUSTER``, its messages (stderr, which the
+    runner joins to stdout) on lines of their own. The id is ASCII digits, as campaign.json's
+    check wants them: ``str.isdigit`` also took ``²`` or ``١٢``, which were recorded and then
+    made the campaign "corrupt" for every later command (issue 41, the tenth hostile pass).
+    The id is the last line that is one: a warning printed after it (a site's sbatch wrapper,
+    a message at exit) made a job Slurm had taken "not a job id", its fix to find a login node
+    (issue 41, the seventeenth hostile pass)."""
     lines = output.strip().splitlines()
+    for line in reversed(lines):
+        m = _PARSABLE.fullmatch(line.strip())
+        if m is not None:
+            return m[1]
     line = lines[-1] if lines else ""
-    job_id = line.split(";")[0].strip()
-    if not JOB_ID.fullmatch(job_id):
-        # its last line, shown (escaped, cut): the whole output, repr'd, was the message, 20 MB
-        # of it from an sbatch that printed 20 MB (issue 41, the fifteenth hostile pass)
-        raise SlurmError(f"sbatch printed '{shown(line)}', not a job id"
-                         + (f" (the last of {len(lines)} lines)" if len(lines) > 1 else ""),
-                         FIX_SLURM)
-    return job_id
+    # its last line, shown (escaped, cut): the whole output, repr'd, was the message, 20 MB
+    # of it from an sbatch that printed 20 MB (issue 41, the fifteenth hostile pass)
+    raise SlurmError(f"sbatch printed '{shown(line)}', not a job id"
+                     + (f" (the last of {len(lines)} lines)" if len(lines) > 1 else ""),
+                     FIX_SLURM)
+
+
+_PARSABLE = re.compile(r"([0-9]+)(?:;[^;\s]+)?")
 
 
 # What the jobs write in the campaign, Slurm's own logs (#SBATCH --output) included: Slurm opens

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import shlex
 from collections.abc import Sequence
@@ -127,6 +128,14 @@ SCRATCH_OUTSIDE_SH = (
 )
 
 
+# Before the job runs the kit, it leaves the campaign folder for the root folder: `python -m`
+# puts its working folder first on sys.path, before PYTHONPATH and the standard library, so a
+# `kvprefetch/` (or `json.py`, ...) that whoever can write the campaign put there was imported
+# in place of the kit and ran as the user in every job (issue 41, the seventeenth hostile pass).
+# Every path the kit is given here is absolute; `/` is the root's to write.
+LEAVE_CAMPAIGN_SH = "cd /  # python -m imports from its working folder first"
+
+
 def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
     """fetch (from the read-only cache), apply, build in the job's own scratch work directory,
     then publish the outputs into the campaign; on failure, the build's logs are kept."""
@@ -136,7 +145,8 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
     name = f"kvprefetch-{Path(c.root).name}-build-{tree.name}"
     lines = [
         f"SCRATCH_BASE={scratch_base_sh(c)}",
-        *SCRATCH_OUTSIDE_SH,
+        *SCRATCH_OUTSIDE_SH,  # in the campaign folder: `$PWD`, `.` and relative paths are it
+        LEAVE_CAMPAIGN_SH,
         # name: the campaign folder's (check_campaign_path) and a tree's, nothing a shell expands
         f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
         # this job's own: a new job id is a new folder; anything already there (a link planted
@@ -175,7 +185,7 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
     the scratch folder and its exit trap)."""
     wd = str(c.workdir)
     if job.name == "prepare":
-        return [_q(kit_argv(c, "slurm", "prepare", c.root))]
+        return [LEAVE_CAMPAIGN_SH, _q(kit_argv(c, "slurm", "prepare", c.root))]
     if job.name.startswith("build-"):
         return _build_commands(c, c.tree(job.name[len("build-"):]))
     if job.name == "verify":
@@ -183,12 +193,15 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
                         "--json", *(["--no-gpu"] if c.no_gpu else []))
         # never `>`: a link planted at results/verify.json would be written through
         # write_new runs it: a command killed while it printed leaves the earlier report
-        return ["write_new " + shlex.quote(str(c.results / "verify.json")) + " " + _q(argv)]
+        return [LEAVE_CAMPAIGN_SH,
+                "write_new " + shlex.quote(str(c.results / "verify.json")) + " " + _q(argv)]
     if job.name == "bench":
         task = '"$SLURM_ARRAY_TASK_ID"'
         if c.bench.stand_in:
-            return [_q(kit_argv(c, "slurm", "stand-in", c.root, "--task")) + " " + task]
-        lines = ["BATCHES=(" + " ".join(str(b) for b in c.bench.batches) + ")", *_bench_task_sh(c)]
+            return [LEAVE_CAMPAIGN_SH,
+                    _q(kit_argv(c, "slurm", "stand-in", c.root, "--task")) + " " + task]
+        lines = [LEAVE_CAMPAIGN_SH, "BATCHES=(" + " ".join(str(b) for b in c.bench.batches) + ")",
+                 *_bench_task_sh(c)]
         extra: list[str] = []
         for ctx in c.bench.contexts:
             extra += ["--context", ctx]
@@ -202,8 +215,8 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
         return lines
     if job.name == "merge":
         shards = [c.shard(i) for i in range(job.array or len(c.bench.batches))]
-        return [_q(kit_argv(c, "report", "--merge", *shards, "--out", c.report_dir,
-                            "--formats", "md"))]
+        return [LEAVE_CAMPAIGN_SH, _q(kit_argv(c, "report", "--merge", *shards, "--out",
+                                               c.report_dir, "--formats", "md"))]
     raise ConfigError(f"unknown job {job.name!r}", "plan the campaign again")
 
 
@@ -330,7 +343,7 @@ def render_script(c: Campaign, job: Job) -> str:
         "# Self-contained: the interpreter, the kit and PATH are pinned below.",
         "set -euo pipefail",
         f"export PYTHONPATH={shlex.quote(c.kit_root)}",
-        f"export PATH={shlex.quote(c.path)}",
+        f"export PATH={shlex.quote(job_path(c))}",
         "unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION",
         f"cd {shlex.quote(c.root)}",
         # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
@@ -354,6 +367,26 @@ def render_script(c: Campaign, job: Job) -> str:
 
 
 _SCRIPT_MARK = "written by `kvprefetch slurm plan`"
+
+
+def path_left_out(c: Campaign) -> list[str]:
+    """The entries of the campaign's PATH that the jobs leave out (``job_path``)."""
+    root = posixpath.normpath(c.root)
+    return [e for e in c.path.split(":")
+            if not e.startswith("/")
+            or (posixpath.normpath(e) + "/").startswith(root + "/")]
+
+
+def job_path(c: Campaign) -> str:
+    """The PATH the jobs run with: the planning shell's, less its entries that are not absolute
+    (empty, ``.``, ``bin``) or are in the campaign. Each job runs in the campaign folder, so
+    such an entry had every program a job looks up (``hostname``, ``dd``, ``mktemp``, git,
+    nvcc) found first in the campaign, where whoever can write it could put their own, run
+    as the user (issue 41, the seventeenth hostile pass: a careless ``PATH=$PATH:`` has an
+    empty entry, the current folder)."""
+    dropped = set(path_left_out(c))
+    kept = [e for e in c.path.split(":") if e not in dropped]
+    return ":".join(kept) or "/usr/bin:/bin"
 
 
 def write_campaign(c: Campaign) -> list[Path]:
