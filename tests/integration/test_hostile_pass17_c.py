@@ -9,18 +9,28 @@ and running it):
   too, and a python with a NUL in it was subprocess's ``ValueError: embedded null byte``
   traceback in the real run. Now such a report is "malformed", named, with a To fix (exit 7;
   a dry run shows the refusal it would make and exits 0, as for any other refusal).
+- What a package index serves is trusted for nothing but what the pinned hash checks, yet the
+  downloads read it without bound: an index listing the sdist (or a CUDA 12 wheel) by a
+  ``file://`` URL at a FIFO hung `fetch` (and the assembly) for good, one at ``/dev/zero``
+  read it for ever, and a mirror serving without end had it all written into ``downloads/``
+  before the hash check (a full disk); the index page itself was read whole. Now a file://
+  source must be a regular file (opened ``O_NONBLOCK``, refused naming it), a download stops
+  past the pinned size (``download.copy_bounded``), and the page past 64 MiB.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kvprefetch.errors import BenchError
-from tests.integration.test_reliability import cli, outside, refused
+from kvprefetch.errors import BenchError, FetchError
+from tests.integration.test_reliability import _env, cli, outside, refused
 
 __all__ = ["outside"]  # the autouse fixture: nothing outside the test's folders changes
 
@@ -55,3 +65,104 @@ def test_a_verify_report_with_envs_of_the_wrong_type_is_malformed_not_a_tracebac
         assert "would refuse" in text and "is malformed" in text and needle in text, text
     else:
         refused(res, BenchError.exit_code, "is malformed", needle, str(report))
+
+
+# ----------------------------------------------------------------- what an index serves
+
+
+class _Index:
+    """A simple index on 127.0.0.1 whose vllm page links ``href`` for the sdist; ``/endless``
+    serves zeros, ``size`` bytes of them, with no Content-Length."""
+
+    def __init__(self, href: str, size: int = 0) -> None:
+        import http.server
+        import threading
+
+        page = f'<a href="{href}">{SDIST_NAME}</a>'.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                if self.path.startswith("/vllm/"):
+                    self.wfile.write(page)
+                    return
+                sent = 0
+                try:
+                    while sent < size:
+                        self.wfile.write(b"\0" * (1 << 20))
+                        sent += 1 << 20
+                except OSError:  # the kit stopped reading: what the fix does
+                    pass
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+SDIST_NAME = "vllm-0.10.2.tar.gz"
+
+
+def test_an_index_listing_a_fifo_by_a_file_url_is_refused_not_a_hang(tmp_path: Path) -> None:
+    """The index (remote, trusted for nothing but what the pinned hash checks) may list any
+    URL for the sdist. A ``file://`` one was opened and read whole: a FIFO there hung `fetch`
+    for good (and ``/dev/zero`` filled memory). Now a file:// source is a regular file or
+    refused at once, naming it."""
+    fifo = tmp_path / "served" / SDIST_NAME
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    index = _Index(fifo.as_uri())
+    try:
+        res = cli("fetch", "--source", "sdist", "--workdir", str(tmp_path / "wd"),
+                  "--index-url", index.url, timeout=30)
+    finally:
+        index.close()
+    refused(res, FetchError.exit_code, "is not a regular file", str(fifo))
+    assert not any((tmp_path / "wd" / "downloads").iterdir())
+
+
+def test_an_index_serving_without_end_is_cut_at_the_pinned_size(tmp_path: Path) -> None:
+    """A mirror that serves more than the pinned sdist's bytes (without end, for a broken or
+    hostile one) had all of it written into ``downloads/`` before the hash check: the work
+    directory's disk filled. Now the download stops past the pinned size, keeps nothing and
+    says so."""
+    index = _Index("/endless/" + SDIST_NAME, size=48 << 20)
+    try:
+        res = cli("fetch", "--source", "sdist", "--workdir", str(tmp_path / "wd"),
+                  "--index-url", index.url, timeout=60)
+    finally:
+        index.close()
+    refused(res, FetchError.exit_code, "serves more than the 10908356 bytes")
+    assert not any((tmp_path / "wd" / "downloads").iterdir())
+
+
+def test_a_cuda12_part_at_a_fifo_file_url_is_refused_not_a_hang(tmp_path: Path) -> None:
+    """The CUDA 12 assembly's download (its wheels' URLs come from the index too) opened a
+    file:// URL with ``open``: a FIFO hung it. Run in a child, so a hang is a timeout."""
+    fifo = tmp_path / "fake_cu12-1-py3-none-any.whl"
+    os.mkfifo(fifo)
+    (tmp_path / "work").mkdir()
+    code = f"""
+import sys
+from pathlib import Path
+from kvprefetch.errors import KvprefetchError
+from kvprefetch.overlay import cuda12
+part = cuda12.Part("fake", {fifo.name!r}, {fifo.as_uri()!r}, "0" * 64, 1000, ())
+cuda12.PARTS = (part,)
+try:
+    cuda12.ensure_cuda12(Path({str(tmp_path / "work")!r}))
+except KvprefetchError as exc:
+    print(exc.message)
+    sys.exit(3)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30, env=_env(), check=False)
+    assert res.returncode == 3 and "is not a regular file" in res.stdout, res
