@@ -166,3 +166,27 @@ except KvprefetchError as exc:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=30, env=_env(), check=False)
     assert res.returncode == 3 and "is not a regular file" in res.stdout, res
+
+
+# ------------------------------------------------------------ a build's earlier manifest
+
+
+@pytest.mark.parametrize("seconds", ["1e999", '"Infinity"', '"inf"'])
+def test_an_earlier_build_manifest_of_infinite_seconds_is_no_duration(
+        tmp_path: Path, seconds: str) -> None:
+    """A build's progress line estimates from the newest earlier manifest of the tree
+    (``build/<tree>/<key>/manifest.json``, data in the work directory): ``"seconds": 1e999``
+    (infinity to Python's JSON reader) made every line's ETA ``round(inf)``, an OverflowError
+    that ended the build with a traceback at ninja's first progress line. Now a duration that
+    is not finite is no duration: the line estimates from the pace."""
+    from kvprefetch.machine.progress import CompileProgress, previous_seconds
+
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "manifest.json").write_text(
+        '{"seconds": ' + seconds + ', "head_sizes": null, "block_sizes": null, '
+        '"kv_dtypes": null}')
+    expected = previous_seconds(tmp_path, {})
+    assert expected is None
+    prog = CompileProgress(0.0, expected)
+    prog.update(3, 10)
+    assert "left (at this pace)" in prog.line(60.0)
