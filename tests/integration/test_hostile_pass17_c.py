@@ -190,3 +190,29 @@ def test_an_earlier_build_manifest_of_infinite_seconds_is_no_duration(
     prog = CompileProgress(0.0, expected)
     prog.update(3, 10)
     assert "left (at this pace)" in prog.line(60.0)
+
+
+# ------------------------------------------------------- verify-kernel's build manifests
+
+
+@pytest.mark.parametrize(("manifest", "needle"), [
+    ({"tree": ["x"]}, "`tree` is list"),
+    ({"tree": {"a": 1}}, "`tree` is dict"),
+    ({"tree": "baseline", "env": 5}, "`env` is int"),
+    ({"tree": "baseline", "env": {"path": ["x"]}}, "`env.path` is list"),
+    ({"tree": "baseline", "mode": "kernels-only", "so_path": "a\0b"},
+     "`so_path` is text with a NUL"),
+    ({"tree": "baseline", "mode": "overlay", "so_path": ["a"]}, "`so_path` is list"),
+])
+def test_a_build_manifest_with_fields_of_the_wrong_type_is_corrupt_for_verify_kernel(
+        tmp_path: Path, manifest: dict[str, Any], needle: str) -> None:
+    """verify-kernel read the newest manifest of each tree under ``build/*/*/`` (data in the
+    work directory) on trust: a ``tree`` that is a list or an object was ``unhashable type``,
+    an ``env`` that is a number ``'int' object has no attribute 'get'``, a ``so_path`` that is
+    a list ``Path()``'s TypeError: tracebacks. Now such a manifest is corrupt, named with a To
+    fix (exit 6)."""
+    for tree, m in (("baseline", manifest), ("patched", {"tree": "patched"})):
+        (tmp_path / "build" / tree / "k").mkdir(parents=True)
+        (tmp_path / "build" / tree / "k" / "manifest.json").write_text(json.dumps(m))
+    res = cli("verify-kernel", "--workdir", str(tmp_path), "--no-gpu", timeout=60)
+    refused(res, 6, "build manifest", "is corrupt", needle)
