@@ -216,3 +216,30 @@ def test_a_build_manifest_with_fields_of_the_wrong_type_is_corrupt_for_verify_ke
         (tmp_path / "build" / tree / "k" / "manifest.json").write_text(json.dumps(m))
     res = cli("verify-kernel", "--workdir", str(tmp_path), "--no-gpu", timeout=60)
     refused(res, 6, "build manifest", "is corrupt", needle)
+
+
+# ---------------------------------------------------------- slurm publish's scratch manifest
+
+
+@pytest.mark.parametrize("env", [5, "x", ["a"]], ids=["number", "text", "list"])
+def test_a_scratch_manifest_whose_env_is_no_object_is_corrupt_for_publish(
+        tmp_path: Path, env: Any) -> None:
+    """``slurm publish`` read the scratch build's manifest (data the build job left in a
+    folder of the user's or the node's) and took its ``env`` for an object:
+    ``"env": 5`` was ``'int' object has no attribute 'get'``, a traceback. Now the manifest
+    is corrupt, named with a To fix (exit 10)."""
+    from kvprefetch.errors import SlurmError
+
+    camp = tmp_path / "camp"
+    res = cli("slurm", "plan", str(camp), "--stand-in", "--no-gpu", timeout=60)
+    assert res.returncode == 0, res.stderr
+    build = tmp_path / "scr" / "build" / "baseline" / "k"
+    build.mkdir(parents=True)
+    (build / "lib.so").write_bytes(b"")
+    (build / "manifest.json").write_text(json.dumps({
+        "tree": "baseline", "variant": "baseline", "namespace": "kvprefetch_baseline",
+        "so_path": "lib.so", "so_sha256": "ab", "head_sizes": [128], "block_sizes": [16],
+        "kv_dtypes": ["auto"], "env": env}))
+    res = cli("slurm", "publish", str(camp), "--tree", "baseline",
+              "--scratch", str(tmp_path / "scr"), timeout=60)
+    refused(res, SlurmError.exit_code, "is corrupt: its `env` is", str(build / "manifest.json"))
