@@ -243,3 +243,41 @@ def test_a_scratch_manifest_whose_env_is_no_object_is_corrupt_for_publish(
     res = cli("slurm", "publish", str(camp), "--tree", "baseline",
               "--scratch", str(tmp_path / "scr"), timeout=60)
     refused(res, SlurmError.exit_code, "is corrupt: its `env` is", str(build / "manifest.json"))
+
+
+# ------------------------------------------------------ what vLLM wrote for bench e2e
+
+_FAKE_PYTHON = """#!/bin/sh
+# an environment's python that prints vLLM's version, and as `vllm bench throughput` writes
+# $FAKE_JSON to --output-json
+prev=""; out=""
+for a in "$@"; do [ "$prev" = "--output-json" ] && out="$a"; prev="$a"; done
+if [ -n "$out" ]; then printf '%s' "$FAKE_JSON" > "$out"; else echo '{"vllm": "0.10.2"}'; fi
+"""
+
+
+@pytest.mark.parametrize("written", [
+    "{}", '{"tokens_per_second": "x", "num_requests": 1, "elapsed_time": 1}',
+    '{"tokens_per_second": 1, "num_requests": 1, "elapsed_time": 0}', "[1]"],
+    ids=["empty", "text", "zero-time", "list"])
+def test_a_throughput_result_vllm_wrote_badly_is_one_message(
+        tmp_path: Path, written: str) -> None:
+    """``bench e2e`` read each run's ``--output-json`` (written by the environment's vLLM, in
+    the output folder) unbounded and on trust: a missing ``tokens_per_second`` was a KeyError,
+    text there a ValueError, an elapsed time of 0 a ZeroDivisionError, a list a TypeError: all
+    tracebacks. Now the file is read as records are and checked; one message names it and the
+    run's log (exit 7)."""
+    python = tmp_path / "python"
+    python.write_text(_FAKE_PYTHON)
+    python.chmod(0o755)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"passed": True, "envs": {
+        "baseline": {"python": str(python)}, "patched": {"python": str(python)}}}))
+    env = dict(_env(), FAKE_JSON=written)
+    res = subprocess.run(
+        [sys.executable, "-m", "kvprefetch", "bench", "e2e", "--workdir", str(tmp_path / "wd"),
+         "--out", str(tmp_path / "out"), "--model-dir", str(tmp_path), "--verify-report",
+         str(report), "--max-num-seqs", "8", "--repeats", "1"],
+        capture_output=True, text=True, timeout=60, env=env, check=False)
+    refused(res, BenchError.exit_code, "vLLM's throughput result", "baseline-seqs8-r0.json",
+            "baseline-seqs8-r0.log")

@@ -16,6 +16,7 @@ environments (``<workdir>/verify/report.json`` with ``"passed": true``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -325,7 +326,7 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
         t0 = time.monotonic()
         run(list(r.argv), env=env, cwd=r.json_path.parent,
             log=r.json_path.with_suffix(".log"))
-        res = json.loads(r.json_path.read_text(encoding="utf-8"))
+        res = _throughput(r.json_path)
         results.append((r, res))
         say(f"[{i}/{len(runs)}] {r.env.name} max-num-seqs {r.max_num_seqs} repeat {r.repeat}: "
             f"{float(res['tokens_per_second']):.0f} tok/s ({time.monotonic() - t0:.0f} s)")
@@ -342,6 +343,33 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
         "rows": collect(results, plan),
         "runs": [_run_result(r, res) for r, res in results],
     }
+
+
+_THROUGHPUT_FIELDS = ("tokens_per_second", "num_requests", "elapsed_time")
+
+
+def _throughput(path: Path) -> dict[str, Any]:
+    """What ``vllm bench throughput`` wrote (``--output-json``): a JSON object whose
+    ``tokens_per_second``, ``num_requests`` and ``elapsed_time`` are positive finite numbers,
+    read as every record is (a regular file, bounded), or a BenchError naming the file. The
+    environment's vLLM, like the work directory it lives in, is data to this reader: a file
+    lacking a field, with text or a list there, or an elapsed time of 0 was a KeyError,
+    ValueError, TypeError or ZeroDivisionError traceback (issue 41, the seventeenth hostile
+    pass)."""
+    fix = f"read the run's log {path.with_suffix('.log')}; rerun bench e2e once vLLM works"
+    try:
+        res = load_json(path)
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"cannot read vLLM's throughput result {path}: {exc}", fix) from None
+    if not isinstance(res, dict):
+        raise BenchError(f"vLLM's throughput result {path} is no JSON object", fix)
+    for k in _THROUGHPUT_FIELDS:
+        v = res.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or v <= 0:
+            raise BenchError(f"vLLM's throughput result {path} has no positive number at "
+                             f"`{k}` ({json.dumps(v)[:40]})", fix)
+    return res
 
 
 def _run_result(run: E2ERun, res: Mapping[str, Any]) -> E2ERunResult:
