@@ -16,6 +16,11 @@ and running it):
   before the hash check (a full disk); the index page itself was read whole. Now a file://
   source must be a regular file (opened ``O_NONBLOCK``, refused naming it), a download stops
   past the pinned size (``download.copy_bounded``), and the page past 64 MiB.
+- Other records read back on trust, each a traceback before and one message with a To fix
+  now: an earlier build manifest's ``"seconds": 1e999`` (a build's progress line, OverflowError);
+  verify-kernel's build manifests with a ``tree``, ``env`` or ``so_path`` of another type;
+  ``slurm publish``'s scratch manifest with an ``env`` that is no object; and the throughput
+  result each ``bench e2e`` run's vLLM writes (a field missing, text, a list, a time of 0).
 """
 
 from __future__ import annotations
