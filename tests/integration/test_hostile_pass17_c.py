@@ -20,7 +20,8 @@ and running it):
   now: an earlier build manifest's ``"seconds": 1e999`` (a build's progress line, OverflowError);
   verify-kernel's build manifests with a ``tree``, ``env`` or ``so_path`` of another type;
   ``slurm publish``'s scratch manifest with an ``env`` that is no object; and the throughput
-  result each ``bench e2e`` run's vLLM writes (a field missing, text, a list, a time of 0).
+  result each ``bench e2e`` run's vLLM writes (a field missing, text, a list, a time of 0);
+  the table ``bench ncu``'s Nsight Compute writes (a row shorter than its header).
 """
 
 from __future__ import annotations
@@ -286,3 +287,35 @@ def test_a_throughput_result_vllm_wrote_badly_is_one_message(
         capture_output=True, text=True, timeout=60, env=env, check=False)
     refused(res, BenchError.exit_code, "vLLM's throughput result", "baseline-seqs8-r0.json",
             "baseline-seqs8-r0.log")
+
+
+# ------------------------------------------------------------- what ncu wrote for bench ncu
+
+_FAKE_NCU = """#!/bin/sh
+# Nsight Compute as bench ncu runs it: its table, with a row shorter than the header
+prev=""; out=""
+for a in "$@"; do [ "$prev" = "--log-file" ] && out="$a"; prev="$a"; done
+printf '%s\\n%s\\n%s\\n' '"ID","Process ID","Kernel Name","gpu__time_duration.sum"' \\
+    '"","","","nsecond"' '"0","1"' > "$out"
+"""
+
+
+def test_an_ncu_table_with_a_short_row_is_one_message(tmp_path: Path) -> None:
+    """``bench ncu`` parsed the CSV Nsight Compute left in the output folder on trust: a row
+    shorter than the header was an IndexError traceback. Now a table that is not ncu's shape
+    is one message naming it and ncu's log (exit 7)."""
+    wd = tmp_path / "wd"
+    for tree in ("baseline", "patched"):
+        build = wd / "build" / tree / "k"
+        build.mkdir(parents=True)
+        (build / "lib.so").write_bytes(b"")
+        (build / "manifest.json").write_text(json.dumps({
+            "tree": tree, "variant": tree, "namespace": f"kvprefetch_{tree}",
+            "so_path": "lib.so", "so_sha256": "ab", "head_sizes": [128], "block_sizes": [16],
+            "kv_dtypes": ["auto"]}))
+    ncu = tmp_path / "ncu"
+    ncu.write_text(_FAKE_NCU)
+    ncu.chmod(0o755)
+    res = cli("bench", "ncu", "--workdir", str(wd), "--ncu", str(ncu), "--out",
+              str(tmp_path / "out"), "--shape", "1x1k", timeout=60)
+    refused(res, BenchError.exit_code, "ncu-1-baseline.csv is malformed", "ncu-1-baseline.log")
