@@ -16,6 +16,7 @@ environments (``<workdir>/verify/report.json`` with ``"passed": true``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -159,25 +160,64 @@ def plan_runs(plan: E2EPlan) -> list[E2ERun]:
     return runs
 
 
-def verified_envs(report: Mapping[str, Any]) -> dict[str, str | None]:
+def verified_envs(report: Mapping[str, Any], path: Path | str = "the verify-kernel report"
+                  ) -> dict[str, str | None]:
     """Names (and pythons, where recorded) of the envs a verify report covers. verify-kernel
     writes ``envs`` as tree -> provenance probe (``executable``), plus non-env notes such as a
-    ``warning`` string, which are skipped; lists of names or of ``{name|tree, python}`` work too."""
+    ``warning`` string, which are skipped; lists of names or of ``{name|tree, python}`` work too.
+
+    The report is data read back from the work directory (or ``--verify-report``): ``envs``
+    that is no object or list, or a python that is no plain path (a number, a list, a NUL),
+    is a BenchError naming the report. They were a TypeError traceback (``for e in 5``,
+    ``Path(5)``) or subprocess's ValueError (embedded null byte) in `bench e2e`, its dry run
+    too (issue 41, the seventeenth hostile pass)."""
     envs = report.get("envs") or {}
     out: dict[str, str | None] = {}
     if isinstance(envs, Mapping):
         for name, info in envs.items():
             if isinstance(info, Mapping):
-                out[str(name)] = info.get("python") or info.get("executable")
-    else:
+                out[str(name)] = _python_of(info.get("python") or info.get("executable"), path)
+    elif isinstance(envs, list):
         for e in envs:
             if isinstance(e, Mapping):
                 name = e.get("name") or e.get("tree")
                 if name:
-                    out[str(name)] = e.get("python")
+                    out[_env_name(name, path)] = _python_of(e.get("python"), path)
             else:
-                out[str(e)] = None
+                out[_env_name(e, path)] = None
+    else:
+        raise _malformed(path, f"its `envs` is {type(envs).__name__}, not an object or a list")
     return out
+
+
+def _malformed(path: Path | str, why: str) -> BenchError:
+    return BenchError(f"the verify-kernel report {path} is malformed: {why}",
+                      "run `kvprefetch verify-kernel` again to rewrite it (or pass the "
+                      "--verify-report it wrote)")
+
+
+def _env_name(name: Any, path: Path | str) -> str:
+    """An environment's name as listed: text (a number is taken as its digits)."""
+    if isinstance(name, bool) or not isinstance(name, (str, int)):
+        raise _malformed(path, f"an environment's name is {type(name).__name__}, not text")
+    return str(name)
+
+
+def _python_of(python: Any, path: Path | str) -> str | None:
+    """An environment's python as recorded: none, or a path with no NUL or control character
+    (a path bench e2e runs)."""
+    if python is None:
+        return None
+    if not isinstance(python, str) or any(ord(c) < 32 or ord(c) == 127 for c in python):
+        raise _malformed(path, f"an environment's python is {_shown(python)}, not a path")
+    return python
+
+
+def _shown(value: Any) -> str:
+    """A bad value as a message shows it: its type, or the text escaped and cut."""
+    if not isinstance(value, str):
+        return f"{type(value).__name__}"
+    return repr(value[:80]) + ("..." if len(value) > 80 else "")
 
 
 def require_verified(report_path: Path, env_names: Sequence[str]) -> dict[str, str | None]:
@@ -193,7 +233,7 @@ def require_verified(report_path: Path, env_names: Sequence[str]) -> dict[str, s
         raise BenchError(f"the verify-kernel report {report_path} is not a JSON object", fix)
     if report.get("passed") is not True:
         raise BenchError(f"the verify-kernel report {report_path} does not say passed", fix)
-    covered = verified_envs(report)
+    covered = verified_envs(report, report_path)
     missing = [n for n in env_names if n not in covered]
     if missing:
         raise BenchError(f"verify-kernel did not check environment(s) {', '.join(missing)} "
@@ -286,7 +326,7 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
         t0 = time.monotonic()
         run(list(r.argv), env=env, cwd=r.json_path.parent,
             log=r.json_path.with_suffix(".log"))
-        res = json.loads(r.json_path.read_text(encoding="utf-8"))
+        res = _throughput(r.json_path)
         results.append((r, res))
         say(f"[{i}/{len(runs)}] {r.env.name} max-num-seqs {r.max_num_seqs} repeat {r.repeat}: "
             f"{float(res['tokens_per_second']):.0f} tok/s ({time.monotonic() - t0:.0f} s)")
@@ -303,6 +343,33 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
         "rows": collect(results, plan),
         "runs": [_run_result(r, res) for r, res in results],
     }
+
+
+_THROUGHPUT_FIELDS = ("tokens_per_second", "num_requests", "elapsed_time")
+
+
+def _throughput(path: Path) -> dict[str, Any]:
+    """What ``vllm bench throughput`` wrote (``--output-json``): a JSON object whose
+    ``tokens_per_second``, ``num_requests`` and ``elapsed_time`` are positive finite numbers,
+    read as every record is (a regular file, bounded), or a BenchError naming the file. The
+    environment's vLLM, like the work directory it lives in, is data to this reader: a file
+    lacking a field, with text or a list there, or an elapsed time of 0 was a KeyError,
+    ValueError, TypeError or ZeroDivisionError traceback (issue 41, the seventeenth hostile
+    pass)."""
+    fix = f"read the run's log {path.with_suffix('.log')}; rerun bench e2e once vLLM works"
+    try:
+        res = load_json(path)
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"cannot read vLLM's throughput result {path}: {exc}", fix) from None
+    if not isinstance(res, dict):
+        raise BenchError(f"vLLM's throughput result {path} is no JSON object", fix)
+    for k in _THROUGHPUT_FIELDS:
+        v = res.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or v <= 0:
+            raise BenchError(f"vLLM's throughput result {path} has no positive number at "
+                             f"`{k}` ({json.dumps(v)[:40]})", fix)
+    return res
 
 
 def _run_result(run: E2ERun, res: Mapping[str, Any]) -> E2ERunResult:

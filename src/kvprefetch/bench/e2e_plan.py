@@ -148,9 +148,9 @@ def _listed_envs(report_path: Path) -> dict[str, str | None]:
     of); none where it is missing or no JSON object (the plan's refusal says why)."""
     try:
         report = load_json(report_path)
-    except (OSError, ValueError):
+        return verified_envs(report, report_path) if isinstance(report, dict) else {}
+    except (OSError, ValueError, BenchError):  # malformed: the refusal says why
         return {}
-    return verified_envs(report) if isinstance(report, dict) else {}
 
 
 def run_e2e_plan(plan: E2EBenchPlan, *, progress: Callable[[str], None] | None = None,

@@ -151,6 +151,19 @@ def _csv_rows(text: str) -> list[list[str]]:
     return list(csv.reader(io.StringIO("\n".join(body))))
 
 
+def _launches(text: str, path: Path) -> list[KernelSummary]:
+    """ncu's table parsed and summed per kernel family; a table that is not ncu's shape (a
+    row shorter than its header, an ID that is no number, a column missing) is a BenchError
+    naming the file. A short row was an IndexError traceback (issue 41, the seventeenth
+    hostile pass: the CSV is ncu's output in the output folder, data like any record)."""
+    try:
+        return aggregate(parse_ncu_csv(text))
+    except (IndexError, KeyError, ValueError, TypeError) as exc:
+        raise BenchError(f"ncu's CSV {path} is malformed ({type(exc).__name__}: {exc})",
+                         f"read {path.with_suffix('.log')} for ncu's own output; rerun "
+                         "bench ncu once ncu writes its table") from None
+
+
 def _read_csv(path: Path) -> str:
     """The CSV ncu wrote (``read_limited``: a FIFO planted there hung the read, and a missing
     one was "No such file or directory / check the path": issue 41, the tenth hostile pass)."""
@@ -312,7 +325,7 @@ def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
             t0 = time.monotonic()
             run(ncu_command(target, csv_path, opts), log=out_dir / f"ncu-{si}-{b.tree}.log")
             text = _read_csv(csv_path)
-            per_variant[b.tree] = aggregate(parse_ncu_csv(text))
+            per_variant[b.tree] = _launches(text, csv_path)
             csvs[b.tree] = csv_path.name
             say(f"[{si}/{len(shapes)}] {shape.label} {b.tree}: "
                 + ", ".join(f"{s.family} {((s.get(METRICS[0]) or 0) / 1e3):.1f} us"

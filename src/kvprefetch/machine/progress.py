@@ -14,6 +14,7 @@ thread; the clock is a parameter."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,6 +42,11 @@ def previous_seconds(build_root: Path, selection: dict[str, Any]) -> float | Non
         try:
             data = load_json(m)
             secs = float(data["seconds"])
+            if not math.isfinite(secs):
+                # 1e999 (JSON's way to say infinity) made every progress line's ETA an
+                # OverflowError (round(inf)) that ended the build with a traceback at ninja's
+                # first line (issue 41, the seventeenth hostile pass): no duration, no record
+                continue
             same = {k: data.get(k) for k in ("head_sizes", "block_sizes", "kv_dtypes")} == \
                 {k: selection.get(k) for k in ("head_sizes", "block_sizes", "kv_dtypes")}
         except (OSError, ValueError, KeyError, TypeError):

@@ -43,6 +43,7 @@ from typing import Any
 
 from ..errors import FetchError
 from ..hashing import sha256_file
+from ..sources.download import copy_bounded, open_url
 from ..workspace import ownership
 from ..workspace.confine import (
     check_target,
@@ -216,9 +217,11 @@ def _download(part: Part, downloads: Path, opener: Callable[[str], object],
         response: Any = opener(url)  # urlopen's response, or a file for file:// URLs
         with response as resp, open_new(target, root=workdir, family=FetchError) as out:
             h = hashlib.sha256()
-            while chunk := resp.read(1 << 20):
+
+            def both(chunk: bytes) -> None:
                 out.write(chunk)
                 h.update(chunk)
+            copy_bounded(resp, both, part.size, url)  # a source without end: refused
             if h.hexdigest() != part.sha256:
                 raise FetchError(f"{url} has sha256 {h.hexdigest()}, expected {part.sha256}; "
                                  "it was deleted and nothing was unpacked",
@@ -231,9 +234,8 @@ def _download(part: Part, downloads: Path, opener: Callable[[str], object],
 
 
 def _urlopen(url: str) -> object:
-    if url.startswith("file://"):
-        return open(urllib.request.url2pathname(urllib.parse.urlparse(url).path), "rb")
-    return urllib.request.urlopen(url, timeout=120)
+    """A file:// URL a regular file only, never a FIFO or device (``download.open_url``)."""
+    return open_url(url)
 
 
 def ensure_cuda12(workdir: Path, *, say: Callable[[str], None] = lambda _m: None,

@@ -248,7 +248,14 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
     built = builds[0]
     src_build = built.manifest_path.parent
     manifest = _read_json(built.manifest_path)
-    src_env = Path(str(manifest.get("env", {}).get("path", "")))
+    env = manifest.get("env", {})
+    if not isinstance(env, dict):
+        # ``"env": 5`` was ``'int' object has no attribute 'get'``, a traceback (issue 41, the
+        # seventeenth hostile pass): the scratch's manifest is data like any record
+        raise SlurmError(f"{built.manifest_path} is corrupt: its `env` is "
+                         f"{type(env).__name__}, not an object",
+                         "rebuild in the scratch work directory; resubmit the build job")
+    src_env = Path(str(env.get("path", "")))
     real_env = Path(os.path.realpath(src_env))
     if not _inside(Path(os.path.realpath(built.so_path)), real_env) \
             or not _inside(real_env, swd.root):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 import urllib.error
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 from .. import upstream
 from ..errors import ConfigError, FetchError
@@ -26,6 +28,43 @@ from ..hashing import sha256_file
 from ..runner import run
 
 _JSON = "application/vnd.pypi.simple.v1+json"
+# An index's project page: PyPI's for vllm (every release's files) is a few MB.
+MAX_INDEX_PAGE_BYTES = 64 << 20
+
+
+def open_url(url: str, timeout: float = 120) -> Any:
+    """A readable stream of ``url``'s bytes. A ``file://`` URL (an index may list one) is
+    opened as a regular file only, with ``O_NONBLOCK``: a FIFO there hung the download for
+    good, and a device (``/dev/zero``) was read for ever (issue 41, the seventeenth hostile
+    pass): a FetchError. Other errors are ``OSError`` or ``urllib.error.URLError``."""
+    if not url.startswith("file://"):
+        return urllib.request.urlopen(url, timeout=timeout)
+    path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FetchError(f"{url} is not a regular file (a FIFO, device, socket or folder)",
+                             "use PyPI or a faithful mirror (PIP_INDEX_URL) that serves the "
+                             "pinned file itself")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def copy_bounded(src: Any, write: Callable[[bytes], object], limit: int, url: str) -> None:
+    """Copy ``src`` into ``write`` by chunks, refusing a source longer than ``limit`` bytes
+    (the pinned file's size): an index or mirror that serves without end filled the work
+    directory's disk (or, for a ``file://`` URL at a device, never ended)."""
+    total = 0
+    while chunk := src.read(1 << 20):
+        total += len(chunk)
+        if total > limit:
+            raise FetchError(f"{url} serves more than the {limit} bytes of the pinned file; "
+                             "nothing of it was kept",
+                             "use PyPI or a faithful mirror (PIP_INDEX_URL)")
+        write(chunk)
 
 
 @dataclass(frozen=True)
@@ -111,7 +150,10 @@ def locate_file(index_url: str, project: str, filename: str, sha256: str,
         req = urllib.request.Request(page, headers={"Accept": f"{_JSON}, text/html;q=0.5"})
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             ctype = resp.headers.get("Content-Type", "")
-            body = resp.read().decode("utf-8", errors="replace")
+            raw = resp.read(MAX_INDEX_PAGE_BYTES + 1)
+        if len(raw) > MAX_INDEX_PAGE_BYTES:  # a page without end filled memory
+            raise ValueError(f"the page is larger than {MAX_INDEX_PAGE_BYTES} bytes")
+        body = raw.decode("utf-8", errors="replace")
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise FetchError(f"cannot reach the package index {page}: {exc}",
                          "check the network or point PIP_INDEX_URL at a reachable mirror"
@@ -188,15 +230,8 @@ def ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | 
     fd, tmpname = tempfile.mkstemp(prefix=f".download-{os.getpid()}-", dir=downloads)
     tmp = Path(tmpname)
     try:
-        with os.fdopen(fd, "wb") as out:
-            if found.url.startswith("file://"):
-                src = urllib.request.url2pathname(urllib.parse.urlparse(found.url).path)
-                with open(src, "rb") as f:
-                    out.write(f.read())
-            else:
-                with urllib.request.urlopen(found.url, timeout=120) as resp:
-                    while chunk := resp.read(1 << 20):
-                        out.write(chunk)
+        with os.fdopen(fd, "wb") as out, open_url(found.url) as resp:
+            copy_bounded(resp, out.write, upstream.SDIST_SIZE, found.url)
         verify_sdist(tmp)
         os.chmod(tmp, 0o644)  # mkstemp made it 0600; the cache may be shared
         os.replace(tmp, target)

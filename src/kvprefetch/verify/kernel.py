@@ -67,10 +67,43 @@ def newest_manifests(wd: Workdir) -> dict[str, dict[str, Any]]:
             continue
         if not isinstance(m, dict) or m.get("mode") == "full-smoke":
             continue
+        _check_manifest(p, m)
         t = p.stat().st_mtime
         if m.get("tree") and (m["tree"] not in out or t > out[m["tree"]][0]):
             out[m["tree"]] = (t, m)
     return {k: v for k, (_, v) in sorted(out.items())}
+
+
+# The fields verify-kernel reads from a build manifest, and the types the kit writes them with
+# (absent or null is allowed, as older manifests lack some).
+_MANIFEST_TEXT = ("tree", "mode", "so_path", "so_sha256", "key", "variant")
+_MANIFEST_ENV_TEXT = ("path", "python")
+
+
+def _check_manifest(path: Path, m: dict[str, Any]) -> None:
+    """A build manifest is data in the work directory: a field verify-kernel reads with
+    another type than the kit writes (``"tree": ["x"]``, ``"env": 5``, a path with a NUL) is a
+    VerifyError naming it. It was a TypeError or AttributeError traceback (a list as a dict
+    key, ``5.get``, ``Path([..])``; issue 41, the seventeenth hostile pass)."""
+    def bad(field: str, value: Any) -> VerifyError:
+        what = "text with a NUL" if isinstance(value, str) else type(value).__name__
+        return VerifyError(f"build manifest {path} is corrupt: `{field}` is {what}, "
+                           "not a name or path",
+                           "rebuild that tree (`kvprefetch build`), or move the manifest's "
+                           "folder out of build/")
+    for k in _MANIFEST_TEXT:
+        v = m.get(k)
+        if v is not None and (not isinstance(v, str) or "\0" in v):
+            raise bad(k, v)
+    env = m.get("env")
+    if env is None:
+        return
+    if not isinstance(env, dict):
+        raise bad("env", env)
+    for k in _MANIFEST_ENV_TEXT:
+        v = env.get(k)
+        if v is not None and (not isinstance(v, str) or "\0" in v):
+            raise bad(f"env.{k}", v)
 
 
 def _inside(path: str | None, roots: list[str]) -> bool:
