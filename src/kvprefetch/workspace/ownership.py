@@ -46,6 +46,7 @@ _WHERE = {
     "download": re.compile(r"downloads/[A-Za-z0-9_][A-Za-z0-9_.+-]*"),
     "toolkit": re.compile(r"toolkits/[A-Za-z0-9_][A-Za-z0-9_.-]*"),
     "tmp": re.compile(r".+"),  # checked below, against its pid
+    "stage": re.compile(rf"trees/\.{_NAME}\.apply"),  # an apply's stage (treetxn)
 }
 
 

@@ -1,0 +1,152 @@
+"""Issue 41, the seventeenth hostile pass (a): the work directory's commands, the issue's
+closing fresh pass.
+
+- The sdist's download acted on ``downloads/`` by path: ``tempfile.mkstemp`` made the partial
+  there, ``os.chmod``, ``os.replace`` and the final ``unlink`` named it again by path, and a
+  cached sdist with the wrong hash, or a killed run's partial, was deleted by path too. So a
+  ``downloads/`` swapped for a link to a folder outside after the checks (a ``renameat2``
+  swap loop, whoever writes the work directory) had the 10 MB partial made there and the
+  user's own ``vllm-0.10.2.tar.gz`` there replaced by the download, or deleted as "tampered".
+  The download now streams into ``confine.open_new`` (a new temporary made, and renamed over
+  the target, relative to the folder opened from the work directory down without following a
+  link), with its hash checked before the rename; the deletions go through
+  ``confine.remove_path`` and a descriptor of the folder.
+
+- ``apply``'s stage, ``trees/.<tree>.apply/``, was removed by its name by the next fetch,
+  apply, build or clean (``treetxn.recover``), also in a work directory the kit adopted with
+  the user's files in it: ``fetch --adopt`` deleted a user's ``trees/.patched.apply/`` and all
+  it held, and "rolled back" the tree by a user's ``trees/.baseline.apply/journal.json``. The
+  stage is now in the ownership record (kind ``stage``) before it exists; in an adopted
+  directory a stage the record does not list is named and left.
+
+Each test fails without its fix (checked with the fix reverted)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kvprefetch import upstream
+from kvprefetch.errors import FetchError, PatchError
+from kvprefetch.sources import download
+from kvprefetch.workspace import ownership, treetxn
+from kvprefetch.workspace.workdir import Workdir
+from tests.integration.test_reliability import cli, outside, refused
+
+__all__ = ["outside"]  # the autouse fixture: the outside folder is byte-identical afterwards
+
+
+def _folder_state(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def _swap_for_link(folder: Path, target: Path) -> None:
+    """What a swap loop does at the worst moment: the folder becomes a link to ``target``."""
+    folder.rename(folder.with_name(folder.name + ".real"))
+    folder.symlink_to(target)
+
+
+# ------------------------------------------------------------------------ 1. the download
+
+
+def test_a_downloads_folder_swapped_for_a_link_during_the_download_writes_nothing_outside(
+        tmp_path: Path, vllm_sdist: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``downloads/`` swapped for a link to a folder outside just after the kit made it
+    (between its checks and the download). Before, ``mkstemp`` made the partial in the folder
+    outside, the download was written there, and ``os.replace`` put it over the user's own
+    ``vllm-0.10.2.tar.gz`` there. Now the temporary is opened relative to the folder opened
+    from the work directory down: the link is refused, nothing is written outside."""
+    work, mine = tmp_path / "work", tmp_path / "mine"
+    (work / "downloads").mkdir(parents=True)
+    mine.mkdir()
+    (mine / upstream.SDIST_NAME).write_bytes(b"the user's own copy\n")
+    before = _folder_state(mine)
+    monkeypatch.setattr(download, "locate_sdist", lambda *a, **k: download.IndexFile(
+        vllm_sdist.resolve().as_uri(), None))
+    real = download._remove_dead_downloads
+
+    def then_swap(*args: object, **kw: object) -> None:
+        real(*args, **kw)  # type: ignore[arg-type]
+        _swap_for_link(work / "downloads", mine)
+
+    monkeypatch.setattr(download, "_remove_dead_downloads", then_swap)
+    with pytest.raises(FetchError):
+        download.ensure_sdist(work / "downloads", "http://127.0.0.1:9/simple", root=work)
+    assert _folder_state(mine) == before
+    assert list((work / "downloads.real").iterdir()) == []  # no partial left either
+
+
+def test_a_tampered_cached_sdist_swapped_for_a_link_deletes_nothing_outside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kit's cached sdist has the wrong hash (it is deleted as tampered), and
+    ``downloads/`` becomes a link to a folder outside while it is hashed. Before, the unlink
+    by path deleted the user's ``vllm-0.10.2.tar.gz`` in that folder. Now the removal is made
+    from the work directory down: the link is refused."""
+    work, mine = tmp_path / "work", tmp_path / "mine"
+    (work / "downloads").mkdir(parents=True)
+    (work / "downloads" / upstream.SDIST_NAME).write_bytes(b"not the sdist\n")
+    mine.mkdir()
+    (mine / upstream.SDIST_NAME).write_bytes(b"the user's own copy\n")
+    before = _folder_state(mine)
+    real = download.sha256_file
+
+    def then_swap(path: Path) -> str:
+        digest = real(path)
+        _swap_for_link(work / "downloads", mine)
+        return digest
+
+    monkeypatch.setattr(download, "sha256_file", then_swap)
+    with pytest.raises(FetchError):
+        download.ensure_sdist(work / "downloads", "http://127.0.0.1:9/simple", root=work)
+    assert _folder_state(mine) == before
+
+
+# ------------------------------------------------------------- 2. the stage in an adopted folder
+
+
+def test_an_adopted_users_folder_named_like_an_apply_stage_is_kept(
+        tmp_path: Path, vllm_sdist: Path) -> None:
+    """A folder of the user's adopted by ``fetch --adopt`` holds ``trees/.patched.apply/``
+    (notes) and ``trees/.baseline.apply/journal.json``. Before, the fetch removed both (as an
+    interrupted apply's stage; the second "rolled back" its tree), exit 0. Now it names them
+    and stops (exit 4), both kept; moved away, the fetch works, and an apply's own stage (in
+    the ownership record) is still recovered in the adopted directory."""
+    work = tmp_path / "work"
+    notes = work / "trees" / ".patched.apply" / "notes.md"
+    journal = work / "trees" / ".baseline.apply" / "journal.json"
+    for path, text in ((notes, "my notes\n"), (journal, '{"files": [], "state": {}}\n')):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    res = cli("fetch", "--adopt", "--source", str(vllm_sdist), "--workdir", str(work))
+    refused(res, 4, ".apply", "not the stage of an apply kvprefetch made")
+    assert notes.read_text() == "my notes\n"
+    assert journal.read_text() == '{"files": [], "state": {}}\n'
+
+    for path in (notes, journal):
+        path.parent.rename(tmp_path / path.parent.name)
+    res = cli("fetch", "--adopt", "--source", str(vllm_sdist), "--workdir", str(work))
+    assert res.returncode == 0, res.stderr
+    # an apply killed after making its stage (recorded), before its journal: recovered
+    stage = treetxn.stage_dir(Workdir(work), "patched")
+    ownership.record(work, stage, "stage")
+    stage.mkdir()
+    res = cli("apply", "--workdir", str(work))
+    assert res.returncode == 0, res.stderr
+    assert not os.path.lexists(stage)
+    assert str(stage.relative_to(work)) not in ownership.entries(work)
+
+
+def test_a_recorded_stage_that_was_never_made_is_forgotten(tmp_path: Path) -> None:
+    """An apply killed between recording its stage and making it leaves an entry for a path
+    that is not there: the next recovery forgets it (in-process; no CLI needed)."""
+    work = tmp_path / "work"
+    (work / "trees" / "patched").mkdir(parents=True)
+    stage = treetxn.stage_dir(Workdir(work), "patched")
+    ownership.record(work, stage, "stage")
+    assert treetxn.recover(Workdir(work), "patched") is None
+    assert ownership.entries(work) == {}
+    stage.write_text("x")
+    with pytest.raises(PatchError):  # a file in its place is still no stage
+        treetxn.recover(Workdir(work), "patched")
