@@ -19,6 +19,13 @@ closing fresh pass.
   stage is now in the ownership record (kind ``stage``) before it exists; in an adopted
   directory a stage the record does not list is named and left.
 
+- A real ``build``'s preflight compiled doctor's nvcc probe in the work directory's
+  ``tmp/doctor-<pid>-<hex>/``, made by path after the check of ``tmp/``; the probe's source and
+  nvcc's outputs were written there by path. A ``renameat2`` loop swapping ``tmp/`` for a link
+  to a folder outside during ``build --kernels-only`` had that folder made outside and left
+  there (1 run of 7). The probe now always compiles in a private folder outside the work
+  directory (``ownership.private_dir``), as the build's compilers do.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
@@ -103,7 +110,41 @@ def test_a_tampered_cached_sdist_swapped_for_a_link_deletes_nothing_outside(
     assert _folder_state(mine) == before
 
 
-# ------------------------------------------------------------- 2. the stage in an adopted folder
+# ------------------------------------------------------------- 2. doctor's probe in a real build
+
+
+def test_the_compile_probe_of_a_real_build_makes_nothing_behind_a_swapped_tmp(
+        tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The work directory's ``tmp/`` becomes a link to a folder outside just after the probe's
+    folder is recorded, before it is made (what a swap loop won in 1 run of 7 real builds).
+    Before, ``mkdir`` by path made ``doctor-<pid>-<hex>/`` outside and the probe's source was
+    written into it. Now the probe's folder is a private one outside the work directory,
+    which nothing that writes the work directory can reach."""
+    import tempfile
+
+    from kvprefetch.doctor import tools
+    from kvprefetch.workspace.workdir import TAG_FILE
+
+    work = tmp_path / "work"
+    (work / "tmp").mkdir(parents=True)
+    (work / TAG_FILE).write_text("created by kvprefetch\n")
+    (tmp_path / "temp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    real = ownership.record
+
+    def then_swap(root: Path, path: Path, kind: str, **info: object) -> None:
+        real(root, path, kind, **info)
+        if kind == "tmp" and path.parent == work / "tmp":
+            _swap_for_link(work / "tmp", outside)
+
+    monkeypatch.setattr(ownership, "record", then_swap)
+    with tools._scratch(work, read_only=False) as d:
+        (d / "probe.cu").write_text("__global__ void k() {}\n")
+        assert not str(d.resolve()).startswith(str(work.resolve()) + "/")
+    assert os.listdir(tmp_path / "temp") == []  # removed on the way out
+
+
+# ------------------------------------------------------------- 3. the stage in an adopted folder
 
 
 def test_an_adopted_users_folder_named_like_an_apply_stage_is_kept(
