@@ -26,11 +26,18 @@ closing fresh pass.
   there (1 run of 7). The probe now always compiles in a private folder outside the work
   directory (``ownership.private_dir``), as the build's compilers do.
 
+- verify-kernel's no-device driver stub (``overlay.driverstub.ensure_stub``) made
+  ``verify/driver-stub/<key>/`` by path, wrote ``stub.c`` there and had gcc write
+  ``libcuda.so.1`` there by path: a ``verify/`` that was a link to a folder outside got all
+  three. gcc now works in a private folder, and the two files are written from the work
+  directory down (``confine.write_file`` with the work directory as root).
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -191,3 +198,32 @@ def test_a_recorded_stage_that_was_never_made_is_forgotten(tmp_path: Path) -> No
     stage.write_text("x")
     with pytest.raises(PatchError):  # a file in its place is still no stage
         treetxn.recover(Workdir(work), "patched")
+
+
+# ---------------------------------------------------- 4. verify-kernel's no-device driver stub
+
+
+@pytest.mark.skipif(not (shutil.which("gcc") and shutil.which("nm")), reason="needs gcc and nm")
+def test_the_driver_stub_is_never_built_through_a_linked_verify_folder(
+        tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify-kernel on a machine without an NVIDIA driver builds a no-device ``libcuda.so.1``
+    for an overlay env in ``<workdir>/verify/driver-stub/<key>/``. Before, it made that folder,
+    wrote ``stub.c`` and had gcc write the library by path, so a ``verify/`` that was a link to
+    a folder outside (planted, or swapped in) got all three. Now gcc works in a private folder
+    and the results are written from the work directory down, never through a link: the link
+    is refused, nothing is made outside."""
+    import _ssl  # any shared library serves as the env's vllm/_C for nm
+
+    from kvprefetch.errors import VerifyError
+    from kvprefetch.overlay import driverstub
+    from kvprefetch.verify import kernel
+
+    work = tmp_path / "work"
+    site = work / "envs" / "patched" / "site"
+    (site / "vllm").mkdir(parents=True)
+    shutil.copyfile(_ssl.__file__, site / "vllm" / "_C.abi3.so")
+    (work / "verify").symlink_to(outside)
+    monkeypatch.setattr(driverstub, "driver_loadable", lambda: False)
+    manifest = {"so_path": str(site / "kvprefetch_kernels" / "_C.so"), "tree": "patched"}
+    with pytest.raises(VerifyError, match="symlink"):
+        kernel._driver_stub(Workdir(work), manifest)

@@ -207,7 +207,7 @@ def _driver_stub(wd: Workdir, manifest: dict[str, Any]) -> dict[str, Any] | None
     if vllm_c is None:
         raise VerifyError(f"no vllm/_C*.so in {site} (the overlay env of "
                           f"{manifest.get('tree')})", "rerun `kvprefetch build --mode overlay`")
-    d, symbols = ensure_stub(vllm_c, wd.root / "verify" / "driver-stub")
+    d, symbols = ensure_stub(vllm_c, wd.root / "verify" / "driver-stub", root=wd.root)
     return {"dir": str(d), "symbols": symbols, "for": str(vllm_c)}
 
 
