@@ -161,7 +161,7 @@ def verify_sdist(path: Path, delete: bool = True, *, root: Path | None = None) -
 
 # far above the pinned sdist (about 11 MB): an index whose link names a file that never ends
 # (file:///dev/zero) is refused rather than filling the disk
-_MAX_SDIST_BYTES = 1 << 30
+_MAX_SDIST_BYTES = 256 << 20
 
 
 def _copy_hashing(src: Any, out: Any, digest: Any) -> None:
