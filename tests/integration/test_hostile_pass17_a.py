@@ -32,6 +32,10 @@ closing fresh pass.
   three. gcc now works in a private folder, and the two files are written from the work
   directory down (``confine.write_file`` with the work directory as root).
 
+- In a folder adopted with the user's files in it, the download removed the user's
+  ``downloads/.download-<pid>-<x>`` as a killed run's partial, found by its name; only a work
+  directory the kit created has its partials removed by name now.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
@@ -227,3 +231,23 @@ def test_the_driver_stub_is_never_built_through_a_linked_verify_folder(
     manifest = {"so_path": str(site / "kvprefetch_kernels" / "_C.so"), "tree": "patched"}
     with pytest.raises(VerifyError, match="symlink"):
         kernel._driver_stub(Workdir(work), manifest)
+
+
+def test_a_users_file_named_like_a_partial_download_in_an_adopted_folder_is_kept(
+        tmp_path: Path, vllm_sdist: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adopted folder holds the user's ``downloads/.download-2147483646-mine`` (a pid no
+    process has). Before, the fetch's download removed it as a killed run's partial download,
+    found by its name. Now only a work directory the kit created has its partials removed by
+    name (as for the records' own temporaries, ``ownership.stale_writes``)."""
+    from kvprefetch.sources import fetch
+
+    work = tmp_path / "work"
+    (work / "downloads").mkdir(parents=True)
+    mine = work / "downloads" / ".download-2147483646-mine"
+    mine.write_text("mine\n")
+    (work / "notes.txt").write_text("the user's\n")
+    monkeypatch.setattr(download, "locate_sdist", lambda *a, **k: download.IndexFile(
+        vllm_sdist.resolve().as_uri(), None))
+    fetch.fetch_trees(work, source="sdist", adopt=True)
+    assert mine.read_text() == "mine\n"
+    assert (work / "downloads" / upstream.SDIST_NAME).is_file()

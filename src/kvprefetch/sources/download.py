@@ -216,10 +216,14 @@ def _remove_dead_downloads(downloads: Path, root: Path | None = None) -> None:
 
 
 def ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | None = None,
-                 may_delete: Callable[[Path], bool] | None = None) -> Path:
+                 may_delete: Callable[[Path], bool] | None = None,
+                 partials: bool = True) -> Path:
     """Return the path of a verified sdist in ``downloads``, downloading it if needed. With
     ``root`` (the work directory), ``downloads`` must be inside it with no symlink on the way;
-    ``may_delete`` says whether a cached file with the wrong hash is the kit's to delete."""
+    ``may_delete`` says whether a cached file with the wrong hash is the kit's to delete;
+    ``partials``: whether killed runs' partial downloads (``.download-<pid>-*``, found by name)
+    are the kit's to remove: not in a work directory adopted with the user's files in it,
+    where a file of that name was the user's (issue 41, the seventeenth hostile pass)."""
     from ..workspace import confine
 
     if root is not None:
@@ -235,7 +239,8 @@ def ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | 
         return target
     found = locate_sdist(index_url or configured_index_url())
     confine.ensure_dir(downloads, root=root, family=FetchError)
-    _remove_dead_downloads(downloads, root)
+    if partials:
+        _remove_dead_downloads(downloads, root)
     # streamed into a new temporary beside the target and renamed over it, both relative to
     # the folder opened from the work directory down without following a link
     # (confine.open_new), the hash checked before the rename: by path (mkstemp, chmod,
