@@ -36,6 +36,10 @@ closing fresh pass.
   ``downloads/.download-<pid>-<x>`` as a killed run's partial, found by its name; only a work
   directory the kit created has its partials removed by name now.
 
+- In such a folder, the overlay build's CUDA 12 assembly replaced a user's file at
+  ``downloads/cuda-12.4.1/<archive>`` and removed a user's ``toolkits/cuda-12.4.1/`` (no kit
+  stamp: "a leftover, the kit's own"); both are named and left now.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
@@ -251,3 +255,33 @@ def test_a_users_file_named_like_a_partial_download_in_an_adopted_folder_is_kept
     fetch.fetch_trees(work, source="sdist", adopt=True)
     assert mine.read_text() == "mine\n"
     assert (work / "downloads" / upstream.SDIST_NAME).is_file()
+
+
+# ----------------------------------------------- 5. the CUDA 12 toolkit in an adopted folder
+
+
+@pytest.mark.parametrize("users", ["download", "toolkit"])
+def test_an_adopted_users_cuda_files_at_the_toolkits_names_are_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, users: str) -> None:
+    """A folder adopted with the user's files in it holds, at the names the overlay build's
+    CUDA 12 assembly uses, the user's ``downloads/cuda-12.4.1/<archive>`` (not the pinned
+    file) or the user's own ``toolkits/cuda-12.4.1/`` (no kit stamp). Before, the download
+    replaced the first and the assembly removed the second ("a leftover: the kit's own").
+    Now each is named and left, with its fix."""
+    from kvprefetch.overlay import cuda12
+    from kvprefetch.workspace.workdir import TAG_FILE
+    from tests.unit.test_cuda12 import synthetic_parts
+
+    parts = synthetic_parts(tmp_path)
+    monkeypatch.setattr(cuda12, "PARTS", tuple(parts))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / TAG_FILE).write_text("adopted by kvprefetch\n")
+    mine = (work / "downloads" / f"cuda-{cuda12.RELEASE}" / parts[0].filename
+            if users == "download" else
+            work / "toolkits" / f"cuda-{cuda12.RELEASE}" / "bin" / "mytool")
+    mine.parent.mkdir(parents=True)
+    mine.write_text("the user's\n")
+    with pytest.raises(FetchError, match="kvprefetch did not"):
+        cuda12.ensure_cuda12(work)
+    assert mine.read_text() == "the user's\n"
