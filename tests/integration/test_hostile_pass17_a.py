@@ -40,12 +40,20 @@ closing fresh pass.
   ``downloads/cuda-12.4.1/<archive>`` and removed a user's ``toolkits/cuda-12.4.1/`` (no kit
   stamp: "a leftover, the kit's own"); both are named and left now.
 
+- With ``TMPDIR`` inside the work directory, apply (and every step but the build's
+  compilers, which the twelfth pass covered) made its private folder there: a watcher that
+  renamed ``kvprefetch-apply-*`` and put a link to a folder outside in its place had the scratch
+  copies and git's patched files written there, exit 0 (2 runs of 3). Every private folder
+  now refuses a system temp inside a work directory the process works in.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -285,3 +293,42 @@ def test_an_adopted_users_cuda_files_at_the_toolkits_names_are_kept(
     with pytest.raises(FetchError, match="kvprefetch did not"):
         cuda12.ensure_cuda12(work)
     assert mine.read_text() == "the user's\n"
+
+
+# ----------------------------------------------- 6. a TMPDIR inside the work directory
+
+
+def test_apply_refuses_a_tmpdir_inside_the_work_directory(fetched_workdir: Path) -> None:
+    """``TMPDIR`` inside the work directory (``export TMPDIR=$PWD/tmp`` in the project). Before,
+    apply made its private folder for ``git apply`` there (only the build refused such a
+    TMPDIR, the twelfth pass), and a watcher that renamed the folder and put a link to a
+    folder outside in its place had the scratch copies and git's patched files written there,
+    exit 0 (2 runs of 3). Now every private folder refuses a TMPDIR inside a work directory the
+    process works in, with the fix; nothing is written."""
+    inside = fetched_workdir / "mytmp"
+    inside.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
+    env.update(TMPDIR=str(inside), PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "apply", "--workdir",
+                          str(fetched_workdir)], env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    refused(res, 2, "TMPDIR", "inside the work directory", "export TMPDIR=/tmp")
+    assert os.listdir(inside) == []
+
+
+def test_any_private_folder_refuses_a_tmpdir_inside_a_work_directory_in_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process: once a work directory is in use (``Workdir``), a private folder for any
+    step (apply's, deps', verify's) refuses a system temp folder inside it."""
+    import tempfile
+
+    from kvprefetch.errors import ConfigError
+
+    work = tmp_path / "work"
+    (work / "mytmp").mkdir(parents=True)
+    Workdir(work)
+    monkeypatch.setattr(tempfile, "tempdir", str(work / "mytmp"))
+    with pytest.raises(ConfigError, match="inside the work directory"), \
+            ownership.private_dir("apply"):
+        pass
+    assert os.listdir(work / "mytmp") == []
