@@ -46,10 +46,16 @@ closing fresh pass.
   copies and git's patched files written there, exit 0 (2 runs of 3). Every private folder
   now refuses a system temp inside a work directory the process works in.
 
+- A build manifest is data, but verify-kernel ran the interpreter it names: one naming
+  ``/bin/rm`` had it run ``rm <kit>/probe/provenance.py kernels``, deleting the kit's own file
+  outside the work directory. Only an interpreter under the work directory's ``envs/`` (no
+  link on the way to its folder) is run now; otherwise the tree's probe fails naming it.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -332,3 +338,32 @@ def test_any_private_folder_refuses_a_tmpdir_inside_a_work_directory_in_use(
             ownership.private_dir("apply"):
         pass
     assert os.listdir(work / "mytmp") == []
+
+
+# ----------------------------------------------- 7. a program named by a build manifest
+
+
+def test_verify_kernel_runs_no_interpreter_a_manifest_names_outside_the_envs(
+        tmp_path: Path, fetched_workdir: Path) -> None:
+    """Build manifests are data. Two forged ones (``build/<tree>/k1/manifest.json``) name as
+    the env's python a program outside the work directory. Before, verify-kernel ran it with
+    the probe's arguments: with ``/bin/rm`` it deleted the kit's own
+    ``kvprefetch/probe/provenance.py`` (here, a script that leaves a mark). Now only an
+    interpreter under the work directory's ``envs/`` is run; the tree's probe fails, naming
+    the manifest."""
+    from kvprefetch.verify import kernel
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    fake = elsewhere / "python"
+    fake.write_text(f"#!/bin/sh\necho ran > {elsewhere / 'ran'}\n")
+    fake.chmod(0o755)
+    for tree in ("baseline", "patched"):
+        d = fetched_workdir / "build" / tree / "k1"
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(
+            '{"tree": "%s", "mode": "kernels-only", "key": "k1", "so_path": "/nonexistent", '
+            '"env": {"python": "%s", "path": "%s"}}' % (tree, fake, elsewhere))
+    rep = kernel.verify(fetched_workdir, no_gpu=True, jobs=1)
+    assert not (elsewhere / "ran").exists()
+    assert "outside" in json.dumps(rep.to_dict())
