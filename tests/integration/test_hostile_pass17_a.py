@@ -361,9 +361,9 @@ def test_verify_kernel_runs_no_interpreter_a_manifest_names_outside_the_envs(
     for tree in ("baseline", "patched"):
         d = fetched_workdir / "build" / tree / "k1"
         d.mkdir(parents=True)
-        (d / "manifest.json").write_text(
-            '{"tree": "%s", "mode": "kernels-only", "key": "k1", "so_path": "/nonexistent", '
-            '"env": {"python": "%s", "path": "%s"}}' % (tree, fake, elsewhere))
+        (d / "manifest.json").write_text(json.dumps(
+            {"tree": tree, "mode": "kernels-only", "key": "k1", "so_path": "/nonexistent",
+             "env": {"python": str(fake), "path": str(elsewhere)}}))
     rep = kernel.verify(fetched_workdir, no_gpu=True, jobs=1)
     assert not (elsewhere / "ran").exists()
     assert "outside" in json.dumps(rep.to_dict())
