@@ -73,7 +73,7 @@ def ensure_stub(vllm_c: Path, dest_root: Path, *,
         # link to a folder outside had the folder, stub.c and the library gcc wrote made there
         # (issue 41, the seventeenth hostile pass)
         with private_dir("driver-stub") as tmp:
-            (tmp / "stub.c").write_text(src)
+            write_file(tmp / "stub.c", src, root=tmp, family=VerifyError)
             res = run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
                        str(tmp / "libcuda.so.1"), str(tmp / "stub.c")], echo=False, check=False)
             if res.returncode != 0:
