@@ -144,21 +144,18 @@ def check_overlay_toolkit(environ: Mapping[str, str], cuda_home_opt: str | None,
 
 @contextmanager
 def _scratch(workdir: Path, read_only: bool) -> Iterator[Path]:
-    """Where the compile probe writes: the work directory's scratch space when kvprefetch made
-    that directory (doctor never creates or adopts one) and the run may write there, else a
-    system temp directory. ``kvprefetch doctor`` and dry runs (``read_only``) write nothing
-    into the work directory (issue 41, class 6: `build --dry-run` rewrote the ownership record
-    to record this scratch folder)."""
-    if not read_only and Workdir(workdir).is_tagged():
-        with ownership.scratch_dir(workdir, "doctor") as d:
-            yield d
-    else:
-        # a private folder of the kit's (``ownership.private_dir``): its removal is never
-        # broken off by a stop; tempfile's was, and a signal storm left the folder with nvcc's
-        # tmpxft_* files (2 MB) in the user's temp folder (issue 41, the fifteenth hostile
-        # pass: 2 of 20 stopped doctors)
-        with ownership.private_dir("doctor") as tmp:
-            yield tmp
+    """Where the compile probe writes: a private folder of the kit's outside the work directory
+    (``ownership.private_dir``: 0700, a random name in the system temp, its removal never
+    broken off by a stop), never the work directory. nvcc writes ``probe.o`` and its
+    ``tmpxft_*`` files by path, and the probe's source was written by path too: in the work
+    directory's ``tmp/doctor-<pid>-<hex>`` (a real build's preflight), a ``tmp/`` swapped for a
+    link to a folder outside (a ``renameat2`` loop) had the folder made there, and left there
+    (issue 41, the seventeenth hostile pass; the threat model's rule for programs that write by
+    path, the eleventh). ``kvprefetch doctor`` and dry runs (``read_only``) wrote nothing into
+    the work directory already (class 6); a real build refuses a TMPDIR inside the work
+    directory for this folder as for its compilers' (``outside``)."""
+    with ownership.private_dir("doctor", outside=None if read_only else workdir) as tmp:
+        yield tmp
 
 
 def check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int, int],

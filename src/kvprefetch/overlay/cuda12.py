@@ -121,6 +121,12 @@ PTXAS_FLAGS     +=
 """
 
 
+def _adopted(workdir: Path) -> bool:
+    from ..workspace.workdir import Workdir
+
+    return Workdir(workdir).is_adopted()
+
+
 def toolkit_dir(workdir: Path) -> Path:
     return workdir / "toolkits" / f"cuda-{RELEASE}"
 
@@ -210,6 +216,13 @@ def _download(part: Part, downloads: Path, opener: Callable[[str], object],
         check_target(workdir, target, what="download into", family=FetchError)
     if is_plain_file(target) and sha256_file(target) == part.sha256:
         return target
+    if workdir is not None and os.path.lexists(target) and _adopted(workdir):
+        # in a folder adopted with the user's files in it, a file the kit did not download is
+        # the user's: it was replaced by the download (issue 41, the seventeenth hostile pass)
+        raise FetchError(f"{target} is not the pinned {part.name} (sha256 {part.sha256[:16]}…) "
+                         "and kvprefetch did not download it (this work directory was adopted "
+                         "with your files in it): it was left as it is",
+                         f"move {target} away (or replace it by the pinned file), then rerun")
     url = part_url(part)
     try:
         # streamed into a temporary beside it (confine.open_new), renamed only when whole and
@@ -276,7 +289,16 @@ def ensure_cuda12(workdir: Path, *, say: Callable[[str], None] = lambda _m: None
                 {"release": RELEASE, "parts": [{"name": p.name, "url": p.url,
                                                 "sha256": p.sha256} for p in PARTS]}, indent=1),
                 root=workdir, family=FetchError)
-            # a leftover without DONE_FILE: the kit's own, replaced
+            # a leftover without DONE_FILE: the kit's own, replaced; not in a folder adopted with
+            # the user's files in it, where one the record does not list is the user's (a
+            # user's toolkits/cuda-12.4.1/ was removed: the seventeenth hostile pass)
+            if os.path.lexists(root) and _adopted(workdir) and (
+                    ownership.owned(workdir, root) or {}).get("kind") != "toolkit":
+                raise FetchError(f"{root} is in the way of the CUDA {RELEASE} toolkit "
+                                 "kvprefetch assembles, and kvprefetch did not make it (this "
+                                 "work directory was adopted with your files in it)",
+                                 f"move {root} away (or pass --cuda-home {root} if it is a "
+                                 "CUDA 12 toolkit), then rerun")
             remove_path(workdir, root, family=FetchError)
             move_file(workdir, tmp, root, family=FetchError)
         ownership.record(workdir, root, "toolkit", release=RELEASE)

@@ -19,7 +19,9 @@ from pathlib import Path
 
 from ..errors import VerifyError
 from ..runner import run
+from ..workspace import confine
 from ..workspace.confine import write_file
+from ..workspace.ownership import private_dir
 
 CUDA_ERROR_NO_DEVICE = 100
 _DRIVER_SYMBOL = re.compile(r"^cu[A-Z]\w*$")
@@ -50,7 +52,8 @@ def stub_source(symbols: list[str]) -> str:
             "function returns CUDA_ERROR_NO_DEVICE. */\n" + body)
 
 
-def ensure_stub(vllm_c: Path, dest_root: Path) -> tuple[Path, list[str]]:
+def ensure_stub(vllm_c: Path, dest_root: Path, *,
+                root: Path | None = None) -> tuple[Path, list[str]]:
     """Build (or reuse) the stub for the driver imports of ``vllm_c``; returns (its directory,
     the symbols). Keyed by the symbol list, so one stub serves every env of the same vLLM."""
     nm = run(["nm", "-D", "--undefined-only", str(vllm_c)], echo=False, check=False)
@@ -62,13 +65,21 @@ def ensure_stub(vllm_c: Path, dest_root: Path) -> tuple[Path, list[str]]:
     key = hashlib.sha256(src.encode()).hexdigest()[:12]
     d = dest_root / key
     lib = d / "libcuda.so.1"
-    if not lib.is_file():
-        d.mkdir(parents=True, exist_ok=True)
-        write_file(d / "stub.c", src, family=VerifyError)
-        res = run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
-                   str(d / "libcuda.so.1.tmp"), str(d / "stub.c")], echo=False, check=False)
-        if res.returncode != 0:
-            raise VerifyError(f"could not build the no-device driver stub: "
-                              f"{res.output.strip()[-300:]}", "install gcc")
-        (d / "libcuda.so.1.tmp").replace(lib)
+    if root is not None:
+        confine.check_target(root, lib, what="keep the driver stub in", family=VerifyError)
+    if not confine.is_plain_file(lib):
+        # compiled in a private folder outside the work directory and copied in from the work
+        # directory down (``root``), never through a link: by path, a ``verify/`` that was a
+        # link to a folder outside had the folder, stub.c and the library gcc wrote made there
+        # (issue 41, the seventeenth hostile pass)
+        with private_dir("driver-stub") as tmp:
+            write_file(tmp / "stub.c", src, root=tmp, family=VerifyError)
+            res = run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                       str(tmp / "libcuda.so.1"), str(tmp / "stub.c")], echo=False, check=False)
+            if res.returncode != 0:
+                raise VerifyError(f"could not build the no-device driver stub: "
+                                  f"{res.output.strip()[-300:]}", "install gcc")
+            write_file(d / "stub.c", src, root=root, family=VerifyError)
+            write_file(lib, (tmp / "libcuda.so.1").read_bytes(), root=root, mode=0o755,
+                       family=VerifyError)
     return d, symbols

@@ -8,15 +8,17 @@ against our pin before anything is unpacked."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import stat
 import sys
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -180,38 +182,70 @@ def locate_sdist(index_url: str, timeout: float = 30) -> IndexFile:
                        f"download {upstream.SDIST_NAME} yourself and pass --source PATH")
 
 
-def verify_sdist(path: Path, delete: bool = True) -> None:
+def verify_sdist(path: Path, delete: bool = True, *, root: Path | None = None) -> None:
     """Refuse (and, when ``delete``, delete) a cached file whose sha256 is not the pinned one;
-    a file kvprefetch did not download (``delete`` False) is left as it is."""
+    a file kvprefetch did not download (``delete`` False) is left as it is. ``root``: the work
+    directory (or campaign) the cache is in: the deletion is then made relative to the cache
+    folder opened from it without following a link (``confine.remove_path``)."""
     actual = sha256_file(path)
     if actual != upstream.SDIST_SHA256:
         if not delete:
             raise FetchError(f"{path} has sha256 {actual}, not the pinned {upstream.SDIST_SHA256}, "
                              "and kvprefetch did not download it: it was left as it is",
                              f"move {path} away (or replace it by the real sdist), then rerun")
-        path.unlink()
+        _remove(path, root)
         raise FetchError(f"{path.name} has sha256 {actual}, expected {upstream.SDIST_SHA256}; "
                          "the corrupted or tampered file was deleted and nothing was unpacked",
                          "run the command again to download a fresh copy")
 
 
-def _remove_dead_downloads(downloads: Path) -> None:
-    """Partial downloads of killed runs (``.download-<pid>-*`` of a pid that is gone)."""
+def _remove(path: Path, root: Path | None) -> None:
+    """Remove the file ``path``: from ``root`` down, never through a link, when ``root`` is
+    given (a ``downloads/`` swapped for a link to a folder outside after the checks had the
+    unlink by path delete the file of that name there: issue 41, the seventeenth hostile
+    pass), else by path (a cache the caller names, outside any work directory)."""
+    if root is None:
+        path.unlink()
+        return
+    from ..workspace import confine
+
+    confine.remove_path(root, path, family=FetchError)
+
+
+def _remove_dead_downloads(downloads: Path, root: Path | None = None) -> None:
+    """Partial downloads of killed runs (``.download-<pid>-*`` of a pid that is gone), listed
+    and removed relative to the folder's descriptor (opened from ``root`` down when given,
+    never through a link): by path, a ``downloads/`` swapped for a link meanwhile had a file
+    of that name in the folder it named deleted (the seventeenth hostile pass)."""
+    from ..workspace import confine
     from ..workspace.ownership import pid_alive, valid_pid
 
-    for p in downloads.glob(".download-*-*"):
-        pid = p.name.split("-")[1]
-        if pid.isdigit() and valid_pid(int(pid)) and int(pid) != os.getpid() \
-                and not pid_alive(int(pid)) \
-                and p.is_file() and not p.is_symlink():
-            p.unlink()
+    dfd = confine.open_dir(downloads, root=root, what="clean up partial downloads in",
+                           family=FetchError)
+    try:
+        for name in os.listdir(dfd):
+            if not name.startswith(".download-") or name.count("-") < 2:
+                continue
+            pid = name.split("-")[1]
+            if not (pid.isdigit() and valid_pid(int(pid)) and int(pid) != os.getpid()
+                    and not pid_alive(int(pid))):
+                continue
+            with suppress(FileNotFoundError):
+                if stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | None = None,
-                 may_delete: Callable[[Path], bool] | None = None) -> Path:
+                 may_delete: Callable[[Path], bool] | None = None,
+                 partials: bool = True) -> Path:
     """Return the path of a verified sdist in ``downloads``, downloading it if needed. With
     ``root`` (the work directory), ``downloads`` must be inside it with no symlink on the way;
-    ``may_delete`` says whether a cached file with the wrong hash is the kit's to delete."""
+    ``may_delete`` says whether a cached file with the wrong hash is the kit's to delete;
+    ``partials``: whether killed runs' partial downloads (``.download-<pid>-*``, found by name)
+    are the kit's to remove: not in a work directory adopted with the user's files in it,
+    where a file of that name was the user's (issue 41, the seventeenth hostile pass)."""
     from ..workspace import confine
 
     if root is not None:
@@ -222,22 +256,37 @@ def ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | 
         raise FetchError(f"{target} is not a regular file (a symlink, folder, FIFO or device)",
                          f"move {target} away, then rerun")
     if target.is_file():
-        verify_sdist(target, delete=may_delete(target) if may_delete is not None else True)
+        verify_sdist(target, delete=may_delete(target) if may_delete is not None else True,
+                     root=root)
         return target
     found = locate_sdist(index_url or configured_index_url())
     confine.ensure_dir(downloads, root=root, family=FetchError)
-    _remove_dead_downloads(downloads)
-    fd, tmpname = tempfile.mkstemp(prefix=f".download-{os.getpid()}-", dir=downloads)
-    tmp = Path(tmpname)
+    if partials:
+        _remove_dead_downloads(downloads, root)
+    # streamed into a new temporary beside the target and renamed over it, both relative to
+    # the folder opened from the work directory down without following a link
+    # (confine.open_new), the hash checked before the rename: by path (mkstemp, chmod,
+    # os.replace), a ``downloads/`` swapped for a link to a folder outside during the download
+    # had the 10 MB partial made there and the user's own vllm-0.10.2.tar.gz there replaced
+    # (issue 41, the seventeenth hostile pass)
+    tmp_name = f".download-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        with os.fdopen(fd, "wb") as out, open_url(found.url) as resp:
-            copy_bounded(resp, out.write, upstream.SDIST_SIZE, found.url)
-        verify_sdist(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp made it 0600; the cache may be shared
-        os.replace(tmp, target)
+        with confine.open_new(target, root=root, family=FetchError, tmp_name=tmp_name) as out, \
+                open_url(found.url) as resp:
+            digest = hashlib.sha256()
+
+            def write(chunk: bytes) -> None:
+                digest.update(chunk)
+                out.write(chunk)
+
+            copy_bounded(resp, write, upstream.SDIST_SIZE, found.url)
+            if digest.hexdigest() != upstream.SDIST_SHA256:
+                raise FetchError(f"{upstream.SDIST_NAME} as downloaded from {found.url} has "
+                                 f"sha256 {digest.hexdigest()}, expected "
+                                 f"{upstream.SDIST_SHA256}; the download was deleted and "
+                                 "nothing was unpacked",
+                                 "run the command again to download a fresh copy")
     except (urllib.error.URLError, OSError) as exc:
         raise FetchError(f"download of {found.url} failed: {exc}",
                          "check the network and run the command again") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
     return target

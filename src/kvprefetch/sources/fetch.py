@@ -245,7 +245,8 @@ def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | 
             or not wd.is_adopted()
 
     had = os.path.lexists(wd.downloads / upstream.SDIST_NAME)
-    sdist = ensure_sdist(wd.downloads, index_url, root=wd.root, may_delete=kit_made)
+    sdist = ensure_sdist(wd.downloads, index_url, root=wd.root, may_delete=kit_made,
+                         partials=not wd.is_adopted())
     if not had:
         ownership.record(wd.root, sdist, "download")
     if not _kept(wd, dest, repair, notices):

@@ -240,7 +240,7 @@ def _driver_stub(wd: Workdir, manifest: dict[str, Any]) -> dict[str, Any] | None
     if vllm_c is None:
         raise VerifyError(f"no vllm/_C*.so in {site} (the overlay env of "
                           f"{manifest.get('tree')})", "rerun `kvprefetch build --mode overlay`")
-    d, symbols = ensure_stub(vllm_c, wd.root / "verify" / "driver-stub")
+    d, symbols = ensure_stub(vllm_c, wd.root / "verify" / "driver-stub", root=wd.root)
     return {"dir": str(d), "symbols": symbols, "for": str(vllm_c)}
 
 
@@ -285,9 +285,45 @@ def _no_cuda_device(data: dict[str, Any] | None) -> bool:
             and str(data.get("reason", "")).startswith(NO_CUDA_DEVICE))
 
 
+def _python_problem(python: str, root: Path) -> str | None:
+    """Why the interpreter a build manifest names is not one of the work directory's own
+    environments' (None: it is): the kit made every env in ``<workdir>/envs/``, and its
+    ``bin/python`` (a venv's link to its base interpreter, or the file) is what it recorded. A
+    manifest is data (the threat model): one naming ``/bin/rm`` had verify-kernel run
+    ``rm <kit>/probe/provenance.py kernels``, deleting the kit's own file outside the work
+    directory (issue 41, the seventeenth hostile pass)."""
+    from ..workspace import confine
+
+    envs = root / "envs"
+    path = Path(python)
+    if not path.is_absolute() or ".." in path.parts or confine.has_control(python):
+        return f"names the interpreter {python[:200]!r}, which is no absolute plain path"
+    if not confine.inside(envs, path) or path.parent == envs:
+        return f"names the interpreter {python[:200]}, outside {envs}"
+    link = confine.first_symlink(root, path.parent)
+    if link is not None:
+        return f"names the interpreter {python[:200]} through the symlink {link}"
+    return None
+
+
 def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     t0 = time.monotonic()
     return fn(*args), time.monotonic() - t0
+
+
+def _probe_checked(m: dict[str, Any], root: Path) -> dict[str, Any]:
+    """``_probe_tree``, for a manifest whose interpreter is one of the work directory's own
+    environments' (``_python_problem``); else the probe's error, and nothing is run."""
+    env = m.get("env")
+    env = env if isinstance(env, dict) else {}
+    python = env.get("python") or str(Path(str(env.get("path", ""))) / "bin" / "python")
+    problem = _python_problem(str(python), root)
+    if problem is None:
+        return _probe_tree(m)
+    why = (f"the build manifest of tree {str(m.get('tree'))[:64]!r} {problem}; kvprefetch "
+           "runs no program a record names outside its environments (rebuild the tree "
+           "with `kvprefetch build`)")
+    return {"errors": [why]}
 
 
 def _probe_tree(m: dict[str, Any]) -> dict[str, Any]:
@@ -361,7 +397,8 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
         # as the first tree that loads it has been probed.
         t0 = time.monotonic()
         pending: dict[Future[Any], tuple[str, str]] = {
-            pool.submit(_timed, _probe_tree, m): ("probe", t) for t, m in manifests.items()}
+            pool.submit(_timed, _probe_checked, m, wd.root): ("probe", t)
+            for t, m in manifests.items()}
         run_identity = not overlay_trees and not no_gpu
         if run_identity:
             pending[pool.submit(_timed, _identity_run, wd.root, list(manifests), None)] = (

@@ -115,6 +115,11 @@ def trust_root(root: Path) -> None:
     runner.LOG_DIR_OPENER = open_log_dir
 
 
+def trusted_roots() -> list[str]:
+    """The work directories recorded by ``trust_root`` in this process."""
+    return sorted(_ROOTS)
+
+
 def root_of(path: Path) -> Path | None:
     """The deepest recorded work directory strictly above ``path``, lexically; None if none."""
     p = os.path.normpath(os.path.abspath(path))

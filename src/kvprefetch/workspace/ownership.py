@@ -46,6 +46,7 @@ _WHERE = {
     "download": re.compile(r"downloads/[A-Za-z0-9_][A-Za-z0-9_.+-]*"),
     "toolkit": re.compile(r"toolkits/[A-Za-z0-9_][A-Za-z0-9_.-]*"),
     "tmp": re.compile(r".+"),  # checked below, against its pid
+    "stage": re.compile(rf"trees/\.{_NAME}\.apply"),  # an apply's stage (treetxn)
 }
 
 
@@ -293,17 +294,12 @@ def private_dir(prefix: str, *, outside: Path | None = None) -> Iterator[Path]:
     ``outside``: the work directory, for a folder that programs write into by path (the
     build's ``TMPDIR``): a ``TMPDIR`` inside it is refused, since whoever can write the work
     directory can rename this folder there and put a link in its place; nvcc then wrote its
-    temporaries, 51 MB, into the folder the link named (issue 41, the twelfth hostile pass)."""
-    if outside is not None:
-        system_temp = Path(tempfile.gettempdir()).resolve()
-        work = Path(outside).resolve()
-        if system_temp == work or work in system_temp.parents:
-            raise ConfigError(
-                f"the system temp folder {system_temp} (TMPDIR) is inside the work directory "
-                f"{work}: the compilers write their temporary files there by path, in a folder "
-                "others who can write the work directory could swap for a link",
-                "set TMPDIR to a folder outside the work directory (e.g. export TMPDIR=/tmp), "
-                "then rerun")
+    temporaries, 51 MB, into the folder the link named (issue 41, the twelfth hostile pass).
+    Every work directory this process works in is checked so, ``outside`` or not: apply's
+    folder for ``git apply`` in a ``TMPDIR`` inside the work directory, renamed there and
+    replaced by a link to a folder outside while apply ran, had the patched files written
+    there, exit 0 (the seventeenth hostile pass, 2 runs of 3)."""
+    _check_temp_outside(outside)
     made: list[Path] = []
     try:
         # a stop between mkdtemp's mkdir and the assignment would leave the folder unnamed
@@ -313,6 +309,29 @@ def private_dir(prefix: str, *, outside: Path | None = None) -> Iterator[Path]:
     finally:
         if made:
             _remove_private(made[0])
+
+
+def _check_temp_outside(outside: Path | None) -> None:
+    """Refuse a system temp folder (TMPDIR) inside ``outside`` or inside any work directory
+    this process works in (``confine.trusted_roots``): the programs the kit runs in a private
+    folder (git apply, nvcc, gcc, pip) write there by path, and whoever can write the work
+    directory can rename the folder and put a link in its place."""
+    roots = [Path(r) for r in confine.trusted_roots()]
+    if outside is not None:
+        roots.append(Path(outside))
+    if not roots:
+        return
+    system_temp = Path(tempfile.gettempdir()).resolve()
+    for root in roots:
+        work = root.resolve()
+        if system_temp == work or work in system_temp.parents:
+            raise ConfigError(
+                f"the system temp folder {system_temp} (TMPDIR) is inside the work directory "
+                f"{work}: the programs kvprefetch runs (git apply, the compilers) write their "
+                "files there by path, in a folder others who can write the work directory "
+                "could swap for a link",
+                "set TMPDIR to a folder outside the work directory (e.g. export TMPDIR=/tmp), "
+                "then rerun")
 
 
 def _writable_then_retry(func: Any, path: str, exc_info: Any) -> None:

@@ -20,7 +20,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from ..errors import PatchError
+from ..errors import ConfigError, PatchError
 from ..hashing import sha256_file
 from ..reading import load_json, read_limited
 from . import confine, ownership
@@ -111,19 +111,42 @@ def _restore(root: Path, tree: Path, stage: Path, files: list[dict[str, Any]]) -
                            exact=True)
 
 
+def _recorded(wd: Workdir, stage: Path) -> bool:
+    return (ownership.owned(wd.root, stage) or {}).get("kind") == "stage"
+
+
+def _remove_stage(root: Path, stage: Path) -> None:
+    """Remove the stage, then its entry in the ownership record (a run killed between the two
+    leaves an entry for a path that is gone, which the next ``recover`` forgets)."""
+    confine.remove_path(root, stage, family=PatchError)
+    ownership.forget(root, stage)
+
+
 def recover(wd: Workdir, name: str) -> str | None:
     """Finish the business of an apply that was killed (call with the tree's lock held).
     Returns what was done, or None when there was nothing to do. (A state record's temporary
     left by a killed run is in the ownership record: the next fetch or clean removes it.)"""
     stage = stage_dir(wd, name)
     if not os.path.lexists(stage):
+        if _recorded(wd, stage):  # a run killed after recording its stage, before making it
+            ownership.forget(wd.root, stage)
         return None
     if stage.is_symlink() or not stage.is_dir():
         raise PatchError(f"{stage} is not a kvprefetch stage directory",
                          "move it out of the trees/ directory, then rerun")
+    if not _recorded(wd, stage) and wd.is_adopted():
+        # in an adopted directory only what the record lists is the kit's: a folder of the
+        # user's named like a stage (with a journal.json or not) was removed, and the tree
+        # "rolled back" by its journal (issue 41, the seventeenth hostile pass: `fetch --adopt`
+        # deleted a user's trees/.patched.apply/ and everything in it)
+        raise PatchError(f"{stage} is not the stage of an apply kvprefetch made (the ownership "
+                         "record does not list it, and kvprefetch adopted this work directory "
+                         "with the user's files in it)",
+                         f"move {stage} out of {stage.parent} (kvprefetch does not remove what "
+                         "it did not make), then rerun")
     journal = stage / "journal.json"
     if not journal.is_file():
-        confine.remove_path(wd.root, stage, family=PatchError)
+        _remove_stage(wd.root, stage)
         return f"removed the stage of an apply to {name!r} that stopped before changing the tree"
     try:
         data = json.loads(read_limited(journal))
@@ -142,7 +165,7 @@ def recover(wd: Workdir, name: str) -> str | None:
     if not committed:
         _stage_files(journal, stage, files)  # all checked before the first file is touched
         _restore(wd.root, wd.tree(name), stage, files)
-    confine.remove_path(wd.root, stage, family=PatchError)
+    _remove_stage(wd.root, stage)
     return (f"completed an interrupted apply to {name!r}" if committed
             else f"rolled back an interrupted apply to {name!r}: the tree is as before it")
 
@@ -167,6 +190,9 @@ def commit(wd: Workdir, name: str, changes: dict[str, Path], new_state: dict[str
     # behind the link (issue 41, the ninth hostile pass: `shutil.copy2` into a stage swapped
     # for a link to a folder outside wrote the staged files there, a race a loop won within
     # a few runs)
+    # recorded before it exists: a stage the record lists is the kit's to recover and remove
+    # even in an adopted directory, where an unlisted one is the user's (recover)
+    ownership.record(root, stage, "stage")
     try:
         confine.ensure_dir(stage, root=root, family=PatchError)
         for rel, src in changes.items():
@@ -200,7 +226,7 @@ def commit(wd: Workdir, name: str, changes: dict[str, Path], new_state: dict[str
     except BaseException:
         if journal_written:
             _restore(root, tree, stage, files)
-        with suppress(OSError, PatchError):
-            confine.remove_path(root, stage, family=PatchError)
+        with suppress(OSError, PatchError, ConfigError):
+            _remove_stage(root, stage)
         raise
-    confine.remove_path(root, stage, family=PatchError)
+    _remove_stage(root, stage)
