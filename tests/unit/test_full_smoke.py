@@ -18,7 +18,7 @@ from kvprefetch.builds.full_smoke import (
 )
 from kvprefetch.errors import ConfigError
 from kvprefetch.machine.cmake import parse_cmake_version
-from kvprefetch.verify.kernel import newest_manifests
+from kvprefetch.verify.manifests import newest_manifests
 from kvprefetch.workspace.workdir import Workdir
 
 

@@ -169,9 +169,9 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
         bench=BenchSpec(parse_sizes(batches), _split(contexts), _split(presets), stand_in),
         slurm=SlurmOptions(partition, account, time_limit, gres, cpus_per_build),
         scratch=scratch, keep_scratch=keep_scratch)
-    from ..slurm.scripts import path_left_out
+    from ..slurm.values import path_left_out
 
-    left_out = path_left_out(c)
+    left_out = path_left_out(c.path, c.root)
     if left_out:  # the jobs run in the campaign folder, which others may be able to write
         say("notice: the jobs' PATH leaves out "
             + ", ".join(repr(e) for e in left_out)

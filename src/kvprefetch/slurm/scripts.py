@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import re
 import shlex
 from collections.abc import Sequence
@@ -41,7 +40,7 @@ from .campaign import (
     load_record,
     save_record,
 )
-from .values import SCRATCH_NODE, check_campaign_path
+from .values import SCRATCH_NODE, check_campaign_path, job_path
 
 
 def _q(argv: Sequence[str | Path]) -> str:
@@ -343,7 +342,7 @@ def render_script(c: Campaign, job: Job) -> str:
         "# Self-contained: the interpreter, the kit and PATH are pinned below.",
         "set -euo pipefail",
         f"export PYTHONPATH={shlex.quote(c.kit_root)}",
-        f"export PATH={shlex.quote(job_path(c))}",
+        f"export PATH={shlex.quote(job_path(c.path, c.root))}",
         "unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION",
         f"cd {shlex.quote(c.root)}",
         # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
@@ -367,26 +366,6 @@ def render_script(c: Campaign, job: Job) -> str:
 
 
 _SCRIPT_MARK = "written by `kvprefetch slurm plan`"
-
-
-def path_left_out(c: Campaign) -> list[str]:
-    """The entries of the campaign's PATH that the jobs leave out (``job_path``)."""
-    root = posixpath.normpath(c.root)
-    return [e for e in c.path.split(":")
-            if not e.startswith("/")
-            or (posixpath.normpath(e) + "/").startswith(root + "/")]
-
-
-def job_path(c: Campaign) -> str:
-    """The PATH the jobs run with: the planning shell's, less its entries that are not absolute
-    (empty, ``.``, ``bin``) or are in the campaign. Each job runs in the campaign folder, so
-    such an entry had every program a job looks up (``hostname``, ``dd``, ``mktemp``, git,
-    nvcc) found first in the campaign, where whoever can write it could put their own, run
-    as the user (issue 41, the seventeenth hostile pass: a careless ``PATH=$PATH:`` has an
-    empty entry, the current folder)."""
-    dropped = set(path_left_out(c))
-    kept = [e for e in c.path.split(":") if e not in dropped]
-    return ":".join(kept) or "/usr/bin:/bin"
 
 
 def write_campaign(c: Campaign) -> list[Path]:

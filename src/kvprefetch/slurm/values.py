@@ -208,3 +208,23 @@ def check_arch(arch: str) -> None:
 # ``slurm status --wait --timeout``: seconds, 0 (ask once) to a year. NaN passed every
 # comparison, so the wait never gave up; infinity the same (issue 41, the tenth hostile pass).
 WAIT_TIMEOUT = Bound("--timeout", 0, 366 * 86400)
+
+
+def path_left_out(path: str, campaign: str) -> list[str]:
+    """The entries of the planning shell's ``path`` that the jobs leave out (``job_path``)."""
+    root = posixpath.normpath(campaign)
+    return [e for e in path.split(":")
+            if not e.startswith("/")
+            or (posixpath.normpath(e) + "/").startswith(root + "/")]
+
+
+def job_path(path: str, campaign: str) -> str:
+    """The PATH the jobs run with: the planning shell's, less its entries that are not absolute
+    (empty, ``.``, ``bin``) or are in the campaign. Each job runs in the campaign folder, so
+    such an entry had every program a job looks up (``hostname``, ``dd``, ``mktemp``, git,
+    nvcc) found first in the campaign, where whoever can write it could put their own, run
+    as the user (issue 41, the seventeenth hostile pass: a careless ``PATH=$PATH:`` has an
+    empty entry, the current folder)."""
+    dropped = set(path_left_out(path, campaign))
+    kept = [e for e in path.split(":") if e not in dropped]
+    return ":".join(kept) or "/usr/bin:/bin"

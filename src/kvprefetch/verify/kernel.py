@@ -26,7 +26,6 @@ from typing import Any
 from ..errors import VerifyError
 from ..hashing import sha256_file
 from ..kernels.policy import TWIN_SHAPES
-from ..reading import load_json
 from ..runner import run
 from ..workspace.ownership import private_dir
 from ..workspace.workdir import Workdir, write_json_atomic
@@ -51,59 +50,9 @@ from .machine_code import (
     check_unbounded_copies,
     kernel_changed,
 )
+from .manifests import newest_manifests, python_problem
 from .numerics import NO_CUDA_DEVICE
 from .report import VerifyReport
-
-
-def newest_manifests(wd: Workdir) -> dict[str, dict[str, Any]]:
-    """tree -> the newest build manifest (kernels-only, overlay or full) of that tree. The
-    full-mode smoke's (``build/<tree>/full-smoke/``) records objects, not a library any
-    environment loads, so it is never the one verified."""
-    out: dict[str, tuple[float, dict[str, Any]]] = {}
-    for p in wd.root.glob("build/*/*/manifest.json"):
-        try:
-            m = load_json(p)
-        except (OSError, ValueError):  # a FIFO, a folder, JSON nested too deep: no build
-            continue
-        if not isinstance(m, dict) or m.get("mode") == "full-smoke":
-            continue
-        _check_manifest(p, m)
-        t = p.stat().st_mtime
-        if m.get("tree") and (m["tree"] not in out or t > out[m["tree"]][0]):
-            out[m["tree"]] = (t, m)
-    return {k: v for k, (_, v) in sorted(out.items())}
-
-
-# The fields verify-kernel reads from a build manifest, and the types the kit writes them with
-# (absent or null is allowed, as older manifests lack some).
-_MANIFEST_TEXT = ("tree", "mode", "so_path", "so_sha256", "key", "variant")
-_MANIFEST_ENV_TEXT = ("path", "python")
-
-
-def _check_manifest(path: Path, m: dict[str, Any]) -> None:
-    """A build manifest is data in the work directory: a field verify-kernel reads with
-    another type than the kit writes (``"tree": ["x"]``, ``"env": 5``, a path with a NUL) is a
-    VerifyError naming it. It was a TypeError or AttributeError traceback (a list as a dict
-    key, ``5.get``, ``Path([..])``; issue 41, the seventeenth hostile pass)."""
-    def bad(field: str, value: Any) -> VerifyError:
-        what = "text with a NUL" if isinstance(value, str) else type(value).__name__
-        return VerifyError(f"build manifest {path} is corrupt: `{field}` is {what}, "
-                           "not a name or path",
-                           "rebuild that tree (`kvprefetch build`), or move the manifest's "
-                           "folder out of build/")
-    for k in _MANIFEST_TEXT:
-        v = m.get(k)
-        if v is not None and (not isinstance(v, str) or "\0" in v):
-            raise bad(k, v)
-    env = m.get("env")
-    if env is None:
-        return
-    if not isinstance(env, dict):
-        raise bad("env", env)
-    for k in _MANIFEST_ENV_TEXT:
-        v = env.get(k)
-        if v is not None and (not isinstance(v, str) or "\0" in v):
-            raise bad(f"env.{k}", v)
 
 
 def _inside(path: str | None, roots: list[str]) -> bool:
@@ -285,27 +234,6 @@ def _no_cuda_device(data: dict[str, Any] | None) -> bool:
             and str(data.get("reason", "")).startswith(NO_CUDA_DEVICE))
 
 
-def _python_problem(python: str, root: Path) -> str | None:
-    """Why the interpreter a build manifest names is not one of the work directory's own
-    environments' (None: it is): the kit made every env in ``<workdir>/envs/``, and its
-    ``bin/python`` (a venv's link to its base interpreter, or the file) is what it recorded. A
-    manifest is data (the threat model): one naming ``/bin/rm`` had verify-kernel run
-    ``rm <kit>/probe/provenance.py kernels``, deleting the kit's own file outside the work
-    directory (issue 41, the seventeenth hostile pass)."""
-    from ..workspace import confine
-
-    envs = root / "envs"
-    path = Path(python)
-    if not path.is_absolute() or ".." in path.parts or confine.has_control(python):
-        return f"names the interpreter {python[:200]!r}, which is no absolute plain path"
-    if not confine.inside(envs, path) or path.parent == envs:
-        return f"names the interpreter {python[:200]}, outside {envs}"
-    link = confine.first_symlink(root, path.parent)
-    if link is not None:
-        return f"names the interpreter {python[:200]} through the symlink {link}"
-    return None
-
-
 def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     t0 = time.monotonic()
     return fn(*args), time.monotonic() - t0
@@ -317,7 +245,7 @@ def _probe_checked(m: dict[str, Any], root: Path) -> dict[str, Any]:
     env = m.get("env")
     env = env if isinstance(env, dict) else {}
     python = env.get("python") or str(Path(str(env.get("path", ""))) / "bin" / "python")
-    problem = _python_problem(str(python), root)
+    problem = python_problem(str(python), root)
     if problem is None:
         return _probe_tree(m)
     why = (f"the build manifest of tree {str(m.get('tree'))[:64]!r} {problem}; kvprefetch "
