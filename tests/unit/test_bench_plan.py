@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 import pytest
+from click.testing import CliRunner
 
 from kvprefetch.bench.decode_plan import DecodeBenchOptions, plan_decode_bench
 from kvprefetch.bench.kernel_plan import (
@@ -128,6 +129,24 @@ def test_decode_defaults_and_the_serving_trace(tmp_path: Path) -> None:
     assert [w.label for w in plan.workloads][:2] == ["b1 x 1k", "b4 x 1k"]
     trace = plan.workloads[-1]
     assert trace.dist is not None and trace.batch == 4 and trace.requests == 10
+
+
+@pytest.mark.parametrize(("field", "option", "value"), [
+    ("requests", "--requests", 10**23), ("requests", "--requests", 1_000_001),
+    ("repeats", "--repeats", 1001), ("steps", "--steps", (1 << 20) + 1),
+    ("repeats", "--repeats", 0)])
+def test_decode_counts_past_their_range_name_the_option(tmp_path: Path, field: str,
+                                                        option: str, value: int) -> None:
+    """--requests, --steps and --repeats had no ceiling: a dry run planned 10**23 requests
+    (issue 41, the seventeenth hostile pass). The plan and the command line refuse them."""
+    options = DecodeBenchOptions(workdir=tmp_path, serve="uniform", max_model_len=1 << 22,
+                                 **{field: value})
+    with pytest.raises(OptionError, match="not a whole number") as caught:
+        plan_decode_bench(options, builds=())
+    assert caught.value.option == option
+    res = CliRunner().invoke(bench, ["decode", "--dry-run", "--workdir", str(tmp_path),
+                                     option, str(value)])
+    assert res.exit_code == 2 and option in res.output, res.output
 
 
 def test_decode_context_past_max_model_len_names_the_option(tmp_path: Path) -> None:

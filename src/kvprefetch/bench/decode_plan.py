@@ -27,6 +27,8 @@ from .decode_serve import LengthDist
 from .matrix import parse_sizes
 from .plan import (
     BenchRun,
+    Bound,
+    check_bounds,
     output_dir,
     output_paths,
     parse_formats,
@@ -38,6 +40,16 @@ from .vllm_call import MAX_SEQ_LEN_TO_CAPTURE
 
 DEFAULT_BATCHES = (1, 8, 32, 128)
 DEFAULT_CONTEXTS = (1024, 8192, 32768)
+
+# The ranges of bench decode's counts (issue 41, the seventeenth hostile pass: a dry run took
+# --requests 10**23, and a real run would have built that many requests). Repeats interleave
+# the builds: 1000 rounds of every workload is days on the GPU (bench e2e's cap too). A serving
+# trace of 1,000,000 requests at the default 128 output tokens is 128M decode steps, days again,
+# and each request is an entry of the trace in memory. Steps per fixed point: a context never
+# passes 1M tokens (bench e2e's token counts), and context + steps must fit --max-model-len.
+DECODE_REPEATS = Bound("--repeats", 1, 1000, integer=True)
+DECODE_REQUESTS = Bound("--requests", 1, 1_000_000, integer=True)
+DECODE_STEPS = Bound("--steps", 1, 1 << 20, integer=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +116,8 @@ def plan_decode_bench(options: DecodeBenchOptions,
     one found when none is named]. A plan may have no builds (a dry run on a machine without
     them); ``run_decode_plan`` refuses it."""
     o = options
+    check_bounds([(DECODE_STEPS, o.steps), (DECODE_REQUESTS, o.requests),
+                  (DECODE_REPEATS, o.repeats)])
     model = (load_config(o.config, tp=o.tp, layers=o.layers, dtype=o.dtype) if o.config
              else model_preset(o.preset, dtype=o.dtype, layers=o.layers))
     batches = parse_sizes(o.batch) if o.batch else DEFAULT_BATCHES

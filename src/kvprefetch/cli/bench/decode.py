@@ -10,6 +10,9 @@ from typing import Any
 import click
 
 from ...bench.decode_plan import (
+    DECODE_REPEATS,
+    DECODE_REQUESTS,
+    DECODE_STEPS,
     DecodeBenchOptions,
     DecodeBenchPlan,
     check_decode_run,
@@ -17,7 +20,14 @@ from ...bench.decode_plan import (
     run_decode_plan,
 )
 from ...console import emit_json, info, table
-from ..common import SEED_RANGE, count_range, dry_run_option, json_option, workdir_option
+from ..common import (
+    SEED_RANGE,
+    BoundedNumber,
+    count_range,
+    dry_run_option,
+    json_option,
+    workdir_option,
+)
 from .options import output_options, trees_option, usage_errors
 
 _D = DecodeBenchOptions  # the defaults the help shows are the library's
@@ -40,19 +50,21 @@ _D = DecodeBenchOptions  # the defaults the help shows are the library's
 @click.option("--batch", multiple=True, help="Batch sizes of the fixed points, e.g. 1,8,32,128.")
 @click.option("--context", multiple=True,
               help="Context lengths of the fixed points, e.g. 1k,8k,32k (k = 1024).")
-@click.option("--steps", type=click.IntRange(min=1), default=_D.steps, show_default=True,
+@click.option("--steps", type=BoundedNumber(DECODE_STEPS), default=_D.steps, show_default=True,
               help="Decode steps timed per fixed point.")
 @click.option("--serve", type=click.Choice(["fixed", "uniform", "longtail"]),
               default=None, help="Also a continuous-batching trace with lengths from this "
               "distribution (seeded): --requests requests, at most the largest --batch at once.")
-@click.option("--requests", type=click.IntRange(min=1), default=_D.requests, show_default=True)
+@click.option("--requests", type=BoundedNumber(DECODE_REQUESTS), default=_D.requests,
+              show_default=True)
 @click.option("--prompt-len", type=click.IntRange(min=1), default=_D.prompt_len,
               show_default=True)
 @click.option("--output-len", type=click.IntRange(min=1), default=_D.output_len,
               show_default=True)
 @click.option("--max-model-len", type=count_range(16), default=_D.max_model_len,
               show_default=True, help="Longest sequence; block tables hold this many tokens.")
-@click.option("--repeats", type=click.IntRange(min=1), default=_D.repeats, show_default=True,
+@click.option("--repeats", type=BoundedNumber(DECODE_REPEATS), default=_D.repeats,
+              show_default=True,
               help="Interleaved rounds per workload.")
 @click.option("--eager", is_flag=True, help="Every step eager, as vLLM's enforce_eager.")
 @click.option("--max-seq-len-to-capture", type=count_range(1),
