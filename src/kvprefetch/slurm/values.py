@@ -212,10 +212,16 @@ WAIT_TIMEOUT = Bound("--timeout", 0, 366 * 86400)
 
 def path_left_out(path: str, campaign: str) -> list[str]:
     """The entries of the planning shell's ``path`` that the jobs leave out (``job_path``)."""
-    root = posixpath.normpath(campaign)
+    root = _normal(campaign)
     return [e for e in path.split(":")
-            if not e.startswith("/")
-            or (posixpath.normpath(e) + "/").startswith(root + "/")]
+            if not e.startswith("/") or (_normal(e) + "/").startswith(root + "/")]
+
+
+def _normal(path: str) -> str:
+    """``path`` normalized, its leading slashes one: normpath keeps two (POSIX leaves ``//``
+    to the system), so ``//campaign/bin`` passed the check while naming the campaign's bin/
+    on Linux (issue 41, the eighteenth hostile pass)."""
+    return posixpath.normpath("/" + path.lstrip("/"))
 
 
 def job_path(path: str, campaign: str) -> str:

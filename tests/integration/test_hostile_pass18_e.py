@@ -1,0 +1,140 @@
+"""Issue 41, the eighteenth hostile pass (tester e: campaigns, job scripts and read-back files,
+re-attacking the seventeenth pass's job PATH). Each test fails without its fix (checked by
+reverting ``src`` and running it):
+
+- The seventeenth pass had the jobs' PATH leave out the planner's entries that are not
+  absolute or are in the campaign, by their text (``posixpath.normpath``). ``//campaign/bin``
+  (normpath keeps two leading slashes) and an entry reaching the campaign through a link of
+  the user's (``/home`` -> ``/gpfs/home``, or any alias of the campaign's path) passed, and a
+  ``hostname`` planted in the campaign's ``bin/`` ran as the user in the job and wrote a file
+  outside (2 cases of 2).
+- A job inherits the submitter's environment (sbatch's ``--export=ALL``) and runs its first
+  programs in the campaign folder (``hostname``, ``date``; ``write_new``'s ``mktemp``, ``dd``
+  and ``mv`` in ``logs/``): a careless ``LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/cuda/lib64``, an
+  empty first entry, is the working folder to the dynamic loader, and a ``libacl.so.1``
+  planted in ``logs/`` was loaded into ``mv`` and ran as the user (a file outside written).
+  ``.``, a relative entry and a link to the campaign the same.
+
+Now each job, before it runs any program, keeps of PATH and LD_LIBRARY_PATH only the entries
+that are absolute and neither are in nor reach (through any folder on their way) the
+campaign as the node sees it, with shell builtins; ``slurm plan``'s own check folds ``//``.
+Slurm is absent: the job scripts are run by bash as Slurm runs them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+_SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _plan(tmp_path: Path, camp: Path, path: str, python: str = "/bin/true") -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), PATH=path)
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--stand-in", "--python", python], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout + res.stderr
+
+
+def _run_job(tmp_path: Path, camp: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    job_env = {"HOME": str(tmp_path), "SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin", **env}
+    return subprocess.run(["bash", str(camp / "scripts" / "00-prepare.sbatch")], env=job_env,
+                          capture_output=True, text=True, timeout=60, check=False, cwd="/")
+
+
+@pytest.mark.parametrize("how", ["double-slash", "link"])
+def test_a_planners_path_entry_reaching_the_campaign_by_another_name_is_left_out(
+        tmp_path: Path, outside: Path, how: str) -> None:
+    """``//<campaign>/bin`` or ``<link to the campaign's parent>/camp/bin`` on the planner's
+    PATH: a ``hostname`` planted in the campaign's bin/ never runs in the job."""
+    camp, bad = tmp_path / "camp", outside / "ran-by-the-job"
+    (tmp_path / "alias").symlink_to(tmp_path)
+    entry = "/" + str(camp / "bin") if how == "double-slash" else str(tmp_path / "alias/camp/bin")
+    _plan(tmp_path, camp, f"{entry}:/usr/bin:/bin")
+    (camp / "bin").mkdir()
+    (camp / "bin" / "hostname").write_text(f"#!/bin/sh\necho pwned > {bad}\n")
+    (camp / "bin" / "hostname").chmod(0o755)
+    res = _run_job(tmp_path, camp)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not bad.exists(), "the job ran a program planted in the campaign"
+    assert (camp / "logs" / "prepare-7.exit").read_text() == "0\n"
+
+
+@pytest.mark.parametrize("ld", [":/usr/local/cuda/lib64", ".", "logs", "{alias}/camp/logs",
+                                "/{camp}/logs"])
+def test_an_inherited_library_path_never_reaches_the_campaign(
+        tmp_path: Path, outside: Path, ld: str) -> None:
+    """The job's programs, its kit included, see an LD_LIBRARY_PATH (and PATH) of absolute
+    entries outside the campaign only; the submitter's good entries are kept."""
+    camp, seen = tmp_path / "camp", outside.parent / f"{outside.name}-seen"
+    (tmp_path / "alias").symlink_to(tmp_path)
+    ld = ld.format(alias=tmp_path / "alias", camp=camp)
+    py = tmp_path / "python"  # the job's "interpreter": it writes what it was given
+    py.write_text(f'#!/bin/sh\nprintf "%s\\n%s\\n" "$LD_LIBRARY_PATH" "$PATH" > {seen}\n')
+    py.chmod(0o755)
+    try:
+        _plan(tmp_path, camp, "/usr/bin:/bin", python=str(py))
+        res = _run_job(tmp_path, camp, LD_LIBRARY_PATH=f"{ld}:/opt/keep/lib")
+        assert res.returncode == 0, res.stdout + res.stderr
+        lib_path, path = seen.read_text().splitlines()
+    finally:
+        seen.unlink(missing_ok=True)
+    kept = [e for e in ld.split(":") if e.startswith("/usr/")]
+    assert lib_path == ":".join([*kept, "/opt/keep/lib"]), lib_path
+    assert path == "/usr/bin:/bin", path
+
+
+def _fake_libacl(tmp_path: Path, bad: Path) -> Path | None:
+    """A ``libacl.so.1`` that writes ``bad`` when loaded and defines (as stubs) what ``mv``
+    takes from the real one; None where this machine's ``mv`` does not link libacl or no C
+    compiler is found."""
+    cc, mv = shutil.which("cc") or shutil.which("gcc"), shutil.which("mv")
+    if cc is None or mv is None:
+        return None
+    ldd = subprocess.run(["ldd", mv], capture_output=True, text=True, check=False).stdout
+    real = [line.split("=>")[1].split()[0] for line in ldd.splitlines()
+            if "libacl.so.1" in line and "=>" in line]
+    if not real:
+        return None
+    nm = subprocess.run(["nm", "-D", "--defined-only", real[0]], capture_output=True,
+                        text=True, check=False).stdout
+    names = sorted({f.split()[2].split("@")[0] for f in nm.splitlines()
+                    if len(f.split()) == 3 and f.split()[1] in "TW"})
+    src = tmp_path / "fake.c"
+    src.write_text('#include <fcntl.h>\n#include <unistd.h>\n'
+                   '__attribute__((constructor)) static void loaded(void) {\n'
+                   f'  int f = open("{bad}", O_WRONLY | O_CREAT, 0644);\n'
+                   '  if (f >= 0) { write(f, "pwned\\n", 6); close(f); }\n}\n'
+                   + "".join(f"long {n}(void) {{ return 0; }}\n" for n in names))
+    lib = tmp_path / "libacl.so.1"
+    res = subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src),
+                          "-Wl,-soname,libacl.so.1"], capture_output=True, check=False)
+    return lib if res.returncode == 0 else None
+
+
+def test_a_library_planted_in_the_campaign_never_loads_through_an_empty_library_path_entry(
+        tmp_path: Path, outside: Path) -> None:
+    """The attack itself: a ``libacl.so.1`` in the campaign's logs/ and folder, the job
+    started with ``LD_LIBRARY_PATH=:/usr/local/cuda/lib64``: it is never loaded."""
+    camp, bad = tmp_path / "camp", outside / "loaded-by-the-job"
+    lib = _fake_libacl(tmp_path, bad)
+    if lib is None:
+        pytest.skip("no C compiler, or this mv does not link libacl.so.1")
+    _plan(tmp_path, camp, "/usr/bin:/bin")
+    for where in (camp / "logs", camp):
+        shutil.copy(lib, where / "libacl.so.1")
+    res = _run_job(tmp_path, camp, LD_LIBRARY_PATH=":/usr/local/cuda/lib64")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not bad.exists(), "the job loaded a library planted in the campaign"
+    assert (camp / "logs" / "prepare-7.exit").read_text() == "0\n"
