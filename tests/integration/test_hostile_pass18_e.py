@@ -15,6 +15,12 @@ reverting ``src`` and running it):
   planted in ``logs/`` was loaded into ``mv`` and ran as the user (a file outside written).
   ``.``, a relative entry and a link to the campaign the same.
 
+- A ``campaign.json`` whose batch sizes and bench job's array were edited together (the job
+  list the plan gives for them, so the seventeenth pass's job check took it) was used as it
+  stood: 100,000 batch sizes had ``slurm status`` run for 111 s (a million: about 20
+  minutes), and repeated sizes, which the plan drops, were taken. Now a campaign has at most
+  1000 batch sizes, each once, at plan and read-back (exit 2 with a fix).
+
 Now each job, before it runs any program, keeps of PATH and LD_LIBRARY_PATH only the entries
 that are absolute and neither are in nor reach (through any folder on their way) the
 campaign as the node sees it, with shell builtins; ``slurm plan``'s own check folds ``//``.
@@ -138,3 +144,67 @@ def test_a_library_planted_in_the_campaign_never_loads_through_an_empty_library_
     assert res.returncode == 0, res.stdout + res.stderr
     assert not bad.exists(), "the job loaded a library planted in the campaign"
     assert (camp / "logs" / "prepare-7.exit").read_text() == "0\n"
+
+
+def _fake_sbatch(tmp_path: Path) -> dict[str, str]:
+    """An environment with a fake ``sbatch`` (a new id each call) and ``scontrol`` that has
+    forgotten every job on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    counter = tmp_path / "ids"
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/bash\nn=$(( $(cat {counter} 2>/dev/null || echo 100) + 1 ))\n'
+        f'echo "$n" > {counter}\necho "$n"\n')
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/bash\necho "slurm_load_jobs error: Invalid job id specified"; exit 1\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path),
+               PATH=f"{bin_dir}:{os.environ['PATH']}")
+    return env
+
+
+@pytest.mark.parametrize("batches", [list(range(1, 60001)), [1] * 2, [8, 1, 8]])
+def test_a_campaign_forged_with_a_huge_or_repeated_batch_list_is_refused_at_once(
+        tmp_path: Path, outside: Path, batches: list[int]) -> None:
+    """campaign.json's batch sizes and the bench job's array edited together (the job list
+    the plan gives for them, so the job check takes it): status, submit and its dry run refuse
+    it in seconds (exit 2, with a fix); 60,000 tasks had status run for over a minute."""
+    import json
+
+    env = _fake_sbatch(tmp_path)
+    camp = tmp_path / "camp"
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--stand-in"], env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    assert subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
+                          env=env, capture_output=True, timeout=60, check=False).returncode == 0
+    rec = json.loads((camp / "campaign.json").read_text())
+    rec["plan"]["bench"]["batches"] = batches
+    for job in rec["plan"]["jobs"]:
+        if job["name"] == "bench":
+            job["array"] = len(batches)
+    (camp / "campaign.json").write_text(json.dumps(rec))
+    for args in (("status",), ("submit", "--dry-run"), ("resubmit", str(camp), "bench")):
+        argv = [sys.executable, "-m", "kvprefetch", "slurm", *args]
+        if args[0] != "resubmit":
+            argv.append(str(camp))
+        res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=20,
+                             check=False)
+        out = res.stdout + res.stderr
+        assert "Traceback" not in out, out[-2000:]
+        assert res.returncode == 2 and "batch sizes" in out and "To fix" in out, \
+            (args, res.returncode, out[-2000:])
+
+
+def test_a_plan_of_more_batch_sizes_than_one_array_takes_is_refused(tmp_path: Path) -> None:
+    """``slurm plan --batch 1,...,1001``: refused with its fix (exit 2), nothing planned."""
+    env = _fake_sbatch(tmp_path)
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan",
+                          str(tmp_path / "camp"), "--stand-in", "--batch",
+                          ",".join(str(b) for b in range(1, 1002))], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2 and "at most 1000 batch sizes" in res.stderr, res.stderr
+    assert not (tmp_path / "camp").exists()
