@@ -20,6 +20,12 @@ reverting ``src`` and running it):
   stood: 100,000 batch sizes had ``slurm status`` run for 111 s (a million: about 20
   minutes), and repeated sizes, which the plan drops, were taken. Now a campaign has at most
   1000 batch sizes, each once, at plan and read-back (exit 2 with a fix).
+- ``slurm publish`` took a scratch build manifest's ``env.path`` for any folder of the
+  scratch holding the library: a NUL in it was ``os.path.realpath``'s ``ValueError``, and the
+  scratch root itself (the library under both it and the build folder) was a ``relative_to``
+  ``ValueError``, both tracebacks, after the whole scratch had been copied into the campaign.
+  Now the env must be the scratch's ``envs/<tree>``, the one published, or the manifest is
+  named (exit 10 with a fix).
 
 Now each job, before it runs any program, keeps of PATH and LD_LIBRARY_PATH only the entries
 that are absolute and neither are in nor reach (through any folder on their way) the
@@ -28,6 +34,7 @@ Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -171,8 +178,6 @@ def test_a_campaign_forged_with_a_huge_or_repeated_batch_list_is_refused_at_once
     """campaign.json's batch sizes and the bench job's array edited together (the job list
     the plan gives for them, so the job check takes it): status, submit and its dry run refuse
     it in seconds (exit 2, with a fix); 60,000 tasks had status run for over a minute."""
-    import json
-
     env = _fake_sbatch(tmp_path)
     camp = tmp_path / "camp"
     res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
@@ -208,3 +213,35 @@ def test_a_plan_of_more_batch_sizes_than_one_array_takes_is_refused(tmp_path: Pa
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 2 and "at most 1000 batch sizes" in res.stderr, res.stderr
     assert not (tmp_path / "camp").exists()
+
+
+_EMPTY_SHA = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+@pytest.mark.parametrize("case", ["nul", "scratch-root", "build-folder"])
+def test_a_scratch_manifest_whose_env_is_not_the_trees_environment_is_refused_by_publish(
+        tmp_path: Path, outside: Path, case: str) -> None:
+    """The scratch build's manifest names as its env a path with a NUL, the scratch root or
+    its build folder (each holding the library): publish names the manifest or refuses the
+    library (exit 10, a fix), no traceback, nothing published."""
+    env = _fake_sbatch(tmp_path)
+    camp, scr = tmp_path / "camp", tmp_path / "scr"
+    kit = [sys.executable, "-m", "kvprefetch", "slurm"]
+    res = subprocess.run([*kit, "plan", str(camp), "--stand-in", "--no-gpu"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    build = scr / "build" / "baseline" / "k"
+    build.mkdir(parents=True)
+    (build / "lib.so").write_bytes(b"")
+    env_path = {"nul": "a\x00b", "scratch-root": str(scr), "build-folder": str(scr / "build")}
+    (build / "manifest.json").write_text(json.dumps({
+        "tree": "baseline", "variant": "baseline", "namespace": "kvprefetch_baseline",
+        "so_path": str(build / "lib.so"), "so_sha256": _EMPTY_SHA, "head_sizes": [128],
+        "block_sizes": [16], "kv_dtypes": ["auto"], "env": {"path": env_path[case]}}))
+    res = subprocess.run([*kit, "publish", str(camp), "--tree", "baseline", "--scratch",
+                          str(scr)], env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    out = res.stdout + res.stderr
+    assert "Traceback" not in out, out[-3000:]
+    assert res.returncode == 10 and "To fix" in out, (res.returncode, out[-2000:])
+    assert not (camp / "work" / "envs" / "baseline").exists()
