@@ -26,6 +26,10 @@ reverting ``src`` and running it):
   ``ValueError``, both tracebacks, after the whole scratch had been copied into the campaign.
   Now the env must be the scratch's ``envs/<tree>``, the one published, or the manifest is
   named (exit 10 with a fix).
+- ``bench e2e`` checked vLLM's throughput result with ``math.isfinite``: a 400-digit integer
+  at ``tokens_per_second`` was an ``OverflowError`` traceback, and 1.7e308 tokens over
+  5e-324 s an infinite rate the plot refused with a message blaming matplotlib (reinstall
+  it). Now each of the three numbers is compared, never converted, with 1e-9 to 1e12.
 
 Now each job, before it runs any program, keeps of PATH and LD_LIBRARY_PATH only the entries
 that are absolute and neither are in nor reach (through any folder on their way) the
@@ -245,3 +249,41 @@ def test_a_scratch_manifest_whose_env_is_not_the_trees_environment_is_refused_by
     assert "Traceback" not in out, out[-3000:]
     assert res.returncode == 10 and "To fix" in out, (res.returncode, out[-2000:])
     assert not (camp / "work" / "envs" / "baseline").exists()
+
+
+_FAKE_VLLM = """#!/bin/sh
+# an environment's python that prints vLLM's version, and as `vllm bench throughput` writes
+# $FAKE_JSON to --output-json
+prev=""; out=""
+for a in "$@"; do [ "$prev" = "--output-json" ] && out="$a"; prev="$a"; done
+if [ -n "$out" ]; then printf '%s' "$FAKE_JSON" > "$out"; else echo '{"vllm": "0.10.2"}'; fi
+"""
+
+
+@pytest.mark.parametrize("written", [
+    '{"tokens_per_second": 1%s, "num_requests": 1, "elapsed_time": 1}' % ("0" * 400),
+    '{"tokens_per_second": 1.7e308, "num_requests": 1.7e308, "elapsed_time": 5e-324}'],
+    ids=["huge-integer", "infinite-rate"])
+def test_a_throughput_result_with_numbers_out_of_reach_is_one_message(
+        tmp_path: Path, outside: Path, written: str) -> None:
+    """vLLM's ``--output-json`` with a 400-digit integer, or a rate that overflows: one
+    message naming the file and the run's log (exit 7), no traceback, no blame on
+    matplotlib."""
+    python = tmp_path / "python"
+    python.write_text(_FAKE_VLLM)
+    python.chmod(0o755)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"passed": True, "envs": {
+        "baseline": {"python": str(python)}, "patched": {"python": str(python)}}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPREFETCH")}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), FAKE_JSON=written)
+    res = subprocess.run(
+        [sys.executable, "-m", "kvprefetch", "bench", "e2e", "--workdir", str(tmp_path / "wd"),
+         "--out", str(tmp_path / "out"), "--model-dir", str(tmp_path), "--verify-report",
+         str(report), "--max-num-seqs", "8", "--repeats", "1"],
+        capture_output=True, text=True, timeout=120, env=env, check=False)
+    out = res.stdout + res.stderr
+    assert "Traceback" not in out and "matplotlib" not in out, out[-3000:]
+    assert res.returncode == 7, (res.returncode, out[-2000:])
+    assert "baseline-seqs8-r0.json" in out and "baseline-seqs8-r0.log" in out, out[-2000:]
+    assert "To fix" in out, out[-2000:]
