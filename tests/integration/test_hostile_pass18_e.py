@@ -30,6 +30,10 @@ reverting ``src`` and running it):
   at ``tokens_per_second`` was an ``OverflowError`` traceback, and 1.7e308 tokens over
   5e-324 s an infinite rate the plot refused with a message blaming matplotlib (reinstall
   it). Now each of the three numbers is compared, never converted, with 1e-9 to 1e12.
+- ``report --index`` took a run's ``provenance.json`` fields on trust: a ``tree`` of 0,
+  null or an object was a ``TypeError`` traceback (``tree[:12]``), a ``date`` of a number one
+  in the sort beside other runs, and a newline in a title broke the index's table. Now the
+  seven text fields must be text of one line, or the file and the fields are named (exit 7).
 
 Now each job, before it runs any program, keeps of PATH and LD_LIBRARY_PATH only the entries
 that are absolute and neither are in nor reach (through any folder on their way) the
@@ -287,3 +291,40 @@ def test_a_throughput_result_with_numbers_out_of_reach_is_one_message(
     assert res.returncode == 7, (res.returncode, out[-2000:])
     assert "baseline-seqs8-r0.json" in out and "baseline-seqs8-r0.log" in out, out[-2000:]
     assert "To fix" in out, out[-2000:]
+
+
+def _smallest_runs(n: int) -> list[Path]:
+    """The ``n`` smallest committed runs (folders with a provenance.json) of docs/results."""
+    results = _SRC.parent / "docs" / "results"
+    runs = [p.parent for p in results.rglob("provenance.json")]
+    return sorted(runs, key=lambda r: sum(f.stat().st_size for f in r.rglob("*")))[:n]
+
+
+@pytest.mark.parametrize("edit", [{"tree": 0}, {"tree": None}, {"tree": {"a": 1}},
+                                  {"date": 20261201}, {"title": "two\nlines"}],
+                         ids=["tree-number", "tree-null", "tree-object", "date-number",
+                              "title-newline"])
+def test_a_provenance_whose_fields_are_not_text_is_named_by_the_index(
+        tmp_path: Path, outside: Path, edit: dict[str, object]) -> None:
+    """``report --index`` over two committed runs, one's ``provenance.json`` edited: a
+    ``tree`` that is no text was a TypeError traceback at ``tree[:12]`` and a ``date`` of a
+    number one in the sort; a newline broke the index's table. Now the file and its fields
+    are named (exit 7, a fix), and the index is not written."""
+    runs = tmp_path / "runs"
+    for src in _smallest_runs(2):
+        shutil.copytree(src, runs / src.name)
+    prov = runs / min(p.name for p in runs.iterdir()) / "provenance.json"
+    rec = json.loads(prov.read_text())
+    rec.update(edit)
+    prov.write_text(json.dumps(rec))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPREFETCH")}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "report", "--index", str(runs),
+                          "--out", str(tmp_path / "results.md")], env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    out = res.stdout + res.stderr
+    assert "Traceback" not in out, out[-3000:]
+    assert res.returncode == 7 and "should be text of one line" in out and "To fix" in out, \
+        (res.returncode, out[-2000:])
+    assert str(prov) in out, out[-2000:]
+    assert not (tmp_path / "results.md").exists()
