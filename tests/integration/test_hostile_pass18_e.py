@@ -34,6 +34,11 @@ reverting ``src`` and running it):
   null or an object was a ``TypeError`` traceback (``tree[:12]``), a ``date`` of a number one
   in the sort beside other runs, and a newline in a title broke the index's table. Now the
   seven text fields must be text of one line, or the file and the fields are named (exit 7).
+- Slurm starts a job in the folder sbatch ran in: a user who ran ``slurm submit .`` from the
+  campaign folder, with such an ``LD_LIBRARY_PATH``, had every job's bash load a
+  ``libtinfo.so.6`` planted in the campaign before the script's first line (a file outside
+  written), where no filter in the script can reach. Now sbatch is given ``--chdir=/`` and,
+  like scontrol and sacct, runs from ``/``.
 
 Now each job, before it runs any program, keeps of PATH and LD_LIBRARY_PATH only the entries
 that are absolute and neither are in nor reach (through any folder on their way) the
@@ -328,3 +333,77 @@ def test_a_provenance_whose_fields_are_not_text_is_named_by_the_index(
         (res.returncode, out[-2000:])
     assert str(prov) in out, out[-2000:]
     assert not (tmp_path / "results.md").exists()
+
+
+def _fake_lib(tmp_path: Path, program: str, soname: str, bad: Path) -> Path | None:
+    """A ``soname`` that writes ``bad`` when loaded and defines (as stubs) what the real one
+    exports; None where ``program`` does not link it or no C compiler is found."""
+    cc, exe = shutil.which("cc") or shutil.which("gcc"), shutil.which(program)
+    if cc is None or exe is None:
+        return None
+    ldd = subprocess.run(["ldd", exe], capture_output=True, text=True, check=False).stdout
+    real = [line.split("=>")[1].split()[0] for line in ldd.splitlines()
+            if soname in line and "=>" in line]
+    if not real:
+        return None
+    nm = subprocess.run(["nm", "-D", "--defined-only", real[0]], capture_output=True,
+                        text=True, check=False).stdout
+    fields = [f.split() for f in nm.splitlines() if len(f.split()) == 3]
+    src = tmp_path / f"fake-{soname}.c"
+    src.write_text('#include <fcntl.h>\n#include <unistd.h>\n'
+                   '__attribute__((constructor)) static void loaded(void) {\n'
+                   f'  int f = open("{bad}", O_WRONLY | O_CREAT, 0644);\n'
+                   '  if (f >= 0) { write(f, "pwned\\n", 6); close(f); }\n}\n'
+                   + "".join(f"long {n.split('@')[0]}(void) {{ return 0; }}\n"
+                             for _, t, n in fields if t in "TW")
+                   + "".join(f"char {n.split('@')[0]}[64];\n"
+                             for _, t, n in fields if t in "BDR"))
+    lib = tmp_path / soname
+    res = subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src),
+                          f"-Wl,-soname,{soname}"], capture_output=True, check=False)
+    return lib if res.returncode == 0 else None
+
+
+_SLURM_LIKE_SBATCH = """#!/bin/bash
+# sbatch as Slurm runs a job: in --chdir, else the folder sbatch ran in; the prepare job run
+# there at once (with the environment sbatch was given, --export=ALL)
+n=$(( $(cat {ids} 2>/dev/null || echo 100) + 1 )); echo "$n" > {ids}
+dir=$PWD
+for a in "$@"; do case "$a" in --chdir=*) dir=${{a#--chdir=}};; esac; done
+echo "$PWD $dir" >> {where}
+script=${{@: -1}}
+case "$script" in *00-prepare.sbatch)
+  (cd "$dir" && SLURM_JOB_ID=$n exec bash "$script" >/dev/null 2>&1) ;; esac
+echo "$n"
+"""
+
+
+def test_a_job_never_starts_in_the_campaign_a_user_submits_from(
+        tmp_path: Path, outside: Path) -> None:
+    """``slurm submit`` run from inside the campaign folder, with an inherited
+    ``LD_LIBRARY_PATH=:/usr/local/cuda/lib64``: Slurm started each job there, and bash, the
+    job's shell, loaded a ``libtinfo.so.6`` planted in the campaign before the script's first
+    line (a file outside written). Now sbatch gets ``--chdir=/`` and runs from ``/`` itself;
+    where the machine's bash links libtinfo and a C compiler is found, the planted library is
+    shown never to load."""
+    camp, where, bad = tmp_path / "camp", tmp_path / "where", outside / "loaded-by-bash"
+    env = _fake_sbatch(tmp_path)
+    (tmp_path / "bin" / "sbatch").write_text(
+        _SLURM_LIKE_SBATCH.format(ids=tmp_path / "ids", where=where))
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--stand-in", "--python", "/bin/true"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    lib = _fake_lib(tmp_path, "bash", "libtinfo.so.6", bad)
+    if lib is not None:
+        shutil.copy(lib, camp / "libtinfo.so.6")
+    env["LD_LIBRARY_PATH"] = ":/usr/local/cuda/lib64"
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", "."],
+                         env=env, cwd=camp, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = where.read_text().splitlines()
+    assert lines == ["/ /"] * 6, lines  # sbatch ran in /, each job starts in /
+    assert not bad.exists(), "the job's shell loaded a library planted in the campaign"
+    if lib is not None:
+        assert (camp / "logs" / "prepare-101.exit").read_text() == "0\n"

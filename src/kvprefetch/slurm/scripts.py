@@ -502,7 +502,12 @@ def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],
     """``sbatch --parsable [--dependency=afterok:ID:ID] [--array=TASK] [--output=LOG] SCRIPT``:
     ``log_dir`` is the submission's own fresh folder for Slurm's output
     (``sending.new_log_dir``; the option overrides the script's ``#SBATCH --output``)."""
-    argv = ["sbatch", "--parsable"]
+    # --chdir=/: Slurm starts a job in the folder sbatch ran in, the campaign for a user who
+    # submits from it, and bash (the job's shell) loads its libraries before the script's
+    # first line: an inherited LD_LIBRARY_PATH with an empty entry (`:/cuda/lib64`) had it
+    # load a libtinfo.so.6 planted in the campaign, run as the user (issue 41, the
+    # eighteenth hostile pass). Every path the script and this command name is absolute.
+    argv = ["sbatch", "--parsable", "--chdir=/"]
     if dependency_ids:
         argv.append("--dependency=afterok:" + ":".join(dependency_ids))
     if task is not None:
