@@ -39,6 +39,9 @@ reverting ``src`` and running it):
   ``libtinfo.so.6`` planted in the campaign before the script's first line (a file outside
   written), where no filter in the script can reach. Now sbatch is given ``--chdir=/`` and,
   like scontrol and sacct, runs from ``/``.
+- ``slurm status`` read a forgotten job's exit record of 256 or a 23-digit number as its
+  exit code (FAILED, "256:0"); a shell's status is 0 to 255. Now such a record is named as
+  holding no exit status (ENDED).
 
 Now each job, before it runs any program, keeps of PATH and LD_LIBRARY_PATH only the entries
 that are absolute and neither are in nor reach (through any folder on their way) the
@@ -407,3 +410,24 @@ def test_a_job_never_starts_in_the_campaign_a_user_submits_from(
     assert not bad.exists(), "the job's shell loaded a library planted in the campaign"
     if lib is not None:
         assert (camp / "logs" / "prepare-101.exit").read_text() == "0\n"
+
+
+@pytest.mark.parametrize("record", ["256", "99999999999999999999999", "1000"])
+def test_an_exit_record_holding_no_shell_status_is_not_shown_as_one(
+        tmp_path: Path, outside: Path, record: str) -> None:
+    """A forgotten job's exit record (in the campaign, writable by whoever can write it)
+    holding 256 or a 23-digit number: status showed it as the job's exit code (FAILED); now
+    the record is named as holding no exit status (ENDED, not a success)."""
+    env = _fake_sbatch(tmp_path)
+    camp = tmp_path / "camp"
+    kit = [sys.executable, "-m", "kvprefetch", "slurm"]
+    for args in (("plan", str(camp), "--stand-in"), ("submit", str(camp))):
+        res = subprocess.run([*kit, *args], env=env, capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert res.returncode == 0, res.stderr
+    (camp / "logs" / "prepare-101.exit").write_text(record + "\n")
+    res = subprocess.run([*kit, "status", str(camp), "--json"], env=env, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert "Traceback" not in res.stdout + res.stderr, res.stderr
+    assert f"{record}:0" not in res.stdout, res.stdout
+    assert "not an exit status" in res.stdout, res.stdout[-2000:]

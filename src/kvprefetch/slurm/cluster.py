@@ -325,7 +325,9 @@ def recorded_end(logs: Path, job: str, job_id: str) -> JobState:
     except (OSError, ValueError) as exc:
         return JobState(job, job_id, "ENDED", "?", f"its exit record is unreadable ({exc})",
                         "none")
-    if not text.isdigit():
+    # a shell's exit status is 0 to 255: 256 or a 23-digit number was shown as the job's
+    # exit code, FAILED (issue 41, the eighteenth hostile pass)
+    if not re.fullmatch(r"[0-9]{1,3}", text) or int(text) > 255:
         return JobState(job, job_id, "ENDED", "?", f"{path.name} holds {text[:20]!r}, not an "
                         "exit status", "exit record")
     return JobState(job, job_id, "COMPLETED" if int(text) == 0 else "FAILED", f"{text}:0",
