@@ -16,7 +16,6 @@ environments (``<workdir>/verify/report.json`` with ``"passed": true``).
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -346,11 +345,13 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
 
 
 _THROUGHPUT_FIELDS = ("tokens_per_second", "num_requests", "elapsed_time")
+# tokens per second, requests and seconds of one run: far beyond any GPU's, and far below
+_THROUGHPUT_MIN, _THROUGHPUT_MAX = 1e-9, 1e12
 
 
 def _throughput(path: Path) -> dict[str, Any]:
     """What ``vllm bench throughput`` wrote (``--output-json``): a JSON object whose
-    ``tokens_per_second``, ``num_requests`` and ``elapsed_time`` are positive finite numbers,
+    ``tokens_per_second``, ``num_requests`` and ``elapsed_time`` are numbers from 1e-9 to 1e12,
     read as every record is (a regular file, bounded), or a BenchError naming the file. The
     environment's vLLM, like the work directory it lives in, is data to this reader: a file
     lacking a field, with text or a list there, or an elapsed time of 0 was a KeyError,
@@ -365,10 +366,15 @@ def _throughput(path: Path) -> dict[str, Any]:
         raise BenchError(f"vLLM's throughput result {path} is no JSON object", fix)
     for k in _THROUGHPUT_FIELDS:
         v = res.get(k)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or v <= 0:
-            raise BenchError(f"vLLM's throughput result {path} has no positive number at "
-                             f"`{k}` ({json.dumps(v)[:40]})", fix)
+        # compared, never converted: math.isfinite of a 400-digit integer was an
+        # OverflowError traceback; NaN fails the comparison. The bounds keep the rates and
+        # ratios made of these finite: 1.7e308 tokens over 5e-324 s was infinity, which the
+        # plot refused with a message blaming matplotlib (issue 41, the eighteenth pass)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) \
+                or not _THROUGHPUT_MIN <= v <= _THROUGHPUT_MAX:
+            raise BenchError(f"vLLM's throughput result {path} has no number from "
+                             f"{_THROUGHPUT_MIN:g} to {_THROUGHPUT_MAX:g} at `{k}` "
+                             f"({json.dumps(v)[:40]})", fix)
     return res
 
 

@@ -15,6 +15,7 @@ from typing import TypedDict
 
 from ..errors import BenchError
 from ..reading import read_limited
+from ..workspace.confine import has_control
 from .decode_report import decode_summary
 from .documents import load_document, reading
 from .render import ctx, geomean, md_table
@@ -70,10 +71,22 @@ def load_run(folder: Path) -> ResultRun:
     if missing:
         raise BenchError(f"{path} lacks {', '.join(missing)}",
                          f"give every run's {PROVENANCE} the fields {', '.join(_FIELDS)}")
+    # text, one line each: they are table cells and list items of the index. A `tree` of 0,
+    # true, null or {..} was a TypeError traceback at `tree[:12]`, a `date` of a number one in
+    # the sort beside the other runs' text (issue 41, the eighteenth hostile pass)
+    bad = [f for f in _FIELDS[:-1] if not isinstance(raw[f], str) or has_control(raw[f])]
+    if bad:
+        raise BenchError(f"{path}: {', '.join(f'{f} ({_kind(raw[f])})' for f in bad)} "
+                         "should be text of one line", fix)
     heads = raw["headline"] if isinstance(raw["headline"], list) else [raw["headline"]]
     return ResultRun(path=folder, title=raw["title"], date=raw["date"], gpu=raw["gpu"],
                      measures=raw["measures"], commit=raw["commit"], tree=raw["tree"],
                      command=raw["command"], headline=tuple(heads))
+
+
+def _kind(value: object) -> str:
+    """A bad provenance value as the message names it: the text escaped and cut, or its type."""
+    return repr(value[:60]) if isinstance(value, str) else type(value).__name__
 
 
 def find_runs(root: Path) -> list[ResultRun]:

@@ -38,7 +38,9 @@ def _slurm(argv: Sequence[str], check: bool = True) -> Any:
     if which(argv[0]) is None:
         raise SlurmError(f"{argv[0]} was not found on PATH", FIX_SLURM)
     try:
-        return run(list(argv), echo=False, check=check)
+        # from /, never the folder the user runs the kit in (it may be the campaign): an
+        # empty LD_LIBRARY_PATH entry is the working folder to the dynamic loader
+        return run(list(argv), echo=False, check=check, cwd="/")
     except CommandError as exc:
         tail = "\n".join(shown(line, 500) for line in exc.tail.strip().splitlines()[-20:])
         raise SlurmError(f"{' '.join(argv)} failed (exit code {exc.returncode}): {tail}",
@@ -295,7 +297,7 @@ def job_states(job: str, job_id: str) -> list[JobState]:
                          "none")]
     if which("sacct") is not None:
         acct = run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode"],
-                   echo=False, check=False)
+                   echo=False, check=False, cwd="/")
         rows = parse_sacct(acct.output) if acct.returncode == 0 else []
         if rows:
             return [JobState(job, r["JobID"], r["State"], r["ExitCode"], "", "sacct")
@@ -323,7 +325,9 @@ def recorded_end(logs: Path, job: str, job_id: str) -> JobState:
     except (OSError, ValueError) as exc:
         return JobState(job, job_id, "ENDED", "?", f"its exit record is unreadable ({exc})",
                         "none")
-    if not text.isdigit():
+    # a shell's exit status is 0 to 255: 256 or a 23-digit number was shown as the job's
+    # exit code, FAILED (issue 41, the eighteenth hostile pass)
+    if not re.fullmatch(r"[0-9]{1,3}", text) or int(text) > 255:
         return JobState(job, job_id, "ENDED", "?", f"{path.name} holds {text[:20]!r}, not an "
                         "exit status", "exit record")
     return JobState(job, job_id, "COMPLETED" if int(text) == 0 else "FAILED", f"{text}:0",

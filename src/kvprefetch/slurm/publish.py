@@ -255,10 +255,20 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
         raise SlurmError(f"{built.manifest_path} is corrupt: its `env` is "
                          f"{type(env).__name__}, not an object",
                          "rebuild in the scratch work directory; resubmit the build job")
-    src_env = Path(str(env.get("path", "")))
+    path = env.get("path", "")
+    if not isinstance(path, str) or "\x00" in path:
+        # a NUL was os.path.realpath's ValueError, a traceback (issue 41, the eighteenth pass)
+        raise SlurmError(f"{built.manifest_path} is corrupt: its env's path is "
+                         f"{repr(path)[:200]}, not a path",
+                         "rebuild in the scratch work directory; resubmit the build job")
+    src_env = Path(path)
     real_env = Path(os.path.realpath(src_env))
-    if not _inside(Path(os.path.realpath(built.so_path)), real_env) \
-            or not _inside(real_env, swd.root):
+    # the scratch's environment of this tree, the one the kit's kernels-only build makes and
+    # the one published to envs/<tree>: an env of the scratch root (or its build folder) had
+    # the whole scratch copied, and a library under both folders was a ValueError traceback
+    # in relative_to (issue 41, the eighteenth hostile pass)
+    if real_env != Path(os.path.realpath(swd.env(tree))) \
+            or not _inside(Path(os.path.realpath(built.so_path)), real_env):
         raise SlurmError(f"the build of {tree} loads {built.so_path}, not a library in an "
                          f"environment of the scratch {swd.root}",
                          "build with `kvprefetch build --kernels-only` in the scratch work "

@@ -240,6 +240,41 @@ def _bench_task_sh(c: Campaign) -> list[str]:
 # digits (and `_`, an array task's label) only, as `slurm publish` checks its --job (issue 41, the
 # fifth hostile pass: a SLURM_JOB_ID `/../../x` put the exit record outside the campaign, a
 # SLURM_ARRAY_TASK_ID `BATCHES[$(cmd)0]` ran cmd).
+# The search paths a job inherits or is given, kept to their entries that are absolute and
+# lie outside the campaign as the node sees them, before the job runs any program: the job
+# runs in the campaign folder (and write_new in its logs/), so an empty or relative entry is
+# that folder, and an entry reaching it through a link or `//` (which `slurm plan`'s string
+# check did not see) is in it too. A careless `LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/cuda/lib64`
+# (an empty first entry), inherited through sbatch's --export=ALL, had `mv` load a libacl.so.1
+# planted in logs/ and `PATH=//campaign/bin:...` or a link to the campaign had a planted
+# `hostname` run, each as the user (issue 41, the eighteenth hostile pass). Builtins only:
+# nothing may be looked up before the paths are kept.
+KEEP_OUTSIDE_SH = (
+    "reaches_campaign() {  # $1 or a folder on its way resolves into the campaign folder",
+    '  local p=$1 r',
+    '  while :; do',
+    '    if r=$(cd -P -- "$p" 2>/dev/null && pwd -P); then',
+    '      while [ "${r#//}" != "$r" ]; do r=${r#/}; done',
+    '      case "$r/" in "$CAMPAIGN_AT"/*) return 0;; esac',
+    '    fi',
+    "    case \"$p\" in /|//|'') return 1;; esac",
+    '    p=${p%/*}; p=${p:-/}',
+    '  done',
+    '}',
+    "keep_outside() {  # the variable named $1, less its entries in or reaching the campaign",
+    '  local rest e kept=',
+    '  rest=${!1-}:',
+    '  while [ -n "$rest" ]; do',
+    '    e=${rest%%:*}; rest=${rest#*:}',
+    '    case "$e" in /*) ;; *) continue;; esac',
+    '    if reaches_campaign "$e"; then continue; fi',
+    '    kept=${kept:+$kept:}$e',
+    '  done',
+    '  printf -v "$1" %s "$kept"',
+    '}',
+)
+
+
 CHECK_JOB_IDS_SH = (
     'for id in "$JOB_ID" "${SLURM_JOB_ID:-0}" "${SLURM_ARRAY_TASK_ID:-0}"; do',
     '  case "$id" in',
@@ -343,6 +378,11 @@ def render_script(c: Campaign, job: Job) -> str:
         "set -euo pipefail",
         f"export PYTHONPATH={shlex.quote(c.kit_root)}",
         f"export PATH={shlex.quote(job_path(c.path, c.root))}",
+        *KEEP_OUTSIDE_SH,
+        f"CAMPAIGN_AT=$(cd -P -- {shlex.quote(c.root)} && pwd -P)",
+        'while [ "${CAMPAIGN_AT#//}" != "$CAMPAIGN_AT" ]; do CAMPAIGN_AT=${CAMPAIGN_AT#/}; done',
+        'keep_outside PATH; PATH=${PATH:-/usr/bin:/bin}',
+        'if [ -n "${LD_LIBRARY_PATH+x}" ]; then keep_outside LD_LIBRARY_PATH; fi',
         "unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION",
         f"cd {shlex.quote(c.root)}",
         # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
@@ -462,7 +502,12 @@ def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],
     """``sbatch --parsable [--dependency=afterok:ID:ID] [--array=TASK] [--output=LOG] SCRIPT``:
     ``log_dir`` is the submission's own fresh folder for Slurm's output
     (``sending.new_log_dir``; the option overrides the script's ``#SBATCH --output``)."""
-    argv = ["sbatch", "--parsable"]
+    # --chdir=/: Slurm starts a job in the folder sbatch ran in, the campaign for a user who
+    # submits from it, and bash (the job's shell) loads its libraries before the script's
+    # first line: an inherited LD_LIBRARY_PATH with an empty entry (`:/cuda/lib64`) had it
+    # load a libtinfo.so.6 planted in the campaign, run as the user (issue 41, the
+    # eighteenth hostile pass). Every path the script and this command name is absolute.
+    argv = ["sbatch", "--parsable", "--chdir=/"]
     if dependency_ids:
         argv.append("--dependency=afterok:" + ":".join(dependency_ids))
     if task is not None:

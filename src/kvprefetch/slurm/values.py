@@ -155,6 +155,9 @@ def check_scratch(scratch: str, root: str) -> str:
     return scratch
 
 
+MAX_BATCHES = 1000
+
+
 def check_batches(batches: Sequence[object]) -> None:
     """Each bench task's batch size (the kernel's num_seqs): a whole number from 1 to the
     kernel's gridDim.y limit (bench/limits.py: vLLM launches one block row per sequence, so a
@@ -167,6 +170,17 @@ def check_batches(batches: Sequence[object]) -> None:
             raise ConfigError(f"--batch {b!r} is not a batch size from 1 to {MAX_GRID_YZ} (the "
                               "kernel's gridDim.y limit: one block row per sequence)",
                               "pass e.g. --batch 1,8,32,64,128")
+    # after the type checks: set() of a list in the record would be a TypeError
+    if len(batches) > MAX_BATCHES or len(set(batches)) != len(batches):
+        # one array task each, and `slurm status` lists each: a campaign.json forged with its
+        # batch list and the bench job's array both 100,000 long (the job list the plan gives,
+        # so the seventeenth pass's check took it) had status run for 111 s, a million for
+        # about 20 minutes (issue 41, the eighteenth hostile pass); the plan drops duplicates
+        raise ConfigError(f"{len(batches)} batch sizes ({len(set(batches))} different): a "
+                          f"campaign benchmarks at most {MAX_BATCHES} batch sizes, each once "
+                          "(one Slurm array task each; Slurm's default MaxArraySize is 1001)",
+                          "pass fewer batch sizes, e.g. --batch 1,8,32,64,128; a campaign.json "
+                          "with more was edited: plan the campaign again")
 
 
 def check_contexts(contexts: Sequence[str]) -> None:
@@ -212,10 +226,16 @@ WAIT_TIMEOUT = Bound("--timeout", 0, 366 * 86400)
 
 def path_left_out(path: str, campaign: str) -> list[str]:
     """The entries of the planning shell's ``path`` that the jobs leave out (``job_path``)."""
-    root = posixpath.normpath(campaign)
+    root = _normal(campaign)
     return [e for e in path.split(":")
-            if not e.startswith("/")
-            or (posixpath.normpath(e) + "/").startswith(root + "/")]
+            if not e.startswith("/") or (_normal(e) + "/").startswith(root + "/")]
+
+
+def _normal(path: str) -> str:
+    """``path`` normalized, its leading slashes one: normpath keeps two (POSIX leaves ``//``
+    to the system), so ``//campaign/bin`` passed the check while naming the campaign's bin/
+    on Linux (issue 41, the eighteenth hostile pass)."""
+    return posixpath.normpath("/" + path.lstrip("/"))
 
 
 def job_path(path: str, campaign: str) -> str:
