@@ -26,7 +26,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from kvprefetch.slurm.scripts import WRITE_NEW_SH
+from kvprefetch.slurm.shell import WRITE_NEW_SH
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.slurm.scripts import WRITE_NEW_SH
+from kvprefetch.slurm.shell import WRITE_NEW_SH
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch.slurm.scripts import WRITE_NEW_SH
+from kvprefetch.slurm.shell import WRITE_NEW_SH
 from tests.integration.helpers import signal_until_exit
 from tests.integration.test_reliability import outside
 

@@ -146,7 +146,7 @@ def check_scratch(scratch: str, root: str) -> str:
     # as the kernel reads it: `/x/../camp/s`, `//camp/s` and `/camp/./s` named the campaign and
     # passed a check of the text as typed (issue 41, the fourteenth hostile pass); a folder whose
     # value only the job's shell knows ($PWD, a relative $VAR) is checked by the job
-    # (scripts.SCRATCH_OUTSIDE_SH)
+    # (shell.SCRATCH_OUTSIDE_SH)
     inside = re.sub("/+", "/", posixpath.normpath(scratch)).rstrip("/") + "/"
     if inside.startswith(str(root).rstrip("/") + "/"):
         raise ConfigError(f"--scratch {scratch} is inside the campaign {root}: a build job's "

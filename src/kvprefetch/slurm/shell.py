@@ -1,0 +1,213 @@
+"""The bash every job script of a campaign carries, as lines ``scripts.render_script`` puts
+into each script: the check that a build's scratch is outside the campaign
+(``SCRATCH_OUTSIDE_SH``), the step out of the campaign before the kit runs
+(``LEAVE_CAMPAIGN_SH``), the search paths kept to entries outside it (``KEEP_OUTSIDE_SH``),
+the check of Slurm's job ids (``CHECK_JOB_IDS_SH``) and the one way a job writes a file in the
+campaign (``WRITE_NEW_SH``). Each is written for an attacker who can write the campaign folder
+and nothing else (the threat model in docs/reliability.md); the comment above each says which
+attack shaped it. Pure text: nothing here runs."""
+
+from __future__ import annotations
+
+# A build job's scratch folder must be outside the campaign (values.check_scratch says why) as
+# the job's shell expands it: `$PWD/s` (the job starts in the campaign), a relative `$VAR` (a
+# relative folder is in the campaign) or a node TMPDIR set to a folder in the campaign passed
+# the plan's check of the text and put the scratch in the campaign (issue 41, the fourteenth
+# hostile pass). Checked where the job runs, by the folder the kernel resolves, before anything
+# is made in it; the job's working folder is the campaign's root here.
+_SCRATCH_INSIDE_MSG = (
+    'echo "refusing to build in $SCRATCH_BASE: it is in the campaign $CAMPAIGN_REAL, where'
+    ' whoever can write the campaign could swap it for a link. To fix: plan the campaign again'
+    ' with --scratch node or a folder of yours outside it (and a TMPDIR outside it)" >&2;'
+    ' exit 2')
+SCRATCH_OUTSIDE_SH = (
+    'case "$SCRATCH_BASE" in /*) ;; *)',
+    ('  echo "refusing to build in $SCRATCH_BASE: a scratch folder must be absolute, and a'
+     ' relative one is in the campaign. To fix: plan the campaign again with --scratch node or'
+     ' a folder of yours outside it" >&2; exit 2;; esac'),
+    # In the campaign by any path: a folder on the way, as the path is spelled (`..` and `.`
+    # taken as text) or as the kernel resolves it, that is the campaign's own folder (the same
+    # device and inode: the campaign by its name, through a link, or bind-mounted elsewhere).
+    # The spelled path counts: `$PWD/scr` with `scr` a link in the campaign to a folder outside
+    # resolved outside and passed, and the job then worked through that link by name, which
+    # whoever writes the campaign could point elsewhere while it ran; `mkdir -p` made the
+    # missing folders of `$PWD/scr/sub` behind the link before any check (issue 41, the
+    # fifteenth hostile pass). So the spelled path is checked before anything is made.
+    # Every link met on the way is followed too, one hop at a time, and its target's folders
+    # checked the same way: a scratch of the user's whose own link points at a link in the
+    # campaign (`~/scr` -> `camp/lnk`) resolved outside, no folder of its spelling was the
+    # campaign, and the job built wherever `camp/lnk` (whoever writes the campaign) sent it
+    # (issue 41, left open by the fifteenth pass). Each folder that holds a link the kernel
+    # would follow is the resolved form of some prefix of a path checked here. Past 40 links
+    # (the kernel's own limit, ELOOP) the path cannot be made a folder, which mkdir then says.
+    # Each path is checked once per call (again only from fewer hops, which can reach
+    # further): the walk that first met it checks, or has checked, every folder above it.
+    # Checked again from each target that shared the folders, a path of n links took 2^n
+    # checks: a link in the campaign to /proc/self/root/proc/self/root/... (10 times: 30 s, each
+    # more doubling it) kept the job on a scratch it was to refuse for hours (issue 41, the
+    # sixteenth hostile pass).
+    'CAMPAIGN_REAL=$(env pwd -P); CAMPAIGN_ID=$(stat -c %d:%i -- .); declare -A SEEN=()',
+    "in_campaign() {",
+    '  local d=$1 hops=${2:-0} t',
+    '  if [ -z "${2:-}" ]; then SEEN=(); fi',
+    '  while :; do',
+    '    if [ "${SEEN["$d"]:-41}" -le "$hops" ]; then return 1; fi',
+    '    SEEN["$d"]=$hops',
+    '    if [ "$(stat -L -c %d:%i -- "$d" 2>/dev/null)" = "$CAMPAIGN_ID" ]; then return 0; fi',
+    '    if [ -L "$d" ]; then',
+    '      if [ "$hops" -ge 40 ]; then return 1; fi',
+    '      t=$(readlink -- "$d") || return 0',
+    '      case "$t" in /*) ;; *) t=$(dirname -- "$d")/$t;; esac',
+    '      if in_campaign "$t" $((hops + 1)); then return 0; fi',
+    '    fi',
+    '    case "$d" in /|.|//) return 1;; esac; d=$(dirname -- "$d")',
+    '  done',
+    "}",
+    f'if in_campaign "$SCRATCH_BASE"; then {_SCRATCH_INSIDE_MSG}; fi',
+    # a file, FIFO or unwritable folder there: mkdir's "File exists" alone said nothing the
+    # user could act on (the fourteenth hostile pass)
+    ('mkdir -p -- "$SCRATCH_BASE" || { echo "refusing to build in $SCRATCH_BASE: it cannot be'
+     ' made a folder (something other than a folder is there, or it is not writable). To fix:'
+     ' plan the campaign again with --scratch node or a folder of yours, or set the node'
+     ' TMPDIR to a writable folder" >&2; exit 2; }'),
+    'SCRATCH_REAL=$(cd -P -- "$SCRATCH_BASE" && env pwd -P)',
+    f'if in_campaign "$SCRATCH_REAL"; then {_SCRATCH_INSIDE_MSG}; fi',
+    # from here on by the resolved path, whose folders were all outside the campaign when
+    # checked: nothing on it is a name whoever writes the campaign can change
+    'SCRATCH_BASE=$SCRATCH_REAL',
+)
+
+
+# Before the job runs the kit, it leaves the campaign folder for the root folder: `python -m`
+# puts its working folder first on sys.path, before PYTHONPATH and the standard library, so a
+# `kvprefetch/` (or `json.py`, ...) that whoever can write the campaign put there was imported
+# in place of the kit and ran as the user in every job (issue 41, the seventeenth hostile pass).
+# Every path the kit is given here is absolute; `/` is the root's to write.
+LEAVE_CAMPAIGN_SH = "cd /  # python -m imports from its working folder first"
+
+
+# The search paths a job inherits or is given, kept to their entries that are absolute and
+# lie outside the campaign as the node sees them, before the job runs any program: the job
+# runs in the campaign folder (and write_new in its logs/), so an empty or relative entry is
+# that folder, and an entry reaching it through a link or `//` (which `slurm plan`'s string
+# check did not see) is in it too. A careless `LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/cuda/lib64`
+# (an empty first entry), inherited through sbatch's --export=ALL, had `mv` load a libacl.so.1
+# planted in logs/ and `PATH=//campaign/bin:...` or a link to the campaign had a planted
+# `hostname` run, each as the user (issue 41, the eighteenth hostile pass). Builtins only:
+# nothing may be looked up before the paths are kept.
+KEEP_OUTSIDE_SH = (
+    "reaches_campaign() {  # $1 or a folder on its way resolves into the campaign folder",
+    '  local p=$1 r',
+    '  while :; do',
+    '    if r=$(cd -P -- "$p" 2>/dev/null && pwd -P); then',
+    '      while [ "${r#//}" != "$r" ]; do r=${r#/}; done',
+    '      case "$r/" in "$CAMPAIGN_AT"/*) return 0;; esac',
+    '    fi',
+    "    case \"$p\" in /|//|'') return 1;; esac",
+    '    p=${p%/*}; p=${p:-/}',
+    '  done',
+    '}',
+    "keep_outside() {  # the variable named $1, less its entries in or reaching the campaign",
+    '  local rest e kept=',
+    '  rest=${!1-}:',
+    '  while [ -n "$rest" ]; do',
+    '    e=${rest%%:*}; rest=${rest#*:}',
+    '    case "$e" in /*) ;; *) continue;; esac',
+    '    if reaches_campaign "$e"; then continue; fi',
+    '    kept=${kept:+$kept:}$e',
+    '  done',
+    '  printf -v "$1" %s "$kept"',
+    '}',
+)
+
+
+# The ids the job reads from its environment name its exit record and scratch folder and index
+# the bench array (bash evaluates an array index as arithmetic, which runs any `$(...)` in it):
+# digits (and `_`, an array task's label) only, as `slurm publish` checks its --job (issue 41, the
+# fifth hostile pass: a SLURM_JOB_ID `/../../x` put the exit record outside the campaign, a
+# SLURM_ARRAY_TASK_ID `BATCHES[$(cmd)0]` ran cmd).
+CHECK_JOB_IDS_SH = (
+    'for id in "$JOB_ID" "${SLURM_JOB_ID:-0}" "${SLURM_ARRAY_TASK_ID:-0}"; do',
+    '  case "$id" in',
+    ("    ''|*[!0-9_]*) echo \"refusing to run: the job id '$id' from Slurm's environment is not"
+    ' digits. To fix: submit the script with sbatch (kvprefetch slurm submit)" >&2; exit 2;;'),
+    "  esac",
+    "done",
+)
+
+# How a job's shell writes a file in the campaign folder (its exit record, verify's report),
+# never through a link that whoever can write the folder planted there (issue 41, the fourth
+# hostile pass: `> FILE` followed a link at the record's temporary or at results/verify.json and
+# wrote outside, `mv -f` into a link to a folder moved the record there): stdin goes to a new
+# file, which is renamed over FILE (`mv -T`: a link at FILE, even to a folder, is replaced, never
+# followed); a folder holding FILE that is a link is refused. Both act in the folder the
+# subshell has entered (`cd -P`): the working directory holds on to that folder, so a swap of
+# its path for a link after the check moves nothing outside (issue 41, the eleventh hostile
+# pass: under a swap loop of results/, the paths by name wrote 49 temporaries into the folder
+# the link named).
+# The check that the subshell is in the folder asks the kernel (getcwd, the external `pwd`):
+# bash's own `pwd -P` resolves again, by name, the path `cd -P` recorded, and `cd -P` resolved
+# that path by name before its chdir, so a swap between the two, and back before the check,
+# left the subshell in the folder outside with the check passed (a fresh CI rehearsal found a
+# verify.json written outside under the eleventh pass's swap loop; 40,000 writes here wrote one).
+# The temporary is made, opened and written by one `dd`, with O_CREAT|O_EXCL|O_NOFOLLOW
+# (`conv=excl oflag=nofollow`): that open never follows a link, never opens a FIFO, device or
+# file already at the name (EEXIST), so what it writes is a new file of this subshell's, with
+# the mode the umask gives. Its name comes from `mktemp -u` (random, made by nothing until `dd`
+# makes it), so no watcher can see it before it is this subshell's file. `mktemp` made the file
+# and bash opened it again by name (`<>`, O_CREAT without O_NOFOLLOW), then checked it by name:
+# a watcher (inotify) that saw the new name and put a link there had `<>` create a file
+# through a dangling link outside the campaign (22 runs of 30), or, swapping the link for a
+# hard link to the same file between the check's two `stat`s, pass the check and have the
+# report written over a file outside, exit 0 (12 runs of 30; issue 41, the fifteenth hostile
+# pass). Earlier: noclobber's `>` at a guessable name opened a FIFO there and waited for good
+# (the twelfth pass); a link put at the name was written through (the fourteenth).
+# A SIGTERM to the job (scancel, the time limit) while verify's report was being written left
+# results/verify.json.tmp-* for good (the subshell's TERM was the default action): the
+# temporary is removed when the subshell ends before its rename (issue 41, the twelfth hostile
+# pass), and so is anything put at its name, which only this subshell knew.
+WRITE_NEW_SH = (
+    "write_new() {",
+    '  local dir name from=$PWD',
+    '  dir=$(dirname -- "$1"); name=$(basename -- "$1")',
+    '  if [ -L "$dir" ]; then echo "refusing to write $1: $dir is a symlink" >&2; return 1; fi',
+    '  ( cd -P -- "$dir" || exit 1',
+    '    if [ "$(env pwd -P)" != "$dir" ]; then',
+    ('      echo "refusing to write $1: $dir became a symlink (another process is changing'
+     ' the campaign)" >&2; exit 1'),
+    "    fi",
+    "    tmp=; trap '[ -z \"$tmp\" ] || rm -f -- \"$tmp\"' EXIT; trap 'exit 143' TERM INT HUP",
+    '    tmp=$(mktemp -u -- "$name.tmp-XXXXXXXXXX") || exit 1',
+    # `write_new FILE CMD...` runs CMD (in the folder write_new was called from) into the
+    # temporary and learns its status, which `CMD | write_new FILE` never could: a verify-kernel
+    # killed while it printed its report (the OOM killer, a kill of its own) had the half it
+    # printed replace the earlier run's report (issue 41, the sixteenth hostile pass)
+    '    st=(0 0)',
+    '    if [ $# -gt 1 ]; then',
+    ('      (cd -- "$from" && exec "${@:2}") | dd of="$tmp" conv=excl oflag=nofollow status=none'
+     ' || st=("${PIPESTATUS[@]}")'),
+    '    else dd of="$tmp" conv=excl oflag=nofollow status=none || st=(0 $?); fi',
+    '    if [ "${st[1]}" -ne 0 ]; then',
+    ('      echo "refusing to write $1: its temporary $tmp could not be made and written as a'
+     ' new file of its own (something not a new file of its own was put at its name by another'
+     ' process changing the campaign, or the disk is full: dd says which above). To fix: free'
+     ' some space, or find what else writes the campaign, then send the job again" >&2; exit 1'),
+    "    fi",
+    # ended by a signal, or the kit's own exit after a stop (128 + the signal): what it
+    # printed may be cut short, so nothing is replaced; the job's status is the command's
+    '    if [ "${st[0]}" -ge 128 ]; then',
+    ('      echo "nothing written to $1: the command that prints it was stopped or killed'
+     ' (status ${st[0]}), so what it printed may be cut short; $1 is left as it was. To fix:'
+     ' send the job again" >&2; exit "${st[0]}"'),
+    "    fi",
+    # nothing came (verify-kernel stopped by an error before its report): the report of an
+    # earlier run, a plain file, stays; an empty file was put in its place (issue 41, the
+    # fifteenth hostile pass). Anything else there (a link) is still replaced. The status is
+    # the command's (0 when it writes to the pipe: the pipeline's is then the command's own).
+    '    if [ ! -s "$tmp" ] && [ -f "$name" ] && [ ! -L "$name" ]; then',
+    ('      echo "nothing written to $1: its input was empty, so it is left as it was" >&2;'
+     ' exit "${st[0]}"'),
+    "    fi",
+    '    mv -fT -- "$tmp" "$name"; trap - EXIT; exit "${st[0]}" )',
+    "}",
+)
