@@ -1,0 +1,110 @@
+"""Issue 41, the eighteenth hostile pass (d): the work directory's commands, re-attacking the
+seventeenth pass's changes and the commands it did not try.
+
+- ``diff-upstream``, ``export-header`` and ``apply`` read the pristine header
+  (``patching.pristine_text``) by path twice: hashed (``sha256_file``), then read again whole
+  (``Path.read_text``). A ``renameat2`` loop exchanging ``pristine/sdist/.../
+  attention_kernels.cuh`` with a FIFO in the work directory hung ``diff-upstream`` for good
+  (2 runs of 15, killed by a 15 s timeout), and a file exchanged for other text between the
+  two reads was taken as pristine. Each candidate is now read once, bounded and never
+  blocking (``reading.read_limited``), and the bytes hashed are the bytes used.
+
+- ``Workdir.is_adopted`` read the work directory's tag ``.kvprefetch-workdir`` whole by path:
+  a sparse 15 TB file there (whoever writes the work directory) was a ``MemoryError``
+  traceback in ``fetch`` and ``clean`` (2 of 2). It is read bounded now; a tag that cannot be
+  read so is taken as adopted (the side on which the kit removes less).
+
+- ``workdir.write_json_atomic`` compared what is there with what it writes by reading the
+  file whole by path (the ownership record, manifests, the verify report, campaign.json): a
+  sparse 15 TB file there was a ``MemoryError`` traceback (reached here by calling it; a swap
+  loop against the ownership record did not win the window between its read and its write in
+  8 runs). It reads at most the new text's size now, never blocking.
+
+Each test fails without its fix (checked with the fix reverted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvprefetch.workspace.workdir import TAG_FILE, write_json_atomic
+from tests.integration.test_reliability import cli, outside
+
+__all__ = ["outside"]  # the autouse fixture: the outside folder is byte-identical afterwards
+
+_SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+# Run in a child with a timeout: without the fix it blocks for good opening a FIFO.
+# sha256_file is wrapped so that, right after the pristine header is hashed, the header is
+# exchanged for a FIFO (what a swap loop does at the worst moment, made deterministic).
+_SWAP_AFTER_HASH = r"""
+import os, sys
+from pathlib import Path
+from kvprefetch import upstream
+from kvprefetch.sources import patching
+from kvprefetch.workspace.workdir import Workdir
+
+wd = Workdir(Path(sys.argv[1]))
+real = patching.sha256_file
+def hashed_then_swapped(p):
+    h = real(p)
+    if str(p).endswith(upstream.ATTENTION_HEADER) and "pristine" in str(p):
+        os.rename(p, str(p) + ".real")
+        os.mkfifo(p)
+    return h
+patching.sha256_file = hashed_then_swapped
+text = patching.pristine_text(wd)
+print("ok", len(text))
+"""
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = _SRC + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_a_pristine_header_swapped_for_a_fifo_after_its_hash_never_hangs(
+        fetched_workdir: Path) -> None:
+    header = fetched_workdir / "pristine" / "sdist" / "csrc" / "attention" / \
+        "attention_kernels.cuh"
+    assert header.is_file()
+    try:
+        res = subprocess.run([sys.executable, "-c", _SWAP_AFTER_HASH, str(fetched_workdir)],
+                             capture_output=True, text=True, timeout=20, env=_child_env(),
+                             check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("pristine_text hung on a header swapped for a FIFO after its hash")
+    assert res.returncode == 0 and res.stdout.startswith("ok"), res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_huge_sparse_work_directory_tag_is_no_traceback(fetched_workdir: Path) -> None:
+    tag = fetched_workdir / TAG_FILE
+    try:
+        os.truncate(tag, 15 << 40)  # sparse: no disk used
+    except OSError as exc:
+        pytest.skip(f"this file system has no 15 TB sparse files: {exc}")
+    for args in (("fetch", "--workdir", str(fetched_workdir)),
+                 ("clean", "--workdir", str(fetched_workdir), "--what", "builds")):
+        res = cli(*args, timeout=120)
+        assert "Traceback" not in res.stderr and "MemoryError" not in res.stderr, res.stderr
+        assert res.returncode == 0, (args, res.stderr)
+    assert os.path.getsize(tag) == 15 << 40  # the tag is data: left as it is
+
+
+def test_write_json_atomic_over_a_huge_sparse_file_is_no_traceback(tmp_path: Path) -> None:
+    root = tmp_path / "work"
+    root.mkdir()
+    target = root / "record.json"
+    target.touch()
+    try:
+        os.truncate(target, 15 << 40)
+    except OSError as exc:
+        pytest.skip(f"this file system has no 15 TB sparse files: {exc}")
+    write_json_atomic(target, {"paths": {}}, root=root)
+    assert target.read_text() == '{\n  "paths": {}\n}\n'
