@@ -20,6 +20,12 @@ seventeenth pass's changes and the commands it did not try.
   loop against the ownership record did not win the window between its read and its write in
   8 runs). It reads at most the new text's size now, never blocking.
 
+- A cached sdist (``downloads/vllm-0.10.2.tar.gz``) or CUDA 12 archive
+  (``downloads/cuda-12.4.1/<archive>``) was hashed whole whatever its size: a sparse 15 TB
+  file there had ``fetch`` (and ``fetch --force``) hash zeros for hours (killed by a 30 s
+  timeout, 2 of 2). A file of another size than the pinned one is not it and is never read
+  now (``hashing.sha256_file_of_size``, its size taken from the descriptor it is read by).
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
@@ -108,3 +114,58 @@ def test_write_json_atomic_over_a_huge_sparse_file_is_no_traceback(tmp_path: Pat
         pytest.skip(f"this file system has no 15 TB sparse files: {exc}")
     write_json_atomic(target, {"paths": {}}, root=root)
     assert target.read_text() == '{\n  "paths": {}\n}\n'
+
+
+def test_a_huge_sparse_cached_sdist_is_refused_without_being_read(fetched_workdir: Path) -> None:
+    from kvprefetch import upstream
+    from tests.integration.test_reliability import refused
+
+    cached = fetched_workdir / "downloads" / upstream.SDIST_NAME
+    assert cached.is_file()
+    try:
+        os.truncate(cached, 15 << 40)
+    except OSError as exc:
+        pytest.skip(f"this file system has no 15 TB sparse files: {exc}")
+    try:
+        res = cli("fetch", "--workdir", str(fetched_workdir), timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("fetch hashed a 15 TB sparse cached sdist")
+    refused(res, 3, "16492674416640 bytes")
+
+
+_CUDA12_SPARSE = r"""
+import os, sys
+from pathlib import Path
+from kvprefetch.errors import FetchError
+from kvprefetch.overlay import cuda12
+
+work = Path(sys.argv[1])
+part = cuda12.PARTS[0]  # the .deb, at a direct URL: no index is asked
+downloads = work / "downloads" / f"cuda-{cuda12.RELEASE}"
+downloads.mkdir(parents=True)
+(downloads / part.filename).touch()
+os.truncate(downloads / part.filename, 15 << 40)
+
+def offline(url):
+    raise OSError("offline (the test)")
+
+try:
+    cuda12._download(part, downloads, offline, work)
+except FetchError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_huge_sparse_cuda12_archive_is_never_read(tmp_path: Path) -> None:
+    from kvprefetch.workspace.workdir import TAG_FILE
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / TAG_FILE).write_text("created by kvprefetch\n")
+    try:
+        res = subprocess.run([sys.executable, "-c", _CUDA12_SPARSE, str(work)],
+                             capture_output=True, text=True, timeout=30, env=_child_env(),
+                             check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the CUDA 12 assembly hashed a 15 TB sparse archive")
+    assert res.returncode == 0 and "refused: cannot download" in res.stdout, res.stderr
