@@ -26,6 +26,13 @@ seventeenth pass's changes and the commands it did not try.
   timeout, 2 of 2). A file of another size than the pinned one is not it and is never read
   now (``hashing.sha256_file_of_size``, its size taken from the descriptor it is read by).
 
+- The CUDA 12 assembly hashed each archive by path (``_download``), then opened it again by
+  path to unpack it (``_members``: ``read_bytes``, ``zipfile.ZipFile(path)``): a swap loop
+  exchanging ``downloads/cuda-12.4.1/<wheel>`` with a FIFO hung it for good (3 runs of 3, a
+  stand-in part; faulthandler showed ``zipfile``'s open), and an archive exchanged for
+  another had that one's files put into the toolkit. It is read once now, bounded and never
+  blocking, and the bytes hashed are the bytes unpacked; a change in between is a FetchError.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
@@ -169,3 +176,61 @@ def test_a_huge_sparse_cuda12_archive_is_never_read(tmp_path: Path) -> None:
     except subprocess.TimeoutExpired:
         pytest.fail("the CUDA 12 assembly hashed a 15 TB sparse archive")
     assert res.returncode == 0 and "refused: cannot download" in res.stdout, res.stderr
+
+
+# A stand-in wheel part; after its hash is checked, the archive is exchanged for a FIFO (or for
+# another archive): what a swap loop did at the worst moment, made deterministic.
+_CUDA12_SWAP = r"""
+import hashlib, io, os, sys, zipfile
+from pathlib import Path
+from kvprefetch.errors import FetchError
+from kvprefetch.overlay import cuda12
+
+work, what = Path(sys.argv[1]), sys.argv[2]
+def wheel(text):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("nvidia/x/include/a.h", text)
+    return buf.getvalue()
+data = wheel("int pinned;\n")
+part = cuda12.Part("stand-in", "x.whl", "file:///nonexistent", hashlib.sha256(data).hexdigest(),
+                   len(data), (("nvidia/x/include/", "include/"),))
+downloads = work / "downloads" / f"cuda-{cuda12.RELEASE}"
+downloads.mkdir(parents=True)
+(downloads / part.filename).write_bytes(data)
+real = cuda12.sha256_file_of_size
+def hashed_then_swapped(p, size):
+    h = real(p, size)
+    os.rename(p, str(p) + ".real")
+    if what == "fifo":
+        os.mkfifo(p)
+    else:
+        Path(p).write_bytes(wheel("int other;\n"))
+    return h
+cuda12.sha256_file_of_size = hashed_then_swapped
+def offline(url):
+    raise OSError("offline (the test)")
+archive = cuda12._download(part, downloads, offline, work)
+try:
+    print("members:", cuda12._members(part, archive))
+except FetchError as exc:
+    print("refused:", exc)
+"""
+
+
+@pytest.mark.parametrize("what", ["fifo", "other"])
+def test_a_cuda12_archive_exchanged_after_its_hash_is_never_unpacked(tmp_path: Path,
+                                                                     what: str) -> None:
+    from kvprefetch.workspace.workdir import TAG_FILE
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / TAG_FILE).write_text("created by kvprefetch\n")
+    try:
+        res = subprocess.run([sys.executable, "-c", _CUDA12_SWAP, str(work), what],
+                             capture_output=True, text=True, timeout=20, env=_child_env(),
+                             check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the CUDA 12 assembly hung opening an archive exchanged for a FIFO")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("refused:") and "other" not in res.stdout, res.stdout
