@@ -33,6 +33,13 @@ seventeenth pass's changes and the commands it did not try.
   another had that one's files put into the toolkit. It is read once now, bounded and never
   blocking, and the bytes hashed are the bytes unpacked; a change in between is a FetchError.
 
+- ``fetch`` hashed the cached sdist by path (``ensure_sdist``), then ``tarfile`` opened it
+  again by path to unpack the pristine copy: the sdist exchanged for a FIFO in between blocked
+  that open for good (a swap loop during ``fetch`` with ``pristine/`` gone: 1 run of 6 timed
+  out at 20 s; not seen again in 16 runs with the fix under a faulthandler, so that timeout may
+  have been the load; the open's block is shown deterministically here). The sdist is read
+  once now, bounded and never blocking, and the bytes hashed are the bytes unpacked.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
@@ -234,3 +241,42 @@ def test_a_cuda12_archive_exchanged_after_its_hash_is_never_unpacked(tmp_path: P
         pytest.fail("the CUDA 12 assembly hung opening an archive exchanged for a FIFO")
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("refused:") and "other" not in res.stdout, res.stdout
+
+
+# After ensure_sdist has checked the cached sdist, it is exchanged for a FIFO, then fetch
+# unpacks it (pristine/ is gone, so fetch makes it again from the sdist).
+_SDIST_SWAP = r"""
+import os, sys
+from pathlib import Path
+from kvprefetch.errors import FetchError
+from kvprefetch.sources import fetch
+
+work = Path(sys.argv[1])
+real = fetch.ensure_sdist
+def checked_then_swapped(*args, **kwargs):
+    path = real(*args, **kwargs)
+    os.rename(path, str(path) + ".real")
+    os.mkfifo(path)
+    return path
+fetch.ensure_sdist = checked_then_swapped
+try:
+    fetch.fetch_trees(work, source="sdist")
+    print("fetched")
+except FetchError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_cached_sdist_exchanged_for_a_fifo_after_its_check_never_hangs_fetch(
+        fetched_workdir: Path) -> None:
+    import shutil
+
+    shutil.rmtree(fetched_workdir / "pristine")
+    try:
+        res = subprocess.run([sys.executable, "-c", _SDIST_SWAP, str(fetched_workdir)],
+                             capture_output=True, text=True, timeout=30, env=_child_env(),
+                             check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("fetch hung opening a cached sdist exchanged for a FIFO after its check")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("refused: cannot read"), res.stdout
