@@ -40,6 +40,13 @@ seventeenth pass's changes and the commands it did not try.
   have been the load; the open's block is shown deterministically here). The sdist is read
   once now, bounded and never blocking, and the bytes hashed are the bytes unpacked.
 
+- ``kvprefetch doctor --workdir W`` with ``TMPDIR`` inside W (here a link into W's tmp/, a
+  careless user) made its compile probe's private folder in W: doctor makes no ``Workdir``, so
+  ``confine.trusted_roots`` did not name W, and the read-only probe passed no ``outside``. A
+  watcher that renamed ``kvprefetch-doctor-*`` and put a link to a folder outside in its place
+  had nvcc (a stand-in on PATH) write ``probe.o`` there (1 run of 1). doctor now refuses such a
+  TMPDIR for its probe as a build does (exit 2, the TMPDIR message with its To fix).
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
@@ -280,3 +287,39 @@ def test_a_cached_sdist_exchanged_for_a_fifo_after_its_check_never_hangs_fetch(
         pytest.fail("fetch hung opening a cached sdist exchanged for a FIFO after its check")
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("refused: cannot read"), res.stdout
+
+
+_FAKE_NVCC = """#!/bin/sh
+if [ "$1" = "--version" ]; then
+  echo "Cuda compilation tools, release 12.8, V12.8.93"; exit 0
+fi
+o=""
+while [ $# -gt 0 ]; do [ "$1" = "-o" ] && o="$2"; shift; done
+echo "out=$o tmp=$TMPDIR" >> "$NVCC_LOG"
+[ -n "$o" ] && echo obj > "$o"
+exit 0
+"""
+
+
+def test_doctor_never_puts_its_compile_probe_in_a_tmpdir_inside_the_work_directory(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvcc").write_text(_FAKE_NVCC)
+    (bin_dir / "nvcc").chmod(0o755)
+    (fetched_workdir / "tmp").mkdir()
+    link = tmp_path / "tmp-link"  # TMPDIR a link into the work directory
+    link.symlink_to(fetched_workdir / "tmp")
+    log = tmp_path / "nvcc.log"
+    env = {**_child_env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "TMPDIR": str(link), "NVCC_LOG": str(log), "HOME": str(tmp_path)}
+    env.pop("KVPREFETCH_WORKDIR", None)
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "doctor", "--workdir",
+                          str(fetched_workdir), "--arch", "9.0a"], capture_output=True,
+                         text=True, timeout=120, env=env, check=False)
+    assert "Traceback" not in res.stderr, res.stderr
+    runs = log.read_text() if log.exists() else ""
+    assert "probe.o" not in runs, runs  # the probe never compiled in the work directory
+    assert res.returncode == 2 and "(TMPDIR) is inside the work directory" in res.stderr \
+        and "To fix:" in res.stderr, res.stderr
+    assert not list((fetched_workdir / "tmp").iterdir())
