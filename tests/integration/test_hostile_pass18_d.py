@@ -143,6 +143,8 @@ def test_a_huge_sparse_cached_sdist_is_refused_without_being_read(fetched_workdi
 
     cached = fetched_workdir / "downloads" / upstream.SDIST_NAME
     assert cached.is_file()
+    cached.unlink()  # a hard link to the session's template (copy_workdir): never truncated
+    cached.touch()
     try:
         os.truncate(cached, 15 << 40)
     except OSError as exc:
