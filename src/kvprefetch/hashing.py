@@ -44,6 +44,25 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+def sha256_file_of_size(path: str | os.PathLike[str], size: int) -> str | None:
+    """sha256 of a regular file of exactly ``size`` bytes (a pinned download's), read through
+    the descriptor whose size was checked; None for a file of another size, never read. A
+    sparse 15 TB file at a cached sdist or CUDA 12 archive in the work directory had the kit
+    hash it for hours (a hang; issue 41, the eighteenth hostile pass)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket); "
+                                        "kvprefetch reads only regular files", os.fspath(path))
+        if st.st_size != size:
+            return None
+        h = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

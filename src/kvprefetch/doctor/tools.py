@@ -153,8 +153,13 @@ def _scratch(workdir: Path, read_only: bool) -> Iterator[Path]:
     (issue 41, the seventeenth hostile pass; the threat model's rule for programs that write by
     path, the eleventh). ``kvprefetch doctor`` and dry runs (``read_only``) wrote nothing into
     the work directory already (class 6); a real build refuses a TMPDIR inside the work
-    directory for this folder as for its compilers' (``outside``)."""
-    with ownership.private_dir("doctor", outside=None if read_only else workdir) as tmp:
+    directory for this folder as for its compilers' (``outside``), and so does ``kvprefetch
+    doctor --workdir W`` (``read_only``): with TMPDIR inside W (or a link into it) the probe's
+    folder was made in W, and a watcher that renamed it and put a link to a folder outside in
+    its place had nvcc write probe.o there (issue 41, the eighteenth hostile pass; doctor
+    makes no Workdir, so ``confine.trusted_roots`` did not name W)."""
+    del read_only  # the same folder either way; kept for the callers' signature
+    with ownership.private_dir("doctor", outside=workdir) as tmp:
         yield tmp
 
 

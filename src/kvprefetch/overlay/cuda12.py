@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FetchError
-from ..hashing import sha256_file
+from ..hashing import sha256_file_of_size
+from ..reading import read_limited
 from ..sources.download import copy_bounded, open_url
 from ..workspace import ownership
 from ..workspace.confine import (
@@ -155,11 +156,34 @@ def deb_data_tar(deb: bytes) -> tarfile.TarFile:
     raise ValueError("no data.tar member")
 
 
+def _pinned_bytes(part: Part, archive: Path) -> bytes:
+    """The archive's bytes, read once (bounded, never blocking) and checked against the pin:
+    the bytes unpacked are the bytes hashed. ``_download`` hashed it by path and the assembly
+    then opened it again by path, so an archive exchanged for a FIFO in between (a swap loop
+    in the work directory) hung the assembly for good (3 runs of 3), and one exchanged for
+    another archive had that one's files put in the toolkit (issue 41, the eighteenth hostile
+    pass)."""
+    try:
+        data = read_limited(archive, part.size)
+    except (OSError, ValueError) as exc:
+        raise FetchError(f"cannot read {archive} back: {exc}",
+                         f"move {archive} away if it is not the pinned {part.name}, then "
+                         "rerun (kvprefetch downloads it again)") from None
+    if hashlib.sha256(data).hexdigest() != part.sha256:
+        raise FetchError(f"{archive} changed after its sha256 was checked: it is no longer the "
+                         f"pinned {part.name}; nothing of it was unpacked",
+                         "make sure nothing else writes the work directory's downloads/, then "
+                         "rerun")
+    return data
+
+
 def _members(part: Part, archive: Path) -> dict[str, bytes | None]:
-    """Every file of the archive, normalised path -> bytes (None for a directory)."""
+    """Every file of the archive, normalised path -> bytes (None for a directory), from the
+    bytes ``_pinned_bytes`` read and checked."""
+    data = _pinned_bytes(part, archive)
     out: dict[str, bytes | None] = {}
     if archive.suffix == ".deb":
-        with deb_data_tar(archive.read_bytes()) as tar:
+        with deb_data_tar(data) as tar:
             for m in tar.getmembers():
                 path = m.name.lstrip("./")
                 if m.isfile():
@@ -168,7 +192,7 @@ def _members(part: Part, archive: Path) -> dict[str, bytes | None]:
                 elif m.isdir():
                     out[path.rstrip("/") + "/"] = None
     else:
-        with zipfile.ZipFile(archive) as z:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
             for path in z.namelist():
                 out[path] = None if path.endswith("/") else z.read(path)
     return out
@@ -214,7 +238,8 @@ def _download(part: Part, downloads: Path, opener: Callable[[str], object],
     target = downloads / part.filename
     if workdir is not None:
         check_target(workdir, target, what="download into", family=FetchError)
-    if is_plain_file(target) and sha256_file(target) == part.sha256:
+    # a file of another size is never read (a sparse 15 TB file there was hashed for hours)
+    if is_plain_file(target) and sha256_file_of_size(target, part.size) == part.sha256:
         return target
     if workdir is not None and os.path.lexists(target) and _adopted(workdir):
         # in a folder adopted with the user's files in it, a file the kit did not download is

@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import upstream
 from ..errors import ConfigError, FetchError
-from ..hashing import sha256_file
+from ..hashing import sha256_file_of_size
 from ..runner import run
 
 _JSON = "application/vnd.pypi.simple.v1+json"
@@ -182,19 +182,31 @@ def locate_sdist(index_url: str, timeout: float = 30) -> IndexFile:
                        f"download {upstream.SDIST_NAME} yourself and pass --source PATH")
 
 
+def sha256_file(path: Path) -> str | None:
+    """A cached sdist's sha256; None for a file of another size than the sdist's, never read
+    (``hashing.sha256_file_of_size``)."""
+    return sha256_file_of_size(path, upstream.SDIST_SIZE)
+
+
 def verify_sdist(path: Path, delete: bool = True, *, root: Path | None = None) -> None:
     """Refuse (and, when ``delete``, delete) a cached file whose sha256 is not the pinned one;
     a file kvprefetch did not download (``delete`` False) is left as it is. ``root``: the work
     directory (or campaign) the cache is in: the deletion is then made relative to the cache
     folder opened from it without following a link (``confine.remove_path``)."""
-    actual = sha256_file(path)
-    if actual != upstream.SDIST_SHA256:
+    # a file of another size is not the sdist, and is never read (a sparse 15 TB file there
+    # was hashed for hours: the eighteenth hostile pass)
+    digest = sha256_file(path)
+    if digest != upstream.SDIST_SHA256:
+        actual = (f"sha256 {digest}" if digest is not None else
+                  f"{path.stat().st_size} bytes (the sdist has {upstream.SDIST_SIZE}), sha256 "
+                  "not computed")
         if not delete:
-            raise FetchError(f"{path} has sha256 {actual}, not the pinned {upstream.SDIST_SHA256}, "
-                             "and kvprefetch did not download it: it was left as it is",
+            raise FetchError(f"{path} has {actual}, not the pinned sha256 "
+                             f"{upstream.SDIST_SHA256}, and kvprefetch did not download it: it "
+                             "was left as it is",
                              f"move {path} away (or replace it by the real sdist), then rerun")
         _remove(path, root)
-        raise FetchError(f"{path.name} has sha256 {actual}, expected {upstream.SDIST_SHA256}; "
+        raise FetchError(f"{path.name} has {actual}, expected sha256 {upstream.SDIST_SHA256}; "
                          "the corrupted or tampered file was deleted and nothing was unpacked",
                          "run the command again to download a fresh copy")
 

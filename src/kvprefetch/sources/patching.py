@@ -306,17 +306,28 @@ def _file_diff(rel: str, old: str | None, new: str) -> FileDiff:
     return FileDiff(rel, added, removed, text)
 
 
-def pristine_text(wd: Workdir, rel: str = upstream.ATTENTION_HEADER) -> str:
-    """A pristine upstream file, from the kept pristine source or the baseline tree, verified."""
-    for cand in (wd.pristine / "sdist", wd.pristine / "git", wd.tree("baseline")):
-        p = cand / rel
-        if p.is_file() and sha256_file(p) == upstream.PRISTINE_SHA256[rel]:
-            return p.read_text()
-    raise PatchError(f"no pristine v0.10.2 {rel} under {wd.root}", "run `kvprefetch fetch` first")
-
-
 # A patched source of v0.10.2 is at most a few hundred KiB; a tree file is the user's data.
 _MAX_SOURCE_BYTES = 16 << 20
+
+
+def pristine_text(wd: Workdir, rel: str = upstream.ATTENTION_HEADER) -> str:
+    """A pristine upstream file, from the kept pristine source or the baseline tree, verified.
+    Each candidate is read once, bounded and never blocking (``reading.read_limited``), and the
+    bytes read are the bytes hashed: hashed by path and then read again by path, a file swapped
+    for a FIFO between the two hung diff-upstream, export-header and apply for good, and one
+    swapped for other text was taken as pristine (issue 41, the eighteenth hostile pass). A
+    candidate that is not such a file (a FIFO, a folder, too large, other bytes) is skipped."""
+    from ..reading import read_limited
+
+    for cand in (wd.pristine / "sdist", wd.pristine / "git", wd.tree("baseline")):
+        p = cand / rel
+        try:
+            data = read_limited(p, _MAX_SOURCE_BYTES)
+        except (OSError, ValueError):  # absent, unreadable, or no regular file of that size
+            continue
+        if sha256_bytes(data) == upstream.PRISTINE_SHA256[rel]:
+            return data.decode("utf-8")
+    raise PatchError(f"no pristine v0.10.2 {rel} under {wd.root}", "run `kvprefetch fetch` first")
 
 
 def _tree_text(tree: Path, rel: str) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import upstream
 from ..errors import ConfigError, PatchError
-from ..reading import load_json
+from ..reading import load_json, read_limited
 from . import confine
 
 TAG_FILE = ".kvprefetch-workdir"
@@ -106,9 +106,15 @@ class Workdir:
     def is_adopted(self) -> bool:
         """Whether the directory held the user's files when the kit took it (``--adopt``):
         then only what the ownership record lists is the kit's, even under downloads/."""
+        # read bounded and never blocking (reading.read_limited): the tag is data in the work
+        # directory, and read whole by path a sparse 15 TB file there was a MemoryError
+        # traceback in fetch and clean, and a FIFO swapped in after is_tagged hung them
+        # (issue 41, the eighteenth hostile pass). A tag that cannot be read so is taken as
+        # adopted, the side on which the kit removes less.
         try:
-            return self.is_tagged() and (self.root / TAG_FILE).read_text().startswith("adopted")
-        except (OSError, UnicodeDecodeError):
+            return self.is_tagged() and read_limited(self.root / TAG_FILE, 4096).startswith(
+                b"adopted")
+        except (OSError, ValueError):
             return True
 
     def check_adoptable(self, adopt: bool = False, campaign: bool = False) -> None:
@@ -233,10 +239,14 @@ def write_json_atomic(path: Path, data: Any, *, root: Path | None = None) -> Non
     from .confine import is_plain_file, write_file
 
     text = json_text(data)
+    # what is there is read bounded by the new text's size, never blocking (read_limited): a
+    # record swapped for a FIFO or a sparse 15 TB file after its checks hung the kit, or was a
+    # MemoryError traceback, when read whole by path (issue 41, the eighteenth hostile pass)
+    encoded = text.encode("utf-8")
     if is_plain_file(path):
         try:
-            if path.read_text() == text:
+            if read_limited(path, len(encoded)) == encoded:
                 return
-        except (OSError, UnicodeDecodeError):
+        except (OSError, ValueError):
             pass
     write_file(path, text, root=root)
