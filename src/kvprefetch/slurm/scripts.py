@@ -45,6 +45,7 @@ from .shell import (
     KEEP_OUTSIDE_SH,
     LEAVE_CAMPAIGN_SH,
     SCRATCH_OUTSIDE_SH,
+    TEMP_OUTSIDE_SH,
     WRITE_NEW_SH,
 )
 from .values import SCRATCH_NODE, check_campaign_path, job_path
@@ -203,6 +204,7 @@ def render_script(c: Campaign, job: Job) -> str:
         # SIGTERM, and the cancelled job read back as COMPLETED (issue 41, the eleventh pass)
         "trap 'exit 143' TERM",
         "trap 'record_exit $?' EXIT",
+        *TEMP_OUTSIDE_SH,  # after the trap: a refused job records its end
         'echo "kvprefetch job ' + job.name + ' on $(hostname) at $(date -u +%FT%TZ)"',
     ]
     return "\n".join(lines + job_commands(c, job)) + "\n"

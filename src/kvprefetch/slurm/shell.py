@@ -121,6 +121,29 @@ KEEP_OUTSIDE_SH = (
 )
 
 
+# The system temp folder a job inherits (sbatch's --export=ALL), refused when it is in or
+# reaches the campaign: the kit makes its private folders there (ownership.private_dir: the
+# sdist's unpack, git apply, nvcc's and gcc's temporaries), and the programs it runs write into
+# them by path, so whoever can write the campaign could rename one and put a link to a folder
+# outside in its place. A build job whose scratch was the node's $SLURM_TMPDIR, submitted with
+# TMPDIR=<campaign>/tmp, had tarfile unpack the whole vLLM sdist (3,063 files) into the folder
+# such a link named (issue 41, the nineteenth hostile pass); the scratch check saw only
+# $SLURM_TMPDIR, and the other jobs checked nothing. Python's tempfile reads TEMP and TMP too.
+# A relative value is left to the kit, which refuses it (runner.check_child_tmpdir).
+TEMP_OUTSIDE_SH = (
+    "for v in TMPDIR TEMP TMP; do",
+    '  case "${!v:-}" in /*)',
+    '    if reaches_campaign "${!v}"; then',
+    ('      echo "refusing to run: $v=${!v} is in the campaign $CAMPAIGN_AT (by its name or'
+     ' through a link), and the programs kvprefetch runs write their temporary files there by'
+     ' path, in folders whoever can write the campaign could swap for a link. To fix: submit'
+     ' the campaign with $v set to a folder outside it (e.g. export $v=/tmp), or unset it" >&2;'
+     ' exit 2'),
+    "    fi;;",
+    "  esac",
+    "done",
+)
+
 # The ids the job reads from its environment name its exit record and scratch folder and index
 # the bench array (bash evaluates an array index as arithmetic, which runs any `$(...)` in it):
 # digits (and `_`, an array task's label) only, as `slurm publish` checks its --job (issue 41, the

@@ -1,0 +1,124 @@
+"""Issue 41, the nineteenth hostile pass (tester b: campaigns, job scripts, reports and
+outputs). Each test fails without its fix (checked by reverting ``src`` and running it):
+
+- A job inherits the submitter's environment (sbatch's ``--export=ALL``), its ``TMPDIR``
+  included, and the kit makes its private folders in that system temp folder
+  (``ownership.private_dir``: the sdist's unpack, ``git apply``, the compilers' temporaries),
+  where the programs it runs write by path. A build job whose scratch was the node's
+  ``$SLURM_TMPDIR`` (outside the campaign, so the scratch check passed), submitted with
+  ``TMPDIR=<campaign>/tmp``, made ``kvprefetch-sdist-*`` in the campaign; a watcher that
+  renamed it and put a link to a folder outside in its place had tarfile unpack the whole
+  vLLM sdist (3,063 files) there (1 run of 1). The build's own check of ``TMPDIR`` knows only
+  the work directory, not the campaign; the other jobs checked nothing.
+
+Now every job, before it runs anything of the kit, refuses a ``TMPDIR``, ``TEMP`` or ``TMP``
+that is in the campaign or reaches it through a link or ``//`` (exit 2 with a fix, recorded
+as the job's end). Slurm is absent: the job scripts are run by bash as Slurm runs them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+_SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _plan(tmp_path: Path, camp: Path, python: str = sys.executable) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), PATH="/usr/bin:/bin")
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--stand-in", "--batch", "1", "--python", python], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _run(tmp_path: Path, camp: Path, script: str, **env: str) -> subprocess.CompletedProcess[str]:
+    job_env = {"HOME": str(tmp_path), "SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin", **env}
+    return subprocess.run(["bash", str(camp / "scripts" / script)], env=job_env,
+                          capture_output=True, text=True, timeout=120, check=False, cwd="/")
+
+
+def _swap_private_folders(folder: Path, target: Path, stop: threading.Event) -> None:
+    """The attacker who can write the campaign: each new ``kvprefetch-*`` folder in it is
+    renamed aside and a link to ``target`` put at its name."""
+    while not stop.is_set():
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for n in names:
+            p = folder / n
+            if n.startswith("kvprefetch-") and not n.endswith(".aside") and not p.is_symlink():
+                try:
+                    p.rename(folder / f"{n}.aside")
+                    p.symlink_to(target, target_is_directory=True)
+                except OSError:
+                    pass
+
+
+def test_a_build_jobs_private_folders_never_go_into_a_tmpdir_in_the_campaign(
+        tmp_path: Path, outside: Path, vllm_sdist: Path) -> None:
+    """The build job with the node's ``SLURM_TMPDIR`` for its scratch and a ``TMPDIR`` in the
+    campaign, under a watcher swapping the kit's private folders there for links outside:
+    nothing of the sdist lands outside; the job refuses the TMPDIR and records exit 2."""
+    camp, node = tmp_path / "camp", tmp_path / "node"
+    node.mkdir()
+    _plan(tmp_path, camp)
+    shutil.copyfile(vllm_sdist, camp / "cache" / vllm_sdist.name)
+    (camp / "tmp").mkdir()
+    stop = threading.Event()
+    watcher = threading.Thread(target=_swap_private_folders, args=(camp / "tmp", outside, stop))
+    watcher.start()
+    try:
+        res = _run(tmp_path, camp, "10-build-baseline.sbatch", SLURM_TMPDIR=str(node),
+                   TMPDIR=str(camp / "tmp"))
+    finally:
+        stop.set()
+        watcher.join()
+    assert not (outside / "vllm-0.10.2").exists(), "the sdist was unpacked outside the campaign"
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"refusing to run: TMPDIR={camp / 'tmp'} is in the campaign" in res.stderr, res.stderr
+    assert "To fix: submit the campaign with TMPDIR set to a folder outside it" in res.stderr
+    assert (camp / "logs" / "build-baseline-7.exit").read_text() == "2\n"
+    assert list(node.iterdir()) == [], "the build job made its scratch before refusing"
+
+
+@pytest.mark.parametrize(("var", "value"), [
+    ("TMPDIR", "{camp}/tmp"), ("TMPDIR", "/{camp}"), ("TMPDIR", "{alias}/camp/logs/t"),
+    ("TEMP", "{camp}/results"), ("TMP", "{camp}"),
+])
+def test_every_job_refuses_a_temp_folder_in_the_campaign(
+        tmp_path: Path, var: str, value: str) -> None:
+    """Each job (here prepare, verify, bench, merge) refuses TMPDIR, TEMP or TMP in the
+    campaign, by its name, ``//`` or a link, before its interpreter runs; one outside it
+    is kept and the job runs."""
+    camp, seen = tmp_path / "camp", tmp_path / "seen"
+    (tmp_path / "alias").symlink_to(tmp_path)
+    py = tmp_path / "python"  # the jobs' "interpreter": it says it ran, and with which TMPDIR
+    py.write_text(f'#!/bin/sh\nprintf "%s\\n" "${{{var}}}" >> {seen}\n')
+    py.chmod(0o755)
+    _plan(tmp_path, camp, python=str(py))
+    bad = value.format(camp=camp, alias=tmp_path / "alias")
+    good = str(tmp_path / "node-tmp")
+    for script in ("00-prepare.sbatch", "20-verify.sbatch", "30-bench.sbatch",
+                   "40-merge.sbatch"):
+        task = {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "0"} \
+            if script.startswith("30") else {}
+        res = _run(tmp_path, camp, script, **task, **{var: bad})
+        assert res.returncode == 2, (script, res.stdout + res.stderr)
+        assert f"refusing to run: {var}={bad} is in the campaign" in res.stderr, res.stderr
+        assert not seen.exists(), f"{script} ran the kit with {var}={bad}"
+        res = _run(tmp_path, camp, script, **task, **{var: good})
+        assert res.returncode == 0, (script, res.stdout + res.stderr)
+        assert seen.read_text().splitlines()[-1] == good
+        seen.unlink()
