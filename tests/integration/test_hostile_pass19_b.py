@@ -11,9 +11,17 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   vLLM sdist (3,063 files) there (1 run of 1). The build's own check of ``TMPDIR`` knows only
   the work directory, not the campaign; the other jobs checked nothing.
 
-Now every job, before it runs anything of the kit, refuses a ``TMPDIR``, ``TEMP`` or ``TMP``
-that is in the campaign or reaches it through a link or ``//`` (exit 2 with a fix, recorded
-as the job's end). Slurm is absent: the job scripts are run by bash as Slurm runs them."""
+  Now every job, before it runs anything of the kit, refuses a ``TMPDIR``, ``TEMP`` or
+  ``TMP`` that is in the campaign or reaches it through a link or ``//`` (exit 2 with a fix,
+  recorded as the job's end).
+- ``slurm plan --scratch`` is put into the build script inside double quotes so that the job's
+  shell expands ``$VAR``; the check refused ``$(`` and backquotes but took any other
+  expansion. ``${x:=${z:-$}(cmd)}${x@P}`` builds ``$(cmd)`` at run time and expands it as a
+  prompt, which runs it: the build job ran ``touch`` on a file outside (1 run of 1);
+  ``${`` alone or ``${x:-'}`` made a script ``bash -n`` refuses (every line after it read in
+  the wrong quoting). Now ``$`` may only start ``$NAME`` or ``${NAME}`` (exit 2 with a fix).
+
+Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
 from __future__ import annotations
 
@@ -122,3 +130,37 @@ def test_every_job_refuses_a_temp_folder_in_the_campaign(
         assert res.returncode == 0, (script, res.stdout + res.stderr)
         assert seen.read_text().splitlines()[-1] == good
         seen.unlink()
+
+
+@pytest.mark.parametrize("scratch", [
+    "{node}/${{x:=${{z:-$}}(touch {bad})}}${{x@P}}", "{node}/${{", "{node}/${{x:-'}}",
+    "{node}/${{HOME:?}}", "{node}/$[1]",
+])
+def test_a_scratch_whose_expansion_is_more_than_a_variable_is_refused_at_the_plan(
+        tmp_path: Path, outside: Path, scratch: str) -> None:
+    """A ``--scratch`` that runs a command, or breaks the script's quoting, when the build
+    job's shell expands it is refused by ``slurm plan``; ``$NAME`` and ``${NAME}`` still pass."""
+    camp, node, bad = tmp_path / "camp", tmp_path / "node", outside / "ran-by-the-job"
+    node.mkdir()
+    scratch = scratch.format(node=node, bad=bad)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), PATH="/usr/bin:/bin")
+    plan = [sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp), "--stand-in",
+            "--batch", "1", "--python", "/bin/true", "--scratch"]
+    res = subprocess.run([*plan, scratch], env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    if res.returncode == 0:  # as before the fix: what the build job's shell makes of it
+        script = camp / "scripts" / "10-build-baseline.sbatch"
+        parse = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
+                               check=False)
+        assert parse.returncode == 0, f"plan wrote a script bash cannot parse: {parse.stderr}"
+        _run(tmp_path, camp, "10-build-baseline.sbatch")
+        assert not bad.exists(), "the build job ran a command the --scratch value built"
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "uses $ for more than naming a variable" in res.stderr and "To fix" in res.stderr
+    assert not camp.exists()
+    for good in (f"{node}/$USER/kvp", f"{node}/${{USER}}-kvp"):
+        res = subprocess.run([*plan, good], env=env, capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert res.returncode == 0, res.stdout + res.stderr
+        shutil.rmtree(camp)

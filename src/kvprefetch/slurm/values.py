@@ -18,6 +18,13 @@ SCRATCH_NODE = "node"
 # check_scratch
 _SCRATCH_GONE = "campaign"
 _SCRATCH_FORBIDDEN = ('"', "`", "\\", "$(", "\n")
+# The scratch goes into the build script inside double quotes, where `$` is the one character
+# bash still acts on once `"`, backquotes and backslashes are refused: so `$` may only start a
+# plain `$NAME` or `${NAME}`. Any other expansion is code: `${x:=${z:-$}(cmd)}${x@P}` passed
+# the `$(` check (the `$(` is built at run time, and `@P` expands it as a prompt, which runs
+# it), and the build job ran cmd; `${` alone, or `${x:-'}`, made a script bash cannot parse,
+# every line after it read in the wrong quoting (issue 41, the nineteenth hostile pass).
+_SCRATCH_VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
 
 
 # What Slurm accepts for each value that reaches a script (and nothing a shell or sbatch's own
@@ -143,6 +150,10 @@ def check_scratch(scratch: str, root: str) -> str:
     if not isinstance(scratch, str) or not scratch.startswith(("/", "$")) \
             or any(c in scratch for c in _SCRATCH_FORBIDDEN) or has_control(scratch):
         raise ConfigError(f"--scratch {scratch!r} is not node or an absolute folder", fix)
+    if "$" in _SCRATCH_VARIABLE.sub("", scratch):
+        raise ConfigError(f"--scratch {scratch!r} uses $ for more than naming a variable "
+                          "($NAME or ${NAME}): the build job's shell would run the rest "
+                          "(defaults, substitutions, prompt expansion)", fix)
     # as the kernel reads it: `/x/../camp/s`, `//camp/s` and `/camp/./s` named the campaign and
     # passed a check of the text as typed (issue 41, the fourteenth hostile pass); a folder whose
     # value only the job's shell knows ($PWD, a relative $VAR) is checked by the job
