@@ -30,14 +30,28 @@ _LEGACY_DIRS = {".git", "build", ".deps", PYCACHE, ".eggs"}
 _LEGACY_SUFFIXES = (".so", ".pyc", ".o")
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
+# The largest built library the kit hashes before it loads, disassembles or benchmarks it: a
+# shared library's code and data sit within 2 GiB of each other (the default code model; a
+# CUDA fatbin past that fails to link), so no library the kit builds comes near 4 GiB. A 15 TB
+# sparse file at a campaign's envs/<tree>/.../_C.so was hashed for hours by the bench job's
+# stand-in (a hang until the time limit; issue 41, the nineteenth hostile pass).
+MAX_LIBRARY_BYTES = 4 << 30
+
+
+def sha256_file(path: str | os.PathLike[str], *, limit: int | None = None) -> str:
     """sha256 of a regular file. A FIFO, device or socket is an OSError naming it, never read
-    (opened with O_NONBLOCK, so a FIFO with no writer does not hang the kit)."""
+    (opened with O_NONBLOCK, so a FIFO with no writer does not hang the kit); so is a file of
+    more than ``limit`` bytes (by the descriptor read), when given."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket); "
                                         "kvprefetch reads only regular files", os.fspath(path))
+        if limit is not None and st.st_size > limit:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} bytes any "
+                                       "library the kit builds can have; not read",
+                          os.fspath(path))
         h = hashlib.sha256()
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)

@@ -20,6 +20,11 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   prompt, which runs it: the build job ran ``touch`` on a file outside (1 run of 1);
   ``${`` alone or ``${x:-'}`` made a script ``bash -n`` refuses (every line after it read in
   the wrong quoting). Now ``$`` may only start ``$NAME`` or ``${NAME}`` (exit 2 with a fix).
+- The bench job's stand-in (and ``bench kernel``'s load of a build) hashed each build's library
+  before anything else, whatever its size: a 15 TB sparse file at the campaign's
+  ``work/envs/<tree>/.../_C.so`` kept the job hashing zeros for hours (a hang until the time
+  limit; 1 run of 1, killed at 20 s). Now a library past 4 GiB (``hashing.MAX_LIBRARY_BYTES``:
+  no shared library's code reaches 2 GiB) is named, never read (exit 7).
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -164,3 +170,58 @@ def test_a_scratch_whose_expansion_is_more_than_a_variable_is_refused_at_the_pla
                              timeout=60, check=False)
         assert res.returncode == 0, res.stdout + res.stderr
         shutil.rmtree(camp)
+
+
+def _published_campaign(tmp_path: Path) -> Path:
+    """A stand-in campaign whose two builds (fake, as a build job leaves them) are published
+    into its work/ by ``slurm publish``."""
+    from tests.unit.test_slurm import _fake_scratch_build
+
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), PATH="/usr/bin:/bin")
+    for i, tree in enumerate(("baseline", "patched")):
+        _fake_scratch_build(tmp_path / f"scratch-{tree}", tree)
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "publish", str(camp),
+                              "--tree", tree, "--scratch", str(tmp_path / f"scratch-{tree}")],
+                             env={**env, "SLURM_JOB_ID": str(10 + i)}, capture_output=True,
+                             text=True, timeout=60, check=False)
+        assert res.returncode == 0, res.stderr
+    return camp
+
+
+def _run_bounded(argv: list[str], env: dict[str, str], seconds: float) -> tuple[int, str]:
+    """``argv`` in a session of its own, killed whole (the kit under bash included) past
+    ``seconds``: a hang fails the test and leaves no process hashing behind."""
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True, cwd="/")
+    try:
+        out, _ = p.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail(f"{argv[-1]} was still hashing after {seconds} s")
+    return p.returncode, out
+
+
+def test_a_huge_sparse_library_in_the_campaign_is_refused_not_hashed_for_hours(
+        tmp_path: Path) -> None:
+    """The bench job's stand-in and a direct ``load_build`` of a build whose library is a 15 TB
+    sparse file: one message naming it, at once."""
+    camp = _published_campaign(tmp_path)
+    so = next((camp / "work" / "envs" / "baseline").rglob("_C.so"))
+    so.unlink()
+    with open(so, "wb") as f:
+        f.truncate(15 << 40)
+    env = {"HOME": str(tmp_path), "SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "7",
+           "SLURM_ARRAY_TASK_ID": "0", "PATH": "/usr/bin:/bin"}
+    rc, out = _run_bounded(["bash", str(camp / "scripts" / "30-bench.sbatch")], env, 20)
+    assert rc == 7, out
+    assert f"cannot hash {so}" in out and "not read" in out and "To fix" in out, out
+    assert "Traceback" not in out, out
+    load = ("from pathlib import Path; from kvprefetch.kernels.ops import find_builds, load_build;"
+            f"load_build(next(b for b in find_builds(Path({str(camp / 'work')!r}), ['baseline'])))")
+    rc, out = _run_bounded([sys.executable, "-c", load],
+                           {**env, "PYTHONPATH": str(_SRC)}, 20)
+    assert rc != 0 and f"cannot hash {so}" in out and "not read" in out, out

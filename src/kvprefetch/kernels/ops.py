@@ -16,7 +16,6 @@ torch is imported inside functions only, so importing this module never touches 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError
+from ..hashing import MAX_LIBRARY_BYTES, sha256_file
 from ..reading import read_limited
 from ..upstream import resolve_tree_name
 
@@ -251,14 +251,6 @@ def find_builds(workdir: Path, trees: Iterable[str] | None = None) -> list[Built
     return sorted(found, key=lambda b: _tree_rank(b.tree))
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass(frozen=True)
 class PagedOps:
     """One loaded variant: the two ops plus where they came from."""
@@ -335,7 +327,12 @@ def load_library(so_path: Path, namespace: str, name: str | None = None,
 def load_build(built: BuiltOps, check_hash: bool = True) -> PagedOps:
     """Load a manifest's library after checking its sha256 against the manifest."""
     if check_hash and built.so_path.is_file():
-        actual = sha256_file(built.so_path)
+        try:  # bounded: a sparse 15 TB library was hashed for hours (the nineteenth pass)
+            actual = sha256_file(built.so_path, limit=MAX_LIBRARY_BYTES)
+        except OSError as exc:
+            raise BenchError(f"cannot hash {built.so_path}: {exc.strerror}",
+                             "rebuild that tree: a library is a regular file of at most a "
+                             "few GiB") from None
         if actual != built.so_sha256:
             raise BenchError(f"{built.so_path} has sha256 {actual}, its manifest says "
                              f"{built.so_sha256}",

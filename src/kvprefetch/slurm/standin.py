@@ -25,7 +25,7 @@ def stand_in_shard(c: Campaign, task: int) -> dict[str, Any]:
     from ..bench.kernel import KernelBenchConfig, not_measured
     from ..bench.kernel_results import ShapeResult
     from ..bench.matrix import build_matrix
-    from ..hashing import sha256_file
+    from ..hashing import MAX_LIBRARY_BYTES, sha256_file
     from ..kernels.kvinputs import min_bytes_moved
     from ..kernels.ops import find_builds
 
@@ -40,7 +40,13 @@ def stand_in_shard(c: Campaign, task: int) -> dict[str, Any]:
                          f"kernels-only builds of {found}",
                          "let the build jobs finish (or resubmit the failed one) first")
     for b in builds:
-        actual = sha256_file(b.so_path)
+        try:
+            actual = sha256_file(b.so_path, limit=MAX_LIBRARY_BYTES)
+        except OSError as exc:
+            raise BenchError(f"cannot hash {b.so_path}, the library its manifest "
+                             f"{b.manifest_path} names: {exc.strerror}",
+                             "rebuild the tree (resubmit its build job): a library is a "
+                             "regular file of at most a few GiB") from None
         if actual != b.so_sha256:
             raise BenchError(f"{b.so_path} has sha256 {actual}, its manifest "
                              f"{b.manifest_path} says {b.so_sha256}",

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import VerifyError
-from ..hashing import sha256_file
+from ..hashing import MAX_LIBRARY_BYTES, sha256_file
 from ..kernels.policy import TWIN_SHAPES
 from ..runner import run
 from ..workspace.ownership import private_dir
@@ -265,7 +265,15 @@ def _loaded_library(tree: str, m: dict[str, Any], probe: dict[str, Any], tree_pa
                     ) -> _Library | None:
     """The library the probe saw loaded (what check_provenance returns), hashed."""
     so = check_provenance(VerifyReport(""), tree, m, probe, tree_path)
-    return _Library(so, sha256_file(so)) if so else None
+    if not so:
+        return None
+    try:  # bounded: a sparse 15 TB library was hashed for hours (the nineteenth pass)
+        return _Library(so, sha256_file(so, limit=MAX_LIBRARY_BYTES))
+    except OSError as exc:
+        raise VerifyError(f"cannot hash {so}, the library {tree}'s environment loaded: "
+                          f"{exc.strerror}",
+                          f"rebuild {tree}: a library is a regular file of at most a few "
+                          "GiB") from None
 
 
 def _unknown_trees(wd: Workdir, unknown: list[str], built: list[str]) -> VerifyError:
