@@ -25,6 +25,21 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   ``work/envs/<tree>/.../_C.so`` kept the job hashing zeros for hours (a hang until the time
   limit; 1 run of 1, killed at 20 s). Now a library past 4 GiB (``hashing.MAX_LIBRARY_BYTES``:
   no shared library's code reaches 2 GiB) is named, never read (exit 7).
+- A campaign's ``work/`` swapped for a link to a folder outside after ``slurm prepare`` and
+  ``slurm publish`` checked it (a ``renameat2`` loop exchanging it with a link): prepare
+  resolved the path and made the folder the link named the work directory, its tag and
+  ownership record written there (1 run of 15); publish's acts, confined from ``work/`` down,
+  opened ``work/`` itself following the link, and made ``build/``, ``envs/`` and a published
+  environment's copy there (3 runs of 70). Now prepare never resolves ``work/``, and
+  ``confine`` opens a root's own last part ``O_NOFOLLOW`` too (the command line resolved a
+  root the user named through a link, so a link there now was swapped in): refused, with a fix.
+- The verify job runs ``verify-kernel --workdir <campaign>/work``, and the command line follows
+  a ``--workdir`` that is a link once (a location the user names is trusted): a ``work/``
+  swapped for a link to a folder outside after ``slurm submit`` checked it had the verify job
+  write ``verify/report.json`` and ``report.txt`` there (1 run of 1), and verify-kernel's own
+  ``workdir.resolve()`` did the same when the swap came after the command line's check (under
+  a swap loop, 1 run of 20). Now a campaign's ``work`` link is refused at the command line,
+  and verify-kernel resolves only the folders above its work directory.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
@@ -225,3 +240,82 @@ def test_a_huge_sparse_library_in_the_campaign_is_refused_not_hashed_for_hours(
     rc, out = _run_bounded([sys.executable, "-c", load],
                            {**env, "PYTHONPATH": str(_SRC)}, 20)
     assert rc != 0 and f"cannot hash {so}" in out and "not read" in out, out
+
+
+def _swap_after(monkeypatch: pytest.MonkeyPatch, module: object, name: str, work: Path,
+                outside: Path) -> None:
+    """``module.name`` (a check of ``work``) runs, then ``work`` is swapped for a link to
+    ``outside``: the race a swap loop wins, made certain."""
+    check = getattr(module, name)
+
+    def check_then_swap(*args: object, **kwargs: object) -> object:
+        result = check(*args, **kwargs)
+        work.rename(work.with_name("work.aside"))
+        work.symlink_to(outside, target_is_directory=True)
+        return result
+
+    monkeypatch.setattr(module, name, check_then_swap)
+
+
+def test_slurm_prepare_never_makes_a_work_directory_behind_a_work_folder_swapped_after_its_check(
+        tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvprefetch.errors import KvprefetchError
+    from kvprefetch.slurm import prepare as prep
+    from kvprefetch.slurm.cluster import load
+
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    (camp / "work").mkdir(exist_ok=True)
+    c, _ = load(camp)
+    victim = tmp_path / "victim"  # empty, as the work folder was: prepare would take it
+    victim.mkdir()
+    monkeypatch.setattr(prep, "source_cache", lambda c: ("sdist", False))  # no download
+    _swap_after(monkeypatch, prep, "check_workdir", camp / "work", victim)
+    with pytest.raises(KvprefetchError) as err:
+        prep.prepare(c)
+    assert list(victim.iterdir()) == [], "the work directory was made outside the campaign"
+    assert "symlink" in err.value.message and err.value.fix, err.value.message
+
+
+def test_slurm_publish_writes_nothing_behind_a_work_folder_swapped_after_its_check(
+        tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvprefetch.errors import KvprefetchError
+    from kvprefetch.slurm import publish as pub
+    from tests.unit.test_slurm import _fake_scratch_build
+
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    (camp / "work").mkdir(exist_ok=True)
+    _fake_scratch_build(tmp_path / "scratch", "baseline")
+    _swap_after(monkeypatch, pub, "_refuse_link", camp / "work", outside)
+    with pytest.raises(KvprefetchError) as err:
+        pub.publish_build(tmp_path / "scratch", camp / "work", "baseline", label="7",
+                          logs=camp / "logs")
+    assert "symlink" in err.value.message and err.value.fix, err.value.message
+    assert sorted(p.name for p in outside.iterdir()) == ["baseline.json", "notes.txt",
+                                                          "patched"], "published outside"
+
+
+def test_the_verify_job_writes_nothing_behind_a_work_folder_swapped_for_a_link(
+        tmp_path: Path, outside: Path) -> None:
+    """The verify job (and verify-kernel called past the command line's check) with the
+    campaign's published work/ moved out and a link to it in its place: nothing is written
+    there, and the job names the link."""
+    from kvprefetch.errors import KvprefetchError
+    from kvprefetch.verify.kernel import verify
+
+    camp = _published_campaign(tmp_path)
+    victim = tmp_path / "victim-work"
+    (camp / "work").rename(victim)
+    (camp / "work").symlink_to(victim, target_is_directory=True)
+    before = sorted(str(p.relative_to(victim)) for p in victim.rglob("*"))
+    res = _run(tmp_path, camp, "20-verify.sbatch")
+    after = sorted(str(p.relative_to(victim)) for p in victim.rglob("*"))
+    assert after == before, "the verify job wrote into the folder the link named"
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"{camp / 'work'} is a symlink in the campaign" in res.stderr, res.stderr
+    assert "To fix: remove the symlink" in res.stderr
+    with pytest.raises(KvprefetchError):  # as after a swap past the command line's check
+        verify(camp / "work", no_gpu=True, jobs=1)
+    after = sorted(str(p.relative_to(victim)) for p in victim.rglob("*"))
+    assert after == before, "verify-kernel wrote into the folder the link named"

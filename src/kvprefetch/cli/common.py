@@ -49,8 +49,29 @@ def _real_workdir(ctx: click.Context, param: click.Parameter, value: Path) -> Pa
     here makes every command act on the same real directory (issue 41, class 6: fetch and
     clean refused the link and told the user to remove ``.lock``, while apply went through)."""
     if value.is_symlink() and value.is_dir():
+        _refuse_a_campaigns_linked_work(value)
         return value.resolve()
     return value
+
+
+def _refuse_a_campaigns_linked_work(value: Path) -> None:
+    """A campaign's ``work/`` is never followed: the campaign's jobs name it (verify-kernel,
+    bench kernel), not the user, and ``slurm submit`` refuses it as a link; one there now was
+    put by whoever can write the campaign. Swapped for a link to a folder outside after the
+    submission, it had the verify job write its report there (issue 41, the nineteenth hostile
+    pass). Not resolved, a link swapped in later is refused by ``confine`` (the root's last
+    part is opened ``O_NOFOLLOW``)."""
+    from ..errors import ConfigError
+    from ..slurm.campaign import CAMPAIGN_FILE
+
+    if value.name == "work" and (value.parent / CAMPAIGN_FILE).exists():
+        raise ConfigError(f"{value} is a symlink in the campaign "
+                          f"{value.parent}: a campaign's work folder is a real folder in it, "
+                          "and kvprefetch never follows a link whoever writes the campaign "
+                          "could have put there",
+                          f"remove the symlink {value} (its target is left as it is), run "
+                          f"the prepare job again (kvprefetch slurm resubmit {value.parent} "
+                          "prepare), then the jobs after it")
 
 
 def output_file(ctx: click.Context, param: click.Parameter, value: Path) -> Path:

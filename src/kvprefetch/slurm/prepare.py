@@ -90,7 +90,10 @@ def source_cache(c: Campaign) -> tuple[str, bool]:
 
 
 def record_builds(workdir: Path, trees: list[str]) -> list[str]:
-    wd = Workdir(workdir.resolve())
+    # as named (the campaign folder is resolved already), never resolved: resolving a work/
+    # swapped for a link after check_workdir made the folder the link named the work
+    # directory, its tag and ownership record written there (the nineteenth hostile pass)
+    wd = Workdir(Path(os.path.normpath(os.path.abspath(workdir))))
     wd.ensure(campaign=True)
     done = []
     for t in trees:
@@ -106,7 +109,11 @@ def check_workdir(c: Campaign) -> None:
     inside it (resolving the link took over the folder it named, as a --workdir)."""
     link = first_symlink(Path(c.root), c.workdir)
     if link is not None:
-        raise ConfigError(f"{link} is a symlink (to {os.readlink(link)}); a campaign's work "
+        try:  # swapped back meanwhile: readlink's EINVAL would hide the refusal
+            to = f" (to {os.readlink(link)})"
+        except OSError:
+            to = ""
+        raise ConfigError(f"{link} is a symlink{to}; a campaign's work "
                           "folder is a real folder inside the campaign, and kvprefetch never "
                           "writes through a symlink",
                           f"remove the symlink {link} (its target is left as it is), then "

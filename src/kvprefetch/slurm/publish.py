@@ -136,9 +136,12 @@ def _refuse_link(path: Path) -> None:
     """Refuse ``path`` itself when it is a symlink (``lstat``; a folder everything else is
     confined to)."""
     if os.path.islink(path):
-        raise SlurmError(f"refusing to publish into {path}: it is a symlink (to "
-                         f"{os.readlink(path)}), and kvprefetch never writes, moves or deletes "
-                         "through one",
+        try:  # swapped back meanwhile: readlink's EINVAL was "slurm failed: Invalid argument"
+            to = f" (to {os.readlink(path)})"
+        except OSError:
+            to = ""
+        raise SlurmError(f"refusing to publish into {path}: it is a symlink{to}, and "
+                         "kvprefetch never writes, moves or deletes through one",
                          f"remove the symlink {path} (its target is left as it is), then rerun")
 
 

@@ -304,7 +304,12 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
 
     say: Progress = progress or (lambda _msg: None)
     t_start = time.monotonic()
-    wd = Workdir(workdir.resolve())
+    # its folders above resolved, its own name never followed (the command line followed a
+    # link the user named already): a campaign's work/ swapped for a link after that had the
+    # report written into the folder the link named (issue 41, the nineteenth hostile pass);
+    # confine refuses the link now
+    named = Path(os.path.abspath(workdir))
+    wd = Workdir(Path(os.path.realpath(named.parent)) / named.name)
     manifests = newest_manifests(wd)
     if trees:
         wanted = [wd.resolve_tree(t) for t in trees]

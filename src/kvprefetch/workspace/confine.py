@@ -200,7 +200,12 @@ def open_dir(d: Path, *, root: Path | None = None, what: str = "write into",
             return os.open(d, _DIR_FLAGS)
         rel = Path(os.path.normpath(os.path.abspath(d))).relative_to(
             os.path.normpath(os.path.abspath(root)))
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # the root's own last part is not followed either: the command line resolved a root
+        # the user named through a link (cli.common._real_workdir), so a link there now was
+        # swapped in since. A campaign's work/ swapped for a link after prepare's or publish's
+        # check had the work directory's tag, ownership record and a published environment
+        # written into the folder the link named (issue 41, the nineteenth hostile pass)
+        fd = os.open(root, _DIR_FLAGS)
         try:
             for part in rel.parts:
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
@@ -251,7 +256,12 @@ def ensure_dir(d: Path, *, root: Path | None = None,
         # each part made and opened relative to its parent's descriptor (O_NOFOLLOW): a folder
         # on the way swapped for a symlink meanwhile is refused, and no folder is ever made
         # behind one (issue 41, ninth pass: `mkdir` by path made folders outside)
-        fd = os.open(cur, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:  # the root's last part not followed either (open_dir says why)
+            fd = os.open(cur, _DIR_FLAGS)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise _raced(d, "create a folder at", family) from None
+            raise
         try:
             for part in Path(os.path.normpath(os.path.abspath(d))).relative_to(cur).parts:
                 cur = cur / part
