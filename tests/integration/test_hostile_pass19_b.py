@@ -40,6 +40,12 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   ``workdir.resolve()`` did the same when the swap came after the command line's check (under
   a swap loop, 1 run of 20). Now a campaign's ``work`` link is refused at the command line,
   and verify-kernel resolves only the folders above its work directory.
+- The build job's scratch check follows each link on the way one hop at a time and walks up
+  every target it meets (the fifteenth and sixteenth passes): a user's scratch through a link
+  to a campaign link ``l0``, and 40 links in the campaign each pointing at the next spelled
+  ``.../l1/..`` 190 times (4096 characters), had the check walk about 35,000 folders, two
+  forks each: the job spent more than 10 minutes before its refusal (1 run of 1, killed at
+  600 s). Now a check takes at most 2000 steps, and past them the scratch is refused.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
@@ -208,7 +214,7 @@ def _published_campaign(tmp_path: Path) -> Path:
 
 def _run_bounded(argv: list[str], env: dict[str, str], seconds: float) -> tuple[int, str]:
     """``argv`` in a session of its own, killed whole (the kit under bash included) past
-    ``seconds``: a hang fails the test and leaves no process hashing behind."""
+    ``seconds``: a hang fails the test and leaves no process of it behind."""
     p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, start_new_session=True, cwd="/")
     try:
@@ -216,7 +222,7 @@ def _run_bounded(argv: list[str], env: dict[str, str], seconds: float) -> tuple[
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
-        pytest.fail(f"{argv[-1]} was still hashing after {seconds} s")
+        pytest.fail(f"{argv[-1]} was still running after {seconds} s")
     return p.returncode, out
 
 
@@ -319,3 +325,28 @@ def test_the_verify_job_writes_nothing_behind_a_work_folder_swapped_for_a_link(
         verify(camp / "work", no_gpu=True, jobs=1)
     after = sorted(str(p.relative_to(victim)) for p in victim.rglob("*"))
     assert after == before, "verify-kernel wrote into the folder the link named"
+
+
+def test_a_scratch_behind_a_maze_of_campaign_links_is_refused_within_seconds(
+        tmp_path: Path) -> None:
+    camp, node, mine = tmp_path / "camp", tmp_path / "node", tmp_path / "mine"
+    node.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), PATH="/usr/bin:/bin")
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--stand-in", "--batch", "1", "--python", "/bin/echo", "--scratch",
+                          str(mine / "s")], env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    reps = (4000 - 10) // len(f"{camp}/l10/..")  # each target as long as a link can be
+    for i in range(39):
+        target = f"{camp}/l{i + 1}/.." * reps + f"/l{i + 1}"
+        (camp / f"l{i}").symlink_to(target[:4095])
+    (camp / "l39").symlink_to(node)
+    mine.symlink_to(camp / "l0")
+    rc, out = _run_bounded(["bash", str(camp / "scripts" / "10-build-baseline.sbatch")],
+                           {"HOME": str(tmp_path), "SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"},
+                           90)
+    assert rc == 2, out
+    assert "took more than 2000 steps" in out and "refusing to build in" in out, out
+    assert list(node.iterdir()) == []

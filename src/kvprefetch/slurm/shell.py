@@ -46,11 +46,22 @@ SCRATCH_OUTSIDE_SH = (
     # checks: a link in the campaign to /proc/self/root/proc/self/root/... (10 times: 30 s, each
     # more doubling it) kept the job on a scratch it was to refuse for hours (issue 41, the
     # sixteenth hostile pass).
-    'CAMPAIGN_REAL=$(env pwd -P); CAMPAIGN_ID=$(stat -c %d:%i -- .); declare -A SEEN=()',
+    # At most 2000 steps in all, each a fork or two: a link's target can be 4096 characters,
+    # so 40 links in the campaign each spelled `l1/../l1/../.../l1` (190 times) made one check
+    # walk about 35,000 folders, and the job spent over 10 minutes before its refusal (issue
+    # 41, the nineteenth hostile pass). A real scratch path takes a few dozen.
+    ('CAMPAIGN_REAL=$(env pwd -P); CAMPAIGN_ID=$(stat -c %d:%i -- .); declare -A SEEN=();'
+     ' STEPS=0'),
     "in_campaign() {",
     '  local d=$1 hops=${2:-0} t',
-    '  if [ -z "${2:-}" ]; then SEEN=(); fi',
+    '  if [ -z "${2:-}" ]; then SEEN=(); STEPS=0; fi',
     '  while :; do',
+    '    STEPS=$((STEPS + 1))',
+    '    if [ "$STEPS" -gt 2000 ]; then',
+    ('      echo "following the links on the way to $SCRATCH_BASE took more than 2000 steps;'
+     ' a scratch folder whose path kvprefetch cannot follow to its end is refused" >&2'),
+    '      return 0',
+    '    fi',
     '    if [ "${SEEN["$d"]:-41}" -le "$hops" ]; then return 1; fi',
     '    SEEN["$d"]=$hops',
     '    if [ "$(stat -L -c %d:%i -- "$d" 2>/dev/null)" = "$CAMPAIGN_ID" ]; then return 0; fi',
