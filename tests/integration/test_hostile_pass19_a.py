@@ -1,0 +1,165 @@
+"""Issue 41, the nineteenth hostile pass (a): the work directory's commands, a full fresh pass.
+
+- An index, a mirror or a proxy that answers with something that is no HTTP was a traceback.
+  ``urllib`` raises ``URLError`` or ``OSError`` for a network that fails, but ``http.client``'s
+  ``HTTPException`` for an answer it cannot read (a status line of garbage: ``BadStatusLine``;
+  a body cut short or badly chunked: ``IncompleteRead``; more than 100 headers; a URL an index
+  lists with a port that is no number or a space: ``InvalidURL``), and ``os.open`` a
+  ``ValueError`` for a ``file://`` URL with ``%00``. ``fetch --source sdist`` (the index page
+  and the download), the CUDA 12 assembly's download and ``doctor``'s network line caught only
+  the first two: a local server answering so had ``fetch`` end with a traceback (12 kinds of
+  answer, 12 of 12 runs), and so did ``fetch`` and ``doctor`` with ``https_proxy`` naming a
+  port that is no HTTP proxy (a careless user). Each is now one FetchError naming the server's
+  answer, with a To fix that names the proxy variables (exit 3), and doctor's network line says
+  the host is unreachable (``download.NETWORK_ERRORS``), nothing left in ``downloads/``.
+
+Each test fails without its fix (checked with the fix reverted)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: the outside folder is byte-identical afterwards
+
+_SRC = str(Path(__file__).resolve().parents[2] / "src")
+_SDIST = "vllm-0.10.2.tar.gz"
+_PROXY_VARS = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy",
+               "ALL_PROXY", "no_proxy", "NO_PROXY", "PIP_INDEX_URL")
+
+# What the server answers, by the first folder of the path asked for. "<mode>/vllm/" is the
+# index page: for the index-* modes the page itself is the bad answer; for the others it
+# lists the sdist at "<mode>/dl/vllm-0.10.2.tar.gz", whose answer is the bad one.
+_STATUS_GARBAGE = b"HTTP/1.1 abc garbage\r\n\r\n"
+_ANSWERS = {
+    "index-badstatus": _STATUS_GARBAGE,
+    "index-chunked": (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\nZZZ\r\n"),
+    "index-headers": b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 200 + b"\r\n",
+    "badstatus": _STATUS_GARBAGE,
+    "nostatus": b"garbage without a status line\n",
+    "badchunk": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 b"10\r\n0123456789abcdef\r\nXYZ\r\n"),
+    "headers": b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 200 + b"\r\n",
+}
+# URLs an index may list that urllib refuses with an InvalidURL or ValueError
+_LISTED = {
+    "port": "http://127.0.0.1:ab/" + _SDIST,
+    "space": "/sp ace/" + _SDIST,
+    "nul": "file:///tmp/%00/" + _SDIST,
+}
+
+
+def _page(href: str) -> bytes:
+    body = f'<html><body><a href="{href}">{_SDIST}</a></body></html>'.encode()
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n"
+            % len(body)) + body
+
+
+def _answer(request: bytes) -> bytes:
+    if request.startswith((b"CONNECT", b"HEAD")):  # asked as a proxy, or doctor's HEAD
+        return _STATUS_GARBAGE
+    path = request.split(b" ", 2)[1].decode()
+    mode = path.strip("/").split("/")[0]
+    if path.endswith("/vllm/"):
+        if mode.startswith("index-"):
+            return _ANSWERS[mode]
+        return _page(_LISTED.get(mode, f"/{mode}/dl/{_SDIST}"))
+    return _ANSWERS.get(mode, b"HTTP/1.1 404 NF\r\nContent-Length: 0\r\n\r\n")
+
+
+def _serve(sock: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:  # closed: the test is over
+            return
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                data = conn.recv(4096)
+                if not data:
+                    break
+                request += data
+            if request:
+                conn.sendall(_answer(request))
+
+
+@pytest.fixture
+def no_http_server() -> Iterator[str]:
+    """A local server whose every answer is no HTTP a client can read (see _ANSWERS)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    thread = threading.Thread(target=_serve, args=(sock,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in _PROXY_VARS and k != "KVPREFETCH_WORKDIR"}
+    env["PYTHONPATH"] = _SRC + os.pathsep + env.get("PYTHONPATH", "")
+    env["HOME"] = str(tmp_path / "home")
+    env.update(extra)
+    return env
+
+
+def _kit(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("mode", [*_ANSWERS, *_LISTED])
+def test_an_index_or_mirror_answering_no_http_is_one_message(
+        tmp_path: Path, no_http_server: str, mode: str) -> None:
+    work = tmp_path / "work"
+    res = _kit(_env(tmp_path, PIP_INDEX_URL=f"{no_http_server}/{mode}"),
+               "fetch", "--source", "sdist", "--workdir", str(work))
+    text = res.stdout + res.stderr
+    assert "Traceback" not in text, text
+    assert res.returncode == 3 and "To fix:" in text, (res.returncode, text)
+    downloads = work / "downloads"
+    assert not downloads.exists() or not any(downloads.iterdir()), list(downloads.iterdir())
+
+
+def test_fetch_and_doctor_behind_a_proxy_that_answers_no_http_are_no_traceback(
+        tmp_path: Path, no_http_server: str) -> None:
+    env = _env(tmp_path, https_proxy=f"{no_http_server}/", http_proxy=f"{no_http_server}/")
+    res = _kit(env, "fetch", "--source", "sdist", "--workdir", str(tmp_path / "work"))
+    text = res.stdout + res.stderr
+    assert "Traceback" not in text, text
+    assert res.returncode == 3 and "https_proxy" in text, (res.returncode, text)
+    res = _kit(env, "doctor", "--mode", "full", "--workdir", str(tmp_path / "nowork"))
+    text = res.stdout + res.stderr
+    assert "Traceback" not in text, text
+    assert "BadStatusLine" in text, text  # the network line says what answered
+
+
+def test_a_cuda12_mirror_answering_no_http_is_one_fetch_error(
+        tmp_path: Path, no_http_server: str) -> None:
+    from kvprefetch.errors import FetchError
+    from kvprefetch.overlay import cuda12
+
+    work = tmp_path / "work"
+    work.mkdir()
+    downloads = work / "downloads" / "cuda"
+    for mode in ("badstatus", "badchunk", "headers"):
+        part = cuda12.Part("stand-in", "stand-in.whl", f"{no_http_server}/{mode}/x.whl",
+                           "0" * 64, 1000, ())
+        with pytest.raises(FetchError) as err:
+            cuda12._download(part, downloads, cuda12._urlopen, work)
+        assert err.value.fix, mode
+        assert not downloads.exists() or not any(downloads.iterdir())
