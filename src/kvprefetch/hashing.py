@@ -44,6 +44,32 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+# The largest library a build of the kit's makes and later hashes again (a full build's
+# vllm/_C.abi3.so is a few hundred MB): a file larger than this at a build output's name is no
+# output of the kit's, and is never read.
+MAX_BUILD_OUTPUT_BYTES = 8 << 30
+
+
+def sha256_file_at_most(path: str | os.PathLike[str], limit: int) -> str | None:
+    """sha256 of a regular file of at most ``limit`` bytes, read through the descriptor whose
+    size was checked (never blocking); None for a larger file, never read. A build output is
+    data in the work directory, and a manifest names its path: a sparse 15 TB file at
+    ``build/<tree>/<key>/kvprefetch_<tree>_C.so`` had ``build --dry-run`` hash zeros for hours
+    (a hang; issue 41, the nineteenth hostile pass)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket); "
+                                        "kvprefetch reads only regular files", os.fspath(path))
+        if st.st_size > limit:
+            return None
+        h = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def sha256_file_of_size(path: str | os.PathLike[str], size: int) -> str | None:
     """sha256 of a regular file of exactly ``size`` bytes (a pinned download's), read through
     the descriptor whose size was checked; None for a file of another size, never read. A

@@ -13,6 +13,16 @@
   answer, with a To fix that names the proxy variables (exit 3), and doctor's network line says
   the host is unreachable (``download.NETWORK_ERRORS``), nothing left in ``downloads/``.
 
+- A build's up-to-date check (``builds.plan.manifest_matches``) hashed every output its
+  manifest names whole, by path: a sparse 15 TB file at ``build/<tree>/<key>/
+  kvprefetch_<tree>_C.so`` (whoever writes the work directory) had ``build --kernels-only
+  --dry-run`` hash zeros for hours (2 of 2 killed by a 40 s timeout), and the bench's check of
+  a manifest's library before loading it (``kernels.ops.sha256_file``: ``open`` by path) did
+  the same, and blocked for good on a FIFO swapped in after its ``is_file``. Outputs are now
+  hashed through one never-blocking descriptor and only up to 8 GiB
+  (``hashing.sha256_file_at_most``): a larger file is no match (the build runs again), and
+  the bench names it (BenchError).
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
@@ -163,3 +173,62 @@ def test_a_cuda12_mirror_answering_no_http_is_one_fetch_error(
             cuda12._download(part, downloads, cuda12._urlopen, work)
         assert err.value.fix, mode
         assert not downloads.exists() or not any(downloads.iterdir())
+
+
+# In a child with a timeout: without the fix each blocks (hashing 15 TB of zeros, or opening
+# a FIFO with no writer) far past it.
+_HUGE_OUTPUT = r"""
+import json, os, sys, types
+from pathlib import Path
+from kvprefetch.builds import plan
+
+d = Path(sys.argv[1])
+so = d / "kvprefetch_patched_C.so"
+so.touch()
+os.truncate(so, 15 << 40)  # sparse: no disk used
+(d / "manifest.json").write_text(json.dumps(
+    {"key": "k", "tree": "patched", "outputs": [{"path": str(so), "sha256": "0" * 64}]}))
+print("match", plan.manifest_matches(types.SimpleNamespace(build_dir=str(d), key="k")))
+"""
+
+_BENCH_LIBRARY = r"""
+import os, sys
+from pathlib import Path
+from kvprefetch.errors import BenchError
+from kvprefetch.kernels import ops
+
+d = Path(sys.argv[1])
+huge, fifo = d / "huge.so", d / "fifo.so"
+huge.touch()
+os.truncate(huge, 15 << 40)
+os.mkfifo(fifo)
+for p in (huge, fifo):
+    try:
+        ops.sha256_file(p)
+    except BenchError as exc:
+        print("refused", p.name, exc.fix is not None)
+"""
+
+
+def _child(script: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
+    env["PYTHONPATH"] = _SRC + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        return subprocess.run([sys.executable, "-c", script, str(folder)], env=env,
+                              capture_output=True, text=True, timeout=20, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("hashed a 15 TB sparse file (or waited on a FIFO) for more than 20 s")
+
+
+def test_a_huge_sparse_file_at_a_build_output_is_no_match_never_hashed(tmp_path: Path) -> None:
+    build_dir = tmp_path / "work" / "build" / "patched" / "k"
+    build_dir.mkdir(parents=True)
+    res = _child(_HUGE_OUTPUT, build_dir)
+    assert res.returncode == 0 and res.stdout.strip() == "match None", res.stderr
+
+
+def test_a_bench_library_that_is_huge_or_a_fifo_is_one_bench_error(tmp_path: Path) -> None:
+    res = _child(_BENCH_LIBRARY, tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[:2] == ["refused huge.so True", "refused fifo.so True"], \
+        res.stdout

@@ -16,7 +16,6 @@ torch is imported inside functions only, so importing this module never touches 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -252,11 +251,22 @@ def find_builds(workdir: Path, trees: Iterable[str] | None = None) -> list[Built
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """A built library's sha256, read bounded and never blocking (``hashing``): read whole by
+    path, a sparse 15 TB file at a manifest's ``so_path`` was hashed for hours, and a FIFO
+    swapped in after the ``is_file`` check blocked the bench for good (issue 41, the
+    nineteenth hostile pass)."""
+    from ..hashing import MAX_BUILD_OUTPUT_BYTES, sha256_file_at_most
+
+    try:
+        digest = sha256_file_at_most(path, MAX_BUILD_OUTPUT_BYTES)
+    except OSError as exc:
+        raise BenchError(f"cannot read the built library {path}: {exc}",
+                         "rebuild that tree (`kvprefetch build`)") from None
+    if digest is None:
+        raise BenchError(f"{path} is larger than {MAX_BUILD_OUTPUT_BYTES >> 30} GiB, larger "
+                         "than any library a build makes: it is not the one its manifest "
+                         "records", "rebuild that tree (`kvprefetch build`)")
+    return digest
 
 
 @dataclass(frozen=True)
