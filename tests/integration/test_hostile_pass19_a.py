@@ -23,6 +23,14 @@
   (``hashing.sha256_file_at_most``): a larger file is no match (the build runs again), and
   the bench names it (BenchError).
 
+- A work directory copied with ``cp -a`` (a careless user making a second one) kept build
+  manifests naming the original's outputs by absolute path. ``build`` checked those (still
+  there, same hashes) and called the copy's trees up to date, while ``verify-kernel`` refused
+  the copy's manifests (an interpreter outside its ``envs/``) with the fix "rebuild the tree
+  with ``kvprefetch build``", which then did nothing (a real narrowed build copied and checked
+  by hand; ``build --force`` made it pass). A manifest's outputs must now be in the plan's own
+  folders (its build folder, environment or tree), else it matches nothing and the build runs.
+
 Each test fails without its fix (checked with the fix reverted)."""
 
 from __future__ import annotations
@@ -232,3 +240,34 @@ def test_a_bench_library_that_is_huge_or_a_fifo_is_one_bench_error(tmp_path: Pat
     assert res.returncode == 0, res.stderr
     assert res.stdout.split("\n")[:2] == ["refused huge.so True", "refused fifo.so True"], \
         res.stdout
+
+
+def test_a_manifest_naming_outputs_of_another_work_directory_is_no_match(tmp_path: Path) -> None:
+    """What a copied work directory's manifest looks like: its outputs, by absolute path, are
+    the original's, intact. A manifest whose outputs are in the plan's own folders still
+    matches."""
+    import hashlib
+    import json
+    import types
+
+    from kvprefetch.builds import plan
+
+    def planned(work: Path) -> types.SimpleNamespace:
+        return types.SimpleNamespace(
+            key="k", build_dir=str(work / "build" / "patched" / "k"),
+            env_path=str(work / "envs" / "patched"), source_tree=str(work / "trees" / "patched"))
+
+    def manifest(tp: types.SimpleNamespace, outputs_of: types.SimpleNamespace) -> None:
+        lib = Path(outputs_of.build_dir) / "kvprefetch_patched_C.so"
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        lib.write_bytes(b"library")
+        Path(tp.build_dir).mkdir(parents=True, exist_ok=True)
+        (Path(tp.build_dir) / "manifest.json").write_text(json.dumps(
+            {"key": "k", "outputs": [{"path": str(lib),
+                                      "sha256": hashlib.sha256(b"library").hexdigest()}]}))
+
+    original, copy = planned(tmp_path / "original"), planned(tmp_path / "copy")
+    manifest(original, original)
+    manifest(copy, original)
+    assert plan.manifest_matches(original) is not None  # its own outputs: up to date
+    assert plan.manifest_matches(copy) is None  # another work directory's: built again
