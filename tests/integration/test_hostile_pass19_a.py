@@ -196,7 +196,8 @@ so.touch()
 os.truncate(so, 15 << 40)  # sparse: no disk used
 (d / "manifest.json").write_text(json.dumps(
     {"key": "k", "tree": "patched", "outputs": [{"path": str(so), "sha256": "0" * 64}]}))
-print("match", plan.manifest_matches(types.SimpleNamespace(build_dir=str(d), key="k")))
+print("match", plan.manifest_matches(types.SimpleNamespace(
+    build_dir=str(d), key="k", env_path=str(d / "env"), source_tree=str(d / "tree"))))
 """
 
 _BENCH_LIBRARY = r"""
