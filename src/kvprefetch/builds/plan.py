@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import upstream
 from ..errors import ConfigError
-from ..hashing import differences, inventory, sha256_file
+from ..hashing import MAX_LIBRARY_BYTES, differences, inventory, sha256_file
 from ..reading import load_json
 from ..workspace.workdir import Workdir
 
@@ -120,6 +120,18 @@ def build_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _in_plan_folders(tp: TreePlan, path: Path) -> bool:
+    """Whether an output a manifest lists is in this plan's own folders (its build folder, its
+    environment, its tree: all in this work directory). A manifest is data: copied with its
+    work directory (``cp -a``), it names the original's outputs, which still matched, so
+    ``build`` called the copy "up to date" and skipped it, while verify-kernel refused the
+    copy's manifests (an interpreter outside its envs/) with the fix to run ``kvprefetch
+    build`` (issue 41, the nineteenth hostile pass: a wrong-way message)."""
+    from ..workspace.confine import inside
+
+    return any(inside(Path(d), path) for d in (tp.build_dir, tp.env_path, tp.source_tree))
+
+
 def manifest_matches(tp: TreePlan) -> dict[str, Any] | None:
     """The existing manifest when it records this exact key and its outputs are intact (a
     corrupt manifest matches nothing: the build runs again and rewrites it)."""
@@ -132,7 +144,12 @@ def manifest_matches(tp: TreePlan) -> dict[str, Any] | None:
             return None
         for out in m.get("outputs", []):
             p = Path(out["path"])
-            if not p.is_file() or sha256_file(p) != out["sha256"]:
+            if not _in_plan_folders(tp, p):
+                return None
+            # read bounded (a library's size at most): a sparse 15 TB file at an output's
+            # name was hashed for hours (the nineteenth hostile pass); larger is an OSError,
+            # so no match
+            if not p.is_file() or sha256_file(p, limit=MAX_LIBRARY_BYTES) != out["sha256"]:
                 return None
     except (OSError, ValueError, TypeError, KeyError):
         return None

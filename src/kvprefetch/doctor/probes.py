@@ -5,6 +5,7 @@ package index and where toolkits may live."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import shutil
@@ -46,8 +47,11 @@ def check_url(url: str = GITHUB_URL, *, timeout: float = 5.0,
             code = resp.status
     except urllib.error.HTTPError as exc:
         code = exc.code
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        # HTTPException: an answer that is no HTTP, from an https_proxy that is no HTTP proxy
+        # (BadStatusLine), was a traceback (issue 41, the nineteenth hostile pass)
+        reason = (f"{type(exc).__name__}: {str(exc)[:300]}"
+                  if isinstance(exc, http.client.HTTPException) else getattr(exc, "reason", exc))
         return False, f"{url} unreachable: {reason}"
     return True, f"{url} answered HTTP {code} in {time.monotonic() - t0:.1f} s"
 

@@ -32,9 +32,6 @@ import hashlib
 import io
 import os
 import tarfile
-import urllib.error
-import urllib.parse
-import urllib.request
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +41,7 @@ from typing import Any
 from ..errors import FetchError
 from ..hashing import sha256_file_of_size
 from ..reading import read_limited
-from ..sources.download import copy_bounded, open_url
+from ..sources.download import NETWORK_ERRORS, copy_bounded, network_error_text, open_url
 from ..workspace import ownership
 from ..workspace.confine import (
     check_target,
@@ -264,8 +261,8 @@ def _download(part: Part, downloads: Path, opener: Callable[[str], object],
                 raise FetchError(f"{url} has sha256 {h.hexdigest()}, expected {part.sha256}; "
                                  "it was deleted and nothing was unpacked",
                                  "check that the mirror serves the pinned file and rerun")
-    except (urllib.error.URLError, OSError) as exc:
-        raise FetchError(f"cannot download {part.name} from {url}: {exc}",
+    except NETWORK_ERRORS as exc:  # an answer that is no HTTP too: the nineteenth pass
+        raise FetchError(f"cannot download {part.name} from {url}: {network_error_text(exc)}",
                          "check the network (deb.debian.org and files.pythonhosted.org must be "
                          "reachable), or pass --cuda-home DIR of a CUDA 12 toolkit") from exc
     return target

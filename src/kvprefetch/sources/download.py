@@ -9,6 +9,7 @@ against our pin before anything is unpacked."""
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import secrets
@@ -33,6 +34,16 @@ _JSON = "application/vnd.pypi.simple.v1+json"
 # An index's project page: PyPI's for vllm (every release's files) is a few MB.
 MAX_INDEX_PAGE_BYTES = 64 << 20
 
+# What asking a server (an index, a mirror, a proxy) for a URL can raise besides a KvprefetchError:
+# urllib's URLError and OSError, and what are neither: http.client's HTTPException for an answer
+# that is no HTTP (a status line of garbage, a body cut short or badly chunked, more than 100
+# headers, a port that is no number, a space or control character in a URL an index lists) and
+# ValueError (a NUL in a file:// path). Each of those was a traceback: from a mirror or index
+# that serves them, or an https_proxy/http_proxy that is no HTTP proxy (issue 41, the nineteenth
+# hostile pass).
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    urllib.error.URLError, OSError, ValueError, http.client.HTTPException)
+
 
 def open_url(url: str, timeout: float = 120) -> Any:
     """A readable stream of ``url``'s bytes. A ``file://`` URL (an index may list one) is
@@ -53,6 +64,14 @@ def open_url(url: str, timeout: float = 120) -> Any:
     except BaseException:
         os.close(fd)
         raise
+
+
+def network_error_text(exc: BaseException) -> str:
+    """What a network error says, with its kind where its text alone says little (an
+    IncompleteRead or BadStatusLine's text is the bytes the server sent)."""
+    if isinstance(exc, (urllib.error.URLError, OSError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {str(exc)[:300]!s}"
 
 
 def copy_bounded(src: Any, write: Callable[[bytes], object], limit: int, url: str) -> None:
@@ -156,9 +175,10 @@ def locate_file(index_url: str, project: str, filename: str, sha256: str,
         if len(raw) > MAX_INDEX_PAGE_BYTES:  # a page without end filled memory
             raise ValueError(f"the page is larger than {MAX_INDEX_PAGE_BYTES} bytes")
         body = raw.decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise FetchError(f"cannot reach the package index {page}: {exc}",
-                         "check the network or point PIP_INDEX_URL at a reachable mirror"
+    except NETWORK_ERRORS as exc:
+        raise FetchError(f"cannot reach the package index {page}: {network_error_text(exc)}",
+                         "check the network (and https_proxy/http_proxy, if set) or point "
+                         "PIP_INDEX_URL at a reachable mirror"
                          + (f"; or {unreachable_fix}" if unreachable_fix else "")) from exc
     try:
         found = (parse_simple_json(body, filename, page) if "json" in ctype
@@ -298,7 +318,8 @@ def ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | 
                                  f"{upstream.SDIST_SHA256}; the download was deleted and "
                                  "nothing was unpacked",
                                  "run the command again to download a fresh copy")
-    except (urllib.error.URLError, OSError) as exc:
-        raise FetchError(f"download of {found.url} failed: {exc}",
-                         "check the network and run the command again") from exc
+    except NETWORK_ERRORS as exc:
+        raise FetchError(f"download of {found.url} failed: {network_error_text(exc)}",
+                         "check the network (and https_proxy/http_proxy, if set) and run the "
+                         "command again") from exc
     return target
