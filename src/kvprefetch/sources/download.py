@@ -27,6 +27,7 @@ from typing import Any
 from .. import upstream
 from ..errors import ConfigError, FetchError
 from ..hashing import sha256_file_of_size
+from ..oserrors import local_write_failure
 from ..runner import run
 
 _JSON = "application/vnd.pypi.simple.v1+json"
@@ -299,6 +300,10 @@ def ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | 
                                  "nothing was unpacked",
                                  "run the command again to download a fresh copy")
     except (urllib.error.URLError, OSError) as exc:
+        local = local_write_failure(exc, downloads)
+        if local is not None:  # this machine's disk, not the network
+            raise FetchError(f"download of {found.url} failed: {local[0]}",
+                             local[1]) from exc
         raise FetchError(f"download of {found.url} failed: {exc}",
                          "check the network and run the command again") from exc
     return target
