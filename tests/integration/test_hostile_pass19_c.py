@@ -8,6 +8,12 @@ reverting ``src`` and running it):
   mounted read-only), a quota or the file-size limit (``ulimit -f``). The rerun fails the same
   way. Now such a failure names the download folder and gives the disk's fix
   (``oserrors.local_write_failure``); the network's fix stays for the network.
+- Every lock (the work directory's, a tree's, a campaign's) is opened by its name in its
+  folder's descriptor, so on a read-only (or full) file system the message named only that
+  name and the fix the caller's folder: "apply failed: tree-patched.lock: Read-only file
+  system / To fix: . is on a file system mounted read-only" (apply, fetch, clean, build,
+  slurm plan/submit/resubmit: 7 commands, 1 run each). Now the lock's whole path and its
+  folder are named.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from kvprefetch.errors import FetchError
 from tests.integration.test_reliability import outside
@@ -92,3 +100,41 @@ def test_a_download_that_fails_on_the_local_disk_is_not_blamed_on_the_network(
     assert "check the network" not in text, text
     assert "file-size limit" in text and str(wd / "downloads") in text, text
     assert not any((wd / "downloads").iterdir())
+
+
+@pytest.fixture
+def read_only_campaign(tmp_path: Path) -> Any:
+    """A campaign planned on a small tmpfs, then remounted read-only (needs root, as
+    test_reliability's read-only work directory does)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+                         capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip()}")
+    try:
+        camp = mnt / "camp"
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                              "--no-gpu"], env=_env(tmp_path), capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert res.returncode == 0, res.stderr
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        yield camp
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("command", [["slurm", "submit"], ["slurm", "plan"],
+                                     ["slurm", "resubmit", "{camp}", "bench"]])
+def test_a_lock_on_a_read_only_file_system_is_named_by_its_whole_path(
+        tmp_path: Path, read_only_campaign: Path, command: list[str]) -> None:
+    camp = read_only_campaign
+    args = [a.format(camp=camp) for a in command]
+    if "{camp}" not in command:
+        args.append(str(camp))
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=_env(tmp_path),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    text = res.stderr
+    assert res.returncode == 2 and "Traceback" not in text and "To fix:" in text, text
+    assert f"{camp}/.kvprefetch-campaign.lock: Read-only file system" in text, text
+    assert f"To fix: {camp} is on a file system mounted read-only" in text, text
