@@ -14,6 +14,13 @@ reverting ``src`` and running it):
   system / To fix: . is on a file system mounted read-only" (apply, fetch, clean, build,
   slurm plan/submit/resubmit: 7 commands, 1 run each). Now the lock's whole path and its
   folder are named.
+- A ``TMPDIR`` inside the work directory is refused (the twelfth, seventeenth and eighteenth
+  passes), but by path only: the same folder under another name, a bind mount of the work
+  directory elsewhere (a container's view of it, a second mount point), passed, and apply made
+  its ``git apply`` folder and doctor its compile probe in the work directory, where whoever
+  writes it can swap them for a link to a folder outside (the seventeenth and eighteenth
+  passes' attack). Now a folder above the temp folder that is the work directory by device
+  and inode is refused too (``ownership._same_folder_above``; 1 run each of apply and doctor).
 """
 
 from __future__ import annotations
@@ -138,3 +145,54 @@ def test_a_lock_on_a_read_only_file_system_is_named_by_its_whole_path(
     assert res.returncode == 2 and "Traceback" not in text and "To fix:" in text, text
     assert f"{camp}/.kvprefetch-campaign.lock: Read-only file system" in text, text
     assert f"To fix: {camp} is on a file system mounted read-only" in text, text
+
+
+_FAKE_NVCC = """#!/bin/sh
+if [ "$1" = "--version" ]; then
+  echo "Cuda compilation tools, release 12.8, V12.8.93"; exit 0
+fi
+o=""
+while [ $# -gt 0 ]; do [ "$1" = "-o" ] && o="$2"; shift; done
+echo "out=$o" >> "$NVCC_LOG"
+[ -n "$o" ] && echo obj > "$o"
+exit 0
+"""
+
+
+@pytest.fixture
+def work_alias(fetched_workdir: Path, tmp_path: Path) -> Any:
+    """The work directory bind-mounted at another path (needs root, as test_reliability's
+    tmpfs)."""
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    res = subprocess.run(["mount", "--bind", str(fetched_workdir), str(alias)],
+                         capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {res.stderr.strip()}")
+    try:
+        yield alias
+    finally:
+        subprocess.run(["umount", "-l", str(alias)], check=False)
+
+
+@pytest.mark.parametrize("command", ["doctor", "apply"])
+def test_a_tmpdir_in_the_work_directory_under_another_mount_is_refused(
+        fetched_workdir: Path, work_alias: Path, tmp_path: Path, command: str) -> None:
+    (fetched_workdir / "tmp").mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvcc").write_text(_FAKE_NVCC)
+    (bin_dir / "nvcc").chmod(0o755)
+    log = tmp_path / "nvcc.log"
+    env = {**_env(tmp_path), "TMPDIR": str(work_alias / "tmp"), "NVCC_LOG": str(log),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    args = ["--arch", "9.0a"] if command == "doctor" else []
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", command, "--workdir",
+                          str(fetched_workdir), *args], env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+    text = res.stderr
+    assert "Traceback" not in text, text
+    assert not list((fetched_workdir / "tmp").iterdir())  # nothing made in the work directory
+    assert "probe.o" not in (log.read_text() if log.exists() else "")
+    assert res.returncode != 0 and "(TMPDIR) is inside the work directory" in text \
+        and "To fix:" in text, text
