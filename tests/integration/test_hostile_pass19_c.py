@@ -21,11 +21,21 @@ reverting ``src`` and running it):
   writes it can swap them for a link to a folder outside (the seventeenth and eighteenth
   passes' attack). Now a folder above the temp folder that is the work directory by device
   and inode is refused too (``ownership._same_folder_above``; 1 run each of apply and doctor).
+- A whole number past a float's range (400 digits) was an ``OverflowError`` traceback wherever
+  the kit took it for a float: the integer options checked against a ``Bound``
+  (``bench decode --steps/--requests/--repeats``, the eighteenth pass's ceilings, and, since the
+  fourth pass, ``bench e2e``'s counts and ``bench ncu``'s launch counts: ``math.isfinite`` of
+  the integer), a README timings block's ``wall_s`` (``report --readme``), and an earlier build
+  manifest's ``seconds`` (the build's progress line; the seventeenth pass fixed ``1e999`` there,
+  not an integer). Now the options are usage errors naming the range, the timing file is named
+  as holding no timing, and the manifest gives no estimate (found by the driver, 6 runs, and by
+  reading for the same pattern).
 """
 
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import resource
 import subprocess
@@ -196,3 +206,54 @@ def test_a_tmpdir_in_the_work_directory_under_another_mount_is_refused(
     assert "probe.o" not in (log.read_text() if log.exists() else "")
     assert res.returncode != 0 and "(TMPDIR) is inside the work directory" in text \
         and "To fix:" in text, text
+
+
+_HUGE = "9" * 400  # a whole number no float holds
+
+
+@pytest.mark.parametrize("command", [("decode", "--steps"), ("decode", "--requests"),
+                                     ("decode", "--repeats"), ("e2e", "--repeats"),
+                                     ("e2e", "--input-len"), ("ncu", "--launch-count")])
+def test_a_whole_number_past_a_floats_range_is_a_usage_error_not_a_traceback(
+        tmp_path: Path, command: tuple[str, str]) -> None:
+    sub, option = command
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "bench", sub, "--workdir",
+                          str(tmp_path / "wd"), "--out", str(tmp_path / "out"), option, _HUGE,
+                          "--dry-run"], env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=120, check=False)
+    text = res.stderr
+    assert "Traceback" not in text and "OverflowError" not in text, text
+    assert res.returncode == 2 and f"Invalid value for '{option}'" in text \
+        and "To fix:" in text, text
+    assert not (tmp_path / "out").exists() and not (tmp_path / "wd").exists()
+
+
+def test_a_timings_block_with_a_wall_time_past_a_floats_range_is_a_bad_timing(
+        tmp_path: Path) -> None:
+    runs = [{"what": "w", "command": "c", "commit": "abc", "how": "h", "exit": 0,
+             "wall_s": 12345, "source": "s"}]
+    text = json.dumps({"machine": "m", "runs": runs}).replace("12345", _HUGE)
+    (tmp_path / "t.json").write_text(text)
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- timings t.json -->\nold\n<!-- /timings -->\n")
+    before = readme.read_bytes()
+    for check in ([], ["--check"]):
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "report", "--readme",
+                              str(readme), *check], env=_env(tmp_path), capture_output=True,
+                             text=True, timeout=120, check=False)
+        out = res.stderr
+        assert "Traceback" not in out and "OverflowError" not in out, out
+        assert res.returncode != 0 and "wall_s is not what a timing holds" in out \
+            and str(tmp_path / "t.json") in out and "To fix:" in out, out
+    assert readme.read_bytes() == before
+
+
+def test_an_earlier_build_manifest_of_a_duration_past_a_floats_range_is_no_duration(
+        tmp_path: Path) -> None:
+    from kvprefetch.machine.progress import previous_seconds
+
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "manifest.json").write_text(
+        '{"seconds": ' + _HUGE + ', "head_sizes": null, "block_sizes": null, '
+        '"kv_dtypes": null}')
+    assert previous_seconds(tmp_path, {}) is None
