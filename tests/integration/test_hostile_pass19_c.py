@@ -30,6 +30,11 @@ reverting ``src`` and running it):
   not an integer). Now the options are usage errors naming the range, the timing file is named
   as holding no timing, and the manifest gives no estimate (found by the driver, 6 runs, and by
   reading for the same pattern).
+- ``export-header -o`` into the work directory it reads replaced, with exit 0, whatever was at
+  that name: the ownership record, a state record, the work directory's tag, the pristine
+  copy's header (a careless ``-o``; 5 runs by hand), and left a work directory that fetch and
+  clean refuse ("the ownership record ... is corrupt"). Now an -o inside the work directory is
+  refused, naming it (exit 4), and nothing there changes.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from typing import Any
 
 import pytest
 
-from kvprefetch.errors import FetchError
+from kvprefetch.errors import FetchError, PatchError
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: nothing outside the test's folders changes
@@ -257,3 +262,22 @@ def test_an_earlier_build_manifest_of_a_duration_past_a_floats_range_is_no_durat
         '{"seconds": ' + _HUGE + ', "head_sizes": null, "block_sizes": null, '
         '"kv_dtypes": null}')
     assert previous_seconds(tmp_path, {}) is None
+
+
+@pytest.mark.parametrize("name", [".kvprefetch-owned.json",
+                                  "pristine/sdist/csrc/attention/attention_kernels.cuh",
+                                  "trees/../state/patched.json"])
+def test_export_header_never_writes_into_the_work_directory_it_reads(
+        fetched_workdir: Path, tmp_path: Path, name: str) -> None:
+    from tests.integration.helpers import tree_bytes
+
+    before = tree_bytes(fetched_workdir)
+    target = fetched_workdir / name
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "export-header", "--workdir",
+                          str(fetched_workdir), "-o", str(target)], env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=120, check=False)
+    text = res.stderr
+    assert "Traceback" not in text, text
+    assert res.returncode == PatchError.exit_code and "To fix:" in text \
+        and f"it is inside the work directory {fetched_workdir}" in text, text
+    assert tree_bytes(fetched_workdir) == before
