@@ -35,6 +35,13 @@ reverting ``src`` and running it):
   copy's header (a careless ``-o``; 5 runs by hand), and left a work directory that fetch and
   clean refuse ("the ownership record ... is corrupt"). Now an -o inside the work directory is
   refused, naming it (exit 4), and nothing there changes.
+- ``fetch --repo-url`` with bytes that are no UTF-8 (a shell argument, escaped) had git echo them
+  in its error, which GitPython decodes strictly: a ``UnicodeDecodeError`` traceback (the
+  driver, 1 run); so did any git message that is no UTF-8 (a server's ``remote:`` lines). Now
+  such a URL is refused before git runs, and git's undecodable message is one FetchError.
+- ``vmm bench --batches/--contexts`` had no ceiling: a 400-digit size was an OverflowError
+  traceback in the plan (the driver, 2 runs). Now above 2**31 - 1 is a usage error, as
+  ``bench kernel``'s sizes are.
 """
 
 from __future__ import annotations
@@ -281,3 +288,45 @@ def test_export_header_never_writes_into_the_work_directory_it_reads(
     assert res.returncode == PatchError.exit_code and "To fix:" in text \
         and f"it is inside the work directory {fetched_workdir}" in text, text
     assert tree_bytes(fetched_workdir) == before
+
+
+_FAKE_GIT = """#!/bin/sh
+if [ "$1" = "version" ] || [ "$1" = "--version" ]; then echo "git version 2.40.1"; exit 0; fi
+printf 'remote: \\377\\376 not utf-8\\n' >&2
+exit 128
+"""
+
+
+@pytest.mark.parametrize("case", ["url-not-utf8", "git-message-not-utf8"])
+def test_a_repo_url_or_git_message_that_is_no_utf8_is_one_message(
+        tmp_path: Path, case: str) -> None:
+    env = _env(tmp_path)
+    url: str | bytes = "https://example.invalid/vllm.git"
+    if case == "url-not-utf8":
+        url = b"\xff\xfe-bad-\x80"
+    else:  # a git whose error is no UTF-8
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "git").write_text(_FAKE_GIT)
+        (bin_dir / "git").chmod(0o755)
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+        env["GIT_PYTHON_GIT_EXECUTABLE"] = str(bin_dir / "git")
+    args: list[str | bytes] = [sys.executable, "-m", "kvprefetch", "fetch", "--source", "git",
+                               "--workdir", str(tmp_path / "wd"), "--repo-url", url]
+    res = subprocess.run(args, env=env, capture_output=True, timeout=120, check=False)
+    text = res.stderr.decode("utf-8", "replace")
+    assert "Traceback" not in text and "UnicodeDecodeError" not in text, text
+    assert res.returncode in (2, 3) and "To fix:" in text, (res.returncode, text)
+    assert ("not printable UTF-8 text" if case == "url-not-utf8"
+            else "message is not UTF-8 text") in text, text
+
+
+@pytest.mark.parametrize("option", ["--batches", "--contexts"])
+def test_a_vmm_size_past_an_int32_is_a_usage_error(tmp_path: Path, option: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "vmm", "bench", "--dry-run",
+                          "--out", str(tmp_path / "v.json"), option, _HUGE],
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=120,
+                         check=False)
+    text = res.stderr
+    assert "Traceback" not in text and "OverflowError" not in text, text
+    assert res.returncode == 2 and "is above 2147483647" in text and "To fix:" in text, text
