@@ -42,6 +42,11 @@ reverting ``src`` and running it):
 - ``vmm bench --batches/--contexts`` had no ceiling: a 400-digit size was an OverflowError
   traceback in the plan (the driver, 2 runs). Now above 2**31 - 1 is a usage error, as
   ``bench kernel``'s sizes are.
+- ``report`` of a sampled run (``bench kernel --sample``) whose step records a launch of
+  10**9 or a 400-digit number of sequences searched every count up to it in the twin rule's
+  mirror (``policy.more_waves_for_some``): a hang (the in-process fuzzer of every numeric leaf
+  of six committed results with 400-digit integers, 1 run of 1,144). Now a launch of more than
+  gridDim.y's 65535 sequences is a field not what kvprefetch writes (exit 7), naming the file.
 """
 
 from __future__ import annotations
@@ -330,3 +335,28 @@ def test_a_vmm_size_past_an_int32_is_a_usage_error(tmp_path: Path, option: str) 
     text = res.stderr
     assert "Traceback" not in text and "OverflowError" not in text, text
     assert res.returncode == 2 and "is above 2147483647" in text and "To fix:" in text, text
+
+
+_SAMPLE = _REPO / "docs/results/2026-12-03-h200-sample-vllm-call/sample-12031450.json.gz"
+
+
+@pytest.mark.parametrize("num_seqs", ["1000000000", _HUGE])
+def test_a_sampled_step_with_a_launch_of_too_many_sequences_never_hangs_report(
+        tmp_path: Path, num_seqs: str) -> None:
+    import gzip
+
+    doc = json.loads(gzip.decompress(_SAMPLE.read_bytes()))
+    mark = 1.2345678901234567e-300  # a number json writes once, replaced by the text
+    doc["results"][1]["launch"]["num_seqs"] = mark
+    result = tmp_path / "sample.json"
+    result.write_text(json.dumps(doc).replace(repr(mark), num_seqs))
+    try:
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "report", str(result),
+                              "--out", str(tmp_path / "out")], env=_env(tmp_path),
+                             capture_output=True, text=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("report searched a launch of too many sequences for ever")
+    text = res.stderr
+    assert "Traceback" not in text, text
+    assert res.returncode == 7 and "sequences, not 1 to 65535" in text and str(result) in text \
+        and "To fix:" in text, text
