@@ -91,6 +91,25 @@ def describe(exc: OSError) -> tuple[str, str]:
     return cause, fix.format(where=os.path.dirname(str(exc.filename or ".")) or ".")
 
 
+# What only writing a local file raises: a download that fails with one of these failed on this
+# machine's disk, not on the network (issue 41, the nineteenth hostile pass: a full or
+# read-only work directory during the sdist download was told to "check the network and run
+# the command again", which fails the same way)
+_LOCAL_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def local_write_failure(exc: BaseException, where: os.PathLike[str] | str
+                        ) -> tuple[str, str] | None:
+    """``describe``'s (cause, fix) when ``exc`` is a failure to write a local file (full disk,
+    quota, read-only file system, file-size limit) into the folder ``where``; None for anything
+    else (the network). A write to a descriptor names no file, so ``where`` stands in."""
+    if not isinstance(exc, OSError) or exc.errno not in _LOCAL_WRITE:
+        return None
+    if not exc.filename:
+        exc = OSError(exc.errno, exc.strerror, os.path.join(where, ""))
+    return describe(exc)
+
+
 @contextmanager
 def mapped(family: type[KvprefetchError], doing: str) -> Iterator[None]:
     """Turn an OSError raised inside into ``family`` ("<doing> failed: <path>: <reason>")."""

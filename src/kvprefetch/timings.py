@@ -59,8 +59,10 @@ def _bad_fields(run: dict[str, Any]) -> list[str]:
     if not isinstance(run["exit"], int) or isinstance(run["exit"], bool):
         bad.append("exit")
     wall = run["wall_s"]
+    # no wall time is near a float's limit: a 400-digit integer made math.isfinite (and the
+    # minutes) an OverflowError traceback (issue 41, the nineteenth hostile pass)
     if not isinstance(wall, (int, float)) or isinstance(wall, bool) \
-            or not math.isfinite(wall) or wall < 0:
+            or not -1e300 < wall < 1e300 or not math.isfinite(wall) or wall < 0:
         bad.append("wall_s")
     return bad
 

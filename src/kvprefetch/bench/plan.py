@@ -50,8 +50,12 @@ class Bound:
 
     def check(self, value: object) -> float:
         """``value`` when it lies in the range, else an OptionError naming the option."""
+        # a whole number is finite: math.isfinite converts it to a float, and one past 1e308
+        # (`--steps` of 400 digits) was an OverflowError traceback (issue 41, the nineteenth
+        # hostile pass)
         ok = (isinstance(value, int | float) and not isinstance(value, bool)
-              and (isinstance(value, int) or not self.integer) and math.isfinite(value)
+              and (isinstance(value, int) or not self.integer)
+              and (isinstance(value, int) or math.isfinite(value))
               and (value > self.low if self.low_open else value >= self.low)
               and value <= self.high)
         if not ok:

@@ -48,6 +48,21 @@ def run_wave_guard(doc: SampleDocument) -> bool:
     return bool(doc["meta"].get("wave_guard", False))
 
 
+def checked_launch(r: ShapeRow) -> Any:
+    """``row_launch(r)``, its batch a count the kernel takes (1 to gridDim.y's 65535), else a
+    ValueError (``documents.reading`` names the file): the rule's mirror searches every count
+    of long sequences up to the batch (``policy.more_waves_for_some``), and a recorded batch of
+    400 digits made `report` search for ever (issue 41, the nineteenth hostile pass)."""
+    from .limits import MAX_GRID_YZ
+
+    launch = row_launch(r)
+    seqs = launch["num_seqs"]
+    if not isinstance(seqs, int) or isinstance(seqs, bool) or not 1 <= seqs <= MAX_GRID_YZ:
+        raise ValueError(f"step {r.get('label', '?')!r} records a launch of {seqs!r} "
+                         f"sequences, not 1 to {MAX_GRID_YZ}")
+    return launch
+
+
 def _mirror_pick(doc: SampleDocument, r: ShapeRow, sms: int,
                  least_guard: bool) -> tuple[int, int] | None:
     """The twin `auto` runs at sampled step ``r`` of run ``doc`` by the rule's mirror, on ``sms``
@@ -55,7 +70,7 @@ def _mirror_pick(doc: SampleDocument, r: ShapeRow, sms: int,
     from ..kernels.policy import twin_pick
     from .sample import cache_kind
 
-    launch = row_launch(r)  # the launcher sees the launch, not the step's real values
+    launch = checked_launch(r)  # the launcher sees the launch, not the step's real values
     return twin_pick(r["num_heads"], r["num_kv_heads"], batch=launch["num_seqs"],
                      context=launch["max_seq_len"], kernel=r["kernel"], sm_count=sms,
                      head_size=r["head_size"], block_size=r["block_size"],
@@ -120,7 +135,7 @@ def bound_steps(doc: SampleDocument, timing: str) -> list[dict[str, Any]]:
                                      and _mirror_pick(doc, r, sms, run_least_guard(doc))):
             continue
         launch, gqa_off = step_ratio(r, "launch"), step_ratio(r, "gqa_off")
-        ran = row_launch(r)
+        ran = checked_launch(r)
         out.append({"step": i, "label": r["label"],
                     "code": v1_code_pick(r["head_size"], ran["num_seqs"], r["num_heads"],
                                          ran["max_seq_len"], sm_count=sms,

@@ -22,6 +22,8 @@ from ..console import emit_json, info, say, step, table
 from ..errors import BenchError, KvprefetchError
 from .common import dry_run_option, json_option, output_file
 
+_MAX_SIZE = 2**31 - 1  # as bench kernel's sizes (bench/matrix.py): the kernels' int32
+
 
 def _sizes(text: str) -> tuple[int, ...]:
     out = []
@@ -34,6 +36,11 @@ def _sizes(text: str) -> tuple[int, ...]:
             raise click.BadParameter(f"'{part}' is not a size like 512, 1k or 16k") from None
         if n <= 0:
             raise click.BadParameter(f"'{part}' must be positive")
+        if n > _MAX_SIZE:
+            # a 400-digit size made the plan's float arithmetic an OverflowError traceback
+            # (issue 41, the nineteenth hostile pass)
+            raise click.BadParameter(f"'{part}' is above {_MAX_SIZE} (2**31 - 1), the largest "
+                                     "batch or context an int32 holds")
         out.append(n)
     return tuple(out)
 

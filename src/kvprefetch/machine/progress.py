@@ -49,7 +49,9 @@ def previous_seconds(build_root: Path, selection: dict[str, Any]) -> float | Non
                 continue
             same = {k: data.get(k) for k in ("head_sizes", "block_sizes", "kv_dtypes")} == \
                 {k: selection.get(k) for k in ("head_sizes", "block_sizes", "kv_dtypes")}
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, OverflowError):
+            # OverflowError: a 400-digit integer, which float() cannot hold, was a traceback
+            # at the build's first progress line (issue 41, the nineteenth hostile pass)
             continue
         if same and secs > 0 and (best is None or m.stat().st_mtime > best[0]):
             best = (m.stat().st_mtime, secs)

@@ -40,6 +40,7 @@ from typing import Any
 
 from ..errors import FetchError
 from ..hashing import sha256_file_of_size
+from ..oserrors import local_write_failure
 from ..reading import read_limited
 from ..sources.download import NETWORK_ERRORS, copy_bounded, network_error_text, open_url
 from ..workspace import ownership
@@ -262,6 +263,10 @@ def _download(part: Part, downloads: Path, opener: Callable[[str], object],
                                  "it was deleted and nothing was unpacked",
                                  "check that the mirror serves the pinned file and rerun")
     except NETWORK_ERRORS as exc:  # an answer that is no HTTP too: the nineteenth pass
+        local = local_write_failure(exc, target.parent)
+        if local is not None:  # this machine's disk, not the network
+            raise FetchError(f"cannot download {part.name} from {url}: {local[0]}",
+                             local[1]) from exc
         raise FetchError(f"cannot download {part.name} from {url}: {network_error_text(exc)}",
                          "check the network (deb.debian.org and files.pythonhosted.org must be "
                          "reachable), or pass --cuda-home DIR of a CUDA 12 toolkit") from exc

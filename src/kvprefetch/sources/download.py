@@ -28,6 +28,7 @@ from typing import Any
 from .. import upstream
 from ..errors import ConfigError, FetchError
 from ..hashing import sha256_file_of_size
+from ..oserrors import local_write_failure
 from ..runner import run
 
 _JSON = "application/vnd.pypi.simple.v1+json"
@@ -319,6 +320,9 @@ def ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | 
                                  "nothing was unpacked",
                                  "run the command again to download a fresh copy")
     except NETWORK_ERRORS as exc:
+        local = local_write_failure(exc, downloads)
+        if local is not None:  # this machine's disk, not the network
+            raise FetchError(f"download of {found.url} failed: {local[0]}", local[1]) from exc
         raise FetchError(f"download of {found.url} failed: {network_error_text(exc)}",
                          "check the network (and https_proxy/http_proxy, if set) and run the "
                          "command again") from exc

@@ -170,6 +170,13 @@ def check_repo_url(url: str) -> str:
         raise ConfigError(f"--repo-url {url!r}: refusing a git transport that runs commands or "
                           "an option-like URL",
                           "use an https://, ssh://, git:// or file:// URL, or a local path")
+    if not url.isprintable() or any("\udc80" <= c <= "\udcff" for c in url):
+        # bytes that are no UTF-8 (the shell's argument, escaped) came back in git's error
+        # message, which GitPython decodes strictly: a UnicodeDecodeError traceback (issue 41,
+        # the nineteenth hostile pass)
+        raise ConfigError(f"--repo-url {url!a}: not printable UTF-8 text",
+                          "use an https://, ssh://, git:// or file:// URL, or a local path, "
+                          "in UTF-8 without control characters")
     return url
 
 
@@ -199,6 +206,12 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
     except git.GitCommandError as exc:
         raise FetchError(f"git clone of {url} at tag {upstream.GIT_TAG} failed: "
                          f"{(exc.stderr or str(exc)).strip()}",
+                         "check the URL and the network, or use --source sdist") from exc
+    except UnicodeDecodeError as exc:
+        # git's messages (a server's "remote:" lines, a path) that are no UTF-8: GitPython
+        # decodes them strictly (issue 41, the nineteenth hostile pass)
+        raise FetchError(f"git clone of {url} at tag {upstream.GIT_TAG} failed, and git's "
+                         f"message is not UTF-8 text ({exc.reason})",
                          "check the URL and the network, or use --source sdist") from exc
     commit = str(repo.head.commit.hexsha)
     if not (commit == allow_commit if allow_commit

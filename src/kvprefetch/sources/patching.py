@@ -417,12 +417,27 @@ def inline_kit_headers(text: str, _seen: set[str] | None = None) -> list[str]:
     return out
 
 
+def _refuse_output_inside(output: Path, root: Path) -> None:
+    """export-header writes only -o, never into the work directory it reads: an -o there
+    replaced, with exit 0, whatever file was at that name, the kit's ownership record, a state
+    record, the work directory's tag, a tree's or the pristine copy's header alike, and left a
+    work directory that fetch, apply and clean refuse (issue 41, the nineteenth hostile pass)."""
+    where = Path(os.path.realpath(output))
+    home = Path(os.path.realpath(root))
+    if where == home or home in where.parents:
+        raise PatchError(f"refusing to write {output}: it is inside the work directory {root}, "
+                         "whose files are kvprefetch's records, trees and pristine copy",
+                         "write the header outside the work directory (e.g. -o "
+                         "csrc/attention_kernels.cuh, or into your own vLLM checkout)")
+
+
 def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Path:
     """Write a single-file drop-in ``attention_kernels.cuh`` (the form the paper's reproduction
     ships): pristine upstream, the variant's header diff applied, and our headers inlined in
     place of its #include.
     A single header cannot carry the launchers' hooks (see ``drop_in_caveat``)."""
     wd = Workdir(workdir)
+    _refuse_output_inside(output, wd.root)
     variant = upstream.canonical_variant(variant)
     upstream.kit_headers()  # each a regular file of the kit, checked before one is inlined
     header_patches = [p for p in _variant_files(variant)

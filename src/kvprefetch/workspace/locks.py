@@ -137,7 +137,10 @@ def _opened(lock_path: Path, wait: bool | float, what: str, pfd: int,
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _refuse(lock_path, "it is a symlink") from None
-        raise
+        # opened by its name in its folder's descriptor, the error named only that name, and
+        # the fix "." (the caller's folder): "tree-patched.lock: Read-only file system / To
+        # fix: . is on a file system mounted read-only" (issue 41, the nineteenth hostile pass)
+        raise OSError(exc.errno, exc.strerror, str(lock_path)) from exc
     st = os.fstat(fd)
     mode = st.st_mode
     if not stat.S_ISREG(mode):

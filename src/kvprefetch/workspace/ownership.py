@@ -324,7 +324,8 @@ def _check_temp_outside(outside: Path | None) -> None:
     system_temp = Path(tempfile.gettempdir()).resolve()
     for root in roots:
         work = root.resolve()
-        if system_temp == work or work in system_temp.parents:
+        if system_temp == work or work in system_temp.parents \
+                or _same_folder_above(system_temp, work):
             raise ConfigError(
                 f"the system temp folder {system_temp} (TMPDIR) is inside the work directory "
                 f"{work}: the programs kvprefetch runs (git apply, the compilers) write their "
@@ -332,6 +333,26 @@ def _check_temp_outside(outside: Path | None) -> None:
                 "could swap for a link",
                 "set TMPDIR to a folder outside the work directory (e.g. export TMPDIR=/tmp), "
                 "then rerun")
+
+
+def _same_folder_above(system_temp: Path, work: Path) -> bool:
+    """Whether ``system_temp`` or a folder above it is the folder ``work`` under another name
+    (the same device and inode): a bind mount of the work directory elsewhere (a container's
+    view of it, a second mount point) resolves to another path, and a TMPDIR inside it passed
+    the check by path: apply's git folder and doctor's probe were made in the work directory
+    (issue 41, the nineteenth hostile pass)."""
+    try:
+        st = os.stat(work)
+    except OSError:
+        return False  # no work directory yet: nothing of it can hold the temp folder
+    for folder in (system_temp, *system_temp.parents):
+        try:
+            other = os.stat(folder)
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            return True
+    return False
 
 
 def _writable_then_retry(func: Any, path: str, exc_info: Any) -> None:
