@@ -41,8 +41,13 @@ from typing import Any
 from ..errors import FetchError
 from ..hashing import sha256_file_of_size
 from ..oserrors import local_write_failure
-from ..reading import read_limited
-from ..sources.download import NETWORK_ERRORS, copy_bounded, network_error_text, open_url
+from ..sources.download import (
+    NETWORK_ERRORS,
+    copy_bounded,
+    network_error_text,
+    open_url,
+    pinned_bytes,
+)
 from ..workspace import ownership
 from ..workspace.confine import (
     check_target,
@@ -154,31 +159,11 @@ def deb_data_tar(deb: bytes) -> tarfile.TarFile:
     raise ValueError("no data.tar member")
 
 
-def _pinned_bytes(part: Part, archive: Path) -> bytes:
-    """The archive's bytes, read once (bounded, never blocking) and checked against the pin:
-    the bytes unpacked are the bytes hashed. ``_download`` hashed it by path and the assembly
-    then opened it again by path, so an archive exchanged for a FIFO in between (a swap loop
-    in the work directory) hung the assembly for good (3 runs of 3), and one exchanged for
-    another archive had that one's files put in the toolkit (issue 41, the eighteenth hostile
-    pass)."""
-    try:
-        data = read_limited(archive, part.size)
-    except (OSError, ValueError) as exc:
-        raise FetchError(f"cannot read {archive} back: {exc}",
-                         f"move {archive} away if it is not the pinned {part.name}, then "
-                         "rerun (kvprefetch downloads it again)") from None
-    if hashlib.sha256(data).hexdigest() != part.sha256:
-        raise FetchError(f"{archive} changed after its sha256 was checked: it is no longer the "
-                         f"pinned {part.name}; nothing of it was unpacked",
-                         "make sure nothing else writes the work directory's downloads/, then "
-                         "rerun")
-    return data
-
-
 def _members(part: Part, archive: Path) -> dict[str, bytes | None]:
     """Every file of the archive, normalised path -> bytes (None for a directory), from the
-    bytes ``_pinned_bytes`` read and checked."""
-    data = _pinned_bytes(part, archive)
+    bytes ``download.pinned_bytes`` read and checked."""
+    data = pinned_bytes(archive, part.size, part.sha256, part.name,
+                        "kvprefetch downloads it again")
     out: dict[str, bytes | None] = {}
     if archive.suffix == ".deb":
         with deb_data_tar(data) as tar:

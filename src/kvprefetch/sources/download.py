@@ -27,8 +27,9 @@ from typing import Any
 
 from .. import upstream
 from ..errors import ConfigError, FetchError
-from ..hashing import sha256_file_of_size
+from ..hashing import sha256_bytes, sha256_file_of_size
 from ..oserrors import local_write_failure
+from ..reading import read_limited
 from ..runner import run
 
 _JSON = "application/vnd.pypi.simple.v1+json"
@@ -207,6 +208,26 @@ def sha256_file(path: Path) -> str | None:
     """A cached sdist's sha256; None for a file of another size than the sdist's, never read
     (``hashing.sha256_file_of_size``)."""
     return sha256_file_of_size(path, upstream.SDIST_SIZE)
+
+
+def pinned_bytes(path: Path, size: int, sha256: str, name: str, again: str) -> bytes:
+    """A pinned download's bytes (the sdist, a CUDA 12 archive), read once (bounded, never
+    blocking) and checked against the pin, so the bytes unpacked are the bytes hashed. Each was
+    hashed by path and opened again by path to unpack, so a swap loop in the work directory
+    exchanging it for a FIFO hung fetch or the CUDA 12 assembly for good, and one exchanged for
+    another archive had that one's files unpacked (issue 41, the eighteenth hostile pass).
+    ``again``: what happens when the user moves it away and reruns."""
+    try:
+        data = read_limited(path, size)
+    except (OSError, ValueError) as exc:
+        raise FetchError(f"cannot read {path} back: {exc}",
+                         f"move {path} away if it is not the pinned {name}, then rerun "
+                         f"({again})") from None
+    if sha256_bytes(data) != sha256:
+        raise FetchError(f"{path} changed after its sha256 was checked: it is no longer the "
+                         f"pinned {name}; nothing of it was unpacked",
+                         f"make sure nothing else writes {path.parent}, then rerun")
+    return data
 
 
 def verify_sdist(path: Path, delete: bool = True, *, root: Path | None = None) -> None:

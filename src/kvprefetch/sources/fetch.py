@@ -31,17 +31,15 @@ from ..hashing import (
     differences,
     inventory,
     manifest_digest,
-    sha256_bytes,
     sha256_file,
     source_manifest,
     tree_inventory,
 )
 from ..oserrors import mapped
-from ..reading import read_limited
 from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, check_tree_name
-from .download import check_index_url, ensure_sdist
+from .download import check_index_url, ensure_sdist, pinned_bytes
 
 SOURCES = ("auto", "git", "sdist")
 
@@ -96,31 +94,14 @@ def check_full_source(root: Path, what: str) -> str:
     return digest
 
 
-def _sdist_bytes(sdist: Path) -> bytes:
-    """The sdist's bytes, read once (bounded, never blocking) and checked against the pin: the
-    bytes unpacked are the bytes hashed. It was hashed by path, then opened again by path by
-    tarfile, so a swap loop exchanging ``downloads/vllm-0.10.2.tar.gz`` with a FIFO hung fetch
-    for good (1 run of 6; issue 41, the eighteenth hostile pass)."""
-    try:
-        data = read_limited(sdist, upstream.SDIST_SIZE)
-    except (OSError, ValueError) as exc:
-        raise FetchError(f"cannot read {sdist} back: {exc}",
-                         f"move {sdist} away if it is not the vLLM {upstream.VLLM_VERSION} "
-                         "sdist, then rerun") from None
-    if sha256_bytes(data) != upstream.SDIST_SHA256:
-        raise FetchError(f"{sdist} changed after its sha256 was checked: it is no longer the "
-                         f"pinned sdist; nothing of it was unpacked",
-                         f"make sure nothing else writes {sdist.parent}, then rerun")
-    return data
-
-
 def _unpack_sdist(wd: Workdir, sdist: Path, dest: Path) -> None:
     """Unpack the verified sdist as the pristine tree ``dest``. tarfile and git write by path,
     so both unpack and clone in a private folder outside the work directory, and the checked
     tree comes in through ``_place_pristine``: unpacked in ``pristine/.sdist.tmp-<pid>``, a
     ``pristine/`` swapped for a link mid-unpack had part of the tree written into the folder
     the link named and left there (issue 41, the fourteenth hostile pass, 5 runs of 8)."""
-    data = _sdist_bytes(sdist)
+    data = pinned_bytes(sdist, upstream.SDIST_SIZE, upstream.SDIST_SHA256,
+                        f"vLLM {upstream.VLLM_VERSION} sdist", "fetch downloads it again")
     with ownership.private_dir("sdist", outside=wd.root) as private:
         try:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tf:
