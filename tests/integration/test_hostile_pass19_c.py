@@ -20,7 +20,7 @@ reverting ``src`` and running it):
   its ``git apply`` folder and doctor its compile probe in the work directory, where whoever
   writes it can swap them for a link to a folder outside (the seventeenth and eighteenth
   passes' attack). Now a folder above the temp folder that is the work directory by device
-  and inode is refused too (``ownership._same_folder_above``; 1 run each of apply and doctor).
+  and inode is refused too (``ownership.same_folder_above``; 1 run each of apply and doctor).
 - A whole number past a float's range (400 digits) was an ``OverflowError`` traceback wherever
   the kit took it for a float: the integer options checked against a ``Bound``
   (``bench decode --steps/--requests/--repeats``, the eighteenth pass's ceilings, and, since the
@@ -292,6 +292,25 @@ def test_export_header_never_writes_into_the_work_directory_it_reads(
     assert "Traceback" not in text, text
     assert res.returncode == PatchError.exit_code and "To fix:" in text \
         and f"it is inside the work directory {fetched_workdir}" in text, text
+    assert tree_bytes(fetched_workdir) == before
+
+
+def test_export_header_never_writes_into_the_work_directory_through_a_bind_mount(
+        fetched_workdir: Path, work_alias: Path, tmp_path: Path) -> None:
+    """The same -o through a bind mount of the work directory elsewhere: its real path is not
+    the work directory's, so the path comparison alone let it overwrite the ownership record
+    (the nineteenth pass left it open; the lead closed it by device and inode)."""
+    from tests.integration.helpers import tree_bytes
+
+    before = tree_bytes(fetched_workdir)
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "export-header", "--workdir",
+                          str(fetched_workdir), "-o", str(work_alias / ".kvprefetch-owned.json")],
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=120,
+                         check=False)
+    text = res.stderr
+    assert "Traceback" not in text, text
+    assert res.returncode == PatchError.exit_code and "To fix:" in text \
+        and "it is inside the work directory" in text, text
     assert tree_bytes(fetched_workdir) == before
 
 

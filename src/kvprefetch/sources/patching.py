@@ -421,10 +421,12 @@ def _refuse_output_inside(output: Path, root: Path) -> None:
     """export-header writes only -o, never into the work directory it reads: an -o there
     replaced, with exit 0, whatever file was at that name, the kit's ownership record, a state
     record, the work directory's tag, a tree's or the pristine copy's header alike, and left a
-    work directory that fetch, apply and clean refuse (issue 41, the nineteenth hostile pass)."""
+    work directory that fetch, apply and clean refuse (issue 41, the nineteenth hostile pass).
+    By path and by device and inode: an -o through a bind mount of the work directory elsewhere
+    resolves to another path, and got past the path comparison alone."""
     where = Path(os.path.realpath(output))
     home = Path(os.path.realpath(root))
-    if where == home or home in where.parents:
+    if where == home or home in where.parents or ownership.same_folder_above(where, home):
         raise PatchError(f"refusing to write {output}: it is inside the work directory {root}, "
                          "whose files are kvprefetch's records, trees and pristine copy",
                          "write the header outside the work directory (e.g. -o "

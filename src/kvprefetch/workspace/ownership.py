@@ -325,7 +325,7 @@ def _check_temp_outside(outside: Path | None) -> None:
     for root in roots:
         work = root.resolve()
         if system_temp == work or work in system_temp.parents \
-                or _same_folder_above(system_temp, work):
+                or same_folder_above(system_temp, work):
             raise ConfigError(
                 f"the system temp folder {system_temp} (TMPDIR) is inside the work directory "
                 f"{work}: the programs kvprefetch runs (git apply, the compilers) write their "
@@ -335,8 +335,9 @@ def _check_temp_outside(outside: Path | None) -> None:
                 "then rerun")
 
 
-def _same_folder_above(system_temp: Path, work: Path) -> bool:
-    """Whether ``system_temp`` or a folder above it is the folder ``work`` under another name
+def same_folder_above(system_temp: Path, work: Path) -> bool:
+    """Whether ``system_temp`` (or any path) or a folder above it is the folder ``work`` under
+    another name
     (the same device and inode): a bind mount of the work directory elsewhere (a container's
     view of it, a second mount point) resolves to another path, and a TMPDIR inside it passed
     the check by path: apply's git folder and doctor's probe were made in the work directory
