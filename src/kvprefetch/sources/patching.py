@@ -426,7 +426,7 @@ def _refuse_output_inside(output: Path, root: Path) -> None:
     resolves to another path, and got past the path comparison alone."""
     where = Path(os.path.realpath(output))
     home = Path(os.path.realpath(root))
-    if where == home or home in where.parents or ownership.same_folder_above(where, home):
+    if ownership.within(where, home):
         raise PatchError(f"refusing to write {output}: it is inside the work directory {root}, "
                          "whose files are kvprefetch's records, trees and pristine copy",
                          "write the header outside the work directory (e.g. -o "

@@ -324,8 +324,7 @@ def _check_temp_outside(outside: Path | None) -> None:
     system_temp = Path(tempfile.gettempdir()).resolve()
     for root in roots:
         work = root.resolve()
-        if system_temp == work or work in system_temp.parents \
-                or same_folder_above(system_temp, work):
+        if within(system_temp, work):
             raise ConfigError(
                 f"the system temp folder {system_temp} (TMPDIR) is inside the work directory "
                 f"{work}: the programs kvprefetch runs (git apply, the compilers) write their "
@@ -335,20 +334,22 @@ def _check_temp_outside(outside: Path | None) -> None:
                 "then rerun")
 
 
-def same_folder_above(system_temp: Path, work: Path) -> bool:
-    """Whether ``system_temp`` (or any path) or a folder above it is the folder ``work`` under
-    another name
-    (the same device and inode): a bind mount of the work directory elsewhere (a container's
-    view of it, a second mount point) resolves to another path, and a TMPDIR inside it passed
-    the check by path: apply's git folder and doctor's probe were made in the work directory
-    (issue 41, the nineteenth hostile pass)."""
+def within(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or below it: by path, or by device and inode for ``path``
+    and every folder above it. A bind mount of the work directory elsewhere (a container's view
+    of it, a second mount point) resolves to another path, so a TMPDIR inside it passed the
+    check by path (apply's git folder and doctor's probe were made in the work directory), and
+    so did an ``export-header -o`` through it (the ownership record overwritten; issue 41, the
+    nineteenth hostile pass). Both paths are resolved already."""
+    if path == folder or folder in path.parents:
+        return True
     try:
-        st = os.stat(work)
+        st = os.stat(folder)
     except OSError:
-        return False  # no work directory yet: nothing of it can hold the temp folder
-    for folder in (system_temp, *system_temp.parents):
+        return False  # no such folder yet: nothing of it can hold ``path``
+    for above in (path, *path.parents):
         try:
-            other = os.stat(folder)
+            other = os.stat(above)
         except OSError:
             continue
         if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
