@@ -106,13 +106,26 @@ LEAVE_CAMPAIGN_SH = "cd /  # python -m imports from its working folder first"
 # planted in logs/ and `PATH=//campaign/bin:...` or a link to the campaign had a planted
 # `hostname` run, each as the user (issue 41, the eighteenth hostile pass). Builtins only:
 # nothing may be looked up before the paths are kept.
+# A folder on the way is compared with the campaign by device and inode too (`-ef`, bash's
+# own test): a TMPDIR in a bind mount of the campaign elsewhere (a second mount point, a
+# container's view) resolved to a path outside it, passed, and a watcher swapping the build
+# job's private folders there for links had the whole sdist unpacked outside (issue 41, the
+# twentieth hostile pass; the nineteenth's own attack through another name). A folder that
+# resolves into /proc is a per-process view (`/proc/self/cwd` is whatever folder the program
+# runs in, the campaign and its logs/ for the job's `stat`, `dd` and `mv`), so an entry
+# spelled through it reaches the campaign as the job runs: `LD_LIBRARY_PATH=/proc/self/cwd`
+# had `mv` load a libacl.so.1 planted in logs/ (the same pass).
 KEEP_OUTSIDE_SH = (
     "reaches_campaign() {  # $1 or a folder on its way resolves into the campaign folder",
     '  local p=$1 r',
     '  while :; do',
     '    if r=$(cd -P -- "$p" 2>/dev/null && pwd -P); then',
     '      while [ "${r#//}" != "$r" ]; do r=${r#/}; done',
-    '      case "$r/" in "$CAMPAIGN_AT"/*) return 0;; esac',
+    '      case "$r/" in "$CAMPAIGN_AT"/*|/proc/*) return 0;; esac',
+    '      while [ -n "$r" ]; do',
+    '        if [ "$r" -ef "$CAMPAIGN_AT" ]; then return 0; fi',
+    '        r=${r%/*}',
+    '      done',
     '    fi',
     "    case \"$p\" in /|//|'') return 1;; esac",
     '    p=${p%/*}; p=${p:-/}',
@@ -141,17 +154,38 @@ KEEP_OUTSIDE_SH = (
 # such a link named (issue 41, the nineteenth hostile pass); the scratch check saw only
 # $SLURM_TMPDIR, and the other jobs checked nothing. Python's tempfile reads TEMP and TMP too.
 # A relative value is left to the kit, which refuses it (runner.check_child_tmpdir).
+# The value checked is then pinned, for the job and the kit, to the folder it names now by a
+# path with no link on it (the way the build job's scratch is used): a TMPDIR through the
+# user's link to a folder not made yet in the campaign (`~/t` -> `<campaign>/tmp`) resolved to
+# nothing at the check, its folders outside passed, the campaign's writer made `tmp/` after
+# it, and the build job's private folders went there: the sdist was unpacked outside through a
+# swapped one, as above (issue 41, the twentieth hostile pass). A value that names no folder
+# now is pinned to the deepest folder on its way that is one, plus the rest, which must not
+# exist yet (then only the user can make it, in their own folder); a rest whose first part is
+# already something (a dangling link, a file) is refused.
+_TEMP_MSG = (
+    'echo "refusing to run: $v=${!v} is in the campaign $CAMPAIGN_AT (by its name, through a'
+    ' link or a bind mount of it), or names a folder through /proc, and the programs kvprefetch'
+    ' runs write their temporary files there by path, in folders whoever can write the campaign'
+    ' could swap for a link. To fix: submit the campaign with $v set to a folder outside it'
+    ' (e.g. export $v=/tmp), or unset it" >&2; exit 2')
 TEMP_OUTSIDE_SH = (
     "for v in TMPDIR TEMP TMP; do",
     '  case "${!v:-}" in /*)',
-    '    if reaches_campaign "${!v}"; then',
-    ('      echo "refusing to run: $v=${!v} is in the campaign $CAMPAIGN_AT (by its name or'
-     ' through a link), and the programs kvprefetch runs write their temporary files there by'
-     ' path, in folders whoever can write the campaign could swap for a link. To fix: submit'
-     ' the campaign with $v set to a folder outside it (e.g. export $v=/tmp), or unset it" >&2;'
-     ' exit 2'),
-    "    fi;;",
-    "  esac",
+    f'    if reaches_campaign "${{!v}}"; then {_TEMP_MSG}; fi',
+    '    p=${!v}; rest=',
+    '    until r=$(cd -P -- "$p" 2>/dev/null && pwd -P && echo .); do',
+    '      rest=/${p##*/}$rest; p=${p%/*}; p=${p:-/}',
+    '    done',
+    "    r=${r%$'\\n.'}; r=${r%/}; f=${rest#/}; f=${f%%/*}",
+    '    if [ -n "$rest" ] && { [ -e "$r/$f" ] || [ -L "$r/$f" ]; }; then',
+    ('      echo "refusing to run: $v=${!v} names no folder now, and $r/$f on its way is'
+     ' already something else (a link to nothing, or a file), which could be made a folder in'
+     ' the campaign after this check. To fix: set $v to a folder that exists, outside the'
+     ' campaign (e.g. export $v=/tmp), or unset it" >&2; exit 2'),
+    '    fi',
+    '    r=$r$rest; printf -v "$v" %s "${r:-/}"; export "${v?}";;',
+    '  esac',
     "done",
 )
 
