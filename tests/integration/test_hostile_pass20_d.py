@@ -195,3 +195,33 @@ def test_a_library_path_entry_through_proc_never_loads_a_library_planted_in_the_
     res = _run(tmp_path, camp, "00-prepare.sbatch", TMPDIR=entry)
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"refusing to run: TMPDIR={entry} is in the campaign" in res.stderr
+
+
+def test_a_search_path_through_the_users_link_to_a_link_in_the_campaign_is_pinned(
+        tmp_path: Path, outside: Path) -> None:
+    """The planner's PATH starts with ``~/l``, the user's link to ``<campaign>/lnk``, a link to
+    a folder outside when the job checks; the campaign's writer then points ``lnk`` at its own
+    bin/ (here the interpreter does, once the checks are over): the ``dirname``, ``mktemp``,
+    ``dd`` and ``mv`` planted there never run. The job's PATH is the folders' own paths."""
+    camp, user, bad = tmp_path / "camp", tmp_path / "user", outside / "ran-by-the-job"
+    user.mkdir()
+    (user / "l").symlink_to(camp / "lnk")
+    (tmp_path / "obin").mkdir()
+    seen, py = tmp_path / "seen", tmp_path / "python"
+    py.write_text(f'#!/bin/bash\nprintf "%s\\n" "$PATH" > {seen}\n'
+                  f'ln -s {camp / "bin"} {camp / "lnk.new"} && mv -T {camp / "lnk.new"} '
+                  f'{camp / "lnk"}\n')
+    py.chmod(0o755)
+    _plan(tmp_path, camp, python=str(py), path=f"{user / 'l'}:/usr/bin:/bin")
+    (camp / "bin").mkdir()
+    for name in ("dirname", "mktemp", "dd", "mv", "stat"):
+        prog = camp / "bin" / name
+        prog.write_text(f'#!/bin/sh\necho {name} >> {bad}\nexec /usr/bin/{name} "$@"\n')
+        prog.chmod(0o755)
+    for script in ("00-prepare.sbatch", "20-verify.sbatch"):
+        (camp / "lnk").unlink(missing_ok=True)
+        (camp / "lnk").symlink_to(tmp_path / "obin")
+        res = _run(tmp_path, camp, script)
+        assert not bad.exists(), f"{script} ran a program planted in the campaign"
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert seen.read_text().split(":")[0] == str((tmp_path / "obin").resolve())

@@ -115,6 +115,11 @@ LEAVE_CAMPAIGN_SH = "cd /  # python -m imports from its working folder first"
 # runs in, the campaign and its logs/ for the job's `stat`, `dd` and `mv`), so an entry
 # spelled through it reaches the campaign as the job runs: `LD_LIBRARY_PATH=/proc/self/cwd`
 # had `mv` load a libacl.so.1 planted in logs/ (the same pass).
+# An entry kept is pinned to the folder it names now, by a path with no link on it: one through
+# the user's link to a link in the campaign (`~/l` -> `<campaign>/lnk` -> a folder outside)
+# resolved outside and passed, and the campaign's writer then pointed `lnk` at its own bin/:
+# the job's `dirname`, `mktemp`, `dd` and `mv` ran from there (the same pass; the fifteenth
+# pass's attack on the scratch, on the search paths).
 KEEP_OUTSIDE_SH = (
     "reaches_campaign() {  # $1 or a folder on its way resolves into the campaign folder",
     '  local p=$1 r',
@@ -131,14 +136,27 @@ KEEP_OUTSIDE_SH = (
     '    p=${p%/*}; p=${p:-/}',
     '  done',
     '}',
+    # RESOLVED: $1 by a path with no link on it, the deepest folder on its way that exists
+    # (resolved) plus the rest; 1 when the rest's first part is already something (a link to
+    # nothing, a file), which a writer of the folder it points into could make a folder later
+    "pin_folder() {",
+    '  local p=$1 rest= r f',
+    '  until r=$(cd -P -- "$p" 2>/dev/null && pwd -P && echo .); do',
+    '    rest=/${p##*/}$rest; p=${p%/*}; p=${p:-/}',
+    '  done',
+    "  r=${r%$'\\n.'}; r=${r%/}; f=${rest#/}; f=${f%%/*}",
+    '  RESOLVED=$r$rest; RESOLVED=${RESOLVED:-/}',
+    '  if [ -n "$rest" ] && { [ -e "$r/$f" ] || [ -L "$r/$f" ]; }; then return 1; fi',
+    '}',
     "keep_outside() {  # the variable named $1, less its entries in or reaching the campaign",
     '  local rest e kept=',
     '  rest=${!1-}:',
     '  while [ -n "$rest" ]; do',
     '    e=${rest%%:*}; rest=${rest#*:}',
     '    case "$e" in /*) ;; *) continue;; esac',
-    '    if reaches_campaign "$e"; then continue; fi',
-    '    kept=${kept:+$kept:}$e',
+    '    if reaches_campaign "$e" || ! pin_folder "$e"; then continue; fi',
+    '    case "$RESOLVED" in *:*) continue;; esac',
+    '    kept=${kept:+$kept:}$RESOLVED',
     '  done',
     '  printf -v "$1" %s "$kept"',
     '}',
@@ -173,18 +191,13 @@ TEMP_OUTSIDE_SH = (
     "for v in TMPDIR TEMP TMP; do",
     '  case "${!v:-}" in /*)',
     f'    if reaches_campaign "${{!v}}"; then {_TEMP_MSG}; fi',
-    '    p=${!v}; rest=',
-    '    until r=$(cd -P -- "$p" 2>/dev/null && pwd -P && echo .); do',
-    '      rest=/${p##*/}$rest; p=${p%/*}; p=${p:-/}',
-    '    done',
-    "    r=${r%$'\\n.'}; r=${r%/}; f=${rest#/}; f=${f%%/*}",
-    '    if [ -n "$rest" ] && { [ -e "$r/$f" ] || [ -L "$r/$f" ]; }; then',
-    ('      echo "refusing to run: $v=${!v} names no folder now, and $r/$f on its way is'
+    '    if ! pin_folder "${!v}"; then',
+    ('      echo "refusing to run: $v=${!v} names no folder now, and a part of it on its way is'
      ' already something else (a link to nothing, or a file), which could be made a folder in'
      ' the campaign after this check. To fix: set $v to a folder that exists, outside the'
      ' campaign (e.g. export $v=/tmp), or unset it" >&2; exit 2'),
     '    fi',
-    '    r=$r$rest; printf -v "$v" %s "${r:-/}"; export "${v?}";;',
+    '    printf -v "$v" %s "$RESOLVED"; export "${v?}";;',
     '  esac',
     "done",
 )
