@@ -225,3 +225,31 @@ def test_a_search_path_through_the_users_link_to_a_link_in_the_campaign_is_pinne
         assert not bad.exists(), f"{script} ran a program planted in the campaign"
         assert res.returncode == 0, res.stdout + res.stderr
         assert seen.read_text().split(":")[0] == str((tmp_path / "obin").resolve())
+
+
+def test_pythons_bytecode_cache_is_never_written_through_the_campaign(
+        tmp_path: Path, outside: Path) -> None:
+    """``PYTHONPYCACHEPREFIX=<campaign>/pyc``, and ``pyc`` a link to a folder outside: the
+    merge job's interpreter (the kit's own) writes no bytecode there, nor in the campaign
+    (which the next job would import); every job refuses it, and ``PYTHONUSERBASE`` there,
+    before its interpreter runs. A cache prefix outside the campaign is still used."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    (camp / "pyc").symlink_to(outside, target_is_directory=True)
+    res = _run(tmp_path, camp, "40-merge.sbatch", PYTHONPYCACHEPREFIX=str(camp / "pyc"))
+    assert not list(outside.rglob("*.pyc")), "the job's Python wrote its bytecode outside"
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"refusing to run: PYTHONPYCACHEPREFIX={camp / 'pyc'} is in the campaign" \
+        in res.stderr, res.stderr
+    seen, py = _stub(tmp_path, camp)
+    stub_camp = tmp_path / "stub-camp"
+    _plan(tmp_path, stub_camp, python=str(py))
+    for var in ("PYTHONPYCACHEPREFIX", "PYTHONUSERBASE"):
+        for script in _JOBS:
+            res = _run(tmp_path, stub_camp, script, SLURM_TMPDIR=str(tmp_path),
+                       **{var: str(stub_camp / "logs")})
+            assert res.returncode == 2, (script, res.stdout + res.stderr)
+            assert not seen.exists(), f"{script} ran the kit with {var} in the campaign"
+    mine = tmp_path / "pycache"
+    res = _run(tmp_path, camp, "40-merge.sbatch", PYTHONPYCACHEPREFIX=str(mine))
+    assert list(mine.rglob("*.pyc")), res.stdout + res.stderr

@@ -181,14 +181,19 @@ KEEP_OUTSIDE_SH = (
 # now is pinned to the deepest folder on its way that is one, plus the rest, which must not
 # exist yet (then only the user can make it, in their own folder); a rest whose first part is
 # already something (a dangling link, a file) is refused.
+# Python's own folders are checked the same way: PYTHONPYCACHEPREFIX=<campaign>/pyc had every
+# job's interpreter write the bytecode of each module it imported there (92 files for `report`)
+# and read it back in the next job, code whoever writes the campaign could replace, and a
+# link put at pyc/ had them written outside (issue 41, the twentieth hostile pass); a
+# PYTHONUSERBASE there is imported from by an interpreter outside a venv.
 _TEMP_MSG = (
     'echo "refusing to run: $v=${!v} is in the campaign $CAMPAIGN_AT (by its name, through a'
     ' link or a bind mount of it), or names a folder through /proc, and the programs kvprefetch'
-    ' runs write their temporary files there by path, in folders whoever can write the campaign'
-    ' could swap for a link. To fix: submit the campaign with $v set to a folder outside it'
-    ' (e.g. export $v=/tmp), or unset it" >&2; exit 2')
+    ' runs write their temporary files (or Python its bytecode) there by path, in folders'
+    ' whoever can write the campaign could swap for a link. To fix: submit the campaign with $v'
+    ' set to a folder outside it (e.g. export $v=/tmp), or unset it" >&2; exit 2')
 TEMP_OUTSIDE_SH = (
-    "for v in TMPDIR TEMP TMP; do",
+    "for v in TMPDIR TEMP TMP PYTHONPYCACHEPREFIX PYTHONUSERBASE; do",
     '  case "${!v:-}" in /*)',
     f'    if reaches_campaign "${{!v}}"; then {_TEMP_MSG}; fi',
     '    if ! pin_folder "${!v}"; then',
