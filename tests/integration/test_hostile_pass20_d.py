@@ -253,3 +253,32 @@ def test_pythons_bytecode_cache_is_never_written_through_the_campaign(
     mine = tmp_path / "pycache"
     res = _run(tmp_path, camp, "40-merge.sbatch", PYTHONPYCACHEPREFIX=str(mine))
     assert list(mine.rglob("*.pyc")), res.stdout + res.stderr
+
+
+def test_a_job_of_a_moved_campaign_or_with_an_overlong_job_id_says_what_to_do(
+        tmp_path: Path) -> None:
+    """A campaign moved since the plan: each job says so, with a fix (bash's "cd: No such file
+    or directory" alone before). A SLURM_JOB_ID longer than any Slurm job id is refused as one,
+    not called "something is already there" when the scratch's name is too long."""
+    camp, moved, node = tmp_path / "camp", tmp_path / "moved", tmp_path / "node"
+    node.mkdir()
+    _plan(tmp_path, camp, python="/bin/true")
+    camp.rename(moved)
+    for script in _JOBS:
+        job_env = {"HOME": str(tmp_path), "SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"}
+        res = subprocess.run(["bash", str(moved / "scripts" / script)], env=job_env,
+                             capture_output=True, text=True, timeout=60, check=False, cwd="/")
+        assert res.returncode == 2, (script, res.stdout + res.stderr)
+        assert (f"the campaign folder {camp} this script was planned for is not there"
+                in res.stderr), res.stderr
+        assert "To fix: move it back, or plan the campaign again" in res.stderr
+    moved.rename(camp)
+    for script in _JOBS:
+        res = _run(tmp_path, camp, script, SLURM_TMPDIR=str(node), SLURM_JOB_ID="9" * 250)
+        assert res.returncode == 2, (script, res.stdout + res.stderr)
+        assert "is longer than any Slurm job id" in res.stderr, res.stderr
+        assert "something is already there" not in res.stderr
+    assert list(node.iterdir()) == []
+    res = _run(tmp_path, camp, "30-bench.sbatch", SLURM_JOB_ID="4294967295",
+               SLURM_ARRAY_JOB_ID="4294967295")
+    assert res.returncode == 0, res.stdout + res.stderr
