@@ -282,3 +282,34 @@ def test_a_job_of_a_moved_campaign_or_with_an_overlong_job_id_says_what_to_do(
     res = _run(tmp_path, camp, "30-bench.sbatch", SLURM_JOB_ID="4294967295",
                SLURM_ARRAY_JOB_ID="4294967295")
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(("var", "value"), [
+    ("CUDA_HOME", "{camp}/cuda"), ("CUDA_PATH", "{alias}/camp/cuda"), ("CXX", "{camp}/cuda/g++"),
+    ("CXX", "{user}/g++"),
+])
+def test_the_cuda_toolkit_and_host_compiler_are_never_taken_from_the_campaign(
+        tmp_path: Path, var: str, value: str) -> None:
+    """``CUDA_HOME=<campaign>/cuda`` had the build job run the ``nvcc`` planted there (1 run
+    of 1, by hand); CUDA_PATH, and CXX (by name, or the user's link to a compiler planted in
+    the campaign) are the same kind: each job refuses them before its interpreter runs. A
+    toolkit outside is kept, by its own path."""
+    camp, user = tmp_path / "camp", tmp_path / "user"
+    (tmp_path / "alias").symlink_to(tmp_path)
+    seen, py = _stub(tmp_path, camp)
+    _plan(tmp_path, camp, python=str(py))
+    (camp / "cuda").mkdir()
+    (camp / "cuda" / "g++").write_text("#!/bin/sh\n")
+    user.mkdir()
+    (user / "g++").symlink_to(camp / "cuda" / "g++")
+    bad = value.format(camp=camp, alias=tmp_path / "alias", user=user)
+    for script in _JOBS:
+        res = _run(tmp_path, camp, script, SLURM_TMPDIR=str(tmp_path), **{var: bad})
+        assert res.returncode == 2, (script, res.stdout + res.stderr)
+        assert f"refusing to run: {var}" in res.stderr and "To fix" in res.stderr
+        assert not seen.exists(), f"{script} ran the kit with {var}={bad}"
+    (user / "cuda").symlink_to(tmp_path / "toolkit")
+    (tmp_path / "toolkit").mkdir()
+    res = _run(tmp_path, camp, "00-prepare.sbatch", CUDA_HOME=str(user / "cuda"),
+               TMPDIR=str(tmp_path / "toolkit"))
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -185,15 +185,19 @@ KEEP_OUTSIDE_SH = (
 # job's interpreter write the bytecode of each module it imported there (92 files for `report`)
 # and read it back in the next job, code whoever writes the campaign could replace, and a
 # link put at pyc/ had them written outside (issue 41, the twentieth hostile pass); a
-# PYTHONUSERBASE there is imported from by an interpreter outside a venv.
+# PYTHONUSERBASE there is imported from by an interpreter outside a venv. The CUDA toolkit's
+# folder too: CUDA_HOME=<campaign>/cuda had the build job run the nvcc found there (the same
+# pass; the seventeenth pass's PATH into the campaign, by another variable). The host compiler
+# the build names by CXX is checked after: a program, resolved to its own path.
 _TEMP_MSG = (
     'echo "refusing to run: $v=${!v} is in the campaign $CAMPAIGN_AT (by its name, through a'
     ' link or a bind mount of it), or names a folder through /proc, and the programs kvprefetch'
-    ' runs write their temporary files (or Python its bytecode) there by path, in folders'
-    ' whoever can write the campaign could swap for a link. To fix: submit the campaign with $v'
-    ' set to a folder outside it (e.g. export $v=/tmp), or unset it" >&2; exit 2')
+    ' runs write their temporary files (or Python its bytecode) there by path, or run code from'
+    ' there (the CUDA toolkit, Python packages), where whoever can write the campaign could put'
+    ' a link or their own programs. To fix: submit the campaign with $v set to a folder outside'
+    ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
 TEMP_OUTSIDE_SH = (
-    "for v in TMPDIR TEMP TMP PYTHONPYCACHEPREFIX PYTHONUSERBASE; do",
+    "for v in TMPDIR TEMP TMP PYTHONPYCACHEPREFIX PYTHONUSERBASE CUDA_HOME CUDA_PATH; do",
     '  case "${!v:-}" in /*)',
     f'    if reaches_campaign "${{!v}}"; then {_TEMP_MSG}; fi',
     '    if ! pin_folder "${!v}"; then',
@@ -205,6 +209,16 @@ TEMP_OUTSIDE_SH = (
     '    printf -v "$v" %s "$RESOLVED"; export "${v?}";;',
     '  esac',
     "done",
+    # the build's host compiler, a program: by its own path (readlink -f, PATH kept by now)
+    'if [ -n "${CXX:-}" ] && [ "${CXX#*/}" != "$CXX" ]; then',
+    '  if ! CXX=$(readlink -f -- "$CXX") || reaches_campaign "$CXX"; then',
+    ('    echo "refusing to run: CXX names a program in the campaign $CAMPAIGN_AT (or one'
+     ' kvprefetch cannot follow to its own path), which the build would run as its host'
+     ' compiler. To fix: submit the campaign with CXX set to a compiler outside it (e.g. export'
+     ' CXX=g++), or unset it" >&2; exit 2'),
+    '  fi',
+    '  export CXX',
+    'fi',
 )
 
 # The ids the job reads from its environment name its exit record and scratch folder and index
