@@ -313,3 +313,18 @@ def test_the_cuda_toolkit_and_host_compiler_are_never_taken_from_the_campaign(
     res = _run(tmp_path, camp, "00-prepare.sbatch", CUDA_HOME=str(user / "cuda"),
                TMPDIR=str(tmp_path / "toolkit"))
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_an_inherited_pythoninspect_never_turns_a_jobs_error_into_a_traceback(
+        tmp_path: Path) -> None:
+    """``PYTHONINSPECT=1`` in the submitter's shell: a job whose kit stops with an error (the
+    stand-in bench before any build, exit 7) printed a SystemExit traceback and ended with
+    exit 1, recorded as such. Now the kit's own message and status."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    res = _run(tmp_path, camp, "30-bench.sbatch", PYTHONINSPECT="1",
+               PYTHONPATH=str(_SRC))
+    assert "Traceback" not in res.stderr + res.stdout, res.stderr
+    assert res.returncode == 7, res.stdout + res.stderr
+    assert "To fix: let the build jobs finish" in res.stderr
+    assert (camp / "logs" / "bench-7_0.exit").read_text() == "7\n"

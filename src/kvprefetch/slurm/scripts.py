@@ -193,7 +193,11 @@ def render_script(c: Campaign, job: Job) -> str:
         'while [ "${CAMPAIGN_AT#//}" != "$CAMPAIGN_AT" ]; do CAMPAIGN_AT=${CAMPAIGN_AT#/}; done',
         'keep_outside PATH; PATH=${PATH:-/usr/bin:/bin}',
         'if [ -n "${LD_LIBRARY_PATH+x}" ]; then keep_outside LD_LIBRARY_PATH; fi',
-        "unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION",
+        # PYTHONINSPECT (a debugging switch, inherited through --export=ALL) made every
+        # error of the kit a SystemExit traceback and exit 1, the job's record no longer the
+        # kit's status (issue 41, the twentieth hostile pass): a job is never interactive
+        ("unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION"
+         " PYTHONINSPECT"),
         f"cd {shlex.quote(c.root)}",
         # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
         # reads it for a job the controller has forgotten (MinJobAge) where accounting is off
