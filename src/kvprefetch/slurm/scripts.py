@@ -183,11 +183,21 @@ def render_script(c: Campaign, job: Job) -> str:
         f"export PYTHONPATH={shlex.quote(c.kit_root)}",
         f"export PATH={shlex.quote(job_path(c.path, c.root))}",
         *KEEP_OUTSIDE_SH,
-        f"CAMPAIGN_AT=$(cd -P -- {shlex.quote(c.root)} && pwd -P)",
+        # a campaign moved or renamed since the plan: bash's own "cd: No such file or
+        # directory" alone said nothing of what to do (issue 41, the twentieth hostile pass)
+        (f"CAMPAIGN_AT=$(cd -P -- {shlex.quote(c.root)} 2>/dev/null && pwd -P)"
+         " || { echo \"refusing to"
+         f" run: the campaign folder {c.root} this script was planned for is not there"
+         " (moved or renamed since kvprefetch slurm plan wrote it?). To fix: move it back, or"
+         " plan the campaign again where it is now with kvprefetch slurm plan\" >&2; exit 2; }"),
         'while [ "${CAMPAIGN_AT#//}" != "$CAMPAIGN_AT" ]; do CAMPAIGN_AT=${CAMPAIGN_AT#/}; done',
         'keep_outside PATH; PATH=${PATH:-/usr/bin:/bin}',
         'if [ -n "${LD_LIBRARY_PATH+x}" ]; then keep_outside LD_LIBRARY_PATH; fi',
-        "unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION",
+        # PYTHONINSPECT (a debugging switch, inherited through --export=ALL) made every
+        # error of the kit a SystemExit traceback and exit 1, the job's record no longer the
+        # kit's status (issue 41, the twentieth hostile pass): a job is never interactive
+        ("unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION"
+         " PYTHONINSPECT"),
         f"cd {shlex.quote(c.root)}",
         # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
         # reads it for a job the controller has forgotten (MinJobAge) where accounting is off

@@ -106,17 +106,47 @@ LEAVE_CAMPAIGN_SH = "cd /  # python -m imports from its working folder first"
 # planted in logs/ and `PATH=//campaign/bin:...` or a link to the campaign had a planted
 # `hostname` run, each as the user (issue 41, the eighteenth hostile pass). Builtins only:
 # nothing may be looked up before the paths are kept.
+# A folder on the way is compared with the campaign by device and inode too (`-ef`, bash's
+# own test): a TMPDIR in a bind mount of the campaign elsewhere (a second mount point, a
+# container's view) resolved to a path outside it, passed, and a watcher swapping the build
+# job's private folders there for links had the whole sdist unpacked outside (issue 41, the
+# twentieth hostile pass; the nineteenth's own attack through another name). A folder that
+# resolves into /proc is a per-process view (`/proc/self/cwd` is whatever folder the program
+# runs in, the campaign and its logs/ for the job's `stat`, `dd` and `mv`), so an entry
+# spelled through it reaches the campaign as the job runs: `LD_LIBRARY_PATH=/proc/self/cwd`
+# had `mv` load a libacl.so.1 planted in logs/ (the same pass).
+# An entry kept is pinned to the folder it names now, by a path with no link on it: one through
+# the user's link to a link in the campaign (`~/l` -> `<campaign>/lnk` -> a folder outside)
+# resolved outside and passed, and the campaign's writer then pointed `lnk` at its own bin/:
+# the job's `dirname`, `mktemp`, `dd` and `mv` ran from there (the same pass; the fifteenth
+# pass's attack on the scratch, on the search paths).
 KEEP_OUTSIDE_SH = (
     "reaches_campaign() {  # $1 or a folder on its way resolves into the campaign folder",
     '  local p=$1 r',
     '  while :; do',
     '    if r=$(cd -P -- "$p" 2>/dev/null && pwd -P); then',
     '      while [ "${r#//}" != "$r" ]; do r=${r#/}; done',
-    '      case "$r/" in "$CAMPAIGN_AT"/*) return 0;; esac',
+    '      case "$r/" in "$CAMPAIGN_AT"/*|/proc/*) return 0;; esac',
+    '      while [ -n "$r" ]; do',
+    '        if [ "$r" -ef "$CAMPAIGN_AT" ]; then return 0; fi',
+    '        r=${r%/*}',
+    '      done',
     '    fi',
     "    case \"$p\" in /|//|'') return 1;; esac",
     '    p=${p%/*}; p=${p:-/}',
     '  done',
+    '}',
+    # RESOLVED: $1 by a path with no link on it, the deepest folder on its way that exists
+    # (resolved) plus the rest; 1 when the rest's first part is already something (a link to
+    # nothing, a file), which a writer of the folder it points into could make a folder later
+    "pin_folder() {",
+    '  local p=$1 rest= r f',
+    '  until r=$(cd -P -- "$p" 2>/dev/null && pwd -P && echo .); do',
+    '    rest=/${p##*/}$rest; p=${p%/*}; p=${p:-/}',
+    '  done',
+    "  r=${r%$'\\n.'}; r=${r%/}; f=${rest#/}; f=${f%%/*}",
+    '  RESOLVED=$r$rest; RESOLVED=${RESOLVED:-/}',
+    '  if [ -n "$rest" ] && { [ -e "$r/$f" ] || [ -L "$r/$f" ]; }; then return 1; fi',
     '}',
     "keep_outside() {  # the variable named $1, less its entries in or reaching the campaign",
     '  local rest e kept=',
@@ -124,8 +154,9 @@ KEEP_OUTSIDE_SH = (
     '  while [ -n "$rest" ]; do',
     '    e=${rest%%:*}; rest=${rest#*:}',
     '    case "$e" in /*) ;; *) continue;; esac',
-    '    if reaches_campaign "$e"; then continue; fi',
-    '    kept=${kept:+$kept:}$e',
+    '    if reaches_campaign "$e" || ! pin_folder "$e"; then continue; fi',
+    '    case "$RESOLVED" in *:*) continue;; esac',
+    '    kept=${kept:+$kept:}$RESOLVED',
     '  done',
     '  printf -v "$1" %s "$kept"',
     '}',
@@ -141,18 +172,53 @@ KEEP_OUTSIDE_SH = (
 # such a link named (issue 41, the nineteenth hostile pass); the scratch check saw only
 # $SLURM_TMPDIR, and the other jobs checked nothing. Python's tempfile reads TEMP and TMP too.
 # A relative value is left to the kit, which refuses it (runner.check_child_tmpdir).
+# The value checked is then pinned, for the job and the kit, to the folder it names now by a
+# path with no link on it (the way the build job's scratch is used): a TMPDIR through the
+# user's link to a folder not made yet in the campaign (`~/t` -> `<campaign>/tmp`) resolved to
+# nothing at the check, its folders outside passed, the campaign's writer made `tmp/` after
+# it, and the build job's private folders went there: the sdist was unpacked outside through a
+# swapped one, as above (issue 41, the twentieth hostile pass). A value that names no folder
+# now is pinned to the deepest folder on its way that is one, plus the rest, which must not
+# exist yet (then only the user can make it, in their own folder); a rest whose first part is
+# already something (a dangling link, a file) is refused.
+# Python's own folders are checked the same way: PYTHONPYCACHEPREFIX=<campaign>/pyc had every
+# job's interpreter write the bytecode of each module it imported there (92 files for `report`)
+# and read it back in the next job, code whoever writes the campaign could replace, and a
+# link put at pyc/ had them written outside (issue 41, the twentieth hostile pass); a
+# PYTHONUSERBASE there is imported from by an interpreter outside a venv. The CUDA toolkit's
+# folder too: CUDA_HOME=<campaign>/cuda had the build job run the nvcc found there (the same
+# pass; the seventeenth pass's PATH into the campaign, by another variable). The host compiler
+# the build names by CXX is checked after: a program, resolved to its own path.
+_TEMP_MSG = (
+    'echo "refusing to run: $v=${!v} is in the campaign $CAMPAIGN_AT (by its name, through a'
+    ' link or a bind mount of it), or names a folder through /proc, and the programs kvprefetch'
+    ' runs write their temporary files (or Python its bytecode) there by path, or run code from'
+    ' there (the CUDA toolkit, Python packages), where whoever can write the campaign could put'
+    ' a link or their own programs. To fix: submit the campaign with $v set to a folder outside'
+    ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
 TEMP_OUTSIDE_SH = (
-    "for v in TMPDIR TEMP TMP; do",
+    "for v in TMPDIR TEMP TMP PYTHONPYCACHEPREFIX PYTHONUSERBASE CUDA_HOME CUDA_PATH; do",
     '  case "${!v:-}" in /*)',
-    '    if reaches_campaign "${!v}"; then',
-    ('      echo "refusing to run: $v=${!v} is in the campaign $CAMPAIGN_AT (by its name or'
-     ' through a link), and the programs kvprefetch runs write their temporary files there by'
-     ' path, in folders whoever can write the campaign could swap for a link. To fix: submit'
-     ' the campaign with $v set to a folder outside it (e.g. export $v=/tmp), or unset it" >&2;'
-     ' exit 2'),
-    "    fi;;",
-    "  esac",
+    f'    if reaches_campaign "${{!v}}"; then {_TEMP_MSG}; fi',
+    '    if ! pin_folder "${!v}"; then',
+    ('      echo "refusing to run: $v=${!v} names no folder now, and a part of it on its way is'
+     ' already something else (a link to nothing, or a file), which could be made a folder in'
+     ' the campaign after this check. To fix: set $v to a folder that exists, outside the'
+     ' campaign (e.g. export $v=/tmp), or unset it" >&2; exit 2'),
+    '    fi',
+    '    printf -v "$v" %s "$RESOLVED"; export "${v?}";;',
+    '  esac',
     "done",
+    # the build's host compiler, a program: by its own path (readlink -f, PATH kept by now)
+    'if [ -n "${CXX:-}" ] && [ "${CXX#*/}" != "$CXX" ]; then',
+    '  if ! CXX=$(readlink -f -- "$CXX") || reaches_campaign "$CXX"; then',
+    ('    echo "refusing to run: CXX names a program in the campaign $CAMPAIGN_AT (or one'
+     ' kvprefetch cannot follow to its own path), which the build would run as its host'
+     ' compiler. To fix: submit the campaign with CXX set to a compiler outside it (e.g. export'
+     ' CXX=g++), or unset it" >&2; exit 2'),
+    '  fi',
+    '  export CXX',
+    'fi',
 )
 
 # The ids the job reads from its environment name its exit record and scratch folder and index
@@ -166,6 +232,15 @@ CHECK_JOB_IDS_SH = (
     ("    ''|*[!0-9_]*) echo \"refusing to run: the job id '$id' from Slurm's environment is not"
     ' digits. To fix: submit the script with sbatch (kvprefetch slurm submit)" >&2; exit 2;;'),
     "  esac",
+    # a Slurm job id is at most 10 digits (32 bits), an array task's `A_T` 21 characters: a
+    # 250-digit SLURM_JOB_ID made the scratch's mkdir fail with "File name too long", which the
+    # job then called "something is already there", and no exit record could be written
+    # (issue 41, the twentieth hostile pass)
+    '  if [ "${#id}" -gt 21 ]; then',
+    ("    echo \"refusing to run: the job id '$id' from Slurm's environment is longer than any"
+     " Slurm job id (21 characters at most). To fix: submit the script with sbatch (kvprefetch"
+     ' slurm submit)" >&2; exit 2'),
+    "  fi",
     "done",
 )
 
