@@ -1,0 +1,100 @@
+"""Issue 41, the twentieth hostile pass, tester a (the work directory's commands).
+
+- **A mount point inside a folder clean removes** (``confine.refuse_mounts``). ``clean``
+  removed a kit-made folder with ``shutil.rmtree``, which walks into a mount point below it (a
+  disk, a container's volume, a folder of elsewhere bind-mounted there) and deletes what the
+  mount shows, which lives outside the work directory, before the mount point's own ``rmdir``
+  fails: ``clean --what builds`` with a folder bind-mounted at ``build/patched/cache`` emptied
+  that folder, then said "cache: Device or resource busy / To fix: check the path and its file
+  system" (1 run of 1 by hand; ``clean --what trees --discard-edits`` and a mount in a tree the
+  same by reading). Now the removal is refused before anything goes, naming the mount point and
+  ``umount`` (exit 2), and a bind mount of the same file system is told by its mount id, not
+  only by its device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: nothing outside the test's folders changes
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path), HOME=str(tmp_path))
+    return env
+
+
+def _kv(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def _own(wd: Path, rel: str, kind: str) -> None:
+    """Record ``rel`` in the work directory's ownership record, as the kit does when it makes
+    it (a build folder)."""
+    p = wd / ".kvprefetch-owned.json"
+    record = json.loads(p.read_text())
+    record["paths"][rel] = {"kind": kind}
+    p.write_text(json.dumps(record))
+
+
+@pytest.fixture
+def mounted() -> Iterator[list[Path]]:
+    """Bind-mounts ``outside`` wherever the test asks (needs root, as test_reliability's
+    tmpfs); every mount is taken down afterwards."""
+    made: list[Path] = []
+    yield made
+    for m in reversed(made):
+        subprocess.run(["umount", "-l", str(m)], check=False)
+
+
+def _bind(made: list[Path], src: Path, at: Path) -> None:
+    at.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["mount", "--bind", str(src), str(at)], capture_output=True, text=True,
+                         check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {res.stderr.strip()}")
+    made.append(at)
+
+
+@pytest.mark.parametrize("case", ["inside-a-build", "a-build-itself", "inside-an-edited-tree"])
+def test_clean_never_deletes_across_a_mount_point(
+        fetched_workdir: Path, outside: Path, mounted: list[Path], tmp_path: Path,
+        case: str) -> None:
+    wd = fetched_workdir
+    if case == "inside-an-edited-tree":
+        at = wd / "trees" / "patched" / "cache"
+        args = ["--what", "trees", "--discard-edits"]
+    else:
+        (wd / "build" / "patched").mkdir(parents=True)
+        _own(wd, "build/patched", "build")
+        at = wd / "build" / "patched" / ("cache" if case == "inside-a-build" else "")
+        args = ["--what", "builds"]
+    # a mount at the build folder itself is a place the user chose for it (as a linked build/,
+    # built through on purpose): clean's lock may go there, so a disk of its own stands in
+    src = outside
+    if case == "a-build-itself":
+        src = tmp_path / "disk"
+        (src / "mine").mkdir(parents=True)
+        (src / "mine" / "data.bin").write_bytes(b"not the kit's")
+    _bind(mounted, src, at)
+    res = _kv(tmp_path, "clean", "--workdir", str(wd), *args)
+    text = res.stderr
+    assert "Traceback" not in text, text
+    assert res.returncode == 2 and "To fix:" in text, (res.returncode, text)
+    assert f"{at.as_posix().rstrip('/')} is a mount point" in text, text
+    assert "umount" in text, text
+    # the outside fixture checks that everything mounted there is still there
+    assert case != "a-build-itself" or (at / "mine" / "data.bin").read_bytes() == b"not the kit's"
