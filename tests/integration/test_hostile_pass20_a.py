@@ -10,6 +10,11 @@
   same by reading). Now the removal is refused before anything goes, naming the mount point and
   ``umount`` (exit 2), and a bind mount of the same file system is told by its mount id, not
   only by its device.
+- **An apply journal entry without "before" or "after"** (``treetxn._journal_files``). The
+  check took a missing key for a null one, and the rollback then read ``f["before"]``: a
+  ``KeyError`` traceback from ``apply``, ``fetch`` and ``clean --what trees`` alike, on every
+  run after it (1 of 1 forged journals by hand, after its entry's link was moved away as the
+  previous message said). Now the journal is corrupt, named with its fix (exit 4).
 """
 
 from __future__ import annotations
@@ -98,3 +103,22 @@ def test_clean_never_deletes_across_a_mount_point(
     assert "umount" in text, text
     # the outside fixture checks that everything mounted there is still there
     assert case != "a-build-itself" or (at / "mine" / "data.bin").read_bytes() == b"not the kit's"
+
+
+@pytest.mark.parametrize("missing", ["before", "after"])
+@pytest.mark.parametrize("command", [["apply"], ["fetch"], ["clean", "--what", "trees"]])
+def test_an_apply_journal_entry_without_before_or_after_is_corrupt_not_a_traceback(
+        fetched_workdir: Path, tmp_path: Path, missing: str, command: list[str]) -> None:
+    wd = fetched_workdir
+    stage = wd / "trees" / ".patched.apply"
+    stage.mkdir()
+    entry = {"rel": "csrc/attention/attention_kernels.cuh", "before": None, "after": None}
+    del entry[missing]
+    (stage / "journal.json").write_text(json.dumps({"files": [entry], "state": None}))
+    before = (wd / "trees" / "patched" / entry["rel"]).read_bytes()
+    res = _kv(tmp_path, *command, "--workdir", str(wd))
+    text = res.stderr
+    assert "Traceback" not in text, text
+    assert res.returncode == 4 and "To fix:" in text, (res.returncode, text)
+    assert f"{stage / 'journal.json'} is corrupt" in text, text
+    assert (wd / "trees" / "patched" / entry["rel"]).read_bytes() == before
