@@ -15,6 +15,13 @@
   ``KeyError`` traceback from ``apply``, ``fetch`` and ``clean --what trees`` alike, on every
   run after it (1 of 1 forged journals by hand, after its entry's link was moved away as the
   previous message said). Now the journal is corrupt, named with its fix (exit 4).
+- **fetch --repair on a tree that moves** (``repair._refuse_a_moving_tree``). The repair reads
+  the tree twice, its inventory and then which variant its patched files carry; a swap loop
+  exchanging ``trees/patched/csrc/attention`` with a link had the inventory see the link and the
+  variant check the patched files: a ``KeyError`` traceback (1 run of 2 under the loop). The
+  test stands the two reads' disagreement in without a loop (the variant check says
+  "prefetch" of a tree whose patched file is gone). Now one FetchError (exit 3) naming the
+  tree and the file.
 """
 
 from __future__ import annotations
@@ -122,3 +129,22 @@ def test_an_apply_journal_entry_without_before_or_after_is_corrupt_not_a_traceba
     assert res.returncode == 4 and "To fix:" in text, (res.returncode, text)
     assert f"{stage / 'journal.json'} is corrupt" in text, text
     assert (wd / "trees" / "patched" / entry["rel"]).read_bytes() == before
+
+
+def test_fetch_repair_of_a_tree_that_changes_between_its_two_reads_is_one_message(
+        fetched_workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvprefetch import upstream
+    from kvprefetch.errors import FetchError
+    from kvprefetch.sources import patching, repair
+    from kvprefetch.workspace.workdir import Workdir
+
+    wd = fetched_workdir
+    own = upstream.patched_paths("prefetch")
+    (wd / "trees" / "patched" / own[0]).unlink()
+    # what the variant check saw before the swap: the patched files, through the real folder
+    monkeypatch.setattr(patching, "carried_variant", lambda tree: "prefetch")
+    with pytest.raises(FetchError) as err:
+        repair.repair_states(Workdir(wd), ["patched"], wd / "pristine" / "sdist", "sdist",
+                             "test", None)
+    assert f"{wd / 'trees' / 'patched'} changed while `fetch --repair` read it" in str(err.value)
+    assert own[0] in str(err.value)
