@@ -22,6 +22,14 @@
   test stands the two reads' disagreement in without a loop (the variant check says
   "prefetch" of a tree whose patched file is gone). Now one FetchError (exit 3) naming the
   tree and the file.
+- **A user's folder in an adopted work directory's envs/** (``cleaning._kit_env``). ``clean
+  --what envs`` removed every folder of ``envs/`` holding a file named ``.kvprefetch-env.json``,
+  the ownership record unread: in a work directory adopted with the user's files, their
+  ``envs/mine/`` (an environment copied from elsewhere, a marker of any content) went with
+  everything in it (2 of 2 adopted directories; the nineteenth pass left it open, found by
+  reading). The kit now records the environments it makes (kind ``env``); in an adopted work
+  directory only those are removed, the user's are listed as kept. A work directory the kit
+  created empty still goes by the marker (environments made before the record kept them).
 """
 
 from __future__ import annotations
@@ -148,3 +156,23 @@ def test_fetch_repair_of_a_tree_that_changes_between_its_two_reads_is_one_messag
                              "test", None)
     assert f"{wd / 'trees' / 'patched'} changed while `fetch --repair` read it" in str(err.value)
     assert own[0] in str(err.value)
+
+
+def test_clean_keeps_a_users_env_folder_in_an_adopted_work_directory(
+        tmp_path: Path, fetched_template: Path) -> None:
+    from kvprefetch.machine.envs import VenvEnv
+
+    wd = tmp_path / "mine"
+    (wd / "envs" / "mine").mkdir(parents=True)
+    (wd / "envs" / "mine" / ".kvprefetch-env.json").write_text('{"kind": "venv", "state": "ready"}')
+    (wd / "envs" / "mine" / "results.csv").write_text("a year of runs\n")
+    sdist = fetched_template / "downloads" / "vllm-0.10.2.tar.gz"
+    res = _kv(tmp_path, "fetch", "--adopt", "--source", str(sdist), "--workdir", str(wd))
+    assert res.returncode == 0, res.stderr
+    # an environment the kit makes there is recorded, and still removed
+    VenvEnv(wd / "envs" / "patched").create(owner=wd)
+    res = _kv(tmp_path, "clean", "--what", "envs", "--workdir", str(wd))
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert (wd / "envs" / "mine" / "results.csv").read_text() == "a year of runs\n"
+    assert f"kept {wd / 'envs' / 'mine'}: not in the ownership record" in res.stderr, res.stderr
+    assert not (wd / "envs" / "patched").exists()

@@ -240,6 +240,10 @@ class Env(abc.ABC):
                     return self
                 confine.remove_path(root, self.path, family=BuildError)
             self._create_fresh(root, recorded=owner is not None)
+            if owner is not None:
+                # listed as the kit's: in an adopted work directory only what the record
+                # lists is removed by clean (a marker file alone is anybody's to write)
+                ownership.record(root, self.path, "env")
         return self
 
     def _clear_debris(self, root: Path, recorded: bool) -> None:

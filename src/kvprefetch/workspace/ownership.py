@@ -45,6 +45,7 @@ _WHERE = {
     "backup": re.compile(r"backup/[A-Za-z0-9_][A-Za-z0-9_.-]*"),
     "download": re.compile(r"downloads/[A-Za-z0-9_][A-Za-z0-9_.+-]*"),
     "toolkit": re.compile(r"toolkits/[A-Za-z0-9_][A-Za-z0-9_.-]*"),
+    "env": re.compile(rf"envs/{_NAME}(?:-vllm)?"),  # a tree's environment (Workdir.env_dir)
     "tmp": re.compile(r".+"),  # checked below, against its pid
     "stage": re.compile(rf"trees/\.{_NAME}\.apply"),  # an apply's stage (treetxn)
 }
