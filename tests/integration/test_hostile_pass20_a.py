@@ -71,13 +71,17 @@ def _own(wd: Path, rel: str, kind: str) -> None:
 
 
 @pytest.fixture
-def mounted() -> Iterator[list[Path]]:
+def mounted(tmp_path: Path) -> Iterator[list[Path]]:
     """Bind-mounts ``outside`` wherever the test asks (needs root, as test_reliability's
-    tmpfs); every mount is taken down afterwards."""
+    tmpfs); every mount below ``tmp_path`` is taken down afterwards, wherever it is now (a
+    clean without the fix renames the folder holding it)."""
     made: list[Path] = []
     yield made
-    for m in reversed(made):
-        subprocess.run(["umount", "-l", str(m)], check=False)
+    for _ in made:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            points = [line.split()[1] for line in f]
+        for m in reversed([p for p in points if p.startswith(f"{tmp_path}/")]):
+            subprocess.run(["umount", "-l", m], check=False)
 
 
 def _bind(made: list[Path], src: Path, at: Path) -> None:
