@@ -30,6 +30,10 @@
   reading). The kit now records the environments it makes (kind ``env``); in an adopted work
   directory only those are removed, the user's are listed as kept. A work directory the kit
   created empty still goes by the marker (environments made before the record kept them).
+  Making an environment there (``build``) did the same to a user's folder at the
+  environment's own path when ``--force`` was given, the marker named other options, or a file
+  named like the creation stamp was beside it (1 of 1 by hand, the stamp); now refused, naming
+  the folder (``Env._refuse_a_users_folder``).
 """
 
 from __future__ import annotations
@@ -180,3 +184,26 @@ def test_clean_keeps_a_users_env_folder_in_an_adopted_work_directory(
     assert (wd / "envs" / "mine" / "results.csv").read_text() == "a year of runs\n"
     assert f"kept {wd / 'envs' / 'mine'}: not in the ownership record" in res.stderr, res.stderr
     assert not (wd / "envs" / "patched").exists()
+
+
+@pytest.mark.parametrize("case", ["force", "stamp"])
+def test_making_an_env_never_removes_a_users_folder_at_its_path_in_an_adopted_work_directory(
+        tmp_path: Path, fetched_template: Path, case: str) -> None:
+    from kvprefetch.errors import ConfigError
+    from kvprefetch.machine.envs import VenvEnv
+
+    wd = tmp_path / "mine"
+    env = wd / "envs" / "patched"
+    env.mkdir(parents=True)
+    (env / ".kvprefetch-env.json").write_text('{"kind": "venv", "state": "ready", "options": {}}')
+    (env / "results.csv").write_text("a year of runs\n")
+    if case == "stamp":
+        (wd / "envs" / ".patched.creating").write_text("my notes\n")
+    sdist = fetched_template / "downloads" / "vllm-0.10.2.tar.gz"
+    res = _kv(tmp_path, "fetch", "--adopt", "--source", str(sdist), "--workdir", str(wd))
+    assert res.returncode == 0, res.stderr
+    with pytest.raises(ConfigError) as err:
+        VenvEnv(env).create(owner=wd, force=case == "force")
+    assert f"{env} is not an environment kvprefetch made here" in str(err.value)
+    assert (env / "results.csv").read_text() == "a year of runs\n"
+    assert case != "stamp" or (wd / "envs" / ".patched.creating").read_text() == "my notes\n"
