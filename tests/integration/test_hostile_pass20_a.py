@@ -34,6 +34,10 @@
   environment's own path when ``--force`` was given, the marker named other options, or a file
   named like the creation stamp was beside it (1 of 1 by hand, the stamp); now refused, naming
   the folder (``Env._refuse_a_users_folder``).
+- **export-header -o /dev/stdout** (``cli.common.output_file``): refused with "To fix: move the
+  symlink /dev/stdout away", advice that breaks the machine if followed (1 of 1 by hand; a wrong-
+  way message). Now a usage error saying it is a link to a terminal, pipe or device and that the
+  kit writes only a regular file.
 """
 
 from __future__ import annotations
@@ -207,3 +211,14 @@ def test_making_an_env_never_removes_a_users_folder_at_its_path_in_an_adopted_wo
     assert f"{env} is not an environment kvprefetch made here" in str(err.value)
     assert (env / "results.csv").read_text() == "a year of runs\n"
     assert case != "stamp" or (wd / "envs" / ".patched.creating").read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("target", ["/dev/stdout", "/dev/stderr"])
+def test_export_header_to_dev_stdout_is_not_told_to_move_dev_stdout(
+        fetched_workdir: Path, tmp_path: Path, target: str) -> None:
+    res = _kv(tmp_path, "export-header", "--workdir", str(fetched_workdir), "-o", target)
+    text = res.stderr
+    assert "Traceback" not in text, text
+    assert res.returncode == 2 and "To fix:" in text, (res.returncode, text)
+    assert "move the symlink" not in text, text
+    assert "is a link to a terminal, pipe or device, not a file" in text, text
