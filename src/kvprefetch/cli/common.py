@@ -84,7 +84,30 @@ def output_file(ctx: click.Context, param: click.Parameter, value: Path) -> Path
         example = (Path(text) / "NAME").as_posix() if text.strip() else "a file path"
         raise click.BadParameter(f"{text!r} {what}; give the path of the file to write "
                                  f"(e.g. {example})", ctx=ctx, param=param)
+    if value is not None and _names_a_special_file(value):
+        # -o /dev/stdout (a link to the terminal or a pipe) was refused with "move the
+        # symlink /dev/stdout away", advice that breaks the system if followed (issue 41, the
+        # twentieth hostile pass)
+        raise click.BadParameter(f"{text!r} is a link to a terminal, pipe or device, not a file; "
+                                 "kvprefetch writes its output only into a regular file "
+                                 f"(e.g. {Path(text).name or 'out'}.txt), which you can then "
+                                 "read or pipe on", ctx=ctx, param=param)
     return value
+
+
+def _names_a_special_file(path: Path) -> bool:
+    """Whether ``path`` is a link to something that is no regular file or folder (a terminal,
+    a pipe, a device): never opened, only ``stat``. (A FIFO or device named directly already
+    has its own message, from the writer.)"""
+    import stat
+
+    try:
+        if not path.is_symlink():
+            return False
+        mode = path.stat().st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def workdir_option(f: F) -> F:

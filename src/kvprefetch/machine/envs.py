@@ -233,6 +233,8 @@ class Env(abc.ABC):
         with locked(self.lock_path, f"environment {self.path}"):
             confine.check_target(root, self.path, what="make the environment",
                                  family=BuildError)
+            if owner is not None:
+                self._refuse_a_users_folder(owner)
             self._clear_debris(root, owner is not None)
             if os.path.lexists(self.path):
                 if self._reusable(force):
@@ -240,7 +242,30 @@ class Env(abc.ABC):
                     return self
                 confine.remove_path(root, self.path, family=BuildError)
             self._create_fresh(root, recorded=owner is not None)
+            if owner is not None:
+                # listed as the kit's: in an adopted work directory only what the record
+                # lists is removed by clean (a marker file alone is anybody's to write)
+                ownership.record(root, self.path, "env")
         return self
+
+    def _refuse_a_users_folder(self, owner: Path) -> None:
+        """In a work directory adopted with the user's files, a folder at the environment's
+        path that the ownership record does not list is the user's, whatever marker or stamp
+        is beside it: ``--force``, a marker of other options, or a file named like the
+        creation stamp had it removed with all it held (issue 41, the twentieth hostile
+        pass)."""
+        from ..workspace.workdir import Workdir
+
+        if not (os.path.lexists(self.path) or os.path.lexists(self.stamp_path)):
+            return
+        if (ownership.owned(owner, self.path) or {}).get("kind") == "env" \
+                or not Workdir(owner).is_adopted():
+            return
+        raise ConfigError(
+            f"{self.path} is not an environment kvprefetch made here (the ownership record "
+            f"does not list it, and kvprefetch adopted {owner} with your files in it)",
+            f"move {self.path} (and {self.stamp_path}, if it is there) out of "
+            f"{self.path.parent}; kvprefetch does not remove what it did not make; then rerun")
 
     def _clear_debris(self, root: Path, recorded: bool) -> None:
         """Under the lock no other creator is alive, so a temporary the ownership record names

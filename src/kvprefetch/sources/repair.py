@@ -38,6 +38,7 @@ def repair_states(wd: Workdir, names: list[str], pristine: Path, kind: str, orig
         applied: dict[str, Any] | None = None
         if carried in upstream.VARIANTS and name != "baseline":
             own = upstream.patched_paths(carried)
+            _refuse_a_moving_tree(tree, current, own)
             files = {rel: current[rel] for rel in own}
             expected.update(files)
             expected.update(heads)
@@ -57,3 +58,18 @@ def repair_states(wd: Workdir, names: list[str], pristine: Path, kind: str, orig
                      + (" …" if len(left) > 6 else ""))
         notes.append(note)
     return notes
+
+
+def _refuse_a_moving_tree(tree: Path, current: dict[str, str], own: list[str]) -> None:
+    """The tree's inventory and ``carried_variant`` are two reads of it: a folder swapped for a
+    link between them (the inventory records the link and nothing below it, the variant check
+    read the files through the real folder) left a patched file out of the inventory, and the
+    record's lookup was a KeyError traceback (issue 41, the twentieth hostile pass: a swap loop
+    of trees/patched/csrc/attention, 1 run of 2)."""
+    gone = [rel for rel in own if rel not in current]
+    if gone:
+        raise FetchError(f"{tree} changed while `fetch --repair` read it: {', '.join(gone)} was "
+                         "there for the variant check and not in the tree's inventory (a folder "
+                         "on the way replaced, or the file removed, meanwhile)",
+                         "stop whatever else writes the tree, make its folders real "
+                         "directories again, then rerun `kvprefetch fetch --repair`")

@@ -110,11 +110,12 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,
         targets = [t for t in targets
                    if not (t.parent == root / "state" and t.stem not in trees_going
                            and (wd.root / "trees" / t.stem).is_dir())]
+        adopted = wd.is_adopted()
         if what in ("envs", "all"):
             envs = root / "envs"
             if envs.is_dir() and not envs.is_symlink():
                 for p in sorted(envs.iterdir()):
-                    if p.is_dir() and not p.is_symlink() and (p / ".kvprefetch-env.json").is_file():
+                    if p.is_dir() and not p.is_symlink() and _kit_env(root, p, owned, adopted):
                         if not dry_run:
                             stack.enter_context(locked(envs / f".{p.name}.lock",
                                                        f"environment {p}"))
@@ -135,6 +136,12 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,
                 if str(p) in listed or p.name.endswith(".lock") \
                         or ownership.rel(root, p) in owned:
                     continue
+                if d == "envs" and (p / ".kvprefetch-env.json").is_file() and adopted:
+                    res.kept.append(Kept(str(p), "not in the ownership record, and this work "
+                                                 "directory was adopted with your files in it "
+                                                 "(its .kvprefetch-env.json alone does not make "
+                                                 "it the kit's)"))
+                    continue
                 if d == "envs" and (p / ".kvprefetch-env.json").is_file():
                     continue
                 res.kept.append(Kept(str(p), "not created by kvprefetch"))
@@ -146,3 +153,16 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,
             if ownership.rel(root, t) in owned:
                 ownership.forget(root, t)
     return res
+
+
+def _kit_env(root: Path, env: Path, owned: dict[str, dict[str, Any]], adopted: bool) -> bool:
+    """Whether the folder ``env`` of ``envs/`` is an environment the kit made: one the
+    ownership record lists, or, in a work directory the kit created empty (where only it and
+    whoever writes the work directory put things), one that holds the kit's marker. In an
+    adopted work directory a marker is no proof: a user's folder there with a file named
+    ``.kvprefetch-env.json`` (an environment copied from another work directory, or anything)
+    was removed by ``clean --what envs`` (issue 41, the twentieth hostile pass; the nineteenth
+    left it open)."""
+    if (owned.get(ownership.rel(root, env)) or {}).get("kind") == "env":
+        return True
+    return not adopted and (env / ".kvprefetch-env.json").is_file()

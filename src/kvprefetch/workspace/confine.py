@@ -449,6 +449,7 @@ def remove_path(root: Path, path: Path, *,
         except FileNotFoundError:
             return
         if stat.S_ISDIR(mode):
+            refuse_mounts(dfd, path, family)
             # fd-based from the checked folder down: unlinks symlinks inside, never follows
             # them, and a directory swapped for a link since the stat is refused by rmtree
             if sys.version_info >= (3, 11):
@@ -459,6 +460,44 @@ def remove_path(root: Path, path: Path, *,
             os.unlink(path.name, dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+def _mount_id(fd: int) -> int | None:
+    """The id of the mount the open folder ``fd`` is on (``/proc/self/fdinfo``'s ``mnt_id``),
+    None where /proc does not say. A bind mount of a folder of the same file system has the
+    same device number as the folder it is mounted in, so ``st_dev`` alone cannot tell it."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _mount_key(fd: int) -> tuple[int, int | None]:
+    return os.fstat(fd).st_dev, _mount_id(fd)
+
+
+def refuse_mounts(dfd: int, path: Path, family: type[KvprefetchError] = ConfigError) -> None:
+    """Refuse to remove the folder ``path`` (the entry ``path.name`` of the open folder
+    ``dfd``) when it, or a folder below it, is a mount point: what is mounted there (another
+    disk, a bind mount of a folder elsewhere, a container's volume) is outside the work
+    directory, whatever its path says, and ``shutil.rmtree`` walks into it and deletes it all
+    before the mount point's own ``rmdir`` fails (issue 41, the twentieth hostile pass: a
+    folder bind-mounted into a kit-made build folder was emptied by ``clean --what builds``,
+    which then said "Device or resource busy / check the path and its file system"). Folders
+    are opened ``O_NOFOLLOW`` from ``dfd`` down (``os.fwalk``): no link is followed."""
+    parent = _mount_key(dfd)
+    for top, _dirs, _files, fd in os.fwalk(path.name, dir_fd=dfd, follow_symlinks=False):
+        if _mount_key(fd) != parent:
+            where = path.parent / top
+            raise family(f"refusing to remove {path}: {where} is a mount point (another file "
+                         "system, or a bind mount of a folder elsewhere), and what is mounted "
+                         "there is not the work directory's, so kvprefetch never deletes "
+                         "across one",
+                         f"unmount {where} (`umount {where}`), then rerun")
 
 
 def is_plain_file(path: Path) -> bool:

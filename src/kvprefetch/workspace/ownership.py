@@ -45,6 +45,7 @@ _WHERE = {
     "backup": re.compile(r"backup/[A-Za-z0-9_][A-Za-z0-9_.-]*"),
     "download": re.compile(r"downloads/[A-Za-z0-9_][A-Za-z0-9_.+-]*"),
     "toolkit": re.compile(r"toolkits/[A-Za-z0-9_][A-Za-z0-9_.-]*"),
+    "env": re.compile(rf"envs/{_NAME}(?:-vllm)?"),  # a tree's environment (Workdir.env_dir)
     "tmp": re.compile(r".+"),  # checked below, against its pid
     "stage": re.compile(rf"trees/\.{_NAME}\.apply"),  # an apply's stage (treetxn)
 }
@@ -191,6 +192,12 @@ def remove(root: Path, path: Path) -> None:
         is_dir = False
     if is_dir:
         confine.check_target(root, path, what="remove")
+        # before the rename: a mount point below is refused now, not after its move
+        dfd = confine.open_dir(path.parent, root=root, what="remove")
+        try:
+            confine.refuse_mounts(dfd, path)
+        finally:
+            os.close(dfd)
         # not fetch's ".<name>.tmp-<pid>", which may exist while fetch replaces a pristine copy
         doomed = path.with_name(f".{path.name}.removing.tmp-{os.getpid()}")
         if os.path.lexists(doomed):

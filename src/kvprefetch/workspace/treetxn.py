@@ -53,8 +53,11 @@ def _journal_files(journal: Path, tree: Path, files: Any) -> list[dict[str, Any]
     if not isinstance(files, list):
         raise PatchError(f"{journal} is corrupt: 'files' is not a list", fix)
     for f in files:
+        # both keys there (a null is a file that was absent): an entry without one was a
+        # KeyError traceback in the rollback, from every fetch, apply and clean after it (issue
+        # 41, the twentieth hostile pass)
         if not isinstance(f, dict) or not all(
-                f.get(k) is None or isinstance(f.get(k), str) for k in ("before", "after")):
+                k in f and (f[k] is None or isinstance(f[k], str)) for k in ("before", "after")):
             raise PatchError(f"{journal} is corrupt: an entry of 'files' is malformed", fix)
         confine.record_path(tree, f.get("rel"), record=journal, family=PatchError, fix=fix)
         confine.check_target(tree, tree / f["rel"], what="roll back", family=PatchError)
