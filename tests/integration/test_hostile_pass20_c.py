@@ -1,0 +1,62 @@
+"""Issue 41, the twentieth hostile pass (tester c: every command, option, input and environment
+value, for tracebacks, hangs, wrong messages and wrong writes). Each test fails without its fix
+(checked by reverting ``src`` and running it):
+
+- ``bench kernel``/``bench decode``/``bench e2e`` size lists (``--batch``, ``--context``,
+  ``--block-size``, ``--max-num-seqs``) had no ceiling, and ``matrix.parse_sizes`` dropped
+  duplicates by searching a list, quadratic in the sizes: ``--batch 1,2,...,20000`` kept a dry
+  run busy for more than a minute, and twelve such options (the command line takes 2 MB) for
+  many minutes (the nineteenth pass had left the lists open at 5,000 sizes, 17 s); a cross
+  product of 400 batches by 400 contexts planned 160,000 shapes and printed them all. Now a
+  list of more than ``matrix.MAX_SHAPES`` (100,000, the largest ``--sample``'s steps) sizes, or
+  a plan of more shapes, is refused at once, naming the ceiling, with a fix (exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
+    env.update(PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path), HOME=str(tmp_path))
+    return env
+
+
+def _sizes(first: int, last: int, step: int = 1) -> str:
+    return ",".join(str(n) for n in range(first, last + 1, step))
+
+
+# twelve --batch options of 15,000 sizes each (each under the kernel's 128 KiB an argument)
+_MANY_BATCHES = [a for i in range(12) for a in ("--batch", _sizes(i * 15000 + 1, (i + 1) * 15000))]
+_CROSS = ["--batch", _sizes(1, 400), "--context", _sizes(16, 6400, 16)]
+
+
+@pytest.mark.parametrize("command", [
+    ["bench", "kernel", *_MANY_BATCHES, "--context", "1k"],
+    ["bench", "decode", *_MANY_BATCHES, "--context", "1k"],
+    ["bench", "kernel", *_CROSS],
+    ["bench", "decode", *_CROSS],
+], ids=["kernel-many-batches", "decode-many-batches", "kernel-cross", "decode-cross"])
+def test_a_bench_plan_of_too_many_sizes_or_shapes_is_refused_at_once(
+        tmp_path: Path, command: list[str]) -> None:
+    work = tmp_path / "work"  # no work directory is needed to plan a dry run
+    start = time.monotonic()
+    try:
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", *command, "--workdir",
+                              str(work), "--dry-run"], env=_env(tmp_path), cwd=tmp_path,
+                             capture_output=True, text=True, timeout=25, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{command[:2]} with {len(command)} arguments still planning after 25 s")
+    text = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in text and "To fix" in text, text[-2000:]
+    assert "at most 100000" in text, text[-2000:]
+    assert time.monotonic() - start < 25
