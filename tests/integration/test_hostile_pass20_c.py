@@ -10,6 +10,10 @@ value, for tracebacks, hangs, wrong messages and wrong writes). Each test fails 
   product of 400 batches by 400 contexts planned 160,000 shapes and printed them all. Now a
   list of more than ``matrix.MAX_SHAPES`` (100,000, the largest ``--sample``'s steps) sizes, or
   a plan of more shapes, is refused at once, naming the ceiling, with a fix (exit 2).
+- ``slurm publish`` took a ``SLURM_JOB_ID`` of any number of digits as a job id: 300 digits made
+  a logs folder name past 255 bytes, "File name too long" with the fix "use a shorter path",
+  which names the campaign, shortened in vain (the environment driver, 3 runs). Slurm's job ids
+  are 32-bit: now more than 10 digits (a part) is no Slurm job id, refused as one (exit 10).
 """
 
 from __future__ import annotations
@@ -60,3 +64,23 @@ def test_a_bench_plan_of_too_many_sizes_or_shapes_is_refused_at_once(
     assert res.returncode == 2 and "Traceback" not in text and "To fix" in text, text[-2000:]
     assert "at most 100000" in text, text[-2000:]
     assert time.monotonic() - start < 25
+
+
+@pytest.mark.parametrize("job_id", ["1" * 300, "1_" + "2" * 300, "12345678901"])
+def test_a_slurm_job_id_of_too_many_digits_is_no_job_id(tmp_path: Path, job_id: str) -> None:
+    camp, scratch = tmp_path / "camp", tmp_path / "scratch"
+    (scratch / "logs").mkdir(parents=True)
+    (scratch / "logs" / "build.log").write_text("log\n")
+    env = _env(tmp_path)
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--no-gpu"], env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "publish", str(camp),
+                          "--tree", "baseline", "--scratch", str(scratch), "--logs-only"],
+                         env={**env, "SLURM_JOB_ID": job_id}, capture_output=True, text=True,
+                         timeout=60, check=False)
+    text = res.stdout + res.stderr
+    assert res.returncode == 10 and "Traceback" not in text, text[-2000:]
+    assert "is not a Slurm job id" in text and "To fix" in text, text[-2000:]
+    assert "shorter path" not in text and not any((camp / "logs").iterdir()), text[-2000:]
