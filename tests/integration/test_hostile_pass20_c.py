@@ -14,6 +14,11 @@ value, for tracebacks, hangs, wrong messages and wrong writes). Each test fails 
   a logs folder name past 255 bytes, "File name too long" with the fix "use a shorter path",
   which names the campaign, shortened in vain (the environment driver, 3 runs). Slurm's job ids
   are 32-bit: now more than 10 digits (a part) is no Slurm job id, refused as one (exit 10).
+- ``slurm plan`` took any number of contexts and presets (its batches are capped at 1000): each
+  bench task times its batch at every preset and context, so 101 presets by 1,000 contexts
+  planned a campaign whose every bench task would plan 101,000 shapes, refused (since the fix
+  above) on the cluster after its wait in the queue. Now the plan refuses it (exit 2), as does
+  every command that reads such a campaign.json.
 """
 
 from __future__ import annotations
@@ -84,3 +89,16 @@ def test_a_slurm_job_id_of_too_many_digits_is_no_job_id(tmp_path: Path, job_id: 
     assert res.returncode == 10 and "Traceback" not in text, text[-2000:]
     assert "is not a Slurm job id" in text and "To fix" in text, text[-2000:]
     assert "shorter path" not in text and not any((camp / "logs").iterdir()), text[-2000:]
+
+
+def test_a_campaign_whose_bench_tasks_would_plan_too_many_shapes_is_refused_at_the_plan(
+        tmp_path: Path) -> None:
+    camp = tmp_path / "camp"
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--no-gpu", "--context", _sizes(16, 16000, 16),
+                          "--preset", ",".join(["llama-3.1-8b"] * 101)],
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=60,
+                         check=False)
+    text = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in text and "To fix" in text, text[-2000:]
+    assert "make 101000 shapes" in text and not camp.exists(), text[-2000:]
