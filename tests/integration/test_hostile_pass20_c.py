@@ -19,6 +19,11 @@ value, for tracebacks, hangs, wrong messages and wrong writes). Each test fails 
   planned a campaign whose every bench task would plan 101,000 shapes, refused (since the fix
   above) on the cluster after its wait in the queue. Now the plan refuses it (exit 2), as does
   every command that reads such a campaign.json.
+- ``fetch --dry-run --source PATH`` did not look at a local source: an empty folder, or a file
+  that is no sdist, was planned "would-create" with exit 0 and a check mark, where the real run
+  stops at once (exit 3) (the option driver: a ``--source`` naming a header file, 3 runs). Now
+  the dry run checks a local source as the real run does (an sdist's sha256, a folder's files)
+  and refuses it with the real run's message.
 """
 
 from __future__ import annotations
@@ -102,3 +107,23 @@ def test_a_campaign_whose_bench_tasks_would_plan_too_many_shapes_is_refused_at_t
     text = res.stdout + res.stderr
     assert res.returncode == 2 and "Traceback" not in text and "To fix" in text, text[-2000:]
     assert "make 101000 shapes" in text and not camp.exists(), text[-2000:]
+
+
+@pytest.mark.parametrize("kind", ["empty-folder", "not-an-sdist"])
+def test_a_dry_run_refuses_a_local_source_the_real_run_refuses(tmp_path: Path, kind: str) -> None:
+    source = tmp_path / "src"
+    if kind == "empty-folder":
+        source.mkdir()
+    else:
+        source.write_text("#pragma once\n")
+    work = tmp_path / "work"
+    runs = {}
+    for dry in (["--dry-run"], []):
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "fetch", "--workdir", str(work),
+                              "--source", str(source), *dry], env=_env(tmp_path), cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60, check=False)
+        runs[bool(dry)] = res
+        text = res.stdout + res.stderr
+        assert res.returncode == 3 and "Traceback" not in text and "To fix" in text, text
+        assert "would-create" not in text and not work.exists(), text
+    assert runs[True].stderr.splitlines()[-2:] == runs[False].stderr.splitlines()[-2:]
