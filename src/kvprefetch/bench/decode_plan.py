@@ -24,7 +24,7 @@ from .decode_model import DecoderConfig, load_config
 from .decode_model import preset as model_preset
 from .decode_report import decode_summary
 from .decode_serve import LengthDist
-from .matrix import parse_sizes
+from .matrix import check_shape_count, parse_sizes
 from .plan import (
     BenchRun,
     Bound,
@@ -131,6 +131,7 @@ def plan_decode_bench(options: DecodeBenchOptions,
     if max(contexts) + o.steps > o.max_model_len:
         raise OptionError(f"context {max(contexts)} + {o.steps} steps exceeds "
                           f"--max-model-len {o.max_model_len}", option="--context")
+    check_shape_count(len(batches) * len(contexts), "the batches and contexts")
     works = [Workload(batch=b, context=c, steps=o.steps) for b in batches for c in contexts]
     if o.serve:
         works.append(Workload(batch=max(batches), requests=o.requests, dist=LengthDist(

@@ -89,18 +89,36 @@ def parse_size(text: str, bounded: bool = True) -> int:
     return n
 
 
+# The most shapes one bench run plans: as many as the largest --sample has steps
+# (sample.MAX_SAMPLE_STEPS, "about 40 s of drawing alone"). A list of sizes, and a matrix's
+# cross product, past it is refused before anything is built: `--batch 1,2,...,20000` kept a
+# dry run busy for more than a minute, and a few such options (the command line takes 2 MB)
+# for hours (issue 41, the twentieth hostile pass).
+MAX_SHAPES = 100_000
+
+
 def parse_sizes(values: Iterable[str] | str, bounded: bool = True) -> tuple[int, ...]:
     """Comma-separated and/or repeated sizes, order kept, duplicates dropped; ``bounded`` as
-    ``parse_size``'s."""
+    ``parse_size``'s. At most ``MAX_SHAPES`` different sizes (each is one shape at least)."""
     items = [values] if isinstance(values, str) else list(values)
-    out: list[int] = []
+    out: dict[int, None] = {}  # a dict, not a list: `n not in out` of a list made this quadratic
     for item in items:
         for part in item.split(","):
             if part.strip():
-                n = parse_size(part, bounded)
-                if n not in out:
-                    out.append(n)
+                out[parse_size(part, bounded)] = None
+                if len(out) > MAX_SHAPES:
+                    raise ConfigError(f"more than {MAX_SHAPES} different sizes in one list: a "
+                                      f"bench run plans at most {MAX_SHAPES} shapes",
+                                      "pass fewer sizes, e.g. 1,8,32,64,128")
     return tuple(out)
+
+
+def check_shape_count(count: int, what: str) -> None:
+    """Refuse a plan of more than ``MAX_SHAPES`` shapes (``what`` names its axes), before its
+    shapes are made."""
+    if count > MAX_SHAPES:
+        raise ConfigError(f"{what} make {count} shapes: a bench run plans at most {MAX_SHAPES}",
+                          "pass fewer sizes or presets (the run times every combination)")
 
 
 def format_size(n: int) -> str:
@@ -244,7 +262,7 @@ def build_matrix(presets: Sequence[str] = (), batches: Sequence[str] = (),
         raise ConfigError(f"unknown matrix '{matrix}'", f"use one of: {', '.join(NAMED_MATRICES)}")
     (named_batches, named_contexts), *named_extra = NAMED_MATRICES[matrix]
     overridden = bool(batches or contexts)
-    return BenchMatrix(
+    m = BenchMatrix(
         presets=split(presets) or DEFAULT_PRESETS,
         batches=parse_sizes(batches) if batches else named_batches,
         contexts=parse_sizes(contexts) if contexts else named_contexts,
@@ -255,6 +273,11 @@ def build_matrix(presets: Sequence[str] = (), batches: Sequence[str] = (),
         # an overridden axis replaces the named matrix: its further grids go with it
         extra_grids=() if overridden else tuple(named_extra),
     )
+    # every axis crossed with every other (a named matrix's further grids are a handful)
+    check_shape_count(len(m.presets) * len(m.batches) * len(m.contexts) * len(m.block_sizes)
+                      * len(m.dtypes) * len(m.kv_cache_dtypes),
+                      "the presets, batches, contexts, block sizes, dtypes and KV cache dtypes")
+    return m
 
 
 def describe_grid(grid: Grid) -> str:
@@ -283,6 +306,7 @@ def shapes_from_specs(specs: Sequence[str], preset: str = "llama-3.1-8b", block_
                       dtype: str = "float16", kv_cache_dtype: str = "auto",
                       force: str | None = None) -> list[BenchShape]:
     """Individual shapes (``bench ncu``) rather than a cross product."""
+    check_shape_count(len(specs), "the --shape options")
     out = []
     for spec in specs:
         batch, ctx = parse_shape_spec(spec)

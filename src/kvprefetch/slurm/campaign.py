@@ -39,6 +39,7 @@ from .values import (
     check_presets,
     check_scratch,
     check_slurm_value,
+    check_task_shapes,
     check_words,
 )
 
@@ -147,6 +148,7 @@ def check_bench_spec(bench: BenchSpec) -> None:
     check_batches(bench.batches)
     check_contexts(bench.contexts)
     check_presets(bench.presets)
+    check_task_shapes(bench.contexts, bench.presets)
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,11 @@ def rewrite_paths(obj: Any, pairs: list[tuple[str, str]]) -> Any:
     return obj
 
 
-_JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
+# Slurm's job ids are 32-bit (at most 10 digits), an array's task ids are below its
+# MaxArraySize: longer digits are no Slurm job id, and a 300-digit SLURM_JOB_ID made a logs
+# folder name past 255 bytes, "File name too long" with the fix "use a shorter path" for the
+# campaign, which the user would shorten in vain (issue 41, the twentieth hostile pass).
+_JOB_ID = re.compile(r"[0-9]{1,10}(_[0-9]{1,10})?")
 
 
 def check_job_label(label: str, what: str = "SLURM_JOB_ID") -> str:

@@ -209,6 +209,18 @@ def check_contexts(contexts: Sequence[str]) -> None:
                               "pass e.g. --context 512,1k,16k (k = 1024)") from None
 
 
+def check_task_shapes(contexts: Sequence[str], presets: Sequence[str]) -> None:
+    """Each bench task times its batch size at every preset and context: more shapes than a
+    bench run plans (``matrix.MAX_SHAPES``) would have every task refuse on the cluster, after
+    its wait in the queue, so the plan refuses them (issue 41, the twentieth hostile pass). After
+    ``check_contexts`` and ``check_presets``: the values are sizes and presets."""
+    from ..bench.matrix import DEFAULT_CONTEXTS, DEFAULT_PRESETS, check_shape_count, parse_size
+
+    sizes = {parse_size(c) for c in contexts} or set(DEFAULT_CONTEXTS)
+    check_shape_count(len(sizes) * len(presets or DEFAULT_PRESETS),
+                      "each bench task's presets and contexts")
+
+
 def check_presets(presets: Sequence[str]) -> None:
     """Each ``bench kernel --preset`` of the tasks, one of the kit's model presets."""
     from ..bench.matrix import PRESETS

@@ -228,9 +228,7 @@ def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | 
             raise ConfigError(f"--source {source}: no such file or directory",
                               "use auto, git, sdist, or the path of a vLLM clone, mirror or sdist")
         if path.is_file():
-            if sha256_file(path) != upstream.SDIST_SHA256:
-                raise FetchError(f"{path} is not the vLLM 0.10.2 sdist (sha256 mismatch)",
-                                 f"use the file with sha256 {upstream.SDIST_SHA256}")
+            _check_sdist_file(path)
             dest = wd.pristine / "sdist"
             if not _kept(wd, dest, repair, notices):
                 _unpack_sdist(wd, path, dest)
@@ -268,6 +266,26 @@ def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | 
     if not _kept(wd, dest, repair, notices):
         _unpack_sdist(wd, sdist, dest)
     return dest, "sdist", str(sdist), None
+
+
+def _check_sdist_file(path: Path) -> None:
+    if sha256_file(path) != upstream.SDIST_SHA256:
+        raise FetchError(f"{path} is not the vLLM 0.10.2 sdist (sha256 mismatch)",
+                         f"use the file with sha256 {upstream.SDIST_SHA256}")
+
+
+def _check_local_source(source: str) -> None:
+    """A dry run checks a local ``--source`` as the real run does before it unpacks or copies
+    it (a clone's tag is checked only by cloning): an empty folder or a file that is no sdist
+    was "would-create", exit 0, where the real run stops (exit 3) (issue 41, the twentieth
+    hostile pass)."""
+    if source in SOURCES:
+        return
+    path = Path(source).expanduser()
+    if path.is_file():
+        _check_sdist_file(path)
+    elif not (path / ".git").exists():
+        check_full_source(path, f"the directory {path}")
 
 
 def _kept(wd: Workdir, dest: Path, repair: bool = False, notices: list[str] | None = None,
@@ -366,6 +384,7 @@ def fetch_trees(workdir: Path, *, source: str = "auto", repo_url: str = upstream
     check_source(source)
     if dry_run:
         wd.check_adoptable(adopt)
+        _check_local_source(source)
 
         def planned(n: str) -> str:
             if not wd.tree(n).exists():
