@@ -500,6 +500,16 @@ def refuse_mounts(dfd: int, path: Path, family: type[KvprefetchError] = ConfigEr
                          f"unmount {where} (`umount {where}`), then rerun")
 
 
+def refuse_mounts_at(root: Path, path: Path,
+                     family: type[KvprefetchError] = ConfigError) -> None:
+    """``refuse_mounts`` for the folder ``path`` below ``root``, its parent opened confined."""
+    dfd = open_dir(path.parent, root=root, what="remove")
+    try:
+        refuse_mounts(dfd, path, family)
+    finally:
+        os.close(dfd)
+
+
 def is_plain_file(path: Path) -> bool:
     """A regular file that is not a symlink (never a FIFO, device or socket)."""
     try:

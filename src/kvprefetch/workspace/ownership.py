@@ -192,12 +192,7 @@ def remove(root: Path, path: Path) -> None:
         is_dir = False
     if is_dir:
         confine.check_target(root, path, what="remove")
-        # before the rename: a mount point below is refused now, not after its move
-        dfd = confine.open_dir(path.parent, root=root, what="remove")
-        try:
-            confine.refuse_mounts(dfd, path)
-        finally:
-            os.close(dfd)
+        confine.refuse_mounts_at(root, path)  # before the rename, not after its move
         # not fetch's ".<name>.tmp-<pid>", which may exist while fetch replaces a pristine copy
         doomed = path.with_name(f".{path.name}.removing.tmp-{os.getpid()}")
         if os.path.lexists(doomed):
