@@ -45,6 +45,11 @@ from .values import (
 SCHEMA = 2
 CAMPAIGN_FILE = "campaign.json"
 EXIT_SUFFIX = ".exit"  # logs/<job>-<id>.exit: the job's exit status, written by its EXIT trap
+# Exported by every job's script (the campaign's folder): the kit then follows no --workdir that
+# is a link (cli.common._real_workdir). A job names only real folders, the campaign's work/ and
+# its own resolved scratch; a link there was put by whoever writes the campaign, who can also
+# move campaign.json away, so campaign.json beside it cannot be what tells a job's work/ apart.
+JOB_ENV = "KVPREFETCH_CAMPAIGN"
 # --scratch: where a build job makes its own work directory. ``node``: the node-local folder
 # the cluster gives the job (``$SLURM_TMPDIR`` where the site sets it, as the Alliance's
 # clusters do; else ``$TMPDIR``, which job_container/tmpfs sites make per job; else /tmp).

@@ -32,6 +32,7 @@ from ..errors import ConfigError
 from .campaign import (
     CAMPAIGN_FILE,
     EXIT_SUFFIX,
+    JOB_ENV,
     NODE_SCRATCH_SH,
     Campaign,
     Job,
@@ -188,6 +189,7 @@ def render_script(c: Campaign, job: Job) -> str:
         'keep_outside PATH; PATH=${PATH:-/usr/bin:/bin}',
         'if [ -n "${LD_LIBRARY_PATH+x}" ]; then keep_outside LD_LIBRARY_PATH; fi',
         "unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION",
+        f"export {JOB_ENV}={shlex.quote(c.root)}",  # its --workdir links are refused
         f"cd {shlex.quote(c.root)}",
         # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
         # reads it for a job the controller has forgotten (MinJobAge) where accounting is off
