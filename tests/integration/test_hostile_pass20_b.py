@@ -11,11 +11,21 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   ``campaign.json`` link the same). Now every job's script exports ``KVPREFETCH_CAMPAIGN``
   (``slurm.campaign.JOB_ENV``), and a job's ``--workdir`` that is a link is refused whatever
   else the campaign holds (exit 2, with a fix).
+- The nineteenth pass also made ``confine`` open a root's own last part ``O_NOFOLLOW`` (a
+  root the command line resolved cannot be a link unless one was swapped in). A campaign is a
+  root, and its argument was not resolved: ``slurm submit LINK`` and ``resubmit LINK``, with
+  ``LINK`` the user's own link to the campaign, said a folder "became a symlink ... another
+  process is changing the work directory", a race nobody ran, and sent nothing (exit 2; 2 runs
+  of 2). Now the campaign argument is followed once at the command line, as ``--workdir`` is.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +34,8 @@ from tests.integration.test_hostile_pass19_b import _published_campaign, _run
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+_SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _tree(folder: Path) -> dict[str, bytes | str]:
@@ -51,4 +63,51 @@ def test_the_verify_job_follows_no_work_link_when_campaign_json_is_gone(
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"{camp / 'work'} is a symlink" in res.stderr, res.stderr
     assert "To fix: remove the symlink" in res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+def _fake_slurm(tmp_path: Path) -> Path:
+    """A folder with an ``sbatch`` that answers increasing job ids and an ``scontrol`` that
+    calls every job pending (no Slurm here)."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        "#!/bin/bash\nf=\"$(dirname \"$0\")/.n\"; n=$(cat \"$f\" 2>/dev/null || echo 100)\n"
+        "n=$((n + 1)); echo \"$n\" > \"$f\"; echo \"$n\"\n")
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/bash\necho \"JobId=$4 JobState=PENDING Reason=None ExitCode=0:0\"\n")
+    for p in bin_dir.iterdir():
+        p.chmod(0o755)
+    return bin_dir
+
+
+def _kit(tmp_path: Path, *args: str, path: str = "/usr/bin:/bin"
+         ) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), HOME=str(tmp_path), PATH=path)
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
+                          capture_output=True, text=True, timeout=120, check=False, cwd="/")
+
+
+def test_a_campaign_named_through_the_users_link_is_submitted(tmp_path: Path,
+                                                               outside: Path) -> None:
+    """``slurm submit`` and ``resubmit`` of a campaign named through the user's own link to
+    it: the link is followed once, as a ``--workdir`` link is, and the jobs are sent (was: "a
+    folder on the way became a symlink ... another process is changing the work directory",
+    exit 2, nothing sent)."""
+    camp, link = tmp_path / "camp", tmp_path / "mine"
+    bin_dir = _fake_slurm(tmp_path)
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1",
+               "--python", sys.executable)
+    assert res.returncode == 0, res.stdout + res.stderr
+    link.symlink_to(camp, target_is_directory=True)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    res = _kit(tmp_path, "slurm", "submit", str(link), "--json", path=path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rec = json.loads((camp / "campaign.json").read_text())
+    assert sorted(rec["submitted"]) == ["bench", "build-baseline", "build-patched", "merge",
+                                        "prepare", "verify"]
+    res = _kit(tmp_path, "slurm", "resubmit", str(link), "merge", path=path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(json.loads((camp / "campaign.json").read_text())["submitted"]["merge"]) == 2
     assert "Traceback" not in res.stdout + res.stderr

@@ -24,6 +24,14 @@ def _campaign_folder(ctx: click.Context, param: click.Parameter, value: Path) ->
         raise click.BadParameter(f"{str(value)!r} is not a folder (a device, FIFO or socket); "
                                  "name the campaign's folder, or a new path for one",
                                  ctx=ctx, param=param)
+    if value.is_symlink() and value.is_dir():
+        # followed once, here, as a --workdir is (cli.common._real_workdir): a location the user
+        # names is trusted, and every command then acts in the real folder. Unresolved, the
+        # campaign's own writes (confine, which opens a root's last part O_NOFOLLOW since the
+        # nineteenth pass) refused it: `slurm submit LINK` said a folder "became a symlink ...
+        # another process is changing the work directory", a race nobody ran, and sent nothing
+        # (issue 41, the twentieth hostile pass)
+        return value.resolve()
     return value
 
 
