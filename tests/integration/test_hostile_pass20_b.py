@@ -17,6 +17,26 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   ``LINK`` the user's own link to the campaign, said a folder "became a symlink ... another
   process is changing the work directory", a race nobody ran, and sent nothing (exit 2; 2 runs
   of 2). Now the campaign argument is followed once at the command line, as ``--workdir`` is.
+- The eighteenth and nineteenth passes bounded the hash of a cached sdist and of a built
+  library; a ``--source FILE`` was still hashed whole, by ``slurm prepare`` (the prepare job)
+  and by ``fetch --source``, which each build job runs on the campaign's source: a sparse 15 TB
+  file there (a careless ``--source``, or a plan forged by whoever writes the campaign) kept
+  the job hashing zeros for hours (a hang; 2 runs of 2, killed at 20 s). Now a file of another
+  size than the sdist's is named, never read (exit 3, with a fix). The same with a ``--source``
+  folder (a clone or an unpacked sdist on a shared filesystem): its full-source check hashed
+  every file, a sparse 15 TB file in it included, at the attention header or added (2 runs of
+  2, killed at 15 s). Now a file past 64 MiB (the sdist's largest has 991,484 bytes) makes the
+  source differ unread (``hashing.source_manifest(limit=)``).
+- A ``--scratch`` naming a variable (``$SLURM_TMPDIR/k``, allowed since the nineteenth pass's
+  ``$NAME`` rule) on a node that leaves it unset: the build job, under ``set -u``, ended with
+  bash's "SLURM_TMPDIR: unbound variable" alone, exit 1, no fix (1 run of 1); an empty one
+  would have built in the folder above. Now the job names the variable and the way out, exit 2.
+- ``slurm status`` asks Slurm about every submission a campaign records (a job's afterok
+  dependants still wait on the id of a submission it replaced). A ``campaign.json`` forged with
+  200,000 submissions (of the bench tasks, or of prepare) ran one scontrol after another for
+  hours (still running after 60 s; 2 runs of 2). Now a campaign records at most 2,500
+  submissions: more is a corrupt record (exit 2, with a fix), and ``submit``/``resubmit`` at
+  that count send nothing and say to plan a new campaign.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
@@ -81,12 +101,12 @@ def _fake_slurm(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def _kit(tmp_path: Path, *args: str, path: str = "/usr/bin:/bin"
+def _kit(tmp_path: Path, *args: str, path: str = "/usr/bin:/bin", timeout: float = 120
          ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
     env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), HOME=str(tmp_path), PATH=path)
     return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env,
-                          capture_output=True, text=True, timeout=120, check=False, cwd="/")
+                          capture_output=True, text=True, timeout=timeout, check=False, cwd="/")
 
 
 def test_a_campaign_named_through_the_users_link_is_submitted(tmp_path: Path,
@@ -110,4 +130,101 @@ def test_a_campaign_named_through_the_users_link_is_submitted(tmp_path: Path,
     res = _kit(tmp_path, "slurm", "resubmit", str(link), "merge", path=path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert len(json.loads((camp / "campaign.json").read_text())["submitted"]["merge"]) == 2
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("command", ["slurm prepare", "fetch"])
+def test_a_huge_sparse_source_file_is_refused_not_hashed_for_hours(tmp_path: Path,
+                                                                   command: str) -> None:
+    """A campaign planned with ``--source`` a sparse 15 TB file: its prepare job, and the
+    ``fetch --source`` each build job runs, refuse it at once by its size (was: sha256 of 15 TB
+    of zeros, still running after 20 s)."""
+    huge = tmp_path / "vllm-0.10.2.tar.gz"
+    with open(huge, "wb") as f:
+        f.truncate(15 << 40)
+    if command == "slurm prepare":
+        camp = tmp_path / "camp"
+        res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1",
+                   "--source", str(huge), "--python", sys.executable)
+        assert res.returncode == 0, res.stdout + res.stderr
+        argv = ["slurm", "prepare", str(camp)]
+    else:
+        argv = ["fetch", "--workdir", str(tmp_path / "wd"), "--source", str(huge)]
+    try:
+        res = _kit(tmp_path, *argv, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{command} was still hashing the sparse file after 20 s")
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert str(huge) in res.stderr and "To fix:" in res.stderr, res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("where", ["the attention header", "a file of its own"])
+def test_a_huge_sparse_file_in_a_source_folder_is_refused_not_hashed_for_hours(
+        tmp_path: Path, vllm_sdist: Path, where: str) -> None:
+    """``fetch --source DIR`` (a campaign's build jobs run it on a ``--source`` clone or
+    unpacked sdist) with a sparse 15 TB file in DIR, at the attention header or added: the
+    folder is not the pinned source, said at once (was: hashed for hours)."""
+    import tarfile
+
+    with tarfile.open(vllm_sdist) as tar:
+        tar.extractall(tmp_path / "src", filter="data")
+    top = tmp_path / "src" / "vllm-0.10.2"
+    huge = (top / "csrc" / "attention" / "attention_kernels.cuh" if where.startswith("the")
+            else top / "zz-huge.bin")
+    huge.unlink(missing_ok=True)
+    with open(huge, "wb") as f:
+        f.truncate(15 << 40)
+    try:
+        res = _kit(tmp_path, "fetch", "--workdir", str(tmp_path / "wd"), "--source", str(top),
+                   timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("fetch was still hashing the sparse file after 30 s")
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert ("not read" in res.stderr or "not the complete vLLM v0.10.2 source" in res.stderr) \
+        and "To fix:" in res.stderr, res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("value", ["", None])
+def test_a_scratch_naming_a_variable_the_job_lacks_is_refused_with_a_fix(
+        tmp_path: Path, value: str | None) -> None:
+    """A build job whose ``--scratch`` names ``$SLURM_TMPDIR`` on a node that leaves it unset
+    (or empty): the job names the variable and the way out, exit 2, and makes nothing (was:
+    bash's "SLURM_TMPDIR: unbound variable" alone, exit 1)."""
+    camp, mine = tmp_path / "camp", tmp_path / "mine"
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1",
+               "--scratch", f"{mine}/$SLURM_TMPDIR/${{USER}}", "--python", sys.executable)
+    assert res.returncode == 0, res.stdout + res.stderr
+    env = {"USER": "me", **({} if value is None else {"SLURM_TMPDIR": value})}
+    res = _run(tmp_path, camp, "10-build-baseline.sbatch", **env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "names $SLURM_TMPDIR, which is not set (or is empty)" in res.stderr, res.stderr
+    assert "To fix: set SLURM_TMPDIR when you submit" in res.stderr
+    assert "resubmit" in res.stderr and "build-baseline" in res.stderr
+    assert not mine.exists()
+    exits = list((camp / "logs").glob("build-baseline-*.exit"))
+    assert [p.read_text() for p in exits] == ["2\n"]
+
+
+def test_a_campaign_forged_with_a_huge_submission_history_is_refused_at_once(
+        tmp_path: Path) -> None:
+    """``slurm status`` of a campaign.json forged with 200,000 submissions of one job: refused
+    as corrupt within seconds (was: one scontrol per submission, still running after 30 s)."""
+    camp = tmp_path / "camp"
+    bin_dir = _fake_slurm(tmp_path)
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1,8",
+               "--python", sys.executable)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rec = json.loads((camp / "campaign.json").read_text())
+    rec["submitted"] = {"prepare": [{"id": str(1000 + i), "task": None}
+                                    for i in range(200_000)]}
+    (camp / "campaign.json").write_text(json.dumps(rec))
+    try:
+        res = _kit(tmp_path, "slurm", "status", str(camp), path=f"{bin_dir}:/usr/bin:/bin",
+                   timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("slurm status was still asking Slurm about each submission after 30 s")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "records 200000 submissions" in res.stderr and "To fix:" in res.stderr
     assert "Traceback" not in res.stdout + res.stderr

@@ -340,6 +340,14 @@ FIX_SUBMITTED = ("restore campaign.json (each submission is {\"id\": \"<digits>\
                  "the campaign again into a new folder (`kvprefetch slurm plan`)")
 
 
+# At most this many submissions in one campaign: `slurm status` asks Slurm (scontrol, then
+# sacct) about each one, since a resubmitted job's afterok dependants still wait on the id of
+# the submission it replaced; a campaign.json forged with 200,000 of them kept `status` running
+# one scontrol after another for hours (issue 41, the twentieth hostile pass). A campaign of
+# the most bench tasks (1000) with each task sent again alone once stays well below it.
+MAX_SUBMISSIONS = 2500
+
+
 def check_submitted(submitted: object, record: Path) -> None:
     """The ``submitted`` part of a campaign.json read back: per job name, a list of submissions
     whose ``id`` is a Slurm job id (a digit string, as ``sbatch --parsable`` printed it) and
@@ -347,6 +355,11 @@ def check_submitted(submitted: object, record: Path) -> None:
     and scontrol/sacct arguments, so anything else makes the record corrupt."""
     if not isinstance(submitted, dict):
         raise ConfigError(f"{record} is corrupt: 'submitted' is not a mapping", FIX_SUBMITTED)
+    count = sum(len(subs) if isinstance(subs, list) else 1 for subs in submitted.values())
+    if count > MAX_SUBMISSIONS:
+        raise ConfigError(f"{record} is corrupt: it records {count} submissions, and "
+                          f"kvprefetch sends at most {MAX_SUBMISSIONS} jobs in one campaign",
+                          FIX_SUBMITTED)
     for job, subs in submitted.items():
         if not isinstance(subs, list):
             raise ConfigError(f"{record} is corrupt: the submissions of {job!r} are not a list "
