@@ -37,6 +37,10 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   hours (still running after 60 s; 2 runs of 2). Now a campaign records at most 2,500
   submissions: more is a corrupt record (exit 2, with a fix), and ``submit``/``resubmit`` at
   that count send nothing and say to plan a new campaign.
+- ``--task`` of ``slurm stand-in`` and ``slurm resubmit`` was click's int, which takes Python's
+  spellings: ``0_1`` (Slurm's JOB_TASK form), `` 1``, ``+1``, ``01`` all read as task 1, so
+  stand-in wrote task 1's shard and resubmit sent task 1 (4 runs of 4; the seventeenth pass
+  left ``0_1`` open). Now a task id is digits only, without a leading zero (a usage error).
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
@@ -227,4 +231,26 @@ def test_a_campaign_forged_with_a_huge_submission_history_is_refused_at_once(
         pytest.fail("slurm status was still asking Slurm about each submission after 30 s")
     assert res.returncode == 2, res.stdout + res.stderr
     assert "records 200000 submissions" in res.stderr and "To fix:" in res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("task", ["0_1", " 1", "+1", "01"])
+def test_a_task_id_in_another_spelling_acts_on_no_task(tmp_path: Path, task: str) -> None:
+    """``slurm stand-in --task`` and ``slurm resubmit bench --task`` with a task id Slurm never
+    writes (``0_1``, Slurm's JOB_TASK form; a space, a sign, a leading zero): a usage error,
+    no shard written and nothing sent (was: read as task 1, its shard written, task 1 sent)."""
+    camp = _published_campaign(tmp_path)
+    bin_dir = _fake_slurm(tmp_path)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    res = _kit(tmp_path, "slurm", "submit", str(camp), path=path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    before = (camp / "campaign.json").read_bytes()
+    res = _kit(tmp_path, "slurm", "stand-in", str(camp), "--task", task)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "is not an array task id" in res.stderr, res.stderr
+    assert list((camp / "results").iterdir()) == []
+    res = _kit(tmp_path, "slurm", "resubmit", str(camp), "bench", "--task", task, path=path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "is not an array task id" in res.stderr, res.stderr
+    assert (camp / "campaign.json").read_bytes() == before
     assert "Traceback" not in res.stdout + res.stderr
