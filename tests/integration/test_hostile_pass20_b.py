@@ -41,6 +41,9 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
   spellings: ``0_1`` (Slurm's JOB_TASK form), `` 1``, ``+1``, ``01`` all read as task 1, so
   stand-in wrote task 1's shard and resubmit sent task 1 (4 runs of 4; the seventeenth pass
   left ``0_1`` open). Now a task id is digits only, without a leading zero (a usage error).
+- A path that is a link to itself: ``slurm plan LOOP`` and ``doctor --workdir LOOP`` ended in
+  pathlib's ``RuntimeError: Symlink loop`` traceback (``Path.resolve``; 1 run each). Now plan
+  names the loop (a usage error) and doctor's temp-folder check resolves with ``realpath``.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
@@ -254,3 +257,20 @@ def test_a_task_id_in_another_spelling_acts_on_no_task(tmp_path: Path, task: str
     assert "is not an array task id" in res.stderr, res.stderr
     assert (camp / "campaign.json").read_bytes() == before
     assert "Traceback" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("command", ["slurm plan", "doctor"])
+def test_a_path_that_is_a_loop_of_links_is_no_traceback(tmp_path: Path, command: str) -> None:
+    """A campaign (``slurm plan``) or work directory (``doctor``) named by a link to itself:
+    a usage error, or doctor's report, never pathlib's "RuntimeError: Symlink loop"."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    if command == "slurm plan":
+        res = _kit(tmp_path, "slurm", "plan", str(loop), "--stand-in", "--batch", "1",
+                   "--python", sys.executable)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "is a loop of symlinks" in res.stderr, res.stderr
+    else:
+        res = _kit(tmp_path, "doctor", "--workdir", str(loop))
+    assert "Traceback" not in res.stdout + res.stderr, res.stdout + res.stderr
+    assert "RuntimeError" not in res.stdout + res.stderr

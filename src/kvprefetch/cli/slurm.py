@@ -3,6 +3,7 @@ and ``stand-in`` for the campaign's jobs (thin over kvprefetch.slurm)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -22,6 +23,14 @@ def _campaign_folder(ctx: click.Context, param: click.Parameter, value: Path) ->
     refuses a regular file only, and a device or FIFO there was "slurm failed: /dev/zero/scripts:
     Not a directory / To fix: check the path and its file system" (plan) or "cannot read
     /dev/zero/campaign.json ... plan the campaign again" (issue 41, ninth hostile pass)."""
+    try:
+        os.stat(value)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # pathlib's resolve() raised RuntimeError: a traceback
+            # in plan (issue 41, the twentieth hostile pass)
+            raise click.BadParameter(f"{str(value)!r} is a loop of symlinks, no folder; name "
+                                     "the campaign's folder, or a new path for one",
+                                     ctx=ctx, param=param) from None
     if value.exists() and not value.is_dir():
         raise click.BadParameter(f"{str(value)!r} is not a folder (a device, FIFO or socket); "
                                  "name the campaign's folder, or a new path for one",
