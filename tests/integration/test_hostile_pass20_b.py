@@ -44,6 +44,8 @@ outputs). Each test fails without its fix (checked by reverting ``src`` and runn
 - A path that is a link to itself: ``slurm plan LOOP`` and ``doctor --workdir LOOP`` ended in
   pathlib's ``RuntimeError: Symlink loop`` traceback (``Path.resolve``; 1 run each). Now plan
   names the loop (a usage error) and doctor's temp-folder check resolves with ``realpath``.
+  ``build --dry-run --workdir LOOP`` and ``slurm publish --scratch LOOP`` the same (1 run
+  each): the command line now reports that RuntimeError as the ELOOP OSError it stands for.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
@@ -274,3 +276,25 @@ def test_a_path_that_is_a_loop_of_links_is_no_traceback(tmp_path: Path, command:
         res = _kit(tmp_path, "doctor", "--workdir", str(loop))
     assert "Traceback" not in res.stdout + res.stderr, res.stdout + res.stderr
     assert "RuntimeError" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("command", ["build --dry-run", "slurm publish"])
+def test_pathlibs_symlink_loop_error_is_one_message(tmp_path: Path, command: str) -> None:
+    """``build --dry-run --workdir LOOP`` and ``slurm publish --scratch LOOP`` (LOOP a link to
+    itself): the loop named with a fix, as the OSError (ELOOP) it stands for (was: pathlib's
+    "RuntimeError: Symlink loop" traceback)."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    if command == "build --dry-run":
+        res = _kit(tmp_path, "build", "--dry-run", "--workdir", str(loop))
+    else:
+        camp = tmp_path / "camp"
+        res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1",
+                   "--python", sys.executable)
+        assert res.returncode == 0, res.stdout + res.stderr
+        res = _kit(tmp_path, "slurm", "publish", str(camp), "--tree", "patched", "--scratch",
+                   str(loop))
+    assert "Traceback" not in res.stdout + res.stderr, res.stdout + res.stderr
+    assert res.returncode != 0
+    assert f"{loop}: Too many levels of symbolic links" in res.stderr, res.stderr
+    assert "To fix:" in res.stderr
