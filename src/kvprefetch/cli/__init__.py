@@ -133,6 +133,20 @@ class LazyGroup(click.Group):
             # `matplotlib` in report, a `rich` in every dry run's table). An exception from
             # the kit's own code (or the standard library called by it) stays a traceback: a
             # bug of the kit's, which its tests must see.
+            loop = _symlink_loop(exc)
+            if loop is not None and not debug:
+                # pathlib's resolve() reports a loop of links as RuntimeError("Symlink loop
+                # from '<path>'"), not as the OSError (ELOOP) every other call gives: a
+                # --workdir, --scratch or campaign named by a link to itself was a traceback in
+                # build --dry-run, slurm publish, slurm plan and doctor (issue 41, the
+                # twentieth hostile pass). The same one message as that OSError.
+                from ..oserrors import describe
+
+                family = _os_error_family(ctx.invoked_subcommand)
+                cause, fix = describe(loop)
+                err = family(f"{ctx.invoked_subcommand or 'kvprefetch'} failed: {cause}", fix)
+                click.echo(f"error: {escaped(err.message)}", err=True)
+                sys.exit(err.exit_code)
             origin = third_party_origin(exc)
             if debug or origin is None:
                 raise
@@ -141,6 +155,23 @@ class LazyGroup(click.Group):
             err = family(*third_party_failed(exc, *origin))
             click.echo(f"error: {escaped(err.message)}", err=True)
             sys.exit(err.exit_code)
+
+
+def _symlink_loop(exc: Exception) -> OSError | None:
+    """The ELOOP OSError pathlib's "Symlink loop from '<path>'" RuntimeError stands for."""
+    import ast
+    import errno
+    import os
+
+    text = str(exc)
+    prefix = "Symlink loop from "
+    if type(exc) is not RuntimeError or not text.startswith(prefix):
+        return None
+    try:
+        path = ast.literal_eval(text[len(prefix):])
+    except (ValueError, SyntaxError):
+        path = text[len(prefix):]
+    return OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

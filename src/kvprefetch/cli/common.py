@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -60,18 +61,27 @@ def _refuse_a_campaigns_linked_work(value: Path) -> None:
     put by whoever can write the campaign. Swapped for a link to a folder outside after the
     submission, it had the verify job write its report there (issue 41, the nineteenth hostile
     pass). Not resolved, a link swapped in later is refused by ``confine`` (the root's last
-    part is opened ``O_NOFOLLOW``)."""
-    from ..errors import ConfigError
-    from ..slurm.campaign import CAMPAIGN_FILE
+    part is opened ``O_NOFOLLOW``).
 
-    if value.name == "work" and (value.parent / CAMPAIGN_FILE).exists():
-        raise ConfigError(f"{value} is a symlink in the campaign "
-                          f"{value.parent}: a campaign's work folder is a real folder in it, "
-                          "and kvprefetch never follows a link whoever writes the campaign "
-                          "could have put there",
-                          f"remove the symlink {value} (its target is left as it is), run "
-                          f"the prepare job again (kvprefetch slurm resubmit {value.parent} "
-                          "prepare), then the jobs after it")
+    A job is known by ``slurm.campaign.JOB_ENV``, which its script exports, not only by the
+    ``campaign.json`` beside the link: whoever writes the campaign can move that file away too,
+    and the verify job then followed ``work/`` into a folder outside (another work directory of
+    the user's) and wrote its report there (issue 41, the twentieth hostile pass)."""
+    from ..errors import ConfigError
+    from ..slurm.campaign import CAMPAIGN_FILE, JOB_ENV
+
+    job_campaign = os.environ.get(JOB_ENV)
+    if not job_campaign and not (value.name == "work"
+                                 and os.path.lexists(value.parent / CAMPAIGN_FILE)):
+        return
+    campaign = job_campaign or str(value.parent)
+    raise ConfigError(f"{value} is a symlink in the campaign {campaign}: a campaign's work "
+                      "folder is a real folder in it (and a job's scratch a real folder of "
+                      "yours), and kvprefetch never follows a link whoever writes the campaign "
+                      "could have put there",
+                      f"remove the symlink {value} (its target is left as it is), run the "
+                      f"prepare job again (kvprefetch slurm resubmit {campaign} prepare), then "
+                      "the jobs after it")
 
 
 def output_file(ctx: click.Context, param: click.Parameter, value: Path) -> Path:

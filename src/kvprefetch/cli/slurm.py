@@ -3,10 +3,13 @@ and ``stand-in`` for the campaign's jobs (thin over kvprefetch.slurm)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import sys
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -20,15 +23,50 @@ def _campaign_folder(ctx: click.Context, param: click.Parameter, value: Path) ->
     refuses a regular file only, and a device or FIFO there was "slurm failed: /dev/zero/scripts:
     Not a directory / To fix: check the path and its file system" (plan) or "cannot read
     /dev/zero/campaign.json ... plan the campaign again" (issue 41, ninth hostile pass)."""
+    try:
+        os.stat(value)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # pathlib's resolve() raised RuntimeError: a traceback
+            # in plan (issue 41, the twentieth hostile pass)
+            raise click.BadParameter(f"{str(value)!r} is a loop of symlinks, no folder; name "
+                                     "the campaign's folder, or a new path for one",
+                                     ctx=ctx, param=param) from None
     if value.exists() and not value.is_dir():
         raise click.BadParameter(f"{str(value)!r} is not a folder (a device, FIFO or socket); "
                                  "name the campaign's folder, or a new path for one",
                                  ctx=ctx, param=param)
+    if value.is_symlink() and value.is_dir():
+        # followed once, here, as a --workdir is (cli.common._real_workdir): a location the user
+        # names is trusted, and every command then acts in the real folder. Unresolved, the
+        # campaign's own writes (confine, which opens a root's last part O_NOFOLLOW since the
+        # nineteenth pass) refused it: `slurm submit LINK` said a folder "became a symlink ...
+        # another process is changing the work directory", a race nobody ran, and sent nothing
+        # (issue 41, the twentieth hostile pass)
+        return value.resolve()
     return value
 
 
 campaign_arg = click.argument("campaign", type=click.Path(file_okay=False, path_type=Path),
                               callback=_campaign_folder)
+
+
+class TaskId(click.ParamType):
+    """An array task id as Slurm writes one: ASCII digits, no sign, space, ``_`` or leading
+    zero. click's int took Python's spellings, so ``--task 0_1`` (Slurm's JOB_TASK form, task
+    1 of job 0) or `` 1``, ``+1``, ``01`` read as task 1: ``stand-in`` wrote task 1's shard and
+    ``resubmit`` sent task 1 (issue 41, the twentieth hostile pass)."""
+
+    name = "task"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value)
+        if not re.fullmatch(r"0|[1-9][0-9]{0,5}", text):
+            self.fail(f"{text!r} is not an array task id (0, 1, 2, ...: digits only, no sign, "
+                      "space, _ or leading zero)", param, ctx)
+        return int(text)
 
 
 @click.group()
@@ -267,7 +305,7 @@ def status(campaign: Path, wait: bool, timeout: float, as_json: bool) -> None:
 @slurm.command()
 @campaign_arg
 @click.argument("job")
-@click.option("--task", type=int, default=None, help="Only this array task (bench).")
+@click.option("--task", type=TaskId(), default=None, help="Only this array task (bench).")
 @dry_run_option
 @json_option
 def resubmit(campaign: Path, job: str, task: int | None, dry_run: bool, as_json: bool) -> None:
@@ -284,7 +322,8 @@ def resubmit(campaign: Path, job: str, task: int | None, dry_run: bool, as_json:
 
 @slurm.command("stand-in")
 @campaign_arg
-@click.option("--task", type=int, required=True, help="The array task (shard) to write.")
+@click.option("--task", type=TaskId(), required=True,
+              help="The array task (shard) to write.")
 def stand_in(campaign: Path, task: int) -> None:
     """CPU-only stand-in bench shard: results/bench-TASK.json of kind kernel with every shape
     skipped (nothing timed), the builds' libraries re-hashed against their manifests."""

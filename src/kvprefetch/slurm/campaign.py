@@ -46,6 +46,11 @@ from .values import (
 SCHEMA = 2
 CAMPAIGN_FILE = "campaign.json"
 EXIT_SUFFIX = ".exit"  # logs/<job>-<id>.exit: the job's exit status, written by its EXIT trap
+# Exported by every job's script (the campaign's folder): the kit then follows no --workdir that
+# is a link (cli.common._real_workdir). A job names only real folders, the campaign's work/ and
+# its own resolved scratch; a link there was put by whoever writes the campaign, who can also
+# move campaign.json away, so campaign.json beside it cannot be what tells a job's work/ apart.
+JOB_ENV = "KVPREFETCH_CAMPAIGN"
 # --scratch: where a build job makes its own work directory. ``node``: the node-local folder
 # the cluster gives the job (``$SLURM_TMPDIR`` where the site sets it, as the Alliance's
 # clusters do; else ``$TMPDIR``, which job_container/tmpfs sites make per job; else /tmp).
@@ -337,6 +342,14 @@ FIX_SUBMITTED = ("restore campaign.json (each submission is {\"id\": \"<digits>\
                  "the campaign again into a new folder (`kvprefetch slurm plan`)")
 
 
+# At most this many submissions in one campaign: `slurm status` asks Slurm (scontrol, then
+# sacct) about each one, since a resubmitted job's afterok dependants still wait on the id of
+# the submission it replaced; a campaign.json forged with 200,000 of them kept `status` running
+# one scontrol after another for hours (issue 41, the twentieth hostile pass). A campaign of
+# the most bench tasks (1000) with each task sent again alone once stays well below it.
+MAX_SUBMISSIONS = 2500
+
+
 def check_submitted(submitted: object, record: Path) -> None:
     """The ``submitted`` part of a campaign.json read back: per job name, a list of submissions
     whose ``id`` is a Slurm job id (a digit string, as ``sbatch --parsable`` printed it) and
@@ -344,6 +357,11 @@ def check_submitted(submitted: object, record: Path) -> None:
     and scontrol/sacct arguments, so anything else makes the record corrupt."""
     if not isinstance(submitted, dict):
         raise ConfigError(f"{record} is corrupt: 'submitted' is not a mapping", FIX_SUBMITTED)
+    count = sum(len(subs) if isinstance(subs, list) else 1 for subs in submitted.values())
+    if count > MAX_SUBMISSIONS:
+        raise ConfigError(f"{record} is corrupt: it records {count} submissions, and "
+                          f"kvprefetch sends at most {MAX_SUBMISSIONS} jobs in one campaign",
+                          FIX_SUBMITTED)
     for job, subs in submitted.items():
         if not isinstance(subs, list):
             raise ConfigError(f"{record} is corrupt: the submissions of {job!r} are not a list "

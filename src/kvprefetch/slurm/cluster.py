@@ -18,6 +18,7 @@ from ..runner import run, which
 from .campaign import (
     CAMPAIGN_FILE,
     EXIT_SUFFIX,
+    MAX_SUBMISSIONS,
     Campaign,
     Job,
     campaign_from_dict,
@@ -153,6 +154,11 @@ def _send(root: Path, rec: dict[str, Any], job: str, task: int | None,
     did one the runner refused to start (a ``TMPDIR`` that is no folder, a program it cannot
     run: ``ConfigError``, ``OSError``), whose "sending" had the next submit say that the
     sbatch "was started" and Slurm might hold its job (issue 41, the eleventh hostile pass)."""
+    if sum(len(subs) for subs in rec["submitted"].values()) >= MAX_SUBMISSIONS:
+        raise SlurmError(f"the campaign {root} has sent {MAX_SUBMISSIONS} jobs, the most one "
+                         "campaign records (`slurm status` asks Slurm about each)",
+                         "plan a new campaign into a new folder (`kvprefetch slurm plan`) for "
+                         "the jobs still to run")
     rec["sending"] = {"job": job, "task": task, "at": _now()}
     save_record(root, rec)
     try:

@@ -61,7 +61,7 @@ def _make_read_only(path: Path) -> None:
 def source_cache(c: Campaign) -> tuple[str, bool]:
     """The campaign's source, present, checked and read-only; whether it was downloaded now."""
     from .. import upstream
-    from ..hashing import sha256_file
+    from ..hashing import sha256_file_of_size
     from ..sources.download import ensure_sdist
 
     if c.source in ("auto", "sdist"):
@@ -77,10 +77,19 @@ def source_cache(c: Campaign) -> tuple[str, bool]:
         return str(path), not had
     src = Path(c.source)
     if src.is_file():
-        actual = sha256_file(src)
+        # of the sdist's size, or never read: a sparse 15 TB file as the campaign's --source
+        # kept the prepare job hashing zeros for hours (issue 41, the twentieth hostile pass)
+        try:
+            actual = sha256_file_of_size(src, upstream.SDIST_SIZE)
+        except OSError as exc:
+            raise FetchError(f"cannot read --source {src}: {exc.strerror or exc}",
+                             "plan the campaign again with the sdist's path, or --source "
+                             "sdist") from None
         if actual != upstream.SDIST_SHA256:
-            raise FetchError(f"--source {src} has sha256 {actual}, not the vLLM "
-                             f"{upstream.VLLM_VERSION} sdist's {upstream.SDIST_SHA256}",
+            what = (f"sha256 {actual}" if actual is not None else
+                    f"{src.stat().st_size} bytes (the sdist has {upstream.SDIST_SIZE})")
+            raise FetchError(f"--source {src} has {what}, not the vLLM "
+                             f"{upstream.VLLM_VERSION} sdist's sha256 {upstream.SDIST_SHA256}",
                              "plan the campaign again with the right file, or --source sdist")
     elif not src.is_dir():
         raise FetchError(f"--source {src} is not there (as the jobs see the filesystem)",

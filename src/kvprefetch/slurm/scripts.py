@@ -32,6 +32,7 @@ from ..errors import ConfigError
 from .campaign import (
     CAMPAIGN_FILE,
     EXIT_SUFFIX,
+    JOB_ENV,
     NODE_SCRATCH_SH,
     Campaign,
     Job,
@@ -48,7 +49,7 @@ from .shell import (
     TEMP_OUTSIDE_SH,
     WRITE_NEW_SH,
 )
-from .values import SCRATCH_NODE, check_campaign_path, job_path
+from .values import SCRATCH_NODE, check_campaign_path, job_path, scratch_variables
 
 
 def _q(argv: Sequence[str | Path]) -> str:
@@ -74,6 +75,7 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
         + " " + scratch
     name = f"kvprefetch-{Path(c.root).name}-build-{tree.name}"
     lines = [
+        *_scratch_variables_sh(c, tree),
         f"SCRATCH_BASE={scratch_base_sh(c)}",
         *SCRATCH_OUTSIDE_SH,  # in the campaign folder: `$PWD`, `.` and relative paths are it
         LEAVE_CAMPAIGN_SH,
@@ -107,6 +109,28 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
                        *c.build_args]))
     lines.append(publish)
     return lines
+
+
+def _scratch_variables_sh(c: Campaign, tree: TreeSpec) -> list[str]:
+    """Refuse, with a fix, a ``--scratch`` naming a variable the job's environment leaves unset
+    or empty: under ``set -u`` the build job ended with bash's "SLURM_TMPDIR: unbound
+    variable" alone (a ``--scratch '$SLURM_TMPDIR/k'`` on a cluster without it), and an empty
+    one would build in the folder above (issue 41, the twentieth hostile pass). The names are
+    identifiers (check_scratch), safe as shell words."""
+    names = scratch_variables(c.scratch) if c.scratch != SCRATCH_NODE else []
+    if not names:
+        return []
+    return [
+        f"for v in {' '.join(names)}; do",
+        '  if [ -z "${!v:-}" ]; then',
+        ('    echo "refusing to build: the campaign\'s --scratch names \\$$v, which is not set'
+         ' (or is empty) in this job\'s environment. To fix: set $v when you submit (sbatch'
+         ' passes your environment on), or plan the campaign again with --scratch node or a'
+         f' folder that names no such variable; then kvprefetch slurm resubmit {c.root}'
+         f' build-{tree.name}" >&2; exit 2'),
+        "  fi",
+        "done",
+    ]
 
 
 def job_commands(c: Campaign, job: Job) -> list[str]:
@@ -198,6 +222,7 @@ def render_script(c: Campaign, job: Job) -> str:
         # kit's status (issue 41, the twentieth hostile pass): a job is never interactive
         ("unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION"
          " PYTHONINSPECT"),
+        f"export {JOB_ENV}={shlex.quote(c.root)}",  # its --workdir links are refused
         f"cd {shlex.quote(c.root)}",
         # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
         # reads it for a job the controller has forgotten (MinJobAge) where accounting is off

@@ -166,6 +166,13 @@ def check_scratch(scratch: str, root: str) -> str:
     return scratch
 
 
+def scratch_variables(scratch: str) -> list[str]:
+    """The names of the environment variables a ``--scratch`` expands (``$NAME``,
+    ``${NAME}``), in order, each once."""
+    names = [m.group(0).strip("${}") for m in _SCRATCH_VARIABLE.finditer(scratch)]
+    return list(dict.fromkeys(names))
+
+
 MAX_BATCHES = 1000
 
 

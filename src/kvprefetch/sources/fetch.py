@@ -31,7 +31,8 @@ from ..hashing import (
     differences,
     inventory,
     manifest_digest,
-    sha256_file,
+    sha256_file_of_size,
+    sha256_or_size,
     source_manifest,
     tree_inventory,
 )
@@ -69,7 +70,8 @@ def _check_pristine_header(root: Path, what: str) -> None:
         raise FetchError(f"{what} has no {upstream.ATTENTION_HEADER}; it is not a vLLM source tree",
                          "point --source at a vLLM v0.10.2 clone, mirror or unpacked sdist")
     for rel, pinned in upstream.PRISTINE_SHA256.items():
-        actual = sha256_file(root / rel) if (root / rel).is_file() else "missing"
+        actual = (sha256_or_size(root / rel, SDIST_FILE_LIMIT) if (root / rel).is_file()
+                  else "missing")
         if actual != pinned:
             raise FetchError(
                 f"{what}: {rel} has sha256 {actual}, not pristine v0.10.2's {pinned} "
@@ -77,11 +79,18 @@ def _check_pristine_header(root: Path, what: str) -> None:
                 "use the v0.10.2 release itself: --source sdist, or a clone at tag v0.10.2")
 
 
+# No file of the pinned sdist has more bytes (its largest, a PNG, has 991,484), so a larger
+# file in a source that must be the sdist in full makes it differ unread: a sparse 15 TB file
+# in a --source folder (a campaign's source, which every build job checks) was hashed for hours
+# (issue 41, the twentieth hostile pass)
+SDIST_FILE_LIMIT = 64 << 20
+
+
 def check_full_source(root: Path, what: str) -> str:
     """Every file of ``root`` must be the v0.10.2 sdist's, none missing, none added (not only
     the files the patches touch). Returns the source digest."""
     _check_pristine_header(root, what)
-    m = source_manifest(root)
+    m = source_manifest(root, limit=SDIST_FILE_LIMIT)
     digest = manifest_digest(m)
     if digest != upstream.SDIST_SOURCE_SHA256:
         raise FetchError(
@@ -269,7 +278,10 @@ def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | 
 
 
 def _check_sdist_file(path: Path) -> None:
-    if sha256_file(path) != upstream.SDIST_SHA256:
+    # of the sdist's size first, never read otherwise: a sparse 15 TB file named by --source
+    # (or by a campaign's plan, which its build jobs fetch from) was hashed for hours (issue
+    # 41, the twentieth hostile pass)
+    if sha256_file_of_size(path, upstream.SDIST_SIZE) != upstream.SDIST_SHA256:
         raise FetchError(f"{path} is not the vLLM 0.10.2 sdist (sha256 mismatch)",
                          f"use the file with sha256 {upstream.SDIST_SHA256}")
 
@@ -308,7 +320,7 @@ def _readopt(wd: Workdir, dest: Path, notices: list[str], allow_commit: str | No
     if wd.is_adopted() or confine.first_symlink(wd.root, dest) is not None:
         return False
     if dest.name == "sdist":
-        digest = manifest_digest(source_manifest(dest))
+        digest = manifest_digest(source_manifest(dest, limit=SDIST_FILE_LIMIT))
         if digest != upstream.SDIST_SOURCE_SHA256:
             return False
         ownership.record(wd.root, dest, "pristine", digest=digest)
@@ -337,7 +349,8 @@ def verify_pristine(wd: Workdir, pristine: Path, kind: str) -> dict[str, str] | 
     if kind == "path":
         return None  # the user's directory: checked in full just before, by check_full_source
     entry = ownership.owned(wd.root, pristine) or {}
-    manifest = source_manifest(pristine, skip=(".git",))
+    manifest = source_manifest(pristine, skip=(".git",),
+                               limit=SDIST_FILE_LIMIT if kind == "sdist" else None)
     digest = manifest_digest(manifest)
     want = upstream.SDIST_SOURCE_SHA256 if kind == "sdist" else entry.get("digest")
     if digest != want:

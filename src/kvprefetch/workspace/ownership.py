@@ -323,9 +323,11 @@ def _check_temp_outside(outside: Path | None) -> None:
         roots.append(Path(outside))
     if not roots:
         return
-    system_temp = Path(tempfile.gettempdir()).resolve()
+    # realpath, not resolve(): a work directory named by a loop of links was resolve()'s
+    # RuntimeError, a traceback in doctor (issue 41, the twentieth hostile pass)
+    system_temp = Path(os.path.realpath(tempfile.gettempdir()))
     for root in roots:
-        work = root.resolve()
+        work = Path(os.path.realpath(root))
         if within(system_temp, work):
             raise ConfigError(
                 f"the system temp folder {system_temp} (TMPDIR) is inside the work directory "
