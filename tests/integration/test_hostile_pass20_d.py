@@ -328,3 +328,49 @@ def test_an_inherited_pythoninspect_never_turns_a_jobs_error_into_a_traceback(
     assert res.returncode == 7, res.stdout + res.stderr
     assert "To fix: let the build jobs finish" in res.stderr
     assert (camp / "logs" / "bench-7_0.exit").read_text() == "7\n"
+
+
+def _fake_sbatch(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in for Slurm's sbatch (Slurm is absent here): it notes each call and answers a
+    job id, as ``sbatch --parsable`` does."""
+    bin_dir, calls = tmp_path / "slurm-bin", tmp_path / "sbatch-calls"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(f'#!/bin/bash\necho "$@" >> {calls}\necho 101\n')
+    sbatch.chmod(0o755)
+    return bin_dir, calls
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("LD_PRELOAD", "/usr/lib/none.so {camp}/logs/evil.so"),
+    ("LD_LIBRARY_PATH", "/usr/lib:{link}/logs"),
+    ("BASH_ENV", "{link}/rc"),
+])
+def test_submit_refuses_what_the_jobs_bash_would_load_from_the_campaign_at_its_start(
+        tmp_path: Path, name: str, value: str) -> None:
+    """The jobs leave the campaign out of PATH and LD_LIBRARY_PATH from their first lines, but
+    bash and its loader read LD_PRELOAD, LD_LIBRARY_PATH and BASH_ENV before any line runs,
+    from the environment sbatch passes on: tester d saw bash load a ``libtinfo.so.6`` planted
+    at an LD_LIBRARY_PATH entry in the campaign. ``slurm submit`` sent the jobs anyway; now it
+    refuses, naming the value (found there directly, through the user's link, or after a space
+    in LD_PRELOAD), and sends nothing; with the value outside the campaign it sends them."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    link = tmp_path / "mine"
+    link.symlink_to(camp)
+    bin_dir, calls = _fake_sbatch(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), PATH=f"{bin_dir}:/usr/bin:/bin")
+    hostile = value.format(camp=camp, link=link)
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
+                         env={**env, name: hostile}, capture_output=True, text=True,
+                         timeout=120, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "Traceback" not in out, out
+    assert name in out and "To fix" in out, out
+    assert not calls.exists(), "sbatch was run"
+    assert '"sending"' not in (camp / "campaign.json").read_text()
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
+                         env={**env, name: "/usr/lib"}, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert res.returncode == 0 and calls.exists(), res.stdout + res.stderr

@@ -6,6 +6,7 @@ knows the job any more. Every command goes through the kit's runner."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from .campaign import (
 )
 from .scripts import sbatch_argv, submission_order
 from .sending import DRY_RUN_LOG_DIR, campaign_lock, new_log_dir
+from .values import check_start_env
 
 # ENDED: forgotten by the controller, no accounting and no exit record (recorded_end)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -159,6 +161,7 @@ def _send(root: Path, rec: dict[str, Any], job: str, task: int | None,
                          "campaign records (`slurm status` asks Slurm about each)",
                          "plan a new campaign into a new folder (`kvprefetch slurm plan`) for "
                          "the jobs still to run")
+    check_start_env(os.environ, root.resolve())
     rec["sending"] = {"job": job, "task": task, "at": _now()}
     save_record(root, rec)
     try:

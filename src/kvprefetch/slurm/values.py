@@ -6,9 +6,11 @@ campaign is planned and again when its ``campaign.json`` is read back. Pure."""
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from ..bench.plan import Bound
 from ..errors import ConfigError
@@ -278,3 +280,41 @@ def job_path(path: str, campaign: str) -> str:
     dropped = set(path_left_out(path, campaign))
     kept = [e for e in path.split(":") if e not in dropped]
     return ":".join(kept) or "/usr/bin:/bin"
+
+
+# What the job's bash and its dynamic loader read before the script's first line runs, from
+# the environment sbatch passes on (`--export=ALL`, Slurm's default): no line of the script can
+# undo them. LD_PRELOAD also splits on spaces (ld.so(8)). An entry in the campaign had bash
+# load a library or run a file there, whoever can write the campaign planted it (issue 41, the
+# twentieth hostile pass, found by reading after the jobs were checked: bash loaded a planted
+# libtinfo.so.6 from an LD_LIBRARY_PATH entry into the campaign).
+START_ENV = {"LD_PRELOAD": r"[: ]", "LD_AUDIT": ":", "LD_LIBRARY_PATH": ":",
+             "BASH_ENV": None, "ENV": None}
+
+
+def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, str]]:
+    """``(name, entry)`` of each ``START_ENV`` entry that is in the campaign ``campaign`` (a
+    resolved path), by path, through links, or by device and inode (a bind mount). A relative
+    entry is read from ``/``, where every job starts (``sbatch --chdir=/``)."""
+    from ..workspace.ownership import within  # the one "at or below" check (by identity too)
+
+    found = []
+    for name, split in START_ENV.items():
+        value = environ.get(name, "")
+        for entry in re.split(split, value) if split else [value]:
+            if entry and within(Path(os.path.realpath(os.path.join("/", entry))), campaign):
+                found.append((name, entry))
+    return found
+
+
+def check_start_env(environ: Mapping[str, str], campaign: Path) -> None:
+    """Refuse to send a job whose bash would load code from the campaign at its start."""
+    found = start_env_in(environ, campaign)
+    if found:
+        named = ", ".join(f"{name}={entry!r}" for name, entry in found[:5])
+        raise ConfigError(
+            f"{named} in this shell is in the campaign {campaign}: sbatch passes it on, and the "
+            "job's bash would load it before the script's first line (no line of the script "
+            "can leave it out), running whatever is there as you",
+            f"unset {' '.join(sorted({n for n, _ in found}))} (or point it outside the "
+            "campaign) in this shell, then submit again")
