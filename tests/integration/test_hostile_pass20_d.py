@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_hostile_pass18_e import _fake_libacl
+from tests.integration.test_hostile_pass19_b import _swap_private_folders
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -68,24 +69,6 @@ def _bind(source: Path, alias: Path) -> None:
                          text=True, check=False)
     if res.returncode != 0:
         pytest.skip(f"cannot bind-mount here (needs root): {res.stderr.strip()}")
-
-
-def _swap_private_folders(folder: Path, target: Path, stop: threading.Event) -> None:
-    """The attacker who can write the campaign: each new ``kvprefetch-*`` folder in it is
-    renamed aside and a link to ``target`` put at its name."""
-    while not stop.is_set():
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for n in names:
-            p = folder / n
-            if n.startswith("kvprefetch-") and not n.endswith(".aside") and not p.is_symlink():
-                try:
-                    p.rename(folder / f"{n}.aside")
-                    p.symlink_to(target, target_is_directory=True)
-                except OSError:
-                    pass
 
 
 def test_a_build_jobs_private_folders_never_go_into_a_bind_mount_of_the_campaign(
