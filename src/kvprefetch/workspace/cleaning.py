@@ -136,13 +136,12 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,
                 if str(p) in listed or p.name.endswith(".lock") \
                         or ownership.rel(root, p) in owned:
                     continue
-                if d == "envs" and (p / ".kvprefetch-env.json").is_file() and adopted:
-                    res.kept.append(Kept(str(p), "not in the ownership record, and this work "
-                                                 "directory was adopted with your files in it "
-                                                 "(its .kvprefetch-env.json alone does not make "
-                                                 "it the kit's)"))
-                    continue
                 if d == "envs" and (p / ".kvprefetch-env.json").is_file():
+                    if adopted:  # else a target above
+                        res.kept.append(Kept(str(p), "not in the ownership record, and this "
+                                                     "work directory was adopted with your "
+                                                     "files in it (its .kvprefetch-env.json "
+                                                     "alone does not make it the kit's)"))
                     continue
                 res.kept.append(Kept(str(p), "not created by kvprefetch"))
         for t in targets:
