@@ -288,8 +288,20 @@ def job_path(path: str, campaign: str) -> str:
 # load a library or run a file there, whoever can write the campaign planted it (issue 41, the
 # twentieth hostile pass, found by reading after the jobs were checked: bash loaded a planted
 # libtinfo.so.6 from an LD_LIBRARY_PATH entry into the campaign).
-START_ENV = {"LD_PRELOAD": r"[: ]", "LD_AUDIT": ":", "LD_LIBRARY_PATH": ":",
+# glibc's loader splits LD_LIBRARY_PATH on ';' as well as ':' (dl-load.c, ":;"): split on ':'
+# alone, "/opt/x;<campaign>/lib" passed the check and bash loaded libtinfo from the campaign
+# (issue 41, the twenty-first hostile pass). Bash expands BASH_ENV's and ENV's parameters before
+# it reads the file, so ``$CAMP/rc`` names the campaign through a variable of the same shell.
+START_ENV = {"LD_PRELOAD": r"[: ]", "LD_AUDIT": ":", "LD_LIBRARY_PATH": "[:;]",
              "BASH_ENV": None, "ENV": None}
+_EXPANDED = ("BASH_ENV", "ENV")
+_PARAMETER = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def _expanded(value: str, environ: Mapping[str, str]) -> str:
+    """``value`` with each ``$NAME``/``${NAME}`` replaced as the job's bash would, from the
+    environment sbatch passes on (unset: empty)."""
+    return _PARAMETER.sub(lambda m: environ.get(m.group(1) or m.group(2), ""), value)
 
 
 def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, str]]:
@@ -301,6 +313,8 @@ def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, 
     found = []
     for name, split in START_ENV.items():
         value = environ.get(name, "")
+        if name in _EXPANDED:
+            value = _expanded(value, environ)
         for entry in re.split(split, value) if split else [value]:
             if entry and within(Path(os.path.realpath(os.path.join("/", entry))), campaign):
                 found.append((name, entry))

@@ -1,0 +1,67 @@
+"""Issue 41, the twenty-first hostile pass (tester b: campaigns from the command line, reports
+and outputs). Each test fails without its fix (checked by reverting ``src`` and running it):
+
+- ``slurm submit`` refuses an ``LD_LIBRARY_PATH``, ``LD_PRELOAD``, ``LD_AUDIT``, ``BASH_ENV``
+  or ``ENV`` entry in the campaign (the twentieth pass): the job's bash and its loader read
+  them before the script's first line. It split ``LD_LIBRARY_PATH`` on ``:`` only, and glibc's
+  loader splits it on ``;`` too: with ``LD_LIBRARY_PATH="/opt/none;<campaign>/lib"`` submit sent
+  all six jobs (1 run of 1), and ``LD_DEBUG=libs bash`` showed the loader looking for
+  ``libtinfo.so.6`` in ``<campaign>/lib``. And bash expands ``BASH_ENV``'s parameters before it
+  reads the file: ``BASH_ENV='$CAMP/rc'`` with ``CAMP`` the campaign was sent too (bash ran
+  the planted ``rc``). Now both are refused, naming the entry, and nothing is sent.
+
+Slurm is absent: a fake ``sbatch`` on PATH stands in for it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass19_b import _plan
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+_SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _fake_sbatch(tmp_path: Path) -> tuple[Path, Path]:
+    """A ``bin`` folder whose ``sbatch`` records each call in ``calls`` and prints an id."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "sbatch").write_text(f"#!/bin/bash\necho \"$*\" >> {calls}\necho $$\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    return bin_dir, calls
+
+
+def _env(tmp_path: Path, bin_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("KVPREFETCH", "SLURM", "LD_", "BASH_ENV")) and k != "ENV"}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), PATH=f"{bin_dir}:/usr/bin:/bin")
+    return env
+
+
+@pytest.mark.parametrize(("extra"), [
+    {"LD_LIBRARY_PATH": "/opt/none;{camp}/lib"},
+    {"CAMP": "{camp}", "BASH_ENV": "$CAMP/rc"},
+    {"CAMP": "{camp}", "ENV": "${{CAMP}}/rc"},
+], ids=["semicolon", "bash-env-parameter", "env-braced-parameter"])
+def test_submit_refuses_a_start_entry_in_the_campaign_however_it_is_spelled(
+        tmp_path: Path, extra: dict[str, str]) -> None:
+    """An entry the loader or bash reads at the job's start, in the campaign by a ``;`` or a
+    parameter of the same shell: submit refuses, naming the variable, and runs no sbatch."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    bin_dir, calls = _fake_sbatch(tmp_path)
+    env = {**_env(tmp_path, bin_dir), **{k: v.format(camp=camp) for k, v in extra.items()}}
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "Traceback" not in out, out
+    assert "in the campaign" in out and "To fix" in out, out
+    assert not calls.exists(), "sbatch was run"
