@@ -9,6 +9,9 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   ``libtinfo.so.6`` in ``<campaign>/lib``. And bash expands ``BASH_ENV``'s parameters before it
   reads the file: ``BASH_ENV='$CAMP/rc'`` with ``CAMP`` the campaign was sent too (bash ran
   the planted ``rc``). Now both are refused, naming the entry, and nothing is sent.
+- ``submit --dry-run`` and ``resubmit --dry-run`` never made that check: with ``LD_PRELOAD`` in
+  the campaign they listed every job they would send, exit 0, where the real command sends
+  none (1 run each). Now the dry run refuses as the real one does.
 
 Slurm is absent: a fake ``sbatch`` on PATH stands in for it."""
 
@@ -65,3 +68,28 @@ def test_submit_refuses_a_start_entry_in_the_campaign_however_it_is_spelled(
     assert res.returncode != 0 and "Traceback" not in out, out
     assert "in the campaign" in out and "To fix" in out, out
     assert not calls.exists(), "sbatch was run"
+
+
+@pytest.mark.parametrize("command", [["submit"], ["resubmit", "{camp}", "prepare"]])
+def test_a_dry_run_refuses_the_start_entry_the_real_submit_refuses(
+        tmp_path: Path, command: list[str]) -> None:
+    """``submit --dry-run`` (and ``resubmit --dry-run``) with an ``LD_PRELOAD`` in the campaign
+    listed every job it would send, exit 0, where the real command sends none. Now the dry run
+    refuses it the same way."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    bin_dir, _ = _fake_sbatch(tmp_path)
+    env = {**_env(tmp_path, bin_dir), "LD_PRELOAD": f"{camp}/logs/evil.so"}
+    base = [sys.executable, "-m", "kvprefetch", "slurm"]
+    if command[0] == "resubmit":  # a submitted campaign, so prepare can be sent again
+        res = subprocess.run([*base, "submit", str(camp)], env=_env(tmp_path, bin_dir),
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert res.returncode == 0, res.stdout + res.stderr
+    argv = [*base, *[a.format(camp=camp) for a in command]]
+    if command[0] == "submit":
+        argv.append(str(camp))
+    res = subprocess.run([*argv, "--dry-run"], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "Traceback" not in out, out
+    assert "LD_PRELOAD" in out and "To fix" in out, out

@@ -191,6 +191,9 @@ def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
 def _submit(root: Path, dry_run: bool) -> list[dict[str, Any]]:
     c, rec = load(root)  # read again under the lock
     check_job_folders(root)
+    # a dry run refuses what the real one does: it planned every job with exit 0 where the real
+    # submit sends none (issue 41, the twenty-first hostile pass)
+    check_start_env(os.environ, root.resolve())
     if not dry_run:
         refuse_unanswered(root, c, rec)
     if rec["submitted"] and not dry_run:
@@ -461,6 +464,7 @@ def _resubmit(root: Path, job_name: str, task: int | None, dry_run: bool) -> dic
     c, rec = load(root)  # read again under the lock
     check_job_folders(root)
     job = c.job(job_name)
+    check_start_env(os.environ, root.resolve())  # the dry run as the real one (_submit)
     if not dry_run:
         refuse_unanswered(root, c, rec, resubmitting=job_name, task=task)
     if task is not None and (job.array is None or not 0 <= task < job.array):
