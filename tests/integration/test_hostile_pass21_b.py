@@ -12,6 +12,10 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
 - ``submit --dry-run`` and ``resubmit --dry-run`` never made that check: with ``LD_PRELOAD`` in
   the campaign they listed every job they would send, exit 0, where the real command sends
   none (1 run each). Now the dry run refuses as the real one does.
+- ``export-header -o out/`` (and ``vmm bench --out out/``), ``out`` a folder not made yet: the
+  option was a ``Path``, which drops the trailing ``/``, so the check that refuses a folder
+  never saw it and a *file* named ``out`` was written (1 run each, a careless user's
+  ``-o build/``). Now the option is checked as typed: a usage error, nothing written.
 
 Slurm is absent: a fake ``sbatch`` on PATH stands in for it."""
 
@@ -93,3 +97,19 @@ def test_a_dry_run_refuses_the_start_entry_the_real_submit_refuses(
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "Traceback" not in out, out
     assert "LD_PRELOAD" in out and "To fix" in out, out
+
+
+@pytest.mark.parametrize("argv", [["export-header", "-o"], ["vmm", "bench", "--dry-run", "--out"]])
+@pytest.mark.parametrize("spelling", ["out/", "out/."])
+def test_an_output_named_as_a_folder_not_made_yet_is_no_file(
+        tmp_path: Path, argv: list[str], spelling: str) -> None:
+    """``-o out/`` where ``out`` does not exist: a usage error saying it is a folder, and no
+    file ``out`` is made."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", *argv, spelling], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in out, out
+    assert "is a folder" in out, out
+    assert not (tmp_path / "out").exists(), "a file was written at the folder's name"

@@ -84,25 +84,34 @@ def _refuse_a_campaigns_linked_work(value: Path) -> None:
                       "the jobs after it")
 
 
-def output_file(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
+def output_file(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
     """An option naming a file to write (``export-header -o``, ``vmm bench --out``): not empty
     and not a folder. ``-o ''`` said "cannot write .: a directory is in its place / To fix:
-    move . away", and ``-o DIR`` "move DIR away" (issue 41, ninth hostile pass)."""
-    text = str(value) if value is not None else ""
-    if value is not None and (not text.strip() or text.endswith("/") or value.is_dir()):
+    move . away", and ``-o DIR`` "move DIR away" (issue 41, ninth hostile pass).
+
+    The option's value comes as the string typed (``click.Path()``, no ``path_type``): a Path
+    drops a trailing ``/``, so ``-o out/`` (a folder not made yet) wrote a file named ``out``
+    (issue 41, the twenty-first hostile pass)."""
+    if value is None:
+        return None
+    text = os.fspath(value)
+    path = Path(text)
+    if text.strip() and text.endswith(("/.", "/..")):
+        text += "/"  # names a folder as surely as a trailing /
+    if not text.strip() or text.endswith("/") or path.is_dir():
         what = "names no file" if not text.strip() else "is a folder"
         example = (Path(text) / "NAME").as_posix() if text.strip() else "a file path"
         raise click.BadParameter(f"{text!r} {what}; give the path of the file to write "
                                  f"(e.g. {example})", ctx=ctx, param=param)
-    if value is not None and _names_a_special_file(value):
+    if _names_a_special_file(path):
         # -o /dev/stdout (a link to the terminal or a pipe) was refused with "move the
         # symlink /dev/stdout away", advice that breaks the system if followed (issue 41, the
         # twentieth hostile pass)
         raise click.BadParameter(f"{text!r} is a link to a terminal, pipe or device, not a file; "
                                  "kvprefetch writes its output only into a regular file "
-                                 f"(e.g. {Path(text).name or 'out'}.txt), which you can then "
+                                 f"(e.g. {path.name or 'out'}.txt), which you can then "
                                  "read or pipe on", ctx=ctx, param=param)
-    return value
+    return path
 
 
 def _names_a_special_file(path: Path) -> bool:

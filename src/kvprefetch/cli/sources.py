@@ -175,8 +175,8 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
 
 @click.command("export-header")
 @workdir_option
-@click.option("-o", "--output", type=click.Path(path_type=Path),
-              default=Path("csrc/attention_kernels.cuh"), show_default=True,
+@click.option("-o", "--output", type=click.Path(),  # a str: output_file sees a trailing /
+              default="csrc/attention_kernels.cuh", show_default=True,
               callback=output_file)
 @variant_option()
 @json_option

@@ -129,7 +129,7 @@ def selftest(driver_name: str, ops: int, seed: int, layout: str, sync_mapping: b
 
 
 @vmm.command()
-@click.option("--out", type=click.Path(path_type=Path), default=Path("vmm-bench.json"),
+@click.option("--out", type=click.Path(), default="vmm-bench.json",  # output_file: a Path
               show_default=True, help="JSON report to write.", callback=output_file)
 @click.option("--batches", default="1,8,32,64,128", show_default=True)
 @click.option("--contexts", default="512,1k,4k,16k", show_default=True)
