@@ -16,6 +16,12 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   option was a ``Path``, which drops the trailing ``/``, so the check that refuses a folder
   never saw it and a *file* named ``out`` was written (1 run each, a careless user's
   ``-o build/``). Now the option is checked as typed: a usage error, nothing written.
+- A build job's ``--scratch`` that names a variable whose value ends with a newline
+  (``/tmp/$IFS``; ``$SCR`` set so): the job made the folder with the newline, then read its
+  real path back through ``$(cd ... && pwd -P)``, which drops it, and tried to make its own
+  folder in another, missing one: "something is already there ... To fix: move ... away",
+  where nothing was (1 run of 1, exit 1). Now a scratch holding a control character after the
+  job's expansion is refused by name (printed with ``%q``), exit 2, nothing made.
 
 Slurm is absent: a fake ``sbatch`` on PATH stands in for it."""
 
@@ -28,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_hostile_pass19_b import _plan
+from tests.integration.test_hostile_pass19_b import _plan, _run
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -113,3 +119,24 @@ def test_an_output_named_as_a_folder_not_made_yet_is_no_file(
     assert res.returncode == 2 and "Traceback" not in out, out
     assert "is a folder" in out, out
     assert not (tmp_path / "out").exists(), "a file was written at the folder's name"
+
+
+def test_a_scratch_variable_ending_in_a_newline_is_named_not_blamed_on_a_folder(
+        tmp_path: Path) -> None:
+    """``--scratch '$SCR/s'`` with ``SCR`` ending in a newline in the job's environment: the
+    build job refuses it as holding a control character (exit 2) and makes no folder."""
+    camp = tmp_path / "camp"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), PATH="/usr/bin:/bin")
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--stand-in", "--batch", "1", "--scratch", "$SCR"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    base = tmp_path / "scratch"
+    base.mkdir()
+    res = _run(tmp_path, camp, "10-build-baseline.sbatch", SCR=f"{base}/s\n",
+               TMPDIR=str(tmp_path))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "control character" in res.stderr and "To fix" in res.stderr, res.stderr
+    assert "already there" not in res.stderr, res.stderr
+    assert os.listdir(base) == [], "a scratch folder was made"

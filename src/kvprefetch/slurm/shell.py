@@ -25,6 +25,15 @@ SCRATCH_OUTSIDE_SH = (
     ('  echo "refusing to build in $SCRATCH_BASE: a scratch folder must be absolute, and a'
      ' relative one is in the campaign. To fix: plan the campaign again with --scratch node or'
      ' a folder of yours outside it" >&2; exit 2;; esac'),
+    # A control character can come only from a variable's value (the plan refuses one typed):
+    # `$(cd ... && pwd -P)` below drops a trailing newline, so `/tmp/$IFS` was checked and made
+    # as one folder and used as another, then "something is already there" sent the user to
+    # move away what was never there (issue 41, the twenty-first hostile pass)
+    'case "$SCRATCH_BASE" in *[[:cntrl:]]*)',
+    ('  printf "refusing to build in %q: a variable it names holds a control character (a'
+     ' newline, a tab), which no folder kvprefetch builds in may hold. To fix: plan the campaign'
+     ' again with --scratch node or a folder whose variables hold plain paths\\n"'
+     ' "$SCRATCH_BASE" >&2; exit 2;; esac'),
     # In the campaign by any path: a folder on the way, as the path is spelled (`..` and `.`
     # taken as text) or as the kernel resolves it, that is the campaign's own folder (the same
     # device and inode: the campaign by its name, through a link, or bind-mounted elsewhere).
