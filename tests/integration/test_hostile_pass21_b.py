@@ -8,7 +8,11 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   all six jobs (1 run of 1), and ``LD_DEBUG=libs bash`` showed the loader looking for
   ``libtinfo.so.6`` in ``<campaign>/lib``. And bash expands ``BASH_ENV``'s parameters before it
   reads the file: ``BASH_ENV='$CAMP/rc'`` with ``CAMP`` the campaign was sent too (bash ran
-  the planted ``rc``). Now both are refused, naming the entry, and nothing is sent.
+  the planted ``rc``). Now both are refused, naming the entry, and nothing is sent. The same
+  for the loader's own tokens: ``LD_LIBRARY_PATH='/opt/x/$LIB/../../../<campaign>/lib'`` (the
+  loader expands ``$LIB`` to ``lib/x86_64-linux-gnu`` and searched the campaign, seen with
+  ``LD_DEBUG=libs``; the check read ``$LIB`` as one folder and landed two folders higher) was
+  sent; now each ``$ORIGIN``/``$LIB``/``$PLATFORM`` entry is checked under each value it takes.
 - ``submit --dry-run`` and ``resubmit --dry-run`` never made that check: with ``LD_PRELOAD`` in
   the campaign they listed every job they would send, exit 0, where the real command sends
   none (1 run each). Now the dry run refuses as the real one does.
@@ -63,7 +67,8 @@ def _env(tmp_path: Path, bin_dir: Path) -> dict[str, str]:
     {"LD_LIBRARY_PATH": "/opt/none;{camp}/lib"},
     {"CAMP": "{camp}", "BASH_ENV": "$CAMP/rc"},
     {"CAMP": "{camp}", "ENV": "${{CAMP}}/rc"},
-], ids=["semicolon", "bash-env-parameter", "env-braced-parameter"])
+    {"LD_LIBRARY_PATH": "{camp}/../x/$LIB/../../../camp/lib"},
+], ids=["semicolon", "bash-env-parameter", "env-braced-parameter", "loader-token"])
 def test_submit_refuses_a_start_entry_in_the_campaign_however_it_is_spelled(
         tmp_path: Path, extra: dict[str, str]) -> None:
     """An entry the loader or bash reads at the job's start, in the campaign by a ``;`` or a

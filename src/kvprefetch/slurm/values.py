@@ -304,6 +304,43 @@ def _expanded(value: str, environ: Mapping[str, str]) -> str:
     return _PARAMETER.sub(lambda m: environ.get(m.group(1) or m.group(2), ""), value)
 
 
+# The loader's dynamic string tokens (ld.so(8)): it expands $ORIGIN, $LIB and $PLATFORM (also
+# braced) in LD_LIBRARY_PATH, LD_PRELOAD and LD_AUDIT before it opens anything, so
+# "/opt/x/$LIB/../../../<campaign>/lib" searched the campaign while the check, reading $LIB as one
+# folder's name, resolved it two folders higher (issue 41, the twenty-first hostile pass). Each
+# entry holding one is checked under every value the token takes on the machines a job runs on.
+_DST = re.compile(r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))")
+
+
+def _dst_values() -> dict[str, list[str]]:
+    import sysconfig
+
+    machine = os.uname().machine
+    multiarch = sysconfig.get_config_var("MULTIARCH") or f"{machine}-linux-gnu"
+    return {"ORIGIN": ["/bin", "/usr/bin", os.path.dirname(os.path.realpath("/bin/bash"))],
+            "LIB": ["lib", "lib64", "lib32", "libx32", f"lib/{multiarch}", f"lib64/{multiarch}"],
+            "PLATFORM": [machine, "haswell", "xeon_phi"]}
+
+
+def _loader_expansions(entry: str) -> list[str]:
+    """``entry`` with each of the loader's tokens replaced by each value it may take."""
+    if not _DST.search(entry):
+        return [entry]
+    values = _dst_values()
+    out = [entry]
+    while any(_DST.search(e) for e in out) and len(out) < 4096:
+        nxt = []
+        for e in out:
+            m = _DST.search(e)
+            if m is None:
+                nxt.append(e)
+                continue
+            for v in values[m.group(1) or m.group(2)]:
+                nxt.append(e[:m.start()] + v + e[m.end():])
+        out = nxt
+    return out
+
+
 def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, str]]:
     """``(name, entry)`` of each ``START_ENV`` entry that is in the campaign ``campaign`` (a
     resolved path), by path, through links, or by device and inode (a bind mount). A relative
@@ -316,7 +353,9 @@ def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, 
         if name in _EXPANDED:
             value = _expanded(value, environ)
         for entry in re.split(split, value) if split else [value]:
-            if entry and within(Path(os.path.realpath(os.path.join("/", entry))), campaign):
+            spelled = [entry] if name in _EXPANDED else _loader_expansions(entry)
+            if entry and any(within(Path(os.path.realpath(os.path.join("/", e))), campaign)
+                             for e in spelled):
                 found.append((name, entry))
     return found
 
