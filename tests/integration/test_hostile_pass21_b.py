@@ -26,6 +26,10 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   folder in another, missing one: "something is already there ... To fix: move ... away",
   where nothing was (1 run of 1, exit 1). Now a scratch holding a control character after the
   job's expansion is refused by name (printed with ``%q``), exit 2, nothing made.
+- ``slurm resubmit CAMP prepare --task 0`` (a job that is no array) said "To fix: pass --task
+  0..0 for an array job, or no --task", sending the user back to the ``--task 0`` just refused
+  (1 run each for prepare and merge). Now it says the job is no array job and to resubmit it
+  without ``--task``.
 
 Slurm is absent: a fake ``sbatch`` on PATH stands in for it."""
 
@@ -145,3 +149,22 @@ def test_a_scratch_variable_ending_in_a_newline_is_named_not_blamed_on_a_folder(
     assert "control character" in res.stderr and "To fix" in res.stderr, res.stderr
     assert "already there" not in res.stderr, res.stderr
     assert os.listdir(base) == [], "a scratch folder was made"
+
+
+def test_a_task_of_a_job_that_is_no_array_is_refused_with_a_fix_that_works(
+        tmp_path: Path) -> None:
+    """``resubmit CAMP prepare --task 0``: refused, and the fix names no ``--task``."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    bin_dir, _ = _fake_sbatch(tmp_path)
+    env = _env(tmp_path, bin_dir)
+    base = [sys.executable, "-m", "kvprefetch", "slurm"]
+    res = subprocess.run([*base, "submit", str(camp)], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = subprocess.run([*base, "resubmit", str(camp), "prepare", "--task", "0", "--dry-run"],
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "Traceback" not in out, out
+    assert "not an array job" in out and "To fix" in out, out
+    assert "--task 0..0" not in out, out

@@ -467,9 +467,15 @@ def _resubmit(root: Path, job_name: str, task: int | None, dry_run: bool) -> dic
     check_start_env(os.environ, root.resolve())  # the dry run as the real one (_submit)
     if not dry_run:
         refuse_unanswered(root, c, rec, resubmitting=job_name, task=task)
-    if task is not None and (job.array is None or not 0 <= task < job.array):
+    if task is not None and job.array is None:
+        # was "pass --task 0..0 for an array job", which sends the user back to the --task 0
+        # just refused (issue 41, the twenty-first hostile pass)
+        raise SlurmError(f"job {job_name} is not an array job, so it has no task {task}",
+                         f"resubmit it without --task (kvprefetch slurm resubmit {root} "
+                         f"{job_name})")
+    if task is not None and job.array is not None and not 0 <= task < job.array:
         raise SlurmError(f"job {job_name} has no array task {task}",
-                         f"pass --task 0..{(job.array or 1) - 1} for an array job, or no --task")
+                         f"pass --task 0..{job.array - 1} for an array job, or no --task")
     deps: list[str] = []
     for a in job.after:
         aid = latest_id(rec, a)
