@@ -160,6 +160,33 @@ KEEP_OUTSIDE_SH = (
     '  done',
     '  printf -v "$1" %s "$kept"',
     '}',
+    # The libraries every program loads first (LD_PRELOAD, LD_AUDIT; bash loaded them at its
+    # start, from `/`, where submit's check_start_env read them): an entry with a `/` that is
+    # not absolute, or that goes through /proc, is read again by each program from the folder
+    # it runs in. `LD_PRELOAD=./pre.so` (or `logs/x.so`, `/proc/self/cwd/pre.so`) passed
+    # submit's check and had the job's `env`, `pwd`, `hostname`, `date`, `mktemp`, `dd` and
+    # `mv` load a pre.so planted in the campaign, as the user (issue 41, the twenty-first
+    # hostile pass). Such entries are left out (said on stderr); an absolute one is kept by its
+    # own path, links followed (`readlink -f`, run with neither variable, the search paths
+    # kept by now), when neither it nor that path reaches the campaign. A bare name is
+    # searched in the system's folders and the LD_LIBRARY_PATH kept above.
+    "keep_outside_loaded() {  # the variable named $1 (LD_PRELOAD, LD_AUDIT), likewise",
+    '  local rest e r kept=',
+    '  rest=${!1-}; rest=${rest// /:}:',
+    '  while [ -n "$rest" ]; do',
+    '    e=${rest%%:*}; rest=${rest#*:}',
+    "    case \"$e\" in '') continue;; */*) ;; *) kept=${kept:+$kept:}$e; continue;; esac",
+    '    if [ "${e#/}" != "$e" ] && ! reaches_campaign "$e" \\',
+    '        && r=$(LD_PRELOAD= LD_AUDIT= readlink -f -- "$e") && ! reaches_campaign "$r" \\',
+    '        && [ "${r//[: ]/}" = "$r" ]; then',
+    '      kept=${kept:+$kept:}$r; continue',
+    '    fi',
+    ('    echo "leaving $e out of $1: it is relative, goes through /proc or reaches the campaign'
+     ' $CAMPAIGN_AT, so the programs of this job would load it from the folder they run in or'
+     ' from the campaign. To fix: set $1 to absolute paths outside the campaign" >&2'),
+    '  done',
+    '  printf -v "$1" %s "$kept"',
+    '}',
 )
 
 
@@ -196,8 +223,37 @@ _TEMP_MSG = (
     ' there (the CUDA toolkit, Python packages), where whoever can write the campaign could put'
     ' a link or their own programs. To fix: submit the campaign with $v set to a folder outside'
     ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
+# A relative value is refused: each program reads it from the folder it runs in, `/` for the
+# kit (LEAVE_CAMPAIGN_SH), so `PYTHONPYCACHEPREFIX=dev/shm/camp/pyc` (a path from `/` into the
+# campaign, not seen by the check of absolute values) had the merge job's interpreter write
+# its bytecode into the campaign (118 files) and read it back in the next job (issue 41, the
+# twenty-first hostile pass). PYTHONHOME is Python's standard library, imported by every job:
+# `PYTHONHOME=<campaign>/ph` had the merge job import a `pathlib.py` planted there (the same
+# pass); its `prefix:exec_prefix` form names two folders, of which the check would see one,
+# and a PYTHONPLATLIBDIR with a `/` (`../../camp/pl`) moves the standard library anywhere.
+_RELATIVE_MSG = (
+    'echo "refusing to run: $v=${!v} is a relative path, which each program reads from the'
+    ' folder it runs in (the kit runs in /, the job in the campaign), so it can name a folder'
+    ' in the campaign. To fix: submit the campaign with $v set to an absolute folder outside'
+    ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
 TEMP_OUTSIDE_SH = (
-    "for v in TMPDIR TEMP TMP PYTHONPYCACHEPREFIX PYTHONUSERBASE CUDA_HOME CUDA_PATH; do",
+    'case "${PYTHONHOME:-}" in *:*)',
+    ('  echo "refusing to run: PYTHONHOME=$PYTHONHOME names two folders (prefix:exec_prefix),'
+     ' and Python would import its standard library from a folder kvprefetch does not check.'
+     ' To fix: submit the campaign with PYTHONHOME set to one folder outside it, or unset'
+     ' it" >&2; exit 2;;'),
+    'esac',
+    'case "${PYTHONPLATLIBDIR:-}" in */*)',
+    ('  echo "refusing to run: PYTHONPLATLIBDIR=$PYTHONPLATLIBDIR is a path, not a folder name,'
+     ' and Python would import its standard library from wherever it leads (the campaign'
+     ' included). To fix: submit the campaign with PYTHONPLATLIBDIR unset (or a name such as'
+     ' lib64)" >&2; exit 2;;'),
+    'esac',
+    ("for v in TMPDIR TEMP TMP PYTHONPYCACHEPREFIX PYTHONUSERBASE PYTHONHOME CUDA_HOME"
+     " CUDA_PATH; do"),
+    '  case "${!v:-}" in',
+    f'  ""|/*) ;; *) {_RELATIVE_MSG};;',
+    '  esac',
     '  case "${!v:-}" in /*)',
     f'    if reaches_campaign "${{!v}}"; then {_TEMP_MSG}; fi',
     '    if ! pin_folder "${!v}"; then',

@@ -1,0 +1,102 @@
+"""Issue 41, the twenty-first hostile pass (tester d: the generated job scripts as they run on
+a node). Each test fails without its fix (checked by reverting ``src`` and running it):
+
+- ``LD_PRELOAD`` (and ``LD_AUDIT``) entries that are relative with a ``/`` (``./pre.so``,
+  ``logs/pre.so``, ``../camp/pre.so``) or go through ``/proc`` (``/proc/self/cwd/pre.so``)
+  passed ``submit``'s start-environment check, which reads them from ``/``, where bash starts;
+  but every program the job runs after its ``cd`` into the campaign reads them again from the
+  folder it runs in: a ``pre.so`` planted in the campaign was loaded by the job's ``env``,
+  ``pwd``, ``hostname``, ``date``, ``mktemp``, ``dd`` and ``mv``, as the user (4 runs of 4,
+  verify job). Now the job leaves such entries out (said on stderr) before any program runs,
+  and keeps an absolute one by its own path when neither reaches the campaign.
+- A relative ``PYTHONPYCACHEPREFIX`` (``dev/shm/camp/pyc``, a path from ``/``, where the kit
+  runs) was not checked (only absolute values were): the merge job's interpreter wrote its
+  bytecode into the campaign (118 files) to be read back by the next job. ``PYTHONHOME`` was
+  not checked at all: ``PYTHONHOME=<campaign>/ph`` had the merge job import a ``pathlib.py``
+  planted there; its ``prefix:exec_prefix`` form and a ``PYTHONPLATLIBDIR`` with a ``/`` do
+  the same past a check of one folder. Now a relative value of each checked variable is
+  refused, ``PYTHONHOME`` is checked like ``PYTHONUSERBASE``, and the two other forms are
+  refused.
+
+Slurm is absent: the job scripts are run by bash as Slurm runs them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass20_d import _plan, _run, _stub
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+
+def _preload_lib(tmp_path: Path, marker: Path) -> Path:
+    """A library that appends the loading program's path to ``marker`` when loaded."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler here")
+    src = tmp_path / "pre.c"
+    src.write_text('#include <fcntl.h>\n#include <unistd.h>\n'
+                   '__attribute__((constructor)) static void loaded(void) {\n'
+                   f'  int f = open("{marker}", O_WRONLY | O_CREAT | O_APPEND, 0644);\n'
+                   '  if (f >= 0) { write(f, "loaded\\n", 7); close(f); }\n}\n')
+    lib = tmp_path / "pre.so"
+    res = subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)],
+                         capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot build a shared library here: {res.stderr.strip()}")
+    return lib
+
+
+def test_a_preload_read_from_the_folder_a_program_runs_in_never_loads_from_the_campaign(
+        tmp_path: Path) -> None:
+    """``LD_PRELOAD``/``LD_AUDIT`` entries relative or through ``/proc`` naming a library
+    planted in the campaign and its logs/: no program of the verify job loads it; the job
+    says which entries it left out and runs on. An absolute entry outside is still loaded."""
+    camp, marker = tmp_path / "camp", tmp_path / "loaded"
+    seen, py = _stub(tmp_path, camp)
+    _plan(tmp_path, camp, python=str(py))
+    lib = _preload_lib(tmp_path, marker)
+    shutil.copyfile(lib, camp / "pre.so")
+    shutil.copyfile(lib, camp / "logs" / "pre.so")
+    for var, value in (("LD_PRELOAD", "./pre.so"), ("LD_PRELOAD", "libm.so.6 logs/pre.so"),
+                       ("LD_PRELOAD", "/proc/self/cwd/pre.so"), ("LD_AUDIT", "../camp/pre.so")):
+        res = _run(tmp_path, camp, "20-verify.sbatch", **{var: value})
+        assert not marker.exists(), f"{var}={value}: a program loaded the campaign's pre.so"
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert f"out of {var}" in res.stderr and "To fix: set" in res.stderr
+        assert seen.exists()
+        seen.unlink()
+    res = _run(tmp_path, camp, "20-verify.sbatch", LD_PRELOAD=str(lib))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert marker.exists(), "an absolute preload outside the campaign was left out"
+
+
+def test_pythons_own_folders_are_never_read_from_the_campaign(tmp_path: Path) -> None:
+    """A relative PYTHONPYCACHEPREFIX (from ``/``, where the kit runs, into the campaign), a
+    PYTHONHOME in the campaign (also as ``prefix:exec_prefix``) and a PYTHONPLATLIBDIR path:
+    the merge job refuses each before its interpreter runs and records exit 2."""
+    camp = tmp_path / "camp"
+    seen, py = _stub(tmp_path, camp)
+    _plan(tmp_path, camp, python=str(py))
+    (camp / "ph").mkdir()
+    rel = os.path.relpath(camp, "/")
+    cases = (("PYTHONPYCACHEPREFIX", f"{rel}/pyc", "is a relative path"),
+             ("PYTHONUSERBASE", f"./{rel}/ub", "is a relative path"),
+             ("PYTHONHOME", str(camp / "ph"), "is in the campaign"),
+             ("PYTHONHOME", f"/usr:{camp / 'ph'}", "names two folders"),
+             ("PYTHONPLATLIBDIR", f"../../../../../../../../..{camp}/pl", "is a path"))
+    for var, value, said in cases:
+        res = _run(tmp_path, camp, "40-merge.sbatch", **{var: value})
+        assert not seen.exists(), f"the merge job ran the kit with {var}={value}"
+        assert res.returncode == 2, (var, value, res.stdout + res.stderr)
+        assert f"refusing to run: {var}={value} {said}" in res.stderr
+        assert "To fix: submit the campaign with" in res.stderr
+        assert (camp / "logs" / "merge-7.exit").read_text() == "2\n"
+    res = _run(tmp_path, camp, "40-merge.sbatch", PYTHONHOME="/usr", PYTHONPLATLIBDIR="lib")
+    assert seen.exists(), res.stdout + res.stderr
