@@ -17,6 +17,12 @@ a node). Each test fails without its fix (checked by reverting ``src`` and runni
   the same past a check of one folder. Now a relative value of each checked variable is
   refused, ``PYTHONHOME`` is checked like ``PYTHONUSERBASE``, and the two other forms are
   refused.
+- The build job passed gcc's and nvcc's own variables on unchecked (the twentieth pass checked
+  ``CXX`` only): gcc runs the ``cc1plus`` it finds first in ``COMPILER_PATH`` (shown here: a
+  fake ``cc1plus`` ran from it) or under ``GCC_EXEC_PREFIX``, and reads ``CPATH`` headers into
+  the kernels; nvcc runs ``NVCC_CCBIN``. Each could name the campaign (by its path or the
+  user's link to it). Now the lists keep entries outside the campaign, and a prefix or host
+  compiler in it is refused (not run through a real build here: stub interpreter).
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
@@ -100,3 +106,34 @@ def test_pythons_own_folders_are_never_read_from_the_campaign(tmp_path: Path) ->
         assert (camp / "logs" / "merge-7.exit").read_text() == "2\n"
     res = _run(tmp_path, camp, "40-merge.sbatch", PYTHONHOME="/usr", PYTHONPLATLIBDIR="lib")
     assert seen.exists(), res.stdout + res.stderr
+
+
+def test_the_compilers_own_search_paths_never_reach_the_campaign(tmp_path: Path) -> None:
+    """gcc runs the ``cc1plus`` it finds first in ``COMPILER_PATH`` (or under
+    ``GCC_EXEC_PREFIX``) and nvcc the host compiler ``NVCC_CCBIN`` names; the build job passed
+    its environment on to them unchecked. Now the build job keeps the compilers' search paths
+    to entries outside the campaign and refuses a prefix or host compiler in it (one through
+    the user's link too) before its interpreter runs."""
+    camp, node, seen = tmp_path / "camp", tmp_path / "node", tmp_path / "seen"
+    node.mkdir()
+    py = tmp_path / "python"
+    py.write_text(f'#!/bin/bash\nprintf "%s|%s\\n" "${{COMPILER_PATH-}}" "${{CPATH-}}" >> {seen}\n')
+    py.chmod(0o755)
+    _plan(tmp_path, camp, python=str(py))
+    (camp / "cc").mkdir()
+    (tmp_path / "gxx").symlink_to(camp / "cc" / "g++")
+    build = "10-build-baseline.sbatch"
+    res = _run(tmp_path, camp, build, SLURM_TMPDIR=str(node),
+               COMPILER_PATH=f"/usr/bin:{camp / 'cc'}", CPATH=f"{tmp_path / 'gxx'}/..:/usr")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert set(seen.read_text().splitlines()) == {"/usr/bin|/usr"}, seen.read_text()
+    seen.unlink()
+    for var, value in (("GCC_EXEC_PREFIX", f"{camp / 'cc'}/"), ("NVCC_CCBIN", str(camp / "cc")),
+                       ("NVCC_CCBIN", str(tmp_path / "gxx"))):
+        res = _run(tmp_path, camp, build, SLURM_TMPDIR=str(node), **{var: value})
+        assert not seen.exists(), f"the build job ran the kit with {var}={value}"
+        assert res.returncode == 2, (var, value, res.stdout + res.stderr)
+        assert f"refusing to run: {var}" in res.stderr and "To fix: submit" in res.stderr
+    res = _run(tmp_path, camp, build, SLURM_TMPDIR=str(node), NVCC_CCBIN="g++",
+               GCC_EXEC_PREFIX="/usr/lib/gcc/")
+    assert res.returncode == 0 and seen.exists(), res.stdout + res.stderr

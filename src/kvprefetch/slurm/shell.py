@@ -266,15 +266,43 @@ TEMP_OUTSIDE_SH = (
     '  esac',
     "done",
     # the build's host compiler, a program: by its own path (readlink -f, PATH kept by now)
-    'if [ -n "${CXX:-}" ] && [ "${CXX#*/}" != "$CXX" ]; then',
-    '  if ! CXX=$(readlink -f -- "$CXX") || reaches_campaign "$CXX"; then',
-    ('    echo "refusing to run: CXX names a program in the campaign $CAMPAIGN_AT (or one'
+    # (nvcc's NVCC_CCBIN alike: a program or its folder)
+    'for v in CXX NVCC_CCBIN; do',
+    '  if [ -n "${!v:-}" ] && [ "${!v#*/}" != "${!v}" ]; then',
+    '    if ! prog=$(readlink -f -- "${!v}") || reaches_campaign "${!v}" \\',
+    '        || reaches_campaign "$prog"; then',
+    ('      echo "refusing to run: $v names a program in the campaign $CAMPAIGN_AT (or one'
      ' kvprefetch cannot follow to its own path), which the build would run as its host'
-     ' compiler. To fix: submit the campaign with CXX set to a compiler outside it (e.g. export'
-     ' CXX=g++), or unset it" >&2; exit 2'),
+     ' compiler. To fix: submit the campaign with $v set to a compiler outside it (e.g. export'
+     ' $v=g++), or unset it" >&2; exit 2'),
+    '    fi',
+    '    printf -v "$v" %s "$prog"; export "${v?}"',
     '  fi',
-    '  export CXX',
-    'fi',
+    'done',
+    # The compilers' own search paths and the host compiler nvcc is told to run by the
+    # environment, checked like the above: gcc runs the `cc1plus`, `as` and `collect2` it finds
+    # first in COMPILER_PATH (or under GCC_EXEC_PREFIX), and reads headers and libraries from
+    # CPATH, C_INCLUDE_PATH, CPLUS_INCLUDE_PATH and LIBRARY_PATH, into the kernels it builds;
+    # nvcc runs NVCC_CCBIN as its host compiler (checked with CXX above). The build job passes
+    # its environment on to ninja, nvcc and g++, so `COMPILER_PATH=<campaign>/cc` would have
+    # the build run a `cc1plus` planted there (issue 41, the twenty-first hostile pass; the
+    # twentieth's CXX, by gcc's own variables). The lists keep their entries outside the
+    # campaign (keep_outside); a prefix or program in it is refused.
+    'for v in COMPILER_PATH LIBRARY_PATH CPATH C_INCLUDE_PATH CPLUS_INCLUDE_PATH; do',
+    '  if [ -n "${!v+x}" ]; then keep_outside "$v"; fi',
+    'done',
+    'case "${GCC_EXEC_PREFIX:-}" in "") ;; /*)',
+    '    if reaches_campaign "$GCC_EXEC_PREFIX"; then',
+    ('      echo "refusing to run: GCC_EXEC_PREFIX=$GCC_EXEC_PREFIX is in the campaign'
+     ' $CAMPAIGN_AT (or reaches it),'
+     ' and the build would run the compiler programs found there. To fix: submit the campaign'
+     ' with GCC_EXEC_PREFIX set outside it, or unset it" >&2; exit 2'),
+    '    fi;;',
+    '  *)',
+    ('    echo "refusing to run: GCC_EXEC_PREFIX=$GCC_EXEC_PREFIX is a relative path, which the'
+     ' build\'s compilers read from the folder they run in. To fix: submit the campaign with'
+     ' GCC_EXEC_PREFIX set to an absolute path outside it, or unset it" >&2; exit 2;;'),
+    '  esac',
 )
 
 # The ids the job reads from its environment name its exit record and scratch folder and index
