@@ -23,6 +23,10 @@ a node). Each test fails without its fix (checked by reverting ``src`` and runni
   the kernels; nvcc runs ``NVCC_CCBIN``. Each could name the campaign (by its path or the
   user's link to it). Now the lists keep entries outside the campaign, and a prefix or host
   compiler in it is refused (not run through a real build here: stub interpreter).
+- The prepare job's index lookup runs ``pip config get``, and pip appends a debug log to the
+  file ``PIP_LOG`` (or ``log =`` in a pip.conf) names, through a link there:
+  ``PIP_LOG=<campaign>/logs/pip.log`` and a link put at that name had pip's log appended to a
+  file outside (1 run of 1). Now pip runs with ``--log /dev/null``.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,3 +142,29 @@ def test_the_compilers_own_search_paths_never_reach_the_campaign(tmp_path: Path)
     res = _run(tmp_path, camp, build, SLURM_TMPDIR=str(node), NVCC_CCBIN="g++",
                GCC_EXEC_PREFIX="/usr/lib/gcc/")
     assert res.returncode == 0 and seen.exists(), res.stdout + res.stderr
+
+
+def test_pips_log_never_goes_through_a_link_in_the_campaign(tmp_path: Path) -> None:
+    """``PIP_LOG=<campaign>/logs/pip.log`` (or ``log =`` in a pip.conf) and a link put at that
+    name to a file outside: the index lookup the prepare job (and ``fetch``) makes runs
+    ``pip config get``, whose debug log was appended through the link to the file outside (1
+    run of 1, the prepare job). Now pip is run with ``--log /dev/null``; its answer is read as
+    before."""
+    from kvprefetch.sources.download import configured_index_url
+
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True,
+                      check=False).returncode != 0:
+        pytest.skip("no pip in this interpreter")
+    camp = tmp_path / "camp"
+    (camp / "logs").mkdir(parents=True)
+    precious = tmp_path / "precious"
+    precious.write_text("precious\n")
+    (camp / "logs" / "pip.log").symlink_to(precious)
+    conf = camp / "pip.conf"
+    conf.write_text(f"[global]\nlog = {precious}\nindex-url = https://mirror.example/simple/\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PIP_LOG": str(camp / "logs" /
+                                                                          "pip.log")}
+    configured_index_url(env)
+    url = configured_index_url({**env, "PIP_CONFIG_FILE": str(conf)})
+    assert precious.read_text() == "precious\n", "pip's log was written through the link"
+    assert url == "https://mirror.example/simple"
