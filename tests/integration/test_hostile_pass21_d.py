@@ -27,6 +27,10 @@ a node). Each test fails without its fix (checked by reverting ``src`` and runni
   file ``PIP_LOG`` (or ``log =`` in a pip.conf) names, through a link there:
   ``PIP_LOG=<campaign>/logs/pip.log`` and a link put at that name had pip's log appended to a
   file outside (1 run of 1). Now pip runs with ``--log /dev/null``.
+- The build job's ``git apply`` got the job's whole environment: ``GIT_TRACE`` naming
+  ``<campaign>/logs/git.trace`` and a link put there had git append its trace to a file
+  outside (1 run of 1, a real build job). Now git gets no ``GIT_*`` variable of the caller's
+  and no global or system config.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them."""
 
@@ -168,3 +172,31 @@ def test_pips_log_never_goes_through_a_link_in_the_campaign(tmp_path: Path) -> N
     url = configured_index_url({**env, "PIP_CONFIG_FILE": str(conf)})
     assert precious.read_text() == "precious\n", "pip's log was written through the link"
     assert url == "https://mirror.example/simple"
+
+
+def test_gits_trace_never_goes_through_a_link_in_the_campaign(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GIT_TRACE`` (and ``GIT_TRACE2``) naming ``<campaign>/logs/git.trace``, a link put there
+    to a file outside: the build job's apply (``git apply``) appended git's trace to the file
+    outside (1 run of 1, a real build job). Now the kit's ``git apply`` gets none of the
+    caller's ``GIT_*`` variables and no global or system config; the patch still applies."""
+    from kvprefetch.sources.patching import _git_apply
+
+    if shutil.which("git") is None:
+        pytest.skip("no git here")
+    precious = tmp_path / "precious"
+    precious.write_text("precious\n")
+    logs = tmp_path / "camp" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "git.trace").symlink_to(precious)
+    (logs / "git.trace2").symlink_to(precious)
+    tree = tmp_path / "work" / "tree"
+    tree.mkdir(parents=True)
+    (tree / "f.txt").write_text("a\n")
+    patch = tmp_path / "p.diff"
+    patch.write_text("--- a/f.txt\n+++ b/f.txt\n@@ -1 +1 @@\n-a\n+b\n")
+    monkeypatch.setenv("GIT_TRACE", str(logs / "git.trace"))
+    monkeypatch.setenv("GIT_TRACE2", str(logs / "git.trace2"))
+    assert _git_apply(tree, [patch], "--check") and _git_apply(tree, [patch])
+    assert precious.read_text() == "precious\n", "git's trace was written through the link"
+    assert (tree / "f.txt").read_text() == "b\n"
