@@ -217,6 +217,9 @@ def render_script(c: Campaign, job: Job) -> str:
         'while [ "${CAMPAIGN_AT#//}" != "$CAMPAIGN_AT" ]; do CAMPAIGN_AT=${CAMPAIGN_AT#/}; done',
         'keep_outside PATH; PATH=${PATH:-/usr/bin:/bin}',
         'if [ -n "${LD_LIBRARY_PATH+x}" ]; then keep_outside LD_LIBRARY_PATH; fi',
+        # the libraries each program loads first: none read from the folder it runs in
+        ('for v in LD_PRELOAD LD_AUDIT; do'
+         ' if [ -n "${!v+x}" ]; then keep_outside_loaded "$v"; fi; done'),
         # PYTHONINSPECT (a debugging switch, inherited through --export=ALL) made every
         # error of the kit a SystemExit traceback and exit 1, the job's record no longer the
         # kit's status (issue 41, the twentieth hostile pass): a job is never interactive

@@ -169,6 +169,33 @@ KEEP_OUTSIDE_SH = (
     '  done',
     '  printf -v "$1" %s "$kept"',
     '}',
+    # The libraries every program loads first (LD_PRELOAD, LD_AUDIT; bash loaded them at its
+    # start, from `/`, where submit's check_start_env read them): an entry with a `/` that is
+    # not absolute, or that goes through /proc, is read again by each program from the folder
+    # it runs in. `LD_PRELOAD=./pre.so` (or `logs/x.so`, `/proc/self/cwd/pre.so`) passed
+    # submit's check and had the job's `env`, `pwd`, `hostname`, `date`, `mktemp`, `dd` and
+    # `mv` load a pre.so planted in the campaign, as the user (issue 41, the twenty-first
+    # hostile pass). Such entries are left out (said on stderr); an absolute one is kept by its
+    # own path, links followed (`readlink -f`, run with neither variable, the search paths
+    # kept by now), when neither it nor that path reaches the campaign. A bare name is
+    # searched in the system's folders and the LD_LIBRARY_PATH kept above.
+    "keep_outside_loaded() {  # the variable named $1 (LD_PRELOAD, LD_AUDIT), likewise",
+    '  local rest e r kept=',
+    '  rest=${!1-}; rest=${rest// /:}:',
+    '  while [ -n "$rest" ]; do',
+    '    e=${rest%%:*}; rest=${rest#*:}',
+    "    case \"$e\" in '') continue;; */*) ;; *) kept=${kept:+$kept:}$e; continue;; esac",
+    '    if [ "${e#/}" != "$e" ] && ! reaches_campaign "$e" \\',
+    '        && r=$(LD_PRELOAD= LD_AUDIT= readlink -f -- "$e") && ! reaches_campaign "$r" \\',
+    '        && [ "${r//[: ]/}" = "$r" ]; then',
+    '      kept=${kept:+$kept:}$r; continue',
+    '    fi',
+    ('    echo "leaving $e out of $1: it is relative, goes through /proc or reaches the campaign'
+     ' $CAMPAIGN_AT, so the programs of this job would load it from the folder they run in or'
+     ' from the campaign. To fix: set $1 to absolute paths outside the campaign" >&2'),
+    '  done',
+    '  printf -v "$1" %s "$kept"',
+    '}',
 )
 
 
@@ -205,8 +232,37 @@ _TEMP_MSG = (
     ' there (the CUDA toolkit, Python packages), where whoever can write the campaign could put'
     ' a link or their own programs. To fix: submit the campaign with $v set to a folder outside'
     ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
+# A relative value is refused: each program reads it from the folder it runs in, `/` for the
+# kit (LEAVE_CAMPAIGN_SH), so `PYTHONPYCACHEPREFIX=dev/shm/camp/pyc` (a path from `/` into the
+# campaign, not seen by the check of absolute values) had the merge job's interpreter write
+# its bytecode into the campaign (118 files) and read it back in the next job (issue 41, the
+# twenty-first hostile pass). PYTHONHOME is Python's standard library, imported by every job:
+# `PYTHONHOME=<campaign>/ph` had the merge job import a `pathlib.py` planted there (the same
+# pass); its `prefix:exec_prefix` form names two folders, of which the check would see one,
+# and a PYTHONPLATLIBDIR with a `/` (`../../camp/pl`) moves the standard library anywhere.
+_RELATIVE_MSG = (
+    'echo "refusing to run: $v=${!v} is a relative path, which each program reads from the'
+    ' folder it runs in (the kit runs in /, the job in the campaign), so it can name a folder'
+    ' in the campaign. To fix: submit the campaign with $v set to an absolute folder outside'
+    ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
 TEMP_OUTSIDE_SH = (
-    "for v in TMPDIR TEMP TMP PYTHONPYCACHEPREFIX PYTHONUSERBASE CUDA_HOME CUDA_PATH; do",
+    'case "${PYTHONHOME:-}" in *:*)',
+    ('  echo "refusing to run: PYTHONHOME=$PYTHONHOME names two folders (prefix:exec_prefix),'
+     ' and Python would import its standard library from a folder kvprefetch does not check.'
+     ' To fix: submit the campaign with PYTHONHOME set to one folder outside it, or unset'
+     ' it" >&2; exit 2;;'),
+    'esac',
+    'case "${PYTHONPLATLIBDIR:-}" in */*)',
+    ('  echo "refusing to run: PYTHONPLATLIBDIR=$PYTHONPLATLIBDIR is a path, not a folder name,'
+     ' and Python would import its standard library from wherever it leads (the campaign'
+     ' included). To fix: submit the campaign with PYTHONPLATLIBDIR unset (or a name such as'
+     ' lib64)" >&2; exit 2;;'),
+    'esac',
+    ("for v in TMPDIR TEMP TMP PYTHONPYCACHEPREFIX PYTHONUSERBASE PYTHONHOME CUDA_HOME"
+     " CUDA_PATH; do"),
+    '  case "${!v:-}" in',
+    f'  ""|/*) ;; *) {_RELATIVE_MSG};;',
+    '  esac',
     '  case "${!v:-}" in /*)',
     f'    if reaches_campaign "${{!v}}"; then {_TEMP_MSG}; fi',
     '    if ! pin_folder "${!v}"; then',
@@ -219,15 +275,43 @@ TEMP_OUTSIDE_SH = (
     '  esac',
     "done",
     # the build's host compiler, a program: by its own path (readlink -f, PATH kept by now)
-    'if [ -n "${CXX:-}" ] && [ "${CXX#*/}" != "$CXX" ]; then',
-    '  if ! CXX=$(readlink -f -- "$CXX") || reaches_campaign "$CXX"; then',
-    ('    echo "refusing to run: CXX names a program in the campaign $CAMPAIGN_AT (or one'
+    # (nvcc's NVCC_CCBIN alike: a program or its folder)
+    'for v in CXX NVCC_CCBIN; do',
+    '  if [ -n "${!v:-}" ] && [ "${!v#*/}" != "${!v}" ]; then',
+    '    if ! prog=$(readlink -f -- "${!v}") || reaches_campaign "${!v}" \\',
+    '        || reaches_campaign "$prog"; then',
+    ('      echo "refusing to run: $v names a program in the campaign $CAMPAIGN_AT (or one'
      ' kvprefetch cannot follow to its own path), which the build would run as its host'
-     ' compiler. To fix: submit the campaign with CXX set to a compiler outside it (e.g. export'
-     ' CXX=g++), or unset it" >&2; exit 2'),
+     ' compiler. To fix: submit the campaign with $v set to a compiler outside it (e.g. export'
+     ' $v=g++), or unset it" >&2; exit 2'),
+    '    fi',
+    '    printf -v "$v" %s "$prog"; export "${v?}"',
     '  fi',
-    '  export CXX',
-    'fi',
+    'done',
+    # The compilers' own search paths and the host compiler nvcc is told to run by the
+    # environment, checked like the above: gcc runs the `cc1plus`, `as` and `collect2` it finds
+    # first in COMPILER_PATH (or under GCC_EXEC_PREFIX), and reads headers and libraries from
+    # CPATH, C_INCLUDE_PATH, CPLUS_INCLUDE_PATH and LIBRARY_PATH, into the kernels it builds;
+    # nvcc runs NVCC_CCBIN as its host compiler (checked with CXX above). The build job passes
+    # its environment on to ninja, nvcc and g++, so `COMPILER_PATH=<campaign>/cc` would have
+    # the build run a `cc1plus` planted there (issue 41, the twenty-first hostile pass; the
+    # twentieth's CXX, by gcc's own variables). The lists keep their entries outside the
+    # campaign (keep_outside); a prefix or program in it is refused.
+    'for v in COMPILER_PATH LIBRARY_PATH CPATH C_INCLUDE_PATH CPLUS_INCLUDE_PATH; do',
+    '  if [ -n "${!v+x}" ]; then keep_outside "$v"; fi',
+    'done',
+    'case "${GCC_EXEC_PREFIX:-}" in "") ;; /*)',
+    '    if reaches_campaign "$GCC_EXEC_PREFIX"; then',
+    ('      echo "refusing to run: GCC_EXEC_PREFIX=$GCC_EXEC_PREFIX is in the campaign'
+     ' $CAMPAIGN_AT (or reaches it),'
+     ' and the build would run the compiler programs found there. To fix: submit the campaign'
+     ' with GCC_EXEC_PREFIX set outside it, or unset it" >&2; exit 2'),
+    '    fi;;',
+    '  *)',
+    ('    echo "refusing to run: GCC_EXEC_PREFIX=$GCC_EXEC_PREFIX is a relative path, which the'
+     ' build\'s compilers read from the folder they run in. To fix: submit the campaign with'
+     ' GCC_EXEC_PREFIX set to an absolute path outside it, or unset it" >&2; exit 2;;'),
+    '  esac',
 )
 
 # The ids the job reads from its environment name its exit record and scratch folder and index

@@ -105,9 +105,13 @@ def configured_index_url(environ: dict[str, str] | None = None) -> str:
         url = env["PIP_INDEX_URL"]
         check_index_url(url, "PIP_INDEX_URL")
         return url.rstrip("/")
+    # `--log /dev/null`: pip appends a debug log to the file its `log` option names (PIP_LOG,
+    # or `log =` in a pip.conf), through any link at that name; PIP_LOG=<campaign>/pip.log and
+    # a link put there by whoever writes the campaign had the prepare job append pip's log to a
+    # file outside (issue 41, the twenty-first hostile pass). The command line overrides both.
     try:
-        out = run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
-                  env=env, echo=False, check=False).output.strip()
+        out = run([sys.executable, "-m", "pip", "--log", os.devnull, "config", "get",
+                   "global.index-url"], env=env, echo=False, check=False).output.strip()
     except Exception:  # noqa: BLE001 -- pip missing or broken: the default index still works
         out = ""
     if out.startswith(("http://", "https://", "file://")):

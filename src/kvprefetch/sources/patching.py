@@ -69,7 +69,15 @@ def _git_apply(tree: Path, patches: list[Path], *args: str) -> bool:
     # The ceiling must be absolute (git ignores relative entries): with the default relative
     # work directory inside a checkout, git would otherwise find the checkout and silently skip
     # every path outside it, "applying" nothing.
-    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tree.resolve().parent))
+    # No GIT_* variable of the caller's reaches git, and no config file but the repository's
+    # (there is none): GIT_TRACE (GIT_TRACE2, ...) name files git appends its trace to, through
+    # any link there, and a config's trace2.*Target does the same; GIT_TRACE=<campaign>/logs/
+    # git.trace and a link put at that name had a build job's apply append git's trace to a
+    # file outside (issue 41, the twenty-first hostile pass). Others (GIT_DIR, GIT_WORK_TREE,
+    # GIT_INDEX_FILE, a config's apply.whitespace) would change what the kit's patch does.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CEILING_DIRECTORIES=str(tree.resolve().parent), GIT_CONFIG_NOSYSTEM="1",
+               GIT_CONFIG_GLOBAL=os.devnull)
     res = run(["git", "apply", *args, *map(str, patches)], cwd=tree, env=env, echo=False,
               check=False)
     return res.returncode == 0
