@@ -12,6 +12,13 @@ without its fix (checked by reverting ``src`` and running it):
   20,000 batches by 20,000 contexts (400 million shapes, within the command line's 2 MB) for
   days. Now a repeated size counts once, and more than ``matrix.MAX_SHAPES`` shapes are refused
   at once (exit 2), as bench decode's and bench kernel's are.
+- ``report`` wrote its outputs over the result files it read: ``report K1.json K2.json
+  --repeats K1 --out DIR`` (K1.json in DIR) replaced the result K1.json with the combined
+  document, exit 0; ``--merge`` did the same to an input named merged.json; ``report --index R
+  --out R/RUN/provenance.json`` replaced that run's record (or a result its headline names)
+  with the index; and ``report A/run.json B/run.json --out R`` wrote R/run.md twice, the first
+  run's report lost, both "wrote". Now each is refused before anything is written (exit 7),
+  naming the file, with a fix; the inputs are kept byte for byte.
 """
 
 from __future__ import annotations
@@ -78,3 +85,54 @@ def test_vmm_bench_plans_a_repeated_size_once(tmp_path: Path) -> None:
 
     shapes = json.loads(res.stdout)["shapes"]
     assert [(s["batch"], s["context"]) for s in shapes] == [(1, 1024), (8, 1024)]
+
+
+_RESULTS = _REPO / "docs" / "results"
+_KERNEL = _RESULTS / "2026-11-29-h200-l2-bound" / "matrix-aliased.json"
+
+
+@pytest.mark.parametrize("how", ["repeats", "merge", "same-stems"])
+def test_report_never_writes_over_a_result_it_reads(tmp_path: Path, how: str) -> None:
+    import shutil
+
+    out = tmp_path / "out"
+    (out / "a").mkdir(parents=True)
+    (out / "b").mkdir()
+    if how == "repeats":
+        inputs = [out / "k1.json", out / "k2.json"]
+        args = ["--repeats", "k1"]
+    elif how == "merge":
+        inputs = [out / "merged.json", out / "k2.json"]
+        args = ["--merge"]
+    else:
+        inputs = [out / "a" / "run.json", out / "b" / "run.json"]
+        args = ["--formats", "md"]
+    for f in inputs:
+        shutil.copy(_KERNEL, f)
+    if how == "merge":  # two shards of one campaign: the shapes split between them
+        import json
+
+        doc = json.loads(_KERNEL.read_text())
+        for i, f in enumerate(inputs):
+            f.write_text(json.dumps({**doc, "results": doc["results"][i::2]}))
+    before = {f: f.read_bytes() for f in inputs}
+    res = _kit(tmp_path, ["report", *map(str, inputs), "--out", str(out), *args], timeout=60)
+    text = res.stdout + res.stderr
+    assert res.returncode == 7 and "Traceback" not in text and "To fix" in text, text[-2000:]
+    assert {f: f.read_bytes() for f in inputs} == before
+    assert sorted(p.name for p in out.rglob("*") if p.is_file()) == sorted(f.name for f in inputs)
+
+
+@pytest.mark.parametrize("target", ["provenance.json", "decode-llama-3.1-8b.json"])
+def test_report_index_never_writes_over_a_file_it_is_made_of(tmp_path: Path, target: str) -> None:
+    import shutil
+
+    root = tmp_path / "results"
+    run = root / "2026-12-01-h200-decode"
+    shutil.copytree(_RESULTS / run.name, run)
+    before = (run / target).read_bytes()
+    res = _kit(tmp_path, ["report", "--index", str(root), "--out", str(run / target)],
+               timeout=60)
+    text = res.stdout + res.stderr
+    assert res.returncode == 7 and "Traceback" not in text and "To fix" in text, text[-2000:]
+    assert (run / target).read_bytes() == before
