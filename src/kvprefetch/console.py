@@ -116,9 +116,21 @@ def rich_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
     return t
 
 
+# The most rows a table shows on the terminal. rich lays a row out in some milliseconds, so the
+# 100 000 shapes a bench plan may hold (bench.matrix.MAX_SHAPES) kept `bench decode --dry-run`
+# drawing for minutes after its plan was made in seconds (issue 41, the twenty-first hostile
+# pass); a thousand rows is more than anyone reads, and draws in a few seconds.
+MAX_TABLE_ROWS = 1000
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
-    """Render a table to stdout with rich (plain text when not a TTY)."""
+    """Render a table to stdout with rich (plain text when not a TTY): its first
+    ``MAX_TABLE_ROWS`` rows, and a line saying how many more there are."""
     from rich.console import Console
 
-    Console(no_color="NO_COLOR" in os.environ, width=max(100, 160)).print(
-        rich_table(headers, rows, title))
+    console = Console(no_color="NO_COLOR" in os.environ, width=max(100, 160))
+    console.print(rich_table(headers, rows[:MAX_TABLE_ROWS], title))
+    if len(rows) > MAX_TABLE_ROWS:
+        console.print(f"... and {len(rows) - MAX_TABLE_ROWS} more rows, not shown (the first "
+                      f"{MAX_TABLE_ROWS} are above; --json, where the command has it, lists "
+                      "every one)", markup=False, highlight=False)

@@ -4,7 +4,9 @@ committed runs (``--index``). No GPU and no torch needed."""
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -86,6 +88,8 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     if merge:
         from ..bench.merge import merge_kernel_docs
 
+        _refuse_overwriting_inputs(files, out or Path.cwd(), {"merged": ("json", *fmts)},
+                                   "")
         docs = [load_document(p) for p in files]
         with reading(*files):
             doc = merge_kernel_docs(docs, [str(p) for p in files], force=force_merge)
@@ -112,6 +116,9 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
         except OptionError as exc:
             raise click.BadParameter(exc.cause, param_hint="--repeats") from None
 
+        _refuse_overwriting_inputs(files, out or Path.cwd(),
+                                   {repeats_name: ("json", *(f for f in fmts if f == "md"))},
+                                   " or under another --repeats name")
         docs = [load_document(p) for p in files]
         with reading(*files):
             combined = combine(docs, sources=[p.name for p in files])
@@ -125,11 +132,11 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
             info("wrote " + ", ".join(str(p) for p in paths))
         return
     written: dict[str, list[str]] = {}
+    _refuse_overwriting_inputs(files, out or Path.cwd(), {_stem(p): fmts for p in files}, "",
+                               per_input=True)
     for path in files:
         loaded = load_document(path)
-        # a compressed result (RUN.json.gz) writes RUN.md, as its uncompressed RUN.json does
-        stem = path.name.removesuffix(".gz").removesuffix(".json") if path.suffix == ".gz" \
-            else path.stem
+        stem = _stem(path)
         with reading(path):
             paths = write_outputs(loaded, out or Path.cwd(), stem, fmts)
             if print_md:
@@ -139,6 +146,69 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
             info(f"{path}: wrote " + (", ".join(written[str(path)]) or "nothing"))
     if as_json:
         emit_json(written)
+
+
+def _stem(path: Path) -> str:
+    """The name a result's outputs take: a compressed result (RUN.json.gz) writes RUN.md, as
+    its uncompressed RUN.json does."""
+    return (path.name.removesuffix(".gz").removesuffix(".json") if path.suffix == ".gz"
+            else path.stem)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)  # through links, and a hard link too
+    except (OSError, ValueError):
+        return False  # the output is not there yet (or cannot be looked at): no input
+
+
+def _refuse_overwriting_inputs(files: Sequence[Path], out_dir: Path,
+                               outputs: dict[str, Sequence[str]], other_name: str,
+                               per_input: bool = False) -> None:
+    """Refuse, before anything is read or written, a run whose output (``out_dir/NAME.EXT``
+    for each ``NAME: EXTS`` of ``outputs``) is one of the result ``files`` it reads, or two of
+    whose different inputs would write the same output. `report K1.json K2.json --repeats K1
+    --out .` replaced the result K1.json with the combined document, and `report A/run.json
+    B/run.json --out R` wrote R/run.md twice, the first lost, both "wrote" (issue 41, the
+    twenty-first hostile pass). ``per_input``: each input writes its own ``outputs`` (by its
+    stem), not all of them one document; ``other_name``: how else the fix can name them."""
+    from ..errors import BenchError
+
+    fix = (f"write the outputs elsewhere (--out FOLDER){other_name}; the result files stay as "
+           "they are")
+    for name, exts in outputs.items():
+        for ext in exts:
+            target = out_dir / f"{name}.{'png' if ext == 'png' else ext}"
+            for f in files:
+                if _same_file(f, target):
+                    raise BenchError(f"{target} is the result file {f} this report reads: "
+                                     "writing it would replace that result", fix)
+    if per_input and any(outputs.values()):  # --print alone writes nothing
+        stems: dict[str, Path] = {}
+        for f in files:
+            other = stems.setdefault(_stem(f), f)
+            if not _same_file(other, f) and os.path.realpath(other) != os.path.realpath(f):
+                raise BenchError(f"{other} and {f} would both write {out_dir / _stem(f)}.*: the "
+                                 "second would replace the first's report",
+                                 "render them one at a time, each with its own --out FOLDER")
+
+
+def _refuse_an_index_over_its_runs(root: Path, out: Path) -> None:
+    """Refuse an index ``--out`` that is a file the index is made of (a run's provenance.json,
+    or a result its headline names): `report --index R --out R/RUN/provenance.json` replaced
+    that run's record with the index, and the next index failed on it (issue 41, the
+    twenty-first hostile pass)."""
+    from ..bench.index import PROVENANCE, find_runs
+    from ..errors import BenchError
+
+    for run in find_runs(root):
+        read = [run.path / PROVENANCE, *(run.path / str(h["result"]) for h in run.headline
+                                         if isinstance(h, dict) and "result" in h)]
+        for f in read:
+            if _same_file(f, out):
+                raise BenchError(f"{out} is {f}, which the index of {root} is made of: writing "
+                                 "the index there would replace it",
+                                 "write the index elsewhere, e.g. --out docs/results.md")
 
 
 # a README or an index is text of a few hundred KiB; more is not one (and is never read whole)
@@ -256,6 +326,7 @@ def _write_index(root: Path, out: Path | None, check: bool, as_json: bool) -> No
             info(f"{out}: matches the runs under {root}")
         return
     if changed:
+        _refuse_an_index_over_its_runs(root, out)
         # the rule of `export-header -o` (confine.write_file without a root): neither the file
         # nor its folder may be a symlink, the folder's ancestors may be
         write_file(out, text, family=BenchError, mode=kept_mode(out), exact=True)

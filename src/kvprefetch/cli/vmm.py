@@ -26,7 +26,8 @@ _MAX_SIZE = 2**31 - 1  # as bench kernel's sizes (bench/matrix.py): the kernels'
 
 
 def _sizes(text: str) -> tuple[int, ...]:
-    out = []
+    """The sizes of ``text``, order kept, a repeated one once (each size is a row of shapes)."""
+    out: dict[int, None] = {}
     for part in text.split(","):
         part = part.strip().lower()
         mult = 1024 if part.endswith("k") else 1
@@ -41,7 +42,7 @@ def _sizes(text: str) -> tuple[int, ...]:
             # (issue 41, the nineteenth hostile pass)
             raise click.BadParameter(f"'{part}' is above {_MAX_SIZE} (2**31 - 1), the largest "
                                      "batch or context an int32 holds")
-        out.append(n)
+        out[n] = None
     return tuple(out)
 
 
@@ -149,12 +150,21 @@ def bench(out: Path, batches: str, contexts: str, rounds: int, skip_steps: bool,
     """Step latency with/without the worker, and SDPA decode over the VMM cache vs cudaMalloc
     (Llama-3.1-8B attention: 32 q heads, 8 kv heads, d=128, fp16), optionally against vLLM's
     paged kernel of each build under --paged-workdir. Needs a GPU."""
+    from ..bench.matrix import check_shape_count
+    from ..errors import ConfigError
     from ..kernels.ops import find_builds
     from ..vmm.bench import render_summary, run_bench
     from ..vmm.paged import NO_WORKDIR, PAGED_BLOCK_SIZE, check_paged_builds, paged_shape
     from ..vmm.shapes import L2_BYTES_IF_UNKNOWN, DecodeConfig, plan_shapes
 
     cfg = DecodeConfig(batches=_sizes(batches), contexts=_sizes(contexts), rounds=rounds)
+    # every batch times every context, as bench decode's: the same ceiling, before any shape is
+    # made (`--batches 1,...,20000` kept a dry run planning and drawing for minutes, and two
+    # such lists, within the command line's 2 MB, for days: issue 41, 21st hostile pass)
+    try:
+        check_shape_count(len(cfg.batches) * len(cfg.contexts), "--batches times --contexts")
+    except ConfigError as exc:
+        raise click.BadParameter(exc.message, param_hint="'--batches' / '--contexts'") from None
     builds = []
     if paged_workdir is not None:  # fail here, before any GPU work, when the builds are missing
         builds = find_builds(paged_workdir)
