@@ -16,8 +16,8 @@ delete, move or write, such a path passes through this module:
   destination that is not a regular file (a device node, a FIFO, a socket: never replaced);
   ``open_new`` is the same for a stream, ``write_if_changed`` skips a write that would change
   nothing;
-- ``remove_path`` is the one way the kit deletes: confined, never through a symlink, and
-  ``shutil.rmtree``'s fd-based walk unlinks symlinks inside a directory without following them;
+- ``remove_path`` is the one way the kit deletes: confined, never through a symlink, never
+  across a mount point; its descriptor walk unlinks symlinks inside without following them;
   ``rename_path`` is the one way it moves a path aside inside one folder.
 
 The checks above read the path with ``lstat``; the acts do not trust that reading. Each one
@@ -37,9 +37,7 @@ import errno
 import os
 import re
 import secrets
-import shutil
 import stat
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from fnmatch import fnmatchcase
@@ -449,17 +447,67 @@ def remove_path(root: Path, path: Path, *,
         except FileNotFoundError:
             return
         if stat.S_ISDIR(mode):
-            refuse_mounts(dfd, path, family)
-            # fd-based from the checked folder down: unlinks symlinks inside, never follows
-            # them, and a directory swapped for a link since the stat is refused by rmtree
-            if sys.version_info >= (3, 11):
-                shutil.rmtree(path.name, dir_fd=dfd)
-            else:  # no dir_fd before 3.11: rmtree's own fd walk still follows no link inside
-                shutil.rmtree(path)
+            refuse_mounts(dfd, path, family)  # before anything goes, when one is there
+            _remove_tree(dfd, path, family)
         else:
             os.unlink(path.name, dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+def _remove_tree(dfd: int, path: Path, family: type[KvprefetchError]) -> None:
+    """Remove the folder ``path`` (the entry ``path.name`` of the open folder ``dfd``) by
+    descriptors, each folder opened ``O_NOFOLLOW`` from its parent's descriptor (a link inside
+    is unlinked, never followed; a folder swapped for a link is refused by the open), and each
+    checked to be on its parent's mount *after* it is open: ``refuse_mounts``' walk before it
+    cannot see a mount made while the removal runs, and ``shutil.rmtree`` walked into a folder
+    bind-mounted below after that check and deleted what it showed, outside the work directory
+    (issue 41, the twenty-first hostile pass). A mount made on a folder already open does not
+    cover what is reached from its descriptor. Iterative: a deep tree is no RecursionError."""
+    key = _mount_key(dfd)
+    stack: list[tuple[int, str, int, Path, Iterator[str]]] = []
+    try:
+        _enter(stack, dfd, path.name, path, key, path, family)
+        while stack:
+            parent, name, fd, where, subs = stack[-1]
+            sub = next(subs, None)
+            if sub is not None:
+                _enter(stack, fd, sub, where / sub, key, path, family)
+                continue
+            stack.pop()
+            os.close(fd)
+            os.rmdir(name, dir_fd=parent)
+    finally:
+        for _parent, _name, fd, _where, _subs in stack:
+            os.close(fd)
+
+
+def _enter(stack: list[tuple[int, str, int, Path, Iterator[str]]], parent: int, name: str,
+           where: Path, key: tuple[int, int | None], path: Path,
+           family: type[KvprefetchError]) -> None:
+    """Open the folder ``name`` of ``parent`` for ``_remove_tree``, refuse it when it is on
+    another mount than the removal's start, unlink all in it that is no folder, and push it
+    with its sub-folders still to go."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 dir_fd=parent)
+    if _mount_key(fd) != key:
+        os.close(fd)
+        raise family(f"refusing to remove {path}: {where} is a mount point (mounted while "
+                     "kvprefetch removed the folder), and what is mounted there is not the "
+                     "work directory's, so kvprefetch never deletes across one",
+                     f"unmount {where} (`umount {where}`), then rerun")
+    subs: list[str] = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    subs.append(entry.name)
+                else:  # a file, link, FIFO or socket: unlinked, never opened or followed
+                    os.unlink(entry.name, dir_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    stack.append((parent, name, fd, where, iter(subs)))
 
 
 def _mount_id(fd: int) -> int | None:

@@ -1,0 +1,84 @@
+"""Issue 41, the twenty-first hostile pass, tester a (the work directory's commands).
+
+- **A mount made while clean removes a folder** (``confine._remove_tree``). The twentieth pass
+  made ``remove_path`` walk the folder for mount points before it removed it
+  (``confine.refuse_mounts``), but the removal itself was ``shutil.rmtree``, which follows no
+  link yet walks into any mount point it meets: a folder of elsewhere bind-mounted below a
+  kit-made build folder *after* that walk (``clean --what builds`` of a build folder of 30,000
+  files, a loop mounting a folder outside at each of 40 empty sub-folders once the first file
+  was gone) was emptied, outside the work directory, and clean ended with "x: Device or
+  resource busy / check the path and its file system" (1 run of 1 by hand with the loop; the
+  earlier runs mounted too late or too early). Now the removal is a descriptor walk that checks
+  each folder's mount once it is open (a mount made on a folder already open does not cover
+  what its descriptor reaches), and refuses naming the mount point and ``umount`` (3 of 3 with
+  the loop). The test stands the race in without a loop: the mount is made right after the
+  check.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: nothing outside the test's folders changes
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path), HOME=str(tmp_path))
+    return env
+
+
+def _kv(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> Iterator[list[Path]]:
+    """Every mount made below ``tmp_path`` is taken down afterwards, wherever it is now."""
+    made: list[Path] = []
+    yield made
+    with open("/proc/self/mounts", encoding="utf-8") as f:
+        points = [line.split()[1] for line in f]
+    for m in reversed([p for p in points if p.startswith(f"{tmp_path}/")]):
+        subprocess.run(["umount", "-l", m], check=False)
+
+
+def test_a_mount_made_while_a_folder_is_removed_is_never_deleted_across(
+        tmp_path: Path, outside: Path, mounts: list[Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvprefetch.errors import ConfigError
+    from kvprefetch.workspace import confine
+
+    root = tmp_path / "work"
+    doomed = root / "build" / "patched"
+    (doomed / "cache" / "x").mkdir(parents=True)
+    (doomed / "kvprefetch_patched_C.so").write_bytes(b"built")
+    real_check = confine.refuse_mounts
+
+    def check_then_mount(dfd: int, path: Path, family: type) -> None:
+        real_check(dfd, path, family)  # nothing mounted yet: the check passes
+        at = doomed / "cache" / "x"
+        res = subprocess.run(["mount", "--bind", str(outside), str(at)], capture_output=True,
+                             text=True, check=False)
+        if res.returncode != 0:
+            pytest.skip(f"cannot bind-mount here (needs root): {res.stderr.strip()}")
+        mounts.append(at)
+
+    monkeypatch.setattr(confine, "refuse_mounts", check_then_mount)
+    with pytest.raises(ConfigError) as err:
+        confine.remove_path(root, doomed)
+    assert f"{doomed / 'cache' / 'x'} is a mount point" in str(err.value), err.value
+    assert "umount" in err.value.fix, err.value.fix
+    # the outside fixture checks that everything mounted there is still there
+
