@@ -13,6 +13,15 @@
   what its descriptor reaches), and refuses naming the mount point and ``umount`` (3 of 3 with
   the loop). The test stands the race in without a loop: the mount is made right after the
   check.
+- **A user's own tree in an adopted work directory stopped every build**
+  (``builds.plan.default_trees``). ``build`` (and ``--dry-run``) read the state of every folder
+  of ``trees/`` beyond baseline and patched to find patched extra trees; in a work directory
+  adopted with the user's ``trees/mine/`` and ``state/mine.json`` (their own record, any
+  content) it stopped with "the state file state/mine.json is not kvprefetch's record ... To
+  fix: run `kvprefetch fetch --repair`", which leaves a tree the kit did not make alone, so
+  the advice changed nothing and no build could run there (1 of 1 adopted directories; a
+  wrong-way message). Now, in an adopted work directory, only trees the ownership record lists
+  are read; the user's are left alone.
 """
 
 from __future__ import annotations
@@ -82,3 +91,16 @@ def test_a_mount_made_while_a_folder_is_removed_is_never_deleted_across(
     assert "umount" in err.value.fix, err.value.fix
     # the outside fixture checks that everything mounted there is still there
 
+
+def test_a_users_own_tree_in_an_adopted_work_directory_is_not_read_by_build(
+        fetched_workdir: Path) -> None:
+    from kvprefetch.builds.plan import default_trees
+    from kvprefetch.workspace.workdir import TAG_FILE, Workdir
+
+    wd = fetched_workdir
+    (wd / TAG_FILE).write_text("adopted by kvprefetch\n")
+    (wd / "trees" / "mine").mkdir()
+    (wd / "trees" / "mine" / "notes.txt").write_text("my own tree\n")
+    (wd / "state" / "mine.json").write_text('{"mine": true}\n')
+    assert default_trees(Workdir(wd)) == ("baseline", "patched")
+    assert (wd / "state" / "mine.json").read_text() == '{"mine": true}\n'
