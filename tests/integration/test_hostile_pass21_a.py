@@ -22,10 +22,17 @@
   the advice changed nothing and no build could run there (1 of 1 adopted directories; a
   wrong-way message). Now, in an adopted work directory, only trees the ownership record lists
   are read; the user's are left alone.
+- **A folder 1,500 levels deep** (``hashing.walk``, ``confine._folders``). Python 3.11's
+  ``os.walk`` and ``os.fwalk`` call themselves once per level: such a folder in a tree made
+  ``fetch``, ``apply``, ``fetch --repair`` and ``clean --what trees --discard-edits`` end in a
+  ``RecursionError`` traceback (exit 1; 4 of 4), and one 3,000 levels deep in a kit-made build
+  folder did the same to ``clean --what builds`` through the mount check (1 of 1). Now the walks
+  keep their own stack: the tree is inventoried, the folders removed, exit 0.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -104,3 +111,31 @@ def test_a_users_own_tree_in_an_adopted_work_directory_is_not_read_by_build(
     (wd / "state" / "mine.json").write_text('{"mine": true}\n')
     assert default_trees(Workdir(wd)) == ("baseline", "patched")
     assert (wd / "state" / "mine.json").read_text() == '{"mine": true}\n'
+
+
+def _deep(top: Path, levels: int) -> None:
+    top.mkdir(parents=True, exist_ok=True)
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(levels):  # by descriptors: the path would pass PATH_MAX
+        os.mkdir("a", dir_fd=fd)
+        nfd = os.open("a", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    os.close(fd)
+
+
+def test_a_folder_thousands_of_levels_deep_is_no_traceback(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    wd = fetched_workdir
+    _deep(wd / "trees" / "patched" / "deep", 1500)
+    _deep(wd / "build" / "patched", 1500)
+    own = wd / ".kvprefetch-owned.json"
+    record = json.loads(own.read_text())
+    record["paths"]["build/patched"] = {"kind": "build"}
+    own.write_text(json.dumps(record))
+    for args in (["fetch", "--repair"], ["clean", "--what", "all", "--discard-edits"]):
+        res = _kv(tmp_path, *args, "--workdir", str(wd))
+        assert "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert res.returncode == 0, (args, res.returncode, res.stderr[-2000:])
+    assert not (wd / "build" / "patched").exists()
+    assert not (wd / "trees" / "patched").exists()

@@ -45,6 +45,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from ..errors import ConfigError, KvprefetchError
+from ..hashing import walk
 from ..reading import read_limited
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -536,16 +537,42 @@ def refuse_mounts(dfd: int, path: Path, family: type[KvprefetchError] = ConfigEr
     before the mount point's own ``rmdir`` fails (issue 41, the twentieth hostile pass: a
     folder bind-mounted into a kit-made build folder was emptied by ``clean --what builds``,
     which then said "Device or resource busy / check the path and its file system"). Folders
-    are opened ``O_NOFOLLOW`` from ``dfd`` down (``os.fwalk``): no link is followed."""
+    are opened ``O_NOFOLLOW`` from ``dfd`` down: no link is followed. Without recursion
+    (``os.fwalk`` calls itself per level: a folder 3,000 levels deep in a build folder was a
+    ``RecursionError`` traceback in clean; issue 41, the twenty-first hostile pass)."""
     parent = _mount_key(dfd)
-    for top, _dirs, _files, fd in os.fwalk(path.name, dir_fd=dfd, follow_symlinks=False):
+    for fd, where in _folders(dfd, path):
         if _mount_key(fd) != parent:
-            where = path.parent / top
             raise family(f"refusing to remove {path}: {where} is a mount point (another file "
                          "system, or a bind mount of a folder elsewhere), and what is mounted "
                          "there is not the work directory's, so kvprefetch never deletes "
                          "across one",
                          f"unmount {where} (`umount {where}`), then rerun")
+
+
+def _folders(dfd: int, path: Path) -> Iterator[tuple[int, Path]]:
+    """Each folder from ``path`` (the entry ``path.name`` of ``dfd``) down, open (``O_NOFOLLOW``
+    from its parent's descriptor), with its path; depth first, one descriptor per level."""
+    stack: list[tuple[int, Path, Iterator[str]]] = []
+    parent, name, where = dfd, path.name, path
+    try:
+        while True:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=parent)
+            stack.append((fd, where, iter(())))
+            with os.scandir(fd) as entries:
+                subs = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+            stack[-1] = (fd, where, iter(subs))
+            yield fd, where
+            sub = None
+            while stack and (sub := next(stack[-1][2], None)) is None:
+                os.close(stack.pop()[0])
+            if not stack or sub is None:
+                return
+            parent, name, where = stack[-1][0], sub, stack[-1][1] / sub
+    finally:
+        for fd_, _where, _subs in stack:
+            os.close(fd_)
 
 
 def refuse_mounts_at(root: Path, path: Path,
@@ -580,7 +607,7 @@ def first_hard_link(top: Path) -> tuple[Path, int] | None:
         return (top, st.st_nlink) if st.st_nlink > 1 else None
     if not stat.S_ISDIR(st.st_mode):
         return None
-    for dirpath, dirnames, filenames in os.walk(top):  # os.walk follows no link by default
+    for dirpath, dirnames, filenames in walk(top):  # follows no link
         for name in sorted(filenames) + sorted(dirnames):
             p = Path(dirpath) / name
             try:
