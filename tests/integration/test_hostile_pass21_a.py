@@ -28,6 +28,14 @@
   ``RecursionError`` traceback (exit 1; 4 of 4), and one 3,000 levels deep in a kit-made build
   folder did the same to ``clean --what builds`` through the mount check (1 of 1). Now the walks
   keep their own stack: the tree is inventoried, the folders removed, exit 0.
+- **fetch --repair claimed a user's tree in an adopted work directory**
+  (``repair._refuse_a_users_tree``). With the user's own ``trees/baseline/`` and
+  ``state/baseline.json`` there, ``fetch --adopt`` stopped with "the state file ... is not
+  kvprefetch's record ... To fix: run `kvprefetch fetch --repair`"; the repair then overwrote
+  their state file and recorded their folder as the kit's tree, and ``clean --what all
+  --discard-edits`` removed it with their file in it (1 of 1 by hand; user files lost inside).
+  Now the repair refuses a tree the ownership record does not list in an adopted work
+  directory, naming it and saying to move it out; clean keeps both.
 """
 
 from __future__ import annotations
@@ -139,3 +147,28 @@ def test_a_folder_thousands_of_levels_deep_is_no_traceback(
         assert res.returncode == 0, (args, res.returncode, res.stderr[-2000:])
     assert not (wd / "build" / "patched").exists()
     assert not (wd / "trees" / "patched").exists()
+
+
+def test_fetch_repair_never_claims_a_users_tree_in_an_adopted_work_directory(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    from kvprefetch.workspace.workdir import TAG_FILE
+
+    wd = fetched_workdir
+    (wd / TAG_FILE).write_text("adopted by kvprefetch\n")
+    own = wd / ".kvprefetch-owned.json"
+    record = json.loads(own.read_text())
+    for rel in ("trees/baseline", "state/baseline.json"):
+        del record["paths"][rel]
+    own.write_text(json.dumps(record))
+    subprocess.run(["rm", "-rf", str(wd / "trees" / "baseline")], check=True)
+    (wd / "trees" / "baseline").mkdir()
+    (wd / "trees" / "baseline" / "thesis.tex").write_text("three years of work\n")
+    (wd / "state" / "baseline.json").write_text('{"mine": true}\n')
+    res = _kv(tmp_path, "fetch", "--repair", "--workdir", str(wd))
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.returncode == 3 and "To fix:" in res.stderr, (res.returncode, res.stderr)
+    assert f"{wd / 'trees' / 'baseline'} is not a tree kvprefetch made here" in res.stderr
+    res = _kv(tmp_path, "clean", "--what", "all", "--discard-edits", "--workdir", str(wd))
+    assert res.returncode == 0, res.stderr
+    assert (wd / "trees" / "baseline" / "thesis.tex").read_text() == "three years of work\n"
+    assert (wd / "state" / "baseline.json").read_text() == '{"mine": true}\n'
