@@ -7,6 +7,7 @@ import errno
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +98,40 @@ def _entry(p: Path) -> str:
     return f"! special file (mode {stat.S_IFMT(mode):o})"
 
 
+def walk(top: str | os.PathLike[str]) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(top)`` (top-down, a symlinked folder listed among the folders and never
+    entered, the caller may prune the folders in place, unreadable folders skipped), without
+    recursion: Python 3.11's ``os.walk`` calls itself once per level, so a folder 1,500
+    levels deep in a tree (anyone who writes the work directory can make one) was a
+    ``RecursionError`` traceback in fetch, apply, fetch --repair and clean (issue 41, the
+    twenty-first hostile pass)."""
+    stack = [os.fspath(top)]
+    while stack:
+        here = stack.pop()
+        try:
+            with os.scandir(here) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        dirs: list[str] = []
+        files: list[str] = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(entry.name)
+        yield here, dirs, files
+        stack.extend(p for p in (os.path.join(here, d) for d in reversed(dirs))
+                     if not os.path.islink(p))
+
+
 def inventory(root: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under ``root`` (a symlink: ``-> target``, never
     followed), but for a full build's outputs at the top level and Python's __pycache__
     (see _TOP_LEVEL_OUTPUTS)."""
     out: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in walk(root):
         here = Path(dirpath)
         dirnames[:] = sorted(d for d in dirnames if not _skipped_dir(here, root, d))
         # os.walk lists a symlinked folder among dirnames and does not enter it
@@ -155,7 +184,7 @@ def source_manifest(root: Path, skip: tuple[str, ...] = (),
     source has none (a sparse 15 TB file in a --source folder was hashed for hours: issue 41,
     the twentieth hostile pass)."""
     out: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in walk(root):
         here = Path(dirpath)
         if here == root:
             dirnames[:] = [d for d in dirnames if d not in skip]

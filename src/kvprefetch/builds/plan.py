@@ -21,6 +21,7 @@ from .. import upstream
 from ..errors import ConfigError
 from ..hashing import MAX_LIBRARY_BYTES, differences, inventory, sha256_file
 from ..reading import load_json
+from ..workspace import ownership
 from ..workspace.workdir import Workdir
 
 # Variables that silently swap binaries or break isolation: never passed to a build.
@@ -188,10 +189,22 @@ def tree_variant(wd: Workdir, tree: str) -> tuple[dict[str, Any], str | None, st
 def default_trees(wd: Workdir) -> tuple[str, ...]:
     """baseline and patched, then every other tree that carries a patch (paper, extra trees)."""
     trees = list(upstream.TREE_NAMES)
+    adopted = wd.is_adopted()
     for name in wd.existing_trees():
-        if name not in trees and (wd.read_state(name) or {}).get("applied"):
+        if name in trees or (adopted and not _kit_tree(wd, name)):
+            continue
+        if (wd.read_state(name) or {}).get("applied"):
             trees.append(name)
     return tuple(trees)
+
+
+def _kit_tree(wd: Workdir, name: str) -> bool:
+    """Whether ``trees/<name>`` is a tree the kit made, by the ownership record. In a work
+    directory adopted with the user's files, a ``trees/mine/`` with a ``state/mine.json`` of
+    their own is theirs: reading it as the kit's stopped every ``build`` with "run `kvprefetch
+    fetch --repair`", which never touches a tree the kit did not make (issue 41, the
+    twenty-first hostile pass)."""
+    return (ownership.owned(wd.root, wd.tree(name)) or {}).get("kind") == "tree"
 
 
 def kit_python() -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import upstream
 from ..errors import ConfigError, PatchError
-from ..hashing import differences, sha256_bytes, sha256_file, tree_inventory
+from ..hashing import differences, sha256_bytes, sha256_file, tree_inventory, walk
 from ..kernels import rules as kernel_rules
 from ..oserrors import mapped
 from ..runner import run
@@ -91,7 +91,7 @@ def _git_made_only(root: Path, rels: list[str], variant: str) -> None:
     first check made a symlink in the scratch copy; apply then wrote a kit header through it,
     outside the work directory, and installed a file from outside as the patched source)."""
     dirs = {parent.as_posix() for r in rels for parent in PurePosixPath(r).parents} - {"."}
-    for dirpath, dirnames, filenames in os.walk(root):  # never into a symlinked folder
+    for dirpath, dirnames, filenames in walk(root):  # never into a symlinked folder
         for name in dirnames + filenames:
             path = Path(dirpath) / name
             rel = path.relative_to(root).as_posix()

@@ -25,9 +25,12 @@ def repair_states(wd: Workdir, names: list[str], pristine: Path, kind: str, orig
     base = inventory(pristine)
     heads = {rel: sha256_file(src) for src, rel in upstream.kit_headers()}
     notes = []
+    adopted = wd.is_adopted()
     for name in names:
         tree = wd.tree(name)
         sp = wd.state_file(name)
+        if adopted:
+            _refuse_a_users_tree(wd, tree)
         if os.path.lexists(sp) and (sp.is_symlink() or not sp.is_file()):
             raise FetchError(f"the state path {sp} is not a regular file (a directory or a "
                              "symlink); kvprefetch does not remove what it did not make",
@@ -58,6 +61,22 @@ def repair_states(wd: Workdir, names: list[str], pristine: Path, kind: str, orig
                      + (" …" if len(left) > 6 else ""))
         notes.append(note)
     return notes
+
+
+def _refuse_a_users_tree(wd: Workdir, tree: Path) -> None:
+    """In a work directory adopted with the user's files, a folder of ``trees/`` that the
+    ownership record does not list is the user's: repairing it overwrote their
+    ``state/<name>.json`` and recorded their folder as the kit's tree, which ``clean
+    --discard-edits`` then removed with all it held (issue 41, the twenty-first hostile pass;
+    the error about their state file had said to run ``fetch --repair``)."""
+    if (ownership.owned(wd.root, tree) or {}).get("kind") == "tree":
+        return
+    raise FetchError(
+        f"{tree} is not a tree kvprefetch made here (the ownership record does not list it, "
+        f"and kvprefetch adopted {wd.root} with your files in it), so --repair leaves it and "
+        f"its state file {wd.state_file(tree.name)} alone",
+        f"move {tree} (and {wd.state_file(tree.name)}, if it is yours) out of the work "
+        "directory, then rerun `kvprefetch fetch` to make the tree afresh")
 
 
 def _refuse_a_moving_tree(tree: Path, current: dict[str, str], own: list[str]) -> None:

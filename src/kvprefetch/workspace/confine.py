@@ -16,8 +16,8 @@ delete, move or write, such a path passes through this module:
   destination that is not a regular file (a device node, a FIFO, a socket: never replaced);
   ``open_new`` is the same for a stream, ``write_if_changed`` skips a write that would change
   nothing;
-- ``remove_path`` is the one way the kit deletes: confined, never through a symlink, and
-  ``shutil.rmtree``'s fd-based walk unlinks symlinks inside a directory without following them;
+- ``remove_path`` is the one way the kit deletes: confined, never through a symlink, never
+  across a mount point; its descriptor walk unlinks symlinks inside without following them;
   ``rename_path`` is the one way it moves a path aside inside one folder.
 
 The checks above read the path with ``lstat``; the acts do not trust that reading. Each one
@@ -37,9 +37,7 @@ import errno
 import os
 import re
 import secrets
-import shutil
 import stat
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from fnmatch import fnmatchcase
@@ -47,6 +45,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from ..errors import ConfigError, KvprefetchError
+from ..hashing import walk
 from ..reading import read_limited
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -449,17 +448,67 @@ def remove_path(root: Path, path: Path, *,
         except FileNotFoundError:
             return
         if stat.S_ISDIR(mode):
-            refuse_mounts(dfd, path, family)
-            # fd-based from the checked folder down: unlinks symlinks inside, never follows
-            # them, and a directory swapped for a link since the stat is refused by rmtree
-            if sys.version_info >= (3, 11):
-                shutil.rmtree(path.name, dir_fd=dfd)
-            else:  # no dir_fd before 3.11: rmtree's own fd walk still follows no link inside
-                shutil.rmtree(path)
+            refuse_mounts(dfd, path, family)  # before anything goes, when one is there
+            _remove_tree(dfd, path, family)
         else:
             os.unlink(path.name, dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+def _remove_tree(dfd: int, path: Path, family: type[KvprefetchError]) -> None:
+    """Remove the folder ``path`` (the entry ``path.name`` of the open folder ``dfd``) by
+    descriptors, each folder opened ``O_NOFOLLOW`` from its parent's descriptor (a link inside
+    is unlinked, never followed; a folder swapped for a link is refused by the open), and each
+    checked to be on its parent's mount *after* it is open: ``refuse_mounts``' walk before it
+    cannot see a mount made while the removal runs, and ``shutil.rmtree`` walked into a folder
+    bind-mounted below after that check and deleted what it showed, outside the work directory
+    (issue 41, the twenty-first hostile pass). A mount made on a folder already open does not
+    cover what is reached from its descriptor. Iterative: a deep tree is no RecursionError."""
+    key = _mount_key(dfd)
+    stack: list[tuple[int, str, int, Path, Iterator[str]]] = []
+    try:
+        _enter(stack, dfd, path.name, path, key, path, family)
+        while stack:
+            parent, name, fd, where, subs = stack[-1]
+            sub = next(subs, None)
+            if sub is not None:
+                _enter(stack, fd, sub, where / sub, key, path, family)
+                continue
+            stack.pop()
+            os.close(fd)
+            os.rmdir(name, dir_fd=parent)
+    finally:
+        for _parent, _name, fd, _where, _subs in stack:
+            os.close(fd)
+
+
+def _enter(stack: list[tuple[int, str, int, Path, Iterator[str]]], parent: int, name: str,
+           where: Path, key: tuple[int, int | None], path: Path,
+           family: type[KvprefetchError]) -> None:
+    """Open the folder ``name`` of ``parent`` for ``_remove_tree``, refuse it when it is on
+    another mount than the removal's start, unlink all in it that is no folder, and push it
+    with its sub-folders still to go."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 dir_fd=parent)
+    if _mount_key(fd) != key:
+        os.close(fd)
+        raise family(f"refusing to remove {path}: {where} is a mount point (mounted while "
+                     "kvprefetch removed the folder), and what is mounted there is not the "
+                     "work directory's, so kvprefetch never deletes across one",
+                     f"unmount {where} (`umount {where}`), then rerun")
+    subs: list[str] = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    subs.append(entry.name)
+                else:  # a file, link, FIFO or socket: unlinked, never opened or followed
+                    os.unlink(entry.name, dir_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    stack.append((parent, name, fd, where, iter(subs)))
 
 
 def _mount_id(fd: int) -> int | None:
@@ -488,16 +537,42 @@ def refuse_mounts(dfd: int, path: Path, family: type[KvprefetchError] = ConfigEr
     before the mount point's own ``rmdir`` fails (issue 41, the twentieth hostile pass: a
     folder bind-mounted into a kit-made build folder was emptied by ``clean --what builds``,
     which then said "Device or resource busy / check the path and its file system"). Folders
-    are opened ``O_NOFOLLOW`` from ``dfd`` down (``os.fwalk``): no link is followed."""
+    are opened ``O_NOFOLLOW`` from ``dfd`` down: no link is followed. Without recursion
+    (``os.fwalk`` calls itself per level: a folder 3,000 levels deep in a build folder was a
+    ``RecursionError`` traceback in clean; issue 41, the twenty-first hostile pass)."""
     parent = _mount_key(dfd)
-    for top, _dirs, _files, fd in os.fwalk(path.name, dir_fd=dfd, follow_symlinks=False):
+    for fd, where in _folders(dfd, path):
         if _mount_key(fd) != parent:
-            where = path.parent / top
             raise family(f"refusing to remove {path}: {where} is a mount point (another file "
                          "system, or a bind mount of a folder elsewhere), and what is mounted "
                          "there is not the work directory's, so kvprefetch never deletes "
                          "across one",
                          f"unmount {where} (`umount {where}`), then rerun")
+
+
+def _folders(dfd: int, path: Path) -> Iterator[tuple[int, Path]]:
+    """Each folder from ``path`` (the entry ``path.name`` of ``dfd``) down, open (``O_NOFOLLOW``
+    from its parent's descriptor), with its path; depth first, one descriptor per level."""
+    stack: list[tuple[int, Path, Iterator[str]]] = []
+    parent, name, where = dfd, path.name, path
+    try:
+        while True:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=parent)
+            stack.append((fd, where, iter(())))
+            with os.scandir(fd) as entries:
+                subs = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+            stack[-1] = (fd, where, iter(subs))
+            yield fd, where
+            sub = None
+            while stack and (sub := next(stack[-1][2], None)) is None:
+                os.close(stack.pop()[0])
+            if not stack or sub is None:
+                return
+            parent, name, where = stack[-1][0], sub, stack[-1][1] / sub
+    finally:
+        for fd_, _where, _subs in stack:
+            os.close(fd_)
 
 
 def refuse_mounts_at(root: Path, path: Path,
@@ -532,7 +607,7 @@ def first_hard_link(top: Path) -> tuple[Path, int] | None:
         return (top, st.st_nlink) if st.st_nlink > 1 else None
     if not stat.S_ISDIR(st.st_mode):
         return None
-    for dirpath, dirnames, filenames in os.walk(top):  # os.walk follows no link by default
+    for dirpath, dirnames, filenames in walk(top):  # follows no link
         for name in sorted(filenames) + sorted(dirnames):
             p = Path(dirpath) / name
             try:
