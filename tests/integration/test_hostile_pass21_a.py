@@ -43,28 +43,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.test_hostile_pass20_a import _kv
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: nothing outside the test's folders changes
-
-_REPO = Path(__file__).resolve().parents[2]
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path), HOME=str(tmp_path))
-    return env
-
-
-def _kv(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.fixture
