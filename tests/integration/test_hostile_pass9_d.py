@@ -281,16 +281,18 @@ def test_an_output_file_option_naming_a_folder_says_so(tmp_path: Path,
                                                        command: tuple[str, ...]) -> None:
     """``export-header -o ''`` said "cannot write .: a directory is in its place / To fix: move
     . away"; ``-o DIR`` (an existing folder) "move DIR away", sending the user to move their
-    folder. ``vmm bench --out`` took the same. Now a usage error: name the file to write."""
+    folder. ``vmm bench --out`` took the same. Now a usage error: name the file to write. (Since
+    the twenty-first hostile pass the option reads the value as typed, so ``''`` is said to name
+    no file, not to be the folder ``.``.)"""
     folder = tmp_path / "headers"
     folder.mkdir()
     (folder / "mine.txt").write_text("keep\n")
-    for value in ("", str(folder)):
+    for value, what in (("", "names no file"), (str(folder), "is a folder")):
         res = _sh('"$@"', *command, value, "--workdir", str(tmp_path / "w")) \
             if command[0] == "export-header" else _sh('"$@"', *command, value)
         text = _no_traceback(res)
         assert res.returncode == 2, text
-        assert "is a folder; give the path of the file to write" in text, text
+        assert f"{what}; give the path of the file to write" in text, text
         assert "move" not in text, text
     assert [p.name for p in folder.iterdir()] == ["mine.txt"]
 
