@@ -161,7 +161,6 @@ def _send(root: Path, rec: dict[str, Any], job: str, task: int | None,
                          "campaign records (`slurm status` asks Slurm about each)",
                          "plan a new campaign into a new folder (`kvprefetch slurm plan`) for "
                          "the jobs still to run")
-    check_start_env(os.environ, root.resolve())
     rec["sending"] = {"job": job, "task": task, "at": _now()}
     save_record(root, rec)
     try:
@@ -191,8 +190,8 @@ def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
 def _submit(root: Path, dry_run: bool) -> list[dict[str, Any]]:
     c, rec = load(root)  # read again under the lock
     check_job_folders(root)
-    # a dry run refuses what the real one does: it planned every job with exit 0 where the real
-    # submit sends none (issue 41, the twenty-first hostile pass)
+    # once, before any sbatch, and in a dry run too: that one planned every job with exit 0
+    # where the real submit sends none (issue 41, the twenty-first hostile pass)
     check_start_env(os.environ, root.resolve())
     if not dry_run:
         refuse_unanswered(root, c, rec)
