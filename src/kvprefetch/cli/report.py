@@ -178,7 +178,7 @@ def _refuse_overwriting_inputs(files: Sequence[Path], out_dir: Path,
            "they are")
     for name, exts in outputs.items():
         for ext in exts:
-            target = out_dir / f"{name}.{'png' if ext == 'png' else ext}"
+            target = out_dir / f"{name}.{ext}"
             for f in files:
                 if _same_file(f, target):
                     raise BenchError(f"{target} is the result file {f} this report reads: "
