@@ -95,9 +95,10 @@ def test_a_cancelled_verify_job_leaves_no_temporary_of_its_report(tmp_path: Path
     from tests.integration.test_hostile_pass11_t import _fake_slurm, _kit
     from tests.integration.test_reliability import _env
 
-    fake_python = tmp_path / "python"
+    fake_python, stop = tmp_path / "python", tmp_path / "no-sleep"
+    # the stand-in's switch is a file: a job passes its programs job_env's names alone
     fake_python.write_text('#!/bin/bash\ncase " $* " in *" verify-kernel "*)\n'
-                           '  echo \'{"half": \'; [ -e "$STOP_FILE" ] || sleep 60; echo 1}\n'
+                           f'  echo \'{{"half": \'; [ -e {stop} ] || sleep 60; echo 1}}\n'
                            "esac\nexit 0\n")
     fake_python.chmod(0o755)
     _fake_slurm(tmp_path)
@@ -122,9 +123,8 @@ def test_a_cancelled_verify_job_leaves_no_temporary_of_its_report(tmp_path: Path
     proc.wait(timeout=30)
     assert sorted(p.name for p in results.iterdir()) == []
     assert (camp / "logs" / "verify-4343.exit").read_text() == "143\n"
-    stop = tmp_path / "no-sleep"
     stop.touch()
-    done = job("4344", STOP_FILE=str(stop))
+    done = job("4344")
     assert done.wait(timeout=30) == 0
     assert sorted(p.name for p in results.iterdir()) == ["verify.json"]
     assert (results / "verify.json").read_text() == '{"half": \n1}\n'

@@ -130,13 +130,14 @@ def test_a_build_jobs_private_folders_never_go_into_a_tmpdir_in_the_campaign(
 
 @pytest.mark.parametrize(("var", "value"), [
     ("TMPDIR", "{camp}/tmp"), ("TMPDIR", "/{camp}"), ("TMPDIR", "{alias}/camp/logs/t"),
-    ("TEMP", "{camp}/results"), ("TMP", "{camp}"),
+    ("HOME", "{camp}/results"), ("HOME", "{camp}"),
 ])
 def test_every_job_refuses_a_temp_folder_in_the_campaign(
         tmp_path: Path, var: str, value: str) -> None:
-    """Each job (here prepare, verify, bench, merge) refuses TMPDIR, TEMP or TMP in the
-    campaign, by its name, ``//`` or a link, before its interpreter runs; one outside it
-    is kept and the job runs."""
+    """Each job (here prepare, verify, bench, merge) refuses TMPDIR (or HOME, since jobs keep
+    only job_env's names: TEMP and TMP, refused here before, never reach a job now) in the
+    campaign, by its name, ``//`` or a link, before its interpreter runs; one outside it is
+    kept and the job runs."""
     camp, seen = tmp_path / "camp", tmp_path / "seen"
     (tmp_path / "alias").symlink_to(tmp_path)
     py = tmp_path / "python"  # the jobs' "interpreter": it says it ran, and with which TMPDIR

@@ -69,10 +69,8 @@ def _env(tmp_path: Path, bin_dir: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize(("extra"), [
     {"LD_LIBRARY_PATH": "/opt/none;{camp}/lib"},
-    {"CAMP": "{camp}", "BASH_ENV": "$CAMP/rc"},
-    {"CAMP": "{camp}", "ENV": "${{CAMP}}/rc"},
     {"LD_LIBRARY_PATH": "{camp}/../x/$LIB/../../../camp/lib"},
-], ids=["semicolon", "bash-env-parameter", "env-braced-parameter", "loader-token"])
+], ids=["semicolon", "loader-token"])
 def test_submit_refuses_a_start_entry_in_the_campaign_however_it_is_spelled(
         tmp_path: Path, extra: dict[str, str]) -> None:
     """An entry the loader or bash reads at the job's start, in the campaign by a ``;`` or a
@@ -89,16 +87,42 @@ def test_submit_refuses_a_start_entry_in_the_campaign_however_it_is_spelled(
     assert not calls.exists(), "sbatch was run"
 
 
+@pytest.mark.parametrize(("extra"), [
+    {"CAMP": "{camp}", "BASH_ENV": "$CAMP/rc"},
+    {"CAMP": "{camp}", "ENV": "${{CAMP}}/rc"},
+], ids=["bash-env-parameter", "env-braced-parameter"])
+def test_bashs_start_files_never_reach_a_job(tmp_path: Path, extra: dict[str, str]) -> None:
+    """Since jobs get only job_env's names (the lead's allow-list after this pass; these cases
+    were refused at submit before it): ``BASH_ENV``/``ENV`` naming the campaign through a
+    parameter are not passed at all. sbatch is told ``--export=`` a list naming neither (nor
+    the parameter they name), on every call."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    bin_dir, calls = _fake_sbatch(tmp_path)
+    env = {**_env(tmp_path, bin_dir), **{k: v.format(camp=camp) for k, v in extra.items()}}
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    sent = calls.read_text().splitlines()
+    assert sent, "no sbatch was run"
+    for line in sent:
+        exported = [a for a in line.split() if a.startswith("--export=")]
+        assert len(exported) == 1, line
+        names = exported[0].removeprefix("--export=").split(",")
+        assert "HOME" in names and not {"BASH_ENV", "ENV", "CAMP"} & set(names), line
+
+
 @pytest.mark.parametrize("command", [["submit"], ["resubmit", "{camp}", "prepare"]])
 def test_a_dry_run_refuses_the_start_entry_the_real_submit_refuses(
         tmp_path: Path, command: list[str]) -> None:
     """``submit --dry-run`` (and ``resubmit --dry-run``) with an ``LD_PRELOAD`` in the campaign
     listed every job it would send, exit 0, where the real command sends none. Now the dry run
-    refuses it the same way."""
+    refuses it the same way. (``LD_PRELOAD`` is no longer passed to jobs at all; the case is
+    ``LD_LIBRARY_PATH``, which is.)"""
     camp = tmp_path / "camp"
     _plan(tmp_path, camp)
     bin_dir, _ = _fake_sbatch(tmp_path)
-    env = {**_env(tmp_path, bin_dir), "LD_PRELOAD": f"{camp}/logs/evil.so"}
+    env = {**_env(tmp_path, bin_dir), "LD_LIBRARY_PATH": f"/usr/lib:{camp}/logs"}
     base = [sys.executable, "-m", "kvprefetch", "slurm"]
     if command[0] == "resubmit":  # a submitted campaign, so prepare can be sent again
         res = subprocess.run([*base, "submit", str(camp)], env=_env(tmp_path, bin_dir),
@@ -111,7 +135,7 @@ def test_a_dry_run_refuses_the_start_entry_the_real_submit_refuses(
                          timeout=120, check=False)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "Traceback" not in out, out
-    assert "LD_PRELOAD" in out and "To fix" in out, out
+    assert "LD_LIBRARY_PATH" in out and "To fix" in out, out
 
 
 @pytest.mark.parametrize("argv", [["export-header", "-o"], ["vmm", "bench", "--dry-run", "--out"]])

@@ -71,10 +71,12 @@ def _preload_lib(tmp_path: Path, marker: Path) -> Path:
 def test_a_preload_read_from_the_folder_a_program_runs_in_never_loads_from_the_campaign(
         tmp_path: Path) -> None:
     """``LD_PRELOAD``/``LD_AUDIT`` entries relative or through ``/proc`` naming a library
-    planted in the campaign and its logs/: no program of the verify job loads it; the job
-    says which entries it left out and runs on. An absolute entry outside is still loaded."""
-    camp, marker = tmp_path / "camp", tmp_path / "loaded"
-    seen, py = _stub(tmp_path, camp)
+    planted in the campaign and its logs/: no program of the verify job loads it, and the job
+    runs on. (The job left such entries out until jobs kept only job_env's names; now neither
+    variable reaches any program after the job's first shell, an absolute one outside the
+    campaign included: submit never passes them.)"""
+    camp, marker, got = tmp_path / "camp", tmp_path / "loaded", tmp_path / "got"
+    seen, py = _stub(tmp_path, camp, f'echo "${{LD_PRELOAD-}}|${{LD_AUDIT-}}" >> {got}')
     _plan(tmp_path, camp, python=str(py))
     lib = _preload_lib(tmp_path, marker)
     shutil.copyfile(lib, camp / "pre.so")
@@ -84,68 +86,58 @@ def test_a_preload_read_from_the_folder_a_program_runs_in_never_loads_from_the_c
         res = _run(tmp_path, camp, "20-verify.sbatch", **{var: value})
         assert not marker.exists(), f"{var}={value}: a program loaded the campaign's pre.so"
         assert res.returncode == 0, res.stdout + res.stderr
-        assert f"out of {var}" in res.stderr and "To fix: set" in res.stderr
         assert seen.exists()
         seen.unlink()
     res = _run(tmp_path, camp, "20-verify.sbatch", LD_PRELOAD=str(lib))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert marker.exists(), "an absolute preload outside the campaign was left out"
+    assert set(got.read_text().splitlines()) == {"|"}, got.read_text()
 
 
 def test_pythons_own_folders_are_never_read_from_the_campaign(tmp_path: Path) -> None:
     """A relative PYTHONPYCACHEPREFIX (from ``/``, where the kit runs, into the campaign), a
     PYTHONHOME in the campaign (also as ``prefix:exec_prefix``) and a PYTHONPLATLIBDIR path:
-    the merge job refuses each before its interpreter runs and records exit 2."""
-    camp = tmp_path / "camp"
-    seen, py = _stub(tmp_path, camp)
+    the merge job refused each before its interpreter ran until jobs kept only job_env's names;
+    now none of them reaches the interpreter."""
+    camp, got = tmp_path / "camp", tmp_path / "got"
+    names = ("PYTHONPYCACHEPREFIX", "PYTHONUSERBASE", "PYTHONHOME", "PYTHONPLATLIBDIR")
+    record = "|".join("${" + n + "-}" for n in names)
+    seen, py = _stub(tmp_path, camp, f'echo "{record}" >> {got}')
     _plan(tmp_path, camp, python=str(py))
     (camp / "ph").mkdir()
     rel = os.path.relpath(camp, "/")
-    cases = (("PYTHONPYCACHEPREFIX", f"{rel}/pyc", "is a relative path"),
-             ("PYTHONUSERBASE", f"./{rel}/ub", "is a relative path"),
-             ("PYTHONHOME", str(camp / "ph"), "is in the campaign"),
-             ("PYTHONHOME", f"/usr:{camp / 'ph'}", "names two folders"),
-             ("PYTHONPLATLIBDIR", f"../../../../../../../../..{camp}/pl", "is a path"))
-    for var, value, said in cases:
+    cases = (("PYTHONPYCACHEPREFIX", f"{rel}/pyc"), ("PYTHONUSERBASE", f"./{rel}/ub"),
+             ("PYTHONHOME", str(camp / "ph")), ("PYTHONHOME", f"/usr:{camp / 'ph'}"),
+             ("PYTHONPLATLIBDIR", f"../../../../../../../../..{camp}/pl"))
+    for var, value in cases:
         res = _run(tmp_path, camp, "40-merge.sbatch", **{var: value})
-        assert not seen.exists(), f"the merge job ran the kit with {var}={value}"
-        assert res.returncode == 2, (var, value, res.stdout + res.stderr)
-        assert f"refusing to run: {var}={value} {said}" in res.stderr
-        assert "To fix: submit the campaign with" in res.stderr
-        assert (camp / "logs" / "merge-7.exit").read_text() == "2\n"
-    res = _run(tmp_path, camp, "40-merge.sbatch", PYTHONHOME="/usr", PYTHONPLATLIBDIR="lib")
-    assert seen.exists(), res.stdout + res.stderr
+        assert res.returncode == 0 and seen.exists(), (var, value, res.stdout + res.stderr)
+        seen.unlink()
+    assert set(got.read_text().splitlines()) == {"|||"}, got.read_text()
 
 
 def test_the_compilers_own_search_paths_never_reach_the_campaign(tmp_path: Path) -> None:
     """gcc runs the ``cc1plus`` it finds first in ``COMPILER_PATH`` (or under
     ``GCC_EXEC_PREFIX``) and nvcc the host compiler ``NVCC_CCBIN`` names; the build job passed
-    its environment on to them unchecked. Now the build job keeps the compilers' search paths
-    to entries outside the campaign and refuses a prefix or host compiler in it (one through
-    the user's link too) before its interpreter runs."""
+    its environment on to them unchecked. The build job then kept the compilers' search paths
+    to entries outside the campaign and refused a prefix or host compiler in it; since jobs
+    keep only job_env's names, none of these reaches the build at all."""
     camp, node, seen = tmp_path / "camp", tmp_path / "node", tmp_path / "seen"
     node.mkdir()
     py = tmp_path / "python"
-    py.write_text(f'#!/bin/bash\nprintf "%s|%s\\n" "${{COMPILER_PATH-}}" "${{CPATH-}}" >> {seen}\n')
+    py.write_text(f'#!/bin/bash\nprintf "%s|%s|%s|%s\\n" "${{COMPILER_PATH-}}" "${{CPATH-}}" '
+                  f'"${{GCC_EXEC_PREFIX-}}" "${{NVCC_CCBIN-}}" >> {seen}\n')
     py.chmod(0o755)
     _plan(tmp_path, camp, python=str(py))
     (camp / "cc").mkdir()
     (tmp_path / "gxx").symlink_to(camp / "cc" / "g++")
     build = "10-build-baseline.sbatch"
-    res = _run(tmp_path, camp, build, SLURM_TMPDIR=str(node),
-               COMPILER_PATH=f"/usr/bin:{camp / 'cc'}", CPATH=f"{tmp_path / 'gxx'}/..:/usr")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert set(seen.read_text().splitlines()) == {"/usr/bin|/usr"}, seen.read_text()
-    seen.unlink()
-    for var, value in (("GCC_EXEC_PREFIX", f"{camp / 'cc'}/"), ("NVCC_CCBIN", str(camp / "cc")),
-                       ("NVCC_CCBIN", str(tmp_path / "gxx"))):
-        res = _run(tmp_path, camp, build, SLURM_TMPDIR=str(node), **{var: value})
-        assert not seen.exists(), f"the build job ran the kit with {var}={value}"
-        assert res.returncode == 2, (var, value, res.stdout + res.stderr)
-        assert f"refusing to run: {var}" in res.stderr and "To fix: submit" in res.stderr
-    res = _run(tmp_path, camp, build, SLURM_TMPDIR=str(node), NVCC_CCBIN="g++",
-               GCC_EXEC_PREFIX="/usr/lib/gcc/")
-    assert res.returncode == 0 and seen.exists(), res.stdout + res.stderr
+    for hostile in ({"COMPILER_PATH": f"/usr/bin:{camp / 'cc'}",
+                     "CPATH": f"{tmp_path / 'gxx'}/..:/usr"},
+                    {"GCC_EXEC_PREFIX": f"{camp / 'cc'}/"}, {"NVCC_CCBIN": str(camp / "cc")},
+                    {"NVCC_CCBIN": str(tmp_path / "gxx")}):
+        res = _run(tmp_path, camp, build, SLURM_TMPDIR=str(node), **hostile)
+        assert res.returncode == 0, (hostile, res.stdout + res.stderr)
+    assert set(seen.read_text().splitlines()) == {"|||"}, seen.read_text()
 
 
 def test_pips_log_never_goes_through_a_link_in_the_campaign(tmp_path: Path) -> None:

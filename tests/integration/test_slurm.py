@@ -230,6 +230,11 @@ def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdis
            if k not in ("KVPREFETCH_WORKDIR", "VLLM_USE_PRECOMPILED")}
     # this kit, whatever the interpreter's own install is (the campaign pins the same path)
     env["PYTHONPATH"] = str(Path(kvprefetch.__file__).resolve().parent.parent)
+    # What sbatch passes on is job_env's list, not this shell (--export=ALL, its default): a
+    # BASH_ENV here, which every job's bash would read as it starts, reaches no job
+    sourced, rc_file = tmp_path / "sourced", tmp_path / "rc"
+    rc_file.write_text(f'[ -z "${{SLURM_JOB_ID:-}}" ] || echo "$SLURM_JOB_ID" >> {sourced}\n')
+    env.update(BASH_ENV=str(rc_file), SBATCH_EXPORT="ALL")
     camp = tmp_path / "camp"
     scratch = tmp_path / "node-scratch"  # stands for a node-local disk ($SLURM_TMPDIR)
     t0 = time.monotonic()
@@ -264,6 +269,7 @@ def test_a_campaign_end_to_end_on_a_real_slurm(slurm_cluster: Cluster, vllm_sdis
         ("merge", "COMPLETED")}
     assert sorted(s["id"] for s in states if s["job"] == "bench") == \
         [f"{ids['bench']}_0", f"{ids['bench']}_1"]
+    assert not sourced.exists(), f"a job's bash read the submitting shell's BASH_ENV: {ids}"
 
     # the builds are real, built in their jobs' own scratch and published into the campaign:
     # one manifest per tree, its paths the published ones; the scratch folders are gone

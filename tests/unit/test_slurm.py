@@ -190,7 +190,9 @@ def test_build_jobs_work_in_their_own_scratch_and_publish_at_the_end(tmp_path: P
     assert "rm -rf" not in kept and 'echo "scratch kept: $SCRATCH"' in kept
     own = render_script(_campaign(tmp_path / "c3", scratch="/lscratch/$USER"),
                         c.job("build-baseline"))
-    assert 'SCRATCH_BASE="/lscratch/$USER"\n' in own
+    # $USER as the job's first shell read it, before it kept only job_env's names
+    assert 'SCRATCH_BASE="/lscratch/${KVPREFETCH_SCRATCH_USER}"\n' in own
+    assert "  for v in USER; do\n" in own
 
 
 def test_scratch_folders_a_shell_could_run_are_refused() -> None:

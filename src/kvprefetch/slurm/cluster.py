@@ -26,9 +26,9 @@ from .campaign import (
     load_record,
     save_record,
 )
-from .scripts import sbatch_argv, submission_order
+from .job_env import check_passed
+from .scripts import sbatch_argv, scratch_names, submission_order
 from .sending import DRY_RUN_LOG_DIR, campaign_lock, new_log_dir
-from .values import check_start_env
 
 # ENDED: forgotten by the controller, no accounting and no exit record (recorded_end)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -192,7 +192,7 @@ def _submit(root: Path, dry_run: bool) -> list[dict[str, Any]]:
     check_job_folders(root)
     # once, before any sbatch, and in a dry run too: that one planned every job with exit 0
     # where the real submit sends none (issue 41, the twenty-first hostile pass)
-    check_start_env(os.environ, root.resolve())
+    check_passed(os.environ, root.resolve(), scratch_names(c))
     if not dry_run:
         refuse_unanswered(root, c, rec)
     if rec["submitted"] and not dry_run:
@@ -463,7 +463,7 @@ def _resubmit(root: Path, job_name: str, task: int | None, dry_run: bool) -> dic
     c, rec = load(root)  # read again under the lock
     check_job_folders(root)
     job = c.job(job_name)
-    check_start_env(os.environ, root.resolve())  # the dry run as the real one (_submit)
+    check_passed(os.environ, root.resolve(), scratch_names(c))  # the dry run as _submit's
     if not dry_run:
         refuse_unanswered(root, c, rec, resubmitting=job_name, task=task)
     if task is not None and job.array is None:

@@ -41,6 +41,7 @@ from .campaign import (
     load_record,
     save_record,
 )
+from .job_env import SCRATCH_PREFIX, SHELLS_OWN, export_option, keep_only_sh, scratch_name
 from .shell import (
     CHECK_JOB_IDS_SH,
     KEEP_OUTSIDE_SH,
@@ -49,7 +50,13 @@ from .shell import (
     TEMP_OUTSIDE_SH,
     WRITE_NEW_SH,
 )
-from .values import SCRATCH_NODE, check_campaign_path, job_path, scratch_variables
+from .values import (
+    SCRATCH_NODE,
+    SCRATCH_VARIABLE,
+    check_campaign_path,
+    job_path,
+    scratch_variables,
+)
 
 
 def _q(argv: Sequence[str | Path]) -> str:
@@ -60,11 +67,19 @@ def kit_argv(c: Campaign, *args: str | Path) -> list[str]:
     return [c.python, "-m", "kvprefetch", *map(str, args)]
 
 
+def scratch_names(c: Campaign) -> list[str]:
+    """The environment variables the campaign's ``--scratch`` names (none for ``node``)."""
+    return scratch_variables(c.scratch) if c.scratch != SCRATCH_NODE else []
+
+
 def scratch_base_sh(c: Campaign) -> str:
-    """The shell word for the folder under which a build job makes its scratch directory."""
+    """The shell word for the folder under which a build job makes its scratch directory: each
+    variable it names read from where the job keeps it (job_env.scratch_name)."""
     if c.scratch == SCRATCH_NODE:
         return f'"{NODE_SCRATCH_SH}"'
-    return f'"{c.scratch}"'  # check_scratch: only $VAR expansion can happen inside the quotes
+    # check_scratch: only $NAME/${NAME} expansion can happen inside the quotes
+    return '"' + SCRATCH_VARIABLE.sub(
+        lambda m: "${" + scratch_name(m.group(0).strip("${}")) + "}", c.scratch) + '"'
 
 
 def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
@@ -117,15 +132,16 @@ def _scratch_variables_sh(c: Campaign, tree: TreeSpec) -> list[str]:
     variable" alone (a ``--scratch '$SLURM_TMPDIR/k'`` on a cluster without it), and an empty
     one would build in the folder above (issue 41, the twentieth hostile pass). The names are
     identifiers (check_scratch), safe as shell words."""
-    names = scratch_variables(c.scratch) if c.scratch != SCRATCH_NODE else []
+    names = scratch_names(c)
     if not names:
         return []
     return [
         f"for v in {' '.join(names)}; do",
-        '  if [ -z "${!v:-}" ]; then',
+        f"  case $v in {'|'.join(SHELLS_OWN)}) k=$v;; *) k={SCRATCH_PREFIX}$v;; esac",
+        '  if [ -z "${!k:-}" ]; then',
         ('    echo "refusing to build: the campaign\'s --scratch names \\$$v, which is not set'
          ' (or is empty) in this job\'s environment. To fix: set $v when you submit (sbatch'
-         ' passes your environment on), or plan the campaign again with --scratch node or a'
+         ' passes it on), or plan the campaign again with --scratch node or a'
          f' folder that names no such variable; then kvprefetch slurm resubmit {c.root}'
          f' build-{tree.name}" >&2; exit 2'),
         "  fi",
@@ -195,14 +211,17 @@ def render_script(c: Campaign, job: Job) -> str:
     gpu = (job.name == "bench" and not c.bench.stand_in) or (job.name == "verify" and not c.no_gpu)
     cpus = c.slurm.cpus_per_build if job.name.startswith("build-") else None
     check_campaign_path(c.root)  # the folder goes into #SBATCH lines, unquoted
-    directives = [f"--job-name=kvp-{Path(c.root).name}-{job.name}", f"--output={log}"]
+    directives = [f"--job-name=kvp-{Path(c.root).name}-{job.name}", f"--output={log}",
+                  export_option(scratch_names(c))]  # as submit passes it: sbatch by hand too
     if job.array:
         directives.append(f"--array=0-{job.array - 1}")
     directives += c.slurm.directives(gpu, cpus)
     lines = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives] + [
         (f"# kvprefetch campaign job {job.name!r}; {_SCRIPT_MARK} "
          f"(kit {c.kit_version} @ {c.kit_commit or 'no git commit'})."),
-        "# Self-contained: the interpreter, the kit and PATH are pinned below.",
+        "# Self-contained: the interpreter, the kit and PATH are pinned below, and the job",
+        "# keeps only the environment kvprefetch passes (kvprefetch.slurm.job_env).",
+        *keep_only_sh(scratch_names(c) if job.name.startswith("build-") else []),
         "set -euo pipefail",
         f"export PYTHONPATH={shlex.quote(c.kit_root)}",
         f"export PATH={shlex.quote(job_path(c.path, c.root))}",
@@ -217,14 +236,6 @@ def render_script(c: Campaign, job: Job) -> str:
         'while [ "${CAMPAIGN_AT#//}" != "$CAMPAIGN_AT" ]; do CAMPAIGN_AT=${CAMPAIGN_AT#/}; done',
         'keep_outside PATH; PATH=${PATH:-/usr/bin:/bin}',
         'if [ -n "${LD_LIBRARY_PATH+x}" ]; then keep_outside LD_LIBRARY_PATH; fi',
-        # the libraries each program loads first: none read from the folder it runs in
-        ('for v in LD_PRELOAD LD_AUDIT; do'
-         ' if [ -n "${!v+x}" ]; then keep_outside_loaded "$v"; fi; done'),
-        # PYTHONINSPECT (a debugging switch, inherited through --export=ALL) made every
-        # error of the kit a SystemExit traceback and exit 1, the job's record no longer the
-        # kit's status (issue 41, the twentieth hostile pass): a job is never interactive
-        ("unset KVPREFETCH_WORKDIR VLLM_USE_PRECOMPILED VLLM_PRECOMPILED_WHEEL_LOCATION"
-         " PYTHONINSPECT"),
         f"export {JOB_ENV}={shlex.quote(c.root)}",  # its --workdir links are refused
         f"cd {shlex.quote(c.root)}",
         # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
@@ -350,7 +361,9 @@ def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],
     # first line: an inherited LD_LIBRARY_PATH with an empty entry (`:/cuda/lib64`) had it
     # load a libtinfo.so.6 planted in the campaign, run as the user (issue 41, the
     # eighteenth hostile pass). Every path the script and this command name is absolute.
-    argv = ["sbatch", "--parsable", "--chdir=/"]
+    # --export: what the job gets of this shell's environment (job_env.PASSED, checked by
+    # submit), not all of it (sbatch's default); it overrides SBATCH_EXPORT and the script's own
+    argv = ["sbatch", "--parsable", "--chdir=/", export_option(scratch_names(c))]
     if dependency_ids:
         argv.append("--dependency=afterok:" + ":".join(dependency_ids))
     if task is not None:

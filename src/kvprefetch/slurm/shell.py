@@ -111,9 +111,10 @@ LEAVE_CAMPAIGN_SH = "cd /  # python -m imports from its working folder first"
 # runs in the campaign folder (and write_new in its logs/), so an empty or relative entry is
 # that folder, and an entry reaching it through a link or `//` (which `slurm plan`'s string
 # check did not see) is in it too. A careless `LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/cuda/lib64`
-# (an empty first entry), inherited through sbatch's --export=ALL, had `mv` load a libacl.so.1
-# planted in logs/ and `PATH=//campaign/bin:...` or a link to the campaign had a planted
-# `hostname` run, each as the user (issue 41, the eighteenth hostile pass). Builtins only:
+# (an empty first entry), inherited through sbatch's --export=ALL (before job_env's
+# allow-list; LD_LIBRARY_PATH is still passed), had `mv` load a libacl.so.1 planted in logs/
+# and `PATH=//campaign/bin:...` or a link to the campaign had a planted `hostname` run, each
+# as the user (issue 41, the eighteenth hostile pass). Builtins only:
 # nothing may be looked up before the paths are kept.
 # A folder on the way is compared with the campaign by device and inode too (`-ef`, bash's
 # own test): a TMPDIR in a bind mount of the campaign elsewhere (a second mount point, a
@@ -169,46 +170,20 @@ KEEP_OUTSIDE_SH = (
     '  done',
     '  printf -v "$1" %s "$kept"',
     '}',
-    # The libraries every program loads first (LD_PRELOAD, LD_AUDIT; bash loaded them at its
-    # start, from `/`, where submit's check_start_env read them): an entry with a `/` that is
-    # not absolute, or that goes through /proc, is read again by each program from the folder
-    # it runs in. `LD_PRELOAD=./pre.so` (or `logs/x.so`, `/proc/self/cwd/pre.so`) passed
-    # submit's check and had the job's `env`, `pwd`, `hostname`, `date`, `mktemp`, `dd` and
-    # `mv` load a pre.so planted in the campaign, as the user (issue 41, the twenty-first
-    # hostile pass). Such entries are left out (said on stderr); an absolute one is kept by its
-    # own path, links followed (`readlink -f`, run with neither variable, the search paths
-    # kept by now), when neither it nor that path reaches the campaign. A bare name is
-    # searched in the system's folders and the LD_LIBRARY_PATH kept above.
-    "keep_outside_loaded() {  # the variable named $1 (LD_PRELOAD, LD_AUDIT), likewise",
-    '  local rest e r kept=',
-    '  rest=${!1-}; rest=${rest// /:}:',
-    '  while [ -n "$rest" ]; do',
-    '    e=${rest%%:*}; rest=${rest#*:}',
-    "    case \"$e\" in '') continue;; */*) ;; *) kept=${kept:+$kept:}$e; continue;; esac",
-    '    if [ "${e#/}" != "$e" ] && ! reaches_campaign "$e" \\',
-    '        && r=$(LD_PRELOAD= LD_AUDIT= readlink -f -- "$e") && ! reaches_campaign "$r" \\',
-    '        && [ "${r//[: ]/}" = "$r" ]; then',
-    '      kept=${kept:+$kept:}$r; continue',
-    '    fi',
-    ('    echo "leaving $e out of $1: it is relative, goes through /proc or reaches the campaign'
-     ' $CAMPAIGN_AT, so the programs of this job would load it from the folder they run in or'
-     ' from the campaign. To fix: set $1 to absolute paths outside the campaign" >&2'),
-    '  done',
-    '  printf -v "$1" %s "$kept"',
-    '}',
 )
 
 
-# The system temp folder a job inherits (sbatch's --export=ALL), refused when it is in or
-# reaches the campaign: the kit makes its private folders there (ownership.private_dir: the
-# sdist's unpack, git apply, nvcc's and gcc's temporaries), and the programs it runs write into
-# them by path, so whoever can write the campaign could rename one and put a link to a folder
-# outside in its place. A build job whose scratch was the node's $SLURM_TMPDIR, submitted with
-# TMPDIR=<campaign>/tmp, had tarfile unpack the whole vLLM sdist (3,063 files) into the folder
-# such a link named (issue 41, the nineteenth hostile pass); the scratch check saw only
-# $SLURM_TMPDIR, and the other jobs checked nothing. Python's tempfile reads TEMP and TMP too.
-# A relative value is left to the kit, which refuses it (runner.check_child_tmpdir).
-# The value checked is then pinned, for the job and the kit, to the folder it names now by a
+# The folders a job keeps of the environment submit passed (job_env.PASSED), refused when one
+# is in or reaches the campaign as the node sees it: the kit makes its private folders in
+# TMPDIR (ownership.private_dir: the sdist's unpack, git apply, nvcc's and gcc's temporaries),
+# and the programs it runs write into them by path, so whoever can write the campaign could
+# rename one and put a link to a folder outside in its place. A build job whose scratch was the
+# node's $SLURM_TMPDIR, submitted with TMPDIR=<campaign>/tmp, had tarfile unpack the whole vLLM
+# sdist (3,063 files) into the folder such a link named (issue 41, the nineteenth hostile
+# pass). HOME holds Python's user site and pip's and git's own settings; CUDA_HOME and
+# CUDA_PATH the toolkit whose nvcc the build runs (CUDA_HOME=<campaign>/cuda had the build run
+# a planted nvcc: the twentieth pass).
+# Each value checked is then pinned, for the job and the kit, to the folder it names now by a
 # path with no link on it (the way the build job's scratch is used): a TMPDIR through the
 # user's link to a folder not made yet in the campaign (`~/t` -> `<campaign>/tmp`) resolved to
 # nothing at the check, its folders outside passed, the campaign's writer made `tmp/` after
@@ -217,49 +192,28 @@ KEEP_OUTSIDE_SH = (
 # now is pinned to the deepest folder on its way that is one, plus the rest, which must not
 # exist yet (then only the user can make it, in their own folder); a rest whose first part is
 # already something (a dangling link, a file) is refused.
-# Python's own folders are checked the same way: PYTHONPYCACHEPREFIX=<campaign>/pyc had every
-# job's interpreter write the bytecode of each module it imported there (92 files for `report`)
-# and read it back in the next job, code whoever writes the campaign could replace, and a
-# link put at pyc/ had them written outside (issue 41, the twentieth hostile pass); a
-# PYTHONUSERBASE there is imported from by an interpreter outside a venv. The CUDA toolkit's
-# folder too: CUDA_HOME=<campaign>/cuda had the build job run the nvcc found there (the same
-# pass; the seventeenth pass's PATH into the campaign, by another variable). The host compiler
-# the build names by CXX is checked after: a program, resolved to its own path.
+# The host compiler the build names by CXX is checked after: a program, resolved to its own
+# path. Until the jobs kept only what job_env passes, this list grew by a variable or three a
+# pass (TEMP, TMP, PYTHONPYCACHEPREFIX, PYTHONUSERBASE, PYTHONHOME, PYTHONPLATLIBDIR,
+# NVCC_CCBIN, COMPILER_PATH, CPATH, LIBRARY_PATH, GCC_EXEC_PREFIX, LD_PRELOAD, LD_AUDIT: passes
+# 20 and 21); none of those reaches a job now.
 _TEMP_MSG = (
     'echo "refusing to run: $v=${!v} is in the campaign $CAMPAIGN_AT (by its name, through a'
     ' link or a bind mount of it), or names a folder through /proc, and the programs kvprefetch'
-    ' runs write their temporary files (or Python its bytecode) there by path, or run code from'
-    ' there (the CUDA toolkit, Python packages), where whoever can write the campaign could put'
+    ' runs write their temporary files there by path, or read settings or run code from there'
+    ' (the CUDA toolkit, Python packages), where whoever can write the campaign could put'
     ' a link or their own programs. To fix: submit the campaign with $v set to a folder outside'
     ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
 # A relative value is refused: each program reads it from the folder it runs in, `/` for the
-# kit (LEAVE_CAMPAIGN_SH), so `PYTHONPYCACHEPREFIX=dev/shm/camp/pyc` (a path from `/` into the
-# campaign, not seen by the check of absolute values) had the merge job's interpreter write
-# its bytecode into the campaign (118 files) and read it back in the next job (issue 41, the
-# twenty-first hostile pass). PYTHONHOME is Python's standard library, imported by every job:
-# `PYTHONHOME=<campaign>/ph` had the merge job import a `pathlib.py` planted there (the same
-# pass); its `prefix:exec_prefix` form names two folders, of which the check would see one,
-# and a PYTHONPLATLIBDIR with a `/` (`../../camp/pl`) moves the standard library anywhere.
+# kit (LEAVE_CAMPAIGN_SH), so a path from `/` into the campaign (`dev/shm/camp/pyc`) was not
+# seen by the check of absolute values (issue 41, the twenty-first hostile pass).
 _RELATIVE_MSG = (
     'echo "refusing to run: $v=${!v} is a relative path, which each program reads from the'
     ' folder it runs in (the kit runs in /, the job in the campaign), so it can name a folder'
     ' in the campaign. To fix: submit the campaign with $v set to an absolute folder outside'
     ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
 TEMP_OUTSIDE_SH = (
-    'case "${PYTHONHOME:-}" in *:*)',
-    ('  echo "refusing to run: PYTHONHOME=$PYTHONHOME names two folders (prefix:exec_prefix),'
-     ' and Python would import its standard library from a folder kvprefetch does not check.'
-     ' To fix: submit the campaign with PYTHONHOME set to one folder outside it, or unset'
-     ' it" >&2; exit 2;;'),
-    'esac',
-    'case "${PYTHONPLATLIBDIR:-}" in */*)',
-    ('  echo "refusing to run: PYTHONPLATLIBDIR=$PYTHONPLATLIBDIR is a path, not a folder name,'
-     ' and Python would import its standard library from wherever it leads (the campaign'
-     ' included). To fix: submit the campaign with PYTHONPLATLIBDIR unset (or a name such as'
-     ' lib64)" >&2; exit 2;;'),
-    'esac',
-    ("for v in TMPDIR TEMP TMP PYTHONPYCACHEPREFIX PYTHONUSERBASE PYTHONHOME CUDA_HOME"
-     " CUDA_PATH; do"),
+    "for v in TMPDIR HOME CUDA_HOME CUDA_PATH; do",
     '  case "${!v:-}" in',
     f'  ""|/*) ;; *) {_RELATIVE_MSG};;',
     '  esac',
@@ -275,43 +229,16 @@ TEMP_OUTSIDE_SH = (
     '  esac',
     "done",
     # the build's host compiler, a program: by its own path (readlink -f, PATH kept by now)
-    # (nvcc's NVCC_CCBIN alike: a program or its folder)
-    'for v in CXX NVCC_CCBIN; do',
-    '  if [ -n "${!v:-}" ] && [ "${!v#*/}" != "${!v}" ]; then',
-    '    if ! prog=$(readlink -f -- "${!v}") || reaches_campaign "${!v}" \\',
-    '        || reaches_campaign "$prog"; then',
-    ('      echo "refusing to run: $v names a program in the campaign $CAMPAIGN_AT (or one'
+    'if [ -n "${CXX:-}" ] && [ "${CXX#*/}" != "$CXX" ]; then',
+    '  if ! prog=$(readlink -f -- "$CXX") || reaches_campaign "$CXX" \\',
+    '      || reaches_campaign "$prog"; then',
+    ('    echo "refusing to run: CXX names a program in the campaign $CAMPAIGN_AT (or one'
      ' kvprefetch cannot follow to its own path), which the build would run as its host'
-     ' compiler. To fix: submit the campaign with $v set to a compiler outside it (e.g. export'
-     ' $v=g++), or unset it" >&2; exit 2'),
-    '    fi',
-    '    printf -v "$v" %s "$prog"; export "${v?}"',
+     ' compiler. To fix: submit the campaign with CXX set to a compiler outside it (e.g. export'
+     ' CXX=g++), or unset it" >&2; exit 2'),
     '  fi',
-    'done',
-    # The compilers' own search paths and the host compiler nvcc is told to run by the
-    # environment, checked like the above: gcc runs the `cc1plus`, `as` and `collect2` it finds
-    # first in COMPILER_PATH (or under GCC_EXEC_PREFIX), and reads headers and libraries from
-    # CPATH, C_INCLUDE_PATH, CPLUS_INCLUDE_PATH and LIBRARY_PATH, into the kernels it builds;
-    # nvcc runs NVCC_CCBIN as its host compiler (checked with CXX above). The build job passes
-    # its environment on to ninja, nvcc and g++, so `COMPILER_PATH=<campaign>/cc` would have
-    # the build run a `cc1plus` planted there (issue 41, the twenty-first hostile pass; the
-    # twentieth's CXX, by gcc's own variables). The lists keep their entries outside the
-    # campaign (keep_outside); a prefix or program in it is refused.
-    'for v in COMPILER_PATH LIBRARY_PATH CPATH C_INCLUDE_PATH CPLUS_INCLUDE_PATH; do',
-    '  if [ -n "${!v+x}" ]; then keep_outside "$v"; fi',
-    'done',
-    'case "${GCC_EXEC_PREFIX:-}" in "") ;; /*)',
-    '    if reaches_campaign "$GCC_EXEC_PREFIX"; then',
-    ('      echo "refusing to run: GCC_EXEC_PREFIX=$GCC_EXEC_PREFIX is in the campaign'
-     ' $CAMPAIGN_AT (or reaches it),'
-     ' and the build would run the compiler programs found there. To fix: submit the campaign'
-     ' with GCC_EXEC_PREFIX set outside it, or unset it" >&2; exit 2'),
-    '    fi;;',
-    '  *)',
-    ('    echo "refusing to run: GCC_EXEC_PREFIX=$GCC_EXEC_PREFIX is a relative path, which the'
-     ' build\'s compilers read from the folder they run in. To fix: submit the campaign with'
-     ' GCC_EXEC_PREFIX set to an absolute path outside it, or unset it" >&2; exit 2;;'),
-    '  esac',
+    '  CXX=$prog; export CXX',
+    'fi',
 )
 
 # The ids the job reads from its environment name its exit record and scratch folder and index

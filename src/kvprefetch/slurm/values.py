@@ -6,11 +6,9 @@ campaign is planned and again when its ``campaign.json`` is read back. Pure."""
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 from ..bench.plan import Bound
 from ..errors import ConfigError
@@ -26,7 +24,7 @@ _SCRATCH_FORBIDDEN = ('"', "`", "\\", "$(", "\n")
 # the `$(` check (the `$(` is built at run time, and `@P` expands it as a prompt, which runs
 # it), and the build job ran cmd; `${` alone, or `${x:-'}`, made a script bash cannot parse,
 # every line after it read in the wrong quoting (issue 41, the nineteenth hostile pass).
-_SCRATCH_VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
+SCRATCH_VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
 
 
 # What Slurm accepts for each value that reaches a script (and nothing a shell or sbatch's own
@@ -152,7 +150,7 @@ def check_scratch(scratch: str, root: str) -> str:
     if not isinstance(scratch, str) or not scratch.startswith(("/", "$")) \
             or any(c in scratch for c in _SCRATCH_FORBIDDEN) or has_control(scratch):
         raise ConfigError(f"--scratch {scratch!r} is not node or an absolute folder", fix)
-    if "$" in _SCRATCH_VARIABLE.sub("", scratch):
+    if "$" in SCRATCH_VARIABLE.sub("", scratch):
         raise ConfigError(f"--scratch {scratch!r} uses $ for more than naming a variable "
                           "($NAME or ${NAME}): the build job's shell would run the rest "
                           "(defaults, substitutions, prompt expansion)", fix)
@@ -160,6 +158,9 @@ def check_scratch(scratch: str, root: str) -> str:
     # passed a check of the text as typed (issue 41, the fourteenth hostile pass); a folder whose
     # value only the job's shell knows ($PWD, a relative $VAR) is checked by the job
     # (shell.SCRATCH_OUTSIDE_SH)
+    from .job_env import check_scratch_names  # sbatch passes each name on to the job
+
+    check_scratch_names(scratch_variables(scratch))
     inside = re.sub("/+", "/", posixpath.normpath(scratch)).rstrip("/") + "/"
     if inside.startswith(str(root).rstrip("/") + "/"):
         raise ConfigError(f"--scratch {scratch} is inside the campaign {root}: a build job's "
@@ -171,7 +172,7 @@ def check_scratch(scratch: str, root: str) -> str:
 def scratch_variables(scratch: str) -> list[str]:
     """The names of the environment variables a ``--scratch`` expands (``$NAME``,
     ``${NAME}``), in order, each once."""
-    names = [m.group(0).strip("${}") for m in _SCRATCH_VARIABLE.finditer(scratch)]
+    names = [m.group(0).strip("${}") for m in SCRATCH_VARIABLE.finditer(scratch)]
     return list(dict.fromkeys(names))
 
 
@@ -280,94 +281,3 @@ def job_path(path: str, campaign: str) -> str:
     dropped = set(path_left_out(path, campaign))
     kept = [e for e in path.split(":") if e not in dropped]
     return ":".join(kept) or "/usr/bin:/bin"
-
-
-# What the job's bash and its dynamic loader read before the script's first line runs, from
-# the environment sbatch passes on (`--export=ALL`, Slurm's default): no line of the script can
-# undo them. LD_PRELOAD also splits on spaces (ld.so(8)). An entry in the campaign had bash
-# load a library or run a file there, whoever can write the campaign planted it (issue 41, the
-# twentieth hostile pass, found by reading after the jobs were checked: bash loaded a planted
-# libtinfo.so.6 from an LD_LIBRARY_PATH entry into the campaign).
-# glibc's loader splits LD_LIBRARY_PATH on ';' as well as ':' (dl-load.c, ":;"): split on ':'
-# alone, "/opt/x;<campaign>/lib" passed the check and bash loaded libtinfo from the campaign
-# (issue 41, the twenty-first hostile pass). Bash expands BASH_ENV's and ENV's parameters before
-# it reads the file, so ``$CAMP/rc`` names the campaign through a variable of the same shell.
-START_ENV = {"LD_PRELOAD": r"[: ]", "LD_AUDIT": ":", "LD_LIBRARY_PATH": "[:;]",
-             "BASH_ENV": None, "ENV": None}
-_EXPANDED = ("BASH_ENV", "ENV")
-_PARAMETER = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-
-
-def _expanded(value: str, environ: Mapping[str, str]) -> str:
-    """``value`` with each ``$NAME``/``${NAME}`` replaced as the job's bash would, from the
-    environment sbatch passes on (unset: empty)."""
-    return _PARAMETER.sub(lambda m: environ.get(m.group(1) or m.group(2), ""), value)
-
-
-# The loader's dynamic string tokens (ld.so(8)): it expands $ORIGIN, $LIB and $PLATFORM (also
-# braced) in LD_LIBRARY_PATH, LD_PRELOAD and LD_AUDIT before it opens anything, so
-# "/opt/x/$LIB/../../../<campaign>/lib" searched the campaign while the check, reading $LIB as one
-# folder's name, resolved it two folders higher (issue 41, the twenty-first hostile pass). Each
-# entry holding one is checked under every value the token takes on the machines a job runs on.
-_DST = re.compile(r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))")
-
-
-def _dst_values() -> dict[str, list[str]]:
-    import sysconfig
-
-    machine = os.uname().machine
-    multiarch = sysconfig.get_config_var("MULTIARCH") or f"{machine}-linux-gnu"
-    return {"ORIGIN": ["/bin", "/usr/bin", os.path.dirname(os.path.realpath("/bin/bash"))],
-            "LIB": ["lib", "lib64", "lib32", "libx32", f"lib/{multiarch}", f"lib64/{multiarch}"],
-            "PLATFORM": [machine, "haswell", "xeon_phi"]}
-
-
-def _loader_expansions(entry: str) -> list[str]:
-    """``entry`` with each of the loader's tokens replaced by each value it may take."""
-    if not _DST.search(entry):
-        return [entry]
-    values = _dst_values()
-    out = [entry]
-    while any(_DST.search(e) for e in out) and len(out) < 4096:
-        nxt = []
-        for e in out:
-            m = _DST.search(e)
-            if m is None:
-                nxt.append(e)
-                continue
-            for v in values[m.group(1) or m.group(2)]:
-                nxt.append(e[:m.start()] + v + e[m.end():])
-        out = nxt
-    return out
-
-
-def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, str]]:
-    """``(name, entry)`` of each ``START_ENV`` entry that is in the campaign ``campaign`` (a
-    resolved path), by path, through links, or by device and inode (a bind mount). A relative
-    entry is read from ``/``, where every job starts (``sbatch --chdir=/``)."""
-    from ..workspace.ownership import within  # the one "at or below" check (by identity too)
-
-    found = []
-    for name, split in START_ENV.items():
-        value = environ.get(name, "")
-        if name in _EXPANDED:
-            value = _expanded(value, environ)
-        for entry in re.split(split, value) if split else [value]:
-            spelled = [entry] if name in _EXPANDED else _loader_expansions(entry)
-            if entry and any(within(Path(os.path.realpath(os.path.join("/", e))), campaign)
-                             for e in spelled):
-                found.append((name, entry))
-    return found
-
-
-def check_start_env(environ: Mapping[str, str], campaign: Path) -> None:
-    """Refuse to send a job whose bash would load code from the campaign at its start."""
-    found = start_env_in(environ, campaign)
-    if found:
-        named = ", ".join(f"{name}={entry!r}" for name, entry in found[:5])
-        raise ConfigError(
-            f"{named} in this shell is in the campaign {campaign}: sbatch passes it on, and the "
-            "job's bash would load it before the script's first line (no line of the script "
-            "can leave it out), running whatever is there as you",
-            f"unset {' '.join(sorted({n for n, _ in found}))} (or point it outside the "
-            "campaign) in this shell, then submit again")

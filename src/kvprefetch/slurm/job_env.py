@@ -1,0 +1,256 @@
+"""What a campaign job's environment holds: an allow-list. ``slurm submit`` has sbatch pass on
+only the names in ``PASSED`` (``sbatch --export=<names>``; Slurm adds its own ``SLURM_*``), each
+checked here first, and every job script starts its programs from those names alone
+(``keep_only_sh``: the script runs itself again under ``env -i``), so nothing else the
+submitting shell or the node holds reaches the kit, Python, git, pip, nvcc or the compilers.
+
+Why a list of what to pass, not of what to refuse: sbatch's default, ``--export=ALL``, handed
+every job the whole submitting shell, and passes 18 to 21 of issue 41's hostile testing each
+found more variables that had a job load or run code from the campaign, or write through a
+link in it: ``TMPDIR``, ``PATH``, ``LD_LIBRARY_PATH``, ``CUDA_HOME``, then Python's
+(``PYTHONHOME``, ``PYTHONPYCACHEPREFIX``, ``PYTHONUSERBASE``, ``PYTHONINSPECT``), the loader's
+(``LD_PRELOAD``, ``LD_AUDIT``), the compilers' (``COMPILER_PATH``, ``CPATH``,
+``GCC_EXEC_PREFIX``, ``NVCC_CCBIN``), pip's (``PIP_LOG``) and git's (``GIT_TRACE``). A list of
+what to refuse is never finished; a list of what a job needs is short, and each name on it is
+checked for what it can do."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from ..errors import ConfigError
+
+_LOCALE = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "LC_COLLATE",
+           "LC_MONETARY", "LC_MESSAGES", "LC_PAPER", "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE",
+           "LC_MEASUREMENT", "LC_IDENTIFICATION")
+# Folders and files a job's programs read, whose values must not lead into the campaign: the
+# kit's private folders and Python's user site (TMPDIR, HOME), the CUDA toolkit (CUDA_HOME,
+# CUDA_PATH), the host compiler (CXX), the trust anchors and client certificates of the
+# prepare job's download (pip's, requests', OpenSSL's). The job checks the folders again as
+# the node sees them (shell.TEMP_OUTSIDE_SH), and CXX as the program it resolves to.
+_FOLDERS = ("HOME", "TMPDIR", "CUDA_HOME", "CUDA_PATH")
+_FILES = ("CXX", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+          "PIP_CERT", "PIP_CLIENT_CERT")
+# The names a job gets from the submitting shell when set there, and only these: who runs it
+# (HOME, USER, LOGNAME), how it speaks (locale, TZ), where the CUDA toolkit, its libraries and
+# the host compiler are (the build job), and how the prepare job reaches the package index
+# (proxies, the index, certificates). PATH is not passed: every script sets its own, the
+# planning shell's less its entries in the campaign (values.job_path).
+PASSED = ("HOME", "USER", "LOGNAME", *_LOCALE, "TZ",
+          "TMPDIR", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CXX",
+          "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+          "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+          "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "PIP_DEFAULT_TIMEOUT",
+          "PIP_RETRIES", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+          "PIP_CERT", "PIP_CLIENT_CERT")
+# What slurmd itself sets for a job, kept as well: the GPUs Slurm gave it (gres), and the node.
+# With SLURM_* (Slurm's own, passed on whatever --export says) that is all a job keeps.
+FROM_SLURMD = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPU_DEVICE_ORDINAL",
+               "NVIDIA_VISIBLE_DEVICES", "SLURMD_NODENAME")
+
+# A build job's --scratch may name variables (`/scratch/$USER`), which sbatch passes on too.
+# They reach only the job's first shell, which reads their values for the scratch and drops
+# them (keep_only_sh), so no program sees them; but bash and the loader read a few names as
+# that shell starts, before its first line, and a scratch naming one would pass it on: those
+# are refused (the loader's LD_* and glibc's tunables, bash's start-up files, options and
+# trace prompt, the locale's code and data folders).
+_READ_AS_BASH_STARTS = re.compile(
+    r"(LD_|GLIBC_|MALLOC_|BASH).*|ENV|SHELLOPTS|PS4|POSIXLY_CORRECT|LOCPATH|GCONV_PATH|NLSPATH")
+# bash's own: set by the job's shell itself (the folder it is in), never passed
+SHELLS_OWN = ("PWD", "OLDPWD")
+SCRATCH_PREFIX = "KVPREFETCH_SCRATCH_"
+
+
+def check_scratch_names(names: Iterable[str]) -> None:
+    """Refuse a ``--scratch`` variable that bash or its loader reads as the job starts."""
+    bad = [n for n in names if _READ_AS_BASH_STARTS.fullmatch(n)]
+    if bad:
+        raise ConfigError(
+            f"--scratch names ${bad[0]}, which the job's bash or its loader reads as it starts "
+            "(before the script's first line): passed on for the scratch, it would act there",
+            "name the scratch folder without it (e.g. /scratch/$USER or node)")
+
+
+def export_option(scratch_names: Sequence[str]) -> str:
+    """sbatch's ``--export=`` of a campaign job: ``PASSED`` and the scratch's variables (sbatch
+    passes a name only when it is set, and Slurm's ``SLURM_*`` always)."""
+    names = [*PASSED, *(n for n in scratch_names if n not in PASSED and n not in SHELLS_OWN)]
+    return "--export=" + ",".join(dict.fromkeys(names))
+
+
+def scratch_name(name: str) -> str:
+    """The variable under which a job keeps the value of ``name`` that its --scratch names."""
+    return name if name in SHELLS_OWN else SCRATCH_PREFIX + name
+
+
+def keep_only_sh(scratch_names: Sequence[str]) -> tuple[str, ...]:
+    """The script's first lines: run the script again, under ``env -i``, with ``SLURM_*``,
+    ``PASSED``, ``FROM_SLURMD`` and the scratch's variables (as ``scratch_name``) alone. Bash
+    itself and its loader have read their start-up variables by then; submit checked those
+    (check_passed), and sbatch passed no others."""
+    kept = "|".join(("SLURM_*", *PASSED, *FROM_SLURMD))
+    keep_scratch = [n for n in dict.fromkeys(scratch_names) if n not in SHELLS_OWN]
+    lines = [
+        'if [ "${KVPREFETCH_JOB_PID-}" != "$$" ]; then',
+        "  KEEP=()",
+        "  for v in $(compgen -e); do",
+        f'    case $v in {kept}) KEEP+=("$v=${{!v}}");; esac',
+        "  done",
+    ]
+    if keep_scratch:
+        lines += [
+            f"  for v in {' '.join(keep_scratch)}; do",
+            f'    if [ -n "${{!v+x}}" ]; then KEEP+=("{SCRATCH_PREFIX}$v=${{!v}}"); fi',
+            "  done",
+        ]
+    return (*lines,
+            "  shopt -s execfail",
+            '  exec /usr/bin/env -i "${KEEP[@]}" "KVPREFETCH_JOB_PID=$$" /bin/bash -- "$0" "$@"',
+            ('  echo "refusing to run: /usr/bin/env -i could not run this script again with only'
+             ' the environment a kvprefetch job keeps. To fix: run the job on a node with'
+             ' /usr/bin/env and /bin/bash" >&2; exit 2'),
+            "fi",
+            "unset KVPREFETCH_JOB_PID KEEP")
+
+
+def passed(environ: Mapping[str, str], scratch_names: Sequence[str]) -> dict[str, str]:
+    """What sbatch passes on of ``environ`` for a job (Slurm's ``SLURM_*`` aside)."""
+    names = export_option(scratch_names).split("=", 1)[1].split(",")
+    return {n: environ[n] for n in names if n in environ}
+
+
+def check_passed(environ: Mapping[str, str], campaign: Path,
+                 scratch_names: Sequence[str] = ()) -> None:
+    """Refuse to send a job whose environment (what sbatch passes of ``environ``) leads into
+    the campaign ``campaign`` (a resolved path): a library or file its bash loads as it starts,
+    a folder or file its programs read. Run by submit and resubmit, dry runs too, before any
+    sbatch."""
+    env = passed(environ, scratch_names)
+    check_start_env(env, campaign)
+    _check_paths(env, campaign)
+    _check_locale(env)
+
+
+def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
+    from ..workspace.ownership import within  # the one "at or below" check (by identity too)
+
+    found = [n for n in (*_FOLDERS, *_FILES)
+             if env.get(n) and (n != "CXX" or "/" in env[n])
+             and within(Path(os.path.realpath(os.path.join("/", env[n]))), campaign)]
+    if found:
+        named = ", ".join(f"{n}={env[n]!r}" for n in found)
+        raise ConfigError(
+            f"{named} in this shell is in the campaign {campaign}: sbatch passes it on, and the "
+            "job's programs would read (or run) what whoever can write the campaign puts there",
+            f"point {' '.join(found)} outside the campaign (or unset it) in this shell, then "
+            "submit again")
+
+
+# A locale is a name (`en_US.UTF-8`); glibc also reads one given as a path, from that folder
+_LOCALE_VALUE = re.compile(r"[A-Za-z0-9_.@:+=-]*")
+
+
+def _check_locale(env: Mapping[str, str]) -> None:
+    bad = [n for n in _LOCALE if n in env and not _LOCALE_VALUE.fullmatch(env[n])]
+    if bad:
+        raise ConfigError(
+            f"{bad[0]}={env[bad[0]]!r} in this shell is not a locale's name (glibc reads a "
+            "locale given as a path from that folder, in every program of the job)",
+            f"set {bad[0]} to a locale name such as C.UTF-8 (or unset it), then submit again")
+
+
+# What the job's bash and its dynamic loader read before the script's first line runs, from
+# the environment sbatch passes on: no line of the script can undo them. Of these only
+# LD_LIBRARY_PATH is passed (a scratch cannot name the others: check_scratch_names); each is
+# checked all the same, in what is passed. LD_PRELOAD also splits on spaces (ld.so(8)). An
+# entry in the campaign had bash load a library or run a file there, whoever can write the
+# campaign planted it (issue 41, the twentieth hostile pass, found by reading after the jobs
+# were checked: bash loaded a planted libtinfo.so.6 from an LD_LIBRARY_PATH entry into the
+# campaign).
+# glibc's loader splits LD_LIBRARY_PATH on ';' as well as ':' (dl-load.c, ":;"): split on ':'
+# alone, "/opt/x;<campaign>/lib" passed the check and bash loaded libtinfo from the campaign
+# (issue 41, the twenty-first hostile pass). Bash expands BASH_ENV's and ENV's parameters before
+# it reads the file, so ``$CAMP/rc`` names the campaign through a variable of the same shell.
+START_ENV = {"LD_PRELOAD": r"[: ]", "LD_AUDIT": ":", "LD_LIBRARY_PATH": "[:;]",
+             "BASH_ENV": None, "ENV": None}
+_EXPANDED = ("BASH_ENV", "ENV")
+_PARAMETER = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def _expanded(value: str, environ: Mapping[str, str]) -> str:
+    """``value`` with each ``$NAME``/``${NAME}`` replaced as the job's bash would, from the
+    environment sbatch passes on (unset: empty)."""
+    return _PARAMETER.sub(lambda m: environ.get(m.group(1) or m.group(2), ""), value)
+
+
+# The loader's dynamic string tokens (ld.so(8)): it expands $ORIGIN, $LIB and $PLATFORM (also
+# braced) in LD_LIBRARY_PATH, LD_PRELOAD and LD_AUDIT before it opens anything, so
+# "/opt/x/$LIB/../../../<campaign>/lib" searched the campaign while the check, reading $LIB as one
+# folder's name, resolved it two folders higher (issue 41, the twenty-first hostile pass). Each
+# entry holding one is checked under every value the token takes on the machines a job runs on.
+_DST = re.compile(r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))")
+
+
+def _dst_values() -> dict[str, list[str]]:
+    import sysconfig
+
+    machine = os.uname().machine
+    multiarch = sysconfig.get_config_var("MULTIARCH") or f"{machine}-linux-gnu"
+    return {"ORIGIN": ["/bin", "/usr/bin", os.path.dirname(os.path.realpath("/bin/bash"))],
+            "LIB": ["lib", "lib64", "lib32", "libx32", f"lib/{multiarch}", f"lib64/{multiarch}"],
+            "PLATFORM": [machine, "haswell", "xeon_phi"]}
+
+
+def _loader_expansions(entry: str) -> list[str]:
+    """``entry`` with each of the loader's tokens replaced by each value it may take."""
+    if not _DST.search(entry):
+        return [entry]
+    values = _dst_values()
+    out = [entry]
+    while any(_DST.search(e) for e in out) and len(out) < 4096:
+        nxt = []
+        for e in out:
+            m = _DST.search(e)
+            if m is None:
+                nxt.append(e)
+                continue
+            for v in values[m.group(1) or m.group(2)]:
+                nxt.append(e[:m.start()] + v + e[m.end():])
+        out = nxt
+    return out
+
+
+def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, str]]:
+    """``(name, entry)`` of each ``START_ENV`` entry that is in the campaign ``campaign`` (a
+    resolved path), by path, through links, or by device and inode (a bind mount). A relative
+    entry is read from ``/``, where every job starts (``sbatch --chdir=/``)."""
+    from ..workspace.ownership import within  # the one "at or below" check (by identity too)
+
+    found = []
+    for name, split in START_ENV.items():
+        value = environ.get(name, "")
+        if name in _EXPANDED:
+            value = _expanded(value, environ)
+        for entry in re.split(split, value) if split else [value]:
+            spelled = [entry] if name in _EXPANDED else _loader_expansions(entry)
+            if entry and any(within(Path(os.path.realpath(os.path.join("/", e))), campaign)
+                             for e in spelled):
+                found.append((name, entry))
+    return found
+
+
+def check_start_env(environ: Mapping[str, str], campaign: Path) -> None:
+    """Refuse to send a job whose bash would load code from the campaign at its start
+    (``environ``: what sbatch passes on)."""
+    found = start_env_in(environ, campaign)
+    if found:
+        named = ", ".join(f"{name}={entry!r}" for name, entry in found[:5])
+        raise ConfigError(
+            f"{named} in this shell is in the campaign {campaign}: sbatch passes it on, and the "
+            "job's bash would load it before the script's first line (no line of the script "
+            "can leave it out), running whatever is there as you",
+            f"unset {' '.join(sorted({n for n, _ in found}))} (or point it outside the "
+            "campaign) in this shell, then submit again")
