@@ -1,0 +1,58 @@
+"""Issue 41, the twenty-second hostile pass (tester b: campaigns from the command line, reports
+and outputs). Each test fails without its fix (checked by reverting ``src`` and running it):
+
+- ``slurm prepare`` makes the campaign's cached sdist read-only. It opened the file by path,
+  ``O_NOFOLLOW`` on its last part only, after the download's checks: with ``cache/`` and a link
+  to a folder outside exchanged by a ``renameat2`` loop, the chmod landed on the file of that
+  name there, a user's own sdist in another work directory's ``downloads/`` (its mode 0644 was
+  0444 by the 4th run of 12). Now the file is opened relative to ``cache/``, itself opened from
+  the campaign down without following a link: a link swapped in is refused, nothing outside is
+  touched. The test swaps the folder at the moment the race needs (deterministic).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass19_b import _plan
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+
+def test_prepare_never_makes_a_file_outside_read_only_through_a_cache_swapped_for_a_link(
+        tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cached sdist is checked, then ``cache/`` becomes a link to a folder outside that
+    holds a file of the sdist's name (a user's other work directory): prepare refuses, and that
+    file keeps its mode."""
+    from kvprefetch import upstream
+    from kvprefetch.errors import FetchError
+    from kvprefetch.slurm.cluster import load
+    from kvprefetch.slurm.prepare import source_cache
+    from kvprefetch.sources import download
+
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    (camp / "cache" / upstream.SDIST_NAME).write_bytes(b"the campaign's sdist\n")
+    theirs = outside / upstream.SDIST_NAME  # inside the outside folder the fixture checks
+    theirs.write_bytes(b"the user's own sdist\n")
+    theirs.chmod(0o644)
+    before = theirs.stat().st_mode
+
+    def checked_then_swapped(path: Path, delete: bool = True, root: Path | None = None) -> None:
+        # the hash is fine; the attacker then swaps cache/ for a link, as a renameat2 loop does
+        (camp / "cache").rename(camp / "cache.real")
+        (camp / "cache").symlink_to(outside, target_is_directory=True)
+
+    monkeypatch.setattr(download, "verify_sdist", checked_then_swapped)
+    c, _ = load(camp)
+    with pytest.raises(FetchError) as err:
+        source_cache(c)
+    assert "symlink" in err.value.cause, err.value.cause
+    assert stat.S_IMODE(theirs.stat().st_mode) == stat.S_IMODE(before)
+    assert os.access(theirs, os.W_OK)
+    theirs.unlink()  # the fixture's snapshot was taken without it
