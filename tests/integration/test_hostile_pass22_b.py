@@ -8,12 +8,21 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   0444 by the 4th run of 12). Now the file is opened relative to ``cache/``, itself opened from
   the campaign down without following a link: a link swapped in is refused, nothing outside is
   touched. The test swaps the folder at the moment the race needs (deterministic).
+- ``report --index R --out FILE`` read ``--out`` as a ``Path``, which drops a trailing ``/`` and
+  reads ``''`` as ``.``: ``--out new/`` (a careless user's folder) wrote a *file* named ``new``
+  (exit 0), ``--out ''`` said "cannot write .: a directory is in its place / To fix: move .
+  away", and ``--out x/..`` made the folder ``x`` and said to move ``x/..`` away (1 run each;
+  the twenty-first pass fixed the same for ``export-header -o``). Now ``--out`` is read as
+  typed: with ``--index`` it is ``output_file``'s usage error, and an empty ``--out`` folder
+  for the other modes names no folder (exit 2), nothing written.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +31,8 @@ from tests.integration.test_hostile_pass19_b import _plan
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+_SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def test_prepare_never_makes_a_file_outside_read_only_through_a_cache_swapped_for_a_link(
@@ -56,3 +67,27 @@ def test_prepare_never_makes_a_file_outside_read_only_through_a_cache_swapped_fo
     assert stat.S_IMODE(theirs.stat().st_mode) == stat.S_IMODE(before)
     assert os.access(theirs, os.W_OK)
     theirs.unlink()  # the fixture's snapshot was taken without it
+
+
+def _kit(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), HOME=str(tmp_path))
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.parametrize("spelling", ["new/", "new/.", "", "x/.."])
+def test_an_index_out_naming_a_folder_or_nothing_is_a_usage_error(
+        tmp_path: Path, spelling: str) -> None:
+    """``report --index R --out new/`` (a folder not made yet) wrote a file named ``new``, exit
+    0; ``--out ''`` said "move . away", ``--out x/..`` made ``x`` and said "move x/.. away".
+    Now each is a usage error on the option as typed, and nothing is written."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    work = tmp_path / "w"
+    work.mkdir()
+    res = _kit(work, "report", "--index", str(runs), "--out", spelling)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in out, out
+    assert "--out" in out and "move" not in out, out
+    assert sorted(os.listdir(work)) == [], os.listdir(work)
