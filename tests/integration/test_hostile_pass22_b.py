@@ -15,6 +15,12 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   the twenty-first pass fixed the same for ``export-header -o``). Now ``--out`` is read as
   typed: with ``--index`` it is ``output_file``'s usage error, and an empty ``--out`` folder
   for the other modes names no folder (exit 2), nothing written.
+- ``report --merge`` (and ``--repeats``) bounded each shard at 64 MiB of JSON, not their sum,
+  and held them all in memory: eight gzip shards of 600 KB on disk (60 MiB of JSON each) took
+  95 s and 2.9 GB, and under a 3 GB address-space limit (``ulimit -v``) ended in a
+  ``SystemError`` traceback (1 run each; the twenty-first pass measured 20,000 small shards, 38 s
+  and 1 GB). Now the shards together are held to the one-result cap: refused naming it (exit
+  7) once their sum passes it, nothing written.
 """
 
 from __future__ import annotations
@@ -91,3 +97,28 @@ def test_an_index_out_naming_a_folder_or_nothing_is_a_usage_error(
     assert res.returncode == 2 and "Traceback" not in out, out
     assert "--out" in out and "move" not in out, out
     assert sorted(os.listdir(work)) == [], os.listdir(work)
+
+
+@pytest.mark.parametrize("mode", [["--merge"], ["--repeats", "runs"]])
+def test_shards_holding_more_than_one_result_together_are_refused_before_they_fill_memory(
+        tmp_path: Path, mode: list[str]) -> None:
+    """Three gzip shards of 25 MiB of JSON each (a few KiB on disk; the padding in a key the
+    report does not read): more than one result holds together, refused naming the cap
+    (exit 7), nothing written. Eight shards of 60 MiB took 95 s and 2.9 GB before."""
+    import gzip
+    import json
+
+    from tests.unit.test_report_merge import _shard
+
+    shards = []
+    for batch in (1, 8, 32):
+        doc = _shard(batch) | {"padding": "x" * (25 << 20)}
+        p = tmp_path / f"bench-{batch}.json.gz"
+        p.write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
+        shards.append(str(p))
+    out = tmp_path / "report"
+    res = _kit(tmp_path, "report", *mode, *shards, "--out", str(out), "--formats", "md")
+    text = res.stdout + res.stderr
+    assert res.returncode == 7 and "Traceback" not in text, text
+    assert "64 MiB" in text and "To fix" in text, text
+    assert not out.exists() or not os.listdir(out)

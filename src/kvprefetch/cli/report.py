@@ -56,7 +56,7 @@ def report(files: tuple[Path, ...], out_text: str | None, formats: str, print_md
     combine repeated bench kernel runs into one document; with --merge, merge the shards of one
     campaign; with --readme, regenerate a markdown file's report blocks from the JSON they name;
     with --index, write the index of committed runs (docs/results.md)."""
-    from ..bench.documents import load_document, reading
+    from ..bench.documents import load_document, load_documents, reading
     from ..bench.report import render_markdown, write_outputs
 
     out = _out(out_text, index is not None)
@@ -91,7 +91,7 @@ def report(files: tuple[Path, ...], out_text: str | None, formats: str, print_md
 
         _refuse_overwriting_inputs(files, out or Path.cwd(), {"merged": ("json", *fmts)},
                                    "")
-        docs = [load_document(p) for p in files]
+        docs = load_documents(files, "shards")
         with reading(*files):
             doc = merge_kernel_docs(docs, [str(p) for p in files], force=force_merge)
             paths = write_outputs(doc, out or Path.cwd(), "merged",
@@ -120,7 +120,7 @@ def report(files: tuple[Path, ...], out_text: str | None, formats: str, print_md
         _refuse_overwriting_inputs(files, out or Path.cwd(),
                                    {repeats_name: ("json", *(f for f in fmts if f == "md"))},
                                    " or under another --repeats name")
-        docs = [load_document(p) for p in files]
+        docs = load_documents(files, "runs")
         with reading(*files):
             combined = combine(docs, sources=[p.name for p in files])
             paths = write_outputs(combined, out or Path.cwd(), repeats_name,
