@@ -21,6 +21,10 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   ``SystemError`` traceback (1 run each; the twenty-first pass measured 20,000 small shards, 38 s
   and 1 GB). Now the shards together are held to the one-result cap: refused naming it (exit
   7) once their sum passes it, nothing written.
+- ``slurm stand-in``/``resubmit --task 1000000`` (plain digits, past the six the task id takes)
+  was refused as "not an array task id (0, 1, 2, ...: digits only, no sign, space, _ or leading
+  zero)", a description of what was typed (1 run each). Now it says the task is past any
+  campaign's last (tasks 0 to 999).
 """
 
 from __future__ import annotations
@@ -122,3 +126,17 @@ def test_shards_holding_more_than_one_result_together_are_refused_before_they_fi
     assert res.returncode == 7 and "Traceback" not in text, text
     assert "64 MiB" in text and "To fix" in text, text
     assert not out.exists() or not os.listdir(out)
+
+
+@pytest.mark.parametrize("command", [["stand-in", "{camp}"], ["resubmit", "{camp}", "bench"]])
+def test_a_task_id_of_too_many_digits_is_not_blamed_on_its_spelling(
+        tmp_path: Path, command: list[str]) -> None:
+    """``--task 1000000`` (plain digits) was refused as "not an array task id (0, 1, 2, ...:
+    digits only, no sign, space, _ or leading zero)", which is what was typed. Now it says
+    the task is past any campaign's last (exit 2)."""
+    camp = tmp_path / "camp"
+    argv = [a.format(camp=camp) for a in command]
+    res = _kit(tmp_path, "slurm", *argv, "--task", "1000000")
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in out, out
+    assert "digits only" not in out and "0 to 999" in out, out
