@@ -25,6 +25,10 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   was refused as "not an array task id (0, 1, 2, ...: digits only, no sign, space, _ or leading
   zero)", a description of what was typed (1 run each). Now it says the task is past any
   campaign's last (tasks 0 to 999).
+- ``report --index DIR`` with a folder 1,500 levels deep under DIR ended in a ``RecursionError``
+  traceback (``Path.rglob`` calls itself once per level; the twenty-first pass fixed the same
+  in ``hashing.walk`` and ``confine``; 1 run of 1). Now the runs are found by
+  ``hashing.walk``: one message, exit 7.
 """
 
 from __future__ import annotations
@@ -140,3 +144,28 @@ def test_a_task_id_of_too_many_digits_is_not_blamed_on_its_spelling(
     out = res.stdout + res.stderr
     assert res.returncode == 2 and "Traceback" not in out, out
     assert "digits only" not in out and "0 to 999" in out, out
+
+
+def test_an_index_over_a_folder_thousands_of_levels_deep_is_no_traceback(tmp_path: Path) -> None:
+    """``report --index DIR`` with a folder 1,500 levels deep under DIR: ``Path.rglob`` calls
+    itself once per level and ended in a ``RecursionError`` traceback. Now the runs are found
+    by the kit's own walk: "no provenance.json under DIR", with its fix (exit 7)."""
+    runs = tmp_path / "runs"
+    here = runs
+    here.mkdir()
+    fd = os.open(here, os.O_RDONLY)
+    try:  # made relative to a descriptor: the path grows past PATH_MAX
+        for _ in range(1500):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    finally:
+        os.close(fd)
+    try:
+        res = _kit(tmp_path, "report", "--index", str(runs))
+    finally:  # pytest's own clean-up of tmp_path recurses once per level too
+        subprocess.run(["rm", "-rf", "--", str(runs)], check=True)
+    out = res.stdout + res.stderr
+    assert "Traceback" not in out and "RecursionError" not in out, out[-2000:]
+    assert res.returncode == 7 and "no provenance.json" in out and "To fix" in out, out
