@@ -28,7 +28,9 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
 - ``report --index DIR`` with a folder 1,500 levels deep under DIR ended in a ``RecursionError``
   traceback (``Path.rglob`` calls itself once per level; the twenty-first pass fixed the same
   in ``hashing.walk`` and ``confine``; 1 run of 1). Now the runs are found by
-  ``hashing.walk``: one message, exit 7.
+  ``hashing.walk``: one message, exit 7. The same in ``slurm publish``'s look for FIFOs,
+  devices and sockets in the scratch (``os.walk``; 1 run of 1): now ``hashing.walk``, and the
+  deep build is published (16 s by hand).
 """
 
 from __future__ import annotations
@@ -146,22 +148,27 @@ def test_a_task_id_of_too_many_digits_is_not_blamed_on_its_spelling(
     assert "digits only" not in out and "0 to 999" in out, out
 
 
-def test_an_index_over_a_folder_thousands_of_levels_deep_is_no_traceback(tmp_path: Path) -> None:
-    """``report --index DIR`` with a folder 1,500 levels deep under DIR: ``Path.rglob`` calls
-    itself once per level and ended in a ``RecursionError`` traceback. Now the runs are found
-    by the kit's own walk: "no provenance.json under DIR", with its fix (exit 7)."""
-    runs = tmp_path / "runs"
-    here = runs
-    here.mkdir()
-    fd = os.open(here, os.O_RDONLY)
-    try:  # made relative to a descriptor: the path grows past PATH_MAX
-        for _ in range(1500):
+def _deep(top: Path, levels: int) -> None:
+    """A folder ``levels`` deep under ``top``, made relative to descriptors (its path grows
+    past PATH_MAX)."""
+    top.mkdir(parents=True, exist_ok=True)
+    fd = os.open(top, os.O_RDONLY)
+    try:
+        for _ in range(levels):
             os.mkdir("d", dir_fd=fd)
             nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
             os.close(fd)
             fd = nxt
     finally:
         os.close(fd)
+
+
+def test_an_index_over_a_folder_thousands_of_levels_deep_is_no_traceback(tmp_path: Path) -> None:
+    """``report --index DIR`` with a folder 1,500 levels deep under DIR: ``Path.rglob`` calls
+    itself once per level and ended in a ``RecursionError`` traceback. Now the runs are found
+    by the kit's own walk: "no provenance.json under DIR", with its fix (exit 7)."""
+    runs = tmp_path / "runs"
+    _deep(runs, 1500)
     try:
         res = _kit(tmp_path, "report", "--index", str(runs))
     finally:  # pytest's own clean-up of tmp_path recurses once per level too
@@ -169,3 +176,31 @@ def test_an_index_over_a_folder_thousands_of_levels_deep_is_no_traceback(tmp_pat
     out = res.stdout + res.stderr
     assert "Traceback" not in out and "RecursionError" not in out, out[-2000:]
     assert res.returncode == 7 and "no provenance.json" in out and "To fix" in out, out
+
+
+def test_a_scratch_folder_thousands_of_levels_deep_is_no_traceback_in_publish(
+        tmp_path: Path) -> None:
+    """``slurm publish`` first looks for a FIFO, device or socket in the scratch's build and
+    environment; with ``os.walk`` a folder 1,500 levels deep there was a ``RecursionError``
+    traceback. Now that look (``publish._refuse_special``) walks with the kit's own stack: it
+    finds nothing to refuse in the deep folder, and names a FIFO at its bottom."""
+    from kvprefetch.errors import SlurmError
+    from kvprefetch.slurm.publish import _refuse_special
+
+    env = tmp_path / "env"
+    _deep(env, 1500)
+    try:
+        _refuse_special(env)
+        bottom = env.joinpath(*["d"] * 1500)
+        fd = os.open(env, os.O_RDONLY)
+        for _ in range(1500):
+            nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.mkfifo("pipe", dir_fd=fd)
+        os.close(fd)
+        with pytest.raises(SlurmError) as err:
+            _refuse_special(env)
+        assert str(bottom / "pipe") in err.value.cause
+    finally:  # pytest's own clean-up of tmp_path recurses once per level too
+        subprocess.run(["rm", "-rf", "--", str(env)], check=True)

@@ -62,8 +62,13 @@ def _refuse_special(top: Path) -> None:
     fix: it was "copying ... failed: is a named pipe / To fix: free space or fix the
     permissions of the destination", the user sent to the wrong place, and a device
     (``/dev/zero``'s kind) was copied without end (issue 41, the tenth hostile pass). The copy
-    (``confine.copy_tree``) refuses one that appears after this look, too."""
-    for folder, dirs, files in os.walk(top):
+    (``confine.copy_tree``) refuses one that appears after this look, too. The kit's own walk
+    (``hashing.walk``): ``os.walk`` calls itself once per level, and a folder 1,500 levels deep
+    in the scratch was a ``RecursionError`` traceback (issue 41, the twenty-second hostile
+    pass)."""
+    from ..hashing import walk
+
+    for folder, dirs, files in walk(top):
         for name in dirs + files:
             path = os.path.join(folder, name)
             if _special(path):
