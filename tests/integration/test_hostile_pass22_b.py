@@ -31,6 +31,10 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   ``hashing.walk``: one message, exit 7. The same in ``slurm publish``'s look for FIFOs,
   devices and sockets in the scratch (``os.walk``; 1 run of 1): now ``hashing.walk``, and the
   deep build is published (16 s by hand).
+- ``slurm publish`` with the scratch build's manifest.json, or its environment's build.json,
+  nested 700 levels deep (json.loads takes it): ``rewrite_paths`` called itself once per level,
+  a ``RecursionError`` traceback (1 run each). Now a build record nested past 64 levels is
+  corrupt, named with the fix (exit 10), and nothing is published.
 """
 
 from __future__ import annotations
@@ -85,10 +89,11 @@ def test_prepare_never_makes_a_file_outside_read_only_through_a_cache_swapped_fo
     theirs.unlink()  # the fixture's snapshot was taken without it
 
 
-def _kit(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
-    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), HOME=str(tmp_path))
-    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env, cwd=tmp_path,
+def _kit(tmp_path: Path, *args: str, timeout: float = 120,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    full.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), HOME=str(tmp_path), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=full, cwd=tmp_path,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -204,3 +209,34 @@ def test_a_scratch_folder_thousands_of_levels_deep_is_no_traceback_in_publish(
         assert str(bottom / "pipe") in err.value.cause
     finally:  # pytest's own clean-up of tmp_path recurses once per level too
         subprocess.run(["rm", "-rf", "--", str(env)], check=True)
+
+
+@pytest.mark.parametrize("record", ["manifest.json", "build.json"])
+def test_a_build_record_nested_hundreds_deep_in_the_scratch_is_corrupt_not_a_traceback(
+        tmp_path: Path, record: str) -> None:
+    """``slurm publish`` rewrites the paths in the scratch build's manifest.json and in the
+    environment's build.json, calling itself once per level: either nested 700 deep (which
+    json.loads still takes) was a ``RecursionError`` traceback. Now a record nested past
+    ``MAX_JSON_DEPTH`` is corrupt, named (the scratch's file) with the fix; nothing published."""
+    import json
+
+    from tests.unit.test_slurm import _fake_scratch_build
+
+    camp, scratch = tmp_path / "camp", tmp_path / "scratch"
+    _plan(tmp_path, camp)
+    _fake_scratch_build(scratch, "baseline")
+    if record == "manifest.json":
+        path = next((scratch / "build" / "baseline").glob("*/manifest.json"))
+    else:
+        path = next((scratch / "envs" / "baseline").rglob("kvprefetch_kernels/build.json"))
+    deep: object = 1
+    for _ in range(700):
+        deep = {"k": deep}
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"extra": deep}))
+    res = _kit(tmp_path, "slurm", "publish", str(camp), "--tree", "baseline", "--scratch",
+               str(scratch), env={"SLURM_JOB_ID": "12"})
+    out = res.stdout + res.stderr
+    assert "Traceback" not in out, out[-2000:]
+    assert res.returncode == 10 and f"{path} is corrupt" in out and "To fix" in out, out
+    envs = camp / "work" / "envs"
+    assert not envs.exists() or not any(envs.iterdir())
