@@ -35,6 +35,13 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   nested 700 levels deep (json.loads takes it): ``rewrite_paths`` called itself once per level,
   a ``RecursionError`` traceback (1 run each). Now a build record nested past 64 levels is
   corrupt, named with the fix (exit 10), and nothing is published.
+- ``slurm submit`` with a FIFO at a job script (scripts/20-verify.sbatch) sent prepare and both
+  builds, then handed the FIFO to verify's sbatch, which opens and reads it (a real sbatch
+  waits for a writer for ever; a link to /dev/zero is read without end); a fake sbatch that
+  gives up said "failed ... To fix: run this on a Slurm login node" with half the campaign
+  sent (1 run each). Now every script to be sent is looked at (``lstat``) before the first
+  sbatch, in submit and resubmit: a non-regular file (or one past 1 MiB) is refused, named with
+  the fix, nothing sent.
 """
 
 from __future__ import annotations
@@ -240,3 +247,47 @@ def test_a_build_record_nested_hundreds_deep_in_the_scratch_is_corrupt_not_a_tra
     assert res.returncode == 10 and f"{path} is corrupt" in out and "To fix" in out, out
     envs = camp / "work" / "envs"
     assert not envs.exists() or not any(envs.iterdir())
+
+
+def _fake_sbatch_reading(tmp_path: Path) -> tuple[Path, Path]:
+    """A ``bin`` folder whose ``sbatch`` records each call in ``calls``, reads its script as a
+    real one does (given up after 3 s, where a real one waits on a FIFO for ever) and prints
+    an id."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "sbatch").write_text(
+        "#!/bin/bash\n"
+        f'echo "$*" >> {calls}\n'
+        'for last; do :; done\n'
+        'timeout 3 head -c 1000000 -- "$last" > /dev/null || exit 1\n'
+        "echo $$\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    return bin_dir, calls
+
+
+@pytest.mark.parametrize("planted", ["fifo", "device", "folder"])
+def test_a_job_script_that_is_no_regular_file_is_refused_before_any_sbatch(
+        tmp_path: Path, planted: str) -> None:
+    """A FIFO at scripts/20-verify.sbatch had ``slurm submit`` send prepare and both builds,
+    then stop at verify's sbatch (a real one waits for a writer for ever), its fix "run this on
+    a Slurm login node"; a link to /dev/zero is read without end. Now every script is looked at
+    (``lstat``) before the first sbatch: refused, named with the fix, nothing sent."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    script = camp / "scripts" / "20-verify.sbatch"
+    script.unlink()
+    if planted == "fifo":
+        os.mkfifo(script)
+    elif planted == "device":
+        script.symlink_to("/dev/zero")
+    else:
+        script.mkdir()
+    bin_dir, calls = _fake_sbatch_reading(tmp_path)
+    res = _kit(tmp_path, "slurm", "submit", str(camp),
+               env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    out = res.stdout + res.stderr
+    assert res.returncode == 10 and "Traceback" not in out, out
+    assert f"the job script {script} is" in out and "nothing was sent" in out, out
+    assert "To fix: move" in out, out
+    assert not calls.exists(), calls.read_text()

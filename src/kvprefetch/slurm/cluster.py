@@ -101,6 +101,48 @@ def check_job_folders(root: Path) -> None:
                              "the folders again), then submit")
 
 
+# sbatch reads a whole script before it sends it, and no job script the plan writes is near
+# this size (a few KiB)
+MAX_SCRIPT_BYTES = 1 << 20
+
+
+def check_job_scripts(root: Path, jobs: Sequence[Job]) -> None:
+    """Refuse (SlurmError), before any sbatch, a job script of ``jobs`` that is not a regular
+    file of at most MAX_SCRIPT_BYTES (``lstat``: a FIFO, a device or a link to one, a folder,
+    a socket): sbatch opens and reads it, and waits on a FIFO for ever or reads a device
+    without end. A FIFO at scripts/20-verify.sbatch had submit send prepare and both builds,
+    then stop at verify's sbatch (a real one waits there for a writer), and its fix sent the
+    user to a login node (issue 41, the twenty-second hostile pass)."""
+    import stat
+
+    from ..workspace.confine import kind_of
+
+    for job in jobs:
+        path = root / job.script
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            what = "missing"
+        except OSError as exc:
+            what = f"unreadable ({exc.strerror})"
+        else:
+            if stat.S_ISREG(st.st_mode):
+                if st.st_size <= MAX_SCRIPT_BYTES:
+                    continue
+                what = f"{st.st_size} bytes, more than any script kvprefetch writes"
+            elif stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode):
+                kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a folder"
+                what = f"{kind}, not a regular file"
+            else:
+                what = f"{kind_of(st.st_mode)}, not a regular file"
+        raise SlurmError(f"the job script {path} is {what}: it is not the script `kvprefetch "
+                         "slurm plan` wrote, and sbatch would read it (waiting on a FIFO for "
+                         "ever, a device without end); nothing was sent",
+                         f"move {path} away and run `kvprefetch slurm plan {root}` again with "
+                         "the options the campaign was planned with (it writes a missing "
+                         "script again), or plan a new campaign into a new folder")
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -190,6 +232,7 @@ def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
 def _submit(root: Path, dry_run: bool) -> list[dict[str, Any]]:
     c, rec = load(root)  # read again under the lock
     check_job_folders(root)
+    check_job_scripts(root, submission_order(c))
     # once, before any sbatch, and in a dry run too: that one planned every job with exit 0
     # where the real submit sends none (issue 41, the twenty-first hostile pass)
     check_start_env(os.environ, root.resolve())
@@ -463,6 +506,7 @@ def _resubmit(root: Path, job_name: str, task: int | None, dry_run: bool) -> dic
     c, rec = load(root)  # read again under the lock
     check_job_folders(root)
     job = c.job(job_name)
+    check_job_scripts(root, [job])
     check_start_env(os.environ, root.resolve())  # the dry run as the real one (_submit)
     if not dry_run:
         refuse_unanswered(root, c, rec, resubmitting=job_name, task=task)
