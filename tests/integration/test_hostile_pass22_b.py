@@ -42,6 +42,9 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   sent (1 run each). Now every script to be sent is looked at (``lstat``) before the first
   sbatch, in submit and resubmit: a non-regular file (or one past 1 MiB) is refused, named with
   the fix, nothing sent.
+- ``fetch --source`` a FIFO, a device or a socket (``/dev/zero``) said "the directory /dev/zero
+  has no csrc/attention/attention_kernels.cuh; it is not a vLLM source tree", a device called
+  a folder (1 run each, real and dry run). Now what is there is named (exit 3).
 """
 
 from __future__ import annotations
@@ -291,3 +294,17 @@ def test_a_job_script_that_is_no_regular_file_is_refused_before_any_sbatch(
     assert f"the job script {script} is" in out and "nothing was sent" in out, out
     assert "To fix: move" in out, out
     assert not calls.exists(), calls.read_text()
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_source_that_is_a_fifo_is_named_as_one_not_as_a_folder(
+        tmp_path: Path, dry_run: list[str]) -> None:
+    """``fetch --source FIFO`` (or a device) said "the directory FIFO has no
+    csrc/attention/attention_kernels.cuh": what is there is named now (exit 3), no hang."""
+    fifo = tmp_path / "vllm.tar.gz"
+    os.mkfifo(fifo)
+    res = _kit(tmp_path, "fetch", "--workdir", str(tmp_path / "w"), "--source", str(fifo),
+               *dry_run, timeout=60)
+    out = res.stdout + res.stderr
+    assert res.returncode == 3 and "Traceback" not in out, out
+    assert "is a FIFO" in out and "the directory" not in out and "To fix" in out, out
