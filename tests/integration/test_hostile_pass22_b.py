@@ -45,6 +45,8 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
 - ``fetch --source`` a FIFO, a device or a socket (``/dev/zero``) said "the directory /dev/zero
   has no csrc/attention/attention_kernels.cuh; it is not a vLLM source tree", a device called
   a folder (1 run each, real and dry run). Now what is there is named (exit 3).
+- ``slurm plan --python /tmp``: a folder passes ``os.access(X_OK)``, so the plan was written
+  (exit 0) and every job would fail on the node, "Is a directory" (1 run). Now refused (exit 2).
 """
 
 from __future__ import annotations
@@ -308,3 +310,15 @@ def test_a_source_that_is_a_fifo_is_named_as_one_not_as_a_folder(
     out = res.stdout + res.stderr
     assert res.returncode == 3 and "Traceback" not in out, out
     assert "is a FIFO" in out and "the directory" not in out and "To fix" in out, out
+
+
+def test_a_folder_as_the_jobs_python_is_refused_at_plan(tmp_path: Path) -> None:
+    """``slurm plan --python /tmp`` (a folder passes ``os.access(X_OK)``) was planned, exit 0,
+    and every job would fail on the node with "Is a directory". Now refused (exit 2)."""
+    camp = tmp_path / "camp"
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1", "--python",
+               str(tmp_path))
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in out, out
+    assert "--python" in out and "To fix" in out, out
+    assert not camp.exists()

@@ -202,7 +202,9 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
                               "pass auto, git, sdist or an existing path on a shared filesystem")
         source = str(Path(source).resolve())
     py = python or sys.executable
-    if not os.path.isabs(py) or not os.access(py, os.X_OK):
+    # a file: a folder passes os.access(X_OK), and --python /tmp was planned, every job then
+    # failing on the node with "Is a directory" (issue 41, the twenty-second hostile pass)
+    if not os.path.isabs(py) or not os.path.isfile(py) or not os.access(py, os.X_OK):
         raise ConfigError(f"--python {py} is not an absolute path to an executable",
                           "pass the absolute path of the interpreter the jobs should run")
     kit = kit_info()
