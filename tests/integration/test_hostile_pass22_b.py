@@ -47,6 +47,10 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   a folder (1 run each, real and dry run). Now what is there is named (exit 3).
 - ``slurm plan --python /tmp``: a folder passes ``os.access(X_OK)``, so the plan was written
   (exit 0) and every job would fail on the node, "Is a directory" (1 run). Now refused (exit 2).
+- ``report RESULT.json`` (md and png by default) drew one heatmap per group and variant, with
+  a number in each cell: a 1 MB result of 600 groups took 150 s and 1.5 GB (1 run; a 64 MiB
+  result holds tens of thousands). Now the figure holds at most 24 heatmaps (a title says how
+  many of how many) and numbers only in heatmaps of at most 400 cells: 7 s.
 """
 
 from __future__ import annotations
@@ -322,3 +326,32 @@ def test_a_folder_as_the_jobs_python_is_refused_at_plan(tmp_path: Path) -> None:
     assert res.returncode == 2 and "Traceback" not in out, out
     assert "--python" in out and "To fix" in out, out
     assert not camp.exists()
+
+
+def test_a_result_of_hundreds_of_groups_draws_a_bounded_figure(tmp_path: Path) -> None:
+    """``report RESULT.json`` (png by default) drew one heatmap per group and variant: a 1 MB
+    result of 600 groups (600 presets) took 150 s and 1.5 GB, and a 64 MiB one would run for
+    hours. Now the figure holds at most ``MAX_PNG_PANELS`` heatmaps, saying so; the markdown
+    lists every group. 400 groups: well within a minute, the png written."""
+    import copy
+    import json
+
+    from tests.unit.test_report_merge import _row, _shard
+
+    doc = _shard(1)
+    rows = []
+    for i in range(400):
+        r = copy.deepcopy(_row(1, 1.5))
+        r["preset"], r["label"] = f"p{i}", f"l{i}"
+        rows.append(r)
+    doc["results"] = rows
+    (tmp_path / "many.json").write_text(json.dumps(doc))
+    try:
+        res = _kit(tmp_path, "report", str(tmp_path / "many.json"), "--out",
+                   str(tmp_path / "out"), timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("report of 400 groups still drawing after 60 s")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "Traceback" not in out, out
+    assert (tmp_path / "out" / "many.png").stat().st_size > 0
+    assert "p399" in (tmp_path / "out" / "many.md").read_text()
