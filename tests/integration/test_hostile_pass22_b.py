@@ -50,7 +50,9 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
 - ``report RESULT.json`` (md and png by default) drew one heatmap per group and variant, with
   a number in each cell: a 1 MB result of 600 groups took 150 s and 1.5 GB (1 run; a 64 MiB
   result holds tens of thousands). Now the figure holds at most 24 heatmaps (a title says how
-  many of how many) and numbers only in heatmaps of at most 400 cells: 7 s.
+  many of how many) and numbers only in heatmaps of at most 400 cells: 7 s. The same for
+  ``bench ncu`` results: a bar group per shape and kernel, the figure as wide as they, took 59 s
+  and 1.9 GB for 1,500 shapes (a 3 MB result; 1 run); now the first 48, 3 s.
 """
 
 from __future__ import annotations
@@ -355,3 +357,27 @@ def test_a_result_of_hundreds_of_groups_draws_a_bounded_figure(tmp_path: Path) -
     assert res.returncode == 0 and "Traceback" not in out, out
     assert (tmp_path / "out" / "many.png").stat().st_size > 0
     assert "p399" in (tmp_path / "out" / "many.md").read_text()
+
+
+def test_an_ncu_result_of_thousands_of_shapes_draws_a_bounded_figure(tmp_path: Path) -> None:
+    """``report NCU.json`` drew a group of bars per shape and kernel, the figure as wide as
+    they: 1,500 shapes (a 3 MB result) took 59 s and 1.9 GB. Now the figure holds the first
+    ``MAX_PNG_BARS``, saying so; the markdown lists them all. Here: a few seconds."""
+    import copy
+    import json
+
+    from tests.unit.test_report import ncu_doc
+
+    doc = ncu_doc()
+    first = doc["shapes"][0]
+    doc["shapes"] = [dict(copy.deepcopy(first), label=f"shape{i}") for i in range(1500)]
+    (tmp_path / "ncu.json").write_text(json.dumps(doc))
+    try:
+        res = _kit(tmp_path, "report", str(tmp_path / "ncu.json"), "--out",
+                   str(tmp_path / "out"), timeout=40)
+    except subprocess.TimeoutExpired:
+        pytest.fail("report of 1,500 ncu shapes still drawing after 40 s")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "Traceback" not in out, out
+    assert (tmp_path / "out" / "ncu.png").stat().st_size > 0
+    assert "shape1499" in (tmp_path / "out" / "ncu.md").read_text()

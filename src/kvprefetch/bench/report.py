@@ -285,6 +285,7 @@ def _geomean_cell(values: list[float | None]) -> str:
 # cells (a real run's default matrix is one group of 37 shapes, a few variants)
 MAX_PNG_PANELS = 24
 MAX_PNG_CELLS = 400
+MAX_PNG_BARS = 48  # ncu_png's groups of bars (one per shape and kernel)
 
 
 def kernel_png(doc: KernelLike, path: Path) -> Path:
@@ -382,7 +383,14 @@ def ncu_png(doc: NcuDocument, path: Path) -> Path:
                 if lab not in labels:
                     labels.append(lab)
                 series.setdefault(variant, {})[lab] = d["speedup"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(labels)), 4))
+    # bounded as kernel_png's panels: a bar group per shape and kernel drew 1,500 shapes of a
+    # 3 MB result for 59 s in 1.9 GB (issue 41, the twenty-second hostile pass)
+    shown = labels[:MAX_PNG_BARS]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(shown)), 4))
+    if len(shown) < len(labels):
+        ax.set_title(f"the first {len(shown)} of {len(labels)} kernels of the shapes (the "
+                     "markdown lists them all)", fontsize=9)
+    labels = shown
     width = 0.8 / max(1, len(series))
     for i, (variant, vals) in enumerate(series.items()):
         ax.bar([x + i * width for x in range(len(labels))],
