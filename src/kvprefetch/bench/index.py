@@ -90,8 +90,15 @@ def _kind(value: object) -> str:
 
 
 def find_runs(root: Path) -> list[ResultRun]:
-    """Every folder under ``root`` with a ``provenance.json``, oldest first (then by path)."""
-    runs = [load_run(p.parent) for p in sorted(Path(root).rglob(PROVENANCE))]
+    """Every folder under ``root`` with a ``provenance.json``, oldest first (then by path).
+    Found by ``hashing.walk`` (its own stack, a symlinked folder never entered), not
+    ``Path.rglob``, which calls itself once per level: a folder 1,500 levels deep under
+    ``--index DIR`` was a ``RecursionError`` traceback (issue 41, the twenty-second hostile
+    pass)."""
+    from ..hashing import walk
+
+    found = [Path(here, PROVENANCE) for here, _dirs, files in walk(root) if PROVENANCE in files]
+    runs = [load_run(p.parent) for p in sorted(found)]
     if not runs:
         raise BenchError(f"no {PROVENANCE} under {root}",
                          "point --index at the folder of committed runs (docs/results)")

@@ -281,16 +281,31 @@ def _geomean_cell(values: list[float | None]) -> str:
     return f"{geomean(v for v in values if v is not None):.3f}x"
 
 
+# At most this many heatmaps in one figure, and numbers written in a heatmap of at most this many
+# cells (a real run's default matrix is one group of 37 shapes, a few variants)
+MAX_PNG_PANELS = 24
+MAX_PNG_CELLS = 400
+MAX_PNG_BARS = 48  # ncu_png's groups of bars (one per shape and kernel)
+
+
 def kernel_png(doc: KernelLike, path: Path) -> Path:
     """Speedup heatmaps (batch x context), one row per group, one column per variant."""
     plt = _pyplot()
     from matplotlib.colors import TwoSlopeNorm
 
     base = doc["meta"]["baseline"]
-    names = [v["name"] for v in doc["meta"]["variants"] if v["name"] != base]
-    groups = [(k, rs) for k, rs in kernel_groups(doc).items()]
+    all_names = [v["name"] for v in doc["meta"]["variants"] if v["name"] != base]
+    all_groups = [(k, rs) for k, rs in kernel_groups(doc).items()]
+    # a bounded figure: one panel per group and variant drew 600 groups of a 1 MB result for
+    # 150 s in 1.5 GB, and a 64 MiB one would run for hours (issue 41, the twenty-second
+    # hostile pass). The markdown lists every group; the figure shows the first ones.
+    names = all_names[:MAX_PNG_PANELS]
+    groups = all_groups[:max(1, MAX_PNG_PANELS // max(1, len(names)))]
     fig, axes = plt.subplots(len(groups), len(names), squeeze=False,
                              figsize=(4.8 * len(names), 3.8 * len(groups)))
+    if len(groups) < len(all_groups) or len(names) < len(all_names):
+        fig.suptitle(f"the first {len(groups)} of {len(all_groups)} groups and {len(names)} of "
+                     f"{len(all_names)} variants (the markdown lists them all)", fontsize=9)
     for gi, (key, rows) in enumerate(groups):
         batches = sorted({r["batch"] for r in rows})
         ctxs = sorted({r["context"] for r in rows})
@@ -306,7 +321,7 @@ def kernel_png(doc: KernelLike, path: Path) -> Path:
             span = max(0.05, max(abs(v - 1.0) for v in vals))
             im = ax.imshow(grid, cmap="RdYlGn", aspect="auto",
                            norm=TwoSlopeNorm(vcenter=1.0, vmin=1.0 - span, vmax=1.0 + span))
-            for i in range(len(batches)):
+            for i in range(len(batches) if len(batches) * len(ctxs) <= MAX_PNG_CELLS else 0):
                 for j in range(len(ctxs)):
                     if not math.isnan(grid[i][j]):
                         ax.text(j, i, f"{grid[i][j]:.2f}", ha="center", va="center", fontsize=8)
@@ -368,7 +383,14 @@ def ncu_png(doc: NcuDocument, path: Path) -> Path:
                 if lab not in labels:
                     labels.append(lab)
                 series.setdefault(variant, {})[lab] = d["speedup"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(labels)), 4))
+    # bounded as kernel_png's panels: a bar group per shape and kernel drew 1,500 shapes of a
+    # 3 MB result for 59 s in 1.9 GB (issue 41, the twenty-second hostile pass)
+    shown = labels[:MAX_PNG_BARS]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(shown)), 4))
+    if len(shown) < len(labels):
+        ax.set_title(f"the first {len(shown)} of {len(labels)} kernels of the shapes (the "
+                     "markdown lists them all)", fontsize=9)
+    labels = shown
     width = 0.8 / max(1, len(series))
     for i, (variant, vals) in enumerate(series.items()):
         ax.bar([x + i * width for x in range(len(labels))],

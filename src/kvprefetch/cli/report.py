@@ -18,7 +18,7 @@ from ..workspace.confine import what_is
 @click.command()
 @click.argument("files", nargs=-1,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), default=None,
+@click.option("--out", "out_text", type=click.Path(), default=None,  # as typed: _out says why
               help="The folder to write <stem>.md/.png (and --repeats/--merge's files) in "
                    "[default: the current directory]; with --index, the markdown file to write "
                    "[default: print it].")
@@ -48,7 +48,7 @@ from ..workspace.confine import what_is
 @click.option("--force-merge", is_flag=True,
               help="With --merge: merge shards that differ anyway; the report lists what differs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the written paths as JSON.")
-def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bool,
+def report(files: tuple[Path, ...], out_text: str | None, formats: str, print_md: bool,
            repeats_name: str | None, readme: Path | None, index: Path | None, check: bool,
            merge: bool, force_merge: bool, as_json: bool) -> None:
     """Render kvprefetch result files (bench kernel/ncu/e2e, numerical identity) into markdown
@@ -56,9 +56,10 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
     combine repeated bench kernel runs into one document; with --merge, merge the shards of one
     campaign; with --readme, regenerate a markdown file's report blocks from the JSON they name;
     with --index, write the index of committed runs (docs/results.md)."""
-    from ..bench.documents import load_document, reading
+    from ..bench.documents import load_document, load_documents, reading
     from ..bench.report import render_markdown, write_outputs
 
+    out = _out(out_text, index is not None)
     if readme is not None:
         _refresh_readme(readme, check, as_json)
         return
@@ -90,7 +91,7 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
 
         _refuse_overwriting_inputs(files, out or Path.cwd(), {"merged": ("json", *fmts)},
                                    "")
-        docs = [load_document(p) for p in files]
+        docs = load_documents(files, "shards")
         with reading(*files):
             doc = merge_kernel_docs(docs, [str(p) for p in files], force=force_merge)
             paths = write_outputs(doc, out or Path.cwd(), "merged",
@@ -119,7 +120,7 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
         _refuse_overwriting_inputs(files, out or Path.cwd(),
                                    {repeats_name: ("json", *(f for f in fmts if f == "md"))},
                                    " or under another --repeats name")
-        docs = [load_document(p) for p in files]
+        docs = load_documents(files, "runs")
         with reading(*files):
             combined = combine(docs, sources=[p.name for p in files])
             paths = write_outputs(combined, out or Path.cwd(), repeats_name,
@@ -146,6 +147,27 @@ def report(files: tuple[Path, ...], out: Path | None, formats: str, print_md: bo
             info(f"{path}: wrote " + (", ".join(written[str(path)]) or "nothing"))
     if as_json:
         emit_json(written)
+
+
+def _out(text: str | None, index: bool) -> Path | None:
+    """``--out`` as typed: with ``--index`` the markdown file to write (``output_file``'s rule,
+    as for ``export-header -o``), else the folder to write in. A ``Path`` drops a trailing
+    ``/`` and reads ``''`` as ``.``: ``--index R --out new/`` wrote a *file* named ``new``, and
+    ``--out ''`` said "cannot write .: a directory is in its place / To fix: move . away"
+    (issue 41, the twenty-second hostile pass, as the twenty-first found for ``-o``)."""
+    from .common import output_file
+
+    if text is None:
+        return None
+    ctx = click.get_current_context()
+    param = next(p for p in ctx.command.params if p.name == "out_text")
+    if index:
+        return output_file(ctx, param, text)
+    if not text.strip():
+        raise click.BadParameter(f"{text!r} names no folder; give the folder to write in (or "
+                                 "leave --out out: the current directory)", ctx=ctx,
+                                 param=param)
+    return Path(text)
 
 
 def _stem(path: Path) -> str:

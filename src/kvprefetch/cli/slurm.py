@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ..console import emit_json, info, say, table
-from ..slurm.values import MAX_CPUS_PER_BUILD, WAIT_TIMEOUT
+from ..slurm.values import MAX_BATCHES, MAX_CPUS_PER_BUILD, WAIT_TIMEOUT
 from .common import ARCH_TYPE, BoundedNumber, LibraryChecked, dry_run_option, json_option
 
 
@@ -63,6 +63,12 @@ class TaskId(click.ParamType):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         text = str(value)
+        if re.fullmatch(r"[1-9][0-9]{6,}", text):
+            # plain digits, only too many of them: "digits only, no sign, space, _ or leading
+            # zero" described what was typed (issue 41, the twenty-second hostile pass)
+            self.fail(f"{text!r} is past the last array task any campaign has (a campaign "
+                      f"benchmarks at most {MAX_BATCHES} batch sizes, tasks 0 to "
+                      f"{MAX_BATCHES - 1})", param, ctx)
         if not re.fullmatch(r"0|[1-9][0-9]{0,5}", text):
             self.fail(f"{text!r} is not an array task id (0, 1, 2, ...: digits only, no sign, "
                       "space, _ or leading zero)", param, ctx)
@@ -196,7 +202,9 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
                               "pass auto, git, sdist or an existing path on a shared filesystem")
         source = str(Path(source).resolve())
     py = python or sys.executable
-    if not os.path.isabs(py) or not os.access(py, os.X_OK):
+    # a file: a folder passes os.access(X_OK), and --python /tmp was planned, every job then
+    # failing on the node with "Is a directory" (issue 41, the twenty-second hostile pass)
+    if not os.path.isabs(py) or not os.path.isfile(py) or not os.access(py, os.X_OK):
         raise ConfigError(f"--python {py} is not an absolute path to an executable",
                           "pass the absolute path of the interpreter the jobs should run")
     kit = kit_info()

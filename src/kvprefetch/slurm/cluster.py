@@ -28,7 +28,13 @@ from .campaign import (
 )
 from .job_env import check_passed
 from .scripts import sbatch_argv, scratch_names, submission_order
-from .sending import DRY_RUN_LOG_DIR, campaign_lock, new_log_dir
+from .sending import (
+    DRY_RUN_LOG_DIR,
+    campaign_lock,
+    check_job_folders,
+    check_job_scripts,
+    new_log_dir,
+)
 
 # ENDED: forgotten by the controller, no accounting and no exit record (recorded_end)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -82,23 +88,6 @@ def parse_parsable(output: str) -> str:
 
 
 _PARSABLE = re.compile(r"([0-9]+)(?:;[^;\s]+)?")
-
-
-# What the jobs write in the campaign, Slurm's own logs (#SBATCH --output) included: Slurm opens
-# those through a link, so a link planted at one of these folders would have the jobs write
-# outside the campaign (issue 41, the fifth hostile pass: `submit` sent every job with logs/ a
-# link elsewhere). The kit's own writes refuse links anyway; this refuses before any sbatch.
-_JOB_FOLDERS = ("scripts", "logs", "results", "report", "cache", "work", "scratch")
-
-
-def check_job_folders(root: Path) -> None:
-    """Refuse (SlurmError) a campaign whose folder the jobs write in is a symlink."""
-    for name in _JOB_FOLDERS:
-        if (root / name).is_symlink():
-            raise SlurmError(f"{root / name} is a symlink: the jobs (and Slurm's own logs) "
-                             "would write through it, outside the campaign",
-                             f"move {root / name} away (`kvprefetch slurm plan {root}` makes "
-                             "the folders again), then submit")
 
 
 def _now() -> str:
@@ -190,6 +179,7 @@ def submit(root: Path, dry_run: bool = False) -> list[dict[str, Any]]:
 def _submit(root: Path, dry_run: bool) -> list[dict[str, Any]]:
     c, rec = load(root)  # read again under the lock
     check_job_folders(root)
+    check_job_scripts(root, submission_order(c))
     # once, before any sbatch, and in a dry run too: that one planned every job with exit 0
     # where the real submit sends none (issue 41, the twenty-first hostile pass)
     check_passed(os.environ, root.resolve(), scratch_names(c))
@@ -463,6 +453,7 @@ def _resubmit(root: Path, job_name: str, task: int | None, dry_run: bool) -> dic
     c, rec = load(root)  # read again under the lock
     check_job_folders(root)
     job = c.job(job_name)
+    check_job_scripts(root, [job])
     check_passed(os.environ, root.resolve(), scratch_names(c))  # the dry run as _submit's
     if not dry_run:
         refuse_unanswered(root, c, rec, resubmitting=job_name, task=task)

@@ -33,13 +33,25 @@ class Prepared:
     recorded: tuple[str, ...]
 
 
-def _make_read_only(path: Path) -> None:
-    """chmod a-w on the regular file ``path`` itself (opened ``O_NOFOLLOW``: never a link's
-    target)."""
+def _make_read_only(root: Path, path: Path) -> None:
+    """chmod a-w on the regular file ``path`` itself, opened ``O_NOFOLLOW`` relative to its
+    folder, which is opened from the campaign ``root`` down without following a link
+    (``confine.open_dir``): by path, a ``cache/`` swapped for a link to a folder outside after
+    the download's checks had the chmod land on the file of that name there, a user's own
+    sdist in another work directory's ``downloads/`` made read-only (issue 41, the
+    twenty-second hostile pass: 1 run of 12 under a renameat2 loop)."""
+    from ..workspace.confine import open_dir
+
+    dfd = open_dir(path.parent, root=root, what="make read-only the cached sdist in",
+                   family=FetchError)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dfd)
     except OSError as exc:
-        raise FetchError(f"cannot open {path}: {exc}", f"move {path} away, then rerun") from None
+        raise FetchError(f"cannot open {path}: {exc.strerror or exc}",
+                         f"move {path} away, then rerun") from None
+    finally:
+        os.close(dfd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -73,7 +85,7 @@ def source_cache(c: Campaign) -> tuple[str, bool]:
         # sha256-checked; written under a temp name, then renamed. A file with another hash is
         # refused and left as it is: prepare cannot tell its own download from a user's file
         path = ensure_sdist(c.cache, root=root, may_delete=lambda _p: False)
-        _make_read_only(path)
+        _make_read_only(root, path)
         return str(path), not had
     src = Path(c.source)
     if src.is_file():

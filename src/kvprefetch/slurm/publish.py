@@ -62,8 +62,13 @@ def _refuse_special(top: Path) -> None:
     fix: it was "copying ... failed: is a named pipe / To fix: free space or fix the
     permissions of the destination", the user sent to the wrong place, and a device
     (``/dev/zero``'s kind) was copied without end (issue 41, the tenth hostile pass). The copy
-    (``confine.copy_tree``) refuses one that appears after this look, too."""
-    for folder, dirs, files in os.walk(top):
+    (``confine.copy_tree``) refuses one that appears after this look, too. The kit's own walk
+    (``hashing.walk``): ``os.walk`` calls itself once per level, and a folder 1,500 levels deep
+    in the scratch was a ``RecursionError`` traceback (issue 41, the twenty-second hostile
+    pass)."""
+    from ..hashing import walk
+
+    for folder, dirs, files in walk(top):
         for name in dirs + files:
             path = os.path.join(folder, name)
             if _special(path):
@@ -86,8 +91,9 @@ class Published:
 
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """A build's manifest or build.json (size-capped, never a FIFO), or a SlurmError naming it."""
+def _read_json(path: Path, shown: Path | None = None) -> dict[str, Any]:
+    """A build's manifest or build.json (size-capped, never a FIFO), or a SlurmError naming it
+    (as ``shown``: the scratch's file, of a copy read)."""
     try:
         data = json.loads(read_limited(path).decode("utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
@@ -96,7 +102,33 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SlurmError(f"{path} holds no JSON object",
                          "rebuild in the scratch work directory; resubmit the build job")
+    if _deeper_than(data, MAX_JSON_DEPTH):
+        raise SlurmError(f"{shown or path} is corrupt: its JSON is nested more than "
+                         f"{MAX_JSON_DEPTH} levels deep, and a build's manifest or build.json "
+                         "is a few",
+                         "rebuild in the scratch work directory; resubmit the build job")
     return data
+
+
+# A manifest or build.json nests a few levels. json.loads takes almost a thousand, and
+# rewrite_paths (and json.dumps when it is written back) then called themselves once per level:
+# a build.json nested 700 deep in the scratch was a RecursionError traceback in publish (issue
+# 41, the twenty-second hostile pass).
+MAX_JSON_DEPTH = 64
+
+
+def _deeper_than(data: Any, limit: int) -> bool:
+    """Whether the JSON value ``data`` nests more than ``limit`` lists and objects (its own
+    stack, no recursion)."""
+    stack = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth >= limit:
+                return True
+            stack.extend((v, depth + 1) for v in
+                         (value.values() if isinstance(value, dict) else value))
+    return False
 
 def _moved(path: str, pairs: list[tuple[str, str]]) -> str:
     for old, new in pairs:
@@ -306,7 +338,8 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
             _refuse_special(src)
             copy_tree(dwd.root, src, tmp, skip_globs=globs, family=SlurmError)
         for bj in tmp_env.glob("lib/python*/site-packages/kvprefetch_kernels/build.json"):
-            write_json_atomic(bj, rewrite_paths(_read_json(bj), pairs), root=dwd.root)
+            data = _read_json(bj, shown=src_env / bj.relative_to(tmp_env))
+            write_json_atomic(bj, rewrite_paths(data, pairs), root=dwd.root)
         new = rewrite_paths(manifest, pairs)
         new["published"] = {"from": str(src_build), "env_from": str(src_env), "job": label,
                             "host": host,

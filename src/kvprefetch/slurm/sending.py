@@ -1,15 +1,17 @@
-"""What ``submit`` and ``resubmit`` hold and make around each sending (``cluster.py`` sends):
-the campaign's lock, and the new folder of each submission for Slurm's own job output."""
+"""What ``submit`` and ``resubmit`` check, hold and make around each sending (``cluster.py``
+sends): the campaign's folders and job scripts as sbatch will read them, the campaign's lock,
+and the new folder of each submission for Slurm's own job output."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import SlurmError
-from .campaign import Campaign
+from .campaign import Campaign, Job
 
 # Slurm opens each job's --output itself, by path and through a link, as the job's user, when
 # the job starts: a link planted at the next job id's name in logs/ (the ids are sequential) had
@@ -26,7 +28,6 @@ def new_log_dir(c: Campaign) -> Path:
     """A new folder ``logs/sbatch-<UTC time>-<random>`` (mode 0755) for Slurm's output of the
     jobs one submit or resubmit sends; made relative to a descriptor of ``logs/`` opened
     without following a link (SlurmError for a link on the way)."""
-    import os
     import secrets
 
     from ..workspace.confine import ensure_dir, open_dir
@@ -64,3 +65,62 @@ def campaign_lock(root: Path) -> Iterator[None]:
     with locked(Path(root) / LOCK_FILE, f"the campaign {root} (submit, resubmit or plan)",
                 place="campaign"):
         yield
+
+
+# What the jobs write in the campaign, Slurm's own logs (#SBATCH --output) included: Slurm opens
+# those through a link, so a link planted at one of these folders would have the jobs write
+# outside the campaign (issue 41, the fifth hostile pass: `submit` sent every job with logs/ a
+# link elsewhere). The kit's own writes refuse links anyway; this refuses before any sbatch.
+_JOB_FOLDERS = ("scripts", "logs", "results", "report", "cache", "work", "scratch")
+
+
+def check_job_folders(root: Path) -> None:
+    """Refuse (SlurmError) a campaign whose folder the jobs write in is a symlink."""
+    for name in _JOB_FOLDERS:
+        if (root / name).is_symlink():
+            raise SlurmError(f"{root / name} is a symlink: the jobs (and Slurm's own logs) "
+                             "would write through it, outside the campaign",
+                             f"move {root / name} away (`kvprefetch slurm plan {root}` makes "
+                             "the folders again), then submit")
+
+
+# sbatch reads a whole script before it sends it, and no job script the plan writes is near
+# this size (a few KiB)
+MAX_SCRIPT_BYTES = 1 << 20
+
+
+def check_job_scripts(root: Path, jobs: Sequence[Job]) -> None:
+    """Refuse (SlurmError), before any sbatch, a job script of ``jobs`` that is not a regular
+    file of at most MAX_SCRIPT_BYTES (``lstat``: a FIFO, a device or a link to one, a folder,
+    a socket): sbatch opens and reads it, and waits on a FIFO for ever or reads a device
+    without end. A FIFO at scripts/20-verify.sbatch had submit send prepare and both builds,
+    then stop at verify's sbatch (a real one waits there for a writer), and its fix sent the
+    user to a login node (issue 41, the twenty-second hostile pass)."""
+    import stat
+
+    from ..workspace.confine import kind_of
+
+    for job in jobs:
+        path = root / job.script
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            what = "missing"
+        except OSError as exc:
+            what = f"unreadable ({exc.strerror})"
+        else:
+            if stat.S_ISREG(st.st_mode):
+                if st.st_size <= MAX_SCRIPT_BYTES:
+                    continue
+                what = f"{st.st_size} bytes, more than any script kvprefetch writes"
+            elif stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode):
+                kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a folder"
+                what = f"{kind}, not a regular file"
+            else:
+                what = f"{kind_of(st.st_mode)}, not a regular file"
+        raise SlurmError(f"the job script {path} is {what}: it is not the script `kvprefetch "
+                         "slurm plan` wrote, and sbatch would read it (waiting on a FIFO for "
+                         "ever, a device without end); nothing was sent",
+                         f"move {path} away and run `kvprefetch slurm plan {root}` again with "
+                         "the options the campaign was planned with (it writes a missing "
+                         "script again), or plan a new campaign into a new folder")

@@ -248,6 +248,7 @@ def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | 
                 return dest, "git", str(path.resolve()), _clone(wd, str(path.resolve()), dest,
                                                                allow_commit)
             return dest, "git", str(path.resolve()), _head(dest)
+        _refuse_no_folder(path)
         check_full_source(path, f"the directory {path}")
         return path.resolve(), "path", str(path.resolve()), None
     if source in ("auto", "git"):
@@ -286,6 +287,18 @@ def _check_sdist_file(path: Path) -> None:
                          f"use the file with sha256 {upstream.SDIST_SHA256}")
 
 
+def _refuse_no_folder(path: Path) -> None:
+    """A ``--source`` that is neither a regular file nor a folder (a FIFO, a device, a socket)
+    is named as what it is: it was "the directory /dev/zero has no csrc/...", a device called
+    a folder (issue 41, the twenty-second hostile pass)."""
+    from ..workspace.confine import what_is
+
+    if not path.is_dir():
+        raise FetchError(f"--source {path} is {what_is(path)}, neither a vLLM sdist file nor "
+                         "a folder", "point --source at a vLLM v0.10.2 sdist file, or a clone, "
+                         "mirror or unpacked sdist folder")
+
+
 def _check_local_source(source: str) -> None:
     """A dry run checks a local ``--source`` as the real run does before it unpacks or copies
     it (a clone's tag is checked only by cloning): an empty folder or a file that is no sdist
@@ -297,6 +310,7 @@ def _check_local_source(source: str) -> None:
     if path.is_file():
         _check_sdist_file(path)
     elif not (path / ".git").exists():
+        _refuse_no_folder(path)
         check_full_source(path, f"the directory {path}")
 
 
