@@ -19,6 +19,9 @@ without its fix (checked by reverting ``src`` and running it):
   a conda environment under ``My Envs``), which doctor's compile probe runs fine, had every
   compile fail with ``/bin/sh: /opt/cuda: not found``. Now the path is quoted for the shell
   (``CXX`` stays a shell fragment, as make reads it: ``ccache g++``).
+- ``doctor --workdir FILE`` (a regular file, ``/dev/zero``, a FIFO, ``FILE/sub``) said "62.6
+  GiB free at FILE ... all checks passed", exit 0, and ``build`` there then refused the work
+  directory. Now doctor's disk row fails, naming what stands in the way (exit 2).
 """
 
 from __future__ import annotations
@@ -124,3 +127,24 @@ def test_an_nvcc_in_a_folder_with_a_space_is_run_as_one_path(tmp_path: Path) -> 
                          timeout=60, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert str(nvcc) in ran.read_text().splitlines() and (tmp_path / "out.so").exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo", "below-a-file", "device"])
+def test_doctor_fails_a_work_directory_that_cannot_be_a_folder(tmp_path: Path,
+                                                               kind: str) -> None:
+    from kvprefetch.doctor.host import check_disk
+    from kvprefetch.doctor.probes import DoctorProbes
+
+    thing = tmp_path / "thing"
+    if kind == "fifo":
+        os.mkfifo(thing)
+    elif kind != "device":
+        thing.write_text("a file of the user's\n")
+    workdir = {"below-a-file": thing / "work", "device": Path("/dev/null")}.get(kind, thing)
+    row = check_disk(workdir, "kernels-only", DoctorProbes())
+    assert row.status == "fail", row
+    blocker = Path("/dev/null") if kind == "device" else thing
+    assert str(blocker) in row.detail and "not a folder" in row.detail
+    assert row.fix and "--workdir" in row.fix
+    if kind != "device":
+        assert thing.exists() and (kind == "fifo" or thing.read_text() == "a file of the user's\n")
