@@ -104,7 +104,9 @@ def ninja_text(*, nvcc: Path, cxx: str, cu_sources: list[Path], cpp_source: Path
     date."""
     lines = [
         "ninja_required_version = 1.3",
-        f"nvcc = {_esc(str(nvcc))}",
+        # a path, quoted for the shell ninja runs (a toolkit under "/opt/cuda 12.8" split
+        # into "/opt/cuda"); $cxx stays a shell fragment, as make reads CXX ("ccache g++")
+        f"nvcc = {_ninja_list([str(nvcc)])}",
         f"cxx = {_esc(cxx)}",
         f"nvcc_flags = {_ninja_list(nvcc_flags)}",
         f"cxx_flags = {_ninja_list(cxx_flags)}",

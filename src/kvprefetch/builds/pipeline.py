@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..errors import BuildError, ConfigError, KvprefetchError, LockError
@@ -37,6 +38,9 @@ from .plan import (
     tree_variant,
 )
 from .sequence import TreeOutcome, build_tree
+
+if TYPE_CHECKING:
+    from ..doctor.report import DoctorReport
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,7 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
         rep = mode.preflight(opts, archs, environ, env_backend=env_backend, envs=len(names))
         if not opts.dry_run:
             rep.raise_if_failed()
+        notices += _preflight_refusal(rep)
     inputs = mode.resolve(opts, wd, environ, env_backend=env_backend, nvcc=nvcc)
     # Kernels-only and overlay: trees build side by side, but never more compile jobs in total
     # than MAX_JOBS (each nvcc of a full launcher source needs several GB).
@@ -148,6 +153,21 @@ def prepare_build(opts: BuildOptions) -> PreparedBuild:
                      cuda_home=str(home) if home else None, inputs=inputs,
                      tree_defines=per_tree_defines, parallel_trees=parallel)
     return PreparedBuild(plan, inputs, tuple(notices))
+
+
+def _preflight_refusal(rep: DoctorReport) -> list[str]:
+    """A dry run's word on the preflight the real build stops at (cause and fix), shown with
+    the plan: a dry run still plans (a plan is worth reading on a machine that cannot build
+    it) and keeps its exit status, as ``bench e2e --dry-run``'s "would refuse" does.
+    ``build --dry-run --mode overlay --cuda-home /dev/zero`` (or any path that is no CUDA
+    toolkit) printed its plan, exit 0, without a word, while the same command without
+    ``--dry-run`` stopped at once on the preflight (issue 41, the twenty-second hostile
+    pass)."""
+    try:
+        rep.raise_if_failed()
+    except ConfigError as exc:
+        return [f"the build would refuse: {exc.cause}\nTo fix: {exc.fix}"]
+    return []
 
 
 def make_plan(*, workdir: Path, mode: BuildMode, archs: tuple[CudaArch, ...],

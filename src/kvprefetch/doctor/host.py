@@ -12,7 +12,7 @@ from pathlib import Path
 from ..machine.envs import find_conda
 from ..machine.toolchain import GIB_PER_NVCC_JOB, CudaArch, default_jobs, fmt_version, vllm_c_archs
 from ..runner import which
-from .estimates import GIB, SMOKE_DISK_GB, overlay_disk_gb, shares_one_install
+from .estimates import GIB, SMOKE_DISK_GB, existing, overlay_disk_gb, shares_one_install
 from .probes import DoctorProbes
 from .report import Check, Mode, Status
 from .tools import tool_version
@@ -39,6 +39,28 @@ def _gib(size: float) -> str:
     return f"{size:.0f}" if size >= 10 else f"{size:.1f}"
 
 
+def _no_folder(workdir: Path) -> Path | None:
+    """What stands where the work directory (or a folder above it) must be: a file, FIFO,
+    socket or device. ``doctor --workdir FILE`` (``/dev/zero``, a FIFO, ``FILE/sub``) said
+    "62.6 GiB free at FILE ... all checks passed", and the build then refused the work
+    directory (issue 41, the twenty-second hostile pass)."""
+    here = existing(workdir)
+    return None if here.is_dir() else here
+
+
+def _what_is(path: Path) -> str:
+    import stat
+
+    mode = path.stat().st_mode
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a file"
+
+
 def check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = False,
                 environ: Mapping[str, str] | None = None, env_backend: str | None = None,
                 envs: int = 2) -> Check:
@@ -56,6 +78,14 @@ def check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = Fa
         need = probes.disk_estimate_gb[mode]
     what = "the full-mode smoke" if smoke else \
         f"{'an' if mode == 'overlay' else 'a'} {mode} build"
+    blocker = _no_folder(workdir)
+    if blocker is not None:
+        return Check("disk", "fail",
+                     f"the work directory {workdir} cannot be made: {blocker} is "
+                     f"{_what_is(blocker)}, not a folder, and {what} makes its trees, builds "
+                     "and state in a folder",
+                     f"pass --workdir a folder of yours (or a path not made yet), or move "
+                     f"{blocker} away if it is yours")
     if probes.disk_read_only(workdir):
         # the free space of a read-only disk is beside the point: the line said only "0.3
         # GiB free" with a fix about space, and nothing said the build could not write at

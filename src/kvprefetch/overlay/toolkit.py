@@ -87,6 +87,21 @@ def candidate_roots(environ: Mapping[str, str], explicit: str | None = None,
 ASSEMBLED = "assembled from pinned package archives"
 
 
+def _refuse_a_cuda_home_that_is_no_toolkit(explicit: str | None) -> None:
+    """An explicit ``--cuda-home`` that is no toolkit is refused, never passed over:
+    ``candidate_roots`` keeps only toolkits, so ``--cuda-home /opt/cuda-12.8-typo`` (or
+    ``/dev/zero``, a file, a newline in the name) was dropped without a word and the build
+    compiled with whichever other toolkit the machine had (with ``--allow-cuda-mismatch``, a
+    CUDA 13 one), and the failure said to pass ``--cuda-home`` or ``--allow-cuda-mismatch``,
+    both given (issue 41, the twenty-second hostile pass)."""
+    if explicit and not is_toolkit(Path(explicit)):
+        raise ConfigError(f"--cuda-home {explicit!r} is no CUDA toolkit: it holds no bin/nvcc "
+                          "and include/cuda_runtime.h",
+                          "point --cuda-home at a CUDA 12.x toolkit root (the folder holding "
+                          "bin/nvcc, e.g. /usr/local/cuda-12.8), or leave it out to use the "
+                          "machine's")
+
+
 def choose_toolkit(torch_cuda: str, environ: Mapping[str, str], *, explicit: str | None = None,
                    allow_mismatch: bool = False,
                    roots: Sequence[tuple[Path, str]] | None = None,
@@ -101,6 +116,7 @@ def choose_toolkit(torch_cuda: str, environ: Mapping[str, str], *, explicit: str
     except ValueError:
         raise ConfigError(f"cannot read torch's CUDA version {torch_cuda!r}",
                           "install a CUDA build of torch==2.8.0 in the environment") from None
+    _refuse_a_cuda_home_that_is_no_toolkit(explicit)
     found: list[tuple[Path, str, tuple[int, int, int]]] = []
     problems: list[str] = []
     candidates = list(roots if roots is not None else candidate_roots(environ, explicit))
