@@ -1,0 +1,78 @@
+"""Issue 41, the twenty-second hostile pass, tester a (the work directory's commands). Each
+test fails without its fix (checked by reverting ``src`` and running it):
+
+- **A TMPDIR in a bind mount of a sub-folder of the work directory** (``ownership.within``).
+  The private folders the kit's programs write into by path (``git apply``'s, doctor's probe,
+  the build's) refuse a ``TMPDIR`` inside a work directory, by path and, since the nineteenth
+  pass, by the device and inode of the temp folder and each folder above it: that caught a
+  bind mount of the work directory itself, not one of a folder *in* it (a container's
+  ``-v <workdir>/tmp:/tmp``), whose mount root is a folder of the work directory while its
+  path and every folder above it are elsewhere. ``apply`` made its ``git apply`` folder in
+  ``<workdir>/downloads/``, and a watcher that swapped it for a link to a vLLM checkout
+  outside once the scratch copies were in had git patch the three files there, outside the
+  work directory (1 run of 1 by hand, exit 4 after the harm). Now ``within`` also asks the
+  mount table which folder of its file system each path shows: the temp folder is refused
+  (exit 2) and nothing is made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass19_c import _FAKE_NVCC, _env
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: nothing outside the test's folders changes
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> Iterator[list[Path]]:
+    """Every mount made below ``tmp_path`` is taken down afterwards."""
+    made: list[Path] = []
+    yield made
+    for m in reversed(made):
+        subprocess.run(["umount", "-l", str(m)], check=False)
+
+
+def _bind(src: Path, at: Path, mounts: list[Path]) -> None:
+    at.mkdir()
+    res = subprocess.run(["mount", "--bind", str(src), str(at)], capture_output=True,
+                         text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {res.stderr.strip()}")
+    mounts.append(at)
+
+
+@pytest.mark.parametrize("command", ["doctor", "apply"])
+def test_a_tmpdir_in_a_bind_mount_of_a_folder_of_the_work_directory_is_refused(
+        fetched_workdir: Path, tmp_path: Path, mounts: list[Path], command: str) -> None:
+    folder = fetched_workdir / "downloads"  # any folder of it: the attacker can rename there
+    alias = tmp_path / "alias"
+    _bind(folder, alias, mounts)
+    before = sorted(os.listdir(folder))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvcc").write_text(_FAKE_NVCC)
+    (bin_dir / "nvcc").chmod(0o755)
+    log = tmp_path / "nvcc.log"
+    env = {**_env(tmp_path), "TMPDIR": str(alias), "NVCC_LOG": str(log),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    args = ["--arch", "9.0a"] if command == "doctor" else []
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", command, "--workdir",
+                          str(fetched_workdir), *args], env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+    text = res.stderr
+    assert "Traceback" not in text, text
+    assert sorted(os.listdir(folder)) == before
+    assert "probe.o" not in (log.read_text() if log.exists() else "")
+    assert res.returncode != 0 and "(TMPDIR) is inside the work directory" in text \
+        and "To fix:" in text, text
+    state = json.loads((fetched_workdir / "state" / "patched.json").read_text())
+    assert state["applied"] is None  # nothing applied through a folder of the work directory
