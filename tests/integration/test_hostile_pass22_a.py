@@ -12,7 +12,10 @@ test fails without its fix (checked by reverting ``src`` and running it):
   outside once the scratch copies were in had git patch the three files there, outside the
   work directory (1 run of 1 by hand, exit 4 after the harm). Now ``within`` also asks the
   mount table which folder of its file system each path shows: the temp folder is refused
-  (exit 2) and nothing is made.
+  (exit 2) and nothing is made. The same hole let ``export-header -o <alias>/baseline.json``,
+  with ``<alias>`` a bind mount of ``<workdir>/state``, replace the tree's state record with
+  the header (exit 0; the nineteenth pass refused an ``-o`` into the work directory, and
+  through a bind mount of all of it); now refused (exit 4), nothing written.
 """
 
 from __future__ import annotations
@@ -76,3 +79,19 @@ def test_a_tmpdir_in_a_bind_mount_of_a_folder_of_the_work_directory_is_refused(
         and "To fix:" in text, text
     state = json.loads((fetched_workdir / "state" / "patched.json").read_text())
     assert state["applied"] is None  # nothing applied through a folder of the work directory
+
+
+def test_export_header_never_writes_through_a_bind_mount_of_a_folder_of_the_work_directory(
+        fetched_workdir: Path, tmp_path: Path, mounts: list[Path]) -> None:
+    alias = tmp_path / "alias"
+    _bind(fetched_workdir / "state", alias, mounts)
+    record = fetched_workdir / "state" / "baseline.json"
+    before = record.read_bytes()
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "export-header", "--workdir",
+                          str(fetched_workdir), "-o", str(alias / "baseline.json")],
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert record.read_bytes() == before
+    assert res.returncode == 4 and "inside the work directory" in res.stderr \
+        and "To fix:" in res.stderr, res.stderr

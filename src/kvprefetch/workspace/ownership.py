@@ -376,13 +376,21 @@ def _within_by_mount_table(path: Path, folder: Path) -> bool:
 
 
 def _place_in_file_system(path: Path) -> tuple[str, PurePosixPath] | None:
-    """(the device ``major:minor``, the path inside that file system) of the existing folder or
-    file ``path`` (resolved already), from ``/proc/self/mountinfo``'s line for the mount it is
-    on; None where /proc does not say."""
-    try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        return None
+    """(the device ``major:minor``, the path inside that file system) of ``path`` (resolved
+    already; a name not made yet, an ``export-header -o``, by its nearest folder that is), from
+    ``/proc/self/mountinfo``'s line for the mount it is on; None where /proc does not say."""
+    for there in (path, *path.parents):
+        try:
+            fd = os.open(there, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+        place = _place_of_open(fd, there)
+        return None if place is None else (place[0], place[1] / path.relative_to(there))
+    return None
+
+
+def _place_of_open(fd: int, path: Path) -> tuple[str, PurePosixPath] | None:
+    """``_place_in_file_system`` of the open ``path`` (``fd``, closed here)."""
     try:
         mount = confine._mount_id(fd)
     finally:
