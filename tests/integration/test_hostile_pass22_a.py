@@ -16,6 +16,13 @@ test fails without its fix (checked by reverting ``src`` and running it):
   with ``<alias>`` a bind mount of ``<workdir>/state``, replace the tree's state record with
   the header (exit 0; the nineteenth pass refused an ``-o`` into the work directory, and
   through a bind mount of all of it); now refused (exit 4), nothing written.
+- **A file bind-mounted in a kit-made folder** (``confine._unlink``). The mount checks of
+  ``clean`` (the twentieth and twenty-first passes) look at folders; a *file* of elsewhere
+  bind-mounted at ``build/baseline/sub/deeper/target`` was left, and so was what it shows
+  (unlink cannot remove a mount point), but clean ended with "target: Device or resource busy /
+  To fix: check the path and its file system", naming neither where the file is nor the mount
+  (1 run by hand; a message). Now it names the mount point and ``umount``; after that the
+  rerun removes the rest.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_hostile_pass19_c import _FAKE_NVCC, _env
+from tests.integration.test_hostile_pass20_a import _kv, _own
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: nothing outside the test's folders changes
@@ -95,3 +103,32 @@ def test_export_header_never_writes_through_a_bind_mount_of_a_folder_of_the_work
     assert record.read_bytes() == before
     assert res.returncode == 4 and "inside the work directory" in res.stderr \
         and "To fix:" in res.stderr, res.stderr
+
+
+def test_a_file_bind_mounted_in_a_kit_folder_is_named_as_a_mount_point(
+        fetched_workdir: Path, tmp_path: Path, mounts: list[Path]) -> None:
+    wd = fetched_workdir
+    deeper = wd / "build" / "baseline" / "sub" / "deeper"
+    deeper.mkdir(parents=True)
+    (wd / "build" / "baseline" / "a").write_text("the kit's")
+    (deeper / "target").write_text("")
+    _own(wd, "build/baseline", "build")
+    theirs = tmp_path / "theirs.txt"  # a file outside the work directory
+    theirs.write_text("precious")
+    res = subprocess.run(["mount", "--bind", str(theirs), str(deeper / "target")],
+                         capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {res.stderr.strip()}")
+    mounts.append(deeper / "target")
+    res = _kv(tmp_path, "clean", "--what", "builds", "--workdir", str(wd))
+    assert "Traceback" not in res.stderr, res.stderr
+    assert theirs.read_text() == "precious"
+    [doomed] = (wd / "build").iterdir()  # renamed aside before its removal, as always
+    point = doomed / "sub" / "deeper" / "target"
+    assert res.returncode == 2 and f"{point} is a mount point" in res.stderr \
+        and f"umount {point}" in res.stderr, res.stderr
+    subprocess.run(["umount", str(point)], check=True)
+    mounts.remove(deeper / "target")
+    res = _kv(tmp_path, "clean", "--what", "builds", "--workdir", str(wd))
+    assert res.returncode == 0 and not list((wd / "build").iterdir()), res.stderr
+    assert theirs.read_text() == "precious"
