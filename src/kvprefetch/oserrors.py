@@ -35,6 +35,20 @@ _FIX = {
 }
 
 
+def _too_many_open() -> str:
+    """The fix for EMFILE: the removal and mount checks of ``clean`` hold one descriptor per
+    level of a folder (no link is ever followed), so a kit-made folder 600 levels deep under
+    ``ulimit -n 128`` said "Too many open files / To fix: check the path and its file system",
+    which no check of a path fixes (issue 41, the twenty-second hostile pass)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    return (f"this process reached its limit of open files (now {limit}, `ulimit -n`), which "
+            "a walk of a folder nested more deeply than that also takes: raise the limit "
+            "(`ulimit -n 65536`, or as far as `ulimit -Hn` allows), then rerun")
+
+
 def _too_large() -> str:
     """The fix for EFBIG: a file grew past this process's file-size limit (``ulimit -f``),
     which "check the path and its file system" did not name (issue 41, ninth hostile pass)."""
@@ -87,6 +101,8 @@ def describe(exc: OSError) -> tuple[str, str]:
     cause = f"{where}: {reason}" if where else reason
     if exc.errno == errno.EFBIG:
         return cause, _too_large()
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return cause, _too_many_open()
     fix = _FIX.get(exc.errno or 0, "check the path and its file system, then rerun")
     return cause, fix.format(where=os.path.dirname(str(exc.filename or ".")) or ".")
 

@@ -23,12 +23,19 @@ test fails without its fix (checked by reverting ``src`` and running it):
   To fix: check the path and its file system", naming neither where the file is nor the mount
   (1 run by hand; a message). Now it names the mount point and ``umount``; after that the
   rerun removes the rest.
+- **A kit-made folder nested deeper than the open-file limit** (``oserrors``). ``clean``'s
+  removal and mount checks (descriptor walks since the twenty-first pass: no link is followed)
+  hold one descriptor per level, so a build folder 600 levels deep under ``ulimit -n 128``
+  said "Too many open files / To fix: check the path and its file system" (1 run by hand; a
+  message), which no check of a path fixes. Now the fix names the limit and ``ulimit -n``;
+  with it raised, clean removes the folder.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -132,3 +139,30 @@ def test_a_file_bind_mounted_in_a_kit_folder_is_named_as_a_mount_point(
     res = _kv(tmp_path, "clean", "--what", "builds", "--workdir", str(wd))
     assert res.returncode == 0 and not list((wd / "build").iterdir()), res.stderr
     assert theirs.read_text() == "precious"
+
+
+def test_a_folder_deeper_than_the_open_file_limit_names_the_limit(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    wd = fetched_workdir
+    (wd / "build").mkdir()
+    fd = os.open(wd / "build", os.O_RDONLY)
+    for name in ["baseline"] + ["d"] * 300:  # 300 levels: past a limit of 64 open files
+        os.mkdir(name, dir_fd=fd)
+        sub = os.open(name, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    os.close(fd)
+    _own(wd, "build/baseline", "build")
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(
+            resource.RLIMIT_NOFILE)[1]))
+
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "clean", "--what", "builds",
+                          "--workdir", str(wd)], env=_env(tmp_path), capture_output=True,
+                         text=True, timeout=120, check=False, preexec_fn=low_limit)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 2 and "ulimit -n" in res.stderr and "(now 64" in res.stderr, \
+        res.stderr
+    res = _kv(tmp_path, "clean", "--what", "builds", "--workdir", str(wd))
+    assert res.returncode == 0 and not list((wd / "build").iterdir()), res.stderr
