@@ -29,6 +29,10 @@ test fails without its fix (checked by reverting ``src`` and running it):
   said "Too many open files / To fix: check the path and its file system" (1 run by hand; a
   message), which no check of a path fixes. Now the fix names the limit and ``ulimit -n``;
   with it raised, clean removes the folder.
+- **apply --tree patched with no such tree** said "To fix: run `kvprefetch fetch` first, or
+  pass --tree patched", sending the user back to the option they had typed (an adopted work
+  directory of the user's files, 1 run; a message). Now the second half is said only where
+  another tree was named.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -166,3 +171,15 @@ def test_a_folder_deeper_than_the_open_file_limit_names_the_limit(
         res.stderr
     res = _kv(tmp_path, "clean", "--what", "builds", "--workdir", str(wd))
     assert res.returncode == 0 and not list((wd / "build").iterdir()), res.stderr
+
+
+def test_apply_of_a_missing_patched_tree_never_says_to_pass_the_tree_it_was_given(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    shutil.rmtree(fetched_workdir / "trees" / "patched")
+    res = _kv(tmp_path, "apply", "--tree", "patched", "--workdir", str(fetched_workdir))
+    assert res.returncode == 4 and "no kvprefetch tree named 'patched'" in res.stderr, \
+        res.stderr
+    fix = res.stderr.split("To fix:", 1)[1]
+    assert "kvprefetch fetch" in fix and "--tree patched" not in fix, res.stderr
+    res = _kv(tmp_path, "apply", "--tree", "paper", "--workdir", str(fetched_workdir))
+    assert "--with-paper" in res.stderr and "or pass --tree patched" in res.stderr, res.stderr
