@@ -28,6 +28,12 @@ _FIX = {
                   f"{_ELSEWHERE}), then rerun",
     errno.EPERM: f"make {{where}} writable for this user (or write to a folder you own: "
                  f"{_ELSEWHERE}), then rerun",
+    # a file of elsewhere bind-mounted at a record's name (state/patched.json) made apply say
+    # ".patched.json.tmp-PID -> patched.json: Device or resource busy / check the path and its
+    # file system" (issue 41, the twenty-second hostile pass): a mount point is never replaced
+    errno.EBUSY: "a file or folder of elsewhere is mounted at that name, or the system holds "
+                 "it busy (`findmnt` lists the mounts): unmount it (`umount PATH`), then rerun; "
+                 "kvprefetch never replaces or deletes a mount point",
     # a path past PATH_MAX said only "check the path and its file system" (issue 41, the
     # eleventh hostile pass)
     errno.ENAMETOOLONG: "use a shorter path: Linux takes at most 4095 bytes in a whole path "

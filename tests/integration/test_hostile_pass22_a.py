@@ -29,6 +29,10 @@ test fails without its fix (checked by reverting ``src`` and running it):
   said "Too many open files / To fix: check the path and its file system" (1 run by hand; a
   message), which no check of a path fixes. Now the fix names the limit and ``ulimit -n``;
   with it raised, clean removes the folder.
+- **A file bind-mounted at a record's name** (``oserrors``, ``EBUSY``): with a file of
+  elsewhere mounted at ``state/patched.json``, apply rolled back and left it, but said
+  "Device or resource busy / To fix: check the path and its file system" (1 run by hand; a
+  message). Now the fix says a mount is there and to unmount it.
 - **apply --tree patched with no such tree** said "To fix: run `kvprefetch fetch` first, or
   pass --tree patched", sending the user back to the option they had typed (an adopted work
   directory of the user's files, 1 run; a message). Now the second half is said only where
@@ -183,3 +187,21 @@ def test_apply_of_a_missing_patched_tree_never_says_to_pass_the_tree_it_was_give
     assert "kvprefetch fetch" in fix and "--tree patched" not in fix, res.stderr
     res = _kv(tmp_path, "apply", "--tree", "paper", "--workdir", str(fetched_workdir))
     assert "--with-paper" in res.stderr and "or pass --tree patched" in res.stderr, res.stderr
+
+
+def test_a_file_bind_mounted_at_a_state_record_is_named_as_a_mount(
+        fetched_workdir: Path, tmp_path: Path, mounts: list[Path]) -> None:
+    record = fetched_workdir / "state" / "patched.json"
+    theirs = tmp_path / "theirs.json"  # a file outside the work directory, at the record's name
+    theirs.write_bytes(record.read_bytes())
+    before = theirs.read_bytes()
+    res = subprocess.run(["mount", "--bind", str(theirs), str(record)], capture_output=True,
+                         text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {res.stderr.strip()}")
+    mounts.append(record)
+    res = _kv(tmp_path, "apply", "--tree", "patched", "--workdir", str(fetched_workdir))
+    assert "Traceback" not in res.stderr, res.stderr
+    assert theirs.read_bytes() == before
+    assert res.returncode == 4 and "is mounted at that name" in res.stderr \
+        and "umount" in res.stderr, res.stderr
