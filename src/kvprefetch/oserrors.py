@@ -34,6 +34,12 @@ _FIX = {
     errno.EBUSY: "a file or folder of elsewhere is mounted at that name, or the system holds "
                  "it busy (`findmnt` lists the mounts): unmount it (`umount PATH`), then rerun; "
                  "kvprefetch never replaces or deletes a mount point",
+    # a folder of elsewhere bind-mounted inside a tree (trees/patched/csrc/attention) made
+    # apply, whose staged files are renamed in, say "Invalid cross-device link / check the
+    # path and its file system" (issue 41, the twenty-second hostile pass)
+    errno.EXDEV: "the two paths are on different mounts (a folder of elsewhere mounted "
+                 "inside the work directory?), and a file moves only within one: `findmnt` "
+                 "lists the mounts; unmount the one in the way (`umount PATH`), then rerun",
     # a path past PATH_MAX said only "check the path and its file system" (issue 41, the
     # eleventh hostile pass)
     errno.ENAMETOOLONG: "use a shorter path: Linux takes at most 4095 bytes in a whole path "

@@ -32,7 +32,9 @@ test fails without its fix (checked by reverting ``src`` and running it):
 - **A file bind-mounted at a record's name** (``oserrors``, ``EBUSY``): with a file of
   elsewhere mounted at ``state/patched.json``, apply rolled back and left it, but said
   "Device or resource busy / To fix: check the path and its file system" (1 run by hand; a
-  message). Now the fix says a mount is there and to unmount it.
+  message). Now the fix says a mount is there and to unmount it. The same for a folder of
+  elsewhere bind-mounted inside a tree (``EXDEV``): apply said "Invalid cross-device link /
+  To fix: check the path and its file system" (1 run by hand).
 - **apply --tree patched with no such tree** said "To fix: run `kvprefetch fetch` first, or
   pass --tree patched", sending the user back to the option they had typed (an adopted work
   directory of the user's files, 1 run; a message). Now the second half is said only where
@@ -204,4 +206,22 @@ def test_a_file_bind_mounted_at_a_state_record_is_named_as_a_mount(
     assert "Traceback" not in res.stderr, res.stderr
     assert theirs.read_bytes() == before
     assert res.returncode == 4 and "is mounted at that name" in res.stderr \
+        and "umount" in res.stderr, res.stderr
+
+
+def test_a_folder_bind_mounted_inside_a_tree_is_named_as_a_mount_by_apply(
+        fetched_workdir: Path, tmp_path: Path, mounts: list[Path]) -> None:
+    inside = fetched_workdir / "trees" / "patched" / "csrc" / "attention"
+    theirs = tmp_path / "theirs"  # their copy of the folder, outside the work directory
+    shutil.copytree(inside, theirs)
+    before = {p.name: p.read_bytes() for p in theirs.iterdir() if p.is_file()}
+    res = subprocess.run(["mount", "--bind", str(theirs), str(inside)], capture_output=True,
+                         text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {res.stderr.strip()}")
+    mounts.append(inside)
+    res = _kv(tmp_path, "apply", "--tree", "patched", "--workdir", str(fetched_workdir))
+    assert "Traceback" not in res.stderr, res.stderr
+    assert {p.name: p.read_bytes() for p in theirs.iterdir() if p.is_file()} == before
+    assert res.returncode == 4 and "on different mounts" in res.stderr \
         and "umount" in res.stderr, res.stderr
