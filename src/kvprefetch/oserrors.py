@@ -139,10 +139,25 @@ def local_write_failure(exc: BaseException, where: os.PathLike[str] | str
 
 
 @contextmanager
-def mapped(family: type[KvprefetchError], doing: str) -> Iterator[None]:
-    """Turn an OSError raised inside into ``family`` ("<doing> failed: <path>: <reason>")."""
+def mapped(family: type[KvprefetchError], doing: str, *, where: os.PathLike[str] | str | None
+           = None, full_note: str = "") -> Iterator[None]:
+    """Turn an OSError raised inside into ``family`` ("<doing> failed: <path>: <reason>").
+
+    ``where``: the folder a local write failure (full disk, quota, read-only) that names no
+    path, or only a name relative to a folder's descriptor, happened in; ``full_note``: added
+    to a full disk's or quota's fix. ``clean`` on a full work directory said "No space left on
+    device / To fix: free space on that file system (`df -h .`)", the folder the user's shell
+    is in, and not that clean itself needs a little space before it frees any (issue 41, the
+    twenty-second hostile pass)."""
     try:
         yield
     except OSError as exc:
         cause, fix = describe(exc)
+        if where is not None and exc.errno in _LOCAL_WRITE \
+                and not os.path.isabs(str(exc.filename or "")):
+            cause, fix = describe(OSError(exc.errno, exc.strerror, os.path.join(where, "")))
+            if exc.filename:
+                cause = f"{exc.filename} in {cause}"
+        if full_note and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            fix = f"{fix} ({full_note})"
         raise family(f"{doing} failed: {cause}", fix) from exc

@@ -35,6 +35,12 @@ test fails without its fix (checked by reverting ``src`` and running it):
   message). Now the fix says a mount is there and to unmount it. The same for a folder of
   elsewhere bind-mounted inside a tree (``EXDEV``): apply said "Invalid cross-device link /
   To fix: check the path and its file system" (1 run by hand).
+- **clean on a full disk** (``oserrors.mapped``'s ``where``). clean records each removal
+  before it makes it (a few kilobytes), so on a full work directory it frees nothing, and it
+  said "No space left on device / To fix: free space on that file system (`df -h .`)": the
+  folder the user's shell is in, for a write that named no path (1 run by hand on a full
+  200 MB tmpfs; a message). Now the fix names the work directory and says clean needs a
+  little space first. The test stands the full disk in for the record's write.
 - **apply --tree patched with no such tree** said "To fix: run `kvprefetch fetch` first, or
   pass --tree patched", sending the user back to the option they had typed (an adopted work
   directory of the user's files, 1 run; a message). Now the second half is said only where
@@ -43,6 +49,7 @@ test fails without its fix (checked by reverting ``src`` and running it):
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -225,3 +232,19 @@ def test_a_folder_bind_mounted_inside_a_tree_is_named_as_a_mount_by_apply(
     assert {p.name: p.read_bytes() for p in theirs.iterdir() if p.is_file()} == before
     assert res.returncode == 4 and "on different mounts" in res.stderr \
         and "umount" in res.stderr, res.stderr
+
+
+def test_clean_on_a_full_disk_names_the_work_directory_and_why_it_needs_space(
+        fetched_workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvprefetch.errors import ConfigError
+    from kvprefetch.workspace import cleaning, ownership
+
+    def full(*_args: object, **_kw: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")  # a descriptor's write: no name
+
+    monkeypatch.setattr(ownership, "write_json_atomic", full)
+    with pytest.raises(ConfigError) as err:
+        cleaning.clean(fetched_workdir, "all")
+    assert f"`df -h {fetched_workdir}`" in err.value.fix, err.value.fix
+    assert "clean records each removal" in err.value.fix, err.value.fix
+    assert (fetched_workdir / "trees" / "baseline").is_dir()  # nothing half-removed
