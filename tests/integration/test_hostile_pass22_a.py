@@ -70,11 +70,14 @@ __all__ = ["outside"]  # the autouse fixture: nothing outside the test's folders
 
 @pytest.fixture
 def mounts(tmp_path: Path) -> Iterator[list[Path]]:
-    """Every mount made below ``tmp_path`` is taken down afterwards."""
+    """Every mount made below ``tmp_path`` is taken down afterwards, wherever it is now (clean
+    renames a folder aside before it removes it, and a mount below moves with it)."""
     made: list[Path] = []
     yield made
-    for m in reversed(made):
-        subprocess.run(["umount", "-l", str(m)], check=False)
+    with open("/proc/self/mounts", encoding="utf-8") as f:
+        points = [line.split()[1] for line in f]
+    for m in reversed([p for p in points if p.startswith(f"{tmp_path}/")]):
+        subprocess.run(["umount", "-l", m], check=False)
 
 
 def _bind(src: Path, at: Path, mounts: list[Path]) -> None:
