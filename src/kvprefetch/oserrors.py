@@ -28,11 +28,37 @@ _FIX = {
                   f"{_ELSEWHERE}), then rerun",
     errno.EPERM: f"make {{where}} writable for this user (or write to a folder you own: "
                  f"{_ELSEWHERE}), then rerun",
+    # a file of elsewhere bind-mounted at a record's name (state/patched.json) made apply say
+    # ".patched.json.tmp-PID -> patched.json: Device or resource busy / check the path and its
+    # file system" (issue 41, the twenty-second hostile pass): a mount point is never replaced
+    errno.EBUSY: "a file or folder of elsewhere is mounted at that name, or the system holds "
+                 "it busy (`findmnt` lists the mounts): unmount it (`umount PATH`), then rerun; "
+                 "kvprefetch never replaces or deletes a mount point",
+    # a folder of elsewhere bind-mounted inside a tree (trees/patched/csrc/attention) made
+    # apply, whose staged files are renamed in, say "Invalid cross-device link / check the
+    # path and its file system" (issue 41, the twenty-second hostile pass)
+    errno.EXDEV: "the two paths are on different mounts (a folder of elsewhere mounted "
+                 "inside the work directory?), and a file moves only within one: `findmnt` "
+                 "lists the mounts; unmount the one in the way (`umount PATH`), then rerun",
     # a path past PATH_MAX said only "check the path and its file system" (issue 41, the
     # eleventh hostile pass)
     errno.ENAMETOOLONG: "use a shorter path: Linux takes at most 4095 bytes in a whole path "
                         f"and 255 in one name of it ({_ELSEWHERE}), then rerun",
 }
+
+
+def _too_many_open() -> str:
+    """The fix for EMFILE: the removal and mount checks of ``clean`` hold one descriptor per
+    level of a folder (no link is ever followed), so a kit-made folder 600 levels deep under
+    ``ulimit -n 128`` said "Too many open files / To fix: check the path and its file system",
+    which no check of a path fixes (issue 41, the twenty-second hostile pass)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    return (f"this process reached its limit of open files (now {limit}, `ulimit -n`), which "
+            "a walk of a folder nested more deeply than that also takes: raise the limit "
+            "(`ulimit -n 65536`, or as far as `ulimit -Hn` allows), then rerun")
 
 
 def _too_large() -> str:
@@ -87,6 +113,8 @@ def describe(exc: OSError) -> tuple[str, str]:
     cause = f"{where}: {reason}" if where else reason
     if exc.errno == errno.EFBIG:
         return cause, _too_large()
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return cause, _too_many_open()
     fix = _FIX.get(exc.errno or 0, "check the path and its file system, then rerun")
     return cause, fix.format(where=os.path.dirname(str(exc.filename or ".")) or ".")
 
@@ -111,10 +139,25 @@ def local_write_failure(exc: BaseException, where: os.PathLike[str] | str
 
 
 @contextmanager
-def mapped(family: type[KvprefetchError], doing: str) -> Iterator[None]:
-    """Turn an OSError raised inside into ``family`` ("<doing> failed: <path>: <reason>")."""
+def mapped(family: type[KvprefetchError], doing: str, *, where: os.PathLike[str] | str | None
+           = None, full_note: str = "") -> Iterator[None]:
+    """Turn an OSError raised inside into ``family`` ("<doing> failed: <path>: <reason>").
+
+    ``where``: the folder a local write failure (full disk, quota, read-only) that names no
+    path, or only a name relative to a folder's descriptor, happened in; ``full_note``: added
+    to a full disk's or quota's fix. ``clean`` on a full work directory said "No space left on
+    device / To fix: free space on that file system (`df -h .`)", the folder the user's shell
+    is in, and not that clean itself needs a little space before it frees any (issue 41, the
+    twenty-second hostile pass)."""
     try:
         yield
     except OSError as exc:
         cause, fix = describe(exc)
+        if where is not None and exc.errno in _LOCAL_WRITE \
+                and not os.path.isabs(str(exc.filename or "")):
+            cause, fix = describe(OSError(exc.errno, exc.strerror, os.path.join(where, "")))
+            if exc.filename:
+                cause = f"{exc.filename} in {cause}"
+        if full_note and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            fix = f"{fix} ({full_note})"
         raise family(f"{doing} failed: {cause}", fix) from exc

@@ -213,8 +213,12 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
     tree = wd.tree(name)
     hint = (" --with-paper" if name == upstream.PAPER_TREE
             else "" if name in upstream.TREE_NAMES else f" --extra-tree {name}")
+    # "or pass --tree patched" only where another tree was named: said to `apply --tree
+    # patched` itself, it sent the user back to what they had typed (issue 41, the
+    # twenty-second hostile pass)
+    other = "" if name == "patched" else ", or pass --tree patched"
     missing = PatchError(f"there is no kvprefetch tree named {name!r} in {workdir}",
-                         f"run `kvprefetch fetch{hint}` first, or pass --tree patched")
+                         f"run `kvprefetch fetch{hint}` first{other}")
     if tree.is_symlink():
         raise PatchError(f"the {name!r} tree {tree} is a symlink -> {os.readlink(tree)}, and "
                          "kvprefetch never writes through one",

@@ -65,7 +65,12 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,
                           "pass the --workdir that kvprefetch created; clean never removes "
                           "directories it did not create")
     res = CleanResult(dry_run=dry_run)
-    with ExitStack() as stack, mapped(ConfigError, f"clean in {workdir}"):
+    # on a full disk clean cannot free anything: each folder's removal is recorded first (a
+    # clean killed part-way leaves an orphan, never a half tree), which takes a few kilobytes
+    with ExitStack() as stack, mapped(
+            ConfigError, f"clean in {workdir}", where=root,
+            full_note="clean records each removal before it makes it, in a few kilobytes, "
+                      "so it needs that much free to free the rest"):
         if not dry_run:
             stack.enter_context(locked(wd.lock, f"the work directory {workdir}"))
         res.removed += ownership.remove_orphans(root, dry_run=dry_run)

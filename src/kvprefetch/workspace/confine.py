@@ -451,7 +451,7 @@ def remove_path(root: Path, path: Path, *,
             refuse_mounts(dfd, path, family)  # before anything goes, when one is there
             _remove_tree(dfd, path, family)
         else:
-            os.unlink(path.name, dir_fd=dfd)
+            _unlink(dfd, path.name, path, path, family)
     finally:
         os.close(dfd)
 
@@ -504,11 +504,29 @@ def _enter(stack: list[tuple[int, str, int, Path, Iterator[str]]], parent: int, 
                 if entry.is_dir(follow_symlinks=False):
                     subs.append(entry.name)
                 else:  # a file, link, FIFO or socket: unlinked, never opened or followed
-                    os.unlink(entry.name, dir_fd=fd)
+                    _unlink(fd, entry.name, where / entry.name, path, family)
     except BaseException:
         os.close(fd)
         raise
     stack.append((parent, name, fd, where, iter(subs)))
+
+
+def _unlink(dfd: int, name: str, where: Path, path: Path,
+            family: type[KvprefetchError]) -> None:
+    """Unlink the entry ``name`` (at ``where``) of the open folder ``dfd`` while removing
+    ``path``. A file of elsewhere bind-mounted there cannot be unlinked (``EBUSY``) and is
+    left, as is the file it shows; the mount checks see folders only, so clean ended with
+    "target: Device or resource busy / To fix: check the path and its file system", naming
+    neither where the file is nor the mount (issue 41, the twenty-second hostile pass)."""
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+        raise family(f"cannot remove {path}: {where} is a mount point (a file of elsewhere "
+                     "mounted there), and what is mounted there is not the work directory's, "
+                     "so kvprefetch never deletes across one; what went before it is gone",
+                     f"unmount {where} (`umount {where}`), then rerun") from None
 
 
 def _mount_id(fd: int) -> int | None:

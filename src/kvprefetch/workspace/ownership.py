@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import ConfigError, KvprefetchError
 from ..reading import read_limited
 from ..runner import stops_held
-from . import confine
+from . import confine, mounts
 from .locks import locked
 from .workdir import Workdir, json_text, write_json_atomic
 
@@ -358,7 +358,7 @@ def within(path: Path, folder: Path) -> bool:
             continue
         if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
             return True
-    return False
+    return mounts.within_by_mount_table(path, folder)
 
 
 def _writable_then_retry(func: Any, path: str, exc_info: Any) -> None:
