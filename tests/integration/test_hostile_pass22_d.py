@@ -10,6 +10,14 @@ its fix (checked by reverting ``src`` and running it):
   ``/usr/lib;.``, ``/usr/lib;``, ``;/usr/lib``). Submit's check reads those entries from
   ``/``, where the job's bash starts, and passed them, rightly: only later programs run in the
   campaign. Now the job splits ``LD_LIBRARY_PATH`` on both, and keeps no entry holding either.
+- ``TZ`` is passed to every job and was not checked: glibc reads it as a file (less a leading
+  ``:``; a relative one under /usr/share/zoneinfo, ``..`` and all) as every Python starts, so
+  ``TZ=:<campaign>/zone`` let the campaign's writer put a FIFO there after submit: the merge
+  job's interpreter blocked before its first instruction (1 run of 1, killed by ``timeout``
+  after 15 s, exit 143). Now submit refuses a zone file in the campaign, however spelled.
+- ``SSL_CERT_DIR`` is checked as one folder, but OpenSSL reads it as a ``:``-separated list:
+  ``/etc/ssl/certs:<campaign>/certs`` passed submit (1 run of 1), and the prepare job would
+  trust certificates whoever writes the campaign put there. Now each folder is checked.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them (from ``/``, with the
 environment given)."""
@@ -17,12 +25,15 @@ environment given)."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.integration.test_hostile_pass18_e import _fake_libacl
-from tests.integration.test_hostile_pass20_d import _plan, _run
+from tests.integration.test_hostile_pass20_d import _fake_sbatch, _plan, _run
+from tests.integration.test_job_env import _submit_env
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -55,3 +66,41 @@ def test_a_library_path_entry_after_a_semicolon_never_loads_from_the_campaign(
         assert res.returncode == 0, (value, res.stdout + res.stderr)
         assert not bad.exists(), f"LD_LIBRARY_PATH={value!r}: a library in the campaign loaded"
     assert got.read_text().splitlines() == ["/usr/lib"] * 4
+
+
+def _dry_run(tmp_path: Path, camp: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "slurm-bin"
+    if not bin_dir.exists():
+        _fake_sbatch(tmp_path)
+    return subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp),
+                           "--dry-run"], env=_submit_env(tmp_path, bin_dir, **extra),
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("TZ", ":{camp}/zone"), ("TZ", "{camp}/zone"), ("TZ", "../../../../../../..{camp}/zone"),
+    ("TZ", ":../../../../../../..{camp}/zone"), ("SSL_CERT_DIR", "/etc/ssl/certs:{camp}/certs"),
+])
+def test_submit_refuses_a_zone_file_or_certificate_folder_in_the_campaign(
+        tmp_path: Path, outside: Path, name: str, value: str) -> None:
+    """A ``TZ`` naming a zone file in the campaign (glibc reads it as every Python starts: a
+    FIFO there blocked the merge job's interpreter until it was killed), however it is spelled,
+    and an ``SSL_CERT_DIR`` list with a folder in the campaign: the dry run refuses to send,
+    exit 2, with a fix. Before, both passed and every job got them."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    res = _dry_run(tmp_path, camp, **{name: value.format(camp=camp)})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"{name}=" in res.stderr and "is in the campaign" in res.stderr, res.stderr
+    assert f"To fix: point {name} outside the campaign" in res.stderr, res.stderr
+
+
+def test_submit_takes_a_zone_and_certificate_folders_outside_the_campaign(
+        tmp_path: Path, outside: Path) -> None:
+    """What a user sets is still passed: zone names, a POSIX rule (its ``/``), a zone file and
+    a list of certificate folders outside the campaign."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    for tz in ("UTC", ":Europe/Berlin", "EST5EDT,M3.2.0/2,M11.1.0/2", "/etc/localtime"):
+        res = _dry_run(tmp_path, camp, TZ=tz, SSL_CERT_DIR=f"/etc/ssl/certs:{tmp_path}")
+        assert res.returncode == 0, (tz, res.stdout + res.stderr)

@@ -134,12 +134,40 @@ def check_passed(environ: Mapping[str, str], campaign: Path,
     _check_locale(env)
 
 
+# glibc reads TZ as a file too (tzset, at every Python's start): the value less a leading ':',
+# a relative one under the zone folder (TZDIR is not passed), `..` and all. A zone file in the
+# campaign is the campaign's writer's to replace: a FIFO there had every job's interpreter
+# block in its first instruction until Slurm's time limit (issue 41, the twenty-second hostile
+# pass: TZ=:<campaign>/zone, the merge job, killed by `timeout` after 15 s, exit 143).
+_ZONE_FOLDER = "/usr/share/zoneinfo"
+
+
+def _tz_file(value: str) -> str:
+    """The file glibc reads for ``TZ=value``."""
+    value = value.removeprefix(":")
+    return value if value.startswith("/") else os.path.join(_ZONE_FOLDER, value)
+
+
+def _paths(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(name, path)`` of each folder or file a passed value names. OpenSSL reads
+    SSL_CERT_DIR as a ':'-separated list of folders: taken whole, `/etc/ssl/certs:<campaign>`
+    named no folder and passed (issue 41, the twenty-second hostile pass)."""
+    found = []
+    for n in (*_FOLDERS, *_FILES):
+        v = env.get(n)
+        if v and (n != "CXX" or "/" in v):
+            found += [(n, e) for e in (v.split(":") if n == "SSL_CERT_DIR" else [v]) if e]
+    if env.get("TZ"):
+        found.append(("TZ", _tz_file(env["TZ"])))
+    return found
+
+
 def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
     from ..workspace.ownership import within  # the one "at or below" check (by identity too)
 
-    found = [n for n in (*_FOLDERS, *_FILES)
-             if env.get(n) and (n != "CXX" or "/" in env[n])
-             and within(Path(os.path.realpath(os.path.join("/", env[n]))), campaign)]
+    found = list(dict.fromkeys(
+        n for n, e in _paths(env)
+        if within(Path(os.path.realpath(os.path.join("/", e))), campaign)))
     if found:
         named = ", ".join(f"{n}={env[n]!r}" for n in found)
         raise ConfigError(
