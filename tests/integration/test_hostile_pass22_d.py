@@ -18,6 +18,11 @@ its fix (checked by reverting ``src`` and running it):
 - ``SSL_CERT_DIR`` is checked as one folder, but OpenSSL reads it as a ``:``-separated list:
   ``/etc/ssl/certs:<campaign>/certs`` passed submit (1 run of 1), and the prepare job would
   trust certificates whoever writes the campaign put there. Now each folder is checked.
+- The re-run under ``env -i`` (``keep_only_sh``) handed ``env`` what it keeps as arguments
+  and the whole environment as well, both under the kernel's ARG_MAX: a job given about
+  1.3 MiB of variables (22 ``SLURM_*`` of 60 kB) ended "Argument list too long", exit 2, with
+  no exit record and a fix that blamed a missing ``/usr/bin/env`` (1 run of 1; it ran before
+  the allow-list). Now nothing is exported to that exec but what is kept.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them (from ``/``, with the
 environment given)."""
@@ -104,3 +109,18 @@ def test_submit_takes_a_zone_and_certificate_folders_outside_the_campaign(
     for tz in ("UTC", ":Europe/Berlin", "EST5EDT,M3.2.0/2,M11.1.0/2", "/etc/localtime"):
         res = _dry_run(tmp_path, camp, TZ=tz, SSL_CERT_DIR=f"/etc/ssl/certs:{tmp_path}")
         assert res.returncode == 0, (tz, res.stdout + res.stderr)
+
+
+def test_a_job_with_a_large_environment_still_runs(tmp_path: Path, outside: Path) -> None:
+    """A job given about 1.3 MiB of Slurm's variables (and an exported function) runs the kit
+    with them, exit 0, and records it. Before, the re-run under ``env -i`` passed the whole
+    environment as well as what it keeps, over the kernel's ARG_MAX: "Argument list too long",
+    exit 2, no exit record."""
+    camp = tmp_path / "camp"
+    got, py = _env_stub(tmp_path)
+    _plan(tmp_path, camp, python=str(py))
+    big = {f"SLURM_BIG{i}": "x" * 60_000 for i in range(22)}
+    res = _run(tmp_path, camp, "40-merge.sbatch", **big, **{"BASH_FUNC_f%%": "() { :; }"})
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    assert (camp / "logs" / "merge-7.exit").read_text() == "0\n"
+    assert got.read_text() == "unset\n"

@@ -106,12 +106,23 @@ def keep_only_sh(scratch_names: Sequence[str]) -> tuple[str, ...]:
             f'    if [ -n "${{!v+x}}" ]; then KEEP+=("{SCRATCH_PREFIX}$v=${{!v}}"); fi',
             "  done",
         ]
+    # What is kept goes to env as its arguments, which share the kernel's limit (ARG_MAX, 2 MiB
+    # on Linux) with the environment the exec passes on: with that whole environment passed
+    # as well, one of over about 1 MiB (half the limit) had every job end "Argument list too
+    # long", exit 2, where it ran before the allow-list (issue 41, the twenty-second hostile
+    # pass). The variables and functions are kept, but no longer exported, so the exec
+    # passes none of them but what is kept.
+    lines += [
+        "  for v in $(compgen -e); do export -n -- \"$v\"; done",
+        "  for v in $(compgen -A function); do export -n -f -- \"$v\"; done",
+    ]
     return (*lines,
             "  shopt -s execfail",
             '  exec /usr/bin/env -i "${KEEP[@]}" "KVPREFETCH_JOB_PID=$$" /bin/bash -- "$0" "$@"',
             ('  echo "refusing to run: /usr/bin/env -i could not run this script again with only'
-             ' the environment a kvprefetch job keeps. To fix: run the job on a node with'
-             ' /usr/bin/env and /bin/bash" >&2; exit 2'),
+             ' the environment a kvprefetch job keeps (bash said why above). To fix: run the job'
+             ' on a node with /usr/bin/env and /bin/bash, with fewer or smaller variables'
+             ' kept (SLURM_*, job_env.PASSED) if the list was too long" >&2; exit 2'),
             "fi",
             "unset KVPREFETCH_JOB_PID KEEP")
 
