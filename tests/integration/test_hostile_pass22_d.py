@@ -10,6 +10,12 @@ its fix (checked by reverting ``src`` and running it):
   ``/usr/lib;.``, ``/usr/lib;``, ``;/usr/lib``). Submit's check reads those entries from
   ``/``, where the job's bash starts, and passed them, rightly: only later programs run in the
   campaign. Now the job splits ``LD_LIBRARY_PATH`` on both, and keeps no entry holding either.
+- The loader expands ``$ORIGIN`` in an ``LD_LIBRARY_PATH`` entry to the folder of each program
+  it starts; submit's check knows bash's folders, the job's none (a folder named ``$ORIGIN`` is
+  not there, so the entry was kept as it reads). ``/$ORIGIN/../../../../camp/lib`` with the
+  kit's interpreter under /root/.pyenv and the campaign /root/camp had the merge job's Python
+  load a ``libuuid.so.1`` planted in the campaign (1 run of 1). Now the job keeps no entry
+  holding a ``$``.
 - ``TZ`` is passed to every job and was not checked: glibc reads it as a file (less a leading
   ``:``; a relative one under /usr/share/zoneinfo, ``..`` and all) as every Python starts, so
   ``TZ=:<campaign>/zone`` let the campaign's writer put a FIFO there after submit: the merge
@@ -124,3 +130,25 @@ def test_a_job_with_a_large_environment_still_runs(tmp_path: Path, outside: Path
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     assert (camp / "logs" / "merge-7.exit").read_text() == "0\n"
     assert got.read_text() == "unset\n"
+
+
+def test_a_library_path_entry_through_origin_never_loads_from_the_campaign(
+        tmp_path: Path, outside: Path) -> None:
+    """The attack: the kit's interpreter lives beside the campaign (here a copy of ``mv``,
+    which links ``libacl.so.1``, in ``tools/bin``) and ``LD_LIBRARY_PATH`` has
+    ``/$ORIGIN/../../camp/lib``, which from bash's folder (submit's check) is ``/camp/lib``
+    but from the interpreter's is the campaign's lib/: the library planted there is never
+    loaded, and the kit gets the plain entries alone."""
+    camp, bad = tmp_path / "camp", outside / "loaded-by-the-job"
+    lib, mv = _fake_libacl(tmp_path, bad), shutil.which("mv")
+    if lib is None or mv is None:
+        pytest.skip("no C compiler, or this mv does not link libacl.so.1")
+    tools = tmp_path / "tools" / "bin"
+    tools.mkdir(parents=True)
+    py = shutil.copy(mv, tools / "python")
+    _plan(tmp_path, camp, python=str(py))
+    (camp / "lib").mkdir()
+    shutil.copy(lib, camp / "lib" / "libacl.so.1")
+    for value in ("/$ORIGIN/../../camp/lib:/usr/lib", "/usr/lib:/${ORIGIN}/../../camp/lib"):
+        _run(tmp_path, camp, "40-merge.sbatch", LD_LIBRARY_PATH=value)
+        assert not bad.exists(), f"LD_LIBRARY_PATH={value!r}: a library in the campaign loaded"
