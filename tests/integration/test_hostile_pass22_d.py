@@ -29,6 +29,10 @@ its fix (checked by reverting ``src`` and running it):
   1.3 MiB of variables (22 ``SLURM_*`` of 60 kB) ended "Argument list too long", exit 2, with
   no exit record and a fix that blamed a missing ``/usr/bin/env`` (1 run of 1; it ran before
   the allow-list). Now nothing is exported to that exec but what is kept.
+- The same re-run names the script by ``$0``: read from standard input (``bash < script``,
+  ``cat script | bash``) or sourced, ``$0`` is the shell's name, and ``bash -- bash`` ran a
+  file named ``bash`` from the folder it started in: in the campaign, one planted there
+  (1 run of 1); elsewhere "cannot execute binary file". Now such a run is refused, exit 2.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them (from ``/``, with the
 environment given)."""
@@ -152,3 +156,27 @@ def test_a_library_path_entry_through_origin_never_loads_from_the_campaign(
     for value in ("/$ORIGIN/../../camp/lib:/usr/lib", "/usr/lib:/${ORIGIN}/../../camp/lib"):
         _run(tmp_path, camp, "40-merge.sbatch", LD_LIBRARY_PATH=value)
         assert not bad.exists(), f"LD_LIBRARY_PATH={value!r}: a library in the campaign loaded"
+
+
+def test_a_job_script_read_from_standard_input_runs_nothing_from_the_campaign(
+        tmp_path: Path, outside: Path) -> None:
+    """The careless run: ``bash < scripts/40-merge.sbatch`` (and ``source``) in the campaign
+    folder, which holds a file named ``bash``: the planted file never runs; the script refuses,
+    exit 2, with a fix, and run as a file it still runs."""
+    camp, bad = tmp_path / "camp", outside / "ran-from-the-campaign"
+    _plan(tmp_path, camp, python="/bin/true")
+    (camp / "bash").write_text(f"echo planted > {bad}\n")
+    script = camp / "scripts" / "40-merge.sbatch"
+    env = {"HOME": str(tmp_path), "SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"}
+    for argv, stdin in ((["bash"], script.read_text()),
+                        (["bash", "-c", f"source {script}; echo returned $?"], "")):
+        res = subprocess.run(argv, input=stdin, env=env, cwd=camp, capture_output=True,
+                             text=True, timeout=60, check=False)
+        assert not bad.exists(), "a file named bash in the campaign ran"
+        assert "refusing to run: this kvprefetch job script was read from standard input" \
+            in res.stderr, res.stdout + res.stderr
+        assert "To fix: run it as a file" in res.stderr
+        assert res.returncode == 2 or "returned 2" in res.stdout, res.stdout + res.stderr
+    res = subprocess.run(["bash", script.name], env=env, cwd=camp / "scripts",
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -94,6 +94,17 @@ def keep_only_sh(scratch_names: Sequence[str]) -> tuple[str, ...]:
     kept = "|".join(("SLURM_*", *PASSED, *FROM_SLURMD))
     keep_scratch = [n for n in dict.fromkeys(scratch_names) if n not in SHELLS_OWN]
     lines = [
+        # The script runs itself again by its own name ($0), so it must be run as a file:
+        # read from standard input (`bash < script`, `cat script | bash`) or sourced, $0 is
+        # the shell's name, and `bash -- bash` ran a file named bash from the folder it was
+        # started in, a campaign's included (issue 41, the twenty-second hostile pass); a
+        # sourced one would have replaced the user's own shell
+        'if [ "${BASH_SOURCE[0]-}" != "$0" ]; then',
+        ('  echo "refusing to run: this kvprefetch job script was read from standard input or'
+         ' sourced ($0 is not the script), and it must run itself again by its own file name.'
+         ' To fix: run it as a file: kvprefetch slurm submit (sbatch), or bash <script>" >&2'),
+        "  return 2 2>/dev/null || exit 2",
+        "fi",
         'if [ "${KVPREFETCH_JOB_PID-}" != "$$" ]; then',
         "  KEEP=()",
         "  for v in $(compgen -e); do",
