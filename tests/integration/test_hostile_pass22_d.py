@@ -33,12 +33,19 @@ its fix (checked by reverting ``src`` and running it):
   ``cat script | bash``) or sourced, ``$0`` is the shell's name, and ``bash -- bash`` ran a
   file named ``bash`` from the folder it started in: in the campaign, one planted there
   (1 run of 1); elsewhere "cannot execute binary file". Now such a run is refused, exit 2.
+- A ``--scratch`` variable goes into the ``--export`` list of every job; sbatch reads a name
+  ``ALL`` there, in any case, as "and the whole environment" (its ``_env_merge_filter``), so
+  ``--scratch '$ALL/k'`` (or ``$all``, or a campaign.json edited to name it) undid the
+  allow-list: the whole submitting shell, ``BASH_ENV`` and ``LD_PRELOAD`` included, reached
+  each job's first bash, unchecked (read from Slurm's source; 4 plans and dry runs accepted it,
+  no Slurm here). Now such a scratch (``ALL``, ``NONE``, ``NIL``) is refused.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them (from ``/``, with the
 environment given)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -180,3 +187,32 @@ def test_a_job_script_read_from_standard_input_runs_nothing_from_the_campaign(
     res = subprocess.run(["bash", script.name], env=env, cwd=camp / "scripts",
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("scratch", ["$ALL/k", "/scratch/${all}", "$All/x/$USER", "$NONE/k"])
+def test_a_scratch_naming_an_sbatch_export_word_is_refused(
+        tmp_path: Path, outside: Path, scratch: str) -> None:
+    """``--scratch '$ALL/k'`` put ``ALL`` in the ``--export`` list every job is sent with, which
+    sbatch reads (in any case) as "and the whole environment": the allow-list undone, every
+    variable of the submitting shell unchecked in each job's first bash. Now plan refuses it
+    (exit 2, with a fix), and so does submit when campaign.json is edited to name it."""
+    camp = tmp_path / "camp"
+    bin_dir, _ = _fake_sbatch(tmp_path)
+    env = _submit_env(tmp_path, bin_dir, ALL=str(tmp_path), all=str(tmp_path),
+                      All=str(tmp_path), NONE=str(tmp_path), USER="u")
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--stand-in", "--batch", "1", "--scratch", scratch], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "which sbatch's --export list reads as its own word" in res.stderr, res.stderr
+    assert "To fix: name the scratch folder without it" in res.stderr
+    _plan(tmp_path, camp)
+    record = camp / "campaign.json"
+    record.write_text(record.read_text().replace('"scratch": "node"',
+                                                 f'"scratch": {json.dumps(scratch)}'))
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp),
+                          "--dry-run"], env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "which sbatch's --export list reads as its own word" in res.stderr, res.stderr
+    assert ",ALL" not in res.stdout.upper(), res.stdout

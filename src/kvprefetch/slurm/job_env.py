@@ -64,8 +64,24 @@ SHELLS_OWN = ("PWD", "OLDPWD")
 SCRATCH_PREFIX = "KVPREFETCH_SCRATCH_"
 
 
+# sbatch reads a name ALL in --export's list, in any case, as "and the whole environment"
+# (sbatch.c's _env_merge_filter): a --scratch '$ALL/k' (or '$all/k') put ALL in the list every
+# job is sent with, and the whole submitting shell reached each job's first bash, none of it
+# checked (issue 41, the twenty-second hostile pass); NONE and NIL are its other words there.
+_SBATCH_EXPORT_WORDS = ("ALL", "NONE", "NIL")
+
+
 def check_scratch_names(names: Iterable[str]) -> None:
-    """Refuse a ``--scratch`` variable that bash or its loader reads as the job starts."""
+    """Refuse a ``--scratch`` variable that bash or its loader reads as the job starts, or
+    that sbatch's ``--export`` reads as a word of its own."""
+    names = list(names)
+    words = [n for n in names if n.upper() in _SBATCH_EXPORT_WORDS]
+    if words:
+        raise ConfigError(
+            f"--scratch names ${words[0]}, which sbatch's --export list reads as its own word "
+            "(ALL: pass the whole environment), not as a variable: every job would get all of "
+            "this shell's variables, unchecked",
+            "name the scratch folder without it (e.g. /scratch/$USER or node)")
     bad = [n for n in names if _READ_AS_BASH_STARTS.fullmatch(n)]
     if bad:
         raise ConfigError(
