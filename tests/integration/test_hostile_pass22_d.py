@@ -39,6 +39,11 @@ its fix (checked by reverting ``src`` and running it):
   allow-list: the whole submitting shell, ``BASH_ENV`` and ``LD_PRELOAD`` included, reached
   each job's first bash, unchecked (read from Slurm's source; 4 plans and dry runs accepted it,
   no Slurm here). Now such a scratch (``ALL``, ``NONE``, ``NIL``) is refused.
+- The scripts carried ``#SBATCH --export=`` for an sbatch by hand, but not submit's
+  ``--chdir=/``: ``sbatch scripts/40-merge.sbatch`` run in the campaign folder starts the job
+  there, and with the careless ``LD_LIBRARY_PATH=:/usr/local/cuda/lib64`` (the eighteenth
+  pass's) its bash loaded a ``libtinfo.so.6`` planted in the campaign (1 run of 1, the job run
+  by bash in the campaign as Slurm would; no Slurm here). Now each script says ``--chdir=/``.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them (from ``/``, with the
 environment given)."""
@@ -53,7 +58,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_hostile_pass18_e import _fake_libacl
+from tests.integration.test_hostile_pass18_e import _fake_lib, _fake_libacl
 from tests.integration.test_hostile_pass20_d import _fake_sbatch, _plan, _run
 from tests.integration.test_job_env import _submit_env
 from tests.integration.test_reliability import outside
@@ -216,3 +221,40 @@ def test_a_scratch_naming_an_sbatch_export_word_is_refused(
     assert res.returncode == 2, res.stdout + res.stderr
     assert "which sbatch's --export list reads as its own word" in res.stderr, res.stderr
     assert ",ALL" not in res.stdout.upper(), res.stdout
+
+
+# sbatch by hand as Slurm runs a job: in --chdir (the command line's, else the script's
+# #SBATCH directive), else the folder sbatch ran in; the job run there at once, with the
+# LD_LIBRARY_PATH of the user's shell (here JOB_LLP: this stand-in is bash itself, which the
+# real sbatch is not)
+_HAND_SBATCH = """#!/bin/bash
+dir=$PWD script=${{@: -1}}
+d=$(sed -n 's/^#SBATCH --chdir=//p' "$script" | head -1); dir=${{d:-$dir}}
+for a in "$@"; do case "$a" in --chdir=*) dir=${{a#--chdir=}};; esac; done
+echo "$dir" >> {where}
+(cd "$dir" && LD_LIBRARY_PATH=$JOB_LLP SLURM_JOB_ID=7 exec bash "$script" >/dev/null 2>&1)
+echo 7
+"""
+
+
+def test_a_job_sent_by_hand_from_the_campaign_never_starts_there(
+        tmp_path: Path, outside: Path) -> None:
+    """``sbatch scripts/40-merge.sbatch`` run by hand in the campaign folder, with the careless
+    ``LD_LIBRARY_PATH=:/usr/local/cuda/lib64`` (its empty entry is the folder bash starts in):
+    the job starts in ``/`` (the script's ``#SBATCH --chdir=/``), and bash never loads the
+    ``libtinfo.so.6`` planted in the campaign. Before, no directive said so, and Slurm starts
+    a job where sbatch ran."""
+    camp, where, bad = tmp_path / "camp", tmp_path / "where", outside / "loaded-by-bash"
+    _plan(tmp_path, camp, python="/bin/true")
+    sbatch = tmp_path / "sbatch"
+    sbatch.write_text(_HAND_SBATCH.format(where=where))
+    sbatch.chmod(0o755)
+    lib = _fake_lib(tmp_path, "bash", "libtinfo.so.6", bad)
+    if lib is not None:
+        shutil.copy(lib, camp / "libtinfo.so.6")
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "JOB_LLP": ":/usr/local/cuda/lib64"}
+    res = subprocess.run([str(sbatch), "scripts/40-merge.sbatch"], env=env, cwd=camp,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert where.read_text() == "/\n", "the job started in the campaign"
+    assert not bad.exists(), "the job's shell loaded a library planted in the campaign"
