@@ -142,8 +142,10 @@ def test_a_job_with_a_large_environment_still_runs(tmp_path: Path, outside: Path
     got, py = _env_stub(tmp_path)
     _plan(tmp_path, camp, python=str(py))
     big = {f"SLURM_BIG{i}": "x" * 60_000 for i in range(22)}
-    res = _run(tmp_path, camp, "40-merge.sbatch", **big, **{"BASH_FUNC_f%%": "() { :; }"})
+    funcs = {"BASH_FUNC_f%%": "() { :; }", "BASH_FUNC_*%%": "() { :; }"}
+    res = _run(tmp_path, camp, "40-merge.sbatch", **big, **funcs)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    assert "not a function" not in res.stderr, res.stderr  # `*` is a name, not a pattern
     assert (camp / "logs" / "merge-7.exit").read_text() == "0\n"
     assert got.read_text() == "unset\n"
 

@@ -139,9 +139,12 @@ def keep_only_sh(scratch_names: Sequence[str]) -> tuple[str, ...]:
     # long", exit 2, where it ran before the allow-list (issue 41, the twenty-second hostile
     # pass). The variables and functions are kept, but no longer exported, so the exec
     # passes none of them but what is kept.
+    # (set -f: a function's name may be a pattern, `*`, which would name the files in / here)
     lines += [
+        "  set -f",
         "  for v in $(compgen -e); do export -n -- \"$v\"; done",
         "  for v in $(compgen -A function); do export -n -f -- \"$v\"; done",
+        "  set +f",
     ]
     return (*lines,
             "  shopt -s execfail",
