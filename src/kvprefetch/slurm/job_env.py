@@ -64,8 +64,24 @@ SHELLS_OWN = ("PWD", "OLDPWD")
 SCRATCH_PREFIX = "KVPREFETCH_SCRATCH_"
 
 
+# sbatch reads a name ALL in --export's list, in any case, as "and the whole environment"
+# (sbatch.c's _env_merge_filter): a --scratch '$ALL/k' (or '$all/k') put ALL in the list every
+# job is sent with, and the whole submitting shell reached each job's first bash, none of it
+# checked (issue 41, the twenty-second hostile pass); NONE and NIL are its other words there.
+_SBATCH_EXPORT_WORDS = ("ALL", "NONE", "NIL")
+
+
 def check_scratch_names(names: Iterable[str]) -> None:
-    """Refuse a ``--scratch`` variable that bash or its loader reads as the job starts."""
+    """Refuse a ``--scratch`` variable that bash or its loader reads as the job starts, or
+    that sbatch's ``--export`` reads as a word of its own."""
+    names = list(names)
+    words = [n for n in names if n.upper() in _SBATCH_EXPORT_WORDS]
+    if words:
+        raise ConfigError(
+            f"--scratch names ${words[0]}, which sbatch's --export list reads as its own word "
+            "(ALL: pass the whole environment), not as a variable: every job would get all of "
+            "this shell's variables, unchecked",
+            "name the scratch folder without it (e.g. /scratch/$USER or node)")
     bad = [n for n in names if _READ_AS_BASH_STARTS.fullmatch(n)]
     if bad:
         raise ConfigError(
@@ -94,6 +110,17 @@ def keep_only_sh(scratch_names: Sequence[str]) -> tuple[str, ...]:
     kept = "|".join(("SLURM_*", *PASSED, *FROM_SLURMD))
     keep_scratch = [n for n in dict.fromkeys(scratch_names) if n not in SHELLS_OWN]
     lines = [
+        # The script runs itself again by its own name ($0), so it must be run as a file:
+        # read from standard input (`bash < script`, `cat script | bash`) or sourced, $0 is
+        # the shell's name, and `bash -- bash` ran a file named bash from the folder it was
+        # started in, a campaign's included (issue 41, the twenty-second hostile pass); a
+        # sourced one would have replaced the user's own shell
+        'if [ "${BASH_SOURCE[0]-}" != "$0" ]; then',
+        ('  echo "refusing to run: this kvprefetch job script was read from standard input or'
+         ' sourced ($0 is not the script), and it must run itself again by its own file name.'
+         ' To fix: run it as a file: kvprefetch slurm submit (sbatch), or bash <script>" >&2'),
+        "  return 2 2>/dev/null || exit 2",
+        "fi",
         'if [ "${KVPREFETCH_JOB_PID-}" != "$$" ]; then',
         "  KEEP=()",
         "  for v in $(compgen -e); do",
@@ -106,12 +133,26 @@ def keep_only_sh(scratch_names: Sequence[str]) -> tuple[str, ...]:
             f'    if [ -n "${{!v+x}}" ]; then KEEP+=("{SCRATCH_PREFIX}$v=${{!v}}"); fi',
             "  done",
         ]
+    # What is kept goes to env as its arguments, which share the kernel's limit (ARG_MAX, 2 MiB
+    # on Linux) with the environment the exec passes on: with that whole environment passed
+    # as well, one of over about 1 MiB (half the limit) had every job end "Argument list too
+    # long", exit 2, where it ran before the allow-list (issue 41, the twenty-second hostile
+    # pass). The variables and functions are kept, but no longer exported, so the exec
+    # passes none of them but what is kept.
+    # (set -f: a function's name may be a pattern, `*`, which would name the files in / here)
+    lines += [
+        "  set -f",
+        "  for v in $(compgen -e); do export -n -- \"$v\"; done",
+        "  for v in $(compgen -A function); do export -n -f -- \"$v\"; done",
+        "  set +f",
+    ]
     return (*lines,
             "  shopt -s execfail",
             '  exec /usr/bin/env -i "${KEEP[@]}" "KVPREFETCH_JOB_PID=$$" /bin/bash -- "$0" "$@"',
             ('  echo "refusing to run: /usr/bin/env -i could not run this script again with only'
-             ' the environment a kvprefetch job keeps. To fix: run the job on a node with'
-             ' /usr/bin/env and /bin/bash" >&2; exit 2'),
+             ' the environment a kvprefetch job keeps (bash said why above). To fix: run the job'
+             ' on a node with /usr/bin/env and /bin/bash, with fewer or smaller variables'
+             ' kept (SLURM_*, job_env.PASSED) if the list was too long" >&2; exit 2'),
             "fi",
             "unset KVPREFETCH_JOB_PID KEEP")
 
@@ -134,12 +175,40 @@ def check_passed(environ: Mapping[str, str], campaign: Path,
     _check_locale(env)
 
 
+# glibc reads TZ as a file too (tzset, at every Python's start): the value less a leading ':',
+# a relative one under the zone folder (TZDIR is not passed), `..` and all. A zone file in the
+# campaign is the campaign's writer's to replace: a FIFO there had every job's interpreter
+# block in its first instruction until Slurm's time limit (issue 41, the twenty-second hostile
+# pass: TZ=:<campaign>/zone, the merge job, killed by `timeout` after 15 s, exit 143).
+_ZONE_FOLDER = "/usr/share/zoneinfo"
+
+
+def _tz_file(value: str) -> str:
+    """The file glibc reads for ``TZ=value``."""
+    value = value.removeprefix(":")
+    return value if value.startswith("/") else os.path.join(_ZONE_FOLDER, value)
+
+
+def _paths(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(name, path)`` of each folder or file a passed value names. OpenSSL reads
+    SSL_CERT_DIR as a ':'-separated list of folders: taken whole, `/etc/ssl/certs:<campaign>`
+    named no folder and passed (issue 41, the twenty-second hostile pass)."""
+    found = []
+    for n in (*_FOLDERS, *_FILES):
+        v = env.get(n)
+        if v and (n != "CXX" or "/" in v):
+            found += [(n, e) for e in (v.split(":") if n == "SSL_CERT_DIR" else [v]) if e]
+    if env.get("TZ"):
+        found.append(("TZ", _tz_file(env["TZ"])))
+    return found
+
+
 def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
     from ..workspace.ownership import within  # the one "at or below" check (by identity too)
 
-    found = [n for n in (*_FOLDERS, *_FILES)
-             if env.get(n) and (n != "CXX" or "/" in env[n])
-             and within(Path(os.path.realpath(os.path.join("/", env[n]))), campaign)]
+    found = list(dict.fromkeys(
+        n for n, e in _paths(env)
+        if within(Path(os.path.realpath(os.path.join("/", e))), campaign)))
     if found:
         named = ", ".join(f"{n}={env[n]!r}" for n in found)
         raise ConfigError(

@@ -211,8 +211,14 @@ def render_script(c: Campaign, job: Job) -> str:
     gpu = (job.name == "bench" and not c.bench.stand_in) or (job.name == "verify" and not c.no_gpu)
     cpus = c.slurm.cpus_per_build if job.name.startswith("build-") else None
     check_campaign_path(c.root)  # the folder goes into #SBATCH lines, unquoted
+    # --chdir=/ and --export as submit passes them, for an sbatch by hand too: run from the
+    # campaign folder (`sbatch scripts/00-prepare.sbatch`), Slurm started the job there, and
+    # with a careless LD_LIBRARY_PATH=:/usr/local/cuda/lib64 (an empty entry: the folder it
+    # runs in, passed by the directive's list) its bash loaded a libtinfo.so.6 planted in the
+    # campaign before the first line (issue 41, the twenty-second hostile pass; the
+    # eighteenth's attack on submit, by hand)
     directives = [f"--job-name=kvp-{Path(c.root).name}-{job.name}", f"--output={log}",
-                  export_option(scratch_names(c))]  # as submit passes it: sbatch by hand too
+                  "--chdir=/", export_option(scratch_names(c))]
     if job.array:
         directives.append(f"--array=0-{job.array - 1}")
     directives += c.slurm.directives(gpu, cpus)

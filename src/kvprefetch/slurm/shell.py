@@ -159,13 +159,26 @@ KEEP_OUTSIDE_SH = (
     '  if [ -n "$rest" ] && { [ -e "$r/$f" ] || [ -L "$r/$f" ]; }; then return 1; fi',
     '}',
     "keep_outside() {  # the variable named $1, less its entries in or reaching the campaign",
-    '  local rest e kept=',
-    '  rest=${!1-}:',
+    '  local rest e kept= cut=:',
+    '  rest=${!1-}',
+    # glibc's loader splits LD_LIBRARY_PATH on ';' as well as ':' (dl-load.c, ":;"), and
+    # reads an empty or relative entry from the folder each program runs in: split on ':'
+    # alone, `/usr/lib;.` (or `/usr/lib;`) was one absolute entry, kept, and the job's `mv`
+    # loaded a libacl.so.1 planted in the campaign (issue 41, the twenty-second hostile pass;
+    # submit's check reads such entries from `/`, where the job's bash starts, rightly)
+    "  if [ \"$1\" = LD_LIBRARY_PATH ]; then cut=':;$'; rest=${rest//;/:}; fi",
+    '  rest=$rest:',
     '  while [ -n "$rest" ]; do',
     '    e=${rest%%:*}; rest=${rest#*:}',
     '    case "$e" in /*) ;; *) continue;; esac',
+    # The loader expands $ORIGIN (the folder of each program), $LIB and $PLATFORM in an
+    # entry: no one folder this shell can check. `/$ORIGIN/../../camp/lib` passed submit's
+    # check (which knows bash's folder) and this one (a folder named `$ORIGIN` is none), and
+    # the kit's interpreter, in a folder beside the campaign, loaded a libuuid.so.1 planted
+    # there (issue 41, the twenty-second hostile pass). LD_LIBRARY_PATH keeps none ($ in cut).
+    '    case "$e" in *["$cut"]*) continue;; esac',
     '    if reaches_campaign "$e" || ! pin_folder "$e"; then continue; fi',
-    '    case "$RESOLVED" in *:*) continue;; esac',
+    '    case "$RESOLVED" in *["$cut"]*) continue;; esac',
     '    kept=${kept:+$kept:}$RESOLVED',
     '  done',
     '  printf -v "$1" %s "$kept"',
