@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,18 @@ def kernels_build(tmp_path_factory: pytest.TempPathFactory, fetched_template: Pa
                             ("third", kb.third))}
     (wd.parent / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return kb
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> Iterator[list[Path]]:
+    """Every mount made below ``tmp_path`` (a test appends what it mounts) is taken down
+    afterwards, wherever it is now (clean renames a folder aside before it removes it, and a
+    mount below moves with it)."""
+    import subprocess
+
+    made: list[Path] = []
+    yield made
+    with open("/proc/self/mounts", encoding="utf-8") as f:
+        points = [line.split()[1] for line in f]
+    for m in reversed([p for p in points if p.startswith(f"{tmp_path}/")]):
+        subprocess.run(["umount", "-l", m], check=False)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,17 +51,6 @@ from tests.integration.test_hostile_pass20_a import _kv
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: nothing outside the test's folders changes
-
-
-@pytest.fixture
-def mounts(tmp_path: Path) -> Iterator[list[Path]]:
-    """Every mount made below ``tmp_path`` is taken down afterwards, wherever it is now."""
-    made: list[Path] = []
-    yield made
-    with open("/proc/self/mounts", encoding="utf-8") as f:
-        points = [line.split()[1] for line in f]
-    for m in reversed([p for p in points if p.startswith(f"{tmp_path}/")]):
-        subprocess.run(["umount", "-l", m], check=False)
 
 
 def test_a_mount_made_while_a_folder_is_removed_is_never_deleted_across(

@@ -67,6 +67,19 @@ def _env(tmp_path: Path, bin_dir: Path) -> dict[str, str]:
     return env
 
 
+def _submit_with(tmp_path: Path,
+                 extra: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``slurm submit`` of a new campaign with ``extra`` ({camp} filled in) in the shell, a fake
+    sbatch recording its calls: the result, and the file of calls."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    bin_dir, calls = _fake_sbatch(tmp_path)
+    env = {**_env(tmp_path, bin_dir), **{k: v.format(camp=camp) for k, v in extra.items()}}
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    return res, calls
+
+
 @pytest.mark.parametrize(("extra"), [
     {"LD_LIBRARY_PATH": "/opt/none;{camp}/lib"},
     {"LD_LIBRARY_PATH": "{camp}/../x/$LIB/../../../camp/lib"},
@@ -75,12 +88,7 @@ def test_submit_refuses_a_start_entry_in_the_campaign_however_it_is_spelled(
         tmp_path: Path, extra: dict[str, str]) -> None:
     """An entry the loader or bash reads at the job's start, in the campaign by a ``;`` or a
     parameter of the same shell: submit refuses, naming the variable, and runs no sbatch."""
-    camp = tmp_path / "camp"
-    _plan(tmp_path, camp)
-    bin_dir, calls = _fake_sbatch(tmp_path)
-    env = {**_env(tmp_path, bin_dir), **{k: v.format(camp=camp) for k, v in extra.items()}}
-    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
-                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    res, calls = _submit_with(tmp_path, extra)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "Traceback" not in out, out
     assert "in the campaign" in out and "To fix" in out, out
@@ -96,12 +104,7 @@ def test_bashs_start_files_never_reach_a_job(tmp_path: Path, extra: dict[str, st
     were refused at submit before it): ``BASH_ENV``/``ENV`` naming the campaign through a
     parameter are not passed at all. sbatch is told ``--export=`` a list naming neither (nor
     the parameter they name), on every call."""
-    camp = tmp_path / "camp"
-    _plan(tmp_path, camp)
-    bin_dir, calls = _fake_sbatch(tmp_path)
-    env = {**_env(tmp_path, bin_dir), **{k: v.format(camp=camp) for k, v in extra.items()}}
-    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
-                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    res, calls = _submit_with(tmp_path, extra)
     assert res.returncode == 0, res.stdout + res.stderr
     sent = calls.read_text().splitlines()
     assert sent, "no sbatch was run"

@@ -62,6 +62,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -330,13 +331,30 @@ def test_a_folder_as_the_jobs_python_is_refused_at_plan(tmp_path: Path) -> None:
     assert not camp.exists()
 
 
+def _report_in_time(tmp_path: Path, name: str, doc: dict[str, Any], seconds: int,
+                    last: str) -> None:
+    """``report NAME.json`` of ``doc`` ends within ``seconds`` with a figure, and its markdown
+    still lists the ``last`` row."""
+    import json
+
+    (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    try:
+        res = _kit(tmp_path, "report", str(tmp_path / f"{name}.json"), "--out",
+                   str(tmp_path / "out"), timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"report of {name}.json still drawing after {seconds} s")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "Traceback" not in out, out
+    assert (tmp_path / "out" / f"{name}.png").stat().st_size > 0
+    assert last in (tmp_path / "out" / f"{name}.md").read_text()
+
+
 def test_a_result_of_hundreds_of_groups_draws_a_bounded_figure(tmp_path: Path) -> None:
     """``report RESULT.json`` (png by default) drew one heatmap per group and variant: a 1 MB
     result of 600 groups (600 presets) took 150 s and 1.5 GB, and a 64 MiB one would run for
     hours. Now the figure holds at most ``MAX_PNG_PANELS`` heatmaps, saying so; the markdown
     lists every group. 400 groups: well within a minute, the png written."""
     import copy
-    import json
 
     from tests.unit.test_report_merge import _row, _shard
 
@@ -347,16 +365,7 @@ def test_a_result_of_hundreds_of_groups_draws_a_bounded_figure(tmp_path: Path) -
         r["preset"], r["label"] = f"p{i}", f"l{i}"
         rows.append(r)
     doc["results"] = rows
-    (tmp_path / "many.json").write_text(json.dumps(doc))
-    try:
-        res = _kit(tmp_path, "report", str(tmp_path / "many.json"), "--out",
-                   str(tmp_path / "out"), timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("report of 400 groups still drawing after 60 s")
-    out = res.stdout + res.stderr
-    assert res.returncode == 0 and "Traceback" not in out, out
-    assert (tmp_path / "out" / "many.png").stat().st_size > 0
-    assert "p399" in (tmp_path / "out" / "many.md").read_text()
+    _report_in_time(tmp_path, "many", doc, 60, "p399")
 
 
 def test_an_ncu_result_of_thousands_of_shapes_draws_a_bounded_figure(tmp_path: Path) -> None:
@@ -364,20 +373,10 @@ def test_an_ncu_result_of_thousands_of_shapes_draws_a_bounded_figure(tmp_path: P
     they: 1,500 shapes (a 3 MB result) took 59 s and 1.9 GB. Now the figure holds the first
     ``MAX_PNG_BARS``, saying so; the markdown lists them all. Here: a few seconds."""
     import copy
-    import json
 
     from tests.unit.test_report import ncu_doc
 
     doc = ncu_doc()
     first = doc["shapes"][0]
     doc["shapes"] = [dict(copy.deepcopy(first), label=f"shape{i}") for i in range(1500)]
-    (tmp_path / "ncu.json").write_text(json.dumps(doc))
-    try:
-        res = _kit(tmp_path, "report", str(tmp_path / "ncu.json"), "--out",
-                   str(tmp_path / "out"), timeout=40)
-    except subprocess.TimeoutExpired:
-        pytest.fail("report of 1,500 ncu shapes still drawing after 40 s")
-    out = res.stdout + res.stderr
-    assert res.returncode == 0 and "Traceback" not in out, out
-    assert (tmp_path / "out" / "ncu.png").stat().st_size > 0
-    assert "shape1499" in (tmp_path / "out" / "ncu.md").read_text()
+    _report_in_time(tmp_path, "ncu", doc, 40, "shape1499")
