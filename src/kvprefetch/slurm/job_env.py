@@ -90,11 +90,16 @@ def check_scratch_names(names: Iterable[str]) -> None:
             "name the scratch folder without it (e.g. /scratch/$USER or node)")
 
 
+def export_names(scratch_names: Sequence[str]) -> list[str]:
+    """The names sbatch passes on to a campaign job: ``PASSED`` and the scratch's variables."""
+    return list(dict.fromkeys(
+        [*PASSED, *(n for n in scratch_names if n not in PASSED and n not in SHELLS_OWN)]))
+
+
 def export_option(scratch_names: Sequence[str]) -> str:
-    """sbatch's ``--export=`` of a campaign job: ``PASSED`` and the scratch's variables (sbatch
-    passes a name only when it is set, and Slurm's ``SLURM_*`` always)."""
-    names = [*PASSED, *(n for n in scratch_names if n not in PASSED and n not in SHELLS_OWN)]
-    return "--export=" + ",".join(dict.fromkeys(names))
+    """sbatch's ``--export=`` of a campaign job (sbatch passes a name only when it is set, and
+    Slurm's ``SLURM_*`` always)."""
+    return "--export=" + ",".join(export_names(scratch_names))
 
 
 def scratch_name(name: str) -> str:
@@ -159,8 +164,7 @@ def keep_only_sh(scratch_names: Sequence[str]) -> tuple[str, ...]:
 
 def passed(environ: Mapping[str, str], scratch_names: Sequence[str]) -> dict[str, str]:
     """What sbatch passes on of ``environ`` for a job (Slurm's ``SLURM_*`` aside)."""
-    names = export_option(scratch_names).split("=", 1)[1].split(",")
-    return {n: environ[n] for n in names if n in environ}
+    return {n: environ[n] for n in export_names(scratch_names) if n in environ}
 
 
 def check_passed(environ: Mapping[str, str], campaign: Path,
@@ -203,12 +207,16 @@ def _paths(env: Mapping[str, str]) -> list[tuple[str, str]]:
     return found
 
 
-def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
-    from ..workspace.ownership import within  # the one "at or below" check (by identity too)
+def _in_campaign(entry: str, campaign: Path) -> bool:
+    """Whether ``entry`` (a relative one read from ``/``, where every job starts: ``sbatch
+    --chdir=/``) is in the campaign, by path, through links, or by identity (a bind mount)."""
+    from ..workspace.ownership import within  # the one "at or below" check
 
-    found = list(dict.fromkeys(
-        n for n, e in _paths(env)
-        if within(Path(os.path.realpath(os.path.join("/", e))), campaign)))
+    return within(Path(os.path.realpath(os.path.join("/", entry))), campaign)
+
+
+def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
+    found = list(dict.fromkeys(n for n, e in _paths(env) if _in_campaign(e, campaign)))
     if found:
         named = ", ".join(f"{n}={env[n]!r}" for n in found)
         raise ConfigError(
@@ -296,8 +304,6 @@ def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, 
     """``(name, entry)`` of each ``START_ENV`` entry that is in the campaign ``campaign`` (a
     resolved path), by path, through links, or by device and inode (a bind mount). A relative
     entry is read from ``/``, where every job starts (``sbatch --chdir=/``)."""
-    from ..workspace.ownership import within  # the one "at or below" check (by identity too)
-
     found = []
     for name, split in START_ENV.items():
         value = environ.get(name, "")
@@ -305,8 +311,7 @@ def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, 
             value = _expanded(value, environ)
         for entry in re.split(split, value) if split else [value]:
             spelled = [entry] if name in _EXPANDED else _loader_expansions(entry)
-            if entry and any(within(Path(os.path.realpath(os.path.join("/", e))), campaign)
-                             for e in spelled):
+            if entry and any(_in_campaign(e, campaign) for e in spelled):
                 found.append((name, entry))
     return found
 
