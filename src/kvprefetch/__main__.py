@@ -5,14 +5,34 @@ A Ctrl-C while the command line is still being imported is the same one line as 
 later (issue 41, third pass: one sent in the first 0.1 s printed a KeyboardInterrupt
 traceback). The console script imported ``kvprefetch.cli`` (click and the rest) itself, outside
 any handler, and printed that traceback still (issue 41, the ninth hostile pass); it now starts
-here, where only ``sys`` is imported before the guard."""
+here, where only ``sys`` is imported before the guard.
+
+A Ctrl-C that lands while Python runs code whose exceptions it ignores (importlib's module-lock
+weakref callback, a ``__del__``) is printed as "Exception ignored ... KeyboardInterrupt" and
+dropped: the command then ran on to its end, exit 0 (a fresh CI rehearsal of issue 41's
+twenty-second pass, 1 run). The command line's own hook (``cli.stop_like_ctrl_c``) takes such a
+stop back once it is installed; until then ``_keep_dropped_stops`` keeps it, and the stop is
+raised as soon as the import is done."""
 
 import sys
 
+_DROPPED: list[BaseException] = []  # stops Python dropped during the import of the command line
+
+
+def _keep_dropped_stops(args: "sys.UnraisableHookArgs") -> None:
+    if isinstance(args.exc_value, KeyboardInterrupt):
+        _DROPPED.append(args.exc_value)
+        return
+    sys.__unraisablehook__(args)
+
 
 def main() -> None:
+    sys.unraisablehook = _keep_dropped_stops
     try:
         from .cli import run
+
+        if _DROPPED:
+            raise _DROPPED[0]
     except KeyboardInterrupt:
         print("interrupted: nothing was changed; rerun the command", file=sys.stderr)
         sys.exit(130)
