@@ -1,6 +1,9 @@
 """The one door for subprocesses. ``run`` echoes ``+ cmd``, tees the full output into a log
 file, resolves the program on the *child's* PATH, and raises ``CommandError`` with the command,
-exit code, log path and last lines on failure. No other module imports ``subprocess``."""
+exit code, log path and last lines on failure. No other module imports ``subprocess``.
+
+It stays one module past the ~500-line mark: it is that one door, and what makes a child stop
+(a Ctrl-C, the kit's signals, a ``timeout``) shares its table of live children and pidfds."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from .console import escaped
 from .errors import CommandError, ConfigError
@@ -379,6 +382,43 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     proc.wait()
 
 
+# What a child that outlived its ``timeout`` exits with, where it ended 0 once stopped (or a
+# process below it kept its output open): timeout(1)'s status, so no caller reads it as done.
+TIMED_OUT = 124
+
+
+def _reader(out: IO[str], take: Callable[[str], None]) -> threading.Thread:
+    """A thread giving ``out``'s lines to ``take``, started."""
+    def read() -> None:
+        with suppress(OSError, ValueError):
+            for line in out:
+                take(line)
+
+    reader = threading.Thread(target=read, name="kvprefetch-output", daemon=True)
+    reader.start()
+    return reader
+
+
+def _within(proc: subprocess.Popen[str], timeout: float, reader: threading.Thread) -> bool:
+    """Wait for ``proc`` and its output (``reader``) for ``timeout`` seconds of wall time; past
+    that, stop it as a Ctrl-C stops it (``_stop``) and return False. The timeout was
+    ``proc.wait``'s, which began only once the child had closed its output: an ``scontrol``
+    that never answered held ``slurm status`` for ever, and so would any probe whose child hangs
+    with its output open (issue 41, the twenty-first and twenty-second passes left it open).
+    The output is read in a thread of its own so that the wait can end; a process below the
+    child that keeps the output open after the stop leaves that thread blocked, a daemon, and
+    the command goes on."""
+    deadline = time.monotonic() + timeout
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout)
+    reader.join(max(0.0, deadline - time.monotonic()))
+    if proc.returncode is not None and not reader.is_alive():
+        return True
+    _stop(proc)
+    reader.join(1.0)
+    return False
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -412,6 +452,7 @@ def run(
     logf = open_log(log_path) if log_path is not None else None
     tail: deque[str] = deque(maxlen=25)
     chunks: list[str] = []
+    reader: threading.Thread | None = None
     try:
         if logf:
             logf.write(f"+ {quote(args)}\n")
@@ -450,7 +491,8 @@ def run(
                                   "stopping (it was interrupted)",
                                   "rerun the command; finished work is kept")
             assert proc.stdout is not None
-            for line in proc.stdout:
+
+            def take(line: str) -> None:
                 if logf:
                     logf.write(line)
                 if capture:
@@ -460,7 +502,18 @@ def run(
                     m = _NINJA_PROGRESS.match(line)
                     if m:
                         on_progress(int(m.group(1)), int(m.group(2)))
-            returncode = proc.wait(timeout=timeout)
+
+            if timeout is None:
+                for line in proc.stdout:
+                    take(line)
+                returncode = proc.wait()
+            else:
+                reader = _reader(proc.stdout, take)
+                if _within(proc, timeout, reader):
+                    returncode = proc.returncode
+                else:
+                    returncode = proc.returncode or TIMED_OUT
+                    take(f"(stopped by the kit: it had not finished after {timeout:g} s)\n")
         except BaseException:
             _stop(proc)
             raise
@@ -469,8 +522,8 @@ def run(
                 fd = _LIVE.pop(proc, None)
                 if fd is not None:
                     os.close(fd)
-            if proc.stdout is not None:
-                proc.stdout.close()
+            if proc.stdout is not None and (reader is None or not reader.is_alive()):
+                proc.stdout.close()  # a reader still blocked on it holds its lock: left open
     finally:
         if logf:
             logf.close()

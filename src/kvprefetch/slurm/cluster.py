@@ -43,13 +43,22 @@ SCONTROL_FAILED = "scontrol failed"  # the reason of a job the controller did no
 FIX_SLURM = "run this on a Slurm login node (sbatch, scontrol on PATH, slurmctld reachable)"
 
 
-def _slurm(argv: Sequence[str], check: bool = True) -> Any:
+# How long a question to Slurm (scontrol, sacct) may take: a real scontrol gives up after its
+# MessageTimeout's retries (18 s here with the controller stopped); one that never answers (a
+# hung wrapper, a stopped controller behind a site's script) held `slurm status` for ever
+# (issue 41, the twenty-first and twenty-second passes left it open). It is then stopped and
+# its job UNKNOWN, as when the controller does not answer. sbatch has none: stopped midway,
+# it may have sent a job whose id the campaign would never record.
+QUERY_TIMEOUT_S = 60.0
+
+
+def _slurm(argv: Sequence[str], check: bool = True, timeout: float | None = None) -> Any:
     if which(argv[0]) is None:
         raise SlurmError(f"{argv[0]} was not found on PATH", FIX_SLURM)
     try:
         # from /, never the folder the user runs the kit in (it may be the campaign): an
         # empty LD_LIBRARY_PATH entry is the working folder to the dynamic loader
-        return run(list(argv), echo=False, check=check, cwd="/")
+        return run(list(argv), echo=False, check=check, cwd="/", timeout=timeout)
     except CommandError as exc:
         tail = "\n".join(shown(line, 500) for line in exc.tail.strip().splitlines()[-20:])
         raise SlurmError(f"{' '.join(argv)} failed (exit code {exc.returncode}): {tail}",
@@ -286,7 +295,8 @@ def job_states(job: str, job_id: str) -> list[JobState]:
     """What Slurm knows of a submission: scontrol while the controller keeps the job, then
     sacct where accounting is on. Empty when neither knows it: the controller has forgotten a
     finished job (after MinJobAge, 300 s by default) and there is no accounting."""
-    res = _slurm(["scontrol", "-o", "show", "job", job_id], check=False)
+    res = _slurm(["scontrol", "-o", "show", "job", job_id], check=False,
+                 timeout=QUERY_TIMEOUT_S)
     if res.returncode == 0:
         records = parse_scontrol(res.output)
         if records:
@@ -298,7 +308,7 @@ def job_states(job: str, job_id: str) -> list[JobState]:
                          "none")]
     if which("sacct") is not None:
         acct = run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode"],
-                   echo=False, check=False, cwd="/")
+                   echo=False, check=False, cwd="/", timeout=QUERY_TIMEOUT_S)
         rows = parse_sacct(acct.output) if acct.returncode == 0 else []
         if rows:
             return [JobState(job, r["JobID"], r["State"], r["ExitCode"], "", "sacct")
