@@ -58,6 +58,14 @@ def escaped(value: object) -> str:
                    else ascii(ch)[1:-1] for ch in text)
 
 
+def one_line(value: object) -> str:
+    """``value`` escaped (``escaped``), its newlines and tabs too: a name from the work directory
+    in a listing of one entry per line. A file named ``x\nremoved important`` in ``build/``
+    printed a line of its own in ``clean``'s listing, "removed important", a deletion that never
+    happened (issue 41, the twenty-second pass left it open)."""
+    return escaped(value).replace("\n", "\\n").replace("\t", "\\t")
+
+
 def say(value: object, *, err: bool = False, nl: bool = True) -> None:
     """A command's line of output (stdout, or stderr with ``err``), ``escaped``: the
     ``click.echo`` lines of the commands printed paths and names as they were, so a work

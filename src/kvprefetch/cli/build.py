@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..console import emit_json, info, say, table
+from ..console import emit_json, info, one_line, say, table
 from .common import LibraryChecked, count_range, dry_run_option, json_option, workdir_option
 
 
@@ -169,6 +169,6 @@ def clean(workdir: Path, what: str, discard_edits: bool, dry_run: bool, as_json:
         emit_json({"removed": res.removed, "kept": res.kept, "dry_run": dry_run})
     else:
         for r in res.removed:
-            say(("would remove " if dry_run else "removed ") + r)
+            say(("would remove " if dry_run else "removed ") + one_line(r))
         for k in res.kept:
-            say(f"kept {k.path}: {k.reason}", err=True)
+            say(f"kept {one_line(k.path)}: {k.reason}", err=True)

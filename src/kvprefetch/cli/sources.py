@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .. import upstream
-from ..console import emit_json, escaped, info, say, step
+from ..console import emit_json, escaped, info, one_line, say, step
 from .common import (
     LibraryChecked,
     deprecated,
@@ -139,7 +139,7 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
                              for f in res.files]})
     elif stat:
         for f in res.files:
-            say(f"{f.path}: +{f.added} -{f.removed}")
+            say(f"{one_line(f.path)}: +{f.added} -{f.removed}")
     else:
         for f in res.files:
             click.echo(f.diff, nl=False)
