@@ -23,3 +23,38 @@ def test_a_newline_in_a_name_forges_no_line_of_cleans_listing(fetched_workdir: P
         assert not [ln for ln in lines if ln.startswith("removed important")], lines
         assert any(ln.startswith("kept ") and "x\\nremoved important" in ln for ln in lines), lines
     assert forged.read_text() == "mine\n"
+
+
+def test_a_source_in_the_campaign_is_refused_at_plan_and_when_read_back(tmp_path: Path
+                                                                         ) -> None:
+    """``slurm plan --source CAMP/src`` was planned, and only a job found it wrong; a clone
+    there is one whoever can write the campaign may change after the prepare job's check. Now
+    plan refuses it (by path, through a link), and so does every command that reads a
+    campaign.json naming one."""
+    import json
+
+    camp, elsewhere = tmp_path / "camp", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = kvprefetch_cli_split("slurm", "plan", str(camp), "--stand-in")
+    assert res.returncode == 0, res.stderr
+    (camp / "src").mkdir()
+    (elsewhere / "link").symlink_to(camp / "src")
+    before = (camp / "campaign.json").read_bytes()
+    for source in (camp / "src", elsewhere / "link", camp / "src" / ".." / "src"):
+        # planned again into the campaign (plan replaces its own campaign's files)
+        res = kvprefetch_cli_split("slurm", "plan", str(camp), "--source", str(source),
+                                   "--stand-in")
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert "is in the campaign" in res.stderr and "To fix:" in res.stderr, res.stderr
+        assert (camp / "campaign.json").read_bytes() == before
+    other = tmp_path / "other"
+    res = kvprefetch_cli_split("slurm", "plan", str(other), "--source", str(elsewhere),
+                               "--stand-in")
+    assert res.returncode == 0, res.stderr
+    rec = json.loads((other / "campaign.json").read_text())
+    (other / "clone").mkdir()
+    rec["plan"]["source"] = str(other / "clone")
+    (other / "campaign.json").write_text(json.dumps(rec))
+    res = kvprefetch_cli_split("slurm", "submit", str(other), "--dry-run")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "is in the campaign" in res.stderr, res.stderr

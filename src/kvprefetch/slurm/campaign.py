@@ -39,6 +39,7 @@ from .values import (
     check_presets,
     check_scratch,
     check_slurm_value,
+    check_source,
     check_task_shapes,
     check_words,
 )
@@ -191,6 +192,7 @@ class Campaign:
             raise ConfigError("the campaign's slurm options are malformed",
                               "plan the campaign again")
         check_scratch(self.scratch, self.root)
+        check_source(self.source, self.root)
         for t in self.trees:
             check_tree_name(t.name, "--trees")
             if t.variant is not None and t.variant not in upstream.VARIANTS:

@@ -6,9 +6,11 @@ campaign is planned and again when its ``campaign.json`` is read back. Pure."""
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..bench.plan import Bound
 from ..errors import ConfigError
@@ -167,6 +169,31 @@ def check_scratch(scratch: str, root: str) -> str:
                           "scratch there could be swapped for a link by whoever can write the "
                           "campaign", fix)
     return scratch
+
+
+def check_source(source: str, root: str) -> str:
+    """``auto``, ``sdist``, or an absolute path outside the campaign ``root``: the build jobs
+    fetch vLLM from it, and a clone in the campaign is one whoever can write the campaign may
+    change after the prepare job's check (a clone is checked by its pristine files, not all of
+    its files). ``slurm plan`` took one, and only a job found it wrong (issue 41, the
+    twenty-first and twenty-second passes left it open); a campaign.json naming one is refused
+    too."""
+    from ..workspace.ownership import within
+
+    if source in ("auto", "sdist"):
+        return source
+    fix = ("put the sdist or clone outside the campaign, on a filesystem every node mounts, and "
+           "plan again (or pass --source sdist)")
+    if not isinstance(source, str) or not source.startswith("/"):
+        raise ConfigError(f"--source {source!r} is not auto, sdist or an absolute path", fix)
+    real = os.path.realpath(source)
+    for where in (posixpath.normpath(source), real):
+        if where == root or where.startswith(root.rstrip("/") + "/") \
+                or within(Path(real), Path(root)):
+            raise ConfigError(f"--source {source} is in the campaign {root}: the build jobs "
+                              "would fetch vLLM from a folder whoever can write the campaign "
+                              "may change", fix)
+    return source
 
 
 def scratch_variables(scratch: str) -> list[str]:
