@@ -58,3 +58,22 @@ def test_a_source_in_the_campaign_is_refused_at_plan_and_when_read_back(tmp_path
     res = kvprefetch_cli_split("slurm", "submit", str(other), "--dry-run")
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert "is in the campaign" in res.stderr, res.stderr
+
+
+def test_a_submission_of_a_job_the_plan_does_not_hold_makes_the_record_corrupt(
+        tmp_path: Path) -> None:
+    """A campaign.json whose ``submitted`` (or ``sending``) names a job of nobody's was read as
+    sent: ``status`` printed an empty table, exit 0, and ``submit`` took the campaign as
+    started. Now every command that reads it says which name is no job of the plan."""
+    import json
+
+    camp = tmp_path / "camp"
+    assert kvprefetch_cli_split("slurm", "plan", str(camp), "--stand-in").returncode == 0
+    rec = json.loads((camp / "campaign.json").read_text())
+    for forged in ({"submitted": {"nobody": [{"id": "123", "task": None}]}},
+                   {"sending": {"job": "nobody", "task": None, "at": "2026-12-06T00:00:00"}}):
+        (camp / "campaign.json").write_text(json.dumps({**rec, **forged}))
+        for cmd in (("status",), ("submit", "--dry-run")):
+            res = kvprefetch_cli_split("slurm", *cmd, str(camp))
+            assert res.returncode == 2 and "Traceback" not in res.stderr, (cmd, res.stderr)
+            assert "'nobody', which is no job of its plan" in res.stderr, (cmd, res.stderr)

@@ -418,6 +418,18 @@ def load_record(root: Path) -> dict[str, Any]:
     data.setdefault("submitted", {})
     check_submitted(data["submitted"], p)
     check_sending(data.get("sending"), p)
+    # every submission is of a job the plan holds: a job name of nobody's in `submitted` was
+    # listed by `status` as sent, its id asked of Slurm (issue 41, the twenty-second pass left
+    # it open); the plan's own jobs are checked where the plan is read (Campaign)
+    jobs = data["plan"].get("jobs")
+    planned = {j.get("name") for j in jobs if isinstance(j, dict)} \
+        if isinstance(jobs, list) else set()
+    sending = data.get("sending")
+    unknown = [job for job in (*data["submitted"], *([sending["job"]] if sending else []))
+               if job not in planned]
+    if unknown:
+        raise ConfigError(f"{p} is corrupt: it records a submission of {unknown[0]!r}, which is "
+                          "no job of its plan", FIX_SUBMITTED)
     plan_root = data["plan"].get("root")
     if plan_root != str(Path(root).resolve()):
         # "plan the campaign again in this folder" was refused by this very check (issue 41,
