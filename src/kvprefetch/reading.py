@@ -3,7 +3,14 @@ file only, and only up to a size, so a FIFO, a device (a symlink to /dev/zero) o
 is one ValueError, never a hang or a full memory; ``load_json`` adds that JSON nested too deep
 for Python's parser is the same ValueError, never a RecursionError traceback (issue 41, the
 fourth hostile pass). In the base layer: every layer reads such files (kernels' build
-manifests as much as workspace's records)."""
+manifests as much as workspace's records).
+
+Every JSON file the kit reads back goes through ``parse_json``: bounded in size (by the read),
+and in depth. The kit writes JSON a few levels deep (a result, 6 at most); a record nested
+deeper reached code that walks it by calling itself once per level (``json.dumps`` as it is
+written back, a path rewrite, a report), where a RecursionError was a traceback: publish's
+build.json 700 levels deep, report's index (issue 41, the fourth, twenty-first and twenty-second
+hostile passes). One limit here, in place of a check per reader."""
 
 from __future__ import annotations
 
@@ -36,13 +43,40 @@ def read_limited(path: Path, limit: int = MAX_RECORD_BYTES) -> bytes:
     return data
 
 
+# The deepest JSON the kit reads back: ten times what it writes.
+MAX_JSON_DEPTH = 64
+
+
+def parse_json(data: bytes | str, what: object) -> Any:
+    """The JSON value ``data`` holds (UTF-8), nested at most ``MAX_JSON_DEPTH`` lists and
+    objects; anything else is a ValueError naming ``what`` (bad bytes, bad JSON, too deep)."""
+    try:
+        value = json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+    except RecursionError:
+        raise ValueError(f"{what} holds JSON nested too deep to read") from None
+    if deeper_than(value, MAX_JSON_DEPTH):
+        raise ValueError(f"{what} holds JSON nested more than {MAX_JSON_DEPTH} levels deep; "
+                         "kvprefetch writes a few")
+    return value
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether the JSON value nests more than ``limit`` lists and objects (its own stack, no
+    recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth >= limit:
+                return True
+            stack.extend((v, depth + 1) for v in
+                         (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def load_json(path: Path, limit: int = MAX_RECORD_BYTES) -> Any:
     """The JSON value in ``path``, read as ``read_limited`` reads (a regular file of at most
-    ``limit`` bytes). Anything that is not such a file holding UTF-8 JSON is a ValueError: a
-    FIFO, a device, a larger file, bad bytes, bad JSON, and JSON nested too deep to parse.
-    Missing or unreadable files are the OSError ``os.open`` raises."""
-    data = read_limited(path, limit)
-    try:
-        return json.loads(data.decode("utf-8"))
-    except RecursionError:
-        raise ValueError(f"{path} holds JSON nested too deep to read") from None
+    ``limit`` bytes) and parsed by ``parse_json``. Anything that is not such a file holding
+    UTF-8 JSON is a ValueError: a FIFO, a device, a larger file, bad bytes, bad JSON, and JSON
+    nested too deep. Missing or unreadable files are the OSError ``os.open`` raises."""
+    return parse_json(read_limited(path, limit), path)

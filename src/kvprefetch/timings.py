@@ -12,7 +12,6 @@ difference. Pure: text in, text out."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -27,11 +26,11 @@ _RUN_FIELDS = ("what", "command", "commit", "how", "exit", "wall_s", "source")
 def load_timings(path: Path) -> dict[str, Any]:
     """The timing file at ``path``, checked: a ``machine`` and ``runs``, each run with every
     field of ``_RUN_FIELDS``."""
-    from .reading import read_limited
+    from .reading import load_json
 
     try:  # size-capped, never a FIFO; JSON nested too deep is a bad file, not a traceback
-        doc = json.loads(read_limited(Path(path), 1 << 20).decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
+        doc = load_json(Path(path), 1 << 20)
+    except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read the timing file {path}: {exc}",
                           "point the timings block at a committed timings.json") from exc
     runs = doc.get("runs") if isinstance(doc, dict) else None

@@ -256,7 +256,12 @@ def test_a_build_record_nested_hundreds_deep_in_the_scratch_is_corrupt_not_a_tra
                str(scratch), env={"SLURM_JOB_ID": "12"})
     out = res.stdout + res.stderr
     assert "Traceback" not in out, out[-2000:]
-    assert res.returncode == 10 and f"{path} is corrupt" in out and "To fix" in out, out
+    if record == "manifest.json":
+        # since the one bounded reader (reading.parse_json), a manifest nested past its depth is
+        # one the kernels' finder cannot read, skipped as it always skipped those
+        assert res.returncode == 10 and "no kernels-only build of baseline" in out, out
+    else:
+        assert res.returncode == 10 and f"{path} is corrupt" in out and "To fix" in out, out
     envs = camp / "work" / "envs"
     assert not envs.exists() or not any(envs.iterdir())
 

@@ -9,7 +9,6 @@ error."""
 from __future__ import annotations
 
 import functools
-import json
 import types
 import typing
 import zlib
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from ..errors import BenchError
+from ..reading import parse_json
 from .schema import (
     DOCUMENT_TYPES,
     KINDS,
@@ -98,9 +98,7 @@ def _bytes_of(path: Path) -> bytes:
 
 def _parse(path: Path, raw: bytes) -> Document:
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except RecursionError as exc:
-        raise BenchError(f"cannot read {path}: JSON nested too deep", _FIX) from exc
+        doc = parse_json(raw, path)
     except ValueError as exc:
         raise BenchError(f"cannot read {path}: {exc}", _FIX) from exc
     if not isinstance(doc, dict) or doc.get("kind") not in KINDS:

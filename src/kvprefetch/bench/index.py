@@ -7,14 +7,13 @@ its headline figure. The headline is computed from that result JSON, never typed
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
 from ..errors import BenchError
-from ..reading import read_limited
+from ..reading import load_json
 from ..workspace.confine import has_control
 from .decode_report import decode_summary
 from .documents import load_document, reading
@@ -60,9 +59,7 @@ def load_run(folder: Path) -> ResultRun:
     path = folder / PROVENANCE
     fix = f"write {PROVENANCE} as the other runs under docs/results have it"
     try:
-        raw = json.loads(read_limited(path, 1 << 20).decode("utf-8"))
-    except RecursionError as exc:
-        raise BenchError(f"cannot read {path}: JSON nested too deep", fix) from exc
+        raw = load_json(path, 1 << 20)
     except (OSError, ValueError) as exc:
         raise BenchError(f"cannot read {path}: {exc}", fix) from exc
     if not isinstance(raw, dict):

@@ -52,6 +52,7 @@ from ..machine.toolchain import fmt_version
 from ..machine.torch_probe import default_torch_python, probe_torch
 from ..overlay.cuda12 import toolkit_dir
 from ..overlay.toolkit import choose_toolkit
+from ..reading import parse_json
 from ..runner import open_log, run
 from ..workspace import ownership
 from ..workspace.confine import (
@@ -228,7 +229,8 @@ def make_toolkit_view(root: Path, view: Path, cuda_home: Path, site: Path,
     check_target(root, view, what="make the toolkit view at", family=BuildError)
     if is_plain_file(stamp):
         try:
-            if json.loads(read_file(root, stamp, limit=1 << 16, family=BuildError)) == want:
+            if parse_json(read_file(root, stamp, limit=1 << 16, family=BuildError),
+                          stamp) == want:
                 return view
         except (OSError, ValueError, BuildError):
             pass

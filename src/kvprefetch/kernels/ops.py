@@ -16,7 +16,6 @@ torch is imported inside functions only, so importing this module never touches 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from typing import Any
 
 from ..errors import BenchError
 from ..hashing import MAX_LIBRARY_BYTES, sha256_file
-from ..reading import read_limited
+from ..reading import load_json
 from ..upstream import resolve_tree_name
 
 # vLLM: "Should be the same as PARTITION_SIZE in `paged_attention_v2_launcher`" (paged_attn.py L21).
@@ -163,9 +162,7 @@ def _load_manifest(path: Path) -> Any:
     """The JSON in ``path``, read as a regular file of bounded size (a FIFO, device or
     /dev/zero symlink never hangs or fills memory); ValueError otherwise."""
     try:
-        return json.loads(read_limited(Path(path), MAX_MANIFEST_BYTES).decode("utf-8"))
-    except RecursionError:
-        raise ValueError("it is nested too deep") from None
+        return load_json(Path(path), MAX_MANIFEST_BYTES)
     except OSError as exc:
         raise ValueError(str(exc)) from None
 

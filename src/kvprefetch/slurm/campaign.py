@@ -20,7 +20,6 @@ submission). The scripts it is written as, and the order they are submitted in, 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -403,15 +402,15 @@ def check_sending(sending: object, record: Path) -> None:
 
 
 def load_record(root: Path) -> dict[str, Any]:
-    from ..reading import read_limited
+    from ..reading import load_json
 
     p = root / CAMPAIGN_FILE
     try:
-        data = json.loads(read_limited(p).decode("utf-8"))
+        data = load_json(p)
     except FileNotFoundError:
         raise ConfigError(f"{root} is not a campaign (no {CAMPAIGN_FILE})",
                           "plan one with `kvprefetch slurm plan DIR`") from None
-    except (OSError, ValueError, RecursionError) as exc:
+    except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {p}: {exc}", "plan the campaign again") from None
     if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
         raise ConfigError(f"{p} is not a kvprefetch campaign", "plan the campaign again")

@@ -28,7 +28,6 @@ becomes part of a path, so it must be a Slurm job id (``check_job_label``)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import stat
@@ -40,7 +39,7 @@ from typing import Any
 
 from ..errors import SlurmError
 from ..hashing import sha256_file
-from ..reading import read_limited
+from ..reading import parse_json, read_limited
 from ..workspace.confine import check_target, copy_tree, ensure_dir, remove_path, rename_path
 from ..workspace.workdir import Workdir, write_json_atomic
 
@@ -92,43 +91,25 @@ class Published:
 
 
 def _read_json(path: Path, shown: Path | None = None) -> dict[str, Any]:
-    """A build's manifest or build.json (size-capped, never a FIFO), or a SlurmError naming it
-    (as ``shown``: the scratch's file, of a copy read)."""
+    """A build's manifest or build.json (size-capped, never a FIFO, nested a few levels:
+    ``reading.parse_json``), or a SlurmError naming it (as ``shown``: the scratch's file, of a
+    copy read). ``rewrite_paths`` and ``json.dumps`` walk it by calling themselves once per
+    level: a build.json nested 700 deep in the scratch was a RecursionError traceback here
+    (issue 41, the twenty-second hostile pass)."""
+    fix = "rebuild in the scratch work directory; resubmit the build job"
     try:
-        data = json.loads(read_limited(path).decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise SlurmError(f"cannot read {path}: {exc}",
-                         "rebuild in the scratch work directory; resubmit the build job") from None
+        raw = read_limited(path)
+    except (OSError, ValueError) as exc:
+        raise SlurmError(f"cannot read {path}: {exc}", fix) from None
+    try:
+        data = parse_json(raw, shown or path)
+    except ValueError as exc:
+        raise SlurmError(f"{shown or path} is corrupt: {exc}", fix) from None
     if not isinstance(data, dict):
         raise SlurmError(f"{path} holds no JSON object",
                          "rebuild in the scratch work directory; resubmit the build job")
-    if _deeper_than(data, MAX_JSON_DEPTH):
-        raise SlurmError(f"{shown or path} is corrupt: its JSON is nested more than "
-                         f"{MAX_JSON_DEPTH} levels deep, and a build's manifest or build.json "
-                         "is a few",
-                         "rebuild in the scratch work directory; resubmit the build job")
     return data
 
-
-# A manifest or build.json nests a few levels. json.loads takes almost a thousand, and
-# rewrite_paths (and json.dumps when it is written back) then called themselves once per level:
-# a build.json nested 700 deep in the scratch was a RecursionError traceback in publish (issue
-# 41, the twenty-second hostile pass).
-MAX_JSON_DEPTH = 64
-
-
-def _deeper_than(data: Any, limit: int) -> bool:
-    """Whether the JSON value ``data`` nests more than ``limit`` lists and objects (its own
-    stack, no recursion)."""
-    stack = [(data, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, (dict, list)):
-            if depth >= limit:
-                return True
-            stack.extend((v, depth + 1) for v in
-                         (value.values() if isinstance(value, dict) else value))
-    return False
 
 def _moved(path: str, pairs: list[tuple[str, str]]) -> str:
     for old, new in pairs:

@@ -34,7 +34,7 @@ from typing import Any
 from .. import __version__
 from ..errors import VerifyError
 from ..hashing import sha256_file
-from ..reading import read_limited
+from ..reading import load_json
 from ..workspace.confine import write_file
 from .cubin import Module, parse_elf
 from .sass import (
@@ -213,8 +213,8 @@ def load_cached(cache_dir: Path, sha256: str, tools: Mapping[str, str | None]
     """A complete, matching cache entry for the library with this sha256, or None."""
     path = cache_path(cache_dir, sha256)
     try:  # bounded, never a FIFO or device: an entry is data in the work directory (issue 41)
-        data = json.loads(read_limited(path).decode("utf-8"))
-    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        data = load_json(path)
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
     facts = from_entry(data, sha256, tools)
     return facts if facts is not None and facts.complete else None

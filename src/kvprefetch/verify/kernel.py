@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import VerifyError
 from ..hashing import MAX_LIBRARY_BYTES, sha256_file
 from ..kernels.policy import TWIN_SHAPES
+from ..reading import load_json
 from ..runner import run
 from ..workspace.ownership import private_dir
 from ..workspace.workdir import Workdir, write_json_atomic
@@ -121,7 +122,7 @@ def _identity_run(workdir: Path, trees: list[str], extra_env: dict[str, str] | N
             argv += ["--tree", t]
         env = {**os.environ, **extra_env} if extra_env else None
         res = run(argv, env=env, echo=False, check=False)
-        data = json.loads(out.read_text()) if out.is_file() else None
+        data = load_json(out) if out.is_file() else None
     return data, f"exit {res.returncode}: {res.output.strip()[-400:]}"
 
 
@@ -218,7 +219,7 @@ def _library_facts(lib: _Library, cache_dir: Path, tools: Mapping[str, str | Non
                    "--cache", str(cache_dir), "--root", str(cache_dir.parent.parent)],
                   echo=False, check=False)
         try:
-            data = json.loads(out.read_text())
+            data = load_json(out)
         except (OSError, ValueError):
             data = None
     facts = from_entry(data, lib.sha256, tools) if data is not None else None

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, KvprefetchError
-from ..reading import read_limited
+from ..reading import load_json, read_limited
 from ..runner import stops_held
 from . import confine, mounts
 from .locks import locked
@@ -121,11 +121,11 @@ def entries(root: Path) -> dict[str, dict[str, Any]]:
     try:
         if not confine.is_plain_file(p):
             raise ValueError("not a regular file")
-        data = json.loads(read_limited(p).decode("utf-8"))
+        data = load_json(p)
         if not isinstance(data, dict) or not isinstance(data.get("paths"), dict) or not all(
                 isinstance(v, dict) for v in data["paths"].values()):
             raise ValueError("not kvprefetch's ownership record")
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+    except ValueError as exc:  # UnicodeDecodeError is one
         raise ConfigError(f"the ownership record {p} is corrupt ({exc})", _FIX) from None
     out: dict[str, dict[str, Any]] = data["paths"]
     for rel_path, entry in out.items():

@@ -13,7 +13,6 @@ state already records the journal's result, the stage is simply removed)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from contextlib import suppress
@@ -152,10 +151,10 @@ def recover(wd: Workdir, name: str) -> str | None:
         _remove_stage(wd.root, stage)
         return f"removed the stage of an apply to {name!r} that stopped before changing the tree"
     try:
-        data = json.loads(read_limited(journal))
+        data = load_json(journal)
         files = data["files"]
         new_state = data["state"]
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise PatchError(f"the journal {journal} of an interrupted apply is unreadable ({exc})",
                          f"move {stage} out of the work directory, then `kvprefetch fetch "
                          "--force` to start the tree again") from None
