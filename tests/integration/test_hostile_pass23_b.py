@@ -8,6 +8,12 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   at ``confine.write_file``'s encode (1 run each). Now ``write_file`` (and ``write_if_changed``)
   name the character and its line with the fix, in the caller's family (exit 7), nothing
   written.
+- ``slurm stand-in`` (and every command that finds builds: ``bench kernel``/``ncu``/``decode``,
+  ``verify-kernel``, ``slurm publish``) with a kernels-only manifest in ``work/build`` whose
+  ``so_path`` is a name past 255 bytes: ``Path.is_file`` raised ENAMETOOLONG, and the command
+  line's fix for it was "use a shorter path ... (the --workdir, -o/--out or campaign folder
+  that named it)", the user sent to the folder they typed (a wrong-way message; 1 run). Now
+  the manifest is named as corrupt with the fix to rebuild or move that build away (exit 7).
 """
 
 from __future__ import annotations
@@ -86,3 +92,22 @@ def test_a_readme_of_text_with_no_utf8_bytes_is_one_message_not_a_traceback(
     assert res.returncode == 7 and "Traceback" not in text, text
     assert "lone surrogate" in text and "(line " in text, text
     assert readme.read_bytes() == before
+
+
+def test_a_manifest_naming_a_library_no_file_can_be_is_blamed_not_the_campaign(
+        tmp_path: Path) -> None:
+    from tests.integration.test_hostile_pass19_b import _plan
+
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    build = camp / "work" / "build" / "baseline" / "k1"
+    build.mkdir(parents=True)
+    (build / "manifest.json").write_text(json.dumps({
+        "tree": "baseline", "variant": "stock", "namespace": "ns", "so_path": "x" * 300,
+        "so_sha256": "0" * 64, "head_sizes": [128], "block_sizes": [16], "kv_dtypes": ["fp16"]}))
+    res = _kit(tmp_path, "slurm", "stand-in", str(camp), "--task", "0")
+    text = res.stdout + res.stderr
+    assert res.returncode == 7 and "Traceback" not in text, text
+    assert f"build manifest {build / 'manifest.json'} names the library" in text, text
+    assert "shorter path" not in text and "To fix: rebuild the tree" in text, text
+    assert not (camp / "results" / "bench-0.json").exists()

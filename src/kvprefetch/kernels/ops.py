@@ -241,7 +241,17 @@ def find_builds(workdir: Path, trees: Iterable[str] | None = None) -> list[Built
         if not isinstance(raw, dict) or "namespace" not in raw or "so_path" not in raw:
             continue
         built = read_manifest(path)
-        if not built.so_path.is_file():
+        try:
+            present = built.so_path.is_file()
+        except OSError as exc:
+            # a name past NAME_MAX/PATH_MAX (ENAMETOOLONG) or a folder on the way that cannot
+            # be entered: `is_file` raises those, and the command line's fix for a long path
+            # sent the user to shorten the --workdir or campaign folder they typed (issue 41,
+            # the twenty-third hostile pass), where the manifest named it
+            raise BenchError(f"build manifest {path} names the library "
+                             f"{str(built.so_path)[:200]!r}, which cannot be looked at "
+                             f"({exc.strerror})", MANIFEST_FIX) from None
+        if not present:
             continue
         mtime = path.stat().st_mtime
         if built.tree not in newest or mtime > newest[built.tree][0]:
