@@ -14,6 +14,14 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   line's fix for it was "use a shorter path ... (the --workdir, -o/--out or campaign folder
   that named it)", the user sent to the folder they typed (a wrong-way message; 1 run). Now
   the manifest is named as corrupt with the fix to rebuild or move that build away (exit 7).
+- ``bench ncu`` names its files ``ncu-<shape>-<tree>.log``/``.csv`` after each build's
+  ``tree``, read from its manifest in ``build/`` as it stood: a manifest whose tree is
+  ``../../../../outside/pwn``, with a folder ``bench/ncu-1-..`` made beside it (by whoever can
+  write the work directory), had the kit append its log (``runner.open_log`` made the folders
+  on the way) and hand ncu a ``--log-file`` in a folder outside the work directory (1 run of 1,
+  with a stand-in ncu; the log is the kit's own write). Now a manifest's tree must be a tree
+  name (``upstream.TREE_NAME``, the rule ``check_tree_name`` keeps, moved below the kernels
+  layer that reads manifests): corrupt, named with the fix, nothing run or written.
 """
 
 from __future__ import annotations
@@ -111,3 +119,32 @@ def test_a_manifest_naming_a_library_no_file_can_be_is_blamed_not_the_campaign(
     assert f"build manifest {build / 'manifest.json'} names the library" in text, text
     assert "shorter path" not in text and "To fix: rebuild the tree" in text, text
     assert not (camp / "results" / "bench-0.json").exists()
+
+
+def _manifest(build: Path, tree: str) -> None:
+    build.mkdir(parents=True)
+    (build / "lib.so").write_bytes(b"")
+    (build / "manifest.json").write_text(json.dumps({
+        "tree": tree, "variant": "stock", "namespace": "ns", "so_path": "lib.so",
+        "so_sha256": "0" * 64, "head_sizes": [128], "block_sizes": [16], "kv_dtypes": ["fp16"]}))
+
+
+def test_a_manifests_tree_never_leads_bench_ncus_files_out_of_the_work_directory(
+        tmp_path: Path, outside: Path) -> None:
+    wd = tmp_path / "work"
+    _manifest(wd / "build" / "baseline" / "k", "baseline")
+    _manifest(wd / "build" / "evil" / "k", "../../../../outside/pwn")
+    (wd / "bench" / "ncu-1-..").mkdir(parents=True)
+    ncu = tmp_path / "fakencu"  # writes a CSV of ncu's shape wherever --log-file says
+    ncu.write_text(
+        "#!/bin/bash\n"
+        'while [ $# -gt 0 ]; do [ "$1" = --log-file ] && f=$2; shift; done\n'
+        "printf '%s\\n' '\"ID\",\"Process ID\",\"Kernel Name\",\"gpu__time_duration.sum\"' "
+        "'\"\",\"\",\"\",\"ns\"' '\"0\",\"1\",\"paged_attention_v2_kernel\",\"1000\"' > \"$f\"\n")
+    ncu.chmod(0o755)
+    res = _kit(tmp_path, "bench", "ncu", "--workdir", str(wd), "--ncu", str(ncu),
+               "--shape", "1x4k")
+    text = res.stdout + res.stderr
+    assert res.returncode == 7 and "Traceback" not in text, text
+    assert "is corrupt: its tree '../../../../outside/pwn' is not a tree name" in text, text
+    assert not (outside / "pwn.log").exists() and not (outside / "pwn.csv").exists()

@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import BenchError
 from ..hashing import MAX_LIBRARY_BYTES, sha256_file
 from ..reading import read_limited
-from ..upstream import resolve_tree_name
+from ..upstream import TREE_NAME, resolve_tree_name
 
 # vLLM: "Should be the same as PARTITION_SIZE in `paged_attention_v2_launcher`" (paged_attn.py L21).
 PARTITION_SIZE = 512
@@ -208,6 +208,12 @@ def read_manifest(path: Path) -> BuiltOps:
     if not strs["so_path"] or "\0" in strs["so_path"]:
         raise BenchError(f"build manifest {path} is corrupt: 'so_path' is not a path",
                          MANIFEST_FIX)
+    if not TREE_NAME.match(strs["tree"]):
+        # the tree's name becomes a file name: bench ncu's ncu-<shape>-<tree>.log and .csv,
+        # and a `tree` of ../../../../x had the log appended, and ncu's CSV written, in a
+        # folder outside the work directory (issue 41, the twenty-third hostile pass)
+        raise BenchError(f"build manifest {path} is corrupt: its tree {strs['tree'][:80]!r} "
+                         "is not a tree name (letters, digits and _)", MANIFEST_FIX)
     so = Path(strs["so_path"])
     if not so.is_absolute():
         so = Path(path).parent / so
