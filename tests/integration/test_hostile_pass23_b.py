@@ -22,6 +22,14 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   with a stand-in ncu; the log is the kit's own write). Now a manifest's tree must be a tree
   name (``upstream.TREE_NAME``, the rule ``check_tree_name`` keeps, moved below the kernels
   layer that reads manifests): corrupt, named with the fix, nothing run or written.
+- ``bench e2e`` names each run's files ``runs/<env>-seqs<M>-r<R>.json``/``.log`` after the
+  environment's name, read from the verify-kernel report in the work directory (the keys of
+  its ``envs``): a name ``../../../../outside/pwn`` had the kit make that folder outside, append
+  its log there and hand vLLM an ``--output-json`` there (1 run of 1, with a stand-in for an
+  environment's python that has vLLM). Now an environment's name from the report must be a
+  plain name (``plan.check_output_name``'s rule): the report is malformed, named with the fix
+  (exit 7; a dry run says it would refuse), nothing run or written. (A name typed as ``--env
+  NAME=PYTHON`` must be one the report covers, so it is held to the same rule.)
 """
 
 from __future__ import annotations
@@ -148,3 +156,36 @@ def test_a_manifests_tree_never_leads_bench_ncus_files_out_of_the_work_directory
     assert res.returncode == 7 and "Traceback" not in text, text
     assert "is corrupt: its tree '../../../../outside/pwn' is not a tree name" in text, text
     assert not (outside / "pwn.log").exists() and not (outside / "pwn.csv").exists()
+
+
+def _fake_vllm_python(tmp_path: Path) -> Path:
+    """A stand-in for an environment's python with vLLM: prints a version, and writes a
+    throughput result where --output-json says."""
+    py = tmp_path / "bin" / "python"
+    py.parent.mkdir()
+    py.write_text("#!/bin/bash\n"
+                  'if [ "$1" = -c ]; then echo 0.10.2; exit 0; fi\n'
+                  'while [ $# -gt 0 ]; do [ "$1" = --output-json ] && f=$2; shift; done\n'
+                  "echo '{\"tokens_per_second\": 100.0, \"num_requests\": 10, "
+                  "\"elapsed_time\": 1.0}' > \"$f\"\n")
+    py.chmod(0o755)
+    return py
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_an_environments_name_never_leads_bench_e2es_files_out_of_the_work_directory(
+        tmp_path: Path, outside: Path, dry_run: list[str]) -> None:
+    wd = tmp_path / "work"
+    (wd / "verify").mkdir(parents=True)
+    py = str(_fake_vllm_python(tmp_path))
+    (wd / "verify" / "report.json").write_text(json.dumps({
+        "passed": True, "envs": {"baseline": {"python": py},
+                                 "../../../../outside/pwn": {"python": py}}}))
+    res = _kit(tmp_path, "bench", "e2e", "--workdir", str(wd), "--max-num-seqs", "1",
+               "--repeats", "1", *dry_run)
+    text = res.stdout + res.stderr
+    assert "Traceback" not in text, text
+    assert res.returncode == (0 if dry_run else 7), text
+    assert "an environment's name '../../../../outside/pwn' is not a plain name" in text, text
+    assert sorted(p.name for p in outside.iterdir()) == ["baseline.json", "notes.txt", "patched"]
+

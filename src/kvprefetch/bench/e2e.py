@@ -175,7 +175,8 @@ def verified_envs(report: Mapping[str, Any], path: Path | str = "the verify-kern
     if isinstance(envs, Mapping):
         for name, info in envs.items():
             if isinstance(info, Mapping):
-                out[str(name)] = _python_of(info.get("python") or info.get("executable"), path)
+                out[_env_name(name, path)] = _python_of(info.get("python")
+                                                        or info.get("executable"), path)
     elif isinstance(envs, list):
         for e in envs:
             if isinstance(e, Mapping):
@@ -199,7 +200,26 @@ def _env_name(name: Any, path: Path | str) -> str:
     """An environment's name as listed: text (a number is taken as its digits)."""
     if isinstance(name, bool) or not isinstance(name, (str, int)):
         raise _malformed(path, f"an environment's name is {type(name).__name__}, not text")
+    # the name begins the file names of its runs (runs/<name>-seqs<M>-r<R>.json and .log):
+    # `../../../../x` had the kit make folders and append its log outside the output folder,
+    # and hand vLLM an --output-json there (issue 41, the twenty-third hostile pass)
+    if not _plain_name(str(name)):
+        raise _malformed(path, f"an environment's name {_shown(str(name))} is not a plain name "
+                         "(it names files of its runs: no folders, no control characters)")
     return str(name)
+
+
+def _plain_name(name: str) -> bool:
+    """Whether ``name`` can begin a file name in the runs' folder (``plan.check_output_name``'s
+    rule: no folder, no control character)."""
+    from ..errors import OptionError
+    from .plan import check_output_name
+
+    try:
+        check_output_name(name)
+    except OptionError:
+        return False
+    return True
 
 
 def _python_of(python: Any, path: Path | str) -> str | None:
