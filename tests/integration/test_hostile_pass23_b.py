@@ -30,6 +30,13 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   plain name (``plan.check_output_name``'s rule): the report is malformed, named with the fix
   (exit 7; a dry run says it would refuse), nothing run or written. (A name typed as ``--env
   NAME=PYTHON`` must be one the report covers, so it is held to the same rule.)
+- ``slurm status`` while a ``submit`` waits on its first sbatch (a slow controller): the
+  record's ``sending`` is what a submit killed there leaves, and status said that sbatch "was
+  started ... and stopped before its job id was recorded", its fix to ``scancel`` the job and
+  send it and the rest again, while the live submit was about to record it (a wrong-way
+  message; 1 run of 1 with a stand-in sbatch that answers after 3 s). Now status takes the
+  campaign's lock first when a sending is recorded and nothing yet submitted: a submit at work
+  is the lock's message (exit 8, "wait for it to finish"); after it, the record is read anew.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -189,3 +197,41 @@ def test_an_environments_name_never_leads_bench_e2es_files_out_of_the_work_direc
     assert "an environment's name '../../../../outside/pwn' is not a plain name" in text, text
     assert sorted(p.name for p in outside.iterdir()) == ["baseline.json", "notes.txt", "patched"]
 
+
+
+def test_status_during_a_submits_first_sbatch_says_to_wait_not_to_send_again(
+        tmp_path: Path) -> None:
+    from tests.integration.test_hostile_pass19_b import _plan
+
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    bin_dir, go = tmp_path / "bin", tmp_path / "go"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(  # answers once the test says so (a slow controller)
+        f"#!/bin/bash\nfor i in $(seq 300); do [ -e {go} ] && break; sleep 0.1; done\n"
+        "echo $$\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho 'JobId=1 JobState=PENDING'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), HOME=str(tmp_path),
+               PATH=f"{bin_dir}:/usr/bin:/bin")
+    submit = subprocess.Popen([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
+                              env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(300):  # until the first sbatch is on its way
+            if '"sending"' in (camp / "campaign.json").read_text():
+                break
+            time.sleep(0.1)
+        res = _kit(tmp_path, "slurm", "status", str(camp), env={"PATH": env["PATH"]})
+    finally:
+        go.touch()
+        out, _ = submit.communicate(timeout=60)
+    text = res.stdout + res.stderr
+    assert res.returncode == 8 and "Traceback" not in text, text
+    assert "stopped before its job id was recorded" not in text, text
+    assert "is already working on the campaign" in text and "wait for it to finish" in text
+    assert submit.returncode == 0, out
+    res = _kit(tmp_path, "slurm", "status", str(camp), env={"PATH": env["PATH"]})
+    assert res.returncode == 0 and "PENDING" in res.stdout, res.stdout + res.stderr

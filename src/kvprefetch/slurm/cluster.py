@@ -361,6 +361,16 @@ def status(root: Path, fetch: Fetch = job_states) -> list[JobState]:
     if not rec["submitted"]:
         # a first sbatch never answered: "run submit" was a fix submit then refused (issue 41,
         # the eleventh hostile pass: submit SIGKILLed as the real sbatch answered)
+        if rec.get("sending"):
+            # ... unless a submit is sending it now: its 'sending' record is the same, and
+            # status said that sbatch had "stopped before its job id was recorded", its fix to
+            # scancel that job and send it again while the live submit was about to record it
+            # (issue 41, the twenty-third hostile pass). That submit holds the campaign's lock:
+            # status is then the lock's message (wait for it), and reads the record anew.
+            with campaign_lock(Path(c.root)):
+                c, rec = load(root)
+            if rec["submitted"]:
+                return status(root, fetch)
         refuse_unanswered(root, c, rec)
         raise SlurmError(f"the campaign {root} has not been submitted",
                          f"run `kvprefetch slurm submit {root}`")
