@@ -37,6 +37,10 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   message; 1 run of 1 with a stand-in sbatch that answers after 3 s). Now status takes the
   campaign's lock first when a sending is recorded and nothing yet submitted: a submit at work
   is the lock's message (exit 8, "wait for it to finish"); after it, the record is read anew.
+- ``report --readme`` with a ``<!-- report PATH seeds|twins|bounds|host|decode -->`` block
+  whose PATH is a name past 255 bytes: ``Path.is_file`` raised ENAMETOOLONG, and the fix was
+  "use a shorter path ... (the --workdir, -o/--out or campaign folder that named it)" (a
+  wrong-way message; 1 run each). Now the block is named with the path it names (exit 7).
 """
 
 from __future__ import annotations
@@ -235,3 +239,15 @@ def test_status_during_a_submits_first_sbatch_says_to_wait_not_to_send_again(
     assert submit.returncode == 0, out
     res = _kit(tmp_path, "slurm", "status", str(camp), env={"PATH": env["PATH"]})
     assert res.returncode == 0 and "PENDING" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("kind", ["seeds", "host"])
+def test_a_readme_block_naming_a_path_no_file_can_have_is_named(tmp_path: Path,
+                                                                  kind: str) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n<!-- report {'x' * 300} {kind} -->\n<!-- /report -->\n")
+    res = _kit(tmp_path, "report", "--readme", str(readme))
+    text = res.stdout + res.stderr
+    assert res.returncode == 7 and "Traceback" not in text, text
+    assert f"the report block `<!-- report {'x' * 80} {kind} -->` names" in text, text
+    assert "shorter path" not in text and "To fix: point the block at" in text, text
