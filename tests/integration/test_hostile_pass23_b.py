@@ -41,10 +41,16 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   whose PATH is a name past 255 bytes: ``Path.is_file`` raised ENAMETOOLONG, and the fix was
   "use a shorter path ... (the --workdir, -o/--out or campaign folder that named it)" (a
   wrong-way message; 1 run each). Now the block is named with the path it names (exit 7).
+- ``report ./..json`` (and ``./...json``, ``./.json.gz``, a file name with a newline or an
+  escape): a report takes its input's name, and ``write_outputs``' check of that name said
+  "'.' is not a file name ...; give the folder with --out / To fix: correct the command line",
+  where no --out helps (a wrong-way message; 1 run each). Now the input is named with the fix
+  to copy or rename it (exit 7), before anything is read or written.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -251,3 +257,18 @@ def test_a_readme_block_naming_a_path_no_file_can_have_is_named(tmp_path: Path,
     assert res.returncode == 7 and "Traceback" not in text, text
     assert f"the report block `<!-- report {'x' * 80} {kind} -->` names" in text, text
     assert "shorter path" not in text and "To fix: point the block at" in text, text
+
+
+@pytest.mark.parametrize("name", ["..json", ".json.gz", "a\nb.json"])
+def test_an_input_whose_name_gives_no_output_name_is_named_with_a_fix_that_works(
+        tmp_path: Path, name: str) -> None:
+    src = _DOCS / "results" / "2026-12-01-h200-headline" / "default-matrix.json"
+    data = src.read_bytes()
+    (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    for extra in ([], ["--print", "--formats", ""]):
+        res = _kit(tmp_path, "report", *extra, "--", f"./{name}")
+        text = res.stdout + res.stderr
+        assert res.returncode == 7 and "Traceback" not in text, text
+        assert "would name its outputs" in text and "--out" not in text, text
+        assert "To fix: copy or rename the result file" in text, text
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.is_dir()) == [name]
