@@ -46,6 +46,14 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   "'.' is not a file name ...; give the folder with --out / To fix: correct the command line",
   where no --out helps (a wrong-way message; 1 run each). Now the input is named with the fix
   to copy or rename it (exit 7), before anything is read or written.
+- ``bench e2e`` made its folders with ``mkdir(parents=True)`` and opened its run logs by path
+  (the bench commands never recorded the work directory as one, so ``runner.open_log`` did not
+  confine them): with ``bench/e2e`` in the work directory a link to a folder outside, the kit
+  made ``runs/`` there, appended both runs' logs and had vLLM write its results there; with
+  ``models/`` a link, it wrote the dummy model's four files outside (1 run each, with a
+  stand-in python). Now the bench plans record the work directory (``output_dir``) and the
+  runs make their folders from it down (``plan.make_dir``; ``bench ncu`` too), the model's
+  files written from it down: the link is refused (exit 7), nothing outside.
 """
 
 from __future__ import annotations
@@ -272,3 +280,20 @@ def test_an_input_whose_name_gives_no_output_name_is_named_with_a_fix_that_works
         assert "would name its outputs" in text and "--out" not in text, text
         assert "To fix: copy or rename the result file" in text, text
     assert sorted(p.name for p in tmp_path.iterdir() if not p.is_dir()) == [name]
+
+
+@pytest.mark.parametrize("planted", ["bench/e2e", "models"])
+def test_bench_e2e_never_makes_or_writes_through_a_link_in_the_work_directory(
+        tmp_path: Path, outside: Path, planted: str) -> None:
+    wd = tmp_path / "work"
+    (wd / "verify").mkdir(parents=True)
+    py = str(_fake_vllm_python(tmp_path))
+    (wd / "verify" / "report.json").write_text(json.dumps({
+        "passed": True, "envs": {"baseline": {"python": py}, "patched": {"python": py}}}))
+    (wd / planted).parent.mkdir(parents=True, exist_ok=True)
+    (wd / planted).symlink_to(outside, target_is_directory=True)
+    res = _kit(tmp_path, "bench", "e2e", "--workdir", str(wd), "--max-num-seqs", "1",
+               "--repeats", "1")
+    text = res.stdout + res.stderr
+    assert res.returncode == 7 and "Traceback" not in text, text
+    assert f"{wd / planted} is a symlink" in text, text

@@ -68,9 +68,10 @@ def tokenizer_json(vocab_size: int) -> dict[str, Any]:
 def write_model_dir(dest: Path, config: Mapping[str, Any] = LLAMA_31_8B_CONFIG) -> Path:
     """Write ``config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and
     ``generation_config.json`` (files rewritten only when their content changes)."""
-    from ..workspace.confine import ensure_dir, write_if_changed
+    from ..workspace.confine import root_of, write_if_changed
+    from .plan import make_dir
 
-    ensure_dir(dest, family=BenchError)
+    make_dir(dest)  # in the work directory (models/): from it down, never through a link
     vocab = int(config["vocab_size"])
     unk = SPECIAL_TOKENS[128002] if vocab > 128002 else "t0"
     files = {
@@ -88,7 +89,7 @@ def write_model_dir(dest: Path, config: Mapping[str, Any] = LLAMA_31_8B_CONFIG) 
     }
     for name, content in files.items():
         text = json.dumps(content, indent=1 if name != "tokenizer.json" else None) + "\n"
-        write_if_changed(dest / name, text, family=BenchError)
+        write_if_changed(dest / name, text, root=root_of(dest), family=BenchError)
     return dest
 
 
@@ -335,13 +336,15 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
         raise BenchError("KVPREFETCH_OVERLAY is off: every overlay environment would run vLLM's "
                          "own kernels, so the A/B would compare stock with stock",
                          "unset KVPREFETCH_OVERLAY (it is for an A/B inside one environment)")
+    from .plan import make_dir
+
     env = e2e_environ(os.environ)
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(plan.out_dir)
     versions = check_envs_have_vllm(plan.envs, plan.out_dir)
     results = []
     runs = plan_runs(plan)
     for i, r in enumerate(runs, 1):
-        r.json_path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(r.json_path.parent)
         t0 = time.monotonic()
         run(list(r.argv), env=env, cwd=r.json_path.parent,
             log=r.json_path.with_suffix(".log"))
