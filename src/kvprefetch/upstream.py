@@ -62,6 +62,11 @@ PAGED_ATTENTION_SOURCES = ("csrc/attention/paged_attention_v1.cu",
                            "csrc/attention/paged_attention_v2.cu")
 
 TREE_NAMES = ("baseline", "patched")
+# What a tree may be called: tree names become folder names (trees/, build/, envs/), lock and
+# file names (bench ncu's ncu-<shape>-<tree>.csv/.log) and C++ namespaces, so no separator, no
+# dot. Here, below every layer that reads a tree's name from a record (workspace.workdir's
+# check_tree_name, kernels.ops' build manifests).
+TREE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 PAPER_TREE = "paper"
 # prefetch: our corrected in-kernel per-block prefetch (K and V sites of the attention kernel).
 # launch:   attention kernels untouched; the launcher issues a small L2 prefetch kernel first.

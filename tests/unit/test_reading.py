@@ -30,9 +30,9 @@ def test_json_too_deep_for_pythons_parser_is_the_same_valueerror() -> None:
 
 
 def test_bad_bytes_and_bad_json_are_valueerrors_naming_the_input() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(UnicodeDecodeError):  # a ValueError
         parse_json(b"\xff{}", "x")
-    with pytest.raises(ValueError):
+    with pytest.raises(json.JSONDecodeError):  # a ValueError
         parse_json(b"{", "x")
 
 

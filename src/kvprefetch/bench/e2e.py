@@ -68,9 +68,10 @@ def tokenizer_json(vocab_size: int) -> dict[str, Any]:
 def write_model_dir(dest: Path, config: Mapping[str, Any] = LLAMA_31_8B_CONFIG) -> Path:
     """Write ``config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and
     ``generation_config.json`` (files rewritten only when their content changes)."""
-    from ..workspace.confine import ensure_dir, write_if_changed
+    from ..workspace.confine import root_of, write_if_changed
+    from .plan import make_dir
 
-    ensure_dir(dest, family=BenchError)
+    make_dir(dest)  # in the work directory (models/): from it down, never through a link
     vocab = int(config["vocab_size"])
     unk = SPECIAL_TOKENS[128002] if vocab > 128002 else "t0"
     files = {
@@ -88,7 +89,7 @@ def write_model_dir(dest: Path, config: Mapping[str, Any] = LLAMA_31_8B_CONFIG) 
     }
     for name, content in files.items():
         text = json.dumps(content, indent=1 if name != "tokenizer.json" else None) + "\n"
-        write_if_changed(dest / name, text, family=BenchError)
+        write_if_changed(dest / name, text, root=root_of(dest), family=BenchError)
     return dest
 
 
@@ -175,7 +176,8 @@ def verified_envs(report: Mapping[str, Any], path: Path | str = "the verify-kern
     if isinstance(envs, Mapping):
         for name, info in envs.items():
             if isinstance(info, Mapping):
-                out[str(name)] = _python_of(info.get("python") or info.get("executable"), path)
+                out[_env_name(name, path)] = _python_of(info.get("python")
+                                                        or info.get("executable"), path)
     elif isinstance(envs, list):
         for e in envs:
             if isinstance(e, Mapping):
@@ -199,7 +201,26 @@ def _env_name(name: Any, path: Path | str) -> str:
     """An environment's name as listed: text (a number is taken as its digits)."""
     if isinstance(name, bool) or not isinstance(name, (str, int)):
         raise _malformed(path, f"an environment's name is {type(name).__name__}, not text")
+    # the name begins the file names of its runs (runs/<name>-seqs<M>-r<R>.json and .log):
+    # `../../../../x` had the kit make folders and append its log outside the output folder,
+    # and hand vLLM an --output-json there (issue 41, the twenty-third hostile pass)
+    if not _plain_name(str(name)):
+        raise _malformed(path, f"an environment's name {_shown(str(name))} is not a plain name "
+                         "(it names files of its runs: no folders, no control characters)")
     return str(name)
+
+
+def _plain_name(name: str) -> bool:
+    """Whether ``name`` can begin a file name in the runs' folder (``plan.check_output_name``'s
+    rule: no folder, no control character)."""
+    from ..errors import OptionError
+    from .plan import check_output_name
+
+    try:
+        check_output_name(name)
+    except OptionError:
+        return False
+    return True
 
 
 def _python_of(python: Any, path: Path | str) -> str | None:
@@ -315,13 +336,15 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
         raise BenchError("KVPREFETCH_OVERLAY is off: every overlay environment would run vLLM's "
                          "own kernels, so the A/B would compare stock with stock",
                          "unset KVPREFETCH_OVERLAY (it is for an A/B inside one environment)")
+    from .plan import make_dir
+
     env = e2e_environ(os.environ)
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(plan.out_dir)
     versions = check_envs_have_vllm(plan.envs, plan.out_dir)
     results = []
     runs = plan_runs(plan)
     for i, r in enumerate(runs, 1):
-        r.json_path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(r.json_path.parent)
         t0 = time.monotonic()
         run(list(r.argv), env=env, cwd=r.json_path.parent,
             log=r.json_path.with_suffix(".log"))

@@ -310,8 +310,10 @@ def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
     if which(opts.ncu) is None and not Path(opts.ncu).is_file():
         raise BenchError(f"'{opts.ncu}' (Nsight Compute) is not on PATH",
                          "install Nsight Compute or pass --ncu /path/to/ncu")
+    from .plan import make_dir
+
     py = python or sys.executable
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir)  # from the work directory down (bench/ncu's logs too: runner.open_log)
     say = progress or (lambda m: None)
     doc_shapes: list[NcuShape] = []
     for si, shape in enumerate(shapes, 1):

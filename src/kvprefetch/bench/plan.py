@@ -94,8 +94,25 @@ def check_output_name(name: str, option: str = "--name") -> str:
 
 
 def output_dir(out: Path | None, workdir: Path) -> Path:
-    """``--out``, or ``<workdir>/bench``."""
+    """``--out``, or ``<workdir>/bench``. The work directory is recorded as one
+    (``confine.trust_root``): what a bench run makes under it (``make_dir``) and the logs it
+    writes there (``runner.open_log``) go from it down, never through a link in it."""
+    from ..workspace.confine import trust_root
+
+    trust_root(workdir)
     return out or workdir / "bench"
+
+
+def make_dir(d: Path) -> None:
+    """``mkdir -p d`` for a bench run's files: from the work directory down without following
+    a link when ``d`` is in it (``output_dir`` recorded it), else ``d`` itself not a link (an
+    ``--out`` the user names may have links above it). ``bench e2e`` made its ``runs/``
+    folder with ``mkdir(parents=True)``: a ``bench/e2e`` planted as a link in the work
+    directory had the folder made, the run logs appended and vLLM's results written outside
+    (issue 41, the twenty-third hostile pass)."""
+    from ..workspace.confine import ensure_dir, root_of
+
+    ensure_dir(d, root=root_of(d), family=BenchError)
 
 
 def output_paths(out_dir: Path, name: str, formats: Sequence[str]) -> list[str]:

@@ -54,13 +54,23 @@ def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
     changed: list[str] = []
 
     def fill(m: re.Match[str]) -> str:
-        with reading(root / m[2]):
-            if m[3] == "decode":
-                body = decode_block(root / m[2])
-            elif m[3] in SAMPLE_KINDS:
-                body = sample_block(root / m[2], m[3])
-            else:
-                body = report_block(load_document(root / m[2]), m[3])
+        try:
+            with reading(root / m[2]):
+                if m[3] == "decode":
+                    body = decode_block(root / m[2])
+                elif m[3] in SAMPLE_KINDS:
+                    body = sample_block(root / m[2], m[3])
+                else:
+                    body = report_block(load_document(root / m[2]), m[3])
+        except OSError as exc:
+            # a block naming a path no file can have (a name past 255 bytes) or a folder that
+            # cannot be entered: the command line's fix for it was "use a shorter path ... (the
+            # --workdir, -o/--out or campaign folder that named it)", where the block named it
+            # (issue 41, the twenty-third hostile pass)
+            raise BenchError(f"the report block `<!-- report {m[2][:80]} {m[3]} -->` names "
+                             f"{str(root / m[2])[:200]}, which cannot be read "
+                             f"({exc.strerror})", "point the block at a result file or run "
+                             "folder that exists, relative to the markdown file") from None
         _check_body(body, root / m[2])
         if body != m[4]:
             changed.append(m[2])

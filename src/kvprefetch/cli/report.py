@@ -205,6 +205,21 @@ def _refuse_overwriting_inputs(files: Sequence[Path], out_dir: Path,
                 if _same_file(f, target):
                     raise BenchError(f"{target} is the result file {f} this report reads: "
                                      "writing it would replace that result", fix)
+    if per_input:
+        from ..bench.plan import check_output_name
+        from ..errors import OptionError
+
+        for f in files:
+            try:  # write_outputs' check, here with the input that gives the name: its
+                # "give the folder with --out" was no fix for an input named ..json or a\nb.json
+                # (issue 41, the twenty-third hostile pass)
+                check_output_name(_stem(f))
+            except OptionError:
+                raise BenchError(f"{f} would name its outputs {_stem(f)!r}.md/.png, which is "
+                                 "no file name (a report takes its input's name, less "
+                                 ".json; no folder, no control character)",
+                                 "copy or rename the result file to a plain name (e.g. "
+                                 "result.json), then render that") from None
     if per_input and any(outputs.values()):  # --print alone writes nothing
         stems: dict[str, Path] = {}
         for f in files:

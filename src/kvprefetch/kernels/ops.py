@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import BenchError
 from ..hashing import MAX_LIBRARY_BYTES, sha256_file
 from ..reading import load_json
-from ..upstream import resolve_tree_name
+from ..upstream import TREE_NAME, resolve_tree_name
 
 # vLLM: "Should be the same as PARTITION_SIZE in `paged_attention_v2_launcher`" (paged_attn.py L21).
 PARTITION_SIZE = 512
@@ -205,6 +205,12 @@ def read_manifest(path: Path) -> BuiltOps:
     if not strs["so_path"] or "\0" in strs["so_path"]:
         raise BenchError(f"build manifest {path} is corrupt: 'so_path' is not a path",
                          MANIFEST_FIX)
+    if not TREE_NAME.match(strs["tree"]):
+        # the tree's name becomes a file name: bench ncu's ncu-<shape>-<tree>.log and .csv,
+        # and a `tree` of ../../../../x had the log appended, and ncu's CSV written, in a
+        # folder outside the work directory (issue 41, the twenty-third hostile pass)
+        raise BenchError(f"build manifest {path} is corrupt: its tree {strs['tree'][:80]!r} "
+                         "is not a tree name (letters, digits and _)", MANIFEST_FIX)
     so = Path(strs["so_path"])
     if not so.is_absolute():
         so = Path(path).parent / so
@@ -238,7 +244,17 @@ def find_builds(workdir: Path, trees: Iterable[str] | None = None) -> list[Built
         if not isinstance(raw, dict) or "namespace" not in raw or "so_path" not in raw:
             continue
         built = read_manifest(path)
-        if not built.so_path.is_file():
+        try:
+            present = built.so_path.is_file()
+        except OSError as exc:
+            # a name past NAME_MAX/PATH_MAX (ENAMETOOLONG) or a folder on the way that cannot
+            # be entered: `is_file` raises those, and the command line's fix for a long path
+            # sent the user to shorten the --workdir or campaign folder they typed (issue 41,
+            # the twenty-third hostile pass), where the manifest named it
+            raise BenchError(f"build manifest {path} names the library "
+                             f"{str(built.so_path)[:200]!r}, which cannot be looked at "
+                             f"({exc.strerror})", MANIFEST_FIX) from None
+        if not present:
             continue
         mtime = path.stat().st_mtime
         if built.tree not in newest or mtime > newest[built.tree][0]:

@@ -43,12 +43,9 @@ SCONTROL_FAILED = "scontrol failed"  # the reason of a job the controller did no
 FIX_SLURM = "run this on a Slurm login node (sbatch, scontrol on PATH, slurmctld reachable)"
 
 
-# How long a question to Slurm (scontrol, sacct) may take: a real scontrol gives up after its
-# MessageTimeout's retries (18 s here with the controller stopped); one that never answers (a
-# hung wrapper, a stopped controller behind a site's script) held `slurm status` for ever
-# (issue 41, the twenty-first and twenty-second passes left it open). It is then stopped and
-# its job UNKNOWN, as when the controller does not answer. sbatch has none: stopped midway,
-# it may have sent a job whose id the campaign would never record.
+# A question to Slurm (scontrol, sacct) that never answers is stopped (its job UNKNOWN): a
+# real scontrol gives up after MessageTimeout's retries, 18 s here. sbatch has no limit: stopped
+# midway, it may have sent a job whose id the campaign would never record.
 QUERY_TIMEOUT_S = 60.0
 
 
@@ -371,6 +368,16 @@ def status(root: Path, fetch: Fetch = job_states) -> list[JobState]:
     if not rec["submitted"]:
         # a first sbatch never answered: "run submit" was a fix submit then refused (issue 41,
         # the eleventh hostile pass: submit SIGKILLed as the real sbatch answered)
+        if rec.get("sending"):
+            # ... unless a submit is sending it now: its 'sending' record is the same, and
+            # status said that sbatch had "stopped before its job id was recorded", its fix to
+            # scancel that job and send it again while the live submit was about to record it
+            # (issue 41, the twenty-third hostile pass). That submit holds the campaign's lock:
+            # status is then the lock's message (wait for it), and reads the record anew.
+            with campaign_lock(Path(c.root)):
+                c, rec = load(root)
+            if rec["submitted"]:
+                return status(root, fetch)
         refuse_unanswered(root, c, rec)
         raise SlurmError(f"the campaign {root} has not been submitted",
                          f"run `kvprefetch slurm submit {root}`")

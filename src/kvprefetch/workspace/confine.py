@@ -411,17 +411,36 @@ def write_file(path: Path, data: bytes | str, *, root: Path | None = None, mode:
     """Write ``data`` to ``path`` atomically: a new temporary file in the same directory
     (``O_EXCL | O_NOFOLLOW``), then ``os.replace``. A symlinked destination or parent is refused
     (from ``root`` down, when given)."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
+    payload = _encoded(path, data, family)
     with open_new(path, root=root, mode=mode, family=family, tmp_name=tmp_name,
                   exact=exact) as f:
         f.write(payload)
+
+
+def _encoded(path: Path, data: bytes | str, family: type[KvprefetchError]) -> bytes:
+    """``data`` as the UTF-8 bytes to write to ``path``. Text holding a lone surrogate (a
+    ``\\ud800`` escape in a JSON record it was made from, or a file name that is not UTF-8
+    read with ``surrogateescape``) has no UTF-8 bytes: it was a ``UnicodeEncodeError``
+    traceback in ``report --index`` and ``--readme`` (issue 41, the twenty-third hostile
+    pass). Now ``family``'s error naming the character, nothing written."""
+    if not isinstance(data, str):
+        return data
+    try:
+        return data.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        line = data.count("\n", 0, exc.start) + 1
+        raise family(f"cannot write {path}: its text holds {data[exc.start]!r} (line {line}), "
+                     "a lone surrogate, which UTF-8 cannot encode: it came from a file name "
+                     "that is not UTF-8 or from a \\u escape in a JSON record this text is "
+                     "made of", "rename that file or folder, or correct that record (its "
+                     "text as UTF-8), and run the command again; nothing was written") from None
 
 
 def write_if_changed(path: Path, data: bytes | str, *, root: Path | None = None,
                      mode: int = 0o644, family: type[KvprefetchError] = ConfigError) -> bool:
     """``write_file``, only when ``path`` does not already hold ``data`` (a plain file's bytes
     are compared; a FIFO or a link is never read). True when it wrote."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
+    payload = _encoded(path, data, family)
     if is_plain_file(path):
         try:
             if read_limited(path, max(len(payload), 1)) == payload:

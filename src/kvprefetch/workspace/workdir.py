@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ TAG_FILE = ".kvprefetch-workdir"
 # ownership.OWNED_FILE (ownership imports this module): the record of what the kit made
 OWNED_RECORD = ".kvprefetch-owned.json"
 # Tree names become directory names, lock names and C++ namespaces: no separators, no dots.
-_TREE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_TREE_NAME = upstream.TREE_NAME
 
 
 def check_tree_name(name: str, option: str = "--tree") -> str:
