@@ -209,10 +209,48 @@ def _paths(env: Mapping[str, str]) -> list[tuple[str, str]]:
 
 def _in_campaign(entry: str, campaign: Path) -> bool:
     """Whether ``entry`` (a relative one read from ``/``, where every job starts: ``sbatch
-    --chdir=/``) is in the campaign, by path, through links, or by identity (a bind mount)."""
+    --chdir=/``) is in the campaign, by path, through links, or by identity (a bind mount), or
+    is reached through a link that lies in the campaign: the folder it names now may be
+    outside, but whoever writes the campaign can point that link elsewhere before the job
+    runs. ``LD_LIBRARY_PATH=~/l`` with ``~/l`` the user's link to ``<campaign>/lnk``, itself a
+    link to /usr/lib, resolved outside and passed; the campaign's writer then pointed ``lnk``
+    at its own folder, and every job's bash loaded a ``libtinfo.so.6`` planted there before
+    its first line (issue 41, the twenty-third hostile pass; the twentieth pass's attack on
+    PATH, which the job pins, on what the job's bash reads as it starts)."""
     from ..workspace.ownership import within  # the one "at or below" check
 
-    return within(Path(os.path.realpath(os.path.join("/", entry))), campaign)
+    path = os.path.join("/", entry)
+    return any(within(Path(f), campaign) for f in _link_folders(path)) \
+        or within(Path(os.path.realpath(path)), campaign)
+
+
+def _link_folders(path: str) -> list[str]:
+    """The folder (resolved, no link on it) of each link met while resolving ``path`` one part
+    at a time, as the kernel does (at most 40 links, its own limit, ELOOP)."""
+    found: list[str] = []
+    done, todo = "/", [p for p in reversed(path.split("/")) if p]
+    while todo:
+        part = todo.pop()
+        if part == ".":
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        nxt = os.path.join(done, part)
+        if not os.path.islink(nxt):
+            done = nxt
+            continue
+        found.append(done)
+        try:
+            target = os.readlink(nxt)
+        except OSError:
+            break
+        if len(found) > 40:
+            break
+        if target.startswith("/"):
+            done = "/"
+        todo.extend(p for p in reversed(target.split("/")) if p)
+    return found
 
 
 def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
@@ -220,7 +258,8 @@ def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
     if found:
         named = ", ".join(f"{n}={env[n]!r}" for n in found)
         raise ConfigError(
-            f"{named} in this shell is in the campaign {campaign}: sbatch passes it on, and the "
+            f"{named} in this shell is in the campaign {campaign} (or "
+            "reached through a link in it): sbatch passes it on, and the "
             "job's programs would read (or run) what whoever can write the campaign puts there",
             f"point {' '.join(found)} outside the campaign (or unset it) in this shell, then "
             "submit again")
@@ -323,7 +362,8 @@ def check_start_env(environ: Mapping[str, str], campaign: Path) -> None:
     if found:
         named = ", ".join(f"{name}={entry!r}" for name, entry in found[:5])
         raise ConfigError(
-            f"{named} in this shell is in the campaign {campaign}: sbatch passes it on, and the "
+            f"{named} in this shell is in the campaign {campaign} (or "
+            "reached through a link in it): sbatch passes it on, and the "
             "job's bash would load it before the script's first line (no line of the script "
             "can leave it out), running whatever is there as you",
             f"unset {' '.join(sorted({n for n, _ in found}))} (or point it outside the "

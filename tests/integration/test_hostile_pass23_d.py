@@ -1,0 +1,95 @@
+"""Issue 41, the twenty-third hostile pass (tester d: the generated job scripts as they run on
+a node, and the jobs' environment allow-list, ``slurm/job_env.py``). Each test fails without
+its fix (checked by reverting ``src`` and running it):
+
+- ``slurm submit`` checks each passed value that names a folder or file (``LD_LIBRARY_PATH``,
+  which the job's bash loads from before its first line; ``TZ``, which every Python reads as it
+  starts; the certificates) by where it resolves *now*. A value through the user's link to a
+  link in the campaign (``~/l`` -> ``<campaign>/lnk`` -> ``/usr/lib``) resolved outside and
+  passed; the campaign's writer then pointed ``lnk`` at a folder of its own, and the merge
+  job's bash loaded a ``libtinfo.so.6`` planted there, as the user (1 run of 1). The twentieth
+  pass found the same chain on ``PATH``, which the job pins (``pin_folder``); what bash loads
+  as it starts no line of the script can pin. Now submit refuses a value that meets a link
+  in the campaign on its way.
+
+Slurm is absent: the job scripts are run by bash as Slurm runs them (from ``/``, with the
+environment given)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass18_e import _fake_lib
+from tests.integration.test_hostile_pass20_d import _fake_sbatch, _plan, _run
+from tests.integration.test_job_env import _submit_env
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+
+def _dry_run(tmp_path: Path, camp: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "slurm-bin"
+    if not bin_dir.exists():
+        _fake_sbatch(tmp_path)
+    return subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp),
+                           "--dry-run"], env=_submit_env(tmp_path, bin_dir, **extra),
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_library_path_through_a_link_in_the_campaign_is_refused_at_submit(
+        tmp_path: Path, outside: Path) -> None:
+    """The attack: ``LD_LIBRARY_PATH=<user's link>`` to ``<campaign>/lnk``, a link to the
+    system's library folder when submit checks; the campaign's writer points ``lnk`` at a
+    folder holding a planted ``libtinfo.so.6`` before the job runs. Submit now refuses to send
+    (exit 2, naming the value); the job run with it anyway shows what was at stake."""
+    camp, bad = tmp_path / "camp", outside / "loaded-by-the-job"
+    lib = _fake_lib(tmp_path, "bash", "libtinfo.so.6", bad)
+    if lib is None:
+        pytest.skip("no C compiler, or this bash does not link libtinfo.so.6")
+    _plan(tmp_path, camp)
+    system = Path(subprocess.run(["ldd", "/bin/bash"], capture_output=True, text=True,
+                                 check=True).stdout.split("libtinfo.so.6 => ")[1].split()[0])
+    (camp / "evil").mkdir()
+    (camp / "evil" / "libtinfo.so.6").write_bytes(lib.read_bytes())
+    (camp / "lnk").symlink_to(system.parent)
+    mine = tmp_path / "mine"
+    mine.symlink_to(camp / "lnk")
+    res = _dry_run(tmp_path, camp, LD_LIBRARY_PATH=f"/usr/lib:{mine}")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"LD_LIBRARY_PATH='{mine}'" in res.stderr, res.stderr
+    assert "To fix: unset LD_LIBRARY_PATH" in res.stderr, res.stderr
+    # what the job would have done: the campaign's writer repoints its link
+    (camp / "lnk").unlink()
+    (camp / "lnk").symlink_to(camp / "evil")
+    _run(tmp_path, camp, "40-merge.sbatch", LD_LIBRARY_PATH=str(mine))
+    assert bad.exists(), "the attack no longer works here: the test proves nothing"
+    bad.unlink()
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("TZ", ":{mine}/UTC"), ("TZ", "{mine}/../zoneinfo/UTC"), ("SSL_CERT_FILE", "{mine}/UTC"),
+    ("SSL_CERT_DIR", "/etc/ssl/certs:{mine}"), ("TMPDIR", "{mine}"),
+])
+def test_submit_refuses_a_file_or_folder_reached_through_a_link_in_the_campaign(
+        tmp_path: Path, outside: Path, name: str, value: str) -> None:
+    """The same chain for the files and folders a job's programs read: a ``TZ`` there (a FIFO
+    put in its place hung every job's Python, the twenty-second pass), the certificates,
+    ``TMPDIR``: refused at submit, exit 2, with a fix; the same values without the campaign's
+    link pass."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    (camp / "lnk").symlink_to("/usr/share/zoneinfo")
+    mine = tmp_path / "mine"
+    mine.symlink_to(camp / "lnk")
+    res = _dry_run(tmp_path, camp, **{name: value.format(mine=mine)})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"{name}=" in res.stderr and "is in the campaign" in res.stderr, res.stderr
+    assert f"To fix: point {name} outside the campaign" in res.stderr, res.stderr
+    mine.unlink()
+    mine.symlink_to("/usr/share/zoneinfo")
+    res = _dry_run(tmp_path, camp, **{name: value.format(mine=mine)})
+    assert res.returncode == 0, res.stdout + res.stderr
