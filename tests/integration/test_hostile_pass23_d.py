@@ -11,12 +11,22 @@ its fix (checked by reverting ``src`` and running it):
   pass found the same chain on ``PATH``, which the job pins (``pin_folder``); what bash loads
   as it starts no line of the script can pin. Now submit refuses a value that meets a link
   in the campaign on its way.
+- A ``--scratch`` may name any variable (``$NAME``), read by the job's first shell under the
+  kit's own name. That shell read them with its own loop variable ``v`` and array ``KEEP``,
+  so ``--scratch '$v/k'`` (or ``'$KEEP/k'``) read the loop's variable, not the user's: the
+  build job refused "v/k" as a relative scratch the user never gave, sending them to replan
+  for a cause that was not theirs (wrong-way message, 2 runs of 2). A scratch
+  ``$KVPREFETCH_JOB_PID`` was passed on by sbatch as well, the very variable that tells the
+  first shell it has run itself again. Now that shell's names are the kit's own
+  (``KVPREFETCH_V``, ``KVPREFETCH_KEEP``), and a ``--scratch`` naming a ``KVPREFETCH_*``
+  variable is refused at plan.
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them (from ``/``, with the
 environment given)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_hostile_pass18_e import _fake_lib
-from tests.integration.test_hostile_pass20_d import _fake_sbatch, _plan, _run
+from tests.integration.test_hostile_pass20_d import _SRC, _fake_sbatch, _plan, _run
 from tests.integration.test_job_env import _submit_env
 from tests.integration.test_reliability import outside
 
@@ -93,3 +103,45 @@ def test_submit_refuses_a_file_or_folder_reached_through_a_link_in_the_campaign(
     mine.symlink_to("/usr/share/zoneinfo")
     res = _dry_run(tmp_path, camp, **{name: value.format(mine=mine)})
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _plan_scratch(tmp_path: Path, camp: Path, scratch: str,
+                  python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), PATH="/usr/bin:/bin")
+    return subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                           "--stand-in", "--batch", "1", "--python", python,
+                           "--scratch", scratch], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+@pytest.mark.parametrize("name", ["v", "KEEP"])
+def test_a_scratch_naming_the_first_shells_own_variables_reads_the_users_value(
+        tmp_path: Path, outside: Path, name: str) -> None:
+    """``--scratch '$v/k'`` with the user's ``v`` a folder outside: the build job (its
+    "interpreter" a stub that notes its arguments) works under that folder. Before, it read its
+    own loop variable and refused "v/k" as relative, exit 2."""
+    camp, scr, got = tmp_path / "camp", tmp_path / "scr", tmp_path / "got"
+    scr.mkdir()
+    py = tmp_path / "python"
+    py.write_text(f'#!/bin/bash\nprintf "%s\\n" "$*" >> {got}\n')
+    py.chmod(0o755)
+    res = _plan_scratch(tmp_path, camp, f"${name}/k", python=str(py))
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = _run(tmp_path, camp, "10-build-baseline.sbatch", **{name: str(scr)})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"scratch: {scr}/k/" in res.stdout, res.stdout + res.stderr
+    assert f"--workdir {scr}/k/" in got.read_text(), got.read_text()
+
+
+@pytest.mark.parametrize("name", ["KVPREFETCH_JOB_PID", "KVPREFETCH_CAMPAIGN", "KVPREFETCH_V"])
+def test_a_scratch_naming_the_kits_own_variables_is_refused_at_plan(
+        tmp_path: Path, outside: Path, name: str) -> None:
+    """The kit's own variables are no folder of the user's: refused, exit 2, with a fix, and
+    nothing planned."""
+    camp = tmp_path / "camp"
+    res = _plan_scratch(tmp_path, camp, f"/scratch/${{{name}}}")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"--scratch names ${name}, one of kvprefetch's own variables" in res.stderr
+    assert "To fix: name the scratch folder without it" in res.stderr, res.stderr
+    assert not (camp / "campaign.json").exists()

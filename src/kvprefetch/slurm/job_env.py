@@ -82,6 +82,17 @@ def check_scratch_names(names: Iterable[str]) -> None:
             "(ALL: pass the whole environment), not as a variable: every job would get all of "
             "this shell's variables, unchecked",
             "name the scratch folder without it (e.g. /scratch/$USER or node)")
+    # the kit's own: the job's first shell reads the scratch's values with its own variables
+    # (KVPREFETCH_V, KVPREFETCH_KEEP), and a KVPREFETCH_JOB_PID passed on is what tells it that
+    # it has run itself again; `--scratch '$v/k'` (the loop's variable, as it was named) or
+    # '$KEEP/k' read that variable, not the user's, and the job refused a relative "v/k" the
+    # user never gave (issue 41, the twenty-third hostile pass)
+    own = [n for n in names if n.startswith("KVPREFETCH_")]
+    if own:
+        raise ConfigError(
+            f"--scratch names ${own[0]}, one of kvprefetch's own variables (the job sets or "
+            "reads it itself), not a folder of yours",
+            "name the scratch folder without it (e.g. /scratch/$USER or node)")
     bad = [n for n in names if _READ_AS_BASH_STARTS.fullmatch(n)]
     if bad:
         raise ConfigError(
@@ -127,15 +138,17 @@ def keep_only_sh(scratch_names: Sequence[str]) -> tuple[str, ...]:
         "  return 2 2>/dev/null || exit 2",
         "fi",
         'if [ "${KVPREFETCH_JOB_PID-}" != "$$" ]; then',
-        "  KEEP=()",
-        "  for v in $(compgen -e); do",
-        f'    case $v in {kept}) KEEP+=("$v=${{!v}}");; esac',
+        "  KVPREFETCH_KEEP=()",
+        "  for KVPREFETCH_V in $(compgen -e); do",
+        (f"    case $KVPREFETCH_V in {kept})"
+         ' KVPREFETCH_KEEP+=("$KVPREFETCH_V=${!KVPREFETCH_V}");; esac'),
         "  done",
     ]
     if keep_scratch:
         lines += [
-            f"  for v in {' '.join(keep_scratch)}; do",
-            f'    if [ -n "${{!v+x}}" ]; then KEEP+=("{SCRATCH_PREFIX}$v=${{!v}}"); fi',
+            f"  for KVPREFETCH_V in {' '.join(keep_scratch)}; do",
+            ('    if [ -n "${!KVPREFETCH_V+x}" ]; then'
+             f' KVPREFETCH_KEEP+=("{SCRATCH_PREFIX}$KVPREFETCH_V=${{!KVPREFETCH_V}}"); fi'),
             "  done",
         ]
     # What is kept goes to env as its arguments, which share the kernel's limit (ARG_MAX, 2 MiB
@@ -147,19 +160,21 @@ def keep_only_sh(scratch_names: Sequence[str]) -> tuple[str, ...]:
     # (set -f: a function's name may be a pattern, `*`, which would name the files in / here)
     lines += [
         "  set -f",
-        "  for v in $(compgen -e); do export -n -- \"$v\"; done",
-        "  for v in $(compgen -A function); do export -n -f -- \"$v\"; done",
+        '  for KVPREFETCH_V in $(compgen -e); do export -n -- "$KVPREFETCH_V"; done',
+        ('  for KVPREFETCH_V in $(compgen -A function); do export -n -f -- "$KVPREFETCH_V";'
+         ' done'),
         "  set +f",
     ]
     return (*lines,
             "  shopt -s execfail",
-            '  exec /usr/bin/env -i "${KEEP[@]}" "KVPREFETCH_JOB_PID=$$" /bin/bash -- "$0" "$@"',
+            ('  exec /usr/bin/env -i "${KVPREFETCH_KEEP[@]}" "KVPREFETCH_JOB_PID=$$" /bin/bash --'
+             ' "$0" "$@"'),
             ('  echo "refusing to run: /usr/bin/env -i could not run this script again with only'
              ' the environment a kvprefetch job keeps (bash said why above). To fix: run the job'
              ' on a node with /usr/bin/env and /bin/bash, with fewer or smaller variables'
              ' kept (SLURM_*, job_env.PASSED) if the list was too long" >&2; exit 2'),
             "fi",
-            "unset KVPREFETCH_JOB_PID KEEP")
+            "unset KVPREFETCH_JOB_PID KVPREFETCH_KEEP KVPREFETCH_V")
 
 
 def passed(environ: Mapping[str, str], scratch_names: Sequence[str]) -> dict[str, str]:
