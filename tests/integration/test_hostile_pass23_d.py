@@ -20,6 +20,16 @@ its fix (checked by reverting ``src`` and running it):
   first shell it has run itself again. Now that shell's names are the kit's own
   (``KVPREFETCH_V``, ``KVPREFETCH_KEEP``), and a ``--scratch`` naming a ``KVPREFETCH_*``
   variable is refused at plan.
+- ``CXX`` is passed to the build jobs and is a shell fragment: the kit's ninja rule runs
+  ``$cxx ...`` through ``/bin/sh`` with the kit's environment, which holds
+  ``KVPREFETCH_CAMPAIGN`` (the campaign folder) and ``OLDPWD`` (the job left the campaign for
+  ``/``). Submit and the job checked a ``CXX`` holding a ``/`` as a program's path, and let
+  one without pass as it is, so ``CXX='g++ -B$KVPREFETCH_CAMPAIGN'`` passed both (1 run of 1
+  each) and gcc ran the ``cc1plus`` planted in the campaign (the kit's own build.ninja run by
+  ninja: 1 run of 1); ``cd -&&g++`` reaches it with no ``$``. The full build (vLLM's sdist,
+  torch, nvcc) is not run here; the ninja file is the kit's, made by
+  ``builds.library.ninja_text``. Now submit and the job refuse a ``CXX`` of more than plain
+  words (no ``$``, quote, redirection or second command).
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them (from ``/``, with the
 environment given)."""
@@ -27,6 +37,7 @@ environment given)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +156,58 @@ def test_a_scratch_naming_the_kits_own_variables_is_refused_at_plan(
     assert f"--scratch names ${name}, one of kvprefetch's own variables" in res.stderr
     assert "To fix: name the scratch folder without it" in res.stderr, res.stderr
     assert not (camp / "campaign.json").exists()
+
+
+@pytest.mark.parametrize("cxx", ["g++ -B$KVPREFETCH_CAMPAIGN", "g++ -B${OLDPWD}", "cd -&&g++",
+                                 "g++ `echo -B.`", "g++;sh x"])
+def test_a_host_compiler_that_the_builds_shell_would_expand_is_refused(
+        tmp_path: Path, outside: Path, cxx: str) -> None:
+    """Submit refuses such a ``CXX`` (exit 2, with a fix) and the build job, given it anyway
+    (an sbatch by hand), refuses before it runs the kit and records its end; ``g++`` and
+    ``ccache g++`` still pass both."""
+    camp, got = tmp_path / "camp", tmp_path / "got"
+    py = tmp_path / "python"
+    py.write_text(f'#!/bin/bash\nprintf "%s\\n" "$*" >> {got}\n')
+    py.chmod(0o755)
+    _plan(tmp_path, camp, python=str(py))
+    res = _dry_run(tmp_path, camp, CXX=cxx)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "is more than a compiler and its plain options" in res.stderr, res.stderr
+    assert "To fix: set CXX to a compiler and plain options" in res.stderr, res.stderr
+    res = _run(tmp_path, camp, "10-build-baseline.sbatch", CXX=cxx)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "CXX holds more than a compiler" in res.stderr, res.stderr
+    assert not got.exists(), got.read_text()
+    assert (camp / "logs" / "build-baseline-7.exit").read_text() == "2\n"
+    for good in ("g++", "ccache g++"):
+        assert _dry_run(tmp_path, camp, CXX=good).returncode == 0, good
+        res = _run(tmp_path, camp, "10-build-baseline.sbatch", CXX=good)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_what_such_a_compiler_did_the_kits_ninja_rule_runs_a_cc1plus_in_the_campaign(
+        tmp_path: Path, outside: Path) -> None:
+    """What was at stake (no fix here; it shows the attack still needs the refusals above):
+    the kit's own build.ninja, its ``cxx`` from ``CXX='g++ -B$KVPREFETCH_CAMPAIGN'``, run by
+    ninja with the job's ``KVPREFETCH_CAMPAIGN``, has gcc run the ``cc1plus`` planted there."""
+    from kvprefetch.builds.library import ninja_text
+
+    gxx, ninja = shutil.which("g++"), shutil.which("ninja")
+    if gxx is None or ninja is None:
+        pytest.skip("no g++ or ninja here")
+    camp, build, bad = tmp_path / "camp", tmp_path / "build", outside / "ran-by-the-build"
+    camp.mkdir()
+    build.mkdir()
+    planted = camp / "cc1plus"
+    planted.write_text(f"#!/bin/sh\necho pwned > {bad}\nexit 1\n")
+    planted.chmod(0o755)
+    (build / "a.cpp").write_text("int f() { return 0; }\n")
+    (build / "build.ninja").write_text(ninja_text(
+        nvcc=Path("/bin/false"), cxx="g++ -B$KVPREFETCH_CAMPAIGN", cu_sources=[],
+        cpp_source=build / "a.cpp", nvcc_flags=[], cxx_flags=[], link_flags=["-shared"],
+        output=build / "a.so"))
+    subprocess.run([ninja, "-C", str(build)], env={"PATH": "/usr/bin:/bin",
+                   "KVPREFETCH_CAMPAIGN": str(camp)}, capture_output=True, check=False,
+                   timeout=60)
+    assert bad.exists(), "the planted cc1plus did not run: this test shows nothing"
+    bad.unlink()

@@ -190,8 +190,28 @@ def check_passed(environ: Mapping[str, str], campaign: Path,
     sbatch."""
     env = passed(environ, scratch_names)
     check_start_env(env, campaign)
+    _check_cxx(env)
     _check_paths(env, campaign)
     _check_locale(env)
+
+
+# CXX is a shell fragment (make's and the build's ninja rule read it so: `ccache g++`), run by
+# the shell ninja starts, with the kit's environment: `g++ -B$KVPREFETCH_CAMPAIGN` (or
+# `$OLDPWD`: the job left the campaign for /) named no path, passed submit's check and the job's
+# (which follow a CXX holding a `/`), and gcc ran a `cc1plus` planted in the campaign (issue 41,
+# the twenty-third hostile pass); `cd -&&...` reaches it with no `$`. So a CXX is a program and
+# plain words: no expansion, quoting, redirection or second command.
+CXX_VALUE = re.compile(r"[A-Za-z0-9_.,+=:@%/ -]+")
+
+
+def _check_cxx(env: Mapping[str, str]) -> None:
+    if env.get("CXX") and not CXX_VALUE.fullmatch(env["CXX"]):
+        raise ConfigError(
+            f"CXX={env['CXX']!r} in this shell is more than a compiler and its plain options "
+            "(it holds a $, a quote, a redirection or a second command): the build runs it "
+            "through a shell, which would expand it there, in the campaign too",
+            "set CXX to a compiler and plain options (e.g. g++, or ccache g++), or unset it, "
+            "then submit again")
 
 
 # glibc reads TZ as a file too (tzset, at every Python's start): the value less a leading ':',

@@ -241,6 +241,14 @@ TEMP_OUTSIDE_SH = (
     '    printf -v "$v" %s "$RESOLVED"; export "${v?}";;',
     '  esac',
     "done",
+    # the build's host compiler: a shell fragment the build's ninja runs, so plain words only
+    # (job_env.CXX_VALUE, checked by submit: `g++ -B$KVPREFETCH_CAMPAIGN` ran a planted cc1plus)
+    r'case "${CXX:-}" in *[!A-Za-z0-9_.,+=:@%/\ -]*)',
+    ('  echo "refusing to run: CXX holds more than a compiler and its plain options (a $, a'
+     ' quote, a redirection or a second command), which the build\'s shell would expand, in the'
+     ' campaign too. To fix: submit the campaign with CXX set to a compiler and plain options'
+     ' (e.g. export CXX=g++), or unset it" >&2; exit 2;;'),
+    'esac',
     # the build's host compiler, a program: by its own path (readlink -f, PATH kept by now)
     'if [ -n "${CXX:-}" ] && [ "${CXX#*/}" != "$CXX" ]; then',
     '  if ! prog=$(readlink -f -- "$CXX") || reaches_campaign "$CXX" \\',
