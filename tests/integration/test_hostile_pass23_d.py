@@ -30,6 +30,13 @@ its fix (checked by reverting ``src`` and running it):
   torch, nvcc) is not run here; the ninja file is the kit's, made by
   ``builds.library.ninja_text``. Now submit and the job refuse a ``CXX`` of more than plain
   words (no ``$``, quote, redirection or second command).
+- The job checks ``TMPDIR``, ``HOME``, ``CUDA_HOME`` and ``CUDA_PATH`` (and each ``PATH`` and
+  ``LD_LIBRARY_PATH`` entry) by resolving every prefix of the path with bash's ``cd -P`` and
+  comparing every folder above each with the campaign. A ``TMPDIR`` of 2,035 real folders
+  (4 kB, under PATH_MAX) made that cubic: the merge job was still checking after 10 minutes,
+  killed by ``timeout`` (1 run of 1; hang). Now each folder is compared once, a path spelled
+  as it resolves stops after its first resolution, a part that is no folder costs no subshell,
+  and a path more than 256 folders deep is refused (an entry of a search path dropped).
 
 Slurm is absent: the job scripts are run by bash as Slurm runs them (from ``/``, with the
 environment given)."""
@@ -211,3 +218,36 @@ def test_what_such_a_compiler_did_the_kits_ninja_rule_runs_a_cc1plus_in_the_camp
                    timeout=60)
     assert bad.exists(), "the planted cc1plus did not run: this test shows nothing"
     bad.unlink()
+
+
+def test_a_folder_thousands_of_levels_deep_is_refused_in_seconds(
+        tmp_path: Path, outside: Path) -> None:
+    """``TMPDIR`` 2,035 real folders deep: the job refuses it, exit 2, recorded, within the
+    test's 60 s (before: over 10 minutes); 250 deep through a link, it runs (its
+    "interpreter" a stub)."""
+    camp, py = tmp_path / "camp", tmp_path / "python"
+    py.write_text("#!/bin/bash\n")
+    py.chmod(0o755)
+    _plan(tmp_path, camp, python=str(py))
+    deep = tmp_path / "deep"
+    subprocess.run(["mkdir", "-p", str(deep) + "/a" * 2035], check=True)  # makedirs recurses
+    try:
+        _deep_jobs(tmp_path, camp, deep)
+    finally:  # pytest's own removal of tmp_path recurses too
+        subprocess.run(["rm", "-rf", str(deep)], check=True)
+
+
+def _deep_jobs(tmp_path: Path, camp: Path, deep: Path) -> None:
+    job = {"HOME": str(tmp_path), "SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"}
+    script = str(camp / "scripts" / "40-merge.sbatch")
+    res = subprocess.run(["bash", script], env=job | {"TMPDIR": str(deep) + "/a" * 2035},
+                         capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "TMPDIR names a folder more than 256 folders deep" in res.stderr, res.stderr
+    assert (camp / "logs" / "merge-7.exit").read_text() == "2\n"
+    (tmp_path / "link").symlink_to(deep)
+    res = subprocess.run(["bash", script], env=job | {
+        "TMPDIR": str(tmp_path / "link") + "/a" * 250,
+        "LD_LIBRARY_PATH": "/usr/lib:" + str(deep) + "/a" * 2035}, capture_output=True,
+        text=True, timeout=60, check=False, cwd="/")
+    assert res.returncode == 0, res.stdout + res.stderr
