@@ -378,16 +378,39 @@ def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, 
     """``(name, entry)`` of each ``START_ENV`` entry that is in the campaign ``campaign`` (a
     resolved path), by path, through links, or by device and inode (a bind mount). A relative
     entry is read from ``/``, where every job starts (``sbatch --chdir=/``)."""
-    found = []
+    todo = []
+    checks = 0  # counted before any is checked: a refusal comes at once
     for name, split in START_ENV.items():
         value = environ.get(name, "")
         if name in _EXPANDED:
             value = _expanded(value, environ)
-        for entry in re.split(split, value) if split else [value]:
-            spelled = [entry] if name in _EXPANDED else _loader_expansions(entry)
-            if entry and any(_in_campaign(e, campaign) for e in spelled):
-                found.append((name, entry))
-    return found
+        for entry in (re.split(split, value) if split else [value]):
+            if not entry:
+                continue
+            spelled = [entry] if name in _EXPANDED else list(
+                dict.fromkeys(_loader_expansions(entry)))
+            checks += len(spelled)
+            if checks > MAX_SPELLINGS:
+                _too_many_spellings(name)
+            todo.append((name, entry, spelled))
+    return [(name, entry) for name, entry, spelled in todo
+            if any(_in_campaign(e, campaign) for e in spelled)]
+
+
+# Each spelling is a check of a path (links followed, the mount table read): about a
+# millisecond. Entries of five loader tokens each (`/$LIB/$LIB/$LIB/$LIB/$LIB/x`, 4,096 spellings
+# apiece) had a dry run of submit take 38 s for 5 entries (145 characters), minutes for more
+# (issue 41, the twenty-third hostile pass). A real value takes a few dozen.
+MAX_SPELLINGS = 20_000
+
+
+def _too_many_spellings(name: str) -> None:
+    raise ConfigError(
+        f"{name} in this shell holds more than {MAX_SPELLINGS} folders to check once the "
+        "loader's $ORIGIN, $LIB and $PLATFORM are spelled out (many entries, or entries with "
+        "several of those tokens)",
+        f"shorten {name} (fewer entries, at most one loader token each), or unset it, then "
+        "submit again")
 
 
 def check_start_env(environ: Mapping[str, str], campaign: Path) -> None:
