@@ -82,6 +82,17 @@ def check_scratch_names(names: Iterable[str]) -> None:
             "(ALL: pass the whole environment), not as a variable: every job would get all of "
             "this shell's variables, unchecked",
             "name the scratch folder without it (e.g. /scratch/$USER or node)")
+    # the kit's own: the job's first shell reads the scratch's values with its own variables
+    # (KVPREFETCH_V, KVPREFETCH_KEEP), and a KVPREFETCH_JOB_PID passed on is what tells it that
+    # it has run itself again; `--scratch '$v/k'` (the loop's variable, as it was named) or
+    # '$KEEP/k' read that variable, not the user's, and the job refused a relative "v/k" the
+    # user never gave (issue 41, the twenty-third hostile pass)
+    own = [n for n in names if n.startswith("KVPREFETCH_")]
+    if own:
+        raise ConfigError(
+            f"--scratch names ${own[0]}, one of kvprefetch's own variables (the job sets or "
+            "reads it itself), not a folder of yours",
+            "name the scratch folder without it (e.g. /scratch/$USER or node)")
     bad = [n for n in names if _READ_AS_BASH_STARTS.fullmatch(n)]
     if bad:
         raise ConfigError(
@@ -127,15 +138,17 @@ def keep_only_sh(scratch_names: Sequence[str]) -> tuple[str, ...]:
         "  return 2 2>/dev/null || exit 2",
         "fi",
         'if [ "${KVPREFETCH_JOB_PID-}" != "$$" ]; then',
-        "  KEEP=()",
-        "  for v in $(compgen -e); do",
-        f'    case $v in {kept}) KEEP+=("$v=${{!v}}");; esac',
+        "  KVPREFETCH_KEEP=()",
+        "  for KVPREFETCH_V in $(compgen -e); do",
+        (f"    case $KVPREFETCH_V in {kept})"
+         ' KVPREFETCH_KEEP+=("$KVPREFETCH_V=${!KVPREFETCH_V}");; esac'),
         "  done",
     ]
     if keep_scratch:
         lines += [
-            f"  for v in {' '.join(keep_scratch)}; do",
-            f'    if [ -n "${{!v+x}}" ]; then KEEP+=("{SCRATCH_PREFIX}$v=${{!v}}"); fi',
+            f"  for KVPREFETCH_V in {' '.join(keep_scratch)}; do",
+            ('    if [ -n "${!KVPREFETCH_V+x}" ]; then'
+             f' KVPREFETCH_KEEP+=("{SCRATCH_PREFIX}$KVPREFETCH_V=${{!KVPREFETCH_V}}"); fi'),
             "  done",
         ]
     # What is kept goes to env as its arguments, which share the kernel's limit (ARG_MAX, 2 MiB
@@ -147,19 +160,21 @@ def keep_only_sh(scratch_names: Sequence[str]) -> tuple[str, ...]:
     # (set -f: a function's name may be a pattern, `*`, which would name the files in / here)
     lines += [
         "  set -f",
-        "  for v in $(compgen -e); do export -n -- \"$v\"; done",
-        "  for v in $(compgen -A function); do export -n -f -- \"$v\"; done",
+        '  for KVPREFETCH_V in $(compgen -e); do export -n -- "$KVPREFETCH_V"; done',
+        ('  for KVPREFETCH_V in $(compgen -A function); do export -n -f -- "$KVPREFETCH_V";'
+         ' done'),
         "  set +f",
     ]
     return (*lines,
             "  shopt -s execfail",
-            '  exec /usr/bin/env -i "${KEEP[@]}" "KVPREFETCH_JOB_PID=$$" /bin/bash -- "$0" "$@"',
+            ('  exec /usr/bin/env -i "${KVPREFETCH_KEEP[@]}" "KVPREFETCH_JOB_PID=$$" /bin/bash --'
+             ' "$0" "$@"'),
             ('  echo "refusing to run: /usr/bin/env -i could not run this script again with only'
              ' the environment a kvprefetch job keeps (bash said why above). To fix: run the job'
              ' on a node with /usr/bin/env and /bin/bash, with fewer or smaller variables'
              ' kept (SLURM_*, job_env.PASSED) if the list was too long" >&2; exit 2'),
             "fi",
-            "unset KVPREFETCH_JOB_PID KEEP")
+            "unset KVPREFETCH_JOB_PID KVPREFETCH_KEEP KVPREFETCH_V")
 
 
 def passed(environ: Mapping[str, str], scratch_names: Sequence[str]) -> dict[str, str]:
@@ -175,8 +190,28 @@ def check_passed(environ: Mapping[str, str], campaign: Path,
     sbatch."""
     env = passed(environ, scratch_names)
     check_start_env(env, campaign)
+    _check_cxx(env)
     _check_paths(env, campaign)
     _check_locale(env)
+
+
+# CXX is a shell fragment (make's and the build's ninja rule read it so: `ccache g++`), run by
+# the shell ninja starts, with the kit's environment: `g++ -B$KVPREFETCH_CAMPAIGN` (or
+# `$OLDPWD`: the job left the campaign for /) named no path, passed submit's check and the job's
+# (which follow a CXX holding a `/`), and gcc ran a `cc1plus` planted in the campaign (issue 41,
+# the twenty-third hostile pass); `cd -&&...` reaches it with no `$`. So a CXX is a program and
+# plain words: no expansion, quoting, redirection or second command.
+CXX_VALUE = re.compile(r"[A-Za-z0-9_.,+=:@%/ -]+")
+
+
+def _check_cxx(env: Mapping[str, str]) -> None:
+    if env.get("CXX") and not CXX_VALUE.fullmatch(env["CXX"]):
+        raise ConfigError(
+            f"CXX={env['CXX']!r} in this shell is more than a compiler and its plain options "
+            "(it holds a $, a quote, a redirection or a second command): the build runs it "
+            "through a shell, which would expand it there, in the campaign too",
+            "set CXX to a compiler and plain options (e.g. g++, or ccache g++), or unset it, "
+            "then submit again")
 
 
 # glibc reads TZ as a file too (tzset, at every Python's start): the value less a leading ':',
@@ -209,10 +244,48 @@ def _paths(env: Mapping[str, str]) -> list[tuple[str, str]]:
 
 def _in_campaign(entry: str, campaign: Path) -> bool:
     """Whether ``entry`` (a relative one read from ``/``, where every job starts: ``sbatch
-    --chdir=/``) is in the campaign, by path, through links, or by identity (a bind mount)."""
+    --chdir=/``) is in the campaign, by path, through links, or by identity (a bind mount), or
+    is reached through a link that lies in the campaign: the folder it names now may be
+    outside, but whoever writes the campaign can point that link elsewhere before the job
+    runs. ``LD_LIBRARY_PATH=~/l`` with ``~/l`` the user's link to ``<campaign>/lnk``, itself a
+    link to /usr/lib, resolved outside and passed; the campaign's writer then pointed ``lnk``
+    at its own folder, and every job's bash loaded a ``libtinfo.so.6`` planted there before
+    its first line (issue 41, the twenty-third hostile pass; the twentieth pass's attack on
+    PATH, which the job pins, on what the job's bash reads as it starts)."""
     from ..workspace.ownership import within  # the one "at or below" check
 
-    return within(Path(os.path.realpath(os.path.join("/", entry))), campaign)
+    path = os.path.join("/", entry)
+    return any(within(Path(f), campaign) for f in _link_folders(path)) \
+        or within(Path(os.path.realpath(path)), campaign)
+
+
+def _link_folders(path: str) -> list[str]:
+    """The folder (resolved, no link on it) of each link met while resolving ``path`` one part
+    at a time, as the kernel does (at most 40 links, its own limit, ELOOP)."""
+    found: list[str] = []
+    done, todo = "/", [p for p in reversed(path.split("/")) if p]
+    while todo:
+        part = todo.pop()
+        if part == ".":
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        nxt = os.path.join(done, part)
+        if not os.path.islink(nxt):
+            done = nxt
+            continue
+        found.append(done)
+        try:
+            target = os.readlink(nxt)
+        except OSError:
+            break
+        if len(found) > 40:
+            break
+        if target.startswith("/"):
+            done = "/"
+        todo.extend(p for p in reversed(target.split("/")) if p)
+    return found
 
 
 def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
@@ -220,7 +293,8 @@ def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
     if found:
         named = ", ".join(f"{n}={env[n]!r}" for n in found)
         raise ConfigError(
-            f"{named} in this shell is in the campaign {campaign}: sbatch passes it on, and the "
+            f"{named} in this shell is in the campaign {campaign} (or "
+            "reached through a link in it): sbatch passes it on, and the "
             "job's programs would read (or run) what whoever can write the campaign puts there",
             f"point {' '.join(found)} outside the campaign (or unset it) in this shell, then "
             "submit again")
@@ -304,16 +378,39 @@ def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, 
     """``(name, entry)`` of each ``START_ENV`` entry that is in the campaign ``campaign`` (a
     resolved path), by path, through links, or by device and inode (a bind mount). A relative
     entry is read from ``/``, where every job starts (``sbatch --chdir=/``)."""
-    found = []
+    todo = []
+    checks = 0  # counted before any is checked: a refusal comes at once
     for name, split in START_ENV.items():
         value = environ.get(name, "")
         if name in _EXPANDED:
             value = _expanded(value, environ)
-        for entry in re.split(split, value) if split else [value]:
-            spelled = [entry] if name in _EXPANDED else _loader_expansions(entry)
-            if entry and any(_in_campaign(e, campaign) for e in spelled):
-                found.append((name, entry))
-    return found
+        for entry in (re.split(split, value) if split else [value]):
+            if not entry:
+                continue
+            spelled = [entry] if name in _EXPANDED else list(
+                dict.fromkeys(_loader_expansions(entry)))
+            checks += len(spelled)
+            if checks > MAX_SPELLINGS:
+                _too_many_spellings(name)
+            todo.append((name, entry, spelled))
+    return [(name, entry) for name, entry, spelled in todo
+            if any(_in_campaign(e, campaign) for e in spelled)]
+
+
+# Each spelling is a check of a path (links followed, the mount table read): about a
+# millisecond. Entries of five loader tokens each (`/$LIB/$LIB/$LIB/$LIB/$LIB/x`, 4,096 spellings
+# apiece) had a dry run of submit take 38 s for 5 entries (145 characters), minutes for more
+# (issue 41, the twenty-third hostile pass). A real value takes a few dozen.
+MAX_SPELLINGS = 20_000
+
+
+def _too_many_spellings(name: str) -> None:
+    raise ConfigError(
+        f"{name} in this shell holds more than {MAX_SPELLINGS} folders to check once the "
+        "loader's $ORIGIN, $LIB and $PLATFORM are spelled out (many entries, or entries with "
+        "several of those tokens)",
+        f"shorten {name} (fewer entries, at most one loader token each), or unset it, then "
+        "submit again")
 
 
 def check_start_env(environ: Mapping[str, str], campaign: Path) -> None:
@@ -323,7 +420,8 @@ def check_start_env(environ: Mapping[str, str], campaign: Path) -> None:
     if found:
         named = ", ".join(f"{name}={entry!r}" for name, entry in found[:5])
         raise ConfigError(
-            f"{named} in this shell is in the campaign {campaign}: sbatch passes it on, and the "
+            f"{named} in this shell is in the campaign {campaign} (or "
+            "reached through a link in it): sbatch passes it on, and the "
             "job's bash would load it before the script's first line (no line of the script "
             "can leave it out), running whatever is there as you",
             f"unset {' '.join(sorted({n for n, _ in found}))} (or point it outside the "

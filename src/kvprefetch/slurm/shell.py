@@ -130,17 +130,36 @@ LEAVE_CAMPAIGN_SH = "cd /  # python -m imports from its working folder first"
 # resolved outside and passed, and the campaign's writer then pointed `lnk` at its own bin/:
 # the job's `dirname`, `mktemp`, `dd` and `mv` ran from there (the same pass; the fifteenth
 # pass's attack on the scratch, on the search paths).
+MAX_PARTS = 256
 KEEP_OUTSIDE_SH = (
+    "too_deep() {  # $1 has more than MAX_PARTS parts (folders on its way)",
+    r'  local parts=${1//[!\/]/}',
+    f'  [ "${{#parts}}" -gt {MAX_PARTS} ]',
+    "}",
     "reaches_campaign() {  # $1 or a folder on its way resolves into the campaign folder",
+    # Each resolved folder is compared once (`checked`), a part that is no folder costs no
+    # subshell (`-d` first), and a path of more than MAX_PARTS parts counts as reaching the
+    # campaign (callers that can say why check it first: too_deep): a TMPDIR of 2,035 real
+    # folders (4 kB, under PATH_MAX) resolved each of its 2,035 prefixes (bash's `cd -P`, a
+    # third of a second each at that depth) and compared every folder above each again, and
+    # the job spent over 10 minutes here before its first program (issue 41, the
+    # twenty-third hostile pass). A real path has a few dozen parts.
     '  local p=$1 r',
+    '  local -A checked=()',
+    '  if too_deep "$p"; then return 0; fi',
     '  while :; do',
-    '    if r=$(cd -P -- "$p" 2>/dev/null && pwd -P); then',
+    '    if [ -d "$p" ] && r=$(cd -P -- "$p" 2>/dev/null && pwd -P); then',
     '      while [ "${r#//}" != "$r" ]; do r=${r#/}; done',
     '      case "$r/" in "$CAMPAIGN_AT"/*|/proc/*) return 0;; esac',
-    '      while [ -n "$r" ]; do',
+    '      local whole=$r',
+    '      while [ -n "$r" ] && [ -z "${checked["$r"]-}" ]; do',
+    '        checked["$r"]=1',
     '        if [ "$r" -ef "$CAMPAIGN_AT" ]; then return 0; fi',
     '        r=${r%/*}',
     '      done',
+    # spelled as it resolves (no link, `.` or `..` on its way): each shorter prefix is one of
+    # the folders just compared
+    '      if [ "$whole" = "$p" ]; then return 1; fi',
     '    fi',
     "    case \"$p\" in /|//|'') return 1;; esac",
     '    p=${p%/*}; p=${p:-/}',
@@ -151,7 +170,7 @@ KEEP_OUTSIDE_SH = (
     # nothing, a file), which a writer of the folder it points into could make a folder later
     "pin_folder() {",
     '  local p=$1 rest= r f',
-    '  until r=$(cd -P -- "$p" 2>/dev/null && pwd -P && echo .); do',
+    '  until [ -d "$p" ] && r=$(cd -P -- "$p" 2>/dev/null && pwd -P && echo .); do',
     '    rest=/${p##*/}$rest; p=${p%/*}; p=${p:-/}',
     '  done',
     "  r=${r%$'\\n.'}; r=${r%/}; f=${rest#/}; f=${f%%/*}",
@@ -171,6 +190,7 @@ KEEP_OUTSIDE_SH = (
     '  while [ -n "$rest" ]; do',
     '    e=${rest%%:*}; rest=${rest#*:}',
     '    case "$e" in /*) ;; *) continue;; esac',
+    '    if too_deep "$e"; then continue; fi  # no real folder: all cost, no use',
     # The loader expands $ORIGIN (the folder of each program), $LIB and $PLATFORM in an
     # entry: no one folder this shell can check. `/$ORIGIN/../../camp/lib` passed submit's
     # check (which knows bash's folder) and this one (a folder named `$ORIGIN` is none), and
@@ -231,6 +251,12 @@ TEMP_OUTSIDE_SH = (
     f'  ""|/*) ;; *) {_RELATIVE_MSG};;',
     '  esac',
     '  case "${!v:-}" in /*)',
+    '    if too_deep "${!v}"; then',
+    ('      echo "refusing to run: $v names a folder more than'
+     f' {MAX_PARTS} folders deep, more than kvprefetch follows to check it is outside the'
+     ' campaign. To fix: submit the campaign with $v set to a folder by a shorter path, or'
+     ' unset it" >&2; exit 2'),
+    '    fi',
     f'    if reaches_campaign "${{!v}}"; then {_TEMP_MSG}; fi',
     '    if ! pin_folder "${!v}"; then',
     ('      echo "refusing to run: $v=${!v} names no folder now, and a part of it on its way is'
@@ -241,6 +267,14 @@ TEMP_OUTSIDE_SH = (
     '    printf -v "$v" %s "$RESOLVED"; export "${v?}";;',
     '  esac',
     "done",
+    # the build's host compiler: a shell fragment the build's ninja runs, so plain words only
+    # (job_env.CXX_VALUE, checked by submit: `g++ -B$KVPREFETCH_CAMPAIGN` ran a planted cc1plus)
+    r'case "${CXX:-}" in *[!A-Za-z0-9_.,+=:@%/\ -]*)',
+    ('  echo "refusing to run: CXX holds more than a compiler and its plain options (a $, a'
+     ' quote, a redirection or a second command), which the build\'s shell would expand, in the'
+     ' campaign too. To fix: submit the campaign with CXX set to a compiler and plain options'
+     ' (e.g. export CXX=g++), or unset it" >&2; exit 2;;'),
+    'esac',
     # the build's host compiler, a program: by its own path (readlink -f, PATH kept by now)
     'if [ -n "${CXX:-}" ] && [ "${CXX#*/}" != "$CXX" ]; then',
     '  if ! prog=$(readlink -f -- "$CXX") || reaches_campaign "$CXX" \\',
