@@ -192,7 +192,7 @@ def test_build_jobs_work_in_their_own_scratch_and_publish_at_the_end(tmp_path: P
                         c.job("build-baseline"))
     # $USER as the job's first shell read it, before it kept only job_env's names
     assert 'SCRATCH_BASE="/lscratch/${KVPREFETCH_SCRATCH_USER}"\n' in own
-    assert "  for v in USER; do\n" in own
+    assert "  for KVPREFETCH_V in USER; do\n" in own
 
 
 def test_scratch_folders_a_shell_could_run_are_refused() -> None:
