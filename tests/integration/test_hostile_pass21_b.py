@@ -50,12 +50,15 @@ __all__ = ["outside"]  # the autouse fixture: every test here checks the outside
 _SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def _fake_sbatch(tmp_path: Path) -> tuple[Path, Path]:
-    """A ``bin`` folder whose ``sbatch`` records each call in ``calls`` and prints an id."""
+def _fake_sbatch(tmp_path: Path, record_env: Path | None = None) -> tuple[Path, Path]:
+    """A ``bin`` folder whose ``sbatch`` records each call in ``calls`` (and its environment in
+    ``record_env``) and prints an id."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls"
-    (bin_dir / "sbatch").write_text(f"#!/bin/bash\necho \"$*\" >> {calls}\necho $$\n")
+    env_line = f"env >> {record_env}\n" if record_env is not None else ""
+    (bin_dir / "sbatch").write_text(f"#!/bin/bash\n{env_line}echo \"$*\" >> {calls}\n"
+                                    "echo $$\n")
     (bin_dir / "sbatch").chmod(0o755)
     return bin_dir, calls
 
@@ -67,13 +70,14 @@ def _env(tmp_path: Path, bin_dir: Path) -> dict[str, str]:
     return env
 
 
-def _submit_with(tmp_path: Path,
-                 extra: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _submit_with(tmp_path: Path, extra: dict[str, str], record_env: Path | None = None
+                 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """``slurm submit`` of a new campaign with ``extra`` ({camp} filled in) in the shell, a fake
-    sbatch recording its calls: the result, and the file of calls."""
+    sbatch recording its calls (and its environment in ``record_env``): the result, and the
+    file of calls."""
     camp = tmp_path / "camp"
     _plan(tmp_path, camp)
-    bin_dir, calls = _fake_sbatch(tmp_path)
+    bin_dir, calls = _fake_sbatch(tmp_path, record_env)
     env = {**_env(tmp_path, bin_dir), **{k: v.format(camp=camp) for k, v in extra.items()}}
     res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
                          env=env, capture_output=True, text=True, timeout=120, check=False)

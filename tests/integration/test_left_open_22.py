@@ -77,3 +77,19 @@ def test_a_submission_of_a_job_the_plan_does_not_hold_makes_the_record_corrupt(
             res = kvprefetch_cli_split("slurm", *cmd, str(camp))
             assert res.returncode == 2 and "Traceback" not in res.stderr, (cmd, res.stderr)
             assert "'nobody', which is no job of its plan" in res.stderr, (cmd, res.stderr)
+
+
+def test_submit_runs_sbatch_without_the_shells_sbatch_variables(tmp_path: Path) -> None:
+    """sbatch reads ``SBATCH_*`` as options: an ``SBATCH_ERROR`` in the campaign, through a
+    link planted there, would have Slurm write the job's stderr where the link leads, and an
+    ``SBATCH_CONTAINER`` names a bundle the job runs in (found by the twenty-third pass's tester
+    d, not shown on a real Slurm). The sbatch here is a stand-in recording its environment."""
+    from tests.integration.test_hostile_pass21_b import _submit_with
+
+    seen = tmp_path / "sbatch-env"
+    res, calls = _submit_with(tmp_path, {"SBATCH_ERROR": "{camp}/logs/err",
+                                         "SBATCH_CONTAINER": "{camp}/bundle",
+                                         "SBATCH_ACCOUNT": "other"}, record_env=seen)
+    assert res.returncode == 0, res.stderr
+    assert calls.read_text().count("\n") == 6  # every job sent
+    assert "SBATCH_" not in seen.read_text()

@@ -26,7 +26,7 @@ from .campaign import (
     load_record,
     save_record,
 )
-from .job_env import check_passed
+from .job_env import check_passed, sbatch_environ
 from .scripts import sbatch_argv, scratch_names, submission_order
 from .sending import (
     DRY_RUN_LOG_DIR,
@@ -43,9 +43,8 @@ SCONTROL_FAILED = "scontrol failed"  # the reason of a job the controller did no
 FIX_SLURM = "run this on a Slurm login node (sbatch, scontrol on PATH, slurmctld reachable)"
 
 
-# A question to Slurm (scontrol, sacct) that never answers is stopped (its job UNKNOWN): a
-# real scontrol gives up after MessageTimeout's retries, 18 s here. sbatch has no limit: stopped
-# midway, it may have sent a job whose id the campaign would never record.
+# A question to Slurm (scontrol, sacct) that never answers is stopped, its job UNKNOWN. sbatch
+# has no limit: stopped midway, it may have sent a job the campaign would never record.
 QUERY_TIMEOUT_S = 60.0
 
 
@@ -55,7 +54,8 @@ def _slurm(argv: Sequence[str], check: bool = True, timeout: float | None = None
     try:
         # from /, never the folder the user runs the kit in (it may be the campaign): an
         # empty LD_LIBRARY_PATH entry is the working folder to the dynamic loader
-        return run(list(argv), echo=False, check=check, cwd="/", timeout=timeout)
+        return run(list(argv), echo=False, check=check, cwd="/", timeout=timeout,
+                   env=sbatch_environ(os.environ) if argv[0] == "sbatch" else None)
     except CommandError as exc:
         tail = "\n".join(shown(line, 500) for line in exc.tail.strip().splitlines()[-20:])
         raise SlurmError(f"{' '.join(argv)} failed (exit code {exc.returncode}): {tail}",

@@ -101,6 +101,17 @@ def check_scratch_names(names: Iterable[str]) -> None:
             "name the scratch folder without it (e.g. /scratch/$USER or node)")
 
 
+def sbatch_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment ``slurm submit`` runs sbatch in: the shell's, less every ``SBATCH_*``.
+    sbatch reads those as options: ``SBATCH_ERROR``/``SBATCH_INPUT`` name files the job's
+    stderr and stdin go to (a path in the campaign, through a link planted there, would have
+    Slurm write or read where the link leads), ``SBATCH_CONTAINER`` a bundle the job runs in,
+    ``SBATCH_OPEN_MODE``, ``SBATCH_CHDIR`` and the rest change what the plan asked for (issue
+    41, the twenty-third hostile pass). The campaign's plan (partition, account, time, gres,
+    output) is the whole request."""
+    return {k: v for k, v in environ.items() if not k.startswith("SBATCH_")}
+
+
 def export_names(scratch_names: Sequence[str]) -> list[str]:
     """The names sbatch passes on to a campaign job: ``PASSED`` and the scratch's variables."""
     return list(dict.fromkeys(
