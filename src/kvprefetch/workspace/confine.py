@@ -300,7 +300,7 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
     records it before it exists (``ownership.write_record``); it is never opened if it exists.
     The file's bits are ``mode`` less the umask (``file_mode``); ``exact``: ``mode`` as it is
     (a user's file rewritten keeps its own, ``kept_mode``)."""
-    final = mode if exact else file_mode(mode)
+    final = safe_bits(mode if exact else file_mode(mode))
     ensure_dir(path.parent, root=root, family=family)
     if root is not None:
         check_target(root, path, what="write", family=family)
@@ -367,6 +367,16 @@ def file_mode(mode: int) -> int:
     never less than the owner's own bits of ``mode`` (as ``cli.no_world_writable`` keeps
     them: the kit must still be able to rewrite what it wrote)."""
     return ((mode & ~current_umask()) | (mode & 0o700)) & ~0o002 & 0o7777
+
+
+def safe_bits(mode: int) -> int:
+    """``mode`` without the set-user-ID, set-group-ID and sticky bits, and never
+    world-writable: what any file the kit writes may carry. Bits kept from a file (``exact``,
+    ``kept_mode``) came from whoever wrote the work directory: an
+    apply's stage planted with a program of mode 6777 had its rollback write it as a set-user-ID
+    program of the user running the kit, writable by everyone (issue 41, the twenty-third
+    hostile pass)."""
+    return mode & 0o775
 
 
 def kept_mode(path: Path, default: int = 0o644) -> int:

@@ -1,0 +1,64 @@
+"""Issue 41, the twenty-third hostile pass, tester a (the work directory's commands). Each
+test fails without its fix (checked by reverting ``src`` and running it):
+
+- **Bits kept from a file in the work directory** (``confine.safe_bits``). The kit keeps a
+  file's permission bits where it rewrites one (``open_new``'s ``exact=True``: an apply's
+  rollback from its stage, the library installed from a build folder, a build's outputs
+  copied back, a user's ``-o`` file), and kept them whole: set-user-ID, set-group-ID, sticky
+  and world-write too, which ``fchmod`` takes as given (the umask, world-write added, does not
+  apply to it). A stage ``trees/.patched.apply/`` planted by whoever writes the work
+  directory, with a journal and an ``old/`` copy of mode 6777, had the next ``fetch``'s
+  recovery write that copy into the tree as a set-user-ID, set-group-ID, world-writable
+  program owned by the user who ran the kit (as root here: a set-user-ID root program of the
+  writer's choosing, a way out of the work directory; 1 run of 1 by hand). The threat model
+  says the kit makes nothing world-writable. Now every file ``open_new`` writes drops those
+  bits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.test_hostile_pass20_a import _env
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: nothing outside the test's folders changes
+
+HEADER = "csrc/attention/attention_kernels.cuh"
+
+
+def _kv(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_rollback_never_writes_a_set_user_id_or_world_writable_file(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    wd = fetched_workdir
+    target = wd / "trees" / "patched" / HEADER
+    stage = wd / "trees" / ".patched.apply"
+    planted = b"#!/bin/sh\necho the writer's program\n"
+    old = stage / "old" / HEADER
+    old.parent.mkdir(parents=True)
+    old.write_bytes(planted)
+    os.chmod(old, 0o6777)
+    (stage / "journal.json").write_text(json.dumps({
+        "tree": "patched", "state": {"not": "the record"},
+        "files": [{"rel": HEADER, "before": _sha(planted),
+                   "after": _sha(target.read_bytes())}]}))
+    res = _kv(tmp_path, "fetch", "--workdir", str(wd))
+    assert "Traceback" not in res.stderr, res.stderr
+    assert target.read_bytes() == planted  # rolled back (then refused as an edit)
+    assert not stage.exists()
+    mode = stat.S_IMODE(target.lstat().st_mode)
+    assert not mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH), oct(mode)
