@@ -11,8 +11,10 @@ test fails without its fix (checked by reverting ``src`` and running it):
   recovery write that copy into the tree as a set-user-ID, set-group-ID, world-writable
   program owned by the user who ran the kit (as root here: a set-user-ID root program of the
   writer's choosing, a way out of the work directory; 1 run of 1 by hand). The threat model
-  says the kit makes nothing world-writable. Now every file ``open_new`` writes drops those
-  bits.
+  says the kit makes nothing world-writable. ``copy_tree`` did the same: a file of
+  ``pristine/`` set to mode 6777 (its content still the pinned one) came into a new tree
+  (``fetch --only extra``) set-user-ID and world-writable. Now every file ``open_new`` writes
+  and ``copy_tree`` copies drops those bits.
 """
 
 from __future__ import annotations
@@ -61,4 +63,20 @@ def test_a_rollback_never_writes_a_set_user_id_or_world_writable_file(
     assert target.read_bytes() == planted  # rolled back (then refused as an edit)
     assert not stage.exists()
     mode = stat.S_IMODE(target.lstat().st_mode)
+    assert not mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH), oct(mode)
+
+
+def test_a_tree_copied_from_pristine_is_never_set_user_id_or_world_writable(
+        fetched_workdir: Path, tmp_path: Path, vllm_sdist: Path) -> None:
+    wd = fetched_workdir
+    src = wd / "pristine" / "sdist" / "setup.py"
+    data = src.read_bytes()  # pristine/ is hard-linked to the session's template: a copy
+    src.unlink()
+    src.write_bytes(data)
+    os.chmod(src, 0o6777)
+    res = _kv(tmp_path, "fetch", "--source", str(vllm_sdist), "--only", "extra",
+              "--workdir", str(wd))
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 0, res.stderr
+    mode = stat.S_IMODE((wd / "trees" / "extra" / "setup.py").lstat().st_mode)
     assert not mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH), oct(mode)

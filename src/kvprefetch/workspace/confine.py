@@ -371,11 +371,11 @@ def file_mode(mode: int) -> int:
 
 def safe_bits(mode: int) -> int:
     """``mode`` without the set-user-ID, set-group-ID and sticky bits, and never
-    world-writable: what any file the kit writes may carry. Bits kept from a file (``exact``,
-    ``kept_mode``) came from whoever wrote the work directory: an
-    apply's stage planted with a program of mode 6777 had its rollback write it as a set-user-ID
-    program of the user running the kit, writable by everyone (issue 41, the twenty-third
-    hostile pass)."""
+    world-writable: what any file the kit writes or copies may carry. Bits kept from a file
+    (``exact``, ``kept_mode``, ``copy_tree``) came from whoever wrote the work directory: an
+    apply's stage planted with a program of mode 6777 had its rollback write it as a
+    set-user-ID program of the user running the kit, writable by everyone (issue 41, the
+    twenty-third hostile pass)."""
     return mode & 0o775
 
 
@@ -776,7 +776,7 @@ def _copy_file(src: Path, sfd_dir: int, name: str, dfd: int,
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view):]
-            os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            os.fchmod(fd, safe_bits(stat.S_IMODE(st.st_mode)))
             os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(fd)
