@@ -15,6 +15,16 @@ test fails without its fix (checked by reverting ``src`` and running it):
   ``pristine/`` set to mode 6777 (its content still the pinned one) came into a new tree
   (``fetch --only extra``) set-user-ID and world-writable. Now every file ``open_new`` writes
   and ``copy_tree`` copies drops those bits.
+- **A vLLM planted in bench e2e's output folder was imported** (``bench/e2e.py``,
+  ``PYTHON_ISOLATED``). ``bench e2e`` checks that each environment imports vllm with
+  ``python -c`` in ``<out>/e2e`` and runs ``python -m vllm.entrypoints.cli.main`` in
+  ``<out>/e2e/runs``; both put that folder first on ``sys.path``, and ``--out`` is
+  ``<workdir>/bench`` by default. A ``vllm/__init__.py`` planted there (by whoever writes the
+  work directory) ran in place of the environment's vLLM, with ``--env`` pythons of the user's
+  outside the work directory too, and passed the import check (1 run by hand, with a
+  verify report saying passed: no GPU here). Now the environments' pythons run with ``-I``
+  (isolated: no working folder on ``sys.path``): the check says the environment cannot import
+  vllm.
 """
 
 from __future__ import annotations
@@ -80,3 +90,24 @@ def test_a_tree_copied_from_pristine_is_never_set_user_id_or_world_writable(
     assert res.returncode == 0, res.stderr
     mode = stat.S_IMODE((wd / "trees" / "extra" / "setup.py").lstat().st_mode)
     assert not mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH), oct(mode)
+
+
+def test_bench_e2e_never_imports_a_vllm_planted_in_its_output_folder(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    wd = fetched_workdir
+    (wd / "verify").mkdir()
+    py = sys.executable  # an environment of the user's, outside the work directory, no vLLM
+    (wd / "verify" / "report.json").write_text(json.dumps(
+        {"passed": True, "envs": {"baseline": {"python": py}, "patched": {"python": py}}}))
+    marker = tmp_path / "ran"
+    out = wd / "bench"  # the default --out: in the work directory
+    for folder in (out / "e2e", out / "e2e" / "runs"):  # the check's cwd, the runs'
+        (folder / "vllm").mkdir(parents=True)
+        (folder / "vllm" / "__init__.py").write_text(
+            f"open({str(marker)!r}, 'a').write('planted vllm imported\\n')\n"
+            "__version__ = '0.10.2'\n")
+    res = _kv(tmp_path, "bench", "e2e", "--workdir", str(wd), "--env", f"baseline={py}",
+              "--env", f"patched={py}", "--max-num-seqs", "8", "--repeats", "1")
+    assert "Traceback" not in res.stderr, res.stderr
+    assert not marker.exists(), marker.read_text()
+    assert res.returncode != 0 and "cannot import vllm" in res.stderr, res.stderr
