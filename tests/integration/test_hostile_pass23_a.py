@@ -25,6 +25,13 @@ test fails without its fix (checked by reverting ``src`` and running it):
   verify report saying passed: no GPU here). Now the environments' pythons run with ``-I``
   (isolated: no working folder on ``sys.path``): the check says the environment cannot import
   vllm.
+- **clean on an overlayfs work directory** (``confine.rename_path``; a message). clean renames
+  each folder aside before it removes it; an overlayfs (a container image's layer, mounted
+  without ``redirect_dir``) refuses to rename a folder of its lower layer with EXDEV, and clean
+  said "Invalid cross-device link / To fix: the two paths are on different mounts ...: unmount
+  the one in the way (`umount PATH`)": there is no such mount, and every clean failed the same
+  way (1 run by hand). Now the error names the file system and says to remove the folder by
+  hand or keep the work directory on a volume.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.integration.test_hostile_pass20_a import _env
 from tests.integration.test_reliability import outside
@@ -111,3 +120,24 @@ def test_bench_e2e_never_imports_a_vllm_planted_in_its_output_folder(
     assert "Traceback" not in res.stderr, res.stderr
     assert not marker.exists(), marker.read_text()
     assert res.returncode != 0 and "cannot import vllm" in res.stderr, res.stderr
+
+
+def test_clean_on_an_overlayfs_names_the_file_system_not_a_mount_in_the_way(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    layers = {n: tmp_path / n for n in ("upper", "ovwork", "merged")}
+    for d in layers.values():
+        d.mkdir()
+    options = (f"lowerdir={fetched_workdir},upperdir={layers['upper']},"
+               f"workdir={layers['ovwork']},redirect_dir=off")
+    res = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options,
+                          str(layers["merged"])], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount an overlayfs here (needs root): {res.stderr.strip()}")
+    try:
+        wd = layers["merged"]  # a work directory in a container image's layer
+        res = _kv(tmp_path, "clean", "--what", "all", "--discard-edits", "--workdir", str(wd))
+        assert "Traceback" not in res.stderr, res.stderr
+        assert res.returncode == 2 and "overlayfs" in res.stderr \
+            and "rm -rf" in res.stderr and "umount" not in res.stderr, res.stderr
+    finally:
+        subprocess.run(["umount", str(layers["merged"])], check=False)

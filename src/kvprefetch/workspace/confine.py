@@ -238,7 +238,23 @@ def rename_path(root: Path, path: Path, new_name: str, *,
         else:
             raise family(f"{path.with_name(new_name)} is in the way of moving {path}",
                          f"move {path.with_name(new_name)} away, then rerun")
-        os.rename(path.name, new_name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        try:
+            os.rename(path.name, new_name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            # within one folder no mount is crossed: the file system itself refuses (an
+            # overlayfs, as a container image's, renames a folder of its lower layer only with
+            # redirect_dir=on). oserrors' "unmount the one in the way" sent the user to a mount
+            # that is not there, and every clean failed the same way (issue 41, the
+            # twenty-third hostile pass)
+            raise family(f"cannot move {path} to {new_name} in the same folder: its file "
+                         "system refuses to rename it (Invalid cross-device link: an overlayfs "
+                         "whose lower layer holds it, as a container image's, renames such a "
+                         "folder only when mounted with redirect_dir=on)",
+                         f"remove {path} by hand (`rm -rf -- {path}`), or keep the work "
+                         "directory on a file system of its own (a volume, not the image's "
+                         "overlay), then rerun") from None
     finally:
         os.close(dfd)
     return path.with_name(new_name)
