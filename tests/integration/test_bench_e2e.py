@@ -28,7 +28,8 @@ assert os.environ["VLLM_USE_V1"] == "0", "V1 would bypass the kernel"
 assert os.environ["VLLM_ATTENTION_BACKEND"] == "XFORMERS"
 assert "PYTHONPATH" not in os.environ
 assert not os.path.isdir("vllm"), "a ./vllm folder would shadow the install"
-a = sys.argv[1:]
+assert sys.argv[1:2] == ["-I"], "isolated: the cwd (in the output folder) not on sys.path"
+a = sys.argv[2:]
 if a[:1] == ["-c"]:  # the "can it import vllm" check
     print("0.10.2")
     sys.exit(0)

@@ -196,7 +196,7 @@ def test_bench_e2e_runs_vllm_bench_throughput_in_the_verified_envs(
     pythons = {run[0] for run in plan["runs"]}
     assert pythons == {_manifest(wd, t)["env"]["python"] for t in TREES}
     for run in plan["runs"]:
-        assert run[1:5] == ["-m", "vllm.entrypoints.cli.main", "bench", "throughput"]
+        assert run[1:6] == ["-I", "-m", "vllm.entrypoints.cli.main", "bench", "throughput"]
         assert run[run.index("--load-format") + 1] == "dummy"
 
 

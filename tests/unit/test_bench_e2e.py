@@ -51,9 +51,9 @@ def test_tokenizer_round_trips_random_ids(tmp_path: Path) -> None:
 def test_throughput_argv_and_environment(tmp_path: Path) -> None:
     plan = _plan(tmp_path, max_model_len=2048, extra_args=("--enforce-eager",))
     argv = e2e.throughput_argv(plan, plan.envs[1], 32, tmp_path / "o.json")
-    assert argv[:5] == [str(plan.envs[1].python), "-m", "vllm.entrypoints.cli.main", "bench",
-                        "throughput"]
-    a = dict(zip(argv[5:-1:2], argv[6:-1:2], strict=True))  # the last is a bare flag (below)
+    assert argv[:6] == [str(plan.envs[1].python), "-I", "-m", "vllm.entrypoints.cli.main",
+                        "bench", "throughput"]
+    a = dict(zip(argv[6:-1:2], argv[7:-1:2], strict=True))  # the last is a bare flag (below)
     assert a["--load-format"] == "dummy" and a["--dataset-name"] == "random"
     assert a["--input-len"] == "512" and a["--output-len"] == "512"
     assert a["--max-num-seqs"] == "32" and a["--num-prompts"] == "64"

@@ -43,6 +43,13 @@ LLAMA_31_8B_CONFIG: dict[str, Any] = {
 }
 SPECIAL_TOKENS = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128002: "<unk>"}
 E2E_ENV = {"VLLM_USE_V1": "0", "VLLM_ATTENTION_BACKEND": "XFORMERS"}
+# Python's isolated mode for the environments' pythons: `-c` and `-m` put their working folder
+# first on sys.path, and that folder is in the output folder (``<workdir>/bench`` by default),
+# so a `vllm/` planted there was imported in place of the environment's vLLM, by the check
+# that each imports vllm and by every run (issue 41, the twenty-third hostile pass). `-I` (any
+# Python 3) leaves it out, with the user's site-packages and PYTHON* variables (PYTHONPATH and
+# PYTHONHOME are stripped anyway).
+PYTHON_ISOLATED = ("-I",)
 # Stripped from the child: they break isolation or silently swap in other binaries.
 STRIP_ENV = ("PYTHONPATH", "PYTHONHOME", "VLLM_USE_PRECOMPILED", "VLLM_PRECOMPILED_WHEEL_LOCATION",
              "VIRTUAL_ENV", "CONDA_PREFIX")
@@ -135,7 +142,9 @@ def e2e_environ(base: Mapping[str, str]) -> dict[str, str]:
 
 
 def throughput_argv(plan: E2EPlan, env: E2EEnv, max_num_seqs: int, json_path: Path) -> list[str]:
-    argv = [str(env.python), "-m", "vllm.entrypoints.cli.main", "bench", "throughput",
+    # -I: the run's folder (its cwd, in the output folder) is not put on sys.path (PYTHON_ISOLATED)
+    argv = [str(env.python), *PYTHON_ISOLATED, "-m", "vllm.entrypoints.cli.main", "bench",
+            "throughput",
             "--model", str(plan.model_dir), "--tokenizer", str(plan.tokenizer or plan.model_dir),
             "--load-format", "dummy", "--dataset-name", "random",
             "--input-len", str(plan.input_len), "--output-len", str(plan.output_len),
@@ -314,7 +323,8 @@ def check_envs_have_vllm(envs: Sequence[E2EEnv], cwd: Path) -> dict[str, str]:
 
     versions = {}
     for env in envs:
-        res = run([str(env.python), "-c", "import vllm; print(vllm.__version__)"], cwd=cwd,
+        res = run([str(env.python), *PYTHON_ISOLATED, "-c",
+                   "import vllm; print(vllm.__version__)"], cwd=cwd,
                   env=e2e_environ(os.environ), echo=False, check=False)
         if res.returncode != 0:
             raise BenchError(f"{env.name}: {env.python} cannot import vllm: "

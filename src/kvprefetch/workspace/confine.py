@@ -238,7 +238,23 @@ def rename_path(root: Path, path: Path, new_name: str, *,
         else:
             raise family(f"{path.with_name(new_name)} is in the way of moving {path}",
                          f"move {path.with_name(new_name)} away, then rerun")
-        os.rename(path.name, new_name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        try:
+            os.rename(path.name, new_name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            # within one folder no mount is crossed: the file system itself refuses (an
+            # overlayfs, as a container image's, renames a folder of its lower layer only with
+            # redirect_dir=on). oserrors' "unmount the one in the way" sent the user to a mount
+            # that is not there, and every clean failed the same way (issue 41, the
+            # twenty-third hostile pass)
+            raise family(f"cannot move {path} to {new_name} in the same folder: its file "
+                         "system refuses to rename it (Invalid cross-device link: an overlayfs "
+                         "whose lower layer holds it, as a container image's, renames such a "
+                         "folder only when mounted with redirect_dir=on)",
+                         f"remove {path} by hand (`rm -rf -- {path}`), or keep the work "
+                         "directory on a file system of its own (a volume, not the image's "
+                         "overlay), then rerun") from None
     finally:
         os.close(dfd)
     return path.with_name(new_name)
@@ -300,7 +316,7 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
     records it before it exists (``ownership.write_record``); it is never opened if it exists.
     The file's bits are ``mode`` less the umask (``file_mode``); ``exact``: ``mode`` as it is
     (a user's file rewritten keeps its own, ``kept_mode``)."""
-    final = mode if exact else file_mode(mode)
+    final = safe_bits(mode if exact else file_mode(mode))
     ensure_dir(path.parent, root=root, family=family)
     if root is not None:
         check_target(root, path, what="write", family=family)
@@ -367,6 +383,16 @@ def file_mode(mode: int) -> int:
     never less than the owner's own bits of ``mode`` (as ``cli.no_world_writable`` keeps
     them: the kit must still be able to rewrite what it wrote)."""
     return ((mode & ~current_umask()) | (mode & 0o700)) & ~0o002 & 0o7777
+
+
+def safe_bits(mode: int) -> int:
+    """``mode`` without the set-user-ID, set-group-ID and sticky bits, and never
+    world-writable: what any file the kit writes or copies may carry. Bits kept from a file
+    (``exact``, ``kept_mode``, ``copy_tree``) came from whoever wrote the work directory: an
+    apply's stage planted with a program of mode 6777 had its rollback write it as a
+    set-user-ID program of the user running the kit, writable by everyone (issue 41, the
+    twenty-third hostile pass)."""
+    return mode & 0o775
 
 
 def kept_mode(path: Path, default: int = 0o644) -> int:
@@ -785,7 +811,7 @@ def _copy_file(src: Path, sfd_dir: int, name: str, dfd: int,
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view):]
-            os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            os.fchmod(fd, safe_bits(stat.S_IMODE(st.st_mode)))
             os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(fd)
