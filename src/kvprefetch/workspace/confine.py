@@ -405,13 +405,20 @@ def what_is(path: Path) -> str:
     return "a folder" if stat.S_ISDIR(mode) else kind_of(mode)
 
 
+def _payload(data: bytes | str) -> bytes:
+    """Text as UTF-8, a byte of a path that is not UTF-8 (Python's ``surrogateescape``) as that
+    byte: a work directory so named was a ``UnicodeEncodeError`` traceback in ``build``, whose
+    narrowed sources and build.ninja name their paths (issue 41, the twenty-third pass)."""
+    return data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+
+
 def write_file(path: Path, data: bytes | str, *, root: Path | None = None, mode: int = 0o644,
                family: type[KvprefetchError] = ConfigError, tmp_name: str | None = None,
                exact: bool = False) -> None:
     """Write ``data`` to ``path`` atomically: a new temporary file in the same directory
     (``O_EXCL | O_NOFOLLOW``), then ``os.replace``. A symlinked destination or parent is refused
     (from ``root`` down, when given)."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
+    payload = _payload(data)
     with open_new(path, root=root, mode=mode, family=family, tmp_name=tmp_name,
                   exact=exact) as f:
         f.write(payload)
@@ -421,7 +428,7 @@ def write_if_changed(path: Path, data: bytes | str, *, root: Path | None = None,
                      mode: int = 0o644, family: type[KvprefetchError] = ConfigError) -> bool:
     """``write_file``, only when ``path`` does not already hold ``data`` (a plain file's bytes
     are compared; a FIFO or a link is never read). True when it wrote."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
+    payload = _payload(data)
     if is_plain_file(path):
         try:
             if read_limited(path, max(len(payload), 1)) == payload:
