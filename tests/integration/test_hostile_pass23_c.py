@@ -17,6 +17,10 @@ without its fix (checked by reverting ``src`` and running it):
   first line (the command as it ran, ``runner.open_log``), then at the narrowed sources, whose
   header names their path (``confine.write_file``). Both now write such a byte as itself, as
   the console does (``surrogateescape``). nvcc itself then fails on such a path (left open).
+  The same strict encoding sent ``report --repeats`` the wrong way: result files whose names
+  are not UTF-8 were "a field the report reads is missing or not what kvprefetch writes
+  (UnicodeEncodeError ...) / To fix: pass a JSON file written by kvprefetch bench or verify,
+  unedited", for unedited files.
 """
 
 from __future__ import annotations
@@ -87,6 +91,20 @@ def test_a_log_and_a_file_naming_a_path_that_is_not_utf8_are_written(tmp_path: P
     for name in ("a.cu", "b.cu"):
         assert (odd / name).read_bytes() == text.encode("utf-8", "surrogateescape")
     assert not write_if_changed(odd / "b.cu", text)  # the same bytes: not written again
+
+
+def test_report_repeats_of_results_whose_names_are_not_utf8_is_written(tmp_path: Path) -> None:
+    result = _REPO / "docs" / "results" / "2026-11-29-h200-l2-bound" / "matrix-aliased.json"
+    odd = os.fsencode(tmp_path) + b"/r\xff.json"
+    with open(odd, "wb") as f:
+        f.write(result.read_bytes())
+    out = tmp_path / "out"
+    res = _kit(tmp_path, "report", "--repeats", "runs", odd, odd, "--out", str(out),
+               "--formats", "md")
+    # without the fix: exit 7, "a field the report reads is missing ... (UnicodeEncodeError"
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "UnicodeEncodeError" not in res.stderr
+    assert b"r\xff.json" in (out / "runs.md").read_bytes()
 
 
 @pytest.mark.parametrize("variant", ["launch", "control"])
