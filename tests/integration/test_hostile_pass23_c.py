@@ -21,6 +21,10 @@ without its fix (checked by reverting ``src`` and running it):
   are not UTF-8 were "a field the report reads is missing or not what kvprefetch writes
   (UnicodeEncodeError ...) / To fix: pass a JSON file written by kvprefetch bench or verify,
   unedited", for unedited files.
+- ``fetch --source DIR`` where DIR holds a file whose name is not UTF-8 (a stray
+  ``csrc/n\xff.cu`` beside an unpacked sdist) was a ``UnicodeEncodeError`` traceback in the
+  source's digest (``hashing.manifest_digest``); it is now the usual "not the complete vLLM
+  v0.10.2 source" (exit 3).
 """
 
 from __future__ import annotations
@@ -105,6 +109,21 @@ def test_report_repeats_of_results_whose_names_are_not_utf8_is_written(tmp_path:
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert "UnicodeEncodeError" not in res.stderr
     assert b"r\xff.json" in (out / "runs.md").read_bytes()
+
+
+def test_a_source_folder_holding_a_name_that_is_not_utf8_is_refused_not_a_traceback(
+        tmp_path: Path, vllm_sdist: Path) -> None:
+    import tarfile
+
+    with tarfile.open(vllm_sdist) as tar:
+        tar.extractall(tmp_path / "src", filter="data")
+    source = tmp_path / "src" / "vllm-0.10.2"
+    with open(os.fsencode(source) + b"/csrc/n\xff.cu", "wb"):
+        pass
+    res = _kit(tmp_path, "fetch", "--workdir", str(tmp_path / "work"), "--source", str(source))
+    assert "Traceback" not in res.stderr, res.stderr  # without the fix: UnicodeEncodeError
+    assert res.returncode == 3, res.stderr
+    assert "not the complete vLLM v0.10.2 source" in res.stderr and "To fix" in res.stderr
 
 
 @pytest.mark.parametrize("variant", ["launch", "control"])
