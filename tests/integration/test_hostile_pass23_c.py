@@ -25,6 +25,11 @@ without its fix (checked by reverting ``src`` and running it):
   ``csrc/n\xff.cu`` beside an unpacked sdist) was a ``UnicodeEncodeError`` traceback in the
   source's digest (``hashing.manifest_digest``); it is now the usual "not the complete vLLM
   v0.10.2 source" (exit 3).
+- Under ``ulimit -f 0``, ``diff-upstream``, ``export-header``, ``build`` and ``doctor`` said
+  "No usable temporary directory found in [...] / To fix: check the path and its file
+  system, then rerun" (Python's temp folder search writes a 4-byte file in each): no path named,
+  and no check of a folder fixes it. The message now names the file-size limit and its fix
+  (``oserrors.describe``).
 """
 
 from __future__ import annotations
@@ -124,6 +129,22 @@ def test_a_source_folder_holding_a_name_that_is_not_utf8_is_refused_not_a_traceb
     assert "Traceback" not in res.stderr, res.stderr  # without the fix: UnicodeEncodeError
     assert res.returncode == 3, res.stderr
     assert "not the complete vLLM v0.10.2 source" in res.stderr and "To fix" in res.stderr
+
+
+def test_no_usable_temp_folder_under_a_file_size_limit_names_the_limit(
+        tmp_path: Path, fetched_workdir: Path) -> None:
+    import resource
+
+    def no_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "export-header", "--workdir",
+                          str(fetched_workdir), "-o", str(tmp_path / "h.cuh")],
+                         env=_env(tmp_path), capture_output=True, text=True,  # type: ignore[arg-type]
+                         timeout=120, check=False, preexec_fn=no_files)
+    assert res.returncode == 4 and "Traceback" not in res.stderr, res.stderr
+    # without the fix: "To fix: check the path and its file system, then rerun"
+    assert "ulimit -f" in res.stderr and "check the path" not in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("variant", ["launch", "control"])
