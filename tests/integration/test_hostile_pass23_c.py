@@ -30,6 +30,10 @@ without its fix (checked by reverting ``src`` and running it):
   system, then rerun" (Python's temp folder search writes a 4-byte file in each): no path named,
   and no check of a folder fixes it. The message now names the file-size limit and its fix
   (``oserrors.describe``).
+- ``export-header -o`` (and every file the kit writes) to a legal name of 236 to 255 bytes
+  failed with "use a shorter path: Linux takes at most 4095 bytes in a whole path and 255 in
+  one name": the kit's own temporary, ``.<name>.tmp-<hex>-<pid>``, was the name too long. The
+  temporary's name is now cut to fit (``confine.open_new``).
 """
 
 from __future__ import annotations
@@ -145,6 +149,16 @@ def test_no_usable_temp_folder_under_a_file_size_limit_names_the_limit(
     assert res.returncode == 4 and "Traceback" not in res.stderr, res.stderr
     # without the fix: "To fix: check the path and its file system, then rerun"
     assert "ulimit -f" in res.stderr and "check the path" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("length", [240, 255])
+def test_a_file_of_a_legal_long_name_is_written(tmp_path: Path, fetched_workdir: Path,
+                                                length: int) -> None:
+    out = tmp_path / "out" / ("h" * (length - 4) + ".cuh")
+    res = _kit(tmp_path, "export-header", "--workdir", str(fetched_workdir), "-o", str(out))
+    # without the fix: exit 4, "use a shorter path: ... 255 in one name of it"
+    assert res.returncode == 0, res.stderr
+    assert out.is_file() and os.listdir(out.parent) == [out.name]
 
 
 @pytest.mark.parametrize("variant", ["launch", "control"])

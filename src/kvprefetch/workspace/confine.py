@@ -287,6 +287,16 @@ def ensure_dir(d: Path, *, root: Path | None = None,
     d.mkdir(parents=True, exist_ok=True)
 
 
+def _tmp_name(name: str) -> str:
+    """``.<name>.tmp-<hex>-<pid>``, ``name`` cut to keep it within one name's 255 bytes: an
+    ``-o`` or report of a legal 250-byte name failed with "use a shorter path: Linux takes at
+    most ... 255 in one name", which the user's name was not (issue 41, the twenty-third
+    hostile pass)."""
+    suffix = f".tmp-{secrets.token_hex(3)}-{os.getpid()}"
+    stem = os.fsencode(name)[:255 - 1 - len(suffix)]
+    return f".{os.fsdecode(stem)}{suffix}"
+
+
 @contextmanager
 def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
              family: type[KvprefetchError] = ConfigError,
@@ -321,7 +331,7 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
         raise family(f"refusing to write {path}: it exists and is {kind_of(existing)}, not a "
                      "regular file, and kvprefetch replaces only regular files",
                      f"write to another path, or move {path} away if it is yours, then rerun")
-    tmp_name = tmp_name or f".{path.name}.tmp-{secrets.token_hex(3)}-{os.getpid()}"
+    tmp_name = tmp_name or _tmp_name(path.name)
     # every act relative to the folder's descriptor: a parent swapped for a symlink after the
     # checks above makes the open fail, and nothing is written behind it
     dfd = open_dir(path.parent, root=root, what="write", family=family)
