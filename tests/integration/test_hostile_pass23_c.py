@@ -34,6 +34,11 @@ without its fix (checked by reverting ``src`` and running it):
   failed with "use a shorter path: Linux takes at most 4095 bytes in a whole path and 255 in
   one name": the kit's own temporary, ``.<name>.tmp-<hex>-<pid>``, was the name too long. The
   temporary's name is now cut to fit (``confine.open_new``).
+- With ``PYTHONIOENCODING=utf-16`` in the user's shell, ``build --kernels-only`` (its dry run
+  too) said "<python> did not answer the torch probe as a Python interpreter with torch does /
+  To fix: pass --torch-from ... an interpreter that has a CUDA build of torch", of the kit's own
+  interpreter, which has one: the probe printed its record in UTF-16. The probe's output is now
+  asked for in UTF-8 (``torch_probe.probe_torch``).
 """
 
 from __future__ import annotations
@@ -159,6 +164,16 @@ def test_a_file_of_a_legal_long_name_is_written(tmp_path: Path, fetched_workdir:
     # without the fix: exit 4, "use a shorter path: ... 255 in one name of it"
     assert res.returncode == 0, res.stderr
     assert out.is_file() and os.listdir(out.parent) == [out.name]
+
+
+def test_a_users_pythonioencoding_never_makes_the_torch_probe_unreadable(
+        tmp_path: Path, fetched_workdir: Path) -> None:
+    assert _kit(tmp_path, "apply", "--workdir", str(fetched_workdir)).returncode == 0
+    res = _kit(tmp_path, "build", "--workdir", str(fetched_workdir), "--dry-run",
+               "--kernels-only", PYTHONIOENCODING="utf-16")
+    # without the fix: exit 5, "did not answer the torch probe as a Python interpreter"
+    assert res.returncode == 0, res.stderr
+    assert "torch probe" not in res.stderr.replace("\x00", "")
 
 
 @pytest.mark.parametrize("variant", ["launch", "control"])
