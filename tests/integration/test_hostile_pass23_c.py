@@ -39,6 +39,9 @@ without its fix (checked by reverting ``src`` and running it):
   To fix: pass --torch-from ... an interpreter that has a CUDA build of torch", of the kit's own
   interpreter, which has one: the probe printed its record in UTF-16. The probe's output is now
   asked for in UTF-8 (``torch_probe.probe_torch``).
+- ``fetch --index-url`` (or ``PIP_INDEX_URL``) holding a byte that is not UTF-8 said "cannot
+  reach the package index ...: UnicodeEncodeError / To fix: check the network": the URL is
+  refused as no URL now (``download.check_index_url``).
 """
 
 from __future__ import annotations
@@ -174,6 +177,22 @@ def test_a_users_pythonioencoding_never_makes_the_torch_probe_unreadable(
     # without the fix: exit 5, "did not answer the torch probe as a Python interpreter"
     assert res.returncode == 0, res.stderr
     assert "torch probe" not in res.stderr.replace("\x00", "")
+
+
+@pytest.mark.parametrize("where", ["--index-url", "PIP_INDEX_URL"])
+def test_an_index_url_that_is_not_utf8_is_refused_not_blamed_on_the_network(
+        tmp_path: Path, where: str) -> None:
+    url = b"http://127.0.0.1:9/\xff/simple"
+    args: list[str | bytes] = ["fetch", "--workdir", str(tmp_path / "w"), "--source", "sdist"]
+    extra: dict[str, str | bytes] = {}
+    if where == "PIP_INDEX_URL":
+        extra["PIP_INDEX_URL"] = url
+    else:
+        args += ["--index-url", url]
+    res = _kit(tmp_path, *args, **extra)
+    # without the fix: exit 3, "cannot reach the package index ... check the network"
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "check the network" not in res.stderr and where in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("variant", ["launch", "control"])
