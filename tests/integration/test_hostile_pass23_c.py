@@ -179,6 +179,18 @@ def test_a_users_pythonioencoding_never_makes_the_torch_probe_unreadable(
     assert "torch probe" not in res.stderr.replace("\x00", "")
 
 
+def test_a_users_pythonioencoding_never_makes_the_environment_probe_unreadable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvprefetch.machine.envs import VenvEnv
+
+    env_path = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_path)], check=True,
+                   timeout=120)
+    monkeypatch.setenv("PYTHONIOENCODING", "utf-16")  # the user's shell, as build inherits it
+    info = VenvEnv(env_path).info()  # without the fix: "did not answer the environment probe"
+    assert os.path.realpath(info["prefix"]) == os.path.realpath(env_path)
+
+
 @pytest.mark.parametrize("where", ["--index-url", "PIP_INDEX_URL"])
 def test_an_index_url_that_is_not_utf8_is_refused_not_blamed_on_the_network(
         tmp_path: Path, where: str) -> None:
