@@ -218,5 +218,7 @@ def manifest_digest(manifest: dict[str, str]) -> str:
     """One sha256 over a manifest (sorted ``path\\0hash\\n`` lines): a whole source's identity."""
     h = hashlib.sha256()
     for path, digest in sorted(manifest.items()):
-        h.update(f"{path}\0{digest}\n".encode())
+        # a name that is not UTF-8 as its bytes: a --source folder holding one was a
+        # UnicodeEncodeError traceback (issue 41, the twenty-third hostile pass)
+        h.update(f"{path}\0{digest}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()

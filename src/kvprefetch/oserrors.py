@@ -75,6 +75,22 @@ def _too_large() -> str:
             "removed")
 
 
+def _no_temp(reason: str) -> tuple[str, str]:
+    """Python's temp folder search found none that takes a small file: "check the path and its
+    file system" named no path, and under ``ulimit -f 0`` (every folder refuses a file of 4
+    bytes) no check of a folder fixes it (issue 41, the twenty-third hostile pass)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY and soft < 4096:
+        cause = (f"{reason}: this process may write no file larger than {soft} bytes "
+                 f"(`ulimit -f` {soft // 1024})")
+        return cause, "raise the limit (`ulimit -f unlimited`), then rerun"
+    cause = f"{reason} (the system temp folder, TMPDIR, takes no new file)"
+    return cause, ("set TMPDIR to a folder of yours with free space that you can write (e.g. "
+                   "export TMPDIR=/tmp), then rerun")
+
+
 _CWD_GONE = (("the current folder no longer exists (it was deleted or moved after the shell "
               "entered it), so no relative path, and no default folder, can be found"),
              "cd into an existing folder (e.g. `cd ~`), then rerun")
@@ -106,6 +122,8 @@ def describe(exc: OSError) -> tuple[str, str]:
     if exc.errno == errno.ENOENT and not os.path.isabs(str(exc.filename or "")) \
             and cwd_gone():
         return _CWD_GONE
+    if exc.errno == errno.ENOENT and str(exc.strerror).startswith("No usable temporary"):
+        return _no_temp(str(exc.strerror))
     where = exc.filename or ""
     if exc.filename2:
         where = f"{exc.filename} -> {exc.filename2}"

@@ -104,7 +104,10 @@ def open_log(path: Path) -> TextIO:
                           "same file under another name, perhaps outside the work directory)",
                           f"move {path} away (kvprefetch makes a new log), then rerun")
     os.set_blocking(fd, True)
-    return open(fd, "a", encoding="utf-8", closefd=True)
+    # a byte of a path that is not UTF-8 (a work directory named so) is written as that byte:
+    # the log's first line, the command as it ran, was a UnicodeEncodeError traceback (issue
+    # 41, the twenty-third hostile pass)
+    return open(fd, "a", encoding="utf-8", errors="surrogateescape", closefd=True)
 
 
 def check_child_tmpdir(child_env: Mapping[str, str]) -> None:

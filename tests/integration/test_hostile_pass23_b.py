@@ -7,7 +7,8 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   name is not UTF-8 (read with ``surrogateescape``), ended in a ``UnicodeEncodeError`` traceback
   at ``confine.write_file``'s encode (1 run each). Now ``write_file`` (and ``write_if_changed``)
   name the character and its line with the fix, in the caller's family (exit 7), nothing
-  written.
+  written; since the merge with tester c's fix a ``\\udc80``-``\\udcff`` escape (a byte of a
+  name) is written as its byte, and the folder's name with it.
 - ``slurm stand-in`` (and every command that finds builds: ``bench kernel``/``ncu``/``decode``,
   ``verify-kernel``, ``slurm publish``) with a kernels-only manifest in ``work/build`` whose
   ``so_path`` is a name past 255 bytes: ``Path.is_file`` raised ENAMETOOLONG, and the command
@@ -101,31 +102,42 @@ def _edit(path: Path, **fields: object) -> None:
     path.write_text(json.dumps(doc))  # ensure_ascii: a lone surrogate as its \u escape
 
 
-@pytest.mark.parametrize("where", ["gpu", "headline", "folder"])
+@pytest.mark.parametrize("where", ["gpu", "headline"])
 def test_an_index_of_text_with_no_utf8_bytes_is_one_message_not_a_traceback(
         tmp_path: Path, where: str) -> None:
     run = _runs(tmp_path)
     if where == "gpu":
         _edit(run / "provenance.json", gpu="H200 \ud800")
-    elif where == "headline":
-        _edit(run / "provenance.json", headline=[{"text": "fast \udcff"}])
-    else:  # a second run in a folder whose name is the byte 0xff
-        other = Path(os.fsdecode(bytes(run.parent) + b"/\xff"))
-        shutil.copytree(run, other)
+    else:
+        _edit(run / "provenance.json", headline=[{"text": "fast \udbff"}])
     out = tmp_path / "results.md"
     res = _kit(tmp_path, "report", "--index", str(run.parent), "--out", str(out))
     text = res.stdout + res.stderr
     assert res.returncode == 7 and "Traceback" not in text, text
-    assert "lone surrogate" in text and "To fix: rename that file or folder" in text, text
+    assert "lone surrogate" in text and "To fix: correct that record" in text, text
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_an_index_of_a_run_folder_whose_name_is_not_utf8_names_it_as_its_bytes(
+        tmp_path: Path) -> None:
+    """A run folder whose name is the byte 0xff (read with ``surrogateescape``) was the same
+    traceback; since the merge with tester c's fix (``confine._encoded``) the index names it by
+    its bytes, as every file the kit writes names a path, so its link leads to the folder."""
+    run = _runs(tmp_path)
+    other = Path(os.fsdecode(bytes(run.parent) + b"/\xff"))
+    shutil.copytree(run, other)
+    out = tmp_path / "results.md"
+    res = _kit(tmp_path, "report", "--index", str(run.parent), "--out", str(out))
+    assert res.returncode == 0 and "Traceback" not in res.stdout + res.stderr, res.stderr
+    assert b"\xff" in out.read_bytes()
 
 
 def test_a_readme_of_text_with_no_utf8_bytes_is_one_message_not_a_traceback(
         tmp_path: Path) -> None:
     timings = tmp_path / "t.json"
     shutil.copy(next((_DOCS / "timings").glob("*.json")), timings)
-    _edit(timings, machine="H200 \udcff")
+    _edit(timings, machine="H200 \ud800")
     readme = tmp_path / "README.md"
     readme.write_text("x\n<!-- timings t.json -->\n<!-- /timings -->\n")
     before = readme.read_bytes()

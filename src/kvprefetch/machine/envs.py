@@ -41,10 +41,13 @@ from .torch_probe import probe_answer
 MARKER = ".kvprefetch-env.json"
 
 # Removed from every child environment: they make the env's python import foreign code, run a
-# foreign startup file, or make pip install somewhere else than the env.
+# foreign startup file, or make pip install somewhere else than the env. PYTHONIOENCODING: the
+# kit reads what those pythons print (the environment probe's record); a user's utf-16 made
+# `build` say its own interpreter was none (issue 41, the twenty-third hostile pass).
 ISOLATION_STRIP = (
     "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONEXECUTABLE", "PYTHONUSERBASE",
-    "__PYVENV_LAUNCHER__", "PIP_USER", "PIP_TARGET", "PIP_PREFIX", "PIP_ROOT",
+    "PYTHONIOENCODING", "__PYVENV_LAUNCHER__", "PIP_USER", "PIP_TARGET", "PIP_PREFIX",
+    "PIP_ROOT",
 )
 # Activation state of venv/uv and conda. Each backend sets its own and drops the rest.
 VENV_VARS = ("VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT")

@@ -44,8 +44,11 @@ def probe_script(name: str) -> Path:
 
 
 def probe_torch(python: str, env: dict[str, str], log: Path | None = None) -> TorchInfo:
-    res = run([python, str(probe_script("torch_info.py"))], env=env, log=log, echo=False,
-              check=False, cwd="/")
+    # the record is read as UTF-8: a user's PYTHONIOENCODING (utf-16) made the probe's output
+    # unreadable and the interpreter "not a Python with torch" (issue 41, the twenty-third pass)
+    res = run([python, str(probe_script("torch_info.py"))],
+              env={**env, "PYTHONIOENCODING": "utf-8"}, log=log, echo=False, check=False,
+              cwd="/")
     if res.returncode != 0:
         raise BuildError(f"{python} cannot import torch (needed to compile against it): "
                          + _last_words(res.output),

@@ -40,6 +40,7 @@ from .values import (
     check_slurm_value,
     check_source,
     check_task_shapes,
+    check_utf8,
     check_words,
 )
 
@@ -183,6 +184,13 @@ class Campaign:
         from ..workspace.workdir import check_tree_name
 
         check_campaign_path(self.root)
+        for what, value in (("--python", self.python), ("--source", self.source),
+                            ("the kit's checkout", self.kit_root)):
+            if isinstance(value, str):
+                check_utf8(what, value)
+        if isinstance(self.path, str):
+            check_utf8("PATH", self.path, "take the folder whose name is not UTF-8 out of PATH "
+                       "(or rename it), then plan again")
         check_words("a campaign value", [self.python, self.kit_root, self.path, self.source,
                                          self.arch, self.kit_version, self.kit_commit or "",
                                          *self.build_args,

@@ -118,6 +118,20 @@ def check_words(what: str, values: Sequence[str]) -> None:
         if not isinstance(v, str) or has_control(v):
             raise ConfigError(f"{what} {v!r} holds a control character (or is not text)",
                               f"pass {what} without newlines or other control characters")
+        check_utf8(what, v)
+
+
+def check_utf8(what: str, value: str, fix: str | None = None) -> None:
+    """A value bound for a script is UTF-8 text: a path's byte that is not (Python's
+    ``surrogateescape``) cannot be written into one. ``--scratch``, ``--source`` or ``--python``
+    naming such a path was a ``UnicodeEncodeError`` traceback half-way through ``slurm plan``
+    (issue 41, the twenty-third hostile pass)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{what} {value!r} is not UTF-8 text: a job script cannot hold it",
+                          fix or f"rename the folder or file {what} names to a UTF-8 name (or "
+                          "link a UTF-8 name to it), then plan again") from None
 
 
 # --cpus-per-build is sbatch's --cpus-per-task for a build job and its MAX_JOBS (parallel nvcc
@@ -152,6 +166,7 @@ def check_scratch(scratch: str, root: str) -> str:
     if not isinstance(scratch, str) or not scratch.startswith(("/", "$")) \
             or any(c in scratch for c in _SCRATCH_FORBIDDEN) or has_control(scratch):
         raise ConfigError(f"--scratch {scratch!r} is not node or an absolute folder", fix)
+    check_utf8("--scratch", scratch)
     if "$" in SCRATCH_VARIABLE.sub("", scratch):
         raise ConfigError(f"--scratch {scratch!r} uses $ for more than naming a variable "
                           "($NAME or ${NAME}): the build job's shell would run the rest "

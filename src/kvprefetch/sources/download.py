@@ -128,7 +128,10 @@ def check_index_url(url: str | None, option: str = "--index-url") -> str | None:
     parsed = urllib.parse.urlparse(url)
     ok = (parsed.scheme in ("http", "https") and bool(parsed.netloc)) or \
         (parsed.scheme == "file" and bool(parsed.path))
-    if not ok or any(ord(c) < 0x20 or c == "\x7f" or c.isspace() for c in url):
+    # a byte that is not UTF-8 (surrogateescape) was "cannot reach the package index:
+    # UnicodeEncodeError / To fix: check the network" (issue 41, the twenty-third pass)
+    if not ok or any(ord(c) < 0x20 or c == "\x7f" or c.isspace() or 0xDC80 <= ord(c) <= 0xDCFF
+                     for c in url):
         how = ("pass" if option.startswith("--") else
                "set PIP_INDEX_URL (or unset it) to" if option == "PIP_INDEX_URL" else
                "set pip's global.index-url (`pip config set global.index-url URL`) to")

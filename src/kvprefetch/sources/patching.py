@@ -463,7 +463,9 @@ def export_header(workdir: Path, output: Path, variant: str = "prefetch") -> Pat
     with ownership.scratch_dir(wd.root, "export-header", read_only=True) as td:
         t = td / "t"
         write_file(t / upstream.ATTENTION_HEADER, pristine, family=PatchError)
-        if not _git_apply(t, header_patches):
+        # launch and control change only the launchers: their header is stock (no patch to
+        # apply; `git apply` of no file reads its standard input, /dev/null, and failed)
+        if header_patches and not _git_apply(t, header_patches):
             raise PatchError(f"the {variant} patch does not apply to pristine v0.10.2",
                              "reinstall kvprefetch from a clean checkout")
         _git_made_only(t, [upstream.ATTENTION_HEADER], variant)

@@ -303,6 +303,16 @@ def ensure_dir(d: Path, *, root: Path | None = None,
     d.mkdir(parents=True, exist_ok=True)
 
 
+def _tmp_name(name: str) -> str:
+    """``.<name>.tmp-<hex>-<pid>``, ``name`` cut to keep it within one name's 255 bytes: an
+    ``-o`` or report of a legal 250-byte name failed with "use a shorter path: Linux takes at
+    most ... 255 in one name", which the user's name was not (issue 41, the twenty-third
+    hostile pass)."""
+    suffix = f".tmp-{secrets.token_hex(3)}-{os.getpid()}"
+    stem = os.fsencode(name)[:255 - 1 - len(suffix)]
+    return f".{os.fsdecode(stem)}{suffix}"
+
+
 @contextmanager
 def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
              family: type[KvprefetchError] = ConfigError,
@@ -337,7 +347,7 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
         raise family(f"refusing to write {path}: it exists and is {kind_of(existing)}, not a "
                      "regular file, and kvprefetch replaces only regular files",
                      f"write to another path, or move {path} away if it is yours, then rerun")
-    tmp_name = tmp_name or f".{path.name}.tmp-{secrets.token_hex(3)}-{os.getpid()}"
+    tmp_name = tmp_name or _tmp_name(path.name)
     # every act relative to the folder's descriptor: a parent swapped for a symlink after the
     # checks above makes the open fail, and nothing is written behind it
     dfd = open_dir(path.parent, root=root, what="write", family=family)
@@ -444,22 +454,24 @@ def write_file(path: Path, data: bytes | str, *, root: Path | None = None, mode:
 
 
 def _encoded(path: Path, data: bytes | str, family: type[KvprefetchError]) -> bytes:
-    """``data`` as the UTF-8 bytes to write to ``path``. Text holding a lone surrogate (a
-    ``\\ud800`` escape in a JSON record it was made from, or a file name that is not UTF-8
-    read with ``surrogateescape``) has no UTF-8 bytes: it was a ``UnicodeEncodeError``
-    traceback in ``report --index`` and ``--readme`` (issue 41, the twenty-third hostile
-    pass). Now ``family``'s error naming the character, nothing written."""
+    """``data`` as the bytes to write to ``path``: UTF-8, and a byte of a name that is not UTF-8
+    (read with Python's ``surrogateescape``) as that byte, so a file names a path as it is on
+    disk (a work directory so named was a ``UnicodeEncodeError`` traceback in ``build``, whose
+    log, narrowed sources and build.ninja name their paths; issue 41, the twenty-third hostile
+    pass, tester c). Any other lone surrogate (a ``\\ud800`` escape in a JSON record the text is
+    made of) has no bytes at all: it was a traceback in ``report --index`` and ``--readme``
+    (tester b), and is now ``family``'s error naming the character, nothing written."""
     if not isinstance(data, str):
         return data
     try:
-        return data.encode("utf-8")
+        return data.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError as exc:
         line = data.count("\n", 0, exc.start) + 1
         raise family(f"cannot write {path}: its text holds {data[exc.start]!r} (line {line}), "
-                     "a lone surrogate, which UTF-8 cannot encode: it came from a file name "
-                     "that is not UTF-8 or from a \\u escape in a JSON record this text is "
-                     "made of", "rename that file or folder, or correct that record (its "
-                     "text as UTF-8), and run the command again; nothing was written") from None
+                     "a lone surrogate, which no encoding can write: it came from a \\u "
+                     "escape in a JSON record this text is made of",
+                     "correct that record (its text as UTF-8), and run the command again; "
+                     "nothing was written") from None
 
 
 def write_if_changed(path: Path, data: bytes | str, *, root: Path | None = None,
