@@ -70,20 +70,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_hostile_pass22_b import _kit
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
 
 _SRC = Path(__file__).resolve().parents[2] / "src"
 _DOCS = Path(__file__).resolve().parents[2] / "docs"
-
-
-def _kit(tmp_path: Path, *args: str, timeout: float = 120,
-         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
-    full.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), HOME=str(tmp_path), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=full, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def _runs(tmp_path: Path) -> Path:

@@ -58,19 +58,11 @@ import pytest
 
 from tests.integration.test_hostile_pass18_e import _fake_lib
 from tests.integration.test_hostile_pass20_d import _SRC, _fake_sbatch, _plan, _run
+from tests.integration.test_hostile_pass22_d import _dry_run
 from tests.integration.test_job_env import _submit_env
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
-
-
-def _dry_run(tmp_path: Path, camp: Path, **extra: str) -> subprocess.CompletedProcess[str]:
-    bin_dir = tmp_path / "slurm-bin"
-    if not bin_dir.exists():
-        _fake_sbatch(tmp_path)
-    return subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp),
-                           "--dry-run"], env=_submit_env(tmp_path, bin_dir, **extra),
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_a_library_path_through_a_link_in_the_campaign_is_refused_at_submit(
