@@ -16,6 +16,7 @@ checked for what it can do."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -385,6 +386,39 @@ def _loader_expansions(entry: str) -> list[str]:
     return out
 
 
+# glibc's loader looks for a library in subfolders of each LD_LIBRARY_PATH entry before the
+# entry itself: `glibc-hwcaps/<level>` (x86-64-v2 to v4, ...), and up to 2.36 `tls/`, the
+# platform's (`x86_64/`, `haswell/`) and combinations (`tls/x86_64/x86_64/`). Only the entry
+# was checked, so `LD_LIBRARY_PATH=~/lib` with the campaign at `~/lib/x86_64` (or one of those
+# subfolders a link into it) passed submit and the job's own check, and the merge job's bash
+# loaded a `libtinfo.so.6` planted in the campaign, as its later programs would (issue 41, the
+# twenty-fourth hostile pass). The first parts of those subfolders; what lies under them, up
+# to two more levels, is checked as it is found. The node's machine name (bash's $HOSTTYPE)
+# is added by the job's own check (shell.KEEP_OUTSIDE_SH).
+LOADER_SUBFOLDERS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "xeon_phi", "avx512_1",
+                     "i686", "aarch64")
+
+
+def loader_subfolders(entry: str) -> list[str]:
+    """The folders under the library folder ``entry`` (read from ``/``) that the loader may
+    search and that are something now (a link included): each of ``LOADER_SUBFOLDERS`` and of
+    the uname machine's name, and what is under it, two levels down at most."""
+    base = os.path.join("/", entry)
+    found: list[str] = []
+    for first in dict.fromkeys((*LOADER_SUBFOLDERS, os.uname().machine)):
+        level = [os.path.join(base, first)]
+        for _ in range(3):
+            level = [p for p in level if os.path.lexists(p)]
+            found += level
+            nxt: list[str] = []
+            for p in level:
+                if os.path.isdir(p):  # through a link too: the loader follows it
+                    with contextlib.suppress(OSError):
+                        nxt += sorted(os.path.join(p, n) for n in os.listdir(p))
+            level = nxt[:256]
+    return found
+
+
 def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, str]]:
     """``(name, entry)`` of each ``START_ENV`` entry that is in the campaign ``campaign`` (a
     resolved path), by path, through links, or by device and inode (a bind mount). A relative
@@ -400,6 +434,8 @@ def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, 
                 continue
             spelled = [entry] if name in _EXPANDED else list(
                 dict.fromkeys(_loader_expansions(entry)))
+            if name == "LD_LIBRARY_PATH":
+                spelled = [*spelled, *(s for e in spelled for s in loader_subfolders(e))]
             checks += len(spelled)
             if checks > MAX_SPELLINGS:
                 _too_many_spellings(name)
@@ -432,8 +468,9 @@ def check_start_env(environ: Mapping[str, str], campaign: Path) -> None:
         named = ", ".join(f"{name}={entry!r}" for name, entry in found[:5])
         raise ConfigError(
             f"{named} in this shell is in the campaign {campaign} (or "
-            "reached through a link in it): sbatch passes it on, and the "
-            "job's bash would load it before the script's first line (no line of the script "
-            "can leave it out), running whatever is there as you",
+            "reached through a link in it, or a library folder with the campaign in a "
+            "subfolder the loader searches: glibc-hwcaps/*, tls, x86_64, ...): sbatch passes "
+            "it on, and the job's bash would load it before the script's first line (no line "
+            "of the script can leave it out), running whatever is there as you",
             f"unset {' '.join(sorted({n for n, _ in found}))} (or point it outside the "
             "campaign) in this shell, then submit again")

@@ -9,6 +9,8 @@ attack shaped it. Pure text: nothing here runs."""
 
 from __future__ import annotations
 
+from .job_env import LOADER_SUBFOLDERS
+
 # A build job's scratch folder must be outside the campaign (values.check_scratch says why) as
 # the job's shell expands it: `$PWD/s` (the job starts in the campaign), a relative `$VAR` (a
 # relative folder is in the campaign) or a node TMPDIR set to a folder in the campaign passed
@@ -177,6 +179,22 @@ KEEP_OUTSIDE_SH = (
     '  RESOLVED=$r$rest; RESOLVED=${RESOLVED:-/}',
     '  if [ -n "$rest" ] && { [ -e "$r/$f" ] || [ -L "$r/$f" ]; }; then return 1; fi',
     '}',
+    # glibc's loader looks for a library in subfolders of each LD_LIBRARY_PATH entry before
+    # the entry itself (job_env.LOADER_SUBFOLDERS: `glibc-hwcaps/x86-64-v3`, `tls`, `x86_64`,
+    # ...): with the campaign at `~/lib/x86_64`, `LD_LIBRARY_PATH=~/lib` was kept, and every
+    # program of the job loaded what the campaign's writer planted there (issue 41, the
+    # twenty-fourth hostile pass). Each of those that is a folder is checked as the entry is;
+    # a link to nothing there yet drops the entry as well (whoever it leads to could make it).
+    "loader_reaches_campaign() {  # a subfolder of library folder $1 the loader searches",
+    '  local s p',
+    f'  for s in {" ".join(LOADER_SUBFOLDERS)} "$HOSTTYPE"; do',
+    '    for p in "$1/$s" "$1/$s"/* "$1/$s"/*/*; do',
+    '      if [ -d "$p" ] && reaches_campaign "$p"; then return 0; fi',
+    '      if [ -L "$p" ] && [ ! -e "$p" ]; then return 0; fi',
+    '    done',
+    '  done',
+    '  return 1',
+    '}',
     "keep_outside() {  # the variable named $1, less its entries in or reaching the campaign",
     '  local rest e kept= cut=:',
     '  rest=${!1-}',
@@ -198,6 +216,7 @@ KEEP_OUTSIDE_SH = (
     # there (issue 41, the twenty-second hostile pass). LD_LIBRARY_PATH keeps none ($ in cut).
     '    case "$e" in *["$cut"]*) continue;; esac',
     '    if reaches_campaign "$e" || ! pin_folder "$e"; then continue; fi',
+    '    if [ "$1" = LD_LIBRARY_PATH ] && loader_reaches_campaign "$RESOLVED"; then continue; fi',
     '    case "$RESOLVED" in *["$cut"]*) continue;; esac',
     '    kept=${kept:+$kept:}$RESOLVED',
     '  done',
@@ -245,6 +264,13 @@ _RELATIVE_MSG = (
     ' folder it runs in (the kit runs in /, the job in the campaign), so it can name a folder'
     ' in the campaign. To fix: submit the campaign with $v set to an absolute folder outside'
     ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
+_ZONE_FOLDER = "/usr/share/zoneinfo"  # glibc's, as job_env._ZONE_FOLDER (TZDIR is not passed)
+_FILE_MSG = (
+    'echo "refusing to run: $v=${!v} names a file in the campaign $CAMPAIGN_AT (by its name,'
+    ' through a link or a bind mount of it, as this node sees it), or through /proc, which the'
+    ' job\'s programs read (TZ: every Python as it starts), where whoever can write the campaign'
+    ' could put a file of their own or a FIFO that blocks them. To fix: submit the campaign with'
+    ' $v set to a file outside it (e.g. export TZ=UTC), or unset it" >&2; exit 2')
 TEMP_OUTSIDE_SH = (
     "for v in TMPDIR HOME CUDA_HOME CUDA_PATH; do",
     '  case "${!v:-}" in',
@@ -267,6 +293,45 @@ TEMP_OUTSIDE_SH = (
     '    printf -v "$v" %s "$RESOLVED"; export "${v?}";;',
     '  esac',
     "done",
+    # The files the job's programs read by a passed value's path, checked as the folders above
+    # are: every Python of the job reads TZ's zone file as it starts (glibc's tzset: the value
+    # less a leading ':', a relative one under the zone folder), the prepare job's download
+    # the certificates. Submit checked them on its own machine only, so a TZ in a bind mount
+    # of the campaign that only the node has (a container's view, a second mount point)
+    # passed, and a FIFO the campaign's writer put at the zone's name had the merge job's
+    # Python block before its first instruction until Slurm's time limit (issue 41, the
+    # twenty-fourth hostile pass; the twenty-second found the FIFO, and fixed it at submit).
+    # A relative certificate is read from / (the kit's folder).
+    "file_reaches_campaign() {  # the file $1 (absolute), by its folders or its link's target",
+    '  local f',
+    '  if reaches_campaign "$1"; then return 0; fi',
+    '  if [ -L "$1" ]; then',
+    '    f=$(readlink -f -- "$1") || return 0',
+    '    reaches_campaign "$f"; return',
+    '  fi',
+    '  return 1',
+    '}',
+    "for v in TZ SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE CURL_CA_BUNDLE PIP_CERT \\",
+    "    PIP_CLIENT_CERT; do",
+    '  rest=${!v-}',
+    '  if [ "$v" = TZ ]; then',
+    '    rest=${rest#:}',
+    f'    case "$rest" in ""|/*) ;; *) rest={_ZONE_FOLDER}/$rest;; esac',
+    '  fi',
+    # OpenSSL reads SSL_CERT_DIR as a ':'-separated list of folders, the others as one path
+    '  if [ "$v" = SSL_CERT_DIR ]; then rest=$rest:; fi',
+    '  while [ -n "$rest" ]; do',
+    '    if [ "$v" = SSL_CERT_DIR ]; then e=${rest%%:*}; rest=${rest#*:}; else e=$rest; rest=; fi',
+    '    case "$e" in "") continue;; /*) ;; *) e=/$e;; esac',
+    '    if too_deep "$e"; then',
+    ('      echo "refusing to run: $v names a file more than'
+     f' {MAX_PARTS} folders deep, more than kvprefetch follows to check it is outside the'
+     ' campaign. To fix: submit the campaign with $v set to a file by a shorter path, or'
+     ' unset it" >&2; exit 2'),
+    '    fi',
+    f'    if file_reaches_campaign "$e"; then {_FILE_MSG}; fi',
+    '  done',
+    'done',
     # the build's host compiler: a shell fragment the build's ninja runs, so plain words only
     # (job_env.CXX_VALUE, checked by submit: `g++ -B$KVPREFETCH_CAMPAIGN` ran a planted cc1plus)
     r'case "${CXX:-}" in *[!A-Za-z0-9_.,+=:@%/\ -]*)',

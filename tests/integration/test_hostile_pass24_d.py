@@ -1,0 +1,172 @@
+"""Issue 41, the twenty-fourth hostile pass (tester d: the generated job scripts as they run on
+a node, and the jobs' environment allow-list, ``slurm/job_env.py``). Each test fails without
+its fix (checked by reverting ``src`` and running it):
+
+- glibc's loader looks for a library in subfolders of each ``LD_LIBRARY_PATH`` entry before
+  the entry itself: ``glibc-hwcaps/x86-64-v4`` to ``v2``, and (glibc up to 2.36, this
+  machine's) ``tls/``, ``x86_64/`` and their combinations (``LD_DEBUG=libs`` lists them).
+  Submit and the job checked only the entry, so ``LD_LIBRARY_PATH=~/lib`` with the campaign at
+  ``~/lib/x86_64`` (or ``~/lib/tls``, ``~/lib/glibc-hwcaps/x86-64-v2``) passed submit, and the
+  merge job's bash loaded a ``libtinfo.so.6`` planted in the campaign before its first line
+  (3 runs of 3, one per subfolder); the job kept the entry too, so every later program (``mv``
+  writing the exit record) loaded from there as well. Now submit refuses an entry with a
+  subfolder the loader searches in (or through a link into) the campaign, and the job drops
+  such an entry.
+- The job checked ``TMPDIR``, ``HOME``, ``CUDA_HOME`` and ``CUDA_PATH`` again as the node sees
+  them (a bind mount of the campaign there, a link made after submit), but not the files the
+  job's programs read by a passed value: ``TZ`` (every Python reads the zone file as it starts)
+  and the certificates. A ``TZ`` naming a zone in a bind mount of the campaign that the node
+  has and the submitting machine does not passed submit, and a FIFO the campaign's writer put
+  at the zone's name had the merge job's Python block before its first instruction (killed
+  after 20 s; a real job waits out Slurm's time limit: hang, 1 run of 1). Now the job checks
+  those files as it checks the folders, and refuses with a fix.
+
+Slurm is absent: the job scripts are run by bash as Slurm runs them (from ``/``, with the
+environment given); the node's own bind mount is made with ``mount --bind`` after submit's
+check (root only: skipped elsewhere)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass18_e import _fake_lib, _fake_libacl
+from tests.integration.test_hostile_pass20_d import _fake_sbatch, _plan, _run
+from tests.integration.test_job_env import _submit_env
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+
+def _dry_run(tmp_path: Path, camp: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "slurm-bin"
+    if not bin_dir.exists():
+        _fake_sbatch(tmp_path)
+    return subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp),
+                           "--dry-run"], env=_submit_env(tmp_path, bin_dir, **extra),
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+_SUBFOLDERS = ["x86_64", "tls", "glibc-hwcaps/x86-64-v2", "tls/x86_64/x86_64"]
+
+
+@pytest.mark.parametrize("sub", [*_SUBFOLDERS, "link"])
+def test_submit_refuses_a_library_folder_holding_the_campaign_where_the_loader_looks(
+        tmp_path: Path, outside: Path, sub: str) -> None:
+    """The campaign at a subfolder of an ``LD_LIBRARY_PATH`` entry that the loader searches
+    (or that subfolder the user's link to it): submit refuses, exit 2, naming the value, with
+    a fix. Without the check, the job's bash loaded the campaign's ``libtinfo.so.6``."""
+    lib = tmp_path / "lib"
+    camp = lib / "camp" if sub == "link" else lib / sub
+    camp.parent.mkdir(parents=True, exist_ok=True)
+    _plan(tmp_path, camp)
+    if sub == "link":
+        (lib / "glibc-hwcaps").mkdir()
+        (lib / "glibc-hwcaps" / "x86-64-v3").symlink_to(camp)
+    res = _dry_run(tmp_path, camp, LD_LIBRARY_PATH=f"/usr/lib:{lib}")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"LD_LIBRARY_PATH='{lib}'" in res.stderr, res.stderr
+    assert "subfolder the loader searches" in res.stderr, res.stderr
+    assert "To fix: unset LD_LIBRARY_PATH" in res.stderr, res.stderr
+    # the same value without the campaign where the loader looks passes
+    assert _dry_run(tmp_path, camp, LD_LIBRARY_PATH="/usr/lib").returncode == 0
+
+
+def test_what_was_at_stake_the_jobs_bash_loads_from_such_a_subfolder(
+        tmp_path: Path, outside: Path) -> None:
+    """The attack itself (nothing a script can do once bash has started: submit is the
+    check): the merge job run with the campaign at ``LD_LIBRARY_PATH``'s ``x86_64/`` loads
+    the campaign's ``libtinfo.so.6``."""
+    bad = tmp_path / "loaded-by-the-job"
+    fake = _fake_lib(tmp_path, "bash", "libtinfo.so.6", bad)
+    if fake is None:
+        pytest.skip("no C compiler, or this bash does not link libtinfo.so.6")
+    lib = tmp_path / "lib"
+    camp = lib / "x86_64"
+    lib.mkdir()
+    _plan(tmp_path, camp)
+    shutil.copy(fake, camp / "libtinfo.so.6")
+    _run(tmp_path, camp, "40-merge.sbatch", LD_LIBRARY_PATH=str(lib))
+    assert bad.exists(), "the attack no longer works here: the test proves nothing"
+
+
+@pytest.mark.parametrize("sub", _SUBFOLDERS)
+def test_the_job_drops_a_library_folder_holding_the_campaign_where_the_loader_looks(
+        tmp_path: Path, outside: Path, sub: str) -> None:
+    """The job's own check, for an sbatch by hand or a node that sees the folders otherwise:
+    the entry is dropped, so ``mv`` (the exit record's rename) never loads a ``libacl.so.1``
+    planted in the campaign; the job runs on and records its end."""
+    bad = tmp_path / "loaded-by-mv"
+    fake = _fake_libacl(tmp_path, bad)
+    if fake is None:
+        pytest.skip("no C compiler, or this mv does not link libacl.so.1")
+    lib = tmp_path / "lib"
+    camp = lib / sub
+    camp.parent.mkdir(parents=True)
+    _plan(tmp_path, camp)
+    shutil.copy(fake, camp / "libacl.so.1")
+    res = _run(tmp_path, camp, "40-merge.sbatch", LD_LIBRARY_PATH=f"{lib}:/usr/lib")
+    assert not bad.exists(), "mv loaded a library planted in the campaign:\n" + res.stderr
+    assert (camp / "logs" / "merge-7.exit").read_text().strip() == str(res.returncode)
+
+
+def _bind(source: Path, alias: Path) -> None:
+    alias.mkdir()
+    res = subprocess.run(["mount", "--bind", str(source), str(alias)], capture_output=True,
+                         text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {res.stderr.strip()}")
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("TZ", ":{alias}/zone"), ("TZ", "../../..{alias}/zone"),
+    ("SSL_CERT_DIR", "/etc/ssl/certs:{alias}"), ("PIP_CERT", "{alias}/zone"),
+])
+def test_the_job_refuses_a_file_in_a_bind_mount_of_the_campaign_only_the_node_has(
+        tmp_path: Path, outside: Path, name: str, value: str) -> None:
+    """Submit passes the value (no such mount where it runs); on the node the path is a bind
+    mount of the campaign with a FIFO at the zone's name. The job refuses, exit 2, with a fix,
+    at once, and records its end; before, its Python blocked on the FIFO for good."""
+    camp, alias = tmp_path / "camp", tmp_path / "alias"
+    _plan(tmp_path, camp)
+    os.mkfifo(camp / "zone")
+    val = value.format(alias=alias)
+    assert _dry_run(tmp_path, camp, **{name: val}).returncode == 0
+    _bind(camp, alias)
+    try:
+        res = subprocess.run(["bash", str(camp / "scripts" / "40-merge.sbatch")],
+                             env={"HOME": str(tmp_path), "SLURM_JOB_ID": "7",
+                                  "PATH": "/usr/bin:/bin", name: val},
+                             capture_output=True, text=True, timeout=30, check=False, cwd="/")
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the job's Python blocked on the FIFO {name} names (hang)")
+    finally:
+        # a reader blocked on the FIFO (the job's Python, left by the timeout) reads its end
+        with contextlib.suppress(OSError):
+            os.close(os.open(camp / "zone", os.O_WRONLY | os.O_NONBLOCK))
+        subprocess.run(["umount", "-l", str(alias)], check=False)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"refusing to run: {name}={val} names a file in the campaign" in res.stderr
+    assert "To fix: submit the campaign with" in res.stderr
+    assert (camp / "logs" / "merge-7.exit").read_text() == "2\n"
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("TZ", "UTC"), ("TZ", ":Europe/Paris"), ("TZ", "EST5EDT"), ("TZ", "<+03>-3"), ("TZ", ""),
+    ("SSL_CERT_DIR", "/etc/ssl/certs:/usr/lib/ssl/certs"), ("PIP_CERT", "etc/ssl/x.pem"),
+])
+def test_ordinary_zones_and_certificates_pass_the_jobs_check(
+        tmp_path: Path, outside: Path, name: str, value: str) -> None:
+    """What a user sets: the job goes past the check (the merge then fails on its missing
+    bench result, as with no value at all)."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    res = _run(tmp_path, camp, "40-merge.sbatch", **{name: value})
+    assert "refusing to run" not in res.stderr, res.stderr
+    assert "report" in res.stderr
