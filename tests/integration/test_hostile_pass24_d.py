@@ -21,6 +21,13 @@ its fix (checked by reverting ``src`` and running it):
   after 20 s; a real job waits out Slurm's time limit: hang, 1 run of 1). Now the job checks
   those files as it checks the folders, and refuses with a fix.
 
+- ``kit_info`` (the kit's version and commit, recorded by ``slurm plan``, ``bench kernel`` and
+  every bench task of a campaign) ran ``git status`` in the kit's checkout, which refreshes
+  that checkout's index as it reads it: ``.git/index`` was rewritten (under ``index.lock``)
+  by a plan whose kit files had new times, a file outside any work directory or campaign
+  (1 run of 1), and a user's ``git commit`` there at that moment would fail on the lock. Now
+  git runs with ``GIT_OPTIONAL_LOCKS=0`` and writes nothing.
+
 Slurm is absent: the job scripts are run by bash as Slurm runs them (from ``/``, with the
 environment given); the node's own bind mount is made with ``mount --bind`` after submit's
 check (root only: skipped elsewhere)."""
@@ -37,7 +44,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_hostile_pass18_e import _fake_lib, _fake_libacl
-from tests.integration.test_hostile_pass20_d import _fake_sbatch, _plan, _run
+from tests.integration.test_hostile_pass20_d import _SRC, _fake_sbatch, _plan, _run
 from tests.integration.test_job_env import _submit_env
 from tests.integration.test_reliability import outside
 
@@ -170,3 +177,30 @@ def test_ordinary_zones_and_certificates_pass_the_jobs_check(
     res = _run(tmp_path, camp, "40-merge.sbatch", **{name: value})
     assert "refusing to run" not in res.stderr, res.stderr
     assert "report" in res.stderr
+
+
+def test_planning_never_rewrites_the_kits_own_git_index(tmp_path: Path, outside: Path) -> None:
+    """A checkout of the kit (its sources, committed) whose files have newer times than its
+    index: ``slurm plan`` run from it reads its commit and leaves ``.git/index`` byte for
+    byte as it was."""
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("no git")
+    kit = tmp_path / "kit"
+    shutil.copytree(_SRC, kit / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    ident = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for args in (["init", "-q"], ["add", "-A"], [*ident, "commit", "-qm", "kit"]):
+        subprocess.run([git, "-C", str(kit), *args], check=True, capture_output=True)
+    index = kit / ".git" / "index"
+    before = index.read_bytes()
+    later = index.stat().st_mtime + 5
+    for f in (kit / "src").rglob("*.py"):
+        os.utime(f, (later, later))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM",
+                                                                     "GIT_"))}
+    env.update(PYTHONPATH=str(kit / "src"), TMPDIR=str(tmp_path), HOME=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan",
+                          str(tmp_path / "camp"), "--stand-in", "--batch", "1"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert index.read_bytes() == before, "slurm plan rewrote the kit checkout's git index"
