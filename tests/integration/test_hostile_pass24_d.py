@@ -21,6 +21,12 @@ its fix (checked by reverting ``src`` and running it):
   after 20 s; a real job waits out Slurm's time limit: hang, 1 run of 1). Now the job checks
   those files as it checks the folders, and refuses with a fix.
 
+- ``CUDA_HOME`` and ``CUDA_PATH`` were checked to be outside the campaign, not to be free of
+  it: ``CUDA_HOME=~/cu`` with the campaign at ``~/cu/bin`` passed submit and the job, and the
+  build job (the real one: sdist unpacked, kernels compiled by the kit's ninja) ran the
+  ``nvcc`` planted in the campaign for each kernel (1 run of 1; stopped after six). Now submit
+  and the job refuse a toolkit folder that holds the campaign, or whose ``bin``, ``nvvm``,
+  ``include``, ``targets``, ``lib64`` or ``lib`` reaches it.
 - ``kit_info`` (the kit's version and commit, recorded by ``slurm plan``, ``bench kernel`` and
   every bench task of a campaign) ran ``git status`` in the kit's checkout, which refreshes
   that checkout's index as it reads it: ``.git/index`` was rewritten (under ``index.lock``)
@@ -177,6 +183,34 @@ def test_ordinary_zones_and_certificates_pass_the_jobs_check(
     res = _run(tmp_path, camp, "40-merge.sbatch", **{name: value})
     assert "refusing to run" not in res.stderr, res.stderr
     assert "report" in res.stderr
+
+
+@pytest.mark.parametrize(("name", "how"), [("CUDA_HOME", "bin"), ("CUDA_PATH", "include"),
+                                           ("CUDA_HOME", "link")])
+def test_a_cuda_toolkit_folder_holding_the_campaign_is_refused(
+        tmp_path: Path, outside: Path, name: str, how: str) -> None:
+    """The campaign at the toolkit's ``bin`` (or ``include``), or the toolkit's ``lib64`` a
+    link of the user's to it: submit refuses (exit 2, naming the value, with a fix), and the
+    build job run anyway refuses before it fetches or builds anything, recording its end; the
+    ``nvcc`` planted in the campaign never runs."""
+    cu, bad = tmp_path / "cu", tmp_path / "nvcc-ran"
+    camp = tmp_path / "camp" if how == "link" else cu / how
+    cu.mkdir()
+    _plan(tmp_path, camp)
+    if how == "link":
+        (cu / "lib64").symlink_to(camp)
+    (camp / "nvcc").write_text(f"#!/bin/sh\necho ran >> {bad}\n")
+    (camp / "nvcc").chmod(0o755)
+    res = _dry_run(tmp_path, camp, **{name: str(cu)})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"{name}='{cu}' in this shell holds the campaign" in res.stderr, res.stderr
+    assert f"To fix: point {name} at the CUDA toolkit itself" in res.stderr, res.stderr
+    assert _dry_run(tmp_path, camp, **{name: "/usr/local/cuda"}).returncode == 0
+    res = _run(tmp_path, camp, "10-build-baseline.sbatch", **{name: str(cu)})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"refusing to run: {name}={cu} holds the campaign" in res.stderr, res.stderr
+    assert (camp / "logs" / "build-baseline-7.exit").read_text() == "2\n"
+    assert not bad.exists()
 
 
 def test_planning_never_rewrites_the_kits_own_git_index(tmp_path: Path, outside: Path) -> None:

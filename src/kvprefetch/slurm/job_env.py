@@ -204,6 +204,7 @@ def check_passed(environ: Mapping[str, str], campaign: Path,
     check_start_env(env, campaign)
     _check_cxx(env)
     _check_paths(env, campaign)
+    _check_toolkit(env, campaign)
     _check_locale(env)
 
 
@@ -312,6 +313,31 @@ def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
             "submit again")
 
 
+# The CUDA toolkit's folders the build reads (nvcc, headers, libraries). A toolkit that holds
+# the campaign (`CUDA_HOME=~/cu`, the campaign at `~/cu/bin`) passed submit and the job, and the
+# build job ran the nvcc planted in the campaign (issue 41, the twenty-fourth hostile pass).
+TOOLKIT_FOLDERS = ("bin", "nvvm", "include", "targets", "lib64", "lib")
+
+
+def _check_toolkit(env: Mapping[str, str], campaign: Path) -> None:
+    from ..workspace.ownership import within
+
+    for n in ("CUDA_HOME", "CUDA_PATH"):
+        v = env.get(n)
+        if not v:
+            continue
+        home = os.path.join("/", v)
+        if within(campaign, Path(os.path.realpath(home))) or any(
+                _in_campaign(os.path.join(home, f), campaign) for f in TOOLKIT_FOLDERS):
+            raise ConfigError(
+                f"{n}={v!r} in this shell holds the campaign {campaign} (the campaign is in "
+                f"it, or one of its {', '.join(TOOLKIT_FOLDERS)} folders is in or reaches the "
+                "campaign): the build job runs the toolkit's nvcc and reads its headers and "
+                "libraries from there, whatever whoever can write the campaign puts there",
+                f"point {n} at the CUDA toolkit itself, with the campaign outside it (or unset "
+                f"{n}), then submit again")
+
+
 # A locale is a name (`en_US.UTF-8`); glibc also reads one given as a path, from that folder
 _LOCALE_VALUE = re.compile(r"[A-Za-z0-9_.@:+=-]*")
 
@@ -386,23 +412,20 @@ def _loader_expansions(entry: str) -> list[str]:
     return out
 
 
-# glibc's loader looks for a library in subfolders of each LD_LIBRARY_PATH entry before the
-# entry itself: `glibc-hwcaps/<level>` (x86-64-v2 to v4, ...), and up to 2.36 `tls/`, the
-# platform's (`x86_64/`, `haswell/`) and combinations (`tls/x86_64/x86_64/`). Only the entry
-# was checked, so `LD_LIBRARY_PATH=~/lib` with the campaign at `~/lib/x86_64` (or one of those
-# subfolders a link into it) passed submit and the job's own check, and the merge job's bash
-# loaded a `libtinfo.so.6` planted in the campaign, as its later programs would (issue 41, the
-# twenty-fourth hostile pass). The first parts of those subfolders; what lies under them, up
-# to two more levels, is checked as it is found. The node's machine name (bash's $HOSTTYPE)
-# is added by the job's own check (shell.KEEP_OUTSIDE_SH).
+# glibc's loader looks for a library in subfolders of each LD_LIBRARY_PATH entry first:
+# `glibc-hwcaps/<level>`, and up to 2.36 `tls/`, the platform's (`x86_64/`, `haswell/`) and
+# combinations (`tls/x86_64/x86_64/`). With the campaign at `~/lib/x86_64` (or such a subfolder
+# a link into it), `LD_LIBRARY_PATH=~/lib` passed submit and the job, and the merge job's bash
+# loaded a `libtinfo.so.6` planted in the campaign (issue 41, the twenty-fourth hostile pass).
+# The first parts of those subfolders (and the machine's name); what lies under them, two more
+# levels at most, is checked as found.
 LOADER_SUBFOLDERS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "xeon_phi", "avx512_1",
                      "i686", "aarch64")
 
 
 def loader_subfolders(entry: str) -> list[str]:
-    """The folders under the library folder ``entry`` (read from ``/``) that the loader may
-    search and that are something now (a link included): each of ``LOADER_SUBFOLDERS`` and of
-    the uname machine's name, and what is under it, two levels down at most."""
+    """What is now under the library folder ``entry`` (read from ``/``) where the loader may
+    look: each of ``LOADER_SUBFOLDERS`` and the machine's name, and two levels below them."""
     base = os.path.join("/", entry)
     found: list[str] = []
     for first in dict.fromkeys((*LOADER_SUBFOLDERS, os.uname().machine)):

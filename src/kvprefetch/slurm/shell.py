@@ -9,7 +9,7 @@ attack shaped it. Pure text: nothing here runs."""
 
 from __future__ import annotations
 
-from .job_env import LOADER_SUBFOLDERS
+from .job_env import LOADER_SUBFOLDERS, TOOLKIT_FOLDERS
 
 # A build job's scratch folder must be outside the campaign (values.check_scratch says why) as
 # the job's shell expands it: `$PWD/s` (the job starts in the campaign), a relative `$VAR` (a
@@ -289,6 +289,20 @@ TEMP_OUTSIDE_SH = (
      ' already something else (a link to nothing, or a file), which could be made a folder in'
      ' the campaign after this check. To fix: set $v to a folder that exists, outside the'
      ' campaign (e.g. export $v=/tmp), or unset it" >&2; exit 2'),
+    '    fi',
+    # a toolkit that holds the campaign (job_env.TOOLKIT_FOLDERS says why)
+    '    if [ "${v#CUDA_}" != "$v" ]; then',
+    '      case "$CAMPAIGN_AT/" in "${RESOLVED%/}"/*) toolkit_in=1;; *) toolkit_in=;; esac',
+    f'      for f in {" ".join(TOOLKIT_FOLDERS)}; do',
+    '        if [ -d "$RESOLVED/$f" ] && reaches_campaign "$RESOLVED/$f"; then toolkit_in=1; fi',
+    '      done',
+    '      if [ -n "$toolkit_in" ]; then',
+    ('        echo "refusing to run: $v=${!v} holds the campaign $CAMPAIGN_AT (it is in the'
+     f' toolkit, or one of its {", ".join(TOOLKIT_FOLDERS)} folders reaches it), and the build'
+     ' runs the toolkit\'s nvcc and reads its headers and libraries, where whoever can write'
+     ' the campaign could put their own. To fix: submit the campaign with $v set to the CUDA'
+     ' toolkit itself, with the campaign outside it, or unset it" >&2; exit 2'),
+    '      fi',
     '    fi',
     '    printf -v "$v" %s "$RESOLVED"; export "${v?}";;',
     '  esac',
