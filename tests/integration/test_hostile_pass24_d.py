@@ -27,6 +27,12 @@ its fix (checked by reverting ``src`` and running it):
   ``nvcc`` planted in the campaign for each kernel (1 run of 1; stopped after six). Now submit
   and the job refuse a toolkit folder that holds the campaign, or whose ``bin``, ``nvvm``,
   ``include``, ``targets``, ``lib64`` or ``lib`` reaches it.
+- A job writes its exit record (and verify's report) only in the folder it resolved, and
+  compared that folder's path as the kernel gives it with the path as planned: a campaign
+  reached through a link on the node (``/home`` a link to ``/gpfs/home``, or the folder moved
+  and linked back) made every job refuse to write its record, blaming "another process
+  changing the campaign" (wrong-way message, 1 run of 1); ``slurm status`` then had no
+  record to read. Now the campaign's part is compared as the job resolved it at its start.
 - ``kit_info`` (the kit's version and commit, recorded by ``slurm plan``, ``bench kernel`` and
   every bench task of a campaign) ran ``git status`` in the kit's checkout, which refreshes
   that checkout's index as it reads it: ``.git/index`` was rewritten (under ``index.lock``)
@@ -211,6 +217,25 @@ def test_a_cuda_toolkit_folder_holding_the_campaign_is_refused(
     assert f"refusing to run: {name}={cu} holds the campaign" in res.stderr, res.stderr
     assert (camp / "logs" / "build-baseline-7.exit").read_text() == "2\n"
     assert not bad.exists()
+
+
+def test_a_campaign_reached_through_a_link_on_the_node_still_gets_its_exit_records(
+        tmp_path: Path, outside: Path) -> None:
+    """Planned at ``real/camp``; on the node ``real`` is a link to where the folder is now.
+    The job records its end (no "became a symlink"); a ``logs`` swapped for a link is
+    still refused."""
+    (tmp_path / "real").mkdir()
+    _plan(tmp_path, tmp_path / "real" / "camp")
+    (tmp_path / "real").rename(tmp_path / "moved")
+    (tmp_path / "real").symlink_to(tmp_path / "moved")
+    camp = tmp_path / "real" / "camp"
+    res = _run(tmp_path, camp, "40-merge.sbatch")
+    assert "became a symlink" not in res.stderr, res.stderr
+    assert (camp / "logs" / "merge-7.exit").read_text() == f"{res.returncode}\n"
+    (camp / "logs").rename(camp / "old-logs")
+    (camp / "logs").symlink_to(outside)
+    res = _run(tmp_path, camp, "40-merge.sbatch")
+    assert "is a symlink" in res.stderr, res.stderr
 
 
 def test_planning_never_rewrites_the_kits_own_git_index(tmp_path: Path, outside: Path) -> None:

@@ -9,6 +9,7 @@ attack shaped it. Pure text: nothing here runs."""
 
 from __future__ import annotations
 
+from .campaign import JOB_ENV
 from .job_env import LOADER_SUBFOLDERS, TOOLKIT_FOLDERS
 
 # A build job's scratch folder must be outside the campaign (values.check_scratch says why) as
@@ -423,11 +424,19 @@ CHECK_JOB_IDS_SH = (
 # pass), and so is anything put at its name, which only this subshell knew.
 WRITE_NEW_SH = (
     "write_new() {",
-    '  local dir name from=$PWD',
+    '  local dir name from=$PWD want',
     '  dir=$(dirname -- "$1"); name=$(basename -- "$1")',
     '  if [ -L "$dir" ]; then echo "refusing to write $1: $dir is a symlink" >&2; return 1; fi',
+    # The folder it must be in: the campaign's part as the job resolved it at its start
+    # (CAMPAIGN_AT), the rest as spelled. Compared with the spelled path itself, a campaign
+    # reached through a link of the node's (`/home` a link to `/gpfs/home`, or the folder
+    # moved and linked back) was a folder "that became a symlink (another process is changing
+    # the campaign)", and no job wrote its exit record (issue 41, the twenty-fourth hostile
+    # pass: wrong-way message).
+    f'  case "$dir" in "${JOB_ENV}"/*)',
+    f'    want=${{CAMPAIGN_AT%/}}/${{dir#"${JOB_ENV}"/}};; *) want=$dir;; esac',
     '  ( cd -P -- "$dir" || exit 1',
-    '    if [ "$(env pwd -P)" != "$dir" ]; then',
+    '    if [ "$(env pwd -P)" != "$want" ]; then',
     ('      echo "refusing to write $1: $dir became a symlink (another process is changing'
      ' the campaign)" >&2; exit 1'),
     "    fi",
