@@ -33,6 +33,12 @@ its fix (checked by reverting ``src`` and running it):
   and linked back) made every job refuse to write its record, blaming "another process
   changing the campaign" (wrong-way message, 1 run of 1); ``slurm status`` then had no
   record to read. Now the campaign's part is compared as the job resolved it at its start.
+- Each job left the campaign for ``/`` before ``python -m kvprefetch``, which puts its
+  working folder first on ``sys.path``: a campaign planned in ``/`` itself (``/kvprefetch``;
+  or bind-mounted there, as a container does) is a folder of ``/``, and every job imported
+  the campaign's ``__init__.py`` in place of the kit (1 run of 1, in a mount namespace with
+  the campaign bind-mounted at ``/kvprefetch`` and a chroot). Now the kit runs in its own
+  folder, the one ``PYTHONPATH`` already puts first.
 - ``kit_info`` (the kit's version and commit, recorded by ``slurm plan``, ``bench kernel`` and
   every bench task of a campaign) ran ``git status`` in the kit's checkout, which refreshes
   that checkout's index as it reads it: ``.git/index`` was rewritten (under ``index.lock``)
@@ -178,7 +184,7 @@ def test_the_job_refuses_a_file_in_a_bind_mount_of_the_campaign_only_the_node_ha
 
 @pytest.mark.parametrize(("name", "value"), [
     ("TZ", "UTC"), ("TZ", ":Europe/Paris"), ("TZ", "EST5EDT"), ("TZ", "<+03>-3"), ("TZ", ""),
-    ("SSL_CERT_DIR", "/etc/ssl/certs:/usr/lib/ssl/certs"), ("PIP_CERT", "etc/ssl/x.pem"),
+    ("SSL_CERT_DIR", "/etc/ssl/certs:/usr/lib/ssl/certs"), ("PIP_CERT", "/etc/ssl/x.pem"),
 ])
 def test_ordinary_zones_and_certificates_pass_the_jobs_check(
         tmp_path: Path, outside: Path, name: str, value: str) -> None:
@@ -236,6 +242,55 @@ def test_a_campaign_reached_through_a_link_on_the_node_still_gets_its_exit_recor
     (camp / "logs").symlink_to(outside)
     res = _run(tmp_path, camp, "40-merge.sbatch")
     assert "is a symlink" in res.stderr, res.stderr
+
+
+_CHROOT_RUN = """#!/bin/bash
+set -e
+nr=$1; camp=$2; shift 2
+for d in usr bin lib lib64 sbin etc root work dev proc tmp; do
+  [ -e "/$d" ] || continue
+  if [ -L "/$d" ]; then ln -sfn "$(readlink "/$d")" "$nr/$d"; continue; fi
+  mkdir -p "$nr/$d"; mount --rbind "/$d" "$nr/$d"
+done
+mkdir -p "$nr/kvprefetch"; mount --bind "$camp" "$nr/kvprefetch"
+exec chroot "$nr" "$@"
+"""
+
+
+def test_a_campaign_in_the_root_folder_is_never_imported_in_place_of_the_kit(
+        tmp_path: Path, outside: Path) -> None:
+    """The campaign at ``/kvprefetch`` (a private mount namespace and a chroot whose
+    ``/kvprefetch`` is a bind mount of a folder here; nothing outside this test's folder is
+    touched), planned there; whoever writes it puts an ``__init__.py`` in it. The merge job
+    runs the kit, not that file, and records its end."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare (a mount namespace, a chroot)")
+    script, nr, camp = tmp_path / "chroot-run", tmp_path / "root", tmp_path / "camp"
+    script.write_text(_CHROOT_RUN)
+    script.chmod(0o755)
+    nr.mkdir()
+    camp.mkdir()
+    bad = tmp_path / "campaign-code-ran"
+
+    def in_root(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["unshare", "-m", "--propagation", "private", str(script),
+                               str(nr), str(camp), *argv], capture_output=True, text=True,
+                              timeout=120, check=False)
+
+    probe = in_root("true")
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace and chroot here: {probe.stderr.strip()}")
+    res = in_root("env", f"PYTHONPATH={_SRC}", f"TMPDIR={tmp_path}", f"HOME={tmp_path}",
+                  sys.executable, "-m", "kvprefetch", "slurm", "plan", "/kvprefetch",
+                  "--stand-in", "--batch", "1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    (camp / "__init__.py").write_text(f"open({str(bad)!r}, 'w').write('ran')\n")
+    (camp / "__main__.py").write_text("")
+    res = in_root("env", "-i", f"HOME={tmp_path}", "SLURM_JOB_ID=7", "PATH=/usr/bin:/bin",
+                  "bash", "/kvprefetch/scripts/40-merge.sbatch")
+    assert not bad.exists(), "the job imported the campaign's __init__.py:\n" + res.stderr
+    assert "bench-0.json' does not exist" in res.stderr, res.stderr  # the kit's own report
+    assert (camp / "logs" / "merge-7.exit").read_text() == f"{res.returncode}\n"
 
 
 def test_planning_never_rewrites_the_kits_own_git_index(tmp_path: Path, outside: Path) -> None:

@@ -1,13 +1,15 @@
 """The bash every job script of a campaign carries, as lines ``scripts.render_script`` puts
 into each script: the check that a build's scratch is outside the campaign
 (``SCRATCH_OUTSIDE_SH``), the step out of the campaign before the kit runs
-(``LEAVE_CAMPAIGN_SH``), the search paths kept to entries outside it (``KEEP_OUTSIDE_SH``),
+(``leave_campaign_sh``), the search paths kept to entries outside it (``KEEP_OUTSIDE_SH``),
 the check of Slurm's job ids (``CHECK_JOB_IDS_SH``) and the one way a job writes a file in the
 campaign (``WRITE_NEW_SH``). Each is written for an attacker who can write the campaign folder
 and nothing else (the threat model in docs/reliability.md); the comment above each says which
 attack shaped it. Pure text: nothing here runs."""
 
 from __future__ import annotations
+
+import shlex
 
 from .campaign import JOB_ENV
 from .job_env import LOADER_SUBFOLDERS, TOOLKIT_FOLDERS
@@ -105,8 +107,15 @@ SCRATCH_OUTSIDE_SH = (
 # puts its working folder first on sys.path, before PYTHONPATH and the standard library, so a
 # `kvprefetch/` (or `json.py`, ...) that whoever can write the campaign put there was imported
 # in place of the kit and ran as the user in every job (issue 41, the seventeenth hostile pass).
-# Every path the kit is given here is absolute; `/` is the root's to write.
-LEAVE_CAMPAIGN_SH = "cd /  # python -m imports from its working folder first"
+# Every path the kit is given here is absolute.
+# Not `/`: a campaign planned in `/` itself (`/kvprefetch`, `/click`, or bind-mounted there, as
+# a container does) is a folder of it, and the job's `python -m kvprefetch` imported the
+# campaign's `__init__.py` in place of the kit, in every job (issue 41, the twenty-fourth
+# hostile pass, in a mount namespace with the campaign at /kvprefetch). The kit's own folder
+# is the one PYTHONPATH already puts first: running there shows Python nothing more.
+def leave_campaign_sh(kit_root: str) -> str:
+    """The line that leaves the campaign for the kit's folder before the kit runs."""
+    return f"cd -- {shlex.quote(kit_root)}  # python -m imports from its working folder first"
 
 
 # The search paths a job inherits or is given, kept to their entries that are absolute and
@@ -258,11 +267,11 @@ _TEMP_MSG = (
     ' a link or their own programs. To fix: submit the campaign with $v set to a folder outside'
     ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
 # A relative value is refused: each program reads it from the folder it runs in, `/` for the
-# kit (LEAVE_CAMPAIGN_SH), so a path from `/` into the campaign (`dev/shm/camp/pyc`) was not
+# kit (leave_campaign_sh), so a path from `/` into the campaign (`dev/shm/camp/pyc`) was not
 # seen by the check of absolute values (issue 41, the twenty-first hostile pass).
 _RELATIVE_MSG = (
     'echo "refusing to run: $v=${!v} is a relative path, which each program reads from the'
-    ' folder it runs in (the kit runs in /, the job in the campaign), so it can name a folder'
+    ' folder it runs in (the kit runs in its own, the job in the campaign), so it can name a folder'
     ' in the campaign. To fix: submit the campaign with $v set to an absolute folder outside'
     ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
 _ZONE_FOLDER = "/usr/share/zoneinfo"  # glibc's, as job_env._ZONE_FOLDER (TZDIR is not passed)
@@ -316,7 +325,7 @@ TEMP_OUTSIDE_SH = (
     # passed, and a FIFO the campaign's writer put at the zone's name had the merge job's
     # Python block before its first instruction until Slurm's time limit (issue 41, the
     # twenty-fourth hostile pass; the twenty-second found the FIFO, and fixed it at submit).
-    # A relative certificate is read from / (the kit's folder).
+    # A relative certificate is refused, as a relative folder is above.
     "file_reaches_campaign() {  # the file $1 (absolute), by its folders or its link's target",
     '  local f',
     '  if reaches_campaign "$1"; then return 0; fi',
@@ -337,7 +346,7 @@ TEMP_OUTSIDE_SH = (
     '  if [ "$v" = SSL_CERT_DIR ]; then rest=$rest:; fi',
     '  while [ -n "$rest" ]; do',
     '    if [ "$v" = SSL_CERT_DIR ]; then e=${rest%%:*}; rest=${rest#*:}; else e=$rest; rest=; fi',
-    '    case "$e" in "") continue;; /*) ;; *) e=/$e;; esac',
+    f'    case "$e" in "") continue;; /*) ;; *) {_RELATIVE_MSG};; esac',
     '    if too_deep "$e"; then',
     ('      echo "refusing to run: $v names a file more than'
      f' {MAX_PARTS} folders deep, more than kvprefetch follows to check it is outside the'
