@@ -39,6 +39,12 @@ its fix (checked by reverting ``src`` and running it):
   the campaign's ``__init__.py`` in place of the kit (1 run of 1, in a mount namespace with
   the campaign bind-mounted at ``/kvprefetch`` and a chroot). Now the kit runs in its own
   folder, the one ``PYTHONPATH`` already puts first.
+- sbatch passes every ``SLURM_*`` of the submitting shell on, whatever ``--export`` says,
+  and a ``--scratch node`` build works in ``$SLURM_TMPDIR`` where set. One in the campaign
+  passed submit; each build job refused it, telling the user to "plan the campaign again with
+  --scratch node", which is that very folder (wrong-way message, 1 run of 1). Now submit
+  checks ``SLURM_TMPDIR`` as a passed folder (exit 2, "unset it in this shell"), and the
+  job's refusal names ``SLURM_TMPDIR`` and where it came from.
 - ``kit_info`` (the kit's version and commit, recorded by ``slurm plan``, ``bench kernel`` and
   every bench task of a campaign) ran ``git status`` in the kit's checkout, which refreshes
   that checkout's index as it reads it: ``.git/index`` was rewritten (under ``index.lock``)
@@ -291,6 +297,21 @@ def test_a_campaign_in_the_root_folder_is_never_imported_in_place_of_the_kit(
     assert not bad.exists(), "the job imported the campaign's __init__.py:\n" + res.stderr
     assert "bench-0.json' does not exist" in res.stderr, res.stderr  # the kit's own report
     assert (camp / "logs" / "merge-7.exit").read_text() == f"{res.returncode}\n"
+
+
+def test_a_slurm_tmpdir_in_the_campaign_is_named_at_submit_and_in_the_job(
+        tmp_path: Path, outside: Path) -> None:
+    """``SLURM_TMPDIR=<campaign>/tmp`` in the submitting shell: submit refuses, naming it,
+    with a fix that works; the build job (the node scratch) names it too."""
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    res = _dry_run(tmp_path, camp, SLURM_TMPDIR=str(camp / "tmp"))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"SLURM_TMPDIR='{camp / 'tmp'}' in this shell is in the campaign" in res.stderr
+    assert "To fix: point SLURM_TMPDIR outside the campaign (or unset it)" in res.stderr
+    res = _run(tmp_path, camp, "10-build-baseline.sbatch", SLURM_TMPDIR=str(camp / "tmp"))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "a node scratch is SLURM_TMPDIR (where set)" in res.stderr, res.stderr
 
 
 def test_planning_never_rewrites_the_kits_own_git_index(tmp_path: Path, outside: Path) -> None:

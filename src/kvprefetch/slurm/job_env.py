@@ -32,7 +32,7 @@ _LOCALE = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "L
 # CUDA_PATH), the host compiler (CXX), the trust anchors and client certificates of the
 # prepare job's download (pip's, requests', OpenSSL's). The job checks the folders again as
 # the node sees them (shell.TEMP_OUTSIDE_SH), and CXX as the program it resolves to.
-_FOLDERS = ("HOME", "TMPDIR", "CUDA_HOME", "CUDA_PATH")
+_FOLDERS = ("HOME", "TMPDIR", "CUDA_HOME", "CUDA_PATH", "SLURM_TMPDIR")
 _FILES = ("CXX", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
           "PIP_CERT", "PIP_CLIENT_CERT")
 # The names a job gets from the submitting shell when set there, and only these: who runs it
@@ -201,6 +201,8 @@ def check_passed(environ: Mapping[str, str], campaign: Path,
     a folder or file its programs read. Run by submit and resubmit, dry runs too, before any
     sbatch."""
     env = passed(environ, scratch_names)
+    if environ.get("SLURM_TMPDIR"):  # sbatch passes every SLURM_* on: a node scratch (pass 24)
+        env["SLURM_TMPDIR"] = environ["SLURM_TMPDIR"]
     check_start_env(env, campaign)
     _check_cxx(env)
     _check_paths(env, campaign)
@@ -313,9 +315,8 @@ def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
             "submit again")
 
 
-# The CUDA toolkit's folders the build reads (nvcc, headers, libraries). A toolkit that holds
-# the campaign (`CUDA_HOME=~/cu`, the campaign at `~/cu/bin`) passed submit and the job, and the
-# build job ran the nvcc planted in the campaign (issue 41, the twenty-fourth hostile pass).
+# The CUDA toolkit's folders the build reads: `CUDA_HOME=~/cu` with the campaign at `~/cu/bin`
+# had the build job run the nvcc planted there (issue 41, the twenty-fourth hostile pass).
 TOOLKIT_FOLDERS = ("bin", "nvvm", "include", "targets", "lib64", "lib")
 
 
@@ -424,8 +425,7 @@ LOADER_SUBFOLDERS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "xeon_phi", "av
 
 
 def loader_subfolders(entry: str) -> list[str]:
-    """What is now under the library folder ``entry`` (read from ``/``) where the loader may
-    look: each of ``LOADER_SUBFOLDERS`` and the machine's name, and two levels below them."""
+    """What is under library folder ``entry`` now, where the loader looks (two levels deep)."""
     base = os.path.join("/", entry)
     found: list[str] = []
     for first in dict.fromkeys((*LOADER_SUBFOLDERS, os.uname().machine)):

@@ -23,7 +23,9 @@ from .job_env import LOADER_SUBFOLDERS, TOOLKIT_FOLDERS
 _SCRATCH_INSIDE_MSG = (
     'echo "refusing to build in $SCRATCH_BASE: it is in the campaign $CAMPAIGN_REAL, where'
     ' whoever can write the campaign could swap it for a link. To fix: plan the campaign again'
-    ' with --scratch node or a folder of yours outside it (and a TMPDIR outside it)" >&2;'
+    ' with --scratch node or a folder of yours outside it (and a TMPDIR outside it; a node'
+    ' scratch is SLURM_TMPDIR (where set), which sbatch passes on from the shell you submit'
+    ' from: unset it there)" >&2;'
     ' exit 2')
 SCRATCH_OUTSIDE_SH = (
     'case "$SCRATCH_BASE" in /*) ;; *)',
