@@ -45,6 +45,13 @@ its fix (checked by reverting ``src`` and running it):
   --scratch node", which is that very folder (wrong-way message, 1 run of 1). Now submit
   checks ``SLURM_TMPDIR`` as a passed folder (exit 2, "unset it in this shell"), and the
   job's refusal names ``SLURM_TMPDIR`` and where it came from.
+- The same for ``HOME``, which may hold the campaign (it usually does) but not where the
+  job's programs read their settings, user site and caches: with the campaign at
+  ``~/.config``, submit and the job passed ``HOME``, and git (run by each bench task for the
+  kit's commit) read ``~/.config/git/config`` from the campaign, whose ``core.fsmonitor`` it
+  ran (shown with git on a repository here, 1 run of 1). Now submit and the job refuse a
+  ``HOME`` whose ``.config``, ``.gitconfig``, ``.local``, ``.cache``, ``.nv``, ``.triton``
+  or ``.pip`` is in or reaches the campaign.
 - ``kit_info`` (the kit's version and commit, recorded by ``slurm plan``, ``bench kernel`` and
   every bench task of a campaign) ran ``git status`` in the kit's checkout, which refreshes
   that checkout's index as it reads it: ``.git/index`` was rewritten (under ``index.lock``)
@@ -222,7 +229,7 @@ def test_a_cuda_toolkit_folder_holding_the_campaign_is_refused(
     res = _dry_run(tmp_path, camp, **{name: str(cu)})
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"{name}='{cu}' in this shell holds the campaign" in res.stderr, res.stderr
-    assert f"To fix: point {name} at the CUDA toolkit itself" in res.stderr, res.stderr
+    assert f"To fix: point {name} at a folder that holds the campaign in none" in res.stderr
     assert _dry_run(tmp_path, camp, **{name: "/usr/local/cuda"}).returncode == 0
     res = _run(tmp_path, camp, "10-build-baseline.sbatch", **{name: str(cu)})
     assert res.returncode == 2, res.stdout + res.stderr
@@ -312,6 +319,35 @@ def test_a_slurm_tmpdir_in_the_campaign_is_named_at_submit_and_in_the_job(
     res = _run(tmp_path, camp, "10-build-baseline.sbatch", SLURM_TMPDIR=str(camp / "tmp"))
     assert res.returncode == 2, res.stdout + res.stderr
     assert "a node scratch is SLURM_TMPDIR (where set)" in res.stderr, res.stderr
+
+
+def test_a_home_holding_the_campaign_where_programs_read_settings_is_refused(
+        tmp_path: Path, outside: Path) -> None:
+    """The campaign at ``~/.config``: git run with that ``HOME`` runs the fsmonitor the
+    campaign's ``git/config`` names (what was at stake); submit refuses (exit 2, naming
+    ``HOME``, with a fix) and the job refuses, recording its end."""
+    home = tmp_path / "h"
+    camp = home / ".config"
+    home.mkdir()
+    _plan(tmp_path, camp)
+    (camp / "git").mkdir()
+    ran = tmp_path / "fsmonitor-ran"
+    (camp / "git" / "config").write_text(f'[core]\n\tfsmonitor = "echo >> {ran}; true"\n')
+    git = shutil.which("git")
+    if git is not None:
+        repo = tmp_path / "repo"
+        subprocess.run([git, "init", "-q", str(repo)], check=True, capture_output=True)
+        subprocess.run([git, "-C", str(repo), "status", "--porcelain"], capture_output=True,
+                       check=False, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+        assert ran.exists(), "git no longer reads ~/.config/git/config: the test proves less"
+    res = _dry_run(tmp_path, camp, HOME=str(home))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"HOME='{home}' in this shell holds the campaign" in res.stderr, res.stderr
+    assert "To fix: point HOME at a folder that holds the campaign in none" in res.stderr
+    res = _run(tmp_path, camp, "40-merge.sbatch", HOME=str(home))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"refusing to run: HOME={home} holds the campaign" in res.stderr, res.stderr
+    assert (camp / "logs" / "merge-7.exit").read_text() == "2\n"
 
 
 def test_planning_never_rewrites_the_kits_own_git_index(tmp_path: Path, outside: Path) -> None:

@@ -201,12 +201,11 @@ def check_passed(environ: Mapping[str, str], campaign: Path,
     a folder or file its programs read. Run by submit and resubmit, dry runs too, before any
     sbatch."""
     env = passed(environ, scratch_names)
-    if environ.get("SLURM_TMPDIR"):  # sbatch passes every SLURM_* on: a node scratch (pass 24)
-        env["SLURM_TMPDIR"] = environ["SLURM_TMPDIR"]
+    env |= {k: v for k, v in environ.items() if k == "SLURM_TMPDIR"}  # sbatch passes SLURM_*
     check_start_env(env, campaign)
     _check_cxx(env)
     _check_paths(env, campaign)
-    _check_toolkit(env, campaign)
+    _check_held(env, campaign)
     _check_locale(env)
 
 
@@ -315,27 +314,28 @@ def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
             "submit again")
 
 
-# The CUDA toolkit's folders the build reads: `CUDA_HOME=~/cu` with the campaign at `~/cu/bin`
-# had the build job run the nvcc planted there (issue 41, the twenty-fourth hostile pass).
+# What the job's programs read or run below a passed folder: `CUDA_HOME=~/cu` with the campaign
+# at `~/cu/bin` had the build run its nvcc, one at `~/.config` had git run its fsmonitor (issue
+# 41, the twenty-fourth hostile pass). A toolkit may not hold the campaign at all.
 TOOLKIT_FOLDERS = ("bin", "nvvm", "include", "targets", "lib64", "lib")
+HOME_FOLDERS = (".config", ".gitconfig", ".local", ".cache", ".nv", ".triton", ".pip")
+_HELD = {"CUDA_HOME": TOOLKIT_FOLDERS, "CUDA_PATH": TOOLKIT_FOLDERS, "HOME": HOME_FOLDERS}
 
 
-def _check_toolkit(env: Mapping[str, str], campaign: Path) -> None:
+def _check_held(env: Mapping[str, str], campaign: Path) -> None:
     from ..workspace.ownership import within
 
-    for n in ("CUDA_HOME", "CUDA_PATH"):
-        v = env.get(n)
-        if not v:
-            continue
-        home = os.path.join("/", v)
-        if within(campaign, Path(os.path.realpath(home))) or any(
-                _in_campaign(os.path.join(home, f), campaign) for f in TOOLKIT_FOLDERS):
+    for n, below in ((n, b) for n, b in _HELD.items() if env.get(n)):
+        v = env[n]
+        top = os.path.join("/", v)
+        if (n != "HOME" and within(campaign, Path(os.path.realpath(top)))) or any(
+                _in_campaign(os.path.join(top, f), campaign) for f in below):
             raise ConfigError(
-                f"{n}={v!r} in this shell holds the campaign {campaign} (the campaign is in "
-                f"it, or one of its {', '.join(TOOLKIT_FOLDERS)} folders is in or reaches the "
-                "campaign): the build job runs the toolkit's nvcc and reads its headers and "
-                "libraries from there, whatever whoever can write the campaign puts there",
-                f"point {n} at the CUDA toolkit itself, with the campaign outside it (or unset "
+                f"{n}={v!r} in this shell holds the campaign {campaign} where the job's "
+                f"programs read or run from ({', '.join(below)}"
+                f"{'' if n == 'HOME' else ', or anywhere in the toolkit'}): whoever can write "
+                "the campaign could put their own there",
+                f"point {n} at a folder that holds the campaign in none of those (or unset "
                 f"{n}), then submit again")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 
 from .campaign import JOB_ENV
-from .job_env import LOADER_SUBFOLDERS, TOOLKIT_FOLDERS
+from .job_env import HOME_FOLDERS, LOADER_SUBFOLDERS, TOOLKIT_FOLDERS
 
 # A build job's scratch folder must be outside the campaign (values.check_scratch says why) as
 # the job's shell expands it: `$PWD/s` (the job starts in the campaign), a relative `$VAR` (a
@@ -302,18 +302,24 @@ TEMP_OUTSIDE_SH = (
      ' the campaign after this check. To fix: set $v to a folder that exists, outside the'
      ' campaign (e.g. export $v=/tmp), or unset it" >&2; exit 2'),
     '    fi',
-    # a toolkit that holds the campaign (job_env.TOOLKIT_FOLDERS says why)
+    # a toolkit or HOME that holds the campaign where programs read (job_env._HELD says why)
+    '    held=; below=' + shlex.quote(" ".join(HOME_FOLDERS)),
     '    if [ "${v#CUDA_}" != "$v" ]; then',
-    '      case "$CAMPAIGN_AT/" in "${RESOLVED%/}"/*) toolkit_in=1;; *) toolkit_in=;; esac',
-    f'      for f in {" ".join(TOOLKIT_FOLDERS)}; do',
-    '        if [ -d "$RESOLVED/$f" ] && reaches_campaign "$RESOLVED/$f"; then toolkit_in=1; fi',
+    '      case "$CAMPAIGN_AT/" in "${RESOLVED%/}"/*) held=1;; esac',
+    '      below=' + shlex.quote(" ".join(TOOLKIT_FOLDERS)),
+    '    fi',
+    '    if [ "$v" != TMPDIR ]; then',
+    '      for f in $below; do',
+    '        if [ -d "$RESOLVED/$f" ] && reaches_campaign "$RESOLVED/$f"; then held=1; fi',
+    '        if [ -L "$RESOLVED/$f" ] && { ! f=$(readlink -f -- "$RESOLVED/$f") \\',
+    '            || reaches_campaign "$f"; }; then held=1; fi',
     '      done',
-    '      if [ -n "$toolkit_in" ]; then',
-    ('        echo "refusing to run: $v=${!v} holds the campaign $CAMPAIGN_AT (it is in the'
-     f' toolkit, or one of its {", ".join(TOOLKIT_FOLDERS)} folders reaches it), and the build'
-     ' runs the toolkit\'s nvcc and reads its headers and libraries, where whoever can write'
-     ' the campaign could put their own. To fix: submit the campaign with $v set to the CUDA'
-     ' toolkit itself, with the campaign outside it, or unset it" >&2; exit 2'),
+    '      if [ -n "$held" ]; then',
+    ('        echo "refusing to run: $v=${!v} holds the campaign $CAMPAIGN_AT where the job\'s'
+     ' programs read or run from (one of $below, or, for a CUDA toolkit, anywhere in it):'
+     ' whoever can write the campaign could put their own there. To fix: submit the campaign'
+     ' with $v set to a folder that holds the campaign in none of those, or unset it" >&2;'
+     ' exit 2'),
     '      fi',
     '    fi',
     '    printf -v "$v" %s "$RESOLVED"; export "${v?}";;',
