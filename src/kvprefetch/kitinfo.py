@@ -4,6 +4,7 @@ machines can be merged only when they come from the same kit."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -29,11 +30,18 @@ def kit_info() -> KitInfo:
 
     root = Path(__file__).resolve().parent.parent
     commit = dirty = None
-    if which("git") is not None:
-        head = run(["git", "-C", str(root), "rev-parse", "HEAD"], echo=False, check=False)
+    # A read only: `git status` refreshes the checkout's index (.git/index) as it reads it,
+    # taking index.lock, so `slurm plan`, `bench kernel` and every bench task of a campaign
+    # rewrote a file of the kit's checkout, outside any work directory or campaign, and a
+    # user's `git commit` there at that moment failed on the lock (issue 41, the twenty-fourth
+    # hostile pass). GIT_OPTIONAL_LOCKS=0 has git skip that write (git(1)).
+    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
+    if which("git", env) is not None:
+        head = run(["git", "-C", str(root), "rev-parse", "HEAD"], env=env, echo=False,
+                   check=False)
         if head.returncode == 0 and head.output.strip():
             commit = head.output.strip()
             st = run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                     echo=False, check=False)
+                     env=env, echo=False, check=False)
             dirty = bool(st.output.strip()) if st.returncode == 0 else None
     return KitInfo(__version__, str(root), commit, dirty)

@@ -139,7 +139,9 @@ def test_submit_refuses_a_passed_value_that_leads_into_the_campaign(
     assert res.returncode != 0 and "Traceback" not in out, out
     assert name in out and "To fix" in out, out
     assert not calls.exists(), "sbatch was run"
-    good = "C.UTF-8" if name == "LANG" else "g++" if name == "CXX" else str(tmp_path)
+    # (a toolkit folder must not hold the campaign either: the twenty-fourth pass)
+    good = "C.UTF-8" if name == "LANG" else "g++" if name == "CXX" \
+        else str(tmp_path / "toolkit") if name.startswith("CUDA_") else str(tmp_path)
     res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp)],
                          env=_submit_env(tmp_path, bin_dir, **{name: good}),
                          capture_output=True, text=True, timeout=120, check=False)

@@ -16,6 +16,7 @@ checked for what it can do."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,7 +32,7 @@ _LOCALE = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "L
 # CUDA_PATH), the host compiler (CXX), the trust anchors and client certificates of the
 # prepare job's download (pip's, requests', OpenSSL's). The job checks the folders again as
 # the node sees them (shell.TEMP_OUTSIDE_SH), and CXX as the program it resolves to.
-_FOLDERS = ("HOME", "TMPDIR", "CUDA_HOME", "CUDA_PATH")
+_FOLDERS = ("HOME", "TMPDIR", "CUDA_HOME", "CUDA_PATH", "SLURM_TMPDIR")
 _FILES = ("CXX", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
           "PIP_CERT", "PIP_CLIENT_CERT")
 # The names a job gets from the submitting shell when set there, and only these: who runs it
@@ -200,9 +201,11 @@ def check_passed(environ: Mapping[str, str], campaign: Path,
     a folder or file its programs read. Run by submit and resubmit, dry runs too, before any
     sbatch."""
     env = passed(environ, scratch_names)
+    env |= {k: v for k, v in environ.items() if k == "SLURM_TMPDIR"}  # sbatch passes SLURM_*
     check_start_env(env, campaign)
     _check_cxx(env)
     _check_paths(env, campaign)
+    _check_held(env, campaign)
     _check_locale(env)
 
 
@@ -311,6 +314,31 @@ def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
             "submit again")
 
 
+# What the job's programs read or run below a passed folder: `CUDA_HOME=~/cu` with the campaign
+# at `~/cu/bin` had the build run its nvcc, one at `~/.config` had git run its fsmonitor (issue
+# 41, the twenty-fourth hostile pass). A toolkit may not hold the campaign at all.
+TOOLKIT_FOLDERS = ("bin", "nvvm", "include", "targets", "lib64", "lib")
+HOME_FOLDERS = (".config", ".gitconfig", ".local", ".cache", ".nv", ".triton", ".pip")
+_HELD = {"CUDA_HOME": TOOLKIT_FOLDERS, "CUDA_PATH": TOOLKIT_FOLDERS, "HOME": HOME_FOLDERS}
+
+
+def _check_held(env: Mapping[str, str], campaign: Path) -> None:
+    from ..workspace.ownership import within
+
+    for n, below in ((n, b) for n, b in _HELD.items() if env.get(n)):
+        v = env[n]
+        top = os.path.join("/", v)
+        if (n != "HOME" and within(campaign, Path(os.path.realpath(top)))) or any(
+                _in_campaign(os.path.join(top, f), campaign) for f in below):
+            raise ConfigError(
+                f"{n}={v!r} in this shell holds the campaign {campaign} where the job's "
+                f"programs read or run from ({', '.join(below)}"
+                f"{'' if n == 'HOME' else ', or anywhere in the toolkit'}): whoever can write "
+                "the campaign could put their own there",
+                f"point {n} at a folder that holds the campaign in none of those (or unset "
+                f"{n}), then submit again")
+
+
 # A locale is a name (`en_US.UTF-8`); glibc also reads one given as a path, from that folder
 _LOCALE_VALUE = re.compile(r"[A-Za-z0-9_.@:+=-]*")
 
@@ -385,6 +413,35 @@ def _loader_expansions(entry: str) -> list[str]:
     return out
 
 
+# glibc's loader looks for a library in subfolders of each LD_LIBRARY_PATH entry first:
+# `glibc-hwcaps/<level>`, and up to 2.36 `tls/`, the platform's (`x86_64/`, `haswell/`) and
+# combinations (`tls/x86_64/x86_64/`). With the campaign at `~/lib/x86_64` (or such a subfolder
+# a link into it), `LD_LIBRARY_PATH=~/lib` passed submit and the job, and the merge job's bash
+# loaded a `libtinfo.so.6` planted in the campaign (issue 41, the twenty-fourth hostile pass).
+# The first parts of those subfolders (and the machine's name); what lies under them, two more
+# levels at most, is checked as found.
+LOADER_SUBFOLDERS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "xeon_phi", "avx512_1",
+                     "i686", "aarch64")
+
+
+def loader_subfolders(entry: str) -> list[str]:
+    """What is under library folder ``entry`` now, where the loader looks (two levels deep)."""
+    base = os.path.join("/", entry)
+    found: list[str] = []
+    for first in dict.fromkeys((*LOADER_SUBFOLDERS, os.uname().machine)):
+        level = [os.path.join(base, first)]
+        for _ in range(3):
+            level = [p for p in level if os.path.lexists(p)]
+            found += level
+            nxt: list[str] = []
+            for p in level:
+                if os.path.isdir(p):  # through a link too: the loader follows it
+                    with contextlib.suppress(OSError):
+                        nxt += sorted(os.path.join(p, n) for n in os.listdir(p))
+            level = nxt[:256]
+    return found
+
+
 def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, str]]:
     """``(name, entry)`` of each ``START_ENV`` entry that is in the campaign ``campaign`` (a
     resolved path), by path, through links, or by device and inode (a bind mount). A relative
@@ -400,6 +457,8 @@ def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, 
                 continue
             spelled = [entry] if name in _EXPANDED else list(
                 dict.fromkeys(_loader_expansions(entry)))
+            if name == "LD_LIBRARY_PATH":
+                spelled = [*spelled, *(s for e in spelled for s in loader_subfolders(e))]
             checks += len(spelled)
             if checks > MAX_SPELLINGS:
                 _too_many_spellings(name)
@@ -432,8 +491,9 @@ def check_start_env(environ: Mapping[str, str], campaign: Path) -> None:
         named = ", ".join(f"{name}={entry!r}" for name, entry in found[:5])
         raise ConfigError(
             f"{named} in this shell is in the campaign {campaign} (or "
-            "reached through a link in it): sbatch passes it on, and the "
-            "job's bash would load it before the script's first line (no line of the script "
-            "can leave it out), running whatever is there as you",
+            "reached through a link in it, or a library folder with the campaign in a "
+            "subfolder the loader searches: glibc-hwcaps/*, tls, x86_64, ...): sbatch passes "
+            "it on, and the job's bash would load it before the script's first line (no line "
+            "of the script can leave it out), running whatever is there as you",
             f"unset {' '.join(sorted({n for n, _ in found}))} (or point it outside the "
             "campaign) in this shell, then submit again")

@@ -45,10 +45,10 @@ from .job_env import SCRATCH_PREFIX, SHELLS_OWN, export_option, keep_only_sh, sc
 from .shell import (
     CHECK_JOB_IDS_SH,
     KEEP_OUTSIDE_SH,
-    LEAVE_CAMPAIGN_SH,
     SCRATCH_OUTSIDE_SH,
     TEMP_OUTSIDE_SH,
     WRITE_NEW_SH,
+    leave_campaign_sh,
 )
 from .values import (
     SCRATCH_NODE,
@@ -93,7 +93,7 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
         *_scratch_variables_sh(c, tree),
         f"SCRATCH_BASE={scratch_base_sh(c)}",
         *SCRATCH_OUTSIDE_SH,  # in the campaign folder: `$PWD`, `.` and relative paths are it
-        LEAVE_CAMPAIGN_SH,
+        leave_campaign_sh(c.kit_root),
         # name: the campaign folder's (check_campaign_path) and a tree's, nothing a shell expands
         f'SCRATCH="$SCRATCH_BASE/{name}-${{SLURM_JOB_ID:-$$}}"',
         # this job's own: a new job id is a new folder; anything already there (a link planted
@@ -155,7 +155,7 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
     the scratch folder and its exit trap)."""
     wd = str(c.workdir)
     if job.name == "prepare":
-        return [LEAVE_CAMPAIGN_SH, _q(kit_argv(c, "slurm", "prepare", c.root))]
+        return [leave_campaign_sh(c.kit_root), _q(kit_argv(c, "slurm", "prepare", c.root))]
     if job.name.startswith("build-"):
         return _build_commands(c, c.tree(job.name[len("build-"):]))
     if job.name == "verify":
@@ -163,14 +163,15 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
                         "--json", *(["--no-gpu"] if c.no_gpu else []))
         # never `>`: a link planted at results/verify.json would be written through
         # write_new runs it: a command killed while it printed leaves the earlier report
-        return [LEAVE_CAMPAIGN_SH,
+        return [leave_campaign_sh(c.kit_root),
                 "write_new " + shlex.quote(str(c.results / "verify.json")) + " " + _q(argv)]
     if job.name == "bench":
         task = '"$SLURM_ARRAY_TASK_ID"'
         if c.bench.stand_in:
-            return [LEAVE_CAMPAIGN_SH,
+            return [leave_campaign_sh(c.kit_root),
                     _q(kit_argv(c, "slurm", "stand-in", c.root, "--task")) + " " + task]
-        lines = [LEAVE_CAMPAIGN_SH, "BATCHES=(" + " ".join(str(b) for b in c.bench.batches) + ")",
+        lines = [leave_campaign_sh(c.kit_root),
+                 "BATCHES=(" + " ".join(str(b) for b in c.bench.batches) + ")",
                  *_bench_task_sh(c)]
         extra: list[str] = []
         for ctx in c.bench.contexts:
@@ -185,7 +186,7 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
         return lines
     if job.name == "merge":
         shards = [c.shard(i) for i in range(job.array or len(c.bench.batches))]
-        return [LEAVE_CAMPAIGN_SH, _q(kit_argv(c, "report", "--merge", *shards, "--out",
+        return [leave_campaign_sh(c.kit_root), _q(kit_argv(c, "report", "--merge", *shards, "--out",
                                                c.report_dir, "--formats", "md"))]
     raise ConfigError(f"unknown job {job.name!r}", "plan the campaign again")
 

@@ -1,13 +1,18 @@
 """The bash every job script of a campaign carries, as lines ``scripts.render_script`` puts
 into each script: the check that a build's scratch is outside the campaign
 (``SCRATCH_OUTSIDE_SH``), the step out of the campaign before the kit runs
-(``LEAVE_CAMPAIGN_SH``), the search paths kept to entries outside it (``KEEP_OUTSIDE_SH``),
+(``leave_campaign_sh``), the search paths kept to entries outside it (``KEEP_OUTSIDE_SH``),
 the check of Slurm's job ids (``CHECK_JOB_IDS_SH``) and the one way a job writes a file in the
 campaign (``WRITE_NEW_SH``). Each is written for an attacker who can write the campaign folder
 and nothing else (the threat model in docs/reliability.md); the comment above each says which
 attack shaped it. Pure text: nothing here runs."""
 
 from __future__ import annotations
+
+import shlex
+
+from .campaign import JOB_ENV
+from .job_env import HOME_FOLDERS, LOADER_SUBFOLDERS, TOOLKIT_FOLDERS
 
 # A build job's scratch folder must be outside the campaign (values.check_scratch says why) as
 # the job's shell expands it: `$PWD/s` (the job starts in the campaign), a relative `$VAR` (a
@@ -18,7 +23,9 @@ from __future__ import annotations
 _SCRATCH_INSIDE_MSG = (
     'echo "refusing to build in $SCRATCH_BASE: it is in the campaign $CAMPAIGN_REAL, where'
     ' whoever can write the campaign could swap it for a link. To fix: plan the campaign again'
-    ' with --scratch node or a folder of yours outside it (and a TMPDIR outside it)" >&2;'
+    ' with --scratch node or a folder of yours outside it (and a TMPDIR outside it; a node'
+    ' scratch is SLURM_TMPDIR (where set), which sbatch passes on from the shell you submit'
+    ' from: unset it there)" >&2;'
     ' exit 2')
 SCRATCH_OUTSIDE_SH = (
     'case "$SCRATCH_BASE" in /*) ;; *)',
@@ -102,8 +109,15 @@ SCRATCH_OUTSIDE_SH = (
 # puts its working folder first on sys.path, before PYTHONPATH and the standard library, so a
 # `kvprefetch/` (or `json.py`, ...) that whoever can write the campaign put there was imported
 # in place of the kit and ran as the user in every job (issue 41, the seventeenth hostile pass).
-# Every path the kit is given here is absolute; `/` is the root's to write.
-LEAVE_CAMPAIGN_SH = "cd /  # python -m imports from its working folder first"
+# Every path the kit is given here is absolute.
+# Not `/`: a campaign planned in `/` itself (`/kvprefetch`, `/click`, or bind-mounted there, as
+# a container does) is a folder of it, and the job's `python -m kvprefetch` imported the
+# campaign's `__init__.py` in place of the kit, in every job (issue 41, the twenty-fourth
+# hostile pass, in a mount namespace with the campaign at /kvprefetch). The kit's own folder
+# is the one PYTHONPATH already puts first: running there shows Python nothing more.
+def leave_campaign_sh(kit_root: str) -> str:
+    """The line that leaves the campaign for the kit's folder before the kit runs."""
+    return f"cd -- {shlex.quote(kit_root)}  # python -m imports from its working folder first"
 
 
 # The search paths a job inherits or is given, kept to their entries that are absolute and
@@ -177,6 +191,22 @@ KEEP_OUTSIDE_SH = (
     '  RESOLVED=$r$rest; RESOLVED=${RESOLVED:-/}',
     '  if [ -n "$rest" ] && { [ -e "$r/$f" ] || [ -L "$r/$f" ]; }; then return 1; fi',
     '}',
+    # glibc's loader looks for a library in subfolders of each LD_LIBRARY_PATH entry before
+    # the entry itself (job_env.LOADER_SUBFOLDERS: `glibc-hwcaps/x86-64-v3`, `tls`, `x86_64`,
+    # ...): with the campaign at `~/lib/x86_64`, `LD_LIBRARY_PATH=~/lib` was kept, and every
+    # program of the job loaded what the campaign's writer planted there (issue 41, the
+    # twenty-fourth hostile pass). Each of those that is a folder is checked as the entry is;
+    # a link to nothing there yet drops the entry as well (whoever it leads to could make it).
+    "loader_reaches_campaign() {  # a subfolder of library folder $1 the loader searches",
+    '  local s p',
+    f'  for s in {" ".join(LOADER_SUBFOLDERS)} "$HOSTTYPE"; do',
+    '    for p in "$1/$s" "$1/$s"/* "$1/$s"/*/*; do',
+    '      if [ -d "$p" ] && reaches_campaign "$p"; then return 0; fi',
+    '      if [ -L "$p" ] && [ ! -e "$p" ]; then return 0; fi',
+    '    done',
+    '  done',
+    '  return 1',
+    '}',
     "keep_outside() {  # the variable named $1, less its entries in or reaching the campaign",
     '  local rest e kept= cut=:',
     '  rest=${!1-}',
@@ -198,6 +228,7 @@ KEEP_OUTSIDE_SH = (
     # there (issue 41, the twenty-second hostile pass). LD_LIBRARY_PATH keeps none ($ in cut).
     '    case "$e" in *["$cut"]*) continue;; esac',
     '    if reaches_campaign "$e" || ! pin_folder "$e"; then continue; fi',
+    '    if [ "$1" = LD_LIBRARY_PATH ] && loader_reaches_campaign "$RESOLVED"; then continue; fi',
     '    case "$RESOLVED" in *["$cut"]*) continue;; esac',
     '    kept=${kept:+$kept:}$RESOLVED',
     '  done',
@@ -238,13 +269,20 @@ _TEMP_MSG = (
     ' a link or their own programs. To fix: submit the campaign with $v set to a folder outside'
     ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
 # A relative value is refused: each program reads it from the folder it runs in, `/` for the
-# kit (LEAVE_CAMPAIGN_SH), so a path from `/` into the campaign (`dev/shm/camp/pyc`) was not
+# kit (leave_campaign_sh), so a path from `/` into the campaign (`dev/shm/camp/pyc`) was not
 # seen by the check of absolute values (issue 41, the twenty-first hostile pass).
 _RELATIVE_MSG = (
     'echo "refusing to run: $v=${!v} is a relative path, which each program reads from the'
-    ' folder it runs in (the kit runs in /, the job in the campaign), so it can name a folder'
+    ' folder it runs in (the kit runs in its own, the job in the campaign), so it can name a folder'
     ' in the campaign. To fix: submit the campaign with $v set to an absolute folder outside'
     ' it (e.g. export TMPDIR=/tmp), or unset it" >&2; exit 2')
+_ZONE_FOLDER = "/usr/share/zoneinfo"  # glibc's, as job_env._ZONE_FOLDER (TZDIR is not passed)
+_FILE_MSG = (
+    'echo "refusing to run: $v=${!v} names a file in the campaign $CAMPAIGN_AT (by its name,'
+    ' through a link or a bind mount of it, as this node sees it), or through /proc, which the'
+    ' job\'s programs read (TZ: every Python as it starts), where whoever can write the campaign'
+    ' could put a file of their own or a FIFO that blocks them. To fix: submit the campaign with'
+    ' $v set to a file outside it (e.g. export TZ=UTC), or unset it" >&2; exit 2')
 TEMP_OUTSIDE_SH = (
     "for v in TMPDIR HOME CUDA_HOME CUDA_PATH; do",
     '  case "${!v:-}" in',
@@ -264,9 +302,68 @@ TEMP_OUTSIDE_SH = (
      ' the campaign after this check. To fix: set $v to a folder that exists, outside the'
      ' campaign (e.g. export $v=/tmp), or unset it" >&2; exit 2'),
     '    fi',
+    # a toolkit or HOME that holds the campaign where programs read (job_env._HELD says why)
+    '    held=; below=' + shlex.quote(" ".join(HOME_FOLDERS)),
+    '    if [ "${v#CUDA_}" != "$v" ]; then',
+    '      case "$CAMPAIGN_AT/" in "${RESOLVED%/}"/*) held=1;; esac',
+    '      below=' + shlex.quote(" ".join(TOOLKIT_FOLDERS)),
+    '    fi',
+    '    if [ "$v" != TMPDIR ]; then',
+    '      for f in $below; do',
+    '        if [ -d "$RESOLVED/$f" ] && reaches_campaign "$RESOLVED/$f"; then held=1; fi',
+    '        if [ -L "$RESOLVED/$f" ] && { ! f=$(readlink -f -- "$RESOLVED/$f") \\',
+    '            || reaches_campaign "$f"; }; then held=1; fi',
+    '      done',
+    '      if [ -n "$held" ]; then',
+    ('        echo "refusing to run: $v=${!v} holds the campaign $CAMPAIGN_AT where the job\'s'
+     ' programs read or run from (one of $below, or, for a CUDA toolkit, anywhere in it):'
+     ' whoever can write the campaign could put their own there. To fix: submit the campaign'
+     ' with $v set to a folder that holds the campaign in none of those, or unset it" >&2;'
+     ' exit 2'),
+    '      fi',
+    '    fi',
     '    printf -v "$v" %s "$RESOLVED"; export "${v?}";;',
     '  esac',
     "done",
+    # The files the job's programs read by a passed value's path, checked as the folders above
+    # are: every Python of the job reads TZ's zone file as it starts (glibc's tzset: the value
+    # less a leading ':', a relative one under the zone folder), the prepare job's download
+    # the certificates. Submit checked them on its own machine only, so a TZ in a bind mount
+    # of the campaign that only the node has (a container's view, a second mount point)
+    # passed, and a FIFO the campaign's writer put at the zone's name had the merge job's
+    # Python block before its first instruction until Slurm's time limit (issue 41, the
+    # twenty-fourth hostile pass; the twenty-second found the FIFO, and fixed it at submit).
+    # A relative certificate is refused, as a relative folder is above.
+    "file_reaches_campaign() {  # the file $1 (absolute), by its folders or its link's target",
+    '  local f',
+    '  if reaches_campaign "$1"; then return 0; fi',
+    '  if [ -L "$1" ]; then',
+    '    f=$(readlink -f -- "$1") || return 0',
+    '    reaches_campaign "$f"; return',
+    '  fi',
+    '  return 1',
+    '}',
+    "for v in TZ SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE CURL_CA_BUNDLE PIP_CERT \\",
+    "    PIP_CLIENT_CERT; do",
+    '  rest=${!v-}',
+    '  if [ "$v" = TZ ]; then',
+    '    rest=${rest#:}',
+    f'    case "$rest" in ""|/*) ;; *) rest={_ZONE_FOLDER}/$rest;; esac',
+    '  fi',
+    # OpenSSL reads SSL_CERT_DIR as a ':'-separated list of folders, the others as one path
+    '  if [ "$v" = SSL_CERT_DIR ]; then rest=$rest:; fi',
+    '  while [ -n "$rest" ]; do',
+    '    if [ "$v" = SSL_CERT_DIR ]; then e=${rest%%:*}; rest=${rest#*:}; else e=$rest; rest=; fi',
+    f'    case "$e" in "") continue;; /*) ;; *) {_RELATIVE_MSG};; esac',
+    '    if too_deep "$e"; then',
+    ('      echo "refusing to run: $v names a file more than'
+     f' {MAX_PARTS} folders deep, more than kvprefetch follows to check it is outside the'
+     ' campaign. To fix: submit the campaign with $v set to a file by a shorter path, or'
+     ' unset it" >&2; exit 2'),
+    '    fi',
+    f'    if file_reaches_campaign "$e"; then {_FILE_MSG}; fi',
+    '  done',
+    'done',
     # the build's host compiler: a shell fragment the build's ninja runs, so plain words only
     # (job_env.CXX_VALUE, checked by submit: `g++ -B$KVPREFETCH_CAMPAIGN` ran a planted cc1plus)
     r'case "${CXX:-}" in *[!A-Za-z0-9_.,+=:@%/\ -]*)',
@@ -344,11 +441,19 @@ CHECK_JOB_IDS_SH = (
 # pass), and so is anything put at its name, which only this subshell knew.
 WRITE_NEW_SH = (
     "write_new() {",
-    '  local dir name from=$PWD',
+    '  local dir name from=$PWD want',
     '  dir=$(dirname -- "$1"); name=$(basename -- "$1")',
     '  if [ -L "$dir" ]; then echo "refusing to write $1: $dir is a symlink" >&2; return 1; fi',
+    # The folder it must be in: the campaign's part as the job resolved it at its start
+    # (CAMPAIGN_AT), the rest as spelled. Compared with the spelled path itself, a campaign
+    # reached through a link of the node's (`/home` a link to `/gpfs/home`, or the folder
+    # moved and linked back) was a folder "that became a symlink (another process is changing
+    # the campaign)", and no job wrote its exit record (issue 41, the twenty-fourth hostile
+    # pass: wrong-way message).
+    f'  case "$dir" in "${JOB_ENV}"/*)',
+    f'    want=${{CAMPAIGN_AT%/}}/${{dir#"${JOB_ENV}"/}};; *) want=$dir;; esac',
     '  ( cd -P -- "$dir" || exit 1',
-    '    if [ "$(env pwd -P)" != "$dir" ]; then',
+    '    if [ "$(env pwd -P)" != "$want" ]; then',
     ('      echo "refusing to write $1: $dir became a symlink (another process is changing'
      ' the campaign)" >&2; exit 1'),
     "    fi",
