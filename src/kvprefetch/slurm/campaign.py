@@ -409,6 +409,24 @@ def check_sending(sending: object, record: Path) -> None:
                           "array task number", FIX_SUBMITTED)
 
 
+def check_sending_task(sending: dict[str, Any], jobs: object, record: Path) -> None:
+    """A ``sending`` of an array task is of a task its job has (the plan's ``array``)."""
+    array = next((j.get("array") for j in jobs if isinstance(j, dict)
+                  and j.get("name") == sending["job"]), None) if isinstance(jobs, list) else None
+    task = sending["task"]
+    if isinstance(array, int) and not isinstance(array, bool) and task < array:
+        return
+    has = "is no array job" if array is None else f"has the array tasks 0..{array - 1}" \
+        if isinstance(array, int) else "has no array size"
+    name = f"kvp-{record.parent.resolve().name}-{sending['job']}"
+    raise ConfigError(f"{record} is corrupt: 'sending' records an sbatch of {sending['job']} "
+                      f"task {str(task)[:20]}, and {sending['job']} {has}",
+                      f"check `squeue --me --name {name}` for such a job (scancel it), then "
+                      "restore campaign.json as `kvprefetch slurm submit` wrote it (without "
+                      "that 'sending' entry), or plan the campaign again into a new folder "
+                      "(`kvprefetch slurm plan`)")
+
+
 def load_record(root: Path) -> dict[str, Any]:
     from ..reading import load_json
 
@@ -437,6 +455,11 @@ def load_record(root: Path) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"{p} is corrupt: it records a submission of {unknown[0]!r}, which is "
                           "no job of its plan", FIX_SUBMITTED)
+    if sending and sending.get("task") is not None:
+        # an unanswered sbatch of a task the job does not have: submit's way out was `resubmit
+        # JOB --task N`, which refused that task and sent the user to `resubmit JOB`, which
+        # sent them back (issue 41, the twenty-fourth hostile pass)
+        check_sending_task(sending, jobs, p)
     plan_root = data["plan"].get("root")
     if plan_root != str(Path(root).resolve()):
         # "plan the campaign again in this folder" was refused by this very check (issue 41,

@@ -1,0 +1,71 @@
+"""Issue 41, the twenty-fourth hostile pass (tester b: campaigns from the command line, reports
+and outputs). Each test fails without its fix (checked by reverting ``src`` and running it):
+
+- ``slurm submit`` (and ``status``, ``resubmit``) on a campaign.json whose ``sending`` records
+  an sbatch of an array task the job does not have (``{"job": "merge", "task": 7}``: merge is
+  no array job; or bench task 5 of a one-task array): its fix was "send it and the rest in
+  order: `kvprefetch slurm resubmit CAMP merge --task 7`", which refused that task ("job merge
+  is not an array job ... To fix: resubmit it without --task"), and `resubmit CAMP merge` was
+  refused by the same unanswered sbatch, its fix the `--task 7` again: a loop of wrong-way
+  messages (1 run each, with a stand-in sbatch). Now the record is corrupt, named with the
+  squeue to look for such a job and the way to restore it (exit 2), nothing sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass19_b import _plan
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+_SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _kit(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+         timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    full.update(PYTHONPATH=str(_SRC), TMPDIR=str(tmp_path), HOME=str(tmp_path), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=full, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _stand_in_slurm(tmp_path: Path) -> Path:
+    """A ``bin`` folder whose ``sbatch`` logs each call (and answers a job id), and whose
+    ``scontrol`` says every job is unknown."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "sbatch").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/sbatch.calls\necho 41\n")
+    (bin_ / "scontrol").write_text("#!/bin/sh\necho 'Invalid job id specified'\nexit 1\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    return bin_
+
+
+@pytest.mark.parametrize(("job", "task"), [("merge", 7), ("bench", 5)])
+def test_an_unanswered_sbatch_of_a_task_the_job_lacks_is_a_corrupt_record_not_a_loop(
+        tmp_path: Path, job: str, task: int) -> None:
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)  # one bench task
+    record = camp / "campaign.json"
+    data = json.loads(record.read_text())
+    data["sending"] = {"job": job, "task": task, "at": "2026-12-06T20:00:00Z"}
+    record.write_text(json.dumps(data))
+    env = {"PATH": f"{_stand_in_slurm(tmp_path)}:/usr/bin:/bin"}
+    for args in (("submit", str(camp)), ("status", str(camp)),
+                 ("resubmit", str(camp), job), ("resubmit", str(camp), job, "--task", str(task))):
+        res = _kit(tmp_path, "slurm", *args, env=env)
+        out = res.stdout + res.stderr
+        assert "Traceback" not in out, out[-2000:]
+        assert res.returncode == 2, (args, out)
+        assert f"{record} is corrupt" in out and "'sending'" in out, (args, out)
+        assert f"--task {task}`" not in out, (args, out)  # the way that refused it
+        assert "To fix" in out and f"squeue --me --name kvp-camp-{job}" in out, (args, out)
+    assert not (tmp_path / "sbatch.calls").exists()
