@@ -9,6 +9,14 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   refused by the same unanswered sbatch, its fix the `--task 7` again: a loop of wrong-way
   messages (1 run each, with a stand-in sbatch). Now the record is corrupt, named with the
   squeue to look for such a job and the way to restore it (exit 2), nothing sent.
+- ``slurm plan CAMP --trees 'baseline,mine\n=launch'``: the tree name rule
+  (``upstream.TREE_NAME``) ended in ``$``, which also matches before a last newline, so
+  ``mine\n`` passed ``check_tree_name`` and the plan was refused as "the campaign's job
+  'build-mine\n' (script 'scripts/10-build-mine\n.sbatch') is not one kvprefetch plans / To fix:
+  plan the campaign again", which fails the same way (a wrong-way message; 1 run). The same
+  rule let a build manifest's tree ``baseline\n`` through (a file name with a newline in
+  ``bench ncu``'s logs), and ``fetch --extra-tree``, ``apply --tree`` names ending in one. Now
+  the rule ends in ``\\Z``: the name is refused as no tree name (exit 2), nothing written.
 """
 
 from __future__ import annotations
@@ -69,3 +77,19 @@ def test_an_unanswered_sbatch_of_a_task_the_job_lacks_is_a_corrupt_record_not_a_
         assert f"--task {task}`" not in out, (args, out)  # the way that refused it
         assert "To fix" in out and f"squeue --me --name kvp-camp-{job}" in out, (args, out)
     assert not (tmp_path / "sbatch.calls").exists()
+
+
+def test_a_tree_name_ending_in_a_newline_is_no_tree_name(tmp_path: Path) -> None:
+    from kvprefetch.errors import ConfigError
+    from kvprefetch.workspace.workdir import check_tree_name
+
+    res = _kit(tmp_path, "slurm", "plan", str(tmp_path / "camp"), "--stand-in", "--batch", "1",
+               "--trees", "baseline,mine\n=launch")
+    out = res.stdout + res.stderr
+    assert "Traceback" not in out, out[-2000:]
+    assert res.returncode == 2, out
+    assert "--trees 'mine\\n' is not a tree name" in out and "To fix" in out, out
+    assert "plan the campaign again" not in out, out
+    assert not (tmp_path / "camp").exists()
+    with pytest.raises(ConfigError):
+        check_tree_name("baseline\n")
