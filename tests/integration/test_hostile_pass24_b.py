@@ -17,6 +17,13 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   rule let a build manifest's tree ``baseline\n`` through (a file name with a newline in
   ``bench ncu``'s logs), and ``fetch --extra-tree``, ``apply --tree`` names ending in one. Now
   the rule ends in ``\\Z``: the name is refused as no tree name (exit 2), nothing written.
+- ``bench e2e`` names each run's files ``runs/<env>-seqs<M>-r<R>.json``/``.log`` after the
+  environments' names in the verify-kernel report: a name of 250 bytes (a plain name by pass
+  23's rule) had the first environment's benchmark run, then the next one's log refused with
+  "File name too long / To fix: use a shorter path ... (the --workdir, -o/--out or campaign
+  folder that named it)", which the user's folder was not (a wrong-way message; 1 run with a
+  stand-in python). Now a name of more than ``e2e.MAX_NAME_BYTES`` (200) is malformed, named
+  with the fix to rewrite the report (exit 7; a dry run says it would refuse), nothing run.
 """
 
 from __future__ import annotations
@@ -93,3 +100,28 @@ def test_a_tree_name_ending_in_a_newline_is_no_tree_name(tmp_path: Path) -> None
     assert not (tmp_path / "camp").exists()
     with pytest.raises(ConfigError):
         check_tree_name("baseline\n")
+
+
+def test_an_environments_name_too_long_for_its_runs_files_is_malformed_not_blamed_on_the_path(
+        tmp_path: Path) -> None:
+    wd = tmp_path / "work"
+    (wd / "verify").mkdir(parents=True)
+    py = tmp_path / "python"  # an environment's python with vLLM: a version, then a result
+    py.write_text("#!/bin/bash\n"
+                  'for a in "$@"; do [ "$a" = -c ] && { echo 0.10.2; exit 0; }; done\n'
+                  'while [ $# -gt 0 ]; do [ "$1" = --output-json ] && f=$2; shift; done\n'
+                  "echo '{\"tokens_per_second\": 100.0, \"num_requests\": 10, "
+                  "\"elapsed_time\": 1.0}' > \"$f\"\n")
+    py.chmod(0o755)
+    long_name = "a" * 250
+    (wd / "verify" / "report.json").write_text(json.dumps({
+        "passed": True, "envs": {"baseline": {"python": str(py)}, long_name: {"python": str(py)}}}))
+    res = _kit(tmp_path, "bench", "e2e", "--workdir", str(wd), "--max-num-seqs", "1",
+               "--repeats", "1")
+    out = res.stdout + res.stderr
+    assert "Traceback" not in out, out[-2000:]
+    assert res.returncode == 7, out
+    assert "is malformed: an environment's name 'aaaa" in out and "at most 200 bytes" in out, out
+    assert "use a shorter path" not in out, out
+    runs = wd / "bench" / "e2e" / "runs"
+    assert not runs.exists() or not any(runs.iterdir()), sorted(runs.iterdir())
