@@ -24,6 +24,17 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   folder that named it)", which the user's folder was not (a wrong-way message; 1 run with a
   stand-in python). Now a name of more than ``e2e.MAX_NAME_BYTES`` (200) is malformed, named
   with the fix to rewrite the report (exit 7; a dry run says it would refuse), nothing run.
+- ``slurm plan CAMP`` again over a campaign.json that cannot be read (not JSON, no plan, a
+  plan of no root, a tree of an unknown variant): the fix was "plan the campaign again", which
+  is what was run (a re-plan reads the plan it replaces first), and without the file the
+  folder is "not empty"; ``status``/``submit`` gave the same fix, and a plan of no root was
+  told to "move the folder back to None" (wrong-way messages; 1 run each). Now the fix is to
+  restore campaign.json or plan into a new folder (exit 2), nothing written.
+- ``slurm publish`` of a scratch whose build folder (the build's key) has a 250-byte name:
+  its temporary ``.<key>.publish-<job>`` was past one name's 255 bytes, and the message was
+  "File name too long / To fix: use a shorter path ... (the --workdir, -o/--out or campaign
+  folder that named it)", the user sent to the campaign (a wrong-way message; 1 run). Now the
+  scratch's build folder is named with the fix to rebuild there (exit 10), nothing published.
 """
 
 from __future__ import annotations
@@ -125,3 +136,46 @@ def test_an_environments_name_too_long_for_its_runs_files_is_malformed_not_blame
     assert "use a shorter path" not in out, out
     runs = wd / "bench" / "e2e" / "runs"
     assert not runs.exists() or not any(runs.iterdir()), sorted(runs.iterdir())
+
+
+@pytest.mark.parametrize("record", ["{garbage", "[]", '{"plan": {}}', "variant"])
+def test_a_replan_over_a_campaign_json_it_cannot_read_says_how_out(tmp_path: Path,
+                                                                    record: str) -> None:
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    path = camp / "campaign.json"
+    if record == "variant":
+        data = json.loads(path.read_text())
+        data["plan"]["trees"][1]["variant"] = "bogus"
+        record = json.dumps(data)
+    path.write_text(record)
+    for args in (("plan", str(camp), "--stand-in", "--batch", "1", "--python", sys.executable),
+                 ("status", str(camp))):
+        res = _kit(tmp_path, "slurm", *args, env={"PATH": "/usr/bin:/bin"})
+        out = res.stdout + res.stderr
+        assert "Traceback" not in out, out[-2000:]
+        assert res.returncode == 2, (args, out)
+        if args[0] == "plan" or "variant" not in record:  # status's "plan again" leads here
+            assert f"To fix: restore {path} as `kvprefetch slurm plan` wrote it, or plan the " \
+                "campaign again into a new folder" in out, (args, out)
+            assert "To fix: plan the campaign again\n" not in out, (args, out)
+        assert "back to None" not in out, (args, out)
+    assert path.read_text() == record
+
+
+def test_a_scratch_build_whose_name_leaves_no_room_for_its_temporary_is_named(
+        tmp_path: Path) -> None:
+    from tests.unit.test_slurm import _fake_scratch_build
+
+    camp, scratch = tmp_path / "camp", tmp_path / "scratch"
+    _plan(tmp_path, camp)
+    bdir = _fake_scratch_build(scratch, "baseline", key="k" * 250)
+    res = _kit(tmp_path, "slurm", "publish", str(camp), "--tree", "baseline", "--scratch",
+               str(scratch), env={"SLURM_JOB_ID": "12"})
+    out = res.stdout + res.stderr
+    assert "Traceback" not in out, out[-2000:]
+    assert res.returncode == 10, out
+    assert f"the build folder {bdir} in the scratch has a name of 250 bytes" in out, out
+    assert "use a shorter path" not in out and "To fix: rebuild" in out, out
+    envs = camp / "work" / "envs"
+    assert not envs.exists() or not any(envs.iterdir())

@@ -427,6 +427,13 @@ def check_sending_task(sending: dict[str, Any], jobs: object, record: Path) -> N
                       "(`kvprefetch slurm plan`)")
 
 
+# "plan the campaign again" was the fix for a campaign.json that cannot be read, and `slurm plan`
+# into that folder reads it first: the same error again, and without it the folder is "not
+# empty" (issue 41, the twenty-fourth hostile pass)
+FIX_UNREADABLE = ("restore {p} as `kvprefetch slurm plan` wrote it, or plan the campaign again "
+                  "into a new folder (`kvprefetch slurm plan NEW_FOLDER ...`)")
+
+
 def load_record(root: Path) -> dict[str, Any]:
     from ..reading import load_json
 
@@ -437,9 +444,9 @@ def load_record(root: Path) -> dict[str, Any]:
         raise ConfigError(f"{root} is not a campaign (no {CAMPAIGN_FILE})",
                           "plan one with `kvprefetch slurm plan DIR`") from None
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {p}: {exc}", "plan the campaign again") from None
+        raise ConfigError(f"cannot read {p}: {exc}", FIX_UNREADABLE.format(p=p)) from None
     if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
-        raise ConfigError(f"{p} is not a kvprefetch campaign", "plan the campaign again")
+        raise ConfigError(f"{p} is not a kvprefetch campaign", FIX_UNREADABLE.format(p=p))
     data.setdefault("submitted", {})
     check_submitted(data["submitted"], p)
     check_sending(data.get("sending"), p)
@@ -466,9 +473,10 @@ def load_record(root: Path) -> dict[str, Any]:
         # the eleventh hostile pass): the scripts, and any job sent, use the planned path
         raise ConfigError(f"{p} is corrupt or was moved: it plans the campaign {plan_root!r}, "
                           f"not {Path(root).resolve()}; kvprefetch acts on no path from it",
-                          f"move the folder back to {plan_root!r} if it was moved (its scripts "
-                          "and any job already sent use that path), or plan a new campaign "
-                          "into a new folder (`kvprefetch slurm plan NEW_FOLDER ...`)")
+                          (f"move the folder back to {plan_root!r} if it was moved (its scripts "
+                           "and any job already sent use that path), or plan a new campaign "
+                           "into a new folder (`kvprefetch slurm plan NEW_FOLDER ...`)")
+                          if isinstance(plan_root, str) else FIX_UNREADABLE.format(p=p))
     return data
 
 
