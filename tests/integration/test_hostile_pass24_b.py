@@ -35,6 +35,11 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   "File name too long / To fix: use a shorter path ... (the --workdir, -o/--out or campaign
   folder that named it)", the user sent to the campaign (a wrong-way message; 1 run). Now the
   scratch's build folder is named with the fix to rebuild there (exit 10), nothing published.
+- ``report --index R`` (and ``--check``) with a run whose ``provenance.json`` headline names a
+  result that cannot be read (``/dev/zero``, a missing file, a name past 255 bytes): the fix
+  was load_document's "pass a JSON file written by kvprefetch bench or verify, unedited", and
+  the user passed a folder (a wrong-way message; 1 run each). Now the provenance.json and the
+  name it gives are named, with the fix to name a result of that run there (exit 7).
 """
 
 from __future__ import annotations
@@ -179,3 +184,28 @@ def test_a_scratch_build_whose_name_leaves_no_room_for_its_temporary_is_named(
     assert "use a shorter path" not in out and "To fix: rebuild" in out, out
     envs = camp / "work" / "envs"
     assert not envs.exists() or not any(envs.iterdir())
+
+
+@pytest.mark.parametrize("result", ["/dev/zero", "missing.json", "x" * 300])
+def test_an_index_whose_headline_names_no_readable_result_names_the_provenance(
+        tmp_path: Path, result: str) -> None:
+    import shutil
+
+    run = tmp_path / "runs" / "run1"
+    run.mkdir(parents=True)
+    docs = Path(__file__).resolve().parents[2] / "docs" / "results"
+    for name in ("provenance.json", "default-matrix.json"):
+        shutil.copy(docs / "2026-12-01-h200-headline" / name, run / name)
+    prov = run / "provenance.json"
+    data = json.loads(prov.read_text())
+    data["headline"] = [{"result": result, "variant": "patched"}]
+    prov.write_text(json.dumps(data))
+    for extra in ((), ("--check",)):
+        res = _kit(tmp_path, "report", "--index", str(tmp_path / "runs"), "--out",
+                   str(tmp_path / "index.md"), *extra)
+        out = res.stdout + res.stderr
+        assert "Traceback" not in out, out[-2000:]
+        assert res.returncode == 7, out
+        assert f"{prov}'s headline names the result" in out, out
+        assert "pass a JSON file" not in out and f"To fix: name in {prov}" in out, out
+    assert not (tmp_path / "index.md").exists()
