@@ -282,6 +282,8 @@ def write_campaign(c: Campaign) -> list[Path]:
             old = load_record(root)
             previous = campaign_from_dict(old["plan"])
         except ConfigError as exc:
+            if exc.fix and "new folder" in exc.fix:  # a way out that works (moved, edited)
+                raise
             # its fix was "plan the campaign again", which this plan just did: the plan it
             # replaces must be read first (its ids, its scripts), so the same error came back
             # (issue 41, the twenty-fourth hostile pass)
