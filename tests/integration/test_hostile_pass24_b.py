@@ -40,6 +40,11 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   was load_document's "pass a JSON file written by kvprefetch bench or verify, unedited", and
   the user passed a folder (a wrong-way message; 1 run each). Now the provenance.json and the
   name it gives are named, with the fix to name a result of that run there (exit 7).
+- ``report --index R --out FILE/x.md`` (and ``report RESULT --out FILE/sub``: every output
+  whose folder ``confine.ensure_dir`` makes without a root) where a part of the path is a file:
+  "report failed: FILE: File exists / To fix: check the path and its file system", the cause
+  a file that exists (a wrong-way message; 1 run each). Now the file in the way is named, not a
+  folder, with the fix (exit 7).
 """
 
 from __future__ import annotations
@@ -186,9 +191,8 @@ def test_a_scratch_build_whose_name_leaves_no_room_for_its_temporary_is_named(
     assert not envs.exists() or not any(envs.iterdir())
 
 
-@pytest.mark.parametrize("result", ["/dev/zero", "missing.json", "x" * 300])
-def test_an_index_whose_headline_names_no_readable_result_names_the_provenance(
-        tmp_path: Path, result: str) -> None:
+def _one_run(tmp_path: Path) -> Path:
+    """``runs/run1``: a committed run (its provenance.json and the result its headline names)."""
     import shutil
 
     run = tmp_path / "runs" / "run1"
@@ -196,7 +200,13 @@ def test_an_index_whose_headline_names_no_readable_result_names_the_provenance(
     docs = Path(__file__).resolve().parents[2] / "docs" / "results"
     for name in ("provenance.json", "default-matrix.json"):
         shutil.copy(docs / "2026-12-01-h200-headline" / name, run / name)
-    prov = run / "provenance.json"
+    return run
+
+
+@pytest.mark.parametrize("result", ["/dev/zero", "missing.json", "x" * 300])
+def test_an_index_whose_headline_names_no_readable_result_names_the_provenance(
+        tmp_path: Path, result: str) -> None:
+    prov = _one_run(tmp_path) / "provenance.json"
     data = json.loads(prov.read_text())
     data["headline"] = [{"result": result, "variant": "patched"}]
     prov.write_text(json.dumps(data))
@@ -209,3 +219,17 @@ def test_an_index_whose_headline_names_no_readable_result_names_the_provenance(
         assert f"{prov}'s headline names the result" in out, out
         assert "pass a JSON file" not in out and f"To fix: name in {prov}" in out, out
     assert not (tmp_path / "index.md").exists()
+
+
+@pytest.mark.parametrize("out", ["afile/x.md", "afile/sub/x.md"])
+def test_an_output_under_a_file_names_the_file_in_the_way(tmp_path: Path, out: str) -> None:
+    (tmp_path / "afile").write_text("mine\n")
+    _one_run(tmp_path)
+    res = _kit(tmp_path, "report", "--index", str(tmp_path / "runs"), "--out",
+               str(tmp_path / out))
+    out_text = res.stdout + res.stderr
+    assert "Traceback" not in out_text, out_text[-2000:]
+    assert res.returncode == 7, out_text
+    assert f"{tmp_path / 'afile'} is a file, not a folder" in out_text, out_text
+    assert "File exists" not in out_text and "Not a directory" not in out_text, out_text
+    assert (tmp_path / "afile").read_text() == "mine\n"
