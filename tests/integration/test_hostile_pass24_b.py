@@ -45,6 +45,13 @@ and outputs). Each test fails without its fix (checked by reverting ``src`` and 
   "report failed: FILE: File exists / To fix: check the path and its file system", the cause
   a file that exists (a wrong-way message; 1 run each). Now the file in the way is named, not a
   folder, with the fix (exit 7).
+- ``slurm plan CAMP --python CAMP/cache/py`` (or a link in the campaign to the real python, or
+  a link of the user's to an interpreter in the campaign), re-planning a campaign: planned and
+  submitted, every job running that interpreter from the campaign, which whoever can write it
+  may replace (code taken from the campaign; ``--source`` in the campaign was refused, the
+  interpreter was not; 1 run each, with a stand-in sbatch). Now ``--python`` (and the kit's
+  checkout) in the campaign is refused at plan and in a campaign.json read back
+  (``values.check_program_outside``, exit 2), nothing written.
 """
 
 from __future__ import annotations
@@ -233,3 +240,30 @@ def test_an_output_under_a_file_names_the_file_in_the_way(tmp_path: Path, out: s
     assert f"{tmp_path / 'afile'} is a file, not a folder" in out_text, out_text
     assert "File exists" not in out_text and "Not a directory" not in out_text, out_text
     assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("where", ["copy", "link-in", "link-to"])
+def test_the_jobs_python_is_never_one_in_the_campaign(tmp_path: Path, where: str) -> None:
+    import shutil
+
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    before = (camp / "campaign.json").read_text()
+    if where == "copy":
+        py = camp / "cache" / "py"
+        shutil.copy(sys.executable, py)
+    elif where == "link-in":
+        py = camp / "results" / "python"
+        py.symlink_to(sys.executable)
+    else:
+        shutil.copy(sys.executable, camp / "cache" / "py")
+        py = tmp_path / "mypython"
+        py.symlink_to(camp / "cache" / "py")
+    res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1", "--python",
+               str(py), env={"PATH": "/usr/bin:/bin"})
+    out = res.stdout + res.stderr
+    assert "Traceback" not in out, out[-2000:]
+    assert res.returncode == 2, out
+    assert f"--python {py} is in the campaign {camp}" in out and "To fix" in out, out
+    assert (camp / "campaign.json").read_text() == before
+    assert str(py) not in (camp / "scripts" / "00-prepare.sbatch").read_text()

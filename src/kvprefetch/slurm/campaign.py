@@ -36,6 +36,7 @@ from .values import (
     check_campaign_path,
     check_contexts,
     check_presets,
+    check_program_outside,
     check_scratch,
     check_slurm_value,
     check_source,
@@ -200,6 +201,9 @@ class Campaign:
                               "plan the campaign again")
         check_scratch(self.scratch, self.root)
         check_source(self.source, self.root)
+        for what, prog in (("--python", self.python), ("the kit's checkout", self.kit_root)):
+            if isinstance(prog, str) and prog.startswith("/"):
+                check_program_outside(what, prog, self.root)
         for t in self.trees:
             check_tree_name(t.name, "--trees")
             if t.variant is not None and t.variant not in upstream.VARIANTS:
