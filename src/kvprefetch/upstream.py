@@ -65,8 +65,11 @@ TREE_NAMES = ("baseline", "patched")
 # What a tree may be called: tree names become folder names (trees/, build/, envs/), lock and
 # file names (bench ncu's ncu-<shape>-<tree>.csv/.log) and C++ namespaces, so no separator, no
 # dot. Here, below every layer that reads a tree's name from a record (workspace.workdir's
-# check_tree_name, kernels.ops' build manifests).
-TREE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# check_tree_name, kernels.ops' build manifests). ``\Z``, not ``$``, which also matches before a
+# last newline: `slurm plan --trees 'baseline,mine\n=launch'` passed it, and the plan was refused
+# as "the campaign's job 'build-mine\n' is not one kvprefetch plans / plan the campaign again"
+# (issue 41, the twenty-fourth hostile pass).
+TREE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 PAPER_TREE = "paper"
 # prefetch: our corrected in-kernel per-block prefetch (K and V sites of the attention kernel).
 # launch:   attention kernels untouched; the launcher issues a small L2 prefetch kernel first.

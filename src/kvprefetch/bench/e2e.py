@@ -215,13 +215,22 @@ def _env_name(name: Any, path: Path | str) -> str:
     # and hand vLLM an --output-json there (issue 41, the twenty-third hostile pass)
     if not _plain_name(str(name)):
         raise _malformed(path, f"an environment's name {_shown(str(name))} is not a plain name "
-                         "(it names files of its runs: no folders, no control characters)")
+                         "(it names files of its runs: no folders, no control characters, at "
+                         f"most {MAX_NAME_BYTES} bytes)")
     return str(name)
+
+
+# An environment's name begins each run's file names (``<name>-seqs<M>-r<R>.json``/``.log``),
+# which must fit Linux's 255 bytes in one name: a 250-byte name in the verify report ran the
+# first environment's benchmark, then failed on the next one's log with "File name too long /
+# use a shorter path ... (the --workdir, -o/--out or campaign folder that named it)", the
+# user sent to the folder they typed (issue 41, the twenty-fourth hostile pass).
+MAX_NAME_BYTES = 200
 
 
 def _plain_name(name: str) -> bool:
     """Whether ``name`` can begin a file name in the runs' folder (``plan.check_output_name``'s
-    rule: no folder, no control character)."""
+    rule: no folder, no control character; and at most ``MAX_NAME_BYTES``)."""
     from ..errors import OptionError
     from .plan import check_output_name
 
@@ -229,7 +238,7 @@ def _plain_name(name: str) -> bool:
         check_output_name(name)
     except OptionError:
         return False
-    return True
+    return len(name.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES
 
 
 def _python_of(python: Any, path: Path | str) -> str | None:

@@ -116,7 +116,16 @@ def headline(run: ResultRun) -> str:
 def _one_headline(folder: Path, spec: Headline) -> str:
     if "text" in spec:
         return str(spec["text"])
-    doc = load_document(folder / spec["result"])
+    try:
+        doc = load_document(folder / spec["result"])
+    except BenchError as exc:
+        # its fix was load_document's "pass a JSON file written by kvprefetch bench": the index
+        # was passed a folder, and the run's provenance.json named the file (issue 41, the
+        # twenty-fourth hostile pass)
+        raise BenchError(f"{folder / PROVENANCE}'s headline names the result "
+                         f"{str(spec['result'])[:200]!r}: {exc.cause}",
+                         f"name in {folder / PROVENANCE} (its headline's `result`) a result "
+                         "file of that run, as kvprefetch bench wrote it") from None
     variant = spec["variant"]
     prefix = f"{spec['label']}: " if spec.get("label") else ""
     if doc["kind"] == "kernel":

@@ -36,6 +36,7 @@ from .values import (
     check_campaign_path,
     check_contexts,
     check_presets,
+    check_program_outside,
     check_scratch,
     check_slurm_value,
     check_source,
@@ -200,6 +201,9 @@ class Campaign:
                               "plan the campaign again")
         check_scratch(self.scratch, self.root)
         check_source(self.source, self.root)
+        for what, prog in (("--python", self.python), ("the kit's checkout", self.kit_root)):
+            if isinstance(prog, str) and prog.startswith("/"):
+                check_program_outside(what, prog, self.root)
         for t in self.trees:
             check_tree_name(t.name, "--trees")
             if t.variant is not None and t.variant not in upstream.VARIANTS:
@@ -409,6 +413,31 @@ def check_sending(sending: object, record: Path) -> None:
                           "array task number", FIX_SUBMITTED)
 
 
+def check_sending_task(sending: dict[str, Any], jobs: object, record: Path) -> None:
+    """A ``sending`` of an array task is of a task its job has (the plan's ``array``)."""
+    array = next((j.get("array") for j in jobs if isinstance(j, dict)
+                  and j.get("name") == sending["job"]), None) if isinstance(jobs, list) else None
+    task = sending["task"]
+    if isinstance(array, int) and not isinstance(array, bool) and task < array:
+        return
+    has = "is no array job" if array is None else f"has the array tasks 0..{array - 1}" \
+        if isinstance(array, int) else "has no array size"
+    name = f"kvp-{record.parent.resolve().name}-{sending['job']}"
+    raise ConfigError(f"{record} is corrupt: 'sending' records an sbatch of {sending['job']} "
+                      f"task {str(task)[:20]}, and {sending['job']} {has}",
+                      f"check `squeue --me --name {name}` for such a job (scancel it), then "
+                      "restore campaign.json as `kvprefetch slurm submit` wrote it (without "
+                      "that 'sending' entry), or plan the campaign again into a new folder "
+                      "(`kvprefetch slurm plan`)")
+
+
+# "plan the campaign again" was the fix for a campaign.json that cannot be read, and `slurm plan`
+# into that folder reads it first: the same error again, and without it the folder is "not
+# empty" (issue 41, the twenty-fourth hostile pass)
+FIX_UNREADABLE = ("restore {p} as `kvprefetch slurm plan` wrote it, or plan the campaign again "
+                  "into a new folder (`kvprefetch slurm plan NEW_FOLDER ...`)")
+
+
 def load_record(root: Path) -> dict[str, Any]:
     from ..reading import load_json
 
@@ -419,9 +448,9 @@ def load_record(root: Path) -> dict[str, Any]:
         raise ConfigError(f"{root} is not a campaign (no {CAMPAIGN_FILE})",
                           "plan one with `kvprefetch slurm plan DIR`") from None
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {p}: {exc}", "plan the campaign again") from None
+        raise ConfigError(f"cannot read {p}: {exc}", FIX_UNREADABLE.format(p=p)) from None
     if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
-        raise ConfigError(f"{p} is not a kvprefetch campaign", "plan the campaign again")
+        raise ConfigError(f"{p} is not a kvprefetch campaign", FIX_UNREADABLE.format(p=p))
     data.setdefault("submitted", {})
     check_submitted(data["submitted"], p)
     check_sending(data.get("sending"), p)
@@ -437,15 +466,21 @@ def load_record(root: Path) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"{p} is corrupt: it records a submission of {unknown[0]!r}, which is "
                           "no job of its plan", FIX_SUBMITTED)
+    if sending and sending.get("task") is not None:
+        # an unanswered sbatch of a task the job does not have: submit's way out was `resubmit
+        # JOB --task N`, which refused that task and sent the user to `resubmit JOB`, which
+        # sent them back (issue 41, the twenty-fourth hostile pass)
+        check_sending_task(sending, jobs, p)
     plan_root = data["plan"].get("root")
     if plan_root != str(Path(root).resolve()):
         # "plan the campaign again in this folder" was refused by this very check (issue 41,
         # the eleventh hostile pass): the scripts, and any job sent, use the planned path
         raise ConfigError(f"{p} is corrupt or was moved: it plans the campaign {plan_root!r}, "
                           f"not {Path(root).resolve()}; kvprefetch acts on no path from it",
-                          f"move the folder back to {plan_root!r} if it was moved (its scripts "
-                          "and any job already sent use that path), or plan a new campaign "
-                          "into a new folder (`kvprefetch slurm plan NEW_FOLDER ...`)")
+                          (f"move the folder back to {plan_root!r} if it was moved (its scripts "
+                           "and any job already sent use that path), or plan a new campaign "
+                           "into a new folder (`kvprefetch slurm plan NEW_FOLDER ...`)")
+                          if isinstance(plan_root, str) else FIX_UNREADABLE.format(p=p))
     return data
 
 

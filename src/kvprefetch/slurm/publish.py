@@ -135,6 +135,8 @@ def rewrite_paths(obj: Any, pairs: list[tuple[str, str]]) -> Any:
 # folder name past 255 bytes, "File name too long" with the fix "use a shorter path" for the
 # campaign, which the user would shorten in vain (issue 41, the twentieth hostile pass).
 _JOB_ID = re.compile(r"[0-9]{1,10}(_[0-9]{1,10})?")
+# A build folder's name with ``.`` before it and ``.publish-<job id>`` after fits in one name.
+MAX_KEY_BYTES = 255 - len(".") - len(".publish-") - 21
 
 
 def check_job_label(label: str, what: str = "SLURM_JOB_ID") -> str:
@@ -267,6 +269,15 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
                          "read the build's output above; resubmit the build job")
     built = builds[0]
     src_build = built.manifest_path.parent
+    if len(os.fsencode(src_build.name)) > MAX_KEY_BYTES:
+        # its temporaries (.<key>.publish-<job>, .<key>.old-<job>) are past one name's 255
+        # bytes: "File name too long / use a shorter path (the --workdir, -o/--out or campaign
+        # folder that named it)" sent the user to the campaign (issue 41, the twenty-fourth pass)
+        raise SlurmError(f"the build folder {src_build} in the scratch has a name of "
+                         f"{len(os.fsencode(src_build.name))} bytes, more than the "
+                         f"{MAX_KEY_BYTES} kvprefetch publishes (its builds are named by a "
+                         "short key)", "rebuild with `kvprefetch build --kernels-only` in the "
+                         "scratch work directory; resubmit the build job")
     manifest = _read_json(built.manifest_path)
     env = manifest.get("env", {})
     if not isinstance(env, dict):

@@ -32,6 +32,7 @@ from ..errors import ConfigError
 from .campaign import (
     CAMPAIGN_FILE,
     EXIT_SUFFIX,
+    FIX_UNREADABLE,
     JOB_ENV,
     NODE_SCRATCH_SH,
     Campaign,
@@ -278,8 +279,17 @@ def write_campaign(c: Campaign) -> list[Path]:
     sending = None
     previous: Campaign | None = None
     if record_path.exists():
-        old = load_record(root)
-        previous = campaign_from_dict(old["plan"])
+        try:
+            old = load_record(root)
+            previous = campaign_from_dict(old["plan"])
+        except ConfigError as exc:
+            if exc.fix and "new folder" in exc.fix:  # a way out that works (moved, edited)
+                raise
+            # its fix was "plan the campaign again", which this plan just did: the plan it
+            # replaces must be read first (its ids, its scripts), so the same error came back
+            # (issue 41, the twenty-fourth hostile pass)
+            raise ConfigError(f"{exc.cause} (in {record_path}, the campaign this plan would "
+                              "replace)", FIX_UNREADABLE.format(p=record_path)) from None
         sending = old.get("sending")
         if (old["submitted"] or sending) and old["plan"] != json.loads(json.dumps(c.to_dict())):
             raise ConfigError(f"{root} holds a campaign already submitted with another plan",

@@ -211,6 +211,27 @@ def check_source(source: str, root: str) -> str:
     return source
 
 
+def check_program_outside(what: str, path: str, root: str) -> str:
+    """``path`` (the jobs' ``--python``, or the kit's checkout on their ``PYTHONPATH``) is not in
+    the campaign ``root`` (by its name, through links, or a bind mount of it): every job runs
+    it, and whoever can write the campaign could replace it. ``--source`` in the campaign was
+    refused, and ``--python CAMPAIGN/cache/py`` (or a link to one there) was planned and sent,
+    every job running that interpreter (issue 41, the twenty-fourth hostile pass)."""
+    from ..workspace.ownership import within
+
+    real = os.path.realpath(path)
+    for where in (posixpath.normpath(path), real):
+        if where == root or where.startswith(root.rstrip("/") + "/") \
+                or within(Path(real), Path(root)):
+            raise ConfigError(f"{what} {path} is in the campaign {root}: every job would run "
+                              "it, from a folder whoever can write the campaign may change",
+                              "pass a --python outside the campaign folder (e.g. the "
+                              "environment's own), then plan again" if what == "--python" else
+                              "run kvprefetch from a checkout outside the campaign folder, "
+                              "then plan again")
+    return path
+
+
 def scratch_variables(scratch: str) -> list[str]:
     """The names of the environment variables a ``--scratch`` expands (``$NAME``,
     ``${NAME}``), in order, each once."""

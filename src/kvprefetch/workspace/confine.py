@@ -300,7 +300,16 @@ def ensure_dir(d: Path, *, root: Path | None = None,
     if d.is_symlink():
         raise family(f"refusing to write into {d}: it is a symlink",
                      f"replace the symlink {d} by a real directory, then rerun")
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        # a file where a folder of the output belongs: "report failed: FILE: File exists / To
+        # fix: check the path and its file system" (issue 41, the twenty-fourth hostile pass)
+        blocker = next((p for p in (d, *d.parents) if os.path.lexists(p) and not p.is_dir()), d)
+        raise family(f"cannot create the folder {d}: {blocker} is "
+                     f"{what_is(blocker) if blocker.exists() else 'a link to nothing'}, not a "
+                     "folder", f"give a path whose folders are folders (or move {blocker} "
+                     "away), then rerun") from None
 
 
 def _tmp_name(name: str) -> str:
