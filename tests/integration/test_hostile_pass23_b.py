@@ -195,6 +195,7 @@ def _fake_vllm_python(tmp_path: Path) -> Path:
     py = tmp_path / "bin" / "python"
     py.parent.mkdir()
     py.write_text("#!/bin/bash\n"
+                  '[ "$1" = -I ] && shift  # the kit runs it isolated (bench e2e)\n'
                   'if [ "$1" = -c ]; then echo 0.10.2; exit 0; fi\n'
                   'while [ $# -gt 0 ]; do [ "$1" = --output-json ] && f=$2; shift; done\n'
                   "echo '{\"tokens_per_second\": 100.0, \"num_requests\": 10, "
