@@ -9,14 +9,27 @@ without its fix (checked by reverting ``src`` and running it):
   the next ``report --readme`` refuses to read. A file asking for more than 100 blocks is now
   refused before any is read, and a regenerated file over 4 MiB is never written
   (``cli/report._check_markdown_size``).
+- A system temp folder (``TMPDIR``) with a little room but not enough sent the user the wrong
+  way twice. ``apply`` said "apply to W/trees/patched failed: No space left on device / To fix:
+  free space on that file system (`df -h .`), or write to a larger one (the --workdir, -o/--out
+  or campaign folder that named it)": the file that did not fit was in apply's scratch folder
+  for ``git apply`` in ``TMPDIR``, and a write to a descriptor named no file. ``doctor``'s
+  compile probe failed with nvcc's "No space left on device" in the same folder and said "use
+  a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass". Both now name the file
+  (``confine.open_new``) and send the user to the temp folder (``oserrors.describe``, which
+  ``doctor/tools.check_compile`` asks for nvcc's message).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -54,3 +67,49 @@ def test_report_readme_refuses_a_file_of_thousands_of_blocks(tmp_path: Path) -> 
     res = _kit(tmp_path, "report", "--readme", str(ok))
     assert res.returncode == 0, res.stderr
     assert "| " in ok.read_text()
+
+
+@pytest.fixture
+def nearly_full_temp(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs (a real mount: root only) with about 100 KiB free: Python's temp folder
+    search (a 4-byte file) takes it, a scratch copy does not fit."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(temp)],
+                      check=False, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)")
+    try:
+        (temp / "fill").write_bytes(b"\0" * (1960 << 10))
+        yield temp
+    finally:
+        subprocess.run(["umount", "-l", str(temp)], check=False)
+
+
+def test_apply_with_a_full_temp_folder_names_the_temp_folder(
+        tmp_path: Path, fetched_workdir: Path, nearly_full_temp: Path) -> None:
+    res = _kit(tmp_path, "apply", "--workdir", str(fetched_workdir),
+               TMPDIR=str(nearly_full_temp))
+    assert res.returncode == 4 and "Traceback" not in res.stderr, res.stderr
+    assert "No space left on device" in res.stderr, res.stderr
+    # without the fix: "To fix: free space on that file system (`df -h .`), or write to a
+    # larger one (the --workdir, ...)", and no file named
+    fix = res.stderr.split("To fix:", 1)[1]
+    assert f"system temp folder {nearly_full_temp}" in fix and "TMPDIR" in fix, res.stderr
+    assert "--workdir" not in fix
+    assert f"{nearly_full_temp}/kvprefetch-apply-" in res.stderr
+    res = _kit(tmp_path, "apply", "--workdir", str(fetched_workdir))  # room again: it applies
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_doctor_with_a_full_temp_folder_names_the_temp_folder(
+        tmp_path: Path, nearly_full_temp: Path) -> None:
+    import json
+
+    res = _kit(tmp_path, "doctor", "--mode", "kernels-only", "--workdir", str(tmp_path / "w"),
+               "--json", TMPDIR=str(nearly_full_temp))
+    check = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "nvcc-compile")
+    assert check["status"] == "fail" and "No space left on device" in check["detail"], check
+    # without the fix: "use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass"
+    assert f"system temp folder {nearly_full_temp}" in check["fix"], check
+    assert "CUDA toolkit" not in check["fix"]
