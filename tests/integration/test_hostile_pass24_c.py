@@ -18,6 +18,11 @@ without its fix (checked by reverting ``src`` and running it):
   a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass". Both now name the file
   (``confine.open_new``) and send the user to the temp folder (``oserrors.describe``, which
   ``doctor/tools.check_compile`` asks for nvcc's message).
+- A full work directory: ``build`` said "build failed: No space left on device / To fix: free
+  space on that file system (`df -h .`)", naming no path, and ``.`` (the user's shell's folder)
+  is not the full file system; ``fetch`` the same after its "fetch into W". The lock's marker
+  (``locks._opened``), written to a descriptor, named no file; it now names the lock file, and
+  the fix its folder.
 """
 
 from __future__ import annotations
@@ -113,3 +118,33 @@ def test_doctor_with_a_full_temp_folder_names_the_temp_folder(
     # without the fix: "use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass"
     assert f"system temp folder {nearly_full_temp}" in check["fix"], check
     assert "CUDA toolkit" not in check["fix"]
+
+
+def test_a_full_work_directory_names_the_lock_file_it_could_not_write(
+        tmp_path: Path) -> None:
+    from kvprefetch.workspace.workdir import Workdir
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                      check=False, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)")
+    try:
+        work = disk / "w"
+        Workdir(work).ensure()
+        (work / ".lock").unlink(missing_ok=True)
+        fd = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)
+        try:  # fill it to the last block
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        res = _kit(tmp_path, "fetch", "--workdir", str(work))
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
+    # without the fix: "failed: No space left on device / To fix: ... (`df -h .`)"
+    assert f"{work}/.lock: No space left on device" in res.stderr, res.stderr
+    assert f"`df -h {work}`" in res.stderr
