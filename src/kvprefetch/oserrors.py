@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -133,8 +134,35 @@ def describe(exc: OSError) -> tuple[str, str]:
         return cause, _too_large()
     if exc.errno in (errno.EMFILE, errno.ENFILE):
         return cause, _too_many_open()
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) and _in_scratch(exc.filename):
+        # the kit's scratch (apply's git folder, doctor's probe): the work directory's
+        # fix ("write to a larger one (the --workdir ...)") does not reach it (issue 41, the
+        # twenty-fourth hostile pass)
+        temp = tempfile.gettempdir()
+        return cause, (f"free space in the system temp folder {temp} (`df -h {temp}`), or set "
+                       "TMPDIR to a folder on a larger, writable file system, then rerun")
     fix = _FIX.get(exc.errno or 0, "check the path and its file system, then rerun")
     return cause, fix.format(where=os.path.dirname(str(exc.filename or ".")) or ".")
+
+
+def _in_scratch(filename: object) -> bool:
+    """Whether ``filename`` is in a scratch folder of the kit's in the system temp folder
+    (``ownership.private_dir``: ``$TMPDIR/kvprefetch-*``), and in no work directory (one may be
+    named ``/tmp/kvprefetch-work``)."""
+    if not isinstance(filename, str) or not os.path.isabs(filename):
+        return False
+    from .workspace.confine import trusted_roots
+
+    try:
+        temp = os.path.realpath(tempfile.gettempdir())
+    except OSError:  # no usable temp folder at all
+        return False
+    path = os.path.realpath(filename)
+    rel = os.path.relpath(path, temp)
+    if not rel.startswith("kvprefetch-") or not path.startswith(os.path.join(temp, "")):
+        return False
+    return not any(path.startswith(os.path.join(os.path.realpath(r), "")) or path == r
+                   for r in trusted_roots())
 
 
 # What only writing a local file raises: a download that fails with one of these failed on this

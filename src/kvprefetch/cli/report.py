@@ -273,6 +273,35 @@ def _read_markdown(path: Path) -> str:
 
 COMMANDS_BLOCK = re.compile(r"(<!-- commands -->\n)(.*?)(<!-- /commands -->)", re.DOTALL)
 
+# The most blocks one markdown file may ask for (the README holds four). Each block is
+# regenerated on its own: a 10 KB file repeating one `seeds` block 300 times kept `report
+# --readme` busy for minutes, and 20,000 `timings` blocks (800 KB) made a 200 MB README in
+# 600 MB of memory, one the next run refuses to read (issue 41, the twenty-fourth hostile pass).
+MAX_MARKDOWN_BLOCKS = 100
+
+
+def _check_markdown_size(path: Path, text: str, regenerated: bool) -> None:
+    """Refuse a markdown file asking for more than MAX_MARKDOWN_BLOCKS blocks, and a
+    regenerated one over MAX_MARKDOWN_BYTES (what ``_read_markdown`` reads back)."""
+    from ..bench.readme_blocks import README_BLOCK
+    from ..errors import BenchError
+    from ..timings import TIMINGS_BLOCK
+
+    if regenerated:
+        size = len(text.encode("utf-8", "surrogateescape"))
+        if size > MAX_MARKDOWN_BYTES:
+            raise BenchError(f"{path}: its regenerated blocks would make it {size >> 20} MiB, "
+                             f"more than the {MAX_MARKDOWN_BYTES >> 20} MiB kvprefetch reads "
+                             "back; nothing was written",
+                             "keep fewer or smaller report blocks in the file")
+        return
+    blocks = sum(len(rx.findall(text)) for rx in (README_BLOCK, TIMINGS_BLOCK, COMMANDS_BLOCK))
+    if blocks > MAX_MARKDOWN_BLOCKS:
+        raise BenchError(f"{path} holds {blocks} report, timings and commands blocks, more than "
+                         f"the {MAX_MARKDOWN_BLOCKS} one `report --readme` regenerates",
+                         "keep each result's block once in the file (the README holds four), "
+                         "or split the file")
+
 
 def command_table() -> str:
     """The markdown table of every ``kvprefetch`` command and its one-line help, read from the
@@ -312,9 +341,11 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
     from ..workspace.confine import kept_mode, write_file
 
     text = _read_markdown(readme)
+    _check_markdown_size(readme, text, regenerated=False)
     new, changed = refresh_blocks(text, readme.parent)
     new, changed_timings = refresh_timings(new, readme.parent)
     new, changed_commands = refresh_commands(new)
+    _check_markdown_size(readme, new, regenerated=True)
     changed += changed_timings + changed_commands
     if as_json:
         emit_json({"readme": str(readme), "changed": changed, "checked": check})

@@ -5,6 +5,7 @@ goes through the runner."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -26,6 +27,7 @@ from ..machine.toolchain import (
     nvcc_version,
     vllm_c_archs,
 )
+from ..oserrors import describe
 from ..runner import run, which
 from ..workspace import ownership
 from ..workspace.workdir import Workdir
@@ -182,10 +184,15 @@ def check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int
         took = time.monotonic() - t0
         targets = ", ".join(f.rsplit("code=", 1)[1] for f in flags)
         if done.returncode != 0:
+            fix = "use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass"
+            for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                # nvcc's files in the probe's folder, in the system temp: a full TMPDIR was
+                # sent to another toolkit (issue 41, the twenty-fourth hostile pass)
+                if os.strerror(code) in done.output:
+                    fix = describe(OSError(code, os.strerror(code), str(obj)))[1]
             return Check("nvcc-compile", "fail",
                          f"nvcc could not compile the prefetch probe for {targets}: "
-                         + done.output.strip()[-500:],
-                         "use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass")
+                         + done.output.strip()[-500:], fix)
         detail = f"compiled the prefetch probe for {targets} in {took:.1f} s"
         hopper = any(a.has_bulk_prefetch for a in vllm_c_archs(archs, version))
         if not hopper:

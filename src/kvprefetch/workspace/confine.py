@@ -368,9 +368,14 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
         except OSError as exc:  # relative to the folder's descriptor: name the folder too
             raise OSError(exc.errno, exc.strerror, str(path.parent / tmp_name)) from exc
         created = True
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            os.fchmod(f.fileno(), final)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                yield f
+                os.fchmod(f.fileno(), final)
+        except OSError as exc:  # a write to the descriptor (a full disk) names no file
+            if exc.filename:
+                raise
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         os.replace(tmp_name, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
         created = False
     finally:

@@ -183,7 +183,12 @@ def _opened(lock_path: Path, wait: bool | float, what: str, pfd: int,
                    "killed) " if bare else "") + "remove it; if it is yours, move it away; "
                 "then rerun")
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{_MARKER}{os.getpid()}\n".encode(), 0)
+        try:
+            os.pwrite(fd, f"{_MARKER}{os.getpid()}\n".encode(), 0)
+        except OSError as exc:  # a full disk: a write to a descriptor names no file, and
+            # `build` said "No space left on device / (`df -h .`)", the user's shell's folder
+            # (issue 41, the twenty-fourth hostile pass)
+            raise OSError(exc.errno, exc.strerror, str(lock_path)) from exc
         try:
             yield fd
         finally:
