@@ -148,21 +148,20 @@ def describe(exc: OSError) -> tuple[str, str]:
 def _in_scratch(filename: object) -> bool:
     """Whether ``filename`` is in a scratch folder of the kit's in the system temp folder
     (``ownership.private_dir``: ``$TMPDIR/kvprefetch-*``), and in no work directory (one may be
-    named ``/tmp/kvprefetch-work``)."""
+    named ``/tmp/kvprefetch-work``: its top holds the work directory's tag file; the base layer
+    reads the name, not ``workspace``)."""
     if not isinstance(filename, str) or not os.path.isabs(filename):
         return False
-    from .workspace.confine import trusted_roots
-
     try:
         temp = os.path.realpath(tempfile.gettempdir())
     except OSError:  # no usable temp folder at all
         return False
     path = os.path.realpath(filename)
-    rel = os.path.relpath(path, temp)
-    if not rel.startswith("kvprefetch-") or not path.startswith(os.path.join(temp, "")):
+    if not path.startswith(os.path.join(temp, "")):
         return False
-    return not any(path.startswith(os.path.join(os.path.realpath(r), "")) or path == r
-                   for r in trusted_roots())
+    top = os.path.relpath(path, temp).split(os.sep)[0]
+    return top.startswith("kvprefetch-") \
+        and not os.path.lexists(os.path.join(temp, top, ".kvprefetch-workdir"))
 
 
 # What only writing a local file raises: a download that fails with one of these failed on this
