@@ -13,6 +13,12 @@ test fails without its fix (checked by reverting ``src`` and running it):
   disassembly worker and identity pass (``python -m kvprefetch.verify.facts`` /
   ``.numerics``: a planted ``kvprefetch/`` package ran in their place) and ``bench ncu``'s
   target. Each now runs in ``/`` (or in its private folder), its paths absolute.
+- **uv's cache written outside through a ``uv.toml`` in the work directory** (the same rule).
+  uv reads ``uv.toml`` from its working folder: one planted in the work directory naming a
+  ``cache-dir`` outside had ``uv venv`` (an environment of ``--env-backend uv``) create and
+  fill uv's cache there (1 of 1 by hand with the real uv; ``uv pip install`` does the same).
+  The overlay build's ``uv pip install`` steps and doctor's ``uv cache dir`` now run in ``/``
+  too (those two are not in a test: the install downloads vLLM and torch, gigabytes).
 """
 
 from __future__ import annotations
@@ -101,3 +107,34 @@ def test_a_relative_program_path_still_runs_when_the_child_runs_in_the_neutral_f
     finally:
         os.chdir(here)
     assert res.output.strip() == "/"
+
+
+def test_a_uv_environment_never_reads_a_uv_toml_in_the_callers_folder(tmp_path: Path,
+                                                                       outside: Path) -> None:
+    """uv reads ``uv.toml`` from its working folder: one planted in the work directory (the
+    kit run as ``--workdir .``) naming a ``cache-dir`` outside had ``uv venv`` (``build
+    --env-backend uv``) write uv's cache there (1 of 1 by hand, with the real uv)."""
+    from kvprefetch.overlay.install import find_uv
+
+    uv = find_uv()
+    if uv is None:
+        import pytest
+        pytest.skip("uv is not installed")
+    work = tmp_path / "work"
+    work.mkdir()
+    victim = outside / "uv-cache"
+    (work / "uv.toml").write_text(f'cache-dir = "{victim}"\n')
+    driver = tmp_path / "driver" / "drive.py"
+    driver.parent.mkdir()
+    driver.write_text(
+        f"import sys\nsys.path.insert(0, {str(_SRC)!r})\n"
+        "from kvprefetch.machine.envs import UvEnv\n"
+        f"UvEnv({str(tmp_path / 'env')!r}, python=sys.executable, uv={uv!r}).create()\n"
+        "print('driver done')\n")
+    env = _env(tmp_path)
+    env.pop("PYTHONPATH", None)
+    env["UV_OFFLINE"] = "1"
+    res = subprocess.run([sys.executable, str(driver)], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert not victim.exists(), "uv wrote its cache where the work directory's uv.toml said"
+    assert res.returncode == 0 and "driver done" in res.stdout, res.stdout + res.stderr
