@@ -19,6 +19,16 @@ test fails without its fix (checked by reverting ``src`` and running it):
   fill uv's cache there (1 of 1 by hand with the real uv; ``uv pip install`` does the same).
   The overlay build's ``uv pip install`` steps and doctor's ``uv cache dir`` now run in ``/``
   too (those two are not in a test: the install downloads vLLM and torch, gigabytes).
+- **Wrong-way messages on files and folders this user may not read** (``oserrors.describe``,
+  ``confine._open_folder``; as a user who is not root, or root without ``CAP_DAC_OVERRIDE``).
+  A tree file of mode 0222 or 0000 made ``apply``, ``fetch`` and ``clean --discard-edits`` say
+  "README.md: Permission denied / To fix: make trees/patched writable for this user": the
+  folder was writable, the file was not readable, and the rerun failed the same way. A folder
+  of mode 0000 in a tree made ``clean --what trees --discard-edits`` say "benchmarks:
+  Permission denied / To fix: make . writable" (the descriptor walk's bare name), naming
+  neither the folder nor what to change. Now each names the file or folder and ``chmod u+r``
+  / ``u+rx``. The tests drop root's ``CAP_DAC_OVERRIDE`` and ``CAP_DAC_READ_SEARCH``
+  (``setpriv --bounding-set``), as a user's run has neither.
 """
 
 from __future__ import annotations
@@ -138,3 +148,50 @@ def test_a_uv_environment_never_reads_a_uv_toml_in_the_callers_folder(tmp_path: 
                          text=True, timeout=300, check=False)
     assert not victim.exists(), "uv wrote its cache where the work directory's uv.toml said"
     assert res.returncode == 0 and "driver done" in res.stdout, res.stdout + res.stderr
+
+
+def _as_user(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The kit run by root without the capabilities that read past a file's mode bits, as a
+    user who is not root runs it."""
+    import shutil
+
+    import pytest
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE")
+    return subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+                           sys.executable, "-m", "kvprefetch", *args], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_an_unreadable_tree_file_is_named_with_chmod_u_r_not_its_folder_writable(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    wd = fetched_workdir
+    readme = wd / "trees" / "patched" / "README.md"
+    readme.chmod(0o222)
+    for args in (("apply",), ("clean", "--what", "trees", "--discard-edits")):
+        res = _as_user(tmp_path, *args, "--workdir", str(wd))
+        assert "Traceback" not in res.stderr, res.stderr
+        assert res.returncode != 0, res.stdout + res.stderr
+        assert f"make the file {readme} readable" in res.stderr, res.stderr
+        assert "writable" not in res.stderr, res.stderr
+    readme.chmod(0o644)
+    res = _as_user(tmp_path, "apply", "--workdir", str(wd))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_an_unreadable_tree_folder_is_named_whole_by_clean(fetched_workdir: Path,
+                                                           tmp_path: Path) -> None:
+    wd = fetched_workdir
+    folder = wd / "trees" / "patched" / "benchmarks"
+    folder.chmod(0)
+    res = _as_user(tmp_path, "clean", "--what", "trees", "--discard-edits", "--workdir",
+                   str(wd))
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode != 0
+    assert f"make the folder {folder} readable and searchable" in res.stderr, res.stderr
+    folder.chmod(0o755)
+    res = _as_user(tmp_path, "clean", "--what", "trees", "--discard-edits", "--workdir",
+                   str(wd))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not (wd / "trees" / "patched").exists()
