@@ -26,7 +26,10 @@ test fails without its fix (checked by reverting ``src`` and running it):
   folder was writable, the file was not readable, and the rerun failed the same way. A folder
   of mode 0000 in a tree made ``clean --what trees --discard-edits`` say "benchmarks:
   Permission denied / To fix: make . writable" (the descriptor walk's bare name), naming
-  neither the folder nor what to change. Now each names the file or folder and ``chmod u+r``
+  neither the folder nor what to change; ``apply``, ``fetch`` and ``fetch --repair`` listed its
+  files as deleted ("carries an unknown modification: D benchmarks/README.md, ...") and sent
+  the user to move the tree to backup/ (``hashing.walk`` skipped a folder it could not list;
+  the inventories now raise). Now each names the file or folder and ``chmod u+r``
   / ``u+rx``. The tests drop root's ``CAP_DAC_OVERRIDE`` and ``CAP_DAC_READ_SEARCH``
   (``setpriv --bounding-set``), as a user's run has neither.
 """
@@ -180,11 +183,14 @@ def test_an_unreadable_tree_file_is_named_with_chmod_u_r_not_its_folder_writable
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_an_unreadable_tree_folder_is_named_whole_by_clean(fetched_workdir: Path,
+def test_an_unreadable_tree_folder_is_named_whole_by_apply_and_clean(fetched_workdir: Path,
                                                            tmp_path: Path) -> None:
     wd = fetched_workdir
     folder = wd / "trees" / "patched" / "benchmarks"
     folder.chmod(0)
+    res = _as_user(tmp_path, "apply", "--workdir", str(wd))  # not "D benchmarks/...: edited"
+    assert "Traceback" not in res.stderr, res.stderr
+    assert f"make the folder {folder} readable and searchable" in res.stderr, res.stderr
     res = _as_user(tmp_path, "clean", "--what", "trees", "--discard-edits", "--workdir",
                    str(wd))
     assert "Traceback" not in res.stderr, res.stderr
