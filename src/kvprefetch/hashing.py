@@ -98,20 +98,28 @@ def _entry(p: Path) -> str:
     return f"! special file (mode {stat.S_IFMT(mode):o})"
 
 
-def walk(top: str | os.PathLike[str]) -> Iterator[tuple[str, list[str], list[str]]]:
+def walk(top: str | os.PathLike[str], *, strict: bool = False
+         ) -> Iterator[tuple[str, list[str], list[str]]]:
     """``os.walk(top)`` (top-down, a symlinked folder listed among the folders and never
     entered, the caller may prune the folders in place, unreadable folders skipped), without
     recursion: Python 3.11's ``os.walk`` calls itself once per level, so a folder 1,500
     levels deep in a tree (anyone who writes the work directory can make one) was a
     ``RecursionError`` traceback in fetch, apply, fetch --repair and clean (issue 41, the
-    twenty-first hostile pass)."""
+    twenty-first hostile pass). ``strict``: a folder that cannot be listed (mode 0000, as a
+    user who is not root) is its OSError, not skipped: an inventory that skipped one listed
+    its files as deleted, and apply called the tree edited, sending the user to move it to
+    backup/ (issue 41, the twenty-fourth hostile pass); one gone meanwhile is still skipped."""
     stack = [os.fspath(top)]
     while stack:
         here = stack.pop()
         try:
             with os.scandir(here) as it:
                 entries = list(it)
+        except FileNotFoundError:
+            continue
         except OSError:
+            if strict:
+                raise
             continue
         dirs: list[str] = []
         files: list[str] = []
@@ -131,7 +139,7 @@ def inventory(root: Path) -> dict[str, str]:
     followed), but for a full build's outputs at the top level and Python's __pycache__
     (see _TOP_LEVEL_OUTPUTS)."""
     out: dict[str, str] = {}
-    for dirpath, dirnames, filenames in walk(root):
+    for dirpath, dirnames, filenames in walk(root, strict=True):
         here = Path(dirpath)
         dirnames[:] = sorted(d for d in dirnames if not _skipped_dir(here, root, d))
         # os.walk lists a symlinked folder among dirnames and does not enter it
@@ -184,7 +192,7 @@ def source_manifest(root: Path, skip: tuple[str, ...] = (),
     source has none (a sparse 15 TB file in a --source folder was hashed for hours: issue 41,
     the twentieth hostile pass)."""
     out: dict[str, str] = {}
-    for dirpath, dirnames, filenames in walk(root):
+    for dirpath, dirnames, filenames in walk(root, strict=True):
         here = Path(dirpath)
         if here == root:
             dirnames[:] = [d for d in dirnames if d not in skip]

@@ -141,6 +141,10 @@ def describe(exc: OSError) -> tuple[str, str]:
         temp = tempfile.gettempdir()
         return cause, (f"free space in the system temp folder {temp} (`df -h {temp}`), or set "
                        "TMPDIR to a folder on a larger, writable file system, then rerun")
+    if exc.errno in (errno.EACCES, errno.EPERM) and exc.filename and not exc.filename2:
+        unreadable = _unreadable(str(exc.filename))
+        if unreadable:
+            return cause, unreadable
     fix = _FIX.get(exc.errno or 0, "check the path and its file system, then rerun")
     return cause, fix.format(where=os.path.dirname(str(exc.filename or ".")) or ".")
 
@@ -162,6 +166,27 @@ def _in_scratch(filename: object) -> bool:
     top = os.path.relpath(path, temp).split(os.sep)[0]
     return top.startswith("kvprefetch-") \
         and not os.path.lexists(os.path.join(temp, top, ".kvprefetch-workdir"))
+
+
+def _unreadable(path: str) -> str | None:
+    """The fix when ``path`` itself is what this user may not read (a file of mode 0222 or 0000
+    in a tree, a folder of mode 0000): "make <its folder> writable" named a folder that was
+    writable already, and the rerun failed the same way (issue 41, the twenty-fourth hostile
+    pass, as a user who is not root). None when the path reads (a write failed)."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        if os.access(path, os.R_OK | os.X_OK):
+            return None
+        return (f"make the folder {path} readable and searchable for this user (`chmod u+rx "
+                "PATH`), then rerun")
+    if stat.S_ISREG(st.st_mode) and not os.access(path, os.R_OK):
+        return (f"make the file {path} readable for this user (`chmod u+r PATH`), then rerun")
+    return None
 
 
 # What only writing a local file raises: a download that fails with one of these failed on this

@@ -40,6 +40,13 @@ class Completed:
     log: Path | None
 
 
+# Where a Python child runs when it reads no path relative to the caller's folder: ``python -c``
+# and ``python -m`` put their working folder first on ``sys.path``, and the kit's is the user's,
+# often the work directory itself (``--workdir .``): a ``json/`` or ``pip/`` planted there ran in
+# the kit's own interpreter's probe (build) and pip (fetch) (issue 41, the twenty-fourth pass).
+NEUTRAL_CWD = "/"
+
+
 def which(program: str, env: Mapping[str, str] | None = None) -> str | None:
     """Resolve ``program`` on the PATH of ``env`` (the child's), not the parent's, to an
     absolute path. A relative PATH entry (``.``, empty, ``bin``) is looked up from the current
@@ -440,7 +447,9 @@ def run(
     args = [str(a) for a in argv]
     child_env = dict(env) if env is not None else dict(os.environ)
     check_child_tmpdir(child_env)
-    resolved = args[0] if os.sep in args[0] else which(args[0], child_env)
+    # a relative program path is the caller's (``--torch-from venv/bin/python``), not one
+    # under ``cwd``
+    resolved = os.path.abspath(args[0]) if os.sep in args[0] else which(args[0], child_env)
     if resolved is None:
         raise ConfigError(
             f"'{args[0]}' was not found on the PATH of the command's environment",

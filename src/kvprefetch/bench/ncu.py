@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -305,7 +306,7 @@ def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
     run is kept under ``out_dir`` as ``ncu-<shape#>-<tree>.csv``."""
     import time
 
-    from ..runner import run, which
+    from ..runner import NEUTRAL_CWD, run, which
 
     if which(opts.ncu) is None and not Path(opts.ncu).is_file():
         raise BenchError(f"'{opts.ncu}' (Nsight Compute) is not on PATH",
@@ -313,6 +314,7 @@ def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
     from .plan import make_dir
 
     py = python or sys.executable
+    py = os.path.abspath(py) if os.sep in py else py
     make_dir(out_dir)  # from the work directory down (bench/ncu's logs too: runner.open_log)
     say = progress or (lambda m: None)
     doc_shapes: list[NcuShape] = []
@@ -321,11 +323,12 @@ def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
         per_variant: dict[str, list[KernelSummary]] = {}
         csvs: dict[str, str] = {}
         for b in builds:
-            csv_path = out_dir / f"ncu-{si}-{b.tree}.csv"
-            target = target_command(py, b.so_path, b.namespace, sd,
+            csv_path = Path(os.path.abspath(out_dir / f"ncu-{si}-{b.tree}.csv"))  # cwd: /
+            target = target_command(py, Path(os.path.abspath(b.so_path)), b.namespace, sd,
                                     launches_needed(shape.kernel, opts))
             t0 = time.monotonic()
-            run(ncu_command(target, csv_path, opts), log=out_dir / f"ncu-{si}-{b.tree}.log")
+            run(ncu_command(target, csv_path, opts), log=out_dir / f"ncu-{si}-{b.tree}.log",
+                cwd=NEUTRAL_CWD)
             text = _read_csv(csv_path)
             per_variant[b.tree] = _launches(text, csv_path)
             csvs[b.tree] = csv_path.name

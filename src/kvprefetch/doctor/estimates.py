@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..runner import run
+from ..runner import NEUTRAL_CWD, run
 
 GIB = 2**30
 
@@ -54,7 +54,7 @@ def shares_one_install(backend: str, workdir: Path,
 
     uv = find_uv()
     done = run([uv, "cache", "dir"], env=dict(environ), echo=False, check=False,
-               timeout=30) if uv else None
+               timeout=30, cwd=NEUTRAL_CWD) if uv else None
     if done is None or done.returncode != 0 or not done.output.strip():
         return False, "uv's cache directory is unknown (`uv cache dir` failed)"
     cache = Path(done.output.strip().splitlines()[-1])

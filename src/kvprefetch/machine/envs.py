@@ -32,7 +32,7 @@ from typing import Any, ClassVar, TypeVar
 from .. import __version__
 from ..errors import BuildError, ConfigError, KvprefetchError
 from ..reading import load_json
-from ..runner import run, which
+from ..runner import NEUTRAL_CWD, run, which
 from ..workspace import confine, ownership
 from ..workspace.confine import write_file
 from ..workspace.locks import locked
@@ -201,7 +201,7 @@ class Env(abc.ABC):
                 raise ConfigError(f"{self.path} has no {self.python.relative_to(self.path)}",
                                   f"recreate it: rerun with --force, or remove {self.path}")
             done = run([str(self.python), "-c", _PROBE], env=self.environ(), echo=False,
-                       log=self.log, timeout=120)
+                       log=self.log, timeout=120, cwd=NEUTRAL_CWD)
             self._info = probe_answer(done.output, self.python)
         return self._info
 
@@ -391,12 +391,12 @@ class Env(abc.ABC):
         child = dict(env if env is not None else self.environ())
         with ownership.private_dir(f"env-tmp-{self.path.name}") as tmp:
             child["TMPDIR"] = str(tmp)
-            run(argv, env=child, log=self.log)
+            run(argv, env=child, log=self.log, cwd=NEUTRAL_CWD)
 
 
 def _base_python_info(python: str | os.PathLike[str]) -> dict[str, Any]:
     clean = {k: v for k, v in os.environ.items() if k not in ISOLATION_STRIP}
-    done = run([str(python), "-c", _PROBE], env=clean, echo=False, timeout=120)
+    done = run([str(python), "-c", _PROBE], env=clean, echo=False, timeout=120, cwd=NEUTRAL_CWD)
     return probe_answer(done.output, python)
 
 

@@ -30,7 +30,7 @@ from ..errors import ConfigError, FetchError
 from ..hashing import sha256_bytes, sha256_file_of_size
 from ..oserrors import local_write_failure
 from ..reading import read_limited
-from ..runner import run
+from ..runner import NEUTRAL_CWD, run
 
 _JSON = "application/vnd.pypi.simple.v1+json"
 # An index's project page: PyPI's for vllm (every release's files) is a few MB.
@@ -111,7 +111,8 @@ def configured_index_url(environ: dict[str, str] | None = None) -> str:
     # file outside (issue 41, the twenty-first hostile pass). The command line overrides both.
     try:
         out = run([sys.executable, "-m", "pip", "--log", os.devnull, "config", "get",
-                   "global.index-url"], env=env, echo=False, check=False).output.strip()
+                   "global.index-url"], env=env, echo=False, check=False,
+                  cwd=NEUTRAL_CWD).output.strip()
     except Exception:  # noqa: BLE001 -- pip missing or broken: the default index still works
         out = ""
     if out.startswith(("http://", "https://", "file://")):

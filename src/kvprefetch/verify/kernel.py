@@ -121,7 +121,7 @@ def _identity_run(workdir: Path, trees: list[str], extra_env: dict[str, str] | N
         for t in trees:
             argv += ["--tree", t]
         env = {**os.environ, **extra_env} if extra_env else None
-        res = run(argv, env=env, echo=False, check=False)
+        res = run(argv, env=env, echo=False, check=False, cwd=td)
         data = load_json(out) if out.is_file() else None
     return data, f"exit {res.returncode}: {res.output.strip()[-400:]}"
 
@@ -217,7 +217,7 @@ def _library_facts(lib: _Library, cache_dir: Path, tools: Mapping[str, str | Non
         out = Path(td) / "facts.json"
         res = run([sys.executable, "-m", "kvprefetch.verify.facts", lib.path, "--out", str(out),
                    "--cache", str(cache_dir), "--root", str(cache_dir.parent.parent)],
-                  echo=False, check=False)
+                  echo=False, check=False, cwd=td)
         try:
             data = load_json(out)
         except (OSError, ValueError):

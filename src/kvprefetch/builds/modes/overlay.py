@@ -51,7 +51,7 @@ from ...overlay.install import (
 )
 from ...overlay.plugin import ENTRY_GROUP, ENTRY_NAME, TEMPLATE, write_plugin_wheel
 from ...overlay.toolkit import Toolkit, choose_toolkit
-from ...runner import run
+from ...runner import NEUTRAL_CWD, run
 from ...workspace import confine
 from ...workspace.workdir import Workdir
 from ..library import LibraryBuild, install_library, library_manifest, write_library_ninja
@@ -194,7 +194,7 @@ class OverlayTree(TreeSteps):
         run_.say("installing " + " ".join(PINS))
         with INSTALLING:
             refuse_linked_env(run_, "install vLLM, torch and xformers into")
-            run(list(step.argv), env=run_.child, log=log,
+            run(list(step.argv), env=run_.child, log=log, cwd=NEUTRAL_CWD,
                 fix=f"read {log}; check that the package index is reachable (PIP_INDEX_URL / "
                     "UV_INDEX_URL) and rerun")
         self.versions = installed_versions(str(run_.need_env().python), run_.child, log)
@@ -264,7 +264,7 @@ class OverlayTree(TreeSteps):
 
     def install_plugin(self, step: Step, log: Path) -> None:
         refuse_linked_env(self.run, "install the plugin into")
-        run(list(step.argv), env=self.run.child, log=log)
+        run(list(step.argv), env=self.run.child, log=log, cwd=NEUTRAL_CWD)
 
     def manifest(self, core: dict[str, Any]) -> dict[str, Any]:
         """The library's manifest with the overlay's additions: the toolkit and the runtime
