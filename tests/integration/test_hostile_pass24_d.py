@@ -75,20 +75,11 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_hostile_pass18_e import _fake_lib, _fake_libacl
-from tests.integration.test_hostile_pass20_d import _SRC, _fake_sbatch, _plan, _run
-from tests.integration.test_job_env import _submit_env
+from tests.integration.test_hostile_pass20_d import _SRC, _bind, _plan, _run
+from tests.integration.test_hostile_pass22_d import _dry_run
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
-
-
-def _dry_run(tmp_path: Path, camp: Path, **extra: str) -> subprocess.CompletedProcess[str]:
-    bin_dir = tmp_path / "slurm-bin"
-    if not bin_dir.exists():
-        _fake_sbatch(tmp_path)
-    return subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "submit", str(camp),
-                           "--dry-run"], env=_submit_env(tmp_path, bin_dir, **extra),
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 _SUBFOLDERS = ["x86_64", "tls", "glibc-hwcaps/x86-64-v2", "tls/x86_64/x86_64"]
@@ -152,14 +143,6 @@ def test_the_job_drops_a_library_folder_holding_the_campaign_where_the_loader_lo
     res = _run(tmp_path, camp, "40-merge.sbatch", LD_LIBRARY_PATH=f"{lib}:/usr/lib")
     assert not bad.exists(), "mv loaded a library planted in the campaign:\n" + res.stderr
     assert (camp / "logs" / "merge-7.exit").read_text().strip() == str(res.returncode)
-
-
-def _bind(source: Path, alias: Path) -> None:
-    alias.mkdir()
-    res = subprocess.run(["mount", "--bind", str(source), str(alias)], capture_output=True,
-                         text=True, check=False)
-    if res.returncode != 0:
-        pytest.skip(f"cannot bind-mount here (needs root): {res.stderr.strip()}")
 
 
 @pytest.mark.parametrize(("name", "value"), [
