@@ -193,7 +193,6 @@ def check_source(source: str, root: str) -> str:
     its files). ``slurm plan`` took one, and only a job found it wrong (issue 41, the
     twenty-first and twenty-second passes left it open); a campaign.json naming one is refused
     too."""
-    from ..workspace.ownership import within
 
     if source in ("auto", "sdist"):
         return source
@@ -201,14 +200,21 @@ def check_source(source: str, root: str) -> str:
            "plan again (or pass --source sdist)")
     if not isinstance(source, str) or not source.startswith("/"):
         raise ConfigError(f"--source {source!r} is not auto, sdist or an absolute path", fix)
-    real = os.path.realpath(source)
-    for where in (posixpath.normpath(source), real):
-        if where == root or where.startswith(root.rstrip("/") + "/") \
-                or within(Path(real), Path(root)):
-            raise ConfigError(f"--source {source} is in the campaign {root}: the build jobs "
-                              "would fetch vLLM from a folder whoever can write the campaign "
-                              "may change", fix)
+    if _in_campaign(source, root):
+        raise ConfigError(f"--source {source} is in the campaign {root}: the build jobs would "
+                          "fetch vLLM from a folder whoever can write the campaign may change",
+                          fix)
     return source
+
+
+def _in_campaign(path: str, root: str) -> bool:
+    """Whether the absolute ``path`` is the campaign ``root`` or in it: as typed (normalised),
+    through links, or by identity (a bind mount: ``ownership.within``)."""
+    from ..workspace.ownership import within
+
+    real = os.path.realpath(path)
+    return any(where == root or where.startswith(root.rstrip("/") + "/")
+               for where in (posixpath.normpath(path), real)) or within(Path(real), Path(root))
 
 
 def check_program_outside(what: str, path: str, root: str) -> str:
@@ -217,18 +223,13 @@ def check_program_outside(what: str, path: str, root: str) -> str:
     it, and whoever can write the campaign could replace it. ``--source`` in the campaign was
     refused, and ``--python CAMPAIGN/cache/py`` (or a link to one there) was planned and sent,
     every job running that interpreter (issue 41, the twenty-fourth hostile pass)."""
-    from ..workspace.ownership import within
-
-    real = os.path.realpath(path)
-    for where in (posixpath.normpath(path), real):
-        if where == root or where.startswith(root.rstrip("/") + "/") \
-                or within(Path(real), Path(root)):
-            raise ConfigError(f"{what} {path} is in the campaign {root}: every job would run "
-                              "it, from a folder whoever can write the campaign may change",
-                              "pass a --python outside the campaign folder (e.g. the "
-                              "environment's own), then plan again" if what == "--python" else
-                              "run kvprefetch from a checkout outside the campaign folder, "
-                              "then plan again")
+    if _in_campaign(path, root):
+        raise ConfigError(f"{what} {path} is in the campaign {root}: every job would run it, "
+                          "from a folder whoever can write the campaign may change",
+                          "pass a --python outside the campaign folder (e.g. the environment's "
+                          "own), then plan again" if what == "--python" else
+                          "run kvprefetch from a checkout outside the campaign folder, then "
+                          "plan again")
     return path
 
 
