@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -123,12 +124,14 @@ def test_a_verify_killed_while_it_printed_its_report_keeps_the_earlier_one(
 def test_a_verify_that_ended_by_itself_still_replaces_the_report(tmp_path: Path) -> None:
     """A report printed whole by a verify-kernel that found the kernel wrong (exit 6) replaces
     the earlier one, and the command runs in the folder write_new was called from, as it did in
-    the pipe (not in results/, where write_new works): the root folder, which the job enters
-    before it runs the kit (the seventeenth pass: `python -m` imports from its working folder
-    first, and the campaign's writer could put a `kvprefetch/` there)."""
+    the pipe (not in results/, where write_new works): the kit's own folder, which the job
+    enters before it runs the kit (`python -m` imports from its working folder first: the
+    seventeenth pass left the campaign for /, and the twenty-fourth found a campaign planned in
+    / imported from there)."""
     res, report = _verify_job(tmp_path, 'echo "{\\"cwd\\": \\"$PWD\\"}"; exit 6')
     assert res.returncode == 6, res
-    assert report.read_text() == '{"cwd": "/"}\n'
+    kit = Path(__file__).resolve().parents[2] / "src"
+    assert json.loads(report.read_text()) == {"cwd": str(kit)}
 
 
 def test_a_link_in_the_campaign_through_proc_self_root_is_refused_at_once(

@@ -358,8 +358,13 @@ def test_each_job_records_how_it_ended_and_status_reads_it(tmp_path: Path) -> No
     after a build's scratch is gone. Run here by bash as Slurm runs them, with /bin/true or
     /bin/false as the interpreter; `status` then reads the records for jobs Slurm does not
     know (the fetch that stands for scontrol and sacct returns nothing, as both do then)."""
+    import kvprefetch
+
+    # the kit's own folder: each job enters it before it runs the kit (the 24th hostile pass)
+    kit = str(Path(kvprefetch.__file__).resolve().parent.parent)
+
     def campaign(python: str) -> Campaign:
-        return make_campaign(tmp_path / "camp", python=python, kit_root="/k", kit_commit=None,
+        return make_campaign(tmp_path / "camp", python=python, kit_root=kit, kit_commit=None,
                              kit_version="0", path=os.environ.get("PATH", os.defpath),
                              source="sdist", trees=parse_trees("baseline,patched"), arch="9.0a",
                              build_args=(), no_gpu=True, bench=BenchSpec((1, 8)),
