@@ -378,10 +378,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         # the child's last lines may fill the pipe no one reads now: drain it while waiting
         deadline = time.monotonic() + STOP_GRACE_S
         while proc.poll() is None and time.monotonic() < deadline:
-            if proc.stdout is None or proc.stdout.closed:
-                time.sleep(0.05)
-            elif (select.select([proc.stdout], [], [], 0.1)[0]
-                  and not os.read(proc.stdout.fileno(), 65536)):
+            if not _drain(proc.stdout):
                 time.sleep(0.05)  # the end of its output: only its exit is left to wait for
     except BaseException:
         _signal_tree(proc, signal.SIGKILL, whole=True)
@@ -390,6 +387,17 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         _signal_tree(proc, signal.SIGKILL, whole=True)
     proc.wait()
+
+
+def _drain(out: IO[str] | None) -> bool:
+    """Read and drop what ``out`` holds now (for 0.1 s at most); False at its end, or where it
+    is closed, also by the reader thread as ``_stop`` reads it."""
+    try:
+        if out is None or out.closed:
+            return False
+        return not select.select([out], [], [], 0.1)[0] or bool(os.read(out.fileno(), 65536))
+    except (OSError, ValueError):
+        return False
 
 
 # What a child that outlived its ``timeout`` exits with, where it ended 0 once stopped (or a
@@ -403,6 +411,11 @@ def _reader(out: IO[str], take: Callable[[str], None]) -> threading.Thread:
         with suppress(OSError, ValueError):
             for line in out:
                 take(line)
+        # closed here, not left to the garbage collector: a reader the run left blocked (a
+        # process below the child kept the output) ended later, and its stream, unclosed,
+        # raised a ResourceWarning in whatever ran then (CI's real-Slurm test, 60 s after)
+        with suppress(OSError, ValueError):
+            out.close()
 
     reader = threading.Thread(target=read, name="kvprefetch-output", daemon=True)
     reader.start()

@@ -6,7 +6,10 @@ Slurm timeout in the last test."""
 
 from __future__ import annotations
 
+import gc
+import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,26 @@ def test_a_timeout_holds_while_a_child_keeps_its_output_open(script: str, why: s
     assert done.output.startswith("asked"), why
     with pytest.raises(CommandError, match="had not finished after 1 s"):
         runner.run(["sh", "-c", script], echo=False, timeout=1.0)
+
+
+def test_the_output_a_process_below_kept_is_closed_when_it_ends() -> None:
+    """The reader thread the run left blocked ends when the process below the child closes the
+    output (here 2 s after): the stream is closed then, not left to the garbage collector, whose
+    ResourceWarning surfaced as an unraisable exception in whichever test ran 60 s later (CI's
+    real-Slurm test, after the test above)."""
+    before = set(threading.enumerate())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        done = runner.run(["sh", "-c", "echo asked; sleep 2 & exit 0"], echo=False,
+                          check=False, timeout=0.5)
+        assert done.returncode == runner.TIMED_OUT
+        left = [t for t in threading.enumerate() if t not in before]
+        assert left, "no reader was left blocked: this test shows nothing"
+        for t in left:
+            t.join(20)
+        gc.collect()
+    leaks = [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)]
+    assert not leaks, leaks
 
 
 def test_a_child_that_ends_in_time_is_as_without_a_timeout() -> None:
