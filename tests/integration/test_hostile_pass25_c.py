@@ -9,6 +9,10 @@ clock games). Each test fails without its fix (checked by reverting ``src`` and 
   ``probe.cudafe1.cpp``, ... 3.5 MB) into the folder the user ran it from, outside W; run from
   inside W, nvcc wrote them there by path, through any link planted at those names. nvcc and
   cuobjdump now run in the probe's private folder (``doctor/tools.check_compile``).
+- A wrong-way message: a stale ``NVCC_APPEND_FLAGS`` or ``NVCC_PREPEND_FLAGS`` that nvcc
+  refuses (``--bogus-flag``: "nvcc fatal : Unknown option") failed ``doctor``'s compile probe
+  with "To fix: use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass"; another
+  toolkit fails the same way. The fix now names the variable and its value first.
 """
 
 from __future__ import annotations
@@ -62,3 +66,20 @@ def test_doctor_keeps_nvcc_keep_files_out_of_the_callers_folder(
     # folder, and the victim overwritten with nvcc's cubin through the link
     assert sorted(os.listdir(cwd)) == before
     assert victim.read_bytes() == b"user data\n", hashlib.sha256(victim.read_bytes()).hexdigest()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("var", ["NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS"])
+def test_doctor_names_nvcc_flags_from_the_environment_when_the_probe_fails(
+        tmp_path: Path, var: str) -> None:
+    import json
+
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "doctor", "--mode",
+                          "kernels-only", "--workdir", str(tmp_path / "w"), "--json"],
+                         env=_env(tmp_path, **{var: "--bogus-flag"}), cwd=tmp_path,
+                         capture_output=True, text=True, errors="replace", timeout=300,
+                         check=False)
+    check = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "nvcc-compile")
+    assert check["status"] == "fail" and "--bogus-flag" in check["detail"], check
+    # without the fix: "use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass"
+    assert check["fix"].startswith(f"nvcc adds {var}='--bogus-flag' to every command"), check

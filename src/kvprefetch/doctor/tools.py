@@ -190,6 +190,15 @@ def check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int
         targets = ", ".join(f.rsplit("code=", 1)[1] for f in flags)
         if done.returncode != 0:
             fix = "use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass"
+            # nvcc adds these to every command it runs: a stale `--bogus` there failed the
+            # probe with "Unknown option", and doctor sent the user to another toolkit (issue
+            # 41, the twenty-fifth hostile pass)
+            extra = [f"{v}={environ[v]!r}" for v in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
+                     if environ.get(v)]
+            if extra:
+                fix = (f"nvcc adds {' and '.join(extra)} to every command, this probe's and the "
+                       "build's: correct or unset it (e.g. `unset NVCC_APPEND_FLAGS "
+                       "NVCC_PREPEND_FLAGS`) and rerun; if it still fails, " + fix)
             for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 # nvcc's files in the probe's folder, in the system temp: a full TMPDIR was
                 # sent to another toolkit (issue 41, the twenty-fourth hostile pass)
