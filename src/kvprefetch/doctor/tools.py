@@ -177,14 +177,28 @@ def check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int
         src.write_text(PROBE_CU)
         t0 = time.monotonic()
         # nvcc's own tmpxft_* files in the probe's folder too: an nvcc stopped early leaves
-        # some behind (issue 41, the ninth hostile pass: in the system temp folder)
+        # some behind (issue 41, the ninth hostile pass: in the system temp folder). It runs
+        # in that folder as well: what nvcc writes by a relative name goes into its current
+        # folder, and NVCC_APPEND_FLAGS=-keep (a user's, kept from debugging PTX) had it write
+        # the probe's intermediates, 3.5 MB of probe.*, into the caller's folder, outside the
+        # work directory, or through links planted in the work directory run from there (the
+        # twenty-fifth hostile pass)
         done = run([str(nvcc), "-c", *flags, "-o", str(obj), str(src)],
                    env={**environ, "TMPDIR": os.path.abspath(tmp)}, echo=False, check=False,
-                   timeout=300)
+                   timeout=300, cwd=tmp)
         took = time.monotonic() - t0
         targets = ", ".join(f.rsplit("code=", 1)[1] for f in flags)
         if done.returncode != 0:
             fix = "use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass"
+            # nvcc adds these to every command it runs: a stale `--bogus` there failed the
+            # probe with "Unknown option", and doctor sent the user to another toolkit (issue
+            # 41, the twenty-fifth hostile pass)
+            extra = [f"{v}={environ[v]!r}" for v in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
+                     if environ.get(v)]
+            if extra:
+                fix = (f"nvcc adds {' and '.join(extra)} to every command, this probe's and the "
+                       "build's: correct or unset it (e.g. `unset NVCC_APPEND_FLAGS "
+                       "NVCC_PREPEND_FLAGS`) and rerun; if it still fails, " + fix)
             for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 # nvcc's files in the probe's folder, in the system temp: a full TMPDIR was
                 # sent to another toolkit (issue 41, the twenty-fourth hostile pass)
@@ -207,7 +221,7 @@ def check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int
         # second Ctrl-C it left them in the system temp (issue 41, the twelfth hostile pass)
         sass = run([str(tools.cuobjdump), "-sass", str(obj)],
                    env={**tools.environ(environ), "TMPDIR": os.path.abspath(tmp)},
-                   echo=False, check=False, timeout=120)
+                   echo=False, check=False, timeout=120, cwd=tmp)
         n = sass.output.count("UBLKPF")
         if sass.returncode != 0 or n == 0:
             return Check("nvcc-compile", "fail",
