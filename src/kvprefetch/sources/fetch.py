@@ -381,12 +381,13 @@ def _gitpython() -> Any:
     in the repository it reads, so a relative PATH entry (an empty one: ``PATH=:$PATH``, or
     ``.``) was looked up there: a ``git`` planted in ``pristine/git/`` of the work directory ran
     on every ``fetch`` of it, as ``git cat-file`` (issue 41, the twenty-fifth hostile pass; the
-    seventh pass's rule for ``git apply``)."""
+    seventh pass's rule for ``git apply``). A ``GIT_PYTHON_GIT_EXECUTABLE`` of the user's is
+    kept, made absolute the same way."""
     import git
 
     from ..runner import which
 
-    exe = which("git")
+    exe = which(os.environ.get("GIT_PYTHON_GIT_EXECUTABLE") or "git")
     if exe is not None and exe != git.Git.GIT_PYTHON_GIT_EXECUTABLE:
         git.refresh(exe)
     return git
