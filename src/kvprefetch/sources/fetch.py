@@ -185,7 +185,7 @@ def _clone(wd: Workdir, url: str, dest: Path, allow_commit: str | None) -> str:
 
 def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str | None) -> str:
     """Clone ``url`` at tag v0.10.2 with GitPython; return the verified commit id."""
-    import git  # GitPython; imported here so --help never needs it
+    git = _gitpython()
 
     check_repo_url(url)
     local = Path(url).exists() or url.startswith("file://")
@@ -375,8 +375,26 @@ def verify_pristine(wd: Workdir, pristine: Path, kind: str) -> dict[str, str] | 
     return manifest
 
 
-def _head(repo_dir: Path) -> str:
+def _gitpython() -> Any:
+    """GitPython (imported here so --help never needs it), its ``git`` the absolute path this
+    process's PATH names from its own folder (``runner.which``). GitPython runs a bare ``git``
+    in the repository it reads, so a relative PATH entry (an empty one: ``PATH=:$PATH``, or
+    ``.``) was looked up there: a ``git`` planted in ``pristine/git/`` of the work directory ran
+    on every ``fetch`` of it, as ``git cat-file`` (issue 41, the twenty-fifth hostile pass; the
+    seventh pass's rule for ``git apply``). A ``GIT_PYTHON_GIT_EXECUTABLE`` of the user's is
+    kept, made absolute the same way."""
     import git
+
+    from ..runner import which
+
+    exe = which(os.environ.get("GIT_PYTHON_GIT_EXECUTABLE") or "git")
+    if exe is not None and exe != git.Git.GIT_PYTHON_GIT_EXECUTABLE:
+        git.refresh(exe)
+    return git
+
+
+def _head(repo_dir: Path) -> str:
+    git = _gitpython()
 
     with git.Repo(repo_dir) as repo:
         return str(repo.head.commit.hexsha)
