@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypedDict
 
-from .render import geomean, md_table, pyplot, save_figure
+from .render import geomean, md_table, plain, pyplot, save_figure
 from .schema import DecodeDocument, DecodeRow, Stats
 
 
@@ -152,12 +152,12 @@ def decode_png(doc: DecodeDocument, path: Path) -> Path:
         ys = [_ratio(r, t)["median"] for r in rows]
         lo = [y - _ratio(r, t)["min"] for y, r in zip(ys, rows, strict=True)]
         hi = [_ratio(r, t)["max"] - y for y, r in zip(ys, rows, strict=True)]
-        ax.bar(xs, ys, width, yerr=[lo, hi], label=t)
+        ax.bar(xs, ys, width, yerr=[lo, hi], label=plain(t))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))],
-                  [r["label"].replace("serve ", "serve\n") for r in rows], rotation=30,
+                  [plain(r["label"]).replace("serve ", "serve\n") for r in rows], rotation=30,
                   ha="right", fontsize=7)
-    ax.set_ylabel(f"decode tokens/s over {base}")
-    ax.set_title(f"bench decode: {doc['meta']['model']['name']}")
+    ax.set_ylabel(plain(f"decode tokens/s over {base}"))
+    ax.set_title(plain(f"bench decode: {doc['meta']['model']['name']}"))
     ax.legend()
     return save_figure(fig, path)

@@ -35,6 +35,11 @@ def pyplot() -> Any:
     except ImportError as exc:
         raise BenchError("matplotlib is needed for the PNG plots",
                          "pip install 'kvprefetch[plot]' (or pass --formats json,md)") from exc
+    # matplotlib's own defaults, not the matplotlibrc it read on import: it looks first in the
+    # current folder (then $MATPLOTLIBRC, $MPLCONFIGDIR, ~/.config), and `figure.hooks` there
+    # made every figure import and call a module (`report` run in a campaign's results/: code
+    # taken from the campaign), `text.usetex` ran latex (issue 41, the twenty-fifth pass)
+    matplotlib.rcdefaults()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -45,6 +50,14 @@ def pyplot() -> Any:
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"matplotlib\.")
 
     return plt
+
+
+def plain(text: object) -> str:
+    """``text`` (a name read from a result) drawn as it is: every ``$`` escaped, so a model,
+    variant or shape name holding two is no mathtext (``$\\frac{$`` failed the figure as "not what
+    kvprefetch writes", a folder's name that `bench decode` writes unedited; issue 41, the
+    twenty-fifth pass)."""
+    return str(text).replace("$", "\\$")
 
 
 def save_figure(fig: Any, path: Path) -> Path:

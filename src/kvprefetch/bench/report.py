@@ -21,7 +21,7 @@ from ..workspace.confine import ensure_dir, write_file
 from .decode_report import decode_markdown, decode_png
 from .plan import check_output_name
 from .render import ctx as _ctx
-from .render import geomean, row_mode, shape_key
+from .render import geomean, plain, row_mode, shape_key
 from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
@@ -329,7 +329,8 @@ def kernel_png(doc: KernelLike, path: Path) -> Path:
             ax.set_yticks(range(len(batches)), [str(b) for b in batches])
             ax.set_xlabel("context")
             ax.set_ylabel("batch")
-            ax.set_title(f"{name} / {base}\n{key[1]} {key[2]} blk{key[4]} {key[0]}", fontsize=9)
+            ax.set_title(plain(f"{name} / {base}\n{key[1]} {key[2]} blk{key[4]} {key[0]}"),
+                         fontsize=9)
             fig.colorbar(im, ax=ax, fraction=0.046)
     return _save(fig, path)
 
@@ -379,7 +380,7 @@ def ncu_png(doc: NcuDocument, path: Path) -> Path:
     for s in doc["shapes"]:
         for variant, rows in s["deltas"].items():
             for d in rows:
-                lab = f"{s['label']}\n{d['kernel']}"
+                lab = plain(f"{s['label']}\n{d['kernel']}")
                 if lab not in labels:
                     labels.append(lab)
                 series.setdefault(variant, {})[lab] = d["speedup"]
@@ -394,7 +395,7 @@ def ncu_png(doc: NcuDocument, path: Path) -> Path:
     width = 0.8 / max(1, len(series))
     for i, (variant, vals) in enumerate(series.items()):
         ax.bar([x + i * width for x in range(len(labels))],
-               [vals.get(lab) or 0 for lab in labels], width, label=variant)
+               [vals.get(lab) or 0 for lab in labels], width, label=plain(variant))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(labels))], labels,
                   fontsize=6)
@@ -434,7 +435,7 @@ def e2e_png(doc: E2EDocument, path: Path) -> Path:
         xs = [r["max_num_seqs"] for r in doc["rows"] if env in r["envs"]]
         ys = [r["envs"][env]["tokens_per_second"]["median"] for r in doc["rows"]
               if env in r["envs"]]
-        ax.plot(xs, ys, marker="o", label=env)
+        ax.plot(xs, ys, marker="o", label=plain(env))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("--max-num-seqs")
     ax.set_ylabel("tokens/s (median)")

@@ -1,0 +1,83 @@
+"""Issue 41, the twenty-fifth hostile pass (tester b: campaigns from the command line, reports
+and outputs; this pass: matplotlib with hostile text and settings). Each test fails without its
+fix (checked by reverting ``src`` and running it):
+
+- ``report RESULT.json`` run in a folder holding a ``matplotlibrc`` (a campaign's
+  ``results/``, where the jobs and whoever can write the campaign put files): matplotlib reads
+  ``matplotlibrc`` from the current folder first, and its ``figure.hooks: mod:fn`` made every
+  figure import ``mod`` and call ``fn`` (a module planted beside it ran: code taken from the
+  campaign; ``text.usetex: True`` had latex run on every label; 1 run each). Now the figures are
+  drawn with matplotlib's own defaults (``render.pyplot`` calls ``rcdefaults``), whatever
+  matplotlibrc the folder, ``$MATPLOTLIBRC``, ``$MPLCONFIGDIR`` or ``~/.config`` holds.
+- ``report`` of a result whose names hold two ``$`` (a ``bench decode`` model named after its
+  folder, ``models/$\\frac{$/config.json``; a variant, shape or environment name): matplotlib
+  read the title or label as mathtext and the PNG failed "a field the report reads is missing or
+  not what kvprefetch writes (ValueError: ... ParseSyntaxException) / To fix: pass a JSON file
+  written by kvprefetch bench or verify, unedited", the file being unedited (a wrong-way
+  message; 2,000 nested ``x^{`` a RecursionError told the same; 1 run each). Now every name
+  from a result is drawn as plain text (``render.plain``), the PNG written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass24_b import _kit
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+pytest.importorskip("matplotlib")
+
+_DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
+_KERNEL = _DOCS / "2026-12-01-h200-headline" / "default-matrix.json"
+_DECODE = _DOCS / "2026-12-01-h200-decode" / "decode-qwen2.5-7b.json"
+
+
+@pytest.mark.parametrize("rc", ["figure.hooks: plantedmod:hook", "text.usetex: True"])
+def test_a_matplotlibrc_in_the_current_folder_is_never_read(tmp_path: Path, rc: str) -> None:
+    results = tmp_path / "camp" / "results"
+    results.mkdir(parents=True)
+    shutil.copy(_KERNEL, results / "r.json")
+    marker = tmp_path / "planted-ran"
+    (results / "matplotlibrc").write_text(rc + "\n")
+    (results / "plantedmod.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\ndef hook(fig):\n    pass\n")
+    bin_ = tmp_path / "bin"  # a latex that says it ran (and fails), wherever one is installed
+    bin_.mkdir()
+    (bin_ / "latex").write_text(f"#!/bin/sh\ntouch {shlex.quote(str(marker))}\nexit 1\n")
+    (bin_ / "latex").chmod(0o755)
+    (tmp_path / "mpl").mkdir()
+    proc = _kit(results, "report", "r.json", "--out", "out",
+                env={"MPLCONFIGDIR": str(tmp_path / "mpl"),
+                     "PATH": f"{bin_}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not marker.exists()
+    assert (results / "out" / "r.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("name", ["$\\frac{$", "$\\sqrt[$", "a$1_$b",
+                                  "$" + "x^{" * 2000 + "x" + "}" * 2000 + "$"])
+@pytest.mark.parametrize("kind", ["kernel", "decode"])
+def test_a_name_with_dollars_is_drawn_as_text_not_mathtext(tmp_path: Path, name: str,
+                                                           kind: str) -> None:
+    doc = json.loads((_KERNEL if kind == "kernel" else _DECODE).read_text())
+    if kind == "kernel":
+        text = json.dumps(doc).replace('"patched"', json.dumps(name))
+    else:
+        doc["meta"]["model"]["name"] = name
+        text = json.dumps(doc)
+    (tmp_path / "r.json").write_text(text)
+    (tmp_path / "mpl").mkdir()
+    proc = _kit(tmp_path, "report", "r.json", "--out", "out",
+                env={"MPLCONFIGDIR": str(tmp_path / "mpl")})
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (tmp_path / "out" / "r.png").read_bytes().startswith(b"\x89PNG")
