@@ -16,6 +16,16 @@ fix (checked by reverting ``src`` and running it):
   written by kvprefetch bench or verify, unedited", the file being unedited (a wrong-way
   message; 2,000 nested ``x^{`` a RecursionError told the same; 1 run each). Now every name
   from a result is drawn as plain text (``render.plain``), the PNG written.
+- ``report`` of a result with a name of 100,000 combining accents (a variant; the same for a
+  model, a shape label, an environment): the figure's layout ran for more than six minutes and
+  was killed for memory (200,000 letters: 40 s; 50,000 tabs: 34 s; a hang; 1 run each). Now a
+  name is drawn cut to ``render.MAX_LABEL_CHARS`` characters and ``MAX_LABEL_LINES`` lines, the
+  markdown keeping it whole.
+- ``report`` of a ``bench decode`` result of 3,000 shapes (5 MB): one bar group per shape, the
+  figure 0.9 inch wider each, 37 s (10,000 shapes ran past five minutes; past 72,000 pixels
+  Agg refuses the figure; a hang). Pass 22 bounded kernel_png and ncu_png, not decode_png. Now
+  it draws the first ``MAX_BARS`` shapes and ``MAX_PANELS`` trees, saying so; the markdown
+  lists them all.
 """
 
 from __future__ import annotations
@@ -81,3 +91,30 @@ def test_a_name_with_dollars_is_drawn_as_text_not_mathtext(tmp_path: Path, name:
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert (tmp_path / "out" / "r.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_name_of_100000_combining_accents_is_drawn_cut_in_seconds(tmp_path: Path) -> None:
+    text = json.dumps(json.loads(_KERNEL.read_text())).replace(
+        '"patched"', json.dumps("a" + "\u0301" * 100_000))
+    (tmp_path / "r.json").write_text(text)
+    (tmp_path / "mpl").mkdir()
+    proc = _kit(tmp_path, "report", "r.json", "--out", "out", timeout=40,
+                env={"MPLCONFIGDIR": str(tmp_path / "mpl")})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "r.png").read_bytes().startswith(b"\x89PNG")
+    assert "\u0301" * 100_000 in (tmp_path / "out" / "r.md").read_text()  # the markdown: whole
+
+
+def test_a_decode_figure_of_many_shapes_is_bounded(tmp_path: Path) -> None:
+    doc = json.loads(_DECODE.read_text())
+    row = doc["results"][0]
+    doc["results"] = [dict(row, batch=i + 1, label=f"b{i + 1} x 1k") for i in range(500)]
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    (tmp_path / "mpl").mkdir()
+    proc = _kit(tmp_path, "report", "r.json", "--out", "out",
+                env={"MPLCONFIGDIR": str(tmp_path / "mpl")})
+    assert proc.returncode == 0, proc.stderr
+    png = (tmp_path / "out" / "r.png").read_bytes()
+    width = int.from_bytes(png[16:20], "big")  # the IHDR chunk's width
+    assert width < 110 * (0.9 * 48 + 2) + 200, width  # 48 bar groups at 110 dpi, not 500
+    assert "b500 x 1k" in (tmp_path / "out" / "r.md").read_text()

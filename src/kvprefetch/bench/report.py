@@ -20,8 +20,8 @@ from ..errors import BenchError
 from ..workspace.confine import ensure_dir, write_file
 from .decode_report import decode_markdown, decode_png
 from .plan import check_output_name
+from .render import MAX_BARS, MAX_CELLS, MAX_PANELS, geomean, plain, row_mode, shape_key
 from .render import ctx as _ctx
-from .render import geomean, plain, row_mode, shape_key
 from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
@@ -281,11 +281,8 @@ def _geomean_cell(values: list[float | None]) -> str:
     return f"{geomean(v for v in values if v is not None):.3f}x"
 
 
-# At most this many heatmaps in one figure, and numbers written in a heatmap of at most this many
-# cells (a real run's default matrix is one group of 37 shapes, a few variants)
-MAX_PNG_PANELS = 24
-MAX_PNG_CELLS = 400
-MAX_PNG_BARS = 48  # ncu_png's groups of bars (one per shape and kernel)
+# the figures' bounds (render.py): heatmaps in one figure, cells of one with numbers, bar groups
+MAX_PNG_PANELS, MAX_PNG_CELLS, MAX_PNG_BARS = MAX_PANELS, MAX_CELLS, MAX_BARS
 
 
 def kernel_png(doc: KernelLike, path: Path) -> Path:
