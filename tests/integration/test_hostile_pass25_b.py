@@ -26,6 +26,9 @@ fix (checked by reverting ``src`` and running it):
   Agg refuses the figure; a hang). Pass 22 bounded kernel_png and ncu_png, not decode_png. Now
   it draws the first ``MAX_BARS`` shapes and ``MAX_PANELS`` trees, saying so; the markdown
   lists them all.
+- ``report`` of a ``bench ncu`` result of one shape and 2,000 variants (3 MB): a bar and a
+  legend entry per variant, 94 s (a hang). Now ncu_png draws the first ``MAX_PANELS``
+  variants (e2e_png the first environments, sample_png the first variants), saying so.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import pytest
 
 from tests.integration.test_hostile_pass24_b import _kit
 from tests.integration.test_reliability import outside
+from tests.unit.test_report import ncu_doc
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
 
@@ -118,3 +122,19 @@ def test_a_decode_figure_of_many_shapes_is_bounded(tmp_path: Path) -> None:
     width = int.from_bytes(png[16:20], "big")  # the IHDR chunk's width
     assert width < 110 * (0.9 * 48 + 2) + 200, width  # 48 bar groups at 110 dpi, not 500
     assert "b500 x 1k" in (tmp_path / "out" / "r.md").read_text()
+
+
+def test_an_ncu_figure_of_many_variants_is_bounded(tmp_path: Path) -> None:
+    doc = ncu_doc()
+    shape = doc["shapes"][0]
+    names = [f"v{i}" for i in range(2000)]
+    doc["meta"]["variants"] = ["baseline", *names]
+    shape["variants"].update({n: shape["variants"]["patched"] for n in names})
+    shape["deltas"] = {n: shape["deltas"]["patched"] for n in names}
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    (tmp_path / "mpl").mkdir()
+    proc = _kit(tmp_path, "report", "r.json", "--out", "out", timeout=45,
+                env={"MPLCONFIGDIR": str(tmp_path / "mpl")})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "r.png").read_bytes().startswith(b"\x89PNG")
+    assert "v1999" in (tmp_path / "out" / "r.md").read_text()

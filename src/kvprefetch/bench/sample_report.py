@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .render import geomean, plain
+from .render import MAX_PANELS, geomean, plain
 from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
@@ -273,7 +273,7 @@ def sample_png(doc: SampleDocument, path: Path) -> Path:
     for ti, t in enumerate(ts):
         ax = axes[ti][0]
         rows = measured(doc, t)
-        for n in variant_names(doc):
+        for n in variant_names(doc)[:MAX_PANELS]:  # a line each: bounded as the other figures
             vals = sorted(x for _, r in rows if (x := step_ratio(r, n)) is not None)
             if vals:
                 ax.plot([100 * (i + 0.5) / len(vals) for i in range(len(vals))], vals,
