@@ -29,14 +29,24 @@ fix (checked by reverting ``src`` and running it):
 - ``report`` of a ``bench ncu`` result of one shape and 2,000 variants (3 MB): a bar and a
   legend entry per variant, 94 s (a hang). Now ncu_png draws the first ``MAX_PANELS``
   variants (e2e_png the first environments, sample_png the first variants), saying so.
+- ``slurm status`` (and ``--wait``, ``resubmit``'s look) with a stand-in ``scontrol`` that
+  prints without end (``yes``; 3 GB on one line without a newline): the kit kept every
+  character for the query's whole minute, and a line without end was read whole; under
+  ``ulimit -v`` 3 GB it ended in a ``MemoryError`` traceback after 63 s (1 run each). Now a run
+  with a timeout reads a line at most ``runner.LINE_BYTES`` at a time and stops the child (and
+  all below it) past ``runner.MAX_TIMED_OUTPUT`` characters: the job is UNKNOWN, its reason
+  that scontrol was stopped, in a second.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,3 +148,33 @@ def test_an_ncu_figure_of_many_variants_is_bounded(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "out" / "r.png").read_bytes().startswith(b"\x89PNG")
     assert "v1999" in (tmp_path / "out" / "r.md").read_text()
+
+
+@pytest.mark.parametrize("scontrol", ["exec yes 'JobId=1 JobState=RUNNING'",
+                                      "head -c 3000000000 /dev/zero | tr '\\0' x"])
+def test_status_stops_an_scontrol_that_prints_without_end(tmp_path: Path,
+                                                          scontrol: str) -> None:
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name, body in (("sbatch", "echo $$"), ("squeue", "exit 0"), ("scontrol", scontrol)):
+        (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPREFETCH", "SLURM"))}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"),
+               TMPDIR=str(tmp_path), HOME=str(tmp_path), PATH=f"{bin_}:/usr/bin:/bin")
+    kit = [sys.executable, "-m", "kvprefetch", "slurm"]
+    camp = tmp_path / "camp"
+    for args in (["plan", str(camp), "--stand-in", "--batch", "1", "--python", sys.executable],
+                 ["submit", str(camp)]):
+        done = subprocess.run([*kit, *args], env=env, capture_output=True, text=True, timeout=60,
+                              check=False)
+        assert done.returncode == 0, done.stderr
+
+    def limit() -> None:  # what a login node's limits do to a process that fills memory
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    proc = subprocess.run([*kit, "status", str(camp)], env=env, capture_output=True, text=True,
+                          timeout=40, check=False, preexec_fn=limit)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "stopped by the kit" in proc.stdout
