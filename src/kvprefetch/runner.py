@@ -405,11 +405,16 @@ def _drain(out: IO[str] | None) -> bool:
 TIMED_OUT = 124
 
 
+LINE_BYTES = 1 << 16  # the most a run with a timeout reads of a line at once
+MAX_TIMED_OUTPUT = 16 << 20  # the most output a run with a timeout keeps (characters)
+
+
 def _reader(out: IO[str], take: Callable[[str], None]) -> threading.Thread:
     """A thread giving ``out``'s lines to ``take``, started."""
     def read() -> None:
         with suppress(OSError, ValueError):
-            for line in out:
+            # at most LINE_BYTES at a time: a line without end was read whole first
+            for line in iter(lambda: out.readline(LINE_BYTES), ""):
                 take(line)
         # closed here, not left to the garbage collector: a reader the run left blocked (a
         # process below the child kept the output) ended later, and its stream, unclosed,
@@ -454,9 +459,16 @@ def run(
     timeout: float | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     fix: str | None = None,
+    max_output: int | None = None,
 ) -> Completed:
     """Run ``argv`` (never through a shell). Output goes to ``log`` (appended) and, when
-    ``capture``, is returned. ``on_progress`` receives ninja's ``[n/N]`` counters."""
+    ``capture``, is returned. ``on_progress`` receives ninja's ``[n/N]`` counters. Past
+    ``max_output`` characters (``MAX_TIMED_OUTPUT`` for a run with a ``timeout``: a question to
+    Slurm, a probe) the child is stopped, as a timeout stops it: an ``scontrol`` printing
+    without end filled memory for its whole minute, and under a memory limit ``slurm status``
+    ended in a MemoryError traceback (issue 41, the twenty-fifth pass)."""
+    if max_output is None and timeout is not None:
+        max_output = MAX_TIMED_OUTPUT
     args = [str(a) for a in argv]
     child_env = dict(env) if env is not None else dict(os.environ)
     check_child_tmpdir(child_env)
@@ -517,7 +529,15 @@ def run(
                                   "rerun the command; finished work is kept")
             assert proc.stdout is not None
 
+            kept = [0]
+
             def take(line: str) -> None:
+                if max_output is not None and kept[0] > max_output:
+                    return  # stopped below, its note kept
+                kept[0] += len(line)
+                if max_output is not None and kept[0] > max_output:
+                    line = f"\n(stopped by the kit: it printed more than {max_output} characters)\n"
+                    _signal_tree(proc, signal.SIGKILL, whole=True)  # and all below it
                 if logf:
                     logf.write(line)
                 if capture:

@@ -35,6 +35,11 @@ def pyplot() -> Any:
     except ImportError as exc:
         raise BenchError("matplotlib is needed for the PNG plots",
                          "pip install 'kvprefetch[plot]' (or pass --formats json,md)") from exc
+    # matplotlib's own defaults, not the matplotlibrc it read on import: it looks first in the
+    # current folder (then $MATPLOTLIBRC, $MPLCONFIGDIR, ~/.config), and `figure.hooks` there
+    # made every figure import and call a module (`report` run in a campaign's results/: code
+    # taken from the campaign), `text.usetex` ran latex (issue 41, the twenty-fifth pass)
+    matplotlib.rcdefaults()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -45,6 +50,30 @@ def pyplot() -> Any:
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"matplotlib\.")
 
     return plt
+
+
+# At most this many heatmaps in one figure, and numbers written in a heatmap of at most this many
+# cells (a real run's default matrix is one group of 37 shapes, a few variants); groups of bars
+# (ncu_png: one per shape and kernel; decode_png: one per shape); the longest name drawn, in
+# characters and lines (a real name is tens of characters; the markdown has every name whole)
+MAX_PANELS = 24
+MAX_CELLS = 400
+MAX_BARS = 48
+MAX_LABEL_CHARS = 160
+MAX_LABEL_LINES = 4
+
+
+def plain(text: object) -> str:
+    """``text`` (a name read from a result) drawn as it is: every ``$`` escaped, so a model,
+    variant or shape name holding two is no mathtext (``$\\frac{$`` failed the figure as "not what
+    kvprefetch writes", a folder's name that `bench decode` writes unedited; issue 41, the
+    twenty-fifth pass). At most ``MAX_LABEL_CHARS`` characters on ``MAX_LABEL_LINES`` lines:
+    a name of 100,000 combining accents ran the figure's layout for minutes until memory ran
+    out, 200,000 letters for 40 s (the markdown has every name whole)."""
+    text = "\n".join(str(text).split("\n")[:MAX_LABEL_LINES])
+    if len(text) > MAX_LABEL_CHARS:
+        text = text[:MAX_LABEL_CHARS] + "…"
+    return text.replace("$", "\\$")
 
 
 def save_figure(fig: Any, path: Path) -> Path:

@@ -20,8 +20,8 @@ from ..errors import BenchError
 from ..workspace.confine import ensure_dir, write_file
 from .decode_report import decode_markdown, decode_png
 from .plan import check_output_name
+from .render import MAX_BARS, MAX_CELLS, MAX_PANELS, geomean, plain, row_mode, shape_key
 from .render import ctx as _ctx
-from .render import geomean, row_mode, shape_key
 from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
@@ -281,11 +281,8 @@ def _geomean_cell(values: list[float | None]) -> str:
     return f"{geomean(v for v in values if v is not None):.3f}x"
 
 
-# At most this many heatmaps in one figure, and numbers written in a heatmap of at most this many
-# cells (a real run's default matrix is one group of 37 shapes, a few variants)
-MAX_PNG_PANELS = 24
-MAX_PNG_CELLS = 400
-MAX_PNG_BARS = 48  # ncu_png's groups of bars (one per shape and kernel)
+# the figures' bounds (render.py): heatmaps in one figure, cells of one with numbers, bar groups
+MAX_PNG_PANELS, MAX_PNG_CELLS, MAX_PNG_BARS = MAX_PANELS, MAX_CELLS, MAX_BARS
 
 
 def kernel_png(doc: KernelLike, path: Path) -> Path:
@@ -329,7 +326,8 @@ def kernel_png(doc: KernelLike, path: Path) -> Path:
             ax.set_yticks(range(len(batches)), [str(b) for b in batches])
             ax.set_xlabel("context")
             ax.set_ylabel("batch")
-            ax.set_title(f"{name} / {base}\n{key[1]} {key[2]} blk{key[4]} {key[0]}", fontsize=9)
+            ax.set_title(plain(f"{name} / {base}\n{key[1]} {key[2]} blk{key[4]} {key[0]}"),
+                         fontsize=9)
             fig.colorbar(im, ax=ax, fraction=0.046)
     return _save(fig, path)
 
@@ -384,20 +382,23 @@ def ncu_png(doc: NcuDocument, path: Path) -> Path:
                     labels.append(lab)
                 series.setdefault(variant, {})[lab] = d["speedup"]
     # bounded as kernel_png's panels: a bar group per shape and kernel drew 1,500 shapes of a
-    # 3 MB result for 59 s in 1.9 GB (issue 41, the twenty-second hostile pass)
-    shown = labels[:MAX_PNG_BARS]
+    # 3 MB result for 59 s in 1.9 GB (issue 41, the twenty-second hostile pass); a bar per
+    # variant, 2,000 variants of one shape for 94 s (the twenty-fifth)
+    shown, n_series = labels[:MAX_PNG_BARS], len(series)
+    series = dict(list(series.items())[:MAX_PNG_PANELS])
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(shown)), 4))
-    if len(shown) < len(labels):
-        ax.set_title(f"the first {len(shown)} of {len(labels)} kernels of the shapes (the "
-                     "markdown lists them all)", fontsize=9)
+    if len(shown) < len(labels) or len(series) < n_series:
+        ax.set_title(f"the first {len(shown)} of {len(labels)} kernels of the shapes and "
+                     f"{len(series)} of {n_series} variants (the markdown lists them all)",
+                     fontsize=9)
     labels = shown
     width = 0.8 / max(1, len(series))
     for i, (variant, vals) in enumerate(series.items()):
         ax.bar([x + i * width for x in range(len(labels))],
-               [vals.get(lab) or 0 for lab in labels], width, label=variant)
+               [vals.get(lab) or 0 for lab in labels], width, label=plain(variant))
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(labels))], labels,
-                  fontsize=6)
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(labels))],
+                  [plain(lab) for lab in labels], fontsize=6)
     ax.set_ylabel("ncu time speedup vs baseline")
     ax.legend()
     return _save(fig, path)
@@ -430,11 +431,14 @@ def e2e_png(doc: E2EDocument, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     envs = [e["name"] for e in doc["meta"]["envs"]]
-    for env in envs:
+    if len(envs) > MAX_PNG_PANELS:  # a line per environment, bounded as ncu_png's variants
+        ax.set_title(f"the first {MAX_PNG_PANELS} of {len(envs)} environments (the markdown "
+                     "lists them all)", fontsize=9)
+    for env in envs[:MAX_PNG_PANELS]:
         xs = [r["max_num_seqs"] for r in doc["rows"] if env in r["envs"]]
         ys = [r["envs"][env]["tokens_per_second"]["median"] for r in doc["rows"]
               if env in r["envs"]]
-        ax.plot(xs, ys, marker="o", label=env)
+        ax.plot(xs, ys, marker="o", label=plain(env))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("--max-num-seqs")
     ax.set_ylabel("tokens/s (median)")

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .render import geomean
+from .render import MAX_PANELS, geomean, plain
 from .render import md_table as _table
 from .render import pyplot as _pyplot
 from .render import save_figure as _save
@@ -273,15 +273,16 @@ def sample_png(doc: SampleDocument, path: Path) -> Path:
     for ti, t in enumerate(ts):
         ax = axes[ti][0]
         rows = measured(doc, t)
-        for n in variant_names(doc):
+        for n in variant_names(doc)[:MAX_PANELS]:  # a line each: bounded as the other figures
             vals = sorted(x for _, r in rows if (x := step_ratio(r, n)) is not None)
             if vals:
-                ax.plot([100 * (i + 0.5) / len(vals) for i in range(len(vals))], vals, label=n)
+                ax.plot([100 * (i + 0.5) / len(vals) for i in range(len(vals))], vals,
+                        label=plain(n))
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.axhline(TARGET_STEP, color="red", linewidth=0.6, linestyle="--")
         ax.set_xlabel("percentile of steps")
         ax.set_ylabel("stock time / variant time")
-        ax.set_title(f"{t}: sorted step ratios", fontsize=9)
+        ax.set_title(plain(f"{t}: sorted step ratios"), fontsize=9)
         ax.legend(fontsize=7)
         ax = axes[ti][1]
         band = aa_band(doc, t)
@@ -291,11 +292,11 @@ def sample_png(doc: SampleDocument, path: Path) -> Path:
             pts = [(r.get("kv_bytes") or 1, x) for _, r in rows
                    if (x := step_ratio(r, head)) is not None]
             if pts:
-                ax.scatter([p[0] / 2**20 for p in pts], [p[1] for p in pts], s=8, label=head)
+                ax.scatter([p[0] / 2**20 for p in pts], [p[1] for p in pts], s=8, label=plain(head))
         ax.set_xscale("log")
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xlabel("KV bytes of the step (MiB)")
         ax.set_ylabel("ratio")
-        ax.set_title(f"{t}: {head} per step", fontsize=9)
+        ax.set_title(plain(f"{t}: {head} per step"), fontsize=9)
         ax.legend(fontsize=7)
     return _save(fig, path)
