@@ -260,6 +260,28 @@ def rename_path(root: Path, path: Path, new_name: str, *,
     return path.with_name(new_name)
 
 
+# The mode every folder the kit makes asks for. The umask (world-write added at start-up) is
+# not enough: under a default ACL the kernel ignores the umask and takes the mode's bits as the
+# limit, and a parent with `o::rwx` made trees/, pristine/, state/ and .locks/ world-writable
+# (issue 41, the twenty-fifth hostile pass).
+DIR_MODE = 0o775
+
+
+def make_dirs(d: Path) -> None:
+    """``mkdir -p d`` (by path, as ``Path.mkdir(parents=True, exist_ok=True)``), each folder it
+    makes asking for ``DIR_MODE``, the parents too (``Path.mkdir`` makes them 0o777)."""
+    todo: list[Path] = []
+    p = Path(os.path.abspath(d))
+    while not p.is_dir() and p.parent != p:
+        todo.append(p)
+        p = p.parent
+    for p in reversed(todo):
+        with suppress(FileExistsError):
+            os.mkdir(p, DIR_MODE)
+    if not Path(d).is_dir():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(d))
+
+
 def ensure_dir(d: Path, *, root: Path | None = None,
                family: type[KvprefetchError] = ConfigError) -> None:
     """``mkdir -p d`` without going through a symlink (checked from ``root`` when given, else
@@ -267,7 +289,7 @@ def ensure_dir(d: Path, *, root: Path | None = None,
     if root is not None:
         check_target(root, d, what="create a folder at", family=family)
         cur = Path(os.path.normpath(os.path.abspath(root)))
-        cur.mkdir(parents=True, exist_ok=True)
+        make_dirs(cur)
         # each part made and opened relative to its parent's descriptor (O_NOFOLLOW): a folder
         # on the way swapped for a symlink meanwhile is refused, and no folder is ever made
         # behind one (issue 41, ninth pass: `mkdir` by path made folders outside)
@@ -281,7 +303,7 @@ def ensure_dir(d: Path, *, root: Path | None = None,
             for part in Path(os.path.normpath(os.path.abspath(d))).relative_to(cur).parts:
                 cur = cur / part
                 with suppress(FileExistsError):
-                    os.mkdir(part, 0o777, dir_fd=fd)
+                    os.mkdir(part, DIR_MODE, dir_fd=fd)
                 try:
                     nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
@@ -301,7 +323,7 @@ def ensure_dir(d: Path, *, root: Path | None = None,
         raise family(f"refusing to write into {d}: it is a symlink",
                      f"replace the symlink {d} by a real directory, then rerun")
     try:
-        d.mkdir(parents=True, exist_ok=True)
+        make_dirs(d)
     except (FileExistsError, NotADirectoryError):
         # a file where a folder of the output belongs: "report failed: FILE: File exists / To
         # fix: check the path and its file system" (issue 41, the twenty-fourth hostile pass)
@@ -805,7 +827,10 @@ def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozen
                     if stat.S_ISLNK(st.st_mode):
                         os.symlink(os.readlink(name, dir_fd=sfd), name, dir_fd=dfd)
                     elif stat.S_ISDIR(st.st_mode):
-                        os.mkdir(name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=dfd)
+                        # safe_bits: a planted folder of mode 1777 came over sticky (and
+                        # world-writable where a default ACL set the umask aside)
+                        os.mkdir(name, safe_bits(stat.S_IMODE(st.st_mode)) | 0o700,
+                                 dir_fd=dfd)
                         pending.append(rel / name)
                     elif stat.S_ISREG(st.st_mode):
                         _copy_file(s, sfd, name, dfd, family)

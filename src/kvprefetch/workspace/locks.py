@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import LockError
-from .confine import kind_of
+from .confine import kind_of, make_dirs
 
 
 def _refuse(lock_path: Path, why: str, culprit: Path | None = None) -> LockError:
@@ -70,7 +70,7 @@ def locked(lock_path: Path, what: str, *, wait: bool | float = False,
         confine.ensure_dir(parent, root=root, family=LockError)
         pfd = confine.open_dir(parent, root=root, what="take a lock in", family=LockError)
     else:
-        parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(parent)
         pfd = _open_parent(lock_path, parent)
     try:
         with _opened(lock_path, wait, what, pfd, place) as _fd:

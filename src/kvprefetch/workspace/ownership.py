@@ -274,7 +274,8 @@ def scratch_dir(root: Path, prefix: str, *, read_only: bool = False) -> Iterator
     made = not os.path.lexists(base)
     try:
         with temporary(root, path):
-            path.mkdir(parents=True)
+            confine.make_dirs(base)
+            os.mkdir(path, confine.DIR_MODE)
             yield path
     finally:
         if made:

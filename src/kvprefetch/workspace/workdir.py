@@ -92,11 +92,11 @@ class Workdir:
         """Create the work directory, or accept an existing one: a kvprefetch work directory,
         an empty directory, or (``adopt``) a non-empty one the user hands over. ``campaign``:
         a campaign's work folder, which ``slurm prepare`` makes and which has no --adopt."""
-        from .confine import write_file
+        from .confine import make_dirs, write_file
 
         self.check_adoptable(adopt, campaign=campaign)
         adopting = self.root.is_dir() and not self.is_tagged() and any(self.root.iterdir())
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.root)
         if not self.is_tagged():
             how = "adopted" if adopting else "created"
             write_file(self.root / TAG_FILE, f"{how} by kvprefetch; `kvprefetch clean` removes "
