@@ -1,0 +1,106 @@
+"""Issue 41, the twenty-fifth hostile pass (tester d: the generated job scripts as they run on
+a node, a real one-node Slurm under attack, and the jobs' environment allow-list,
+``slurm/job_env.py``). Each test fails without its fix (checked by reverting ``src`` and
+running it):
+
+- Pass 24 refused a ``HOME`` whose ``.config``, ``.gitconfig``, ``.local``, ``.cache``, ...
+  is in or reaches the campaign, but not one with the campaign *below* such a folder, where
+  the same programs read their settings by a deeper name: with the campaign at
+  ``~/.config/git``, submit and the job passed ``HOME``, and git (each bench task runs it for
+  the kit's commit) read the campaign's ``config`` and ran its ``core.fsmonitor`` (shown with
+  git on a repository here, 1 run of 1); at ``~/.cache/ccache`` or ``~/.local/lib/...`` the
+  same for ccache's settings and Python's user site. And ``~/.ccache``, the folder ccache 4
+  prefers to ``~/.cache/ccache`` where it exists, was not on the list at all: with
+  ``CXX='ccache g++'`` (a form the kit accepts) and the campaign at ``~/.ccache``, ccache read
+  the campaign's ``ccache.conf`` and ran its ``prefix_command`` before each compile (real
+  ccache 4.14, 1 run of 1). Now submit and the job refuse a ``HOME`` with the campaign in or
+  below any of those folders, ``.ccache`` among them.
+
+Slurm is absent in these tests: the job scripts are run by bash as Slurm runs them (from
+``/``, with the environment given), as in passes 20 to 24."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass20_d import _plan, _run
+from tests.integration.test_hostile_pass22_d import _dry_run
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+
+def _refused(tmp_path: Path, home: Path, camp: Path) -> None:
+    res = _dry_run(tmp_path, camp, HOME=str(home))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"HOME='{home}' in this shell holds the campaign" in res.stderr, res.stderr
+    assert "To fix: point HOME at a folder that holds the campaign in none" in res.stderr
+    res = _run(tmp_path, camp, "40-merge.sbatch", HOME=str(home))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"refusing to run: HOME={home} holds the campaign" in res.stderr, res.stderr
+    assert (camp / "logs" / "merge-7.exit").read_text() == "2\n"
+
+
+@pytest.mark.parametrize("below", [".config/git", ".cache/ccache", ".local/lib/site"])
+def test_a_home_with_the_campaign_below_a_folder_programs_read_is_refused(
+        tmp_path: Path, outside: Path, below: str) -> None:
+    """The campaign at ``~/.config/git`` (and below ``.cache``, ``.local``): git run with
+    that ``HOME`` runs the fsmonitor the campaign's ``config`` names (what was at stake);
+    submit refuses (exit 2, naming ``HOME``, with a fix) and the job refuses, recording its
+    end."""
+    home = tmp_path / "h"
+    camp = home / below
+    camp.parent.mkdir(parents=True)
+    _plan(tmp_path, camp)
+    git = shutil.which("git")
+    if below == ".config/git" and git is not None:
+        ran = tmp_path / "fsmonitor-ran"
+        (camp / "config").write_text(f'[core]\n\tfsmonitor = "echo >> {ran}; true"\n')
+        repo = tmp_path / "repo"
+        subprocess.run([git, "init", "-q", str(repo)], check=True, capture_output=True)
+        subprocess.run([git, "-C", str(repo), "status", "--porcelain"], capture_output=True,
+                       check=False, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+        assert ran.exists(), "git no longer reads ~/.config/git/config: the test proves less"
+    _refused(tmp_path, home, camp)
+
+
+def test_a_home_with_the_campaign_at_ccaches_folder_is_refused(
+        tmp_path: Path, outside: Path) -> None:
+    """The campaign at ``~/.ccache``: ccache (where installed) with that ``HOME`` runs the
+    ``prefix_command`` of the campaign's ``ccache.conf``; submit and the job refuse."""
+    home = tmp_path / "h"
+    camp = home / ".ccache"
+    home.mkdir()
+    _plan(tmp_path, camp)
+    ccache = shutil.which("ccache")
+    if ccache is not None:
+        ran = tmp_path / "prefix-ran"
+        evil = camp / "evil"
+        evil.write_text(f'#!/bin/sh\necho ran >> {ran}\nexec "$@"\n')
+        evil.chmod(0o755)
+        (camp / "ccache.conf").write_text(f"prefix_command = {evil}\n")
+        (tmp_path / "t.c").write_text("int main(void) { return 0; }\n")
+        subprocess.run([ccache, "cc", "-c", "t.c", "-o", "t.o"], cwd=tmp_path,
+                       capture_output=True, check=False,
+                       env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+        assert ran.exists(), "ccache no longer reads ~/.ccache/ccache.conf: the test proves less"
+        (camp / "ccache.conf").unlink()
+    _refused(tmp_path, home, camp)
+
+
+def test_a_home_holding_the_campaign_elsewhere_still_passes(
+        tmp_path: Path, outside: Path) -> None:
+    """The usual case, the campaign anywhere else in ``HOME`` (``~/camp``, ``~/.configs``):
+    submit and the job go on."""
+    home = tmp_path / "h"
+    for camp in (home / "camp", home / ".configs"):
+        camp.parent.mkdir(parents=True, exist_ok=True)
+        _plan(tmp_path, camp)
+        res = _dry_run(tmp_path, camp, HOME=str(home))
+        assert res.returncode == 0, res.stdout + res.stderr
+        res = _run(tmp_path, camp, "00-prepare.sbatch", HOME=str(home))
+        assert "holds the campaign" not in res.stderr, res.stderr
