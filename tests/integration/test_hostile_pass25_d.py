@@ -15,19 +15,30 @@ running it):
   the campaign's ``ccache.conf`` and ran its ``prefix_command`` before each compile (real
   ccache 4.14, 1 run of 1). Now submit and the job refuse a ``HOME`` with the campaign in or
   below any of those folders, ``.ccache`` among them.
+- A job's bash ran under whatever umask Slurm gave it: the one sbatch read, or
+  ``SLURM_UMASK`` as the submitting shell set it (sbatch keeps one already set, and passes
+  it whatever ``--export`` says, as every ``SLURM_*``), or a hand sbatch's. The kit adds
+  world-write to its own umask (``cli.no_world_writable``), but only for itself: under
+  ``0000`` the build job's ``mkdir -p`` made the scratch folders outside the campaign 0777,
+  its own work directory in there 0777 (any local user could replace the tree it builds, or
+  its records, before the kit's first line ran), and every job's exit record 0666 (1 run of
+  1, the build script run under ``umask 000``). Now each script takes the kit's rule for its
+  own umask as its first command after the re-run.
 
 Slurm is absent in these tests: the job scripts are run by bash as Slurm runs them (from
 ``/``, with the environment given), as in passes 20 to 24."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_hostile_pass20_d import _plan, _run
+from tests.integration.test_hostile_pass20_d import _SRC, _plan, _run
 from tests.integration.test_hostile_pass22_d import _dry_run
 from tests.integration.test_reliability import outside
 
@@ -104,3 +115,31 @@ def test_a_home_holding_the_campaign_elsewhere_still_passes(
         assert res.returncode == 0, res.stdout + res.stderr
         res = _run(tmp_path, camp, "00-prepare.sbatch", HOME=str(home))
         assert "holds the campaign" not in res.stderr, res.stderr
+
+
+def test_a_job_under_umask_000_makes_nothing_world_writable(
+        tmp_path: Path, outside: Path) -> None:
+    """The build job run as Slurm runs it with ``SLURM_UMASK=0000``: the scratch folders it
+    makes (outside the campaign) and its exit record are not world-writable; the owner's
+    bits and group's are as the umask gives."""
+    camp = tmp_path / "camp"
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                          "--stand-in", "--batch", "1", "--python", sys.executable,
+                          "--scratch", str(tmp_path / "node" / "new" / "deeper")],
+                         env={**os.environ, "PYTHONPATH": str(_SRC), "TMPDIR": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (tmp_path / "node").mkdir()
+    for script, job in (("10-build-baseline.sbatch", "build-baseline"),
+                        ("00-prepare.sbatch", "prepare")):
+        res = subprocess.run(["bash", str(camp / "scripts" / script)],
+                             env={"HOME": str(tmp_path), "SLURM_JOB_ID": "7",
+                                  "PATH": "/usr/bin:/bin"},
+                             capture_output=True, text=True, timeout=120, check=False, cwd="/",
+                             preexec_fn=lambda: os.umask(0))
+        record = camp / "logs" / f"{job}-7.exit"
+        assert record.exists(), res.stdout + res.stderr
+        assert record.stat().st_mode & 0o777 == 0o664, oct(record.stat().st_mode)
+    made = [tmp_path / "node" / "new", tmp_path / "node" / "new" / "deeper"]
+    assert all(p.is_dir() for p in made), res.stdout + res.stderr
+    assert [oct(p.stat().st_mode & 0o777) for p in made] == ["0o775", "0o775"]

@@ -231,6 +231,12 @@ def render_script(c: Campaign, job: Job) -> str:
         "# keeps only the environment kvprefetch passes (kvprefetch.slurm.job_env).",
         *keep_only_sh(scratch_names(c) if job.name.startswith("build-") else []),
         "set -euo pipefail",
+        # The kit's rule for its umask (cli.no_world_writable), for the job's own bash too:
+        # Slurm gives a job the umask sbatch read, or SLURM_UMASK as the submitting shell set
+        # it (sbatch keeps one already set), and under 0000 the build job's bash made its
+        # scratch, work directory included, 0777 outside the campaign, and every exit record
+        # 0666 (issue 41, the twenty-fifth hostile pass)
+        'umask "$(printf %04o $(( (8#$(umask) & ~8#700) | 8#002 )))"',
         f"export PYTHONPATH={shlex.quote(c.kit_root)}",
         f"export PATH={shlex.quote(job_path(c.path, c.root))}",
         *KEEP_OUTSIDE_SH,
