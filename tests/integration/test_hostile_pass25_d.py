@@ -23,7 +23,11 @@ running it):
   its own work directory in there 0777 (any local user could replace the tree it builds, or
   its records, before the kit's first line ran), and every job's exit record 0666 (1 run of
   1, the build script run under ``umask 000``). Now each script takes the kit's rule for its
-  own umask as its first command after the re-run.
+  own umask as its first command after the re-run, and submit runs sbatch without the
+  shell's ``SLURM_UMASK``, so Slurm's own log of each job is made under the kit's umask too
+  (shown on a real one-node Slurm 22.05: with ``SLURM_UMASK=0000`` in the submitting shell
+  the build job's work directory outside the campaign was 0777, the prepare job's exit record
+  and both jobs' Slurm logs 0666).
 
 Slurm is absent in these tests: the job scripts are run by bash as Slurm runs them (from
 ``/``, with the environment given), as in passes 20 to 24."""
@@ -143,3 +147,16 @@ def test_a_job_under_umask_000_makes_nothing_world_writable(
     made = [tmp_path / "node" / "new", tmp_path / "node" / "new" / "deeper"]
     assert all(p.is_dir() for p in made), res.stdout + res.stderr
     assert [oct(p.stat().st_mode & 0o777) for p in made] == ["0o775", "0o775"]
+
+
+def test_submit_runs_sbatch_without_the_shells_slurm_umask(tmp_path: Path) -> None:
+    """sbatch sends a ``SLURM_UMASK`` already set in its environment in place of its own
+    umask, and Slurm makes the job's log and runs the job under it: submit leaves it out (the
+    sbatch here is a stand-in recording its environment)."""
+    from tests.integration.test_hostile_pass21_b import _submit_with
+
+    seen = tmp_path / "sbatch-env"
+    res, calls = _submit_with(tmp_path, {"SLURM_UMASK": "0000"}, record_env=seen)
+    assert res.returncode == 0, res.stderr
+    assert calls.read_text().count("\n") == 6  # every job sent
+    assert "SLURM_UMASK" not in seen.read_text()

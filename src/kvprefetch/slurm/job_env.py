@@ -103,14 +103,15 @@ def check_scratch_names(names: Iterable[str]) -> None:
 
 
 def sbatch_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment ``slurm submit`` runs sbatch in: the shell's, less every ``SBATCH_*``.
-    sbatch reads those as options: ``SBATCH_ERROR``/``SBATCH_INPUT`` name files the job's
+    """The environment ``slurm submit`` runs sbatch in: the shell's, less every ``SBATCH_*``,
+    which sbatch reads as options: ``SBATCH_ERROR``/``SBATCH_INPUT`` name files the job's
     stderr and stdin go to (a path in the campaign, through a link planted there, would have
     Slurm write or read where the link leads), ``SBATCH_CONTAINER`` a bundle the job runs in,
     ``SBATCH_OPEN_MODE``, ``SBATCH_CHDIR`` and the rest change what the plan asked for (issue
-    41, the twenty-third hostile pass). The campaign's plan (partition, account, time, gres,
-    output) is the whole request."""
-    return {k: v for k, v in environ.items() if not k.startswith("SBATCH_")}
+    41, the twenty-third hostile pass); the plan is the whole request. And less SLURM_UMASK,
+    which sbatch sends in place of its own umask (the kit's, less world-write): 0000 had Slurm
+    write each job's log 0666 and run the job under it (the twenty-fifth)."""
+    return {k: v for k, v in environ.items() if not k.startswith("SBATCH_") and k != "SLURM_UMASK"}
 
 
 def export_names(scratch_names: Sequence[str]) -> list[str]:
