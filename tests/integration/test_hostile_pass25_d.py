@@ -28,6 +28,9 @@ running it):
   (shown on a real one-node Slurm 22.05: with ``SLURM_UMASK=0000`` in the submitting shell
   the build job's work directory outside the campaign was 0777, the prepare job's exit record
   and both jobs' Slurm logs 0666).
+- ``slurm plan --scratch '$_/x'`` was taken as naming a variable ``_``, which is bash's last
+  argument, never the user's: the build job built nowhere, refusing "]/x" as a relative
+  folder (wrong-way message, 1 run of 1). Now plan refuses it as it refuses ``$0`` or ``$$``.
 
 Slurm is absent in these tests: the job scripts are run by bash as Slurm runs them (from
 ``/``, with the environment given), as in passes 20 to 24."""
@@ -160,3 +163,22 @@ def test_submit_runs_sbatch_without_the_shells_slurm_umask(tmp_path: Path) -> No
     assert res.returncode == 0, res.stderr
     assert calls.read_text().count("\n") == 6  # every job sent
     assert "SLURM_UMASK" not in seen.read_text()
+
+
+@pytest.mark.parametrize("scratch", ["$_/x", "${_}/x"])
+def test_plan_refuses_bashs_last_argument_as_a_scratch_variable(
+        tmp_path: Path, outside: Path, scratch: str) -> None:
+    """``$_`` names no variable of the user's: plan refuses it (exit 2, with a fix), as it
+    refuses ``$0``; ``$_a`` (a variable) still plans."""
+    env = {**os.environ, "PYTHONPATH": str(_SRC), "TMPDIR": str(tmp_path)}
+    argv = [sys.executable, "-m", "kvprefetch", "slurm", "plan", "--stand-in", "--batch", "1",
+            "--python", sys.executable, "--scratch"]
+    res = subprocess.run([*argv, scratch, str(tmp_path / "camp")], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "uses $ for more than naming a variable" in res.stderr, res.stderr
+    assert "To fix: pass node" in res.stderr, res.stderr
+    assert not (tmp_path / "camp").exists()
+    res = subprocess.run([*argv, "$_a/x", str(tmp_path / "camp2")], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
