@@ -31,6 +31,10 @@ running it):
 - ``slurm plan --scratch '$_/x'`` was taken as naming a variable ``_``, which is bash's last
   argument, never the user's: the build job built nowhere, refusing "]/x" as a relative
   folder (wrong-way message, 1 run of 1). Now plan refuses it as it refuses ``$0`` or ``$$``.
+- A build job whose scratch folder it could not make (the node's ``TMPDIR`` not writable,
+  read-only or full; here ``/sys/kernel``, where nobody may make a folder) said "something is
+  already there ... To fix: move <scratch> away", which names nothing there and moves
+  nothing (wrong-way message, 1 run of 1). Now it says it cannot be made there, and why.
 
 Slurm is absent in these tests: the job scripts are run by bash as Slurm runs them (from
 ``/``, with the environment given), as in passes 20 to 24."""
@@ -182,3 +186,19 @@ def test_plan_refuses_bashs_last_argument_as_a_scratch_variable(
     res = subprocess.run([*argv, "$_a/x", str(tmp_path / "camp2")], env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_scratch_the_build_job_cannot_make_is_not_called_already_there(
+        tmp_path: Path, outside: Path) -> None:
+    """The build job with the node's ``TMPDIR`` a folder nobody may make a folder in
+    (``/sys/kernel``): exit 1, "cannot be made", with a fix; not "already there"."""
+    if not Path("/sys/kernel").is_dir():
+        pytest.skip("no /sys/kernel here")
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    res = _run(tmp_path, camp, "10-build-baseline.sbatch", TMPDIR="/sys/kernel")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "something is already there" not in res.stderr, res.stderr
+    assert "it cannot be made in /sys/kernel (mkdir said why above" in res.stderr, res.stderr
+    assert "To fix: free or make writable /sys/kernel" in res.stderr
+    assert (camp / "logs" / "build-baseline-7.exit").read_text() == "1\n"
