@@ -103,14 +103,15 @@ def check_scratch_names(names: Iterable[str]) -> None:
 
 
 def sbatch_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment ``slurm submit`` runs sbatch in: the shell's, less every ``SBATCH_*``.
-    sbatch reads those as options: ``SBATCH_ERROR``/``SBATCH_INPUT`` name files the job's
+    """The environment ``slurm submit`` runs sbatch in: the shell's, less every ``SBATCH_*``,
+    which sbatch reads as options: ``SBATCH_ERROR``/``SBATCH_INPUT`` name files the job's
     stderr and stdin go to (a path in the campaign, through a link planted there, would have
     Slurm write or read where the link leads), ``SBATCH_CONTAINER`` a bundle the job runs in,
     ``SBATCH_OPEN_MODE``, ``SBATCH_CHDIR`` and the rest change what the plan asked for (issue
-    41, the twenty-third hostile pass). The campaign's plan (partition, account, time, gres,
-    output) is the whole request."""
-    return {k: v for k, v in environ.items() if not k.startswith("SBATCH_")}
+    41, the twenty-third hostile pass); the plan is the whole request. And less SLURM_UMASK,
+    which sbatch sends in place of its own umask (the kit's, less world-write): 0000 had Slurm
+    write each job's log 0666 and run the job under it (the twenty-fifth)."""
+    return {k: v for k, v in environ.items() if not k.startswith("SBATCH_") and k != "SLURM_UMASK"}
 
 
 def export_names(scratch_names: Sequence[str]) -> list[str]:
@@ -314,11 +315,11 @@ def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
             "submit again")
 
 
-# What the job's programs read or run below a passed folder: `CUDA_HOME=~/cu` with the campaign
-# at `~/cu/bin` had the build run its nvcc, one at `~/.config` had git run its fsmonitor (issue
-# 41, the twenty-fourth hostile pass). A toolkit may not hold the campaign at all.
+# What the job's programs read or run in or below a passed folder: CUDA_HOME=~/cu with the
+# campaign at ~/cu/bin ran its nvcc; HOME with it at ~/.config (24th pass), ~/.config/git or
+# ~/.ccache (25th) ran git's fsmonitor, ccache's prefix_command (issue 41). A toolkit holds none.
 TOOLKIT_FOLDERS = ("bin", "nvvm", "include", "targets", "lib64", "lib")
-HOME_FOLDERS = (".config", ".gitconfig", ".local", ".cache", ".nv", ".triton", ".pip")
+HOME_FOLDERS = (".config", ".gitconfig", ".local", ".cache", ".nv", ".triton", ".pip", ".ccache")
 _HELD = {"CUDA_HOME": TOOLKIT_FOLDERS, "CUDA_PATH": TOOLKIT_FOLDERS, "HOME": HOME_FOLDERS}
 
 
@@ -326,13 +327,13 @@ def _check_held(env: Mapping[str, str], campaign: Path) -> None:
     from ..workspace.ownership import within
 
     for n, below in ((n, b) for n, b in _HELD.items() if env.get(n)):
-        v = env[n]
-        top = os.path.join("/", v)
+        v, top = env[n], os.path.join("/", env[n])
         if (n != "HOME" and within(campaign, Path(os.path.realpath(top)))) or any(
-                _in_campaign(os.path.join(top, f), campaign) for f in below):
+                _in_campaign(f, campaign) or within(campaign, Path(os.path.realpath(f)))
+                for f in (os.path.join(top, f) for f in below)):
             raise ConfigError(
                 f"{n}={v!r} in this shell holds the campaign {campaign} where the job's "
-                f"programs read or run from ({', '.join(below)}"
+                f"programs read or run from (in or below one of {', '.join(below)}"
                 f"{'' if n == 'HOME' else ', or anywhere in the toolkit'}): whoever can write "
                 "the campaign could put their own there",
                 f"point {n} at a folder that holds the campaign in none of those (or unset "

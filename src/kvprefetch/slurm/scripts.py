@@ -100,10 +100,19 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
         # this job's own: a new job id is a new folder; anything already there (a link planted
         # at the next id's name) is named, not "mkdir: File exists" alone (issue 41, the
         # eleventh pass left it open)
-        ('mkdir -- "$SCRATCH" || { echo "refusing to build in $SCRATCH: something is already'
+        # (a folder it cannot make in is named as that: on a scratch folder not writable, read
+        # only or full, "something is already there / move it away" sent the user to move
+        # nothing; issue 41, the twenty-fifth hostile pass)
+        ('mkdir -- "$SCRATCH" || { if [ -e "$SCRATCH" ] || [ -L "$SCRATCH" ]; then'
+         ' echo "refusing to build in $SCRATCH: something is already'
          ' there, and each build job makes its own new folder. To fix: move $SCRATCH away'
          ' (kvprefetch leaves what it did not make), then run'
-         f' kvprefetch slurm resubmit {c.root} build-{tree.name}" >&2; exit 1; }}'),
+         f' kvprefetch slurm resubmit {c.root} build-{tree.name}" >&2; else'
+         ' echo "refusing to build in $SCRATCH: it cannot be made in $SCRATCH_BASE (mkdir said'
+         ' why above: not writable, a read-only file system, or full). To fix: free or make'
+         ' writable $SCRATCH_BASE, or plan the campaign again with --scratch naming a writable'
+         ' folder of yours (for node: submit with TMPDIR or SLURM_TMPDIR set to one), then run'
+         f' kvprefetch slurm resubmit {c.root} build-{tree.name}" >&2; fi; exit 1; }}'),
         "on_exit() {",
         "  local rc=$?",
         f'  if [ "$rc" -ne 0 ]; then {publish} --logs-only || true; fi',
@@ -231,6 +240,12 @@ def render_script(c: Campaign, job: Job) -> str:
         "# keeps only the environment kvprefetch passes (kvprefetch.slurm.job_env).",
         *keep_only_sh(scratch_names(c) if job.name.startswith("build-") else []),
         "set -euo pipefail",
+        # The kit's rule for its umask (cli.no_world_writable), for the job's own bash too:
+        # Slurm gives a job the umask sbatch read, or SLURM_UMASK as the submitting shell set
+        # it (sbatch keeps one already set), and under 0000 the build job's bash made its
+        # scratch, work directory included, 0777 outside the campaign, and every exit record
+        # 0666 (issue 41, the twenty-fifth hostile pass)
+        'umask "$(printf %04o $(( (8#$(umask) & ~8#700) | 8#002 )))"',
         f"export PYTHONPATH={shlex.quote(c.kit_root)}",
         f"export PATH={shlex.quote(job_path(c.path, c.root))}",
         *KEEP_OUTSIDE_SH,

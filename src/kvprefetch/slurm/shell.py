@@ -311,14 +311,18 @@ TEMP_OUTSIDE_SH = (
     '    if [ "$v" != TMPDIR ]; then',
     '      for f in $below; do',
     '        if [ -d "$RESOLVED/$f" ] && reaches_campaign "$RESOLVED/$f"; then held=1; fi',
+    # the campaign below one of them (job_env.HOME_FOLDERS says why)
+    '        if [ -d "$RESOLVED/$f" ] && r=$(cd -P -- "$RESOLVED/$f" 2>/dev/null && pwd -P); then',
+    '          case "$CAMPAIGN_AT/" in "${r%/}"/*) held=1;; esac',
+    '        fi',
     '        if [ -L "$RESOLVED/$f" ] && { ! f=$(readlink -f -- "$RESOLVED/$f") \\',
     '            || reaches_campaign "$f"; }; then held=1; fi',
     '      done',
     '      if [ -n "$held" ]; then',
     ('        echo "refusing to run: $v=${!v} holds the campaign $CAMPAIGN_AT where the job\'s'
-     ' programs read or run from (one of $below, or, for a CUDA toolkit, anywhere in it):'
-     ' whoever can write the campaign could put their own there. To fix: submit the campaign'
-     ' with $v set to a folder that holds the campaign in none of those, or unset it" >&2;'
+     ' programs read or run from (in or below one of $below, or, for a CUDA toolkit, anywhere'
+     ' in it): whoever can write the campaign could put their own there. To fix: submit the'
+     ' campaign with $v set to a folder that holds the campaign in none of those, or unset it" >&2;'
      ' exit 2'),
     '      fi',
     '    fi',

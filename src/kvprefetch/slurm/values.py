@@ -26,7 +26,10 @@ _SCRATCH_FORBIDDEN = ('"', "`", "\\", "$(", "\n")
 # the `$(` check (the `$(` is built at run time, and `@P` expands it as a prompt, which runs
 # it), and the build job ran cmd; `${` alone, or `${x:-'}`, made a script bash cannot parse,
 # every line after it read in the wrong quoting (issue 41, the nineteenth hostile pass).
-SCRATCH_VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
+# `$_` alone is bash's last argument, never a variable of the user's: the job's scratch was
+# `]/x` (issue 41, the twenty-fifth hostile pass).
+_NAME = r"(?:[A-Za-z][A-Za-z0-9_]*|_[A-Za-z0-9_]+)"
+SCRATCH_VARIABLE = re.compile(rf"\$(?:{_NAME}|\{{{_NAME}\}})")
 
 
 # What Slurm accepts for each value that reaches a script (and nothing a shell or sbatch's own
