@@ -314,15 +314,28 @@ def test_a_home_holding_the_campaign_where_programs_read_settings_is_refused(
     home.mkdir()
     _plan(tmp_path, camp)
     (camp / "git").mkdir()
-    ran = tmp_path / "fsmonitor-ran"
-    (camp / "git" / "config").write_text(f'[core]\n\tfsmonitor = "echo >> {ran}; true"\n')
+    git_reads_its_config_there(tmp_path, home, camp / "git")
+    home_refused(tmp_path, home, camp)
+
+
+def git_reads_its_config_there(tmp_path: Path, home: Path, folder: Path) -> None:
+    """What was at stake: git run with ``HOME=home`` runs the fsmonitor ``folder/config``
+    names (``folder`` is ``~/.config/git``, in the campaign). Skipped where git is missing."""
     git = shutil.which("git")
-    if git is not None:
-        repo = tmp_path / "repo"
-        subprocess.run([git, "init", "-q", str(repo)], check=True, capture_output=True)
-        subprocess.run([git, "-C", str(repo), "status", "--porcelain"], capture_output=True,
-                       check=False, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
-        assert ran.exists(), "git no longer reads ~/.config/git/config: the test proves less"
+    if git is None:
+        return
+    ran = tmp_path / "fsmonitor-ran"
+    (folder / "config").write_text(f'[core]\n\tfsmonitor = "echo >> {ran}; true"\n')
+    repo = tmp_path / "repo"
+    subprocess.run([git, "init", "-q", str(repo)], check=True, capture_output=True)
+    subprocess.run([git, "-C", str(repo), "status", "--porcelain"], capture_output=True,
+                   check=False, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+    assert ran.exists(), "git no longer reads ~/.config/git/config: the test proves less"
+
+
+def home_refused(tmp_path: Path, home: Path, camp: Path) -> None:
+    """Submit refuses ``HOME=home`` (exit 2, naming it, with a fix) and the job refuses it,
+    recording its end (pass 25 d's cases too)."""
     res = _dry_run(tmp_path, camp, HOME=str(home))
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"HOME='{home}' in this shell holds the campaign" in res.stderr, res.stderr

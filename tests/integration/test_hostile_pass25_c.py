@@ -26,15 +26,7 @@ from pathlib import Path
 
 import pytest
 
-_REPO = Path(__file__).resolve().parents[2]
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("KVPREFETCH_WORKDIR", "KVPREFETCH_CAMPAIGN")}
-    env.update(PYTHONPATH=str(_REPO / "src"), TMPDIR=str(tmp_path), HOME=str(tmp_path))
-    env.update(extra)
-    return env
+from tests.integration.test_hostile_pass24_c import _env
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

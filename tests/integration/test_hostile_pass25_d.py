@@ -51,20 +51,10 @@ import pytest
 
 from tests.integration.test_hostile_pass20_d import _SRC, _plan, _run
 from tests.integration.test_hostile_pass22_d import _dry_run
+from tests.integration.test_hostile_pass24_d import git_reads_its_config_there, home_refused
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
-
-
-def _refused(tmp_path: Path, home: Path, camp: Path) -> None:
-    res = _dry_run(tmp_path, camp, HOME=str(home))
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert f"HOME='{home}' in this shell holds the campaign" in res.stderr, res.stderr
-    assert "To fix: point HOME at a folder that holds the campaign in none" in res.stderr
-    res = _run(tmp_path, camp, "40-merge.sbatch", HOME=str(home))
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert f"refusing to run: HOME={home} holds the campaign" in res.stderr, res.stderr
-    assert (camp / "logs" / "merge-7.exit").read_text() == "2\n"
 
 
 @pytest.mark.parametrize("below", [".config/git", ".cache/ccache", ".local/lib/site"])
@@ -78,16 +68,9 @@ def test_a_home_with_the_campaign_below_a_folder_programs_read_is_refused(
     camp = home / below
     camp.parent.mkdir(parents=True)
     _plan(tmp_path, camp)
-    git = shutil.which("git")
-    if below == ".config/git" and git is not None:
-        ran = tmp_path / "fsmonitor-ran"
-        (camp / "config").write_text(f'[core]\n\tfsmonitor = "echo >> {ran}; true"\n')
-        repo = tmp_path / "repo"
-        subprocess.run([git, "init", "-q", str(repo)], check=True, capture_output=True)
-        subprocess.run([git, "-C", str(repo), "status", "--porcelain"], capture_output=True,
-                       check=False, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
-        assert ran.exists(), "git no longer reads ~/.config/git/config: the test proves less"
-    _refused(tmp_path, home, camp)
+    if below == ".config/git":
+        git_reads_its_config_there(tmp_path, home, camp)
+    home_refused(tmp_path, home, camp)
 
 
 def test_a_home_with_the_campaign_at_ccaches_folder_is_refused(
@@ -111,7 +94,7 @@ def test_a_home_with_the_campaign_at_ccaches_folder_is_refused(
                        env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
         assert ran.exists(), "ccache no longer reads ~/.ccache/ccache.conf: the test proves less"
         (camp / "ccache.conf").unlink()
-    _refused(tmp_path, home, camp)
+    home_refused(tmp_path, home, camp)
 
 
 def test_a_home_holding_the_campaign_elsewhere_still_passes(
