@@ -357,7 +357,7 @@ def _report_in_time(tmp_path: Path, name: str, doc: dict[str, Any], seconds: int
 def test_a_result_of_hundreds_of_groups_draws_a_bounded_figure(tmp_path: Path) -> None:
     """``report RESULT.json`` (png by default) drew one heatmap per group and variant: a 1 MB
     result of 600 groups (600 presets) took 150 s and 1.5 GB, and a 64 MiB one would run for
-    hours. Now the figure holds at most ``MAX_PNG_PANELS`` heatmaps, saying so; the markdown
+    hours. Now the figure holds at most ``render.MAX_PANELS`` heatmaps, saying so; the markdown
     lists every group. 400 groups: well within a minute, the png written."""
     import copy
 
@@ -376,7 +376,7 @@ def test_a_result_of_hundreds_of_groups_draws_a_bounded_figure(tmp_path: Path) -
 def test_an_ncu_result_of_thousands_of_shapes_draws_a_bounded_figure(tmp_path: Path) -> None:
     """``report NCU.json`` drew a group of bars per shape and kernel, the figure as wide as
     they: 1,500 shapes (a 3 MB result) took 59 s and 1.9 GB. Now the figure holds the first
-    ``MAX_PNG_BARS``, saying so; the markdown lists them all. Here: a few seconds."""
+    ``render.MAX_BARS``, saying so; the markdown lists them all. Here: a few seconds."""
     import copy
 
     from tests.unit.test_report import ncu_doc

@@ -148,8 +148,9 @@ def decode_png(doc: DecodeDocument, path: Path) -> Path:
     # bounded as report.py's figures: a bar group per shape drew 3,000 shapes of a 5 MB result
     # for 37 s, one 0.9 inch wider each (issue 41, the twenty-fifth pass)
     others, rows = all_others[:MAX_PANELS], all_rows[:MAX_BARS]
+    cut = len(rows) < len(all_rows) or len(others) < len(all_others)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4))
-    if len(rows) < len(all_rows) or len(others) < len(all_others):
+    if cut:
         ax.set_title(f"the first {len(rows)} of {len(all_rows)} shapes and {len(others)} of "
                      f"{len(all_others)} trees (the markdown lists them all)", fontsize=9)
     width = 0.8 / max(len(others), 1)
@@ -164,7 +165,7 @@ def decode_png(doc: DecodeDocument, path: Path) -> Path:
                   [plain(r["label"]).replace("serve ", "serve\n") for r in rows], rotation=30,
                   ha="right", fontsize=7)
     ax.set_ylabel(plain(f"decode tokens/s over {base}"))
-    if len(rows) == len(all_rows) and len(others) == len(all_others):
+    if not cut:
         ax.set_title(plain(f"bench decode: {doc['meta']['model']['name']}"))
     ax.legend()
     return save_figure(fig, path)

@@ -281,10 +281,6 @@ def _geomean_cell(values: list[float | None]) -> str:
     return f"{geomean(v for v in values if v is not None):.3f}x"
 
 
-# the figures' bounds (render.py): heatmaps in one figure, cells of one with numbers, bar groups
-MAX_PNG_PANELS, MAX_PNG_CELLS, MAX_PNG_BARS = MAX_PANELS, MAX_CELLS, MAX_BARS
-
-
 def kernel_png(doc: KernelLike, path: Path) -> Path:
     """Speedup heatmaps (batch x context), one row per group, one column per variant."""
     plt = _pyplot()
@@ -296,8 +292,8 @@ def kernel_png(doc: KernelLike, path: Path) -> Path:
     # a bounded figure: one panel per group and variant drew 600 groups of a 1 MB result for
     # 150 s in 1.5 GB, and a 64 MiB one would run for hours (issue 41, the twenty-second
     # hostile pass). The markdown lists every group; the figure shows the first ones.
-    names = all_names[:MAX_PNG_PANELS]
-    groups = all_groups[:max(1, MAX_PNG_PANELS // max(1, len(names)))]
+    names = all_names[:MAX_PANELS]
+    groups = all_groups[:max(1, MAX_PANELS // max(1, len(names)))]
     fig, axes = plt.subplots(len(groups), len(names), squeeze=False,
                              figsize=(4.8 * len(names), 3.8 * len(groups)))
     if len(groups) < len(all_groups) or len(names) < len(all_names):
@@ -318,7 +314,7 @@ def kernel_png(doc: KernelLike, path: Path) -> Path:
             span = max(0.05, max(abs(v - 1.0) for v in vals))
             im = ax.imshow(grid, cmap="RdYlGn", aspect="auto",
                            norm=TwoSlopeNorm(vcenter=1.0, vmin=1.0 - span, vmax=1.0 + span))
-            for i in range(len(batches) if len(batches) * len(ctxs) <= MAX_PNG_CELLS else 0):
+            for i in range(len(batches) if len(batches) * len(ctxs) <= MAX_CELLS else 0):
                 for j in range(len(ctxs)):
                     if not math.isnan(grid[i][j]):
                         ax.text(j, i, f"{grid[i][j]:.2f}", ha="center", va="center", fontsize=8)
@@ -384,8 +380,8 @@ def ncu_png(doc: NcuDocument, path: Path) -> Path:
     # bounded as kernel_png's panels: a bar group per shape and kernel drew 1,500 shapes of a
     # 3 MB result for 59 s in 1.9 GB (issue 41, the twenty-second hostile pass); a bar per
     # variant, 2,000 variants of one shape for 94 s (the twenty-fifth)
-    shown, n_series = labels[:MAX_PNG_BARS], len(series)
-    series = dict(list(series.items())[:MAX_PNG_PANELS])
+    shown, n_series = labels[:MAX_BARS], len(series)
+    series = dict(list(series.items())[:MAX_PANELS])
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(shown)), 4))
     if len(shown) < len(labels) or len(series) < n_series:
         ax.set_title(f"the first {len(shown)} of {len(labels)} kernels of the shapes and "
@@ -431,10 +427,10 @@ def e2e_png(doc: E2EDocument, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     envs = [e["name"] for e in doc["meta"]["envs"]]
-    if len(envs) > MAX_PNG_PANELS:  # a line per environment, bounded as ncu_png's variants
-        ax.set_title(f"the first {MAX_PNG_PANELS} of {len(envs)} environments (the markdown "
+    if len(envs) > MAX_PANELS:  # a line per environment, bounded as ncu_png's variants
+        ax.set_title(f"the first {MAX_PANELS} of {len(envs)} environments (the markdown "
                      "lists them all)", fontsize=9)
-    for env in envs[:MAX_PNG_PANELS]:
+    for env in envs[:MAX_PANELS]:
         xs = [r["max_num_seqs"] for r in doc["rows"] if env in r["envs"]]
         ys = [r["envs"][env]["tokens_per_second"]["median"] for r in doc["rows"]
               if env in r["envs"]]

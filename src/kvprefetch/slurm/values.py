@@ -196,7 +196,6 @@ def check_source(source: str, root: str) -> str:
     its files). ``slurm plan`` took one, and only a job found it wrong (issue 41, the
     twenty-first and twenty-second passes left it open); a campaign.json naming one is refused
     too."""
-
     if source in ("auto", "sdist"):
         return source
     fix = ("put the sdist or clone outside the campaign, on a filesystem every node mounts, and "
