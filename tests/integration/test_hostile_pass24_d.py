@@ -51,7 +51,8 @@ its fix (checked by reverting ``src`` and running it):
   kit's commit) read ``~/.config/git/config`` from the campaign, whose ``core.fsmonitor`` it
   ran (shown with git on a repository here, 1 run of 1). Now submit and the job refuse a
   ``HOME`` whose ``.config``, ``.gitconfig``, ``.local``, ``.cache``, ``.nv``, ``.triton``
-  or ``.pip`` is in or reaches the campaign.
+  or ``.pip`` is in or reaches the campaign. (Since replaced: each job makes a HOME of its
+  own, and the user's is never read; test_job_home.py.)
 - ``kit_info`` (the kit's version and commit, recorded by ``slurm plan``, ``bench kernel`` and
   every bench task of a campaign) ran ``git status`` in the kit's checkout, which refreshes
   that checkout's index as it reads it: ``.git/index`` was rewritten (under ``index.lock``)
@@ -304,20 +305,6 @@ def test_a_slurm_tmpdir_in_the_campaign_is_named_at_submit_and_in_the_job(
     assert "a node scratch is SLURM_TMPDIR (where set)" in res.stderr, res.stderr
 
 
-def test_a_home_holding_the_campaign_where_programs_read_settings_is_refused(
-        tmp_path: Path, outside: Path) -> None:
-    """The campaign at ``~/.config``: git run with that ``HOME`` runs the fsmonitor the
-    campaign's ``git/config`` names (what was at stake); submit refuses (exit 2, naming
-    ``HOME``, with a fix) and the job refuses, recording its end."""
-    home = tmp_path / "h"
-    camp = home / ".config"
-    home.mkdir()
-    _plan(tmp_path, camp)
-    (camp / "git").mkdir()
-    git_reads_its_config_there(tmp_path, home, camp / "git")
-    home_refused(tmp_path, home, camp)
-
-
 def git_reads_its_config_there(tmp_path: Path, home: Path, folder: Path) -> None:
     """What was at stake: git run with ``HOME=home`` runs the fsmonitor ``folder/config``
     names (``folder`` is ``~/.config/git``, in the campaign). Skipped where git is missing."""
@@ -331,19 +318,6 @@ def git_reads_its_config_there(tmp_path: Path, home: Path, folder: Path) -> None
     subprocess.run([git, "-C", str(repo), "status", "--porcelain"], capture_output=True,
                    check=False, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
     assert ran.exists(), "git no longer reads ~/.config/git/config: the test proves less"
-
-
-def home_refused(tmp_path: Path, home: Path, camp: Path) -> None:
-    """Submit refuses ``HOME=home`` (exit 2, naming it, with a fix) and the job refuses it,
-    recording its end (pass 25 d's cases too)."""
-    res = _dry_run(tmp_path, camp, HOME=str(home))
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert f"HOME='{home}' in this shell holds the campaign" in res.stderr, res.stderr
-    assert "To fix: point HOME at a folder that holds the campaign in none" in res.stderr
-    res = _run(tmp_path, camp, "40-merge.sbatch", HOME=str(home))
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert f"refusing to run: HOME={home} holds the campaign" in res.stderr, res.stderr
-    assert (camp / "logs" / "merge-7.exit").read_text() == "2\n"
 
 
 def test_planning_never_rewrites_the_kits_own_git_index(tmp_path: Path, outside: Path) -> None:

@@ -13,8 +13,9 @@ running it):
   prefers to ``~/.cache/ccache`` where it exists, was not on the list at all: with
   ``CXX='ccache g++'`` (a form the kit accepts) and the campaign at ``~/.ccache``, ccache read
   the campaign's ``ccache.conf`` and ran its ``prefix_command`` before each compile (real
-  ccache 4.14, 1 run of 1). Now submit and the job refuse a ``HOME`` with the campaign in or
-  below any of those folders, ``.ccache`` among them.
+  ccache 4.14, 1 run of 1). Fixed first by refusing such a ``HOME``; since replaced by a
+  ``HOME`` of each job's own, so that the user's is never read (test_job_home.py, which
+  repeats both attacks against a job).
 - A job's bash ran under whatever umask Slurm gave it: the one sbatch read, or
   ``SLURM_UMASK`` as the submitting shell set it (sbatch keeps one already set, and passes
   it whatever ``--export`` says, as every ``SLURM_*``), or a hand sbatch's. The kit adds
@@ -42,7 +43,6 @@ Slurm is absent in these tests: the job scripts are run by bash as Slurm runs th
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,65 +50,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_hostile_pass20_d import _SRC, _plan, _run
-from tests.integration.test_hostile_pass22_d import _dry_run
-from tests.integration.test_hostile_pass24_d import git_reads_its_config_there, home_refused
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
-
-
-@pytest.mark.parametrize("below", [".config/git", ".cache/ccache", ".local/lib/site"])
-def test_a_home_with_the_campaign_below_a_folder_programs_read_is_refused(
-        tmp_path: Path, outside: Path, below: str) -> None:
-    """The campaign at ``~/.config/git`` (and below ``.cache``, ``.local``): git run with
-    that ``HOME`` runs the fsmonitor the campaign's ``config`` names (what was at stake);
-    submit refuses (exit 2, naming ``HOME``, with a fix) and the job refuses, recording its
-    end."""
-    home = tmp_path / "h"
-    camp = home / below
-    camp.parent.mkdir(parents=True)
-    _plan(tmp_path, camp)
-    if below == ".config/git":
-        git_reads_its_config_there(tmp_path, home, camp)
-    home_refused(tmp_path, home, camp)
-
-
-def test_a_home_with_the_campaign_at_ccaches_folder_is_refused(
-        tmp_path: Path, outside: Path) -> None:
-    """The campaign at ``~/.ccache``: ccache (where installed) with that ``HOME`` runs the
-    ``prefix_command`` of the campaign's ``ccache.conf``; submit and the job refuse."""
-    home = tmp_path / "h"
-    camp = home / ".ccache"
-    home.mkdir()
-    _plan(tmp_path, camp)
-    ccache = shutil.which("ccache")
-    if ccache is not None:
-        ran = tmp_path / "prefix-ran"
-        evil = camp / "evil"
-        evil.write_text(f'#!/bin/sh\necho ran >> {ran}\nexec "$@"\n')
-        evil.chmod(0o755)
-        (camp / "ccache.conf").write_text(f"prefix_command = {evil}\n")
-        (tmp_path / "t.c").write_text("int main(void) { return 0; }\n")
-        subprocess.run([ccache, "cc", "-c", "t.c", "-o", "t.o"], cwd=tmp_path,
-                       capture_output=True, check=False,
-                       env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
-        assert ran.exists(), "ccache no longer reads ~/.ccache/ccache.conf: the test proves less"
-        (camp / "ccache.conf").unlink()
-    home_refused(tmp_path, home, camp)
-
-
-def test_a_home_holding_the_campaign_elsewhere_still_passes(
-        tmp_path: Path, outside: Path) -> None:
-    """The usual case, the campaign anywhere else in ``HOME`` (``~/camp``, ``~/.configs``):
-    submit and the job go on."""
-    home = tmp_path / "h"
-    for camp in (home / "camp", home / ".configs"):
-        camp.parent.mkdir(parents=True, exist_ok=True)
-        _plan(tmp_path, camp)
-        res = _dry_run(tmp_path, camp, HOME=str(home))
-        assert res.returncode == 0, res.stdout + res.stderr
-        res = _run(tmp_path, camp, "00-prepare.sbatch", HOME=str(home))
-        assert "holds the campaign" not in res.stderr, res.stderr
 
 
 def test_a_job_under_umask_000_makes_nothing_world_writable(

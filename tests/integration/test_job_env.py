@@ -118,7 +118,7 @@ def test_submit_tells_sbatch_to_pass_only_job_envs_names(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(("name", "value"), [
-    ("HOME", "{camp}"), ("TMPDIR", "{link}/tmp"), ("CUDA_HOME", "{camp}/cuda"),
+    ("TMPDIR", "{link}/tmp"), ("CUDA_HOME", "{camp}/cuda"),
     ("CXX", "{link}/bin/g++"), ("SSL_CERT_FILE", "{camp}/ca.pem"), ("PIP_CERT", "{link}/ca"),
     ("LANG", "{camp}/locale"),
 ])

@@ -26,7 +26,7 @@ from .campaign import (
     load_record,
     save_record,
 )
-from .job_env import check_passed, sbatch_environ
+from .job_env import check_passed
 from .scripts import sbatch_argv, scratch_names, submission_order
 from .sending import (
     DRY_RUN_LOG_DIR,
@@ -48,14 +48,14 @@ FIX_SLURM = "run this on a Slurm login node (sbatch, scontrol on PATH, slurmctld
 QUERY_TIMEOUT_S = 60.0
 
 
-def _slurm(argv: Sequence[str], check: bool = True, timeout: float | None = None) -> Any:
+def _slurm(argv: Sequence[str], check: bool = True, timeout: float | None = None,
+           env: dict[str, str] | None = None) -> Any:
     if which(argv[0]) is None:
         raise SlurmError(f"{argv[0]} was not found on PATH", FIX_SLURM)
     try:
         # from /, never the folder the user runs the kit in (it may be the campaign): an
         # empty LD_LIBRARY_PATH entry is the working folder to the dynamic loader
-        return run(list(argv), echo=False, check=check, cwd="/", timeout=timeout,
-                   env=sbatch_environ(os.environ) if argv[0] == "sbatch" else None)
+        return run(list(argv), echo=False, check=check, cwd="/", timeout=timeout, env=env)
     except CommandError as exc:
         tail = "\n".join(shown(line, 500) for line in exc.tail.strip().splitlines()[-20:])
         raise SlurmError(f"{' '.join(argv)} failed (exit code {exc.returncode}): {tail}",
@@ -145,7 +145,7 @@ def refuse_unanswered(root: Path, c: Campaign, rec: dict[str, Any],
 
 
 def _send(root: Path, rec: dict[str, Any], job: str, task: int | None,
-          argv: Sequence[str]) -> str:
+          argv: Sequence[str], env: dict[str, str]) -> str:
     """One sbatch, its intent recorded in campaign.json before it starts ("sending") and
     replaced by its id once it answers; an sbatch that fails (Slurm said no) sent nothing, nor
     did one the runner refused to start (a ``TMPDIR`` that is no folder, a program it cannot
@@ -159,7 +159,7 @@ def _send(root: Path, rec: dict[str, Any], job: str, task: int | None,
     rec["sending"] = {"job": job, "task": task, "at": _now()}
     save_record(root, rec)
     try:
-        output = _slurm(argv).output
+        output = _slurm(argv, env=env).output
     except (SlurmError, ConfigError, OSError):
         rec.pop("sending", None)
         save_record(root, rec)
@@ -188,7 +188,7 @@ def _submit(root: Path, dry_run: bool) -> list[dict[str, Any]]:
     check_job_scripts(root, submission_order(c))
     # once, before any sbatch, and in a dry run too: that one planned every job with exit 0
     # where the real submit sends none (issue 41, the twenty-first hostile pass)
-    check_passed(os.environ, root.resolve(), scratch_names(c))
+    env = check_passed(os.environ, root.resolve(), scratch_names(c))
     if not dry_run:
         refuse_unanswered(root, c, rec)
     if rec["submitted"] and not dry_run:
@@ -216,7 +216,7 @@ def _submit(root: Path, dry_run: bool) -> list[dict[str, Any]]:
             done.append({"job": job.name, "argv": argv})
             continue
         # recorded before and after every job: an error later keeps the ids so far
-        job_id = _send(root, rec, job.name, None, argv)
+        job_id = _send(root, rec, job.name, None, argv, env)
         ids[job.name] = job_id
         done.append({"job": job.name, "id": job_id, "argv": argv})
     return done
@@ -471,7 +471,7 @@ def _resubmit(root: Path, job_name: str, task: int | None, dry_run: bool) -> dic
     check_job_folders(root)
     job = c.job(job_name)
     check_job_scripts(root, [job])
-    check_passed(os.environ, root.resolve(), scratch_names(c))  # the dry run as _submit's
+    env = check_passed(os.environ, root.resolve(), scratch_names(c))  # the dry run as _submit's
     if not dry_run:
         refuse_unanswered(root, c, rec, resubmitting=job_name, task=task)
     if task is not None and job.array is None:
@@ -496,5 +496,5 @@ def _resubmit(root: Path, job_name: str, task: int | None, dry_run: bool) -> dic
     argv = sbatch_argv(c, job, deps, task, log_dir=log_dir)
     if dry_run:
         return {"job": job_name, "task": task, "argv": argv}
-    job_id = _send(root, rec, job_name, task, argv)
+    job_id = _send(root, rec, job_name, task, argv, env)
     return {"job": job_name, "task": task, "id": job_id, "argv": argv}

@@ -28,19 +28,19 @@ _LOCALE = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "L
            "LC_MONETARY", "LC_MESSAGES", "LC_PAPER", "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE",
            "LC_MEASUREMENT", "LC_IDENTIFICATION")
 # Folders and files a job's programs read, whose values must not lead into the campaign: the
-# kit's private folders and Python's user site (TMPDIR, HOME), the CUDA toolkit (CUDA_HOME,
+# kit's private folders (TMPDIR; a job's HOME is its own), the CUDA toolkit (CUDA_HOME,
 # CUDA_PATH), the host compiler (CXX), the trust anchors and client certificates of the
 # prepare job's download (pip's, requests', OpenSSL's). The job checks the folders again as
 # the node sees them (shell.TEMP_OUTSIDE_SH), and CXX as the program it resolves to.
-_FOLDERS = ("HOME", "TMPDIR", "CUDA_HOME", "CUDA_PATH", "SLURM_TMPDIR")
+_FOLDERS = ("TMPDIR", "CUDA_HOME", "CUDA_PATH", "SLURM_TMPDIR")
 _FILES = ("CXX", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
           "PIP_CERT", "PIP_CLIENT_CERT")
 # The names a job gets from the submitting shell when set there, and only these: who runs it
-# (HOME, USER, LOGNAME), how it speaks (locale, TZ), where the CUDA toolkit, its libraries and
-# the host compiler are (the build job), and how the prepare job reaches the package index
-# (proxies, the index, certificates). PATH is not passed: every script sets its own, the
-# planning shell's less its entries in the campaign (values.job_path).
-PASSED = ("HOME", "USER", "LOGNAME", *_LOCALE, "TZ",
+# (USER, LOGNAME), how it speaks (locale, TZ), where the CUDA toolkit, its libraries and the
+# host compiler are (the build job), and how the prepare job reaches the package index. Not
+# PATH: every script sets its own, the planning shell's less its entries in the campaign
+# (values.job_path). Nor HOME: each job makes its own (shell.PRIVATE_HOME_SH).
+PASSED = ("USER", "LOGNAME", *_LOCALE, "TZ",
           "TMPDIR", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CXX",
           "http_proxy", "https_proxy", "no_proxy", "all_proxy",
           "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
@@ -110,8 +110,12 @@ def sbatch_environ(environ: Mapping[str, str]) -> dict[str, str]:
     ``SBATCH_OPEN_MODE``, ``SBATCH_CHDIR`` and the rest change what the plan asked for (issue
     41, the twenty-third hostile pass); the plan is the whole request. And less SLURM_UMASK,
     which sbatch sends in place of its own umask (the kit's, less world-write): 0000 had Slurm
-    write each job's log 0666 and run the job under it (the twenty-fifth)."""
-    return {k: v for k, v in environ.items() if not k.startswith("SBATCH_") and k != "SLURM_UMASK"}
+    write each job's log 0666 and run the job under it (the twenty-fifth). PIP_INDEX_URL is
+    the index this shell's pip names: a job's own HOME holds no pip settings."""
+    from ..sources.download import configured_index_url
+
+    env = {k: v for k, v in environ.items() if not k.startswith("SBATCH_") and k != "SLURM_UMASK"}
+    return env | {"PIP_INDEX_URL": configured_index_url(env)}
 
 
 def export_names(scratch_names: Sequence[str]) -> list[str]:
@@ -196,11 +200,11 @@ def passed(environ: Mapping[str, str], scratch_names: Sequence[str]) -> dict[str
 
 
 def check_passed(environ: Mapping[str, str], campaign: Path,
-                 scratch_names: Sequence[str] = ()) -> None:
+                 scratch_names: Sequence[str] = ()) -> dict[str, str]:
     """Refuse to send a job whose environment (what sbatch passes of ``environ``) leads into
     the campaign ``campaign`` (a resolved path): a library or file its bash loads as it starts,
     a folder or file its programs read. Run by submit and resubmit, dry runs too, before any
-    sbatch."""
+    sbatch; returns the environment sbatch runs in (``sbatch_environ``)."""
     env = passed(environ, scratch_names)
     env |= {k: v for k, v in environ.items() if k == "SLURM_TMPDIR"}  # sbatch passes SLURM_*
     check_start_env(env, campaign)
@@ -208,6 +212,7 @@ def check_passed(environ: Mapping[str, str], campaign: Path,
     _check_paths(env, campaign)
     _check_held(env, campaign)
     _check_locale(env)
+    return sbatch_environ(environ)
 
 
 # CXX is a shell fragment (make's and the build's ninja rule read it so: `ccache g++`), run by
@@ -315,29 +320,25 @@ def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
             "submit again")
 
 
-# What the job's programs read or run in or below a passed folder: CUDA_HOME=~/cu with the
-# campaign at ~/cu/bin ran its nvcc; HOME with it at ~/.config (24th pass), ~/.config/git or
-# ~/.ccache (25th) ran git's fsmonitor, ccache's prefix_command (issue 41). A toolkit holds none.
+# What the job's programs read or run in or below a passed toolkit folder: CUDA_HOME=~/cu with
+# the campaign at ~/cu/bin ran its nvcc (issue 41, the twenty-fourth hostile pass).
 TOOLKIT_FOLDERS = ("bin", "nvvm", "include", "targets", "lib64", "lib")
-HOME_FOLDERS = (".config", ".gitconfig", ".local", ".cache", ".nv", ".triton", ".pip", ".ccache")
-_HELD = {"CUDA_HOME": TOOLKIT_FOLDERS, "CUDA_PATH": TOOLKIT_FOLDERS, "HOME": HOME_FOLDERS}
 
 
 def _check_held(env: Mapping[str, str], campaign: Path) -> None:
     from ..workspace.ownership import within
 
-    for n, below in ((n, b) for n, b in _HELD.items() if env.get(n)):
+    for n in (n for n in ("CUDA_HOME", "CUDA_PATH") if env.get(n)):
         v, top = env[n], os.path.join("/", env[n])
-        if (n != "HOME" and within(campaign, Path(os.path.realpath(top)))) or any(
+        if within(campaign, Path(os.path.realpath(top))) or any(
                 _in_campaign(f, campaign) or within(campaign, Path(os.path.realpath(f)))
-                for f in (os.path.join(top, f) for f in below)):
+                for f in (os.path.join(top, f) for f in TOOLKIT_FOLDERS)):
             raise ConfigError(
-                f"{n}={v!r} in this shell holds the campaign {campaign} where the job's "
-                f"programs read or run from (in or below one of {', '.join(below)}"
-                f"{'' if n == 'HOME' else ', or anywhere in the toolkit'}): whoever can write "
-                "the campaign could put their own there",
-                f"point {n} at a folder that holds the campaign in none of those (or unset "
-                f"{n}), then submit again")
+                f"{n}={v!r} in this shell holds the campaign {campaign} where the job's programs"
+                f" read or run from (in or below one of {', '.join(TOOLKIT_FOLDERS)}, or anywhere"
+                " in the toolkit): whoever can write the campaign could put their own there",
+                f"point {n} at a folder that holds the campaign in none of those (or unset {n}),"
+                " then submit again")
 
 
 # A locale is a name (`en_US.UTF-8`); glibc also reads one given as a path, from that folder
@@ -358,9 +359,8 @@ def _check_locale(env: Mapping[str, str]) -> None:
 # LD_LIBRARY_PATH is passed (a scratch cannot name the others: check_scratch_names); each is
 # checked all the same, in what is passed. LD_PRELOAD also splits on spaces (ld.so(8)). An
 # entry in the campaign had bash load a library or run a file there, whoever can write the
-# campaign planted it (issue 41, the twentieth hostile pass, found by reading after the jobs
-# were checked: bash loaded a planted libtinfo.so.6 from an LD_LIBRARY_PATH entry into the
-# campaign).
+# campaign planted it (issue 41, the twentieth hostile pass: bash loaded a planted
+# libtinfo.so.6 from an LD_LIBRARY_PATH entry into the campaign).
 # glibc's loader splits LD_LIBRARY_PATH on ';' as well as ':' (dl-load.c, ":;"): split on ':'
 # alone, "/opt/x;<campaign>/lib" passed the check and bash loaded libtinfo from the campaign
 # (issue 41, the twenty-first hostile pass). Bash expands BASH_ENV's and ENV's parameters before

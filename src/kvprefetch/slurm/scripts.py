@@ -46,6 +46,7 @@ from .job_env import SCRATCH_PREFIX, SHELLS_OWN, export_option, keep_only_sh, sc
 from .shell import (
     CHECK_JOB_IDS_SH,
     KEEP_OUTSIDE_SH,
+    PRIVATE_HOME_SH,
     SCRATCH_OUTSIDE_SH,
     TEMP_OUTSIDE_SH,
     WRITE_NEW_SH,
@@ -269,6 +270,7 @@ def render_script(c: Campaign, job: Job) -> str:
         f'EXIT_RECORD={shlex.quote(str(c.logs))}/{job.name}-"$JOB_ID"{EXIT_SUFFIX}',
         *WRITE_NEW_SH,
         "record_exit() {",
+        '  if [ -n "${PRIVATE_HOME:-}" ]; then rm -rf -- "$PRIVATE_HOME" || true; fi',
         '  printf \'%s\\n\' "$1" | write_new "$EXIT_RECORD"',
         "}",
         # scancel and a time limit send SIGTERM to every process of the job: the EXIT trap
@@ -277,6 +279,7 @@ def render_script(c: Campaign, job: Job) -> str:
         "trap 'exit 143' TERM",
         "trap 'record_exit $?' EXIT",
         *TEMP_OUTSIDE_SH,  # after the trap: a refused job records its end
+        *PRIVATE_HOME_SH,  # in the TMPDIR just checked
         'echo "kvprefetch job ' + job.name + ' on $(hostname) at $(date -u +%FT%TZ)"',
     ]
     return "\n".join(lines + job_commands(c, job)) + "\n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 
 from .campaign import JOB_ENV
-from .job_env import HOME_FOLDERS, LOADER_SUBFOLDERS, TOOLKIT_FOLDERS
+from .job_env import LOADER_SUBFOLDERS, TOOLKIT_FOLDERS
 
 # A build job's scratch folder must be outside the campaign (values.check_scratch says why) as
 # the job's shell expands it: `$PWD/s` (the job starts in the campaign), a relative `$VAR` (a
@@ -58,14 +58,9 @@ SCRATCH_OUTSIDE_SH = (
     # (the kernel's own limit, ELOOP) the path cannot be made a folder, which mkdir then says.
     # Each path is checked once per call (again only from fewer hops, which can reach
     # further): the walk that first met it checks, or has checked, every folder above it.
-    # Checked again from each target that shared the folders, a path of n links took 2^n
-    # checks: a link in the campaign to /proc/self/root/proc/self/root/... (10 times: 30 s, each
-    # more doubling it) kept the job on a scratch it was to refuse for hours (issue 41, the
-    # sixteenth hostile pass).
-    # At most 2000 steps in all, each a fork or two: a link's target can be 4096 characters,
-    # so 40 links in the campaign each spelled `l1/../l1/../.../l1` (190 times) made one check
-    # walk about 35,000 folders, and the job spent over 10 minutes before its refusal (issue
-    # 41, the nineteenth hostile pass). A real scratch path takes a few dozen.
+    # (A path of n links took 2^n checks, hours for /proc/self/root repeated: the 16th pass.)
+    # At most 2000 steps in all, each a fork or two: 40 links of 4096 characters, `l1/../l1/..`,
+    # kept a job over 10 minutes before its refusal (the 19th). A real scratch takes a few dozen.
     ('CAMPAIGN_REAL=$(env pwd -P); CAMPAIGN_ID=$(stat -c %d:%i -- .); declare -A SEEN=();'
      ' STEPS=0'),
     "in_campaign() {",
@@ -244,9 +239,8 @@ KEEP_OUTSIDE_SH = (
 # rename one and put a link to a folder outside in its place. A build job whose scratch was the
 # node's $SLURM_TMPDIR, submitted with TMPDIR=<campaign>/tmp, had tarfile unpack the whole vLLM
 # sdist (3,063 files) into the folder such a link named (issue 41, the nineteenth hostile
-# pass). HOME holds Python's user site and pip's and git's own settings; CUDA_HOME and
-# CUDA_PATH the toolkit whose nvcc the build runs (CUDA_HOME=<campaign>/cuda had the build run
-# a planted nvcc: the twentieth pass).
+# pass). CUDA_HOME and CUDA_PATH name the toolkit whose nvcc the build runs
+# (CUDA_HOME=<campaign>/cuda had the build run a planted nvcc: the twentieth pass).
 # Each value checked is then pinned, for the job and the kit, to the folder it names now by a
 # path with no link on it (the way the build job's scratch is used): a TMPDIR through the
 # user's link to a folder not made yet in the campaign (`~/t` -> `<campaign>/tmp`) resolved to
@@ -257,10 +251,7 @@ KEEP_OUTSIDE_SH = (
 # exist yet (then only the user can make it, in their own folder); a rest whose first part is
 # already something (a dangling link, a file) is refused.
 # The host compiler the build names by CXX is checked after: a program, resolved to its own
-# path. Until the jobs kept only what job_env passes, this list grew by a variable or three a
-# pass (TEMP, TMP, PYTHONPYCACHEPREFIX, PYTHONUSERBASE, PYTHONHOME, PYTHONPLATLIBDIR,
-# NVCC_CCBIN, COMPILER_PATH, CPATH, LIBRARY_PATH, GCC_EXEC_PREFIX, LD_PRELOAD, LD_AUDIT: passes
-# 20 and 21); none of those reaches a job now.
+# path. (Before the jobs kept only what job_env passes, this list grew by a few names a pass.)
 _TEMP_MSG = (
     'echo "refusing to run: $v=${!v} is in the campaign $CAMPAIGN_AT (by its name, through a'
     ' link or a bind mount of it), or names a folder through /proc, and the programs kvprefetch'
@@ -284,7 +275,7 @@ _FILE_MSG = (
     ' could put a file of their own or a FIFO that blocks them. To fix: submit the campaign with'
     ' $v set to a file outside it (e.g. export TZ=UTC), or unset it" >&2; exit 2')
 TEMP_OUTSIDE_SH = (
-    "for v in TMPDIR HOME CUDA_HOME CUDA_PATH; do",
+    "for v in TMPDIR CUDA_HOME CUDA_PATH; do",
     '  case "${!v:-}" in',
     f'  ""|/*) ;; *) {_RELATIVE_MSG};;',
     '  esac',
@@ -302,16 +293,12 @@ TEMP_OUTSIDE_SH = (
      ' the campaign after this check. To fix: set $v to a folder that exists, outside the'
      ' campaign (e.g. export $v=/tmp), or unset it" >&2; exit 2'),
     '    fi',
-    # a toolkit or HOME that holds the campaign where programs read (job_env._HELD says why)
-    '    held=; below=' + shlex.quote(" ".join(HOME_FOLDERS)),
-    '    if [ "${v#CUDA_}" != "$v" ]; then',
-    '      case "$CAMPAIGN_AT/" in "${RESOLVED%/}"/*) held=1;; esac',
-    '      below=' + shlex.quote(" ".join(TOOLKIT_FOLDERS)),
-    '    fi',
+    # a toolkit that holds the campaign where programs read (job_env._check_held says why)
+    '    held=; below=' + shlex.quote(" ".join(TOOLKIT_FOLDERS)),
     '    if [ "$v" != TMPDIR ]; then',
+    '      case "$CAMPAIGN_AT/" in "${RESOLVED%/}"/*) held=1;; esac',
     '      for f in $below; do',
     '        if [ -d "$RESOLVED/$f" ] && reaches_campaign "$RESOLVED/$f"; then held=1; fi',
-    # the campaign below one of them (job_env.HOME_FOLDERS says why)
     '        if [ -d "$RESOLVED/$f" ] && r=$(cd -P -- "$RESOLVED/$f" 2>/dev/null && pwd -P); then',
     '          case "$CAMPAIGN_AT/" in "${r%/}"/*) held=1;; esac',
     '        fi',
@@ -320,8 +307,8 @@ TEMP_OUTSIDE_SH = (
     '      done',
     '      if [ -n "$held" ]; then',
     ('        echo "refusing to run: $v=${!v} holds the campaign $CAMPAIGN_AT where the job\'s'
-     ' programs read or run from (in or below one of $below, or, for a CUDA toolkit, anywhere'
-     ' in it): whoever can write the campaign could put their own there. To fix: submit the'
+     ' programs read or run from (in or below one of $below, or anywhere in the toolkit):'
+     ' whoever can write the campaign could put their own there. To fix: submit the'
      ' campaign with $v set to a folder that holds the campaign in none of those, or unset it" >&2;'
      ' exit 2'),
     '      fi',
@@ -387,6 +374,20 @@ TEMP_OUTSIDE_SH = (
     '  fi',
     '  CXX=$prog; export CXX',
     'fi',
+)
+
+# Each job's HOME is a new folder of its own (0700, in the TMPDIR checked above), removed as
+# the job ends (record_exit; not after a SIGKILL): git, pip, ccache, Python's user site read
+# settings or code there, and the user's HOME, passed, was checked folder by folder, a list
+# that grew each pass (issue 41: a campaign below `~/.config/git` or `~/.ccache` had git's
+# fsmonitor or ccache's prefix_command run, the 25th). The user's pip index: sbatch_environ.
+PRIVATE_HOME_SH = (
+    'PRIVATE_HOME=$(mktemp -d -- "${TMPDIR:-/tmp}/kvprefetch-home.XXXXXXXXXX") || {',
+    ('  echo "refusing to run: the job\'s own HOME could not be made in ${TMPDIR:-/tmp} (mktemp'
+     ' said why above: not writable, a read-only file system, or full). To fix: free or make'
+     ' writable ${TMPDIR:-/tmp}, or submit with TMPDIR set to a writable folder outside the'
+     ' campaign" >&2; exit 2; }'),
+    'HOME=$PRIVATE_HOME; export HOME',
 )
 
 # The ids the job reads from its environment name its exit record and scratch folder and index
