@@ -376,16 +376,17 @@ TEMP_OUTSIDE_SH = (
     'fi',
 )
 
-# Each job's HOME is a new folder of its own (0700, in the TMPDIR checked above), removed as
-# the job ends (record_exit; not after a SIGKILL): git, pip, ccache, Python's user site read
-# settings or code there, and the user's HOME, passed, was checked folder by folder, a list
-# that grew each pass (issue 41: a campaign below `~/.config/git` or `~/.ccache` had git's
-# fsmonitor or ccache's prefix_command run, the 25th). The user's pip index: sbatch_environ.
+# Each job's HOME is a new folder of its own (0700, in the TMPDIR checked above, or /tmp for one
+# not made yet, as Python's tempfile), removed as the job ends (record_exit; not after a
+# SIGKILL): git, pip, ccache, Python's user site read settings or code there, and the user's
+# HOME, passed, was checked folder by folder, a list that grew each pass (issue 41: a campaign at
+# `~/.config/git` or `~/.ccache` ran git's fsmonitor, ccache's prefix_command). Pip: sbatch_environ.
 PRIVATE_HOME_SH = (
-    'PRIVATE_HOME=$(mktemp -d -- "${TMPDIR:-/tmp}/kvprefetch-home.XXXXXXXXXX") || {',
-    ('  echo "refusing to run: the job\'s own HOME could not be made in ${TMPDIR:-/tmp} (mktemp'
-     ' said why above: not writable, a read-only file system, or full). To fix: free or make'
-     ' writable ${TMPDIR:-/tmp}, or submit with TMPDIR set to a writable folder outside the'
+    'HOME_IN=${TMPDIR:-/tmp}; if [ ! -d "$HOME_IN" ]; then HOME_IN=/tmp; fi',
+    'PRIVATE_HOME=$(mktemp -d -- "$HOME_IN/kvprefetch-home.XXXXXXXXXX") || {',
+    ('  echo "refusing to run: the job\'s own HOME could not be made in $HOME_IN (mktemp said'
+     ' why above: not writable, a read-only file system, or full). To fix: free or make'
+     ' writable $HOME_IN, or submit with TMPDIR set to a writable folder outside the'
      ' campaign" >&2; exit 2; }'),
     'HOME=$PRIVATE_HOME; export HOME',
 )
