@@ -9,6 +9,14 @@
 # pytest's exit code 5 (no tests collected) is a failure here: a selection that matches nothing
 # must not pass CI.
 #
+# The suite runs in parallel (pytest-xdist, `-n N --dist loadgroup`): N is the number of CPUs
+# plus one (3 on CI's 2 cores: much of the suite waits on subprocesses, git, pip and the disk,
+# not the CPU), at least 2. Each expensive session fixture is still built once for the whole
+# run (tests/integration/sharing.py). To choose yourself:
+#   KVPREFETCH_TEST_WORKERS=4 bash scripts/test.sh     4 workers (0 or 1: serial, no xdist)
+#   bash scripts/test.sh -n 2 ...                       your own -n (with --dist loadgroup added)
+#   bash scripts/test.sh -p no:xdist ...  /  --dist X   yours, untouched
+#
 # --fresh runs the suite from a clean clone of HEAD in a temporary folder, with an empty HOME,
 # XDG_CACHE_HOME/XDG_CONFIG_HOME, MPLCONFIGDIR, TMPDIR and pip/uv caches, and a new .venv (torch
 # is downloaded again): what a user's first run meets, which a developer's warm caches hide
@@ -68,8 +76,33 @@ if [ "${1:-}" = "--fresh" ]; then
   exit "$rc"
 fi
 VENV=$(bash scripts/setup-venv.sh test,plot)
+xdist=()
+own_n=0
+own_dist=0
+prev=
+for a in "$@"; do
+  case "$a" in
+    -n|-n*|--numprocesses|--numprocesses=*) own_n=1 ;;
+    --dist|--dist=*|-pno:xdist) own_dist=1 ;;
+  esac
+  if [ "$prev" = "-p" ] && [ "$a" = "no:xdist" ]; then own_dist=1; fi
+  prev=$a
+done
+if [ "$own_dist" -eq 0 ] && [ "$own_n" -eq 1 ]; then
+  xdist=(--dist loadgroup)  # your -n, with the grouping that builds each fixture once
+elif [ "$own_dist" -eq 0 ]; then
+  workers=${KVPREFETCH_TEST_WORKERS:-$(( $(nproc 2>/dev/null || echo 1) + 1 ))}
+  if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
+    echo "KVPREFETCH_TEST_WORKERS=$workers is not a number of workers (0 or 1: serial)" >&2
+    exit 2
+  fi
+  if [ "$workers" -ge 2 ]; then
+    xdist=(-n "$workers" --dist loadgroup)
+    echo "+ pytest -n $workers --dist loadgroup (KVPREFETCH_TEST_WORKERS to change)" >&2
+  fi
+fi
 set +e
-"$VENV/bin/python" -m pytest "$@"
+"$VENV/bin/python" -m pytest ${xdist[@]+"${xdist[@]}"} "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

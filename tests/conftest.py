@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable
 from functools import lru_cache
@@ -48,6 +49,24 @@ def _gpu_unavailable_reason() -> str | None:
     except Exception as exc:  # noqa: BLE001 -- same: report it as the skip reason
         return f"torch.cuda.is_available() failed: {exc}"
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (scripts/test.sh), each worker gets a system temp folder of its own:
+    TMPDIR, for this process and every command a test starts, is ``<run>/tmp-gwN`` beside the
+    worker's basetemp (removed with the run's basetemp when it passes). Several tests look at
+    the temp folder as a whole: pass 10 q swaps the ``kvprefetch-apply-*`` scratch that is not
+    its own for a link, pass 13 b and 15 a require no ``kvprefetch-nvcc-probe-*`` /
+    ``kvprefetch-doctor-*`` folder left there; in one shared folder they would meet, and act on,
+    another worker's command running at the same moment."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    basetemp = config.getoption("basetemp", None)
+    if not worker or not basetemp:
+        return
+    own = Path(basetemp).parent / f"tmp-{worker}"
+    own.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(own)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,7 +1,8 @@
 """Fixtures of the integration layer: the real vLLM 0.10.2 sdist, fetched work directories, a
 local git repository tagged v0.10.2, and one real kernels-only build of both trees (killed
 mid-compile, resumed, then found up to date). The helpers they share with the tests are in
-tests/integration/helpers.py."""
+tests/integration/helpers.py; how these fixtures are built once under pytest-xdist is in
+tests/integration/sharing.py."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ from tests.integration.helpers import (
     kvprefetch_cli,
     seed_downloads,
 )
+from tests.integration.sharing import assign_groups, shared_once
+
+
+@pytest.hookimpl(trylast=True)  # after --deselect and -k; see sharing.py
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "loadgroup", False):
+        assign_groups(items)
 
 
 @pytest.fixture(scope="session")
@@ -35,21 +43,29 @@ def vllm_sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from kvprefetch.sources.download import ensure_sdist
 
     cache_env = os.environ.get(SDIST_CACHE_ENV)
-    cache = Path(cache_env) if cache_env else tmp_path_factory.mktemp("sdist-cache")
-    cache.mkdir(parents=True, exist_ok=True)
-    return ensure_sdist(cache)
+
+    def build(folder: Path) -> str:
+        cache = Path(cache_env) if cache_env else folder
+        cache.mkdir(parents=True, exist_ok=True)
+        return str(ensure_sdist(cache))
+
+    return Path(shared_once(tmp_path_factory, "sdist-cache", build))
 
 
 @pytest.fixture(scope="session")
 def fetched_template(tmp_path_factory: pytest.TempPathFactory, vllm_sdist: Path) -> Path:
     """A work directory made ONCE by the real `fetch --source sdist` path (sha256 check, unpack,
-    pristine-header check, two independent trees) -- copied, never modified, by the tests."""
+    pristine-header check, two independent trees) -- copied, never modified, by the tests. Made
+    once for the whole run, xdist's workers included (sharing.shared_once)."""
     from kvprefetch.sources.fetch import fetch_trees
 
-    wd = tmp_path_factory.mktemp("fetched") / "work"
-    seed_downloads(wd, vllm_sdist)
-    fetch_trees(wd, source="sdist")
-    return wd
+    def build(folder: Path) -> str:
+        wd = folder / "work"
+        seed_downloads(wd, vllm_sdist)
+        fetch_trees(wd, source="sdist")
+        return str(wd)
+
+    return Path(shared_once(tmp_path_factory, "fetched", build))
 
 
 @pytest.fixture(scope="session")
@@ -69,12 +85,18 @@ def fetched_workdir(tmp_path: Path, fetched_template: Path) -> Path:
 def vllm_git_repo(tmp_path_factory: pytest.TempPathFactory,
                   fetched_template: Path) -> tuple[Path, str]:
     """A real local git repository made from the unpacked sdist and tagged v0.10.2 (with
-    GitPython). Its tag commit is necessarily not upstream's 26b999c71. Returns (path, sha)."""
+    GitPython). Its tag commit is necessarily not upstream's 26b999c71. Returns (path, sha).
+    Made once for the whole run (sharing.shared_once): the tests only read it."""
+    path_s, sha = shared_once(tmp_path_factory, "vllm-git",
+                              lambda folder: _make_git_repo(folder / "vllm", fetched_template))
+    return Path(path_s), sha
+
+
+def _make_git_repo(path: Path, fetched_template: Path) -> tuple[str, str]:
     import shutil
 
     import git
 
-    path = tmp_path_factory.mktemp("vllm-git") / "vllm"
     shutil.copytree(fetched_template / "pristine" / "sdist", path, symlinks=True)
     repo = git.Repo.init(path)
     who = {"GIT_AUTHOR_NAME": "kvprefetch tests", "GIT_AUTHOR_EMAIL": "tests@kvprefetch.invalid",
@@ -87,7 +109,7 @@ def vllm_git_repo(tmp_path_factory: pytest.TempPathFactory,
         repo.git.tag("v0.10.2")
     sha = repo.head.commit.hexsha
     repo.close()
-    return path, sha
+    return str(path), sha
 
 
 KILL_AFTER_COMPILING_S = 480.0
