@@ -1,0 +1,49 @@
+"""Issue 41, the twenty-sixth hostile pass (tester b: campaigns from the command line, reports
+and outputs; this pass: renameat2 races during submit, matplotlib after ``rcdefaults``, README
+blocks, indexes over many runs). Each test fails without its fix (checked by reverting ``src``
+and running it):
+
+- ``report RESULT.json`` run in a folder holding a FIFO named ``matplotlibrc`` (a campaign's
+  ``results/``, where the jobs and whoever can write the campaign put files; pass 25 showed
+  ``report`` is run there): matplotlib reads ``matplotlibrc`` from the current folder when it is
+  imported, before the kit's ``rcdefaults`` can set it aside, and its ``os.path.exists`` check
+  lets a FIFO through, so the import waited on it for ever (a hang; killed at 30 s, 1 run; a
+  link to ``/dev/zero`` there reads without end). Now ``render.pyplot`` imports matplotlib with
+  ``/`` as the current folder, and goes back to the caller's folder after.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass24_b import _kit
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+pytest.importorskip("matplotlib")
+
+_DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
+_KERNEL = _DOCS / "2026-12-01-h200-headline" / "default-matrix.json"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_fifo_matplotlibrc_in_the_current_folder_does_not_hang_report(tmp_path: Path,
+                                                                        kind: str) -> None:
+    results = tmp_path / "camp" / "results"
+    results.mkdir(parents=True)
+    shutil.copy(_KERNEL, results / "r.json")
+    if kind == "fifo":
+        os.mkfifo(results / "matplotlibrc")
+    else:
+        (results / "matplotlibrc").symlink_to("/dev/zero")
+    (tmp_path / "mpl").mkdir()
+    proc = _kit(results, "report", "r.json", "--out", "out", timeout=30,
+                env={"MPLCONFIGDIR": str(tmp_path / "mpl")})
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (results / "out" / "r.png").read_bytes().startswith(b"\x89PNG")
