@@ -10,12 +10,21 @@ and running it):
   lets a FIFO through, so the import waited on it for ever (a hang; killed at 30 s, 1 run; a
   link to ``/dev/zero`` there reads without end). Now ``render.pyplot`` imports matplotlib with
   ``/`` as the current folder, and goes back to the caller's folder after.
+- The same import builds matplotlib's font cache when it has none (a new user, an
+  ``MPLCONFIGDIR`` of its own) by running ``fc-list`` through ``PATH``: with an empty entry
+  (``PATH=:/usr/bin:/bin``) an ``fc-list`` planted in the current folder (the campaign's
+  ``results/``) ran (1 run; borderline: the kit's rule, ``runner.which``, reads a relative entry
+  from the caller's folder as a shell does, but no shell command of the user's named fc-list).
+  The import in ``/`` closes it too; a rebuild at draw time (a font named by the cache gone
+  since) would still look there.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,4 +55,23 @@ def test_a_fifo_matplotlibrc_in_the_current_folder_does_not_hang_report(tmp_path
                 env={"MPLCONFIGDIR": str(tmp_path / "mpl")})
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
+    assert (results / "out" / "r.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_font_cache_build_runs_no_fc_list_from_the_current_folder(tmp_path: Path) -> None:
+    results = tmp_path / "camp" / "results"
+    results.mkdir(parents=True)
+    shutil.copy(_KERNEL, results / "r.json")
+    marker = tmp_path / "fc-list-ran"
+    (results / "fc-list").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    (results / "fc-list").chmod(0o755)
+    (tmp_path / "mpl").mkdir()  # empty: matplotlib builds its font cache on import
+    env = {"PATH": ":/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
+           "MPLCONFIGDIR": str(tmp_path / "mpl"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.run([sys.executable, "-m", "kvprefetch", "report", "r.json", "--out",
+                           "out"], env=env, cwd=results, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists()
     assert (results / "out" / "r.png").read_bytes().startswith(b"\x89PNG")
