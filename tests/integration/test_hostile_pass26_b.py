@@ -17,6 +17,11 @@ and running it):
   from the caller's folder as a shell does, but no shell command of the user's named fc-list).
   The import in ``/`` closes it too; a rebuild at draw time (a font named by the cache gone
   since) would still look there.
+- ``report --readme L.md`` where ``L.md`` is a symlink to the README (a wrong-way message):
+  refused "L.md is a symlink ... / To fix: move the symlink L.md away, then rerun", after which
+  the rerun fails "L.md does not exist"; and ``--check`` on it said "run `kvprefetch report
+  --readme L.md`", the command that refuses (1 run each). Now both name the file the link
+  points to, and the command they give works.
 """
 
 from __future__ import annotations
@@ -75,3 +80,19 @@ def test_the_font_cache_build_runs_no_fc_list_from_the_current_folder(tmp_path: 
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists()
     assert (results / "out" / "r.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_readme_that_is_a_symlink_is_sent_to_the_file_it_names(tmp_path: Path) -> None:
+    shutil.copy(_KERNEL, tmp_path / "r.json")
+    real = tmp_path / "real.md"
+    real.write_text("# t\n<!-- report r.json summary -->\nold\n<!-- /report -->\n")
+    (tmp_path / "L.md").symlink_to("real.md")
+    for extra in ((), ("--check",)):
+        proc = _kit(tmp_path, "report", "--readme", "L.md", *extra)
+        assert proc.returncode != 0
+        assert "Traceback" not in proc.stderr
+        assert f"To fix: run `kvprefetch report --readme {real}`" in proc.stderr, proc.stderr
+    assert "old" in real.read_text()  # nothing written through the link
+    proc = _kit(tmp_path, "report", "--readme", str(real))  # the fix, as given
+    assert proc.returncode == 0, proc.stderr
+    assert "| patched |" in real.read_text() and (tmp_path / "L.md").is_symlink()
