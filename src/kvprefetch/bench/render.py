@@ -4,6 +4,7 @@ lengths as written in tables, and matplotlib (imported lazily; PNGs only with th
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -30,18 +31,33 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]
 
 
 def pyplot() -> Any:
+    # imported in `/`, not the current folder: matplotlib reads `matplotlibrc` from the current
+    # folder on import, and a FIFO of that name there (a campaign's results/, where `report` is
+    # run) had the import wait on it for ever (issue 41, the twenty-sixth pass)
     try:
-        import matplotlib
-    except ImportError as exc:
-        raise BenchError("matplotlib is needed for the PNG plots",
-                         "pip install 'kvprefetch[plot]' (or pass --formats json,md)") from exc
-    # matplotlib's own defaults, not the matplotlibrc it read on import: it looks first in the
-    # current folder (then $MATPLOTLIBRC, $MPLCONFIGDIR, ~/.config), and `figure.hooks` there
-    # made every figure import and call a module (`report` run in a campaign's results/: code
-    # taken from the campaign), `text.usetex` ran latex (issue 41, the twenty-fifth pass)
-    matplotlib.rcdefaults()
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        here: int | None = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:  # a folder it cannot look into: matplotlib cannot see a matplotlibrc there
+        here = None
+    try:
+        if here is not None:
+            os.chdir("/")
+        try:
+            import matplotlib
+        except ImportError as exc:
+            raise BenchError("matplotlib is needed for the PNG plots",
+                             "pip install 'kvprefetch[plot]' (or pass --formats json,md)") from exc
+        # matplotlib's own defaults, not the matplotlibrc it read on import: it looks first in
+        # the current folder (then $MATPLOTLIBRC, $MPLCONFIGDIR, ~/.config), and `figure.hooks`
+        # there made every figure import and call a module (`report` run in a campaign's
+        # results/: code taken from the campaign), `text.usetex` ran latex (issue 41, the
+        # twenty-fifth pass)
+        matplotlib.rcdefaults()
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    finally:
+        if here is not None:
+            os.fchdir(here)
+            os.close(here)
 
     # numpy's overflow and invalid-value warnings from matplotlib's tick and transform code on a
     # result's numbers near or past the float limit (1e308, Infinity: they plot, off any scale).

@@ -348,16 +348,24 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
     new, changed_commands = refresh_commands(new)
     _check_markdown_size(readme, new, regenerated=True)
     changed += changed_timings + changed_commands
+    # a README that is a symlink is read through it, never written through it: both the
+    # refusal below and --check's fix name the file it points to (they said "move the symlink
+    # away, then rerun", and --check to run the command that refused; issue 41, the
+    # twenty-sixth pass)
+    real = Path(os.path.realpath(readme)) if readme.is_symlink() else readme
     if as_json:
         emit_json({"readme": str(readme), "changed": changed, "checked": check})
     if check:
         if changed:
             raise BenchError(f"{readme}: report blocks differ from their JSON: "
                              f"{', '.join(changed)}",
-                             f"run `kvprefetch report --readme {readme}` and commit the result")
+                             f"run `kvprefetch report --readme {real}` and commit the result")
         if not as_json:
             info(f"{readme}: every report block matches its JSON")
         return
+    if new != text and real != readme:
+        raise BenchError(f"refusing to write {readme}: it is a symlink to {real}, and kvprefetch "
+                         "never writes through one", f"run `kvprefetch report --readme {real}`")
     if new != text:
         # rewritten in place as `export-header -o` writes: never through a symlink (the file
         # or its folder), never over a device node or a FIFO
