@@ -37,6 +37,7 @@ from ..hashing import (
     tree_inventory,
 )
 from ..oserrors import mapped
+from ..runner import absolute_path
 from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, check_tree_name
@@ -192,7 +193,8 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
     opts = [] if local else ["--depth=1"]
     try:
         repo = git.Repo.clone_from(url, tmp, branch=upstream.GIT_TAG, multi_options=opts,
-                                   env={"GIT_TERMINAL_PROMPT": "0"})
+                                   env={"GIT_TERMINAL_PROMPT": "0",
+                                        "PATH": absolute_path(os.environ.get("PATH", ""))})
     except git.GitCommandError as exc:
         raise FetchError(f"git clone of {url} at tag {upstream.GIT_TAG} failed: "
                          f"{(exc.stderr or str(exc)).strip()}",
@@ -382,13 +384,34 @@ def _gitpython() -> Any:
     ``.``) was looked up there: a ``git`` planted in ``pristine/git/`` of the work directory ran
     on every ``fetch`` of it, as ``git cat-file`` (issue 41, the twenty-fifth hostile pass; the
     seventh pass's rule for ``git apply``). A ``GIT_PYTHON_GIT_EXECUTABLE`` of the user's is
-    kept, made absolute the same way."""
-    import git
-
+    kept, made absolute the same way. GitPython's import runs ``git version`` itself, by the
+    name in ``GIT_PYTHON_GIT_EXECUTABLE`` or a bare ``git``, in the caller's folder: it is
+    given the absolute path for that run too (the twenty-sixth pass: with ``PATH=:$PATH``, ``cd
+    W`` and a ``git`` planted there, the import ran it before the refresh)."""
     from ..runner import which
 
-    exe = which(os.environ.get("GIT_PYTHON_GIT_EXECUTABLE") or "git")
-    if exe is not None and exe != git.Git.GIT_PYTHON_GIT_EXECUTABLE:
+    named = os.environ.get("GIT_PYTHON_GIT_EXECUTABLE")
+    where = (f"GIT_PYTHON_GIT_EXECUTABLE={named!r}" if named
+             else "git on PATH (its absolute entries: a relative one names the current "
+                  "folder, which kvprefetch never runs programs from)")
+    fix = ("point GIT_PYTHON_GIT_EXECUTABLE at git, or unset it" if named
+           else "install git or put its folder on PATH") + ", or use --source sdist"
+    exe = which(named or "git")
+    if exe is None:
+        raise ConfigError(f"{where} was not found", fix)
+    os.environ["GIT_PYTHON_GIT_EXECUTABLE"] = exe
+    try:
+        import git
+    except ImportError as exc:
+        if "Failed to initialize" not in str(exc):
+            raise
+        raise ConfigError(f"{where} ({exe}) is not a working git: {exc}", fix) from None
+    finally:
+        if named is None:
+            del os.environ["GIT_PYTHON_GIT_EXECUTABLE"]
+        else:
+            os.environ["GIT_PYTHON_GIT_EXECUTABLE"] = named
+    if exe != git.Git.GIT_PYTHON_GIT_EXECUTABLE:
         git.refresh(exe)
     return git
 

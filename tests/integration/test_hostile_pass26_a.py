@@ -1,0 +1,74 @@
+"""Issue 41, the twenty-sixth hostile pass, tester a (the work directory's commands: pass 25's
+own fixes attacked, the kit started inside the work directory). Each test fails without its fix
+(checked by reverting ``src`` and running it):
+
+- **A program planted in the work directory ran when the kit was started there with a
+  relative ``PATH`` entry** (``runner.which``, ``runner.run``, ``sources.fetch._gitpython``).
+  The seventh pass made ``runner.which`` look a relative entry (``.``, empty, ``bin``) up from
+  the kit's own folder; the twenty-fourth made every child start in ``/`` because the kit's
+  folder is often the work directory (``cd W && kvprefetch ... --workdir .``). Together: with a
+  careless trailing ``:`` (``PATH=$PATH:$UNSET``), ``doctor --workdir .`` ran a
+  ``nvidia-smi`` and a ``cuobjdump`` planted in ``W`` (the host has none), 2 of 2 by hand;
+  with a leading one (``PATH=:$PATH``), ``fetch --source git`` ran a planted ``git``: five
+  times, GitPython's own ``git version`` at import (before pass 25's refresh) and the clone.
+  Relative entries are now left out, of the look-up and of each child's ``PATH`` (the job
+  side has left them out since the seventeenth pass), and GitPython's import is given the
+  absolute ``git``.
+- **A wrong-way message**: ``GIT_PYTHON_GIT_EXECUTABLE`` naming no git (``/bin/false``) was
+  "the module git raised ImportError / To fix: repair or reinstall it"; a missing one now
+  names the variable, not PATH (``sources.fetch._gitpython``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.test_hostile_pass20_a import _env
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: nothing outside the test's folders changes
+
+
+def _kv(tmp_path: Path, *args: str, env: dict[str, str],
+        cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def _plant(folder: Path, marker: Path, *names: str) -> None:
+    for name in names:
+        prog = folder / name
+        prog.write_text(f"#!/bin/sh\necho \"{name} $*\" >> {marker}\n")
+        prog.chmod(0o755)
+
+
+def test_a_program_planted_where_the_kit_starts_never_runs(tmp_path: Path) -> None:
+    wd = tmp_path / "work"  # the kit started inside its work directory: `--workdir .`
+    wd.mkdir()
+    marker = tmp_path / "planted-ran"
+    _plant(wd, marker, "git", "nvidia-smi", "cuobjdump", "ssh")
+    repo = tmp_path / "repo"  # a local repository without the tag: the clone is refused
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    env = _env(tmp_path)
+    absolute = os.pathsep.join(e for e in env["PATH"].split(os.pathsep) if os.path.isabs(e))
+    for path, args in ((":" + absolute, ("fetch", "--source", "git", "--repo-url", str(repo))),
+                       (absolute + ":", ("doctor",))):
+        adopt = ("--adopt",) if args[0] == "fetch" else ()
+        res = _kv(tmp_path, *args, *adopt, "--workdir", ".", env=dict(env, PATH=path), cwd=wd)
+        assert "Traceback" not in res.stderr, res.stderr
+        assert not marker.exists(), f"{args}: ran {marker.read_text()!r}"
+
+
+def test_a_git_python_executable_that_is_no_git_is_named(tmp_path: Path) -> None:
+    """``GIT_PYTHON_GIT_EXECUTABLE=/bin/false``: "the module git raised ImportError / To fix:
+    repair or reinstall it" sent the user to reinstall GitPython."""
+    env = dict(_env(tmp_path), GIT_PYTHON_GIT_EXECUTABLE="/bin/false")
+    res = _kv(tmp_path, "fetch", "--source", "git", "--workdir", str(tmp_path / "work"),
+              env=env, cwd=tmp_path)
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
+    assert "GIT_PYTHON_GIT_EXECUTABLE='/bin/false'" in res.stderr, res.stderr
+    assert "reinstall" not in res.stderr and "To fix: point GIT_PYTHON_GIT_EXECUTABLE" in \
+        res.stderr, res.stderr
