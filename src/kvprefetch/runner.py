@@ -52,6 +52,22 @@ def absolute_path(path: str) -> str:
     return os.pathsep.join(e for e in path.split(os.pathsep) if os.path.isabs(e))
 
 
+# The PATH the kit was started with, before ``leave_out_relative_path`` (``slurm plan`` names
+# what the jobs' PATH leaves out of it).
+CALLER_PATH: list[str | None] = [None]
+
+
+def leave_out_relative_path() -> None:
+    """At start-up: this process's own PATH without its relative entries, for what runs in it
+    and starts programs by a bare name on its own (``platform.platform()``'s ``uname -p``,
+    GitPython, ``ctypes.util``): with ``cd W`` and ``PATH=:$PATH``, the build's manifest ran a
+    ``uname`` planted in the work directory (issue 41, the twenty-sixth pass; ``which`` says
+    more)."""
+    CALLER_PATH[0] = os.environ.get("PATH")
+    if CALLER_PATH[0] is not None:
+        os.environ["PATH"] = absolute_path(CALLER_PATH[0])
+
+
 def which(program: str, env: Mapping[str, str] | None = None) -> str | None:
     """Resolve ``program`` on the PATH of ``env`` (the child's), not the parent's, to an
     absolute path, the PATH's relative entries (``.``, empty, ``bin``) left out. Such an entry

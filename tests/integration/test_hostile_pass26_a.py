@@ -13,7 +13,9 @@ own fixes attacked, the kit started inside the work directory). Each test fails 
   times, GitPython's own ``git version`` at import (before pass 25's refresh) and the clone.
   Relative entries are now left out, of the look-up and of each child's ``PATH`` (the job
   side has left them out since the seventeenth pass), and GitPython's import is given the
-  absolute ``git``.
+  absolute ``git``; the kit's own PATH loses them at start-up too (``runner.
+  leave_out_relative_path``), for what runs in its process: the build manifest's
+  ``platform.platform()`` ran a planted ``uname -p``.
 - **A wrong-way message**: ``GIT_PYTHON_GIT_EXECUTABLE`` naming no git (``/bin/false``) was
   "the module git raised ImportError / To fix: repair or reinstall it"; a missing one now
   names the variable, not PATH (``sources.fetch._gitpython``).
@@ -72,3 +74,24 @@ def test_a_git_python_executable_that_is_no_git_is_named(tmp_path: Path) -> None
     assert "GIT_PYTHON_GIT_EXECUTABLE='/bin/false'" in res.stderr, res.stderr
     assert "reinstall" not in res.stderr and "To fix: point GIT_PYTHON_GIT_EXECUTABLE" in \
         res.stderr, res.stderr
+
+
+def test_what_the_kit_runs_in_its_own_process_finds_no_program_in_its_folder(
+        tmp_path: Path) -> None:
+    """A kernels-only build's manifest records ``platform.platform()``, which runs ``uname
+    -p`` by its bare name on this process's own PATH: with ``cd W`` and ``PATH=:$PATH`` a
+    ``uname`` planted in the work directory ran. The build is minutes of nvcc, so this starts
+    the kit's command line as ``kvprefetch`` does (``cli.run``, its start-up included) and then
+    makes the manifest's call in the same process."""
+    wd = tmp_path / "work"
+    wd.mkdir()
+    marker = tmp_path / "planted-ran"
+    _plant(wd, marker, "uname")
+    code = ("import platform, sys\nfrom kvprefetch import cli\nsys.argv = ['kvprefetch', "
+            "'--help']\ntry:\n    cli.run()\nexcept SystemExit:\n    pass\n"
+            "print(platform.platform())\n")
+    env = dict(_env(tmp_path), PATH=":" + os.environ["PATH"])
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=wd, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert res.returncode == 0 and "Linux" in res.stdout, res.stdout + res.stderr
+    assert not marker.exists(), marker.read_text()
