@@ -16,6 +16,13 @@ own fixes attacked, the kit started inside the work directory). Each test fails 
   absolute ``git``; the kit's own PATH loses them at start-up too (``runner.
   leave_out_relative_path``), for what runs in its process: the build manifest's
   ``platform.platform()`` ran a planted ``uname -p``.
+- **A module planted in the work directory was imported by ``cd W && python -m kvprefetch``**
+  (``__main__``): ``-m`` puts the working folder first on ``sys.path``; a ``click.py`` there ran
+  (then a traceback). The entry is dropped before the command line is imported.
+- **A traceback**: a ``click.py`` on PYTHONPATH that has no ``Group`` ("AttributeError: module
+  'click' has no attribute 'Group'", raised on the kit's own line, so pass 10's rule for a
+  module raising on import did not see it); the module an AttributeError or ImportError names
+  is now the one at fault (``errors.third_party_origin``).
 - **A wrong-way message**: ``GIT_PYTHON_GIT_EXECUTABLE`` naming no git (``/bin/false``) was
   "the module git raised ImportError / To fix: repair or reinstall it"; a missing one now
   names the variable, not PATH (``sources.fetch._gitpython``).
@@ -95,3 +102,34 @@ def test_what_the_kit_runs_in_its_own_process_finds_no_program_in_its_folder(
                          text=True, timeout=60, check=False)
     assert res.returncode == 0 and "Linux" in res.stdout, res.stdout + res.stderr
     assert not marker.exists(), marker.read_text()
+
+
+def test_python_m_kvprefetch_in_the_work_directory_imports_nothing_from_it(
+        tmp_path: Path) -> None:
+    """``cd W && python -m kvprefetch ...``: ``-m`` puts the working folder first on
+    ``sys.path``, and a ``click.py`` planted there ran at the command line's import (then an
+    AttributeError traceback)."""
+    wd = tmp_path / "work"
+    wd.mkdir()
+    marker = tmp_path / "planted-ran"
+    for name in ("click", "git", "rich"):
+        (wd / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name}')\n")
+    res = _kv(tmp_path, "--help", env=_env(tmp_path), cwd=wd)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert not marker.exists(), marker.read_text()
+
+
+def test_a_module_on_pythonpath_without_what_the_kit_uses_is_one_message(
+        tmp_path: Path) -> None:
+    """A ``click.py`` on PYTHONPATH that imports fine but has no ``Group``: "AttributeError:
+    module 'click' has no attribute 'Group'", a traceback (pass 10 made one that raises on
+    import a message)."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "click.py").write_text("pass\n")
+    env = _env(tmp_path)
+    env["PYTHONPATH"] += os.pathsep + str(planted)
+    res = _kv(tmp_path, "--help", env=env, cwd=tmp_path)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode != 0 and f"click ({planted / 'click.py'})" in res.stderr, res.stderr
+    assert "To fix" in res.stderr
