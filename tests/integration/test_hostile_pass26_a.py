@@ -23,6 +23,10 @@ own fixes attacked, the kit started inside the work directory). Each test fails 
   'click' has no attribute 'Group'", raised on the kit's own line, so pass 10's rule for a
   module raising on import did not see it); the module an AttributeError or ImportError names
   is now the one at fault (``errors.third_party_origin``).
+- **A hang**: ``fetch --source DIR`` (or ``--repo-url file://DIR``) of a clone whose
+  ``.git/HEAD``, ``.git/config`` or ``.git/packed-refs`` is a FIFO, or a link to one:
+  ``git clone`` waited for ever (the kit's own FIFO check walks the source's files, not its git
+  folder). The git folder is now walked first (``sources.fetch._check_local_repo``).
 - **A wrong-way message**: ``GIT_PYTHON_GIT_EXECUTABLE`` naming no git (``/bin/false``) was
   "the module git raised ImportError / To fix: repair or reinstall it"; a missing one now
   names the variable, not PATH (``sources.fetch._gitpython``).
@@ -133,3 +137,25 @@ def test_a_module_on_pythonpath_without_what_the_kit_uses_is_one_message(
     assert "Traceback" not in res.stderr, res.stderr
     assert res.returncode != 0 and f"click ({planted / 'click.py'})" in res.stderr, res.stderr
     assert "To fix" in res.stderr
+
+
+def test_a_fifo_in_a_local_repository_is_named_not_waited_on(tmp_path: Path) -> None:
+    """``fetch --source DIR`` (or ``--repo-url file://DIR``) of a clone whose ``.git/HEAD`` or
+    ``.git/config`` is a FIFO, or a link to one: ``git clone`` waited on it for ever."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for n, (name, how) in enumerate((("HEAD", "path"), ("config", "url"),
+                                     ("packed-refs", "link"))):
+        repo = tmp_path / f"repo{n}"
+        (repo / ".git" / "refs").mkdir(parents=True)
+        if how == "link":
+            (repo / ".git" / name).symlink_to(fifo)
+        else:
+            os.mkfifo(repo / ".git" / name)
+        args = (("--source", str(repo)) if how != "url"
+                else ("--source", "git", "--repo-url", f"file://{repo}"))
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "fetch", *args, "--workdir",
+                              str(tmp_path / f"work{n}")], env=_env(tmp_path),
+                             capture_output=True, text=True, timeout=30, check=False)
+        assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
+        assert f"{repo / '.git' / name}, which is a FIFO" in res.stderr, res.stderr
