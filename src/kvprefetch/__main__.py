@@ -14,7 +14,16 @@ twenty-second pass, 1 run). The command line's own hook (``cli.stop_like_ctrl_c`
 stop back once it is installed; until then ``_keep_dropped_stops`` keeps it, and the stop is
 raised as soon as the import is done."""
 
+import os
 import sys
+
+if __name__ == "__main__" and sys.path and sys.path[0] in ("", os.getcwd()):
+    # ``python -m`` puts its working folder first on ``sys.path``, and a user's is often the
+    # work directory (``cd W && python -m kvprefetch ... --workdir .``): a ``click.py`` or
+    # ``git/`` planted there ran at the command line's import, then a traceback (issue 41, the
+    # twenty-sixth hostile pass). The kit itself is found already; what it imports later is not
+    # looked for there.
+    del sys.path[0]
 
 _DROPPED: list[BaseException] = []  # stops Python dropped during the import of the command line
 

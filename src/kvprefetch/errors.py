@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import types
 from contextlib import suppress
 
 
@@ -147,6 +148,12 @@ def third_party_origin(exc: BaseException, *, kit: tuple[str, ...] = ("kvprefetc
     the standard library's file (one planted on PYTHONPATH, which comes first) is third-party
     (issue 41, the tenth hostile pass: a ``json.py`` raising on import was a traceback, where a
     ``torch.py`` was one message)."""
+    named = _module_named(exc)
+    if named is not None:
+        top, filename = named
+        if top and top not in kit and not (top in sys.stdlib_module_names
+                                           and _in_stdlib(filename)):
+            return top, filename
     tb = exc.__traceback__
     if tb is None:
         return None
@@ -161,6 +168,19 @@ def third_party_origin(exc: BaseException, *, kit: tuple[str, ...] = ("kvprefetc
     if top in sys.stdlib_module_names and _in_stdlib(filename):
         return None
     return top, filename
+
+
+def _module_named(exc: BaseException) -> tuple[str, str] | None:
+    """(top-level module, its file) of the module an ``AttributeError`` (``module 'click' has
+    no attribute 'Group'``) or an ``ImportError`` (``cannot import name ... from 'click'``)
+    names: the kit's own line raised it, but the module is at fault (a ``click.py`` on
+    PYTHONPATH without ``Group`` was a traceback; issue 41, the twenty-sixth pass)."""
+    mod = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
+    if isinstance(mod, types.ModuleType):
+        return str(mod.__name__).partition(".")[0], str(getattr(mod, "__file__", None) or "?")
+    if isinstance(exc, ImportError) and exc.name and exc.path:
+        return exc.name.partition(".")[0], str(exc.path)
+    return None
 
 
 def third_party_failed(exc: BaseException, module: str, filename: str) -> tuple[str, str]:

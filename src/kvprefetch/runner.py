@@ -47,15 +47,38 @@ class Completed:
 NEUTRAL_CWD = "/"
 
 
+def absolute_path(path: str) -> str:
+    """``PATH`` less its relative entries (``.``, empty, ``bin``)."""
+    return os.pathsep.join(e for e in path.split(os.pathsep) if os.path.isabs(e))
+
+
+# The PATH the kit was started with, before ``leave_out_relative_path`` (``slurm plan`` names
+# what the jobs' PATH leaves out of it).
+CALLER_PATH: list[str | None] = [None]
+
+
+def leave_out_relative_path() -> None:
+    """At start-up: this process's own PATH without its relative entries, for what runs in it
+    and starts programs by a bare name on its own (``platform.platform()``'s ``uname -p``,
+    GitPython, ``ctypes.util``): with ``cd W`` and ``PATH=:$PATH``, the build's manifest ran a
+    ``uname`` planted in the work directory (issue 41, the twenty-sixth pass; ``which`` says
+    more)."""
+    CALLER_PATH[0] = os.environ.get("PATH")
+    if CALLER_PATH[0] is not None:
+        os.environ["PATH"] = absolute_path(CALLER_PATH[0])
+
+
 def which(program: str, env: Mapping[str, str] | None = None) -> str | None:
     """Resolve ``program`` on the PATH of ``env`` (the child's), not the parent's, to an
-    absolute path. A relative PATH entry (``.``, empty, ``bin``) is looked up from the current
-    folder, as a shell does; the result is made absolute there, because the child may start
-    in another folder (``git apply`` runs in the tree), where a relative ``./git`` would name
-    another program, or none (issue 41, the seventh hostile pass: with ``PATH=.:…`` apply
-    checked ``./git`` here and ran ``./git`` inside the work directory's tree)."""
+    absolute path, the PATH's relative entries (``.``, empty, ``bin``) left out. Such an entry
+    names the current folder, and the caller's is often the work directory (``cd W && kvprefetch
+    doctor --workdir .``): with a careless trailing ``:`` (``PATH=$PATH:$UNSET``) a
+    ``nvidia-smi``, ``cuobjdump``, ``uv`` or ``ccache`` planted there, which the host lacks,
+    ran as the user (issue 41, the twenty-sixth hostile pass; the job side has left them out
+    since the seventeenth). The result was made absolute before (the seventh pass: ``./git``
+    checked here ran inside the tree)."""
     path = (env if env is not None else os.environ).get("PATH", os.defpath)
-    found = shutil.which(program, path=path)
+    found = shutil.which(program, path=absolute_path(path))
     return os.path.abspath(found) if found is not None else None
 
 
@@ -472,6 +495,8 @@ def run(
     args = [str(a) for a in argv]
     child_env = dict(env) if env is not None else dict(os.environ)
     check_child_tmpdir(child_env)
+    if "PATH" in child_env:  # nor for the child's own look-ups, in its folder (which says why)
+        child_env["PATH"] = absolute_path(child_env["PATH"])
     # a relative program path is the caller's (``--torch-from venv/bin/python``), not one
     # under ``cwd``
     resolved = os.path.abspath(args[0]) if os.sep in args[0] else which(args[0], child_env)

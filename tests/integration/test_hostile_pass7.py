@@ -10,7 +10,8 @@ stashed):
   folder and handed the relative name to a child that starts in the tree, so ``apply`` ran
   (or failed to find) ``./git`` inside the work directory's tree: "./git: No such file or
   directory / check the path". Now the program found is made absolute where it was found, the
-  one the echo names and the one that runs;
+  one the echo names and the one that runs (and since the twenty-sixth pass a relative entry
+  is left out: the current folder may be the work directory);
 - a result whose text field (a model's name) holds a newline and ``<!-- /report -->``:
   ``report --readme`` wrote it into the README's block, which then ended early; every later
   run copied the rest of the block outside it again (the README grew by a copy a run). Now a
@@ -66,16 +67,18 @@ def test_output_into_a_pipe_whose_reader_is_gone_is_a_quiet_exit(
 
 def test_a_relative_path_entry_runs_the_program_it_found_not_one_in_the_tree(
         tmp_path: Path, fetched_template: Path) -> None:
-    """With PATH=.:… apply checked ./git in the current folder, then ran ./git in the tree."""
+    """With PATH=.:… apply checked ./git in the current folder, then ran ./git in the tree.
+    Since the twenty-sixth pass a relative entry is left out altogether (the current folder is
+    often the work directory): a ``git`` there never runs, and the PATH's own ``git`` does."""
     git = shutil.which("git")
     assert git is not None
     wd = copy_workdir(fetched_template, tmp_path / "work")
     here = tmp_path / "here"
     here.mkdir()
-    (here / "git").symlink_to(git)
-    env = dict(_env(), PATH=".:" + os.pathsep.join(p for p in os.environ["PATH"].split(":")
-                                                   if p and os.path.isabs(p)
-                                                   and not os.path.exists(f"{p}/git")))
+    marker = tmp_path / "here-git-ran"
+    (here / "git").write_text(f"#!/bin/sh\necho \"$@\" >> {marker}\nexec {git} \"$@\"\n")
+    (here / "git").chmod(0o755)
+    env = dict(_env(), PATH=".:" + os.environ["PATH"])
     env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p)
     res = subprocess.run([sys.executable, "-m", "kvprefetch", "apply", "--workdir", str(wd),
                           "--variant", "prefetch"], env=env, cwd=here, capture_output=True,
@@ -83,6 +86,7 @@ def test_a_relative_path_entry_runs_the_program_it_found_not_one_in_the_tree(
     assert res.returncode == 0, res.stderr
     assert "No such file" not in res.stderr
     assert (wd / "trees" / "patched" / "csrc" / "attention" / "kvprefetch").is_dir()
+    assert not marker.exists(), marker.read_text()
 
 
 _RUN = "docs/results/2026-12-03-h200-vllm-call-decode"

@@ -19,7 +19,7 @@ import click
 from .. import __version__
 from ..console import escaped
 from ..errors import KvprefetchError, Terminated, third_party_failed, third_party_origin
-from ..runner import raise_when_safe, stop_children
+from ..runner import leave_out_relative_path, raise_when_safe, stop_children
 from ..stdio import StreamWriteError, standard_streams
 
 # name -> "module:attribute" of a click command; imported only when that command runs, so a
@@ -385,6 +385,7 @@ def run() -> None:
     that cannot be written (``--help > /dev/full``) is one message, not a traceback."""
     standard_streams()
     no_world_writable()
+    leave_out_relative_path()
     _SIGNALS.clear()
     _REDELIVER.clear()
     _ENDED[0] = False

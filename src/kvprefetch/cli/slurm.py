@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from ..console import emit_json, info, say, table
+from ..runner import CALLER_PATH
 from ..slurm.values import MAX_BATCHES, MAX_CPUS_PER_BUILD, WAIT_TIMEOUT
 from .common import ARCH_TYPE, BoundedNumber, LibraryChecked, dry_run_option, json_option
 
@@ -210,7 +211,7 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
     kit = kit_info()
     c = make_campaign(
         campaign, python=py, kit_root=kit.root, kit_commit=kit.commit, kit_version=kit.version,
-        path=os.environ.get("PATH", os.defpath), source=source,
+        path=CALLER_PATH[0] or os.environ.get("PATH", os.defpath), source=source,
         trees=trees, arch=arch, build_args=build_args, no_gpu=no_gpu,
         bench=BenchSpec(parse_sizes(batches), _split(contexts), _split(presets), stand_in),
         slurm=SlurmOptions(partition, account, time_limit, gres, cpus_per_build),

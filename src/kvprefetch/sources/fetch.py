@@ -15,8 +15,10 @@ import contextlib
 import io
 import os
 import re
+import stat
 import tarfile
 import time
+import urllib.parse
 import zlib
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ from ..hashing import (
     tree_inventory,
 )
 from ..oserrors import mapped
+from ..runner import absolute_path
 from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, check_tree_name
@@ -189,10 +192,14 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
 
     check_repo_url(url)
     local = Path(url).exists() or url.startswith("file://")
+    if local:
+        _check_local_repo(Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)
+                               if url.startswith("file://") else url))
     opts = [] if local else ["--depth=1"]
     try:
         repo = git.Repo.clone_from(url, tmp, branch=upstream.GIT_TAG, multi_options=opts,
-                                   env={"GIT_TERMINAL_PROMPT": "0"})
+                                   env={"GIT_TERMINAL_PROMPT": "0",
+                                        "PATH": absolute_path(os.environ.get("PATH", ""))})
     except git.GitCommandError as exc:
         raise FetchError(f"git clone of {url} at tag {upstream.GIT_TAG} failed: "
                          f"{(exc.stderr or str(exc)).strip()}",
@@ -217,6 +224,30 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
     digest = manifest_digest(source_manifest(tmp, skip=(".git",)))
     _place_pristine(wd, tmp, dest, digest=digest, commit=commit)
     return commit
+
+
+MAX_REPO_ENTRIES = 500_000
+
+
+def _check_local_repo(path: Path) -> None:
+    """A local repository to clone holds, in its git folder, only files, folders and links to
+    them: ``git clone`` reads whatever is there, and a FIFO at ``.git/HEAD`` or ``.git/config``
+    hung ``fetch --source DIR`` for ever (issue 41, the twenty-sixth hostile pass)."""
+    git_dir = path / ".git" if (path / ".git").is_dir() else path
+    seen = 0
+    for folder, dirs, files in os.walk(git_dir):
+        for name in dirs + files:
+            seen += 1
+            if seen > MAX_REPO_ENTRIES:
+                return  # git's own reads of a repository this large are its own
+            entry = os.path.join(folder, name)
+            with contextlib.suppress(OSError):
+                mode = os.stat(entry).st_mode  # a link: what git would read through it
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    raise FetchError(f"the repository {path} holds {entry}, which is "
+                                     f"{confine.kind_of(mode)}: git clone would wait on it "
+                                     "for ever", f"remove {entry} from {path}, or use "
+                                                 "--source sdist")
 
 
 def _network_refused(exc: FetchError) -> bool:
@@ -382,13 +413,34 @@ def _gitpython() -> Any:
     ``.``) was looked up there: a ``git`` planted in ``pristine/git/`` of the work directory ran
     on every ``fetch`` of it, as ``git cat-file`` (issue 41, the twenty-fifth hostile pass; the
     seventh pass's rule for ``git apply``). A ``GIT_PYTHON_GIT_EXECUTABLE`` of the user's is
-    kept, made absolute the same way."""
-    import git
-
+    kept, made absolute the same way. GitPython's import runs ``git version`` itself, by the
+    name in ``GIT_PYTHON_GIT_EXECUTABLE`` or a bare ``git``, in the caller's folder: it is
+    given the absolute path for that run too (the twenty-sixth pass: with ``PATH=:$PATH``, ``cd
+    W`` and a ``git`` planted there, the import ran it before the refresh)."""
     from ..runner import which
 
-    exe = which(os.environ.get("GIT_PYTHON_GIT_EXECUTABLE") or "git")
-    if exe is not None and exe != git.Git.GIT_PYTHON_GIT_EXECUTABLE:
+    named = os.environ.get("GIT_PYTHON_GIT_EXECUTABLE")
+    where = (f"GIT_PYTHON_GIT_EXECUTABLE={named!r}" if named
+             else "git on PATH (its absolute entries: a relative one names the current "
+                  "folder, which kvprefetch never runs programs from)")
+    fix = ("point GIT_PYTHON_GIT_EXECUTABLE at git, or unset it" if named
+           else "install git or put its folder on PATH") + ", or use --source sdist"
+    exe = which(named or "git")
+    if exe is None:
+        raise ConfigError(f"{where} was not found", fix)
+    os.environ["GIT_PYTHON_GIT_EXECUTABLE"] = exe
+    try:
+        import git
+    except ImportError as exc:
+        if "Failed to initialize" not in str(exc):
+            raise
+        raise ConfigError(f"{where} ({exe}) is not a working git: {exc}", fix) from None
+    finally:
+        if named is None:
+            del os.environ["GIT_PYTHON_GIT_EXECUTABLE"]
+        else:
+            os.environ["GIT_PYTHON_GIT_EXECUTABLE"] = named
+    if exe != git.Git.GIT_PYTHON_GIT_EXECUTABLE:
         git.refresh(exe)
     return git
 
