@@ -20,7 +20,10 @@ from .errors import KvprefetchError
 # system were told to "pass a writable --workdir", an option report does not have).
 _ELSEWHERE = "the --workdir, -o/--out or campaign folder that named it"
 _FIX = {
-    errno.ENOSPC: "free space on that file system (`df -h {where}`), or write to a larger one "
+    # `df -h` alone showed free space where a file system had run out of inodes (issue 41,
+    # the twenty-sixth hostile pass: a tmpfs of 600 inodes)
+    errno.ENOSPC: "free space on that file system (`df -h {where}`; `df -i {where}` if it is "
+                  "out of inodes), or write to a larger one "
                   f"({_ELSEWHERE}), then rerun: partial files of this run were removed",
     errno.EDQUOT: f"free space within your quota, or write elsewhere ({_ELSEWHERE}), then rerun",
     errno.EROFS: "{where} is on a file system mounted read-only: remount it read-write, or "

@@ -11,6 +11,12 @@ running it):
   (fetch, apply, clean, doctor, report, slurm status, ...). Now one message naming the locale's
   encoding, with "To fix: run under a UTF-8 locale" (``oserrors.unencodable``, rendered by
   the command line as the other OS failures).
+- A wrong-way message: ``fetch`` into a file system out of inodes (a tmpfs of 600) said "fetch
+  into W failed: shared_fused_moe.py: No space left on device / To fix: free space on that
+  file system (`df -h .`)": the trees come in through descriptors, so the failed name is bare,
+  and ``.`` is the caller's folder, on another file system; and ``df -h`` shows free space
+  where the inodes ran out. The fix names the work directory, and ``df -i`` beside ``df -h``
+  (``sources/fetch._fetch_into`` passes ``where``; ``oserrors``' ENOSPC fix).
 """
 
 from __future__ import annotations
@@ -61,3 +67,30 @@ def test_a_path_an_euc_jp_locale_cannot_encode_back_is_one_message(
     assert res.returncode in (2, 3), err
     assert "euc_jp" in err and "To fix: run kvprefetch under a UTF-8 locale" in err, err
     assert os.listdir(folder) == []
+
+
+def test_a_work_directory_out_of_inodes_is_named_with_df_i_not_the_callers_folder(
+        tmp_path: Path, vllm_sdist: Path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400m,nr_inodes=600", "tmpfs",
+                       str(disk)], check=False, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)")
+    try:
+        work = disk / "w"
+        caller = tmp_path / "caller"
+        caller.mkdir()
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "fetch", "--workdir", str(work),
+                              "--source", str(vllm_sdist)], env=_env(tmp_path), cwd=caller,
+                             capture_output=True, text=True, errors="replace", timeout=300,
+                             check=False)
+        left = sorted(p.name for p in (work / "trees").iterdir()) \
+            if (work / "trees").is_dir() else []
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
+    assert "No space left on device" in res.stderr, res.stderr
+    # without the fix: "To fix: free space on that file system (`df -h .`)"
+    assert "`df -h .`" not in res.stderr, res.stderr
+    assert f"`df -h {work}`" in res.stderr and f"`df -i {work}`" in res.stderr, res.stderr
+    assert left == [] and os.listdir(caller) == []
