@@ -20,7 +20,10 @@ from .errors import KvprefetchError
 # system were told to "pass a writable --workdir", an option report does not have).
 _ELSEWHERE = "the --workdir, -o/--out or campaign folder that named it"
 _FIX = {
-    errno.ENOSPC: "free space on that file system (`df -h {where}`), or write to a larger one "
+    # `df -h` alone showed free space where a file system had run out of inodes (issue 41,
+    # the twenty-sixth hostile pass: a tmpfs of 600 inodes)
+    errno.ENOSPC: "free space on that file system (`df -h {where}`; `df -i {where}` if it is "
+                  "out of inodes), or write to a larger one "
                   f"({_ELSEWHERE}), then rerun: partial files of this run were removed",
     errno.EDQUOT: f"free space within your quota, or write elsewhere ({_ELSEWHERE}), then rerun",
     errno.EROFS: "{where} is on a file system mounted read-only: remount it read-write, or "
@@ -231,3 +234,33 @@ def mapped(family: type[KvprefetchError], doing: str, *, where: os.PathLike[str]
         if full_note and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             fix = f"{fix} ({full_note})"
         raise family(f"{doing} failed: {cause}", fix) from exc
+
+
+def unencodable(exc: BaseException) -> tuple[str, str] | None:
+    """A name the operating system cannot be given under this locale, as cause and fix (None
+    for any other exception). Python decodes the command line and the environment with the
+    locale's encoding, keeping undecodable bytes as surrogates; the CJK codecs (EUC-JP,
+    Shift_JIS, GBK, Big5) decode some bytes of a UTF-8 name as characters they cannot encode
+    again, so the first call naming such a path raised UnicodeEncodeError: a traceback in
+    every command given a path option of UTF-8 bytes under `LC_ALL=ja_JP.EUC-JP` (issue 41,
+    the twenty-sixth hostile pass). Only an encoding error of the file-system encoding, and
+    only where that is not UTF-8 (there every decoded name encodes back)."""
+    import codecs
+    import sys
+
+    if not isinstance(exc, UnicodeEncodeError):
+        return None
+    try:
+        mine = codecs.lookup(sys.getfilesystemencoding()).name
+        theirs = codecs.lookup(exc.encoding).name
+    except LookupError:
+        return None
+    if theirs != mine or mine == "utf-8":
+        return None
+    bad = exc.object[exc.start:exc.end] if isinstance(exc.object, str) else ""
+    cause = (f"a path or value ({exc.object!a}) holds {bad!a}, which this locale's encoding "
+             f"({mine}) cannot pass to the system: under this locale Python cannot give a name "
+             "of these bytes back as it was given")
+    fix = ("run kvprefetch under a UTF-8 locale (e.g. `LC_ALL=C.UTF-8`), or use a path of ASCII "
+           "characters")
+    return cause, fix

@@ -133,6 +133,16 @@ class LazyGroup(click.Group):
             # `matplotlib` in report, a `rich` in every dry run's table). An exception from
             # the kit's own code (or the standard library called by it) stays a traceback: a
             # bug of the kit's, which its tests must see.
+            from ..oserrors import unencodable
+
+            named = unencodable(exc)
+            if named is not None and not debug:
+                # a path the locale's codec cannot encode back (issue 41, the twenty-sixth pass)
+                family = _os_error_family(ctx.invoked_subcommand)
+                err = family(f"{ctx.invoked_subcommand or 'kvprefetch'} failed: {named[0]}",
+                             named[1])
+                click.echo(f"error: {escaped(err.message)}", err=True)
+                sys.exit(err.exit_code)
             loop = _symlink_loop(exc)
             if loop is not None and not debug:
                 # pathlib's resolve() reports a loop of links as RuntimeError("Symlink loop

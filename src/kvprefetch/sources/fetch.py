@@ -566,7 +566,9 @@ def _fetch_into(wd: Workdir, *, source: str, repo_url: str, index_url: str | Non
                 names: tuple[str, ...], force: bool, allow_commit: str | None, adopt: bool,
                 repair: bool) -> FetchResult:
     workdir = wd.root
-    with mapped(FetchError, f"fetch into {workdir}"):
+    # where: the trees come in through descriptors, so a full disk names a bare file name;
+    # its fix said `df -h .`, the caller's folder (issue 41, the twenty-sixth hostile pass)
+    with mapped(FetchError, f"fetch into {workdir}", where=workdir):
         wd.ensure(adopt=adopt)
         notices: list[str] = []
         with ExitStack() as stack:
