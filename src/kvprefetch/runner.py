@@ -45,6 +45,11 @@ class Completed:
 # often the work directory itself (``--workdir .``): a ``json/`` or ``pip/`` planted there ran in
 # the kit's own interpreter's probe (build) and pip (fetch) (issue 41, the twenty-fourth pass).
 NEUTRAL_CWD = "/"
+# ... and `/` is no neutral folder where a work directory or campaign is one of its folders (a
+# campaign at `/pip`, whose writer put an `__init__.py` there, ran it in submit's `python -m
+# pip config get`: issue 41, the twenty-sixth hostile pass). The kit's own interpreter is told
+# to put no working folder on sys.path: `-P` (3.11+), else `-I` (3.10 has no `-P`).
+OWN_PYTHON_NO_CWD = ("-P",) if sys.version_info >= (3, 11) else ("-I",)
 
 
 def which(program: str, env: Mapping[str, str] | None = None) -> str | None:
