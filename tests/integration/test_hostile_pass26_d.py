@@ -9,7 +9,9 @@ it):
   pass 24's ``/kvprefetch``: a mount namespace and chroot here) the ``__init__.py`` whoever
   writes the campaign put there ran, as the user, in ``slurm submit --dry-run`` (1 run of 1).
   ``fetch --workdir /pip`` asks the same. Now the kit's own interpreter is told to put no
-  working folder on ``sys.path`` (``-P``; ``-I`` on Python 3.10).
+  working folder on ``sys.path`` (``-P``; ``-I`` on Python 3.10), and gets ``PYTHONPATH``
+  less its empty and relative entries: with ``-P`` alone, ``PYTHONPATH=<kit>:`` (an empty
+  entry, the working folder) still ran the campaign's file (``runner.own_python_no_cwd``).
 - The same pip run had no time limit: a pip configuration file that is a FIFO
   (``PIP_CONFIG_FILE``, or a ``pip.conf`` planted where a ``HOME`` folder of pip's holds the
   campaign) had ``slurm submit --dry-run`` wait for good (killed after 30 s, 1 run of 1), and
@@ -36,13 +38,15 @@ from tests.integration.test_reliability import outside
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
 
 
+@pytest.mark.parametrize("tail", ["", ":"])
 def test_submits_pip_never_imports_a_campaign_in_the_root_folder(
-        tmp_path: Path, outside: Path) -> None:
+        tmp_path: Path, outside: Path, tail: str) -> None:
     """The campaign at ``/pip`` (a private mount namespace and a chroot whose ``/pip`` is a
     bind mount of a folder here; nothing outside this test's folder is touched), planned
     there; whoever writes it puts an ``__init__.py`` and ``__main__.py`` in it. ``slurm submit
     --dry-run`` with no ``PIP_INDEX_URL`` asks pip for the index: pip is the user's, never
-    the campaign's file."""
+    the campaign's file; also with an empty entry in ``PYTHONPATH`` (``tail``), which is the
+    child's working folder."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root and unshare (a mount namespace, a chroot)")
     script, nr, camp = tmp_path / "chroot-run", tmp_path / "root", tmp_path / "camp"
@@ -64,7 +68,7 @@ def test_submits_pip_never_imports_a_campaign_in_the_root_folder(
     probe = in_root("true")
     if probe.returncode != 0:
         pytest.skip(f"cannot make a mount namespace and chroot here: {probe.stderr.strip()}")
-    env = ("env", "-i", f"PYTHONPATH={_SRC}", f"TMPDIR={tmp_path}", f"HOME={tmp_path}",
+    env = ("env", "-i", f"PYTHONPATH={_SRC}{tail}", f"TMPDIR={tmp_path}", f"HOME={tmp_path}",
            f"PATH={bin_dir}:/usr/bin:/bin")
     res = in_root(*env, sys.executable, "-m", "kvprefetch", "slurm", "plan", "/pip",
                   "--stand-in", "--batch", "1")

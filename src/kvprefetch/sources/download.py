@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import stat
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -31,7 +30,7 @@ from ..errors import ConfigError, FetchError
 from ..hashing import sha256_bytes, sha256_file_of_size
 from ..oserrors import local_write_failure
 from ..reading import read_limited
-from ..runner import NEUTRAL_CWD, OWN_PYTHON_NO_CWD, run
+from ..runner import NEUTRAL_CWD, own_python_no_cwd, run
 
 _JSON = "application/vnd.pypi.simple.v1+json"
 # An index's project page: PyPI's for vllm (every release's files) is a few MB.
@@ -116,10 +115,11 @@ def configured_index_url(environ: dict[str, str] | None = None) -> str:
     # Within PIP_CONFIG_TIMEOUT_S: a pip.conf that is a FIFO (PIP_CONFIG_FILE, or one planted
     # where the user's HOME has the campaign) had `slurm submit` wait for good, and /dev/zero
     # read without end (issue 41, the twenty-sixth hostile pass).
+    python, child = own_python_no_cwd(env)
     start = time.monotonic()
     try:
-        done = run([sys.executable, *OWN_PYTHON_NO_CWD, "-m", "pip", "--log", os.devnull,
-                    "config", "get", "global.index-url"], env=env, echo=False, check=False,
+        done = run([*python, "-m", "pip", "--log", os.devnull, "config", "get",
+                    "global.index-url"], env=child, echo=False, check=False,
                    cwd=NEUTRAL_CWD, timeout=PIP_CONFIG_TIMEOUT_S)
     except Exception:  # noqa: BLE001 -- pip missing or broken: the default index still works
         done = None
