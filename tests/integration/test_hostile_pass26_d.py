@@ -17,6 +17,13 @@ it):
   campaign) had ``slurm submit --dry-run`` wait for good (killed after 30 s, 1 run of 1), and
   ``/dev/zero`` read until memory ran out (4 GB in 38 s, then PyPI was sent silently). Now it
   is stopped after ``download.PIP_CONFIG_TIMEOUT_S`` and submit says which files to check.
+- The same pip run took every ``PIP_*`` of the submitting shell: ``PIP_VERBOSE=1`` printed
+  pip's list of files before the URL, ``PIP_QUIET=1`` printed nothing, and a value pip refuses
+  (``PIP_NO_CACHE_DIR=maybe``) printed its usage, so submit sent PyPI to every job in place
+  of the mirror the user's ``pip.conf`` names, silently (1 run of 1 each), and the prepare job
+  behind a firewall would say to check the network (wrong way). Before the job's own
+  ``HOME``, the job asked pip itself with only the passed names, none of these. Now pip is
+  asked with ``PIP_CONFIG_FILE`` alone of its settings.
 
 Slurm is absent here: submit runs with a stand-in sbatch on ``PATH``."""
 
@@ -31,8 +38,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_hostile_pass20_d import _SRC
+from tests.integration.test_hostile_pass20_d import _SRC, _plan
 from tests.integration.test_hostile_pass24_d import _CHROOT_RUN
+from tests.integration.test_job_home import _env_sbatch, _submit
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -113,3 +121,22 @@ def test_a_pip_config_that_never_ends_stops_submit_with_a_fix(
     assert "refused `pip config get global.index-url` did not answer within 2 s" in out, out
     assert "| To fix: make pip's configuration files plain files (unset PIP_CONFIG_FILE" in out
     assert "or set PIP_INDEX_URL" in out, out
+
+
+@pytest.mark.parametrize("setting", ["PIP_VERBOSE=1", "PIP_QUIET=1", "PIP_NO_CACHE_DIR=maybe"])
+def test_submit_sends_the_users_mirror_whatever_pip_options_the_shell_sets(
+        tmp_path: Path, outside: Path, setting: str) -> None:
+    """The user's pip names a mirror in ``~/.config/pip/pip.conf``; the submitting shell
+    also sets a pip option of its own: every sbatch is still run with ``PIP_INDEX_URL`` set to
+    the mirror."""
+    camp, home = tmp_path / "camp", tmp_path / "h"
+    (home / ".config" / "pip").mkdir(parents=True)
+    (home / ".config" / "pip" / "pip.conf").write_text(
+        "[global]\nindex-url = https://mirror.example/simple\n")
+    _plan(tmp_path, camp)
+    bin_dir, got = _env_sbatch(tmp_path)
+    name, value = setting.split("=")
+    res = _submit(tmp_path, bin_dir, home, "submit", str(camp), **{name: value})
+    assert res.returncode == 0, res.stdout + res.stderr
+    sent = got.read_text().splitlines()
+    assert len(sent) >= 5 and set(sent) == {"https://mirror.example/simple"}, sent

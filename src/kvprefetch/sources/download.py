@@ -115,7 +115,12 @@ def configured_index_url(environ: dict[str, str] | None = None) -> str:
     # Within PIP_CONFIG_TIMEOUT_S: a pip.conf that is a FIFO (PIP_CONFIG_FILE, or one planted
     # where the user's HOME has the campaign) had `slurm submit` wait for good, and /dev/zero
     # read without end (issue 41, the twenty-sixth hostile pass).
-    python, child = own_python_no_cwd(env)
+    # pip's own options from this shell (PIP_VERBOSE=1 printed pip's file list before the
+    # URL; PIP_QUIET, or a value pip refuses such as PIP_NO_CACHE_DIR=maybe, printed no URL)
+    # had submit send PyPI to every job in place of the user's mirror, silently (issue 41, the
+    # twenty-sixth hostile pass): pip is asked with its settings' file alone.
+    python, child = own_python_no_cwd(
+        {k: v for k, v in env.items() if not k.startswith("PIP_") or k == "PIP_CONFIG_FILE"})
     start = time.monotonic()
     try:
         done = run([*python, "-m", "pip", "--log", os.devnull, "config", "get",
