@@ -90,7 +90,11 @@ def test_no_gpu_and_stand_in_ask_for_no_gpu(tmp_path: Path) -> None:
     assert "--no-gpu" in render_script(c, c.job("verify"))
 
 
-def test_dependency_chain_is_afterok_on_the_previous_stage(tmp_path: Path) -> None:
+def test_dependency_chain_is_afterok_on_the_previous_stage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # submit sends the index pip names (job_env.sbatch_environ); one set here is taken as it
+    # is, without asking pip (a unit test starts no process)
+    monkeypatch.setenv("PIP_INDEX_URL", "https://pypi.org/simple")
     c = _campaign(tmp_path / "camp")
     write_campaign(c)
     rows = {r["job"]: r["argv"] for r in submit(Path(c.root), dry_run=True)}
@@ -187,7 +191,7 @@ def test_build_jobs_work_in_their_own_scratch_and_publish_at_the_end(tmp_path: P
     kept = render_script(_campaign(tmp_path / "c2", scratch="/lscratch/kvp", keep_scratch=True),
                          c.job("build-patched"))
     assert 'SCRATCH_BASE="/lscratch/kvp"\n' in kept
-    assert "rm -rf" not in kept and 'echo "scratch kept: $SCRATCH"' in kept
+    assert 'rm -rf -- "$SCRATCH"' not in kept and 'echo "scratch kept: $SCRATCH"' in kept
     own = render_script(_campaign(tmp_path / "c3", scratch="/lscratch/$USER"),
                         c.job("build-baseline"))
     # $USER as the job's first shell read it, before it kept only job_env's names
