@@ -133,7 +133,8 @@ def configured_index_url(environ: dict[str, str] | None = None) -> str:
         raise ConfigError(
             f"`pip config get global.index-url` did not answer within {PIP_CONFIG_TIMEOUT_S:g} s:"
             " one of pip's configuration files is not a plain file (a FIFO, a device) or never"
-            " ends (PIP_CONFIG_FILE, ~/.config/pip/pip.conf, ~/.pip/pip.conf, /etc/pip.conf)",
+            " ends (PIP_CONFIG_FILE, ~/.config/pip/pip.conf, ~/.pip/pip.conf, /etc/pip.conf), or"
+            " this machine is too busy to start pip",
             "make pip's configuration files plain files (unset PIP_CONFIG_FILE if it names"
             " another), or set PIP_INDEX_URL to the index's URL, which pip then need not be"
             " asked")
