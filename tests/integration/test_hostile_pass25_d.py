@@ -117,13 +117,18 @@ def test_plan_refuses_bashs_last_argument_as_a_scratch_variable(
 
 def test_a_scratch_the_build_job_cannot_make_is_not_called_already_there(
         tmp_path: Path, outside: Path) -> None:
-    """The build job with the node's ``TMPDIR`` a folder nobody may make a folder in
-    (``/sys/kernel``): exit 1, "cannot be made", with a fix; not "already there"."""
+    """The build job with the node's scratch (``SLURM_TMPDIR``, where set) a folder nobody may
+    make a folder in (``/sys/kernel``): exit 1, "cannot be made", with a fix; not "already
+    there". (``TMPDIR`` is a writable folder: the job makes its own HOME there first, and
+    refuses a ``TMPDIR`` where it cannot, test_job_home.py.)"""
     if not Path("/sys/kernel").is_dir():
         pytest.skip("no /sys/kernel here")
     camp = tmp_path / "camp"
     _plan(tmp_path, camp)
-    res = _run(tmp_path, camp, "10-build-baseline.sbatch", TMPDIR="/sys/kernel")
+    node = tmp_path / "node"
+    node.mkdir()
+    res = _run(tmp_path, camp, "10-build-baseline.sbatch", TMPDIR=str(node),
+               SLURM_TMPDIR="/sys/kernel")
     assert res.returncode == 1, res.stdout + res.stderr
     assert "something is already there" not in res.stderr, res.stderr
     assert "it cannot be made in /sys/kernel (mkdir said why above" in res.stderr, res.stderr
