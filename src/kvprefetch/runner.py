@@ -45,6 +45,19 @@ class Completed:
 # often the work directory itself (``--workdir .``): a ``json/`` or ``pip/`` planted there ran in
 # the kit's own interpreter's probe (build) and pip (fetch) (issue 41, the twenty-fourth pass).
 NEUTRAL_CWD = "/"
+# ... and `/` is no neutral folder where a work directory or campaign is one of its folders (a
+# campaign at `/pip`, whose writer put an `__init__.py` there, ran it in submit's `python -m
+# pip config get`, and still did through an empty PYTHONPATH entry (`PYTHONPATH=/x:`, the
+# working folder): issue 41, the twenty-sixth hostile pass).
+def own_python_no_cwd(env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The kit's own interpreter, as the start of an argv, and ``env`` for it, such that it
+    imports nothing from its working folder: ``-P`` (3.11+; ``-I`` on 3.10, which has no
+    ``-P``), and PYTHONPATH less its empty and relative entries (each is in that folder)."""
+    child = dict(env)
+    if "PYTHONPATH" in child:
+        child["PYTHONPATH"] = os.pathsep.join(
+            e for e in child["PYTHONPATH"].split(os.pathsep) if os.path.isabs(e))
+    return [sys.executable, "-P" if sys.version_info >= (3, 11) else "-I"], child
 
 
 def absolute_path(path: str) -> str:

@@ -14,7 +14,7 @@ import json
 import os
 import secrets
 import stat
-import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,7 +30,7 @@ from ..errors import ConfigError, FetchError
 from ..hashing import sha256_bytes, sha256_file_of_size
 from ..oserrors import local_write_failure
 from ..reading import read_limited
-from ..runner import NEUTRAL_CWD, run
+from ..runner import NEUTRAL_CWD, own_python_no_cwd, run
 
 _JSON = "application/vnd.pypi.simple.v1+json"
 # An index's project page: PyPI's for vllm (every release's files) is a few MB.
@@ -96,6 +96,9 @@ class IndexFile:
     sha256: str | None
 
 
+PIP_CONFIG_TIMEOUT_S = 30.0  # `pip config get` answers in about a second
+
+
 def configured_index_url(environ: dict[str, str] | None = None) -> str:
     """PIP_INDEX_URL, else ``pip config get global.index-url``, else PyPI; checked as
     ``--index-url`` is (check_index_url): a value that is no http(s):// or file:// URL is a
@@ -109,12 +112,33 @@ def configured_index_url(environ: dict[str, str] | None = None) -> str:
     # or `log =` in a pip.conf), through any link at that name; PIP_LOG=<campaign>/pip.log and
     # a link put there by whoever writes the campaign had the prepare job append pip's log to a
     # file outside (issue 41, the twenty-first hostile pass). The command line overrides both.
+    # Within PIP_CONFIG_TIMEOUT_S: a pip.conf that is a FIFO (PIP_CONFIG_FILE, or one planted
+    # where the user's HOME has the campaign) had `slurm submit` wait for good, and /dev/zero
+    # read without end (issue 41, the twenty-sixth hostile pass).
+    # pip's own options from this shell (PIP_VERBOSE=1 printed pip's file list before the
+    # URL; PIP_QUIET, or a value pip refuses such as PIP_NO_CACHE_DIR=maybe, printed no URL)
+    # had submit send PyPI to every job in place of the user's mirror, silently (issue 41, the
+    # twenty-sixth hostile pass): pip is asked with its settings' file alone.
+    python, child = own_python_no_cwd(
+        {k: v for k, v in env.items() if not k.startswith("PIP_") or k == "PIP_CONFIG_FILE"})
+    start = time.monotonic()
     try:
-        out = run([sys.executable, "-m", "pip", "--log", os.devnull, "config", "get",
-                   "global.index-url"], env=env, echo=False, check=False,
-                  cwd=NEUTRAL_CWD).output.strip()
+        done = run([*python, "-m", "pip", "--log", os.devnull, "config", "get",
+                    "global.index-url"], env=child, echo=False, check=False,
+                   cwd=NEUTRAL_CWD, timeout=PIP_CONFIG_TIMEOUT_S)
     except Exception:  # noqa: BLE001 -- pip missing or broken: the default index still works
-        out = ""
+        done = None
+    if done is not None and done.returncode != 0 and \
+            time.monotonic() - start >= PIP_CONFIG_TIMEOUT_S:
+        raise ConfigError(
+            f"`pip config get global.index-url` did not answer within {PIP_CONFIG_TIMEOUT_S:g} s:"
+            " one of pip's configuration files is not a plain file (a FIFO, a device) or never"
+            " ends (PIP_CONFIG_FILE, ~/.config/pip/pip.conf, ~/.pip/pip.conf, /etc/pip.conf), or"
+            " this machine is too busy to start pip",
+            "make pip's configuration files plain files (unset PIP_CONFIG_FILE if it names"
+            " another), or set PIP_INDEX_URL to the index's URL, which pip then need not be"
+            " asked")
+    out = done.output.strip() if done is not None else ""
     if out.startswith(("http://", "https://", "file://")):
         url = out.splitlines()[0]
         check_index_url(url, "pip config global.index-url")
