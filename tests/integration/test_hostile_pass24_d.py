@@ -71,6 +71,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -254,20 +255,18 @@ exec chroot "$nr" "$@"
 """
 
 
-def test_a_campaign_in_the_root_folder_is_never_imported_in_place_of_the_kit(
-        tmp_path: Path, outside: Path) -> None:
-    """The campaign at ``/kvprefetch`` (a private mount namespace and a chroot whose
-    ``/kvprefetch`` is a bind mount of a folder here; nothing outside this test's folder is
-    touched), planned there; whoever writes it puts an ``__init__.py`` in it. The merge job
-    runs the kit, not that file, and records its end."""
+def chroot_runner(tmp_path: Path, at: str) -> tuple[
+        Path, Callable[..., subprocess.CompletedProcess[str]]]:
+    """A folder ``camp`` here, seen at ``at`` (a folder of ``/``) inside a private mount
+    namespace and chroot (``_CHROOT_RUN``; nothing outside this test's folder is touched), and
+    ``in_root(*argv)``, which runs ``argv`` there. Skipped without root, unshare or a chroot."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root and unshare (a mount namespace, a chroot)")
     script, nr, camp = tmp_path / "chroot-run", tmp_path / "root", tmp_path / "camp"
-    script.write_text(_CHROOT_RUN)
+    script.write_text(_CHROOT_RUN.replace("/kvprefetch", at))
     script.chmod(0o755)
     nr.mkdir()
     camp.mkdir()
-    bad = tmp_path / "campaign-code-ran"
 
     def in_root(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["unshare", "-m", "--propagation", "private", str(script),
@@ -277,6 +276,17 @@ def test_a_campaign_in_the_root_folder_is_never_imported_in_place_of_the_kit(
     probe = in_root("true")
     if probe.returncode != 0:
         pytest.skip(f"cannot make a mount namespace and chroot here: {probe.stderr.strip()}")
+    return camp, in_root
+
+
+def test_a_campaign_in_the_root_folder_is_never_imported_in_place_of_the_kit(
+        tmp_path: Path, outside: Path) -> None:
+    """The campaign at ``/kvprefetch`` (a private mount namespace and a chroot whose
+    ``/kvprefetch`` is a bind mount of a folder here; nothing outside this test's folder is
+    touched), planned there; whoever writes it puts an ``__init__.py`` in it. The merge job
+    runs the kit, not that file, and records its end."""
+    camp, in_root = chroot_runner(tmp_path, "/kvprefetch")
+    bad = tmp_path / "campaign-code-ran"
     res = in_root("env", f"PYTHONPATH={_SRC}", f"TMPDIR={tmp_path}", f"HOME={tmp_path}",
                   sys.executable, "-m", "kvprefetch", "slurm", "plan", "/kvprefetch",
                   "--stand-in", "--batch", "1")

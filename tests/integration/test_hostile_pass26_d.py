@@ -30,7 +30,6 @@ Slurm is absent here: submit runs with a stand-in sbatch on ``PATH``."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -39,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_hostile_pass20_d import _SRC, _plan
-from tests.integration.test_hostile_pass24_d import _CHROOT_RUN
+from tests.integration.test_hostile_pass24_d import chroot_runner
 from tests.integration.test_job_home import _env_sbatch, _submit
 from tests.integration.test_reliability import outside
 
@@ -55,27 +54,12 @@ def test_submits_pip_never_imports_a_campaign_in_the_root_folder(
     --dry-run`` with no ``PIP_INDEX_URL`` asks pip for the index: pip is the user's, never
     the campaign's file; also with an empty entry in ``PYTHONPATH`` (``tail``), which is the
     child's working folder."""
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs root and unshare (a mount namespace, a chroot)")
-    script, nr, camp = tmp_path / "chroot-run", tmp_path / "root", tmp_path / "camp"
-    script.write_text(_CHROOT_RUN.replace("/kvprefetch", "/pip"))
-    script.chmod(0o755)
-    nr.mkdir()
-    camp.mkdir()
+    camp, in_root = chroot_runner(tmp_path, "/pip")
     bin_dir = tmp_path / "slurm-bin"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text("#!/bin/bash\necho 101\n")
     (bin_dir / "sbatch").chmod(0o755)
     bad = tmp_path / "campaign-code-ran"
-
-    def in_root(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["unshare", "-m", "--propagation", "private", str(script),
-                               str(nr), str(camp), *argv], capture_output=True, text=True,
-                              timeout=120, check=False)
-
-    probe = in_root("true")
-    if probe.returncode != 0:
-        pytest.skip(f"cannot make a mount namespace and chroot here: {probe.stderr.strip()}")
     env = ("env", "-i", f"PYTHONPATH={_SRC}{tail}", f"TMPDIR={tmp_path}", f"HOME={tmp_path}",
            f"PATH={bin_dir}:/usr/bin:/bin")
     res = in_root(*env, sys.executable, "-m", "kvprefetch", "slurm", "plan", "/pip",
