@@ -12,6 +12,12 @@ and running it):
   folders. A value bound for a script is now refused unless this locale gives the system the
   same bytes as its UTF-8 text (``slurm.values.check_utf8``), with "To fix: run under a UTF-8
   locale".
+- Wrong-way message: a matplotlib font cache (``fontlist-*.json`` in ``$MPLCONFIGDIR``) naming a
+  broken font file (a stale or planted cache; here 1 MiB of zeros) failed ``report`` with "the
+  module matplotlib raised RuntimeError: FT_Open_Face ... broken file / To fix: ... repair or
+  reinstall it", which leaves the cache as it is. Now the font is tried once matplotlib is
+  imported (``bench.render._check_font``), and the message names the font and the cache to
+  remove, after which the rerun draws.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_hostile_pass24_c import _env
+from tests.integration.test_hostile_pass24_c import _env, _kit
 
 
 def _locale(tmp_path: Path, source: str, charmap: str, name: str) -> Path:
@@ -67,3 +73,38 @@ def test_a_scratch_named_in_a_non_utf8_locale_never_becomes_another_folder_in_th
     assert res.returncode == 2, err
     assert "To fix: run kvprefetch under a UTF-8 locale" in err, err
     assert os.listdir(scratch) == []
+
+
+def test_a_font_cache_naming_a_broken_font_sends_the_user_to_the_cache_not_matplotlib(
+        tmp_path: Path) -> None:
+    import json
+
+    mpl = tmp_path / "mpl"
+    mpl.mkdir()
+    made = subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"],
+                          env=_env(tmp_path, MPLCONFIGDIR=str(mpl)), capture_output=True,
+                          text=True, timeout=120, check=False)
+    [cache] = mpl.glob("fontlist-*.json") or [None]
+    if cache is None:
+        pytest.skip(f"matplotlib made no font cache: {made.stderr[-300:]}")
+    broken = tmp_path / "broken.ttf"
+    broken.write_bytes(b"\0" * (1 << 20))
+    doc = json.loads(cache.read_text())
+    for font in doc["ttflist"]:
+        font["fname"] = str(broken)
+    cache.write_text(json.dumps(doc))
+    result = Path(__file__).resolve().parents[2] / "docs" / "results" / \
+        "2026-12-01-h200-headline" / "default-matrix.json"
+    out = tmp_path / "out"
+    res = _kit(tmp_path, "report", str(result), "--out", str(out), MPLCONFIGDIR=str(mpl))
+    err = res.stdout + res.stderr
+    assert "Traceback" not in err, err
+    # without the fix: "the module matplotlib (...) raised RuntimeError: FT_Open_Face ...
+    # To fix: ... repair or reinstall it"
+    assert res.returncode == 7, err
+    assert f"matplotlib's font {broken} cannot be opened" in err, err
+    assert "To fix: remove matplotlib's font cache" in err and "reinstall" not in err, err
+    cache.unlink()  # what the fix says
+    again = _kit(tmp_path, "report", str(result), "--out", str(out), MPLCONFIGDIR=str(mpl))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (out / "default-matrix.png").is_file()
