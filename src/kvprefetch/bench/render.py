@@ -59,6 +59,8 @@ def pyplot() -> Any:
             os.fchdir(here)
             os.close(here)
 
+    _check_font()
+
     # numpy's overflow and invalid-value warnings from matplotlib's tick and transform code on a
     # result's numbers near or past the float limit (1e308, Infinity: they plot, off any scale).
     # They name matplotlib's own files, not the input, so they would only send the user there
@@ -66,6 +68,29 @@ def pyplot() -> Any:
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"matplotlib\.")
 
     return plt
+
+
+def _check_font() -> None:
+    """The font every figure draws its text with opens. matplotlib takes the font files from its
+    font cache (``fontlist-*.json`` in ``$MPLCONFIGDIR`` or ``~/.cache/matplotlib``); a cache
+    naming a broken file (a stale or planted one) failed the first label drawn with "the module
+    matplotlib raised RuntimeError: FT_Open_Face ... broken file / To fix: ... reinstall it",
+    which leaves the cache as it is (issue 41, the twenty-seventh hostile pass)."""
+    from matplotlib import font_manager, get_cachedir
+
+    try:
+        fname = font_manager.findfont(font_manager.FontProperties())
+    except (OSError, RuntimeError, ValueError):  # no font at all: matplotlib's own message
+        return
+    try:
+        font_manager.get_font(fname)
+    except (OSError, RuntimeError, ValueError) as exc:
+        cache = os.path.join(get_cachedir(), "fontlist-*.json")
+        raise BenchError(f"matplotlib's font {fname} cannot be opened ({exc}); matplotlib's "
+                         f"font cache ({cache}) names it for the figures' text",
+                         f"remove matplotlib's font cache (rm {cache}: the next run builds it "
+                         "again from the system's fonts) or repair that font file, or pass "
+                         "--formats md for no figures") from None
 
 
 # At most this many heatmaps in one figure, and numbers written in a heatmap of at most this many

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -130,11 +131,26 @@ def check_utf8(what: str, value: str, fix: str | None = None) -> None:
     naming such a path was a ``UnicodeEncodeError`` traceback half-way through ``slurm plan``
     (issue 41, the twenty-third hostile pass)."""
     try:
-        value.encode("utf-8")
+        data = value.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError(f"{what} {value!r} is not UTF-8 text: a job script cannot hold it",
                           fix or f"rename the folder or file {what} names to a UTF-8 name (or "
                           "link a UTF-8 name to it), then plan again") from None
+    # the name's bytes as this locale gives them to the system, which a job script (UTF-8)
+    # must hold: under Shift_JIS, GBK, Big5 or latin-1 a path was decoded to text that passed
+    # the check above and went into the script as UTF-8, other bytes, so the build job made
+    # and built in a folder of another name than the --scratch given (and ran another
+    # --python, looked in other PATH folders; issue 41, the twenty-seventh hostile pass)
+    try:
+        on_disk: bytes | None = os.fsencode(value)
+    except UnicodeEncodeError:
+        on_disk = None
+    if on_disk != data:
+        raise ConfigError(f"{what} {value!r} is, under this locale's encoding "
+                          f"({sys.getfilesystemencoding()}), other bytes than its UTF-8 text: a "
+                          "job script (UTF-8) would name another path",
+                          "run kvprefetch under a UTF-8 locale (e.g. `LC_ALL=C.UTF-8`), or use "
+                          "a path of ASCII characters, then plan again")
 
 
 # --cpus-per-build is sbatch's --cpus-per-task for a build job and its MAX_JOBS (parallel nvcc
