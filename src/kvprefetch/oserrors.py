@@ -264,3 +264,16 @@ def unencodable(exc: BaseException) -> tuple[str, str] | None:
     fix = ("run kvprefetch under a UTF-8 locale (e.g. `LC_ALL=C.UTF-8`), or use a path of ASCII "
            "characters")
     return cause, fix
+
+
+def other_bytes_on_disk(value: str) -> bool:
+    """Whether ``value`` (a path as Python decoded it) is, under this locale's encoding, other
+    bytes than the UTF-8 the kit writes into its files (job scripts, build.ninja, logs:
+    ``confine._encoded``; a byte that is not UTF-8 kept as itself). Under Shift_JIS, GBK, Big5
+    or latin-1 a non-ASCII name is: a ``--scratch`` of one went into the job scripts as another
+    folder (issue 41, the twenty-seventh hostile pass). Never under a UTF-8 or ASCII locale."""
+    try:
+        return os.fsencode(value) != value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return True
+

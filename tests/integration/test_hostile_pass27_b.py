@@ -18,6 +18,11 @@ and running it):
   reinstall it", which leaves the cache as it is. Now the font is tried once matplotlib is
   imported (``bench.render._check_font``), and the message names the font and the cache to
   remove, after which the rerun draws.
+- Outside, found by reading (b) and fixed by the lead: the same for a work directory, whose
+  name the kit's files give in UTF-8 (build.ninja, logs: ``confine._encoded``), so under
+  latin-1 a work directory ``wé`` (byte e9) would be ``w\xc3\xa9`` there, and a build would
+  work beside it. A work directory such a locale gives other bytes is now refused by every
+  command (``Workdir``, ``oserrors.other_bytes_on_disk``).
 """
 
 from __future__ import annotations
@@ -73,6 +78,30 @@ def test_a_scratch_named_in_a_non_utf8_locale_never_becomes_another_folder_in_th
     assert res.returncode == 2, err
     assert "To fix: run kvprefetch under a UTF-8 locale" in err, err
     assert os.listdir(scratch) == []
+
+
+@pytest.mark.parametrize("command", [("clean", "--dry-run"), ("fetch", "--dry-run")],
+                         ids=["clean", "fetch"])
+def test_a_work_directory_a_latin1_locale_gives_other_bytes_is_refused(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    """Under ``de_DE.ISO-8859-1`` a work directory ``wé`` (byte e9): refused, exit 2, naming
+    the encoding, nothing made, where it went on before (exit 0; a build's files would have
+    named ``w\xc3\xa9``)."""
+    locales = _locale(tmp_path, "de_DE", "ISO-8859-1", "de_DE.ISO-8859-1")
+    folder = os.fsencode(tmp_path) + b"/w\xe9"
+    os.mkdir(folder)
+    env = {k.encode(): v.encode() for k, v in _env(tmp_path).items()
+           if not k.startswith("LC_") and k not in ("LANG", "LANGUAGE", "PYTHONUTF8",
+                                                    "PYTHONIOENCODING")}
+    env.update({b"LOCPATH": os.fsencode(locales), b"LC_ALL": b"de_DE.ISO-8859-1"})
+    res = subprocess.run([os.fsencode(sys.executable), b"-m", b"kvprefetch",
+                          *(c.encode() for c in command), b"--workdir", folder + b"/work"],
+                         env=env, capture_output=True, timeout=120, check=False)
+    err = res.stderr.decode("latin-1")
+    assert "Traceback" not in err, err
+    assert res.returncode == 2, err
+    assert "iso8859-1" in err and "To fix: run kvprefetch under a UTF-8 locale" in err, err
+    assert os.listdir(folder) == []
 
 
 def test_a_font_cache_naming_a_broken_font_sends_the_user_to_the_cache_not_matplotlib(

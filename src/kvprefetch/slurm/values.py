@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..bench.plan import Bound
 from ..errors import ConfigError
+from ..oserrors import other_bytes_on_disk
 
 SCRATCH_NODE = "node"
 # `--scratch campaign` (CAMPAIGN/scratch) was refused from the thirteenth hostile pass on: see
@@ -131,7 +132,7 @@ def check_utf8(what: str, value: str, fix: str | None = None) -> None:
     naming such a path was a ``UnicodeEncodeError`` traceback half-way through ``slurm plan``
     (issue 41, the twenty-third hostile pass)."""
     try:
-        data = value.encode("utf-8")
+        value.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError(f"{what} {value!r} is not UTF-8 text: a job script cannot hold it",
                           fix or f"rename the folder or file {what} names to a UTF-8 name (or "
@@ -141,11 +142,7 @@ def check_utf8(what: str, value: str, fix: str | None = None) -> None:
     # the check above and went into the script as UTF-8, other bytes, so the build job made
     # and built in a folder of another name than the --scratch given (and ran another
     # --python, looked in other PATH folders; issue 41, the twenty-seventh hostile pass)
-    try:
-        on_disk: bytes | None = os.fsencode(value)
-    except UnicodeEncodeError:
-        on_disk = None
-    if on_disk != data:
+    if other_bytes_on_disk(value):
         raise ConfigError(f"{what} {value!r} is, under this locale's encoding "
                           f"({sys.getfilesystemencoding()}), other bytes than its UTF-8 text: a "
                           "job script (UTF-8) would name another path",

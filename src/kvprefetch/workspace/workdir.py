@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import upstream
 from ..errors import ConfigError, PatchError
+from ..oserrors import other_bytes_on_disk
 from ..reading import load_json, read_limited
 from . import confine
 
@@ -48,6 +50,16 @@ class Workdir:
     root: Path
 
     def __post_init__(self) -> None:
+        # the kit's files name it in UTF-8 (build.ninja, logs), so under Shift_JIS, GBK or
+        # latin-1 a non-ASCII name would be another folder there: a build beside the work
+        # directory (issue 41, the twenty-seventh hostile pass, found by reading)
+        if other_bytes_on_disk(str(self.root)):
+            raise ConfigError(
+                f"the work directory {str(self.root)!a} is, under this locale's encoding "
+                f"({sys.getfilesystemencoding()}), other bytes than its UTF-8 text, which the "
+                "files kvprefetch writes (build.ninja, logs) would name: another folder",
+                "run kvprefetch under a UTF-8 locale (e.g. `LC_ALL=C.UTF-8`), or use a work "
+                "directory of ASCII characters")
         # its logs are written from it down (runner.open_log, confine.root_of)
         confine.trust_root(self.root)
 
