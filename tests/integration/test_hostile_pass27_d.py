@@ -11,6 +11,11 @@ test fails without its fix (checked by reverting ``src`` and running it):
   link already was (``download.open_url``: a regular file only, without blocking), and
   ``open_url`` reads the scheme in any case, as urllib does (``FILE://`` had gone to urllib's
   file handler too).
+- A ``file://`` URL is opened as a regular file only, but the kernel's files in ``/proc`` and
+  ``/sys`` are regular files too, and ``/proc/kmsg`` waits for the kernel's next message: a
+  link in the campaign to it at the page of ``PIP_INDEX_URL=file://<campaign>/idx#`` had the
+  prepare job (run as root) wait for good (killed by ``timeout`` after 10 s, 1 run of 1). Now
+  a ``file://`` URL of no size is refused (an index page or a pinned file never is empty).
 - An http index that answers a byte at a time (an index page of spaces, one every 5 s; or its
   status line and headers so) met no socket timeout (30 s a wait) and kept the prepare job and
   ``fetch`` waiting without bound (killed by ``timeout`` after 70 s, 1 run of 1 each); the
@@ -152,3 +157,16 @@ def test_a_dribbling_download_is_given_up(dribbler: tuple[int, list[str]], mode:
     err = _error_within(10, fetch)
     assert isinstance(err, FetchError), err
     assert "did not answer within" in str(err) or "more slowly than" in str(err), err
+
+
+def test_prepare_job_refuses_a_link_to_a_kernel_file_as_a_file_index_page(
+        tmp_path: Path) -> None:
+    if os.geteuid() != 0 or not os.access("/proc/kmsg", os.R_OK):
+        pytest.skip("needs root: /proc/kmsg is readable by root only")
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp)
+    (camp / "idx").symlink_to("/proc/kmsg")
+    res = _run(tmp_path, camp, "00-prepare.sbatch", TMPDIR=str(tmp_path),
+               PIP_INDEX_URL=f"file://{camp}/idx#")
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "is empty (or a kernel's file" in res.stderr and "To fix" in res.stderr, res.stderr

@@ -61,8 +61,18 @@ def open_url(url: str, timeout: float = 120) -> Any:
     path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise FetchError(f"{url} is not a regular file (a FIFO, device, socket or folder)",
+                             "use PyPI or a faithful mirror (PIP_INDEX_URL) that serves the "
+                             "pinned file itself")
+        # the kernel's files (/proc, /sys) are regular files of no size, and some wait for
+        # what the kernel says next: a link in the campaign to /proc/kmsg, at the page of a
+        # file:// index there, had the prepare job wait for good (issue 41, the
+        # twenty-seventh hostile pass); an index page or a pinned file is never empty
+        if st.st_size == 0:
+            raise FetchError(f"{url} is empty (or a kernel's file in /proc or /sys, which has "
+                             "no size and may never end)",
                              "use PyPI or a faithful mirror (PIP_INDEX_URL) that serves the "
                              "pinned file itself")
         os.set_blocking(fd, True)
