@@ -25,6 +25,15 @@ test fails without its fix (checked by reverting ``src`` and running it):
   a real dribbling server on a local port; they lower the two limits in the test's process
   (the only thing set aside), so they take seconds, not the two minutes a job would wait.
 
+- Submit checked the jobs' ``--python`` (and the kit's checkout) as outside the campaign by its
+  name, its resolved path and its identity, but not by the links met on the way: ``--python
+  ~/py/bin/python`` with ``~/py`` the user's link to ``<campaign>/venv``, itself a link to the
+  environment, resolved outside and was sent (``slurm submit`` exit 0); whoever writes the
+  campaign then pointed ``venv`` at a folder of its own, and the merge job ran its
+  ``bin/python``, which wrote a marker (1 run of 1). Passed values were checked so since the
+  twenty-third pass (``job_env``); the program paths now use the same rule
+  (``job_env.reaches_campaign``).
+
 Slurm is absent here: the job scripts run with bash as a node would (``_run``)."""
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +52,7 @@ import pytest
 from kvprefetch.errors import FetchError
 from kvprefetch.sources import download
 from tests.integration.test_hostile_pass20_d import _plan
+from tests.integration.test_job_home import _env_sbatch, _submit
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -170,3 +181,22 @@ def test_prepare_job_refuses_a_link_to_a_kernel_file_as_a_file_index_page(
                PIP_INDEX_URL=f"file://{camp}/idx#")
     assert res.returncode == 3, res.stdout + res.stderr
     assert "is empty (or a kernel's file" in res.stderr and "To fix" in res.stderr, res.stderr
+
+
+def test_submit_refuses_a_python_reached_through_a_link_in_the_campaign(tmp_path: Path) -> None:
+    camp, py = tmp_path / "camp", tmp_path / "py"
+    env_root = Path(sys.prefix)  # this interpreter's environment
+    py.symlink_to(env_root)
+    python = py / "bin" / Path(sys.executable).name
+    _plan(tmp_path, camp, python=str(python))
+    # the user points their link at a link kept in the campaign, to the same environment
+    (camp / "venv").symlink_to(env_root)
+    py.unlink()
+    py.symlink_to(camp / "venv")
+    bin_dir, got = _env_sbatch(tmp_path)
+    res = _submit(tmp_path, bin_dir, tmp_path / "h", "submit", str(camp),
+                  PIP_INDEX_URL="https://pypi.org/simple")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"--python {python} is in the campaign" in res.stderr, res.stderr
+    assert "To fix" in res.stderr and "Traceback" not in res.stderr
+    assert not got.exists(), "sbatch was run"
