@@ -262,7 +262,7 @@ def _paths(env: Mapping[str, str]) -> list[tuple[str, str]]:
     return found
 
 
-def _in_campaign(entry: str, campaign: Path) -> bool:
+def reaches_campaign(entry: str, campaign: Path) -> bool:
     """Whether ``entry`` (a relative one read from ``/``, where every job starts: ``sbatch
     --chdir=/``) is in the campaign, by path, through links, or by identity (a bind mount), or
     is reached through a link that lies in the campaign: the folder it names now may be
@@ -309,7 +309,7 @@ def _link_folders(path: str) -> list[str]:
 
 
 def _check_paths(env: Mapping[str, str], campaign: Path) -> None:
-    found = list(dict.fromkeys(n for n, e in _paths(env) if _in_campaign(e, campaign)))
+    found = list(dict.fromkeys(n for n, e in _paths(env) if reaches_campaign(e, campaign)))
     if found:
         named = ", ".join(f"{n}={env[n]!r}" for n in found)
         raise ConfigError(
@@ -331,7 +331,7 @@ def _check_held(env: Mapping[str, str], campaign: Path) -> None:
     for n in (n for n in ("CUDA_HOME", "CUDA_PATH") if env.get(n)):
         v, top = env[n], os.path.join("/", env[n])
         if within(campaign, Path(os.path.realpath(top))) or any(
-                _in_campaign(f, campaign) or within(campaign, Path(os.path.realpath(f)))
+                reaches_campaign(f, campaign) or within(campaign, Path(os.path.realpath(f)))
                 for f in (os.path.join(top, f) for f in TOOLKIT_FOLDERS)):
             raise ConfigError(
                 f"{n}={v!r} in this shell holds the campaign {campaign} where the job's programs"
@@ -465,7 +465,7 @@ def start_env_in(environ: Mapping[str, str], campaign: Path) -> list[tuple[str, 
                 _too_many_spellings(name)
             todo.append((name, entry, spelled))
     return [(name, entry) for name, entry, spelled in todo
-            if any(_in_campaign(e, campaign) for e in spelled)]
+            if any(reaches_campaign(e, campaign) for e in spelled)]
 
 
 # Each spelling is a check of a path (links followed, the mount table read): about a

@@ -224,12 +224,18 @@ def check_source(source: str, root: str) -> str:
 
 def _in_campaign(path: str, root: str) -> bool:
     """Whether the absolute ``path`` is the campaign ``root`` or in it: as typed (normalised),
-    through links, or by identity (a bind mount: ``ownership.within``)."""
+    through links, or by identity (a bind mount: ``ownership.within``), or reached through a
+    link that lies in the campaign (``job_env``'s rule for passed values): ``--python ~/py/...``
+    with ``~/py`` the user's link to ``<campaign>/venv``, itself a link to the environment,
+    resolved outside and was sent; the campaign's writer then pointed ``venv`` at its own
+    folder, and every job ran its ``bin/python`` (issue 41, the twenty-seventh hostile pass)."""
     from ..workspace.ownership import within
+    from .job_env import reaches_campaign
 
     real = os.path.realpath(path)
     return any(where == root or where.startswith(root.rstrip("/") + "/")
-               for where in (posixpath.normpath(path), real)) or within(Path(real), Path(root))
+               for where in (posixpath.normpath(path), real)) or within(Path(real), Path(root)) \
+        or reaches_campaign(path, Path(root))
 
 
 def check_program_outside(what: str, path: str, root: str) -> str:
@@ -239,7 +245,8 @@ def check_program_outside(what: str, path: str, root: str) -> str:
     refused, and ``--python CAMPAIGN/cache/py`` (or a link to one there) was planned and sent,
     every job running that interpreter (issue 41, the twenty-fourth hostile pass)."""
     if _in_campaign(path, root):
-        raise ConfigError(f"{what} {path} is in the campaign {root}: every job would run it, "
+        raise ConfigError(f"{what} {path} is in the campaign {root} (or reached through a link "
+                          "in it): every job would run it, "
                           "from a folder whoever can write the campaign may change",
                           "pass a --python outside the campaign folder (e.g. the environment's "
                           "own), then plan again" if what == "--python" else

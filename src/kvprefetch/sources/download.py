@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import stat
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -51,14 +52,27 @@ def open_url(url: str, timeout: float = 120) -> Any:
     """A readable stream of ``url``'s bytes. A ``file://`` URL (an index may list one) is
     opened as a regular file only, with ``O_NONBLOCK``: a FIFO there hung the download for
     good, and a device (``/dev/zero``) was read for ever (issue 41, the seventeenth hostile
-    pass): a FetchError. Other errors are ``OSError`` or ``urllib.error.URLError``."""
-    if not url.startswith("file://"):
-        return urllib.request.urlopen(url, timeout=timeout)
+    pass): a FetchError. Other errors are ``OSError`` or ``urllib.error.URLError``. The scheme
+    is read as urllib reads it, in any case: an index ``FILE:///campaign/fifo#`` went to
+    urllib's own file handler, which opens a FIFO and waits for good (issue 41, the
+    twenty-seventh hostile pass)."""
+    if urllib.parse.urlparse(url).scheme.lower() != "file":
+        return within(PAGE_DEADLINE_S, lambda: urllib.request.urlopen(url, timeout=timeout), url)
     path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise FetchError(f"{url} is not a regular file (a FIFO, device, socket or folder)",
+                             "use PyPI or a faithful mirror (PIP_INDEX_URL) that serves the "
+                             "pinned file itself")
+        # the kernel's files (/proc, /sys) are regular files of no size, and some wait for
+        # what the kernel says next: a link in the campaign to /proc/kmsg, at the page of a
+        # file:// index there, had the prepare job wait for good (issue 41, the
+        # twenty-seventh hostile pass); an index page or a pinned file is never empty
+        if st.st_size == 0:
+            raise FetchError(f"{url} is empty (or a kernel's file in /proc or /sys, which has "
+                             "no size and may never end)",
                              "use PyPI or a faithful mirror (PIP_INDEX_URL) that serves the "
                              "pinned file itself")
         os.set_blocking(fd, True)
@@ -76,17 +90,71 @@ def network_error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]!s}"
 
 
+# How long a server may take. Each wait on the socket has its own timeout, but a server (an
+# index, a mirror, a proxy) that sends a byte now and then never meets it: an index page of
+# spaces, one every 5 s, kept the prepare job and fetch waiting without bound, as would a
+# status line or headers sent so (issue 41, the twenty-seventh hostile pass). So an index's page
+# has PAGE_DEADLINE_S in all, and a download's answer as much before its first byte, then
+# MIN_RATE bytes a second on average.
+PAGE_DEADLINE_S = 120.0
+MIN_RATE = 16 << 10
+
+
+def within(seconds: float, fn: Callable[[], Any], url: str) -> Any:
+    """``fn()``, run in a thread of its own and given up after ``seconds``: a server that
+    sends too slowly to meet any socket timeout is a FetchError then (the thread, blocked on
+    its socket, ends with the process)."""
+    box: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def work() -> None:
+        try:
+            value = fn()
+        except BaseException as exc:  # noqa: BLE001 -- handed to the caller as it is
+            box["error"] = exc
+            return
+        with lock:
+            box["value"] = value
+            late = "late" in box
+        if late and hasattr(value, "close"):  # an answer given up on: its socket closed
+            value.close()
+
+    t = threading.Thread(target=work, name="kvprefetch-url", daemon=True)
+    t.start()
+    t.join(seconds)
+    with lock:
+        if "value" not in box and "error" not in box:
+            box["late"] = True
+    if "late" in box:
+        raise FetchError(f"{url} did not answer within {seconds:g} s (the server sends too "
+                         "slowly, or never ends its answer)",
+                         "check the network (and https_proxy/http_proxy, if set) or point "
+                         "PIP_INDEX_URL at a reachable mirror")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def copy_bounded(src: Any, write: Callable[[bytes], object], limit: int, url: str) -> None:
     """Copy ``src`` into ``write`` by chunks, refusing a source longer than ``limit`` bytes
     (the pinned file's size): an index or mirror that serves without end filled the work
-    directory's disk (or, for a ``file://`` URL at a device, never ended)."""
+    directory's disk (or, for a ``file://`` URL at a device, never ended); or slower than
+    ``MIN_RATE`` on average (after ``PAGE_DEADLINE_S``), which no socket timeout catches.
+    Each chunk is what one wait brings (``read1``), so the time is looked at as bytes come."""
     total = 0
-    while chunk := src.read(1 << 20):
+    deadline = time.monotonic() + PAGE_DEADLINE_S + limit / MIN_RATE
+    read = getattr(src, "read1", src.read)
+    while chunk := read(1 << 20):
         total += len(chunk)
         if total > limit:
             raise FetchError(f"{url} serves more than the {limit} bytes of the pinned file; "
                              "nothing of it was kept",
                              "use PyPI or a faithful mirror (PIP_INDEX_URL)")
+        if time.monotonic() > deadline:
+            raise FetchError(f"{url} serves more slowly than {MIN_RATE >> 10} KiB/s on average "
+                             f"({total} of {limit} bytes so far); nothing of it was kept",
+                             "check the network (and https_proxy/http_proxy, if set) or use "
+                             "a faster mirror (PIP_INDEX_URL), then run the command again")
         write(chunk)
 
 
@@ -202,10 +270,21 @@ def locate_file(index_url: str, project: str, filename: str, sha256: str,
     sha256 than the pinned one."""
     page = f"{index_url.rstrip('/')}/{project}/"
     try:
-        req = urllib.request.Request(page, headers={"Accept": f"{_JSON}, text/html;q=0.5"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            ctype = resp.headers.get("Content-Type", "")
-            raw = resp.read(MAX_INDEX_PAGE_BYTES + 1)
+        # a file:// index's page through open_url (a regular file, opened without blocking):
+        # urllib's own file handler opened a FIFO at `file:///campaign/fifo#` (the fragment
+        # holds the `/vllm/`) and the prepare job and fetch waited for good (issue 41, the
+        # twenty-seventh hostile pass)
+        if urllib.parse.urlparse(page).scheme.lower() == "file":
+            with open_url(page) as resp:
+                ctype, raw = "", resp.read(MAX_INDEX_PAGE_BYTES + 1)
+        else:
+            req = urllib.request.Request(page, headers={"Accept": f"{_JSON}, text/html;q=0.5"})
+
+            def fetch_page() -> tuple[str, bytes]:
+                with urllib.request.urlopen(req, timeout=timeout) as resp:
+                    return (resp.headers.get("Content-Type", ""),
+                            resp.read(MAX_INDEX_PAGE_BYTES + 1))
+            ctype, raw = within(PAGE_DEADLINE_S, fetch_page, page)
         if len(raw) > MAX_INDEX_PAGE_BYTES:  # a page without end filled memory
             raise ValueError(f"the page is larger than {MAX_INDEX_PAGE_BYTES} bytes")
         body = raw.decode("utf-8", errors="replace")
