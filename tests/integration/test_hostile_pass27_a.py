@@ -1,0 +1,75 @@
+"""Issue 41, the twenty-seventh hostile pass, tester a (the work directory's commands: pass 26's
+own fixes attacked, Python children started from ``/``, swaps during long commands). Each test
+fails without its fix (checked by reverting ``src`` and running it):
+
+- **Code was taken from a work directory at ``/``** (``runner.NEUTRAL_CWD``): the kit starts
+  its Python children (the interpreter probe ``python -c 'import json, sys, sysconfig ...'``,
+  ``-m venv``, ``-m ensurepip``, pip, the overlay's installed-versions check) in ``/``, so that
+  the user's folder is not first on their ``sys.path``; but ``-c`` and ``-m`` put ``/`` there,
+  and a work directory at ``/json`` is one of its folders: its writer's ``json/__init__.py``
+  ran in ``build --kernels-only``'s base-interpreter probe (1 of 1 by hand; then "module
+  'json' has no attribute 'dumps'"). A child given ``NEUTRAL_CWD`` now starts in a new empty
+  folder of its own (``ownership.private_dir``), removed when it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvprefetch.runner import NEUTRAL_CWD, run
+
+ROOT_WRITABLE = os.access("/", os.W_OK)
+
+
+def _plant_at_root(name: str) -> Path:
+    """A package ``name`` in a folder at ``/`` (a work directory there, its writer's file)."""
+    top = Path("/") / name
+    top.mkdir()
+    (top / "__init__.py").write_text(
+        "import os\nraise SystemExit('planted ' + __name__ + ' ran in ' + os.getcwd())\n")
+    return top
+
+
+@pytest.mark.skipif(not ROOT_WRITABLE, reason="needs a folder at / (run as root)")
+def test_a_python_child_from_the_neutral_folder_imports_nothing_from_a_folder_at_root() -> None:
+    name = f"kvp27a_{secrets.token_hex(4)}"
+    top = _plant_at_root(name)
+    try:
+        for argv in ([sys.executable, "-c", f"import {name}"], [sys.executable, "-m", name]):
+            res = run(argv, cwd=NEUTRAL_CWD, echo=False, check=False, timeout=60)
+            assert "planted" not in res.output, res.output
+            assert "No module named" in res.output, res.output
+            assert res.returncode == 1
+    finally:
+        shutil.rmtree(top)
+
+
+@pytest.mark.skipif(not ROOT_WRITABLE or os.path.lexists("/json"),
+                    reason="needs /json free and / writable (run as root)")
+def test_the_interpreter_probe_ignores_a_work_directory_at_slash_json() -> None:
+    """``build --kernels-only``'s first step (the base interpreter's probe) with the work
+    directory at ``/json``: the probe asked the planted package, not the standard library."""
+    from kvprefetch.machine.envs import _base_python_info
+
+    top = _plant_at_root("json")
+    try:
+        info = _base_python_info(sys.executable)
+        assert info["executable"]
+        assert os.listdir(top) == ["__init__.py"]
+    finally:
+        shutil.rmtree(top)
+
+
+def test_the_neutral_folder_is_empty_private_and_gone_afterwards() -> None:
+    res = run([sys.executable, "-c", "import os; print(os.getcwd()); print(os.listdir('.'))"],
+              cwd=NEUTRAL_CWD, echo=False, timeout=60)
+    folder, listing = res.output.splitlines()[-2:]
+    assert listing == "[]"
+    assert folder != "/" and "kvprefetch-cwd-" in folder
+    assert not os.path.exists(folder)
