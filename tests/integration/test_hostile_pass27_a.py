@@ -10,6 +10,10 @@ fails without its fix (checked by reverting ``src`` and running it):
   ran in ``build --kernels-only``'s base-interpreter probe (1 of 1 by hand; then "module
   'json' has no attribute 'dumps'"). A child given ``NEUTRAL_CWD`` now starts in a new empty
   folder of its own (``ownership.private_dir``), removed when it ends.
+- **A traceback**: ``python -m kvprefetch`` run in a folder deleted after the shell entered it
+  (``__main__``): pass 26's drop of the working folder from ``sys.path`` called
+  ``os.getcwd()``, a FileNotFoundError traceback before any command ran (``-m`` puts nothing
+  first there). Now the command runs, and one that needs the folder says to ``cd`` elsewhere.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,3 +78,18 @@ def test_the_neutral_folder_is_empty_private_and_gone_afterwards() -> None:
     assert listing == "[]"
     assert folder != "/" and "kvprefetch-cwd-" in folder
     assert not os.path.exists(folder)
+
+
+def test_python_m_kvprefetch_in_a_deleted_folder_is_no_traceback(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    for args in ("--help", f"export-header --workdir {tmp_path / 'w'} -o hdr"):
+        res = subprocess.run(
+            ["bash", "-c", f'cd "$1" && rmdir "$1" && exec "$2" -m kvprefetch {args}', "-",
+             str(gone), sys.executable], env=env, capture_output=True, text=True, timeout=60,
+            check=False)
+        gone.mkdir()
+        out = res.stdout + res.stderr
+        assert "Traceback" not in out, out
+        assert res.returncode == 0 if args == "--help" else "cd into an existing folder" in out
