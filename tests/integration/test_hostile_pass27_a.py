@@ -14,6 +14,13 @@ fails without its fix (checked by reverting ``src`` and running it):
   (``__main__``): pass 26's drop of the working folder from ``sys.path`` called
   ``os.getcwd()``, a FileNotFoundError traceback before any command ran (``-m`` puts nothing
   first there). Now the command runs, and one that needs the folder says to ``cd`` elsewhere.
+- **A hang**: ``fetch --source DIR`` of a clone whose git folder reaches a FIFO through what
+  pass 26's walk of ``.git`` does not enter (``sources.local_repo``, was
+  ``sources.fetch._check_local_repo``): a folder of it that is a link (``.git/refs`` -> a
+  folder holding a FIFO ``heads/main``), the git folder a ``.git`` *file* names (``gitdir:
+  /elsewhere``, a worktree's or submodule's) with a FIFO ``HEAD``, and an object folder its
+  ``objects/info/alternates`` lists: ``git clone`` waited for ever (both first ones past 60 s
+  by hand). These are walked too, each folder once (a loop of links ends).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from kvprefetch.runner import NEUTRAL_CWD, run
+from tests.integration.test_hostile_pass20_a import _env
 
 ROOT_WRITABLE = os.access("/", os.W_OK)
 
@@ -93,3 +101,52 @@ def test_python_m_kvprefetch_in_a_deleted_folder_is_no_traceback(tmp_path: Path)
         out = res.stdout + res.stderr
         assert "Traceback" not in out, out
         assert res.returncode == 0 if args == "--help" else "cd into an existing folder" in out
+
+
+def _repo(at: Path) -> Path:
+    (at / ".git" / "refs" / "heads").mkdir(parents=True)
+    (at / ".git" / "objects" / "info").mkdir(parents=True)
+    (at / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    return at
+
+
+def test_a_fifo_the_git_folder_reaches_through_a_link_a_gitdir_or_alternates_is_named(
+        tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "heads").mkdir(parents=True)
+    os.mkfifo(elsewhere / "heads" / "main")
+    linked = _repo(tmp_path / "linked")
+    shutil.rmtree(linked / ".git" / "refs")
+    (linked / ".git" / "refs").symlink_to(elsewhere)
+    gitdir = tmp_path / "gitdir"
+    (gitdir / "refs").mkdir(parents=True)
+    os.mkfifo(gitdir / "HEAD")
+    pointer = tmp_path / "pointer"
+    pointer.mkdir()
+    (pointer / ".git").write_text(f"gitdir: {gitdir}\n")
+    alternate = _repo(tmp_path / "alternate")
+    (tmp_path / "objects" / "pack").mkdir(parents=True)
+    os.mkfifo(tmp_path / "objects" / "pack" / "x.idx")
+    (alternate / ".git" / "objects" / "info" / "alternates").write_text(
+        f"{tmp_path / 'objects'}\n")
+    for repo, fifo in ((linked, linked / ".git" / "refs" / "heads" / "main"),
+                       (pointer, gitdir / "HEAD"),
+                       (alternate, tmp_path / "objects" / "pack" / "x.idx")):
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "fetch", "--source", str(repo),
+                              "--workdir", str(tmp_path / f"work-{repo.name}")],
+                             env=_env(tmp_path), capture_output=True, text=True, timeout=20,
+                             check=False)
+        assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
+        assert f"{fifo}, which is a FIFO" in res.stderr, res.stderr
+
+
+def test_a_loop_of_links_in_the_git_folder_ends(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo")
+    (repo / ".git" / "refs" / "loop").symlink_to(repo / ".git")
+    (repo / ".git" / "objects" / "info" / "alternates").write_text(f"{repo / '.git' / 'objects'}\n")
+    os.mkfifo(repo / ".git" / "objects" / "info" / "late")
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "fetch", "--source", str(repo),
+                          "--workdir", str(tmp_path / "work")], env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=20, check=False)
+    assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
+    assert "which is a FIFO" in res.stderr, res.stderr
