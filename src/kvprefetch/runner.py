@@ -17,11 +17,12 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
@@ -59,6 +60,17 @@ NEUTRAL_CWD: str = _Neutral("/")
 # `/ensurepip` or `/pip` would in `-m venv`, `-m ensurepip` or pip (the twenty-seventh pass).
 # So ``run`` starts a child given ``NEUTRAL_CWD`` in a new empty folder only this user can
 # enter, outside every work directory (``ownership.private_dir``), removed when it ends.
+@contextmanager
+def _temporary_dir(prefix: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix=f"kvprefetch-{prefix}-") as made:
+        yield Path(made)
+
+
+# The maker of ``NEUTRAL_CWD``'s folder: ``ownership.private_dir`` once the workspace layer is
+# imported (it also refuses a system temp folder inside a work directory), else a plain one.
+PRIVATE_DIR: list[Callable[[str], AbstractContextManager[Path]]] = [_temporary_dir]
+
+
 def own_python_no_cwd(env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """The kit's own interpreter, as the start of an argv, and ``env`` for it, such that it
     imports nothing from its working folder: ``-P`` (3.11+; ``-I`` on 3.10, which has no
@@ -514,9 +526,7 @@ def run(
     without end filled memory for its whole minute, and under a memory limit ``slurm status``
     ended in a MemoryError traceback (issue 41, the twenty-fifth pass)."""
     if isinstance(cwd, _Neutral):  # an empty folder of its own (NEUTRAL_CWD says why)
-        from .workspace.ownership import private_dir
-
-        with private_dir("cwd") as empty:
+        with PRIVATE_DIR[0]("cwd") as empty:
             return run(argv, env=env, cwd=str(empty), log=log, echo=echo, check=check,
                        capture=capture, timeout=timeout, on_progress=on_progress, fix=fix,
                        max_output=max_output)

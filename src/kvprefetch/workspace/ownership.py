@@ -25,6 +25,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from .. import runner
 from ..errors import ConfigError, KvprefetchError
 from ..reading import load_json, read_limited
 from ..runner import stops_held
@@ -497,3 +498,7 @@ def remove_orphans(root: Path, dry_run: bool = False) -> list[str]:
             confine.remove_path(root, p)  # a temporary already: no rename first
         forget(root, p)
     return out
+
+
+# the folder a child given ``runner.NEUTRAL_CWD`` starts in (issue 41, the twenty-seventh pass)
+runner.PRIVATE_DIR[0] = private_dir
