@@ -17,7 +17,21 @@ raised as soon as the import is done."""
 import os
 import sys
 
-if __name__ == "__main__" and sys.path and sys.path[0] in ("", os.getcwd()):
+
+def _working_folder_first() -> bool:
+    """Whether ``sys.path[0]`` is the working folder ``-m`` put there. A working folder deleted
+    after the shell entered it is none (``-m`` then puts nothing first): ``os.getcwd()`` raised
+    there, a FileNotFoundError traceback before any command ran (issue 41, the twenty-seventh
+    hostile pass), where the command line now says to ``cd`` into an existing folder."""
+    if not sys.path or sys.path[0] == "":
+        return bool(sys.path)
+    try:
+        return sys.path[0] == os.getcwd()
+    except OSError:
+        return False
+
+
+if __name__ == "__main__" and _working_folder_first():
     # ``python -m`` puts its working folder first on ``sys.path``, and a user's is often the
     # work directory (``cd W && python -m kvprefetch ... --workdir .``): a ``click.py`` or
     # ``git/`` planted there ran at the command line's import, then a traceback (issue 41, the

@@ -17,11 +17,12 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
@@ -44,11 +45,32 @@ class Completed:
 # and ``python -m`` put their working folder first on ``sys.path``, and the kit's is the user's,
 # often the work directory itself (``--workdir .``): a ``json/`` or ``pip/`` planted there ran in
 # the kit's own interpreter's probe (build) and pip (fetch) (issue 41, the twenty-fourth pass).
-NEUTRAL_CWD = "/"
+class _Neutral(str):
+    """``NEUTRAL_CWD``'s type: ``run`` knows it by it, and starts the child in a new empty
+    folder of its own in its place."""
+
+
+NEUTRAL_CWD: str = _Neutral("/")
 # ... and `/` is no neutral folder where a work directory or campaign is one of its folders (a
 # campaign at `/pip`, whose writer put an `__init__.py` there, ran it in submit's `python -m
 # pip config get`, and still did through an empty PYTHONPATH entry (`PYTHONPATH=/x:`, the
-# working folder): issue 41, the twenty-sixth hostile pass).
+# working folder): issue 41, the twenty-sixth hostile pass). Nor for a Python child started
+# there: with the work directory at `/json`, its writer's `json/__init__.py` ran in the base
+# interpreter's probe (`python -c 'import json, ...'`, `build --kernels-only`), as a `/venv`,
+# `/ensurepip` or `/pip` would in `-m venv`, `-m ensurepip` or pip (the twenty-seventh pass).
+# So ``run`` starts a child given ``NEUTRAL_CWD`` in a new empty folder only this user can
+# enter, outside every work directory (``ownership.private_dir``), removed when it ends.
+@contextmanager
+def _temporary_dir(prefix: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix=f"kvprefetch-{prefix}-") as made:
+        yield Path(made)
+
+
+# The maker of ``NEUTRAL_CWD``'s folder: ``ownership.private_dir`` once the workspace layer is
+# imported (it also refuses a system temp folder inside a work directory), else a plain one.
+PRIVATE_DIR: list[Callable[[str], AbstractContextManager[Path]]] = [_temporary_dir]
+
+
 def own_python_no_cwd(env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """The kit's own interpreter, as the start of an argv, and ``env`` for it, such that it
     imports nothing from its working folder: ``-P`` (3.11+; ``-I`` on 3.10, which has no
@@ -503,6 +525,11 @@ def run(
     Slurm, a probe) the child is stopped, as a timeout stops it: an ``scontrol`` printing
     without end filled memory for its whole minute, and under a memory limit ``slurm status``
     ended in a MemoryError traceback (issue 41, the twenty-fifth pass)."""
+    if isinstance(cwd, _Neutral):  # an empty folder of its own (NEUTRAL_CWD says why)
+        with PRIVATE_DIR[0]("cwd") as empty:
+            return run(argv, env=env, cwd=str(empty), log=log, echo=echo, check=check,
+                       capture=capture, timeout=timeout, on_progress=on_progress, fix=fix,
+                       max_output=max_output)
     if max_output is None and timeout is not None:
         max_output = MAX_TIMED_OUTPUT
     args = [str(a) for a in argv]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
-from ..runner import run, which
+from ..runner import NEUTRAL_CWD, run, which
 
 VLLM_PIN = "vllm==0.10.2"
 TORCH_PIN = "torch==2.8.0"
@@ -109,7 +109,8 @@ def cudart_imports(nm_output: str) -> dict[str, str]:
 def installed_versions(python: str, env: dict[str, str], log: Path) -> dict[str, str]:
     code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
             "('vllm', 'torch', 'xformers')}))")
-    res = run([python, "-c", code], env=env, log=log, echo=False, check=False, cwd="/")
+    res = run([python, "-c", code], env=env, log=log, echo=False, check=False,
+              cwd=NEUTRAL_CWD)
     lines = [ln for ln in res.output.splitlines() if ln.startswith("{")]
     if res.returncode != 0 or not lines:
         raise BuildError(f"{python} does not have vllm, torch and xformers installed:\n"

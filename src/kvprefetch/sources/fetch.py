@@ -15,7 +15,6 @@ import contextlib
 import io
 import os
 import re
-import stat
 import tarfile
 import time
 import urllib.parse
@@ -44,6 +43,7 @@ from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, check_tree_name
 from .download import check_index_url, ensure_sdist, pinned_bytes
+from .local_repo import check_local_repo
 
 SOURCES = ("auto", "git", "sdist")
 
@@ -193,8 +193,8 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
     check_repo_url(url)
     local = Path(url).exists() or url.startswith("file://")
     if local:
-        _check_local_repo(Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)
-                               if url.startswith("file://") else url))
+        check_local_repo(Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)
+                              if url.startswith("file://") else url))
     opts = [] if local else ["--depth=1"]
     try:
         repo = git.Repo.clone_from(url, tmp, branch=upstream.GIT_TAG, multi_options=opts,
@@ -224,30 +224,6 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
     digest = manifest_digest(source_manifest(tmp, skip=(".git",)))
     _place_pristine(wd, tmp, dest, digest=digest, commit=commit)
     return commit
-
-
-MAX_REPO_ENTRIES = 500_000
-
-
-def _check_local_repo(path: Path) -> None:
-    """A local repository to clone holds, in its git folder, only files, folders and links to
-    them: ``git clone`` reads whatever is there, and a FIFO at ``.git/HEAD`` or ``.git/config``
-    hung ``fetch --source DIR`` for ever (issue 41, the twenty-sixth hostile pass)."""
-    git_dir = path / ".git" if (path / ".git").is_dir() else path
-    seen = 0
-    for folder, dirs, files in os.walk(git_dir):
-        for name in dirs + files:
-            seen += 1
-            if seen > MAX_REPO_ENTRIES:
-                return  # git's own reads of a repository this large are its own
-            entry = os.path.join(folder, name)
-            with contextlib.suppress(OSError):
-                mode = os.stat(entry).st_mode  # a link: what git would read through it
-                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                    raise FetchError(f"the repository {path} holds {entry}, which is "
-                                     f"{confine.kind_of(mode)}: git clone would wait on it "
-                                     "for ever", f"remove {entry} from {path}, or use "
-                                                 "--source sdist")
 
 
 def _network_refused(exc: FetchError) -> bool:

@@ -6,8 +6,7 @@ wrote it, so an edited tree is told apart), ``pristine``, ``state``, ``backup``,
 ``tmp`` (a temporary directory of a running step, with its pid: once that process is gone it is
 an orphan the next run removes). Nothing else is ever deleted: a folder the user put under
 ``build/`` or ``trees/`` is not in the record. Removal never follows a symlink: a path is
-removed only when neither it nor any directory between the work directory and it is a symlink.
-"""
+removed only when neither it nor any directory between the work directory and it is a symlink."""
 
 from __future__ import annotations
 
@@ -25,9 +24,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from .. import runner
 from ..errors import ConfigError, KvprefetchError
 from ..reading import load_json, read_limited
-from ..runner import stops_held
 from . import confine, mounts
 from .locks import locked
 from .workdir import Workdir, json_text, write_json_atomic
@@ -306,7 +305,7 @@ def private_dir(prefix: str, *, outside: Path | None = None) -> Iterator[Path]:
     made: list[Path] = []
     try:
         # a stop between mkdtemp's mkdir and the assignment would leave the folder unnamed
-        with stops_held():
+        with runner.stops_held():
             made.append(Path(tempfile.mkdtemp(prefix=f"kvprefetch-{prefix}-")))
         yield made[0]
     finally:
@@ -381,7 +380,7 @@ def _remove_private(tmp: Path) -> None:
     a descriptor twice, and the ``EBADF`` it raised ended the retries: a SIGINT every few
     milliseconds still left the folder (a ``kvprefetch-sdist-*`` of up to 130 MB after 3 of 14
     stopped fetches, the fifteenth pass). Held, the walk is never broken into."""
-    with stops_held():
+    with runner.stops_held():
         if os.path.lexists(tmp):
             if sys.version_info >= (3, 12):  # onerror is deprecated from 3.12
                 shutil.rmtree(tmp, onexc=_writable_then_retry)
@@ -497,3 +496,5 @@ def remove_orphans(root: Path, dry_run: bool = False) -> list[str]:
             confine.remove_path(root, p)  # a temporary already: no rename first
         forget(root, p)
     return out
+
+runner.PRIVATE_DIR[0] = private_dir  # the folder a child given runner.NEUTRAL_CWD starts in
