@@ -89,7 +89,7 @@ for a in "$@"; do
   prev=$a
 done
 if [ "$own_dist" -eq 0 ] && [ "$own_n" -eq 1 ]; then
-  xdist=(--dist loadgroup)  # your -n, with the grouping that builds each fixture once
+  xdist=(--dist loadgroup --no-loadscope-reorder)  # your -n, each fixture built once
 elif [ "$own_dist" -eq 0 ]; then
   workers=${KVPREFETCH_TEST_WORKERS:-$(( $(nproc 2>/dev/null || echo 1) + 1 ))}
   if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
@@ -97,7 +97,8 @@ elif [ "$own_dist" -eq 0 ]; then
     exit 2
   fi
   if [ "$workers" -ge 2 ]; then
-    xdist=(-n "$workers" --dist loadgroup)
+    # (--no-loadscope-reorder: the slow groups first, as tests/integration/sharing.py orders)
+    xdist=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
     echo "+ pytest -n $workers --dist loadgroup (KVPREFETCH_TEST_WORKERS to change)" >&2
   fi
 fi

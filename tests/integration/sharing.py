@@ -45,6 +45,14 @@ import pytest
 # session fixture -> the xdist group of every file whose tests use it (directly or through
 # another fixture); a file that uses several takes the first listed
 GROUPED_FIXTURES = {"kernels_build": "kernels-build"}
+# The groups sent to the workers first, in this order (scripts/test.sh passes
+# --no-loadscope-reorder): each holds a build of minutes but few tests, and xdist's own order
+# (most tests first) started them last, so that the first fresh parallel rehearsal spent its
+# last quarter on the wheel's and the overlay's builds alone. Measured: the slowest setups of
+# the serial rehearsal of b3eba42 (overlay 272 s, wheel 198 s, real Slurm 194 s, kernels build
+# 184 s, pass 13 b's storms 135 s); every other group is seconds.
+SLOW_FIRST = ("kernels-build", "integration/test_overlay", "integration/test_wheel",
+              "integration/test_slurm", "integration/test_hostile_pass13_b")
 
 
 def xdist_worker() -> str | None:
@@ -92,9 +100,11 @@ def assign_groups(items: list[pytest.Item]) -> None:
         for fixture, group in GROUPED_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()) and path not in by_file:
                 by_file[path] = group
+    rank: dict[int, int] = {}
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         group = by_file.get(path, path.removeprefix("tests/").removesuffix(".py"))
+        rank[id(item)] = SLOW_FIRST.index(group) if group in SLOW_FIRST else len(SLOW_FIRST)
         item.add_marker(pytest.mark.xdist_group(group))
         grouped = f"{item.nodeid}@{group}"
         node_id: Any = getattr(item, "_id", None)
@@ -102,3 +112,4 @@ def assign_groups(items: list[pytest.Item]) -> None:
             item._id = type(node_id).parse(grouped)
         else:
             item.__dict__["_nodeid"] = grouped
+    items.sort(key=lambda item: rank[id(item)])  # stable: collection order otherwise
