@@ -116,7 +116,7 @@ def test_bashs_start_files_never_reach_a_job(tmp_path: Path, extra: dict[str, st
         exported = [a for a in line.split() if a.startswith("--export=")]
         assert len(exported) == 1, line
         names = exported[0].removeprefix("--export=").split(",")
-        assert "HOME" in names and not {"BASH_ENV", "ENV", "CAMP"} & set(names), line
+        assert "USER" in names and not {"BASH_ENV", "ENV", "CAMP"} & set(names), line
 
 
 @pytest.mark.parametrize("command", [["submit"], ["resubmit", "{camp}", "prepare"]])
