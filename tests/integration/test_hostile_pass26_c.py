@@ -46,6 +46,15 @@ def _euc_jp_locale(tmp_path: Path) -> Path:
     return where
 
 
+def locale_env(tmp_path: Path, locales: Path, name: str) -> dict[bytes, bytes]:
+    """The kit's environment (``_env``) under the locale ``name`` compiled into ``locales``,
+    as bytes, with no other locale or Python encoding setting."""
+    env = {k.encode(): v.encode() for k, v in _env(tmp_path).items()
+           if not k.startswith("LC_") and k not in ("LANG", "LANGUAGE", "PYTHONUTF8",
+                                                    "PYTHONIOENCODING")}
+    return env | {b"LOCPATH": os.fsencode(locales), b"LC_ALL": name.encode()}
+
+
 @pytest.mark.parametrize("command", [("clean", "--dry-run", "--workdir"), ("slurm", "status"),
                                      ("fetch", "--dry-run", "--workdir")],
                          ids=["clean", "slurm-status", "fetch"])
@@ -54,10 +63,7 @@ def test_a_path_an_euc_jp_locale_cannot_encode_back_is_one_message(
     locales = _euc_jp_locale(tmp_path)
     folder = os.fsencode(tmp_path) + b"/w\xc3\xa9\xe6\x97\xa5"  # "wé日" in UTF-8
     os.mkdir(folder)
-    env = {k.encode(): v.encode() for k, v in _env(tmp_path).items()
-           if not k.startswith("LC_") and k not in ("LANG", "LANGUAGE", "PYTHONUTF8",
-                                                    "PYTHONIOENCODING")}
-    env.update({b"LOCPATH": os.fsencode(locales), b"LC_ALL": b"ja_JP.EUC-JP"})
+    env = locale_env(tmp_path, locales, "ja_JP.EUC-JP")
     res = subprocess.run([os.fsencode(sys.executable), b"-m", b"kvprefetch",
                           *(c.encode() for c in command), folder + b"/work"],
                          env=env, capture_output=True, timeout=120, check=False)

@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_hostile_pass24_c import _env, _kit
+from tests.integration.test_hostile_pass26_c import locale_env
 
 
 def _locale(tmp_path: Path, source: str, charmap: str, name: str) -> Path:
@@ -60,10 +61,7 @@ def test_a_scratch_named_in_a_non_utf8_locale_never_becomes_another_folder_in_th
     scratch = os.fsencode(tmp_path) + b"/" + encoded
     os.mkdir(scratch)
     camp = tmp_path / "camp"
-    env = {k.encode(): v.encode() for k, v in _env(tmp_path).items()
-           if not k.startswith("LC_") and k not in ("LANG", "LANGUAGE", "PYTHONUTF8",
-                                                    "PYTHONIOENCODING")}
-    env.update({b"LOCPATH": os.fsencode(locales), b"LC_ALL": name.encode()})
+    env = locale_env(tmp_path, locales, name)
     res = subprocess.run([os.fsencode(sys.executable), b"-m", b"kvprefetch", b"slurm", b"plan",
                           os.fsencode(camp), b"--stand-in", b"--batch", b"1", b"--scratch",
                           scratch, b"--python", os.fsencode(sys.executable)],
@@ -90,10 +88,7 @@ def test_a_work_directory_a_latin1_locale_gives_other_bytes_is_refused(
     locales = _locale(tmp_path, "de_DE", "ISO-8859-1", "de_DE.ISO-8859-1")
     folder = os.fsencode(tmp_path) + b"/w\xe9"
     os.mkdir(folder)
-    env = {k.encode(): v.encode() for k, v in _env(tmp_path).items()
-           if not k.startswith("LC_") and k not in ("LANG", "LANGUAGE", "PYTHONUTF8",
-                                                    "PYTHONIOENCODING")}
-    env.update({b"LOCPATH": os.fsencode(locales), b"LC_ALL": b"de_DE.ISO-8859-1"})
+    env = locale_env(tmp_path, locales, "de_DE.ISO-8859-1")
     res = subprocess.run([os.fsencode(sys.executable), b"-m", b"kvprefetch",
                           *(c.encode() for c in command), b"--workdir", folder + b"/work"],
                          env=env, capture_output=True, timeout=120, check=False)
