@@ -195,9 +195,9 @@ def test_a_signal_storm_never_hangs_the_stop(tmp_path: Path) -> None:
     """TERM, then a SIGINT every 3 ms for 0.4 s, 12 times: a handler that ran inside
     the previous one's ``stop_children`` (inside ``threading.Event.set``'s lock, which is not
     re-entrant) waited on that lock for ever, and the command hung (1 run in about 10, the
-    first of 40 in this pass's loop). Each run now ends within 20 s, with 143 (or, for a
-    signal in CPython's own last moments, killed by it: out of the kit's reach) and no
-    traceback. (The private folder is still left in about 1 run of 12 of these storms: found
+    first of 40 in this pass's loop). Each run now ends within 20 s, with 143 (130 where the
+    interrupt was handled first; or, for a signal in CPython's own last moments, killed by
+    it: out of the kit's reach) and no traceback. (The private folder is still left in about 1 run of 12 of these storms: found
     and left open by this pass.) Same driver as the test above, real signals."""
     sys_tmp = tmp_path / "systmp"
     sys_tmp.mkdir()
@@ -222,7 +222,12 @@ def test_a_signal_storm_never_hangs_the_stop(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-        assert proc.returncode in (143, -signal.SIGINT), (proc.returncode, err)
+        # 130 where the first SIGINT came before the TERM was handled: on a loaded machine
+        # (a parallel suite on 2 cores) the child may not run in the 20 ms between them, and
+        # the kernel delivers pending signals lowest number first, SIGINT (2) before SIGTERM
+        # (15); the kit then stops for the interrupt, as it should (the first fresh parallel
+        # rehearsal met it once in 12)
+        assert proc.returncode in (143, 130, -signal.SIGINT), (proc.returncode, err)
         assert "Traceback" not in err, err
 
 
