@@ -197,8 +197,9 @@ def test_a_signal_storm_never_hangs_the_stop(tmp_path: Path) -> None:
     re-entrant) waited on that lock for ever, and the command hung (1 run in about 10, the
     first of 40 in this pass's loop). Each run now ends within 20 s, with 143 (130 where the
     interrupt was handled first; or, for a signal in CPython's own last moments, killed by
-    it: out of the kit's reach) and no traceback. (The private folder is still left in about 1 run of 12 of these storms: found
-    and left open by this pass.) Same driver as the test above, real signals."""
+    it: out of the kit's reach) and no traceback. (The private folder is still left in about
+    1 run of 12 of these storms: found and left open by this pass.) Same driver as the test
+    above, real signals."""
     sys_tmp = tmp_path / "systmp"
     sys_tmp.mkdir()
     for _ in range(12):
