@@ -71,17 +71,6 @@ def _temporary_dir(prefix: str) -> Iterator[Path]:
 PRIVATE_DIR: list[Callable[[str], AbstractContextManager[Path]]] = [_temporary_dir]
 
 
-def own_python_no_cwd(env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The kit's own interpreter, as the start of an argv, and ``env`` for it, such that it
-    imports nothing from its working folder: ``-P`` (3.11+; ``-I`` on 3.10, which has no
-    ``-P``), and PYTHONPATH less its empty and relative entries (each is in that folder)."""
-    child = dict(env)
-    if "PYTHONPATH" in child:
-        child["PYTHONPATH"] = os.pathsep.join(
-            e for e in child["PYTHONPATH"].split(os.pathsep) if os.path.isabs(e))
-    return [sys.executable, "-P" if sys.version_info >= (3, 11) else "-I"], child
-
-
 def absolute_path(path: str) -> str:
     """``PATH`` less its relative entries (``.``, empty, ``bin``)."""
     return os.pathsep.join(e for e in path.split(os.pathsep) if os.path.isabs(e))

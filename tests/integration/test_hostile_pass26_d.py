@@ -11,7 +11,8 @@ it):
   ``fetch --workdir /pip`` asks the same. Now the kit's own interpreter is told to put no
   working folder on ``sys.path`` (``-P``; ``-I`` on Python 3.10), and gets ``PYTHONPATH``
   less its empty and relative entries: with ``-P`` alone, ``PYTHONPATH=<kit>:`` (an empty
-  entry, the working folder) still ran the campaign's file (``runner.own_python_no_cwd``).
+  entry, the working folder) still ran the campaign's file. (Since pass 27 a, every child
+  given ``runner.NEUTRAL_CWD`` starts in an empty folder of its own, which covers both.)
 - The same pip run had no time limit: a pip configuration file that is a FIFO
   (``PIP_CONFIG_FILE``, or a ``pip.conf`` planted where a ``HOME`` folder of pip's holds the
   campaign) had ``slurm submit --dry-run`` wait for good (killed after 30 s, 1 run of 1), and

@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import stat
+import sys
 import threading
 import time
 import urllib.error
@@ -31,7 +32,7 @@ from ..errors import ConfigError, FetchError
 from ..hashing import sha256_bytes, sha256_file_of_size
 from ..oserrors import local_write_failure
 from ..reading import read_limited
-from ..runner import NEUTRAL_CWD, own_python_no_cwd, run
+from ..runner import NEUTRAL_CWD, run
 
 _JSON = "application/vnd.pypi.simple.v1+json"
 # An index's project page: PyPI's for vllm (every release's files) is a few MB.
@@ -187,11 +188,12 @@ def configured_index_url(environ: dict[str, str] | None = None) -> str:
     # URL; PIP_QUIET, or a value pip refuses such as PIP_NO_CACHE_DIR=maybe, printed no URL)
     # had submit send PyPI to every job in place of the user's mirror, silently (issue 41, the
     # twenty-sixth hostile pass): pip is asked with its settings' file alone.
-    python, child = own_python_no_cwd(
-        {k: v for k, v in env.items() if not k.startswith("PIP_") or k == "PIP_CONFIG_FILE"})
+    # (run from NEUTRAL_CWD, an empty folder of its own: nothing to import there, and an empty
+    # or relative PYTHONPATH entry names nothing either; the twenty-sixth and -seventh passes)
+    child = {k: v for k, v in env.items() if not k.startswith("PIP_") or k == "PIP_CONFIG_FILE"}
     start = time.monotonic()
     try:
-        done = run([*python, "-m", "pip", "--log", os.devnull, "config", "get",
+        done = run([sys.executable, "-m", "pip", "--log", os.devnull, "config", "get",
                     "global.index-url"], env=child, echo=False, check=False,
                    cwd=NEUTRAL_CWD, timeout=PIP_CONFIG_TIMEOUT_S)
     except Exception:  # noqa: BLE001 -- pip missing or broken: the default index still works
