@@ -6,7 +6,10 @@ The git folder is walked whole (issue 41, the twenty-sixth hostile pass: a FIFO 
 reaches from it that a plain walk does not enter (the twenty-seventh pass, both hung ``fetch``
 past 60 s): a folder of it that is a link (``.git/refs`` -> a folder holding a FIFO
 ``heads/main``), and the git folder a ``.git`` *file* names (``gitdir: /elsewhere``, a
-worktree's or a submodule's), with that folder's ``commondir`` and object ``alternates``."""
+worktree's or a submodule's), with that folder's ``commondir`` and object ``alternates``.
+An alternate's own ``info/alternates`` and a line git reads C-quoted (``"/store"``) are
+followed too (the twenty-eighth pass: either one hid a FIFO object from the walk, and ``git
+clone`` waited past 60 s)."""
 
 from __future__ import annotations
 
@@ -29,9 +32,9 @@ def check_local_repo(path: Path) -> None:
     git's own to read."""
     seen = [0]
     done: set[tuple[int, int]] = set()
-    roots = [_git_dir(path)]
+    roots = [(_git_dir(path), False)]  # (folder, whether it is an object folder)
     while roots and seen[0] <= MAX_REPO_ENTRIES:
-        root = roots.pop()
+        root, objects = roots.pop()
         try:
             st = os.stat(root)
         except OSError:
@@ -39,7 +42,7 @@ def check_local_repo(path: Path) -> None:
         if not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) in done:
             continue
         done.add((st.st_dev, st.st_ino))
-        roots.extend(_pointed_to(root))
+        roots.extend(_alternates(root) if objects else _pointed_to(root))
         _walk(path, root, seen, done)
 
 
@@ -59,16 +62,54 @@ def _pointer(file: Path) -> str:
         return ""  # a FIFO here is found by the walk (the .git file is in the source)
 
 
-def _pointed_to(git_dir: Path) -> list[Path]:
+def _pointed_to(git_dir: Path) -> list[tuple[Path, bool]]:
     """The folders git reads from ``git_dir`` beside it: its ``commondir`` and the object
-    folders its ``objects/info/alternates`` lists (relative ones from its objects folder)."""
-    out = [git_dir / line for line in _pointer(git_dir / "commondir").splitlines()[:1]
-           if line.strip()]
-    objects = git_dir / "objects"
-    out += [objects / line.strip() for line in
-            _pointer(objects / "info" / "alternates").splitlines()
-            if line.strip() and not line.startswith("#")]
+    folders its ``objects/info/alternates`` lists."""
+    out = [(git_dir / line, False) for line in
+           _pointer(git_dir / "commondir").splitlines()[:1] if line.strip()]
+    return out + _alternates(git_dir / "objects")
+
+
+def _alternates(objects: Path) -> list[tuple[Path, bool]]:
+    """The object folders ``objects/info/alternates`` lists, as git reads them: relative ones
+    from ``objects``, a line in double quotes C-unquoted, and each one's own alternates in
+    turn (the caller walks what this returns, and asks it again)."""
+    out = []
+    for line in _pointer(objects / "info" / "alternates").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith('"') and line.endswith('"') and len(line) > 1:
+            line = _c_unquoted(line[1:-1])
+        out.append((objects / line, True))
     return out
+
+
+_C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
+              "v": "\v", "\\": "\\", '"': '"'}
+
+
+def _c_unquoted(text: str) -> str:
+    """``text`` with git's C-style escapes (``\\"``, ``\\n``, ``\\ooo`` octal bytes) undone."""
+    raw = text.encode("utf-8", "surrogateescape")
+    out = bytearray()
+    i = 0
+    while i < len(raw):
+        c = raw[i:i + 1]
+        if c != b"\\" or i + 1 >= len(raw):
+            out += c
+            i += 1
+            continue
+        digits = raw[i + 1:i + 4]
+        if len(digits) == 3 and all(d in b"01234567" for d in digits):
+            out.append(int(digits, 8) & 0xFF)
+            i += 4
+        else:
+            nxt = raw[i + 1:i + 2]
+            out += _C_ESCAPES.get(nxt.decode("latin-1"), nxt.decode("latin-1")).encode(
+                "latin-1")
+            i += 2
+    return out.decode("utf-8", "surrogateescape")
 
 
 def _walk(repo: Path, top: Path, seen: list[int], done: set[tuple[int, int]]) -> None:
