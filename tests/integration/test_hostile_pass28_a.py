@@ -46,6 +46,8 @@ def test_a_fifo_in_an_alternate_of_an_alternate_or_a_quoted_alternate_is_named(
         res = _fetch(repo, tmp_path / f"work-{repo.name}")
         assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
         assert f"{fifo}, which is a FIFO" in res.stderr, res.stderr
+        # the FIFO is in the alternate store, not in the repository: the fix names it alone
+        assert f"remove or replace {fifo}," in res.stderr and f"from {repo}" not in res.stderr
 
 
 def test_a_loop_of_alternates_ends(tmp_path: Path) -> None:

@@ -124,10 +124,11 @@ def _walk(repo: Path, top: Path, seen: list[int], done: set[tuple[int, int]]) ->
                 if stat.S_ISDIR(mode) and os.path.islink(entry):
                     _walk_link(repo, entry, seen, done)
                 elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                    raise FetchError(f"the repository {repo} holds {entry}, which is "
-                                     f"{confine.kind_of(mode)}: git clone would wait on it "
-                                     "for ever", f"remove {entry} from {repo}, or use "
-                                                 "--source sdist")
+                    raise FetchError(f"the repository {repo} reads {entry}, which is "
+                                     f"{confine.kind_of(mode)} (in its git folder, or reached "
+                                     "through its links, gitdir or alternates): git clone "
+                                     "would wait on it for ever", f"remove or replace {entry}, "
+                                                                  "or use --source sdist")
 
 
 def _walk_link(repo: Path, entry: str, seen: list[int], done: set[tuple[int, int]]) -> None:
