@@ -6,8 +6,8 @@ Each test fails without its fix (checked by reverting ``src`` and running it):
   ``plan.jobs``, an edited or newer kit's record) was ``TypeError: unhashable type: 'list'`` in
   every command that reads the record (``slurm status``, ``submit``, ``resubmit``, and
   ``plan`` again into its folder): ``campaign.load_record`` put the names into a set before
-  the plan's own checks ran. Names that are not text are now left out of that set, and the plan's check
-  (``Campaign``) reports the record as corrupt.
+  the plan's own checks ran. Names that are not text are now left out of that set, and the
+  plan's check (``Campaign``) reports the record as corrupt.
 - Hang: a matplotlib font cache (``fontlist-*.json`` in ``$MPLCONFIGDIR``) naming
   ``/proc/kmsg`` as a font (a regular file of no bytes whose read waits for the kernel's next
   message) hung ``report`` for ever in FreeType's read, before the font check pass 27 added
