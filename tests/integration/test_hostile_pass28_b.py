@@ -13,6 +13,11 @@ Each test fails without its fix (checked by reverting ``src`` and running it):
   message) hung ``report`` for ever in FreeType's read, before the font check pass 27 added
   could say anything. A font of no bytes in the cache is now refused with the cache to remove
   (``bench.render._check_font``), after which the rerun draws.
+- Wrong-way message: under GBK (Big5 and GB18030 alike), ``slurm plan --scratch`` naming a
+  folder whose name is already UTF-8 (``中``, ``e4 b8 ad``), which that locale cannot decode,
+  was told "is not UTF-8 text / To fix: rename the folder ... to a UTF-8 name", which it is;
+  the fix that works is a UTF-8 locale. ``slurm.values.check_utf8`` now asks first whether
+  the locale gives other bytes than the UTF-8 text, and says so.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_hostile_pass24_c import _env, _kit
+from tests.integration.test_hostile_pass27_b import _locale
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -82,3 +88,27 @@ def test_a_font_cache_naming_proc_kmsg_is_refused_not_a_hang(tmp_path: Path) -> 
                  MPLCONFIGDIR=str(mpl))
     assert again.returncode == 0, again.stdout + again.stderr
     assert (out / "default-matrix.png").is_file()
+
+
+def test_a_utf8_scratch_under_gbk_is_sent_to_a_utf8_locale_not_told_to_rename(
+        tmp_path: Path) -> None:
+    locales = _locale(tmp_path, "zh_CN", "GBK", "zh_CN.GBK")
+    scratch = os.fsencode(tmp_path) + "/中".encode()  # e4 b8 ad: UTF-8, and not GBK
+    os.mkdir(scratch)
+    argv = [b"slurm", b"plan", b"--stand-in", b"--no-gpu", b"--scratch", scratch,
+            os.fsencode(tmp_path / "camp")]
+    env = _env(tmp_path, LOCPATH=str(locales), LC_ALL="zh_CN.GBK")
+    res = subprocess.run([sys.executable.encode(), b"-m", b"kvprefetch", *argv], env=env,
+                         capture_output=True, timeout=120, check=False)
+    err = (res.stdout + res.stderr).decode("utf-8", "replace")
+    assert "Traceback" not in err, err
+    assert res.returncode != 0 and not (tmp_path / "camp").exists(), err
+    assert "(gbk), other bytes than its UTF-8 text" in err, err
+    # without the fix: "is not UTF-8 text ... To fix: rename the folder ... to a UTF-8 name"
+    assert "To fix: run kvprefetch under a UTF-8 locale" in err and "rename" not in err, err
+    env["LC_ALL"] = "C.UTF-8"  # what the fix says
+    again = subprocess.run([sys.executable.encode(), b"-m", b"kvprefetch", *argv], env=env,
+                           capture_output=True, timeout=120, check=False)
+    assert again.returncode == 0, (again.stdout + again.stderr).decode("utf-8", "replace")
+    script = next((tmp_path / "camp" / "scripts").glob("10-build-baseline*"))
+    assert scratch in script.read_bytes()
