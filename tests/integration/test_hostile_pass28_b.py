@@ -18,6 +18,11 @@ Each test fails without its fix (checked by reverting ``src`` and running it):
   was told "is not UTF-8 text / To fix: rename the folder ... to a UTF-8 name", which it is;
   the fix that works is a UTF-8 locale. ``slurm.values.check_utf8`` now asks first whether
   the locale gives other bytes than the UTF-8 text, and says so.
+- Wrong-way message: ``slurm plan`` into an empty folder on a read-only file system (a
+  read-only tmpfs mounted there) said "scripts: Read-only file system / To fix: . is on a file
+  system mounted read-only": the current folder, not the campaign. ``confine.ensure_dir`` makes
+  each folder relative to its parent's descriptor, and its error named the part alone; it now
+  names the folder whole, so the fix names the campaign's file system.
 """
 
 from __future__ import annotations
@@ -112,3 +117,24 @@ def test_a_utf8_scratch_under_gbk_is_sent_to_a_utf8_locale_not_told_to_rename(
     assert again.returncode == 0, (again.stdout + again.stderr).decode("utf-8", "replace")
     script = next((tmp_path / "camp" / "scripts").glob("10-build-baseline*"))
     assert scratch in script.read_bytes()
+
+
+def test_a_plan_into_a_read_only_mount_names_that_mount_not_the_current_folder(
+        tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "none", str(ro)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"needs to mount a read-only tmpfs (root): {mounted.stderr[-200:]}")
+    try:
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", "--stand-in",
+                              "--no-gpu", str(ro)], env=_env(tmp_path), cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        subprocess.run(["umount", str(ro)], check=False)
+    err = res.stdout + res.stderr
+    assert "Traceback" not in err and res.returncode != 0, err
+    # without the fix: "scripts: Read-only file system / To fix: . is on a file system ..."
+    assert f"{ro}/scripts: Read-only file system" in err, err
+    assert f"To fix: {ro} is on a file system mounted read-only" in err, err
