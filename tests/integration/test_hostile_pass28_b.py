@@ -23,6 +23,11 @@ Each test fails without its fix (checked by reverting ``src`` and running it):
   system mounted read-only": the current folder, not the campaign. ``confine.ensure_dir`` makes
   each folder relative to its parent's descriptor, and its error named the part alone; it now
   names the folder whole, so the fix names the campaign's file system.
+- Wrong-way message: ``slurm plan /path/café`` was refused as having "characters that cannot
+  go into an sbatch script safely (spaces, quotes, $, `, \\, %, control characters) / To fix:
+  plan into a folder whose path uses only letters, digits and ...": ``é`` is none of the kinds
+  named, and is a letter. The message now names the character refused (``'\\xe9'``) and asks
+  for ASCII letters (``slurm.values.check_campaign_path``).
 """
 
 from __future__ import annotations
@@ -138,3 +143,17 @@ def test_a_plan_into_a_read_only_mount_names_that_mount_not_the_current_folder(
     # without the fix: "scripts: Read-only file system / To fix: . is on a file system ..."
     assert f"{ro}/scripts: Read-only file system" in err, err
     assert f"To fix: {ro} is on a file system mounted read-only" in err, err
+
+
+def test_a_campaign_folder_with_a_letter_outside_ascii_is_told_which_and_why(
+        tmp_path: Path) -> None:
+    res = _kit(tmp_path, "slurm", "plan", "--stand-in", "--no-gpu", str(tmp_path / "café"))
+    err = res.stdout + res.stderr
+    assert "Traceback" not in err and res.returncode != 0, err
+    assert not (tmp_path / "café").exists()
+    # without the fix: "(spaces, quotes, $, `, \\, %, control characters) / To fix: ... only
+    # letters, digits and ...", naming neither the character nor that é is not allowed
+    assert "letters outside ASCII; here '\\xe9'" in err, err
+    assert "To fix: plan into a folder whose path uses only ASCII letters" in err, err
+    again = _kit(tmp_path, "slurm", "plan", "--stand-in", "--no-gpu", str(tmp_path / "cafe"))
+    assert again.returncode == 0, again.stdout + again.stderr

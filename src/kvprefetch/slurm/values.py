@@ -107,11 +107,15 @@ def check_slurm_value(name: str, value: str | None) -> str | None:
 
 def check_campaign_path(root: str) -> str:
     if not _CAMPAIGN_PATH.fullmatch(root) or "/../" in root + "/":
+        # a letter outside ASCII (`é`) was refused naming none of the kinds listed, with "use
+        # only letters" (the twenty-eighth hostile pass): the first character refused is named
+        odd = next((c for c in root if not _CAMPAIGN_PATH.fullmatch("/" + c)), None)
         raise ConfigError(f"the campaign folder {root!r} has characters that cannot go into an "
                           "sbatch script safely (spaces, quotes, $, `, \\, %, control "
-                          "characters)",
-                          "plan into a folder whose path uses only letters, digits and _ . - / "
-                          "+ , : @ =")
+                          "characters, letters outside ASCII"
+                          + (f"; here {odd!a}" if odd else ", or a /../") + ")",
+                          "plan into a folder whose path uses only ASCII letters, digits and _ . "
+                          "- / + , : @ =")
     return root
 
 
