@@ -28,6 +28,12 @@ Each test fails without its fix (checked by reverting ``src`` and running it):
   plan into a folder whose path uses only letters, digits and ...": ``é`` is none of the kinds
   named, and is a letter. The message now names the character refused (``'\\xe9'``) and asks
   for ASCII letters (``slurm.values.check_campaign_path``).
+- Wrong-way message: under GBK, ``report --readme R.md`` whose block names ``中.json`` (the
+  README's UTF-8 text; the file lies beside it) said "cannot read .../<other name>.json: No
+  such file / To fix: pass a JSON file written by kvprefetch bench or verify": the name was
+  looked up as GBK, another file (one of that name would have been read into the block). A
+  block's name that this locale gives other bytes is now refused first with "run under a UTF-8
+  locale" (``bench.readme_blocks.check_block_names``, report and timings blocks).
 """
 
 from __future__ import annotations
@@ -157,3 +163,25 @@ def test_a_campaign_folder_with_a_letter_outside_ascii_is_told_which_and_why(
     assert "To fix: plan into a folder whose path uses only ASCII letters" in err, err
     again = _kit(tmp_path, "slurm", "plan", "--stand-in", "--no-gpu", str(tmp_path / "cafe"))
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_readme_block_naming_a_utf8_file_under_gbk_is_sent_to_a_utf8_locale(
+        tmp_path: Path) -> None:
+    locales = _locale(tmp_path, "zh_CN", "GBK", "zh_CN.GBK")
+    result = _REPO / "docs" / "results" / "2026-12-01-h200-headline" / "default-matrix.json"
+    (tmp_path / "中.json").write_bytes(result.read_bytes())
+    readme = tmp_path / "R.md"
+    readme.write_text("<!-- report 中.json summary -->\n<!-- /report -->\n", encoding="utf-8")
+    before = readme.read_bytes()
+    res = _kit(tmp_path, "report", "--readme", str(readme), LOCPATH=str(locales),
+               LC_ALL="zh_CN.GBK")
+    err = res.stdout + res.stderr
+    assert "Traceback" not in err and res.returncode != 0, err
+    # without the fix: "cannot read ...: No such file ... To fix: pass a JSON file written by
+    # kvprefetch bench or verify, unedited"
+    assert "(gbk), another file name than the file's UTF-8 text" in err, err
+    assert "To fix: run kvprefetch under a UTF-8 locale" in err, err
+    assert readme.read_bytes() == before
+    again = _kit(tmp_path, "report", "--readme", str(readme), LC_ALL="C.UTF-8")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "| " in readme.read_text(encoding="utf-8")
