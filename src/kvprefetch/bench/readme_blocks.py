@@ -48,6 +48,26 @@ def report_block(doc: Document, kind: str) -> str:
     return "\n".join(md[start:end]) + "\n"
 
 
+def check_block_names(text: str) -> None:
+    """Every file or folder a report or timings block names is the same bytes under this
+    locale as the README's UTF-8 text. Under GBK or Big5 a block naming ``中.json`` (UTF-8) was
+    looked for under another name: "No such file / To fix: pass a JSON file written by
+    kvprefetch", where it lies beside the README (or another file of that name was read into
+    the block; issue 41, the twenty-eighth hostile pass)."""
+    import sys
+
+    from ..oserrors import other_bytes_on_disk
+    from ..timings import TIMINGS_BLOCK
+
+    for m in (*README_BLOCK.finditer(text), *TIMINGS_BLOCK.finditer(text)):
+        if other_bytes_on_disk(m[2]):
+            raise BenchError(f"a block of the markdown file names {m[2][:80]!r}, which is, under "
+                             f"this locale's encoding ({sys.getfilesystemencoding()}), another "
+                             "file name than the file's UTF-8 text",
+                             "run kvprefetch under a UTF-8 locale (e.g. `LC_ALL=C.UTF-8`), or "
+                             "name the results by ASCII paths in the blocks")
+
+
 def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
     """``text`` with every report block regenerated from its JSON (relative to ``root``), and
     the paths of the blocks whose lines changed."""

@@ -82,10 +82,24 @@ def _check_font() -> None:
         fname = font_manager.findfont(font_manager.FontProperties())
     except (OSError, RuntimeError, ValueError):  # no font at all: matplotlib's own message
         return
+    cache = os.path.join(get_cachedir(), "fontlist-*.json")
+    # a font file of no bytes (/proc/kmsg, whose read waits for the kernel's next message) is no
+    # font: named in the cache, for the text or as a fallback family, FreeType's read of it
+    # hung `report` for ever (issue 41, the twenty-eighth hostile pass)
+    for entry in (*font_manager.fontManager.ttflist, *font_manager.fontManager.afmlist):
+        try:
+            empty = os.path.getsize(entry.fname) == 0
+        except (OSError, TypeError, ValueError):
+            continue  # gone or no path: matplotlib falls back from it itself
+        if empty:
+            raise BenchError(f"matplotlib's font cache ({cache}) names {entry.fname!r}, a file "
+                             "of no bytes, as a font for the figures' text",
+                             f"remove matplotlib's font cache (rm {cache}: the next run builds "
+                             "it again from the system's fonts), or pass --formats md for no "
+                             "figures")
     try:
         font_manager.get_font(fname)
     except (OSError, RuntimeError, ValueError) as exc:
-        cache = os.path.join(get_cachedir(), "fontlist-*.json")
         raise BenchError(f"matplotlib's font {fname} cannot be opened ({exc}); matplotlib's "
                          f"font cache ({cache}) names it for the figures' text",
                          f"remove matplotlib's font cache (rm {cache}: the next run builds it "

@@ -458,8 +458,8 @@ def load_record(root: Path) -> dict[str, Any]:
     # listed by `status` as sent, its id asked of Slurm (issue 41, the twenty-second pass left
     # it open); the plan's own jobs are checked where the plan is read (Campaign)
     jobs = data["plan"].get("jobs")
-    planned = {j.get("name") for j in jobs if isinstance(j, dict)} \
-        if isinstance(jobs, list) else set()
+    planned = {j.get("name") for j in jobs if isinstance(j, dict)
+               and isinstance(j.get("name"), str)} if isinstance(jobs, list) else set()
     sending = data.get("sending")
     unknown = [job for job in (*data["submitted"], *([sending["job"]] if sending else []))
                if job not in planned]

@@ -107,11 +107,15 @@ def check_slurm_value(name: str, value: str | None) -> str | None:
 
 def check_campaign_path(root: str) -> str:
     if not _CAMPAIGN_PATH.fullmatch(root) or "/../" in root + "/":
+        # a letter outside ASCII (`é`) was refused naming none of the kinds listed, with "use
+        # only letters" (the twenty-eighth hostile pass): the first character refused is named
+        odd = next((c for c in root if not _CAMPAIGN_PATH.fullmatch("/" + c)), None)
         raise ConfigError(f"the campaign folder {root!r} has characters that cannot go into an "
                           "sbatch script safely (spaces, quotes, $, `, \\, %, control "
-                          "characters)",
-                          "plan into a folder whose path uses only letters, digits and _ . - / "
-                          "+ , : @ =")
+                          "characters, letters outside ASCII"
+                          + (f"; here {odd!a}" if odd else ", or a /../") + ")",
+                          "plan into a folder whose path uses only ASCII letters, digits and _ . "
+                          "- / + , : @ =")
     return root
 
 
@@ -131,23 +135,25 @@ def check_utf8(what: str, value: str, fix: str | None = None) -> None:
     ``surrogateescape``) cannot be written into one. ``--scratch``, ``--source`` or ``--python``
     naming such a path was a ``UnicodeEncodeError`` traceback half-way through ``slurm plan``
     (issue 41, the twenty-third hostile pass)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError(f"{what} {value!r} is not UTF-8 text: a job script cannot hold it",
-                          fix or f"rename the folder or file {what} names to a UTF-8 name (or "
-                          "link a UTF-8 name to it), then plan again") from None
     # the name's bytes as this locale gives them to the system, which a job script (UTF-8)
     # must hold: under Shift_JIS, GBK, Big5 or latin-1 a path was decoded to text that passed
-    # the check above and went into the script as UTF-8, other bytes, so the build job made
+    # the check below and went into the script as UTF-8, other bytes, so the build job made
     # and built in a folder of another name than the --scratch given (and ran another
-    # --python, looked in other PATH folders; issue 41, the twenty-seventh hostile pass)
+    # --python, looked in other PATH folders; issue 41, the twenty-seventh hostile pass).
+    # Asked first: a name already in UTF-8 that such a locale cannot decode (`中`, e4 b8 ad,
+    # under GBK or Big5) was told to be renamed "to a UTF-8 name" (the twenty-eighth pass)
     if other_bytes_on_disk(value):
         raise ConfigError(f"{what} {value!r} is, under this locale's encoding "
                           f"({sys.getfilesystemencoding()}), other bytes than its UTF-8 text: a "
                           "job script (UTF-8) would name another path",
                           "run kvprefetch under a UTF-8 locale (e.g. `LC_ALL=C.UTF-8`), or use "
                           "a path of ASCII characters, then plan again")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{what} {value!r} is not UTF-8 text: a job script cannot hold it",
+                          fix or f"rename the folder or file {what} names to a UTF-8 name (or "
+                          "link a UTF-8 name to it), then plan again") from None
 
 
 # --cpus-per-build is sbatch's --cpus-per-task for a build job and its MAX_JOBS (parallel nvcc

@@ -302,13 +302,19 @@ def ensure_dir(d: Path, *, root: Path | None = None,
         try:
             for part in Path(os.path.normpath(os.path.abspath(d))).relative_to(cur).parts:
                 cur = cur / part
-                with suppress(FileExistsError):
-                    os.mkdir(part, DIR_MODE, dir_fd=fd)
+                # an error names the folder whole: made relative to its parent's descriptor,
+                # it named the part alone ("scripts: Read-only file system / To fix: . is on a
+                # file system mounted read-only", the current folder; the twenty-eighth pass)
+                try:
+                    with suppress(FileExistsError):
+                        os.mkdir(part, DIR_MODE, dir_fd=fd)
+                except OSError as exc:
+                    raise OSError(exc.errno, exc.strerror, str(cur)) from None
                 try:
                     nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                        raise
+                        raise OSError(exc.errno, exc.strerror, str(cur)) from None
                     is_link = stat.S_ISLNK(os.stat(part, dir_fd=fd,
                                                    follow_symlinks=False).st_mode)
                     raise family(f"cannot create the folder {d}: {cur} is "
