@@ -9,13 +9,14 @@ against our pin before anything is unpacked."""
 from __future__ import annotations
 
 import hashlib
+import html
 import http.client
 import json
 import os
+import re
 import secrets
 import stat
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -33,6 +34,7 @@ from ..hashing import sha256_bytes, sha256_file_of_size
 from ..oserrors import local_write_failure
 from ..reading import read_limited
 from ..runner import NEUTRAL_CWD, run
+from .deadlines import stop_at, within
 
 _JSON = "application/vnd.pypi.simple.v1+json"
 # An index's project page: PyPI's for vllm (every release's files) is a few MB.
@@ -101,62 +103,43 @@ PAGE_DEADLINE_S = 120.0
 MIN_RATE = 16 << 10
 
 
-def within(seconds: float, fn: Callable[[], Any], url: str) -> Any:
-    """``fn()``, run in a thread of its own and given up after ``seconds``: a server that
-    sends too slowly to meet any socket timeout is a FetchError then (the thread, blocked on
-    its socket, ends with the process)."""
-    box: dict[str, Any] = {}
-    lock = threading.Lock()
-
-    def work() -> None:
-        try:
-            value = fn()
-        except BaseException as exc:  # noqa: BLE001 -- handed to the caller as it is
-            box["error"] = exc
-            return
-        with lock:
-            box["value"] = value
-            late = "late" in box
-        if late and hasattr(value, "close"):  # an answer given up on: its socket closed
-            value.close()
-
-    t = threading.Thread(target=work, name="kvprefetch-url", daemon=True)
-    t.start()
-    t.join(seconds)
-    with lock:
-        if "value" not in box and "error" not in box:
-            box["late"] = True
-    if "late" in box:
-        raise FetchError(f"{url} did not answer within {seconds:g} s (the server sends too "
-                         "slowly, or never ends its answer)",
-                         "check the network (and https_proxy/http_proxy, if set) or point "
-                         "PIP_INDEX_URL at a reachable mirror")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def copy_bounded(src: Any, write: Callable[[bytes], object], limit: int, url: str) -> None:
     """Copy ``src`` into ``write`` by chunks, refusing a source longer than ``limit`` bytes
     (the pinned file's size): an index or mirror that serves without end filled the work
     directory's disk (or, for a ``file://`` URL at a device, never ended); or slower than
     ``MIN_RATE`` on average (after ``PAGE_DEADLINE_S``), which no socket timeout catches.
-    Each chunk is what one wait brings (``read1``), so the time is looked at as bytes come."""
+    Each chunk is what one wait brings (``read1``), so the time is looked at as bytes come,
+    and the socket is shut down at the deadline (``deadlines.stop_at``): http.client reads a chunked
+    answer's size line and trailer whole, so trailer lines without end (or a size line a byte
+    at a time) kept fetch and the prepare job in one read for good (the twenty-eighth pass)."""
     total = 0
-    deadline = time.monotonic() + PAGE_DEADLINE_S + limit / MIN_RATE
+    seconds = PAGE_DEADLINE_S + limit / MIN_RATE
+    deadline = time.monotonic() + seconds
     read = getattr(src, "read1", src.read)
-    while chunk := read(1 << 20):
-        total += len(chunk)
-        if total > limit:
-            raise FetchError(f"{url} serves more than the {limit} bytes of the pinned file; "
-                             "nothing of it was kept",
-                             "use PyPI or a faithful mirror (PIP_INDEX_URL)")
-        if time.monotonic() > deadline:
-            raise FetchError(f"{url} serves more slowly than {MIN_RATE >> 10} KiB/s on average "
-                             f"({total} of {limit} bytes so far); nothing of it was kept",
-                             "check the network (and https_proxy/http_proxy, if set) or use "
-                             "a faster mirror (PIP_INDEX_URL), then run the command again")
-        write(chunk)
+    fired, cancel = stop_at(src, seconds)
+
+    def too_slow() -> FetchError:
+        return FetchError(f"{url} serves more slowly than {MIN_RATE >> 10} KiB/s on average "
+                          f"({total} of {limit} bytes so far); nothing of it was kept",
+                          "check the network (and https_proxy/http_proxy, if set) or use "
+                          "a faster mirror (PIP_INDEX_URL), then run the command again")
+
+    try:
+        while (chunk := read(1 << 20)) or fired.is_set():  # (the shutdown's end: too slow)
+            total += len(chunk)
+            if total > limit:
+                raise FetchError(f"{url} serves more than the {limit} bytes of the pinned file; "
+                                 "nothing of it was kept",
+                                 "use PyPI or a faithful mirror (PIP_INDEX_URL)")
+            if time.monotonic() > deadline or fired.is_set():
+                raise too_slow()
+            write(chunk)
+    except NETWORK_ERRORS:
+        if fired.is_set():  # the read the shutdown ended
+            raise too_slow() from None
+        raise
+    finally:
+        cancel()
 
 
 @dataclass(frozen=True)
@@ -220,9 +203,10 @@ def check_index_url(url: str | None, option: str = "--index-url") -> str | None:
     """An http(s):// or file:// URL with a host (http) or a path (file); else a ConfigError."""
     if url is None:
         return None
-    parsed = urllib.parse.urlparse(url)
-    ok = (parsed.scheme in ("http", "https") and bool(parsed.netloc)) or \
-        (parsed.scheme == "file" and bool(parsed.path))
+    parsed = url_parts(url)
+    ok = parsed is not None and (
+        (parsed.scheme in ("http", "https") and bool(parsed.netloc))
+        or (parsed.scheme == "file" and bool(parsed.path)))
     # a byte that is not UTF-8 (surrogateescape) was "cannot reach the package index:
     # UnicodeEncodeError / To fix: check the network" (issue 41, the twenty-third pass)
     if not ok or any(ord(c) < 0x20 or c == "\x7f" or c.isspace() or 0xDC80 <= ord(c) <= 0xDCFF
@@ -233,6 +217,17 @@ def check_index_url(url: str | None, option: str = "--index-url") -> str | None:
         raise ConfigError(f"{option} {url!r} is not an http://, https:// or file:// URL",
                           f"{how} the simple index's URL, e.g. https://pypi.org/simple")
     return url
+
+
+def url_parts(url: str) -> urllib.parse.ParseResult | None:
+    """``url`` as urllib reads it, or None where urllib cannot: a ``[`` or ``]`` of an IPv6
+    host unpaired (``http://[::1``) or a bracketed host that is no address was urllib's
+    ValueError, a traceback from ``--index-url``, PIP_INDEX_URL (submit, the prepare job) and
+    ``--repo-url file://`` (issue 41, the twenty-eighth hostile pass)."""
+    try:
+        return urllib.parse.urlparse(url)
+    except ValueError:
+        return None
 
 
 class _Links(HTMLParser):
@@ -255,14 +250,26 @@ def parse_simple_json(body: str, filename: str, base: str) -> IndexFile | None:
     return None
 
 
+# An <a> tag: what the parser is given, one tag at a time, and only a tag that names the file.
+# Python's HTMLParser takes about 3 us a character of a page of `<` (each one a tag begun), so
+# an index page of 64 MiB of them (the most the kit reads) kept fetch and the prepare job
+# parsing for minutes (issue 41, the twenty-eighth hostile pass); the scan is linear (no tag
+# holds `<`).
+_ANCHOR = re.compile(r"<a\s[^<>]*>", re.IGNORECASE)
+
+
 def parse_simple_html(body: str, filename: str, base: str) -> IndexFile | None:
-    p = _Links()
-    p.feed(body)
-    for href in p.links:
-        url, _, frag = href.partition("#")
-        if url.rsplit("/", 1)[-1] == filename:
-            sha = frag.split("=", 1)[1] if frag.startswith("sha256=") else None
-            return IndexFile(urllib.parse.urljoin(base, url), sha)
+    for m in _ANCHOR.finditer(body):
+        tag = m.group(0)
+        if filename not in (html.unescape(tag) if "&" in tag else tag):
+            continue
+        p = _Links()
+        p.feed(tag)
+        for href in p.links:
+            url, _, frag = href.partition("#")
+            if url.rsplit("/", 1)[-1] == filename:
+                sha = frag.split("=", 1)[1] if frag.startswith("sha256=") else None
+                return IndexFile(urllib.parse.urljoin(base, url), sha)
     return None
 
 

@@ -42,7 +42,7 @@ from ..runner import absolute_path
 from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, check_tree_name
-from .download import check_index_url, ensure_sdist, pinned_bytes
+from .download import check_index_url, ensure_sdist, pinned_bytes, url_parts
 from .local_repo import check_local_repo
 
 SOURCES = ("auto", "git", "sdist")
@@ -163,13 +163,13 @@ def check_repo_url(url: str) -> str:
         raise ConfigError(f"--repo-url {url!r}: refusing a git transport that runs commands or "
                           "an option-like URL",
                           "use an https://, ssh://, git:// or file:// URL, or a local path")
-    if not url.isprintable() or any("\udc80" <= c <= "\udcff" for c in url):
+    if not url.isprintable() or any("\udc80" <= c <= "\udcff" for c in url) \
+            or url_parts(url) is None:  # an IPv6 host's bracket unpaired: the twenty-eighth
         # bytes that are no UTF-8 (the shell's argument, escaped) came back in git's error
-        # message, which GitPython decodes strictly: a UnicodeDecodeError traceback (issue 41,
-        # the nineteenth hostile pass)
-        raise ConfigError(f"--repo-url {url!a}: not printable UTF-8 text",
-                          "use an https://, ssh://, git:// or file:// URL, or a local path, "
-                          "in UTF-8 without control characters")
+        # message, which GitPython decodes strictly: a UnicodeDecodeError traceback (pass 19)
+        raise ConfigError(f"--repo-url {url!a}: not printable UTF-8 text, or not a URL (a '['"
+                          " or ']' of an IPv6 host unpaired)", "use an https://, ssh://, git://"
+                          " or file:// URL, or a local path, in UTF-8 without control characters")
     return url
 
 
