@@ -159,10 +159,11 @@ def test_a_repo_url_urllib_cannot_read_is_refused_not_a_traceback(tmp_path: Path
     assert not (tmp_path / "w").exists()
 
 
-def test_an_index_page_of_begun_tags_is_read_in_seconds(tmp_path: Path) -> None:
+@pytest.mark.parametrize("requires", ["&gt;=3.9", ">=3.9"])  # escaped, as PEP 503 asks, or not
+def test_an_index_page_of_begun_tags_is_read_in_seconds(tmp_path: Path, requires: str) -> None:
     page = tmp_path / "idx"
     link = ('<a href="../files/vllm-0.10.2.tar.gz#sha256=' + upstream.SDIST_SHA256
-            + '" data-requires-python="&gt;=3.9">vllm-0.10.2.tar.gz</a>')
+            + f'" data-requires-python="{requires}">vllm-0.10.2.tar.gz</a>')
     page.write_text("<html><body>" + "<" * (16 << 20) + link + "</body></html>")
     box: list[object] = []
     t = threading.Thread(target=lambda: box.append(download.locate_sdist(f"file://{page}#")),

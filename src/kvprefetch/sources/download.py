@@ -254,8 +254,9 @@ def parse_simple_json(body: str, filename: str, base: str) -> IndexFile | None:
 # Python's HTMLParser takes about 3 us a character of a page of `<` (each one a tag begun), so
 # an index page of 64 MiB of them (the most the kit reads) kept fetch and the prepare job
 # parsing for minutes (issue 41, the twenty-eighth hostile pass); the scan is linear (no tag
-# holds `<`).
-_ANCHOR = re.compile(r"<a\s[^<>]*>", re.IGNORECASE)
+# holds `<`; a quoted value may hold `>`, as a mirror's unescaped data-requires-python=">=3.9"
+# does, and is taken whole, possessively).
+_ANCHOR = re.compile(r"""<a\s(?:[^<>"']|"[^"<]*"|'[^'<]*')*+>""", re.IGNORECASE)
 
 
 def parse_simple_html(body: str, filename: str, base: str) -> IndexFile | None:
