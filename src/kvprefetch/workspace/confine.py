@@ -302,13 +302,19 @@ def ensure_dir(d: Path, *, root: Path | None = None,
         try:
             for part in Path(os.path.normpath(os.path.abspath(d))).relative_to(cur).parts:
                 cur = cur / part
-                with suppress(FileExistsError):
-                    os.mkdir(part, DIR_MODE, dir_fd=fd)
+                try:  # relative to the parent's descriptor: the error names the whole folder
+                    with suppress(FileExistsError):
+                        os.mkdir(part, DIR_MODE, dir_fd=fd)
+                except OSError as exc:
+                    # a full TMPDIR said "t: No space left on device / To fix: ... `df -h .`,
+                    # or write to a larger one (the --workdir ...)" in diff-upstream --check's
+                    # scratch (issue 41, the twenty-eighth hostile pass)
+                    raise OSError(exc.errno, exc.strerror, str(cur)) from exc
                 try:
                     nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                        raise
+                        raise OSError(exc.errno, exc.strerror, str(cur)) from exc
                     is_link = stat.S_ISLNK(os.stat(part, dir_fd=fd,
                                                    follow_symlinks=False).st_mode)
                     raise family(f"cannot create the folder {d}: {cur} is "
