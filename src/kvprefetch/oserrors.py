@@ -79,6 +79,40 @@ def _too_large() -> str:
             "removed")
 
 
+# What a program says when it met a limit this process passed on to it (its resource limits
+# are inherited): cc1plus killed by SIGXFSZ, cicc's "out of memory", the loader's mmap refused
+_FILE_LIMIT_WORDS = ("File size limit exceeded", os.strerror(errno.EFBIG))
+_MEMORY_WORDS = ("out of memory", "failed to map segment", os.strerror(errno.ENOMEM),
+                 "MemoryError", "bad_alloc")
+_USUAL_STACK = 8 << 20  # Linux's default `ulimit -s`
+
+
+def child_limit_fix(output: str) -> str | None:
+    """The fix when a child's ``output`` says it met a resource limit of this process's
+    (``ulimit -f``, ``-v``, ``-d``, which it inherits), else None. Under ``ulimit -f`` doctor's
+    probe said "use a CUDA toolkit >= 12.8", and under ``ulimit -v`` the torch probe "install a
+    CUDA build of torch" where torch was installed (issue 41, the twenty-eighth hostile pass)."""
+    import resource
+
+    if any(w in output for w in _FILE_LIMIT_WORDS) \
+            and resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+        return _too_large()
+    if any(w in output for w in _MEMORY_WORDS):
+        for rlimit, flag in ((resource.RLIMIT_AS, "-v"), (resource.RLIMIT_DATA, "-d")):
+            soft = resource.getrlimit(rlimit)[0]
+            if soft != resource.RLIM_INFINITY:
+                return (f"a program the kit ran ran out of memory under this process's limit "
+                        f"(`ulimit {flag}`: now {soft // 1024} KiB), which it inherits: raise "
+                        f"it (`ulimit {flag} unlimited`), then rerun")
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if "Segmentation fault" in output and stack != resource.RLIM_INFINITY \
+            and stack < _USUAL_STACK:  # nvcc under `ulimit -s 96`
+        return (f"a program the kit ran crashed, and this process's stack limit, which it "
+                f"inherits, is small (`ulimit -s`: now {stack // 1024} KiB): raise it (`ulimit "
+                f"-s {_USUAL_STACK // 1024}`), then rerun")
+    return None
+
+
 def _no_temp(reason: str) -> tuple[str, str]:
     """Python's temp folder search found none that takes a small file: "check the path and its
     file system" named no path, and under ``ulimit -f 0`` (every folder refuses a file of 4

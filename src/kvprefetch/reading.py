@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 MAX_RECORD_BYTES = 64 << 20
+_PIECE = 1 << 20  # read_limited's reads
 
 
 def read_limited(path: Path, limit: int = MAX_RECORD_BYTES) -> bytes:
@@ -34,8 +35,19 @@ def read_limited(path: Path, limit: int = MAX_RECORD_BYTES) -> bytes:
             raise ValueError(f"{path} is not a regular file (a FIFO, device, socket or folder)")
         if st.st_size > limit:
             raise ValueError(f"{path} is larger than {limit} bytes")
+        # in pieces: ``read(limit + 1)`` sets aside ``limit`` bytes (64 MiB) for a record of a
+        # few hundred, and under ``ulimit -v`` of about 90 MB every command that read one ended
+        # in a MemoryError traceback (issue 41, the twenty-eighth hostile pass)
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
+            pieces: list[bytes] = []
+            left = limit + 1
+            while left > 0:
+                piece = f.read(min(left, _PIECE))
+                if not piece:
+                    break
+                pieces.append(piece)
+                left -= len(piece)
+            data = b"".join(pieces)
     finally:
         os.close(fd)
     if len(data) > limit:

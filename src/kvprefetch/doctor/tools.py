@@ -27,7 +27,7 @@ from ..machine.toolchain import (
     nvcc_version,
     vllm_c_archs,
 )
-from ..oserrors import describe
+from ..oserrors import child_limit_fix, describe
 from ..runner import run, which
 from ..workspace import ownership
 from ..workspace.workdir import Workdir
@@ -204,6 +204,7 @@ def check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int
                 # sent to another toolkit (issue 41, the twenty-fourth hostile pass)
                 if os.strerror(code) in done.output:
                     fix = describe(OSError(code, os.strerror(code), str(obj)))[1]
+            fix = child_limit_fix(done.output) or fix  # `ulimit -f`/`-v`: not the toolkit
             return Check("nvcc-compile", "fail",
                          f"nvcc could not compile the prefetch probe for {targets}: "
                          + done.output.strip()[-500:], fix)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
+from ..oserrors import child_limit_fix
 from ..runner import run
 from ..workspace.workdir import Workdir
 
@@ -52,7 +53,8 @@ def probe_torch(python: str, env: dict[str, str], log: Path | None = None) -> To
     if res.returncode != 0:
         raise BuildError(f"{python} cannot import torch (needed to compile against it): "
                          + _last_words(res.output),
-                         "install a CUDA build of torch in that environment, or build with "
+                         child_limit_fix(res.output)  # `ulimit -v`: torch is there
+                         or "install a CUDA build of torch in that environment, or build with "
                          "--torch-from PYTHON naming an interpreter that has one (`PYTHON -c "
                          "'import torch'` shows the whole error)")
     d = _probe_record(res.output)

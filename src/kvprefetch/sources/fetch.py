@@ -43,6 +43,9 @@ from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, check_tree_name
 from .download import check_index_url, ensure_sdist, pinned_bytes, url_parts
+from .gitpython import gitpython as _gitpython
+from .gitpython import head as _head
+from .gitpython import repo_env_cleared
 from .local_repo import check_local_repo
 
 SOURCES = ("auto", "git", "sdist")
@@ -197,9 +200,10 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
                               if url.startswith("file://") else url))
     opts = [] if local else ["--depth=1"]
     try:
-        repo = git.Repo.clone_from(url, tmp, branch=upstream.GIT_TAG, multi_options=opts,
-                                   env={"GIT_TERMINAL_PROMPT": "0",
-                                        "PATH": absolute_path(os.environ.get("PATH", ""))})
+        with repo_env_cleared():  # a GIT_WORK_TREE of the user's: gitpython.py says why
+            repo = git.Repo.clone_from(url, tmp, branch=upstream.GIT_TAG, multi_options=opts,
+                                       env={"GIT_TERMINAL_PROMPT": "0",
+                                            "PATH": absolute_path(os.environ.get("PATH", ""))})
     except git.GitCommandError as exc:
         raise FetchError(f"git clone of {url} at tag {upstream.GIT_TAG} failed: "
                          f"{(exc.stderr or str(exc)).strip()}",
@@ -210,7 +214,8 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
         raise FetchError(f"git clone of {url} at tag {upstream.GIT_TAG} failed, and git's "
                          f"message is not UTF-8 text ({exc.reason})",
                          "check the URL and the network, or use --source sdist") from exc
-    commit = str(repo.head.commit.hexsha)
+    with repo_env_cleared():  # GitPython reads it with git cat-file
+        commit = str(repo.head.commit.hexsha)
     if not (commit == allow_commit if allow_commit
             else commit.startswith(upstream.GIT_COMMIT_PREFIX)):
         repo.close()
@@ -380,52 +385,6 @@ def verify_pristine(wd: Workdir, pristine: Path, kind: str) -> dict[str, str] | 
                          f"move {pristine} away (kvprefetch does not remove it for you); the next "
                          "fetch makes a fresh, verified copy")
     return manifest
-
-
-def _gitpython() -> Any:
-    """GitPython (imported here so --help never needs it), its ``git`` the absolute path this
-    process's PATH names from its own folder (``runner.which``). GitPython runs a bare ``git``
-    in the repository it reads, so a relative PATH entry (an empty one: ``PATH=:$PATH``, or
-    ``.``) was looked up there: a ``git`` planted in ``pristine/git/`` of the work directory ran
-    on every ``fetch`` of it, as ``git cat-file`` (issue 41, the twenty-fifth hostile pass; the
-    seventh pass's rule for ``git apply``). A ``GIT_PYTHON_GIT_EXECUTABLE`` of the user's is
-    kept, made absolute the same way. GitPython's import runs ``git version`` itself, by the
-    name in ``GIT_PYTHON_GIT_EXECUTABLE`` or a bare ``git``, in the caller's folder: it is
-    given the absolute path for that run too (the twenty-sixth pass: with ``PATH=:$PATH``, ``cd
-    W`` and a ``git`` planted there, the import ran it before the refresh)."""
-    from ..runner import which
-
-    named = os.environ.get("GIT_PYTHON_GIT_EXECUTABLE")
-    where = (f"GIT_PYTHON_GIT_EXECUTABLE={named!r}" if named
-             else "git on PATH (its absolute entries: a relative one names the current "
-                  "folder, which kvprefetch never runs programs from)")
-    fix = ("point GIT_PYTHON_GIT_EXECUTABLE at git, or unset it" if named
-           else "install git or put its folder on PATH") + ", or use --source sdist"
-    exe = which(named or "git")
-    if exe is None:
-        raise ConfigError(f"{where} was not found", fix)
-    os.environ["GIT_PYTHON_GIT_EXECUTABLE"] = exe
-    try:
-        import git
-    except ImportError as exc:
-        if "Failed to initialize" not in str(exc):
-            raise
-        raise ConfigError(f"{where} ({exe}) is not a working git: {exc}", fix) from None
-    finally:
-        if named is None:
-            del os.environ["GIT_PYTHON_GIT_EXECUTABLE"]
-        else:
-            os.environ["GIT_PYTHON_GIT_EXECUTABLE"] = named
-    if exe != git.Git.GIT_PYTHON_GIT_EXECUTABLE:
-        git.refresh(exe)
-    return git
-
-
-def _head(repo_dir: Path) -> str:
-    git = _gitpython()
-
-    with git.Repo(repo_dir) as repo:
-        return str(repo.head.commit.hexsha)
 
 
 def tree_modifications(wd: Workdir, name: str) -> list[str]:

@@ -1,0 +1,84 @@
+"""GitPython for ``fetch``'s clone of tag v0.10.2, and the environment the git it runs sees.
+
+GitPython hands git this process's whole environment (``os.environ``, then its own names),
+with no way to leave a name out. So a ``GIT_WORK_TREE`` of the user's (a dotfiles setup's
+``$HOME``) had ``fetch --source DIR`` check vLLM's 3,436 files out into that folder, outside
+the work directory, over any of the user's files of the same names, and a ``GIT_INDEX_FILE``
+had git write its index there (issue 41, the twenty-eighth hostile pass); a
+``GIT_OBJECT_DIRECTORY`` made the clone fail as "check the URL and the network". The names
+that say where a repository, its work tree, index and objects are (git's own
+``git rev-parse --local-env-vars``, less the user's configuration ``GIT_CONFIG_*``) are left
+out of ``os.environ`` while GitPython runs (``repo_env_cleared``); ``git apply`` gets no
+``GIT_*`` name at all (``patching``). The network's (``GIT_SSH_COMMAND``, a proxy) stay."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+REPO_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_IMPLICIT_WORK_TREE", "GIT_INDEX_FILE",
+            "GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR",
+            "GIT_GRAFT_FILE", "GIT_SHALLOW_FILE", "GIT_NO_REPLACE_OBJECTS",
+            "GIT_REPLACE_REF_BASE", "GIT_PREFIX", "GIT_NAMESPACE")
+
+
+@contextmanager
+def repo_env_cleared() -> Iterator[None]:
+    """``os.environ`` without ``REPO_ENV``'s names for the block, as it was after it."""
+    kept = {name: os.environ.pop(name) for name in REPO_ENV if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(kept)
+
+
+def gitpython() -> Any:
+    """GitPython (imported here so --help never needs it), its ``git`` the absolute path this
+    process's PATH names from its own folder (``runner.which``). GitPython runs a bare ``git``
+    in the repository it reads, so a relative PATH entry (an empty one: ``PATH=:$PATH``, or
+    ``.``) was looked up there: a ``git`` planted in ``pristine/git/`` of the work directory ran
+    on every ``fetch`` of it, as ``git cat-file`` (issue 41, the twenty-fifth hostile pass; the
+    seventh pass's rule for ``git apply``). A ``GIT_PYTHON_GIT_EXECUTABLE`` of the user's is
+    kept, made absolute the same way. GitPython's import runs ``git version`` itself, by the
+    name in ``GIT_PYTHON_GIT_EXECUTABLE`` or a bare ``git``, in the caller's folder: it is
+    given the absolute path for that run too (the twenty-sixth pass: with ``PATH=:$PATH``, ``cd
+    W`` and a ``git`` planted there, the import ran it before the refresh)."""
+    from ..runner import which
+
+    named = os.environ.get("GIT_PYTHON_GIT_EXECUTABLE")
+    where = (f"GIT_PYTHON_GIT_EXECUTABLE={named!r}" if named
+             else "git on PATH (its absolute entries: a relative one names the current "
+                  "folder, which kvprefetch never runs programs from)")
+    fix = ("point GIT_PYTHON_GIT_EXECUTABLE at git, or unset it" if named
+           else "install git or put its folder on PATH") + ", or use --source sdist"
+    exe = which(named or "git")
+    if exe is None:
+        raise ConfigError(f"{where} was not found", fix)
+    os.environ["GIT_PYTHON_GIT_EXECUTABLE"] = exe
+    try:
+        import git
+    except ImportError as exc:
+        if "Failed to initialize" not in str(exc):
+            raise
+        raise ConfigError(f"{where} ({exe}) is not a working git: {exc}", fix) from None
+    finally:
+        if named is None:
+            del os.environ["GIT_PYTHON_GIT_EXECUTABLE"]
+        else:
+            os.environ["GIT_PYTHON_GIT_EXECUTABLE"] = named
+    if exe != git.Git.GIT_PYTHON_GIT_EXECUTABLE:
+        git.refresh(exe)
+    return git
+
+
+def head(repo_dir: Path) -> str:
+    """The commit id of ``repo_dir``'s HEAD, never another repository's (``REPO_ENV``)."""
+    git = gitpython()
+
+    with repo_env_cleared(), git.Repo(repo_dir) as repo:
+        return str(repo.head.commit.hexsha)
