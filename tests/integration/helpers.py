@@ -81,7 +81,9 @@ def seed_downloads(workdir: Path, sdist: Path) -> None:
 def copy_workdir(template: Path, dest: Path) -> Path:
     """A private copy of a fetched work directory. The trees, state and everything a test may
     edit are real copies; pristine/ and downloads/, which no test writes into (they are only
-    read, or removed whole by `clean`), are hard links to save copying ~3000 files per test."""
+    read, or removed whole by `clean`), are hard links to save copying ~3000 files per test
+    where ``dest`` is on the template's file system (a quick test's tmp_path is in RAM, where
+    copies cost little: tests/conftest.py, RAM_TMP)."""
     import shutil
 
     shared = ("pristine", "downloads")
@@ -90,7 +92,18 @@ def copy_workdir(template: Path, dest: Path) -> Path:
                                              if Path(d) == template and n in shared])
     for name in shared:
         if (template / name).is_dir():
-            shutil.copytree(template / name, dest / name, symlinks=True, copy_function=os.link)
+            link_tree(template / name, dest / name)
+    return dest
+
+
+def link_tree(src: Path, dest: Path) -> Path:
+    """``src`` copied to ``dest`` as hard links where both are on one file system, else as
+    copies (a quick test's tmp_path is in RAM: tests/conftest.py, RAM_TMP)."""
+    import shutil
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    link = os.stat(dest.parent).st_dev == os.stat(src).st_dev
+    shutil.copytree(src, dest, symlinks=True, copy_function=os.link if link else shutil.copy2)
     return dest
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from kvprefetch import upstream
 from kvprefetch.errors import ConfigError, FetchError, PatchError
-from tests.integration.helpers import seed_downloads, tree_bytes
+from tests.integration.helpers import link_tree, seed_downloads, tree_bytes
 from tests.integration.test_reliability import cli, outside, refused
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
@@ -257,8 +257,7 @@ def test_bad_input_is_one_message_never_a_traceback_or_a_hang(
 
     # a FIFO inside a --source folder: reading it would block forever
     src = tmp_path / "src"
-    shutil.copytree(fetched_template / "pristine" / "sdist", src, symlinks=True,
-                    copy_function=os.link)
+    link_tree(fetched_template / "pristine" / "sdist", src)
     os.mkfifo(src / "vllm" / "pipe")
     res = cli("fetch", "--workdir", str(tmp_path / "w2"), "--source", str(src), timeout=300)
     refused(res, FetchError.exit_code, "not the complete vLLM v0.10.2 source")
