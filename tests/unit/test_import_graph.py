@@ -127,7 +127,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kernels",),
     ("probe",),
     ("upstream", "reading", "timings", "kitinfo", "console", "stdio", "oserrors", "hashing",
-     "runner",
+     "runner", "gitenv",
      "errors", "__init__"),
 )
 

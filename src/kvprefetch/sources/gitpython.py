@@ -20,11 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-
-REPO_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_IMPLICIT_WORK_TREE", "GIT_INDEX_FILE",
-            "GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR",
-            "GIT_GRAFT_FILE", "GIT_SHALLOW_FILE", "GIT_NO_REPLACE_OBJECTS",
-            "GIT_REPLACE_REF_BASE", "GIT_PREFIX", "GIT_NAMESPACE")
+from ..gitenv import REPO_ENV
 
 
 @contextmanager
