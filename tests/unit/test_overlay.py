@@ -77,9 +77,19 @@ def test_link_against_the_envs_cudart(tmp_path: Path) -> None:
     assert link_against(flags, None, Path("/cuda")) == flags
 
 
-def test_install_commands() -> None:
+def test_install_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    # uv reads the file the user names (UV_CONFIG_FILE) itself; with none named and none found,
+    # it is told to read none (machine/uvconfig.py: never a uv.toml above its folder)
+    monkeypatch.setenv("UV_CONFIG_FILE", "/k/uv.toml")
     assert install_argv("uv", "/e/bin/python", "/k/uv", "vllm==0.10.2") == (
         "/k/uv", "pip", "install", "--python", "/e/bin/python", "vllm==0.10.2")
+    for name in ("UV_CONFIG_FILE", "UV_NO_CONFIG", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent-home")
+    monkeypatch.setenv("XDG_CONFIG_DIRS", "/nonexistent-xdg")
+    if not Path("/etc/uv/uv.toml").is_file():
+        assert install_argv("uv", "/e/bin/python", "/k/uv", "a") == (
+            "/k/uv", "--no-config", "pip", "install", "--python", "/e/bin/python", "a")
     assert install_argv("venv", "/e/bin/python", None, "a") == (
         "/e/bin/python", "-m", "pip", "install", "a")
     with pytest.raises(ConfigError):

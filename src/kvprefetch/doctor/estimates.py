@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..machine.uvconfig import uv_config_args
 from ..runner import NEUTRAL_CWD, run
 
 GIB = 2**30
@@ -53,8 +54,8 @@ def shares_one_install(backend: str, workdir: Path,
     from ..overlay.install import find_uv
 
     uv = find_uv()
-    done = run([uv, "cache", "dir"], env=dict(environ), echo=False, check=False,
-               timeout=30, cwd=NEUTRAL_CWD) if uv else None
+    done = run([uv, *uv_config_args(environ), "cache", "dir"], env=dict(environ), echo=False,
+               check=False, timeout=30, cwd=NEUTRAL_CWD) if uv else None
     if done is None or done.returncode != 0 or not done.output.strip():
         return False, "uv's cache directory is unknown (`uv cache dir` failed)"
     cache = Path(done.output.strip().splitlines()[-1])

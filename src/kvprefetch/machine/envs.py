@@ -37,6 +37,7 @@ from ..workspace import confine, ownership
 from ..workspace.confine import write_file
 from ..workspace.locks import locked
 from .torch_probe import probe_answer
+from .uvconfig import uv_config_args
 
 MARKER = ".kvprefetch-env.json"
 
@@ -482,7 +483,8 @@ class UvEnv(Env):
         return {"VIRTUAL_ENV": str(self.path)}
 
     def _build(self, target: Path) -> None:
-        argv = [self.uv, "venv", "--relocatable", "--python", self.base_python]
+        argv = [self.uv, *uv_config_args(os.environ), "venv", "--relocatable", "--python",
+                self.base_python]
         if self.system_site_packages:
             argv.append("--system-site-packages")
         if self.with_pip:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
+from ..machine.uvconfig import uv_config_args
 from ..runner import NEUTRAL_CWD, run, which
 
 VLLM_PIN = "vllm==0.10.2"
@@ -68,7 +69,8 @@ def install_argv(backend: str, python: str, uv: str | None, *packages: str,
             raise ConfigError("the uv backend was asked for, but uv was not found",
                               "`pip install uv` (into the kit's environment) or use "
                               "--env-backend venv")
-        return (uv, "pip", "install", "--python", python, *extra, *packages)
+        return (uv, *uv_config_args(os.environ), "pip", "install", "--python", python, *extra,
+                *packages)
     return (python, "-m", "pip", "install", *extra, *packages)
 
 
