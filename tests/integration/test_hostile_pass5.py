@@ -92,7 +92,10 @@ def test_a_build_job_never_works_in_the_campaigns_scratch(tmp_path: Path,
     {"SLURM_JOB_ID": "5", "SLURM_ARRAY_JOB_ID": "5",
      "SLURM_ARRAY_TASK_ID": "BATCHES[$(touch ../outside/pwned)0]"},
     {"SLURM_JOB_ID": "5", "SLURM_ARRAY_TASK_ID": "BATCHES[$(touch ../outside/pwned)0]"},
-], ids=["job-id-a-path", "array-task-runs-a-command", "task-without-array-job"])
+    # (pass 28 d: bash's "SLURM_ARRAY_TASK_ID: unbound variable", exit 1, with no fix)
+    {"SLURM_JOB_ID": "5", "SLURM_ARRAY_JOB_ID": "5"},
+], ids=["job-id-a-path", "array-task-runs-a-command", "task-without-array-job",
+        "array-job-without-task"])
 def test_a_job_id_from_the_environment_is_digits_or_the_job_stops(
         tmp_path: Path, outside: Path, env: dict[str, str]) -> None:
     camp = tmp_path / "camp"

@@ -264,7 +264,8 @@ def render_script(c: Campaign, job: Job) -> str:
         f"cd {shlex.quote(c.root)}",
         # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
         # reads it for a job the controller has forgotten (MinJobAge) where accounting is off
-        "JOB_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
+        # (a task id missing beside the array's: `5_`, refused below, not bash's "unbound")
+        "JOB_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID:-}}",
         "JOB_ID=${JOB_ID:-${SLURM_JOB_ID:-$$}}",
         *CHECK_JOB_IDS_SH,
         f'EXIT_RECORD={shlex.quote(str(c.logs))}/{job.name}-"$JOB_ID"{EXIT_SUFFIX}',

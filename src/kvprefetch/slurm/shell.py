@@ -399,8 +399,8 @@ PRIVATE_HOME_SH = (
 CHECK_JOB_IDS_SH = (
     'for id in "$JOB_ID" "${SLURM_JOB_ID:-0}" "${SLURM_ARRAY_TASK_ID:-0}"; do',
     '  case "$id" in',
-    ("    ''|*[!0-9_]*) echo \"refusing to run: the job id '$id' from Slurm's environment is not"
-    ' digits. To fix: submit the script with sbatch (kvprefetch slurm submit)" >&2; exit 2;;'),
+    ("    ''|_*|*_|*[!0-9_]*) echo \"refusing to run: the job id '$id' from Slurm's environment"
+    ' is not digits. To fix: submit it with sbatch (kvprefetch slurm submit)" >&2; exit 2;;'),
     "  esac",
     # a Slurm job id is at most 10 digits (32 bits), an array task's `A_T` 21 characters: a
     # 250-digit SLURM_JOB_ID made the scratch's mkdir fail with "File name too long", which the
