@@ -15,6 +15,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import stat
 import sys
 import time
@@ -387,11 +388,21 @@ def _remove(path: Path, root: Path | None) -> None:
     confine.remove_path(root, path, family=FetchError)
 
 
+def _partial_name() -> str:
+    """A new partial download's name: ``.download-<pid>-<random>.<host>``. The host's tag
+    (sha256 of its name, 8 hex digits) keeps a pid from being judged on another machine: the
+    campaign's ``cache/`` is shared by the nodes, and a prepare job on one node removed a
+    running job's partial on another as a dead pid's (issue 41, the twenty-seventh pass)."""
+    host = hashlib.sha256(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()
+    return f".download-{os.getpid()}-{secrets.token_hex(4)}.{host[:8]}"
+
+
 def _remove_dead_downloads(downloads: Path, root: Path | None = None) -> None:
-    """Partial downloads of killed runs (``.download-<pid>-*`` of a pid that is gone), listed
-    and removed relative to the folder's descriptor (opened from ``root`` down when given,
-    never through a link): by path, a ``downloads/`` swapped for a link meanwhile had a file
-    of that name in the folder it named deleted (the seventeenth hostile pass)."""
+    """Partial downloads of killed runs (``.download-<pid>-*`` of a pid that is gone, made on
+    this host: ``_partial_name``), listed and removed relative to the folder's descriptor
+    (opened from ``root`` down when given, never through a link): by path, a ``downloads/``
+    swapped for a link meanwhile had a file of that name in the folder it named deleted (the
+    seventeenth hostile pass)."""
     from ..workspace import confine
     from ..workspace.ownership import pid_alive, valid_pid
 
@@ -402,6 +413,9 @@ def _remove_dead_downloads(downloads: Path, root: Path | None = None) -> None:
             if not name.startswith(".download-") or name.count("-") < 2:
                 continue
             pid = name.split("-")[1]
+            tag = name.rpartition(".")[2] if name.count(".") > 1 else ""
+            if tag and f".{tag}" != _partial_name()[-9:]:
+                continue  # another host's: its pid means nothing here
             if not (pid.isdigit() and valid_pid(int(pid)) and int(pid) != os.getpid()
                     and not pid_alive(int(pid))):
                 continue
@@ -444,7 +458,7 @@ def ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | 
     # os.replace), a ``downloads/`` swapped for a link to a folder outside during the download
     # had the 10 MB partial made there and the user's own vllm-0.10.2.tar.gz there replaced
     # (issue 41, the seventeenth hostile pass)
-    tmp_name = f".download-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp_name = _partial_name()
     try:
         with confine.open_new(target, root=root, family=FetchError, tmp_name=tmp_name) as out, \
                 open_url(found.url) as resp:
