@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +207,38 @@ def signal_until_exit(proc: Any, signums: Sequence[int]) -> str:
         time.sleep(0.05)
     _, err = proc.communicate(timeout=30)
     return str(err)
+
+
+@contextlib.contextmanager
+def local_server(serve: Callable[[socket.socket, threading.Event], None]) -> Iterator[int]:
+    """A server on a local port whose every connection is handed to ``serve(conn, stop)`` in a
+    thread of its own; yields the port. On exit ``stop`` is set, the socket closed, and the
+    kit's URL threads (``deadlines.within``) given up on are waited for, so that what they
+    close is closed before the test ends."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    stop = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            serve(conn, stop)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        srv.close()
+        for t in threading.enumerate():
+            if t.name == "kvprefetch-url":
+                t.join(5)
+

@@ -99,10 +99,9 @@ def test_a_work_directory_a_latin1_locale_gives_other_bytes_is_refused(
     assert os.listdir(folder) == []
 
 
-def test_a_font_cache_naming_a_broken_font_sends_the_user_to_the_cache_not_matplotlib(
-        tmp_path: Path) -> None:
-    import json
-
+def font_cache(tmp_path: Path) -> tuple[Path, Path]:
+    """A matplotlib config folder of the test's own (``<tmp>/mpl``) and the font cache
+    matplotlib made in it; skips where it made none."""
     mpl = tmp_path / "mpl"
     mpl.mkdir()
     made = subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"],
@@ -111,6 +110,14 @@ def test_a_font_cache_naming_a_broken_font_sends_the_user_to_the_cache_not_matpl
     [cache] = mpl.glob("fontlist-*.json") or [None]
     if cache is None:
         pytest.skip(f"matplotlib made no font cache: {made.stderr[-300:]}")
+    return mpl, cache
+
+
+def test_a_font_cache_naming_a_broken_font_sends_the_user_to_the_cache_not_matplotlib(
+        tmp_path: Path) -> None:
+    import json
+
+    mpl, cache = font_cache(tmp_path)
     broken = tmp_path / "broken.ttf"
     broken.write_bytes(b"\0" * (1 << 20))
     doc = json.loads(cache.read_text())

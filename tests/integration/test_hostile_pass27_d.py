@@ -51,6 +51,7 @@ import pytest
 
 from kvprefetch.errors import FetchError
 from kvprefetch.sources import download
+from tests.integration.helpers import local_server
 from tests.integration.test_hostile_pass20_d import _plan
 from tests.integration.test_job_home import _env_sbatch, _submit
 from tests.integration.test_reliability import outside
@@ -84,45 +85,20 @@ def dribbler() -> Iterator[tuple[int, list[str]]]:
     """A local HTTP server that sends what its mode (``modes[0]``) says a byte or a line at a
     time, every 0.2 s, for good: ``body`` (the status line and headers, then spaces), ``headers``
     (the status line, then headers without end)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
     modes = ["body"]
-    stop = threading.Event()
 
-    def serve(conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                if modes[0] == "body":
-                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/html\r\n\r\n")
-                else:
-                    conn.sendall(b"HTTP/1.0 200 OK\r\n")
-                while not stop.is_set():
-                    conn.sendall(b" " if modes[0] == "body" else b"X: y\r\n")
-                    time.sleep(0.2)
-            except OSError:
-                pass
-
-    def accept() -> None:
+    def serve(conn: socket.socket, stop: threading.Event) -> None:
+        conn.recv(65536)
+        if modes[0] == "body":
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/html\r\n\r\n")
+        else:
+            conn.sendall(b"HTTP/1.0 200 OK\r\n")
         while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+            conn.sendall(b" " if modes[0] == "body" else b"X: y\r\n")
+            time.sleep(0.2)
 
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield srv.getsockname()[1], modes
-    finally:
-        stop.set()
-        srv.close()
-        # the kit's threads given up on end as the server's sockets close: waited for, so
-        # that what they close is closed before the test ends
-        for t in threading.enumerate():
-            if t.name == "kvprefetch-url":
-                t.join(5)
+    with local_server(serve) as port:
+        yield port, modes
 
 
 def _error_within(seconds: float, fn: Callable[[], object]) -> BaseException:

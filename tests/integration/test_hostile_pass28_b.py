@@ -47,7 +47,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_hostile_pass24_c import _env, _kit
-from tests.integration.test_hostile_pass27_b import _locale
+from tests.integration.test_hostile_pass27_b import _locale, font_cache
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -75,14 +75,7 @@ def test_a_campaign_job_named_by_a_list_or_object_is_corrupt_not_a_traceback(
 def test_a_font_cache_naming_proc_kmsg_is_refused_not_a_hang(tmp_path: Path) -> None:
     if not os.path.isfile("/proc/kmsg") or os.path.getsize("/proc/kmsg") != 0:
         pytest.skip("needs /proc/kmsg (a regular file of no bytes) on this system")
-    mpl = tmp_path / "mpl"
-    mpl.mkdir()
-    made = subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"],
-                          env=_env(tmp_path, MPLCONFIGDIR=str(mpl)), capture_output=True,
-                          text=True, timeout=120, check=False)
-    [cache] = mpl.glob("fontlist-*.json") or [None]
-    if cache is None:
-        pytest.skip(f"matplotlib made no font cache: {made.stderr[-300:]}")
+    mpl, cache = font_cache(tmp_path)
     doc = json.loads(cache.read_text())
     for font in doc["ttflist"]:
         font["fname"] = "/proc/kmsg"

@@ -42,6 +42,7 @@ import pytest
 from kvprefetch import upstream
 from kvprefetch.errors import FetchError
 from kvprefetch.sources import download
+from tests.integration.helpers import local_server
 from tests.integration.test_hostile_pass20_d import _SRC, _plan
 from tests.integration.test_hostile_pass27_d import _error_within, _run
 from tests.integration.test_job_home import _env_sbatch, _submit
@@ -55,38 +56,18 @@ def chunked() -> Iterator[tuple[int, list[str]]]:
     """A local HTTP/1.1 server answering chunked, one chunk of 3 bytes, then what its mode
     (``modes[0]``) says, for good: ``trailer`` (the last chunk, then trailer lines every 10 ms),
     ``size`` (a next chunk's size line of zeros, a byte every 10 ms)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
     modes = ["trailer"]
-    stop = threading.Event()
 
-    def serve(conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                             b"3\r\nabc\r\n" + (b"0\r\n" if modes[0] == "trailer" else b""))
-                while not stop.is_set():
-                    conn.sendall(b"X-A: b\r\n" if modes[0] == "trailer" else b"0")
-                    time.sleep(0.01)
-            except OSError:
-                pass
-
-    def accept() -> None:
+    def serve(conn: socket.socket, stop: threading.Event) -> None:
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"3\r\nabc\r\n" + (b"0\r\n" if modes[0] == "trailer" else b""))
         while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+            conn.sendall(b"X-A: b\r\n" if modes[0] == "trailer" else b"0")
+            time.sleep(0.01)
 
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield srv.getsockname()[1], modes
-    finally:
-        stop.set()
-        srv.close()
+    with local_server(serve) as port:
+        yield port, modes
 
 
 @pytest.mark.parametrize("mode", ["trailer", "size"])
