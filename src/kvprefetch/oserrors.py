@@ -104,6 +104,8 @@ def child_limit_fix(output: str) -> str | None:
                 return (f"a program the kit ran ran out of memory under this process's limit "
                         f"(`ulimit {flag}`: now {soft // 1024} KiB), which it inherits: raise "
                         f"it (`ulimit {flag} unlimited`), then rerun")
+    if _near_process_limit():  # nvcc under `ulimit -u`: "Failed to preprocess host compiler
+        return process_limit()  # properties", and doctor sent the user to another toolkit
     stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
     if "Segmentation fault" in output and stack != resource.RLIM_INFINITY \
             and stack < _USUAL_STACK:  # nvcc under `ulimit -s 96`
@@ -268,6 +270,65 @@ def mapped(family: type[KvprefetchError], doing: str, *, where: os.PathLike[str]
         if full_note and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             fix = f"{fix} ({full_note})"
         raise family(f"{doing} failed: {cause}", fix) from exc
+
+
+def process_limit() -> str:
+    """The fix when this user may start no more processes or threads: ``fork`` fails with
+    EAGAIN and a thread's start with "can't start new thread" at ``ulimit -u`` (RLIMIT_NPROC,
+    which counts every process and thread of the user's, this one's included) or a cgroup's
+    ``pids.max``. The fork said "cannot run /usr/bin/gcc: ... (it is not an executable
+    program) / pass the path of an executable", and a thread's start was a RuntimeError
+    traceback in doctor, fetch and build (issue 41, the twenty-ninth hostile pass)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    return (f"this user may start no more processes or threads (`ulimit -u`: now {limit}, "
+            "counting every process and thread this user runs; or the container's pids "
+            "limit): end some of this user's programs or raise the limit (`ulimit -u "
+            "unlimited`, or as far as `ulimit -Hu` allows), then rerun")
+
+
+def _near_process_limit() -> bool:
+    """Whether this user runs within a few tasks of ``ulimit -u`` (which binds no root), so
+    that a child's own children or threads may have failed to start."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if soft == resource.RLIM_INFINITY or os.getuid() == 0:  # the real user's count
+        return False
+    mine, tasks = f"Uid:\t{os.getuid()}\t", 0
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+                    if any(ln.startswith(mine) for ln in f):
+                        tasks += len(os.listdir(f"/proc/{pid}/task"))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+    return tasks + _TASKS_MARGIN >= soft
+
+
+_TASKS_MARGIN = 16  # what a compiler driver starts at once (nvcc: cpp, cicc, ptxas, fatbinary)
+
+
+def not_forked(exc: OSError, program: str) -> None:
+    """Raise the ConfigError for a ``program`` the fork of which failed with ``exc`` of EAGAIN
+    (``process_limit``); return for any other."""
+    if exc.errno == errno.EAGAIN:
+        from .errors import ConfigError
+
+        raise ConfigError(f"cannot start {program}: {exc.strerror or exc}",
+                          process_limit()) from None
+
+
+def no_thread(exc: BaseException) -> tuple[str, str] | None:
+    """A thread that could not be started (``threading``'s RuntimeError), as cause and fix
+    (``process_limit``); None for any other exception."""
+    if type(exc) is not RuntimeError or str(exc) != "can't start new thread":
+        return None
+    return "the kit could not start a thread of its own (can't start new thread)", \
+        process_limit()
 
 
 def unencodable(exc: BaseException) -> tuple[str, str] | None:

@@ -29,6 +29,7 @@ from typing import IO, Any, TextIO
 
 from .console import escaped
 from .errors import CommandError, ConfigError
+from .oserrors import not_forked
 
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
 
@@ -559,6 +560,7 @@ def run(
             )
         except OSError as exc:
             _raise_deferred()  # a stop while it failed to start: the stop is what happened
+            not_forked(exc, args[0])  # `ulimit -u`: the program is fine
             cwd_gone = cwd is not None and not os.path.isdir(cwd)
             if exc.filename not in (args[0], None) or cwd_gone or exc.errno == errno.ENOENT:
                 raise  # a missing program or working directory: the caller's OSError

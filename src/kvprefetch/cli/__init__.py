@@ -133,11 +133,12 @@ class LazyGroup(click.Group):
             # `matplotlib` in report, a `rich` in every dry run's table). An exception from
             # the kit's own code (or the standard library called by it) stays a traceback: a
             # bug of the kit's, which its tests must see.
-            from ..oserrors import unencodable
+            from ..oserrors import no_thread, unencodable
 
-            named = unencodable(exc)
+            named = unencodable(exc) or no_thread(exc)
             if named is not None and not debug:
-                # a path the locale's codec cannot encode back (issue 41, the twenty-sixth pass)
+                # a path the locale's codec cannot encode back (issue 41, the twenty-sixth
+                # pass); a thread not started under `ulimit -u` (the twenty-ninth)
                 family = _os_error_family(ctx.invoked_subcommand)
                 err = family(f"{ctx.invoked_subcommand or 'kvprefetch'} failed: {named[0]}",
                              named[1])

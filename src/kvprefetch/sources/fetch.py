@@ -37,7 +37,7 @@ from ..hashing import (
     source_manifest,
     tree_inventory,
 )
-from ..oserrors import mapped
+from ..oserrors import child_limit_fix, mapped
 from ..runner import absolute_path
 from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
@@ -207,7 +207,8 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
     except git.GitCommandError as exc:
         raise FetchError(f"git clone of {url} at tag {upstream.GIT_TAG} failed: "
                          f"{(exc.stderr or str(exc)).strip()}",
-                         "check the URL and the network, or use --source sdist") from exc
+                         child_limit_fix(str(exc.stderr))  # `ulimit -u`: not the URL
+                         or "check the URL and the network, or use --source sdist") from exc
     except UnicodeDecodeError as exc:
         # git's messages (a server's "remote:" lines, a path) that are no UTF-8: GitPython
         # decodes them strictly (issue 41, the nineteenth hostile pass)

@@ -13,6 +13,7 @@ out of ``os.environ`` while GitPython runs (``repo_env_cleared``); ``git apply``
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..gitenv import REPO_ENV
+from ..oserrors import process_limit
 
 
 @contextmanager
@@ -61,6 +63,8 @@ def gitpython() -> Any:
     except ImportError as exc:
         if "Failed to initialize" not in str(exc):
             raise
+        if os.strerror(errno.EAGAIN) in str(exc):  # its `git version` not forked: `ulimit -u`
+            raise ConfigError(f"cannot start {exe}: {exc}", process_limit()) from None
         raise ConfigError(f"{where} ({exe}) is not a working git: {exc}", fix) from None
     finally:
         if named is None:
