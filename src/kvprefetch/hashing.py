@@ -53,9 +53,26 @@ def sha256_file(path: str | os.PathLike[str], *, limit: int | None = None) -> st
             raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} bytes any "
                                        "library the kit builds can have; not read",
                           os.fspath(path))
-        h = hashlib.sha256()
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+        return _sha256_of_size(f, st.st_size, path)
+
+
+def _sha256_of_size(f: Any, size: int, path: str | os.PathLike[str]) -> str:
+    """sha256 of the ``size`` bytes fstat gave: a kernel file that says 0 bytes and whose read
+    waits or gives what it queued (``/proc/kmsg``, opened O_NONBLOCK: its read gave None) was a
+    TypeError traceback in ``slurm stand-in``, named as a manifest's library, and would have
+    drained the kernel's log had it held messages (issue 41, the twenty-ninth hostile pass)."""
+    h = hashlib.sha256()
+    left = size
+    while left > 0:
+        chunk = f.read(min(left, 1 << 20))
+        if chunk is None:
+            raise OSError(errno.EAGAIN, "its read would wait (a kernel file, not a library "
+                                        "or source file); kvprefetch reads only regular files",
+                          os.fspath(path))
+        if not chunk:
+            break
+        h.update(chunk)
+        left -= len(chunk)
     return h.hexdigest()
 
 
@@ -72,10 +89,7 @@ def sha256_file_of_size(path: str | os.PathLike[str], size: int) -> str | None:
                                         "kvprefetch reads only regular files", os.fspath(path))
         if st.st_size != size:
             return None
-        h = hashlib.sha256()
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return _sha256_of_size(f, size, path)
 
 
 def sha256_bytes(data: bytes) -> str:
