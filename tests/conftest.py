@@ -116,17 +116,37 @@ def _ram_tmp_offered() -> bool:
 @pytest.fixture(scope="session")
 def _ram_tmp_root() -> Iterator[Path | None]:
     """This process's own folder on /dev/shm (0700), or None where none is offered. Removed at
-    the end when every test's folder in it was (a failed test's folder is kept, and named)."""
+    the end when every test's folder in it was (a failed test's folder is kept, and named,
+    until a later run's ``_sweep_ram_tmp``)."""
     if not _ram_tmp_offered():
         yield None
         return
+    _sweep_ram_tmp()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    root = Path(tempfile.mkdtemp(prefix=f"kvprefetch-tests-{worker}-", dir=RAM_TMP))
+    root = Path(tempfile.mkdtemp(prefix=f"kvprefetch-tests-{worker}-{os.getpid()}-",
+                                 dir=RAM_TMP))
     yield root
     try:
         root.rmdir()
     except OSError:
         print(f"\nkept on {RAM_TMP}: the folders of failed tests in {root}", file=sys.stderr)
+
+
+def _sweep_ram_tmp() -> None:
+    """Remove the folders an earlier run left on /dev/shm (a failed test's, kept to be read, or
+    a run killed before its end): ``kvprefetch-tests-<worker>-<pid>-*`` of this user whose
+    process is gone. pytest keeps its own basetemps on the disk the same way, a few runs."""
+    for folder in RAM_TMP.glob("kvprefetch-tests-*-*-*"):
+        pid = folder.name.split("-")[3]
+        try:
+            if not pid.isdigit() or folder.lstat().st_uid != os.getuid() \
+                    or not folder.is_dir() or folder.is_symlink():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            _remove(folder)
+        except OSError:  # another user's process, or the folder went meanwhile
+            continue
 
 
 @pytest.fixture
