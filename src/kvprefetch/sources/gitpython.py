@@ -78,3 +78,16 @@ def head(repo_dir: Path) -> str:
 
     with repo_env_cleared(), git.Repo(repo_dir) as repo:
         return str(repo.head.commit.hexsha)
+
+
+def clone_fix(message: str) -> str:
+    """The "To fix" of a failed clone, from git's ``message``. A local repository that another
+    user owns is refused by git itself (``safe.directory``: "detected dubious ownership"); the
+    kit said "check the URL and the network", which no URL or network fixes (issue 41, the
+    twenty-ninth hostile pass)."""
+    if "dubious ownership" in message:
+        return ("the repository belongs to another user, and git reads such a repository "
+                "only once you trust it: if you do, run the `git config --global --add "
+                "safe.directory ...` that git's message names, then rerun; or use --source "
+                "sdist")
+    return "check the URL and the network, or use --source sdist"

@@ -1,0 +1,73 @@
+"""Issue 41, the twenty-ninth hostile pass, tester a (the work directory's commands and git:
+pass 28's git fixes attacked, forged build manifests, swaps during ``fetch --only``). Each
+test fails without its fix (checked by reverting ``src`` and running it):
+
+- **A wrong-way message**: verify-kernel on a machine without an NVIDIA driver builds a
+  no-device ``libcuda.so.1`` from the driver imports of the overlay environment's
+  ``vllm/_C*.so``, found two folders above a build manifest's ``so_path``. A manifest naming a
+  folder where that file is a FIFO, empty or not ELF stopped with "cannot read the imports of
+  ...: /To fix: install binutils (nm)", with nm installed (a missing nm is runner's own "not
+  found on the PATH"). It now names the file and what it is, and says to rebuild the overlay
+  environment or move its build folder out of build/ (``overlay.driverstub.ensure_stub``).
+- **A wrong-way message**: ``fetch --source DIR`` of a repository another user owns: git
+  refuses it ("detected dubious ownership", ``safe.directory``) and the kit said "check the URL
+  and the network", which neither fixes. It now says the repository is another user's and to
+  add it to ``safe.directory`` as git's message names it, if trusted
+  (``sources.gitpython.clone_fix``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvprefetch.errors import VerifyError
+from kvprefetch.overlay.driverstub import ensure_stub
+from tests.integration.test_hostile_pass20_a import _env
+
+
+@pytest.mark.parametrize("kind", ["fifo", "empty", "not-elf"])
+def test_a_driver_stub_from_a_file_that_is_no_library_is_not_told_to_install_binutils(
+        tmp_path: Path, kind: str) -> None:
+    site = tmp_path / "site" / "vllm"
+    site.mkdir(parents=True)
+    lib = site / "_C.abi3.so"
+    if kind == "fifo":
+        os.mkfifo(lib)
+    else:
+        lib.write_bytes(b"" if kind == "empty" else b"not an ELF file\n")
+    wd = tmp_path / "work"
+    wd.mkdir()
+    with pytest.raises(VerifyError) as caught:
+        ensure_stub(lib, wd / "verify" / "driver-stub", root=wd)
+    err = caught.value
+    assert "binutils" not in err.fix and "kvprefetch build --mode overlay" in err.fix, err
+    assert str(lib) in err.cause, err
+    if kind == "fifo":
+        assert "FIFO" in err.cause, err
+    assert not (wd / "verify").exists()
+
+
+def test_a_repository_another_user_owns_is_named_as_such(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the repository to another user")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "f").write_text("x\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=a@b", "-c", "user.name=a"]
+    for args in (["init", "-q"], ["add", "f"], ["commit", "-qm", "x"], ["tag", "v0.10.2"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    for dirpath, dirnames, filenames in os.walk(repo):
+        for name in [*dirnames, *filenames, "."]:
+            os.chown(os.path.join(dirpath, name), 4321, 4321, follow_symlinks=False)
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "fetch", "--source", str(repo),
+                          "--workdir", str(tmp_path / "work")], env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
+    assert "dubious ownership" in res.stderr, res.stderr
+    fix = res.stderr.split("To fix:", 1)[1]
+    assert "safe.directory" in fix and "network" not in fix, res.stderr
