@@ -14,6 +14,12 @@ test fails without its fix (checked by reverting ``src`` and running it):
   and the network", which neither fixes. It now says the repository is another user's and to
   add it to ``safe.directory`` as git's message names it, if trusted
   (``sources.gitpython.clone_fix``).
+- **A wrong-way message**: a git configuration git cannot read (a ``~/.gitconfig`` line it
+  cannot parse, a ``GIT_CONFIG_COUNT`` without its ``GIT_CONFIG_KEY_0``, a
+  ``GIT_CONFIG_GLOBAL`` naming a folder) made ``fetch --source DIR`` say "install git or put
+  its folder on PATH" (GitPython's ``git version`` at import failed) or "check the URL and the
+  network" (the clone failed). Both now say git cannot read its configuration, which its
+  message names (``sources.gitpython._config_broken``).
 """
 
 from __future__ import annotations
@@ -52,22 +58,49 @@ def test_a_driver_stub_from_a_file_that_is_no_library_is_not_told_to_install_bin
     assert not (wd / "verify").exists()
 
 
-def test_a_repository_another_user_owns_is_named_as_such(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to give the repository to another user")
-    repo = tmp_path / "repo"
+def _tagged_repo(repo: Path) -> Path:
     repo.mkdir()
     (repo / "f").write_text("x\n")
     git = ["git", "-C", str(repo), "-c", "user.email=a@b", "-c", "user.name=a"]
     for args in (["init", "-q"], ["add", "f"], ["commit", "-qm", "x"], ["tag", "v0.10.2"]):
-        subprocess.run([*git, *args], check=True, capture_output=True)
+        subprocess.run([*git, *args], check=True, capture_output=True,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("GIT_")})
+    return repo
+
+
+def _fetch(tmp_path: Path, repo: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvprefetch", "fetch", "--source", str(repo),
+                           "--workdir", str(tmp_path / "work")], env={**_env(tmp_path), **env},
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_repository_another_user_owns_is_named_as_such(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the repository to another user")
+    repo = _tagged_repo(tmp_path / "repo")
     for dirpath, dirnames, filenames in os.walk(repo):
         for name in [*dirnames, *filenames, "."]:
             os.chown(os.path.join(dirpath, name), 4321, 4321, follow_symlinks=False)
-    res = subprocess.run([sys.executable, "-m", "kvprefetch", "fetch", "--source", str(repo),
-                          "--workdir", str(tmp_path / "work")], env=_env(tmp_path),
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = _fetch(tmp_path, repo)
     assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
     assert "dubious ownership" in res.stderr, res.stderr
     fix = res.stderr.split("To fix:", 1)[1]
     assert "safe.directory" in fix and "network" not in fix, res.stderr
+
+
+@pytest.mark.parametrize("env", [
+    {"GIT_CONFIG_GLOBAL": "bad.cfg"},  # git version (GitPython's import) fails: "install git"
+    {"GIT_CONFIG_COUNT": "1"},         # the clone fails: "check the URL and the network"
+    {"GIT_CONFIG_GLOBAL": "."},        # a folder
+], ids=["bad-line", "count-without-key", "folder"])
+def test_a_git_configuration_git_cannot_read_is_named_as_such(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    repo = _tagged_repo(tmp_path / "repo")
+    (tmp_path / "bad.cfg").write_text("[core\n")
+    env = {k: str(tmp_path / v) if k == "GIT_CONFIG_GLOBAL" else v for k, v in env.items()}
+    res = _fetch(tmp_path, repo, **env)
+    assert res.returncode in (2, 3) and "Traceback" not in res.stderr, res.stderr
+    fix = res.stderr.split("To fix:", 1)[1]
+    assert "configuration" in fix and "install git" not in fix and "network" not in fix, \
+        res.stderr
+    assert not (tmp_path / "work" / "pristine").exists()

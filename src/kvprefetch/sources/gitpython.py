@@ -61,7 +61,8 @@ def gitpython() -> Any:
     except ImportError as exc:
         if "Failed to initialize" not in str(exc):
             raise
-        raise ConfigError(f"{where} ({exe}) is not a working git: {exc}", fix) from None
+        raise ConfigError(f"{where} ({exe}) is not a working git: {exc}",
+                          _CONFIG_FIX if _config_broken(str(exc)) else fix) from None
     finally:
         if named is None:
             del os.environ["GIT_PYTHON_GIT_EXECUTABLE"]
@@ -85,9 +86,25 @@ def clone_fix(message: str) -> str:
     user owns is refused by git itself (``safe.directory``: "detected dubious ownership"); the
     kit said "check the URL and the network", which no URL or network fixes (issue 41, the
     twenty-ninth hostile pass)."""
+    if _config_broken(message):
+        return _CONFIG_FIX
     if "dubious ownership" in message:
         return ("the repository belongs to another user, and git reads such a repository "
                 "only once you trust it: if you do, run the `git config --global --add "
                 "safe.directory ...` that git's message names, then rerun; or use --source "
                 "sdist")
     return "check the URL and the network, or use --source sdist"
+
+
+# git's own words when it cannot read its configuration: a line of ~/.gitconfig it cannot
+# parse ("bad config line 1 in file"), a GIT_CONFIG_COUNT without its KEY_n or a malformed
+# GIT_CONFIG_PARAMETERS ("unable to parse command-line config"), a GIT_CONFIG_GLOBAL naming a
+# folder. The kit said "install git" or "check the URL and the network" (issue 41, the
+# twenty-ninth hostile pass)
+_CONFIG_WORDS = ("bad config", "command-line config", "reading the configuration files")
+_CONFIG_FIX = ("git cannot read its configuration (the file or GIT_CONFIG_* variable its "
+               "message names): correct or unset it, then rerun; or use --source sdist")
+
+
+def _config_broken(message: str) -> bool:
+    return any(w in message for w in _CONFIG_WORDS)
