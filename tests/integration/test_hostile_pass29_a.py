@@ -20,6 +20,12 @@ test fails without its fix (checked by reverting ``src`` and running it):
   its folder on PATH" (GitPython's ``git version`` at import failed) or "check the URL and the
   network" (the clone failed). Both now say git cannot read its configuration, which its
   message names (``sources.gitpython._config_broken``).
+- **Not outside, a record lost** (found under a swap loop): ``fetch --only patched --force``
+  while ``trees/`` was swapped for a link to a folder outside (5 runs, 3 of them) failed as
+  it should ("a folder on the way became a symlink"), but ``ownership.temporary`` then
+  forgot its temporary though it could not remove it behind the link: ``trees/.patched.tmp-PID``
+  stayed, and ``clean --what all --discard-edits`` kept it as "not created by kvprefetch". It
+  now stays recorded, as a killed run's is, for the next fetch or clean to remove.
 """
 
 from __future__ import annotations
@@ -104,3 +110,29 @@ def test_a_git_configuration_git_cannot_read_is_named_as_such(
     assert "configuration" in fix and "install git" not in fix and "network" not in fix, \
         res.stderr
     assert not (tmp_path / "work" / "pristine").exists()
+
+
+def test_a_temporary_behind_a_swapped_link_stays_recorded_as_the_kits(tmp_path: Path) -> None:
+    """The race of ``fetch --only patched --force`` under a loop swapping ``trees/`` for a link,
+    made deterministic: the temporary is made, ``trees/`` becomes a link as the copy fails, so
+    the kit cannot remove it. It used to forget it anyway, and ``clean`` then kept
+    ``trees/.patched.tmp-PID`` for good as "not created by kvprefetch"."""
+    from kvprefetch.errors import FetchError
+    from kvprefetch.workspace import ownership
+    from kvprefetch.workspace.workdir import Workdir
+
+    wd = tmp_path / "work"
+    Workdir(wd).ensure()
+    (wd / "trees").mkdir()
+    (tmp_path / "outside").mkdir()
+    tmp = wd / "trees" / f".patched.tmp-{os.getpid()}"
+    with pytest.raises(FetchError), ownership.temporary(wd, tmp, family=FetchError):
+        (tmp / "f").parent.mkdir()
+        (wd / "trees").rename(wd / "real-trees")  # the swap loop's move ...
+        (wd / "trees").symlink_to(tmp_path / "outside")
+        raise FetchError("a folder on the way became a symlink", "rerun")
+    assert list((tmp_path / "outside").iterdir()) == []
+    (wd / "trees").unlink()
+    (wd / "real-trees").rename(wd / "trees")  # ... and its move back
+    assert tmp.is_dir()
+    assert ownership.owned(wd, tmp) is not None, "the kit's temporary was forgotten"
