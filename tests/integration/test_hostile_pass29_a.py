@@ -126,11 +126,15 @@ def test_a_temporary_behind_a_swapped_link_stays_recorded_as_the_kits(tmp_path: 
     (wd / "trees").mkdir()
     (tmp_path / "outside").mkdir()
     tmp = wd / "trees" / f".patched.tmp-{os.getpid()}"
-    with pytest.raises(FetchError), ownership.temporary(wd, tmp, family=FetchError):
-        (tmp / "f").parent.mkdir()
-        (wd / "trees").rename(wd / "real-trees")  # the swap loop's move ...
-        (wd / "trees").symlink_to(tmp_path / "outside")
-        raise FetchError("a folder on the way became a symlink", "rerun")
+    def copy_that_meets_the_swap() -> None:
+        with ownership.temporary(wd, tmp, family=FetchError):
+            (tmp / "f").parent.mkdir()
+            (wd / "trees").rename(wd / "real-trees")  # the swap loop's move ...
+            (wd / "trees").symlink_to(tmp_path / "outside")
+            raise FetchError("a folder on the way became a symlink", "rerun")
+
+    with pytest.raises(FetchError):
+        copy_that_meets_the_swap()
     assert list((tmp_path / "outside").iterdir()) == []
     (wd / "trees").unlink()
     (wd / "real-trees").rename(wd / "trees")  # ... and its move back
