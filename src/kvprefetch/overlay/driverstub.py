@@ -56,10 +56,25 @@ def ensure_stub(vllm_c: Path, dest_root: Path, *,
                 root: Path | None = None) -> tuple[Path, list[str]]:
     """Build (or reuse) the stub for the driver imports of ``vllm_c``; returns (its directory,
     the symbols). Keyed by the symbol list, so one stub serves every env of the same vLLM."""
+    # nm itself missing is runner's "not found on the PATH"; a non-zero exit is the file: a
+    # FIFO, an empty or a non-ELF `_C*.so` next to where a (forged) build manifest's so_path
+    # says the env is. It said "install binutils (nm)", which nm's presence cannot fix (issue
+    # 41, the twenty-ninth hostile pass)
+    fix = ("rebuild the overlay environment (`kvprefetch build --mode overlay`), or move its "
+           "build folder (the manifest naming it) out of build/")
+    try:
+        what = confine.what_is(vllm_c)  # a link followed, as nm and the loader follow it
+    except OSError as exc:
+        what = f"unreadable ({exc.strerror})"
+    if what != "a file":
+        raise VerifyError(f"{vllm_c} (the overlay environment's vLLM library) is {what}, not "
+                          "a library", fix)
     nm = run(["nm", "-D", "--undefined-only", str(vllm_c)], echo=False, check=False)
     if nm.returncode != 0:
-        raise VerifyError(f"cannot read the imports of {vllm_c}: {nm.output.strip()[-300:]}",
-                          "install binutils (nm)")
+        raise VerifyError(f"cannot read the driver imports of {vllm_c} (the overlay "
+                          "environment's vLLM library): nm says "
+                          f"{nm.output.strip()[-300:] or f'nothing, exit {nm.returncode}'}",
+                          fix)
     symbols = driver_imports(nm.output)
     src = stub_source(symbols)
     key = hashlib.sha256(src.encode()).hexdigest()[:12]

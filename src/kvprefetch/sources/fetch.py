@@ -37,15 +37,15 @@ from ..hashing import (
     source_manifest,
     tree_inventory,
 )
-from ..oserrors import child_limit_fix, mapped
+from ..oserrors import mapped
 from ..runner import absolute_path
 from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, check_tree_name
 from .download import check_index_url, ensure_sdist, pinned_bytes, url_parts
+from .gitpython import clone_fix, repo_env_cleared
 from .gitpython import gitpython as _gitpython
 from .gitpython import head as _head
-from .gitpython import repo_env_cleared
 from .local_repo import check_local_repo
 
 SOURCES = ("auto", "git", "sdist")
@@ -207,8 +207,7 @@ def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str 
     except git.GitCommandError as exc:
         raise FetchError(f"git clone of {url} at tag {upstream.GIT_TAG} failed: "
                          f"{(exc.stderr or str(exc)).strip()}",
-                         child_limit_fix(str(exc.stderr))  # `ulimit -u`: not the URL
-                         or "check the URL and the network, or use --source sdist") from exc
+                         clone_fix(str(exc.stderr or exc))) from exc
     except UnicodeDecodeError as exc:
         # git's messages (a server's "remote:" lines, a path) that are no UTF-8: GitPython
         # decodes them strictly (issue 41, the nineteenth hostile pass)

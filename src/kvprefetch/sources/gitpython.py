@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..gitenv import REPO_ENV
-from ..oserrors import process_limit
+from ..oserrors import child_limit_fix, process_limit
 
 
 @contextmanager
@@ -65,7 +65,8 @@ def gitpython() -> Any:
             raise
         if os.strerror(errno.EAGAIN) in str(exc):  # its `git version` not forked: `ulimit -u`
             raise ConfigError(f"cannot start {exe}: {exc}", process_limit()) from None
-        raise ConfigError(f"{where} ({exe}) is not a working git: {exc}", fix) from None
+        raise ConfigError(f"{where} ({exe}) is not a working git: {exc}",
+                          _CONFIG_FIX if _config_broken(str(exc)) else fix) from None
     finally:
         if named is None:
             del os.environ["GIT_PYTHON_GIT_EXECUTABLE"]
@@ -82,3 +83,33 @@ def head(repo_dir: Path) -> str:
 
     with repo_env_cleared(), git.Repo(repo_dir) as repo:
         return str(repo.head.commit.hexsha)
+
+
+def clone_fix(message: str) -> str:
+    """The "To fix" of a failed clone, from git's ``message``. A local repository that another
+    user owns is refused by git itself (``safe.directory``: "detected dubious ownership"); the
+    kit said "check the URL and the network", which no URL or network fixes (issue 41, the
+    twenty-ninth hostile pass)."""
+    if _config_broken(message):
+        return _CONFIG_FIX
+    if "dubious ownership" in message:
+        return ("the repository belongs to another user, and git reads such a repository "
+                "only once you trust it: if you do, run the `git config --global --add "
+                "safe.directory ...` that git's message names, then rerun; or use --source "
+                "sdist")
+    # `ulimit -u`: "cannot fork() for git-upload-pack" is not the URL's (the twenty-ninth pass)
+    return child_limit_fix(message) or "check the URL and the network, or use --source sdist"
+
+
+# git's own words when it cannot read its configuration: a line of ~/.gitconfig it cannot
+# parse ("bad config line 1 in file"), a GIT_CONFIG_COUNT without its KEY_n or a malformed
+# GIT_CONFIG_PARAMETERS ("unable to parse command-line config"), a GIT_CONFIG_GLOBAL naming a
+# folder. The kit said "install git" or "check the URL and the network" (issue 41, the
+# twenty-ninth hostile pass)
+_CONFIG_WORDS = ("bad config", "command-line config", "reading the configuration files")
+_CONFIG_FIX = ("git cannot read its configuration (the file or GIT_CONFIG_* variable its "
+               "message names): correct or unset it, then rerun; or use --source sdist")
+
+
+def _config_broken(message: str) -> bool:
+    return any(w in message for w in _CONFIG_WORDS)

@@ -224,8 +224,7 @@ def temporary(root: Path, path: Path, *,
               family: type[KvprefetchError] = ConfigError) -> Iterator[Path]:
     """A temporary path the kit creates, recorded (with this pid) before it exists, so a killed
     run leaves an orphan the next run can recognise as the kit's own and remove. On success the
-    caller renames it away; on failure it is removed here.
-
+    caller renames it away; on failure it is removed here, or left recorded behind a link (pass 29).
     ``family``: the caller's error, as the ``confine`` acts that follow take it: a folder
     swapped for a link ended a fetch with exit 2 here and exit 3 a moment later, in the copy
     (issue 41, the fifteenth hostile pass)."""
@@ -238,10 +237,11 @@ def temporary(root: Path, path: Path, *,
     try:
         yield path
     finally:
-        if os.path.lexists(path) and symlink_on_the_way(root, path) is None:
+        if (blocked := symlink_on_the_way(root, path)) is None and os.path.lexists(path):
             with suppress(OSError):
                 confine.remove_path(root, path)
-        forget(root, path)
+        if blocked is None and not os.path.lexists(path):
+            forget(root, path)
 
 
 SCRATCH = "tmp"
