@@ -393,8 +393,13 @@ def _partial_name() -> str:
     (sha256 of its name, 8 hex digits) keeps a pid from being judged on another machine: the
     campaign's ``cache/`` is shared by the nodes, and a prepare job on one node removed a
     running job's partial on another as a dead pid's (issue 41, the twenty-seventh pass)."""
-    host = hashlib.sha256(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()
-    return f".download-{os.getpid()}-{secrets.token_hex(4)}.{host[:8]}"
+    return f".download-{os.getpid()}-{secrets.token_hex(4)}.{_host_tag()}"
+
+
+def _host_tag() -> str:
+    """This host's tag in a partial download's name: sha256 of its name, 8 hex digits."""
+    name = socket.gethostname().encode("utf-8", "surrogateescape")
+    return hashlib.sha256(name).hexdigest()[:8]
 
 
 def _remove_dead_downloads(downloads: Path, root: Path | None = None) -> None:
@@ -408,13 +413,14 @@ def _remove_dead_downloads(downloads: Path, root: Path | None = None) -> None:
 
     dfd = confine.open_dir(downloads, root=root, what="clean up partial downloads in",
                            family=FetchError)
+    host = _host_tag()
     try:
         for name in os.listdir(dfd):
             if not name.startswith(".download-") or name.count("-") < 2:
                 continue
             pid = name.split("-")[1]
             tag = name.rpartition(".")[2] if name.count(".") > 1 else ""
-            if tag and f".{tag}" != _partial_name()[-9:]:
+            if tag and tag != host:
                 continue  # another host's: its pid means nothing here
             if not (pid.isdigit() and valid_pid(int(pid)) and int(pid) != os.getpid()
                     and not pid_alive(int(pid))):
