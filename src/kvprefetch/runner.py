@@ -341,34 +341,65 @@ def _signal_tree(proc: subprocess.Popen[str], signum: int, *, whole: bool = Fals
     own = os.getpgrp()
     if not _send(pidfd, 0):
         return  # reaped: its number, and what is below that number, may be anyone's now
-    tree = {proc.pid: pidfd}
-    opened: list[int] = []
+    below = _below(proc.pid, pidfd)
     try:
-        children: dict[int, list[int]] = {}
-        for p, ppid in _parents().items():
-            children.setdefault(ppid, []).append(p)
-        todo = [(c, proc.pid) for c in children.get(proc.pid, ())]
-        while todo:
-            pid, parent = todo.pop(0)
-            fd = _pidfd(pid)
-            if fd is None:
-                continue
-            opened.append(fd)
-            # the pidfd holds *a* process; it is this tree's when its parent is still the
-            # one found (alive now, so it had that number when the link was read)
-            if _parent_of(pid) != parent or not _send(tree[parent], 0):
-                continue
-            tree[pid] = fd
-            todo.extend((c, pid) for c in children.get(pid, ()))
-        for pid, fd in tree.items():
+        for pid, fd in {proc.pid: pidfd, **below}.items():
             with suppress(OSError):
                 if whole or pid == proc.pid or os.getpgid(pid) == own:
                     _send(fd, signum)
                     if signum not in (signal.SIGKILL, signal.SIGCONT):
                         _send(fd, signal.SIGCONT)  # a stopped one (Ctrl-Z) acts on it now
     finally:
-        for fd in opened:
+        for fd in below.values():
             os.close(fd)
+
+
+def _below(pid: int, pidfd: int) -> dict[int, int]:
+    """Every process below the live process ``pid`` (``pidfd``), each with a pidfd of its own
+    that the caller closes: one is taken only once its parent link is read again after its
+    pidfd is open, while that parent is still alive (a number reused in between names another
+    process, which is left out)."""
+    tree = {pid: pidfd}
+    opened: list[int] = []
+    children: dict[int, list[int]] = {}
+    for p, ppid in _parents().items():
+        children.setdefault(ppid, []).append(p)
+    todo = [(c, pid) for c in children.get(pid, ())]
+    try:
+        while todo:
+            child, parent = todo.pop(0)
+            fd = _pidfd(child)
+            if fd is None:
+                continue
+            opened.append(fd)
+            # the pidfd holds *a* process; it is this tree's when its parent is still the
+            # one found (alive now, so it had that number when the link was read)
+            if _parent_of(child) != parent or not _send(tree[parent], 0):
+                continue
+            tree[child] = fd
+            todo.extend((c, child) for c in children.get(child, ()))
+    finally:
+        for fd in opened:
+            if fd not in tree.values():
+                os.close(fd)
+    del tree[pid]
+    return tree
+
+
+def _ended(fds: Sequence[int], until: float) -> list[int]:
+    """Wait until each process of ``fds`` (pidfds) has ended, or the monotonic time
+    ``until``; the pidfds of those still running."""
+    left = list(fds)
+    while left:
+        poller = select.poll()
+        for fd in left:
+            poller.register(fd, select.POLLIN)
+        wait_ms = max(0, int((until - time.monotonic()) * 1000))
+        ended = {fd for fd, _ in poller.poll(wait_ms)}
+        left = [fd for fd in left if fd not in ended]
+        if not ended:
+            break  # the time is up
+    return left
 
 
 def _signal_tree_by_number(proc: subprocess.Popen[str], signum: int, *, whole: bool) -> None:
@@ -420,7 +451,47 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     process group of its own) and removes their partial outputs; a SIGKILL of the child alone
     had left them compiling, into the build folder after the kit had released its lock and
     into TMPDIR (issue 41, the ninth hostile pass). SIGKILL to them all after
-    ``STOP_GRACE_S`` or at a second interrupt."""
+    ``STOP_GRACE_S`` or at a second interrupt.
+
+    Every process below the child when the stop began is waited for too, within the same
+    grace, though the child has ended: ninja forwards the stop to its commands and exits, and
+    nvcc, its ``sh`` and ``cudafe++`` (each command's group) outlived the kit by up to 2 s,
+    reparented to init, after the build's lock was released (issue 41, the twenty-ninth hostile
+    pass). ``_end_below`` ends them."""
+    fd = _LIVE.get(proc)
+    below = _below(proc.pid, fd) if fd is not None and _send(fd, 0) else {}
+    try:
+        _stop_child(proc)
+    finally:
+        try:
+            _end_below(list(below.values()))
+        finally:
+            for fd in below.values():
+                os.close(fd)
+
+
+BELOW_GRACE_S = 3.0  # for a process below to end on its own parent's stop (ninja forwards it)
+
+
+def _end_below(fds: list[int]) -> None:
+    """The processes of ``fds`` (pidfds), below a child that has ended: ``BELOW_GRACE_S`` to
+    end, then the stop signal and ``STOP_GRACE_S``, then SIGKILL (at once on an interrupt
+    meanwhile)."""
+    try:
+        left = _ended(fds, time.monotonic() + BELOW_GRACE_S)
+        for fd in left:
+            _send(fd, stop_signal())
+        left = _ended(left, time.monotonic() + STOP_GRACE_S)
+    except BaseException:
+        for fd in fds:
+            _send(fd, signal.SIGKILL)
+        raise
+    for fd in left:
+        _send(fd, signal.SIGKILL)
+
+
+def _stop_child(proc: subprocess.Popen[str]) -> None:
+    """``_stop``'s part for the child itself and what its parent links still reach."""
     try:
         _signal_tree(proc, stop_signal())
         # the child's last lines may fill the pipe no one reads now: drain it while waiting
