@@ -43,6 +43,9 @@ def read_limited(path: Path, limit: int = MAX_RECORD_BYTES) -> bytes:
             left = limit + 1
             while left > 0:
                 piece = f.read(min(left, _PIECE))
+                if piece is None:  # a kernel file that waits for data (/proc/kmsg): not JSON
+                    raise ValueError(f"{path} has nothing to read without waiting (a kernel or "
+                                     "device file, not a file of records)")
                 if not piece:
                     break
                 pieces.append(piece)
