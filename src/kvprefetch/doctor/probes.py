@@ -9,18 +9,23 @@ import http.client
 import os
 import re
 import shutil
+import stat
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import FetchError
 from ..machine.toolchain import DEFAULT_CUDA_ROOTS, host_resources
 from ..runner import run, which
+from ..sources.deadlines import within
 from .estimates import DISK_ESTIMATE_GB, existing
 
 GITHUB_URL = "https://github.com/"
+CHECK_DEADLINE_TIMES = 3  # a HEAD request's whole answer may take 3 socket timeouts
 
 
 def disk_free(path: Path) -> int:
@@ -36,17 +41,32 @@ def disk_read_only(path: Path) -> bool:
 def check_url(url: str = GITHUB_URL, *, timeout: float = 5.0,
               environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
     """(reachable, detail): one HEAD request, through the proxies of ``environ``; any HTTP
-    answer, even an error status, means the host is reachable."""
+    answer, even an error status, means the host is reachable. The answer has a deadline in
+    all (``within``: a server or proxy sending its headers a line every few seconds meets every
+    socket timeout), and a ``file://`` URL is only looked at (``stat``), never opened: urllib's
+    own file handler opened a FIFO there (``PIP_INDEX_URL``, ``UV_INDEX_URL`` or
+    ``KVPREFETCH_DEBIAN_MIRROR`` at ``file:///…/fifo``) and ``doctor --mode overlay`` waited for
+    good (issue 41, the thirtieth hostile pass)."""
     environ = os.environ if environ is None else environ
     proxies = {k.lower()[:-6]: v for k, v in environ.items()
                if k.lower() in ("http_proxy", "https_proxy") and v}
     opener = urllib.request.build_opener(urllib.request.ProxyHandler(proxies))
+
+    def head() -> int:
+        try:
+            with opener.open(urllib.request.Request(url, method="HEAD"),
+                             timeout=timeout) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
     t0 = time.monotonic()
     try:
-        with opener.open(urllib.request.Request(url, method="HEAD"), timeout=timeout) as resp:
-            code = resp.status
-    except urllib.error.HTTPError as exc:
-        code = exc.code
+        if urllib.parse.urlparse(url).scheme.lower() == "file":
+            return _check_file_url(url)
+        code = within(timeout * CHECK_DEADLINE_TIMES, head, url)
+    except FetchError as exc:  # the deadline
+        return False, f"{url} unreachable: {exc.cause}"
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         # HTTPException: an answer that is no HTTP, from an https_proxy that is no HTTP proxy
         # (BadStatusLine), was a traceback (issue 41, the nineteenth hostile pass)
@@ -54,6 +74,20 @@ def check_url(url: str = GITHUB_URL, *, timeout: float = 5.0,
                   if isinstance(exc, http.client.HTTPException) else getattr(exc, "reason", exc))
         return False, f"{url} unreachable: {reason}"
     return True, f"{url} answered HTTP {code} in {time.monotonic() - t0:.1f} s"
+
+
+def _check_file_url(url: str) -> tuple[bool, str]:
+    """A ``file://`` URL is reachable where it names a folder or a regular file (``stat`` only:
+    opening a FIFO waits for a writer, and a device's read never ends)."""
+    path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError) as exc:
+        return False, f"{url} unreachable: {getattr(exc, 'strerror', None) or exc}"
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        return False, (f"{url} unreachable: it is not a folder or a regular file (a FIFO, "
+                       "device or socket)")
+    return True, f"{url} is a local {'folder' if stat.S_ISDIR(mode) else 'file'}"
 
 
 def query_gpus(environ: Mapping[str, str]) -> list[tuple[str, str]] | None:
