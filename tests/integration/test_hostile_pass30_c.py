@@ -13,6 +13,10 @@
   a ``file://`` URL is only ``stat``-ed (a folder or regular file is reachable; a FIFO, device
   or socket is not), and the whole answer has a deadline of three socket timeouts
   (``sources.deadlines.within``).
+- **A ``--workdir`` that is a file** (or a device, a FIFO, a link to nothing) had apply,
+  diff-upstream, export-header and build say "no tree ... run `kvprefetch fetch` first", which
+  fetch then refused: a wrong-way message, found by this pass and fixed by the lead (the
+  option's callback refuses it for every command).
 
 Nothing is mocked: a real FIFO, a real local server that dribbles its headers, the real CLI."""
 
@@ -107,3 +111,26 @@ def test_doctor_overlay_with_a_fifo_index_ends_with_the_check_failed(tmp_path: P
     checks = {c["name"]: c for c in json.loads(res.stdout)["checks"]}
     index = checks["package-index"]
     assert index["status"] == "fail" and "FIFO" in index["detail"], index
+
+
+def test_a_workdir_that_is_no_folder_is_named_as_such_by_every_command(tmp_path: Path) -> None:
+    """``--workdir FILE`` (and a link to nothing): each command names the option and says a
+    work directory is a folder, where apply, diff-upstream, export-header and build sent the
+    user to ``fetch``, which refused the same path."""
+    afile = tmp_path / "afile"
+    afile.write_text("the user's file\n")
+    nothing = tmp_path / "nothing"
+    nothing.symlink_to(tmp_path / "missing")
+    env = {k: v for k, v in os.environ.items() if k != "KVPREFETCH_WORKDIR"}
+    env["TMPDIR"] = str(tmp_path)
+    for workdir, what in ((afile, "is not a folder"), (nothing, "a symlink to nothing")):
+        for command in (["apply"], ["diff-upstream"], ["build", "--dry-run", "--kernels-only"],
+                        ["export-header", "-o", str(tmp_path / "h.cuh")], ["clean"]):
+            res = subprocess.run([sys.executable, "-m", "kvprefetch", *command, "--workdir",
+                                  str(workdir)], capture_output=True, text=True, env=env,
+                                 timeout=120, check=False)
+            assert res.returncode == 2, (command, res.stderr)
+            assert what in res.stderr and "Traceback" not in res.stderr, (command, res.stderr)
+            assert "run `kvprefetch fetch` first" not in res.stderr, (command, res.stderr)
+    assert afile.read_text() == "the user's file\n"
+    assert {p.name for p in tmp_path.iterdir()} - {"outside"} == {"afile", "nothing"}

@@ -52,6 +52,15 @@ def _real_workdir(ctx: click.Context, param: click.Parameter, value: Path) -> Pa
     if value.is_symlink() and value.is_dir():
         _refuse_a_campaigns_linked_work(value)
         return value.resolve()
+    if os.path.lexists(value) and not value.is_dir():
+        # a file, a device, a FIFO or a link to nothing: apply, diff-upstream, export-header and
+        # build said "no tree ... run `kvprefetch fetch` first", which fetch then refused (issue
+        # 41, the thirtieth hostile pass)
+        what = ("a symlink to nothing (or a loop of links)" if value.is_symlink()
+                and not value.exists() else "not a folder")
+        raise click.BadParameter(f"{os.fspath(value)!r} is {what}; a work directory is a folder "
+                                 "(`kvprefetch fetch --workdir DIR` makes one)", ctx=ctx,
+                                 param=param)
     return value
 
 
