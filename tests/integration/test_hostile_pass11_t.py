@@ -6,8 +6,9 @@ reverting ``src`` and running it):
 - Slurm opens each job's ``--output`` itself, by path, following links, truncating: links
   planted at the next job ids' names in ``logs/`` (``prepare-2.out``, ...; the ids are
   sequential) had the real Slurm overwrite three files outside the campaign with the jobs'
-  output. Now each submit and resubmit sends its jobs' output into a folder of its own it has
-  just made (``logs/sbatch-<time>-<random>/``).
+  output. Each submit and resubmit then sent its jobs' output into a folder of its own it had
+  just made (``logs/sbatch-<time>-<random>/``); now Slurm's output is ``/dev/null`` and the
+  job writes its own log (``slurm/joblog.py``).
 
 The tests here run the kit for real; where they need Slurm they use a fake ``sbatch`` on PATH
 that does what the real one was seen to do (each test says which part), so they run without
@@ -85,8 +86,8 @@ def test_slurms_own_output_never_goes_through_a_link_planted_at_the_next_job_id(
     """Links planted at ``logs/<job>-<id>.out`` for the ids Slurm gives next (101..130, every
     job, both bench tasks), pointing at files outside, then ``submit`` and a ``resubmit`` of one
     bench task: Slurm (here the fake sbatch, which opens --output as the real slurmstepd did)
-    wrote the jobs' output through them. Now every job's output is in the submission's own new
-    folder, and the planted links are left as they are."""
+    wrote the jobs' output through them. Now Slurm's output is /dev/null, and the planted links
+    are left as they are."""
     _fake_slurm(tmp_path)
     camp = tmp_path / "camp"
     res = _kit(tmp_path, "slurm", "plan", str(camp), "--stand-in", "--batch", "1,8")
@@ -105,17 +106,13 @@ def test_slurms_own_output_never_goes_through_a_link_planted_at_the_next_job_id(
         assert res.returncode == 0, res.stderr
         assert "Traceback" not in res.stderr
     assert all(p.is_symlink() for p in planted)
-    folders = sorted(p for p in logs.iterdir() if p.is_dir() and not p.is_symlink())
-    assert len(folders) == 2 and all(p.name.startswith("sbatch-") for p in folders), folders
-    got = sorted(p.relative_to(logs).as_posix().split("/", 1)[1]
-                 for d in folders for p in d.iterdir())
-    assert got == ["bench-105_0.out", "bench-105_1.out", "bench-107_1.out",
-                   "build-baseline-102.out", "build-patched-103.out", "merge-106.out",
-                   "prepare-101.out", "verify-104.out"], got
     rec = json.loads((camp / "campaign.json").read_text())
     outputs = [a for subs in rec["submitted"].values() for s in subs for a in s["argv"]
                if a.startswith("--output=")]
-    assert len(outputs) == 7 and all(str(logs) + "/sbatch-" in a for a in outputs), outputs
+    # Slurm's own output is /dev/null since the job writes its own log (slurm/joblog.py; a
+    # fresh folder per submission, this pass's first answer, could still be swapped: the
+    # twenty-fifth pass); tests/integration/test_job_log.py starts the jobs themselves
+    assert len(outputs) == 7 and set(outputs) == {"--output=/dev/null"}, outputs
 
 
 # scontrol -o show job, as the real Slurm 22.05 answered after `scancel` of build-patched: only

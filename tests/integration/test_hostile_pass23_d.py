@@ -145,7 +145,8 @@ def test_a_scratch_naming_the_first_shells_own_variables_reads_the_users_value(
     assert res.returncode == 0, res.stdout + res.stderr
     res = _run(tmp_path, camp, "10-build-baseline.sbatch", **{name: str(scr)})
     assert res.returncode == 0, res.stdout + res.stderr
-    assert f"scratch: {scr}/k/" in res.stdout, res.stdout + res.stderr
+    # the job's output, which it copies to its stderr beside its log (slurm/joblog.py)
+    assert f"scratch: {scr}/k/" in res.stderr, res.stdout + res.stderr
     assert f"--workdir {scr}/k/" in got.read_text(), got.read_text()
 
 

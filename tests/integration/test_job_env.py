@@ -180,7 +180,8 @@ def test_a_scratch_variable_reaches_the_scratch_and_no_program(tmp_path: Path) -
     assert res.returncode == 0, res.stdout + res.stderr
     res = _run(tmp_path, camp, "10-build-baseline.sbatch", MYSCR=str(base))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert f"scratch: {base}/k/" in res.stdout, res.stdout
+    # the job's output, which it copies to its stderr beside its log (slurm/joblog.py)
+    assert f"scratch: {base}/k/" in res.stderr, res.stdout + res.stderr
     assert "MYSCR" not in got.read_text().split(), got.read_text()
     res = _run(tmp_path, camp, "10-build-baseline.sbatch")
     assert res.returncode == 2 and "names $MYSCR, which is not set" in res.stderr, res.stderr

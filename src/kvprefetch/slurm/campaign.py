@@ -6,9 +6,8 @@ submission). The scripts it is written as, and the order they are submitted in, 
     <campaign>/
       campaign.json            the frozen plan, then the job ids of every submission
       scripts/NN-<job>.sbatch  one self-contained script per job
-      logs/sbatch-<time>-<random>/<job>-<jobid>.out
-                               Slurm's output of each job (arrays: <job>-<array>_<task>.out),
-                               in the new folder of the submit or resubmit that sent it;
+      logs/<job>-<jobid>.out   each job's output (arrays: <job>-<array>_<task>.out), written
+                               by the job itself (joblog.py; Slurm's own is /dev/null);
                                a failed build's own logs in logs/build-<tree>-<jobid>/
       logs/<job>-<jobid>.exit  the job's exit status, written last by the script's EXIT trap
       cache/                   the read-only source cache: the hash-checked sdist (prepare)

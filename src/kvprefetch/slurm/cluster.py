@@ -28,13 +28,7 @@ from .campaign import (
 )
 from .job_env import check_passed
 from .scripts import sbatch_argv, scratch_names, submission_order
-from .sending import (
-    DRY_RUN_LOG_DIR,
-    campaign_lock,
-    check_job_folders,
-    check_job_scripts,
-    new_log_dir,
-)
+from .sending import campaign_lock, check_job_folders, check_job_scripts
 
 # ENDED: forgotten by the controller, no accounting and no exit record (recorded_end)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -208,9 +202,8 @@ def _submit(root: Path, dry_run: bool) -> list[dict[str, Any]]:
                          "`kvprefetch slurm resubmit`")
     ids: dict[str, str] = {}
     done = []
-    log_dir = c.logs / DRY_RUN_LOG_DIR if dry_run else new_log_dir(c)
     for job in submission_order(c):
-        argv = sbatch_argv(c, job, [ids[a] for a in job.after], log_dir=log_dir)
+        argv = sbatch_argv(c, job, [ids[a] for a in job.after])
         if dry_run:
             ids[job.name] = f"<{job.name}>"
             done.append({"job": job.name, "argv": argv})
@@ -492,8 +485,7 @@ def _resubmit(root: Path, job_name: str, task: int | None, dry_run: bool) -> dic
         if dry_run or not all(s.state == "COMPLETED" for s in
                               submission_states(c, c.job(a), rec["submitted"][a][-1])):
             deps.append(aid)
-    log_dir = c.logs / DRY_RUN_LOG_DIR if dry_run else new_log_dir(c)
-    argv = sbatch_argv(c, job, deps, task, log_dir=log_dir)
+    argv = sbatch_argv(c, job, deps, task)
     if dry_run:
         return {"job": job_name, "task": task, "argv": argv}
     job_id = _send(root, rec, job_name, task, argv, env)

@@ -43,6 +43,7 @@ from .campaign import (
     save_record,
 )
 from .job_env import SCRATCH_PREFIX, SHELLS_OWN, export_option, keep_only_sh, scratch_name
+from .joblog import CLOSE_LOG_SH, SLURM_OUTPUT, open_log_sh
 from .shell import (
     CHECK_JOB_IDS_SH,
     KEEP_OUTSIDE_SH,
@@ -219,7 +220,6 @@ def _bench_task_sh(c: Campaign) -> list[str]:
 
 
 def render_script(c: Campaign, job: Job) -> str:
-    log = c.logs / slurm_log_name(job)  # `kvprefetch slurm submit` sends each its own folder
     gpu = (job.name == "bench" and not c.bench.stand_in) or (job.name == "verify" and not c.no_gpu)
     cpus = c.slurm.cpus_per_build if job.name.startswith("build-") else None
     check_campaign_path(c.root)  # the folder goes into #SBATCH lines, unquoted
@@ -229,7 +229,8 @@ def render_script(c: Campaign, job: Job) -> str:
     # runs in, passed by the directive's list) its bash loaded a libtinfo.so.6 planted in the
     # campaign before the first line (issue 41, the twenty-second hostile pass; the
     # eighteenth's attack on submit, by hand)
-    directives = [f"--job-name=kvp-{Path(c.root).name}-{job.name}", f"--output={log}",
+    # --output: the job writes its own log (joblog.py), never Slurm, which follows links
+    directives = [f"--job-name=kvp-{Path(c.root).name}-{job.name}", f"--output={SLURM_OUTPUT}",
                   "--chdir=/", export_option(scratch_names(c))]
     if job.array:
         directives.append(f"--array=0-{job.array - 1}")
@@ -262,7 +263,7 @@ def render_script(c: Campaign, job: Job) -> str:
         'if [ -n "${LD_LIBRARY_PATH+x}" ]; then keep_outside LD_LIBRARY_PATH; fi',
         f"export {JOB_ENV}={shlex.quote(c.root)}",  # its --workdir links are refused
         f"cd {shlex.quote(c.root)}",
-        # the job's own record of how it ended, beside its Slurm log (same id): `slurm status`
+        # the job's own record of how it ended, beside its log (same id): `slurm status`
         # reads it for a job the controller has forgotten (MinJobAge) where accounting is off
         # (a task id missing beside the array's: `5_`, refused below, not bash's "unbound")
         "JOB_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID:-}}",
@@ -270,15 +271,18 @@ def render_script(c: Campaign, job: Job) -> str:
         *CHECK_JOB_IDS_SH,
         f'EXIT_RECORD={shlex.quote(str(c.logs))}/{job.name}-"$JOB_ID"{EXIT_SUFFIX}',
         *WRITE_NEW_SH,
+        *CLOSE_LOG_SH,
         "record_exit() {",
         '  if [ -n "${PRIVATE_HOME:-}" ]; then rm -rf -- "$PRIVATE_HOME" || true; fi',
-        '  printf \'%s\\n\' "$1" | write_new "$EXIT_RECORD"',
+        '  printf \'%s\\n\' "$1" | write_new "$EXIT_RECORD" || true',
+        "  close_log",
         "}",
         # scancel and a time limit send SIGTERM to every process of the job: the EXIT trap
         # recorded the status of the command that was running, "0" from one that exits 0 on
         # SIGTERM, and the cancelled job read back as COMPLETED (issue 41, the eleventh pass)
         "trap 'exit 143' TERM",
         "trap 'record_exit $?' EXIT",
+        *open_log_sh(job.name),  # after the trap: a refused job records its end
         *TEMP_OUTSIDE_SH,  # after the trap: a refused job records its end
         *PRIVATE_HOME_SH,  # in the TMPDIR just checked
         'echo "kvprefetch job ' + job.name + ' on $(hostname) at $(date -u +%FT%TZ)"',
@@ -381,17 +385,11 @@ def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
 _CAMPAIGN_FOLDERS = ("scripts", "logs", "results", "report", "cache")
 
 
-def slurm_log_name(job: Job) -> str:
-    """The name Slurm gives a job's output (``%j``: the job id; an array task's
-    ``%A_%a``)."""
-    return f"{job.name}-%A_%a.out" if job.array else f"{job.name}-%j.out"
-
-
 def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],
-                task: int | None = None, log_dir: Path | None = None) -> list[str]:
-    """``sbatch --parsable [--dependency=afterok:ID:ID] [--array=TASK] [--output=LOG] SCRIPT``:
-    ``log_dir`` is the submission's own fresh folder for Slurm's output
-    (``sending.new_log_dir``; the option overrides the script's ``#SBATCH --output``)."""
+                task: int | None = None) -> list[str]:
+    """``sbatch --parsable --chdir=/ --export=... --output=/dev/null [--dependency=afterok:ID:ID]
+    [--array=TASK] SCRIPT``: the job writes its own log (``joblog.py``); the option overrides a
+    submitting shell's ``SBATCH_OUTPUT``."""
     # --chdir=/: Slurm starts a job in the folder sbatch ran in, the campaign for a user who
     # submits from it, and bash (the job's shell) loads its libraries before the script's
     # first line: an inherited LD_LIBRARY_PATH with an empty entry (`:/cuda/lib64`) had it
@@ -399,13 +397,12 @@ def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],
     # eighteenth hostile pass). Every path the script and this command name is absolute.
     # --export: what the job gets of this shell's environment (job_env.PASSED, checked by
     # submit), not all of it (sbatch's default); it overrides SBATCH_EXPORT and the script's own
-    argv = ["sbatch", "--parsable", "--chdir=/", export_option(scratch_names(c))]
+    argv = ["sbatch", "--parsable", "--chdir=/", export_option(scratch_names(c)),
+            f"--output={SLURM_OUTPUT}"]
     if dependency_ids:
         argv.append("--dependency=afterok:" + ":".join(dependency_ids))
     if task is not None:
         argv.append(f"--array={task}")  # overrides the script's #SBATCH --array
-    if log_dir is not None:
-        argv.append(f"--output={log_dir / slurm_log_name(job)}")
     argv.append(str(Path(c.root) / job.script))
     return argv
 
