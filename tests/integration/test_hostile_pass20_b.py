@@ -296,5 +296,7 @@ def test_pathlibs_symlink_loop_error_is_one_message(tmp_path: Path, command: str
                    str(loop))
     assert "Traceback" not in res.stdout + res.stderr, res.stdout + res.stderr
     assert res.returncode != 0
-    assert f"{loop}: Too many levels of symbolic links" in res.stderr, res.stderr
+    # a --workdir that is a loop of links is refused by the option itself (the thirtieth pass)
+    assert (f"{loop}: Too many levels of symbolic links" in res.stderr
+            or "is a symlink to nothing (or a loop of links)" in res.stderr), res.stderr
     assert "To fix:" in res.stderr
