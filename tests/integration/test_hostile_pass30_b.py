@@ -86,3 +86,27 @@ def test_a_timings_machine_holding_an_end_marker_is_refused(tmp_path: Path) -> N
             assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
             assert "To fix" in res.stderr and "<!--" in res.stderr, res.stderr
             assert readme.read_text() == text
+
+
+def test_a_stand_in_task_id_off_the_array_is_the_jobs_message(tmp_path: Path) -> None:
+    """Wrong-way message: the stand-in bench job passed ``$SLURM_ARRAY_TASK_ID`` to ``slurm
+    stand-in --task`` unchecked, so a task id of ``0001`` (the script sent by hand) was click's
+    "Invalid value for '--task' ... To fix: correct the command line", a command line the job
+    wrote, and one past the array "To fix: pass the array task id". The job now checks it as
+    the timed bench job does (``_bench_task_sh``), naming the tasks and the resubmit."""
+    import subprocess
+
+    camp = tmp_path / "camp"
+    made = _kit(tmp_path, "slurm", "plan", "--stand-in", "--no-gpu", "--batch", "1,8", str(camp))
+    assert made.returncode == 0, made.stdout + made.stderr
+    for task in ("0001", "2"):
+        env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "5", "SLURM_ARRAY_JOB_ID": "5",
+               "SLURM_ARRAY_TASK_ID": task, "TMPDIR": str(tmp_path)}
+        res = subprocess.run(["bash", str(camp / "scripts" / "30-bench.sbatch")], cwd="/",
+                             env=env, capture_output=True, text=True, timeout=60, check=False)
+        # without the fix: "correct the command line" (0001), "pass the array task id" (2)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert f"the array task id '{task}' is not one of this campaign's bench tasks, 0 to 1" \
+            in res.stderr, res.stderr
+        assert f"kvprefetch slurm resubmit {camp} bench --task N" in res.stderr
+        assert (camp / "logs" / f"bench-5_{task}.exit").read_text() == "2\n"
