@@ -18,6 +18,12 @@ it):
   after the block again, one line a run, ``--check`` never passing (the seventh pass's class for
   report blocks). Now the machine and every text field must be one line without a comment
   marker (``timings._one_line``).
+- Wrong-way message: the stand-in bench job passed an array task id off the array to ``slurm
+  stand-in`` unchecked (click's "correct the command line"); see its test.
+- Wrong-way message: a build job of a ``--scratch node`` campaign whose ``SLURM_TMPDIR`` is
+  relative (`` /x``, ``../``) or a file was told to "plan the campaign again with --scratch
+  node" (what it was) "or set the node TMPDIR" (which SLURM_TMPDIR overrides). Both messages now
+  name the variables the scratch comes from (``shell.SCRATCH_OUTSIDE_SH``).
 """
 
 from __future__ import annotations
@@ -110,3 +116,23 @@ def test_a_stand_in_task_id_off_the_array_is_the_jobs_message(tmp_path: Path) ->
             in res.stderr, res.stderr
         assert f"kvprefetch slurm resubmit {camp} bench --task N" in res.stderr
         assert (camp / "logs" / f"bench-5_{task}.exit").read_text() == "2\n"
+
+
+def test_a_node_scratch_variable_that_is_no_folder_is_named_as_the_fix(tmp_path: Path) -> None:
+    import subprocess
+
+    camp = tmp_path / "camp"
+    made = _kit(tmp_path, "slurm", "plan", "--stand-in", "--no-gpu", "--batch", "1", str(camp))
+    assert made.returncode == 0, made.stdout + made.stderr
+    (tmp_path / "file").write_text("x")
+    for value in (" /x", "../", str(tmp_path / "file")):
+        env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "5", "TMPDIR": str(tmp_path),
+               "SLURM_TMPDIR": value}
+        res = subprocess.run(["bash", str(camp / "scripts" / "10-build-patched.sbatch")],
+                             cwd="/", env=env, capture_output=True, text=True, timeout=60,
+                             check=False)
+        assert res.returncode == 2, res.stdout + res.stderr
+        # without the fix: "plan the campaign again with --scratch node ..." (it was node)
+        assert "To fix: submit with the variables --scratch names" in res.stderr, res.stderr
+        assert "SLURM_TMPDIR where set, else TMPDIR" in res.stderr, res.stderr
+    assert (tmp_path / "file").read_text() == "x"
