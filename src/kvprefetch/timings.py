@@ -37,6 +37,9 @@ def load_timings(path: Path) -> dict[str, Any]:
     if not isinstance(runs, list) or not runs or not isinstance(doc.get("machine"), str):
         raise ConfigError(f"{path} has no machine or no runs",
                           "write {\"machine\": ..., \"runs\": [...]} (kvprefetch/timings.py)")
+    if not _one_line(doc["machine"], printable=False):
+        raise ConfigError(f"{path}: its machine is not one line of text",
+                          "give the machine as text on one line, without `<!--` or `-->`")
     for run in runs:
         missing = [f for f in _RUN_FIELDS if not isinstance(run, dict) or f not in run]
         if missing:
@@ -45,16 +48,16 @@ def load_timings(path: Path) -> dict[str, Any]:
         bad = _bad_fields(run)
         if bad:
             raise ConfigError(f"{path}: a run's {', '.join(bad)} is not what a timing holds",
-                              "give text (one line) for what, command, commit, how and source, "
-                              "an integer exit code and wall_s in seconds (a number >= 0)")
+                              "give text (one line, no `<!--` or `-->`) for what, command, "
+                              "commit, how and source, an integer exit code and wall_s in "
+                              "seconds (a number >= 0)")
     return doc
 
 
 def _bad_fields(run: dict[str, Any]) -> list[str]:
     """The fields of a run ``timings_table`` cannot render as one table row (issue 41, the
     fifth hostile pass: a wall_s of null, text or a list was a TypeError traceback)."""
-    bad = [f for f in ("what", "command", "commit", "how", "source")
-           if not isinstance(run[f], str) or not run[f].isprintable()]
+    bad = [f for f in ("what", "command", "commit", "how", "source") if not _one_line(run[f])]
     if not isinstance(run["exit"], int) or isinstance(run["exit"], bool):
         bad.append("exit")
     wall = run["wall_s"]
@@ -64,6 +67,20 @@ def _bad_fields(run: dict[str, Any]) -> list[str]:
             or not -1e300 < wall < 1e300 or not math.isfinite(wall) or wall < 0:
         bad.append("wall_s")
     return bad
+
+
+def _one_line(text: object, *, printable: bool = True) -> bool:
+    """``text`` fits one row of the block: printable, and no comment marker. A machine of
+    several lines, or a field holding ``<!-- /timings -->``, ended the block early, and every
+    later `report --readme` copied the rest of it after the block again: the README grew by a
+    line a run and ``--check`` never passed (issue 41, the thirtieth hostile pass; the seventh
+    found the same in a report block's names)."""
+    if not isinstance(text, str) or "<!--" in text or "-->" in text:
+        return False
+    if printable:
+        return text.isprintable()
+    # the machine: a lone surrogate is left to the write, which names its line
+    return not any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 or c in "\u2028\u2029" for c in text)
 
 
 def minutes(seconds: float) -> str:

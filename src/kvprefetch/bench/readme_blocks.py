@@ -68,6 +68,45 @@ def check_block_names(text: str) -> None:
                              "name the results by ASCII paths in the blocks")
 
 
+# What `report --readme` takes for a block's first and last line, of every kind it regenerates
+# (report, timings, commands: README_BLOCK, timings.TIMINGS_BLOCK, cli.report.COMMANDS_BLOCK).
+_OPENS = re.compile(r"<!-- (?:report \S+ (?:summary|shapes|seeds|twins|bounds|host|attribution"
+                    r"|decode) |timings \S+ |commands )-->\n")
+_CLOSES = re.compile(r"<!-- /(report|timings|commands) -->")
+
+
+def check_block_nesting(text: str) -> None:
+    """Every block is closed by its own end marker before the next block opens. A block left
+    open (its ``<!-- /report -->`` forgotten or mistyped) was regenerated up to the next
+    block's end marker: the user's text between, and the next block's first line, were
+    replaced by the table without a word, and ``--check``'s fix was the command that did it
+    (issue 41, the thirtieth hostile pass)."""
+    crlf = re.search(r"<!-- (?:report \S+ \S+ |timings \S+ |commands )-->\r\n", text)
+    if crlf:  # no block matched: "up to date", and --check "every block matches", of none
+        raise BenchError(f"the block at line {text.count(chr(10), 0, crlf.start()) + 1} "
+                         f"({crlf[0].strip()!r}) ends its line with CRLF (Windows line ends), "
+                         "so kvprefetch finds no block there and would regenerate nothing",
+                         "convert the file to LF line ends (e.g. `dos2unix FILE` or "
+                         "`sed -i 's/\\r$//' FILE`), then rerun `kvprefetch report --readme`")
+    marks = sorted([(m.start(), m[0].split()[1], m[0]) for m in _OPENS.finditer(text)]
+                   + [(m.start(), "/" + m[1], m[0]) for m in _CLOSES.finditer(text)])
+    for i, (at, kind, mark) in enumerate(marks):
+        if kind.startswith("/"):
+            continue
+        line = text.count("\n", 0, at) + 1
+        nxt = marks[i + 1] if i + 1 < len(marks) else None
+        if nxt is not None and nxt[1] == "/" + kind:
+            continue
+        where = ("the file ends, so it would never be regenerated" if nxt is None else
+                 f"line {text.count(chr(10), 0, nxt[0]) + 1} holds {nxt[2].strip()!r}; "
+                 "regenerating it would replace every line up to the next end marker, text "
+                 "of yours included")
+        raise BenchError(f"the block opened at line {line} ({mark.strip()!r}) is not closed by "
+                         f"`<!-- /{kind} -->` before {where}; nothing was written",
+                         f"close the block with `<!-- /{kind} -->` on the line after its "
+                         "table, then rerun `kvprefetch report --readme`")
+
+
 def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
     """``text`` with every report block regenerated from its JSON (relative to ``root``), and
     the paths of the blocks whose lines changed."""

@@ -336,7 +336,7 @@ def refresh_commands(text: str) -> tuple[str, list[str]]:
 
 
 def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
-    from ..bench.readme_blocks import check_block_names, refresh_blocks
+    from ..bench.readme_blocks import check_block_names, check_block_nesting, refresh_blocks
     from ..errors import BenchError
     from ..timings import refresh_timings
     from ..workspace.confine import kept_mode, write_file
@@ -344,6 +344,7 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
     text = _read_markdown(readme)
     _check_markdown_size(readme, text, regenerated=False)
     check_block_names(text)
+    check_block_nesting(text)
     new, changed = refresh_blocks(text, readme.parent)
     new, changed_timings = refresh_timings(new, readme.parent)
     new, changed_commands = refresh_commands(new)

@@ -179,12 +179,11 @@ def job_commands(c: Campaign, job: Job) -> list[str]:
                 "write_new " + shlex.quote(str(c.results / "verify.json")) + " " + _q(argv)]
     if job.name == "bench":
         task = '"$SLURM_ARRAY_TASK_ID"'
-        if c.bench.stand_in:
-            return [leave_campaign_sh(c.kit_root),
-                    _q(kit_argv(c, "slurm", "stand-in", c.root, "--task")) + " " + task]
         lines = [leave_campaign_sh(c.kit_root),
                  "BATCHES=(" + " ".join(str(b) for b in c.bench.batches) + ")",
                  *_bench_task_sh(c)]
+        if c.bench.stand_in:  # the task checked as bench's: not click's "correct the command"
+            return [*lines, _q(kit_argv(c, "slurm", "stand-in", c.root, "--task")) + " " + task]
         extra: list[str] = []
         for ctx in c.bench.contexts:
             extra += ["--context", ctx]

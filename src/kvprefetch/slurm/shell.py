@@ -29,9 +29,9 @@ _SCRATCH_INSIDE_MSG = (
     ' exit 2')
 SCRATCH_OUTSIDE_SH = (
     'case "$SCRATCH_BASE" in /*) ;; *)',
-    ('  echo "refusing to build in $SCRATCH_BASE: a scratch folder must be absolute, and a'
-     ' relative one is in the campaign. To fix: plan the campaign again with --scratch node or'
-     ' a folder of yours outside it" >&2; exit 2;; esac'),
+    ('  echo "refusing to build in $SCRATCH_BASE: a scratch folder must be absolute (a relative'
+     ' one is in the campaign). To fix: submit with the variables --scratch names absolute (node:'
+     ' SLURM_TMPDIR where set, else TMPDIR), or plan with a folder of yours" >&2; exit 2;; esac'),
     # A control character can come only from a variable's value (the plan refuses one typed):
     # `$(cd ... && pwd -P)` below drops a trailing newline, so `/tmp/$IFS` was checked and made
     # as one folder and used as another, then "something is already there" sent the user to
@@ -90,8 +90,8 @@ SCRATCH_OUTSIDE_SH = (
     # user could act on (the fourteenth hostile pass)
     ('mkdir -p -- "$SCRATCH_BASE" || { echo "refusing to build in $SCRATCH_BASE: it cannot be'
      ' made a folder (something other than a folder is there, or it is not writable). To fix:'
-     ' plan the campaign again with --scratch node or a folder of yours, or set the node'
-     ' TMPDIR to a writable folder" >&2; exit 2; }'),
+     ' submit with the variables --scratch names writable folders (node: SLURM_TMPDIR where set,'
+     ' else TMPDIR), or plan with --scratch a folder of yours" >&2; exit 2; }'),
     'SCRATCH_REAL=$(cd -P -- "$SCRATCH_BASE" && env pwd -P)',
     f'if in_campaign "$SCRATCH_REAL"; then {_SCRATCH_INSIDE_MSG}; fi',
     # from here on by the resolved path, whose folders were all outside the campaign when
