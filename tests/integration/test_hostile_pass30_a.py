@@ -8,6 +8,11 @@ its fix (checked by reverting ``src`` and running it):
   by hand, then killed); a user's ``~/.config/uv/uv.toml`` linked to ``/proc/kmsg`` was
   passed to uv by the kit itself (``--config-file``). Such a file is now refused before uv
   starts, with the fix (``machine.uvconfig.check_readable``).
+- **A wrong-way message**: a relative ``UV_CONFIG_FILE`` (``myuv.toml``, in the folder the
+  user ran the kit from) made ``build --mode overlay`` stop on uv's "failed to open file
+  `myuv.toml`: No such file or directory" with "read the log above": the kit starts uv in an
+  empty folder of its own, where the file is not. It is now named to uv from the user's folder,
+  absolute (``--config-file``, which wins over the variable; ``machine.uvconfig``).
 
 Real uv (the kit's ``test`` extra), a real FIFO, a real ``uv venv`` through the kit's
 ``make_env``; nothing is mocked.
@@ -113,4 +118,10 @@ def test_a_regular_uv_config_file_is_still_read(tmp_path: Path) -> None:
     cfg = tmp_path / "mine.toml"
     cfg.write_text("")  # empty: no settings, and no wait
     res = _make_env(tmp_path, UV_CONFIG_FILE=str(cfg))
+    assert res.returncode == 0 and "MADE" in res.stdout, res.stdout + res.stderr
+
+
+def test_a_relative_uv_config_file_is_read_from_the_users_folder(tmp_path: Path) -> None:
+    (tmp_path / "myuv.toml").write_text("")  # in the folder the kit is started from
+    res = _make_env(tmp_path, UV_CONFIG_FILE="myuv.toml")
     assert res.returncode == 0 and "MADE" in res.stdout, res.stdout + res.stderr

@@ -13,7 +13,8 @@ have merged them: the user's alone is read (name both in one file to keep the sy
 uv reads that file whole, waiting on it: a ``UV_CONFIG_FILE`` naming a FIFO, ``/proc/kmsg`` or
 ``/dev/zero`` (or a user's ``uv.toml`` linked to one) kept ``build --mode overlay`` in ``uv
 venv`` for ever, with no output (issue 41, the thirtieth hostile pass). Such a file is refused
-before uv starts (``check_readable``)."""
+before uv starts (``check_readable``). A relative ``UV_CONFIG_FILE`` is named to uv from the
+folder the kit was started in, where the user meant it."""
 
 from __future__ import annotations
 
@@ -29,10 +30,15 @@ def uv_config_args(environ: Mapping[str, str]) -> list[str]:
     """uv's global options naming the configuration it reads (the module says why)."""
     if environ.get("UV_CONFIG_FILE") or environ.get("UV_NO_CONFIG", "").lower() in (
             "1", "true", "yes", "on"):
-        if environ.get("UV_CONFIG_FILE"):
-            check_readable(environ["UV_CONFIG_FILE"], "UV_CONFIG_FILE",
-                           "point UV_CONFIG_FILE at a uv.toml file, or unset it")
-        return []
+        chosen = environ.get("UV_CONFIG_FILE")
+        if not chosen:
+            return []
+        check_readable(chosen, "UV_CONFIG_FILE",
+                       "point UV_CONFIG_FILE at a uv.toml file, or unset it")
+        # uv starts in an empty folder of the kit's: a relative UV_CONFIG_FILE, meant from
+        # the user's folder, was "No such file" there though the file was in place (issue 41,
+        # the thirtieth hostile pass). Named absolute; uv's option wins over its variable.
+        return [] if os.path.isabs(chosen) else ["--config-file", os.path.abspath(chosen)]
     home = environ.get("HOME", "")
     user = environ.get("XDG_CONFIG_HOME") or (os.path.join(home, ".config") if home else "")
     system = [*(environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":"), "/etc"]
