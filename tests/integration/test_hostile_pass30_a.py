@@ -13,6 +13,14 @@ its fix (checked by reverting ``src`` and running it):
   `myuv.toml`: No such file or directory" with "read the log above": the kit starts uv in an
   empty folder of its own, where the file is not. It is now named to uv from the user's folder,
   absolute (``--config-file``, which wins over the variable; ``machine.uvconfig``).
+- **A record lost inside the work directory** (found under a swap loop: ``fetch --force
+  --only patched`` while ``trees/`` was exchanged with a link, 10 runs): the twenty-ninth
+  pass's fix keeps a temporary's record when a link is on the way as the failed run ends, but
+  the look came before the remove and the "is it gone" check after it, by path: ``trees/``
+  swapped in between made ``trees/.patched.tmp-PID``, still in place, look gone through the
+  link, and its record was forgotten; ``clean --what all --discard-edits`` then kept it as "not
+  created by kvprefetch". Gone is now judged in its folder opened without following a link
+  (``confine.absent``, from ``ownership.temporary``).
 
 Real uv (the kit's ``test`` extra), a real FIFO, a real ``uv venv`` through the kit's
 ``make_env``; nothing is mocked.
@@ -20,10 +28,12 @@ Real uv (the kit's ``test`` extra), a real FIFO, a real ``uv venv`` through the 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +53,25 @@ except KvprefetchError as exc:
     print("REFUSED", exc)
     sys.exit(3)
 print("MADE")
+"""
+
+
+# trees/ exchanged with a link to a folder outside, as fast as it goes; on SIGTERM it ends
+# with the two names where they were
+SWAP = r"""
+import ctypes, signal, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+a, b = sys.argv[1].encode(), sys.argv[2].encode()
+n = [0]
+def stop(*_):
+    if n[0] % 2:
+        libc.renameat2(-100, a, -100, b, 2)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while True:
+    time.sleep(0.001)
+    if libc.renameat2(-100, a, -100, b, 2) == 0:  # RENAME_EXCHANGE
+        n[0] += 1
 """
 
 
@@ -125,3 +154,44 @@ def test_a_relative_uv_config_file_is_read_from_the_users_folder(tmp_path: Path)
     (tmp_path / "myuv.toml").write_text("")  # in the folder the kit is started from
     res = _make_env(tmp_path, UV_CONFIG_FILE="myuv.toml")
     assert res.returncode == 0 and "MADE" in res.stdout, res.stdout + res.stderr
+
+
+def test_a_temporary_left_behind_a_swapped_link_stays_recorded(tmp_path: Path) -> None:
+    from kvprefetch.errors import KvprefetchError
+    from kvprefetch.workspace import confine, ownership
+    from kvprefetch.workspace.workdir import Workdir
+
+    root = tmp_path / "wd"
+    Workdir(root).ensure()
+    trees, victim, link = root / "trees", tmp_path / "victim", root / "tl"
+    trees.mkdir()
+    victim.mkdir()
+    link.symlink_to(victim)
+    # another process (a thread would share the interpreter's lock, and rarely swap mid-step)
+    swapper = subprocess.Popen([sys.executable, "-c", SWAP, str(trees), str(link)])
+    try:
+        end, i = time.monotonic() + 4, 0
+        while time.monotonic() < end:
+            i += 1
+            path = trees / f".t{i}.tmp-{os.getpid()}"
+            try:
+                with ownership.temporary(root, path):
+                    fd = confine.open_dir(trees, root=root)
+                    try:
+                        os.mkdir(path.name, dir_fd=fd)  # in the real trees/, never a link's
+                    finally:
+                        os.close(fd)
+                    raise RuntimeError("the step fails")
+            except (KvprefetchError, OSError, RuntimeError):
+                pass
+    finally:
+        swapper.send_signal(signal.SIGTERM)  # it stops with the two names as they were
+        swapper.wait()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if trees.is_symlink():
+        libc.renameat2(-100, bytes(trees), -100, bytes(link), 2)
+    assert not trees.is_symlink() and link.is_symlink()
+    assert list(victim.iterdir()) == []
+    left = sorted(p for p in trees.iterdir() if p.name.startswith(".t"))
+    lost = [p.name for p in left if ownership.owned(root, p) is None]
+    assert not lost, f"{len(lost)} of {len(left)} temporaries left in trees/ were forgotten"
