@@ -187,6 +187,27 @@ def _raced(path: Path, what: str, family: type[KvprefetchError]) -> KvprefetchEr
                   "then rerun")
 
 
+def absent(root: Path, path: Path) -> bool:
+    """Whether ``path`` is surely not there: looked up in its folder opened from ``root`` down
+    without following a link (``open_dir``). By path, a folder on the way swapped for a link
+    just after a check made a kit temporary that was still in place look gone, and its record
+    was forgotten (issue 41, the thirtieth hostile pass). False where the folder cannot be
+    opened so (a link on the way, or gone): the record stays for the next run to judge."""
+    try:
+        dfd = open_dir(path.parent, root=root, what="look for", family=ConfigError)
+    except (KvprefetchError, OSError):
+        return False
+    try:
+        os.lstat(path.name, dir_fd=dfd)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(dfd)
+    return False
+
+
 def open_dir(d: Path, *, root: Path | None = None, what: str = "write into",
              family: type[KvprefetchError] = ConfigError) -> int:
     """A descriptor of the folder ``d``, opened without following a symlink: from ``root``

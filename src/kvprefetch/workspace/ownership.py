@@ -240,7 +240,7 @@ def temporary(root: Path, path: Path, *,
         if (blocked := symlink_on_the_way(root, path)) is None and os.path.lexists(path):
             with suppress(OSError):
                 confine.remove_path(root, path)
-        if blocked is None and not os.path.lexists(path):
+        if blocked is None and confine.absent(root, path):  # by its folder, never a link's
             forget(root, path)
 
 
