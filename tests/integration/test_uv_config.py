@@ -84,3 +84,18 @@ def test_the_users_own_uv_toml_is_still_read(tmp_path: Path) -> None:
     data = _run(tmp_path, home, cache_env=False)
     assert data["install"][0] == 0, data["install"][1]
     assert data["cache"] == [0, str(users)]
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES", "on", "y", "T"])
+def test_uv_no_config_as_uv_reads_it_names_no_file(tmp_path: Path, value: str) -> None:
+    """``UV_NO_CONFIG`` in each spelling uv takes for yes: the kit passes uv no configuration
+    option, so uv reads none, where for ``y`` and ``t`` the kit named the user's own ``uv.toml``
+    though the user had asked for none (issue 41, the thirtieth hostile pass, found and left
+    open by its tester a; closed by the lead)."""
+    from kvprefetch.machine.uvconfig import uv_config_args
+
+    (tmp_path / "uv").mkdir()
+    (tmp_path / "uv" / "uv.toml").write_text('index-url = "https://example.invalid/simple"\n')
+    env = {"XDG_CONFIG_HOME": str(tmp_path), "XDG_CONFIG_DIRS": str(tmp_path / "none")}
+    assert uv_config_args(env) == ["--config-file", str(tmp_path / "uv" / "uv.toml")]
+    assert uv_config_args({**env, "UV_NO_CONFIG": value}) == []

@@ -28,8 +28,10 @@ from ..reading import MAX_RECORD_BYTES
 
 def uv_config_args(environ: Mapping[str, str]) -> list[str]:
     """uv's global options naming the configuration it reads (the module says why)."""
+    # uv's own reading of a yes (clap's boolish values): y and t too, which the kit missed and
+    # then named the user's uv.toml though the user had asked for none (the thirtieth pass)
     if environ.get("UV_CONFIG_FILE") or environ.get("UV_NO_CONFIG", "").lower() in (
-            "1", "true", "yes", "on"):
+            "1", "true", "yes", "on", "y", "t"):
         chosen = environ.get("UV_CONFIG_FILE")
         if not chosen:
             return []
