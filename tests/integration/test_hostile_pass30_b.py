@@ -24,6 +24,10 @@ it):
   relative (`` /x``, ``../``) or a file was told to "plan the campaign again with --scratch
   node" (what it was) "or set the node TMPDIR" (which SLURM_TMPDIR overrides). Both messages now
   name the variables the scratch comes from (``shell.SCRATCH_OUTSIDE_SH``).
+- Found by this pass and closed by the lead: a ``SLURM_JOB_ID`` of 11 to 21 digits (no Slurm
+  job id, which is 32 bits) passed the job's own check, and a build job failed only at its
+  publish ("run this step inside the Slurm job"); the job now refuses each id, and each part of
+  an array task's ``A_T``, past 10 digits.
 """
 
 from __future__ import annotations
@@ -136,3 +140,19 @@ def test_a_node_scratch_variable_that_is_no_folder_is_named_as_the_fix(tmp_path:
         assert "To fix: submit with the variables --scratch names" in res.stderr, res.stderr
         assert "SLURM_TMPDIR where set, else TMPDIR" in res.stderr, res.stderr
     assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_job_id_past_ten_digits_is_refused_by_the_job_itself(tmp_path: Path) -> None:
+    """An 11-digit ``SLURM_JOB_ID`` (or array job id): refused at the job's start as no Slurm job
+    id, before any scratch; 10 digits run."""
+    from tests.integration.test_hostile_pass20_d import _plan, _run
+
+    camp = tmp_path / "camp"
+    _plan(tmp_path, camp, python="/bin/true")
+    for env in ({"SLURM_JOB_ID": "9" * 11}, {"SLURM_JOB_ID": "8", "SLURM_ARRAY_JOB_ID": "9" * 11,
+                                             "SLURM_ARRAY_TASK_ID": "0"}):
+        res = _run(tmp_path, camp, "10-build-baseline.sbatch", **env)
+        assert res.returncode == 2, (env, res.stdout + res.stderr)
+        assert "is longer than any Slurm job id" in res.stderr, res.stderr
+    res = _run(tmp_path, camp, "00-prepare.sbatch", SLURM_JOB_ID="4294967295")
+    assert res.returncode == 0, res.stdout + res.stderr

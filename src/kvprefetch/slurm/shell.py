@@ -402,13 +402,13 @@ CHECK_JOB_IDS_SH = (
     ("    ''|_*|*_|*[!0-9_]*) echo \"refusing to run: the job id '$id' from Slurm's environment"
     ' is not digits. To fix: submit it with sbatch (kvprefetch slurm submit)" >&2; exit 2;;'),
     "  esac",
-    # a Slurm job id is at most 10 digits (32 bits), an array task's `A_T` 21 characters: a
+    # a Slurm job id is at most 10 digits (32 bits), each part of an array task's `A_T` too: a
     # 250-digit SLURM_JOB_ID made the scratch's mkdir fail with "File name too long", which the
     # job then called "something is already there", and no exit record could be written
-    # (issue 41, the twentieth hostile pass)
-    '  if [ "${#id}" -gt 21 ]; then',
+    # (issue 41, the twentieth hostile pass; 11 to 21 digits passed here, then publish refused)
+    '  idh=${id%_*} idt=${id#*_}; if [ "${#idh}" -gt 10 ] || [ "${#idt}" -gt 10 ]; then',
     ("    echo \"refusing to run: the job id '$id' from Slurm's environment is longer than any"
-     " Slurm job id (21 characters at most). To fix: submit the script with sbatch (kvprefetch"
+     " Slurm job id (10 digits, an array task's A_T 21). To fix: submit it with sbatch (kvprefetch"
      ' slurm submit)" >&2; exit 2'),
     "  fi",
     "done",
