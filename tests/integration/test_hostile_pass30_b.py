@@ -27,7 +27,9 @@ it):
 - Found by this pass and closed by the lead: a ``SLURM_JOB_ID`` of 11 to 21 digits (no Slurm
   job id, which is 32 bits) passed the job's own check, and a build job failed only at its
   publish ("run this step inside the Slurm job"); the job now refuses each id, and each part of
-  an array task's ``A_T``, past 10 digits.
+  an array task's ``A_T``, past 10 digits. And a README block naming a file that does not
+  exist was told to "pass a JSON file written by kvprefetch bench": it is told to point the
+  block at one that exists.
 """
 
 from __future__ import annotations
@@ -156,3 +158,16 @@ def test_a_job_id_past_ten_digits_is_refused_by_the_job_itself(tmp_path: Path) -
         assert "is longer than any Slurm job id" in res.stderr, res.stderr
     res = _run(tmp_path, camp, "00-prepare.sbatch", SLURM_JOB_ID="4294967295")
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_block_naming_a_missing_file_is_told_to_point_the_block_elsewhere(
+        tmp_path: Path) -> None:
+    readme = tmp_path / "R.md"
+    text = "# runs\n<!-- report gone.json summary -->\n<!-- /report -->\n"
+    readme.write_text(text)
+    for extra in ((), ("--check",)):
+        res = _kit(tmp_path, "report", "--readme", str(readme), *extra)
+        assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
+        assert f"names {tmp_path / 'gone.json'}, which does not exist" in res.stderr, res.stderr
+        assert "To fix: point the block at a result file" in res.stderr, res.stderr
+    assert readme.read_text() == text

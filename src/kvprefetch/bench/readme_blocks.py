@@ -5,6 +5,7 @@ attribution tables, a folder of decode runs)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -113,6 +114,17 @@ def refresh_blocks(text: str, root: Path) -> tuple[str, list[str]]:
     changed: list[str] = []
 
     def fill(m: re.Match[str]) -> str:
+        try:
+            os.lstat(root / m[2])
+        except FileNotFoundError:
+            # the reader's fix was "pass a JSON file written by kvprefetch bench", where the
+            # block names it (issue 41, the thirtieth hostile pass)
+            raise BenchError(f"the report block `<!-- report {m[2][:80]} {m[3]} -->` names "
+                             f"{str(root / m[2])[:200]}, which does not exist",
+                             "point the block at a result file or run folder that exists, "
+                             "relative to the markdown file") from None
+        except (OSError, ValueError):
+            pass  # a name no file can have, a folder not entered: the reading below names it
         try:
             with reading(root / m[2]):
                 if m[3] == "decode":
