@@ -88,14 +88,26 @@ def minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def latest_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last run of each command, in the file's order: what a reader runs today. The file
+    keeps every run (the README's table had grown to 30 rows of history)."""
+    last = {r["command"]: i for i, r in enumerate(runs)}
+    return [r for i, r in enumerate(runs) if last[r["command"]] == i]
+
+
 def timings_table(doc: dict[str, Any]) -> str:
-    """The block's lines: one row per run, then the machine."""
+    """The block's lines: the last run of each command, the count of earlier runs the file
+    keeps, then the machine."""
     rows = ["| what | command | wall time | exit | commit | how it ran | source |",
             "|---|---|---|---|---|---|---|"]
-    for r in doc["runs"]:
+    shown = latest_runs(doc["runs"])
+    for r in shown:
         rows.append(f"| {r['what']} | `{r['command']}` | {minutes(float(r['wall_s']))} | "
                     f"{r['exit']} | `{str(r['commit'])[:7]}` | {r['how']} | {r['source']} |")
-    return "\n".join(rows) + f"\n\nMachine: {doc['machine']}.\n"
+    earlier = len(doc["runs"]) - len(shown)
+    kept = (f" The file keeps {earlier} earlier run{'s' if earlier > 1 else ''} of these "
+            "commands." if earlier else "")
+    return "\n".join(rows) + f"\n\nThe last run of each command.{kept} Machine: {doc['machine']}.\n"
 
 
 def refresh_timings(text: str, root: Path) -> tuple[str, list[str]]:

@@ -247,3 +247,22 @@ def test_a_compressed_result_renders_under_its_run_name(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert [p.name for p in tmp_path.iterdir()] == ["sample-12011758.md"]
     assert "## Host time per call over stock" in (tmp_path / "sample-12011758.md").read_text()
+
+
+def test_the_timings_table_shows_the_last_run_of_each_command() -> None:
+    """The README shows what a reader runs today: the last run of each command, in the file's
+    order, and how many earlier runs the file keeps (its table had grown to 30 rows)."""
+    from kvprefetch.timings import timings_table
+
+    def run(command: str, wall_s: float) -> dict[str, object]:
+        return {"what": command, "command": command, "commit": "abcdef1", "how": "here",
+                "exit": 0, "wall_s": wall_s, "source": "test"}
+
+    doc = {"machine": "two cores", "runs": [run("a", 60), run("b", 70), run("a", 80)]}
+    lines = timings_table(doc).splitlines()
+    assert [line.split(" | ")[2] for line in lines[2:4]] == ["70 s", "80 s"]
+    assert lines[4] == ""
+    assert lines[5] == ("The last run of each command. The file keeps 1 earlier run of these "
+                        "commands. Machine: two cores.")
+    assert timings_table({**doc, "runs": doc["runs"][:2]}).splitlines()[-1] == (
+        "The last run of each command. Machine: two cores.")
