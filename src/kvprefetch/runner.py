@@ -343,6 +343,11 @@ def _signal_tree(proc: subprocess.Popen[str], signum: int, *, whole: bool = Fals
         return  # reaped: its number, and what is below that number, may be anyone's now
     below = _below(proc.pid, pidfd)
     try:
+        if whole and signum == signal.SIGKILL:
+            tree = {proc.pid: pidfd, **below}
+            _kill_all(tree)
+            below = {pid: fd for pid, fd in tree.items() if fd != pidfd}
+            return
         for pid, fd in {proc.pid: pidfd, **below}.items():
             with suppress(OSError):
                 if whole or pid == proc.pid or os.getpgid(pid) == own:
@@ -356,34 +361,54 @@ def _signal_tree(proc: subprocess.Popen[str], signum: int, *, whole: bool = Fals
 
 def _below(pid: int, pidfd: int) -> dict[int, int]:
     """Every process below the live process ``pid`` (``pidfd``), each with a pidfd of its own
-    that the caller closes: one is taken only once its parent link is read again after its
-    pidfd is open, while that parent is still alive (a number reused in between names another
-    process, which is left out)."""
+    that the caller closes (``_grow``)."""
     tree = {pid: pidfd}
-    opened: list[int] = []
+    _grow(tree)
+    del tree[pid]
+    return tree
+
+
+def _grow(tree: dict[int, int]) -> bool:
+    """Add to ``tree`` (pid -> pidfd, the caller's to close) every process now below one of its
+    live processes; True when one was added. One is taken only once its parent link is read
+    again after its pidfd is open, while that parent is still alive (a number reused in between
+    names another process, which is left out)."""
     children: dict[int, list[int]] = {}
     for p, ppid in _parents().items():
         children.setdefault(ppid, []).append(p)
-    todo = [(c, pid) for c in children.get(pid, ())]
-    try:
-        while todo:
-            child, parent = todo.pop(0)
-            fd = _pidfd(child)
-            if fd is None:
-                continue
-            opened.append(fd)
-            # the pidfd holds *a* process; it is this tree's when its parent is still the
-            # one found (alive now, so it had that number when the link was read)
-            if _parent_of(child) != parent or not _send(tree[parent], 0):
-                continue
-            tree[child] = fd
-            todo.extend((c, child) for c in children.get(child, ()))
-    finally:
-        for fd in opened:
-            if fd not in tree.values():
-                os.close(fd)
-    del tree[pid]
-    return tree
+    todo = [(c, p) for p, fd in tree.items() if _send(fd, 0) for c in children.get(p, ())]
+    added = False
+    while todo:
+        child, parent = todo.pop(0)
+        old = tree.get(child)
+        if (old is not None and _send(old, 0)) or (fd := _pidfd(child)) is None:
+            continue
+        # the pidfd holds *a* process; it is this tree's when its parent is still the one
+        # found (alive now, so it had that number when the link was read)
+        if _parent_of(child) != parent or not _send(tree[parent], 0):
+            os.close(fd)
+            continue
+        if old is not None:
+            os.close(old)  # an ended one's number, now its parent's new child
+        tree[child] = fd
+        added = True
+        todo.extend((c, child) for c in children.get(child, ()))
+    return added
+
+
+def _kill_all(tree: dict[int, int]) -> None:
+    """SIGKILL to every process of ``tree`` (pid -> pidfd) and every one below them, each held
+    first with SIGSTOP until no new one is found: one that forks in a loop had the children it
+    made after the processes below were read left running, reparented to init (issue 41, the
+    thirty-first hostile pass). New pidfds are added to ``tree``, the caller's to close."""
+    while True:
+        for fd in tree.values():
+            _send(fd, signal.SIGSTOP)
+        time.sleep(0.01)  # for the stops to land: a fork under way finishes first
+        if not _grow(tree):
+            break
+    for fd in tree.values():
+        _send(fd, signal.SIGKILL)
 
 
 def _ended(fds: Sequence[int], until: float) -> list[int]:
@@ -464,7 +489,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         _stop_child(proc)
     finally:
         try:
-            _end_below(list(below.values()))
+            _end_below(below)
         finally:
             for fd in below.values():
                 os.close(fd)
@@ -473,21 +498,23 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 BELOW_GRACE_S = 3.0  # for a process below to end on its own parent's stop (ninja forwards it)
 
 
-def _end_below(fds: list[int]) -> None:
-    """The processes of ``fds`` (pidfds), below a child that has ended: ``BELOW_GRACE_S`` to
-    end, then the stop signal and ``STOP_GRACE_S``, then SIGKILL (at once on an interrupt
-    meanwhile)."""
+def _end_below(below: dict[int, int]) -> None:
+    """The processes of ``below`` (pid -> pidfd), below a child that has ended, and those they
+    started since (added to ``below``): ``BELOW_GRACE_S`` to end, then the stop signal and
+    ``STOP_GRACE_S``, then SIGKILL (at once on an interrupt meanwhile)."""
     try:
-        left = _ended(fds, time.monotonic() + BELOW_GRACE_S)
+        left = _ended(list(below.values()), time.monotonic() + BELOW_GRACE_S)
+        if left:
+            _grow(below)
+            left = [fd for fd in below.values() if _send(fd, 0)]
         for fd in left:
             _send(fd, stop_signal())
         left = _ended(left, time.monotonic() + STOP_GRACE_S)
     except BaseException:
-        for fd in fds:
-            _send(fd, signal.SIGKILL)
+        _kill_all(below)
         raise
-    for fd in left:
-        _send(fd, signal.SIGKILL)
+    if left:
+        _kill_all(below)
 
 
 def _stop_child(proc: subprocess.Popen[str]) -> None:

@@ -26,6 +26,15 @@ import shlex
 # (which overrides a submitting shell's SBATCH_OUTPUT)
 SLURM_OUTPUT = "/dev/null"
 
+# the signals that end a bash script by default (Slurm's --signal, scancel -s, a terminal's
+# Ctrl-C, a closed terminal, a broken pipe, a CPU limit): the job records each as 128+n (its
+# EXIT trap saw the status of the last command, "0" for a job stopped by SIGINT, SIGHUP or
+# SIGPIPE; and SIGUSR1, SIGUSR2 or SIGALRM killed the log's writer, then the job, by SIGPIPE,
+# before its record: issue 41, the thirty-first hostile pass), and the log's writer ignores them
+ENDING_SIGNALS = "HUP INT PIPE ALRM USR1 USR2 TERM XCPU XFSZ VTALRM PROF"
+TRAP_ENDING_SH = ("for s in " + ENDING_SIGNALS + "; do"
+                  ' trap "exit $((128 + $(kill -l "$s")))" "$s"; done')
+
 _SPARE_NAMES = " ".join(["''"] + [f".{n}" for n in range(1, 10)])
 
 
@@ -45,7 +54,7 @@ def open_log_sh(job_name: str) -> tuple[str, ...]:
          ' campaign). To fix: find what else writes the campaign, then send the job again"'
          " >&2; exit 2; }"),
         "exec 3>&2",
-        "exec > >(trap '' INT TERM HUP QUIT",
+        f"exec > >(trap '' {ENDING_SIGNALS} QUIT",
         "  tee -a -p /dev/fd/3 2>/dev/null | {",
         '  if cd -P -- logs 2>/dev/null && [ "$(env pwd -P)" = "$LOG_WANT" ]; then',
         f"    for n in {_SPARE_NAMES}; do",

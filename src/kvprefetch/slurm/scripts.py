@@ -43,7 +43,7 @@ from .campaign import (
     save_record,
 )
 from .job_env import SCRATCH_PREFIX, SHELLS_OWN, export_option, keep_only_sh, scratch_name
-from .joblog import CLOSE_LOG_SH, SLURM_OUTPUT, open_log_sh
+from .joblog import CLOSE_LOG_SH, SLURM_OUTPUT, TRAP_ENDING_SH, open_log_sh
 from .shell import (
     CHECK_JOB_IDS_SH,
     KEEP_OUTSIDE_SH,
@@ -279,7 +279,7 @@ def render_script(c: Campaign, job: Job) -> str:
         # scancel and a time limit send SIGTERM to every process of the job: the EXIT trap
         # recorded the status of the command that was running, "0" from one that exits 0 on
         # SIGTERM, and the cancelled job read back as COMPLETED (issue 41, the eleventh pass)
-        "trap 'exit 143' TERM",
+        TRAP_ENDING_SH,  # and the other ending signals (joblog.ENDING_SIGNALS)
         "trap 'record_exit $?' EXIT",
         *open_log_sh(job.name),  # after the trap: a refused job records its end
         *TEMP_OUTSIDE_SH,  # after the trap: a refused job records its end
