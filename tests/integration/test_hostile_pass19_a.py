@@ -195,7 +195,8 @@ so = d / "kvprefetch_patched_C.so"
 so.touch()
 os.truncate(so, 15 << 40)  # sparse: no disk used
 (d / "manifest.json").write_text(json.dumps(
-    {"key": "k", "tree": "patched", "outputs": [{"path": str(so), "sha256": "0" * 64}]}))
+    {"key": "k", "tree": "patched", "so_path": str(so), "so_sha256": "0" * 64,
+     "outputs": [{"path": str(so), "sha256": "0" * 64}]}))
 print("match", plan.manifest_matches(types.SimpleNamespace(
     build_dir=str(d), key="k", env_path=str(d / "env"), source_tree=str(d / "tree"))))
 """
@@ -269,8 +270,9 @@ def test_a_manifest_naming_outputs_of_another_work_directory_is_no_match(tmp_pat
         lib.write_bytes(b"library")
         Path(tp.build_dir).mkdir(parents=True, exist_ok=True)
         (Path(tp.build_dir) / "manifest.json").write_text(json.dumps(
-            {"key": "k", "outputs": [{"path": str(lib),
-                                      "sha256": hashlib.sha256(b"library").hexdigest()}]}))
+            {"key": "k", "so_path": str(lib), "so_sha256": hashlib.sha256(b"library").hexdigest(),
+             "outputs": [{"path": str(lib),
+                          "sha256": hashlib.sha256(b"library").hexdigest()}]}))
 
     original, copy = planned(tmp_path / "original"), planned(tmp_path / "copy")
     manifest(original, original)

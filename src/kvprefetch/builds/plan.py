@@ -143,6 +143,11 @@ def manifest_matches(tp: TreePlan) -> dict[str, Any] | None:
         m: dict[str, Any] = load_json(mpath)
         if not isinstance(m, dict) or m.get("key") != tp.key:
             return None
+        # what `build` reports of an up-to-date tree: a manifest recording the key without its
+        # library (or with another type) ended `build` in a KeyError traceback (issue 41, the
+        # thirty-first hostile pass); absent or not text is corrupt, and the build runs again
+        if not all(isinstance(m.get(k, 0), (str, type(None))) for k in ("so_path", "so_sha256")):
+            return None
         for out in m.get("outputs", []):
             p = Path(out["path"])
             if not _in_plan_folders(tp, p):

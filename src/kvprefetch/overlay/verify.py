@@ -113,14 +113,19 @@ def _vllm_site(probe: dict[str, Any]) -> bool:
     return all(s and not s.startswith(SITE_PREFIX) for s in sites)
 
 
-def check_overlay(rep: Any, tree: str, manifest: dict[str, Any], stub: dict[str, Any] | None
-                  ) -> None:
-    """Add the overlay rows for ``tree`` to the verify report ``rep``."""
-    env = manifest.get("env", {})
-    python = env.get("python") or str(Path(env.get("path", "")) / "bin" / "python")
+def check_overlay(rep: Any, tree: str, manifest: dict[str, Any], stub: dict[str, Any] | None,
+                  root: Path) -> None:
+    """Add the overlay rows for ``tree`` (of the work directory ``root``) to the verify
+    report ``rep``."""
+    from ..verify.manifests import manifest_python, python_refused
+
+    python = manifest_python(manifest)
     stub_dir = Path(stub["dir"]) if stub else None
-    on = probe_overlay(python, stub_dir=stub_dir)
-    off = probe_overlay(python, off=True, child=False, stub_dir=stub_dir)
+    refused = python_refused(manifest, root)
+    on: dict[str, Any] = ({"errors": [refused]} if refused else
+                          probe_overlay(python, stub_dir=stub_dir))
+    off: dict[str, Any] = ({"errors": [refused]} if refused else
+                           probe_overlay(python, off=True, child=False, stub_dir=stub_dir))
     rep.overlay[tree] = {"on": on, "off": off, "driver_stub": stub}
     main = routing_problems(tree, manifest, on)
     lib = on.get("routed_library") or {}

@@ -51,7 +51,7 @@ from .machine_code import (
     check_unbounded_copies,
     kernel_changed,
 )
-from .manifests import newest_manifests, python_problem
+from .manifests import manifest_python, newest_manifests, python_refused
 from .numerics import NO_CUDA_DEVICE
 from .report import VerifyReport
 
@@ -243,22 +243,13 @@ def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
 def _probe_checked(m: dict[str, Any], root: Path) -> dict[str, Any]:
     """``_probe_tree``, for a manifest whose interpreter is one of the work directory's own
     environments' (``_python_problem``); else the probe's error, and nothing is run."""
-    env = m.get("env")
-    env = env if isinstance(env, dict) else {}
-    python = env.get("python") or str(Path(str(env.get("path", ""))) / "bin" / "python")
-    problem = python_problem(str(python), root)
-    if problem is None:
-        return _probe_tree(m)
-    why = (f"the build manifest of tree {str(m.get('tree'))[:64]!r} {problem}; kvprefetch "
-           "runs no program a record names outside its environments (rebuild the tree "
-           "with `kvprefetch build`)")
-    return {"errors": [why]}
+    why = python_refused(m, root)
+    return {"errors": [why]} if why else _probe_tree(m)
 
 
 def _probe_tree(m: dict[str, Any]) -> dict[str, Any]:
     env = m.get("env", {})
-    python = env.get("python") or str(Path(env.get("path", "")) / "bin" / "python")
-    return probe_env(python, env.get("path", ""),
+    return probe_env(manifest_python(m), env.get("path", ""),
                      "kernels" if m.get("mode") in ("kernels-only", "overlay") else "vllm")
 
 
@@ -457,7 +448,7 @@ def _judge(rep: VerifyReport, wd: Workdir, manifests: dict[str, dict[str, Any]],
 
         stub = _driver_stub(wd, manifests[overlay_trees[0]])
         for tree in overlay_trees:
-            check_overlay(rep, tree, manifests[tree], stub)
+            check_overlay(rep, tree, manifests[tree], stub, wd.root)
     files = [v[0] for v in loaded.values()]
     shas = [v[1] for v in loaded.values()]
     if len(loaded) >= 2:

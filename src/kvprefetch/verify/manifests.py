@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import VerifyError
 from ..reading import load_json
+from ..upstream import TREE_NAME
 from ..workspace.workdir import Workdir
 
 
@@ -53,6 +54,15 @@ def check_manifest(path: Path, m: dict[str, Any]) -> None:
         v = m.get(k)
         if v is not None and (not isinstance(v, str) or "\0" in v):
             raise bad(k, v)
+    tree = m.get("tree")
+    if tree and not TREE_NAME.match(tree):
+        # the tree's name is a path's part (trees/<tree>): the check of it said "--tree
+        # '../x' is not a tree name / To fix: pick a name such as patched", where no --tree
+        # was given and the manifest named it (issue 41, the thirty-first hostile pass)
+        raise VerifyError(f"build manifest {path} is corrupt: its tree {tree[:80]!r} is not a "
+                          "tree name (letters, digits and _)",
+                          "rebuild that tree (`kvprefetch build`), or move the manifest's "
+                          "folder out of build/")
     env = m.get("env")
     if env is None:
         return
@@ -62,6 +72,14 @@ def check_manifest(path: Path, m: dict[str, Any]) -> None:
         v = env.get(k)
         if v is not None and (not isinstance(v, str) or "\0" in v):
             raise bad(f"env.{k}", v)
+
+
+def manifest_python(m: dict[str, Any]) -> str:
+    """The interpreter a build manifest names: its ``env.python``, else ``env.path``'s
+    ``bin/python`` (checked by ``check_manifest`` first)."""
+    env = m.get("env")
+    env = env if isinstance(env, dict) else {}
+    return str(env.get("python") or Path(str(env.get("path", ""))) / "bin" / "python")
 
 
 def python_problem(python: str, root: Path) -> str | None:
@@ -83,3 +101,18 @@ def python_problem(python: str, root: Path) -> str | None:
     if link is not None:
         return f"names the interpreter {python[:200]} through the symlink {link}"
     return None
+
+
+def python_refused(m: dict[str, Any], root: Path) -> str | None:
+    """Why verify-kernel runs no probe with the interpreter the build manifest ``m`` names
+    (``python_problem``, in the report's words); None: it may. Every probe of a manifest's
+    environment asks here first: the overlay checks ran its ``env.python`` unchecked, and a
+    manifest of mode ``overlay`` naming ``/usr/bin/touch`` (or ``/bin/rm``) had verify-kernel
+    run it on the kit's own ``probe/overlay.py``, outside the work directory (issue 41, the
+    thirty-first hostile pass)."""
+    problem = python_problem(manifest_python(m), root)
+    if problem is None:
+        return None
+    return (f"the build manifest of tree {str(m.get('tree'))[:64]!r} {problem}; kvprefetch "
+            "runs no program a record names outside its environments (rebuild the tree "
+            "with `kvprefetch build`)")
