@@ -273,7 +273,9 @@ def test_a_throughput_result_vllm_wrote_badly_is_one_message(
     text there a ValueError, an elapsed time of 0 a ZeroDivisionError, a list a TypeError: all
     tracebacks. Now the file is read as records are and checked; one message names it and the
     run's log (exit 7)."""
-    python = tmp_path / "python"
+    # in the work directory's envs/, where a verify report's pythons must be (the 31st pass)
+    python = tmp_path / "wd" / "envs" / "baseline" / "bin" / "python"
+    python.parent.mkdir(parents=True)
     python.write_text(_FAKE_PYTHON)
     python.chmod(0o755)
     report = tmp_path / "report.json"

@@ -282,7 +282,9 @@ def test_a_throughput_result_with_numbers_out_of_reach_is_one_message(
     """vLLM's ``--output-json`` with a 400-digit integer, or a rate that overflows: one
     message naming the file and the run's log (exit 7), no traceback, no blame on
     matplotlib."""
-    python = tmp_path / "python"
+    # in the work directory's envs/, where a verify report's pythons must be (the 31st pass)
+    python = tmp_path / "wd" / "envs" / "baseline" / "bin" / "python"
+    python.parent.mkdir(parents=True)
     python.write_text(_FAKE_VLLM)
     python.chmod(0o755)
     report = tmp_path / "report.json"

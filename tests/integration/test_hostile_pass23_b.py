@@ -193,7 +193,7 @@ def _fake_vllm_python(tmp_path: Path) -> Path:
     """A stand-in for an environment's python with vLLM: prints a version, and writes a
     throughput result where --output-json says."""
     py = tmp_path / "bin" / "python"
-    py.parent.mkdir()
+    py.parent.mkdir(parents=True)
     py.write_text("#!/bin/bash\n"
                   '[ "$1" = -I ] && shift  # the kit runs it isolated (bench e2e)\n'
                   'if [ "$1" = -c ]; then echo 0.10.2; exit 0; fi\n'
@@ -293,7 +293,8 @@ def test_bench_e2e_never_makes_or_writes_through_a_link_in_the_work_directory(
         tmp_path: Path, outside: Path, planted: str) -> None:
     wd = tmp_path / "work"
     (wd / "verify").mkdir(parents=True)
-    py = str(_fake_vllm_python(tmp_path))
+    # in the work directory's envs/, where a verify report's pythons must be (the 31st pass)
+    py = str(_fake_vllm_python(wd / "envs" / "baseline"))
     (wd / "verify" / "report.json").write_text(json.dumps({
         "passed": True, "envs": {"baseline": {"python": py}, "patched": {"python": py}}}))
     (wd / planted).parent.mkdir(parents=True, exist_ok=True)

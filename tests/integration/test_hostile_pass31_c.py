@@ -17,6 +17,11 @@ and running it):
 - **A wrong-way message:** a manifest whose ``tree`` is no tree name (``../x``) had
   verify-kernel say "--tree '../x' is not a tree name / To fix: pick a name such as patched",
   though no ``--tree`` was given; it now names the manifest (``manifests.check_manifest``).
+- **bench e2e ran a program a verify report named** (found by this pass, fixed by the lead):
+  the environments' pythons of ``<workdir>/verify/report.json`` (or ``--verify-report``) were
+  checked for their type only, and ``/tmp/x/evil`` in the report was run. Each must now be one
+  of the work directory's own environments (``python_problem``); ``--env NAME=PYTHON`` is the
+  user's own instruction, as before.
 
 Nothing is mocked: the CLI runs for real on manifests written as a forger would; the build's
 up-to-date check gets a plain namespace for its plan, as test_hostile_pass19_a's does."""
@@ -110,3 +115,23 @@ def test_verify_kernel_names_the_manifest_of_a_bad_tree_name(tmp_path: Path,
     assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
     assert "--tree" not in res.stderr and "manifest.json is corrupt" in res.stderr, res.stderr
     assert str(work / "build" / "patched" / "k1" / "manifest.json") in res.stderr
+
+
+def test_bench_e2e_runs_no_python_a_verify_report_names_outside_the_envs(
+        tmp_path: Path, outside: Path) -> None:
+    """A verify report that passed, naming ``<tmp>/x/evil`` (a script that leaves a marker) as
+    both environments' python: `bench e2e` ran it before any benchmark. It is refused now, and
+    the marker never appears."""
+    (tmp_path / "x").mkdir()
+    evil = tmp_path / "x" / "evil"
+    evil.write_text(f"#!/bin/sh\ntouch {tmp_path / 'ran'}\nexit 1\n")
+    evil.chmod(0o755)
+    work = tmp_path / "work"
+    (work / "verify").mkdir(parents=True)
+    (work / "verify" / "report.json").write_text(json.dumps(
+        {"passed": True, "envs": {"baseline": {"python": str(evil)},
+                                  "patched": {"executable": str(evil)}}}))
+    res = _cli("bench", "e2e", "--workdir", str(work), "--out", str(tmp_path / "out"))
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
+    assert "runs no program a record names outside its environments" in res.stderr, res.stderr
+    assert not (tmp_path / "ran").exists(), "bench e2e ran the report's python"

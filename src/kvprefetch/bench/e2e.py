@@ -279,8 +279,12 @@ def require_verified(report_path: Path, env_names: Sequence[str]) -> dict[str, s
     return covered
 
 
-def parse_env_specs(specs: Sequence[str], verified: Mapping[str, str | None]) -> tuple[E2EEnv, ...]:
-    """``NAME=PYTHON`` options; without any, the envs (with pythons) the verify report lists."""
+def parse_env_specs(specs: Sequence[str], verified: Mapping[str, str | None],
+                    workdir: Path | None = None) -> tuple[E2EEnv, ...]:
+    """``NAME=PYTHON`` options; without any, the envs (with pythons) the verify report lists,
+    each of which must be one of ``workdir``'s own environments: the report is data read back,
+    and one naming ``/tmp/x/evil`` had `bench e2e` run it (issue 41, the thirty-first hostile
+    pass). A python the user names with ``--env`` is the user's instruction."""
     envs: list[E2EEnv] = []
     for spec in specs:
         name, sep, py = spec.partition("=")
@@ -289,6 +293,17 @@ def parse_env_specs(specs: Sequence[str], verified: Mapping[str, str | None]) ->
                              "e.g. --env baseline=kvprefetch-work/envs/baseline/bin/python")
         envs.append(E2EEnv(name, Path(py)))
     if not envs:
+        from ..verify.manifests import python_problem
+
+        for n, p in verified.items():
+            problem = (python_problem(p, Path(os.path.abspath(workdir)))
+                       if p and workdir is not None else None)
+            if problem is not None:
+                raise BenchError(f"the verify-kernel report's environment {n!r} {problem}; "
+                                 "kvprefetch runs no program a record names outside its "
+                                 "environments",
+                                 "run `kvprefetch verify-kernel` on this work directory again, "
+                                 "or name the environments yourself with --env NAME=PYTHON")
         envs = [E2EEnv(n, Path(p)) for n, p in verified.items() if p]
     if len(envs) < 2:
         raise BenchError("bench e2e needs two environments (baseline first)",

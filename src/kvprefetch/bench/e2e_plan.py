@@ -130,7 +130,7 @@ def plan_e2e_bench(options: E2EBenchOptions, *, dry_run: bool = False) -> E2EBen
             raise
         refusal = exc.message
         verified = _listed_envs(report_path)
-    envs = parse_env_specs(o.envs, verified) if (o.envs or verified) else ()
+    envs = parse_env_specs(o.envs, verified, o.workdir) if (o.envs or verified) else ()
     e2e = E2EPlan(envs=envs, model_dir=o.model_dir or o.workdir / "models" / "llama-3.1-8b-dummy",
                   out_dir=out_dir / o.name, tokenizer=o.tokenizer,
                   max_num_seqs=parse_sizes(o.max_num_seqs), repeats=o.repeats,
