@@ -478,11 +478,13 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     into TMPDIR (issue 41, the ninth hostile pass). SIGKILL to them all after
     ``STOP_GRACE_S`` or at a second interrupt.
 
-    Every process below the child when the stop began is waited for too, within the same
-    grace, though the child has ended: ninja forwards the stop to its commands and exits, and
-    nvcc, its ``sh`` and ``cudafe++`` (each command's group) outlived the kit by up to 2 s,
-    reparented to init, after the build's lock was released (issue 41, the twenty-ninth hostile
-    pass). ``_end_below`` ends them."""
+    Every process below the child when the stop began is waited for too, though the child has
+    ended: ninja forwards the stop to its commands and exits, and nvcc, its ``sh`` and
+    ``cudafe++`` (each command's group) outlived the kit by up to 2 s, reparented to init, after
+    the build's lock was released (issue 41, the twenty-ninth hostile pass). ``_end_below``
+    ends them, after the child's own grace: a stop whose child and processes below all ignore
+    it takes up to ``STOP_GRACE_S + BELOW_GRACE_S + STOP_GRACE_S``. A process that left the
+    tree before the stop (a daemon's double fork, reparented to init) is not seen."""
     fd = _LIVE.get(proc)
     below = _below(proc.pid, fd) if fd is not None and _send(fd, 0) else {}
     try:
