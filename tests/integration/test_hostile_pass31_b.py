@@ -1,0 +1,97 @@
+"""Issue 41, the thirty-first hostile pass (tester b: every option of fetch, clean, report, vmm,
+verify-kernel, bench decode/e2e/ncu and every slurm subcommand, fuzzed with hostile values).
+Each test fails without its fix (checked by reverting ``src`` and running it):
+
+- **An output name of 251 to 255 bytes was taken, and its outputs then failed with the wrong
+  fix.** ``bench kernel/decode/ncu/e2e --name NAME`` and ``report --repeats NAME`` write
+  ``NAME.json``/``.md``/``.png``; ``plan.check_output_name`` refused folders and control
+  characters but not a name whose ``NAME.json`` is past Linux's 255 bytes in one name. Such a
+  name passed the command line (and a bench run's dry run); writing the first output said "File
+  name too long / To fix: use a shorter path ... (the --workdir, -o/--out or campaign folder
+  that named it)", which the folder was not (a bench run had measured first). The same for
+  ``report FILE`` whose name, less ``.json``, is past 250 bytes. Now the name is refused where
+  it is given: a usage error naming the option (or, for ``report FILE``, the input to
+  rename), before anything runs or is written.
+
+Nothing is mocked: the real CLI in a child process."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import kvprefetch_cli_split
+from tests.integration.test_reliability import outside
+from tests.unit.test_repeats import three_runs
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPREFETCH")}
+    env.update(PYTHONPATH=SRC, TMPDIR=str(tmp_path))
+    return env
+
+
+def _runs(tmp_path: Path) -> list[str]:
+    files = []
+    for i, d in enumerate(three_runs()):
+        f = tmp_path / f"run-{i}.json"
+        f.write_text(json.dumps(d))
+        files.append(str(f))
+    return files
+
+
+@pytest.mark.parametrize("length", [251, 255])
+def test_a_repeats_name_past_one_names_bytes_is_a_usage_error(tmp_path: Path,
+                                                               length: int) -> None:
+    files = _runs(tmp_path)
+    out = tmp_path / "out"
+    res = kvprefetch_cli_split("report", "--repeats", "r" * length, "--formats", "md",
+                               "--out", str(out), *files, env=_env(tmp_path), cwd=tmp_path)
+    text = res.stdout + res.stderr
+    # without the fix: exit 7, "File name too long / To fix: use a shorter path ... (the
+    # --workdir, -o/--out or campaign folder that named it)"
+    assert res.returncode == 2, text
+    assert "--repeats" in text and "too long a name" in text and "To fix" in text, text
+    assert "Traceback" not in text and "shorter path" not in text, text
+    assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
+    # 250 bytes (250.json is 255) is a legal name, written as asked
+    ok = kvprefetch_cli_split("report", "--repeats", "r" * 250, "--formats", "md",
+                              "--out", str(out), *files, env=_env(tmp_path), cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert (out / ("r" * 250 + ".json")).is_file()
+
+
+@pytest.mark.parametrize("command", ["kernel", "decode", "ncu", "e2e"])
+def test_a_bench_name_past_one_names_bytes_is_refused_before_the_run(tmp_path: Path,
+                                                                     command: str) -> None:
+    name = "n" * 252
+    res = kvprefetch_cli_split("bench", command, "--workdir", str(tmp_path / "none"),
+                               "--dry-run", "--name", name, "--out", str(tmp_path / "o"),
+                               env=_env(tmp_path), cwd=tmp_path, timeout=120)
+    text = res.stdout + res.stderr
+    # without the fix the dry run took it (exit 0 or another refusal), and a real run
+    # measured, then failed on writing <name>.json with "use a shorter path"
+    assert res.returncode == 2, text
+    assert "--name" in text and "too long a name" in text and "Traceback" not in text, text
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_result_file_whose_name_is_too_long_for_its_outputs_is_named(tmp_path: Path) -> None:
+    src = tmp_path / ("x" * 254)  # no .json: its outputs would be x*254.md / .png
+    src.write_text(json.dumps(three_runs()[0]))
+    out = tmp_path / "out"
+    res = kvprefetch_cli_split("report", str(src), "--out", str(out), env=_env(tmp_path),
+                               cwd=tmp_path)
+    text = res.stdout + res.stderr
+    # without the fix: "File name too long / To fix: use a shorter path ... -o/--out ..."
+    assert res.returncode != 0 and "Traceback" not in text, text
+    assert "rename the result file" in text and "shorter path" not in text, text
+    assert not out.exists() or not any(out.iterdir())
+
