@@ -12,6 +12,13 @@ Each test fails without its fix (checked by reverting ``src`` and running it):
   ``report FILE`` whose name, less ``.json``, is past 250 bytes. Now the name is refused where
   it is given: a usage error naming the option (or, for ``report FILE``, the input to
   rename), before anything runs or is written.
+- **``slurm plan --python /proc/self/exe`` was planned.** The plan checked that ``--python`` is
+  an absolute path to an executable file here, where ``/proc/self/exe`` is the kit's own
+  Python; in the job the same name is the job's bash, so every job ran ``bash -m kvprefetch
+  ...``, which said only "kvprefetch: kvprefetch: Is a directory" (exit 126, no fix). The same
+  for ``/proc/<pid>/exe`` (another process, or none, on the node) and ``/dev/stdin`` (a link
+  into ``/proc``). ``values.check_python`` now refuses a ``--python`` reached through
+  ``/proc``, by its name or any link on the way.
 
 Nothing is mocked: the real CLI in a child process."""
 
@@ -19,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +104,26 @@ def test_a_result_file_whose_name_is_too_long_for_its_outputs_is_named(tmp_path:
     assert "rename the result file" in text and "shorter path" not in text, text
     assert not out.exists() or not any(out.iterdir())
 
+
+
+@pytest.mark.parametrize("python", ["/proc/self/exe", "/dev/stdin", "/proc/{pid}/exe"],
+                         ids=["self-exe", "dev-stdin", "pid-exe"])
+def test_a_python_reached_through_proc_is_refused_at_plan(tmp_path: Path, python: str) -> None:
+    camp = tmp_path / "camp"
+    py = python.format(pid=os.getpid())
+    with open(sys.executable, "rb") as stdin:  # /dev/stdin: a regular, executable file here
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                              "--stand-in", "--batch", "1", "--python", py],
+                             env=_env(tmp_path), stdin=stdin, capture_output=True, text=True,
+                             timeout=120, check=False, cwd=tmp_path)
+    text = res.stdout + res.stderr
+    # without the fix: exit 0, and the job ran its own bash as python ("Is a directory")
+    assert res.returncode == 2, text
+    assert "through /proc" in text and "To fix" in text and "Traceback" not in text, text
+    assert not camp.exists()
+    # the interpreter by its own path is planned as before
+    ok = subprocess.run([sys.executable, "-m", "kvprefetch", "slurm", "plan", str(camp),
+                         "--stand-in", "--batch", "1", "--python", sys.executable],
+                        env=_env(tmp_path), capture_output=True, text=True, timeout=120,
+                        check=False, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -244,6 +244,30 @@ def _in_campaign(path: str, root: str) -> bool:
         or reaches_campaign(path, Path(root))
 
 
+def check_python(py: str) -> str:
+    """``py`` when it names the same interpreter on a node as here: an absolute path to an
+    executable file, reached through no link or folder in ``/proc`` (nor ``/dev/fd``,
+    ``/dev/stdin``, which lead there). A name there means this process, or a pid, here and
+    another on the node: ``--python /proc/self/exe`` passed (it is the kit's Python here) and
+    every job ran its own bash as its "python", which said only "kvprefetch: Is a directory"
+    (issue 41, the thirty-first hostile pass)."""
+    from .job_env import _link_folders
+
+    # a file: a folder passes os.access(X_OK), and --python /tmp was planned, every job then
+    # failing on the node with "Is a directory" (issue 41, the twenty-second hostile pass)
+    if not os.path.isabs(py) or not os.path.isfile(py) or not os.access(py, os.X_OK):
+        raise ConfigError(f"--python {py} is not an absolute path to an executable",
+                          "pass the absolute path of the interpreter the jobs should run")
+    if any(f == "/proc" or f.startswith("/proc/")
+           for f in (posixpath.normpath(py), *_link_folders(py))):
+        raise ConfigError(f"--python {py} is reached through /proc, where a name means this "
+                          "process (or a process id) here and another program in the job (its "
+                          "own shell for /proc/self/exe)",
+                          "pass the interpreter's own path (what `python -c 'import sys; "
+                          "print(sys.executable)'` prints), then plan again")
+    return py
+
+
 def check_program_outside(what: str, path: str, root: str) -> str:
     """``path`` (the jobs' ``--python``, or the kit's checkout on their ``PYTHONPATH``) is not in
     the campaign ``root`` (by its name, through links, or a bind mount of it): every job runs
