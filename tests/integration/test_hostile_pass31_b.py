@@ -19,6 +19,13 @@ Each test fails without its fix (checked by reverting ``src`` and running it):
   for ``/proc/<pid>/exe`` (another process, or none, on the node) and ``/dev/stdin`` (a link
   into ``/proc``). ``values.check_python`` now refuses a ``--python`` reached through
   ``/proc``, by its name or any link on the way.
+- **A ``file://`` package index in pip's own layout was refused with the wrong fix.** ``fetch
+  --index-url file:///mirror/simple/`` (or ``PIP_INDEX_URL``) read the project page
+  ``.../simple/vllm/`` as a file; in the layout pip and uv read (and doctor calls reachable),
+  that is a folder holding ``index.html``, so fetch said "is not a regular file (a FIFO,
+  device, socket or folder) / To fix: use PyPI or a faithful mirror", which the mirror was.
+  Now a folder's ``index.html`` is the page (``download._file_page``), opened as before: a FIFO
+  there is still refused, never waited on.
 
 Nothing is mocked: the real CLI in a child process."""
 
@@ -127,3 +134,42 @@ def test_a_python_reached_through_proc_is_refused_at_plan(tmp_path: Path, python
                         env=_env(tmp_path), capture_output=True, text=True, timeout=120,
                         check=False, cwd=tmp_path)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def _file_index(root: Path, sdist: Path) -> str:
+    """A local simple index in pip's layout: ``simple/vllm/index.html`` linking to the sdist."""
+    from kvprefetch import upstream
+
+    (root / "simple" / "vllm").mkdir(parents=True)
+    (root / "simple" / "vllm" / "index.html").write_text(
+        f'<a href="file://{sdist}#sha256={upstream.SDIST_SHA256}">{upstream.SDIST_NAME}</a>\n')
+    return f"file://{root}/simple/"
+
+
+def test_a_file_index_in_pips_layout_is_read(tmp_path: Path, vllm_sdist: Path) -> None:
+    from kvprefetch import upstream
+    from kvprefetch.hashing import sha256_file
+
+    url = _file_index(tmp_path / "mirror", vllm_sdist)
+    work = tmp_path / "work"
+    res = kvprefetch_cli_split("fetch", "--workdir", str(work), "--source", "sdist",
+                               "--index-url", url, "--only", "baseline",
+                               env=_env(tmp_path), cwd=tmp_path, timeout=300)
+    text = res.stdout + res.stderr
+    # without the fix: exit 3, "file://.../simple/vllm/ is not a regular file (a FIFO, device,
+    # socket or folder) / To fix: use PyPI or a faithful mirror"
+    assert res.returncode == 0, text
+    assert sha256_file(work / "downloads" / upstream.SDIST_NAME) == upstream.SDIST_SHA256
+
+
+def test_a_fifo_at_a_file_indexs_page_is_still_refused(tmp_path: Path, vllm_sdist: Path) -> None:
+    from kvprefetch.errors import FetchError
+    from kvprefetch.sources.download import ensure_sdist
+
+    url = _file_index(tmp_path / "mirror", vllm_sdist)
+    page = tmp_path / "mirror" / "simple" / "vllm" / "index.html"
+    page.unlink()
+    os.mkfifo(page)
+    with pytest.raises(FetchError) as exc:  # not a wait for a writer
+        ensure_sdist(tmp_path / "dl", url)
+    assert "index.html is not a regular file" in exc.value.cause
