@@ -26,6 +26,11 @@ Each test fails without its fix (checked by reverting ``src`` and running it):
   device, socket or folder) / To fix: use PyPI or a faithful mirror", which the mirror was.
   Now a folder's ``index.html`` is the page (``download._file_page``), opened as before: a FIFO
   there is still refused, never waited on.
+- **``slurm plan --source /dev/null`` (or a FIFO, a socket) was planned**, and the prepare job
+  then said "--source /dev/null is not there (as the jobs see the filesystem) / To fix: put the
+  sdist or clone on a filesystem every node mounts", which it was. ``fetch --source`` names such
+  a path for what it is; now ``values.check_source`` does the same at plan (and on every load of
+  the campaign: the prepare job names a source that became one since).
 
 Nothing is mocked: the real CLI in a child process."""
 
@@ -173,3 +178,36 @@ def test_a_fifo_at_a_file_indexs_page_is_still_refused(tmp_path: Path, vllm_sdis
     with pytest.raises(FetchError) as exc:  # not a wait for a writer
         ensure_sdist(tmp_path / "dl", url)
     assert "index.html is not a regular file" in exc.value.cause
+
+
+@pytest.mark.parametrize("kind", ["dev-null", "fifo"])
+def test_plan_refuses_a_source_that_is_no_file_and_no_folder(tmp_path: Path, kind: str) -> None:
+    src = "/dev/null" if kind == "dev-null" else str(tmp_path / "fifo")
+    if kind == "fifo":
+        os.mkfifo(src)
+    camp = tmp_path / "camp"
+    res = kvprefetch_cli_split("slurm", "plan", str(camp), "--stand-in", "--batch", "1",
+                               "--source", src, env=_env(tmp_path), cwd=tmp_path, timeout=120)
+    text = res.stdout + res.stderr
+    # without the fix: exit 0, and the prepare job said the source "is not there"
+    assert res.returncode == 2, text
+    assert "neither a vLLM sdist file nor a folder" in text and "To fix" in text, text
+    assert not camp.exists()
+
+
+def test_prepare_names_a_source_that_became_a_fifo(tmp_path: Path) -> None:
+    src = tmp_path / "vllm-0.10.2.tar.gz"
+    src.write_bytes(b"not yet")
+    camp = tmp_path / "camp"
+    env = _env(tmp_path)
+    plan = kvprefetch_cli_split("slurm", "plan", str(camp), "--stand-in", "--batch", "1",
+                                "--source", str(src), env=env, cwd=tmp_path, timeout=120)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    src.unlink()
+    os.mkfifo(src)
+    res = kvprefetch_cli_split("slurm", "prepare", str(camp), env={**env, "SLURM_JOB_ID": "7"},
+                               cwd=tmp_path, timeout=120)
+    text = res.stdout + res.stderr
+    # without the fix: "--source ... is not there (as the jobs see the filesystem)"
+    assert res.returncode != 0 and "Traceback" not in text, text
+    assert "is a FIFO" in text and "not there" not in text, text

@@ -225,6 +225,15 @@ def check_source(source: str, root: str) -> str:
         raise ConfigError(f"--source {source} is in the campaign {root}: the build jobs would "
                           "fetch vLLM from a folder whoever can write the campaign may change",
                           fix)
+    if os.path.exists(source) and not (os.path.isfile(source) or os.path.isdir(source)):
+        # /dev/null, a FIFO or a socket was planned, and the prepare job said it "is not there
+        # (as the jobs see the filesystem)" (issue 41, the thirty-first hostile pass)
+        from ..workspace.confine import what_is
+
+        raise ConfigError(f"--source {source} is {what_is(Path(source))}, neither a vLLM "
+                          "sdist file nor a folder", "plan the campaign with the sdist's "
+                          "path or a clone's folder (on a filesystem every node mounts), or "
+                          "--source sdist")
     return source
 
 
