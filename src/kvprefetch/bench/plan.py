@@ -90,7 +90,26 @@ def check_output_name(name: str, option: str = "--name") -> str:
             ord(c) < 0x20 or ord(c) == 0x7F for c in name):
         raise OptionError(f"{name!r} is not a file name (no folders, no control characters); "
                           "give the folder with --out", option)
+    if _name_bytes(name) + len(".json") > NAME_MAX:
+        # `<name>.json` is the longest output name: a name of 251 to 255 bytes passed, the run
+        # measured, and writing its outputs said "File name too long / To fix: use a shorter
+        # path ... (the --workdir, -o/--out or campaign folder that named it)", which the
+        # folder was not (issue 41, the thirty-first hostile pass)
+        raise OptionError(f"{name[:40]!r}... ({_name_bytes(name)} bytes) is too long a name: "
+                          f"its outputs' names (<name>.json) must fit Linux's {NAME_MAX} bytes "
+                          "in one name", option)
     return name
+
+
+NAME_MAX = 255  # bytes in one name of a path (Linux)
+
+
+def _name_bytes(name: str) -> int:
+    """``name``'s length on disk: a byte read with Python's ``surrogateescape`` is one byte."""
+    try:
+        return len(name.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # a lone surrogate no byte stands for
+        return len(name.encode("utf-8", "surrogatepass"))
 
 
 def output_dir(out: Path | None, workdir: Path) -> Path:

@@ -217,7 +217,8 @@ def _refuse_overwriting_inputs(files: Sequence[Path], out_dir: Path,
             except OptionError:
                 raise BenchError(f"{f} would name its outputs {_stem(f)!r}.md/.png, which is "
                                  "no file name (a report takes its input's name, less "
-                                 ".json; no folder, no control character)",
+                                 ".json; no folder, no control character, at most 250 "
+                                 "bytes)",
                                  "copy or rename the result file to a plain name (e.g. "
                                  "result.json), then render that") from None
     if per_input and any(outputs.values()):  # --print alone writes nothing

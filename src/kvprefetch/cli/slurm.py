@@ -15,7 +15,7 @@ import click
 
 from ..console import emit_json, info, say, table
 from ..runner import CALLER_PATH
-from ..slurm.values import MAX_BATCHES, MAX_CPUS_PER_BUILD, WAIT_TIMEOUT
+from ..slurm.values import MAX_BATCHES, MAX_CPUS_PER_BUILD, WAIT_TIMEOUT, check_python
 from .common import ARCH_TYPE, BoundedNumber, LibraryChecked, dry_run_option, json_option
 
 
@@ -202,12 +202,7 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
             raise ConfigError(f"--source {source} does not exist",
                               "pass auto, git, sdist or an existing path on a shared filesystem")
         source = str(Path(source).resolve())
-    py = python or sys.executable
-    # a file: a folder passes os.access(X_OK), and --python /tmp was planned, every job then
-    # failing on the node with "Is a directory" (issue 41, the twenty-second hostile pass)
-    if not os.path.isabs(py) or not os.path.isfile(py) or not os.access(py, os.X_OK):
-        raise ConfigError(f"--python {py} is not an absolute path to an executable",
-                          "pass the absolute path of the interpreter the jobs should run")
+    py = check_python(python or sys.executable)
     kit = kit_info()
     c = make_campaign(
         campaign, python=py, kit_root=kit.root, kit_commit=kit.commit, kit_version=kit.version,

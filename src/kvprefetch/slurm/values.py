@@ -225,6 +225,15 @@ def check_source(source: str, root: str) -> str:
         raise ConfigError(f"--source {source} is in the campaign {root}: the build jobs would "
                           "fetch vLLM from a folder whoever can write the campaign may change",
                           fix)
+    if os.path.exists(source) and not (os.path.isfile(source) or os.path.isdir(source)):
+        # /dev/null, a FIFO or a socket was planned, and the prepare job said it "is not there
+        # (as the jobs see the filesystem)" (issue 41, the thirty-first hostile pass)
+        from ..workspace.confine import what_is
+
+        raise ConfigError(f"--source {source} is {what_is(Path(source))}, neither a vLLM "
+                          "sdist file nor a folder", "plan the campaign with the sdist's "
+                          "path or a clone's folder (on a filesystem every node mounts), or "
+                          "--source sdist")
     return source
 
 
@@ -242,6 +251,30 @@ def _in_campaign(path: str, root: str) -> bool:
     return any(where == root or where.startswith(root.rstrip("/") + "/")
                for where in (posixpath.normpath(path), real)) or within(Path(real), Path(root)) \
         or reaches_campaign(path, Path(root))
+
+
+def check_python(py: str) -> str:
+    """``py`` when it names the same interpreter on a node as here: an absolute path to an
+    executable file, reached through no link or folder in ``/proc`` (nor ``/dev/fd``,
+    ``/dev/stdin``, which lead there). A name there means this process, or a pid, here and
+    another on the node: ``--python /proc/self/exe`` passed (it is the kit's Python here) and
+    every job ran its own bash as its "python", which said only "kvprefetch: Is a directory"
+    (issue 41, the thirty-first hostile pass)."""
+    from .job_env import _link_folders
+
+    # a file: a folder passes os.access(X_OK), and --python /tmp was planned, every job then
+    # failing on the node with "Is a directory" (issue 41, the twenty-second hostile pass)
+    if not os.path.isabs(py) or not os.path.isfile(py) or not os.access(py, os.X_OK):
+        raise ConfigError(f"--python {py} is not an absolute path to an executable",
+                          "pass the absolute path of the interpreter the jobs should run")
+    if any(f == "/proc" or f.startswith("/proc/")
+           for f in (posixpath.normpath(py), *_link_folders(py))):
+        raise ConfigError(f"--python {py} is reached through /proc, where a name means this "
+                          "process (or a process id) here and another program in the job (its "
+                          "own shell for /proc/self/exe)",
+                          "pass the interpreter's own path (what `python -c 'import sys; "
+                          "print(sys.executable)'` prints), then plan again")
+    return py
 
 
 def check_program_outside(what: str, path: str, root: str) -> str:

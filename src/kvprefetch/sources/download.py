@@ -286,7 +286,7 @@ def locate_file(index_url: str, project: str, filename: str, sha256: str,
         # holds the `/vllm/`) and the prepare job and fetch waited for good (issue 41, the
         # twenty-seventh hostile pass)
         if urllib.parse.urlparse(page).scheme.lower() == "file":
-            with open_url(page) as resp:
+            with open_url(_file_page(page)) as resp:
                 ctype, raw = "", resp.read(MAX_INDEX_PAGE_BYTES + 1)
         else:
             req = urllib.request.Request(page, headers={"Accept": f"{_JSON}, text/html;q=0.5"})
@@ -319,6 +319,15 @@ def locate_file(index_url: str, project: str, filename: str, sha256: str,
                          "your index serves a different file under this name; use PyPI or a "
                          "faithful mirror")
     return found
+
+
+def _file_page(page: str) -> str:
+    """A ``file://`` index's page: a folder's ``index.html``, as pip and uv read one (the folder
+    was "not a regular file ... use a faithful mirror"; issue 41, the thirty-first pass)."""
+    parts = urllib.parse.urlparse(page)
+    if not os.path.isdir(urllib.request.url2pathname(parts.path)):
+        return page
+    return parts._replace(path=parts.path.rstrip("/") + "/index.html").geturl()
 
 
 def locate_sdist(index_url: str, timeout: float = 30) -> IndexFile:
