@@ -167,16 +167,17 @@ def test_e2e_refuses_without_a_passed_verify_report(tmp_path: Path) -> None:
 
 def test_e2e_dry_run(tmp_path: Path) -> None:
     (tmp_path / "verify").mkdir()
+    # the work directory's own environments: a report's pythons must be there (issue 41)
+    b, p = f"{tmp_path}/envs/baseline/bin/python", f"{tmp_path}/envs/patched/bin/python"
     (tmp_path / "verify" / "report.json").write_text(json.dumps(
-        {"passed": True, "envs": {"baseline": {"python": "/b/python"},
-                                  "patched": {"python": "/p/python"}}}))
+        {"passed": True, "envs": {"baseline": {"python": b}, "patched": {"python": p}}}))
     res = _invoke(["e2e", "--workdir", str(tmp_path), "--dry-run", "--json",
                    "--max-num-seqs", "8,64", "--repeats", "2"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["refusal"] is None and len(doc["runs"]) == 2 * 2 * 2
     assert doc["environment"] == {"VLLM_USE_V1": "0", "VLLM_ATTENTION_BACKEND": "XFORMERS"}
-    assert doc["runs"][0][0] == "/b/python" and doc["runs"][2][0] == "/p/python"  # ABBA
+    assert doc["runs"][0][0] == b and doc["runs"][2][0] == p  # ABBA
     res = _invoke(["e2e", "--workdir", str(tmp_path / "none"), "--dry-run", "--env",
                    "baseline=/b", "--env", "patched=/p"])
     assert res.exit_code == 0 and "would refuse" in res.stderr

@@ -114,14 +114,11 @@ def _vllm_site(probe: dict[str, Any]) -> bool:
 
 
 def check_overlay(rep: Any, tree: str, manifest: dict[str, Any], stub: dict[str, Any] | None,
-                  root: Path) -> None:
-    """Add the overlay rows for ``tree`` (of the work directory ``root``) to the verify
-    report ``rep``."""
-    from ..verify.manifests import manifest_python, python_refused
-
-    python = manifest_python(manifest)
+                  python: str, refused: str | None) -> None:
+    """Add the overlay rows for ``tree`` to the verify report ``rep``: its environment's
+    ``python`` probed, unless the caller ``refused`` it (``verify.manifests.python_refused``:
+    no program a record names outside the work directory's environments is run)."""
     stub_dir = Path(stub["dir"]) if stub else None
-    refused = python_refused(manifest, root)
     on: dict[str, Any] = ({"errors": [refused]} if refused else
                           probe_overlay(python, stub_dir=stub_dir))
     off: dict[str, Any] = ({"errors": [refused]} if refused else

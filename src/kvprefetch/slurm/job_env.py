@@ -275,11 +275,11 @@ def reaches_campaign(entry: str, campaign: Path) -> bool:
     from ..workspace.ownership import within  # the one "at or below" check
 
     path = os.path.join("/", entry)
-    return any(within(Path(f), campaign) for f in _link_folders(path)) \
+    return any(within(Path(f), campaign) for f in link_folders(path)) \
         or within(Path(os.path.realpath(path)), campaign)
 
 
-def _link_folders(path: str) -> list[str]:
+def link_folders(path: str) -> list[str]:
     """The folder (resolved, no link on it) of each link met while resolving ``path`` one part
     at a time, as the kernel does (at most 40 links, its own limit, ELOOP)."""
     found: list[str] = []

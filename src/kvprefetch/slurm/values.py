@@ -260,7 +260,7 @@ def check_python(py: str) -> str:
     another on the node: ``--python /proc/self/exe`` passed (it is the kit's Python here) and
     every job ran its own bash as its "python", which said only "kvprefetch: Is a directory"
     (issue 41, the thirty-first hostile pass)."""
-    from .job_env import _link_folders
+    from .job_env import link_folders
 
     # a file: a folder passes os.access(X_OK), and --python /tmp was planned, every job then
     # failing on the node with "Is a directory" (issue 41, the twenty-second hostile pass)
@@ -268,7 +268,7 @@ def check_python(py: str) -> str:
         raise ConfigError(f"--python {py} is not an absolute path to an executable",
                           "pass the absolute path of the interpreter the jobs should run")
     if any(f == "/proc" or f.startswith("/proc/")
-           for f in (posixpath.normpath(py), *_link_folders(py))):
+           for f in (posixpath.normpath(py), *link_folders(py))):
         raise ConfigError(f"--python {py} is reached through /proc, where a name means this "
                           "process (or a process id) here and another program in the job (its "
                           "own shell for /proc/self/exe)",

@@ -448,7 +448,8 @@ def _judge(rep: VerifyReport, wd: Workdir, manifests: dict[str, dict[str, Any]],
 
         stub = _driver_stub(wd, manifests[overlay_trees[0]])
         for tree in overlay_trees:
-            check_overlay(rep, tree, manifests[tree], stub, wd.root)
+            check_overlay(rep, tree, manifests[tree], stub, manifest_python(manifests[tree]),
+                          python_refused(manifests[tree], wd.root))
     files = [v[0] for v in loaded.values()]
     shas = [v[1] for v in loaded.values()]
     if len(loaded) >= 2:
