@@ -267,14 +267,33 @@ def check_python(py: str) -> str:
     if not os.path.isabs(py) or not os.path.isfile(py) or not os.access(py, os.X_OK):
         raise ConfigError(f"--python {py} is not an absolute path to an executable",
                           "pass the absolute path of the interpreter the jobs should run")
-    if any(f == "/proc" or f.startswith("/proc/")
+    if any(f == "/proc" or f.startswith("/proc/") or _in_procfs(f)
            for f in (posixpath.normpath(py), *link_folders(py))):
-        raise ConfigError(f"--python {py} is reached through /proc, where a name means this "
+        raise ConfigError(f"--python {py} is reached through /proc (or a mount of it), where a "
+                          "name means this "
                           "process (or a process id) here and another program in the job (its "
                           "own shell for /proc/self/exe)",
                           "pass the interpreter's own path (what `python -c 'import sys; "
                           "print(sys.executable)'` prints), then plan again")
     return py
+
+
+def _in_procfs(folder: str) -> bool:
+    """Whether ``folder`` is in a proc file system mounted elsewhere than ``/proc`` (a bind
+    mount of it, or a second ``mount -t proc``): its ``self`` names this process. ``--python
+    /mnt/proc/self/exe``, with ``/mnt/proc`` a bind mount of ``/proc``, passed the check by
+    name and every job ran its own bash (issue 41, the thirty-second hostile pass)."""
+    here = str(os.getpid())
+    while True:
+        try:
+            if os.readlink(os.path.join(folder, "self")) == here:
+                return True
+        except (OSError, ValueError):
+            pass
+        up = os.path.dirname(folder)
+        if up == folder:
+            return False
+        folder = up
 
 
 def check_program_outside(what: str, path: str, root: str) -> str:
