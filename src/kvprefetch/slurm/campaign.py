@@ -487,3 +487,14 @@ def save_record(root: Path, record: dict[str, Any]) -> None:
     from ..workspace.workdir import write_json_atomic
 
     write_json_atomic(root / CAMPAIGN_FILE, record, root=root)
+
+
+def shard_task(path: Path) -> tuple[Path, int] | None:
+    """``(CAMPAIGN, N)`` when ``path`` is named as bench task N's result in a campaign folder
+    (``CAMPAIGN/results/bench-N.json``, beside a ``campaign.json``), else None."""
+    m = re.fullmatch(r"bench-(0|[1-9][0-9]{0,5})\.json", path.name)
+    root = path.absolute().parent.parent
+    if m is None or path.absolute().parent.name != "results" \
+            or not (root / CAMPAIGN_FILE).is_file():
+        return None
+    return root, int(m[1])
