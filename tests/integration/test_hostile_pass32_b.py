@@ -67,3 +67,8 @@ def test_a_merge_job_missing_a_bench_result_names_the_task_to_resubmit(
     res = _kit(tmp_path, "report", "--merge", str(tmp_path / "bench-1.json"))
     assert res.returncode == 2, res.stderr
     assert f"File '{tmp_path}/bench-1.json' does not exist." in res.stderr, res.stderr
+    # one whose folder is past Linux's name limit: the same, not "report failed: File name too
+    # long" (the fix's own first draft looked for campaign.json there)
+    res = _kit(tmp_path, "report", "--merge", f"{'x' * 300}/results/bench-0.json")
+    assert res.returncode == 2, res.stderr
+    assert "does not exist." in res.stderr and "too long" not in res.stderr, res.stderr
