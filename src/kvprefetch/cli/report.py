@@ -17,7 +17,7 @@ from ..workspace.confine import what_is
 
 @click.command()
 @click.argument("files", nargs=-1,
-                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+                type=click.Path(dir_okay=False, path_type=Path))  # existence: _check_files
 @click.option("--out", "out_text", type=click.Path(), default=None,  # as typed: _out says why
               help="The folder to write <stem>.md/.png (and --repeats/--merge's files) in "
                    "[default: the current directory]; with --index, the markdown file to write "
@@ -59,6 +59,7 @@ def report(files: tuple[Path, ...], out_text: str | None, formats: str, print_md
     from ..bench.documents import load_document, load_documents, reading
     from ..bench.report import render_markdown, write_outputs
 
+    _check_files(files)
     out = _out(out_text, index is not None)
     if readme is not None:
         _refresh_readme(readme, check, as_json)
@@ -147,6 +148,29 @@ def report(files: tuple[Path, ...], out_text: str | None, formats: str, print_md
             info(f"{path}: wrote " + (", ".join(written[str(path)]) or "nothing"))
     if as_json:
         emit_json(written)
+
+
+def _check_files(files: Sequence[Path]) -> None:
+    """Each of FILES exists (as click's ``exists=True`` checked, links followed). A campaign's
+    missing bench result, in the merge job, said "does not exist. To fix: correct the command
+    line", a command line the kit wrote (issue 41, the thirty-second hostile pass): it is named
+    as the task that did not leave it, with that task's resubmit."""
+    from ..errors import ConfigError
+    from ..slurm.campaign import shard_task
+
+    for f in files:
+        if os.path.exists(f):
+            continue
+        shard = shard_task(f)
+        if shard is None:
+            raise click.BadParameter(f"File {click.format_filename(f)!r} does not exist.",
+                                     param_hint="'[FILES]...'")
+        root, task = shard
+        raise ConfigError(
+            f"bench task {task}'s result '{f}' does not exist (the task failed, was cancelled "
+            "or has not run, or the file was moved since)",
+            f"send that task again with `kvprefetch slurm resubmit {root} bench --task {task}`, "
+            f"then the merge with `kvprefetch slurm resubmit {root} merge`")
 
 
 def _out(text: str | None, index: bool) -> Path | None:

@@ -487,3 +487,13 @@ def save_record(root: Path, record: dict[str, Any]) -> None:
     from ..workspace.workdir import write_json_atomic
 
     write_json_atomic(root / CAMPAIGN_FILE, record, root=root)
+
+
+def shard_task(path: Path) -> tuple[Path, int] | None:
+    """``(CAMPAIGN, N)`` when ``path`` is named as bench task N's result in a campaign folder
+    (``CAMPAIGN/results/bench-N.json``, beside a ``campaign.json``), else None."""
+    from os.path import isfile  # never raises: a path too long (or odd) is no campaign's
+    m, p = re.fullmatch(r"bench-(0|[1-9][0-9]{0,5})\.json", path.name), path.absolute()
+    if m is None or p.parent.name != "results" or not isfile(p.parent.parent / CAMPAIGN_FILE):
+        return None
+    return p.parent.parent, int(m[1])
