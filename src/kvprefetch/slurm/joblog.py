@@ -32,8 +32,12 @@ SLURM_OUTPUT = "/dev/null"
 # SIGPIPE; and SIGUSR1, SIGUSR2 or SIGALRM killed the log's writer, then the job, by SIGPIPE,
 # before its record: issue 41, the thirty-first hostile pass), and the log's writer ignores them
 ENDING_SIGNALS = "HUP INT PIPE ALRM USR1 USR2 TERM XCPU XFSZ VTALRM PROF"
+# the first one ends the job and the rest are ignored from then on; one that comes as the job
+# ends on its own (EXITING, set by the EXIT trap's first command) is only ignored: either way
+# it cut the EXIT trap short, and the job left no exit record (issue 41, the thirty-second pass)
 TRAP_ENDING_SH = ("for s in " + ENDING_SIGNALS + "; do"
-                  ' trap "exit $((128 + $(kill -l "$s")))" "$s"; done')
+                  f' trap "trap \'\' {ENDING_SIGNALS} QUIT; [ -n \\"\\${{EXITING-}}\\" ] ||'
+                  ' exit $((128 + $(kill -l "$s")))" "$s"; done')
 
 _SPARE_NAMES = " ".join(["''"] + [f".{n}" for n in range(1, 10)])
 

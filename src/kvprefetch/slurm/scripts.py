@@ -43,7 +43,7 @@ from .campaign import (
     save_record,
 )
 from .job_env import SCRATCH_PREFIX, SHELLS_OWN, export_option, keep_only_sh, scratch_name
-from .joblog import CLOSE_LOG_SH, SLURM_OUTPUT, TRAP_ENDING_SH, open_log_sh
+from .joblog import CLOSE_LOG_SH, ENDING_SIGNALS, SLURM_OUTPUT, TRAP_ENDING_SH, open_log_sh
 from .shell import (
     CHECK_JOB_IDS_SH,
     KEEP_OUTSIDE_SH,
@@ -271,7 +271,11 @@ def render_script(c: Campaign, job: Job) -> str:
         f'EXIT_RECORD={shlex.quote(str(c.logs))}/{job.name}-"$JOB_ID"{EXIT_SUFFIX}',
         *WRITE_NEW_SH,
         *CLOSE_LOG_SH,
+        # the job's end is recorded whatever signal comes now: a TERM of the job's group during
+        # this trap killed its write_new, and a job whose work had completed left no exit record
+        # (issue 41, the thirty-second hostile pass); NO_STOP: write_new's own stop trap too
         "record_exit() {",
+        f"  trap '' {ENDING_SIGNALS} QUIT; local NO_STOP=",
         '  if [ -n "${PRIVATE_HOME:-}" ]; then rm -rf -- "$PRIVATE_HOME" || true; fi',
         '  printf \'%s\\n\' "$1" | write_new "$EXIT_RECORD" || true',
         "  close_log",
@@ -280,7 +284,7 @@ def render_script(c: Campaign, job: Job) -> str:
         # recorded the status of the command that was running, "0" from one that exits 0 on
         # SIGTERM, and the cancelled job read back as COMPLETED (issue 41, the eleventh pass)
         TRAP_ENDING_SH,  # and the other ending signals (joblog.ENDING_SIGNALS)
-        "trap 'record_exit $?' EXIT",
+        "trap 'EXITING=$?; record_exit $EXITING' EXIT",  # EXITING: TRAP_ENDING_SH
         *open_log_sh(job.name),  # after the trap: a refused job records its end
         *TEMP_OUTSIDE_SH,  # after the trap: a refused job records its end
         *PRIVATE_HOME_SH,  # in the TMPDIR just checked

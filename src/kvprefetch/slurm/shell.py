@@ -463,7 +463,7 @@ WRITE_NEW_SH = (
     ('      echo "refusing to write $1: $dir became a symlink (another process is changing'
      ' the campaign)" >&2; exit 1'),
     "    fi",
-    "    tmp=; trap '[ -z \"$tmp\" ] || rm -f -- \"$tmp\"' EXIT; trap 'exit 143' TERM INT HUP",
+    '    tmp=; trap \'rm -f -- ${tmp:+"$tmp"}\' EXIT; trap "${NO_STOP-exit 143}" TERM INT HUP',
     '    tmp=$(mktemp -u -- "$name.tmp-XXXXXXXXXX") || exit 1',
     # `write_new FILE CMD...` runs CMD (in the folder write_new was called from) into the
     # temporary and learns its status, which `CMD | write_new FILE` never could: a verify-kernel
