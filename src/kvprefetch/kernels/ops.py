@@ -16,6 +16,7 @@ torch is imported inside functions only, so importing this module never touches 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -227,6 +228,18 @@ def _tree_rank(tree: str) -> tuple[int, str]:
     return (TREE_ORDER.index(tree) if tree in TREE_ORDER else len(TREE_ORDER), tree)
 
 
+def _check_library_inside(workdir: Path, manifest: Path, so_path: Path) -> None:
+    """A BenchError unless the library a manifest names is a file of the work directory (real
+    paths: a link out of it is outside). A manifest is data (the threat model): one naming
+    ``/tmp/x/evil.so`` with its sha256 had ``bench kernel`` load it, running its constructors,
+    from outside the work directory (issue 41, the thirty-second hostile pass)."""
+    real, root = os.path.realpath(so_path), os.path.realpath(workdir)
+    if not real.startswith(root.rstrip("/") + "/"):
+        raise BenchError(f"build manifest {manifest} is corrupt: it names the library "
+                         f"{str(so_path)[:200]!r}, outside the work directory {root}; kvprefetch "
+                         "loads no library a record names outside it", MANIFEST_FIX)
+
+
 def find_builds(workdir: Path, trees: Iterable[str] | None = None) -> list[BuiltOps]:
     """The kernels-only builds under ``<workdir>/build/*/*/manifest.json`` whose library exists:
     the newest manifest per tree, baseline first, then patched, paper, the rest by name.
@@ -256,6 +269,7 @@ def find_builds(workdir: Path, trees: Iterable[str] | None = None) -> list[Built
                              f"({exc.strerror})", MANIFEST_FIX) from None
         if not present:
             continue
+        _check_library_inside(Path(workdir), path, built.so_path)
         mtime = path.stat().st_mtime
         if built.tree not in newest or mtime > newest[built.tree][0]:
             newest[built.tree] = (mtime, built)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import re
 from pathlib import Path
 
 from ..errors import VerifyError
-from ..runner import run
+from ..runner import NEUTRAL_CWD, run
 from ..workspace import confine
 from ..workspace.confine import write_file
 from ..workspace.ownership import private_dir
@@ -69,7 +70,12 @@ def ensure_stub(vllm_c: Path, dest_root: Path, *,
     if what != "a file":
         raise VerifyError(f"{vllm_c} (the overlay environment's vLLM library) is {what}, not "
                           "a library", fix)
-    nm = run(["nm", "-D", "--undefined-only", str(vllm_c)], echo=False, check=False)
+    # an absolute path, from /: a manifest's relative so_path of `--plugin=/x/a/b.so` made
+    # this `nm --plugin=/x/a/vllm/_C.abi3.so`, and nm loaded (ran) that library from outside
+    # the work directory on `a.out` in the user's working folder (issue 41, the thirty-second
+    # hostile pass); an absolute path is never an option, and / holds no a.out
+    nm = run(["nm", "-D", "--undefined-only", os.path.abspath(vllm_c)], echo=False,
+             check=False, cwd=NEUTRAL_CWD)
     if nm.returncode != 0:
         raise VerifyError(f"cannot read the driver imports of {vllm_c} (the overlay "
                           "environment's vLLM library): nm says "
