@@ -114,3 +114,26 @@ def test_verify_kernel_has_nm_load_no_plugin_a_manifest_names(tmp_path: Path,
     res = _cli("verify-kernel", "--workdir", str(work), "--no-gpu", cwd=work)
     assert "Traceback" not in res.stderr, res.stderr
     assert not marker.exists(), "nm loaded a plugin a build manifest named"
+
+
+def test_a_build_folder_linked_to_a_larger_disk_is_still_the_work_directorys(
+        tmp_path: Path) -> None:
+    """``build/`` a link to a folder elsewhere (a user's larger disk, which the build builds
+    through, docs/reliability.md's Limits): its libraries are found, not called outside the
+    work directory (the lead's amendment of the fix above, which refused them)."""
+    from kvprefetch.kernels.ops import find_builds
+
+    disk = tmp_path / "big-disk" / "build"
+    folder = disk / "baseline" / "k1"
+    folder.mkdir(parents=True)
+    so = folder / "lib.so"
+    so.write_bytes(b"\x7fELF not loaded here")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "build").symlink_to(disk)
+    (folder / "manifest.json").write_text(json.dumps({
+        "tree": "baseline", "variant": "stock", "namespace": "kvprefetch_baseline",
+        "so_path": str(work / "build" / "baseline" / "k1" / "lib.so"),
+        "so_sha256": hashlib.sha256(so.read_bytes()).hexdigest(),
+        "head_sizes": [128], "block_sizes": [16], "kv_dtypes": ["auto"]}))
+    assert [b.tree for b in find_builds(work)] == ["baseline"]

@@ -232,9 +232,12 @@ def _check_library_inside(workdir: Path, manifest: Path, so_path: Path) -> None:
     """A BenchError unless the library a manifest names is a file of the work directory (real
     paths: a link out of it is outside). A manifest is data (the threat model): one naming
     ``/tmp/x/evil.so`` with its sha256 had ``bench kernel`` load it, running its constructors,
-    from outside the work directory (issue 41, the thirty-second hostile pass)."""
+    from outside the work directory (issue 41, the thirty-second hostile pass). A ``build/``
+    that is a link (a user's larger disk, which the build builds through) is the work
+    directory's too: whoever could point it elsewhere could as well plant the library inside."""
     real, root = os.path.realpath(so_path), os.path.realpath(workdir)
-    if not real.startswith(root.rstrip("/") + "/"):
+    homes = {root, os.path.realpath(os.path.join(workdir, "build"))}
+    if not any(real.startswith(h.rstrip("/") + "/") for h in homes):
         raise BenchError(f"build manifest {manifest} is corrupt: it names the library "
                          f"{str(so_path)[:200]!r}, outside the work directory {root}; kvprefetch "
                          "loads no library a record names outside it", MANIFEST_FIX)
