@@ -13,7 +13,6 @@ and running it):
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -21,17 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_hostile_pass31_b import _env
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
-
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPREFETCH")}
-    env.update(PYTHONPATH=SRC, TMPDIR=str(tmp_path))
-    return env
 
 
 @pytest.mark.parametrize("how", ["bind", "proc"])
