@@ -3,7 +3,8 @@ file, resolves the program on the *child's* PATH, and raises ``CommandError`` wi
 exit code, log path and last lines on failure. No other module imports ``subprocess``.
 
 It stays one module past the ~500-line mark: it is that one door, and what makes a child stop
-(a Ctrl-C, the kit's signals, a ``timeout``) shares its table of live children and pidfds."""
+(a Ctrl-C, the kit's signals, a ``timeout``) shares its table of live children and pidfds. How a
+tree of processes below a child is found and stopped lives in ``proctree``."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from . import proctree
 from .console import escaped
 from .errors import CommandError, ConfigError
 from .oserrors import not_forked
@@ -181,8 +183,6 @@ def check_child_tmpdir(child_env: Mapping[str, str]) -> None:
         )
 
 
-STOP_GRACE_S = 10.0
-
 # The children running now (any thread's), so that an interrupt stops them all at once: a
 # build runs each tree's ninja in a worker thread, which no exception of the main thread
 # reaches; it read ninja's output until the build ended while the main thread waited for it
@@ -263,58 +263,6 @@ def _raise_deferred() -> None:
         raise exc
 
 
-def _pidfd(pid: int) -> int | None:
-    """A pidfd for ``pid`` (Linux 5.3+), or None where the kernel (or a filter) has none."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _send(fd: int, signum: int) -> bool:
-    """``signum`` to the process ``fd`` names; False when it has been reaped (or cannot be
-    signalled). The process, never whoever has its number now."""
-    try:
-        signal.pidfd_send_signal(fd, signum)
-    except OSError:
-        return False
-    return True
-
-
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every process ``/proc`` shows."""
-    out: dict[int, int] = {}
-    with suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                ppid = _parent_of(int(entry.name))
-                if ppid is not None:
-                    out[int(entry.name)] = ppid
-    return out
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (``/proc``'s parent links), children first."""
-    children: dict[int, list[int]] = {}
-    for p, ppid in _parents().items():
-        children.setdefault(ppid, []).append(p)
-    out: list[int] = []
-    todo = list(children.get(pid, ()))
-    while todo:
-        p = todo.pop(0)
-        out.append(p)
-        todo.extend(children.get(p, ()))
-    return out
-
-
 def _signal_tree(proc: subprocess.Popen[str], signum: int, *, whole: bool = False,
                  pidfd: int | None = None) -> None:
     """``signum`` to the child and to every process below it in the kit's own process group:
@@ -339,92 +287,24 @@ def _signal_tree(proc: subprocess.Popen[str], signum: int, *, whole: bool = Fals
         _signal_tree_by_number(proc, signum, whole=whole)
         return
     own = os.getpgrp()
-    if not _send(pidfd, 0):
+    if not proctree.send(pidfd, 0):
         return  # reaped: its number, and what is below that number, may be anyone's now
-    below = _below(proc.pid, pidfd)
+    below = proctree.below(proc.pid, pidfd)
     try:
         if whole and signum == signal.SIGKILL:
             tree = {proc.pid: pidfd, **below}
-            _kill_all(tree)
+            proctree.kill_all(tree)
             below = {pid: fd for pid, fd in tree.items() if fd != pidfd}
             return
         for pid, fd in {proc.pid: pidfd, **below}.items():
             with suppress(OSError):
                 if whole or pid == proc.pid or os.getpgid(pid) == own:
-                    _send(fd, signum)
+                    proctree.send(fd, signum)
                     if signum not in (signal.SIGKILL, signal.SIGCONT):
-                        _send(fd, signal.SIGCONT)  # a stopped one (Ctrl-Z) acts on it now
+                        proctree.send(fd, signal.SIGCONT)  # a stopped one (Ctrl-Z) acts on it now
     finally:
         for fd in below.values():
             os.close(fd)
-
-
-def _below(pid: int, pidfd: int) -> dict[int, int]:
-    """Every process below the live process ``pid`` (``pidfd``), each with a pidfd of its own
-    that the caller closes (``_grow``)."""
-    tree = {pid: pidfd}
-    _grow(tree)
-    del tree[pid]
-    return tree
-
-
-def _grow(tree: dict[int, int]) -> bool:
-    """Add to ``tree`` (pid -> pidfd, the caller's to close) every process now below one of its
-    live processes; True when one was added. One is taken only once its parent link is read
-    again after its pidfd is open, while that parent is still alive (a number reused in between
-    names another process, which is left out)."""
-    children: dict[int, list[int]] = {}
-    for p, ppid in _parents().items():
-        children.setdefault(ppid, []).append(p)
-    todo = [(c, p) for p, fd in tree.items() if _send(fd, 0) for c in children.get(p, ())]
-    added = False
-    while todo:
-        child, parent = todo.pop(0)
-        old = tree.get(child)
-        if (old is not None and _send(old, 0)) or (fd := _pidfd(child)) is None:
-            continue
-        # the pidfd holds *a* process; it is this tree's when its parent is still the one
-        # found (alive now, so it had that number when the link was read)
-        if _parent_of(child) != parent or not _send(tree[parent], 0):
-            os.close(fd)
-            continue
-        if old is not None:
-            os.close(old)  # an ended one's number, now its parent's new child
-        tree[child] = fd
-        added = True
-        todo.extend((c, child) for c in children.get(child, ()))
-    return added
-
-
-def _kill_all(tree: dict[int, int]) -> None:
-    """SIGKILL to every process of ``tree`` (pid -> pidfd) and every one below them, each held
-    first with SIGSTOP until no new one is found: one that forks in a loop had the children it
-    made after the processes below were read left running, reparented to init (issue 41, the
-    thirty-first hostile pass). New pidfds are added to ``tree``, the caller's to close."""
-    while True:
-        for fd in tree.values():
-            _send(fd, signal.SIGSTOP)
-        time.sleep(0.01)  # for the stops to land: a fork under way finishes first
-        if not _grow(tree):
-            break
-    for fd in tree.values():
-        _send(fd, signal.SIGKILL)
-
-
-def _ended(fds: Sequence[int], until: float) -> list[int]:
-    """Wait until each process of ``fds`` (pidfds) has ended, or the monotonic time
-    ``until``; the pidfds of those still running."""
-    left = list(fds)
-    while left:
-        poller = select.poll()
-        for fd in left:
-            poller.register(fd, select.POLLIN)
-        wait_ms = max(0, int((until - time.monotonic()) * 1000))
-        ended = {fd for fd, _ in poller.poll(wait_ms)}
-        left = [fd for fd in left if fd not in ended]
-        if not ended:
-            break  # the time is up
-    return left
 
 
 def _signal_tree_by_number(proc: subprocess.Popen[str], signum: int, *, whole: bool) -> None:
@@ -433,28 +313,15 @@ def _signal_tree_by_number(proc: subprocess.Popen[str], signum: int, *, whole: b
     ``waitpid`` and setting ``returncode``, where a stop in the main thread can run; issue 41,
     the eleventh hostile pass: its number, perhaps another program's by then, was signalled,
     and everything below it): neither is signalled."""
-    if proc.returncode is not None or _parent_of(proc.pid) != os.getpid():
+    if proc.returncode is not None or proctree.parent_of(proc.pid) != os.getpid():
         return
     own = os.getpgrp()
-    for pid in [proc.pid, *_descendants(proc.pid)]:
+    for pid in [proc.pid, *proctree.descendants(proc.pid)]:
         with suppress(OSError):
             if whole or pid == proc.pid or os.getpgid(pid) == own:
                 os.kill(pid, signum)
                 if signum not in (signal.SIGKILL, signal.SIGCONT):
                     os.kill(pid, signal.SIGCONT)
-
-
-def stop_signal() -> int:
-    """The signal that asks a child to stop: SIGINT, what a terminal's Ctrl-C sends; SIGTERM
-    where the kit itself inherited SIGINT ignored (a ``&`` job of a script: its children
-    inherit that too, and ignored the stop's SIGINT until the SIGKILL 10 s later, which let
-    none of them clean up; issue 41, the tenth hostile pass). ninja forwards either to its
-    commands."""
-    try:
-        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    except ValueError:
-        ignored = False
-    return signal.SIGTERM if ignored else signal.SIGINT
 
 
 def stop_children(signum: int | None = None) -> None:
@@ -463,7 +330,7 @@ def stop_children(signum: int | None = None) -> None:
     start no new child in a worker thread (the main thread's own cleanups still may).
     ``signum`` SIGKILL: a second interrupt, which takes every process below at once."""
     _STOPPING.set()
-    signum = stop_signal() if signum is None else signum
+    signum = proctree.stop_signal() if signum is None else signum
     with _LIVE_LOCK:
         for proc, fd in list(_LIVE.items()):
             _signal_tree(proc, signum, whole=signum == signal.SIGKILL, pidfd=fd)
@@ -481,50 +348,29 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     Every process below the child when the stop began is waited for too, though the child has
     ended: ninja forwards the stop to its commands and exits, and nvcc, its ``sh`` and
     ``cudafe++`` (each command's group) outlived the kit by up to 2 s, reparented to init, after
-    the build's lock was released (issue 41, the twenty-ninth hostile pass). ``_end_below``
-    ends them, after the child's own grace: a stop whose child and processes below all ignore
-    it takes up to ``STOP_GRACE_S + BELOW_GRACE_S + STOP_GRACE_S``. A process that left the
-    tree before the stop (a daemon's double fork, reparented to init) is not seen."""
+    the build's lock was released (issue 41, the twenty-ninth hostile pass).
+    ``proctree.end_below`` ends them, after the child's own grace: a stop whose child and
+    processes below all ignore it takes up to ``STOP_GRACE_S + BELOW_GRACE_S + STOP_GRACE_S``
+    (``proctree``'s). A process that left the tree before the stop (a daemon's double fork,
+    reparented to init) is not seen."""
     fd = _LIVE.get(proc)
-    below = _below(proc.pid, fd) if fd is not None and _send(fd, 0) else {}
+    below = proctree.below(proc.pid, fd) if fd is not None and proctree.send(fd, 0) else {}
     try:
         _stop_child(proc)
     finally:
         try:
-            _end_below(below)
+            proctree.end_below(below)
         finally:
             for fd in below.values():
                 os.close(fd)
 
 
-BELOW_GRACE_S = 3.0  # for a process below to end on its own parent's stop (ninja forwards it)
-
-
-def _end_below(below: dict[int, int]) -> None:
-    """The processes of ``below`` (pid -> pidfd), below a child that has ended, and those they
-    started since (added to ``below``): ``BELOW_GRACE_S`` to end, then the stop signal and
-    ``STOP_GRACE_S``, then SIGKILL (at once on an interrupt meanwhile)."""
-    try:
-        left = _ended(list(below.values()), time.monotonic() + BELOW_GRACE_S)
-        if left:
-            _grow(below)
-            left = [fd for fd in below.values() if _send(fd, 0)]
-        for fd in left:
-            _send(fd, stop_signal())
-        left = _ended(left, time.monotonic() + STOP_GRACE_S)
-    except BaseException:
-        _kill_all(below)
-        raise
-    if left:
-        _kill_all(below)
-
-
 def _stop_child(proc: subprocess.Popen[str]) -> None:
     """``_stop``'s part for the child itself and what its parent links still reach."""
     try:
-        _signal_tree(proc, stop_signal())
+        _signal_tree(proc, proctree.stop_signal())
         # the child's last lines may fill the pipe no one reads now: drain it while waiting
-        deadline = time.monotonic() + STOP_GRACE_S
+        deadline = time.monotonic() + proctree.STOP_GRACE_S
         while proc.poll() is None and time.monotonic() < deadline:
             if not _drain(proc.stdout):
                 time.sleep(0.05)  # the end of its output: only its exit is left to wait for
@@ -677,7 +523,7 @@ def run(
             # the child ran to its end (a worker's: the build waited for its whole compile)
             # or outlived the kit (the main thread's: the interrupt raised before it was
             # listed; issue 41, the eleventh hostile pass)
-            _LIVE[proc] = _pidfd(proc.pid)
+            _LIVE[proc] = proctree.pidfd_of(proc.pid)
             _raise_deferred()
             if _STOPPING.is_set() and threading.current_thread() is not threading.main_thread():
                 raise ConfigError(f"{args[0]} was stopped as it started: the command is "

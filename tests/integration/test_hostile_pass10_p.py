@@ -73,12 +73,12 @@ def test_a_planted_module_named_like_a_standard_one_is_one_message(
 
 _REAPED = '''
 import signal, subprocess, sys, time
-from kvprefetch import runner
+from kvprefetch import proctree, runner
 
 stranger = subprocess.Popen(["sleep", "60"])  # another program, not started by runner
 proc = subprocess.Popen(["true"])
 if isinstance(runner._LIVE, dict):
-    runner._LIVE[proc] = runner._pidfd(proc.pid)  # what runner.run records
+    runner._LIVE[proc] = proctree.pidfd_of(proc.pid)  # what runner.run records
 else:
     runner._LIVE.add(proc)
 proc.wait()  # reaped (a worker thread's wait returned), not yet taken off the list

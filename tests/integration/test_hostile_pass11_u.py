@@ -103,16 +103,16 @@ def _no_pidfd_env(tmp_path: Path, absent: bool) -> dict[str, str]:
 
 _REAPED_NO_PIDFD = """
 import os, signal, subprocess, sys, time
-from kvprefetch import runner
+from kvprefetch import proctree, runner
 
-assert runner._pidfd(os.getpid()) is None  # the sitecustomize took the pidfds away
+assert proctree.pidfd_of(os.getpid()) is None  # the sitecustomize took the pidfds away
 # another program, whose parent is not the kit (started by a shell that has ended)
 stranger = int(subprocess.run(
     ["sh", "-c", sys.executable + " -c 'import signal, time; signal.signal(2, signal.SIG_DFL);"
      " time.sleep(60)' >/dev/null 2>&1 & echo $!"], capture_output=True, text=True).stdout)
 time.sleep(1.0)  # its SIGINT handler is the default one by then (not the shell's SIG_IGN)
 proc = subprocess.Popen(["true"])
-runner._LIVE[proc] = runner._pidfd(proc.pid)  # what runner.run records: None here
+runner._LIVE[proc] = proctree.pidfd_of(proc.pid)  # what runner.run records: None here
 os.waitpid(proc.pid, 0)  # a worker's wait has reaped it, its returncode is not set yet
 proc.pid = stranger  # the system gave its number to another program
 runner.stop_children(*([signal.SIGKILL] if "second" in sys.argv else []))
@@ -216,10 +216,10 @@ from pathlib import Path
 import click
 
 import kvprefetch.cli as cli
-from kvprefetch import runner
+from kvprefetch import proctree, runner
 
 PIDS = Path("{pids}")
-_real = runner._pidfd
+_real = proctree.pidfd_of
 
 
 def _slow_pidfd(pid):
@@ -229,7 +229,7 @@ def _slow_pidfd(pid):
     return _real(pid)
 
 
-runner._pidfd = _slow_pidfd
+proctree.pidfd_of = _slow_pidfd
 CHILD = ("trap 'echo > {pids}/cleaned; exit 1' INT; echo $$ > {pids}/child; i=0; "
          "while [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done")
 
@@ -255,7 +255,7 @@ cli.run()
 def test_a_stop_while_a_child_starts_stops_it(tmp_path: Path, where: str,
                                               request: pytest.FixtureRequest) -> None:
     """SIGINT while ``runner.run`` has started a child but not yet listed it (the window is
-    widened to 1 s by wrapping ``runner._pidfd`` in the child process; nothing else is
+    widened to 1 s by wrapping ``proctree.pidfd_of`` in the child process; nothing else is
     mocked): the worker's child ran its 15 s to the end, the command waiting for it; the main
     thread's child outlived the kit. Both must get their SIGINT (and run their own cleanup)."""
     pids = tmp_path / "pids"

@@ -2,11 +2,11 @@
 
 1. A process below a stopped child that forks in a loop (ignoring the stop signals, in a
    session of its own or the kit's group) had every child it made after ``runner._stop`` read
-   the processes below left running, reparented to init: ``_end_below`` (and the SIGKILL of a
+   the processes below left running, reparented to init: ``proctree.end_below`` (and the SIGKILL of a
    child that outlived its grace) signalled only the processes read once, so the newest ones
    never got a signal (546 ``sleep``s ran on after one stopped ``run``). Now the final SIGKILL
    holds the whole tree with SIGSTOP until no new process is found below it, then kills it
-   (``runner._kill_all``), and the stop signal after ``BELOW_GRACE_S`` goes to the ones made
+   (``proctree.kill_all``), and the stop signal after ``BELOW_GRACE_S`` goes to the ones made
    meanwhile too.
 
 2. A campaign job stopped by SIGINT (a Ctrl-C on a job run by hand, ``scancel -s INT``),
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprefetch import runner
+from kvprefetch import proctree, runner
 from tests.integration.test_job_log import _campaign
 from tests.integration.test_reliability import _env
 
@@ -57,8 +57,8 @@ def _marked(mark: str) -> list[int]:
 @pytest.mark.parametrize("how", ["daemon-below", "child-ignores-the-stop"])
 def test_a_process_below_that_forks_in_a_loop_leaves_nothing_running(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
-    monkeypatch.setattr(runner, "STOP_GRACE_S", 1.5)
-    monkeypatch.setattr(runner, "BELOW_GRACE_S", 0.5)
+    monkeypatch.setattr(proctree, "STOP_GRACE_S", 1.5)
+    monkeypatch.setattr(proctree, "BELOW_GRACE_S", 0.5)
     mark = f"kvp31a-{os.getpid()}-{tmp_path.name}"
     child = _CHILD.format(
         mark=mark, setsid="setsid" if how == "daemon-below" else "",

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvprefetch import runner
+from kvprefetch import proctree, runner
 
 _CHILD = r'''
 import os, signal, subprocess, sys, time
@@ -81,4 +81,4 @@ def test_a_process_below_that_nobody_stopped_is_stopped_once_its_parent_has_ende
     pid, marker, took = _stopped_run(tmp_path, "exit")
     assert not _running(pid), "a process below the stopped child is still running"
     assert marker.read_text() == "cleaned up"
-    assert took < 2.0 + runner.BELOW_GRACE_S + runner.STOP_GRACE_S
+    assert took < 2.0 + proctree.BELOW_GRACE_S + proctree.STOP_GRACE_S

@@ -127,7 +127,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kernels",),
     ("probe",),
     ("upstream", "reading", "timings", "kitinfo", "console", "stdio", "oserrors", "hashing",
-     "runner", "gitenv",
+     "runner", "proctree", "gitenv",
      "errors", "__init__"),
 )
 
