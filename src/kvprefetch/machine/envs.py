@@ -109,7 +109,6 @@ class Env(abc.ABC):
         self.path = Path(os.path.abspath(path))
         self.log = Path(log) if log is not None else None
         self._info: dict[str, Any] | None = None
-        self._path_tail: list[str] = []  # recorded in the marker by _build, used by environ()
 
     # ------------------------------------------------------------------ layout
     @property
@@ -171,24 +170,16 @@ class Env(abc.ABC):
         own = str(self.bin_dir)
         # An env that inherits its creator's packages also needs the creator's scripts (ninja,
         # cmake from pip) even when that creator's VIRTUAL_ENV was just dropped: they go last.
-        tail = [t for t in self._path_tail_recorded() if t not in entries and t != own]
+        tail = [t for t in self._path_tail() if t not in entries and t != own]
         env["PATH"] = os.pathsep.join([own] + [e for e in entries if e != own] + tail)
         env["PYTHONNOUSERSITE"] = "1"
         env.update(self._activate())
         return env
 
-    def _path_tail_recorded(self) -> list[str]:
-        """The marker's ``path_tail``: absolute folders only. The marker is data in the work
-        directory (issue 41, the fifth hostile pass: a number there was a TypeError traceback,
-        a string went onto PATH letter by letter, as relative folders)."""
-        tail = (self.read_marker() or {}).get("path_tail", [])
-        if not isinstance(tail, list) or not all(
-                isinstance(t, str) and os.path.isabs(t) and os.pathsep not in t
-                and t.isprintable() for t in tail):
-            raise BuildError(f"{self.marker_path} is corrupt: its path_tail is not a list of "
-                             "absolute folders",
-                             f"move {self.path} away and rerun; the environment is made again")
-        return tail
+    def _path_tail(self) -> list[str]:
+        """Folders that go last on the env's PATH: none, unless a backend's env inherits
+        another python's packages (``VenvEnv``)."""
+        return []
 
     @abc.abstractmethod
     def _activate(self) -> dict[str, str]:
@@ -371,7 +362,6 @@ class Env(abc.ABC):
             "kind": self.kind, "state": "ready", "creator": f"kvprefetch {__version__}",
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "options": self.options(), "python_version": self.info()["version"],
-            "path_tail": self._path_tail,
         }
         write_file(self.marker_path, json.dumps(data, indent=2) + "\n", root=root,
                    family=BuildError)
@@ -425,6 +415,7 @@ class VenvEnv(Env):
         self.base_python = str(python or sys.executable)
         self.system_site_packages = system_site_packages
         self.with_pip = with_pip
+        self._creator_scripts: str | None = None  # the creator's scripts folder, asked once
 
     def options(self) -> dict[str, Any]:
         return {"base_python": self.base_python, "system_site_packages": self.system_site_packages,
@@ -432,6 +423,18 @@ class VenvEnv(Env):
 
     def _activate(self) -> dict[str, str]:
         return {"VIRTUAL_ENV": str(self.path)}
+
+    def _path_tail(self) -> list[str]:
+        """An env that inherits its creator's packages also needs the creator's scripts (ninja,
+        cmake from pip): the scripts folder of ``base_python``, this run's own option, asked
+        of it. Never read back from the marker: the marker is data in the work directory, and
+        a ``path_tail`` there put any folder, outside the work directory too, on the build's
+        PATH (issue 41, the thirty-second hostile pass)."""
+        if not self.system_site_packages:
+            return []
+        if self._creator_scripts is None:
+            self._creator_scripts = _base_python_info(self.base_python)["scripts"]
+        return [self._creator_scripts]
 
     def _build(self, target: Path) -> None:
         base = _base_python_info(self.base_python) if self.system_site_packages else None
@@ -442,7 +445,7 @@ class VenvEnv(Env):
         self._run([*argv, str(target)], env={k: v for k, v in os.environ.items()
                                              if k not in ISOLATION_STRIP + VENV_VARS})
         if base:
-            self._path_tail = [base["scripts"]]
+            self._creator_scripts = base["scripts"]
         if base and in_venv:
             # The new env's site-packages lives at the same relative spot as the base's.
             rel = os.path.relpath(base["purelib"], base["prefix"])

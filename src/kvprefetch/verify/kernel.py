@@ -51,7 +51,7 @@ from .machine_code import (
     check_unbounded_copies,
     kernel_changed,
 )
-from .manifests import manifest_python, newest_manifests, python_refused
+from .manifests import manifest_python, newest_manifests, python_problem, python_refused
 from .numerics import NO_CUDA_DEVICE
 from .report import VerifyReport
 
@@ -185,7 +185,16 @@ def _driver_stub(wd: Workdir, manifest: dict[str, Any]) -> dict[str, Any] | None
 
     if driver_loadable():
         return None
-    site = Path(manifest.get("so_path", "")).parent.parent
+    so_path = str(manifest.get("so_path") or "")
+    # the env's files only: a relative so_path was globbed from the working folder, and one
+    # outside the work directory had nm read a library there (issue 41, the thirty-second
+    # hostile pass)
+    problem = python_problem(so_path, wd.root, what="library")
+    if problem is not None:
+        raise VerifyError(f"the build manifest of tree {str(manifest.get('tree'))[:64]!r} "
+                          f"{problem}; kvprefetch reads no library a record names outside its "
+                          "environments", "rerun `kvprefetch build --mode overlay`")
+    site = Path(so_path).parent.parent
     vllm_c = next(iter(sorted(site.glob("vllm/_C*.so"))), None)
     if vllm_c is None:
         raise VerifyError(f"no vllm/_C*.so in {site} (the overlay env of "

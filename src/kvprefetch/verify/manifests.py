@@ -82,24 +82,25 @@ def manifest_python(m: dict[str, Any]) -> str:
     return str(env.get("python") or Path(str(env.get("path", ""))) / "bin" / "python")
 
 
-def python_problem(python: str, root: Path) -> str | None:
+def python_problem(python: str, root: Path, what: str = "interpreter") -> str | None:
     """Why the interpreter a build manifest names is not one of the work directory's own
     environments' (None: it is): the kit made every env in ``<workdir>/envs/``, and its
     ``bin/python`` (a venv's link to its base interpreter, or the file) is what it recorded. A
     manifest is data (the threat model): one naming ``/bin/rm`` had verify-kernel run
     ``rm <kit>/probe/provenance.py kernels``, deleting the kit's own file outside the work
-    directory (issue 41, the seventeenth hostile pass)."""
+    directory (issue 41, the seventeenth hostile pass). ``what``: the file's kind in the
+    message, for the other files the kit takes from an environment (an overlay's library)."""
     from ..workspace import confine
 
     envs = root / "envs"
     path = Path(python)
     if not path.is_absolute() or ".." in path.parts or confine.has_control(python):
-        return f"names the interpreter {python[:200]!r}, which is no absolute plain path"
+        return f"names the {what} {python[:200]!r}, which is no absolute plain path"
     if not confine.inside(envs, path) or path.parent == envs:
-        return f"names the interpreter {python[:200]}, outside {envs}"
+        return f"names the {what} {python[:200]}, outside {envs}"
     link = confine.first_symlink(root, path.parent)
     if link is not None:
-        return f"names the interpreter {python[:200]} through the symlink {link}"
+        return f"names the {what} {python[:200]} through the symlink {link}"
     return None
 
 
