@@ -2,12 +2,12 @@
 
 1. A process below a stopped child that forks in a loop (ignoring the stop signals, in a
    session of its own or the kit's group) had every child it made after ``runner._stop`` read
-   the processes below left running, reparented to init: ``proctree.end_below`` (and the SIGKILL of a
-   child that outlived its grace) signalled only the processes read once, so the newest ones
-   never got a signal (546 ``sleep``s ran on after one stopped ``run``). Now the final SIGKILL
-   holds the whole tree with SIGSTOP until no new process is found below it, then kills it
-   (``proctree.kill_all``), and the stop signal after ``BELOW_GRACE_S`` goes to the ones made
-   meanwhile too.
+   the processes below left running, reparented to init: ``proctree.end_below`` (and the
+   SIGKILL of a child that outlived its grace) signalled only the processes read once, so the
+   newest ones never got a signal (546 ``sleep``s ran on after one stopped ``run``). Now the
+   final SIGKILL holds the whole tree with SIGSTOP until no new process is found below it,
+   then kills it (``proctree.kill_all``), and the stop signal after ``BELOW_GRACE_S`` goes to
+   the ones made meanwhile too.
 
 2. A campaign job stopped by SIGINT (a Ctrl-C on a job run by hand, ``scancel -s INT``),
    SIGHUP or SIGPIPE recorded exit "0" (its EXIT trap saw the status of the last command

@@ -11,6 +11,10 @@ records that named a folder or file outside the work directory, which the kit th
   the work directory had ``nm`` read (and the stub be built for) a library there. The
   ``so_path`` must now be an environment's file, as the manifest's interpreter must.
 
+And three wrong-way messages of the thirty-first pass's list: ``verify-kernel --workdir`` on a
+folder that is no work directory said to build; ``slurm plan --source ''`` planned the working
+folder as the source; ``report --readme``/``--index`` ignored FILES given beside them.
+
 Nothing is mocked but ``driver_loadable`` (this machine has no NVIDIA driver either way; the
 stub is built only where none loads, and the test forces that branch where one does)."""
 
@@ -28,6 +32,7 @@ import pytest
 from kvprefetch.errors import VerifyError
 from kvprefetch.machine.envs import MARKER, VenvEnv
 from kvprefetch.workspace.workdir import Workdir
+from tests.integration.test_reliability import cli, refused
 
 
 def _forge_tail(env_path: Path, tail: object) -> None:
@@ -110,3 +115,32 @@ def test_the_driver_stub_is_still_built_for_an_environments_library(
         "so_path": str(site / "kvprefetch_kernels" / "_C.so"), "tree": "patched"})
     assert stub is not None and stub["for"] == str(site / "vllm" / "_C.abi3.so"), stub
     assert Path(stub["dir"]).is_relative_to(work / "verify" / "driver-stub")
+
+
+def test_verify_kernel_on_a_folder_that_is_no_work_directory_says_so(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's folder\n")
+    res = cli("verify-kernel", "--workdir", str(tmp_path / "mine"), "--no-gpu", timeout=60)
+    refused(res, 6, "is not a kvprefetch work directory", "pass --workdir the folder")
+    assert "run `kvprefetch build`" not in res.stderr, res.stderr
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+
+
+def test_slurm_plan_refuses_an_empty_source(tmp_path: Path) -> None:
+    res = cli("slurm", "plan", str(tmp_path / "c"), "--source", "", "--stand-in", timeout=60)
+    refused(res, 2, "--source '' does not exist")
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("mode", ["--readme", "--index"])
+def test_report_refuses_files_it_would_ignore(tmp_path: Path, mode: str) -> None:
+    target = tmp_path / "README.md"
+    target.write_text("# nothing to regenerate\n")
+    (tmp_path / "runs").mkdir()
+    extra = tmp_path / "result.json"
+    extra.write_text("{}")
+    named = str(target) if mode == "--readme" else str(tmp_path / "runs")
+    res = cli("report", mode, named, str(extra), timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "give them no FILES" in res.stderr, res.stderr
+    assert target.read_text() == "# nothing to regenerate\n"

@@ -61,6 +61,10 @@ def report(files: tuple[Path, ...], out_text: str | None, formats: str, print_md
 
     _check_files(files)
     out = _out(out_text, index is not None)
+    if files and (readme is not None or index is not None):
+        # they were ignored without a word (issue 41, the thirty-first hostile pass)
+        raise click.UsageError("--readme and --index read the files their blocks or runs "
+                               "name: give them no FILES (render FILES in a run of their own)")
     if readme is not None:
         _refresh_readme(readme, check, as_json)
         return

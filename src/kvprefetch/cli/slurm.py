@@ -198,8 +198,9 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
             build_args += [opt, value]
     trees = parse_trees(trees_text)
     if source not in ("auto", "git", "sdist"):
-        if not Path(source).exists():
-            raise ConfigError(f"--source {source} does not exist",
+        # an empty one is no path: Path('') is the working folder, which was planned
+        if not source or not Path(source).exists():
+            raise ConfigError(f"--source {source!r} does not exist",
                               "pass auto, git, sdist or an existing path on a shared filesystem")
         source = str(Path(source).resolve())
     py = check_python(python or sys.executable)

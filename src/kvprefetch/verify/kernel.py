@@ -29,7 +29,7 @@ from ..kernels.policy import TWIN_SHAPES
 from ..reading import load_json
 from ..runner import run
 from ..workspace.ownership import private_dir
-from ..workspace.workdir import Workdir, write_json_atomic
+from ..workspace.workdir import TAG_FILE, Workdir, write_json_atomic
 from .facts import (
     ElfFacts,
     LibraryFacts,
@@ -318,6 +318,13 @@ def verify(workdir: Path, *, trees: list[str] | None = None, no_gpu: bool = Fals
         if unknown:
             raise _unknown_trees(wd, unknown, list(manifests))
         manifests = {t: m for t, m in manifests.items() if t in wanted}
+    if not manifests and not wd.is_tagged():
+        # it said to build, which builds into a new work directory there: the wrong way for a
+        # --workdir that named another folder (issue 41, the thirty-first hostile pass)
+        raise VerifyError(f"{wd.root} is not a kvprefetch work directory (no {TAG_FILE}): "
+                          "verify-kernel reads the builds of one",
+                          "pass --workdir the folder `kvprefetch fetch` and `kvprefetch build` "
+                          "used")
     if "baseline" not in manifests or len(manifests) < 2:
         raise VerifyError(f"verify-kernel needs built baseline and patched trees; found builds "
                           f"for {sorted(manifests) or 'none'} in {wd.root}",
