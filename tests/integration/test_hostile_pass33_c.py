@@ -1,0 +1,59 @@
+"""Issue 41, the thirty-third hostile pass (tester c: every file the kit writes where the user
+points it). Each test fails without its fix (checked by reverting ``src`` and running it):
+
+- **An output folder through a link and ``..`` made a folder nobody named.** ``confine
+  .make_dirs`` folded ``..`` away by name (``os.path.abspath``) before it made the folders, where
+  the kernel (and every later open) follows the link first: ``report --out L/../new`` (or
+  ``export-header -o L/../new/x.cuh``, ``bench --out``, ``vmm bench --out``), with ``L`` a link to
+  a folder elsewhere, made ``./new`` in the current folder (or, with more ``..``, in a folder
+  above it: outside every folder the user named), then failed with "L/../new is a link to
+  nothing, not a folder", which it is not. The folders are now made as ``mkdir -p`` makes them:
+  the path as typed, ``..`` the kernel's.
+
+Nothing is mocked: the CLI runs for real on folders and links made here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_hostile_pass31_b import _env
+from tests.integration.test_reliability import outside
+
+__all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
+
+RESULT = (Path(__file__).resolve().parents[2] / "docs" / "results" / "2026-12-01-h200-decode"
+          / "decode-qwen2.5-7b.json")
+
+
+def _cli(tmp_path: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], cwd=cwd,
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+@pytest.mark.parametrize("dots", [1, 2])
+def test_an_out_folder_through_a_link_and_dotdot_makes_no_folder_by_name(
+        tmp_path: Path, dots: int) -> None:
+    if not RESULT.is_file():
+        pytest.skip(f"no committed result at {RESULT}")
+    here = tmp_path / "a" / "here"
+    there = tmp_path / "b" / "there" / "deep"
+    here.mkdir(parents=True)
+    there.mkdir(parents=True)
+    (here / "L").symlink_to(there, target_is_directory=True)
+    out = "L/" + "../" * dots + "new"
+    res = _cli(tmp_path, here, "report", str(RESULT), "--out", out, "--formats", "md")
+    text = res.stdout + res.stderr
+    # without the fix: exit 7, "L/../new is a link to nothing, not a folder", and a folder
+    # `new` made by name beside L (or in its parent), which nobody named
+    assert res.returncode == 0, text
+    assert "Traceback" not in text, text
+    by_name = here.parent if dots == 2 else here
+    assert not (by_name / "new").exists(), text
+    # the folder the path names, as the kernel (and `mkdir -p`, `ls`) reads it
+    meant = there.parent if dots == 1 else there.parent.parent
+    assert (meant / "new" / "decode-qwen2.5-7b.md").is_file(), text
