@@ -1,6 +1,13 @@
 """Issue 41, the thirty-third hostile pass (tester c: every file the kit writes where the user
 points it). Each test fails without its fix (checked by reverting ``src`` and running it):
 
+- **Nsight Compute wrote its CSV through a link planted in the work directory.** ``bench ncu``
+  gave ncu ``--log-file <out>/ncu-N-TREE.csv``, and ncu writes that file by path, following a
+  symlink there and writing into a hard link's file: ``bench/ncu-1-baseline.csv`` planted as a
+  link (of either kind) to a file outside the work directory had that file overwritten with
+  ncu's CSV. ncu now writes into a private folder (``ownership.private_dir``, as ``git apply``
+  and the compilers do), and the kit copies the CSV into ``<out>`` with ``confine.write_file``.
+  No Nsight Compute here: the test's stand-in writes by path as ncu does (a shell ``>``).
 - **An output folder through a link and ``..`` made a folder nobody named.** ``confine
   .make_dirs`` folded ``..`` away by name (``os.path.abspath``) before it made the folders, where
   the kernel (and every later open) follows the link first: ``report --out L/../new`` (or
@@ -10,7 +17,7 @@ points it). Each test fails without its fix (checked by reverting ``src`` and ru
   nothing, not a folder", which it is not. The folders are now made as ``mkdir -p`` makes them:
   the path as typed, ``..`` the kernel's.
 
-Nothing is mocked: the CLI runs for real on folders and links made here."""
+Nothing else is mocked: the CLI runs for real on folders and links made here."""
 
 from __future__ import annotations
 
@@ -57,3 +64,44 @@ def test_an_out_folder_through_a_link_and_dotdot_makes_no_folder_by_name(
     # the folder the path names, as the kernel (and `mkdir -p`, `ls`) reads it
     meant = there.parent if dots == 1 else there.parent.parent
     assert (meant / "new" / "decode-qwen2.5-7b.md").is_file(), text
+
+
+def _writing_ncu(tmp_path: Path) -> Path:
+    """A stand-in for Nsight Compute (none on this machine): like ncu, it writes its CSV by the
+    path ``--log-file`` names (a shell redirection, which follows a link there)."""
+    ncu = tmp_path / "bin" / "writingncu"
+    ncu.parent.mkdir(parents=True, exist_ok=True)
+    ncu.write_text(
+        "#!/bin/bash\n"
+        'while [ $# -gt 0 ]; do [ "$1" = --log-file ] && f=$2; shift; done\n'
+        "printf '%s\\n' '\"ID\",\"Process ID\",\"Kernel Name\",\"gpu__time_duration.sum\"' "
+        "'\"\",\"\",\"\",\"ns\"' '\"0\",\"1\",\"paged_attention_v1_kernel\",\"1000\"' > \"$f\"\n")
+    ncu.chmod(0o755)
+    return ncu
+
+
+@pytest.mark.parametrize("plant", ["symlink", "hardlink"])
+def test_ncus_csv_is_never_written_through_a_link_planted_in_the_bench_folder(
+        tmp_path: Path, outside: Path, plant: str) -> None:
+    from tests.integration.test_hostile_pass10_r import _published_workdir
+
+    wd = _published_workdir(tmp_path)
+    (wd / "bench").mkdir()
+    csv = wd / "bench" / "ncu-1-baseline.csv"
+    if plant == "symlink":
+        csv.symlink_to(outside / "notes.txt")
+    else:
+        csv.hardlink_to(outside / "notes.txt")
+    res = _cli(tmp_path, tmp_path, "bench", "ncu", "--workdir", str(wd), "--ncu",
+               str(_writing_ncu(tmp_path)), "--shape", "1x1k", "--formats", "json")
+    text = res.stdout + res.stderr
+    # without the fix: ncu's CSV written into notes.txt outside, through the planted link
+    assert "Traceback" not in text, text
+    assert (outside / "notes.txt").read_text() == "keep me\n"
+    if plant == "symlink":  # refused, as every file the kit writes
+        assert res.returncode == 7 and "is a symlink" in text and "To fix" in text, text
+        return
+    assert res.returncode == 0, text
+    # ncu's CSV kept where it was before, now a file of its own
+    assert csv.stat().st_nlink == 1, text
+    assert "paged_attention_v1_kernel" in csv.read_text(), text
