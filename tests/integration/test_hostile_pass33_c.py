@@ -8,6 +8,10 @@ points it). Each test fails without its fix (checked by reverting ``src`` and ru
   ncu's CSV. ncu now writes into a private folder (``ownership.private_dir``, as ``git apply``
   and the compilers do), and the kit copies the CSV into ``<out>`` with ``confine.write_file``.
   No Nsight Compute here: the test's stand-in writes by path as ncu does (a shell ``>``).
+- **The same for vLLM's result in ``bench e2e``**: vLLM writes ``--output-json`` by path, and
+  a link (or hard link) planted at ``bench/e2e/runs/<env>-seqs<M>-r<R>.json`` had the file
+  outside it names overwritten with the run's result. vLLM now writes into a private folder,
+  and the kit copies the result into place. No vLLM here: pass 23 b's stand-in writes by path.
 - **An output folder through a link and ``..`` made a folder nobody named.** ``confine
   .make_dirs`` folded ``..`` away by name (``os.path.abspath``) before it made the folders, where
   the kernel (and every later open) follows the link first: ``report --out L/../new`` (or
@@ -105,3 +109,41 @@ def test_ncus_csv_is_never_written_through_a_link_planted_in_the_bench_folder(
     # ncu's CSV kept where it was before, now a file of its own
     assert csv.stat().st_nlink == 1, text
     assert "paged_attention_v1_kernel" in csv.read_text(), text
+
+
+@pytest.mark.parametrize("plant", ["symlink", "hardlink"])
+def test_vllms_result_is_never_written_through_a_link_planted_in_the_runs_folder(
+        tmp_path: Path, outside: Path, plant: str) -> None:
+    import json
+
+    from tests.integration.test_hostile_pass23_b import _fake_vllm_python
+
+    wd = tmp_path / "work"
+    (wd / "verify").mkdir(parents=True)
+    # a stand-in for an environment's vLLM (none here): like vLLM, it writes --output-json by
+    # path (a shell `>`, which follows a link there)
+    py = str(_fake_vllm_python(wd / "envs" / "baseline"))
+    (wd / "verify" / "report.json").write_text(json.dumps({
+        "passed": True, "envs": {"baseline": {"python": py}, "patched": {"python": py}}}))
+    first = _cli(tmp_path, tmp_path, "bench", "e2e", "--workdir", str(wd), "--max-num-seqs",
+                 "1", "--repeats", "1", "--formats", "json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    results = sorted(p for p in wd.rglob("*.json") if "seqs" in p.name)
+    assert results, list(wd.rglob("*"))
+    target = results[0]
+    target.unlink()
+    if plant == "symlink":
+        target.symlink_to(outside / "notes.txt")
+    else:
+        target.hardlink_to(outside / "notes.txt")
+    res = _cli(tmp_path, tmp_path, "bench", "e2e", "--workdir", str(wd), "--max-num-seqs", "1",
+               "--repeats", "1", "--formats", "json")
+    text = res.stdout + res.stderr
+    # without the fix: vLLM's result written into notes.txt outside, through the planted link
+    assert "Traceback" not in text, text
+    assert (outside / "notes.txt").read_text() == "keep me\n"
+    if plant == "symlink":  # refused, as every file the kit writes
+        assert res.returncode == 7 and "is a symlink" in text and "To fix" in text, text
+        return
+    assert res.returncode == 0, text
+    assert target.stat().st_nlink == 1 and "tokens_per_second" in target.read_text(), text
