@@ -377,15 +377,27 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
     versions = check_envs_have_vllm(plan.envs, plan.out_dir)
     results = []
     runs = plan_runs(plan)
-    for i, r in enumerate(runs, 1):
-        make_dir(r.json_path.parent)
-        t0 = time.monotonic()
-        run(list(r.argv), env=env, cwd=r.json_path.parent,
-            log=r.json_path.with_suffix(".log"))
-        res = _throughput(r.json_path)
-        results.append((r, res))
-        say(f"[{i}/{len(runs)}] {r.env.name} max-num-seqs {r.max_num_seqs} repeat {r.repeat}: "
-            f"{float(res['tokens_per_second']):.0f} tok/s ({time.monotonic() - t0:.0f} s)")
+    from ..workspace.confine import root_of
+    from ..workspace.ownership import private_dir
+
+    # vLLM writes --output-json by path, following a link there: a link (or hard link) planted
+    # at runs/<env>-seqs<M>-r<R>.json in the work directory had vLLM write its result into the
+    # file outside it names (issue 41, the thirty-third hostile pass, as for ncu's CSV). So
+    # vLLM writes into a private folder, and the kit copies the result into place
+    with private_dir("e2e", outside=root_of(plan.out_dir)) as priv:
+        for i, r in enumerate(runs, 1):
+            make_dir(r.json_path.parent)
+            t0 = time.monotonic()
+            argv = list(r.argv)
+            written = priv / r.json_path.name
+            argv[argv.index("--output-json") + 1] = str(written)
+            run(argv, env=env, cwd=r.json_path.parent, log=r.json_path.with_suffix(".log"))
+            _keep(written, r.json_path)
+            res = _throughput(r.json_path)
+            results.append((r, res))
+            say(f"[{i}/{len(runs)}] {r.env.name} max-num-seqs {r.max_num_seqs} repeat "
+                f"{r.repeat}: {float(res['tokens_per_second']):.0f} tok/s "
+                f"({time.monotonic() - t0:.0f} s)")
     return {
         "kind": "e2e", "schema": SCHEMA_VERSION,
         "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -404,6 +416,22 @@ def run_e2e(plan: E2EPlan, *, progress: Callable[[str], None] | None = None,
 _THROUGHPUT_FIELDS = ("tokens_per_second", "num_requests", "elapsed_time")
 # tokens per second, requests and seconds of one run: far beyond any GPU's, and far below
 _THROUGHPUT_MIN, _THROUGHPUT_MAX = 1e-9, 1e12
+
+
+def _keep(written: Path, path: Path) -> None:
+    """What vLLM wrote at ``written`` (a private folder), copied to ``path`` (``confine
+    .write_file``: never through a link there); a BenchError naming ``path`` when it wrote
+    nothing readable."""
+    from ..reading import read_limited
+    from ..workspace.confine import root_of, write_file
+
+    try:
+        data = read_limited(written)
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"vLLM left no throughput result for {path} ({exc})",
+                         f"read the run's log {path.with_suffix('.log')}; rerun bench e2e "
+                         "once vLLM works") from None
+    write_file(path, data, root=root_of(path), family=BenchError)
 
 
 def _throughput(path: Path) -> dict[str, Any]:

@@ -165,17 +165,19 @@ def _launches(text: str, path: Path) -> list[KernelSummary]:
                          "bench ncu once ncu writes its table") from None
 
 
-def _read_csv(path: Path) -> str:
+def _read_csv(path: Path, kept: Path | None = None) -> str:
     """The CSV ncu wrote (``read_limited``: a FIFO planted there hung the read, and a missing
-    one was "No such file or directory / check the path": issue 41, the tenth hostile pass)."""
+    one was "No such file or directory / check the path": issue 41, the tenth hostile pass).
+    ``kept``: where the run keeps it, beside ncu's log (``path`` is in a private folder)."""
     from ..reading import read_limited
 
+    shown = kept or path
     try:
         return read_limited(path).decode("utf-8", "replace")
     except (OSError, ValueError) as exc:
-        raise BenchError(f"Nsight Compute left no readable CSV at {path} ({exc})",
-                         f"read {path.with_suffix('.log')} for ncu's own output; move "
-                         f"{path} away if it is not ncu's file, then rerun") from None
+        raise BenchError(f"Nsight Compute left no readable CSV ({exc})",
+                         f"read {shown.with_suffix('.log')} for ncu's own output, then "
+                         "rerun") from None
 
 
 def parse_ncu_csv(text: str) -> list[KernelLaunch]:
@@ -304,9 +306,7 @@ def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
     """Profile every (shape, variant) with ncu and parse the results. ``builds`` are
     ``ops.BuiltOps`` (baseline first); ``shapes`` are ``matrix.BenchShape``. The raw CSV of each
     run is kept under ``out_dir`` as ``ncu-<shape#>-<tree>.csv``."""
-    import time
-
-    from ..runner import NEUTRAL_CWD, run, which
+    from ..runner import which
 
     if which(opts.ncu) is None and not Path(opts.ncu).is_file():
         raise BenchError(f"'{opts.ncu}' (Nsight Compute) is not on PATH",
@@ -316,20 +316,41 @@ def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
     py = python or sys.executable
     py = os.path.abspath(py) if os.sep in py else py
     make_dir(out_dir)  # from the work directory down (bench/ncu's logs too: runner.open_log)
-    say = progress or (lambda m: None)
+    from ..workspace.confine import root_of
+    from ..workspace.ownership import private_dir
+
+    # ncu writes its CSV by the path --log-file names, following a link there: a link (or a
+    # hard link) planted at bench/ncu-1-baseline.csv in the work directory had ncu overwrite
+    # the file outside it names (issue 41, the thirty-third hostile pass). So ncu writes into
+    # a private folder, and the kit copies the CSV to out_dir (confine.write_file: a new file,
+    # renamed into place, never written through a link)
+    with private_dir("ncu", outside=root_of(out_dir)) as priv:
+        return _profile(builds, shapes, out_dir, priv, opts, py, progress or (lambda m: None),
+                        command)
+
+
+def _profile(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path, priv: Path,
+             opts: NcuOptions, py: str, say: Any, command: Sequence[str]) -> NcuDocument:
+    import time
+
+    from ..runner import NEUTRAL_CWD, run
+    from ..workspace.confine import root_of, write_file
+
     doc_shapes: list[NcuShape] = []
     for si, shape in enumerate(shapes, 1):
         sd: ShapeFields = shape.to_dict()
         per_variant: dict[str, list[KernelSummary]] = {}
         csvs: dict[str, str] = {}
         for b in builds:
-            csv_path = Path(os.path.abspath(out_dir / f"ncu-{si}-{b.tree}.csv"))  # cwd: /
+            csv_path = out_dir / f"ncu-{si}-{b.tree}.csv"
+            written = priv / csv_path.name  # absolute: ncu runs in NEUTRAL_CWD
             target = target_command(py, Path(os.path.abspath(b.so_path)), b.namespace, sd,
                                     launches_needed(shape.kernel, opts))
             t0 = time.monotonic()
-            run(ncu_command(target, csv_path, opts), log=out_dir / f"ncu-{si}-{b.tree}.log",
+            run(ncu_command(target, written, opts), log=out_dir / f"ncu-{si}-{b.tree}.log",
                 cwd=NEUTRAL_CWD)
-            text = _read_csv(csv_path)
+            text = _read_csv(written, csv_path)
+            write_file(csv_path, text, root=root_of(out_dir), family=BenchError)
             per_variant[b.tree] = _launches(text, csv_path)
             csvs[b.tree] = csv_path.name
             say(f"[{si}/{len(shapes)}] {shape.label} {b.tree}: "

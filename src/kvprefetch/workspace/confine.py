@@ -290,9 +290,12 @@ DIR_MODE = 0o775
 
 def make_dirs(d: Path) -> None:
     """``mkdir -p d`` (by path, as ``Path.mkdir(parents=True, exist_ok=True)``), each folder it
-    makes asking for ``DIR_MODE``, the parents too (``Path.mkdir`` makes them 0o777)."""
+    makes asking for ``DIR_MODE``, the parents too (``Path.mkdir`` makes them 0o777). A ``..``
+    is the kernel's, as ``mkdir -p`` reads it, never folded away by name first: ``--out
+    L/../new`` with ``L`` a link made ``./new`` in the current folder, a folder nobody named,
+    then failed with "a link to nothing" (issue 41, the thirty-third hostile pass)."""
     todo: list[Path] = []
-    p = Path(os.path.abspath(d))
+    p = Path(d).absolute()
     while not p.is_dir() and p.parent != p:
         todo.append(p)
         p = p.parent
