@@ -238,8 +238,10 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
         if not dry_run:
             treetxn.recover(wd, name)
         state = wd.read_state(name)
-        if state is None:
-            raise missing
+        if state is None:  # the tree is there: "run fetch" met "local modifications" (pass 33)
+            raise PatchError(f"the tree {tree} has no state record ({wd.state_file(name)})",
+                             "record it again from the tree's content with `kvprefetch fetch "
+                             "--repair`, then rerun")
         applied = state.get("applied")
         recorded: dict[str, str] = state["inventory"]
         diffs = differences(recorded, tree_inventory(tree, state))
