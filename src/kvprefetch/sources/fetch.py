@@ -398,7 +398,7 @@ def tree_modifications(wd: Workdir, name: str) -> list[str]:
                  "through one (move it away; fetch then makes the tree again)")]
     state = wd.read_state(name)
     if state is None:
-        return [f"? {tree} was not made by kvprefetch (no state record)"]
+        return [f"? {tree} has no state record (`kvprefetch fetch --repair` records it again)"]
     return differences(state["inventory"], tree_inventory(wd.tree(name), state))
 
 

@@ -238,8 +238,10 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
         if not dry_run:
             treetxn.recover(wd, name)
         state = wd.read_state(name)
-        if state is None:
-            raise missing
+        if state is None:  # the tree is there: "run fetch" met "local modifications" (pass 33)
+            raise PatchError(f"the tree {tree} has no state record ({wd.state_file(name)})",
+                             "record it again from the tree's content with `kvprefetch fetch "
+                             "--repair`, then rerun")
         applied = state.get("applied")
         recorded: dict[str, str] = state["inventory"]
         diffs = differences(recorded, tree_inventory(tree, state))
@@ -260,10 +262,16 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
             what = (f"the {was} variant" if was != variant
                     else f"another version of the {variant} patch (sha256 "
                          f"{applied['patch_sha256'][:16]}…)")
+            # `fetch --force` replaces only an edited tree: to a patch the kit recorded it says
+            # "unchanged", so it never restored this one (issue 41, the thirty-third pass)
+            own_tree = (f" (or give the {variant} variant a tree of its own: `kvprefetch fetch "
+                        f"--extra-tree {variant}`, then `kvprefetch apply --variant {variant} "
+                        f"--tree {variant}`)" if name != variant else "")
             raise PatchError(f"{tree} carries {what}, not pristine v0.10.2, in: "
                              f"{_describe(tree) or 'the kit headers'}; the tree was left untouched",
-                             "restore it with `kvprefetch fetch --force`, then "
-                             f"`kvprefetch apply --variant {variant}`")
+                             "make the tree again from pristine: `kvprefetch clean --what trees`, "
+                             f"then `kvprefetch fetch{hint}` and `kvprefetch apply --variant "
+                             f"{variant} --tree {name}`{own_tree}")
         if dry_run:
             return ApplyResult(name, tree, variant, "would-apply", digest, files)
         # git apply writes its results by path, in its working folder: a private folder
