@@ -7,6 +7,7 @@ click.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +120,22 @@ def output_dir(out: Path | None, workdir: Path) -> Path:
     from ..workspace.confine import trust_root
 
     trust_root(workdir)
-    return out or workdir / "bench"
+    return _dotdot_as_the_kernel(out) if out else workdir / "bench"
+
+
+def _dotdot_as_the_kernel(out: Path) -> Path:
+    """``out`` with its ``..`` read as the kernel reads them (the part up to the last one
+    resolved, links first): the confined acts below a work directory fold ``..`` by name, the
+    programs a run starts in the folder (vLLM's working folder) do not. ``--out WD/L/../new``
+    with ``L`` a link elsewhere had ``bench ncu`` write its CSVs and logs into ``WD/new``, a
+    folder nobody named, and its documents into the folder the path names; ``bench e2e``
+    failed with "No such file or directory / check the path" (issue 41, the thirty-fourth
+    hostile pass)."""
+    parts = out.parts
+    if ".." not in parts:
+        return out
+    last = len(parts) - parts[::-1].index("..")
+    return Path(os.path.realpath(Path(*parts[:last]))).joinpath(*parts[last:])
 
 
 def make_dir(d: Path) -> None:
