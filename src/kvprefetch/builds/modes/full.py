@@ -7,6 +7,7 @@ locally (clones, or hash-listed archives unpacked once by the ``unpack-deps`` st
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,9 +15,10 @@ from typing import Any
 
 from ... import upstream
 from ...errors import BuildError
-from ...hashing import sha256_file
+from ...hashing import sha256_file, walk
 from ...machine.envs import Env, make_env
 from ...runner import run, which
+from ...workspace.confine import check_target
 from ...workspace.workdir import Workdir
 from ..options import BuildOptions, ModeInputs
 from ..plan import UNSET_FOR_BUILD, Step, TreePlan, build_key, deps_steps
@@ -48,6 +50,10 @@ class FullMode(BuildMode):
         env_set["VLLM_TARGET_DEVICE"] = "cuda"
         if ccache:
             env_set["CCACHE_DIR"] = str(wd.root / "ccache")
+            # ccache reads its settings from $CCACHE_DIR/ccache.conf, in the work directory:
+            # one planted there ran its prefix_command and appended its log_file outside
+            # (issue 41, the thirty-fourth hostile pass); none is read from the work directory
+            env_set["CCACHE_CONFIGPATH"] = os.devnull
             env_set["CCACHE_NOHASHDIR"] = "true"
             env_set["CCACHE_BASEDIR"] = str(wd.root / "trees")
         deps_set, unpack = deps_steps(ctx.inputs.deps_dir, wd.root)
@@ -103,6 +109,8 @@ class FullTree(TreeSteps):
         unpack_deps(self.run, step)
 
     def command(self, step: Step, log: Path) -> None:
+        if step.name == "ccache-zero":  # the first of the steps ccache runs in
+            refuse_linked_cache(Path(self.run.plan.workdir))
         self._run(step, log)
 
     def read_ccache_stats(self, step: Step, log: Path) -> None:
@@ -126,3 +134,21 @@ class FullTree(TreeSteps):
                 "toolchain": run_.plan.toolchain, "ccache_stats": self.ccache_stats,
                 "outputs": [{"path": str(p), "sha256": sha256_file(p)} for p in so_files],
                 "env": {"backend": tp.env_backend, "path": tp.env_path}}
+
+
+def refuse_linked_cache(root: Path) -> None:
+    """Refuse a compiler cache (``<work dir>/ccache``, CCACHE_DIR) that is, or holds, a link to
+    a folder: ccache writes its cache files by path, and a ``ccache/3`` linked to a folder
+    outside had them written there (issue 41, the thirty-fourth hostile pass). A link to a file
+    is ccache's own business (its locks; it replaces a file, never writes through it). Checked
+    before the build, as the build folder's hard links are; a swap while it runs is not."""
+    cache = root / "ccache"
+    check_target(root, cache, what="keep the compiler cache in", family=BuildError)
+    for dirpath, dirnames, _ in walk(cache):  # follows no link, lists a linked folder
+        for name in dirnames:
+            p = Path(dirpath) / name
+            if os.path.islink(p):
+                raise BuildError(f"refusing to build with the compiler cache {cache}: {p} is a "
+                                 "symlink to a folder, and ccache would write its files "
+                                 "through it", f"move the symlink {p} away (its target is "
+                                 "left as it is), then rerun")
