@@ -18,6 +18,12 @@ reverting ``src`` and running it):
   the limit, and ``nvcc --version``'s failure said "fix or replace that CUDA toolkit".
   ``oserrors.child_limit_fix`` names a ``ulimit -n`` under 64 (or "Too many open files" in a
   child's output), and ``toolchain.nvcc_version`` asks it first.
+- **doctor and build with no PATH at all (``env -i``) sent the user to another toolkit.** The
+  kit searched ``os.defpath`` for its programs but passed its children no PATH; nvcc started
+  ``gcc`` by a bare name, which then could not find its own ``cc1plus`` ("Failed to preprocess
+  host compiler properties"), and the probe said "use a CUDA toolkit >= 12.8 whose nvcc
+  supports every --arch you pass". An unset PATH is now ``os.defpath`` in the kit's
+  environment from start-up (``runner.leave_out_relative_path``), the one ``which`` searched.
 
 Nothing is mocked: the CLI runs for real, under a real ``RLIMIT_NOFILE``, on a work directory
 fetched from the real sdist; the nvcc wrapper is written here as the machine's own is (``exec``
@@ -90,3 +96,16 @@ def test_an_nvcc_wrapper_failing_under_the_open_file_limit_is_not_blamed_on_the_
     assert str(wrapper) in out, out  # the wrapper was the nvcc that failed
     assert "replace that CUDA toolkit" not in out, out
     assert "`ulimit -n`" in out, out
+
+
+@pytest.mark.skipif(not Path("/usr/local/cuda/bin/nvcc").exists()
+                    or shutil.which("gcc", path=os.defpath) is None,
+                    reason="needs the toolkit at its default place and gcc on os.defpath")
+def test_doctor_with_no_path_at_all_finds_the_host_compiler(fetched_workdir: Path) -> None:
+    env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "TMPDIR": str(fetched_workdir.parent)}
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "doctor", "--mode",
+                          "kernels-only", "--workdir", str(fetched_workdir), "--json"],
+                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert "cc1plus" not in res.stdout and "use a CUDA toolkit" not in res.stdout, res.stdout
+    assert res.returncode == 0, res.stdout + res.stderr
