@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource  # at start-up: an import at EMFILE fails (issue 41, the 34th hostile pass)
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -56,8 +57,6 @@ def _too_many_open() -> str:
     level of a folder (no link is ever followed), so a kit-made folder 600 levels deep under
     ``ulimit -n 128`` said "Too many open files / To fix: check the path and its file system",
     which no check of a path fixes (issue 41, the twenty-second hostile pass)."""
-    import resource
-
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
     return (f"this process reached its limit of open files (now {limit}, `ulimit -n`), which "
@@ -68,8 +67,6 @@ def _too_many_open() -> str:
 def _too_large() -> str:
     """The fix for EFBIG: a file grew past this process's file-size limit (``ulimit -f``),
     which "check the path and its file system" did not name (issue 41, ninth hostile pass)."""
-    import resource
-
     soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     limit = ("unlimited" if soft == resource.RLIM_INFINITY
              else f"{soft} bytes, {soft // 1024} blocks of `ulimit -f`")
@@ -85,15 +82,15 @@ _FILE_LIMIT_WORDS = ("File size limit exceeded", os.strerror(errno.EFBIG))
 _MEMORY_WORDS = ("out of memory", "failed to map segment", os.strerror(errno.ENOMEM),
                  "MemoryError", "bad_alloc")
 _USUAL_STACK = 8 << 20  # Linux's default `ulimit -s`
+_FEW_FILES = 64  # `ulimit -n` below which a failed child is told of it (the default is 1024)
 
 
 def child_limit_fix(output: str) -> str | None:
     """The fix when a child's ``output`` says it met a resource limit of this process's
-    (``ulimit -f``, ``-v``, ``-d``, which it inherits), else None. Under ``ulimit -f`` doctor's
-    probe said "use a CUDA toolkit >= 12.8", and under ``ulimit -v`` the torch probe "install a
-    CUDA build of torch" where torch was installed (issue 41, the twenty-eighth hostile pass)."""
-    import resource
-
+    (``ulimit -f``, ``-v``, ``-d``, ``-n``, which it inherits), else None. Under ``ulimit -f``
+    doctor's probe said "use a CUDA toolkit >= 12.8", and under ``ulimit -v`` the torch probe
+    "install a CUDA build of torch" where torch was installed (issue 41, the twenty-eighth
+    hostile pass)."""
     if any(w in output for w in _FILE_LIMIT_WORDS) \
             and resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
         return _too_large()
@@ -104,6 +101,12 @@ def child_limit_fix(output: str) -> str | None:
                 return (f"a program the kit ran ran out of memory under this process's limit "
                         f"(`ulimit {flag}`: now {soft // 1024} KiB), which it inherits: raise "
                         f"it (`ulimit {flag} unlimited`), then rerun")
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if files != resource.RLIM_INFINITY and (files < _FEW_FILES
+                                            or os.strerror(errno.EMFILE) in output):
+        # nvcc (a /bin/sh wrapper) under `ulimit -n 10`: "/bin/sh: 0: 3: Invalid argument", and
+        # build sent the user to another toolkit (issue 41, the thirty-fourth hostile pass)
+        return _too_many_open()
     if _near_process_limit():  # nvcc under `ulimit -u`: "Failed to preprocess host compiler
         return process_limit()  # properties", and doctor sent the user to another toolkit
     stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
@@ -119,8 +122,6 @@ def _no_temp(reason: str) -> tuple[str, str]:
     """Python's temp folder search found none that takes a small file: "check the path and its
     file system" named no path, and under ``ulimit -f 0`` (every folder refuses a file of 4
     bytes) no check of a folder fixes it (issue 41, the twenty-third hostile pass)."""
-    import resource
-
     soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if soft != resource.RLIM_INFINITY and soft < 4096:
         cause = (f"{reason}: this process may write no file larger than {soft} bytes "
@@ -279,8 +280,6 @@ def process_limit() -> str:
     ``pids.max``. The fork said "cannot run /usr/bin/gcc: ... (it is not an executable
     program) / pass the path of an executable", and a thread's start was a RuntimeError
     traceback in doctor, fetch and build (issue 41, the twenty-ninth hostile pass)."""
-    import resource
-
     soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
     limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
     return (f"this user may start no more processes or threads (`ulimit -u`: now {limit}, "
@@ -292,8 +291,6 @@ def process_limit() -> str:
 def _near_process_limit() -> bool:
     """Whether this user runs within a few tasks of ``ulimit -u`` (which binds no root), so
     that a child's own children or threads may have failed to start."""
-    import resource
-
     soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
     if soft == resource.RLIM_INFINITY or os.getuid() == 0:  # the real user's count
         return False
@@ -314,12 +311,16 @@ _TASKS_MARGIN = 16  # what a compiler driver starts at once (nvcc: cpp, cicc, pt
 
 def not_forked(exc: OSError, program: str) -> None:
     """Raise the ConfigError for a ``program`` the fork of which failed with ``exc`` of EAGAIN
-    (``process_limit``); return for any other."""
-    if exc.errno == errno.EAGAIN:
+    (``process_limit``) or EMFILE/ENFILE (``_too_many_open``); return for any other."""
+    if exc.errno in (errno.EAGAIN, errno.EMFILE, errno.ENFILE):
         from .errors import ConfigError
 
+        # EMFILE (`ulimit -n 9`): apply said "cannot run /usr/bin/git: Too many open files (it
+        # is not an executable program) / To fix: pass the path of an executable" (issue 41,
+        # the thirty-fourth hostile pass)
         raise ConfigError(f"cannot start {program}: {exc.strerror or exc}",
-                          process_limit()) from None
+                          process_limit() if exc.errno == errno.EAGAIN
+                          else _too_many_open()) from None
 
 
 def no_thread(exc: BaseException) -> tuple[str, str] | None:

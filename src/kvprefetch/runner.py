@@ -89,10 +89,11 @@ def leave_out_relative_path() -> None:
     and starts programs by a bare name on its own (``platform.platform()``'s ``uname -p``,
     GitPython, ``ctypes.util``): with ``cd W`` and ``PATH=:$PATH``, the build's manifest ran a
     ``uname`` planted in the work directory (issue 41, the twenty-sixth pass; ``which`` says
-    more)."""
+    more). An unset PATH becomes ``os.defpath``, the one ``which`` searched: children got none,
+    and nvcc's gcc, started by a bare name, found no ``cc1plus`` ("use a CUDA toolkit >= 12.8";
+    issue 41, the thirty-fourth pass: ``env -i``)."""
     CALLER_PATH[0] = os.environ.get("PATH")
-    if CALLER_PATH[0] is not None:
-        os.environ["PATH"] = absolute_path(CALLER_PATH[0])
+    os.environ["PATH"] = absolute_path(os.environ.get("PATH", os.defpath))
 
 
 def which(program: str, env: Mapping[str, str] | None = None) -> str | None:

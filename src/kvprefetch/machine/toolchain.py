@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..oserrors import child_limit_fix
 from ..runner import Completed, run, which
 
 # --------------------------------------------------------------------------- arch syntax
@@ -279,7 +280,8 @@ def nvcc_version(nvcc: str | os.PathLike[str],
     if done.returncode != 0:
         raise ConfigError(
             f"`{nvcc} --version` failed with exit code {done.returncode}:\n{done.output[-400:]}",
-            "fix or replace that CUDA toolkit; point CUDA_HOME at a working one (>= 12.8)",
+            child_limit_fix(done.output)  # `ulimit -n 10`: not the toolkit
+            or "fix or replace that CUDA toolkit; point CUDA_HOME at a working one (>= 12.8)",
         )
     return parse_nvcc_version(done.output)
 
