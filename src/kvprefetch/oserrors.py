@@ -212,7 +212,8 @@ def _unreadable(path: str) -> str | None:
     """The fix when ``path`` itself is what this user may not read (a file of mode 0222 or 0000
     in a tree, a folder of mode 0000): "make <its folder> writable" named a folder that was
     writable already, and the rerun failed the same way (issue 41, the twenty-fourth hostile
-    pass, as a user who is not root). None when the path reads (a write failed)."""
+    pass, as a user who is not root), or, a file, not writable itself. None when the path reads
+    and writes (its folder refused the write)."""
     import stat
 
     try:
@@ -226,6 +227,11 @@ def _unreadable(path: str) -> str | None:
                 "PATH`), then rerun")
     if stat.S_ISREG(st.st_mode) and not os.access(path, os.R_OK):
         return (f"make the file {path} readable for this user (`chmod u+r PATH`), then rerun")
+    if not os.access(path, os.W_OK):  # the file itself: a /dev/null of mode 0644 was told
+        # "make /dev writable" (issue 41, the thirty-fifth hostile pass, as a user not root)
+        return (f"{path} itself is not writable for this user: have its owner make it "
+                "writable (`chmod a+w PATH`, or `chattr -i PATH` where `lsattr PATH` shows it "
+                "immutable; /dev/null is mode 0666 on a sound system), then rerun")
     return None
 
 

@@ -325,6 +325,9 @@ def write_campaign(c: Campaign) -> list[Path]:
     from ..reading import read_limited
     from ..workspace.confine import ensure_dir, is_plain_file, write_file
 
+    if not record_path.exists():  # a new campaign: an existing folder must be the user's
+        from ..workspace.foreign import refuse_foreign
+        refuse_foreign(root, f"the campaign folder {root}")
     if not record_path.exists() and root.is_dir() and any(root.iterdir()) \
             and not _left_by_a_killed_plan(root, c):
         raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "

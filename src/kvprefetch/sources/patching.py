@@ -339,14 +339,23 @@ def pristine_text(wd: Workdir, rel: str = upstream.ATTENTION_HEADER) -> str:
     candidate that is not such a file (a FIFO, a folder, too large, other bytes) is skipped."""
     from ..reading import read_limited
 
+    denied: list[Path] = []  # there but not readable by this user: `fetch` cannot fix that
     for cand in (wd.pristine / "sdist", wd.pristine / "git", wd.tree("baseline")):
         p = cand / rel
         try:
             data = read_limited(p, _MAX_SOURCE_BYTES)
-        except (OSError, ValueError):  # absent, unreadable, or no regular file of that size
+        except PermissionError:
+            denied.append(p)
+            continue
+        except (OSError, ValueError):  # absent, or no regular file of that size
             continue
         if sha256_bytes(data) == upstream.PRISTINE_SHA256[rel]:
             return data.decode("utf-8")
+    if denied:  # another user's work directory (issue 41, the thirty-fifth hostile pass)
+        raise PatchError(f"the pristine v0.10.2 {rel} under {wd.root} cannot be read by this "
+                         f"user ({denied[0]}: permission denied)",
+                         f"run as the user who owns {wd.root}, or make its files readable "
+                         f"for you (`chmod -R u+rX,go+rX {wd.root}` by that user)")
     raise PatchError(f"no pristine v0.10.2 {rel} under {wd.root}", "run `kvprefetch fetch` first")
 
 

@@ -148,6 +148,10 @@ class Workdir:
             if not above.is_dir():
                 raise ConfigError(f"--workdir {self.root} cannot be made: {above} is not a "
                                   "directory", "pick a --workdir under a directory")
+        if self.root.is_dir() and not self.is_tagged():  # a take-over: the folder is the user's
+            from .foreign import refuse_foreign
+            refuse_foreign(self.root, f"the campaign's work folder {self.root}" if campaign
+                           else f"--workdir {self.root}")
         if self.root.is_dir() and not self.is_tagged() and any(self.root.iterdir()) \
                 and not adopt:
             shown = ", ".join(sorted(p.name for p in self.root.iterdir())[:6])

@@ -1,0 +1,43 @@
+"""A folder the kit is to take as its own (a new work directory, a new campaign) must be the
+user's: one that already exists and belongs to another user is refused before anything is
+written in it.
+
+In a shared sticky folder (``/tmp``) another user can make the empty folder the kit is about to
+create (``mkdir /tmp/work`` before ``fetch --workdir /tmp/work``), and the kit took it: every
+tree, record, environment and job script it then made lay in a folder that user owns, where
+they can rename or replace any of them (no sticky bit protects entries in their own folder),
+so the environments' ``python`` that ``bench`` runs and the job scripts ``slurm submit`` hands
+to sbatch became theirs to plant (issue 41, the thirty-fifth hostile pass)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+
+
+def refuse_foreign(folder: Path, what: str) -> None:
+    """Raise a ConfigError where ``folder`` exists (not followed) and another user owns it.
+    ``what`` names it in the message (``--workdir X``, ``the campaign folder X``)."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return  # not there: the kit makes it, as this user
+    me = os.geteuid()
+    if st.st_uid == me:
+        return
+    raise ConfigError(
+        f"{what} already exists and belongs to {_user(st.st_uid)}, not to you "
+        f"({_user(me)}): that user could replace anything kvprefetch puts in it, its "
+        "programs and scripts included",
+        f"pick a path that does not exist yet in a folder only you can write (e.g. under your "
+        f"home), or, if the folder is yours to take, `chown {me} {folder}` first")
