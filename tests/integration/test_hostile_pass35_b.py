@@ -13,11 +13,18 @@ and link shape of every output option). Each test fails without its fix (checked
   link to nothing made ``X/nowhere/a/b`` (and ``/c``, ``../camp``) and wrote the campaign
   there.
 
-Both now read the path as the kernel does (``confine.kernel_path``: every link followed
+- **doctor sent a PATH without gcc to another toolkit.** With ``PATH=:`` (relative entries
+  only, which the kit leaves out) or any PATH without gcc, nvcc could not start its host
+  compiler ("gcc: No such file or directory / nvcc fatal: Failed to preprocess host compiler
+  properties") and the ``nvcc-compile`` row said "use a CUDA toolkit >= 12.8 whose nvcc
+  supports every --arch you pass". It now names the host compiler and PATH.
+
+The first two now read the path as the kernel does (``confine.kernel_path``: every link followed
 strictly, a ``..`` from the folder the part before it is); a link to nothing, a loop, or a
 ``..`` after a file is refused with the link named.
 
-Nothing is mocked: the CLI runs for real; vLLM's ``python`` is pass 23 b's stand-in (no vLLM
+Nothing is mocked: the CLI runs for real (doctor with the machine's own nvcc, skipped where
+there is none); vLLM's ``python`` is pass 23 b's stand-in (no vLLM
 here), which writes its result where ``--output-json`` says, as vLLM does."""
 
 from __future__ import annotations
@@ -84,3 +91,20 @@ def test_slurm_plan_through_a_link_to_nothing_makes_nothing(tmp_path: Path,
     assert "is a link to nothing" in text, text
     assert not (tmp_path / "nowhere").exists(), text
     assert _everything(here) == ["D"], text
+
+
+@pytest.mark.parametrize("path", [":", "/nonexistent"])
+def test_doctor_names_the_host_compiler_when_path_has_no_gcc(tmp_path: Path, path: str) -> None:
+    cuda = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda")
+    if not (cuda / "bin" / "nvcc").is_file():
+        pytest.skip(f"no nvcc under {cuda}")
+    env = {**_env(tmp_path), "PATH": path, "CUDA_HOME": str(cuda)}
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "doctor", "--mode", "kernels-only",
+                          "--json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert "Traceback" not in res.stderr, res.stderr
+    row = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "nvcc-compile")
+    assert row["status"] == "fail", row
+    # without the fix: "use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass"
+    assert "use a CUDA toolkit" not in row["fix"], row
+    assert "host compiler" in row["fix"] and "PATH" in row["fix"], row
