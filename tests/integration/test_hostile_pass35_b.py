@@ -19,6 +19,13 @@ and link shape of every output option). Each test fails without its fix (checked
   properties") and the ``nvcc-compile`` row said "use a CUDA toolkit >= 12.8 whose nvcc
   supports every --arch you pass". It now names the host compiler and PATH.
 
+- **``report`` under ``ulimit -v`` ended in a traceback or sent the user the wrong way.** The
+  kit's own process out of memory while importing matplotlib: a MemoryError traceback (its
+  last frame importlib's, so no module to name) under ``ulimit -v 150000``, "the module
+  fontTools raised MemoryError ... reinstall it" under 180000, and "matplotlib is needed for
+  the PNG plots / pip install 'kvprefetch[plot]'" under 60000 (numpy's library "failed to map
+  segment"), matplotlib installed each time. ``oserrors.out_of_memory`` names the limit.
+
 The first two now read the path as the kernel does (``confine.kernel_path``: every link followed
 strictly, a ``..`` from the folder the part before it is); a link to nothing, a loop, or a
 ``..`` after a file is refused with the link named.
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +116,30 @@ def test_doctor_names_the_host_compiler_when_path_has_no_gcc(tmp_path: Path, pat
     # without the fix: "use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass"
     assert "use a CUDA toolkit" not in row["fix"], row
     assert "host compiler" in row["fix"] and "PATH" in row["fix"], row
+
+
+def test_report_under_a_memory_limit_names_the_limit(tmp_path: Path) -> None:
+    from tests.unit.test_repeats import three_runs
+
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(three_runs()[0]))
+    seen = []
+    # where the import runs out depends on the libraries' sizes: a sweep meets each way
+    for kib in (60_000, 100_000, 150_000, 180_000, 250_000):
+        def limit(kib: int = kib) -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (kib * 1024, resource.RLIM_INFINITY))
+
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", "report", str(run), "--out",
+                              str(tmp_path / f"o{kib}")], cwd=tmp_path, env=_env(tmp_path),
+                             capture_output=True, text=True, timeout=120, check=False,
+                             preexec_fn=limit)
+        text = res.stdout + res.stderr
+        # without the fix: a MemoryError traceback, "pip install 'kvprefetch[plot]'", or
+        # "the module fontTools raised MemoryError ... reinstall it"
+        assert "Traceback" not in text, (kib, text)
+        assert "kvprefetch[plot]" not in text and "reinstall" not in text, (kib, text)
+        if "ran out of memory" in text:
+            assert f"`ulimit -v`: now {kib} KiB" in text, (kib, text)
+            seen.append(kib)
+    assert seen, "no run met the memory limit"
