@@ -338,6 +338,39 @@ def no_thread(exc: BaseException) -> tuple[str, str] | None:
         process_limit()
 
 
+def out_of_memory(exc: BaseException) -> tuple[str, str] | None:
+    """The kit's own process out of memory, as cause and fix (None for any other exception): a
+    ``MemoryError``, or an ``ImportError`` whose library could not be mapped ("failed to map
+    segment from shared object"), anywhere in ``exc``'s chain. Under ``ulimit -v 150000``
+    ``report`` ended in a MemoryError traceback inside ``import matplotlib`` (importlib's frame,
+    no module to name), under 180000 it said "the module fontTools raised MemoryError ...
+    reinstall it", and under 60000 "matplotlib is needed for the PNG plots / pip install
+    'kvprefetch[plot]'" where matplotlib was installed (issue 41, the thirty-fifth hostile
+    pass)."""
+    seen: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in seen and len(seen) < 20:
+        seen.append(cur)
+        if isinstance(cur, MemoryError) or (
+                isinstance(cur, ImportError)
+                and any(w in str(cur) for w in ("failed to map segment",
+                                                os.strerror(errno.ENOMEM)))):
+            break
+        cur = cur.__cause__ or cur.__context__
+    else:
+        return None
+    if cur is None:
+        return None
+    cause = f"the kit ran out of memory ({type(cur).__name__}" + (
+        f": {str(cur).strip().splitlines()[-1][:200]})" if str(cur).strip() else ")")
+    for rlimit, flag in ((resource.RLIMIT_AS, "-v"), (resource.RLIMIT_DATA, "-d")):
+        soft = resource.getrlimit(rlimit)[0]
+        if soft != resource.RLIM_INFINITY:
+            return cause, (f"raise this process's memory limit (`ulimit {flag}`: now "
+                           f"{soft // 1024} KiB; `ulimit {flag} unlimited`), then rerun")
+    return cause, "free memory on this machine (or run where more is free), then rerun"
+
+
 def unencodable(exc: BaseException) -> tuple[str, str] | None:
     """A name the operating system cannot be given under this locale, as cause and fix (None
     for any other exception). Python decodes the command line and the environment with the

@@ -7,7 +7,6 @@ click.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,11 +130,15 @@ def _dotdot_as_the_kernel(out: Path) -> Path:
     folder nobody named, and its documents into the folder the path names; ``bench e2e``
     failed with "No such file or directory / check the path" (issue 41, the thirty-fourth
     hostile pass)."""
+    from ..workspace.confine import kernel_path
+
     parts = out.parts
     if ".." not in parts:
         return out
     last = len(parts) - parts[::-1].index("..")
-    return Path(os.path.realpath(Path(*parts[:last]))).joinpath(*parts[last:])
+    # a link to nothing or a loop before it is refused (``kernel_path``): realpath read the
+    # link's target by name and made its folders (the thirty-fifth pass)
+    return kernel_path(Path(*parts[:last]), family=BenchError).joinpath(*parts[last:])
 
 
 def make_dir(d: Path) -> None:

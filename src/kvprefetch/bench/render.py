@@ -44,6 +44,11 @@ def pyplot() -> Any:
         try:
             import matplotlib
         except ImportError as exc:
+            from ..oserrors import out_of_memory
+
+            memory = out_of_memory(exc)  # installed, but not loaded under `ulimit -v`
+            if memory is not None:
+                raise BenchError(*memory) from exc
             raise BenchError("matplotlib is needed for the PNG plots",
                              "pip install 'kvprefetch[plot]' (or pass --formats json,md)") from exc
         # matplotlib's own defaults, not the matplotlibrc it read on import: it looks first in

@@ -133,9 +133,9 @@ class LazyGroup(click.Group):
             # `matplotlib` in report, a `rich` in every dry run's table). An exception from
             # the kit's own code (or the standard library called by it) stays a traceback: a
             # bug of the kit's, which its tests must see.
-            from ..oserrors import no_thread, unencodable
+            from ..oserrors import no_thread, out_of_memory, unencodable
 
-            named = unencodable(exc) or no_thread(exc)
+            named = unencodable(exc) or no_thread(exc) or out_of_memory(exc)
             if named is not None and not debug:
                 # a path the locale's codec cannot encode back (issue 41, the twenty-sixth
                 # pass); a thread not started under `ulimit -u` (the twenty-ninth)

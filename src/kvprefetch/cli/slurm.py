@@ -32,6 +32,14 @@ def _campaign_folder(ctx: click.Context, param: click.Parameter, value: Path) ->
             raise click.BadParameter(f"{str(value)!r} is a loop of symlinks, no folder; name "
                                      "the campaign's folder, or a new path for one",
                                      ctx=ctx, param=param) from None
+    from ..errors import ConfigError
+    from ..workspace.confine import kernel_path
+
+    try:  # a link to nothing on the way: its target's folders were made (the 35th pass)
+        kernel_path(value)
+    except ConfigError as exc:
+        raise click.BadParameter(f"{exc.cause}; name the campaign's folder, or a new path "
+                                 "for one", ctx=ctx, param=param) from None
     if value.exists() and not value.is_dir():
         raise click.BadParameter(f"{str(value)!r} is not a folder (a device, FIFO or socket); "
                                  "name the campaign's folder, or a new path for one",

@@ -190,6 +190,13 @@ def check_compile(nvcc: Path, archs: Sequence[CudaArch], version: tuple[int, int
         targets = ", ".join(f.rsplit("code=", 1)[1] for f in flags)
         if done.returncode != 0:
             fix = "use a CUDA toolkit >= 12.8 whose nvcc supports every --arch you pass"
+            if "Failed to preprocess host compiler properties" in done.output:
+                # nvcc starts its host compiler by name from PATH: a PATH without gcc (or one
+                # of relative entries only, `PATH=:`) was sent to another toolkit, while the
+                # gcc row beside it named the cause (issue 41, the thirty-fifth hostile pass)
+                fix = ("nvcc could not run its host compiler (gcc/g++, started by name from "
+                       "PATH): install gcc and g++ >= 10 (e.g. apt-get install "
+                       "build-essential) or put their folder on PATH, then rerun")
             # nvcc adds these to every command it runs: a stale `--bogus` there failed the
             # probe with "Unknown option", and doctor sent the user to another toolkit (issue
             # 41, the twenty-fifth hostile pass)

@@ -306,6 +306,44 @@ def make_dirs(d: Path) -> None:
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(d))
 
 
+def kernel_path(path: Path, *, family: type[KvprefetchError] = ConfigError) -> Path:
+    """``path`` as the kernel reads it: every link on the way followed, each ``..`` taken from
+    the folder the part before it is; the part past the last existing entry (folders to be
+    made, as ``mkdir -p`` makes them) folded by name. A link to nothing, a loop of links, or a
+    ``..`` after something that is no folder is refused (``family``): the kernel finds no
+    folder there, and ``realpath`` (or ``Path.resolve``) read such a link's target by name, so
+    ``bench --out WD/D/../new`` and ``slurm plan D`` with ``D`` a link to nothing made the
+    folders of its target (``/x/a``, ``/x/a/b``), which nobody named, and wrote the run or the
+    campaign there; a loop ``LOOP/../new`` wrote into ``./new`` (issue 41, the thirty-fifth
+    hostile pass)."""
+    p = Path(path).absolute()  # the real working folder (getcwd); no ``..`` folded
+    cur, rest = Path(p.anchor), p.parts[1:]
+    for i, part in enumerate(rest):
+        if part == "..":
+            if not os.path.isdir(cur):
+                raise family(f"{path} names no folder: {cur} is {what_is(cur)}, and a `..` "
+                             "after it leads nowhere", "give the path of a folder, then rerun")
+            cur = cur.parent
+            continue
+        nxt = cur / part
+        try:
+            is_link = stat.S_ISLNK(os.lstat(nxt).st_mode)
+        except OSError:  # not there (made later, by name), or not reachable: the act says why
+            return Path(os.path.normpath(cur.joinpath(*rest[i:])))
+        if not is_link:
+            cur = nxt
+            continue
+        try:
+            cur = Path(os.path.realpath(nxt, strict=True))
+        except OSError as exc:
+            what = ("a loop of symlinks" if exc.errno == errno.ELOOP else
+                    f"a link to nothing ({os.readlink(nxt)})")
+            raise family(f"{path} names no folder the kernel can reach: {nxt} is {what}",
+                         f"give a path without the symlink {nxt} (or make the folder it names), "
+                         "then rerun") from None
+    return cur
+
+
 def ensure_dir(d: Path, *, root: Path | None = None,
                family: type[KvprefetchError] = ConfigError) -> None:
     """``mkdir -p d`` without going through a symlink (checked from ``root`` when given, else
