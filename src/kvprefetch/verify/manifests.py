@@ -5,6 +5,7 @@ writes, and the interpreter it names must be one of the work directory's own env
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,15 @@ def python_refused(m: dict[str, Any], root: Path) -> str | None:
     manifest of mode ``overlay`` naming ``/usr/bin/touch`` (or ``/bin/rm``) had verify-kernel
     run it on the kit's own ``probe/overlay.py``, outside the work directory (issue 41, the
     thirty-first hostile pass)."""
-    problem = python_problem(manifest_python(m), root)
+    python = manifest_python(m)
+    problem = python_problem(python, root)
+    if problem is None and not os.path.exists(python):
+        # its environment removed (``clean --what envs``) while the build stayed: running it
+        # was an OSError, "No such file or directory / To fix: check the path and its file
+        # system", which sent the user to a path the kit had made (issue 41, the 35th pass)
+        return (f"the environment of tree {str(m.get('tree'))[:64]!r} is gone: its build "
+                f"manifest names the interpreter {python[:200]}, which is not there (removed "
+                "by `kvprefetch clean --what envs`?); rebuild the tree with `kvprefetch build`")
     if problem is None:
         return None
     return (f"the build manifest of tree {str(m.get('tree'))[:64]!r} {problem}; kvprefetch "
