@@ -75,12 +75,25 @@ def check_manifest(path: Path, m: dict[str, Any]) -> None:
             raise bad(f"env.{k}", v)
 
 
+def manifest_env(m: dict[str, Any]) -> dict[str, Any]:
+    """A build manifest's ``env`` (``{}`` where it is absent or null, which ``check_manifest``
+    allows: ``m.get("env", {})`` was None for ``"env": null``, and verify-kernel's
+    ``None.get`` a traceback; issue 41, the thirty-fifth hostile pass)."""
+    env = m.get("env")
+    return env if isinstance(env, dict) else {}
+
+
+def manifest_env_path(m: dict[str, Any]) -> str:
+    """The environment folder a build manifest names; ``""`` where none (``"path": null``
+    was ``os.path.realpath(None)``, a TypeError traceback; the thirty-fifth pass)."""
+    return str(manifest_env(m).get("path") or "")
+
+
 def manifest_python(m: dict[str, Any]) -> str:
     """The interpreter a build manifest names: its ``env.python``, else ``env.path``'s
     ``bin/python`` (checked by ``check_manifest`` first)."""
-    env = m.get("env")
-    env = env if isinstance(env, dict) else {}
-    return str(env.get("python") or Path(str(env.get("path", ""))) / "bin" / "python")
+    env = manifest_env(m)
+    return str(env.get("python") or Path(str(env.get("path") or "")) / "bin" / "python")
 
 
 def python_problem(python: str, root: Path, what: str = "interpreter") -> str | None:
