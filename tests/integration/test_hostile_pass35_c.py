@@ -8,8 +8,10 @@ by reverting ``src`` and running it):
   the command: "verify-kernel failed: <workdir>/envs/baseline/bin/python: No such file or
   directory / To fix: check the path and its file system, then rerun" -- no report, and a fix
   that fixes nothing (the path is the kit's own; the environment must be rebuilt). Now
-  ``verify.manifests.python_refused`` names a missing interpreter as a gone environment, with
-  `kvprefetch build` as the fix; the probe is not run and the report is written.
+  the probe (``verify.kernel._probe_tree``) asks ``verify.manifests.python_gone`` first, which
+  names a missing interpreter as a gone environment, with `kvprefetch build` as the fix; the
+  probe is not run and the report is written. (An overlay tree already said "rerun `kvprefetch
+  build --mode overlay`" before its probe.)
 - **A build manifest with ``"env": null`` or ``"env": {"path": null}`` was a traceback in
   verify-kernel.** ``check_manifest`` allows a null (older manifests lack fields), but
   ``check_provenance`` read ``manifest.get("env", {}).get("path", "")``: ``None.get``

@@ -55,6 +55,7 @@ from .manifests import (
     manifest_env_path,
     manifest_python,
     newest_manifests,
+    python_gone,
     python_problem,
     python_refused,
 )
@@ -264,6 +265,9 @@ def _probe_checked(m: dict[str, Any], root: Path) -> dict[str, Any]:
 
 
 def _probe_tree(m: dict[str, Any]) -> dict[str, Any]:
+    gone = python_gone(m)
+    if gone:
+        return {"errors": [gone]}
     return probe_env(manifest_python(m), manifest_env_path(m),
                      "kernels" if m.get("mode") in ("kernels-only", "overlay") else "vllm")
 

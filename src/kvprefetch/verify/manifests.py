@@ -118,6 +118,20 @@ def python_problem(python: str, root: Path, what: str = "interpreter") -> str | 
     return None
 
 
+def python_gone(m: dict[str, Any]) -> str | None:
+    """Why the interpreter a build manifest names (one ``python_refused`` let through) cannot
+    be run: it is not there, its environment removed (``clean --what envs``) while the build
+    stayed; None: it is there. Running it was an OSError, "No such file or directory / To fix:
+    check the path and its file system", which ended verify-kernel without a report and sent
+    the user to a path the kit had made (issue 41, the thirty-fifth hostile pass)."""
+    python = manifest_python(m)
+    if os.path.exists(python):
+        return None
+    return (f"the environment of tree {str(m.get('tree'))[:64]!r} is gone: its build manifest "
+            f"names the interpreter {python[:200]}, which is not there (removed by `kvprefetch "
+            "clean --what envs`?); rebuild the tree with `kvprefetch build`")
+
+
 def python_refused(m: dict[str, Any], root: Path) -> str | None:
     """Why verify-kernel runs no probe with the interpreter the build manifest ``m`` names
     (``python_problem``, in the report's words); None: it may. Every probe of a manifest's
@@ -125,15 +139,7 @@ def python_refused(m: dict[str, Any], root: Path) -> str | None:
     manifest of mode ``overlay`` naming ``/usr/bin/touch`` (or ``/bin/rm``) had verify-kernel
     run it on the kit's own ``probe/overlay.py``, outside the work directory (issue 41, the
     thirty-first hostile pass)."""
-    python = manifest_python(m)
-    problem = python_problem(python, root)
-    if problem is None and not os.path.exists(python):
-        # its environment removed (``clean --what envs``) while the build stayed: running it
-        # was an OSError, "No such file or directory / To fix: check the path and its file
-        # system", which sent the user to a path the kit had made (issue 41, the 35th pass)
-        return (f"the environment of tree {str(m.get('tree'))[:64]!r} is gone: its build "
-                f"manifest names the interpreter {python[:200]}, which is not there (removed "
-                "by `kvprefetch clean --what envs`?); rebuild the tree with `kvprefetch build`")
+    problem = python_problem(manifest_python(m), root)
     if problem is None:
         return None
     return (f"the build manifest of tree {str(m.get('tree'))[:64]!r} {problem}; kvprefetch "
