@@ -68,9 +68,10 @@ def _builds(work: Path, **patched: object) -> None:
 def test_verify_kernel_reads_a_manifest_with_a_null_env_as_no_environment(
         tmp_path: Path, env: object) -> None:
     work = tmp_path / "work"
-    python = work / "envs" / "patched" / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.symlink_to(sys.executable)  # a venv's link to its base interpreter
+    for tree in ("baseline", "patched"):
+        python = work / "envs" / tree / "bin" / "python"
+        python.parent.mkdir(parents=True)
+        python.symlink_to(sys.executable)  # a venv's link to its base interpreter
     if isinstance(env, dict):
         env = {**env, "python": str(python)}
     _builds(work, env=env)
