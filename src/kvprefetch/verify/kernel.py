@@ -51,12 +51,20 @@ from .machine_code import (
     check_unbounded_copies,
     kernel_changed,
 )
-from .manifests import manifest_python, newest_manifests, python_problem, python_refused
+from .manifests import (
+    manifest_env_path,
+    manifest_python,
+    newest_manifests,
+    python_gone,
+    python_problem,
+    python_refused,
+)
 from .numerics import NO_CUDA_DEVICE
 from .report import VerifyReport
 
 
 def _inside(path: str | None, roots: list[str]) -> bool:
+    roots = [r for r in roots if r]  # "" would be realpath's current folder
     if not path:
         return False
     rp = os.path.realpath(path)
@@ -88,7 +96,7 @@ def probe_env(python: str, env_path: str, what: str) -> dict[str, Any]:
 def check_provenance(rep: VerifyReport, tree: str, manifest: dict[str, Any], probe: dict[str, Any],
                      tree_path: str) -> str | None:
     """Record the provenance checks for one tree; return the loaded library path."""
-    env_path = manifest.get("env", {}).get("path", "")
+    env_path = manifest_env_path(manifest)
     kernels = manifest.get("mode") in ("kernels-only", "overlay")
     loaded_info = probe.get("kernels") if kernels else probe.get("vllm")
     loaded = (loaded_info or {}).get("so_file" if kernels else "c_file")
@@ -257,8 +265,10 @@ def _probe_checked(m: dict[str, Any], root: Path) -> dict[str, Any]:
 
 
 def _probe_tree(m: dict[str, Any]) -> dict[str, Any]:
-    env = m.get("env", {})
-    return probe_env(manifest_python(m), env.get("path", ""),
+    gone = python_gone(m)
+    if gone:
+        return {"errors": [gone]}
+    return probe_env(manifest_python(m), manifest_env_path(m),
                      "kernels" if m.get("mode") in ("kernels-only", "overlay") else "vllm")
 
 

@@ -5,6 +5,7 @@ writes, and the interpreter it names must be one of the work directory's own env
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +75,25 @@ def check_manifest(path: Path, m: dict[str, Any]) -> None:
             raise bad(f"env.{k}", v)
 
 
+def manifest_env(m: dict[str, Any]) -> dict[str, Any]:
+    """A build manifest's ``env`` (``{}`` where it is absent or null, which ``check_manifest``
+    allows: ``m.get("env", {})`` was None for ``"env": null``, and verify-kernel's
+    ``None.get`` a traceback; issue 41, the thirty-fifth hostile pass)."""
+    env = m.get("env")
+    return env if isinstance(env, dict) else {}
+
+
+def manifest_env_path(m: dict[str, Any]) -> str:
+    """The environment folder a build manifest names; ``""`` where none (``"path": null``
+    was ``os.path.realpath(None)``, a TypeError traceback; the thirty-fifth pass)."""
+    return str(manifest_env(m).get("path") or "")
+
+
 def manifest_python(m: dict[str, Any]) -> str:
     """The interpreter a build manifest names: its ``env.python``, else ``env.path``'s
     ``bin/python`` (checked by ``check_manifest`` first)."""
-    env = m.get("env")
-    env = env if isinstance(env, dict) else {}
-    return str(env.get("python") or Path(str(env.get("path", ""))) / "bin" / "python")
+    env = manifest_env(m)
+    return str(env.get("python") or Path(str(env.get("path") or "")) / "bin" / "python")
 
 
 def python_problem(python: str, root: Path, what: str = "interpreter") -> str | None:
@@ -102,6 +116,20 @@ def python_problem(python: str, root: Path, what: str = "interpreter") -> str | 
     if link is not None:
         return f"names the {what} {python[:200]} through the symlink {link}"
     return None
+
+
+def python_gone(m: dict[str, Any]) -> str | None:
+    """Why the interpreter a build manifest names (one ``python_refused`` let through) cannot
+    be run: it is not there, its environment removed (``clean --what envs``) while the build
+    stayed; None: it is there. Running it was an OSError, "No such file or directory / To fix:
+    check the path and its file system", which ended verify-kernel without a report and sent
+    the user to a path the kit had made (issue 41, the thirty-fifth hostile pass)."""
+    python = manifest_python(m)
+    if os.path.exists(python):
+        return None
+    return (f"the environment of tree {str(m.get('tree'))[:64]!r} is gone: its build manifest "
+            f"names the interpreter {python[:200]}, which is not there (removed by `kvprefetch "
+            "clean --what envs`?); rebuild the tree with `kvprefetch build`")
 
 
 def python_refused(m: dict[str, Any], root: Path) -> str | None:
