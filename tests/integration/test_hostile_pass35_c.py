@@ -26,25 +26,15 @@ real build takes minutes."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.test_hostile_pass31_c import _cli
 from tests.integration.test_reliability import outside
 
 __all__ = ["outside"]  # the autouse fixture: every test here checks the outside folder
-
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.run([sys.executable, "-m", "kvprefetch", *args], capture_output=True,
-                          text=True, env=env, timeout=300, check=False)
-
 
 def _builds(work: Path, **patched: object) -> None:
     """Kernels-only build manifests of baseline and patched as `build --kernels-only` writes
