@@ -176,7 +176,7 @@ def test_build_jobs_work_in_their_own_scratch_and_publish_at_the_end(tmp_path: P
         i for i, ln in enumerate(body) if ln.startswith('SCRATCH="$SCRATCH_BASE/'))
     # the exit trap is set only once the folder is this job's own (mkdir without -p)
     made = next(i for i, ln in enumerate(body) if ln.startswith('mkdir -- "$SCRATCH" || {'))
-    assert made < body.index("trap on_exit EXIT")
+    assert made < body.index("at_exit() {")  # the build job's own end: its scratch
     assert '  rm -rf -- "$SCRATCH"' in body
     publish = f"/opt/py/bin/python -m kvprefetch slurm publish {root} --tree patched --scratch " \
               '"$SCRATCH"'

@@ -115,13 +115,12 @@ def _build_commands(c: Campaign, tree: TreeSpec) -> list[str]:
          ' writable $SCRATCH_BASE, or plan the campaign again with --scratch naming a writable'
          ' folder of yours (for node: submit with TMPDIR or SLURM_TMPDIR set to one), then run'
          f' kvprefetch slurm resubmit {c.root} build-{tree.name}" >&2; fi; exit 1; }}'),
-        "on_exit() {",
-        "  local rc=$?",
+        "at_exit() {",
+        "  local rc=$1",
         f'  if [ "$rc" -ne 0 ]; then {publish} --logs-only || true; fi',
         ('  echo "scratch kept: $SCRATCH"' if c.keep_scratch else '  rm -rf -- "$SCRATCH"'),
         '  record_exit "$rc"  # last: the record means the job is over, scratch included',
         "}",
-        "trap on_exit EXIT",
         'echo "scratch: $SCRATCH"',
     ]
     # only the job's own tree: the scratch work directory builds nothing else
@@ -284,7 +283,10 @@ def render_script(c: Campaign, job: Job) -> str:
         # recorded the status of the command that was running, "0" from one that exits 0 on
         # SIGTERM, and the cancelled job read back as COMPLETED (issue 41, the eleventh pass)
         TRAP_ENDING_SH,  # and the other ending signals (joblog.ENDING_SIGNALS)
-        "trap 'EXITING=$?; record_exit $EXITING' EXIT",  # EXITING: TRAP_ENDING_SH
+        # what the job does as it ends (a build job adds its scratch's removal): from the EXIT
+        # trap, or from the first ending signal's trap, which leaves no EXIT trap (joblog)
+        'at_exit() { record_exit "$1"; }',
+        "trap 'EXITING=$?; at_exit $EXITING' EXIT",  # EXITING: TRAP_ENDING_SH
         *open_log_sh(job.name),  # after the trap: a refused job records its end
         *TEMP_OUTSIDE_SH,  # after the trap: a refused job records its end
         *PRIVATE_HOME_SH,  # in the TMPDIR just checked
