@@ -85,6 +85,16 @@ _USUAL_STACK = 8 << 20  # Linux's default `ulimit -s`
 _FEW_FILES = 64  # `ulimit -n` below which a failed child is told of it (the default is 1024)
 
 
+def _memory_limit() -> tuple[str, int] | None:
+    """This process's memory limit as ``ulimit``'s flag and KiB (``-v`` first, then ``-d``),
+    None where neither is set."""
+    for rlimit, flag in ((resource.RLIMIT_AS, "-v"), (resource.RLIMIT_DATA, "-d")):
+        soft = resource.getrlimit(rlimit)[0]
+        if soft != resource.RLIM_INFINITY:
+            return flag, soft // 1024
+    return None
+
+
 def child_limit_fix(output: str) -> str | None:
     """The fix when a child's ``output`` says it met a resource limit of this process's
     (``ulimit -f``, ``-v``, ``-d``, ``-n``, which it inherits), else None. Under ``ulimit -f``
@@ -94,13 +104,11 @@ def child_limit_fix(output: str) -> str | None:
     if any(w in output for w in _FILE_LIMIT_WORDS) \
             and resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
         return _too_large()
-    if any(w in output for w in _MEMORY_WORDS):
-        for rlimit, flag in ((resource.RLIMIT_AS, "-v"), (resource.RLIMIT_DATA, "-d")):
-            soft = resource.getrlimit(rlimit)[0]
-            if soft != resource.RLIM_INFINITY:
-                return (f"a program the kit ran ran out of memory under this process's limit "
-                        f"(`ulimit {flag}`: now {soft // 1024} KiB), which it inherits: raise "
-                        f"it (`ulimit {flag} unlimited`), then rerun")
+    if any(w in output for w in _MEMORY_WORDS) and (limit := _memory_limit()) is not None:
+        flag, kib = limit
+        return (f"a program the kit ran ran out of memory under this process's limit "
+                f"(`ulimit {flag}`: now {kib} KiB), which it inherits: raise it (`ulimit {flag} "
+                "unlimited`), then rerun")
     files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if files != resource.RLIM_INFINITY and (files < _FEW_FILES
                                             or os.strerror(errno.EMFILE) in output):
@@ -359,16 +367,14 @@ def out_of_memory(exc: BaseException) -> tuple[str, str] | None:
         cur = cur.__cause__ or cur.__context__
     else:
         return None
-    if cur is None:
-        return None
     cause = f"the kit ran out of memory ({type(cur).__name__}" + (
         f": {str(cur).strip().splitlines()[-1][:200]})" if str(cur).strip() else ")")
-    for rlimit, flag in ((resource.RLIMIT_AS, "-v"), (resource.RLIMIT_DATA, "-d")):
-        soft = resource.getrlimit(rlimit)[0]
-        if soft != resource.RLIM_INFINITY:
-            return cause, (f"raise this process's memory limit (`ulimit {flag}`: now "
-                           f"{soft // 1024} KiB; `ulimit {flag} unlimited`), then rerun")
-    return cause, "free memory on this machine (or run where more is free), then rerun"
+    limit = _memory_limit()
+    if limit is None:
+        return cause, "free memory on this machine (or run where more is free), then rerun"
+    flag, kib = limit
+    return cause, (f"raise this process's memory limit (`ulimit {flag}`: now {kib} KiB; "
+                   f"`ulimit {flag} unlimited`), then rerun")
 
 
 def unencodable(exc: BaseException) -> tuple[str, str] | None:
