@@ -92,8 +92,7 @@ def manifest_env_path(m: dict[str, Any]) -> str:
 def manifest_python(m: dict[str, Any]) -> str:
     """The interpreter a build manifest names: its ``env.python``, else ``env.path``'s
     ``bin/python`` (checked by ``check_manifest`` first)."""
-    env = manifest_env(m)
-    return str(env.get("python") or Path(str(env.get("path") or "")) / "bin" / "python")
+    return str(manifest_env(m).get("python") or Path(manifest_env_path(m)) / "bin" / "python")
 
 
 def python_problem(python: str, root: Path, what: str = "interpreter") -> str | None:
