@@ -29,7 +29,7 @@ from ..machine.envs import Env
 from ..machine.progress import CompileProgress, heartbeat, previous_seconds
 from ..runner import run
 from ..workspace import ownership
-from ..workspace.confine import ensure_dir, first_hard_link
+from ..workspace.confine import ensure_dir, first_hard_link, is_plain_file, what_is
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, write_json_atomic
 from .options import ModeInputs
@@ -159,6 +159,19 @@ def refuse_hard_links(tp: TreePlan, plan: BuildPlan) -> None:
                    if top == Path(tp.build_dir).parent else ""))
 
 
+def refuse_a_taken_manifest(tp: TreePlan) -> None:
+    """Refuse, before anything compiles, a ``manifest.json`` the build could not replace: a
+    symlink (the writer never writes through one), a folder, a FIFO. The build found it only
+    when it wrote the manifest, after minutes of nvcc (issue 41, left open by the thirty-fourth
+    hostile pass)."""
+    m = Path(tp.build_dir) / "manifest.json"
+    if os.path.lexists(m) and not is_plain_file(m):
+        raise BuildError(f"the {tp.tree} build cannot record itself in {m}: it is "
+                         f"{'a symlink' if m.is_symlink() else what_is(m)}, which the build "
+                         "never writes through or replaces",
+                         f"move {m} away (its target, if a link, is left as it is), then rerun")
+
+
 def skip_if_up_to_date(tp: TreePlan, force: bool, out: TreeOutcome) -> bool:
     """Fill ``out`` and return True when the tree's manifest matches the plan's key."""
     existing = None if force else manifest_matches(tp)
@@ -206,6 +219,7 @@ def build_tree(tp: TreePlan, plan: BuildPlan, inputs: ModeInputs, force: bool,
         if skip_if_up_to_date(tp, force, out):
             return out
         refuse_hard_links(tp, plan)
+        refuse_a_taken_manifest(tp)
         # made from the work directory down, never through a link: a build folder planted as
         # a link to a folder outside had the logs and the copied sources written there (issue
         # 41, the thirteenth hostile pass)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from ..console import emit_json, info
 from ..workspace.confine import what_is
@@ -65,6 +66,7 @@ def report(files: tuple[Path, ...], out_text: str | None, formats: str, print_md
         # they were ignored without a word (issue 41, the thirty-first hostile pass)
         raise click.UsageError("--readme and --index read the files their blocks or runs "
                                "name: give them no FILES (render FILES in a run of their own)")
+    _refuse_what_is_ignored(readme, index)
     if readme is not None:
         _refresh_readme(readme, check, as_json)
         return
@@ -175,6 +177,28 @@ def _check_files(files: Sequence[Path]) -> None:
             "or has not run, or the file was moved since)",
             f"send that task again with `kvprefetch slurm resubmit {root} bench --task {task}`, "
             f"then the merge with `kvprefetch slurm resubmit {root} merge`")
+
+
+def _refuse_what_is_ignored(readme: Path | None, index: Path | None) -> None:
+    """Refuse an option that ``--readme`` or ``--index`` would ignore: `report --readme F --out
+    X` rewrote F in place and wrote nothing in X, without a word (issue 41, the thirty-third
+    hostile pass). ``--out`` goes with ``--index`` (the file to write), not with ``--readme``."""
+    if readme is None and index is None:
+        return
+    if readme is not None and index is not None:
+        raise click.UsageError("give --readme or --index, not both: each writes its own file")
+    ctx = click.get_current_context()
+    mode = "--readme" if readme is not None else "--index"
+    used = [opt for name, opt in (("out_text", "--out"), ("formats", "--formats"),
+                                  ("print_md", "--print"), ("repeats_name", "--repeats"),
+                                  ("merge", "--merge"), ("force_merge", "--force-merge"))
+            if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
+            and not (name == "out_text" and readme is None)]
+    if used:
+        what = ("it rewrites its markdown file in place" if readme is not None
+                else "it writes one markdown file, --out")
+        raise click.UsageError(f"{mode} does not use {', '.join(used)}: {what}; leave "
+                               f"{'it' if len(used) == 1 else 'them'} out")
 
 
 def _out(text: str | None, index: bool) -> Path | None:

@@ -196,7 +196,7 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
         make_campaign,
         parse_trees,
     )
-    from ..slurm.scripts import render_script, write_campaign
+    from ..slurm.scripts import refuse_taking, render_script, write_campaign
 
     parse_selection(head_sizes, block_sizes, kv_dtypes)  # refuse a bad selection now, not in a job
     build_args: list[str] = []
@@ -229,6 +229,7 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
             + " of yours: each job runs in the campaign folder, and a PATH entry that is not "
               "absolute, or is in the campaign, would find programs there first")
     if dry_run:
+        refuse_taking(c)  # what the plan itself would refuse
         if as_json:
             emit_json({"plan": c.to_dict(),
                        "scripts": {j.script: render_script(c, j) for j in c.jobs}})

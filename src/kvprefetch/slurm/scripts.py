@@ -298,6 +298,23 @@ def render_script(c: Campaign, job: Job) -> str:
 _SCRIPT_MARK = "written by `kvprefetch slurm plan`"
 
 
+def refuse_taking(c: Campaign) -> None:
+    """Refuse a plan into a folder that holds no campaign yet where it is another user's, or
+    not empty (beyond what a killed plan of this campaign left). ``slurm plan --dry-run`` asks
+    this too: it showed the scripts for a folder the real plan then refused (issue 41, left
+    open by the thirty-fifth hostile pass)."""
+    root = Path(c.root)
+    if (root / CAMPAIGN_FILE).exists():
+        return
+    from ..workspace.foreign import refuse_foreign
+
+    refuse_foreign(root, f"the campaign folder {root}")  # an existing folder must be the user's
+    if root.is_dir() and any(root.iterdir()) and not _left_by_a_killed_plan(root, c):
+        raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "
+                          f"({CAMPAIGN_FILE}); kvprefetch does not write into it",
+                          "plan into a new or empty folder")
+
+
 def write_campaign(c: Campaign) -> list[Path]:
     """Write campaign.json (keeping the ids of earlier submissions when the plan is unchanged)
     and every job's script. Refuses to replace the plan of a campaign already submitted."""
@@ -327,14 +344,7 @@ def write_campaign(c: Campaign) -> list[Path]:
     from ..reading import read_limited
     from ..workspace.confine import ensure_dir, is_plain_file, write_file
 
-    if not record_path.exists():  # a new campaign: an existing folder must be the user's
-        from ..workspace.foreign import refuse_foreign
-        refuse_foreign(root, f"the campaign folder {root}")
-    if not record_path.exists() and root.is_dir() and any(root.iterdir()) \
-            and not _left_by_a_killed_plan(root, c):
-        raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "
-                          f"({CAMPAIGN_FILE}); kvprefetch does not write into it",
-                          "plan into a new or empty folder")
+    refuse_taking(c)
     for d in _CAMPAIGN_FOLDERS:
         ensure_dir(root / d, root=root)
     written = []

@@ -130,6 +130,7 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,
         # would be "not made by kvprefetch" and need --force)
         targets.sort(key=lambda t: t.parent == root / "state")
         listed = {str(t) for t in targets} | {k.path for k in res.kept}
+        not_kits = _not_created_reason(root)
         for d in _DIRS[what]:
             top = root / d
             if top.is_symlink():
@@ -148,7 +149,7 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,
                                                      "files in it (its .kvprefetch-env.json "
                                                      "alone does not make it the kit's)"))
                     continue
-                res.kept.append(Kept(str(p), "not created by kvprefetch"))
+                res.kept.append(Kept(str(p), not_kits))
         for t in targets:
             res.removed.append(str(t))
             if dry_run:
@@ -157,6 +158,19 @@ def clean(workdir: Path, what: str = "builds", *, dry_run: bool = False,
             if ownership.rel(root, t) in owned:
                 ownership.forget(root, t)
     return res
+
+
+def _not_created_reason(root: Path) -> str:
+    """Why clean keeps a path no ownership record entry names. A work directory with no record
+    at all (made before the kit kept one, or its record moved aside as a corrupt record's
+    message says) kept everything with "not created by kvprefetch" and no word of the way back
+    (issue 41, left open by the thirty-third hostile pass): `fetch --repair` records its trees
+    again."""
+    if os.path.lexists(root / ownership.OWNED_FILE):
+        return "not created by kvprefetch"
+    return (f"not in an ownership record: this work directory has no {ownership.OWNED_FILE} "
+            "(made before kvprefetch kept one, or moved aside); `kvprefetch fetch --repair` "
+            "with this --workdir records its trees again")
 
 
 def _kit_env(root: Path, env: Path, owned: dict[str, dict[str, Any]], adopted: bool) -> bool:

@@ -239,6 +239,18 @@ def validate_state(path: Path, name: str) -> dict[str, Any]:
               and _str_map(applied.get("headers") or {}) and _str_map(applied.get("files") or {}))
         if not ok:
             raise _bad_state(path, "has a malformed 'applied' record")
+    # the tree's paths it names stay in the tree: nothing acted on an 'applied' file
+    # '../../x' or '/etc/x', but the record was taken as sound (issue 41, left open by the
+    # thirty-third hostile pass); an inventory path is held to the same (a control character
+    # aside: a file a user added to a tree may have one, and --repair records it)
+    for what, paths in (("inventory", data["inventory"]),
+                        ("'applied' files", (applied or {}).get("files") or {}),
+                        ("'applied' headers", (applied or {}).get("headers") or {})):
+        for rel in paths:
+            problem = confine.rel_problem(rel)
+            if problem is not None and problem != "contains a control character":
+                raise _bad_state(path, f"names a path {rel!r} in its {what} that {problem}, "
+                                       "outside its tree")
     return data
 
 

@@ -18,7 +18,7 @@ from ...errors import BuildError
 from ...hashing import sha256_file, walk
 from ...machine.envs import Env, make_env
 from ...runner import run, which
-from ...workspace.confine import check_target
+from ...workspace.confine import check_target, what_is
 from ...workspace.workdir import Workdir
 from ..options import BuildOptions, ModeInputs
 from ..plan import UNSET_FOR_BUILD, Step, TreePlan, build_key, deps_steps
@@ -144,6 +144,12 @@ def refuse_linked_cache(root: Path) -> None:
     before the build, as the build folder's hard links are; a swap while it runs is not."""
     cache = root / "ccache"
     check_target(root, cache, what="keep the compiler cache in", family=BuildError)
+    if os.path.lexists(cache) and not cache.is_dir():
+        # a file or FIFO there met ccache's own error mid-build (issue 41, left open by the
+        # thirty-fifth hostile pass)
+        raise BuildError(f"refusing to build with the compiler cache {cache}: it is "
+                         f"{what_is(cache)}, not a folder", f"move {cache} away (the build "
+                         "makes the folder), then rerun")
     for dirpath, dirnames, _ in walk(cache):  # follows no link, lists a linked folder
         for name in dirnames:
             p = Path(dirpath) / name
