@@ -6,9 +6,11 @@ entry instead of being printed whole."""
 from __future__ import annotations
 
 import errno
+import fcntl  # at start-up, as resource below
 import os
 import resource  # at start-up: an import at EMFILE fails (issue 41, the 34th hostile pass)
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -193,6 +195,10 @@ def describe(exc: OSError) -> tuple[str, str]:
         unreadable = _unreadable(str(exc.filename))
         if unreadable:
             return cause, unreadable
+    if exc.errno == errno.EPERM:
+        marked = _marked([str(n) for n in (exc.filename, exc.filename2) if n])
+        if marked:
+            return cause, marked
     fix = _FIX.get(exc.errno or 0, "check the path and its file system, then rerun")
     return cause, fix.format(where=os.path.dirname(str(exc.filename or ".")) or ".")
 
@@ -216,6 +222,55 @@ def _in_scratch(filename: object) -> bool:
         and not os.path.lexists(os.path.join(temp, top, ".kvprefetch-workdir"))
 
 
+_FS_IOC_GETFLAGS = 0x80086601  # _IOR('f', 1, long): what `lsattr` reads
+_MARKS = ((0x10, "i", "immutable"), (0x20, "a", "append-only"))  # FS_IMMUTABLE_FL, FS_APPEND_FL
+
+
+def _marks(path: str) -> tuple[str, str] | None:
+    """(letter, word) of the ``chattr`` mark that forbids replacing, renaming or deleting
+    ``path`` (a regular file or a folder, opened without following a link and never a FIFO or
+    device), else None; None too where the file system keeps no such marks."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        buf = bytearray(8)
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, buf)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    flags = int.from_bytes(buf[:4], sys.byteorder)
+    return next(((letter, word) for bit, letter, word in _MARKS if flags & bit), None)
+
+
+def _marked(names: list[str]) -> str | None:
+    """The fix for EPERM where a path named, or the folder holding it, carries an immutable or
+    append-only mark (``chattr +i``/``+a``, ext4, xfs, btrfs): no user, root included, may
+    replace, rename or delete it. Apply over an immutable tree file was told "make
+    trees/.patched.apply/new/... writable", and clean or a record's write under a marked folder
+    or record "make . writable", neither of which is the cause (issue 41, the thirty-sixth
+    hostile pass, on a loop-mounted ext4)."""
+    for name in names:
+        for path in (name, os.path.dirname(name)):
+            # a bare name is one relative to a folder's descriptor: not this folder's
+            found = _marks(path) if os.sep in name and path else None
+            if found:
+                letter, word = found
+                what = "it or what it holds" if os.path.isdir(path) else "it"
+                return (f"{path} is marked {word} (`lsattr -d {path}` shows `{letter}`), so no "
+                        f"user, root included, may change, rename or delete {what}: remove "
+                        f"the mark if it is yours to remove (`chattr -{letter} {path}`, as "
+                        f"root), or write elsewhere ({_ELSEWHERE}), then rerun")
+    return None
+
+
 def _unreadable(path: str) -> str | None:
     """The fix when ``path`` itself is what this user may not read (a file of mode 0222 or 0000
     in a tree, a folder of mode 0000): "make <its folder> writable" named a folder that was
@@ -237,6 +292,9 @@ def _unreadable(path: str) -> str | None:
         return (f"make the file {path} readable for this user (`chmod u+r PATH`), then rerun")
     if not os.access(path, os.W_OK):  # the file itself: a /dev/null of mode 0644 was told
         # "make /dev writable" (issue 41, the thirty-fifth hostile pass, as a user not root)
+        marked = _marked([path]) if os.sep in path else None
+        if marked:  # chattr's mark, which binds root too: named with its own fix
+            return f"{path} itself is not writable for this user: {marked}"
         return (f"{path} itself is not writable for this user: have its owner make it "
                 "writable (`chmod a+w PATH`, or `chattr -i PATH` where `lsattr PATH` shows it "
                 "immutable; /dev/null is mode 0666 on a sound system), then rerun")

@@ -144,8 +144,9 @@ def open_log(path: Path) -> TextIO:
             raise ConfigError(f"refusing to write the log {path}: it is a symlink, and "
                               "kvprefetch never writes through one",
                               f"move the symlink {path} away, then rerun") from None
-        if exc.errno != errno.ENXIO:  # ENXIO: a FIFO nobody reads (O_NONBLOCK)
-            raise
+        if exc.errno != errno.ENXIO:  # ENXIO: a FIFO nobody reads (O_NONBLOCK); opened by
+            # its name in its folder's descriptor: named by its whole path
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         fd = -1
     finally:
         if dfd is not None:

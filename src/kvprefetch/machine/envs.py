@@ -39,6 +39,8 @@ from ..workspace.locks import locked
 from .torch_probe import probe_answer
 from .uvconfig import uv_config_args
 
+_ST_NOSYMFOLLOW = 0x2000  # statvfs's flag for a mount of `nosymfollow` (Linux 5.10; not in os)
+
 MARKER = ".kvprefetch-env.json"
 
 # Removed from every child environment: they make the env's python import foreign code, run a
@@ -190,12 +192,38 @@ class Env(abc.ABC):
         """Ask the env's python where it lives (prefix, executable, version, site dirs)."""
         if self._info is None or refresh:
             if not self.python.exists():
-                raise ConfigError(f"{self.path} has no {self.python.relative_to(self.path)}",
-                                  f"recreate it: rerun with --force, or remove {self.path}")
+                raise ConfigError(*self._no_python())
             done = run([str(self.python), "-c", _PROBE], env=self.environ(), echo=False,
                        log=self.log, timeout=120, cwd=NEUTRAL_CWD)
             self._info = probe_answer(done.output, self.python)
         return self._info
+
+    def _no_python(self) -> tuple[str, str]:
+        """(cause, fix) when the env's python cannot be reached. A venv's ``bin/python`` is a
+        link to its creator's, which a file system mounted ``nosymfollow`` never follows: a
+        build there said "envs/<tree> has no bin/python / recreate it: rerun with --force",
+        and every rerun made the env and failed the same way (issue 41, the thirty-sixth
+        hostile pass, on a loop-mounted ext4)."""
+        rel = self.python.relative_to(self.path)
+        if not os.path.islink(self.python):
+            return (f"{self.path} has no {rel}",
+                    f"recreate it: rerun with --force, or remove {self.path}")
+        with suppress(OSError):
+            if os.statvfs(self.python.parent).f_flag & _ST_NOSYMFOLLOW:
+                cause = (f"{self.python} is a symlink (as every venv's python is), and the "
+                         f"file system holding {self.path} is mounted nosymfollow, so no "
+                         "program can follow it")
+                fix = ("put the work directory on a file system that follows symlinks "
+                       f"(`findmnt -T {self.path.parent}` shows its options; `mount -o "
+                       "remount,symfollow` on it, as root), or pass --workdir on another, "
+                       "then rerun")
+                return cause, fix
+        target = "?"
+        with suppress(OSError):
+            target = os.readlink(self.python)
+        cause = (f"{self.python} is a symlink to {target}, which cannot be run from here "
+                 "(gone, or a link loop)")
+        return cause, f"recreate the environment: rerun with --force, or remove {self.path}"
 
     def site_packages(self) -> Path:
         return Path(self.info()["purelib"])

@@ -262,8 +262,9 @@ def rename_path(root: Path, path: Path, new_name: str, *,
         try:
             os.rename(path.name, new_name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
+            if exc.errno != errno.EXDEV:  # named by the whole paths, not the bare names
+                raise OSError(exc.errno, exc.strerror, str(path), None,
+                              str(path.with_name(new_name))) from None
             # within one folder no mount is crossed: the file system itself refuses (an
             # overlayfs, as a container image's, renames a folder of its lower layer only with
             # redirect_dir=on). oserrors' "unmount the one in the way" sent the user to a mount
@@ -466,7 +467,11 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
             if exc.filename:
                 raise
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        os.replace(tmp_name, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        try:
+            os.replace(tmp_name, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as exc:  # named by the whole paths, as os.replace by path names them
+            raise OSError(exc.errno, exc.strerror, str(path.parent / tmp_name), None,
+                          str(path)) from exc
         created = False
     finally:
         if created:
@@ -638,7 +643,10 @@ def _remove_tree(dfd: int, path: Path, family: type[KvprefetchError]) -> None:
                 continue
             stack.pop()
             os.close(fd)
-            os.rmdir(name, dir_fd=parent)
+            try:
+                os.rmdir(name, dir_fd=parent)
+            except OSError as exc:  # relative to the folder's descriptor: name the whole path
+                raise OSError(exc.errno, exc.strerror, str(where)) from None
     finally:
         for _parent, _name, fd, _where, _subs in stack:
             os.close(fd)
@@ -680,8 +688,8 @@ def _unlink(dfd: int, name: str, where: Path, path: Path,
     try:
         os.unlink(name, dir_fd=dfd)
     except OSError as exc:
-        if exc.errno != errno.EBUSY:
-            raise
+        if exc.errno != errno.EBUSY:  # named by its whole path, not the bare name
+            raise OSError(exc.errno, exc.strerror, str(where)) from None
         raise family(f"cannot remove {path}: {where} is a mount point (a file of elsewhere "
                      "mounted there), and what is mounted there is not the work directory's, "
                      "so kvprefetch never deletes across one; what went before it is gone",
@@ -892,21 +900,31 @@ def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozen
                         continue
                     s = src / rel / name
                     st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
-                    if stat.S_ISLNK(st.st_mode):
-                        os.symlink(os.readlink(name, dir_fd=sfd), name, dir_fd=dfd)
-                    elif stat.S_ISDIR(st.st_mode):
-                        # safe_bits: a planted folder of mode 1777 came over sticky (and
-                        # world-writable where a default ACL set the umask aside)
-                        os.mkdir(name, safe_bits(stat.S_IMODE(st.st_mode)) | 0o700,
-                                 dir_fd=dfd)
-                        pending.append(rel / name)
-                    elif stat.S_ISREG(st.st_mode):
-                        _copy_file(s, sfd, name, dfd, family)
-                    elif skip_special:
-                        continue
-                    else:
+                    if not (stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode)
+                            or stat.S_ISREG(st.st_mode)):
+                        if skip_special:
+                            continue
                         raise family(f"cannot copy {s}: it is {kind_of(st.st_mode)}",
                                      f"move {s} away, then rerun")
+                    try:
+                        if stat.S_ISLNK(st.st_mode):
+                            os.symlink(os.readlink(name, dir_fd=sfd), name, dir_fd=dfd)
+                        elif stat.S_ISDIR(st.st_mode):
+                            # safe_bits: a planted folder of mode 1777 came over sticky (and
+                            # world-writable where a default ACL set the umask aside)
+                            os.mkdir(name, safe_bits(stat.S_IMODE(st.st_mode)) | 0o700,
+                                     dir_fd=dfd)
+                            pending.append(rel / name)
+                        else:
+                            _copy_file(s, sfd, name, dfd, family)
+                    except OSError as exc:
+                        # made by its bare name in the copy's folder, or written by descriptor:
+                        # named by the copy's whole path. Out of inodes, a fetch said "config in
+                        # <workdir>/: No space left on device", a folder of the sdist that is
+                        # in no work directory (issue 41, the thirty-sixth hostile pass)
+                        if exc.filename not in (None, name):
+                            raise
+                        raise OSError(exc.errno, exc.strerror, str(dst / rel / name)) from exc
             finally:
                 os.close(dfd)
         finally:
