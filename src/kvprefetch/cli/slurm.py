@@ -7,7 +7,6 @@ import errno
 import os
 import re
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -237,12 +236,16 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
                 say(f"==> {j.script} (after: {', '.join(j.after) or '-'})")
                 click.echo(render_script(c, j))
         return
-    from ..slurm.campaign import CAMPAIGN_FILE
+    from ..slurm.scripts import new_campaign_folder
     from ..slurm.sending import campaign_lock
 
-    # a plan again over a campaign being submitted must not save a record read before its ids
-    with campaign_lock(Path(c.root)) if (Path(c.root) / CAMPAIGN_FILE).exists() \
-            else nullcontext():
+    # a plan again over a campaign being submitted must not save a record read before its ids;
+    # and two first plans of one folder at once each wrote its scripts and record over the
+    # other's, both "planned", the record of one with a script of the other (issue 41, the
+    # thirty-sixth hostile pass: a bench job of 6 tasks for a plan of 2 batches): the lock
+    # goes in the folder, made and checked first
+    new_campaign_folder(c, before_lock=True)
+    with campaign_lock(Path(c.root)):
         written = write_campaign(c)
     if kit.dirty:
         info(f"notice: the kit at {kit.root} has uncommitted changes; the jobs run them, but "

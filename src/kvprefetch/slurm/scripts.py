@@ -44,6 +44,7 @@ from .campaign import (
 )
 from .job_env import SCRATCH_PREFIX, SHELLS_OWN, export_option, keep_only_sh, scratch_name
 from .joblog import CLOSE_LOG_SH, ENDING_SIGNALS, SLURM_OUTPUT, TRAP_ENDING_SH, open_log_sh
+from .sending import LOCK_FILE
 from .shell import (
     CHECK_JOB_IDS_SH,
     KEEP_OUTSIDE_SH,
@@ -298,6 +299,27 @@ def render_script(c: Campaign, job: Job) -> str:
 _SCRIPT_MARK = "written by `kvprefetch slurm plan`"
 
 
+def new_campaign_folder(c: Campaign, *, before_lock: bool = False) -> None:
+    """The folder of a campaign not planned yet (no campaign.json), made: the user's
+    (``make_own_folder``) and empty, but for what this plan's own lock and a killed run of it
+    leave (``_left_by_a_killed_plan``). ``plan`` calls it ``before_lock`` it takes the
+    campaign's lock, which goes in that folder (a folder that holds that lock already is
+    another plan's, perhaps at work: the lock says so, not "not empty"), and
+    ``write_campaign`` again under the lock."""
+    from ..workspace.foreign import make_own_folder
+
+    root = Path(c.root)
+    if (root / CAMPAIGN_FILE).exists():
+        return
+    make_own_folder(root, f"the campaign folder {root}")
+    if before_lock and os.path.lexists(root / LOCK_FILE):
+        return
+    if any(p.name != LOCK_FILE for p in root.iterdir()) and not _left_by_a_killed_plan(root, c):
+        raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "
+                          f"({CAMPAIGN_FILE}); kvprefetch does not write into it",
+                          "plan into a new or empty folder")
+
+
 def write_campaign(c: Campaign) -> list[Path]:
     """Write campaign.json (keeping the ids of earlier submissions when the plan is unchanged)
     and every job's script. Refuses to replace the plan of a campaign already submitted."""
@@ -327,14 +349,7 @@ def write_campaign(c: Campaign) -> list[Path]:
     from ..reading import read_limited
     from ..workspace.confine import ensure_dir, is_plain_file, write_file
 
-    if not record_path.exists():  # a new campaign: an existing folder must be the user's
-        from ..workspace.foreign import refuse_foreign
-        refuse_foreign(root, f"the campaign folder {root}")
-    if not record_path.exists() and root.is_dir() and any(root.iterdir()) \
-            and not _left_by_a_killed_plan(root, c):
-        raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "
-                          f"({CAMPAIGN_FILE}); kvprefetch does not write into it",
-                          "plan into a new or empty folder")
+    new_campaign_folder(c)
     for d in _CAMPAIGN_FOLDERS:
         ensure_dir(root / d, root=root)
     written = []
@@ -373,6 +388,8 @@ def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
     scripts = {job.script: render_script(c, job).encode() for job in c.jobs}
     temporaries = []
     for d in root.iterdir():
+        if d.name == LOCK_FILE and is_plain_file(d):  # this plan's own (cli/slurm.py's plan)
+            continue
         if d.name not in _CAMPAIGN_FOLDERS or d.is_symlink() or not d.is_dir():
             return False
         for f in d.iterdir():
