@@ -169,3 +169,21 @@ def end_below(below: dict[int, int]) -> None:
         kill_all(below)
 
 
+
+
+def stop_tree(tree: dict[int, int]) -> None:
+    """Stop every process of ``tree`` (pid -> pidfd, the caller's to close) as a Ctrl-C stops
+    it, and wait until each has ended: the stop signal and ``STOP_GRACE_S``, then SIGKILL (at
+    once on an interrupt meanwhile), and the kill waited for too, so none writes after this
+    returns."""
+    try:
+        for fd in tree.values():
+            send(fd, stop_signal())
+        left = ended(list(tree.values()), time.monotonic() + STOP_GRACE_S)
+    except BaseException:
+        kill_all(tree)
+        ended(list(tree.values()), time.monotonic() + 1.0)
+        raise
+    if left:
+        kill_all(tree)
+        ended(list(tree.values()), time.monotonic() + 1.0)

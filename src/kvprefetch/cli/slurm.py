@@ -7,7 +7,6 @@ import errno
 import os
 import re
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -196,7 +195,7 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
         make_campaign,
         parse_trees,
     )
-    from ..slurm.scripts import refuse_taking, render_script, write_campaign
+    from ..slurm.scripts import new_campaign_folder, render_script, write_campaign
 
     parse_selection(head_sizes, block_sizes, kv_dtypes)  # refuse a bad selection now, not in a job
     build_args: list[str] = []
@@ -229,7 +228,7 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
             + " of yours: each job runs in the campaign folder, and a PATH entry that is not "
               "absolute, or is in the campaign, would find programs there first")
     if dry_run:
-        refuse_taking(c)  # what the plan itself would refuse
+        new_campaign_folder(c, before_lock=True, dry_run=True)  # what the plan refuses
         if as_json:
             emit_json({"plan": c.to_dict(),
                        "scripts": {j.script: render_script(c, j) for j in c.jobs}})
@@ -238,12 +237,15 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
                 say(f"==> {j.script} (after: {', '.join(j.after) or '-'})")
                 click.echo(render_script(c, j))
         return
-    from ..slurm.campaign import CAMPAIGN_FILE
     from ..slurm.sending import campaign_lock
 
-    # a plan again over a campaign being submitted must not save a record read before its ids
-    with campaign_lock(Path(c.root)) if (Path(c.root) / CAMPAIGN_FILE).exists() \
-            else nullcontext():
+    # a plan again over a campaign being submitted must not save a record read before its ids;
+    # and two first plans of one folder at once each wrote its scripts and record over the
+    # other's, both "planned", the record of one with a script of the other (issue 41, the
+    # thirty-sixth hostile pass: a bench job of 6 tasks for a plan of 2 batches): the lock
+    # goes in the folder, made and checked first
+    new_campaign_folder(c, before_lock=True)
+    with campaign_lock(Path(c.root)):
         written = write_campaign(c)
     if kit.dirty:
         info(f"notice: the kit at {kit.root} has uncommitted changes; the jobs run them, but "

@@ -44,6 +44,7 @@ from .campaign import (
 )
 from .job_env import SCRATCH_PREFIX, SHELLS_OWN, export_option, keep_only_sh, scratch_name
 from .joblog import CLOSE_LOG_SH, ENDING_SIGNALS, SLURM_OUTPUT, TRAP_ENDING_SH, open_log_sh
+from .sending import LOCK_FILE
 from .shell import (
     CHECK_JOB_IDS_SH,
     KEEP_OUTSIDE_SH,
@@ -298,18 +299,30 @@ def render_script(c: Campaign, job: Job) -> str:
 _SCRIPT_MARK = "written by `kvprefetch slurm plan`"
 
 
-def refuse_taking(c: Campaign) -> None:
-    """Refuse a plan into a folder that holds no campaign yet where it is another user's, or
-    not empty (beyond what a killed plan of this campaign left). ``slurm plan --dry-run`` asks
-    this too: it showed the scripts for a folder the real plan then refused (issue 41, left
-    open by the thirty-fifth hostile pass)."""
+def new_campaign_folder(c: Campaign, *, before_lock: bool = False,
+                        dry_run: bool = False) -> None:
+    """The folder of a campaign not planned yet (no campaign.json), made: the user's
+    (``make_own_folder``) and empty, but for what this plan's own lock and a killed run of it
+    leave (``_left_by_a_killed_plan``). ``plan`` calls it ``before_lock`` it takes the
+    campaign's lock, which goes in that folder (a folder that holds that lock already is
+    another plan's, perhaps at work: the lock says so, not "not empty"), and
+    ``write_campaign`` again under the lock. A ``dry_run`` makes nothing and refuses what the
+    plan would: ``slurm plan --dry-run`` showed the scripts for a folder the plan then refused,
+    another user's or not empty (issue 41, left open by the thirty-fifth hostile pass)."""
+    from ..workspace.foreign import make_own_folder, refuse_foreign
+
     root = Path(c.root)
     if (root / CAMPAIGN_FILE).exists():
         return
-    from ..workspace.foreign import refuse_foreign
-
-    refuse_foreign(root, f"the campaign folder {root}")  # an existing folder must be the user's
-    if root.is_dir() and any(root.iterdir()) and not _left_by_a_killed_plan(root, c):
+    if dry_run:
+        refuse_foreign(root, f"the campaign folder {root}")
+        if not root.is_dir():
+            return
+    else:
+        make_own_folder(root, f"the campaign folder {root}")
+    if before_lock and os.path.lexists(root / LOCK_FILE):
+        return
+    if any(p.name != LOCK_FILE for p in root.iterdir()) and not _left_by_a_killed_plan(root, c):
         raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "
                           f"({CAMPAIGN_FILE}); kvprefetch does not write into it",
                           "plan into a new or empty folder")
@@ -344,7 +357,7 @@ def write_campaign(c: Campaign) -> list[Path]:
     from ..reading import read_limited
     from ..workspace.confine import ensure_dir, is_plain_file, write_file
 
-    refuse_taking(c)
+    new_campaign_folder(c)
     for d in _CAMPAIGN_FOLDERS:
         ensure_dir(root / d, root=root)
     written = []
@@ -383,6 +396,8 @@ def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
     scripts = {job.script: render_script(c, job).encode() for job in c.jobs}
     temporaries = []
     for d in root.iterdir():
+        if d.name == LOCK_FILE and is_plain_file(d):  # this plan's own (cli/slurm.py's plan)
+            continue
         if d.name not in _CAMPAIGN_FOLDERS or d.is_symlink() or not d.is_dir():
             return False
         for f in d.iterdir():

@@ -38,7 +38,7 @@ from ..hashing import (
     tree_inventory,
 )
 from ..oserrors import mapped
-from ..runner import absolute_path
+from ..runner import absolute_path, stop_others
 from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, check_tree_name
@@ -186,7 +186,13 @@ def check_allow_commit(sha: str | None) -> str | None:
 
 def _clone(wd: Workdir, url: str, dest: Path, allow_commit: str | None) -> str:
     with ownership.private_dir("clone", outside=wd.root) as private:
-        return _clone_into(wd, url, private / "vllm", dest, allow_commit)
+        try:
+            return _clone_into(wd, url, private / "vllm", dest, allow_commit)
+        except BaseException:
+            # GitPython's git, no child of ``runner.run``, ended before its folder is removed
+            # (``runner.stop_others`` says why)
+            stop_others()
+            raise
 
 
 def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str | None) -> str:
@@ -494,7 +500,10 @@ def _remove_new_skeleton(wd: Workdir, made: list[Path], names: tuple[str, ...]) 
             path.unlink()
     for folder in (wd.root / ".locks", *made):
         with contextlib.suppress(OSError):
-            folder.rmdir()  # only an empty folder goes
+            # one another user made as this run began (refused as theirs: foreign.py) is
+            # theirs to remove, not the kit's (issue 41, the thirty-sixth hostile pass)
+            if os.lstat(folder).st_uid == os.geteuid():
+                folder.rmdir()  # only an empty folder goes
 
 
 def _fetch_into(wd: Workdir, *, source: str, repo_url: str, index_url: str | None,

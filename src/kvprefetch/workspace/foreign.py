@@ -41,3 +41,17 @@ def refuse_foreign(folder: Path, what: str) -> None:
         "programs and scripts included",
         f"pick a path that does not exist yet in a folder only you can write (e.g. under your "
         f"home), or, if the folder is yours to take, `chown {me} {folder}` first")
+
+
+def make_own_folder(folder: Path, what: str) -> None:
+    """``mkdir -p folder`` for a folder the kit takes as its own, refused (ConfigError) where
+    another user owns it, looked at again once it is there: the check before the ``mkdir``
+    alone left a window in which another user, in a shared sticky folder, made the folder
+    first; ``mkdir -p`` then took theirs as the kit's, and the work directory or campaign lay
+    in a folder they own (issue 41, the thirty-sixth hostile pass: a loop making and removing
+    the folder as ``nobody`` won 1 ``slurm plan`` of 12)."""
+    from .confine import make_dirs
+
+    refuse_foreign(folder, what)
+    make_dirs(folder)
+    refuse_foreign(folder, what)

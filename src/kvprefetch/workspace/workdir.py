@@ -105,10 +105,16 @@ class Workdir:
         an empty directory, or (``adopt``) a non-empty one the user hands over. ``campaign``:
         a campaign's work folder, which ``slurm prepare`` makes and which has no --adopt."""
         from .confine import make_dirs, write_file
+        from .foreign import make_own_folder
 
+        tagged = self.is_tagged()  # before the checks: a tag that comes after is no excuse
         self.check_adoptable(adopt, campaign=campaign)
         adopting = self.root.is_dir() and not self.is_tagged() and any(self.root.iterdir())
-        make_dirs(self.root)
+        if tagged:
+            make_dirs(self.root)
+        else:  # made now, or found untagged: the user's, looked at once it is there too
+            make_own_folder(self.root, f"the campaign's work folder {self.root}" if campaign
+                            else f"--workdir {self.root}")
         if not self.is_tagged():
             how = "adopted" if adopting else "created"
             write_file(self.root / TAG_FILE, f"{how} by kvprefetch; `kvprefetch clean` removes "
