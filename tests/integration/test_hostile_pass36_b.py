@@ -20,6 +20,14 @@ covered, and the environment of the programs it runs). Each test fails without i
   clone failed with git's "transport 'file' not allowed" and "To fix: check the URL and the
   network", which neither fixes. ``sources.gitpython.clone_fix`` now names the policy and the
   variables, and unsetting them (what it says) works.
+- **A verify cache entry whose GQA twin held ``{}`` or a list was a traceback.** The cache
+  (``<workdir>/verify/cache/<sha256>.json``) is data in the work directory, and its digest is
+  recomputed by whoever edits it; ``verify.facts`` checked the types of every fact but a
+  twin's template arguments, so ``verify-kernel`` ended in ``KeyError: 'staged'`` (an empty
+  object) or ``TypeError: unhashable type: 'list'`` (a list for ``kv_cache``) in its twin
+  check. A twin's fields are now typed as a kernel's are: such an entry is a miss,
+  recomputed and rewritten. Run on the session's real kernels-only build (``kernels_build``);
+  the pass showed it failing without the fix on a narrowed real build of its own.
 
 Nothing else is mocked: the CLI runs for real on folders made here."""
 
@@ -115,3 +123,58 @@ def test_git_refusing_the_transport_names_the_policy_not_the_network(
     # what it says works: without the variable the same fetch succeeds
     res = _cli(tmp_path, *args)
     assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+
+
+def forge_twin(workdir: Path, twin: object) -> list[Path]:
+    """Add a GQA twin with these template arguments to every verify cache entry of
+    ``workdir``, its digest recomputed as whoever edits the work directory can."""
+    import json
+
+    from kvprefetch.verify.facts import _digest
+
+    forged = []
+    for entry in sorted((workdir / "verify" / "cache").glob("*.json")):
+        data = json.loads(entry.read_text())
+        data["payload"]["sass"]["twins"].append(["sm_90a", "forged_twin", [twin, 1, 1]])
+        data["digest"] = _digest(data["payload"])
+        entry.write_text(json.dumps(data))
+        forged.append(entry)
+    return forged
+
+
+FORGED_TWINS = [{}, {"version": "v2", "dtype": "fp16", "kv_cache": [], "head_size": 128,
+                     "block_size": 16, "group": 4, "split": 1, "staged": False, "fused": False}]
+
+
+def verify_with_forged_twins(workdir: Path) -> list[str]:
+    """verify-kernel --no-gpu after each forged twin; the problems found (empty: none)."""
+    import shutil
+
+    cache = workdir / "verify" / "cache"
+    problems = []
+    first = _cli(workdir.parent, "verify-kernel", "--workdir", str(workdir), "--no-gpu")
+    assert first.returncode == 0, (first.stdout + first.stderr)[-2000:]
+    kept = workdir.parent / "cache-as-verified"
+    shutil.copytree(cache, kept)
+    try:
+        for twin in FORGED_TWINS:
+            assert forge_twin(workdir, twin), "verify-kernel cached nothing"
+            res = _cli(workdir.parent, "verify-kernel", "--workdir", str(workdir), "--no-gpu")
+            text = res.stdout + res.stderr
+            # without the fix: KeyError: 'staged' / TypeError: unhashable type: 'list'
+            if "Traceback" in text or res.returncode != 0:
+                problems.append(f"{twin!r}: exit {res.returncode}: {text[-800:]}")
+            elif "from the cache" in text:
+                problems.append(f"{twin!r}: the forged entry was taken: {text[-800:]}")
+            shutil.rmtree(cache)
+            shutil.copytree(kept, cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.copytree(kept, cache)
+        shutil.rmtree(kept)
+    return problems
+
+
+def test_a_verify_cache_entry_with_a_twin_of_the_wrong_shape_is_a_miss(kernels_build) -> None:
+    assert kernels_build.resumed["returncode"] == 0, kernels_build.resumed["stderr"][-3000:]
+    assert verify_with_forged_twins(kernels_build.workdir.resolve()) == []
