@@ -156,10 +156,12 @@ def _launches(text: str, path: Path) -> list[KernelSummary]:
     """ncu's table parsed and summed per kernel family; a table that is not ncu's shape (a
     row shorter than its header, an ID that is no number, a column missing) is a BenchError
     naming the file. A short row was an IndexError traceback (issue 41, the seventeenth
-    hostile pass: the CSV is ncu's output in the output folder, data like any record)."""
+    hostile pass: the CSV is ncu's output in the output folder, data like any record). A cell
+    past the csv module's field limit raises ``csv.Error``, which is no ValueError: a traceback
+    (the thirty-sixth pass)."""
     try:
         return aggregate(parse_ncu_csv(text))
-    except (IndexError, KeyError, ValueError, TypeError) as exc:
+    except (IndexError, KeyError, ValueError, TypeError, csv.Error) as exc:
         raise BenchError(f"ncu's CSV {path} is malformed ({type(exc).__name__}: {exc})",
                          f"read {path.with_suffix('.log')} for ncu's own output; rerun "
                          "bench ncu once ncu writes its table") from None

@@ -73,6 +73,15 @@ def find_archives(deps_dir: Path, unpack_root: Path) -> dict[str, DepArchive] | 
         if len(listed) != 1:
             raise ConfigError(f"{sums_path} lists {len(listed)} archives for {name} "
                               f"({', '.join(listed) or 'none'})", _FIX)
+        if "/" in listed[0]:
+            # a name with folders (`cutlass-/../../x.tar.gz`) put the unpacked tree, and the
+            # build's VLLM_*_SRC_DIR, outside the work directory: the real build refused it as
+            # a corrupt record with `fetch --repair`, which mends no SHA256SUMS, and the dry
+            # run planned it (issue 41, the thirty-sixth hostile pass)
+            raise ConfigError(f"{sums_path} lists {listed[0]!r} for {name}, not a file name "
+                              f"in {deps_dir}", "list each archive by its own name, as "
+                              "`sha256sum <name>-<commit12>.tar.gz` run in that folder "
+                              "writes it")
         archive = deps_dir / listed[0]
         if not archive.is_file():
             raise ConfigError(f"{archive} is listed in {sums_path} but missing", _FIX)

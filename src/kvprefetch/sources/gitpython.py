@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,6 +98,14 @@ def clone_fix(message: str) -> str:
                 "only once you trust it: if you do, run the `git config --global --add "
                 "safe.directory ...` that git's message names, then rerun; or use --source "
                 "sdist")
+    if re.search(r"transport '[^']*' not allowed", message):
+        # git's protocol policy (GIT_ALLOW_PROTOCOL, GIT_PROTOCOL_FROM_USER=0, a
+        # protocol.<name>.allow setting) refused the URL's transport: no URL or network fixes
+        # that (issue 41, the thirty-sixth hostile pass)
+        return ("git's protocol policy refuses the URL's transport (GIT_ALLOW_PROTOCOL, "
+                "GIT_PROTOCOL_FROM_USER or a protocol.<name>.allow setting in the environment "
+                "or git's configuration): allow that transport or unset them, then rerun; or "
+                "use --source sdist")
     # `ulimit -u`: "cannot fork() for git-upload-pack" is not the URL's (the twenty-ninth pass)
     return child_limit_fix(message) or "check the URL and the network, or use --source sdist"
 

@@ -77,7 +77,7 @@ class SassFacts:
         return cls(kernels=tuple(_kernel(k) for k in d["kernels"]),
                    bodies=rows("bodies", lambda v: _is(v, str)),
                    readonly=rows("readonly", lambda v: _is(v, int)),
-                   twins=rows("twins", lambda v: (dict(_is(v[0], dict)), _is(v[1], int),
+                   twins=rows("twins", lambda v: (_twin(v[0]), _is(v[1], int),
                                                   _is(v[2], int))),
                    pdl=rows("pdl", lambda v: (_is(v[0], bool), _is(v[1], bool))),
                    prefetch=rows("prefetch", lambda v: _is(v, int)))
@@ -101,6 +101,20 @@ def _kernel(k: Mapping[str, Any]) -> KernelSass:
     if set(_is(k, dict)) != set(names):
         raise KeyError("the fields of a kernel")
     return KernelSass(**{n: _is(k[n], t) for n, t in names.items()})
+
+
+# sass.decode_twin_name's template arguments, as the twin check reads them
+_TWIN_TYPES = {"version": str, "dtype": str, "kv_cache": str, "head_size": int,
+               "block_size": int, "group": int, "split": int, "staged": bool, "fused": bool}
+
+
+def _twin(t: Any) -> dict[str, Any]:
+    """A twin's template arguments with exactly ``_TWIN_TYPES``' fields and types: a cache
+    entry with a recomputed digest whose twin held ``{}`` or a list was a KeyError or TypeError
+    traceback in verify-kernel's twin check (issue 41, the thirty-sixth hostile pass)."""
+    if set(_is(t, dict)) != set(_TWIN_TYPES):
+        raise KeyError("the fields of a twin")
+    return {n: _is(t[n], kind) for n, kind in _TWIN_TYPES.items()}
 
 
 @dataclass(frozen=True)
