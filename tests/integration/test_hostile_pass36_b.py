@@ -37,6 +37,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration.test_hostile_pass31_b import _env
 from tests.integration.test_reliability import outside
 
@@ -175,6 +177,7 @@ def verify_with_forged_twins(workdir: Path) -> list[str]:
     return problems
 
 
+@pytest.mark.slow  # needs the session's real build (minutes, once per run)
 def test_a_verify_cache_entry_with_a_twin_of_the_wrong_shape_is_a_miss(kernels_build) -> None:
     assert kernels_build.resumed["returncode"] == 0, kernels_build.resumed["stderr"][-3000:]
     assert verify_with_forged_twins(kernels_build.workdir.resolve()) == []
