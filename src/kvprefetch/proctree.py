@@ -169,8 +169,6 @@ def end_below(below: dict[int, int]) -> None:
         kill_all(below)
 
 
-
-
 def stop_tree(tree: dict[int, int]) -> None:
     """Stop every process of ``tree`` (pid -> pidfd, the caller's to close) as a Ctrl-C stops
     it, and wait until each has ended: the stop signal and ``STOP_GRACE_S``, then SIGKILL (at
