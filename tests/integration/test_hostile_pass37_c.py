@@ -15,6 +15,11 @@ by reverting ``src`` and running it):
   run and was refused by the plan as not empty; a lock that is a symlink, a folder, a FIFO, a
   hard link or a file of the user's data passed the dry run and was refused by the plan's lock
   (``slurm/scripts.new_campaign_folder``, ``workspace/locks.refusal``).
+- **``fetch --index-url URL`` told to fix PIP_INDEX_URL.** Every index failure's fix ("point
+  PIP_INDEX_URL at a reachable mirror", "use an index that mirrors PyPI's vllm
+  (PIP_INDEX_URL)") named the setting ``fetch`` reads only without ``--index-url``: set as
+  told, nothing changed. Given ``--index-url``, the fix names it
+  (``sources/download.ensure_sdist``).
 
 Nothing is mocked: the CLI runs as a user runs it."""
 
@@ -94,3 +99,22 @@ def test_slurm_plan_dry_run_still_passes_a_folder_holding_only_a_kit_lock(tmp_pa
     real = cli("slurm", "plan", str(camp), timeout=120)
     assert real.returncode == 0, real.stderr
     assert (camp / "campaign.json").is_file()
+
+
+@pytest.mark.parametrize("page", ["refused", "unlisted"])
+def test_fetch_index_url_failures_name_the_option_not_pip_index_url(tmp_path: Path,
+                                                                   page: str) -> None:
+    if page == "refused":
+        import socket
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{s.getsockname()[1]}/simple"
+    else:  # an index that lists no vllm-0.10.2.tar.gz
+        (tmp_path / "index" / "vllm").mkdir(parents=True)
+        (tmp_path / "index" / "vllm" / "index.html").write_text("<html><body></body></html>\n")
+        url = (tmp_path / "index").as_uri()
+    res = cli("fetch", "--workdir", str(tmp_path / "work"), "--source", "sdist",
+              "--index-url", url, timeout=180)
+    refused(res, 3, url, "--index-url")
+    fix = res.stderr[res.stderr.find("To fix:"):]
+    assert "PIP_INDEX_URL" not in fix, res.stderr
