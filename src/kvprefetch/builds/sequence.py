@@ -29,7 +29,13 @@ from ..machine.envs import Env
 from ..machine.progress import CompileProgress, heartbeat, previous_seconds
 from ..runner import run
 from ..workspace import ownership
-from ..workspace.confine import ensure_dir, first_hard_link, is_plain_file, what_is
+from ..workspace.confine import (
+    check_target,
+    ensure_dir,
+    first_hard_link,
+    is_plain_file,
+    what_is,
+)
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, write_json_atomic
 from .options import ModeInputs
@@ -159,12 +165,16 @@ def refuse_hard_links(tp: TreePlan, plan: BuildPlan) -> None:
                    if top == Path(tp.build_dir).parent else ""))
 
 
-def refuse_a_taken_manifest(tp: TreePlan) -> None:
+def refuse_a_taken_manifest(tp: TreePlan, root: Path) -> None:
     """Refuse, before anything compiles, a ``manifest.json`` the build could not replace: a
     symlink (the writer never writes through one), a folder, a FIFO. The build found it only
     when it wrote the manifest, after minutes of nvcc (issue 41, left open by the thirty-fourth
-    hostile pass)."""
+    hostile pass). A link on the way in the work directory ``root`` is named first: a build
+    folder planted as a link to a folder outside holding a ``manifest.json`` folder was told
+    "move <build folder>/manifest.json away", and doing so moved the folder outside (issue 41,
+    the thirty-seventh hostile pass)."""
     m = Path(tp.build_dir) / "manifest.json"
+    check_target(root, m, what="record the build in", family=BuildError)
     if os.path.lexists(m) and not is_plain_file(m):
         raise BuildError(f"the {tp.tree} build cannot record itself in {m}: it is "
                          f"{'a symlink' if m.is_symlink() else what_is(m)}, which the build "
@@ -219,7 +229,7 @@ def build_tree(tp: TreePlan, plan: BuildPlan, inputs: ModeInputs, force: bool,
         if skip_if_up_to_date(tp, force, out):
             return out
         refuse_hard_links(tp, plan)
-        refuse_a_taken_manifest(tp)
+        refuse_a_taken_manifest(tp, Path(plan.workdir))
         # made from the work directory down, never through a link: a build folder planted as
         # a link to a folder outside had the logs and the copied sources written there (issue
         # 41, the thirteenth hostile pass)

@@ -310,6 +310,7 @@ def new_campaign_folder(c: Campaign, *, before_lock: bool = False,
     plan would: ``slurm plan --dry-run`` showed the scripts for a folder the plan then refused,
     another user's or not empty (issue 41, left open by the thirty-fifth hostile pass)."""
     from ..workspace.foreign import make_own_folder, refuse_foreign
+    from ..workspace.locks import refusal
 
     root = Path(c.root)
     if (root / CAMPAIGN_FILE).exists():
@@ -320,7 +321,14 @@ def new_campaign_folder(c: Campaign, *, before_lock: bool = False,
             return
     else:
         make_own_folder(root, f"the campaign folder {root}")
-    if before_lock and os.path.lexists(root / LOCK_FILE):
+    lock = root / LOCK_FILE
+    refused = refusal(lock, "campaign") if dry_run else None
+    if refused is not None:  # what the plan's lock refuses, refused by its dry run too
+        raise refused
+    if before_lock and not dry_run and os.path.lexists(lock):
+        # a dry run takes no lock, so the lock excuses nothing: a folder holding one beside
+        # files of the user's passed `plan --dry-run`, which the plan then refused as not
+        # empty (issue 41, the thirty-seventh hostile pass)
         return
     if any(p.name != LOCK_FILE for p in root.iterdir()) and not _left_by_a_killed_plan(root, c):
         raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "

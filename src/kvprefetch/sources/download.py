@@ -444,6 +444,23 @@ def _remove_dead_downloads(downloads: Path, root: Path | None = None) -> None:
 def ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | None = None,
                  may_delete: Callable[[Path], bool] | None = None,
                  partials: bool = True) -> Path:
+    """``_ensure_sdist``, whose fixes name the index by PIP_INDEX_URL, the setting ``fetch``
+    reads when no ``--index-url`` is given: given one (``index_url``), PIP_INDEX_URL is not
+    read, and `fetch --index-url http://127.0.0.1:9/simple` was told "point PIP_INDEX_URL at
+    a reachable mirror", which changed nothing (issue 41, the thirty-seventh hostile pass)."""
+    try:
+        return _ensure_sdist(downloads, index_url, root=root, may_delete=may_delete,
+                             partials=partials)
+    except FetchError as exc:
+        if index_url is None or "PIP_INDEX_URL" not in (exc.fix or ""):
+            raise
+        raise FetchError(exc.cause, (exc.fix or "").replace("PIP_INDEX_URL", "--index-url")) \
+            from exc
+
+
+def _ensure_sdist(downloads: Path, index_url: str | None = None, *, root: Path | None = None,
+                  may_delete: Callable[[Path], bool] | None = None,
+                  partials: bool = True) -> Path:
     """Return the path of a verified sdist in ``downloads``, downloading it if needed. With
     ``root`` (the work directory), ``downloads`` must be inside it with no symlink on the way;
     ``may_delete`` says whether a cached file with the wrong hash is the kit's to delete;

@@ -44,6 +44,43 @@ def _holder(held: bytes) -> str:
     return m[1].decode() if m else "unknown"
 
 
+def refusal(lock_path: Path, place: str = "work directory") -> LockError | None:
+    """What ``locked`` would refuse in the lock file now at ``lock_path`` (a symlink, no regular
+    file, a hard link, data the kit did not write), for a dry run, which takes no lock; None
+    where there is nothing or a lock file of the kit's. Only looked at (``lstat``, and a read
+    of a regular file opened without following a link)."""
+    try:
+        st = os.lstat(lock_path)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return _refuse(lock_path, "it is a symlink")
+    if stat.S_ISDIR(st.st_mode):
+        return _refuse(lock_path, "it is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        return _refuse(lock_path, f"it is {kind_of(st.st_mode)}, not the empty file kvprefetch "
+                                  "makes there")
+    if st.st_nlink > 1:
+        return _refuse(lock_path, f"it has {st.st_nlink} hard links (it is also a file under "
+                                  f"another name, perhaps outside the {place}), and kvprefetch "
+                                  "writes only into the lock file it makes")
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        held = os.pread(fd, _MAX_KIT_LOCK_BYTES + 1, 0)
+    finally:
+        os.close(fd)
+    if held and not _KIT_LOCK.fullmatch(held):
+        return LockError(f"cannot take the lock {lock_path}: it holds data kvprefetch did not "
+                         "write (kvprefetch's lock file is empty, or holds "
+                         f"'{_MARKER}<pid>' while a run holds it)",
+                         f"if no kvprefetch runs on this {place} and {lock_path} is not yours "
+                         "remove it; if it is yours, move it away; then rerun")
+    return None
+
+
 @contextmanager
 def locked(lock_path: Path, what: str, *, wait: bool | float = False,
            root: Path | None = None,
