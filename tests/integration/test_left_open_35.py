@@ -70,7 +70,7 @@ def test_clean_without_an_ownership_record_names_the_repair(fetched_workdir: Pat
 
 
 @pytest.mark.parametrize("where", ["files", "headers"])
-@pytest.mark.parametrize("rel", ["../../victim.txt", "/etc/hostname"])
+@pytest.mark.parametrize("rel", ["../../victim.txt", "/etc/hostname", "../x\x01"])
 def test_a_state_records_applied_paths_must_stay_in_its_tree(fetched_workdir: Path,
                                                             where: str, rel: str) -> None:
     wd = fetched_workdir

@@ -56,6 +56,12 @@ def has_control(text: str) -> bool:
     return bool(_CONTROL.search(text))
 
 
+def without_control(text: str) -> str:
+    """``text`` with each control character replaced by ``_``: a name as a path check sees it
+    where a control character is allowed (a file a user added to a tree may hold one)."""
+    return _CONTROL.sub("_", text)
+
+
 def rel_problem(rel: object) -> str | None:
     """Why ``rel`` is not a plain relative path that stays where it is joined (None: it is)."""
     if not isinstance(rel, str) or not rel:
