@@ -90,6 +90,7 @@ class DecoderConfig:
 # model, and would only fail later in an allocation.
 _MAX_SIZE = 1 << 24
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB
+_MAX_NUMBER = 1e300  # rope_theta, rms_norm_eps: a float (an int past it was an OverflowError)
 
 
 def _size(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -100,12 +101,25 @@ def _size(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
             raise KeyError(key)
         return default
     v = cfg[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) \
             or v != int(v):
-        raise ValueError(f"'{key}' ({v!r}: not a whole number)")
+        raise ValueError(f"'{key}' ({_shown(v)}: not a whole number)")
     if not 1 <= v <= _MAX_SIZE:
-        raise ValueError(f"'{key}' ({v!r}: a size must be 1 to {_MAX_SIZE})")
+        raise ValueError(f"'{key}' ({_shown(v)}: a size must be 1 to {_MAX_SIZE})")
     return int(v)
+
+
+def _finite(v: float) -> bool:
+    """Whether the number is finite: an int always is (``math.isfinite`` of a JSON integer of
+    hundreds of digits raised OverflowError, and the message named no key: "lacks or mangles
+    int too large to convert to float"; issue 41, the thirty-seventh hostile pass)."""
+    return isinstance(v, int) or math.isfinite(v)
+
+
+def _shown(v: Any) -> str:
+    """A config's value as a message shows it: cut, so a number of 4,300 digits is no page."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:40] + "…"
 
 
 def _positive(cfg: dict[str, Any], key: str, default: float) -> float:
@@ -113,8 +127,9 @@ def _positive(cfg: dict[str, Any], key: str, default: float) -> float:
     v = cfg.get(key)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"'{key}' ({v!r}: not a positive number)")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or v <= 0 \
+            or v > _MAX_NUMBER:
+        raise ValueError(f"'{key}' ({_shown(v)}: not a positive number of at most 1e300)")
     return float(v)
 
 

@@ -67,8 +67,11 @@ def slurm_time_minutes(value: str) -> int | None:
     if value.lower() in ("infinite", "unlimited"):
         return None
     m = _TIME_FIELDS.fullmatch(value)
-    if m is not None:
-        g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    # a field of more than 18 digits is past any limit (and int() of one past Python's limit on
+    # digits, 4,300 or the user's PYTHONINTMAXSTRDIGITS, was a ValueError traceback: issue 41,
+    # the thirty-seventh hostile pass)
+    if m is not None and all(len(v.lstrip("0")) <= 18 for v in m.groups() if v is not None):
+        g = {k: int(v.lstrip("0") or "0") for k, v in m.groupdict().items() if v is not None}
         if "days" in g:   # days-hours[:minutes[:seconds]]
             clock = [(g["dh"], 24), (g.get("dm", 0), 60), (g.get("ds", 0), 60)]
             seconds = ((g["days"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)

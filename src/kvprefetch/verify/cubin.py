@@ -21,7 +21,9 @@ _KERNEL = re.compile(r"\s\.text\.(\S+)\s*$", re.MULTILINE)          # section na
 _CONST_BANK = re.compile(r"\s\.nv\.constant3\s*$", re.MULTILINE)      # user __constant__ variables
 _STATE = re.compile(r"\S*kvprefetch_(?:bases|mode)E\b")      # the prologue's device state
 _INFO = re.compile(r"^\.nv\.info\.(\S+)\s*$", re.MULTILINE)  # a kernel's attribute section
-_MAX_THREADS = re.compile(r"EIATTR_MAX_THREADS\s*\n\s*Format:[^\n]*\n\s*Value:\s*(0x[0-9a-f]+)")
+# at most 16 hex digits (64 bits): a longer one, printed, was past Python's limit on digits
+_MAX_THREADS = re.compile(r"EIATTR_MAX_THREADS\s*\n\s*Format:[^\n]*\n\s*Value:\s*"
+                          r"(0x[0-9a-f]{1,16})\b")
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,15 @@ def _is(value: Any, kind: type) -> Any:
     of text, a list or Infinity was a hit, or an OverflowError (issue 41, sixth pass)."""
     if type(value) is not kind:
         raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+    if type(value) is int and not -_INT_BOUND <= value < _INT_BOUND:
+        raise ValueError("a number past 64 bits")
     return value
+
+
+# A count or size in a listing fits 64 bits: an entry's number of 4,300 digits (JSON's most)
+# summed with another was past Python's limit on digits, and verify-kernel's message of the
+# sum a ValueError traceback (issue 41, the thirty-seventh hostile pass).
+_INT_BOUND = 1 << 63
 
 
 _KERNEL_TYPES = {"str": str, "int": int, "bool": bool}

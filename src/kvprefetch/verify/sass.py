@@ -21,15 +21,20 @@ _LINE_PREFETCH = re.compile(r"\bCCTL\.E\.PF2\b")
 _ADDRESS = re.compile(r"/\*[0-9a-fx]+\*/")  # an instruction's address, /*0a70*/
 # The template arguments both kernels share: scalar_t, cache_t, HEAD_SIZE, BLOCK_SIZE,
 # NUM_THREADS, then the start of KV_DTYPE (its namespace is spelled per kernel).
+# A number in a name is at most 9 digits (_N): a name is data where it comes from a verify
+# cache entry (facts.py), and ``int()`` of a run past Python's limit on digits (4,300, or the
+# user's PYTHONINTMAXSTRDIGITS) was a ValueError traceback in verify-kernel (issue 41, the
+# thirty-seventh hostile pass). A name with a longer number is no kernel of these.
+_N = r"\d{1,9}"
 _SHAPE_ARGS = (r"(?P<scalar>13__nv_bfloat16|t|f)(?P<cache>S\d*_|13__nv_bfloat16|t|f|h)"
-               r"Li(?P<head>\d+)ELi(?P<block>\d+)ELi(?P<threads>\d+)E")
+               rf"Li(?P<head>{_N})ELi(?P<block>{_N})ELi(?P<threads>{_N})E")
 _KERNEL = re.compile(r"paged_attention_(?P<version>v[12])_kernelI" + _SHAPE_ARGS
                      + r"LNS_\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELb(?P<sparse>[01])E")
 # kvprefetch's GQA-grouped twins (csrc/kvprefetch/gqa_twins.cuh): PARTITION_SIZE 0 is v1, then G, S,
 # and (since the shared-memory ring) STAGED, and (since v2's reduction in the twin) FUSED.
 _TWIN = re.compile(r"gqa_decode_kernelI" + _SHAPE_ARGS
                    + r"LN4vllm\d+Fp8KVCacheDataTypeE(?P<kv>\d)ELi(?P<partition>\d+)"
-                   r"ELi(?P<group>\d+)ELi(?P<split>\d+)E(?:Lb(?P<staged>[01])E)?"
+                   rf"ELi(?P<group>{_N})ELi(?P<split>{_N})E(?:Lb(?P<staged>[01])E)?"
                    r"(?:Lb(?P<fused>[01])E)?")
 # Stock's unbounded copy of a launch-bounded v1 kernel (csrc/kvprefetch/stock_v1.cuh).
 _UNBOUNDED = re.compile(r"unbounded_v1_kernelI" + _SHAPE_ARGS
@@ -127,7 +132,7 @@ def parse_sass(text: str) -> list[KernelSass]:
 
 
 def arch_number(arch: str) -> int:
-    m = re.match(r"sm_(\d+)", arch)
+    m = re.match(rf"sm_({_N})(?!\d)", arch)  # a cache entry's arch is data (see _N)
     return int(m.group(1)) if m else 0
 
 
