@@ -70,6 +70,12 @@ def test_a_tmpdir_that_is_no_writable_folder_is_refused_before_nvcc_runs(
     assert list((tmp_path / "cwd").iterdir()) == []
 
 
+# a twin's template arguments as verify records them (facts._TWIN_TYPES: an entry whose twin
+# lacks them is a miss since the thirty-sixth pass, so the entry as written would be no hit)
+_TWIN = {"version": "v2", "dtype": "fp16", "kv_cache": "auto", "head_size": 128,
+         "block_size": 16, "group": 4, "split": 512, "staged": True, "fused": False}
+
+
 def _cache_entry() -> tuple[Any, dict[str, Any], dict[str, str | None]]:
     from kvprefetch.verify import facts
     from kvprefetch.verify.cubin import Module
@@ -78,7 +84,7 @@ def _cache_entry() -> tuple[Any, dict[str, Any], dict[str, str | None]]:
     key = ("sm_90", "_Z1f")
     sass = facts.SassFacts((KernelSass("sm_90", "_Z1f", "v1", "fp16", "auto", 128, 16, False,
                                        3, 0),),
-                           {key: "ab"}, {key: 1}, {key: ({"a": 1}, 1, 2)}, {key: (True, False)},
+                           {key: "ab"}, {key: 1}, {key: (_TWIN, 1, 2)}, {key: (True, False)},
                            {key: 1})
     elf = facts.ElfFacts((Module("sm_90", ("_Z1f",), True, ("s",), (("_Z1f", 128),)),))
     tools: dict[str, str | None] = {"cuobjdump": "12.8"}
