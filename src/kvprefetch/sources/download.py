@@ -9,11 +9,8 @@ against our pin before anything is unpacked."""
 from __future__ import annotations
 
 import hashlib
-import html
 import http.client
-import json
 import os
-import re
 import secrets
 import socket
 import stat
@@ -24,8 +21,6 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +31,7 @@ from ..oserrors import local_write_failure
 from ..reading import read_limited
 from ..runner import NEUTRAL_CWD, run
 from .deadlines import stop_at, within
+from .simple_api import IndexFile, parse_simple_html, parse_simple_json
 
 _JSON = "application/vnd.pypi.simple.v1+json"
 # An index's project page: PyPI's for vllm (every release's files) is a few MB.
@@ -143,12 +139,6 @@ def copy_bounded(src: Any, write: Callable[[bytes], object], limit: int, url: st
         cancel()
 
 
-@dataclass(frozen=True)
-class IndexFile:
-    url: str
-    sha256: str | None
-
-
 PIP_CONFIG_TIMEOUT_S = 30.0  # `pip config get` answers in about a second
 
 
@@ -229,50 +219,6 @@ def url_parts(url: str) -> urllib.parse.ParseResult | None:
         return urllib.parse.urlparse(url)
     except ValueError:
         return None
-
-
-class _Links(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            href = dict(attrs).get("href")
-            if href:
-                self.links.append(href)
-
-
-def parse_simple_json(body: str, filename: str, base: str) -> IndexFile | None:
-    for f in json.loads(body).get("files", []):
-        if f.get("filename") == filename:
-            return IndexFile(urllib.parse.urljoin(base, f["url"]),
-                             f.get("hashes", {}).get("sha256"))
-    return None
-
-
-# An <a> tag: what the parser is given, one tag at a time, and only a tag that names the file.
-# Python's HTMLParser takes about 3 us a character of a page of `<` (each one a tag begun), so
-# an index page of 64 MiB of them (the most the kit reads) kept fetch and the prepare job
-# parsing for minutes (issue 41, the twenty-eighth hostile pass); the scan is linear (no tag
-# holds `<`; a quoted value may hold `>`, as a mirror's unescaped data-requires-python=">=3.9"
-# does, and is taken whole, possessively).
-_ANCHOR = re.compile(r"""<a\s(?:[^<>"']|"[^"<]*"|'[^'<]*')*+>""", re.IGNORECASE)
-
-
-def parse_simple_html(body: str, filename: str, base: str) -> IndexFile | None:
-    for m in _ANCHOR.finditer(body):
-        tag = m.group(0)
-        if filename not in (html.unescape(tag) if "&" in tag else tag):
-            continue
-        p = _Links()
-        p.feed(tag)
-        for href in p.links:
-            url, _, frag = href.partition("#")
-            if url.rsplit("/", 1)[-1] == filename:
-                sha = frag.split("=", 1)[1] if frag.startswith("sha256=") else None
-                return IndexFile(urllib.parse.urljoin(base, url), sha)
-    return None
 
 
 def locate_file(index_url: str, project: str, filename: str, sha256: str,
