@@ -10,6 +10,14 @@ and running it):
   included, sent that child SIGINT, waited 10 s (a shell's background job ignores SIGINT) and
   killed it. The children this process had before the clone are now spared, with all below
   them (``runner.others_stopped``, ``proctree.children``); git is still stopped and waited for.
+- **Another user's link taken as the work directory or campaign.** The command line follows a
+  link the user names once (``--workdir``, a campaign); ``nobody``'s ``ln -s /root/empty
+  /tmp/shared/camp`` in a sticky folder had ``slurm plan /tmp/shared/camp`` write the campaign
+  into the empty folder nobody chose (and ``fetch --workdir`` likewise; where the kernel lets
+  root follow such a link, ``fs.protected_symlinks=0``), and the next command can be led to
+  another folder of the user's. A named link another user owns (root aside) is now refused
+  (``workspace/foreign.refuse_foreign_link``, from ``cli.common._real_workdir`` and
+  ``cli.slurm._campaign_folder``).
 
 What held (no test needed): ``renameat2`` swap loops run as ``nobody`` on a world-writable
 campaign (``scripts``, ``logs``, ``results``, ``report``, ``cache`` with a link to a victim)
@@ -27,6 +35,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.integration.test_reliability import outside
 
@@ -104,3 +114,35 @@ def test_a_stopped_fetch_from_git_stops_git_and_spares_a_process_it_did_not_star
         if _state(pid) is not None:
             os.kill(pid, signal.SIGKILL)
 
+
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a link another user owns")
+def test_a_link_another_user_planted_is_never_taken_as_a_work_directory_or_campaign(
+        tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("camp", "work"):
+        (shared / name).symlink_to(mine)
+        os.lchown(shared / name, NOBODY, NOBODY)
+    runs = [["slurm", "plan", "--stand-in", "--no-gpu", str(shared / "camp")],
+            ["fetch", "--workdir", str(shared / "work"), "--source", "sdist"],
+            ["clean", "--workdir", str(shared / "work"), "--what", "all"]]
+    for args in runs:
+        res = subprocess.run([sys.executable, "-m", "kvprefetch", *args], capture_output=True,
+                             text=True, timeout=300, check=False, cwd="/")
+        out = res.stdout + res.stderr
+        assert res.returncode == 2, out
+        assert "is a symlink that belongs to nobody" in out and "realpath" in out, out
+        assert list(mine.iterdir()) == [], f"{args[0]} wrote into the folder nobody's link names"
+    own = tmp_path / "own-link"
+    own.symlink_to(mine)  # a link of the user's own is still followed once
+    res = subprocess.run([sys.executable, "-m", "kvprefetch", "fetch", "--workdir", str(own),
+                          "--dry-run"], capture_output=True, text=True, timeout=300,
+                         check=False, cwd="/")
+    assert res.returncode == 0, res.stdout + res.stderr
