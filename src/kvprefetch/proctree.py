@@ -52,6 +52,25 @@ def parent_of(pid: int) -> int | None:
         return None
 
 
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (``/proc``'s clock ticks since boot): with the number, it names one
+    process, never a later one given the same number; None when it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def children(pid: int) -> set[tuple[int, int]]:
+    """The live children of ``pid``, each as (pid, ``start_time``)."""
+    out = set()
+    for p, ppid in parents().items():
+        if ppid == pid and (t := start_time(p)) is not None:
+            out.add((p, t))
+    return out
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (``/proc``'s parent links), children first."""
     children: dict[int, list[int]] = {}

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,14 +338,34 @@ def stop_children(signum: int | None = None) -> None:
             _signal_tree(proc, signum, whole=signum == signal.SIGKILL, pidfd=fd)
 
 
-def stop_others() -> None:
+@contextmanager
+def others_stopped() -> Iterator[None]:
+    """Around a library call that starts processes of its own (GitPython's ``git clone``): on
+    a stop or an error, ``stop_others``, sparing the children this process had before the
+    call."""
+    before = proctree.children(os.getpid())
+    try:
+        yield
+    except BaseException:
+        stop_others(spare=before)
+        raise
+
+
+def stop_others(spare: Collection[tuple[int, int]] = ()) -> None:
     """Stop every process below this one that ``run`` did not start (a library's own child:
     GitPython's ``git clone``), and wait until each has ended. No stop signal reaches those
     (``stop_children`` knows ``run``'s alone): a stopped ``fetch --source`` of a git
     repository removed its private folder while git was still checking files out into it, and
     left the half-made clone (up to the whole checkout) in the system temp folder, 5 runs of
     6 (issue 41, the thirty-sixth hostile pass). For the main thread's cleanup of a stop or
-    an error, before it removes what such a child writes in."""
+    an error, before it removes what such a child writes in.
+
+    The children in ``spare`` (pid, ``proctree.start_time``), and all below them, are left:
+    they are not the kit's. A process inherits the children of the one it replaced
+    (``sleep 300 & exec kvprefetch fetch ...``, a wrapper's monitor), and every fetch of a
+    git repository that failed, a bad URL included, sent them SIGINT, waited 10 s for one that
+    ignores it (a shell's background job does) and killed it (issue 41, the thirty-seventh
+    hostile pass)."""
     me = proctree.pidfd_of(os.getpid())
     if me is None:
         return
@@ -355,7 +375,8 @@ def stop_others() -> None:
         os.close(me)
     with _LIVE_LOCK:
         ours = {proc.pid for proc in _LIVE}
-    for pid in ours:  # run's own children, and all below them: run stops those
+    ours |= {pid for pid, started in spare if proctree.start_time(pid) == started}
+    for pid in ours:  # run's own children, the spared, and all below them: not stopped here
         for p in (pid, *proctree.descendants(pid)):
             fd = tree.pop(p, None)
             if fd is not None:

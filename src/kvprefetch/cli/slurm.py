@@ -44,6 +44,9 @@ def _campaign_folder(ctx: click.Context, param: click.Parameter, value: Path) ->
                                  "name the campaign's folder, or a new path for one",
                                  ctx=ctx, param=param)
     if value.is_symlink() and value.is_dir():
+        from ..workspace.foreign import refuse_foreign_link
+
+        refuse_foreign_link(value, f"the campaign folder {value}")
         # followed once, here, as a --workdir is (cli.common._real_workdir): a location the user
         # names is trusted, and every command then acts in the real folder. Unresolved, the
         # campaign's own writes (confine, which opens a root's last part O_NOFOLLOW since the

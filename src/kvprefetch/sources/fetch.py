@@ -38,7 +38,7 @@ from ..hashing import (
     tree_inventory,
 )
 from ..oserrors import mapped
-from ..runner import absolute_path, stop_others
+from ..runner import absolute_path, others_stopped
 from ..workspace import confine, ownership, treetxn
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir, check_tree_name
@@ -185,14 +185,10 @@ def check_allow_commit(sha: str | None) -> str | None:
 
 
 def _clone(wd: Workdir, url: str, dest: Path, allow_commit: str | None) -> str:
-    with ownership.private_dir("clone", outside=wd.root) as private:
-        try:
-            return _clone_into(wd, url, private / "vllm", dest, allow_commit)
-        except BaseException:
-            # GitPython's git, no child of ``runner.run``, ended before its folder is removed
-            # (``runner.stop_others`` says why)
-            stop_others()
-            raise
+    # GitPython's git, no child of ``runner.run``, ended before its folder is removed
+    # (``runner.stop_others`` says why); children this process had before are not its
+    with ownership.private_dir("clone", outside=wd.root) as private, others_stopped():
+        return _clone_into(wd, url, private / "vllm", dest, allow_commit)
 
 
 def _clone_into(wd: Workdir, url: str, tmp: Path, dest: Path, allow_commit: str | None) -> str:

@@ -55,3 +55,25 @@ def make_own_folder(folder: Path, what: str) -> None:
     refuse_foreign(folder, what)
     make_dirs(folder)
     refuse_foreign(folder, what)
+
+
+def refuse_foreign_link(path: Path, what: str) -> None:
+    """Raise a ConfigError where ``path`` is a symlink (not followed) that another user owns,
+    root aside: the command line follows a link the user names once (``--workdir``, a
+    campaign), and another user's link in a shared sticky folder (``ln -s ~/empty
+    /tmp/work`` before ``fetch --workdir /tmp/work``) chose for them which of their folders the
+    kit took, and can lead the next command (a ``clean``, a ``submit``) to another of them
+    (issue 41, the thirty-seventh hostile pass: a ``slurm plan`` and a ``fetch`` wrote into the
+    empty folder ``nobody``'s link named, where the kernel lets root follow it)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    me = os.geteuid()
+    if not os.path.islink(path) or st.st_uid in (me, 0):
+        return
+    raise ConfigError(
+        f"{what} is a symlink that belongs to {_user(st.st_uid)}, not to you ({_user(me)}): "
+        "that user chose the folder it leads to, and can change it between two commands",
+        f"name the folder itself (`realpath {path}` shows where the link leads now), or a path "
+        "in a folder only you can write")
