@@ -132,3 +132,33 @@ def test_slurm_plan_dry_run_refuses_what_the_plan_refuses(tmp_path: Path) -> Non
     os.chown(theirs, nobody, -1)
     res = cli("slurm", "plan", str(theirs), "--dry-run", timeout=120)
     refused(res, 2, "belongs to")
+
+
+def test_a_link_another_user_owns_higher_up_the_path_is_never_followed(tmp_path: Path) -> None:
+    """Pass 37 a refused another user's link at the named path; one a folder higher up (or
+    met inside a link's target) chose the folder just the same."""
+    try:
+        nobody = pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        pytest.skip("no user 'nobody' to own the link")
+    if os.geteuid() != 0:
+        pytest.skip("only root can plant a link as another user here")
+    sticky, chosen, own = tmp_path / "sticky", tmp_path / "chosen", tmp_path / "own"
+    for d in (sticky, chosen, own):
+        d.mkdir()
+    sticky.chmod(0o1777)
+    up = sticky / "up"
+    up.symlink_to(chosen)
+    os.lchown(up, nobody, -1)
+    (tmp_path / "via").symlink_to(sticky)  # the user's own link, before theirs
+    for path in (up / "work", tmp_path / "via" / "up" / "work"):
+        refused(cli("fetch", "--workdir", str(path), "--dry-run", timeout=60), 2,
+                f"{up} is a symlink that belongs to nobody")
+        refused(cli("slurm", "plan", str(path.parent / "camp"), "--stand-in", "--no-gpu",
+                    timeout=60), 2, "belongs to nobody")
+    assert not any(chosen.iterdir())
+    (tmp_path / "mine").symlink_to(own)  # a link of the user's own is followed as before
+    res = cli("slurm", "plan", str(tmp_path / "mine" / "camp"), "--stand-in", "--no-gpu",
+              timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (own / "camp" / "campaign.json").is_file()

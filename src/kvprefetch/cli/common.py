@@ -49,10 +49,10 @@ def _real_workdir(ctx: click.Context, param: click.Parameter, value: Path) -> Pa
     it on a larger disk behind a link. Inside it no link is ever followed; resolving the link
     here makes every command act on the same real directory (issue 41, class 6: fetch and
     clean refused the link and told the user to remove ``.lock``, while apply went through)."""
-    if value.is_symlink() and value.is_dir():
-        from ..workspace.foreign import refuse_foreign_link
+    from ..workspace.foreign import refuse_foreign_link
 
-        refuse_foreign_link(value, f"--workdir {value}")
+    refuse_foreign_link(value, f"--workdir {value}")  # any link on the way, not only the last
+    if value.is_symlink() and value.is_dir():
         _refuse_a_campaigns_linked_work(value)
         return value.resolve()
     if os.path.lexists(value) and not value.is_dir():

@@ -43,10 +43,10 @@ def _campaign_folder(ctx: click.Context, param: click.Parameter, value: Path) ->
         raise click.BadParameter(f"{str(value)!r} is not a folder (a device, FIFO or socket); "
                                  "name the campaign's folder, or a new path for one",
                                  ctx=ctx, param=param)
-    if value.is_symlink() and value.is_dir():
-        from ..workspace.foreign import refuse_foreign_link
+    from ..workspace.foreign import refuse_foreign_link
 
-        refuse_foreign_link(value, f"the campaign folder {value}")
+    refuse_foreign_link(value, f"the campaign folder {value}")  # any link on the way
+    if value.is_symlink() and value.is_dir():
         # followed once, here, as a --workdir is (cli.common._real_workdir): a location the user
         # names is trusted, and every command then acts in the real folder. Unresolved, the
         # campaign's own writes (confine, which opens a root's last part O_NOFOLLOW since the

@@ -57,23 +57,54 @@ def make_own_folder(folder: Path, what: str) -> None:
     refuse_foreign(folder, what)
 
 
+def links_on_the_way(path: Path, limit: int = 40) -> list[tuple[Path, int]]:
+    """Each symlink the kernel meets resolving ``path`` (as typed, from the working folder),
+    with its owner's uid, in order: the named path's parts, then each link's target's, a
+    ``..`` taken after the link before it (as the kernel does). Stops at the first part not
+    there, and after ``limit`` links (a loop)."""
+    todo = list(Path(os.path.join(os.getcwd(), path)).parts[1:])
+    here = Path("/")
+    found: list[tuple[Path, int]] = []
+    while todo and len(found) < limit:
+        name = todo.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            here = here.parent
+            continue
+        try:
+            st = os.lstat(here / name)
+            target = os.readlink(here / name) if os.path.islink(here / name) else None
+        except OSError:
+            break
+        if target is None:
+            here = here / name
+            continue
+        found.append((here / name, st.st_uid))
+        todo = list(Path(target).parts[1:] if target.startswith("/") else Path(target).parts) \
+            + todo
+        if target.startswith("/"):
+            here = Path("/")
+    return found
+
+
 def refuse_foreign_link(path: Path, what: str) -> None:
-    """Raise a ConfigError where ``path`` is a symlink (not followed) that another user owns,
-    root aside: the command line follows a link the user names once (``--workdir``, a
-    campaign), and another user's link in a shared sticky folder (``ln -s ~/empty
-    /tmp/work`` before ``fetch --workdir /tmp/work``) chose for them which of their folders the
-    kit took, and can lead the next command (a ``clean``, a ``submit``) to another of them
-    (issue 41, the thirty-seventh hostile pass: a ``slurm plan`` and a ``fetch`` wrote into the
-    empty folder ``nobody``'s link named, where the kernel lets root follow it)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
+    """Raise a ConfigError where a symlink on the way to ``path`` (the path itself, a folder
+    above it, or a part of a link's target) belongs to another user, root aside: the command
+    line follows the links of a path the user names (``--workdir``, a campaign), and another
+    user's link in a shared sticky folder (``ln -s ~/empty /tmp/work`` before ``fetch --workdir
+    /tmp/work``) chose for them which of their folders the kit took, and can lead the next
+    command (a ``clean``, a ``submit``) to another of them (issue 41, the thirty-seventh hostile
+    pass: a ``slurm plan`` and a ``fetch`` wrote into the empty folder ``nobody``'s link named,
+    where the kernel lets root follow it; a link higher up the path, which it left open, after
+    it)."""
     me = os.geteuid()
-    if not os.path.islink(path) or st.st_uid in (me, 0):
-        return
-    raise ConfigError(
-        f"{what} is a symlink that belongs to {_user(st.st_uid)}, not to you ({_user(me)}): "
-        "that user chose the folder it leads to, and can change it between two commands",
-        f"name the folder itself (`realpath {path}` shows where the link leads now), or a path "
-        "in a folder only you can write")
+    for link, uid in links_on_the_way(path):
+        if uid in (me, 0):
+            continue
+        raise ConfigError(
+            f"{what}: {link} is a symlink that belongs to {_user(uid)}, not to you "
+            f"({_user(me)}): that user chose the folder it leads to, and can change it between "
+            "two commands",
+            f"name the folder itself (`realpath {path}` shows where the path leads now), or a "
+            "path in a folder only you can write")
