@@ -335,14 +335,27 @@ def mapped(family: type[KvprefetchError], doing: str, *, where: os.PathLike[str]
         yield
     except OSError as exc:
         cause, fix = describe(exc)
-        if where is not None and exc.errno in _LOCAL_WRITE \
-                and not os.path.isabs(str(exc.filename or "")):
+        name = str(exc.filename or "")
+        if where is not None and exc.errno in _LOCAL_WRITE and not os.path.isabs(name):
             cause, fix = describe(OSError(exc.errno, exc.strerror, os.path.join(where, "")))
             if exc.filename:
                 cause = f"{exc.filename} in {cause}"
+        elif where is not None and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) \
+                and _under(name, where):
+            # the whole path of what failed stays in the cause, but the fix names the folder
+            # the user gave: a copy's temporary folder (`df -h <wd>/pristine/.sdist.tmp-PID/
+            # vllm/...`) is removed as the run ends (issue 41, after the thirty-sixth pass
+            # named whole paths)
+            fix = describe(OSError(exc.errno, exc.strerror, os.path.join(where, "")))[1]
         if full_note and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             fix = f"{fix} ({full_note})"
         raise family(f"{doing} failed: {cause}", fix) from exc
+
+
+def _under(name: str, folder: os.PathLike[str] | str) -> bool:
+    """Whether the absolute path ``name`` lies in ``folder`` or below it (lexically)."""
+    top = os.path.abspath(folder)
+    return name == top or name.startswith(top.rstrip(os.sep) + os.sep)
 
 
 def process_limit() -> str:
