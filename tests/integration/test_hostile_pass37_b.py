@@ -143,8 +143,10 @@ def verify_with_forged_numbers(workdir: Path) -> list[str]:
                 problems.append(f"{case}: exit {res.returncode}: {text[-800:]}")
             elif case == "counts" and ("from the cache" in text or res.returncode != 0):
                 problems.append(f"{case}: the forged entry was taken: {text[-800:]}")
-            elif case != "counts" and res.returncode == 0:
-                # a hit whose kernels are none of vLLM's: the checks fail, never pass
+            elif case == "name" and res.returncode == 0:
+                # a hit whose kernels are none of vLLM's: the checks fail, never pass (a forged
+                # arch alone may leave the checks as they were: the fresh run of 6e22038 passed
+                # them on the session's build, with no traceback, which is what this asks)
                 problems.append(f"{case}: verify-kernel passed: {text[-800:]}")
             shutil.rmtree(cache)
             shutil.copytree(kept, cache)

@@ -79,13 +79,13 @@ def parse_size(text: str, bounded: bool = True) -> int:
         raise ConfigError(f"'{text}' is not a size", "write sizes like 512, 1k or 32k")
     # a run of digits past Python's limit (4,300, or the user's PYTHONINTMAXSTRDIGITS) made
     # int() a ValueError traceback (issue 41, the thirty-seventh hostile pass): one of more
-    # than 18 digits is above every bound here, and is refused as such without int()
+    # than 18 digits is above every bound here, read as 10**19 without int() (so that an
+    # unbounded caller's own bound, slurm plan's 65535, still names it)
     digits = m.group(1).lstrip("0") or "0"  # int() counts leading zeros too
-    huge = len(digits) > 18
-    n = 0 if huge else int(digits) * (1024 if m.group(2) else 1)
-    if n <= 0 and not huge:
+    n = 10**19 if len(digits) > 18 else int(digits) * (1024 if m.group(2) else 1)
+    if n <= 0:
         raise ConfigError(f"size '{text}' must be positive", "write sizes like 512, 1k or 32k")
-    if huge or (bounded and n > MAX_SIZE):
+    if bounded and n > MAX_SIZE:
         # every size here is a batch or a length vLLM holds as a C++ int (seq_lens is int32,
         # max_seq_len an int argument): past it no call exists to plan (issue 41, eighth pass)
         raise ConfigError(f"size '{text}' is above {MAX_SIZE} (2**31 - 1), the largest "
