@@ -115,6 +115,13 @@ def output_file(ctx: click.Context, param: click.Parameter, value: str | None) -
         example = (Path(text) / "NAME").as_posix() if text.strip() else "a file path"
         raise click.BadParameter(f"{text!r} {what}; give the path of the file to write "
                                  f"(e.g. {example})", ctx=ctx, param=param)
+    if text == "-":
+        # `-o -` wrote a file named `-` where a user reads standard output (issue 41, left open
+        # by the thirty-sixth hostile pass); the kit writes only regular files, as below
+        raise click.BadParameter("'-' is not read as standard output here: kvprefetch writes "
+                                 "its output only into a regular file (e.g. out.txt), which "
+                                 "you can then read or pipe on; for a file named -, give ./-",
+                                 ctx=ctx, param=param)
     if _names_a_special_file(path):
         # -o /dev/stdout (a link to the terminal or a pipe) was refused with "move the
         # symlink /dev/stdout away", advice that breaks the system if followed (issue 41, the

@@ -333,12 +333,17 @@ COMMANDS_BLOCK = re.compile(r"(<!-- commands -->\n)(.*?)(<!-- /commands -->)", r
 MAX_MARKDOWN_BLOCKS = 100
 
 
+def _block_count(text: str) -> int:
+    from ..bench.readme_blocks import README_BLOCK
+    from ..timings import TIMINGS_BLOCK
+
+    return sum(len(rx.findall(text)) for rx in (README_BLOCK, TIMINGS_BLOCK, COMMANDS_BLOCK))
+
+
 def _check_markdown_size(path: Path, text: str, regenerated: bool) -> None:
     """Refuse a markdown file asking for more than MAX_MARKDOWN_BLOCKS blocks, and a
     regenerated one over MAX_MARKDOWN_BYTES (what ``_read_markdown`` reads back)."""
-    from ..bench.readme_blocks import README_BLOCK
     from ..errors import BenchError
-    from ..timings import TIMINGS_BLOCK
 
     if regenerated:
         # surrogatepass: a lone surrogate is counted here (3 bytes) and refused by the write
@@ -349,7 +354,7 @@ def _check_markdown_size(path: Path, text: str, regenerated: bool) -> None:
                              "back; nothing was written",
                              "keep fewer or smaller report blocks in the file")
         return
-    blocks = sum(len(rx.findall(text)) for rx in (README_BLOCK, TIMINGS_BLOCK, COMMANDS_BLOCK))
+    blocks = _block_count(text)
     if blocks > MAX_MARKDOWN_BLOCKS:
         raise BenchError(f"{path} holds {blocks} report, timings and commands blocks, more than "
                          f"the {MAX_MARKDOWN_BLOCKS} one `report --readme` regenerates",
@@ -410,6 +415,13 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
     real = Path(os.path.realpath(readme)) if readme.is_symlink() else readme
     if as_json:
         emit_json({"readme": str(readme), "changed": changed, "checked": check})
+    if check and not _block_count(text):
+        # --check on a file holding no block said "every report block matches its JSON": a
+        # pass for a CI pointed at the wrong file (issue 41, left open by the thirty-seventh pass)
+        raise BenchError(f"{readme} holds no report, timings or commands block, so there is "
+                         "nothing to check",
+                         "point --readme at the markdown file holding the "
+                         "`<!-- report RESULT.json summary -->` blocks (the project's README.md)")
     if check:
         if changed:
             raise BenchError(f"{readme}: report blocks differ from their JSON: "
@@ -427,7 +439,10 @@ def _refresh_readme(readme: Path, check: bool, as_json: bool) -> None:
         write_file(readme, new, family=BenchError, mode=kept_mode(readme),
                    exact=True)
     if not as_json:
-        info(f"{readme}: " + (f"regenerated {', '.join(changed)}" if changed else "up to date"))
+        info(f"{readme}: " + (f"regenerated {', '.join(changed)}" if changed
+                              else "up to date" if _block_count(text)
+                              else "no report, timings or commands block in it; nothing to "
+                                   "regenerate"))
 
 
 def _write_index(root: Path, out: Path | None, check: bool, as_json: bool) -> None:

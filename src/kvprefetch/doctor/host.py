@@ -95,6 +95,16 @@ def check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = Fa
                      "builds and state there",
                      "remount that file system read-write (mount -o remount,rw MOUNTPOINT) "
                      "or pass --workdir on a writable disk")
+    if probes.disk_no_symfollow(workdir):
+        # the build named it only once its first environment could not run (issue 41, left
+        # open by the thirty-sixth hostile pass)
+        return Check("disk", "fail",
+                     f"{workdir} is on a file system mounted nosymfollow: every environment's "
+                     f"bin/python is a symlink, which no program follows there, so {what} "
+                     "cannot run the environments it makes",
+                     f"remount it with symfollow (`findmnt -T {existing(workdir)}` shows its "
+                     "options; mount -o remount,symfollow MOUNTPOINT) or pass --workdir on "
+                     "another file system")
     free = probes.disk_free(workdir) / GIB
     detail = f"{free:.1f} GiB free at {workdir}, {what} needs about {_gib(need)} GiB{how}"
     fix = f"free space or pass --workdir on a disk with at least {_gib(need)} GiB free"

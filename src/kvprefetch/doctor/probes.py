@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import FetchError
+from ..machine.envs import ST_NOSYMFOLLOW
 from ..machine.toolchain import DEFAULT_CUDA_ROOTS, host_resources
 from ..runner import run, which
 from ..sources.deadlines import within
@@ -36,6 +37,12 @@ def disk_read_only(path: Path) -> bool:
     """Whether the file system the work directory is (or would be made) on is mounted
     read-only: free space there says nothing about whether a build can write it."""
     return bool(os.statvfs(existing(path)).f_flag & os.ST_RDONLY)
+
+
+def disk_no_symfollow(path: Path) -> bool:
+    """Whether that file system is mounted ``nosymfollow``: no program follows a venv's
+    ``bin/python``, a link, there, so no environment the build makes can run."""
+    return bool(os.statvfs(existing(path)).f_flag & ST_NOSYMFOLLOW)
 
 
 def check_url(url: str = GITHUB_URL, *, timeout: float = 5.0,
@@ -112,6 +119,7 @@ class DoctorProbes:
 
     disk_free: Callable[[Path], int] = disk_free
     disk_read_only: Callable[[Path], bool] = disk_read_only
+    disk_no_symfollow: Callable[[Path], bool] = disk_no_symfollow
     disk_estimate_gb: Mapping[str, float] = field(default_factory=lambda: dict(DISK_ESTIMATE_GB))
     resources: Callable[[], tuple[int, float]] = host_resources
     network: Callable[[Mapping[str, str]], tuple[bool, str]] = (

@@ -39,7 +39,7 @@ from ..workspace.locks import locked
 from .torch_probe import probe_answer
 from .uvconfig import uv_config_args
 
-_ST_NOSYMFOLLOW = 0x2000  # statvfs's flag for a mount of `nosymfollow` (Linux 5.10; not in os)
+ST_NOSYMFOLLOW = 0x2000  # statvfs's flag for a mount of `nosymfollow` (Linux 5.10; not in os)
 
 MARKER = ".kvprefetch-env.json"
 
@@ -209,7 +209,7 @@ class Env(abc.ABC):
             return (f"{self.path} has no {rel}",
                     f"recreate it: rerun with --force, or remove {self.path}")
         with suppress(OSError):
-            if os.statvfs(self.python.parent).f_flag & _ST_NOSYMFOLLOW:
+            if os.statvfs(self.python.parent).f_flag & ST_NOSYMFOLLOW:
                 cause = (f"{self.python} is a symlink (as every venv's python is), and the "
                          f"file system holding {self.path} is mounted nosymfollow, so no "
                          "program can follow it")
