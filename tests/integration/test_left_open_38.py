@@ -4,6 +4,8 @@ lead (issue 41). Each test failed before its fix:
 - ``export-header -o -`` wrote a file named ``-`` where a user reads standard output;
 - ``report --readme F --check`` on a file holding no block said "every report block matches
   its JSON": a pass for a CI pointed at the wrong file;
+- a work directory whose path holds a newline was refused by the build only after it made its
+  environment (build.ninja cannot carry one); the preflight names it now;
 - ``doctor`` on a work directory mounted ``nosymfollow`` passed its disk check, and the build
   named the mount only once its first environment could not run.
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +62,14 @@ def test_doctor_names_a_nosymfollow_work_directory(tmp_path: Path) -> None:
         assert res.returncode != 0
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_build_refuses_a_newline_in_the_work_directory_before_making_an_env(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    wd = tmp_path / "a\nb"
+    shutil.copytree(fetched_workdir, wd, symlinks=True)
+    res = cli("build", "--yes", "--workdir", str(wd), "--mode", "kernels-only", "--trees",
+              "baseline", "--head-sizes", "128", "--block-sizes", "16", "--kv-dtypes", "fp16",
+              timeout=300)
+    refused(res, 2, "holds a control character", "rename the folder")
+    assert not (wd / "envs").exists() and not (wd / "build").exists()

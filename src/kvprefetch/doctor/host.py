@@ -86,6 +86,16 @@ def check_disk(workdir: Path, mode: Mode, probes: DoctorProbes, smoke: bool = Fa
                      "and state in a folder",
                      f"pass --workdir a folder of yours (or a path not made yet), or move "
                      f"{blocker} away if it is yours")
+    if any(ord(c) < 0x20 or ord(c) == 0x7f for c in os.fspath(workdir)):
+        # the build wrote the path into build.ninja, which has no escape for a newline, and
+        # refused it only after making its environment (issue 41, left open by the
+        # thirty-sixth hostile pass)
+        return Check("disk", "fail",
+                     f"the work directory's path {os.fspath(workdir)!r} holds a control "
+                     f"character (a newline, tab, escape, ...): {what} writes it into "
+                     "build.ninja and compiler command lines, which cannot carry one",
+                     "rename the folder (or choose another) without it and pass that to "
+                     "--workdir")
     if probes.disk_read_only(workdir):
         # the free space of a read-only disk is beside the point: the line said only "0.3
         # GiB free" with a fix about space, and nothing said the build could not write at
