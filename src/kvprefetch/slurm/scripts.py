@@ -331,6 +331,18 @@ def new_campaign_folder(c: Campaign, *, before_lock: bool = False,
         # empty (issue 41, the thirty-seventh hostile pass)
         return
     if any(p.name != LOCK_FILE for p in root.iterdir()) and not _left_by_a_killed_plan(root, c):
+        if _shaped_as_a_killed_plan(root):
+            # it said only "not empty / plan into a new or empty folder" to a plan rerun with
+            # other options after a Ctrl-C (issue 41, left open by the thirty-seventh pass)
+            raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "
+                              f"({CAMPAIGN_FILE}): it holds the job scripts of a `slurm plan` "
+                              f"stopped before it wrote {CAMPAIGN_FILE}, planned with other "
+                              "options than these (or edited since); kvprefetch does not "
+                              "write over them",
+                              "rerun that plan with its own options (it completes the "
+                              "campaign), or plan into a new or empty folder (look in "
+                              f"{root}/scripts first: remove {root} if it holds nothing of "
+                              "yours)")
         raise ConfigError(f"{root} is not empty and holds no kvprefetch campaign "
                           f"({CAMPAIGN_FILE}); kvprefetch does not write into it",
                           "plan into a new or empty folder")
@@ -389,6 +401,47 @@ def write_campaign(c: Campaign) -> list[Path]:
     return [record_path, *written]
 
 
+def _script_bytes(f: Path) -> bytes | None:
+    """What a job script in a campaign folder holds, or None where it is no regular file of at
+    most 1 MiB (a user's 2 MiB ``scripts/00-prepare.sbatch`` was a ValueError traceback in
+    ``slurm plan``; issue 41, found by the lead in the thirty-eighth pass)."""
+    from ..reading import read_limited
+    from ..workspace.confine import is_plain_file
+
+    try:
+        return read_limited(f, 1 << 20) if is_plain_file(f) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _shaped_as_a_killed_plan(root: Path) -> bool:
+    """Whether ``root`` holds nothing but what some plan's ``write_campaign`` makes before its
+    record: the campaign's folders, empty but for job scripts in ``scripts/``, each exporting
+    this folder as its campaign (as ``render_script`` writes it; a user's own scripts do not),
+    or a temporary of one, and at least one such script (a plan of other options than the one
+    now asked)."""
+    from ..workspace.ownership import pid_alive
+
+    mark = f"\nexport {JOB_ENV}={shlex.quote(str(root))}\n".encode()
+    scripts = 0
+    for d in root.iterdir():
+        if d.name == LOCK_FILE:
+            continue
+        if d.name not in _CAMPAIGN_FOLDERS or d.is_symlink() or not d.is_dir():
+            return False
+        for f in d.iterdir():
+            tmp = re.fullmatch(r"\.[0-9]{2}-[A-Za-z0-9_-]+\.sbatch\.tmp-[0-9a-f]{6}-([0-9]{1,10})",
+                               f.name)
+            if d.name == "scripts" and tmp is not None and not pid_alive(int(tmp[1])):
+                continue  # the one it was writing when stopped (a live pid's: a plan at work)
+            if d.name != "scripts" or not re.fullmatch(r"[0-9]{2}-[A-Za-z0-9_-]+\.sbatch",
+                                                       f.name) \
+                    or mark not in (_script_bytes(f) or b""):
+                return False
+            scripts += 1
+    return scripts > 0
+
+
 def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
     """Whether ``root`` holds only what this plan's own ``write_campaign`` makes before it
     writes campaign.json (its folders, empty but for scripts/, which holds only this plan's
@@ -397,7 +450,6 @@ def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
     again completes it, removing that temporary (issue 41, the fifth hostile pass: the rerun
     said "not empty, plan into a new folder", so a Ctrl-C at the wrong moment cost the user the
     folder)."""
-    from ..reading import read_limited
     from ..workspace.confine import is_plain_file, remove_path
     from ..workspace.ownership import pid_alive
 
@@ -410,7 +462,7 @@ def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
             return False
         for f in d.iterdir():
             want = scripts.get(f"{d.name}/{f.name}")
-            if want is not None and is_plain_file(f) and read_limited(f, 1 << 20) == want:
+            if want is not None and _script_bytes(f) == want:
                 continue
             # confine.open_new's name for the temporary of scripts/NAME
             tmp = re.fullmatch(r"\.(.+)\.tmp-[0-9a-f]{6}-([0-9]{1,10})", f.name)

@@ -26,8 +26,10 @@ def _user(uid: int) -> str:
 
 
 def refuse_foreign(folder: Path, what: str) -> None:
-    """Raise a ConfigError where ``folder`` exists (not followed) and another user owns it.
+    """Raise a ConfigError where ``folder`` exists (not followed) and another user owns it, or
+    where a folder above it belongs to a user other than this one or root (``_foreign_above``).
     ``what`` names it in the message (``--workdir X``, ``the campaign folder X``)."""
+    _refuse_foreign_above(folder, what)
     try:
         st = os.lstat(folder)
     except OSError:
@@ -41,6 +43,30 @@ def refuse_foreign(folder: Path, what: str) -> None:
         "programs and scripts included",
         f"pick a path that does not exist yet in a folder only you can write (e.g. under your "
         f"home), or, if the folder is yours to take, `chown {me} {folder}` first")
+
+
+def _refuse_foreign_above(folder: Path, what: str) -> None:
+    """A folder above a new work directory or campaign that another user (not root) owns
+    lets that user rename the kit's folder away and put their own in its place, whatever its
+    mode or sticky bit: a work directory made in ``/tmp/theirs/`` was taken without a word
+    (issue 41, left open by the thirty-fifth to thirty-seventh hostile passes). Links on the
+    way are ``refuse_foreign_link``'s; the folders looked at here are the real ones above, as
+    the kernel resolves them. A tagged work directory is never looked at here (team-shared
+    work directories are used on purpose)."""
+    me = os.geteuid()
+    real = Path(os.path.realpath(folder))
+    for above in real.parents:
+        try:
+            uid = os.lstat(above).st_uid
+        except OSError:
+            continue  # not there yet: the kit makes it, as this user
+        if uid in (0, me):
+            continue
+        raise ConfigError(
+            f"{what} would lie in {above}, which belongs to {_user(uid)}, not to you "
+            f"({_user(me)}) or root: that user can rename the folder kvprefetch makes there "
+            "and put their own in its place",
+            "pick a path under folders only you or root own (e.g. under your home)")
 
 
 def make_own_folder(folder: Path, what: str) -> None:

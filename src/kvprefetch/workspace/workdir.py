@@ -154,7 +154,7 @@ class Workdir:
             if not above.is_dir():
                 raise ConfigError(f"--workdir {self.root} cannot be made: {above} is not a "
                                   "directory", "pick a --workdir under a directory")
-        if self.root.is_dir() and not self.is_tagged():  # a take-over: the folder is the user's
+        if not self.is_tagged():  # made new, or taken over: the folder is to be the user's
             from .foreign import refuse_foreign
             refuse_foreign(self.root, f"the campaign's work folder {self.root}" if campaign
                            else f"--workdir {self.root}")
