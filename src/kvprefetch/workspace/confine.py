@@ -892,8 +892,13 @@ def copy_tree(root: Path, src: Path, dst: Path, *, skip: frozenset[str] = frozen
     check_target(root, dst, what="copy into", family=family)
     if os.path.lexists(dst):
         raise family(f"{dst} is in the way of a copy", f"move {dst} away, then rerun")
-    ensure_dir(dst, root=root, family=family)
     src_root = root if inside(root, src) else src
+    if src_root == root:
+        # a link there from the start is named as one: open_dir's "became a symlink ...
+        # another process is changing the work directory" named a cause that was not there
+        # (`fetch --repair` with pristine/ a link; issue 41, the thirty-eighth hostile pass)
+        check_target(root, src, what="copy from", family=family)
+    ensure_dir(dst, root=root, family=family)
     pending = [Path()]
     while pending:
         rel = pending.pop()

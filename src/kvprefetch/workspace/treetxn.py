@@ -96,10 +96,15 @@ def _restore(root: Path, tree: Path, stage: Path, files: list[dict[str, Any]]) -
         if now == f["before"]:
             continue
         if now != f["after"]:
+            # the stage named too: every fetch (--force included) recovers the stage before
+            # anything else, so "then `kvprefetch fetch --force`" alone met this same error
+            # again, for ever (issue 41, the thirty-eighth hostile pass)
             raise PatchError(f"{dst} changed while an interrupted apply was pending (sha256 "
                              f"{now}); kvprefetch cannot roll it back safely, and left it as is",
-                             "keep what you need from the tree, then `kvprefetch fetch --force` "
-                             "(the tree is moved to backup/)")
+                             f"keep what you need from the tree, move {stage} (the interrupted "
+                             "apply's stage: old/ holds the files as they were before it) out "
+                             "of the work directory, then `kvprefetch fetch --force` (the tree "
+                             "is moved to backup/)")
         if f["before"] is None:
             confine.remove_path(root, dst, family=PatchError)
             continue
