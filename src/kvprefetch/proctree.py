@@ -71,6 +71,16 @@ def children(pid: int) -> set[tuple[int, int]]:
     return out
 
 
+def every() -> set[tuple[int, int]]:
+    """Every live process, each as (pid, ``start_time``): those that exist before a library
+    call starts its own children, none of which can be among them."""
+    out = set()
+    for p in parents():
+        if (t := start_time(p)) is not None:
+            out.add((p, t))
+    return out
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (``/proc``'s parent links), children first."""
     children: dict[int, list[int]] = {}

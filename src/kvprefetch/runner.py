@@ -341,9 +341,13 @@ def stop_children(signum: int | None = None) -> None:
 @contextmanager
 def others_stopped() -> Iterator[None]:
     """Around a library call that starts processes of its own (GitPython's ``git clone``): on
-    a stop or an error, ``stop_others``, sparing the children this process had before the
-    call."""
-    before = proctree.children(os.getpid())
+    a stop or an error, ``stop_others``, sparing every process that was there before the
+    call: its children then, and any that becomes one meanwhile. A process whose parent ends is
+    given to the nearest subreaper above it, which is this one when it is PID 1 of a namespace
+    or was made one before an ``exec`` of the kit (``PR_SET_CHILD_SUBREAPER`` survives it): a
+    wrapper's helper that ended while ``fetch --source git`` cloned left its own child to the
+    kit, which then stopped it as its clone's (issue 41, the thirty-eighth hostile pass)."""
+    before = proctree.every()
     try:
         yield
     except BaseException:
@@ -360,7 +364,7 @@ def stop_others(spare: Collection[tuple[int, int]] = ()) -> None:
     6 (issue 41, the thirty-sixth hostile pass). For the main thread's cleanup of a stop or
     an error, before it removes what such a child writes in.
 
-    The children in ``spare`` (pid, ``proctree.start_time``), and all below them, are left:
+    The processes in ``spare`` (pid, ``proctree.start_time``), and all below them, are left:
     they are not the kit's. A process inherits the children of the one it replaced
     (``sleep 300 & exec kvprefetch fetch ...``, a wrapper's monitor), and every fetch of a
     git repository that failed, a bad URL included, sent them SIGINT, waited 10 s for one that
@@ -375,7 +379,9 @@ def stop_others(spare: Collection[tuple[int, int]] = ()) -> None:
         os.close(me)
     with _LIVE_LOCK:
         ours = {proc.pid for proc in _LIVE}
-    ours |= {pid for pid, started in spare if proctree.start_time(pid) == started}
+    # the spared below this one only (``spare`` may hold every process of the system)
+    ours |= {pid for pid, started in spare
+             if pid in tree and proctree.start_time(pid) == started}
     for pid in ours:  # run's own children, the spared, and all below them: not stopped here
         for p in (pid, *proctree.descendants(pid)):
             fd = tree.pop(p, None)

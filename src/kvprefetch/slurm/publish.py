@@ -38,9 +38,17 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SlurmError
-from ..hashing import sha256_file
+from ..hashing import MAX_LIBRARY_BYTES
 from ..reading import parse_json, read_limited
-from ..workspace.confine import check_target, copy_tree, ensure_dir, remove_path, rename_path
+from ..workspace.confine import (
+    check_target,
+    copy_tree,
+    ensure_dir,
+    read_file,
+    remove_path,
+    rename_path,
+    sha256_in,
+)
 from ..workspace.workdir import Workdir, write_json_atomic
 
 _NOT_PUBLISHED = ("*.o", "*.o.tmp", ".ninja_deps", ".ninja_log")
@@ -90,7 +98,8 @@ class Published:
 
 
 
-def _read_json(path: Path, shown: Path | None = None) -> dict[str, Any]:
+def _read_json(path: Path, shown: Path | None = None, *,
+               root: Path | None = None) -> dict[str, Any]:
     """A build's manifest or build.json (size-capped, never a FIFO, nested a few levels:
     ``reading.parse_json``), or a SlurmError naming it (as ``shown``: the scratch's file, of a
     copy read). ``rewrite_paths`` and ``json.dumps`` walk it by calling themselves once per
@@ -98,7 +107,8 @@ def _read_json(path: Path, shown: Path | None = None) -> dict[str, Any]:
     (issue 41, the twenty-second hostile pass)."""
     fix = "rebuild in the scratch work directory; resubmit the build job"
     try:
-        raw = read_limited(path)
+        # a copy in the campaign (``root``): opened from it down, never through a link
+        raw = read_limited(path) if root is None else read_file(root, path, family=SlurmError)
     except (OSError, ValueError) as exc:
         raise SlurmError(f"cannot read {path}: {exc}", fix) from None
     try:
@@ -330,7 +340,7 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
             _refuse_special(src)
             copy_tree(dwd.root, src, tmp, skip_globs=globs, family=SlurmError)
         for bj in tmp_env.glob("lib/python*/site-packages/kvprefetch_kernels/build.json"):
-            data = _read_json(bj, shown=src_env / bj.relative_to(tmp_env))
+            data = _read_json(bj, shown=src_env / bj.relative_to(tmp_env), root=dwd.root)
             write_json_atomic(bj, rewrite_paths(data, pairs), root=dwd.root)
         new = rewrite_paths(manifest, pairs)
         new["published"] = {"from": str(src_build), "env_from": str(src_env), "job": label,
@@ -338,7 +348,13 @@ def publish_build(scratch: Path, dest: Path, tree: str, *, label: str,
                             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         so = Path(_moved(str(built.so_path), pairs))
         copied = tmp_env / so.relative_to(dst_env)
-        actual = sha256_file(copied)
+        try:  # the copy in the campaign: never through a link, never without end
+            actual = sha256_in(dwd.root, copied, limit=MAX_LIBRARY_BYTES, family=SlurmError)
+        except (OSError, SlurmError) as exc:  # the copy is removed below: no "move it away"
+            why = exc.cause if isinstance(exc, SlurmError) else \
+                f"cannot hash the copy {copied}: {exc.strerror or exc}"
+            raise SlurmError(why, "resubmit the build job; if the copy was changed while it "
+                             f"was published, let only yourself write {dwd.root}") from None
         if actual != built.so_sha256:
             raise SlurmError(f"the copy {copied} has sha256 {actual}, the manifest says "
                              f"{built.so_sha256}", "resubmit the build job (a bad copy)")

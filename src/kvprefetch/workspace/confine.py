@@ -852,6 +852,33 @@ def read_file(root: Path, path: Path, *, limit: int = 64 << 20,
     return data
 
 
+def sha256_in(root: Path, path: Path, *, limit: int,
+              family: type[KvprefetchError] = ConfigError) -> str:
+    """sha256 of the regular file ``path`` inside ``root``, opened as ``read_file`` opens one
+    (``O_NOFOLLOW`` from ``root`` down, never a FIFO or device), of at most ``limit`` bytes by
+    its descriptor. ``slurm publish`` hashed its copy by path: a copy in the campaign swapped by
+    whoever can write there for a folder of theirs had the hash follow a link in it to any file
+    of the system (its digest printed), or read a sparse file of 200 GB for as long as that
+    took (issue 41, the thirty-eighth hostile pass)."""
+    from ..hashing import _sha256_of_size
+
+    check_target(root, path, what="hash", family=family)
+    dfd = open_dir(path.parent, root=root, what="hash", family=family)
+    try:
+        fd = _open_in(dfd, path.name, path, "hash", family)
+    finally:
+        os.close(dfd)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise family(f"refusing to hash {path}: it is not a regular file",
+                         f"move {path} away, then rerun")
+        if st.st_size > limit:
+            raise family(f"refusing to hash {path}: it is larger than {limit} bytes",
+                         f"move {path} away, then rerun")
+        return _sha256_of_size(f, st.st_size, path)
+
+
 def move_file(root: Path, src: Path, dst: Path, *,
               family: type[KvprefetchError] = ConfigError) -> None:
     """``os.replace(src, dst)`` for two paths inside ``root``, relative to descriptors of their
