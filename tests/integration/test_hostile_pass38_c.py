@@ -13,6 +13,13 @@ without its fix (checked by reverting ``src`` and running it):
   pristine (no patch applied)" (exit 1, no "To fix") of a tree that ``apply`` then refused as
   carrying an unknown modification. The tree's record is now compared first; a pristine tree
   is a failure with its fix.
+- **Another user's link taken as an output or a work directory to load from.** Pass 37 held
+  ``--workdir`` and a campaign to the rule "no link on the way that another user owns", but not
+  the other paths a user names: ``export-header -o /tmp/shared/out/x.h`` through ``nobody``'s
+  ``/tmp/shared/out -> ~/thesis`` wrote ``x.h`` into the folder nobody chose, and ``vmm bench
+  --paged-workdir`` (whose builds the kit loads) followed such a link. ``-o``/``--out`` of
+  export-header, report, bench and vmm bench, and ``--paged-workdir``, are now refused the
+  same way (``cli/common.refuse_foreign_links``); the user's own link is still followed.
 
 Nothing is mocked: the CLI runs as a user runs it."""
 
@@ -22,6 +29,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.integration.test_reliability import cli, outside, refused
 
@@ -69,3 +78,38 @@ def test_diff_upstream_check_names_files_added_to_an_unpatched_tree(fetched_work
     res = cli("diff-upstream", "--workdir", str(wd), "--tree", "baseline", "--check")
     assert res.returncode == 1, res.stderr
     assert "is pristine" in res.stderr and "To fix:" in res.stderr, res.stderr
+
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a link another user owns")
+def test_an_output_or_paged_workdir_through_another_users_link_is_refused(
+        fetched_workdir: Path, tmp_path: Path, outside: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    for name, to in (("out", outside), ("wd", fetched_workdir)):
+        (shared / name).symlink_to(to)
+        os.lchown(shared / name, NOBODY, NOBODY)
+    out = shared / "out"
+    runs = [["export-header", "--workdir", str(fetched_workdir), "-o",
+             str(out / "patched" / "x.h")],
+            ["report", "--out", str(out / "patched"), str(tmp_path / "r.json")],
+            ["bench", "decode", "--workdir", str(fetched_workdir), "--out", str(out / "patched"),
+             "--dry-run"],
+            ["vmm", "bench", "--out", str(out / "v.json"), "--dry-run"],
+            ["vmm", "bench", "--paged-workdir", str(shared / "wd"), "--out",
+             str(tmp_path / "v.json"), "--dry-run"]]
+    (tmp_path / "r.json").write_text("{}")
+    for args in runs:
+        res = cli(*args, timeout=300)
+        refused(res, 2, "is a symlink that belongs to nobody", "realpath")
+    assert not (outside / "patched" / "x.h").exists()  # the outside fixture checks the rest
+    # a link of the user's own higher up is still followed
+    own = tmp_path / "own"
+    own.symlink_to(tmp_path / "mine", target_is_directory=True)
+    (tmp_path / "mine" / "sub").mkdir(parents=True)
+    res = cli("export-header", "--workdir", str(fetched_workdir), "-o", str(own / "sub" / "x.h"))
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "mine" / "sub" / "x.h").is_file()

@@ -123,7 +123,20 @@ def output_file(ctx: click.Context, param: click.Parameter, value: str | None) -
                                  "kvprefetch writes its output only into a regular file "
                                  f"(e.g. {path.name or 'out'}.txt), which you can then "
                                  "read or pipe on", ctx=ctx, param=param)
+    refuse_foreign_links(param, text)
     return path
+
+
+def refuse_foreign_links(param: click.Parameter, text: str) -> None:
+    """A path option the user names to write in or load from (``-o``, ``--out``,
+    ``--paged-workdir``) held to ``--workdir``'s rule: no link on the way that another user
+    owns (``workspace/foreign.refuse_foreign_link``). Only --workdir and a campaign were: an
+    ``export-header -o /tmp/shared/out/x.h`` through ``nobody``'s ``/tmp/shared/out ->
+    ~/thesis`` wrote into the folder nobody chose (issue 41, the thirty-eighth hostile pass,
+    as the thirty-seventh found for --workdir)."""
+    from ..workspace.foreign import refuse_foreign_link
+
+    refuse_foreign_link(Path(text), f"{'/'.join(param.opts)} {text}")
 
 
 def _names_a_special_file(path: Path) -> bool:

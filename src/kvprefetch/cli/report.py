@@ -207,7 +207,7 @@ def _out(text: str | None, index: bool) -> Path | None:
     ``/`` and reads ``''`` as ``.``: ``--index R --out new/`` wrote a *file* named ``new``, and
     ``--out ''`` said "cannot write .: a directory is in its place / To fix: move . away"
     (issue 41, the twenty-second hostile pass, as the twenty-first found for ``-o``)."""
-    from .common import output_file
+    from .common import output_file, refuse_foreign_links
 
     if text is None:
         return None
@@ -219,6 +219,7 @@ def _out(text: str | None, index: bool) -> Path | None:
         raise click.BadParameter(f"{text!r} names no folder; give the folder to write in (or "
                                  "leave --out out: the current directory)", ctx=ctx,
                                  param=param)
+    refuse_foreign_links(param, text)  # another user's link on the way: refused
     return Path(text)
 
 
