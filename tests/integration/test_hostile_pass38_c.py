@@ -106,6 +106,16 @@ def test_an_output_or_paged_workdir_through_another_users_link_is_refused(
         res = cli(*args, timeout=300)
         refused(res, 2, "is a symlink that belongs to nobody", "realpath")
     assert not (outside / "patched" / "x.h").exists()  # the outside fixture checks the rest
+    # report --readme rewrites its file in place: a link of nobody's higher up is refused too
+    theirs = tmp_path / "readme-folder"
+    (theirs / "docs").mkdir(parents=True)
+    text = "# x\n<!-- commands -->\nold\n<!-- /commands -->\n"
+    (theirs / "docs" / "R.md").write_text(text)
+    (shared / "r").symlink_to(theirs)
+    os.lchown(shared / "r", NOBODY, NOBODY)
+    refused(cli("report", "--readme", str(shared / "r" / "docs" / "R.md")), 2,
+            "is a symlink that belongs to nobody")
+    assert (theirs / "docs" / "R.md").read_text() == text
     # a link of the user's own higher up is still followed
     own = tmp_path / "own"
     own.symlink_to(tmp_path / "mine", target_is_directory=True)

@@ -31,7 +31,8 @@ from ..workspace.confine import what_is
                    "variant is slower than stock in every run, and beyond the A/A band of the "
                    "`control` variant when the runs carry one.")
 @click.option("--readme", "readme", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="Regenerate the report blocks of this markdown file "
+              default=None, callback=lambda ctx, param, value: _named(param, value),
+              help="Regenerate the report blocks of this markdown file "
               "(`<!-- report RESULT.json summary|shapes|attribution -->` or `<!-- report "
               "RUN_FOLDER seeds|twins|bounds|host -->` ... `<!-- /report -->`, and `<!-- timings "
               "TIMINGS.json -->` ... `<!-- /timings -->`) from their committed "
@@ -177,6 +178,16 @@ def _check_files(files: Sequence[Path]) -> None:
             "or has not run, or the file was moved since)",
             f"send that task again with `kvprefetch slurm resubmit {root} bench --task {task}`, "
             f"then the merge with `kvprefetch slurm resubmit {root} merge`")
+
+
+def _named(param: click.Parameter, value: Path | None) -> Path | None:
+    """``--readme``, rewritten in place: another user's link on the way refused, as for
+    ``--out`` (issue 41, the thirty-eighth hostile pass)."""
+    from .common import refuse_foreign_links
+
+    if value is not None:
+        refuse_foreign_links(param, str(value))
+    return value
 
 
 def _refuse_what_is_ignored(readme: Path | None, index: Path | None) -> None:
