@@ -21,6 +21,11 @@ without its fix (checked by reverting ``src`` and running it):
   export-header, report, bench and vmm bench, and ``--paged-workdir``, are now refused the
   same way (``cli/common.refuse_foreign_links``); the user's own link is still followed.
 
+- **A campaign or work directory through a file.** ``slurm status F/x`` (F a file) said
+  "restore F/x/campaign.json as slurm plan wrote it", and ``build --workdir F/x`` "run
+  kvprefetch fetch", which fails the same way; both now say the path goes through a file
+  (``cli/common.refuse_a_path_through_a_file``).
+
 Nothing is mocked: the CLI runs as a user runs it."""
 
 from __future__ import annotations
@@ -123,3 +128,13 @@ def test_an_output_or_paged_workdir_through_another_users_link_is_refused(
     res = cli("export-header", "--workdir", str(fetched_workdir), "-o", str(own / "sub" / "x.h"))
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "mine" / "sub" / "x.h").is_file()
+
+
+def test_a_work_directory_or_campaign_through_a_file_is_named(tmp_path: Path,
+                                                             outside: Path) -> None:
+    f = tmp_path / "notes.json"
+    f.write_text("{}")
+    for args in (["slurm", "status", str(f / "x")], ["clean", "--workdir", str(f / "x")]):
+        res = cli(*args, timeout=120)
+        refused(res, 2, "goes through a file, not a folder")
+        assert "restore " not in res.stderr and "kvprefetch fetch" not in res.stderr, res.stderr

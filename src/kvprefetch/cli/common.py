@@ -51,6 +51,7 @@ def _real_workdir(ctx: click.Context, param: click.Parameter, value: Path) -> Pa
     clean refused the link and told the user to remove ``.lock``, while apply went through)."""
     from ..workspace.foreign import refuse_foreign_link
 
+    refuse_a_path_through_a_file(ctx, param, value, "work directory")
     refuse_foreign_link(value, f"--workdir {value}")  # any link on the way, not only the last
     if value.is_symlink() and value.is_dir():
         _refuse_a_campaigns_linked_work(value)
@@ -65,6 +66,22 @@ def _real_workdir(ctx: click.Context, param: click.Parameter, value: Path) -> Pa
                                  "(`kvprefetch fetch --workdir DIR` makes one)", ctx=ctx,
                                  param=param)
     return value
+
+
+def refuse_a_path_through_a_file(ctx: click.Context, param: click.Parameter, value: Path,
+                                 what: str) -> None:
+    """A folder option whose path goes through a file (``F/x``, F a file): nothing can be made
+    there, yet slurm status said "restore F/x/campaign.json as slurm plan wrote it" and
+    build "no tree ... run kvprefetch fetch", which fails the same way (issue 41, the
+    thirty-eighth hostile pass)."""
+    try:
+        os.lstat(value)
+    except NotADirectoryError:
+        raise click.BadParameter(f"{os.fspath(value)!r} goes through a file, not a folder: "
+                                 f"no {what} can be there; name a folder", ctx=ctx,
+                                 param=param) from None
+    except (OSError, ValueError):
+        pass
 
 
 def _refuse_a_campaigns_linked_work(value: Path) -> None:
