@@ -51,6 +51,7 @@ def _real_workdir(ctx: click.Context, param: click.Parameter, value: Path) -> Pa
     clean refused the link and told the user to remove ``.lock``, while apply went through)."""
     from ..workspace.foreign import refuse_foreign_link
 
+    refuse_a_path_through_a_file(ctx, param, value, "work directory")
     refuse_foreign_link(value, f"--workdir {value}")  # any link on the way, not only the last
     if value.is_symlink() and value.is_dir():
         _refuse_a_campaigns_linked_work(value)
@@ -65,6 +66,22 @@ def _real_workdir(ctx: click.Context, param: click.Parameter, value: Path) -> Pa
                                  "(`kvprefetch fetch --workdir DIR` makes one)", ctx=ctx,
                                  param=param)
     return value
+
+
+def refuse_a_path_through_a_file(ctx: click.Context, param: click.Parameter, value: Path,
+                                 what: str) -> None:
+    """A folder option whose path goes through a file (``F/x``, F a file): nothing can be made
+    there, yet slurm status said "restore F/x/campaign.json as slurm plan wrote it" and
+    build "no tree ... run kvprefetch fetch", which fails the same way (issue 41, the
+    thirty-eighth hostile pass)."""
+    try:
+        os.lstat(value)
+    except NotADirectoryError:
+        raise click.BadParameter(f"{os.fspath(value)!r} goes through a file, not a folder: "
+                                 f"no {what} can be there; name a folder", ctx=ctx,
+                                 param=param) from None
+    except (OSError, ValueError):
+        pass
 
 
 def _refuse_a_campaigns_linked_work(value: Path) -> None:
@@ -130,7 +147,20 @@ def output_file(ctx: click.Context, param: click.Parameter, value: str | None) -
                                  "kvprefetch writes its output only into a regular file "
                                  f"(e.g. {path.name or 'out'}.txt), which you can then "
                                  "read or pipe on", ctx=ctx, param=param)
+    refuse_foreign_links(param, text)
     return path
+
+
+def refuse_foreign_links(param: click.Parameter, text: str) -> None:
+    """A path option the user names to write in or load from (``-o``, ``--out``,
+    ``--paged-workdir``) held to ``--workdir``'s rule: no link on the way that another user
+    owns (``workspace/foreign.refuse_foreign_link``). Only --workdir and a campaign were: an
+    ``export-header -o /tmp/shared/out/x.h`` through ``nobody``'s ``/tmp/shared/out ->
+    ~/thesis`` wrote into the folder nobody chose (issue 41, the thirty-eighth hostile pass,
+    as the thirty-seventh found for --workdir)."""
+    from ..workspace.foreign import refuse_foreign_link
+
+    refuse_foreign_link(Path(text), f"{'/'.join(param.opts)} {text}")
 
 
 def _names_a_special_file(path: Path) -> bool:

@@ -31,7 +31,8 @@ from ..workspace.confine import what_is
                    "variant is slower than stock in every run, and beyond the A/A band of the "
                    "`control` variant when the runs carry one.")
 @click.option("--readme", "readme", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="Regenerate the report blocks of this markdown file "
+              default=None, callback=lambda ctx, param, value: _named(param, value),
+              help="Regenerate the report blocks of this markdown file "
               "(`<!-- report RESULT.json summary|shapes|attribution -->` or `<!-- report "
               "RUN_FOLDER seeds|twins|bounds|host -->` ... `<!-- /report -->`, and `<!-- timings "
               "TIMINGS.json -->` ... `<!-- /timings -->`) from their committed "
@@ -179,6 +180,16 @@ def _check_files(files: Sequence[Path]) -> None:
             f"then the merge with `kvprefetch slurm resubmit {root} merge`")
 
 
+def _named(param: click.Parameter, value: Path | None) -> Path | None:
+    """``--readme``, rewritten in place: another user's link on the way refused, as for
+    ``--out`` (issue 41, the thirty-eighth hostile pass)."""
+    from .common import refuse_foreign_links
+
+    if value is not None:
+        refuse_foreign_links(param, str(value))
+    return value
+
+
 def _refuse_what_is_ignored(readme: Path | None, index: Path | None) -> None:
     """Refuse an option that ``--readme`` or ``--index`` would ignore: `report --readme F --out
     X` rewrote F in place and wrote nothing in X, without a word (issue 41, the thirty-third
@@ -207,7 +218,7 @@ def _out(text: str | None, index: bool) -> Path | None:
     ``/`` and reads ``''`` as ``.``: ``--index R --out new/`` wrote a *file* named ``new``, and
     ``--out ''`` said "cannot write .: a directory is in its place / To fix: move . away"
     (issue 41, the twenty-second hostile pass, as the twenty-first found for ``-o``)."""
-    from .common import output_file
+    from .common import output_file, refuse_foreign_links
 
     if text is None:
         return None
@@ -219,6 +230,7 @@ def _out(text: str | None, index: bool) -> Path | None:
         raise click.BadParameter(f"{text!r} names no folder; give the folder to write in (or "
                                  "leave --out out: the current directory)", ctx=ctx,
                                  param=param)
+    refuse_foreign_links(param, text)  # another user's link on the way: refused
     return Path(text)
 
 

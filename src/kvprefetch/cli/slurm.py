@@ -44,7 +44,9 @@ def _campaign_folder(ctx: click.Context, param: click.Parameter, value: Path) ->
                                  "name the campaign's folder, or a new path for one",
                                  ctx=ctx, param=param)
     from ..workspace.foreign import refuse_foreign_link
+    from .common import refuse_a_path_through_a_file
 
+    refuse_a_path_through_a_file(ctx, param, value, "campaign")
     refuse_foreign_link(value, f"the campaign folder {value}")  # any link on the way
     if value.is_symlink() and value.is_dir():
         # followed once, here, as a --workdir is (cli.common._real_workdir): a location the user

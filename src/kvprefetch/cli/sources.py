@@ -144,20 +144,25 @@ def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_jso
         for f in res.files:
             click.echo(f.diff, nl=False)
     if check:
-        if not res.files:
-            say(f"check: tree {tree_name!r} is pristine (no patch applied)", err=True)
+        from ..sources.fetch import tree_modifications
+        from ..sources.patching import carried_variant
+        from ..workspace.workdir import Workdir
+
+        tree_name = res.tree
+        # looked at first: files added to a tree the patch never touched left its diff empty,
+        # and the check said "pristine" of a tree `apply` then refused as modified (issue 41,
+        # the thirty-eighth hostile pass)
+        changed = tree_modifications(Workdir(workdir), tree_name)
+        if not res.files and not changed:
+            say(f"check FAILED: tree {tree_name!r} is pristine (no patch applied)\n"
+                f"To fix: name a patched tree (--tree), or patch this one first (`kvprefetch "
+                f"apply --tree {tree_name} --variant VARIANT`), then rerun", err=True)
             sys.exit(1)
         if not res.additive:
             bad = ", ".join(f"{f.path} (-{f.removed})" for f in res.files if f.removed)
             say(f"check FAILED: the patch removes or changes upstream lines in {bad}\n"
                        "To fix: express the change as added lines only", err=True)
             sys.exit(1)
-        from ..sources.fetch import tree_modifications
-        from ..sources.patching import carried_variant
-        from ..workspace.workdir import Workdir
-
-        tree_name = res.tree
-        changed = tree_modifications(Workdir(workdir), tree_name)
         if changed:
             say(f"check FAILED: tree {tree_name!r} differs from what kvprefetch recorded "
                        f"(pristine v0.10.2 plus exactly the patch) in: {', '.join(changed[:8])}\n"

@@ -20,7 +20,7 @@ import click
 
 from ..console import emit_json, info, say, step, table
 from ..errors import BenchError, KvprefetchError
-from .common import dry_run_option, json_option, output_file
+from .common import dry_run_option, json_option, output_file, refuse_foreign_links
 
 _MAX_SIZE = 2**31 - 1  # as bench kernel's sizes (bench/matrix.py): the kernels' int32
 
@@ -50,6 +50,15 @@ def _sizes(text: str) -> tuple[int, ...]:
 # against CUDA's, which maps real pages), so 10^7 ops is some ten minutes; a longer soak is more
 # seeds, each a run of its own. 10**20 ran for as long as asked (issue 41, fourth pass).
 MAX_OPS = 10_000_000
+
+
+def _paged_workdir(param: click.Parameter, value: Path | None) -> Path | None:
+    """``--paged-workdir``: the kit loads the kernels-only builds it finds there, so another
+    user's link on the way is refused as for ``--workdir`` (issue 41, the thirty-eighth
+    hostile pass: it was followed into the folder that user chose)."""
+    if value is not None:
+        refuse_foreign_links(param, str(value))
+    return value
 
 
 def _require_gpu(error: type[KvprefetchError], command: str, fix: str) -> None:
@@ -140,6 +149,7 @@ def selftest(driver_name: str, ops: int, seed: int, layout: str, sync_mapping: b
 @click.option("--skip-steps", is_flag=True, help="Skip the step-latency part.")
 @click.option("--skip-decode", is_flag=True, help="Skip the decode-attention comparison.")
 @click.option("--paged-workdir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              callback=lambda ctx, param, value: _paged_workdir(param, value),
               help="A workdir with kernels-only builds (kvprefetch build --kernels-only, on this "
                    "machine): also time vLLM's paged decode of each build (stock first) on the "
                    "same shapes. Default: the paged columns say 'not measured'.")

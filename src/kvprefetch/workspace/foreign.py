@@ -88,7 +88,11 @@ def links_on_the_way(path: Path, limit: int = 40) -> list[tuple[Path, int]]:
     with its owner's uid, in order: the named path's parts, then each link's target's, a
     ``..`` taken after the link before it (as the kernel does). Stops at the first part not
     there, and after ``limit`` links (a loop)."""
-    todo = list(Path(os.path.join(os.getcwd(), path)).parts[1:])
+    # an absolute path asks nothing of the working folder: one deleted after the shell entered
+    # it (os.getcwd() raising) refused every command naming its --workdir or campaign in full
+    # (issue 41, the thirty-eighth hostile pass), as none did before this check
+    whole = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    todo = list(Path(whole).parts[1:])
     here = Path("/")
     found: list[tuple[Path, int]] = []
     while todo and len(found) < limit:

@@ -13,7 +13,7 @@ import click
 
 from ...bench.plan import FORMATS, check_output_name
 from ...errors import OptionError
-from ..common import tree_option
+from ..common import refuse_foreign_links, tree_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,6 +46,7 @@ def _output_folder(ctx: click.Context, param: click.Parameter, value: str | None
     if out.exists() and not out.is_dir():
         raise click.BadParameter(f"{value!r} is not a folder; give the folder to write in",
                                  ctx=ctx, param=param)
+    refuse_foreign_links(param, value)  # another user's link on the way: refused
     return out
 
 
