@@ -137,3 +137,16 @@ def test_a_large_file_named_as_a_job_script_is_not_a_traceback(tmp_path: Path) -
     refused(cli("slurm", "plan", str(camp), "--stand-in", "--no-gpu", timeout=120), 2,
             "is not empty")
     assert sorted(p.name for p in (camp / "scripts").iterdir()) == ["00-prepare.sbatch"]
+
+
+def test_a_large_file_in_place_of_a_planned_campaigns_script_is_not_a_traceback(
+        tmp_path: Path) -> None:
+    """The same read, in the rerun of a planned campaign whose script the user replaced."""
+    camp = tmp_path / "camp"
+    plan = ["slurm", "plan", str(camp), "--stand-in", "--no-gpu"]
+    assert cli(*plan, timeout=120).returncode == 0
+    script = camp / "scripts" / "00-prepare.sbatch"
+    with open(script, "r+b") as f:
+        f.truncate(2 << 20)
+    refused(cli(*plan, timeout=120), 2, "was not written by `kvprefetch slurm plan`")
+    assert script.stat().st_size == 2 << 20
