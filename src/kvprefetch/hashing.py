@@ -53,10 +53,10 @@ def sha256_file(path: str | os.PathLike[str], *, limit: int | None = None) -> st
             raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} bytes any "
                                        "library the kit builds can have; not read",
                           os.fspath(path))
-        return _sha256_of_size(f, st.st_size, path)
+        return sha256_of_size(f, st.st_size, path)
 
 
-def _sha256_of_size(f: Any, size: int, path: str | os.PathLike[str]) -> str:
+def sha256_of_size(f: Any, size: int, path: str | os.PathLike[str]) -> str:
     """sha256 of the ``size`` bytes fstat gave: a kernel file that says 0 bytes and whose read
     waits or gives what it queued (``/proc/kmsg``, opened O_NONBLOCK: its read gave None) was a
     TypeError traceback in ``slurm stand-in``, named as a manifest's library, and would have
@@ -89,7 +89,7 @@ def sha256_file_of_size(path: str | os.PathLike[str], size: int) -> str | None:
                                         "kvprefetch reads only regular files", os.fspath(path))
         if st.st_size != size:
             return None
-        return _sha256_of_size(f, size, path)
+        return sha256_of_size(f, size, path)
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -32,7 +32,7 @@ from kvprefetch.slurm.campaign import (
     parse_trees,
 )
 from kvprefetch.slurm.cluster import status
-from kvprefetch.slurm.scripts import write_campaign
+from kvprefetch.slurm.folder import write_campaign
 from tests.integration.helpers import kvprefetch_cli_split
 
 # --------------------------------------------------------------------------- fast, pure

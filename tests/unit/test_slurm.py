@@ -27,7 +27,8 @@ from kvprefetch.slurm.cluster import (
     submit,
     wait,
 )
-from kvprefetch.slurm.scripts import render_script, write_campaign
+from kvprefetch.slurm.folder import write_campaign
+from kvprefetch.slurm.scripts import render_script
 from kvprefetch.slurm.values import check_scratch
 
 TWO = parse_trees("baseline,patched")

@@ -200,8 +200,8 @@ def plan(campaign: Path, source: str, trees_text: str, scratch: str, keep_scratc
         make_campaign,
         parse_trees,
     )
-    from ..slurm.folder import new_campaign_folder
-    from ..slurm.scripts import render_script, write_campaign
+    from ..slurm.folder import new_campaign_folder, write_campaign
+    from ..slurm.scripts import render_script
 
     parse_selection(head_sizes, block_sizes, kv_dtypes)  # refuse a bad selection now, not in a job
     build_args: list[str] = []

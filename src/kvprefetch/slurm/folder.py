@@ -1,16 +1,29 @@
-"""A new campaign's folder: the user's own (not another user's), empty, or holding only what a
-``slurm plan`` stopped before its record left (``write_campaign`` in ``scripts.py`` completes
-it when the same plan runs again; a plan of other options is told whose scripts are there)."""
+"""A campaign's folder as ``slurm plan`` makes and writes it: a new one must be the user's own
+(not another user's), empty, or hold only what a ``slurm plan`` stopped before its record left
+(the same plan again completes it; a plan of other options is told whose scripts are there);
+``write_campaign`` then writes campaign.json and every job's script (``scripts.render_script``),
+replacing a script only where it is what the kit wrote there."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
-from .campaign import CAMPAIGN_FILE, JOB_ENV, Campaign
+from .campaign import (
+    CAMPAIGN_FILE,
+    FIX_UNREADABLE,
+    JOB_ENV,
+    Campaign,
+    campaign_from_dict,
+    load_record,
+    save_record,
+)
+from .scripts import render_script
 from .sending import LOCK_FILE
 
 # the folders write_campaign makes in a campaign, beside campaign.json
@@ -118,7 +131,6 @@ def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
     folder)."""
     from ..workspace.confine import is_plain_file, remove_path
     from ..workspace.ownership import pid_alive
-    from .scripts import render_script  # scripts imports this module at its top
 
     scripts = {job.script: render_script(c, job).encode() for job in c.jobs}
     temporaries = []
@@ -140,3 +152,55 @@ def _left_by_a_killed_plan(root: Path, c: Campaign) -> bool:
     for f in temporaries:
         remove_path(root, f)
     return True
+
+
+def write_campaign(c: Campaign) -> list[Path]:
+    """Write campaign.json (keeping the ids of earlier submissions when the plan is unchanged)
+    and every job's script. Refuses to replace the plan of a campaign already submitted."""
+    root = Path(c.root)
+    record_path = root / CAMPAIGN_FILE
+    submitted: dict[str, Any] = {}
+    sending = None
+    previous: Campaign | None = None
+    if record_path.exists():
+        try:
+            old = load_record(root)
+            previous = campaign_from_dict(old["plan"])
+        except ConfigError as exc:
+            if exc.fix and "new folder" in exc.fix:  # a way out that works (moved, edited)
+                raise
+            # its fix was "plan the campaign again", which this plan just did: the plan it
+            # replaces must be read first (its ids, its scripts), so the same error came back
+            # (issue 41, the twenty-fourth hostile pass)
+            raise ConfigError(f"{exc.cause} (in {record_path}, the campaign this plan would "
+                              "replace)", FIX_UNREADABLE.format(p=record_path)) from None
+        sending = old.get("sending")
+        if (old["submitted"] or sending) and old["plan"] != json.loads(json.dumps(c.to_dict())):
+            raise ConfigError(f"{root} holds a campaign already submitted with another plan",
+                              "plan into a new folder, or resubmit single jobs with "
+                              "`kvprefetch slurm resubmit`")
+        submitted = old["submitted"]
+    from ..workspace.confine import ensure_dir, write_file
+
+    new_campaign_folder(c)
+    for d in CAMPAIGN_FOLDERS:
+        ensure_dir(root / d, root=root)
+    written = []
+    for job in c.jobs:
+        p = root / job.script
+        # a script is replaced only when it is exactly what the kit wrote there (this plan's
+        # or the previous one's): a user's script, or a user's edit of one, is left alone
+        ours = {render_script(c, job).encode()}
+        if previous is not None:
+            ours |= {render_script(previous, j).encode() for j in previous.jobs
+                     if j.script == job.script}
+        if os.path.lexists(p) and script_bytes(p) not in ours:
+            raise ConfigError(f"{p} exists and was not written by `kvprefetch slurm plan`; "
+                              "it is left as it is",
+                              f"move {p} away, or plan into a new folder")
+        write_file(p, render_script(c, job), root=root, mode=0o755)
+        written.append(p)
+    # an sbatch started and never answered stays recorded (`submit` refuses until it is seen to)
+    save_record(root, {"plan": c.to_dict(), "submitted": submitted}
+                | ({"sending": sending} if sending else {}))
+    return [record_path, *written]

@@ -1,7 +1,7 @@
 """A campaign's self-contained ``sbatch`` scripts (one per job, written with campaign.json by
-``write_campaign``), the ``sbatch`` command line of each submission and the order and
-``afterok`` dependencies they are submitted with. Pure: nothing here runs Slurm
-(``cluster.py`` does).
+``folder.write_campaign``), the ``sbatch`` command line of each submission and the order and
+``afterok`` dependencies they are submitted with. Pure: nothing here writes a file or runs
+Slurm (``folder.py`` and ``cluster.py`` do).
 
 Jobs, each after the previous stage succeeded (``--dependency=afterok``):
 ``prepare`` (the source cache), ``build-<tree>`` (one per tree: fetch, apply its variant,
@@ -20,28 +20,19 @@ not everywhere, and none is taken.
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ..errors import ConfigError
 from .campaign import (
-    CAMPAIGN_FILE,
     EXIT_SUFFIX,
-    FIX_UNREADABLE,
     JOB_ENV,
     NODE_SCRATCH_SH,
     Campaign,
     Job,
     TreeSpec,
-    campaign_from_dict,
-    load_record,
-    save_record,
 )
-from .folder import CAMPAIGN_FOLDERS, new_campaign_folder, script_bytes
 from .job_env import SCRATCH_PREFIX, SHELLS_OWN, export_option, keep_only_sh, scratch_name
 from .joblog import CLOSE_LOG_SH, ENDING_SIGNALS, SLURM_OUTPUT, TRAP_ENDING_SH, open_log_sh
 from .shell import (
@@ -296,60 +287,6 @@ def render_script(c: Campaign, job: Job) -> str:
 
 
 _SCRIPT_MARK = "written by `kvprefetch slurm plan`"
-
-
-def write_campaign(c: Campaign) -> list[Path]:
-    """Write campaign.json (keeping the ids of earlier submissions when the plan is unchanged)
-    and every job's script. Refuses to replace the plan of a campaign already submitted."""
-    root = Path(c.root)
-    record_path = root / CAMPAIGN_FILE
-    submitted: dict[str, Any] = {}
-    sending = None
-    previous: Campaign | None = None
-    if record_path.exists():
-        try:
-            old = load_record(root)
-            previous = campaign_from_dict(old["plan"])
-        except ConfigError as exc:
-            if exc.fix and "new folder" in exc.fix:  # a way out that works (moved, edited)
-                raise
-            # its fix was "plan the campaign again", which this plan just did: the plan it
-            # replaces must be read first (its ids, its scripts), so the same error came back
-            # (issue 41, the twenty-fourth hostile pass)
-            raise ConfigError(f"{exc.cause} (in {record_path}, the campaign this plan would "
-                              "replace)", FIX_UNREADABLE.format(p=record_path)) from None
-        sending = old.get("sending")
-        if (old["submitted"] or sending) and old["plan"] != json.loads(json.dumps(c.to_dict())):
-            raise ConfigError(f"{root} holds a campaign already submitted with another plan",
-                              "plan into a new folder, or resubmit single jobs with "
-                              "`kvprefetch slurm resubmit`")
-        submitted = old["submitted"]
-    from ..workspace.confine import ensure_dir, write_file
-
-    new_campaign_folder(c)
-    for d in CAMPAIGN_FOLDERS:
-        ensure_dir(root / d, root=root)
-    written = []
-    for job in c.jobs:
-        p = root / job.script
-        # a script is replaced only when it is exactly what the kit wrote there (this plan's
-        # or the previous one's): a user's script, or a user's edit of one, is left alone
-        ours = {render_script(c, job).encode()}
-        if previous is not None:
-            ours |= {render_script(previous, j).encode() for j in previous.jobs
-                     if j.script == job.script}
-        if os.path.lexists(p) and script_bytes(p) not in ours:
-            raise ConfigError(f"{p} exists and was not written by `kvprefetch slurm plan`; "
-                              "it is left as it is",
-                              f"move {p} away, or plan into a new folder")
-        write_file(p, render_script(c, job), root=root, mode=0o755)
-        written.append(p)
-    # an sbatch started and never answered stays recorded (`submit` refuses until it is seen to)
-    save_record(root, {"plan": c.to_dict(), "submitted": submitted}
-                | ({"sending": sending} if sending else {}))
-    return [record_path, *written]
-
-
 
 
 def sbatch_argv(c: Campaign, job: Job, dependency_ids: Sequence[str],

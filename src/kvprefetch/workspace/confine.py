@@ -860,7 +860,7 @@ def sha256_in(root: Path, path: Path, *, limit: int,
     whoever can write there for a folder of theirs had the hash follow a link in it to any file
     of the system (its digest printed), or read a sparse file of 200 GB for as long as that
     took (issue 41, the thirty-eighth hostile pass)."""
-    from ..hashing import _sha256_of_size
+    from ..hashing import sha256_of_size
 
     check_target(root, path, what="hash", family=family)
     dfd = open_dir(path.parent, root=root, what="hash", family=family)
@@ -876,7 +876,7 @@ def sha256_in(root: Path, path: Path, *, limit: int,
         if st.st_size > limit:
             raise family(f"refusing to hash {path}: it is larger than {limit} bytes",
                          f"move {path} away, then rerun")
-        return _sha256_of_size(f, st.st_size, path)
+        return sha256_of_size(f, st.st_size, path)
 
 
 def move_file(root: Path, src: Path, dst: Path, *,
