@@ -14,7 +14,7 @@ without its fix (checked by reverting ``src`` and running it):
 - **Two first plans of one campaign at once** took no lock (only a campaign already planned
   had one): both said "planned", and the campaign held the record of one and a job script of
   the other (a bench array of 6 tasks for a plan of 2 batches, 1 race in 12). The first plan
-  now takes the campaign's lock too (``cli/slurm.plan``, ``slurm/scripts.new_campaign_folder``).
+  now takes the campaign's lock too (``cli/slurm.plan``, ``slurm/folder.new_campaign_folder``).
 
 What held (no test needed): renameat2 swap loops (``trees/<t>``, ``trees``, ``state``,
 ``state/<t>.json``, ``downloads``, ``pristine``, ``.locks``, ``.kvprefetch-owned.json``,

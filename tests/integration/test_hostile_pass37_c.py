@@ -14,7 +14,7 @@ by reverting ``src`` and running it):
   though it takes no lock: a folder holding that lock beside the user's files passed the dry
   run and was refused by the plan as not empty; a lock that is a symlink, a folder, a FIFO, a
   hard link or a file of the user's data passed the dry run and was refused by the plan's lock
-  (``slurm/scripts.new_campaign_folder``, ``workspace/locks.refusal``).
+  (``slurm/folder.new_campaign_folder``, ``workspace/locks.refusal``).
 - **``fetch --index-url URL`` told to fix PIP_INDEX_URL.** Every index failure's fix ("point
   PIP_INDEX_URL at a reachable mirror", "use an index that mirrors PyPI's vllm
   (PIP_INDEX_URL)") named the setting ``fetch`` reads only without ``--index-url``: set as
