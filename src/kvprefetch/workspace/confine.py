@@ -829,22 +829,33 @@ def first_hard_link(top: Path) -> tuple[Path, int] | None:
     return None
 
 
-def read_file(root: Path, path: Path, *, limit: int = 64 << 20,
-              family: type[KvprefetchError] = ConfigError) -> bytes:
-    """The bytes of the regular file ``path`` inside ``root``, opened relative to its folder's
-    descriptor (``open_dir``) with ``O_NOFOLLOW``: a folder on the way, or the file, swapped
-    for a symlink is refused, so nothing from outside ``root`` is read and installed. A FIFO or
-    device is never read (``O_NONBLOCK`` + ``fstat``); at most ``limit`` bytes."""
-    check_target(root, path, what="read", family=family)
-    dfd = open_dir(path.parent, root=root, what="read", family=family)
+def _open_regular(root: Path, path: Path, what: str,
+                  family: type[KvprefetchError]) -> tuple[BinaryIO, os.stat_result]:
+    """The regular file ``path`` inside ``root``, open for reading (and its ``fstat``), opened
+    relative to its folder's descriptor (``open_dir``) with ``O_NOFOLLOW``: a folder on the
+    way, or the file, swapped for a symlink is refused; a FIFO or device is never read
+    (``O_NONBLOCK`` + ``fstat``)."""
+    check_target(root, path, what=what, family=family)
+    dfd = open_dir(path.parent, root=root, what=what, family=family)
     try:
-        fd = _open_in(dfd, path.name, path, "read", family)
+        fd = _open_in(dfd, path.name, path, what, family)
     finally:
         os.close(dfd)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise family(f"refusing to read {path}: it is not a regular file",
-                         f"move {path} away, then rerun")
+    f = os.fdopen(fd, "rb")
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode):
+        f.close()
+        raise family(f"refusing to {what} {path}: it is not a regular file",
+                     f"move {path} away, then rerun")
+    return f, st
+
+
+def read_file(root: Path, path: Path, *, limit: int = 64 << 20,
+              family: type[KvprefetchError] = ConfigError) -> bytes:
+    """The bytes of the regular file ``path`` inside ``root`` (``_open_regular``: nothing from
+    outside ``root`` is read and installed), at most ``limit`` bytes."""
+    f, _ = _open_regular(root, path, "read", family)
+    with f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise family(f"refusing to read {path}: it is larger than {limit} bytes",
@@ -854,25 +865,15 @@ def read_file(root: Path, path: Path, *, limit: int = 64 << 20,
 
 def sha256_in(root: Path, path: Path, *, limit: int,
               family: type[KvprefetchError] = ConfigError) -> str:
-    """sha256 of the regular file ``path`` inside ``root``, opened as ``read_file`` opens one
-    (``O_NOFOLLOW`` from ``root`` down, never a FIFO or device), of at most ``limit`` bytes by
-    its descriptor. ``slurm publish`` hashed its copy by path: a copy in the campaign swapped by
-    whoever can write there for a folder of theirs had the hash follow a link in it to any file
-    of the system (its digest printed), or read a sparse file of 200 GB for as long as that
-    took (issue 41, the thirty-eighth hostile pass)."""
+    """sha256 of the regular file ``path`` inside ``root``, opened as ``read_file`` opens one,
+    of at most ``limit`` bytes by its descriptor. ``slurm publish`` hashed its copy by path: a
+    copy in the campaign swapped by whoever can write there for a folder of theirs had the hash
+    follow a link in it to any file of the system (its digest printed), or read a sparse file
+    of 200 GB for as long as that took (issue 41, the thirty-eighth hostile pass)."""
     from ..hashing import sha256_of_size
 
-    check_target(root, path, what="hash", family=family)
-    dfd = open_dir(path.parent, root=root, what="hash", family=family)
-    try:
-        fd = _open_in(dfd, path.name, path, "hash", family)
-    finally:
-        os.close(dfd)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise family(f"refusing to hash {path}: it is not a regular file",
-                         f"move {path} away, then rerun")
+    f, st = _open_regular(root, path, "hash", family)
+    with f:
         if st.st_size > limit:
             raise family(f"refusing to hash {path}: it is larger than {limit} bytes",
                          f"move {path} away, then rerun")
