@@ -223,7 +223,7 @@ def open_dir(d: Path, *, root: Path | None = None, what: str = "write into",
     after a check, is refused (``family``); the caller closes the descriptor."""
     try:
         if root is None:
-            return os.open(d, _DIR_FLAGS)
+            return open_named_dir(d, what=what, family=family)
         rel = Path(os.path.normpath(os.path.abspath(d))).relative_to(
             os.path.normpath(os.path.abspath(root)))
         # the root's own last part is not followed either: the command line resolved a root
@@ -244,6 +244,75 @@ def open_dir(d: Path, *, root: Path | None = None, what: str = "write into",
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise _raced(d, what, family) from None
+        raise
+
+
+def open_named_dir(d: Path, *, make: bool = False, what: str = "write into",
+                   family: type[KvprefetchError] = ConfigError) -> int:
+    """A descriptor of the folder ``d`` a user named to write in, outside any work directory
+    (``-o``, ``--out``, ``--readme``), opened one part at a time from ``/`` (or the working
+    folder) down, relative to the descriptor of the part before, as the kernel resolves it: a
+    symlink on the way is followed only where it belongs to this user or root (its owner and
+    target read from the link itself, opened ``O_PATH``), another user's is refused
+    (``family``), and ``d`` itself is never a link (``ELOOP``). ``make``: folders not there yet
+    are made (``mkdir -p``, ``DIR_MODE``). By path, a folder of another user's on the way,
+    swapped for their link after the option's check (``cli.common.refuse_foreign_links``), had
+    ``report --out /tmp/theirs/a/run`` make ``run`` and write its report in the folder the link
+    chose (issue 41, the thirty-ninth hostile pass)."""
+    from .foreign import _user
+
+    me = os.geteuid()
+    text = os.fspath(d)
+    where = Path("/" if text.startswith("/") else ".")
+    todo = [(part, False) for part in text.split("/") if part not in ("", ".")]
+    fd = os.open(where, _DIR_FLAGS)
+    hops = 0
+    try:
+        while todo:
+            name, linked = todo.pop(0)
+            here = where / name
+            try:
+                try:
+                    nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not make or linked:  # a link to nothing is followed by no mkdir either
+                        raise
+                    with suppress(FileExistsError):
+                        os.mkdir(name, DIR_MODE, dir_fd=fd)
+                    nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                # a link is ELOOP, or ENOTDIR with O_DIRECTORY; d itself is never followed
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR) or not todo:
+                    raise OSError(exc.errno, exc.strerror, str(here)) from None
+                lfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                try:
+                    st = os.fstat(lfd)
+                    if not stat.S_ISLNK(st.st_mode):
+                        raise OSError(exc.errno, exc.strerror, str(here)) from None
+                    if st.st_uid not in (0, me):
+                        raise family(
+                            f"refusing to {what} {d}: {here} is a symlink that belongs to "
+                            f"{_user(st.st_uid)}, not to you ({_user(me)}): that user chose the "
+                            "folder it leads to, and can change it at any time",
+                            "name a path under folders only you or root own: another user's "
+                            "folder or link on the way lets them move the write elsewhere") \
+                            from None
+                    target = os.readlink("", dir_fd=lfd)
+                finally:
+                    os.close(lfd)
+                hops += 1
+                if hops > 40:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(d)) from None
+                todo = [(part, True) for part in target.split("/")
+                        if part not in ("", ".")] + todo
+                if not target.startswith("/"):
+                    continue
+                nxt, here = os.open("/", _DIR_FLAGS), Path("/")
+            os.close(fd)
+            fd, where = nxt, here
+        return fd
+    except BaseException:
+        os.close(fd)
         raise
 
 
@@ -398,7 +467,7 @@ def ensure_dir(d: Path, *, root: Path | None = None,
         raise family(f"refusing to write into {d}: it is a symlink",
                      f"replace the symlink {d} by a real directory, then rerun")
     try:
-        make_dirs(d)
+        os.close(open_named_dir(d, make=True, what="create a folder at", family=family))
     except (FileExistsError, NotADirectoryError):
         # a file where a folder of the output belongs: "report failed: FILE: File exists / To
         # fix: check the path and its file system" (issue 41, the twenty-fourth hostile pass)
