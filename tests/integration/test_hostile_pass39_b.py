@@ -94,3 +94,30 @@ def test_removing_a_private_folder_replaced_by_a_link_changes_nothing_above(
     ownership._remove_private(link)
     assert stat.S_IMODE(os.stat(temp).st_mode) == 0o755
     assert (elsewhere / "kept").read_text() == "kept\n"
+
+
+@needs_root
+def test_a_full_tmpdir_during_the_unpack_is_named_not_the_work_directory(
+        tmp_path: Path, vllm_sdist: Path) -> None:
+    """tarfile writes the sdist's members through descriptors, so its ENOSPC named no file and
+    the message blamed the work directory (``wt/: No space left on device``, "free space on that
+    file system (`df -h wt`)"), which has room; the system temp folder is the full one."""
+    import subprocess
+
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", str(small)],
+                   check=True)
+    try:
+        env = _env()
+        env["TMPDIR"] = str(small)
+        wd = tmp_path / "wd"
+        res = kvprefetch_cli_split("fetch", "--workdir", str(wd), "--source", str(vllm_sdist),
+                                   "--only", "x", env=env, timeout=300)
+        text = res.stderr
+        assert res.returncode == 3, text
+        assert "Traceback" not in text and "To fix:" in text, text
+        assert f"free space in the system temp folder {small}" in text, text
+        assert os.listdir(small) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
