@@ -189,8 +189,9 @@ def describe(exc: OSError) -> tuple[str, str]:
         # fix ("write to a larger one (the --workdir ...)") does not reach it (issue 41, the
         # twenty-fourth hostile pass)
         temp = tempfile.gettempdir()
-        return cause, (f"free space in the system temp folder {temp} (`df -h {temp}`), or set "
-                       "TMPDIR to a folder on a larger, writable file system, then rerun")
+        return cause, (f"free space in the system temp folder {temp} (`df -h {temp}`; "
+                       f"`df -i {temp}` if it is out of inodes), or set TMPDIR to a folder on "
+                       "a larger, writable file system, then rerun")
     if exc.errno in (errno.EACCES, errno.EPERM) and exc.filename and not exc.filename2:
         unreadable = _unreadable(str(exc.filename))
         if unreadable:

@@ -124,6 +124,12 @@ def _unpack_sdist(wd: Workdir, sdist: Path, dest: Path) -> None:
         except (tarfile.TarError, EOFError, zlib.error) as exc:
             raise FetchError(f"unpacking {sdist.name} was refused: {exc}",
                              "delete the download and fetch again") from None
+        except OSError as exc:
+            if exc.filename:
+                raise
+            # a write to a descriptor names no file: a full TMPDIR was told to free space in
+            # the work directory (issue 41, the thirty-ninth hostile pass)
+            raise OSError(exc.errno, exc.strerror, os.path.join(private, "")) from None
         top = private / upstream.SDIST_TOPDIR
         if top.is_symlink() or not top.is_dir():
             raise FetchError(f"{sdist.name} does not contain {upstream.SDIST_TOPDIR}/",

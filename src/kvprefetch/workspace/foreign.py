@@ -138,3 +138,36 @@ def refuse_foreign_link(path: Path, what: str) -> None:
             "two commands",
             f"name the folder itself (`realpath {path}` shows where the path leads now), or a "
             "path in a folder only you can write")
+
+
+def refuse_foreign_temp(folder: Path, what: str) -> None:
+    """Raise a ConfigError where another user can rename an entry of the system temp folder
+    ``folder`` (TMPDIR), in which the kit makes its private folders (``ownership.private_dir``):
+    a link of another user's on the way, a folder above it that another user (not root) owns,
+    the folder itself another user's, or one others may write without the sticky bit. A private
+    folder is 0700, but its name is the parent's entry: with ``TMPDIR`` a folder ``nobody`` owns
+    (0777 or 1777), ``nobody`` renamed apply's private folder away once ``git apply --check``
+    had started and put a link in its place, and the next ``git apply``, started in the folder
+    by path, patched a tree outside the work directory that the link led to (issue 41, the
+    thirty-ninth hostile pass). ``/tmp`` (root's, sticky) passes."""
+    refuse_foreign_link(folder, what)
+    _refuse_foreign_above(folder, what)
+    me = os.geteuid()
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return  # tempfile made sure it is there; a folder gone meanwhile fails where it is used
+    if st.st_uid not in (0, me):
+        raise ConfigError(
+            f"{what} belongs to {_user(st.st_uid)}, not to you ({_user(me)}) or root: that "
+            "user can rename the private folders kvprefetch makes there (where git apply and "
+            "the compilers write) and put their own or a link in their place",
+            "set TMPDIR to a folder of your own (e.g. `mkdir -m 700 ~/tmp; export "
+            "TMPDIR=~/tmp`), or unset it to use /tmp, then rerun")
+    if st.st_mode & 0o022 and not st.st_mode & 0o1000:
+        raise ConfigError(
+            f"{what} can be written by others and has no sticky bit (mode "
+            f"{st.st_mode & 0o7777:o}): any of them can rename the private folders kvprefetch "
+            "makes there and put their own or a link in their place",
+            "set TMPDIR to a folder of your own (e.g. `mkdir -m 700 ~/tmp; export "
+            "TMPDIR=~/tmp`), or unset it to use /tmp, then rerun")

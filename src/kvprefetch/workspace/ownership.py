@@ -27,7 +27,7 @@ from typing import Any
 from .. import runner
 from ..errors import ConfigError, KvprefetchError
 from ..reading import load_json, read_limited
-from . import confine, mounts
+from . import confine, foreign, mounts
 from .locks import locked
 from .workdir import Workdir, json_text, write_json_atomic
 
@@ -302,6 +302,8 @@ def private_dir(prefix: str, *, outside: Path | None = None) -> Iterator[Path]:
     replaced by a link to a folder outside while apply ran, had the patched files written
     there, exit 0 (the seventeenth hostile pass, 2 runs of 3)."""
     _check_temp_outside(outside)
+    temp = tempfile.gettempdir()
+    foreign.refuse_foreign_temp(Path(temp), f"the system temp folder {temp} (TMPDIR)")
     made: list[Path] = []
     try:
         # a stop between mkdtemp's mkdir and the assignment would leave the folder unnamed
@@ -361,13 +363,19 @@ def within(path: Path, folder: Path) -> bool:
     return mounts.within_by_mount_table(path, folder)
 
 
-def _writable_then_retry(func: Any, path: str, exc_info: Any) -> None:
-    """rmtree's error handler, as tempfile's: a folder of the private folder a program left
-    read-only is made writable and the removal retried once; anything else is left (the
-    removal must never fail a command that has already done its work)."""
-    with suppress(OSError):
-        os.chmod(os.path.dirname(path), 0o700)  # inside the private folder: nobody else's
-        func(path)
+def _writable_then_retry(top: str) -> Any:
+    """rmtree's error handler, as tempfile's: a folder of the private folder ``top`` a program
+    left read-only is made writable and the removal retried once; anything else is left (the
+    removal must never fail a command that has already done its work). An error at ``top``
+    itself (a link in its place) changes nothing: the folder above it is the system temp
+    folder, which the handler made 0700 (issue 41, the thirty-ninth hostile pass)."""
+    def handler(func: Any, path: str, exc_info: Any) -> None:
+        if os.path.normpath(path) == os.path.normpath(top):
+            return
+        with suppress(OSError):
+            os.chmod(os.path.dirname(path), 0o700)  # inside the private folder: nobody else's
+            func(path)
+    return handler
 
 
 def _remove_private(tmp: Path) -> None:
@@ -383,9 +391,9 @@ def _remove_private(tmp: Path) -> None:
     with runner.stops_held():
         if os.path.lexists(tmp):
             if sys.version_info >= (3, 12):  # onerror is deprecated from 3.12
-                shutil.rmtree(tmp, onexc=_writable_then_retry)
+                shutil.rmtree(tmp, onexc=_writable_then_retry(str(tmp)))
             else:
-                shutil.rmtree(tmp, onerror=_writable_then_retry)
+                shutil.rmtree(tmp, onerror=_writable_then_retry(str(tmp)))
 
 
 def start_time(pid: int) -> int | None:
