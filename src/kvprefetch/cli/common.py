@@ -49,10 +49,26 @@ def _real_workdir(ctx: click.Context, param: click.Parameter, value: Path) -> Pa
     it on a larger disk behind a link. Inside it no link is ever followed; resolving the link
     here makes every command act on the same real directory (issue 41, class 6: fetch and
     clean refused the link and told the user to remove ``.lock``, while apply went through)."""
+    from ..errors import ConfigError
+
+    if ctx.get_parameter_source(param.name or "") is click.core.ParameterSource.ENVIRONMENT:
+        # named by KVPREFETCH_WORKDIR, not typed: "correct the command line" and "--workdir X"
+        # pointed at a command line that holds no --workdir (issue 41, the thirty-ninth pass)
+        try:
+            return _real_workdir_checked(ctx, param, value, "KVPREFETCH_WORKDIR")
+        except click.BadParameter as exc:
+            raise ConfigError(f"KVPREFETCH_WORKDIR={os.fspath(value)!r}: {exc.message}",
+                              "set KVPREFETCH_WORKDIR to a work directory, or unset it (or pass "
+                              "--workdir DIR, which wins over it)") from None
+    return _real_workdir_checked(ctx, param, value, "--workdir")
+
+
+def _real_workdir_checked(ctx: click.Context, param: click.Parameter, value: Path,
+                          named: str) -> Path:
     from ..workspace.foreign import refuse_foreign_link
 
     refuse_a_path_through_a_file(ctx, param, value, "work directory")
-    refuse_foreign_link(value, f"--workdir {value}")  # any link on the way, not only the last
+    refuse_foreign_link(value, f"{named} {value}")  # any link on the way, not only the last
     if value.is_symlink() and value.is_dir():
         _refuse_a_campaigns_linked_work(value)
         return value.resolve()

@@ -319,7 +319,9 @@ def _check_temp_outside(outside: Path | None) -> None:
     """Refuse a system temp folder (TMPDIR) inside ``outside`` or inside any work directory
     this process works in (``confine.trusted_roots``): the programs the kit runs in a private
     folder (git apply, nvcc, gcc, pip) write there by path, and whoever can write the work
-    directory can rename the folder and put a link in its place."""
+    directory can rename the folder and put a link in its place. Nor one reached through
+    another user's link (``runner.refuse_foreign_tmpdir``)."""
+    runner.refuse_foreign_tmpdir(tempfile.gettempdir())
     roots = [Path(r) for r in confine.trusted_roots()]
     if outside is not None:
         roots.append(Path(outside))
