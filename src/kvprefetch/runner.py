@@ -183,19 +183,16 @@ def check_child_tmpdir(child_env: Mapping[str, str]) -> None:
             "kit runs write their temporary files under it (an empty TMPDIR puts them in /)",
             "unset TMPDIR, or set it to a writable directory (e.g. export TMPDIR=/tmp)",
         )
-    refuse_foreign_tmpdir(tmp)
+    TEMP_CHECK[0](tmp)
 
 
-def refuse_foreign_tmpdir(tmp: str) -> None:
-    """Refuse a ``TMPDIR`` reached through a link of another user's (root aside), as an output
-    is (``foreign.refuse_foreign_link``): the kit makes its private folders there and its
-    children write into them by path, so ``TMPDIR=/tmp/shared/tmp`` through ``nobody``'s
-    ``/tmp/shared/tmp -> ~/thesis`` had doctor's probe (nvcc, gcc, as) and apply's ``git
-    apply`` write in the folder nobody chose, which nobody could re-point while they ran (issue
-    41, the thirty-ninth hostile pass)."""
-    from .workspace.foreign import refuse_foreign_link
-
-    refuse_foreign_link(Path(tmp), f"TMPDIR={tmp}")
+# The check of a child's TMPDIR that only the workspace layer can make (``foreign
+# .refuse_foreign_temp``: no link of another user's on the way, no folder above it of another
+# user's, the folder itself not another user's nor writable by others without the sticky bit),
+# set by ``workspace/ownership`` as it is imported, as ``PRIVATE_DIR`` is. A ``TMPDIR`` through
+# ``nobody``'s link had doctor's probe (nvcc, gcc, as) and apply's ``git apply`` write in the
+# folder nobody chose (issue 41, the thirty-ninth hostile pass).
+TEMP_CHECK: list[Callable[[str], None]] = [lambda tmp: None]
 
 
 # The children running now (any thread's), so that an interrupt stops them all at once: a

@@ -20,7 +20,7 @@ reverting ``src`` and running it):
   its ``git apply`` folder and doctor its compile probe in the work directory, where whoever
   writes it can swap them for a link to a folder outside (the seventeenth and eighteenth
   passes' attack). Now a folder above the temp folder that is the work directory by device
-  and inode is refused too (``ownership.within``; 1 run each of apply and doctor).
+  and inode is refused too (``mounts.within``; 1 run each of apply and doctor).
 - A whole number past a float's range (400 digits) was an ``OverflowError`` traceback wherever
   the kit took it for a float: the integer options checked against a ``Bound``
   (``bench decode --steps/--requests/--repeats``, the eighteenth pass's ceilings, and, since the

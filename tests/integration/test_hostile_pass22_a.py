@@ -1,7 +1,7 @@
 """Issue 41, the twenty-second hostile pass, tester a (the work directory's commands). Each
 test fails without its fix (checked by reverting ``src`` and running it):
 
-- **A TMPDIR in a bind mount of a sub-folder of the work directory** (``ownership.within``).
+- **A TMPDIR in a bind mount of a sub-folder of the work directory** (``mounts.within``).
   The private folders the kit's programs write into by path (``git apply``'s, doctor's probe,
   the build's) refuse a ``TMPDIR`` inside a work directory, by path and, since the nineteenth
   pass, by the device and inode of the temp folder and each folder above it: that caught a

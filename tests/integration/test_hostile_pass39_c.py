@@ -6,7 +6,8 @@ the environment as input.
   children write there by path. ``TMPDIR=/tmp/shared/tmp`` through ``nobody``'s link to a
   folder of the user's had doctor's nvcc, gcc and as write in the folder nobody chose, a link
   nobody could re-point while they ran: held to the rule every other path to write in follows
-  (``foreign.refuse_foreign_link``), in ``runner.refuse_foreign_tmpdir``.
+  (``foreign.refuse_foreign_temp``), in ``runner.check_child_tmpdir`` (its ``TEMP_CHECK``)
+  and ``ownership.private_dir``.
 - ``KVPREFETCH_WORKDIR`` (``--workdir``'s variable) naming a FIFO, a path through a file or
   another user's link was reported as ``Invalid value for '--workdir'`` / "correct the command
   line", or ``--workdir X: ...``, to a user whose command line holds no ``--workdir``: the

@@ -272,7 +272,7 @@ def reaches_campaign(entry: str, campaign: Path) -> bool:
     at its own folder, and every job's bash loaded a ``libtinfo.so.6`` planted there before
     its first line (issue 41, the twenty-third hostile pass; the twentieth pass's attack on
     PATH, which the job pins, on what the job's bash reads as it starts)."""
-    from ..workspace.ownership import within  # the one "at or below" check
+    from ..workspace.mounts import within  # the one "at or below" check
 
     path = os.path.join("/", entry)
     return any(within(Path(f), campaign) for f in link_folders(path)) \
@@ -326,7 +326,7 @@ TOOLKIT_FOLDERS = ("bin", "nvvm", "include", "targets", "lib64", "lib")
 
 
 def _check_held(env: Mapping[str, str], campaign: Path) -> None:
-    from ..workspace.ownership import within
+    from ..workspace.mounts import within
 
     for n in (n for n in ("CUDA_HOME", "CUDA_PATH") if env.get(n)):
         v, top = env[n], os.path.join("/", env[n])

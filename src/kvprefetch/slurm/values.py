@@ -242,12 +242,12 @@ def check_source(source: str, root: str) -> str:
 
 def _in_campaign(path: str, root: str) -> bool:
     """Whether the absolute ``path`` is the campaign ``root`` or in it: as typed (normalised),
-    through links, or by identity (a bind mount: ``ownership.within``), or reached through a
+    through links, or by identity (a bind mount: ``mounts.within``), or reached through a
     link that lies in the campaign (``job_env``'s rule for passed values): ``--python ~/py/...``
     with ``~/py`` the user's link to ``<campaign>/venv``, itself a link to the environment,
     resolved outside and was sent; the campaign's writer then pointed ``venv`` at its own
     folder, and every job ran its ``bin/python`` (issue 41, the twenty-seventh hostile pass)."""
-    from ..workspace.ownership import within
+    from ..workspace.mounts import within
     from .job_env import reaches_campaign
 
     real = os.path.realpath(path)

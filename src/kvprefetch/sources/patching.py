@@ -21,7 +21,7 @@ from ..hashing import differences, sha256_bytes, sha256_file, tree_inventory, wa
 from ..kernels import rules as kernel_rules
 from ..oserrors import mapped
 from ..runner import run
-from ..workspace import ownership, treetxn
+from ..workspace import mounts, ownership, treetxn
 from ..workspace.confine import kept_mode, write_file
 from ..workspace.locks import locked
 from ..workspace.workdir import Workdir
@@ -455,7 +455,7 @@ def _refuse_output_inside(output: Path, root: Path) -> None:
     resolves to another path, and got past the path comparison alone."""
     where = Path(os.path.realpath(output))
     home = Path(os.path.realpath(root))
-    if ownership.within(where, home):
+    if mounts.within(where, home):
         raise PatchError(f"refusing to write {output}: it is inside the work directory {root}, "
                          "whose files are kvprefetch's records, trees and pristine copy",
                          "write the header outside the work directory (e.g. -o "

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pwd
 import re
 import secrets
 import stat
@@ -247,6 +248,14 @@ def open_dir(d: Path, *, root: Path | None = None, what: str = "write into",
         raise
 
 
+def user_name(uid: int) -> str:
+    """``name (uid N)`` for a message, or ``uid N`` where the user has no name here."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+
+
 def open_named_dir(d: Path, *, make: bool = False, what: str = "write into",
                    family: type[KvprefetchError] = ConfigError) -> int:
     """A descriptor of the folder ``d`` a user named to write in, outside any work directory
@@ -259,8 +268,6 @@ def open_named_dir(d: Path, *, make: bool = False, what: str = "write into",
     swapped for their link after the option's check (``cli.common.refuse_foreign_links``), had
     ``report --out /tmp/theirs/a/run`` make ``run`` and write its report in the folder the link
     chose (issue 41, the thirty-ninth hostile pass)."""
-    from .foreign import _user
-
     me = os.geteuid()
     text = os.fspath(d)
     where = Path("/" if text.startswith("/") else ".")
@@ -292,8 +299,8 @@ def open_named_dir(d: Path, *, make: bool = False, what: str = "write into",
                     if st.st_uid not in (0, me):
                         raise family(
                             f"refusing to {what} {d}: {here} is a symlink that belongs to "
-                            f"{_user(st.st_uid)}, not to you ({_user(me)}): that user chose the "
-                            "folder it leads to, and can change it at any time",
+                            f"{user_name(st.st_uid)}, not to you ({user_name(me)}): that user "
+                            "chose the folder it leads to, and can change it at any time",
                             "name a path under folders only you or root own: another user's "
                             "folder or link on the way lets them move the write elsewhere") \
                             from None

@@ -12,17 +12,10 @@ to sbatch became theirs to plant (issue 41, the thirty-fifth hostile pass)."""
 from __future__ import annotations
 
 import os
-import pwd
 from pathlib import Path
 
 from ..errors import ConfigError
-
-
-def _user(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (KeyError, OverflowError):
-        return f"uid {uid}"
+from .confine import user_name
 
 
 def refuse_foreign(folder: Path, what: str) -> None:
@@ -38,8 +31,8 @@ def refuse_foreign(folder: Path, what: str) -> None:
     if st.st_uid == me:
         return
     raise ConfigError(
-        f"{what} already exists and belongs to {_user(st.st_uid)}, not to you "
-        f"({_user(me)}): that user could replace anything kvprefetch puts in it, its "
+        f"{what} already exists and belongs to {user_name(st.st_uid)}, not to you "
+        f"({user_name(me)}): that user could replace anything kvprefetch puts in it, its "
         "programs and scripts included",
         f"pick a path that does not exist yet in a folder only you can write (e.g. under your "
         f"home), or, if the folder is yours to take, `chown {me} {folder}` first")
@@ -63,8 +56,8 @@ def _refuse_foreign_above(folder: Path, what: str) -> None:
         if uid in (0, me):
             continue
         raise ConfigError(
-            f"{what} would lie in {above}, which belongs to {_user(uid)}, not to you "
-            f"({_user(me)}) or root: that user can rename the folder kvprefetch makes there "
+            f"{what} would lie in {above}, which belongs to {user_name(uid)}, not to you "
+            f"({user_name(me)}) or root: that user can rename the folder kvprefetch makes there "
             "and put their own in its place",
             "pick a path under folders only you or root own (e.g. under your home)")
 
@@ -133,8 +126,8 @@ def refuse_foreign_link(path: Path, what: str) -> None:
         if uid in (me, 0):
             continue
         raise ConfigError(
-            f"{what}: {link} is a symlink that belongs to {_user(uid)}, not to you "
-            f"({_user(me)}): that user chose the folder it leads to, and can change it between "
+            f"{what}: {link} is a symlink that belongs to {user_name(uid)}, not to you "
+            f"({user_name(me)}): that user chose the folder it leads to, and can change it between "
             "two commands",
             f"name the folder itself (`realpath {path}` shows where the path leads now), or a "
             "path in a folder only you can write")
@@ -159,7 +152,7 @@ def refuse_foreign_temp(folder: Path, what: str) -> None:
         return  # tempfile made sure it is there; a folder gone meanwhile fails where it is used
     if st.st_uid not in (0, me):
         raise ConfigError(
-            f"{what} belongs to {_user(st.st_uid)}, not to you ({_user(me)}) or root: that "
+            f"{what} belongs to {user_name(st.st_uid)}, not to you ({user_name(me)}) or root: that "
             "user can rename the private folders kvprefetch makes there (where git apply and "
             "the compilers write) and put their own or a link in their place",
             "set TMPDIR to a folder of your own (e.g. `mkdir -m 700 ~/tmp; export "

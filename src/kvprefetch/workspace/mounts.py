@@ -1,6 +1,7 @@
-"""Where a path is in its file system, by the mount table (``/proc/self/mountinfo``): a bind
-mount shows a folder of a file system at another path, and neither that path nor the device
-and inode of the folders above it say which folder it shows."""
+"""Whether a path is at or below a folder (``within``): by path, by device and inode, and by the
+mount table (``/proc/self/mountinfo``): a bind mount shows a folder of a file system at another
+path, and neither that path nor the device and inode of the folders above it say which folder
+it shows."""
 
 from __future__ import annotations
 
@@ -65,3 +66,26 @@ def _place_of_open(fd: int, path: Path) -> tuple[str, PurePosixPath] | None:
 def _unescape(field: str) -> str:
     """A mountinfo path: the kernel writes space, tab, newline and backslash as \\ooo."""
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+
+
+def within(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or below it: by path, or by device and inode for ``path``
+    and every folder above it. A bind mount of the work directory elsewhere (a container's view
+    of it, a second mount point) resolves to another path, so a TMPDIR inside it passed the
+    check by path (apply's git folder and doctor's probe were made in the work directory), and
+    so did an ``export-header -o`` through it (the ownership record overwritten; issue 41, the
+    nineteenth hostile pass). Both paths are resolved already."""
+    if path == folder or folder in path.parents:
+        return True
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return False  # no such folder yet: nothing of it can hold ``path``
+    for above in (path, *path.parents):
+        try:
+            other = os.stat(above)
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            return True
+    return within_by_mount_table(path, folder)

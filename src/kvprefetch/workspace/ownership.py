@@ -319,9 +319,7 @@ def _check_temp_outside(outside: Path | None) -> None:
     """Refuse a system temp folder (TMPDIR) inside ``outside`` or inside any work directory
     this process works in (``confine.trusted_roots``): the programs the kit runs in a private
     folder (git apply, nvcc, gcc, pip) write there by path, and whoever can write the work
-    directory can rename the folder and put a link in its place. Nor one reached through
-    another user's link (``runner.refuse_foreign_tmpdir``)."""
-    runner.refuse_foreign_tmpdir(tempfile.gettempdir())
+    directory can rename the folder and put a link in its place."""
     roots = [Path(r) for r in confine.trusted_roots()]
     if outside is not None:
         roots.append(Path(outside))
@@ -332,7 +330,7 @@ def _check_temp_outside(outside: Path | None) -> None:
     system_temp = Path(os.path.realpath(tempfile.gettempdir()))
     for root in roots:
         work = Path(os.path.realpath(root))
-        if within(system_temp, work):
+        if mounts.within(system_temp, work):
             raise ConfigError(
                 f"the system temp folder {system_temp} (TMPDIR) is inside the work directory "
                 f"{work}: the programs kvprefetch runs (git apply, the compilers) write their "
@@ -340,29 +338,6 @@ def _check_temp_outside(outside: Path | None) -> None:
                 "could swap for a link",
                 "set TMPDIR to a folder outside the work directory (e.g. export TMPDIR=/tmp), "
                 "then rerun")
-
-
-def within(path: Path, folder: Path) -> bool:
-    """Whether ``path`` is ``folder`` or below it: by path, or by device and inode for ``path``
-    and every folder above it. A bind mount of the work directory elsewhere (a container's view
-    of it, a second mount point) resolves to another path, so a TMPDIR inside it passed the
-    check by path (apply's git folder and doctor's probe were made in the work directory), and
-    so did an ``export-header -o`` through it (the ownership record overwritten; issue 41, the
-    nineteenth hostile pass). Both paths are resolved already."""
-    if path == folder or folder in path.parents:
-        return True
-    try:
-        st = os.stat(folder)
-    except OSError:
-        return False  # no such folder yet: nothing of it can hold ``path``
-    for above in (path, *path.parents):
-        try:
-            other = os.stat(above)
-        except OSError:
-            continue
-        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
-            return True
-    return mounts.within_by_mount_table(path, folder)
 
 
 def _writable_then_retry(top: str) -> Any:
@@ -508,3 +483,4 @@ def remove_orphans(root: Path, dry_run: bool = False) -> list[str]:
     return out
 
 runner.PRIVATE_DIR[0] = private_dir  # the folder a child given runner.NEUTRAL_CWD starts in
+runner.TEMP_CHECK[0] = lambda tmp: foreign.refuse_foreign_temp(Path(tmp), f"TMPDIR={tmp}")
