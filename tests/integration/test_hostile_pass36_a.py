@@ -130,12 +130,12 @@ def test_a_fetch_from_git_stopped_mid_checkout_leaves_nothing_in_the_temp_folder
 # a second plan started then finds the first one's scripts and no record, every time.
 _SLOW_RECORD_CLI = """
 import sys, time
-import kvprefetch.slurm.scripts as scripts
-save = scripts.save_record
+import kvprefetch.slurm.folder as folder
+save = folder.save_record
 def slow(*args, **kwargs):
     time.sleep(3)
     return save(*args, **kwargs)
-scripts.save_record = slow
+folder.save_record = slow
 sys.argv[0] = "kvprefetch"
 from kvprefetch.__main__ import main
 main()

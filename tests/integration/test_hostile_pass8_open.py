@@ -139,7 +139,7 @@ def test_fetch_dry_run_refuses_a_workdir_under_a_file_as_the_real_run_does(
     (tmp_path / "afile").write_text("the user's file\n")
     for extra in (["--dry-run"], ["--source", "sdist"]):
         res = _run("fetch", "--workdir", "afile/sub/w", *extra, cwd=tmp_path)
-        _refused(res, 2, "afile/sub/w", "is not a directory")
+        _refused(res, 2, "afile/sub/w", "goes through a file")  # pass 38 c names it at the option
     assert (tmp_path / "afile").read_text() == "the user's file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "outside"]
 
