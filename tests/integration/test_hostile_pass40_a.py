@@ -11,7 +11,9 @@ another user at work; pass 39's new code as an attacker). Each test fails withou
   the private folder's name to a folder of root's, and nvcc, run by ``kvprefetch doctor``, wrote
   its ``tmpxft_*_probe.cpp4.ii`` there (an inotify watch on that folder saw it made, written
   and deleted; won the first try by hand). A folder above the system temp folder that others
-  may write without the sticky bit is now refused as the folder itself is.
+  may write without the sticky bit is now refused as the folder itself is, and so is one
+  holding a link of root's on the way (``TMPDIR=/var/tmp/shared/link``: the link renamed away
+  and another put in its place).
 
 Nothing else is mocked: the CLI runs for real on folders made here."""
 
@@ -47,9 +49,32 @@ def test_a_tmpdir_in_a_folder_others_can_write_without_the_sticky_bit_is_refused
     text = res.stdout + res.stderr
     assert res.returncode == 2, text
     assert "Traceback" not in text and "To fix:" in text, text
-    assert f"lies in {shared}" in text and "no sticky bit" in text, text
+    assert f"{shared}, a folder on its way" in text and "no sticky bit" in text, text
     assert os.listdir(mine) == []  # no private folder made there
     assert stat.S_IMODE(os.stat(shared).st_mode) == mode
+    assert tree_bytes(tree) == before
+
+
+@needs_root
+def test_a_tmpdir_reached_through_a_link_in_a_folder_others_can_write_is_refused(
+        fetched_workdir: Path, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)  # root's, private, in a folder only root writes
+    (shared / "link").symlink_to(mine)  # root's link, but a name others may rename
+    tree = fetched_workdir / "trees" / "patched"
+    before = tree_bytes(tree)
+    env = _env()
+    env["TMPDIR"] = str(shared / "link")
+    res = kvprefetch_cli_split("apply", "--workdir", str(fetched_workdir), "--tree", "patched",
+                               "--variant", "prefetch", env=env, timeout=300)
+    text = res.stdout + res.stderr
+    assert res.returncode == 2, text
+    assert "Traceback" not in text and "To fix:" in text, text
+    assert f"{shared}, a folder on its way" in text, text
+    assert os.listdir(mine) == []
     assert tree_bytes(tree) == before
 
 

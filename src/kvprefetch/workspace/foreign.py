@@ -171,18 +171,24 @@ def refuse_foreign_temp(folder: Path, what: str) -> None:
     # and 0777), nobody read the probe's folder from nvcc's command line, renamed `mine` away,
     # made their own with a link of that name to a folder of root's, and nvcc wrote its
     # tmpxft_* files there (issue 41, the fortieth hostile pass: owners alone were looked at
-    # above the folder, its mode only at the folder itself)
-    for above in Path(os.path.realpath(folder)).parents:
+    # above the folder, its mode only at the folder itself). A link of root's or the user's on
+    # the way is a name in its folder as well (TMPDIR=/var/tmp/shared/link: renamed away, and
+    # another user's link put in its place), so the folders holding such links count too.
+    above_all = list(Path(os.path.realpath(folder)).parents)
+    for link, _uid in links_on_the_way(folder):
+        held = Path(os.path.realpath(link.parent))
+        above_all += [held, *held.parents]
+    for above in dict.fromkeys(above_all):
         try:
             mode = os.stat(above).st_mode
         except OSError:
             continue
         if mode & 0o022 and not mode & 0o1000:
             raise ConfigError(
-                f"{what} lies in {above}, which others can write and which has no sticky bit "
-                f"(mode {mode & 0o7777:o}): any of them can rename the folder on the way there "
-                "and put their own or a link in its place, and with it the private folders "
-                "kvprefetch makes (where git apply and the compilers write)",
+                f"{what}: {above}, a folder on its way, can be written by others and has no "
+                f"sticky bit (mode {mode & 0o7777:o}): any of them can rename the folder or link "
+                "of the way there and put their own or a link in its place, and with it the "
+                "private folders kvprefetch makes (where git apply and the compilers write)",
                 "set TMPDIR to a folder of your own under folders only you or root can write "
                 "(e.g. `mkdir -m 700 ~/tmp; export TMPDIR=~/tmp`), or unset it to use /tmp, "
                 "then rerun")
