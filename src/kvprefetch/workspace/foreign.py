@@ -137,8 +137,9 @@ def refuse_foreign_temp(folder: Path, what: str) -> None:
     """Raise a ConfigError where another user can rename an entry of the system temp folder
     ``folder`` (TMPDIR), in which the kit makes its private folders (``ownership.private_dir``):
     a link of another user's on the way, a folder above it that another user (not root) owns,
-    the folder itself another user's, or one others may write without the sticky bit. A private
-    folder is 0700, but its name is the parent's entry: with ``TMPDIR`` a folder ``nobody`` owns
+    the folder itself another user's, or it or a folder above it one others may write without
+    the sticky bit. A private folder is 0700, but its name is the parent's entry (and the
+    folder's own name its parent's): with ``TMPDIR`` a folder ``nobody`` owns
     (0777 or 1777), ``nobody`` renamed apply's private folder away once ``git apply --check``
     had started and put a link in its place, and the next ``git apply``, started in the folder
     by path, patched a tree outside the work directory that the link led to (issue 41, the
@@ -164,3 +165,30 @@ def refuse_foreign_temp(folder: Path, what: str) -> None:
             "makes there and put their own or a link in their place",
             "set TMPDIR to a folder of your own (e.g. `mkdir -m 700 ~/tmp; export "
             "TMPDIR=~/tmp`), or unset it to use /tmp, then rerun")
+    # a folder above it that others may write without the sticky bit lets any of them rename
+    # the system temp folder itself (or a folder on its way) and put their own in its place,
+    # whoever owns it: with TMPDIR=/var/tmp/shared/mine (mine root's and 0700, shared root's
+    # and 0777), nobody read the probe's folder from nvcc's command line, renamed `mine` away,
+    # made their own with a link of that name to a folder of root's, and nvcc wrote its
+    # tmpxft_* files there (issue 41, the fortieth hostile pass: owners alone were looked at
+    # above the folder, its mode only at the folder itself). A link of root's or the user's on
+    # the way is a name in its folder as well (TMPDIR=/var/tmp/shared/link: renamed away, and
+    # another user's link put in its place), so the folders holding such links count too.
+    above_all = list(Path(os.path.realpath(folder)).parents)
+    for link, _uid in links_on_the_way(folder):
+        held = Path(os.path.realpath(link.parent))
+        above_all += [held, *held.parents]
+    for above in dict.fromkeys(above_all):
+        try:
+            mode = os.stat(above).st_mode
+        except OSError:
+            continue
+        if mode & 0o022 and not mode & 0o1000:
+            raise ConfigError(
+                f"{what}: {above}, a folder on its way, can be written by others and has no "
+                f"sticky bit (mode {mode & 0o7777:o}): any of them can rename the folder or link "
+                "of the way there and put their own or a link in its place, and with it the "
+                "private folders kvprefetch makes (where git apply and the compilers write)",
+                "set TMPDIR to a folder of your own under folders only you or root can write "
+                "(e.g. `mkdir -m 700 ~/tmp; export TMPDIR=~/tmp`), or unset it to use /tmp, "
+                "then rerun")
