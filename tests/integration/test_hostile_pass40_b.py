@@ -133,3 +133,66 @@ def test_a_bench_logs_folder_swapped_for_another_users_link_takes_no_log(
     assert not (outside / "patched" / "ncu-1-baseline.log").exists(), text
     assert code != 0, text
     assert "is a symlink that belongs to nobody" in text and "To fix:" in text, text
+
+
+_SWAP_LOOP = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+a, b, stop = (os.fsencode(x) for x in sys.argv[1:4])
+while not os.path.exists(stop):
+    for _ in range(100):
+        libc.renameat2(-100, a, -100, b, 2)  # RENAME_EXCHANGE
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a folder another user owns")
+def test_report_index_under_another_users_folder_swaps_names_the_swap(
+        tmp_path: Path, outside: Path) -> None:
+    """``report --index D --out /tmp/theirs/a/x/results.md`` while ``nobody`` swaps their folder
+    ``a`` with their link to the user's folder (``renameat2`` exchange, in a loop): realpath
+    read ``a`` as a link, then found a folder to read the link of, and the command said
+    "report failed: .../a: Invalid argument / To fix: check the path and its file system".
+    Nothing was written outside either way (the write opens the folder from ``/`` down); the
+    message now names the swap. In process (click's runner), until the race is met (3,000
+    runs at most)."""
+    from click.testing import CliRunner
+
+    from kvprefetch.cli.report import report as report_cmd
+    from kvprefetch.errors import BenchError, KvprefetchError
+
+    results = Path(__file__).resolve().parents[2] / "docs" / "results" / \
+        "2026-12-01-h200-decode"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    theirs = shared / "theirs"
+    (theirs / "a" / "x").mkdir(parents=True)
+    (outside / "x").mkdir()
+    (theirs / "alink").symlink_to(outside)
+    for p in (theirs, theirs / "a", theirs / "a" / "x"):
+        os.chown(p, NOBODY, NOBODY)
+    os.lchown(theirs / "alink", NOBODY, NOBODY)
+    stop = tmp_path / "stop"
+    loop = subprocess.Popen([sys.executable, "-c", _SWAP_LOOP, str(theirs / "a"),
+                             str(theirs / "alink"), str(stop)])
+    raced: list[str] = []
+    try:
+        for _ in range(3000):
+            res = CliRunner().invoke(report_cmd, ["--index", str(results), "--out",
+                                                  str(theirs / "a" / "x" / "results.md")])
+            exc = res.exception
+            if isinstance(exc, OSError):
+                raced.append(f"{exc!r}")
+            elif isinstance(exc, BenchError) and "stopped being a symlink" in exc.cause:
+                raced.append("named")
+            else:
+                assert exc is None or isinstance(exc, (SystemExit, KvprefetchError)), repr(exc)
+            if raced:
+                break
+    finally:
+        stop.touch()
+        loop.wait(timeout=30)
+        (outside / "x").rmdir()  # the outside fixture: nothing else there changed
+    # without the fix: OSError(EINVAL, 'Invalid argument') out of Path.resolve
+    assert raced, "the race was never met"
+    assert all(r == "named" for r in raced), raced
