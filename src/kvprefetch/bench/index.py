@@ -7,6 +7,7 @@ its headline figure. The headline is computed from that result JSON, never typed
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,9 +183,24 @@ def _one_headline(folder: Path, spec: Headline) -> str:
 def index_markdown(root: Path, out: Path) -> str:
     """``docs/results.md``: one row per run under ``root``, links relative to ``out``."""
     runs = find_runs(root)
+    try:  # the folders resolved once, every row's link from the same place
+        base = Path(out).resolve().parent
+        resolved = [r.path.resolve() for r in runs]
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        # realpath read a part as a link, then found no link there to read: a folder on the
+        # way swapped back and forth by another process. It said "report failed: .../a:
+        # Invalid argument / To fix: check the path and its file system", which named no
+        # cause (issue 41, the fortieth hostile pass: nobody's folder and link swapped above
+        # --out)
+        raise BenchError(f"cannot tell where {exc.filename} leads: it stopped being a symlink "
+                         "while kvprefetch read it (another process is changing the folders on "
+                         "the way)", "stop whatever else renames that folder, or write the "
+                         "index under folders only you or root own, then rerun") from None
     rows = []
-    for r in runs:
-        link = Path(os.path.relpath(r.path.resolve(), Path(out).resolve().parent)).as_posix()
+    for r, path in zip(runs, resolved, strict=True):
+        link = Path(os.path.relpath(path, base)).as_posix()
         rows.append([r.date, f"[{r.path.relative_to(root).as_posix()}]({link}/)", r.gpu,
                      r.measures, headline(r), f"`{r.commit}`"])
     lines = ["# Committed results", "",

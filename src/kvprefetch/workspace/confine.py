@@ -135,11 +135,16 @@ def root_of(path: Path) -> Path | None:
 
 def open_log_dir(d: Path) -> int | None:
     """For ``runner.open_log``: a descriptor of the log folder ``d``, made and opened from the
-    deepest recorded work directory holding it down (``ensure_dir``, ``open_dir``); None when
-    no recorded work directory holds it."""
+    deepest recorded work directory holding it down (``ensure_dir``, ``open_dir``), or, in no
+    work directory (a bench ``--out`` the user names), made and opened a part at a time from
+    ``/`` (``open_named_dir``), as the run's documents are. By path (``mkdir -p``, then an
+    open by name), a folder of another user's on the way, swapped for their link after
+    ``bench ncu --out /tmp/theirs/a/run`` had made ``run``, had ncu's log made and written in
+    the folder the link chose (issue 41, the fortieth hostile pass; the thirty-ninth left
+    "``open_log`` without a work directory" open, thinking no option reached it)."""
     root = root_of(d)
     if root is None:
-        return None
+        return open_named_dir(d, make=True, what="write the log in")
     ensure_dir(d, root=root)
     return open_dir(d, root=root, what="write the log in")
 

@@ -484,3 +484,6 @@ def remove_orphans(root: Path, dry_run: bool = False) -> list[str]:
 
 runner.PRIVATE_DIR[0] = private_dir  # the folder a child given runner.NEUTRAL_CWD starts in
 runner.TEMP_CHECK[0] = lambda tmp: foreign.refuse_foreign_temp(Path(tmp), f"TMPDIR={tmp}")
+# every log (runner.open_log) in a folder opened from a work directory or from / down, never
+# by path: confine.open_log_dir says why (the fortieth pass)
+runner.LOG_DIR_OPENER = confine.open_log_dir
