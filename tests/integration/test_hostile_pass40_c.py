@@ -13,6 +13,8 @@ the thirty-ninth did not reach, through the real CLI.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,38 @@ def test_matplotlibs_folders_through_another_users_link_are_refused(
                                timeout=600)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert (out / "gemma-2b-fp16.png").is_file()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a link another user owns")
+def test_uvs_cache_through_another_users_link_is_refused(
+        tmp_path: Path, outside: Path, fetched_workdir: Path) -> None:
+    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    if not os.path.exists(uv):
+        pytest.skip("no uv")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "cache").symlink_to(outside)
+    os.lchown(shared / "cache", NOBODY, NOBODY)
+    home = tmp_path / "home"
+    home.mkdir()
+    base = {k: v for k, v in _env().items() if k not in ("UV_CACHE_DIR", "UV_NO_CACHE")}
+    base |= {"HOME": str(home), "PATH": f"{Path(uv).parent}{os.pathsep}{base.get('PATH', '')}"}
+    env = base | {"XDG_CACHE_HOME": str(shared / "cache")}
+    # a kernels-only build with uv's environments: `uv venv` wrote its cache (CACHEDIR.TAG,
+    # interpreter-v*/) in the folder nobody's link chose
+    res = kvprefetch_cli_split("build", "--workdir", str(fetched_workdir), "--mode",
+                               "kernels-only", "--env-backend", "uv", "--trees", "baseline",
+                               "--head-sizes", "128", "--block-sizes", "16", "--kv-dtypes",
+                               "fp16", env=env, timeout=600)
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
+    assert "XDG_CACHE_HOME=" in res.stderr and "belongs to nobody" in res.stderr, res.stderr
+    assert "set XDG_CACHE_HOME to a folder of your own" in res.stderr, res.stderr
+    assert not (outside / "uv").exists()
+    # doctor names it too, and the fix works: a cache folder of the user's own
+    args = ("doctor", "--workdir", str(fetched_workdir), "--mode", "overlay")
+    refused(kvprefetch_cli_split(*args, env=env, timeout=600), 2, "XDG_CACHE_HOME=",
+            "belongs to nobody")
+    res = kvprefetch_cli_split(*args, env=base | {"XDG_CACHE_HOME": str(tmp_path / "mine")},
+                               timeout=600)
+    assert "belongs to" not in res.stderr and "Traceback" not in res.stderr, res.stderr

@@ -55,27 +55,13 @@ def _refuse_foreign_mpl_folders() -> None:
     ``matplotlib/fontlist-*.json`` in the folder the link chose, which ``nobody`` can re-point
     at any folder of the user's between two runs (issue 41, the fortieth hostile pass; the
     rule of ``TMPDIR``, ``foreign.refuse_foreign_temp``, the thirty-ninth's)."""
-    from ..errors import ConfigError
-    from ..workspace.confine import user_name
-    from ..workspace.foreign import _refuse_foreign_above, refuse_foreign_link
+    from ..workspace.foreign import refuse_foreign_chosen
 
     for var, folder in _mpl_folders():
-        what = f"matplotlib's folder {folder} (from {var}={os.environ.get(var, '')})"
-        try:
-            refuse_foreign_link(folder, what)
-            _refuse_foreign_above(folder, what)
-            try:
-                uid = os.stat(folder).st_uid
-            except OSError:
-                continue  # not there: matplotlib makes it, as this user
-            if uid not in (0, os.geteuid()):
-                raise ConfigError(f"{what} belongs to {user_name(uid)}, not to you "
-                                  f"({user_name(os.geteuid())}) or root: that user can replace "
-                                  "what matplotlib writes and reads back there")
-        except ConfigError as exc:
-            raise ConfigError(exc.cause,
+        refuse_foreign_chosen(folder, f"matplotlib's folder {folder} (from {var}="
+                              f"{os.environ.get(var, '')})",
                               f"set {var} to a folder of your own (or unset it), or pass "
-                              "--formats md for no figures, then rerun") from None
+                              "--formats md for no figures, then rerun")
 
 
 def pyplot() -> Any:
