@@ -30,10 +30,45 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]
     return out
 
 
+def _mpl_folders() -> list[tuple[str, Path]]:
+    """The folders matplotlib makes and writes (its config folder, and its cache folder, where
+    it writes ``fontlist-*.json``) when it is imported, each with the variable that chose it:
+    ``MPLCONFIGDIR`` for both, else ``XDG_CONFIG_HOME``/``XDG_CACHE_HOME`` or ``HOME``'s
+    ``.config``/``.cache``, plus ``matplotlib`` (matplotlib's ``_get_config_or_cache_dir``)."""
+    chosen = os.environ.get("MPLCONFIGDIR")
+    if chosen:
+        return [("MPLCONFIGDIR", Path(chosen))]
+    home = os.path.expanduser("~")
+    out = []
+    for var, default in (("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache")):
+        base = os.environ.get(var)
+        out.append((var, Path(base, "matplotlib")) if base
+                   else ("HOME", Path(home, default, "matplotlib")))
+    return out
+
+
+def _refuse_foreign_mpl_folders() -> None:
+    """Refuse (ConfigError) a folder matplotlib would write in that another user chose: a link
+    of theirs on the way, or a folder above it of theirs. matplotlib makes its folders and
+    writes its font cache by path through whatever the variables name: ``XDG_CACHE_HOME``
+    through ``nobody``'s link in a shared folder had ``report --formats png`` make
+    ``matplotlib/fontlist-*.json`` in the folder the link chose, which ``nobody`` can re-point
+    at any folder of the user's between two runs (issue 41, the fortieth hostile pass; the
+    rule of ``TMPDIR``, ``foreign.refuse_foreign_temp``, the thirty-ninth's)."""
+    from ..workspace.foreign import refuse_foreign_chosen
+
+    for var, folder in _mpl_folders():
+        refuse_foreign_chosen(folder, f"matplotlib's folder {folder} (from {var}="
+                              f"{os.environ.get(var, '')})",
+                              f"set {var} to a folder of your own (or unset it), or pass "
+                              "--formats md for no figures, then rerun")
+
+
 def pyplot() -> Any:
     # imported in `/`, not the current folder: matplotlib reads `matplotlibrc` from the current
     # folder on import, and a FIFO of that name there (a campaign's results/, where `report` is
     # run) had the import wait on it for ever (issue 41, the twenty-sixth pass)
+    _refuse_foreign_mpl_folders()
     try:
         here: int | None = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:  # a folder it cannot look into: matplotlib cannot see a matplotlibrc there

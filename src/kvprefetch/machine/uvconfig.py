@@ -21,13 +21,17 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping
+from pathlib import Path
 
 from ..errors import ConfigError
 from ..reading import MAX_RECORD_BYTES
 
 
 def uv_config_args(environ: Mapping[str, str]) -> list[str]:
-    """uv's global options naming the configuration it reads (the module says why)."""
+    """uv's global options naming the configuration it reads (the module says why). Every uv
+    run the kit starts names its options here, so its cache folder is checked here too
+    (``refuse_foreign_cache``)."""
+    refuse_foreign_cache(environ)
     # uv's own reading of a yes (clap's boolish values): y and t too, which the kit missed and
     # then named the user's uv.toml though the user had asked for none (the thirtieth pass)
     if environ.get("UV_CONFIG_FILE") or environ.get("UV_NO_CONFIG", "").lower() in (
@@ -52,6 +56,29 @@ def uv_config_args(environ: Mapping[str, str]) -> list[str]:
                            "UV_NO_CONFIG=1)")
             return ["--config-file", path]
     return ["--no-config"]
+
+
+def refuse_foreign_cache(environ: Mapping[str, str]) -> None:
+    """Refuse (ConfigError) a uv cache folder another user chose: uv writes its cache (the
+    ``uv venv`` of a kernels-only ``--env-backend uv`` build its interpreter records, an overlay
+    build 9 GiB of wheels) by path in ``UV_CACHE_DIR``, else ``$XDG_CACHE_HOME/uv``, else
+    ``~/.cache/uv``; ``XDG_CACHE_HOME`` through ``nobody``'s link had it write in the folder
+    the link chose (issue 41, the fortieth hostile pass). ``UV_NO_CACHE`` uses a temporary
+    folder (TMPDIR's rule); a relative folder lies in the kit's own empty working folder."""
+    from ..workspace.foreign import refuse_foreign_chosen
+
+    if environ.get("UV_NO_CACHE", "").lower() in ("1", "true", "yes", "on", "y", "t"):
+        return
+    for var, folder in (("UV_CACHE_DIR", environ.get("UV_CACHE_DIR", "")),
+                        ("XDG_CACHE_HOME", os.path.join(environ.get("XDG_CACHE_HOME", ""), "uv")),
+                        ("HOME", os.path.join(environ.get("HOME", ""), ".cache", "uv"))):
+        if not environ.get(var):
+            continue
+        if os.path.isabs(folder):
+            refuse_foreign_chosen(Path(folder), f"uv's cache {folder} (from {var}={environ[var]})",
+                                  f"set {var} to a folder of your own (or UV_CACHE_DIR to one), "
+                                  "or unset it, then rerun")
+        return
 
 
 def check_readable(path: str, what: str, fix: str) -> None:

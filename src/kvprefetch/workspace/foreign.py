@@ -192,3 +192,26 @@ def refuse_foreign_temp(folder: Path, what: str) -> None:
                 "set TMPDIR to a folder of your own under folders only you or root can write "
                 "(e.g. `mkdir -m 700 ~/tmp; export TMPDIR=~/tmp`), or unset it to use /tmp, "
                 "then rerun")
+
+
+def refuse_foreign_chosen(folder: Path, what: str, fix: str) -> None:
+    """Raise a ConfigError (with ``fix``) where another user chose ``folder``, a folder a
+    library or a child writes by path, named by a variable of the user's environment (a cache,
+    a config folder): a link of another user's on the way, a folder above it of theirs, or the
+    folder itself theirs. The rule of ``TMPDIR`` (``refuse_foreign_temp``) for the other
+    folders the kit's own process and its children write in: ``XDG_CACHE_HOME`` through
+    ``nobody``'s link had matplotlib's font cache and uv's cache written in the folder the link
+    chose (issue 41, the fortieth hostile pass)."""
+    try:
+        refuse_foreign_link(folder, what)
+        _refuse_foreign_above(folder, what)
+    except ConfigError as exc:
+        raise ConfigError(exc.cause, fix) from None
+    me = os.geteuid()
+    try:
+        uid = os.stat(folder).st_uid
+    except OSError:
+        return  # not there: made by this user
+    if uid not in (0, me):
+        raise ConfigError(f"{what} belongs to {user_name(uid)}, not to you ({user_name(me)}) or "
+                          "root: that user can replace what is written and read back there", fix)
