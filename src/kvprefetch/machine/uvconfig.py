@@ -58,26 +58,32 @@ def uv_config_args(environ: Mapping[str, str]) -> list[str]:
     return ["--no-config"]
 
 
-def refuse_foreign_cache(environ: Mapping[str, str]) -> None:
-    """Refuse (ConfigError) a uv cache folder another user chose: uv writes its cache (the
-    ``uv venv`` of a kernels-only ``--env-backend uv`` build its interpreter records, an overlay
-    build 9 GiB of wheels) by path in ``UV_CACHE_DIR``, else ``$XDG_CACHE_HOME/uv``, else
-    ``~/.cache/uv``; ``XDG_CACHE_HOME`` through ``nobody``'s link had it write in the folder
-    the link chose (issue 41, the fortieth hostile pass). ``UV_NO_CACHE`` uses a temporary
-    folder (TMPDIR's rule); a relative folder lies in the kit's own empty working folder."""
+_CACHES = {"uv": ("UV_CACHE_DIR", "UV_NO_CACHE"), "pip": ("PIP_CACHE_DIR", "PIP_NO_CACHE_DIR")}
+
+
+def refuse_foreign_cache(environ: Mapping[str, str], tool: str = "uv") -> None:
+    """Refuse (ConfigError) a cache folder of ``tool`` (uv or pip) that another user chose: each
+    writes its cache by path in its own variable's folder (``UV_CACHE_DIR``, ``PIP_CACHE_DIR``),
+    else ``$XDG_CACHE_HOME/<tool>``, else ``~/.cache/<tool>`` (the ``uv venv`` of a kernels-only
+    ``--env-backend uv`` build its interpreter records, an overlay or full build gigabytes of
+    wheels); ``XDG_CACHE_HOME`` through ``nobody``'s link had uv write in the folder the link
+    chose (issue 41, the fortieth hostile pass; pip's by the lead after it). ``UV_NO_CACHE`` and
+    ``PIP_NO_CACHE_DIR`` use none; a relative folder lies in the kit's own empty working
+    folder."""
     from ..workspace.foreign import refuse_foreign_chosen
 
-    if environ.get("UV_NO_CACHE", "").lower() in ("1", "true", "yes", "on", "y", "t"):
+    own, off = _CACHES[tool]
+    if environ.get(off, "").lower() in ("1", "true", "yes", "on", "y", "t"):
         return
-    for var, folder in (("UV_CACHE_DIR", environ.get("UV_CACHE_DIR", "")),
-                        ("XDG_CACHE_HOME", os.path.join(environ.get("XDG_CACHE_HOME", ""), "uv")),
-                        ("HOME", os.path.join(environ.get("HOME", ""), ".cache", "uv"))):
+    for var, folder in ((own, environ.get(own, "")),
+                        ("XDG_CACHE_HOME", os.path.join(environ.get("XDG_CACHE_HOME", ""), tool)),
+                        ("HOME", os.path.join(environ.get("HOME", ""), ".cache", tool))):
         if not environ.get(var):
             continue
         if os.path.isabs(folder):
-            refuse_foreign_chosen(Path(folder), f"uv's cache {folder} (from {var}={environ[var]})",
-                                  f"set {var} to a folder of your own (or UV_CACHE_DIR to one), "
-                                  "or unset it, then rerun")
+            refuse_foreign_chosen(Path(folder), f"{tool}'s cache {folder} (from {var}="
+                                  f"{environ[var]})", f"set {var} to a folder of your own (or "
+                                  f"{own} to one), or unset it, then rerun")
         return
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
-from ..machine.uvconfig import uv_config_args
+from ..machine.uvconfig import refuse_foreign_cache, uv_config_args
 from ..runner import NEUTRAL_CWD, run, which
 
 VLLM_PIN = "vllm==0.10.2"
@@ -71,6 +71,7 @@ def install_argv(backend: str, python: str, uv: str | None, *packages: str,
                               "--env-backend venv")
         return (uv, *uv_config_args(os.environ), "pip", "install", "--python", python, *extra,
                 *packages)
+    refuse_foreign_cache(os.environ, "pip")  # pip writes its cache by path, as uv does
     return (python, "-m", "pip", "install", *extra, *packages)
 
 

@@ -45,14 +45,27 @@ def _refuse_foreign_above(folder: Path, what: str) -> None:
     (issue 41, left open by the thirty-fifth to thirty-seventh hostile passes). Links on the
     way are ``refuse_foreign_link``'s; the folders looked at here are the real ones above, as
     the kernel resolves them. A tagged work directory is never looked at here (team-shared
-    work directories are used on purpose)."""
+    work directories are used on purpose).
+
+    A folder above that every user may write without the sticky bit (``o+w``, not ``+t``) lets
+    any of them do the same, whoever owns it (pass 40 a's note: a work directory below a root
+    folder of 0777 had its environments' ``python`` theirs to plant). A folder writable by its
+    group only is the team's, and taken as such."""
     me = os.geteuid()
     real = Path(os.path.realpath(folder))
     for above in real.parents:
         try:
-            uid = os.lstat(above).st_uid
+            st = os.lstat(above)
         except OSError:
             continue  # not there yet: the kit makes it, as this user
+        uid = st.st_uid
+        if st.st_mode & 0o002 and not st.st_mode & 0o1000:
+            raise ConfigError(
+                f"{what} would lie below {above}, which every user may write and which has no "
+                f"sticky bit (mode {st.st_mode & 0o7777:o}): any of them can rename the folder "
+                "kvprefetch makes there and put their own in its place",
+                f"pick a path under folders only you or root can write (e.g. under your home), "
+                f"or give {above} the sticky bit (`chmod +t {above}`, as /tmp has)")
         if uid in (0, me):
             continue
         raise ConfigError(

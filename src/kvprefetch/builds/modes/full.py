@@ -17,6 +17,7 @@ from ... import upstream
 from ...errors import BuildError
 from ...hashing import sha256_file, walk
 from ...machine.envs import Env, make_env
+from ...machine.uvconfig import refuse_foreign_cache
 from ...runner import run, which
 from ...workspace.confine import check_target, what_is
 from ...workspace.workdir import Workdir
@@ -62,6 +63,7 @@ class FullMode(BuildMode):
                          "patch": ctx.patch, "arch": ctx.arch_list, "editable": editable,
                          "nvcc": ctx.nvcc_version, "env_backend": ctx.env_backend})
         bdir = wd.build_root(tree) / key
+        refuse_foreign_cache(os.environ, "pip")  # pip's cache, written by path (uvconfig)
         pip = (py, "-m", "pip")
         install: tuple[str, ...] = (*pip, "install", "--no-build-isolation", "-v")
         install = (*install, *(("-e", ".") if editable else (".",)))
