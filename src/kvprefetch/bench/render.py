@@ -57,6 +57,15 @@ def _refuse_foreign_mpl_folders() -> None:
     rule of ``TMPDIR``, ``foreign.refuse_foreign_temp``, the thirty-ninth's)."""
     from ..workspace.foreign import refuse_foreign_chosen
 
+    # matplotlib is imported in `/` (``pyplot``), and reads a relative folder from there: with
+    # MPLCONFIGDIR (or XDG_CACHE_HOME, or HOME) relative, this check read it from the user's
+    # folder and matplotlib wrote its font cache below `/`, through nobody's link in
+    # `/tmp` (issue 41, the forty-first hostile pass). Named absolute, from the user's folder,
+    # where the user meant it, for the check and matplotlib alike.
+    for var in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "HOME"):
+        value = os.environ.get(var)
+        if value and not os.path.isabs(value):
+            os.environ[var] = os.path.abspath(value)
     for var, folder in _mpl_folders():
         refuse_foreign_chosen(folder, f"matplotlib's folder {folder} (from {var}="
                               f"{os.environ.get(var, '')})",

@@ -80,6 +80,11 @@ def refuse_foreign_cache(environ: Mapping[str, str], tool: str = "uv") -> None:
                         ("HOME", os.path.join(environ.get("HOME", ""), ".cache", tool))):
         if not environ.get(var):
             continue
+        # uv and pip leave a relative XDG_CACHE_HOME out (the XDG rule) and take HOME's: read
+        # as the end here, nobody's link at HOME went unchecked and `uv venv` wrote its cache
+        # through it (issue 41, the forty-first hostile pass)
+        if var == "XDG_CACHE_HOME" and not os.path.isabs(environ[var]):
+            continue
         if os.path.isabs(folder):
             refuse_foreign_chosen(Path(folder), f"{tool}'s cache {folder} (from {var}="
                                   f"{environ[var]})", f"set {var} to a folder of your own (or "
