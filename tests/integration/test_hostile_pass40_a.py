@@ -38,6 +38,8 @@ def test_a_tmpdir_in_a_folder_others_can_write_without_the_sticky_bit_is_refused
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, mode)  # root's, writable by others, no sticky bit
+    # a group of other users (root's own private group is root: the forty-first pass)
+    os.chown(shared, -1, 65534)
     mine = shared / "mine"
     mine.mkdir(mode=0o700)  # root's own, private: passed before
     tree = fetched_workdir / "trees" / "patched"

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import BenchError
+from ..errors import BenchError, ConfigError
 from .schema import RepeatsRow, ShapeRow
 
 
@@ -67,6 +67,17 @@ def _refuse_foreign_mpl_folders() -> None:
         if value and not os.path.isabs(value):
             os.environ[var] = os.path.abspath(value)
     for var, folder in _mpl_folders():
+        if not folder.is_absolute():
+            # matplotlib is imported in `/` (pyplot says why), where it makes a relative folder:
+            # MPLCONFIGDIR=mpl (or HOME empty) had `report --formats png` make /mpl and write
+            # its font cache there, while this check looked at ./mpl (issue 41, the forty-first
+            # hostile pass)
+            raise ConfigError(f"matplotlib's folder {folder} (from {var}="
+                              f"{os.environ.get(var, '')}) is not an absolute path: matplotlib "
+                              "would make it in / (kvprefetch imports it there), not in the "
+                              "current folder",
+                              f"set {var} to an absolute path of a folder of your own (or unset "
+                              "it), or pass --formats md for no figures, then rerun")
         refuse_foreign_chosen(folder, f"matplotlib's folder {folder} (from {var}="
                               f"{os.environ.get(var, '')})",
                               f"set {var} to a folder of your own (or unset it), or pass "

@@ -171,7 +171,7 @@ def refuse_foreign_temp(folder: Path, what: str) -> None:
             "the compilers write) and put their own or a link in their place",
             "set TMPDIR to a folder of your own (e.g. `mkdir -m 700 ~/tmp; export "
             "TMPDIR=~/tmp`), or unset it to use /tmp, then rerun")
-    if st.st_mode & 0o022 and not st.st_mode & 0o1000:
+    if _others_may_write(st):
         raise ConfigError(
             f"{what} can be written by others and has no sticky bit (mode "
             f"{st.st_mode & 0o7777:o}): any of them can rename the private folders kvprefetch "
@@ -193,10 +193,11 @@ def refuse_foreign_temp(folder: Path, what: str) -> None:
         above_all += [held, *held.parents]
     for above in dict.fromkeys(above_all):
         try:
-            mode = os.stat(above).st_mode
+            st = os.stat(above)
         except OSError:
             continue
-        if mode & 0o022 and not mode & 0o1000:
+        mode = st.st_mode
+        if _others_may_write(st):
             raise ConfigError(
                 f"{what}: {above}, a folder on its way, can be written by others and has no "
                 f"sticky bit (mode {mode & 0o7777:o}): any of them can rename the folder or link "
@@ -205,6 +206,30 @@ def refuse_foreign_temp(folder: Path, what: str) -> None:
                 "set TMPDIR to a folder of your own under folders only you or root can write "
                 "(e.g. `mkdir -m 700 ~/tmp; export TMPDIR=~/tmp`), or unset it to use /tmp, "
                 "then rerun")
+
+
+def _others_may_write(st: os.stat_result) -> bool:
+    """Whether users other than the folder's owner may rename its entries: it is writable by
+    others, or by a group other than its owner's private one, and has no sticky bit. A user's
+    private group (named as the user, with no other member) is the user: under ``umask 002``
+    (the default of RHEL and Fedora for such users) ``mkdir -p ~/work/tmp`` makes each folder
+    0775, and ``TMPDIR`` there was refused as "can be written by others" (issue 41, the
+    forty-first hostile pass: a regression of the fortieth, which looked at the folders above
+    too)."""
+    import grp
+    import pwd
+
+    if st.st_mode & 0o1000 or not st.st_mode & 0o022:
+        return False
+    if st.st_mode & 0o002:
+        return True
+    try:
+        owner = pwd.getpwuid(st.st_uid)
+        group = grp.getgrgid(st.st_gid)
+    except KeyError:
+        return True
+    return not (owner.pw_gid == st.st_gid and group.gr_name == owner.pw_name
+                and set(group.gr_mem) <= {owner.pw_name})
 
 
 def refuse_foreign_chosen(folder: Path, what: str, fix: str) -> None:
