@@ -11,7 +11,7 @@ by path that the environment chooses, through the real CLI.
   venv`` wrote its cache through it (``machine.uvconfig.refuse_foreign_cache``).
 - ``bench e2e`` runs vLLM, which appends ``usage_stats.json`` in ``$XDG_CONFIG_HOME/vllm``
   (and writes its and Triton's caches by path): no check at all
-  (``bench.e2e.refuse_foreign_vllm_folders``).
+  (``bench.e2e_folders.refuse_foreign_vllm_folders``).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import BenchError
 from ..reading import load_json
+from .e2e_folders import refuse_foreign_vllm_folders
 from .schema import SCHEMA_VERSION, E2EDocument, E2EEnvResult, E2ERow, E2ERunResult
 from .stats import summarize
 
@@ -139,45 +140,6 @@ def e2e_environ(base: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in base.items() if k not in STRIP_ENV}
     env.update(E2E_ENV)
     return env
-
-
-def vllm_folders(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
-    """The folders ``vllm bench throughput`` writes by path where its environment leads, each
-    with the variable that chose it: vLLM's config folder (``usage_stats.json``, appended at
-    every engine start) and its cache (compile caches), ``VLLM_CONFIG_ROOT``/``VLLM_CACHE_ROOT``,
-    else ``XDG_CONFIG_HOME``/``XDG_CACHE_HOME`` or ``HOME``'s ``.config``/``.cache`` plus
-    ``vllm`` (vLLM 0.10.2's ``envs.py``), and Triton's kernel cache (``TRITON_CACHE_DIR``, else
-    ``TRITON_HOME`` or ``HOME``, plus ``.triton/cache``). A relative one lies in the run's own
-    folder, in the output folder."""
-    home = environ.get("HOME") or os.path.expanduser("~")
-    out: list[tuple[str, str]] = []
-    for own, xdg, default in (("VLLM_CONFIG_ROOT", "XDG_CONFIG_HOME", ".config"),
-                              ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME", ".cache")):
-        if own in environ:
-            out.append((own, os.path.expanduser(environ[own])))
-        elif xdg in environ:
-            out.append((xdg, os.path.join(environ[xdg], "vllm")))
-        else:
-            out.append(("HOME", os.path.join(home, default, "vllm")))
-    if environ.get("TRITON_CACHE_DIR"):
-        out.append(("TRITON_CACHE_DIR", environ["TRITON_CACHE_DIR"]))
-    else:
-        var = "TRITON_HOME" if environ.get("TRITON_HOME") else "HOME"
-        out.append((var, os.path.join(environ.get("TRITON_HOME") or home, ".triton", "cache")))
-    return [(var, Path(folder)) for var, folder in out if os.path.isabs(folder)]
-
-
-def refuse_foreign_vllm_folders(environ: Mapping[str, str]) -> None:
-    """Refuse (ConfigError) a folder vLLM would write in that another user chose
-    (``vllm_folders``): ``XDG_CONFIG_HOME`` through ``nobody``'s link in a shared folder had
-    every run append its usage record in the folder the link chose, as matplotlib's and uv's
-    caches were (issue 41, the forty-first hostile pass; ``foreign.refuse_foreign_chosen``)."""
-    from ..workspace.foreign import refuse_foreign_chosen
-
-    for var, folder in vllm_folders(environ):
-        refuse_foreign_chosen(folder, f"vLLM's folder {folder} (from {var}="
-                              f"{environ.get(var, '')})",
-                              f"set {var} to a folder of your own (or unset it), then rerun")
 
 
 def throughput_argv(plan: E2EPlan, env: E2EEnv, max_num_seqs: int, json_path: Path) -> list[str]:
