@@ -135,30 +135,39 @@ def test_a_bench_logs_folder_swapped_for_another_users_link_takes_no_log(
     assert "is a symlink that belongs to nobody" in text and "To fix:" in text, text
 
 
-_SWAP_LOOP = """
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-a, b, stop = (os.fsencode(x) for x in sys.argv[1:4])
-while not os.path.exists(stop):
-    for _ in range(100):
-        libc.renameat2(-100, a, -100, b, 2)  # RENAME_EXCHANGE
-"""
+def _exchange(a: Path, b: Path) -> None:
+    """``renameat2(a, b, RENAME_EXCHANGE)``: the two names swap in one step, as another user's
+    swap loop does."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a folder another user owns")
 def test_report_index_under_another_users_folder_swaps_names_the_swap(
-        tmp_path: Path, outside: Path) -> None:
+        tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``report --index D --out /tmp/theirs/a/x/results.md`` while ``nobody`` swaps their folder
-    ``a`` with their link to the user's folder (``renameat2`` exchange, in a loop): realpath
-    read ``a`` as a link, then found a folder to read the link of, and the command said
-    "report failed: .../a: Invalid argument / To fix: check the path and its file system".
-    Nothing was written outside either way (the write opens the folder from ``/`` down); the
-    message now names the swap. In process (click's runner), until the race is met (3,000
-    runs at most)."""
+    ``a`` with their link to the user's folder (``renameat2`` exchange): realpath read ``a`` as
+    a link, then found a folder to read the link of, and the command said "report failed:
+    .../a: Invalid argument / To fix: check the path and its file system". Nothing was written
+    outside either way (the write opens the folder from ``/`` down); the message now names the
+    swap.
+
+    The swaps are real ``renameat2`` exchanges of the real folder and link, made at the one
+    instant that matters: the link is in place for realpath's ``lstat`` of ``a``, and the folder
+    is back before realpath reads the link. A hook on ``os.lstat``, acting only for realpath's
+    own call, makes the two exchanges around it; every other check sees the folder. The first
+    version of this test ran a swap loop in another process until the race was met, and a
+    fresh CI machine went 3,000 runs without meeting it; the hook meets it every time."""
+    import stat as stat_mod
+
     from click.testing import CliRunner
 
     from kvprefetch.cli.report import report as report_cmd
-    from kvprefetch.errors import BenchError, KvprefetchError
+    from kvprefetch.errors import BenchError
 
     results = Path(__file__).resolve().parents[2] / "docs" / "results" / \
         "2026-12-01-h200-decode"
@@ -172,27 +181,32 @@ def test_report_index_under_another_users_folder_swaps_names_the_swap(
     for p in (theirs, theirs / "a", theirs / "a" / "x"):
         os.chown(p, NOBODY, NOBODY)
     os.lchown(theirs / "alink", NOBODY, NOBODY)
-    stop = tmp_path / "stop"
-    loop = subprocess.Popen([sys.executable, "-c", _SWAP_LOOP, str(theirs / "a"),
-                             str(theirs / "alink"), str(stop)])
-    raced: list[str] = []
+    swapped: list[str] = []
+    real_lstat = os.lstat
+
+    def lstat_in_a_swap(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        caller = sys._getframe(1).f_code
+        by_realpath = "posixpath" in caller.co_filename and "realpath" in caller.co_name
+        if swapped or not by_realpath or os.fspath(path) != str(theirs / "a"):
+            return real_lstat(path, *args, **kwargs)
+        _exchange(theirs / "a", theirs / "alink")  # ``a`` is their link ...
+        try:
+            st = real_lstat(path, *args, **kwargs)
+        finally:
+            _exchange(theirs / "a", theirs / "alink")  # ... and their folder again
+        swapped.append(stat_mod.filemode(st.st_mode))
+        return st
+
+    monkeypatch.setattr(os, "lstat", lstat_in_a_swap)
     try:
-        for _ in range(3000):
-            res = CliRunner().invoke(report_cmd, ["--index", str(results), "--out",
-                                                  str(theirs / "a" / "x" / "results.md")])
-            exc = res.exception
-            if isinstance(exc, OSError):
-                raced.append(f"{exc!r}")
-            elif isinstance(exc, BenchError) and "stopped being a symlink" in exc.cause:
-                raced.append("named")
-            else:
-                assert exc is None or isinstance(exc, (SystemExit, KvprefetchError)), repr(exc)
-            if raced:
-                break
+        res = CliRunner().invoke(report_cmd, ["--index", str(results), "--out",
+                                              str(theirs / "a" / "x" / "results.md")])
     finally:
-        stop.touch()
-        loop.wait(timeout=30)
+        monkeypatch.undo()
         (outside / "x").rmdir()  # the outside fixture: nothing else there changed
+    assert swapped == ["lrwxrwxrwx"], f"realpath never saw their link: {swapped}"
     # without the fix: OSError(EINVAL, 'Invalid argument') out of Path.resolve
-    assert raced, "the race was never met"
-    assert all(r == "named" for r in raced), raced
+    exc = res.exception
+    assert isinstance(exc, BenchError), repr(exc)
+    assert "stopped being a symlink" in exc.cause, exc.cause
+    assert str(theirs / "a") in exc.cause
