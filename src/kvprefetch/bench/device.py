@@ -40,15 +40,18 @@ def require_torch(command: str) -> None:
 
 def require_gpu(command: str) -> None:
     """A BenchError unless torch sees a CUDA GPU: every GPU bench asks here first (issue 41,
-    third pass: ``bench decode`` without one was torch's RuntimeError traceback)."""
+    third pass: ``bench decode`` without one was torch's RuntimeError traceback). Before any
+    kernel loads, the caches CUDA writes by path are checked (``machine/gpu_folders``)."""
     import torch
 
     from ..errors import BenchError
+    from ..machine.gpu_folders import refuse_foreign_gpu_folders
 
     if not torch.cuda.is_available():
         raise BenchError(f"bench {command} needs a CUDA GPU and none is visible",
                          "run it on the GPU machine (scripts/device/bench.sh); `--dry-run` "
                          "plans without one")
+    refuse_foreign_gpu_folders()
 
 
 def device_facts(device: Any = None, command: str = "kernel") -> Device:

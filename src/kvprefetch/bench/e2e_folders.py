@@ -15,8 +15,11 @@ def vllm_folders(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
     every engine start) and its cache (compile caches), ``VLLM_CONFIG_ROOT``/``VLLM_CACHE_ROOT``,
     else ``XDG_CONFIG_HOME``/``XDG_CACHE_HOME`` or ``HOME``'s ``.config``/``.cache`` plus
     ``vllm`` (vLLM 0.10.2's ``envs.py``), and Triton's kernel cache (``TRITON_CACHE_DIR``, else
-    ``TRITON_HOME`` or ``HOME``, plus ``.triton/cache``). A relative one lies in the run's own
-    folder, in the output folder."""
+    ``TRITON_HOME`` or ``HOME``, plus ``.triton/cache``), and the CUDA driver's and torch's
+    caches (``machine/gpu_folders``). A relative one lies in the run's own folder, in the output
+    folder."""
+    from ..machine.gpu_folders import gpu_folders
+
     home = environ.get("HOME") or os.path.expanduser("~")
     out: list[tuple[str, str]] = []
     for own, xdg, default in (("VLLM_CONFIG_ROOT", "XDG_CONFIG_HOME", ".config"),
@@ -32,7 +35,8 @@ def vllm_folders(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
     else:
         var = "TRITON_HOME" if environ.get("TRITON_HOME") else "HOME"
         out.append((var, os.path.join(environ.get("TRITON_HOME") or home, ".triton", "cache")))
-    return [(var, Path(folder)) for var, folder in out if os.path.isabs(folder)]
+    folders = [(var, Path(folder)) for var, folder in out] + gpu_folders(environ)
+    return [(var, folder) for var, folder in folders if folder.is_absolute()]
 
 
 def refuse_foreign_vllm_folders(environ: Mapping[str, str]) -> None:

@@ -313,8 +313,10 @@ def run_ncu_bench(builds: Sequence[Any], shapes: Sequence[Any], out_dir: Path,
     if which(opts.ncu) is None and not Path(opts.ncu).is_file():
         raise BenchError(f"'{opts.ncu}' (Nsight Compute) is not on PATH",
                          "install Nsight Compute or pass --ncu /path/to/ncu")
+    from ..machine.gpu_folders import refuse_foreign_gpu_folders
     from .plan import make_dir
 
+    refuse_foreign_gpu_folders()  # the profiled child's caches, named absolute: it runs in /
     py = python or sys.executable
     py = os.path.abspath(py) if os.sep in py else py
     make_dir(out_dir)  # from the work directory down (bench/ncu's logs too: runner.open_log)

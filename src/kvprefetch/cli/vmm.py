@@ -65,13 +65,17 @@ def _require_gpu(error: type[KvprefetchError], command: str, fix: str) -> None:
     """``error`` unless torch sees a CUDA GPU, before any work (issue 41, the ninth hostile
     pass: without one `vmm bench` ran every part, wrote its report of tracebacks and exited 7,
     and `vmm selftest` said "pass driver=FakeVmmDriver()", a Python argument, not an option).
-    Where torch cannot be imported at all, the command's own message names it."""
+    Where torch cannot be imported at all, the command's own message names it. Before any
+    kernel loads, the caches CUDA writes by path are checked (``machine/gpu_folders``)."""
+    from ..machine.gpu_folders import refuse_foreign_gpu_folders
+
     try:
         import torch
     except ImportError:
         return
     if not torch.cuda.is_available():
         raise error(f"vmm {command} needs a CUDA GPU and none is visible to PyTorch", fix)
+    refuse_foreign_gpu_folders()
 
 
 @click.group()

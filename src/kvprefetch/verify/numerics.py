@@ -262,8 +262,11 @@ def run_identity(workdir: Path, *, trees: Sequence[str] | None = None, seed: int
     first) into this process and check them. Without a GPU the report says "not checked"."""
     import torch
 
+    from ..machine.gpu_folders import refuse_foreign_gpu_folders
+
     if not torch.cuda.is_available():
         return not_checked(f"{NO_CUDA_DEVICE} (torch.cuda.is_available() is False)")
+    refuse_foreign_gpu_folders()  # before a kernel loads: the caches CUDA writes by path
     ops = load_builds(workdir, trees)
     if ops[0].name != "baseline":
         raise VerifyError(f"no baseline build among {[o.name for o in ops]}",
