@@ -171,11 +171,11 @@ def refuse_foreign_temp(folder: Path, what: str) -> None:
             "the compilers write) and put their own or a link in their place",
             "set TMPDIR to a folder of your own (e.g. `mkdir -m 700 ~/tmp; export "
             "TMPDIR=~/tmp`), or unset it to use /tmp, then rerun")
-    if _others_may_write(st):
+    if _others_may_write(st, folder):
         raise ConfigError(
             f"{what} can be written by others and has no sticky bit (mode "
-            f"{st.st_mode & 0o7777:o}): any of them can rename the private folders kvprefetch "
-            "makes there and put their own or a link in their place",
+            f"{st.st_mode & 0o7777:o}{_acl_note(folder)}): any of them can rename the private "
+            "folders kvprefetch makes there and put their own or a link in their place",
             "set TMPDIR to a folder of your own (e.g. `mkdir -m 700 ~/tmp; export "
             "TMPDIR=~/tmp`), or unset it to use /tmp, then rerun")
     # a folder above it that others may write without the sticky bit lets any of them rename
@@ -197,18 +197,19 @@ def refuse_foreign_temp(folder: Path, what: str) -> None:
         except OSError:
             continue
         mode = st.st_mode
-        if _others_may_write(st):
+        if _others_may_write(st, above):
             raise ConfigError(
                 f"{what}: {above}, a folder on its way, can be written by others and has no "
-                f"sticky bit (mode {mode & 0o7777:o}): any of them can rename the folder or link "
-                "of the way there and put their own or a link in its place, and with it the "
-                "private folders kvprefetch makes (where git apply and the compilers write)",
+                f"sticky bit (mode {mode & 0o7777:o}{_acl_note(above)}): any of them can rename "
+                "the folder or link of the way there and put their own or a link in its place, "
+                "and with it the private folders kvprefetch makes (where git apply and the "
+                "compilers write)",
                 "set TMPDIR to a folder of your own under folders only you or root can write "
                 "(e.g. `mkdir -m 700 ~/tmp; export TMPDIR=~/tmp`), or unset it to use /tmp, "
                 "then rerun")
 
 
-def _others_may_write(st: os.stat_result) -> bool:
+def _others_may_write(st: os.stat_result, folder: Path) -> bool:
     """Whether users other than the folder's owner may rename its entries: it is writable by
     others, or by a group other than its owner's private one, and has no sticky bit. A user's
     private group (named as the user, with no other member) is the user: under ``umask 002``
@@ -221,15 +222,46 @@ def _others_may_write(st: os.stat_result) -> bool:
 
     if st.st_mode & 0o1000 or not st.st_mode & 0o022:
         return False
-    if st.st_mode & 0o002:
+    if st.st_mode & 0o002 or _acl_lets_others_write(folder, st.st_uid):
         return True
     try:
         owner = pwd.getpwuid(st.st_uid)
         group = grp.getgrgid(st.st_gid)
     except KeyError:
         return True
+    # a user whose primary group it is belongs to it unlisted in its members
     return not (owner.pw_gid == st.st_gid and group.gr_name == owner.pw_name
-                and set(group.gr_mem) <= {owner.pw_name})
+                and set(group.gr_mem) <= {owner.pw_name}
+                and all(p.pw_gid != st.st_gid or p.pw_uid == st.st_uid for p in pwd.getpwall()))
+
+
+def _acl_lets_others_write(folder: Path, owner: int) -> bool:
+    """Whether ``folder``'s access ACL grants write to a named user other than its owner, or
+    to a named group, past its mask: with an ACL, the mode's group bits are the mask, and a
+    folder of root's (0775, group root, root's private group) with ``u:nobody:rwx`` passed as
+    written by root's private group alone, where nobody could rename the private folders made
+    there (issue 41, the forty-second hostile pass). An ACL that cannot be read is taken as
+    none (no ACL support: the mode says all)."""
+    import struct
+
+    try:
+        raw = os.getxattr(folder, "system.posix_acl_access")
+    except OSError:
+        return False
+    entries = [struct.unpack_from("<HHI", raw, i) for i in range(4, len(raw) - 7, 8)]
+    mask = next((perm for tag, perm, _ in entries if tag == 0x10), 0o7)
+    return any(perm & mask & 0o2 and (tag == 0x08 or (tag == 0x02 and uid != owner))
+               for tag, perm, uid in entries)
+
+
+def _acl_note(folder: Path) -> str:
+    """``", and an ACL (getfacl FOLDER)"`` where ``folder`` has an access ACL, for a message
+    whose mode alone (0775, a private group) would not say who else may write."""
+    try:
+        os.getxattr(folder, "system.posix_acl_access")
+    except OSError:
+        return ""
+    return f", and an ACL: `getfacl {folder}` shows who may write it"
 
 
 def refuse_foreign_chosen(folder: Path, what: str, fix: str) -> None:
