@@ -313,7 +313,15 @@ def local_write_failure(exc: BaseException, where: os.PathLike[str] | str
                         ) -> tuple[str, str] | None:
     """``describe``'s (cause, fix) when ``exc`` is a failure to write a local file (full disk,
     quota, read-only file system, file-size limit) into the folder ``where``; None for anything
-    else (the network). A write to a descriptor names no file, so ``where`` stands in."""
+    else (the network). A write to a descriptor names no file, so ``where`` stands in. This
+    process's limit of open files (``ulimit -n``), met opening the connection (a ``URLError``
+    whose reason is EMFILE), is this machine's too: it was told to "check the network" (issue
+    41, the forty-second hostile pass)."""
+    reason = getattr(exc, "reason", None)  # urllib's URLError wraps the socket's OSError
+    if isinstance(reason, OSError) and reason.errno in (errno.EMFILE, errno.ENFILE):
+        return describe(reason)
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        return describe(exc)
     if not isinstance(exc, OSError) or exc.errno not in _LOCAL_WRITE:
         return None
     if not exc.filename:

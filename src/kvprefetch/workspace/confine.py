@@ -551,7 +551,13 @@ def open_new(path: Path, *, root: Path | None = None, mode: int = 0o644,
                 yield f
                 os.fchmod(f.fileno(), final)
         except OSError as exc:  # a write to the descriptor (a full disk) names no file
-            if exc.filename:
+            # only a write's own error (a plain OSError: ENOSPC, EFBIG, EIO...) is the file's:
+            # the block's other errors (a download's URLError, a reset connection, a timeout)
+            # are raised as they are: renamed after the file, "connection refused" read
+            # "[Errno None] None: <wd>/downloads/vllm-0.10.2.tar.gz / check the network", and
+            # `ulimit -n 12` was sent to the network too (issue 41, the forty-second hostile
+            # pass)
+            if exc.filename or type(exc) is not OSError or exc.errno is None:
                 raise
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
         try:
