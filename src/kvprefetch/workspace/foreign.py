@@ -59,7 +59,19 @@ def _refuse_foreign_above(folder: Path, what: str) -> None:
         except OSError:
             continue  # not there yet: the kit makes it, as this user
         uid = st.st_uid
-        if st.st_mode & 0o002 and not st.st_mode & 0o1000:
+        sticky = st.st_mode & 0o1000
+        if not sticky and _acl_lets_others_write(above, uid, groups=False, trusted=(0, me)):
+            # an ACL naming another user (setfacl -m u:nobody:rwx) gives them what o+w gives
+            # everyone, while the mode shows only the mask: slurm plan below such a folder was
+            # taken (issue 41, left open by the forty-second hostile pass). A named group is
+            # the team's, as the group bits are.
+            raise ConfigError(
+                f"{what} would lie below {above}, which another user may write by an ACL and "
+                f"which has no sticky bit (`getfacl {above}` shows who): that user can rename "
+                "the folder kvprefetch makes there and put their own in its place",
+                f"pick a path under folders only you or root can write (e.g. under your home), "
+                f"or take that user's entry off the ACL (`setfacl -x u:USER {above}`)")
+        if st.st_mode & 0o002 and not sticky:
             raise ConfigError(
                 f"{what} would lie below {above}, which every user may write and which has no "
                 f"sticky bit (mode {st.st_mode & 0o7777:o}): any of them can rename the folder "
@@ -235,13 +247,14 @@ def _others_may_write(st: os.stat_result, folder: Path) -> bool:
                 and all(p.pw_gid != st.st_gid or p.pw_uid == st.st_uid for p in pwd.getpwall()))
 
 
-def _acl_lets_others_write(folder: Path, owner: int) -> bool:
-    """Whether ``folder``'s access ACL grants write to a named user other than its owner, or
-    to a named group, past its mask: with an ACL, the mode's group bits are the mask, and a
-    folder of root's (0775, group root, root's private group) with ``u:nobody:rwx`` passed as
-    written by root's private group alone, where nobody could rename the private folders made
-    there (issue 41, the forty-second hostile pass). An ACL that cannot be read is taken as
-    none (no ACL support: the mode says all)."""
+def _acl_lets_others_write(folder: Path, owner: int, *, groups: bool = True,
+                           trusted: tuple[int, ...] = ()) -> bool:
+    """Whether ``folder``'s access ACL grants write to a named user other than its owner (and
+    ``trusted``), or (``groups``) to a named group, past its mask: with an ACL, the mode's
+    group bits are the mask, and a folder of root's (0775, group root, root's private group)
+    with ``u:nobody:rwx`` passed as written by root's private group alone, where nobody could
+    rename the private folders made there (issue 41, the forty-second hostile pass). An ACL
+    that cannot be read is taken as none (no ACL support: the mode says all)."""
     import struct
 
     try:
@@ -250,7 +263,9 @@ def _acl_lets_others_write(folder: Path, owner: int) -> bool:
         return False
     entries = [struct.unpack_from("<HHI", raw, i) for i in range(4, len(raw) - 7, 8)]
     mask = next((perm for tag, perm, _ in entries if tag == 0x10), 0o7)
-    return any(perm & mask & 0o2 and (tag == 0x08 or (tag == 0x02 and uid != owner))
+    return any(perm & mask & 0o2
+               and ((groups and tag == 0x08)
+                    or (tag == 0x02 and uid != owner and uid not in trusted))
                for tag, perm, uid in entries)
 
 
