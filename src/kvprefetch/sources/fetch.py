@@ -359,7 +359,10 @@ def _readopt(wd: Workdir, dest: Path, notices: list[str], allow_commit: str | No
             return False
         ownership.record(wd.root, dest, "pristine", digest=digest)
     elif dest.name == "git" and (dest / ".git").is_dir():
-        commit = _head(dest)
+        try:
+            commit = _head(dest)
+        except FetchError:
+            return False
         if not (commit == allow_commit if allow_commit
                 else commit.startswith(upstream.GIT_COMMIT_PREFIX)):
             return False

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, FetchError
 from ..gitenv import REPO_ENV
 from ..oserrors import child_limit_fix, process_limit
 
@@ -79,11 +79,25 @@ def gitpython() -> Any:
 
 
 def head(repo_dir: Path) -> str:
-    """The commit id of ``repo_dir``'s HEAD, never another repository's (``REPO_ENV``)."""
+    """The commit id of ``repo_dir``'s HEAD, never another repository's (``REPO_ENV``), read
+    from its refs (``.git/HEAD``, ``refs/``, ``packed-refs``) by GitPython itself, with no git
+    run. ``repo_dir`` is the work directory's ``pristine/git``, whose ``.git/config`` is data
+    like every file there: ``repo.head.commit`` ran ``git cat-file``, and a config that made the
+    clone a partial one (``extensions.partialClone``, ``remote.<name>.promisor``) with HEAD
+    naming a missing commit had git fetch it lazily, running the program that config's
+    ``remote.<name>.uploadpack`` names, as the user, on every plain ``fetch`` (issue 41, the
+    forty-second hostile pass)."""
     git = gitpython()
+    from git.refs.symbolic import SymbolicReference
 
-    with repo_env_cleared(), git.Repo(repo_dir) as repo:
-        return str(repo.head.commit.hexsha)
+    try:
+        with repo_env_cleared(), git.Repo(repo_dir) as repo:
+            return str(SymbolicReference.dereference_recursive(repo, "HEAD"))
+    except (ValueError, OSError, git.exc.GitError) as exc:
+        raise FetchError(f"the HEAD of the clone {repo_dir} cannot be read "
+                         f"({str(exc)[:200]})",
+                         f"move {repo_dir} out of the work directory (fetch clones again), "
+                         "then rerun") from None
 
 
 def clone_fix(message: str) -> str:
