@@ -78,26 +78,71 @@ def gitpython() -> Any:
     return git
 
 
+# A ref name the kit's clone can hold (git check-ref-format's rules, narrowed): below refs/,
+# no part that starts with a dot or ends in .lock, no "..", no control or special character.
+_REF_NAME = re.compile(r"refs(/(?!\.)[A-Za-z0-9._+@-]+(?<!\.lock))+")
+_HEXSHA = re.compile(r"[0-9a-f]{40}")
+_REF_BYTES = 4096  # a loose ref or HEAD: a line
+_PACKED_REFS_BYTES = 64 << 20  # packed-refs: a line a ref (vLLM's tags and branches: < 1 MiB)
+
+
 def head(repo_dir: Path) -> str:
     """The commit id of ``repo_dir``'s HEAD, never another repository's (``REPO_ENV``), read
-    from its refs (``.git/HEAD``, ``refs/``, ``packed-refs``) by GitPython itself, with no git
-    run. ``repo_dir`` is the work directory's ``pristine/git``, whose ``.git/config`` is data
-    like every file there: ``repo.head.commit`` ran ``git cat-file``, and a config that made the
+    from its refs (``.git/HEAD``, ``refs/``, ``packed-refs``) by the kit itself, with no git
+    run. ``repo_dir`` is the work directory's ``pristine/git``, whose ``.git`` is data like
+    every file there: ``repo.head.commit`` ran ``git cat-file``, and a config that made the
     clone a partial one (``extensions.partialClone``, ``remote.<name>.promisor``) with HEAD
     naming a missing commit had git fetch it lazily, running the program that config's
     ``remote.<name>.uploadpack`` names, as the user, on every plain ``fetch`` (issue 41, the
-    forty-second hostile pass)."""
-    git = gitpython()
-    from git.refs.symbolic import SymbolicReference
+    forty-second hostile pass). GitPython's own reader (``dereference_recursive``) was no
+    better for data: a ref that is a FIFO blocked ``fetch`` for ever, a huge or endless one
+    (``/dev/zero`` by a link in ``packed-refs``' place) was read whole, a ``packed-refs`` of
+    an unknown kind raised a TypeError blamed on the git module, and ``.git`` as a file
+    (``gitdir:``) or a ``commondir`` had refs read from any folder (the forty-third pass). Each
+    file is read inside ``.git`` (``confine.read_file``: no link followed, no FIFO or device
+    read, a size limit), a symbolic ref five deep at most, as git does."""
+    from ..workspace.confine import read_file
 
-    try:
-        with repo_env_cleared(), git.Repo(repo_dir) as repo:
-            return str(SymbolicReference.dereference_recursive(repo, "HEAD"))
-    except (ValueError, OSError, git.exc.GitError) as exc:
-        raise FetchError(f"the HEAD of the clone {repo_dir} cannot be read "
-                         f"({str(exc)[:200]})",
-                         f"move {repo_dir} out of the work directory (fetch clones again), "
-                         "then rerun") from None
+    git_dir = repo_dir / ".git"
+    fix = f"move {repo_dir} out of the work directory (fetch clones again), then rerun"
+
+    def refuse(why: str) -> FetchError:
+        return FetchError(f"the HEAD of the clone {repo_dir} cannot be read ({why})", fix)
+
+    def read(rel: str, limit: int) -> str | None:
+        try:
+            data = read_file(repo_dir, git_dir / rel, limit=limit, family=FetchError)
+        except FileNotFoundError:
+            return None
+        except FetchError as exc:
+            raise refuse(exc.cause) from None
+        except OSError as exc:
+            raise refuse(os.strerror(exc.errno) if exc.errno else str(exc)) from None
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            raise refuse(f"{git_dir / rel} is not UTF-8 text") from None
+
+    if os.path.islink(git_dir) or not git_dir.is_dir():
+        raise refuse(f"{git_dir} is not a folder: kvprefetch's clone has its .git folder there")
+    ref = "HEAD"
+    for _ in range(5):
+        text = read(ref, _REF_BYTES)
+        if text is None and ref != "HEAD":
+            packed = read("packed-refs", _PACKED_REFS_BYTES) or ""
+            text = next((line.split(" ", 1)[0] for line in packed.splitlines()
+                         if line.endswith(" " + ref)), None)
+        if text is None:
+            raise refuse(f"{ref} does not exist")
+        value = text.strip()
+        if _HEXSHA.fullmatch(value):
+            return value
+        if not value.startswith("ref:"):
+            raise refuse(f"{ref} is neither a commit id nor a symbolic ref")
+        ref = value[4:].strip()
+        if not _REF_NAME.fullmatch(ref) or ".." in ref:
+            raise refuse(f"{ref[:100]!r} is no ref name below refs/")
+    raise refuse("more than five symbolic refs in a chain")
 
 
 def clone_fix(message: str) -> str:
