@@ -267,14 +267,14 @@ def _prepare_pristine(wd: Workdir, source: str, repo_url: str, index_url: str | 
             if not _kept(wd, dest, repair, notices, allow_commit):
                 return dest, "git", str(path.resolve()), _clone(wd, str(path.resolve()), dest,
                                                                allow_commit)
-            return dest, "git", str(path.resolve()), _head(dest)
+            return dest, "git", str(path.resolve()), _head(dest, wd.root)
         _refuse_no_folder(path)
         check_full_source(path, f"the directory {path}")
         return path.resolve(), "path", str(path.resolve()), None
     if source in ("auto", "git"):
         dest = wd.pristine / "git"
         if _kept(wd, dest, repair, notices, allow_commit):
-            return dest, "git", repo_url, _head(dest)
+            return dest, "git", repo_url, _head(dest, wd.root)
         try:
             return dest, "git", repo_url, _clone(wd, repo_url, dest, allow_commit)
         except FetchError as exc:
@@ -360,7 +360,7 @@ def _readopt(wd: Workdir, dest: Path, notices: list[str], allow_commit: str | No
         ownership.record(wd.root, dest, "pristine", digest=digest)
     elif dest.name == "git" and (dest / ".git").is_dir():
         try:
-            commit = _head(dest)
+            commit = _head(dest, wd.root)
         except FetchError:
             return False
         if not (commit == allow_commit if allow_commit

@@ -86,7 +86,7 @@ _REF_BYTES = 4096  # a loose ref or HEAD: a line
 _PACKED_REFS_BYTES = 64 << 20  # packed-refs: a line a ref (vLLM's tags and branches: < 1 MiB)
 
 
-def head(repo_dir: Path) -> str:
+def head(repo_dir: Path, root: Path | None = None) -> str:
     """The commit id of ``repo_dir``'s HEAD, never another repository's (``REPO_ENV``), read
     from its refs (``.git/HEAD``, ``refs/``, ``packed-refs``) by the kit itself, with no git
     run. ``repo_dir`` is the work directory's ``pristine/git``, whose ``.git`` is data like
@@ -100,22 +100,23 @@ def head(repo_dir: Path) -> str:
     an unknown kind raised a TypeError blamed on the git module, and ``.git`` as a file
     (``gitdir:``) or a ``commondir`` had refs read from any folder (the forty-third pass). Each
     file is read inside ``.git`` (``confine.read_file``: no link followed, no FIFO or device
-    read, a size limit), a symbolic ref five deep at most, as git does."""
+    read, a size limit), a symbolic ref five deep at most, as git does; from the work
+    directory ``root`` down (``pristine`` linked to a folder outside had HEAD read there)."""
     from ..workspace.confine import read_file
 
     git_dir = repo_dir / ".git"
     fix = f"move {repo_dir} out of the work directory (fetch clones again), then rerun"
 
-    def refuse(why: str) -> FetchError:
-        return FetchError(f"the HEAD of the clone {repo_dir} cannot be read ({why})", fix)
+    def refuse(why: str, how: str | None = None) -> FetchError:
+        return FetchError(f"the HEAD of the clone {repo_dir} cannot be read ({why})", how or fix)
 
     def read(rel: str, limit: int) -> str | None:
         try:
-            data = read_file(repo_dir, git_dir / rel, limit=limit, family=FetchError)
+            data = read_file(root or repo_dir, git_dir / rel, limit=limit, family=FetchError)
         except FileNotFoundError:
             return None
         except FetchError as exc:
-            raise refuse(exc.cause) from None
+            raise refuse(exc.cause, exc.fix) from None  # a link's fix names the link
         except OSError as exc:
             raise refuse(os.strerror(exc.errno) if exc.errno else str(exc)) from None
         try:

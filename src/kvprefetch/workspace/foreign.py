@@ -85,6 +85,20 @@ def _refuse_foreign_above(folder: Path, what: str) -> None:
             f"({user_name(me)}) or root: that user can rename the folder kvprefetch makes there "
             "and put their own in its place",
             "pick a path under folders only you or root own (e.g. under your home)")
+    # the folders the kit makes take the default ACL of the deepest one there (as their
+    # access ACL, the umask ignored): `setfacl -m d:u:nobody:rwx` on the folder above, its own
+    # access ACL giving nobody no write, passed, and nobody could rename every folder of the
+    # new work directory (issue 41, the forty-third hostile pass)
+    deepest = next((p for p in (real, *real.parents) if os.path.isdir(p)), None)
+    if deepest is not None and _acl_lets_others_write(
+            deepest, os.stat(deepest).st_uid, groups=False, trusted=(0, me),
+            xattr="system.posix_acl_default"):
+        raise ConfigError(
+            f"{what} would lie below {deepest}, whose default ACL lets another user write "
+            f"every folder made there (`getfacl {deepest}` shows who): that user could rename "
+            "the folders kvprefetch makes and put their own in their place",
+            f"pick a path under folders only you or root can write (e.g. under your home), or "
+            f"take that user's default entry off the ACL (`setfacl -d -x u:USER {deepest}`)")
 
 
 def make_own_folder(folder: Path, what: str) -> None:
@@ -248,17 +262,19 @@ def _others_may_write(st: os.stat_result, folder: Path) -> bool:
 
 
 def _acl_lets_others_write(folder: Path, owner: int, *, groups: bool = True,
-                           trusted: tuple[int, ...] = ()) -> bool:
+                           trusted: tuple[int, ...] = (),
+                           xattr: str = "system.posix_acl_access") -> bool:
     """Whether ``folder``'s access ACL grants write to a named user other than its owner (and
     ``trusted``), or (``groups``) to a named group, past its mask: with an ACL, the mode's
     group bits are the mask, and a folder of root's (0775, group root, root's private group)
     with ``u:nobody:rwx`` passed as written by root's private group alone, where nobody could
     rename the private folders made there (issue 41, the forty-second hostile pass). An ACL
-    that cannot be read is taken as none (no ACL support: the mode says all)."""
+    that cannot be read is taken as none (no ACL support: the mode says all). ``xattr``: the
+    default ACL, that the folders made in ``folder`` take as theirs."""
     import struct
 
     try:
-        raw = os.getxattr(folder, "system.posix_acl_access")
+        raw = os.getxattr(folder, xattr)
     except OSError:
         return False
     entries = [struct.unpack_from("<HHI", raw, i) for i in range(4, len(raw) - 7, 8)]
