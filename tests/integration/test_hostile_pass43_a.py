@@ -12,7 +12,13 @@ folders pass 42's fuzz did not reach). Each test fails without its fix (checked 
   ``trees/.patched.apply/journal.json`` that is a symlink to a file outside the work directory
   was followed and parsed by every ``apply``, ``fetch`` and ``clean``, and the error blamed a
   missing field (``unreadable ('files')``); a state record linked so is refused. It is now a
-  corrupt journal naming the link (``workspace/treetxn.recover``)."""
+  corrupt journal naming the link (``workspace/treetxn.recover``).
+- **A build was planned in trees behind a symlinked ``trees/``.** With ``trees/`` a link to a
+  folder outside, the trees were hashed through the link, found "unchanged", and ``build``
+  planned its steps there (full mode runs the tree's ``setup.py`` and writes ``build/``,
+  ``.deps/`` and ``*.egg-info`` into it by path: outside the work directory). ``build`` now
+  refuses a tree with a symlink on its way (``builds/plan.tree_variant``); shown with
+  ``--dry-run``, a real full build being a download."""
 
 from __future__ import annotations
 
@@ -56,3 +62,15 @@ def test_an_apply_journal_that_is_a_symlink_is_not_read_through(fetched_workdir:
         refused(res, 4, "journal.json is corrupt: it is a symlink", "move")
         assert "unreadable" not in res.stderr
     assert (stage / "journal.json").is_symlink()
+
+
+@pytest.mark.parametrize("mode", ["full", "kernels-only"])
+def test_a_build_in_trees_behind_a_symlink_is_refused(fetched_workdir: Path, tmp_path: Path,
+                                                      mode: str) -> None:
+    work = fetched_workdir
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(work / "trees", elsewhere)
+    (work / "trees").symlink_to(elsewhere)
+    res = cli("build", "--dry-run", "--mode", mode, "--arch", "9.0a", "--skip-doctor",
+              "--trees", "baseline", "--workdir", str(work))
+    refused(res, 2, "lies behind the symlink", "never builds (writes) through one")
