@@ -21,7 +21,7 @@ from .. import upstream
 from ..errors import ConfigError
 from ..hashing import MAX_LIBRARY_BYTES, differences, inventory, sha256_file
 from ..reading import load_json
-from ..workspace import ownership
+from ..workspace import confine, ownership
 from ..workspace.workdir import Workdir
 
 # Variables that silently swap binaries or break isolation: never passed to a build.
@@ -167,6 +167,16 @@ def tree_variant(wd: Workdir, tree: str) -> tuple[dict[str, Any], str | None, st
     if state is None or not wd.tree(tree).is_dir():
         raise ConfigError(f"there is no kvprefetch tree {tree!r} in {wd.root}",
                           "run `kvprefetch fetch` (and `kvprefetch apply`) first")
+    link = confine.first_symlink(wd.root, wd.tree(tree))
+    if link is not None:
+        # the build works in the tree by path (full mode's `pip install -e .` runs its setup.py
+        # and writes build/, .deps/ and *.egg-info there): a trees/ linked to a folder outside
+        # was hashed through the link as "unchanged" and planned (issue 41, the forty-third
+        # hostile pass)
+        raise ConfigError(f"the {tree!r} tree {wd.tree(tree)} lies behind the symlink {link}, "
+                          "and kvprefetch never builds (writes) through one",
+                          f"replace the symlink {link} by a real directory (or move it away), "
+                          "then `kvprefetch fetch`")
     applied = state.get("applied") or {}
     if tree != "baseline" and not applied:
         raise ConfigError(f"the {tree!r} tree is pristine: building it would compare stock "

@@ -383,6 +383,16 @@ def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
     tree_name = wd.resolve_tree(tree_name)
     tree = wd.tree(tree_name)
     if not os.path.lexists(tree / upstream.ATTENTION_HEADER):
+        if tree_name in wd.existing_trees():
+            # the tree is there without its header (deleted, or a folder on its way a symlink
+            # to a folder without it): it was called an unknown tree, or "nothing was fetched
+            # there yet", with a `fetch` that refuses the edited tree (issue 41, the
+            # forty-third hostile pass)
+            raise PatchError(f"the tree {tree} has no {upstream.ATTENTION_HEADER} (deleted, or "
+                             "a folder on its way replaced): it differs from what kvprefetch "
+                             "recorded",
+                             "keep what you need from the tree, then `kvprefetch fetch "
+                             "--force` (the tree is moved to backup/ and made again)")
         have = [t for t in wd.existing_trees()
                 if (wd.tree(t) / upstream.ATTENTION_HEADER).is_file()]
         if not have:

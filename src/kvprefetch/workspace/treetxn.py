@@ -152,6 +152,12 @@ def recover(wd: Workdir, name: str) -> str | None:
                          f"move {stage} out of {stage.parent} (kvprefetch does not remove what "
                          "it did not make), then rerun")
     journal = stage / "journal.json"
+    if journal.is_symlink():
+        # it was read through the link, from wherever it led, and its fields called missing
+        # ("unreadable ('files')"): a state record linked so is refused, and so is this (issue
+        # 41, the forty-third hostile pass)
+        raise PatchError(f"{journal} is corrupt: it is a symlink, and kvprefetch reads no "
+                         "journal through one", _journal_fix(journal))
     if not journal.is_file():
         _remove_stage(wd.root, stage)
         return f"removed the stage of an apply to {name!r} that stopped before changing the tree"
