@@ -7,7 +7,7 @@ folders pass 42's fuzz did not reach). Each test fails without its fix (checked 
   is deleted, or whose ``csrc/attention`` is a symlink to a folder elsewhere, called the tree
   unknown and offered ``fetch --extra-tree`` (or ``fetch``), which refuses the edited tree.
   It now names the tree and the missing file, with ``fetch --force``
-  (``sources/patching.diff_upstream``).
+  (``sources/upstream_diff.diff_upstream``).
 - **An apply's journal linked to a file outside was read through the link.** A
   ``trees/.patched.apply/journal.json`` that is a symlink to a file outside the work directory
   was followed and parsed by every ``apply``, ``fetch`` and ``clean``, and the error blamed a

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from kvprefetch import upstream
 from kvprefetch.cli import main
 from kvprefetch.errors import PatchError
-from kvprefetch.sources.patching import diff_upstream
+from kvprefetch.sources.upstream_diff import diff_upstream
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -1,4 +1,5 @@
-"""CLI: fetch, apply, diff-upstream, export-header (thin over sources.py and patching.py)."""
+"""CLI: fetch, apply, diff-upstream, export-header (thin over sources/fetch, patching and
+upstream_diff)."""
 
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ def apply(workdir: Path, variant: str, tree_name: str | None, dry_run: bool, as_
 @json_option
 def diff_upstream(workdir: Path, tree_name: str, check: bool, stat: bool, as_json: bool) -> None:
     """Show the unified diff of every patched file against pristine v0.10.2."""
-    from ..sources.patching import diff_upstream as compute
+    from ..sources.upstream_diff import diff_upstream as compute
 
     res = compute(workdir, tree_name)
     if as_json:

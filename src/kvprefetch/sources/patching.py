@@ -1,4 +1,4 @@
-"""``apply``, ``diff-upstream`` and ``export-header``: the patch as data.
+"""``apply`` and ``export-header``: the patch as data (``diff-upstream`` is ``upstream_diff``).
 
 The patch is our own headers (``csrc/kvprefetch/``, copied into the tree) plus the unified
 diffs in ``patches/v0.10.2/<variant>/``. ``apply`` only ever moves a tree from pristine to
@@ -6,7 +6,6 @@ diffs in ``patches/v0.10.2/<variant>/``. ``apply`` only ever moves a tree from p
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import stat
@@ -35,25 +34,6 @@ class ApplyResult:
     action: str  # applied | already-applied | would-apply
     patch_sha256: str
     files: list[str]
-
-
-@dataclass(frozen=True)
-class FileDiff:
-    path: str
-    added: int
-    removed: int
-    diff: str
-
-
-@dataclass(frozen=True)
-class DiffResult:
-    tree: str
-    variant: str | None
-    files: list[FileDiff]
-
-    @property
-    def additive(self) -> bool:
-        return all(f.removed == 0 for f in self.files)
 
 
 def patch_sha256(variant: str) -> str:
@@ -116,7 +96,7 @@ def _scratch_copy(root: Path, src: Path, scratch: Path, dst: Path) -> None:
     headers, behind the link (issue 41, the tenth hostile pass; a swap loop won 2 runs of 4)."""
     from ..workspace.confine import read_file
 
-    data = read_file(root, src, limit=_MAX_SOURCE_BYTES, family=PatchError)
+    data = read_file(root, src, limit=MAX_SOURCE_BYTES, family=PatchError)
     write_file(dst, data, root=scratch, family=PatchError, mode=kept_mode(src),
                exact=True)
 
@@ -314,20 +294,8 @@ def apply_patch(workdir: Path, variant: str = "prefetch", tree_name: str | None 
     return ApplyResult(name, tree, variant, "applied", digest, files)
 
 
-def _file_diff(rel: str, old: str | None, new: str) -> FileDiff:
-    a = old.splitlines(keepends=True) if old is not None else []
-    b = new.splitlines(keepends=True)
-    lines = list(difflib.unified_diff(a, b, fromfile="/dev/null" if old is None else f"a/{rel}",
-                                      tofile=f"b/{rel}"))
-    added = sum(1 for ln in lines if ln.startswith("+") and not ln.startswith("+++"))
-    removed = sum(1 for ln in lines if ln.startswith("-") and not ln.startswith("---"))
-    text = "".join(ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n"
-                   for ln in lines)
-    return FileDiff(rel, added, removed, text)
-
-
 # A patched source of v0.10.2 is at most a few hundred KiB; a tree file is the user's data.
-_MAX_SOURCE_BYTES = 16 << 20
+MAX_SOURCE_BYTES = 16 << 20
 
 
 def pristine_text(wd: Workdir, rel: str = upstream.ATTENTION_HEADER) -> str:
@@ -343,7 +311,7 @@ def pristine_text(wd: Workdir, rel: str = upstream.ATTENTION_HEADER) -> str:
     for cand in (wd.pristine / "sdist", wd.pristine / "git", wd.tree("baseline")):
         p = cand / rel
         try:
-            data = read_limited(p, _MAX_SOURCE_BYTES)
+            data = read_limited(p, MAX_SOURCE_BYTES)
         except PermissionError:
             denied.append(p)
             continue
@@ -357,60 +325,6 @@ def pristine_text(wd: Workdir, rel: str = upstream.ATTENTION_HEADER) -> str:
                          f"run as the user who owns {wd.root}, or make its files readable "
                          f"for you (`chmod -R u+rX,go+rX {wd.root}` by that user)")
     raise PatchError(f"no pristine v0.10.2 {rel} under {wd.root}", "run `kvprefetch fetch` first")
-
-
-def _tree_text(tree: Path, rel: str) -> str:
-    """A tree's copy of a patched file as text, read as ``reading.read_limited`` reads: a FIFO,
-    a device, a huge or a binary file there is one PatchError, never a hang, a MemoryError or a
-    UnicodeDecodeError traceback (issue 41, the fifth hostile pass)."""
-    from ..reading import read_limited
-
-    path = tree / rel
-    fix = (f"this is not the file kvprefetch put there: move {path} away, or run `kvprefetch "
-           "fetch --force` (the tree is moved to backup/ and made again)")
-    try:
-        return read_limited(path, _MAX_SOURCE_BYTES).decode("utf-8")
-    except UnicodeDecodeError:
-        raise PatchError(f"cannot diff {path}: it is not UTF-8 text", fix) from None
-    except ValueError as exc:
-        raise PatchError(f"cannot diff {rel} of tree {tree.name}: {exc}", fix) from None
-    except OSError as exc:
-        raise PatchError(f"cannot diff {path}: {exc.strerror or exc}", fix) from None
-
-
-def diff_upstream(workdir: Path, tree_name: str = "patched") -> DiffResult:
-    wd = Workdir(workdir)
-    tree_name = wd.resolve_tree(tree_name)
-    tree = wd.tree(tree_name)
-    if not os.path.lexists(tree / upstream.ATTENTION_HEADER):
-        if tree_name in wd.existing_trees():
-            # the tree is there without its header (deleted, or a folder on its way a symlink
-            # to a folder without it): it was called an unknown tree, or "nothing was fetched
-            # there yet", with a `fetch` that refuses the edited tree (issue 41, the
-            # forty-third hostile pass)
-            raise PatchError(f"the tree {tree} has no {upstream.ATTENTION_HEADER} (deleted, or "
-                             "a folder on its way replaced): it differs from what kvprefetch "
-                             "recorded",
-                             "keep what you need from the tree, then `kvprefetch fetch "
-                             "--force` (the tree is moved to backup/ and made again)")
-        have = [t for t in wd.existing_trees()
-                if (wd.tree(t) / upstream.ATTENTION_HEADER).is_file()]
-        if not have:
-            raise PatchError(f"there is no tree {tree_name!r} in {workdir}: nothing was fetched "
-                             "there yet", "run `kvprefetch fetch` first")
-        raise PatchError(f"unknown tree {tree_name!r}: the trees in {workdir} are "
-                         f"{', '.join(have)}",
-                         f"pass one of them to --tree (or make a tree of that name with "
-                         f"`kvprefetch fetch --extra-tree {tree_name}`)")
-    state = wd.read_state(tree_name) or {}
-    files = [_file_diff(rel, pristine_text(wd, rel), _tree_text(tree, rel))
-             for rel in upstream.all_patched_paths() if os.path.lexists(tree / rel)]
-    for rel in upstream.KIT_HEADERS_IN_TREE:
-        if os.path.lexists(tree / rel):
-            files.append(_file_diff(rel, None, _tree_text(tree, rel)))
-    variant = (state.get("applied") or {}).get("variant")
-    return DiffResult(tree_name, upstream.canonical_variant(variant) if variant else None,
-                      [f for f in files if f.diff])
 
 
 def drop_in_caveat(variant: str) -> str | None:
