@@ -99,7 +99,8 @@ def _acl(*entries: tuple[int, int, int]) -> bytes:
     return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
 
 
-def test_a_default_acl_above_a_new_workdir_is_refused(tmp_path: Path) -> None:
+def test_a_default_acl_above_a_new_workdir_is_refused(tmp_path: Path,
+                                                       vllm_sdist: Path) -> None:
     """``setfacl -m u:nobody:x -m d:u:nobody:rwx`` on the folder above: its access ACL gives
     nobody no write, so the rule of pass 42 passed it, but every folder ``fetch`` made below
     took nobody's rwx as its own ACL (the umask is not applied under a default ACL)."""
@@ -117,7 +118,8 @@ def test_a_default_acl_above_a_new_workdir_is_refused(tmp_path: Path) -> None:
                          (0x20, 5, undef)))
     except OSError as exc:
         pytest.skip(f"no POSIX ACLs here: {exc}")
-    tarball = Path(os.environ["KVPREFETCH_TEST_CACHE"]) / upstream.SDIST_NAME
-    res = cli("fetch", "--workdir", str(above / "w"), "--source", str(tarball), timeout=120)
+    # the session's sdist (conftest's vllm_sdist: $KVPREFETCH_TEST_CACHE where set, else
+    # downloaded once); CI sets no cache, and os.environ's KeyError failed it there
+    res = cli("fetch", "--workdir", str(above / "w"), "--source", str(vllm_sdist), timeout=120)
     refused(res, 2, "default ACL lets another user write")
     assert not (above / "w").exists()
