@@ -44,9 +44,6 @@ def refuse_foreign_vllm_folders(environ: Mapping[str, str]) -> None:
     (``vllm_folders``): ``XDG_CONFIG_HOME`` through ``nobody``'s link in a shared folder had
     every run append its usage record in the folder the link chose, as matplotlib's and uv's
     caches were (issue 41, the forty-first hostile pass; ``foreign.refuse_foreign_chosen``)."""
-    from ..workspace.foreign import refuse_foreign_chosen
+    from ..workspace.foreign import refuse_foreign_folders
 
-    for var, folder in vllm_folders(environ):
-        refuse_foreign_chosen(folder, f"vLLM's folder {folder} (from {var}="
-                              f"{environ.get(var, '')})",
-                              f"set {var} to a folder of your own (or unset it), then rerun")
+    refuse_foreign_folders(vllm_folders(environ), environ, "vLLM's folder")

@@ -55,17 +55,15 @@ def _refuse_foreign_mpl_folders() -> None:
     ``matplotlib/fontlist-*.json`` in the folder the link chose, which ``nobody`` can re-point
     at any folder of the user's between two runs (issue 41, the fortieth hostile pass; the
     rule of ``TMPDIR``, ``foreign.refuse_foreign_temp``, the thirty-ninth's)."""
-    from ..workspace.foreign import refuse_foreign_chosen
+    from ..workspace.foreign import absolute_folder_vars, refuse_foreign_folders
 
     # matplotlib is imported in `/` (``pyplot``), and reads a relative folder from there: with
     # MPLCONFIGDIR (or XDG_CACHE_HOME, or HOME) relative, this check read it from the user's
     # folder and matplotlib wrote its font cache below `/`, through nobody's link in
     # `/tmp` (issue 41, the forty-first hostile pass). Named absolute, from the user's folder,
     # where the user meant it, for the check and matplotlib alike.
-    for var in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "HOME"):
-        value = os.environ.get(var)
-        if value and not os.path.isabs(value):
-            os.environ[var] = os.path.abspath(value)
+    absolute_folder_vars(("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "HOME"),
+                         os.environ)
     for var, folder in _mpl_folders():
         if not folder.is_absolute():
             # matplotlib is imported in `/` (pyplot says why), where it makes a relative folder:
@@ -78,10 +76,8 @@ def _refuse_foreign_mpl_folders() -> None:
                               "current folder",
                               f"set {var} to an absolute path of a folder of your own (or unset "
                               "it), or pass --formats md for no figures, then rerun")
-        refuse_foreign_chosen(folder, f"matplotlib's folder {folder} (from {var}="
-                              f"{os.environ.get(var, '')})",
-                              f"set {var} to a folder of your own (or unset it), or pass "
-                              "--formats md for no figures, then rerun")
+        refuse_foreign_folders([(var, folder)], os.environ, "matplotlib's folder",
+                               also=", or pass --formats md for no figures")
 
 
 def pyplot() -> Any:

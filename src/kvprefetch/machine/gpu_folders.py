@@ -54,14 +54,8 @@ def refuse_foreign_gpu_folders(environ: MutableMapping[str, str] | None = None) 
     in a shared folder would have them written in the folder the link chose, as matplotlib's
     font cache was (issue 41: left open by the forty-first hostile pass, closed by the lead); and
     ``bench ncu`` profiles a child that runs in ``/``, where a relative folder would be made."""
-    from ..workspace.foreign import refuse_foreign_chosen
+    from ..workspace.foreign import absolute_folder_vars, refuse_foreign_folders
 
     env = os.environ if environ is None else environ
-    for var in _VARS:
-        value = env.get(var)
-        if value and not os.path.isabs(value):
-            env[var] = os.path.abspath(value)
-    for var, folder in gpu_folders(env):
-        refuse_foreign_chosen(folder, f"the GPU's cache folder {folder} (from {var}="
-                              f"{env.get(var, '')})",
-                              f"set {var} to a folder of your own (or unset it), then rerun")
+    absolute_folder_vars(_VARS, env)
+    refuse_foreign_folders(gpu_folders(env), env, "the GPU's cache folder")

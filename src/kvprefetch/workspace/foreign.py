@@ -12,6 +12,7 @@ to sbatch became theirs to plant (issue 41, the thirty-fifth hostile pass)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -316,3 +317,25 @@ def refuse_foreign_chosen(folder: Path, what: str, fix: str) -> None:
     if uid not in (0, me):
         raise ConfigError(f"{what} belongs to {user_name(uid)}, not to you ({user_name(me)}) or "
                           "root: that user can replace what is written and read back there", fix)
+
+
+def refuse_foreign_folders(folders: Iterable[tuple[str, Path]], environ: Mapping[str, str],
+                           whose: str, also: str = "") -> None:
+    """``refuse_foreign_chosen`` for each (variable, folder) that a library writes by path,
+    named "``whose`` FOLDER (from VAR=value)", the fix "set VAR to a folder of your own (or
+    unset it)``also``, then rerun": matplotlib's, vLLM's and the GPU's folders."""
+    for var, folder in folders:
+        refuse_foreign_chosen(folder, f"{whose} {folder} (from {var}={environ.get(var, '')})",
+                              f"set {var} to a folder of your own (or unset it){also}, then "
+                              "rerun")
+
+
+def absolute_folder_vars(names: Iterable[str], environ: MutableMapping[str, str]) -> None:
+    """Each of ``names`` set to a relative folder in ``environ`` named absolute, from the
+    current folder, where the user meant it: a library that reads it from another folder
+    (matplotlib imported in `/`, ``bench ncu``'s child run there) made it below `/` while the
+    check looked at the user's folder (issue 41, the forty-first hostile pass)."""
+    for var in names:
+        value = environ.get(var)
+        if value and not os.path.isabs(value):
+            environ[var] = os.path.abspath(value)
